@@ -1,0 +1,507 @@
+//! The LeaseActor: the one place where lease timing lives. It acquires (once, or retrying
+//! every `lease-retry-interval` until granted), renews on its owner's heartbeat grid through
+//! the [`RenewalBatcher`], keeps the local deadline with a watchdog task that does not
+//! depend on the mailbox, tells its sink `LeaseGranted` / `LeaseLost`, and releases when it
+//! stops: gracefully in `post_stop`, and from `Drop` of its state when it is killed or
+//! fails (ractor skips `post_stop` then, e.g. when its supervisor dies).
+
+use std::sync::Arc;
+
+use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SpawnErr};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::error::{ConfigError, LeaseError};
+use crate::events::{LeaseEventSink, SharedBelief};
+use crate::names::{check_lease_name, store_name};
+use crate::renewal::{RenewAnswer, RenewalBatcher};
+use crate::settings::LeaseSettings;
+use crate::store::{AcquireOutcome, AcquireRequest, HeldLease, LeaseStore};
+use crate::validity::{Belief, GrantEffect, Held};
+
+/// Everything a LeaseActor needs to hold one lease.
+#[derive(Clone)]
+pub struct LeaseSpec {
+    /// The lease name as users give it.
+    pub name: String,
+    /// The name under which the store holds it (sanitised when needed).
+    pub store_name: String,
+    /// The owner (a cluster node's `host:port`).
+    pub owner: String,
+    pub store: Arc<dyn LeaseStore>,
+    pub settings: LeaseSettings,
+    /// The renewal batcher of this owner on this store.
+    pub batcher: RenewalBatcher,
+    /// Free text kept with the grant (who and why).
+    pub note: Option<String>,
+}
+
+impl std::fmt::Debug for LeaseSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseSpec")
+            .field("name", &self.name)
+            .field("store_name", &self.store_name)
+            .field("owner", &self.owner)
+            .field("store", &self.store.kind())
+            .field("settings", &self.settings)
+            .finish()
+    }
+}
+
+impl LeaseSpec {
+    /// A spec with a batcher of its own. Use [`LeaseSpec::with_batcher`] (or the provider)
+    /// when one owner holds many leases, so their renewals share round trips.
+    pub fn new(
+        name: &str,
+        owner: &str,
+        store: Arc<dyn LeaseStore>,
+        settings: LeaseSettings,
+    ) -> Result<Self, ConfigError> {
+        let batcher = RenewalBatcher::new(store.clone(), owner.to_string(), settings);
+        LeaseSpec::with_batcher(name, owner, store, settings, batcher)
+    }
+
+    /// A spec renewing through `batcher` (which must be for the same store, owner and settings).
+    pub fn with_batcher(
+        name: &str,
+        owner: &str,
+        store: Arc<dyn LeaseStore>,
+        settings: LeaseSettings,
+        batcher: RenewalBatcher,
+    ) -> Result<Self, ConfigError> {
+        check_lease_name(name)?;
+        if owner.is_empty() || owner.chars().any(char::is_control) {
+            return Err(ConfigError::invalid(
+                "owner",
+                format!("owner {owner:?} must be non-empty without control characters"),
+            ));
+        }
+        settings.validate("lease")?;
+        Ok(LeaseSpec {
+            store_name: store_name(name, &store.name_rules()),
+            name: name.to_string(),
+            owner: owner.to_string(),
+            store,
+            settings,
+            batcher,
+            note: None,
+        })
+    }
+
+    /// Keeps `note` with each grant.
+    pub fn with_note(mut self, note: impl Into<String>) -> Self {
+        self.note = Some(note.into());
+        self
+    }
+}
+
+/// The certain result of an acquire attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Acquired {
+    /// Held now, with this grant's fencing token (the same token if it was held already).
+    Granted { token: u64 },
+    /// Another owner holds it (named when the store said who).
+    NotGranted { holder: Option<String> },
+}
+
+/// An acquire answer and, when granted, the generation of the grant.
+pub type AcquireReply = Result<(Acquired, Option<u64>), LeaseError>;
+
+/// Messages of the LeaseActor. Only the first three are for users.
+pub enum LeaseMsg {
+    /// Keep trying (every `lease-retry-interval`) until granted, then announce
+    /// `LeaseGranted` and answer `reply` if given. A no-op answer if held already.
+    Acquire { reply: Option<RpcReplyPort<AcquireReply>> },
+    /// One attempt, answered with its outcome.
+    TryAcquire(RpcReplyPort<AcquireReply>),
+    /// Stop trying, give the belief up and release the grant: `Ok(true)` released,
+    /// `Ok(false)` nothing was held, `Err` unknown (the grant then expires after its ttl).
+    Release(RpcReplyPort<Result<bool, LeaseError>>),
+    #[doc(hidden)]
+    RetryAcquire,
+    #[doc(hidden)]
+    RenewDue { generation: u64 },
+    #[doc(hidden)]
+    RenewDone {
+        generation: u64,
+        answer: Option<RenewAnswer>,
+    },
+}
+
+impl ractor::Message for LeaseMsg {}
+
+/// Arguments of a LeaseActor.
+pub struct LeaseActorArgs {
+    pub spec: LeaseSpec,
+    pub(crate) belief: Arc<SharedBelief>,
+}
+
+/// A read-only view of a LeaseActor's belief, for `check_lease` without messaging it.
+#[derive(Clone)]
+pub struct LeaseView {
+    belief: Arc<SharedBelief>,
+}
+
+impl LeaseView {
+    /// `true` only while a grant is believed and its local deadline has not passed.
+    /// Never blocks and never talks to the store.
+    pub fn check_lease(&self) -> bool {
+        self.belief.current().is_some()
+    }
+
+    /// The fencing token of the grant believed now.
+    pub fn token(&self) -> Option<u64> {
+        self.belief.current().map(|h| h.token)
+    }
+
+    /// The local deadline of the grant believed now.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.belief.current().map(|h| h.deadline)
+    }
+
+    pub(crate) fn held(&self) -> Option<Held> {
+        self.belief.held()
+    }
+}
+
+/// The LeaseActor. Spawn it with [`LeaseActor::start`].
+pub struct LeaseActor;
+
+impl LeaseActor {
+    /// Spawns a LeaseActor for `spec` delivering events to `sink`, linked to `supervisor`
+    /// when given. It does nothing until asked to acquire.
+    pub async fn start(
+        spec: LeaseSpec,
+        sink: LeaseEventSink,
+        supervisor: Option<ActorCell>,
+    ) -> Result<(ActorRef<LeaseMsg>, LeaseView), SpawnErr> {
+        let validity = spec.settings.validity();
+        let belief = Arc::new(SharedBelief::new(
+            spec.name.clone(),
+            Belief::new(validity),
+            sink,
+        ));
+        let args = LeaseActorArgs {
+            spec,
+            belief: belief.clone(),
+        };
+        let (actor, _) = match supervisor {
+            Some(sup) => Actor::spawn_linked(None, LeaseActor, args, sup).await?,
+            None => Actor::spawn(None, LeaseActor, args).await?,
+        };
+        Ok((actor, LeaseView { belief }))
+    }
+}
+
+/// The state of a LeaseActor.
+pub struct LeaseActorState {
+    spec: LeaseSpec,
+    belief: Arc<SharedBelief>,
+    /// Asked to keep trying until granted.
+    wanted: bool,
+    waiters: Vec<RpcReplyPort<AcquireReply>>,
+    retry_timer: Option<JoinHandle<()>>,
+    renew_timer: Option<JoinHandle<()>>,
+    watchdog: Option<JoinHandle<()>>,
+    renew_in_flight: bool,
+}
+
+impl Drop for LeaseActorState {
+    fn drop(&mut self) {
+        for timer in [&self.retry_timer, &self.renew_timer, &self.watchdog]
+            .into_iter()
+            .flatten()
+        {
+            timer.abort();
+        }
+        // Reached without post_stop when the actor was killed or failed: release in the
+        // background so the lease does not stay blocked for a whole ttl.
+        if let Some(held) = self.belief.give_up() {
+            let spec = self.spec.clone();
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move {
+                    let released = release_in_store(&spec, held.token).await;
+                    tracing::info!(lease = %spec.name, ?released, "released after the lease actor was killed");
+                });
+            }
+        }
+    }
+}
+
+async fn release_in_store(spec: &LeaseSpec, token: u64) -> Result<bool, LeaseError> {
+    let timeout = spec.settings.lease_operation_timeout;
+    match tokio::time::timeout(
+        timeout,
+        spec.store.release(&spec.store_name, &spec.owner, token),
+    )
+    .await
+    {
+        Ok(Ok(released)) => Ok(released),
+        Ok(Err(source)) => Err(LeaseError::Store {
+            name: spec.name.clone(),
+            operation: "release",
+            source,
+        }),
+        Err(_) => Err(LeaseError::Timeout {
+            name: spec.name.clone(),
+            operation: "release",
+            timeout,
+        }),
+    }
+}
+
+impl LeaseActorState {
+    fn stop_timer(timer: &mut Option<JoinHandle<()>>) {
+        if let Some(t) = timer.take() {
+            t.abort();
+        }
+    }
+
+    fn schedule(
+        &self,
+        myself: &ActorRef<LeaseMsg>,
+        at: Instant,
+        msg: impl FnOnce() -> LeaseMsg + Send + 'static,
+    ) -> JoinHandle<()> {
+        let me = myself.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep_until(at).await;
+            let _ = me.cast(msg());
+        })
+    }
+
+    /// One acquire attempt, bounded by the operation timeout.
+    async fn attempt(&mut self, myself: &ActorRef<LeaseMsg>) -> AcquireReply {
+        let spec = &self.spec;
+        let request = AcquireRequest {
+            name: spec.store_name.clone(),
+            owner: spec.owner.clone(),
+            ttl: spec.settings.heartbeat_timeout,
+            note: spec.note.clone(),
+        };
+        let timeout = spec.settings.lease_operation_timeout;
+        let sent_at = Instant::now();
+        let answer = tokio::time::timeout(timeout, spec.store.try_acquire(&request)).await;
+        match answer {
+            Err(_) => Err(LeaseError::Timeout {
+                name: spec.name.clone(),
+                operation: "acquire",
+                timeout,
+            }),
+            Ok(Err(source)) => Err(LeaseError::Store {
+                name: spec.name.clone(),
+                operation: "acquire",
+                source,
+            }),
+            Ok(Ok(AcquireOutcome::Held(record))) => {
+                if let Some(h) = self.belief.held() {
+                    // We believed we held it, the store says another owner does.
+                    self.belief.not_held(h.generation);
+                }
+                Ok((
+                    Acquired::NotGranted {
+                        holder: Some(record.owner),
+                    },
+                    None,
+                ))
+            }
+            Ok(Ok(AcquireOutcome::Granted(record))) => {
+                match self.belief.grant(record.token, sent_at) {
+                    GrantEffect::New(held) => {
+                        self.on_new_grant(myself, held);
+                        Ok((Acquired::Granted { token: held.token }, Some(held.generation)))
+                    }
+                    GrantEffect::Same(held) => {
+                        Ok((Acquired::Granted { token: held.token }, Some(held.generation)))
+                    }
+                    GrantEffect::TooLate => {
+                        // Granted, but the answer took longer than the validity: unusable.
+                        // Give it back; if that fails it expires after its ttl.
+                        let _ = release_in_store(&self.spec, record.token).await;
+                        Err(LeaseError::Timeout {
+                            name: self.spec.name.clone(),
+                            operation: "acquire",
+                            timeout: self.spec.settings.validity(),
+                        })
+                    }
+                }
+            }
+        }
+    }
+
+    fn on_new_grant(&mut self, myself: &ActorRef<LeaseMsg>, held: Held) {
+        Self::stop_timer(&mut self.watchdog);
+        Self::stop_timer(&mut self.renew_timer);
+        self.renew_in_flight = false;
+        let belief = self.belief.clone();
+        let generation = held.generation;
+        self.watchdog = Some(tokio::spawn(async move {
+            // Independent of the mailbox, so a slow store call or a long queue cannot delay
+            // the loss past the deadline.
+            while let Some(h) = belief.held().filter(|h| h.generation == generation) {
+                tokio::time::sleep_until(h.deadline).await;
+                belief.lapse(Instant::now());
+            }
+        }));
+        let at = self.spec.batcher.next_tick(Instant::now());
+        self.renew_timer = Some(self.schedule(myself, at, move || LeaseMsg::RenewDue { generation }));
+    }
+
+    fn answer_waiters(&mut self, reply: &AcquireReply) {
+        for waiter in self.waiters.drain(..) {
+            let _ = waiter.send(reply.clone());
+        }
+    }
+
+    async fn keep_trying(&mut self, myself: &ActorRef<LeaseMsg>) {
+        let reply = self.attempt(myself).await;
+        match &reply {
+            Ok((Acquired::Granted { .. }, _)) => {
+                self.wanted = false;
+                self.answer_waiters(&reply);
+            }
+            other => {
+                tracing::debug!(lease = %self.spec.name, outcome = ?other, "acquire not granted; will retry");
+                let at = Instant::now() + self.spec.settings.lease_retry_interval;
+                self.retry_timer = Some(self.schedule(myself, at, || LeaseMsg::RetryAcquire));
+            }
+        }
+    }
+
+    async fn release(&mut self) -> Result<bool, LeaseError> {
+        self.wanted = false;
+        Self::stop_timer(&mut self.retry_timer);
+        Self::stop_timer(&mut self.renew_timer);
+        Self::stop_timer(&mut self.watchdog);
+        for waiter in self.waiters.drain(..) {
+            let _ = waiter.send(Err(LeaseError::Cancelled {
+                name: self.spec.name.clone(),
+            }));
+        }
+        match self.belief.give_up() {
+            None => Ok(false),
+            Some(held) => {
+                let released = release_in_store(&self.spec, held.token).await;
+                tracing::info!(lease = %self.spec.name, token = held.token, ?released, "lease released");
+                released
+            }
+        }
+    }
+}
+
+impl Actor for LeaseActor {
+    type Msg = LeaseMsg;
+    type State = LeaseActorState;
+    type Arguments = LeaseActorArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<LeaseMsg>,
+        args: LeaseActorArgs,
+    ) -> Result<LeaseActorState, ActorProcessingErr> {
+        Ok(LeaseActorState {
+            spec: args.spec,
+            belief: args.belief,
+            wanted: false,
+            waiters: Vec::new(),
+            retry_timer: None,
+            renew_timer: None,
+            watchdog: None,
+            renew_in_flight: false,
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<LeaseMsg>,
+        msg: LeaseMsg,
+        state: &mut LeaseActorState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            LeaseMsg::Acquire { reply } => {
+                if let Some(held) = state.belief.current() {
+                    if let Some(reply) = reply {
+                        let _ = reply.send(Ok((
+                            Acquired::Granted { token: held.token },
+                            Some(held.generation),
+                        )));
+                    }
+                    return Ok(());
+                }
+                state.waiters.extend(reply);
+                if !state.wanted {
+                    state.wanted = true;
+                    state.keep_trying(&myself).await;
+                }
+            }
+            LeaseMsg::RetryAcquire => {
+                state.retry_timer = None;
+                if state.wanted {
+                    state.keep_trying(&myself).await;
+                }
+            }
+            LeaseMsg::TryAcquire(reply) => {
+                let answer = state.attempt(&myself).await;
+                if matches!(answer, Ok((Acquired::Granted { .. }, _))) && state.wanted {
+                    state.wanted = false;
+                    LeaseActorState::stop_timer(&mut state.retry_timer);
+                    state.answer_waiters(&answer);
+                }
+                let _ = reply.send(answer);
+            }
+            LeaseMsg::Release(reply) => {
+                let released = state.release().await;
+                let _ = reply.send(released);
+            }
+            LeaseMsg::RenewDue { generation } => {
+                state.renew_timer = None;
+                let Some(held) = state.belief.current().filter(|h| h.generation == generation)
+                else {
+                    return Ok(());
+                };
+                if !state.renew_in_flight {
+                    state.renew_in_flight = true;
+                    let answer = state.spec.batcher.renew(HeldLease {
+                        name: state.spec.store_name.clone(),
+                        token: held.token,
+                    });
+                    let me = myself.clone();
+                    tokio::spawn(async move {
+                        let answer = answer.await.ok();
+                        let _ = me.cast(LeaseMsg::RenewDone { generation, answer });
+                    });
+                }
+                let at = state.spec.batcher.next_tick(Instant::now());
+                state.renew_timer =
+                    Some(state.schedule(&myself, at, move || LeaseMsg::RenewDue { generation }));
+            }
+            LeaseMsg::RenewDone { generation, answer } => {
+                state.renew_in_flight = false;
+                match answer {
+                    Some((sent_at, Ok(true))) => {
+                        state.belief.renewed(generation, sent_at);
+                    }
+                    Some((_, Ok(false))) => state.belief.not_held(generation),
+                    Some((_, Err(e))) => {
+                        tracing::warn!(lease = %state.spec.name, error = %e, "renewal failed; the lease holds until its local deadline")
+                    }
+                    None => {
+                        tracing::warn!(lease = %state.spec.name, "renewal batcher stopped")
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<LeaseMsg>,
+        state: &mut LeaseActorState,
+    ) -> Result<(), ActorProcessingErr> {
+        if let Err(e) = state.release().await {
+            tracing::warn!(lease = %state.spec.name, error = %e, "release on stop failed; the grant expires after its ttl");
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,76 @@
+//! Typed errors. A `LeaseError` from an operation means the outcome is *unknown*:
+//! treat the lease as maybe held, never as certainly not held.
+
+use std::time::Duration;
+
+/// What a store reports when an operation could not be carried out.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    /// The store could not be reached or refused to serve (down, locked, connection cut).
+    #[error("{store} store unavailable: {detail}")]
+    Unavailable { store: &'static str, detail: String },
+    /// The store answered with something the store crate could not interpret.
+    #[error("{store} store error: {detail}")]
+    Backend { store: &'static str, detail: String },
+}
+
+/// The outcome of a lease operation is unknown (or the lease could not be used at all).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum LeaseError {
+    /// The store did not answer within `lease-operation-timeout`.
+    #[error("lease `{name}`: {operation} timed out after {timeout:?}; the outcome is unknown")]
+    Timeout {
+        name: String,
+        operation: &'static str,
+        timeout: Duration,
+    },
+    /// The store failed the operation; it may or may not have taken effect.
+    #[error("lease `{name}`: {operation} failed; the outcome is unknown: {source}")]
+    Store {
+        name: String,
+        operation: &'static str,
+        #[source]
+        source: StoreError,
+    },
+    /// The wait for a grant was cancelled by a release or stop.
+    #[error("lease `{name}`: acquire cancelled by release")]
+    Cancelled { name: String },
+    /// The lease actor behind this handle has stopped.
+    #[error("lease `{name}`: its lease actor is not running")]
+    ActorStopped { name: String },
+    /// The lease could not be set up from configuration.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+}
+
+/// Bad configuration or input, found at load time. Every variant names what was wrong.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {detail}")]
+    Read { path: String, detail: String },
+    #[error("malformed TOML in {origin}: {detail}")]
+    Parse { origin: String, detail: String },
+    #[error("config key `{key}`: {detail}")]
+    Invalid { key: String, detail: String },
+    #[error("config key `{key}`: unknown store kind `{kind}` (known: {known})")]
+    UnknownStore {
+        key: String,
+        kind: String,
+        known: String,
+    },
+    #[error("no lease section `{section}` in config (known: {known})")]
+    UnknownSection { section: String, known: String },
+    #[error("invalid lease name `{name}`: {detail}")]
+    LeaseName { name: String, detail: String },
+    #[error("lease store at {path}: {detail}")]
+    StorePath { path: String, detail: String },
+}
+
+impl ConfigError {
+    pub fn invalid(key: impl Into<String>, detail: impl Into<String>) -> Self {
+        ConfigError::Invalid {
+            key: key.into(),
+            detail: detail.into(),
+        }
+    }
+}

@@ -1,0 +1,176 @@
+//! What a LeaseActor tells whoever uses the lease, and the shared belief those events
+//! are derived from.
+
+use std::sync::{Arc, Mutex};
+
+use tokio::time::Instant;
+
+use crate::validity::{Belief, GrantEffect, Held, LostReason};
+
+/// The lease was granted (announced once per grant, before any loss of it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseGranted {
+    pub name: String,
+    /// The fencing token of this grant: present it to guarded resources.
+    pub token: u64,
+}
+
+/// The holder no longer believes it holds the lease. Sent at most once per grant, never
+/// before the grant was announced, and no later than the local deadline.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseLost {
+    pub name: String,
+    /// The token of the grant that was lost.
+    pub token: u64,
+    pub reason: LostReason,
+}
+
+/// An event of a lease's life, as delivered to its [`LeaseEventSink`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseEvent {
+    Granted(LeaseGranted),
+    Lost(LeaseLost),
+}
+
+/// Where a LeaseActor delivers its events. Called inline, in event order: it must not block.
+#[derive(Clone)]
+pub struct LeaseEventSink(Arc<dyn Fn(LeaseEvent) + Send + Sync>);
+
+impl std::fmt::Debug for LeaseEventSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LeaseEventSink")
+    }
+}
+
+impl LeaseEventSink {
+    /// Delivers events to a closure.
+    pub fn new(f: impl Fn(LeaseEvent) + Send + Sync + 'static) -> Self {
+        LeaseEventSink(Arc::new(f))
+    }
+
+    /// Delivers events as messages to an actor (typically the LeaseActor's supervisor).
+    pub fn to_actor<M>(actor: ractor::ActorRef<M>) -> Self
+    where
+        M: ractor::Message + From<LeaseEvent>,
+    {
+        LeaseEventSink::new(move |event| {
+            if actor.cast(M::from(event)).is_err() {
+                tracing::debug!(actor = ?actor.get_id(), "lease event for a stopped actor dropped");
+            }
+        })
+    }
+
+    /// Drops every event.
+    pub fn ignore() -> Self {
+        LeaseEventSink::new(|_| {})
+    }
+
+    fn deliver(&self, event: LeaseEvent) {
+        (self.0)(event)
+    }
+}
+
+/// The belief shared by a LeaseActor, its watchdog and its handles. Every transition that
+/// produces an event happens under `order`, so events reach the sink in transition order.
+pub(crate) struct SharedBelief {
+    name: String,
+    belief: Mutex<Belief>,
+    order: Mutex<()>,
+    sink: LeaseEventSink,
+}
+
+impl SharedBelief {
+    pub(crate) fn new(name: String, belief: Belief, sink: LeaseEventSink) -> Self {
+        SharedBelief {
+            name,
+            belief: Mutex::new(belief),
+            order: Mutex::new(()),
+            sink,
+        }
+    }
+
+    fn belief(&self) -> std::sync::MutexGuard<'_, Belief> {
+        self.belief.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn ordered(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.order.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn announce_lost(&self, held: Held, reason: LostReason) {
+        tracing::warn!(lease = %self.name, token = held.token, %reason, "lease lost");
+        self.sink.deliver(LeaseEvent::Lost(LeaseLost {
+            name: self.name.clone(),
+            token: held.token,
+            reason,
+        }));
+    }
+
+    /// Announces the loss of a grant whose deadline has passed at `now`. Returns whether one
+    /// lapsed.
+    pub(crate) fn lapse(&self, now: Instant) -> bool {
+        let _order = self.ordered();
+        let lapsed = self.belief().expire_due(now);
+        if let Some(held) = lapsed {
+            self.announce_lost(held, LostReason::Expired);
+        }
+        lapsed.is_some()
+    }
+
+    /// Records a grant answer; announces a new grant.
+    pub(crate) fn grant(&self, token: u64, sent_at: Instant) -> GrantEffect {
+        let now = Instant::now();
+        let _order = self.ordered();
+        let (lapsed, effect) = {
+            let mut b = self.belief();
+            let lapsed = b.expire_due(now);
+            (lapsed, b.grant(token, sent_at, now))
+        };
+        if let Some(held) = lapsed {
+            self.announce_lost(held, LostReason::Expired);
+        }
+        if let GrantEffect::New(held) = effect {
+            tracing::info!(lease = %self.name, token = held.token, "lease granted");
+            self.sink.deliver(LeaseEvent::Granted(LeaseGranted {
+                name: self.name.clone(),
+                token: held.token,
+            }));
+        }
+        effect
+    }
+
+    /// Records a successful renewal of `generation` sent at `sent_at`.
+    pub(crate) fn renewed(&self, generation: u64, sent_at: Instant) -> bool {
+        let now = Instant::now();
+        if self.belief().renewed(generation, sent_at, now) {
+            return true;
+        }
+        self.lapse(now);
+        false
+    }
+
+    /// The store said `generation` is not held: announce the loss.
+    pub(crate) fn not_held(&self, generation: u64) {
+        let _order = self.ordered();
+        let ended = self.belief().not_held(generation);
+        if let Some(held) = ended {
+            self.announce_lost(held, LostReason::NotHeld);
+        }
+    }
+
+    /// Gives the belief up without an event (release, stop); returns what was held.
+    pub(crate) fn give_up(&self) -> Option<Held> {
+        let _order = self.ordered();
+        self.belief().give_up()
+    }
+
+    /// The grant believed now, if any. Never blocks on anything but a short critical section.
+    pub(crate) fn current(&self) -> Option<Held> {
+        self.belief().current(Instant::now())
+    }
+
+    /// The grant believed, even if its deadline just passed and nobody announced it yet.
+    pub(crate) fn held(&self) -> Option<Held> {
+        self.belief().held()
+    }
+}

@@ -1,0 +1,226 @@
+//! `Lease`: the handle for plain async code, a thin typed front of one LeaseActor.
+
+use std::sync::{Arc, Mutex};
+
+use ractor::ActorRef;
+use ractor::rpc::CallResult;
+use tokio::time::Instant;
+
+use crate::actor::{AcquireReply, Acquired, LeaseActor, LeaseMsg, LeaseSpec, LeaseView};
+use crate::error::LeaseError;
+use crate::events::{LeaseEvent, LeaseEventSink, LeaseLost};
+use crate::settings::LeaseSettings;
+
+type LostCallback = Box<dyn FnOnce(LeaseLost) + Send>;
+
+/// Lost-callbacks waiting for the loss of the grant with their token.
+#[derive(Default)]
+struct LostCallbacks {
+    /// The highest token whose loss was announced.
+    lost_up_to: Option<u64>,
+    waiting: Vec<(u64, LostCallback)>,
+    last_lost: Option<LeaseLost>,
+}
+
+struct Inner {
+    name: String,
+    owner: String,
+    settings: LeaseSettings,
+    actor: ActorRef<LeaseMsg>,
+    view: LeaseView,
+    lost: Arc<Mutex<LostCallbacks>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // post_stop releases a held grant.
+        self.actor.stop(Some("lease handle dropped".into()));
+    }
+}
+
+/// A lease for plain async code. Cloning shares it; dropping the last clone stops its
+/// LeaseActor, which releases a held grant.
+///
+/// The contract (Akka Coordination's, tightened):
+/// - [`acquire`](Lease::acquire): `Ok(Granted { token })` held now, `Ok(NotGranted)` held by
+///   another owner, `Err` unknown (maybe granted: the grant then expires after its ttl).
+/// - Re-acquiring a held lease succeeds with the same token.
+/// - While held, the LeaseActor renews it every `heartbeat-interval`; if renewals do not
+///   succeed, the lease is lost no later than its local deadline.
+/// - [`check_lease`](Lease::check_lease) never blocks; it is `true` only while held.
+#[derive(Clone)]
+pub struct Lease {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease")
+            .field("name", &self.inner.name)
+            .field("owner", &self.inner.owner)
+            .field("held", &self.check_lease())
+            .finish()
+    }
+}
+
+impl Lease {
+    /// Starts the LeaseActor for `spec`. Nothing is acquired yet.
+    pub async fn start(spec: LeaseSpec) -> Result<Lease, LeaseError> {
+        let lost = Arc::new(Mutex::new(LostCallbacks::default()));
+        let sink_lost = lost.clone();
+        let sink = LeaseEventSink::new(move |event| {
+            if let LeaseEvent::Lost(ev) = event {
+                let due: Vec<LostCallback> = {
+                    let mut slot = sink_lost.lock().unwrap_or_else(|e| e.into_inner());
+                    slot.lost_up_to = slot.lost_up_to.max(Some(ev.token));
+                    slot.last_lost = Some(ev.clone());
+                    let (due, keep) = std::mem::take(&mut slot.waiting)
+                        .into_iter()
+                        .partition(|(token, _)| *token <= ev.token);
+                    slot.waiting = keep;
+                    due.into_iter().map(|(_, cb)| cb).collect()
+                };
+                for cb in due {
+                    cb(ev.clone());
+                }
+            }
+        });
+        let name = spec.name.clone();
+        let owner = spec.owner.clone();
+        let settings = spec.settings;
+        let (actor, view) = LeaseActor::start(spec, sink, None)
+            .await
+            .map_err(|_| LeaseError::ActorStopped { name: name.clone() })?;
+        Ok(Lease {
+            inner: Arc::new(Inner {
+                name,
+                owner,
+                settings,
+                actor,
+                view,
+                lost,
+            }),
+        })
+    }
+
+    /// The lease name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The owner this handle acquires for.
+    pub fn owner(&self) -> &str {
+        &self.inner.owner
+    }
+
+    /// The timing settings of this lease.
+    pub fn settings(&self) -> &LeaseSettings {
+        &self.inner.settings
+    }
+
+    /// The LeaseActor behind this handle.
+    pub fn actor(&self) -> &ActorRef<LeaseMsg> {
+        &self.inner.actor
+    }
+
+    async fn ask(
+        &self,
+        build: impl FnOnce(ractor::RpcReplyPort<AcquireReply>) -> LeaseMsg,
+    ) -> AcquireReply {
+        match self.inner.actor.call(build, None).await {
+            Ok(CallResult::Success(reply)) => reply,
+            _ => Err(LeaseError::ActorStopped {
+                name: self.inner.name.clone(),
+            }),
+        }
+    }
+
+    /// One acquire attempt. `Ok(Granted { token })`: held now; `Ok(NotGranted)`: another
+    /// owner holds it; `Err`: unknown (treat as maybe held by us until its ttl passes).
+    pub async fn acquire(&self) -> Result<Acquired, LeaseError> {
+        self.ask(LeaseMsg::TryAcquire).await.map(|(a, _)| a)
+    }
+
+    /// Like [`acquire`](Lease::acquire); when granted, `on_lost` is called at most once, when
+    /// this grant is lost (not after a release), never before this call returned, and no
+    /// later than the local deadline. It runs inline and must not block.
+    pub async fn acquire_with_lost(
+        &self,
+        on_lost: impl FnOnce(LeaseLost) + Send + 'static,
+    ) -> Result<Acquired, LeaseError> {
+        let acquired = self.acquire().await?;
+        if let Acquired::Granted { token } = acquired {
+            self.on_lost(token, Box::new(on_lost));
+        }
+        Ok(acquired)
+    }
+
+    /// Waits until granted, retrying every `lease-retry-interval`. Returns the token.
+    /// `Err(Cancelled)` if released meanwhile.
+    pub async fn acquire_wait(&self) -> Result<u64, LeaseError> {
+        match self.ask(|reply| LeaseMsg::Acquire { reply: Some(reply) }).await? {
+            (Acquired::Granted { token }, _) => Ok(token),
+            (Acquired::NotGranted { .. }, _) => unreachable!("Acquire answers only grants"),
+        }
+    }
+
+    /// [`acquire_wait`](Lease::acquire_wait) with a lost-notification as in
+    /// [`acquire_with_lost`](Lease::acquire_with_lost).
+    pub async fn acquire_wait_with_lost(
+        &self,
+        on_lost: impl FnOnce(LeaseLost) + Send + 'static,
+    ) -> Result<u64, LeaseError> {
+        let token = self.acquire_wait().await?;
+        self.on_lost(token, Box::new(on_lost));
+        Ok(token)
+    }
+
+    fn on_lost(&self, token: u64, cb: LostCallback) {
+        let fire_now = {
+            let mut slot = self.inner.lost.lock().unwrap_or_else(|e| e.into_inner());
+            if slot.lost_up_to.is_some_and(|t| t >= token) {
+                slot.last_lost.clone().map(|ev| (ev, cb))
+            } else {
+                slot.waiting.push((token, cb));
+                None
+            }
+        };
+        if let Some((ev, cb)) = fire_now {
+            cb(ev);
+        }
+    }
+
+    /// Releases the lease. `Ok(true)`: released; `Ok(false)`: this handle held nothing;
+    /// `Err`: unknown (the grant expires after its ttl at the latest). The lost-callback is
+    /// not called for a released grant.
+    pub async fn release(&self) -> Result<bool, LeaseError> {
+        {
+            let mut slot = self.inner.lost.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(h) = self.inner.view.held() {
+                slot.waiting.retain(|(t, _)| *t != h.token);
+            }
+        }
+        match self.inner.actor.call(LeaseMsg::Release, None).await {
+            Ok(CallResult::Success(released)) => released,
+            _ => Err(LeaseError::ActorStopped {
+                name: self.inner.name.clone(),
+            }),
+        }
+    }
+
+    /// `true` only while this owner certainly holds the lease: granted, and the local
+    /// deadline not passed. Never blocks, never talks to the store or the actor.
+    pub fn check_lease(&self) -> bool {
+        self.inner.view.check_lease()
+    }
+
+    /// The fencing token of the current grant, while held.
+    pub fn token(&self) -> Option<u64> {
+        self.inner.view.token()
+    }
+
+    /// The local deadline of the current grant, while held.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.inner.view.deadline()
+    }
+}

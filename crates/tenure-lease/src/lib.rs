@@ -1,0 +1,63 @@
+//! # tenure-lease
+//!
+//! Distributed leases with Akka Coordination's contract, tightened: every grant carries a
+//! fencing token, and the holder gives its lease up (on a monotonic clock, with a safety
+//! margin) before any other owner can be granted it.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tenure_lease::{Acquired, Lease, LeaseSettings, LeaseSpec, MemoryStore};
+//!
+//! # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = std::sync::Arc::new(MemoryStore::new());
+//! let mut settings = LeaseSettings::with_timeout(Duration::from_secs(10));
+//! settings.heartbeat_interval = Duration::from_secs(1);
+//! let lease = Lease::start(LeaseSpec::new("tenure-singleton-billing", "10.0.0.1:2552", store, settings)?).await?;
+//! match lease.acquire_with_lost(|lost| eprintln!("lost {}: {}", lost.name, lost.reason)).await? {
+//!     Acquired::Granted { token } => {
+//!         assert!(lease.check_lease());
+//!         // ... work, presenting `token` to every guarded resource ...
+//!         assert!(lease.release().await?);
+//!     }
+//!     Acquired::NotGranted { holder } => println!("held by {holder:?}"),
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! Layers: the [store SPI](store) (small compare-and-set operations, one crate per store),
+//! the [`LeaseActor`] (all timing: acquisition retries, heartbeats, the local deadline,
+//! `LeaseGranted`/`LeaseLost`), the [`Lease`] handle for plain async code, and the
+//! [`LeaseProvider`] that loads leases by (name, config section, owner).
+
+mod actor;
+pub mod config;
+mod error;
+mod events;
+pub mod fence;
+mod handle;
+pub mod memory;
+pub mod names;
+mod provider;
+mod renewal;
+mod settings;
+pub mod store;
+pub mod validity;
+
+#[cfg(test)]
+mod timing_tests;
+
+#[cfg(feature = "conformance")]
+pub mod conformance;
+
+pub use actor::{AcquireReply, Acquired, LeaseActor, LeaseActorState, LeaseMsg, LeaseSpec, LeaseView};
+pub use config::{LeaseSection, TenureConfig};
+pub use error::{ConfigError, LeaseError, StoreError};
+pub use events::{LeaseEvent, LeaseEventSink, LeaseGranted, LeaseLost};
+pub use fence::{FenceCheck, StaleToken};
+pub use handle::Lease;
+pub use memory::{Fault, MemoryStore, MemoryStoreFactory};
+pub use provider::{LeaseProvider, StoreFactory, StoreRegistry};
+pub use renewal::RenewalBatcher;
+pub use settings::LeaseSettings;
+pub use store::{AcquireOutcome, AcquireRequest, Capabilities, HeldLease, LeaseRecord, LeaseStore};
+pub use validity::LostReason;

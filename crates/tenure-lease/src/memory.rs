@@ -1,0 +1,276 @@
+//! The in-memory store: one process, no persistence. Expiry runs on tokio's clock, so tests
+//! of timing logic can use paused time. Faults can be injected to test the layers above.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+
+use crate::config::{LeaseSection, TableReader};
+use crate::error::{ConfigError, StoreError};
+use crate::provider::StoreFactory;
+use crate::store::{
+    AcquireOutcome, AcquireRequest, Capabilities, HeldLease, LeaseRecord, LeaseStore,
+};
+
+/// How the store misbehaves, for tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Fault {
+    /// Serve normally.
+    #[default]
+    None,
+    /// Fail every operation at once with [`StoreError::Unavailable`].
+    Unavailable,
+    /// Never answer (every operation waits forever; callers' timeouts apply).
+    Hang,
+    /// Fail renewals only; acquire, release and reads work.
+    FailRenewals,
+    /// Hang renewals only.
+    HangRenewals,
+    /// Answer every operation after this delay.
+    Delay(Duration),
+}
+
+#[derive(Debug)]
+struct Grant {
+    owner: String,
+    token: u64,
+    expires_at: Instant,
+    version: u64,
+    note: Option<String>,
+}
+
+#[derive(Debug, Default)]
+struct Backend {
+    grants: BTreeMap<String, Grant>,
+    /// Highest token ever issued per name; never forgotten.
+    counters: HashMap<String, u64>,
+    fault: Fault,
+    renew_calls: u64,
+}
+
+/// An in-process lease store. Handles of one namespace share their leases.
+#[derive(Debug, Clone)]
+pub struct MemoryStore {
+    backend: Arc<Mutex<Backend>>,
+}
+
+fn namespaces() -> &'static Mutex<HashMap<String, Arc<Mutex<Backend>>>> {
+    static NAMESPACES: OnceLock<Mutex<HashMap<String, Arc<Mutex<Backend>>>>> = OnceLock::new();
+    NAMESPACES.get_or_init(Default::default)
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        MemoryStore::new()
+    }
+}
+
+impl MemoryStore {
+    /// A store of its own, shared with nobody but clones of this handle.
+    pub fn new() -> Self {
+        MemoryStore {
+            backend: Arc::default(),
+        }
+    }
+
+    /// A handle on the process-wide namespace `namespace`: every handle opened with the same
+    /// namespace sees the same leases and counters (a "restart" is a new handle).
+    pub fn shared(namespace: &str) -> Self {
+        let mut all = namespaces().lock().unwrap_or_else(|e| e.into_inner());
+        MemoryStore {
+            backend: all.entry(namespace.to_string()).or_default().clone(),
+        }
+    }
+
+    /// Makes the store misbehave (for tests of the layers above).
+    pub fn set_fault(&self, fault: Fault) {
+        self.lock().fault = fault;
+    }
+
+    /// How many batched renew calls the store has served.
+    pub fn renew_calls(&self) -> u64 {
+        self.lock().renew_calls
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Backend> {
+        self.backend.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Applies the configured fault for an operation; `renewal` marks renew calls.
+    async fn fault(&self, renewal: bool) -> Result<(), StoreError> {
+        let fault = self.lock().fault;
+        match fault {
+            Fault::Unavailable => Err(unavailable()),
+            Fault::FailRenewals if renewal => Err(unavailable()),
+            Fault::Hang => std::future::pending().await,
+            Fault::HangRenewals if renewal => std::future::pending().await,
+            Fault::Delay(d) => {
+                tokio::time::sleep(d).await;
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+fn unavailable() -> StoreError {
+    StoreError::Unavailable {
+        store: "memory",
+        detail: "fault injected".into(),
+    }
+}
+
+fn record(name: &str, g: &Grant, now: Instant) -> LeaseRecord {
+    LeaseRecord {
+        name: name.to_string(),
+        owner: g.owner.clone(),
+        token: g.token,
+        expires_in: g.expires_at.saturating_duration_since(now),
+        version: g.version,
+        note: g.note.clone(),
+    }
+}
+
+#[async_trait]
+impl LeaseStore for MemoryStore {
+    fn kind(&self) -> &'static str {
+        "memory"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            native_fencing: false,
+            server_side_expiry: true,
+            fair_waiting: false,
+            watch: false,
+            durable: false,
+        }
+    }
+
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError> {
+        self.fault(false).await?;
+        let now = Instant::now();
+        let mut b = self.lock();
+        let b = &mut *b;
+        if let Some(g) = b.grants.get_mut(&req.name)
+            && g.expires_at > now
+        {
+            if g.owner != req.owner {
+                return Ok(AcquireOutcome::Held(record(&req.name, g, now)));
+            }
+            g.expires_at = now + req.ttl;
+            g.version += 1;
+            if req.note.is_some() {
+                g.note = req.note.clone();
+            }
+            return Ok(AcquireOutcome::Granted(record(&req.name, g, now)));
+        }
+        let counter = b.counters.entry(req.name.clone()).or_insert(0);
+        *counter += 1;
+        let grant = Grant {
+            owner: req.owner.clone(),
+            token: *counter,
+            expires_at: now + req.ttl,
+            version: 1,
+            note: req.note.clone(),
+        };
+        let rec = record(&req.name, &grant, now);
+        b.grants.insert(req.name.clone(), grant);
+        Ok(AcquireOutcome::Granted(rec))
+    }
+
+    async fn renew(
+        &self,
+        owner: &str,
+        leases: &[HeldLease],
+        ttl: Duration,
+    ) -> Result<Vec<bool>, StoreError> {
+        self.fault(true).await?;
+        let now = Instant::now();
+        let mut b = self.lock();
+        b.renew_calls += 1;
+        Ok(leases
+            .iter()
+            .map(|l| match b.grants.get_mut(&l.name) {
+                Some(g) if g.owner == owner && g.token == l.token && g.expires_at > now => {
+                    g.expires_at = now + ttl;
+                    g.version += 1;
+                    true
+                }
+                _ => false,
+            })
+            .collect())
+    }
+
+    async fn release(&self, name: &str, owner: &str, token: u64) -> Result<bool, StoreError> {
+        self.fault(false).await?;
+        let now = Instant::now();
+        let mut b = self.lock();
+        match b.grants.get(name) {
+            Some(g) if g.owner == owner && g.token == token && g.expires_at > now => {
+                b.grants.remove(name);
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn read(&self, name: &str) -> Result<Option<LeaseRecord>, StoreError> {
+        self.fault(false).await?;
+        let now = Instant::now();
+        let b = self.lock();
+        Ok(b.grants
+            .get(name)
+            .filter(|g| g.expires_at > now)
+            .map(|g| record(name, g, now)))
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
+        self.fault(false).await?;
+        let now = Instant::now();
+        let b = self.lock();
+        Ok(b.grants
+            .range(prefix.to_string()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .filter(|(_, g)| g.expires_at > now)
+            .map(|(k, g)| record(k, g, now))
+            .collect())
+    }
+}
+
+/// Opens `store = "memory"` sections. Option: `namespace` (handles with the same namespace
+/// in one process share leases).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct MemoryStoreFactory;
+
+#[async_trait]
+impl StoreFactory for MemoryStoreFactory {
+    fn kind(&self) -> &'static str {
+        "memory"
+    }
+
+    fn check(&self, section: &LeaseSection) -> Result<(), ConfigError> {
+        let key = section.key();
+        let r = TableReader::new(&key, &section.options);
+        r.reject_unknown(&["namespace"])?;
+        if section.options.contains_key("namespace") {
+            r.string("namespace")?;
+        }
+        Ok(())
+    }
+
+    async fn open(&self, section: &LeaseSection) -> Result<Arc<dyn LeaseStore>, ConfigError> {
+        self.check(section)?;
+        let key = section.key();
+        let r = TableReader::new(&key, &section.options);
+        let namespace = if section.options.contains_key("namespace") {
+            r.string("namespace")?
+        } else {
+            "default".to_string()
+        };
+        Ok(Arc::new(MemoryStore::shared(&namespace)))
+    }
+}

@@ -1,0 +1,187 @@
+//! The provider: loads a lease by (lease name, config section, owner). The section names a
+//! store kind; store crates plug their kinds in through a [`StoreRegistry`].
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use tokio::sync::Mutex;
+
+use crate::actor::LeaseSpec;
+use crate::config::{LeaseSection, TenureConfig};
+use crate::error::{ConfigError, LeaseError};
+use crate::handle::Lease;
+use crate::memory::MemoryStoreFactory;
+use crate::names::check_lease_name;
+use crate::renewal::RenewalBatcher;
+use crate::store::LeaseStore;
+
+/// Opens stores of one kind from lease sections.
+#[async_trait]
+pub trait StoreFactory: Send + Sync + 'static {
+    /// The kind named by a section's `store` key.
+    fn kind(&self) -> &'static str;
+
+    /// Validates a section's store options without opening anything (unknown keys, wrong
+    /// types, paths). Errors name the key or path.
+    fn check(&self, section: &LeaseSection) -> Result<(), ConfigError>;
+
+    /// Opens (or connects to) the store of a section.
+    async fn open(&self, section: &LeaseSection) -> Result<Arc<dyn LeaseStore>, ConfigError>;
+}
+
+/// The store kinds a provider can open.
+#[derive(Clone, Default)]
+pub struct StoreRegistry {
+    factories: BTreeMap<&'static str, Arc<dyn StoreFactory>>,
+}
+
+impl StoreRegistry {
+    /// A registry with the in-memory store only.
+    pub fn new() -> Self {
+        StoreRegistry::default().with(MemoryStoreFactory)
+    }
+
+    /// Adds (or replaces) a kind.
+    pub fn with(mut self, factory: impl StoreFactory) -> Self {
+        self.factories.insert(factory.kind(), Arc::new(factory));
+        self
+    }
+
+    /// The factory of `kind`.
+    pub fn get(&self, kind: &str) -> Option<&Arc<dyn StoreFactory>> {
+        self.factories.get(kind)
+    }
+
+    /// The registered kinds, comma-separated.
+    pub fn kinds(&self) -> String {
+        self.factories.keys().copied().collect::<Vec<_>>().join(", ")
+    }
+}
+
+#[derive(Default)]
+struct Loaded {
+    stores: HashMap<String, Arc<dyn LeaseStore>>,
+    batchers: HashMap<(String, String), RenewalBatcher>,
+    leases: HashMap<(String, String, String), Lease>,
+}
+
+/// Loads leases by (name, section, owner); the same triple returns the same [`Lease`].
+/// One store per section and one renewal batcher per (section, owner) are shared.
+pub struct LeaseProvider {
+    config: TenureConfig,
+    registry: StoreRegistry,
+    loaded: Mutex<Loaded>,
+}
+
+impl LeaseProvider {
+    /// Checks every lease section of `config` (known store kind, valid timing and options)
+    /// and returns a provider. Errors name the offending key or path.
+    pub fn new(config: TenureConfig, registry: StoreRegistry) -> Result<Self, ConfigError> {
+        for name in config.lease_section_names()? {
+            let section = config.lease_section(&name)?;
+            registry.get(&section.store).ok_or_else(|| ConfigError::UnknownStore {
+                key: format!("{}.store", section.key()),
+                kind: section.store.clone(),
+                known: registry.kinds(),
+            })?;
+        }
+        // Options are checked for sections that are used (the reference defines sections
+        // of every built-in kind, which a user need not have set up).
+        Ok(LeaseProvider {
+            config,
+            registry,
+            loaded: Mutex::new(Loaded::default()),
+        })
+    }
+
+    /// The configuration this provider reads.
+    pub fn config(&self) -> &TenureConfig {
+        &self.config
+    }
+
+    /// The resolved section `name` with its options checked by its store kind.
+    pub fn section(&self, name: &str) -> Result<LeaseSection, ConfigError> {
+        let section = self.config.lease_section(name)?;
+        let factory = self.registry.get(&section.store).ok_or_else(|| {
+            ConfigError::UnknownStore {
+                key: format!("{}.store", section.key()),
+                kind: section.store.clone(),
+                known: self.registry.kinds(),
+            }
+        })?;
+        factory.check(&section)?;
+        Ok(section)
+    }
+
+    /// The store of section `name`, opened on first use.
+    pub async fn store(&self, name: &str) -> Result<Arc<dyn LeaseStore>, ConfigError> {
+        let mut loaded = self.loaded.lock().await;
+        self.store_locked(&mut loaded, name).await
+    }
+
+    async fn store_locked(
+        &self,
+        loaded: &mut Loaded,
+        name: &str,
+    ) -> Result<Arc<dyn LeaseStore>, ConfigError> {
+        if let Some(store) = loaded.stores.get(name) {
+            return Ok(store.clone());
+        }
+        let section = self.section(name)?;
+        let factory = self
+            .registry
+            .get(&section.store)
+            .expect("section() checked the kind");
+        let store = factory.open(&section).await?;
+        loaded.stores.insert(name.to_string(), store.clone());
+        Ok(store)
+    }
+
+    /// The spec of lease `name` in section `section` for `owner`, sharing the section's
+    /// store and the owner's renewal batcher. Use it to start a LeaseActor under a supervisor.
+    pub async fn spec(
+        &self,
+        name: &str,
+        section: &str,
+        owner: &str,
+    ) -> Result<LeaseSpec, ConfigError> {
+        check_lease_name(name)?;
+        let mut loaded = self.loaded.lock().await;
+        let store = self.store_locked(&mut loaded, section).await?;
+        let settings = self.config.lease_section(section)?.settings;
+        let batcher = loaded
+            .batchers
+            .entry((section.to_string(), owner.to_string()))
+            .or_insert_with(|| RenewalBatcher::new(store.clone(), owner.to_string(), settings))
+            .clone();
+        LeaseSpec::with_batcher(name, owner, store, settings, batcher)
+    }
+
+    /// The lease `name` of section `section` held for `owner`; the same triple returns the
+    /// same lease (sharing its state).
+    pub async fn lease(&self, name: &str, section: &str, owner: &str) -> Result<Lease, LeaseError> {
+        let key = (name.to_string(), section.to_string(), owner.to_string());
+        if let Some(lease) = self.loaded.lock().await.leases.get(&key) {
+            return Ok(lease.clone());
+        }
+        let spec = self.spec(name, section, owner).await?;
+        let mut loaded = self.loaded.lock().await;
+        if let Some(lease) = loaded.leases.get(&key) {
+            return Ok(lease.clone());
+        }
+        let lease = Lease::start(spec).await?;
+        loaded.leases.insert(key, lease.clone());
+        Ok(lease)
+    }
+
+    /// Releases and forgets every lease this provider loaded.
+    pub async fn shutdown(&self) {
+        let leases: Vec<Lease> = self.loaded.lock().await.leases.drain().map(|(_, l)| l).collect();
+        for lease in leases {
+            if let Err(e) = lease.release().await {
+                tracing::warn!(lease = lease.name(), error = %e, "release at shutdown failed");
+            }
+        }
+    }
+}

@@ -1,0 +1,131 @@
+//! Batched renewal: every LeaseActor of one owner on one store renews through one
+//! `RenewalBatcher`, which turns the requests of one heartbeat into one store round trip.
+//!
+//! The actors decide *when* to renew (the LeaseActor owns all timing); the batcher only
+//! coalesces. For the requests of many leases to meet, actors renew on a shared grid:
+//! instants `epoch + k * heartbeat-interval`.
+
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::{Duration, Instant};
+
+use crate::error::LeaseError;
+use crate::settings::LeaseSettings;
+use crate::store::{HeldLease, LeaseStore};
+
+/// The answer to one renewal request: when the batch was sent, and whether the lease was
+/// renewed (`Ok(false)`: certainly not held any more; `Err`: unknown).
+pub(crate) type RenewAnswer = (Instant, Result<bool, LeaseError>);
+
+struct RenewRequest {
+    lease: HeldLease,
+    reply: oneshot::Sender<RenewAnswer>,
+}
+
+/// Coalesces renewals of one owner's leases on one store. Cloning shares the batcher.
+#[derive(Clone)]
+pub struct RenewalBatcher {
+    tx: mpsc::UnboundedSender<RenewRequest>,
+    epoch: Instant,
+    interval: Duration,
+}
+
+impl std::fmt::Debug for RenewalBatcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RenewalBatcher")
+            .field("interval", &self.interval)
+            .finish()
+    }
+}
+
+impl RenewalBatcher {
+    /// Starts the batcher task for `owner` on `store`. It ends when every clone is dropped.
+    pub fn new(store: Arc<dyn LeaseStore>, owner: String, settings: LeaseSettings) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        // Requests of one grid instant arrive within a short burst; wait that long before
+        // sending so they share a round trip. Renewing a little late is harmless: the
+        // deadline counts from the send instant, and an interval is < ttl/2.
+        let window = (settings.heartbeat_interval / 10).min(Duration::from_millis(200));
+        tokio::spawn(run(store, owner, settings, window, rx));
+        RenewalBatcher {
+            tx,
+            epoch: Instant::now(),
+            interval: settings.heartbeat_interval,
+        }
+    }
+
+    /// The next renewal instant strictly after `now` on this owner's grid.
+    pub(crate) fn next_tick(&self, now: Instant) -> Instant {
+        let elapsed = now.saturating_duration_since(self.epoch);
+        let interval = self.interval.as_nanos().max(1);
+        let k = elapsed.as_nanos() / interval + 1;
+        let offset = u64::try_from(k * interval).unwrap_or(u64::MAX);
+        self.epoch + Duration::from_nanos(offset)
+    }
+
+    /// Queues a renewal; the answer arrives on the returned channel (dropped if the batcher
+    /// is gone).
+    pub(crate) fn renew(&self, lease: HeldLease) -> oneshot::Receiver<RenewAnswer> {
+        let (reply, rx) = oneshot::channel();
+        // A closed batcher drops `reply`; the caller sees a closed channel.
+        let _ = self.tx.send(RenewRequest { lease, reply });
+        rx
+    }
+}
+
+async fn run(
+    store: Arc<dyn LeaseStore>,
+    owner: String,
+    settings: LeaseSettings,
+    window: Duration,
+    mut rx: mpsc::UnboundedReceiver<RenewRequest>,
+) {
+    while let Some(first) = rx.recv().await {
+        tokio::time::sleep(window).await;
+        let mut batch = vec![first];
+        while let Ok(more) = rx.try_recv() {
+            batch.push(more);
+        }
+        let leases: Vec<HeldLease> = batch.iter().map(|r| r.lease.clone()).collect();
+        let sent_at = Instant::now();
+        let timeout = settings.lease_operation_timeout;
+        let result = tokio::time::timeout(
+            timeout,
+            store.renew(&owner, &leases, settings.heartbeat_timeout),
+        )
+        .await;
+        tracing::trace!(owner, count = leases.len(), "batched renewal");
+        for (i, req) in batch.into_iter().enumerate() {
+            let name = req.lease.name;
+            let answer = match &result {
+                Ok(Ok(flags)) => match flags.get(i) {
+                    Some(flag) => Ok(*flag),
+                    None => Err(LeaseError::Store {
+                        name,
+                        operation: "renew",
+                        source: crate::error::StoreError::Backend {
+                            store: store.kind(),
+                            detail: format!(
+                                "renew answered {} flags for {} leases",
+                                flags.len(),
+                                leases.len()
+                            ),
+                        },
+                    }),
+                },
+                Ok(Err(e)) => Err(LeaseError::Store {
+                    name,
+                    operation: "renew",
+                    source: e.clone(),
+                }),
+                Err(_) => Err(LeaseError::Timeout {
+                    name,
+                    operation: "renew",
+                    timeout,
+                }),
+            };
+            let _ = req.reply.send((sent_at, answer));
+        }
+    }
+}

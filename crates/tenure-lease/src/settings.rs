@@ -1,0 +1,168 @@
+//! Lease timing settings, with Akka Coordination's names and rules.
+
+use std::time::Duration;
+
+use crate::config::{TableReader, reference_config};
+use crate::error::ConfigError;
+
+/// Timing of one lease section. Defaults live in `config/reference.toml` (`[lease]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseSettings {
+    /// `heartbeat-timeout`: the time-to-live the store gives each grant or renewal.
+    pub heartbeat_timeout: Duration,
+    /// `heartbeat-interval`: how often a holder renews. `0s` in config means
+    /// `max(heartbeat-timeout / 10, 5s)`. Must be `< heartbeat-timeout / 2`.
+    pub heartbeat_interval: Duration,
+    /// `lease-operation-timeout`: bound on every store operation; past it the outcome is unknown.
+    pub lease_operation_timeout: Duration,
+    /// `lease-retry-interval`: pause between acquire attempts of a user that keeps trying.
+    pub lease_retry_interval: Duration,
+    /// `safety-margin`: the holder stops believing in its lease this long before the earliest
+    /// instant the store could expire it. `0s` in config means `heartbeat-timeout / 10`.
+    pub safety_margin: Duration,
+}
+
+pub(crate) const TIMING_KEYS: [&str; 5] = [
+    "heartbeat-timeout",
+    "heartbeat-interval",
+    "lease-operation-timeout",
+    "lease-retry-interval",
+    "safety-margin",
+];
+
+impl Default for LeaseSettings {
+    /// The `[lease]` defaults of the embedded reference configuration.
+    fn default() -> Self {
+        let reference = reference_config();
+        let table = reference
+            .get("lease")
+            .and_then(|v| v.as_table())
+            .expect("reference.toml has a [lease] table");
+        LeaseSettings::from_table("lease", table).expect("reference.toml [lease] settings are valid")
+    }
+}
+
+impl LeaseSettings {
+    /// Settings with the given time-to-live, the interval and margin derived by the default
+    /// rules, and the other values from the reference defaults.
+    pub fn with_timeout(heartbeat_timeout: Duration) -> Self {
+        let defaults = LeaseSettings::default();
+        LeaseSettings {
+            heartbeat_timeout,
+            heartbeat_interval: default_interval(heartbeat_timeout),
+            safety_margin: heartbeat_timeout / 10,
+            ..defaults
+        }
+    }
+
+    /// Reads the timing keys of a section table (`key_prefix` is its dotted path, for errors).
+    /// Missing keys are an error: callers pass a table already merged with the defaults.
+    pub(crate) fn from_table(
+        key_prefix: &str,
+        table: &toml::Table,
+    ) -> Result<LeaseSettings, ConfigError> {
+        let r = TableReader::new(key_prefix, table);
+        let heartbeat_timeout = r.duration("heartbeat-timeout")?;
+        let interval = r.duration("heartbeat-interval")?;
+        let margin = r.duration("safety-margin")?;
+        let settings = LeaseSettings {
+            heartbeat_timeout,
+            heartbeat_interval: if interval.is_zero() {
+                default_interval(heartbeat_timeout)
+            } else {
+                interval
+            },
+            lease_operation_timeout: r.duration("lease-operation-timeout")?,
+            lease_retry_interval: r.duration("lease-retry-interval")?,
+            safety_margin: if margin.is_zero() {
+                heartbeat_timeout / 10
+            } else {
+                margin
+            },
+        };
+        settings.validate(key_prefix)?;
+        Ok(settings)
+    }
+
+    /// Checks the rules between the values; errors name the offending key under `key_prefix`.
+    pub fn validate(&self, key_prefix: &str) -> Result<(), ConfigError> {
+        let key = |k: &str| format!("{key_prefix}.{k}");
+        let show = |d: Duration| humantime::format_duration(d).to_string();
+        if self.heartbeat_timeout.is_zero() {
+            return Err(ConfigError::invalid(key("heartbeat-timeout"), "must be > 0"));
+        }
+        if self.heartbeat_interval * 2 >= self.heartbeat_timeout {
+            return Err(ConfigError::invalid(
+                key("heartbeat-interval"),
+                format!(
+                    "{} must be < heartbeat-timeout/2 ({}); the default is max(timeout/10, 5s), so set it explicitly for short timeouts",
+                    show(self.heartbeat_interval),
+                    show(self.heartbeat_timeout / 2)
+                ),
+            ));
+        }
+        if self.lease_operation_timeout.is_zero() {
+            return Err(ConfigError::invalid(key("lease-operation-timeout"), "must be > 0"));
+        }
+        if self.lease_retry_interval.is_zero() {
+            return Err(ConfigError::invalid(key("lease-retry-interval"), "must be > 0"));
+        }
+        if self.safety_margin + self.heartbeat_interval >= self.heartbeat_timeout {
+            return Err(ConfigError::invalid(
+                key("safety-margin"),
+                format!(
+                    "{} plus heartbeat-interval ({}) must be < heartbeat-timeout ({}), or a renewed lease would lapse before its next renewal",
+                    show(self.safety_margin),
+                    show(self.heartbeat_interval),
+                    show(self.heartbeat_timeout)
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// How long after a request was *sent* its holder may still believe in the grant.
+    pub fn validity(&self) -> Duration {
+        self.heartbeat_timeout - self.safety_margin
+    }
+}
+
+fn default_interval(timeout: Duration) -> Duration {
+    (timeout / 10).max(Duration::from_secs(5))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn akka_defaults() {
+        let s = LeaseSettings::default();
+        assert_eq!(s.heartbeat_timeout, Duration::from_secs(120));
+        assert_eq!(s.heartbeat_interval, Duration::from_secs(12));
+        assert_eq!(s.lease_operation_timeout, Duration::from_secs(5));
+        assert_eq!(s.lease_retry_interval, Duration::from_secs(5));
+        assert_eq!(s.safety_margin, Duration::from_secs(12));
+    }
+
+    #[test]
+    fn interval_defaults_to_at_least_five_seconds() {
+        let s = LeaseSettings::with_timeout(Duration::from_secs(30));
+        assert_eq!(s.heartbeat_interval, Duration::from_secs(5));
+        assert!(s.validate("lease").is_ok());
+        // 10 s timeout: the default 5 s interval is not < 5 s.
+        let err = LeaseSettings::with_timeout(Duration::from_secs(10))
+            .validate("lease.x")
+            .unwrap_err();
+        assert!(err.to_string().contains("lease.x.heartbeat-interval"), "{err}");
+    }
+
+    #[test]
+    fn margin_must_leave_room_for_a_renewal() {
+        let mut s = LeaseSettings::with_timeout(Duration::from_secs(2));
+        s.heartbeat_interval = Duration::from_millis(500);
+        s.safety_margin = Duration::from_millis(1500);
+        let err = s.validate("lease.t").unwrap_err();
+        assert!(err.to_string().contains("lease.t.safety-margin"), "{err}");
+    }
+}

@@ -1,0 +1,121 @@
+//! The store SPI: small compare-and-set operations on lease records.
+//!
+//! A store holds, per lease name, at most one record `{owner, token, expiry}`, and per
+//! lease name a fencing counter that only grows. Stores hold no timing policy: they apply
+//! the time-to-live they are given and report what they did. Heartbeats, retries, the
+//! holder's deadline and loss detection live once, above this trait, in the
+//! [`LeaseActor`](crate::LeaseActor).
+//!
+//! Every method's `Err` means the outcome is unknown: the operation may or may not have
+//! taken effect. A store never answers "not granted" or "not held" unless it is sure.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::error::StoreError;
+use crate::names::NameRules;
+
+/// A lease record as the store holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseRecord {
+    /// The (store-safe) lease name.
+    pub name: String,
+    /// The holder.
+    pub owner: String,
+    /// The fencing token of the holder's grant: strictly greater than every earlier grant's
+    /// token for this name, across holders, expiries, releases and store restarts.
+    pub token: u64,
+    /// Time left before the store expires the record, measured by the store when it answered.
+    pub expires_in: Duration,
+    /// Number of writes (grant and renewals) to this grant, starting at 1.
+    pub version: u64,
+    /// Free text the holder attached when acquiring (who and why), if any.
+    pub note: Option<String>,
+}
+
+/// What an acquire asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AcquireRequest {
+    pub name: String,
+    pub owner: String,
+    /// The time-to-live to give the grant, counted from when the store processes the request.
+    pub ttl: Duration,
+    /// Free text to keep with the grant (who and why), shown by `tenure lease show`.
+    pub note: Option<String>,
+}
+
+/// The certain outcome of an acquire attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AcquireOutcome {
+    /// The requester holds the lease now, until `record.expires_in` from the store's view.
+    /// If it already held it, the token is unchanged and the expiry extended (reentrancy).
+    Granted(LeaseRecord),
+    /// Another owner holds an unexpired grant.
+    Held(LeaseRecord),
+}
+
+/// One lease in a batched renewal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldLease {
+    pub name: String,
+    pub token: u64,
+}
+
+/// What a store can do beyond the basic operations.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Tokens come from the store's own total order (etcd revision, ZooKeeper czxid…)
+    /// rather than a counter kept beside the record.
+    pub native_fencing: bool,
+    /// The store itself expires records on a clock it owns; contenders need not observe a
+    /// record unchanged for a full time-to-live before taking it.
+    pub server_side_expiry: bool,
+    /// Blocking acquire with first-come-first-served waiting.
+    pub fair_waiting: bool,
+    /// Holder changes can be pushed to subscribers.
+    pub watch: bool,
+    /// Records and fencing counters survive a restart of the store.
+    pub durable: bool,
+}
+
+/// A lease store. Implementations must be safe to share between tasks.
+#[async_trait]
+pub trait LeaseStore: Send + Sync + 'static {
+    /// The store kind (`"sqlite"`, `"memory"`, …).
+    fn kind(&self) -> &'static str;
+
+    /// What this store supports.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Which lease names the store can hold verbatim; others are sanitised by
+    /// [`names::store_name`](crate::names::store_name).
+    fn name_rules(&self) -> NameRules {
+        NameRules::default()
+    }
+
+    /// Grants the lease if it is free, expired, or already held by `req.owner` (then with
+    /// the same token and a fresh expiry). `Ok(Held)` only when another owner certainly
+    /// holds an unexpired grant.
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError>;
+
+    /// Renews, in one round trip, every listed lease that `owner` still holds with that
+    /// token and that has not expired, giving each a fresh `ttl`. Returns one flag per
+    /// input, in order: `true` renewed, `false` certainly not held any more.
+    async fn renew(
+        &self,
+        owner: &str,
+        leases: &[HeldLease],
+        ttl: Duration,
+    ) -> Result<Vec<bool>, StoreError>;
+
+    /// Deletes the grant if `owner` holds it with `token`. `Ok(true)` released,
+    /// `Ok(false)` it was not ours (any more): a stale holder never frees a later grant.
+    async fn release(&self, name: &str, owner: &str, token: u64) -> Result<bool, StoreError>;
+
+    /// The current unexpired grant of `name`, if any.
+    async fn read(&self, name: &str) -> Result<Option<LeaseRecord>, StoreError>;
+
+    /// The unexpired grants whose names start with `prefix`, sorted by name.
+    async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError>;
+}

@@ -1,0 +1,261 @@
+//! The LeaseActor's timing under tokio's paused clock: deterministic, no real sleeps.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tokio::time::{Instant, advance, sleep};
+
+use crate::{
+    Acquired, Fault, Lease, LeaseActor, LeaseEvent, LeaseEventSink, LeaseMsg, LeaseSettings,
+    LeaseSpec, LeaseStore, LostReason, MemoryStore, RenewalBatcher,
+};
+
+fn settings() -> LeaseSettings {
+    let mut s = LeaseSettings::with_timeout(Duration::from_secs(10));
+    s.heartbeat_interval = Duration::from_secs(1);
+    s.safety_margin = Duration::from_secs(1);
+    s.lease_operation_timeout = Duration::from_millis(500);
+    s.lease_retry_interval = Duration::from_secs(2);
+    s
+}
+
+type Log = Arc<Mutex<Vec<(Instant, LeaseEvent)>>>;
+
+fn recording_sink() -> (LeaseEventSink, Log) {
+    let log: Log = Arc::default();
+    let l = log.clone();
+    (
+        LeaseEventSink::new(move |e| l.lock().unwrap().push((Instant::now(), e))),
+        log,
+    )
+}
+
+async fn started(store: &MemoryStore, name: &str, owner: &str) -> (ActorRef<LeaseMsg>, crate::LeaseView, Log) {
+    let (sink, log) = recording_sink();
+    let spec = LeaseSpec::new(name, owner, Arc::new(store.clone()), settings()).unwrap();
+    let (actor, view) = LeaseActor::start(spec, sink, None).await.unwrap();
+    (actor, view, log)
+}
+
+async fn try_acquire(actor: &ActorRef<LeaseMsg>) -> Acquired {
+    ractor::call!(actor, LeaseMsg::TryAcquire).unwrap().unwrap().0
+}
+
+fn lost_events(log: &Log) -> Vec<(Instant, crate::LeaseLost)> {
+    log.lock()
+        .unwrap()
+        .iter()
+        .filter_map(|(t, e)| match e {
+            LeaseEvent::Lost(l) => Some((*t, l.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn renewals_keep_the_lease_for_many_ttls() {
+    let store = MemoryStore::new();
+    let (actor, view, log) = started(&store, "a", "node-1").await;
+    assert!(matches!(try_acquire(&actor).await, Acquired::Granted { token: 1 }));
+    for _ in 0..100 {
+        sleep(Duration::from_millis(500)).await;
+        assert!(view.check_lease());
+    }
+    assert!(lost_events(&log).is_empty());
+    assert_eq!(log.lock().unwrap().len(), 1, "only the grant was announced");
+    // 50 s at one renewal per second.
+    let calls = store.renew_calls();
+    assert!((49..=51).contains(&calls), "renew calls {calls}");
+}
+
+async fn loss_when(fault: Fault) {
+    let store = MemoryStore::new();
+    let (actor, view, log) = started(&store, "a", "node-1").await;
+    let sent = Instant::now();
+    assert!(matches!(try_acquire(&actor).await, Acquired::Granted { .. }));
+    sleep(Duration::from_millis(2500)).await;
+    store.set_fault(fault);
+    let last_renewal_sent = sent + Duration::from_secs(2); // grid ticks at 1 s, 2 s
+    let deadline = view.deadline().unwrap();
+    sleep(Duration::from_secs(30)).await;
+    let lost = lost_events(&log);
+    assert_eq!(lost.len(), 1, "exactly one loss: {lost:?}");
+    let (at, ev) = &lost[0];
+    assert_eq!(ev.reason, LostReason::Expired);
+    assert!(*at <= deadline, "lost at {at:?} after the deadline {deadline:?}");
+    assert!(
+        *at < last_renewal_sent + settings().heartbeat_timeout,
+        "lost after the store could have re-granted"
+    );
+    assert!(!view.check_lease());
+}
+
+#[tokio::test(start_paused = true)]
+async fn failing_renewals_lose_the_lease_by_the_deadline() {
+    loss_when(Fault::FailRenewals).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn hanging_renewals_lose_the_lease_by_the_deadline() {
+    loss_when(Fault::HangRenewals).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn store_saying_not_held_loses_at_once() {
+    let store = MemoryStore::new();
+    let (actor, view, log) = started(&store, "a", "node-1").await;
+    let Acquired::Granted { token } = try_acquire(&actor).await else { panic!() };
+    // Someone removes our grant behind our back (an operator, a store restore).
+    assert!(store.release("a", "node-1", token).await.unwrap());
+    let removed = Instant::now();
+    sleep(Duration::from_secs(3)).await;
+    let lost = lost_events(&log);
+    assert_eq!(lost.len(), 1);
+    assert_eq!(lost[0].1.reason, LostReason::NotHeld);
+    assert!(lost[0].0 <= removed + Duration::from_millis(1100), "noticed at the next renewal");
+    assert!(!view.check_lease());
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_signal_before_acquire_completes_and_one_per_grant() {
+    let store = MemoryStore::new();
+    let lease = Lease::start(LeaseSpec::new("a", "node-1", Arc::new(store.clone()), settings()).unwrap())
+        .await
+        .unwrap();
+    // The store answers just before the validity runs out (operation timeout is 0.5 s,
+    // so use a wider one here).
+    let mut s = settings();
+    s.lease_operation_timeout = Duration::from_secs(20);
+    let lease2 = Lease::start(LeaseSpec::new("b", "node-1", Arc::new(store.clone()), s).unwrap())
+        .await
+        .unwrap();
+    store.set_fault(Fault::Delay(Duration::from_millis(8990)));
+    let returned = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (r, c) = (returned.clone(), calls.clone());
+    let got = lease2
+        .acquire_with_lost(move |_| {
+            assert!(r.load(std::sync::atomic::Ordering::SeqCst), "lost before acquire returned");
+            c.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        })
+        .await
+        .unwrap();
+    returned.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert!(matches!(got, Acquired::Granted { .. }));
+    sleep(Duration::from_secs(60)).await;
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+
+    // A hanging store: acquire is an error (unknown), and no lost signal ever comes.
+    store.set_fault(Fault::Hang);
+    let lost = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let l = lost.clone();
+    let err = lease
+        .acquire_with_lost(move |_| {
+            l.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, crate::LeaseError::Timeout { operation: "acquire", .. }), "{err}");
+    sleep(Duration::from_secs(60)).await;
+    assert_eq!(lost.load(std::sync::atomic::Ordering::SeqCst), 0);
+    assert!(!lease.check_lease());
+
+    // A new grant after a loss gets a higher token and its own single loss.
+    store.set_fault(Fault::None);
+    let Acquired::Granted { token: t1 } = lease.acquire().await.unwrap() else { panic!() };
+    store.set_fault(Fault::FailRenewals);
+    sleep(Duration::from_secs(20)).await;
+    store.set_fault(Fault::None);
+    let Acquired::Granted { token: t2 } = lease.acquire().await.unwrap() else { panic!() };
+    assert!(t2 > t1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn reentrant_acquire_returns_the_same_token() {
+    let store = MemoryStore::new();
+    let (actor, _view, log) = started(&store, "a", "node-1").await;
+    let first = try_acquire(&actor).await;
+    sleep(Duration::from_secs(3)).await;
+    assert_eq!(try_acquire(&actor).await, first);
+    assert_eq!(log.lock().unwrap().len(), 1, "one grant announced");
+}
+
+#[tokio::test(start_paused = true)]
+async fn release_frees_without_a_loss_signal() {
+    let store = MemoryStore::new();
+    let (actor, view, log) = started(&store, "a", "node-1").await;
+    try_acquire(&actor).await;
+    let released = ractor::call!(actor, LeaseMsg::Release).unwrap().unwrap();
+    assert!(released);
+    assert!(!view.check_lease());
+    assert!(store.read("a").await.unwrap().is_none());
+    sleep(Duration::from_secs(30)).await;
+    assert!(lost_events(&log).is_empty());
+    assert!(!ractor::call!(actor, LeaseMsg::Release).unwrap().unwrap(), "nothing held");
+}
+
+#[tokio::test(start_paused = true)]
+async fn keeps_trying_until_granted() {
+    let store = MemoryStore::new();
+    let (holder, _, _) = started(&store, "a", "node-1").await;
+    try_acquire(&holder).await;
+    let (waiter, view, log) = started(&store, "a", "node-2").await;
+    waiter.cast(LeaseMsg::Acquire { reply: None }).unwrap();
+    sleep(Duration::from_secs(5)).await;
+    assert!(!view.check_lease());
+    let freed = Instant::now();
+    ractor::call!(holder, LeaseMsg::Release).unwrap().unwrap();
+    sleep(Duration::from_secs(3)).await;
+    assert!(view.check_lease());
+    let events = log.lock().unwrap().clone();
+    assert!(matches!(&events[..], [(at, LeaseEvent::Granted(g))] if g.token == 2 && *at <= freed + settings().lease_retry_interval));
+}
+
+/// A supervisor that is killed: its LeaseActor is killed with it (no post_stop), and the
+/// lease must still be released.
+struct Supervisor;
+impl Actor for Supervisor {
+    type Msg = ();
+    type State = ();
+    type Arguments = ();
+    async fn pre_start(&self, _: ActorRef<()>, _: ()) -> Result<(), ActorProcessingErr> {
+        Ok(())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn killed_supervisor_releases_the_lease() {
+    let store = MemoryStore::new();
+    let (sup, handle) = Actor::spawn(None, Supervisor, ()).await.unwrap();
+    let spec = LeaseSpec::new("a", "node-1", Arc::new(store.clone()), settings()).unwrap();
+    let (actor, _view) = LeaseActor::start(spec, LeaseEventSink::ignore(), Some(sup.get_cell()))
+        .await
+        .unwrap();
+    try_acquire(&actor).await;
+    assert!(store.read("a").await.unwrap().is_some());
+    sup.kill();
+    handle.await.unwrap();
+    sleep(Duration::from_millis(100)).await;
+    assert!(store.read("a").await.unwrap().is_none(), "released although post_stop was skipped");
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_store_round_trip_per_interval_for_many_leases() {
+    let store = MemoryStore::new();
+    let shared: Arc<dyn LeaseStore> = Arc::new(store.clone());
+    let batcher = RenewalBatcher::new(shared.clone(), "node-1".into(), settings());
+    let mut actors = Vec::new();
+    for i in 0..300 {
+        let spec = LeaseSpec::with_batcher(&format!("l{i}"), "node-1", shared.clone(), settings(), batcher.clone()).unwrap();
+        let (actor, view) = LeaseActor::start(spec, LeaseEventSink::ignore(), None).await.unwrap();
+        try_acquire(&actor).await;
+        actors.push((actor, view));
+        advance(Duration::from_millis(7)).await;
+    }
+    sleep(Duration::from_secs(2)).await;
+    let before = store.renew_calls();
+    sleep(Duration::from_secs(10)).await;
+    assert_eq!(store.renew_calls() - before, 10);
+    assert!(actors.iter().all(|(_, v)| v.check_lease()));
+}

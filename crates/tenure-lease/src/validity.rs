@@ -1,0 +1,204 @@
+//! The holder's belief in its lease: a small state machine over deadlines, driven by the
+//! LeaseActor and its watchdog and tested directly without actors, sockets or sleeps.
+//!
+//! The timing argument: a grant or renewal request *sent* at `s` is processed by the store
+//! at some `p >= s`, and the store keeps the grant until at least `p + ttl`. The holder
+//! believes in it only until `s + ttl - margin < p + ttl`, on a monotonic clock. So the
+//! holder stops believing strictly before anyone else can be granted the lease, whatever
+//! the delays, as long as clock rates differ by less than the margin over one ttl.
+
+use tokio::time::{Duration, Instant};
+
+/// Why a holder stopped believing in its lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LostReason {
+    /// The local deadline passed without a confirmed renewal (store slow, down or unreachable).
+    Expired,
+    /// The store answered that the lease is no longer held by this owner with this token.
+    NotHeld,
+}
+
+impl std::fmt::Display for LostReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            LostReason::Expired => "local deadline passed without a confirmed renewal",
+            LostReason::NotHeld => "the store no longer holds the lease for this owner",
+        })
+    }
+}
+
+/// One believed grant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Held {
+    /// Counts grants of this belief: a lost or released grant is never revived, a new
+    /// acquire starts a new generation.
+    pub generation: u64,
+    pub token: u64,
+    pub deadline: Instant,
+}
+
+/// What [`Belief::grant`] made of an acquire answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GrantEffect {
+    /// A new grant: announce it.
+    New(Held),
+    /// The grant already believed (reentrant acquire); the deadline may have moved later.
+    Same(Held),
+    /// The answer came back after its own deadline: it cannot be relied upon.
+    TooLate,
+}
+
+/// The state of a holder's belief.
+#[derive(Debug, Clone)]
+pub struct Belief {
+    validity: Duration,
+    generations: u64,
+    held: Option<Held>,
+}
+
+impl Belief {
+    /// `validity` is `ttl - safety margin`.
+    pub fn new(validity: Duration) -> Self {
+        Belief {
+            validity,
+            generations: 0,
+            held: None,
+        }
+    }
+
+    /// The store granted `token` to a request sent at `sent_at`; `now` is when the answer
+    /// arrived. Call [`Belief::expire_due`] first, so that a lapsed grant is announced as lost.
+    pub fn grant(&mut self, token: u64, sent_at: Instant, now: Instant) -> GrantEffect {
+        let deadline = sent_at + self.validity;
+        if deadline <= now {
+            return GrantEffect::TooLate;
+        }
+        match &mut self.held {
+            Some(h) if h.token == token => {
+                h.deadline = h.deadline.max(deadline);
+                GrantEffect::Same(*h)
+            }
+            _ => {
+                self.generations += 1;
+                let h = Held {
+                    generation: self.generations,
+                    token,
+                    deadline,
+                };
+                self.held = Some(h);
+                GrantEffect::New(h)
+            }
+        }
+    }
+
+    /// The store renewed generation `generation` in answer to a request sent at `sent_at`.
+    /// Returns whether the belief was extended: not if it already lapsed (at `now`; the
+    /// lapse is left for [`Belief::expire_due`] to report) or is another generation.
+    pub fn renewed(&mut self, generation: u64, sent_at: Instant, now: Instant) -> bool {
+        match &mut self.held {
+            Some(h) if h.generation == generation && now < h.deadline => {
+                h.deadline = h.deadline.max(sent_at + self.validity);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Ends the belief if its deadline has passed; returns the grant that lapsed.
+    pub fn expire_due(&mut self, now: Instant) -> Option<Held> {
+        match self.held {
+            Some(h) if now >= h.deadline => self.held.take(),
+            _ => None,
+        }
+    }
+
+    /// The store said generation `generation` is not held: ends it, returning it.
+    pub fn not_held(&mut self, generation: u64) -> Option<Held> {
+        match self.held {
+            Some(h) if h.generation == generation => self.held.take(),
+            _ => None,
+        }
+    }
+
+    /// Gives the belief up voluntarily (release, stop); returns what was held.
+    pub fn give_up(&mut self) -> Option<Held> {
+        self.held.take()
+    }
+
+    /// The grant believed at `now`, if any.
+    pub fn current(&self, now: Instant) -> Option<Held> {
+        self.held.filter(|h| now < h.deadline)
+    }
+
+    /// The grant believed, ignoring whether its deadline has passed yet.
+    pub fn held(&self) -> Option<Held> {
+        self.held
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(base: Instant, ms: u64) -> Instant {
+        base + Duration::from_millis(ms)
+    }
+
+    #[test]
+    fn deadline_counts_from_send_instant() {
+        let t = Instant::now();
+        let mut b = Belief::new(Duration::from_millis(900));
+        let GrantEffect::New(h) = b.grant(7, at(t, 0), at(t, 300)) else {
+            panic!("expected a new grant")
+        };
+        assert_eq!(h.deadline, at(t, 900));
+        assert!(b.current(at(t, 899)).is_some());
+        assert!(b.current(at(t, 900)).is_none());
+    }
+
+    #[test]
+    fn renewals_extend_only_the_current_generation() {
+        let t = Instant::now();
+        let mut b = Belief::new(Duration::from_millis(900));
+        let GrantEffect::New(h) = b.grant(1, t, t) else { panic!() };
+        assert!(b.renewed(h.generation, at(t, 400), at(t, 450)));
+        assert_eq!(b.current(t).unwrap().deadline, at(t, 1300));
+        // A late answer to an older request never moves the deadline back.
+        assert!(b.renewed(h.generation, at(t, 100), at(t, 500)));
+        assert_eq!(b.current(t).unwrap().deadline, at(t, 1300));
+        assert!(!b.renewed(h.generation + 1, at(t, 600), at(t, 600)));
+    }
+
+    #[test]
+    fn a_lapsed_grant_is_never_revived() {
+        let t = Instant::now();
+        let mut b = Belief::new(Duration::from_millis(900));
+        let GrantEffect::New(h) = b.grant(1, t, t) else { panic!() };
+        // The renewal was sent in time but its answer arrives after the deadline.
+        assert!(!b.renewed(h.generation, at(t, 800), at(t, 950)));
+        assert!(b.current(at(t, 950)).is_none());
+        assert_eq!(b.expire_due(at(t, 950)), Some(h));
+        assert_eq!(b.expire_due(at(t, 950)), None);
+    }
+
+    #[test]
+    fn reentrant_grant_keeps_generation() {
+        let t = Instant::now();
+        let mut b = Belief::new(Duration::from_millis(900));
+        let GrantEffect::New(h) = b.grant(5, t, t) else { panic!() };
+        let GrantEffect::Same(h2) = b.grant(5, at(t, 100), at(t, 100)) else { panic!() };
+        assert_eq!(h.generation, h2.generation);
+        assert_eq!(h2.deadline, at(t, 1000));
+        assert_eq!(b.grant(5, at(t, 0), at(t, 2000)), GrantEffect::TooLate);
+    }
+
+    #[test]
+    fn not_held_ends_only_its_generation() {
+        let t = Instant::now();
+        let mut b = Belief::new(Duration::from_millis(900));
+        let GrantEffect::New(h) = b.grant(1, t, t) else { panic!() };
+        assert_eq!(b.not_held(h.generation + 1), None);
+        assert_eq!(b.not_held(h.generation), Some(h));
+        assert_eq!(b.not_held(h.generation), None);
+    }
+}
