@@ -1,0 +1,351 @@
+//! The store conformance kit: one suite every store crate runs against itself, with a real
+//! store (server started by the crate's harness). Enable feature `conformance` in
+//! dev-dependencies and invoke [`conformance_tests!`](crate::conformance_tests):
+//!
+//! ```ignore
+//! tenure_lease::conformance_tests!(async { MyHarness::start().await });
+//! ```
+//!
+//! Timing here is real (short ttls); assertions are about order and safety, never about
+//! how fast something happened.
+
+use std::any::Any;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::time::{Instant, sleep};
+
+use crate::{
+    AcquireOutcome, AcquireRequest, Acquired, HeldLease, Lease, LeaseError, LeaseRecord,
+    LeaseSettings, LeaseSpec, LeaseStore, LostReason, StoreError,
+};
+
+/// A store under test.
+#[async_trait]
+pub trait Harness: Send + Sync + 'static {
+    /// A new client of the store, as another process would open it (its own connection).
+    async fn client(&self) -> Arc<dyn LeaseStore>;
+    /// Restarts the store (server or file), keeping its data.
+    async fn restart(&self);
+    /// Makes the store unavailable to every client, or slow past any operation timeout,
+    /// until the returned guard is dropped.
+    async fn outage(&self) -> Box<dyn Any + Send>;
+}
+
+/// Settings for conformance tests: ttl 1.5 s, renewals every 300 ms, margin 300 ms.
+pub fn test_settings() -> LeaseSettings {
+    LeaseSettings {
+        heartbeat_timeout: Duration::from_millis(1500),
+        heartbeat_interval: Duration::from_millis(300),
+        lease_operation_timeout: Duration::from_millis(1000),
+        lease_retry_interval: Duration::from_millis(100),
+        safety_margin: Duration::from_millis(300),
+    }
+}
+
+/// Wraps a client to cut it off from the store (a partition between one holder and the
+/// store): while cut, every call hangs, as over a dead connection.
+pub struct Partitionable {
+    inner: Arc<dyn LeaseStore>,
+    cut: AtomicBool,
+}
+
+impl Partitionable {
+    pub fn new(inner: Arc<dyn LeaseStore>) -> Arc<Self> {
+        Arc::new(Partitionable {
+            inner,
+            cut: AtomicBool::new(false),
+        })
+    }
+
+    pub fn set_cut(&self, cut: bool) {
+        self.cut.store(cut, Ordering::SeqCst);
+    }
+
+    async fn gate(&self) {
+        while self.cut.load(Ordering::SeqCst) {
+            sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+#[async_trait]
+impl LeaseStore for Partitionable {
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+    fn capabilities(&self) -> crate::Capabilities {
+        self.inner.capabilities()
+    }
+    fn name_rules(&self) -> crate::names::NameRules {
+        self.inner.name_rules()
+    }
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError> {
+        self.gate().await;
+        self.inner.try_acquire(req).await
+    }
+    async fn renew(&self, owner: &str, leases: &[HeldLease], ttl: Duration) -> Result<Vec<bool>, StoreError> {
+        self.gate().await;
+        self.inner.renew(owner, leases, ttl).await
+    }
+    async fn release(&self, name: &str, owner: &str, token: u64) -> Result<bool, StoreError> {
+        self.gate().await;
+        self.inner.release(name, owner, token).await
+    }
+    async fn read(&self, name: &str) -> Result<Option<LeaseRecord>, StoreError> {
+        self.gate().await;
+        self.inner.read(name).await
+    }
+    async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
+        self.gate().await;
+        self.inner.list(prefix).await
+    }
+}
+
+fn request(name: &str, owner: &str, ttl: Duration) -> AcquireRequest {
+    AcquireRequest {
+        name: name.into(),
+        owner: owner.into(),
+        ttl,
+        note: None,
+    }
+}
+
+async fn lease_on(store: Arc<dyn LeaseStore>, name: &str, owner: &str) -> Lease {
+    Lease::start(LeaseSpec::new(name, owner, store, test_settings()).expect("valid spec"))
+        .await
+        .expect("lease actor starts")
+}
+
+fn granted_token(outcome: &AcquireOutcome) -> u64 {
+    match outcome {
+        AcquireOutcome::Granted(r) => r.token,
+        AcquireOutcome::Held(r) => panic!("expected a grant, held by {}", r.owner),
+    }
+}
+
+/// N owners, each with its own client, acquire at once: exactly one wins, every round;
+/// the others are told who holds it; tokens increase from round to round.
+pub async fn contention(h: &dyn Harness) {
+    const OWNERS: usize = 6;
+    let mut leases = Vec::new();
+    for i in 0..OWNERS {
+        leases.push(lease_on(h.client().await, "contended", &format!("owner-{i}")).await);
+    }
+    let mut last_token = 0;
+    for round in 0..5 {
+        let results = futures::future::join_all(leases.iter().map(|l| l.acquire())).await;
+        let winners: Vec<usize> = results
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| matches!(r, Ok(Acquired::Granted { .. })))
+            .map(|(i, _)| i)
+            .collect();
+        assert_eq!(winners.len(), 1, "round {round}: winners {winners:?}, results {results:?}");
+        let winner = winners[0];
+        let Ok(Acquired::Granted { token }) = results[winner] else { unreachable!() };
+        assert!(token > last_token, "round {round}: token {token} after {last_token}");
+        last_token = token;
+        for (i, r) in results.iter().enumerate() {
+            if i != winner {
+                assert_eq!(
+                    r.as_ref().expect("no errors against a healthy store"),
+                    &Acquired::NotGranted { holder: Some(format!("owner-{winner}")) }
+                );
+            }
+        }
+        assert!(leases[winner].check_lease());
+        assert!(leases[winner].release().await.expect("release"));
+    }
+}
+
+/// Re-acquiring a held lease returns the same token (store and Lease API).
+pub async fn reentrancy(h: &dyn Harness) {
+    let store = h.client().await;
+    let ttl = Duration::from_secs(5);
+    let a = granted_token(&store.try_acquire(&request("reentrant", "a", ttl)).await.expect("acquire"));
+    let again = granted_token(&store.try_acquire(&request("reentrant", "a", ttl)).await.expect("acquire"));
+    assert_eq!(a, again);
+    let lease = lease_on(h.client().await, "reentrant-api", "a").await;
+    let first = lease.acquire().await.expect("acquire");
+    assert!(matches!(first, Acquired::Granted { .. }));
+    assert_eq!(lease.acquire().await.expect("acquire"), first);
+    assert!(lease.release().await.expect("release"));
+}
+
+/// Only the holder can release, and a stale holder's release never frees a later grant.
+pub async fn owner_only_release(h: &dyn Harness) {
+    let a = h.client().await;
+    let b = h.client().await;
+    let short = Duration::from_millis(400);
+    let t1 = granted_token(&a.try_acquire(&request("owned", "a", short)).await.expect("acquire"));
+    assert!(!b.release("owned", "b", t1).await.expect("release"), "b released a's grant");
+    assert_eq!(b.read("owned").await.expect("read").map(|r| r.owner), Some("a".into()));
+    sleep(short + Duration::from_millis(100)).await;
+    let t2 = granted_token(&b.try_acquire(&request("owned", "b", Duration::from_secs(5))).await.expect("acquire"));
+    assert!(t2 > t1);
+    assert!(!a.release("owned", "a", t1).await.expect("release"), "stale release succeeded");
+    let rec = b.read("owned").await.expect("read").expect("still held");
+    assert_eq!((rec.owner.as_str(), rec.token), ("b", t2));
+    assert!(!b.release("owned", "b", t1).await.expect("release"), "release with an old token");
+    assert!(b.release("owned", "b", t2).await.expect("release"));
+    assert_eq!(b.read("owned").await.expect("read"), None);
+}
+
+/// Tokens strictly increase across holders, releases, expiries and store restarts.
+pub async fn token_monotonicity(h: &dyn Harness) {
+    let short = Duration::from_millis(300);
+    let mut last = 0;
+    let mut check = |t: u64, what: &str| {
+        assert!(t > last, "{what}: token {t} not above {last}");
+        last = t;
+    };
+    for round in 0..3 {
+        let store = h.client().await;
+        for owner in ["a", "b", "a"] {
+            let t = granted_token(&store.try_acquire(&request("mono", owner, short)).await.expect("acquire"));
+            check(t, "after release");
+            assert!(store.release("mono", owner, t).await.expect("release"));
+        }
+        let t = granted_token(&store.try_acquire(&request("mono", "c", short)).await.expect("acquire"));
+        check(t, "new holder");
+        sleep(short + Duration::from_millis(100)).await;
+        let t = granted_token(&store.try_acquire(&request("mono", "c", short)).await.expect("acquire"));
+        check(t, "same owner after expiry");
+        assert!(store.release("mono", "c", t).await.expect("release"));
+        drop(store);
+        if round < 2 {
+            h.restart().await;
+        }
+    }
+}
+
+/// A holder that stops renewing loses the lease after its ttl, and not before: a
+/// contender is refused until then and granted afterwards with a higher token.
+pub async fn expiry_and_takeover(h: &dyn Harness) {
+    let a = h.client().await;
+    let b = h.client().await;
+    let ttl = Duration::from_millis(800);
+    let sent = Instant::now();
+    let t1 = granted_token(&a.try_acquire(&request("expiring", "a", ttl)).await.expect("acquire"));
+    match b.try_acquire(&request("expiring", "b", ttl)).await.expect("acquire") {
+        AcquireOutcome::Held(r) => assert_eq!((r.owner.as_str(), r.token), ("a", t1)),
+        AcquireOutcome::Granted(_) => panic!("granted while a holds it"),
+    }
+    let granted_at = loop {
+        match b.try_acquire(&request("expiring", "b", ttl)).await.expect("acquire") {
+            AcquireOutcome::Granted(r) => {
+                assert!(r.token > t1);
+                break Instant::now();
+            }
+            AcquireOutcome::Held(_) => sleep(Duration::from_millis(10)).await,
+        }
+        assert!(sent.elapsed() < ttl * 10, "never expired");
+    };
+    // The grant was processed before the call returned, and a's grant was processed after
+    // `sent`: b's grant cannot have come before a's ttl ran out.
+    assert!(granted_at >= sent + ttl, "b granted {:?} after a's request, ttl {ttl:?}", granted_at - sent);
+}
+
+/// One renewal call renews many leases of one owner and reports, per lease, the ones not
+/// held (another owner's, unknown, wrong token).
+pub async fn batch_renew(h: &dyn Harness) {
+    let a = h.client().await;
+    let b = h.client().await;
+    let ttl = Duration::from_millis(800);
+    let mut held = Vec::new();
+    for i in 0..200 {
+        let name = format!("batch-{i:03}");
+        let token = granted_token(&a.try_acquire(&request(&name, "a", ttl)).await.expect("acquire"));
+        held.push(HeldLease { name, token });
+    }
+    let theirs = granted_token(&b.try_acquire(&request("batch-theirs", "b", ttl)).await.expect("acquire"));
+    let mut batch = held.clone();
+    batch.push(HeldLease { name: "batch-theirs".into(), token: theirs });
+    batch.push(HeldLease { name: "batch-nobody".into(), token: 1 });
+    batch.push(HeldLease { name: held[0].name.clone(), token: held[0].token + 1000 });
+    sleep(ttl / 2).await;
+    let flags = a.renew("a", &batch, Duration::from_secs(5)).await.expect("renew");
+    assert_eq!(flags.len(), batch.len());
+    assert!(flags[..200].iter().all(|f| *f), "all of a's leases renewed");
+    assert_eq!(&flags[200..], &[false, false, false]);
+    sleep(ttl).await;
+    let listed = a.list("batch-").await.expect("list");
+    assert_eq!(listed.len(), 200, "a's renewed leases outlive their first ttl, b's expired");
+    assert!(listed.iter().all(|r| r.owner == "a"));
+    assert!(listed.windows(2).all(|w| w[0].name < w[1].name), "sorted by name");
+}
+
+/// An unavailable or too slow store gives errors (unknown), never "not granted" or `false`.
+pub async fn errors_when_unavailable(h: &dyn Harness) {
+    let lease = lease_on(h.client().await, "outage", "a").await;
+    assert!(matches!(lease.acquire().await.expect("acquire"), Acquired::Granted { .. }));
+    let other = lease_on(h.client().await, "outage", "b").await;
+    let guard = h.outage().await;
+    let acquire = other.acquire().await;
+    assert!(matches!(acquire, Err(LeaseError::Timeout { .. } | LeaseError::Store { .. })), "acquire during outage: {acquire:?}");
+    let release = lease.release().await;
+    assert!(release.is_err(), "release during outage: {release:?}");
+    drop(guard);
+}
+
+/// A holder cut off from the store signals the loss exactly once, and before any other
+/// owner is granted the lease.
+pub async fn loss_before_takeover(h: &dyn Harness) {
+    let cut = Partitionable::new(h.client().await);
+    let holder = lease_on(cut.clone(), "partitioned", "a").await;
+    let lost: Arc<Mutex<Vec<(Instant, LostReason)>>> = Arc::default();
+    let l = lost.clone();
+    let got = holder
+        .acquire_with_lost(move |ev| l.lock().unwrap().push((Instant::now(), ev.reason)))
+        .await
+        .expect("acquire");
+    let Acquired::Granted { token } = got else { panic!("not granted: {got:?}") };
+    sleep(Duration::from_millis(700)).await;
+    assert!(holder.check_lease(), "renewals keep it");
+    cut.set_cut(true);
+    let contender = h.client().await;
+    let ttl = test_settings().heartbeat_timeout;
+    let started = Instant::now();
+    let granted_at = loop {
+        match contender.try_acquire(&request("partitioned", "b", ttl)).await.expect("acquire") {
+            AcquireOutcome::Granted(r) => {
+                assert!(r.token > token);
+                break Instant::now();
+            }
+            AcquireOutcome::Held(_) => sleep(Duration::from_millis(10)).await,
+        }
+        assert!(started.elapsed() < ttl * 10, "the cut holder's grant never expired");
+    };
+    let events = lost.lock().unwrap().clone();
+    assert_eq!(events.len(), 1, "one loss signal: {events:?}");
+    let (lost_at, reason) = events[0];
+    assert_eq!(reason, LostReason::Expired);
+    assert!(lost_at <= granted_at, "loss signalled {:?} after the contender's grant", lost_at - granted_at);
+    assert!(!holder.check_lease());
+    cut.set_cut(false);
+    sleep(Duration::from_millis(700)).await;
+    assert_eq!(lost.lock().unwrap().len(), 1, "no second signal");
+}
+
+/// Defines one `#[tokio::test]` per conformance case. `$harness` is an async expression
+/// giving a fresh [`Harness`] for each test.
+#[macro_export]
+macro_rules! conformance_tests {
+    ($harness:expr) => {
+        $crate::conformance_tests!(@case $harness; contention, reentrancy, owner_only_release,
+            token_monotonicity, expiry_and_takeover, batch_renew, errors_when_unavailable,
+            loss_before_takeover);
+    };
+    (@case $harness:expr; $($case:ident),*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let harness = $harness.await;
+                $crate::conformance::$case(&harness).await;
+            }
+        )*
+    };
+}

@@ -1,0 +1,45 @@
+//! The conformance suite against the in-memory store.
+
+use std::any::Any;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use async_trait::async_trait;
+use tenure_lease::conformance::Harness;
+use tenure_lease::{Fault, LeaseStore, MemoryStore};
+
+struct MemoryHarness {
+    namespace: String,
+}
+
+impl MemoryHarness {
+    async fn new() -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        MemoryHarness {
+            namespace: format!("conformance-{}", NEXT.fetch_add(1, Ordering::SeqCst)),
+        }
+    }
+}
+
+struct Outage(MemoryStore);
+impl Drop for Outage {
+    fn drop(&mut self) {
+        self.0.set_fault(Fault::None);
+    }
+}
+
+#[async_trait]
+impl Harness for MemoryHarness {
+    async fn client(&self) -> Arc<dyn LeaseStore> {
+        Arc::new(MemoryStore::shared(&self.namespace))
+    }
+    /// The memory store lives as long as the process; a restart is a fresh handle on it.
+    async fn restart(&self) {}
+    async fn outage(&self) -> Box<dyn Any + Send> {
+        let store = MemoryStore::shared(&self.namespace);
+        store.set_fault(Fault::Hang);
+        Box::new(Outage(store))
+    }
+}
+
+tenure_lease::conformance_tests!(MemoryHarness::new());

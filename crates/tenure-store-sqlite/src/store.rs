@@ -1,0 +1,346 @@
+//! The SQLite lease store and its factory.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
+use tenure_lease::config::TableReader;
+use tenure_lease::{
+    AcquireOutcome, AcquireRequest, Capabilities, ConfigError, HeldLease, LeaseRecord,
+    LeaseSection, LeaseStore, StoreError, StoreFactory,
+};
+
+use crate::clock::{boot_id, now_ns};
+use crate::schema::migrate;
+
+/// A lease store in one SQLite file. Cloning shares the connection.
+#[derive(Clone)]
+pub struct SqliteStore {
+    path: Arc<PathBuf>,
+    conn: Arc<Mutex<Connection>>,
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore").field("path", &self.path).finish()
+    }
+}
+
+fn path_error(path: &Path, detail: impl Into<String>) -> ConfigError {
+    ConfigError::StorePath {
+        path: path.display().to_string(),
+        detail: detail.into(),
+    }
+}
+
+/// Checks that `path` can hold the database: its directory exists and is writable, and an
+/// existing file is a writable regular file.
+pub(crate) fn check_path(path: &Path) -> Result<(), ConfigError> {
+    if path.as_os_str().is_empty() {
+        return Err(path_error(path, "empty path"));
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    match std::fs::metadata(&dir) {
+        Err(e) => return Err(path_error(path, format!("directory {} is not usable: {e}", dir.display()))),
+        Ok(m) if !m.is_dir() => return Err(path_error(path, format!("{} is not a directory", dir.display()))),
+        Ok(_) => {}
+    }
+    if rustix::fs::access(&dir, rustix::fs::Access::WRITE_OK).is_err() {
+        return Err(path_error(
+            path,
+            format!("directory {} is not writable (SQLite needs to create its -wal and -shm files there)", dir.display()),
+        ));
+    }
+    if let Ok(m) = std::fs::metadata(path) {
+        if !m.is_file() {
+            return Err(path_error(path, "exists and is not a regular file"));
+        }
+        if rustix::fs::access(path, rustix::fs::Access::WRITE_OK | rustix::fs::Access::READ_OK).is_err() {
+            return Err(path_error(path, "exists and is not readable and writable"));
+        }
+    }
+    Ok(())
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the lease database at `path`. `busy_timeout` bounds how
+    /// long an operation waits for another process's transaction.
+    pub fn open(path: impl AsRef<Path>, busy_timeout: Duration) -> Result<Self, ConfigError> {
+        let path = path.as_ref();
+        check_path(path)?;
+        let boot = boot_id().map_err(|e| path_error(path, format!("cannot read the boot id: {e}")))?;
+        let mut conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE
+                | OpenFlags::SQLITE_OPEN_CREATE
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(|e| path_error(path, e.to_string()))?;
+        conn.busy_timeout(busy_timeout)
+            .and_then(|_| conn.pragma_update(None, "journal_mode", "WAL"))
+            .and_then(|_| conn.pragma_update(None, "synchronous", "FULL"))
+            .and_then(|_| migrate(&mut conn, &boot))
+            .map_err(|e| path_error(path, format!("cannot initialise the lease database: {e}")))?;
+        Ok(SqliteStore {
+            path: Arc::new(path.to_path_buf()),
+            conn: Arc::new(Mutex::new(conn)),
+        })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Runs `f` on the connection in a blocking task.
+    async fn with_conn<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let conn = self.conn.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut conn = conn.lock().unwrap_or_else(|e| e.into_inner());
+            f(&mut conn)
+        })
+        .await
+        .map_err(|e| StoreError::Backend {
+            store: "sqlite",
+            detail: format!("blocking task failed: {e}"),
+        })?
+        .map_err(store_error)
+    }
+}
+
+fn store_error(e: rusqlite::Error) -> StoreError {
+    use rusqlite::ErrorCode::{DatabaseBusy, DatabaseLocked};
+    match &e {
+        rusqlite::Error::SqliteFailure(f, _) if matches!(f.code, DatabaseBusy | DatabaseLocked) => {
+            StoreError::Unavailable {
+                store: "sqlite",
+                detail: e.to_string(),
+            }
+        }
+        _ => StoreError::Backend {
+            store: "sqlite",
+            detail: e.to_string(),
+        },
+    }
+}
+
+fn ttl_ns(ttl: Duration) -> i64 {
+    i64::try_from(ttl.as_nanos()).unwrap_or(i64::MAX)
+}
+
+const COLUMNS: &str = "name, owner, token, expires_at, version, note";
+
+fn row_record(row: &rusqlite::Row<'_>, now: i64) -> rusqlite::Result<LeaseRecord> {
+    let expires_at: i64 = row.get(3)?;
+    Ok(LeaseRecord {
+        name: row.get(0)?,
+        owner: row.get(1)?,
+        token: row.get::<_, i64>(2)? as u64,
+        expires_in: Duration::from_nanos(expires_at.saturating_sub(now).max(0) as u64),
+        version: row.get::<_, i64>(4)? as u64,
+        note: row.get(5)?,
+    })
+}
+
+#[async_trait]
+impl LeaseStore for SqliteStore {
+    fn kind(&self) -> &'static str {
+        "sqlite"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            native_fencing: false,
+            server_side_expiry: true,
+            fair_waiting: false,
+            watch: false,
+            durable: true,
+        }
+    }
+
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError> {
+        let req = req.clone();
+        self.with_conn(move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            // Read the clock only once the write lock is ours: expiry counts from processing.
+            let now = now_ns();
+            let current = tx
+                .query_row(
+                    &format!("SELECT {COLUMNS} FROM tenure_lease WHERE name = ?1 AND expires_at > ?2"),
+                    params![req.name, now],
+                    |r| row_record(r, now),
+                )
+                .optional()?;
+            let expires_at = now.saturating_add(ttl_ns(req.ttl));
+            let outcome = match current {
+                Some(rec) if rec.owner != req.owner => AcquireOutcome::Held(rec),
+                Some(rec) => {
+                    tx.execute(
+                        "UPDATE tenure_lease SET expires_at = ?2, version = version + 1,
+                         note = coalesce(?3, note) WHERE name = ?1",
+                        params![req.name, expires_at, req.note],
+                    )?;
+                    AcquireOutcome::Granted(LeaseRecord {
+                        expires_in: req.ttl,
+                        version: rec.version + 1,
+                        note: req.note.clone().or(rec.note),
+                        ..rec
+                    })
+                }
+                None => {
+                    let token: i64 = tx.query_row(
+                        "INSERT INTO tenure_fence (name, last_token) VALUES (?1, 1)
+                         ON CONFLICT (name) DO UPDATE SET last_token = last_token + 1
+                         RETURNING last_token",
+                        params![req.name],
+                        |r| r.get(0),
+                    )?;
+                    tx.execute(
+                        "INSERT OR REPLACE INTO tenure_lease (name, owner, token, expires_at, version, note)
+                         VALUES (?1, ?2, ?3, ?4, 1, ?5)",
+                        params![req.name, req.owner, token, expires_at, req.note],
+                    )?;
+                    AcquireOutcome::Granted(LeaseRecord {
+                        name: req.name.clone(),
+                        owner: req.owner.clone(),
+                        token: token as u64,
+                        expires_in: req.ttl,
+                        version: 1,
+                        note: req.note.clone(),
+                    })
+                }
+            };
+            tx.commit()?;
+            Ok(outcome)
+        })
+        .await
+    }
+
+    async fn renew(
+        &self,
+        owner: &str,
+        leases: &[HeldLease],
+        ttl: Duration,
+    ) -> Result<Vec<bool>, StoreError> {
+        let owner = owner.to_string();
+        let pairs: Vec<(&str, u64)> = leases.iter().map(|l| (l.name.as_str(), l.token)).collect();
+        let batch = serde_json::to_string(&pairs).map_err(|e| StoreError::Backend {
+            store: "sqlite",
+            detail: e.to_string(),
+        })?;
+        let wanted: Vec<HeldLease> = leases.to_vec();
+        self.with_conn(move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let now = now_ns();
+            // One statement for the whole batch, however many leases.
+            let renewed: std::collections::HashSet<(String, i64)> = {
+                let mut stmt = tx.prepare_cached(
+                    "UPDATE tenure_lease SET expires_at = ?3, version = version + 1
+                     WHERE owner = ?1 AND expires_at > ?2 AND (name, token) IN
+                       (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(?4))
+                     RETURNING name, token",
+                )?;
+                stmt.query_map(
+                    params![owner, now, now.saturating_add(ttl_ns(ttl)), batch],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )?
+                .collect::<rusqlite::Result<_>>()?
+            };
+            tx.commit()?;
+            Ok(wanted
+                .iter()
+                .map(|l| renewed.contains(&(l.name.clone(), l.token as i64)))
+                .collect())
+        })
+        .await
+    }
+
+    async fn release(&self, name: &str, owner: &str, token: u64) -> Result<bool, StoreError> {
+        let (name, owner) = (name.to_string(), owner.to_string());
+        self.with_conn(move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let now = now_ns();
+            let deleted = tx.execute(
+                "DELETE FROM tenure_lease WHERE name = ?1 AND owner = ?2 AND token = ?3 AND expires_at > ?4",
+                params![name, owner, token as i64, now],
+            )?;
+            tx.commit()?;
+            Ok(deleted == 1)
+        })
+        .await
+    }
+
+    async fn read(&self, name: &str) -> Result<Option<LeaseRecord>, StoreError> {
+        let name = name.to_string();
+        self.with_conn(move |conn| {
+            let now = now_ns();
+            conn.query_row(
+                &format!("SELECT {COLUMNS} FROM tenure_lease WHERE name = ?1 AND expires_at > ?2"),
+                params![name, now],
+                |r| row_record(r, now),
+            )
+            .optional()
+        })
+        .await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
+        let prefix = prefix.to_string();
+        self.with_conn(move |conn| {
+            let now = now_ns();
+            let mut stmt = conn.prepare_cached(&format!(
+                "SELECT {COLUMNS} FROM tenure_lease
+                 WHERE substr(name, 1, length(?1)) = ?1 AND expires_at > ?2 ORDER BY name"
+            ))?;
+            stmt.query_map(params![prefix, now], |r| row_record(r, now))?
+                .collect()
+        })
+        .await
+    }
+}
+
+/// Opens `store = "sqlite"` sections. Option: `path` (the database file; its directory
+/// must exist and be writable). The busy timeout is the section's `lease-operation-timeout`.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SqliteStoreFactory;
+
+impl SqliteStoreFactory {
+    fn path(section: &LeaseSection) -> Result<PathBuf, ConfigError> {
+        let key = section.key();
+        let r = TableReader::new(&key, &section.options);
+        r.reject_unknown(&["path"])?;
+        let path = PathBuf::from(r.string("path")?);
+        if path.as_os_str().is_empty() {
+            return Err(ConfigError::invalid(r.key("path"), "must not be empty"));
+        }
+        Ok(path)
+    }
+}
+
+#[async_trait]
+impl StoreFactory for SqliteStoreFactory {
+    fn kind(&self) -> &'static str {
+        "sqlite"
+    }
+
+    fn check(&self, section: &LeaseSection) -> Result<(), ConfigError> {
+        check_path(&Self::path(section)?)
+    }
+
+    async fn open(&self, section: &LeaseSection) -> Result<Arc<dyn LeaseStore>, ConfigError> {
+        let path = Self::path(section)?;
+        let timeout = section.settings.lease_operation_timeout;
+        let store = tokio::task::spawn_blocking(move || SqliteStore::open(path, timeout))
+            .await
+            .map_err(|e| ConfigError::invalid(section.key(), format!("opening the store failed: {e}")))??;
+        Ok(Arc::new(store))
+    }
+}
