@@ -1,1 +1,147 @@
-fn main(){}
+//! `tenure`: hold, inspect and release leases; guard a command with a lease.
+
+mod exit;
+mod lease_cmd;
+mod run_cmd;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::exit::{CliError, Outcome};
+
+/// Distributed leases with fencing tokens.
+#[derive(Parser, Debug)]
+#[command(name = "tenure", version, about, long_about = None)]
+struct Cli {
+    /// TOML file overriding config/reference.toml (TENURE_* variables override both).
+    #[arg(long, global = true, env = "TENURE_CONFIG")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Acquire, release and inspect leases.
+    #[command(subcommand)]
+    Lease(LeaseCommand),
+}
+
+/// Which lease, held by whom, in which config section.
+#[derive(Args, Debug, Clone)]
+pub struct Target {
+    /// The lease name.
+    pub name: String,
+    /// The owner to acquire or release for (default: <hostname>/<pid>).
+    #[arg(long)]
+    pub owner: Option<String>,
+    /// The lease section of the config (default: [tenure] default-lease-section).
+    #[arg(long)]
+    pub section: Option<String>,
+}
+
+#[derive(Subcommand, Debug)]
+enum LeaseCommand {
+    /// Try once to acquire a lease. Exit 0 granted, 1 held by another owner, 2 error.
+    /// Without --hold the grant is not renewed and lapses after heartbeat-timeout.
+    Acquire {
+        #[command(flatten)]
+        target: Target,
+        /// Wait until granted, keep renewing until Ctrl-C (or SIGTERM), then release.
+        /// Exit 3 if the lease is lost meanwhile.
+        #[arg(long)]
+        hold: bool,
+        /// Free text kept with the grant (who and why), shown by `lease show`.
+        #[arg(long)]
+        note: Option<String>,
+    },
+    /// Release a lease held by --owner. Exit 0 released, 1 not held by that owner, 2 error.
+    Release {
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Show the holder of a lease. Exit 0 held, 1 free, 2 error.
+    Show {
+        name: String,
+        #[arg(long)]
+        section: Option<String>,
+    },
+    /// List held leases whose names start with PREFIX.
+    List {
+        #[arg(default_value = "")]
+        prefix: String,
+        #[arg(long)]
+        section: Option<String>,
+    },
+    /// Wait for the lease, run COMMAND while holding it (with TENURE_LEASE_NAME and
+    /// TENURE_LEASE_TOKEN set), release when it exits, and exit with its status. If the
+    /// lease is lost, COMMAND gets SIGTERM, then SIGKILL after --grace, before the local
+    /// deadline; exit 3.
+    Run {
+        #[command(flatten)]
+        target: Target,
+        /// Time COMMAND gets between SIGTERM and SIGKILL when the lease is lost.
+        #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+        grace: Duration,
+        /// The command and its arguments.
+        #[arg(trailing_var_arg = true, required = true, value_name = "COMMAND")]
+        command: Vec<String>,
+    },
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("TENURE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+// Single-threaded on purpose: `lease run` spawns its command from the main thread, which
+// lives as long as the process, so the command's parent-death signal fires only when the
+// process dies.
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    init_tracing();
+    let cli = Cli::parse();
+    let result = run(cli).await;
+    match result {
+        Ok(outcome) => outcome.exit_code(),
+        Err(e) => {
+            eprintln!("tenure: error: {e}");
+            Outcome::Error.exit_code()
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<Outcome, CliError> {
+    let config = tenure::TenureConfig::load(cli.config.as_deref())?;
+    let provider = tenure::provider(config)?;
+    match cli.command {
+        Command::Lease(cmd) => match cmd {
+            LeaseCommand::Acquire { target, hold, note } => {
+                if hold {
+                    lease_cmd::hold(&provider, &target, note).await
+                } else {
+                    lease_cmd::acquire_once(&provider, &target, note).await
+                }
+            }
+            LeaseCommand::Release { target } => lease_cmd::release(&provider, &target).await,
+            LeaseCommand::Show { name, section } => {
+                lease_cmd::show(&provider, &name, section.as_deref()).await
+            }
+            LeaseCommand::List { prefix, section } => {
+                lease_cmd::list(&provider, &prefix, section.as_deref()).await
+            }
+            LeaseCommand::Run {
+                target,
+                grace,
+                command,
+            } => run_cmd::run(&provider, &target, grace, &command).await,
+        },
+    }
+}

@@ -1,0 +1,236 @@
+//! `tenure lease acquire|release|show|list`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tenure::names::store_name;
+use tenure::{
+    AcquireOutcome, AcquireRequest, Acquired, LeaseProvider, LeaseRecord, LeaseStore,
+};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::mpsc;
+
+use crate::Target;
+use crate::exit::{CliError, Outcome};
+
+/// The section to use: the given one or the config's default.
+pub fn section_of(provider: &LeaseProvider, section: Option<&str>) -> Result<String, CliError> {
+    match section {
+        Some(s) => Ok(s.to_string()),
+        None => Ok(provider.config().default_lease_section()?),
+    }
+}
+
+/// `<hostname>/<pid>`: unique per process on a host.
+pub fn default_owner() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "localhost".into());
+    format!("{host}/{}", std::process::id())
+}
+
+pub fn owner_of(target: &Target) -> String {
+    target.owner.clone().unwrap_or_else(default_owner)
+}
+
+fn show_duration(d: Duration) -> String {
+    humantime::format_duration(Duration::from_millis(d.as_millis() as u64)).to_string()
+}
+
+fn describe(r: &LeaseRecord) -> String {
+    let mut s = format!(
+        "owner={} token={} expires-in={} renewals={}",
+        r.owner,
+        r.token,
+        show_duration(r.expires_in),
+        r.version.saturating_sub(1)
+    );
+    if let Some(note) = &r.note {
+        s.push_str(&format!(" note={note:?}"));
+    }
+    s
+}
+
+async fn store_for(
+    provider: &LeaseProvider,
+    section: Option<&str>,
+) -> Result<(Arc<dyn LeaseStore>, String), CliError> {
+    let section = section_of(provider, section)?;
+    Ok((provider.store(&section).await?, section))
+}
+
+/// One attempt with the raw store: the grant is not renewed (no process stays to renew
+/// it) and lapses after its ttl unless released.
+pub async fn acquire_once(
+    provider: &LeaseProvider,
+    target: &Target,
+    note: Option<String>,
+) -> Result<Outcome, CliError> {
+    tenure::names::check_lease_name(&target.name)?;
+    let (store, section) = store_for(provider, target.section.as_deref()).await?;
+    let settings = provider.section(&section)?.settings;
+    let owner = owner_of(target);
+    let request = AcquireRequest {
+        name: store_name(&target.name, &store.name_rules()),
+        owner: owner.clone(),
+        ttl: settings.heartbeat_timeout,
+        note,
+    };
+    let outcome = tokio::time::timeout(settings.lease_operation_timeout, store.try_acquire(&request))
+        .await
+        .map_err(|_| {
+            CliError::Lease(tenure::LeaseError::Timeout {
+                name: target.name.clone(),
+                operation: "acquire",
+                timeout: settings.lease_operation_timeout,
+            })
+        })??;
+    match outcome {
+        AcquireOutcome::Granted(r) => {
+            println!(
+                "granted {} to {owner} token={} (not renewed: lapses in {} unless released; use --hold to keep it)",
+                target.name,
+                r.token,
+                show_duration(r.expires_in)
+            );
+            Ok(Outcome::Success)
+        }
+        AcquireOutcome::Held(r) => {
+            println!("not granted {}: held by {}", target.name, describe(&r));
+            Ok(Outcome::No)
+        }
+    }
+}
+
+/// Waits until granted, renews until Ctrl-C/SIGTERM, then releases.
+pub async fn hold(
+    provider: &LeaseProvider,
+    target: &Target,
+    note: Option<String>,
+) -> Result<Outcome, CliError> {
+    let section = section_of(provider, target.section.as_deref())?;
+    let owner = owner_of(target);
+    let mut spec = provider.spec(&target.name, &section, &owner).await?;
+    spec.note = note;
+    let lease = tenure::Lease::start(spec).await?;
+    let mut interrupt = signal(SignalKind::interrupt()).map_err(|e| CliError::Command(e.to_string()))?;
+    let mut terminate = signal(SignalKind::terminate()).map_err(|e| CliError::Command(e.to_string()))?;
+    let (lost_tx, mut lost_rx) = mpsc::unbounded_channel();
+    let token = match lease.acquire().await {
+        Ok(Acquired::Granted { token }) => {
+            let tx = lost_tx.clone();
+            lease.acquire_with_lost(move |ev| {
+                let _ = tx.send(ev);
+            })
+            .await?;
+            token
+        }
+        first => {
+            match first {
+                Ok(Acquired::NotGranted { holder }) => println!(
+                    "waiting for {}: held by {}",
+                    target.name,
+                    holder.as_deref().unwrap_or("another owner")
+                ),
+                Err(e) => println!("waiting for {}: {e}", target.name),
+                Ok(Acquired::Granted { .. }) => unreachable!(),
+            }
+            let tx = lost_tx.clone();
+            tokio::select! {
+                token = lease.acquire_wait_with_lost(move |ev| { let _ = tx.send(ev); }) => token?,
+                _ = interrupt.recv() => return Ok(Outcome::No),
+                _ = terminate.recv() => return Ok(Outcome::No),
+            }
+        }
+    };
+    println!(
+        "holding {} as {owner} token={token} (renewing every {}; Ctrl-C releases)",
+        target.name,
+        show_duration(lease.settings().heartbeat_interval)
+    );
+    tokio::select! {
+        lost = lost_rx.recv() => {
+            let reason = lost.map(|l| l.reason.to_string()).unwrap_or_default();
+            eprintln!("tenure: lost {} (token {token}): {reason}", target.name);
+            Ok(Outcome::Lost)
+        }
+        _ = interrupt.recv() => release_held(&lease).await,
+        _ = terminate.recv() => release_held(&lease).await,
+    }
+}
+
+async fn release_held(lease: &tenure::Lease) -> Result<Outcome, CliError> {
+    if lease.release().await? {
+        println!("released {}", lease.name());
+        Ok(Outcome::Success)
+    } else {
+        println!("{} was no longer held", lease.name());
+        Ok(Outcome::No)
+    }
+}
+
+/// Releases the grant of `--owner` (whatever its token).
+pub async fn release(provider: &LeaseProvider, target: &Target) -> Result<Outcome, CliError> {
+    tenure::names::check_lease_name(&target.name)?;
+    let Some(owner) = target.owner.clone() else {
+        return Err(CliError::Command(
+            "release needs --owner (the owner the lease was acquired for)".into(),
+        ));
+    };
+    let (store, _) = store_for(provider, target.section.as_deref()).await?;
+    let name = store_name(&target.name, &store.name_rules());
+    match store.read(&name).await? {
+        Some(r) if r.owner == owner => {
+            if store.release(&name, &owner, r.token).await? {
+                println!("released {} (token {})", target.name, r.token);
+                Ok(Outcome::Success)
+            } else {
+                println!("not released {}: no longer held by {owner}", target.name);
+                Ok(Outcome::No)
+            }
+        }
+        Some(r) => {
+            println!("not released {}: held by {}", target.name, describe(&r));
+            Ok(Outcome::No)
+        }
+        None => {
+            println!("not released {}: not held", target.name);
+            Ok(Outcome::No)
+        }
+    }
+}
+
+pub async fn show(
+    provider: &LeaseProvider,
+    name: &str,
+    section: Option<&str>,
+) -> Result<Outcome, CliError> {
+    tenure::names::check_lease_name(name)?;
+    let (store, _) = store_for(provider, section).await?;
+    match store.read(&store_name(name, &store.name_rules())).await? {
+        Some(r) => {
+            println!("{name} {}", describe(&r));
+            Ok(Outcome::Success)
+        }
+        None => {
+            println!("{name} free");
+            Ok(Outcome::No)
+        }
+    }
+}
+
+pub async fn list(
+    provider: &LeaseProvider,
+    prefix: &str,
+    section: Option<&str>,
+) -> Result<Outcome, CliError> {
+    let (store, section) = store_for(provider, section).await?;
+    let records = store.list(prefix).await?;
+    if records.is_empty() {
+        println!("no leases held in section {section} with prefix {prefix:?}");
+    }
+    for r in &records {
+        println!("{} {}", r.name, describe(r));
+    }
+    Ok(Outcome::Success)
+}

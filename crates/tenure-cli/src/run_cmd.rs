@@ -1,0 +1,125 @@
+//! `tenure lease run NAME -- COMMAND`: run a command only while holding a lease.
+//!
+//! Timing: the lease is declared lost `grace + KILL_SLACK` earlier than the section's own
+//! local deadline (the safety margin is widened by that much), so that after SIGTERM, the
+//! grace period and SIGKILL, the command is gone before the local deadline, which itself
+//! comes before the store can grant the lease to anyone else.
+
+use std::os::unix::process::CommandExt;
+use std::process::Stdio;
+use std::time::Duration;
+
+use tenure::{Lease, LeaseProvider};
+use tokio::process::{Child, Command};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::mpsc;
+
+use crate::Target;
+use crate::exit::{CliError, Outcome};
+use crate::lease_cmd::{owner_of, section_of};
+
+/// Time allowed for SIGKILL to take effect and the exit to be reaped.
+const KILL_SLACK: Duration = Duration::from_millis(200);
+
+pub async fn run(
+    provider: &LeaseProvider,
+    target: &Target,
+    grace: Duration,
+    command: &[String],
+) -> Result<Outcome, CliError> {
+    let section = section_of(provider, target.section.as_deref())?;
+    let owner = owner_of(target);
+    let mut spec = provider.spec(&target.name, &section, &owner).await?;
+    spec.settings.safety_margin += grace + KILL_SLACK;
+    spec.settings
+        .validate(&format!("lease.{section}"))
+        .map_err(|e| CliError::Command(format!("--grace {}: too long for this lease section: {e}", humantime::format_duration(grace))))?;
+    // This spec has its own timing, so it gets its own batcher.
+    let spec = tenure::LeaseSpec::new(&spec.name, &spec.owner, spec.store, spec.settings)?
+        .with_note(format!("tenure lease run {}", command.join(" ")));
+    let lease = Lease::start(spec).await?;
+
+    let mut interrupt = signal(SignalKind::interrupt()).map_err(io_err)?;
+    let mut terminate = signal(SignalKind::terminate()).map_err(io_err)?;
+    let (lost_tx, mut lost_rx) = mpsc::unbounded_channel();
+    let token = tokio::select! {
+        token = lease.acquire_wait_with_lost(move |ev| { let _ = lost_tx.send(ev); }) => token?,
+        _ = interrupt.recv() => return Ok(Outcome::No),
+        _ = terminate.recv() => return Ok(Outcome::No),
+    };
+    tracing::info!(lease = %target.name, token, "granted; starting command");
+    let mut child = spawn(command, &target.name, token)?;
+
+    let outcome = tokio::select! {
+        status = child.wait() => {
+            let status = status.map_err(io_err)?;
+            Some(exit_status(status))
+        }
+        lost = lost_rx.recv() => {
+            let reason = lost.map(|l| l.reason.to_string()).unwrap_or_default();
+            eprintln!("tenure: lost {} (token {token}): {reason}; stopping the command", target.name);
+            stop(&mut child, grace).await;
+            return Ok(Outcome::Lost);
+        }
+        _ = interrupt.recv() => { stop(&mut child, grace).await; Some(Outcome::Child(130)) }
+        _ = terminate.recv() => { stop(&mut child, grace).await; Some(Outcome::Child(143)) }
+    };
+    if let Err(e) = lease.release().await {
+        eprintln!("tenure: release of {} failed (it lapses after its ttl): {e}", target.name);
+    }
+    Ok(outcome.unwrap_or(Outcome::Error))
+}
+
+fn io_err(e: std::io::Error) -> CliError {
+    CliError::Command(e.to_string())
+}
+
+fn spawn(command: &[String], name: &str, token: u64) -> Result<Child, CliError> {
+    let parent = std::process::id() as libc::pid_t;
+    let mut cmd = std::process::Command::new(&command[0]);
+    cmd.args(&command[1..])
+        .env("TENURE_LEASE_NAME", name)
+        .env("TENURE_LEASE_TOKEN", token.to_string())
+        .stdin(Stdio::inherit());
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            // If `tenure` dies (SIGKILL included), the command dies with it: nobody would
+            // renew the lease or stop the command at the deadline otherwise.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::getppid() != parent {
+                return Err(std::io::Error::other("tenure exited before the command started"));
+            }
+            Ok(())
+        });
+    }
+    Command::from(cmd)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| CliError::Command(format!("cannot start {:?}: {e}", command[0])))
+}
+
+/// SIGTERM, up to `grace` to exit, then SIGKILL; waits for the exit.
+async fn stop(child: &mut Child, grace: Duration) {
+    if let Some(pid) = child.id() {
+        // SAFETY: plain kill(2) on our own child's pid, which is not reaped yet.
+        unsafe {
+            libc::kill(pid as libc::pid_t, libc::SIGTERM);
+        }
+    }
+    if tokio::time::timeout(grace, child.wait()).await.is_err() {
+        let _ = child.start_kill();
+        let _ = child.wait().await;
+    }
+}
+
+fn exit_status(status: std::process::ExitStatus) -> Outcome {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => Outcome::Child(u8::try_from(code).unwrap_or(1)),
+        (None, Some(sig)) => Outcome::Child(u8::try_from(128 + sig).unwrap_or(255)),
+        _ => Outcome::Error,
+    }
+}
