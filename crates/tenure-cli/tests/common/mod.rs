@@ -1,0 +1,188 @@
+//! Helpers for tests that run `tenure` processes against one SQLite file.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+pub const TENURE: &str = env!("CARGO_BIN_EXE_tenure");
+
+/// A temp dir with a config whose `sqlite` section has short timings:
+/// ttl 1.5 s, renewals every 300 ms, retries every 100 ms.
+pub struct Sandbox {
+    pub dir: tempfile::TempDir,
+    pub config: PathBuf,
+}
+
+impl Sandbox {
+    pub fn new() -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let config = dir.path().join("tenure.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[lease.sqlite]\nstore = \"sqlite\"\npath = \"{}\"\nheartbeat-timeout = \"1500ms\"\nheartbeat-interval = \"300ms\"\nlease-retry-interval = \"100ms\"\nlease-operation-timeout = \"1s\"\n",
+                dir.path().join("leases.sqlite").display()
+            ),
+        )
+        .expect("write config");
+        Sandbox { dir, config }
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(TENURE);
+        cmd.arg("--config").arg(&self.config).args(args);
+        cmd.env_remove("TENURE_CONFIG");
+        cmd
+    }
+
+    pub fn run(&self, args: &[&str]) -> Output {
+        self.command(args).output().expect("run tenure")
+    }
+
+    /// Starts `tenure` with stdout piped into a line channel.
+    pub fn spawn(&self, args: &[&str]) -> Running {
+        let mut cmd = self.command(args);
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        Running::start(cmd)
+    }
+}
+
+/// A running `tenure` whose stdout lines are collected as they come.
+pub struct Running {
+    pub child: Child,
+    lines: mpsc::Receiver<String>,
+    pub seen: Vec<String>,
+}
+
+impl Running {
+    pub fn start(mut cmd: Command) -> Self {
+        let mut child = cmd.spawn().expect("spawn tenure");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Running {
+            child,
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits (at most `limit`, a generous bound against hangs) for a stdout line
+    /// containing `needle`; returns it.
+    pub fn wait_line(&mut self, needle: &str, limit: Duration) -> String {
+        let end = Instant::now() + limit;
+        loop {
+            if let Some(l) = self.seen.iter().find(|l| l.contains(needle)) {
+                return l.clone();
+            }
+            let left = end.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => self.seen.push(l),
+                Err(_) => panic!("no line containing {needle:?} within {limit:?}; saw {:?}", self.seen),
+            }
+        }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) on a child we have not reaped.
+        assert_eq!(unsafe { libc::kill(self.pid(), sig) }, 0, "kill {sig}");
+    }
+
+    /// Waits for exit (bounded) and returns the exit code (None when killed by a signal).
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<i32> {
+        let end = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status.code();
+            }
+            assert!(Instant::now() < end, "tenure did not exit within {limit:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn stderr(&mut self) -> String {
+        let mut s = String::new();
+        if let Some(mut e) = self.child.stderr.take() {
+            use std::io::Read;
+            let _ = e.read_to_string(&mut s);
+        }
+        s
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The `token=N` of an output line.
+pub fn token_of(line: &str) -> u64 {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix("token="))
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("no token in {line:?}"))
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// One line of a guarded command's history file: `<token> <what> <pid>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub token: u64,
+    pub what: String,
+    pub pid: u32,
+}
+
+pub fn read_history(path: &Path) -> Vec<Entry> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let mut parts = l.split_whitespace();
+            let token = parts.next().and_then(|t| t.parse().ok()).unwrap_or_else(|| panic!("bad line {l:?}"));
+            let what = parts.next().unwrap_or_else(|| panic!("bad line {l:?}")).to_string();
+            let pid = parts.next().and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("bad line {l:?}"));
+            Entry { token, what, pid }
+        })
+        .collect()
+}
+
+/// A shell command that appends `<token> <what> <pid>` lines to `history` every 20 ms,
+/// `iterations` times (forever when None).
+pub fn guarded_writer(history: &Path, iterations: Option<u32>) -> Vec<String> {
+    let h = history.display();
+    let body = match iterations {
+        Some(n) => format!(
+            "i=0; while [ $i -lt {n} ]; do echo \"$TENURE_LEASE_TOKEN start $$\" >> {h}; sleep 0.02; echo \"$TENURE_LEASE_TOKEN end $$\" >> {h}; i=$((i+1)); done"
+        ),
+        None => format!("while true; do echo \"$TENURE_LEASE_TOKEN tick $$\" >> {h}; sleep 0.02; done"),
+    };
+    vec!["sh".into(), "-c".into(), body]
+}
