@@ -4,9 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tenure::names::store_name;
-use tenure::{
-    AcquireOutcome, AcquireRequest, Acquired, LeaseProvider, LeaseRecord, LeaseStore,
-};
+use tenure::{AcquireOutcome, AcquireRequest, Acquired, LeaseProvider, LeaseRecord, LeaseStore};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 
@@ -73,18 +71,22 @@ pub async fn acquire_once(
     let request = AcquireRequest {
         name: store_name(&target.name, &store.name_rules()),
         owner: owner.clone(),
+        instance: format!("cli-{}", std::process::id()),
         ttl: settings.heartbeat_timeout,
         note,
     };
-    let outcome = tokio::time::timeout(settings.lease_operation_timeout, store.try_acquire(&request))
-        .await
-        .map_err(|_| {
-            CliError::Lease(tenure::LeaseError::Timeout {
-                name: target.name.clone(),
-                operation: "acquire",
-                timeout: settings.lease_operation_timeout,
-            })
-        })??;
+    let outcome = tokio::time::timeout(
+        settings.lease_operation_timeout,
+        store.try_acquire(&request),
+    )
+    .await
+    .map_err(|_| {
+        CliError::Lease(tenure::LeaseError::Timeout {
+            name: target.name.clone(),
+            operation: "acquire",
+            timeout: settings.lease_operation_timeout,
+        })
+    })??;
     match outcome {
         AcquireOutcome::Granted(r) => {
             println!(
@@ -113,18 +115,17 @@ pub async fn hold(
     let mut spec = provider.spec(&target.name, &section, &owner).await?;
     spec.note = note;
     let lease = tenure::Lease::start(spec).await?;
-    let mut interrupt = signal(SignalKind::interrupt()).map_err(|e| CliError::Command(e.to_string()))?;
-    let mut terminate = signal(SignalKind::terminate()).map_err(|e| CliError::Command(e.to_string()))?;
+    let mut interrupt =
+        signal(SignalKind::interrupt()).map_err(|e| CliError::Command(e.to_string()))?;
+    let mut terminate =
+        signal(SignalKind::terminate()).map_err(|e| CliError::Command(e.to_string()))?;
     let (lost_tx, mut lost_rx) = mpsc::unbounded_channel();
-    let token = match lease.acquire().await {
-        Ok(Acquired::Granted { token }) => {
-            let tx = lost_tx.clone();
-            lease.acquire_with_lost(move |ev| {
-                let _ = tx.send(ev);
-            })
-            .await?;
-            token
-        }
+    let tx = lost_tx.clone();
+    let first = lease.acquire_with_lost(move |ev| {
+        let _ = tx.send(ev);
+    });
+    let token = match first.await {
+        Ok(Acquired::Granted { token }) => token,
         first => {
             match first {
                 Ok(Acquired::NotGranted { holder }) => println!(
@@ -138,8 +139,8 @@ pub async fn hold(
             let tx = lost_tx.clone();
             tokio::select! {
                 token = lease.acquire_wait_with_lost(move |ev| { let _ = tx.send(ev); }) => token?,
-                _ = interrupt.recv() => return Ok(Outcome::No),
-                _ = terminate.recv() => return Ok(Outcome::No),
+                _ = interrupt.recv() => { release_held(&lease).await?; return Ok(Outcome::No) }
+                _ = terminate.recv() => { release_held(&lease).await?; return Ok(Outcome::No) }
             }
         }
     };

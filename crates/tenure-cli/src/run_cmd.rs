@@ -33,7 +33,12 @@ pub async fn run(
     spec.settings.safety_margin += grace + KILL_SLACK;
     spec.settings
         .validate(&format!("lease.{section}"))
-        .map_err(|e| CliError::Command(format!("--grace {}: too long for this lease section: {e}", humantime::format_duration(grace))))?;
+        .map_err(|e| {
+            CliError::Command(format!(
+                "--grace {}: too long for this lease section: {e}",
+                humantime::format_duration(grace)
+            ))
+        })?;
     // This spec has its own timing, so it gets its own batcher.
     let spec = tenure::LeaseSpec::new(&spec.name, &spec.owner, spec.store, spec.settings)?
         .with_note(format!("tenure lease run {}", command.join(" ")));
@@ -44,11 +49,17 @@ pub async fn run(
     let (lost_tx, mut lost_rx) = mpsc::unbounded_channel();
     let token = tokio::select! {
         token = lease.acquire_wait_with_lost(move |ev| { let _ = lost_tx.send(ev); }) => token?,
-        _ = interrupt.recv() => return Ok(Outcome::No),
-        _ = terminate.recv() => return Ok(Outcome::No),
+        _ = interrupt.recv() => return release_on_exit(&lease, Outcome::No).await,
+        _ = terminate.recv() => return release_on_exit(&lease, Outcome::No).await,
     };
     tracing::info!(lease = %target.name, token, "granted; starting command");
-    let mut child = spawn(command, &target.name, token)?;
+    let mut child = match spawn(command, &target.name, token) {
+        Ok(child) => child,
+        Err(e) => {
+            release_on_exit(&lease, Outcome::Error).await?;
+            return Err(e);
+        }
+    };
 
     let outcome = tokio::select! {
         status = child.wait() => {
@@ -64,10 +75,19 @@ pub async fn run(
         _ = interrupt.recv() => { stop(&mut child, grace).await; Some(Outcome::Child(130)) }
         _ = terminate.recv() => { stop(&mut child, grace).await; Some(Outcome::Child(143)) }
     };
+    release_on_exit(&lease, outcome.unwrap_or(Outcome::Error)).await
+}
+
+/// Releases before the process exits (the runtime would otherwise end before the lease
+/// actor's own release on stop ran).
+async fn release_on_exit(lease: &Lease, outcome: Outcome) -> Result<Outcome, CliError> {
     if let Err(e) = lease.release().await {
-        eprintln!("tenure: release of {} failed (it lapses after its ttl): {e}", target.name);
+        eprintln!(
+            "tenure: release of {} failed (it lapses after its ttl): {e}",
+            lease.name()
+        );
     }
-    Ok(outcome.unwrap_or(Outcome::Error))
+    Ok(outcome)
 }
 
 fn io_err(e: std::io::Error) -> CliError {
@@ -90,7 +110,14 @@ fn spawn(command: &[String], name: &str, token: u64) -> Result<Child, CliError> 
                 return Err(std::io::Error::last_os_error());
             }
             if libc::getppid() != parent {
-                return Err(std::io::Error::other("tenure exited before the command started"));
+                return Err(std::io::Error::other(
+                    "tenure exited before the command started",
+                ));
+            }
+            // A process group of its own, so that a lost lease stops the whole command
+            // tree (a shell and what it started), not just its first process.
+            if libc::setpgid(0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
             }
             Ok(())
         });
@@ -101,16 +128,21 @@ fn spawn(command: &[String], name: &str, token: u64) -> Result<Child, CliError> 
         .map_err(|e| CliError::Command(format!("cannot start {:?}: {e}", command[0])))
 }
 
-/// SIGTERM, up to `grace` to exit, then SIGKILL; waits for the exit.
+/// SIGTERM to the command's process group, up to `grace` for the command to exit, then
+/// SIGKILL to the group; waits for the exit.
 async fn stop(child: &mut Child, grace: Duration) {
-    if let Some(pid) = child.id() {
-        // SAFETY: plain kill(2) on our own child's pid, which is not reaped yet.
-        unsafe {
-            libc::kill(pid as libc::pid_t, libc::SIGTERM);
-        }
+    let Some(pid) = child.id() else { return };
+    let group = pid as libc::pid_t;
+    // SAFETY: killpg(2) on the group our unreaped child leads.
+    unsafe {
+        libc::killpg(group, libc::SIGTERM);
     }
-    if tokio::time::timeout(grace, child.wait()).await.is_err() {
-        let _ = child.start_kill();
+    let exited = tokio::time::timeout(grace, child.wait()).await.is_ok();
+    // SAFETY: as above; the group may outlive its leader.
+    unsafe {
+        libc::killpg(group, libc::SIGKILL);
+    }
+    if !exited {
         let _ = child.wait().await;
     }
 }

@@ -24,14 +24,28 @@ fn exactly_one_process_wins_every_round() {
                     .expect("spawn")
             })
             .collect();
-        let outputs: Vec<_> = children.into_iter().map(|c| c.wait_with_output().expect("wait")).collect();
-        let winners: Vec<usize> = (0..5).filter(|i| outputs[*i].status.code() == Some(0)).collect();
+        let outputs: Vec<_> = children
+            .into_iter()
+            .map(|c| c.wait_with_output().expect("wait"))
+            .collect();
+        let winners: Vec<usize> = (0..5)
+            .filter(|i| outputs[*i].status.code() == Some(0))
+            .collect();
         assert_eq!(winners.len(), 1, "round {round}: {outputs:?}");
         let w = winners[0];
         for (i, o) in outputs.iter().enumerate() {
             if i != w {
-                assert_eq!(o.status.code(), Some(1), "round {round} p{i}: {}", stderr(o));
-                assert!(stdout(o).contains(&format!("held by owner=p{w}")), "{}", stdout(o));
+                assert_eq!(
+                    o.status.code(),
+                    Some(1),
+                    "round {round} p{i}: {}",
+                    stderr(o)
+                );
+                assert!(
+                    stdout(o).contains(&format!("held by owner=p{w}")),
+                    "{}",
+                    stdout(o)
+                );
             }
         }
         let token = token_of(&stdout(&outputs[w]));
@@ -61,7 +75,11 @@ fn no_process_is_granted_before_the_holders_ttl() {
         }
         assert!(sent.elapsed() < LIMIT, "never expired");
     };
-    assert!(granted_at - sent >= Duration::from_millis(1500), "granted {:?} after a", granted_at - sent);
+    assert!(
+        granted_at - sent >= Duration::from_millis(1500),
+        "granted {:?} after a",
+        granted_at - sent
+    );
 }
 
 #[test]
@@ -72,14 +90,22 @@ fn sigkilled_holder_is_taken_over_with_a_higher_token() {
     let mut h2 = sb.spawn(&["lease", "acquire", "--hold", "shell", "--owner", "h2"]);
     h2.wait_line("waiting for shell: held by h1", LIMIT);
     let shown = sb.run(&["lease", "show", "shell"]);
-    assert!(stdout(&shown).contains("owner=h1"), "one holder: {}", stdout(&shown));
+    assert!(
+        stdout(&shown).contains("owner=h1"),
+        "one holder: {}",
+        stdout(&shown)
+    );
     h1.signal(libc::SIGKILL);
     let t2 = token_of(&h2.wait_line("holding shell as h2", LIMIT));
     assert!(t2 > t1);
     h2.signal(libc::SIGINT);
     h2.wait_line("released shell", LIMIT);
     assert_eq!(h2.wait_exit(LIMIT), Some(0));
-    assert_eq!(sb.run(&["lease", "show", "shell"]).status.code(), Some(1), "free after release");
+    assert_eq!(
+        sb.run(&["lease", "show", "shell"]).status.code(),
+        Some(1),
+        "free after release"
+    );
 }
 
 /// Checks a history of guarded writes: lines of different tokens never interleave (the
@@ -101,10 +127,19 @@ fn guarded_commands_never_overlap_across_sigkills() {
     let history = sb.path("history");
     let writer = guarded_writer(&history, Some(25));
     let spawn = |i: usize| {
-        let mut args: Vec<String> = ["lease", "run", "job", "--owner", &format!("r{i}"), "--grace", "200ms", "--"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+        let mut args: Vec<String> = [
+            "lease",
+            "run",
+            "job",
+            "--owner",
+            &format!("r{i}"),
+            "--grace",
+            "200ms",
+            "--",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
         args.extend(writer.iter().cloned());
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         sb.spawn(&args)
@@ -114,13 +149,22 @@ fn guarded_commands_never_overlap_across_sigkills() {
     let mut next = 3;
     let started = Instant::now();
     while kills < 4 || read_history(&history).len() < 200 {
-        assert!(started.elapsed() < Duration::from_secs(120), "too slow: {} lines", read_history(&history).len());
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "too slow: {} lines",
+            read_history(&history).len()
+        );
         std::thread::sleep(Duration::from_millis(400));
         // SIGKILL whoever holds the lease now, mid-command.
         let shown = stdout(&sb.run(&["lease", "show", "job"]));
-        if let Some(owner) = shown.split_whitespace().find_map(|w| w.strip_prefix("owner=r")) {
+        if let Some(owner) = shown
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("owner=r"))
+        {
             let i: usize = owner.parse().expect("runner index");
-            if kills < 4 && let Some(r) = runners.iter_mut().find(|r| runner_index(r) == Some(i)) {
+            if kills < 4
+                && let Some(r) = runners.iter_mut().find(|r| runner_index(r) == Some(i))
+            {
                 r.signal(libc::SIGKILL);
                 kills += 1;
             }
@@ -139,12 +183,19 @@ fn guarded_commands_never_overlap_across_sigkills() {
     let tokens: std::collections::BTreeSet<u64> = entries.iter().map(|e| e.token).collect();
     assert!(tokens.len() >= 5, "several holders took turns: {tokens:?}");
     let fence = FenceCheck::new();
-    assert!(entries.iter().all(|e| fence.admit("history", e.token).is_ok()));
+    assert!(
+        entries
+            .iter()
+            .all(|e| fence.admit("history", e.token).is_ok())
+    );
 }
 
 fn runner_index(r: &Running) -> Option<usize> {
     let cmdline = std::fs::read(format!("/proc/{}/cmdline", r.pid())).ok()?;
-    let args: Vec<String> = cmdline.split(|b| *b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+    let args: Vec<String> = cmdline
+        .split(|b| *b == 0)
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
     let pos = args.iter().position(|a| a == "--owner")?;
     args.get(pos + 1)?.strip_prefix('r')?.parse().ok()
 }
@@ -156,40 +207,69 @@ fn sigstopped_holder_stops_its_command_on_resume_and_late_writes_are_fenced() {
     let history = sb.path("history");
     let writer = guarded_writer(&history, None);
     let run_args = |owner: &str| {
-        let mut a: Vec<String> = ["lease", "run", "job", "--owner", owner, "--grace", "200ms", "--"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+        let mut a: Vec<String> = [
+            "lease", "run", "job", "--owner", owner, "--grace", "200ms", "--",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
         a.extend(writer.iter().cloned());
         a
     };
-    // r1 and its command in a process group of their own, to pause them together.
+    // r1 in a process group of its own (its command makes another).
     let args1 = run_args("r1");
     let mut cmd1 = sb.command(&args1.iter().map(String::as_str).collect::<Vec<_>>());
-    cmd1.process_group(0).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    cmd1.process_group(0)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
     let mut r1 = Running::start(cmd1);
     let until = |pred: &dyn Fn(&[Entry]) -> bool| {
         let end = Instant::now() + LIMIT;
         while !pred(&read_history(&history)) {
-            assert!(Instant::now() < end, "history never satisfied the condition");
+            assert!(
+                Instant::now() < end,
+                "history never satisfied the condition"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     };
     until(&|h| h.len() >= 5);
     let t1 = read_history(&history)[0].token;
-    // SAFETY: kill(2) on the process group we created.
-    assert_eq!(unsafe { libc::kill(-r1.pid(), libc::SIGSTOP) }, 0);
+    // The command leads a process group of its own: pause both groups, as a stopped
+    // machine or VM would.
+    let children = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", r1.pid()))
+        .expect("children of r1");
+    let command: i32 = children
+        .split_whitespace()
+        .next()
+        .expect("r1 runs its command")
+        .parse()
+        .expect("pid");
+    let groups = [r1.pid(), command];
+    for g in groups {
+        // SAFETY: kill(2) on process groups our test created.
+        assert_eq!(unsafe { libc::kill(-g, libc::SIGSTOP) }, 0);
+    }
     let args2 = run_args("r2");
     let mut r2 = sb.spawn(&args2.iter().map(String::as_str).collect::<Vec<_>>());
     until(&|h| h.iter().any(|e| e.token > t1));
-    let t2 = read_history(&history).iter().map(|e| e.token).max().expect("lines");
+    let t2 = read_history(&history)
+        .iter()
+        .map(|e| e.token)
+        .max()
+        .expect("lines");
     // Let r2 write a while, then resume r1 and its command.
     std::thread::sleep(Duration::from_millis(200));
-    // SAFETY: as above.
-    assert_eq!(unsafe { libc::kill(-r1.pid(), libc::SIGCONT) }, 0);
+    for g in groups {
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::kill(-g, libc::SIGCONT) }, 0);
+    }
     assert_eq!(r1.wait_exit(LIMIT), Some(3), "r1 reports the lost lease");
     let err = r1.stderr();
-    assert!(err.contains("lost job") && err.contains(&format!("token {t1}")), "{err}");
+    assert!(
+        err.contains("lost job") && err.contains(&format!("token {t1}")),
+        "{err}"
+    );
     std::thread::sleep(Duration::from_millis(200));
     r2.signal(libc::SIGTERM);
     assert_eq!(r2.wait_exit(LIMIT), Some(143));
@@ -210,8 +290,19 @@ fn sigstopped_holder_stops_its_command_on_resume_and_late_writes_are_fenced() {
     }
     assert_exclusive(&accepted);
     assert!(accepted.iter().any(|e| e.token == t2));
-    let last_t1 = entries.iter().rposition(|e| e.token == t1).expect("t1 wrote");
-    let first_t2 = entries.iter().position(|e| e.token == t2).expect("t2 wrote");
-    assert_eq!(refused, entries[first_t2..].iter().filter(|e| e.token == t1).count());
-    eprintln!("late writes of the paused holder refused by the fence: {refused} (last at line {last_t1}, successor from line {first_t2})");
+    let last_t1 = entries
+        .iter()
+        .rposition(|e| e.token == t1)
+        .expect("t1 wrote");
+    let first_t2 = entries
+        .iter()
+        .position(|e| e.token == t2)
+        .expect("t2 wrote");
+    assert_eq!(
+        refused,
+        entries[first_t2..].iter().filter(|e| e.token == t1).count()
+    );
+    eprintln!(
+        "late writes of the paused holder refused by the fence: {refused} (last at line {last_t1}, successor from line {first_t2})"
+    );
 }

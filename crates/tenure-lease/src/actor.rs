@@ -111,7 +111,9 @@ pub type AcquireReply = Result<(Acquired, Option<u64>), LeaseError>;
 pub enum LeaseMsg {
     /// Keep trying (every `lease-retry-interval`) until granted, then announce
     /// `LeaseGranted` and answer `reply` if given. A no-op answer if held already.
-    Acquire { reply: Option<RpcReplyPort<AcquireReply>> },
+    Acquire {
+        reply: Option<RpcReplyPort<AcquireReply>>,
+    },
     /// One attempt, answered with its outcome.
     TryAcquire(RpcReplyPort<AcquireReply>),
     /// Stop trying, give the belief up and release the grant: `Ok(true)` released,
@@ -193,10 +195,30 @@ impl LeaseActor {
     }
 }
 
+/// Unique per LeaseActor on this host: the prefix of its holder instances.
+fn new_instance_base() -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    format!("{:x}-{nanos:x}-{n:x}", std::process::id())
+}
+
+/// The watchdog announces a loss this much before the deadline, so that timer lateness
+/// cannot push the announcement past it.
+const WAKE_EARLY: std::time::Duration = std::time::Duration::from_millis(2);
+
 /// The state of a LeaseActor.
 pub struct LeaseActorState {
     spec: LeaseSpec,
     belief: Arc<SharedBelief>,
+    /// Prefix of this actor's holder instances (`<base>.<generation>`).
+    instance_base: String,
+    /// A grant of ours may be in the store without being believed (an acquire with an
+    /// unknown outcome, a grant that lapsed locally): release must look.
+    maybe_in_store: bool,
     /// Asked to keep trying until granted.
     wanted: bool,
     waiters: Vec<RpcReplyPort<AcquireReply>>,
@@ -215,16 +237,59 @@ impl Drop for LeaseActorState {
             timer.abort();
         }
         // Reached without post_stop when the actor was killed or failed: release in the
-        // background so the lease does not stay blocked for a whole ttl.
-        if let Some(held) = self.belief.give_up() {
+        // background so the lease does not stay blocked for a whole ttl. A successor
+        // instance of the same owner has taken the lease over with a new token, so this
+        // late release can only ever remove this actor's own grant.
+        let held = self.belief.give_up();
+        if held.is_some() || self.maybe_in_store {
             let spec = self.spec.clone();
+            let base = self.instance_base.clone();
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
                 rt.spawn(async move {
-                    let released = release_in_store(&spec, held.token).await;
+                    let released = release_ours(&spec, &base, held.map(|h| h.token)).await;
                     tracing::info!(lease = %spec.name, ?released, "released after the lease actor was killed");
                 });
             }
         }
+    }
+}
+
+fn store_failure(
+    spec: &LeaseSpec,
+    operation: &'static str,
+    source: crate::StoreError,
+) -> LeaseError {
+    LeaseError::Store {
+        name: spec.name.clone(),
+        operation,
+        source,
+    }
+}
+
+/// Releases this actor's grant: the believed one (`token`), or else whatever grant of one
+/// of this actor's instances the store holds.
+async fn release_ours(
+    spec: &LeaseSpec,
+    base: &str,
+    token: Option<u64>,
+) -> Result<bool, LeaseError> {
+    if let Some(token) = token {
+        return release_in_store(spec, token).await;
+    }
+    let timeout = spec.settings.lease_operation_timeout;
+    let record = tokio::time::timeout(timeout, spec.store.read(&spec.store_name))
+        .await
+        .map_err(|_| LeaseError::Timeout {
+            name: spec.name.clone(),
+            operation: "release",
+            timeout,
+        })?
+        .map_err(|e| store_failure(spec, "release", e))?;
+    match record {
+        Some(r) if r.owner == spec.owner && r.instance.starts_with(&format!("{base}.")) => {
+            release_in_store(spec, r.token).await
+        }
+        _ => Ok(false),
     }
 }
 
@@ -276,12 +341,19 @@ impl LeaseActorState {
         let request = AcquireRequest {
             name: spec.store_name.clone(),
             owner: spec.owner.clone(),
+            instance: format!(
+                "{}.{}",
+                self.instance_base,
+                self.belief.attempt_generation()
+            ),
             ttl: spec.settings.heartbeat_timeout,
             note: spec.note.clone(),
         };
         let timeout = spec.settings.lease_operation_timeout;
         let sent_at = Instant::now();
         let answer = tokio::time::timeout(timeout, spec.store.try_acquire(&request)).await;
+        // Anything but a certain "held by another owner" may have left a grant of ours.
+        self.maybe_in_store = !matches!(answer, Ok(Ok(AcquireOutcome::Held(_))));
         match answer {
             Err(_) => Err(LeaseError::Timeout {
                 name: spec.name.clone(),
@@ -309,11 +381,15 @@ impl LeaseActorState {
                 match self.belief.grant(record.token, sent_at) {
                     GrantEffect::New(held) => {
                         self.on_new_grant(myself, held);
-                        Ok((Acquired::Granted { token: held.token }, Some(held.generation)))
+                        Ok((
+                            Acquired::Granted { token: held.token },
+                            Some(held.generation),
+                        ))
                     }
-                    GrantEffect::Same(held) => {
-                        Ok((Acquired::Granted { token: held.token }, Some(held.generation)))
-                    }
+                    GrantEffect::Same(held) => Ok((
+                        Acquired::Granted { token: held.token },
+                        Some(held.generation),
+                    )),
                     GrantEffect::TooLate => {
                         // Granted, but the answer took longer than the validity: unusable.
                         // Give it back; if that fails it expires after its ttl.
@@ -339,12 +415,14 @@ impl LeaseActorState {
             // Independent of the mailbox, so a slow store call or a long queue cannot delay
             // the loss past the deadline.
             while let Some(h) = belief.held().filter(|h| h.generation == generation) {
-                tokio::time::sleep_until(h.deadline).await;
-                belief.lapse(Instant::now());
+                let wake = h.deadline.checked_sub(WAKE_EARLY).unwrap_or(h.deadline);
+                tokio::time::sleep_until(wake).await;
+                belief.lapse(Instant::now() + WAKE_EARLY);
             }
         }));
         let at = self.spec.batcher.next_tick(Instant::now());
-        self.renew_timer = Some(self.schedule(myself, at, move || LeaseMsg::RenewDue { generation }));
+        self.renew_timer =
+            Some(self.schedule(myself, at, move || LeaseMsg::RenewDue { generation }));
     }
 
     fn answer_waiters(&mut self, reply: &AcquireReply) {
@@ -378,14 +456,16 @@ impl LeaseActorState {
                 name: self.spec.name.clone(),
             }));
         }
-        match self.belief.give_up() {
-            None => Ok(false),
-            Some(held) => {
-                let released = release_in_store(&self.spec, held.token).await;
-                tracing::info!(lease = %self.spec.name, token = held.token, ?released, "lease released");
-                released
-            }
+        let held = self.belief.give_up();
+        if held.is_none() && !self.maybe_in_store {
+            return Ok(false);
         }
+        let released = release_ours(&self.spec, &self.instance_base, held.map(|h| h.token)).await;
+        if released.is_ok() {
+            self.maybe_in_store = false;
+        }
+        tracing::info!(lease = %self.spec.name, token = ?held.map(|h| h.token), ?released, "lease released");
+        released
     }
 }
 
@@ -402,6 +482,8 @@ impl Actor for LeaseActor {
         Ok(LeaseActorState {
             spec: args.spec,
             belief: args.belief,
+            instance_base: new_instance_base(),
+            maybe_in_store: false,
             wanted: false,
             waiters: Vec::new(),
             retry_timer: None,
@@ -455,7 +537,10 @@ impl Actor for LeaseActor {
             }
             LeaseMsg::RenewDue { generation } => {
                 state.renew_timer = None;
-                let Some(held) = state.belief.current().filter(|h| h.generation == generation)
+                let Some(held) = state
+                    .belief
+                    .current()
+                    .filter(|h| h.generation == generation)
                 else {
                     return Ok(());
                 };

@@ -86,10 +86,12 @@ impl TenureConfig {
 
     /// Merges TOML text over the current values.
     pub fn merge_str(&mut self, text: &str, origin: &str) -> Result<(), ConfigError> {
-        let overlay = text.parse::<toml::Table>().map_err(|e| ConfigError::Parse {
-            origin: origin.to_string(),
-            detail: e.to_string(),
-        })?;
+        let overlay = text
+            .parse::<toml::Table>()
+            .map_err(|e| ConfigError::Parse {
+                origin: origin.to_string(),
+                detail: e.to_string(),
+            })?;
         merge_tables(&mut self.table, overlay);
         Ok(())
     }
@@ -113,7 +115,10 @@ impl TenureConfig {
                 .map(|p| p.to_ascii_lowercase().replace('_', "-"))
                 .collect();
             if path.iter().any(|p| p.is_empty()) {
-                return Err(ConfigError::invalid(name, "empty key segment in variable name"));
+                return Err(ConfigError::invalid(
+                    name,
+                    "empty key segment in variable name",
+                ));
             }
             let parsed = format!("v = {value}")
                 .parse::<toml::Table>()
@@ -319,17 +324,31 @@ mod tests {
 
     #[test]
     fn bad_input_names_the_key() {
-        let err = TenureConfig::from_toml_str("[lease.x]\nstore=\"memory\"\nheartbeat-timeout=\"12x\"", "f.toml")
+        let err = TenureConfig::from_toml_str(
+            "[lease.x]\nstore=\"memory\"\nheartbeat-timeout=\"12x\"",
+            "f.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("lease.x.heartbeat-timeout") && err.contains("12x"),
+            "{err}"
+        );
+        let err = TenureConfig::from_toml_str("[lease\n", "f.toml")
             .unwrap_err()
             .to_string();
-        assert!(err.contains("lease.x.heartbeat-timeout") && err.contains("12x"), "{err}");
-        let err = TenureConfig::from_toml_str("[lease\n", "f.toml").unwrap_err().to_string();
         assert!(err.contains("malformed TOML in f.toml"), "{err}");
-        let err = TenureConfig::from_toml_str("[lease.y]\nheartbeat-timeout=\"10s\"\nheartbeat-interval=\"5s\"\nstore=\"memory\"", "f.toml")
+        let err = TenureConfig::from_toml_str(
+            "[lease.y]\nheartbeat-timeout=\"10s\"\nheartbeat-interval=\"5s\"\nstore=\"memory\"",
+            "f.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("lease.y.heartbeat-interval"), "{err}");
+        let err = TenureConfig::reference()
+            .lease_section("nope")
             .unwrap_err()
             .to_string();
-        assert!(err.contains("lease.y.heartbeat-interval"), "{err}");
-        let err = TenureConfig::reference().lease_section("nope").unwrap_err().to_string();
         assert!(err.contains("nope") && err.contains("sqlite"), "{err}");
     }
 
@@ -337,8 +356,14 @@ mod tests {
     fn environment_overrides() {
         let mut c = TenureConfig::reference();
         c.merge_env([
-            ("TENURE_LEASE__SQLITE__HEARTBEAT_TIMEOUT".to_string(), "30s".to_string()),
-            ("TENURE_LEASE__SQLITE__PATH".to_string(), "/x/y.db".to_string()),
+            (
+                "TENURE_LEASE__SQLITE__HEARTBEAT_TIMEOUT".to_string(),
+                "30s".to_string(),
+            ),
+            (
+                "TENURE_LEASE__SQLITE__PATH".to_string(),
+                "/x/y.db".to_string(),
+            ),
             ("TENURE_CONFIG".to_string(), "ignored".to_string()),
         ])
         .unwrap();

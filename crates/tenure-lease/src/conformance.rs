@@ -2,7 +2,7 @@
 //! store (server started by the crate's harness). Enable feature `conformance` in
 //! dev-dependencies and invoke [`conformance_tests!`](crate::conformance_tests):
 //!
-//! ```ignore
+//! ```text
 //! tenure_lease::conformance_tests!(async { MyHarness::start().await });
 //! ```
 //!
@@ -86,7 +86,12 @@ impl LeaseStore for Partitionable {
         self.gate().await;
         self.inner.try_acquire(req).await
     }
-    async fn renew(&self, owner: &str, leases: &[HeldLease], ttl: Duration) -> Result<Vec<bool>, StoreError> {
+    async fn renew(
+        &self,
+        owner: &str,
+        leases: &[HeldLease],
+        ttl: Duration,
+    ) -> Result<Vec<bool>, StoreError> {
         self.gate().await;
         self.inner.renew(owner, leases, ttl).await
     }
@@ -108,6 +113,7 @@ fn request(name: &str, owner: &str, ttl: Duration) -> AcquireRequest {
     AcquireRequest {
         name: name.into(),
         owner: owner.into(),
+        instance: format!("{owner}-instance"),
         ttl,
         note: None,
     }
@@ -143,16 +149,27 @@ pub async fn contention(h: &dyn Harness) {
             .filter(|(_, r)| matches!(r, Ok(Acquired::Granted { .. })))
             .map(|(i, _)| i)
             .collect();
-        assert_eq!(winners.len(), 1, "round {round}: winners {winners:?}, results {results:?}");
+        assert_eq!(
+            winners.len(),
+            1,
+            "round {round}: winners {winners:?}, results {results:?}"
+        );
         let winner = winners[0];
-        let Ok(Acquired::Granted { token }) = results[winner] else { unreachable!() };
-        assert!(token > last_token, "round {round}: token {token} after {last_token}");
+        let Ok(Acquired::Granted { token }) = results[winner] else {
+            unreachable!()
+        };
+        assert!(
+            token > last_token,
+            "round {round}: token {token} after {last_token}"
+        );
         last_token = token;
         for (i, r) in results.iter().enumerate() {
             if i != winner {
                 assert_eq!(
                     r.as_ref().expect("no errors against a healthy store"),
-                    &Acquired::NotGranted { holder: Some(format!("owner-{winner}")) }
+                    &Acquired::NotGranted {
+                        holder: Some(format!("owner-{winner}"))
+                    }
                 );
             }
         }
@@ -165,9 +182,30 @@ pub async fn contention(h: &dyn Harness) {
 pub async fn reentrancy(h: &dyn Harness) {
     let store = h.client().await;
     let ttl = Duration::from_secs(5);
-    let a = granted_token(&store.try_acquire(&request("reentrant", "a", ttl)).await.expect("acquire"));
-    let again = granted_token(&store.try_acquire(&request("reentrant", "a", ttl)).await.expect("acquire"));
+    let a = granted_token(
+        &store
+            .try_acquire(&request("reentrant", "a", ttl))
+            .await
+            .expect("acquire"),
+    );
+    let again = granted_token(
+        &store
+            .try_acquire(&request("reentrant", "a", ttl))
+            .await
+            .expect("acquire"),
+    );
     assert_eq!(a, again);
+    // Another instance of the same owner (a restarted actor) takes over with a new token;
+    // the old instance's late release cannot free it.
+    let successor = AcquireRequest {
+        instance: "a-successor".into(),
+        ..request("reentrant", "a", ttl)
+    };
+    let b = granted_token(&store.try_acquire(&successor).await.expect("acquire"));
+    assert!(b > a, "takeover by a new instance gets a new token");
+    assert!(!store.release("reentrant", "a", a).await.expect("release"));
+    let rec = store.read("reentrant").await.expect("read").expect("held");
+    assert_eq!((rec.token, rec.instance.as_str()), (b, "a-successor"));
     let lease = lease_on(h.client().await, "reentrant-api", "a").await;
     let first = lease.acquire().await.expect("acquire");
     assert!(matches!(first, Acquired::Granted { .. }));
@@ -180,16 +218,36 @@ pub async fn owner_only_release(h: &dyn Harness) {
     let a = h.client().await;
     let b = h.client().await;
     let short = Duration::from_millis(400);
-    let t1 = granted_token(&a.try_acquire(&request("owned", "a", short)).await.expect("acquire"));
-    assert!(!b.release("owned", "b", t1).await.expect("release"), "b released a's grant");
-    assert_eq!(b.read("owned").await.expect("read").map(|r| r.owner), Some("a".into()));
+    let t1 = granted_token(
+        &a.try_acquire(&request("owned", "a", short))
+            .await
+            .expect("acquire"),
+    );
+    assert!(
+        !b.release("owned", "b", t1).await.expect("release"),
+        "b released a's grant"
+    );
+    assert_eq!(
+        b.read("owned").await.expect("read").map(|r| r.owner),
+        Some("a".into())
+    );
     sleep(short + Duration::from_millis(100)).await;
-    let t2 = granted_token(&b.try_acquire(&request("owned", "b", Duration::from_secs(5))).await.expect("acquire"));
+    let t2 = granted_token(
+        &b.try_acquire(&request("owned", "b", Duration::from_secs(5)))
+            .await
+            .expect("acquire"),
+    );
     assert!(t2 > t1);
-    assert!(!a.release("owned", "a", t1).await.expect("release"), "stale release succeeded");
+    assert!(
+        !a.release("owned", "a", t1).await.expect("release"),
+        "stale release succeeded"
+    );
     let rec = b.read("owned").await.expect("read").expect("still held");
     assert_eq!((rec.owner.as_str(), rec.token), ("b", t2));
-    assert!(!b.release("owned", "b", t1).await.expect("release"), "release with an old token");
+    assert!(
+        !b.release("owned", "b", t1).await.expect("release"),
+        "release with an old token"
+    );
     assert!(b.release("owned", "b", t2).await.expect("release"));
     assert_eq!(b.read("owned").await.expect("read"), None);
 }
@@ -205,14 +263,29 @@ pub async fn token_monotonicity(h: &dyn Harness) {
     for round in 0..3 {
         let store = h.client().await;
         for owner in ["a", "b", "a"] {
-            let t = granted_token(&store.try_acquire(&request("mono", owner, short)).await.expect("acquire"));
+            let t = granted_token(
+                &store
+                    .try_acquire(&request("mono", owner, short))
+                    .await
+                    .expect("acquire"),
+            );
             check(t, "after release");
             assert!(store.release("mono", owner, t).await.expect("release"));
         }
-        let t = granted_token(&store.try_acquire(&request("mono", "c", short)).await.expect("acquire"));
+        let t = granted_token(
+            &store
+                .try_acquire(&request("mono", "c", short))
+                .await
+                .expect("acquire"),
+        );
         check(t, "new holder");
         sleep(short + Duration::from_millis(100)).await;
-        let t = granted_token(&store.try_acquire(&request("mono", "c", short)).await.expect("acquire"));
+        let t = granted_token(
+            &store
+                .try_acquire(&request("mono", "c", short))
+                .await
+                .expect("acquire"),
+        );
         check(t, "same owner after expiry");
         assert!(store.release("mono", "c", t).await.expect("release"));
         drop(store);
@@ -229,13 +302,25 @@ pub async fn expiry_and_takeover(h: &dyn Harness) {
     let b = h.client().await;
     let ttl = Duration::from_millis(800);
     let sent = Instant::now();
-    let t1 = granted_token(&a.try_acquire(&request("expiring", "a", ttl)).await.expect("acquire"));
-    match b.try_acquire(&request("expiring", "b", ttl)).await.expect("acquire") {
+    let t1 = granted_token(
+        &a.try_acquire(&request("expiring", "a", ttl))
+            .await
+            .expect("acquire"),
+    );
+    match b
+        .try_acquire(&request("expiring", "b", ttl))
+        .await
+        .expect("acquire")
+    {
         AcquireOutcome::Held(r) => assert_eq!((r.owner.as_str(), r.token), ("a", t1)),
         AcquireOutcome::Granted(_) => panic!("granted while a holds it"),
     }
     let granted_at = loop {
-        match b.try_acquire(&request("expiring", "b", ttl)).await.expect("acquire") {
+        match b
+            .try_acquire(&request("expiring", "b", ttl))
+            .await
+            .expect("acquire")
+        {
             AcquireOutcome::Granted(r) => {
                 assert!(r.token > t1);
                 break Instant::now();
@@ -246,7 +331,11 @@ pub async fn expiry_and_takeover(h: &dyn Harness) {
     };
     // The grant was processed before the call returned, and a's grant was processed after
     // `sent`: b's grant cannot have come before a's ttl ran out.
-    assert!(granted_at >= sent + ttl, "b granted {:?} after a's request, ttl {ttl:?}", granted_at - sent);
+    assert!(
+        granted_at >= sent + ttl,
+        "b granted {:?} after a's request, ttl {ttl:?}",
+        granted_at - sent
+    );
 }
 
 /// One renewal call renews many leases of one owner and reports, per lease, the ones not
@@ -258,34 +347,70 @@ pub async fn batch_renew(h: &dyn Harness) {
     let mut held = Vec::new();
     for i in 0..200 {
         let name = format!("batch-{i:03}");
-        let token = granted_token(&a.try_acquire(&request(&name, "a", ttl)).await.expect("acquire"));
+        let token = granted_token(
+            &a.try_acquire(&request(&name, "a", ttl))
+                .await
+                .expect("acquire"),
+        );
         held.push(HeldLease { name, token });
     }
-    let theirs = granted_token(&b.try_acquire(&request("batch-theirs", "b", ttl)).await.expect("acquire"));
+    let theirs = granted_token(
+        &b.try_acquire(&request("batch-theirs", "b", ttl))
+            .await
+            .expect("acquire"),
+    );
     let mut batch = held.clone();
-    batch.push(HeldLease { name: "batch-theirs".into(), token: theirs });
-    batch.push(HeldLease { name: "batch-nobody".into(), token: 1 });
-    batch.push(HeldLease { name: held[0].name.clone(), token: held[0].token + 1000 });
+    batch.push(HeldLease {
+        name: "batch-theirs".into(),
+        token: theirs,
+    });
+    batch.push(HeldLease {
+        name: "batch-nobody".into(),
+        token: 1,
+    });
+    batch.push(HeldLease {
+        name: held[0].name.clone(),
+        token: held[0].token + 1000,
+    });
     sleep(ttl / 2).await;
-    let flags = a.renew("a", &batch, Duration::from_secs(5)).await.expect("renew");
+    let flags = a
+        .renew("a", &batch, Duration::from_secs(5))
+        .await
+        .expect("renew");
     assert_eq!(flags.len(), batch.len());
     assert!(flags[..200].iter().all(|f| *f), "all of a's leases renewed");
     assert_eq!(&flags[200..], &[false, false, false]);
     sleep(ttl).await;
     let listed = a.list("batch-").await.expect("list");
-    assert_eq!(listed.len(), 200, "a's renewed leases outlive their first ttl, b's expired");
+    assert_eq!(
+        listed.len(),
+        200,
+        "a's renewed leases outlive their first ttl, b's expired"
+    );
     assert!(listed.iter().all(|r| r.owner == "a"));
-    assert!(listed.windows(2).all(|w| w[0].name < w[1].name), "sorted by name");
+    assert!(
+        listed.windows(2).all(|w| w[0].name < w[1].name),
+        "sorted by name"
+    );
 }
 
 /// An unavailable or too slow store gives errors (unknown), never "not granted" or `false`.
 pub async fn errors_when_unavailable(h: &dyn Harness) {
     let lease = lease_on(h.client().await, "outage", "a").await;
-    assert!(matches!(lease.acquire().await.expect("acquire"), Acquired::Granted { .. }));
+    assert!(matches!(
+        lease.acquire().await.expect("acquire"),
+        Acquired::Granted { .. }
+    ));
     let other = lease_on(h.client().await, "outage", "b").await;
     let guard = h.outage().await;
     let acquire = other.acquire().await;
-    assert!(matches!(acquire, Err(LeaseError::Timeout { .. } | LeaseError::Store { .. })), "acquire during outage: {acquire:?}");
+    assert!(
+        matches!(
+            acquire,
+            Err(LeaseError::Timeout { .. } | LeaseError::Store { .. })
+        ),
+        "acquire during outage: {acquire:?}"
+    );
     let release = lease.release().await;
     assert!(release.is_err(), "release during outage: {release:?}");
     drop(guard);
@@ -302,7 +427,9 @@ pub async fn loss_before_takeover(h: &dyn Harness) {
         .acquire_with_lost(move |ev| l.lock().unwrap().push((Instant::now(), ev.reason)))
         .await
         .expect("acquire");
-    let Acquired::Granted { token } = got else { panic!("not granted: {got:?}") };
+    let Acquired::Granted { token } = got else {
+        panic!("not granted: {got:?}")
+    };
     sleep(Duration::from_millis(700)).await;
     assert!(holder.check_lease(), "renewals keep it");
     cut.set_cut(true);
@@ -310,20 +437,31 @@ pub async fn loss_before_takeover(h: &dyn Harness) {
     let ttl = test_settings().heartbeat_timeout;
     let started = Instant::now();
     let granted_at = loop {
-        match contender.try_acquire(&request("partitioned", "b", ttl)).await.expect("acquire") {
+        match contender
+            .try_acquire(&request("partitioned", "b", ttl))
+            .await
+            .expect("acquire")
+        {
             AcquireOutcome::Granted(r) => {
                 assert!(r.token > token);
                 break Instant::now();
             }
             AcquireOutcome::Held(_) => sleep(Duration::from_millis(10)).await,
         }
-        assert!(started.elapsed() < ttl * 10, "the cut holder's grant never expired");
+        assert!(
+            started.elapsed() < ttl * 10,
+            "the cut holder's grant never expired"
+        );
     };
     let events = lost.lock().unwrap().clone();
     assert_eq!(events.len(), 1, "one loss signal: {events:?}");
     let (lost_at, reason) = events[0];
     assert_eq!(reason, LostReason::Expired);
-    assert!(lost_at <= granted_at, "loss signalled {:?} after the contender's grant", lost_at - granted_at);
+    assert!(
+        lost_at <= granted_at,
+        "loss signalled {:?} after the contender's grant",
+        lost_at - granted_at
+    );
     assert!(!holder.check_lease());
     cut.set_cut(false);
     sleep(Duration::from_millis(700)).await;

@@ -121,13 +121,22 @@ impl SharedBelief {
     pub(crate) fn grant(&self, token: u64, sent_at: Instant) -> GrantEffect {
         let now = Instant::now();
         let _order = self.ordered();
-        let (lapsed, effect) = {
+        let (lapsed, replaced, effect) = {
             let mut b = self.belief();
             let lapsed = b.expire_due(now);
-            (lapsed, b.grant(token, sent_at, now))
+            // A different token while one is believed: the believed grant ended behind our
+            // back (released by an operator, taken over); announce its loss first.
+            let replaced = match b.held() {
+                Some(h) if h.token != token => b.not_held(h.generation),
+                _ => None,
+            };
+            (lapsed, replaced, b.grant(token, sent_at, now))
         };
         if let Some(held) = lapsed {
             self.announce_lost(held, LostReason::Expired);
+        }
+        if let Some(held) = replaced {
+            self.announce_lost(held, LostReason::NotHeld);
         }
         if let GrantEffect::New(held) = effect {
             tracing::info!(lease = %self.name, token = held.token, "lease granted");
@@ -167,6 +176,11 @@ impl SharedBelief {
     /// The grant believed now, if any. Never blocks on anything but a short critical section.
     pub(crate) fn current(&self) -> Option<Held> {
         self.belief().current(Instant::now())
+    }
+
+    /// See [`Belief::attempt_generation`].
+    pub(crate) fn attempt_generation(&self) -> u64 {
+        self.belief().attempt_generation()
     }
 
     /// The grant believed, even if its deadline just passed and nobody announced it yet.

@@ -158,7 +158,10 @@ impl Lease {
     /// Waits until granted, retrying every `lease-retry-interval`. Returns the token.
     /// `Err(Cancelled)` if released meanwhile.
     pub async fn acquire_wait(&self) -> Result<u64, LeaseError> {
-        match self.ask(|reply| LeaseMsg::Acquire { reply: Some(reply) }).await? {
+        match self
+            .ask(|reply| LeaseMsg::Acquire { reply: Some(reply) })
+            .await?
+        {
             (Acquired::Granted { token }, _) => Ok(token),
             (Acquired::NotGranted { .. }, _) => unreachable!("Acquire answers only grants"),
         }

@@ -49,7 +49,9 @@ mod timing_tests;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 
-pub use actor::{AcquireReply, Acquired, LeaseActor, LeaseActorState, LeaseMsg, LeaseSpec, LeaseView};
+pub use actor::{
+    AcquireReply, Acquired, LeaseActor, LeaseActorState, LeaseMsg, LeaseSpec, LeaseView,
+};
 pub use config::{LeaseSection, TenureConfig};
 pub use error::{ConfigError, LeaseError, StoreError};
 pub use events::{LeaseEvent, LeaseEventSink, LeaseGranted, LeaseLost};

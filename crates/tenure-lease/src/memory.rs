@@ -36,6 +36,7 @@ pub enum Fault {
 #[derive(Debug)]
 struct Grant {
     owner: String,
+    instance: String,
     token: u64,
     expires_at: Instant,
     version: u64,
@@ -127,6 +128,7 @@ fn record(name: &str, g: &Grant, now: Instant) -> LeaseRecord {
     LeaseRecord {
         name: name.to_string(),
         owner: g.owner.clone(),
+        instance: g.instance.clone(),
         token: g.token,
         expires_in: g.expires_at.saturating_duration_since(now),
         version: g.version,
@@ -157,6 +159,7 @@ impl LeaseStore for MemoryStore {
         let b = &mut *b;
         if let Some(g) = b.grants.get_mut(&req.name)
             && g.expires_at > now
+            && !(g.owner == req.owner && g.instance != req.instance)
         {
             if g.owner != req.owner {
                 return Ok(AcquireOutcome::Held(record(&req.name, g, now)));
@@ -172,6 +175,7 @@ impl LeaseStore for MemoryStore {
         *counter += 1;
         let grant = Grant {
             owner: req.owner.clone(),
+            instance: req.instance.clone(),
             token: *counter,
             expires_at: now + req.ttl,
             version: 1,

@@ -81,14 +81,16 @@ const SEPARATORS: [char; 4] = ['~', '_', '-', '.'];
 /// every node maps a name alike; the hash keeps distinct names distinct. A name that
 /// already has the shape of a sanitised name is hashed too, so it cannot alias one.
 pub fn store_name(name: &str, rules: &NameRules) -> String {
-    let verbatim = name.len() <= rules.max_len
-        && name.chars().all(rules.allowed)
-        && !looks_sanitised(name);
+    let verbatim =
+        name.len() <= rules.max_len && name.chars().all(rules.allowed) && !looks_sanitised(name);
     if verbatim {
         return name.to_string();
     }
     let digest = Sha256::digest(name.as_bytes());
-    let hash: String = digest[..HASH_HEX / 2].iter().map(|b| format!("{b:02x}")).collect();
+    let hash: String = digest[..HASH_HEX / 2]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
     let pick = |options: &[char]| options.iter().copied().find(|c| (rules.allowed)(*c));
     let sep = pick(&SEPARATORS).unwrap_or('x');
     let filler = pick(&['_', '-', '.']).unwrap_or('x');
@@ -143,7 +145,10 @@ mod tests {
         let long1 = store_name(&"x".repeat(100), &rules);
         let long2 = store_name(&"x".repeat(101), &rules);
         assert_ne!(long1, long2);
-        assert!(long1.len() <= 40 && long1.chars().all(rules.allowed), "{long1}");
+        assert!(
+            long1.len() <= 40 && long1.chars().all(rules.allowed),
+            "{long1}"
+        );
         // A verbatim name shaped like a sanitised one is hashed too.
         let shaped = format!("a_{}", &a[a.len() - 16..]);
         assert_ne!(store_name(&shaped, &rules), shaped);
@@ -151,7 +156,12 @@ mod tests {
 
     #[test]
     fn empty_and_control_names_are_rejected() {
-        assert!(check_lease_name("").unwrap_err().to_string().contains("must not be empty"));
+        assert!(
+            check_lease_name("")
+                .unwrap_err()
+                .to_string()
+                .contains("must not be empty")
+        );
         assert!(check_lease_name("a\nb").is_err());
         assert!(check_lease_name("ok-name").is_ok());
     }

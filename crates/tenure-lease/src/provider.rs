@@ -55,7 +55,11 @@ impl StoreRegistry {
 
     /// The registered kinds, comma-separated.
     pub fn kinds(&self) -> String {
-        self.factories.keys().copied().collect::<Vec<_>>().join(", ")
+        self.factories
+            .keys()
+            .copied()
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 }
 
@@ -80,11 +84,13 @@ impl LeaseProvider {
     pub fn new(config: TenureConfig, registry: StoreRegistry) -> Result<Self, ConfigError> {
         for name in config.lease_section_names()? {
             let section = config.lease_section(&name)?;
-            registry.get(&section.store).ok_or_else(|| ConfigError::UnknownStore {
-                key: format!("{}.store", section.key()),
-                kind: section.store.clone(),
-                known: registry.kinds(),
-            })?;
+            registry
+                .get(&section.store)
+                .ok_or_else(|| ConfigError::UnknownStore {
+                    key: format!("{}.store", section.key()),
+                    kind: section.store.clone(),
+                    known: registry.kinds(),
+                })?;
         }
         // Options are checked for sections that are used (the reference defines sections
         // of every built-in kind, which a user need not have set up).
@@ -103,13 +109,14 @@ impl LeaseProvider {
     /// The resolved section `name` with its options checked by its store kind.
     pub fn section(&self, name: &str) -> Result<LeaseSection, ConfigError> {
         let section = self.config.lease_section(name)?;
-        let factory = self.registry.get(&section.store).ok_or_else(|| {
-            ConfigError::UnknownStore {
-                key: format!("{}.store", section.key()),
-                kind: section.store.clone(),
-                known: self.registry.kinds(),
-            }
-        })?;
+        let factory =
+            self.registry
+                .get(&section.store)
+                .ok_or_else(|| ConfigError::UnknownStore {
+                    key: format!("{}.store", section.key()),
+                    kind: section.store.clone(),
+                    known: self.registry.kinds(),
+                })?;
         factory.check(&section)?;
         Ok(section)
     }
@@ -177,7 +184,14 @@ impl LeaseProvider {
 
     /// Releases and forgets every lease this provider loaded.
     pub async fn shutdown(&self) {
-        let leases: Vec<Lease> = self.loaded.lock().await.leases.drain().map(|(_, l)| l).collect();
+        let leases: Vec<Lease> = self
+            .loaded
+            .lock()
+            .await
+            .leases
+            .drain()
+            .map(|(_, l)| l)
+            .collect();
         for lease in leases {
             if let Err(e) = lease.release().await {
                 tracing::warn!(lease = lease.name(), error = %e, "release at shutdown failed");

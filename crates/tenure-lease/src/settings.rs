@@ -38,7 +38,8 @@ impl Default for LeaseSettings {
             .get("lease")
             .and_then(|v| v.as_table())
             .expect("reference.toml has a [lease] table");
-        LeaseSettings::from_table("lease", table).expect("reference.toml [lease] settings are valid")
+        LeaseSettings::from_table("lease", table)
+            .expect("reference.toml [lease] settings are valid")
     }
 }
 
@@ -89,7 +90,10 @@ impl LeaseSettings {
         let key = |k: &str| format!("{key_prefix}.{k}");
         let show = |d: Duration| humantime::format_duration(d).to_string();
         if self.heartbeat_timeout.is_zero() {
-            return Err(ConfigError::invalid(key("heartbeat-timeout"), "must be > 0"));
+            return Err(ConfigError::invalid(
+                key("heartbeat-timeout"),
+                "must be > 0",
+            ));
         }
         if self.heartbeat_interval * 2 >= self.heartbeat_timeout {
             return Err(ConfigError::invalid(
@@ -102,10 +106,16 @@ impl LeaseSettings {
             ));
         }
         if self.lease_operation_timeout.is_zero() {
-            return Err(ConfigError::invalid(key("lease-operation-timeout"), "must be > 0"));
+            return Err(ConfigError::invalid(
+                key("lease-operation-timeout"),
+                "must be > 0",
+            ));
         }
         if self.lease_retry_interval.is_zero() {
-            return Err(ConfigError::invalid(key("lease-retry-interval"), "must be > 0"));
+            return Err(ConfigError::invalid(
+                key("lease-retry-interval"),
+                "must be > 0",
+            ));
         }
         if self.safety_margin + self.heartbeat_interval >= self.heartbeat_timeout {
             return Err(ConfigError::invalid(
@@ -154,7 +164,10 @@ mod tests {
         let err = LeaseSettings::with_timeout(Duration::from_secs(10))
             .validate("lease.x")
             .unwrap_err();
-        assert!(err.to_string().contains("lease.x.heartbeat-interval"), "{err}");
+        assert!(
+            err.to_string().contains("lease.x.heartbeat-interval"),
+            "{err}"
+        );
     }
 
     #[test]

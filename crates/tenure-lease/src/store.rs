@@ -23,6 +23,8 @@ pub struct LeaseRecord {
     pub name: String,
     /// The holder.
     pub owner: String,
+    /// The holder instance (one LeaseActor's grant attempt) the grant belongs to.
+    pub instance: String,
     /// The fencing token of the holder's grant: strictly greater than every earlier grant's
     /// token for this name, across holders, expiries, releases and store restarts.
     pub token: u64,
@@ -39,6 +41,11 @@ pub struct LeaseRecord {
 pub struct AcquireRequest {
     pub name: String,
     pub owner: String,
+    /// Which holder instance of `owner` asks. Reentrancy is per instance: the same owner and
+    /// instance get the same token back; another instance of the same owner (a restarted
+    /// actor, a new grant after a loss) takes the lease over with a **new** token, so that
+    /// nothing the old instance still does (a late release, a renewal) can touch it.
+    pub instance: String,
     /// The time-to-live to give the grant, counted from when the store processes the request.
     pub ttl: Duration,
     /// Free text to keep with the grant (who and why), shown by `tenure lease show`.
@@ -94,8 +101,9 @@ pub trait LeaseStore: Send + Sync + 'static {
         NameRules::default()
     }
 
-    /// Grants the lease if it is free, expired, or already held by `req.owner` (then with
-    /// the same token and a fresh expiry). `Ok(Held)` only when another owner certainly
+    /// Grants the lease if it is free or expired (new token), already held by `req.owner`
+    /// and `req.instance` (same token, fresh expiry), or held by another instance of
+    /// `req.owner` (new token: taken over). `Ok(Held)` only when another owner certainly
     /// holds an unexpired grant.
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError>;
 

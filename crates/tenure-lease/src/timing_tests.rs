@@ -31,7 +31,11 @@ fn recording_sink() -> (LeaseEventSink, Log) {
     )
 }
 
-async fn started(store: &MemoryStore, name: &str, owner: &str) -> (ActorRef<LeaseMsg>, crate::LeaseView, Log) {
+async fn started(
+    store: &MemoryStore,
+    name: &str,
+    owner: &str,
+) -> (ActorRef<LeaseMsg>, crate::LeaseView, Log) {
     let (sink, log) = recording_sink();
     let spec = LeaseSpec::new(name, owner, Arc::new(store.clone()), settings()).unwrap();
     let (actor, view) = LeaseActor::start(spec, sink, None).await.unwrap();
@@ -39,7 +43,10 @@ async fn started(store: &MemoryStore, name: &str, owner: &str) -> (ActorRef<Leas
 }
 
 async fn try_acquire(actor: &ActorRef<LeaseMsg>) -> Acquired {
-    ractor::call!(actor, LeaseMsg::TryAcquire).unwrap().unwrap().0
+    ractor::call!(actor, LeaseMsg::TryAcquire)
+        .unwrap()
+        .unwrap()
+        .0
 }
 
 fn lost_events(log: &Log) -> Vec<(Instant, crate::LeaseLost)> {
@@ -57,7 +64,10 @@ fn lost_events(log: &Log) -> Vec<(Instant, crate::LeaseLost)> {
 async fn renewals_keep_the_lease_for_many_ttls() {
     let store = MemoryStore::new();
     let (actor, view, log) = started(&store, "a", "node-1").await;
-    assert!(matches!(try_acquire(&actor).await, Acquired::Granted { token: 1 }));
+    assert!(matches!(
+        try_acquire(&actor).await,
+        Acquired::Granted { token: 1 }
+    ));
     for _ in 0..100 {
         sleep(Duration::from_millis(500)).await;
         assert!(view.check_lease());
@@ -73,7 +83,10 @@ async fn loss_when(fault: Fault) {
     let store = MemoryStore::new();
     let (actor, view, log) = started(&store, "a", "node-1").await;
     let sent = Instant::now();
-    assert!(matches!(try_acquire(&actor).await, Acquired::Granted { .. }));
+    assert!(matches!(
+        try_acquire(&actor).await,
+        Acquired::Granted { .. }
+    ));
     sleep(Duration::from_millis(2500)).await;
     store.set_fault(fault);
     let last_renewal_sent = sent + Duration::from_secs(2); // grid ticks at 1 s, 2 s
@@ -83,7 +96,10 @@ async fn loss_when(fault: Fault) {
     assert_eq!(lost.len(), 1, "exactly one loss: {lost:?}");
     let (at, ev) = &lost[0];
     assert_eq!(ev.reason, LostReason::Expired);
-    assert!(*at <= deadline, "lost at {at:?} after the deadline {deadline:?}");
+    assert!(
+        *at <= deadline,
+        "lost at {at:?} after the deadline {deadline:?}"
+    );
     assert!(
         *at < last_renewal_sent + settings().heartbeat_timeout,
         "lost after the store could have re-granted"
@@ -105,7 +121,9 @@ async fn hanging_renewals_lose_the_lease_by_the_deadline() {
 async fn store_saying_not_held_loses_at_once() {
     let store = MemoryStore::new();
     let (actor, view, log) = started(&store, "a", "node-1").await;
-    let Acquired::Granted { token } = try_acquire(&actor).await else { panic!() };
+    let Acquired::Granted { token } = try_acquire(&actor).await else {
+        panic!()
+    };
     // Someone removes our grant behind our back (an operator, a store restore).
     assert!(store.release("a", "node-1", token).await.unwrap());
     let removed = Instant::now();
@@ -113,16 +131,20 @@ async fn store_saying_not_held_loses_at_once() {
     let lost = lost_events(&log);
     assert_eq!(lost.len(), 1);
     assert_eq!(lost[0].1.reason, LostReason::NotHeld);
-    assert!(lost[0].0 <= removed + Duration::from_millis(1100), "noticed at the next renewal");
+    assert!(
+        lost[0].0 <= removed + Duration::from_millis(1100),
+        "noticed at the next renewal"
+    );
     assert!(!view.check_lease());
 }
 
 #[tokio::test(start_paused = true)]
 async fn no_signal_before_acquire_completes_and_one_per_grant() {
     let store = MemoryStore::new();
-    let lease = Lease::start(LeaseSpec::new("a", "node-1", Arc::new(store.clone()), settings()).unwrap())
-        .await
-        .unwrap();
+    let lease =
+        Lease::start(LeaseSpec::new("a", "node-1", Arc::new(store.clone()), settings()).unwrap())
+            .await
+            .unwrap();
     // The store answers just before the validity runs out (operation timeout is 0.5 s,
     // so use a wider one here).
     let mut s = settings();
@@ -136,7 +158,10 @@ async fn no_signal_before_acquire_completes_and_one_per_grant() {
     let (r, c) = (returned.clone(), calls.clone());
     let got = lease2
         .acquire_with_lost(move |_| {
-            assert!(r.load(std::sync::atomic::Ordering::SeqCst), "lost before acquire returned");
+            assert!(
+                r.load(std::sync::atomic::Ordering::SeqCst),
+                "lost before acquire returned"
+            );
             c.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         })
         .await
@@ -156,18 +181,31 @@ async fn no_signal_before_acquire_completes_and_one_per_grant() {
         })
         .await
         .unwrap_err();
-    assert!(matches!(err, crate::LeaseError::Timeout { operation: "acquire", .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            crate::LeaseError::Timeout {
+                operation: "acquire",
+                ..
+            }
+        ),
+        "{err}"
+    );
     sleep(Duration::from_secs(60)).await;
     assert_eq!(lost.load(std::sync::atomic::Ordering::SeqCst), 0);
     assert!(!lease.check_lease());
 
     // A new grant after a loss gets a higher token and its own single loss.
     store.set_fault(Fault::None);
-    let Acquired::Granted { token: t1 } = lease.acquire().await.unwrap() else { panic!() };
+    let Acquired::Granted { token: t1 } = lease.acquire().await.unwrap() else {
+        panic!()
+    };
     store.set_fault(Fault::FailRenewals);
     sleep(Duration::from_secs(20)).await;
     store.set_fault(Fault::None);
-    let Acquired::Granted { token: t2 } = lease.acquire().await.unwrap() else { panic!() };
+    let Acquired::Granted { token: t2 } = lease.acquire().await.unwrap() else {
+        panic!()
+    };
     assert!(t2 > t1);
 }
 
@@ -192,7 +230,10 @@ async fn release_frees_without_a_loss_signal() {
     assert!(store.read("a").await.unwrap().is_none());
     sleep(Duration::from_secs(30)).await;
     assert!(lost_events(&log).is_empty());
-    assert!(!ractor::call!(actor, LeaseMsg::Release).unwrap().unwrap(), "nothing held");
+    assert!(
+        !ractor::call!(actor, LeaseMsg::Release).unwrap().unwrap(),
+        "nothing held"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -209,7 +250,9 @@ async fn keeps_trying_until_granted() {
     sleep(Duration::from_secs(3)).await;
     assert!(view.check_lease());
     let events = log.lock().unwrap().clone();
-    assert!(matches!(&events[..], [(at, LeaseEvent::Granted(g))] if g.token == 2 && *at <= freed + settings().lease_retry_interval));
+    assert!(
+        matches!(&events[..], [(at, LeaseEvent::Granted(g))] if g.token == 2 && *at <= freed + settings().lease_retry_interval)
+    );
 }
 
 /// A supervisor that is killed: its LeaseActor is killed with it (no post_stop), and the
@@ -237,7 +280,10 @@ async fn killed_supervisor_releases_the_lease() {
     sup.kill();
     handle.await.unwrap();
     sleep(Duration::from_millis(100)).await;
-    assert!(store.read("a").await.unwrap().is_none(), "released although post_stop was skipped");
+    assert!(
+        store.read("a").await.unwrap().is_none(),
+        "released although post_stop was skipped"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -247,8 +293,17 @@ async fn one_store_round_trip_per_interval_for_many_leases() {
     let batcher = RenewalBatcher::new(shared.clone(), "node-1".into(), settings());
     let mut actors = Vec::new();
     for i in 0..300 {
-        let spec = LeaseSpec::with_batcher(&format!("l{i}"), "node-1", shared.clone(), settings(), batcher.clone()).unwrap();
-        let (actor, view) = LeaseActor::start(spec, LeaseEventSink::ignore(), None).await.unwrap();
+        let spec = LeaseSpec::with_batcher(
+            &format!("l{i}"),
+            "node-1",
+            shared.clone(),
+            settings(),
+            batcher.clone(),
+        )
+        .unwrap();
+        let (actor, view) = LeaseActor::start(spec, LeaseEventSink::ignore(), None)
+            .await
+            .unwrap();
         try_acquire(&actor).await;
         actors.push((actor, view));
         advance(Duration::from_millis(7)).await;
@@ -258,4 +313,49 @@ async fn one_store_round_trip_per_interval_for_many_leases() {
     sleep(Duration::from_secs(10)).await;
     assert_eq!(store.renew_calls() - before, 10);
     assert!(actors.iter().all(|(_, v)| v.check_lease()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stale_instance_of_the_same_owner_cannot_free_its_successor() {
+    let store = MemoryStore::new();
+    let (old, old_view, old_log) = started(&store, "a", "node-1").await;
+    let Acquired::Granted { token: t1 } = try_acquire(&old).await else {
+        panic!()
+    };
+    // A restarted actor of the same owner takes over with a new token.
+    let (new, new_view, _) = started(&store, "a", "node-1").await;
+    let Acquired::Granted { token: t2 } = try_acquire(&new).await else {
+        panic!()
+    };
+    assert!(t2 > t1);
+    // The old actor's release (as from a killed actor's Drop) does not free it.
+    assert!(!ractor::call!(old, LeaseMsg::Release).unwrap().unwrap());
+    let rec = store.read("a").await.unwrap().expect("still held");
+    assert_eq!(rec.token, t2);
+    assert!(new_view.check_lease() && !old_view.check_lease());
+    sleep(Duration::from_secs(3)).await;
+    assert!(new_view.check_lease());
+    assert!(lost_events(&old_log).is_empty(), "released, not lost");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_grant_replaced_behind_our_back_is_announced_lost_first() {
+    let store = MemoryStore::new();
+    let (actor, _view, log) = started(&store, "a", "node-1").await;
+    let Acquired::Granted { token: t1 } = try_acquire(&actor).await else {
+        panic!()
+    };
+    // An operator releases it, then the actor is asked to acquire again before its next
+    // renewal noticed: the old grant is announced lost before the new one is announced.
+    assert!(store.release("a", "node-1", t1).await.unwrap());
+    let Acquired::Granted { token: t2 } = try_acquire(&actor).await else {
+        panic!()
+    };
+    assert!(t2 > t1);
+    let events: Vec<LeaseEvent> = log.lock().unwrap().iter().map(|(_, e)| e.clone()).collect();
+    assert!(
+        matches!(&events[..], [LeaseEvent::Granted(a), LeaseEvent::Lost(l), LeaseEvent::Granted(b)]
+            if a.token == t1 && l.token == t1 && l.reason == LostReason::NotHeld && b.token == t2),
+        "{events:?}"
+    );
 }

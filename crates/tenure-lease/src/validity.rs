@@ -70,25 +70,24 @@ impl Belief {
     /// arrived. Call [`Belief::expire_due`] first, so that a lapsed grant is announced as lost.
     pub fn grant(&mut self, token: u64, sent_at: Instant, now: Instant) -> GrantEffect {
         let deadline = sent_at + self.validity;
+        if let Some(h) = &mut self.held
+            && h.token == token
+            && now < h.deadline
+        {
+            h.deadline = h.deadline.max(deadline);
+            return GrantEffect::Same(*h);
+        }
         if deadline <= now {
             return GrantEffect::TooLate;
         }
-        match &mut self.held {
-            Some(h) if h.token == token => {
-                h.deadline = h.deadline.max(deadline);
-                GrantEffect::Same(*h)
-            }
-            _ => {
-                self.generations += 1;
-                let h = Held {
-                    generation: self.generations,
-                    token,
-                    deadline,
-                };
-                self.held = Some(h);
-                GrantEffect::New(h)
-            }
-        }
+        self.generations += 1;
+        let h = Held {
+            generation: self.generations,
+            token,
+            deadline,
+        };
+        self.held = Some(h);
+        GrantEffect::New(h)
     }
 
     /// The store renewed generation `generation` in answer to a request sent at `sent_at`.
@@ -130,6 +129,16 @@ impl Belief {
         self.held.filter(|h| now < h.deadline)
     }
 
+    /// The generation the next grant answer belongs to: the current one while held (a
+    /// reentrant acquire), a new one otherwise. Stores key reentrancy on it, so a grant
+    /// after a loss or release always gets a new token.
+    pub fn attempt_generation(&self) -> u64 {
+        match self.held {
+            Some(h) => h.generation,
+            None => self.generations + 1,
+        }
+    }
+
     /// The grant believed, ignoring whether its deadline has passed yet.
     pub fn held(&self) -> Option<Held> {
         self.held
@@ -160,7 +169,9 @@ mod tests {
     fn renewals_extend_only_the_current_generation() {
         let t = Instant::now();
         let mut b = Belief::new(Duration::from_millis(900));
-        let GrantEffect::New(h) = b.grant(1, t, t) else { panic!() };
+        let GrantEffect::New(h) = b.grant(1, t, t) else {
+            panic!()
+        };
         assert!(b.renewed(h.generation, at(t, 400), at(t, 450)));
         assert_eq!(b.current(t).unwrap().deadline, at(t, 1300));
         // A late answer to an older request never moves the deadline back.
@@ -173,7 +184,9 @@ mod tests {
     fn a_lapsed_grant_is_never_revived() {
         let t = Instant::now();
         let mut b = Belief::new(Duration::from_millis(900));
-        let GrantEffect::New(h) = b.grant(1, t, t) else { panic!() };
+        let GrantEffect::New(h) = b.grant(1, t, t) else {
+            panic!()
+        };
         // The renewal was sent in time but its answer arrives after the deadline.
         assert!(!b.renewed(h.generation, at(t, 800), at(t, 950)));
         assert!(b.current(at(t, 950)).is_none());
@@ -185,8 +198,12 @@ mod tests {
     fn reentrant_grant_keeps_generation() {
         let t = Instant::now();
         let mut b = Belief::new(Duration::from_millis(900));
-        let GrantEffect::New(h) = b.grant(5, t, t) else { panic!() };
-        let GrantEffect::Same(h2) = b.grant(5, at(t, 100), at(t, 100)) else { panic!() };
+        let GrantEffect::New(h) = b.grant(5, t, t) else {
+            panic!()
+        };
+        let GrantEffect::Same(h2) = b.grant(5, at(t, 100), at(t, 100)) else {
+            panic!()
+        };
         assert_eq!(h.generation, h2.generation);
         assert_eq!(h2.deadline, at(t, 1000));
         assert_eq!(b.grant(5, at(t, 0), at(t, 2000)), GrantEffect::TooLate);
@@ -196,7 +213,9 @@ mod tests {
     fn not_held_ends_only_its_generation() {
         let t = Instant::now();
         let mut b = Belief::new(Duration::from_millis(900));
-        let GrantEffect::New(h) = b.grant(1, t, t) else { panic!() };
+        let GrantEffect::New(h) = b.grant(1, t, t) else {
+            panic!()
+        };
         assert_eq!(b.not_held(h.generation + 1), None);
         assert_eq!(b.not_held(h.generation), Some(h));
         assert_eq!(b.not_held(h.generation), None);

@@ -6,7 +6,9 @@ use rustix::time::{ClockId, clock_gettime};
 /// back, and the clock tokio's `Instant` reads on Linux.
 pub(crate) fn now_ns() -> i64 {
     let ts = clock_gettime(ClockId::Monotonic);
-    ts.tv_sec.saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec)
+    ts.tv_sec
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec)
 }
 
 const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";

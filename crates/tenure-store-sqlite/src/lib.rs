@@ -18,6 +18,12 @@
 
 mod clock;
 mod schema;
+pub mod sql;
 mod store;
+
+/// The host-wide monotonic clock expiry is measured on, in nanoseconds.
+pub fn monotonic_now_ns() -> i64 {
+    clock::now_ns()
+}
 
 pub use store::{SqliteStore, SqliteStoreFactory};

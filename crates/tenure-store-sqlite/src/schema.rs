@@ -9,6 +9,7 @@ pub(crate) const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS tenure_lease (
     name       TEXT PRIMARY KEY,
     owner      TEXT NOT NULL,
+    instance   TEXT NOT NULL,
     token      INTEGER NOT NULL,
     expires_at INTEGER NOT NULL,  -- CLOCK_MONOTONIC nanoseconds of the boot in tenure_meta
     version    INTEGER NOT NULL,
@@ -29,6 +30,15 @@ CREATE TABLE IF NOT EXISTS tenure_meta (
 /// every grant (their deadlines were measured on the previous boot's clock).
 pub(crate) fn migrate(conn: &mut Connection, boot_id: &str) -> rusqlite::Result<()> {
     conn.execute_batch(SCHEMA)?;
+    // Files made before holder instances existed get the column.
+    let has_instance = conn
+        .prepare("SELECT 1 FROM pragma_table_info('tenure_lease') WHERE name = 'instance'")?
+        .exists([])?;
+    if !has_instance {
+        conn.execute_batch(
+            "ALTER TABLE tenure_lease ADD COLUMN instance TEXT NOT NULL DEFAULT ''",
+        )?;
+    }
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let recorded: Option<String> = tx
         .query_row(
@@ -44,7 +54,10 @@ pub(crate) fn migrate(conn: &mut Connection, boot_id: &str) -> rusqlite::Result<
     if recorded.as_deref() != Some(boot_id) {
         let dropped = tx.execute("DELETE FROM tenure_lease", [])?;
         if recorded.is_some() {
-            tracing::info!(dropped, "host rebooted since the lease file was last used: all grants expired");
+            tracing::info!(
+                dropped,
+                "host rebooted since the lease file was last used: all grants expired"
+            );
         }
         tx.execute(
             "INSERT INTO tenure_meta (key, value) VALUES ('boot_id', ?1)

@@ -14,6 +14,7 @@ use tenure_lease::{
 
 use crate::clock::{boot_id, now_ns};
 use crate::schema::migrate;
+use crate::sql;
 
 /// A lease store in one SQLite file. Cloning shares the connection.
 #[derive(Clone)]
@@ -24,7 +25,9 @@ pub struct SqliteStore {
 
 impl std::fmt::Debug for SqliteStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SqliteStore").field("path", &self.path).finish()
+        f.debug_struct("SqliteStore")
+            .field("path", &self.path)
+            .finish()
     }
 }
 
@@ -46,21 +49,39 @@ pub(crate) fn check_path(path: &Path) -> Result<(), ConfigError> {
         _ => PathBuf::from("."),
     };
     match std::fs::metadata(&dir) {
-        Err(e) => return Err(path_error(path, format!("directory {} is not usable: {e}", dir.display()))),
-        Ok(m) if !m.is_dir() => return Err(path_error(path, format!("{} is not a directory", dir.display()))),
+        Err(e) => {
+            return Err(path_error(
+                path,
+                format!("directory {} is not usable: {e}", dir.display()),
+            ));
+        }
+        Ok(m) if !m.is_dir() => {
+            return Err(path_error(
+                path,
+                format!("{} is not a directory", dir.display()),
+            ));
+        }
         Ok(_) => {}
     }
     if rustix::fs::access(&dir, rustix::fs::Access::WRITE_OK).is_err() {
         return Err(path_error(
             path,
-            format!("directory {} is not writable (SQLite needs to create its -wal and -shm files there)", dir.display()),
+            format!(
+                "directory {} is not writable (SQLite needs to create its -wal and -shm files there)",
+                dir.display()
+            ),
         ));
     }
     if let Ok(m) = std::fs::metadata(path) {
         if !m.is_file() {
             return Err(path_error(path, "exists and is not a regular file"));
         }
-        if rustix::fs::access(path, rustix::fs::Access::WRITE_OK | rustix::fs::Access::READ_OK).is_err() {
+        if rustix::fs::access(
+            path,
+            rustix::fs::Access::WRITE_OK | rustix::fs::Access::READ_OK,
+        )
+        .is_err()
+        {
             return Err(path_error(path, "exists and is not readable and writable"));
         }
     }
@@ -73,7 +94,8 @@ impl SqliteStore {
     pub fn open(path: impl AsRef<Path>, busy_timeout: Duration) -> Result<Self, ConfigError> {
         let path = path.as_ref();
         check_path(path)?;
-        let boot = boot_id().map_err(|e| path_error(path, format!("cannot read the boot id: {e}")))?;
+        let boot =
+            boot_id().map_err(|e| path_error(path, format!("cannot read the boot id: {e}")))?;
         let mut conn = Connection::open_with_flags(
             path,
             OpenFlags::SQLITE_OPEN_READ_WRITE
@@ -136,17 +158,16 @@ fn ttl_ns(ttl: Duration) -> i64 {
     i64::try_from(ttl.as_nanos()).unwrap_or(i64::MAX)
 }
 
-const COLUMNS: &str = "name, owner, token, expires_at, version, note";
-
 fn row_record(row: &rusqlite::Row<'_>, now: i64) -> rusqlite::Result<LeaseRecord> {
-    let expires_at: i64 = row.get(3)?;
+    let expires_at: i64 = row.get(4)?;
     Ok(LeaseRecord {
         name: row.get(0)?,
         owner: row.get(1)?,
-        token: row.get::<_, i64>(2)? as u64,
+        instance: row.get(2)?,
+        token: row.get::<_, i64>(3)? as u64,
         expires_in: Duration::from_nanos(expires_at.saturating_sub(now).max(0) as u64),
-        version: row.get::<_, i64>(4)? as u64,
-        note: row.get(5)?,
+        version: row.get::<_, i64>(5)? as u64,
+        note: row.get(6)?,
     })
 }
 
@@ -173,21 +194,15 @@ impl LeaseStore for SqliteStore {
             // Read the clock only once the write lock is ours: expiry counts from processing.
             let now = now_ns();
             let current = tx
-                .query_row(
-                    &format!("SELECT {COLUMNS} FROM tenure_lease WHERE name = ?1 AND expires_at > ?2"),
-                    params![req.name, now],
-                    |r| row_record(r, now),
-                )
+                .prepare_cached(sql::SELECT_CURRENT)?
+                .query_row(params![req.name, now], |r| row_record(r, now))
                 .optional()?;
             let expires_at = now.saturating_add(ttl_ns(req.ttl));
             let outcome = match current {
                 Some(rec) if rec.owner != req.owner => AcquireOutcome::Held(rec),
-                Some(rec) => {
-                    tx.execute(
-                        "UPDATE tenure_lease SET expires_at = ?2, version = version + 1,
-                         note = coalesce(?3, note) WHERE name = ?1",
-                        params![req.name, expires_at, req.note],
-                    )?;
+                Some(rec) if rec.instance == req.instance => {
+                    tx.prepare_cached(sql::EXTEND)?
+                        .execute(params![req.name, expires_at, req.note])?;
                     AcquireOutcome::Granted(LeaseRecord {
                         expires_in: req.ttl,
                         version: rec.version + 1,
@@ -195,22 +210,23 @@ impl LeaseStore for SqliteStore {
                         ..rec
                     })
                 }
-                None => {
-                    let token: i64 = tx.query_row(
-                        "INSERT INTO tenure_fence (name, last_token) VALUES (?1, 1)
-                         ON CONFLICT (name) DO UPDATE SET last_token = last_token + 1
-                         RETURNING last_token",
-                        params![req.name],
-                        |r| r.get(0),
-                    )?;
-                    tx.execute(
-                        "INSERT OR REPLACE INTO tenure_lease (name, owner, token, expires_at, version, note)
-                         VALUES (?1, ?2, ?3, ?4, 1, ?5)",
-                        params![req.name, req.owner, token, expires_at, req.note],
-                    )?;
+                // Free, expired, or held by another instance of this owner: a new grant.
+                _ => {
+                    let token: i64 = tx
+                        .prepare_cached(sql::NEXT_TOKEN)?
+                        .query_row(params![req.name], |r| r.get(0))?;
+                    tx.prepare_cached(sql::INSERT_GRANT)?.execute(params![
+                        req.name,
+                        req.owner,
+                        token,
+                        expires_at,
+                        req.note,
+                        req.instance
+                    ])?;
                     AcquireOutcome::Granted(LeaseRecord {
                         name: req.name.clone(),
                         owner: req.owner.clone(),
+                        instance: req.instance.clone(),
                         token: token as u64,
                         expires_in: req.ttl,
                         version: 1,
@@ -242,12 +258,7 @@ impl LeaseStore for SqliteStore {
             let now = now_ns();
             // One statement for the whole batch, however many leases.
             let renewed: std::collections::HashSet<(String, i64)> = {
-                let mut stmt = tx.prepare_cached(
-                    "UPDATE tenure_lease SET expires_at = ?3, version = version + 1
-                     WHERE owner = ?1 AND expires_at > ?2 AND (name, token) IN
-                       (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(?4))
-                     RETURNING name, token",
-                )?;
+                let mut stmt = tx.prepare_cached(sql::RENEW_BATCH)?;
                 stmt.query_map(
                     params![owner, now, now.saturating_add(ttl_ns(ttl)), batch],
                     |r| Ok((r.get(0)?, r.get(1)?)),
@@ -268,10 +279,12 @@ impl LeaseStore for SqliteStore {
         self.with_conn(move |conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let now = now_ns();
-            let deleted = tx.execute(
-                "DELETE FROM tenure_lease WHERE name = ?1 AND owner = ?2 AND token = ?3 AND expires_at > ?4",
-                params![name, owner, token as i64, now],
-            )?;
+            let deleted = tx.prepare_cached(sql::RELEASE)?.execute(params![
+                name,
+                owner,
+                token as i64,
+                now
+            ])?;
             tx.commit()?;
             Ok(deleted == 1)
         })
@@ -282,12 +295,9 @@ impl LeaseStore for SqliteStore {
         let name = name.to_string();
         self.with_conn(move |conn| {
             let now = now_ns();
-            conn.query_row(
-                &format!("SELECT {COLUMNS} FROM tenure_lease WHERE name = ?1 AND expires_at > ?2"),
-                params![name, now],
-                |r| row_record(r, now),
-            )
-            .optional()
+            conn.prepare_cached(sql::SELECT_CURRENT)?
+                .query_row(params![name, now], |r| row_record(r, now))
+                .optional()
         })
         .await
     }
@@ -296,10 +306,7 @@ impl LeaseStore for SqliteStore {
         let prefix = prefix.to_string();
         self.with_conn(move |conn| {
             let now = now_ns();
-            let mut stmt = conn.prepare_cached(&format!(
-                "SELECT {COLUMNS} FROM tenure_lease
-                 WHERE substr(name, 1, length(?1)) = ?1 AND expires_at > ?2 ORDER BY name"
-            ))?;
+            let mut stmt = conn.prepare_cached(sql::LIST)?;
             stmt.query_map(params![prefix, now], |r| row_record(r, now))?
                 .collect()
         })
@@ -340,7 +347,9 @@ impl StoreFactory for SqliteStoreFactory {
         let timeout = section.settings.lease_operation_timeout;
         let store = tokio::task::spawn_blocking(move || SqliteStore::open(path, timeout))
             .await
-            .map_err(|e| ConfigError::invalid(section.key(), format!("opening the store failed: {e}")))??;
+            .map_err(|e| {
+                ConfigError::invalid(section.key(), format!("opening the store failed: {e}"))
+            })??;
         Ok(Arc::new(store))
     }
 }

@@ -32,7 +32,9 @@ struct WriteLock(#[allow(dead_code)] Connection);
 #[async_trait]
 impl Harness for SqliteHarness {
     async fn client(&self) -> Arc<dyn LeaseStore> {
-        Arc::new(SqliteStore::open(&self.path, test_settings().lease_operation_timeout).expect("open"))
+        Arc::new(
+            SqliteStore::open(&self.path, test_settings().lease_operation_timeout).expect("open"),
+        )
     }
     /// A restart of an embedded store: every connection is closed (clients are dropped by
     /// the suite before it restarts) and the file reopened.

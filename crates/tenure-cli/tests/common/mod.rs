@@ -92,7 +92,10 @@ impl Running {
             let left = end.saturating_duration_since(Instant::now());
             match self.lines.recv_timeout(left) {
                 Ok(l) => self.seen.push(l),
-                Err(_) => panic!("no line containing {needle:?} within {limit:?}; saw {:?}", self.seen),
+                Err(_) => panic!(
+                    "no line containing {needle:?} within {limit:?}; saw {:?}",
+                    self.seen
+                ),
             }
         }
     }
@@ -166,9 +169,18 @@ pub fn read_history(path: &Path) -> Vec<Entry> {
         .filter(|l| !l.trim().is_empty())
         .map(|l| {
             let mut parts = l.split_whitespace();
-            let token = parts.next().and_then(|t| t.parse().ok()).unwrap_or_else(|| panic!("bad line {l:?}"));
-            let what = parts.next().unwrap_or_else(|| panic!("bad line {l:?}")).to_string();
-            let pid = parts.next().and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("bad line {l:?}"));
+            let token = parts
+                .next()
+                .and_then(|t| t.parse().ok())
+                .unwrap_or_else(|| panic!("bad line {l:?}"));
+            let what = parts
+                .next()
+                .unwrap_or_else(|| panic!("bad line {l:?}"))
+                .to_string();
+            let pid = parts
+                .next()
+                .and_then(|p| p.parse().ok())
+                .unwrap_or_else(|| panic!("bad line {l:?}"));
             Entry { token, what, pid }
         })
         .collect()
@@ -182,7 +194,9 @@ pub fn guarded_writer(history: &Path, iterations: Option<u32>) -> Vec<String> {
         Some(n) => format!(
             "i=0; while [ $i -lt {n} ]; do echo \"$TENURE_LEASE_TOKEN start $$\" >> {h}; sleep 0.02; echo \"$TENURE_LEASE_TOKEN end $$\" >> {h}; i=$((i+1)); done"
         ),
-        None => format!("while true; do echo \"$TENURE_LEASE_TOKEN tick $$\" >> {h}; sleep 0.02; done"),
+        None => {
+            format!("while true; do echo \"$TENURE_LEASE_TOKEN tick $$\" >> {h}; sleep 0.02; done")
+        }
     };
     vec!["sh".into(), "-c".into(), body]
 }

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The test command of README.md: installs what the tests need, then checks formatting,
+# lints and runs every test of the workspace.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Tests need: cargo (with rustfmt and clippy), a C compiler for bundled SQLite, and
+# util-linux's runuser (to check a read-only directory as an unprivileged user).
+need=()
+command -v cc >/dev/null || need+=(gcc)
+command -v runuser >/dev/null || need+=(util-linux)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
+  else
+    sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
+  fi
+fi
+
+cargo fmt --all --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo test --workspace --locked

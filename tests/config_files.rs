@@ -1,0 +1,67 @@
+//! Every config file shipped in config/ loads, and every lease section in it opens.
+
+use std::path::Path;
+
+#[tokio::test]
+async fn shipped_configs_load_and_open() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&dir).expect("config dir") {
+        let path = entry.expect("entry").path();
+        if path.extension().and_then(|e| e.to_str()) != Some("toml") {
+            continue;
+        }
+        let mut config = tenure::TenureConfig::reference();
+        config
+            .merge_file(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        config
+            .validate()
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let provider =
+            tenure::provider(config).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let default = provider
+            .config()
+            .default_lease_section()
+            .expect("default section");
+        provider
+            .section(&default)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        checked += 1;
+    }
+    assert!(checked >= 3, "reference and examples: {checked}");
+}
+
+#[tokio::test]
+async fn same_triple_gives_the_same_lease() {
+    let config = tenure::TenureConfig::from_toml_str(
+        "[lease.t]\nstore = \"memory\"\nnamespace = \"triple\"\nheartbeat-timeout = \"10s\"\nheartbeat-interval = \"1s\"",
+        "test",
+    )
+    .unwrap();
+    let provider = tenure::provider(config).unwrap();
+    let a = provider.lease("x", "t", "n1:1").await.unwrap();
+    let b = provider.lease("x", "t", "n1:1").await.unwrap();
+    let c = provider.lease("x", "t", "n2:1").await.unwrap();
+    assert!(matches!(
+        a.acquire().await.unwrap(),
+        tenure::Acquired::Granted { .. }
+    ));
+    assert!(b.check_lease(), "same instance shares the grant");
+    assert!(!c.check_lease());
+    assert!(
+        matches!(c.acquire().await.unwrap(), tenure::Acquired::NotGranted { holder: Some(h) } if h == "n1:1")
+    );
+    let err = provider
+        .lease("", "t", "n1:1")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("must not be empty"), "{err}");
+    let err = provider
+        .lease("x", "nope", "n1:1")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("no lease section `nope`"), "{err}");
+}
