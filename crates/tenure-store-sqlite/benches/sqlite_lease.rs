@@ -142,6 +142,16 @@ fn acquire_release(c: &mut Criterion) {
             .await
             .unwrap()
     });
+    // The same through a current-thread runtime: the actor runs on the calling thread, so
+    // only the hop to the blocking pool remains.
+    let local = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let local_lease = local.block_on(async {
+        let spec = LeaseSpec::new("api-local", "bench-owner", store.clone(), settings()).unwrap();
+        Lease::start(spec).await.unwrap()
+    });
     let mut conn = direct(&path);
     let mut g = c.benchmark_group("acquire_release");
     g.bench_function("lease_api", |b| {
@@ -152,6 +162,15 @@ fn acquire_release(c: &mut Criterion) {
                     Acquired::Granted { .. }
                 ));
                 assert!(lease.release().await.unwrap());
+            })
+        })
+    });
+    g.bench_function("lease_api_current_thread", |b| {
+        b.iter(|| {
+            local.block_on(async {
+                let got = local_lease.acquire().await.unwrap();
+                assert!(matches!(got, Acquired::Granted { .. }));
+                assert!(local_lease.release().await.unwrap());
             })
         })
     });
