@@ -125,6 +125,31 @@ async fn lease_on(store: Arc<dyn LeaseStore>, name: &str, owner: &str) -> Lease 
         .expect("lease actor starts")
 }
 
+/// Tries to acquire every 10 ms until granted (at most ten ttls); returns when the grant
+/// answer arrived and its token.
+async fn poll_until_granted(
+    store: &dyn LeaseStore,
+    name: &str,
+    owner: &str,
+    ttl: Duration,
+) -> (Instant, u64) {
+    let started = Instant::now();
+    loop {
+        match store
+            .try_acquire(&request(name, owner, ttl))
+            .await
+            .expect("acquire")
+        {
+            AcquireOutcome::Granted(r) => return (Instant::now(), r.token),
+            AcquireOutcome::Held(_) => sleep(Duration::from_millis(10)).await,
+        }
+        assert!(
+            started.elapsed() < ttl * 10,
+            "{name}: the holder's grant never expired"
+        );
+    }
+}
+
 fn granted_token(outcome: &AcquireOutcome) -> u64 {
     match outcome {
         AcquireOutcome::Granted(r) => r.token,
@@ -315,20 +340,8 @@ pub async fn expiry_and_takeover(h: &dyn Harness) {
         AcquireOutcome::Held(r) => assert_eq!((r.owner.as_str(), r.token), ("a", t1)),
         AcquireOutcome::Granted(_) => panic!("granted while a holds it"),
     }
-    let granted_at = loop {
-        match b
-            .try_acquire(&request("expiring", "b", ttl))
-            .await
-            .expect("acquire")
-        {
-            AcquireOutcome::Granted(r) => {
-                assert!(r.token > t1);
-                break Instant::now();
-            }
-            AcquireOutcome::Held(_) => sleep(Duration::from_millis(10)).await,
-        }
-        assert!(sent.elapsed() < ttl * 10, "never expired");
-    };
+    let (granted_at, t2) = poll_until_granted(&*b, "expiring", "b", ttl).await;
+    assert!(t2 > t1);
     // The grant was processed before the call returned, and a's grant was processed after
     // `sent`: b's grant cannot have come before a's ttl ran out.
     assert!(
@@ -435,24 +448,8 @@ pub async fn loss_before_takeover(h: &dyn Harness) {
     cut.set_cut(true);
     let contender = h.client().await;
     let ttl = test_settings().heartbeat_timeout;
-    let started = Instant::now();
-    let granted_at = loop {
-        match contender
-            .try_acquire(&request("partitioned", "b", ttl))
-            .await
-            .expect("acquire")
-        {
-            AcquireOutcome::Granted(r) => {
-                assert!(r.token > token);
-                break Instant::now();
-            }
-            AcquireOutcome::Held(_) => sleep(Duration::from_millis(10)).await,
-        }
-        assert!(
-            started.elapsed() < ttl * 10,
-            "the cut holder's grant never expired"
-        );
-    };
+    let (granted_at, later) = poll_until_granted(&*contender, "partitioned", "b", ttl).await;
+    assert!(later > token);
     let events = lost.lock().unwrap().clone();
     assert_eq!(events.len(), 1, "one loss signal: {events:?}");
     let (lost_at, reason) = events[0];

@@ -124,6 +124,12 @@ fn unavailable() -> StoreError {
     }
 }
 
+/// `now + ttl`, saturating far in the future instead of overflowing.
+fn expiry(now: Instant, ttl: Duration) -> Instant {
+    now.checked_add(ttl)
+        .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600))
+}
+
 fn record(name: &str, g: &Grant, now: Instant) -> LeaseRecord {
     LeaseRecord {
         name: name.to_string(),
@@ -164,7 +170,7 @@ impl LeaseStore for MemoryStore {
             if g.owner != req.owner {
                 return Ok(AcquireOutcome::Held(record(&req.name, g, now)));
             }
-            g.expires_at = now + req.ttl;
+            g.expires_at = expiry(now, req.ttl);
             g.version += 1;
             if req.note.is_some() {
                 g.note = req.note.clone();
@@ -177,7 +183,7 @@ impl LeaseStore for MemoryStore {
             owner: req.owner.clone(),
             instance: req.instance.clone(),
             token: *counter,
-            expires_at: now + req.ttl,
+            expires_at: expiry(now, req.ttl),
             version: 1,
             note: req.note.clone(),
         };
@@ -200,7 +206,7 @@ impl LeaseStore for MemoryStore {
             .iter()
             .map(|l| match b.grants.get_mut(&l.name) {
                 Some(g) if g.owner == owner && g.token == l.token && g.expires_at > now => {
-                    g.expires_at = now + ttl;
+                    g.expires_at = expiry(now, ttl);
                     g.version += 1;
                     true
                 }

@@ -22,6 +22,9 @@ pub struct LeaseSettings {
     pub safety_margin: Duration,
 }
 
+/// Longest accepted duration: far beyond any sensible lease, far below clock overflow.
+const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
 pub(crate) const TIMING_KEYS: [&str; 5] = [
     "heartbeat-timeout",
     "heartbeat-interval",
@@ -95,6 +98,20 @@ impl LeaseSettings {
                 "must be > 0",
             ));
         }
+        for (k, d) in [
+            ("heartbeat-timeout", self.heartbeat_timeout),
+            ("heartbeat-interval", self.heartbeat_interval),
+            ("lease-operation-timeout", self.lease_operation_timeout),
+            ("lease-retry-interval", self.lease_retry_interval),
+            ("safety-margin", self.safety_margin),
+        ] {
+            if d > MAX_DURATION {
+                return Err(ConfigError::invalid(
+                    key(k),
+                    format!("{} is longer than the maximum of 365 days", show(d)),
+                ));
+            }
+        }
         if self.heartbeat_interval * 2 >= self.heartbeat_timeout {
             return Err(ConfigError::invalid(
                 key("heartbeat-interval"),
@@ -166,6 +183,17 @@ mod tests {
             .unwrap_err();
         assert!(
             err.to_string().contains("lease.x.heartbeat-interval"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn absurd_durations_are_refused() {
+        let mut s = LeaseSettings::default();
+        s.heartbeat_timeout = Duration::from_secs(1 << 40);
+        let err = s.validate("lease.x").unwrap_err().to_string();
+        assert!(
+            err.contains("lease.x.heartbeat-timeout") && err.contains("365 days"),
             "{err}"
         );
     }
