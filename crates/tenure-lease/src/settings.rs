@@ -189,8 +189,10 @@ mod tests {
 
     #[test]
     fn absurd_durations_are_refused() {
-        let mut s = LeaseSettings::default();
-        s.heartbeat_timeout = Duration::from_secs(1 << 40);
+        let s = LeaseSettings {
+            heartbeat_timeout: Duration::from_secs(1 << 40),
+            ..Default::default()
+        };
         let err = s.validate("lease.x").unwrap_err().to_string();
         assert!(
             err.contains("lease.x.heartbeat-timeout") && err.contains("365 days"),
