@@ -71,12 +71,14 @@ fn no_process_is_granted_before_the_holders_ttl() {
                 break Instant::now();
             }
             Some(1) => assert!(stdout(&o).contains("owner=a")),
+            // Unknown (the store was slow): maybe granted, never counted as granted.
+            Some(2) => assert!(stderr(&o).contains("outcome is unknown"), "{}", stderr(&o)),
             other => panic!("unexpected exit {other:?}: {}", stderr(&o)),
         }
         assert!(sent.elapsed() < LIMIT, "never expired");
     };
     assert!(
-        granted_at - sent >= Duration::from_millis(1500),
+        granted_at - sent >= TTL,
         "granted {:?} after a",
         granted_at - sent
     );

@@ -10,8 +10,12 @@ use std::time::{Duration, Instant};
 
 pub const TENURE: &str = env!("CARGO_BIN_EXE_tenure");
 
-/// A temp dir with a config whose `sqlite` section has short timings:
-/// ttl 1.5 s, renewals every 300 ms, retries every 100 ms.
+/// The `heartbeat-timeout` of the sandbox config.
+pub const TTL: Duration = Duration::from_secs(3);
+
+/// A temp dir with a config whose `sqlite` section has short timings: ttl 3 s, renewals
+/// every 500 ms, retries every 100 ms, operations bounded by 2 s (headroom for a loaded
+/// 2-core machine running several of these tests at once).
 pub struct Sandbox {
     pub dir: tempfile::TempDir,
     pub config: PathBuf,
@@ -24,7 +28,7 @@ impl Sandbox {
         std::fs::write(
             &config,
             format!(
-                "[lease.sqlite]\nstore = \"sqlite\"\npath = \"{}\"\nheartbeat-timeout = \"1500ms\"\nheartbeat-interval = \"300ms\"\nlease-retry-interval = \"100ms\"\nlease-operation-timeout = \"1s\"\n",
+                "[lease.sqlite]\nstore = \"sqlite\"\npath = \"{}\"\nheartbeat-timeout = \"3s\"\nheartbeat-interval = \"500ms\"\nlease-retry-interval = \"100ms\"\nlease-operation-timeout = \"2s\"\n",
                 dir.path().join("leases.sqlite").display()
             ),
         )
