@@ -35,8 +35,6 @@ pub enum CliError {
     Config(#[from] tenure::ConfigError),
     #[error(transparent)]
     Lease(#[from] tenure::LeaseError),
-    #[error(transparent)]
-    Store(#[from] tenure::StoreError),
     #[error("{0}")]
     Command(String),
 }

@@ -1,10 +1,14 @@
 //! `tenure lease acquire|release|show|list`.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tenure::names::store_name;
-use tenure::{AcquireOutcome, AcquireRequest, Acquired, LeaseProvider, LeaseRecord, LeaseStore};
+use tenure::store::bounded;
+use tenure::{
+    AcquireOutcome, AcquireRequest, Acquired, LeaseProvider, LeaseRecord, LeaseSettings, LeaseStore,
+};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 
@@ -49,12 +53,38 @@ fn describe(r: &LeaseRecord) -> String {
     s
 }
 
-async fn store_for(
-    provider: &LeaseProvider,
-    section: Option<&str>,
-) -> Result<(Arc<dyn LeaseStore>, String), CliError> {
+/// The store of a section, with the section's timing.
+struct Opened {
+    store: Arc<dyn LeaseStore>,
+    section: String,
+    settings: LeaseSettings,
+}
+
+impl Opened {
+    /// One store call on `lease`, bounded by the section's operation timeout.
+    async fn call<T>(
+        &self,
+        lease: &str,
+        operation: &'static str,
+        call: impl Future<Output = Result<T, tenure::StoreError>>,
+    ) -> Result<T, CliError> {
+        Ok(bounded(
+            lease,
+            operation,
+            self.settings.lease_operation_timeout,
+            call,
+        )
+        .await?)
+    }
+}
+
+async fn store_for(provider: &LeaseProvider, section: Option<&str>) -> Result<Opened, CliError> {
     let section = section_of(provider, section)?;
-    Ok((provider.store(&section).await?, section))
+    Ok(Opened {
+        store: provider.store(&section).await?,
+        settings: provider.section(&section)?.settings,
+        section,
+    })
 }
 
 /// One attempt with the raw store: the grant is not renewed (no process stays to renew
@@ -65,28 +95,18 @@ pub async fn acquire_once(
     note: Option<String>,
 ) -> Result<Outcome, CliError> {
     tenure::names::check_lease_name(&target.name)?;
-    let (store, section) = store_for(provider, target.section.as_deref()).await?;
-    let settings = provider.section(&section)?.settings;
+    let opened = store_for(provider, target.section.as_deref()).await?;
     let owner = owner_of(target);
     let request = AcquireRequest {
-        name: store_name(&target.name, &store.name_rules()),
+        name: store_name(&target.name, &opened.store.name_rules()),
         owner: owner.clone(),
         instance: format!("cli-{}", std::process::id()),
-        ttl: settings.heartbeat_timeout,
+        ttl: opened.settings.heartbeat_timeout,
         note,
     };
-    let outcome = tokio::time::timeout(
-        settings.lease_operation_timeout,
-        store.try_acquire(&request),
-    )
-    .await
-    .map_err(|_| {
-        CliError::Lease(tenure::LeaseError::Timeout {
-            name: target.name.clone(),
-            operation: "acquire",
-            timeout: settings.lease_operation_timeout,
-        })
-    })??;
+    let outcome = opened
+        .call(&target.name, "acquire", opened.store.try_acquire(&request))
+        .await?;
     match outcome {
         AcquireOutcome::Granted(r) => {
             println!(
@@ -178,11 +198,13 @@ pub async fn release(provider: &LeaseProvider, target: &Target) -> Result<Outcom
             "release needs --owner (the owner the lease was acquired for)".into(),
         ));
     };
-    let (store, _) = store_for(provider, target.section.as_deref()).await?;
+    let opened = store_for(provider, target.section.as_deref()).await?;
+    let store = &opened.store;
     let name = store_name(&target.name, &store.name_rules());
-    match store.read(&name).await? {
+    match opened.call(&target.name, "read", store.read(&name)).await? {
         Some(r) if r.owner == owner => {
-            if store.release(&name, &owner, r.token).await? {
+            let released = store.release(&name, &owner, r.token);
+            if opened.call(&target.name, "release", released).await? {
                 println!("released {} (token {})", target.name, r.token);
                 Ok(Outcome::Success)
             } else {
@@ -207,8 +229,12 @@ pub async fn show(
     section: Option<&str>,
 ) -> Result<Outcome, CliError> {
     tenure::names::check_lease_name(name)?;
-    let (store, _) = store_for(provider, section).await?;
-    match store.read(&store_name(name, &store.name_rules())).await? {
+    let opened = store_for(provider, section).await?;
+    let stored = store_name(name, &opened.store.name_rules());
+    match opened
+        .call(name, "read", opened.store.read(&stored))
+        .await?
+    {
         Some(r) => {
             println!("{name} {}", describe(&r));
             Ok(Outcome::Success)
@@ -225,8 +251,11 @@ pub async fn list(
     prefix: &str,
     section: Option<&str>,
 ) -> Result<Outcome, CliError> {
-    let (store, section) = store_for(provider, section).await?;
-    let records = store.list(prefix).await?;
+    let opened = store_for(provider, section).await?;
+    let section = &opened.section;
+    let records = opened
+        .call(prefix, "list", opened.store.list(prefix))
+        .await?;
     if records.is_empty() {
         println!("no leases held in section {section} with prefix {prefix:?}");
     }

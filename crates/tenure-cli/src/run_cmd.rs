@@ -29,9 +29,9 @@ pub async fn run(
 ) -> Result<Outcome, CliError> {
     let section = section_of(provider, target.section.as_deref())?;
     let owner = owner_of(target);
-    let mut spec = provider.spec(&target.name, &section, &owner).await?;
-    spec.settings.safety_margin += grace + KILL_SLACK;
-    spec.settings
+    let mut settings = provider.section(&section)?.settings;
+    settings.safety_margin += grace + KILL_SLACK;
+    settings
         .validate(&format!("lease.{section}"))
         .map_err(|e| {
             CliError::Command(format!(
@@ -39,8 +39,9 @@ pub async fn run(
                 humantime::format_duration(grace)
             ))
         })?;
-    // This spec has its own timing, so it gets its own batcher.
-    let spec = tenure::LeaseSpec::new(&spec.name, &spec.owner, spec.store, spec.settings)?
+    // Its own timing, so its own renewal batcher rather than the section's shared one.
+    let store = provider.store(&section).await?;
+    let spec = tenure::LeaseSpec::new(&target.name, &owner, store, settings)?
         .with_note(format!("tenure lease run {}", command.join(" ")));
     let lease = Lease::start(spec).await?;
 

@@ -16,7 +16,7 @@ use crate::events::{LeaseEventSink, SharedBelief};
 use crate::names::{check_lease_name, store_name};
 use crate::renewal::{RenewAnswer, RenewalBatcher};
 use crate::settings::LeaseSettings;
-use crate::store::{AcquireOutcome, AcquireRequest, HeldLease, LeaseStore};
+use crate::store::{AcquireOutcome, AcquireRequest, HeldLease, LeaseStore, bounded};
 use crate::validity::{Belief, GrantEffect, Held};
 
 /// Everything a LeaseActor needs to hold one lease.
@@ -254,18 +254,6 @@ impl Drop for LeaseActorState {
     }
 }
 
-fn store_failure(
-    spec: &LeaseSpec,
-    operation: &'static str,
-    source: crate::StoreError,
-) -> LeaseError {
-    LeaseError::Store {
-        name: spec.name.clone(),
-        operation,
-        source,
-    }
-}
-
 /// Releases this actor's grant: the believed one (`token`), or else whatever grant of one
 /// of this actor's instances the store holds.
 async fn release_ours(
@@ -276,15 +264,13 @@ async fn release_ours(
     if let Some(token) = token {
         return release_in_store(spec, token).await;
     }
-    let timeout = spec.settings.lease_operation_timeout;
-    let record = tokio::time::timeout(timeout, spec.store.read(&spec.store_name))
-        .await
-        .map_err(|_| LeaseError::Timeout {
-            name: spec.name.clone(),
-            operation: "release",
-            timeout,
-        })?
-        .map_err(|e| store_failure(spec, "release", e))?;
+    let record = bounded(
+        &spec.name,
+        "release",
+        spec.settings.lease_operation_timeout,
+        spec.store.read(&spec.store_name),
+    )
+    .await?;
     match record {
         Some(r) if r.owner == spec.owner && r.instance.starts_with(&format!("{base}.")) => {
             release_in_store(spec, r.token).await
@@ -294,25 +280,13 @@ async fn release_ours(
 }
 
 async fn release_in_store(spec: &LeaseSpec, token: u64) -> Result<bool, LeaseError> {
-    let timeout = spec.settings.lease_operation_timeout;
-    match tokio::time::timeout(
-        timeout,
+    bounded(
+        &spec.name,
+        "release",
+        spec.settings.lease_operation_timeout,
         spec.store.release(&spec.store_name, &spec.owner, token),
     )
     .await
-    {
-        Ok(Ok(released)) => Ok(released),
-        Ok(Err(source)) => Err(LeaseError::Store {
-            name: spec.name.clone(),
-            operation: "release",
-            source,
-        }),
-        Err(_) => Err(LeaseError::Timeout {
-            name: spec.name.clone(),
-            operation: "release",
-            timeout,
-        }),
-    }
 }
 
 impl LeaseActorState {
@@ -349,23 +323,19 @@ impl LeaseActorState {
             ttl: spec.settings.heartbeat_timeout,
             note: spec.note.clone(),
         };
-        let timeout = spec.settings.lease_operation_timeout;
         let sent_at = Instant::now();
-        let answer = tokio::time::timeout(timeout, spec.store.try_acquire(&request)).await;
+        let answer = bounded(
+            &spec.name,
+            "acquire",
+            spec.settings.lease_operation_timeout,
+            spec.store.try_acquire(&request),
+        )
+        .await;
         // Anything but a certain "held by another owner" may have left a grant of ours.
-        self.maybe_in_store = !matches!(answer, Ok(Ok(AcquireOutcome::Held(_))));
+        self.maybe_in_store = !matches!(answer, Ok(AcquireOutcome::Held(_)));
         match answer {
-            Err(_) => Err(LeaseError::Timeout {
-                name: spec.name.clone(),
-                operation: "acquire",
-                timeout,
-            }),
-            Ok(Err(source)) => Err(LeaseError::Store {
-                name: spec.name.clone(),
-                operation: "acquire",
-                source,
-            }),
-            Ok(Ok(AcquireOutcome::Held(record))) => {
+            Err(e) => Err(e),
+            Ok(AcquireOutcome::Held(record)) => {
                 if let Some(h) = self.belief.held() {
                     // We believed we held it, the store says another owner does.
                     self.belief.not_held(h.generation);
@@ -377,7 +347,7 @@ impl LeaseActorState {
                     None,
                 ))
             }
-            Ok(Ok(AcquireOutcome::Granted(record))) => {
+            Ok(AcquireOutcome::Granted(record)) => {
                 match self.belief.grant(record.token, sent_at) {
                     GrantEffect::New(held) => {
                         self.on_new_grant(myself, held);

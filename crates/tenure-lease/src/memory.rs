@@ -252,7 +252,7 @@ impl LeaseStore for MemoryStore {
 }
 
 /// Opens `store = "memory"` sections. Option: `namespace` (handles with the same namespace
-/// in one process share leases).
+/// in one process share leases; default: the section name).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct MemoryStoreFactory;
 
@@ -263,24 +263,22 @@ impl StoreFactory for MemoryStoreFactory {
     }
 
     fn check(&self, section: &LeaseSection) -> Result<(), ConfigError> {
-        let key = section.key();
-        let r = TableReader::new(&key, &section.options);
-        r.reject_unknown(&["namespace"])?;
-        if section.options.contains_key("namespace") {
-            r.string("namespace")?;
-        }
-        Ok(())
+        namespace(section).map(drop)
     }
 
     async fn open(&self, section: &LeaseSection) -> Result<Arc<dyn LeaseStore>, ConfigError> {
-        self.check(section)?;
-        let key = section.key();
-        let r = TableReader::new(&key, &section.options);
-        let namespace = if section.options.contains_key("namespace") {
-            r.string("namespace")?
-        } else {
-            "default".to_string()
-        };
-        Ok(Arc::new(MemoryStore::shared(&namespace)))
+        Ok(Arc::new(MemoryStore::shared(&namespace(section)?)))
+    }
+}
+
+/// The section's `namespace` option; without one, the section name.
+fn namespace(section: &LeaseSection) -> Result<String, ConfigError> {
+    let key = section.key();
+    let r = TableReader::new(&key, &section.options);
+    r.reject_unknown(&["namespace"])?;
+    if section.options.contains_key("namespace") {
+        r.string("namespace")
+    } else {
+        Ok(section.name.clone())
     }
 }

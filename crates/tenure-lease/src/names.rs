@@ -20,11 +20,6 @@ pub fn shard_lease(system: &str, type_name: &str, shard_id: &str) -> String {
     format!("{system}-shard-{type_name}-{shard_id}")
 }
 
-/// `<system>-member-<host:port>`, a node's membership lease.
-pub fn member_lease(system: &str, node: &str) -> String {
-    format!("{system}-member-{node}")
-}
-
 /// Checks a lease name as a user gave it: non-empty, no control characters.
 pub fn check_lease_name(name: &str) -> Result<(), ConfigError> {
     if name.is_empty() {

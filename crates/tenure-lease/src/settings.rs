@@ -54,7 +54,7 @@ impl LeaseSettings {
         LeaseSettings {
             heartbeat_timeout,
             heartbeat_interval: default_interval(heartbeat_timeout),
-            safety_margin: heartbeat_timeout / 10,
+            safety_margin: default_margin(heartbeat_timeout),
             ..defaults
         }
     }
@@ -79,7 +79,7 @@ impl LeaseSettings {
             lease_operation_timeout: r.duration("lease-operation-timeout")?,
             lease_retry_interval: r.duration("lease-retry-interval")?,
             safety_margin: if margin.is_zero() {
-                heartbeat_timeout / 10
+                default_margin(heartbeat_timeout)
             } else {
                 margin
             },
@@ -152,6 +152,10 @@ impl LeaseSettings {
     pub fn validity(&self) -> Duration {
         self.heartbeat_timeout - self.safety_margin
     }
+}
+
+fn default_margin(timeout: Duration) -> Duration {
+    timeout / 10
 }
 
 fn default_interval(timeout: Duration) -> Duration {

@@ -9,11 +9,12 @@
 //! Every method's `Err` means the outcome is unknown: the operation may or may not have
 //! taken effect. A store never answers "not granted" or "not held" unless it is sure.
 
+use std::future::Future;
 use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::error::StoreError;
+use crate::error::{LeaseError, StoreError};
 use crate::names::NameRules;
 
 /// A lease record as the store holds it.
@@ -84,6 +85,29 @@ pub struct Capabilities {
     pub watch: bool,
     /// Records and fencing counters survive a restart of the store.
     pub durable: bool,
+}
+
+/// Runs one store call on lease `lease`, bounded by `timeout` (the section's
+/// `lease-operation-timeout`): past it, or on a store error, the outcome is unknown.
+pub async fn bounded<T>(
+    lease: &str,
+    operation: &'static str,
+    timeout: Duration,
+    call: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, LeaseError> {
+    match tokio::time::timeout(timeout, call).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(source)) => Err(LeaseError::Store {
+            name: lease.to_string(),
+            operation,
+            source,
+        }),
+        Err(_) => Err(LeaseError::Timeout {
+            name: lease.to_string(),
+            operation,
+            timeout,
+        }),
+    }
 }
 
 /// A lease store. Implementations must be safe to share between tasks.
