@@ -30,6 +30,7 @@
 //! [`LeaseProvider`] that loads leases by (name, config section, owner).
 
 mod actor;
+pub mod clock;
 pub mod config;
 mod error;
 mod events;

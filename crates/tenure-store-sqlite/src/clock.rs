@@ -1,14 +1,8 @@
 //! The host-wide monotonic clock expiry is measured on.
 
-use rustix::time::{ClockId, clock_gettime};
-
-/// Nanoseconds of `CLOCK_MONOTONIC`: the same for every process of the host, never going
-/// back, and the clock tokio's `Instant` reads on Linux.
+/// Nanoseconds of the host's `CLOCK_MONOTONIC` (see [`tenure_lease::clock`]).
 pub(crate) fn now_ns() -> i64 {
-    let ts = clock_gettime(ClockId::Monotonic);
-    ts.tv_sec
-        .saturating_mul(1_000_000_000)
-        .saturating_add(ts.tv_nsec)
+    tenure_lease::clock::monotonic_now_ns()
 }
 
 const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";

@@ -1,0 +1,661 @@
+//! The agent: one remotable actor per node that owns the node's membership. It holds the
+//! member lease (through a LeaseActor), lists the other member leases, greets and
+//! heartbeats peers, dials them (with backoff) and tells subscribers what changed.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::concurrency::JoinHandle;
+use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent, pg};
+use ractor_cluster::node::NodeServerSessionInformation;
+use ractor_cluster::{NodeEventSubscription, NodeServerMessage, NodeSessionMessage};
+use serde_json::json;
+use tenure_lease::store::bounded;
+use tenure_lease::{LeaseActor, LeaseEvent, LeaseEventSink, LeaseMsg, LeaseRecord, LeaseSpec, LeaseStore};
+use tokio::time::Instant;
+
+use crate::backoff::Backoff;
+use crate::history::History;
+use crate::identity::{Incarnation, NodeAddr};
+use crate::member::{ClusterEvent, Listed, Member, Membership};
+use crate::protocol::{
+    AgentMsg, FaultReply, Heartbeat, Hello, Inspect, Leaving, LinkFault, Local, MemberInfo, NodeView,
+    PROTOCOL_VERSION, SessionChange,
+};
+use crate::settings::ClusterSettings;
+use crate::subscribe::{ClusterSubscriber, HandOver, HandOverWait};
+use crate::transport::{Links, Tls, dial};
+
+/// The pg group every node's agent joins, in the scope of its system.
+pub(crate) const AGENT_GROUP: &str = "agent";
+
+/// The pg scope of a system's cluster actors.
+pub fn scope(system: &str) -> String {
+    format!("tenure/{system}")
+}
+
+/// The note kept with a member lease: who holds it, in which life.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub(crate) struct MemberNote {
+    pub node: NodeAddr,
+    pub incarnation: Incarnation,
+}
+
+pub(crate) struct Agent;
+
+pub(crate) struct AgentArgs {
+    pub settings: ClusterSettings,
+    pub incarnation: Incarnation,
+    pub server: ActorRef<NodeServerMessage>,
+    pub tls: Option<Tls>,
+    pub links: Arc<Links>,
+    pub store: Arc<dyn LeaseStore>,
+    pub member_spec: LeaseSpec,
+    pub history: Option<History>,
+}
+
+struct Session {
+    /// The peer's node address, once authenticated (None for non-node peers such as the CLI).
+    peer: Option<NodeAddr>,
+    authenticated: bool,
+    ready: bool,
+    /// The address we dialled, for outbound sessions.
+    dialled: Option<NodeAddr>,
+    peer_addr: String,
+    actor: ActorRef<NodeSessionMessage>,
+}
+
+struct Peer {
+    incarnation: Incarnation,
+    node_id: u64,
+    agent: ActorRef<AgentMsg>,
+}
+
+struct Dial {
+    backoff: Backoff,
+    next_at: Instant,
+    in_flight: bool,
+}
+
+pub(crate) struct AgentState {
+    s: ClusterSettings,
+    me: NodeAddr,
+    incarnation: Incarnation,
+    scope: String,
+    server: ActorRef<NodeServerMessage>,
+    tls: Option<Tls>,
+    links: Arc<Links>,
+    store: Arc<dyn LeaseStore>,
+    member_lease: ActorRef<LeaseMsg>,
+    history: Option<History>,
+    view: Membership,
+    reach: crate::reachability::Reachability,
+    sessions: HashMap<u64, Session>,
+    peers: HashMap<NodeAddr, Peer>,
+    greeted: BTreeSet<u64>,
+    gossip: BTreeSet<NodeAddr>,
+    dials: HashMap<NodeAddr, Dial>,
+    subscribers: Vec<ClusterSubscriber>,
+    polling: bool,
+    leaving: bool,
+    timers: Vec<JoinHandle<()>>,
+}
+
+struct Forward(ActorRef<AgentMsg>);
+
+impl Forward {
+    fn send(&self, change: SessionChange, ses: NodeServerSessionInformation) {
+        let _ = self.0.cast(AgentMsg::Local(Local::Session(change, Box::new(ses))));
+    }
+}
+
+impl NodeEventSubscription for Forward {
+    fn node_session_opened(&self, ses: NodeServerSessionInformation) {
+        self.send(SessionChange::Opened, ses);
+    }
+    fn node_session_disconnected(&self, ses: NodeServerSessionInformation) {
+        self.send(SessionChange::Disconnected, ses);
+    }
+    fn node_session_authenticated(&self, ses: NodeServerSessionInformation) {
+        self.send(SessionChange::Authenticated, ses);
+    }
+    fn node_session_ready(&self, ses: NodeServerSessionInformation) {
+        self.send(SessionChange::Ready, ses);
+    }
+}
+
+/// The node address in a ractor node name `<system>@<host:port>`, if it is one.
+fn node_of(name: &str) -> Option<NodeAddr> {
+    let (_, addr) = name.split_once('@')?;
+    NodeAddr::parse("peer name", addr).ok()
+}
+
+impl Actor for Agent {
+    type Msg = AgentMsg;
+    type State = AgentState;
+    type Arguments = AgentArgs;
+
+    async fn pre_start(&self, myself: ActorRef<AgentMsg>, a: AgentArgs) -> Result<AgentState, ActorProcessingErr> {
+        a.server.cast(NodeServerMessage::SubscribeToEvents {
+            id: "tenure-agent".into(),
+            subscription: Box::new(Forward(myself.clone())),
+        })?;
+        let scope = scope(&a.settings.system);
+        pg::join_scoped(scope.clone(), AGENT_GROUP.into(), vec![myself.get_cell()]);
+        pg::monitor_scope(scope.clone(), myself.get_cell());
+        let (member_lease, _) =
+            LeaseActor::start(a.member_spec, LeaseEventSink::to_actor(myself.clone()), Some(myself.get_cell())).await?;
+        member_lease.cast(LeaseMsg::Acquire { reply: None })?;
+        let timers = vec![
+            myself.send_interval(a.settings.heartbeat_interval, || AgentMsg::Local(Local::Tick)),
+            myself.send_interval(a.settings.membership_interval, || AgentMsg::Local(Local::Poll)),
+        ];
+        let me = a.settings.addr.clone();
+        if let Some(h) = &a.history {
+            h.record("node_started", json!({}));
+        }
+        let _ = myself.cast(AgentMsg::Local(Local::Poll));
+        let _ = myself.cast(AgentMsg::Local(Local::Tick));
+        Ok(AgentState {
+            view: Membership::new(me.clone(), a.incarnation),
+            me,
+            incarnation: a.incarnation,
+            scope,
+            server: a.server,
+            tls: a.tls,
+            links: a.links,
+            store: a.store,
+            member_lease,
+            history: a.history,
+            reach: Default::default(),
+            sessions: HashMap::new(),
+            peers: HashMap::new(),
+            greeted: BTreeSet::new(),
+            gossip: BTreeSet::new(),
+            dials: HashMap::new(),
+            subscribers: Vec::new(),
+            polling: false,
+            leaving: false,
+            timers,
+            s: a.settings,
+        })
+    }
+
+    async fn post_stop(&self, myself: ActorRef<AgentMsg>, state: &mut AgentState) -> Result<(), ActorProcessingErr> {
+        for t in &state.timers {
+            t.abort();
+        }
+        let _ = state.server.cast(NodeServerMessage::UnsubscribeToEvents("tenure-agent".into()));
+        pg::demonitor_scope(state.scope.clone(), myself.get_id());
+        pg::leave_scoped(state.scope.clone(), AGENT_GROUP.into(), vec![myself.get_cell()]);
+        Ok(())
+    }
+
+    async fn handle(&self, myself: ActorRef<AgentMsg>, msg: AgentMsg, state: &mut AgentState) -> Result<(), ActorProcessingErr> {
+        match msg {
+            AgentMsg::Hello(h) => state.on_hello(h),
+            AgentMsg::Heartbeat(hb) => state.on_heartbeat(hb),
+            AgentMsg::Leaving(l) => {
+                state.reach.heard(&l.node, Instant::now());
+                let events = state.view.leaving(&l.node, l.incarnation);
+                state.emit(events);
+            }
+            AgentMsg::Inspect(Inspect {}, reply) => {
+                let _ = reply.send(state.node_view());
+            }
+            AgentMsg::SetLink(fault, reply) => {
+                let _ = reply.send(state.set_link(fault));
+            }
+            AgentMsg::Local(local) => state.on_local(&myself, local).await?,
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        _myself: ActorRef<AgentMsg>,
+        event: SupervisionEvent,
+        state: &mut AgentState,
+    ) -> Result<(), ActorProcessingErr> {
+        match event {
+            SupervisionEvent::ProcessGroupChanged(pg::GroupChangeMessage::Join(scope, group, cells))
+                if scope == state.scope && group == AGENT_GROUP =>
+            {
+                for cell in cells {
+                    if let ActorId::Remote { node_id, .. } = cell.get_id() {
+                        state.greet(node_id);
+                    }
+                }
+            }
+            SupervisionEvent::ActorFailed(cell, err) if cell.get_id() == state.member_lease.get_id() => {
+                return Err(format!("member lease actor failed: {err}").into());
+            }
+            SupervisionEvent::ActorTerminated(cell, _, reason) if cell.get_id() == state.member_lease.get_id() => {
+                if !state.leaving {
+                    return Err(format!("member lease actor stopped: {reason:?}").into());
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+impl AgentState {
+    fn hello(&self) -> Hello {
+        Hello {
+            protocol: PROTOCOL_VERSION,
+            system: self.s.system.clone(),
+            node: self.me.clone(),
+            incarnation: self.incarnation,
+            known: self.view.peers().cloned().collect(),
+        }
+    }
+
+    fn agent_of(&self, node_id: u64) -> Option<ActorRef<AgentMsg>> {
+        pg::get_scoped_members(&self.scope, &AGENT_GROUP.to_string())
+            .into_iter()
+            .find(|c| matches!(c.get_id(), ActorId::Remote { node_id: n, .. } if n == node_id))
+            .map(ActorRef::from)
+    }
+
+    /// Says hello on session `node_id` once it is ready and its agent is known.
+    fn greet(&mut self, node_id: u64) {
+        let ready = self.sessions.get(&node_id).is_some_and(|s| s.ready && s.peer.is_some());
+        if !ready || self.greeted.contains(&node_id) {
+            return;
+        }
+        if let Some(agent) = self.agent_of(node_id) {
+            self.greeted.insert(node_id);
+            let _ = agent.cast(AgentMsg::Hello(self.hello()));
+        }
+    }
+
+    fn on_hello(&mut self, h: Hello) {
+        if h.protocol != PROTOCOL_VERSION || h.system != self.s.system {
+            tracing::error!(
+                peer = %h.node,
+                peer_protocol = h.protocol,
+                our_protocol = PROTOCOL_VERSION,
+                peer_system = %h.system,
+                our_system = %self.s.system,
+                "refusing peer: incompatible protocol version or another system; closing the session"
+            );
+            self.close_sessions_with(&h.node);
+            return;
+        }
+        let Some((node_id, agent)) = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.ready && s.peer.as_ref() == Some(&h.node))
+            .find_map(|(id, _)| self.agent_of(*id).map(|a| (*id, a)))
+        else {
+            tracing::debug!(peer = %h.node, "hello from a peer without a ready session; ignored");
+            return;
+        };
+        let now = Instant::now();
+        for addr in h.known {
+            if addr != self.me && self.view.get(&addr).is_none() {
+                self.gossip.insert(addr);
+            }
+        }
+        let fresh = self.peers.get(&h.node).is_none_or(|p| p.incarnation != h.incarnation);
+        self.peers.insert(h.node.clone(), Peer { incarnation: h.incarnation, node_id, agent });
+        if fresh {
+            tracing::info!(peer = %h.node, incarnation = %h.incarnation, "peer connected");
+            if let Some(d) = self.dials.get_mut(&h.node) {
+                d.backoff.reset();
+            }
+        }
+        let events = self.view.hello(&h.node, h.incarnation);
+        self.emit(events);
+        self.reach.heard(&h.node, now);
+        self.greet(node_id);
+    }
+
+    /// Closes every session with `peer` and redials it only after the longest backoff.
+    fn close_sessions_with(&mut self, peer: &NodeAddr) {
+        for s in self.sessions.values().filter(|s| s.peer.as_ref() == Some(peer)) {
+            s.actor.stop(Some("incompatible peer".into()));
+        }
+        let max = self.s.reconnect_backoff_max;
+        self.dial_state(peer).next_at = Instant::now() + max;
+    }
+
+    fn on_heartbeat(&mut self, hb: Heartbeat) {
+        let known = self.peers.get(&hb.node).is_some_and(|p| p.incarnation == hb.incarnation);
+        if !known {
+            return;
+        }
+        self.reach.heard(&hb.node, Instant::now());
+        if self.view.get(&hb.node).is_some_and(|m| !m.reachable) {
+            let events = self.view.set_reachable(&hb.node, true);
+            self.emit(events);
+        }
+    }
+
+    async fn on_local(&mut self, myself: &ActorRef<AgentMsg>, local: Local) -> Result<(), ActorProcessingErr> {
+        match local {
+            Local::Session(change, ses) => self.on_session(change, *ses),
+            Local::Lease(LeaseEvent::Granted(g)) => {
+                tracing::info!(node = %self.me, token = g.token, "member lease granted: up");
+                let events = self.view.self_granted(g.token);
+                self.emit(events);
+            }
+            Local::Lease(LeaseEvent::Lost(l)) => {
+                tracing::warn!(node = %self.me, token = l.token, reason = %l.reason, "member lease lost: this node is down");
+                let events = self.view.self_lost();
+                self.emit(events);
+                if !self.leaving {
+                    self.member_lease.cast(LeaseMsg::Acquire { reply: None })?;
+                }
+            }
+            Local::Tick => self.tick(myself),
+            Local::Poll => {
+                if !self.polling {
+                    self.polling = true;
+                    let store = self.store.clone();
+                    let prefix = self.s.member_prefix();
+                    let timeout = self.s.member_lease.lease_operation_timeout;
+                    let me = myself.clone();
+                    tokio::spawn(async move {
+                        let listed = bounded(&prefix, "list", timeout, store.list(&prefix))
+                            .await
+                            .map_err(|e| e.to_string());
+                        let _ = me.cast(AgentMsg::Local(Local::Listed(listed)));
+                    });
+                }
+            }
+            Local::Listed(result) => {
+                self.polling = false;
+                match result {
+                    Ok(records) => {
+                        let listing = self.parse_listing(&records);
+                        let events = self.view.listed(&listing);
+                        self.emit(events);
+                    }
+                    Err(e) => tracing::warn!(error = %e, "cannot list member leases; the view is not updated"),
+                }
+            }
+            Local::Dialed { peer, result } => self.on_dialed(peer, result),
+            Local::Subscribe(sub) => {
+                if sub.deliver(ClusterEvent::CurrentMembers(self.view.members())) {
+                    self.subscribers.push(sub);
+                }
+            }
+            Local::Leave(reply) => {
+                self.leaving = true;
+                let (guard, wait) = HandOver::new();
+                let leaving = Leaving { node: self.me.clone(), incarnation: self.incarnation };
+                for p in self.peers.values() {
+                    let _ = p.agent.cast(AgentMsg::Leaving(leaving.clone()));
+                }
+                let events = self.view.self_leaving(guard);
+                self.emit(events);
+                let _ = reply.send((wait, self.member_lease.clone()));
+            }
+        }
+        Ok(())
+    }
+
+    fn parse_listing(&self, records: &[LeaseRecord]) -> Vec<Listed> {
+        records
+            .iter()
+            .filter_map(|r| {
+                let note: MemberNote = serde_json::from_str(r.note.as_deref()?).ok()?;
+                let owner = NodeAddr::parse("member lease owner", &r.owner).ok()?;
+                (owner == note.node).then_some(Listed { addr: owner, incarnation: note.incarnation, token: r.token })
+            })
+            .collect()
+    }
+
+    fn on_session(&mut self, change: SessionChange, ses: NodeServerSessionInformation) {
+        let id = ses.node_id;
+        match change {
+            SessionChange::Opened => {
+                let dialled = (!ses.is_server).then(|| NodeAddr::parse("dialled", &ses.peer_addr).ok()).flatten();
+                self.sessions.insert(
+                    id,
+                    Session {
+                        peer: None,
+                        authenticated: false,
+                        ready: false,
+                        dialled,
+                        peer_addr: ses.peer_addr,
+                        actor: ses.actor,
+                    },
+                );
+            }
+            SessionChange::Authenticated | SessionChange::Ready => {
+                let peer = ses.peer_name.as_ref().and_then(|n| node_of(&n.name));
+                let s = self.sessions.entry(id).or_insert_with(|| Session {
+                    peer: None,
+                    authenticated: false,
+                    ready: false,
+                    dialled: None,
+                    peer_addr: ses.peer_addr.clone(),
+                    actor: ses.actor.clone(),
+                });
+                s.authenticated = true;
+                s.peer = peer;
+                if change == SessionChange::Ready {
+                    s.ready = true;
+                    self.greet(id);
+                }
+            }
+            SessionChange::Disconnected => {
+                self.greeted.remove(&id);
+                let Some(s) = self.sessions.remove(&id) else { return };
+                if !s.authenticated {
+                    tracing::warn!(
+                        peer = %s.peer_addr,
+                        direction = if s.dialled.is_some() { "outbound" } else { "inbound" },
+                        "session closed before authentication: wrong cookie, TLS mismatch, or not a Tenure node"
+                    );
+                    if let Some(d) = s.dialled.as_ref().and_then(|a| self.dials.get_mut(a)) {
+                        d.next_at = Instant::now() + d.backoff.failed();
+                    }
+                }
+                let Some(addr) = s.peer else { return };
+                if self.peers.get(&addr).is_some_and(|p| p.node_id == id) {
+                    // Another session with the same peer (a lost election) may survive.
+                    let other = self
+                        .sessions
+                        .iter()
+                        .filter(|(_, o)| o.ready && o.peer.as_ref() == Some(&addr))
+                        .find_map(|(oid, _)| self.agent_of(*oid).map(|a| (*oid, a)));
+                    match other {
+                        Some((oid, agent)) => {
+                            if let Some(p) = self.peers.get_mut(&addr) {
+                                p.node_id = oid;
+                                p.agent = agent;
+                            }
+                        }
+                        None => {
+                            tracing::info!(peer = %addr, "session closed; will redial");
+                            self.peers.remove(&addr);
+                            let events = self.view.session_closed(&addr);
+                            self.emit(events);
+                            let d = self.dial_state(&addr);
+                            d.next_at = Instant::now() + d.backoff.failed();
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn dial_state(&mut self, addr: &NodeAddr) -> &mut Dial {
+        let (min, max) = (self.s.reconnect_backoff_min, self.s.reconnect_backoff_max);
+        self.dials.entry(addr.clone()).or_insert_with(|| Dial {
+            backoff: Backoff::new(min, max),
+            next_at: Instant::now(),
+            in_flight: false,
+        })
+    }
+
+    fn on_dialed(&mut self, peer: NodeAddr, result: Result<(), String>) {
+        let dial_timeout = self.s.dial_timeout;
+        let is_seed = self.s.seeds.contains(&peer);
+        let d = self.dial_state(&peer);
+        d.in_flight = false;
+        match result {
+            // Connected: authentication follows; do not redial before it had time to finish.
+            Ok(()) => d.next_at = Instant::now() + dial_timeout,
+            Err(e) => {
+                let wait = d.backoff.failed();
+                d.next_at = Instant::now() + wait;
+                let n = d.backoff.failures();
+                if n == 1 || n % 10 == 0 {
+                    tracing::info!(%peer, seed = is_seed, failures = n, retry_in = ?wait, error = %e, "cannot reach node; retrying");
+                } else {
+                    tracing::debug!(%peer, failures = n, error = %e, "cannot reach node");
+                }
+                if !is_seed && n >= 5 && self.view.get(&peer).is_none() {
+                    self.gossip.remove(&peer);
+                }
+            }
+        }
+    }
+
+    /// Every `heartbeat-interval`: heartbeats out, reachability, dials.
+    fn tick(&mut self, myself: &ActorRef<AgentMsg>) {
+        let now = Instant::now();
+        let hb = Heartbeat { node: self.me.clone(), incarnation: self.incarnation };
+        for p in self.peers.values() {
+            let _ = p.agent.cast(AgentMsg::Heartbeat(hb.clone()));
+        }
+        for (addr, reachable) in self.reach.states(now, self.s.unreachable_after) {
+            let events = self.view.set_reachable(&addr, reachable);
+            self.emit(events);
+        }
+        if self.leaving {
+            return;
+        }
+        let targets: BTreeSet<NodeAddr> = self
+            .s
+            .seeds
+            .iter()
+            .chain(self.view.peers())
+            .chain(self.gossip.iter())
+            .filter(|a| **a != self.me)
+            .cloned()
+            .collect();
+        for addr in targets {
+            let connected = self
+                .sessions
+                .values()
+                .any(|s| s.peer.as_ref() == Some(&addr) || (!s.authenticated && s.dialled.as_ref() == Some(&addr)));
+            if connected {
+                continue;
+            }
+            let d = self.dial_state(&addr);
+            if d.in_flight || d.next_at > now {
+                continue;
+            }
+            d.in_flight = true;
+            let server = self.server.clone();
+            let gate = self.links.gate(&addr);
+            let tls = self.tls.clone();
+            let timeout = self.s.dial_timeout;
+            let me = myself.clone();
+            tokio::spawn(async move {
+                let result = dial(&server, &addr, gate, tls.as_ref(), timeout).await;
+                let _ = me.cast(AgentMsg::Local(Local::Dialed { peer: addr, result }));
+            });
+        }
+    }
+
+    fn emit(&mut self, events: Vec<ClusterEvent>) {
+        let now = Instant::now();
+        for event in events {
+            self.observe(&event, now);
+            self.subscribers.retain(|s| s.deliver(event.clone()));
+        }
+    }
+
+    /// Bookkeeping, logging and history of one event.
+    fn observe(&mut self, event: &ClusterEvent, now: Instant) {
+        let (kind, member): (&str, Option<&Member>) = match event {
+            ClusterEvent::MemberJoined(m) => ("member_joined", Some(m)),
+            ClusterEvent::MemberUp(m) => ("member_up", Some(m)),
+            ClusterEvent::MemberLeaving(m) => ("member_leaving", Some(m)),
+            ClusterEvent::MemberDown(m) => ("member_down", Some(m)),
+            ClusterEvent::MemberRemoved(m) => ("member_removed", Some(m)),
+            ClusterEvent::Unreachable(m) => ("unreachable", Some(m)),
+            ClusterEvent::Reachable(m) => ("reachable", Some(m)),
+            ClusterEvent::SelfDown => ("self_down", None),
+            ClusterEvent::SelfLeaving(_) => ("self_leaving", None),
+            ClusterEvent::CurrentMembers(_) => return,
+        };
+        if let Some(m) = member {
+            if m.addr != self.me {
+                match event {
+                    ClusterEvent::MemberJoined(_) | ClusterEvent::MemberUp(_) => self.reach.watch(&m.addr, now),
+                    ClusterEvent::MemberRemoved(_) => self.reach.forget(&m.addr),
+                    _ => {}
+                }
+            }
+            match event {
+                ClusterEvent::MemberDown(_) | ClusterEvent::Unreachable(_) => {
+                    tracing::warn!(node = %self.me, member = %m.addr, incarnation = %m.incarnation, age = m.age, "{kind}")
+                }
+                _ => tracing::info!(node = %self.me, member = %m.addr, incarnation = %m.incarnation, age = m.age, "{kind}"),
+            }
+        } else {
+            tracing::warn!(node = %self.me, "{kind}");
+        }
+        if let Some(h) = &self.history {
+            let fields = match member {
+                Some(m) => json!({"member": m.addr.to_string(), "member_inc": m.incarnation.to_string(), "age": m.age, "status": m.status.as_str()}),
+                None => json!({}),
+            };
+            h.record(kind, fields);
+        }
+    }
+
+    fn node_view(&self) -> NodeView {
+        let now = Instant::now();
+        let cut = self.links.cut_peers();
+        let members = self
+            .view
+            .members()
+            .into_iter()
+            .map(|m| {
+                let me = m.addr == self.me;
+                MemberInfo {
+                    sessions: self.sessions.values().filter(|s| s.authenticated && s.peer.as_ref() == Some(&m.addr)).count() as u32,
+                    silence_ms: (!me).then(|| self.reach.silence(&m.addr, now)).flatten().map(|d| d.as_millis() as u64),
+                    link_cut: cut.contains(&m.addr),
+                    addr: m.addr,
+                    incarnation: m.incarnation,
+                    age: m.age,
+                    status: m.status,
+                    reachable: m.reachable,
+                }
+            })
+            .collect();
+        NodeView { system: self.s.system.clone(), node: self.me.clone(), incarnation: self.incarnation, members }
+    }
+
+    fn set_link(&mut self, fault: LinkFault) -> FaultReply {
+        if !self.s.fault_injection {
+            return FaultReply {
+                error: Some("fault injection is disabled on this node (cluster.fault-injection = false)".into()),
+            };
+        }
+        tracing::warn!(node = %self.me, peer = %fault.peer, cut = fault.cut, "fault injection: link {}", if fault.cut { "cut" } else { "healed" });
+        self.links.gate(&fault.peer).set_cut(fault.cut);
+        if let Some(h) = &self.history {
+            h.record(if fault.cut { "link_cut" } else { "link_healed" }, json!({"member": fault.peer.to_string()}));
+        }
+        FaultReply { error: None }
+    }
+}
+
+/// How long `Node::leave` waits for the member lease release beyond the operation timeout.
+pub(crate) const RELEASE_SLACK: Duration = Duration::from_secs(1);
+
+/// What a leave request answers: the hand-over wait and the member lease to release.
+pub(crate) type LeaveAnswer = (HandOverWait, ActorRef<LeaseMsg>);

@@ -1,0 +1,124 @@
+//! A short-lived client of one node (the CLI's `tenure cluster …`): joins the node's mesh as
+//! a non-member over an authenticated (and, when configured, TLS) session and asks its agent.
+
+use std::time::Duration;
+
+use ractor::{Actor, ActorId, ActorRef, pg};
+use ractor_cluster::node::{NodeConnectionMode, NodeServerSessionInformation};
+use ractor_cluster::{IncomingEncryptionMode, NodeEventSubscription, NodeServer, NodeServerMessage};
+use tokio::sync::mpsc;
+
+use crate::agent::{AGENT_GROUP, scope};
+use crate::error::ClusterError;
+use crate::identity::NodeAddr;
+use crate::protocol::{AgentMsg, FaultReply, Inspect, LinkFault, NodeView};
+use crate::settings::ClusterSettings;
+use crate::transport::{Gate, Tls, dial};
+
+/// A connection to one node's agent.
+pub struct ClusterClient {
+    node: NodeAddr,
+    server: ActorRef<NodeServerMessage>,
+    agent: ActorRef<AgentMsg>,
+}
+
+struct Ready(mpsc::UnboundedSender<(bool, NodeServerSessionInformation)>);
+
+impl NodeEventSubscription for Ready {
+    fn node_session_opened(&self, _: NodeServerSessionInformation) {}
+    fn node_session_authenticated(&self, _: NodeServerSessionInformation) {}
+    fn node_session_disconnected(&self, ses: NodeServerSessionInformation) {
+        let _ = self.0.send((false, ses));
+    }
+    fn node_session_ready(&self, ses: NodeServerSessionInformation) {
+        let _ = self.0.send((true, ses));
+    }
+}
+
+impl ClusterClient {
+    /// Connects to `node` with the cookie and TLS files of `settings`.
+    pub async fn connect(settings: &ClusterSettings, node: &NodeAddr) -> Result<ClusterClient, ClusterError> {
+        let fail = |detail: String| ClusterError::Connect { addr: node.to_string(), detail };
+        let tls = settings.tls.as_ref().map(Tls::load).transpose()?;
+        crate::codec::set_local_label(&format!("client-{}", std::process::id()));
+        let server = NodeServer::new(
+            0,
+            settings.cookie.clone(),
+            format!("client-{}", std::process::id()),
+            "local".into(),
+            tls.as_ref().map(|t| IncomingEncryptionMode::Tls(t.acceptor.clone())),
+            Some(NodeConnectionMode::Isolated),
+        )
+        .with_listen_addr(std::net::Ipv4Addr::LOCALHOST.into());
+        let (server, _) = Actor::spawn(None, server, ())
+            .await
+            .map_err(|e| fail(format!("cannot start a client node: {e}")))?;
+        let client = ClusterClient::attach(settings, node, server.clone(), tls).await;
+        if client.is_err() {
+            server.stop(None);
+        }
+        client
+    }
+
+    async fn attach(
+        settings: &ClusterSettings,
+        node: &NodeAddr,
+        server: ActorRef<NodeServerMessage>,
+        tls: Option<Tls>,
+    ) -> Result<ClusterClient, ClusterError> {
+        let fail = |detail: String| ClusterError::Connect { addr: node.to_string(), detail };
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        server
+            .cast(NodeServerMessage::SubscribeToEvents { id: "client".into(), subscription: Box::new(Ready(tx)) })
+            .map_err(|e| fail(e.to_string()))?;
+        dial(&server, node, std::sync::Arc::new(Gate::default()), tls.as_ref(), settings.dial_timeout)
+            .await
+            .map_err(fail)?;
+        let wait = settings.dial_timeout * 2;
+        let ready = tokio::time::timeout(wait, rx.recv()).await;
+        let ses = match ready {
+            Ok(Some((true, ses))) => ses,
+            Ok(Some((false, _))) | Ok(None) => {
+                return Err(fail("the node closed the session: wrong cookie, TLS mismatch, or not a Tenure node (see the node's log)".into()));
+            }
+            Err(_) => return Err(fail(format!("no authenticated session within {wait:?}"))),
+        };
+        let scope = scope(&settings.system);
+        let group = AGENT_GROUP.to_string();
+        for _ in 0..50 {
+            let agent = pg::get_scoped_members(&scope, &group)
+                .into_iter()
+                .find(|c| matches!(c.get_id(), ActorId::Remote { node_id, .. } if node_id == ses.node_id));
+            if let Some(agent) = agent {
+                return Ok(ClusterClient { node: node.clone(), server, agent: agent.into() });
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Err(fail(format!("no Tenure agent of system `{}` there", settings.system)))
+    }
+
+    /// The node's view of the cluster.
+    pub async fn view(&self) -> Result<NodeView, ClusterError> {
+        ractor::call_t!(self.agent, AgentMsg::Inspect, 5000, Inspect {}).map_err(|e| ClusterError::Connect {
+            addr: self.node.to_string(),
+            detail: format!("no answer: {e}"),
+        })
+    }
+
+    /// Cuts (stalls) or heals the node's link with `peer` (needs `cluster.fault-injection`).
+    pub async fn set_link(&self, peer: &NodeAddr, cut: bool) -> Result<(), ClusterError> {
+        let reply: FaultReply =
+            ractor::call_t!(self.agent, AgentMsg::SetLink, 5000, LinkFault { peer: peer.clone(), cut }).map_err(|e| {
+                ClusterError::Connect { addr: self.node.to_string(), detail: format!("no answer: {e}") }
+            })?;
+        match reply.error {
+            None => Ok(()),
+            Some(detail) => Err(ClusterError::Connect { addr: self.node.to_string(), detail }),
+        }
+    }
+
+    /// Closes the session.
+    pub async fn close(self) {
+        let _ = self.server.stop_and_wait(None, Some(Duration::from_secs(2))).await;
+    }
+}

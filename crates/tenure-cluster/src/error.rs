@@ -1,0 +1,36 @@
+//! Typed errors of the cluster layer; each names what was wrong.
+
+use tenure_lease::{ConfigError, LeaseError};
+
+/// Why a node could not start, or a cluster operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// An address in configuration or on the command line is malformed.
+    #[error("`{key}`: invalid address {value:?}: {detail}")]
+    Address {
+        key: String,
+        value: String,
+        detail: String,
+    },
+    /// The node could not listen on its address (in use, not local, no permission).
+    #[error("cannot listen on {addr} (cluster.host/cluster.port): {detail}")]
+    Bind { addr: String, detail: String },
+    /// A TLS file is missing or unusable.
+    #[error("`{key}`: {path}: {detail}")]
+    Tls {
+        key: String,
+        path: String,
+        detail: String,
+    },
+    /// The member lease could not be set up.
+    #[error("member lease: {0}")]
+    Lease(#[from] LeaseError),
+    /// An actor of the node could not be started or has stopped.
+    #[error("cluster node actor: {0}")]
+    Actor(String),
+    /// Could not reach or talk to a node.
+    #[error("node {addr}: {detail}")]
+    Connect { addr: String, detail: String },
+}

@@ -1,0 +1,60 @@
+//! A node's history: one JSON object per line, appended as things happen, stamped with the
+//! host's shared monotonic clock so that the histories of all processes of a host can be
+//! merged and checked.
+//!
+//! Fields of every line: `t` (ns of `CLOCK_MONOTONIC`), `node` (`host:port`), `inc` (the
+//! node's incarnation, hex) and `event`; cluster events add `member`, `member_inc`, `age`.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use serde_json::{Map, Value, json};
+
+use crate::identity::{Incarnation, NodeAddr};
+
+/// An append-only history file shared by the parts of one node.
+#[derive(Clone)]
+pub struct History {
+    file: Arc<Mutex<File>>,
+    node: String,
+    inc: String,
+}
+
+impl std::fmt::Debug for History {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("History").field("node", &self.node).finish()
+    }
+}
+
+impl History {
+    /// Opens (creating or appending to) the history at `path`.
+    pub fn open(path: &Path, node: &NodeAddr, incarnation: Incarnation) -> std::io::Result<History> {
+        let file = OpenOptions::new().create(true).append(true).open(path)?;
+        Ok(History {
+            file: Arc::new(Mutex::new(file)),
+            node: node.to_string(),
+            inc: incarnation.to_string(),
+        })
+    }
+
+    /// Appends one event with extra `fields` (an object).
+    pub fn record(&self, event: &str, fields: Value) {
+        let mut line = Map::new();
+        line.insert("t".into(), json!(tenure_lease::clock::monotonic_now_ns()));
+        line.insert("node".into(), json!(self.node));
+        line.insert("inc".into(), json!(self.inc));
+        line.insert("event".into(), json!(event));
+        if let Value::Object(extra) = fields {
+            line.extend(extra);
+        }
+        let mut text = Value::Object(line).to_string();
+        text.push('\n');
+        // One write per line with O_APPEND: lines of concurrent writers do not interleave.
+        let mut file = self.file.lock().unwrap_or_else(|e| e.into_inner());
+        if let Err(e) = file.write_all(text.as_bytes()) {
+            tracing::warn!(error = %e, "cannot append to the history");
+        }
+    }
+}

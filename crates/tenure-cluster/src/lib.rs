@@ -1,0 +1,37 @@
+//! # tenure-cluster
+//!
+//! A cluster node on `ractor_cluster`: identity (`host:port` plus an incarnation), a mesh
+//! kept whole (seeds, transitive discovery, redial with jittered backoff), membership from
+//! member leases (the Consistent Core pattern: each node holds `<system>-member-<host:port>`
+//! in the lease store while it is up; a node that cannot renew it is down), an application
+//! heartbeat for reachability, graceful leave with hand-over, optional mutual TLS, and the
+//! bincode wire codec for remotable messages ([`cluster_message!`]).
+//!
+//! Membership and reachability are for liveness: who should host what. Safety (never two
+//! holders) comes from the leases guarding each singleton and shard.
+
+mod agent;
+pub mod backoff;
+mod client;
+pub mod codec;
+mod error;
+mod history;
+mod identity;
+mod member;
+mod node;
+mod protocol;
+pub mod reachability;
+mod settings;
+mod subscribe;
+pub mod transport;
+
+pub use agent::scope;
+pub use client::ClusterClient;
+pub use error::ClusterError;
+pub use history::History;
+pub use identity::{Incarnation, NodeAddr};
+pub use member::{ClusterEvent, Listed, Member, MemberStatus, Membership};
+pub use node::Node;
+pub use protocol::{MemberInfo, NodeView, PROTOCOL_VERSION};
+pub use settings::{ClusterSettings, TlsFiles};
+pub use subscribe::{ClusterSubscriber, HandOver, HandOverWait};

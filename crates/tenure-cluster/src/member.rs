@@ -1,0 +1,394 @@
+//! The membership view of one node, as a pure state machine: member leases listed from the
+//! store, hellos and leave notices from peers, and reachability go in; ordered
+//! [`ClusterEvent`]s come out.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::identity::{Incarnation, NodeAddr};
+use crate::subscribe::HandOver;
+
+/// Where a member is in its life, as this node sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum MemberStatus {
+    /// Connected and greeted, but its member lease is not (yet) seen in the store; for this
+    /// node itself: its member lease is not granted yet.
+    Joining,
+    /// Holds its member lease.
+    Up,
+    /// Announced a graceful leave; still holds its member lease while it hands over.
+    Leaving,
+    /// Its member lease expired or was lost without a leave: it crashed, froze or was cut
+    /// off. For this node itself: it cannot renew its lease and is out of the cluster.
+    Down,
+    /// Gone from the view (after leaving, or after being down).
+    Removed,
+}
+
+impl MemberStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MemberStatus::Joining => "joining",
+            MemberStatus::Up => "up",
+            MemberStatus::Leaving => "leaving",
+            MemberStatus::Down => "down",
+            MemberStatus::Removed => "removed",
+        }
+    }
+}
+
+/// A member as this node sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    pub addr: NodeAddr,
+    pub incarnation: Incarnation,
+    /// Age order: the fencing token of its member lease grant (lower = joined earlier);
+    /// 0 while joining.
+    pub age: u64,
+    pub status: MemberStatus,
+    /// Whether heartbeats from it arrive (always true for this node itself).
+    pub reachable: bool,
+}
+
+impl Member {
+    /// Whether this member joined before `other` (ties broken by address).
+    pub fn is_older_than(&self, other: &Member) -> bool {
+        (self.age, &self.addr) < (other.age, &other.addr)
+    }
+}
+
+/// What a node tells its subscribers, in the order it happened.
+#[derive(Debug, Clone)]
+pub enum ClusterEvent {
+    /// First event after subscribing: every member currently in the view (this node
+    /// included), oldest first.
+    CurrentMembers(Vec<Member>),
+    MemberJoined(Member),
+    MemberUp(Member),
+    MemberLeaving(Member),
+    /// Its lease lapsed without a leave (crash, freeze, partition from the store).
+    MemberDown(Member),
+    /// Dropped from the view; `status` tells whether it left (`Leaving`) or went `Down`.
+    MemberRemoved(Member),
+    Unreachable(Member),
+    Reachable(Member),
+    /// This node lost its member lease: it is out of the cluster until granted again. Stop
+    /// what it hosts now (their own leases will lapse too).
+    SelfDown,
+    /// This node is leaving: hand over what it hosts, then drop the [`HandOver`] guard.
+    SelfLeaving(HandOver),
+}
+
+/// A member lease as listed from the store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed {
+    pub addr: NodeAddr,
+    pub incarnation: Incarnation,
+    pub token: u64,
+}
+
+/// The view: this node and the members it knows, keyed by address.
+#[derive(Debug, Clone)]
+pub struct Membership {
+    me: Member,
+    others: BTreeMap<NodeAddr, Member>,
+}
+
+impl Membership {
+    /// A view holding only this node, joining.
+    pub fn new(addr: NodeAddr, incarnation: Incarnation) -> Membership {
+        Membership {
+            me: Member {
+                addr,
+                incarnation,
+                age: 0,
+                status: MemberStatus::Joining,
+                reachable: true,
+            },
+            others: BTreeMap::new(),
+        }
+    }
+
+    /// This node.
+    pub fn me(&self) -> &Member {
+        &self.me
+    }
+
+    /// The member at `addr` (this node included).
+    pub fn get(&self, addr: &NodeAddr) -> Option<&Member> {
+        if *addr == self.me.addr {
+            Some(&self.me)
+        } else {
+            self.others.get(addr)
+        }
+    }
+
+    /// Every member, oldest first (joining members last).
+    pub fn members(&self) -> Vec<Member> {
+        let mut all: Vec<Member> = std::iter::once(self.me.clone())
+            .chain(self.others.values().cloned())
+            .collect();
+        all.sort_by(|a, b| {
+            let key = |m: &Member| (m.age == 0, m.age, m.addr.clone());
+            key(a).cmp(&key(b))
+        });
+        all
+    }
+
+    /// The addresses of the other members.
+    pub fn peers(&self) -> impl Iterator<Item = &NodeAddr> {
+        self.others.keys()
+    }
+
+    /// This node's member lease was granted with `token`.
+    pub fn self_granted(&mut self, token: u64) -> Vec<ClusterEvent> {
+        if self.me.status == MemberStatus::Leaving {
+            return Vec::new();
+        }
+        self.me.age = token;
+        self.me.status = MemberStatus::Up;
+        vec![ClusterEvent::MemberUp(self.me.clone())]
+    }
+
+    /// This node lost its member lease.
+    pub fn self_lost(&mut self) -> Vec<ClusterEvent> {
+        if matches!(self.me.status, MemberStatus::Down | MemberStatus::Removed) {
+            return Vec::new();
+        }
+        let leaving = self.me.status == MemberStatus::Leaving;
+        self.me.status = MemberStatus::Down;
+        let mut events = vec![ClusterEvent::MemberDown(self.me.clone())];
+        if !leaving {
+            events.push(ClusterEvent::SelfDown);
+        }
+        events
+    }
+
+    /// This node starts leaving.
+    pub fn self_leaving(&mut self, hand_over: HandOver) -> Vec<ClusterEvent> {
+        self.me.status = MemberStatus::Leaving;
+        vec![
+            ClusterEvent::MemberLeaving(self.me.clone()),
+            ClusterEvent::SelfLeaving(hand_over),
+        ]
+    }
+
+    /// A peer greeted us: a member we do not know yet is joining.
+    pub fn hello(&mut self, addr: &NodeAddr, incarnation: Incarnation) -> Vec<ClusterEvent> {
+        if *addr == self.me.addr {
+            return Vec::new();
+        }
+        let mut events = Vec::new();
+        if let Some(known) = self.others.get(addr) {
+            if known.incarnation == incarnation {
+                return events;
+            }
+            // A new life at the same address: its previous life is over.
+            events.extend(self.remove(addr, MemberStatus::Down));
+        }
+        let m = Member {
+            addr: addr.clone(),
+            incarnation,
+            age: 0,
+            status: MemberStatus::Joining,
+            reachable: true,
+        };
+        self.others.insert(addr.clone(), m.clone());
+        events.push(ClusterEvent::MemberJoined(m));
+        events
+    }
+
+    /// A peer announced it is leaving.
+    pub fn leaving(&mut self, addr: &NodeAddr, incarnation: Incarnation) -> Vec<ClusterEvent> {
+        match self.others.get_mut(addr) {
+            Some(m) if m.incarnation == incarnation && m.status != MemberStatus::Leaving => {
+                m.status = MemberStatus::Leaving;
+                vec![ClusterEvent::MemberLeaving(m.clone())]
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// The member leases listed from the store now (unexpired grants only).
+    pub fn listed(&mut self, listing: &[Listed]) -> Vec<ClusterEvent> {
+        let mut events = Vec::new();
+        let mut present: BTreeMap<&NodeAddr, &Listed> = BTreeMap::new();
+        for l in listing {
+            if l.addr != self.me.addr {
+                present.insert(&l.addr, l);
+            }
+        }
+        // Gone from the store: left or down.
+        let gone: Vec<NodeAddr> = self
+            .others
+            .iter()
+            .filter(|(addr, m)| {
+                m.status != MemberStatus::Joining
+                    && present
+                        .get(addr)
+                        .is_none_or(|l| l.incarnation != m.incarnation || l.token != m.age)
+            })
+            .map(|(a, _)| a.clone())
+            .collect();
+        for addr in gone {
+            events.extend(self.remove(&addr, MemberStatus::Down));
+        }
+        for (addr, l) in present {
+            match self.others.get_mut(addr) {
+                Some(m) if m.incarnation == l.incarnation && m.status == MemberStatus::Joining => {
+                    m.age = l.token;
+                    m.status = MemberStatus::Up;
+                    events.push(ClusterEvent::MemberUp(m.clone()));
+                }
+                Some(m) if m.incarnation == l.incarnation => {}
+                Some(_) => {
+                    events.extend(self.remove(addr, MemberStatus::Down));
+                    events.push(self.insert_up(l));
+                }
+                None => events.push(self.insert_up(l)),
+            }
+        }
+        events
+    }
+
+    fn insert_up(&mut self, l: &Listed) -> ClusterEvent {
+        let m = Member {
+            addr: l.addr.clone(),
+            incarnation: l.incarnation,
+            age: l.token,
+            status: MemberStatus::Up,
+            reachable: true,
+        };
+        self.others.insert(l.addr.clone(), m.clone());
+        ClusterEvent::MemberUp(m)
+    }
+
+    /// Drops a member: `Down` first unless it was leaving (or only joining), then `Removed`.
+    fn remove(&mut self, addr: &NodeAddr, unless_leaving: MemberStatus) -> Vec<ClusterEvent> {
+        let Some(mut m) = self.others.remove(addr) else {
+            return Vec::new();
+        };
+        let mut events = Vec::new();
+        if m.status == MemberStatus::Up {
+            m.status = unless_leaving;
+            events.push(ClusterEvent::MemberDown(m.clone()));
+        }
+        events.push(ClusterEvent::MemberRemoved(m));
+        events
+    }
+
+    /// A peer that only greeted us (never seen in the store) went away.
+    pub fn session_closed(&mut self, addr: &NodeAddr) -> Vec<ClusterEvent> {
+        match self.others.get(addr) {
+            Some(m) if m.status == MemberStatus::Joining => self.remove(addr, MemberStatus::Down),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Marks a peer unreachable (`false`) or reachable again (`true`).
+    pub fn set_reachable(&mut self, addr: &NodeAddr, reachable: bool) -> Vec<ClusterEvent> {
+        match self.others.get_mut(addr) {
+            Some(m) if m.reachable != reachable => {
+                m.reachable = reachable;
+                let m = m.clone();
+                vec![if reachable {
+                    ClusterEvent::Reachable(m)
+                } else {
+                    ClusterEvent::Unreachable(m)
+                }]
+            }
+            _ => Vec::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addr(p: u16) -> NodeAddr {
+        NodeAddr::parse("t", &format!("127.0.0.1:{p}")).unwrap()
+    }
+    fn listed(p: u16, inc: u64, token: u64) -> Listed {
+        Listed { addr: addr(p), incarnation: Incarnation(inc), token }
+    }
+    fn kinds(events: &[ClusterEvent]) -> Vec<String> {
+        events
+            .iter()
+            .map(|e| match e {
+                ClusterEvent::MemberJoined(m) => format!("joined {}", m.addr.port),
+                ClusterEvent::MemberUp(m) => format!("up {}", m.addr.port),
+                ClusterEvent::MemberLeaving(m) => format!("leaving {}", m.addr.port),
+                ClusterEvent::MemberDown(m) => format!("down {}", m.addr.port),
+                ClusterEvent::MemberRemoved(m) => format!("removed {} {}", m.addr.port, m.status.as_str()),
+                ClusterEvent::Unreachable(m) => format!("unreachable {}", m.addr.port),
+                ClusterEvent::Reachable(m) => format!("reachable {}", m.addr.port),
+                ClusterEvent::SelfDown => "self-down".into(),
+                ClusterEvent::SelfLeaving(_) => "self-leaving".into(),
+                ClusterEvent::CurrentMembers(_) => "current".into(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn members_come_up_from_the_store_and_are_ordered_by_age() {
+        let mut v = Membership::new(addr(1), Incarnation(1));
+        assert_eq!(kinds(&v.self_granted(5)), ["up 1"]);
+        assert_eq!(kinds(&v.hello(&addr(3), Incarnation(3))), ["joined 3"]);
+        assert_eq!(kinds(&v.listed(&[listed(1, 1, 5), listed(2, 2, 2), listed(3, 3, 9)])), ["up 2", "up 3"]);
+        let order: Vec<u16> = v.members().iter().map(|m| m.addr.port).collect();
+        assert_eq!(order, [2, 1, 3]);
+        assert!(kinds(&v.listed(&[listed(2, 2, 2), listed(3, 3, 9)])).is_empty(), "no change, no event");
+    }
+
+    #[test]
+    fn a_vanished_lease_is_down_then_removed_and_a_leaver_only_removed() {
+        let mut v = Membership::new(addr(1), Incarnation(1));
+        v.listed(&[listed(2, 2, 2), listed(3, 3, 3)]);
+        assert_eq!(kinds(&v.leaving(&addr(3), Incarnation(3))), ["leaving 3"]);
+        assert_eq!(kinds(&v.listed(&[])), ["down 2", "removed 2 down", "removed 3 leaving"]);
+        assert!(v.get(&addr(2)).is_none());
+    }
+
+    #[test]
+    fn a_restarted_node_is_a_new_member() {
+        let mut v = Membership::new(addr(1), Incarnation(1));
+        v.listed(&[listed(2, 20, 2)]);
+        assert_eq!(kinds(&v.hello(&addr(2), Incarnation(21))), ["down 2", "removed 2 down", "joined 2"]);
+        assert_eq!(kinds(&v.listed(&[listed(2, 21, 7)])), ["up 2"]);
+        assert_eq!(v.get(&addr(2)).unwrap().incarnation, Incarnation(21));
+        // Same incarnation re-granted after it lost its lease: a new membership too.
+        assert_eq!(kinds(&v.listed(&[listed(2, 21, 8)])), ["down 2", "removed 2 down", "up 2"]);
+    }
+
+    #[test]
+    fn self_down_and_leave() {
+        let mut v = Membership::new(addr(1), Incarnation(1));
+        v.self_granted(4);
+        assert_eq!(kinds(&v.self_lost()), ["down 1", "self-down"]);
+        assert!(v.self_lost().is_empty());
+        assert_eq!(kinds(&v.self_granted(6)), ["up 1"]);
+        assert_eq!(v.me().age, 6);
+        let (guard, _wait) = HandOver::new();
+        assert_eq!(kinds(&v.self_leaving(guard)), ["leaving 1", "self-leaving"]);
+        assert!(v.self_granted(7).is_empty(), "a leaving node does not come back up");
+    }
+
+    #[test]
+    fn reachability_changes_are_reported_once() {
+        let mut v = Membership::new(addr(1), Incarnation(1));
+        v.listed(&[listed(2, 2, 2)]);
+        assert_eq!(kinds(&v.set_reachable(&addr(2), false)), ["unreachable 2"]);
+        assert!(v.set_reachable(&addr(2), false).is_empty());
+        assert_eq!(kinds(&v.set_reachable(&addr(2), true)), ["reachable 2"]);
+        assert!(v.set_reachable(&addr(9), false).is_empty());
+    }
+
+    #[test]
+    fn a_greeter_never_listed_is_removed_when_its_session_closes() {
+        let mut v = Membership::new(addr(1), Incarnation(1));
+        v.hello(&addr(2), Incarnation(2));
+        assert_eq!(kinds(&v.session_closed(&addr(2))), ["removed 2 joining"]);
+    }
+}

@@ -1,0 +1,182 @@
+//! A cluster node: the ractor_cluster node server, the agent, and the member lease.
+
+use std::net::{IpAddr, Ipv6Addr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::{Actor, ActorRef, ActorStatus};
+use ractor_cluster::node::NodeConnectionMode;
+use ractor_cluster::{IncomingEncryptionMode, NodeServer, NodeServerMessage};
+use tenure_lease::{LeaseMsg, LeaseProvider, LeaseSpec};
+
+use crate::agent::{Agent, AgentArgs, MemberNote, RELEASE_SLACK};
+use crate::error::ClusterError;
+use crate::history::History;
+use crate::identity::{Incarnation, NodeAddr};
+use crate::protocol::{AgentMsg, FaultReply, Inspect, LinkFault, Local, NodeView};
+use crate::settings::ClusterSettings;
+use crate::subscribe::ClusterSubscriber;
+use crate::transport::{Links, Tls};
+
+/// A running node. Dropping it does not stop it: call [`Node::leave`].
+pub struct Node {
+    settings: ClusterSettings,
+    incarnation: Incarnation,
+    agent: ActorRef<AgentMsg>,
+    server: ActorRef<NodeServerMessage>,
+    links: Arc<Links>,
+    history: Option<History>,
+}
+
+impl Node {
+    /// Starts a node: listens on `cluster.host:cluster.port`, starts acquiring its member
+    /// lease in `cluster.lease-section` of `provider`, and dials the seeds. Returns once
+    /// listening; membership follows (subscribe to see it). One node per process.
+    pub async fn start(
+        settings: ClusterSettings,
+        provider: &LeaseProvider,
+        history: Option<History>,
+    ) -> Result<Node, ClusterError> {
+        let incarnation = Incarnation::new();
+        let addr = settings.addr.clone();
+        let tls = settings.tls.as_ref().map(Tls::load).transpose()?;
+        let store = provider.store(&settings.lease_section).await?;
+        let note = serde_json::to_string(&MemberNote { node: addr.clone(), incarnation })
+            .map_err(|e| ClusterError::Actor(e.to_string()))?;
+        let spec = LeaseSpec::new(
+            &settings.member_lease_name(&addr),
+            &addr.to_string(),
+            store.clone(),
+            settings.member_lease,
+        )?
+        .with_note(note);
+
+        let listen = addr.ip().unwrap_or(IpAddr::V6(Ipv6Addr::UNSPECIFIED));
+        // Bind once ourselves for a clear error (the node server's own bind error is generic).
+        std::net::TcpListener::bind((listen, addr.port)).map_err(|e| ClusterError::Bind {
+            addr: addr.to_string(),
+            detail: e.to_string(),
+        })?;
+        crate::codec::set_local_label(&addr.to_string());
+        let server = NodeServer::new(
+            addr.port,
+            settings.cookie.clone(),
+            settings.system.clone(),
+            addr.to_string(),
+            tls.as_ref().map(|t| IncomingEncryptionMode::Tls(t.acceptor.clone())),
+            Some(NodeConnectionMode::Isolated),
+        )
+        .with_listen_addr(listen)
+        .with_max_inbound_frame_size(settings.max_frame_size);
+        let (server, _) = Actor::spawn(None, server, ()).await.map_err(|e| ClusterError::Bind {
+            addr: addr.to_string(),
+            detail: e.to_string(),
+        })?;
+        let links = Arc::new(Links::default());
+        let args = AgentArgs {
+            settings: settings.clone(),
+            incarnation,
+            server: server.clone(),
+            tls,
+            links: links.clone(),
+            store,
+            member_spec: spec,
+            history: history.clone(),
+        };
+        let agent = match Actor::spawn(None, Agent, args).await {
+            Ok((agent, _)) => agent,
+            Err(e) => {
+                server.stop(None);
+                return Err(ClusterError::Actor(e.to_string()));
+            }
+        };
+        tracing::info!(node = %addr, %incarnation, seeds = settings.seeds.len(), "node started");
+        Ok(Node { settings, incarnation, agent, server, links, history })
+    }
+
+    /// This node's address (its identity and lease owner name).
+    pub fn addr(&self) -> &NodeAddr {
+        &self.settings.addr
+    }
+
+    /// This process's incarnation.
+    pub fn incarnation(&self) -> Incarnation {
+        self.incarnation
+    }
+
+    /// The settings the node runs with.
+    pub fn settings(&self) -> &ClusterSettings {
+        &self.settings
+    }
+
+    /// The link gates of this node (fault injection).
+    pub fn links(&self) -> &Links {
+        &self.links
+    }
+
+    /// The node's history, if it keeps one.
+    pub fn history(&self) -> Option<&History> {
+        self.history.as_ref()
+    }
+
+    /// Delivers [`ClusterEvent`](crate::ClusterEvent)s to `subscriber`: first the current
+    /// members, then every change in order.
+    pub fn subscribe(&self, subscriber: ClusterSubscriber) -> Result<(), ClusterError> {
+        self.agent
+            .cast(AgentMsg::Local(Local::Subscribe(subscriber)))
+            .map_err(|_| ClusterError::Actor("the node's agent has stopped".into()))
+    }
+
+    /// This node's current view of the cluster.
+    pub async fn view(&self) -> Result<NodeView, ClusterError> {
+        ractor::call_t!(self.agent, AgentMsg::Inspect, 5000, Inspect {})
+            .map_err(|e| ClusterError::Actor(format!("the node's agent did not answer: {e}")))
+    }
+
+    /// Cuts (stalls) or heals this node's traffic with `peer` (needs `cluster.fault-injection`).
+    pub async fn set_link(&self, peer: &NodeAddr, cut: bool) -> Result<(), ClusterError> {
+        let reply: FaultReply =
+            ractor::call_t!(self.agent, AgentMsg::SetLink, 5000, LinkFault { peer: peer.clone(), cut })
+                .map_err(|e| ClusterError::Actor(e.to_string()))?;
+        match reply.error {
+            None => Ok(()),
+            Some(e) => Err(ClusterError::Actor(e)),
+        }
+    }
+
+    /// Whether the node is still running (its agent fails if its member lease actor dies).
+    pub fn is_running(&self) -> bool {
+        !matches!(self.agent.get_status(), ActorStatus::Stopped | ActorStatus::Stopping)
+    }
+
+    /// Waits until the node stops on its own (it does not while healthy).
+    pub async fn stopped(&self) {
+        let _ = self.agent.wait(None).await;
+    }
+
+    /// Leaves gracefully: subscribers get `SelfLeaving` and peers a leave notice; once every
+    /// hand-over guard is dropped (or `leave-timeout` passed) the member lease is released
+    /// and the sessions are closed.
+    pub async fn leave(self) -> Result<(), ClusterError> {
+        let answer = ractor::call_t!(self.agent, |r| AgentMsg::Local(Local::Leave(r)), 5000)
+            .map_err(|e| ClusterError::Actor(format!("the node's agent did not answer: {e}")));
+        let left = answer.as_ref().map(|_| ()).map_err(|e| ClusterError::Actor(e.to_string()));
+        if let Ok((wait, member_lease)) = answer {
+            if tokio::time::timeout(self.settings.leave_timeout, wait.done()).await.is_err() {
+                tracing::warn!(timeout = ?self.settings.leave_timeout, "hand-over did not finish within cluster.leave-timeout; leaving anyway");
+            }
+            let timeout = self.settings.member_lease.lease_operation_timeout + RELEASE_SLACK;
+            match ractor::call_t!(member_lease, LeaseMsg::Release, timeout.as_millis() as u64) {
+                Ok(Ok(_)) => tracing::info!(node = %self.settings.addr, "member lease released; left the cluster"),
+                Ok(Err(e)) => tracing::warn!(error = %e, "member lease release failed; it expires after its ttl"),
+                Err(e) => tracing::warn!(error = %e, "member lease actor did not answer; the lease expires after its ttl"),
+            }
+        }
+        if let Some(h) = &self.history {
+            h.record("node_left", serde_json::json!({}));
+        }
+        let _ = self.agent.stop_and_wait(Some("left".into()), Some(Duration::from_secs(5))).await;
+        let _ = self.server.stop_and_wait(Some("left".into()), Some(Duration::from_secs(5))).await;
+        left
+    }
+}

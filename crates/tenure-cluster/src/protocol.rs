@@ -1,0 +1,124 @@
+//! The messages nodes exchange (through their agents) and the local messages of the agent.
+
+use ractor::RpcReplyPort;
+use ractor_cluster::node::NodeServerSessionInformation;
+use serde::{Deserialize, Serialize};
+use tenure_lease::{LeaseEvent, LeaseRecord};
+
+use crate::identity::{Incarnation, NodeAddr};
+use crate::member::MemberStatus;
+use crate::subscribe::ClusterSubscriber;
+
+/// Version of this protocol, carried in [`Hello`]. A peer speaking another version is
+/// refused (logged and disconnected). `Hello`'s first field must stay a `u32` version.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Sent by each side when a session is ready: who we are and whom we know (transitive
+/// discovery).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Hello {
+    pub protocol: u32,
+    pub system: String,
+    pub node: NodeAddr,
+    pub incarnation: Incarnation,
+    pub known: Vec<NodeAddr>,
+}
+
+/// Liveness beacon, every `cluster.heartbeat-interval`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Heartbeat {
+    pub node: NodeAddr,
+    pub incarnation: Incarnation,
+}
+
+/// The sender is leaving gracefully; its member lease is released once it handed over.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Leaving {
+    pub node: NodeAddr,
+    pub incarnation: Incarnation,
+}
+
+/// Asks a node for its view.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Inspect {}
+
+/// One member in a node's view.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MemberInfo {
+    pub addr: NodeAddr,
+    pub incarnation: Incarnation,
+    /// Age order: the fencing token of its member lease (0 while joining).
+    pub age: u64,
+    pub status: MemberStatus,
+    pub reachable: bool,
+    /// Milliseconds since anything arrived from it (none for this node itself).
+    pub silence_ms: Option<u64>,
+    /// Open ractor sessions with it (1 when the mesh is healthy).
+    pub sessions: u32,
+    /// Whether this node's link to it is cut by fault injection.
+    pub link_cut: bool,
+}
+
+/// A node's view of the cluster, oldest member first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeView {
+    pub system: String,
+    pub node: NodeAddr,
+    pub incarnation: Incarnation,
+    pub members: Vec<MemberInfo>,
+}
+
+/// Cut (stall) or heal this node's traffic with `peer` (needs `cluster.fault-injection`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LinkFault {
+    pub peer: NodeAddr,
+    pub cut: bool,
+}
+
+/// `error` says why a fault command was refused.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FaultReply {
+    pub error: Option<String>,
+}
+
+crate::cluster_message! {
+    /// Messages of a node's agent (the one remotable actor of the cluster layer).
+    pub enum AgentMsg {
+        cast Hello(Hello),
+        cast Heartbeat(Heartbeat),
+        cast Leaving(Leaving),
+        call Inspect(Inspect) -> NodeView,
+        call SetLink(LinkFault) -> FaultReply,
+        local Local(Local),
+    }
+}
+
+/// A session event forwarded from the ractor_cluster node server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionChange {
+    Opened,
+    Authenticated,
+    Ready,
+    Disconnected,
+}
+
+/// Messages an agent sends itself or gets from its own node.
+pub enum Local {
+    Session(SessionChange, Box<NodeServerSessionInformation>),
+    Lease(LeaseEvent),
+    Tick,
+    Poll,
+    Listed(Result<Vec<LeaseRecord>, String>),
+    Dialed {
+        peer: NodeAddr,
+        result: Result<(), String>,
+    },
+    Subscribe(ClusterSubscriber),
+    Leave(RpcReplyPort<crate::agent::LeaveAnswer>),
+}
+
+impl From<LeaseEvent> for AgentMsg {
+    fn from(event: LeaseEvent) -> Self {
+        AgentMsg::Local(Local::Lease(event))
+    }
+}
