@@ -35,6 +35,8 @@ pub enum CliError {
     Config(#[from] tenure::ConfigError),
     #[error(transparent)]
     Lease(#[from] tenure::LeaseError),
+    #[error(transparent)]
+    Cluster(#[from] tenure::cluster::ClusterError),
     #[error("{0}")]
     Command(String),
 }

@@ -2,6 +2,7 @@
 
 mod exit;
 mod lease_cmd;
+mod node_cmd;
 mod run_cmd;
 
 use std::path::PathBuf;
@@ -28,6 +29,44 @@ enum Command {
     /// Acquire, release and inspect leases.
     #[command(subcommand)]
     Lease(LeaseCommand),
+    /// Run a cluster node ([cluster] in the config) until SIGTERM or Ctrl-C, then leave
+    /// gracefully (a second signal exits at once). Exit 0 after a graceful leave.
+    Node {
+        /// Append the node's events (JSON Lines, host monotonic clock) to this file.
+        #[arg(long)]
+        history: Option<PathBuf>,
+    },
+    /// Inspect a running cluster through one of its nodes (uses [cluster] cookie and TLS).
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
+}
+
+#[derive(Subcommand, Debug)]
+enum ClusterCommand {
+    /// Print a node's view: every member with status, age order, reachability, sessions
+    /// and incarnation (oldest first; `*` marks the node asked).
+    Members {
+        /// The node to ask, as host:port.
+        #[arg(long)]
+        node: String,
+        /// Print the view as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Fault injection (the node needs cluster.fault-injection = true): stall or resume
+    /// the node's traffic with a peer while the TCP connection stays open. Cut both sides
+    /// of a pair to partition it.
+    Fault {
+        /// The node to change, as host:port.
+        #[arg(long)]
+        node: String,
+        /// Stall traffic with this peer.
+        #[arg(long, conflicts_with = "heal", required_unless_present = "heal")]
+        cut: Option<String>,
+        /// Resume traffic with this peer.
+        #[arg(long)]
+        heal: Option<String>,
+    },
 }
 
 /// Which lease, held by whom, in which config section.
@@ -101,14 +140,20 @@ fn init_tracing() {
         .init();
 }
 
-// Single-threaded on purpose: `lease run` spawns its command from the main thread, which
-// lives as long as the process, so the command's parent-death signal fires only when the
-// process dies.
-#[tokio::main(flavor = "current_thread")]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     init_tracing();
     let cli = Cli::parse();
-    let result = run(cli).await;
+    // Lease commands run single-threaded on purpose: `lease run` spawns its command from
+    // the main thread, which lives as long as the process, so the command's parent-death
+    // signal fires only when the process dies. A node serves many peers: multi-threaded.
+    let runtime = match cli.command {
+        Command::Lease(_) => tokio::runtime::Builder::new_current_thread().enable_all().build(),
+        Command::Node { .. } | Command::Cluster(_) => tokio::runtime::Builder::new_multi_thread().enable_all().build(),
+    };
+    let result = match runtime {
+        Ok(rt) => rt.block_on(run(cli)),
+        Err(e) => Err(CliError::Command(format!("cannot start the async runtime: {e}"))),
+    };
     match result {
         Ok(outcome) => outcome.exit_code(),
         Err(e) => {
@@ -142,6 +187,15 @@ async fn run(cli: Cli) -> Result<Outcome, CliError> {
                 grace,
                 command,
             } => run_cmd::run(&provider, &target, grace, &command).await,
+        },
+        Command::Node { history } => node_cmd::node(provider.config(), &provider, history.as_deref()).await,
+        Command::Cluster(ClusterCommand::Members { node, json }) => {
+            node_cmd::members(provider.config(), &node, json).await
+        }
+        Command::Cluster(ClusterCommand::Fault { node, cut, heal }) => match (cut, heal) {
+            (Some(peer), _) => node_cmd::fault(provider.config(), &node, &peer, true).await,
+            (None, Some(peer)) => node_cmd::fault(provider.config(), &node, &peer, false).await,
+            (None, None) => Err(CliError::Command("give --cut PEER or --heal PEER".into())),
         },
     }
 }

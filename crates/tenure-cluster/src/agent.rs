@@ -12,7 +12,9 @@ use ractor_cluster::node::NodeServerSessionInformation;
 use ractor_cluster::{NodeEventSubscription, NodeServerMessage, NodeSessionMessage};
 use serde_json::json;
 use tenure_lease::store::bounded;
-use tenure_lease::{LeaseActor, LeaseEvent, LeaseEventSink, LeaseMsg, LeaseRecord, LeaseSpec, LeaseStore};
+use tenure_lease::{
+    AcquireOutcome, AcquireRequest, LeaseActor, LeaseEvent, LeaseEventSink, LeaseMsg, LeaseRecord, LeaseSpec, LeaseStore,
+};
 use tokio::time::Instant;
 
 use crate::backoff::Backoff;
@@ -35,11 +37,55 @@ pub fn scope(system: &str) -> String {
     format!("tenure/{system}")
 }
 
-/// The note kept with a member lease: who holds it, in which life.
+/// The note kept with a member lease: who holds it, in which life, and its join ticket.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct MemberNote {
     pub node: NodeAddr,
     pub incarnation: Incarnation,
+    pub age: u64,
+    /// Keyed digest of the above with the cookie: only nodes with the cluster's cookie
+    /// can write a member lease the others accept.
+    pub proof: String,
+}
+
+impl MemberNote {
+    fn new(cookie: &str, system: &str, node: NodeAddr, incarnation: Incarnation, age: u64) -> MemberNote {
+        let proof = member_proof(cookie, system, &node, incarnation, age);
+        MemberNote { node, incarnation, age, proof }
+    }
+}
+
+fn member_proof(cookie: &str, system: &str, node: &NodeAddr, incarnation: Incarnation, age: u64) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(format!("tenure-member\n{cookie}\n{system}\n{node}\n{incarnation}\n{age}"));
+    digest[..12].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Takes a join ticket: grants of one lease name get strictly increasing tokens, so
+/// acquiring (and at once releasing) `<system>-join` numbers joins in order. The ticket is
+/// the member's age. Retries until it gets one.
+async fn take_ticket(store: Arc<dyn LeaseStore>, name: String, owner: String, timeout: Duration) -> u64 {
+    let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_secs(2));
+    loop {
+        let request = AcquireRequest {
+            name: name.clone(),
+            owner: owner.clone(),
+            instance: format!("join-{}", Incarnation::new()),
+            ttl: timeout * 2,
+            note: Some("join ticket (released at once)".into()),
+        };
+        match bounded(&name, "acquire", timeout, store.try_acquire(&request)).await {
+            Ok(AcquireOutcome::Granted(record)) => {
+                if let Err(e) = bounded(&name, "release", timeout, store.release(&name, &owner, record.token)).await {
+                    tracing::debug!(error = %e, "join ticket not released; it expires");
+                }
+                return record.token;
+            }
+            Ok(AcquireOutcome::Held(_)) => {}
+            Err(e) => tracing::warn!(error = %e, "cannot take a join ticket; retrying"),
+        }
+        tokio::time::sleep(backoff.failed()).await;
+    }
 }
 
 pub(crate) struct Agent;
@@ -51,7 +97,6 @@ pub(crate) struct AgentArgs {
     pub tls: Option<Tls>,
     pub links: Arc<Links>,
     pub store: Arc<dyn LeaseStore>,
-    pub member_spec: LeaseSpec,
     pub history: Option<History>,
 }
 
@@ -87,8 +132,15 @@ pub(crate) struct AgentState {
     tls: Option<Tls>,
     links: Arc<Links>,
     store: Arc<dyn LeaseStore>,
-    member_lease: ActorRef<LeaseMsg>,
+    /// The LeaseActor of the member lease, once a join ticket was taken.
+    member_lease: Option<ActorRef<LeaseMsg>>,
+    /// The join ticket of the current membership (this node's age).
+    ticket: Option<u64>,
     history: Option<History>,
+    /// Member leases of nodes with another cookie, already warned about.
+    foreign: std::collections::HashSet<(NodeAddr, Incarnation)>,
+    /// Hellos that arrived before their session was known here.
+    pending_hellos: HashMap<NodeAddr, Hello>,
     view: Membership,
     reach: crate::reachability::Reachability,
     sessions: HashMap<u64, Session>,
@@ -144,9 +196,6 @@ impl Actor for Agent {
         let scope = scope(&a.settings.system);
         pg::join_scoped(scope.clone(), AGENT_GROUP.into(), vec![myself.get_cell()]);
         pg::monitor_scope(scope.clone(), myself.get_cell());
-        let (member_lease, _) =
-            LeaseActor::start(a.member_spec, LeaseEventSink::to_actor(myself.clone()), Some(myself.get_cell())).await?;
-        member_lease.cast(LeaseMsg::Acquire { reply: None })?;
         let timers = vec![
             myself.send_interval(a.settings.heartbeat_interval, || AgentMsg::Local(Local::Tick)),
             myself.send_interval(a.settings.membership_interval, || AgentMsg::Local(Local::Poll)),
@@ -156,6 +205,7 @@ impl Actor for Agent {
             h.record("node_started", json!({}));
         }
         let _ = myself.cast(AgentMsg::Local(Local::Poll));
+        spawn_ticket(&myself, &a.settings, a.store.clone());
         let _ = myself.cast(AgentMsg::Local(Local::Tick));
         Ok(AgentState {
             view: Membership::new(me.clone(), a.incarnation),
@@ -166,8 +216,11 @@ impl Actor for Agent {
             tls: a.tls,
             links: a.links,
             store: a.store,
-            member_lease,
+            member_lease: None,
+            ticket: None,
             history: a.history,
+            pending_hellos: HashMap::new(),
+            foreign: Default::default(),
             reach: Default::default(),
             sessions: HashMap::new(),
             peers: HashMap::new(),
@@ -227,11 +280,12 @@ impl Actor for Agent {
                         state.greet(node_id);
                     }
                 }
+                state.retry_pending_hellos();
             }
-            SupervisionEvent::ActorFailed(cell, err) if cell.get_id() == state.member_lease.get_id() => {
+            SupervisionEvent::ActorFailed(cell, err) if state.is_member_lease(&cell) => {
                 return Err(format!("member lease actor failed: {err}").into());
             }
-            SupervisionEvent::ActorTerminated(cell, _, reason) if cell.get_id() == state.member_lease.get_id() => {
+            SupervisionEvent::ActorTerminated(cell, _, reason) if state.is_member_lease(&cell) => {
                 if !state.leaving {
                     return Err(format!("member lease actor stopped: {reason:?}").into());
                 }
@@ -242,7 +296,46 @@ impl Actor for Agent {
     }
 }
 
+fn spawn_ticket(myself: &ActorRef<AgentMsg>, s: &ClusterSettings, store: Arc<dyn LeaseStore>) {
+    let me = myself.clone();
+    let name = format!("{}-join", s.system);
+    let owner = s.addr.to_string();
+    let timeout = s.member_lease.lease_operation_timeout;
+    tokio::spawn(async move {
+        let ticket = take_ticket(store, name, owner, timeout).await;
+        let _ = me.cast(AgentMsg::Local(Local::Ticket(ticket)));
+    });
+}
+
 impl AgentState {
+    fn is_member_lease(&self, cell: &ractor::ActorCell) -> bool {
+        self.member_lease.as_ref().is_some_and(|l| l.get_id() == cell.get_id())
+    }
+
+    /// Starts holding the member lease for a membership numbered `ticket`.
+    async fn join(&mut self, myself: &ActorRef<AgentMsg>, ticket: u64) -> Result<(), ActorProcessingErr> {
+        let note = serde_json::to_string(&MemberNote::new(
+            &self.s.cookie,
+            &self.s.system,
+            self.me.clone(),
+            self.incarnation,
+            ticket,
+        ))?;
+        let spec = LeaseSpec::new(
+            &self.s.member_lease_name(&self.me),
+            &self.me.to_string(),
+            self.store.clone(),
+            self.s.member_lease,
+        )?
+        .with_note(note);
+        let (lease, _) = LeaseActor::start(spec, LeaseEventSink::to_actor(myself.clone()), Some(myself.get_cell())).await?;
+        lease.cast(LeaseMsg::Acquire { reply: None })?;
+        tracing::info!(node = %self.me, age = ticket, "joining: acquiring the member lease");
+        self.ticket = Some(ticket);
+        self.member_lease = Some(lease);
+        Ok(())
+    }
+
     fn hello(&self) -> Hello {
         Hello {
             protocol: PROTOCOL_VERSION,
@@ -258,6 +351,13 @@ impl AgentState {
             .into_iter()
             .find(|c| matches!(c.get_id(), ActorId::Remote { node_id: n, .. } if n == node_id))
             .map(ActorRef::from)
+    }
+
+    /// Retries the hellos that came before their session or agent was known.
+    fn retry_pending_hellos(&mut self) {
+        for (_, h) in std::mem::take(&mut self.pending_hellos) {
+            self.on_hello(h);
+        }
     }
 
     /// Says hello on session `node_id` once it is ready and its agent is known.
@@ -288,10 +388,11 @@ impl AgentState {
         let Some((node_id, agent)) = self
             .sessions
             .iter()
-            .filter(|(_, s)| s.ready && s.peer.as_ref() == Some(&h.node))
+            .filter(|(_, s)| s.authenticated && s.peer.as_ref() == Some(&h.node))
             .find_map(|(id, _)| self.agent_of(*id).map(|a| (*id, a)))
         else {
-            tracing::debug!(peer = %h.node, "hello from a peer without a ready session; ignored");
+            // Its session events or its agent's pg entry are still on their way.
+            self.pending_hellos.insert(h.node.clone(), h);
             return;
         };
         let now = Instant::now();
@@ -338,9 +439,15 @@ impl AgentState {
     async fn on_local(&mut self, myself: &ActorRef<AgentMsg>, local: Local) -> Result<(), ActorProcessingErr> {
         match local {
             Local::Session(change, ses) => self.on_session(change, *ses),
+            Local::Ticket(ticket) => {
+                if !self.leaving {
+                    self.join(myself, ticket).await?;
+                }
+            }
             Local::Lease(LeaseEvent::Granted(g)) => {
-                tracing::info!(node = %self.me, token = g.token, "member lease granted: up");
-                let events = self.view.self_granted(g.token);
+                let age = self.ticket.unwrap_or_default();
+                tracing::info!(node = %self.me, token = g.token, age, "member lease granted: up");
+                let events = self.view.self_granted(age);
                 self.emit(events);
             }
             Local::Lease(LeaseEvent::Lost(l)) => {
@@ -348,7 +455,13 @@ impl AgentState {
                 let events = self.view.self_lost();
                 self.emit(events);
                 if !self.leaving {
-                    self.member_lease.cast(LeaseMsg::Acquire { reply: None })?;
+                    // Rejoin as a new (youngest) membership: new ticket, new lease actor.
+                    if let Some(old) = self.member_lease.take() {
+                        old.unlink(myself.get_cell());
+                        old.stop(Some("member lease lost".into()));
+                    }
+                    self.ticket = None;
+                    spawn_ticket(myself, &self.s, self.store.clone());
                 }
             }
             Local::Tick => self.tick(myself),
@@ -399,15 +512,26 @@ impl AgentState {
         Ok(())
     }
 
-    fn parse_listing(&self, records: &[LeaseRecord]) -> Vec<Listed> {
-        records
-            .iter()
-            .filter_map(|r| {
-                let note: MemberNote = serde_json::from_str(r.note.as_deref()?).ok()?;
-                let owner = NodeAddr::parse("member lease owner", &r.owner).ok()?;
-                (owner == note.node).then_some(Listed { addr: owner, incarnation: note.incarnation, token: r.token })
-            })
-            .collect()
+    /// The member leases written by nodes with our cookie.
+    fn parse_listing(&mut self, records: &[LeaseRecord]) -> Vec<Listed> {
+        let mut listed = Vec::new();
+        for r in records {
+            let Some(note) = r.note.as_deref().and_then(|n| serde_json::from_str::<MemberNote>(n).ok()) else {
+                continue;
+            };
+            let Ok(owner) = NodeAddr::parse("member lease owner", &r.owner) else {
+                continue;
+            };
+            let proof = member_proof(&self.s.cookie, &self.s.system, &owner, note.incarnation, note.age);
+            if owner != note.node || proof != note.proof {
+                if self.foreign.insert((owner.clone(), note.incarnation)) {
+                    tracing::warn!(member = %owner, incarnation = %note.incarnation, "ignoring a member lease written with another cookie: that node is not a member");
+                }
+                continue;
+            }
+            listed.push(Listed { addr: owner, incarnation: note.incarnation, age: note.age });
+        }
+        listed
     }
 
     fn on_session(&mut self, change: SessionChange, ses: NodeServerSessionInformation) {
@@ -443,6 +567,7 @@ impl AgentState {
                     s.ready = true;
                     self.greet(id);
                 }
+                self.retry_pending_hellos();
             }
             SessionChange::Disconnected => {
                 self.greeted.remove(&id);
@@ -658,4 +783,4 @@ impl AgentState {
 pub(crate) const RELEASE_SLACK: Duration = Duration::from_secs(1);
 
 /// What a leave request answers: the hand-over wait and the member lease to release.
-pub(crate) type LeaveAnswer = (HandOverWait, ActorRef<LeaseMsg>);
+pub(crate) type LeaveAnswer = (HandOverWait, Option<ActorRef<LeaseMsg>>);

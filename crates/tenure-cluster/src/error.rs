@@ -30,6 +30,9 @@ pub enum ClusterError {
     /// An actor of the node could not be started or has stopped.
     #[error("cluster node actor: {0}")]
     Actor(String),
+    /// The history file cannot be opened for appending.
+    #[error("history file {path}: {detail}")]
+    History { path: String, detail: String },
     /// Could not reach or talk to a node.
     #[error("node {addr}: {detail}")]
     Connect { addr: String, detail: String },

@@ -11,6 +11,7 @@ use crate::error::ClusterError;
 /// A node's cluster address, `host:port`, as configured and as peers dial it. It is also
 /// the owner name of every lease the node holds.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
 pub struct NodeAddr {
     pub host: String,
     pub port: u16,
@@ -47,6 +48,19 @@ impl NodeAddr {
     /// The address with a parsed IP host, when the host is an IP address.
     pub fn ip(&self) -> Option<IpAddr> {
         self.host.parse().ok()
+    }
+}
+
+impl TryFrom<String> for NodeAddr {
+    type Error = ClusterError;
+    fn try_from(text: String) -> Result<Self, ClusterError> {
+        NodeAddr::parse("node address", &text)
+    }
+}
+
+impl From<NodeAddr> for String {
+    fn from(addr: NodeAddr) -> String {
+        addr.to_string()
     }
 }
 

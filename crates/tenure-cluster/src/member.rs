@@ -43,8 +43,8 @@ impl MemberStatus {
 pub struct Member {
     pub addr: NodeAddr,
     pub incarnation: Incarnation,
-    /// Age order: the fencing token of its member lease grant (lower = joined earlier);
-    /// 0 while joining.
+    /// Age order: the join ticket of its membership (lower = joined earlier); 0 while
+    /// joining.
     pub age: u64,
     pub status: MemberStatus,
     /// Whether heartbeats from it arrive (always true for this node itself).
@@ -85,7 +85,8 @@ pub enum ClusterEvent {
 pub struct Listed {
     pub addr: NodeAddr,
     pub incarnation: Incarnation,
-    pub token: u64,
+    /// The member's join ticket (its age).
+    pub age: u64,
 }
 
 /// The view: this node and the members it knows, keyed by address.
@@ -141,12 +142,12 @@ impl Membership {
         self.others.keys()
     }
 
-    /// This node's member lease was granted with `token`.
-    pub fn self_granted(&mut self, token: u64) -> Vec<ClusterEvent> {
+    /// This node's member lease was granted, for a membership with join ticket `age`.
+    pub fn self_granted(&mut self, age: u64) -> Vec<ClusterEvent> {
         if self.me.status == MemberStatus::Leaving {
             return Vec::new();
         }
-        self.me.age = token;
+        self.me.age = age;
         self.me.status = MemberStatus::Up;
         vec![ClusterEvent::MemberUp(self.me.clone())]
     }
@@ -227,7 +228,7 @@ impl Membership {
                 m.status != MemberStatus::Joining
                     && present
                         .get(addr)
-                        .is_none_or(|l| l.incarnation != m.incarnation || l.token != m.age)
+                        .is_none_or(|l| l.incarnation != m.incarnation || l.age != m.age)
             })
             .map(|(a, _)| a.clone())
             .collect();
@@ -237,7 +238,7 @@ impl Membership {
         for (addr, l) in present {
             match self.others.get_mut(addr) {
                 Some(m) if m.incarnation == l.incarnation && m.status == MemberStatus::Joining => {
-                    m.age = l.token;
+                    m.age = l.age;
                     m.status = MemberStatus::Up;
                     events.push(ClusterEvent::MemberUp(m.clone()));
                 }
@@ -256,7 +257,7 @@ impl Membership {
         let m = Member {
             addr: l.addr.clone(),
             incarnation: l.incarnation,
-            age: l.token,
+            age: l.age,
             status: MemberStatus::Up,
             reachable: true,
         };
@@ -311,7 +312,7 @@ mod tests {
         NodeAddr::parse("t", &format!("127.0.0.1:{p}")).unwrap()
     }
     fn listed(p: u16, inc: u64, token: u64) -> Listed {
-        Listed { addr: addr(p), incarnation: Incarnation(inc), token }
+        Listed { addr: addr(p), incarnation: Incarnation(inc), age: token }
     }
     fn kinds(events: &[ClusterEvent]) -> Vec<String> {
         events

@@ -1,15 +1,16 @@
 //! A cluster node: the ractor_cluster node server, the agent, and the member lease.
 
 use std::net::{IpAddr, Ipv6Addr};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{Actor, ActorRef, ActorStatus};
 use ractor_cluster::node::NodeConnectionMode;
 use ractor_cluster::{IncomingEncryptionMode, NodeServer, NodeServerMessage};
-use tenure_lease::{LeaseMsg, LeaseProvider, LeaseSpec};
+use tenure_lease::{LeaseMsg, LeaseProvider};
 
-use crate::agent::{Agent, AgentArgs, MemberNote, RELEASE_SLACK};
+use crate::agent::{Agent, AgentArgs, RELEASE_SLACK};
 use crate::error::ClusterError;
 use crate::history::History;
 use crate::identity::{Incarnation, NodeAddr};
@@ -30,26 +31,27 @@ pub struct Node {
 
 impl Node {
     /// Starts a node: listens on `cluster.host:cluster.port`, starts acquiring its member
-    /// lease in `cluster.lease-section` of `provider`, and dials the seeds. Returns once
+    /// lease in `cluster.lease-section` of `provider`, and dials the seeds; appends its
+    /// events to the JSON Lines `history` file when given. Returns once
     /// listening; membership follows (subscribe to see it). One node per process.
     pub async fn start(
         settings: ClusterSettings,
         provider: &LeaseProvider,
-        history: Option<History>,
+        history: Option<&Path>,
     ) -> Result<Node, ClusterError> {
         let incarnation = Incarnation::new();
         let addr = settings.addr.clone();
+        let history = history
+            .map(|path| {
+                History::open(path, &addr, incarnation).map_err(|e| ClusterError::History {
+                    path: path.display().to_string(),
+                    detail: e.to_string(),
+                })
+            })
+            .transpose()?;
         let tls = settings.tls.as_ref().map(Tls::load).transpose()?;
         let store = provider.store(&settings.lease_section).await?;
-        let note = serde_json::to_string(&MemberNote { node: addr.clone(), incarnation })
-            .map_err(|e| ClusterError::Actor(e.to_string()))?;
-        let spec = LeaseSpec::new(
-            &settings.member_lease_name(&addr),
-            &addr.to_string(),
-            store.clone(),
-            settings.member_lease,
-        )?
-        .with_note(note);
+        tenure_lease::names::check_lease_name(&settings.member_lease_name(&addr))?;
 
         let listen = addr.ip().unwrap_or(IpAddr::V6(Ipv6Addr::UNSPECIFIED));
         // Bind once ourselves for a clear error (the node server's own bind error is generic).
@@ -80,7 +82,6 @@ impl Node {
             tls,
             links: links.clone(),
             store,
-            member_spec: spec,
             history: history.clone(),
         };
         let agent = match Actor::spawn(None, Agent, args).await {
@@ -165,11 +166,13 @@ impl Node {
             if tokio::time::timeout(self.settings.leave_timeout, wait.done()).await.is_err() {
                 tracing::warn!(timeout = ?self.settings.leave_timeout, "hand-over did not finish within cluster.leave-timeout; leaving anyway");
             }
-            let timeout = self.settings.member_lease.lease_operation_timeout + RELEASE_SLACK;
-            match ractor::call_t!(member_lease, LeaseMsg::Release, timeout.as_millis() as u64) {
-                Ok(Ok(_)) => tracing::info!(node = %self.settings.addr, "member lease released; left the cluster"),
-                Ok(Err(e)) => tracing::warn!(error = %e, "member lease release failed; it expires after its ttl"),
-                Err(e) => tracing::warn!(error = %e, "member lease actor did not answer; the lease expires after its ttl"),
+            if let Some(member_lease) = member_lease {
+                let timeout = self.settings.member_lease.lease_operation_timeout + RELEASE_SLACK;
+                match ractor::call_t!(member_lease, LeaseMsg::Release, timeout.as_millis() as u64) {
+                    Ok(Ok(_)) => tracing::info!(node = %self.settings.addr, "member lease released; left the cluster"),
+                    Ok(Err(e)) => tracing::warn!(error = %e, "member lease release failed; it expires after its ttl"),
+                    Err(e) => tracing::warn!(error = %e, "member lease actor did not answer; the lease expires after its ttl"),
+                }
             }
         }
         if let Some(h) = &self.history {

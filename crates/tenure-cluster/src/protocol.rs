@@ -106,6 +106,8 @@ pub enum SessionChange {
 pub enum Local {
     Session(SessionChange, Box<NodeServerSessionInformation>),
     Lease(LeaseEvent),
+    /// A join ticket was taken: start holding the member lease with this age.
+    Ticket(u64),
     Tick,
     Poll,
     Listed(Result<Vec<LeaseRecord>, String>),
