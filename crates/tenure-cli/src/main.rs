@@ -147,12 +147,18 @@ fn main() -> ExitCode {
     // the main thread, which lives as long as the process, so the command's parent-death
     // signal fires only when the process dies. A node serves many peers: multi-threaded.
     let runtime = match cli.command {
-        Command::Lease(_) => tokio::runtime::Builder::new_current_thread().enable_all().build(),
-        Command::Node { .. } | Command::Cluster(_) => tokio::runtime::Builder::new_multi_thread().enable_all().build(),
+        Command::Lease(_) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        Command::Node { .. } | Command::Cluster(_) => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build(),
     };
     let result = match runtime {
         Ok(rt) => rt.block_on(run(cli)),
-        Err(e) => Err(CliError::Command(format!("cannot start the async runtime: {e}"))),
+        Err(e) => Err(CliError::Command(format!(
+            "cannot start the async runtime: {e}"
+        ))),
     };
     match result {
         Ok(outcome) => outcome.exit_code(),
@@ -188,7 +194,9 @@ async fn run(cli: Cli) -> Result<Outcome, CliError> {
                 command,
             } => run_cmd::run(&provider, &target, grace, &command).await,
         },
-        Command::Node { history } => node_cmd::node(provider.config(), &provider, history.as_deref()).await,
+        Command::Node { history } => {
+            node_cmd::node(provider.config(), &provider, history.as_deref()).await
+        }
         Command::Cluster(ClusterCommand::Members { node, json }) => {
             node_cmd::members(provider.config(), &node, json).await
         }

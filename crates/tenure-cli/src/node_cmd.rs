@@ -10,12 +10,22 @@ use tokio::signal::unix::{SignalKind, signal};
 use crate::exit::{CliError, Outcome};
 
 /// Runs a node until SIGTERM / Ctrl-C, then leaves gracefully; a second signal forces exit.
-pub async fn node(config: &TenureConfig, provider: &LeaseProvider, history: Option<&Path>) -> Result<Outcome, CliError> {
+pub async fn node(
+    config: &TenureConfig,
+    provider: &LeaseProvider,
+    history: Option<&Path>,
+) -> Result<Outcome, CliError> {
     let settings = ClusterSettings::from_config(config)?;
-    let mut term = signal(SignalKind::terminate()).map_err(|e| CliError::Command(format!("cannot watch SIGTERM: {e}")))?;
-    let mut int = signal(SignalKind::interrupt()).map_err(|e| CliError::Command(format!("cannot watch SIGINT: {e}")))?;
+    let mut term = signal(SignalKind::terminate())
+        .map_err(|e| CliError::Command(format!("cannot watch SIGTERM: {e}")))?;
+    let mut int = signal(SignalKind::interrupt())
+        .map_err(|e| CliError::Command(format!("cannot watch SIGINT: {e}")))?;
     let node = Node::start(settings, provider, history).await?;
-    println!("node {} incarnation {} started", node.addr(), node.incarnation());
+    println!(
+        "node {} incarnation {} started",
+        node.addr(),
+        node.incarnation()
+    );
     let _ = std::io::stdout().flush();
     tokio::select! {
         _ = term.recv() => {}
@@ -53,7 +63,10 @@ pub async fn members(config: &TenureConfig, node: &str, json: bool) -> Result<Ou
     client.close().await;
     let view = view?;
     if json {
-        println!("{}", serde_json::to_string(&view).map_err(|e| CliError::Command(e.to_string()))?);
+        println!(
+            "{}",
+            serde_json::to_string(&view).map_err(|e| CliError::Command(e.to_string()))?
+        );
     } else {
         print!("{}", render(&view));
     }
@@ -61,7 +74,12 @@ pub async fn members(config: &TenureConfig, node: &str, json: bool) -> Result<Ou
 }
 
 /// `tenure cluster fault --node ADDR --cut|--heal PEER`.
-pub async fn fault(config: &TenureConfig, node: &str, peer: &str, cut: bool) -> Result<Outcome, CliError> {
+pub async fn fault(
+    config: &TenureConfig,
+    node: &str,
+    peer: &str,
+    cut: bool,
+) -> Result<Outcome, CliError> {
     let settings = ClusterSettings::from_config(config)?;
     let addr = parse_node("--node", node)?;
     let peer = parse_node(if cut { "--cut" } else { "--heal" }, peer)?;
@@ -97,8 +115,15 @@ fn render(view: &NodeView) -> String {
             (false, false, false) => "NO",
             (false, false, true) => "NO (cut)",
         };
-        let silence = m.silence_ms.map(|ms| format!("{ms}ms")).unwrap_or_else(|| "-".into());
-        let sessions = if me { "-".to_string() } else { m.sessions.to_string() };
+        let silence = m
+            .silence_ms
+            .map(|ms| format!("{ms}ms"))
+            .unwrap_or_else(|| "-".into());
+        let sessions = if me {
+            "-".to_string()
+        } else {
+            m.sessions.to_string()
+        };
         out.push_str(&format!(
             "{:<3} {:<24} {:<8} {:>6} {:<11} {:>9} {:>8}  {}\n",
             i + 1,

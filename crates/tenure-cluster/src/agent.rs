@@ -13,7 +13,8 @@ use ractor_cluster::{NodeEventSubscription, NodeServerMessage, NodeSessionMessag
 use serde_json::json;
 use tenure_lease::store::bounded;
 use tenure_lease::{
-    AcquireOutcome, AcquireRequest, LeaseActor, LeaseEvent, LeaseEventSink, LeaseMsg, LeaseRecord, LeaseSpec, LeaseStore,
+    AcquireOutcome, AcquireRequest, LeaseActor, LeaseEvent, LeaseEventSink, LeaseMsg, LeaseRecord,
+    LeaseSpec, LeaseStore,
 };
 use tokio::time::Instant;
 
@@ -22,8 +23,8 @@ use crate::history::History;
 use crate::identity::{Incarnation, NodeAddr};
 use crate::member::{ClusterEvent, Listed, Member, Membership};
 use crate::protocol::{
-    AgentMsg, FaultReply, Heartbeat, Hello, Inspect, Leaving, LinkFault, Local, MemberInfo, NodeView,
-    PROTOCOL_VERSION, SessionChange,
+    AgentMsg, FaultReply, Heartbeat, Hello, Inspect, Leaving, LinkFault, Local, MemberInfo,
+    NodeView, PROTOCOL_VERSION, SessionChange,
 };
 use crate::settings::ClusterSettings;
 use crate::subscribe::{ClusterSubscriber, HandOver, HandOverWait};
@@ -49,22 +50,56 @@ pub(crate) struct MemberNote {
 }
 
 impl MemberNote {
-    fn new(cookie: &str, system: &str, node: NodeAddr, incarnation: Incarnation, age: u64) -> MemberNote {
-        let proof = member_proof(cookie, system, &node, incarnation, age);
-        MemberNote { node, incarnation, age, proof }
+    fn new(
+        key: &str,
+        system: &str,
+        node: NodeAddr,
+        incarnation: Incarnation,
+        age: u64,
+    ) -> MemberNote {
+        let proof = member_proof(key, system, &node, incarnation, age);
+        MemberNote {
+            node,
+            incarnation,
+            age,
+            proof,
+        }
     }
 }
 
-fn member_proof(cookie: &str, system: &str, node: &NodeAddr, incarnation: Incarnation, age: u64) -> String {
+/// The key of member proofs: the cookie, and the CA fingerprint when TLS is on (so that
+/// plain-text or other-CA nodes sharing the store are not members either).
+fn proof_key(cookie: &str, tls: Option<&Tls>) -> String {
+    format!(
+        "{cookie}\n{}",
+        tls.map(|t| t.ca_fingerprint.as_str())
+            .unwrap_or("plaintext")
+    )
+}
+
+fn member_proof(
+    key: &str,
+    system: &str,
+    node: &NodeAddr,
+    incarnation: Incarnation,
+    age: u64,
+) -> String {
     use sha2::{Digest, Sha256};
-    let digest = Sha256::digest(format!("tenure-member\n{cookie}\n{system}\n{node}\n{incarnation}\n{age}"));
+    let digest = Sha256::digest(format!(
+        "tenure-member\n{key}\n{system}\n{node}\n{incarnation}\n{age}"
+    ));
     digest[..12].iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Takes a join ticket: grants of one lease name get strictly increasing tokens, so
 /// acquiring (and at once releasing) `<system>-join` numbers joins in order. The ticket is
 /// the member's age. Retries until it gets one.
-async fn take_ticket(store: Arc<dyn LeaseStore>, name: String, owner: String, timeout: Duration) -> u64 {
+async fn take_ticket(
+    store: Arc<dyn LeaseStore>,
+    name: String,
+    owner: String,
+    timeout: Duration,
+) -> u64 {
     let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_secs(2));
     loop {
         let request = AcquireRequest {
@@ -76,7 +111,14 @@ async fn take_ticket(store: Arc<dyn LeaseStore>, name: String, owner: String, ti
         };
         match bounded(&name, "acquire", timeout, store.try_acquire(&request)).await {
             Ok(AcquireOutcome::Granted(record)) => {
-                if let Err(e) = bounded(&name, "release", timeout, store.release(&name, &owner, record.token)).await {
+                if let Err(e) = bounded(
+                    &name,
+                    "release",
+                    timeout,
+                    store.release(&name, &owner, record.token),
+                )
+                .await
+                {
                     tracing::debug!(error = %e, "join ticket not released; it expires");
                 }
                 return record.token;
@@ -158,7 +200,9 @@ struct Forward(ActorRef<AgentMsg>);
 
 impl Forward {
     fn send(&self, change: SessionChange, ses: NodeServerSessionInformation) {
-        let _ = self.0.cast(AgentMsg::Local(Local::Session(change, Box::new(ses))));
+        let _ = self
+            .0
+            .cast(AgentMsg::Local(Local::Session(change, Box::new(ses))));
     }
 }
 
@@ -188,7 +232,11 @@ impl Actor for Agent {
     type State = AgentState;
     type Arguments = AgentArgs;
 
-    async fn pre_start(&self, myself: ActorRef<AgentMsg>, a: AgentArgs) -> Result<AgentState, ActorProcessingErr> {
+    async fn pre_start(
+        &self,
+        myself: ActorRef<AgentMsg>,
+        a: AgentArgs,
+    ) -> Result<AgentState, ActorProcessingErr> {
         a.server.cast(NodeServerMessage::SubscribeToEvents {
             id: "tenure-agent".into(),
             subscription: Box::new(Forward(myself.clone())),
@@ -197,8 +245,12 @@ impl Actor for Agent {
         pg::join_scoped(scope.clone(), AGENT_GROUP.into(), vec![myself.get_cell()]);
         pg::monitor_scope(scope.clone(), myself.get_cell());
         let timers = vec![
-            myself.send_interval(a.settings.heartbeat_interval, || AgentMsg::Local(Local::Tick)),
-            myself.send_interval(a.settings.membership_interval, || AgentMsg::Local(Local::Poll)),
+            myself.send_interval(a.settings.heartbeat_interval, || {
+                AgentMsg::Local(Local::Tick)
+            }),
+            myself.send_interval(a.settings.membership_interval, || {
+                AgentMsg::Local(Local::Poll)
+            }),
         ];
         let me = a.settings.addr.clone();
         if let Some(h) = &a.history {
@@ -235,17 +287,32 @@ impl Actor for Agent {
         })
     }
 
-    async fn post_stop(&self, myself: ActorRef<AgentMsg>, state: &mut AgentState) -> Result<(), ActorProcessingErr> {
+    async fn post_stop(
+        &self,
+        myself: ActorRef<AgentMsg>,
+        state: &mut AgentState,
+    ) -> Result<(), ActorProcessingErr> {
         for t in &state.timers {
             t.abort();
         }
-        let _ = state.server.cast(NodeServerMessage::UnsubscribeToEvents("tenure-agent".into()));
+        let _ = state.server.cast(NodeServerMessage::UnsubscribeToEvents(
+            "tenure-agent".into(),
+        ));
         pg::demonitor_scope(state.scope.clone(), myself.get_id());
-        pg::leave_scoped(state.scope.clone(), AGENT_GROUP.into(), vec![myself.get_cell()]);
+        pg::leave_scoped(
+            state.scope.clone(),
+            AGENT_GROUP.into(),
+            vec![myself.get_cell()],
+        );
         Ok(())
     }
 
-    async fn handle(&self, myself: ActorRef<AgentMsg>, msg: AgentMsg, state: &mut AgentState) -> Result<(), ActorProcessingErr> {
+    async fn handle(
+        &self,
+        myself: ActorRef<AgentMsg>,
+        msg: AgentMsg,
+        state: &mut AgentState,
+    ) -> Result<(), ActorProcessingErr> {
         match msg {
             AgentMsg::Hello(h) => state.on_hello(h),
             AgentMsg::Heartbeat(hb) => state.on_heartbeat(hb),
@@ -272,9 +339,11 @@ impl Actor for Agent {
         state: &mut AgentState,
     ) -> Result<(), ActorProcessingErr> {
         match event {
-            SupervisionEvent::ProcessGroupChanged(pg::GroupChangeMessage::Join(scope, group, cells))
-                if scope == state.scope && group == AGENT_GROUP =>
-            {
+            SupervisionEvent::ProcessGroupChanged(pg::GroupChangeMessage::Join(
+                scope,
+                group,
+                cells,
+            )) if scope == state.scope && group == AGENT_GROUP => {
                 for cell in cells {
                     if let ActorId::Remote { node_id, .. } = cell.get_id() {
                         state.greet(node_id);
@@ -309,13 +378,19 @@ fn spawn_ticket(myself: &ActorRef<AgentMsg>, s: &ClusterSettings, store: Arc<dyn
 
 impl AgentState {
     fn is_member_lease(&self, cell: &ractor::ActorCell) -> bool {
-        self.member_lease.as_ref().is_some_and(|l| l.get_id() == cell.get_id())
+        self.member_lease
+            .as_ref()
+            .is_some_and(|l| l.get_id() == cell.get_id())
     }
 
     /// Starts holding the member lease for a membership numbered `ticket`.
-    async fn join(&mut self, myself: &ActorRef<AgentMsg>, ticket: u64) -> Result<(), ActorProcessingErr> {
+    async fn join(
+        &mut self,
+        myself: &ActorRef<AgentMsg>,
+        ticket: u64,
+    ) -> Result<(), ActorProcessingErr> {
         let note = serde_json::to_string(&MemberNote::new(
-            &self.s.cookie,
+            &proof_key(&self.s.cookie, self.tls.as_ref()),
             &self.s.system,
             self.me.clone(),
             self.incarnation,
@@ -328,7 +403,12 @@ impl AgentState {
             self.s.member_lease,
         )?
         .with_note(note);
-        let (lease, _) = LeaseActor::start(spec, LeaseEventSink::to_actor(myself.clone()), Some(myself.get_cell())).await?;
+        let (lease, _) = LeaseActor::start(
+            spec,
+            LeaseEventSink::to_actor(myself.clone()),
+            Some(myself.get_cell()),
+        )
+        .await?;
         lease.cast(LeaseMsg::Acquire { reply: None })?;
         tracing::info!(node = %self.me, age = ticket, "joining: acquiring the member lease");
         self.ticket = Some(ticket);
@@ -362,7 +442,10 @@ impl AgentState {
 
     /// Says hello on session `node_id` once it is ready and its agent is known.
     fn greet(&mut self, node_id: u64) {
-        let ready = self.sessions.get(&node_id).is_some_and(|s| s.ready && s.peer.is_some());
+        let ready = self
+            .sessions
+            .get(&node_id)
+            .is_some_and(|s| s.ready && s.peer.is_some());
         if !ready || self.greeted.contains(&node_id) {
             return;
         }
@@ -401,8 +484,18 @@ impl AgentState {
                 self.gossip.insert(addr);
             }
         }
-        let fresh = self.peers.get(&h.node).is_none_or(|p| p.incarnation != h.incarnation);
-        self.peers.insert(h.node.clone(), Peer { incarnation: h.incarnation, node_id, agent });
+        let fresh = self
+            .peers
+            .get(&h.node)
+            .is_none_or(|p| p.incarnation != h.incarnation);
+        self.peers.insert(
+            h.node.clone(),
+            Peer {
+                incarnation: h.incarnation,
+                node_id,
+                agent,
+            },
+        );
         if fresh {
             tracing::info!(peer = %h.node, incarnation = %h.incarnation, "peer connected");
             if let Some(d) = self.dials.get_mut(&h.node) {
@@ -417,7 +510,11 @@ impl AgentState {
 
     /// Closes every session with `peer` and redials it only after the longest backoff.
     fn close_sessions_with(&mut self, peer: &NodeAddr) {
-        for s in self.sessions.values().filter(|s| s.peer.as_ref() == Some(peer)) {
+        for s in self
+            .sessions
+            .values()
+            .filter(|s| s.peer.as_ref() == Some(peer))
+        {
             s.actor.stop(Some("incompatible peer".into()));
         }
         let max = self.s.reconnect_backoff_max;
@@ -425,7 +522,10 @@ impl AgentState {
     }
 
     fn on_heartbeat(&mut self, hb: Heartbeat) {
-        let known = self.peers.get(&hb.node).is_some_and(|p| p.incarnation == hb.incarnation);
+        let known = self
+            .peers
+            .get(&hb.node)
+            .is_some_and(|p| p.incarnation == hb.incarnation);
         if !known {
             return;
         }
@@ -436,7 +536,11 @@ impl AgentState {
         }
     }
 
-    async fn on_local(&mut self, myself: &ActorRef<AgentMsg>, local: Local) -> Result<(), ActorProcessingErr> {
+    async fn on_local(
+        &mut self,
+        myself: &ActorRef<AgentMsg>,
+        local: Local,
+    ) -> Result<(), ActorProcessingErr> {
         match local {
             Local::Session(change, ses) => self.on_session(change, *ses),
             Local::Ticket(ticket) => {
@@ -488,7 +592,9 @@ impl AgentState {
                         let events = self.view.listed(&listing);
                         self.emit(events);
                     }
-                    Err(e) => tracing::warn!(error = %e, "cannot list member leases; the view is not updated"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot list member leases; the view is not updated")
+                    }
                 }
             }
             Local::Dialed { peer, result } => self.on_dialed(peer, result),
@@ -500,7 +606,10 @@ impl AgentState {
             Local::Leave(reply) => {
                 self.leaving = true;
                 let (guard, wait) = HandOver::new();
-                let leaving = Leaving { node: self.me.clone(), incarnation: self.incarnation };
+                let leaving = Leaving {
+                    node: self.me.clone(),
+                    incarnation: self.incarnation,
+                };
                 for p in self.peers.values() {
                     let _ = p.agent.cast(AgentMsg::Leaving(leaving.clone()));
                 }
@@ -516,20 +625,29 @@ impl AgentState {
     fn parse_listing(&mut self, records: &[LeaseRecord]) -> Vec<Listed> {
         let mut listed = Vec::new();
         for r in records {
-            let Some(note) = r.note.as_deref().and_then(|n| serde_json::from_str::<MemberNote>(n).ok()) else {
+            let Some(note) = r
+                .note
+                .as_deref()
+                .and_then(|n| serde_json::from_str::<MemberNote>(n).ok())
+            else {
                 continue;
             };
             let Ok(owner) = NodeAddr::parse("member lease owner", &r.owner) else {
                 continue;
             };
-            let proof = member_proof(&self.s.cookie, &self.s.system, &owner, note.incarnation, note.age);
+            let key = proof_key(&self.s.cookie, self.tls.as_ref());
+            let proof = member_proof(&key, &self.s.system, &owner, note.incarnation, note.age);
             if owner != note.node || proof != note.proof {
                 if self.foreign.insert((owner.clone(), note.incarnation)) {
-                    tracing::warn!(member = %owner, incarnation = %note.incarnation, "ignoring a member lease written with another cookie: that node is not a member");
+                    tracing::warn!(member = %owner, incarnation = %note.incarnation, "ignoring a member lease written with another cookie or TLS CA: that node is not a member");
                 }
                 continue;
             }
-            listed.push(Listed { addr: owner, incarnation: note.incarnation, age: note.age });
+            listed.push(Listed {
+                addr: owner,
+                incarnation: note.incarnation,
+                age: note.age,
+            });
         }
         listed
     }
@@ -538,7 +656,9 @@ impl AgentState {
         let id = ses.node_id;
         match change {
             SessionChange::Opened => {
-                let dialled = (!ses.is_server).then(|| NodeAddr::parse("dialled", &ses.peer_addr).ok()).flatten();
+                let dialled = (!ses.is_server)
+                    .then(|| NodeAddr::parse("dialled", &ses.peer_addr).ok())
+                    .flatten();
                 self.sessions.insert(
                     id,
                     Session {
@@ -571,7 +691,9 @@ impl AgentState {
             }
             SessionChange::Disconnected => {
                 self.greeted.remove(&id);
-                let Some(s) = self.sessions.remove(&id) else { return };
+                let Some(s) = self.sessions.remove(&id) else {
+                    return;
+                };
                 if !s.authenticated {
                     tracing::warn!(
                         peer = %s.peer_addr,
@@ -647,7 +769,10 @@ impl AgentState {
     /// Every `heartbeat-interval`: heartbeats out, reachability, dials.
     fn tick(&mut self, myself: &ActorRef<AgentMsg>) {
         let now = Instant::now();
-        let hb = Heartbeat { node: self.me.clone(), incarnation: self.incarnation };
+        let hb = Heartbeat {
+            node: self.me.clone(),
+            incarnation: self.incarnation,
+        };
         for p in self.peers.values() {
             let _ = p.agent.cast(AgentMsg::Heartbeat(hb.clone()));
         }
@@ -668,10 +793,10 @@ impl AgentState {
             .cloned()
             .collect();
         for addr in targets {
-            let connected = self
-                .sessions
-                .values()
-                .any(|s| s.peer.as_ref() == Some(&addr) || (!s.authenticated && s.dialled.as_ref() == Some(&addr)));
+            let connected = self.sessions.values().any(|s| {
+                s.peer.as_ref() == Some(&addr)
+                    || (!s.authenticated && s.dialled.as_ref() == Some(&addr))
+            });
             if connected {
                 continue;
             }
@@ -717,7 +842,9 @@ impl AgentState {
         if let Some(m) = member {
             if m.addr != self.me {
                 match event {
-                    ClusterEvent::MemberJoined(_) | ClusterEvent::MemberUp(_) => self.reach.watch(&m.addr, now),
+                    ClusterEvent::MemberJoined(_) | ClusterEvent::MemberUp(_) => {
+                        self.reach.watch(&m.addr, now)
+                    }
                     ClusterEvent::MemberRemoved(_) => self.reach.forget(&m.addr),
                     _ => {}
                 }
@@ -726,14 +853,18 @@ impl AgentState {
                 ClusterEvent::MemberDown(_) | ClusterEvent::Unreachable(_) => {
                     tracing::warn!(node = %self.me, member = %m.addr, incarnation = %m.incarnation, age = m.age, "{kind}")
                 }
-                _ => tracing::info!(node = %self.me, member = %m.addr, incarnation = %m.incarnation, age = m.age, "{kind}"),
+                _ => {
+                    tracing::info!(node = %self.me, member = %m.addr, incarnation = %m.incarnation, age = m.age, "{kind}")
+                }
             }
         } else {
             tracing::warn!(node = %self.me, "{kind}");
         }
         if let Some(h) = &self.history {
             let fields = match member {
-                Some(m) => json!({"member": m.addr.to_string(), "member_inc": m.incarnation.to_string(), "age": m.age, "status": m.status.as_str()}),
+                Some(m) => {
+                    json!({"member": m.addr.to_string(), "member_inc": m.incarnation.to_string(), "age": m.age, "status": m.status.as_str()})
+                }
                 None => json!({}),
             };
             h.record(kind, fields);
@@ -750,8 +881,15 @@ impl AgentState {
             .map(|m| {
                 let me = m.addr == self.me;
                 MemberInfo {
-                    sessions: self.sessions.values().filter(|s| s.authenticated && s.peer.as_ref() == Some(&m.addr)).count() as u32,
-                    silence_ms: (!me).then(|| self.reach.silence(&m.addr, now)).flatten().map(|d| d.as_millis() as u64),
+                    sessions: self
+                        .sessions
+                        .values()
+                        .filter(|s| s.authenticated && s.peer.as_ref() == Some(&m.addr))
+                        .count() as u32,
+                    silence_ms: (!me)
+                        .then(|| self.reach.silence(&m.addr, now))
+                        .flatten()
+                        .map(|d| d.as_millis() as u64),
                     link_cut: cut.contains(&m.addr),
                     addr: m.addr,
                     incarnation: m.incarnation,
@@ -761,19 +899,30 @@ impl AgentState {
                 }
             })
             .collect();
-        NodeView { system: self.s.system.clone(), node: self.me.clone(), incarnation: self.incarnation, members }
+        NodeView {
+            system: self.s.system.clone(),
+            node: self.me.clone(),
+            incarnation: self.incarnation,
+            members,
+        }
     }
 
     fn set_link(&mut self, fault: LinkFault) -> FaultReply {
         if !self.s.fault_injection {
             return FaultReply {
-                error: Some("fault injection is disabled on this node (cluster.fault-injection = false)".into()),
+                error: Some(
+                    "fault injection is disabled on this node (cluster.fault-injection = false)"
+                        .into(),
+                ),
             };
         }
         tracing::warn!(node = %self.me, peer = %fault.peer, cut = fault.cut, "fault injection: link {}", if fault.cut { "cut" } else { "healed" });
         self.links.gate(&fault.peer).set_cut(fault.cut);
         if let Some(h) = &self.history {
-            h.record(if fault.cut { "link_cut" } else { "link_healed" }, json!({"member": fault.peer.to_string()}));
+            h.record(
+                if fault.cut { "link_cut" } else { "link_healed" },
+                json!({"member": fault.peer.to_string()}),
+            );
         }
         FaultReply { error: None }
     }

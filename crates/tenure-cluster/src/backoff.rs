@@ -12,7 +12,11 @@ pub struct Backoff {
 
 impl Backoff {
     pub fn new(min: Duration, max: Duration) -> Backoff {
-        Backoff { min, max, failures: 0 }
+        Backoff {
+            min,
+            max,
+            failures: 0,
+        }
     }
 
     /// Consecutive failures so far.
@@ -45,7 +49,10 @@ mod tests {
         let (min, max) = (Duration::from_millis(100), Duration::from_secs(2));
         let mut b = Backoff::new(min, max);
         let first = b.failed();
-        assert!(first >= min.mul_f64(0.75) && first <= min.mul_f64(1.25), "{first:?}");
+        assert!(
+            first >= min.mul_f64(0.75) && first <= min.mul_f64(1.25),
+            "{first:?}"
+        );
         for _ in 0..30 {
             let d = b.failed();
             assert!(d <= max.mul_f64(1.25), "{d:?}");

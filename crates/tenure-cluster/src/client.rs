@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use ractor::{Actor, ActorId, ActorRef, pg};
 use ractor_cluster::node::{NodeConnectionMode, NodeServerSessionInformation};
-use ractor_cluster::{IncomingEncryptionMode, NodeEventSubscription, NodeServer, NodeServerMessage};
+use ractor_cluster::{
+    IncomingEncryptionMode, NodeEventSubscription, NodeServer, NodeServerMessage,
+};
 use tokio::sync::mpsc;
 
 use crate::agent::{AGENT_GROUP, scope};
@@ -37,8 +39,14 @@ impl NodeEventSubscription for Ready {
 
 impl ClusterClient {
     /// Connects to `node` with the cookie and TLS files of `settings`.
-    pub async fn connect(settings: &ClusterSettings, node: &NodeAddr) -> Result<ClusterClient, ClusterError> {
-        let fail = |detail: String| ClusterError::Connect { addr: node.to_string(), detail };
+    pub async fn connect(
+        settings: &ClusterSettings,
+        node: &NodeAddr,
+    ) -> Result<ClusterClient, ClusterError> {
+        let fail = |detail: String| ClusterError::Connect {
+            addr: node.to_string(),
+            detail,
+        };
         let tls = settings.tls.as_ref().map(Tls::load).transpose()?;
         crate::codec::set_local_label(&format!("client-{}", std::process::id()));
         let server = NodeServer::new(
@@ -46,7 +54,8 @@ impl ClusterClient {
             settings.cookie.clone(),
             format!("client-{}", std::process::id()),
             "local".into(),
-            tls.as_ref().map(|t| IncomingEncryptionMode::Tls(t.acceptor.clone())),
+            tls.as_ref()
+                .map(|t| IncomingEncryptionMode::Tls(t.acceptor.clone())),
             Some(NodeConnectionMode::Isolated),
         )
         .with_listen_addr(std::net::Ipv4Addr::LOCALHOST.into());
@@ -66,14 +75,26 @@ impl ClusterClient {
         server: ActorRef<NodeServerMessage>,
         tls: Option<Tls>,
     ) -> Result<ClusterClient, ClusterError> {
-        let fail = |detail: String| ClusterError::Connect { addr: node.to_string(), detail };
+        let fail = |detail: String| ClusterError::Connect {
+            addr: node.to_string(),
+            detail,
+        };
         let (tx, mut rx) = mpsc::unbounded_channel();
         server
-            .cast(NodeServerMessage::SubscribeToEvents { id: "client".into(), subscription: Box::new(Ready(tx)) })
+            .cast(NodeServerMessage::SubscribeToEvents {
+                id: "client".into(),
+                subscription: Box::new(Ready(tx)),
+            })
             .map_err(|e| fail(e.to_string()))?;
-        dial(&server, node, std::sync::Arc::new(Gate::default()), tls.as_ref(), settings.dial_timeout)
-            .await
-            .map_err(fail)?;
+        dial(
+            &server,
+            node,
+            std::sync::Arc::new(Gate::default()),
+            tls.as_ref(),
+            settings.dial_timeout,
+        )
+        .await
+        .map_err(fail)?;
         let wait = settings.dial_timeout * 2;
         let ready = tokio::time::timeout(wait, rx.recv()).await;
         let ses = match ready {
@@ -86,39 +107,63 @@ impl ClusterClient {
         let scope = scope(&settings.system);
         let group = AGENT_GROUP.to_string();
         for _ in 0..50 {
-            let agent = pg::get_scoped_members(&scope, &group)
-                .into_iter()
-                .find(|c| matches!(c.get_id(), ActorId::Remote { node_id, .. } if node_id == ses.node_id));
+            let agent = pg::get_scoped_members(&scope, &group).into_iter().find(
+                |c| matches!(c.get_id(), ActorId::Remote { node_id, .. } if node_id == ses.node_id),
+            );
             if let Some(agent) = agent {
-                return Ok(ClusterClient { node: node.clone(), server, agent: agent.into() });
+                return Ok(ClusterClient {
+                    node: node.clone(),
+                    server,
+                    agent: agent.into(),
+                });
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        Err(fail(format!("no Tenure agent of system `{}` there", settings.system)))
+        Err(fail(format!(
+            "no Tenure agent of system `{}` there",
+            settings.system
+        )))
     }
 
     /// The node's view of the cluster.
     pub async fn view(&self) -> Result<NodeView, ClusterError> {
-        ractor::call_t!(self.agent, AgentMsg::Inspect, 5000, Inspect {}).map_err(|e| ClusterError::Connect {
-            addr: self.node.to_string(),
-            detail: format!("no answer: {e}"),
+        ractor::call_t!(self.agent, AgentMsg::Inspect, 5000, Inspect {}).map_err(|e| {
+            ClusterError::Connect {
+                addr: self.node.to_string(),
+                detail: format!("no answer: {e}"),
+            }
         })
     }
 
     /// Cuts (stalls) or heals the node's link with `peer` (needs `cluster.fault-injection`).
     pub async fn set_link(&self, peer: &NodeAddr, cut: bool) -> Result<(), ClusterError> {
-        let reply: FaultReply =
-            ractor::call_t!(self.agent, AgentMsg::SetLink, 5000, LinkFault { peer: peer.clone(), cut }).map_err(|e| {
-                ClusterError::Connect { addr: self.node.to_string(), detail: format!("no answer: {e}") }
-            })?;
+        let reply: FaultReply = ractor::call_t!(
+            self.agent,
+            AgentMsg::SetLink,
+            5000,
+            LinkFault {
+                peer: peer.clone(),
+                cut
+            }
+        )
+        .map_err(|e| ClusterError::Connect {
+            addr: self.node.to_string(),
+            detail: format!("no answer: {e}"),
+        })?;
         match reply.error {
             None => Ok(()),
-            Some(detail) => Err(ClusterError::Connect { addr: self.node.to_string(), detail }),
+            Some(detail) => Err(ClusterError::Connect {
+                addr: self.node.to_string(),
+                detail,
+            }),
         }
     }
 
     /// Closes the session.
     pub async fn close(self) {
-        let _ = self.server.stop_and_wait(None, Some(Duration::from_secs(2))).await;
+        let _ = self
+            .server
+            .stop_and_wait(None, Some(Duration::from_secs(2)))
+            .await;
     }
 }

@@ -51,7 +51,13 @@ pub fn encode<T: Serialize>(
     match result {
         Ok(_) if out.len() <= MAX_PAYLOAD_BYTES => Ok(out),
         Ok(_) => {
-            tracing::warn!(message, variant, bytes = out.len(), limit = MAX_PAYLOAD_BYTES, "cluster message too large; not sent");
+            tracing::warn!(
+                message,
+                variant,
+                bytes = out.len(),
+                limit = MAX_PAYLOAD_BYTES,
+                "cluster message too large; not sent"
+            );
             Err(BoxedDowncastErr)
         }
         Err(e) => {
@@ -275,24 +281,54 @@ mod tests {
     #[test]
     fn casts_round_trip_with_the_variant_name_as_tag() {
         super::set_local_label("127.0.0.1:1");
-        let note = Note { text: "hi".into(), n: 7 };
+        let note = Note {
+            text: "hi".into(),
+            n: 7,
+        };
         let (variant, args) = cast_parts(TestMsg::Say(note).serialize().unwrap());
         assert_eq!(variant, "Say");
-        let back = TestMsg::deserialize(SerializedMessage::Cast { variant, args, metadata: None }).unwrap();
+        let back = TestMsg::deserialize(SerializedMessage::Cast {
+            variant,
+            args,
+            metadata: None,
+        })
+        .unwrap();
         assert!(matches!(back, TestMsg::Say(Note { ref text, n: 7 }) if text == "hi"));
     }
 
     #[test]
     fn garbage_unknown_variants_and_wrong_types_are_dropped_not_panicking() {
-        let (_, args) = cast_parts(TestMsg::Say(Note { text: "x".into(), n: 1 }).serialize().unwrap());
+        let (_, args) = cast_parts(
+            TestMsg::Say(Note {
+                text: "x".into(),
+                n: 1,
+            })
+            .serialize()
+            .unwrap(),
+        );
         // Right bytes, other variant's type: Blob cannot be read from a Note's bytes exactly.
-        let wrong = SerializedMessage::Cast { variant: "Big".into(), args: args.clone(), metadata: None };
+        let wrong = SerializedMessage::Cast {
+            variant: "Big".into(),
+            args: args.clone(),
+            metadata: None,
+        };
         assert!(TestMsg::deserialize(wrong).is_err());
-        let unknown = SerializedMessage::Cast { variant: "Renamed".into(), args, metadata: None };
+        let unknown = SerializedMessage::Cast {
+            variant: "Renamed".into(),
+            args,
+            metadata: None,
+        };
         assert!(TestMsg::deserialize(unknown).is_err());
-        let garbage = SerializedMessage::Cast { variant: "Say".into(), args: vec![0xff; 9], metadata: None };
+        let garbage = SerializedMessage::Cast {
+            variant: "Say".into(),
+            args: vec![0xff; 9],
+            metadata: None,
+        };
         assert!(TestMsg::deserialize(garbage).is_err());
-        assert!(TestMsg::Tick(Tick).serialize().is_err(), "local variants never go on the wire");
+        assert!(
+            TestMsg::Tick(Tick).serialize().is_err(),
+            "local variants never go on the wire"
+        );
     }
 
     #[test]
@@ -300,15 +336,31 @@ mod tests {
         // Label "a", then a Vec<u8> claiming u64::MAX bytes (varint 0xff + 8 bytes).
         let mut args = vec![1u8, b'a', 0xff];
         args.extend_from_slice(&u64::MAX.to_le_bytes());
-        let m = SerializedMessage::Cast { variant: "Big".into(), args, metadata: None };
+        let m = SerializedMessage::Cast {
+            variant: "Big".into(),
+            args,
+            metadata: None,
+        };
         assert!(TestMsg::deserialize(m).is_err());
     }
 
     #[tokio::test]
     async fn calls_bridge_typed_and_byte_reply_ports() {
         let (tx, rx) = ractor::concurrency::oneshot::<Note>();
-        let msg = TestMsg::Ask(Note { text: "q".into(), n: 1 }, tx.into());
-        let SerializedMessage::Call { variant, args, reply, .. } = msg.serialize().unwrap() else {
+        let msg = TestMsg::Ask(
+            Note {
+                text: "q".into(),
+                n: 1,
+            },
+            tx.into(),
+        );
+        let SerializedMessage::Call {
+            variant,
+            args,
+            reply,
+            ..
+        } = msg.serialize().unwrap()
+        else {
             panic!("expected a call");
         };
         let TestMsg::Ask(q, port) = TestMsg::deserialize(SerializedMessage::Call {
@@ -320,7 +372,17 @@ mod tests {
         .unwrap() else {
             panic!("expected Ask");
         };
-        port.send(Note { text: format!("{}!", q.text), n: q.n + 1 }).unwrap();
-        assert_eq!(rx.await.unwrap(), Note { text: "q!".into(), n: 2 });
+        port.send(Note {
+            text: format!("{}!", q.text),
+            n: q.n + 1,
+        })
+        .unwrap();
+        assert_eq!(
+            rx.await.unwrap(),
+            Note {
+                text: "q!".into(),
+                n: 2
+            }
+        );
     }
 }

@@ -30,7 +30,11 @@ impl std::fmt::Debug for History {
 
 impl History {
     /// Opens (creating or appending to) the history at `path`.
-    pub fn open(path: &Path, node: &NodeAddr, incarnation: Incarnation) -> std::io::Result<History> {
+    pub fn open(
+        path: &Path,
+        node: &NodeAddr,
+        incarnation: Incarnation,
+    ) -> std::io::Result<History> {
         let file = OpenOptions::new().create(true).append(true).open(path)?;
         Ok(History {
             file: Arc::new(Mutex::new(file)),

@@ -39,7 +39,9 @@ impl NodeAddr {
             }
         };
         if port == 0 {
-            return Err(bad("the port must not be 0 (peers must know where to dial)"));
+            return Err(bad(
+                "the port must not be 0 (peers must know where to dial)",
+            ));
         }
         check_host(&host).map_err(|d| bad(&d))?;
         Ok(NodeAddr { host, port })
@@ -126,7 +128,10 @@ mod tests {
     #[test]
     fn parses_ip_and_names() {
         let a = NodeAddr::parse("k", "127.0.0.1:4701").unwrap();
-        assert_eq!((a.host.as_str(), a.port, a.to_string()), ("127.0.0.1", 4701, "127.0.0.1:4701".into()));
+        assert_eq!(
+            (a.host.as_str(), a.port, a.to_string()),
+            ("127.0.0.1", 4701, "127.0.0.1:4701".into())
+        );
         let b = NodeAddr::parse("k", "node-1.example:80").unwrap();
         assert_eq!(b.to_string(), "node-1.example:80");
         let c = NodeAddr::parse("k", "[::1]:9").unwrap();
@@ -135,9 +140,21 @@ mod tests {
 
     #[test]
     fn rejects_bad_addresses_naming_the_key() {
-        for bad in ["127.0.0.1", "127.0.0.1:0", "host:99999", "bad host:1", ":1", "a..b:1"] {
-            let err = NodeAddr::parse("cluster.seeds[0]", bad).unwrap_err().to_string();
-            assert!(err.contains("cluster.seeds[0]") && err.contains(bad), "{err}");
+        for bad in [
+            "127.0.0.1",
+            "127.0.0.1:0",
+            "host:99999",
+            "bad host:1",
+            ":1",
+            "a..b:1",
+        ] {
+            let err = NodeAddr::parse("cluster.seeds[0]", bad)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("cluster.seeds[0]") && err.contains(bad),
+                "{err}"
+            );
         }
     }
 

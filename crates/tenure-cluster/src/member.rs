@@ -312,7 +312,11 @@ mod tests {
         NodeAddr::parse("t", &format!("127.0.0.1:{p}")).unwrap()
     }
     fn listed(p: u16, inc: u64, token: u64) -> Listed {
-        Listed { addr: addr(p), incarnation: Incarnation(inc), age: token }
+        Listed {
+            addr: addr(p),
+            incarnation: Incarnation(inc),
+            age: token,
+        }
     }
     fn kinds(events: &[ClusterEvent]) -> Vec<String> {
         events
@@ -322,7 +326,9 @@ mod tests {
                 ClusterEvent::MemberUp(m) => format!("up {}", m.addr.port),
                 ClusterEvent::MemberLeaving(m) => format!("leaving {}", m.addr.port),
                 ClusterEvent::MemberDown(m) => format!("down {}", m.addr.port),
-                ClusterEvent::MemberRemoved(m) => format!("removed {} {}", m.addr.port, m.status.as_str()),
+                ClusterEvent::MemberRemoved(m) => {
+                    format!("removed {} {}", m.addr.port, m.status.as_str())
+                }
                 ClusterEvent::Unreachable(m) => format!("unreachable {}", m.addr.port),
                 ClusterEvent::Reachable(m) => format!("reachable {}", m.addr.port),
                 ClusterEvent::SelfDown => "self-down".into(),
@@ -337,10 +343,16 @@ mod tests {
         let mut v = Membership::new(addr(1), Incarnation(1));
         assert_eq!(kinds(&v.self_granted(5)), ["up 1"]);
         assert_eq!(kinds(&v.hello(&addr(3), Incarnation(3))), ["joined 3"]);
-        assert_eq!(kinds(&v.listed(&[listed(1, 1, 5), listed(2, 2, 2), listed(3, 3, 9)])), ["up 2", "up 3"]);
+        assert_eq!(
+            kinds(&v.listed(&[listed(1, 1, 5), listed(2, 2, 2), listed(3, 3, 9)])),
+            ["up 2", "up 3"]
+        );
         let order: Vec<u16> = v.members().iter().map(|m| m.addr.port).collect();
         assert_eq!(order, [2, 1, 3]);
-        assert!(kinds(&v.listed(&[listed(2, 2, 2), listed(3, 3, 9)])).is_empty(), "no change, no event");
+        assert!(
+            kinds(&v.listed(&[listed(2, 2, 2), listed(3, 3, 9)])).is_empty(),
+            "no change, no event"
+        );
     }
 
     #[test]
@@ -348,7 +360,10 @@ mod tests {
         let mut v = Membership::new(addr(1), Incarnation(1));
         v.listed(&[listed(2, 2, 2), listed(3, 3, 3)]);
         assert_eq!(kinds(&v.leaving(&addr(3), Incarnation(3))), ["leaving 3"]);
-        assert_eq!(kinds(&v.listed(&[])), ["down 2", "removed 2 down", "removed 3 leaving"]);
+        assert_eq!(
+            kinds(&v.listed(&[])),
+            ["down 2", "removed 2 down", "removed 3 leaving"]
+        );
         assert!(v.get(&addr(2)).is_none());
     }
 
@@ -356,11 +371,17 @@ mod tests {
     fn a_restarted_node_is_a_new_member() {
         let mut v = Membership::new(addr(1), Incarnation(1));
         v.listed(&[listed(2, 20, 2)]);
-        assert_eq!(kinds(&v.hello(&addr(2), Incarnation(21))), ["down 2", "removed 2 down", "joined 2"]);
+        assert_eq!(
+            kinds(&v.hello(&addr(2), Incarnation(21))),
+            ["down 2", "removed 2 down", "joined 2"]
+        );
         assert_eq!(kinds(&v.listed(&[listed(2, 21, 7)])), ["up 2"]);
         assert_eq!(v.get(&addr(2)).unwrap().incarnation, Incarnation(21));
         // Same incarnation re-granted after it lost its lease: a new membership too.
-        assert_eq!(kinds(&v.listed(&[listed(2, 21, 8)])), ["down 2", "removed 2 down", "up 2"]);
+        assert_eq!(
+            kinds(&v.listed(&[listed(2, 21, 8)])),
+            ["down 2", "removed 2 down", "up 2"]
+        );
     }
 
     #[test]
@@ -373,7 +394,10 @@ mod tests {
         assert_eq!(v.me().age, 6);
         let (guard, _wait) = HandOver::new();
         assert_eq!(kinds(&v.self_leaving(guard)), ["leaving 1", "self-leaving"]);
-        assert!(v.self_granted(7).is_empty(), "a leaving node does not come back up");
+        assert!(
+            v.self_granted(7).is_empty(),
+            "a leaving node does not come back up"
+        );
     }
 
     #[test]

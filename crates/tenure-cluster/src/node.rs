@@ -65,15 +65,18 @@ impl Node {
             settings.cookie.clone(),
             settings.system.clone(),
             addr.to_string(),
-            tls.as_ref().map(|t| IncomingEncryptionMode::Tls(t.acceptor.clone())),
+            tls.as_ref()
+                .map(|t| IncomingEncryptionMode::Tls(t.acceptor.clone())),
             Some(NodeConnectionMode::Isolated),
         )
         .with_listen_addr(listen)
         .with_max_inbound_frame_size(settings.max_frame_size);
-        let (server, _) = Actor::spawn(None, server, ()).await.map_err(|e| ClusterError::Bind {
-            addr: addr.to_string(),
-            detail: e.to_string(),
-        })?;
+        let (server, _) = Actor::spawn(None, server, ())
+            .await
+            .map_err(|e| ClusterError::Bind {
+                addr: addr.to_string(),
+                detail: e.to_string(),
+            })?;
         let links = Arc::new(Links::default());
         let args = AgentArgs {
             settings: settings.clone(),
@@ -92,7 +95,14 @@ impl Node {
             }
         };
         tracing::info!(node = %addr, %incarnation, seeds = settings.seeds.len(), "node started");
-        Ok(Node { settings, incarnation, agent, server, links, history })
+        Ok(Node {
+            settings,
+            incarnation,
+            agent,
+            server,
+            links,
+            history,
+        })
     }
 
     /// This node's address (its identity and lease owner name).
@@ -136,9 +146,16 @@ impl Node {
 
     /// Cuts (stalls) or heals this node's traffic with `peer` (needs `cluster.fault-injection`).
     pub async fn set_link(&self, peer: &NodeAddr, cut: bool) -> Result<(), ClusterError> {
-        let reply: FaultReply =
-            ractor::call_t!(self.agent, AgentMsg::SetLink, 5000, LinkFault { peer: peer.clone(), cut })
-                .map_err(|e| ClusterError::Actor(e.to_string()))?;
+        let reply: FaultReply = ractor::call_t!(
+            self.agent,
+            AgentMsg::SetLink,
+            5000,
+            LinkFault {
+                peer: peer.clone(),
+                cut
+            }
+        )
+        .map_err(|e| ClusterError::Actor(e.to_string()))?;
         match reply.error {
             None => Ok(()),
             Some(e) => Err(ClusterError::Actor(e)),
@@ -147,7 +164,10 @@ impl Node {
 
     /// Whether the node is still running (its agent fails if its member lease actor dies).
     pub fn is_running(&self) -> bool {
-        !matches!(self.agent.get_status(), ActorStatus::Stopped | ActorStatus::Stopping)
+        !matches!(
+            self.agent.get_status(),
+            ActorStatus::Stopped | ActorStatus::Stopping
+        )
     }
 
     /// Waits until the node stops on its own (it does not while healthy).
@@ -161,25 +181,43 @@ impl Node {
     pub async fn leave(self) -> Result<(), ClusterError> {
         let answer = ractor::call_t!(self.agent, |r| AgentMsg::Local(Local::Leave(r)), 5000)
             .map_err(|e| ClusterError::Actor(format!("the node's agent did not answer: {e}")));
-        let left = answer.as_ref().map(|_| ()).map_err(|e| ClusterError::Actor(e.to_string()));
+        let left = answer
+            .as_ref()
+            .map(|_| ())
+            .map_err(|e| ClusterError::Actor(e.to_string()));
         if let Ok((wait, member_lease)) = answer {
-            if tokio::time::timeout(self.settings.leave_timeout, wait.done()).await.is_err() {
+            if tokio::time::timeout(self.settings.leave_timeout, wait.done())
+                .await
+                .is_err()
+            {
                 tracing::warn!(timeout = ?self.settings.leave_timeout, "hand-over did not finish within cluster.leave-timeout; leaving anyway");
             }
             if let Some(member_lease) = member_lease {
                 let timeout = self.settings.member_lease.lease_operation_timeout + RELEASE_SLACK;
                 match ractor::call_t!(member_lease, LeaseMsg::Release, timeout.as_millis() as u64) {
-                    Ok(Ok(_)) => tracing::info!(node = %self.settings.addr, "member lease released; left the cluster"),
-                    Ok(Err(e)) => tracing::warn!(error = %e, "member lease release failed; it expires after its ttl"),
-                    Err(e) => tracing::warn!(error = %e, "member lease actor did not answer; the lease expires after its ttl"),
+                    Ok(Ok(_)) => {
+                        tracing::info!(node = %self.settings.addr, "member lease released; left the cluster")
+                    }
+                    Ok(Err(e)) => {
+                        tracing::warn!(error = %e, "member lease release failed; it expires after its ttl")
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "member lease actor did not answer; the lease expires after its ttl")
+                    }
                 }
             }
         }
         if let Some(h) = &self.history {
             h.record("node_left", serde_json::json!({}));
         }
-        let _ = self.agent.stop_and_wait(Some("left".into()), Some(Duration::from_secs(5))).await;
-        let _ = self.server.stop_and_wait(Some("left".into()), Some(Duration::from_secs(5))).await;
+        let _ = self
+            .agent
+            .stop_and_wait(Some("left".into()), Some(Duration::from_secs(5)))
+            .await;
+        let _ = self
+            .server
+            .stop_and_wait(Some("left".into()), Some(Duration::from_secs(5)))
+            .await;
         left
     }
 }

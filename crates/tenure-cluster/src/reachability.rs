@@ -40,7 +40,9 @@ impl Reachability {
 
     /// Time since `peer` was last heard.
     pub fn silence(&self, peer: &NodeAddr, now: Instant) -> Option<Duration> {
-        self.last_heard.get(peer).map(|t| now.saturating_duration_since(*t))
+        self.last_heard
+            .get(peer)
+            .map(|t| now.saturating_duration_since(*t))
     }
 
     /// Every watched peer with whether it is reachable at `now`.
@@ -62,14 +64,21 @@ mod tests {
         let t = Duration::from_secs(3);
         let mut r = Reachability::default();
         let t0 = Instant::now();
-        assert!(!r.is_reachable(&p, t0, t), "unknown peers are not reachable");
+        assert!(
+            !r.is_reachable(&p, t0, t),
+            "unknown peers are not reachable"
+        );
         r.watch(&p, t0);
         assert!(r.is_reachable(&p, t0 + Duration::from_millis(2999), t));
         assert!(!r.is_reachable(&p, t0 + t, t));
         r.heard(&p, t0 + Duration::from_secs(4));
         assert!(r.is_reachable(&p, t0 + Duration::from_secs(5), t));
         r.heard(&p, t0 + Duration::from_secs(1));
-        assert_eq!(r.silence(&p, t0 + Duration::from_secs(5)), Some(Duration::from_secs(1)), "older news does not rewind");
+        assert_eq!(
+            r.silence(&p, t0 + Duration::from_secs(5)),
+            Some(Duration::from_secs(1)),
+            "older news does not rewind"
+        );
         r.forget(&p);
         assert!(r.states(t0, t).is_empty());
     }

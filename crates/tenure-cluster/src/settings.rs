@@ -90,7 +90,12 @@ impl ClusterSettings {
         let port = u16::try_from(port)
             .ok()
             .filter(|p| *p != 0)
-            .ok_or_else(|| ConfigError::invalid("cluster.port", format!("{port} is not a port from 1 to 65535")))?;
+            .ok_or_else(|| {
+                ConfigError::invalid(
+                    "cluster.port",
+                    format!("{port} is not a port from 1 to 65535"),
+                )
+            })?;
         let addr = NodeAddr::parse("cluster.host", &format!("{host}:{port}"))?;
 
         let cookie = r.string("cookie")?;
@@ -110,7 +115,9 @@ impl ClusterSettings {
                     let key = format!("cluster.seeds[{i}]");
                     match v.as_str() {
                         Some(s) => NodeAddr::parse(&key, s),
-                        None => Err(ConfigError::invalid(key, "expected a \"host:port\" string").into()),
+                        None => {
+                            Err(ConfigError::invalid(key, "expected a \"host:port\" string").into())
+                        }
                     }
                 })
                 .collect::<Result<Vec<_>, _>>()?,
@@ -162,10 +169,12 @@ impl ClusterSettings {
             dial_timeout: positive(&r, "dial-timeout")?,
             leave_timeout: positive(&r, "leave-timeout")?,
             max_frame_size: integer(&r, table, "max-frame-size").and_then(|n| {
-                u64::try_from(n)
-                    .ok()
-                    .filter(|n| *n >= 4096)
-                    .ok_or_else(|| ConfigError::invalid("cluster.max-frame-size", format!("{n} must be at least 4096 (bytes)")))
+                u64::try_from(n).ok().filter(|n| *n >= 4096).ok_or_else(|| {
+                    ConfigError::invalid(
+                        "cluster.max-frame-size",
+                        format!("{n} must be at least 4096 (bytes)"),
+                    )
+                })
             })?,
             fault_injection: boolean(table, "fault-injection")?,
             tls: tls_files(table)?,
@@ -203,7 +212,10 @@ fn rename_member_keys(e: ConfigError) -> ConfigError {
         ConfigError::Invalid { key, detail } => ConfigError::Invalid {
             key: key
                 .replace("cluster.heartbeat-timeout", "cluster.member-lease-ttl")
-                .replace("cluster.heartbeat-interval", "cluster.member-lease-interval")
+                .replace(
+                    "cluster.heartbeat-interval",
+                    "cluster.member-lease-interval",
+                )
                 .replace("cluster.safety-margin", "cluster.member-lease-interval"),
             detail: detail.replace("heartbeat-timeout", "member-lease-ttl"),
         },
@@ -222,10 +234,13 @@ fn positive(r: &TableReader<'_>, k: &str) -> Result<Duration, ConfigError> {
 fn integer(r: &TableReader<'_>, table: &toml::Table, k: &str) -> Result<i64, ConfigError> {
     match table.get(k) {
         Some(toml::Value::Integer(n)) => Ok(*n),
-        Some(toml::Value::String(s)) => s
-            .parse()
-            .map_err(|_| ConfigError::invalid(r.key(k), format!("expected an integer, found {s:?}"))),
-        Some(other) => Err(ConfigError::invalid(r.key(k), format!("expected an integer, found {}", other.type_str()))),
+        Some(toml::Value::String(s)) => s.parse().map_err(|_| {
+            ConfigError::invalid(r.key(k), format!("expected an integer, found {s:?}"))
+        }),
+        Some(other) => Err(ConfigError::invalid(
+            r.key(k),
+            format!("expected an integer, found {}", other.type_str()),
+        )),
         None => Err(ConfigError::invalid(r.key(k), "missing")),
     }
 }
@@ -233,7 +248,10 @@ fn integer(r: &TableReader<'_>, table: &toml::Table, k: &str) -> Result<i64, Con
 fn boolean(table: &toml::Table, k: &str) -> Result<bool, ConfigError> {
     match table.get(k) {
         Some(toml::Value::Boolean(b)) => Ok(*b),
-        Some(other) => Err(ConfigError::invalid(format!("cluster.{k}"), format!("expected true or false, found {other}"))),
+        Some(other) => Err(ConfigError::invalid(
+            format!("cluster.{k}"),
+            format!("expected true or false, found {other}"),
+        )),
         None => Err(ConfigError::invalid(format!("cluster.{k}"), "missing")),
     }
 }
@@ -247,13 +265,18 @@ fn tls_files(table: &toml::Table) -> Result<Option<TlsFiles>, ConfigError> {
         .ok_or_else(|| ConfigError::invalid("cluster.tls", "must be a table"))?;
     let r = TableReader::new("cluster.tls", tls);
     r.reject_unknown(&["enabled", "cert", "key", "ca"])?;
-    if !boolean(tls, "enabled").map_err(|_| ConfigError::invalid("cluster.tls.enabled", "expected true or false"))? {
+    if !boolean(tls, "enabled")
+        .map_err(|_| ConfigError::invalid("cluster.tls.enabled", "expected true or false"))?
+    {
         return Ok(None);
     }
     let path = |k: &str| -> Result<PathBuf, ConfigError> {
         let p = r.string(k)?;
         if p.is_empty() {
-            return Err(ConfigError::invalid(r.key(k), "required when cluster.tls.enabled = true"));
+            return Err(ConfigError::invalid(
+                r.key(k),
+                "required when cluster.tls.enabled = true",
+            ));
         }
         Ok(PathBuf::from(p))
     };
@@ -290,7 +313,10 @@ mod tests {
             ("seeds = [1]", "cluster.seeds[0]"),
             ("heartbeat-interval = \"0s\"", "cluster.heartbeat-interval"),
             ("unraechable-after = \"1s\"", "cluster.unraechable-after"),
-            ("member-lease-interval = \"9s\"", "cluster.member-lease-interval"),
+            (
+                "member-lease-interval = \"9s\"",
+                "cluster.member-lease-interval",
+            ),
             ("[cluster.tls]\nenabled = true", "cluster.tls.cert"),
         ];
         for (extra, key) in cases {

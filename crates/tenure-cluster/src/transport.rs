@@ -39,7 +39,8 @@ impl Gate {
     pub fn set_cut(&self, cut: bool) {
         self.cut.store(cut, Ordering::SeqCst);
         if !cut {
-            let wakers = std::mem::take(&mut *self.wakers.lock().unwrap_or_else(|e| e.into_inner()));
+            let wakers =
+                std::mem::take(&mut *self.wakers.lock().unwrap_or_else(|e| e.into_inner()));
             wakers.into_iter().for_each(Waker::wake);
         }
     }
@@ -57,7 +58,11 @@ impl Gate {
             .unwrap_or_else(|e| e.into_inner())
             .push(cx.waker().clone());
         // Re-check: a heal between the first check and the push must not be missed.
-        if self.is_cut() { Poll::Pending } else { Poll::Ready(()) }
+        if self.is_cut() {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
     }
 }
 
@@ -97,14 +102,22 @@ pub struct Gated<S> {
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for Gated<S> {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
         ready!(self.gate.poll_open(cx));
         Pin::new(&mut self.inner).poll_read(cx, buf)
     }
 }
 
 impl<S: AsyncWrite + Unpin> AsyncWrite for Gated<S> {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         ready!(self.gate.poll_open(cx));
         Pin::new(&mut self.inner).poll_write(cx, buf)
     }
@@ -146,6 +159,8 @@ impl<S: AsyncRead + AsyncWrite + Send + 'static> ClusterBidiStream for Conn<S> {
 pub struct Tls {
     pub acceptor: TlsAcceptor,
     pub connector: TlsConnector,
+    /// SHA-256 of the CA certificates: nodes trusting another CA are another cluster.
+    pub ca_fingerprint: String,
 }
 
 impl Tls {
@@ -156,7 +171,9 @@ impl Tls {
             path: path.display().to_string(),
             detail,
         };
-        let certs = |key: &str, path: &std::path::Path| -> Result<Vec<CertificateDer<'static>>, ClusterError> {
+        let certs = |key: &str,
+                     path: &std::path::Path|
+         -> Result<Vec<CertificateDer<'static>>, ClusterError> {
             let certs = CertificateDer::pem_file_iter(path)
                 .map_err(|e| err(key, path, e.to_string()))?
                 .collect::<Result<Vec<_>, _>>()
@@ -168,7 +185,14 @@ impl Tls {
         };
         let chain = certs("cert", &files.cert)?;
         let ca = certs("ca", &files.ca)?;
-        let key = PrivateKeyDer::from_pem_file(&files.key).map_err(|e| err("key", &files.key, e.to_string()))?;
+        let key = PrivateKeyDer::from_pem_file(&files.key)
+            .map_err(|e| err("key", &files.key, e.to_string()))?;
+        let ca_fingerprint = {
+            use sha2::{Digest, Sha256};
+            let mut h = Sha256::new();
+            ca.iter().for_each(|c| h.update(c.as_ref()));
+            h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+        };
         let mut roots = rustls::RootCertStore::empty();
         for c in ca {
             roots
@@ -177,24 +201,40 @@ impl Tls {
         }
         let roots = Arc::new(roots);
         let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone())
-            .build()
-            .map_err(|e| err("ca", &files.ca, e.to_string()))?;
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            roots.clone(),
+            provider.clone(),
+        )
+        .build()
+        .map_err(|e| err("ca", &files.ca, e.to_string()))?;
         let server = rustls::ServerConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
             .map_err(|e| err("cert", &files.cert, e.to_string()))?
             .with_client_cert_verifier(verifier)
             .with_single_cert(chain.clone(), key.clone_key())
-            .map_err(|e| err("key", &files.key, format!("does not match the certificate: {e}")))?;
+            .map_err(|e| {
+                err(
+                    "key",
+                    &files.key,
+                    format!("does not match the certificate: {e}"),
+                )
+            })?;
         let client = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .map_err(|e| err("cert", &files.cert, e.to_string()))?
             .with_root_certificates(roots)
             .with_client_auth_cert(chain, key)
-            .map_err(|e| err("key", &files.key, format!("does not match the certificate: {e}")))?;
+            .map_err(|e| {
+                err(
+                    "key",
+                    &files.key,
+                    format!("does not match the certificate: {e}"),
+                )
+            })?;
         Ok(Tls {
             acceptor: TlsAcceptor::from(Arc::new(server)),
             connector: TlsConnector::from(Arc::new(client)),
+            ca_fingerprint,
         })
     }
 }
@@ -216,7 +256,11 @@ pub async fn dial(
         let local = tcp.local_addr().map(|a| a.to_string()).unwrap_or_default();
         let gated = Gated { inner: tcp, gate };
         let stream: Box<dyn ClusterBidiStream> = match tls {
-            None => Box::new(Conn { stream: gated, peer: peer.to_string(), local }),
+            None => Box::new(Conn {
+                stream: gated,
+                peer: peer.to_string(),
+                local,
+            }),
             Some(tls) => {
                 let name = ServerName::try_from(peer.host.clone())
                     .map_err(|e| format!("not a TLS server name: {e}"))?;
@@ -225,7 +269,11 @@ pub async fn dial(
                     .connect(name, gated)
                     .await
                     .map_err(|e| format!("TLS handshake: {e}"))?;
-                Box::new(Conn { stream, peer: peer.to_string(), local })
+                Box::new(Conn {
+                    stream,
+                    peer: peer.to_string(),
+                    local,
+                })
             }
         };
         Ok::<_, String>(stream)
@@ -247,7 +295,10 @@ mod tests {
     async fn a_cut_gate_stalls_and_a_heal_resumes_without_loss() {
         let (a, mut b) = tokio::io::duplex(64);
         let gate = Arc::new(Gate::default());
-        let mut gated = Gated { inner: a, gate: gate.clone() };
+        let mut gated = Gated {
+            inner: a,
+            gate: gate.clone(),
+        };
         gated.write_all(b"one").await.unwrap();
         let mut buf = [0u8; 3];
         b.read_exact(&mut buf).await.unwrap();
@@ -256,7 +307,8 @@ mod tests {
         gate.set_cut(true);
         b.write_all(b"two").await.unwrap();
         let mut read = [0u8; 3];
-        let stalled = tokio::time::timeout(Duration::from_millis(50), gated.read_exact(&mut read)).await;
+        let stalled =
+            tokio::time::timeout(Duration::from_millis(50), gated.read_exact(&mut read)).await;
         assert!(stalled.is_err(), "reads wait while cut");
         let write = tokio::spawn(async move {
             gated.write_all(b"three").await.unwrap();

@@ -1,0 +1,281 @@
+//! Multi-process cluster tests: membership, reachability, faults, leave, cookies.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::cluster::{Cluster, Options, UNREACHABLE_AFTER};
+use serde_json::Value;
+
+fn status_of(c: &Cluster, viewer: usize, addr: &str) -> Option<(String, bool, u64)> {
+    c.members(viewer)?
+        .into_iter()
+        .find(|m| m.0 == addr)
+        .map(|(_, status, reachable, inc, _)| (status, reachable, inc))
+}
+
+fn events<'a>(history: &'a [Value], node: &str, event: &str, member: &str) -> Vec<&'a Value> {
+    history
+        .iter()
+        .filter(|e| e["node"] == node && e["event"] == event && e["member"] == member)
+        .collect()
+}
+
+/// The "done when": 5 nodes converge; SIGKILL is seen as down by all; SIGSTOP is
+/// seen as unreachable and (after SIGCONT) the node is back; a restarted node is a new
+/// incarnation.
+#[test]
+fn five_nodes_converge_and_survive_kill_pause_and_restart() {
+    let mut c = Cluster::start(5);
+    let views: Vec<_> = (0..5).map(|i| c.members(i).unwrap()).collect();
+    for v in &views {
+        assert_eq!(v.len(), 5, "{v:?}");
+    }
+    // Everyone agrees on the age order (who is oldest).
+    let order = |v: &Vec<(String, String, bool, u64, u64)>| {
+        v.iter().map(|m| m.0.clone()).collect::<Vec<_>>()
+    };
+    assert!(
+        views.iter().all(|v| order(v) == order(&views[0])),
+        "age order differs: {views:?}"
+    );
+
+    // SIGKILL node 4: every other node marks it down and drops it.
+    let killed = c.nodes[4].addr.clone();
+    let old_inc = status_of(&c, 0, &killed).unwrap().2;
+    c.kill(4);
+    c.wait_until(
+        "all see the killed node gone",
+        Duration::from_secs(20),
+        |c| {
+            (0..4).all(|i| {
+                c.members(i)
+                    .is_some_and(|m| m.iter().all(|m| m.0 != killed))
+            })
+        },
+    );
+    let h = c.history();
+    for i in 0..4 {
+        assert_eq!(
+            events(&h, &c.nodes[i].addr, "member_down", &killed).len(),
+            1,
+            "node {i} saw it down once"
+        );
+    }
+
+    // SIGSTOP node 3 past the member ttl: unreachable first, then down; after SIGCONT it
+    // finds its lease lost (self-down) and joins again as the youngest member.
+    let paused = c.nodes[3].addr.clone();
+    c.pause(3);
+    c.wait_until(
+        "all see the paused node unreachable",
+        Duration::from_secs(20),
+        |c| (0..3).all(|i| status_of(c, i, &paused).is_none_or(|s| !s.1)),
+    );
+    c.wait_until(
+        "all see the paused node down",
+        Duration::from_secs(20),
+        |c| {
+            (0..3).all(|i| {
+                c.members(i)
+                    .is_some_and(|m| m.iter().all(|m| m.0 != paused))
+            })
+        },
+    );
+    c.resume(3);
+    c.wait_converged(Duration::from_secs(30));
+    let h = c.history();
+    let self_downs = h
+        .iter()
+        .filter(|e| e["node"] == paused.as_str() && e["event"] == "self_down")
+        .count();
+    assert_eq!(self_downs, 1, "the resumed node knew it had been down");
+    for i in 0..3 {
+        let unreachable = events(&h, &c.nodes[i].addr, "unreachable", &paused);
+        let down = events(&h, &c.nodes[i].addr, "member_down", &paused);
+        assert!(!unreachable.is_empty() && !down.is_empty(), "node {i}");
+        assert!(
+            unreachable[0]["t"].as_i64() < down[0]["t"].as_i64(),
+            "unreachable before down on node {i}"
+        );
+    }
+    let youngest = c.members(0).unwrap().last().unwrap().0.clone();
+    assert_eq!(youngest, paused, "a rejoined node is the youngest");
+
+    // Restart the killed node on the same address: a new incarnation joins.
+    c.spawn(4);
+    c.wait_converged(Duration::from_secs(30));
+    let new_inc = status_of(&c, 0, &killed).unwrap().2;
+    assert_ne!(new_inc, old_inc, "a restarted node is a new incarnation");
+}
+
+/// SIGSTOP shorter than the ttl: unreachable, then reachable again, never down.
+#[test]
+fn a_short_pause_is_unreachable_then_reachable_not_down() {
+    let mut c = Cluster::start(3);
+    let paused = c.nodes[2].addr.clone();
+    c.pause(2);
+    let paused_at = Instant::now();
+    c.wait_until(
+        "both see the paused node unreachable",
+        Duration::from_secs(10),
+        |c| (0..2).all(|i| status_of(c, i, &paused).is_some_and(|s| !s.1)),
+    );
+    let waited = paused_at.elapsed();
+    c.resume(2);
+    c.wait_converged(Duration::from_secs(20));
+    let h = c.history();
+    if waited + UNREACHABLE_AFTER < Duration::from_secs(3) {
+        for i in 0..2 {
+            assert!(
+                events(&h, &c.nodes[i].addr, "member_down", &paused).is_empty(),
+                "node {i}: not down"
+            );
+        }
+    }
+    for i in 0..2 {
+        assert!(
+            !events(&h, &c.nodes[i].addr, "reachable", &paused).is_empty(),
+            "node {i}: reachable again"
+        );
+    }
+    c.kill(0);
+}
+
+/// Cutting the traffic between two nodes (TCP stays open) makes each unreachable to the
+/// other only; healing restores it. Membership (via the store) is unaffected.
+#[test]
+fn a_cut_link_is_unreachable_on_both_sides_and_heals() {
+    let c = Cluster::start(3);
+    let (a, b) = (c.nodes[0].addr.clone(), c.nodes[1].addr.clone());
+    c.set_link(0, 1, true);
+    c.wait_until(
+        "0 and 1 see each other unreachable",
+        Duration::from_secs(10),
+        |c| status_of(c, 0, &b).is_some_and(|s| !s.1) && status_of(c, 1, &a).is_some_and(|s| !s.1),
+    );
+    let third = c.nodes[2].addr.clone();
+    assert!(
+        status_of(&c, 0, &third).unwrap().1,
+        "the third node stays reachable"
+    );
+    assert_eq!(
+        status_of(&c, 0, &b).unwrap().0,
+        "up",
+        "a partition is not a crash: still up"
+    );
+    let view = c.view(0).unwrap();
+    let cut = view["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["addr"] == b.as_str())
+        .unwrap()["link_cut"]
+        .clone();
+    assert_eq!(cut, Value::Bool(true));
+    c.set_link(0, 1, false);
+    c.wait_converged(Duration::from_secs(15));
+}
+
+/// SIGTERM: the node leaves (peers see leaving, then removed, never down), exits 0 and
+/// releases its member lease.
+#[test]
+fn graceful_leave_releases_the_member_lease() {
+    let mut c = Cluster::start(3);
+    let leaver = c.nodes[2].addr.clone();
+    let status = c.stop(2);
+    assert!(
+        status.success(),
+        "exit status {status:?}:\n{}",
+        c.nodes[2].stderr()
+    );
+    c.wait_converged(Duration::from_secs(15));
+    let h = c.history();
+    for i in 0..2 {
+        let node = &c.nodes[i].addr;
+        assert_eq!(
+            events(&h, node, "member_leaving", &leaver).len(),
+            1,
+            "node {i} saw it leaving"
+        );
+        let removed = events(&h, node, "member_removed", &leaver);
+        assert_eq!(removed.len(), 1);
+        assert_eq!(removed[0]["status"], "leaving");
+        assert!(
+            events(&h, node, "member_down", &leaver).is_empty(),
+            "a leave is not a crash"
+        );
+    }
+    let out = c
+        .command(0, &["lease", "show", &format!("tenure-member-{leaver}")])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "member lease released: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+/// A node with the wrong cookie shares the store but never becomes a member; both sides
+/// log the refusal, and the CLI with the wrong cookie gets a clear error.
+#[test]
+fn a_wrong_cookie_never_joins() {
+    let mut c = Cluster::new(2);
+    let seed = c.nodes[0].addr.clone();
+    let port = common::cluster::free_ports(1)[0];
+    let bad = c.add_node(
+        port,
+        &seed,
+        &Options {
+            cluster_extra: String::new(),
+            tail: String::new(),
+        },
+    );
+    let text = std::fs::read_to_string(&c.nodes[bad].config)
+        .unwrap()
+        .replace("harness-cookie", "wrong-cookie");
+    std::fs::write(&c.nodes[bad].config, text).unwrap();
+    c.spawn(0);
+    c.spawn(1);
+    c.wait_until("the good nodes converge", Duration::from_secs(20), |c| {
+        (0..2).all(|i| {
+            c.members(i)
+                .is_some_and(|m| m.len() == 2 && m.iter().all(|m| m.1 == "up" && m.2))
+        })
+    });
+    c.spawn(bad);
+    let bad_addr = c.nodes[bad].addr.clone();
+    let until = Instant::now() + Duration::from_secs(4);
+    while Instant::now() < until {
+        for i in 0..2 {
+            let m = c.members(i).unwrap();
+            assert!(
+                m.iter().all(|m| m.0 != bad_addr),
+                "node {i} lists the wrong-cookie node: {m:?}"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let refused = "session closed before authentication";
+    assert!(
+        c.nodes[bad].stderr().contains(refused),
+        "bad node logs:\n{}",
+        c.nodes[bad].stderr()
+    );
+    c.wait_until("the seed logs the refusal", Duration::from_secs(5), |c| {
+        c.nodes[0].stderr().contains(refused)
+    });
+    assert!(
+        c.nodes[0].stderr().contains("another cookie"),
+        "the seed says why it ignores the lease"
+    );
+    let out = c
+        .command(bad, &["cluster", "members", "--node", &seed])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&seed) && err.contains("cookie"), "{err}");
+}

@@ -1,0 +1,412 @@
+//! Multi-process cluster harness: N `tenure node` processes on 127.0.0.1 sharing a temp
+//! SQLite store, with faults (SIGKILL, SIGSTOP/SIGCONT, graceful stop, link cuts) and the
+//! nodes' views and histories for assertions. Reused by the singleton and sharding tests.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+pub const TENURE: &str = env!("CARGO_BIN_EXE_tenure");
+
+/// Timing of harness clusters: member lease ttl 3 s (renewed every 500 ms), membership
+/// listed every 300 ms, heartbeats every 250 ms, unreachable after 1.5 s of silence.
+pub const MEMBER_TTL: Duration = Duration::from_secs(3);
+pub const UNREACHABLE_AFTER: Duration = Duration::from_millis(1500);
+
+/// Extra `[cluster]` and top-level TOML for every node of a cluster.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Lines appended inside `[cluster]` (e.g. `cookie = "other"` for one node).
+    pub cluster_extra: String,
+    /// TOML appended after everything (e.g. a `[cluster.tls]` table).
+    pub tail: String,
+}
+
+pub struct NodeProc {
+    pub addr: String,
+    pub port: u16,
+    pub config: PathBuf,
+    child: Option<Child>,
+    stderr: Arc<Mutex<String>>,
+    /// Incarnations of this address, one per start, from the node's "started" line.
+    pub incarnations: Vec<String>,
+}
+
+impl NodeProc {
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().expect("node running").id() as i32
+    }
+
+    /// Everything the node wrote to stderr so far.
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    pub fn incarnation(&self) -> &str {
+        self.incarnations.last().expect("started once")
+    }
+}
+
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+    pub nodes: Vec<NodeProc>,
+    pub history: PathBuf,
+    store: PathBuf,
+}
+
+/// Free loopback ports (bound, then released for the node to take).
+pub fn free_ports(n: usize) -> Vec<u16> {
+    let listeners: Vec<_> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port"))
+        .collect();
+    listeners
+        .iter()
+        .map(|l| l.local_addr().unwrap().port())
+        .collect()
+}
+
+impl Cluster {
+    /// Writes configs for `n` nodes (seed: node 0) without starting them.
+    pub fn new(n: usize) -> Cluster {
+        Cluster::with_options(n, &Options::default())
+    }
+
+    pub fn with_options(n: usize, options: &Options) -> Cluster {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = dir.path().join("leases.sqlite");
+        let history = dir.path().join("history.jsonl");
+        let ports = free_ports(n);
+        let seed = format!("127.0.0.1:{}", ports[0]);
+        let mut c = Cluster {
+            dir,
+            nodes: Vec::new(),
+            history,
+            store,
+        };
+        for port in ports {
+            c.add_node(port, &seed, options);
+        }
+        c
+    }
+
+    /// Adds (without starting) a node on `port` with `seed` and extra options.
+    pub fn add_node(&mut self, port: u16, seed: &str, options: &Options) -> usize {
+        let i = self.nodes.len();
+        let config = self.dir.path().join(format!("node{i}.toml"));
+        let text = format!(
+            r#"[tenure]
+default-lease-section = "sqlite"
+
+[lease.sqlite]
+path = "{store}"
+lease-operation-timeout = "1500ms"
+
+[cluster]
+host = "127.0.0.1"
+port = {port}
+cookie = "harness-cookie"
+seeds = ["{seed}"]
+member-lease-ttl = "3s"
+member-lease-interval = "500ms"
+membership-interval = "300ms"
+heartbeat-interval = "250ms"
+unreachable-after = "1500ms"
+reconnect-backoff-min = "100ms"
+reconnect-backoff-max = "1s"
+dial-timeout = "1s"
+leave-timeout = "3s"
+fault-injection = true
+{extra}
+{tail}
+"#,
+            store = self.store.display(),
+            extra = options.cluster_extra,
+            tail = options.tail,
+        );
+        std::fs::write(&config, text).expect("write node config");
+        self.nodes.push(NodeProc {
+            addr: format!("127.0.0.1:{port}"),
+            port,
+            config,
+            child: None,
+            stderr: Arc::new(Mutex::new(String::new())),
+            incarnations: Vec::new(),
+        });
+        i
+    }
+
+    /// Starts `n` nodes and waits until every node sees all of them up.
+    pub fn start(n: usize) -> Cluster {
+        let mut c = Cluster::new(n);
+        c.start_all();
+        c.wait_converged(Duration::from_secs(30));
+        c
+    }
+
+    pub fn start_all(&mut self) {
+        for i in 0..self.nodes.len() {
+            self.spawn(i);
+        }
+    }
+
+    /// A `tenure` command with node `i`'s config.
+    pub fn command(&self, i: usize, args: &[&str]) -> Command {
+        let mut cmd = Command::new(TENURE);
+        cmd.arg("--config").arg(&self.nodes[i].config).args(args);
+        cmd.env_remove("TENURE_CONFIG");
+        cmd
+    }
+
+    /// Starts (or restarts) node `i` and waits for its "started" line.
+    pub fn spawn(&mut self, i: usize) {
+        assert!(self.nodes[i].child.is_none(), "node {i} is already running");
+        let mut cmd = self.command(i, &["node", "--history"]);
+        cmd.arg(&self.history)
+            .env("TENURE_LOG", "info,ractor_cluster=warn,ractor=warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("spawn tenure node");
+        let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
+        let stderr = child.stderr.take().expect("piped stderr");
+        let sink = Arc::new(Mutex::new(String::new()));
+        let sink2 = sink.clone();
+        std::thread::spawn(move || {
+            let mut r = BufReader::new(stderr);
+            let mut buf = String::new();
+            while let Ok(n) = r.read_line(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                sink2.lock().unwrap().push_str(&buf);
+                buf.clear();
+            }
+        });
+        let mut line = String::new();
+        stdout
+            .read_line(&mut line)
+            .expect("read the node's first line");
+        let node = &mut self.nodes[i];
+        let inc = line
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .windows(2)
+            .find(|w| w[0] == "incarnation")
+            .map(|w| w[1].to_string())
+            .unwrap_or_else(|| {
+                panic!(
+                    "node {} did not start: stdout {line:?}, stderr:\n{}",
+                    node.addr,
+                    sink.lock().unwrap()
+                )
+            });
+        // Keep draining stdout so the node never blocks on a full pipe.
+        std::thread::spawn(move || {
+            let _ = std::io::copy(&mut stdout, &mut std::io::sink());
+        });
+        node.incarnations.push(inc);
+        node.stderr = sink;
+        node.child = Some(child);
+    }
+
+    pub fn is_running(&self, i: usize) -> bool {
+        self.nodes[i].child.is_some()
+    }
+
+    fn signal(&self, i: usize, sig: i32) {
+        let rc = unsafe { libc::kill(self.nodes[i].pid(), sig) };
+        assert_eq!(rc, 0, "kill({sig}) node {i}");
+    }
+
+    /// SIGKILL node `i` and reap it.
+    pub fn kill(&mut self, i: usize) {
+        self.signal(i, libc::SIGCONT);
+        let mut child = self.nodes[i].child.take().expect("running");
+        child.kill().expect("SIGKILL");
+        child.wait().expect("reap");
+    }
+
+    pub fn pause(&self, i: usize) {
+        self.signal(i, libc::SIGSTOP);
+    }
+
+    pub fn resume(&self, i: usize) {
+        self.signal(i, libc::SIGCONT);
+    }
+
+    /// SIGTERM node `i` (graceful leave) and waits for its exit status.
+    pub fn stop(&mut self, i: usize) -> ExitStatus {
+        self.signal(i, libc::SIGTERM);
+        let mut child = self.nodes[i].child.take().expect("running");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!(
+                    "node {i} did not exit within 20 s of SIGTERM:\n{}",
+                    self.nodes[i].stderr()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Stalls (or resumes) the traffic between nodes `a` and `b`, on both sides.
+    pub fn set_link(&self, a: usize, b: usize, cut: bool) {
+        for (x, y) in [(a, b), (b, a)] {
+            let flag = if cut { "--cut" } else { "--heal" };
+            let out = self
+                .command(
+                    x,
+                    &[
+                        "cluster",
+                        "fault",
+                        "--node",
+                        &self.nodes[x].addr,
+                        flag,
+                        &self.nodes[y].addr,
+                    ],
+                )
+                .output()
+                .expect("run tenure cluster fault");
+            assert!(
+                out.status.success(),
+                "fault {flag} on node {x}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+
+    /// Node `i`'s view, or None if it does not answer.
+    pub fn view(&self, i: usize) -> Option<Value> {
+        let out = self
+            .command(
+                i,
+                &[
+                    "cluster",
+                    "members",
+                    "--json",
+                    "--node",
+                    &self.nodes[i].addr,
+                ],
+            )
+            .output()
+            .expect("run tenure cluster members");
+        if !out.status.success() {
+            return None;
+        }
+        serde_json::from_slice(&out.stdout).ok()
+    }
+
+    /// (addr, status, reachable, incarnation, sessions) of each member in node `i`'s view.
+    pub fn members(&self, i: usize) -> Option<Vec<(String, String, bool, u64, u64)>> {
+        let view = self.view(i)?;
+        Some(
+            view["members"]
+                .as_array()?
+                .iter()
+                .map(|m| {
+                    (
+                        m["addr"].as_str().unwrap_or_default().to_string(),
+                        m["status"]
+                            .as_str()
+                            .unwrap_or_default()
+                            .to_ascii_lowercase(),
+                        m["reachable"].as_bool().unwrap_or(false),
+                        m["incarnation"].as_u64().unwrap_or(0),
+                        m["sessions"].as_u64().unwrap_or(0),
+                    )
+                })
+                .collect(),
+        )
+    }
+
+    /// Waits until `check` holds, polling; panics with `what` and every view on timeout.
+    pub fn wait_until(
+        &self,
+        what: &str,
+        timeout: Duration,
+        mut check: impl FnMut(&Cluster) -> bool,
+    ) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if check(self) {
+                return;
+            }
+            if Instant::now() > deadline {
+                let views: Vec<String> = (0..self.nodes.len())
+                    .filter(|i| self.is_running(*i))
+                    .map(|i| format!("node {i} {}: {:?}", self.nodes[i].addr, self.members(i)))
+                    .collect();
+                panic!(
+                    "timed out after {timeout:?} waiting for: {what}\n{}",
+                    views.join("\n")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Every running node sees exactly the running nodes, all up and reachable, one
+    /// session each.
+    pub fn converged(&self) -> bool {
+        let running: Vec<usize> = (0..self.nodes.len())
+            .filter(|i| self.is_running(*i))
+            .collect();
+        let mut expect: Vec<String> = running
+            .iter()
+            .map(|i| self.nodes[*i].addr.clone())
+            .collect();
+        expect.sort();
+        running.iter().all(|i| {
+            let Some(members) = self.members(*i) else {
+                return false;
+            };
+            let mut addrs: Vec<String> = members.iter().map(|m| m.0.clone()).collect();
+            addrs.sort();
+            addrs == expect
+                && members.iter().all(|(a, status, reachable, _, sessions)| {
+                    status == "up" && *reachable && (*a == self.nodes[*i].addr || *sessions == 1)
+                })
+        })
+    }
+
+    pub fn wait_converged(&self, timeout: Duration) {
+        self.wait_until(
+            "every running node sees every running node up",
+            timeout,
+            |c| c.converged(),
+        );
+    }
+
+    /// The shared history, one JSON object per line.
+    pub fn history(&self) -> Vec<Value> {
+        let mut text = String::new();
+        if let Ok(mut f) = std::fs::File::open(&self.history) {
+            f.read_to_string(&mut text).expect("read history");
+        }
+        text.lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for node in &mut self.nodes {
+            if let Some(mut child) = node.child.take() {
+                unsafe { libc::kill(child.id() as i32, libc::SIGCONT) };
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}
