@@ -10,8 +10,8 @@ use serde_json::Value;
 fn status_of(c: &Cluster, viewer: usize, addr: &str) -> Option<(String, bool, u64)> {
     c.members(viewer)?
         .into_iter()
-        .find(|m| m.0 == addr)
-        .map(|(_, status, reachable, inc, _)| (status, reachable, inc))
+        .find(|m| m.addr == addr)
+        .map(|m| (m.status, m.reachable, m.incarnation))
 }
 
 fn events<'a>(history: &'a [Value], node: &str, event: &str, member: &str) -> Vec<&'a Value> {
@@ -32,9 +32,8 @@ fn five_nodes_converge_and_survive_kill_pause_and_restart() {
         assert_eq!(v.len(), 5, "{v:?}");
     }
     // Everyone agrees on the age order (who is oldest).
-    let order = |v: &Vec<(String, String, bool, u64, u64)>| {
-        v.iter().map(|m| m.0.clone()).collect::<Vec<_>>()
-    };
+    let order =
+        |v: &Vec<common::cluster::Row>| v.iter().map(|m| m.addr.clone()).collect::<Vec<_>>();
     assert!(
         views.iter().all(|v| order(v) == order(&views[0])),
         "age order differs: {views:?}"
@@ -50,7 +49,7 @@ fn five_nodes_converge_and_survive_kill_pause_and_restart() {
         |c| {
             (0..4).all(|i| {
                 c.members(i)
-                    .is_some_and(|m| m.iter().all(|m| m.0 != killed))
+                    .is_some_and(|m| m.iter().all(|m| m.addr != killed))
             })
         },
     );
@@ -78,7 +77,7 @@ fn five_nodes_converge_and_survive_kill_pause_and_restart() {
         |c| {
             (0..3).all(|i| {
                 c.members(i)
-                    .is_some_and(|m| m.iter().all(|m| m.0 != paused))
+                    .is_some_and(|m| m.iter().all(|m| m.addr != paused))
             })
         },
     );
@@ -99,7 +98,7 @@ fn five_nodes_converge_and_survive_kill_pause_and_restart() {
             "unreachable before down on node {i}"
         );
     }
-    let youngest = c.members(0).unwrap().last().unwrap().0.clone();
+    let youngest = c.members(0).unwrap().last().unwrap().addr.clone();
     assert_eq!(youngest, paused, "a rejoined node is the youngest");
 
     // Restart the killed node on the same address: a new incarnation joins.
@@ -242,7 +241,7 @@ fn a_wrong_cookie_never_joins() {
     c.wait_until("the good nodes converge", Duration::from_secs(20), |c| {
         (0..2).all(|i| {
             c.members(i)
-                .is_some_and(|m| m.len() == 2 && m.iter().all(|m| m.1 == "up" && m.2))
+                .is_some_and(|m| m.len() == 2 && m.iter().all(|m| m.status == "up" && m.reachable))
         })
     });
     c.spawn(bad);
@@ -252,7 +251,7 @@ fn a_wrong_cookie_never_joins() {
         for i in 0..2 {
             let m = c.members(i).unwrap();
             assert!(
-                m.iter().all(|m| m.0 != bad_addr),
+                m.iter().all(|m| m.addr != bad_addr),
                 "node {i} lists the wrong-cookie node: {m:?}"
             );
         }

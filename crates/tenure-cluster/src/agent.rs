@@ -354,10 +354,10 @@ impl Actor for Agent {
             SupervisionEvent::ActorFailed(cell, err) if state.is_member_lease(&cell) => {
                 return Err(format!("member lease actor failed: {err}").into());
             }
-            SupervisionEvent::ActorTerminated(cell, _, reason) if state.is_member_lease(&cell) => {
-                if !state.leaving {
-                    return Err(format!("member lease actor stopped: {reason:?}").into());
-                }
+            SupervisionEvent::ActorTerminated(cell, _, reason)
+                if state.is_member_lease(&cell) && !state.leaving =>
+            {
+                return Err(format!("member lease actor stopped: {reason:?}").into());
             }
             _ => {}
         }
@@ -754,7 +754,7 @@ impl AgentState {
                 let wait = d.backoff.failed();
                 d.next_at = Instant::now() + wait;
                 let n = d.backoff.failures();
-                if n == 1 || n % 10 == 0 {
+                if n == 1 || n.is_multiple_of(10) {
                     tracing::info!(%peer, seed = is_seed, failures = n, retry_in = ?wait, error = %e, "cannot reach node; retrying");
                 } else {
                     tracing::debug!(%peer, failures = n, error = %e, "cannot reach node");

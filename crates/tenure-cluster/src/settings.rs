@@ -152,7 +152,7 @@ impl ClusterSettings {
         };
         member_lease
             .validate("cluster")
-            .map_err(|e| rename_member_keys(e))?;
+            .map_err(rename_member_keys)?;
 
         let settings = ClusterSettings {
             system: config.system()?,

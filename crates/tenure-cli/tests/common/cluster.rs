@@ -53,6 +53,17 @@ impl NodeProc {
     }
 }
 
+/// One member of a node's view.
+#[derive(Debug, Clone)]
+pub struct Row {
+    pub addr: String,
+    /// `joining`, `up`, `leaving`, `down`.
+    pub status: String,
+    pub reachable: bool,
+    pub incarnation: u64,
+    pub sessions: u64,
+}
+
 pub struct Cluster {
     pub dir: tempfile::TempDir,
     pub nodes: Vec<NodeProc>,
@@ -306,24 +317,22 @@ fault-injection = true
         serde_json::from_slice(&out.stdout).ok()
     }
 
-    /// (addr, status, reachable, incarnation, sessions) of each member in node `i`'s view.
-    pub fn members(&self, i: usize) -> Option<Vec<(String, String, bool, u64, u64)>> {
+    /// Each member in node `i`'s view, oldest first.
+    pub fn members(&self, i: usize) -> Option<Vec<Row>> {
         let view = self.view(i)?;
         Some(
             view["members"]
                 .as_array()?
                 .iter()
-                .map(|m| {
-                    (
-                        m["addr"].as_str().unwrap_or_default().to_string(),
-                        m["status"]
-                            .as_str()
-                            .unwrap_or_default()
-                            .to_ascii_lowercase(),
-                        m["reachable"].as_bool().unwrap_or(false),
-                        m["incarnation"].as_u64().unwrap_or(0),
-                        m["sessions"].as_u64().unwrap_or(0),
-                    )
+                .map(|m| Row {
+                    addr: m["addr"].as_str().unwrap_or_default().to_string(),
+                    status: m["status"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_ascii_lowercase(),
+                    reachable: m["reachable"].as_bool().unwrap_or(false),
+                    incarnation: m["incarnation"].as_u64().unwrap_or(0),
+                    sessions: m["sessions"].as_u64().unwrap_or(0),
                 })
                 .collect(),
         )
@@ -370,11 +379,13 @@ fault-injection = true
             let Some(members) = self.members(*i) else {
                 return false;
             };
-            let mut addrs: Vec<String> = members.iter().map(|m| m.0.clone()).collect();
+            let mut addrs: Vec<String> = members.iter().map(|m| m.addr.clone()).collect();
             addrs.sort();
             addrs == expect
-                && members.iter().all(|(a, status, reachable, _, sessions)| {
-                    status == "up" && *reachable && (*a == self.nodes[*i].addr || *sessions == 1)
+                && members.iter().all(|m| {
+                    m.status == "up"
+                        && m.reachable
+                        && (m.addr == self.nodes[*i].addr || m.sessions == 1)
                 })
         })
     }
