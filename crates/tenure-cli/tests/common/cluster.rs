@@ -93,15 +93,17 @@ impl Cluster {
         let store = dir.path().join("leases.sqlite");
         let history = dir.path().join("history.jsonl");
         let ports = free_ports(n);
-        let seed = format!("127.0.0.1:{}", ports[0]);
         let mut c = Cluster {
             dir,
             nodes: Vec::new(),
             history,
             store,
         };
-        for port in ports {
-            c.add_node(port, &seed, options);
+        if let Some(first) = ports.first() {
+            let seed = format!("127.0.0.1:{first}");
+            for port in ports {
+                c.add_node(port, &seed, options);
+            }
         }
         c
     }

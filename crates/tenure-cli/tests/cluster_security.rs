@@ -1,0 +1,203 @@
+//! Cluster security and bad input: TLS between nodes, and clear errors for bad settings.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::cluster::{Cluster, Options, TENURE, free_ports};
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, ExtendedKeyUsagePurpose, IsCa, KeyPair,
+    KeyUsagePurpose,
+};
+
+/// Writes a CA and a node certificate for 127.0.0.1 signed by it; returns the TOML table.
+fn pki(dir: &Path, name: &str) -> String {
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
+    let node_key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
+    params.extended_key_usages = vec![
+        ExtendedKeyUsagePurpose::ServerAuth,
+        ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    let cert = params.signed_by(&node_key, &ca).unwrap();
+    let path = |f: &str| -> PathBuf { dir.join(format!("{name}-{f}")) };
+    std::fs::write(path("ca.pem"), ca.pem()).unwrap();
+    std::fs::write(path("cert.pem"), cert.pem()).unwrap();
+    std::fs::write(path("key.pem"), node_key.serialize_pem()).unwrap();
+    format!(
+        "[cluster.tls]\nenabled = true\ncert = \"{}\"\nkey = \"{}\"\nca = \"{}\"\n",
+        path("cert.pem").display(),
+        path("key.pem").display(),
+        path("ca.pem").display()
+    )
+}
+
+/// Two TLS nodes form a cluster; a plain-text node and a node of another CA, sharing the
+/// same store and cookie, can neither connect nor become members.
+#[test]
+fn tls_nodes_refuse_plaintext_and_other_ca_peers() {
+    let mut c = Cluster::new(0);
+    let good = pki(c.dir.path(), "good");
+    let other = pki(c.dir.path(), "other");
+    let ports = free_ports(4);
+    let seed = format!("127.0.0.1:{}", ports[0]);
+    let tls = Options {
+        cluster_extra: String::new(),
+        tail: good,
+    };
+    c.add_node(ports[0], &seed, &tls);
+    c.add_node(ports[1], &seed, &tls);
+    let plain = c.add_node(ports[2], &seed, &Options::default());
+    let wrong_ca = c.add_node(
+        ports[3],
+        &seed,
+        &Options {
+            cluster_extra: String::new(),
+            tail: other,
+        },
+    );
+    c.spawn(0);
+    c.spawn(1);
+    c.wait_until("the TLS nodes converge", Duration::from_secs(20), |c| {
+        (0..2).all(|i| {
+            c.members(i)
+                .is_some_and(|m| m.len() == 2 && m.iter().all(|m| m.status == "up" && m.reachable))
+        })
+    });
+    c.spawn(plain);
+    c.spawn(wrong_ca);
+    let outsiders = [c.nodes[plain].addr.clone(), c.nodes[wrong_ca].addr.clone()];
+    let until = Instant::now() + Duration::from_secs(4);
+    while Instant::now() < until {
+        for i in 0..2 {
+            let m = c.members(i).unwrap();
+            assert!(
+                m.iter().all(|m| !outsiders.contains(&m.addr)),
+                "node {i} lists an outsider: {m:?}"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    for i in [plain, wrong_ca] {
+        let log = c.nodes[i].stderr();
+        assert!(
+            log.contains("session closed before authentication") || log.contains("TLS handshake"),
+            "node {i} logs the refusal:\n{log}"
+        );
+    }
+    c.wait_until(
+        "the seed logs the refused handshakes",
+        Duration::from_secs(5),
+        |c| {
+            c.nodes[0]
+                .stderr()
+                .contains("Error establishing secure socket")
+        },
+    );
+}
+
+fn run(config: &str, args: &[&str]) -> (Option<i32>, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.toml");
+    let text = config.replace("{dir}", &dir.path().display().to_string());
+    std::fs::write(&path, text).unwrap();
+    let out = Command::new(TENURE)
+        .arg("--config")
+        .arg(&path)
+        .args(args)
+        .env_remove("TENURE_CONFIG")
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+const BASE: &str = "[lease.sqlite]\npath = \"{dir}/l.sqlite\"\n[cluster]\n";
+
+#[test]
+fn bad_node_settings_are_refused_naming_the_key_or_path() {
+    let port = free_ports(1)[0];
+    let cases: Vec<(String, Vec<&str>)> = vec![
+        (
+            format!("{BASE}port = {port}\n"),
+            vec!["cluster.cookie", "required"],
+        ),
+        (
+            format!("{BASE}port = {port}\ncookie = \"c\"\nseeds = [\"127.0.0.1\"]\n"),
+            vec!["cluster.seeds[0]", "127.0.0.1", "host:port"],
+        ),
+        (
+            format!("{BASE}port = {port}\ncookie = \"c\"\nseeds = [\"10.0.0.1:99999\"]\n"),
+            vec!["cluster.seeds[0]", "99999"],
+        ),
+        (
+            format!("{BASE}port = 0\ncookie = \"c\"\n"),
+            vec!["cluster.port"],
+        ),
+        (
+            format!("{BASE}port = {port}\ncookie = \"c\"\nhost = \"not a host\"\n"),
+            vec!["cluster.host"],
+        ),
+        (
+            format!(
+                "{BASE}port = {port}\ncookie = \"c\"\n[cluster.tls]\nenabled = true\ncert = \"{{dir}}/missing.pem\"\nkey = \"{{dir}}/k.pem\"\nca = \"{{dir}}/ca.pem\"\n"
+            ),
+            vec!["cluster.tls.cert", "missing.pem"],
+        ),
+    ];
+    for (config, wanted) in cases {
+        let (code, err) = run(&config, &["node"]);
+        assert_eq!(code, Some(2), "{config}\n{err}");
+        for w in wanted {
+            assert!(
+                err.contains(w),
+                "expected {w:?} in: {err}\nconfig:\n{config}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_port_in_use_is_a_clear_error() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let (code, err) = run(&format!("{BASE}port = {port}\ncookie = \"c\"\n"), &["node"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains(&format!("127.0.0.1:{port}")) && err.contains("cannot listen"),
+        "{err}"
+    );
+}
+
+/// Unreachable seeds at start: the node keeps running and retrying, says so, and still
+/// leaves cleanly.
+#[test]
+fn unreachable_seeds_are_retried_not_fatal() {
+    let mut c = Cluster::new(1);
+    let dead = free_ports(1)[0];
+    let text = std::fs::read_to_string(&c.nodes[0].config)
+        .unwrap()
+        .replace(
+            &format!("seeds = [\"{}\"]", c.nodes[0].addr),
+            &format!("seeds = [\"127.0.0.1:{dead}\"]"),
+        );
+    std::fs::write(&c.nodes[0].config, text).unwrap();
+    c.spawn(0);
+    c.wait_until("the node is up on its own", Duration::from_secs(10), |c| {
+        c.members(0)
+            .is_some_and(|m| m.len() == 1 && m[0].status == "up")
+    });
+    c.wait_until(
+        "the node logs the unreachable seed",
+        Duration::from_secs(10),
+        |c| c.nodes[0].stderr().contains("cannot reach node; retrying"),
+    );
+    assert!(c.stop(0).success());
+}
