@@ -5,7 +5,7 @@ use std::path::Path;
 #[tokio::test]
 async fn shipped_configs_load_and_open() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
-    let mut checked = 0;
+    let (mut checked, mut clusters) = (0, 0);
     for entry in std::fs::read_dir(&dir).expect("config dir") {
         let path = entry.expect("entry").path();
         if path.extension().and_then(|e| e.to_str()) != Some("toml") {
@@ -27,9 +27,21 @@ async fn shipped_configs_load_and_open() {
         provider
             .section(&default)
             .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let cookie = provider.config().table()["cluster"]["cookie"]
+            .as_str()
+            .unwrap_or("");
+        if !cookie.is_empty() {
+            tenure::cluster::ClusterSettings::from_config(provider.config())
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            clusters += 1;
+        }
         checked += 1;
     }
-    assert!(checked >= 3, "reference and examples: {checked}");
+    assert!(checked >= 4, "reference and examples: {checked}");
+    assert!(
+        clusters >= 1,
+        "the cluster example's [cluster] section is checked"
+    );
 }
 
 #[tokio::test]

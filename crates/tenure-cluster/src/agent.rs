@@ -192,6 +192,8 @@ pub(crate) struct AgentState {
     dials: HashMap<NodeAddr, Dial>,
     subscribers: Vec<ClusterSubscriber>,
     polling: bool,
+    /// The last listing failed (logged once per outage).
+    list_failing: bool,
     leaving: bool,
     timers: Vec<JoinHandle<()>>,
 }
@@ -281,6 +283,7 @@ impl Actor for Agent {
             dials: HashMap::new(),
             subscribers: Vec::new(),
             polling: false,
+            list_failing: false,
             leaving: false,
             timers,
             s: a.settings,
@@ -588,13 +591,18 @@ impl AgentState {
                 self.polling = false;
                 match result {
                     Ok(records) => {
+                        if std::mem::take(&mut self.list_failing) {
+                            tracing::info!("member leases can be listed again");
+                        }
                         let listing = self.parse_listing(&records);
                         let events = self.view.listed(&listing);
                         self.emit(events);
                     }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "cannot list member leases; the view is not updated")
+                    Err(e) if !self.list_failing => {
+                        self.list_failing = true;
+                        tracing::warn!(error = %e, "cannot list member leases; the view is not updated until the store answers");
                     }
+                    Err(e) => tracing::debug!(error = %e, "cannot list member leases"),
                 }
             }
             Local::Dialed { peer, result } => self.on_dialed(peer, result),
