@@ -23,8 +23,8 @@ use crate::history::History;
 use crate::identity::{Incarnation, NodeAddr};
 use crate::member::{ClusterEvent, Listed, Member, Membership};
 use crate::protocol::{
-    AgentMsg, FaultReply, Heartbeat, Hello, Inspect, Leaving, LinkFault, Local, MemberInfo,
-    NodeView, PROTOCOL_VERSION, SessionChange,
+    AgentMsg, FaultReply, Heartbeat, Hello, Inspect, Leaving, LeavingAck, LinkFault, Local,
+    MemberInfo, NodeView, PROTOCOL_VERSION, SessionChange,
 };
 use crate::settings::ClusterSettings;
 use crate::subscribe::{ClusterSubscriber, HandOver, HandOverWait};
@@ -99,9 +99,16 @@ async fn take_ticket(
     name: String,
     owner: String,
     timeout: Duration,
-) -> u64 {
+    agent: &ActorRef<AgentMsg>,
+) -> Option<u64> {
     let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_secs(2));
     loop {
+        if matches!(
+            agent.get_status(),
+            ractor::ActorStatus::Stopping | ractor::ActorStatus::Stopped
+        ) {
+            return None;
+        }
         let request = AcquireRequest {
             name: name.clone(),
             owner: owner.clone(),
@@ -121,7 +128,7 @@ async fn take_ticket(
                 {
                     tracing::debug!(error = %e, "join ticket not released; it expires");
                 }
-                return record.token;
+                return Some(record.token);
             }
             Ok(AcquireOutcome::Held(_)) => {}
             Err(e) => tracing::warn!(error = %e, "cannot take a join ticket; retrying"),
@@ -188,6 +195,10 @@ pub(crate) struct AgentState {
     sessions: HashMap<u64, Session>,
     peers: HashMap<NodeAddr, Peer>,
     greeted: BTreeSet<u64>,
+    /// When a hello was last re-requested from a peer we hear without knowing it.
+    regreeted: HashMap<NodeAddr, Instant>,
+    /// When sessions with a peer were last closed as stale (at most once per 3 x unreachable-after).
+    stale_closed: HashMap<NodeAddr, Instant>,
     gossip: BTreeSet<NodeAddr>,
     dials: HashMap<NodeAddr, Dial>,
     subscribers: Vec<ClusterSubscriber>,
@@ -243,6 +254,22 @@ impl Actor for Agent {
             id: "tenure-agent".into(),
             subscription: Box::new(Forward(myself.clone())),
         })?;
+        // Sessions opened before the subscription took effect get no events: read them.
+        let existing = ractor::call_t!(a.server, NodeServerMessage::GetSessions, 5000)?;
+        let sessions: HashMap<u64, Session> = existing
+            .into_values()
+            .map(|ses| {
+                let session = Session {
+                    peer: ses.peer_name.as_ref().and_then(|n| node_of(&n.name)),
+                    authenticated: true,
+                    ready: true,
+                    dialled: None,
+                    peer_addr: ses.peer_addr,
+                    actor: ses.actor,
+                };
+                (ses.node_id, session)
+            })
+            .collect();
         let scope = scope(&a.settings.system);
         pg::join_scoped(scope.clone(), AGENT_GROUP.into(), vec![myself.get_cell()]);
         pg::monitor_scope(scope.clone(), myself.get_cell());
@@ -276,8 +303,10 @@ impl Actor for Agent {
             pending_hellos: HashMap::new(),
             foreign: Default::default(),
             reach: Default::default(),
-            sessions: HashMap::new(),
+            sessions,
             peers: HashMap::new(),
+            regreeted: HashMap::new(),
+            stale_closed: HashMap::new(),
             greeted: BTreeSet::new(),
             gossip: BTreeSet::new(),
             dials: HashMap::new(),
@@ -319,10 +348,11 @@ impl Actor for Agent {
         match msg {
             AgentMsg::Hello(h) => state.on_hello(h),
             AgentMsg::Heartbeat(hb) => state.on_heartbeat(hb),
-            AgentMsg::Leaving(l) => {
+            AgentMsg::Leaving(l, reply) => {
                 state.reach.heard(&l.node, Instant::now());
                 let events = state.view.leaving(&l.node, l.incarnation);
                 state.emit(events);
+                let _ = reply.send(LeavingAck {});
             }
             AgentMsg::Inspect(Inspect {}, reply) => {
                 let _ = reply.send(state.node_view());
@@ -374,8 +404,9 @@ fn spawn_ticket(myself: &ActorRef<AgentMsg>, s: &ClusterSettings, store: Arc<dyn
     let owner = s.addr.to_string();
     let timeout = s.member_lease.lease_operation_timeout;
     tokio::spawn(async move {
-        let ticket = take_ticket(store, name, owner, timeout).await;
-        let _ = me.cast(AgentMsg::Local(Local::Ticket(ticket)));
+        if let Some(ticket) = take_ticket(store, name, owner, timeout, &me).await {
+            let _ = me.cast(AgentMsg::Local(Local::Ticket(ticket)));
+        }
     });
 }
 
@@ -426,6 +457,7 @@ impl AgentState {
             node: self.me.clone(),
             incarnation: self.incarnation,
             known: self.view.peers().cloned().collect(),
+            want_reply: false,
         }
     }
 
@@ -455,6 +487,30 @@ impl AgentState {
         if let Some(agent) = self.agent_of(node_id) {
             self.greeted.insert(node_id);
             let _ = agent.cast(AgentMsg::Hello(self.hello()));
+        }
+    }
+
+    /// Asks `peer` for a hello (at most once a second): we hear it but never got one, e.g.
+    /// its hello travelled on a session that then lost ractor's duplicate election.
+    fn request_hello(&mut self, peer: &NodeAddr) {
+        let now = Instant::now();
+        if self
+            .regreeted
+            .get(peer)
+            .is_some_and(|t| now.duration_since(*t) < Duration::from_secs(1))
+        {
+            return;
+        }
+        let target = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.authenticated && s.peer.as_ref() == Some(peer))
+            .find_map(|(id, _)| self.agent_of(*id));
+        if let Some(agent) = target {
+            self.regreeted.insert(peer.clone(), now);
+            let mut hello = self.hello();
+            hello.want_reply = true;
+            let _ = agent.cast(AgentMsg::Hello(hello));
         }
     }
 
@@ -508,7 +564,40 @@ impl AgentState {
         let events = self.view.hello(&h.node, h.incarnation);
         self.emit(events);
         self.reach.heard(&h.node, now);
-        self.greet(node_id);
+        if h.want_reply {
+            if let Some(p) = self.peers.get(&h.node) {
+                let _ = p.agent.cast(AgentMsg::Hello(self.hello()));
+            }
+            self.greeted.insert(node_id);
+        } else {
+            self.greet(node_id);
+        }
+    }
+
+    /// Closes the sessions with `peer` (it will be redialled while it is a member or seed).
+    fn close_stale_sessions(&mut self, peer: &NodeAddr, why: &str) {
+        let now = Instant::now();
+        let pause = self.s.unreachable_after * 3;
+        if self
+            .stale_closed
+            .get(peer)
+            .is_some_and(|t| now.duration_since(*t) < pause)
+        {
+            return;
+        }
+        let mut closed = false;
+        for s in self
+            .sessions
+            .values()
+            .filter(|s| s.peer.as_ref() == Some(peer))
+        {
+            s.actor.stop(Some(format!("stale session: {why}")));
+            closed = true;
+        }
+        if closed {
+            tracing::info!(%peer, why, "closing a stale session; will redial");
+            self.stale_closed.insert(peer.clone(), now);
+        }
     }
 
     /// Closes every session with `peer` and redials it only after the longest backoff.
@@ -530,6 +619,7 @@ impl AgentState {
             .get(&hb.node)
             .is_some_and(|p| p.incarnation == hb.incarnation);
         if !known {
+            self.request_hello(&hb.node);
             return;
         }
         self.reach.heard(&hb.node, Instant::now());
@@ -614,16 +704,19 @@ impl AgentState {
             Local::Leave(reply) => {
                 self.leaving = true;
                 let (guard, wait) = HandOver::new();
-                let leaving = Leaving {
+                let events = self.view.self_leaving(guard);
+                self.emit(events);
+                let notice = Leaving {
                     node: self.me.clone(),
                     incarnation: self.incarnation,
                 };
-                for p in self.peers.values() {
-                    let _ = p.agent.cast(AgentMsg::Leaving(leaving.clone()));
-                }
-                let events = self.view.self_leaving(guard);
-                self.emit(events);
-                let _ = reply.send((wait, self.member_lease.clone()));
+                let peers = self.peers.values().map(|p| p.agent.clone()).collect();
+                let _ = reply.send(LeaveAnswer {
+                    hand_over: wait,
+                    member_lease: self.member_lease.clone(),
+                    peers,
+                    notice,
+                });
             }
         }
         Ok(())
@@ -702,7 +795,15 @@ impl AgentState {
                 let Some(s) = self.sessions.remove(&id) else {
                     return;
                 };
-                if !s.authenticated {
+                let named = ses.peer_name.as_ref().and_then(|n| node_of(&n.name));
+                let duplicate = named.as_ref().is_some_and(|addr| {
+                    self.sessions
+                        .values()
+                        .any(|o| o.authenticated && o.peer.as_ref() == Some(addr))
+                });
+                if !s.authenticated && duplicate {
+                    tracing::debug!(peer = %s.peer_addr, "duplicate session closed (ractor keeps one per pair)");
+                } else if !s.authenticated {
                     tracing::warn!(
                         peer = %s.peer_addr,
                         direction = if s.dialled.is_some() { "outbound" } else { "inbound" },
@@ -718,7 +819,7 @@ impl AgentState {
                     let other = self
                         .sessions
                         .iter()
-                        .filter(|(_, o)| o.ready && o.peer.as_ref() == Some(&addr))
+                        .filter(|(_, o)| o.authenticated && o.peer.as_ref() == Some(&addr))
                         .find_map(|(oid, _)| self.agent_of(*oid).map(|a| (*oid, a)));
                     match other {
                         Some((oid, agent)) => {
@@ -787,6 +888,16 @@ impl AgentState {
         for (addr, reachable) in self.reach.states(now, self.s.unreachable_after) {
             let events = self.view.set_reachable(&addr, reachable);
             self.emit(events);
+            // ractor_cluster never times a session out: a session silent this long is
+            // probably half-open (peer host gone, partition). Close it so that a redial (or
+            // the peer's next life) gets a fresh one instead of losing an election to it.
+            let stale = self
+                .reach
+                .silence(&addr, now)
+                .is_some_and(|d| d > self.s.unreachable_after * 3);
+            if stale {
+                self.close_stale_sessions(&addr, "silent for 3 x unreachable-after");
+            }
         }
         if self.leaving {
             return;
@@ -801,10 +912,12 @@ impl AgentState {
             .cloned()
             .collect();
         for addr in targets {
-            let connected = self.sessions.values().any(|s| {
-                s.peer.as_ref() == Some(&addr)
-                    || (!s.authenticated && s.dialled.as_ref() == Some(&addr))
-            });
+            // A session we dialled counts under the dialled address too (a seed given
+            // under another name than the node's own).
+            let connected = self
+                .sessions
+                .values()
+                .any(|s| s.peer.as_ref() == Some(&addr) || s.dialled.as_ref() == Some(&addr));
             if connected {
                 continue;
             }
@@ -853,7 +966,12 @@ impl AgentState {
                     ClusterEvent::MemberJoined(_) | ClusterEvent::MemberUp(_) => {
                         self.reach.watch(&m.addr, now)
                     }
-                    ClusterEvent::MemberRemoved(_) => self.reach.forget(&m.addr),
+                    ClusterEvent::MemberRemoved(_) => {
+                        self.reach.forget(&m.addr);
+                        if m.status == crate::member::MemberStatus::Down {
+                            self.close_stale_sessions(&m.addr, "its member lease lapsed");
+                        }
+                    }
                     _ => {}
                 }
             }
@@ -939,5 +1057,11 @@ impl AgentState {
 /// How long `Node::leave` waits for the member lease release beyond the operation timeout.
 pub(crate) const RELEASE_SLACK: Duration = Duration::from_secs(1);
 
-/// What a leave request answers: the hand-over wait and the member lease to release.
-pub(crate) type LeaveAnswer = (HandOverWait, Option<ActorRef<LeaseMsg>>);
+/// What a leave request answers: what `Node::leave` needs for the rest of the sequence.
+pub(crate) struct LeaveAnswer {
+    pub hand_over: HandOverWait,
+    pub member_lease: Option<ActorRef<LeaseMsg>>,
+    /// The peers' agents, to be told (and to acknowledge) before the lease is released.
+    pub peers: Vec<ActorRef<AgentMsg>>,
+    pub notice: Leaving,
+}

@@ -9,6 +9,7 @@
 //! Decoding is bounded by [`MAX_PAYLOAD_BYTES`], so a corrupt length cannot make it allocate
 //! without limit.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
 use ractor::RpcReplyPort;
@@ -24,6 +25,21 @@ fn config() -> impl bincode::config::Config {
 }
 
 static LOCAL_LABEL: RwLock<Option<Arc<str>>> = RwLock::new(None);
+
+/// Bytes a frame carries besides the payload (ractor's envelope: ids, variant, lengths).
+const FRAME_OVERHEAD: u64 = 1024;
+
+static MAX_ENCODE: AtomicUsize = AtomicUsize::new(MAX_PAYLOAD_BYTES);
+
+/// Bounds what this process sends by the peers' inbound frame limit (`cluster.max-frame-size`,
+/// the same on every node): a larger message is refused here, with a warning, instead of
+/// making the peer drop the whole session.
+pub fn set_max_payload(max_frame_size: u64) {
+    let limit = max_frame_size
+        .saturating_sub(FRAME_OVERHEAD)
+        .min(MAX_PAYLOAD_BYTES as u64);
+    MAX_ENCODE.store(limit as usize, Ordering::Relaxed);
+}
 
 /// Sets the sender label this process puts in every frame (its node address). ractor's
 /// registry is process-wide, so one process is one node.
@@ -48,15 +64,16 @@ pub fn encode<T: Serialize>(
     let mut out = Vec::with_capacity(64);
     let result = bincode::serde::encode_into_std_write(&*local_label(), &mut out, config())
         .and_then(|_| bincode::serde::encode_into_std_write(payload, &mut out, config()));
+    let limit = MAX_ENCODE.load(Ordering::Relaxed);
     match result {
-        Ok(_) if out.len() <= MAX_PAYLOAD_BYTES => Ok(out),
+        Ok(_) if out.len() <= limit => Ok(out),
         Ok(_) => {
             tracing::warn!(
                 message,
                 variant,
                 bytes = out.len(),
-                limit = MAX_PAYLOAD_BYTES,
-                "cluster message too large; not sent"
+                limit,
+                "cluster message too large for cluster.max-frame-size; not sent"
             );
             Err(BoxedDowncastErr)
         }

@@ -2,7 +2,7 @@
 //! store, hellos and leave notices from peers, and reachability go in; ordered
 //! [`ClusterEvent`]s come out.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -94,6 +94,9 @@ pub struct Listed {
 pub struct Membership {
     me: Member,
     others: BTreeMap<NodeAddr, Member>,
+    /// Lives known to be over (a newer incarnation of the address was seen): their member
+    /// leases, still listed until they expire, must not bring them back.
+    retired: BTreeSet<(NodeAddr, Incarnation)>,
 }
 
 impl Membership {
@@ -108,6 +111,7 @@ impl Membership {
                 reachable: true,
             },
             others: BTreeMap::new(),
+            retired: BTreeSet::new(),
         }
     }
 
@@ -177,7 +181,7 @@ impl Membership {
 
     /// A peer greeted us: a member we do not know yet is joining.
     pub fn hello(&mut self, addr: &NodeAddr, incarnation: Incarnation) -> Vec<ClusterEvent> {
-        if *addr == self.me.addr {
+        if *addr == self.me.addr || self.retired.contains(&(addr.clone(), incarnation)) {
             return Vec::new();
         }
         let mut events = Vec::new();
@@ -186,6 +190,7 @@ impl Membership {
                 return events;
             }
             // A new life at the same address: its previous life is over.
+            self.retire(addr.clone(), known.incarnation);
             events.extend(self.remove(addr, MemberStatus::Down));
         }
         let m = Member {
@@ -216,7 +221,7 @@ impl Membership {
         let mut events = Vec::new();
         let mut present: BTreeMap<&NodeAddr, &Listed> = BTreeMap::new();
         for l in listing {
-            if l.addr != self.me.addr {
+            if l.addr != self.me.addr && !self.retired.contains(&(l.addr.clone(), l.incarnation)) {
                 present.insert(&l.addr, l);
             }
         }
@@ -243,7 +248,9 @@ impl Membership {
                     events.push(ClusterEvent::MemberUp(m.clone()));
                 }
                 Some(m) if m.incarnation == l.incarnation => {}
-                Some(_) => {
+                Some(m) => {
+                    let old = m.incarnation;
+                    self.retire(addr.clone(), old);
                     events.extend(self.remove(addr, MemberStatus::Down));
                     events.push(self.insert_up(l));
                 }
@@ -251,6 +258,14 @@ impl Membership {
             }
         }
         events
+    }
+
+    fn retire(&mut self, addr: NodeAddr, incarnation: Incarnation) {
+        // Bounded: an old life's lease lapses within one ttl, long before 4096 restarts.
+        if self.retired.len() >= 4096 {
+            self.retired.pop_first();
+        }
+        self.retired.insert((addr, incarnation));
     }
 
     fn insert_up(&mut self, l: &Listed) -> ClusterEvent {
@@ -382,6 +397,28 @@ mod tests {
             kinds(&v.listed(&[listed(2, 21, 8)])),
             ["down 2", "removed 2 down", "up 2"]
         );
+    }
+
+    #[test]
+    fn a_restart_before_the_old_lease_lapsed_never_revives_the_old_life() {
+        let mut v = Membership::new(addr(1), Incarnation(1));
+        v.listed(&[listed(2, 20, 2)]);
+        // The new life greets while the old life's lease is still listed.
+        assert_eq!(
+            kinds(&v.hello(&addr(2), Incarnation(21))),
+            ["down 2", "removed 2 down", "joined 2"]
+        );
+        assert!(
+            kinds(&v.listed(&[listed(2, 20, 2)])).is_empty(),
+            "the old lease does not bring the old life back"
+        );
+        assert_eq!(v.get(&addr(2)).unwrap().incarnation, Incarnation(21));
+        assert!(
+            v.hello(&addr(2), Incarnation(20)).is_empty(),
+            "a late hello of the old life is ignored"
+        );
+        assert_eq!(kinds(&v.listed(&[listed(2, 21, 9)])), ["up 2"]);
+        assert_eq!(v.get(&addr(2)).unwrap().age, 9);
     }
 
     #[test]

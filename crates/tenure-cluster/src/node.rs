@@ -54,14 +54,32 @@ impl Node {
         tenure_lease::names::check_lease_name(&settings.member_lease_name(&addr))?;
 
         let listen = addr.ip().unwrap_or(IpAddr::V6(Ipv6Addr::UNSPECIFIED));
-        // Bind once ourselves for a clear error (the node server's own bind error is generic).
-        std::net::TcpListener::bind((listen, addr.port)).map_err(|e| ClusterError::Bind {
+        let bind_err = |e: std::io::Error| ClusterError::Bind {
             addr: addr.to_string(),
             detail: e.to_string(),
-        })?;
+        };
+        // With TLS, connections are accepted here (handshakes off the accept loop) and the
+        // node server only listens on an unused loopback port, itself TLS-protected.
+        // Without, bind once ourselves for a clear error (the node server's is generic).
+        let tls_listener = match &tls {
+            Some(_) => Some(
+                tokio::net::TcpListener::bind((listen, addr.port))
+                    .await
+                    .map_err(bind_err)?,
+            ),
+            None => {
+                std::net::TcpListener::bind((listen, addr.port)).map_err(bind_err)?;
+                None
+            }
+        };
+        let (server_port, server_listen) = match tls_listener {
+            Some(_) => (0, IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)),
+            None => (addr.port, listen),
+        };
         crate::codec::set_local_label(&addr.to_string());
+        crate::codec::set_max_payload(settings.max_frame_size);
         let server = NodeServer::new(
-            addr.port,
+            server_port,
             settings.cookie.clone(),
             settings.system.clone(),
             addr.to_string(),
@@ -69,7 +87,7 @@ impl Node {
                 .map(|t| IncomingEncryptionMode::Tls(t.acceptor.clone())),
             Some(NodeConnectionMode::Isolated),
         )
-        .with_listen_addr(listen)
+        .with_listen_addr(server_listen)
         .with_max_inbound_frame_size(settings.max_frame_size);
         let (server, _) = Actor::spawn(None, server, ())
             .await
@@ -77,6 +95,15 @@ impl Node {
                 addr: addr.to_string(),
                 detail: e.to_string(),
             })?;
+        let accept = match (tls_listener, &tls) {
+            (Some(listener), Some(tls)) => Some(tokio::spawn(crate::transport::serve_tls(
+                listener,
+                server.clone(),
+                tls.acceptor.clone(),
+                settings.dial_timeout,
+            ))),
+            _ => None,
+        };
         let links = Arc::new(Links::default());
         let args = AgentArgs {
             settings: settings.clone(),
@@ -91,9 +118,23 @@ impl Node {
             Ok((agent, _)) => agent,
             Err(e) => {
                 server.stop(None);
+                if let Some(accept) = accept {
+                    accept.abort();
+                }
                 return Err(ClusterError::Actor(e.to_string()));
             }
         };
+        // If the agent dies (its member lease actor failed), take the node server down too
+        // rather than leaving a half-alive node.
+        let (watched, watched_server) = (agent.clone(), server.clone());
+        let accept_abort = accept.as_ref().map(|a| a.abort_handle());
+        tokio::spawn(async move {
+            let _ = watched.wait(None).await;
+            watched_server.stop(Some("agent stopped".into()));
+            if let Some(accept) = accept_abort {
+                accept.abort();
+            }
+        });
         tracing::info!(node = %addr, %incarnation, seeds = settings.seeds.len(), "node started");
         Ok(Node {
             settings,
@@ -185,14 +226,28 @@ impl Node {
             .as_ref()
             .map(|_| ())
             .map_err(|e| ClusterError::Actor(e.to_string()));
-        if let Ok((wait, member_lease)) = answer {
-            if tokio::time::timeout(self.settings.leave_timeout, wait.done())
+        if let Ok(answer) = answer {
+            // Peers first (acknowledged, bounded), so that they see a leave and not a crash
+            // when the member lease disappears; then the hand-over; then the lease.
+            let notices = answer.peers.iter().map(|peer| {
+                let notice = answer.notice.clone();
+                async move { ractor::call_t!(peer, AgentMsg::Leaving, 2000, notice) }
+            });
+            let acked = futures::future::join_all(notices).await;
+            let missing = acked.iter().filter(|a| a.is_err()).count();
+            if missing > 0 {
+                tracing::warn!(
+                    missing,
+                    "peers did not acknowledge the leave; they may see this node as down"
+                );
+            }
+            if tokio::time::timeout(self.settings.leave_timeout, answer.hand_over.done())
                 .await
                 .is_err()
             {
                 tracing::warn!(timeout = ?self.settings.leave_timeout, "hand-over did not finish within cluster.leave-timeout; leaving anyway");
             }
-            if let Some(member_lease) = member_lease {
+            if let Some(member_lease) = answer.member_lease {
                 let timeout = self.settings.member_lease.lease_operation_timeout + RELEASE_SLACK;
                 match ractor::call_t!(member_lease, LeaseMsg::Release, timeout.as_millis() as u64) {
                     Ok(Ok(_)) => {

@@ -22,6 +22,8 @@ pub struct Hello {
     pub node: NodeAddr,
     pub incarnation: Incarnation,
     pub known: Vec<NodeAddr>,
+    /// Answer with a hello of your own (we hear you but never got yours).
+    pub want_reply: bool,
 }
 
 /// Liveness beacon, every `cluster.heartbeat-interval`.
@@ -37,6 +39,10 @@ pub struct Leaving {
     pub node: NodeAddr,
     pub incarnation: Incarnation,
 }
+
+/// Acknowledges a [`Leaving`] notice once the receiver's view shows the sender leaving.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct LeavingAck {}
 
 /// Asks a node for its view.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -86,7 +92,7 @@ crate::cluster_message! {
     pub enum AgentMsg {
         cast Hello(Hello),
         cast Heartbeat(Heartbeat),
-        cast Leaving(Leaving),
+        call Leaving(Leaving) -> LeavingAck,
         call Inspect(Inspect) -> NodeView,
         call SetLink(LinkFault) -> FaultReply,
         local Local(Local),

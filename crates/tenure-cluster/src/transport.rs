@@ -239,6 +239,53 @@ impl Tls {
     }
 }
 
+/// Accepts inbound connections for a TLS node: each handshake runs in a task of its own,
+/// bounded by `timeout`, so a client that connects and stays silent cannot hold up the
+/// others (ractor_cluster's own listener handshakes inline). Runs until aborted.
+pub async fn serve_tls(
+    listener: tokio::net::TcpListener,
+    server: ActorRef<NodeServerMessage>,
+    acceptor: TlsAcceptor,
+    timeout: Duration,
+) {
+    loop {
+        let (tcp, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot accept a connection");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let _ = tcp.set_nodelay(true);
+        let local = tcp.local_addr().map(|a| a.to_string()).unwrap_or_default();
+        let (server, acceptor) = (server.clone(), acceptor.clone());
+        tokio::spawn(async move {
+            match tokio::time::timeout(timeout, acceptor.accept(tcp)).await {
+                Ok(Ok(stream)) => {
+                    let conn = Conn {
+                        stream,
+                        peer: peer.to_string(),
+                        local,
+                    };
+                    let _ = server.cast(NodeServerMessage::ConnectionOpenedExternal {
+                        stream: Box::new(conn),
+                        is_server: true,
+                    });
+                }
+                Ok(Err(e)) => tracing::warn!(
+                    %peer,
+                    error = %e,
+                    "TLS handshake with an inbound connection failed; closed (a plain-text peer, or a certificate from another CA?)"
+                ),
+                Err(_) => {
+                    tracing::warn!(%peer, ?timeout, "inbound connection sent no TLS handshake in time; closed")
+                }
+            }
+        });
+    }
+}
+
 /// Dials `peer` (TLS when `tls` is given, checking the peer's certificate names its host)
 /// and hands the connection to `server`. `Ok` once connected; authentication follows.
 pub async fn dial(

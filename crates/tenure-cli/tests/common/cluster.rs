@@ -26,6 +26,9 @@ pub struct Options {
     pub cluster_extra: String,
     /// TOML appended after everything (e.g. a `[cluster.tls]` table).
     pub tail: String,
+    /// `(key, value)` pairs replacing the harness's own `key = …` lines
+    /// (e.g. `("member-lease-ttl", "\"10s\"")`).
+    pub overrides: Vec<(String, String)>,
 }
 
 pub struct NodeProc {
@@ -142,6 +145,16 @@ fault-injection = true
             extra = options.cluster_extra,
             tail = options.tail,
         );
+        let text: String = text
+            .lines()
+            .map(|line| {
+                let key = line.split(" = ").next().unwrap_or_default();
+                match options.overrides.iter().find(|(k, _)| k == key) {
+                    Some((k, v)) => format!("{k} = {v}\n"),
+                    None => format!("{line}\n"),
+                }
+            })
+            .collect();
         std::fs::write(&config, text).expect("write node config");
         self.nodes.push(NodeProc {
             addr: format!("127.0.0.1:{port}"),
@@ -156,7 +169,12 @@ fault-injection = true
 
     /// Starts `n` nodes and waits until every node sees all of them up.
     pub fn start(n: usize) -> Cluster {
-        let mut c = Cluster::new(n);
+        Cluster::start_with(n, &Options::default())
+    }
+
+    /// Starts `n` nodes with `options` and waits until they converge.
+    pub fn start_with(n: usize, options: &Options) -> Cluster {
+        let mut c = Cluster::with_options(n, options);
         c.start_all();
         c.wait_converged(Duration::from_secs(30));
         c
