@@ -44,6 +44,8 @@ pub(crate) struct MemberNote {
     pub node: NodeAddr,
     pub incarnation: Incarnation,
     pub age: u64,
+    #[serde(default)]
+    pub roles: Vec<String>,
     /// Keyed digest of the above with the cookie: only nodes with the cluster's cookie
     /// can write a member lease the others accept.
     pub proof: String,
@@ -56,12 +58,14 @@ impl MemberNote {
         node: NodeAddr,
         incarnation: Incarnation,
         age: u64,
+        roles: Vec<String>,
     ) -> MemberNote {
-        let proof = member_proof(key, system, &node, incarnation, age);
+        let proof = member_proof(key, system, &node, incarnation, age, &roles);
         MemberNote {
             node,
             incarnation,
             age,
+            roles,
             proof,
         }
     }
@@ -83,10 +87,12 @@ fn member_proof(
     node: &NodeAddr,
     incarnation: Incarnation,
     age: u64,
+    roles: &[String],
 ) -> String {
     use sha2::{Digest, Sha256};
+    let roles = roles.join(",");
     let digest = Sha256::digest(format!(
-        "tenure-member\n{key}\n{system}\n{node}\n{incarnation}\n{age}"
+        "tenure-member\n{key}\n{system}\n{node}\n{incarnation}\n{age}\n{roles}"
     ));
     digest[..12].iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -289,7 +295,7 @@ impl Actor for Agent {
         spawn_ticket(&myself, &a.settings, a.store.clone());
         let _ = myself.cast(AgentMsg::Local(Local::Tick));
         Ok(AgentState {
-            view: Membership::new(me.clone(), a.incarnation),
+            view: Membership::new(me.clone(), a.incarnation, a.settings.roles.clone()),
             me,
             incarnation: a.incarnation,
             scope,
@@ -429,6 +435,7 @@ impl AgentState {
             self.me.clone(),
             self.incarnation,
             ticket,
+            self.s.roles.clone(),
         ))?;
         let spec = LeaseSpec::new(
             &self.s.member_lease_name(&self.me),
@@ -458,6 +465,7 @@ impl AgentState {
             incarnation: self.incarnation,
             known: self.view.peers().cloned().collect(),
             want_reply: false,
+            roles: self.s.roles.clone(),
         }
     }
 
@@ -561,7 +569,7 @@ impl AgentState {
                 d.backoff.reset();
             }
         }
-        let events = self.view.hello(&h.node, h.incarnation);
+        let events = self.view.hello(&h.node, h.incarnation, &h.roles);
         self.emit(events);
         self.reach.heard(&h.node, now);
         if h.want_reply {
@@ -737,7 +745,14 @@ impl AgentState {
                 continue;
             };
             let key = proof_key(&self.s.cookie, self.tls.as_ref());
-            let proof = member_proof(&key, &self.s.system, &owner, note.incarnation, note.age);
+            let proof = member_proof(
+                &key,
+                &self.s.system,
+                &owner,
+                note.incarnation,
+                note.age,
+                &note.roles,
+            );
             if owner != note.node || proof != note.proof {
                 if self.foreign.insert((owner.clone(), note.incarnation)) {
                     tracing::warn!(member = %owner, incarnation = %note.incarnation, "ignoring a member lease written with another cookie or TLS CA: that node is not a member");
@@ -748,6 +763,7 @@ impl AgentState {
                 addr: owner,
                 incarnation: note.incarnation,
                 age: note.age,
+                roles: note.roles,
             });
         }
         listed
@@ -1017,6 +1033,7 @@ impl AgentState {
                         .flatten()
                         .map(|d| d.as_millis() as u64),
                     link_cut: cut.contains(&m.addr),
+                    roles: m.roles.clone(),
                     addr: m.addr,
                     incarnation: m.incarnation,
                     age: m.age,

@@ -49,6 +49,15 @@ pub struct Member {
     pub status: MemberStatus,
     /// Whether heartbeats from it arrive (always true for this node itself).
     pub reachable: bool,
+    /// Its `cluster.roles` (singletons and shards may be limited to a role).
+    pub roles: Vec<String>,
+}
+
+impl Member {
+    /// Whether it has `role` (any member has the empty role).
+    pub fn has_role(&self, role: &str) -> bool {
+        role.is_empty() || self.roles.iter().any(|r| r == role)
+    }
 }
 
 impl Member {
@@ -87,6 +96,7 @@ pub struct Listed {
     pub incarnation: Incarnation,
     /// The member's join ticket (its age).
     pub age: u64,
+    pub roles: Vec<String>,
 }
 
 /// The view: this node and the members it knows, keyed by address.
@@ -101,7 +111,7 @@ pub struct Membership {
 
 impl Membership {
     /// A view holding only this node, joining.
-    pub fn new(addr: NodeAddr, incarnation: Incarnation) -> Membership {
+    pub fn new(addr: NodeAddr, incarnation: Incarnation, roles: Vec<String>) -> Membership {
         Membership {
             me: Member {
                 addr,
@@ -109,6 +119,7 @@ impl Membership {
                 age: 0,
                 status: MemberStatus::Joining,
                 reachable: true,
+                roles,
             },
             others: BTreeMap::new(),
             retired: BTreeSet::new(),
@@ -180,7 +191,12 @@ impl Membership {
     }
 
     /// A peer greeted us: a member we do not know yet is joining.
-    pub fn hello(&mut self, addr: &NodeAddr, incarnation: Incarnation) -> Vec<ClusterEvent> {
+    pub fn hello(
+        &mut self,
+        addr: &NodeAddr,
+        incarnation: Incarnation,
+        roles: &[String],
+    ) -> Vec<ClusterEvent> {
         if *addr == self.me.addr || self.retired.contains(&(addr.clone(), incarnation)) {
             return Vec::new();
         }
@@ -199,6 +215,7 @@ impl Membership {
             age: 0,
             status: MemberStatus::Joining,
             reachable: true,
+            roles: roles.to_vec(),
         };
         self.others.insert(addr.clone(), m.clone());
         events.push(ClusterEvent::MemberJoined(m));
@@ -244,6 +261,7 @@ impl Membership {
             match self.others.get_mut(addr) {
                 Some(m) if m.incarnation == l.incarnation && m.status == MemberStatus::Joining => {
                     m.age = l.age;
+                    m.roles = l.roles.clone();
                     m.status = MemberStatus::Up;
                     events.push(ClusterEvent::MemberUp(m.clone()));
                 }
@@ -275,6 +293,7 @@ impl Membership {
             age: l.age,
             status: MemberStatus::Up,
             reachable: true,
+            roles: l.roles.clone(),
         };
         self.others.insert(l.addr.clone(), m.clone());
         ClusterEvent::MemberUp(m)
@@ -331,6 +350,7 @@ mod tests {
             addr: addr(p),
             incarnation: Incarnation(inc),
             age: token,
+            roles: Vec::new(),
         }
     }
     fn kinds(events: &[ClusterEvent]) -> Vec<String> {
@@ -355,9 +375,9 @@ mod tests {
 
     #[test]
     fn members_come_up_from_the_store_and_are_ordered_by_age() {
-        let mut v = Membership::new(addr(1), Incarnation(1));
+        let mut v = Membership::new(addr(1), Incarnation(1), Vec::new());
         assert_eq!(kinds(&v.self_granted(5)), ["up 1"]);
-        assert_eq!(kinds(&v.hello(&addr(3), Incarnation(3))), ["joined 3"]);
+        assert_eq!(kinds(&v.hello(&addr(3), Incarnation(3), &[])), ["joined 3"]);
         assert_eq!(
             kinds(&v.listed(&[listed(1, 1, 5), listed(2, 2, 2), listed(3, 3, 9)])),
             ["up 2", "up 3"]
@@ -372,7 +392,7 @@ mod tests {
 
     #[test]
     fn a_vanished_lease_is_down_then_removed_and_a_leaver_only_removed() {
-        let mut v = Membership::new(addr(1), Incarnation(1));
+        let mut v = Membership::new(addr(1), Incarnation(1), Vec::new());
         v.listed(&[listed(2, 2, 2), listed(3, 3, 3)]);
         assert_eq!(kinds(&v.leaving(&addr(3), Incarnation(3))), ["leaving 3"]);
         assert_eq!(
@@ -384,10 +404,10 @@ mod tests {
 
     #[test]
     fn a_restarted_node_is_a_new_member() {
-        let mut v = Membership::new(addr(1), Incarnation(1));
+        let mut v = Membership::new(addr(1), Incarnation(1), Vec::new());
         v.listed(&[listed(2, 20, 2)]);
         assert_eq!(
-            kinds(&v.hello(&addr(2), Incarnation(21))),
+            kinds(&v.hello(&addr(2), Incarnation(21), &[])),
             ["down 2", "removed 2 down", "joined 2"]
         );
         assert_eq!(kinds(&v.listed(&[listed(2, 21, 7)])), ["up 2"]);
@@ -401,11 +421,11 @@ mod tests {
 
     #[test]
     fn a_restart_before_the_old_lease_lapsed_never_revives_the_old_life() {
-        let mut v = Membership::new(addr(1), Incarnation(1));
+        let mut v = Membership::new(addr(1), Incarnation(1), Vec::new());
         v.listed(&[listed(2, 20, 2)]);
         // The new life greets while the old life's lease is still listed.
         assert_eq!(
-            kinds(&v.hello(&addr(2), Incarnation(21))),
+            kinds(&v.hello(&addr(2), Incarnation(21), &[])),
             ["down 2", "removed 2 down", "joined 2"]
         );
         assert!(
@@ -414,7 +434,7 @@ mod tests {
         );
         assert_eq!(v.get(&addr(2)).unwrap().incarnation, Incarnation(21));
         assert!(
-            v.hello(&addr(2), Incarnation(20)).is_empty(),
+            v.hello(&addr(2), Incarnation(20), &[]).is_empty(),
             "a late hello of the old life is ignored"
         );
         assert_eq!(kinds(&v.listed(&[listed(2, 21, 9)])), ["up 2"]);
@@ -423,7 +443,7 @@ mod tests {
 
     #[test]
     fn self_down_and_leave() {
-        let mut v = Membership::new(addr(1), Incarnation(1));
+        let mut v = Membership::new(addr(1), Incarnation(1), Vec::new());
         v.self_granted(4);
         assert_eq!(kinds(&v.self_lost()), ["down 1", "self-down"]);
         assert!(v.self_lost().is_empty());
@@ -439,7 +459,7 @@ mod tests {
 
     #[test]
     fn reachability_changes_are_reported_once() {
-        let mut v = Membership::new(addr(1), Incarnation(1));
+        let mut v = Membership::new(addr(1), Incarnation(1), Vec::new());
         v.listed(&[listed(2, 2, 2)]);
         assert_eq!(kinds(&v.set_reachable(&addr(2), false)), ["unreachable 2"]);
         assert!(v.set_reachable(&addr(2), false).is_empty());
@@ -449,8 +469,8 @@ mod tests {
 
     #[test]
     fn a_greeter_never_listed_is_removed_when_its_session_closes() {
-        let mut v = Membership::new(addr(1), Incarnation(1));
-        v.hello(&addr(2), Incarnation(2));
+        let mut v = Membership::new(addr(1), Incarnation(1), Vec::new());
+        v.hello(&addr(2), Incarnation(2), &[]);
         assert_eq!(kinds(&v.session_closed(&addr(2))), ["removed 2 joining"]);
     }
 }

@@ -24,6 +24,8 @@ pub struct Hello {
     pub known: Vec<NodeAddr>,
     /// Answer with a hello of your own (we hear you but never got yours).
     pub want_reply: bool,
+    /// The sender's `cluster.roles`.
+    pub roles: Vec<String>,
 }
 
 /// Liveness beacon, every `cluster.heartbeat-interval`.
@@ -57,6 +59,7 @@ pub struct MemberInfo {
     pub age: u64,
     pub status: MemberStatus,
     pub reachable: bool,
+    pub roles: Vec<String>,
     /// Milliseconds since anything arrived from it (none for this node itself).
     pub silence_ms: Option<u64>,
     /// Open ractor sessions with it (1 when the mesh is healthy).

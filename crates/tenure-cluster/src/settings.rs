@@ -28,6 +28,8 @@ pub struct ClusterSettings {
     pub cookie: String,
     /// `seeds`: nodes dialled at start (and again whenever no session to them is up).
     pub seeds: Vec<NodeAddr>,
+    /// `roles`: what this node offers (singletons and entity types may require a role).
+    pub roles: Vec<String>,
     /// `lease-section`: the lease section holding member leases.
     pub lease_section: String,
     /// Timing of the member lease: the section's, with `member-lease-ttl` and
@@ -54,8 +56,9 @@ pub struct ClusterSettings {
     pub tls: Option<TlsFiles>,
 }
 
-const KEYS: [&str; 17] = [
+const KEYS: [&str; 18] = [
     "host",
+    "roles",
     "port",
     "cookie",
     "seeds",
@@ -136,6 +139,34 @@ impl ClusterSettings {
             }
         };
 
+        let roles = match table.get("roles") {
+            None => Vec::new(),
+            Some(toml::Value::Array(items)) => items
+                .iter()
+                .enumerate()
+                .map(|(i, v)| {
+                    let key = format!("cluster.roles[{i}]");
+                    match v.as_str() {
+                        Some(role)
+                            if !role.is_empty()
+                                && !role.contains(',')
+                                && !role.chars().any(char::is_control) =>
+                        {
+                            Ok(role.to_string())
+                        }
+                        _ => Err(ConfigError::invalid(
+                            key,
+                            "expected a non-empty role name without commas",
+                        )),
+                    }
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+            Some(_) => {
+                return Err(
+                    ConfigError::invalid("cluster.roles", "expected a list of role names").into(),
+                );
+            }
+        };
         let mut lease_section = r.string("lease-section")?;
         if lease_section.is_empty() {
             lease_section = config.default_lease_section()?;
@@ -159,6 +190,7 @@ impl ClusterSettings {
             addr,
             cookie,
             seeds,
+            roles,
             lease_section,
             member_lease,
             membership_interval: positive(&r, "membership-interval")?,
