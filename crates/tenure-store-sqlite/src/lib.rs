@@ -17,6 +17,7 @@
 //! issued token durable before it is handed out.
 
 mod clock;
+mod fenced;
 mod schema;
 pub mod sql;
 mod store;
@@ -26,4 +27,5 @@ pub fn monotonic_now_ns() -> i64 {
     clock::now_ns()
 }
 
+pub use fenced::FencedCounter;
 pub use store::{SqliteStore, SqliteStoreFactory};

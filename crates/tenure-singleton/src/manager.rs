@@ -1,0 +1,464 @@
+//! The singleton manager: one per node and singleton. The oldest up member (with the role)
+//! acquires the singleton's lease and only then starts the instance; on a lost lease it
+//! stops the instance, waits for it (and its children) to terminate, and only then tries
+//! again; when leaving it stops the instance, releases the lease and lets the node go on.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::{
+    Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SpawnErr, SupervisionEvent, pg,
+};
+use serde_json::json;
+use tenure_cluster::{ClusterEvent, HandOver, History, Member, MemberStatus, NodeAddr};
+use tenure_lease::{
+    Acquired, LeaseActor, LeaseError, LeaseEvent, LeaseEventSink, LeaseMsg, LeaseSpec, LeaseView,
+};
+
+use crate::settings::SingletonSettings;
+
+/// What a singleton instance is started with.
+#[derive(Debug, Clone)]
+pub struct SingletonContext {
+    pub name: String,
+    /// The fencing token of the grant this instance runs under: present it with every
+    /// write to a resource that checks tokens.
+    pub token: u64,
+    /// The manager; the instance must be linked to it.
+    pub supervisor: ActorCell,
+}
+
+/// Spawns an instance (linked to `ctx.supervisor`) and returns its cell.
+pub type Spawner = Arc<
+    dyn Fn(SingletonContext) -> Pin<Box<dyn Future<Output = Result<ActorCell, SpawnErr>> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// A [`Spawner`] from a function building the actor and its arguments for a token.
+pub fn spawner<A, F>(make: F) -> Spawner
+where
+    A: Actor,
+    F: Fn(u64) -> (A, A::Arguments) + Send + Sync + 'static,
+{
+    let make = Arc::new(make);
+    Arc::new(move |ctx: SingletonContext| {
+        let make = make.clone();
+        Box::pin(async move {
+            let (actor, args) = make(ctx.token);
+            let (r, _) = Actor::spawn_linked(None, actor, args, ctx.supervisor).await?;
+            Ok(r.get_cell())
+        })
+    })
+}
+
+/// The pg group an instance of singleton `name` joins (in the cluster's scope).
+pub fn instance_group(name: &str) -> String {
+    format!("singleton/{name}")
+}
+
+/// Everything a manager needs.
+pub struct SingletonSpec {
+    pub name: String,
+    pub settings: SingletonSettings,
+    /// The lease `<system>-singleton-<name>`, owned by this node's `host:port`.
+    pub lease: LeaseSpec,
+    /// This node.
+    pub me: NodeAddr,
+    /// The cluster's pg scope ([`tenure_cluster::scope`]).
+    pub scope: String,
+    pub spawner: Spawner,
+    pub history: Option<History>,
+}
+
+/// Where this node's manager stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SingletonStatus {
+    /// Whether this node is the oldest eligible member.
+    pub oldest: bool,
+    /// The token of the instance running here.
+    pub running: Option<u64>,
+}
+
+/// Messages of the manager (local only: subscribe it to the node's cluster events).
+pub enum ManagerMsg {
+    Cluster(ClusterEvent),
+    Lease(LeaseEvent),
+    #[doc(hidden)]
+    Attempted(Result<Acquired, LeaseError>),
+    #[doc(hidden)]
+    Retry,
+    /// Where this manager stands.
+    Status(RpcReplyPort<SingletonStatus>),
+}
+
+impl ractor::Message for ManagerMsg {}
+
+impl From<ClusterEvent> for ManagerMsg {
+    fn from(e: ClusterEvent) -> Self {
+        ManagerMsg::Cluster(e)
+    }
+}
+
+impl From<LeaseEvent> for ManagerMsg {
+    fn from(e: LeaseEvent) -> Self {
+        ManagerMsg::Lease(e)
+    }
+}
+
+/// The manager actor. Start it with [`SingletonManager::start`].
+pub struct SingletonManager;
+
+struct Running {
+    cell: ActorCell,
+    token: u64,
+}
+
+pub struct ManagerState {
+    spec: SingletonSpec,
+    members: BTreeMap<NodeAddr, Member>,
+    lease: ActorRef<LeaseMsg>,
+    view: LeaseView,
+    attempting: bool,
+    retry: Option<tokio::task::JoinHandle<()>>,
+    running: Option<Running>,
+    /// Held while this node leaves; dropped once the instance stopped and the lease is released.
+    hand_over: Option<HandOver>,
+    leaving: bool,
+    down: bool,
+}
+
+impl SingletonManager {
+    /// Spawns the manager (linked to `supervisor` when given). Deliver the node's cluster
+    /// events to it: `node.subscribe(ClusterSubscriber::to_actor(manager))`.
+    pub async fn start(
+        spec: SingletonSpec,
+        supervisor: Option<ActorCell>,
+    ) -> Result<ActorRef<ManagerMsg>, SpawnErr> {
+        let (r, _) = match supervisor {
+            Some(s) => Actor::spawn_linked(None, SingletonManager, spec, s).await?,
+            None => Actor::spawn(None, SingletonManager, spec).await?,
+        };
+        Ok(r)
+    }
+}
+
+impl Actor for SingletonManager {
+    type Msg = ManagerMsg;
+    type State = ManagerState;
+    type Arguments = SingletonSpec;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<ManagerMsg>,
+        spec: SingletonSpec,
+    ) -> Result<ManagerState, ActorProcessingErr> {
+        let (lease, view) = LeaseActor::start(
+            spec.lease.clone(),
+            LeaseEventSink::to_actor(myself.clone()),
+            Some(myself.get_cell()),
+        )
+        .await?;
+        Ok(ManagerState {
+            spec,
+            members: BTreeMap::new(),
+            lease,
+            view,
+            attempting: false,
+            retry: None,
+            running: None,
+            hand_over: None,
+            leaving: false,
+            down: false,
+        })
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<ManagerMsg>,
+        state: &mut ManagerState,
+    ) -> Result<(), ActorProcessingErr> {
+        state.stop_instance("manager stopped").await;
+        state.release().await;
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<ManagerMsg>,
+        msg: ManagerMsg,
+        state: &mut ManagerState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            ManagerMsg::Cluster(event) => state.on_cluster(event),
+            ManagerMsg::Lease(LeaseEvent::Lost(lost)) => {
+                if state
+                    .running
+                    .as_ref()
+                    .is_some_and(|r| r.token == lost.token)
+                {
+                    tracing::warn!(singleton = %state.spec.name, token = lost.token, reason = %lost.reason,
+                        "lease lost: stopping the singleton, then trying to re-acquire");
+                    state.record("singleton_lease_lost", lost.token, &lost.reason.to_string());
+                    state.stop_instance("lease lost").await;
+                    state.release().await;
+                }
+            }
+            ManagerMsg::Lease(LeaseEvent::Granted(_)) => {}
+            ManagerMsg::Attempted(result) => {
+                state.attempting = false;
+                match result {
+                    Ok(Acquired::Granted { token }) => {
+                        if state.is_oldest() && state.running.is_none() {
+                            state.start_instance(&myself, token).await;
+                        } else {
+                            state.release().await;
+                        }
+                    }
+                    Ok(Acquired::NotGranted { holder }) => {
+                        tracing::debug!(singleton = %state.spec.name, ?holder, "lease not granted; will retry");
+                        state.schedule_retry(&myself);
+                    }
+                    Err(e) => {
+                        tracing::info!(singleton = %state.spec.name, error = %e, "lease acquire failed; will retry");
+                        state.schedule_retry(&myself);
+                    }
+                }
+            }
+            ManagerMsg::Retry => state.retry = None,
+            ManagerMsg::Status(reply) => {
+                let _ = reply.send(SingletonStatus {
+                    oldest: state.is_oldest(),
+                    running: state.running.as_ref().map(|r| r.token),
+                });
+            }
+        }
+        state.evaluate(&myself).await;
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<ManagerMsg>,
+        event: SupervisionEvent,
+        state: &mut ManagerState,
+    ) -> Result<(), ActorProcessingErr> {
+        let (cell, why) = match &event {
+            SupervisionEvent::ActorTerminated(cell, _, reason) => {
+                (cell.clone(), format!("stopped: {reason:?}"))
+            }
+            SupervisionEvent::ActorFailed(cell, err) => (cell.clone(), format!("failed: {err}")),
+            _ => return Ok(()),
+        };
+        if cell.get_id() == state.lease.get_id() {
+            return Err(format!("singleton `{}`: lease actor {why}", state.spec.name).into());
+        }
+        // The instance ended on its own while we hold the lease: start it again after a pause.
+        if let Some(running) = state.running.take_if(|r| r.cell.get_id() == cell.get_id()) {
+            tracing::warn!(singleton = %state.spec.name, token = running.token, why, "singleton instance ended on its own; restarting it");
+            pg::leave_scoped(
+                state.spec.scope.clone(),
+                instance_group(&state.spec.name),
+                vec![running.cell.clone()],
+            );
+            running.cell.stop_children(None);
+            state.record("singleton_stopped", running.token, &why);
+            state.schedule_retry(&myself);
+        }
+        Ok(())
+    }
+}
+
+impl ManagerState {
+    fn on_cluster(&mut self, event: ClusterEvent) {
+        match event {
+            ClusterEvent::CurrentMembers(members) => {
+                self.members = members.into_iter().map(|m| (m.addr.clone(), m)).collect();
+            }
+            ClusterEvent::MemberJoined(m)
+            | ClusterEvent::MemberUp(m)
+            | ClusterEvent::MemberLeaving(m)
+            | ClusterEvent::Unreachable(m)
+            | ClusterEvent::Reachable(m) => {
+                self.members.insert(m.addr.clone(), m);
+            }
+            ClusterEvent::MemberDown(m) if m.addr == self.spec.me => {
+                self.members.insert(m.addr.clone(), m);
+            }
+            ClusterEvent::MemberDown(m) | ClusterEvent::MemberRemoved(m) => {
+                if m.addr != self.spec.me {
+                    self.members.remove(&m.addr);
+                }
+            }
+            ClusterEvent::SelfDown => self.down = true,
+            ClusterEvent::SelfLeaving(guard) => {
+                self.leaving = true;
+                self.hand_over = Some(guard);
+            }
+        }
+        if let Some(me) = self.members.get(&self.spec.me)
+            && me.status == MemberStatus::Up
+        {
+            self.down = false;
+        }
+    }
+
+    /// The oldest up member with the role.
+    fn oldest(&self) -> Option<&Member> {
+        self.members
+            .values()
+            .filter(|m| m.status == MemberStatus::Up && m.has_role(&self.spec.settings.role))
+            .min_by(|a, b| (a.age, &a.addr).cmp(&(b.age, &b.addr)))
+    }
+
+    fn is_oldest(&self) -> bool {
+        !self.leaving && !self.down && self.oldest().is_some_and(|m| m.addr == self.spec.me)
+    }
+
+    /// An older member is leaving: it hands over soon, so retry at the hand-over pace.
+    fn handing_over(&self) -> bool {
+        let my_age = self
+            .members
+            .get(&self.spec.me)
+            .map(|m| m.age)
+            .unwrap_or(u64::MAX);
+        self.members
+            .values()
+            .any(|m| m.status == MemberStatus::Leaving && m.age < my_age)
+    }
+
+    async fn evaluate(&mut self, myself: &ActorRef<ManagerMsg>) {
+        let oldest = self.is_oldest();
+        if self.running.is_some() && (!oldest || !self.view.check_lease()) {
+            let why = if self.leaving {
+                "handing over"
+            } else if self.down {
+                "this node is down"
+            } else {
+                "no longer the oldest"
+            };
+            self.stop_instance(why).await;
+            self.release().await;
+        }
+        if !oldest && self.running.is_none() && self.view.check_lease() {
+            self.release().await;
+        }
+        if self.leaving && self.running.is_none() && !self.attempting && self.hand_over.is_some() {
+            self.release().await;
+            if self.hand_over.take().is_some() {
+                tracing::info!(singleton = %self.spec.name, "handed over");
+            }
+        }
+        if oldest && self.running.is_none() && !self.attempting && self.retry.is_none() {
+            self.attempting = true;
+            let lease = self.lease.clone();
+            let me = myself.clone();
+            let timeout = self.spec.settings.lease.lease_operation_timeout + Duration::from_secs(1);
+            tracing::debug!(singleton = %self.spec.name, "oldest: trying to acquire the lease before starting the singleton");
+            tokio::spawn(async move {
+                let answer = match lease.call(LeaseMsg::TryAcquire, Some(timeout)).await {
+                    Ok(ractor::rpc::CallResult::Success(answer)) => answer.map(|(a, _)| a),
+                    _ => Err(LeaseError::ActorStopped {
+                        name: "singleton lease".into(),
+                    }),
+                };
+                let _ = me.cast(ManagerMsg::Attempted(answer));
+            });
+        }
+    }
+
+    fn schedule_retry(&mut self, myself: &ActorRef<ManagerMsg>) {
+        let pause = if self.handing_over() {
+            self.spec.settings.hand_over_retry_interval
+        } else {
+            self.spec.settings.lease.lease_retry_interval
+        };
+        let me = myself.clone();
+        self.retry = Some(tokio::spawn(async move {
+            tokio::time::sleep(pause).await;
+            let _ = me.cast(ManagerMsg::Retry);
+        }));
+    }
+
+    async fn start_instance(&mut self, myself: &ActorRef<ManagerMsg>, token: u64) {
+        let ctx = SingletonContext {
+            name: self.spec.name.clone(),
+            token,
+            supervisor: myself.get_cell(),
+        };
+        match (self.spec.spawner)(ctx).await {
+            Ok(cell) => {
+                pg::join_scoped(
+                    self.spec.scope.clone(),
+                    instance_group(&self.spec.name),
+                    vec![cell.clone()],
+                );
+                tracing::info!(singleton = %self.spec.name, token, "lease granted: singleton started");
+                self.running = Some(Running { cell, token });
+                self.record("singleton_started", token, "");
+            }
+            Err(e) => {
+                tracing::error!(singleton = %self.spec.name, error = %e, "cannot start the singleton; releasing the lease and retrying");
+                self.release().await;
+                self.schedule_retry(myself);
+            }
+        }
+    }
+
+    /// Stops the instance and waits until it and its children have terminated.
+    async fn stop_instance(&mut self, why: &str) {
+        let Some(running) = self.running.take() else {
+            return;
+        };
+        let timeout = self.spec.settings.stop_timeout;
+        pg::leave_scoped(
+            self.spec.scope.clone(),
+            instance_group(&self.spec.name),
+            vec![running.cell.clone()],
+        );
+        running
+            .cell
+            .stop_children_and_wait(Some(why.to_string()), Some(timeout))
+            .await;
+        if running
+            .cell
+            .stop_and_wait(Some(why.to_string()), Some(timeout))
+            .await
+            .is_err()
+        {
+            tracing::warn!(singleton = %self.spec.name, ?timeout, "singleton did not stop within stop-timeout; killing it");
+            let _ = running.cell.kill_and_wait(Some(timeout)).await;
+        }
+        tracing::info!(singleton = %self.spec.name, token = running.token, why, "singleton stopped");
+        self.record("singleton_stopped", running.token, why);
+    }
+
+    /// Releases the lease (a no-op when nothing of ours may be in the store).
+    async fn release(&mut self) {
+        let timeout = self.spec.settings.lease.lease_operation_timeout + Duration::from_secs(1);
+        match self.lease.call(LeaseMsg::Release, Some(timeout)).await {
+            Ok(ractor::rpc::CallResult::Success(Ok(true))) => {
+                tracing::info!(singleton = %self.spec.name, "lease released");
+            }
+            Ok(ractor::rpc::CallResult::Success(Ok(false))) => {}
+            Ok(ractor::rpc::CallResult::Success(Err(e))) => {
+                tracing::error!(singleton = %self.spec.name, error = %e, "failed to release the lease; the singleton cannot run elsewhere until it expires");
+            }
+            _ => {
+                tracing::error!(singleton = %self.spec.name, "lease actor did not answer the release")
+            }
+        }
+    }
+
+    fn record(&self, event: &str, token: u64, why: &str) {
+        if let Some(h) = &self.spec.history {
+            h.record(
+                event,
+                json!({"singleton": self.spec.name, "token": token, "why": why}),
+            );
+        }
+    }
+}

@@ -1,0 +1,238 @@
+//! The singleton proxy: on every node, routes messages to the current instance of a
+//! singleton (found through the cluster's pg group), buffering them in order while no
+//! instance is known.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use ractor::{
+    Actor, ActorProcessingErr, ActorRef, MessagingErr, RpcReplyPort, SupervisionEvent, pg,
+};
+
+use crate::manager::instance_group;
+
+/// Why a proxy could not take or deliver a message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProxyError {
+    #[error("singleton `{name}`: proxy buffer full ({capacity} messages waiting for an instance)")]
+    BufferFull { name: String, capacity: usize },
+    #[error("singleton `{name}`: no instance found within {waited:?}")]
+    NoInstance { name: String, waited: Duration },
+    #[error("singleton `{name}`: the call was not answered: {detail}")]
+    Call { name: String, detail: String },
+    #[error("singleton `{name}`: the proxy has stopped")]
+    Stopped { name: String },
+}
+
+/// Messages of a proxy for instances with message type `M`.
+pub enum ProxyMsg<M: ractor::Message> {
+    Send(M, RpcReplyPort<Result<(), ProxyError>>),
+    Instance(RpcReplyPort<Option<ActorRef<M>>>),
+}
+
+impl<M: ractor::Message> ractor::Message for ProxyMsg<M> {}
+
+/// A handle to a proxy actor for singleton `name` whose instances take messages `M`.
+pub struct SingletonProxy<M: ractor::Message> {
+    name: String,
+    actor: ActorRef<ProxyMsg<M>>,
+}
+
+impl<M: ractor::Message> Clone for SingletonProxy<M> {
+    fn clone(&self) -> Self {
+        SingletonProxy {
+            name: self.name.clone(),
+            actor: self.actor.clone(),
+        }
+    }
+}
+
+struct ProxyActor<M>(std::marker::PhantomData<fn() -> M>);
+
+pub struct ProxyState<M: ractor::Message> {
+    name: String,
+    scope: String,
+    group: String,
+    capacity: usize,
+    instance: Option<ActorRef<M>>,
+    buffer: VecDeque<M>,
+}
+
+impl<M: ractor::Message> SingletonProxy<M> {
+    /// Starts a proxy for singleton `name` in the cluster's pg `scope`, buffering at most
+    /// `capacity` messages while no instance is known.
+    pub async fn start(scope: &str, name: &str, capacity: usize) -> Result<Self, ractor::SpawnErr> {
+        let state = (scope.to_string(), name.to_string(), capacity);
+        let (actor, _) =
+            Actor::spawn(None, ProxyActor::<M>(std::marker::PhantomData), state).await?;
+        Ok(SingletonProxy {
+            name: name.to_string(),
+            actor,
+        })
+    }
+
+    /// Sends `msg` to the current instance, or buffers it (in order) until one is known.
+    /// `Err(BufferFull)` when `capacity` messages are already waiting.
+    pub async fn send(&self, msg: M) -> Result<(), ProxyError> {
+        match self.actor.call(|r| ProxyMsg::Send(msg, r), None).await {
+            Ok(ractor::rpc::CallResult::Success(result)) => result,
+            _ => Err(ProxyError::Stopped {
+                name: self.name.clone(),
+            }),
+        }
+    }
+
+    /// The instance known now, if any.
+    pub async fn instance(&self) -> Option<ActorRef<M>> {
+        match self.actor.call(ProxyMsg::Instance, None).await {
+            Ok(ractor::rpc::CallResult::Success(instance)) => instance,
+            _ => None,
+        }
+    }
+
+    /// Calls the instance, waiting up to `timeout` for one to be known and to answer.
+    pub async fn call<R: Send + 'static>(
+        &self,
+        build: impl FnOnce(RpcReplyPort<R>) -> M,
+        timeout: Duration,
+    ) -> Result<R, ProxyError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let instance = loop {
+            if let Some(instance) = self.instance().await {
+                break instance;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(ProxyError::NoInstance {
+                    name: self.name.clone(),
+                    waited: timeout,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match instance
+            .call(build, Some(left.max(Duration::from_millis(1))))
+            .await
+        {
+            Ok(ractor::rpc::CallResult::Success(r)) => Ok(r),
+            Ok(ractor::rpc::CallResult::Timeout) => Err(ProxyError::Call {
+                name: self.name.clone(),
+                detail: "timed out".into(),
+            }),
+            Ok(_) => Err(ProxyError::Call {
+                name: self.name.clone(),
+                detail: "the instance stopped before answering".into(),
+            }),
+            Err(e) => Err(ProxyError::Call {
+                name: self.name.clone(),
+                detail: e.to_string(),
+            }),
+        }
+    }
+
+    /// Stops the proxy (buffered messages are dropped).
+    pub fn stop(&self) {
+        self.actor.stop(None);
+    }
+}
+
+impl<M: ractor::Message> ProxyState<M> {
+    fn refresh(&mut self) {
+        // At most one instance runs (leases); a departing one may linger briefly in pg,
+        // and the newest member of the group is the one that joined last.
+        self.instance = pg::get_scoped_members(&self.scope, &self.group)
+            .into_iter()
+            .last()
+            .map(ActorRef::from);
+        self.flush();
+    }
+
+    fn flush(&mut self) {
+        while let Some(instance) = &self.instance {
+            let Some(msg) = self.buffer.pop_front() else {
+                return;
+            };
+            if let Err(MessagingErr::SendErr(msg)) = instance.cast(msg) {
+                // The instance is gone: keep the message (first in line) for the next one.
+                self.buffer.push_front(msg);
+                self.instance = None;
+            }
+        }
+    }
+}
+
+impl<M: ractor::Message> Actor for ProxyActor<M> {
+    type Msg = ProxyMsg<M>;
+    type State = ProxyState<M>;
+    type Arguments = (String, String, usize);
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        (scope, name, capacity): Self::Arguments,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        pg::monitor_scope(scope.clone(), myself.get_cell());
+        let mut state = ProxyState {
+            group: instance_group(&name),
+            name,
+            scope,
+            capacity,
+            instance: None,
+            buffer: VecDeque::new(),
+        };
+        state.refresh();
+        Ok(state)
+    }
+
+    async fn post_stop(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        pg::demonitor_scope(state.scope.clone(), myself.get_id());
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            ProxyMsg::Send(m, reply) => {
+                if state.buffer.len() >= state.capacity {
+                    let _ = reply.send(Err(ProxyError::BufferFull {
+                        name: state.name.clone(),
+                        capacity: state.capacity,
+                    }));
+                    return Ok(());
+                }
+                state.buffer.push_back(m);
+                state.flush();
+                let _ = reply.send(Ok(()));
+            }
+            ProxyMsg::Instance(reply) => {
+                if state.instance.is_none() {
+                    state.refresh();
+                }
+                let _ = reply.send(state.instance.clone());
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        event: SupervisionEvent,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        if let SupervisionEvent::ProcessGroupChanged(change) = event
+            && change.get_group() == state.group
+        {
+            state.refresh();
+        }
+        Ok(())
+    }
+}

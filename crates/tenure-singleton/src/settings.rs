@@ -1,0 +1,133 @@
+//! `[singleton]` settings (defaults in `config/reference.toml`), overridable per singleton
+//! in `[singleton.<name>]`.
+
+use std::time::Duration;
+
+use tenure_lease::config::TableReader;
+use tenure_lease::{ConfigError, LeaseSettings, TenureConfig};
+
+/// How one singleton is run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SingletonSettings {
+    /// `role`: only members with this role host it ("" = every member).
+    pub role: String,
+    /// `lease-section`: the lease section of its lease ("" = the cluster's lease section).
+    pub lease_section: String,
+    /// Timing of its lease (the section's); `lease-retry-interval` paces acquire attempts.
+    pub lease: LeaseSettings,
+    /// `hand-over-retry-interval`: acquire retry pace while the previous oldest is leaving
+    /// (it releases the lease once its instance has stopped).
+    pub hand_over_retry_interval: Duration,
+    /// `stop-timeout`: how long the instance gets to stop before it is killed.
+    pub stop_timeout: Duration,
+    /// `buffer-size`: messages a proxy keeps while no instance is known.
+    pub buffer_size: usize,
+}
+
+const KEYS: [&str; 5] = [
+    "role",
+    "lease-section",
+    "hand-over-retry-interval",
+    "stop-timeout",
+    "buffer-size",
+];
+
+impl SingletonSettings {
+    /// Reads `[singleton]`, then `[singleton.<name>]` over it; `cluster_lease_section` is
+    /// used when neither names a lease section. Errors name the key.
+    pub fn from_config(
+        config: &TenureConfig,
+        name: &str,
+        cluster_lease_section: &str,
+    ) -> Result<SingletonSettings, ConfigError> {
+        tenure_lease::names::check_component("singleton name", name)?;
+        let base = config
+            .table()
+            .get("singleton")
+            .and_then(|v| v.as_table())
+            .ok_or_else(|| ConfigError::invalid("singleton", "must be a table"))?;
+        let mut merged = toml::Table::new();
+        for (k, v) in base.iter().filter(|(_, v)| !v.is_table()) {
+            merged.insert(k.clone(), v.clone());
+        }
+        let key = format!("singleton.{name}");
+        if let Some(own) = base.get(name) {
+            let own = own
+                .as_table()
+                .ok_or_else(|| ConfigError::invalid(&key, "must be a table"))?;
+            TableReader::new(&key, own).reject_unknown(&KEYS)?;
+            merged.extend(own.clone());
+        }
+        let r = TableReader::new("singleton", &merged);
+        r.reject_unknown(&KEYS)?;
+        let mut lease_section = r.string("lease-section")?;
+        if lease_section.is_empty() {
+            lease_section = cluster_lease_section.to_string();
+        }
+        let lease = config.lease_section(&lease_section)?.settings;
+        let positive = |k: &str| -> Result<Duration, ConfigError> {
+            let d = r.duration(k)?;
+            if d.is_zero() {
+                return Err(ConfigError::invalid(r.key(k), "must be > 0"));
+            }
+            Ok(d)
+        };
+        let buffer_size = match merged.get("buffer-size") {
+            Some(toml::Value::Integer(n)) if *n > 0 => *n as usize,
+            _ => {
+                return Err(ConfigError::invalid(
+                    "singleton.buffer-size",
+                    "expected a positive integer",
+                ));
+            }
+        };
+        Ok(SingletonSettings {
+            role: r.string("role")?,
+            lease_section,
+            lease,
+            hand_over_retry_interval: positive("hand-over-retry-interval")?,
+            stop_timeout: positive("stop-timeout")?,
+            buffer_size,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_overrides_and_errors() {
+        let config = TenureConfig::from_toml_str(
+            "[singleton.billing]\nbuffer-size = 7\nrole = \"backend\"",
+            "t",
+        )
+        .unwrap();
+        let s = SingletonSettings::from_config(&config, "billing", "sqlite").unwrap();
+        assert_eq!(
+            (s.buffer_size, s.role.as_str(), s.lease_section.as_str()),
+            (7, "backend", "sqlite")
+        );
+        let other = SingletonSettings::from_config(&config, "other", "sqlite").unwrap();
+        assert_eq!(other.role, "");
+        for (text, key) in [
+            ("[singleton]\nbuffer-size = 0", "singleton.buffer-size"),
+            ("[singleton.billing]\nrole = 1", "singleton.role"),
+            (
+                "[singleton.billing]\nbufer-size = 1",
+                "singleton.billing.bufer-size",
+            ),
+            ("[singleton]\nlease-section = \"nope\"", "nope"),
+            (
+                "[singleton]\nstop-timeout = \"0s\"",
+                "singleton.stop-timeout",
+            ),
+        ] {
+            let config = TenureConfig::from_toml_str(text, "t").unwrap();
+            let err = SingletonSettings::from_config(&config, "billing", "sqlite")
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(key), "{text}: {err}");
+        }
+    }
+}

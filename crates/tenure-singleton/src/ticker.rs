@@ -1,0 +1,129 @@
+//! An example singleton: every `interval` it adds one to a [`FencedCounter`] with the
+//! fencing token of its grant, and records each tick (accepted or refused) in the node's
+//! history. `tenure node --singleton NAME` hosts it; `examples/singleton_ticks.rs` runs it.
+
+use std::time::Duration;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use tenure_cluster::History;
+use tenure_store_sqlite::FencedCounter;
+
+/// Asks the ticker for its counter.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct CountRequest {}
+
+/// The counter as the ticker last wrote it, with the token it runs under.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CountReply {
+    pub value: Option<u64>,
+    pub token: u64,
+    pub node: String,
+}
+
+/// A local timer message.
+#[derive(Debug)]
+pub struct Tick;
+
+tenure_cluster::cluster_message! {
+    /// Messages of the ticker singleton.
+    pub enum TickerMsg {
+        call Count(CountRequest) -> CountReply,
+        local Tick(Tick),
+    }
+}
+
+/// The ticker actor.
+pub struct Ticker;
+
+/// What a ticker instance runs with.
+pub struct TickerArgs {
+    /// The counter's name (the singleton's name).
+    pub name: String,
+    pub token: u64,
+    pub counter: FencedCounter,
+    pub interval: Duration,
+    /// This node's address, for replies.
+    pub node: String,
+    pub history: Option<History>,
+}
+
+pub struct TickerState {
+    args: TickerArgs,
+    last: Option<u64>,
+    timer: ractor::concurrency::JoinHandle<()>,
+}
+
+impl Actor for Ticker {
+    type Msg = TickerMsg;
+    type State = TickerState;
+    type Arguments = TickerArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<TickerMsg>,
+        args: TickerArgs,
+    ) -> Result<TickerState, ActorProcessingErr> {
+        let timer = myself.send_interval(args.interval, || TickerMsg::Tick(Tick));
+        Ok(TickerState {
+            args,
+            last: None,
+            timer,
+        })
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<TickerMsg>,
+        state: &mut TickerState,
+    ) -> Result<(), ActorProcessingErr> {
+        state.timer.abort();
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<TickerMsg>,
+        msg: TickerMsg,
+        state: &mut TickerState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            TickerMsg::Tick(Tick) => {
+                let (counter, name, token) = (
+                    state.args.counter.clone(),
+                    state.args.name.clone(),
+                    state.args.token,
+                );
+                let result =
+                    tokio::task::spawn_blocking(move || counter.increment(&name, token)).await?;
+                let fields = |value: Option<u64>, accepted: bool| json!({"singleton": state.args.name, "token": token, "value": value, "accepted": accepted});
+                match result {
+                    Ok(Some(value)) => {
+                        state.last = Some(value);
+                        if let Some(h) = &state.args.history {
+                            h.record("tick", fields(Some(value), true));
+                        }
+                    }
+                    Ok(None) => {
+                        tracing::warn!(singleton = %state.args.name, token, "tick refused: a newer token wrote the counter");
+                        if let Some(h) = &state.args.history {
+                            h.record("tick", fields(None, false));
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(singleton = %state.args.name, error = %e, "tick not written")
+                    }
+                }
+            }
+            TickerMsg::Count(CountRequest {}, reply) => {
+                let _ = reply.send(CountReply {
+                    value: state.last,
+                    token: state.args.token,
+                    node: state.args.node.clone(),
+                });
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,324 @@
+//! Akka's ClusterSingletonLeaseSpec, ported: one node, a controllable (memory) store, a
+//! probe singleton reporting its starts and stops.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tenure_cluster::{ClusterEvent, HandOver, Incarnation, Member, MemberStatus, NodeAddr};
+use tenure_lease::{
+    AcquireOutcome, AcquireRequest, Fault, LeaseSettings, LeaseSpec, LeaseStore, MemoryStore,
+};
+use tenure_singleton::{
+    ManagerMsg, SingletonManager, SingletonProxy, SingletonSettings, SingletonSpec, spawner,
+};
+use tokio::sync::mpsc;
+
+#[derive(Debug, PartialEq, Eq)]
+enum Seen {
+    Started(u64),
+    Stopped(u64),
+    Got(u64, String),
+}
+
+struct Probe;
+
+pub enum ProbeMsg {
+    Say(String),
+}
+impl ractor::Message for ProbeMsg {}
+
+impl Actor for Probe {
+    type Msg = ProbeMsg;
+    type State = (u64, mpsc::UnboundedSender<Seen>);
+    type Arguments = (u64, mpsc::UnboundedSender<Seen>);
+    async fn pre_start(
+        &self,
+        _: ActorRef<ProbeMsg>,
+        args: Self::Arguments,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        let _ = args.1.send(Seen::Started(args.0));
+        Ok(args)
+    }
+    async fn post_stop(
+        &self,
+        _: ActorRef<ProbeMsg>,
+        s: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        let _ = s.1.send(Seen::Stopped(s.0));
+        Ok(())
+    }
+    async fn handle(
+        &self,
+        _: ActorRef<ProbeMsg>,
+        m: ProbeMsg,
+        s: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        let ProbeMsg::Say(text) = m;
+        let _ = s.1.send(Seen::Got(s.0, text));
+        Ok(())
+    }
+}
+
+fn lease_settings() -> LeaseSettings {
+    LeaseSettings {
+        heartbeat_timeout: Duration::from_millis(1500),
+        heartbeat_interval: Duration::from_millis(200),
+        lease_operation_timeout: Duration::from_millis(500),
+        lease_retry_interval: Duration::from_millis(200),
+        safety_margin: Duration::from_millis(200),
+    }
+}
+
+fn addr(port: u16) -> NodeAddr {
+    NodeAddr::parse("test", &format!("127.0.0.1:{port}")).unwrap()
+}
+
+fn member(port: u16, age: u64, status: MemberStatus) -> Member {
+    Member {
+        addr: addr(port),
+        incarnation: Incarnation(port as u64),
+        age,
+        status,
+        reachable: true,
+        roles: Vec::new(),
+    }
+}
+
+struct Fixture {
+    store: Arc<MemoryStore>,
+    manager: ActorRef<ManagerMsg>,
+    seen: mpsc::UnboundedReceiver<Seen>,
+    lease: String,
+    scope: String,
+}
+
+async fn fixture(name: &str, members: Vec<Member>, prepare: impl FnOnce(&MemoryStore)) -> Fixture {
+    let store = Arc::new(MemoryStore::new());
+    prepare(&store);
+    let lease = format!("test-singleton-{name}");
+    let (tx, seen) = mpsc::unbounded_channel();
+    let settings = SingletonSettings {
+        role: String::new(),
+        lease_section: "memory".into(),
+        lease: lease_settings(),
+        hand_over_retry_interval: Duration::from_millis(50),
+        stop_timeout: Duration::from_secs(2),
+        buffer_size: 2,
+    };
+    let scope = format!("test-{name}");
+    let spec = SingletonSpec {
+        name: name.into(),
+        settings,
+        lease: LeaseSpec::new(
+            &lease,
+            &addr(1).to_string(),
+            store.clone(),
+            lease_settings(),
+        )
+        .unwrap(),
+        me: addr(1),
+        scope: scope.clone(),
+        spawner: spawner(move |token| (Probe, (token, tx.clone()))),
+        history: None,
+    };
+    let manager = SingletonManager::start(spec, None).await.unwrap();
+    manager
+        .cast(ClusterEvent::CurrentMembers(members).into())
+        .unwrap();
+    Fixture {
+        store,
+        manager,
+        seen,
+        lease,
+        scope,
+    }
+}
+
+async fn next(seen: &mut mpsc::UnboundedReceiver<Seen>, within: Duration) -> Option<Seen> {
+    tokio::time::timeout(within, seen.recv())
+        .await
+        .ok()
+        .flatten()
+}
+
+fn hold_by_other(store: &MemoryStore, name: &str) -> u64 {
+    let req = AcquireRequest {
+        name: name.into(),
+        owner: "other:1".into(),
+        instance: "other".into(),
+        ttl: Duration::from_secs(60),
+        note: None,
+    };
+    let outcome = futures::executor::block_on(store.try_acquire(&req)).unwrap();
+    match outcome {
+        AcquireOutcome::Granted(r) => r.token,
+        AcquireOutcome::Held(_) => panic!("free lease expected"),
+    }
+}
+
+#[tokio::test]
+async fn not_started_until_the_lease_is_granted_and_retried_while_not_granted() {
+    let mut other = 0;
+    let mut f = fixture("wait", vec![member(1, 1, MemberStatus::Up)], |s| {
+        other = hold_by_other(s, "test-singleton-wait")
+    })
+    .await;
+    assert_eq!(
+        next(&mut f.seen, Duration::from_secs(1)).await,
+        None,
+        "not started while another owner holds the lease"
+    );
+    assert!(f.store.release(&f.lease, "other:1", other).await.unwrap());
+    let started = next(&mut f.seen, Duration::from_secs(3)).await;
+    assert!(
+        matches!(started, Some(Seen::Started(t)) if t > other),
+        "started after a retry with a newer token: {started:?}"
+    );
+}
+
+#[tokio::test]
+async fn not_started_while_the_store_fails_and_retried() {
+    let mut f = fixture("error", vec![member(1, 1, MemberStatus::Up)], |s| {
+        s.set_fault(Fault::Unavailable)
+    })
+    .await;
+    assert_eq!(
+        next(&mut f.seen, Duration::from_secs(1)).await,
+        None,
+        "an error is not a grant"
+    );
+    f.store.set_fault(Fault::None);
+    assert!(matches!(
+        next(&mut f.seen, Duration::from_secs(3)).await,
+        Some(Seen::Started(_))
+    ));
+}
+
+#[tokio::test]
+async fn a_lost_lease_stops_the_singleton_before_it_is_reacquired_and_started_again() {
+    let mut f = fixture("lost", vec![member(1, 1, MemberStatus::Up)], |_| {}).await;
+    let Some(Seen::Started(first)) = next(&mut f.seen, Duration::from_secs(3)).await else {
+        panic!("not started")
+    };
+    f.store.set_fault(Fault::FailRenewals);
+    assert_eq!(
+        next(&mut f.seen, Duration::from_secs(5)).await,
+        Some(Seen::Stopped(first)),
+        "stopped on loss"
+    );
+    f.store.set_fault(Fault::None);
+    let again = next(&mut f.seen, Duration::from_secs(5)).await;
+    assert!(
+        matches!(again, Some(Seen::Started(t)) if t > first),
+        "started again with a newer token: {again:?}"
+    );
+}
+
+#[tokio::test]
+async fn leaving_stops_the_singleton_and_releases_the_lease() {
+    let mut f = fixture("leave", vec![member(1, 1, MemberStatus::Up)], |_| {}).await;
+    let Some(Seen::Started(token)) = next(&mut f.seen, Duration::from_secs(3)).await else {
+        panic!("not started")
+    };
+    let (guard, wait) = HandOver::new();
+    f.manager
+        .cast(ClusterEvent::SelfLeaving(guard).into())
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(5), wait.done())
+        .await
+        .expect("hand-over finished");
+    assert_eq!(
+        f.seen.try_recv().ok(),
+        Some(Seen::Stopped(token)),
+        "stopped before the hand-over completed"
+    );
+    assert_eq!(
+        f.store.read(&f.lease).await.unwrap(),
+        None,
+        "lease released"
+    );
+}
+
+#[tokio::test]
+async fn only_the_oldest_starts_it_and_the_next_oldest_takes_over() {
+    let older = member(2, 1, MemberStatus::Up);
+    let mut f = fixture(
+        "oldest",
+        vec![older.clone(), member(1, 2, MemberStatus::Up)],
+        |_| {},
+    )
+    .await;
+    assert_eq!(
+        next(&mut f.seen, Duration::from_millis(700)).await,
+        None,
+        "not the oldest"
+    );
+    assert_eq!(
+        f.store.read(&f.lease).await.unwrap(),
+        None,
+        "no lease taken by a younger member"
+    );
+    f.manager
+        .cast(
+            ClusterEvent::MemberLeaving(Member {
+                status: MemberStatus::Leaving,
+                ..older.clone()
+            })
+            .into(),
+        )
+        .unwrap();
+    assert!(
+        matches!(
+            next(&mut f.seen, Duration::from_secs(3)).await,
+            Some(Seen::Started(_))
+        ),
+        "the next oldest starts it"
+    );
+    // A member older than us appearing again (it cannot, ages only grow) would move it.
+    f.manager
+        .cast(ClusterEvent::MemberUp(older).into())
+        .unwrap();
+    assert!(matches!(
+        next(&mut f.seen, Duration::from_secs(3)).await,
+        Some(Seen::Stopped(_))
+    ));
+}
+
+#[tokio::test]
+async fn the_proxy_buffers_in_order_until_an_instance_exists_and_refuses_beyond_its_buffer() {
+    let scope = "test-proxy".to_string();
+    let proxy = SingletonProxy::<ProbeMsg>::start(&scope, "proxy", 2)
+        .await
+        .unwrap();
+    let mut other = 0;
+    let mut f = fixture("proxy", vec![member(1, 1, MemberStatus::Up)], |s| {
+        other = hold_by_other(s, "test-singleton-proxy")
+    })
+    .await;
+    assert_eq!(f.scope, scope);
+    proxy.send(ProbeMsg::Say("one".into())).await.unwrap();
+    proxy.send(ProbeMsg::Say("two".into())).await.unwrap();
+    let full = proxy.send(ProbeMsg::Say("three".into())).await.unwrap_err();
+    assert!(
+        full.to_string().contains("buffer full") && full.to_string().contains("proxy"),
+        "{full}"
+    );
+    assert!(f.store.release(&f.lease, "other:1", other).await.unwrap());
+    let Some(Seen::Started(token)) = next(&mut f.seen, Duration::from_secs(3)).await else {
+        panic!("not started")
+    };
+    assert_eq!(
+        next(&mut f.seen, Duration::from_secs(2)).await,
+        Some(Seen::Got(token, "one".into()))
+    );
+    assert_eq!(
+        next(&mut f.seen, Duration::from_secs(2)).await,
+        Some(Seen::Got(token, "two".into()))
+    );
+    proxy.send(ProbeMsg::Say("four".into())).await.unwrap();
+    assert_eq!(
+        next(&mut f.seen, Duration::from_secs(2)).await,
+        Some(Seen::Got(token, "four".into()))
+    );
+}
