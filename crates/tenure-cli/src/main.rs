@@ -35,6 +35,16 @@ enum Command {
         /// Append the node's events (JSON Lines, host monotonic clock) to this file.
         #[arg(long)]
         history: Option<PathBuf>,
+        /// Host the example singleton NAME (repeatable): the oldest member runs it under the
+        /// lease <system>-singleton-NAME; it adds one to a fenced counter every --tick.
+        #[arg(long = "singleton", value_name = "NAME")]
+        singletons: Vec<String>,
+        /// The SQLite file of the fenced counters the example singletons write.
+        #[arg(long, default_value = "/tmp/tenure-counter.sqlite")]
+        counter: PathBuf,
+        /// How often an example singleton ticks.
+        #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
+        tick: Duration,
     },
     /// Inspect a running cluster through one of its nodes (uses [cluster] cookie and TLS).
     #[command(subcommand)]
@@ -194,8 +204,19 @@ async fn run(cli: Cli) -> Result<Outcome, CliError> {
                 command,
             } => run_cmd::run(&provider, &target, grace, &command).await,
         },
-        Command::Node { history } => {
-            node_cmd::node(provider.config(), &provider, history.as_deref()).await
+        Command::Node {
+            history,
+            singletons,
+            counter,
+            tick,
+        } => {
+            let hosting = node_cmd::Hosting {
+                history: history.as_deref(),
+                singletons: &singletons,
+                counter: &counter,
+                tick,
+            };
+            node_cmd::node(provider.config(), &provider, hosting).await
         }
         Command::Cluster(ClusterCommand::Members { node, json }) => {
             node_cmd::members(provider.config(), &node, json).await

@@ -2,25 +2,66 @@
 
 use std::io::Write;
 use std::path::Path;
+use std::time::Duration;
 
 use tenure::cluster::{ClusterClient, ClusterSettings, MemberStatus, Node, NodeAddr, NodeView};
+use tenure::sqlite::FencedCounter;
 use tenure::{LeaseProvider, TenureConfig};
+use tenure_singleton::spawner;
+use tenure_singleton::ticker::{Ticker, TickerArgs};
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::exit::{CliError, Outcome};
+
+/// What `tenure node` hosts besides membership.
+pub struct Hosting<'a> {
+    pub history: Option<&'a Path>,
+    /// Names of ticker singletons to host (the example singleton).
+    pub singletons: &'a [String],
+    /// The fenced counter file the tickers write.
+    pub counter: &'a Path,
+    pub tick: Duration,
+}
 
 /// Runs a node until SIGTERM / Ctrl-C, then leaves gracefully; a second signal forces exit.
 pub async fn node(
     config: &TenureConfig,
     provider: &LeaseProvider,
-    history: Option<&Path>,
+    hosting: Hosting<'_>,
 ) -> Result<Outcome, CliError> {
+    let history = hosting.history;
     let settings = ClusterSettings::from_config(config)?;
     let mut term = signal(SignalKind::terminate())
         .map_err(|e| CliError::Command(format!("cannot watch SIGTERM: {e}")))?;
     let mut int = signal(SignalKind::interrupt())
         .map_err(|e| CliError::Command(format!("cannot watch SIGINT: {e}")))?;
     let node = Node::start(settings, provider, history).await?;
+    if !hosting.singletons.is_empty() {
+        let counter = FencedCounter::open(hosting.counter)?;
+        for name in hosting.singletons {
+            let (counter, name_owned, node_name, history, tick) = (
+                counter.clone(),
+                name.clone(),
+                node.addr().to_string(),
+                node.history().cloned(),
+                hosting.tick,
+            );
+            let spawner = spawner(move |token| {
+                let args = TickerArgs {
+                    name: name_owned.clone(),
+                    token,
+                    counter: counter.clone(),
+                    interval: tick,
+                    node: node_name.clone(),
+                    history: history.clone(),
+                };
+                (Ticker, args)
+            });
+            tenure_singleton::start_on_node(&node, provider, name, spawner)
+                .await
+                .map_err(|e| CliError::Command(e.to_string()))?;
+        }
+    }
     println!(
         "node {} incarnation {} started",
         node.addr(),

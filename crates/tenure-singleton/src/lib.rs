@@ -18,3 +18,56 @@ pub use manager::{
 };
 pub use proxy::{ProxyError, SingletonProxy};
 pub use settings::SingletonSettings;
+
+use ractor::ActorRef;
+use tenure_cluster::{ClusterSubscriber, Node};
+use tenure_lease::LeaseProvider;
+
+/// Why a singleton could not be set up on a node.
+#[derive(Debug, thiserror::Error)]
+pub enum SingletonError {
+    #[error(transparent)]
+    Config(#[from] tenure_lease::ConfigError),
+    #[error("singleton `{name}`: cannot start its manager: {detail}")]
+    Spawn { name: String, detail: String },
+    #[error(transparent)]
+    Cluster(#[from] tenure_cluster::ClusterError),
+}
+
+/// Runs singleton `name` on `node`: its settings from `[singleton]` / `[singleton.<name>]`
+/// of the provider's config, its lease `<system>-singleton-<name>` owned by the node's
+/// `host:port`, instances made by `spawner`. Every node that may host it calls this.
+pub async fn start_on_node(
+    node: &Node,
+    provider: &LeaseProvider,
+    name: &str,
+    spawner: Spawner,
+) -> Result<ActorRef<ManagerMsg>, SingletonError> {
+    let cluster = node.settings();
+    let settings = SingletonSettings::from_config(provider.config(), name, &cluster.lease_section)?;
+    let lease_name = tenure_lease::names::singleton_lease(&cluster.system, name);
+    let lease = provider
+        .spec(
+            &lease_name,
+            &settings.lease_section,
+            &node.addr().to_string(),
+        )
+        .await?;
+    let spec = SingletonSpec {
+        name: name.to_string(),
+        settings,
+        lease,
+        me: node.addr().clone(),
+        scope: tenure_cluster::scope(&cluster.system),
+        spawner,
+        history: node.history().cloned(),
+    };
+    let manager = SingletonManager::start(spec, None)
+        .await
+        .map_err(|e| SingletonError::Spawn {
+            name: name.to_string(),
+            detail: e.to_string(),
+        })?;
+    node.subscribe(ClusterSubscriber::to_actor(manager.clone()))?;
+    Ok(manager)
+}

@@ -333,7 +333,11 @@ impl ManagerState {
     async fn evaluate(&mut self, myself: &ActorRef<ManagerMsg>) {
         let oldest = self.is_oldest();
         if self.running.is_some() && (!oldest || !self.view.check_lease()) {
-            let why = if self.leaving {
+            let me_leaving = self
+                .members
+                .get(&self.spec.me)
+                .is_some_and(|m| m.status == MemberStatus::Leaving);
+            let why = if self.leaving || me_leaving {
                 "handing over"
             } else if self.down {
                 "this node is down"

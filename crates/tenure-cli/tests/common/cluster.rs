@@ -29,10 +29,13 @@ pub struct Options {
     /// `(key, value)` pairs replacing the harness's own `key = …` lines
     /// (e.g. `("member-lease-ttl", "\"10s\"")`).
     pub overrides: Vec<(String, String)>,
+    /// Extra arguments of `tenure node` (e.g. `--singleton s1`).
+    pub node_args: Vec<String>,
 }
 
 pub struct NodeProc {
     pub addr: String,
+    pub args: Vec<String>,
     pub port: u16,
     pub config: PathBuf,
     child: Option<Child>,
@@ -121,6 +124,9 @@ default-lease-section = "sqlite"
 
 [lease.sqlite]
 path = "{store}"
+heartbeat-timeout = "3s"
+heartbeat-interval = "500ms"
+lease-retry-interval = "300ms"
 lease-operation-timeout = "1500ms"
 
 [cluster]
@@ -156,7 +162,13 @@ fault-injection = true
             })
             .collect();
         std::fs::write(&config, text).expect("write node config");
+        let mut args = options.node_args.clone();
+        if args.iter().any(|a| a == "--singleton") {
+            args.push("--counter".into());
+            args.push(self.dir.path().join("counter.sqlite").display().to_string());
+        }
         self.nodes.push(NodeProc {
+            args,
             addr: format!("127.0.0.1:{port}"),
             port,
             config,
@@ -199,6 +211,7 @@ fault-injection = true
         assert!(self.nodes[i].child.is_none(), "node {i} is already running");
         let mut cmd = self.command(i, &["node", "--history"]);
         cmd.arg(&self.history)
+            .args(&self.nodes[i].args)
             .env("TENURE_LOG", "info,ractor_cluster=warn,ractor=warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -254,8 +267,28 @@ fault-injection = true
         assert_eq!(rc, 0, "kill({sig}) node {i}");
     }
 
+    /// Appends a harness event about node `i` to the shared history (same clock and
+    /// format as the nodes' own lines).
+    pub fn record(&self, i: usize, event: &str) {
+        use std::io::Write;
+        let line = serde_json::json!({
+            "t": tenure::clock::monotonic_now_ns(),
+            "node": self.nodes[i].addr,
+            "inc": "harness",
+            "event": event,
+        });
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.history)
+            .expect("open history");
+        f.write_all(format!("{line}\n").as_bytes())
+            .expect("append history");
+    }
+
     /// SIGKILL node `i` and reap it.
     pub fn kill(&mut self, i: usize) {
+        self.record(i, "killed");
         self.signal(i, libc::SIGCONT);
         let mut child = self.nodes[i].child.take().expect("running");
         child.kill().expect("SIGKILL");
@@ -264,9 +297,11 @@ fault-injection = true
 
     pub fn pause(&self, i: usize) {
         self.signal(i, libc::SIGSTOP);
+        self.record(i, "paused");
     }
 
     pub fn resume(&self, i: usize) {
+        self.record(i, "resumed");
         self.signal(i, libc::SIGCONT);
     }
 
