@@ -1,0 +1,133 @@
+//! A singleton that counts ticks into a fenced store, on a 3-node local cluster.
+//!
+//! Run: `cargo run --example singleton_ticks`. The program starts three node processes
+//! (itself, in node mode) on 127.0.0.1 sharing a temp SQLite lease store. The oldest node
+//! holds the lease `tenure-singleton-ticks` and runs the ticker, which adds one to a fenced
+//! counter every 100 ms with its lease's fencing token. After a while the program SIGKILLs
+//! the node that holds it: once the lease expires (3 s), the next oldest takes over with a
+//! newer token, and the counter keeps counting. A write carrying an older token would be
+//! refused by the counter itself.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::Duration;
+
+use tenure::TenureConfig;
+use tenure::cluster::{ClusterSettings, Node};
+use tenure::singleton::spawner;
+use tenure::singleton::ticker::{Ticker, TickerArgs};
+use tenure::sqlite::FencedCounter;
+
+const NAME: &str = "ticks";
+
+fn config(dir: &Path, port: u16, seed: u16) -> String {
+    format!(
+        r#"[tenure]
+default-lease-section = "sqlite"
+[lease.sqlite]
+path = "{dir}/leases.sqlite"
+heartbeat-timeout = "3s"
+heartbeat-interval = "500ms"
+lease-retry-interval = "300ms"
+lease-operation-timeout = "1s"
+[cluster]
+port = {port}
+cookie = "singleton-ticks-example"
+seeds = ["127.0.0.1:{seed}"]
+member-lease-ttl = "3s"
+member-lease-interval = "500ms"
+membership-interval = "300ms"
+"#,
+        dir = dir.display()
+    )
+}
+
+/// Node mode: one cluster node hosting the ticker singleton, until SIGTERM.
+async fn node(
+    config_path: PathBuf,
+    counter_path: PathBuf,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let config = TenureConfig::load(Some(&config_path))?;
+    let provider = tenure::provider(config.clone())?;
+    let node = Node::start(ClusterSettings::from_config(&config)?, &provider, None).await?;
+    let counter = FencedCounter::open(&counter_path)?;
+    let me = node.addr().to_string();
+    let make = spawner(move |token| {
+        println!("[{me}] singleton started with fencing token {token}");
+        let args = TickerArgs {
+            name: NAME.into(),
+            token,
+            counter: counter.clone(),
+            interval: Duration::from_millis(100),
+            node: me.clone(),
+            history: None,
+        };
+        (Ticker, args)
+    });
+    tenure::singleton::start_on_node(&node, &provider, NAME, make).await?;
+    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?
+        .recv()
+        .await;
+    node.leave().await?;
+    Ok(())
+}
+
+fn spawn_node(dir: &Path, i: usize, ports: &[u16]) -> std::io::Result<Child> {
+    let path = dir.join(format!("node{i}.toml"));
+    std::fs::write(&path, config(dir, ports[i], ports[0]))?;
+    Command::new(std::env::current_exe()?)
+        .env("TENURE_EXAMPLE_NODE", &path)
+        .env("TENURE_EXAMPLE_COUNTER", dir.join("counter.sqlite"))
+        .spawn()
+}
+
+fn show(counter: &FencedCounter, label: &str) {
+    match counter.get(NAME) {
+        Ok(Some((value, token))) => {
+            println!("{label}: counter = {value}, last written with token {token}")
+        }
+        Ok(None) => println!("{label}: counter not written yet"),
+        Err(e) => println!("{label}: {e}"),
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    if let (Ok(config), Ok(counter)) = (
+        std::env::var("TENURE_EXAMPLE_NODE"),
+        std::env::var("TENURE_EXAMPLE_COUNTER"),
+    ) {
+        return node(config.into(), counter.into()).await;
+    }
+    let dir = tempfile::tempdir()?;
+    let ports: Vec<u16> = (0..3)
+        .map(|_| {
+            std::net::TcpListener::bind("127.0.0.1:0").map(|l| l.local_addr().map(|a| a.port()))
+        })
+        .collect::<Result<Result<_, _>, _>>()??;
+    let mut children = Vec::new();
+    for i in 0..3 {
+        children.push(spawn_node(dir.path(), i, &ports)?);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let counter = FencedCounter::open(&dir.path().join("counter.sqlite"))?;
+    for s in 1..=5 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        show(&counter, &format!("t+{s}s"));
+    }
+    println!("SIGKILL of the first node (the oldest, which hosts the singleton)");
+    children[0].kill()?;
+    children[0].wait()?;
+    for s in 6..=12 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        show(&counter, &format!("t+{s}s"));
+    }
+    for child in &mut children[1..] {
+        // SIGTERM: each node leaves gracefully.
+        // SAFETY: plain kill(2) of our own child process.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        child.wait()?;
+    }
+    show(&counter, "done");
+    Ok(())
+}
