@@ -7,8 +7,9 @@ use std::time::Duration;
 use tenure::cluster::{ClusterClient, ClusterSettings, MemberStatus, Node, NodeAddr, NodeView};
 use tenure::sqlite::FencedCounter;
 use tenure::{LeaseProvider, TenureConfig};
+use tenure_singleton::SingletonProxy;
 use tenure_singleton::spawner;
-use tenure_singleton::ticker::{Ticker, TickerArgs};
+use tenure_singleton::ticker::{CountRequest, Ticker, TickerArgs, TickerMsg};
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::exit::{CliError, Outcome};
@@ -60,6 +61,7 @@ pub async fn node(
             tenure_singleton::start_on_node(&node, provider, name, spawner)
                 .await
                 .map_err(|e| CliError::Command(e.to_string()))?;
+            probe_through_proxy(&node, config, name).await?;
         }
     }
     println!(
@@ -84,6 +86,53 @@ pub async fn node(
         _ = term.recv() => forced(),
         _ = int.recv() => forced(),
     }
+}
+
+/// Every second, asks the singleton for its count through a proxy on this node and records
+/// the answer (`proxy_reply`, with the node that answered) in the history: shows `call`
+/// reaching the instance from every node.
+async fn probe_through_proxy(
+    node: &Node,
+    config: &TenureConfig,
+    name: &str,
+) -> Result<(), CliError> {
+    let buffer = tenure_singleton::SingletonSettings::from_config(
+        config,
+        name,
+        &node.settings().lease_section,
+    )
+    .map_err(|e| CliError::Command(e.to_string()))?
+    .buffer_size;
+    let scope = tenure::cluster::scope(&node.settings().system);
+    let proxy = SingletonProxy::<TickerMsg>::start(&scope, name, buffer)
+        .await
+        .map_err(|e| {
+            CliError::Command(format!("singleton `{name}`: cannot start its proxy: {e}"))
+        })?;
+    let (history, name) = (node.history().cloned(), name.to_string());
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            match proxy
+                .call(
+                    |r| TickerMsg::Count(CountRequest {}, r),
+                    Duration::from_secs(1),
+                )
+                .await
+            {
+                Ok(reply) => {
+                    if let Some(h) = &history {
+                        h.record(
+                            "proxy_reply",
+                            serde_json::json!({"singleton": name, "from": reply.node, "token": reply.token, "value": reply.value}),
+                        );
+                    }
+                }
+                Err(e) => tracing::debug!(error = %e, "proxy probe"),
+            }
+        }
+    });
+    Ok(())
 }
 
 fn forced() -> Result<Outcome, CliError> {

@@ -155,6 +155,22 @@ fn sigkill_of_the_host_moves_the_singleton_after_the_ttl() {
     let mut c = singleton_cluster(3);
     let first = host(&c);
     let token = check(&c.history(), "s1").last().unwrap().token;
+    // Every node's proxy reaches the instance (on another node for two of them).
+    let host_addr = c.nodes[first].addr.clone();
+    c.wait_until(
+        "every node's proxy got an answer from the host",
+        Duration::from_secs(15),
+        |c| {
+            let h = c.history();
+            c.nodes.iter().all(|n| {
+                h.iter().any(|e| {
+                    e["event"] == "proxy_reply"
+                        && e["node"] == n.addr.as_str()
+                        && e["from"] == host_addr.as_str()
+                })
+            })
+        },
+    );
     c.kill(first);
     c.wait_until(
         "a new instance on another node",
@@ -165,7 +181,21 @@ fn sigkill_of_the_host_moves_the_singleton_after_the_ttl() {
                 .any(|i| running_on(c, i, token))
         },
     );
-    std::thread::sleep(Duration::from_millis(500));
+    let new_host = c.nodes[host(&c)].addr.clone();
+    c.wait_until(
+        "the survivors' proxies follow the new instance",
+        Duration::from_secs(15),
+        |c| {
+            let h = c.history();
+            (0..3).filter(|i| *i != first).all(|i| {
+                h.iter().any(|e| {
+                    e["event"] == "proxy_reply"
+                        && e["node"] == c.nodes[i].addr.as_str()
+                        && e["from"] == new_host.as_str()
+                })
+            })
+        },
+    );
     let instances = check(&c.history(), "s1");
     assert_eq!(instances.len(), 2, "{instances:?}");
     assert_eq!(instances[0].end_why, "killed");
