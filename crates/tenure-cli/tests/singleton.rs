@@ -21,7 +21,13 @@ pub struct Instance {
     pub end_why: String,
     /// Frozen (SIGSTOP) from this instant, if it was paused while running.
     pub paused: Option<i64>,
+    /// Thawed (SIGCONT) at this instant.
+    pub resumed: Option<i64>,
 }
+
+/// How long a resumed instance whose lease lapsed may take to stop (it is told at once by
+/// the lease's watchdog; the bound is generous for loaded CI machines).
+const STOP_AFTER_RESUME_NS: i64 = 3_000_000_000;
 
 fn t(e: &Value) -> i64 {
     e["t"].as_i64().expect("t")
@@ -34,6 +40,7 @@ pub fn check(history: &[Value], name: &str) -> Vec<Instance> {
     events.sort_by_key(|e| t(e));
     let mut instances: Vec<Instance> = Vec::new();
     let mut last_accepted: Option<(u64, i64)> = None;
+    let mut starting: std::collections::HashMap<(String, u64), i64> = Default::default();
     for e in events {
         let node = e["node"].as_str().unwrap_or_default().to_string();
         let running = |instances: &mut Vec<Instance>| -> Option<usize> {
@@ -42,8 +49,13 @@ pub fn check(history: &[Value], name: &str) -> Vec<Instance> {
                 .rposition(|i| i.node == node && i.end.is_none())
         };
         match e["event"].as_str().unwrap_or_default() {
+            "singleton_starting" if e["singleton"] == name => {
+                starting.insert((node.clone(), e["token"].as_u64().expect("token")), t(e));
+            }
             "singleton_started" if e["singleton"] == name => {
                 let token = e["token"].as_u64().expect("token");
+                // Alive from before its spawn began, not from when the manager noted it.
+                let start = starting.remove(&(node.clone(), token)).unwrap_or(t(e));
                 if let Some(prev) = instances.last() {
                     assert!(
                         token > prev.token,
@@ -60,10 +72,11 @@ pub fn check(history: &[Value], name: &str) -> Vec<Instance> {
                 instances.push(Instance {
                     node,
                     token,
-                    start: t(e),
+                    start,
                     end: None,
                     end_why: String::new(),
                     paused: None,
+                    resumed: None,
                 });
             }
             "singleton_stopped" if e["singleton"] == name => {
@@ -86,6 +99,11 @@ pub fn check(history: &[Value], name: &str) -> Vec<Instance> {
                     instances[i].paused = Some(t(e));
                 }
             }
+            "resumed" => {
+                if let Some(i) = running(&mut instances) {
+                    instances[i].resumed = Some(t(e));
+                }
+            }
             "tick" if e["singleton"] == name && e["accepted"] == true => {
                 let token = e["token"].as_u64().expect("token");
                 if let Some((last, at)) = last_accepted {
@@ -100,7 +118,19 @@ pub fn check(history: &[Value], name: &str) -> Vec<Instance> {
         }
     }
     // A paused instance may only overlap its successor while frozen: once resumed it must
-    // stop without another accepted write after the successor started (checked above).
+    // stop promptly, without another accepted write after the successor's (checked above).
+    for i in &instances {
+        if let (Some(resumed), Some(end)) = (i.resumed, i.end)
+            && instances
+                .iter()
+                .any(|later| later.token > i.token && later.start < resumed)
+        {
+            assert!(
+                end - resumed <= STOP_AFTER_RESUME_NS,
+                "a resumed instance whose successor runs did not stop promptly: {i:?}"
+            );
+        }
+    }
     for pair in instances.windows(2) {
         let (a, b) = (&pair[0], &pair[1]);
         let alive_until = match (a.paused, a.end) {
@@ -203,7 +233,7 @@ fn sigkill_of_the_host_moves_the_singleton_after_the_ttl() {
 
 #[test]
 fn a_host_paused_past_the_ttl_finds_its_lease_lost_and_stops() {
-    let mut c = singleton_cluster(3);
+    let c = singleton_cluster(3);
     let first = host(&c);
     let token = check(&c.history(), "s1").last().unwrap().token;
     c.pause(first);
@@ -225,14 +255,13 @@ fn a_host_paused_past_the_ttl_finds_its_lease_lost_and_stops() {
     });
     let instances = check(&c.history(), "s1");
     let old = instances.iter().find(|i| i.token == token).unwrap();
-    assert!(old.paused.is_some(), "{old:?}");
+    assert!(old.paused.is_some() && old.resumed.is_some(), "{old:?}");
     assert!(
-        old.end_why.contains("lease lost")
-            || old.end_why.contains("down")
-            || old.end_why.contains("oldest"),
-        "stopped because its lease (or membership) lapsed: {old:?}"
+        ["lease lost", "down", "no longer the oldest"]
+            .iter()
+            .any(|w| old.end_why.contains(w)),
+        "stopped because its lease or its membership lapsed: {old:?}"
     );
-    c.kill(0);
 }
 
 #[test]
@@ -286,6 +315,20 @@ fn the_checker_catches_overlaps_and_stale_writes() {
     assert!(
         std::panic::catch_unwind(|| check(&backwards, "s1")).is_err(),
         "token order caught"
+    );
+    let harness = |t: i64, node: &str, event: &str| -> Value {
+        serde_json::from_str(&format!(r#"{{"t":{t},"node":"{node}","event":"{event}"}}"#)).unwrap()
+    };
+    let slow_after_resume = vec![
+        line(1, "a", "singleton_started", 1, ""),
+        harness(2, "a", "paused"),
+        line(3, "b", "singleton_started", 2, ""),
+        harness(4, "a", "resumed"),
+        line(4 + 4_000_000_000, "a", "singleton_stopped", 1, ""),
+    ];
+    assert!(
+        std::panic::catch_unwind(|| check(&slow_after_resume, "s1")).is_err(),
+        "a resumed instance running on beside its successor is caught"
     );
     let fine = vec![
         line(1, "a", "singleton_started", 1, ""),

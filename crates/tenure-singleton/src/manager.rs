@@ -55,9 +55,16 @@ where
     })
 }
 
-/// The pg group an instance of singleton `name` joins (in the cluster's scope).
-pub fn instance_group(name: &str) -> String {
-    format!("singleton/{name}")
+/// The pg group the instance of singleton `name` running under `token` joins (in the
+/// cluster's scope). Proxies pick the group with the highest token, so an old instance
+/// still visible in pg is never preferred to a newer one.
+pub fn instance_group(name: &str, token: u64) -> String {
+    format!("{}{token:020}", instance_group_prefix(name))
+}
+
+/// The prefix of [`instance_group`] names of singleton `name`.
+pub fn instance_group_prefix(name: &str) -> String {
+    format!("singleton/{name}@")
 }
 
 /// Everything a manager needs.
@@ -88,7 +95,7 @@ pub enum ManagerMsg {
     Cluster(ClusterEvent),
     Lease(LeaseEvent),
     #[doc(hidden)]
-    Attempted(Result<Acquired, LeaseError>),
+    Attempted(u64, Result<Acquired, LeaseError>),
     #[doc(hidden)]
     Retry,
     /// Where this manager stands.
@@ -123,6 +130,11 @@ pub struct ManagerState {
     lease: ActorRef<LeaseMsg>,
     view: LeaseView,
     attempting: bool,
+    /// Number of the current acquire attempt; answers of older attempts are ignored.
+    attempt: u64,
+    /// An instance that would not die within stop-timeout: nothing is released or
+    /// re-acquired until it has terminated.
+    zombie: Option<ActorCell>,
     retry: Option<tokio::task::JoinHandle<()>>,
     running: Option<Running>,
     /// Held while this node leaves; dropped once the instance stopped and the lease is released.
@@ -168,6 +180,8 @@ impl Actor for SingletonManager {
             lease,
             view,
             attempting: false,
+            attempt: 0,
+            zombie: None,
             retry: None,
             running: None,
             hand_over: None,
@@ -208,16 +222,22 @@ impl Actor for SingletonManager {
                 }
             }
             ManagerMsg::Lease(LeaseEvent::Granted(_)) => {}
-            ManagerMsg::Attempted(result) => {
+            ManagerMsg::Attempted(attempt, _) if attempt != state.attempt => {
+                tracing::debug!(singleton = %state.spec.name, "answer of a superseded acquire attempt ignored");
+            }
+            ManagerMsg::Attempted(_, result) => {
                 state.attempting = false;
                 match result {
-                    Ok(Acquired::Granted { token }) => {
-                        if state.is_oldest() && state.running.is_none() {
-                            state.start_instance(&myself, token).await;
-                        } else {
-                            state.release().await;
-                        }
+                    // Start only on a grant still believed now (not released meanwhile, not
+                    // lapsed before its answer came).
+                    Ok(Acquired::Granted { token })
+                        if state.is_oldest()
+                            && state.running.is_none()
+                            && state.view.token() == Some(token) =>
+                    {
+                        state.start_instance(&myself, token).await;
                     }
+                    Ok(Acquired::Granted { .. }) => state.release().await,
                     Ok(Acquired::NotGranted { holder }) => {
                         tracing::debug!(singleton = %state.spec.name, ?holder, "lease not granted; will retry");
                         state.schedule_retry(&myself);
@@ -253,21 +273,54 @@ impl Actor for SingletonManager {
             SupervisionEvent::ActorFailed(cell, err) => (cell.clone(), format!("failed: {err}")),
             _ => return Ok(()),
         };
-        if cell.get_id() == state.lease.get_id() {
-            return Err(format!("singleton `{}`: lease actor {why}", state.spec.name).into());
-        }
-        // The instance ended on its own while we hold the lease: start it again after a pause.
-        if let Some(running) = state.running.take_if(|r| r.cell.get_id() == cell.get_id()) {
+        if state
+            .zombie
+            .as_ref()
+            .is_some_and(|z| z.get_id() == cell.get_id())
+        {
+            tracing::warn!(singleton = %state.spec.name, "the stuck instance has ended");
+            state.zombie = None;
+            state.release().await;
+        } else if cell.get_id() == state.lease.get_id() {
+            // The lease actor died (a bug): its grant is given up without a Lost event, so
+            // stop the instance now, then hold the lease through a new lease actor.
+            tracing::error!(singleton = %state.spec.name, why, "lease actor ended; stopping the singleton and restarting the lease actor");
+            state.stop_instance("lease actor ended").await;
+            let (lease, view) = LeaseActor::start(
+                state.spec.lease.clone(),
+                LeaseEventSink::to_actor(myself.clone()),
+                Some(myself.get_cell()),
+            )
+            .await?;
+            state.lease = lease;
+            state.view = view;
+            state.attempt += 1;
+            state.attempting = false;
+        } else if let Some(running) = state.running.take_if(|r| r.cell.get_id() == cell.get_id()) {
+            // The instance ended on its own: wait for its children, give the grant back (a
+            // restart gets a new token), and start again after a pause.
             tracing::warn!(singleton = %state.spec.name, token = running.token, why, "singleton instance ended on its own; restarting it");
             pg::leave_scoped(
                 state.spec.scope.clone(),
-                instance_group(&state.spec.name),
+                instance_group(&state.spec.name, running.token),
                 vec![running.cell.clone()],
             );
-            running.cell.stop_children(None);
+            for child in running.cell.get_children() {
+                if child
+                    .wait(Some(state.spec.settings.stop_timeout))
+                    .await
+                    .is_err()
+                {
+                    child.kill();
+                }
+            }
             state.record("singleton_stopped", running.token, &why);
+            state.release().await;
             state.schedule_retry(&myself);
+        } else {
+            return Ok(());
         }
+        state.evaluate(&myself).await;
         Ok(())
     }
 }
@@ -356,8 +409,15 @@ impl ManagerState {
                 tracing::info!(singleton = %self.spec.name, "handed over");
             }
         }
-        if oldest && self.running.is_none() && !self.attempting && self.retry.is_none() {
+        if oldest
+            && self.running.is_none()
+            && self.zombie.is_none()
+            && !self.attempting
+            && self.retry.is_none()
+        {
             self.attempting = true;
+            self.attempt += 1;
+            let attempt = self.attempt;
             let lease = self.lease.clone();
             let me = myself.clone();
             let timeout = self.spec.settings.lease.lease_operation_timeout + Duration::from_secs(1);
@@ -369,12 +429,15 @@ impl ManagerState {
                         name: "singleton lease".into(),
                     }),
                 };
-                let _ = me.cast(ManagerMsg::Attempted(answer));
+                let _ = me.cast(ManagerMsg::Attempted(attempt, answer));
             });
         }
     }
 
     fn schedule_retry(&mut self, myself: &ActorRef<ManagerMsg>) {
+        if let Some(previous) = self.retry.take() {
+            previous.abort();
+        }
         let pause = if self.handing_over() {
             self.spec.settings.hand_over_retry_interval
         } else {
@@ -388,6 +451,7 @@ impl ManagerState {
     }
 
     async fn start_instance(&mut self, myself: &ActorRef<ManagerMsg>, token: u64) {
+        self.record("singleton_starting", token, "");
         let ctx = SingletonContext {
             name: self.spec.name.clone(),
             token,
@@ -397,7 +461,7 @@ impl ManagerState {
             Ok(cell) => {
                 pg::join_scoped(
                     self.spec.scope.clone(),
-                    instance_group(&self.spec.name),
+                    instance_group(&self.spec.name, token),
                     vec![cell.clone()],
                 );
                 tracing::info!(singleton = %self.spec.name, token, "lease granted: singleton started");
@@ -412,7 +476,9 @@ impl ManagerState {
         }
     }
 
-    /// Stops the instance and waits until it and its children have terminated.
+    /// Stops the instance and waits until it and all its descendants have terminated
+    /// (one `stop-timeout` for the stop, then a kill). An instance that survives even the
+    /// kill is kept as a zombie: the lease is neither released nor re-acquired until it ends.
     async fn stop_instance(&mut self, why: &str) {
         let Some(running) = self.running.take() else {
             return;
@@ -420,41 +486,67 @@ impl ManagerState {
         let timeout = self.spec.settings.stop_timeout;
         pg::leave_scoped(
             self.spec.scope.clone(),
-            instance_group(&self.spec.name),
+            instance_group(&self.spec.name, running.token),
             vec![running.cell.clone()],
         );
+        let mut family = vec![running.cell.clone()];
+        let mut i = 0;
+        while i < family.len() {
+            let children = family[i].get_children();
+            family.extend(children);
+            i += 1;
+        }
         running
             .cell
             .stop_children_and_wait(Some(why.to_string()), Some(timeout))
             .await;
-        if running
-            .cell
-            .stop_and_wait(Some(why.to_string()), Some(timeout))
-            .await
-            .is_err()
-        {
-            tracing::warn!(singleton = %self.spec.name, ?timeout, "singleton did not stop within stop-timeout; killing it");
-            let _ = running.cell.kill_and_wait(Some(timeout)).await;
+        running.cell.stop(Some(why.to_string()));
+        let deadline = tokio::time::Instant::now() + timeout;
+        for cell in &family {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if cell.wait(Some(left)).await.is_err() {
+                tracing::warn!(singleton = %self.spec.name, actor = ?cell.get_id(), ?timeout, "did not stop within stop-timeout; killing it");
+                cell.kill();
+            }
+        }
+        for cell in &family {
+            if cell.wait(Some(timeout)).await.is_err() {
+                tracing::error!(singleton = %self.spec.name, actor = ?cell.get_id(), "survived a kill (blocked outside an await?); the lease stays held until it ends");
+                self.zombie = Some(cell.clone());
+                self.record("singleton_zombie", running.token, why);
+                return;
+            }
         }
         tracing::info!(singleton = %self.spec.name, token = running.token, why, "singleton stopped");
         self.record("singleton_stopped", running.token, why);
     }
 
-    /// Releases the lease (a no-op when nothing of ours may be in the store).
+    /// Releases the lease (a no-op when nothing of ours may be in the store), retrying a
+    /// few times; never while a zombie instance may still run.
     async fn release(&mut self) {
-        let timeout = self.spec.settings.lease.lease_operation_timeout + Duration::from_secs(1);
-        match self.lease.call(LeaseMsg::Release, Some(timeout)).await {
-            Ok(ractor::rpc::CallResult::Success(Ok(true))) => {
-                tracing::info!(singleton = %self.spec.name, "lease released");
-            }
-            Ok(ractor::rpc::CallResult::Success(Ok(false))) => {}
-            Ok(ractor::rpc::CallResult::Success(Err(e))) => {
-                tracing::error!(singleton = %self.spec.name, error = %e, "failed to release the lease; the singleton cannot run elsewhere until it expires");
-            }
-            _ => {
-                tracing::error!(singleton = %self.spec.name, "lease actor did not answer the release")
+        if self.zombie.is_some() {
+            return;
+        }
+        // An attempt in flight now answers a grant we are giving up.
+        self.attempt += 1;
+        self.attempting = false;
+        let timeout = self.spec.settings.lease.lease_operation_timeout * 2 + Duration::from_secs(1);
+        for _ in 0..3 {
+            match self.lease.call(LeaseMsg::Release, Some(timeout)).await {
+                Ok(ractor::rpc::CallResult::Success(Ok(true))) => {
+                    tracing::info!(singleton = %self.spec.name, "lease released");
+                    return;
+                }
+                Ok(ractor::rpc::CallResult::Success(Ok(false))) => return,
+                Ok(ractor::rpc::CallResult::Success(Err(e))) => {
+                    tracing::warn!(singleton = %self.spec.name, error = %e, "lease release failed; retrying");
+                }
+                _ => {
+                    tracing::warn!(singleton = %self.spec.name, "lease actor did not answer the release; retrying")
+                }
             }
         }
+        tracing::error!(singleton = %self.spec.name, "failed to release the lease; the singleton cannot run elsewhere until it expires");
     }
 
     fn record(&self, event: &str, token: u64, why: &str) {

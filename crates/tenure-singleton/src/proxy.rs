@@ -9,7 +9,7 @@ use ractor::{
     Actor, ActorProcessingErr, ActorRef, MessagingErr, RpcReplyPort, SupervisionEvent, pg,
 };
 
-use crate::manager::instance_group;
+use crate::manager::instance_group_prefix;
 
 /// Why a proxy could not take or deliver a message.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -52,7 +52,8 @@ struct ProxyActor<M>(std::marker::PhantomData<fn() -> M>);
 pub struct ProxyState<M: ractor::Message> {
     name: String,
     scope: String,
-    group: String,
+    /// Prefix of the instance groups (one per token).
+    prefix: String,
     capacity: usize,
     instance: Option<ActorRef<M>>,
     buffer: VecDeque<M>,
@@ -90,7 +91,8 @@ impl<M: ractor::Message> SingletonProxy<M> {
         }
     }
 
-    /// Calls the instance, waiting up to `timeout` for one to be known and to answer.
+    /// Calls the instance, waiting up to `timeout` for one to be known and to answer. A
+    /// call goes straight to the instance: it may overtake messages still buffered by `send`.
     pub async fn call<R: Send + 'static>(
         &self,
         build: impl FnOnce(RpcReplyPort<R>) -> M,
@@ -138,11 +140,17 @@ impl<M: ractor::Message> SingletonProxy<M> {
 
 impl<M: ractor::Message> ProxyState<M> {
     fn refresh(&mut self) {
-        // At most one instance runs (leases); a departing one may linger briefly in pg,
-        // and the newest member of the group is the one that joined last.
-        self.instance = pg::get_scoped_members(&self.scope, &self.group)
+        // At most one instance runs (leases), but a departed one may linger in pg for a
+        // while (a frozen node): take the instance of the highest token.
+        let mut groups: Vec<String> = pg::which_scoped_groups(&self.scope)
             .into_iter()
-            .last()
+            .filter(|g| g.starts_with(&self.prefix))
+            .collect();
+        groups.sort();
+        self.instance = groups
+            .iter()
+            .rev()
+            .find_map(|g| pg::get_scoped_members(&self.scope, g).into_iter().next())
             .map(ActorRef::from);
         self.flush();
     }
@@ -152,10 +160,16 @@ impl<M: ractor::Message> ProxyState<M> {
             let Some(msg) = self.buffer.pop_front() else {
                 return;
             };
-            if let Err(MessagingErr::SendErr(msg)) = instance.cast(msg) {
-                // The instance is gone: keep the message (first in line) for the next one.
-                self.buffer.push_front(msg);
-                self.instance = None;
+            match instance.cast(msg) {
+                Ok(()) => {}
+                Err(MessagingErr::SendErr(msg)) => {
+                    // The instance is gone: keep the message (first in line) for the next one.
+                    self.buffer.push_front(msg);
+                    self.instance = None;
+                }
+                Err(e) => {
+                    tracing::warn!(singleton = %self.name, error = %e, "message cannot be sent to the instance (a local-only variant to a remote instance?); dropped");
+                }
             }
         }
     }
@@ -173,7 +187,7 @@ impl<M: ractor::Message> Actor for ProxyActor<M> {
     ) -> Result<Self::State, ActorProcessingErr> {
         pg::monitor_scope(scope.clone(), myself.get_cell());
         let mut state = ProxyState {
-            group: instance_group(&name),
+            prefix: instance_group_prefix(&name),
             name,
             scope,
             capacity,
@@ -209,6 +223,9 @@ impl<M: ractor::Message> Actor for ProxyActor<M> {
                     return Ok(());
                 }
                 state.buffer.push_back(m);
+                if state.instance.is_none() {
+                    state.refresh();
+                }
                 state.flush();
                 let _ = reply.send(Ok(()));
             }
@@ -229,7 +246,7 @@ impl<M: ractor::Message> Actor for ProxyActor<M> {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         if let SupervisionEvent::ProcessGroupChanged(change) = event
-            && change.get_group() == state.group
+            && change.get_group().starts_with(&state.prefix)
         {
             state.refresh();
         }

@@ -270,10 +270,14 @@ fault-injection = true
     /// Appends a harness event about node `i` to the shared history (same clock and
     /// format as the nodes' own lines).
     pub fn record(&self, i: usize, event: &str) {
+        self.record_addr(&self.nodes[i].addr, event);
+    }
+
+    fn record_addr(&self, addr: &str, event: &str) {
         use std::io::Write;
         let line = serde_json::json!({
             "t": tenure::clock::monotonic_now_ns(),
-            "node": self.nodes[i].addr,
+            "node": addr,
             "inc": "harness",
             "event": event,
         });
@@ -288,11 +292,12 @@ fault-injection = true
 
     /// SIGKILL node `i` and reap it.
     pub fn kill(&mut self, i: usize) {
-        self.record(i, "killed");
         self.signal(i, libc::SIGCONT);
         let mut child = self.nodes[i].child.take().expect("running");
         child.kill().expect("SIGKILL");
         child.wait().expect("reap");
+        // Recorded once the process is certainly gone (the later end is the stricter one).
+        self.record_addr(&self.nodes[i].addr.clone(), "killed");
     }
 
     pub fn pause(&self, i: usize) {
@@ -459,9 +464,19 @@ fault-injection = true
         if let Ok(mut f) = std::fs::File::open(&self.history) {
             f.read_to_string(&mut text).expect("read history");
         }
-        text.lines()
-            .filter_map(|l| serde_json::from_str(l).ok())
-            .collect()
+        // Every line is written whole (one O_APPEND write), except perhaps the last one
+        // while it is being written; any other unreadable line fails the test.
+        let complete = text.ends_with('\n');
+        let lines: Vec<&str> = text.lines().collect();
+        let mut events = Vec::with_capacity(lines.len());
+        for (n, line) in lines.iter().enumerate() {
+            match serde_json::from_str(line) {
+                Ok(v) => events.push(v),
+                Err(_) if n + 1 == lines.len() && !complete => {}
+                Err(e) => panic!("history line {}: {e}: {line}", n + 1),
+            }
+        }
+        events
     }
 }
 
