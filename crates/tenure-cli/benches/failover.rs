@@ -10,12 +10,7 @@ mod cluster;
 
 use std::time::Duration;
 
-use cluster::{Cluster, MEMBER_TTL, UNREACHABLE_AFTER};
-
-fn percentile(v: &mut [f64], p: f64) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[((v.len() - 1) as f64 * p).round() as usize]
-}
+use cluster::{Cluster, MEMBER_TTL, UNREACHABLE_AFTER, percentile};
 
 fn monotonic_ns() -> i64 {
     tenure::clock::monotonic_now_ns()

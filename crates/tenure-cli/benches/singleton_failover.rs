@@ -10,13 +10,8 @@ mod cluster;
 
 use std::time::Duration;
 
-use cluster::{Cluster, Options};
+use cluster::{Cluster, Options, percentile};
 use serde_json::Value;
-
-fn percentile(v: &mut [f64], p: f64) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[((v.len() - 1) as f64 * p).round() as usize]
-}
 
 /// (node, token, t) of the latest `singleton_started`, and whether it is still running.
 fn latest(history: &[Value]) -> Option<(String, u64, i64)> {

@@ -13,8 +13,7 @@ use ractor_cluster::{NodeEventSubscription, NodeServerMessage, NodeSessionMessag
 use serde_json::json;
 use tenure_lease::store::bounded;
 use tenure_lease::{
-    AcquireOutcome, AcquireRequest, LeaseActor, LeaseEvent, LeaseEventSink, LeaseMsg, LeaseRecord,
-    LeaseSpec, LeaseStore,
+    Lease, LeaseActor, LeaseEvent, LeaseEventSink, LeaseMsg, LeaseRecord, LeaseSpec, LeaseStore,
 };
 use tokio::time::Instant;
 
@@ -99,48 +98,24 @@ fn member_proof(
 
 /// Takes a join ticket: grants of one lease name get strictly increasing tokens, so
 /// acquiring (and at once releasing) `<system>-join` numbers joins in order. The ticket is
-/// the member's age. Retries until it gets one.
-async fn take_ticket(
-    store: Arc<dyn LeaseStore>,
-    name: String,
-    owner: String,
-    timeout: Duration,
-    agent: &ActorRef<AgentMsg>,
-) -> Option<u64> {
-    let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_secs(2));
-    loop {
-        if matches!(
-            agent.get_status(),
-            ractor::ActorStatus::Stopping | ractor::ActorStatus::Stopped
-        ) {
+/// the member's age. The lease's own retrying does the waiting; `None` if the agent stopped
+/// first.
+async fn take_ticket(spec: LeaseSpec, agent: ActorRef<AgentMsg>) -> Option<u64> {
+    let lease = match Lease::start(spec).await {
+        Ok(lease) => lease,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the join ticket lease");
             return None;
         }
-        let request = AcquireRequest {
-            name: name.clone(),
-            owner: owner.clone(),
-            instance: format!("join-{}", Incarnation::new()),
-            ttl: timeout * 2,
-            note: Some("join ticket (released at once)".into()),
-        };
-        match bounded(&name, "acquire", timeout, store.try_acquire(&request)).await {
-            Ok(AcquireOutcome::Granted(record)) => {
-                if let Err(e) = bounded(
-                    &name,
-                    "release",
-                    timeout,
-                    store.release(&name, &owner, record.token),
-                )
-                .await
-                {
-                    tracing::debug!(error = %e, "join ticket not released; it expires");
-                }
-                return Some(record.token);
-            }
-            Ok(AcquireOutcome::Held(_)) => {}
-            Err(e) => tracing::warn!(error = %e, "cannot take a join ticket; retrying"),
-        }
-        tokio::time::sleep(backoff.failed()).await;
+    };
+    let ticket = tokio::select! {
+        got = lease.acquire_wait() => got.map_err(|e| tracing::warn!(error = %e, "no join ticket")).ok(),
+        _ = agent.wait(None) => None,
+    };
+    if let Err(e) = lease.release().await {
+        tracing::debug!(error = %e, "join ticket not released; it expires");
     }
+    ticket
 }
 
 pub(crate) struct Agent;
@@ -405,15 +380,24 @@ impl Actor for Agent {
 }
 
 fn spawn_ticket(myself: &ActorRef<AgentMsg>, s: &ClusterSettings, store: Arc<dyn LeaseStore>) {
+    let spec = LeaseSpec::new(
+        &format!("{}-join", s.system),
+        &s.addr.to_string(),
+        store,
+        s.member_lease,
+    )
+    .map(|spec| spec.with_note("join ticket (released at once)"));
     let me = myself.clone();
-    let name = format!("{}-join", s.system);
-    let owner = s.addr.to_string();
-    let timeout = s.member_lease.lease_operation_timeout;
-    tokio::spawn(async move {
-        if let Some(ticket) = take_ticket(store, name, owner, timeout, &me).await {
-            let _ = me.cast(AgentMsg::Local(Local::Ticket(ticket)));
+    match spec {
+        Ok(spec) => {
+            tokio::spawn(async move {
+                if let Some(ticket) = take_ticket(spec, me.clone()).await {
+                    let _ = me.cast(AgentMsg::Local(Local::Ticket(ticket)));
+                }
+            });
         }
-    });
+        Err(e) => tracing::error!(error = %e, "cannot take a join ticket"),
+    }
 }
 
 impl AgentState {
@@ -532,7 +516,10 @@ impl AgentState {
                 our_system = %self.s.system,
                 "refusing peer: incompatible protocol version or another system; closing the session"
             );
-            self.close_sessions_with(&h.node);
+            // Redial it only after the longest backoff.
+            self.close_sessions_with(&h.node, "incompatible peer");
+            let max = self.s.reconnect_backoff_max;
+            self.dial_state(&h.node).next_at = Instant::now() + max;
             return;
         }
         let Some((node_id, agent)) = self
@@ -582,7 +569,22 @@ impl AgentState {
         }
     }
 
-    /// Closes the sessions with `peer` (it will be redialled while it is a member or seed).
+    /// Stops every session with `peer`; true if there was one.
+    fn close_sessions_with(&self, peer: &NodeAddr, why: &str) -> bool {
+        let mut closed = false;
+        for s in self
+            .sessions
+            .values()
+            .filter(|s| s.peer.as_ref() == Some(peer))
+        {
+            s.actor.stop(Some(why.to_string()));
+            closed = true;
+        }
+        closed
+    }
+
+    /// Closes the sessions with `peer` as stale (at most once per 3 x unreachable-after); it
+    /// is redialled while it is a member or seed.
     fn close_stale_sessions(&mut self, peer: &NodeAddr, why: &str) {
         let now = Instant::now();
         let pause = self.s.unreachable_after * 3;
@@ -593,32 +595,10 @@ impl AgentState {
         {
             return;
         }
-        let mut closed = false;
-        for s in self
-            .sessions
-            .values()
-            .filter(|s| s.peer.as_ref() == Some(peer))
-        {
-            s.actor.stop(Some(format!("stale session: {why}")));
-            closed = true;
-        }
-        if closed {
+        if self.close_sessions_with(peer, &format!("stale session: {why}")) {
             tracing::info!(%peer, why, "closing a stale session; will redial");
             self.stale_closed.insert(peer.clone(), now);
         }
-    }
-
-    /// Closes every session with `peer` and redials it only after the longest backoff.
-    fn close_sessions_with(&mut self, peer: &NodeAddr) {
-        for s in self
-            .sessions
-            .values()
-            .filter(|s| s.peer.as_ref() == Some(peer))
-        {
-            s.actor.stop(Some("incompatible peer".into()));
-        }
-        let max = self.s.reconnect_backoff_max;
-        self.dial_state(peer).next_at = Instant::now() + max;
     }
 
     fn on_heartbeat(&mut self, hb: Heartbeat) {

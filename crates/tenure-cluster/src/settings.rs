@@ -89,7 +89,7 @@ impl ClusterSettings {
         r.reject_unknown(&KEYS)?;
 
         let host = r.string("host")?;
-        let port = integer(&r, table, "port")?;
+        let port = r.integer("port")?;
         let port = u16::try_from(port)
             .ok()
             .filter(|p| *p != 0)
@@ -193,14 +193,14 @@ impl ClusterSettings {
             roles,
             lease_section,
             member_lease,
-            membership_interval: positive(&r, "membership-interval")?,
-            heartbeat_interval: positive(&r, "heartbeat-interval")?,
-            unreachable_after: positive(&r, "unreachable-after")?,
-            reconnect_backoff_min: positive(&r, "reconnect-backoff-min")?,
-            reconnect_backoff_max: positive(&r, "reconnect-backoff-max")?,
-            dial_timeout: positive(&r, "dial-timeout")?,
-            leave_timeout: positive(&r, "leave-timeout")?,
-            max_frame_size: integer(&r, table, "max-frame-size").and_then(|n| {
+            membership_interval: r.positive_duration("membership-interval")?,
+            heartbeat_interval: r.positive_duration("heartbeat-interval")?,
+            unreachable_after: r.positive_duration("unreachable-after")?,
+            reconnect_backoff_min: r.positive_duration("reconnect-backoff-min")?,
+            reconnect_backoff_max: r.positive_duration("reconnect-backoff-max")?,
+            dial_timeout: r.positive_duration("dial-timeout")?,
+            leave_timeout: r.positive_duration("leave-timeout")?,
+            max_frame_size: r.integer("max-frame-size").and_then(|n| {
                 u64::try_from(n).ok().filter(|n| *n >= 4096).ok_or_else(|| {
                     ConfigError::invalid(
                         "cluster.max-frame-size",
@@ -208,7 +208,7 @@ impl ClusterSettings {
                     )
                 })
             })?,
-            fault_injection: boolean(table, "fault-injection")?,
+            fault_injection: r.boolean("fault-injection")?,
             tls: tls_files(table)?,
         };
         if settings.heartbeat_interval * 2 > settings.unreachable_after {
@@ -255,39 +255,6 @@ fn rename_member_keys(e: ConfigError) -> ConfigError {
     }
 }
 
-fn positive(r: &TableReader<'_>, k: &str) -> Result<Duration, ConfigError> {
-    let d = r.duration(k)?;
-    if d.is_zero() {
-        return Err(ConfigError::invalid(r.key(k), "must be > 0"));
-    }
-    Ok(d)
-}
-
-fn integer(r: &TableReader<'_>, table: &toml::Table, k: &str) -> Result<i64, ConfigError> {
-    match table.get(k) {
-        Some(toml::Value::Integer(n)) => Ok(*n),
-        Some(toml::Value::String(s)) => s.parse().map_err(|_| {
-            ConfigError::invalid(r.key(k), format!("expected an integer, found {s:?}"))
-        }),
-        Some(other) => Err(ConfigError::invalid(
-            r.key(k),
-            format!("expected an integer, found {}", other.type_str()),
-        )),
-        None => Err(ConfigError::invalid(r.key(k), "missing")),
-    }
-}
-
-fn boolean(table: &toml::Table, k: &str) -> Result<bool, ConfigError> {
-    match table.get(k) {
-        Some(toml::Value::Boolean(b)) => Ok(*b),
-        Some(other) => Err(ConfigError::invalid(
-            format!("cluster.{k}"),
-            format!("expected true or false, found {other}"),
-        )),
-        None => Err(ConfigError::invalid(format!("cluster.{k}"), "missing")),
-    }
-}
-
 fn tls_files(table: &toml::Table) -> Result<Option<TlsFiles>, ConfigError> {
     let Some(tls) = table.get("tls") else {
         return Ok(None);
@@ -297,9 +264,7 @@ fn tls_files(table: &toml::Table) -> Result<Option<TlsFiles>, ConfigError> {
         .ok_or_else(|| ConfigError::invalid("cluster.tls", "must be a table"))?;
     let r = TableReader::new("cluster.tls", tls);
     r.reject_unknown(&["enabled", "cert", "key", "ca"])?;
-    if !boolean(tls, "enabled")
-        .map_err(|_| ConfigError::invalid("cluster.tls.enabled", "expected true or false"))?
-    {
+    if !r.boolean("enabled")? {
         return Ok(None);
     }
     let path = |k: &str| -> Result<PathBuf, ConfigError> {

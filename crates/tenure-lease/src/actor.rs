@@ -107,7 +107,7 @@ pub enum Acquired {
 /// An acquire answer and, when granted, the generation of the grant.
 pub type AcquireReply = Result<(Acquired, Option<u64>), LeaseError>;
 
-/// Messages of the LeaseActor. Only the first three are for users.
+/// Messages of the LeaseActor. Only the first four are for users.
 pub enum LeaseMsg {
     /// Keep trying (every `lease-retry-interval`) until granted, then announce
     /// `LeaseGranted` and answer `reply` if given. A no-op answer if held already.
@@ -116,6 +116,10 @@ pub enum LeaseMsg {
     },
     /// One attempt, answered with its outcome.
     TryAcquire(RpcReplyPort<AcquireReply>),
+    /// While trying, retry every `pace` instead of `lease-retry-interval` (`None`: back to
+    /// it), e.g. faster while the holder is known to be handing over. A pending retry is
+    /// rescheduled at the new pace.
+    RetryPace(Option<std::time::Duration>),
     /// Stop trying, give the belief up and release the grant: `Ok(true)` released,
     /// `Ok(false)` nothing was held, `Err` unknown (the grant then expires after its ttl).
     Release(RpcReplyPort<Result<bool, LeaseError>>),
@@ -221,6 +225,8 @@ pub struct LeaseActorState {
     maybe_in_store: bool,
     /// Asked to keep trying until granted.
     wanted: bool,
+    /// Retry pause while trying (`None`: `lease-retry-interval`).
+    retry_pace: Option<std::time::Duration>,
     waiters: Vec<RpcReplyPort<AcquireReply>>,
     retry_timer: Option<JoinHandle<()>>,
     renew_timer: Option<JoinHandle<()>>,
@@ -410,7 +416,10 @@ impl LeaseActorState {
             }
             other => {
                 tracing::debug!(lease = %self.spec.name, outcome = ?other, "acquire not granted; will retry");
-                let at = Instant::now() + self.spec.settings.lease_retry_interval;
+                let pace = self
+                    .retry_pace
+                    .unwrap_or(self.spec.settings.lease_retry_interval);
+                let at = Instant::now() + pace;
                 self.retry_timer = Some(self.schedule(myself, at, || LeaseMsg::RetryAcquire));
             }
         }
@@ -456,6 +465,7 @@ impl Actor for LeaseActor {
             maybe_in_store: false,
             wanted: false,
             waiters: Vec::new(),
+            retry_pace: None,
             retry_timer: None,
             renew_timer: None,
             watchdog: None,
@@ -500,6 +510,16 @@ impl Actor for LeaseActor {
                     state.answer_waiters(&answer);
                 }
                 let _ = reply.send(answer);
+            }
+            LeaseMsg::RetryPace(pace) => {
+                state.retry_pace = pace;
+                if state.wanted && state.retry_timer.is_some() {
+                    LeaseActorState::stop_timer(&mut state.retry_timer);
+                    let at =
+                        Instant::now() + pace.unwrap_or(state.spec.settings.lease_retry_interval);
+                    state.retry_timer =
+                        Some(state.schedule(&myself, at, || LeaseMsg::RetryAcquire));
+                }
             }
             LeaseMsg::Release(reply) => {
                 let released = state.release().await;

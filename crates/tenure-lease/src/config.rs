@@ -277,6 +277,41 @@ impl<'a> TableReader<'a> {
         })
     }
 
+    /// A required duration that must not be zero.
+    pub fn positive_duration(&self, k: &str) -> Result<Duration, ConfigError> {
+        let d = self.duration(k)?;
+        if d.is_zero() {
+            return Err(ConfigError::invalid(self.key(k), "must be > 0"));
+        }
+        Ok(d)
+    }
+
+    /// A required integer (also accepted as a decimal string, as environment variables may
+    /// give it).
+    pub fn integer(&self, k: &str) -> Result<i64, ConfigError> {
+        match self.get(k)? {
+            toml::Value::Integer(n) => Ok(*n),
+            toml::Value::String(s) => s.trim().parse().map_err(|_| {
+                ConfigError::invalid(self.key(k), format!("expected an integer, found {s:?}"))
+            }),
+            other => Err(ConfigError::invalid(
+                self.key(k),
+                format!("expected an integer, found {}", other.type_str()),
+            )),
+        }
+    }
+
+    /// A required `true` or `false`.
+    pub fn boolean(&self, k: &str) -> Result<bool, ConfigError> {
+        match self.get(k)? {
+            toml::Value::Boolean(b) => Ok(*b),
+            other => Err(ConfigError::invalid(
+                self.key(k),
+                format!("expected true or false, found {other}"),
+            )),
+        }
+    }
+
     /// Fails on any key not in `known`, naming it (catches typos in store options).
     pub fn reject_unknown(&self, known: &[&str]) -> Result<(), ConfigError> {
         let unknown: BTreeMap<_, _> = self

@@ -255,6 +255,28 @@ async fn keeps_trying_until_granted() {
     );
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_retry_pace_replaces_the_retry_interval_while_trying() {
+    let store = MemoryStore::new();
+    let (holder, _, _) = started(&store, "a", "node-1").await;
+    try_acquire(&holder).await;
+    let (waiter, view, log) = started(&store, "a", "node-2").await;
+    waiter.cast(LeaseMsg::Acquire { reply: None }).unwrap();
+    sleep(Duration::from_millis(100)).await;
+    let pace = Duration::from_millis(200);
+    waiter.cast(LeaseMsg::RetryPace(Some(pace))).unwrap();
+    sleep(Duration::from_millis(50)).await;
+    let freed = Instant::now();
+    ractor::call!(holder, LeaseMsg::Release).unwrap().unwrap();
+    sleep(pace + Duration::from_millis(10)).await;
+    assert!(
+        view.check_lease(),
+        "granted at the new pace, long before the 2 s retry interval"
+    );
+    let events = log.lock().unwrap().clone();
+    assert!(matches!(&events[..], [(at, LeaseEvent::Granted(_))] if *at <= freed + pace));
+}
+
 /// A supervisor that is killed: its LeaseActor is killed with it (no post_stop), and the
 /// lease must still be released.
 struct Supervisor;

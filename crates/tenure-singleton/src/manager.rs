@@ -14,9 +14,7 @@ use ractor::{
 };
 use serde_json::json;
 use tenure_cluster::{ClusterEvent, HandOver, History, Member, MemberStatus, NodeAddr};
-use tenure_lease::{
-    Acquired, LeaseActor, LeaseError, LeaseEvent, LeaseEventSink, LeaseMsg, LeaseSpec, LeaseView,
-};
+use tenure_lease::{LeaseActor, LeaseEvent, LeaseEventSink, LeaseMsg, LeaseSpec, LeaseView};
 
 use crate::settings::SingletonSettings;
 
@@ -94,10 +92,9 @@ pub struct SingletonStatus {
 pub enum ManagerMsg {
     Cluster(ClusterEvent),
     Lease(LeaseEvent),
+    /// The pause after a failed instance is over.
     #[doc(hidden)]
-    Attempted(u64, Result<Acquired, LeaseError>),
-    #[doc(hidden)]
-    Retry,
+    RestartDue,
     /// Where this manager stands.
     Status(RpcReplyPort<SingletonStatus>),
 }
@@ -129,13 +126,15 @@ pub struct ManagerState {
     members: BTreeMap<NodeAddr, Member>,
     lease: ActorRef<LeaseMsg>,
     view: LeaseView,
-    attempting: bool,
-    /// Number of the current acquire attempt; answers of older attempts are ignored.
-    attempt: u64,
+    /// The lease actor was asked to keep trying (it stops by itself once granted).
+    wanted: bool,
+    /// The retry pace last given to the lease actor.
+    pace: Option<Duration>,
     /// An instance that would not die within stop-timeout: nothing is released or
     /// re-acquired until it has terminated.
     zombie: Option<ActorCell>,
-    retry: Option<tokio::task::JoinHandle<()>>,
+    /// Pause after an instance failed (or could not be spawned) before the next one.
+    restart_pause: Option<tokio::task::JoinHandle<()>>,
     running: Option<Running>,
     /// Held while this node leaves; dropped once the instance stopped and the lease is released.
     hand_over: Option<HandOver>,
@@ -179,10 +178,10 @@ impl Actor for SingletonManager {
             members: BTreeMap::new(),
             lease,
             view,
-            attempting: false,
-            attempt: 0,
+            wanted: false,
+            pace: None,
             zombie: None,
-            retry: None,
+            restart_pause: None,
             running: None,
             hand_over: None,
             leaving: false,
@@ -221,34 +220,9 @@ impl Actor for SingletonManager {
                     state.release().await;
                 }
             }
-            ManagerMsg::Lease(LeaseEvent::Granted(_)) => {}
-            ManagerMsg::Attempted(attempt, _) if attempt != state.attempt => {
-                tracing::debug!(singleton = %state.spec.name, "answer of a superseded acquire attempt ignored");
-            }
-            ManagerMsg::Attempted(_, result) => {
-                state.attempting = false;
-                match result {
-                    // Start only on a grant still believed now (not released meanwhile, not
-                    // lapsed before its answer came).
-                    Ok(Acquired::Granted { token })
-                        if state.is_oldest()
-                            && state.running.is_none()
-                            && state.view.token() == Some(token) =>
-                    {
-                        state.start_instance(&myself, token).await;
-                    }
-                    Ok(Acquired::Granted { .. }) => state.release().await,
-                    Ok(Acquired::NotGranted { holder }) => {
-                        tracing::debug!(singleton = %state.spec.name, ?holder, "lease not granted; will retry");
-                        state.schedule_retry(&myself);
-                    }
-                    Err(e) => {
-                        tracing::info!(singleton = %state.spec.name, error = %e, "lease acquire failed; will retry");
-                        state.schedule_retry(&myself);
-                    }
-                }
-            }
-            ManagerMsg::Retry => state.retry = None,
+            // Acted on in `evaluate`, and only while the grant is still believed.
+            ManagerMsg::Lease(LeaseEvent::Granted(_)) => state.wanted = false,
+            ManagerMsg::RestartDue => state.restart_pause = None,
             ManagerMsg::Status(reply) => {
                 let _ = reply.send(SingletonStatus {
                     oldest: state.is_oldest(),
@@ -294,8 +268,8 @@ impl Actor for SingletonManager {
             .await?;
             state.lease = lease;
             state.view = view;
-            state.attempt += 1;
-            state.attempting = false;
+            state.wanted = false;
+            state.pace = None;
         } else if let Some(running) = state.running.take_if(|r| r.cell.get_id() == cell.get_id()) {
             // The instance ended on its own: wait for its children, give the grant back (a
             // restart gets a new token), and start again after a pause.
@@ -316,7 +290,7 @@ impl Actor for SingletonManager {
             }
             state.record("singleton_stopped", running.token, &why);
             state.release().await;
-            state.schedule_retry(&myself);
+            state.pause_restarts(&myself);
         } else {
             return Ok(());
         }
@@ -400,54 +374,49 @@ impl ManagerState {
             self.stop_instance(why).await;
             self.release().await;
         }
-        if !oldest && self.running.is_none() && self.view.check_lease() {
+        if !oldest && self.running.is_none() && (self.wanted || self.view.check_lease()) {
             self.release().await;
         }
-        if self.leaving && self.running.is_none() && !self.attempting && self.hand_over.is_some() {
+        if self.leaving && self.running.is_none() && self.hand_over.is_some() {
             self.release().await;
             if self.hand_over.take().is_some() {
                 tracing::info!(singleton = %self.spec.name, "handed over");
             }
         }
-        if oldest
-            && self.running.is_none()
-            && self.zombie.is_none()
-            && !self.attempting
-            && self.retry.is_none()
+        if oldest && self.running.is_none() && self.zombie.is_none() && self.restart_pause.is_none()
         {
-            self.attempting = true;
-            self.attempt += 1;
-            let attempt = self.attempt;
-            let lease = self.lease.clone();
-            let me = myself.clone();
-            let timeout = self.spec.settings.lease.lease_operation_timeout + Duration::from_secs(1);
-            tracing::debug!(singleton = %self.spec.name, "oldest: trying to acquire the lease before starting the singleton");
-            tokio::spawn(async move {
-                let answer = match lease.call(LeaseMsg::TryAcquire, Some(timeout)).await {
-                    Ok(ractor::rpc::CallResult::Success(answer)) => answer.map(|(a, _)| a),
-                    _ => Err(LeaseError::ActorStopped {
-                        name: "singleton lease".into(),
-                    }),
-                };
-                let _ = me.cast(ManagerMsg::Attempted(attempt, answer));
-            });
+            // Start only on a grant believed now: a grant released meanwhile or lapsed
+            // before its event was handled is not one.
+            if let Some(token) = self.view.token() {
+                self.start_instance(myself, token).await;
+                return;
+            }
+            // Faster retries while an older member hands the lease over.
+            let pace = self
+                .handing_over()
+                .then_some(self.spec.settings.hand_over_retry_interval);
+            if pace != self.pace {
+                self.pace = pace;
+                let _ = self.lease.cast(LeaseMsg::RetryPace(pace));
+            }
+            if !self.wanted {
+                tracing::debug!(singleton = %self.spec.name, "oldest: acquiring the lease before starting the singleton");
+                self.wanted = true;
+                let _ = self.lease.cast(LeaseMsg::Acquire { reply: None });
+            }
         }
     }
 
-    fn schedule_retry(&mut self, myself: &ActorRef<ManagerMsg>) {
-        if let Some(previous) = self.retry.take() {
+    /// Waits `lease-retry-interval` before the next instance (after one failed).
+    fn pause_restarts(&mut self, myself: &ActorRef<ManagerMsg>) {
+        let me = myself.clone();
+        let pause = self.spec.settings.lease.lease_retry_interval;
+        if let Some(previous) = self.restart_pause.replace(tokio::spawn(async move {
+            tokio::time::sleep(pause).await;
+            let _ = me.cast(ManagerMsg::RestartDue);
+        })) {
             previous.abort();
         }
-        let pause = if self.handing_over() {
-            self.spec.settings.hand_over_retry_interval
-        } else {
-            self.spec.settings.lease.lease_retry_interval
-        };
-        let me = myself.clone();
-        self.retry = Some(tokio::spawn(async move {
-            tokio::time::sleep(pause).await;
-            let _ = me.cast(ManagerMsg::Retry);
-        }));
     }
 
     async fn start_instance(&mut self, myself: &ActorRef<ManagerMsg>, token: u64) {
@@ -471,7 +440,7 @@ impl ManagerState {
             Err(e) => {
                 tracing::error!(singleton = %self.spec.name, error = %e, "cannot start the singleton; releasing the lease and retrying");
                 self.release().await;
-                self.schedule_retry(myself);
+                self.pause_restarts(myself);
             }
         }
     }
@@ -527,9 +496,8 @@ impl ManagerState {
         if self.zombie.is_some() {
             return;
         }
-        // An attempt in flight now answers a grant we are giving up.
-        self.attempt += 1;
-        self.attempting = false;
+        // Releasing also stops the lease actor's acquire attempts.
+        self.wanted = false;
         let timeout = self.spec.settings.lease.lease_operation_timeout * 2 + Duration::from_secs(1);
         for _ in 0..3 {
             match self.lease.call(LeaseMsg::Release, Some(timeout)).await {

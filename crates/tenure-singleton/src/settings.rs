@@ -65,28 +65,18 @@ impl SingletonSettings {
             lease_section = cluster_lease_section.to_string();
         }
         let lease = config.lease_section(&lease_section)?.settings;
-        let positive = |k: &str| -> Result<Duration, ConfigError> {
-            let d = r.duration(k)?;
-            if d.is_zero() {
-                return Err(ConfigError::invalid(r.key(k), "must be > 0"));
-            }
-            Ok(d)
-        };
-        let buffer_size = match merged.get("buffer-size") {
-            Some(toml::Value::Integer(n)) if *n > 0 => *n as usize,
-            _ => {
-                return Err(ConfigError::invalid(
-                    "singleton.buffer-size",
-                    "expected a positive integer",
-                ));
-            }
-        };
+        let buffer_size = usize::try_from(r.integer("buffer-size")?)
+            .ok()
+            .filter(|n| *n > 0)
+            .ok_or_else(|| {
+                ConfigError::invalid(r.key("buffer-size"), "expected a positive integer")
+            })?;
         Ok(SingletonSettings {
             role: r.string("role")?,
             lease_section,
             lease,
-            hand_over_retry_interval: positive("hand-over-retry-interval")?,
-            stop_timeout: positive("stop-timeout")?,
+            hand_over_retry_interval: r.positive_duration("hand-over-retry-interval")?,
+            stop_timeout: r.positive_duration("stop-timeout")?,
             buffer_size,
         })
     }

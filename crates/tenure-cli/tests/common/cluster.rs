@@ -77,6 +77,12 @@ pub struct Cluster {
     store: PathBuf,
 }
 
+/// The `p` quantile (0..=1) of `v` (sorted in place), for benchmark reports.
+pub fn percentile(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
 /// Free loopback ports (bound, then released for the node to take).
 pub fn free_ports(n: usize) -> Vec<u16> {
     let listeners: Vec<_> = (0..n)
