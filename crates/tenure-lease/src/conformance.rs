@@ -107,6 +107,18 @@ impl LeaseStore for Partitionable {
         self.gate().await;
         self.inner.list(prefix).await
     }
+    async fn acquire_fair(
+        &self,
+        req: &AcquireRequest,
+        wait: Duration,
+    ) -> Result<AcquireOutcome, StoreError> {
+        self.gate().await;
+        self.inner.acquire_fair(req, wait).await
+    }
+    async fn watch(&self, prefix: &str) -> Result<crate::WatchReceiver, StoreError> {
+        self.gate().await;
+        self.inner.watch(prefix).await
+    }
 }
 
 fn request(name: &str, owner: &str, ttl: Duration) -> AcquireRequest {

@@ -12,6 +12,13 @@ pub enum StoreError {
     /// The store answered with something the store crate could not interpret.
     #[error("{store} store error: {detail}")]
     Backend { store: &'static str, detail: String },
+    /// The store does not have the capability the operation needs (see
+    /// [`Capabilities`](crate::Capabilities)); nothing was done.
+    #[error("{store} store does not support {operation}")]
+    Unsupported {
+        store: &'static str,
+        operation: &'static str,
+    },
 }
 
 /// The outcome of a lease operation is unknown (or the lease could not be used at all).

@@ -62,5 +62,8 @@ pub use memory::{Fault, MemoryStore, MemoryStoreFactory};
 pub use provider::{LeaseProvider, StoreFactory, StoreRegistry};
 pub use renewal::RenewalBatcher;
 pub use settings::LeaseSettings;
-pub use store::{AcquireOutcome, AcquireRequest, Capabilities, HeldLease, LeaseRecord, LeaseStore};
+pub use store::{
+    AcquireOutcome, AcquireRequest, Capabilities, HeldLease, LeaseRecord, LeaseStore, WatchEvent,
+    WatchReceiver,
+};
 pub use validity::LostReason;

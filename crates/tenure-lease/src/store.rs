@@ -70,6 +70,19 @@ pub struct HeldLease {
     pub token: u64,
 }
 
+/// A change of holder, pushed by a store that can watch (capability `watch`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WatchEvent {
+    /// `record` was granted (a new grant; renewals are not reported).
+    Granted(LeaseRecord),
+    /// The grant of `name` ended: released, expired, or taken over (a `Granted` follows then).
+    Ended { name: String },
+}
+
+/// The subscriber's end of a watch. `None` from `recv` means the watch broke (connection
+/// lost, store restarted): events may have been missed, so re-read and watch again.
+pub type WatchReceiver = tokio::sync::mpsc::Receiver<WatchEvent>;
+
 /// What a store can do beyond the basic operations.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Capabilities {
@@ -150,4 +163,34 @@ pub trait LeaseStore: Send + Sync + 'static {
 
     /// The unexpired grants whose names start with `prefix`, sorted by name.
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError>;
+
+    /// Fair acquire (capability `fair_waiting`): queues `req` behind the requests that came
+    /// before it and waits, at most `wait`, until granted. `Ok(Granted)`: held now, as from
+    /// [`try_acquire`](LeaseStore::try_acquire). `Ok(Held(holder))`: `wait` passed while
+    /// another owner held it; the queue entry is removed. `Err`: unknown, including a waiter
+    /// whose session ended while queued (never a grant then). Dropping the future (cancel)
+    /// removes the queue entry as well. Stores without the capability answer
+    /// `Err(StoreError::Unsupported)` and change nothing.
+    async fn acquire_fair(
+        &self,
+        req: &AcquireRequest,
+        wait: Duration,
+    ) -> Result<AcquireOutcome, StoreError> {
+        let _ = (req, wait);
+        Err(StoreError::Unsupported {
+            store: self.kind(),
+            operation: "fair acquire",
+        })
+    }
+
+    /// Pushes holder changes of the leases whose names start with `prefix` (capability
+    /// `watch`), from now on. Stores without the capability answer
+    /// `Err(StoreError::Unsupported)`.
+    async fn watch(&self, prefix: &str) -> Result<WatchReceiver, StoreError> {
+        let _ = prefix;
+        Err(StoreError::Unsupported {
+            store: self.kind(),
+            operation: "watch",
+        })
+    }
 }
