@@ -16,6 +16,7 @@
 
 pub use tenure_cluster as cluster;
 pub use tenure_lease::*;
+pub use tenure_sharding as sharding;
 pub use tenure_singleton as singleton;
 pub use tenure_store_sqlite as sqlite;
 

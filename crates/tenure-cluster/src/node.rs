@@ -19,6 +19,20 @@ use crate::settings::ClusterSettings;
 use crate::subscribe::ClusterSubscriber;
 use crate::transport::{Links, Tls};
 
+/// Subscribes to a node's cluster events; cloneable, outlives no node (subscribing after
+/// the node stopped is an error).
+#[derive(Clone)]
+pub struct Subscriptions(ActorRef<AgentMsg>);
+
+impl Subscriptions {
+    /// As [`Node::subscribe`].
+    pub fn subscribe(&self, subscriber: ClusterSubscriber) -> Result<(), ClusterError> {
+        self.0
+            .cast(AgentMsg::Local(Local::Subscribe(subscriber)))
+            .map_err(|_| ClusterError::Actor("the node's agent has stopped".into()))
+    }
+}
+
 /// A running node. Dropping it does not stop it: call [`Node::leave`].
 pub struct Node {
     settings: ClusterSettings,
@@ -174,9 +188,12 @@ impl Node {
     /// Delivers [`ClusterEvent`](crate::ClusterEvent)s to `subscriber`: first the current
     /// members, then every change in order.
     pub fn subscribe(&self, subscriber: ClusterSubscriber) -> Result<(), ClusterError> {
-        self.agent
-            .cast(AgentMsg::Local(Local::Subscribe(subscriber)))
-            .map_err(|_| ClusterError::Actor("the node's agent has stopped".into()))
+        self.subscriptions().subscribe(subscriber)
+    }
+
+    /// A cloneable handle to subscribe later (e.g. from a singleton's spawner).
+    pub fn subscriptions(&self) -> Subscriptions {
+        Subscriptions(self.agent.clone())
     }
 
     /// This node's current view of the cluster.

@@ -221,6 +221,36 @@ impl TenureConfig {
     pub fn table(&self) -> &toml::Table {
         &self.table
     }
+
+    /// The plain keys of `[<table>]` with those of `[<table>.<name>]` over them (per-name
+    /// overrides, as singletons and entity types have). Unknown keys in either are refused;
+    /// errors name the key.
+    pub fn table_for(
+        &self,
+        table: &str,
+        name: &str,
+        known: &[&str],
+    ) -> Result<toml::Table, ConfigError> {
+        let base = self
+            .table
+            .get(table)
+            .and_then(|v| v.as_table())
+            .ok_or_else(|| ConfigError::invalid(table, "must be a table"))?;
+        let mut merged = toml::Table::new();
+        for (k, v) in base.iter().filter(|(_, v)| !v.is_table()) {
+            merged.insert(k.clone(), v.clone());
+        }
+        TableReader::new(table, &merged).reject_unknown(known)?;
+        if let Some(own) = base.get(name) {
+            let key = format!("{table}.{name}");
+            let own = own
+                .as_table()
+                .ok_or_else(|| ConfigError::invalid(&key, "must be a table"))?;
+            TableReader::new(&key, own).reject_unknown(known)?;
+            merged.extend(own.clone());
+        }
+        Ok(merged)
+    }
 }
 
 fn merge_tables(base: &mut toml::Table, overlay: toml::Table) {
@@ -299,6 +329,14 @@ impl<'a> TableReader<'a> {
                 format!("expected an integer, found {}", other.type_str()),
             )),
         }
+    }
+
+    /// A required positive integer that fits a `usize` (a count or a size).
+    pub fn count(&self, k: &str) -> Result<usize, ConfigError> {
+        usize::try_from(self.integer(k)?)
+            .ok()
+            .filter(|n| *n > 0)
+            .ok_or_else(|| ConfigError::invalid(self.key(k), "expected a positive integer"))
     }
 
     /// A required `true` or `false`.

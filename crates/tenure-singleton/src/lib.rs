@@ -45,6 +45,20 @@ pub async fn start_on_node(
 ) -> Result<ActorRef<ManagerMsg>, SingletonError> {
     let cluster = node.settings();
     let settings = SingletonSettings::from_config(provider.config(), name, &cluster.lease_section)?;
+    start_with_settings(node, provider, name, settings, spawner).await
+}
+
+/// As [`start_on_node`] with `settings` given (e.g. the shard coordinator, whose role is
+/// its entity type's).
+pub async fn start_with_settings(
+    node: &Node,
+    provider: &LeaseProvider,
+    name: &str,
+    settings: SingletonSettings,
+    spawner: Spawner,
+) -> Result<ActorRef<ManagerMsg>, SingletonError> {
+    tenure_lease::names::check_component("singleton name", name)?;
+    let cluster = node.settings();
     let lease_name = tenure_lease::names::singleton_lease(&cluster.system, name);
     let lease = provider
         .spec(

@@ -41,36 +41,14 @@ impl SingletonSettings {
         cluster_lease_section: &str,
     ) -> Result<SingletonSettings, ConfigError> {
         tenure_lease::names::check_component("singleton name", name)?;
-        let base = config
-            .table()
-            .get("singleton")
-            .and_then(|v| v.as_table())
-            .ok_or_else(|| ConfigError::invalid("singleton", "must be a table"))?;
-        let mut merged = toml::Table::new();
-        for (k, v) in base.iter().filter(|(_, v)| !v.is_table()) {
-            merged.insert(k.clone(), v.clone());
-        }
-        let key = format!("singleton.{name}");
-        if let Some(own) = base.get(name) {
-            let own = own
-                .as_table()
-                .ok_or_else(|| ConfigError::invalid(&key, "must be a table"))?;
-            TableReader::new(&key, own).reject_unknown(&KEYS)?;
-            merged.extend(own.clone());
-        }
+        let merged = config.table_for("singleton", name, &KEYS)?;
         let r = TableReader::new("singleton", &merged);
-        r.reject_unknown(&KEYS)?;
         let mut lease_section = r.string("lease-section")?;
         if lease_section.is_empty() {
             lease_section = cluster_lease_section.to_string();
         }
         let lease = config.lease_section(&lease_section)?.settings;
-        let buffer_size = usize::try_from(r.integer("buffer-size")?)
-            .ok()
-            .filter(|n| *n > 0)
-            .ok_or_else(|| {
-                ConfigError::invalid(r.key("buffer-size"), "expected a positive integer")
-            })?;
+        let buffer_size = r.count("buffer-size")?;
         Ok(SingletonSettings {
             role: r.string("role")?,
             lease_section,

@@ -1,0 +1,363 @@
+//! The shard coordinator: a lease-guarded singleton (one per entity type in the cluster)
+//! that allocates shards to regions, moves the shards of regions that are down, leaving,
+//! in a minority or unreachable past `unreachable-reallocate-after`, and rebalances. It
+//! keeps no state of its own: after a fail-over it rebuilds the allocation from the
+//! regions' reports. It never needs to be right for safety: a shard runs only under its
+//! lease, so a wrong or early move only makes the new host wait for that lease.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tenure_cluster::{ClusterEvent, ClusterSubscriber, Member, MemberStatus, Subscriptions};
+use tokio::time::Instant;
+
+use crate::allocation::{AllocationStrategy, Regions};
+use crate::messages::{
+    Allocation, CoordinatorLocal, CoordinatorMsg, GetShardHome, HandOff, HostShard, RegionMsg,
+    Register, ShardHome,
+};
+use crate::region::region_ref;
+use crate::settings::ShardingSettings;
+
+/// What a coordinator instance runs with.
+#[derive(Clone)]
+pub struct CoordinatorArgs {
+    pub type_name: String,
+    /// The cluster's pg scope.
+    pub scope: String,
+    pub settings: Arc<ShardingSettings>,
+    pub strategy: Arc<dyn AllocationStrategy>,
+    /// Cluster events of the node it runs on.
+    pub subscriptions: Subscriptions,
+}
+
+/// The coordinator actor (the singleton instance).
+pub struct Coordinator;
+
+struct RegionEntry {
+    available: bool,
+}
+
+pub struct CoordinatorState {
+    args: CoordinatorArgs,
+    myself: ActorRef<CoordinatorMsg>,
+    members: BTreeMap<String, Member>,
+    unreachable_since: HashMap<String, Instant>,
+    regions: BTreeMap<String, RegionEntry>,
+    /// Shard → region (`host:port`) it is allocated to.
+    homes: BTreeMap<String, String>,
+    /// When a Host was last sent for a shard.
+    host_sent: HashMap<String, Instant>,
+    /// Shards being handed off for a rebalance: shard → (from, to).
+    moving: BTreeMap<String, (String, String)>,
+    timers: Vec<ractor::concurrency::JoinHandle<()>>,
+}
+
+impl Actor for Coordinator {
+    type Msg = CoordinatorMsg;
+    type State = CoordinatorState;
+    type Arguments = CoordinatorArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<CoordinatorMsg>,
+        args: CoordinatorArgs,
+    ) -> Result<CoordinatorState, ActorProcessingErr> {
+        args.subscriptions
+            .subscribe(ClusterSubscriber::to_actor(myself.clone()))?;
+        let timers = vec![
+            myself.send_interval(args.settings.retry_interval, || {
+                CoordinatorMsg::Local(CoordinatorLocal::Tick)
+            }),
+            myself.send_interval(args.settings.rebalance_interval, || {
+                CoordinatorMsg::Local(CoordinatorLocal::Rebalance)
+            }),
+        ];
+        tracing::info!(entity_type = %args.type_name, "shard coordinator started");
+        Ok(CoordinatorState {
+            args,
+            myself,
+            members: BTreeMap::new(),
+            unreachable_since: HashMap::new(),
+            regions: BTreeMap::new(),
+            homes: BTreeMap::new(),
+            host_sent: HashMap::new(),
+            moving: BTreeMap::new(),
+            timers,
+        })
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<CoordinatorMsg>,
+        state: &mut CoordinatorState,
+    ) -> Result<(), ActorProcessingErr> {
+        for t in state.timers.drain(..) {
+            t.abort();
+        }
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<CoordinatorMsg>,
+        msg: CoordinatorMsg,
+        state: &mut CoordinatorState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            CoordinatorMsg::RegisterRegion(report) => state.on_register(report),
+            CoordinatorMsg::GetHome(GetShardHome { shard, region }) => {
+                let home = state.home_of(&shard);
+                if let Some(r) = region_ref(&state.args.scope, &state.args.type_name, &region) {
+                    let _ = r.cast(RegionMsg::Home(ShardHome { shard, home }));
+                }
+            }
+            CoordinatorMsg::GetAllocation(_, reply) => {
+                let regions = state.allocatable().into_iter().collect();
+                let _ = reply.send(Allocation {
+                    homes: state
+                        .homes
+                        .iter()
+                        .map(|(s, r)| (s.clone(), r.clone()))
+                        .collect(),
+                    regions,
+                });
+            }
+            CoordinatorMsg::Local(CoordinatorLocal::Cluster(event)) => state.on_cluster(event),
+            CoordinatorMsg::Local(CoordinatorLocal::Tick) => state.reallocate_lost(),
+            CoordinatorMsg::Local(CoordinatorLocal::Rebalance) => state.rebalance(),
+            CoordinatorMsg::Local(CoordinatorLocal::HandOffEnded { shard, released }) => {
+                if let Some((from, to)) = state.moving.remove(&shard) {
+                    tracing::info!(entity_type = %state.args.type_name, shard, from, to, released, "shard handed off for a rebalance");
+                    if state.allocatable().contains(&to) {
+                        state.host(&shard, &to);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl CoordinatorState {
+    fn on_cluster(&mut self, event: ClusterEvent) {
+        match event {
+            ClusterEvent::CurrentMembers(members) => {
+                self.members = members
+                    .into_iter()
+                    .map(|m| (m.addr.to_string(), m))
+                    .collect();
+                let now = Instant::now();
+                for m in self.members.values().filter(|m| !m.reachable) {
+                    self.unreachable_since.insert(m.addr.to_string(), now);
+                }
+            }
+            ClusterEvent::Unreachable(m) => {
+                self.unreachable_since
+                    .entry(m.addr.to_string())
+                    .or_insert_with(Instant::now);
+                self.members.insert(m.addr.to_string(), m);
+            }
+            ClusterEvent::Reachable(m) => {
+                self.unreachable_since.remove(&m.addr.to_string());
+                self.members.insert(m.addr.to_string(), m);
+            }
+            ClusterEvent::MemberJoined(m)
+            | ClusterEvent::MemberUp(m)
+            | ClusterEvent::MemberLeaving(m) => {
+                self.members.insert(m.addr.to_string(), m);
+            }
+            ClusterEvent::MemberDown(m) | ClusterEvent::MemberRemoved(m) => {
+                let addr = m.addr.to_string();
+                self.members.remove(&addr);
+                self.regions.remove(&addr);
+                self.unreachable_since.remove(&addr);
+            }
+            ClusterEvent::SelfDown | ClusterEvent::SelfLeaving(_) => {}
+        }
+        self.reallocate_lost();
+    }
+
+    /// A region that may keep its shards: its member is up, it reported itself
+    /// available, and it has not been unreachable for too long.
+    fn alive(&self, region: &str) -> bool {
+        let up = self
+            .members
+            .get(region)
+            .is_some_and(|m| m.status == MemberStatus::Up && m.has_role(&self.args.settings.role));
+        let available = self.regions.get(region).is_some_and(|r| r.available);
+        let silent_too_long = self
+            .unreachable_since
+            .get(region)
+            .is_some_and(|t| t.elapsed() >= self.args.settings.unreachable_reallocate_after);
+        up && available && !silent_too_long
+    }
+
+    /// Regions new shards may go to: alive and reachable now.
+    fn allocatable(&self) -> BTreeSet<String> {
+        self.regions
+            .keys()
+            .filter(|r| self.alive(r) && !self.unreachable_since.contains_key(*r))
+            .cloned()
+            .collect()
+    }
+
+    fn load(&self) -> Regions {
+        let mut regions: Regions = self
+            .allocatable()
+            .into_iter()
+            .map(|r| (r, Vec::new()))
+            .collect();
+        for (shard, region) in &self.homes {
+            if let Some(shards) = regions.get_mut(region) {
+                shards.push(shard.clone());
+            }
+        }
+        regions
+    }
+
+    /// Where `shard` lives, allocating it if it has no home; `None` while it moves or
+    /// when no region can take it.
+    fn home_of(&mut self, shard: &str) -> Option<String> {
+        if self.moving.contains_key(shard) {
+            return None;
+        }
+        if let Some(home) = self.homes.get(shard)
+            && self.alive(home)
+        {
+            return Some(home.clone());
+        }
+        let to = self.args.strategy.allocate(shard, &self.load())?;
+        self.host(shard, &to);
+        Some(to)
+    }
+
+    /// Records `region` as the home of `shard` and tells it.
+    fn host(&mut self, shard: &str, region: &str) {
+        tracing::debug!(entity_type = %self.args.type_name, shard, region, "shard allocated");
+        self.homes.insert(shard.to_string(), region.to_string());
+        self.host_sent.insert(shard.to_string(), Instant::now());
+        if let Some(r) = region_ref(&self.args.scope, &self.args.type_name, region) {
+            let _ = r.cast(RegionMsg::Host(HostShard {
+                shard: shard.to_string(),
+            }));
+        }
+    }
+
+    fn on_register(&mut self, report: Register) {
+        let region = report.region.clone();
+        let reported: BTreeSet<String> = report.shards.into_iter().collect();
+        self.regions.insert(
+            region.clone(),
+            RegionEntry {
+                available: report.available,
+            },
+        );
+        for shard in &reported {
+            if self.moving.contains_key(shard) {
+                continue;
+            }
+            match self.homes.get(shard).cloned() {
+                None if self.alive(&region) => {
+                    // A new coordinator learns the allocation from the regions.
+                    self.homes.insert(shard.clone(), region.clone());
+                }
+                Some(home) if home == region => {}
+                _ => {
+                    // Hosted (or being acquired) where it no longer belongs: stop it there;
+                    // its lease then goes to the shard's home.
+                    tracing::info!(entity_type = %self.args.type_name, shard, region, "telling a region to stop a shard allocated elsewhere");
+                    self.hand_off(shard, &region, None);
+                }
+            }
+        }
+        // Shards this region should host but does not (a lost Host, a restarted node).
+        let resend = self.args.settings.retry_interval * 3;
+        let missing: Vec<String> = self
+            .homes
+            .iter()
+            .filter(|(s, r)| **r == region && !reported.contains(*s))
+            .filter(|(s, _)| self.host_sent.get(*s).is_none_or(|t| t.elapsed() >= resend))
+            .map(|(s, _)| s.clone())
+            .collect();
+        if self.alive(&region) {
+            for shard in missing {
+                self.host(&shard, &region);
+            }
+        }
+        self.reallocate_lost();
+    }
+
+    /// Moves the shards of regions that are no longer alive to the least loaded ones.
+    fn reallocate_lost(&mut self) {
+        let lost: Vec<(String, String)> = self
+            .homes
+            .iter()
+            .filter(|(_, r)| !self.alive(r))
+            .map(|(s, r)| (s.clone(), r.clone()))
+            .collect();
+        if lost.is_empty() {
+            return;
+        }
+        for (shard, from) in lost {
+            self.homes.remove(&shard);
+            if let Some(to) = self.args.strategy.allocate(&shard, &self.load()) {
+                tracing::info!(entity_type = %self.args.type_name, shard, from, to, "moving the shard of a lost region");
+                self.host(&shard, &to);
+            }
+        }
+    }
+
+    fn rebalance(&mut self) {
+        let settled = self.members.values().all(|m| {
+            m.status == MemberStatus::Up
+                && m.reachable
+                && (!m.has_role(&self.args.settings.role)
+                    || self
+                        .regions
+                        .get(&m.addr.to_string())
+                        .is_some_and(|r| r.available))
+        });
+        let room = self
+            .args
+            .settings
+            .max_simultaneous_rebalance
+            .saturating_sub(self.moving.len());
+        if !settled || room == 0 {
+            return;
+        }
+        for (shard, from, to) in self.args.strategy.rebalance(&self.load(), room) {
+            self.homes.remove(&shard);
+            self.moving.insert(shard.clone(), (from.clone(), to));
+            self.hand_off(&shard, &from, Some(self.myself.clone()));
+        }
+    }
+
+    /// Asks `region` to hand `shard` off; tells `done` (if given) when it answered or the
+    /// hand-off timeout passed.
+    fn hand_off(&self, shard: &str, region: &str, done: Option<ActorRef<CoordinatorMsg>>) {
+        let target = region_ref(&self.args.scope, &self.args.type_name, region);
+        let timeout = self.args.settings.hand_off_timeout;
+        let shard = shard.to_string();
+        tokio::spawn(async move {
+            let released = match target {
+                Some(r) => matches!(
+                    r.call(
+                        |port| RegionMsg::HandOffShard(HandOff { shard: shard.clone() }, port),
+                        Some(timeout),
+                    )
+                    .await,
+                    Ok(ractor::rpc::CallResult::Success(done)) if done.released
+                ),
+                None => false,
+            };
+            if let Some(me) = done {
+                let _ = me.cast(CoordinatorMsg::Local(CoordinatorLocal::HandOffEnded {
+                    shard,
+                    released,
+                }));
+            }
+        });
+    }
+}

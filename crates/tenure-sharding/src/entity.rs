@@ -1,0 +1,180 @@
+//! Entities: one local `ractor` actor per entity id, started by its shard on demand under
+//! the shard's lease, with the grant's fencing token. Entity messages never cross nodes as
+//! actor messages: regions carry them as encoded payloads.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SpawnErr};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use sha2::{Digest, Sha256};
+
+use crate::messages::AskReply;
+use crate::shard::ShardMsg;
+
+/// The default shard of an entity: a stable hash of its id modulo the number of shards, so
+/// every node (and every build) maps an id to the same shard.
+pub fn shard_of(entity_id: &str, number_of_shards: usize) -> String {
+    let digest = Sha256::digest(entity_id.as_bytes());
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    (u64::from_be_bytes(first) % number_of_shards.max(1) as u64).to_string()
+}
+
+/// What an entity is started with.
+#[derive(Clone)]
+pub struct EntityContext {
+    pub type_name: String,
+    pub entity_id: String,
+    pub shard_id: String,
+    /// The fencing token of the shard's lease grant: present it with every write to a
+    /// resource that checks tokens.
+    pub token: u64,
+    /// The node hosting it (`host:port`).
+    pub node: String,
+    pub(crate) shard: ActorRef<ShardMsg>,
+    /// Where entities record what they do (writes), when the node keeps a history.
+    pub history: Option<tenure_cluster::History>,
+}
+
+impl EntityContext {
+    /// Asks the shard to stop this entity (passivation). Messages arriving meanwhile are
+    /// kept and delivered to the entity started again for them.
+    pub fn passivate(&self) {
+        let _ = self.shard.cast(ShardMsg::Passivate(self.entity_id.clone()));
+    }
+}
+
+/// A message for an entity actor: an encoded request and, for `ask`, where the encoded
+/// reply goes.
+pub struct EntityMsg {
+    pub payload: Vec<u8>,
+    pub reply: Option<RpcReplyPort<AskReply>>,
+}
+
+impl ractor::Message for EntityMsg {}
+
+/// Starts an entity actor (linked to `supervisor`, the shard) for `ctx`.
+pub type EntityFactory = Arc<
+    dyn Fn(
+            EntityContext,
+            ActorCell,
+        ) -> Pin<Box<dyn Future<Output = Result<ActorRef<EntityMsg>, SpawnErr>> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// A typed entity: requests and replies are serde types, state lives in the actor.
+pub trait Entity: Send + Sync + 'static {
+    type Request: Serialize + DeserializeOwned + Send + 'static;
+    type Reply: Serialize + DeserializeOwned + Send + 'static;
+    type State: Send + 'static;
+
+    /// Builds the state when the entity starts (after its shard's lease was granted).
+    fn start(
+        &self,
+        ctx: &EntityContext,
+    ) -> impl Future<Output = Result<Self::State, ActorProcessingErr>> + Send;
+
+    /// Handles one request. An `Err` is sent back to an asking caller and stops the entity
+    /// (the next message starts it again).
+    fn handle(
+        &self,
+        ctx: &EntityContext,
+        state: &mut Self::State,
+        request: Self::Request,
+    ) -> impl Future<Output = Result<Self::Reply, ActorProcessingErr>> + Send;
+}
+
+/// The factory of entity type `E`: one [`EntityActor`] per entity id.
+pub fn entity_factory<E: Entity>(entity: E) -> EntityFactory {
+    let entity = Arc::new(entity);
+    Arc::new(move |ctx, supervisor| {
+        let entity = entity.clone();
+        Box::pin(async move {
+            let (r, _) =
+                Actor::spawn_linked(None, EntityActor::<E>::default(), (entity, ctx), supervisor)
+                    .await?;
+            Ok(r)
+        })
+    })
+}
+
+/// The actor running a typed [`Entity`].
+pub struct EntityActor<E>(std::marker::PhantomData<fn() -> E>);
+
+impl<E> Default for EntityActor<E> {
+    fn default() -> Self {
+        EntityActor(std::marker::PhantomData)
+    }
+}
+
+pub struct EntityActorState<E: Entity> {
+    entity: Arc<E>,
+    ctx: EntityContext,
+    state: E::State,
+}
+
+impl<E: Entity> Actor for EntityActor<E> {
+    type Msg = EntityMsg;
+    type State = EntityActorState<E>;
+    type Arguments = (Arc<E>, EntityContext);
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<EntityMsg>,
+        (entity, ctx): Self::Arguments,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        let state = entity.start(&ctx).await?;
+        Ok(EntityActorState { entity, ctx, state })
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<EntityMsg>,
+        msg: EntityMsg,
+        s: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        const KIND: &str = "entity request";
+        let request =
+            tenure_cluster::codec::decode::<E::Request>(KIND, &s.ctx.type_name, &msg.payload)
+                .map_err(|_| format!("entity {}: undecodable request", s.ctx.entity_id))?;
+        match s.entity.handle(&s.ctx, &mut s.state, request).await {
+            Ok(reply) => {
+                if let Some(port) = msg.reply {
+                    let result = tenure_cluster::codec::encode(KIND, &s.ctx.type_name, &reply)
+                        .map_err(|_| "reply could not be encoded".to_string());
+                    let _ = port.send(AskReply { result });
+                }
+                Ok(())
+            }
+            Err(e) => {
+                if let Some(port) = msg.reply {
+                    let _ = port.send(AskReply {
+                        result: Err(e.to_string()),
+                    });
+                }
+                Err(e)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_are_stable_and_spread() {
+        assert_eq!(shard_of("alice", 100), shard_of("alice", 100));
+        let mut seen = std::collections::BTreeSet::new();
+        for i in 0..2000 {
+            let s: usize = shard_of(&format!("key-{i}"), 100).parse().unwrap();
+            assert!(s < 100);
+            seen.insert(s);
+        }
+        assert_eq!(seen.len(), 100, "2000 ids reach every one of 100 shards");
+    }
+}

@@ -1,0 +1,311 @@
+//! # tenure-sharding
+//!
+//! Cluster Sharding with a lease per shard (Akka's Cluster Sharding with `use-lease`):
+//! entities of a type are spread over `number-of-shards` shards; a [`Region`] on every node
+//! routes messages to them; a coordinator (a lease-guarded singleton) allocates shards to
+//! regions; and each shard runs its entities only while its node holds the shard's lease
+//! `<system>-shard-<type>-<shard id>` (owner: the node's `host:port`), passing entities the
+//! grant's fencing token.
+//!
+//! ```no_run
+//! # async fn run(node: &tenure_cluster::Node, provider: &tenure_lease::LeaseProvider,
+//! #              counter: tenure_store_sqlite::FencedCounter) -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//! use tenure_sharding::counter::{Counter, CounterReply, CounterRequest};
+//! let factory = tenure_sharding::entity_factory(Counter { counter });
+//! let region = tenure_sharding::start_on_node(node, provider, "counter", Some(factory)).await?;
+//! let reply: CounterReply = region.ask("alice", &CounterRequest::Increment, Duration::from_secs(5)).await?;
+//! println!("alice = {:?} (token {})", reply.value, reply.token);
+//! # Ok(()) }
+//! ```
+//!
+//! ## Why moving a shard early is safe
+//!
+//! A shard's entities run only while its host believes it holds the shard lease, and a
+//! holder stops believing (its `LeaseLost` arrives, its entities are stopped and awaited)
+//! at `send instant of its last successful renewal + ttl − safety-margin`, on its monotonic
+//! clock, while the store keeps that grant at least `ttl` after it *processed* that renewal.
+//! So the next host, which acquires only once the store has freed the lease, starts its
+//! entities after the old host's have been told to stop, whatever the coordinator
+//! believed. The coordinator may therefore move the shards of an unreachable node at once
+//! (`unreachable-reallocate-after`) without risking two live copies: the new host waits
+//! for the lease, which the old host gives back on hand-off, or which expires at most one
+//! ttl after the old host's last renewal (a crashed, frozen or cut-off node). A node frozen
+//! past its ttl may still run a write it started before the freeze: that write carries the
+//! old fencing token, which a resource that checks tokens (as [`counter::Counter`] does)
+//! refuses once the new host has written.
+
+pub mod allocation;
+mod coordinator;
+pub mod counter;
+mod entity;
+mod messages;
+mod region;
+mod settings;
+mod shard;
+
+pub use allocation::{AllocationStrategy, LeastShards};
+pub use coordinator::{Coordinator, CoordinatorArgs};
+pub use entity::{
+    Entity, EntityActor, EntityContext, EntityFactory, EntityMsg, entity_factory, shard_of,
+};
+pub use messages::{Allocation, AllocationRequest, AskReply, CoordinatorMsg, Envelope, RegionMsg};
+pub use region::{Region, RegionArgs, region_group, region_ref};
+pub use settings::ShardingSettings;
+pub use shard::{Shard, ShardArgs, ShardMsg, ShardStatus};
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::{Actor, ActorRef};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tenure_cluster::{ClusterSubscriber, Node};
+use tenure_lease::LeaseProvider;
+use tenure_singleton::{SingletonProxy, SingletonSettings, spawner};
+
+/// Why a message could not be sent, answered or set up.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ShardingError {
+    #[error(transparent)]
+    Config(#[from] tenure_lease::ConfigError),
+    #[error("entity type `{type_name}`: cannot start: {detail}")]
+    Start { type_name: String, detail: String },
+    #[error("entity type `{type_name}`: the request for entity `{entity}` could not be encoded")]
+    Encode { type_name: String, entity: String },
+    #[error("entity type `{type_name}`: the reply of entity `{entity}` could not be decoded")]
+    Decode { type_name: String, entity: String },
+    #[error("entity `{entity}` of `{type_name}`: no answer within {timeout:?}")]
+    Timeout {
+        type_name: String,
+        entity: String,
+        timeout: Duration,
+    },
+    #[error("entity `{entity}` of `{type_name}`: {detail}")]
+    Failed {
+        type_name: String,
+        entity: String,
+        detail: String,
+    },
+    #[error("entity type `{type_name}`: the region of this node has stopped")]
+    Stopped { type_name: String },
+}
+
+/// A node's region of one entity type: send to any entity of the type through it.
+#[derive(Clone)]
+pub struct ShardRegion {
+    type_name: String,
+    number_of_shards: usize,
+    actor: ActorRef<RegionMsg>,
+    coordinator: SingletonProxy<CoordinatorMsg>,
+}
+
+const CODEC: &str = "entity request";
+
+impl ShardRegion {
+    /// The entity type.
+    pub fn type_name(&self) -> &str {
+        &self.type_name
+    }
+
+    /// The region actor.
+    pub fn actor(&self) -> &ActorRef<RegionMsg> {
+        &self.actor
+    }
+
+    /// The shard of `entity`.
+    pub fn shard_of(&self, entity: &str) -> String {
+        shard_of(entity, self.number_of_shards)
+    }
+
+    fn envelope<R: Serialize>(&self, entity: &str, request: &R) -> Result<Envelope, ShardingError> {
+        let payload =
+            tenure_cluster::codec::encode(CODEC, &self.type_name, request).map_err(|_| {
+                ShardingError::Encode {
+                    type_name: self.type_name.clone(),
+                    entity: entity.to_string(),
+                }
+            })?;
+        Ok(Envelope {
+            shard: self.shard_of(entity),
+            entity: entity.to_string(),
+            payload,
+            hops: 0,
+        })
+    }
+
+    /// Sends `request` to `entity`, fire-and-forget: delivered at most once, in order per
+    /// sender while its shard stays put.
+    pub fn tell<R: Serialize>(&self, entity: &str, request: &R) -> Result<(), ShardingError> {
+        let env = self.envelope(entity, request)?;
+        self.actor
+            .cast(RegionMsg::Deliver(env))
+            .map_err(|_| ShardingError::Stopped {
+                type_name: self.type_name.clone(),
+            })
+    }
+
+    /// Sends `request` to `entity` and waits up to `timeout` for its reply. `Err` means the
+    /// outcome is unknown (the entity may have handled it), except `Encode`.
+    pub async fn ask<R: Serialize, P: DeserializeOwned>(
+        &self,
+        entity: &str,
+        request: &R,
+        timeout: Duration,
+    ) -> Result<P, ShardingError> {
+        let env = self.envelope(entity, request)?;
+        let answer = self
+            .actor
+            .call(|port| RegionMsg::Ask(env, port), Some(timeout))
+            .await;
+        let failed = |detail: String| ShardingError::Failed {
+            type_name: self.type_name.clone(),
+            entity: entity.to_string(),
+            detail,
+        };
+        match answer {
+            Ok(ractor::rpc::CallResult::Success(AskReply { result: Ok(bytes) })) => {
+                tenure_cluster::codec::decode(CODEC, &self.type_name, &bytes).map_err(|_| {
+                    ShardingError::Decode {
+                        type_name: self.type_name.clone(),
+                        entity: entity.to_string(),
+                    }
+                })
+            }
+            Ok(ractor::rpc::CallResult::Success(AskReply { result: Err(e) })) => Err(failed(e)),
+            Ok(ractor::rpc::CallResult::Timeout) => Err(ShardingError::Timeout {
+                type_name: self.type_name.clone(),
+                entity: entity.to_string(),
+                timeout,
+            }),
+            Ok(ractor::rpc::CallResult::SenderError) => {
+                Err(failed("dropped before it was answered".into()))
+            }
+            Err(_) => Err(ShardingError::Stopped {
+                type_name: self.type_name.clone(),
+            }),
+        }
+    }
+
+    /// The coordinator's allocation (shard → region), if a coordinator answers in time.
+    pub async fn allocation(&self, timeout: Duration) -> Option<Allocation> {
+        self.coordinator
+            .call(
+                |r| CoordinatorMsg::GetAllocation(AllocationRequest {}, r),
+                timeout,
+            )
+            .await
+            .ok()
+    }
+
+    /// Stops this node's region (its shards hand off first).
+    pub async fn stop(&self) {
+        let _ = self.actor.stop_and_wait(None, None).await;
+        self.coordinator.stop();
+    }
+}
+
+/// The coordinator singleton's name for `type_name`.
+pub fn coordinator_name(type_name: &str) -> String {
+    format!("sharding-{type_name}-coordinator")
+}
+
+/// Runs entity type `type_name` on `node`: settings from `[sharding]` /
+/// `[sharding.<type>]`, a region that hosts shards when `factory` is given and the node has
+/// the type's role (otherwise proxy-only), and a coordinator singleton manager on every
+/// hosting node. Every node that sends to or hosts the type calls this.
+pub async fn start_on_node(
+    node: &Node,
+    provider: &LeaseProvider,
+    type_name: &str,
+    factory: Option<EntityFactory>,
+) -> Result<ShardRegion, ShardingError> {
+    start_with_strategy(node, provider, type_name, factory, None).await
+}
+
+/// As [`start_on_node`] with an allocation strategy (`None`: [`LeastShards`] with the
+/// type's `rebalance-threshold`).
+pub async fn start_with_strategy(
+    node: &Node,
+    provider: &LeaseProvider,
+    type_name: &str,
+    factory: Option<EntityFactory>,
+    strategy: Option<Arc<dyn AllocationStrategy>>,
+) -> Result<ShardRegion, ShardingError> {
+    let cluster = node.settings();
+    let settings = Arc::new(ShardingSettings::from_config(
+        provider.config(),
+        type_name,
+        &cluster.lease_section,
+    )?);
+    let strategy = strategy.unwrap_or_else(|| {
+        Arc::new(LeastShards {
+            threshold: settings.rebalance_threshold,
+        })
+    });
+    let start_err = |detail: String| ShardingError::Start {
+        type_name: type_name.to_string(),
+        detail,
+    };
+    let me = node.addr().to_string();
+    let scope = tenure_cluster::scope(&cluster.system);
+    let name = coordinator_name(type_name);
+    let hosts = factory.is_some()
+        && (settings.role.is_empty() || cluster.roles.iter().any(|r| *r == settings.role));
+    let hosting = match factory.filter(|_| hosts) {
+        Some(factory) => {
+            let template = provider
+                .spec(
+                    &tenure_lease::names::shard_lease(&cluster.system, type_name, "0"),
+                    &settings.lease_section,
+                    &me,
+                )
+                .await?;
+            let mut singleton =
+                SingletonSettings::from_config(provider.config(), &name, &settings.lease_section)?;
+            singleton.role = settings.role.clone();
+            let args = CoordinatorArgs {
+                type_name: type_name.to_string(),
+                scope: scope.clone(),
+                settings: settings.clone(),
+                strategy: strategy.clone(),
+                subscriptions: node.subscriptions(),
+            };
+            tenure_singleton::start_with_settings(
+                node,
+                provider,
+                &name,
+                singleton,
+                spawner(move |_token| (Coordinator, args.clone())),
+            )
+            .await
+            .map_err(|e| start_err(e.to_string()))?;
+            Some((factory, template))
+        }
+        None => None,
+    };
+    let coordinator = SingletonProxy::<CoordinatorMsg>::start(&scope, &name, settings.buffer_size)
+        .await
+        .map_err(|e| start_err(format!("coordinator proxy: {e}")))?;
+    let args = RegionArgs {
+        type_name: type_name.to_string(),
+        me,
+        scope,
+        system: cluster.system.clone(),
+        settings: settings.clone(),
+        hosting,
+        coordinator: coordinator.clone(),
+        history: node.history().cloned(),
+    };
+    let (actor, _) = Actor::spawn(None, Region, args)
+        .await
+        .map_err(|e| start_err(format!("region: {e}")))?;
+    node.subscribe(ClusterSubscriber::to_actor(actor.clone()))
+        .map_err(|e| start_err(e.to_string()))?;
+    Ok(ShardRegion {
+        type_name: type_name.to_string(),
+        number_of_shards: settings.number_of_shards,
+        actor,
+        coordinator,
+    })
+}

@@ -1,0 +1,136 @@
+//! What regions and the coordinator say to each other across nodes: one serde payload per
+//! variant, encoded by the cluster codec. Never rename a variant (its name is the wire tag).
+
+use serde::{Deserialize, Serialize};
+use tenure_cluster::ClusterEvent;
+
+/// A message for an entity: its shard, its id, and the request encoded by the type's codec.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Envelope {
+    pub shard: String,
+    pub entity: String,
+    pub payload: Vec<u8>,
+    /// Regions this message passed through (a bound against routing loops while homes
+    /// change).
+    pub hops: u8,
+}
+
+/// The answer to an [`Envelope`] sent with `ask`: the encoded reply, or why there is none.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AskReply {
+    pub result: Result<Vec<u8>, String>,
+}
+
+impl AskReply {
+    /// Answers an ask (if `reply` is one) with the error `why`.
+    pub fn fail(reply: Option<ractor::RpcReplyPort<AskReply>>, why: String) {
+        if let Some(port) = reply {
+            let _ = port.send(AskReply { result: Err(why) });
+        }
+    }
+}
+
+/// Coordinator → region: host this shard (acquire its lease, then serve it).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HostShard {
+    pub shard: String,
+}
+
+/// Coordinator → region: where a shard lives (`None`: not known yet, ask again later).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ShardHome {
+    pub shard: String,
+    pub home: Option<String>,
+}
+
+/// Coordinator → region: stop the shard, release its lease, then answer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HandOff {
+    pub shard: String,
+}
+
+/// Region → coordinator: the hand-off is done (`released`: its lease was released, so the
+/// next host need not wait for it to expire).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HandOffDone {
+    pub shard: String,
+    pub released: bool,
+}
+
+/// Region → coordinator, every `retry-interval`: who it is and which shards it hosts (or is
+/// acquiring). A new coordinator rebuilds its allocation from these reports.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Register {
+    /// The region's node (`host:port`).
+    pub region: String,
+    pub shards: Vec<String>,
+    /// Whether it may be given shards (not proxy-only, not leaving, not in a minority).
+    pub available: bool,
+}
+
+/// Region → coordinator: where does `shard` live? Answered with a [`ShardHome`] cast to the
+/// region of `region`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GetShardHome {
+    pub shard: String,
+    pub region: String,
+}
+
+/// Asks the coordinator for its allocation.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct AllocationRequest {}
+
+/// The coordinator's allocation: `(shard, region)` pairs, and the regions it may use.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Allocation {
+    pub homes: Vec<(String, String)>,
+    pub regions: Vec<String>,
+}
+
+/// Local messages of a region.
+pub enum RegionLocal {
+    Cluster(ClusterEvent),
+    Tick,
+}
+
+tenure_cluster::cluster_message! {
+    /// Messages of a shard region (the only remotable actor of an entity type on a node).
+    pub enum RegionMsg {
+        cast Deliver(Envelope),
+        cast Host(HostShard),
+        cast Home(ShardHome),
+        call Ask(Envelope) -> AskReply,
+        call HandOffShard(HandOff) -> HandOffDone,
+        local Local(RegionLocal),
+    }
+}
+
+impl From<ClusterEvent> for RegionMsg {
+    fn from(e: ClusterEvent) -> Self {
+        RegionMsg::Local(RegionLocal::Cluster(e))
+    }
+}
+
+/// Local messages of the coordinator.
+pub enum CoordinatorLocal {
+    Cluster(ClusterEvent),
+    Tick,
+    Rebalance,
+    HandOffEnded { shard: String, released: bool },
+}
+
+tenure_cluster::cluster_message! {
+    /// Messages of a shard coordinator.
+    pub enum CoordinatorMsg {
+        cast RegisterRegion(Register),
+        cast GetHome(GetShardHome),
+        call GetAllocation(AllocationRequest) -> Allocation,
+        local Local(CoordinatorLocal),
+    }
+}
+
+impl From<ClusterEvent> for CoordinatorMsg {
+    fn from(e: ClusterEvent) -> Self {
+        CoordinatorMsg::Local(CoordinatorLocal::Cluster(e))
+    }
+}

@@ -1,0 +1,481 @@
+//! The shard region: one per node and entity type, the only remotable actor of the type.
+//! It routes each message to the local shard, or to the region that hosts the shard on
+//! another node, asking the coordinator where unknown shards live and keeping their
+//! messages meanwhile (bounded). It hosts the shards the coordinator gives it, hands them
+//! off on request, on leave, and when its node finds itself in a minority.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent, pg};
+use tenure_cluster::{ClusterEvent, HandOver, History, Member, MemberStatus};
+use tenure_lease::LeaseSpec;
+use tenure_singleton::SingletonProxy;
+use tokio::time::Instant;
+
+use crate::entity::EntityFactory;
+use crate::messages::{
+    AskReply, CoordinatorMsg, Envelope, GetShardHome, HandOff, HandOffDone, HostShard, RegionLocal,
+    RegionMsg, Register, ShardHome,
+};
+use crate::settings::ShardingSettings;
+use crate::shard::{Shard, ShardArgs, ShardMsg};
+
+/// Regions a message may pass through before it is dropped (homes change while it travels).
+const MAX_HOPS: u8 = 8;
+
+/// The pg group of the region of `type_name` on node `addr`.
+pub fn region_group(type_name: &str, addr: &str) -> String {
+    format!("sharding/{type_name}/region@{addr}")
+}
+
+/// The region of `type_name` on node `addr`, if this node sees it.
+pub fn region_ref(scope: &str, type_name: &str, addr: &str) -> Option<ActorRef<RegionMsg>> {
+    pg::get_scoped_members(&scope.to_string(), &region_group(type_name, addr))
+        .into_iter()
+        .next()
+        .map(ActorRef::from)
+}
+
+/// What a region runs with.
+pub struct RegionArgs {
+    pub type_name: String,
+    /// This node (`host:port`).
+    pub me: String,
+    pub scope: String,
+    pub system: String,
+    pub settings: Arc<ShardingSettings>,
+    /// Entities and the lease template of shards (store, timing, renewal batcher);
+    /// `None`: proxy-only, this node hosts no shard of the type.
+    pub hosting: Option<(EntityFactory, LeaseSpec)>,
+    pub coordinator: SingletonProxy<CoordinatorMsg>,
+    pub history: Option<History>,
+}
+
+struct Pending {
+    env: Envelope,
+    reply: Option<RpcReplyPort<AskReply>>,
+}
+
+/// The region actor.
+pub struct Region;
+
+pub struct RegionState {
+    args: RegionArgs,
+    myself: ActorRef<RegionMsg>,
+    shards: HashMap<String, ActorRef<ShardMsg>>,
+    homes: HashMap<String, String>,
+    pending: HashMap<String, VecDeque<Pending>>,
+    pending_count: usize,
+    asked: HashMap<String, Instant>,
+    members: BTreeMap<String, Member>,
+    minority_since: Option<Instant>,
+    in_minority: bool,
+    leaving: bool,
+    down: bool,
+    timer: Option<ractor::concurrency::JoinHandle<()>>,
+}
+
+impl Actor for Region {
+    type Msg = RegionMsg;
+    type State = RegionState;
+    type Arguments = RegionArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<RegionMsg>,
+        args: RegionArgs,
+    ) -> Result<RegionState, ActorProcessingErr> {
+        pg::join_scoped(
+            args.scope.clone(),
+            region_group(&args.type_name, &args.me),
+            vec![myself.get_cell()],
+        );
+        let timer = myself.send_interval(args.settings.retry_interval, || {
+            RegionMsg::Local(RegionLocal::Tick)
+        });
+        Ok(RegionState {
+            args,
+            myself,
+            shards: HashMap::new(),
+            homes: HashMap::new(),
+            pending: HashMap::new(),
+            pending_count: 0,
+            asked: HashMap::new(),
+            members: BTreeMap::new(),
+            minority_since: None,
+            in_minority: false,
+            leaving: false,
+            down: false,
+            timer: Some(timer),
+        })
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<RegionMsg>,
+        state: &mut RegionState,
+    ) -> Result<(), ActorProcessingErr> {
+        if let Some(t) = state.timer.take() {
+            t.abort();
+        }
+        // Stop the shards before the region's exit kills them without their post_stop.
+        for (_, shard) in state.shards.drain() {
+            let _ = shard
+                .stop_and_wait(None, Some(state.args.settings.stop_timeout * 2))
+                .await;
+        }
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<RegionMsg>,
+        msg: RegionMsg,
+        state: &mut RegionState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            RegionMsg::Deliver(env) => state.route(Pending { env, reply: None }).await,
+            RegionMsg::Ask(env, reply) => {
+                state
+                    .route(Pending {
+                        env,
+                        reply: Some(reply),
+                    })
+                    .await
+            }
+            RegionMsg::Host(HostShard { shard }) => {
+                state.settle(&shard, Some(state.args.me.clone())).await
+            }
+            RegionMsg::Home(ShardHome { shard, home }) => state.settle(&shard, home).await,
+            RegionMsg::HandOffShard(HandOff { shard }, reply) => {
+                state.homes.remove(&shard);
+                match state.shards.remove(&shard) {
+                    Some(actor) => {
+                        let timeout = state.hand_off_wait();
+                        tokio::spawn(async move {
+                            let released = matches!(
+                                actor.call(ShardMsg::HandOff, Some(timeout)).await,
+                                Ok(ractor::rpc::CallResult::Success(true))
+                            );
+                            let _ = reply.send(HandOffDone { shard, released });
+                        });
+                    }
+                    None => {
+                        let _ = reply.send(HandOffDone {
+                            shard,
+                            released: true,
+                        });
+                    }
+                }
+            }
+            RegionMsg::Local(RegionLocal::Tick) => state.tick().await,
+            RegionMsg::Local(RegionLocal::Cluster(event)) => state.on_cluster(event).await,
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        _myself: ActorRef<RegionMsg>,
+        event: SupervisionEvent,
+        state: &mut RegionState,
+    ) -> Result<(), ActorProcessingErr> {
+        if let SupervisionEvent::ActorTerminated(cell, ..)
+        | SupervisionEvent::ActorFailed(cell, _) = &event
+        {
+            state.shards.retain(|_, s| s.get_id() != cell.get_id());
+        }
+        Ok(())
+    }
+}
+
+impl RegionState {
+    fn can_host(&self) -> bool {
+        self.args.hosting.is_some() && !self.leaving && !self.down && !self.in_minority
+    }
+
+    fn hand_off_wait(&self) -> Duration {
+        let lease = &self.args.settings.lease;
+        self.args.settings.stop_timeout * 2
+            + lease.lease_operation_timeout * 2
+            + Duration::from_secs(1)
+    }
+
+    async fn route(&mut self, p: Pending) {
+        if p.env.hops > MAX_HOPS {
+            tracing::warn!(entity_type = %self.args.type_name, shard = %p.env.shard, "message dropped: it went through too many regions while the shard moved");
+            AskReply::fail(p.reply, format!("shard {}: no stable home", p.env.shard));
+            return;
+        }
+        if let Some(shard) = self.shards.get(&p.env.shard) {
+            let _ = shard.cast(ShardMsg::Deliver {
+                entity: p.env.entity,
+                payload: p.env.payload,
+                reply: p.reply,
+            });
+            return;
+        }
+        match self.homes.get(&p.env.shard).cloned() {
+            Some(home) if home == self.args.me => {
+                // Ours but not running (stopped meanwhile): find out again.
+                self.homes.remove(&p.env.shard);
+                self.wait(p).await;
+            }
+            Some(home) => match region_ref(&self.args.scope, &self.args.type_name, &home) {
+                Some(region) => forward(region, p),
+                None => {
+                    self.homes.remove(&p.env.shard);
+                    self.wait(p).await;
+                }
+            },
+            None => self.wait(p).await,
+        }
+    }
+
+    /// Keeps a message until its shard's home is known, asking the coordinator.
+    async fn wait(&mut self, p: Pending) {
+        if self.pending_count >= self.args.settings.buffer_size {
+            AskReply::fail(
+                p.reply,
+                format!(
+                    "region of `{}` on {}: buffer full ({} messages wait for their shards' homes)",
+                    self.args.type_name, self.args.me, self.pending_count
+                ),
+            );
+            return;
+        }
+        let shard = p.env.shard.clone();
+        self.pending.entry(shard.clone()).or_default().push_back(p);
+        self.pending_count += 1;
+        self.ask_home(&shard).await;
+    }
+
+    async fn ask_home(&mut self, shard: &str) {
+        if self
+            .asked
+            .get(shard)
+            .is_some_and(|t| t.elapsed() < self.args.settings.retry_interval)
+        {
+            return;
+        }
+        if let Some(c) = self.args.coordinator.instance().await {
+            let _ = c.cast(CoordinatorMsg::GetHome(GetShardHome {
+                shard: shard.to_string(),
+                region: self.args.me.clone(),
+            }));
+            self.asked.insert(shard.to_string(), Instant::now());
+        }
+    }
+
+    /// The coordinator said where `shard` lives (`Host` means here).
+    async fn settle(&mut self, shard: &str, home: Option<String>) {
+        self.asked.remove(shard);
+        let Some(home) = home else {
+            return;
+        };
+        if home == self.args.me && !self.start_shard(shard).await {
+            return;
+        }
+        self.homes.insert(shard.to_string(), home);
+        if let Some(waiting) = self.pending.remove(shard) {
+            self.pending_count -= waiting.len();
+            for p in waiting {
+                self.route(p).await;
+            }
+        }
+    }
+
+    /// Starts the local shard `shard` if it is not running; `false` if this region cannot
+    /// host it.
+    async fn start_shard(&mut self, shard: &str) -> bool {
+        if self.shards.contains_key(shard) {
+            return true;
+        }
+        if !self.can_host() {
+            return false;
+        }
+        let Some((factory, template)) = &self.args.hosting else {
+            return false;
+        };
+        let name = tenure_lease::names::shard_lease(&self.args.system, &self.args.type_name, shard);
+        let lease = match LeaseSpec::with_batcher(
+            &name,
+            &template.owner,
+            template.store.clone(),
+            template.settings,
+            template.batcher.clone(),
+        ) {
+            Ok(spec) => spec,
+            Err(e) => {
+                tracing::error!(entity_type = %self.args.type_name, shard, error = %e, "bad shard lease");
+                return false;
+            }
+        };
+        let args = ShardArgs {
+            type_name: self.args.type_name.clone(),
+            shard_id: shard.to_string(),
+            node: self.args.me.clone(),
+            lease,
+            factory: factory.clone(),
+            settings: self.args.settings.clone(),
+            history: self.args.history.clone(),
+        };
+        match Shard::start(args, self.myself.get_cell()).await {
+            Ok(actor) => {
+                self.shards.insert(shard.to_string(), actor);
+                true
+            }
+            Err(e) => {
+                tracing::error!(entity_type = %self.args.type_name, shard, error = %e, "cannot start a shard");
+                false
+            }
+        }
+    }
+
+    async fn tick(&mut self) {
+        self.check_minority().await;
+        if let Some(c) = self.args.coordinator.instance().await {
+            let mut shards: Vec<String> = self.shards.keys().cloned().collect();
+            shards.sort();
+            let _ = c.cast(CoordinatorMsg::RegisterRegion(Register {
+                region: self.args.me.clone(),
+                shards,
+                available: self.can_host(),
+            }));
+        }
+        let waiting: Vec<String> = self.pending.keys().cloned().collect();
+        for shard in waiting {
+            self.ask_home(&shard).await;
+        }
+    }
+
+    /// Keep-majority: at most half of the up members reachable (a tie is lost by the side
+    /// without the oldest member) for `minority-hand-off-after` → stop hosting.
+    async fn check_minority(&mut self) {
+        let up: Vec<&Member> = self
+            .members
+            .values()
+            .filter(|m| matches!(m.status, MemberStatus::Up | MemberStatus::Leaving))
+            .collect();
+        let reachable = up.iter().filter(|m| m.reachable).count();
+        let oldest_reachable = up
+            .iter()
+            .min_by(|a, b| (a.age, &a.addr).cmp(&(b.age, &b.addr)))
+            .is_some_and(|m| m.reachable);
+        let minority = !up.is_empty()
+            && (reachable * 2 < up.len() || (reachable * 2 == up.len() && !oldest_reachable));
+        if !minority {
+            if self.in_minority {
+                tracing::info!(entity_type = %self.args.type_name, "back in the majority: hosting shards again");
+            }
+            self.minority_since = None;
+            self.in_minority = false;
+            return;
+        }
+        let since = *self.minority_since.get_or_insert_with(Instant::now);
+        if !self.in_minority && since.elapsed() >= self.args.settings.minority_hand_off_after {
+            tracing::warn!(entity_type = %self.args.type_name, reachable, up = up.len(),
+                "this node is in a minority: stopping its shards so that the majority can take them over");
+            self.in_minority = true;
+            self.hand_off_all(None);
+        }
+    }
+
+    async fn on_cluster(&mut self, event: ClusterEvent) {
+        match event {
+            ClusterEvent::CurrentMembers(members) => {
+                self.members = members
+                    .into_iter()
+                    .map(|m| (m.addr.to_string(), m))
+                    .collect();
+            }
+            ClusterEvent::MemberJoined(m)
+            | ClusterEvent::MemberUp(m)
+            | ClusterEvent::MemberLeaving(m)
+            | ClusterEvent::Reachable(m) => {
+                self.members.insert(m.addr.to_string(), m);
+            }
+            ClusterEvent::Unreachable(m) => {
+                let addr = m.addr.to_string();
+                self.homes.retain(|_, h| *h != addr);
+                self.members.insert(addr, m);
+            }
+            ClusterEvent::MemberDown(m) | ClusterEvent::MemberRemoved(m) => {
+                let addr = m.addr.to_string();
+                self.homes.retain(|_, h| *h != addr);
+                if addr == self.args.me {
+                    self.members.insert(addr, m);
+                } else {
+                    self.members.remove(&addr);
+                }
+            }
+            ClusterEvent::SelfDown => {
+                tracing::warn!(entity_type = %self.args.type_name, "this node is down: stopping its shards");
+                self.down = true;
+                self.hand_off_all(None);
+            }
+            ClusterEvent::SelfLeaving(guard) => {
+                self.leaving = true;
+                self.hand_off_all(Some(guard));
+                self.tick().await;
+            }
+        }
+        if self
+            .members
+            .get(&self.args.me)
+            .is_some_and(|m| m.status == MemberStatus::Up)
+        {
+            self.down = false;
+        }
+    }
+
+    /// Hands every local shard off (entities stopped, leases released); `guard` is held
+    /// until all are done.
+    fn hand_off_all(&mut self, guard: Option<HandOver>) {
+        let shards: Vec<ActorRef<ShardMsg>> = self.shards.drain().map(|(_, s)| s).collect();
+        let me = self.args.me.clone();
+        self.homes.retain(|_, h| *h != me);
+        let timeout = self.hand_off_wait();
+        // All shards hand off at once; the guard goes when the last one is done.
+        let calls: Vec<_> = shards
+            .into_iter()
+            .map(|s| tokio::spawn(async move { s.call(ShardMsg::HandOff, Some(timeout)).await }))
+            .collect();
+        tokio::spawn(async move {
+            for call in calls {
+                let _ = call.await;
+            }
+            drop(guard);
+        });
+    }
+}
+
+/// Sends `p` on to another node's region; an ask's reply comes back through this node.
+fn forward(region: ActorRef<RegionMsg>, mut p: Pending) {
+    p.env.hops += 1;
+    match p.reply {
+        None => {
+            let _ = region.cast(RegionMsg::Deliver(p.env));
+        }
+        Some(port) => {
+            let timeout = port.get_timeout().unwrap_or(Duration::from_secs(30));
+            tokio::spawn(async move {
+                let answer = match region
+                    .call(|r| RegionMsg::Ask(p.env, r), Some(timeout))
+                    .await
+                {
+                    Ok(ractor::rpc::CallResult::Success(reply)) => reply,
+                    Ok(ractor::rpc::CallResult::Timeout) => AskReply {
+                        result: Err("no answer from the shard's node in time".into()),
+                    },
+                    _ => AskReply {
+                        result: Err("the shard's node did not answer".into()),
+                    },
+                };
+                let _ = port.send(answer);
+            });
+        }
+    }
+}

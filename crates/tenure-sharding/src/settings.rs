@@ -1,0 +1,129 @@
+//! `[sharding]` settings (defaults in `config/reference.toml`), overridable per entity type
+//! in `[sharding.<type>]`.
+
+use std::time::Duration;
+
+use tenure_lease::config::TableReader;
+use tenure_lease::{ConfigError, LeaseSettings, TenureConfig};
+
+/// How one entity type is sharded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShardingSettings {
+    /// `role`: only members with this role host shards ("" = every member).
+    pub role: String,
+    /// `lease-section`: the lease section of shard leases.
+    pub lease_section: String,
+    /// Timing of shard leases (the section's).
+    pub lease: LeaseSettings,
+    /// `number-of-shards`.
+    pub number_of_shards: usize,
+    /// `buffer-size`: messages a region or a shard keeps while it cannot deliver them.
+    pub buffer_size: usize,
+    /// `idle-timeout`: idle entities are passivated after it (`None`: never).
+    pub idle_timeout: Option<Duration>,
+    /// `stop-timeout`: how long a stopping entity gets before it is killed.
+    pub stop_timeout: Duration,
+    /// `retry-interval`: region reports and re-asked shard homes.
+    pub retry_interval: Duration,
+    /// `unreachable-reallocate-after`.
+    pub unreachable_reallocate_after: Duration,
+    /// `minority-hand-off-after`.
+    pub minority_hand_off_after: Duration,
+    /// `rebalance-interval`.
+    pub rebalance_interval: Duration,
+    /// `rebalance-threshold`.
+    pub rebalance_threshold: usize,
+    /// `max-simultaneous-rebalance`.
+    pub max_simultaneous_rebalance: usize,
+    /// `hand-off-timeout`.
+    pub hand_off_timeout: Duration,
+}
+
+const KEYS: [&str; 13] = [
+    "role",
+    "lease-section",
+    "number-of-shards",
+    "buffer-size",
+    "idle-timeout",
+    "stop-timeout",
+    "retry-interval",
+    "unreachable-reallocate-after",
+    "minority-hand-off-after",
+    "rebalance-interval",
+    "rebalance-threshold",
+    "max-simultaneous-rebalance",
+    "hand-off-timeout",
+];
+
+impl ShardingSettings {
+    /// Reads `[sharding]`, then `[sharding.<type_name>]` over it; `cluster_lease_section`
+    /// is used when neither names a lease section. Errors name the key.
+    pub fn from_config(
+        config: &TenureConfig,
+        type_name: &str,
+        cluster_lease_section: &str,
+    ) -> Result<ShardingSettings, ConfigError> {
+        tenure_lease::names::check_component("entity type name", type_name)?;
+        let merged = config.table_for("sharding", type_name, &KEYS)?;
+        let r = TableReader::new("sharding", &merged);
+        let mut lease_section = r.string("lease-section")?;
+        if lease_section.is_empty() {
+            lease_section = cluster_lease_section.to_string();
+        }
+        let lease = config.lease_section(&lease_section)?.settings;
+        let idle = r.duration("idle-timeout")?;
+        Ok(ShardingSettings {
+            role: r.string("role")?,
+            lease_section,
+            lease,
+            number_of_shards: r.count("number-of-shards")?,
+            buffer_size: r.count("buffer-size")?,
+            idle_timeout: (!idle.is_zero()).then_some(idle),
+            stop_timeout: r.positive_duration("stop-timeout")?,
+            retry_interval: r.positive_duration("retry-interval")?,
+            unreachable_reallocate_after: r.positive_duration("unreachable-reallocate-after")?,
+            minority_hand_off_after: r.positive_duration("minority-hand-off-after")?,
+            rebalance_interval: r.positive_duration("rebalance-interval")?,
+            rebalance_threshold: r.count("rebalance-threshold")?,
+            max_simultaneous_rebalance: r.count("max-simultaneous-rebalance")?,
+            hand_off_timeout: r.positive_duration("hand-off-timeout")?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_overrides_and_errors() {
+        let config = TenureConfig::from_toml_str(
+            "[sharding.counter]\nnumber-of-shards = 64\nidle-timeout = \"0s\"",
+            "t",
+        )
+        .unwrap();
+        let s = ShardingSettings::from_config(&config, "counter", "sqlite").unwrap();
+        assert_eq!((s.number_of_shards, s.idle_timeout), (64, None));
+        let other = ShardingSettings::from_config(&config, "other", "sqlite").unwrap();
+        assert_eq!(other.number_of_shards, 100);
+        assert_eq!(other.idle_timeout, Some(Duration::from_secs(120)));
+        for (text, key) in [
+            (
+                "[sharding]\nnumber-of-shards = 0",
+                "sharding.number-of-shards",
+            ),
+            ("[sharding.counter]\nrole = 1", "sharding.role"),
+            ("[sharding.counter]\nshards = 1", "sharding.counter.shards"),
+            ("[sharding]\nlease-section = \"nope\"", "nope"),
+            ("[sharding]\nstop-timeout = \"0s\"", "sharding.stop-timeout"),
+        ] {
+            let config = TenureConfig::from_toml_str(text, "t").unwrap();
+            let err = ShardingSettings::from_config(&config, "counter", "sqlite")
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(key), "{text}: {err}");
+        }
+        let err = ShardingSettings::from_config(&config, "", "sqlite").unwrap_err();
+        assert!(err.to_string().contains("entity type name"), "{err}");
+    }
+}
