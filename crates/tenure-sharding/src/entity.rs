@@ -86,6 +86,17 @@ pub trait Entity: Send + Sync + 'static {
         state: &mut Self::State,
         request: Self::Request,
     ) -> impl Future<Output = Result<Self::Reply, ActorProcessingErr>> + Send;
+
+    /// Runs when the entity stops gracefully (passivation, hand-off, lease lost); not
+    /// when it is killed after `stop-timeout`.
+    fn stop(
+        &self,
+        ctx: &EntityContext,
+        state: &mut Self::State,
+    ) -> impl Future<Output = ()> + Send {
+        let _ = (ctx, state);
+        async {}
+    }
 }
 
 /// The factory of entity type `E`: one [`EntityActor`] per entity id.
@@ -129,6 +140,15 @@ impl<E: Entity> Actor for EntityActor<E> {
     ) -> Result<Self::State, ActorProcessingErr> {
         let state = entity.start(&ctx).await?;
         Ok(EntityActorState { entity, ctx, state })
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<EntityMsg>,
+        s: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        s.entity.stop(&s.ctx, &mut s.state).await;
+        Ok(())
     }
 
     async fn handle(

@@ -322,7 +322,7 @@ impl RegionState {
             settings: self.args.settings.clone(),
             history: self.args.history.clone(),
         };
-        match Shard::start(args, self.myself.get_cell()).await {
+        match Shard::start(args, Some(self.myself.get_cell())).await {
             Ok(actor) => {
                 self.shards.insert(shard.to_string(), actor);
                 true

@@ -98,12 +98,16 @@ pub struct ShardState {
 }
 
 impl Shard {
-    /// Spawns the shard linked to `supervisor` (its region); it starts acquiring at once.
+    /// Spawns the shard, linked to `supervisor` (its region) when given; it starts
+    /// acquiring its lease at once.
     pub async fn start(
         args: ShardArgs,
-        supervisor: ractor::ActorCell,
+        supervisor: Option<ractor::ActorCell>,
     ) -> Result<ActorRef<ShardMsg>, ractor::SpawnErr> {
-        let (r, _) = Actor::spawn_linked(None, Shard, args, supervisor).await?;
+        let (r, _) = match supervisor {
+            Some(s) => Actor::spawn_linked(None, Shard, args, s).await?,
+            None => Actor::spawn(None, Shard, args).await?,
+        };
         Ok(r)
     }
 }

@@ -1,0 +1,327 @@
+//! Akka's ShardWithLeaseSpec and ClusterShardingLeaseSpec, ported to one shard on a
+//! controllable (memory) store: entities start only under the shard's lease, acquisition is
+//! retried after not-granted and errors, a lost lease stops every entity before the shard
+//! acquires again, a shard whose lease is held elsewhere delivers nothing, hand-off
+//! releases, and passivation keeps messages for the restarted entity.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::{ActorProcessingErr, ActorRef, RpcReplyPort};
+use tenure_lease::{
+    AcquireOutcome, AcquireRequest, Fault, LeaseSettings, LeaseSpec, LeaseStore, MemoryStore,
+    TenureConfig,
+};
+use tenure_sharding::{
+    AskReply, Entity, EntityContext, Shard, ShardArgs, ShardMsg, ShardStatus, ShardingSettings,
+    entity_factory,
+};
+use tokio::sync::mpsc;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Seen {
+    Started(String, u64),
+    Stopped(String, u64),
+    Got(String, u64, String),
+}
+
+/// Reports its life and every message; `"passivate"` makes it ask to be passivated.
+struct Probe(mpsc::UnboundedSender<Seen>);
+
+impl Entity for Probe {
+    type Request = String;
+    type Reply = String;
+    type State = ();
+
+    async fn start(&self, ctx: &EntityContext) -> Result<(), ActorProcessingErr> {
+        let _ = self.0.send(Seen::Started(ctx.entity_id.clone(), ctx.token));
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        ctx: &EntityContext,
+        _state: &mut (),
+        request: String,
+    ) -> Result<String, ActorProcessingErr> {
+        let _ = self
+            .0
+            .send(Seen::Got(ctx.entity_id.clone(), ctx.token, request.clone()));
+        if request == "passivate" {
+            ctx.passivate();
+        }
+        Ok(format!("{}:{request}", ctx.entity_id))
+    }
+
+    async fn stop(&self, ctx: &EntityContext, _state: &mut ()) {
+        let _ = self.0.send(Seen::Stopped(ctx.entity_id.clone(), ctx.token));
+    }
+}
+
+fn lease_settings() -> LeaseSettings {
+    LeaseSettings {
+        heartbeat_timeout: Duration::from_millis(1500),
+        heartbeat_interval: Duration::from_millis(200),
+        lease_operation_timeout: Duration::from_millis(500),
+        lease_retry_interval: Duration::from_millis(100),
+        safety_margin: Duration::from_millis(200),
+    }
+}
+
+const LEASE: &str = "test-shard-probe-7";
+
+struct Fixture {
+    store: MemoryStore,
+    seen: mpsc::UnboundedReceiver<Seen>,
+    tx: mpsc::UnboundedSender<Seen>,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        let (tx, seen) = mpsc::unbounded_channel();
+        Fixture {
+            store: MemoryStore::new(),
+            seen,
+            tx,
+        }
+    }
+
+    async fn shard(&self, owner: &str, idle: Option<Duration>) -> ActorRef<ShardMsg> {
+        let config = TenureConfig::from_toml_str("", "test").unwrap();
+        let mut settings = ShardingSettings::from_config(&config, "probe", "memory").unwrap();
+        settings.idle_timeout = idle;
+        settings.stop_timeout = Duration::from_secs(2);
+        settings.lease = lease_settings();
+        let store: Arc<dyn LeaseStore> = Arc::new(self.store.clone());
+        let args = ShardArgs {
+            type_name: "probe".into(),
+            shard_id: "7".into(),
+            node: owner.into(),
+            lease: LeaseSpec::new(LEASE, owner, store, lease_settings()).unwrap(),
+            factory: entity_factory(Probe(self.tx.clone())),
+            settings: Arc::new(settings),
+            history: None,
+        };
+        Shard::start(args, None).await.unwrap()
+    }
+
+    async fn next(&mut self) -> Seen {
+        tokio::time::timeout(Duration::from_secs(10), self.seen.recv())
+            .await
+            .expect("an entity event within 10 s")
+            .expect("channel open")
+    }
+
+    /// Nothing happens to any entity for `quiet` (a negative check over a bounded window).
+    async fn nothing_for(&mut self, quiet: Duration) {
+        if let Ok(Some(e)) = tokio::time::timeout(quiet, self.seen.recv()).await {
+            panic!("expected nothing, got {e:?}");
+        }
+    }
+
+    /// Takes the lease for another owner so that shards here are not granted.
+    async fn hold_elsewhere(&self) {
+        let outcome = self
+            .store
+            .try_acquire(&AcquireRequest {
+                name: LEASE.into(),
+                owner: "10.0.0.9:2552".into(),
+                instance: "other".into(),
+                ttl: Duration::from_secs(3600),
+                note: None,
+            })
+            .await
+            .unwrap();
+        assert!(matches!(outcome, AcquireOutcome::Granted(_)));
+    }
+
+    async fn free(&self) {
+        let held = self.store.read(LEASE).await.unwrap().expect("held");
+        assert!(
+            self.store
+                .release(LEASE, &held.owner, held.token)
+                .await
+                .unwrap()
+        );
+    }
+}
+
+fn tell(shard: &ActorRef<ShardMsg>, entity: &str, text: &str) {
+    shard
+        .cast(ShardMsg::Deliver {
+            entity: entity.into(),
+            payload: tenure_cluster::codec::encode("entity request", "probe", &text.to_string())
+                .unwrap(),
+            reply: None,
+        })
+        .unwrap();
+}
+
+async fn ask(shard: &ActorRef<ShardMsg>, entity: &str, text: &str) -> Result<String, String> {
+    let payload =
+        tenure_cluster::codec::encode("entity request", "probe", &text.to_string()).unwrap();
+    let reply = shard
+        .call(
+            |r: RpcReplyPort<AskReply>| ShardMsg::Deliver {
+                entity: entity.into(),
+                payload,
+                reply: Some(r),
+            },
+            Some(Duration::from_secs(10)),
+        )
+        .await
+        .unwrap();
+    let ractor::rpc::CallResult::Success(AskReply { result }) = reply else {
+        panic!("no answer");
+    };
+    result.map(|b| tenure_cluster::codec::decode("entity request", "probe", &b).unwrap())
+}
+
+async fn status(shard: &ActorRef<ShardMsg>) -> ShardStatus {
+    ractor::call!(shard, ShardMsg::Status).unwrap()
+}
+
+#[tokio::test]
+async fn entities_start_only_once_the_lease_is_granted() {
+    let mut f = Fixture::new();
+    f.hold_elsewhere().await;
+    let shard = f.shard("10.0.0.1:2552", None).await;
+    tell(&shard, "a", "hello");
+    // Several retry intervals pass without a grant: the message waits, no entity runs.
+    f.nothing_for(Duration::from_millis(600)).await;
+    let s = status(&shard).await;
+    assert_eq!((s.serving, s.entities.len(), s.waiting), (None, 0, 1));
+    f.free().await;
+    let Seen::Started(id, token) = f.next().await else {
+        panic!("expected a start")
+    };
+    assert_eq!(id, "a");
+    assert_eq!(f.next().await, Seen::Got("a".into(), token, "hello".into()));
+    assert_eq!(status(&shard).await.serving, Some(token));
+    shard.stop_and_wait(None, None).await.unwrap();
+}
+
+#[tokio::test]
+async fn acquisition_is_retried_after_store_errors() {
+    let mut f = Fixture::new();
+    f.store.set_fault(Fault::Unavailable);
+    let shard = f.shard("10.0.0.1:2552", None).await;
+    let asked = tokio::spawn({
+        let shard = shard.clone();
+        async move { ask(&shard, "b", "x").await }
+    });
+    f.nothing_for(Duration::from_millis(500)).await;
+    f.store.set_fault(Fault::None);
+    assert!(matches!(f.next().await, Seen::Started(id, _) if id == "b"));
+    assert_eq!(asked.await.unwrap(), Ok("b:x".to_string()));
+    shard.stop_and_wait(None, None).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_lost_lease_stops_every_entity_then_the_shard_recovers_with_a_new_token() {
+    let mut f = Fixture::new();
+    let shard = f.shard("10.0.0.1:2552", None).await;
+    for e in ["a", "b", "c"] {
+        assert_eq!(ask(&shard, e, "1").await.unwrap(), format!("{e}:1"));
+    }
+    let mut first = None;
+    for _ in 0..6 {
+        match f.next().await {
+            Seen::Started(_, t) => first = Some(t),
+            Seen::Got(..) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let first = first.unwrap();
+    f.store.set_fault(Fault::FailRenewals);
+    let mut stopped = Vec::new();
+    while stopped.len() < 3 {
+        match f.next().await {
+            Seen::Stopped(id, t) => {
+                assert_eq!(t, first);
+                stopped.push(id);
+            }
+            other => panic!("expected the entities to stop, got {other:?}"),
+        }
+    }
+    stopped.sort();
+    assert_eq!(stopped, ["a", "b", "c"]);
+    let s = status(&shard).await;
+    assert!(s.entities.is_empty(), "{s:?}");
+    f.store.set_fault(Fault::None);
+    // The next message starts the entity again, under a newer grant.
+    assert_eq!(ask(&shard, "a", "2").await.unwrap(), "a:2");
+    let Seen::Started(_, second) = f.next().await else {
+        panic!("expected a start")
+    };
+    assert!(second > first, "{second} > {first}");
+    shard.stop_and_wait(None, None).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_shard_whose_lease_is_held_by_another_node_delivers_nothing() {
+    let mut f = Fixture::new();
+    let one = f.shard("10.0.0.1:2552", None).await;
+    assert_eq!(ask(&one, "a", "1").await.unwrap(), "a:1");
+    let Seen::Started(_, token) = f.next().await else {
+        panic!()
+    };
+    f.next().await;
+    // A second copy of the shard on another node: it never gets the lease while the first
+    // holds it, so nothing reaches a second entity "a".
+    let two = f.shard("10.0.0.2:2552", None).await;
+    tell(&two, "a", "to the second copy");
+    tell(&one, "a", "2");
+    assert_eq!(f.next().await, Seen::Got("a".into(), token, "2".into()));
+    f.nothing_for(Duration::from_millis(700)).await;
+    assert_eq!(status(&two).await.waiting, 1);
+    // Hand-off of the first: its entity stops, the lease is released, and the second copy
+    // takes over with a newer token and gets the waiting message.
+    let released: bool = ractor::call!(one, ShardMsg::HandOff).unwrap();
+    assert!(released);
+    assert_eq!(f.next().await, Seen::Stopped("a".into(), token));
+    let Seen::Started(_, newer) = f.next().await else {
+        panic!()
+    };
+    assert!(newer > token);
+    assert_eq!(
+        f.next().await,
+        Seen::Got("a".into(), newer, "to the second copy".into())
+    );
+    two.stop_and_wait(None, None).await.unwrap();
+    assert!(
+        f.store.read(LEASE).await.unwrap().is_none(),
+        "released on stop"
+    );
+}
+
+#[tokio::test]
+async fn passivation_keeps_messages_for_the_restarted_entity() {
+    let mut f = Fixture::new();
+    let shard = f
+        .shard("10.0.0.1:2552", Some(Duration::from_millis(300)))
+        .await;
+    // The entity's passivation request reaches the shard before its reply reaches us, so
+    // "after" arrives while it passivates: it waits and starts the entity again.
+    assert_eq!(ask(&shard, "a", "passivate").await.unwrap(), "a:passivate");
+    tell(&shard, "a", "after");
+    let Seen::Started(_, t) = f.next().await else {
+        panic!()
+    };
+    assert_eq!(f.next().await, Seen::Got("a".into(), t, "passivate".into()));
+    assert_eq!(f.next().await, Seen::Stopped("a".into(), t));
+    assert_eq!(f.next().await, Seen::Started("a".into(), t));
+    assert_eq!(f.next().await, Seen::Got("a".into(), t, "after".into()));
+    // An idle entity is passivated after the idle timeout without asking.
+    tell(&shard, "b", "once");
+    loop {
+        if let Seen::Stopped(id, _) = f.next().await
+            && id == "b"
+        {
+            break;
+        }
+    }
+    let s = status(&shard).await;
+    assert!(!s.entities.contains(&"b".to_string()), "{s:?}");
+    shard.stop_and_wait(None, None).await.unwrap();
+}
