@@ -45,6 +45,18 @@ enum Command {
         /// How often an example singleton ticks.
         #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
         tick: Duration,
+        /// Host the example sharded counter (entity type `counter`, [sharding.counter]): one
+        /// entity per key, each increment written to the --counter file with its shard's
+        /// fencing token.
+        #[arg(long)]
+        sharded_counter: bool,
+        /// Drive increments of keys key-0..key-(N-1) through this node's region, one at a
+        /// time, recording each acknowledged one (`ack`) in the history.
+        #[arg(long, default_value_t = 0, value_name = "N")]
+        load_keys: usize,
+        /// Pause between two increments of the load.
+        #[arg(long, default_value = "20ms", value_parser = humantime::parse_duration)]
+        load_interval: Duration,
     },
     /// Inspect a running cluster through one of its nodes (uses [cluster] cookie and TLS).
     #[command(subcommand)]
@@ -209,12 +221,17 @@ async fn run(cli: Cli) -> Result<Outcome, CliError> {
             singletons,
             counter,
             tick,
+            sharded_counter,
+            load_keys,
+            load_interval,
         } => {
             let hosting = node_cmd::Hosting {
                 history: history.as_deref(),
                 singletons: &singletons,
                 counter: &counter,
                 tick,
+                sharded_counter,
+                load: (load_keys > 0).then_some((load_keys, load_interval)),
             };
             node_cmd::node(provider.config(), &provider, hosting).await
         }

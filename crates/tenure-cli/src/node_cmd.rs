@@ -5,6 +5,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use tenure::cluster::{ClusterClient, ClusterSettings, MemberStatus, Node, NodeAddr, NodeView};
+use tenure::sharding::counter::{Counter, CounterReply, CounterRequest};
 use tenure::sqlite::FencedCounter;
 use tenure::{LeaseProvider, TenureConfig};
 use tenure_singleton::SingletonProxy;
@@ -22,6 +23,10 @@ pub struct Hosting<'a> {
     /// The fenced counter file the tickers write.
     pub counter: &'a Path,
     pub tick: Duration,
+    /// Host the example sharded counter.
+    pub sharded_counter: bool,
+    /// Keys and pause of the increment load driven through this node's region.
+    pub load: Option<(usize, Duration)>,
 }
 
 /// Runs a node until SIGTERM / Ctrl-C, then leaves gracefully; a second signal forces exit.
@@ -62,6 +67,20 @@ pub async fn node(
                 .await
                 .map_err(|e| CliError::Command(e.to_string()))?;
             probe_through_proxy(&node, config, name).await?;
+        }
+    }
+    if hosting.sharded_counter || hosting.load.is_some() {
+        let factory = hosting
+            .sharded_counter
+            .then(|| FencedCounter::open(hosting.counter))
+            .transpose()?
+            .map(|counter| tenure::sharding::entity_factory(Counter { counter }));
+        let region = tenure::sharding::start_on_node(&node, provider, COUNTER_TYPE, factory)
+            .await
+            .map_err(|e| CliError::Command(e.to_string()))?;
+        if let Some((keys, pause)) = hosting.load {
+            let start = usize::from(node.addr().port).wrapping_mul(7919);
+            drive_load(region, node.history().cloned(), start, keys, pause);
         }
     }
     println!(
@@ -133,6 +152,43 @@ async fn probe_through_proxy(
         }
     });
     Ok(())
+}
+
+/// The entity type of the example sharded counter.
+const COUNTER_TYPE: &str = "counter";
+
+/// Increments key-0, key-1, … in turn (from a key that depends on `start`, so that nodes
+/// spread their load) through `region`, one at a time, recording every acknowledged
+/// increment (`ack`: key, value, token, answering node) in the history.
+fn drive_load(
+    region: tenure::sharding::ShardRegion,
+    history: Option<tenure::cluster::History>,
+    start: usize,
+    keys: usize,
+    pause: Duration,
+) {
+    tokio::spawn(async move {
+        for i in (0..keys).cycle().skip(start % keys) {
+            let key = format!("key-{i}");
+            match region
+                .ask::<_, CounterReply>(&key, &CounterRequest::Increment, Duration::from_secs(5))
+                .await
+            {
+                Ok(reply) if reply.accepted => {
+                    if let Some(h) = &history {
+                        h.record(
+                            "ack",
+                            serde_json::json!({"entity": key, "shard": region.shard_of(&key),
+                                "value": reply.value, "token": reply.token, "from": reply.node}),
+                        );
+                    }
+                }
+                Ok(_) => tracing::debug!(key, "increment refused by the fenced counter"),
+                Err(e) => tracing::debug!(key, error = %e, "increment not acknowledged"),
+            }
+            tokio::time::sleep(pause).await;
+        }
+    });
 }
 
 fn forced() -> Result<Outcome, CliError> {

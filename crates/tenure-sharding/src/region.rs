@@ -217,6 +217,12 @@ impl RegionState {
             });
             return;
         }
+        if p.env.hops > 0 {
+            // Sent here by a region that believes this node hosts the shard, but it does
+            // not: this region's own belief may be just as stale, so ask the coordinator
+            // instead of passing it on (two stale caches would bounce it back and forth).
+            self.homes.remove(&p.env.shard);
+        }
         match self.homes.get(&p.env.shard).cloned() {
             Some(home) if home == self.args.me => {
                 // Ours but not running (stopped meanwhile): find out again.

@@ -77,6 +77,13 @@ pub struct Cluster {
     store: PathBuf,
 }
 
+impl Cluster {
+    /// The fenced counter file the example singletons and sharded counters write.
+    pub fn counter_file(&self) -> PathBuf {
+        self.dir.path().join("counter.sqlite")
+    }
+}
+
 /// The `p` quantile (0..=1) of `v` (sorted in place), for benchmark reports.
 pub fn percentile(v: &mut [f64], p: f64) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
@@ -169,7 +176,10 @@ fault-injection = true
             .collect();
         std::fs::write(&config, text).expect("write node config");
         let mut args = options.node_args.clone();
-        if args.iter().any(|a| a == "--singleton") {
+        if args
+            .iter()
+            .any(|a| a == "--singleton" || a == "--sharded-counter")
+        {
             args.push("--counter".into());
             args.push(self.dir.path().join("counter.sqlite").display().to_string());
         }

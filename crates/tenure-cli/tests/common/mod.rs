@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod shards;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

@@ -1,0 +1,210 @@
+//! The sharding history checker: rebuilds, per shard, when each node ran it (from
+//! `shard_started` to `shard_stopped`, a kill, or the end of the history) and asserts:
+//! no shard alive on two nodes at overlapping times (an interval of a frozen node may
+//! overlap only while it is frozen, and must end promptly once it is resumed), tokens
+//! increasing per shard, entities started only inside their shard's interval, and, per
+//! counter key in the counter's own order (its values), no accepted write carrying an
+//! older token than an earlier accepted one.
+
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde_json::Value;
+
+/// How long a resumed node whose shard lease lapsed may take to stop the shard (it is told
+/// at once by the lease's watchdog; generous for loaded CI machines).
+pub const STOP_AFTER_RESUME_NS: i64 = 3_000_000_000;
+
+/// One stay of a shard on a node.
+#[derive(Debug, Clone)]
+pub struct Stay {
+    pub node: String,
+    pub token: u64,
+    pub start: i64,
+    pub end: Option<i64>,
+    pub why: String,
+    /// Frozen from / thawed at, if its node was paused while it ran.
+    pub paused: Option<i64>,
+    pub resumed: Option<i64>,
+}
+
+fn t(e: &Value) -> i64 {
+    e["t"].as_i64().expect("t")
+}
+
+fn s(e: &Value, k: &str) -> String {
+    e[k].as_str().unwrap_or_default().to_string()
+}
+
+/// Checks `history` (every node's lines, any order); panics naming the offending events.
+/// Returns the stays per shard.
+pub fn check(history: &[Value]) -> BTreeMap<String, Vec<Stay>> {
+    let mut events: Vec<&Value> = history.iter().collect();
+    events.sort_by_key(|e| t(e));
+    let mut stays: BTreeMap<String, Vec<Stay>> = BTreeMap::new();
+    for e in &events {
+        let node = s(e, "node");
+        let open_on = |stays: &mut BTreeMap<String, Vec<Stay>>, f: &mut dyn FnMut(&mut Stay)| {
+            for list in stays.values_mut() {
+                for st in list
+                    .iter_mut()
+                    .filter(|st| st.node == node && st.end.is_none())
+                {
+                    f(st);
+                }
+            }
+        };
+        match e["event"].as_str().unwrap_or_default() {
+            "shard_started" => {
+                let shard = s(e, "shard");
+                let token = e["token"].as_u64().expect("token");
+                let list = stays.entry(shard.clone()).or_default();
+                if let Some(prev) = list.last() {
+                    assert!(
+                        token > prev.token,
+                        "shard {shard}: tokens must increase: {prev:?} then {e}"
+                    );
+                }
+                for other in list.iter().filter(|st| st.end.is_none()) {
+                    assert!(
+                        other.paused.is_some() && other.node != node,
+                        "shard {shard} alive on two nodes at once: {other:?} still running when {e}"
+                    );
+                }
+                list.push(Stay {
+                    node,
+                    token,
+                    start: t(e),
+                    end: None,
+                    why: String::new(),
+                    paused: None,
+                    resumed: None,
+                });
+            }
+            "shard_stopped" => {
+                let shard = s(e, "shard");
+                let token = e["token"].as_u64().expect("token");
+                let st = stays
+                    .get_mut(&shard)
+                    .and_then(|l| {
+                        l.iter_mut()
+                            .rfind(|st| st.node == node && st.token == token && st.end.is_none())
+                    })
+                    .unwrap_or_else(|| panic!("shard {shard}: stop without a start: {e}"));
+                st.end = Some(t(e));
+                st.why = s(e, "why");
+            }
+            "entity_started" => {
+                let shard = s(e, "shard");
+                let token = e["token"].as_u64().expect("token");
+                let inside = stays.get(&shard).is_some_and(|l| {
+                    l.iter()
+                        .any(|st| st.node == node && st.token == token && st.end.is_none())
+                });
+                assert!(inside, "entity started outside its shard's stay: {e}");
+            }
+            "killed" => open_on(&mut stays, &mut |st| {
+                st.end = Some(t(e));
+                st.why = "killed".into();
+            }),
+            "paused" => open_on(&mut stays, &mut |st| st.paused = Some(t(e))),
+            "resumed" => open_on(&mut stays, &mut |st| st.resumed = Some(t(e))),
+            _ => {}
+        }
+    }
+    for (shard, list) in &stays {
+        for st in list {
+            if let (Some(resumed), Some(end)) = (st.resumed, st.end)
+                && list
+                    .iter()
+                    .any(|later| later.token > st.token && later.start < resumed)
+            {
+                assert!(
+                    end - resumed <= STOP_AFTER_RESUME_NS,
+                    "shard {shard}: a resumed stay whose successor runs did not stop promptly: {st:?}"
+                );
+            }
+        }
+    }
+    check_writes(history);
+    stays
+}
+
+/// Per counter key, accepted writes in the counter's order (their values) never go back
+/// to an older token, and no value is given twice.
+pub fn check_writes(history: &[Value]) {
+    let mut by_key: HashMap<String, Vec<(u64, u64, &Value)>> = HashMap::new();
+    for e in history
+        .iter()
+        .filter(|e| e["event"] == "write" && e["accepted"] == true)
+    {
+        let value = e["value"].as_u64().expect("value");
+        let token = e["token"].as_u64().expect("token");
+        by_key
+            .entry(s(e, "entity"))
+            .or_default()
+            .push((value, token, e));
+    }
+    for (key, mut writes) in by_key {
+        writes.sort_by_key(|w| w.0);
+        for pair in writes.windows(2) {
+            let ((v1, t1, e1), (v2, t2, e2)) = (&pair[0], &pair[1]);
+            assert!(
+                v1 != v2,
+                "key {key}: value {v1} accepted twice: {e1} and {e2}"
+            );
+            assert!(
+                t2 >= t1,
+                "key {key}: the counter accepted token {t2} (value {v2}) after token {t1} (value {v1}): {e2}"
+            );
+        }
+    }
+}
+
+/// Acknowledged increments are not lost: per key, every acknowledged value was accepted
+/// by the counter, no value was acknowledged twice, and the counter's final value is at
+/// least every acknowledged one. `final_value` reads the counter.
+pub fn check_acks(history: &[Value], final_value: impl Fn(&str) -> u64) -> usize {
+    let accepted: std::collections::HashSet<(String, u64, u64)> = history
+        .iter()
+        .filter(|e| e["event"] == "write" && e["accepted"] == true)
+        .map(|e| {
+            (
+                s(e, "entity"),
+                e["value"].as_u64().unwrap(),
+                e["token"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let mut acked: HashMap<String, Vec<u64>> = HashMap::new();
+    for e in history.iter().filter(|e| e["event"] == "ack") {
+        let key = s(e, "entity");
+        let value = e["value"].as_u64().expect("acked value");
+        let token = e["token"].as_u64().expect("acked token");
+        assert!(
+            accepted.contains(&(key.clone(), value, token)),
+            "acknowledged without an accepted write: {e}"
+        );
+        acked.entry(key).or_default().push(value);
+    }
+    let mut n = 0;
+    for (key, mut values) in acked {
+        values.sort();
+        n += values.len();
+        let before = values.len();
+        values.dedup();
+        assert_eq!(
+            before,
+            values.len(),
+            "key {key}: a value acknowledged twice"
+        );
+        let last = *values.last().unwrap();
+        let fin = final_value(&key);
+        assert!(
+            fin >= last,
+            "key {key}: acknowledged value {last} but the counter holds {fin}"
+        );
+    }
+    n
+}
