@@ -1,0 +1,164 @@
+//! A sharded counter on a 3-node local cluster, driven from a fourth, proxy-only node.
+//!
+//! Run: `cargo run --example sharded_counter`. The program starts three node processes
+//! (itself, in node mode) on 127.0.0.1 sharing a temp SQLite lease store; each hosts the
+//! entity type `counter` (role `counter`, 16 shards). It then joins the cluster itself as a
+//! node without the role (a proxy-only region) and increments a few keys through its
+//! region: each key's entity runs on one node, under its shard's lease, and writes the
+//! counter file with that lease's fencing token. After a few rounds it SIGKILLs a hosting
+//! node: that node's shards move to the others once their leases expire (3 s), and the
+//! counting goes on from where it stopped.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::Duration;
+
+use tenure::TenureConfig;
+use tenure::cluster::{ClusterSettings, Node};
+use tenure::sharding::counter::{Counter, CounterReply, CounterRequest};
+use tenure::sharding::{ShardRegion, entity_factory};
+use tenure::sqlite::FencedCounter;
+
+const KEYS: [&str; 4] = ["alice", "bob", "carol", "dave"];
+
+fn config(dir: &Path, port: u16, seed: u16, roles: &str) -> String {
+    format!(
+        r#"[tenure]
+default-lease-section = "sqlite"
+[lease.sqlite]
+path = "{dir}/leases.sqlite"
+heartbeat-timeout = "3s"
+heartbeat-interval = "500ms"
+lease-retry-interval = "300ms"
+lease-operation-timeout = "1s"
+[cluster]
+port = {port}
+cookie = "sharded-counter-example"
+seeds = ["127.0.0.1:{seed}"]
+roles = [{roles}]
+member-lease-ttl = "3s"
+member-lease-interval = "500ms"
+membership-interval = "300ms"
+[sharding.counter]
+role = "counter"
+number-of-shards = 16
+retry-interval = "300ms"
+"#,
+        dir = dir.display()
+    )
+}
+
+/// Node mode: one cluster node hosting counter entities, until SIGTERM.
+async fn node(
+    config_path: PathBuf,
+    counter_path: PathBuf,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let config = TenureConfig::load(Some(&config_path))?;
+    let provider = tenure::provider(config.clone())?;
+    let node = Node::start(ClusterSettings::from_config(&config)?, &provider, None).await?;
+    let counter = FencedCounter::open(&counter_path)?;
+    tenure::sharding::start_on_node(
+        &node,
+        &provider,
+        "counter",
+        Some(entity_factory(Counter { counter })),
+    )
+    .await?;
+    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?
+        .recv()
+        .await;
+    node.leave().await?;
+    Ok(())
+}
+
+fn spawn_node(dir: &Path, i: usize, ports: &[u16]) -> std::io::Result<Child> {
+    let path = dir.join(format!("node{i}.toml"));
+    std::fs::write(&path, config(dir, ports[i], ports[0], "\"counter\""))?;
+    Command::new(std::env::current_exe()?)
+        .env("TENURE_EXAMPLE_NODE", &path)
+        .env("TENURE_EXAMPLE_COUNTER", dir.join("counter.sqlite"))
+        .spawn()
+}
+
+/// One increment of every key, retried until acknowledged (its shard may be moving), for
+/// at most a minute.
+async fn round(region: &ShardRegion, label: &str) -> Result<(), String> {
+    for key in KEYS {
+        let give_up = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            if tokio::time::Instant::now() > give_up {
+                return Err(format!("{label}: {key} not acknowledged within a minute"));
+            }
+            match region
+                .ask::<_, CounterReply>(key, &CounterRequest::Increment, Duration::from_secs(5))
+                .await
+            {
+                Ok(r) if r.accepted => {
+                    println!(
+                        "{label}: {key} = {} (shard {}, token {}, on {})",
+                        r.value.unwrap_or(0),
+                        region.shard_of(key),
+                        r.token,
+                        r.node
+                    );
+                    break;
+                }
+                Ok(_) => println!("{label}: {key}: refused (stale token), retrying"),
+                Err(e) => {
+                    println!("{label}: {key}: {e}; retrying");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    if let (Ok(config), Ok(counter)) = (
+        std::env::var("TENURE_EXAMPLE_NODE"),
+        std::env::var("TENURE_EXAMPLE_COUNTER"),
+    ) {
+        return node(config.into(), counter.into()).await;
+    }
+    let dir = tempfile::tempdir()?;
+    let ports: Vec<u16> = (0..4)
+        .map(|_| {
+            std::net::TcpListener::bind("127.0.0.1:0").map(|l| l.local_addr().map(|a| a.port()))
+        })
+        .collect::<Result<Result<_, _>, _>>()??;
+    let mut children = Vec::new();
+    for i in 0..3 {
+        children.push(spawn_node(dir.path(), i, &ports)?);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // This process: a fourth node without the role, so its region only routes.
+    let config =
+        TenureConfig::from_toml_str(&config(dir.path(), ports[3], ports[0], ""), "example")?;
+    let provider = tenure::provider(config.clone())?;
+    let node = Node::start(ClusterSettings::from_config(&config)?, &provider, None).await?;
+    let region = tenure::sharding::start_on_node(&node, &provider, "counter", None).await?;
+    let rounds = async {
+        for r in 1..=3 {
+            round(&region, &format!("round {r}")).await?;
+        }
+        println!("SIGKILL of node 127.0.0.1:{}", ports[0]);
+        children[0].kill().map_err(|e| e.to_string())?;
+        children[0].wait().map_err(|e| e.to_string())?;
+        for r in 4..=6 {
+            round(&region, &format!("round {r}")).await?;
+        }
+        Ok::<(), String>(())
+    };
+    let result = rounds.await;
+    node.leave().await?;
+    for child in &mut children {
+        if child.try_wait()?.is_none() {
+            // SIGTERM: each node leaves gracefully. SAFETY: kill(2) of our own child.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            child.wait()?;
+        }
+    }
+    Ok(result?)
+}
