@@ -197,6 +197,7 @@ impl Actor for Shard {
                 if state.serving == Some(lost.token) {
                     tracing::warn!(shard = %state.args.shard_id, token = lost.token, reason = %lost.reason,
                         "shard lease lost: stopping its entities, then acquiring again");
+                    state.record("shard_lease_lost", lost.token, &lost.reason.to_string());
                     state.stop_entities("lease lost").await;
                     state.record(
                         "shard_stopped",

@@ -1,0 +1,368 @@
+//! Sharding costs, in one process, each reported against a baseline measured in the same
+//! run:
+//! - messages per second to local entities through the region (`ask` round trips and
+//!   one-way `tell`) vs a bare ractor actor doing the same work (`call` / `cast`);
+//! - LeaseLost → every entity of a shard with 1,000 entities stopped (p50/p99 over runs,
+//!   from the shard's own history lines `shard_lease_lost` → `shard_stopped`);
+//! - memory (RSS) per idle entity and per shard.
+//!
+//! `cargo bench -p tenure-sharding --bench sharding` (TENURE_BENCH_RUNS, default 20).
+//! Fail-over after SIGKILL is measured by `cargo bench -p tenure-cli --bench sharding_failover`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use tenure_cluster::{ClusterSettings, History, Incarnation, Node, NodeAddr};
+use tenure_lease::{
+    Fault, LeaseProvider, LeaseSpec, LeaseStore, MemoryStore, StoreRegistry, TenureConfig,
+};
+use tenure_sharding::{
+    Entity, EntityContext, Shard, ShardArgs, ShardMsg, ShardingSettings, entity_factory,
+};
+
+/// Counts what it is sent; replies with the count.
+struct Echo(Arc<AtomicU64>);
+
+impl Entity for Echo {
+    type Request = u64;
+    type Reply = u64;
+    type State = ();
+    async fn start(&self, _: &EntityContext) -> Result<(), ActorProcessingErr> {
+        Ok(())
+    }
+    async fn handle(
+        &self,
+        _: &EntityContext,
+        _: &mut (),
+        n: u64,
+    ) -> Result<u64, ActorProcessingErr> {
+        Ok(self.0.fetch_add(n, Ordering::Relaxed) + n)
+    }
+}
+
+/// The baseline: a bare ractor actor with the same work.
+struct Bare;
+enum BareMsg {
+    Add(u64, Option<RpcReplyPort<u64>>),
+}
+impl ractor::Message for BareMsg {}
+impl Actor for Bare {
+    type Msg = BareMsg;
+    type State = Arc<AtomicU64>;
+    type Arguments = Arc<AtomicU64>;
+    async fn pre_start(
+        &self,
+        _: ActorRef<BareMsg>,
+        a: Arc<AtomicU64>,
+    ) -> Result<Arc<AtomicU64>, ActorProcessingErr> {
+        Ok(a)
+    }
+    async fn handle(
+        &self,
+        _: ActorRef<BareMsg>,
+        m: BareMsg,
+        s: &mut Arc<AtomicU64>,
+    ) -> Result<(), ActorProcessingErr> {
+        let BareMsg::Add(n, reply) = m;
+        let v = s.fetch_add(n, Ordering::Relaxed) + n;
+        if let Some(r) = reply {
+            let _ = r.send(v);
+        }
+        Ok(())
+    }
+}
+
+fn percentile(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+fn rss_kib() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").expect("statm");
+    let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+    pages * 4
+}
+
+fn lease_settings() -> tenure_lease::LeaseSettings {
+    tenure_lease::LeaseSettings {
+        heartbeat_timeout: Duration::from_millis(1500),
+        heartbeat_interval: Duration::from_millis(200),
+        lease_operation_timeout: Duration::from_millis(500),
+        lease_retry_interval: Duration::from_millis(50),
+        safety_margin: Duration::from_millis(200),
+    }
+}
+
+fn shard_settings() -> Arc<ShardingSettings> {
+    let config = TenureConfig::from_toml_str("", "bench").unwrap();
+    let mut s = ShardingSettings::from_config(&config, "bench", "memory").unwrap();
+    s.idle_timeout = None;
+    s.lease = lease_settings();
+    Arc::new(s)
+}
+
+async fn throughput(n: u64) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let config = TenureConfig::from_toml_str(
+        &format!(
+            "[tenure]\ndefault-lease-section = \"memory\"\n[lease.memory]\nheartbeat-timeout = \"3s\"\nheartbeat-interval = \"500ms\"\n\
+             [cluster]\nport = {port}\ncookie = \"bench\"\nmember-lease-ttl = \"3s\"\nmember-lease-interval = \"500ms\"\n\
+             [sharding.echo]\nnumber-of-shards = 10\nretry-interval = \"100ms\"\nidle-timeout = \"0s\"\n"
+        ),
+        "bench",
+    )
+    .unwrap();
+    let provider = LeaseProvider::new(
+        config.clone(),
+        StoreRegistry::new().with(tenure_store_sqlite::SqliteStoreFactory),
+    )
+    .unwrap();
+    let node = Node::start(
+        ClusterSettings::from_config(&config).unwrap(),
+        &provider,
+        None,
+    )
+    .await
+    .unwrap();
+    let count = Arc::new(AtomicU64::new(0));
+    let region = tenure_sharding::start_on_node(
+        &node,
+        &provider,
+        "echo",
+        Some(entity_factory(Echo(count.clone()))),
+    )
+    .await
+    .unwrap();
+    let keys: Vec<String> = (0..100).map(|i| format!("e{i}")).collect();
+    // Warm up: every entity started, every shard's home known.
+    for k in &keys {
+        loop {
+            if region
+                .ask::<_, u64>(k, &0u64, Duration::from_secs(5))
+                .await
+                .is_ok()
+            {
+                break;
+            }
+        }
+    }
+    let (bare, _) = Actor::spawn(None, Bare, Arc::new(AtomicU64::new(0)))
+        .await
+        .unwrap();
+    let bare_count = Arc::new(AtomicU64::new(0));
+    let (bare_tell, _) = Actor::spawn(None, Bare, bare_count.clone()).await.unwrap();
+
+    let t = Instant::now();
+    for i in 0..n {
+        let _: u64 = region
+            .ask(&keys[(i % 100) as usize], &1u64, Duration::from_secs(5))
+            .await
+            .unwrap();
+    }
+    let ask_rate = n as f64 / t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    for _ in 0..n {
+        let _ = bare.call(|r| BareMsg::Add(1, Some(r)), None).await.unwrap();
+    }
+    let bare_call_rate = n as f64 / t.elapsed().as_secs_f64();
+
+    let before = count.load(Ordering::Relaxed);
+    let t = Instant::now();
+    for i in 0..n {
+        region.tell(&keys[(i % 100) as usize], &1u64).unwrap();
+    }
+    while count.load(Ordering::Relaxed) < before + n {
+        tokio::task::yield_now().await;
+    }
+    let tell_rate = n as f64 / t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    for _ in 0..n {
+        bare_tell.cast(BareMsg::Add(1, None)).unwrap();
+    }
+    while bare_count.load(Ordering::Relaxed) < n {
+        tokio::task::yield_now().await;
+    }
+    let bare_cast_rate = n as f64 / t.elapsed().as_secs_f64();
+    println!("local messages ({n} each, 100 entities in 10 shards on a 1-node cluster):");
+    println!(
+        "  ask through the region  {ask_rate:>10.0}/s   bare ractor call {bare_call_rate:>10.0}/s   ratio {:.2}x slower",
+        bare_call_rate / ask_rate
+    );
+    println!(
+        "  tell through the region {tell_rate:>10.0}/s   bare ractor cast {bare_cast_rate:>10.0}/s   ratio {:.2}x slower",
+        bare_cast_rate / tell_rate
+    );
+    region.stop().await;
+    let _ = node.leave().await;
+}
+
+async fn lease_lost_to_stopped(runs: usize, entities: usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("history.jsonl");
+    let addr = NodeAddr::parse("bench", "127.0.0.1:1").unwrap();
+    let history = History::open(&path, &addr, Incarnation::new()).unwrap();
+    let store = MemoryStore::new();
+    let shared: Arc<dyn LeaseStore> = Arc::new(store.clone());
+    let args = ShardArgs {
+        type_name: "bench".into(),
+        shard_id: "0".into(),
+        node: addr.to_string(),
+        lease: LeaseSpec::new("bench-shard-0", "127.0.0.1:1", shared, lease_settings()).unwrap(),
+        factory: entity_factory(Echo(Arc::new(AtomicU64::new(0)))),
+        settings: shard_settings(),
+        history: Some(history),
+    };
+    let shard = Shard::start(args, None).await.unwrap();
+    let payload = tenure_cluster::codec::encode("entity request", "bench", &0u64).unwrap();
+    let mut times = Vec::new();
+    for _ in 0..runs {
+        store.set_fault(Fault::None);
+        for i in 0..entities {
+            shard
+                .cast(ShardMsg::Deliver {
+                    entity: format!("e{i}"),
+                    payload: payload.clone(),
+                    reply: None,
+                })
+                .unwrap();
+        }
+        loop {
+            let s: tenure_sharding::ShardStatus = ractor::call!(shard, ShardMsg::Status).unwrap();
+            if s.entities.len() == entities {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let seen = std::fs::read_to_string(&path)
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains("\"shard_stopped\""))
+            .count();
+        store.set_fault(Fault::FailRenewals);
+        let lines = loop {
+            let text = std::fs::read_to_string(&path).unwrap();
+            let lines: Vec<serde_json::Value> = text
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect();
+            if lines
+                .iter()
+                .filter(|e| e["event"] == "shard_stopped")
+                .count()
+                > seen
+            {
+                break lines;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let t = |kind: &str| {
+            lines.iter().rfind(|e| e["event"] == kind).unwrap()["t"]
+                .as_i64()
+                .unwrap()
+        };
+        times.push((t("shard_stopped") - t("shard_lease_lost")) as f64 / 1e6);
+    }
+    println!(
+        "LeaseLost -> all {entities} entities of a shard stopped ({runs} runs): p50 {:.1} ms, p99 {:.1} ms",
+        percentile(&mut times, 0.5),
+        percentile(&mut times, 0.99)
+    );
+    let _ = shard.stop_and_wait(None, None).await;
+}
+
+async fn memory() {
+    let store = MemoryStore::new();
+    let shared: Arc<dyn LeaseStore> = Arc::new(store.clone());
+    let payload = tenure_cluster::codec::encode("entity request", "bench", &0u64).unwrap();
+    let make = |name: &str| ShardArgs {
+        type_name: "bench".into(),
+        shard_id: name.into(),
+        node: "127.0.0.1:1".into(),
+        lease: LeaseSpec::new(
+            &format!("bench-shard-{name}"),
+            "127.0.0.1:1",
+            shared.clone(),
+            lease_settings(),
+        )
+        .unwrap(),
+        factory: entity_factory(Echo(Arc::new(AtomicU64::new(0)))),
+        settings: shard_settings(),
+        history: None,
+    };
+    let shard = Shard::start(make("entities"), None).await.unwrap();
+    const ENTITIES: usize = 10_000;
+    let before = rss_kib();
+    for i in 0..ENTITIES {
+        shard
+            .cast(ShardMsg::Deliver {
+                entity: format!("e{i}"),
+                payload: payload.clone(),
+                reply: None,
+            })
+            .unwrap();
+    }
+    loop {
+        let s: tenure_sharding::ShardStatus = ractor::call!(shard, ShardMsg::Status).unwrap();
+        if s.entities.len() == ENTITIES {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let per_entity = (rss_kib() - before) as f64 * 1024.0 / ENTITIES as f64;
+    const SHARDS: usize = 1_000;
+    let before = rss_kib();
+    let mut shards = Vec::new();
+    for i in 0..SHARDS {
+        shards.push(Shard::start(make(&i.to_string()), None).await.unwrap());
+    }
+    for s in &shards {
+        loop {
+            let st: tenure_sharding::ShardStatus = ractor::call!(s, ShardMsg::Status).unwrap();
+            if st.serving.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    let per_shard = (rss_kib() - before) as f64 * 1024.0 / SHARDS as f64;
+    // Baseline: bare ractor actors.
+    let before = rss_kib();
+    let mut bare = Vec::new();
+    for _ in 0..ENTITIES {
+        bare.push(
+            Actor::spawn(None, Bare, Arc::new(AtomicU64::new(0)))
+                .await
+                .unwrap()
+                .0,
+        );
+    }
+    let per_bare = (rss_kib() - before) as f64 * 1024.0 / ENTITIES as f64;
+    println!(
+        "memory: {per_entity:.0} B per idle entity ({ENTITIES} in one shard) vs {per_bare:.0} B per bare ractor actor ({:.2}x); {per_shard:.0} B per shard holding its lease ({SHARDS} shards)",
+        per_entity / per_bare
+    );
+    for s in shards {
+        s.stop(None);
+    }
+    shard.stop(None);
+    for b in bare {
+        b.stop(None);
+    }
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let runs: usize = std::env::var("TENURE_BENCH_RUNS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(20);
+    throughput(20_000).await;
+    lease_lost_to_stopped(runs, 1_000).await;
+    memory().await;
+}
