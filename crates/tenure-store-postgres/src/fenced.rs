@@ -11,8 +11,6 @@
 //! # Ok(()) }
 //! ```
 
-use tokio_postgres::GenericClient;
-
 /// Why a guarded write must not go ahead.
 #[derive(Debug, thiserror::Error)]
 pub enum FenceError {
@@ -52,14 +50,15 @@ WHERE name = $1::text AND owner = $2::text AND token = $3::bigint
         }
     }
 
-    /// Inside the caller's transaction `tx`: `Ok(())` when `owner` holds `name` with
+    /// Inside the caller's transaction `tx` (a transaction, because the row lock that
+    /// makes the check hold until commit ends with it): `Ok(())` when `owner` holds `name` with
     /// `token`, unexpired on the server's clock. The lease row then stays locked until
     /// `tx` ends, so the caller's writes commit before any later grant of `name` can:
     /// a holder that paused past its ttl is refused here, never after. Keep such
     /// transactions short: the holder's own renewals wait for them too.
     pub async fn check(
         &self,
-        tx: &impl GenericClient,
+        tx: &tokio_postgres::Transaction<'_>,
         name: &str,
         owner: &str,
         token: u64,
