@@ -64,7 +64,10 @@ impl PostgresOptions {
         let r = TableReader::new(&key, &options);
         let url = r.string("url")?;
         let mut connection = tokio_postgres::Config::from_str(&url).map_err(|e| {
-            ConfigError::invalid(r.key("url"), format!("not a PostgreSQL connection string: {e}"))
+            ConfigError::invalid(
+                r.key("url"),
+                format!("not a PostgreSQL connection string: {e}"),
+            )
         })?;
         if connection.get_hosts().is_empty() {
             return Err(ConfigError::invalid(r.key("url"), "names no host"));
@@ -120,7 +123,8 @@ impl PostgresOptions {
         format!(
             "{}@{host}:{port}/{}",
             c.get_user().unwrap_or("?"),
-            c.get_dbname().unwrap_or_else(|| c.get_user().unwrap_or("?"))
+            c.get_dbname()
+                .unwrap_or_else(|| c.get_user().unwrap_or("?"))
         )
     }
 }
@@ -164,7 +168,10 @@ mod tests {
     #[test]
     fn reference_defaults_parse() {
         let o = section("").unwrap();
-        assert_eq!((o.schema.as_str(), o.table.as_str()), ("tenure", "tenure_lease"));
+        assert_eq!(
+            (o.schema.as_str(), o.table.as_str()),
+            ("tenure", "tenure_lease")
+        );
         assert!(o.pool_size >= 1);
         assert!(o.server().contains("127.0.0.1:5432"), "{}", o.server());
     }
@@ -173,13 +180,22 @@ mod tests {
     fn errors_name_the_key() {
         let e = section("schema = \"Bad-Name\"").err().unwrap().to_string();
         assert!(e.contains("lease.pg.schema"), "{e}");
-        let e = section("table = \"x; drop table y\"").err().unwrap().to_string();
+        let e = section("table = \"x; drop table y\"")
+            .err()
+            .unwrap()
+            .to_string();
         assert!(e.contains("lease.pg.table"), "{e}");
         let e = section("pool-size = 0").err().unwrap().to_string();
         assert!(e.contains("lease.pg.pool-size"), "{e}");
-        let e = section("url = \"postgres://h:notaport/db\"").err().unwrap().to_string();
+        let e = section("url = \"postgres://h:notaport/db\"")
+            .err()
+            .unwrap()
+            .to_string();
         assert!(e.contains("lease.pg.url"), "{e}");
-        let e = section("connect-timeout = \"0s\"").err().unwrap().to_string();
+        let e = section("connect-timeout = \"0s\"")
+            .err()
+            .unwrap()
+            .to_string();
         assert!(e.contains("lease.pg.connect-timeout"), "{e}");
         let e = section("tabel = \"x\"").err().unwrap().to_string();
         assert!(e.contains("lease.pg.tabel"), "{e}");

@@ -148,24 +148,26 @@ impl PostgresStore {
             let failure: Failure = match timeout(remaining, self.inner.pool.get()).await {
                 Err(_) => return Err(unknown(last)),
                 Ok(Err(e)) => errors::from_pool(server, e),
-                Ok(Ok(client)) => match timeout(remaining, attempt(&client, Scope::default())).await {
-                    Ok(Ok(value)) => return Ok(value),
-                    Err(_) => {
-                        // The server may still answer on this connection later: close it.
-                        drop(Object::take(client));
-                        return Err(errors::timed_out(server, patience));
-                    }
-                    Ok(Err((sent, e))) => {
-                        let failure = errors::from_pg(server, e);
-                        if failure.broken {
+                Ok(Ok(client)) => {
+                    match timeout(remaining, attempt(&client, Scope::default())).await {
+                        Ok(Ok(value)) => return Ok(value),
+                        Err(_) => {
+                            // The server may still answer on this connection later: close it.
                             drop(Object::take(client));
+                            return Err(errors::timed_out(server, patience));
                         }
-                        if sent && !idempotent {
-                            return Err(failure.error);
+                        Ok(Err((sent, e))) => {
+                            let failure = errors::from_pg(server, e);
+                            if failure.broken {
+                                drop(Object::take(client));
+                            }
+                            if sent && !idempotent {
+                                return Err(failure.error);
+                            }
+                            failure
                         }
-                        failure
                     }
-                },
+                }
             };
             if !failure.transient {
                 return Err(failure.error);

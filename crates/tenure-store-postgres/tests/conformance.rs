@@ -30,9 +30,7 @@ impl PgHarness {
 impl Harness for PgHarness {
     /// Its own connection pool, as another process would have.
     async fn client(&self) -> Arc<dyn LeaseStore> {
-        let options = self
-            .server
-            .options(test_settings().lease_operation_timeout);
+        let options = self.server.options(test_settings().lease_operation_timeout);
         Arc::new(PostgresStore::connect(options).await.expect("connect"))
     }
 

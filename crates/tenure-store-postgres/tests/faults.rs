@@ -61,11 +61,9 @@ async fn stopped_server_gives_errors_and_the_holder_signals_loss() {
     let server = start().await;
     let settings = test_settings();
     let holder_store: Arc<dyn LeaseStore> = Arc::new(store(&server).await);
-    let lease = Lease::start(
-        LeaseSpec::new("stopped", "a", holder_store, settings).expect("spec"),
-    )
-    .await
-    .expect("lease actor");
+    let lease = Lease::start(LeaseSpec::new("stopped", "a", holder_store, settings).expect("spec"))
+        .await
+        .expect("lease actor");
     let lost: Arc<Mutex<Vec<(Instant, LostReason)>>> = Arc::default();
     let l = lost.clone();
     let Acquired::Granted { token } = lease
@@ -82,26 +80,44 @@ async fn stopped_server_gives_errors_and_the_holder_signals_loss() {
 
     let bound = settings.lease_operation_timeout * 10;
     for outcome in [
-        tokio::time::timeout(bound, other.try_acquire(&request("stopped", "b", settings.heartbeat_timeout)))
-            .await
-            .map(|r| r.map(drop)),
+        tokio::time::timeout(
+            bound,
+            other.try_acquire(&request("stopped", "b", settings.heartbeat_timeout)),
+        )
+        .await
+        .map(|r| r.map(drop)),
         tokio::time::timeout(bound, other.release("stopped", "a", token))
             .await
             .map(|r| r.map(drop)),
-        tokio::time::timeout(bound, other.read("stopped")).await.map(|r| r.map(drop)),
+        tokio::time::timeout(bound, other.read("stopped"))
+            .await
+            .map(|r| r.map(drop)),
         tokio::time::timeout(
             bound,
-            other.renew("a", &[HeldLease { name: "stopped".into(), token }], settings.heartbeat_timeout),
+            other.renew(
+                "a",
+                &[HeldLease {
+                    name: "stopped".into(),
+                    token,
+                }],
+                settings.heartbeat_timeout,
+            ),
         )
         .await
         .map(|r| r.map(drop)),
     ] {
         let answered = outcome.expect("the store answers (an error) instead of hanging");
-        assert!(answered.is_err(), "a stopped server gives errors: {answered:?}");
+        assert!(
+            answered.is_err(),
+            "a stopped server gives errors: {answered:?}"
+        );
     }
     let acquire = lease.acquire().await;
     assert!(
-        acquire.as_ref().is_err() || acquire.as_ref().is_ok_and(|a| *a == Acquired::Granted { token }),
+        acquire.as_ref().is_err()
+            || acquire
+                .as_ref()
+                .is_ok_and(|a| *a == Acquired::Granted { token }),
         "the holder's own acquire during the outage: {acquire:?}"
     );
 
@@ -150,9 +166,17 @@ async fn tokens_increase_across_crashes_and_restarts() {
     for (round, fast) in [false, true, false].into_iter().enumerate() {
         let s = store(&server).await;
         let long = grant(&s, &request("kept", "a", Duration::from_secs(60))).await;
-        let t = grant(&s, &request("crash", &format!("owner-{round}"), Duration::from_secs(60))).await;
+        let t = grant(
+            &s,
+            &request("crash", &format!("owner-{round}"), Duration::from_secs(60)),
+        )
+        .await;
         assert!(t > last, "round {round}: token {t} after {last}");
-        assert!(s.release("crash", &format!("owner-{round}"), t).await.expect("release"));
+        assert!(
+            s.release("crash", &format!("owner-{round}"), t)
+                .await
+                .expect("release")
+        );
         last = t;
         blocking(&server, move |srv| {
             srv.stop(fast);
@@ -160,7 +184,11 @@ async fn tokens_increase_across_crashes_and_restarts() {
         })
         .await;
         let s = store(&server).await;
-        let rec = s.read("kept").await.expect("read").expect("survives the restart");
+        let rec = s
+            .read("kept")
+            .await
+            .expect("read")
+            .expect("survives the restart");
         assert_eq!((rec.owner.as_str(), rec.token), ("a", long));
         assert!(s.release("kept", "a", long).await.expect("release"));
     }
@@ -178,7 +206,8 @@ async fn list_prefix_is_literal_and_sorted_bytewise() {
     for name in ["p_x", "p%x", "pax", "p\\x", "q-B", "q-a", "q-Z", "q-é"] {
         grant(&s, &request(name, "a", ttl)).await;
     }
-    let names = |v: Vec<tenure_lease::LeaseRecord>| v.into_iter().map(|r| r.name).collect::<Vec<_>>();
+    let names =
+        |v: Vec<tenure_lease::LeaseRecord>| v.into_iter().map(|r| r.name).collect::<Vec<_>>();
     assert_eq!(names(s.list("p_").await.unwrap()), ["p_x"]);
     assert_eq!(names(s.list("p%").await.unwrap()), ["p%x"]);
     assert_eq!(names(s.list("p\\").await.unwrap()), ["p\\x"]);
@@ -205,11 +234,21 @@ async fn notes_versions_and_expiry() {
     let rec = s.read("noted").await.unwrap().expect("held");
     assert_eq!(rec.note.as_deref(), Some("nightly report, pid 42"));
     assert_eq!(rec.version, 2);
-    assert!(rec.expires_in <= ttl && rec.expires_in > Duration::ZERO, "{rec:?}");
+    assert!(
+        rec.expires_in <= ttl && rec.expires_in > Duration::ZERO,
+        "{rec:?}"
+    );
     assert_eq!(
-        s.renew("a", &[HeldLease { name: "noted".into(), token: t }], ttl)
-            .await
-            .unwrap(),
+        s.renew(
+            "a",
+            &[HeldLease {
+                name: "noted".into(),
+                token: t
+            }],
+            ttl
+        )
+        .await
+        .unwrap(),
         [true]
     );
     assert_eq!(s.read("noted").await.unwrap().unwrap().version, 3);
@@ -276,24 +315,40 @@ async fn guarded_writes_refuse_stale_tokens() {
     sleep(short + Duration::from_millis(200)).await;
     let contender = s.clone();
     let b = tokio::spawn(async move {
-        let t = grant(&contender, &request("guarded", "b", Duration::from_secs(30))).await;
+        let t = grant(
+            &contender,
+            &request("guarded", "b", Duration::from_secs(30)),
+        )
+        .await;
         (Instant::now(), t)
     });
     sleep(Duration::from_millis(200)).await;
     let committed = Instant::now();
     tx.commit().await.unwrap();
     let (granted_at, t2) = b.await.unwrap();
-    assert!(granted_at >= committed, "b was granted before a's guarded write committed");
+    assert!(
+        granted_at >= committed,
+        "b was granted before a's guarded write committed"
+    );
     assert!(t2 > t1);
 
     let tx = conn.transaction().await.unwrap();
     let refused = fence.check(&tx, "guarded", "a", t1).await;
-    assert!(matches!(refused, Err(FenceError::NotHeld { .. })), "{refused:?}");
+    assert!(
+        matches!(refused, Err(FenceError::NotHeld { .. })),
+        "{refused:?}"
+    );
     tx.rollback().await.unwrap();
     let tx = conn.transaction().await.unwrap();
-    fence.check(&tx, "guarded", "b", t2).await.expect("b holds it");
-    tx.execute("UPDATE report SET by_token = $1 WHERE id = 1", &[&(t2 as i64)])
+    fence
+        .check(&tx, "guarded", "b", t2)
         .await
-        .unwrap();
+        .expect("b holds it");
+    tx.execute(
+        "UPDATE report SET by_token = $1 WHERE id = 1",
+        &[&(t2 as i64)],
+    )
+    .await
+    .unwrap();
     tx.commit().await.unwrap();
 }
