@@ -5,6 +5,8 @@
 //!    directly on one plain tokio-postgres connection to the same server.
 //! 2. `renew`: one batched renewal of one lease through the store vs the same statement
 //!    issued directly.
+//!    Then the same in alternating rounds (robust to load from other processes): the
+//!    median per-round ratio to the direct SQL.
 //! 3. Renewal cost: store round trips (= statements) per heartbeat interval for one owner
 //!    holding 1, 100 and 10,000 leases through LeaseActors, and the time of one batched
 //!    renewal statement of that size (printed after the criterion groups).
@@ -326,6 +328,86 @@ fn renewal_cost(server: &PgServer) {
     }
 }
 
+/// The same comparison as `acquire_release`, in alternating rounds, so that load from
+/// other processes on the machine hits both sides alike: the median of per-round ratios.
+fn interleaved(server: &PgServer) {
+    let rt = runtime();
+    let store = rt.block_on(PostgresStore::connect(
+        server.options(Duration::from_secs(5)),
+    ));
+    let store: Arc<dyn LeaseStore> = Arc::new(store.expect("store"));
+    let lease = rt.block_on(async {
+        let spec = LeaseSpec::new("inter-api", "bench-owner", store.clone(), settings()).unwrap();
+        Lease::start(spec).await.unwrap()
+    });
+    let direct = rt.block_on(Direct::connect(server));
+    let req = AcquireRequest {
+        name: "inter-spi".into(),
+        owner: "bench-owner".into(),
+        instance: "bench".into(),
+        ttl: Duration::from_secs(60),
+        note: None,
+    };
+    const ROUNDS: usize = 40;
+    const PER_ROUND: u32 = 100;
+    let (mut api, mut spi) = (Vec::new(), Vec::new());
+    let (mut t_direct, mut t_api, mut t_spi) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
+    for _ in 0..ROUNDS {
+        let d = rt.block_on(async {
+            let started = Instant::now();
+            for _ in 0..PER_ROUND {
+                direct.acquire_release("inter-direct", "bench-owner").await;
+            }
+            started.elapsed()
+        });
+        let a = rt.block_on(async {
+            let started = Instant::now();
+            for _ in 0..PER_ROUND {
+                assert!(matches!(
+                    lease.acquire().await.unwrap(),
+                    Acquired::Granted { .. }
+                ));
+                assert!(lease.release().await.unwrap());
+            }
+            started.elapsed()
+        });
+        let s = rt.block_on(async {
+            let started = Instant::now();
+            for _ in 0..PER_ROUND {
+                let AcquireOutcome::Granted(r) = store.try_acquire(&req).await.unwrap() else {
+                    panic!("held")
+                };
+                assert!(
+                    store
+                        .release("inter-spi", "bench-owner", r.token)
+                        .await
+                        .unwrap()
+                );
+            }
+            started.elapsed()
+        });
+        api.push(a.as_secs_f64() / d.as_secs_f64());
+        spi.push(s.as_secs_f64() / d.as_secs_f64());
+        (t_direct, t_api, t_spi) = (t_direct + d, t_api + a, t_spi + s);
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let n = ROUNDS as u32 * PER_ROUND;
+    println!(
+        "\nacquire+release, {ROUNDS} alternating rounds of {PER_ROUND}: direct_sql {:.1?}, lease_api {:.1?}, store_spi {:.1?} per pair",
+        t_direct / n,
+        t_api / n,
+        t_spi / n
+    );
+    println!(
+        "median ratio per round: lease_api / direct_sql = {:.2}x, store_spi / direct_sql = {:.2}x",
+        median(&mut api),
+        median(&mut spi)
+    );
+}
+
 fn benches(c: &mut Criterion) {
     let server = PgServer::start();
     acquire_release(c, &server);
@@ -343,6 +425,7 @@ fn main() {
     groups();
     Criterion::default().configure_from_args().final_summary();
     let server = PgServer::start();
+    interleaved(&server);
     renewal_cost(&server);
     println!("(bench ran {:.0?})", started.elapsed());
 }
