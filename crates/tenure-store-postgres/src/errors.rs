@@ -53,12 +53,25 @@ pub(crate) fn from_pg(server: &str, e: tokio_postgres::Error) -> Failure {
         None => Failure {
             error: StoreError::Unavailable {
                 store: STORE,
-                detail: format!("{server}: {e}"),
+                detail: format!("{server}: {}", with_causes(&e)),
             },
             transient: true,
             broken: true,
         },
     }
+}
+
+/// `e: cause: cause…` (tokio-postgres keeps the I/O reason, e.g. "connection refused", in
+/// the source chain).
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 pub(crate) fn from_pool(server: &str, e: PoolError) -> Failure {
