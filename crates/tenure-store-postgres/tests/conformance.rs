@@ -6,22 +6,22 @@ use std::any::Any;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use server::PgServer;
+use server::{Exclusive, PgServer};
 use tenure_lease::LeaseStore;
 use tenure_lease::conformance::{Harness, test_settings};
 use tenure_store_postgres::PostgresStore;
 
 struct PgHarness {
     server: Arc<PgServer>,
+    _exclusive: Exclusive,
 }
 
 impl PgHarness {
     async fn start() -> Self {
-        let server = tokio::task::spawn_blocking(PgServer::start)
-            .await
-            .expect("server start");
+        let exclusive = Exclusive::start().await;
         PgHarness {
-            server: Arc::new(server),
+            server: exclusive.server.clone(),
+            _exclusive: exclusive,
         }
     }
 }

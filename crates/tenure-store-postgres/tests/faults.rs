@@ -7,7 +7,7 @@ mod server;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use server::PgServer;
+use server::{Exclusive, PgServer};
 use tenure_lease::conformance::test_settings;
 use tenure_lease::{
     AcquireOutcome, AcquireRequest, Acquired, HeldLease, Lease, LeaseSpec, LeaseStore, LostReason,
@@ -15,12 +15,8 @@ use tenure_lease::{
 use tenure_store_postgres::{FenceError, PostgresOptions, PostgresStore};
 use tokio::time::{Instant, sleep};
 
-async fn start() -> Arc<PgServer> {
-    Arc::new(
-        tokio::task::spawn_blocking(PgServer::start)
-            .await
-            .expect("server start"),
-    )
+async fn start() -> Exclusive {
+    Exclusive::start().await
 }
 
 async fn blocking(server: &Arc<PgServer>, f: impl FnOnce(&PgServer) + Send + 'static) {
@@ -58,7 +54,8 @@ async fn grant(store: &PostgresStore, req: &AcquireRequest) -> u64 {
 /// expire its grant. After the restart the tokens go on increasing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stopped_server_gives_errors_and_the_holder_signals_loss() {
-    let server = start().await;
+    let exclusive = start().await;
+    let server = exclusive.server.clone();
     let settings = test_settings();
     let holder_store: Arc<dyn LeaseStore> = Arc::new(store(&server).await);
     let lease = Lease::start(LeaseSpec::new("stopped", "a", holder_store, settings).expect("spec"))
@@ -161,7 +158,8 @@ async fn stopped_server_gives_errors_and_the_holder_signals_loss() {
 /// increasing, and a grant from before the crash is still what the table says.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_increase_across_crashes_and_restarts() {
-    let server = start().await;
+    let exclusive = start().await;
+    let server = exclusive.server.clone();
     let mut last = 0;
     for (round, fast) in [false, true, false].into_iter().enumerate() {
         let s = store(&server).await;
@@ -200,7 +198,8 @@ async fn tokens_increase_across_crashes_and_restarts() {
 /// `list` treats `%`, `_` and `\` in a prefix literally and sorts by bytes, as Rust does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn list_prefix_is_literal_and_sorted_bytewise() {
-    let server = start().await;
+    let exclusive = start().await;
+    let server = exclusive.server.clone();
     let s = store(&server).await;
     let ttl = Duration::from_secs(30);
     for name in ["p_x", "p%x", "pax", "p\\x", "q-B", "q-a", "q-Z", "q-é"] {
@@ -221,7 +220,8 @@ async fn list_prefix_is_literal_and_sorted_bytewise() {
 /// and `expires_in` is the server's view of the ttl.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn notes_versions_and_expiry() {
-    let server = start().await;
+    let exclusive = start().await;
+    let server = exclusive.server.clone();
     let s = store(&server).await;
     let ttl = Duration::from_secs(30);
     let req = AcquireRequest {
@@ -259,7 +259,8 @@ async fn notes_versions_and_expiry() {
 /// schema and table of the configuration's choosing, and they share the one table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_first_starts_share_one_table() {
-    let server = start().await;
+    let exclusive = start().await;
+    let server = exclusive.server.clone();
     let options = |_: usize| {
         let mut o: PostgresOptions = server.options(Duration::from_secs(5));
         o.schema = "app_leases".into();
@@ -293,7 +294,8 @@ async fn concurrent_first_starts_share_one_table() {
 /// row stays locked until it commits, so a later grant comes after the write.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn guarded_writes_refuse_stale_tokens() {
-    let server = start().await;
+    let exclusive = start().await;
+    let server = exclusive.server.clone();
     let s = PostgresStore::connect(server.options(Duration::from_secs(10)))
         .await
         .expect("connect");

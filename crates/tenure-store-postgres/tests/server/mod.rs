@@ -118,6 +118,31 @@ fn children(pid: i32) -> Vec<i32> {
     out
 }
 
+/// One server at a time per test process: the tests are sensitive to time (ttls of a
+/// second, 200 acquires within half a ttl), and on a small machine eight servers plus
+/// their clients at once starve each other.
+static ONE_AT_A_TIME: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
+
+/// A server for one test, held exclusively until dropped.
+pub struct Exclusive {
+    pub server: std::sync::Arc<PgServer>,
+    _turn: tokio::sync::SemaphorePermit<'static>,
+}
+
+impl Exclusive {
+    /// Waits for the servers of other tests of this process to be gone, then starts one.
+    pub async fn start() -> Exclusive {
+        let turn = ONE_AT_A_TIME.acquire().await.expect("never closed");
+        let server = tokio::task::spawn_blocking(PgServer::start)
+            .await
+            .expect("server start");
+        Exclusive {
+            server: std::sync::Arc::new(server),
+            _turn: turn,
+        }
+    }
+}
+
 /// A running PostgreSQL server on 127.0.0.1.
 pub struct PgServer {
     dir: tempfile::TempDir,
