@@ -5,10 +5,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Tests need: cargo (with rustfmt and clippy), a C compiler for bundled SQLite, and
-# util-linux's runuser (to check a read-only directory as an unprivileged user).
+# util-linux's runuser (to check a read-only directory as an unprivileged user) and setpriv.
 need=()
 command -v cc >/dev/null || need+=(gcc)
 command -v runuser >/dev/null || need+=(util-linux)
+# The postgres store's tests start a real server: Debian's `postgresql` (initdb, postgres
+# in /usr/lib/postgresql/<version>/bin; run as user `postgres` through setpriv when root).
+compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null || need+=(postgresql)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"

@@ -1,0 +1,87 @@
+//! Writes guarded by the lease, in the same database: the token check runs inside the
+//! caller's own transaction and holds the lease row until it commits.
+//!
+//! ```no_run
+//! # async fn f(store: &tenure_store_postgres::PostgresStore, token: u64) -> Result<(), Box<dyn std::error::Error>> {
+//! let mut conn = store.connection().await?;
+//! let tx = conn.transaction().await?;
+//! store.fence().check(&tx, "nightly-report", "10.0.0.7:2552", token).await?;
+//! tx.execute("UPDATE report SET done = true", &[]).await?;
+//! tx.commit().await?;
+//! # Ok(()) }
+//! ```
+
+/// Why a guarded write must not go ahead.
+#[derive(Debug, thiserror::Error)]
+pub enum FenceError {
+    /// The lease is not held by that owner with that token now (released, expired, or
+    /// granted to someone else): roll back.
+    #[error("lease `{name}` is not held by `{owner}` with token {token}: write refused")]
+    NotHeld {
+        name: String,
+        owner: String,
+        token: u64,
+    },
+    /// The check itself failed; the transaction is unusable, roll it back.
+    #[error("lease `{name}`: fence check failed: {source}")]
+    Database {
+        name: String,
+        #[source]
+        source: tokio_postgres::Error,
+    },
+}
+
+/// The token check of one lease table (from [`PostgresStore::fence`](crate::PostgresStore::fence)).
+#[derive(Debug, Clone)]
+pub struct Fence {
+    check: String,
+}
+
+impl Fence {
+    pub(crate) fn new(schema: &str, table: &str) -> Fence {
+        Fence {
+            // FOR SHARE conflicts with the row lock every acquire, renewal and release takes,
+            // so no other grant of the name can commit until the caller's transaction ends.
+            check: format!(
+                "SELECT 1 FROM \"{schema}\".\"{table}\"
+WHERE name = $1::text AND owner = $2::text AND token = $3::bigint
+  AND expires_at > clock_timestamp() FOR SHARE"
+            ),
+        }
+    }
+
+    /// Inside the caller's transaction `tx` (a transaction, because the row lock that
+    /// makes the check hold until commit ends with it): `Ok(())` when `owner` holds `name` with
+    /// `token`, unexpired on the server's clock. The lease row then stays locked until
+    /// `tx` ends, so the caller's writes commit before any later grant of `name` can:
+    /// a holder that paused past its ttl is refused here, never after. Keep such
+    /// transactions short: the holder's own renewals wait for them too.
+    pub async fn check(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        name: &str,
+        owner: &str,
+        token: u64,
+    ) -> Result<(), FenceError> {
+        let not_held = || FenceError::NotHeld {
+            name: name.to_string(),
+            owner: owner.to_string(),
+            token,
+        };
+        let Ok(t) = i64::try_from(token) else {
+            return Err(not_held());
+        };
+        let rows = tx
+            .query(&self.check, &[&name, &owner, &t])
+            .await
+            .map_err(|source| FenceError::Database {
+                name: name.to_string(),
+                source,
+            })?;
+        if rows.is_empty() {
+            Err(not_held())
+        } else {
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,44 @@
+//! # tenure-store-postgres
+//!
+//! A lease store in one PostgreSQL table, for processes on many hosts that share a database.
+//!
+//! ```toml
+//! [lease.postgres]
+//! store = "postgres"
+//! url = "postgres://tenure@db.internal:5432/app"
+//! schema = "tenure"
+//! ```
+//!
+//! **Time.** Expiry is computed by the database server, on its clock (`clock_timestamp()`),
+//! never on a client's: `expires_at = <server time when it processed the request> + ttl`,
+//! and a grant is free once the server's clock passes it. Holders measure their own
+//! deadline on their monotonic clocks from when they *sent* the request (see
+//! `tenure_lease::validity`), so no two machines' wall clocks are ever compared. The server's
+//! clock must not be stepped forward by more than the safety margin (slewing NTP is fine).
+//!
+//! **Tokens** come from one sequence (`<table>_token`). A new grant takes `nextval` while
+//! it holds the lease row's lock, so tokens of one name strictly increase across holders,
+//! releases, expiries and server restarts (sequences never go back, not even after a crash).
+//! They are unique across all names, so a token also identifies its grant: a release or
+//! renewal names `(name, owner, token)` and can never touch a later grant.
+//!
+//! **Rows are never deleted**: a release expires its row (`expires_at = '-infinity'`), so
+//! the row of a name, once created, is the one place every later grant of that name is
+//! serialised on. Operators who want to revoke a grant should do the same, not `DELETE`.
+//!
+//! **Errors.** Every operation runs as one statement in autocommit. Transient failures
+//! (no connection, connection lost, server starting or shutting down) are retried within
+//! the store's operation timeout when retrying cannot change the meaning of the answer
+//! (acquire, renew, read, list; a release only before it was sent). Past that they surface
+//! as [`StoreError::Unavailable`](tenure_lease::StoreError): outcome unknown.
+
+mod errors;
+mod fenced;
+mod options;
+mod schema;
+pub mod sql;
+mod store;
+
+pub use fenced::{Fence, FenceError};
+pub use options::PostgresOptions;
+pub use store::{PostgresStore, PostgresStoreFactory};

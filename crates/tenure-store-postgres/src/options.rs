@@ -1,0 +1,211 @@
+//! The options of a `store = "postgres"` section, read and checked without connecting.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use tenure_lease::config::TableReader;
+use tenure_lease::{ConfigError, LeaseSection, TenureConfig};
+
+/// The reference section whose options are the defaults of every postgres section.
+const REFERENCE_SECTION: &str = "postgres";
+
+/// Every option key of a postgres section (defaults in `config/reference.toml`).
+const KEYS: &[&str] = &[
+    "url",
+    "password",
+    "schema",
+    "table",
+    "pool-size",
+    "connect-timeout",
+];
+
+/// Longest schema or table name: PostgreSQL cuts identifiers at 63 bytes, and the table
+/// name gets a suffix (`_token`, `_owner`) for the objects beside it.
+const MAX_IDENT: usize = 48;
+
+/// How to reach the database and where the lease table lives.
+#[derive(Clone)]
+pub struct PostgresOptions {
+    /// Connection parameters (from `url`, with `password` applied).
+    pub connection: tokio_postgres::Config,
+    /// Schema of the lease table; created if missing.
+    pub schema: String,
+    /// Name of the lease table; created if missing.
+    pub table: String,
+    /// Most connections the store keeps open.
+    pub pool_size: usize,
+    /// Bound on opening one connection.
+    pub connect_timeout: Duration,
+    /// Bound on every store operation, retries included (`lease-operation-timeout`).
+    pub operation_timeout: Duration,
+}
+
+impl std::fmt::Debug for PostgresOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresOptions")
+            .field("server", &self.server())
+            .field("schema", &self.schema)
+            .field("table", &self.table)
+            .field("pool_size", &self.pool_size)
+            .finish()
+    }
+}
+
+impl PostgresOptions {
+    /// Reads the options of `section`; keys it leaves out take their defaults from the
+    /// reference's `[lease.postgres]`. Errors name the offending key.
+    pub fn from_section(section: &LeaseSection) -> Result<PostgresOptions, ConfigError> {
+        let key = section.key();
+        TableReader::new(&key, &section.options).reject_unknown(KEYS)?;
+        let mut options = TenureConfig::reference()
+            .lease_section(REFERENCE_SECTION)?
+            .options;
+        options.extend(section.options.clone());
+        let r = TableReader::new(&key, &options);
+        let url = r.string("url")?;
+        let mut connection = tokio_postgres::Config::from_str(&url).map_err(|e| {
+            ConfigError::invalid(
+                r.key("url"),
+                format!("not a PostgreSQL connection string: {e}"),
+            )
+        })?;
+        if connection.get_hosts().is_empty() {
+            return Err(ConfigError::invalid(r.key("url"), "names no host"));
+        }
+        if connection.get_user().is_none() {
+            return Err(ConfigError::invalid(r.key("url"), "names no user"));
+        }
+        let password = r.string("password")?;
+        if !password.is_empty() {
+            connection.password(password);
+        }
+        let connect_timeout = r.positive_duration("connect-timeout")?;
+        connection.connect_timeout(connect_timeout);
+        if connection.get_application_name().is_none() {
+            connection.application_name("tenure");
+        }
+        let pool_size = r.integer("pool-size")?;
+        let pool_size = usize::try_from(pool_size)
+            .ok()
+            .filter(|n| (1..=1000).contains(n))
+            .ok_or_else(|| ConfigError::invalid(r.key("pool-size"), "must be 1 to 1000"))?;
+        Ok(PostgresOptions {
+            connection,
+            schema: identifier(&r, "schema")?,
+            table: identifier(&r, "table")?,
+            pool_size,
+            connect_timeout,
+            operation_timeout: section.settings.lease_operation_timeout,
+        })
+    }
+
+    /// Options for a server at `connection`, with the reference names (`tenure.tenure_lease`).
+    pub fn new(connection: tokio_postgres::Config, operation_timeout: Duration) -> Self {
+        PostgresOptions {
+            connection,
+            schema: "tenure".into(),
+            table: "tenure_lease".into(),
+            pool_size: 8,
+            connect_timeout: operation_timeout,
+            operation_timeout,
+        }
+    }
+
+    /// `user@host:port/dbname`, for messages (never the password).
+    pub fn server(&self) -> String {
+        let c = &self.connection;
+        let host = match c.get_hosts().first() {
+            Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
+            Some(tokio_postgres::config::Host::Unix(p)) => p.display().to_string(),
+            None => "?".into(),
+        };
+        let port = c.get_ports().first().copied().unwrap_or(5432);
+        format!(
+            "{}@{host}:{port}/{}",
+            c.get_user().unwrap_or("?"),
+            c.get_dbname()
+                .unwrap_or_else(|| c.get_user().unwrap_or("?"))
+        )
+    }
+}
+
+/// A schema or table name: lower-case ASCII letters, digits and `_`, not starting with a
+/// digit, so it means the same quoted or not and needs no escaping.
+fn identifier(r: &TableReader<'_>, k: &str) -> Result<String, ConfigError> {
+    let name = r.string(k)?;
+    let ok = !name.is_empty()
+        && name.len() <= MAX_IDENT
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if ok {
+        Ok(name)
+    } else {
+        Err(ConfigError::invalid(
+            r.key(k),
+            format!(
+                "{name:?} is not a plain identifier (a-z, 0-9, _, not starting with a digit, at most {MAX_IDENT} bytes)"
+            ),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tenure_lease::TenureConfig;
+
+    fn section(extra: &str) -> Result<PostgresOptions, ConfigError> {
+        let config = TenureConfig::from_toml_str(
+            &format!("[lease.pg]\nstore = \"postgres\"\n{extra}"),
+            "test",
+        )
+        .expect("config");
+        PostgresOptions::from_section(&config.lease_section("pg").expect("section"))
+    }
+
+    #[test]
+    fn reference_defaults_parse() {
+        let o = section("").unwrap();
+        assert_eq!(
+            (o.schema.as_str(), o.table.as_str()),
+            ("tenure", "tenure_lease")
+        );
+        assert!(o.pool_size >= 1);
+        assert!(o.server().contains("127.0.0.1:5432"), "{}", o.server());
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let e = section("schema = \"Bad-Name\"").err().unwrap().to_string();
+        assert!(e.contains("lease.pg.schema"), "{e}");
+        let e = section("table = \"x; drop table y\"")
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("lease.pg.table"), "{e}");
+        let e = section("pool-size = 0").err().unwrap().to_string();
+        assert!(e.contains("lease.pg.pool-size"), "{e}");
+        let e = section("url = \"postgres://h:notaport/db\"")
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("lease.pg.url"), "{e}");
+        let e = section("connect-timeout = \"0s\"")
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("lease.pg.connect-timeout"), "{e}");
+        let e = section("tabel = \"x\"").err().unwrap().to_string();
+        assert!(e.contains("lease.pg.tabel"), "{e}");
+    }
+
+    #[test]
+    fn password_is_applied_and_never_shown() {
+        let o = section("url = \"postgres://app@db:6543/leases\"\npassword = \"s3cret\"").unwrap();
+        assert_eq!(o.connection.get_password(), Some(&b"s3cret"[..]));
+        assert_eq!(o.server(), "app@db:6543/leases");
+        assert!(!format!("{o:?}").contains("s3cret"));
+    }
+}

@@ -1,0 +1,52 @@
+//! The conformance suite against a real PostgreSQL server per test (Debian's `postgresql`).
+
+mod server;
+
+use std::any::Any;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use server::{Exclusive, PgServer};
+use tenure_lease::LeaseStore;
+use tenure_lease::conformance::{Harness, test_settings};
+use tenure_store_postgres::PostgresStore;
+
+struct PgHarness {
+    server: Arc<PgServer>,
+    _exclusive: Exclusive,
+}
+
+impl PgHarness {
+    async fn start() -> Self {
+        let exclusive = Exclusive::start().await;
+        PgHarness {
+            server: exclusive.server.clone(),
+            _exclusive: exclusive,
+        }
+    }
+}
+
+#[async_trait]
+impl Harness for PgHarness {
+    /// Its own connection pool, as another process would have.
+    async fn client(&self) -> Arc<dyn LeaseStore> {
+        let options = self.server.options(test_settings().lease_operation_timeout);
+        Arc::new(PostgresStore::connect(options).await.expect("connect"))
+    }
+
+    /// Fast shutdown and start on the same data directory and port.
+    async fn restart(&self) {
+        let server = self.server.clone();
+        tokio::task::spawn_blocking(move || server.restart())
+            .await
+            .expect("restart");
+    }
+
+    /// Every server process stopped with SIGSTOP: open connections hang, new ones are
+    /// never answered.
+    async fn outage(&self) -> Box<dyn Any + Send> {
+        Box::new(self.server.freeze())
+    }
+}
+
+tenure_lease::conformance_tests!(PgHarness::start());

@@ -1,0 +1,356 @@
+//! Real faults and PostgreSQL specifics against a real server: the server stopped or
+//! crashed under a holder, restarts, LIKE wildcards in prefixes, byte-order listing,
+//! concurrent first starts, notes, and writes guarded in the caller's transaction.
+
+mod server;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use server::{Exclusive, PgServer};
+use tenure_lease::conformance::test_settings;
+use tenure_lease::{
+    AcquireOutcome, AcquireRequest, Acquired, HeldLease, Lease, LeaseSpec, LeaseStore, LostReason,
+};
+use tenure_store_postgres::{FenceError, PostgresOptions, PostgresStore};
+use tokio::time::{Instant, sleep};
+
+async fn start() -> Exclusive {
+    Exclusive::start().await
+}
+
+async fn blocking(server: &Arc<PgServer>, f: impl FnOnce(&PgServer) + Send + 'static) {
+    let s = server.clone();
+    tokio::task::spawn_blocking(move || f(&s))
+        .await
+        .expect("server control");
+}
+
+async fn store(server: &PgServer) -> PostgresStore {
+    PostgresStore::connect(server.options(test_settings().lease_operation_timeout))
+        .await
+        .expect("connect")
+}
+
+fn request(name: &str, owner: &str, ttl: Duration) -> AcquireRequest {
+    AcquireRequest {
+        name: name.into(),
+        owner: owner.into(),
+        instance: format!("{owner}-1"),
+        ttl,
+        note: None,
+    }
+}
+
+async fn grant(store: &PostgresStore, req: &AcquireRequest) -> u64 {
+    match store.try_acquire(req).await.expect("acquire") {
+        AcquireOutcome::Granted(r) => r.token,
+        AcquireOutcome::Held(r) => panic!("{}: held by {}", req.name, r.owner),
+    }
+}
+
+/// The server stopped under a holder: store calls answer errors (bounded by the operation
+/// timeout, never "not granted"), and the holder announces the loss before the store could
+/// expire its grant. After the restart the tokens go on increasing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopped_server_gives_errors_and_the_holder_signals_loss() {
+    let exclusive = start().await;
+    let server = exclusive.server.clone();
+    let settings = test_settings();
+    let holder_store: Arc<dyn LeaseStore> = Arc::new(store(&server).await);
+    let lease = Lease::start(LeaseSpec::new("stopped", "a", holder_store, settings).expect("spec"))
+        .await
+        .expect("lease actor");
+    let lost: Arc<Mutex<Vec<(Instant, LostReason)>>> = Arc::default();
+    let l = lost.clone();
+    let Acquired::Granted { token } = lease
+        .acquire_with_lost(move |ev| l.lock().unwrap().push((Instant::now(), ev.reason)))
+        .await
+        .expect("acquire")
+    else {
+        panic!("not granted")
+    };
+    let other = store(&server).await;
+    blocking(&server, |s| s.stop(true)).await;
+    // No renewal can succeed from here on: this is the holder's last deadline.
+    let deadline = lease.deadline();
+
+    let bound = settings.lease_operation_timeout * 10;
+    for outcome in [
+        tokio::time::timeout(
+            bound,
+            other.try_acquire(&request("stopped", "b", settings.heartbeat_timeout)),
+        )
+        .await
+        .map(|r| r.map(drop)),
+        tokio::time::timeout(bound, other.release("stopped", "a", token))
+            .await
+            .map(|r| r.map(drop)),
+        tokio::time::timeout(bound, other.read("stopped"))
+            .await
+            .map(|r| r.map(drop)),
+        tokio::time::timeout(
+            bound,
+            other.renew(
+                "a",
+                &[HeldLease {
+                    name: "stopped".into(),
+                    token,
+                }],
+                settings.heartbeat_timeout,
+            ),
+        )
+        .await
+        .map(|r| r.map(drop)),
+    ] {
+        let answered = outcome.expect("the store answers (an error) instead of hanging");
+        assert!(
+            answered.is_err(),
+            "a stopped server gives errors: {answered:?}"
+        );
+    }
+    let acquire = lease.acquire().await;
+    assert!(
+        acquire.as_ref().is_err()
+            || acquire
+                .as_ref()
+                .is_ok_and(|a| *a == Acquired::Granted { token }),
+        "the holder's own acquire during the outage: {acquire:?}"
+    );
+
+    let waited = Instant::now();
+    while lost.lock().unwrap().is_empty() {
+        assert!(
+            waited.elapsed() < settings.heartbeat_timeout * 10,
+            "no loss signalled"
+        );
+        sleep(Duration::from_millis(20)).await;
+    }
+    let (lost_at, reason) = lost.lock().unwrap()[0];
+    assert_eq!(reason, LostReason::Expired);
+    assert!(!lease.check_lease());
+    if let Some(deadline) = deadline {
+        // The store keeps the grant at least `margin` past the holder's deadline.
+        assert!(
+            lost_at < deadline + settings.safety_margin,
+            "loss signalled {:?} after the local deadline",
+            lost_at.saturating_duration_since(deadline)
+        );
+    }
+
+    blocking(&server, |s| s.start_again()).await;
+    // The old pool finds its connections closed and opens new ones.
+    let (granted_at, later) = loop {
+        match other
+            .try_acquire(&request("stopped", "b", settings.heartbeat_timeout))
+            .await
+        {
+            Ok(AcquireOutcome::Granted(r)) => break (Instant::now(), r.token),
+            Ok(AcquireOutcome::Held(_)) | Err(_) => sleep(Duration::from_millis(20)).await,
+        }
+    };
+    assert!(later > token, "token {later} after {token}");
+    assert!(lost_at <= granted_at);
+    assert_eq!(lost.lock().unwrap().len(), 1, "one loss signal");
+}
+
+/// Crashes (immediate shutdown, crash recovery) and clean restarts: tokens of a name keep
+/// increasing, and a grant from before the crash is still what the table says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_increase_across_crashes_and_restarts() {
+    let exclusive = start().await;
+    let server = exclusive.server.clone();
+    let mut last = 0;
+    for (round, fast) in [false, true, false].into_iter().enumerate() {
+        let s = store(&server).await;
+        let long = grant(&s, &request("kept", "a", Duration::from_secs(60))).await;
+        let t = grant(
+            &s,
+            &request("crash", &format!("owner-{round}"), Duration::from_secs(60)),
+        )
+        .await;
+        assert!(t > last, "round {round}: token {t} after {last}");
+        assert!(
+            s.release("crash", &format!("owner-{round}"), t)
+                .await
+                .expect("release")
+        );
+        last = t;
+        blocking(&server, move |srv| {
+            srv.stop(fast);
+            srv.start_again();
+        })
+        .await;
+        let s = store(&server).await;
+        let rec = s
+            .read("kept")
+            .await
+            .expect("read")
+            .expect("survives the restart");
+        assert_eq!((rec.owner.as_str(), rec.token), ("a", long));
+        assert!(s.release("kept", "a", long).await.expect("release"));
+    }
+    let s = store(&server).await;
+    let t = grant(&s, &request("crash", "z", Duration::from_secs(5))).await;
+    assert!(t > last, "after the last restart: token {t} after {last}");
+}
+
+/// `list` treats `%`, `_` and `\` in a prefix literally and sorts by bytes, as Rust does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_prefix_is_literal_and_sorted_bytewise() {
+    let exclusive = start().await;
+    let server = exclusive.server.clone();
+    let s = store(&server).await;
+    let ttl = Duration::from_secs(30);
+    for name in ["p_x", "p%x", "pax", "p\\x", "q-B", "q-a", "q-Z", "q-é"] {
+        grant(&s, &request(name, "a", ttl)).await;
+    }
+    let names =
+        |v: Vec<tenure_lease::LeaseRecord>| v.into_iter().map(|r| r.name).collect::<Vec<_>>();
+    assert_eq!(names(s.list("p_").await.unwrap()), ["p_x"]);
+    assert_eq!(names(s.list("p%").await.unwrap()), ["p%x"]);
+    assert_eq!(names(s.list("p\\").await.unwrap()), ["p\\x"]);
+    let mut q = vec!["q-B", "q-a", "q-Z", "q-é"];
+    q.sort();
+    assert_eq!(names(s.list("q-").await.unwrap()), q);
+    assert_eq!(s.list("").await.unwrap().len(), 8);
+}
+
+/// The note is kept (and kept by a reentrant acquire without one), versions count writes,
+/// and `expires_in` is the server's view of the ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notes_versions_and_expiry() {
+    let exclusive = start().await;
+    let server = exclusive.server.clone();
+    let s = store(&server).await;
+    let ttl = Duration::from_secs(30);
+    let req = AcquireRequest {
+        note: Some("nightly report, pid 42".into()),
+        ..request("noted", "a", ttl)
+    };
+    let t = grant(&s, &req).await;
+    let again = grant(&s, &request("noted", "a", ttl)).await;
+    assert_eq!(t, again);
+    let rec = s.read("noted").await.unwrap().expect("held");
+    assert_eq!(rec.note.as_deref(), Some("nightly report, pid 42"));
+    assert_eq!(rec.version, 2);
+    assert!(
+        rec.expires_in <= ttl && rec.expires_in > Duration::ZERO,
+        "{rec:?}"
+    );
+    assert_eq!(
+        s.renew(
+            "a",
+            &[HeldLease {
+                name: "noted".into(),
+                token: t
+            }],
+            ttl
+        )
+        .await
+        .unwrap(),
+        [true]
+    );
+    assert_eq!(s.read("noted").await.unwrap().unwrap().version, 3);
+    assert_eq!(s.renew("a", &[], ttl).await.unwrap(), Vec::<bool>::new());
+}
+
+/// Many processes opening a fresh database at once: every migration succeeds, in a
+/// schema and table of the configuration's choosing, and they share the one table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_first_starts_share_one_table() {
+    let exclusive = start().await;
+    let server = exclusive.server.clone();
+    let options = |_: usize| {
+        let mut o: PostgresOptions = server.options(Duration::from_secs(5));
+        o.schema = "app_leases".into();
+        o.table = "locks".into();
+        o
+    };
+    let stores = futures::future::join_all((0..6).map(|i| PostgresStore::connect(options(i))))
+        .await
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()
+        .expect("every migration succeeds");
+    let t = grant(&stores[0], &request("shared", "a", Duration::from_secs(30))).await;
+    match stores[5]
+        .try_acquire(&request("shared", "b", Duration::from_secs(30)))
+        .await
+        .unwrap()
+    {
+        AcquireOutcome::Held(r) => assert_eq!((r.owner.as_str(), r.token), ("a", t)),
+        AcquireOutcome::Granted(_) => panic!("two tables"),
+    }
+    let conn = stores[1].connection().await.unwrap();
+    let n: i64 = conn
+        .query_one("SELECT count(*) FROM app_leases.locks", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 1);
+}
+
+/// A write guarded by the fence commits only while the writer holds the lease; the lease
+/// row stays locked until it commits, so a later grant comes after the write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guarded_writes_refuse_stale_tokens() {
+    let exclusive = start().await;
+    let server = exclusive.server.clone();
+    let s = PostgresStore::connect(server.options(Duration::from_secs(10)))
+        .await
+        .expect("connect");
+    let mut conn = s.connection().await.unwrap();
+    conn.batch_execute("CREATE TABLE report (id int PRIMARY KEY, by_token bigint)")
+        .await
+        .unwrap();
+    let fence = s.fence();
+    let short = Duration::from_millis(300);
+    let t1 = grant(&s, &request("guarded", "a", short)).await;
+
+    let tx = conn.transaction().await.unwrap();
+    fence.check(&tx, "guarded", "a", t1).await.expect("held");
+    tx.execute("INSERT INTO report VALUES (1, $1)", &[&(t1 as i64)])
+        .await
+        .unwrap();
+    // The grant expires on the server while the transaction is open; a contender must
+    // still wait for the commit.
+    sleep(short + Duration::from_millis(200)).await;
+    let contender = s.clone();
+    let b = tokio::spawn(async move {
+        let t = grant(
+            &contender,
+            &request("guarded", "b", Duration::from_secs(30)),
+        )
+        .await;
+        (Instant::now(), t)
+    });
+    sleep(Duration::from_millis(200)).await;
+    let committed = Instant::now();
+    tx.commit().await.unwrap();
+    let (granted_at, t2) = b.await.unwrap();
+    assert!(
+        granted_at >= committed,
+        "b was granted before a's guarded write committed"
+    );
+    assert!(t2 > t1);
+
+    let tx = conn.transaction().await.unwrap();
+    let refused = fence.check(&tx, "guarded", "a", t1).await;
+    assert!(
+        matches!(refused, Err(FenceError::NotHeld { .. })),
+        "{refused:?}"
+    );
+    tx.rollback().await.unwrap();
+    let tx = conn.transaction().await.unwrap();
+    fence
+        .check(&tx, "guarded", "b", t2)
+        .await
+        .expect("b holds it");
+    tx.execute(
+        "UPDATE report SET by_token = $1 WHERE id = 1",
+        &[&(t2 as i64)],
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+}

@@ -1,0 +1,330 @@
+//! A throw-away PostgreSQL server for tests and benchmarks: Debian's `postgresql` binaries,
+//! a data directory in a temp dir, a free loopback port, killed on drop.
+//!
+//! As root the server runs as the `postgres` user (PostgreSQL refuses to run as root),
+//! through `setpriv`, which execs it: the child's pid is the postmaster's.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use tenure_store_postgres::PostgresOptions;
+
+const PG_ROOT: &str = "/usr/lib/postgresql";
+const RUN_AS: &str = "postgres";
+
+/// The newest `/usr/lib/postgresql/<version>/bin` with `initdb` and `postgres`.
+fn bin_dir() -> PathBuf {
+    let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir(PG_ROOT)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let version = e.file_name().to_str()?.parse::<u32>().ok()?;
+            let bin = e.path().join("bin");
+            (bin.join("postgres").is_file() && bin.join("initdb").is_file())
+                .then_some((version, bin))
+        })
+        .collect();
+    found.sort();
+    match found.pop() {
+        Some((_, bin)) => bin,
+        None => panic!(
+            "PostgreSQL server binaries (initdb, postgres) not found under {PG_ROOT}/<version>/bin: \
+             install the Debian package `postgresql` (apt-get install -y postgresql)"
+        ),
+    }
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// `program args…` run as the unprivileged server user when we are root.
+fn command(program: &Path) -> Command {
+    if is_root() {
+        let mut c = Command::new("setpriv");
+        c.args([
+            &format!("--reuid={RUN_AS}"),
+            &format!("--regid={RUN_AS}"),
+            "--clear-groups",
+            "--",
+        ])
+        .arg(program);
+        c
+    } else {
+        Command::new(program)
+    }
+}
+
+/// Gives `path` to the server user (when root), so the server can write there.
+fn hand_over(path: &Path) {
+    if !is_root() {
+        return;
+    }
+    let status = Command::new("chown")
+        .args(["-R", &format!("{RUN_AS}:{RUN_AS}")])
+        .arg(path)
+        .status()
+        .expect("chown");
+    assert!(
+        status.success(),
+        "chown {RUN_AS} {}: does user `{RUN_AS}` exist? It comes with the Debian package `postgresql`",
+        path.display()
+    );
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free loopback port")
+        .port()
+}
+
+fn signal(pid: i32, sig: i32) {
+    // SAFETY: kill has no memory-safety preconditions; a stale pid at worst gets ESRCH.
+    unsafe {
+        libc::kill(pid, sig);
+    }
+}
+
+/// The processes whose parent is `pid` (the postmaster's backends and workers).
+fn children(pid: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(child) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // "pid (comm) state ppid …": comm may hold spaces, so split after the last ')'.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<i32>().ok());
+        if ppid == Some(pid) {
+            out.push(child);
+        }
+    }
+    out
+}
+
+/// One server at a time per test process: the tests are sensitive to time (ttls of a
+/// second, 200 acquires within half a ttl), and on a small machine eight servers plus
+/// their clients at once starve each other.
+static ONE_AT_A_TIME: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
+
+/// A server for one test, held exclusively until dropped.
+pub struct Exclusive {
+    pub server: std::sync::Arc<PgServer>,
+    _turn: tokio::sync::SemaphorePermit<'static>,
+}
+
+impl Exclusive {
+    /// Waits for the servers of other tests of this process to be gone, then starts one.
+    pub async fn start() -> Exclusive {
+        let turn = ONE_AT_A_TIME.acquire().await.expect("never closed");
+        let server = tokio::task::spawn_blocking(PgServer::start)
+            .await
+            .expect("server start");
+        Exclusive {
+            server: std::sync::Arc::new(server),
+            _turn: turn,
+        }
+    }
+}
+
+/// A running PostgreSQL server on 127.0.0.1.
+pub struct PgServer {
+    dir: tempfile::TempDir,
+    bin: PathBuf,
+    port: u16,
+    child: Mutex<Option<Child>>,
+}
+
+impl PgServer {
+    /// Initialises a data directory in a temp dir and starts a server on a free port.
+    pub fn start() -> PgServer {
+        let bin = bin_dir();
+        let dir = tempfile::Builder::new()
+            .prefix("tenure-pg")
+            .tempdir()
+            .expect("temp dir");
+        hand_over(dir.path());
+        let out = command(&bin.join("initdb"))
+            .arg("-D")
+            .arg(dir.path().join("data"))
+            .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"])
+            .output()
+            .expect("run initdb (as root through setpriv, from util-linux)");
+        assert!(
+            out.status.success(),
+            "initdb failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let server = PgServer {
+            dir,
+            bin,
+            port: free_port(),
+            child: Mutex::new(None),
+        };
+        server.start_again();
+        server
+    }
+
+    /// Starts the server (again) on the same data directory and port; waits until it
+    /// accepts connections.
+    pub fn start_again(&self) {
+        let mut slot = self.child.lock().unwrap();
+        assert!(slot.is_none(), "server already running");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .expect("log file");
+        let child = command(&self.bin.join("postgres"))
+            .arg("-D")
+            .arg(self.dir.path().join("data"))
+            .args(["-p", &self.port.to_string(), "-k"])
+            .arg(self.dir.path())
+            .args([
+                "-c",
+                "listen_addresses=127.0.0.1",
+                "-c",
+                "fsync=off",
+                "-c",
+                "max_connections=200",
+            ])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("start postgres");
+        *slot = Some(child);
+        drop(slot);
+        self.wait_ready();
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join("server.log")
+    }
+
+    fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(self.log_path()).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+
+    fn wait_ready(&self) {
+        let started = Instant::now();
+        loop {
+            let ok = Command::new(self.bin.join("pg_isready"))
+                .args(["-q", "-h", "127.0.0.1", "-p", &self.port.to_string()])
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false);
+            if ok {
+                return;
+            }
+            if let Some(child) = self.child.lock().unwrap().as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                panic!("postgres exited ({status}):\n{}", self.log_tail());
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "postgres did not accept connections within 60 s:\n{}",
+                self.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn pid(&self) -> Option<i32> {
+        self.child.lock().unwrap().as_ref().map(|c| c.id() as i32)
+    }
+
+    /// Stops the server: `fast` shuts down cleanly (clients are told), otherwise it crashes
+    /// it (immediate shutdown: no checkpoint, crash recovery at the next start).
+    pub fn stop(&self, fast: bool) {
+        let Some(mut child) = self.child.lock().unwrap().take() else {
+            return;
+        };
+        let pid = child.id() as i32;
+        for p in std::iter::once(pid).chain(children(pid)) {
+            signal(p, libc::SIGCONT);
+        }
+        signal(pid, if fast { libc::SIGINT } else { libc::SIGQUIT });
+        let _ = child.wait();
+    }
+
+    /// Stops and starts the server on the same directory and port.
+    pub fn restart(&self) {
+        self.stop(true);
+        self.start_again();
+    }
+
+    /// Freezes the server and every backend (SIGSTOP) until the guard drops: connections
+    /// stay open and nothing answers, as with a paused or partitioned server.
+    pub fn freeze(&self) -> Frozen {
+        let pid = self.pid().expect("server running");
+        // The postmaster first, so it forks no new backend meanwhile.
+        signal(pid, libc::SIGSTOP);
+        let mut pids = vec![pid];
+        for child in children(pid) {
+            signal(child, libc::SIGSTOP);
+            pids.push(child);
+        }
+        Frozen { pids }
+    }
+
+    /// Connection parameters of the server (user `postgres`, database `postgres`).
+    pub fn connection(&self) -> tokio_postgres::Config {
+        let mut c = tokio_postgres::Config::new();
+        c.host("127.0.0.1")
+            .port(self.port)
+            .user("postgres")
+            .dbname("postgres");
+        c
+    }
+
+    /// Store options for this server with `operation_timeout`.
+    pub fn options(&self, operation_timeout: Duration) -> PostgresOptions {
+        let mut c = self.connection();
+        c.connect_timeout(operation_timeout);
+        PostgresOptions::new(c, operation_timeout)
+    }
+
+    /// `postgres://postgres@127.0.0.1:<port>/postgres`.
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+}
+
+impl Drop for PgServer {
+    fn drop(&mut self) {
+        self.stop(false);
+    }
+}
+
+/// A frozen server; dropping it lets the server run again.
+pub struct Frozen {
+    pids: Vec<i32>,
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        for p in &self.pids {
+            signal(*p, libc::SIGCONT);
+        }
+    }
+}
