@@ -9,6 +9,9 @@ cd "$(dirname "$0")/.."
 need=()
 command -v cc >/dev/null || need+=(gcc)
 command -v runuser >/dev/null || need+=(util-linux)
+# etcd store tests start a real etcd; etcd-client's build needs protoc.
+command -v etcd >/dev/null || need+=(etcd-server)
+command -v protoc >/dev/null || need+=(protobuf-compiler)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"

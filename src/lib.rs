@@ -17,11 +17,14 @@
 pub use tenure_cluster as cluster;
 pub use tenure_lease::*;
 pub use tenure_singleton as singleton;
+pub use tenure_store_etcd as etcd;
 pub use tenure_store_sqlite as sqlite;
 
-/// Every store kind this build knows: `memory` and `sqlite`.
+/// Every store kind this build knows: `memory`, `sqlite` and `etcd`.
 pub fn store_registry() -> StoreRegistry {
-    StoreRegistry::new().with(tenure_store_sqlite::SqliteStoreFactory)
+    StoreRegistry::new()
+        .with(tenure_store_sqlite::SqliteStoreFactory)
+        .with(tenure_store_etcd::EtcdStoreFactory)
 }
 
 /// A provider over `config` with every known store kind.
