@@ -5,6 +5,8 @@
 //! - `<prefix>sessions/<session id in hex>`: the heartbeat key of one session (an etcd
 //!   lease), attached to it and rewritten by every renewal. Its mod revision tells a
 //!   contender that the holder is still renewing (see [`crate::clock`]).
+//! - `<prefix>waiters/<name length>/<name>/<session>/<instance>`: one fair acquire waiting
+//!   in line, attached to the waiter's session; the line is ordered by create revision.
 
 use serde::{Deserialize, Serialize};
 use tenure_lease::StoreError;
@@ -40,6 +42,17 @@ impl Layout {
     /// The heartbeat key of session `id`.
     pub(crate) fn session(&self, id: i64) -> String {
         format!("{}sessions/{id:016x}", self.prefix)
+    }
+
+    /// Prefix of the waiter keys of lease `name`. The name's length goes first, so that
+    /// the waiters of `a` and of `a/b` never share a prefix.
+    pub(crate) fn waiters(&self, name: &str) -> String {
+        format!("{}waiters/{}/{name}/", self.prefix, name.len())
+    }
+
+    /// The waiter key of one fair acquire of `name` by `instance` in session `session`.
+    pub(crate) fn waiter(&self, name: &str, session: i64, instance: &str) -> String {
+        format!("{}{session:016x}/{instance}", self.waiters(name))
     }
 
     /// The lease name of a holder key, if it is one.
@@ -89,6 +102,8 @@ mod tests {
         assert_eq!(l.name_of(b"/t/leases/a/b"), Some("a/b"));
         assert_eq!(l.name_of(b"/t/sessions/1"), None);
         assert_eq!(l.session(255), "/t/sessions/00000000000000ff");
+        assert!(!l.waiter("a/b", 1, "i").starts_with(&l.waiters("a")));
+        assert!(l.waiter("a", 1, "i").starts_with(&l.waiters("a")));
     }
 
     #[test]

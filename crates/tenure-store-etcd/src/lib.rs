@@ -36,10 +36,12 @@
 
 pub mod clock;
 mod error;
+mod fair;
 mod layout;
 mod options;
 mod session;
 mod store;
+mod watch;
 
 pub use options::{EtcdOptions, EtcdStoreFactory};
 pub use store::EtcdStore;

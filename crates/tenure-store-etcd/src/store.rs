@@ -50,11 +50,11 @@ pub struct EtcdStore {
     inner: Arc<Inner>,
 }
 
-struct Inner {
-    client: Client,
-    layout: Layout,
-    clock: Arc<RevisionClock>,
-    sessions: Sessions,
+pub(crate) struct Inner {
+    pub(crate) client: Client,
+    pub(crate) layout: Layout,
+    pub(crate) clock: Arc<RevisionClock>,
+    pub(crate) sessions: Sessions,
     grants: Mutex<HashMap<String, LocalGrant>>,
 }
 
@@ -90,7 +90,11 @@ impl Drop for Doubt<'_> {
     }
 }
 
-fn put_leased(key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>, session: i64) -> TxnOp {
+pub(crate) fn put_leased(
+    key: impl Into<Vec<u8>>,
+    value: impl Into<Vec<u8>>,
+    session: i64,
+) -> TxnOp {
     TxnOp::put(key, value, Some(PutOptions::new().with_lease(session)))
 }
 
@@ -138,7 +142,12 @@ impl Inner {
             .cloned()
     }
 
-    async fn txn(&self, txn: Txn, operation: &str, what: &str) -> Result<TxnResponse, StoreError> {
+    pub(crate) async fn txn(
+        &self,
+        txn: Txn,
+        operation: &str,
+        what: &str,
+    ) -> Result<TxnResponse, StoreError> {
         let resp = self
             .client
             .kv_client()
@@ -170,7 +179,7 @@ impl Inner {
     }
 
     /// The key-values of op `i` (a get) of `resp`.
-    fn got(resp: &TxnResponse, i: usize) -> Vec<KeyValue> {
+    pub(crate) fn got(resp: &TxnResponse, i: usize) -> Vec<KeyValue> {
         match resp.op_responses().into_iter().nth(i) {
             Some(TxnOpResponse::Get(g)) => g.kvs().to_vec(),
             _ => Vec::new(),
@@ -222,7 +231,13 @@ impl Inner {
         })
     }
 
-    async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError> {
+    /// Acquires as [`LeaseStore::try_acquire`]; with `pinned`, only under that session
+    /// (a fair waiter whose session was replaced must not be granted).
+    pub(crate) async fn try_acquire_in(
+        &self,
+        req: &AcquireRequest,
+        pinned: Option<i64>,
+    ) -> Result<AcquireOutcome, StoreError> {
         let name = req.name.as_str();
         let mut doubt = Doubt {
             inner: self,
@@ -240,6 +255,12 @@ impl Inner {
         let bytes = value.encode();
         for _ in 0..RACES {
             let session = self.sessions.ready(&req.owner, req.ttl).await?;
+            if pinned.is_some_and(|p| p != session.id) {
+                return Err(StoreError::Unavailable {
+                    store: "etcd",
+                    detail: format!("acquire {key}: the waiter's session expired"),
+                });
+            }
             let heartbeat = self.layout.session(session.id);
             let write = [
                 put_leased(key.clone(), bytes.clone(), session.id),
@@ -254,7 +275,15 @@ impl Inner {
                     "acquire",
                     &key,
                 )
-                .await?;
+                .await;
+            let resp = match resp {
+                Err(e) if e.to_string().contains("lease not found") => {
+                    // Revoked behind our back (or expired early): later calls grant anew.
+                    self.sessions.forget(&req.owner, &session).await;
+                    return Err(e);
+                }
+                other => other?,
+            };
             let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
             if resp.succeeded() {
                 return Ok(self.granted(&mut doubt, req, &session, value, revision, 1));
@@ -525,7 +554,7 @@ impl Inner {
         })
     }
 
-    async fn read(&self, name: &str) -> Result<Option<LeaseRecord>, StoreError> {
+    pub(crate) async fn read(&self, name: &str) -> Result<Option<LeaseRecord>, StoreError> {
         let key = self.layout.lease(name);
         let (kvs, hbs) = self
             .snapshot(TxnOp::get(key.clone(), None), "read", &key)
@@ -576,8 +605,8 @@ impl LeaseStore for EtcdStore {
         Capabilities {
             native_fencing: true,
             server_side_expiry: true,
-            fair_waiting: false,
-            watch: false,
+            fair_waiting: true,
+            watch: true,
             durable: true,
         }
     }
@@ -587,7 +616,7 @@ impl LeaseStore for EtcdStore {
     /// same owner or from an expired grant (new token). `Ok(Held)`: another owner's
     /// unexpired grant. `Err`: unknown (unreachable, timed out, or lost too many races).
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError> {
-        self.inner.try_acquire(req).await
+        self.inner.try_acquire_in(req, None).await
     }
 
     /// One keep-alive of `owner`'s session for `ttl`, one heartbeat write, one read of the
@@ -616,5 +645,24 @@ impl LeaseStore for EtcdStore {
 
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
         self.inner.list(prefix).await
+    }
+
+    /// Queues behind earlier fair acquires of `req.name` (a waiter key attached to the
+    /// owner's session, ordered by create revision, each waiter watching only the one
+    /// before it), then acquires as `try_acquire` does. `Ok(Held)`: `wait` passed while
+    /// another owner held the lease. `Err`: unknown, including a waiter whose session
+    /// expired while queued (never granted then) and `wait` passing while earlier waiters
+    /// had not reached the lease. The waiter key is removed however this ends (also when
+    /// the future is dropped). `try_acquire` does not queue: it may overtake waiters.
+    async fn acquire_fair(
+        &self,
+        req: &AcquireRequest,
+        wait: Duration,
+    ) -> Result<AcquireOutcome, StoreError> {
+        self.inner.acquire_fair(req, wait).await
+    }
+
+    async fn watch(&self, prefix: &str) -> Result<tenure_lease::WatchReceiver, StoreError> {
+        crate::watch::watch(&self.inner.client, &self.inner.layout, prefix).await
     }
 }
