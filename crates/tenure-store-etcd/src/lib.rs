@@ -13,6 +13,9 @@
 //! - **Expiry** is the server's for whole seconds; shorter time-to-lives are judged on
 //!   each client's own monotonic clock against etcd's revision order ([`clock`] module
 //!   docs): no wall clocks are compared.
+//! - **Fair acquire** ([`LeaseStore::acquire_fair`](tenure_lease::LeaseStore::acquire_fair))
+//!   queues waiter keys in revision order, each watching only its predecessor (etcd's
+//!   `concurrency.Mutex`), and **watch** pushes holder changes.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
 use tenure_lease::config::TableReader;
-use tenure_lease::{ConfigError, LeaseSection, LeaseStore, StoreFactory};
+use tenure_lease::{ConfigError, LeaseSection, LeaseStore, StoreFactory, TenureConfig};
 
 use crate::store::EtcdStore;
 
@@ -57,11 +57,18 @@ fn optional_path(r: &TableReader<'_>, k: &str) -> Result<Option<PathBuf>, Config
 
 impl EtcdOptions {
     /// Reads and checks the options of `section`. Errors name the offending key.
+    /// Keys the section leaves out take their defaults from the reference's
+    /// `[lease.etcd]`, so any section with `store = "etcd"` needs only what differs.
     pub fn from_section(section: &LeaseSection) -> Result<Self, ConfigError> {
         let prefix_key = section.key();
-        let r = TableReader::new(&prefix_key, &section.options);
-        r.reject_unknown(KEYS)?;
-        let endpoints = match section.options.get("endpoints") {
+        TableReader::new(&prefix_key, &section.options).reject_unknown(KEYS)?;
+        let mut options = TenureConfig::reference()
+            .lease_section("etcd")
+            .map(|s| s.options)
+            .unwrap_or_default();
+        options.extend(section.options.clone());
+        let r = TableReader::new(&prefix_key, &options);
+        let endpoints = match options.get("endpoints") {
             Some(toml::Value::Array(items)) => items
                 .iter()
                 .map(|v| match v {
@@ -177,5 +184,50 @@ impl StoreFactory for EtcdStoreFactory {
     async fn open(&self, section: &LeaseSection) -> Result<Arc<dyn LeaseStore>, ConfigError> {
         let options = EtcdOptions::from_section(section)?;
         Ok(Arc::new(options.connect(&section.key()).await?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn section(extra: &str) -> Result<EtcdOptions, ConfigError> {
+        let config =
+            TenureConfig::from_toml_str(&format!("[lease.e]\nstore = \"etcd\"\n{extra}"), "test")
+                .expect("toml");
+        EtcdOptions::from_section(&config.lease_section("e").expect("section"))
+    }
+
+    #[test]
+    fn defaults_come_from_the_reference() {
+        let o = section("").expect("defaults");
+        assert_eq!(o.endpoints, vec!["http://127.0.0.1:2379".to_string()]);
+        assert_eq!(o.prefix, "/tenure/");
+        assert_eq!(o.dial_timeout, Duration::from_secs(3));
+        assert_eq!((o.ca, o.cert, o.key), (None, None, None));
+    }
+
+    #[test]
+    fn endpoints_from_an_array_or_a_comma_separated_string() {
+        let o = section("endpoints = [\"http://a:1\", \"http://b:2\"]").unwrap();
+        assert_eq!(o.endpoints, ["http://a:1", "http://b:2"]);
+        let o = section("endpoints = \"http://a:1, http://b:2\"").unwrap();
+        assert_eq!(o.endpoints, ["http://a:1", "http://b:2"]);
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        for (extra, key) in [
+            ("endpoints = []", "lease.e.endpoints"),
+            ("endpoints = 3", "lease.e.endpoints"),
+            ("prefix = \"\"", "lease.e.prefix"),
+            ("dial-timeout = \"0s\"", "lease.e.dial-timeout"),
+            ("cert = \"/nonexistent/cert.pem\"", "lease.e.cert"),
+            ("cert = \"Cargo.toml\"", "lease.e.key"),
+            ("endpionts = []", "lease.e.endpionts"),
+        ] {
+            let err = section(extra).expect_err(extra).to_string();
+            assert!(err.contains(key), "{extra}: {err}");
+        }
     }
 }
