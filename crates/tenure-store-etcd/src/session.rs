@@ -41,6 +41,10 @@ impl Session {
         *self.valid_until.lock().unwrap_or_else(|e| e.into_inner()) >= Instant::now() + ttl
     }
 
+    fn what(&self) -> String {
+        format!("session {:x}", self.id)
+    }
+
     fn extend(&self, sent: Instant, secs: i64) {
         let until = sent + Duration::from_secs(u64::try_from(secs).unwrap_or(0));
         let mut v = self.valid_until.lock().unwrap_or_else(|e| e.into_inner());
@@ -128,21 +132,36 @@ impl Sessions {
     }
 
     /// Sends one keep-alive for `session` on its stream (opened on first use, reopened
-    /// after an error) and waits for the answer.
+    /// after an error) and waits for the answer. A cached stream that turns out broken
+    /// (the member restarted, the connection dropped) is replaced once, at once: its
+    /// failure says nothing about the session.
     pub(crate) async fn keep_alive(&self, session: &Session) -> Result<KeepAlive, StoreError> {
-        let what = format!("session {:x}", session.id);
         let mut slot = session.keeper.lock().await;
         // Taken out while in use: if this call is cancelled or fails, the stream is dropped
         // and the next call opens a fresh one (no stale answer can be read later).
-        let (mut keeper, mut stream) = match slot.take() {
-            Some(k) => k,
-            None => self
-                .client
-                .lease_client()
-                .keep_alive(session.id)
-                .await
-                .map_err(|e| etcd_error("open a keep-alive stream", &what, e))?,
-        };
+        if let Some(cached) = slot.take()
+            && let Ok((answer, stream)) = self.keep_alive_on(session, cached).await
+        {
+            *slot = Some(stream);
+            return Ok(answer);
+        }
+        let fresh = self
+            .client
+            .lease_client()
+            .keep_alive(session.id)
+            .await
+            .map_err(|e| etcd_error("open a keep-alive stream", &session.what(), e))?;
+        let (answer, stream) = self.keep_alive_on(session, fresh).await?;
+        *slot = Some(stream);
+        Ok(answer)
+    }
+
+    async fn keep_alive_on(
+        &self,
+        session: &Session,
+        (mut keeper, mut stream): (LeaseKeeper, LeaseKeepAliveStream),
+    ) -> Result<(KeepAlive, (LeaseKeeper, LeaseKeepAliveStream)), StoreError> {
+        let what = session.what();
         let sent = Instant::now();
         keeper
             .keep_alive()
@@ -159,12 +178,11 @@ impl Sessions {
         if let Some(h) = answer.header() {
             self.clock.saw(h.revision());
         }
-        *slot = Some((keeper, stream));
         if answer.ttl() <= 0 {
-            return Ok(KeepAlive::Expired);
+            return Ok((KeepAlive::Expired, (keeper, stream)));
         }
         session.extend(sent, answer.ttl());
-        Ok(KeepAlive::Alive)
+        Ok((KeepAlive::Alive, (keeper, stream)))
     }
 
     /// Forgets `session` (it expired): later acquires grant a new one.

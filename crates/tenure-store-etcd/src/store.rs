@@ -24,6 +24,16 @@ use crate::session::{KeepAlive, Session, Sessions};
 /// key between its read and its write) before giving up with an error.
 const RACES: usize = 16;
 
+/// How many times a request refused at connect (it reached no member) is sent.
+const CONNECT_ATTEMPTS: usize = 4;
+
+/// Whether `e` says the request could not be delivered to any member (connection refused
+/// or not established), so that it certainly had no effect.
+fn never_sent(e: &etcd_client::Error) -> bool {
+    let text = e.to_string();
+    text.contains("tcp connect error") || text.contains("Connection refused")
+}
+
 /// A grant this client wrote: what renewals and releases check against.
 #[derive(Debug, Clone)]
 struct LocalGrant {
@@ -148,12 +158,16 @@ impl Inner {
         operation: &str,
         what: &str,
     ) -> Result<TxnResponse, StoreError> {
-        let resp = self
-            .client
-            .kv_client()
-            .txn(txn)
-            .await
-            .map_err(|e| etcd_error(operation, what, e))?;
+        let mut attempt = 1;
+        let resp = loop {
+            match self.client.kv_client().txn(txn.clone()).await {
+                Ok(resp) => break resp,
+                // The request never left this client (a member refused the connection):
+                // send it again, the balancer may pick another member.
+                Err(e) if attempt < CONNECT_ATTEMPTS && never_sent(&e) => attempt += 1,
+                Err(e) => return Err(etcd_error(operation, what, e)),
+            }
+        };
         let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
         self.clock.saw(revision);
         Ok(resp)
