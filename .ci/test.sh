@@ -12,6 +12,9 @@ command -v runuser >/dev/null || need+=(util-linux)
 # The postgres store's tests start a real server: Debian's `postgresql` (initdb, postgres
 # in /usr/lib/postgresql/<version>/bin; run as user `postgres` through setpriv when root).
 compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null || need+=(postgresql)
+# etcd store tests start a real etcd; etcd-client's build needs protoc.
+command -v etcd >/dev/null || need+=(etcd-server)
+command -v protoc >/dev/null || need+=(protobuf-compiler)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"

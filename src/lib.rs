@@ -18,14 +18,16 @@ pub use tenure_cluster as cluster;
 pub use tenure_lease::*;
 pub use tenure_sharding as sharding;
 pub use tenure_singleton as singleton;
+pub use tenure_store_etcd as etcd;
 pub use tenure_store_postgres as postgres;
 pub use tenure_store_sqlite as sqlite;
 
-/// Every store kind this build knows: `memory`, `sqlite` and `postgres`.
+/// Every store kind this build knows: `memory`, `sqlite`, `postgres` and `etcd`.
 pub fn store_registry() -> StoreRegistry {
     StoreRegistry::new()
         .with(tenure_store_sqlite::SqliteStoreFactory)
         .with(tenure_store_postgres::PostgresStoreFactory)
+        .with(tenure_store_etcd::EtcdStoreFactory)
 }
 
 /// A provider over `config` with every known store kind.

@@ -1,0 +1,223 @@
+//! etcd store benchmarks, against one real etcd member started here (data in /dev/shm).
+//!
+//! 1. `acquire_release`: one acquire and one release through the Lease API (LeaseActor)
+//!    and through the store SPI, against the bare etcd-client transactions the store is
+//!    built on (create-if-absent with a session lease, delete guarded by create revision)
+//!    and against etcd's Lock RPC (lock + unlock with a session lease).
+//! 2. Renewal traffic: etcd requests (as counted by etcd's own /metrics) per heartbeat
+//!    interval for one owner holding 1, 100 and 10,000 leases through LeaseActors
+//!    (printed after the criterion groups).
+//!
+//! Run: `cargo bench -p tenure-store-etcd --bench etcd_lease`
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::io::{Read, Write};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, criterion_group};
+use etcd_client::{Client, Compare, CompareOp, LockOptions, PutOptions, Txn, TxnOp};
+use tenure_lease::{
+    AcquireOutcome, AcquireRequest, Acquired, Lease, LeaseActor, LeaseEventSink, LeaseMsg,
+    LeaseSettings, LeaseSpec, LeaseStore, RenewalBatcher,
+};
+
+use support::Etcd;
+
+fn settings() -> LeaseSettings {
+    LeaseSettings {
+        heartbeat_timeout: Duration::from_secs(60),
+        heartbeat_interval: Duration::from_secs(6),
+        lease_operation_timeout: Duration::from_secs(5),
+        lease_retry_interval: Duration::from_secs(1),
+        safety_margin: Duration::from_secs(6),
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+fn acquire_release(c: &mut Criterion) {
+    let rt = runtime();
+    let etcd = rt.block_on(Etcd::single());
+    let (lease, store, mut raw, session) = rt.block_on(async {
+        let store: Arc<dyn LeaseStore> = Arc::new(etcd.store().await);
+        let lease =
+            Lease::start(LeaseSpec::new("api", "bench-owner", store.clone(), settings()).unwrap())
+                .await
+                .unwrap();
+        let mut raw = Client::connect(etcd.endpoints(), None).await.unwrap();
+        let session = raw.lease_grant(61, None).await.unwrap().id();
+        (lease, store, raw, session)
+    });
+    let req = AcquireRequest {
+        name: "spi".into(),
+        owner: "bench-owner".into(),
+        instance: "bench".into(),
+        ttl: Duration::from_secs(60),
+        note: None,
+    };
+    let mut g = c.benchmark_group("acquire_release");
+    g.bench_function("lease_api", |b| {
+        b.iter(|| {
+            rt.block_on(async {
+                assert!(matches!(
+                    lease.acquire().await.unwrap(),
+                    Acquired::Granted { .. }
+                ));
+                assert!(lease.release().await.unwrap());
+            })
+        })
+    });
+    g.bench_function("store_spi", |b| {
+        b.iter(|| {
+            rt.block_on(async {
+                let AcquireOutcome::Granted(r) = store.try_acquire(&req).await.unwrap() else {
+                    panic!("held")
+                };
+                assert!(store.release("spi", "bench-owner", r.token).await.unwrap());
+            })
+        })
+    });
+    let key = "/bench/bare";
+    g.bench_function("bare_etcd_txn", |b| {
+        b.iter(|| {
+            rt.block_on(async {
+                let got = raw
+                    .txn(
+                        Txn::new()
+                            .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+                            .and_then([TxnOp::put(
+                                key,
+                                "bench-owner",
+                                Some(PutOptions::new().with_lease(session)),
+                            )])
+                            .or_else([TxnOp::get(key, None)]),
+                    )
+                    .await
+                    .unwrap();
+                assert!(got.succeeded());
+                let token = got.header().unwrap().revision();
+                let del = raw
+                    .txn(
+                        Txn::new()
+                            .when([Compare::create_revision(key, CompareOp::Equal, token)])
+                            .and_then([TxnOp::delete(key, None)]),
+                    )
+                    .await
+                    .unwrap();
+                assert!(del.succeeded());
+            })
+        })
+    });
+    g.bench_function("etcd_lock_rpc", |b| {
+        b.iter(|| {
+            rt.block_on(async {
+                let held = raw
+                    .lock("/bench/lock", Some(LockOptions::new().with_lease(session)))
+                    .await
+                    .unwrap();
+                raw.unlock(held.key()).await.unwrap();
+            })
+        })
+    });
+    g.finish();
+    drop(lease);
+    drop(etcd);
+}
+
+/// etcd's request counters from its /metrics page: unary calls handled plus keep-alive
+/// messages received.
+fn etcd_requests(endpoint: &str) -> u64 {
+    let addr = endpoint.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(addr).expect("metrics connection");
+    write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).unwrap();
+    body.lines()
+        .filter(|l| {
+            (l.starts_with("grpc_server_handled_total{") && l.contains("grpc_type=\"unary\""))
+                || (l.starts_with("grpc_server_msg_received_total{")
+                    && l.contains("grpc_method=\"LeaseKeepAlive\""))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+fn renewal_traffic() {
+    println!("\nrenewal traffic: one owner, LeaseActors on one etcd member, heartbeat-interval 1s");
+    println!(
+        "{:>8} {:>10} {:>26} {:>20}",
+        "leases", "intervals", "etcd requests / interval", "renewed per interval"
+    );
+    let rt = runtime();
+    for n in [1usize, 100, 10_000] {
+        let etcd = rt.block_on(Etcd::single());
+        let s = LeaseSettings {
+            heartbeat_timeout: Duration::from_secs(10),
+            heartbeat_interval: Duration::from_secs(1),
+            lease_operation_timeout: Duration::from_secs(10),
+            lease_retry_interval: Duration::from_secs(1),
+            safety_margin: Duration::from_secs(1),
+        };
+        let endpoint = etcd.endpoint(0);
+        let (requests, intervals, all_held) = rt.block_on(async {
+            let store: Arc<dyn LeaseStore> = Arc::new(etcd.store().await);
+            let batcher = RenewalBatcher::new(store.clone(), "owner".into(), s);
+            let mut actors = Vec::with_capacity(n);
+            for i in 0..n {
+                let spec = LeaseSpec::with_batcher(
+                    &format!("lease-{i}"),
+                    "owner",
+                    store.clone(),
+                    s,
+                    batcher.clone(),
+                )
+                .unwrap();
+                let (actor, view) = LeaseActor::start(spec, LeaseEventSink::ignore(), None)
+                    .await
+                    .unwrap();
+                let reply = ractor::call!(actor, LeaseMsg::TryAcquire).unwrap().unwrap();
+                assert!(matches!(reply.0, Acquired::Granted { .. }));
+                actors.push((actor, view));
+            }
+            tokio::time::sleep(Duration::from_millis(2500)).await;
+            let r0 = etcd_requests(&endpoint);
+            let intervals = 5u64;
+            tokio::time::sleep(s.heartbeat_interval * intervals as u32).await;
+            let r1 = etcd_requests(&endpoint);
+            let all_held = actors.iter().all(|(_, v)| v.check_lease());
+            for (a, _) in &actors {
+                a.stop(None);
+            }
+            (r1 - r0, intervals, all_held)
+        });
+        assert!(all_held, "every lease still held");
+        println!(
+            "{n:>8} {intervals:>10} {:>26.2} {:>20}",
+            requests as f64 / intervals as f64,
+            n
+        );
+    }
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().sample_size(100).measurement_time(Duration::from_secs(5)).warm_up_time(Duration::from_secs(2));
+    targets = acquire_release
+}
+
+fn main() {
+    let started = Instant::now();
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+    renewal_traffic();
+    println!("(bench ran {:.0?})", started.elapsed());
+}

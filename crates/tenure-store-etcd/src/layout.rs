@@ -1,0 +1,121 @@
+//! Where the store keeps what, under the section's key prefix.
+//!
+//! - `<prefix>leases/<name>`: the holder key of lease `name`, attached to the holder's
+//!   session; its value is a [`GrantValue`], its create revision the fencing token.
+//! - `<prefix>sessions/<session id in hex>`: the heartbeat key of one session (an etcd
+//!   lease), attached to it and rewritten by every renewal. Its mod revision tells a
+//!   contender that the holder is still renewing (see [`crate::clock`]).
+//! - `<prefix>waiters/<name length>/<name>/<session>/<instance>`: one fair acquire waiting
+//!   in line, attached to the waiter's session; the line is ordered by create revision.
+
+use serde::{Deserialize, Serialize};
+use tenure_lease::StoreError;
+
+/// Key names of one store (one key prefix).
+#[derive(Debug, Clone)]
+pub(crate) struct Layout {
+    prefix: String,
+}
+
+impl Layout {
+    pub(crate) fn new(prefix: &str) -> Self {
+        Layout {
+            prefix: prefix.to_string(),
+        }
+    }
+
+    /// Prefix of every holder key.
+    pub(crate) fn leases(&self) -> String {
+        format!("{}leases/", self.prefix)
+    }
+
+    /// The holder key of lease `name`.
+    pub(crate) fn lease(&self, name: &str) -> String {
+        format!("{}leases/{name}", self.prefix)
+    }
+
+    /// Prefix of every heartbeat key.
+    pub(crate) fn sessions(&self) -> String {
+        format!("{}sessions/", self.prefix)
+    }
+
+    /// The heartbeat key of session `id`.
+    pub(crate) fn session(&self, id: i64) -> String {
+        format!("{}sessions/{id:016x}", self.prefix)
+    }
+
+    /// Prefix of the waiter keys of lease `name`. The name's length goes first, so that
+    /// the waiters of `a` and of `a/b` never share a prefix.
+    pub(crate) fn waiters(&self, name: &str) -> String {
+        format!("{}waiters/{}/{name}/", self.prefix, name.len())
+    }
+
+    /// The waiter key of one fair acquire of `name` by `instance` in session `session`.
+    pub(crate) fn waiter(&self, name: &str, session: i64, instance: &str) -> String {
+        format!("{}{session:016x}/{instance}", self.waiters(name))
+    }
+
+    /// The lease name of a holder key, if it is one.
+    pub(crate) fn name_of<'k>(&self, key: &'k [u8]) -> Option<&'k str> {
+        std::str::from_utf8(key)
+            .ok()?
+            .strip_prefix(self.leases().as_str())
+    }
+}
+
+/// The value of a holder key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct GrantValue {
+    pub owner: String,
+    pub instance: String,
+    /// The time-to-live the holder was last given, in milliseconds: a contender that has
+    /// seen the grant and its session's heartbeat unchanged for this long may take over.
+    pub ttl_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+impl GrantValue {
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a GrantValue always serialises")
+    }
+
+    pub(crate) fn decode(key: &[u8], bytes: &[u8]) -> Result<Self, StoreError> {
+        serde_json::from_slice(bytes).map_err(|e| StoreError::Backend {
+            store: "etcd",
+            detail: format!(
+                "key {} does not hold a Tenure grant: {e}",
+                String::from_utf8_lossy(key)
+            ),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_and_names() {
+        let l = Layout::new("/t/");
+        assert_eq!(l.lease("a/b"), "/t/leases/a/b");
+        assert_eq!(l.name_of(b"/t/leases/a/b"), Some("a/b"));
+        assert_eq!(l.name_of(b"/t/sessions/1"), None);
+        assert_eq!(l.session(255), "/t/sessions/00000000000000ff");
+        assert!(!l.waiter("a/b", 1, "i").starts_with(&l.waiters("a")));
+        assert!(l.waiter("a", 1, "i").starts_with(&l.waiters("a")));
+    }
+
+    #[test]
+    fn values_round_trip_and_garbage_is_an_error() {
+        let v = GrantValue {
+            owner: "o".into(),
+            instance: "i".into(),
+            ttl_ms: 1500,
+            note: None,
+        };
+        assert_eq!(GrantValue::decode(b"k", &v.encode()).unwrap(), v);
+        let err = GrantValue::decode(b"/t/leases/x", b"nope").unwrap_err();
+        assert!(err.to_string().contains("/t/leases/x"), "{err}");
+    }
+}

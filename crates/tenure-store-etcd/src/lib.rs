@@ -1,0 +1,50 @@
+//! # tenure-store-etcd
+//!
+//! The lease store on etcd, the Consistent Core of the lease pattern: etcd's leader tracks
+//! time-to-lives on its own clock, keys attached to an etcd lease are deleted with it.
+//!
+//! - **One session per owner** (an etcd lease per owner and time-to-live, per store
+//!   client). Every Tenure lease the owner holds is a key `<prefix>leases/<name>` attached
+//!   to it, so renewing costs one keep-alive (plus one heartbeat write and one read of the
+//!   attached keys) whatever the number of leases, and when the session expires every key
+//!   of the owner goes at once.
+//! - **Fencing tokens** are the holder key's create revision: etcd's global revision
+//!   never goes back, across holders, releases, expiries and restarts.
+//! - **Expiry** is the server's for whole seconds; shorter time-to-lives are judged on
+//!   each client's own monotonic clock against etcd's revision order ([`clock`] module
+//!   docs): no wall clocks are compared.
+//! - **Fair acquire** ([`LeaseStore::acquire_fair`](tenure_lease::LeaseStore::acquire_fair))
+//!   queues waiter keys in revision order, each watching only its predecessor (etcd's
+//!   `concurrency.Mutex`), and **watch** pushes holder changes.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//! use tenure_lease::{AcquireOutcome, AcquireRequest, LeaseStore};
+//! let client = etcd_client::Client::connect(["http://127.0.0.1:2379"], None).await?;
+//! let store = tenure_store_etcd::EtcdStore::new(client, "/tenure/");
+//! let req = AcquireRequest {
+//!     name: "nightly-report".into(),
+//!     owner: "10.0.0.1:2552".into(),
+//!     instance: "1".into(),
+//!     ttl: Duration::from_secs(10),
+//!     note: None,
+//! };
+//! if let AcquireOutcome::Granted(record) = store.try_acquire(&req).await? {
+//!     println!("fencing token {}", record.token);
+//!     store.release(&req.name, &req.owner, record.token).await?;
+//! }
+//! # Ok(()) }
+//! ```
+
+pub mod clock;
+mod error;
+mod fair;
+mod layout;
+mod options;
+mod session;
+mod store;
+mod watch;
+
+pub use options::{EtcdOptions, EtcdStoreFactory};
+pub use store::EtcdStore;

@@ -1,0 +1,220 @@
+//! Fair acquire (first come, first served; cancellation and session expiry) and watch,
+//! against a real etcd.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{Client, GetOptions};
+use tenure_lease::{AcquireOutcome, AcquireRequest, LeaseStore, WatchEvent};
+use tokio::time::sleep;
+
+use support::{Etcd, PREFIX};
+
+fn request(name: &str, owner: &str, ttl: Duration) -> AcquireRequest {
+    AcquireRequest {
+        name: name.into(),
+        owner: owner.into(),
+        instance: format!("{owner}-1"),
+        ttl,
+        note: None,
+    }
+}
+
+fn token(o: &AcquireOutcome) -> u64 {
+    match o {
+        AcquireOutcome::Granted(r) => r.token,
+        AcquireOutcome::Held(r) => panic!("expected a grant, held by {}", r.owner),
+    }
+}
+
+async fn raw(etcd: &Etcd) -> Client {
+    Client::connect(etcd.endpoints(), None)
+        .await
+        .expect("client")
+}
+
+/// The waiter keys in line for any lease.
+async fn waiters(c: &mut Client) -> Vec<(String, i64)> {
+    c.get(
+        format!("{PREFIX}waiters/"),
+        Some(GetOptions::new().with_prefix()),
+    )
+    .await
+    .expect("get waiters")
+    .kvs()
+    .iter()
+    .map(|kv| (String::from_utf8_lossy(kv.key()).into_owned(), kv.lease()))
+    .collect()
+}
+
+async fn until_waiters(c: &mut Client, n: usize) {
+    for _ in 0..500 {
+        if waiters(c).await.len() == n {
+            return;
+        }
+        sleep(Duration::from_millis(10)).await;
+    }
+    panic!("never {n} waiters in line: {:?}", waiters(c).await);
+}
+
+/// Waiters are granted in the order they queued; each grant is what `read` and
+/// `try_acquire` see; the line is empty afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_waiters_are_granted_in_order() {
+    let etcd = Etcd::single().await;
+    let mut c = raw(&etcd).await;
+    let ttl = Duration::from_secs(5);
+    let holder = etcd.store().await;
+    let first = token(
+        &holder
+            .try_acquire(&request("fair", "a", ttl))
+            .await
+            .expect("acquire"),
+    );
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut stores = Vec::new();
+    for (i, owner) in ["b", "c", "d"].into_iter().enumerate() {
+        let store: Arc<dyn LeaseStore> = Arc::new(etcd.store().await);
+        stores.push(store.clone());
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let got = store
+                .acquire_fair(&request("fair", owner, ttl), Duration::from_secs(60))
+                .await;
+            tx.send((owner, got)).expect("report");
+        });
+        until_waiters(&mut c, i + 1).await;
+    }
+    assert!(holder.release("fair", "a", first).await.expect("release"));
+    let mut last = first;
+    for (expected, store) in ["b", "c", "d"].into_iter().zip(&stores) {
+        let (owner, got) = rx.recv().await.expect("a grant");
+        let t = token(&got.expect("fair acquire"));
+        assert_eq!(owner, expected, "granted out of order");
+        assert!(t > last);
+        last = t;
+        let rec = holder.read("fair").await.expect("read").expect("held");
+        assert_eq!((rec.owner.as_str(), rec.token), (owner, t));
+        match holder
+            .try_acquire(&request("fair", "z", ttl))
+            .await
+            .expect("acquire")
+        {
+            AcquireOutcome::Held(r) => assert_eq!(r.owner, owner),
+            AcquireOutcome::Granted(_) => panic!("try_acquire granted while {owner} holds"),
+        }
+        assert!(store.release("fair", owner, t).await.expect("release"));
+    }
+    assert!(waiters(&mut c).await.is_empty());
+}
+
+/// A fair acquire that times out answers Held and leaves the line; one that is cancelled
+/// (future dropped) leaves it too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_timeout_and_cancel_leave_the_line() {
+    let etcd = Etcd::single().await;
+    let mut c = raw(&etcd).await;
+    let ttl = Duration::from_secs(5);
+    let holder = etcd.store().await;
+    token(
+        &holder
+            .try_acquire(&request("busy", "a", ttl))
+            .await
+            .expect("acquire"),
+    );
+    let b = etcd.store().await;
+    match b
+        .acquire_fair(&request("busy", "b", ttl), Duration::from_millis(300))
+        .await
+        .expect("fair acquire")
+    {
+        AcquireOutcome::Held(r) => assert_eq!(r.owner, "a"),
+        AcquireOutcome::Granted(_) => panic!("granted while a holds"),
+    }
+    until_waiters(&mut c, 0).await;
+    let cancelled = tokio::spawn(async move {
+        b.acquire_fair(&request("busy", "b", ttl), Duration::from_secs(60))
+            .await
+    });
+    until_waiters(&mut c, 1).await;
+    cancelled.abort();
+    assert!(cancelled.await.expect_err("aborted").is_cancelled());
+    until_waiters(&mut c, 0).await;
+}
+
+/// A waiter whose session ends while it is queued gets an error, never a grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_waiter_whose_session_ends_gets_an_error() {
+    let etcd = Etcd::single().await;
+    let mut c = raw(&etcd).await;
+    let ttl = Duration::from_secs(5);
+    let holder = etcd.store().await;
+    let t = token(
+        &holder
+            .try_acquire(&request("revoked", "a", ttl))
+            .await
+            .expect("acquire"),
+    );
+    let b = etcd.store().await;
+    let waiting = tokio::spawn(async move {
+        b.acquire_fair(&request("revoked", "b", ttl), Duration::from_secs(60))
+            .await
+    });
+    until_waiters(&mut c, 1).await;
+    let session = waiters(&mut c).await[0].1;
+    c.lease_revoke(session)
+        .await
+        .expect("revoke the waiter's session");
+    assert!(holder.release("revoked", "a", t).await.expect("release"));
+    let got = waiting.await.expect("task");
+    assert!(got.is_err(), "waiter without a session: {got:?}");
+    assert_eq!(holder.read("revoked").await.expect("read"), None);
+}
+
+/// Watch reports new grants and ended grants under its prefix, not renewals or reentrant
+/// acquires, nor leases outside the prefix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_reports_holder_changes() {
+    let etcd = Etcd::single().await;
+    let store = etcd.store().await;
+    let mut events = store.watch("w-").await.expect("watch");
+    let ttl = Duration::from_secs(5);
+    let t1 = token(
+        &store
+            .try_acquire(&request("w-1", "a", ttl))
+            .await
+            .expect("acquire"),
+    );
+    token(
+        &store
+            .try_acquire(&request("w-1", "a", ttl))
+            .await
+            .expect("reentrant"),
+    );
+    token(
+        &store
+            .try_acquire(&request("other", "a", ttl))
+            .await
+            .expect("acquire"),
+    );
+    let taken = AcquireRequest {
+        instance: "a-2".into(),
+        ..request("w-1", "a", ttl)
+    };
+    let t2 = token(&store.try_acquire(&taken).await.expect("take over"));
+    assert!(store.release("w-1", "a", t2).await.expect("release"));
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        seen.push(events.recv().await.expect("event"));
+    }
+    let granted = |e: &WatchEvent| match e {
+        WatchEvent::Granted(r) => Some((r.name.clone(), r.owner.clone(), r.token)),
+        WatchEvent::Ended { .. } => None,
+    };
+    assert_eq!(granted(&seen[0]), Some(("w-1".into(), "a".into(), t1)));
+    assert_eq!(seen[1], WatchEvent::Ended { name: "w-1".into() });
+    assert_eq!(granted(&seen[2]), Some(("w-1".into(), "a".into(), t2)));
+    assert_eq!(seen[3], WatchEvent::Ended { name: "w-1".into() });
+}

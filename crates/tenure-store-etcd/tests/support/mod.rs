@@ -1,0 +1,289 @@
+//! Real etcd servers for tests: members on free loopback ports, data in a temp dir,
+//! killed on drop. Needs `/usr/bin/etcd` (Debian package `etcd-server`).
+
+#![allow(dead_code)] // each test binary uses a part
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use etcd_client::{Client, ConnectOptions};
+use tenure_store_etcd::EtcdStore;
+
+/// Key prefix of the stores the tests open.
+pub const PREFIX: &str = "/tenure-test/";
+
+fn etcd_binary() -> PathBuf {
+    let candidates = ["/usr/bin/etcd", "/usr/local/bin/etcd"];
+    candidates
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+        .unwrap_or_else(|| {
+            panic!(
+                "etcd not found at {candidates:?}: install the Debian package `etcd-server` \
+                 (apt-get install -y etcd-server), as .ci/test.sh does"
+            )
+        })
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+        .port()
+}
+
+struct Member {
+    name: String,
+    client_port: u16,
+    peer_port: u16,
+    child: Mutex<Option<Child>>,
+}
+
+impl Member {
+    fn client_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client_port)
+    }
+    fn peer_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.peer_port)
+    }
+}
+
+/// An etcd cluster of one or more members on loopback.
+pub struct Etcd {
+    dir: tempfile::TempDir,
+    members: Vec<Member>,
+}
+
+impl Etcd {
+    /// One member, healthy.
+    pub async fn single() -> Self {
+        Etcd::cluster(1).await
+    }
+
+    /// `n` members, started together and healthy (a leader elected).
+    pub async fn cluster(n: usize) -> Self {
+        let base = if Path::new("/dev/shm").is_dir() {
+            tempfile::Builder::new()
+                .prefix("tenure-etcd-")
+                .tempdir_in("/dev/shm")
+        } else {
+            tempfile::Builder::new().prefix("tenure-etcd-").tempdir()
+        };
+        let dir = base.expect("temp dir for etcd data");
+        let members: Vec<Member> = (0..n)
+            .map(|i| Member {
+                name: format!("m{i}"),
+                client_port: free_port(),
+                peer_port: free_port(),
+                child: Mutex::new(None),
+            })
+            .collect();
+        let etcd = Etcd { dir, members };
+        for i in 0..n {
+            etcd.start_member(i);
+        }
+        etcd.wait_healthy().await;
+        etcd
+    }
+
+    fn start_member(&self, i: usize) {
+        let m = &self.members[i];
+        let initial: Vec<String> = self
+            .members
+            .iter()
+            .map(|m| format!("{}={}", m.name, m.peer_url()))
+            .collect();
+        let data = self.dir.path().join(&m.name);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join(format!("{}.log", m.name)))
+            .expect("etcd log file");
+        let child = Command::new(etcd_binary())
+            .args(["--name", &m.name])
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["--listen-client-urls", &m.client_url()])
+            .args(["--advertise-client-urls", &m.client_url()])
+            .args(["--listen-peer-urls", &m.peer_url()])
+            .args(["--initial-advertise-peer-urls", &m.peer_url()])
+            .args(["--initial-cluster", &initial.join(",")])
+            .args(["--initial-cluster-state", "new"])
+            .args(["--initial-cluster-token", "tenure-test"])
+            // Fast elections on loopback (defaults: 100 ms / 1000 ms).
+            .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log file"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", etcd_binary().display()));
+        *m.child.lock().unwrap() = Some(child);
+    }
+
+    /// Client URLs of every member.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members.iter().map(Member::client_url).collect()
+    }
+
+    /// Client URL of member `i`.
+    pub fn endpoint(&self, i: usize) -> String {
+        self.members[i].client_url()
+    }
+
+    fn log_tail(&self) -> String {
+        let mut out = String::new();
+        for m in &self.members {
+            let log = std::fs::read_to_string(self.dir.path().join(format!("{}.log", m.name)))
+                .unwrap_or_default();
+            let lines: Vec<&str> = log.lines().collect();
+            out += &format!(
+                "--- {} ---\n{}\n",
+                m.name,
+                lines[lines.len().saturating_sub(15)..].join("\n")
+            );
+        }
+        out
+    }
+
+    /// Waits until every running member answers a linearizable read (a leader exists).
+    pub async fn wait_healthy(&self) {
+        for (i, m) in self.members.iter().enumerate() {
+            if m.child.lock().unwrap().is_none() {
+                continue;
+            }
+            let mut tries = 0;
+            loop {
+                let ok = async {
+                    let mut c = Client::connect([self.endpoint(i)], Some(quick()))
+                        .await
+                        .ok()?;
+                    c.get("health-probe", None).await.ok()
+                };
+                if tokio::time::timeout(Duration::from_secs(2), ok)
+                    .await
+                    .ok()
+                    .flatten()
+                    .is_some()
+                {
+                    break;
+                }
+                tries += 1;
+                assert!(
+                    tries < 100,
+                    "etcd member {} did not become healthy:\n{}",
+                    m.name,
+                    self.log_tail()
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+
+    /// A store client on every member, as another process would open it.
+    pub async fn store(&self) -> EtcdStore {
+        self.store_on(self.endpoints()).await
+    }
+
+    /// A store client on `endpoints`.
+    pub async fn store_on(&self, endpoints: Vec<String>) -> EtcdStore {
+        let client = Client::connect(endpoints, Some(quick()))
+            .await
+            .expect("etcd client");
+        EtcdStore::new(client, PREFIX)
+    }
+
+    /// Kills member `i` (SIGKILL) and waits for it to exit.
+    pub fn kill(&self, i: usize) {
+        if let Some(mut c) = self.members[i].child.lock().unwrap().take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts member `i` again on its data (after [`kill`](Self::kill)).
+    pub async fn start(&self, i: usize) {
+        self.start_member(i);
+        self.wait_healthy().await;
+    }
+
+    /// Stops every member with SIGTERM (a clean shutdown) and starts them again.
+    pub async fn restart_all(&self) {
+        for m in &self.members {
+            if let Some(mut c) = m.child.lock().unwrap().take() {
+                unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+                let _ = c.wait();
+            }
+        }
+        for i in 0..self.members.len() {
+            self.start_member(i);
+        }
+        self.wait_healthy().await;
+    }
+
+    /// Freezes every member (SIGSTOP) until the guard is dropped (SIGCONT): requests hang.
+    pub fn freeze(&self) -> Frozen {
+        let pids: Vec<i32> = self
+            .members
+            .iter()
+            .filter_map(|m| m.child.lock().unwrap().as_ref().map(|c| c.id() as i32))
+            .collect();
+        for pid in &pids {
+            unsafe { libc::kill(*pid, libc::SIGSTOP) };
+        }
+        Frozen { pids }
+    }
+
+    /// The index of the current leader, asked of member `via`.
+    pub async fn leader(&self, via: usize) -> usize {
+        let mut c = Client::connect([self.endpoint(via)], Some(quick()))
+            .await
+            .expect("client");
+        let status = c.status().await.expect("status");
+        let members = c.member_list().await.expect("member list");
+        let leader = members
+            .members()
+            .iter()
+            .find(|m| m.id() == status.leader())
+            .expect("the leader is a member");
+        self.members
+            .iter()
+            .position(|m| m.name == leader.name())
+            .expect("known member")
+    }
+}
+
+/// Short client timeouts: a dead member fails requests quickly.
+fn quick() -> ConnectOptions {
+    ConnectOptions::new()
+        .with_connect_timeout(Duration::from_millis(500))
+        .with_timeout(Duration::from_secs(1))
+}
+
+/// Frozen members, resumed on drop.
+pub struct Frozen {
+    pids: Vec<i32>,
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        for pid in &self.pids {
+            unsafe { libc::kill(*pid, libc::SIGCONT) };
+        }
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        for m in &self.members {
+            if let Some(mut c) = m.child.lock().unwrap().take() {
+                unsafe { libc::kill(c.id() as i32, libc::SIGCONT) };
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+}
