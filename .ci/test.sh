@@ -9,6 +9,9 @@ cd "$(dirname "$0")/.."
 need=()
 command -v cc >/dev/null || need+=(gcc)
 command -v runuser >/dev/null || need+=(util-linux)
+# ZooKeeper store tests run a standalone server from Debian's `zookeeper` package (its
+# jars; it depends on a Java runtime).
+{ [ -f /usr/share/java/zookeeper.jar ] && command -v java >/dev/null; } || need+=(zookeeper)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"

@@ -18,10 +18,13 @@ pub use tenure_cluster as cluster;
 pub use tenure_lease::*;
 pub use tenure_singleton as singleton;
 pub use tenure_store_sqlite as sqlite;
+pub use tenure_store_zookeeper as zookeeper;
 
-/// Every store kind this build knows: `memory` and `sqlite`.
+/// Every store kind this build knows: `memory`, `sqlite` and `zookeeper`.
 pub fn store_registry() -> StoreRegistry {
-    StoreRegistry::new().with(tenure_store_sqlite::SqliteStoreFactory)
+    StoreRegistry::new()
+        .with(tenure_store_sqlite::SqliteStoreFactory)
+        .with(tenure_store_zookeeper::ZooKeeperStoreFactory)
 }
 
 /// A provider over `config` with every known store kind.

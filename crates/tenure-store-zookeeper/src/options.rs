@@ -144,11 +144,9 @@ mod tests {
             ("conect = \"x\"", "lease.z.conect"),
         ];
         for (line, key) in bad {
-            let text = format!(
-                "[lease.z]\nstore = \"zookeeper\"\nconnect = \"127.0.0.1:2181\"\nroot = \"/t\"\n\
+            let text = "[lease.z]\nstore = \"zookeeper\"\nconnect = \"127.0.0.1:2181\"\nroot = \"/t\"\n\
                  session-timeout = \"0s\"\nconnection-timeout = \"0s\"\nauth = \"\"\n\
-                 heartbeat-timeout = \"10s\"\nheartbeat-interval = \"1s\"\n"
-            );
+                 heartbeat-timeout = \"10s\"\nheartbeat-interval = \"1s\"\n";
             let text = text
                 .lines()
                 .filter(|l| {

@@ -37,8 +37,9 @@ struct Inner {
 }
 
 /// A lease store on ZooKeeper: one ephemeral holder node per held lease, on one session
-/// per owner. Cloning shares the sessions; dropping the last clone closes them, which
-/// deletes every grant they hold at once.
+/// per owner. Cloning shares the sessions. Dropping the last clone leaves the owners'
+/// sessions to the server, which ends them (deleting their grants) after the session
+/// timeout: release what you hold first.
 #[derive(Clone)]
 pub struct ZooKeeperStore {
     inner: Arc<Inner>,
@@ -82,12 +83,18 @@ impl ZooKeeperStore {
         &self.inner.options
     }
 
-    /// Opens a new session with the configured timeouts and auth.
-    async fn connect(&self) -> Result<zk::Client, StoreError> {
+    /// Opens a new session with the configured timeouts and auth. A `detached` session is
+    /// not closed when the store is dropped: the server ends it after its timeout, so the
+    /// grants on it last as long as their ttl promised (a holder that exits without
+    /// releasing leaves them to expire, as with every other store).
+    async fn connect(&self, detached: bool) -> Result<zk::Client, StoreError> {
         let o = &self.inner.options;
         let mut connector = zk::Client::connector()
             .with_session_timeout(o.session_timeout)
             .with_connection_timeout(o.connection_timeout);
+        if detached {
+            connector = connector.with_detached();
+        }
         if let Some((scheme, cred)) = &o.auth {
             connector = connector.with_auth(scheme, cred);
         }
@@ -130,7 +137,7 @@ impl ZooKeeperStore {
         let session = match &*current {
             Some(s) if s.usable() => s.clone(),
             _ => {
-                let s = OwnerSession::start(self.connect().await?, self.inner.layout.clone());
+                let s = OwnerSession::start(self.connect(true).await?, self.inner.layout.clone());
                 *current = Some(s.clone());
                 s
             }
@@ -174,7 +181,7 @@ impl ZooKeeperStore {
         match &*current {
             Some(s) if s.usable() => Ok(s.client.clone()),
             _ => {
-                let s = OwnerSession::start(self.connect().await?, self.inner.layout.clone());
+                let s = OwnerSession::start(self.connect(false).await?, self.inner.layout.clone());
                 *current = Some(s.clone());
                 Ok(s.client.clone())
             }
