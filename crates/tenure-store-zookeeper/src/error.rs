@@ -12,16 +12,30 @@ pub(crate) fn backend(detail: impl Into<String>) -> StoreError {
     }
 }
 
-/// `what` names the operation and path.
+/// `what` names the operation and path. Answers about the request itself (bad path,
+/// version, ACL, unreadable reply) are backend errors; everything else (connection lost,
+/// timeouts, session trouble, throttling) means the store could not be reached.
 pub(crate) fn from_zk(what: &str, e: &zk::Error) -> StoreError {
     use zk::Error::*;
     match e {
-        ConnectionLoss | Timeout | SessionExpired | SessionMoved | ClientClosed | NoHosts
-        | Throttled | NotReadOnly => StoreError::Unavailable {
+        NoNode
+        | NodeExists
+        | BadVersion
+        | NotEmpty
+        | NoChildrenForEphemerals
+        | NoAuth
+        | InvalidAcl
+        | BadArguments(_)
+        | Unimplemented
+        | MarshallingError
+        | UnmarshalError { .. }
+        | QuotaExceeded
+        | ReconfigDisabled
+        | RuntimeInconsistent => backend(format!("{what}: {e}")),
+        _ => StoreError::Unavailable {
             store: KIND,
             detail: format!("{what}: {e}"),
         },
-        _ => backend(format!("{what}: {e}")),
     }
 }
 

@@ -66,3 +66,5 @@ mod store;
 
 pub use options::ZooKeeperOptions;
 pub use store::{ZooKeeperStore, ZooKeeperStoreFactory};
+/// The ZooKeeper client this store is built on.
+pub use zookeeper_client;

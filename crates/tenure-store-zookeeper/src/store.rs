@@ -78,6 +78,15 @@ impl ZooKeeperStore {
         })
     }
 
+    /// The session `owner`'s grants live on, while it is not over: its id and password
+    /// (diagnostics; another client can close it with them).
+    pub async fn session_of(&self, owner: &str) -> Option<zk::SessionInfo> {
+        self.existing_session(owner)
+            .await
+            .filter(|s| s.usable())
+            .map(|s| s.client.session().clone())
+    }
+
     /// The options this store was made with.
     pub fn options(&self) -> &ZooKeeperOptions {
         &self.inner.options
