@@ -58,6 +58,7 @@
 //! session.
 
 mod error;
+pub mod fair;
 mod node;
 mod options;
 pub mod server;

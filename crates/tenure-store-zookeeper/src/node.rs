@@ -19,6 +19,8 @@ use crate::error::backend;
 
 /// The child of a lease node that is the grant.
 pub(crate) const HOLDER: &str = "holder";
+/// Prefix of fair waiters' nodes (ephemeral sequential).
+pub(crate) const WAITER: &str = "wait-";
 
 /// Paths of one store root.
 #[derive(Debug, Clone)]

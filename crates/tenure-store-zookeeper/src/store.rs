@@ -25,9 +25,9 @@ const READS_PER_MULTI: usize = 1000;
 
 type Slot = Arc<tokio::sync::Mutex<Option<Arc<OwnerSession>>>>;
 
-struct Inner {
-    options: ZooKeeperOptions,
-    layout: Layout,
+pub(crate) struct Inner {
+    pub(crate) options: ZooKeeperOptions,
+    pub(crate) layout: Layout,
     /// One session per owner, created on the owner's first acquire.
     owners: Mutex<HashMap<String, Slot>>,
     /// A session for reads, lists and releases by someone other than the grant's maker.
@@ -42,7 +42,7 @@ struct Inner {
 /// timeout: release what you hold first.
 #[derive(Clone)]
 pub struct ZooKeeperStore {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
 impl std::fmt::Debug for ZooKeeperStore {
@@ -54,7 +54,7 @@ impl std::fmt::Debug for ZooKeeperStore {
     }
 }
 
-fn acls(options: &ZooKeeperOptions) -> zk::Acls<'static> {
+pub(crate) fn acls(options: &ZooKeeperOptions) -> zk::Acls<'static> {
     if options.auth.is_some() {
         zk::Acls::creator_all()
     } else {
@@ -129,7 +129,7 @@ impl ZooKeeperStore {
     /// The session of `owner`, opened (or replaced, when over) on demand. Refuses a ttl
     /// longer than the negotiated session timeout: the server could then end the session
     /// before the holder's deadline.
-    async fn owner_session(
+    pub(crate) async fn owner_session(
         &self,
         owner: &str,
         ttl: Duration,
@@ -198,7 +198,11 @@ impl ZooKeeperStore {
     }
 
     /// Creates the lease node of `name` (and the root) when missing.
-    async fn ensure_lease_node(&self, client: &zk::Client, lease: &str) -> Result<(), StoreError> {
+    pub(crate) async fn ensure_lease_node(
+        &self,
+        client: &zk::Client,
+        lease: &str,
+    ) -> Result<(), StoreError> {
         let opts = zk::CreateMode::Persistent.with_acls(acls(&self.inner.options));
         match client.create(lease, &[], &opts).await {
             Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
@@ -253,7 +257,7 @@ impl ZooKeeperStore {
         Ok(Some(grant.record(name, t, stat.version, expires_in)))
     }
 
-    fn lease_node_known(&self, name: &str) -> bool {
+    pub(crate) fn lease_node_known(&self, name: &str) -> bool {
         self.inner
             .known
             .lock()
@@ -261,7 +265,7 @@ impl ZooKeeperStore {
             .contains(name)
     }
 
-    fn set_lease_node_known(&self, name: &str) {
+    pub(crate) fn set_lease_node_known(&self, name: &str) {
         self.inner
             .known
             .lock()
@@ -512,7 +516,7 @@ impl LeaseStore for ZooKeeperStore {
         Capabilities {
             native_fencing: true,
             server_side_expiry: true,
-            fair_waiting: false,
+            fair_waiting: true,
             watch: false,
             durable: true,
         }
@@ -632,6 +636,17 @@ impl LeaseStore for ZooKeeperStore {
             }) => Ok(false),
             Err(e) => Err(from_zk(&format!("releasing lease {name}"), &e.into())),
         }
+    }
+
+    /// Queues an ephemeral sequential waiter node under the lease node and waits, watching
+    /// only its predecessor (the holder node once first), Curator's recipe. See
+    /// [`fair`](crate::fair) for cancellation and timeouts.
+    async fn acquire_fair(
+        &self,
+        req: &AcquireRequest,
+        wait: Duration,
+    ) -> Result<AcquireOutcome, StoreError> {
+        self.fair(req, wait).await
     }
 
     async fn read(&self, name: &str) -> Result<Option<LeaseRecord>, StoreError> {
