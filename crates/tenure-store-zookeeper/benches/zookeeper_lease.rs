@@ -4,6 +4,8 @@
 //! 1. `acquire_release`: one acquire and one release through the Lease API (LeaseActor,
 //!    store, ZooKeeper) and through the store SPI, against the bare ZooKeeper operations
 //!    (create an ephemeral node, delete it) on the same server with the same client library.
+//!    Then the same three in alternating rounds, reported as median ratios to bare (robust
+//!    to machine load, which criterion's back-to-back groups are not).
 //! 2. Renewal cost: store round trips per heartbeat interval for one owner holding 1, 100
 //!    and 10,000 leases through LeaseActors, and the latency of one batched renewal of all
 //!    n leases (20 calls; printed after the criterion groups).
@@ -125,6 +127,102 @@ fn acquire_release(c: &mut Criterion) {
         })
     });
     g.finish();
+}
+
+/// Lease API, store SPI and bare create+delete in alternating rounds of 200 iterations, so
+/// that machine load hits all alike; prints the median per-round ratio to bare.
+fn alternating_ratio() {
+    const ROUNDS: usize = 15;
+    const ITERS: u32 = 200;
+    let server = server();
+    let rt = runtime();
+    rt.block_on(server.warm_up()).expect("warm-up");
+    let store: Arc<dyn LeaseStore> = Arc::new(store(&server, "/bench/alternating"));
+    let (lease, bare) = rt.block_on(async {
+        let lease =
+            Lease::start(LeaseSpec::new("api", "bench-owner", store.clone(), settings()).unwrap())
+                .await
+                .unwrap();
+        let bare = zk::Client::connector()
+            .with_session_timeout(settings().heartbeat_timeout)
+            .connect(&server.connect_string())
+            .await
+            .unwrap();
+        bare.mkdir(
+            "/bench/bare",
+            &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all()),
+        )
+        .await
+        .unwrap();
+        (lease, bare)
+    });
+    let ephemeral = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
+    let req = AcquireRequest {
+        name: "spi".into(),
+        owner: "bench-owner".into(),
+        instance: "bench".into(),
+        ttl: settings().heartbeat_timeout,
+        note: None,
+    };
+    let (mut api, mut spi, mut raw) = (Vec::new(), Vec::new(), Vec::new());
+    rt.block_on(async {
+        for _ in 0..ROUNDS {
+            let started = Instant::now();
+            for _ in 0..ITERS {
+                assert!(matches!(
+                    lease.acquire().await.unwrap(),
+                    Acquired::Granted { .. }
+                ));
+                assert!(lease.release().await.unwrap());
+            }
+            api.push(started.elapsed() / ITERS);
+            let started = Instant::now();
+            for _ in 0..ITERS {
+                let AcquireOutcome::Granted(r) = store.try_acquire(&req).await.unwrap() else {
+                    panic!("held")
+                };
+                assert!(store.release("spi", "bench-owner", r.token).await.unwrap());
+            }
+            spi.push(started.elapsed() / ITERS);
+            let started = Instant::now();
+            for _ in 0..ITERS {
+                bare.create("/bench/bare/holder", b"bench-owner", &ephemeral)
+                    .await
+                    .unwrap();
+                bare.delete("/bench/bare/holder", None).await.unwrap();
+            }
+            raw.push(started.elapsed() / ITERS);
+        }
+    });
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let ratio = |a: &[Duration]| {
+        median(
+            a.iter()
+                .zip(&raw)
+                .map(|(x, b)| x.as_secs_f64() / b.as_secs_f64())
+                .collect(),
+        )
+    };
+    let med = |v: &[Duration]| {
+        Duration::from_secs_f64(median(v.iter().map(Duration::as_secs_f64).collect()))
+    };
+    println!(
+        "\nacquire+release, {ROUNDS} alternating rounds of {ITERS}: median per-iteration time, median ratio to bare"
+    );
+    println!("  bare create+delete  {:>10.1?}", med(&raw));
+    println!(
+        "  store SPI           {:>10.1?}  x{:.2}",
+        med(&spi),
+        ratio(&spi)
+    );
+    println!(
+        "  Lease API           {:>10.1?}  x{:.2}",
+        med(&api),
+        ratio(&api)
+    );
 }
 
 /// Counts the store round trips (renew calls), the leases they carried and their time.
@@ -272,6 +370,7 @@ fn main() {
     let started = Instant::now();
     benches();
     Criterion::default().configure_from_args().final_summary();
+    alternating_ratio();
     renewal_cost();
     println!("(bench ran {:.0?})", started.elapsed());
 }
