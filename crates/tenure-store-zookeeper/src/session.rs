@@ -47,6 +47,8 @@ pub(crate) struct OwnerSession {
     /// The negotiated session timeout.
     pub timeout: Duration,
     grants: Mutex<HashMap<String, Grant>>,
+    /// When the reaper wakes next (it sleeps at most a second).
+    reaper_due: Mutex<Option<Instant>>,
     changed: Arc<Notify>,
     layout: Layout,
 }
@@ -67,6 +69,7 @@ impl OwnerSession {
             timeout: client.session_timeout(),
             client,
             grants: Mutex::new(HashMap::new()),
+            reaper_due: Mutex::new(None),
             changed: Arc::new(Notify::new()),
             layout,
         });
@@ -94,10 +97,18 @@ impl OwnerSession {
         self.lock().get(name).cloned()
     }
 
-    /// Records a grant (new or refreshed).
+    /// Records a grant (new or refreshed); wakes the reaper only if this grant expires
+    /// before the reaper would wake anyway.
     pub(crate) fn record(&self, name: &str, grant: Grant) {
-        self.lock().insert(name.to_string(), grant);
-        self.changed.notify_one();
+        let expires_at = grant.expires_at;
+        let mut grants = self.lock();
+        grants.insert(name.to_string(), grant);
+        // Read under the grants lock, which the reaper holds while it scans and sets `due`.
+        let due = *self.reaper_due.lock().unwrap_or_else(|e| e.into_inner());
+        drop(grants);
+        if due.is_none_or(|d| expires_at < d) {
+            self.changed.notify_one();
+        }
     }
 
     pub(crate) fn forget(&self, name: &str, token: u64) {
@@ -132,8 +143,7 @@ impl OwnerSession {
                 }
             })
             .collect();
-        drop(grants);
-        self.changed.notify_one();
+        // Expiries only moved later: the reaper need not wake early.
         flags
     }
 
@@ -184,6 +194,7 @@ async fn reap(session: Weak<OwnerSession>, changed: Arc<Notify>) {
                     next = next.min(g.expires_at);
                 }
             }
+            *s.reaper_due.lock().unwrap_or_else(|e| e.into_inner()) = Some(next);
         }
         // Pipelined: the deletions of one round share the round trip.
         let results =
