@@ -15,6 +15,9 @@ compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null || need+=(postgresql)
 # etcd store tests start a real etcd; etcd-client's build needs protoc.
 command -v etcd >/dev/null || need+=(etcd-server)
 command -v protoc >/dev/null || need+=(protobuf-compiler)
+# ZooKeeper store tests run a standalone server from Debian's `zookeeper` package (its
+# jars; it depends on a Java runtime).
+{ [ -f /usr/share/java/zookeeper.jar ] && command -v java >/dev/null; } || need+=(zookeeper)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"

@@ -21,13 +21,15 @@ pub use tenure_singleton as singleton;
 pub use tenure_store_etcd as etcd;
 pub use tenure_store_postgres as postgres;
 pub use tenure_store_sqlite as sqlite;
+pub use tenure_store_zookeeper as zookeeper;
 
-/// Every store kind this build knows: `memory`, `sqlite`, `postgres` and `etcd`.
+/// Every store kind this build knows: `memory`, `sqlite`, `postgres`, `etcd` and `zookeeper`.
 pub fn store_registry() -> StoreRegistry {
     StoreRegistry::new()
         .with(tenure_store_sqlite::SqliteStoreFactory)
         .with(tenure_store_postgres::PostgresStoreFactory)
         .with(tenure_store_etcd::EtcdStoreFactory)
+        .with(tenure_store_zookeeper::ZooKeeperStoreFactory)
 }
 
 /// A provider over `config` with every known store kind.

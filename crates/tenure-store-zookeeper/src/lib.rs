@@ -1,0 +1,71 @@
+//! # tenure-store-zookeeper
+//!
+//! A lease store on Apache ZooKeeper (3.6 or later). Each held lease is an **ephemeral
+//! node** `<root>/<name>/holder` owned by the **session of its owner**: one session per
+//! owner per store, so the keep-alive cost does not grow with the number of leases, and a
+//! crashed or cut-off holder's leases vanish with its session.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//! use tenure_lease::{AcquireOutcome, AcquireRequest, LeaseStore};
+//! use tenure_store_zookeeper::{ZooKeeperOptions, ZooKeeperStore};
+//!
+//! let ttl = Duration::from_secs(10);
+//! let store = ZooKeeperStore::new(ZooKeeperOptions::new("127.0.0.1:2181", "/tenure/leases", ttl))?;
+//! let req = AcquireRequest {
+//!     name: "nightly-report".into(),
+//!     owner: "10.0.0.1:2552".into(),
+//!     instance: "1".into(),
+//!     ttl,
+//!     note: None,
+//! };
+//! if let AcquireOutcome::Granted(grant) = store.try_acquire(&req).await? {
+//!     println!("fencing token {}", grant.token); // the holder node's czxid
+//!     store.release(&req.name, &req.owner, grant.token).await?;
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! **Fencing tokens** are the holder node's creation zxid (`czxid`): ZooKeeper's own total
+//! order, strictly increasing across holders, releases, expiries and server restarts. Not
+//! the sequence number of a sequential node, which restarts when its parent is recreated.
+//!
+//! **Time.** The holder's local deadline is `send instant of its last successful acquire or
+//! renewal + ttl - safety margin`. Two things can end a grant, and neither comes earlier
+//! than `ttl` after the server processed that request:
+//! - *The server ends the session* (the process died, or no request or ping reached the
+//!   server) no earlier than the negotiated session timeout after the last request it saw.
+//!   Every acquire and renewal is such a request, so this is ≥ processed + session timeout.
+//!   The store refuses (with an error) any ttl above the negotiated session timeout, which
+//!   the server bounds to [`minSessionTimeout`, `maxSessionTimeout`] (2 and 20 × tickTime by
+//!   default): a shorter timeout than the ttl would let the server expire first.
+//! - *This store expires it*: the client library pings on its own, so a live session alone
+//!   would keep a grant forever. The store deletes a grant not renewed at `answer of the last
+//!   acquire/renewal + ttl` (a version-checked multi, so a later grant is never touched):
+//!   the answer comes after the processing, and on the same monotonic clock as the holder's
+//!   deadline, after it.
+//!
+//! In an ensemble a follower reports a session's activity to the leader with its next
+//! ping (within tickTime/2): the default margin (ttl/10) covers that whenever the session
+//! timeout is at least 5 ticks. Renewal reads go after a `sync`, so a renewal never sees
+//! a node the leader has already deleted.
+//!
+//! **Sessions and lease events.** Connection lost (suspended): operations fail (`Err`),
+//! the holder's deadline keeps running in the LeaseActor; when the library reconnects in
+//! time, renewals succeed again. Session expired: its nodes are gone; the next renewal
+//! reports each of its leases not held (`false`), and the owner's next acquire opens a new
+//! session.
+
+mod error;
+pub mod fair;
+mod node;
+mod options;
+pub mod server;
+mod session;
+mod store;
+
+pub use options::ZooKeeperOptions;
+pub use store::{ZooKeeperStore, ZooKeeperStoreFactory};
+/// The ZooKeeper client this store is built on.
+pub use zookeeper_client;

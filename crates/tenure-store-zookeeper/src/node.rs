@@ -1,0 +1,102 @@
+//! The node layout under the root, and what a holder node holds.
+//!
+//! ```text
+//! <root>                          persistent
+//! <root>/<lease name>             persistent: the lease's node; its data *version* counts
+//!                                 grants (every grant sets its data in the same multi that
+//!                                 creates the holder node), so "no grant since mine" is a
+//!                                 version check
+//! <root>/<lease name>/holder      ephemeral, owned by the holder's session: the grant
+//! <root>/<lease name>/wait-<seq>  ephemeral sequential: fair waiters, in arrival order
+//! ```
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tenure_lease::{LeaseRecord, StoreError};
+
+use crate::error::backend;
+
+/// The child of a lease node that is the grant.
+pub(crate) const HOLDER: &str = "holder";
+/// Prefix of fair waiters' nodes (ephemeral sequential).
+pub(crate) const WAITER: &str = "wait-";
+
+/// Paths of one store root.
+#[derive(Debug, Clone)]
+pub(crate) struct Layout {
+    root: String,
+}
+
+impl Layout {
+    /// `root` is an absolute path without a trailing slash (checked by the options).
+    pub(crate) fn new(root: String) -> Self {
+        Layout { root }
+    }
+
+    pub(crate) fn root(&self) -> &str {
+        &self.root
+    }
+
+    /// The lease node of `name`. Names are sanitised to the store's name rules (no `/`),
+    /// but `.` and `..` are not valid path segments.
+    pub(crate) fn lease(&self, name: &str) -> Result<String, StoreError> {
+        if name.is_empty() || name == "." || name == ".." || name.contains('/') {
+            return Err(backend(format!(
+                "lease name {name:?} cannot be a ZooKeeper path segment"
+            )));
+        }
+        Ok(format!("{}/{name}", self.root))
+    }
+
+    pub(crate) fn holder(&self, name: &str) -> Result<String, StoreError> {
+        Ok(format!("{}/{HOLDER}", self.lease(name)?))
+    }
+}
+
+/// The data of a holder node.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub(crate) struct GrantData {
+    pub owner: String,
+    pub instance: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    /// The ttl asked for, in milliseconds (shown as the expiry of other clients' grants).
+    pub ttl_ms: u64,
+}
+
+impl GrantData {
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("GrantData serialises")
+    }
+
+    pub(crate) fn decode(path: &str, data: &[u8]) -> Result<Self, StoreError> {
+        serde_json::from_slice(data)
+            .map_err(|e| backend(format!("holder node {path} has unreadable data: {e}")))
+    }
+
+    /// The record of this grant. `expires_in` is the time left on this client's expiry when
+    /// it made the grant, else the grant's ttl (an upper bound as seen from another client).
+    pub(crate) fn record(
+        self,
+        name: &str,
+        token: u64,
+        data_version: i32,
+        expires_in: Option<Duration>,
+    ) -> LeaseRecord {
+        LeaseRecord {
+            name: name.to_string(),
+            token,
+            expires_in: expires_in.unwrap_or(Duration::from_millis(self.ttl_ms)),
+            version: u64::try_from(data_version).unwrap_or(0) + 1,
+            owner: self.owner,
+            instance: self.instance,
+            note: self.note,
+        }
+    }
+}
+
+/// A fencing token from a zxid (always positive for created nodes).
+pub(crate) fn token(zxid: i64) -> u64 {
+    u64::try_from(zxid).unwrap_or(0)
+}

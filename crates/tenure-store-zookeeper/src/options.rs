@@ -1,0 +1,167 @@
+//! Connection options, from a `store = "zookeeper"` lease section or built in code.
+
+use std::time::Duration;
+
+use tenure_lease::config::TableReader;
+use tenure_lease::{ConfigError, LeaseSection};
+
+/// How to reach ZooKeeper and where to keep leases.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ZooKeeperOptions {
+    /// `host:port[,host:port…][/chroot]`.
+    pub connect: String,
+    /// Absolute path under which lease nodes live (created when missing).
+    pub root: String,
+    /// Session timeout to ask for. The server bounds it to [2, 20] × its tickTime (its
+    /// `minSessionTimeout`/`maxSessionTimeout`); every acquire or renewal whose ttl exceeds
+    /// the negotiated timeout fails (the server could end the session before the holder's
+    /// deadline).
+    pub session_timeout: Duration,
+    /// Bound on establishing a session (and on each connection attempt).
+    pub connection_timeout: Duration,
+    /// `(scheme, credentials)` added to every session, e.g. `("digest", "user:password")`.
+    /// With auth, nodes are created with the `creator_all` ACL.
+    pub auth: Option<(String, Vec<u8>)>,
+}
+
+impl ZooKeeperOptions {
+    /// Options with the given connect string and root, a session timeout of `ttl` and a
+    /// connection timeout of 5 s, no auth.
+    pub fn new(connect: impl Into<String>, root: impl Into<String>, ttl: Duration) -> Self {
+        ZooKeeperOptions {
+            connect: connect.into(),
+            root: root.into(),
+            session_timeout: ttl,
+            connection_timeout: Duration::from_secs(5),
+            auth: None,
+        }
+    }
+
+    /// Reads the options of a section. Keys: `connect`, `root`, `session-timeout` ("0s" =
+    /// the section's heartbeat-timeout), `connection-timeout` ("0s" = the section's
+    /// lease-operation-timeout), `auth` ("" or "scheme:credentials").
+    pub fn from_section(section: &LeaseSection) -> Result<Self, ConfigError> {
+        let key = section.key();
+        let r = TableReader::new(&key, &section.options);
+        r.reject_unknown(&[
+            "connect",
+            "root",
+            "session-timeout",
+            "connection-timeout",
+            "auth",
+        ])?;
+        let connect = r.string("connect")?;
+        if connect.trim().is_empty() {
+            return Err(ConfigError::invalid(r.key("connect"), "must not be empty"));
+        }
+        let root = r.string("root")?;
+        check_root(&root).map_err(|d| ConfigError::invalid(r.key("root"), d))?;
+        let session_timeout = match r.duration("session-timeout")? {
+            d if d.is_zero() => section.settings.heartbeat_timeout,
+            d => d,
+        };
+        if session_timeout < section.settings.heartbeat_timeout {
+            return Err(ConfigError::invalid(
+                r.key("session-timeout"),
+                format!(
+                    "{session_timeout:?} is below heartbeat-timeout {:?}: the server could end \
+                     the session (and every lease of it) before a holder's deadline",
+                    section.settings.heartbeat_timeout
+                ),
+            ));
+        }
+        let connection_timeout = match r.duration("connection-timeout")? {
+            d if d.is_zero() => section.settings.lease_operation_timeout,
+            d => d,
+        };
+        let auth = match r.string("auth")?.as_str() {
+            "" => None,
+            text => match text.split_once(':') {
+                Some((scheme, cred)) if !scheme.is_empty() && !cred.is_empty() => {
+                    Some((scheme.to_string(), cred.as_bytes().to_vec()))
+                }
+                _ => {
+                    return Err(ConfigError::invalid(
+                        r.key("auth"),
+                        "expected \"scheme:credentials\", e.g. \"digest:user:password\"",
+                    ));
+                }
+            },
+        };
+        Ok(ZooKeeperOptions {
+            connect,
+            root,
+            session_timeout,
+            connection_timeout,
+            auth,
+        })
+    }
+}
+
+/// An absolute ZooKeeper path, not `/`, without a trailing or doubled slash.
+pub(crate) fn check_root(root: &str) -> Result<(), String> {
+    if !root.starts_with('/') {
+        return Err(format!("{root:?} must be an absolute path (start with /)"));
+    }
+    if root.len() < 2 || root.ends_with('/') || root.contains("//") {
+        return Err(format!(
+            "{root:?} must name a node below / without a trailing or doubled slash"
+        ));
+    }
+    if root
+        .split('/')
+        .skip(1)
+        .any(|s| s == "." || s == ".." || s.chars().any(char::is_control))
+    {
+        return Err(format!("{root:?} has an invalid segment"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tenure_lease::TenureConfig;
+
+    #[test]
+    fn reference_section_reads() {
+        let c = TenureConfig::reference();
+        let s = c.lease_section("zookeeper").unwrap();
+        let o = ZooKeeperOptions::from_section(&s).unwrap();
+        assert_eq!(o.session_timeout, s.settings.heartbeat_timeout);
+        assert_eq!(o.connection_timeout, s.settings.lease_operation_timeout);
+        assert_eq!(o.auth, None);
+    }
+
+    #[test]
+    fn bad_options_name_the_key() {
+        let bad = [
+            ("root = \"tenure\"", "lease.z.root"),
+            ("root = \"/a/\"", "lease.z.root"),
+            ("connect = \"\"", "lease.z.connect"),
+            ("auth = \"digest\"", "lease.z.auth"),
+            ("session-timeout = \"1s\"", "lease.z.session-timeout"),
+            ("conect = \"x\"", "lease.z.conect"),
+        ];
+        for (line, key) in bad {
+            let text = "[lease.z]\nstore = \"zookeeper\"\nconnect = \"127.0.0.1:2181\"\nroot = \"/t\"\n\
+                 session-timeout = \"0s\"\nconnection-timeout = \"0s\"\nauth = \"\"\n\
+                 heartbeat-timeout = \"10s\"\nheartbeat-interval = \"1s\"\n";
+            let text = text
+                .lines()
+                .filter(|l| {
+                    line.split_once(" =")
+                        .is_none_or(|(k, _)| !l.starts_with(&format!("{k} =")))
+                })
+                .collect::<Vec<_>>()
+                .join("\n")
+                + "\n"
+                + line;
+            let c = TenureConfig::from_toml_str(&text, "t").unwrap();
+            let err = ZooKeeperOptions::from_section(&c.lease_section("z").unwrap())
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(key), "{line}: {err}");
+        }
+    }
+}

@@ -1,0 +1,215 @@
+//! One ZooKeeper session per owner, the grants made on it, and their expiry.
+//!
+//! The server keeps a session alive as long as the client library's pings arrive, however
+//! long ago the owner last renewed. The SPI's ttl is therefore applied here: a grant not
+//! renewed within its ttl is deleted by this client ([`OwnerSession::reap`]) at `answer of
+//! its last acquire/renewal + ttl`, which is never before the server processed that request
+//! plus ttl, and after the holder's own deadline (`send instant + ttl - margin`, on the same
+//! monotonic clock). The session timeout covers what this client cannot do: when the
+//! process dies or is cut off, the server ends the session (and deletes its nodes) at the
+//! earliest `session timeout` after the last request it saw from it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use zookeeper_client as zk;
+
+use crate::error::session_over;
+use crate::node::Layout;
+
+/// A grant this client made.
+#[derive(Debug, Clone)]
+pub(crate) struct Grant {
+    pub token: u64,
+    pub instance: String,
+    /// Data version of the lease node set by the grant's multi: a later grant changes it.
+    pub lease_version: i32,
+    /// Data version of the holder node (reentrant acquires rewrite its data).
+    pub holder_version: i32,
+    /// When this client deletes the grant unless renewed.
+    pub expires_at: Instant,
+    /// Deletion started: the grant counts as ended.
+    pub ending: bool,
+}
+
+impl Grant {
+    pub(crate) fn live(&self, now: Instant) -> bool {
+        !self.ending && self.expires_at > now
+    }
+}
+
+/// The session of one owner and the grants made on it, by lease name.
+pub(crate) struct OwnerSession {
+    pub client: zk::Client,
+    /// The negotiated session timeout.
+    pub timeout: Duration,
+    grants: Mutex<HashMap<String, Grant>>,
+    /// When the reaper wakes next (it sleeps at most a second).
+    reaper_due: Mutex<Option<Instant>>,
+    changed: Arc<Notify>,
+    layout: Layout,
+}
+
+impl std::fmt::Debug for OwnerSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OwnerSession")
+            .field("session", &self.client.session_id())
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+impl OwnerSession {
+    /// Wraps a connected client and starts its reaper (which ends with the session).
+    pub(crate) fn start(client: zk::Client, layout: Layout) -> Arc<Self> {
+        let session = Arc::new(OwnerSession {
+            timeout: client.session_timeout(),
+            client,
+            grants: Mutex::new(HashMap::new()),
+            reaper_due: Mutex::new(None),
+            changed: Arc::new(Notify::new()),
+            layout,
+        });
+        tokio::spawn(reap(Arc::downgrade(&session), session.changed.clone()));
+        session
+    }
+
+    pub(crate) fn session_id(&self) -> i64 {
+        self.client.session_id().0
+    }
+
+    /// Whether the session can still serve requests.
+    pub(crate) fn usable(&self) -> bool {
+        !matches!(
+            self.client.state(),
+            zk::SessionState::Expired | zk::SessionState::Closed | zk::SessionState::AuthFailed
+        )
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Grant>> {
+        self.grants.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn grant(&self, name: &str) -> Option<Grant> {
+        self.lock().get(name).cloned()
+    }
+
+    /// Records a grant (new or refreshed); wakes the reaper only if this grant expires
+    /// before the reaper would wake anyway.
+    pub(crate) fn record(&self, name: &str, grant: Grant) {
+        let expires_at = grant.expires_at;
+        let mut grants = self.lock();
+        grants.insert(name.to_string(), grant);
+        // Read under the grants lock, which the reaper holds while it scans and sets `due`.
+        let due = *self.reaper_due.lock().unwrap_or_else(|e| e.into_inner());
+        drop(grants);
+        if due.is_none_or(|d| expires_at < d) {
+            self.changed.notify_one();
+        }
+    }
+
+    pub(crate) fn forget(&self, name: &str, token: u64) {
+        let mut grants = self.lock();
+        if grants.get(name).is_some_and(|g| g.token == token) {
+            grants.remove(name);
+        }
+    }
+
+    /// Extends the live grants among `wanted` (name, token) whose holder node the server
+    /// listed as an ephemeral of this session, to `now + ttl`. One flag per input.
+    pub(crate) fn extend(
+        &self,
+        wanted: &[(String, u64)],
+        alive: &std::collections::HashSet<String>,
+        ttl: Duration,
+    ) -> Vec<bool> {
+        let now = Instant::now();
+        let mut grants = self.lock();
+        let flags = wanted
+            .iter()
+            .map(|(name, token)| {
+                let Ok(holder) = self.layout.holder(name) else {
+                    return false;
+                };
+                match grants.get_mut(name) {
+                    Some(g) if g.token == *token && g.live(now) && alive.contains(&holder) => {
+                        g.expires_at = g.expires_at.max(now + ttl);
+                        true
+                    }
+                    _ => false,
+                }
+            })
+            .collect();
+        // Expiries only moved later: the reaper need not wake early.
+        flags
+    }
+
+    /// Deletes the holder node of `name` if the lease node's version still is the grant's
+    /// (no later grant): `Ok(true)` deleted, `Ok(false)` the grant had ended already.
+    pub(crate) async fn delete_grant(
+        &self,
+        name: &str,
+        lease_version: i32,
+    ) -> Result<bool, zk::Error> {
+        let lease = self
+            .layout
+            .lease(name)
+            .map_err(|_| zk::Error::BadArguments(&"invalid lease name"))?;
+        let holder = format!("{lease}/{}", crate::node::HOLDER);
+        let mut multi = self.client.new_multi_writer();
+        multi.add_check_version(&lease, lease_version)?;
+        multi.add_delete(&holder, None)?;
+        match multi.commit().await {
+            Ok(_) => Ok(true),
+            Err(zk::MultiWriteError::OperationFailed {
+                source: zk::Error::BadVersion | zk::Error::NoNode,
+                ..
+            }) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// Deletes grants whose expiry passed; retries deletions that failed (connection lost)
+/// every second. Ends when the session is dropped or over.
+async fn reap(session: Weak<OwnerSession>, changed: Arc<Notify>) {
+    loop {
+        let Some(s) = session.upgrade() else { return };
+        if !s.usable() {
+            return;
+        }
+        let now = Instant::now();
+        let mut due = Vec::new();
+        let mut next = now + Duration::from_secs(1);
+        {
+            let mut grants = s.lock();
+            for (name, g) in grants.iter_mut() {
+                if g.ending || g.expires_at <= now {
+                    g.ending = true;
+                    due.push((name.clone(), g.token, g.lease_version));
+                } else {
+                    next = next.min(g.expires_at);
+                }
+            }
+            *s.reaper_due.lock().unwrap_or_else(|e| e.into_inner()) = Some(next);
+        }
+        // Pipelined: the deletions of one round share the round trip.
+        let results =
+            futures::future::join_all(due.iter().map(|(name, _, v)| s.delete_grant(name, *v)))
+                .await;
+        for ((name, token, _), result) in due.iter().zip(results) {
+            match result {
+                Ok(_) => s.forget(name, *token),
+                Err(e) if session_over(&e) => return,
+                Err(e) => {
+                    tracing::debug!(lease = %name, error = %e, "expiring grant: delete failed, retrying")
+                }
+            }
+        }
+        drop(s);
+        let _ = tokio::time::timeout_at(next, changed.notified()).await;
+    }
+}

@@ -1,0 +1,706 @@
+//! The ZooKeeper lease store and its factory.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tenure_lease::names::NameRules;
+use tenure_lease::{
+    AcquireOutcome, AcquireRequest, Capabilities, ConfigError, HeldLease, LeaseRecord,
+    LeaseSection, LeaseStore, StoreError, StoreFactory,
+};
+use tokio::time::Instant;
+use zookeeper_client as zk;
+
+use crate::error::{KIND, backend, from_zk, session_over};
+use crate::node::{GrantData, HOLDER, Layout, token};
+use crate::options::{ZooKeeperOptions, check_root};
+use crate::session::{Grant, OwnerSession};
+
+/// How often an acquire re-reads a holder node that changed under it before giving up.
+const MAX_ATTEMPTS: usize = 8;
+/// Reads per multi-read request (each answer must fit ZooKeeper's 1 MiB packet limit).
+const READS_PER_MULTI: usize = 1000;
+
+type Slot = Arc<tokio::sync::Mutex<Option<Arc<OwnerSession>>>>;
+
+pub(crate) struct Inner {
+    pub(crate) options: ZooKeeperOptions,
+    pub(crate) layout: Layout,
+    /// One session per owner, created on the owner's first acquire.
+    owners: Mutex<HashMap<String, Slot>>,
+    /// A session for reads, lists and releases by someone other than the grant's maker.
+    reader: Slot,
+    /// Lease nodes known to exist (they are never deleted).
+    known: Mutex<HashSet<String>>,
+}
+
+/// A lease store on ZooKeeper: one ephemeral holder node per held lease, on one session
+/// per owner. Cloning shares the sessions. Dropping the last clone leaves the owners'
+/// sessions to the server, which ends them (deleting their grants) after the session
+/// timeout: release what you hold first.
+#[derive(Clone)]
+pub struct ZooKeeperStore {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for ZooKeeperStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZooKeeperStore")
+            .field("connect", &self.inner.options.connect)
+            .field("root", &self.inner.options.root)
+            .finish()
+    }
+}
+
+pub(crate) fn acls(options: &ZooKeeperOptions) -> zk::Acls<'static> {
+    if options.auth.is_some() {
+        zk::Acls::creator_all()
+    } else {
+        zk::Acls::anyone_all()
+    }
+}
+
+impl ZooKeeperStore {
+    /// A store with `options`. Connects lazily: the first operation of each owner opens its
+    /// session. Fails only on invalid options (root path).
+    pub fn new(options: ZooKeeperOptions) -> Result<Self, ConfigError> {
+        check_root(&options.root).map_err(|d| ConfigError::invalid("root", d))?;
+        Ok(ZooKeeperStore {
+            inner: Arc::new(Inner {
+                layout: Layout::new(options.root.clone()),
+                options,
+                owners: Mutex::new(HashMap::new()),
+                reader: Slot::default(),
+                known: Mutex::new(HashSet::new()),
+            }),
+        })
+    }
+
+    /// The session `owner`'s grants live on, while it is not over: its id and password
+    /// (diagnostics; another client can close it with them).
+    pub async fn session_of(&self, owner: &str) -> Option<zk::SessionInfo> {
+        self.existing_session(owner)
+            .await
+            .filter(|s| s.usable())
+            .map(|s| s.client.session().clone())
+    }
+
+    /// The options this store was made with.
+    pub fn options(&self) -> &ZooKeeperOptions {
+        &self.inner.options
+    }
+
+    /// Opens a new session with the configured timeouts and auth. A `detached` session is
+    /// not closed when the store is dropped: the server ends it after its timeout, so the
+    /// grants on it last as long as their ttl promised (a holder that exits without
+    /// releasing leaves them to expire, as with every other store).
+    async fn connect(&self, detached: bool) -> Result<zk::Client, StoreError> {
+        let o = &self.inner.options;
+        let mut connector = zk::Client::connector()
+            .with_session_timeout(o.session_timeout)
+            .with_connection_timeout(o.connection_timeout);
+        if detached {
+            connector = connector.with_detached();
+        }
+        if let Some((scheme, cred)) = &o.auth {
+            connector = connector.with_auth(scheme, cred);
+        }
+        let what = format!("connecting to {}", o.connect);
+        let client = tokio::time::timeout(o.connection_timeout, connector.connect(&o.connect))
+            .await
+            .map_err(|_| StoreError::Unavailable {
+                store: KIND,
+                detail: format!("{what}: no session within {:?}", o.connection_timeout),
+            })?
+            .map_err(|e| from_zk(&what, &e))?;
+        if client.session_timeout() < o.session_timeout {
+            tracing::warn!(
+                requested = ?o.session_timeout,
+                negotiated = ?client.session_timeout(),
+                "ZooKeeper granted a shorter session timeout than asked for (server maxSessionTimeout); \
+                 leases with a longer ttl will be refused"
+            );
+        }
+        Ok(client)
+    }
+
+    /// The session of `owner`, opened (or replaced, when over) on demand. Refuses a ttl
+    /// longer than the negotiated session timeout: the server could then end the session
+    /// before the holder's deadline.
+    pub(crate) async fn owner_session(
+        &self,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Arc<OwnerSession>, StoreError> {
+        let slot = self
+            .inner
+            .owners
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(owner.to_string())
+            .or_default()
+            .clone();
+        let mut current = slot.lock().await;
+        let session = match &*current {
+            Some(s) if s.usable() => s.clone(),
+            _ => {
+                let s = OwnerSession::start(self.connect(true).await?, self.inner.layout.clone());
+                *current = Some(s.clone());
+                s
+            }
+        };
+        check_ttl(&session, ttl)?;
+        Ok(session)
+    }
+
+    /// The current session of `owner`, if it has one.
+    async fn existing_session(&self, owner: &str) -> Option<Arc<OwnerSession>> {
+        let slot = self
+            .inner
+            .owners
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(owner)
+            .cloned()?;
+        slot.lock().await.clone()
+    }
+
+    /// Forgets `session` of `owner` (it is over); the next acquire opens a new one.
+    async fn drop_session(&self, owner: &str, session: &Arc<OwnerSession>) {
+        let slot = self
+            .inner
+            .owners
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(owner)
+            .cloned();
+        if let Some(slot) = slot {
+            let mut current = slot.lock().await;
+            if current.as_ref().is_some_and(|c| Arc::ptr_eq(c, session)) {
+                *current = None;
+            }
+        }
+    }
+
+    /// The reader session.
+    async fn reader(&self) -> Result<zk::Client, StoreError> {
+        let mut current = self.inner.reader.lock().await;
+        match &*current {
+            Some(s) if s.usable() => Ok(s.client.clone()),
+            _ => {
+                let s = OwnerSession::start(self.connect(false).await?, self.inner.layout.clone());
+                *current = Some(s.clone());
+                Ok(s.client.clone())
+            }
+        }
+    }
+
+    /// Creates the lease node of `name` (and the root) when missing.
+    pub(crate) async fn ensure_lease_node(
+        &self,
+        client: &zk::Client,
+        lease: &str,
+    ) -> Result<(), StoreError> {
+        let opts = zk::CreateMode::Persistent.with_acls(acls(&self.inner.options));
+        match client.create(lease, &[], &opts).await {
+            Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
+            Err(zk::Error::NoNode) => client
+                .mkdir(lease, &opts)
+                .await
+                .map_err(|e| from_zk(&format!("creating {lease}"), &e)),
+            Err(e) => Err(from_zk(&format!("creating {lease}"), &e)),
+        }
+    }
+
+    /// The local expiry of the grant `(name, token)` if one of this store's sessions made it:
+    /// `Some(None)` when it has ended here (being deleted), `Some(Some(left))` while live.
+    async fn local_expiry(&self, name: &str, token: u64) -> Option<Option<Duration>> {
+        let slots: Vec<Slot> = self
+            .inner
+            .owners
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        let now = Instant::now();
+        for slot in slots {
+            let session = slot.lock().await.clone();
+            if let Some(g) = session
+                .and_then(|s| s.grant(name))
+                .filter(|g| g.token == token)
+            {
+                return Some(g.live(now).then(|| g.expires_at - now));
+            }
+        }
+        None
+    }
+
+    /// The record of a holder node's data and stat, or `None` when this store already
+    /// considers that grant ended.
+    async fn holder_record(
+        &self,
+        name: &str,
+        path: &str,
+        data: &[u8],
+        stat: &zk::Stat,
+    ) -> Result<Option<LeaseRecord>, StoreError> {
+        let grant = GrantData::decode(path, data)?;
+        let t = token(stat.czxid);
+        let expires_in = match self.local_expiry(name, t).await {
+            Some(None) => return Ok(None),
+            Some(Some(left)) => Some(left),
+            None => None,
+        };
+        Ok(Some(grant.record(name, t, stat.version, expires_in)))
+    }
+
+    pub(crate) fn lease_node_known(&self, name: &str) -> bool {
+        self.inner
+            .known
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(name)
+    }
+
+    pub(crate) fn set_lease_node_known(&self, name: &str) {
+        self.inner
+            .known
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(name.to_string());
+    }
+
+    /// One attempt at a new grant, in one multi: sets the lease node's data (a new lease
+    /// version; or creates the lease node when this store has not seen it yet), deletes the
+    /// current holder node when `replace` names its version, and creates ours.
+    /// `Ok(None)`: something changed meanwhile (retry).
+    async fn grant(
+        &self,
+        s: &OwnerSession,
+        req: &AcquireRequest,
+        data: &[u8],
+        replace: Option<i32>,
+    ) -> Result<Option<LeaseRecord>, GrantError> {
+        let lease = self.inner.layout.lease(&req.name)?;
+        let holder = format!("{lease}/{HOLDER}");
+        let acls = acls(&self.inner.options);
+        let fresh = replace.is_none() && !self.lease_node_known(&req.name);
+        let mut multi = s.client.new_multi_writer();
+        let built = if fresh {
+            multi.add_create(&lease, &[], &zk::CreateMode::Persistent.with_acls(acls))
+        } else {
+            Ok(())
+        }
+        .and_then(|_| multi.add_set_data(&lease, &[], None))
+        .and_then(|_| match replace {
+            Some(v) => multi.add_delete(&holder, Some(v)),
+            None => Ok(()),
+        })
+        .and_then(|_| multi.add_create(&holder, data, &zk::CreateMode::Ephemeral.with_acls(acls)));
+        built.map_err(|e| from_zk(&format!("acquiring {holder}"), &e))?;
+        let sent = Instant::now();
+        match multi.commit().await {
+            Ok(results) => {
+                // One multi is one transaction with one zxid: the holder node's czxid is the
+                // lease node's new mzxid.
+                // (ZooKeeper 3.8 returns no stat for a create inside a multi.)
+                let set = results.iter().find_map(|r| match r {
+                    zk::MultiWriteResult::SetData { stat } => Some(stat),
+                    _ => None,
+                });
+                let Some(stat) = set else {
+                    return Err(backend(format!(
+                        "acquiring {holder}: unexpected answer {results:?}"
+                    ))
+                    .into());
+                };
+                let (t, lease_version) = (token(stat.mzxid), stat.version);
+                self.set_lease_node_known(&req.name);
+                s.record(
+                    &req.name,
+                    Grant {
+                        token: t,
+                        instance: req.instance.clone(),
+                        lease_version,
+                        holder_version: 0,
+                        expires_at: Instant::now().max(sent) + req.ttl,
+                        ending: false,
+                    },
+                );
+                Ok(Some(LeaseRecord {
+                    name: req.name.clone(),
+                    owner: req.owner.clone(),
+                    instance: req.instance.clone(),
+                    token: t,
+                    expires_in: req.ttl,
+                    version: 1,
+                    note: req.note.clone(),
+                }))
+            }
+            Err(zk::MultiWriteError::OperationFailed {
+                index: 0,
+                source: zk::Error::NodeExists,
+            }) if fresh => {
+                self.set_lease_node_known(&req.name);
+                Ok(None)
+            }
+            Err(zk::MultiWriteError::OperationFailed {
+                index: 0,
+                source: zk::Error::NoNode,
+            }) => {
+                self.ensure_lease_node(&s.client, &lease).await?;
+                self.set_lease_node_known(&req.name);
+                Ok(None)
+            }
+            Err(zk::MultiWriteError::OperationFailed {
+                source: zk::Error::NodeExists,
+                ..
+            }) if replace.is_none() => Err(GrantError::Exists),
+            Err(zk::MultiWriteError::OperationFailed {
+                source: zk::Error::NodeExists | zk::Error::NoNode | zk::Error::BadVersion,
+                ..
+            }) => Ok(None),
+            Err(e) => Err(GrantError::Zk(format!("acquiring {holder}"), e.into())),
+        }
+    }
+
+    async fn acquire_on(
+        &self,
+        s: &Arc<OwnerSession>,
+        req: &AcquireRequest,
+    ) -> Result<AcquireOutcome, GrantError> {
+        let holder = self.inner.layout.holder(&req.name)?;
+        let data = GrantData {
+            owner: req.owner.clone(),
+            instance: req.instance.clone(),
+            note: req.note.clone(),
+            ttl_ms: u64::try_from(req.ttl.as_millis()).unwrap_or(u64::MAX),
+        }
+        .encode();
+        for _ in 0..MAX_ATTEMPTS {
+            match self.grant(s, req, &data, None).await {
+                Ok(Some(record)) => return Ok(AcquireOutcome::Granted(record)),
+                Ok(None) => continue,
+                Err(GrantError::Exists) => {}
+                Err(e) => return Err(e),
+            }
+            let (bytes, stat) = match s.client.get_data(&holder).await {
+                Ok(found) => found,
+                Err(zk::Error::NoNode) => continue,
+                Err(e) => return Err(GrantError::Zk(format!("reading {holder}"), e)),
+            };
+            let current = GrantData::decode(&holder, &bytes)?;
+            let t = token(stat.czxid);
+            if current.owner != req.owner {
+                let expires_in = self.local_expiry(&req.name, t).await.flatten();
+                return Ok(AcquireOutcome::Held(current.record(
+                    &req.name,
+                    t,
+                    stat.version,
+                    expires_in,
+                )));
+            }
+            let now = Instant::now();
+            let mine = s.grant(&req.name).filter(|g| {
+                g.token == t
+                    && g.instance == req.instance
+                    && g.live(now)
+                    && stat.ephemeral_owner == s.session_id()
+            });
+            if let (Some(mut g), true) = (mine, current.instance == req.instance) {
+                // Reentrant: same token, fresh expiry, the note rewritten.
+                let sent = Instant::now();
+                match s.client.set_data(&holder, &data, Some(stat.version)).await {
+                    Ok(new) => {
+                        g.holder_version = new.version;
+                        g.expires_at = g.expires_at.max(Instant::now().max(sent) + req.ttl);
+                        s.record(&req.name, g);
+                        return Ok(AcquireOutcome::Granted(LeaseRecord {
+                            name: req.name.clone(),
+                            owner: req.owner.clone(),
+                            instance: req.instance.clone(),
+                            token: t,
+                            expires_in: req.ttl,
+                            version: u64::try_from(new.version).unwrap_or(0) + 1,
+                            note: req.note.clone(),
+                        }));
+                    }
+                    Err(zk::Error::BadVersion | zk::Error::NoNode) => continue,
+                    Err(e) => return Err(GrantError::Zk(format!("refreshing {holder}"), e)),
+                }
+            }
+            // Another instance of this owner (or this instance's ended grant, or a grant of
+            // another session): taken over with a new token.
+            if let Some(record) = self.grant(s, req, &data, Some(stat.version)).await? {
+                return Ok(AcquireOutcome::Granted(record));
+            }
+        }
+        Err(backend(format!(
+            "acquiring {holder}: the holder node changed {MAX_ATTEMPTS} times while we looked"
+        ))
+        .into())
+    }
+
+    /// Reads the holder nodes of `names` with pipelined multi-reads; `None` where absent.
+    async fn read_holders(
+        &self,
+        client: &zk::Client,
+        names: &[String],
+    ) -> Result<Vec<Option<(Vec<u8>, zk::Stat)>>, StoreError> {
+        let mut pending = Vec::new();
+        for chunk in names.chunks(READS_PER_MULTI) {
+            let mut multi = client.new_multi_reader();
+            for name in chunk {
+                multi
+                    .add_get_data(&self.inner.layout.holder(name)?)
+                    .map_err(|e| from_zk(&format!("reading lease {name}"), &e))?;
+            }
+            pending.push(multi.commit());
+        }
+        let mut out = Vec::with_capacity(names.len());
+        for answer in futures::future::join_all(pending).await {
+            let answer = answer.map_err(|e| from_zk("reading holder nodes", &e))?;
+            for r in answer {
+                out.push(match r {
+                    zk::MultiReadResult::Data { data, stat } => Some((data, stat)),
+                    zk::MultiReadResult::Error {
+                        err: zk::Error::NoNode,
+                    } => None,
+                    zk::MultiReadResult::Error { err } => {
+                        return Err(from_zk("reading holder nodes", &err));
+                    }
+                    other => return Err(backend(format!("unexpected read answer {other:?}"))),
+                });
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn check_ttl(session: &OwnerSession, ttl: Duration) -> Result<(), StoreError> {
+    if ttl > session.timeout {
+        return Err(backend(format!(
+            "ttl {ttl:?} exceeds the negotiated ZooKeeper session timeout {:?} (the server \
+             bounds it by maxSessionTimeout, default 20 x tickTime): the server could end the \
+             session, and every lease on it, before the holder's deadline; lower \
+             heartbeat-timeout or raise session-timeout / the server's maxSessionTimeout",
+            session.timeout
+        )));
+    }
+    Ok(())
+}
+
+enum GrantError {
+    /// The holder node exists (only from a plain grant attempt).
+    Exists,
+    Zk(String, zk::Error),
+    Store(StoreError),
+}
+
+impl From<StoreError> for GrantError {
+    fn from(e: StoreError) -> Self {
+        GrantError::Store(e)
+    }
+}
+
+#[async_trait]
+impl LeaseStore for ZooKeeperStore {
+    fn kind(&self) -> &'static str {
+        KIND
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            native_fencing: true,
+            server_side_expiry: true,
+            fair_waiting: true,
+            watch: false,
+            durable: true,
+        }
+    }
+
+    /// Printable ASCII without `/`, up to 255 bytes (one path segment).
+    fn name_rules(&self) -> NameRules {
+        NameRules {
+            max_len: 255,
+            allowed: |c| c.is_ascii_graphic() && c != '/',
+        }
+    }
+
+    /// Creates the ephemeral holder node on the owner's session (token: its czxid), or
+    /// refreshes it (reentrant), or replaces it (another instance of the owner).
+    /// `Ok(Held)` when another owner's holder node exists.
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError> {
+        let s = self.owner_session(&req.owner, req.ttl).await?;
+        match self.acquire_on(&s, req).await {
+            Ok(outcome) => Ok(outcome),
+            Err(GrantError::Store(e)) => Err(e),
+            Err(GrantError::Exists) => Err(backend("holder node exists")),
+            Err(GrantError::Zk(what, e)) => {
+                if session_over(&e) {
+                    self.drop_session(&req.owner, &s).await;
+                }
+                Err(from_zk(&what, &e))
+            }
+        }
+    }
+
+    /// One round trip for any number of leases: `sync` then `getEphemerals` of the owner's
+    /// session, pipelined. The request keeps the session alive on the server for at least
+    /// its timeout (≥ `ttl`); a lease is renewed (its local expiry moved to answer + `ttl`)
+    /// when this store made the grant with that token, has not expired it, and the server
+    /// lists its holder node as an ephemeral of the session. An owner without a session, or
+    /// whose session is over, holds nothing: all `false`.
+    async fn renew(
+        &self,
+        owner: &str,
+        leases: &[HeldLease],
+        ttl: Duration,
+    ) -> Result<Vec<bool>, StoreError> {
+        let Some(s) = self.existing_session(owner).await else {
+            return Ok(vec![false; leases.len()]);
+        };
+        if !s.usable() {
+            self.drop_session(owner, &s).await;
+            return Ok(vec![false; leases.len()]);
+        }
+        check_ttl(&s, ttl)?;
+        let root = self.inner.layout.root();
+        let (synced, listed) =
+            futures::future::join(s.client.sync(root), s.client.list_ephemerals(root)).await;
+        let alive: HashSet<String> = match synced.and(listed) {
+            Ok(paths) => paths.into_iter().collect(),
+            Err(e) if session_over(&e) => {
+                self.drop_session(owner, &s).await;
+                return Ok(vec![false; leases.len()]);
+            }
+            Err(e) => return Err(from_zk(&format!("renewing leases of {owner}"), &e)),
+        };
+        let wanted: Vec<(String, u64)> = leases.iter().map(|l| (l.name.clone(), l.token)).collect();
+        Ok(s.extend(&wanted, &alive, ttl))
+    }
+
+    /// Deletes the holder node if no grant happened since `owner`'s grant with `token`
+    /// (a version check on the lease node, in the same multi).
+    async fn release(&self, name: &str, owner: &str, token_: u64) -> Result<bool, StoreError> {
+        if let Some(s) = self.existing_session(owner).await
+            && let Some(g) = s.grant(name).filter(|g| g.token == token_)
+        {
+            return match s.delete_grant(name, g.lease_version).await {
+                Ok(done) => {
+                    s.forget(name, token_);
+                    Ok(done)
+                }
+                Err(e) => Err(from_zk(&format!("releasing lease {name}"), &e)),
+            };
+        }
+        // Not granted through this store: check owner and token on the server.
+        let client = self.reader().await?;
+        let lease = self.inner.layout.lease(name)?;
+        let holder = format!("{lease}/{HOLDER}");
+        let mut multi = client.new_multi_reader();
+        multi
+            .add_get_data(&lease)
+            .and_then(|_| multi.add_get_data(&holder))
+            .map_err(|e| from_zk(&format!("releasing lease {name}"), &e))?;
+        let answer = multi
+            .commit()
+            .await
+            .map_err(|e| from_zk(&format!("releasing lease {name}"), &e))?;
+        let (
+            Some(zk::MultiReadResult::Data {
+                stat: lease_stat, ..
+            }),
+            Some(zk::MultiReadResult::Data { data, stat }),
+        ) = (answer.first(), answer.get(1))
+        else {
+            return Ok(false);
+        };
+        let current = GrantData::decode(&holder, data)?;
+        if current.owner != owner || token(stat.czxid) != token_ {
+            return Ok(false);
+        }
+        let mut multi = client.new_multi_writer();
+        multi
+            .add_check_version(&lease, lease_stat.version)
+            .and_then(|_| multi.add_delete(&holder, Some(stat.version)))
+            .map_err(|e| from_zk(&format!("releasing lease {name}"), &e))?;
+        match multi.commit().await {
+            Ok(_) => Ok(true),
+            Err(zk::MultiWriteError::OperationFailed {
+                source: zk::Error::BadVersion | zk::Error::NoNode,
+                ..
+            }) => Ok(false),
+            Err(e) => Err(from_zk(&format!("releasing lease {name}"), &e.into())),
+        }
+    }
+
+    /// Queues an ephemeral sequential waiter node under the lease node and waits, watching
+    /// only its predecessor (the holder node once first), Curator's recipe. See
+    /// [`fair`](crate::fair) for cancellation and timeouts.
+    async fn acquire_fair(
+        &self,
+        req: &AcquireRequest,
+        wait: Duration,
+    ) -> Result<AcquireOutcome, StoreError> {
+        self.fair(req, wait).await
+    }
+
+    async fn read(&self, name: &str) -> Result<Option<LeaseRecord>, StoreError> {
+        let client = self.reader().await?;
+        let holder = self.inner.layout.holder(name)?;
+        match client.get_data(&holder).await {
+            Ok((data, stat)) => self.holder_record(name, &holder, &data, &stat).await,
+            Err(zk::Error::NoNode) => Ok(None),
+            Err(e) => Err(from_zk(&format!("reading {holder}"), &e)),
+        }
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
+        let client = self.reader().await?;
+        let root = self.inner.layout.root();
+        let mut names = match client.list_children(root).await {
+            Ok(children) => children,
+            Err(zk::Error::NoNode) => return Ok(Vec::new()),
+            Err(e) => return Err(from_zk(&format!("listing {root}"), &e)),
+        };
+        names.retain(|n| n.starts_with(prefix));
+        names.sort();
+        let holders = self.read_holders(&client, &names).await?;
+        let mut out = Vec::new();
+        for (name, found) in names.iter().zip(holders) {
+            if let Some((data, stat)) = found {
+                let path = self.inner.layout.holder(name)?;
+                if let Some(r) = self.holder_record(name, &path, &data, &stat).await? {
+                    out.push(r);
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Opens `store = "zookeeper"` sections (see [`ZooKeeperOptions::from_section`]).
+/// Opening does not connect: sessions open on first use.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ZooKeeperStoreFactory;
+
+#[async_trait]
+impl StoreFactory for ZooKeeperStoreFactory {
+    fn kind(&self) -> &'static str {
+        KIND
+    }
+
+    fn check(&self, section: &LeaseSection) -> Result<(), ConfigError> {
+        ZooKeeperOptions::from_section(section).map(|_| ())
+    }
+
+    async fn open(&self, section: &LeaseSection) -> Result<Arc<dyn LeaseStore>, ConfigError> {
+        Ok(Arc::new(ZooKeeperStore::new(
+            ZooKeeperOptions::from_section(section)?,
+        )?))
+    }
+}

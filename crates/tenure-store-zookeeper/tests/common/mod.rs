@@ -1,0 +1,75 @@
+//! One ZooKeeper server (Debian's `zookeeper` package) shared by the tests of one test
+//! binary, and a lock that runs those tests one at a time: a test may restart or freeze
+//! the server, which must not reach another test. Each test works under its own root.
+
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use tenure_store_zookeeper::server::TestServer;
+use tenure_store_zookeeper::{ZooKeeperOptions, ZooKeeperStore};
+use tokio::sync::{Mutex, OwnedMutexGuard};
+
+/// tickTime of the test server: sessions may last 0.5 s to 5 s.
+pub const TICK: Duration = Duration::from_millis(250);
+
+static SERVER: OnceLock<Arc<TestServer>> = OnceLock::new();
+static EXCLUSIVE: OnceLock<Arc<Mutex<()>>> = OnceLock::new();
+static ROOTS: AtomicUsize = AtomicUsize::new(0);
+
+/// The shared server, for the holder of the exclusive lock.
+pub struct Shared {
+    pub server: Arc<TestServer>,
+    pub root: String,
+    _exclusive: OwnedMutexGuard<()>,
+}
+
+/// Waits for the other tests of this binary, then returns the (started, warmed) server
+/// and a fresh root.
+pub async fn exclusive() -> Shared {
+    let guard = EXCLUSIVE
+        .get_or_init(|| Arc::new(Mutex::new(())))
+        .clone()
+        .lock_owned()
+        .await;
+    let server = match SERVER.get() {
+        Some(s) => s.clone(),
+        None => {
+            let started = tokio::task::spawn_blocking(|| TestServer::start(TICK))
+                .await
+                .expect("server start task")
+                .unwrap_or_else(|e| panic!("cannot start the ZooKeeper test server: {e}"));
+            let s = SERVER.get_or_init(|| Arc::new(started)).clone();
+            s.warm_up().await.expect("warm-up");
+            s
+        }
+    };
+    let root = format!("/tenure/test-{}", ROOTS.fetch_add(1, Ordering::SeqCst));
+    Shared {
+        server,
+        root,
+        _exclusive: guard,
+    }
+}
+
+impl Shared {
+    /// A store on this test's root with session timeout `session`.
+    pub fn store(&self, session: Duration, connection: Duration) -> ZooKeeperStore {
+        let mut options =
+            ZooKeeperOptions::new(self.server.connect_string(), self.root.clone(), session);
+        options.connection_timeout = connection;
+        ZooKeeperStore::new(options).expect("options")
+    }
+
+    /// Restarts the server on the same data and port, then warms it up again.
+    pub async fn restart(&self) {
+        let server = self.server.clone();
+        tokio::task::spawn_blocking(move || server.restart())
+            .await
+            .expect("restart task")
+            .expect("restart");
+        self.server.warm_up().await.expect("warm-up");
+    }
+}
