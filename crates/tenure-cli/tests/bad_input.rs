@@ -36,9 +36,9 @@ fn config_errors_name_the_key() {
     let show = ["lease", "show", "x"];
     fails_naming(
         &sb,
-        "[lease.a]\nstore = \"etcd\"\n",
+        "[lease.a]\nstore = \"consul\"\n",
         &show,
-        &["lease.a.store", "unknown store kind `etcd`", "sqlite"],
+        &["lease.a.store", "unknown store kind `consul`", "sqlite", "etcd", "zookeeper"],
     );
     fails_naming(
         &sb,
