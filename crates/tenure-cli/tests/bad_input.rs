@@ -38,7 +38,13 @@ fn config_errors_name_the_key() {
         &sb,
         "[lease.a]\nstore = \"consul\"\n",
         &show,
-        &["lease.a.store", "unknown store kind `consul`", "sqlite", "etcd", "zookeeper"],
+        &[
+            "lease.a.store",
+            "unknown store kind `consul`",
+            "sqlite",
+            "etcd",
+            "zookeeper",
+        ],
     );
     fails_naming(
         &sb,

@@ -10,89 +10,17 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::cluster::{Cluster, Options};
-use common::shards::{Stay, check, check_acks};
+use common::cluster::Cluster;
+use common::shards::{check, check_acks, sharded_cluster, shards_on};
 use serde_json::{Value, json};
 use tenure::sharding::counter::counter_name;
 use tenure::sqlite::FencedCounter;
-
-const SHARDING: &str = r#"
-[sharding]
-number-of-shards = 100
-retry-interval = "300ms"
-unreachable-reallocate-after = "2s"
-minority-hand-off-after = "2s"
-rebalance-interval = "1s"
-stop-timeout = "2s"
-hand-off-timeout = "6s"
-"#;
-
-/// Keys of the load: enough to reach every one of the 100 shards.
-const KEYS: usize = 600;
-
-/// The shards the load's keys fall in.
-fn loaded_shards() -> BTreeSet<String> {
-    (0..KEYS)
-        .map(|i| tenure::sharding::shard_of(&format!("key-{i}"), 100))
-        .collect()
-}
 
 /// One cluster at a time: four 3-node clusters with load at once starve a 2-core machine.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn sharded_cluster() -> Cluster {
-    let options = Options {
-        node_args: [
-            "--sharded-counter".to_string(),
-            "--load-keys".to_string(),
-            KEYS.to_string(),
-            "--load-interval".to_string(),
-            "5ms".to_string(),
-        ]
-        .to_vec(),
-        tail: SHARDING.to_string(),
-        ..Options::default()
-    };
-    let c = Cluster::start_with(3, &options);
-    c.wait_until(
-        "every loaded shard runs, on every node, and increments are acknowledged on every node",
-        Duration::from_secs(60),
-        |c| {
-            let h = c.history();
-            let live = live_shards(&check(&h));
-            live.len() == loaded_shards().len()
-                && c.nodes.iter().all(|n| {
-                    live.iter().any(|(_, st)| st.node == n.addr)
-                        && h.iter()
-                            .any(|e| e["event"] == "ack" && e["node"] == n.addr.as_str())
-                })
-        },
-    );
-    c
-}
-
-/// Shards with a stay that has not ended, and that stay.
-fn live_shards(stays: &std::collections::BTreeMap<String, Vec<Stay>>) -> Vec<(String, Stay)> {
-    stays
-        .iter()
-        .filter_map(|(shard, l)| {
-            l.last()
-                .filter(|st| st.end.is_none())
-                .map(|st| (shard.clone(), st.clone()))
-        })
-        .collect()
-}
-
-fn shards_on(c: &Cluster, node: usize) -> BTreeSet<String> {
-    live_shards(&check(&c.history()))
-        .into_iter()
-        .filter(|(_, st)| st.node == c.nodes[node].addr && st.paused.is_none())
-        .map(|(s, _)| s)
-        .collect()
 }
 
 /// Waits until every shard in `moved` runs (started after `after`) on a node other than

@@ -8,9 +8,12 @@
 
 #![allow(dead_code)]
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Duration;
 
 use serde_json::Value;
+
+use super::cluster::{Cluster, Options};
 
 /// How long a resumed node whose shard lease lapsed may take to stop the shard (it is told
 /// at once by the lease's watchdog; generous for loaded CI machines).
@@ -207,4 +210,79 @@ pub fn check_acks(history: &[Value], final_value: impl Fn(&str) -> u64) -> usize
         );
     }
     n
+}
+
+pub const SHARDING: &str = r#"
+[sharding]
+number-of-shards = 100
+retry-interval = "300ms"
+unreachable-reallocate-after = "2s"
+minority-hand-off-after = "2s"
+rebalance-interval = "1s"
+stop-timeout = "2s"
+hand-off-timeout = "6s"
+"#;
+
+/// Keys of the load: enough to reach every one of the 100 shards.
+pub const KEYS: usize = 600;
+
+/// The shards the load's keys fall in.
+pub fn loaded_shards() -> BTreeSet<String> {
+    (0..KEYS)
+        .map(|i| tenure::sharding::shard_of(&format!("key-{i}"), 100))
+        .collect()
+}
+
+/// A 3-node harness cluster hosting the example sharded counter, every node driving
+/// increments of `KEYS` keys, once every loaded shard runs and every node got acks.
+pub fn sharded_cluster() -> Cluster {
+    let options = Options {
+        node_args: [
+            "--sharded-counter".to_string(),
+            "--load-keys".to_string(),
+            KEYS.to_string(),
+            "--load-interval".to_string(),
+            "5ms".to_string(),
+        ]
+        .to_vec(),
+        tail: SHARDING.to_string(),
+        ..Options::default()
+    };
+    let c = Cluster::start_with(3, &options);
+    c.wait_until(
+        "every loaded shard runs, on every node, and increments are acknowledged on every node",
+        Duration::from_secs(60),
+        |c| {
+            let h = c.history();
+            let live = live_shards(&check(&h));
+            live.len() == loaded_shards().len()
+                && c.nodes.iter().all(|n| {
+                    live.iter().any(|(_, st)| st.node == n.addr)
+                        && h.iter()
+                            .any(|e| e["event"] == "ack" && e["node"] == n.addr.as_str())
+                })
+        },
+    );
+    c
+}
+
+/// Shards with a stay that has not ended, and that stay.
+pub fn live_shards(stays: &std::collections::BTreeMap<String, Vec<Stay>>) -> Vec<(String, Stay)> {
+    stays
+        .iter()
+        .filter_map(|(shard, l)| {
+            l.last()
+                .filter(|st| st.end.is_none())
+                .map(|st| (shard.clone(), st.clone()))
+        })
+        .collect()
+}
+
+/// The shards running (not frozen) on node `node`.
+pub fn shards_on(c: &Cluster, node: usize) -> BTreeSet<String> {
+    live_shards(&check(&c.history()))
+        .into_iter()
+        .filter(|(_, st)| st.node == c.nodes[node].addr && st.paused.is_none())
+        .map(|(s, _)| s)
+        .collect()
 }
