@@ -50,11 +50,12 @@ enum Command {
         /// fencing token.
         #[arg(long)]
         sharded_counter: bool,
-        /// Drive increments of keys key-0..key-(N-1) through this node's region, one at a
-        /// time, recording each acknowledged one (`ack`) in the history.
+        /// Drive increments of keys key-0..key-(N-1) through this node's region (8 workers,
+        /// each one increment at a time), recording each acknowledged one (`ack`) in the
+        /// history.
         #[arg(long, default_value_t = 0, value_name = "N")]
         load_keys: usize,
-        /// Pause between two increments of the load.
+        /// Pause between two increments of one load worker.
         #[arg(long, default_value = "20ms", value_parser = humantime::parse_duration)]
         load_interval: Duration,
     },

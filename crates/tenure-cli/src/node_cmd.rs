@@ -157,9 +157,11 @@ async fn probe_through_proxy(
 /// The entity type of the example sharded counter.
 const COUNTER_TYPE: &str = "counter";
 
-/// Increments key-0, key-1, … in turn (from a key that depends on `start`, so that nodes
-/// spread their load) through `region`, one at a time, recording every acknowledged
-/// increment (`ack`: key, value, token, answering node) in the history.
+/// Increments key-0, key-1, … through `region` from `LOAD_WORKERS` concurrent workers, each
+/// one increment at a time from its own starting key (derived from `start`, so that nodes
+/// spread their load), recording every acknowledged increment (`ack`: key, value, token,
+/// answering node) in the history. Several workers keep traffic flowing to every shard
+/// while asks to a moving shard wait.
 fn drive_load(
     region: tenure::sharding::ShardRegion,
     history: Option<tenure::cluster::History>,
@@ -167,29 +169,40 @@ fn drive_load(
     keys: usize,
     pause: Duration,
 ) {
-    tokio::spawn(async move {
-        for i in (0..keys).cycle().skip(start % keys) {
-            let key = format!("key-{i}");
-            match region
-                .ask::<_, CounterReply>(&key, &CounterRequest::Increment, Duration::from_secs(5))
-                .await
-            {
-                Ok(reply) if reply.accepted => {
-                    if let Some(h) = &history {
-                        h.record(
-                            "ack",
-                            serde_json::json!({"entity": key, "shard": region.shard_of(&key),
-                                "value": reply.value, "token": reply.token, "from": reply.node}),
-                        );
+    for worker in 0..LOAD_WORKERS {
+        let (region, history) = (region.clone(), history.clone());
+        let first = start.wrapping_add(worker * keys / LOAD_WORKERS);
+        tokio::spawn(async move {
+            for i in (0..keys).cycle().skip(first % keys) {
+                let key = format!("key-{i}");
+                match region
+                    .ask::<_, CounterReply>(
+                        &key,
+                        &CounterRequest::Increment,
+                        Duration::from_secs(5),
+                    )
+                    .await
+                {
+                    Ok(reply) if reply.accepted => {
+                        if let Some(h) = &history {
+                            h.record(
+                                "ack",
+                                serde_json::json!({"entity": key, "shard": region.shard_of(&key),
+                                    "value": reply.value, "token": reply.token, "from": reply.node}),
+                            );
+                        }
                     }
+                    Ok(_) => tracing::debug!(key, "increment refused by the fenced counter"),
+                    Err(e) => tracing::debug!(key, error = %e, "increment not acknowledged"),
                 }
-                Ok(_) => tracing::debug!(key, "increment refused by the fenced counter"),
-                Err(e) => tracing::debug!(key, error = %e, "increment not acknowledged"),
+                tokio::time::sleep(pause).await;
             }
-            tokio::time::sleep(pause).await;
-        }
-    });
+        });
+    }
 }
+
+/// Concurrent workers of `--load-keys`.
+const LOAD_WORKERS: usize = 8;
 
 fn forced() -> Result<Outcome, CliError> {
     eprintln!("tenure: forced exit; the member lease expires after its ttl");

@@ -242,7 +242,7 @@ pub fn sharded_cluster() -> Cluster {
             "--load-keys".to_string(),
             KEYS.to_string(),
             "--load-interval".to_string(),
-            "5ms".to_string(),
+            "20ms".to_string(),
         ]
         .to_vec(),
         tail: SHARDING.to_string(),
