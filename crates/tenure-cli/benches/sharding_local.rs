@@ -6,7 +6,7 @@
 //!   from the shard's own history lines `shard_lease_lost` → `shard_stopped`);
 //! - memory (RSS) per idle entity and per shard.
 //!
-//! `cargo bench -p tenure-sharding --bench sharding` (TENURE_BENCH_RUNS, default 20).
+//! `cargo bench -p tenure-cli --bench sharding_local` (TENURE_BENCH_RUNS, default 20).
 //! Fail-over after SIGKILL is measured by `cargo bench -p tenure-cli --bench sharding_failover`.
 
 use std::sync::Arc;
@@ -14,13 +14,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use tenure_cluster::{ClusterSettings, History, Incarnation, Node, NodeAddr};
-use tenure_lease::{
-    Fault, LeaseProvider, LeaseSpec, LeaseStore, MemoryStore, StoreRegistry, TenureConfig,
-};
-use tenure_sharding::{
+use tenure::cluster::{ClusterSettings, History, Incarnation, Node, NodeAddr};
+use tenure::sharding::{
     Entity, EntityContext, Shard, ShardArgs, ShardMsg, ShardingSettings, entity_factory,
 };
+use tenure::{Fault, LeaseSpec, LeaseStore, MemoryStore, TenureConfig};
 
 /// Counts what it is sent; replies with the count.
 struct Echo(Arc<AtomicU64>);
@@ -74,6 +72,13 @@ impl Actor for Bare {
     }
 }
 
+const ROUNDS: usize = 5;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
 fn percentile(v: &mut [f64], p: f64) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[((v.len() - 1) as f64 * p).round() as usize]
@@ -85,8 +90,8 @@ fn rss_kib() -> u64 {
     pages * 4
 }
 
-fn lease_settings() -> tenure_lease::LeaseSettings {
-    tenure_lease::LeaseSettings {
+fn lease_settings() -> tenure::LeaseSettings {
+    tenure::LeaseSettings {
         heartbeat_timeout: Duration::from_millis(1500),
         heartbeat_interval: Duration::from_millis(200),
         lease_operation_timeout: Duration::from_millis(500),
@@ -118,11 +123,7 @@ async fn throughput(n: u64) {
         "bench",
     )
     .unwrap();
-    let provider = LeaseProvider::new(
-        config.clone(),
-        StoreRegistry::new().with(tenure_store_sqlite::SqliteStoreFactory),
-    )
-    .unwrap();
+    let provider = tenure::provider(config.clone()).unwrap();
     let node = Node::start(
         ClusterSettings::from_config(&config).unwrap(),
         &provider,
@@ -131,7 +132,7 @@ async fn throughput(n: u64) {
     .await
     .unwrap();
     let count = Arc::new(AtomicU64::new(0));
-    let region = tenure_sharding::start_on_node(
+    let region = tenure::sharding::start_on_node(
         &node,
         &provider,
         "echo",
@@ -158,45 +159,57 @@ async fn throughput(n: u64) {
     let bare_count = Arc::new(AtomicU64::new(0));
     let (bare_tell, _) = Actor::spawn(None, Bare, bare_count.clone()).await.unwrap();
 
-    let t = Instant::now();
-    for i in 0..n {
-        let _: u64 = region
-            .ask(&keys[(i % 100) as usize], &1u64, Duration::from_secs(5))
-            .await
-            .unwrap();
+    let (mut asks, mut calls, mut tells, mut casts) = (vec![], vec![], vec![], vec![]);
+    let mut sent_bare = 0;
+    for _ in 0..ROUNDS {
+        let t = Instant::now();
+        for i in 0..n {
+            let _: u64 = region
+                .ask(&keys[(i % 100) as usize], &1u64, Duration::from_secs(5))
+                .await
+                .unwrap();
+        }
+        asks.push(n as f64 / t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        for _ in 0..n {
+            let _ = bare.call(|r| BareMsg::Add(1, Some(r)), None).await.unwrap();
+        }
+        calls.push(n as f64 / t.elapsed().as_secs_f64());
+        let before = count.load(Ordering::Relaxed);
+        let t = Instant::now();
+        for i in 0..n {
+            region.tell(&keys[(i % 100) as usize], &1u64).unwrap();
+        }
+        while count.load(Ordering::Relaxed) < before + n {
+            tokio::task::yield_now().await;
+        }
+        tells.push(n as f64 / t.elapsed().as_secs_f64());
+        sent_bare += n;
+        let t = Instant::now();
+        for _ in 0..n {
+            bare_tell.cast(BareMsg::Add(1, None)).unwrap();
+        }
+        while bare_count.load(Ordering::Relaxed) < sent_bare {
+            tokio::task::yield_now().await;
+        }
+        casts.push(n as f64 / t.elapsed().as_secs_f64());
     }
-    let ask_rate = n as f64 / t.elapsed().as_secs_f64();
-    let t = Instant::now();
-    for _ in 0..n {
-        let _ = bare.call(|r| BareMsg::Add(1, Some(r)), None).await.unwrap();
-    }
-    let bare_call_rate = n as f64 / t.elapsed().as_secs_f64();
-
-    let before = count.load(Ordering::Relaxed);
-    let t = Instant::now();
-    for i in 0..n {
-        region.tell(&keys[(i % 100) as usize], &1u64).unwrap();
-    }
-    while count.load(Ordering::Relaxed) < before + n {
-        tokio::task::yield_now().await;
-    }
-    let tell_rate = n as f64 / t.elapsed().as_secs_f64();
-    let t = Instant::now();
-    for _ in 0..n {
-        bare_tell.cast(BareMsg::Add(1, None)).unwrap();
-    }
-    while bare_count.load(Ordering::Relaxed) < n {
-        tokio::task::yield_now().await;
-    }
-    let bare_cast_rate = n as f64 / t.elapsed().as_secs_f64();
-    println!("local messages ({n} each, 100 entities in 10 shards on a 1-node cluster):");
+    let ratio =
+        |base: &[f64], ours: &[f64]| median(base.iter().zip(ours).map(|(b, o)| b / o).collect());
     println!(
-        "  ask through the region  {ask_rate:>10.0}/s   bare ractor call {bare_call_rate:>10.0}/s   ratio {:.2}x slower",
-        bare_call_rate / ask_rate
+        "local messages ({n} per path and round, {ROUNDS} alternating rounds, medians; 100 entities in 10 shards on a 1-node cluster):"
     );
     println!(
-        "  tell through the region {tell_rate:>10.0}/s   bare ractor cast {bare_cast_rate:>10.0}/s   ratio {:.2}x slower",
-        bare_cast_rate / tell_rate
+        "  ask through the region  {:>10.0}/s   bare ractor call {:>10.0}/s   {:.2}x slower",
+        median(asks.clone()),
+        median(calls.clone()),
+        ratio(&calls, &asks)
+    );
+    println!(
+        "  tell through the region {:>10.0}/s   bare ractor cast {:>10.0}/s   {:.2}x slower",
+        median(tells.clone()),
+        median(casts.clone()),
+        ratio(&casts, &tells)
     );
     region.stop().await;
     let _ = node.leave().await;
@@ -219,7 +232,7 @@ async fn lease_lost_to_stopped(runs: usize, entities: usize) {
         history: Some(history),
     };
     let shard = Shard::start(args, None).await.unwrap();
-    let payload = tenure_cluster::codec::encode("entity request", "bench", &0u64).unwrap();
+    let payload = tenure::cluster::codec::encode("entity request", "bench", &0u64).unwrap();
     let mut times = Vec::new();
     for _ in 0..runs {
         store.set_fault(Fault::None);
@@ -233,7 +246,7 @@ async fn lease_lost_to_stopped(runs: usize, entities: usize) {
                 .unwrap();
         }
         loop {
-            let s: tenure_sharding::ShardStatus = ractor::call!(shard, ShardMsg::Status).unwrap();
+            let s: tenure::sharding::ShardStatus = ractor::call!(shard, ShardMsg::Status).unwrap();
             if s.entities.len() == entities {
                 break;
             }
@@ -279,7 +292,7 @@ async fn lease_lost_to_stopped(runs: usize, entities: usize) {
 async fn memory() {
     let store = MemoryStore::new();
     let shared: Arc<dyn LeaseStore> = Arc::new(store.clone());
-    let payload = tenure_cluster::codec::encode("entity request", "bench", &0u64).unwrap();
+    let payload = tenure::cluster::codec::encode("entity request", "bench", &0u64).unwrap();
     let make = |name: &str| ShardArgs {
         type_name: "bench".into(),
         shard_id: name.into(),
@@ -308,7 +321,7 @@ async fn memory() {
             .unwrap();
     }
     loop {
-        let s: tenure_sharding::ShardStatus = ractor::call!(shard, ShardMsg::Status).unwrap();
+        let s: tenure::sharding::ShardStatus = ractor::call!(shard, ShardMsg::Status).unwrap();
         if s.entities.len() == ENTITIES {
             break;
         }
@@ -323,7 +336,7 @@ async fn memory() {
     }
     for s in &shards {
         loop {
-            let st: tenure_sharding::ShardStatus = ractor::call!(s, ShardMsg::Status).unwrap();
+            let st: tenure::sharding::ShardStatus = ractor::call!(s, ShardMsg::Status).unwrap();
             if st.serving.is_some() {
                 break;
             }

@@ -1,0 +1,234 @@
+//! Messages to entities on another node, through the regions, against a bare
+//! ractor_cluster remote actor between the same two processes, same run.
+//!
+//! `cargo bench -p tenure-cli --bench sharding_remote` starts a second process (this
+//! binary with TENURE_BENCH_NODE set): a Tenure node hosting the `echo` entity type and a
+//! bare remotable actor. This process joins as a node without the type's role, so every
+//! shard lives on the other node and every message crosses the network: asks are
+//! request/reply round trips (sequential), tells are one-way throughput (N tells to one
+//! entity followed by one ask as a barrier; per-path FIFO makes the answer come after
+//! every tell). The two paths alternate over several rounds; ratios are medians of the
+//! per-round ratios.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, pg};
+use ractor_cluster::RactorClusterMessage;
+use tenure::TenureConfig;
+use tenure::cluster::{ClusterSettings, Node};
+use tenure::sharding::{Entity, EntityContext, ShardRegion, entity_factory};
+
+const ROUND_TRIPS: usize = 1_000;
+const TELLS: usize = 10_000;
+const ROUNDS: usize = 5;
+
+struct Echo;
+impl Entity for Echo {
+    type Request = u64;
+    type Reply = u64;
+    type State = u64;
+    async fn start(&self, _: &EntityContext) -> Result<u64, ActorProcessingErr> {
+        Ok(0)
+    }
+    async fn handle(
+        &self,
+        _: &EntityContext,
+        n: &mut u64,
+        add: u64,
+    ) -> Result<u64, ActorProcessingErr> {
+        *n += add;
+        Ok(*n)
+    }
+}
+
+#[derive(RactorClusterMessage)]
+pub enum RawMsg {
+    Add(u64),
+    #[rpc]
+    Echo(u64, RpcReplyPort<u64>),
+}
+
+struct Raw;
+impl Actor for Raw {
+    type Msg = RawMsg;
+    type State = u64;
+    type Arguments = ();
+    async fn pre_start(&self, _: ActorRef<RawMsg>, _: ()) -> Result<u64, ActorProcessingErr> {
+        Ok(0)
+    }
+    async fn handle(
+        &self,
+        _: ActorRef<RawMsg>,
+        m: RawMsg,
+        n: &mut u64,
+    ) -> Result<(), ActorProcessingErr> {
+        match m {
+            RawMsg::Add(k) => *n += k,
+            RawMsg::Echo(k, r) => {
+                *n += k;
+                let _ = r.send(*n);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn config(dir: &std::path::Path, port: u16, seed: u16, roles: &str) -> String {
+    format!(
+        "[tenure]\ndefault-lease-section = \"sqlite\"\n[lease.sqlite]\npath = \"{}/leases.sqlite\"\n\
+         heartbeat-timeout = \"5s\"\nheartbeat-interval = \"1s\"\nlease-retry-interval = \"200ms\"\n\
+         [cluster]\nport = {port}\ncookie = \"bench\"\nseeds = [\"127.0.0.1:{seed}\"]\nroles = [{roles}]\n\
+         member-lease-ttl = \"5s\"\nmember-lease-interval = \"1s\"\nmembership-interval = \"300ms\"\n\
+         [sharding.echo]\nrole = \"echo\"\nnumber-of-shards = 10\nretry-interval = \"200ms\"\nidle-timeout = \"0s\"\n",
+        dir.display()
+    )
+}
+
+async fn start(config: &TenureConfig, factory: bool) -> (Node, ShardRegion) {
+    let provider = tenure::provider(config.clone()).unwrap();
+    let node = Node::start(
+        ClusterSettings::from_config(config).unwrap(),
+        &provider,
+        None,
+    )
+    .await
+    .unwrap();
+    let factory = factory.then(|| entity_factory(Echo));
+    let region = tenure::sharding::start_on_node(&node, &provider, "echo", factory)
+        .await
+        .unwrap();
+    (node, region)
+}
+
+async fn serve(path: String) {
+    let config = TenureConfig::load(Some(std::path::Path::new(&path))).unwrap();
+    let (_node, _region) = start(&config, true).await;
+    let (raw, _) = Actor::spawn(None, Raw, ()).await.unwrap();
+    pg::join("bench/raw".into(), vec![raw.get_cell()]);
+    println!("ready");
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    if let Ok(path) = std::env::var("TENURE_BENCH_NODE") {
+        return serve(path).await;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let ports: Vec<u16> = (0..2)
+        .map(|_| {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port()
+        })
+        .collect();
+    let child_config = dir.path().join("host.toml");
+    std::fs::write(
+        &child_config,
+        config(dir.path(), ports[0], ports[0], "\"echo\""),
+    )
+    .unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .env("TENURE_BENCH_NODE", &child_config)
+        .env("TENURE_LOG", "error")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready", "the hosting node did not start");
+    let config =
+        TenureConfig::from_toml_str(&config(dir.path(), ports[1], ports[0], ""), "bench").unwrap();
+    let (node, region) = start(&config, false).await;
+    let keys: Vec<String> = (0..100).map(|i| format!("e{i}")).collect();
+    for k in &keys {
+        while region
+            .ask::<_, u64>(k, &0u64, Duration::from_secs(5))
+            .await
+            .is_err()
+        {}
+    }
+    let raw: ActorRef<RawMsg> = loop {
+        if let Some(cell) = pg::get_members(&"bench/raw".to_string())
+            .into_iter()
+            .find(|c| !c.get_id().is_local())
+        {
+            break cell.into();
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let (mut ask_ratio, mut tell_ratio) = (Vec::new(), Vec::new());
+    let (mut ask_rates, mut raw_call_rates, mut tell_rates, mut raw_cast_rates) =
+        (vec![], vec![], vec![], vec![]);
+    for _ in 0..ROUNDS {
+        let t = Instant::now();
+        for i in 0..ROUND_TRIPS {
+            let _: u64 = region
+                .ask(&keys[i % 100], &1u64, Duration::from_secs(5))
+                .await
+                .unwrap();
+        }
+        let ask = ROUND_TRIPS as f64 / t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        for _ in 0..ROUND_TRIPS {
+            raw.call(|r| RawMsg::Echo(1, r), Some(Duration::from_secs(5)))
+                .await
+                .unwrap();
+        }
+        let raw_call = ROUND_TRIPS as f64 / t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        for _ in 0..TELLS {
+            region.tell(&keys[0], &1u64).unwrap();
+        }
+        let _: u64 = region
+            .ask(&keys[0], &0u64, Duration::from_secs(60))
+            .await
+            .unwrap();
+        let tell = TELLS as f64 / t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        for _ in 0..TELLS {
+            raw.cast(RawMsg::Add(1)).unwrap();
+        }
+        raw.call(|r| RawMsg::Echo(0, r), Some(Duration::from_secs(60)))
+            .await
+            .unwrap();
+        let raw_cast = TELLS as f64 / t.elapsed().as_secs_f64();
+        ask_ratio.push(raw_call / ask);
+        tell_ratio.push(raw_cast / tell);
+        ask_rates.push(ask);
+        raw_call_rates.push(raw_call);
+        tell_rates.push(tell);
+        raw_cast_rates.push(raw_cast);
+    }
+    println!("messages to entities on another node ({ROUNDS} alternating rounds, medians):");
+    println!(
+        "  ask through the regions  {:>8.0}/s   bare ractor_cluster call {:>8.0}/s   {:.2}x slower",
+        median(ask_rates),
+        median(raw_call_rates),
+        median(ask_ratio)
+    );
+    println!(
+        "  tell through the regions {:>8.0}/s   bare ractor_cluster cast {:>8.0}/s   {:.2}x slower",
+        median(tell_rates),
+        median(raw_cast_rates),
+        median(tell_ratio)
+    );
+    region.stop().await;
+    let _ = node.leave().await;
+    let _ = child.kill();
+    let _ = child.wait();
+}
