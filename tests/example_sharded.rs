@@ -3,31 +3,11 @@
 //! hosting node, and the keys that lived there are served by another node afterwards.
 
 use std::collections::BTreeMap;
-use std::process::Command;
+mod common;
 
 #[test]
 fn the_sharded_counter_example_counts_every_key_through_a_node_failure() {
-    let exe = std::env::current_exe().expect("test binary path");
-    let dir = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .expect("target profile dir");
-    let example = dir.join("examples").join("sharded_counter");
-    assert!(
-        example.exists(),
-        "build the examples first (cargo test does): {}",
-        example.display()
-    );
-    let out = Command::new(&example)
-        .env("TENURE_LOG", "error")
-        .output()
-        .expect("run the example");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = common::run_example("sharded_counter");
     let killed = text
         .lines()
         .find_map(|l| l.strip_prefix("SIGKILL of node "))

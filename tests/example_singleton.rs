@@ -1,32 +1,11 @@
 //! `examples/singleton_ticks.rs` runs on a 3-node local cluster: the singleton counts under
 //! token 1, moves to another node after the SIGKILL with a newer token, and keeps counting.
 
-use std::process::Command;
+mod common;
 
 #[test]
 fn the_singleton_example_fails_over_and_keeps_counting() {
-    // Examples are built next to the test binaries' directory (target/<profile>/examples).
-    let exe = std::env::current_exe().expect("test binary path");
-    let dir = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .expect("target profile dir");
-    let example = dir.join("examples").join("singleton_ticks");
-    assert!(
-        example.exists(),
-        "build the examples first (cargo test does): {}",
-        example.display()
-    );
-    let out = Command::new(&example)
-        .env("TENURE_LOG", "error")
-        .output()
-        .expect("run the example");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = common::run_example("singleton_ticks");
     let values: Vec<(u64, u64)> = text
         .lines()
         .filter_map(|l| {

@@ -9,6 +9,8 @@
 //! Timing here is real (short ttls); assertions are about order and safety, never about
 //! how fast something happened.
 
+pub mod bench;
+
 use std::any::Any;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

@@ -19,72 +19,35 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group};
 use etcd_client::{Client, Compare, CompareOp, LockOptions, PutOptions, Txn, TxnOp};
-use tenure_lease::{
-    AcquireOutcome, AcquireRequest, Acquired, Lease, LeaseActor, LeaseEventSink, LeaseMsg,
-    LeaseSettings, LeaseSpec, LeaseStore, RenewalBatcher,
+use tenure_lease::conformance::bench::{
+    Holders, INTERVALS, LEASE_COUNTS, api_settings, bracket_intervals, lease_acquire_release,
+    renewal_settings, runtime, spi_request, store_acquire_release,
 };
+use tenure_lease::{Lease, LeaseSettings, LeaseSpec, LeaseStore};
 
 use support::Etcd;
 
-fn settings() -> LeaseSettings {
-    LeaseSettings {
-        heartbeat_timeout: Duration::from_secs(60),
-        heartbeat_interval: Duration::from_secs(6),
-        lease_operation_timeout: Duration::from_secs(5),
-        lease_retry_interval: Duration::from_secs(1),
-        safety_margin: Duration::from_secs(6),
-    }
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
-}
-
 fn acquire_release(c: &mut Criterion) {
-    let rt = runtime();
+    let rt = runtime().expect("runtime");
     let etcd = rt.block_on(Etcd::single());
     let (lease, store, mut raw, session) = rt.block_on(async {
         let store: Arc<dyn LeaseStore> = Arc::new(etcd.store().await);
-        let lease =
-            Lease::start(LeaseSpec::new("api", "bench-owner", store.clone(), settings()).unwrap())
-                .await
-                .unwrap();
+        let lease = Lease::start(
+            LeaseSpec::new("api", "bench-owner", store.clone(), api_settings()).unwrap(),
+        )
+        .await
+        .unwrap();
         let mut raw = Client::connect(etcd.endpoints(), None).await.unwrap();
         let session = raw.lease_grant(61, None).await.unwrap().id();
         (lease, store, raw, session)
     });
-    let req = AcquireRequest {
-        name: "spi".into(),
-        owner: "bench-owner".into(),
-        instance: "bench".into(),
-        ttl: Duration::from_secs(60),
-        note: None,
-    };
+    let req = spi_request("spi", Duration::from_secs(60));
     let mut g = c.benchmark_group("acquire_release");
     g.bench_function("lease_api", |b| {
-        b.iter(|| {
-            rt.block_on(async {
-                assert!(matches!(
-                    lease.acquire().await.unwrap(),
-                    Acquired::Granted { .. }
-                ));
-                assert!(lease.release().await.unwrap());
-            })
-        })
+        b.iter(|| rt.block_on(lease_acquire_release(&lease)))
     });
     g.bench_function("store_spi", |b| {
-        b.iter(|| {
-            rt.block_on(async {
-                let AcquireOutcome::Granted(r) = store.try_acquire(&req).await.unwrap() else {
-                    panic!("held")
-                };
-                assert!(store.release("spi", "bench-owner", r.token).await.unwrap());
-            })
-        })
+        b.iter(|| rt.block_on(store_acquire_release(store.as_ref(), &req)))
     });
     let key = "/bench/bare";
     g.bench_function("bare_etcd_txn", |b| {
@@ -157,52 +120,28 @@ fn renewal_traffic() {
         "{:>8} {:>10} {:>26} {:>20}",
         "leases", "intervals", "etcd requests / interval", "renewed per interval"
     );
-    let rt = runtime();
-    for n in [1usize, 100, 10_000] {
+    let rt = runtime().expect("runtime");
+    for n in LEASE_COUNTS {
         let etcd = rt.block_on(Etcd::single());
         let s = LeaseSettings {
-            heartbeat_timeout: Duration::from_secs(10),
-            heartbeat_interval: Duration::from_secs(1),
             lease_operation_timeout: Duration::from_secs(10),
-            lease_retry_interval: Duration::from_secs(1),
-            safety_margin: Duration::from_secs(1),
+            ..renewal_settings()
         };
         let endpoint = etcd.endpoint(0);
-        let (requests, intervals, all_held) = rt.block_on(async {
+        let (requests, all_held) = rt.block_on(async {
             let store: Arc<dyn LeaseStore> = Arc::new(etcd.store().await);
-            let batcher = RenewalBatcher::new(store.clone(), "owner".into(), s);
-            let mut actors = Vec::with_capacity(n);
-            for i in 0..n {
-                let spec = LeaseSpec::with_batcher(
-                    &format!("lease-{i}"),
-                    "owner",
-                    store.clone(),
-                    s,
-                    batcher.clone(),
-                )
-                .unwrap();
-                let (actor, view) = LeaseActor::start(spec, LeaseEventSink::ignore(), None)
-                    .await
-                    .unwrap();
-                let reply = ractor::call!(actor, LeaseMsg::TryAcquire).unwrap().unwrap();
-                assert!(matches!(reply.0, Acquired::Granted { .. }));
-                actors.push((actor, view));
-            }
-            tokio::time::sleep(Duration::from_millis(2500)).await;
-            let r0 = etcd_requests(&endpoint);
-            let intervals = 5u64;
-            tokio::time::sleep(s.heartbeat_interval * intervals as u32).await;
-            let r1 = etcd_requests(&endpoint);
-            let all_held = actors.iter().all(|(_, v)| v.check_lease());
-            for (a, _) in &actors {
-                a.stop(None);
-            }
-            (r1 - r0, intervals, all_held)
+            let names = (0..n).map(|i| format!("lease-{i}")).collect();
+            let holders = Holders::start(store, "owner", names, s).await;
+            let (r0, r1) =
+                bracket_intervals(s.heartbeat_interval, || etcd_requests(&endpoint)).await;
+            let all_held = holders.all_held();
+            holders.stop();
+            (r1 - r0, all_held)
         });
         assert!(all_held, "every lease still held");
         println!(
-            "{n:>8} {intervals:>10} {:>26.2} {:>20}",
-            requests as f64 / intervals as f64,
+            "{n:>8} {INTERVALS:>10} {:>26.2} {:>20}",
+            requests as f64 / INTERVALS as f64,
             n
         );
     }

@@ -17,40 +17,20 @@
 mod server;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use criterion::{Criterion, criterion_group};
 use server::PgServer;
-use tenure_lease::{
-    AcquireOutcome, AcquireRequest, Acquired, Capabilities, HeldLease, Lease, LeaseActor,
-    LeaseEventSink, LeaseMsg, LeaseRecord, LeaseSettings, LeaseSpec, LeaseStore, RenewalBatcher,
-    StoreError,
+use tenure_lease::conformance::bench::{
+    Counting, Holders, INTERVALS, LEASE_COUNTS, api_settings, bracket_intervals,
+    lease_acquire_release, median, renewal_settings, runtime, spi_request, store_acquire_release,
 };
+use tenure_lease::{AcquireOutcome, AcquireRequest, HeldLease, Lease, LeaseSpec, LeaseStore};
 use tenure_store_postgres::PostgresStore;
 use tenure_store_postgres::sql::Statements;
 use tokio_postgres::NoTls;
 
 const TTL_US: i64 = 60_000_000;
-
-fn settings() -> LeaseSettings {
-    LeaseSettings {
-        heartbeat_timeout: Duration::from_secs(60),
-        heartbeat_interval: Duration::from_secs(6),
-        lease_operation_timeout: Duration::from_secs(5),
-        lease_retry_interval: Duration::from_secs(1),
-        safety_margin: Duration::from_secs(6),
-    }
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
-}
 
 /// A plain connection and the store's statements, prepared once: the baseline.
 struct Direct {
@@ -102,45 +82,24 @@ impl Direct {
 }
 
 fn acquire_release(c: &mut Criterion, server: &PgServer) {
-    let rt = runtime();
+    let rt = runtime().expect("runtime");
     let store = rt.block_on(PostgresStore::connect(
         server.options(Duration::from_secs(5)),
     ));
     let store: Arc<dyn LeaseStore> = Arc::new(store.expect("store"));
     let lease = rt.block_on(async {
-        Lease::start(LeaseSpec::new("api", "bench-owner", store.clone(), settings()).unwrap())
+        Lease::start(LeaseSpec::new("api", "bench-owner", store.clone(), api_settings()).unwrap())
             .await
             .unwrap()
     });
     let direct = rt.block_on(Direct::connect(server));
-    let req = AcquireRequest {
-        name: "spi".into(),
-        owner: "bench-owner".into(),
-        instance: "bench".into(),
-        ttl: Duration::from_secs(60),
-        note: None,
-    };
+    let req = spi_request("spi", Duration::from_secs(60));
     let mut g = c.benchmark_group("acquire_release");
     g.bench_function("lease_api", |b| {
-        b.iter(|| {
-            rt.block_on(async {
-                assert!(matches!(
-                    lease.acquire().await.unwrap(),
-                    Acquired::Granted { .. }
-                ));
-                assert!(lease.release().await.unwrap());
-            })
-        })
+        b.iter(|| rt.block_on(lease_acquire_release(&lease)))
     });
     g.bench_function("store_spi", |b| {
-        b.iter(|| {
-            rt.block_on(async {
-                let AcquireOutcome::Granted(r) = store.try_acquire(&req).await.unwrap() else {
-                    panic!("held")
-                };
-                assert!(store.release("spi", "bench-owner", r.token).await.unwrap());
-            })
-        })
+        b.iter(|| rt.block_on(store_acquire_release(store.as_ref(), &req)))
     });
     g.bench_function("direct_sql", |b| {
         b.iter(|| rt.block_on(direct.acquire_release("direct", "bench-owner")))
@@ -149,7 +108,7 @@ fn acquire_release(c: &mut Criterion, server: &PgServer) {
 }
 
 fn renew(c: &mut Criterion, server: &PgServer) {
-    let rt = runtime();
+    let rt = runtime().expect("runtime");
     let store = rt
         .block_on(PostgresStore::connect(
             server.options(Duration::from_secs(5)),
@@ -192,46 +151,6 @@ fn renew(c: &mut Criterion, server: &PgServer) {
     g.finish();
 }
 
-/// Counts the store round trips (renew calls) and the leases they carried.
-struct Counting {
-    inner: PostgresStore,
-    renew_calls: AtomicU64,
-    renewed: AtomicU64,
-}
-
-#[async_trait]
-impl LeaseStore for Counting {
-    fn kind(&self) -> &'static str {
-        "postgres"
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError> {
-        self.inner.try_acquire(req).await
-    }
-    async fn renew(
-        &self,
-        owner: &str,
-        leases: &[HeldLease],
-        ttl: Duration,
-    ) -> Result<Vec<bool>, StoreError> {
-        self.renew_calls.fetch_add(1, Ordering::SeqCst);
-        self.renewed
-            .fetch_add(leases.len() as u64, Ordering::SeqCst);
-        self.inner.renew(owner, leases, ttl).await
-    }
-    async fn release(&self, name: &str, owner: &str, token: u64) -> Result<bool, StoreError> {
-        self.inner.release(name, owner, token).await
-    }
-    async fn read(&self, name: &str) -> Result<Option<LeaseRecord>, StoreError> {
-        self.inner.read(name).await
-    }
-    async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
-        self.inner.list(prefix).await
-    }
-}
-
 fn renewal_cost(server: &PgServer) {
     println!(
         "\nrenewal cost: one owner, LeaseActors on one PostgreSQL table, heartbeat-interval 1s"
@@ -240,78 +159,27 @@ fn renewal_cost(server: &PgServer) {
         "{:>8} {:>10} {:>22} {:>22} {:>20}",
         "leases", "intervals", "round trips/interval", "leases per round trip", "one batch renew"
     );
-    let rt = runtime();
-    for n in [1usize, 100, 10_000] {
+    let rt = runtime().expect("runtime");
+    for n in LEASE_COUNTS {
         let owner = format!("owner-{n}");
         let inner = rt
             .block_on(PostgresStore::connect(
                 server.options(Duration::from_secs(5)),
             ))
             .expect("store");
-        let store = Arc::new(Counting {
-            inner: inner.clone(),
-            renew_calls: AtomicU64::new(0),
-            renewed: AtomicU64::new(0),
-        });
-        let s = LeaseSettings {
-            heartbeat_timeout: Duration::from_secs(10),
-            heartbeat_interval: Duration::from_secs(1),
-            lease_operation_timeout: Duration::from_secs(5),
-            lease_retry_interval: Duration::from_secs(1),
-            safety_margin: Duration::from_secs(1),
-        };
-        let (calls, renewed, intervals, all_held, tokens) = rt.block_on(async {
-            let dynstore: Arc<dyn LeaseStore> = store.clone();
-            let batcher = RenewalBatcher::new(dynstore.clone(), owner.clone(), s);
-            let mut actors = Vec::with_capacity(n);
-            let mut tokens = Vec::with_capacity(n);
-            for i in 0..n {
-                let spec = LeaseSpec::with_batcher(
-                    &format!("cost-{n}-{i}"),
-                    &owner,
-                    dynstore.clone(),
-                    s,
-                    batcher.clone(),
-                )
-                .unwrap();
-                let (actor, view) = LeaseActor::start(spec, LeaseEventSink::ignore(), None)
-                    .await
-                    .unwrap();
-                let reply = ractor::call!(actor, LeaseMsg::TryAcquire).unwrap().unwrap();
-                let Acquired::Granted { token } = reply.0 else {
-                    panic!("not granted")
-                };
-                tokens.push(token);
-                actors.push((actor, view));
-            }
-            // Settle onto the grid, then count over whole intervals.
-            tokio::time::sleep(Duration::from_millis(2500)).await;
-            let (c0, r0) = (
-                store.renew_calls.load(Ordering::SeqCst),
-                store.renewed.load(Ordering::SeqCst),
-            );
-            let intervals = 5u64;
-            tokio::time::sleep(s.heartbeat_interval * intervals as u32).await;
-            let (c1, r1) = (
-                store.renew_calls.load(Ordering::SeqCst),
-                store.renewed.load(Ordering::SeqCst),
-            );
-            let all_held = actors.iter().all(|(_, v)| v.check_lease());
-            for (a, _) in &actors {
-                a.stop(None);
-            }
-            (c1 - c0, r1 - r0, intervals, all_held, tokens)
+        let store = Counting::new(Arc::new(inner.clone()));
+        let s = renewal_settings();
+        let (counts, all_held, held) = rt.block_on(async {
+            let names = (0..n).map(|i| format!("cost-{n}-{i}")).collect();
+            let holders = Holders::start(store.clone(), &owner, names, s).await;
+            let held = holders.held().expect("held");
+            let (before, after) = bracket_intervals(s.heartbeat_interval, || store.counts()).await;
+            let all_held = holders.all_held();
+            holders.stop();
+            (after - before, all_held, held)
         });
         assert!(all_held, "every lease still held");
         // One batched renewal statement of all n leases, directly through the store.
-        let held: Vec<HeldLease> = tokens
-            .iter()
-            .enumerate()
-            .map(|(i, t)| HeldLease {
-                name: format!("cost-{n}-{i}"),
-                token: *t,
-            })
-            .collect();
         let runs = 10u32;
         let started = Instant::now();
         for _ in 0..runs {
@@ -320,9 +188,9 @@ fn renewal_cost(server: &PgServer) {
         }
         let per_batch = started.elapsed() / runs;
         println!(
-            "{n:>8} {intervals:>10} {:>22.2} {:>22.1} {:>20}",
-            calls as f64 / intervals as f64,
-            renewed as f64 / calls.max(1) as f64,
+            "{n:>8} {INTERVALS:>10} {:>22.2} {:>22.1} {:>20}",
+            counts.calls as f64 / INTERVALS as f64,
+            counts.leases as f64 / counts.calls.max(1) as f64,
             format!("{per_batch:.2?}")
         );
     }
@@ -331,23 +199,18 @@ fn renewal_cost(server: &PgServer) {
 /// The same comparison as `acquire_release`, in alternating rounds, so that load from
 /// other processes on the machine hits both sides alike: the median of per-round ratios.
 fn interleaved(server: &PgServer) {
-    let rt = runtime();
+    let rt = runtime().expect("runtime");
     let store = rt.block_on(PostgresStore::connect(
         server.options(Duration::from_secs(5)),
     ));
     let store: Arc<dyn LeaseStore> = Arc::new(store.expect("store"));
     let lease = rt.block_on(async {
-        let spec = LeaseSpec::new("inter-api", "bench-owner", store.clone(), settings()).unwrap();
+        let spec =
+            LeaseSpec::new("inter-api", "bench-owner", store.clone(), api_settings()).unwrap();
         Lease::start(spec).await.unwrap()
     });
     let direct = rt.block_on(Direct::connect(server));
-    let req = AcquireRequest {
-        name: "inter-spi".into(),
-        owner: "bench-owner".into(),
-        instance: "bench".into(),
-        ttl: Duration::from_secs(60),
-        note: None,
-    };
+    let req = spi_request("inter-spi", Duration::from_secs(60));
     const ROUNDS: usize = 40;
     const PER_ROUND: u32 = 100;
     let (mut api, mut spi) = (Vec::new(), Vec::new());
@@ -363,26 +226,14 @@ fn interleaved(server: &PgServer) {
         let a = rt.block_on(async {
             let started = Instant::now();
             for _ in 0..PER_ROUND {
-                assert!(matches!(
-                    lease.acquire().await.unwrap(),
-                    Acquired::Granted { .. }
-                ));
-                assert!(lease.release().await.unwrap());
+                lease_acquire_release(&lease).await;
             }
             started.elapsed()
         });
         let s = rt.block_on(async {
             let started = Instant::now();
             for _ in 0..PER_ROUND {
-                let AcquireOutcome::Granted(r) = store.try_acquire(&req).await.unwrap() else {
-                    panic!("held")
-                };
-                assert!(
-                    store
-                        .release("inter-spi", "bench-owner", r.token)
-                        .await
-                        .unwrap()
-                );
+                store_acquire_release(store.as_ref(), &req).await;
             }
             started.elapsed()
         });
@@ -390,10 +241,6 @@ fn interleaved(server: &PgServer) {
         spi.push(s.as_secs_f64() / d.as_secs_f64());
         (t_direct, t_api, t_spi) = (t_direct + d, t_api + a, t_spi + s);
     }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
     let n = ROUNDS as u32 * PER_ROUND;
     println!(
         "\nacquire+release, {ROUNDS} alternating rounds of {PER_ROUND}: direct_sql {:.1?}, lease_api {:.1?}, store_spi {:.1?} per pair",
@@ -403,8 +250,8 @@ fn interleaved(server: &PgServer) {
     );
     println!(
         "median ratio per round: lease_api / direct_sql = {:.2}x, store_spi / direct_sql = {:.2}x",
-        median(&mut api),
-        median(&mut spi)
+        median(api).expect("rounds"),
+        median(spi).expect("rounds")
     );
 }
 

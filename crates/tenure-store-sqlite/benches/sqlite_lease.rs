@@ -11,36 +11,16 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use criterion::{Criterion, criterion_group};
 use rusqlite::{Connection, TransactionBehavior, params};
-use tenure_lease::{
-    AcquireOutcome, AcquireRequest, Acquired, Capabilities, HeldLease, Lease, LeaseActor,
-    LeaseEventSink, LeaseMsg, LeaseRecord, LeaseSettings, LeaseSpec, LeaseStore, RenewalBatcher,
-    StoreError,
+use tenure_lease::conformance::bench::{
+    Counting, Holders, INTERVALS, LEASE_COUNTS, api_settings, bracket_intervals,
+    lease_acquire_release, renewal_settings, runtime, spi_request,
 };
+use tenure_lease::{AcquireOutcome, Acquired, HeldLease, Lease, LeaseSpec, LeaseStore};
 use tenure_store_sqlite::{SqliteStore, monotonic_now_ns, sql};
-
-fn settings() -> LeaseSettings {
-    LeaseSettings {
-        heartbeat_timeout: Duration::from_secs(60),
-        heartbeat_interval: Duration::from_secs(6),
-        lease_operation_timeout: Duration::from_secs(5),
-        lease_retry_interval: Duration::from_secs(1),
-        safety_margin: Duration::from_secs(6),
-    }
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
-}
 
 /// A connection configured like the store's.
 fn direct(path: &Path) -> Connection {
@@ -134,11 +114,11 @@ fn direct_renew_batch(conn: &mut Connection, owner: &str, batch: &str) {
 fn acquire_release(c: &mut Criterion) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("bench.sqlite");
-    let rt = runtime();
+    let rt = runtime().expect("runtime");
     let store: Arc<dyn LeaseStore> =
         Arc::new(SqliteStore::open(&path, Duration::from_secs(5)).unwrap());
     let lease = rt.block_on(async {
-        Lease::start(LeaseSpec::new("api", "bench-owner", store.clone(), settings()).unwrap())
+        Lease::start(LeaseSpec::new("api", "bench-owner", store.clone(), api_settings()).unwrap())
             .await
             .unwrap()
     });
@@ -149,30 +129,17 @@ fn acquire_release(c: &mut Criterion) {
         .build()
         .unwrap();
     let local_lease = local.block_on(async {
-        let spec = LeaseSpec::new("api-local", "bench-owner", store.clone(), settings()).unwrap();
+        let spec =
+            LeaseSpec::new("api-local", "bench-owner", store.clone(), api_settings()).unwrap();
         Lease::start(spec).await.unwrap()
     });
     let mut conn = direct(&path);
     let mut g = c.benchmark_group("acquire_release");
     g.bench_function("lease_api", |b| {
-        b.iter(|| {
-            rt.block_on(async {
-                assert!(matches!(
-                    lease.acquire().await.unwrap(),
-                    Acquired::Granted { .. }
-                ));
-                assert!(lease.release().await.unwrap());
-            })
-        })
+        b.iter(|| rt.block_on(lease_acquire_release(&lease)))
     });
     g.bench_function("lease_api_current_thread", |b| {
-        b.iter(|| {
-            local.block_on(async {
-                let got = local_lease.acquire().await.unwrap();
-                assert!(matches!(got, Acquired::Granted { .. }));
-                assert!(local_lease.release().await.unwrap());
-            })
-        })
+        b.iter(|| local.block_on(lease_acquire_release(&local_lease)))
     });
     g.bench_function("direct_sql", |b| {
         b.iter(|| {
@@ -186,25 +153,20 @@ fn acquire_release(c: &mut Criterion) {
 fn renew(c: &mut Criterion) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("bench.sqlite");
-    let rt = runtime();
+    let rt = runtime().expect("runtime");
     let store: Arc<dyn LeaseStore> =
         Arc::new(SqliteStore::open(&path, Duration::from_secs(5)).unwrap());
     let lease = rt.block_on(async {
-        let l =
-            Lease::start(LeaseSpec::new("api", "bench-owner", store.clone(), settings()).unwrap())
-                .await
-                .unwrap();
+        let l = Lease::start(
+            LeaseSpec::new("api", "bench-owner", store.clone(), api_settings()).unwrap(),
+        )
+        .await
+        .unwrap();
         l.acquire().await.unwrap();
         l
     });
     let spi_token = rt.block_on(async {
-        let req = AcquireRequest {
-            name: "spi".into(),
-            owner: "bench-owner".into(),
-            instance: "bench".into(),
-            ttl: Duration::from_secs(60),
-            note: None,
-        };
+        let req = spi_request("spi", Duration::from_secs(60));
         match store.try_acquire(&req).await.unwrap() {
             AcquireOutcome::Granted(r) => r.token,
             AcquireOutcome::Held(_) => unreachable!(),
@@ -250,111 +212,32 @@ fn renew(c: &mut Criterion) {
     g.finish();
 }
 
-/// Counts the store round trips (renew calls) and the leases they carried.
-struct Counting {
-    inner: SqliteStore,
-    renew_calls: AtomicU64,
-    renewed: AtomicU64,
-}
-
-#[async_trait]
-impl LeaseStore for Counting {
-    fn kind(&self) -> &'static str {
-        "sqlite"
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError> {
-        self.inner.try_acquire(req).await
-    }
-    async fn renew(
-        &self,
-        owner: &str,
-        leases: &[HeldLease],
-        ttl: Duration,
-    ) -> Result<Vec<bool>, StoreError> {
-        self.renew_calls.fetch_add(1, Ordering::SeqCst);
-        self.renewed
-            .fetch_add(leases.len() as u64, Ordering::SeqCst);
-        self.inner.renew(owner, leases, ttl).await
-    }
-    async fn release(&self, name: &str, owner: &str, token: u64) -> Result<bool, StoreError> {
-        self.inner.release(name, owner, token).await
-    }
-    async fn read(&self, name: &str) -> Result<Option<LeaseRecord>, StoreError> {
-        self.inner.read(name).await
-    }
-    async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
-        self.inner.list(prefix).await
-    }
-}
-
 fn renewal_cost() {
     println!("\nrenewal cost: one owner, LeaseActors on one SQLite file, heartbeat-interval 1s");
     println!(
         "{:>8} {:>12} {:>22} {:>22}",
         "leases", "intervals", "round trips/interval", "leases per round trip"
     );
-    let rt = runtime();
-    for n in [1usize, 100, 10_000] {
+    let rt = runtime().expect("runtime");
+    for n in LEASE_COUNTS {
         let dir = tempfile::tempdir().unwrap();
-        let store = Arc::new(Counting {
-            inner: SqliteStore::open(dir.path().join("cost.sqlite"), Duration::from_secs(5))
-                .unwrap(),
-            renew_calls: AtomicU64::new(0),
-            renewed: AtomicU64::new(0),
-        });
-        let s = LeaseSettings {
-            heartbeat_timeout: Duration::from_secs(10),
-            heartbeat_interval: Duration::from_secs(1),
-            lease_operation_timeout: Duration::from_secs(5),
-            lease_retry_interval: Duration::from_secs(1),
-            safety_margin: Duration::from_secs(1),
-        };
-        let (calls, renewed, intervals, all_held) = rt.block_on(async {
-            let dynstore: Arc<dyn LeaseStore> = store.clone();
-            let batcher = RenewalBatcher::new(dynstore.clone(), "owner".into(), s);
-            let mut actors = Vec::with_capacity(n);
-            for i in 0..n {
-                let spec = LeaseSpec::with_batcher(
-                    &format!("lease-{i}"),
-                    "owner",
-                    dynstore.clone(),
-                    s,
-                    batcher.clone(),
-                )
-                .unwrap();
-                let (actor, view) = LeaseActor::start(spec, LeaseEventSink::ignore(), None)
-                    .await
-                    .unwrap();
-                let reply = ractor::call!(actor, LeaseMsg::TryAcquire).unwrap().unwrap();
-                assert!(matches!(reply.0, Acquired::Granted { .. }));
-                actors.push((actor, view));
-            }
-            // Settle onto the grid, then count over whole intervals.
-            tokio::time::sleep(Duration::from_millis(2500)).await;
-            let (c0, r0) = (
-                store.renew_calls.load(Ordering::SeqCst),
-                store.renewed.load(Ordering::SeqCst),
-            );
-            let intervals = 5u64;
-            tokio::time::sleep(s.heartbeat_interval * intervals as u32).await;
-            let (c1, r1) = (
-                store.renew_calls.load(Ordering::SeqCst),
-                store.renewed.load(Ordering::SeqCst),
-            );
-            let all_held = actors.iter().all(|(_, v)| v.check_lease());
-            for (a, _) in &actors {
-                a.stop(None);
-            }
-            (c1 - c0, r1 - r0, intervals, all_held)
+        let store = Counting::new(Arc::new(
+            SqliteStore::open(dir.path().join("cost.sqlite"), Duration::from_secs(5)).unwrap(),
+        ));
+        let s = renewal_settings();
+        let (counts, all_held) = rt.block_on(async {
+            let names = (0..n).map(|i| format!("lease-{i}")).collect();
+            let holders = Holders::start(store.clone(), "owner", names, s).await;
+            let (before, after) = bracket_intervals(s.heartbeat_interval, || store.counts()).await;
+            let all_held = holders.all_held();
+            holders.stop();
+            (after - before, all_held)
         });
         assert!(all_held, "every lease still held");
         println!(
-            "{n:>8} {intervals:>12} {:>22.2} {:>22.1}",
-            calls as f64 / intervals as f64,
-            renewed as f64 / calls.max(1) as f64
+            "{n:>8} {INTERVALS:>12} {:>22.2} {:>22.1}",
+            counts.calls as f64 / INTERVALS as f64,
+            counts.leases as f64 / counts.calls.max(1) as f64
         );
     }
 }

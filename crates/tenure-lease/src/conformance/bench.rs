@@ -1,0 +1,271 @@
+//! Helpers shared by the store crates' benchmarks: the runtime and settings they run
+//! with, the acquire+release pairs they time, a [`Counting`] store wrapper, LeaseActor
+//! [`Holders`] for renewal-cost runs, and median/percentile helpers.
+//!
+//! Bench-only: the async helpers assert what they expect (a grant, a release) and panic
+//! otherwise, as a failed benchmark iteration should.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use ractor::ActorRef;
+
+use crate::names::NameRules;
+use crate::{
+    AcquireOutcome, AcquireRequest, Acquired, Capabilities, HeldLease, Lease, LeaseActor,
+    LeaseEventSink, LeaseMsg, LeaseRecord, LeaseSettings, LeaseSpec, LeaseStore, LeaseView,
+    RenewalBatcher, StoreError, WatchReceiver,
+};
+
+/// How long renewal-cost runs wait for the renewals to settle onto the heartbeat grid
+/// before counting.
+pub const SETTLE: Duration = Duration::from_millis(2500);
+
+/// How many whole heartbeat intervals renewal-cost runs count over.
+pub const INTERVALS: u64 = 5;
+
+/// The lease counts renewal-cost runs measure.
+pub const LEASE_COUNTS: [usize; 3] = [1, 100, 10_000];
+
+/// A multi-threaded runtime with two workers, I/O and timers.
+///
+/// # Errors
+/// When the runtime cannot be built.
+pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+}
+
+/// Settings for latency benches: ttl 60 s, renewals every 6 s (none during a sample).
+pub fn api_settings() -> LeaseSettings {
+    LeaseSettings {
+        heartbeat_timeout: Duration::from_secs(60),
+        heartbeat_interval: Duration::from_secs(6),
+        lease_operation_timeout: Duration::from_secs(5),
+        lease_retry_interval: Duration::from_secs(1),
+        safety_margin: Duration::from_secs(6),
+    }
+}
+
+/// Settings for renewal-cost runs: ttl 10 s, renewals every 1 s.
+pub fn renewal_settings() -> LeaseSettings {
+    LeaseSettings {
+        heartbeat_timeout: Duration::from_secs(10),
+        heartbeat_interval: Duration::from_secs(1),
+        lease_operation_timeout: Duration::from_secs(5),
+        lease_retry_interval: Duration::from_secs(1),
+        safety_margin: Duration::from_secs(1),
+    }
+}
+
+/// A store-SPI acquire request for `name` by owner `bench-owner`, instance `bench`.
+pub fn spi_request(name: &str, ttl: Duration) -> AcquireRequest {
+    AcquireRequest {
+        name: name.into(),
+        owner: "bench-owner".into(),
+        instance: "bench".into(),
+        ttl,
+        note: None,
+    }
+}
+
+/// One acquire (asserted granted) and one release (asserted released) through the Lease
+/// API.
+pub async fn lease_acquire_release(lease: &Lease) {
+    assert!(matches!(
+        lease.acquire().await.unwrap(),
+        Acquired::Granted { .. }
+    ));
+    assert!(lease.release().await.unwrap());
+}
+
+/// One `try_acquire` (asserted granted) and one `release` (asserted released) of `req`
+/// through the store SPI.
+pub async fn store_acquire_release(store: &dyn LeaseStore, req: &AcquireRequest) {
+    let AcquireOutcome::Granted(r) = store.try_acquire(req).await.unwrap() else {
+        panic!("held")
+    };
+    assert!(store.release(&req.name, &req.owner, r.token).await.unwrap());
+}
+
+/// Renew calls seen by a [`Counting`] store and the leases they carried.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RenewCounts {
+    /// Renew calls (store round trips).
+    pub calls: u64,
+    /// Leases carried by those calls.
+    pub leases: u64,
+}
+
+impl std::ops::Sub for RenewCounts {
+    type Output = RenewCounts;
+
+    fn sub(self, earlier: RenewCounts) -> RenewCounts {
+        RenewCounts {
+            calls: self.calls - earlier.calls,
+            leases: self.leases - earlier.leases,
+        }
+    }
+}
+
+/// Wraps a store to count its renew calls and the leases they carried; every other
+/// method is forwarded unchanged.
+pub struct Counting {
+    inner: Arc<dyn LeaseStore>,
+    renew_calls: AtomicU64,
+    renewed: AtomicU64,
+}
+
+impl Counting {
+    /// Counts the renewals of `inner`, from zero.
+    pub fn new(inner: Arc<dyn LeaseStore>) -> Arc<Counting> {
+        Arc::new(Counting {
+            inner,
+            renew_calls: AtomicU64::new(0),
+            renewed: AtomicU64::new(0),
+        })
+    }
+
+    /// The counts so far.
+    pub fn counts(&self) -> RenewCounts {
+        RenewCounts {
+            calls: self.renew_calls.load(Ordering::SeqCst),
+            leases: self.renewed.load(Ordering::SeqCst),
+        }
+    }
+
+    /// The wrapped store, for calls that should not be counted.
+    pub fn inner(&self) -> &Arc<dyn LeaseStore> {
+        &self.inner
+    }
+}
+
+#[async_trait]
+impl LeaseStore for Counting {
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    fn name_rules(&self) -> NameRules {
+        self.inner.name_rules()
+    }
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError> {
+        self.inner.try_acquire(req).await
+    }
+    async fn renew(
+        &self,
+        owner: &str,
+        leases: &[HeldLease],
+        ttl: Duration,
+    ) -> Result<Vec<bool>, StoreError> {
+        self.renew_calls.fetch_add(1, Ordering::SeqCst);
+        self.renewed
+            .fetch_add(leases.len() as u64, Ordering::SeqCst);
+        self.inner.renew(owner, leases, ttl).await
+    }
+    async fn release(&self, name: &str, owner: &str, token: u64) -> Result<bool, StoreError> {
+        self.inner.release(name, owner, token).await
+    }
+    async fn read(&self, name: &str) -> Result<Option<LeaseRecord>, StoreError> {
+        self.inner.read(name).await
+    }
+    async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
+        self.inner.list(prefix).await
+    }
+    async fn acquire_fair(
+        &self,
+        req: &AcquireRequest,
+        wait: Duration,
+    ) -> Result<AcquireOutcome, StoreError> {
+        self.inner.acquire_fair(req, wait).await
+    }
+    async fn watch(&self, prefix: &str) -> Result<WatchReceiver, StoreError> {
+        self.inner.watch(prefix).await
+    }
+}
+
+/// LeaseActors of one owner sharing one [`RenewalBatcher`], each holding one lease.
+pub struct Holders {
+    names: Vec<String>,
+    actors: Vec<(ActorRef<LeaseMsg>, LeaseView)>,
+}
+
+impl Holders {
+    /// Starts one LeaseActor per name for `owner` on `store` and acquires each (asserted
+    /// granted).
+    pub async fn start(
+        store: Arc<dyn LeaseStore>,
+        owner: &str,
+        names: Vec<String>,
+        settings: LeaseSettings,
+    ) -> Holders {
+        let batcher = RenewalBatcher::new(store.clone(), owner.into(), settings);
+        let mut actors = Vec::with_capacity(names.len());
+        for name in &names {
+            let spec =
+                LeaseSpec::with_batcher(name, owner, store.clone(), settings, batcher.clone())
+                    .unwrap();
+            let (actor, view) = LeaseActor::start(spec, LeaseEventSink::ignore(), None)
+                .await
+                .unwrap();
+            let reply = ractor::call!(actor, LeaseMsg::TryAcquire).unwrap().unwrap();
+            assert!(matches!(reply.0, Acquired::Granted { .. }));
+            actors.push((actor, view));
+        }
+        Holders { names, actors }
+    }
+
+    /// Whether every actor still believes it holds its lease.
+    pub fn all_held(&self) -> bool {
+        self.actors.iter().all(|(_, v)| v.check_lease())
+    }
+
+    /// The leases held now, with their tokens, in start order; `None` when one is not held.
+    pub fn held(&self) -> Option<Vec<HeldLease>> {
+        self.names
+            .iter()
+            .zip(&self.actors)
+            .map(|(name, (_, v))| {
+                Some(HeldLease {
+                    name: name.clone(),
+                    token: v.token()?,
+                })
+            })
+            .collect()
+    }
+
+    /// Stops every actor.
+    pub fn stop(&self) {
+        for (a, _) in &self.actors {
+            a.stop(None);
+        }
+    }
+}
+
+/// Waits [`SETTLE`], samples, waits [`INTERVALS`] heartbeat intervals and samples again:
+/// the two samples bracket whole intervals.
+pub async fn bracket_intervals<T>(interval: Duration, mut sample: impl FnMut() -> T) -> (T, T) {
+    tokio::time::sleep(SETTLE).await;
+    let before = sample();
+    tokio::time::sleep(interval * INTERVALS as u32).await;
+    let after = sample();
+    (before, after)
+}
+
+/// The median (upper one for an even count) of `values`; `None` when empty.
+pub fn median(mut values: Vec<f64>) -> Option<f64> {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied()
+}
+
+/// The `pct`-th percentile (index `len * pct / 100`) of `sorted`, which must be sorted;
+/// `None` when empty or `pct` is over 99.
+pub fn percentile<T: Copy>(sorted: &[T], pct: usize) -> Option<T> {
+    sorted.get(sorted.len() * pct / 100).copied()
+}
