@@ -45,6 +45,19 @@ impl LeaseSection {
     pub fn key(&self) -> String {
         format!("lease.{}", self.name)
     }
+
+    /// The section's store options over the defaults of its kind: the reference's
+    /// `[lease.<kind>]` options, so that any section of a kind needs only what differs.
+    /// Keys outside `known` in the section are refused, naming the key.
+    pub fn options_with_defaults(&self, known: &[&str]) -> Result<toml::Table, ConfigError> {
+        TableReader::new(&self.key(), &self.options).reject_unknown(known)?;
+        let mut options = TenureConfig::reference()
+            .lease_section(&self.store)
+            .map(|s| s.options)
+            .unwrap_or_default();
+        options.extend(self.options.clone());
+        Ok(options)
+    }
 }
 
 impl TenureConfig {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
 use tenure_lease::config::TableReader;
-use tenure_lease::{ConfigError, LeaseSection, LeaseStore, StoreFactory, TenureConfig};
+use tenure_lease::{ConfigError, LeaseSection, LeaseStore, StoreFactory};
 
 use crate::store::EtcdStore;
 
@@ -61,12 +61,7 @@ impl EtcdOptions {
     /// `[lease.etcd]`, so any section with `store = "etcd"` needs only what differs.
     pub fn from_section(section: &LeaseSection) -> Result<Self, ConfigError> {
         let prefix_key = section.key();
-        TableReader::new(&prefix_key, &section.options).reject_unknown(KEYS)?;
-        let mut options = TenureConfig::reference()
-            .lease_section("etcd")
-            .map(|s| s.options)
-            .unwrap_or_default();
-        options.extend(section.options.clone());
+        let options = section.options_with_defaults(KEYS)?;
         let r = TableReader::new(&prefix_key, &options);
         let endpoints = match options.get("endpoints") {
             Some(toml::Value::Array(items)) => items
@@ -190,6 +185,7 @@ impl StoreFactory for EtcdStoreFactory {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tenure_lease::TenureConfig;
 
     fn section(extra: &str) -> Result<EtcdOptions, ConfigError> {
         let config =

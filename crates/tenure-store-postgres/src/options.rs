@@ -4,10 +4,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use tenure_lease::config::TableReader;
-use tenure_lease::{ConfigError, LeaseSection, TenureConfig};
-
-/// The reference section whose options are the defaults of every postgres section.
-const REFERENCE_SECTION: &str = "postgres";
+use tenure_lease::{ConfigError, LeaseSection};
 
 /// Every option key of a postgres section (defaults in `config/reference.toml`).
 const KEYS: &[&str] = &[
@@ -56,11 +53,7 @@ impl PostgresOptions {
     /// reference's `[lease.postgres]`. Errors name the offending key.
     pub fn from_section(section: &LeaseSection) -> Result<PostgresOptions, ConfigError> {
         let key = section.key();
-        TableReader::new(&key, &section.options).reject_unknown(KEYS)?;
-        let mut options = TenureConfig::reference()
-            .lease_section(REFERENCE_SECTION)?
-            .options;
-        options.extend(section.options.clone());
+        let options = section.options_with_defaults(KEYS)?;
         let r = TableReader::new(&key, &options);
         let url = r.string("url")?;
         let mut connection = tokio_postgres::Config::from_str(&url).map_err(|e| {

@@ -37,19 +37,20 @@ impl ZooKeeperOptions {
         }
     }
 
-    /// Reads the options of a section. Keys: `connect`, `root`, `session-timeout` ("0s" =
+    /// Reads the options of a section; keys it leaves out take their defaults from the
+    /// reference's `[lease.zookeeper]`. Keys: `connect`, `root`, `session-timeout` ("0s" =
     /// the section's heartbeat-timeout), `connection-timeout` ("0s" = the section's
     /// lease-operation-timeout), `auth` ("" or "scheme:credentials").
     pub fn from_section(section: &LeaseSection) -> Result<Self, ConfigError> {
         let key = section.key();
-        let r = TableReader::new(&key, &section.options);
-        r.reject_unknown(&[
+        let options = section.options_with_defaults(&[
             "connect",
             "root",
             "session-timeout",
             "connection-timeout",
             "auth",
         ])?;
+        let r = TableReader::new(&key, &options);
         let connect = r.string("connect")?;
         if connect.trim().is_empty() {
             return Err(ConfigError::invalid(r.key("connect"), "must not be empty"));
@@ -131,6 +132,26 @@ mod tests {
         assert_eq!(o.session_timeout, s.settings.heartbeat_timeout);
         assert_eq!(o.connection_timeout, s.settings.lease_operation_timeout);
         assert_eq!(o.auth, None);
+    }
+
+    #[test]
+    fn a_section_of_its_own_takes_the_reference_defaults() {
+        let c = TenureConfig::from_toml_str(
+            "[lease.zk]\nstore = \"zookeeper\"\nconnect = \"127.0.0.1:22181\"\n\
+             heartbeat-timeout = \"4s\"\nheartbeat-interval = \"1s\"\n",
+            "t",
+        )
+        .unwrap();
+        let o = ZooKeeperOptions::from_section(&c.lease_section("zk").unwrap()).unwrap();
+        let reference = ZooKeeperOptions::from_section(
+            &TenureConfig::reference()
+                .lease_section("zookeeper")
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(o.connect, "127.0.0.1:22181");
+        assert_eq!(o.root, reference.root);
+        assert_eq!(o.session_timeout, Duration::from_secs(4));
     }
 
     #[test]
