@@ -47,6 +47,12 @@ impl Default for LeaseSettings {
 }
 
 impl LeaseSettings {
+    /// How long to wait for a LeaseActor's answer to a release: its store call (bounded by
+    /// `lease-operation-timeout`) may queue behind one renewal (bounded the same way).
+    pub fn release_answer_timeout(&self) -> Duration {
+        self.lease_operation_timeout * 2 + Duration::from_secs(1)
+    }
+
     /// Settings with the given time-to-live, the interval and margin derived by the default
     /// rules, and the other values from the reference defaults.
     pub fn with_timeout(heartbeat_timeout: Duration) -> Self {

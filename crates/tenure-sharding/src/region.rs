@@ -197,10 +197,7 @@ impl RegionState {
     }
 
     fn hand_off_wait(&self) -> Duration {
-        let lease = &self.args.settings.lease;
-        self.args.settings.stop_timeout * 2
-            + lease.lease_operation_timeout * 2
-            + Duration::from_secs(1)
+        self.args.settings.stop_timeout * 2 + self.args.settings.lease.release_answer_timeout()
     }
 
     async fn route(&mut self, p: Pending) {

@@ -440,7 +440,7 @@ impl ShardState {
 
     /// Releases the lease; `true` when the store confirmed it.
     async fn release(&mut self) -> bool {
-        let timeout = self.args.lease.settings.lease_operation_timeout * 2 + Duration::from_secs(1);
+        let timeout = self.args.lease.settings.release_answer_timeout();
         matches!(
             self.lease.call(LeaseMsg::Release, Some(timeout)).await,
             Ok(ractor::rpc::CallResult::Success(Ok(true)))

@@ -498,7 +498,7 @@ impl ManagerState {
         }
         // Releasing also stops the lease actor's acquire attempts.
         self.wanted = false;
-        let timeout = self.spec.settings.lease.lease_operation_timeout * 2 + Duration::from_secs(1);
+        let timeout = self.spec.settings.lease.release_answer_timeout();
         for _ in 0..3 {
             match self.lease.call(LeaseMsg::Release, Some(timeout)).await {
                 Ok(ractor::rpc::CallResult::Success(Ok(true))) => {
