@@ -10,7 +10,7 @@ mod cluster;
 
 use std::time::Duration;
 
-use cluster::{Cluster, MEMBER_TTL, UNREACHABLE_AFTER, percentile};
+use cluster::{Cluster, MEMBER_TTL, TestCluster, UNREACHABLE_AFTER, percentile};
 
 fn monotonic_ns() -> i64 {
     tenure::clock::monotonic_now_ns()

@@ -10,7 +10,7 @@ mod cluster;
 
 use std::time::Duration;
 
-use cluster::{Cluster, Options, percentile};
+use cluster::{Cluster, Options, TestCluster, percentile};
 use serde_json::Value;
 
 /// (node, token, t) of the latest `singleton_started`, and whether it is still running.
@@ -33,7 +33,6 @@ fn fault_and_measure(c: &mut Cluster, kill: bool) -> f64 {
     if kill {
         c.kill(host);
     } else {
-        c.record(host, "terminated");
         assert!(c.stop(host).success());
     }
     let mut started = 0;

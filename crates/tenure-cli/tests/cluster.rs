@@ -4,7 +4,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::cluster::{Cluster, Options};
+use common::cluster::{Cluster, Options, TestCluster};
 use serde_json::Value;
 
 fn status_of(c: &Cluster, viewer: usize, addr: &str) -> Option<(String, bool, u64)> {

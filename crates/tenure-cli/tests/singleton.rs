@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::cluster::{Cluster, Options};
+use common::cluster::{Cluster, Options, TestCluster};
 use serde_json::Value;
 
 /// One instance of the singleton as the history shows it.

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::cluster::{Cluster, Options};
+use super::cluster::{Cluster, Options, TestCluster};
 
 /// How long a resumed node whose shard lease lapsed may take to stop the shard (it is told
 /// at once by the lease's watchdog; generous for loaded CI machines).

@@ -1,0 +1,703 @@
+//! `tenure demo`: a local cluster of `tenure node` processes hosting a sharded counter and
+//! a singleton under client load, put through a scenario of faults (SIGKILL, SIGSTOP past
+//! the ttl, a cut link, a graceful leave, restarts), with a live progress line, then a
+//! summary (operations acknowledged, fail-over per fault, grants and losses), the safety
+//! verdict on the recorded history and an HTML report of who held which lease when.
+
+pub mod progress;
+pub mod report;
+pub mod scenario;
+pub mod summary;
+pub mod timeline;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::harness::{Cluster, Options};
+use progress::Live;
+use scenario::{Fault, Scenario, SplitMix, Step};
+use summary::Summary;
+use timeline::{Hold, Timeline};
+
+/// The entity type of the example sharded counter (`tenure node --sharded-counter`).
+const COUNTER_TYPE: &str = "counter";
+/// The demo's singleton.
+const SINGLETON: &str = "demo";
+/// Keys of the load per shard: enough that every shard gets some.
+const KEYS_PER_SHARD: usize = 10;
+
+/// `tenure demo` flags.
+#[derive(clap::Args, Debug, Clone)]
+pub struct DemoArgs {
+    /// Node processes to run (127.0.0.1, free ports).
+    #[arg(long, default_value_t = 3)]
+    pub nodes: usize,
+    /// Shards of the sharded counter entity type.
+    #[arg(long, default_value_t = 64)]
+    pub shards: usize,
+    /// Length of the traffic phase, in which the scenario runs (starting and stopping the
+    /// cluster add a few seconds).
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+    /// Lease ttl of shards, singletons and members (heartbeat-timeout, member-lease-ttl);
+    /// heartbeats every ttl/6, retries every ttl/10, store operations bounded by ttl/2.
+    #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+    pub ttl: Duration,
+    /// TOML list of `[[step]]`s (at, fault = kill|pause|cut|leave|restart, optional node,
+    /// peer, and `for` for pause and cut) replacing the built-in scenario.
+    #[arg(long, value_name = "FILE")]
+    pub scenario: Option<PathBuf>,
+    /// Seed of the fault timing (each step moved by up to ttl/2) and of the targets not
+    /// named in the scenario (default: from the clock). Printed at start: replay a run
+    /// with the same seed.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Keep the history here (default: history.jsonl in a new directory under the temp
+    /// dir; the path is printed).
+    #[arg(long, value_name = "PATH")]
+    pub history: Option<PathBuf>,
+    /// Write the HTML report here (default: next to the history, with .html).
+    #[arg(long, value_name = "PATH")]
+    pub report: Option<PathBuf>,
+    /// A config whose [tenure] default-lease-section names a [lease.<name>] section of
+    /// etcd, postgres or zookeeper to use instead of a SQLite file in a temp dir (its
+    /// timing keys are replaced by the ones derived from --ttl).
+    #[arg(long, value_name = "FILE")]
+    pub store: Option<PathBuf>,
+}
+
+/// Why the demo could not run or report.
+#[derive(Debug, thiserror::Error)]
+pub enum DemoError {
+    #[error("{flag}: {problem}")]
+    Flag { flag: &'static str, problem: String },
+    #[error(transparent)]
+    Scenario(#[from] scenario::ScenarioError),
+    #[error("--store {path}: {problem}")]
+    Store { path: String, problem: String },
+    #[error("history {path}: {problem}")]
+    History { path: String, problem: String },
+    #[error("report {path}: {source}")]
+    Report {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("cannot find the tenure executable to start the nodes: {0}")]
+    Binary(std::io::Error),
+}
+
+/// What a finished demo produced.
+#[derive(Debug)]
+pub struct Outcome {
+    pub summary: Summary,
+    /// The checker's violations; empty when the history is safe.
+    pub violations: Vec<String>,
+    pub history: PathBuf,
+    pub report: PathBuf,
+}
+
+impl Outcome {
+    pub fn safe(&self) -> bool {
+        self.violations.is_empty()
+    }
+}
+
+/// Set by the first SIGINT/SIGTERM: the demo stops its scenario, stops the nodes and still
+/// reports. A second signal exits at once; the nodes die with the demo (parent-death
+/// signal).
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    if INTERRUPTED.swap(true, Ordering::SeqCst) {
+        // SAFETY: _exit is async-signal-safe.
+        unsafe { libc::_exit(130) };
+    }
+}
+
+fn watch_signals() {
+    let handler: extern "C" fn(libc::c_int) = on_signal;
+    // SAFETY: the handler only touches an atomic and calls _exit.
+    unsafe {
+        libc::signal(libc::SIGINT, handler as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, handler as libc::sighandler_t);
+    }
+}
+
+/// The lease part of the nodes' config and the system name (lease name prefix).
+struct LeaseConfig {
+    toml: String,
+    system: String,
+    describe: String,
+}
+
+fn lease_config(args: &DemoArgs, sqlite: &Path) -> Result<LeaseConfig, DemoError> {
+    let ttl = args.ttl;
+    let ms = |d: Duration| toml::Value::String(format!("{}ms", d.as_millis()));
+    let timing = [
+        ("heartbeat-timeout", ms(ttl)),
+        ("heartbeat-interval", ms(ttl / 6)),
+        ("lease-retry-interval", ms(ttl / 10)),
+        ("lease-operation-timeout", ms(ttl / 2)),
+    ];
+    let Some(path) = &args.store else {
+        let mut section = toml::Table::new();
+        section.insert("path".into(), sqlite.display().to_string().into());
+        section.extend(timing.map(|(k, v)| (k.to_string(), v)));
+        let toml = format!(
+            "[tenure]\ndefault-lease-section = \"sqlite\"\n\n[lease.sqlite]\n{}",
+            toml::to_string(&section).expect("a table of strings serializes")
+        );
+        return Ok(LeaseConfig {
+            toml,
+            system: "tenure".into(),
+            describe: format!("sqlite {}", sqlite.display()),
+        });
+    };
+    let bad = |problem: String| DemoError::Store {
+        path: path.display().to_string(),
+        problem,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+    let mut doc: toml::Table = toml::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    let tenure = doc
+        .remove("tenure")
+        .unwrap_or(toml::Value::Table(toml::Table::new()));
+    let system = tenure
+        .get("system")
+        .and_then(|v| v.as_str())
+        .unwrap_or("tenure")
+        .to_string();
+    let name = tenure
+        .get("default-lease-section")
+        .and_then(|v| v.as_str())
+        .ok_or_else(|| bad("no [tenure] default-lease-section".into()))?
+        .to_string();
+    let mut lease = doc
+        .remove("lease")
+        .and_then(|v| v.as_table().cloned())
+        .ok_or_else(|| bad("no [lease] table".into()))?;
+    let section = lease
+        .get_mut(&name)
+        .and_then(|v| v.as_table_mut())
+        .ok_or_else(|| bad(format!("no [lease.{name}] section")))?;
+    section.extend(timing.map(|(k, v)| (k.to_string(), v)));
+    let store = section
+        .get("store")
+        .and_then(|v| v.as_str())
+        .unwrap_or(&name)
+        .to_string();
+    let mut out = toml::Table::new();
+    out.insert("tenure".into(), tenure);
+    out.insert("lease".into(), toml::Value::Table(lease));
+    Ok(LeaseConfig {
+        toml: toml::to_string(&out).map_err(|e| bad(e.to_string()))?,
+        system,
+        describe: format!("{store} ([lease.{name}] of {})", path.display()),
+    })
+}
+
+fn validate(args: &DemoArgs) -> Result<(), DemoError> {
+    let flag = |flag, problem: &str| {
+        Err(DemoError::Flag {
+            flag,
+            problem: problem.to_string(),
+        })
+    };
+    if args.nodes == 0 {
+        return flag("--nodes", "at least one node");
+    }
+    if args.shards == 0 {
+        return flag("--shards", "at least one shard");
+    }
+    if args.ttl < Duration::from_secs(1) {
+        return flag("--ttl", "at least 1s (heartbeats run every ttl/6)");
+    }
+    if args.duration < Duration::from_secs(1) {
+        return flag("--duration", "at least 1s");
+    }
+    Ok(())
+}
+
+/// The node harness options of a demo cluster.
+fn options(args: &DemoArgs, lease: &LeaseConfig, history: &Path) -> Options {
+    let ttl = args.ttl;
+    let ms = |d: Duration| format!("\"{}ms\"", d.as_millis());
+    Options {
+        node_args: [
+            "--sharded-counter",
+            "--singleton",
+            SINGLETON,
+            "--load-keys",
+            &(args.shards * KEYS_PER_SHARD).to_string(),
+            "--load-interval",
+            "20ms",
+        ]
+        .map(String::from)
+        .to_vec(),
+        tail: format!(
+            "[sharding]\nnumber-of-shards = {}\nretry-interval = {}\nunreachable-reallocate-after = {}\n\
+             minority-hand-off-after = {}\nrebalance-interval = \"1s\"\nstop-timeout = {}\n\
+             hand-off-timeout = {}\n",
+            args.shards,
+            ms(ttl / 10),
+            ms(ttl * 2 / 3),
+            ms(ttl * 2 / 3),
+            ms(ttl * 2 / 3),
+            ms(ttl * 2),
+        ),
+        overrides: vec![
+            ("member-lease-ttl".into(), ms(ttl)),
+            ("member-lease-interval".into(), ms(ttl / 6)),
+            ("unreachable-after".into(), ms(ttl / 2)),
+        ],
+        history: Some(history.to_path_buf()),
+        lease: Some(lease.toml.clone()),
+        supervised: true,
+        ..Options::default()
+    }
+}
+
+/// The history's clock (CLOCK_MONOTONIC ns, never negative).
+fn now_ns() -> u64 {
+    tenure::clock::monotonic_now_ns().max(0) as u64
+}
+
+/// Runs the demo; prints progress and the summary on stdout.
+pub fn run(args: DemoArgs) -> Result<Outcome, DemoError> {
+    validate(&args)?;
+    let seed = args
+        .seed
+        .unwrap_or_else(|| now_ns() ^ u64::from(std::process::id()));
+    let mut rng = SplitMix::new(seed);
+    let scenario = match &args.scenario {
+        Some(path) => Scenario::load(path, args.nodes)?,
+        None => Scenario::builtin(args.duration, args.ttl),
+    }
+    .jittered(&mut rng, args.ttl / 2);
+    let history = args.history.clone().unwrap_or_else(|| {
+        std::env::temp_dir()
+            .join(format!("tenure-demo-{seed}"))
+            .join("history.jsonl")
+    });
+    if let Some(dir) = history.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| DemoError::History {
+            path: history.display().to_string(),
+            problem: format!("cannot create its directory: {e}"),
+        })?;
+    }
+    // A history is one run: appending to an older one would mix runs.
+    match std::fs::remove_file(&history) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(DemoError::History {
+                path: history.display().to_string(),
+                problem: format!("cannot replace it: {e}"),
+            });
+        }
+        _ => {}
+    }
+    let report_path = args
+        .report
+        .clone()
+        .unwrap_or_else(|| history.with_extension("html"));
+    let store_dir = tempfile::tempdir().map_err(|e| DemoError::Store {
+        path: "temp dir".into(),
+        problem: e.to_string(),
+    })?;
+    let lease = lease_config(&args, &store_dir.path().join("leases.sqlite"))?;
+    let binary = std::env::current_exe().map_err(DemoError::Binary)?;
+
+    println!(
+        "tenure demo: {} nodes, {} shards, ttl {}, {} of traffic, store {}",
+        args.nodes,
+        args.shards,
+        humantime::format_duration(args.ttl),
+        humantime::format_duration(args.duration),
+        lease.describe
+    );
+    println!("seed {seed} (replay with --seed {seed})");
+    println!("history {}", history.display());
+    for step in &scenario.steps {
+        println!(
+            "  at {:>5.1}s {}",
+            step.at.as_secs_f64(),
+            describe_step(step)
+        );
+    }
+    watch_signals();
+    let started = Instant::now();
+    let mut cluster = Cluster::configure(&binary, args.nodes, &options(&args, &lease, &history));
+    for i in 0..args.nodes {
+        cluster.spawn(i);
+        println!("node {i} {} started", cluster.nodes[i].addr);
+    }
+    let mut run = Run {
+        cluster,
+        live: Live::new(&history, &lease.system),
+        rng,
+        paused: BTreeSet::new(),
+        cuts: BTreeSet::new(),
+        down: Vec::new(),
+        fault: String::from("none"),
+        origin: Instant::now(),
+    };
+    run.warm_up(&args);
+    run.traffic(&args, scenario);
+    let scenario_end = now_ns();
+    run.shut_down();
+    let setup = started.elapsed();
+
+    let events = timeline::read_events(&history)?;
+    let (holds, violations) = verdict(&events, &lease.system, args.ttl);
+    let timeline = Timeline::new(&events, holds);
+    let summary = summary::summarize(&events, &timeline, scenario_end);
+    let html = report::render(&report::ReportInput {
+        run: vec![
+            ("seed".into(), seed.to_string()),
+            ("nodes".into(), args.nodes.to_string()),
+            ("shards".into(), args.shards.to_string()),
+            (
+                "ttl".into(),
+                humantime::format_duration(args.ttl).to_string(),
+            ),
+            ("store".into(), lease.describe.clone()),
+            ("history".into(), history.display().to_string()),
+            (
+                "scenario".into(),
+                args.scenario
+                    .as_ref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_else(|| "built in".into()),
+            ),
+        ],
+        timeline: &timeline,
+        summary: &summary,
+        violations: &violations,
+        system: &lease.system,
+    });
+    std::fs::write(&report_path, html).map_err(|source| DemoError::Report {
+        path: report_path.display().to_string(),
+        source,
+    })?;
+    print_summary(&summary, &timeline, &violations, setup);
+    println!("history {}", history.display());
+    println!("report  {}", report_path.display());
+    Ok(Outcome {
+        summary,
+        violations,
+        history,
+        report: report_path,
+    })
+}
+
+/// The holds of every lease and the violations of `events`: the one place the verdict
+/// comes from.
+fn verdict(
+    events: &[serde_json::Value],
+    system: &str,
+    ttl: Duration,
+) -> (BTreeMap<String, Vec<Hold>>, Vec<String>) {
+    let holds = timeline::holds_from_events(events, system, ttl);
+    let violations = Timeline::new(events, holds.clone()).overlaps();
+    (holds, violations)
+}
+
+fn describe_step(step: &Step) -> String {
+    let node = |n: Option<usize>| {
+        n.map(|n| format!("node {n}"))
+            .unwrap_or("a random node".into())
+    };
+    match (step.fault, step.lasts) {
+        (Fault::Cut, Some(d)) => format!(
+            "cut {} | {} for {}",
+            node(step.node),
+            node(step.peer),
+            humantime::format_duration(d)
+        ),
+        (Fault::Pause, Some(d)) => format!(
+            "SIGSTOP {} for {}",
+            node(step.node),
+            humantime::format_duration(d)
+        ),
+        (Fault::Restart, _) if step.node.is_none() => "restart the node down longest".into(),
+        (f, _) => format!("{} {}", f.as_str(), node(step.node)),
+    }
+}
+
+fn print_summary(summary: &Summary, timeline: &Timeline, violations: &[String], took: Duration) {
+    println!();
+    println!("== summary ({:.1} s in all) ==", took.as_secs_f64());
+    println!("operations acknowledged   {}", summary.acks);
+    println!(
+        "fenced writes             {} accepted, {} refused (stale token)",
+        summary.writes_accepted, summary.writes_refused
+    );
+    println!("singleton ticks written   {}", summary.ticks);
+    println!(
+        "lease grants              {} (shards and singletons)",
+        summary.grants
+    );
+    println!("leases lost by holders    {}", summary.losses);
+    if !summary.failovers.is_empty() {
+        println!("fail-over per fault (fault → every lease of the victim held elsewhere):");
+        for f in &summary.failovers {
+            println!(
+                "  {:>5.1}s {:<40} {}",
+                f.fault.t_ns.saturating_sub(timeline.start_ns) as f64 / 1e9,
+                f.fault.label(),
+                f.describe()
+            );
+        }
+    }
+    if violations.is_empty() {
+        println!("verdict: SAFE (no lease held by two nodes at once, tokens increasing)");
+    } else {
+        println!("verdict: UNSAFE, {} violation(s):", violations.len());
+        for v in violations {
+            println!("  {v}");
+        }
+    }
+}
+
+/// A running demo.
+struct Run {
+    cluster: Cluster,
+    live: Live,
+    rng: SplitMix,
+    paused: BTreeSet<usize>,
+    /// Cut links (a < b).
+    cuts: BTreeSet<(usize, usize)>,
+    /// Stopped nodes, the one down longest first.
+    down: Vec<usize>,
+    /// The fault in effect, for the progress line.
+    fault: String,
+    origin: Instant,
+}
+
+enum Action {
+    Step(Step),
+    Resume(usize),
+    Heal(usize, usize),
+}
+
+impl Run {
+    fn progress(&mut self, phase: &str) {
+        self.live.poll();
+        let per = self.live.shards_per_node(COUNTER_TYPE);
+        let shards: Vec<String> = self
+            .cluster
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| format!("n{i}:{}", per.get(n.addr.as_str()).copied().unwrap_or(0)))
+            .collect();
+        let singleton = self
+            .live
+            .singleton_holder(SINGLETON)
+            .and_then(|h| self.cluster.nodes.iter().position(|n| n.addr == h))
+            .map(|i| format!("n{i}"))
+            .unwrap_or_else(|| "-".into());
+        println!(
+            "[{:>5.1}s] {phase:<7} acks {:>7}  shards {}  singleton {singleton}  fault: {}",
+            self.origin.elapsed().as_secs_f64(),
+            self.live.acks,
+            shards.join(" "),
+            self.fault
+        );
+    }
+
+    /// Waits (at most a minute) until every loaded shard and the singleton run.
+    fn warm_up(&mut self, args: &DemoArgs) {
+        let loaded: BTreeSet<String> = (0..args.shards * KEYS_PER_SHARD)
+            .map(|i| tenure::sharding::shard_of(&format!("key-{i}"), args.shards))
+            .collect();
+        let limit = Instant::now() + Duration::from_secs(60);
+        let mut next_line = Instant::now();
+        while !INTERRUPTED.load(Ordering::SeqCst) {
+            self.live.poll();
+            let running: usize = self.live.shards_per_node(COUNTER_TYPE).values().sum();
+            if running >= loaded.len() && self.live.singleton_holder(SINGLETON).is_some() {
+                self.progress("ready");
+                return;
+            }
+            if Instant::now() > limit {
+                println!(
+                    "warning: after 60 s only {running} of {} shards run; starting the scenario anyway",
+                    loaded.len()
+                );
+                return;
+            }
+            if Instant::now() >= next_line {
+                self.progress("warm-up");
+                next_line += Duration::from_secs(1);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Runs `scenario` over `args.duration` of traffic, a progress line every second.
+    fn traffic(&mut self, args: &DemoArgs, scenario: Scenario) {
+        let start = Instant::now();
+        let mut queue: Vec<(Duration, Action)> = scenario
+            .steps
+            .into_iter()
+            .map(|s| (s.at, Action::Step(s)))
+            .collect();
+        let mut next_line = Instant::now();
+        while start.elapsed() < args.duration && !INTERRUPTED.load(Ordering::SeqCst) {
+            queue.sort_by_key(|(at, _)| *at);
+            while queue.first().is_some_and(|(at, _)| *at <= start.elapsed()) {
+                let (at, action) = queue.remove(0);
+                if let Some(follow) = self.act(action, at) {
+                    queue.push(follow);
+                }
+                self.progress("fault");
+                next_line = Instant::now() + Duration::from_secs(1);
+            }
+            if Instant::now() >= next_line {
+                self.progress("traffic");
+                next_line += Duration::from_secs(1);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        if INTERRUPTED.load(Ordering::SeqCst) {
+            println!("interrupted: stopping the nodes and reporting (again to exit at once)");
+        }
+    }
+
+    fn serving(&self) -> Vec<usize> {
+        (0..self.cluster.nodes.len())
+            .filter(|i| self.cluster.is_running(*i) && !self.paused.contains(i))
+            .collect()
+    }
+
+    /// A serving node to hit: `wanted` if it serves, else a random one; None when hitting
+    /// it would leave no node serving.
+    fn victim(&mut self, wanted: Option<usize>) -> Option<usize> {
+        let serving = self.serving();
+        if serving.len() < 2 {
+            return None;
+        }
+        match wanted {
+            Some(n) => serving.contains(&n).then_some(n),
+            None => self.rng.pick(&serving),
+        }
+    }
+
+    /// Does `action`; returns the action that ends it (resume, heal), if any.
+    fn act(&mut self, action: Action, at: Duration) -> Option<(Duration, Action)> {
+        let addr = |c: &Cluster, i: usize| c.nodes[i].addr.clone();
+        match action {
+            Action::Resume(i) => {
+                self.cluster.resume(i);
+                self.paused.remove(&i);
+                self.fault = format!("n{i} resumed");
+                None
+            }
+            Action::Heal(a, b) => {
+                self.cluster.set_link(a, b, false);
+                self.cuts.remove(&(a.min(b), a.max(b)));
+                self.fault = format!("link n{a} | n{b} healed");
+                None
+            }
+            Action::Step(step) => {
+                let skipped = |why: &str| {
+                    println!("skipped {}: {why}", describe_step(&step));
+                    None
+                };
+                match step.fault {
+                    Fault::Restart => {
+                        let node = match step.node {
+                            Some(n) => self.down.iter().position(|d| *d == n),
+                            None => (!self.down.is_empty()).then_some(0),
+                        };
+                        let Some(pos) = node else {
+                            return skipped("no such node is down");
+                        };
+                        let i = self.down.remove(pos);
+                        self.cluster.restart(i);
+                        self.fault = format!("n{i} restarted ({})", addr(&self.cluster, i));
+                        None
+                    }
+                    Fault::Kill | Fault::Pause | Fault::Leave => {
+                        let Some(i) = self.victim(step.node) else {
+                            return skipped(
+                                "it would leave no node serving (or the node is not serving)",
+                            );
+                        };
+                        let who = addr(&self.cluster, i);
+                        match step.fault {
+                            Fault::Kill => {
+                                self.cluster.kill(i);
+                                self.down.push(i);
+                                self.fault = format!("SIGKILL n{i} ({who})");
+                                None
+                            }
+                            Fault::Leave => {
+                                self.fault = format!("n{i} leaving ({who})");
+                                self.progress("fault");
+                                self.cluster.stop(i);
+                                self.down.push(i);
+                                self.fault = format!("n{i} left ({who})");
+                                None
+                            }
+                            _ => {
+                                self.cluster.pause(i);
+                                self.paused.insert(i);
+                                let lasts = step.lasts.unwrap_or_default();
+                                self.fault = format!(
+                                    "SIGSTOP n{i} ({who}) for {}",
+                                    humantime::format_duration(lasts)
+                                );
+                                Some((at + lasts, Action::Resume(i)))
+                            }
+                        }
+                    }
+                    Fault::Cut => {
+                        let serving = self.serving();
+                        let a = match step.node {
+                            Some(n) => serving.contains(&n).then_some(n),
+                            None => self.rng.pick(&serving),
+                        };
+                        let Some(a) = a else {
+                            return skipped("the node is not serving");
+                        };
+                        let others: Vec<usize> =
+                            serving.iter().copied().filter(|n| *n != a).collect();
+                        let b = match step.peer {
+                            Some(p) => others.contains(&p).then_some(p),
+                            None => self.rng.pick(&others),
+                        };
+                        let Some(b) = b else {
+                            return skipped("no other serving node");
+                        };
+                        self.cluster.set_link(a, b, true);
+                        self.cuts.insert((a.min(b), a.max(b)));
+                        self.fault = format!(
+                            "link n{a} | n{b} cut for {}",
+                            humantime::format_duration(step.lasts.unwrap_or_default())
+                        );
+                        Some((at + step.lasts.unwrap_or_default(), Action::Heal(a, b)))
+                    }
+                }
+            }
+        }
+    }
+
+    /// Ends every fault still in effect, then stops every node gracefully (all at once).
+    fn shut_down(&mut self) {
+        for i in std::mem::take(&mut self.paused) {
+            self.cluster.resume(i);
+        }
+        for (a, b) in std::mem::take(&mut self.cuts) {
+            self.cluster.set_link(a, b, false);
+        }
+        self.fault = "stopping the nodes".into();
+        self.progress("stop");
+        let unclean = self.cluster.stop_all(Duration::from_secs(20));
+        if !unclean.is_empty() {
+            println!("nodes that did not leave cleanly: {unclean:?}");
+        }
+    }
+}

@@ -1,0 +1,366 @@
+//! The demo's HTML report: one self-contained file (inline CSS and SVG) with a timeline
+//! row per lease (singletons first, then shards) whose bars show which node held it when,
+//! one colour per node, the injected faults as labelled lines and bands, the summary table
+//! and the checker's verdict.
+
+use std::fmt::Write;
+
+use super::summary::Summary;
+use super::timeline::Timeline;
+
+/// Node colours, in order of first appearance (cycled beyond eight nodes).
+pub const PALETTE: [&str; 8] = [
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf",
+];
+
+/// What the report shows besides the timeline.
+#[derive(Debug, Clone)]
+pub struct ReportInput<'a> {
+    /// `(setting, value)` rows describing the run (seed, nodes, ttl, store, history …).
+    pub run: Vec<(String, String)>,
+    pub timeline: &'a Timeline,
+    pub summary: &'a Summary,
+    /// The checker's violations, explained; empty when the history is safe.
+    pub violations: &'a [String],
+    /// Lease name prefix left out of row labels (`<system>-`).
+    pub system: &'a str,
+}
+
+const LABEL_W: f64 = 190.0;
+const CHART_W: f64 = 1000.0;
+const ROW_H: f64 = 12.0;
+const ROW_GAP: f64 = 2.0;
+const HEAD_H: f64 = 64.0;
+const AXIS_H: f64 = 22.0;
+
+/// The colour of `node` in `timeline`.
+pub fn colour(timeline: &Timeline, node: &str) -> &'static str {
+    let i = timeline.nodes.iter().position(|n| n == node).unwrap_or(0);
+    PALETTE[i % PALETTE.len()]
+}
+
+/// Escapes text for HTML and SVG.
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// Rows: singletons first, then shards by type and numeric id.
+fn row_order(timeline: &Timeline) -> Vec<&String> {
+    let mut leases: Vec<&String> = timeline.holds.keys().collect();
+    leases.sort_by_key(|name| {
+        let shard = name.contains("-shard-");
+        let (head, id) = name.rsplit_once('-').unwrap_or((name.as_str(), ""));
+        (
+            shard,
+            head.to_string(),
+            id.parse::<u64>().unwrap_or(u64::MAX),
+            id.to_string(),
+        )
+    });
+    leases
+}
+
+/// The whole report.
+pub fn render(input: &ReportInput<'_>) -> String {
+    let tl = input.timeline;
+    let safe = input.violations.is_empty();
+    let mut html = String::new();
+    let _ = write!(
+        html,
+        r#"<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>Tenure demo report</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 24px; color: #222; }}
+h1 {{ font-size: 22px; }} h2 {{ font-size: 17px; margin-top: 28px; }}
+table {{ border-collapse: collapse; font-size: 14px; }}
+td, th {{ border: 1px solid #ccc; padding: 4px 10px; text-align: left; }}
+.verdict {{ padding: 10px 16px; font-size: 18px; font-weight: bold; display: inline-block; border-radius: 4px; }}
+.safe {{ background: #dff5e1; color: #1b5e20; }} .unsafe {{ background: #fde0e0; color: #b71c1c; }}
+.legend span {{ display: inline-block; margin-right: 18px; font-size: 14px; }}
+.legend i {{ display: inline-block; width: 14px; height: 14px; margin-right: 6px; vertical-align: -2px; }}
+svg text {{ font-size: 10px; font-family: monospace; }}
+.note {{ color: #555; font-size: 13px; max-width: 1100px; }}
+</style></head><body>
+<h1>Tenure demo: who held which lease when</h1>
+<div class="verdict {cls}">{verdict}</div>
+"#,
+        cls = if safe { "safe" } else { "unsafe" },
+        verdict = if safe {
+            "SAFE: no lease was held by two nodes at once, tokens always increased".to_string()
+        } else {
+            format!("UNSAFE: {} violation(s)", input.violations.len())
+        },
+    );
+    if !safe {
+        html.push_str("<ul>");
+        for v in input.violations {
+            let _ = write!(html, "<li>{}</li>", esc(v));
+        }
+        html.push_str("</ul>");
+    }
+    html.push_str("<h2>Summary</h2><table>");
+    let s = input.summary;
+    for (k, v) in [
+        ("operations acknowledged", s.acks.to_string()),
+        ("fenced writes accepted", s.writes_accepted.to_string()),
+        (
+            "fenced writes refused (stale token)",
+            s.writes_refused.to_string(),
+        ),
+        ("singleton ticks written", s.ticks.to_string()),
+        ("lease grants (shards and singletons)", s.grants.to_string()),
+        ("leases lost by their holder", s.losses.to_string()),
+        ("history span", format!("{:.1} s", s.span_ns as f64 / 1e9)),
+    ] {
+        let _ = write!(html, "<tr><th>{}</th><td>{}</td></tr>", esc(k), esc(&v));
+    }
+    html.push_str("</table>");
+    if !s.failovers.is_empty() {
+        html.push_str(
+            "<h2>Fail-over per fault</h2><table><tr><th>at</th><th>fault</th><th>fail-over</th></tr>",
+        );
+        for f in &s.failovers {
+            let _ = write!(
+                html,
+                "<tr><td>{:.1} s</td><td>{}</td><td>{}</td></tr>",
+                f.fault.t_ns.saturating_sub(tl.start_ns) as f64 / 1e9,
+                esc(&f.fault.label()),
+                esc(&f.describe())
+            );
+        }
+        html.push_str("</table>");
+    }
+    html.push_str("<h2>Run</h2><table>");
+    for (k, v) in &input.run {
+        let _ = write!(html, "<tr><th>{}</th><td>{}</td></tr>", esc(k), esc(v));
+    }
+    html.push_str("</table>");
+    html.push_str("<h2>Timeline</h2><div class=\"legend\">");
+    for node in &tl.nodes {
+        let _ = write!(
+            html,
+            "<span><i style=\"background:{}\"></i>{}</span>",
+            colour(tl, node),
+            esc(node)
+        );
+    }
+    html.push_str(
+        "</div><p class=\"note\">One row per lease; a bar is one node's hold, from grant to \
+         stop (hover for node, token and times). A paler tail is the time a frozen node took \
+         to notice a lease whose deadline had passed: it no longer held it. Red lines mark \
+         SIGKILL, grey lines a graceful leave or a restart; bands a SIGSTOP (yellow) or a \
+         cut link (blue).</p>",
+    );
+    html.push_str(&svg(input));
+    html.push_str("</body></html>\n");
+    html
+}
+
+fn svg(input: &ReportInput<'_>) -> String {
+    let tl = input.timeline;
+    let rows = row_order(tl);
+    let span = tl.end_ns.saturating_sub(tl.start_ns).max(1) as f64;
+    let x = |t: u64| LABEL_W + t.saturating_sub(tl.start_ns) as f64 / span * CHART_W;
+    let height = HEAD_H + rows.len() as f64 * (ROW_H + ROW_GAP) + AXIS_H;
+    let bottom = HEAD_H + rows.len() as f64 * (ROW_H + ROW_GAP);
+    let mut out = String::new();
+    let _ = write!(
+        out,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{height}" viewBox="0 0 {w} {height}">"#,
+        w = LABEL_W + CHART_W + 20.0
+    );
+    // Faults under the bars: bands for pauses and cuts, lines for the rest; labels on top
+    // in four staggered lines so that close faults stay readable.
+    for (i, f) in tl.faults.iter().enumerate() {
+        let x0 = x(f.t_ns);
+        let label_y = 12.0 + (i % 4) as f64 * 12.0;
+        match f.until_ns {
+            Some(until) => {
+                let fill = if f.kind == "paused" {
+                    "#fff3b0"
+                } else {
+                    "#d6e9ff"
+                };
+                let _ = write!(
+                    out,
+                    r#"<rect class="fault" x="{x0:.1}" y="{HEAD_H}" width="{:.1}" height="{:.1}" fill="{fill}" opacity="0.8"><title>{}</title></rect>"#,
+                    (x(until) - x0).max(1.0),
+                    bottom - HEAD_H,
+                    esc(&f.label())
+                );
+            }
+            None => {
+                let stroke = if f.kind == "killed" { "#d00" } else { "#888" };
+                let _ = write!(
+                    out,
+                    r#"<line class="fault" x1="{x0:.1}" x2="{x0:.1}" y1="{:.1}" y2="{bottom:.1}" stroke="{stroke}" stroke-width="1.5" stroke-dasharray="4 2"/>"#,
+                    label_y + 2.0
+                );
+            }
+        }
+        let _ = write!(
+            out,
+            r#"<text x="{:.1}" y="{label_y:.1}">{}</text>"#,
+            x0 + 2.0,
+            esc(&f.label())
+        );
+    }
+    for (r, lease) in rows.iter().enumerate() {
+        let y = HEAD_H + r as f64 * (ROW_H + ROW_GAP);
+        let label = lease
+            .strip_prefix(&format!("{}-", input.system))
+            .unwrap_or(lease);
+        let _ = write!(
+            out,
+            r#"<text x="4" y="{:.1}">{}</text>"#,
+            y + ROW_H - 2.0,
+            esc(label)
+        );
+        for h in &tl.holds[*lease] {
+            let c = colour(tl, &h.node);
+            let (x0, x1) = (x(h.from_ns), x(h.until_ns));
+            let _ = write!(
+                out,
+                r#"<rect class="hold" data-node="{node}" x="{x0:.1}" y="{y:.1}" width="{w:.1}" height="{ROW_H}" fill="{c}"><title>{lease}: {node} token {token}, {from:.2} s to {until:.2} s</title></rect>"#,
+                node = esc(&h.node),
+                w = (x1 - x0).max(0.5),
+                lease = esc(lease),
+                token = h.token,
+                from = h.from_ns.saturating_sub(tl.start_ns) as f64 / 1e9,
+                until = h.until_ns.saturating_sub(tl.start_ns) as f64 / 1e9,
+            );
+            if let Some(noticed) = h.noticed_ns {
+                let _ = write!(
+                    out,
+                    r#"<rect class="lapsed" x="{x1:.1}" y="{:.1}" width="{:.1}" height="{:.1}" fill="{c}" opacity="0.25"><title>{}: deadline passed while frozen; noticed at {:.2} s</title></rect>"#,
+                    y + 3.0,
+                    (x(noticed) - x1).max(0.5),
+                    ROW_H - 6.0,
+                    esc(&h.node),
+                    noticed.saturating_sub(tl.start_ns) as f64 / 1e9
+                );
+            }
+        }
+    }
+    // Time axis: a tick every 5 s (every 10 s beyond two minutes).
+    let step = if span > 120e9 { 10 } else { 5 };
+    let mut sec = 0u64;
+    while (sec as f64) * 1e9 <= span {
+        let xt = LABEL_W + sec as f64 * 1e9 / span * CHART_W;
+        let _ = write!(
+            out,
+            r##"<line x1="{xt:.1}" x2="{xt:.1}" y1="{bottom:.1}" y2="{:.1}" stroke="#444"/><text x="{:.1}" y="{:.1}">{sec}s</text>"##,
+            bottom + 4.0,
+            xt - 6.0,
+            bottom + 16.0
+        );
+        sec += step;
+    }
+    out.push_str("</svg>");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::super::timeline::{FaultMark, Hold};
+    use super::*;
+
+    fn hold(node: &str, token: u64, from: u64, until: u64) -> Hold {
+        Hold {
+            node: node.into(),
+            inc: "1".into(),
+            token,
+            from_ns: from,
+            until_ns: until,
+            noticed_ns: None,
+        }
+    }
+
+    fn timeline() -> Timeline {
+        let s = 1_000_000_000;
+        let mut holds = BTreeMap::new();
+        holds.insert(
+            "tenure-shard-counter-1".to_string(),
+            vec![hold("a:1", 1, 0, 4 * s), hold("b:2", 2, 6 * s, 10 * s)],
+        );
+        holds.insert(
+            "tenure-singleton-demo".to_string(),
+            vec![hold("b:2", 1, s, 10 * s)],
+        );
+        Timeline {
+            start_ns: 0,
+            end_ns: 10 * s,
+            holds,
+            faults: vec![FaultMark {
+                kind: "killed".into(),
+                node: "a:1".into(),
+                peer: None,
+                t_ns: 4 * s,
+                until_ns: None,
+            }],
+            nodes: vec!["a:1".into(), "b:2".into()],
+        }
+    }
+
+    /// Each hold's bar as (node, colour), in document order.
+    fn bars(html: &str) -> Vec<(String, String)> {
+        html.split("<rect class=\"hold\"")
+            .skip(1)
+            .map(|rest| {
+                let attr = |name: &str| {
+                    let start = rest.find(&format!("{name}=\"")).unwrap() + name.len() + 2;
+                    rest[start..][..rest[start..].find('"').unwrap()].to_string()
+                };
+                (attr("data-node"), attr("fill"))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_report_has_one_bar_per_hold_in_its_node_colour() {
+        let tl = timeline();
+        let summary = Summary::default();
+        let html = render(&ReportInput {
+            run: vec![("seed".into(), "7".into())],
+            timeline: &tl,
+            summary: &summary,
+            violations: &[],
+            system: "tenure",
+        });
+        // Singleton row first, then the shard's two holds.
+        assert_eq!(
+            bars(&html),
+            vec![
+                ("b:2".to_string(), PALETTE[1].to_string()),
+                ("a:1".to_string(), PALETTE[0].to_string()),
+                ("b:2".to_string(), PALETTE[1].to_string()),
+            ]
+        );
+        assert!(html.contains("SAFE"));
+        assert!(html.contains("SIGKILL a:1"));
+        assert!(html.contains(">singleton-demo<") && html.contains(">shard-counter-1<"));
+        // Self-contained: nothing is loaded from elsewhere.
+        assert!(!html.contains("src=") && !html.contains("href="));
+    }
+
+    #[test]
+    fn an_unsafe_verdict_lists_the_violations_escaped() {
+        let tl = timeline();
+        let summary = Summary::default();
+        let violations = vec!["lease <x> held twice".to_string()];
+        let html = render(&ReportInput {
+            run: Vec::new(),
+            timeline: &tl,
+            summary: &summary,
+            violations: &violations,
+            system: "tenure",
+        });
+        assert!(html.contains("UNSAFE: 1 violation(s)"));
+        assert!(html.contains("lease &lt;x&gt; held twice"));
+    }
+}

@@ -1,0 +1,309 @@
+//! The demo's scenario: a list of timed faults, read from TOML or built in, and the seeded
+//! random choices (timing jitter, targets) that make a run replayable.
+//!
+//! A scenario file is a list of `[[step]]` tables:
+//!
+//! ```toml
+//! [[step]]
+//! at = "10s"        # offset from the start of the traffic
+//! fault = "kill"    # kill | pause | cut | leave | restart
+//! node = 1          # optional: the node (0-based); default a random running node
+//! [[step]]
+//! at = "20s"
+//! fault = "pause"   # SIGSTOP, then SIGCONT after `for`
+//! for = "6s"
+//! [[step]]
+//! at = "30s"
+//! fault = "cut"     # stall the traffic between `node` and `peer`, healed after `for`
+//! for = "6s"
+//! ```
+//!
+//! `restart` without `node` restarts the node that has been down longest.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// What a step does to a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Fault {
+    /// SIGKILL.
+    Kill,
+    /// SIGSTOP, SIGCONT after the step's `for`.
+    Pause,
+    /// Traffic between `node` and `peer` stalled (both directions), healed after `for`.
+    Cut,
+    /// SIGTERM: the node leaves gracefully.
+    Leave,
+    /// Start a stopped node again (a new incarnation).
+    Restart,
+}
+
+impl Fault {
+    /// How the progress display and the summary name it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Fault::Kill => "SIGKILL",
+            Fault::Pause => "SIGSTOP",
+            Fault::Cut => "link cut",
+            Fault::Leave => "graceful leave",
+            Fault::Restart => "restart",
+        }
+    }
+}
+
+/// One timed fault.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Step {
+    /// Offset from the start of the traffic.
+    #[serde(with = "humantime_serde_compat")]
+    pub at: Duration,
+    pub fault: Fault,
+    /// The target (0-based node index); a seeded random choice when absent.
+    #[serde(default)]
+    pub node: Option<usize>,
+    /// The other side of a `cut`; a seeded random choice when absent.
+    #[serde(default)]
+    pub peer: Option<usize>,
+    /// How long a `pause` or a `cut` lasts.
+    #[serde(default, rename = "for", with = "humantime_serde_opt")]
+    pub lasts: Option<Duration>,
+}
+
+/// The steps of a run, in time order.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    #[serde(rename = "step", default)]
+    pub steps: Vec<Step>,
+}
+
+/// A scenario file that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ScenarioError {
+    #[error("scenario {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("scenario {path}: {source}")]
+    Parse {
+        path: String,
+        source: toml::de::Error,
+    },
+    #[error("scenario {path}: step {step} ({fault}): {problem}")]
+    Step {
+        path: String,
+        step: usize,
+        fault: &'static str,
+        problem: String,
+    },
+}
+
+impl Scenario {
+    /// Reads and validates a scenario file for a cluster of `nodes` nodes.
+    pub fn load(path: &Path, nodes: usize) -> Result<Scenario, ScenarioError> {
+        let name = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ScenarioError::Read {
+            path: name.clone(),
+            source,
+        })?;
+        let mut scenario: Scenario =
+            toml::from_str(&text).map_err(|source| ScenarioError::Parse {
+                path: name.clone(),
+                source,
+            })?;
+        scenario.validate(&name, nodes)?;
+        scenario.steps.sort_by_key(|s| s.at);
+        Ok(scenario)
+    }
+
+    fn validate(&self, path: &str, nodes: usize) -> Result<(), ScenarioError> {
+        for (i, step) in self.steps.iter().enumerate() {
+            let bad = |problem: String| ScenarioError::Step {
+                path: path.to_string(),
+                step: i + 1,
+                fault: step.fault.as_str(),
+                problem,
+            };
+            for (key, n) in [("node", step.node), ("peer", step.peer)] {
+                if let Some(n) = n.filter(|n| *n >= nodes) {
+                    return Err(bad(format!(
+                        "{key} = {n}, but the cluster has {nodes} nodes"
+                    )));
+                }
+            }
+            match step.fault {
+                Fault::Pause | Fault::Cut if step.lasts.is_none() => {
+                    return Err(bad("needs `for` (how long it lasts)".into()));
+                }
+                Fault::Cut if step.node.is_some() && step.node == step.peer => {
+                    return Err(bad("node and peer are the same node".into()));
+                }
+                Fault::Kill | Fault::Leave | Fault::Restart if step.lasts.is_some() => {
+                    return Err(bad("`for` applies to pause and cut only".into()));
+                }
+                Fault::Cut if nodes < 2 => return Err(bad("needs two nodes".into())),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The built-in scenario over `duration` of traffic: steady traffic, SIGKILL of a node
+    /// at 15 %, its restart at 30 %, SIGSTOP of a node for twice the `ttl` at 40 %, the
+    /// traffic between two nodes cut for twice the `ttl` at 60 %, a graceful leave at 80 %
+    /// and its restart at 90 %.
+    pub fn builtin(duration: Duration, ttl: Duration) -> Scenario {
+        let at = |percent: u32| duration * percent / 100;
+        let step = |percent, fault, lasts| Step {
+            at: at(percent),
+            fault,
+            node: None,
+            peer: None,
+            lasts,
+        };
+        Scenario {
+            steps: vec![
+                step(15, Fault::Kill, None),
+                step(30, Fault::Restart, None),
+                step(40, Fault::Pause, Some(ttl * 2)),
+                step(60, Fault::Cut, Some(ttl * 2)),
+                step(80, Fault::Leave, None),
+                step(90, Fault::Restart, None),
+            ],
+        }
+    }
+
+    /// Shifts every step by a seeded offset in `[-jitter, +jitter]` (never before 0), keeping
+    /// the steps' order.
+    pub fn jittered(mut self, rng: &mut SplitMix, jitter: Duration) -> Scenario {
+        let span = jitter.as_millis() as u64 * 2 + 1;
+        for step in &mut self.steps {
+            let offset = rng.below(span);
+            let shifted = step.at.as_millis() as u64 + offset;
+            step.at = Duration::from_millis(shifted.saturating_sub(jitter.as_millis() as u64));
+        }
+        // Jitter never reorders steps (a restart before its kill would be skipped).
+        for i in 1..self.steps.len() {
+            if self.steps[i].at < self.steps[i - 1].at {
+                self.steps[i].at = self.steps[i - 1].at;
+            }
+        }
+        self
+    }
+}
+
+/// SplitMix64: a small, fast, seedable generator; enough to pick fault times and targets
+/// reproducibly from `--seed`.
+#[derive(Debug, Clone)]
+pub struct SplitMix(u64);
+
+impl SplitMix {
+    pub fn new(seed: u64) -> SplitMix {
+        SplitMix(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// A number in `0..n` (0 when `n` is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 { 0 } else { self.next_u64() % n }
+    }
+
+    /// A random element of `items`, if any.
+    pub fn pick<T: Copy>(&mut self, items: &[T]) -> Option<T> {
+        (!items.is_empty()).then(|| items[self.below(items.len() as u64) as usize])
+    }
+}
+
+/// `"10s"`-style durations in scenario files.
+mod humantime_serde_compat {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer};
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let text = String::deserialize(d)?;
+        humantime::parse_duration(&text).map_err(serde::de::Error::custom)
+    }
+}
+
+mod humantime_serde_opt {
+    use std::time::Duration;
+
+    use serde::Deserializer;
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        super::humantime_serde_compat::deserialize(d).map(Some)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str, nodes: usize) -> Result<Scenario, ScenarioError> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.toml");
+        std::fs::write(&path, text).unwrap();
+        Scenario::load(&path, nodes)
+    }
+
+    #[test]
+    fn a_scenario_file_reads_in_time_order() {
+        let s = parse(
+            "[[step]]\nat = \"9s\"\nfault = \"restart\"\n\
+             [[step]]\nat = \"2s\"\nfault = \"pause\"\nnode = 2\nfor = \"4s\"\n",
+            3,
+        )
+        .unwrap();
+        assert_eq!(s.steps.len(), 2);
+        assert_eq!(s.steps[0].fault, Fault::Pause);
+        assert_eq!(s.steps[0].node, Some(2));
+        assert_eq!(s.steps[0].lasts, Some(Duration::from_secs(4)));
+        assert_eq!(s.steps[1].at, Duration::from_secs(9));
+    }
+
+    #[test]
+    fn bad_steps_are_refused_naming_the_step() {
+        let no_for = parse("[[step]]\nat = \"1s\"\nfault = \"cut\"\n", 3).unwrap_err();
+        assert!(no_for.to_string().contains("step 1 (link cut)"), "{no_for}");
+        let out_of_range =
+            parse("[[step]]\nat = \"1s\"\nfault = \"kill\"\nnode = 3\n", 3).unwrap_err();
+        assert!(
+            out_of_range.to_string().contains("node = 3"),
+            "{out_of_range}"
+        );
+        let unknown = parse("[[step]]\nat = \"1s\"\nfault = \"melt\"\n", 3).unwrap_err();
+        assert!(unknown.to_string().contains("melt"), "{unknown}");
+    }
+
+    #[test]
+    fn jitter_is_replayable_and_keeps_the_order() {
+        let base = Scenario::builtin(Duration::from_secs(60), Duration::from_secs(3));
+        let a = base
+            .clone()
+            .jittered(&mut SplitMix::new(7), Duration::from_secs(2));
+        let b = base
+            .clone()
+            .jittered(&mut SplitMix::new(7), Duration::from_secs(2));
+        assert_eq!(a, b);
+        assert!(a.steps.windows(2).all(|w| w[0].at <= w[1].at));
+        assert!(
+            a.steps
+                .iter()
+                .zip(&base.steps)
+                .all(|(j, s)| j.at.abs_diff(s.at) <= Duration::from_secs(2))
+        );
+    }
+}

@@ -1,0 +1,143 @@
+//! The demo's figures: operations acknowledged, lease grants and losses, and the fail-over
+//! time of each fault, all from the history.
+
+use serde_json::Value;
+
+use super::timeline::{FaultMark, Timeline};
+
+/// How fast the leases of a fault's victim served again elsewhere.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Failover {
+    pub fault: FaultMark,
+    /// Leases (shards, singletons) the victim held when the fault hit.
+    pub held: usize,
+    /// How many of them another node held afterwards.
+    pub moved: usize,
+    /// Fault → the last of the moved leases held elsewhere (ns); None when none moved.
+    pub time_ns: Option<u64>,
+}
+
+impl Failover {
+    /// `2.41 s (21/21 leases moved)` or `no lease moved (0/12)`.
+    pub fn describe(&self) -> String {
+        match self.time_ns {
+            Some(ns) => format!(
+                "{:.2} s ({}/{} leases moved)",
+                ns as f64 / 1e9,
+                self.moved,
+                self.held
+            ),
+            None => format!("no lease moved (0/{})", self.held),
+        }
+    }
+}
+
+/// The summary of a run.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Summary {
+    /// Increments acknowledged to the load drivers (`ack`).
+    pub acks: usize,
+    /// Writes the fenced counters accepted / refused (stale token).
+    pub writes_accepted: usize,
+    pub writes_refused: usize,
+    /// Singleton ticks written.
+    pub ticks: usize,
+    /// Grants that started a shard or a singleton.
+    pub grants: usize,
+    /// Leases lost by their holder (`shard_lease_lost`, `singleton_lease_lost`).
+    pub losses: usize,
+    pub failovers: Vec<Failover>,
+    /// From the first to the last event (ns).
+    pub span_ns: u64,
+}
+
+/// The figures of `events` with the holds of `timeline`; fail-over times for the faults
+/// that hit a node (kill, pause, leave, cut) before `scenario_end_ns`.
+pub fn summarize(events: &[Value], timeline: &Timeline, scenario_end_ns: u64) -> Summary {
+    let count = |pred: &dyn Fn(&Value) -> bool| events.iter().filter(|e| pred(e)).count();
+    let is = |e: &Value, kind: &str| e["event"] == kind;
+    Summary {
+        acks: count(&|e| is(e, "ack")),
+        writes_accepted: count(&|e| is(e, "write") && e["accepted"] == true),
+        writes_refused: count(&|e| is(e, "write") && e["accepted"] == false),
+        ticks: count(&|e| is(e, "tick") && e["accepted"] == true),
+        grants: timeline.holds.values().map(Vec::len).sum(),
+        losses: count(&|e| is(e, "shard_lease_lost") || is(e, "singleton_lease_lost")),
+        failovers: timeline
+            .faults
+            .iter()
+            .filter(|f| f.t_ns < scenario_end_ns && f.kind != "restarted")
+            .map(|f| failover(timeline, f))
+            .collect(),
+        span_ns: timeline.end_ns.saturating_sub(timeline.start_ns),
+    }
+}
+
+/// For each lease the victim held at the fault, the first later hold by another node.
+fn failover(timeline: &Timeline, fault: &FaultMark) -> Failover {
+    let t0 = fault.t_ns;
+    let mut held = 0;
+    let mut moved = 0;
+    let mut last: Option<u64> = None;
+    for list in timeline.holds.values() {
+        let victim_held = list
+            .iter()
+            .any(|h| h.node == fault.node && h.from_ns <= t0 && t0 <= h.until_ns);
+        if !victim_held {
+            continue;
+        }
+        held += 1;
+        if let Some(next) = list
+            .iter()
+            .filter(|h| h.node != fault.node && h.from_ns >= t0)
+            .map(|h| h.from_ns)
+            .min()
+        {
+            moved += 1;
+            last = Some(last.unwrap_or(0).max(next - t0));
+        }
+    }
+    Failover {
+        fault: fault.clone(),
+        held,
+        moved,
+        time_ns: last,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use serde_json::json;
+
+    use super::super::timeline::holds_from_events;
+    use super::super::timeline::tests::{harness, line};
+    use super::*;
+
+    #[test]
+    fn failover_is_the_time_to_the_last_moved_lease() {
+        let s = 1_000_000_000u64;
+        let shard = |id: &str, token| json!({"type": "counter", "shard": id, "token": token});
+        let events = vec![
+            line(s, "a", "shard_started", shard("1", 1)),
+            line(s, "a", "shard_started", shard("2", 1)),
+            line(s, "b", "shard_started", shard("3", 1)),
+            line(2 * s, "b", "ack", json!({})),
+            harness(3 * s, "a", "killed"),
+            line(5 * s, "b", "shard_started", shard("1", 2)),
+            line(7 * s, "b", "shard_started", shard("2", 2)),
+            line(8 * s, "b", "write", json!({"accepted": true})),
+        ];
+        let holds = holds_from_events(&events, "tenure", Duration::from_secs(3));
+        let timeline = Timeline::new(&events, holds);
+        let summary = summarize(&events, &timeline, 10 * s);
+        assert_eq!(summary.acks, 1);
+        assert_eq!(summary.writes_accepted, 1);
+        assert_eq!(summary.grants, 5);
+        assert_eq!(summary.failovers.len(), 1);
+        let f = &summary.failovers[0];
+        assert_eq!((f.held, f.moved, f.time_ns), (2, 2, Some(4 * s)));
+        assert_eq!(f.describe(), "4.00 s (2/2 leases moved)");
+    }
+}

@@ -1,0 +1,595 @@
+//! Multi-process cluster harness: N `tenure node` processes on 127.0.0.1 sharing a temp
+//! SQLite store (or the store of a given lease config), with faults (SIGKILL,
+//! SIGSTOP/SIGCONT, graceful stop, restart, link cuts) recorded in the shared history, and
+//! the nodes' views and histories for assertions. Used by `tenure demo`, the multi-process
+//! tests and the fail-over benchmarks.
+//!
+//! The harness is a test tool: it panics (naming the node and what it waited for) when a
+//! node cannot be started, signalled or asked.
+
+use std::io::{BufRead, BufReader, Read};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+/// Timing of harness clusters: member lease ttl 3 s (renewed every 500 ms), membership
+/// listed every 300 ms, heartbeats every 250 ms, unreachable after 1.5 s of silence.
+pub const MEMBER_TTL: Duration = Duration::from_secs(3);
+pub const UNREACHABLE_AFTER: Duration = Duration::from_millis(1500);
+
+/// Extra `[cluster]` and top-level TOML for every node of a cluster.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Lines appended inside `[cluster]` (e.g. `cookie = "other"` for one node).
+    pub cluster_extra: String,
+    /// TOML appended after everything (e.g. a `[cluster.tls]` table).
+    pub tail: String,
+    /// `(key, value)` pairs replacing the harness's own `key = …` lines
+    /// (e.g. `("member-lease-ttl", "\"10s\"")`).
+    pub overrides: Vec<(String, String)>,
+    /// Extra arguments of `tenure node` (e.g. `--singleton s1`).
+    pub node_args: Vec<String>,
+    /// The shared history file (default: `history.jsonl` in the cluster's temp dir, which
+    /// is removed with the cluster).
+    pub history: Option<PathBuf>,
+    /// TOML replacing the harness's `[tenure]` and `[lease.sqlite]` tables: the lease
+    /// configuration of another store (its `[tenure] default-lease-section` names the
+    /// section the nodes use).
+    pub lease: Option<String>,
+    /// Nodes run in their own process group (the terminal's Ctrl-C reaches only the
+    /// harness's process, which stops them) and die with the thread that started them.
+    pub supervised: bool,
+}
+
+pub struct NodeProc {
+    pub addr: String,
+    pub args: Vec<String>,
+    pub port: u16,
+    pub config: PathBuf,
+    child: Option<Child>,
+    stderr: Arc<Mutex<String>>,
+    supervised: bool,
+    /// Incarnations of this address, one per start, from the node's "started" line.
+    pub incarnations: Vec<String>,
+}
+
+impl NodeProc {
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().expect("node running").id() as i32
+    }
+
+    /// Everything the node wrote to stderr so far.
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    pub fn incarnation(&self) -> &str {
+        self.incarnations.last().expect("started once")
+    }
+}
+
+/// One member of a node's view.
+#[derive(Debug, Clone)]
+pub struct Row {
+    pub addr: String,
+    /// `joining`, `up`, `leaving`, `down`.
+    pub status: String,
+    pub reachable: bool,
+    pub incarnation: u64,
+    pub sessions: u64,
+}
+
+/// A local cluster of `tenure node` processes; dropping it kills every node still running.
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+    pub nodes: Vec<NodeProc>,
+    pub history: PathBuf,
+    /// The `tenure` executable the nodes run.
+    pub binary: PathBuf,
+    store: PathBuf,
+}
+
+impl Cluster {
+    /// The fenced counter file the example singletons and sharded counters write.
+    pub fn counter_file(&self) -> PathBuf {
+        self.dir.path().join("counter.sqlite")
+    }
+}
+
+/// The `p` quantile (0..=1) of `v` (sorted in place), for benchmark reports.
+pub fn percentile(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Free loopback ports (bound, then released for the node to take).
+pub fn free_ports(n: usize) -> Vec<u16> {
+    let listeners: Vec<_> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port"))
+        .collect();
+    listeners
+        .iter()
+        .map(|l| l.local_addr().unwrap().port())
+        .collect()
+}
+
+impl Cluster {
+    /// Writes configs for `n` nodes of `binary` (seed: node 0) without starting them.
+    pub fn configure(binary: &Path, n: usize, options: &Options) -> Cluster {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = dir.path().join("leases.sqlite");
+        let history = options
+            .history
+            .clone()
+            .unwrap_or_else(|| dir.path().join("history.jsonl"));
+        let ports = free_ports(n);
+        let mut c = Cluster {
+            dir,
+            nodes: Vec::new(),
+            history,
+            binary: binary.to_path_buf(),
+            store,
+        };
+        if let Some(first) = ports.first() {
+            let seed = format!("127.0.0.1:{first}");
+            for port in ports {
+                c.add_node(port, &seed, options);
+            }
+        }
+        c
+    }
+
+    /// Adds (without starting) a node on `port` with `seed` and extra options.
+    pub fn add_node(&mut self, port: u16, seed: &str, options: &Options) -> usize {
+        let i = self.nodes.len();
+        let config = self.dir.path().join(format!("node{i}.toml"));
+        let lease = options.lease.clone().unwrap_or_else(|| {
+            format!(
+                r#"[tenure]
+default-lease-section = "sqlite"
+
+[lease.sqlite]
+path = "{store}"
+heartbeat-timeout = "3s"
+heartbeat-interval = "500ms"
+lease-retry-interval = "300ms"
+lease-operation-timeout = "1500ms"
+"#,
+                store = self.store.display()
+            )
+        });
+        let text = format!(
+            r#"{lease}
+[cluster]
+host = "127.0.0.1"
+port = {port}
+cookie = "harness-cookie"
+seeds = ["{seed}"]
+member-lease-ttl = "3s"
+member-lease-interval = "500ms"
+membership-interval = "300ms"
+heartbeat-interval = "250ms"
+unreachable-after = "1500ms"
+reconnect-backoff-min = "100ms"
+reconnect-backoff-max = "1s"
+dial-timeout = "1s"
+leave-timeout = "3s"
+fault-injection = true
+{extra}
+{tail}
+"#,
+            extra = options.cluster_extra,
+            tail = options.tail,
+        );
+        let text: String = text
+            .lines()
+            .map(|line| {
+                let key = line.split(" = ").next().unwrap_or_default();
+                match options.overrides.iter().find(|(k, _)| k == key) {
+                    Some((k, v)) => format!("{k} = {v}\n"),
+                    None => format!("{line}\n"),
+                }
+            })
+            .collect();
+        std::fs::write(&config, text).expect("write node config");
+        let mut args = options.node_args.clone();
+        if args
+            .iter()
+            .any(|a| a == "--singleton" || a == "--sharded-counter")
+        {
+            args.push("--counter".into());
+            args.push(self.dir.path().join("counter.sqlite").display().to_string());
+        }
+        self.nodes.push(NodeProc {
+            args,
+            addr: format!("127.0.0.1:{port}"),
+            port,
+            config,
+            child: None,
+            stderr: Arc::new(Mutex::new(String::new())),
+            supervised: options.supervised,
+            incarnations: Vec::new(),
+        });
+        i
+    }
+
+    /// Starts `n` nodes of `binary` with `options` and waits until they converge.
+    pub fn launch(binary: &Path, n: usize, options: &Options) -> Cluster {
+        let mut c = Cluster::configure(binary, n, options);
+        c.start_all();
+        c.wait_converged(Duration::from_secs(30));
+        c
+    }
+
+    pub fn start_all(&mut self) {
+        for i in 0..self.nodes.len() {
+            self.spawn(i);
+        }
+    }
+
+    /// A `tenure` command with node `i`'s config.
+    pub fn command(&self, i: usize, args: &[&str]) -> Command {
+        let mut cmd = Command::new(&self.binary);
+        cmd.arg("--config").arg(&self.nodes[i].config).args(args);
+        cmd.env_remove("TENURE_CONFIG");
+        cmd
+    }
+
+    /// Starts (or restarts) node `i` and waits for its "started" line.
+    pub fn spawn(&mut self, i: usize) {
+        assert!(self.nodes[i].child.is_none(), "node {i} is already running");
+        let mut cmd = self.command(i, &["node", "--history"]);
+        cmd.arg(&self.history)
+            .args(&self.nodes[i].args)
+            .env("TENURE_LOG", "info,ractor_cluster=warn,ractor=warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if self.nodes[i].supervised {
+            cmd.process_group(0);
+            // SAFETY: prctl(2) is async-signal-safe; nothing else runs between fork and exec.
+            unsafe {
+                cmd.pre_exec(|| {
+                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let mut child = cmd.spawn().expect("spawn tenure node");
+        let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
+        let stderr = child.stderr.take().expect("piped stderr");
+        let sink = Arc::new(Mutex::new(String::new()));
+        let sink2 = sink.clone();
+        std::thread::spawn(move || {
+            let mut r = BufReader::new(stderr);
+            let mut buf = String::new();
+            while let Ok(n) = r.read_line(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                sink2.lock().unwrap().push_str(&buf);
+                buf.clear();
+            }
+        });
+        let mut line = String::new();
+        stdout
+            .read_line(&mut line)
+            .expect("read the node's first line");
+        let node = &mut self.nodes[i];
+        let inc = line
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .windows(2)
+            .find(|w| w[0] == "incarnation")
+            .map(|w| w[1].to_string())
+            .unwrap_or_else(|| {
+                panic!(
+                    "node {} did not start: stdout {line:?}, stderr:\n{}",
+                    node.addr,
+                    sink.lock().unwrap()
+                )
+            });
+        // Keep draining stdout so the node never blocks on a full pipe.
+        std::thread::spawn(move || {
+            let _ = std::io::copy(&mut stdout, &mut std::io::sink());
+        });
+        node.incarnations.push(inc);
+        node.stderr = sink;
+        node.child = Some(child);
+    }
+
+    pub fn is_running(&self, i: usize) -> bool {
+        self.nodes[i].child.is_some()
+    }
+
+    fn signal(&self, i: usize, sig: i32) {
+        let rc = unsafe { libc::kill(self.nodes[i].pid(), sig) };
+        assert_eq!(rc, 0, "kill({sig}) node {i}");
+    }
+
+    /// Appends a harness event about node `i` to the shared history (same clock and
+    /// format as the nodes' own lines, `inc` = `harness`).
+    pub fn record(&self, i: usize, event: &str) {
+        self.record_with(i, event, json!({}));
+    }
+
+    /// [`Cluster::record`] with extra `fields` (an object), e.g. the `peer` of a link cut.
+    pub fn record_with(&self, i: usize, event: &str, fields: Value) {
+        use std::io::Write;
+        let mut line = json!({
+            "t": tenure::clock::monotonic_now_ns(),
+            "node": self.nodes[i].addr,
+            "inc": "harness",
+            "event": event,
+        });
+        if let (Some(line), Value::Object(extra)) = (line.as_object_mut(), fields) {
+            line.extend(extra);
+        }
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.history)
+            .expect("open history");
+        f.write_all(format!("{line}\n").as_bytes())
+            .expect("append history");
+    }
+
+    /// SIGKILL node `i` and reap it.
+    pub fn kill(&mut self, i: usize) {
+        self.signal(i, libc::SIGCONT);
+        let mut child = self.nodes[i].child.take().expect("running");
+        child.kill().expect("SIGKILL");
+        child.wait().expect("reap");
+        // Recorded once the process is certainly gone (the later end is the stricter one).
+        self.record(i, "killed");
+    }
+
+    /// Starts node `i` again after a kill or a stop (a new incarnation) and records
+    /// `restarted`.
+    pub fn restart(&mut self, i: usize) {
+        self.spawn(i);
+        self.record(i, "restarted");
+    }
+
+    pub fn pause(&self, i: usize) {
+        self.signal(i, libc::SIGSTOP);
+        self.record(i, "paused");
+    }
+
+    pub fn resume(&self, i: usize) {
+        self.record(i, "resumed");
+        self.signal(i, libc::SIGCONT);
+    }
+
+    /// SIGTERM node `i` (graceful leave, recorded as `terminated`) and waits for its exit
+    /// status.
+    pub fn stop(&mut self, i: usize) -> ExitStatus {
+        self.record(i, "terminated");
+        self.signal(i, libc::SIGTERM);
+        let mut child = self.nodes[i].child.take().expect("running");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!(
+                    "node {i} did not exit within 20 s of SIGTERM:\n{}",
+                    self.nodes[i].stderr()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// SIGTERM every running node at once (each recorded as `terminated`; a paused node is
+    /// resumed first), then waits up to `limit` for each to exit, SIGKILLing the ones that
+    /// do not. Returns the nodes that exited on their own with a non-zero status or had to
+    /// be killed.
+    pub fn stop_all(&mut self, limit: Duration) -> Vec<usize> {
+        let running: Vec<usize> = (0..self.nodes.len())
+            .filter(|i| self.is_running(*i))
+            .collect();
+        for &i in &running {
+            self.record(i, "terminated");
+            self.signal(i, libc::SIGCONT);
+            self.signal(i, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + limit;
+        let mut unclean = Vec::new();
+        for i in running {
+            let mut child = self.nodes[i].child.take().expect("running");
+            loop {
+                match child.try_wait() {
+                    Ok(Some(status)) => {
+                        if !status.success() {
+                            unclean.push(i);
+                        }
+                        break;
+                    }
+                    Ok(None) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(50))
+                    }
+                    _ => {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        self.record(i, "killed");
+                        unclean.push(i);
+                        break;
+                    }
+                }
+            }
+        }
+        unclean
+    }
+
+    /// Stalls (or resumes) the traffic between nodes `a` and `b`, on both sides; records
+    /// `link_cut` / `link_healed` about `a` with `peer` = `b`'s address.
+    pub fn set_link(&self, a: usize, b: usize, cut: bool) {
+        let event = if cut { "link_cut" } else { "link_healed" };
+        self.record_with(a, event, json!({ "peer": self.nodes[b].addr }));
+        for (x, y) in [(a, b), (b, a)] {
+            let flag = if cut { "--cut" } else { "--heal" };
+            let out = self
+                .command(
+                    x,
+                    &[
+                        "cluster",
+                        "fault",
+                        "--node",
+                        &self.nodes[x].addr,
+                        flag,
+                        &self.nodes[y].addr,
+                    ],
+                )
+                .output()
+                .expect("run tenure cluster fault");
+            assert!(
+                out.status.success(),
+                "fault {flag} on node {x}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+
+    /// Node `i`'s view, or None if it does not answer.
+    pub fn view(&self, i: usize) -> Option<Value> {
+        let out = self
+            .command(
+                i,
+                &[
+                    "cluster",
+                    "members",
+                    "--json",
+                    "--node",
+                    &self.nodes[i].addr,
+                ],
+            )
+            .output()
+            .expect("run tenure cluster members");
+        if !out.status.success() {
+            return None;
+        }
+        serde_json::from_slice(&out.stdout).ok()
+    }
+
+    /// Each member in node `i`'s view, oldest first.
+    pub fn members(&self, i: usize) -> Option<Vec<Row>> {
+        let view = self.view(i)?;
+        Some(
+            view["members"]
+                .as_array()?
+                .iter()
+                .map(|m| Row {
+                    addr: m["addr"].as_str().unwrap_or_default().to_string(),
+                    status: m["status"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_ascii_lowercase(),
+                    reachable: m["reachable"].as_bool().unwrap_or(false),
+                    incarnation: m["incarnation"].as_u64().unwrap_or(0),
+                    sessions: m["sessions"].as_u64().unwrap_or(0),
+                })
+                .collect(),
+        )
+    }
+
+    /// Waits until `check` holds, polling; panics with `what` and every view on timeout.
+    pub fn wait_until(
+        &self,
+        what: &str,
+        timeout: Duration,
+        mut check: impl FnMut(&Cluster) -> bool,
+    ) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if check(self) {
+                return;
+            }
+            if Instant::now() > deadline {
+                let views: Vec<String> = (0..self.nodes.len())
+                    .filter(|i| self.is_running(*i))
+                    .map(|i| format!("node {i} {}: {:?}", self.nodes[i].addr, self.members(i)))
+                    .collect();
+                panic!(
+                    "timed out after {timeout:?} waiting for: {what}\n{}",
+                    views.join("\n")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Every running node sees exactly the running nodes, all up and reachable, one
+    /// session each.
+    pub fn converged(&self) -> bool {
+        let running: Vec<usize> = (0..self.nodes.len())
+            .filter(|i| self.is_running(*i))
+            .collect();
+        let mut expect: Vec<String> = running
+            .iter()
+            .map(|i| self.nodes[*i].addr.clone())
+            .collect();
+        expect.sort();
+        running.iter().all(|i| {
+            let Some(members) = self.members(*i) else {
+                return false;
+            };
+            let mut addrs: Vec<String> = members.iter().map(|m| m.addr.clone()).collect();
+            addrs.sort();
+            addrs == expect
+                && members.iter().all(|m| {
+                    m.status == "up"
+                        && m.reachable
+                        && (m.addr == self.nodes[*i].addr || m.sessions == 1)
+                })
+        })
+    }
+
+    pub fn wait_converged(&self, timeout: Duration) {
+        self.wait_until(
+            "every running node sees every running node up",
+            timeout,
+            |c| c.converged(),
+        );
+    }
+
+    /// The shared history, one JSON object per line.
+    pub fn history(&self) -> Vec<Value> {
+        let mut text = String::new();
+        if let Ok(mut f) = std::fs::File::open(&self.history) {
+            f.read_to_string(&mut text).expect("read history");
+        }
+        // Every line is written whole (one O_APPEND write), except perhaps the last one
+        // while it is being written; any other unreadable line fails the test.
+        let complete = text.ends_with('\n');
+        let lines: Vec<&str> = text.lines().collect();
+        let mut events = Vec::with_capacity(lines.len());
+        for (n, line) in lines.iter().enumerate() {
+            match serde_json::from_str(line) {
+                Ok(v) => events.push(v),
+                Err(_) if n + 1 == lines.len() && !complete => {}
+                Err(e) => panic!("history line {}: {e}: {line}", n + 1),
+            }
+        }
+        events
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for node in &mut self.nodes {
+            if let Some(mut child) = node.child.take() {
+                unsafe { libc::kill(child.id() as i32, libc::SIGCONT) };
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}
