@@ -375,6 +375,7 @@ pub fn run(args: DemoArgs) -> Result<Outcome, DemoError> {
         summary: &summary,
         violations: &violations,
         system: &lease.system,
+        scenario_end_ns: scenario_end,
     });
     std::fs::write(&report_path, html).map_err(|source| DemoError::Report {
         path: report_path.display().to_string(),

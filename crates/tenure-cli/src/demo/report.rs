@@ -24,9 +24,12 @@ pub struct ReportInput<'a> {
     pub violations: &'a [String],
     /// Lease name prefix left out of row labels (`<system>-`).
     pub system: &'a str,
+    /// Faults from here on are the final shutdown: drawn as one line.
+    pub scenario_end_ns: u64,
 }
 
-const LABEL_W: f64 = 190.0;
+const LABEL_W: f64 = 230.0;
+const RIGHT_W: f64 = 40.0;
 const CHART_W: f64 = 1000.0;
 const ROW_H: f64 = 12.0;
 const ROW_GAP: f64 = 2.0;
@@ -149,10 +152,10 @@ svg text {{ font-size: 10px; font-family: monospace; }}
     }
     html.push_str(
         "</div><p class=\"note\">One row per lease; a bar is one node's hold, from grant to \
-         stop (hover for node, token and times). A paler tail is the time a frozen node took \
-         to notice a lease whose deadline had passed: it no longer held it. Red lines mark \
-         SIGKILL, grey lines a graceful leave or a restart; bands a SIGSTOP (yellow) or a \
-         cut link (blue).</p>",
+         stop (hover for node, token and times). A paler tail is a node frozen (SIGSTOP) past \
+         the ttl: its lease lapsed while it could do nothing, and it noticed on resume. Red lines mark \
+         SIGKILL, grey lines a graceful leave, a restart or the final shutdown; bands a \
+         SIGSTOP (yellow) or a cut link (blue).</p>",
     );
     html.push_str(&svg(input));
     html.push_str("</body></html>\n");
@@ -170,54 +173,26 @@ fn svg(input: &ReportInput<'_>) -> String {
     let _ = write!(
         out,
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{height}" viewBox="0 0 {w} {height}">"#,
-        w = LABEL_W + CHART_W + 20.0
+        w = LABEL_W + CHART_W + RIGHT_W
     );
-    // Faults under the bars: bands for pauses and cuts, lines for the rest; labels on top
-    // in four staggered lines so that close faults stay readable.
-    for (i, f) in tl.faults.iter().enumerate() {
-        let x0 = x(f.t_ns);
-        let label_y = 12.0 + (i % 4) as f64 * 12.0;
-        match f.until_ns {
-            Some(until) => {
-                let fill = if f.kind == "paused" {
-                    "#fff3b0"
-                } else {
-                    "#d6e9ff"
-                };
-                let _ = write!(
-                    out,
-                    r#"<rect class="fault" x="{x0:.1}" y="{HEAD_H}" width="{:.1}" height="{:.1}" fill="{fill}" opacity="0.8"><title>{}</title></rect>"#,
-                    (x(until) - x0).max(1.0),
-                    bottom - HEAD_H,
-                    esc(&f.label())
-                );
-            }
-            None => {
-                let stroke = if f.kind == "killed" { "#d00" } else { "#888" };
-                let _ = write!(
-                    out,
-                    r#"<line class="fault" x1="{x0:.1}" x2="{x0:.1}" y1="{:.1}" y2="{bottom:.1}" stroke="{stroke}" stroke-width="1.5" stroke-dasharray="4 2"/>"#,
-                    label_y + 2.0
-                );
-            }
-        }
-        let _ = write!(
-            out,
-            r#"<text x="{:.1}" y="{label_y:.1}">{}</text>"#,
-            x0 + 2.0,
-            esc(&f.label())
-        );
-    }
     for (r, lease) in rows.iter().enumerate() {
         let y = HEAD_H + r as f64 * (ROW_H + ROW_GAP);
-        let label = lease
+        let short = lease
             .strip_prefix(&format!("{}-", input.system))
             .unwrap_or(lease);
+        // The sharding coordinator is a singleton named sharding-<type>-coordinator.
+        let label = match short
+            .strip_prefix("singleton-sharding-")
+            .and_then(|rest| rest.strip_suffix("-coordinator"))
+        {
+            Some(type_name) => format!("coordinator of {type_name}"),
+            None => short.to_string(),
+        };
         let _ = write!(
             out,
             r#"<text x="4" y="{:.1}">{}</text>"#,
             y + ROW_H - 2.0,
-            esc(label)
+            esc(&label)
         );
         for h in &tl.holds[*lease] {
             let c = colour(tl, &h.node);
@@ -235,7 +210,7 @@ fn svg(input: &ReportInput<'_>) -> String {
             if let Some(noticed) = h.noticed_ns {
                 let _ = write!(
                     out,
-                    r#"<rect class="lapsed" x="{x1:.1}" y="{:.1}" width="{:.1}" height="{:.1}" fill="{c}" opacity="0.25"><title>{}: deadline passed while frozen; noticed at {:.2} s</title></rect>"#,
+                    r#"<rect class="lapsed" x="{x1:.1}" y="{:.1}" width="{:.1}" height="{:.1}" fill="{c}" opacity="0.25"><title>{}: frozen, the lease lapsed; noticed the loss at {:.2} s</title></rect>"#,
                     y + 3.0,
                     (x(noticed) - x1).max(0.5),
                     ROW_H - 6.0,
@@ -244,6 +219,50 @@ fn svg(input: &ReportInput<'_>) -> String {
                 );
             }
         }
+    }
+    // Faults over the bars: translucent bands for pauses and cuts, dashed lines for the
+    // rest, one line for the final shutdown; labels on top in four staggered lines so that
+    // close faults stay readable (anchored at their end near the right edge).
+    let mut marks: Vec<(u64, Option<u64>, String, &str)> = Vec::new();
+    for f in tl.faults.iter().filter(|f| f.t_ns < input.scenario_end_ns) {
+        marks.push((f.t_ns, f.until_ns, f.label(), f.kind.as_str()));
+    }
+    if let Some(first) = tl.faults.iter().find(|f| f.t_ns >= input.scenario_end_ns) {
+        marks.push((first.t_ns, None, "shutdown".into(), "terminated"));
+    }
+    for (i, (t_ns, until, label, kind)) in marks.iter().enumerate() {
+        let x0 = x(*t_ns);
+        let label_y = 12.0 + (i % 4) as f64 * 12.0;
+        if let Some(until) = until {
+            let fill = if *kind == "paused" {
+                "#f5c400"
+            } else {
+                "#3b8eea"
+            };
+            let _ = write!(
+                out,
+                r#"<rect class="fault" x="{x0:.1}" y="{:.1}" width="{:.1}" height="{:.1}" fill="{fill}" fill-opacity="0.22" stroke="{fill}" stroke-dasharray="3 2"><title>{}</title></rect>"#,
+                label_y + 2.0,
+                (x(*until) - x0).max(1.0),
+                bottom - label_y - 2.0,
+                esc(label)
+            );
+        } else {
+            let stroke = if *kind == "killed" { "#d00" } else { "#666" };
+            let _ = write!(
+                out,
+                r#"<line class="fault" x1="{x0:.1}" x2="{x0:.1}" y1="{:.1}" y2="{bottom:.1}" stroke="{stroke}" stroke-width="1.5" stroke-dasharray="4 2"/>"#,
+                label_y + 2.0
+            );
+        }
+        let near_end = x0 > LABEL_W + CHART_W * 0.75;
+        let _ = write!(
+            out,
+            r#"<text x="{:.1}" y="{label_y:.1}" text-anchor="{}">{}</text>"#,
+            if near_end { x0 - 2.0 } else { x0 + 2.0 },
+            if near_end { "end" } else { "start" },
+            esc(label)
+        );
     }
     // Time axis: a tick every 5 s (every 10 s beyond two minutes).
     let step = if span > 120e9 { 10 } else { 5 };
@@ -331,6 +350,7 @@ mod tests {
             summary: &summary,
             violations: &[],
             system: "tenure",
+            scenario_end_ns: u64::MAX,
         });
         // Singleton row first, then the shard's two holds.
         assert_eq!(
@@ -359,6 +379,7 @@ mod tests {
             summary: &summary,
             violations: &violations,
             system: "tenure",
+            scenario_end_ns: u64::MAX,
         });
         assert!(html.contains("UNSAFE: 1 violation(s)"));
         assert!(html.contains("lease &lt;x&gt; held twice"));

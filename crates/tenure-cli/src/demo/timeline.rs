@@ -118,10 +118,13 @@ pub fn lease_of(e: &Value, system: &str) -> Option<String> {
 
 /// Rebuilds every hold from the entity-level events (`shard_started` / `shard_stopped`,
 /// `singleton_started` / `singleton_stopped`), closing a node's holds when the harness
-/// killed it and open ones at the end of the history. A node frozen (SIGSTOP) for at least
-/// `ttl` lost every lease it held by its local deadline, which is at most `ttl` after the
-/// freeze (its last renewal was sent before it): such a hold ends there, and the rest until
-/// the node noticed is kept as `noticed_ns`.
+/// killed it and open ones at the end of the history.
+///
+/// A node frozen (SIGSTOP) for at least `ttl` lost every lease it held by its local
+/// deadline, some time during the freeze (its last renewal was sent before it; when
+/// exactly, entity events do not say). A frozen process acts on nothing, and its fenced
+/// writes after the resume are refused, so such a hold ends at the freeze and the rest,
+/// until the node noticed the loss, is kept as `noticed_ns`.
 pub fn holds_from_events(
     events: &[Value],
     system: &str,
@@ -190,14 +193,10 @@ pub fn holds_from_events(
                 h.until_ns = end.max(h.from_ns);
             }
             for (node, from, to) in &freezes {
-                let deadline = from + ttl_ns;
-                if *node == h.node
-                    && to - from >= ttl_ns
-                    && h.from_ns <= *from
-                    && h.until_ns > deadline
+                if *node == h.node && to - from >= ttl_ns && h.from_ns <= *from && h.until_ns > *to
                 {
                     h.noticed_ns = Some(h.until_ns);
-                    h.until_ns = deadline;
+                    h.until_ns = *from;
                 }
             }
         }
@@ -338,7 +337,7 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn a_hold_frozen_past_the_ttl_ends_at_its_deadline() {
+    fn a_hold_frozen_past_the_ttl_ends_at_the_freeze() {
         let s = 1_000_000_000;
         let events = vec![
             line(s, "a", "shard_started", shard("1", 1)),
@@ -349,7 +348,7 @@ pub(crate) mod tests {
         ];
         let holds = holds_from_events(&events, "tenure", Duration::from_secs(3));
         let a = &holds["tenure-shard-counter-1"][0];
-        assert_eq!(a.until_ns, 5 * s);
+        assert_eq!(a.until_ns, 2 * s);
         assert_eq!(a.noticed_ns, Some(8 * s + 5));
         let timeline = Timeline::new(&events, holds);
         assert!(timeline.overlaps().is_empty());

@@ -1,0 +1,124 @@
+//! `tenure demo` end to end: a short run with a small scenario reaches a clean verdict and
+//! writes its history and an HTML report showing every hold; bad flags are refused.
+
+mod common;
+
+use std::process::Command;
+
+use common::TENURE;
+
+const SCENARIO: &str = r#"
+[[step]]
+at = "4s"
+fault = "kill"
+
+[[step]]
+at = "8s"
+fault = "restart"
+
+[[step]]
+at = "10s"
+fault = "pause"
+for = "4s"
+"#;
+
+#[test]
+fn a_short_demo_reaches_a_safe_verdict_and_writes_its_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let scenario = dir.path().join("scenario.toml");
+    std::fs::write(&scenario, SCENARIO).unwrap();
+    let history = dir.path().join("run/history.jsonl");
+    let out = Command::new(TENURE)
+        .args([
+            "demo",
+            "--duration",
+            "18s",
+            "--shards",
+            "16",
+            "--seed",
+            "42",
+        ])
+        .arg("--scenario")
+        .arg(&scenario)
+        .arg("--history")
+        .arg(&history)
+        .env_remove("TENURE_CONFIG")
+        .output()
+        .expect("run tenure demo");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(stdout.contains("seed 42"), "{stdout}");
+    assert!(stdout.contains("verdict: SAFE"), "{stdout}");
+    let acks: u64 = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("operations acknowledged"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no ack count in:\n{stdout}"));
+    assert!(acks > 0, "{stdout}");
+
+    let events = std::fs::read_to_string(&history).expect("the history is kept");
+    for fault in ["\"killed\"", "\"restarted\"", "\"paused\"", "\"resumed\""] {
+        assert!(events.contains(fault), "no {fault} in the history");
+    }
+    let report = std::fs::read_to_string(history.with_extension("html")).expect("the report");
+    assert!(report.contains("<svg") && report.contains("SAFE"));
+    let started = events.matches("\"shard_started\"").count()
+        + events.matches("\"singleton_started\"").count();
+    assert_eq!(
+        report.matches("<rect class=\"hold\"").count(),
+        started,
+        "one bar per shard or singleton start"
+    );
+}
+
+#[test]
+fn help_documents_every_flag() {
+    let out = Command::new(TENURE)
+        .args(["demo", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    for flag in [
+        "--nodes",
+        "--shards",
+        "--duration",
+        "--ttl",
+        "--scenario",
+        "--seed",
+        "--history",
+        "--report",
+        "--store",
+    ] {
+        assert!(help.contains(flag), "{flag} missing from:\n{help}");
+    }
+    assert!(help.contains("SIGKILL a node"), "{help}");
+}
+
+#[test]
+fn bad_flags_are_refused_naming_the_flag() {
+    let out = Command::new(TENURE)
+        .args(["demo", "--ttl", "10ms"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--ttl"));
+    let dir = tempfile::tempdir().unwrap();
+    let scenario = dir.path().join("s.toml");
+    std::fs::write(&scenario, "[[step]]\nat = \"1s\"\nfault = \"cut\"\n").unwrap();
+    let out = Command::new(TENURE)
+        .args(["demo", "--scenario"])
+        .arg(&scenario)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("s.toml") && stderr.contains("for"),
+        "{stderr}"
+    );
+}
