@@ -1,5 +1,6 @@
 //! `tenure`: hold, inspect and release leases; guard a command with a lease.
 
+mod check_cmd;
 mod exit;
 mod lease_cmd;
 mod node_cmd;
@@ -62,6 +63,17 @@ enum Command {
     /// Inspect a running cluster through one of its nodes (uses [cluster] cookie and TLS).
     #[command(subcommand)]
     Cluster(ClusterCommand),
+    /// Check a recorded history (docs/history.md): no two owners holding a lease at
+    /// overlapping times, tokens increasing, every grant after the previous one ended, no
+    /// stale write accepted. Exit 0 safe, 1 a violation (the first is printed with both
+    /// events), 2 the history cannot be read.
+    Check {
+        /// The history file (JSON Lines).
+        history: PathBuf,
+        /// Print every violation, not only the first.
+        #[arg(long)]
+        all: bool,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -166,6 +178,9 @@ fn init_tracing() {
 fn main() -> ExitCode {
     init_tracing();
     let cli = Cli::parse();
+    if let Command::Check { history, all } = &cli.command {
+        return check_cmd::check(history, *all).exit_code();
+    }
     // Lease commands run single-threaded on purpose: `lease run` spawns its command from
     // the main thread, which lives as long as the process, so the command's parent-death
     // signal fires only when the process dies. A node serves many peers: multi-threaded.
@@ -173,9 +188,11 @@ fn main() -> ExitCode {
         Command::Lease(_) => tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build(),
-        Command::Node { .. } | Command::Cluster(_) => tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build(),
+        Command::Node { .. } | Command::Cluster(_) | Command::Check { .. } => {
+            tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+        }
     };
     let result = match runtime {
         Ok(rt) => rt.block_on(run(cli)),
@@ -244,5 +261,6 @@ async fn run(cli: Cli) -> Result<Outcome, CliError> {
             (None, Some(peer)) => node_cmd::fault(provider.config(), &node, &peer, false).await,
             (None, None) => Err(CliError::Command("give --cut PEER or --heal PEER".into())),
         },
+        Command::Check { history, all } => Ok(check_cmd::check(&history, all)),
     }
 }
