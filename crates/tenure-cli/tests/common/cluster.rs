@@ -42,6 +42,8 @@ pub struct NodeProc {
     stderr: Arc<Mutex<String>>,
     /// Incarnations of this address, one per start, from the node's "started" line.
     pub incarnations: Vec<String>,
+    /// Extra environment of the node's process (e.g. a `faketime` preload).
+    pub env: Vec<(String, String)>,
 }
 
 impl NodeProc {
@@ -191,6 +193,7 @@ fault-injection = true
             child: None,
             stderr: Arc::new(Mutex::new(String::new())),
             incarnations: Vec::new(),
+            env: Vec::new(),
         });
         i
     }
@@ -229,6 +232,7 @@ fault-injection = true
         cmd.arg(&self.history)
             .args(&self.nodes[i].args)
             .env("TENURE_LOG", "info,ractor_cluster=warn,ractor=warn")
+            .envs(self.nodes[i].env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("spawn tenure node");
@@ -290,13 +294,21 @@ fault-injection = true
     }
 
     fn record_addr(&self, addr: &str, event: &str) {
+        self.record_fields(addr, event, serde_json::json!({}));
+    }
+
+    /// Appends a harness event about `addr` (a node, or `store`) with extra `fields`.
+    pub fn record_fields(&self, addr: &str, event: &str, fields: Value) {
         use std::io::Write;
-        let line = serde_json::json!({
+        let mut line = serde_json::json!({
             "t": tenure::clock::monotonic_now_ns(),
             "node": addr,
             "inc": "harness",
             "event": event,
         });
+        if let (Some(line), Value::Object(extra)) = (line.as_object_mut(), fields) {
+            line.extend(extra);
+        }
         let mut f = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
