@@ -18,6 +18,8 @@ command -v protoc >/dev/null || need+=(protobuf-compiler)
 # ZooKeeper store tests run a standalone server from Debian's `zookeeper` package (its
 # jars; it depends on a Java runtime).
 { [ -f /usr/share/java/zookeeper.jar ] && command -v java >/dev/null; } || need+=(zookeeper)
+# The fault-injection suite moves one node's wall clock with libfaketime (`faketime`).
+[ -f /usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1 ] || need+=(faketime)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"

@@ -55,6 +55,8 @@ pub struct NodeProc {
     supervised: bool,
     /// Incarnations of this address, one per start, from the node's "started" line.
     pub incarnations: Vec<String>,
+    /// Extra environment of the node's process (e.g. a `faketime` preload).
+    pub env: Vec<(String, String)>,
 }
 
 impl NodeProc {
@@ -213,6 +215,7 @@ fault-injection = true
             stderr: Arc::new(Mutex::new(String::new())),
             supervised: options.supervised,
             incarnations: Vec::new(),
+            env: Vec::new(),
         });
         i
     }
@@ -246,6 +249,7 @@ fault-injection = true
         cmd.arg(&self.history)
             .args(&self.nodes[i].args)
             .env("TENURE_LOG", "info,ractor_cluster=warn,ractor=warn")
+            .envs(self.nodes[i].env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         if self.nodes[i].supervised {
@@ -315,15 +319,16 @@ fault-injection = true
     /// Appends a harness event about node `i` to the shared history (same clock and
     /// format as the nodes' own lines, `inc` = `harness`).
     pub fn record(&self, i: usize, event: &str) {
-        self.record_with(i, event, json!({}));
+        self.record_fields(&self.nodes[i].addr, event, json!({}));
     }
 
-    /// [`Cluster::record`] with extra `fields` (an object), e.g. the `peer` of a link cut.
-    pub fn record_with(&self, i: usize, event: &str, fields: Value) {
+    /// Appends a harness event about `addr` (a node, or `store`) with extra `fields` (an
+    /// object), e.g. the `peer` of a link cut.
+    pub fn record_fields(&self, addr: &str, event: &str, fields: Value) {
         use std::io::Write;
         let mut line = json!({
             "t": tenure::clock::monotonic_now_ns(),
-            "node": self.nodes[i].addr,
+            "node": addr,
             "inc": "harness",
             "event": event,
         });
@@ -366,74 +371,64 @@ fault-injection = true
         self.signal(i, libc::SIGCONT);
     }
 
-    /// SIGTERM node `i` (graceful leave, recorded as `terminated`) and waits for its exit
-    /// status.
+    /// SIGTERM node `i` (graceful leave: `leaving` is recorded before the signal,
+    /// `terminated` once the process exited) and waits for its exit status.
     pub fn stop(&mut self, i: usize) -> ExitStatus {
-        self.record(i, "terminated");
+        self.record(i, "leaving");
         self.signal(i, libc::SIGTERM);
-        let mut child = self.nodes[i].child.take().expect("running");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(status) = child.try_wait().expect("wait") {
-                return status;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
+        self.reap(i, Instant::now() + Duration::from_secs(20))
+            .unwrap_or_else(|| {
                 panic!(
                     "node {i} did not exit within 20 s of SIGTERM:\n{}",
                     self.nodes[i].stderr()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+                )
+            })
     }
 
-    /// SIGTERM every running node at once (each recorded as `terminated`; a paused node is
-    /// resumed first), then waits up to `limit` for each to exit, SIGKILLing the ones that
-    /// do not. Returns the nodes that exited on their own with a non-zero status or had to
-    /// be killed.
+    /// SIGTERM every running node at once (a paused one is resumed first; recorded like
+    /// [`Cluster::stop`]), then waits up to `limit` for each to exit, SIGKILLing the ones
+    /// that do not. Returns the nodes that exited with a non-zero status or were killed.
     pub fn stop_all(&mut self, limit: Duration) -> Vec<usize> {
         let running: Vec<usize> = (0..self.nodes.len())
             .filter(|i| self.is_running(*i))
             .collect();
         for &i in &running {
-            self.record(i, "terminated");
+            self.record(i, "leaving");
             self.signal(i, libc::SIGCONT);
             self.signal(i, libc::SIGTERM);
         }
         let deadline = Instant::now() + limit;
-        let mut unclean = Vec::new();
-        for i in running {
-            let mut child = self.nodes[i].child.take().expect("running");
-            loop {
-                match child.try_wait() {
-                    Ok(Some(status)) => {
-                        if !status.success() {
-                            unclean.push(i);
-                        }
-                        break;
-                    }
-                    Ok(None) if Instant::now() < deadline => {
-                        std::thread::sleep(Duration::from_millis(50))
-                    }
-                    _ => {
-                        let _ = child.kill();
-                        let _ = child.wait();
-                        self.record(i, "killed");
-                        unclean.push(i);
-                        break;
-                    }
-                }
+        running
+            .into_iter()
+            .filter(|&i| !self.reap(i, deadline).is_some_and(|s| s.success()))
+            .collect()
+    }
+
+    /// Waits until `deadline` for node `i` to exit and records `terminated`; past it,
+    /// SIGKILLs the node, records `killed` and returns None.
+    fn reap(&mut self, i: usize, deadline: Instant) -> Option<ExitStatus> {
+        let mut child = self.nodes[i].child.take().expect("running");
+        loop {
+            if let Some(status) = child.try_wait().expect("wait for a node") {
+                // Recorded once the process is certainly gone (the later end is stricter).
+                self.record(i, "terminated");
+                return Some(status);
             }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                self.record(i, "killed");
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
-        unclean
     }
 
     /// Stalls (or resumes) the traffic between nodes `a` and `b`, on both sides; records
     /// `link_cut` / `link_healed` about `a` with `peer` = `b`'s address.
     pub fn set_link(&self, a: usize, b: usize, cut: bool) {
         let event = if cut { "link_cut" } else { "link_healed" };
-        self.record_with(a, event, json!({ "peer": self.nodes[b].addr }));
+        self.record_fields(&self.nodes[a].addr, event, json!({ "peer": self.nodes[b].addr }));
         for (x, y) in [(a, b), (b, a)] {
             let flag = if cut { "--cut" } else { "--heal" };
             let out = self

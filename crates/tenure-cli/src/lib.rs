@@ -1,4 +1,6 @@
-//! The library of the `tenure` command: the multi-process cluster harness and `tenure demo`.
+//! The library half of the `tenure` command: what its subcommands share with tests and
+//! tools: the history checker, the multi-process cluster harness and `tenure demo`.
 
+pub mod check;
 pub mod demo;
 pub mod harness;

@@ -1,5 +1,6 @@
 //! `tenure`: hold, inspect and release leases; guard a command with a lease.
 
+mod check_cmd;
 mod exit;
 mod lease_cmd;
 mod node_cmd;
@@ -62,6 +63,17 @@ enum Command {
     /// Inspect a running cluster through one of its nodes (uses [cluster] cookie and TLS).
     #[command(subcommand)]
     Cluster(ClusterCommand),
+    /// Check a recorded history (docs/history.md): no two owners holding a lease at
+    /// overlapping times, tokens increasing, every grant after the previous one ended, no
+    /// stale write accepted. Exit 0 safe, 1 a violation (the first is printed with both
+    /// events), 2 the history cannot be read.
+    Check {
+        /// The history file (JSON Lines).
+        history: PathBuf,
+        /// Print every violation, not only the first.
+        #[arg(long)]
+        all: bool,
+    },
     /// Run a local cluster under load through a scenario of faults and check it was safe.
     ///
     /// Starts --nodes `tenure node` processes on 127.0.0.1 (a SQLite lease store in a temp
@@ -185,6 +197,9 @@ fn init_tracing() {
 fn main() -> ExitCode {
     init_tracing();
     let cli = Cli::parse();
+    if let Command::Check { history, all } = &cli.command {
+        return check_cmd::check(history, *all).exit_code();
+    }
     // The demo drives processes from plain threads; it needs neither a runtime nor a config.
     if let Command::Demo(args) = cli.command {
         return match tenure_cli::demo::run(args) {
@@ -203,7 +218,7 @@ fn main() -> ExitCode {
         Command::Lease(_) => tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build(),
-        Command::Node { .. } | Command::Cluster(_) | Command::Demo(_) => {
+        Command::Node { .. } | Command::Cluster(_) | Command::Check { .. } | Command::Demo(_) => {
             tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()
@@ -276,6 +291,7 @@ async fn run(cli: Cli) -> Result<Outcome, CliError> {
             (None, Some(peer)) => node_cmd::fault(provider.config(), &node, &peer, false).await,
             (None, None) => Err(CliError::Command("give --cut PEER or --heal PEER".into())),
         },
+        Command::Check { history, all } => Ok(check_cmd::check(&history, all)),
         Command::Demo(_) => unreachable!("main runs the demo without a runtime"),
     }
 }

@@ -65,6 +65,7 @@ fn wait_acks_after(c: &Cluster, after: i64, n: usize) {
 fn final_checks(c: &Cluster) {
     let history = c.history();
     check(&history);
+    common::assert_checked(&c.history);
     let counter = FencedCounter::open(&c.counter_file()).expect("open the counter");
     let acked = check_acks(&history, |key| {
         counter

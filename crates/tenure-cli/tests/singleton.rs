@@ -229,6 +229,7 @@ fn sigkill_of_the_host_moves_the_singleton_after_the_ttl() {
     let instances = check(&c.history(), "s1");
     assert_eq!(instances.len(), 2, "{instances:?}");
     assert_eq!(instances[0].end_why, "killed");
+    common::assert_checked(&c.history);
 }
 
 #[test]
@@ -262,6 +263,7 @@ fn a_host_paused_past_the_ttl_finds_its_lease_lost_and_stops() {
             .any(|w| old.end_why.contains(w)),
         "stopped because its lease or its membership lapsed: {old:?}"
     );
+    common::assert_checked(&c.history);
 }
 
 #[test]
@@ -281,6 +283,7 @@ fn graceful_leave_hands_the_singleton_over() {
     let new = instances.last().unwrap();
     let gap_ms = (new.start - old.end.unwrap()) as f64 / 1e6;
     assert!(gap_ms >= 0.0, "no overlap: gap {gap_ms} ms");
+    common::assert_checked(&c.history);
 }
 
 #[test]

@@ -267,7 +267,7 @@ impl Actor for Agent {
             h.record("node_started", json!({}));
         }
         let _ = myself.cast(AgentMsg::Local(Local::Poll));
-        spawn_ticket(&myself, &a.settings, a.store.clone());
+        spawn_ticket(&myself, &a.settings, a.store.clone(), a.history.as_ref());
         let _ = myself.cast(AgentMsg::Local(Local::Tick));
         Ok(AgentState {
             view: Membership::new(me.clone(), a.incarnation, a.settings.roles.clone()),
@@ -379,13 +379,22 @@ impl Actor for Agent {
     }
 }
 
-fn spawn_ticket(myself: &ActorRef<AgentMsg>, s: &ClusterSettings, store: Arc<dyn LeaseStore>) {
+fn spawn_ticket(
+    myself: &ActorRef<AgentMsg>,
+    s: &ClusterSettings,
+    store: Arc<dyn LeaseStore>,
+    history: Option<&History>,
+) {
     let spec = LeaseSpec::new(
         &format!("{}-join", s.system),
         &s.addr.to_string(),
         store,
         s.member_lease,
     )
+    .map(|spec| match history {
+        Some(h) => spec.with_observer(h.lease_observer()),
+        None => spec,
+    })
     .map(|spec| spec.with_note("join ticket (released at once)"));
     let me = myself.clone();
     match spec {
@@ -428,6 +437,10 @@ impl AgentState {
             self.s.member_lease,
         )?
         .with_note(note);
+        let spec = match &self.history {
+            Some(h) => spec.with_observer(h.lease_observer()),
+            None => spec,
+        };
         let (lease, _) = LeaseActor::start(
             spec,
             LeaseEventSink::to_actor(myself.clone()),
@@ -646,7 +659,7 @@ impl AgentState {
                         old.stop(Some("member lease lost".into()));
                     }
                     self.ticket = None;
-                    spawn_ticket(myself, &self.s, self.store.clone());
+                    spawn_ticket(myself, &self.s, self.store.clone(), self.history.as_ref());
                 }
             }
             Local::Tick => self.tick(myself),

@@ -12,6 +12,8 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::{Map, Value, json};
 
+use tenure_lease::{LeaseObserver, LeaseTrace};
+
 use crate::identity::{Incarnation, NodeAddr};
 
 /// An append-only history file shared by the parts of one node.
@@ -40,6 +42,38 @@ impl History {
             file: Arc::new(Mutex::new(file)),
             node: node.to_string(),
             inc: incarnation.to_string(),
+        })
+    }
+
+    /// A lease observer appending every lease trace as a `lease_*` event (see
+    /// docs/history.md): `lease`, `owner` and the trace's fields.
+    pub fn lease_observer(&self) -> LeaseObserver {
+        let history = self.clone();
+        LeaseObserver::new(move |lease, owner, trace| {
+            let (event, mut fields) = match trace {
+                LeaseTrace::AcquireInvoked => ("lease_acquire", json!({})),
+                LeaseTrace::Granted { token, valid_until } => (
+                    "lease_granted",
+                    json!({"token": token, "valid_until": valid_until}),
+                ),
+                LeaseTrace::NotGranted { holder } => {
+                    ("lease_not_granted", json!({"holder": holder}))
+                }
+                LeaseTrace::Renewed { token, valid_until } => (
+                    "lease_renewed",
+                    json!({"token": token, "valid_until": valid_until}),
+                ),
+                LeaseTrace::Lost { token, reason } => {
+                    ("lease_lost", json!({"token": token, "reason": reason}))
+                }
+                LeaseTrace::Released { token } => ("lease_released", json!({"token": token})),
+                LeaseTrace::Error { operation, error } => {
+                    ("lease_error", json!({"op": operation, "error": error}))
+                }
+            };
+            fields["lease"] = json!(lease);
+            fields["owner"] = json!(owner);
+            history.record(event, fields);
         })
     }
 

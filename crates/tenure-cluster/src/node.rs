@@ -63,6 +63,9 @@ impl Node {
                 })
             })
             .transpose()?;
+        if let Some(h) = &history {
+            provider.observe(h.lease_observer());
+        }
         let tls = settings.tls.as_ref().map(Tls::load).transpose()?;
         let store = provider.store(&settings.lease_section).await?;
         tenure_lease::names::check_lease_name(&settings.member_lease_name(&addr))?;

@@ -17,6 +17,7 @@ use crate::names::{check_lease_name, store_name};
 use crate::renewal::{RenewAnswer, RenewalBatcher};
 use crate::settings::LeaseSettings;
 use crate::store::{AcquireOutcome, AcquireRequest, HeldLease, LeaseStore, bounded};
+use crate::trace::{LeaseObserver, LeaseTrace};
 use crate::validity::{Belief, GrantEffect, Held};
 
 /// Everything a LeaseActor needs to hold one lease.
@@ -34,6 +35,8 @@ pub struct LeaseSpec {
     pub batcher: RenewalBatcher,
     /// Free text kept with the grant (who and why).
     pub note: Option<String>,
+    /// Where the LeaseActor reports its traces (histories), if anywhere.
+    pub observer: Option<LeaseObserver>,
 }
 
 impl std::fmt::Debug for LeaseSpec {
@@ -85,7 +88,24 @@ impl LeaseSpec {
             settings,
             batcher,
             note: None,
+            observer: None,
         })
+    }
+
+    /// The same spec (store, owner, settings, batcher, note, observer) for lease `name`.
+    pub fn renamed(&self, name: &str) -> Result<Self, ConfigError> {
+        check_lease_name(name)?;
+        Ok(LeaseSpec {
+            store_name: store_name(name, &self.store.name_rules()),
+            name: name.to_string(),
+            ..self.clone()
+        })
+    }
+
+    /// Reports this lease's traces to `observer`.
+    pub fn with_observer(mut self, observer: LeaseObserver) -> Self {
+        self.observer = Some(observer);
+        self
     }
 
     /// Keeps `note` with each grant.
@@ -182,10 +202,12 @@ impl LeaseActor {
         supervisor: Option<ActorCell>,
     ) -> Result<(ActorRef<LeaseMsg>, LeaseView), SpawnErr> {
         let validity = spec.settings.validity();
+        let observer = spec.observer.clone().map(|o| (spec.owner.clone(), o));
         let belief = Arc::new(SharedBelief::new(
             spec.name.clone(),
             Belief::new(validity),
             sink,
+            observer,
         ));
         let args = LeaseActorArgs {
             spec,
@@ -330,6 +352,7 @@ impl LeaseActorState {
             note: spec.note.clone(),
         };
         let sent_at = Instant::now();
+        self.belief.trace(LeaseTrace::AcquireInvoked);
         let answer = bounded(
             &spec.name,
             "acquire",
@@ -340,8 +363,17 @@ impl LeaseActorState {
         // Anything but a certain "held by another owner" may have left a grant of ours.
         self.maybe_in_store = !matches!(answer, Ok(AcquireOutcome::Held(_)));
         match answer {
-            Err(e) => Err(e),
+            Err(e) => {
+                self.belief.trace(LeaseTrace::Error {
+                    operation: "acquire",
+                    error: e.to_string(),
+                });
+                Err(e)
+            }
             Ok(AcquireOutcome::Held(record)) => {
+                self.belief.trace(LeaseTrace::NotGranted {
+                    holder: record.owner.clone(),
+                });
                 if let Some(h) = self.belief.held() {
                     // We believed we held it, the store says another owner does.
                     self.belief.not_held(h.generation);
@@ -440,8 +472,12 @@ impl LeaseActorState {
             return Ok(false);
         }
         let released = release_ours(&self.spec, &self.instance_base, held.map(|h| h.token)).await;
-        if released.is_ok() {
-            self.maybe_in_store = false;
+        match &released {
+            Ok(_) => self.maybe_in_store = false,
+            Err(e) => self.belief.trace(LeaseTrace::Error {
+                operation: "release",
+                error: e.to_string(),
+            }),
         }
         tracing::info!(lease = %self.spec.name, token = ?held.map(|h| h.token), ?released, "lease released");
         released
@@ -558,6 +594,10 @@ impl Actor for LeaseActor {
                     }
                     Some((_, Ok(false))) => state.belief.not_held(generation),
                     Some((_, Err(e))) => {
+                        state.belief.trace(LeaseTrace::Error {
+                            operation: "renew",
+                            error: e.to_string(),
+                        });
                         tracing::warn!(lease = %state.spec.name, error = %e, "renewal failed; the lease holds until its local deadline")
                     }
                     None => {

@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::time::Instant;
 
+use crate::trace::{LeaseObserver, LeaseTrace, monotonic_ns};
 use crate::validity::{Belief, GrantEffect, Held, LostReason};
 
 /// The lease was granted (announced once per grant, before any loss of it).
@@ -77,15 +78,30 @@ pub(crate) struct SharedBelief {
     belief: Mutex<Belief>,
     order: Mutex<()>,
     sink: LeaseEventSink,
+    /// The owner and observer that traces are reported to, if any.
+    observer: Option<(String, LeaseObserver)>,
 }
 
 impl SharedBelief {
-    pub(crate) fn new(name: String, belief: Belief, sink: LeaseEventSink) -> Self {
+    pub(crate) fn new(
+        name: String,
+        belief: Belief,
+        sink: LeaseEventSink,
+        observer: Option<(String, LeaseObserver)>,
+    ) -> Self {
         SharedBelief {
             name,
             belief: Mutex::new(belief),
             order: Mutex::new(()),
             sink,
+            observer,
+        }
+    }
+
+    /// Reports `trace` to the observer, if any.
+    pub(crate) fn trace(&self, trace: LeaseTrace) {
+        if let Some((owner, observer)) = &self.observer {
+            observer.report(&self.name, owner, &trace);
         }
     }
 
@@ -99,6 +115,10 @@ impl SharedBelief {
 
     fn announce_lost(&self, held: Held, reason: LostReason) {
         tracing::warn!(lease = %self.name, token = held.token, %reason, "lease lost");
+        self.trace(LeaseTrace::Lost {
+            token: held.token,
+            reason: reason.kind(),
+        });
         self.sink.deliver(LeaseEvent::Lost(LeaseLost {
             name: self.name.clone(),
             token: held.token,
@@ -140,6 +160,10 @@ impl SharedBelief {
         }
         if let GrantEffect::New(held) = effect {
             tracing::info!(lease = %self.name, token = held.token, "lease granted");
+            self.trace(LeaseTrace::Granted {
+                token: held.token,
+                valid_until: monotonic_ns(held.deadline),
+            });
             self.sink.deliver(LeaseEvent::Granted(LeaseGranted {
                 name: self.name.clone(),
                 token: held.token,
@@ -151,7 +175,18 @@ impl SharedBelief {
     /// Records a successful renewal of `generation` sent at `sent_at`.
     pub(crate) fn renewed(&self, generation: u64, sent_at: Instant) -> bool {
         let now = Instant::now();
-        if self.belief().renewed(generation, sent_at, now) {
+        let renewed = {
+            let _order = self.ordered();
+            let mut b = self.belief();
+            b.renewed(generation, sent_at, now)
+                .then(|| b.held())
+                .flatten()
+        };
+        if let Some(held) = renewed {
+            self.trace(LeaseTrace::Renewed {
+                token: held.token,
+                valid_until: monotonic_ns(held.deadline),
+            });
             return true;
         }
         self.lapse(now);
@@ -170,7 +205,11 @@ impl SharedBelief {
     /// Gives the belief up without an event (release, stop); returns what was held.
     pub(crate) fn give_up(&self) -> Option<Held> {
         let _order = self.ordered();
-        self.belief().give_up()
+        let held = self.belief().give_up();
+        if let Some(h) = held {
+            self.trace(LeaseTrace::Released { token: h.token });
+        }
+        held
     }
 
     /// The grant believed now, if any. Never blocks on anything but a short critical section.

@@ -42,6 +42,7 @@ mod provider;
 mod renewal;
 mod settings;
 pub mod store;
+pub mod trace;
 pub mod validity;
 
 #[cfg(test)]
@@ -66,4 +67,5 @@ pub use store::{
     AcquireOutcome, AcquireRequest, Capabilities, HeldLease, LeaseRecord, LeaseStore, WatchEvent,
     WatchReceiver,
 };
+pub use trace::{LeaseObserver, LeaseTrace};
 pub use validity::LostReason;

@@ -15,6 +15,7 @@ use crate::memory::MemoryStoreFactory;
 use crate::names::check_lease_name;
 use crate::renewal::RenewalBatcher;
 use crate::store::LeaseStore;
+use crate::trace::LeaseObserver;
 
 /// Opens stores of one kind from lease sections.
 #[async_trait]
@@ -76,6 +77,7 @@ pub struct LeaseProvider {
     config: TenureConfig,
     registry: StoreRegistry,
     loaded: Mutex<Loaded>,
+    observer: std::sync::Mutex<Option<LeaseObserver>>,
 }
 
 impl LeaseProvider {
@@ -98,6 +100,7 @@ impl LeaseProvider {
             config,
             registry,
             loaded: Mutex::new(Loaded::default()),
+            observer: std::sync::Mutex::new(None),
         })
     }
 
@@ -162,7 +165,22 @@ impl LeaseProvider {
             .entry((section.to_string(), owner.to_string()))
             .or_insert_with(|| RenewalBatcher::new(store.clone(), owner.to_string(), settings))
             .clone();
-        LeaseSpec::with_batcher(name, owner, store, settings, batcher)
+        let spec = LeaseSpec::with_batcher(name, owner, store, settings, batcher)?;
+        let observer = self
+            .observer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        Ok(match observer {
+            Some(o) => spec.with_observer(o),
+            None => spec,
+        })
+    }
+
+    /// Reports the traces of every lease whose spec this provider builds from now on to
+    /// `observer` (a node does this to record its history).
+    pub fn observe(&self, observer: LeaseObserver) {
+        *self.observer.lock().unwrap_or_else(|e| e.into_inner()) = Some(observer);
     }
 
     /// The lease `name` of section `section` held for `owner`; the same triple returns the

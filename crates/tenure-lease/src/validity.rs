@@ -18,6 +18,16 @@ pub enum LostReason {
     NotHeld,
 }
 
+impl LostReason {
+    /// A short machine-readable name (`expired`, `not_held`), used in histories.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            LostReason::Expired => "expired",
+            LostReason::NotHeld => "not_held",
+        }
+    }
+}
+
 impl std::fmt::Display for LostReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {

@@ -303,13 +303,7 @@ impl RegionState {
             return false;
         };
         let name = tenure_lease::names::shard_lease(&self.args.system, &self.args.type_name, shard);
-        let lease = match LeaseSpec::with_batcher(
-            &name,
-            &template.owner,
-            template.store.clone(),
-            template.settings,
-            template.batcher.clone(),
-        ) {
+        let lease = match template.renamed(&name) {
             Ok(spec) => spec,
             Err(e) => {
                 tracing::error!(entity_type = %self.args.type_name, shard, error = %e, "bad shard lease");

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod proxy;
 pub mod shards;
 
 use std::io::{BufRead, BufReader};
@@ -206,4 +207,23 @@ pub fn guarded_writer(history: &Path, iterations: Option<u32>) -> Vec<String> {
         }
     };
     vec!["sh".into(), "-c".into(), body]
+}
+
+/// Runs `tenure check` on the history at `path` and fails the test with its output unless
+/// the verdict is safe. Returns the checker's summary line.
+pub fn assert_checked(path: &Path) -> String {
+    let out = Command::new(TENURE)
+        .arg("check")
+        .arg(path)
+        .output()
+        .expect("run tenure check");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "tenure check {}: {}\n{}",
+        path.display(),
+        text,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
 }

@@ -1,0 +1,17 @@
+//! `tenure check`: verifies a recorded history (docs/history.md) for the safety of leases
+//! and of the writes they guard.
+//!
+//! Per lease: no two owners (node and incarnation) believed to hold it at overlapping
+//! times, where a hold whose end the history does not show counts as held until its last
+//! `valid_until`; tokens strictly increasing across grants in grant order; every grant
+//! after the previous grant's hold ended (released, lost, expired or its process killed),
+//! also for a new grant of the same owner. Per guarded resource: no write accepted with a
+//! token lower than one already accepted, in the resource's own order.
+
+mod event;
+mod holds;
+mod verdict;
+
+pub use event::{CheckError, Event, read_history};
+pub use holds::{Hold, HoldEnd, holds};
+pub use verdict::{Stats, Verdict, Violation, ViolationKind, check};

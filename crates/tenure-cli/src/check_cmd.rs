@@ -1,0 +1,56 @@
+//! `tenure check HISTORY`.
+
+use std::path::Path;
+
+use tenure_cli::check::{self as checker, Verdict, read_history};
+
+use crate::exit::Outcome;
+
+/// Checks the history at `path`, prints the verdict, and maps it to an exit code.
+pub fn check(path: &Path, all: bool) -> Outcome {
+    let events = match read_history(path) {
+        Ok(events) => events,
+        Err(e) => {
+            eprintln!("tenure: error: {e}");
+            return Outcome::Error;
+        }
+    };
+    let verdict = checker::check(&events);
+    print_summary(path, &verdict);
+    if verdict.is_safe() {
+        println!("verdict: SAFE (no violation)");
+        return Outcome::Success;
+    }
+    let shown = if all { verdict.violations.len() } else { 1 };
+    for v in verdict.violations.iter().take(shown) {
+        println!("VIOLATION {v}");
+    }
+    println!(
+        "verdict: UNSAFE ({} violation{})",
+        verdict.violations.len(),
+        if verdict.violations.len() == 1 {
+            ""
+        } else {
+            "s"
+        }
+    );
+    Outcome::No
+}
+
+fn print_summary(path: &Path, v: &Verdict) {
+    let s = &v.stats;
+    println!(
+        "{}: {} events, {} leases, {} grants, {} losses, {} releases, {} unknown outcomes, \
+         {} writes accepted, {} rejected, {} faults",
+        path.display(),
+        s.events,
+        s.leases,
+        s.grants,
+        s.losses,
+        s.releases,
+        s.unknown,
+        s.writes_accepted,
+        s.writes_rejected,
+        s.faults
+    );
+}

@@ -1,0 +1,305 @@
+//! `tenure check` against hand-made histories: a safe one passes, and each kind of
+//! violation is caught and explained with both events.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use serde_json::{Value, json};
+use tenure_cli::check::{HoldEnd, ViolationKind, check, read_history};
+
+const TENURE: &str = env!("CARGO_BIN_EXE_tenure");
+const MS: i64 = 1_000_000;
+const LEASE: &str = "demo-shard-counter-7";
+
+fn ev(t_ms: i64, node: &str, event: &str, extra: Value) -> Value {
+    let mut v = json!({"t": t_ms * MS, "node": node, "inc": format!("inc-{node}"), "event": event});
+    v.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    v
+}
+
+fn granted(t: i64, node: &str, token: u64, valid_ms: i64) -> Value {
+    ev(
+        t,
+        node,
+        "lease_granted",
+        json!({"lease": LEASE, "owner": node, "token": token, "valid_until": valid_ms * MS}),
+    )
+}
+
+fn renewed(t: i64, node: &str, token: u64, valid_ms: i64) -> Value {
+    ev(
+        t,
+        node,
+        "lease_renewed",
+        json!({"lease": LEASE, "owner": node, "token": token, "valid_until": valid_ms * MS}),
+    )
+}
+
+fn released(t: i64, node: &str, token: u64) -> Value {
+    ev(
+        t,
+        node,
+        "lease_released",
+        json!({"lease": LEASE, "owner": node, "token": token}),
+    )
+}
+
+fn lost(t: i64, node: &str, token: u64) -> Value {
+    ev(
+        t,
+        node,
+        "lease_lost",
+        json!({"lease": LEASE, "owner": node, "token": token, "reason": "expired"}),
+    )
+}
+
+fn write(t: i64, node: &str, token: u64, value: u64, accepted: bool) -> Value {
+    ev(
+        t,
+        node,
+        "write",
+        json!({"type": "counter", "shard": "7", "entity": "key-1", "token": token, "value": value, "accepted": accepted}),
+    )
+}
+
+fn fault(t: i64, node: &str, event: &str) -> Value {
+    json!({"t": t * MS, "node": node, "inc": "harness", "event": event})
+}
+
+fn write_history(lines: &[Value]) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("history.jsonl");
+    let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+    std::fs::write(&path, text).unwrap();
+    (dir, path)
+}
+
+/// Runs `tenure check` on `lines`; returns (exit code, stdout).
+fn run_check(lines: &[Value]) -> (i32, String) {
+    let (_dir, path) = write_history(lines);
+    let out = Command::new(TENURE)
+        .arg("check")
+        .arg(&path)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
+fn kinds(lines: &[Value]) -> Vec<ViolationKind> {
+    let (_dir, path) = write_history(lines);
+    check(&read_history(&path).unwrap())
+        .violations
+        .iter()
+        .map(|v| v.kind)
+        .collect()
+}
+
+/// A hand-off done right: a holds, releases; b is granted after; a's writes precede b's.
+fn safe_history() -> Vec<Value> {
+    vec![
+        granted(0, "a", 1, 900),
+        write(10, "a", 1, 1, true),
+        renewed(300, "a", 1, 1200),
+        released(500, "a", 1),
+        granted(510, "b", 2, 1400),
+        write(520, "b", 2, 2, true),
+        write(530, "a", 1, 2, false),
+        // Killed while holding: counts until the kill, then c may take over.
+        fault(800, "b", "killed"),
+        granted(1500, "c", 3, 2400),
+        // Paused past the deadline: the loss is announced late, the hold ended at 2400.
+        lost(5000, "c", 3),
+        granted(2450, "a", 4, 3300),
+    ]
+}
+
+#[test]
+fn a_safe_history_passes() {
+    let (code, out) = run_check(&safe_history());
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("verdict: SAFE"), "{out}");
+    assert!(out.contains("4 grants"), "{out}");
+}
+
+#[test]
+fn holds_end_at_release_kill_or_deadline() {
+    let (_dir, path) = write_history(&safe_history());
+    let verdict = check(&read_history(&path).unwrap());
+    let holds = &verdict.holds[LEASE];
+    let ends: Vec<(&str, i64, &HoldEnd)> = holds
+        .iter()
+        .map(|h| (h.node.as_str(), h.until_ns / MS, &h.end))
+        .collect();
+    assert_eq!(
+        ends,
+        vec![
+            ("a", 500, &HoldEnd::Released),
+            ("b", 800, &HoldEnd::Killed),
+            ("c", 2400, &HoldEnd::Lost("expired".into())),
+            ("a", 3300, &HoldEnd::Unknown),
+        ]
+    );
+}
+
+#[test]
+fn overlapping_holders_are_caught_with_both_events() {
+    let lines = vec![
+        granted(0, "a", 1, 900),
+        granted(400, "b", 2, 1300),
+        released(600, "a", 1),
+    ];
+    let (code, out) = run_check(&lines);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("VIOLATION overlapping holders"), "{out}");
+    assert!(
+        out.contains("\"node\":\"a\"") && out.contains("\"node\":\"b\""),
+        "{out}"
+    );
+    assert!(out.contains("200.000 ms later"), "{out}");
+}
+
+#[test]
+fn a_hold_without_an_end_counts_until_its_deadline() {
+    // a's history stops (e.g. the process hung); its belief may last until valid_until.
+    let lines = vec![granted(0, "a", 1, 900), granted(800, "b", 2, 1700)];
+    assert_eq!(kinds(&lines), vec![ViolationKind::Overlap]);
+    // Granted after the deadline: fine.
+    let lines = vec![granted(0, "a", 1, 900), granted(901, "b", 2, 1700)];
+    assert_eq!(kinds(&lines), vec![]);
+}
+
+#[test]
+fn renewals_extend_the_hold() {
+    let lines = vec![
+        granted(0, "a", 1, 900),
+        renewed(500, "a", 1, 1400),
+        granted(1000, "b", 2, 1700),
+    ];
+    assert_eq!(kinds(&lines), vec![ViolationKind::Overlap]);
+}
+
+#[test]
+fn decreasing_tokens_are_caught() {
+    let lines = vec![
+        granted(0, "a", 5, 900),
+        released(100, "a", 5),
+        granted(200, "b", 4, 1100),
+    ];
+    let (code, out) = run_check(&lines);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("VIOLATION token not increasing"), "{out}");
+    // An equal token for another owner is caught too.
+    let lines = vec![
+        granted(0, "a", 5, 900),
+        released(100, "a", 5),
+        granted(200, "b", 5, 1100),
+    ];
+    assert_eq!(kinds(&lines), vec![ViolationKind::TokenOrder]);
+}
+
+#[test]
+fn a_new_grant_before_the_previous_ended_is_caught_for_the_same_owner() {
+    let lines = vec![
+        granted(0, "a", 1, 900),
+        granted(300, "a", 2, 1200),
+        released(400, "a", 2),
+    ];
+    let (code, out) = run_check(&lines);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("VIOLATION grant before the previous grant ended"),
+        "{out}"
+    );
+    // A reentrant grant (same token) is not a new grant.
+    let lines = vec![granted(0, "a", 1, 900), granted(300, "a", 1, 1200)];
+    assert_eq!(kinds(&lines), vec![]);
+}
+
+#[test]
+fn a_restarted_node_is_another_owner() {
+    let mut second = granted(300, "a", 2, 1200);
+    second["inc"] = json!("inc-a-2");
+    let lines = vec![granted(0, "a", 1, 900), second];
+    assert_eq!(kinds(&lines), vec![ViolationKind::Overlap]);
+}
+
+#[test]
+fn stale_writes_are_caught_in_the_resource_order() {
+    // Recorded out of order (b's line first), but the counter's order is by value.
+    let lines = vec![
+        write(100, "b", 2, 2, true),
+        write(101, "a", 1, 1, true),
+        write(102, "a", 1, 3, true),
+    ];
+    let (code, out) = run_check(&lines);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("VIOLATION stale write accepted"), "{out}");
+    assert!(out.contains("token 1 after one with token 2"), "{out}");
+    // Rejected stale writes are what fencing is for.
+    let lines = vec![write(100, "b", 2, 1, true), write(101, "a", 1, 1, false)];
+    assert_eq!(kinds(&lines), vec![]);
+    // Singleton ticks are checked the same way.
+    let tick = |t, token, value| {
+        ev(
+            t,
+            "a",
+            "tick",
+            json!({"singleton": "s1", "token": token, "value": value, "accepted": true}),
+        )
+    };
+    assert_eq!(
+        kinds(&[tick(1, 3, 1), tick(2, 2, 2)]),
+        vec![ViolationKind::StaleWrite]
+    );
+}
+
+#[test]
+fn every_violation_is_listed_with_all() {
+    let lines = vec![granted(0, "a", 5, 900), granted(100, "b", 4, 1000)];
+    let (_dir, path) = write_history(&lines);
+    let out = Command::new(TENURE)
+        .args(["check", "--all"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.matches("VIOLATION").count(), 2, "{text}");
+    assert!(text.contains("UNSAFE (2 violations)"), "{text}");
+}
+
+#[test]
+fn unreadable_histories_name_the_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("h.jsonl");
+    std::fs::write(
+        &path,
+        "{\"t\":1,\"node\":\"a\",\"inc\":\"x\",\"event\":\"e\"}\nnot json\n",
+    )
+    .unwrap();
+    let out = Command::new(TENURE)
+        .arg("check")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("h.jsonl line 2: not JSON"), "{err}");
+    let missing = Command::new(TENURE)
+        .args(["check", "/nonexistent/h.jsonl"])
+        .output()
+        .unwrap();
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("/nonexistent/h.jsonl"));
+    std::fs::write(&path, "{\"node\":\"a\",\"inc\":\"x\",\"event\":\"e\"}\n").unwrap();
+    let out = Command::new(TENURE)
+        .arg("check")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("line 1: field `t` missing"));
+}

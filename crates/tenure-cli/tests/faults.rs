@@ -1,0 +1,408 @@
+//! The fault-injection suite: a 3-node cluster (sharded counter under load, a singleton)
+//! on each store kind, through a sequence of faults in an order and with timings drawn
+//! from a seed: SIGKILL (then restart), SIGSTOP past the ttl and shorter than it, traffic
+//! cut between two nodes, traffic cut between a node and the store, a store restart, and
+//! a wall-clock jump on one node (libfaketime; the monotonic clock is left alone). Every
+//! run's history must pass `tenure check`, every acknowledged increment must be in the
+//! counter, and the cluster must serve again after the faults.
+//!
+//! The seed is printed (`fault seed …`); replay a run with `TENURE_FAULT_SEED=<seed>`.
+//! `TENURE_FAULT_ROUNDS=<n>` (default 1) repeats the fault sequence n times: a soak.
+//! SQLite is one file on one host: it has no connection to cut and no server to restart,
+//! so those two faults run on the network stores only.
+
+mod common;
+#[path = "../../tenure-store-etcd/tests/support/mod.rs"]
+mod etcd_support;
+#[path = "../../tenure-store-postgres/tests/server/mod.rs"]
+mod pg_server;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::cluster::{Cluster, MEMBER_TTL, Options, TestCluster};
+use common::proxy::Proxy;
+use tenure::sqlite::FencedCounter;
+
+/// Serializes the runs: one cluster at a time on a 2-core machine.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
+const KEYS: usize = 120;
+const SHARDING: &str = r#"
+[sharding]
+number-of-shards = 30
+retry-interval = "300ms"
+unreachable-reallocate-after = "2s"
+minority-hand-off-after = "2s"
+rebalance-interval = "1s"
+stop-timeout = "2s"
+hand-off-timeout = "6s"
+"#;
+
+/// Timing of every store section: the harness's (ttl 3 s).
+const TIMING: &str = r#"heartbeat-timeout = "3s"
+heartbeat-interval = "500ms"
+lease-retry-interval = "300ms"
+lease-operation-timeout = "1500ms"
+"#;
+
+/// splitmix64: the fault plan's randomness, reproducible from the seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
+    fn between(&mut self, lo: Duration, hi: Duration) -> Duration {
+        let span = (hi - lo).as_millis() as u64;
+        lo + Duration::from_millis(self.next() % (span + 1))
+    }
+}
+
+fn seed() -> u64 {
+    match std::env::var("TENURE_FAULT_SEED") {
+        Ok(s) => s
+            .parse()
+            .unwrap_or_else(|_| panic!("TENURE_FAULT_SEED={s:?} is not an unsigned integer")),
+        Err(_) => std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1),
+    }
+}
+
+fn rounds() -> usize {
+    std::env::var("TENURE_FAULT_ROUNDS")
+        .ok()
+        .map(|s| {
+            s.parse()
+                .unwrap_or_else(|_| panic!("TENURE_FAULT_ROUNDS={s:?} is not a count"))
+        })
+        .unwrap_or(1)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    Kill,
+    PauseLong,
+    PauseShort,
+    CutLink,
+    CutStore,
+    RestartStore,
+    ClockJump,
+}
+
+/// The store a run uses, and the server behind it when there is one.
+enum Store {
+    Sqlite,
+    Etcd(etcd_support::Etcd, tokio::runtime::Runtime),
+    Postgres(pg_server::PgServer),
+    ZooKeeper(tenure::zookeeper::server::TestServer),
+}
+
+impl Store {
+    fn kind(&self) -> &'static str {
+        match self {
+            Store::Sqlite => "sqlite",
+            Store::Etcd(..) => "etcd",
+            Store::Postgres(_) => "postgres",
+            Store::ZooKeeper(_) => "zookeeper",
+        }
+    }
+
+    /// The port clients connect to (behind each node's proxy).
+    fn port(&self) -> Option<u16> {
+        let url = match self {
+            Store::Sqlite => return None,
+            Store::Etcd(e, _) => e.endpoint(0),
+            Store::Postgres(p) => p.url().replace("/postgres", ""),
+            Store::ZooKeeper(z) => z.connect_string(),
+        };
+        let port = url.rsplit(':').next().expect("host:port");
+        Some(port.parse().unwrap_or_else(|_| panic!("port of {url}")))
+    }
+
+    /// The `[lease.faults]` section of a node reaching the store on `port`.
+    fn section(&self, port: u16) -> String {
+        let options = match self {
+            Store::Sqlite => unreachable!("SQLite uses the harness's section"),
+            Store::Etcd(..) => format!(
+                "store = \"etcd\"\nendpoints = [\"http://127.0.0.1:{port}\"]\nprefix = \"/faults/\"\n"
+            ),
+            Store::Postgres(_) => format!(
+                "store = \"postgres\"\nurl = \"postgres://postgres@127.0.0.1:{port}/postgres\"\n\
+                 schema = \"faults\"\npool-size = 4\nconnect-timeout = \"1s\"\n"
+            ),
+            Store::ZooKeeper(_) => {
+                format!(
+                    "store = \"zookeeper\"\nconnect = \"127.0.0.1:{port}\"\nroot = \"/faults\"\n"
+                )
+            }
+        };
+        format!("\n[lease.faults]\n{options}{TIMING}")
+    }
+
+    fn restart(&self) {
+        match self {
+            Store::Sqlite => unreachable!("no SQLite server"),
+            Store::Etcd(e, rt) => {
+                e.kill(0);
+                rt.block_on(e.start(0));
+            }
+            Store::Postgres(p) => p.restart(),
+            Store::ZooKeeper(z) => z.restart().expect("restart ZooKeeper"),
+        }
+    }
+}
+
+struct Run {
+    c: Cluster,
+    store: Store,
+    proxies: Vec<Proxy>,
+    /// Node whose wall clock libfaketime moves, and the file holding its offset.
+    clock_node: usize,
+    clock_file: PathBuf,
+}
+
+fn start(store: Store) -> Run {
+    let mut options = Options {
+        node_args: [
+            "--sharded-counter",
+            "--load-keys",
+            &KEYS.to_string(),
+            "--load-interval",
+            "30ms",
+            "--singleton",
+            "s1",
+            "--tick",
+            "100ms",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect(),
+        tail: SHARDING.to_string(),
+        ..Options::default()
+    };
+    let upstream = store.port();
+    if let Some(port) = upstream {
+        // Placeholder port, replaced per node by the node's proxy below.
+        options.tail.push_str(&store.section(port));
+        options
+            .overrides
+            .push(("default-lease-section".into(), "\"faults\"".into()));
+    }
+    let mut c = Cluster::with_options(3, &options);
+    let mut proxies = Vec::new();
+    if let Some(port) = upstream {
+        for i in 0..3 {
+            let proxy = Proxy::start(port);
+            let path = c.nodes[i].config.clone();
+            let text = std::fs::read_to_string(&path).expect("node config");
+            let text = text.replace(
+                &format!("127.0.0.1:{port}"),
+                &format!("127.0.0.1:{}", proxy.port),
+            );
+            std::fs::write(&path, text).expect("write node config");
+            proxies.push(proxy);
+        }
+    }
+    assert!(
+        Path::new(LIBFAKETIME).exists(),
+        "{LIBFAKETIME} not found: install the Debian package `faketime` (apt-get install -y faketime), as .ci/test.sh does"
+    );
+    let clock_node = 2;
+    let clock_file = c.dir.path().join("faketime");
+    std::fs::write(&clock_file, "+0\n").expect("faketime file");
+    c.nodes[clock_node].env = vec![
+        ("LD_PRELOAD".into(), LIBFAKETIME.into()),
+        (
+            "FAKETIME_TIMESTAMP_FILE".into(),
+            clock_file.display().to_string(),
+        ),
+        ("FAKETIME_NO_CACHE".into(), "1".into()),
+        ("DONT_FAKE_MONOTONIC".into(), "1".into()),
+    ];
+    c.start_all();
+    c.wait_converged(Duration::from_secs(40));
+    wait_serving(&c, 0, Duration::from_secs(60));
+    Run {
+        c,
+        store,
+        proxies,
+        clock_node,
+        clock_file,
+    }
+}
+
+fn now_ns() -> i64 {
+    tenure::clock::monotonic_now_ns()
+}
+
+/// Waits until every running node got an acknowledged increment after `after` and the
+/// singleton ticked after it: the service is back.
+fn wait_serving(c: &Cluster, after: i64, limit: Duration) {
+    c.wait_until(
+        "every node's increments acknowledged and the singleton ticking",
+        limit,
+        |c| {
+            let h = c.history();
+            let fresh = |e: &serde_json::Value| e["t"].as_i64().unwrap_or(0) > after;
+            h.iter()
+                .any(|e| e["event"] == "tick" && e["accepted"] == true && fresh(e))
+                && (0..c.nodes.len()).filter(|i| c.is_running(*i)).all(|i| {
+                    h.iter().any(|e| {
+                        e["event"] == "ack" && e["node"] == c.nodes[i].addr.as_str() && fresh(e)
+                    })
+                })
+        },
+    );
+}
+
+fn inject(run: &mut Run, fault: Fault, rng: &mut Rng) {
+    let ttl = MEMBER_TTL;
+    let n = run.c.nodes.len();
+    let target = if fault == Fault::ClockJump {
+        run.clock_node
+    } else {
+        rng.below(n)
+    };
+    let addr = run.c.nodes[target].addr.clone();
+    eprintln!("fault {fault:?} on node {target} ({addr})");
+    match fault {
+        Fault::Kill => {
+            run.c.kill(target);
+            std::thread::sleep(rng.between(Duration::from_millis(500), ttl));
+            run.c.spawn(target);
+            run.c.record(target, "restarted");
+        }
+        Fault::PauseLong => {
+            run.c.pause(target);
+            std::thread::sleep(rng.between(ttl + Duration::from_millis(500), ttl * 2));
+            run.c.resume(target);
+        }
+        Fault::PauseShort => {
+            run.c.pause(target);
+            std::thread::sleep(rng.between(Duration::from_millis(200), ttl / 3));
+            run.c.resume(target);
+        }
+        Fault::CutLink => {
+            let other = (target + 1 + rng.below(n - 1)) % n;
+            run.c.set_link(target, other, true);
+            std::thread::sleep(rng.between(Duration::from_secs(1), ttl + Duration::from_secs(1)));
+            run.c.set_link(target, other, false);
+        }
+        Fault::CutStore => {
+            run.proxies[target].set_cut(true);
+            run.c.record(target, "store_cut");
+            std::thread::sleep(rng.between(ttl / 2, ttl + Duration::from_secs(1)));
+            run.proxies[target].set_cut(false);
+            run.c.record(target, "store_healed");
+        }
+        Fault::RestartStore => {
+            run.store.restart();
+            run.c
+                .record_fields("store", "store_restarted", serde_json::json!({}));
+        }
+        Fault::ClockJump => {
+            let offset = if rng.below(2) == 0 { "+2h" } else { "-2h" };
+            std::fs::write(&run.clock_file, format!("{offset}\n")).expect("faketime file");
+            run.c
+                .record_fields(&addr, "clock_jump", serde_json::json!({ "offset": offset }));
+            std::thread::sleep(Duration::from_secs(2));
+        }
+    }
+}
+
+fn final_checks(run: &Run) {
+    let summary = common::assert_checked(&run.c.history);
+    eprintln!("{}", summary.trim());
+    let history = run.c.history();
+    common::shards::check_writes(&history);
+    let counter = FencedCounter::open(&run.c.counter_file()).expect("open the counter");
+    let acked = common::shards::check_acks(&history, |key| {
+        counter
+            .get(&tenure::sharding::counter::counter_name(key))
+            .expect("read the counter")
+            .map(|(v, _)| v)
+            .unwrap_or(0)
+    });
+    assert!(acked > 0, "no increment acknowledged");
+    let grants = history
+        .iter()
+        .filter(|e| e["event"] == "lease_granted")
+        .count();
+    assert!(grants > 0, "the history records lease grants");
+}
+
+fn run_suite(store: Store) {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let seed = seed();
+    let kind = store.kind();
+    eprintln!("fault seed {seed} on {kind} (replay: TENURE_FAULT_SEED={seed})");
+    let mut rng = Rng(seed);
+    let started = Instant::now();
+    let mut run = start(store);
+    let mut faults = vec![
+        Fault::Kill,
+        Fault::PauseLong,
+        Fault::PauseShort,
+        Fault::CutLink,
+        Fault::ClockJump,
+    ];
+    if kind != "sqlite" {
+        faults.extend([Fault::CutStore, Fault::RestartStore]);
+    }
+    for _ in 0..rounds() {
+        // Fisher-Yates with the seeded generator.
+        for i in (1..faults.len()).rev() {
+            faults.swap(i, rng.below(i + 1));
+        }
+        for &fault in &faults {
+            std::thread::sleep(rng.between(Duration::from_millis(300), Duration::from_secs(2)));
+            inject(&mut run, fault, &mut rng);
+            let healed = now_ns();
+            run.c.wait_converged(Duration::from_secs(60));
+            wait_serving(&run.c, healed, Duration::from_secs(60));
+        }
+    }
+    final_checks(&run);
+    eprintln!(
+        "{kind}: {} faults in {:.1} s, seed {seed}",
+        faults.len() * rounds(),
+        started.elapsed().as_secs_f64()
+    );
+}
+
+#[test]
+fn faults_on_sqlite() {
+    run_suite(Store::Sqlite);
+}
+
+#[test]
+fn faults_on_etcd() {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let etcd = rt.block_on(etcd_support::Etcd::single());
+    run_suite(Store::Etcd(etcd, rt));
+}
+
+#[test]
+fn faults_on_postgres() {
+    run_suite(Store::Postgres(pg_server::PgServer::start()));
+}
+
+#[test]
+fn faults_on_zookeeper() {
+    let server = tenure::zookeeper::server::TestServer::start(Duration::from_millis(250))
+        .expect("start ZooKeeper (Debian package `zookeeper`)");
+    run_suite(Store::ZooKeeper(server));
+}

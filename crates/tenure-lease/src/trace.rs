@@ -1,0 +1,67 @@
+//! Lease traces: every step of a LeaseActor's life (attempt, grant, renewal, loss, release,
+//! unknown outcome) reported to an observer, e.g. a node's history for `tenure check`.
+//! Observers only watch: they cannot change what the actor does.
+
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+use crate::clock::monotonic_now_ns;
+
+/// One step of a lease's life, as seen by its holder.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseTrace {
+    /// An acquire attempt was sent to the store.
+    AcquireInvoked,
+    /// A new grant is believed from now until `valid_until` (ns of `CLOCK_MONOTONIC`).
+    Granted { token: u64, valid_until: i64 },
+    /// The store certainly refused: another owner holds it.
+    NotGranted { holder: String },
+    /// A renewal was confirmed: the belief now lasts until `valid_until`.
+    Renewed { token: u64, valid_until: i64 },
+    /// The belief ended without a release (see [`LostReason`](crate::LostReason)).
+    Lost { token: u64, reason: &'static str },
+    /// The holder gave its belief up to release the grant (the store's answer may follow
+    /// as an [`LeaseTrace::Error`] with operation `release`).
+    Released { token: u64 },
+    /// A store call whose outcome is unknown (error or timeout).
+    Error {
+        operation: &'static str,
+        error: String,
+    },
+}
+
+/// Where LeaseActors report their [`LeaseTrace`]s: called inline with the lease name and
+/// owner, in transition order; it must not block.
+#[derive(Clone)]
+pub struct LeaseObserver(Arc<ObserverFn>);
+
+type ObserverFn = dyn Fn(&str, &str, &LeaseTrace) + Send + Sync;
+
+impl std::fmt::Debug for LeaseObserver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LeaseObserver")
+    }
+}
+
+impl LeaseObserver {
+    /// Reports to a closure taking (lease name, owner, trace).
+    pub fn new(f: impl Fn(&str, &str, &LeaseTrace) + Send + Sync + 'static) -> Self {
+        LeaseObserver(Arc::new(f))
+    }
+
+    pub(crate) fn report(&self, lease: &str, owner: &str, trace: &LeaseTrace) {
+        (self.0)(lease, owner, trace)
+    }
+}
+
+/// `at` on the host's `CLOCK_MONOTONIC` (tokio's `Instant` reads the same clock on Linux).
+pub fn monotonic_ns(at: Instant) -> i64 {
+    let now = Instant::now();
+    let ns = monotonic_now_ns();
+    if at >= now {
+        ns.saturating_add(i64::try_from((at - now).as_nanos()).unwrap_or(i64::MAX))
+    } else {
+        ns.saturating_sub(i64::try_from((now - at).as_nanos()).unwrap_or(i64::MAX))
+    }
+}
