@@ -428,7 +428,11 @@ fault-injection = true
     /// `link_cut` / `link_healed` about `a` with `peer` = `b`'s address.
     pub fn set_link(&self, a: usize, b: usize, cut: bool) {
         let event = if cut { "link_cut" } else { "link_healed" };
-        self.record_fields(&self.nodes[a].addr, event, json!({ "peer": self.nodes[b].addr }));
+        self.record_fields(
+            &self.nodes[a].addr,
+            event,
+            json!({ "peer": self.nodes[b].addr }),
+        );
         for (x, y) in [(a, b), (b, a)] {
             let flag = if cut { "--cut" } else { "--heal" };
             let out = self

@@ -10,16 +10,17 @@ pub mod scenario;
 pub mod summary;
 pub mod timeline;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::check;
 use crate::harness::{Cluster, Options};
 use progress::Live;
 use scenario::{Fault, Scenario, SplitMix, Step};
 use summary::Summary;
-use timeline::{Hold, Timeline};
+use timeline::Timeline;
 
 /// The entity type of the example sharded counter (`tenure node --sharded-counter`).
 const COUNTER_TYPE: &str = "counter";
@@ -348,9 +349,16 @@ pub fn run(args: DemoArgs) -> Result<Outcome, DemoError> {
     run.shut_down();
     let setup = started.elapsed();
 
-    let events = timeline::read_events(&history)?;
-    let (holds, violations) = verdict(&events, &lease.system, args.ttl);
-    let timeline = Timeline::new(&events, holds);
+    let events = check::read_history(&history).map_err(|e| DemoError::History {
+        path: history.display().to_string(),
+        problem: e.to_string(),
+    })?;
+    let verdict = check::check(&events);
+    let violations: Vec<String> = verdict.violations.iter().map(|v| v.to_string()).collect();
+    let timeline = Timeline::new(
+        &events,
+        timeline::workload_holds(&verdict.holds, &lease.system),
+    );
     let summary = summary::summarize(&events, &timeline, scenario_end);
     let html = report::render(&report::ReportInput {
         run: vec![
@@ -390,18 +398,6 @@ pub fn run(args: DemoArgs) -> Result<Outcome, DemoError> {
         history,
         report: report_path,
     })
-}
-
-/// The holds of every lease and the violations of `events`: the one place the verdict
-/// comes from.
-fn verdict(
-    events: &[serde_json::Value],
-    system: &str,
-    ttl: Duration,
-) -> (BTreeMap<String, Vec<Hold>>, Vec<String>) {
-    let holds = timeline::holds_from_events(events, system, ttl);
-    let violations = Timeline::new(events, holds.clone()).overlaps();
-    (holds, violations)
 }
 
 fn describe_step(step: &Step) -> String {
@@ -452,7 +448,10 @@ fn print_summary(summary: &Summary, timeline: &Timeline, violations: &[String], 
         }
     }
     if violations.is_empty() {
-        println!("verdict: SAFE (no lease held by two nodes at once, tokens increasing)");
+        println!(
+            "verdict: SAFE (tenure check: no lease held by two owners at once, tokens \
+             increasing, every grant after the previous hold ended, no stale write accepted)"
+        );
     } else {
         println!("verdict: UNSAFE, {} violation(s):", violations.len());
         for v in violations {

@@ -42,6 +42,15 @@ pub fn colour(timeline: &Timeline, node: &str) -> &'static str {
     PALETTE[i % PALETTE.len()]
 }
 
+/// The colour of a pause's (yellow) or a cut's (blue) band.
+fn band_colour(kind: &str) -> &'static str {
+    if kind == "paused" {
+        "#e0b000"
+    } else {
+        "#3b8eea"
+    }
+}
+
 /// Escapes text for HTML and SVG.
 fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
@@ -100,7 +109,7 @@ svg text {{ font-size: 10px; font-family: monospace; }}
     if !safe {
         html.push_str("<ul>");
         for v in input.violations {
-            let _ = write!(html, "<li>{}</li>", esc(v));
+            let _ = write!(html, "<li><pre>{}</pre></li>", esc(v));
         }
         html.push_str("</ul>");
     }
@@ -175,6 +184,25 @@ fn svg(input: &ReportInput<'_>) -> String {
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{height}" viewBox="0 0 {w} {height}">"#,
         w = LABEL_W + CHART_W + RIGHT_W
     );
+    let mut marks: Vec<(u64, Option<u64>, String, &str)> = Vec::new();
+    for f in tl.faults.iter().filter(|f| f.t_ns < input.scenario_end_ns) {
+        marks.push((f.t_ns, f.until_ns, f.label(), f.kind.as_str()));
+    }
+    if let Some(first) = tl.faults.iter().find(|f| f.t_ns >= input.scenario_end_ns) {
+        marks.push((first.t_ns, None, "shutdown".into(), "leaving"));
+    }
+    for (t_ns, until, _, kind) in &marks {
+        if let Some(until) = until {
+            let _ = write!(
+                out,
+                r#"<rect x="{:.1}" y="{HEAD_H}" width="{:.1}" height="{:.1}" fill="{}" fill-opacity="0.3"/>"#,
+                x(*t_ns),
+                (x(*until) - x(*t_ns)).max(1.0),
+                bottom - HEAD_H,
+                band_colour(kind)
+            );
+        }
+    }
     for (r, lease) in rows.iter().enumerate() {
         let y = HEAD_H + r as f64 * (ROW_H + ROW_GAP);
         let short = lease
@@ -220,28 +248,18 @@ fn svg(input: &ReportInput<'_>) -> String {
             }
         }
     }
-    // Faults over the bars: translucent bands for pauses and cuts, dashed lines for the
-    // rest, one line for the final shutdown; labels on top in four staggered lines so that
-    // close faults stay readable (anchored at their end near the right edge).
-    let mut marks: Vec<(u64, Option<u64>, String, &str)> = Vec::new();
-    for f in tl.faults.iter().filter(|f| f.t_ns < input.scenario_end_ns) {
-        marks.push((f.t_ns, f.until_ns, f.label(), f.kind.as_str()));
-    }
-    if let Some(first) = tl.faults.iter().find(|f| f.t_ns >= input.scenario_end_ns) {
-        marks.push((first.t_ns, None, "shutdown".into(), "terminated"));
-    }
+    // Faults over the bars: a pause or a cut as a dashed frame (its fill is drawn under
+    // the bars, so node colours stay true), the rest as dashed lines, the final shutdown as
+    // one line; labels on top in four staggered lines so that close faults stay readable
+    // (anchored at their end near the right edge).
     for (i, (t_ns, until, label, kind)) in marks.iter().enumerate() {
         let x0 = x(*t_ns);
         let label_y = 12.0 + (i % 4) as f64 * 12.0;
         if let Some(until) = until {
-            let fill = if *kind == "paused" {
-                "#f5c400"
-            } else {
-                "#3b8eea"
-            };
+            let colour = band_colour(kind);
             let _ = write!(
                 out,
-                r#"<rect class="fault" x="{x0:.1}" y="{:.1}" width="{:.1}" height="{:.1}" fill="{fill}" fill-opacity="0.22" stroke="{fill}" stroke-dasharray="3 2"><title>{}</title></rect>"#,
+                r#"<rect class="fault" x="{x0:.1}" y="{:.1}" width="{:.1}" height="{:.1}" fill="none" stroke="{colour}" stroke-width="1.5" stroke-dasharray="4 2"><title>{}</title></rect>"#,
                 label_y + 2.0,
                 (x(*until) - x0).max(1.0),
                 bottom - label_y - 2.0,

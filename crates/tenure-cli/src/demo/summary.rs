@@ -1,9 +1,8 @@
 //! The demo's figures: operations acknowledged, lease grants and losses, and the fail-over
 //! time of each fault, all from the history.
 
-use serde_json::Value;
-
 use super::timeline::{FaultMark, Timeline};
+use crate::check::Event;
 
 /// How fast the leases of a fault's victim served again elsewhere.
 #[derive(Debug, Clone, PartialEq)]
@@ -53,14 +52,15 @@ pub struct Summary {
 
 /// The figures of `events` with the holds of `timeline`; fail-over times for the faults
 /// that hit a node (kill, pause, leave, cut) before `scenario_end_ns`.
-pub fn summarize(events: &[Value], timeline: &Timeline, scenario_end_ns: u64) -> Summary {
-    let count = |pred: &dyn Fn(&Value) -> bool| events.iter().filter(|e| pred(e)).count();
-    let is = |e: &Value, kind: &str| e["event"] == kind;
+pub fn summarize(events: &[Event], timeline: &Timeline, scenario_end_ns: u64) -> Summary {
+    let count = |pred: &dyn Fn(&Event) -> bool| events.iter().filter(|e| pred(e)).count();
+    let is = |e: &Event, kind: &str| e.kind == kind;
+    let accepted = |e: &Event| e.fields["accepted"].as_bool();
     Summary {
         acks: count(&|e| is(e, "ack")),
-        writes_accepted: count(&|e| is(e, "write") && e["accepted"] == true),
-        writes_refused: count(&|e| is(e, "write") && e["accepted"] == false),
-        ticks: count(&|e| is(e, "tick") && e["accepted"] == true),
+        writes_accepted: count(&|e| is(e, "write") && accepted(e) == Some(true)),
+        writes_refused: count(&|e| is(e, "write") && accepted(e) == Some(false)),
+        ticks: count(&|e| is(e, "tick") && accepted(e) == Some(true)),
         grants: timeline.holds.values().map(Vec::len).sum(),
         losses: count(&|e| is(e, "shard_lease_lost") || is(e, "singleton_lease_lost")),
         failovers: timeline
@@ -107,34 +107,57 @@ fn failover(timeline: &Timeline, fault: &FaultMark) -> Failover {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
+    use std::collections::BTreeMap;
 
     use serde_json::json;
 
-    use super::super::timeline::holds_from_events;
-    use super::super::timeline::tests::{harness, line};
+    use super::super::timeline::Hold;
+    use super::super::timeline::tests::line;
     use super::*;
+
+    fn hold(node: &str, from: u64, until: u64) -> Hold {
+        Hold {
+            node: node.into(),
+            inc: node.into(),
+            token: from,
+            from_ns: from,
+            until_ns: until,
+            noticed_ns: None,
+        }
+    }
 
     #[test]
     fn failover_is_the_time_to_the_last_moved_lease() {
         let s = 1_000_000_000u64;
-        let shard = |id: &str, token| json!({"type": "counter", "shard": id, "token": token});
         let events = vec![
-            line(s, "a", "shard_started", shard("1", 1)),
-            line(s, "a", "shard_started", shard("2", 1)),
-            line(s, "b", "shard_started", shard("3", 1)),
-            line(2 * s, "b", "ack", json!({})),
-            harness(3 * s, "a", "killed"),
-            line(5 * s, "b", "shard_started", shard("1", 2)),
-            line(7 * s, "b", "shard_started", shard("2", 2)),
-            line(8 * s, "b", "write", json!({"accepted": true})),
+            line(s as i64, "b", "i", "ack", json!({})),
+            line(2 * s as i64, "b", "i", "write", json!({"accepted": true})),
+            line(2 * s as i64, "a", "i", "write", json!({"accepted": false})),
+            line(3 * s as i64, "a", "harness", "killed", json!({})),
+            line(20 * s as i64, "b", "harness", "leaving", json!({})),
         ];
-        let holds = holds_from_events(&events, "tenure", Duration::from_secs(3));
+        let mut holds = BTreeMap::new();
+        holds.insert(
+            "l1".to_string(),
+            vec![hold("a", s, 3 * s), hold("b", 5 * s, 9 * s)],
+        );
+        holds.insert(
+            "l2".to_string(),
+            vec![hold("a", s, 3 * s), hold("b", 7 * s, 9 * s)],
+        );
+        holds.insert("l3".to_string(), vec![hold("b", s, 9 * s)]);
         let timeline = Timeline::new(&events, holds);
         let summary = summarize(&events, &timeline, 10 * s);
-        assert_eq!(summary.acks, 1);
-        assert_eq!(summary.writes_accepted, 1);
+        assert_eq!(
+            (
+                summary.acks,
+                summary.writes_accepted,
+                summary.writes_refused
+            ),
+            (1, 1, 1)
+        );
         assert_eq!(summary.grants, 5);
+        // The final shutdown (after the scenario's end) is no fault to measure.
         assert_eq!(summary.failovers.len(), 1);
         let f = &summary.failovers[0];
         assert_eq!((f.held, f.moved, f.time_ns), (2, 2, Some(4 * s)));
