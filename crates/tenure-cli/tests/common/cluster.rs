@@ -10,12 +10,12 @@ pub const TENURE: &str = env!("CARGO_BIN_EXE_tenure");
 /// Constructors of harness clusters running this build's `tenure` binary.
 pub trait TestCluster {
     /// Writes configs for `n` nodes (seed: node 0) without starting them.
-    fn new(n: usize) -> Cluster;
-    fn with_options(n: usize, options: &Options) -> Cluster;
+    fn new(n: usize) -> Self;
+    fn with_options(n: usize, options: &Options) -> Self;
     /// Starts `n` nodes and waits until every node sees all of them up.
-    fn start(n: usize) -> Cluster;
+    fn start(n: usize) -> Self;
     /// Starts `n` nodes with `options` and waits until they converge.
-    fn start_with(n: usize, options: &Options) -> Cluster;
+    fn start_with(n: usize, options: &Options) -> Self;
 }
 
 impl TestCluster for Cluster {
