@@ -701,3 +701,71 @@ impl Run {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(store: Option<PathBuf>) -> DemoArgs {
+        DemoArgs {
+            nodes: 3,
+            shards: 8,
+            duration: Duration::from_secs(20),
+            ttl: Duration::from_secs(3),
+            scenario: None,
+            seed: None,
+            history: None,
+            report: None,
+            store,
+        }
+    }
+
+    #[test]
+    fn the_default_store_is_a_sqlite_file_with_timing_from_the_ttl() {
+        let lease = lease_config(&args(None), Path::new("/tmp/x/leases.sqlite")).unwrap();
+        let doc: toml::Table = toml::from_str(&lease.toml).unwrap();
+        assert_eq!(
+            doc["tenure"]["default-lease-section"].as_str(),
+            Some("sqlite")
+        );
+        let section = &doc["lease"]["sqlite"];
+        assert_eq!(section["path"].as_str(), Some("/tmp/x/leases.sqlite"));
+        assert_eq!(section["heartbeat-timeout"].as_str(), Some("3000ms"));
+        assert_eq!(section["heartbeat-interval"].as_str(), Some("500ms"));
+        assert_eq!(lease.system, "tenure");
+    }
+
+    #[test]
+    fn a_store_config_keeps_its_section_and_system_with_the_demo_timing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("etcd.toml");
+        std::fs::write(
+            &path,
+            "[tenure]\nsystem = \"shop\"\ndefault-lease-section = \"main\"\n\n\
+             [lease.main]\nstore = \"etcd\"\nendpoints = [\"http://127.0.0.1:2379\"]\n\
+             heartbeat-timeout = \"120s\"\n\n[cluster]\nport = 1\n",
+        )
+        .unwrap();
+        let lease = lease_config(&args(Some(path.clone())), Path::new("/unused")).unwrap();
+        let doc: toml::Table = toml::from_str(&lease.toml).unwrap();
+        assert!(
+            doc.get("cluster").is_none(),
+            "only [tenure] and [lease] are kept"
+        );
+        let section = &doc["lease"]["main"];
+        assert_eq!(section["store"].as_str(), Some("etcd"));
+        assert_eq!(section["heartbeat-timeout"].as_str(), Some("3000ms"));
+        assert_eq!(lease.system, "shop");
+        assert!(
+            lease.describe.starts_with("etcd ([lease.main]"),
+            "{}",
+            lease.describe
+        );
+
+        std::fs::write(&path, "[tenure]\ndefault-lease-section = \"pg\"\n").unwrap();
+        let err = lease_config(&args(Some(path)), Path::new("/unused"))
+            .err()
+            .expect("no [lease] table");
+        assert!(err.to_string().contains("etcd.toml"), "{err}");
+    }
+}
