@@ -55,8 +55,8 @@ pub struct DemoArgs {
     /// with the same seed.
     #[arg(long)]
     pub seed: Option<u64>,
-    /// Keep the history here (default: history.jsonl in a new directory under the temp
-    /// dir; the path is printed).
+    /// Keep the history here, replacing an older one (default: history.jsonl in
+    /// tenure-demo-<seed> under the temp dir; the path is printed).
     #[arg(long, value_name = "PATH")]
     pub history: Option<PathBuf>,
     /// Write the HTML report here (default: next to the history, with .html).
@@ -319,6 +319,7 @@ pub fn run(args: DemoArgs) -> Result<Outcome, DemoError> {
     );
     println!("seed {seed} (replay with --seed {seed})");
     println!("history {}", history.display());
+    println!("scenario (from the start of the traffic):");
     for step in &scenario.steps {
         println!(
             "  at {:>5.1}s {}",
