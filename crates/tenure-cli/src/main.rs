@@ -84,7 +84,8 @@ enum Command {
     /// it at 30 %; SIGSTOP a node for twice the ttl at 40 % (its leases expire, others take
     /// over, it resumes and finds them lost); cut the traffic between two nodes for twice
     /// the ttl at 60 %; a graceful leave at 80 % and its restart at 90 %. Every step moves by
-    /// up to ttl/2 and random targets are drawn from --seed.
+    /// up to ttl/2 and random targets are drawn from --seed. It is written out, with the
+    /// scenario file format, in config/demo-scenario.example.toml.
     ///
     /// Then every node leaves, and the summary shows operations acknowledged, fail-over
     /// time per fault, lease grants and losses, and the safety verdict on the history

@@ -19,6 +19,7 @@
 //! ```
 //!
 //! `restart` without `node` restarts the node that has been down longest.
+//! `config/demo-scenario.example.toml` is the built-in scenario written out.
 
 use std::path::Path;
 use std::time::Duration;
@@ -272,6 +273,15 @@ mod tests {
         assert_eq!(s.steps[0].node, Some(2));
         assert_eq!(s.steps[0].lasts, Some(Duration::from_secs(4)));
         assert_eq!(s.steps[1].at, Duration::from_secs(9));
+    }
+
+    #[test]
+    fn the_example_file_is_the_builtin_scenario() {
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config/demo-scenario.example.toml");
+        let file = Scenario::load(&path, 3).unwrap();
+        let builtin = Scenario::builtin(Duration::from_secs(60), Duration::from_secs(3));
+        assert_eq!(file, builtin);
     }
 
     #[test]
