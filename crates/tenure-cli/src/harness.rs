@@ -45,7 +45,10 @@ pub struct Options {
     pub supervised: bool,
 }
 
+/// One node of a harness cluster: its address, config and arguments, and its process
+/// while it runs.
 pub struct NodeProc {
+    /// `127.0.0.1:<port>`: the node's cluster address and lease owner.
     pub addr: String,
     pub args: Vec<String>,
     pub port: u16,
@@ -60,6 +63,7 @@ pub struct NodeProc {
 }
 
 impl NodeProc {
+    /// The running process's id (panics when the node is not running).
     pub fn pid(&self) -> i32 {
         self.child.as_ref().expect("node running").id() as i32
     }
@@ -69,6 +73,7 @@ impl NodeProc {
         self.stderr.lock().unwrap().clone()
     }
 
+    /// The incarnation of the latest start.
     pub fn incarnation(&self) -> &str {
         self.incarnations.last().expect("started once")
     }
@@ -228,6 +233,7 @@ fault-injection = true
         c
     }
 
+    /// Starts every configured node, one after the other.
     pub fn start_all(&mut self) {
         for i in 0..self.nodes.len() {
             self.spawn(i);
@@ -307,6 +313,7 @@ fault-injection = true
         node.child = Some(child);
     }
 
+    /// Whether node `i` was started and not killed or stopped since.
     pub fn is_running(&self, i: usize) -> bool {
         self.nodes[i].child.is_some()
     }
@@ -361,11 +368,13 @@ fault-injection = true
         self.record(i, "restarted");
     }
 
+    /// SIGSTOP node `i` (recorded as `paused`).
     pub fn pause(&self, i: usize) {
         self.signal(i, libc::SIGSTOP);
         self.record(i, "paused");
     }
 
+    /// SIGCONT node `i` (recorded as `resumed` first).
     pub fn resume(&self, i: usize) {
         self.record(i, "resumed");
         self.signal(i, libc::SIGCONT);
@@ -551,6 +560,7 @@ fault-injection = true
         })
     }
 
+    /// Waits until [`Cluster::converged`]; panics with every view on timeout.
     pub fn wait_converged(&self, timeout: Duration) {
         self.wait_until(
             "every running node sees every running node up",

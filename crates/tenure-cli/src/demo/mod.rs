@@ -265,18 +265,10 @@ fn now_ns() -> u64 {
     tenure::clock::monotonic_now_ns().max(0) as u64
 }
 
-/// Runs the demo; prints progress and the summary on stdout.
-pub fn run(args: DemoArgs) -> Result<Outcome, DemoError> {
-    validate(&args)?;
-    let seed = args
-        .seed
-        .unwrap_or_else(|| now_ns() ^ u64::from(std::process::id()));
-    let mut rng = SplitMix::new(seed);
-    let scenario = match &args.scenario {
-        Some(path) => Scenario::load(path, args.nodes)?,
-        None => Scenario::builtin(args.duration, args.ttl),
-    }
-    .jittered(&mut rng, args.ttl / 2);
+/// The history path of this run (`--history`, or `tenure-demo-<seed>/history.jsonl` under
+/// the temp dir), its directory created and an older history there removed: a history is
+/// one run, appending to an older one would mix runs.
+fn fresh_history(args: &DemoArgs, seed: u64) -> Result<PathBuf, DemoError> {
     let history = args.history.clone().unwrap_or_else(|| {
         std::env::temp_dir()
             .join(format!("tenure-demo-{seed}"))
@@ -288,7 +280,6 @@ pub fn run(args: DemoArgs) -> Result<Outcome, DemoError> {
             problem: format!("cannot create its directory: {e}"),
         })?;
     }
-    // A history is one run: appending to an older one would mix runs.
     match std::fs::remove_file(&history) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
             return Err(DemoError::History {
@@ -298,6 +289,25 @@ pub fn run(args: DemoArgs) -> Result<Outcome, DemoError> {
         }
         _ => {}
     }
+    Ok(history)
+}
+
+/// Runs the demo, printing progress and the summary on stdout. Returns once every node
+/// stopped and the report is written, with the verdict; `Err` when a flag, the scenario,
+/// the `--store` config, the history or the report cannot be used. A node that cannot be
+/// started panics the harness; the nodes already running are killed on the way out.
+pub fn run(args: DemoArgs) -> Result<Outcome, DemoError> {
+    validate(&args)?;
+    let seed = args
+        .seed
+        .unwrap_or_else(|| now_ns() ^ u64::from(std::process::id()));
+    let mut rng = SplitMix::new(seed);
+    let scenario = match &args.scenario {
+        Some(path) => Scenario::load(path, args.nodes)?,
+        None => Scenario::builtin(args.duration, args.ttl),
+    }
+    .jittered(&mut rng, args.ttl / 2);
+    let history = fresh_history(&args, seed)?;
     let report_path = args
         .report
         .clone()
