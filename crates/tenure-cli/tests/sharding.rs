@@ -236,7 +236,10 @@ fn the_checker_catches_each_kind_of_violation() {
             .contains("tokens must increase")
     );
     // A stale write accepted after a newer one (in the counter's own order).
-    assert!(violation(vec![write(1, b, 2, 1), write(2, a, 1, 2)]).contains("accepted token 1"));
+    assert!(
+        violation(vec![write(1, b, 2, 1), write(2, a, 1, 2)])
+            .contains("token 1 after one with token 2")
+    );
     // A paused node that does not stop promptly after resuming.
     assert!(
         violation(vec![
