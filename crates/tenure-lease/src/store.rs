@@ -252,9 +252,13 @@ pub trait LeaseStore: Send + Sync + 'static {
     }
 
     /// Grants the lease if it is free or expired (new token), already held by `req.owner`
-    /// and `req.instance` (same token, fresh expiry), or held by another instance of
-    /// `req.owner` (new token: taken over). `Ok(Held)` only when another owner certainly
-    /// holds an unexpired grant.
+    /// and `req.instance` (same token, fresh expiry; priority and cleanup timeout stay as
+    /// granted), or held by another instance of `req.owner` (new token: taken over).
+    /// `Ok(Held)` when another owner certainly holds an unexpired grant, and also, with
+    /// capability `preemption`, when a forceful preemption request is pending on the grant
+    /// (it is ending: not even its owner may extend or replace it). Exception: a request
+    /// for which [`AcquireRequest::takes_over`] holds (emergency) is granted at once with a
+    /// new token over another owner's grant. A new grant has no request pending.
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError>;
 
     /// Renews, in one round trip, every listed lease that `owner` still holds with that
