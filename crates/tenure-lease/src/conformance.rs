@@ -226,7 +226,8 @@ pub async fn contention(h: &dyn Harness) {
                 assert_eq!(
                     r.as_ref().expect("no errors against a healthy store"),
                     &Acquired::NotGranted {
-                        holder: Some(format!("owner-{winner}"))
+                        holder: Some(format!("owner-{winner}")),
+                        priority: 0
                     }
                 );
             }
