@@ -69,7 +69,7 @@ pub use provider::{LeaseProvider, StoreFactory, StoreRegistry};
 pub use renewal::RenewalBatcher;
 pub use settings::LeaseSettings;
 pub use store::{
-    AcquireOutcome, AcquireRequest, Capabilities, EMERGENCY_PRIORITY, HeldLease, LeaseRecord,
-    LeaseStore, PreemptAnswer, PreemptionRequest, Renewal, WatchEvent, WatchReceiver,
+    AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, EMERGENCY_PRIORITY, HeldLease,
+    LeaseRecord, LeaseStore, PreemptAnswer, PreemptionRequest, Renewal, WatchEvent, WatchReceiver,
 };
 pub use validity::LostReason;
