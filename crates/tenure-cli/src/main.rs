@@ -145,12 +145,15 @@ enum LeaseCommand {
         #[command(flatten)]
         target: Target,
         /// Wait until granted, keep renewing until Ctrl-C (or SIGTERM), then release.
-        /// Exit 3 if the lease is lost meanwhile.
+        /// Exit 3 if the lease is lost meanwhile, or given up for a higher priority.
         #[arg(long)]
         hold: bool,
-        /// Free text kept with the grant (who and why), shown by `lease show`.
-        #[arg(long)]
+        /// Free text kept with the grant (who and why), shown by `lease show`, and sent
+        /// with preemption requests.
+        #[arg(long, visible_alias = "message")]
         note: Option<String>,
+        #[command(flatten)]
+        priority: lease_cmd::PriorityArgs,
     },
     /// Release a lease held by --owner. Exit 0 released, 1 not held by that owner, 2 error.
     Release {
@@ -173,10 +176,13 @@ enum LeaseCommand {
     /// Wait for the lease, run COMMAND while holding it (with TENURE_LEASE_NAME and
     /// TENURE_LEASE_TOKEN set), release when it exits, and exit with its status. If the
     /// lease is lost, COMMAND gets SIGTERM, then SIGKILL after --grace, before the local
-    /// deadline; exit 3.
+    /// deadline; exit 3. The same happens when a higher priority asks for the lease (its
+    /// cleanup timeout defaults to heartbeat-interval + --grace + 200ms).
     Run {
         #[command(flatten)]
         target: Target,
+        #[command(flatten)]
+        priority: lease_cmd::PriorityArgs,
         /// Time COMMAND gets between SIGTERM and SIGKILL when the lease is lost.
         #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
         grace: Duration,
@@ -245,11 +251,17 @@ async fn run(cli: Cli) -> Result<Outcome, CliError> {
     let provider = tenure::provider(config)?;
     match cli.command {
         Command::Lease(cmd) => match cmd {
-            LeaseCommand::Acquire { target, hold, note } => {
+            LeaseCommand::Acquire {
+                target,
+                hold,
+                note,
+                priority,
+            } => {
+                let options = priority.options();
                 if hold {
-                    lease_cmd::hold(&provider, &target, note).await
+                    lease_cmd::hold(&provider, &target, note, options).await
                 } else {
-                    lease_cmd::acquire_once(&provider, &target, note).await
+                    lease_cmd::acquire_once(&provider, &target, note, options).await
                 }
             }
             LeaseCommand::Release { target } => lease_cmd::release(&provider, &target).await,
@@ -261,9 +273,10 @@ async fn run(cli: Cli) -> Result<Outcome, CliError> {
             }
             LeaseCommand::Run {
                 target,
+                priority,
                 grace,
                 command,
-            } => run_cmd::run(&provider, &target, grace, &command).await,
+            } => run_cmd::run(&provider, &target, grace, priority.options(), &command).await,
         },
         Command::Node {
             history,

@@ -5,6 +5,8 @@
 //! stops: gracefully in `post_stop`, and from `Drop` of its state when it is killed or
 //! fails (ractor skips `post_stop` then, e.g. when its supervisor dies).
 
+mod preemption;
+
 use std::sync::Arc;
 
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SpawnErr};
@@ -14,9 +16,12 @@ use tokio::time::Instant;
 use crate::error::{ConfigError, LeaseError};
 use crate::events::{LeaseEventSink, SharedBelief};
 use crate::names::{check_lease_name, store_name};
+use crate::priority::AcquireOptions;
 use crate::renewal::{RenewAnswer, RenewalBatcher};
 use crate::settings::LeaseSettings;
-use crate::store::{AcquireOutcome, AcquireRequest, HeldLease, LeaseStore, bounded};
+use crate::store::{
+    AcquireOutcome, AcquireRequest, HeldLease, LeaseRecord, LeaseStore, Renewal, bounded,
+};
 use crate::trace::{LeaseObserver, LeaseTrace};
 use crate::validity::{Belief, GrantEffect, Held};
 
@@ -33,10 +38,12 @@ pub struct LeaseSpec {
     pub settings: LeaseSettings,
     /// The renewal batcher of this owner on this store.
     pub batcher: RenewalBatcher,
-    /// Free text kept with the grant (who and why).
+    /// Free text kept with the grant (who and why), and sent with preemption requests.
     pub note: Option<String>,
     /// Where the LeaseActor reports its traces (histories), if anywhere.
     pub observer: Option<LeaseObserver>,
+    /// Priority, cleanup and waiting timeouts (default: a plain lease).
+    pub options: AcquireOptions,
 }
 
 impl std::fmt::Debug for LeaseSpec {
@@ -47,6 +54,7 @@ impl std::fmt::Debug for LeaseSpec {
             .field("owner", &self.owner)
             .field("store", &self.store.kind())
             .field("settings", &self.settings)
+            .field("options", &self.options)
             .finish()
     }
 }
@@ -89,6 +97,7 @@ impl LeaseSpec {
             batcher,
             note: None,
             observer: None,
+            options: AcquireOptions::default(),
         })
     }
 
@@ -108,6 +117,15 @@ impl LeaseSpec {
         self
     }
 
+    /// Acquires with `options` (priority, preemption). Errors name the offending option:
+    /// `emergency` without the maximum priority, or priorities on a store without the
+    /// `preemption` capability.
+    pub fn with_options(mut self, options: AcquireOptions) -> Result<Self, ConfigError> {
+        options.validate(self.store.kind(), self.store.capabilities())?;
+        self.options = options;
+        Ok(self)
+    }
+
     /// Keeps `note` with each grant.
     pub fn with_note(mut self, note: impl Into<String>) -> Self {
         self.note = Some(note.into());
@@ -120,8 +138,12 @@ impl LeaseSpec {
 pub enum Acquired {
     /// Held now, with this grant's fencing token (the same token if it was held already).
     Granted { token: u64 },
-    /// Another owner holds it (named when the store said who).
-    NotGranted { holder: Option<String> },
+    /// Another owner holds it (named when the store said who) with a priority at least
+    /// this requester's (0 on stores without priorities).
+    NotGranted {
+        holder: Option<String>,
+        priority: u64,
+    },
 }
 
 /// An acquire answer and, when granted, the generation of the grant.
@@ -134,7 +156,9 @@ pub enum LeaseMsg {
     Acquire {
         reply: Option<RpcReplyPort<AcquireReply>>,
     },
-    /// One attempt, answered with its outcome.
+    /// One attempt, answered with its outcome. A requester that outranks the holder asks it
+    /// to give the lease up and answers once granted, or with `CleanupTimedOut` /
+    /// `Overtaken` (see [`AcquireOptions`]).
     TryAcquire(RpcReplyPort<AcquireReply>),
     /// While trying, retry every `pace` instead of `lease-retry-interval` (`None`: back to
     /// it), e.g. faster while the holder is known to be handing over. A pending retry is
@@ -145,6 +169,8 @@ pub enum LeaseMsg {
     Release(RpcReplyPort<Result<bool, LeaseError>>),
     #[doc(hidden)]
     RetryAcquire,
+    #[doc(hidden)]
+    PreemptPoll,
     #[doc(hidden)]
     RenewDue { generation: u64 },
     #[doc(hidden)]
@@ -254,6 +280,12 @@ pub struct LeaseActorState {
     renew_timer: Option<JoinHandle<()>>,
     watchdog: Option<JoinHandle<()>>,
     renew_in_flight: bool,
+    /// The holder's record from the last "held by another owner" answer.
+    last_held: Option<LeaseRecord>,
+    /// Waiting for a lower-priority holder (requester side of preemption).
+    preempting: Option<preemption::Preempting>,
+    /// Preemption requests announced on the current grant (holder side).
+    notices: preemption::Notices,
 }
 
 impl Drop for LeaseActorState {
@@ -268,6 +300,12 @@ impl Drop for LeaseActorState {
         // background so the lease does not stay blocked for a whole ttl. A successor
         // instance of the same owner has taken the lease over with a new token, so this
         // late release can only ever remove this actor's own grant.
+        if let Some(target) = self.abandon_preempting() {
+            let spec = self.spec.clone();
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move { preemption::withdraw_request(&spec, target).await });
+            }
+        }
         let held = self.belief.give_up();
         if held.is_some() || self.maybe_in_store {
             let spec = self.spec.clone();
@@ -350,6 +388,9 @@ impl LeaseActorState {
             ),
             ttl: spec.settings.heartbeat_timeout,
             note: spec.note.clone(),
+            priority: spec.options.priority,
+            cleanup_timeout: spec.options.cleanup_timeout,
+            emergency: spec.options.emergency,
         };
         let sent_at = Instant::now();
         self.belief.trace(LeaseTrace::AcquireInvoked);
@@ -378,16 +419,17 @@ impl LeaseActorState {
                     // We believed we held it, the store says another owner does.
                     self.belief.not_held(h.generation);
                 }
-                Ok((
-                    Acquired::NotGranted {
-                        holder: Some(record.owner),
-                    },
-                    None,
-                ))
+                let reply = Acquired::NotGranted {
+                    holder: Some(record.owner.clone()),
+                    priority: record.priority,
+                };
+                self.last_held = Some(record);
+                Ok((reply, None))
             }
             Ok(AcquireOutcome::Granted(record)) => {
                 match self.belief.grant(record.token, sent_at) {
                     GrantEffect::New(held) => {
+                        self.notices = preemption::Notices::new(held.generation, sent_at);
                         self.on_new_grant(myself, held);
                         Ok((
                             Acquired::Granted { token: held.token },
@@ -440,11 +482,18 @@ impl LeaseActorState {
     }
 
     async fn keep_trying(&mut self, myself: &ActorRef<LeaseMsg>) {
+        if self.preempting.is_some() {
+            // Its outcome answers the waiters or schedules the next try.
+            return;
+        }
         let reply = self.attempt(myself).await;
         match &reply {
             Ok((Acquired::Granted { .. }, _)) => {
                 self.wanted = false;
                 self.answer_waiters(&reply);
+            }
+            _ if let Some(record) = self.preemptable() => {
+                self.start_preempting(myself, record, None).await;
             }
             other => {
                 tracing::debug!(lease = %self.spec.name, outcome = ?other, "acquire not granted; will retry");
@@ -459,6 +508,7 @@ impl LeaseActorState {
 
     async fn release(&mut self) -> Result<bool, LeaseError> {
         self.wanted = false;
+        self.stop_preempting().await;
         Self::stop_timer(&mut self.retry_timer);
         Self::stop_timer(&mut self.renew_timer);
         Self::stop_timer(&mut self.watchdog);
@@ -506,6 +556,9 @@ impl Actor for LeaseActor {
             renew_timer: None,
             watchdog: None,
             renew_in_flight: false,
+            last_held: None,
+            preempting: None,
+            notices: preemption::Notices::default(),
         })
     }
 
@@ -539,7 +592,16 @@ impl Actor for LeaseActor {
                 }
             }
             LeaseMsg::TryAcquire(reply) => {
+                let Some(reply) = state.join_preempting(reply) else {
+                    return Ok(());
+                };
                 let answer = state.attempt(&myself).await;
+                if matches!(answer, Ok((Acquired::NotGranted { .. }, _)))
+                    && let Some(record) = state.preemptable()
+                {
+                    state.start_preempting(&myself, record, Some(reply)).await;
+                    return Ok(());
+                }
                 if matches!(answer, Ok((Acquired::Granted { .. }, _))) && state.wanted {
                     state.wanted = false;
                     LeaseActorState::stop_timer(&mut state.retry_timer);
@@ -547,6 +609,7 @@ impl Actor for LeaseActor {
                 }
                 let _ = reply.send(answer);
             }
+            LeaseMsg::PreemptPoll => state.preempt_poll(&myself).await,
             LeaseMsg::RetryPace(pace) => {
                 state.retry_pace = pace;
                 if state.wanted && state.retry_timer.is_some() {
@@ -589,10 +652,17 @@ impl Actor for LeaseActor {
             LeaseMsg::RenewDone { generation, answer } => {
                 state.renew_in_flight = false;
                 match answer {
-                    Some((sent_at, Ok(true))) => {
-                        state.belief.renewed(generation, sent_at);
+                    Some((sent_at, Ok(Renewal::Renewed { request }))) => {
+                        if state.belief.renewed(generation, sent_at) {
+                            state.observe_request(generation, request, sent_at);
+                        }
                     }
-                    Some((_, Ok(false))) => state.belief.not_held(generation),
+                    Some((_, Ok(Renewal::NotHeld))) => state.belief.not_held(generation),
+                    Some((sent_at, Ok(Renewal::Refused(request)))) => {
+                        // Announced first if no renewal showed it (forceful at once).
+                        state.observe_request(generation, Some(request), sent_at);
+                        state.belief.preempted(generation);
+                    }
                     Some((_, Err(e))) => {
                         state.belief.trace(LeaseTrace::Error {
                             operation: "renew",

@@ -10,6 +10,13 @@
 //! how fast something happened.
 
 pub mod bench;
+pub mod preemption;
+
+pub use preemption::{
+    emergency_takeover, forceful_preemption_refuses_renewals, helix_cleanup_in_time,
+    helix_cleanup_timeout, helix_emergency, helix_forceful, helix_lower_priority_rejected,
+    helix_overtaken, preemption_requests,
+};
 
 use std::any::Any;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,7 +28,8 @@ use tokio::time::{Instant, sleep};
 
 use crate::{
     AcquireOutcome, AcquireRequest, Acquired, HeldLease, Lease, LeaseError, LeaseRecord,
-    LeaseSettings, LeaseSpec, LeaseStore, LostReason, StoreError,
+    LeaseSettings, LeaseSpec, LeaseStore, LostReason, PreemptAnswer, PreemptionRequest, Renewal,
+    StoreError,
 };
 
 /// A store under test.
@@ -93,7 +101,7 @@ impl LeaseStore for Partitionable {
         owner: &str,
         leases: &[HeldLease],
         ttl: Duration,
-    ) -> Result<Vec<bool>, StoreError> {
+    ) -> Result<Vec<Renewal>, StoreError> {
         self.gate().await;
         self.inner.renew(owner, leases, ttl).await
     }
@@ -117,6 +125,24 @@ impl LeaseStore for Partitionable {
         self.gate().await;
         self.inner.acquire_fair(req, wait).await
     }
+    async fn request_preemption(
+        &self,
+        name: &str,
+        token: u64,
+        request: &PreemptionRequest,
+    ) -> Result<PreemptAnswer, StoreError> {
+        self.gate().await;
+        self.inner.request_preemption(name, token, request).await
+    }
+    async fn withdraw_preemption(
+        &self,
+        name: &str,
+        token: u64,
+        by: &str,
+    ) -> Result<bool, StoreError> {
+        self.gate().await;
+        self.inner.withdraw_preemption(name, token, by).await
+    }
     async fn watch(&self, prefix: &str) -> Result<crate::WatchReceiver, StoreError> {
         self.gate().await;
         self.inner.watch(prefix).await
@@ -129,7 +155,7 @@ fn request(name: &str, owner: &str, ttl: Duration) -> AcquireRequest {
         owner: owner.into(),
         instance: format!("{owner}-instance"),
         ttl,
-        note: None,
+        ..AcquireRequest::default()
     }
 }
 
@@ -207,7 +233,8 @@ pub async fn contention(h: &dyn Harness) {
                 assert_eq!(
                     r.as_ref().expect("no errors against a healthy store"),
                     &Acquired::NotGranted {
-                        holder: Some(format!("owner-{winner}"))
+                        holder: Some(format!("owner-{winner}")),
+                        priority: 0
                     }
                 );
             }
@@ -401,13 +428,21 @@ pub async fn batch_renew(h: &dyn Harness) {
         name: held[0].name.clone(),
         token: held[0].token + 1000,
     });
-    let flags = a
+    let answers = a
         .renew("a", &batch, Duration::from_secs(5))
         .await
         .expect("renew");
-    assert_eq!(flags.len(), batch.len());
-    assert!(flags[..200].iter().all(|f| *f), "all of a's leases renewed");
-    assert_eq!(&flags[200..], &[false, false, false]);
+    assert_eq!(answers.len(), batch.len());
+    assert!(
+        answers[..200]
+            .iter()
+            .all(|r| *r == Renewal::Renewed { request: None }),
+        "all of a's leases renewed"
+    );
+    assert_eq!(
+        &answers[200..],
+        &[Renewal::NotHeld, Renewal::NotHeld, Renewal::NotHeld]
+    );
     sleep(ttl + ttl / 4).await;
     let listed = a.list("batch-").await.expect("list");
     assert_eq!(
@@ -480,15 +515,24 @@ pub async fn loss_before_takeover(h: &dyn Harness) {
     assert_eq!(lost.lock().unwrap().len(), 1, "no second signal");
 }
 
+/// Asserts that a store opted out of the preemption cases (`without preemption`) indeed
+/// lacks the capability, so the opt-out is removed as soon as the store gains it.
+pub async fn preemption_not_yet_supported(h: &dyn Harness) {
+    let store = h.client().await;
+    assert!(
+        !store.capabilities().preemption,
+        "the {} store supports preemption now: drop `without preemption` from its conformance_tests!",
+        store.kind()
+    );
+}
+
 /// Defines one `#[tokio::test]` per conformance case. `$harness` is an async expression
-/// giving a fresh [`Harness`] for each test.
+/// giving a fresh [`Harness`] for each test. Every store runs the preemption cases
+/// ([`preemption`]); a store crate that does not implement them yet says so with
+/// `conformance_tests!(harness; without preemption)`, which instead asserts that the
+/// capability is absent.
 #[macro_export]
 macro_rules! conformance_tests {
-    ($harness:expr) => {
-        $crate::conformance_tests!(@case $harness; contention, reentrancy, owner_only_release,
-            token_monotonicity, expiry_and_takeover, batch_renew, errors_when_unavailable,
-            loss_before_takeover);
-    };
     (@case $harness:expr; $($case:ident),*) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -497,5 +541,21 @@ macro_rules! conformance_tests {
                 $crate::conformance::$case(&harness).await;
             }
         )*
+    };
+    (@base $harness:expr) => {
+        $crate::conformance_tests!(@case $harness; contention, reentrancy, owner_only_release,
+            token_monotonicity, expiry_and_takeover, batch_renew, errors_when_unavailable,
+            loss_before_takeover);
+    };
+    ($harness:expr; without preemption) => {
+        $crate::conformance_tests!(@base $harness);
+        $crate::conformance_tests!(@case $harness; preemption_not_yet_supported);
+    };
+    ($harness:expr) => {
+        $crate::conformance_tests!(@base $harness);
+        $crate::conformance_tests!(@case $harness; preemption_requests,
+            forceful_preemption_refuses_renewals, emergency_takeover,
+            helix_lower_priority_rejected, helix_cleanup_in_time, helix_cleanup_timeout,
+            helix_forceful, helix_overtaken, helix_emergency);
     };
 }

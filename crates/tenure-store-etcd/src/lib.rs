@@ -29,6 +29,7 @@
 //!     instance: "1".into(),
 //!     ttl: Duration::from_secs(10),
 //!     note: None,
+//!     ..AcquireRequest::default()
 //! };
 //! if let AcquireOutcome::Granted(record) = store.try_acquire(&req).await? {
 //!     println!("fencing token {}", record.token);

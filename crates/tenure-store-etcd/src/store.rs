@@ -12,7 +12,8 @@ use etcd_client::{
 };
 use futures::stream::{self, StreamExt};
 use tenure_lease::{
-    AcquireOutcome, AcquireRequest, Capabilities, HeldLease, LeaseRecord, LeaseStore, StoreError,
+    AcquireOutcome, AcquireRequest, Capabilities, HeldLease, LeaseRecord, LeaseStore, Renewal,
+    StoreError,
 };
 
 use crate::clock::RevisionClock;
@@ -236,6 +237,7 @@ impl Inner {
             expires_in: ttl.saturating_sub(age),
             version: kv.version() as u64,
             note: value.note.clone(),
+            ..LeaseRecord::default()
         };
         Ok(Judged {
             value,
@@ -387,6 +389,7 @@ impl Inner {
             expires_in: req.ttl,
             version,
             note: req.note.clone(),
+            ..LeaseRecord::default()
         };
         self.remember(
             &req.name,
@@ -622,6 +625,7 @@ impl LeaseStore for EtcdStore {
             fair_waiting: true,
             watch: true,
             durable: true,
+            preemption: false,
         }
     }
 
@@ -643,8 +647,9 @@ impl LeaseStore for EtcdStore {
         owner: &str,
         leases: &[HeldLease],
         ttl: Duration,
-    ) -> Result<Vec<bool>, StoreError> {
-        self.inner.renew(owner, leases, ttl).await
+    ) -> Result<Vec<Renewal>, StoreError> {
+        let renewed = self.inner.renew(owner, leases, ttl).await?;
+        Ok(renewed.into_iter().map(Renewal::plain).collect())
     }
 
     /// `Ok(true)`: the key held by `owner` with create revision `token` was deleted.

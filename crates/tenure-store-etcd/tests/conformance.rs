@@ -29,4 +29,5 @@ impl Harness for EtcdHarness {
     }
 }
 
-tenure_lease::conformance_tests!(async { EtcdHarness(Etcd::single().await) });
+// Priorities and preemption: implemented on branch prio-stores (then drop the opt-out).
+tenure_lease::conformance_tests!(async { EtcdHarness(Etcd::single().await) }; without preemption);

@@ -9,7 +9,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, R
 use futures::future::BoxFuture;
 use tenure_lease::{
     AcquireOutcome, AcquireRequest, Capabilities, ConfigError, HeldLease, LeaseRecord,
-    LeaseSection, LeaseStore, StoreError, StoreFactory,
+    LeaseSection, LeaseStore, Renewal, StoreError, StoreFactory,
 };
 use tokio::time::{Instant, sleep, timeout};
 use tokio_postgres::{NoTls, Row};
@@ -199,6 +199,7 @@ impl PostgresStore {
             expires_in: Duration::from_micros(expires_in_us.max(0) as u64),
             version: version.max(0) as u64,
             note: row.try_get(at + 6).map_err(bad)?,
+            ..LeaseRecord::default()
         })
     }
 }
@@ -223,6 +224,7 @@ impl LeaseStore for PostgresStore {
             fair_waiting: false,
             watch: false,
             durable: true,
+            preemption: false,
         }
     }
 
@@ -274,7 +276,7 @@ impl LeaseStore for PostgresStore {
         owner: &str,
         leases: &[HeldLease],
         ttl: Duration,
-    ) -> Result<Vec<bool>, StoreError> {
+    ) -> Result<Vec<Renewal>, StoreError> {
         if leases.is_empty() {
             return Ok(Vec::new());
         }
@@ -310,7 +312,7 @@ impl LeaseStore for PostgresStore {
         Ok(names
             .iter()
             .zip(tokens)
-            .map(|(n, t)| renewed.contains(&(n.to_string(), *t)))
+            .map(|(n, t)| Renewal::plain(renewed.contains(&(n.to_string(), *t))))
             .collect())
     }
 

@@ -49,4 +49,5 @@ impl Harness for PgHarness {
     }
 }
 
-tenure_lease::conformance_tests!(PgHarness::start());
+// Priorities and preemption: implemented on branch prio-stores (then drop the opt-out).
+tenure_lease::conformance_tests!(PgHarness::start(); without preemption);

@@ -55,7 +55,9 @@ fn direct_acquire(conn: &mut Connection, name: &str, owner: &str) -> i64 {
             token,
             now + TTL_NS,
             None::<String>,
-            "direct"
+            "direct",
+            0i64,
+            0i64
         ])
         .unwrap();
     tx.commit().unwrap();
@@ -201,7 +203,7 @@ fn renew(c: &mut Criterion) {
                         .renew("bench-owner", &held, Duration::from_secs(60))
                         .await
                         .unwrap(),
-                    vec![true]
+                    vec![tenure_lease::Renewal::plain(true)]
                 )
             })
         })

@@ -92,6 +92,7 @@ impl GrantData {
             owner: self.owner,
             instance: self.instance,
             note: self.note,
+            ..LeaseRecord::default()
         }
     }
 }

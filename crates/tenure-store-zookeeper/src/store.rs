@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use tenure_lease::names::NameRules;
 use tenure_lease::{
     AcquireOutcome, AcquireRequest, Capabilities, ConfigError, HeldLease, LeaseRecord,
-    LeaseSection, LeaseStore, StoreError, StoreFactory,
+    LeaseSection, LeaseStore, Renewal, StoreError, StoreFactory,
 };
 use tokio::time::Instant;
 use zookeeper_client as zk;
@@ -338,6 +338,7 @@ impl ZooKeeperStore {
                     expires_in: req.ttl,
                     version: 1,
                     note: req.note.clone(),
+                    ..LeaseRecord::default()
                 }))
             }
             Err(zk::MultiWriteError::OperationFailed {
@@ -426,6 +427,7 @@ impl ZooKeeperStore {
                             expires_in: req.ttl,
                             version: u64::try_from(new.version).unwrap_or(0) + 1,
                             note: req.note.clone(),
+                            ..LeaseRecord::default()
                         }));
                     }
                     Err(zk::Error::BadVersion | zk::Error::NoNode) => continue,
@@ -519,6 +521,7 @@ impl LeaseStore for ZooKeeperStore {
             fair_waiting: true,
             watch: false,
             durable: true,
+            preemption: false,
         }
     }
 
@@ -559,13 +562,13 @@ impl LeaseStore for ZooKeeperStore {
         owner: &str,
         leases: &[HeldLease],
         ttl: Duration,
-    ) -> Result<Vec<bool>, StoreError> {
+    ) -> Result<Vec<Renewal>, StoreError> {
         let Some(s) = self.existing_session(owner).await else {
-            return Ok(vec![false; leases.len()]);
+            return Ok(vec![Renewal::NotHeld; leases.len()]);
         };
         if !s.usable() {
             self.drop_session(owner, &s).await;
-            return Ok(vec![false; leases.len()]);
+            return Ok(vec![Renewal::NotHeld; leases.len()]);
         }
         check_ttl(&s, ttl)?;
         let root = self.inner.layout.root();
@@ -575,12 +578,15 @@ impl LeaseStore for ZooKeeperStore {
             Ok(paths) => paths.into_iter().collect(),
             Err(e) if session_over(&e) => {
                 self.drop_session(owner, &s).await;
-                return Ok(vec![false; leases.len()]);
+                return Ok(vec![Renewal::NotHeld; leases.len()]);
             }
             Err(e) => return Err(from_zk(&format!("renewing leases of {owner}"), &e)),
         };
         let wanted: Vec<(String, u64)> = leases.iter().map(|l| (l.name.clone(), l.token)).collect();
-        Ok(s.extend(&wanted, &alive, ttl))
+        Ok(s.extend(&wanted, &alive, ttl)
+            .into_iter()
+            .map(Renewal::plain)
+            .collect())
     }
 
     /// Deletes the holder node if no grant happened since `owner`'s grant with `token`
