@@ -6,14 +6,16 @@
 //!                                 grants (every grant sets its data in the same multi that
 //!                                 creates the holder node), so "no grant since mine" is a
 //!                                 version check
-//! <root>/<lease name>/holder      ephemeral, owned by the holder's session: the grant
+//! <root>/<lease name>/holder      ephemeral, owned by the holder's session: the grant, its
+//!                                 priority and its pending preemption request (so the
+//!                                 request lives and dies with the grant)
 //! <root>/<lease name>/wait-<seq>  ephemeral sequential: fair waiters, in arrival order
 //! ```
 
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tenure_lease::{LeaseRecord, StoreError};
+use tenure_lease::{LeaseRecord, PreemptionRequest, StoreError};
 
 use crate::error::backend;
 
@@ -63,9 +65,81 @@ pub(crate) struct GrantData {
     pub note: Option<String>,
     /// The ttl asked for, in milliseconds (shown as the expiry of other clients' grants).
     pub ttl_ms: u64,
+    /// The grant's priority.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub priority: u64,
+    /// The holder's cleanup timeout, in milliseconds.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cleanup_ms: u64,
+    /// The pending preemption request, written by the requester (a version-checked
+    /// `setData`, which keeps the node's czxid and so the token).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<RequestData>,
+}
+
+/// A pending preemption request as a holder node keeps it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub(crate) struct RequestData {
+    pub by: String,
+    pub instance: String,
+    pub priority: u64,
+    pub forceful: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+impl From<&PreemptionRequest> for RequestData {
+    fn from(r: &PreemptionRequest) -> Self {
+        RequestData {
+            by: r.by.clone(),
+            instance: r.instance.clone(),
+            priority: r.priority,
+            forceful: r.forceful,
+            note: r.note.clone(),
+        }
+    }
+}
+
+impl From<RequestData> for PreemptionRequest {
+    fn from(r: RequestData) -> Self {
+        PreemptionRequest {
+            by: r.by,
+            instance: r.instance,
+            priority: r.priority,
+            forceful: r.forceful,
+            note: r.note,
+        }
+    }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// Milliseconds of `d`, saturating.
+pub(crate) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 impl GrantData {
+    /// The data of a new grant for `req`.
+    pub(crate) fn new(req: &tenure_lease::AcquireRequest) -> Self {
+        GrantData {
+            owner: req.owner.clone(),
+            instance: req.instance.clone(),
+            note: req.note.clone(),
+            ttl_ms: millis(req.ttl),
+            priority: req.priority,
+            cleanup_ms: millis(req.cleanup_timeout),
+            request: None,
+        }
+    }
+
+    /// A forceful preemption request is pending: renewals are refused.
+    pub(crate) fn forced(&self) -> bool {
+        self.request.as_ref().is_some_and(|r| r.forceful)
+    }
+
     pub(crate) fn encode(&self) -> Vec<u8> {
         serde_json::to_vec(self).expect("GrantData serialises")
     }
@@ -92,6 +166,9 @@ impl GrantData {
             owner: self.owner,
             instance: self.instance,
             note: self.note,
+            priority: self.priority,
+            cleanup_timeout: Duration::from_millis(self.cleanup_ms),
+            request: self.request.map(PreemptionRequest::from),
         }
     }
 }
