@@ -103,6 +103,7 @@ pub async fn acquire_once(
         instance: format!("cli-{}", std::process::id()),
         ttl: opened.settings.heartbeat_timeout,
         note,
+        ..AcquireRequest::default()
     };
     let outcome = opened
         .call(&target.name, "acquire", opened.store.try_acquire(&request))

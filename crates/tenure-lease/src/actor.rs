@@ -16,7 +16,7 @@ use crate::events::{LeaseEventSink, SharedBelief};
 use crate::names::{check_lease_name, store_name};
 use crate::renewal::{RenewAnswer, RenewalBatcher};
 use crate::settings::LeaseSettings;
-use crate::store::{AcquireOutcome, AcquireRequest, HeldLease, LeaseStore, bounded};
+use crate::store::{AcquireOutcome, AcquireRequest, HeldLease, LeaseStore, Renewal, bounded};
 use crate::validity::{Belief, GrantEffect, Held};
 
 /// Everything a LeaseActor needs to hold one lease.
@@ -328,6 +328,7 @@ impl LeaseActorState {
             ),
             ttl: spec.settings.heartbeat_timeout,
             note: spec.note.clone(),
+            ..AcquireRequest::default()
         };
         let sent_at = Instant::now();
         let answer = bounded(
@@ -553,10 +554,12 @@ impl Actor for LeaseActor {
             LeaseMsg::RenewDone { generation, answer } => {
                 state.renew_in_flight = false;
                 match answer {
-                    Some((sent_at, Ok(true))) => {
+                    Some((sent_at, Ok(Renewal::Renewed { .. }))) => {
                         state.belief.renewed(generation, sent_at);
                     }
-                    Some((_, Ok(false))) => state.belief.not_held(generation),
+                    Some((_, Ok(Renewal::NotHeld | Renewal::Refused(_)))) => {
+                        state.belief.not_held(generation)
+                    }
                     Some((_, Err(e))) => {
                         tracing::warn!(lease = %state.spec.name, error = %e, "renewal failed; the lease holds until its local deadline")
                     }

@@ -21,7 +21,8 @@ use tokio::time::{Instant, sleep};
 
 use crate::{
     AcquireOutcome, AcquireRequest, Acquired, HeldLease, Lease, LeaseError, LeaseRecord,
-    LeaseSettings, LeaseSpec, LeaseStore, LostReason, StoreError,
+    LeaseSettings, LeaseSpec, LeaseStore, LostReason, PreemptAnswer, PreemptionRequest, Renewal,
+    StoreError,
 };
 
 /// A store under test.
@@ -93,7 +94,7 @@ impl LeaseStore for Partitionable {
         owner: &str,
         leases: &[HeldLease],
         ttl: Duration,
-    ) -> Result<Vec<bool>, StoreError> {
+    ) -> Result<Vec<Renewal>, StoreError> {
         self.gate().await;
         self.inner.renew(owner, leases, ttl).await
     }
@@ -117,6 +118,24 @@ impl LeaseStore for Partitionable {
         self.gate().await;
         self.inner.acquire_fair(req, wait).await
     }
+    async fn request_preemption(
+        &self,
+        name: &str,
+        token: u64,
+        request: &PreemptionRequest,
+    ) -> Result<PreemptAnswer, StoreError> {
+        self.gate().await;
+        self.inner.request_preemption(name, token, request).await
+    }
+    async fn withdraw_preemption(
+        &self,
+        name: &str,
+        token: u64,
+        by: &str,
+    ) -> Result<bool, StoreError> {
+        self.gate().await;
+        self.inner.withdraw_preemption(name, token, by).await
+    }
     async fn watch(&self, prefix: &str) -> Result<crate::WatchReceiver, StoreError> {
         self.gate().await;
         self.inner.watch(prefix).await
@@ -129,7 +148,7 @@ fn request(name: &str, owner: &str, ttl: Duration) -> AcquireRequest {
         owner: owner.into(),
         instance: format!("{owner}-instance"),
         ttl,
-        note: None,
+        ..AcquireRequest::default()
     }
 }
 
@@ -401,13 +420,21 @@ pub async fn batch_renew(h: &dyn Harness) {
         name: held[0].name.clone(),
         token: held[0].token + 1000,
     });
-    let flags = a
+    let answers = a
         .renew("a", &batch, Duration::from_secs(5))
         .await
         .expect("renew");
-    assert_eq!(flags.len(), batch.len());
-    assert!(flags[..200].iter().all(|f| *f), "all of a's leases renewed");
-    assert_eq!(&flags[200..], &[false, false, false]);
+    assert_eq!(answers.len(), batch.len());
+    assert!(
+        answers[..200]
+            .iter()
+            .all(|r| *r == Renewal::Renewed { request: None }),
+        "all of a's leases renewed"
+    );
+    assert_eq!(
+        &answers[200..],
+        &[Renewal::NotHeld, Renewal::NotHeld, Renewal::NotHeld]
+    );
     sleep(ttl + ttl / 4).await;
     let listed = a.list("batch-").await.expect("list");
     assert_eq!(

@@ -63,7 +63,7 @@ pub use provider::{LeaseProvider, StoreFactory, StoreRegistry};
 pub use renewal::RenewalBatcher;
 pub use settings::LeaseSettings;
 pub use store::{
-    AcquireOutcome, AcquireRequest, Capabilities, HeldLease, LeaseRecord, LeaseStore, WatchEvent,
-    WatchReceiver,
+    AcquireOutcome, AcquireRequest, Capabilities, EMERGENCY_PRIORITY, HeldLease, LeaseRecord,
+    LeaseStore, PreemptAnswer, PreemptionRequest, Renewal, WatchEvent, WatchReceiver,
 };
 pub use validity::LostReason;

@@ -13,6 +13,7 @@ use crate::error::{ConfigError, StoreError};
 use crate::provider::StoreFactory;
 use crate::store::{
     AcquireOutcome, AcquireRequest, Capabilities, HeldLease, LeaseRecord, LeaseStore,
+    PreemptAnswer, PreemptionRequest, Renewal,
 };
 
 /// How the store misbehaves, for tests.
@@ -41,6 +42,16 @@ struct Grant {
     expires_at: Instant,
     version: u64,
     note: Option<String>,
+    priority: u64,
+    cleanup_timeout: Duration,
+    request: Option<PreemptionRequest>,
+}
+
+impl Grant {
+    /// A forceful preemption request is pending: the grant ends at its current expiry.
+    fn ending(&self) -> bool {
+        self.request.as_ref().is_some_and(|r| r.forceful)
+    }
 }
 
 #[derive(Debug, Default)]
@@ -139,6 +150,9 @@ fn record(name: &str, g: &Grant, now: Instant) -> LeaseRecord {
         expires_in: g.expires_at.saturating_duration_since(now),
         version: g.version,
         note: g.note.clone(),
+        priority: g.priority,
+        cleanup_timeout: g.cleanup_timeout,
+        request: g.request.clone(),
     }
 }
 
@@ -155,6 +169,7 @@ impl LeaseStore for MemoryStore {
             fair_waiting: false,
             watch: false,
             durable: false,
+            preemption: true,
         }
     }
 
@@ -165,9 +180,12 @@ impl LeaseStore for MemoryStore {
         let b = &mut *b;
         if let Some(g) = b.grants.get_mut(&req.name)
             && g.expires_at > now
-            && !(g.owner == req.owner && g.instance != req.instance)
+            && (g.ending() || !(g.owner == req.owner && g.instance != req.instance))
+            && !(g.owner != req.owner && req.takes_over(g.priority))
         {
-            if g.owner != req.owner {
+            // A grant with a forceful request pending is ending: nobody (not even its
+            // holder) renews or replaces it before its expiry.
+            if g.owner != req.owner || g.ending() {
                 return Ok(AcquireOutcome::Held(record(&req.name, g, now)));
             }
             g.expires_at = expiry(now, req.ttl);
@@ -186,6 +204,9 @@ impl LeaseStore for MemoryStore {
             expires_at: expiry(now, req.ttl),
             version: 1,
             note: req.note.clone(),
+            priority: req.priority,
+            cleanup_timeout: req.cleanup_timeout,
+            request: None,
         };
         let rec = record(&req.name, &grant, now);
         b.grants.insert(req.name.clone(), grant);
@@ -197,7 +218,7 @@ impl LeaseStore for MemoryStore {
         owner: &str,
         leases: &[HeldLease],
         ttl: Duration,
-    ) -> Result<Vec<bool>, StoreError> {
+    ) -> Result<Vec<Renewal>, StoreError> {
         self.fault(true).await?;
         let now = Instant::now();
         let mut b = self.lock();
@@ -206,13 +227,63 @@ impl LeaseStore for MemoryStore {
             .iter()
             .map(|l| match b.grants.get_mut(&l.name) {
                 Some(g) if g.owner == owner && g.token == l.token && g.expires_at > now => {
-                    g.expires_at = expiry(now, ttl);
-                    g.version += 1;
-                    true
+                    match &g.request {
+                        Some(r) if r.forceful => Renewal::Refused(r.clone()),
+                        request => {
+                            let request = request.clone();
+                            g.expires_at = expiry(now, ttl);
+                            g.version += 1;
+                            Renewal::Renewed { request }
+                        }
+                    }
                 }
-                _ => false,
+                _ => Renewal::NotHeld,
             })
             .collect())
+    }
+
+    async fn request_preemption(
+        &self,
+        name: &str,
+        token: u64,
+        request: &PreemptionRequest,
+    ) -> Result<PreemptAnswer, StoreError> {
+        self.fault(false).await?;
+        let now = Instant::now();
+        let mut b = self.lock();
+        Ok(match b.grants.get_mut(name) {
+            Some(g) if g.token == token && g.expires_at > now => {
+                if request.may_replace(g.priority, g.request.as_ref()) {
+                    g.request = Some(request.clone());
+                    PreemptAnswer::Recorded(record(name, g, now))
+                } else {
+                    PreemptAnswer::Refused(record(name, g, now))
+                }
+            }
+            _ => PreemptAnswer::Gone,
+        })
+    }
+
+    async fn withdraw_preemption(
+        &self,
+        name: &str,
+        token: u64,
+        by: &str,
+    ) -> Result<bool, StoreError> {
+        self.fault(false).await?;
+        let now = Instant::now();
+        let mut b = self.lock();
+        Ok(match b.grants.get_mut(name) {
+            Some(g)
+                if g.token == token
+                    && g.expires_at > now
+                    && g.request.as_ref().is_some_and(|r| r.by == by) =>
+            {
+                g.request = None;
+                true
+            }
+            _ => false,
+        })
     }
 
     async fn release(&self, name: &str, owner: &str, token: u64) -> Result<bool, StoreError> {

@@ -12,11 +12,11 @@ use tokio::time::{Duration, Instant};
 
 use crate::error::LeaseError;
 use crate::settings::LeaseSettings;
-use crate::store::{HeldLease, LeaseStore};
+use crate::store::{HeldLease, LeaseStore, Renewal};
 
-/// The answer to one renewal request: when the batch was sent, and whether the lease was
-/// renewed (`Ok(false)`: certainly not held any more; `Err`: unknown).
-pub(crate) type RenewAnswer = (Instant, Result<bool, LeaseError>);
+/// The answer to one renewal request: when the batch was sent, and the store's answer for
+/// the lease (`Err`: unknown).
+pub(crate) type RenewAnswer = (Instant, Result<Renewal, LeaseError>);
 
 struct RenewRequest {
     lease: HeldLease,
@@ -99,16 +99,16 @@ async fn run(
         for (i, req) in batch.into_iter().enumerate() {
             let name = req.lease.name;
             let answer = match &result {
-                Ok(Ok(flags)) => match flags.get(i) {
-                    Some(flag) => Ok(*flag),
+                Ok(Ok(answers)) => match answers.get(i) {
+                    Some(answer) => Ok(answer.clone()),
                     None => Err(LeaseError::Store {
                         name,
                         operation: "renew",
                         source: crate::error::StoreError::Backend {
                             store: store.kind(),
                             detail: format!(
-                                "renew answered {} flags for {} leases",
-                                flags.len(),
+                                "renew answered {} times for {} leases",
+                                answers.len(),
                                 leases.len()
                             ),
                         },

@@ -18,7 +18,7 @@ use crate::error::{LeaseError, StoreError};
 use crate::names::NameRules;
 
 /// A lease record as the store holds it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LeaseRecord {
     /// The (store-safe) lease name.
     pub name: String,
@@ -35,10 +35,20 @@ pub struct LeaseRecord {
     pub version: u64,
     /// Free text the holder attached when acquiring (who and why), if any.
     pub note: Option<String>,
+    /// The holder's priority (0 unless it asked for more; see [`AcquireRequest::priority`]).
+    pub priority: u64,
+    /// How long the holder said it needs to clean up when preempted.
+    pub cleanup_timeout: Duration,
+    /// The pending preemption request on this grant, if any (capability `preemption`).
+    pub request: Option<PreemptionRequest>,
 }
 
+/// The priority reserved for operators' emergency use: only a request with this priority
+/// may set [`AcquireRequest::emergency`].
+pub const EMERGENCY_PRIORITY: u64 = u64::MAX;
+
 /// What an acquire asks for.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AcquireRequest {
     pub name: String,
     pub owner: String,
@@ -51,6 +61,102 @@ pub struct AcquireRequest {
     pub ttl: Duration,
     /// Free text to keep with the grant (who and why), shown by `tenure lease show`.
     pub note: Option<String>,
+    /// The priority of the grant (0 by default; higher wins; [`EMERGENCY_PRIORITY`] is the
+    /// operators' emergency level). Kept with the grant: a later request preempts it only
+    /// with a strictly higher priority.
+    pub priority: u64,
+    /// How long this requester needs to clean up if it is preempted later; kept with the
+    /// grant and shown to preempting requesters (they wait at most this long).
+    pub cleanup_timeout: Duration,
+    /// Only with `priority == EMERGENCY_PRIORITY`: take a lower-priority grant over at once
+    /// with a new token. The old holder's renewals then fail (token mismatch) and it gives
+    /// the lease up at its local deadline; until then only fencing tokens protect guarded
+    /// resources. Ignored at any other priority.
+    pub emergency: bool,
+}
+
+impl AcquireRequest {
+    /// Whether this request takes over, at once, an unexpired grant of another owner that
+    /// has priority `holder_priority` (the emergency rule). Every store decides it here.
+    pub fn takes_over(&self, holder_priority: u64) -> bool {
+        self.emergency && self.priority == EMERGENCY_PRIORITY && holder_priority < self.priority
+    }
+}
+
+/// A higher-priority requester's request that the holder of a grant give it up.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PreemptionRequest {
+    /// The requesting owner.
+    pub by: String,
+    /// The requesting holder instance.
+    pub instance: String,
+    /// The requester's priority: strictly above the grant's.
+    pub priority: u64,
+    /// `true`: from the moment it is recorded, every renewal of the grant is refused, so the
+    /// grant ends at its current expiry (at most one ttl later) whether or not the holder
+    /// cleaned up.
+    pub forceful: bool,
+    /// The requester's message (why it wants the lease).
+    pub note: Option<String>,
+}
+
+impl PreemptionRequest {
+    /// Whether this request may be recorded on a grant of priority `grant_priority` that has
+    /// `pending` as its request: it must outrank the grant, and either nothing is pending,
+    /// or the pending request is the same owner's (an update, e.g. becoming forceful), or it
+    /// has a lower priority (overtaken). Every store decides it here (or in an equivalent
+    /// compare-and-set condition).
+    pub fn may_replace(&self, grant_priority: u64, pending: Option<&PreemptionRequest>) -> bool {
+        self.priority > grant_priority
+            && match pending {
+                None => true,
+                Some(p) => p.by == self.by || p.priority < self.priority,
+            }
+    }
+}
+
+/// The outcome of [`LeaseStore::request_preemption`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PreemptAnswer {
+    /// The request is now on the grant; the record shows it.
+    Recorded(LeaseRecord),
+    /// Not recorded: the grant's priority is not lower, or another owner's request of at
+    /// least the same priority is pending. The record tells which.
+    Refused(LeaseRecord),
+    /// The grant is not the current unexpired grant any more (released, expired, replaced):
+    /// try to acquire.
+    Gone,
+}
+
+/// The outcome of renewing one lease (see [`LeaseStore::renew`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Renewal {
+    /// Renewed: the expiry is extended by the ttl. `request`: the pending (non-forceful)
+    /// preemption request on the grant, if any.
+    Renewed { request: Option<PreemptionRequest> },
+    /// Certainly not held any more (released, expired, taken over, another token).
+    NotHeld,
+    /// Still recorded for the holder, but a forceful preemption request is pending: the
+    /// renewal was refused and the expiry NOT extended. The holder must consider the lease
+    /// lost (preempted) now.
+    Refused(PreemptionRequest),
+}
+
+impl Renewal {
+    /// The answer of a store that keeps no preemption requests: renewed (nothing pending)
+    /// or not held.
+    pub fn plain(renewed: bool) -> Self {
+        if renewed {
+            Renewal::Renewed { request: None }
+        } else {
+            Renewal::NotHeld
+        }
+    }
+
+    /// A renewal that extended the expiry.
+    pub fn is_renewed(&self) -> bool {
+        matches!(self, Renewal::Renewed { .. })
+    }
 }
 
 /// The certain outcome of an acquire attempt.
@@ -72,6 +178,10 @@ pub struct HeldLease {
 
 /// A change of holder, pushed by a store that can watch (capability `watch`).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "one event per change of holder: boxing would buy nothing"
+)]
 pub enum WatchEvent {
     /// `record` was granted (a new grant; renewals are not reported).
     Granted(LeaseRecord),
@@ -98,6 +208,9 @@ pub struct Capabilities {
     pub watch: bool,
     /// Records and fencing counters survive a restart of the store.
     pub durable: bool,
+    /// Priorities, preemption requests ([`LeaseStore::request_preemption`]) and emergency
+    /// take-overs are kept and enforced.
+    pub preemption: bool,
 }
 
 /// Runs one store call on lease `lease`, bounded by `timeout` (the section's
@@ -139,20 +252,24 @@ pub trait LeaseStore: Send + Sync + 'static {
     }
 
     /// Grants the lease if it is free or expired (new token), already held by `req.owner`
-    /// and `req.instance` (same token, fresh expiry), or held by another instance of
-    /// `req.owner` (new token: taken over). `Ok(Held)` only when another owner certainly
-    /// holds an unexpired grant.
+    /// and `req.instance` (same token, fresh expiry; priority and cleanup timeout stay as
+    /// granted), or held by another instance of `req.owner` (new token: taken over).
+    /// `Ok(Held)` when another owner certainly holds an unexpired grant, and also, with
+    /// capability `preemption`, when a forceful preemption request is pending on the grant
+    /// (it is ending: not even its owner may extend or replace it). Exception: a request
+    /// for which [`AcquireRequest::takes_over`] holds (emergency) is granted at once with a
+    /// new token over another owner's grant. A new grant has no request pending.
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError>;
 
     /// Renews, in one round trip, every listed lease that `owner` still holds with that
-    /// token and that has not expired, giving each a fresh `ttl`. Returns one flag per
-    /// input, in order: `true` renewed, `false` certainly not held any more.
+    /// token, that has not expired and that has no forceful preemption request pending,
+    /// giving each a fresh `ttl`. Returns one answer per input, in order (see [`Renewal`]).
     async fn renew(
         &self,
         owner: &str,
         leases: &[HeldLease],
         ttl: Duration,
-    ) -> Result<Vec<bool>, StoreError>;
+    ) -> Result<Vec<Renewal>, StoreError>;
 
     /// Deletes the grant if `owner` holds it with `token`. `Ok(true)` released,
     /// `Ok(false)` it was not ours (any more): a stale holder never frees a later grant.
@@ -180,6 +297,43 @@ pub trait LeaseStore: Send + Sync + 'static {
         Err(StoreError::Unsupported {
             store: self.kind(),
             operation: "fair acquire",
+        })
+    }
+
+    /// Records `request` on grant `token` of `name` (capability `preemption`), atomically,
+    /// when [`PreemptionRequest::may_replace`] allows it: `Ok(Recorded)`; otherwise
+    /// `Ok(Refused)` with the record saying why; `Ok(Gone)` when `token` is not the current
+    /// unexpired grant. A recorded forceful request makes every later renewal of the grant
+    /// answer [`Renewal::Refused`] without extending it. Releasing or expiry of the grant
+    /// drops its request; a request never changes the grant's token or expiry. Stores
+    /// without the capability answer `Err(StoreError::Unsupported)` and change nothing.
+    async fn request_preemption(
+        &self,
+        name: &str,
+        token: u64,
+        request: &PreemptionRequest,
+    ) -> Result<PreemptAnswer, StoreError> {
+        let _ = (name, token, request);
+        Err(StoreError::Unsupported {
+            store: self.kind(),
+            operation: "preemption",
+        })
+    }
+
+    /// Removes the pending preemption request of owner `by` from grant `token` of `name`:
+    /// `Ok(true)` removed, `Ok(false)` no request of `by` was there (another's, none, or the
+    /// grant is gone). Stores without the capability `preemption` answer
+    /// `Err(StoreError::Unsupported)`.
+    async fn withdraw_preemption(
+        &self,
+        name: &str,
+        token: u64,
+        by: &str,
+    ) -> Result<bool, StoreError> {
+        let _ = (name, token, by);
+        Err(StoreError::Unsupported {
+            store: self.kind(),
+            operation: "preemption",
         })
     }
 

@@ -129,6 +129,7 @@ impl Fixture {
                 instance: "other".into(),
                 ttl: Duration::from_secs(3600),
                 note: None,
+                ..AcquireRequest::default()
             })
             .await
             .unwrap();

@@ -149,6 +149,7 @@ fn hold_by_other(store: &MemoryStore, name: &str) -> u64 {
         instance: "other".into(),
         ttl: Duration::from_secs(60),
         note: None,
+        ..AcquireRequest::default()
     };
     let outcome = futures::executor::block_on(store.try_acquire(&req)).unwrap();
     match outcome {

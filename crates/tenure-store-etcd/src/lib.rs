@@ -19,7 +19,7 @@
 //! - **Priority leases**: a preemption request is a key next to the grant, read by the
 //!   holder's renewal in the transaction that writes its heartbeat; a forceful one ends the
 //!   grant for every client one ttl after it was recorded, judged on the revision clock,
-//!   although the holder's session lives on ([`preempt`] module docs).
+//!   although the holder's session lives on (`preempt` module docs).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -33,6 +33,7 @@
 //!     instance: "1".into(),
 //!     ttl: Duration::from_secs(10),
 //!     note: None,
+//!     ..AcquireRequest::default()
 //! };
 //! if let AcquireOutcome::Granted(record) = store.try_acquire(&req).await? {
 //!     println!("fencing token {}", record.token);

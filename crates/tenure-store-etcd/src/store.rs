@@ -224,7 +224,10 @@ impl Inner {
 
     /// Reads every pending preemption request (few: one per grant being preempted).
     pub(crate) fn requests_op(&self) -> TxnOp {
-        TxnOp::get(self.layout.requests(), Some(GetOptions::new().with_prefix()))
+        TxnOp::get(
+            self.layout.requests(),
+            Some(GetOptions::new().with_prefix()),
+        )
     }
 
     /// The request keys among `kvs`, by grant token.
@@ -271,11 +274,7 @@ impl Inner {
         context: &Context,
     ) -> Result<Judged, StoreError> {
         let value = GrantValue::decode(kv.key(), kv.value())?;
-        let heartbeat = context
-            .heartbeats
-            .get(&kv.lease())
-            .copied()
-            .unwrap_or(0);
+        let heartbeat = context.heartbeats.get(&kv.lease()).copied().unwrap_or(0);
         let ttl = Duration::from_millis(value.ttl_ms);
         let mut age = self.clock.age(kv.mod_revision().max(heartbeat));
         let (pending, request_rev) = match context.request(kv.create_revision()) {
@@ -584,11 +583,9 @@ impl Inner {
                 }
             });
         }
-        let moved: Vec<_> = stream::iter(
-            moves
-                .into_iter()
-                .map(|(i, name, key, g, request)| self.move_grant(i, name, key, g, request, ttl_ms, session.id)),
-        )
+        let moved: Vec<_> = stream::iter(moves.into_iter().map(|(i, name, key, g, request)| {
+            self.move_grant(i, name, key, g, request, ttl_ms, session.id)
+        }))
         .buffer_unordered(MOVES_IN_FLIGHT)
         .collect()
         .await;

@@ -67,6 +67,7 @@ pub(crate) async fn watch(
                             expires_in: std::time::Duration::from_millis(v.ttl_ms),
                             version: 1,
                             note: v.note,
+                            ..LeaseRecord::default()
                         })
                     }
                     EventType::Put => continue,

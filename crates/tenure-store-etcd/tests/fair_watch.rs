@@ -19,6 +19,7 @@ fn request(name: &str, owner: &str, ttl: Duration) -> AcquireRequest {
         instance: format!("{owner}-1"),
         ttl,
         note: None,
+        ..AcquireRequest::default()
     }
 }
 

@@ -23,6 +23,7 @@ fn request(name: &str, owner: &str, ttl: Duration) -> AcquireRequest {
         instance: format!("{owner}-1"),
         ttl,
         note: None,
+        ..AcquireRequest::default()
     }
 }
 
@@ -108,7 +109,10 @@ async fn etcd_stopped_then_restarted() {
     )
     .await;
     // b holds nothing through this client: certain without asking the store.
-    assert_eq!(renew.expect("renew of nothing held"), vec![false]);
+    assert_eq!(
+        renew.expect("renew of nothing held"),
+        vec![tenure_lease::Renewal::NotHeld]
+    );
     let release = bounded(
         "stopped",
         "release",

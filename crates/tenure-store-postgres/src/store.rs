@@ -9,8 +9,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, R
 use futures::future::BoxFuture;
 use tenure_lease::{
     AcquireOutcome, AcquireRequest, Capabilities, ConfigError, HeldLease, LeaseRecord,
-    LeaseSection, LeaseStore, PreemptAnswer, PreemptionRequest, Renewal, StoreError,
-    StoreFactory,
+    LeaseSection, LeaseStore, PreemptAnswer, PreemptionRequest, Renewal, StoreError, StoreFactory,
 };
 use tokio::time::{Instant, sleep, timeout};
 use tokio_postgres::{NoTls, Row};
@@ -206,8 +205,7 @@ impl PostgresStore {
             name: row.try_get(at).map_err(bad)?,
             owner: row.try_get(at + 1).map_err(bad)?,
             instance: row.try_get(at + 2).map_err(bad)?,
-            token: u64::try_from(token)
-                .map_err(|_| self.bad(format!("negative token {token}")))?,
+            token: u64::try_from(token).map_err(|_| self.bad(format!("negative token {token}")))?,
             expires_in: Duration::from_micros(expires_in_us.max(0) as u64),
             version: version.max(0) as u64,
             note: row.try_get(at + 6).map_err(bad)?,

@@ -11,6 +11,7 @@ use server::{Exclusive, PgServer};
 use tenure_lease::conformance::test_settings;
 use tenure_lease::{
     AcquireOutcome, AcquireRequest, Acquired, HeldLease, Lease, LeaseSpec, LeaseStore, LostReason,
+    Renewal,
 };
 use tenure_store_postgres::{FenceError, PostgresOptions, PostgresStore};
 use tokio::time::{Instant, sleep};
@@ -39,6 +40,7 @@ fn request(name: &str, owner: &str, ttl: Duration) -> AcquireRequest {
         instance: format!("{owner}-1"),
         ttl,
         note: None,
+        ..AcquireRequest::default()
     }
 }
 
@@ -249,10 +251,10 @@ async fn notes_versions_and_expiry() {
         )
         .await
         .unwrap(),
-        [true]
+        [Renewal::plain(true)]
     );
     assert_eq!(s.read("noted").await.unwrap().unwrap().version, 3);
-    assert_eq!(s.renew("a", &[], ttl).await.unwrap(), Vec::<bool>::new());
+    assert_eq!(s.renew("a", &[], ttl).await.unwrap(), Vec::<Renewal>::new());
 }
 
 /// Many processes opening a fresh database at once: every migration succeeds, in a

@@ -201,7 +201,7 @@ fn renew(c: &mut Criterion) {
                         .renew("bench-owner", &held, Duration::from_secs(60))
                         .await
                         .unwrap(),
-                    vec![true]
+                    vec![tenure_lease::Renewal::plain(true)]
                 )
             })
         })

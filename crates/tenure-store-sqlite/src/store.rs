@@ -9,7 +9,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, pa
 use tenure_lease::config::TableReader;
 use tenure_lease::{
     AcquireOutcome, AcquireRequest, Capabilities, ConfigError, HeldLease, LeaseRecord,
-    LeaseSection, LeaseStore, StoreError, StoreFactory,
+    LeaseSection, LeaseStore, Renewal, StoreError, StoreFactory,
 };
 
 use crate::clock::{boot_id, now_ns};
@@ -168,6 +168,7 @@ fn row_record(row: &rusqlite::Row<'_>, now: i64) -> rusqlite::Result<LeaseRecord
         expires_in: Duration::from_nanos(expires_at.saturating_sub(now).max(0) as u64),
         version: row.get::<_, i64>(5)? as u64,
         note: row.get(6)?,
+        ..LeaseRecord::default()
     })
 }
 
@@ -184,6 +185,7 @@ impl LeaseStore for SqliteStore {
             fair_waiting: false,
             watch: false,
             durable: true,
+            preemption: false,
         }
     }
 
@@ -231,6 +233,7 @@ impl LeaseStore for SqliteStore {
                         expires_in: req.ttl,
                         version: 1,
                         note: req.note.clone(),
+                        ..LeaseRecord::default()
                     })
                 }
             };
@@ -245,7 +248,7 @@ impl LeaseStore for SqliteStore {
         owner: &str,
         leases: &[HeldLease],
         ttl: Duration,
-    ) -> Result<Vec<bool>, StoreError> {
+    ) -> Result<Vec<Renewal>, StoreError> {
         let owner = owner.to_string();
         let pairs: Vec<(&str, u64)> = leases.iter().map(|l| (l.name.as_str(), l.token)).collect();
         let batch = serde_json::to_string(&pairs).map_err(|e| StoreError::Backend {
@@ -268,7 +271,7 @@ impl LeaseStore for SqliteStore {
             tx.commit()?;
             Ok(wanted
                 .iter()
-                .map(|l| renewed.contains(&(l.name.clone(), l.token as i64)))
+                .map(|l| Renewal::plain(renewed.contains(&(l.name.clone(), l.token as i64))))
                 .collect())
         })
         .await

@@ -205,7 +205,7 @@ fn renewal_cost() {
                     .renew("owner", &held, s.heartbeat_timeout)
                     .await;
                 direct.push(started.elapsed());
-                assert!(flags.unwrap().iter().all(|f| *f));
+                assert!(flags.unwrap().iter().all(|f| f.is_renewed()));
             }
             holders.stop();
             (after - before, direct, all_held)

@@ -19,6 +19,7 @@
 //!     instance: "1".into(),
 //!     ttl,
 //!     note: None,
+//!     ..AcquireRequest::default()
 //! };
 //! if let AcquireOutcome::Granted(grant) = store.try_acquire(&req).await? {
 //!     println!("fencing token {}", grant.token); // the holder node's czxid

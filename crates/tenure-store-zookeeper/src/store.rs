@@ -8,8 +8,7 @@ use async_trait::async_trait;
 use tenure_lease::names::NameRules;
 use tenure_lease::{
     AcquireOutcome, AcquireRequest, Capabilities, ConfigError, HeldLease, LeaseRecord,
-    LeaseSection, LeaseStore, PreemptAnswer, PreemptionRequest, Renewal, StoreError,
-    StoreFactory,
+    LeaseSection, LeaseStore, PreemptAnswer, PreemptionRequest, Renewal, StoreError, StoreFactory,
 };
 use tokio::time::Instant;
 use zookeeper_client as zk;
@@ -331,7 +330,12 @@ impl ZooKeeperStore {
                         ending: false,
                     },
                 );
-                Ok(Some(GrantData::new(req).record(&req.name, t, 0, Some(req.ttl))))
+                Ok(Some(GrantData::new(req).record(
+                    &req.name,
+                    t,
+                    0,
+                    Some(req.ttl),
+                )))
             }
             Err(zk::MultiWriteError::OperationFailed {
                 index: 0,
@@ -678,18 +682,24 @@ impl LeaseStore for ZooKeeperStore {
             };
             let pending = data.request.clone().map(PreemptionRequest::from);
             if !request.may_replace(data.priority, pending.as_ref()) {
-                return Ok(PreemptAnswer::Refused(
-                    data.record(name, token_, stat.version, None),
-                ));
+                return Ok(PreemptAnswer::Refused(data.record(
+                    name,
+                    token_,
+                    stat.version,
+                    None,
+                )));
             }
             let data = GrantData {
                 request: Some(RequestData::from(request)),
                 ..data
             };
             if let Some(new) = self.set_request(&client, name, &data, &stat).await? {
-                return Ok(PreemptAnswer::Recorded(
-                    data.record(name, token_, new.version, None),
-                ));
+                return Ok(PreemptAnswer::Recorded(data.record(
+                    name,
+                    token_,
+                    new.version,
+                    None,
+                )));
             }
         }
         Err(backend(format!(
@@ -717,7 +727,11 @@ impl LeaseStore for ZooKeeperStore {
                 request: None,
                 ..data
             };
-            if self.set_request(&client, name, &data, &stat).await?.is_some() {
+            if self
+                .set_request(&client, name, &data, &stat)
+                .await?
+                .is_some()
+            {
                 return Ok(true);
             }
         }

@@ -19,6 +19,7 @@ fn request(name: &str, owner: &str) -> AcquireRequest {
         instance: format!("{owner}-1"),
         ttl: TTL,
         note: None,
+        ..AcquireRequest::default()
     }
 }
 

@@ -10,7 +10,7 @@ use tenure_lease::conformance::test_settings;
 use tenure_lease::store::bounded;
 use tenure_lease::{
     AcquireOutcome, AcquireRequest, Acquired, HeldLease, Lease, LeaseSpec, LeaseStore, LostReason,
-    StoreError,
+    Renewal, StoreError,
 };
 use tenure_store_zookeeper::zookeeper_client as zk;
 use tokio::time::{Instant, sleep};
@@ -22,6 +22,7 @@ fn request(name: &str, owner: &str, instance: &str, ttl: Duration) -> AcquireReq
         instance: instance.into(),
         ttl,
         note: None,
+        ..AcquireRequest::default()
     }
 }
 
@@ -155,7 +156,7 @@ async fn session_end_reports_not_held_and_reconnects() {
     }
     assert_eq!(
         store.renew("a", &held, ttl).await.expect("renew"),
-        vec![true; 3]
+        vec![Renewal::plain(true); 3]
     );
     let session = store.session_of("a").await.expect("a has a session");
     // Another client takes the session over and closes it: the server deletes its nodes.
@@ -180,8 +181,12 @@ async fn session_end_reports_not_held_and_reconnects() {
     let started = Instant::now();
     loop {
         match store.renew("a", &held, ttl).await {
-            Ok(flags) if flags == vec![false; 3] => break,
-            Ok(flags) => assert_eq!(flags, vec![true; 3], "all or nothing: one session"),
+            Ok(answers) if answers == vec![Renewal::NotHeld; 3] => break,
+            Ok(answers) => assert_eq!(
+                answers,
+                vec![Renewal::plain(true); 3],
+                "all or nothing: one session"
+            ),
             Err(StoreError::Unavailable { .. }) => {}
             Err(e) => panic!("renew: {e}"),
         }

@@ -16,7 +16,7 @@ use crate::names::NameRules;
 use crate::{
     AcquireOutcome, AcquireRequest, Acquired, Capabilities, HeldLease, Lease, LeaseActor,
     LeaseEventSink, LeaseMsg, LeaseRecord, LeaseSettings, LeaseSpec, LeaseStore, LeaseView,
-    RenewalBatcher, StoreError, WatchReceiver,
+    PreemptAnswer, PreemptionRequest, Renewal, RenewalBatcher, StoreError, WatchReceiver,
 };
 
 /// How long renewal-cost runs wait for the renewals to settle onto the heartbeat grid
@@ -69,7 +69,7 @@ pub fn spi_request(name: &str, ttl: Duration) -> AcquireRequest {
         owner: "bench-owner".into(),
         instance: "bench".into(),
         ttl,
-        note: None,
+        ..AcquireRequest::default()
     }
 }
 
@@ -163,7 +163,7 @@ impl LeaseStore for Counting {
         owner: &str,
         leases: &[HeldLease],
         ttl: Duration,
-    ) -> Result<Vec<bool>, StoreError> {
+    ) -> Result<Vec<Renewal>, StoreError> {
         self.renew_calls.fetch_add(1, Ordering::SeqCst);
         self.renewed
             .fetch_add(leases.len() as u64, Ordering::SeqCst);
@@ -184,6 +184,22 @@ impl LeaseStore for Counting {
         wait: Duration,
     ) -> Result<AcquireOutcome, StoreError> {
         self.inner.acquire_fair(req, wait).await
+    }
+    async fn request_preemption(
+        &self,
+        name: &str,
+        token: u64,
+        request: &PreemptionRequest,
+    ) -> Result<PreemptAnswer, StoreError> {
+        self.inner.request_preemption(name, token, request).await
+    }
+    async fn withdraw_preemption(
+        &self,
+        name: &str,
+        token: u64,
+        by: &str,
+    ) -> Result<bool, StoreError> {
+        self.inner.withdraw_preemption(name, token, by).await
     }
     async fn watch(&self, prefix: &str) -> Result<WatchReceiver, StoreError> {
         self.inner.watch(prefix).await
