@@ -10,6 +10,7 @@
 //! how fast something happened.
 
 pub mod bench;
+pub mod preemption;
 
 use std::any::Any;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -36,3 +36,4 @@ impl Harness for ZooKeeperHarness {
 }
 
 tenure_lease::conformance_tests!(async { ZooKeeperHarness(common::exclusive().await) });
+tenure_lease::preemption_spi_tests!(async { ZooKeeperHarness(common::exclusive().await) });
