@@ -25,7 +25,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             );
             assert!(lease.release().await?);
         }
-        Acquired::NotGranted { holder } => println!("busy, held by {holder:?}"),
+        Acquired::NotGranted { holder, .. } => println!("busy, held by {holder:?}"),
     }
     Ok(())
 }

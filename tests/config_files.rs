@@ -62,7 +62,7 @@ async fn same_triple_gives_the_same_lease() {
     assert!(b.check_lease(), "same instance shares the grant");
     assert!(!c.check_lease());
     assert!(
-        matches!(c.acquire().await.unwrap(), tenure::Acquired::NotGranted { holder: Some(h) } if h == "n1:1")
+        matches!(c.acquire().await.unwrap(), tenure::Acquired::NotGranted { holder: Some(h), .. } if h == "n1:1")
     );
     let err = provider
         .lease("", "t", "n1:1")

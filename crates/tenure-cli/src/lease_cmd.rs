@@ -149,7 +149,7 @@ pub async fn hold(
         Ok(Acquired::Granted { token }) => token,
         first => {
             match first {
-                Ok(Acquired::NotGranted { holder }) => println!(
+                Ok(Acquired::NotGranted { holder, .. }) => println!(
                     "waiting for {}: held by {}",
                     target.name,
                     holder.as_deref().unwrap_or("another owner")

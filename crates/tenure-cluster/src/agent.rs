@@ -649,6 +649,10 @@ impl AgentState {
                     spawn_ticket(myself, &self.s, self.store.clone());
                 }
             }
+            // Member leases are plain (priority 0): a forceful preemption arrives as a loss.
+            Local::Lease(
+                LeaseEvent::PreemptionRequested(_) | LeaseEvent::PreemptionWithdrawn(_),
+            ) => {}
             Local::Tick => self.tick(myself),
             Local::Poll => {
                 if !self.polling {

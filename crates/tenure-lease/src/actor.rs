@@ -5,6 +5,8 @@
 //! stops: gracefully in `post_stop`, and from `Drop` of its state when it is killed or
 //! fails (ractor skips `post_stop` then, e.g. when its supervisor dies).
 
+mod preemption;
+
 use std::sync::Arc;
 
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SpawnErr};
@@ -14,9 +16,12 @@ use tokio::time::Instant;
 use crate::error::{ConfigError, LeaseError};
 use crate::events::{LeaseEventSink, SharedBelief};
 use crate::names::{check_lease_name, store_name};
+use crate::priority::AcquireOptions;
 use crate::renewal::{RenewAnswer, RenewalBatcher};
 use crate::settings::LeaseSettings;
-use crate::store::{AcquireOutcome, AcquireRequest, HeldLease, LeaseStore, Renewal, bounded};
+use crate::store::{
+    AcquireOutcome, AcquireRequest, HeldLease, LeaseRecord, LeaseStore, Renewal, bounded,
+};
 use crate::validity::{Belief, GrantEffect, Held};
 
 /// Everything a LeaseActor needs to hold one lease.
@@ -32,8 +37,10 @@ pub struct LeaseSpec {
     pub settings: LeaseSettings,
     /// The renewal batcher of this owner on this store.
     pub batcher: RenewalBatcher,
-    /// Free text kept with the grant (who and why).
+    /// Free text kept with the grant (who and why), and sent with preemption requests.
     pub note: Option<String>,
+    /// Priority, cleanup and waiting timeouts (default: a plain lease).
+    pub options: AcquireOptions,
 }
 
 impl std::fmt::Debug for LeaseSpec {
@@ -44,6 +51,7 @@ impl std::fmt::Debug for LeaseSpec {
             .field("owner", &self.owner)
             .field("store", &self.store.kind())
             .field("settings", &self.settings)
+            .field("options", &self.options)
             .finish()
     }
 }
@@ -85,7 +93,17 @@ impl LeaseSpec {
             settings,
             batcher,
             note: None,
+            options: AcquireOptions::default(),
         })
+    }
+
+    /// Acquires with `options` (priority, preemption). Errors name the offending option:
+    /// `emergency` without the maximum priority, or priorities on a store without the
+    /// `preemption` capability.
+    pub fn with_options(mut self, options: AcquireOptions) -> Result<Self, ConfigError> {
+        options.validate(self.store.kind(), self.store.capabilities())?;
+        self.options = options;
+        Ok(self)
     }
 
     /// Keeps `note` with each grant.
@@ -100,8 +118,12 @@ impl LeaseSpec {
 pub enum Acquired {
     /// Held now, with this grant's fencing token (the same token if it was held already).
     Granted { token: u64 },
-    /// Another owner holds it (named when the store said who).
-    NotGranted { holder: Option<String> },
+    /// Another owner holds it (named when the store said who) with a priority at least
+    /// this requester's (0 on stores without priorities).
+    NotGranted {
+        holder: Option<String>,
+        priority: u64,
+    },
 }
 
 /// An acquire answer and, when granted, the generation of the grant.
@@ -114,7 +136,9 @@ pub enum LeaseMsg {
     Acquire {
         reply: Option<RpcReplyPort<AcquireReply>>,
     },
-    /// One attempt, answered with its outcome.
+    /// One attempt, answered with its outcome. A requester that outranks the holder asks it
+    /// to give the lease up and answers once granted, or with `CleanupTimedOut` /
+    /// `Overtaken` (see [`AcquireOptions`]).
     TryAcquire(RpcReplyPort<AcquireReply>),
     /// While trying, retry every `pace` instead of `lease-retry-interval` (`None`: back to
     /// it), e.g. faster while the holder is known to be handing over. A pending retry is
@@ -125,6 +149,8 @@ pub enum LeaseMsg {
     Release(RpcReplyPort<Result<bool, LeaseError>>),
     #[doc(hidden)]
     RetryAcquire,
+    #[doc(hidden)]
+    PreemptPoll,
     #[doc(hidden)]
     RenewDue { generation: u64 },
     #[doc(hidden)]
@@ -232,6 +258,12 @@ pub struct LeaseActorState {
     renew_timer: Option<JoinHandle<()>>,
     watchdog: Option<JoinHandle<()>>,
     renew_in_flight: bool,
+    /// The holder's record from the last "held by another owner" answer.
+    last_held: Option<LeaseRecord>,
+    /// Waiting for a lower-priority holder (requester side of preemption).
+    preempting: Option<preemption::Preempting>,
+    /// Preemption requests announced on the current grant (holder side).
+    notices: preemption::Notices,
 }
 
 impl Drop for LeaseActorState {
@@ -328,7 +360,9 @@ impl LeaseActorState {
             ),
             ttl: spec.settings.heartbeat_timeout,
             note: spec.note.clone(),
-            ..AcquireRequest::default()
+            priority: spec.options.priority,
+            cleanup_timeout: spec.options.cleanup_timeout,
+            emergency: spec.options.emergency,
         };
         let sent_at = Instant::now();
         let answer = bounded(
@@ -347,16 +381,17 @@ impl LeaseActorState {
                     // We believed we held it, the store says another owner does.
                     self.belief.not_held(h.generation);
                 }
-                Ok((
-                    Acquired::NotGranted {
-                        holder: Some(record.owner),
-                    },
-                    None,
-                ))
+                let reply = Acquired::NotGranted {
+                    holder: Some(record.owner.clone()),
+                    priority: record.priority,
+                };
+                self.last_held = Some(record);
+                Ok((reply, None))
             }
             Ok(AcquireOutcome::Granted(record)) => {
                 match self.belief.grant(record.token, sent_at) {
                     GrantEffect::New(held) => {
+                        self.notices = preemption::Notices::new(held.generation, sent_at);
                         self.on_new_grant(myself, held);
                         Ok((
                             Acquired::Granted { token: held.token },
@@ -409,11 +444,18 @@ impl LeaseActorState {
     }
 
     async fn keep_trying(&mut self, myself: &ActorRef<LeaseMsg>) {
+        if self.preempting.is_some() {
+            // Its outcome answers the waiters or schedules the next try.
+            return;
+        }
         let reply = self.attempt(myself).await;
         match &reply {
             Ok((Acquired::Granted { .. }, _)) => {
                 self.wanted = false;
                 self.answer_waiters(&reply);
+            }
+            _ if let Some(record) = self.preemptable() => {
+                self.start_preempting(myself, record, None).await;
             }
             other => {
                 tracing::debug!(lease = %self.spec.name, outcome = ?other, "acquire not granted; will retry");
@@ -428,6 +470,7 @@ impl LeaseActorState {
 
     async fn release(&mut self) -> Result<bool, LeaseError> {
         self.wanted = false;
+        self.stop_preempting().await;
         Self::stop_timer(&mut self.retry_timer);
         Self::stop_timer(&mut self.renew_timer);
         Self::stop_timer(&mut self.watchdog);
@@ -471,6 +514,9 @@ impl Actor for LeaseActor {
             renew_timer: None,
             watchdog: None,
             renew_in_flight: false,
+            last_held: None,
+            preempting: None,
+            notices: preemption::Notices::default(),
         })
     }
 
@@ -504,7 +550,16 @@ impl Actor for LeaseActor {
                 }
             }
             LeaseMsg::TryAcquire(reply) => {
+                let Some(reply) = state.join_preempting(reply) else {
+                    return Ok(());
+                };
                 let answer = state.attempt(&myself).await;
+                if matches!(answer, Ok((Acquired::NotGranted { .. }, _)))
+                    && let Some(record) = state.preemptable()
+                {
+                    state.start_preempting(&myself, record, Some(reply)).await;
+                    return Ok(());
+                }
                 if matches!(answer, Ok((Acquired::Granted { .. }, _))) && state.wanted {
                     state.wanted = false;
                     LeaseActorState::stop_timer(&mut state.retry_timer);
@@ -512,6 +567,7 @@ impl Actor for LeaseActor {
                 }
                 let _ = reply.send(answer);
             }
+            LeaseMsg::PreemptPoll => state.preempt_poll(&myself).await,
             LeaseMsg::RetryPace(pace) => {
                 state.retry_pace = pace;
                 if state.wanted && state.retry_timer.is_some() {
@@ -554,12 +610,13 @@ impl Actor for LeaseActor {
             LeaseMsg::RenewDone { generation, answer } => {
                 state.renew_in_flight = false;
                 match answer {
-                    Some((sent_at, Ok(Renewal::Renewed { .. }))) => {
-                        state.belief.renewed(generation, sent_at);
+                    Some((sent_at, Ok(Renewal::Renewed { request }))) => {
+                        if state.belief.renewed(generation, sent_at) {
+                            state.observe_request(generation, request, sent_at);
+                        }
                     }
-                    Some((_, Ok(Renewal::NotHeld | Renewal::Refused(_)))) => {
-                        state.belief.not_held(generation)
-                    }
+                    Some((_, Ok(Renewal::NotHeld))) => state.belief.not_held(generation),
+                    Some((_, Ok(Renewal::Refused(_)))) => state.belief.preempted(generation),
                     Some((_, Err(e))) => {
                         tracing::warn!(lease = %state.spec.name, error = %e, "renewal failed; the lease holds until its local deadline")
                     }

@@ -11,6 +11,13 @@
 
 pub mod bench;
 pub mod preemption;
+pub mod preemption_faults;
+
+pub use preemption::{
+    emergency_takeover, forceful_preemption_refuses_renewals, helix_cleanup_in_time,
+    helix_cleanup_timeout, helix_emergency, helix_forceful, helix_lower_priority_rejected,
+    helix_overtaken, preemption_requests,
+};
 
 use std::any::Any;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -227,7 +234,8 @@ pub async fn contention(h: &dyn Harness) {
                 assert_eq!(
                     r.as_ref().expect("no errors against a healthy store"),
                     &Acquired::NotGranted {
-                        holder: Some(format!("owner-{winner}"))
+                        holder: Some(format!("owner-{winner}")),
+                        priority: 0
                     }
                 );
             }
@@ -508,15 +516,24 @@ pub async fn loss_before_takeover(h: &dyn Harness) {
     assert_eq!(lost.lock().unwrap().len(), 1, "no second signal");
 }
 
+/// Asserts that a store opted out of the preemption cases (`without preemption`) indeed
+/// lacks the capability, so the opt-out is removed as soon as the store gains it.
+pub async fn preemption_not_yet_supported(h: &dyn Harness) {
+    let store = h.client().await;
+    assert!(
+        !store.capabilities().preemption,
+        "the {} store supports preemption now: drop `without preemption` from its conformance_tests!",
+        store.kind()
+    );
+}
+
 /// Defines one `#[tokio::test]` per conformance case. `$harness` is an async expression
-/// giving a fresh [`Harness`] for each test.
+/// giving a fresh [`Harness`] for each test. Every store runs the preemption cases
+/// ([`preemption`]); a store crate that does not implement them yet says so with
+/// `conformance_tests!(harness; without preemption)`, which instead asserts that the
+/// capability is absent.
 #[macro_export]
 macro_rules! conformance_tests {
-    ($harness:expr) => {
-        $crate::conformance_tests!(@case $harness; contention, reentrancy, owner_only_release,
-            token_monotonicity, expiry_and_takeover, batch_renew, errors_when_unavailable,
-            loss_before_takeover);
-    };
     (@case $harness:expr; $($case:ident),*) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -525,5 +542,21 @@ macro_rules! conformance_tests {
                 $crate::conformance::$case(&harness).await;
             }
         )*
+    };
+    (@base $harness:expr) => {
+        $crate::conformance_tests!(@case $harness; contention, reentrancy, owner_only_release,
+            token_monotonicity, expiry_and_takeover, batch_renew, errors_when_unavailable,
+            loss_before_takeover);
+    };
+    ($harness:expr; without preemption) => {
+        $crate::conformance_tests!(@base $harness);
+        $crate::conformance_tests!(@case $harness; preemption_not_yet_supported);
+    };
+    ($harness:expr) => {
+        $crate::conformance_tests!(@base $harness);
+        $crate::conformance_tests!(@case $harness; preemption_requests,
+            forceful_preemption_refuses_renewals, emergency_takeover,
+            helix_lower_priority_rejected, helix_cleanup_in_time, helix_cleanup_timeout,
+            helix_forceful, helix_overtaken, helix_emergency);
     };
 }

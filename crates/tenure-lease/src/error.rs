@@ -21,7 +21,9 @@ pub enum StoreError {
     },
 }
 
-/// The outcome of a lease operation is unknown (or the lease could not be used at all).
+/// The outcome of a lease operation is unknown (or the lease could not be used at all),
+/// except for the two preemption outcomes [`CleanupTimedOut`](LeaseError::CleanupTimedOut)
+/// and [`Overtaken`](LeaseError::Overtaken), which are certain: not granted.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum LeaseError {
     /// The store did not answer within `lease-operation-timeout`.
@@ -42,6 +44,25 @@ pub enum LeaseError {
     /// The wait for a grant was cancelled by a release or stop.
     #[error("lease `{name}`: acquire cancelled by release")]
     Cancelled { name: String },
+    /// A non-forceful preemption ended: the lower-priority holder did not release within
+    /// min(waiting timeout, its cleanup timeout). The request was withdrawn; nothing changed.
+    #[error(
+        "lease `{name}`: holder {holder} did not finish cleanup in time (waited {waited:?}, its cleanup timeout is {cleanup_timeout:?}); the request was withdrawn"
+    )]
+    CleanupTimedOut {
+        name: String,
+        holder: String,
+        cleanup_timeout: Duration,
+        waited: Duration,
+    },
+    /// While this requester waited for a lower-priority holder, an owner with an even higher
+    /// priority requested the lease: it goes first, this request is dropped.
+    #[error("lease `{name}`: overtaken by {by} (priority {priority}) while waiting for the holder")]
+    Overtaken {
+        name: String,
+        by: String,
+        priority: u64,
+    },
     /// The lease actor behind this handle has stopped.
     #[error("lease `{name}`: its lease actor is not running")]
     ActorStopped { name: String },

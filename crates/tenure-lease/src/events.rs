@@ -25,11 +25,46 @@ pub struct LeaseLost {
     pub reason: LostReason,
 }
 
+/// A higher-priority owner asked the holder to give the lease up (cooperative
+/// preemption): clean up and release before `cleanup_deadline`. Sent once per request
+/// (requesting owner and priority) while the grant is held, after its `LeaseGranted`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreemptionRequested {
+    pub name: String,
+    /// The token of the grant asked for.
+    pub token: u64,
+    /// The requesting owner.
+    pub by: String,
+    /// The requester's priority.
+    pub priority: u64,
+    /// The requester will not wait: renewals are refused once it is recorded forceful.
+    pub forceful: bool,
+    /// The requester's message, if any.
+    pub note: Option<String>,
+    /// The holder's own cleanup timeout counted from before the request can have been
+    /// recorded (the last renewal that did not show it was sent): no requester gives up
+    /// waiting, or turns forceful, earlier than this instant.
+    pub cleanup_deadline: Instant,
+}
+
+/// The pending preemption request announced by [`PreemptionRequested`] is gone while the
+/// grant is still held: withdrawn by its requester (it gave up waiting) or overtaken by
+/// another (announced next).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreemptionWithdrawn {
+    pub name: String,
+    pub token: u64,
+    /// The owner whose request is gone.
+    pub by: String,
+}
+
 /// An event of a lease's life, as delivered to its [`LeaseEventSink`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LeaseEvent {
     Granted(LeaseGranted),
     Lost(LeaseLost),
+    PreemptionRequested(PreemptionRequested),
+    PreemptionWithdrawn(PreemptionWithdrawn),
 }
 
 /// Where a LeaseActor delivers its events. Called inline, in event order: it must not block.
@@ -65,7 +100,7 @@ impl LeaseEventSink {
         LeaseEventSink::new(|_| {})
     }
 
-    fn deliver(&self, event: LeaseEvent) {
+    pub(crate) fn deliver(&self, event: LeaseEvent) {
         (self.0)(event)
     }
 }
@@ -164,6 +199,28 @@ impl SharedBelief {
         let ended = self.belief().not_held(generation);
         if let Some(held) = ended {
             self.announce_lost(held, LostReason::NotHeld);
+        }
+    }
+
+    /// A forceful preemption request refused the renewal of `generation`: announce the loss.
+    pub(crate) fn preempted(&self, generation: u64) {
+        let _order = self.ordered();
+        let ended = self.belief().not_held(generation);
+        if let Some(held) = ended {
+            self.announce_lost(held, LostReason::Preempted);
+        }
+    }
+
+    /// Delivers a preemption notice about `generation`, only while it is still believed
+    /// (never after its loss).
+    pub(crate) fn notify(&self, generation: u64, event: LeaseEvent) {
+        let _order = self.ordered();
+        let believed = self
+            .belief()
+            .current(Instant::now())
+            .is_some_and(|h| h.generation == generation);
+        if believed {
+            self.sink.deliver(event);
         }
     }
 

@@ -66,9 +66,19 @@ impl std::fmt::Debug for Lease {
 impl Lease {
     /// Starts the LeaseActor for `spec`. Nothing is acquired yet.
     pub async fn start(spec: LeaseSpec) -> Result<Lease, LeaseError> {
+        Lease::start_with_events(spec, LeaseEventSink::ignore()).await
+    }
+
+    /// Like [`start`](Lease::start), also delivering every event of the lease (grants,
+    /// losses, preemption requests and withdrawals) to `events`, in order.
+    pub async fn start_with_events(
+        spec: LeaseSpec,
+        events: LeaseEventSink,
+    ) -> Result<Lease, LeaseError> {
         let lost = Arc::new(Mutex::new(LostCallbacks::default()));
         let sink_lost = lost.clone();
         let sink = LeaseEventSink::new(move |event| {
+            events.deliver(event.clone());
             if let LeaseEvent::Lost(ev) = event {
                 let due: Vec<LostCallback> = {
                     let mut slot = sink_lost.lock().unwrap_or_else(|e| e.into_inner());
@@ -136,7 +146,11 @@ impl Lease {
     }
 
     /// One acquire attempt. `Ok(Granted { token })`: held now; `Ok(NotGranted)`: another
-    /// owner holds it; `Err`: unknown (treat as maybe held by us until its ttl passes).
+    /// owner holds it with at least our priority; `Err`: unknown (treat as maybe held by us
+    /// until its ttl passes). With a priority above the holder's (see
+    /// [`AcquireOptions`](crate::AcquireOptions)) it asks the holder to give the lease up and
+    /// waits: `Ok(Granted)` once released (or, forceful, expired), `Err(CleanupTimedOut)` or
+    /// `Err(Overtaken)` (certain: not granted).
     pub async fn acquire(&self) -> Result<Acquired, LeaseError> {
         self.ask(LeaseMsg::TryAcquire).await.map(|(a, _)| a)
     }

@@ -19,7 +19,7 @@
 //!         // ... work, presenting `token` to every guarded resource ...
 //!         assert!(lease.release().await?);
 //!     }
-//!     Acquired::NotGranted { holder } => println!("held by {holder:?}"),
+//!     Acquired::NotGranted { holder, .. } => println!("held by {holder:?}"),
 //! }
 //! # Ok(()) }
 //! ```
@@ -38,12 +38,15 @@ pub mod fence;
 mod handle;
 pub mod memory;
 pub mod names;
+mod priority;
 mod provider;
 mod renewal;
 mod settings;
 pub mod store;
 pub mod validity;
 
+#[cfg(test)]
+mod preemption_tests;
 #[cfg(test)]
 mod timing_tests;
 
@@ -55,15 +58,18 @@ pub use actor::{
 };
 pub use config::{LeaseSection, TenureConfig};
 pub use error::{ConfigError, LeaseError, StoreError};
-pub use events::{LeaseEvent, LeaseEventSink, LeaseGranted, LeaseLost};
+pub use events::{
+    LeaseEvent, LeaseEventSink, LeaseGranted, LeaseLost, PreemptionRequested, PreemptionWithdrawn,
+};
 pub use fence::{FenceCheck, StaleToken};
 pub use handle::Lease;
 pub use memory::{Fault, MemoryStore, MemoryStoreFactory};
+pub use priority::AcquireOptions;
 pub use provider::{LeaseProvider, StoreFactory, StoreRegistry};
 pub use renewal::RenewalBatcher;
 pub use settings::LeaseSettings;
 pub use store::{
-    AcquireOutcome, AcquireRequest, Capabilities, EMERGENCY_PRIORITY, HeldLease, LeaseRecord,
-    LeaseStore, PreemptAnswer, PreemptionRequest, Renewal, WatchEvent, WatchReceiver,
+    AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, EMERGENCY_PRIORITY, HeldLease,
+    LeaseRecord, LeaseStore, PreemptAnswer, PreemptionRequest, Renewal, WatchEvent, WatchReceiver,
 };
 pub use validity::LostReason;

@@ -12,7 +12,7 @@ use crate::config::{LeaseSection, TableReader};
 use crate::error::{ConfigError, StoreError};
 use crate::provider::StoreFactory;
 use crate::store::{
-    AcquireOutcome, AcquireRequest, Capabilities, HeldLease, LeaseRecord, LeaseStore,
+    AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, HeldLease, LeaseRecord, LeaseStore,
     PreemptAnswer, PreemptionRequest, Renewal,
 };
 
@@ -45,13 +45,6 @@ struct Grant {
     priority: u64,
     cleanup_timeout: Duration,
     request: Option<PreemptionRequest>,
-}
-
-impl Grant {
-    /// A forceful preemption request is pending: the grant ends at its current expiry.
-    fn ending(&self) -> bool {
-        self.request.as_ref().is_some_and(|r| r.forceful)
-    }
 }
 
 #[derive(Debug, Default)]
@@ -178,22 +171,20 @@ impl LeaseStore for MemoryStore {
         let now = Instant::now();
         let mut b = self.lock();
         let b = &mut *b;
-        if let Some(g) = b.grants.get_mut(&req.name)
-            && g.expires_at > now
-            && (g.ending() || !(g.owner == req.owner && g.instance != req.instance))
-            && !(g.owner != req.owner && req.takes_over(g.priority))
-        {
-            // A grant with a forceful request pending is ending: nobody (not even its
-            // holder) renews or replaces it before its expiry.
-            if g.owner != req.owner || g.ending() {
-                return Ok(AcquireOutcome::Held(record(&req.name, g, now)));
+        if let Some(g) = b.grants.get_mut(&req.name).filter(|g| g.expires_at > now) {
+            let current = record(&req.name, g, now);
+            match req.step(Some(&current)) {
+                AcquireStep::Held => return Ok(AcquireOutcome::Held(current)),
+                AcquireStep::Extend => {
+                    g.expires_at = expiry(now, req.ttl);
+                    g.version += 1;
+                    if req.note.is_some() {
+                        g.note = req.note.clone();
+                    }
+                    return Ok(AcquireOutcome::Granted(record(&req.name, g, now)));
+                }
+                AcquireStep::NewGrant => {}
             }
-            g.expires_at = expiry(now, req.ttl);
-            g.version += 1;
-            if req.note.is_some() {
-                g.note = req.note.clone();
-            }
-            return Ok(AcquireOutcome::Granted(record(&req.name, g, now)));
         }
         let counter = b.counters.entry(req.name.clone()).or_insert(0);
         *counter += 1;
@@ -227,6 +218,7 @@ impl LeaseStore for MemoryStore {
             .iter()
             .map(|l| match b.grants.get_mut(&l.name) {
                 Some(g) if g.owner == owner && g.token == l.token && g.expires_at > now => {
+                    // A forceful request pending: the grant ends at its current expiry.
                     match &g.request {
                         Some(r) if r.forceful => Renewal::Refused(r.clone()),
                         request => {

@@ -75,11 +75,46 @@ pub struct AcquireRequest {
     pub emergency: bool,
 }
 
+/// What [`LeaseStore::try_acquire`] does, given the current unexpired grant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AcquireStep {
+    /// A new grant with a new token (free, another instance of the owner, emergency).
+    NewGrant,
+    /// Reentrant: same token, fresh expiry.
+    Extend,
+    /// Answer `Held` with the current record.
+    Held,
+}
+
 impl AcquireRequest {
     /// Whether this request takes over, at once, an unexpired grant of another owner that
     /// has priority `holder_priority` (the emergency rule). Every store decides it here.
     pub fn takes_over(&self, holder_priority: u64) -> bool {
         self.emergency && self.priority == EMERGENCY_PRIORITY && holder_priority < self.priority
+    }
+
+    /// The rules of [`LeaseStore::try_acquire`] in one place: what to do with `current`,
+    /// the unexpired grant of the name (`None`: free or expired). Stores that read before
+    /// they write (in a transaction or a compare-and-set loop) decide with this.
+    pub fn step(&self, current: Option<&LeaseRecord>) -> AcquireStep {
+        let Some(c) = current else {
+            return AcquireStep::NewGrant;
+        };
+        if c.owner != self.owner {
+            return if self.takes_over(c.priority) {
+                AcquireStep::NewGrant
+            } else {
+                AcquireStep::Held
+            };
+        }
+        if c.request.as_ref().is_some_and(|r| r.forceful) {
+            // Ending: not even its owner may extend or replace it.
+            AcquireStep::Held
+        } else if c.instance == self.instance {
+            AcquireStep::Extend
+        } else {
+            AcquireStep::NewGrant
+        }
     }
 }
 

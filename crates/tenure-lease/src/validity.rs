@@ -16,6 +16,9 @@ pub enum LostReason {
     Expired,
     /// The store answered that the lease is no longer held by this owner with this token.
     NotHeld,
+    /// A higher-priority owner's forceful preemption request is pending: the store refused
+    /// the renewal, and the grant ends at its current expiry.
+    Preempted,
 }
 
 impl std::fmt::Display for LostReason {
@@ -23,6 +26,9 @@ impl std::fmt::Display for LostReason {
         f.write_str(match self {
             LostReason::Expired => "local deadline passed without a confirmed renewal",
             LostReason::NotHeld => "the store no longer holds the lease for this owner",
+            LostReason::Preempted => {
+                "preempted: a higher-priority owner's forceful request refused the renewal"
+            }
         })
     }
 }

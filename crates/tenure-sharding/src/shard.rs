@@ -210,6 +210,10 @@ impl Actor for Shard {
                     state.lease.cast(LeaseMsg::Acquire { reply: None })?;
                 }
             }
+            // Shard leases are plain (priority 0): a forceful preemption arrives as a loss.
+            ShardMsg::Lease(
+                LeaseEvent::PreemptionRequested(_) | LeaseEvent::PreemptionWithdrawn(_),
+            ) => {}
             ShardMsg::Passivate(entity) => state.passivate(&entity),
             ShardMsg::IdleCheck => {
                 if let Some(idle) = state.args.settings.idle_timeout {

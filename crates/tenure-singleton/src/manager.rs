@@ -222,6 +222,10 @@ impl Actor for SingletonManager {
             }
             // Acted on in `evaluate`, and only while the grant is still believed.
             ManagerMsg::Lease(LeaseEvent::Granted(_)) => state.wanted = false,
+            // Singleton leases are plain (priority 0): a forceful preemption arrives as a loss.
+            ManagerMsg::Lease(
+                LeaseEvent::PreemptionRequested(_) | LeaseEvent::PreemptionWithdrawn(_),
+            ) => {}
             ManagerMsg::RestartDue => state.restart_pause = None,
             ManagerMsg::Status(reply) => {
                 let _ = reply.send(SingletonStatus {

@@ -12,7 +12,7 @@ use etcd_client::{
 };
 use futures::stream::{self, StreamExt};
 use tenure_lease::{
-    AcquireOutcome, AcquireRequest, Capabilities, HeldLease, LeaseRecord, LeaseStore,
+    AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, HeldLease, LeaseRecord, LeaseStore,
     PreemptAnswer, PreemptionRequest, Renewal, StoreError,
 };
 
@@ -380,91 +380,93 @@ impl Inner {
                 continue; // deleted since: try to create it again
             };
             let held = self.judge(name, &kv, &context)?;
-            let same_owner = held.value.owner == req.owner;
-            let forced = held.pending.as_ref().is_some_and(|p| p.forceful);
+            let step = if held.expired {
+                AcquireStep::NewGrant
+            } else {
+                req.step(Some(&held.record))
+            };
             let request_key = self.layout.request(kv.create_revision());
             // The request key as judged: a reentrant refresh or a take-over goes ahead only
             // if it did not change since (in particular, did not become forceful).
             let request_unchanged =
                 Compare::mod_revision(request_key.clone(), CompareOp::Equal, held.request_rev);
-            if !held.expired && forced {
-                // Ending at its expiry: refreshed or replaced by no one, not even its owner.
-                return Ok(AcquireOutcome::Held(held.record));
-            } else if same_owner && held.value.instance == req.instance && !held.expired {
-                // Reentrant: rewrite the key (fresh ttl, session, note), keeping its
-                // create revision and so its token, its priority and its pending request
-                // (moved to the session along with the key).
-                let value = GrantValue {
-                    note: req.note.clone().or(held.value.note.clone()),
-                    priority: held.value.priority,
-                    cleanup_ms: held.value.cleanup_ms,
-                    ..value.clone()
-                };
-                let mut ops = vec![
-                    put_leased(key.clone(), value.encode(), session.id),
-                    put_leased(heartbeat.clone(), req.owner.clone(), session.id),
-                ];
-                if let Some(p) = &held.pending {
-                    ops.push(put_leased(request_key.clone(), p.encode(), session.id));
+            match step {
+                AcquireStep::Held => return Ok(AcquireOutcome::Held(held.record)),
+                AcquireStep::Extend => {
+                    // Reentrant: rewrite the key (fresh ttl, session, note), keeping its
+                    // create revision and so its token, its priority and its pending request
+                    // (moved to the session along with the key).
+                    let value = GrantValue {
+                        note: req.note.clone().or(held.value.note.clone()),
+                        priority: held.value.priority,
+                        cleanup_ms: held.value.cleanup_ms,
+                        ..value.clone()
+                    };
+                    let mut ops = vec![
+                        put_leased(key.clone(), value.encode(), session.id),
+                        put_leased(heartbeat.clone(), req.owner.clone(), session.id),
+                    ];
+                    if let Some(p) = &held.pending {
+                        ops.push(put_leased(request_key.clone(), p.encode(), session.id));
+                    }
+                    let resp = self
+                        .txn(
+                            Txn::new()
+                                .when([
+                                    Compare::mod_revision(
+                                        key.clone(),
+                                        CompareOp::Equal,
+                                        kv.mod_revision(),
+                                    ),
+                                    request_unchanged,
+                                ])
+                                .and_then(ops),
+                            "acquire (reentrant)",
+                            &key,
+                        )
+                        .await?;
+                    if resp.succeeded() {
+                        let version = kv.version() as u64 + 1;
+                        let request = held.pending.as_ref().map(RequestValue::request);
+                        return Ok(self.granted(
+                            &mut doubt,
+                            req,
+                            &session,
+                            value,
+                            kv.create_revision(),
+                            version,
+                            request,
+                        ));
+                    }
                 }
-                let resp = self
-                    .txn(
-                        Txn::new()
-                            .when([
-                                Compare::mod_revision(
-                                    key.clone(),
-                                    CompareOp::Equal,
-                                    kv.mod_revision(),
-                                ),
-                                request_unchanged,
-                            ])
-                            .and_then(ops),
-                        "acquire (reentrant)",
+                AcquireStep::NewGrant => {
+                    // Taken over (another instance of the owner, or an emergency request over a
+                    // lower priority) or expired: delete the old grant and its request if
+                    // nothing changed since it was judged, then create a new one (new create
+                    // revision, so a new token). etcd rejects a put and a delete of one key in
+                    // one transaction, hence two steps.
+                    let mut guards = vec![
+                        Compare::mod_revision(key.clone(), CompareOp::Equal, kv.mod_revision()),
+                        request_unchanged,
+                    ];
+                    // A grant forced out keeps its session's heartbeat going: not compared.
+                    if held.heartbeat > 0 && !held.forced_out {
+                        guards.push(Compare::mod_revision(
+                            self.layout.session(kv.lease()),
+                            CompareOp::Equal,
+                            held.heartbeat,
+                        ));
+                    }
+                    self.txn(
+                        Txn::new().when(guards).and_then([
+                            TxnOp::delete(key.clone(), None),
+                            TxnOp::delete(request_key, None),
+                        ]),
+                        "acquire (take over)",
                         &key,
                     )
                     .await?;
-                if resp.succeeded() {
-                    let version = kv.version() as u64 + 1;
-                    let request = held.pending.as_ref().map(RequestValue::request);
-                    return Ok(self.granted(
-                        &mut doubt,
-                        req,
-                        &session,
-                        value,
-                        kv.create_revision(),
-                        version,
-                        request,
-                    ));
                 }
-            } else if same_owner || held.expired || req.takes_over(held.value.priority) {
-                // Taken over (another instance of the owner, or an emergency request over a
-                // lower priority) or expired: delete the old grant and its request if
-                // nothing changed since it was judged, then create a new one (new create
-                // revision, so a new token). etcd rejects a put and a delete of one key in
-                // one transaction, hence two steps.
-                let mut guards = vec![
-                    Compare::mod_revision(key.clone(), CompareOp::Equal, kv.mod_revision()),
-                    request_unchanged,
-                ];
-                // A grant forced out keeps its session's heartbeat going: not compared.
-                if held.heartbeat > 0 && !held.forced_out {
-                    guards.push(Compare::mod_revision(
-                        self.layout.session(kv.lease()),
-                        CompareOp::Equal,
-                        held.heartbeat,
-                    ));
-                }
-                self.txn(
-                    Txn::new().when(guards).and_then([
-                        TxnOp::delete(key.clone(), None),
-                        TxnOp::delete(request_key, None),
-                    ]),
-                    "acquire (take over)",
-                    &key,
-                )
-                .await?;
-            } else {
-                return Ok(AcquireOutcome::Held(held.record));
             }
         }
         Err(StoreError::Unavailable {

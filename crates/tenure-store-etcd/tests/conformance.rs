@@ -30,4 +30,4 @@ impl Harness for EtcdHarness {
 }
 
 tenure_lease::conformance_tests!(async { EtcdHarness(Etcd::single().await) });
-tenure_lease::preemption_spi_tests!(async { EtcdHarness(Etcd::single().await) });
+tenure_lease::preemption_fault_tests!(async { EtcdHarness(Etcd::single().await) });

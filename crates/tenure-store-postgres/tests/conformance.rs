@@ -50,4 +50,4 @@ impl Harness for PgHarness {
 }
 
 tenure_lease::conformance_tests!(PgHarness::start());
-tenure_lease::preemption_spi_tests!(PgHarness::start());
+tenure_lease::preemption_fault_tests!(PgHarness::start());

@@ -55,7 +55,9 @@ fn direct_acquire(conn: &mut Connection, name: &str, owner: &str) -> i64 {
             token,
             now + TTL_NS,
             None::<String>,
-            "direct"
+            "direct",
+            0i64,
+            0i64
         ])
         .unwrap();
     tx.commit().unwrap();

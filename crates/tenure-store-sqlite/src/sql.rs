@@ -1,11 +1,12 @@
 //! The SQL of the store, in one place: the store runs it, and the benchmark runs the very
 //! same statements directly as its baseline.
 
-/// The unexpired grant of `?1` at clock `?2`.
-pub const SELECT_CURRENT: &str = "SELECT name, owner, instance, token, expires_at, version, note
+/// The unexpired grant of `?1` at clock `?2` (columns as read by the store's `row_record`).
+pub const SELECT_CURRENT: &str = "SELECT name, owner, instance, token, expires_at, version, note,
+    priority, cleanup_ns, req_by, req_instance, req_priority, req_forceful, req_note
     FROM tenure_lease WHERE name = ?1 AND expires_at > ?2";
 
-/// Reentrant acquire: a fresh expiry `?2` for `?1`, keeping the token.
+/// Reentrant acquire: a fresh expiry `?2` for `?1`, keeping the token (and the priority).
 pub const EXTEND: &str = "UPDATE tenure_lease SET expires_at = ?2, version = version + 1,
     note = coalesce(?3, note) WHERE name = ?1";
 
@@ -14,22 +15,45 @@ pub const NEXT_TOKEN: &str = "INSERT INTO tenure_fence (name, last_token) VALUES
     ON CONFLICT (name) DO UPDATE SET last_token = last_token + 1
     RETURNING last_token";
 
-/// A new grant of `?1` to owner `?2`, instance `?6`, with token `?3`, expiring at `?4`.
+/// A new grant of `?1` to owner `?2`, instance `?6`, with token `?3`, expiring at `?4`,
+/// priority `?7` (bit-cast) and cleanup timeout `?8` (ns); no request pending.
 pub const INSERT_GRANT: &str = "INSERT OR REPLACE INTO tenure_lease
-    (name, owner, token, expires_at, version, note, instance) VALUES (?1, ?2, ?3, ?4, 1, ?5, ?6)";
+    (name, owner, token, expires_at, version, note, instance, priority, cleanup_ns)
+    VALUES (?1, ?2, ?3, ?4, 1, ?5, ?6, ?7, ?8)";
 
 /// Batched renewal: every `[name, token]` of the JSON array `?4` still held unexpired (at
-/// `?2`) by owner `?1` gets expiry `?3`; returns the renewed ones. One statement per batch.
+/// `?2`) by owner `?1`, without a forceful request pending, gets expiry `?3`; returns the
+/// renewed ones with their pending request. One statement per batch.
 pub const RENEW_BATCH: &str = "UPDATE tenure_lease SET expires_at = ?3, version = version + 1
-    WHERE owner = ?1 AND expires_at > ?2 AND (name, token) IN
+    WHERE owner = ?1 AND expires_at > ?2 AND req_forceful = 0 AND (name, token) IN
       (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(?4))
-    RETURNING name, token";
+    RETURNING name, token, req_by, req_instance, req_priority, req_forceful, req_note";
+
+/// The leases of the JSON array `?3` held unexpired (at `?2`) by owner `?1` whose renewal
+/// a forceful request refused, with that request.
+pub const REFUSED_BATCH: &str = "SELECT name, token, req_by, req_instance, req_priority,
+    req_forceful, req_note FROM tenure_lease
+    WHERE owner = ?1 AND expires_at > ?2 AND req_forceful = 1 AND (name, token) IN
+      (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(?3))";
+
+/// Records request (by `?4`, instance `?5`, priority `?6`, forceful `?7`, note `?8`) on
+/// grant `?2` of `?1`, unexpired at `?3`. The store checks the rule before, in the same
+/// transaction.
+pub const SET_REQUEST: &str = "UPDATE tenure_lease SET req_by = ?4, req_instance = ?5,
+    req_priority = ?6, req_forceful = ?7, req_note = ?8
+    WHERE name = ?1 AND token = ?2 AND expires_at > ?3";
+
+/// Withdraws the request of `?4` from grant `?2` of `?1`, unexpired at `?3`.
+pub const WITHDRAW_REQUEST: &str = "UPDATE tenure_lease SET req_by = NULL, req_instance = NULL,
+    req_priority = NULL, req_forceful = 0, req_note = NULL
+    WHERE name = ?1 AND token = ?2 AND expires_at > ?3 AND req_by = ?4";
 
 /// Owner- and token-checked release of an unexpired grant.
 pub const RELEASE: &str = "DELETE FROM tenure_lease
     WHERE name = ?1 AND owner = ?2 AND token = ?3 AND expires_at > ?4";
 
 /// Unexpired grants whose names start with `?1`, by name.
-pub const LIST: &str =
-    "SELECT name, owner, instance, token, expires_at, version, note FROM tenure_lease
+pub const LIST: &str = "SELECT name, owner, instance, token, expires_at, version, note,
+    priority, cleanup_ns, req_by, req_instance, req_priority, req_forceful, req_note
+    FROM tenure_lease
     WHERE substr(name, 1, length(?1)) = ?1 AND expires_at > ?2 ORDER BY name";

@@ -1,5 +1,6 @@
 //! The SQLite lease store and its factory.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -8,8 +9,8 @@ use async_trait::async_trait;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
 use tenure_lease::config::TableReader;
 use tenure_lease::{
-    AcquireOutcome, AcquireRequest, Capabilities, ConfigError, HeldLease, LeaseRecord,
-    LeaseSection, LeaseStore, Renewal, StoreError, StoreFactory,
+    AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, ConfigError, HeldLease, LeaseRecord,
+    LeaseSection, LeaseStore, PreemptAnswer, PreemptionRequest, Renewal, StoreError, StoreFactory,
 };
 
 use crate::clock::{boot_id, now_ns};
@@ -158,6 +159,16 @@ fn ttl_ns(ttl: Duration) -> i64 {
     i64::try_from(ttl.as_nanos()).unwrap_or(i64::MAX)
 }
 
+/// Priorities are `u64`, SQLite integers `i64`: stored bit-cast (never compared in SQL).
+fn priority_to_sql(priority: u64) -> i64 {
+    priority as i64
+}
+
+fn priority_from_sql(stored: i64) -> u64 {
+    stored as u64
+}
+
+/// A record from the columns of [`sql::SELECT_CURRENT`] / [`sql::LIST`].
 fn row_record(row: &rusqlite::Row<'_>, now: i64) -> rusqlite::Result<LeaseRecord> {
     let expires_at: i64 = row.get(4)?;
     Ok(LeaseRecord {
@@ -168,8 +179,33 @@ fn row_record(row: &rusqlite::Row<'_>, now: i64) -> rusqlite::Result<LeaseRecord
         expires_in: Duration::from_nanos(expires_at.saturating_sub(now).max(0) as u64),
         version: row.get::<_, i64>(5)? as u64,
         note: row.get(6)?,
-        ..LeaseRecord::default()
+        priority: priority_from_sql(row.get(7)?),
+        cleanup_timeout: Duration::from_nanos(row.get::<_, i64>(8)?.max(0) as u64),
+        request: row_request(row, 9)?,
     })
+}
+
+/// The pending request from the five columns `req_by, req_instance, req_priority,
+/// req_forceful, req_note` starting at `at` (`req_by` NULL: none).
+fn row_request(row: &rusqlite::Row<'_>, at: usize) -> rusqlite::Result<Option<PreemptionRequest>> {
+    let Some(by) = row.get::<_, Option<String>>(at)? else {
+        return Ok(None);
+    };
+    Ok(Some(PreemptionRequest {
+        by,
+        instance: row.get::<_, Option<String>>(at + 1)?.unwrap_or_default(),
+        priority: priority_from_sql(row.get::<_, Option<i64>>(at + 2)?.unwrap_or(0)),
+        forceful: row.get::<_, i64>(at + 3)? != 0,
+        note: row.get(at + 4)?,
+    }))
+}
+
+/// `(name, token)` and the pending request of a row of [`sql::RENEW_BATCH`] /
+/// [`sql::REFUSED_BATCH`].
+type RenewRow = ((String, i64), Option<PreemptionRequest>);
+
+fn renew_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<RenewRow> {
+    Ok(((row.get(0)?, row.get(1)?), row_request(row, 2)?))
 }
 
 #[async_trait]
@@ -185,7 +221,7 @@ impl LeaseStore for SqliteStore {
             fair_waiting: false,
             watch: false,
             durable: true,
-            preemption: false,
+            preemption: true,
         }
     }
 
@@ -200,9 +236,9 @@ impl LeaseStore for SqliteStore {
                 .query_row(params![req.name, now], |r| row_record(r, now))
                 .optional()?;
             let expires_at = now.saturating_add(ttl_ns(req.ttl));
-            let outcome = match current {
-                Some(rec) if rec.owner != req.owner => AcquireOutcome::Held(rec),
-                Some(rec) if rec.instance == req.instance => {
+            let outcome = match (req.step(current.as_ref()), current) {
+                (AcquireStep::Held, Some(rec)) => AcquireOutcome::Held(rec),
+                (AcquireStep::Extend, Some(rec)) => {
                     tx.prepare_cached(sql::EXTEND)?
                         .execute(params![req.name, expires_at, req.note])?;
                     AcquireOutcome::Granted(LeaseRecord {
@@ -212,7 +248,8 @@ impl LeaseStore for SqliteStore {
                         ..rec
                     })
                 }
-                // Free, expired, or held by another instance of this owner: a new grant.
+                // Free, expired, held by another instance of this owner, or an emergency
+                // take-over: a new grant.
                 _ => {
                     let token: i64 = tx
                         .prepare_cached(sql::NEXT_TOKEN)?
@@ -223,7 +260,9 @@ impl LeaseStore for SqliteStore {
                         token,
                         expires_at,
                         req.note,
-                        req.instance
+                        req.instance,
+                        priority_to_sql(req.priority),
+                        ttl_ns(req.cleanup_timeout)
                     ])?;
                     AcquireOutcome::Granted(LeaseRecord {
                         name: req.name.clone(),
@@ -233,7 +272,9 @@ impl LeaseStore for SqliteStore {
                         expires_in: req.ttl,
                         version: 1,
                         note: req.note.clone(),
-                        ..LeaseRecord::default()
+                        priority: req.priority,
+                        cleanup_timeout: req.cleanup_timeout,
+                        request: None,
                     })
                 }
             };
@@ -260,19 +301,99 @@ impl LeaseStore for SqliteStore {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let now = now_ns();
             // One statement for the whole batch, however many leases.
-            let renewed: std::collections::HashSet<(String, i64)> = {
+            let renewed: HashMap<(String, i64), Option<PreemptionRequest>> = {
                 let mut stmt = tx.prepare_cached(sql::RENEW_BATCH)?;
                 stmt.query_map(
                     params![owner, now, now.saturating_add(ttl_ns(ttl)), batch],
-                    |r| Ok((r.get(0)?, r.get(1)?)),
+                    renew_row,
                 )?
                 .collect::<rusqlite::Result<_>>()?
             };
+            // Only when some were not renewed: which of those a forceful request refused.
+            let refused: HashMap<(String, i64), Option<PreemptionRequest>> =
+                if renewed.len() < wanted.len() {
+                    let mut stmt = tx.prepare_cached(sql::REFUSED_BATCH)?;
+                    stmt.query_map(params![owner, now, batch], renew_row)?
+                        .collect::<rusqlite::Result<_>>()?
+                } else {
+                    HashMap::new()
+                };
             tx.commit()?;
             Ok(wanted
                 .iter()
-                .map(|l| Renewal::plain(renewed.contains(&(l.name.clone(), l.token as i64))))
+                .map(|l| {
+                    let key = (l.name.clone(), l.token as i64);
+                    match (renewed.get(&key), refused.get(&key)) {
+                        (Some(request), _) => Renewal::Renewed {
+                            request: request.clone(),
+                        },
+                        (None, Some(Some(request))) => Renewal::Refused(request.clone()),
+                        _ => Renewal::NotHeld,
+                    }
+                })
                 .collect())
+        })
+        .await
+    }
+
+    /// Decides with [`PreemptionRequest::may_replace`] and writes in one IMMEDIATE
+    /// transaction (SQLite's write lock makes the read and the write one compare-and-set).
+    async fn request_preemption(
+        &self,
+        name: &str,
+        token: u64,
+        request: &PreemptionRequest,
+    ) -> Result<PreemptAnswer, StoreError> {
+        let (name, request) = (name.to_string(), request.clone());
+        self.with_conn(move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let now = now_ns();
+            let current = tx
+                .prepare_cached(sql::SELECT_CURRENT)?
+                .query_row(params![name, now], |r| row_record(r, now))
+                .optional()?;
+            let answer = match current {
+                Some(rec) if rec.token == token => {
+                    if request.may_replace(rec.priority, rec.request.as_ref()) {
+                        tx.prepare_cached(sql::SET_REQUEST)?.execute(params![
+                            name,
+                            token as i64,
+                            now,
+                            request.by,
+                            request.instance,
+                            priority_to_sql(request.priority),
+                            request.forceful,
+                            request.note
+                        ])?;
+                        PreemptAnswer::Recorded(LeaseRecord {
+                            request: Some(request),
+                            ..rec
+                        })
+                    } else {
+                        PreemptAnswer::Refused(rec)
+                    }
+                }
+                _ => PreemptAnswer::Gone,
+            };
+            tx.commit()?;
+            Ok(answer)
+        })
+        .await
+    }
+
+    async fn withdraw_preemption(
+        &self,
+        name: &str,
+        token: u64,
+        by: &str,
+    ) -> Result<bool, StoreError> {
+        let (name, by) = (name.to_string(), by.to_string());
+        self.with_conn(move |conn| {
+            let now = now_ns();
+            let changed = conn
+                .prepare_cached(sql::WITHDRAW_REQUEST)?
+                .execute(params![name, token as i64, now, by])?;
+            Ok(changed == 1)
         })
         .await
     }

@@ -135,11 +135,6 @@ impl GrantData {
         }
     }
 
-    /// A forceful preemption request is pending: renewals are refused.
-    pub(crate) fn forced(&self) -> bool {
-        self.request.as_ref().is_some_and(|r| r.forceful)
-    }
-
     pub(crate) fn encode(&self) -> Vec<u8> {
         serde_json::to_vec(self).expect("GrantData serialises")
     }

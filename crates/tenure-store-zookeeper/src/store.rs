@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tenure_lease::names::NameRules;
 use tenure_lease::{
-    AcquireOutcome, AcquireRequest, Capabilities, ConfigError, HeldLease, LeaseRecord,
+    AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, ConfigError, HeldLease, LeaseRecord,
     LeaseSection, LeaseStore, PreemptAnswer, PreemptionRequest, Renewal, StoreError, StoreFactory,
 };
 use tokio::time::Instant;
@@ -385,11 +385,13 @@ impl ZooKeeperStore {
             };
             let current = GrantData::decode(&holder, &bytes)?;
             let t = token(stat.czxid);
-            let other_owner = current.owner != req.owner;
-            // Held: another owner's grant (unless this is an emergency request that
-            // outranks it), or any grant with a forceful request pending, which ends at its
-            // expiry and is refreshed or replaced by no one, not even its own owner.
-            if (other_owner && !req.takes_over(current.priority)) || current.forced() {
+            let step = req.step(Some(&current.clone().record(
+                &req.name,
+                t,
+                stat.version,
+                None,
+            )));
+            if step == AcquireStep::Held {
                 let expires_in = self.local_expiry(&req.name, t).await.flatten();
                 return Ok(AcquireOutcome::Held(current.record(
                     &req.name,
@@ -405,9 +407,7 @@ impl ZooKeeperStore {
                     && g.live(now)
                     && stat.ephemeral_owner == s.session_id()
             });
-            if let (Some(mut g), false, true) =
-                (mine, other_owner, current.instance == req.instance)
-            {
+            if let (Some(mut g), AcquireStep::Extend) = (mine, step) {
                 // Reentrant: same token, fresh expiry, the note rewritten; the grant's
                 // priority and pending request stay.
                 let refreshed = GrantData {

@@ -36,4 +36,4 @@ impl Harness for ZooKeeperHarness {
 }
 
 tenure_lease::conformance_tests!(async { ZooKeeperHarness(common::exclusive().await) });
-tenure_lease::preemption_spi_tests!(async { ZooKeeperHarness(common::exclusive().await) });
+tenure_lease::preemption_fault_tests!(async { ZooKeeperHarness(common::exclusive().await) });

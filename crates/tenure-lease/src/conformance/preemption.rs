@@ -1,25 +1,40 @@
-//! Store-level cases of the preemption SPI (capability `preemption`): the rules of
-//! [`LeaseStore::request_preemption`], forceful requests ending a grant at its expiry and
-//! never before the holder's deadline, emergency take-overs, and requests dying with their
-//! grant. Invoke with [`preemption_spi_tests!`](crate::preemption_spi_tests) next to
-//! [`conformance_tests!`](crate::conformance_tests).
+//! Conformance cases for priorities and cooperative preemption: the store operations
+//! (capability `preemption`), and Apache Helix's priority-lock scenarios through the Lease
+//! API, each recording a history that is checked for overlapping holders and token order.
+//!
+//! A store that lacks the capability fails these cases loudly (no silent skip); a store
+//! crate that does not implement it yet opts out explicitly with
+//! `conformance_tests!(harness; without preemption)`, which asserts the capability is absent.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep};
 
 use super::{Harness, granted_token, poll_until_granted, request, test_settings};
+use crate::clock::monotonic_now_ns;
 use crate::{
-    AcquireOutcome, AcquireRequest, EMERGENCY_PRIORITY, HeldLease, LeaseStore, PreemptAnswer,
+    AcquireOptions, AcquireOutcome, AcquireRequest, Acquired, EMERGENCY_PRIORITY, HeldLease, Lease,
+    LeaseError, LeaseEvent, LeaseEventSink, LeaseSpec, LeaseStore, LostReason, PreemptAnswer,
     PreemptionRequest, Renewal,
 };
 
-fn prioritized(name: &str, owner: &str, priority: u64) -> AcquireRequest {
+/// A client of the store, asserting it keeps priorities and preemption requests.
+async fn preempting_client(h: &dyn Harness) -> Arc<dyn LeaseStore> {
+    let store = h.client().await;
+    assert!(
+        store.capabilities().preemption,
+        "the {} store lacks the `preemption` capability",
+        store.kind()
+    );
+    store
+}
+
+fn prioritized(name: &str, owner: &str, ttl: Duration, priority: u64) -> AcquireRequest {
     AcquireRequest {
         priority,
-        ..request(name, owner, test_settings().heartbeat_timeout)
+        ..request(name, owner, ttl)
     }
 }
 
@@ -33,29 +48,9 @@ fn ask(by: &str, priority: u64, forceful: bool) -> PreemptionRequest {
     }
 }
 
-fn held(name: &str, token: u64) -> Vec<HeldLease> {
-    vec![HeldLease {
-        name: name.into(),
-        token,
-    }]
-}
-
-async fn grant(store: &dyn LeaseStore, req: &AcquireRequest) -> u64 {
-    granted_token(&store.try_acquire(req).await.expect("acquire"))
-}
-
-async fn renew_one(store: &dyn LeaseStore, owner: &str, name: &str, token: u64) -> Renewal {
-    let mut answers = store
-        .renew(owner, &held(name, token), test_settings().heartbeat_timeout)
-        .await
-        .expect("renew");
-    assert_eq!(answers.len(), 1);
-    answers.remove(0)
-}
-
-fn recorded(answer: PreemptAnswer) -> crate::LeaseRecord {
+fn recorded_by(answer: &PreemptAnswer) -> Option<&str> {
     match answer {
-        PreemptAnswer::Recorded(r) => r,
+        PreemptAnswer::Recorded(r) => r.request.as_ref().map(|q| q.by.as_str()),
         other => panic!("expected Recorded, got {other:?}"),
     }
 }
@@ -67,293 +62,573 @@ fn refused(answer: PreemptAnswer) -> crate::LeaseRecord {
     }
 }
 
-/// Who may record a request on whom: lower or equal priority refused (the record says
-/// the holder's priority); a higher one recorded and shown to the holder's renewal and to
-/// readers; another owner's lower request refused, a higher one overtakes; withdrawal only
-/// by the pending request's owner; a wrong token is `Gone`. The token never changes.
-pub async fn preemption_rules(h: &dyn Harness) {
-    let (a, b) = (h.client().await, h.client().await);
-    let holder = AcquireRequest {
-        note: Some("nightly report".into()),
-        cleanup_timeout: Duration::from_millis(700),
-        ..prioritized("prio-rules", "a", 3)
+/// The store records, shows, overtakes, refuses and withdraws requests by the rules of
+/// [`PreemptionRequest::may_replace`]; renewals show the pending request; a request on a
+/// grant that is not current answers `Gone`.
+pub async fn preemption_requests(h: &dyn Harness) {
+    let a = preempting_client(h).await;
+    let b = h.client().await;
+    let ttl = Duration::from_secs(5);
+    let grant = AcquireRequest {
+        cleanup_timeout: Duration::from_secs(3),
+        note: Some("a at work".into()),
+        ..prioritized("prio", "a", ttl, 2)
     };
-    let t = grant(&*a, &holder).await;
-    match b
-        .try_acquire(&prioritized("prio-rules", "b", 9))
+    let t = granted_token(&a.try_acquire(&grant).await.expect("acquire"));
+    let held = match b
+        .try_acquire(&prioritized("prio", "b", ttl, 9))
         .await
         .expect("acquire")
     {
-        AcquireOutcome::Held(r) => {
-            assert_eq!((r.owner.as_str(), r.priority, r.token), ("a", 3, t));
-            assert_eq!(r.cleanup_timeout, Duration::from_millis(700));
-            assert_eq!(r.note.as_deref(), Some("nightly report"));
-            assert_eq!(r.request, None);
-        }
-        other => panic!("a higher priority alone does not take over: {other:?}"),
-    }
-    for p in [0, 3] {
-        let r = refused(
-            b.request_preemption("prio-rules", t, &ask("b", p, false))
+        AcquireOutcome::Held(r) => r,
+        AcquireOutcome::Granted(_) => panic!("a higher priority alone takes nothing"),
+    };
+    assert_eq!(
+        (held.priority, held.cleanup_timeout, held.note.as_deref()),
+        (2, Duration::from_secs(3), Some("a at work"))
+    );
+    let call = |q: PreemptionRequest, token: u64| {
+        let b = b.clone();
+        async move {
+            b.request_preemption("prio", token, &q)
                 .await
-                .expect("request"),
-        );
-        assert_eq!((r.priority, r.request.clone()), (3, None), "{r:?}");
-    }
-    let r = recorded(
-        b.request_preemption("prio-rules", t, &ask("b", 5, false))
-            .await
-            .expect("request"),
-    );
-    assert_eq!((r.token, r.request.clone()), (t, Some(ask("b", 5, false))));
-    assert_eq!(
-        renew_one(&*a, "a", "prio-rules", t).await,
-        Renewal::Renewed {
-            request: Some(ask("b", 5, false))
+                .expect("request preemption")
         }
-    );
-    let read = b.read("prio-rules").await.expect("read").expect("held");
-    assert_eq!((read.token, read.priority), (t, 3));
-    assert_eq!(read.request, Some(ask("b", 5, false)));
-    // Another owner: lower refused (the record shows b's), higher overtakes.
-    let r = refused(
-        b.request_preemption("prio-rules", t, &ask("c", 4, false))
-            .await
-            .expect("request"),
-    );
-    assert_eq!(r.request, Some(ask("b", 5, false)));
-    recorded(
-        a.request_preemption("prio-rules", t, &ask("c", 6, false))
-            .await
-            .expect("request"),
-    );
-    refused(
-        b.request_preemption("prio-rules", t, &ask("b", 6, false))
-            .await
-            .expect("request"),
-    );
-    assert!(
-        !b.withdraw_preemption("prio-rules", t, "b")
-            .await
-            .expect("withdraw")
-    );
-    assert!(
-        b.withdraw_preemption("prio-rules", t, "c")
-            .await
-            .expect("withdraw")
-    );
-    assert_eq!(
-        renew_one(&*a, "a", "prio-rules", t).await,
-        Renewal::Renewed { request: None }
-    );
-    assert_eq!(
-        b.request_preemption("prio-rules", t + 1, &ask("b", 9, false))
-            .await
-            .expect("request"),
-        PreemptAnswer::Gone
-    );
-    assert!(
-        !b.withdraw_preemption("prio-rules", t + 1, "b")
-            .await
-            .expect("withdraw")
-    );
-    // The same owner updates its request; the holder's reentrant acquire keeps it.
-    recorded(
-        b.request_preemption("prio-rules", t, &ask("b", 4, false))
-            .await
-            .expect("request"),
-    );
-    match a.try_acquire(&holder).await.expect("reacquire") {
-        AcquireOutcome::Granted(r) => {
-            assert_eq!((r.token, r.request), (t, Some(ask("b", 4, false))));
-        }
-        other => panic!("reentrant acquire: {other:?}"),
-    }
-    assert!(a.release("prio-rules", "a", t).await.expect("release"));
-    // The request went with the grant.
-    assert_eq!(
-        b.request_preemption("prio-rules", t, &ask("b", 9, false))
-            .await
-            .expect("request"),
-        PreemptAnswer::Gone
-    );
-    let t2 = grant(&*b, &prioritized("prio-rules", "b", 1)).await;
-    assert!(t2 > t);
-    let read = a.read("prio-rules").await.expect("read").expect("held");
-    assert_eq!((read.owner.as_str(), read.request), ("b", None));
-}
-
-/// A forceful request: every later renewal of the grant is refused and extends nothing,
-/// the holder's own reentrant acquire is `Held`, and the grant goes to a contender, with a
-/// higher token, only after the holder's deadline from its last successful renewal, even
-/// while the holder keeps renewing another lease on the same client (its session alive).
-pub async fn forceful_request_ends_grant_at_expiry(h: &dyn Harness) {
-    let settings = test_settings();
-    let ttl = settings.heartbeat_timeout;
-    let (a, b) = (h.client().await, h.client().await);
-    let t = grant(&*a, &prioritized("prio-forced", "a", 1)).await;
-    let other = grant(&*a, &prioritized("prio-forced-other", "a", 1)).await;
-    let sent = Instant::now();
-    assert_eq!(
-        renew_one(&*a, "a", "prio-forced", t).await,
-        Renewal::Renewed { request: None }
-    );
-    let deadline = sent + ttl - settings.safety_margin;
-    let r = recorded(
-        b.request_preemption("prio-forced", t, &ask("b", 2, true))
-            .await
-            .expect("request"),
-    );
-    assert_eq!(r.request, Some(ask("b", 2, true)));
-    assert_eq!(
-        renew_one(&*a, "a", "prio-forced", t).await,
-        Renewal::Refused(ask("b", 2, true))
-    );
-    match a
-        .try_acquire(&prioritized("prio-forced", "a", 1))
-        .await
-        .expect("reacquire")
-    {
-        AcquireOutcome::Held(r) => assert_eq!(r.token, t),
-        other => panic!("a forced grant is not refreshed, even for its holder: {other:?}"),
-    }
-    // The holder's client stays busy: renewals of both leases every 100 ms.
-    let stop = Arc::new(AtomicBool::new(false));
-    let renewer = {
-        let (a, stop) = (a.clone(), stop.clone());
-        tokio::spawn(async move {
-            let batch = [
-                HeldLease {
-                    name: "prio-forced".into(),
-                    token: t,
-                },
-                HeldLease {
-                    name: "prio-forced-other".into(),
-                    token: other,
-                },
-            ];
-            while !stop.load(Ordering::SeqCst) {
-                if let Ok(answers) = a.renew("a", &batch, ttl).await {
-                    assert!(
-                        !answers[0].is_renewed(),
-                        "a forced grant was renewed: {answers:?}"
-                    );
-                    assert!(answers[1].is_renewed(), "the other lease: {answers:?}");
-                }
-                sleep(Duration::from_millis(100)).await;
-            }
-        })
     };
-    let (granted_at, t2) = poll_until_granted(&*b, "prio-forced", "b", ttl).await;
-    stop.store(true, Ordering::SeqCst);
-    renewer
+    // Not above the holder's priority: refused.
+    let r = refused(call(ask("low", 2, false), t).await);
+    assert_eq!((r.priority, r.request), (2, None));
+    assert_eq!(recorded_by(&call(ask("c", 5, false), t).await), Some("c"));
+    let renewed = a
+        .renew(
+            "a",
+            &[HeldLease {
+                name: "prio".into(),
+                token: t,
+            }],
+            ttl,
+        )
         .await
-        .expect("the holder's renewals never extended the forced grant");
-    assert!(t2 > t, "token {t2} after {t}");
-    assert!(
-        granted_at >= deadline,
-        "granted {:?} before the holder's deadline",
-        deadline - granted_at
-    );
+        .expect("renew");
     assert_eq!(
-        renew_one(&*a, "a", "prio-forced", t).await,
-        Renewal::NotHeld
+        renewed,
+        [Renewal::Renewed {
+            request: Some(ask("c", 5, false))
+        }]
     );
+    // A lower or equal request of another owner does not replace c's.
+    let r = refused(call(ask("d", 5, false), t).await);
+    assert_eq!(r.request.map(|q| q.by), Some("c".into()));
+    // A higher one overtakes it; c can then neither update nor withdraw it.
+    assert_eq!(recorded_by(&call(ask("e", 9, false), t).await), Some("e"));
+    let r = refused(call(ask("c", 5, true), t).await);
+    assert_eq!(r.request.map(|q| q.by), Some("e".into()));
     assert!(
-        renew_one(&*a, "a", "prio-forced-other", other)
+        !b.withdraw_preemption("prio", t, "c")
             .await
-            .is_renewed()
+            .expect("withdraw")
+    );
+    let listed = b.list("prio").await.expect("list");
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].request, Some(ask("e", 9, false)));
+    assert!(
+        b.withdraw_preemption("prio", t, "e")
+            .await
+            .expect("withdraw")
+    );
+    let rec = b.read("prio").await.expect("read").expect("held");
+    assert_eq!(
+        (rec.token, rec.request),
+        (t, None),
+        "a request never moves the token"
+    );
+    // Not the current grant: gone.
+    assert_eq!(
+        call(ask("c", 5, false), t + 1000).await,
+        PreemptAnswer::Gone
+    );
+    // Released: the request goes with the grant.
+    assert_eq!(recorded_by(&call(ask("c", 5, false), t).await), Some("c"));
+    assert!(a.release("prio", "a", t).await.expect("release"));
+    assert_eq!(call(ask("c", 5, false), t).await, PreemptAnswer::Gone);
+    let next = granted_token(
+        &b.try_acquire(&prioritized("prio", "c", ttl, 5))
+            .await
+            .expect("acquire"),
+    );
+    let rec = b.read("prio").await.expect("read").expect("held");
+    assert_eq!((rec.token, rec.priority, rec.request), (next, 5, None));
+}
+
+/// After a forceful request, the holder's renewals are refused and not extended, neither
+/// it nor another instance of its owner can renew it by acquiring, and the requester is
+/// granted (new token, no request) only once the holder's last write has expired.
+pub async fn forceful_preemption_refuses_renewals(h: &dyn Harness) {
+    let a = preempting_client(h).await;
+    let b = h.client().await;
+    let ttl = Duration::from_millis(1200);
+    let sent = Instant::now();
+    let t = granted_token(
+        &a.try_acquire(&prioritized("forced", "a", ttl, 1))
+            .await
+            .expect("acquire"),
+    );
+    let q = ask("b", 4, true);
+    assert_eq!(
+        recorded_by(
+            &b.request_preemption("forced", t, &q)
+                .await
+                .expect("request")
+        ),
+        Some("b")
+    );
+    let held = [HeldLease {
+        name: "forced".into(),
+        token: t,
+    }];
+    assert_eq!(
+        a.renew("a", &held, ttl).await.expect("renew"),
+        [Renewal::Refused(q.clone())]
+    );
+    for instance in ["a-instance", "a-successor"] {
+        let again = AcquireRequest {
+            instance: instance.into(),
+            ..prioritized("forced", "a", ttl, 1)
+        };
+        assert!(
+            matches!(
+                a.try_acquire(&again).await.expect("acquire"),
+                AcquireOutcome::Held(_)
+            ),
+            "{instance} extended or replaced an ending grant"
+        );
+    }
+    let (granted_at, t2) = poll_until_granted(&*b, "forced", "b", ttl).await;
+    assert!(t2 > t);
+    assert!(
+        granted_at >= sent + ttl,
+        "granted {:?} after a's only write, ttl {ttl:?}",
+        granted_at - sent
+    );
+    let rec = b.read("forced").await.expect("read").expect("held");
+    assert_eq!((rec.owner.as_str(), rec.request), ("b", None));
+    assert_eq!(
+        a.renew("a", &held, ttl).await.expect("renew"),
+        [Renewal::NotHeld]
     );
 }
 
-/// The emergency level takes a lower-priority grant over at once with a higher token (the
-/// old holder's renewals then answer `NotHeld`); it does not take an equal one, and
-/// without `emergency` the same priority only gets `Held`.
-pub async fn emergency_takes_over(h: &dyn Harness) {
-    let (a, b, c) = (h.client().await, h.client().await, h.client().await);
-    let t = grant(&*a, &prioritized("prio-emergency", "a", 7)).await;
-    match b
-        .try_acquire(&prioritized("prio-emergency", "b", EMERGENCY_PRIORITY))
-        .await
-        .expect("acquire")
-    {
-        AcquireOutcome::Held(r) => assert_eq!(r.token, t),
-        other => panic!("without emergency: {other:?}"),
-    }
+/// An emergency request (maximum priority) takes a lower grant over at once with a new
+/// token; the old holder's renewals and release then fail. Emergency is ignored below the
+/// maximum priority and does not take over an equal one.
+pub async fn emergency_takeover(h: &dyn Harness) {
+    let a = preempting_client(h).await;
+    let b = h.client().await;
+    let ttl = Duration::from_secs(5);
+    let t = granted_token(
+        &a.try_acquire(&prioritized("emergency", "a", ttl, 10))
+            .await
+            .expect("acquire"),
+    );
+    let not_max = AcquireRequest {
+        emergency: true,
+        ..prioritized("emergency", "x", ttl, EMERGENCY_PRIORITY - 1)
+    };
+    assert!(matches!(
+        b.try_acquire(&not_max).await.expect("acquire"),
+        AcquireOutcome::Held(_)
+    ));
     let emergency = |owner: &str| AcquireRequest {
         emergency: true,
-        ..prioritized("prio-emergency", owner, EMERGENCY_PRIORITY)
+        ..prioritized("emergency", owner, ttl, EMERGENCY_PRIORITY)
     };
-    let t2 = grant(&*b, &emergency("b")).await;
+    let t2 = granted_token(&b.try_acquire(&emergency("op")).await.expect("acquire"));
     assert!(t2 > t);
+    let held = [HeldLease {
+        name: "emergency".into(),
+        token: t,
+    }];
     assert_eq!(
-        renew_one(&*a, "a", "prio-emergency", t).await,
-        Renewal::NotHeld
+        a.renew("a", &held, ttl).await.expect("renew"),
+        [Renewal::NotHeld]
     );
-    assert!(!a.release("prio-emergency", "a", t).await.expect("release"));
-    match c.try_acquire(&emergency("c")).await.expect("acquire") {
+    assert!(!a.release("emergency", "a", t).await.expect("release"));
+    match b.try_acquire(&emergency("op2")).await.expect("acquire") {
         AcquireOutcome::Held(r) => {
-            assert_eq!((r.owner.as_str(), r.token, r.priority), ("b", t2, u64::MAX))
+            assert_eq!((r.owner.as_str(), r.priority), ("op", EMERGENCY_PRIORITY))
         }
-        other => panic!("emergency over an equal priority: {other:?}"),
+        AcquireOutcome::Granted(_) => panic!("emergency took over an equal priority"),
     }
-    assert!(renew_one(&*b, "b", "prio-emergency", t2).await.is_renewed());
 }
 
-/// A forceful request pending across a store restart still ends the grant: the contender
-/// is granted after the holder's deadline, with a higher token.
-pub async fn forceful_request_survives_restart(h: &dyn Harness) {
-    let settings = test_settings();
-    let ttl = settings.heartbeat_timeout;
-    let (a, b) = (h.client().await, h.client().await);
-    let t = grant(&*a, &prioritized("prio-restart", "a", 1)).await;
-    let sent = Instant::now();
-    assert!(renew_one(&*a, "a", "prio-restart", t).await.is_renewed());
-    let deadline = sent + ttl - settings.safety_margin;
-    recorded(
-        b.request_preemption("prio-restart", t, &ask("b", 2, true))
-            .await
-            .expect("request"),
-    );
-    h.restart().await;
-    // The holder goes on trying: errors while the store comes back, never a renewal.
-    let mut tries = 0;
-    let (granted_at, t2) = loop {
-        if let Ok(answers) = a.renew("a", &held("prio-restart", t), ttl).await {
-            assert!(!answers[0].is_renewed(), "renewed after the request");
-        }
-        match b.try_acquire(&prioritized("prio-restart", "b", 2)).await {
-            Ok(AcquireOutcome::Granted(r)) => break (Instant::now(), r.token),
-            Ok(AcquireOutcome::Held(r)) => assert_eq!(r.token, t),
-            Err(_) => {}
-        }
-        tries += 1;
-        assert!(tries < 400, "the forced grant never ended");
-        sleep(Duration::from_millis(50)).await;
-    };
-    assert!(t2 > t);
-    assert!(
-        granted_at >= deadline,
-        "granted before the holder's deadline"
-    );
+/// Who believed it held which token, from when to when (CLOCK_MONOTONIC ns), from the
+/// LeaseGranted / LeaseLost events and the instants holders called release.
+#[derive(Clone, Default)]
+pub struct History {
+    spans: Arc<Mutex<Vec<Span>>>,
 }
 
-/// Defines one `#[tokio::test]` per preemption SPI case, for stores with capability
-/// `preemption`. `$harness` is an async expression giving a fresh [`Harness`] per test.
-#[macro_export]
-macro_rules! preemption_spi_tests {
-    ($harness:expr) => {
-        $crate::preemption_spi_tests!(@case $harness; preemption_rules,
-            forceful_request_ends_grant_at_expiry, emergency_takes_over,
-            forceful_request_survives_restart);
-    };
-    (@case $harness:expr; $($case:ident),*) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $case() {
-                let harness = $harness.await;
-                $crate::conformance::preemption::$case(&harness).await;
+/// One holder's belief in one grant.
+#[derive(Debug, Clone)]
+pub struct Span {
+    pub owner: String,
+    pub token: u64,
+    pub from_ns: i64,
+    /// `None`: still believed.
+    pub until_ns: Option<i64>,
+    pub ended_by: Option<String>,
+}
+
+impl History {
+    fn spans(&self) -> std::sync::MutexGuard<'_, Vec<Span>> {
+        self.spans.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A sink recording `owner`'s grants and losses, and forwarding every event to `also`.
+    pub fn sink(
+        &self,
+        owner: &str,
+        also: Option<mpsc::UnboundedSender<LeaseEvent>>,
+    ) -> LeaseEventSink {
+        let history = self.clone();
+        let owner = owner.to_string();
+        LeaseEventSink::new(move |event| {
+            let now = monotonic_now_ns();
+            match &event {
+                LeaseEvent::Granted(g) => history.spans().push(Span {
+                    owner: owner.clone(),
+                    token: g.token,
+                    from_ns: now,
+                    until_ns: None,
+                    ended_by: None,
+                }),
+                LeaseEvent::Lost(l) => history.end(&owner, l.token, now, &l.reason.to_string()),
+                _ => {}
             }
-        )*
+            if let Some(tx) = &also {
+                let _ = tx.send(event);
+            }
+        })
+    }
+
+    fn end(&self, owner: &str, token: u64, at: i64, why: &str) {
+        if let Some(s) = self
+            .spans()
+            .iter_mut()
+            .find(|s| s.owner == owner && s.token == token && s.until_ns.is_none())
+        {
+            s.until_ns = Some(at);
+            s.ended_by = Some(why.to_string());
+        }
+    }
+
+    /// `lease`'s holder stops acting on its grant now and releases it.
+    pub async fn release(&self, lease: &Lease) -> bool {
+        if let Some(token) = lease.token() {
+            self.end(lease.owner(), token, monotonic_now_ns(), "release");
+        }
+        lease.release().await.expect("release")
+    }
+
+    /// Checks the history: grants in order of their start have strictly increasing tokens,
+    /// and no two beliefs overlap, except that a grant by `emergency_owner` may overlap the
+    /// one it took over (fencing tokens order them).
+    pub fn check(&self, emergency_owner: Option<&str>) -> Vec<Span> {
+        let mut spans = self.spans().clone();
+        spans.sort_by_key(|s| s.from_ns);
+        for w in spans.windows(2) {
+            assert!(
+                w[1].token > w[0].token,
+                "tokens do not increase in grant order: {spans:#?}"
+            );
+        }
+        for (i, earlier) in spans.iter().enumerate() {
+            for later in &spans[i + 1..] {
+                let until = earlier.until_ns.unwrap_or(i64::MAX);
+                let overlap = until > later.from_ns;
+                let allowed = emergency_owner == Some(later.owner.as_str());
+                assert!(
+                    !overlap || allowed,
+                    "{} (token {}) still believed when {} (token {}) was granted: {spans:#?}",
+                    earlier.owner,
+                    earlier.token,
+                    later.owner,
+                    later.token
+                );
+            }
+        }
+        spans
+    }
+}
+
+struct Party {
+    lease: Lease,
+    events: mpsc::UnboundedReceiver<LeaseEvent>,
+}
+
+async fn party(
+    h: &dyn Harness,
+    history: &History,
+    name: &str,
+    owner: &str,
+    options: AcquireOptions,
+) -> Party {
+    let (tx, events) = mpsc::unbounded_channel();
+    let store = preempting_client(h).await;
+    let spec = LeaseSpec::new(name, owner, store, test_settings())
+        .expect("valid spec")
+        .with_note(format!("{owner} at work"))
+        .with_options(options)
+        .expect("valid options");
+    let lease = Lease::start_with_events(spec, history.sink(owner, Some(tx)))
+        .await
+        .expect("lease actor starts");
+    Party { lease, events }
+}
+
+fn options(priority: u64, cleanup_ms: u64) -> AcquireOptions {
+    AcquireOptions {
+        priority,
+        cleanup_timeout: Duration::from_millis(cleanup_ms),
+        ..AcquireOptions::default()
+    }
+}
+
+async fn must_grant(lease: &Lease) -> u64 {
+    match lease.acquire().await.expect("acquire") {
+        Acquired::Granted { token } => token,
+        other => panic!("{} not granted: {other:?}", lease.owner()),
+    }
+}
+
+/// Waits (at most 10 s) for the next preemption request event.
+async fn next_request(p: &mut Party) -> crate::PreemptionRequested {
+    let wait = async {
+        while let Some(e) = p.events.recv().await {
+            if let LeaseEvent::PreemptionRequested(r) = e {
+                return r;
+            }
+        }
+        panic!("{}: event stream ended", p.lease.owner())
     };
+    tokio::time::timeout(Duration::from_secs(10), wait)
+        .await
+        .unwrap_or_else(|_| panic!("{} was never asked to give up", p.lease.owner()))
+}
+
+/// Helix: a lower (or equal) priority requester is not granted; it is told the holder and
+/// its priority, and the holder keeps the lease.
+pub async fn helix_lower_priority_rejected(h: &dyn Harness) {
+    let history = History::default();
+    let holder = party(h, &history, "helix-lower", "holder", options(5, 1000)).await;
+    must_grant(&holder.lease).await;
+    for p in [1, 5] {
+        let other = party(h, &history, "helix-lower", &format!("r{p}"), options(p, 0)).await;
+        assert_eq!(
+            other.lease.acquire().await.expect("acquire"),
+            Acquired::NotGranted {
+                holder: Some("holder".into()),
+                priority: 5
+            }
+        );
+    }
+    sleep(Duration::from_millis(600)).await;
+    assert!(holder.lease.check_lease());
+    assert_eq!(history.check(None).len(), 1);
+}
+
+/// Helix: a higher-priority requester asks; the holder is told (with a cleanup deadline),
+/// cleans up within its cleanup timeout and releases; the requester is granted a higher token.
+pub async fn helix_cleanup_in_time(h: &dyn Harness) {
+    let history = History::default();
+    let mut holder = party(h, &history, "helix-cleanup", "holder", options(1, 3000)).await;
+    let t1 = must_grant(&holder.lease).await;
+    let requester = party(h, &history, "helix-cleanup", "requester", options(7, 0)).await;
+    let waiting = tokio::spawn(async move {
+        let answer = requester.lease.acquire().await;
+        (answer, requester)
+    });
+    let asked = next_request(&mut holder).await;
+    assert_eq!(
+        (asked.by.as_str(), asked.priority, asked.token),
+        ("requester", 7, t1)
+    );
+    assert_eq!(asked.note.as_deref(), Some("requester at work"));
+    sleep(Duration::from_millis(300)).await; // cleaning up
+    assert!(history.release(&holder.lease).await);
+    let (answer, requester) = waiting.await.expect("requester task");
+    let Ok(Acquired::Granted { token }) = answer else {
+        panic!("requester not granted: {answer:?}")
+    };
+    assert!(token > t1);
+    let spans = history.check(None);
+    assert_eq!(spans.len(), 2, "{spans:#?}");
+    assert!(history.release(&requester.lease).await);
+}
+
+/// Helix: the holder does not finish cleanup in time and the requester is not forceful:
+/// it gets `CleanupTimedOut` and nothing changes (same holder, same token, no request).
+pub async fn helix_cleanup_timeout(h: &dyn Harness) {
+    let history = History::default();
+    let holder = party(h, &history, "helix-slow", "holder", options(0, 800)).await;
+    let t1 = must_grant(&holder.lease).await;
+    let requester = party(h, &history, "helix-slow", "requester", options(3, 0)).await;
+    match requester.lease.acquire().await {
+        Err(LeaseError::CleanupTimedOut {
+            holder: who,
+            cleanup_timeout,
+            ..
+        }) => assert_eq!(
+            (who.as_str(), cleanup_timeout),
+            ("holder", Duration::from_millis(800))
+        ),
+        other => panic!("expected CleanupTimedOut, got {other:?}"),
+    }
+    sleep(Duration::from_millis(600)).await;
+    assert_eq!(holder.lease.token(), Some(t1), "the holder keeps its grant");
+    let rec = h
+        .client()
+        .await
+        .read("helix-slow")
+        .await
+        .expect("read")
+        .expect("held");
+    assert_eq!((rec.token, rec.request), (t1, None));
+    assert_eq!(history.check(None).len(), 1);
+}
+
+/// Helix: the holder does not finish cleanup in time and the requester is forceful: the
+/// holder loses the lease (Preempted) before the requester is granted; never two holders.
+pub async fn helix_forceful(h: &dyn Harness) {
+    let history = History::default();
+    let holder = party(h, &history, "helix-force", "holder", options(0, 500)).await;
+    let t1 = must_grant(&holder.lease).await;
+    let forceful = AcquireOptions {
+        forceful: true,
+        ..options(3, 0)
+    };
+    let requester = party(h, &history, "helix-force", "requester", forceful).await;
+    let t2 = must_grant(&requester.lease).await;
+    assert!(t2 > t1);
+    let spans = history.check(None);
+    assert_eq!(spans.len(), 2, "{spans:#?}");
+    assert_eq!(
+        spans[0].ended_by.as_deref(),
+        Some(LostReason::Preempted.to_string().as_str()),
+        "{spans:#?}"
+    );
+    assert!(!holder.lease.check_lease());
+}
+
+/// Helix: a third requester with an even higher priority overtakes a waiting one, which is
+/// told so; the holder releases for the highest, which is granted.
+pub async fn helix_overtaken(h: &dyn Harness) {
+    let history = History::default();
+    let mut holder = party(h, &history, "helix-overtake", "holder", options(0, 5000)).await;
+    let t1 = must_grant(&holder.lease).await;
+    let low = party(h, &history, "helix-overtake", "low", options(3, 0)).await;
+    let low_waiting = tokio::spawn(async move { (low.lease.acquire().await, low) });
+    assert_eq!(next_request(&mut holder).await.by, "low");
+    let high = party(h, &history, "helix-overtake", "high", options(8, 0)).await;
+    let high_waiting = tokio::spawn(async move { (high.lease.acquire().await, high) });
+    let (answer, _low) = low_waiting.await.expect("low task");
+    match answer {
+        Err(LeaseError::Overtaken { by, priority, .. }) => {
+            assert_eq!((by.as_str(), priority), ("high", 8))
+        }
+        other => panic!("expected Overtaken, got {other:?}"),
+    }
+    assert_eq!(next_request(&mut holder).await.by, "high");
+    assert!(history.release(&holder.lease).await);
+    let (answer, high) = high_waiting.await.expect("high task");
+    let Ok(Acquired::Granted { token }) = answer else {
+        panic!("high not granted: {answer:?}")
+    };
+    assert!(token > t1);
+    assert_eq!(history.check(None).len(), 2);
+    assert!(history.release(&high.lease).await);
+}
+
+/// Helix's emergency priority: granted at once over a lower holder with a higher token; the
+/// old holder gives up at its next renewal or local deadline at the latest. Only here may
+/// beliefs overlap, and the tokens order them.
+pub async fn helix_emergency(h: &dyn Harness) {
+    let history = History::default();
+    let holder = party(
+        h,
+        &history,
+        "helix-emergency",
+        "holder",
+        options(100, 60_000),
+    )
+    .await;
+    let t1 = must_grant(&holder.lease).await;
+    let emergency = AcquireOptions {
+        emergency: true,
+        ..options(EMERGENCY_PRIORITY, 0)
+    };
+    let operator = party(h, &history, "helix-emergency", "operator", emergency).await;
+    let t2 = must_grant(&operator.lease).await;
+    assert!(
+        t2 > t1,
+        "fencing orders the emergency grant after the old one"
+    );
+    let ttl = test_settings().heartbeat_timeout;
+    let started = Instant::now();
+    while holder.lease.check_lease() {
+        assert!(started.elapsed() < ttl * 4, "the old holder never gave up");
+        sleep(Duration::from_millis(20)).await;
+    }
+    let spans = history.check(Some("operator"));
+    assert_eq!(spans.len(), 2, "{spans:#?}");
+    assert!(spans[0].until_ns.is_some());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn history(spans: &[(&str, u64, i64, Option<i64>)]) -> History {
+        let h = History::default();
+        h.spans()
+            .extend(spans.iter().map(|&(owner, token, from, until)| Span {
+                owner: owner.into(),
+                token,
+                from_ns: from,
+                until_ns: until,
+                ended_by: None,
+            }));
+        h
+    }
+
+    #[test]
+    fn disjoint_beliefs_with_increasing_tokens_pass() {
+        history(&[("a", 1, 0, Some(10)), ("b", 2, 10, None)]).check(None);
+    }
+
+    #[test]
+    #[should_panic(expected = "still believed")]
+    fn overlapping_beliefs_fail() {
+        history(&[("a", 1, 0, Some(11)), ("b", 2, 10, None)]).check(None);
+    }
+
+    #[test]
+    #[should_panic(expected = "still believed")]
+    fn a_belief_never_ended_overlaps_every_later_one() {
+        history(&[("a", 1, 0, None), ("b", 2, 10, Some(20))]).check(None);
+    }
+
+    #[test]
+    fn only_the_emergency_owner_may_overlap() {
+        let h = history(&[("a", 1, 0, Some(15)), ("op", 2, 10, None)]);
+        h.check(Some("op"));
+        let result = std::panic::catch_unwind(|| h.check(Some("other")));
+        assert!(result.is_err());
+    }
+
+    #[test]
+    #[should_panic(expected = "tokens do not increase")]
+    fn tokens_out_of_grant_order_fail() {
+        history(&[("a", 2, 0, Some(5)), ("b", 1, 10, None)]).check(None);
+    }
 }

@@ -1,0 +1,103 @@
+//! Priority acquire options (cooperative preemption, Apache Helix's priority lock made
+//! safe). The protocol itself runs in the LeaseActor, over the store's
+//! [`request_preemption`](crate::LeaseStore::request_preemption).
+
+use std::time::Duration;
+
+use crate::error::ConfigError;
+use crate::store::{Capabilities, EMERGENCY_PRIORITY};
+
+/// How a lease is acquired relative to other owners. The default (priority 0, nothing
+/// else) is a plain lease: it never preempts anybody and is preempted by any higher
+/// priority.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AcquireOptions {
+    /// Higher wins. A requester with a strictly higher priority than the holder's asks it
+    /// to give the lease up; equal or lower is simply not granted. [`EMERGENCY_PRIORITY`]
+    /// (`u64::MAX`) is reserved for operators.
+    pub priority: u64,
+    /// How long this owner needs to clean up when it is preempted later: requesters wait at
+    /// most this long (and at most their own `waiting_timeout`) for a voluntary release.
+    pub cleanup_timeout: Duration,
+    /// How long this owner waits for a lower-priority holder to release (`None`: no bound
+    /// of its own, only the holder's cleanup timeout).
+    pub waiting_timeout: Option<Duration>,
+    /// When the wait ends without a release: `false` gives up
+    /// ([`LeaseError::CleanupTimedOut`](crate::LeaseError::CleanupTimedOut), nothing
+    /// changes); `true` makes the request forceful: the holder's renewals are refused, and
+    /// the lease is granted here once its last renewal has expired (at most one ttl later).
+    pub forceful: bool,
+    /// Only with `priority == EMERGENCY_PRIORITY`: take a lower-priority grant over at once
+    /// with a new token. The old holder learns it at its next renewal and believes in the
+    /// lease until its local deadline at the latest: until then **only fencing tokens**
+    /// protect guarded resources.
+    pub emergency: bool,
+}
+
+impl AcquireOptions {
+    /// Checks the options against each other and against what `store` (of kind `kind`) can
+    /// do. Errors name the option.
+    pub fn validate(&self, kind: &str, capabilities: Capabilities) -> Result<(), ConfigError> {
+        if self.emergency && self.priority != EMERGENCY_PRIORITY {
+            return Err(ConfigError::invalid(
+                "emergency",
+                format!(
+                    "only with the maximum priority {EMERGENCY_PRIORITY} (got priority {})",
+                    self.priority
+                ),
+            ));
+        }
+        if *self != AcquireOptions::default() && !capabilities.preemption {
+            return Err(ConfigError::invalid(
+                "priority",
+                format!("the {kind} store does not support priorities and preemption"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether a requester with these options asks a holder of priority `holder` to give
+    /// the lease up (otherwise it is simply not granted).
+    pub fn outranks(&self, holder: u64) -> bool {
+        self.priority > holder
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn preempting() -> Capabilities {
+        Capabilities {
+            preemption: true,
+            ..Capabilities::default()
+        }
+    }
+
+    #[test]
+    fn emergency_needs_the_maximum_priority() {
+        let mut o = AcquireOptions {
+            emergency: true,
+            priority: 7,
+            ..AcquireOptions::default()
+        };
+        let err = o.validate("memory", preempting()).unwrap_err();
+        assert!(err.to_string().contains("`emergency`"), "{err}");
+        o.priority = EMERGENCY_PRIORITY;
+        o.validate("memory", preempting()).unwrap();
+    }
+
+    #[test]
+    fn priorities_need_a_store_that_keeps_them() {
+        AcquireOptions::default()
+            .validate("etcd", Capabilities::default())
+            .unwrap();
+        let err = AcquireOptions {
+            priority: 1,
+            ..AcquireOptions::default()
+        }
+        .validate("etcd", Capabilities::default())
+        .unwrap_err();
+        assert!(err.to_string().contains("etcd store"), "{err}");
+    }
+}
