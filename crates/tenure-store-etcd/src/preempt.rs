@@ -92,6 +92,8 @@ impl Inner {
                     Txn::new()
                         .when([
                             Compare::create_revision(key.clone(), CompareOp::Equal, token),
+                            // Still on the session the request is attached to.
+                            Compare::lease(key.clone(), CompareOp::Equal, kv.lease()),
                             Compare::mod_revision(
                                 request_key.clone(),
                                 CompareOp::Equal,
