@@ -7,7 +7,8 @@ use std::time::Duration;
 use tenure::names::store_name;
 use tenure::store::bounded;
 use tenure::{
-    AcquireOutcome, AcquireRequest, Acquired, LeaseProvider, LeaseRecord, LeaseSettings, LeaseStore,
+    AcquireOptions, AcquireOutcome, AcquireRequest, Acquired, EMERGENCY_PRIORITY, LeaseError,
+    LeaseEvent, LeaseEventSink, LeaseProvider, LeaseRecord, LeaseSettings, LeaseStore,
 };
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
@@ -39,6 +40,48 @@ fn show_duration(d: Duration) -> String {
     humantime::format_duration(Duration::from_millis(d.as_millis() as u64)).to_string()
 }
 
+/// `tenure lease acquire`'s priority options (Helix-style cooperative preemption).
+#[derive(clap::Args, Debug, Clone)]
+pub struct PriorityArgs {
+    /// Priority of this request and grant (higher wins). A holder of lower priority is
+    /// asked to give the lease up (with --hold); equal or higher is not preempted.
+    #[arg(long, default_value_t = 0, conflicts_with = "emergency")]
+    priority: u64,
+    /// How long this holder needs to clean up when preempted: requesters wait at most this
+    /// long for it.
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    cleanup_timeout: Duration,
+    /// How long to wait for a lower-priority holder to give the lease up (default: its
+    /// cleanup timeout).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    waiting_timeout: Option<Duration>,
+    /// When the wait ends, refuse the holder's renewals and take the lease once its last
+    /// renewal expired (at most one heartbeat-timeout later), instead of giving up.
+    #[arg(long)]
+    forceful: bool,
+    /// Operators only: the maximum priority, taking a lower holder's lease over at once.
+    /// The old holder may act until its next renewal: only fencing tokens protect
+    /// resources meanwhile.
+    #[arg(long)]
+    emergency: bool,
+}
+
+impl PriorityArgs {
+    pub fn options(&self) -> AcquireOptions {
+        AcquireOptions {
+            priority: if self.emergency {
+                EMERGENCY_PRIORITY
+            } else {
+                self.priority
+            },
+            cleanup_timeout: self.cleanup_timeout,
+            waiting_timeout: self.waiting_timeout,
+            forceful: self.forceful,
+            emergency: self.emergency,
+        }
+    }
+}
+
 fn describe(r: &LeaseRecord) -> String {
     let mut s = format!(
         "owner={} token={} expires-in={} renewals={}",
@@ -49,6 +92,24 @@ fn describe(r: &LeaseRecord) -> String {
     );
     if let Some(note) = &r.note {
         s.push_str(&format!(" note={note:?}"));
+    }
+    s.push_str(&format!(" priority={}", r.priority));
+    if !r.cleanup_timeout.is_zero() {
+        s.push_str(&format!(
+            " cleanup-timeout={}",
+            show_duration(r.cleanup_timeout)
+        ));
+    }
+    if let Some(q) = &r.request {
+        s.push_str(&format!(
+            " preemption-requested-by={} requester-priority={}{}",
+            q.by,
+            q.priority,
+            if q.forceful { " forceful" } else { "" }
+        ));
+        if let Some(note) = &q.note {
+            s.push_str(&format!(" requester-note={note:?}"));
+        }
     }
     s
 }
@@ -93,9 +154,11 @@ pub async fn acquire_once(
     provider: &LeaseProvider,
     target: &Target,
     note: Option<String>,
+    options: AcquireOptions,
 ) -> Result<Outcome, CliError> {
     tenure::names::check_lease_name(&target.name)?;
     let opened = store_for(provider, target.section.as_deref()).await?;
+    options.validate(opened.store.kind(), opened.store.capabilities())?;
     let owner = owner_of(target);
     let request = AcquireRequest {
         name: store_name(&target.name, &opened.store.name_rules()),
@@ -103,7 +166,9 @@ pub async fn acquire_once(
         instance: format!("cli-{}", std::process::id()),
         ttl: opened.settings.heartbeat_timeout,
         note,
-        ..AcquireRequest::default()
+        priority: options.priority,
+        cleanup_timeout: options.cleanup_timeout,
+        emergency: options.emergency,
     };
     let outcome = opened
         .call(&target.name, "acquire", opened.store.try_acquire(&request))
@@ -120,22 +185,34 @@ pub async fn acquire_once(
         }
         AcquireOutcome::Held(r) => {
             println!("not granted {}: held by {}", target.name, describe(&r));
+            if options.outranks(r.priority) {
+                println!("(a lower priority: use --hold to ask the holder to give it up)");
+            }
             Ok(Outcome::No)
         }
     }
 }
 
-/// Waits until granted, renews until Ctrl-C/SIGTERM, then releases.
+/// Waits until granted (asking a lower-priority holder to give it up), renews until
+/// Ctrl-C/SIGTERM or until a higher priority asks for it, then releases.
 pub async fn hold(
     provider: &LeaseProvider,
     target: &Target,
     note: Option<String>,
+    options: AcquireOptions,
 ) -> Result<Outcome, CliError> {
     let section = section_of(provider, target.section.as_deref())?;
     let owner = owner_of(target);
     let mut spec = provider.spec(&target.name, &section, &owner).await?;
     spec.note = note;
-    let lease = tenure::Lease::start(spec).await?;
+    let spec = spec.with_options(options)?;
+    let (events_tx, mut events) = mpsc::unbounded_channel();
+    let sink = LeaseEventSink::new(move |event| {
+        if let LeaseEvent::PreemptionRequested(_) | LeaseEvent::PreemptionWithdrawn(_) = event {
+            let _ = events_tx.send(event);
+        }
+    });
+    let lease = tenure::Lease::start_with_events(spec, sink).await?;
     let mut interrupt =
         signal(SignalKind::interrupt()).map_err(|e| CliError::Command(e.to_string()))?;
     let mut terminate =
@@ -149,11 +226,15 @@ pub async fn hold(
         Ok(Acquired::Granted { token }) => token,
         first => {
             match first {
-                Ok(Acquired::NotGranted { holder, .. }) => println!(
-                    "waiting for {}: held by {}",
+                Ok(Acquired::NotGranted { holder, priority }) => println!(
+                    "waiting for {}: held by {} (priority {priority})",
                     target.name,
                     holder.as_deref().unwrap_or("another owner")
                 ),
+                Err(e @ (LeaseError::CleanupTimedOut { .. } | LeaseError::Overtaken { .. })) => {
+                    println!("not granted {}: {e}", target.name);
+                    return Ok(Outcome::No);
+                }
                 Err(e) => println!("waiting for {}: {e}", target.name),
                 Ok(Acquired::Granted { .. }) => unreachable!(),
             }
@@ -170,14 +251,30 @@ pub async fn hold(
         target.name,
         show_duration(lease.settings().heartbeat_interval)
     );
-    tokio::select! {
-        lost = lost_rx.recv() => {
-            let reason = lost.map(|l| l.reason.to_string()).unwrap_or_default();
-            eprintln!("tenure: lost {} (token {token}): {reason}", target.name);
-            Ok(Outcome::Lost)
+    loop {
+        tokio::select! {
+            lost = lost_rx.recv() => {
+                let reason = lost.map(|l| l.reason.to_string()).unwrap_or_default();
+                eprintln!("tenure: lost {} (token {token}): {reason}", target.name);
+                return Ok(Outcome::Lost);
+            }
+            Some(event) = events.recv() => {
+                if let LeaseEvent::PreemptionRequested(p) = event {
+                    println!(
+                        "preemption of {} requested by {} (priority {}{}){}: nothing to clean up, releasing",
+                        target.name,
+                        p.by,
+                        p.priority,
+                        if p.forceful { ", forceful" } else { "" },
+                        p.note.map(|n| format!(": {n}")).unwrap_or_default()
+                    );
+                    release_held(&lease).await?;
+                    return Ok(Outcome::Lost);
+                }
+            }
+            _ = interrupt.recv() => return release_held(&lease).await,
+            _ = terminate.recv() => return release_held(&lease).await,
         }
-        _ = interrupt.recv() => release_held(&lease).await,
-        _ = terminate.recv() => release_held(&lease).await,
     }
 }
 

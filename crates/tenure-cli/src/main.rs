@@ -113,12 +113,15 @@ enum LeaseCommand {
         #[command(flatten)]
         target: Target,
         /// Wait until granted, keep renewing until Ctrl-C (or SIGTERM), then release.
-        /// Exit 3 if the lease is lost meanwhile.
+        /// Exit 3 if the lease is lost meanwhile, or given up for a higher priority.
         #[arg(long)]
         hold: bool,
-        /// Free text kept with the grant (who and why), shown by `lease show`.
-        #[arg(long)]
+        /// Free text kept with the grant (who and why), shown by `lease show`, and sent
+        /// with preemption requests.
+        #[arg(long, visible_alias = "message")]
         note: Option<String>,
+        #[command(flatten)]
+        priority: lease_cmd::PriorityArgs,
     },
     /// Release a lease held by --owner. Exit 0 released, 1 not held by that owner, 2 error.
     Release {
@@ -197,11 +200,17 @@ async fn run(cli: Cli) -> Result<Outcome, CliError> {
     let provider = tenure::provider(config)?;
     match cli.command {
         Command::Lease(cmd) => match cmd {
-            LeaseCommand::Acquire { target, hold, note } => {
+            LeaseCommand::Acquire {
+                target,
+                hold,
+                note,
+                priority,
+            } => {
+                let options = priority.options();
                 if hold {
-                    lease_cmd::hold(&provider, &target, note).await
+                    lease_cmd::hold(&provider, &target, note, options).await
                 } else {
-                    lease_cmd::acquire_once(&provider, &target, note).await
+                    lease_cmd::acquire_once(&provider, &target, note, options).await
                 }
             }
             LeaseCommand::Release { target } => lease_cmd::release(&provider, &target).await,

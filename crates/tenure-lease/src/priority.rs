@@ -18,6 +18,8 @@ pub struct AcquireOptions {
     pub priority: u64,
     /// How long this owner needs to clean up when it is preempted later: requesters wait at
     /// most this long (and at most their own `waiting_timeout`) for a voluntary release.
+    /// With the default 0 a non-forceful requester gives up at once (`CleanupTimedOut`) and a
+    /// forceful one makes its request forceful at once (granted within one ttl).
     pub cleanup_timeout: Duration,
     /// How long this owner waits for a lower-priority holder to release (`None`: no bound
     /// of its own, only the holder's cleanup timeout).
