@@ -146,10 +146,10 @@ impl RequestValue {
     }
 
     /// The revision since which a forceful request has been pending on the grant without
-    /// a break, `kv` being this request's key.
-    pub(crate) fn forced_at(&self, kv: &etcd_client::KeyValue) -> Option<i64> {
+    /// a break, `mod_revision` being this request key's.
+    pub(crate) fn forced_at(&self, mod_revision: i64) -> Option<i64> {
         self.forceful
-            .then(|| self.forced_since.unwrap_or(kv.mod_revision()))
+            .then(|| self.forced_since.unwrap_or(mod_revision))
     }
 
     pub(crate) fn encode(&self) -> Vec<u8> {
@@ -198,6 +198,25 @@ mod tests {
         assert!(l.waiter("a", 1, "i").starts_with(&l.waiters("a")));
         assert_eq!(l.token_of(l.request(4242).as_bytes()), Some(4242));
         assert_eq!(l.token_of(l.lease("x").as_bytes()), None);
+    }
+
+    #[test]
+    fn a_forceful_span_starts_at_the_write_or_carries_over() {
+        let ask = |forceful| PreemptionRequest {
+            by: "b".into(),
+            forceful,
+            ..PreemptionRequest::default()
+        };
+        assert_eq!(RequestValue::new(&ask(true), None).forced_at(42), Some(42));
+        assert_eq!(
+            RequestValue::new(&ask(true), Some(7)).forced_at(42),
+            Some(7)
+        );
+        // A non-forceful request ends the span, whatever it replaced.
+        let plain = RequestValue::new(&ask(false), Some(7));
+        assert_eq!((plain.forced_since, plain.forced_at(42)), (None, None));
+        let v = RequestValue::new(&ask(true), Some(7));
+        assert_eq!(RequestValue::decode(b"k", &v.encode()).unwrap(), v);
     }
 
     #[test]

@@ -85,7 +85,7 @@ impl Inner {
                 .pending
                 .as_ref()
                 .zip(context.request(token))
-                .and_then(|(p, kv)| p.forced_at(kv));
+                .and_then(|(p, kv)| p.forced_at(kv.mod_revision()));
             let value = RequestValue::new(request, forced_since);
             let resp = self
                 .txn(

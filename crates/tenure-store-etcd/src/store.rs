@@ -287,7 +287,7 @@ impl Inner {
         let forced_age = pending
             .as_ref()
             .zip(context.request(kv.create_revision()))
-            .and_then(|(p, r)| p.forced_at(r))
+            .and_then(|(p, r)| p.forced_at(r.mod_revision()))
             .map(|since| self.clock.age(since));
         let forced_out = forced_age.is_some_and(|a| a >= ttl);
         if let Some(forced_age) = forced_age {
