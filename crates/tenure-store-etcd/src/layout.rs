@@ -110,12 +110,8 @@ fn is_zero(n: &u64) -> bool {
 /// The value of a request key: the request, and since when it has been forceful.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct RequestValue {
-    pub by: String,
-    pub instance: String,
-    pub priority: u64,
-    pub forceful: bool,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub note: Option<String>,
+    #[serde(flatten)]
+    pub request: PreemptionRequest,
     /// For a forceful request that replaced (or moved) a forceful one: the revision since
     /// which the grant has had a forceful request without a break. `None`: since this
     /// key's mod revision.
@@ -126,29 +122,16 @@ pub(crate) struct RequestValue {
 impl RequestValue {
     pub(crate) fn new(request: &PreemptionRequest, forced_since: Option<i64>) -> Self {
         RequestValue {
-            by: request.by.clone(),
-            instance: request.instance.clone(),
-            priority: request.priority,
-            forceful: request.forceful,
-            note: request.note.clone(),
+            request: request.clone(),
             forced_since: forced_since.filter(|_| request.forceful),
-        }
-    }
-
-    pub(crate) fn request(&self) -> PreemptionRequest {
-        PreemptionRequest {
-            by: self.by.clone(),
-            instance: self.instance.clone(),
-            priority: self.priority,
-            forceful: self.forceful,
-            note: self.note.clone(),
         }
     }
 
     /// The revision since which a forceful request has been pending on the grant without
     /// a break, `mod_revision` being this request key's.
     pub(crate) fn forced_at(&self, mod_revision: i64) -> Option<i64> {
-        self.forceful
+        self.request
+            .forceful
             .then(|| self.forced_since.unwrap_or(mod_revision))
     }
 

@@ -76,7 +76,7 @@ impl Inner {
             if held.expired {
                 return Ok(PreemptAnswer::Gone);
             }
-            let pending = held.pending.as_ref().map(RequestValue::request);
+            let pending = held.pending.as_ref().map(|p| p.request.clone());
             if !request.may_replace(held.value.priority, pending.as_ref()) {
                 return Ok(PreemptAnswer::Refused(held.record));
             }
@@ -148,7 +148,7 @@ impl Inner {
                 return Ok(false);
             };
             let held = self.judge(name, kv, &context)?;
-            if held.expired || held.pending.as_ref().is_none_or(|p| p.by != by) {
+            if held.expired || held.pending.as_ref().is_none_or(|p| p.request.by != by) {
                 return Ok(false);
             }
             let resp = self

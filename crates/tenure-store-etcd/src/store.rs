@@ -299,7 +299,7 @@ impl Inner {
             kv.create_revision(),
             ttl.saturating_sub(age),
             kv.version() as u64,
-            pending.as_ref().map(RequestValue::request),
+            pending.as_ref().map(|p| p.request.clone()),
         );
         Ok(Judged {
             value,
@@ -427,7 +427,7 @@ impl Inner {
                         .await?;
                     if resp.succeeded() {
                         let version = kv.version() as u64 + 1;
-                        let request = held.pending.as_ref().map(RequestValue::request);
+                        let request = held.pending.as_ref().map(|p| p.request.clone());
                         return Ok(self.granted(
                             &mut doubt,
                             req,
@@ -573,9 +573,9 @@ impl Inner {
                 _ if g.session == session.id && !attached.contains(key.as_bytes()) => {
                     Renewal::NotHeld
                 }
-                Some((r, _)) if r.forceful => Renewal::Refused(r.request()),
+                Some((r, _)) if r.request.forceful => Renewal::Refused(r.request),
                 request if g.session == session.id => Renewal::Renewed {
-                    request: request.map(|(r, _)| r.request()),
+                    request: request.map(|(r, _)| r.request),
                 },
                 request => {
                     // Granted under another time-to-live: move the key to this session
@@ -647,7 +647,7 @@ impl Inner {
             return Ok((
                 i,
                 Renewal::Renewed {
-                    request: request.map(|(r, _)| r.request()),
+                    request: request.map(|(r, _)| r.request),
                 },
             ));
         }

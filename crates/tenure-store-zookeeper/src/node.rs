@@ -74,42 +74,7 @@ pub(crate) struct GrantData {
     /// The pending preemption request, written by the requester (a version-checked
     /// `setData`, which keeps the node's czxid and so the token).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub request: Option<RequestData>,
-}
-
-/// A pending preemption request as a holder node keeps it.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub(crate) struct RequestData {
-    pub by: String,
-    pub instance: String,
-    pub priority: u64,
-    pub forceful: bool,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub note: Option<String>,
-}
-
-impl From<&PreemptionRequest> for RequestData {
-    fn from(r: &PreemptionRequest) -> Self {
-        RequestData {
-            by: r.by.clone(),
-            instance: r.instance.clone(),
-            priority: r.priority,
-            forceful: r.forceful,
-            note: r.note.clone(),
-        }
-    }
-}
-
-impl From<RequestData> for PreemptionRequest {
-    fn from(r: RequestData) -> Self {
-        PreemptionRequest {
-            by: r.by,
-            instance: r.instance,
-            priority: r.priority,
-            forceful: r.forceful,
-            note: r.note,
-        }
-    }
+    pub request: Option<PreemptionRequest>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -163,7 +128,7 @@ impl GrantData {
             note: self.note,
             priority: self.priority,
             cleanup_timeout: Duration::from_millis(self.cleanup_ms),
-            request: self.request.map(PreemptionRequest::from),
+            request: self.request,
         }
     }
 }

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use crate::error::{KIND, backend, from_zk, session_over};
-use crate::node::{GrantData, HOLDER, Layout, RequestData, millis, token};
+use crate::node::{GrantData, HOLDER, Layout, millis, token};
 use crate::options::{ZooKeeperOptions, check_root};
 use crate::session::{Grant, OwnerSession};
 
@@ -643,7 +643,7 @@ impl LeaseStore for ZooKeeperStore {
                 }
                 _ => None,
             };
-            requests.push(request.map(PreemptionRequest::from));
+            requests.push(request);
         }
         let wanted: Vec<(String, u64)> = leases.iter().map(|l| (l.name.clone(), l.token)).collect();
         let forced: Vec<bool> = requests
@@ -680,8 +680,7 @@ impl LeaseStore for ZooKeeperStore {
             else {
                 return Ok(PreemptAnswer::Gone);
             };
-            let pending = data.request.clone().map(PreemptionRequest::from);
-            if !request.may_replace(data.priority, pending.as_ref()) {
+            if !request.may_replace(data.priority, data.request.as_ref()) {
                 return Ok(PreemptAnswer::Refused(data.record(
                     name,
                     token_,
@@ -690,7 +689,7 @@ impl LeaseStore for ZooKeeperStore {
                 )));
             }
             let data = GrantData {
-                request: Some(RequestData::from(request)),
+                request: Some(request.clone()),
                 ..data
             };
             if let Some(new) = self.set_request(&client, name, &data, &stat).await? {
