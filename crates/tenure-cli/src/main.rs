@@ -144,10 +144,13 @@ enum LeaseCommand {
     /// Wait for the lease, run COMMAND while holding it (with TENURE_LEASE_NAME and
     /// TENURE_LEASE_TOKEN set), release when it exits, and exit with its status. If the
     /// lease is lost, COMMAND gets SIGTERM, then SIGKILL after --grace, before the local
-    /// deadline; exit 3.
+    /// deadline; exit 3. The same happens when a higher priority asks for the lease (its
+    /// cleanup timeout defaults to heartbeat-interval + --grace + 200ms).
     Run {
         #[command(flatten)]
         target: Target,
+        #[command(flatten)]
+        priority: lease_cmd::PriorityArgs,
         /// Time COMMAND gets between SIGTERM and SIGKILL when the lease is lost.
         #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
         grace: Duration,
@@ -222,9 +225,10 @@ async fn run(cli: Cli) -> Result<Outcome, CliError> {
             }
             LeaseCommand::Run {
                 target,
+                priority,
                 grace,
                 command,
-            } => run_cmd::run(&provider, &target, grace, &command).await,
+            } => run_cmd::run(&provider, &target, grace, priority.options(), &command).await,
         },
         Command::Node {
             history,

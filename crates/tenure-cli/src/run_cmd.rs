@@ -9,7 +9,7 @@ use std::os::unix::process::CommandExt;
 use std::process::Stdio;
 use std::time::Duration;
 
-use tenure::{Lease, LeaseProvider};
+use tenure::{AcquireOptions, Lease, LeaseEvent, LeaseEventSink, LeaseProvider};
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
@@ -25,6 +25,7 @@ pub async fn run(
     provider: &LeaseProvider,
     target: &Target,
     grace: Duration,
+    mut options: AcquireOptions,
     command: &[String],
 ) -> Result<Outcome, CliError> {
     let section = section_of(provider, target.section.as_deref())?;
@@ -41,9 +42,21 @@ pub async fn run(
         })?;
     // Its own timing, so its own renewal batcher rather than the section's shared one.
     let store = provider.store(&section).await?;
+    if options.cleanup_timeout.is_zero() {
+        // Stopping the command is this holder's cleanup; it learns of a request at its
+        // next renewal.
+        options.cleanup_timeout = settings.heartbeat_interval + grace + KILL_SLACK;
+    }
     let spec = tenure::LeaseSpec::new(&target.name, &owner, store, settings)?
-        .with_note(format!("tenure lease run {}", command.join(" ")));
-    let lease = Lease::start(spec).await?;
+        .with_note(format!("tenure lease run {}", command.join(" ")))
+        .with_options(options)?;
+    let (preempt_tx, mut preempt_rx) = mpsc::unbounded_channel();
+    let sink = LeaseEventSink::new(move |event| {
+        if let LeaseEvent::PreemptionRequested(p) = event {
+            let _ = preempt_tx.send(p);
+        }
+    });
+    let lease = Lease::start_with_events(spec, sink).await?;
 
     let mut interrupt = signal(SignalKind::interrupt()).map_err(io_err)?;
     let mut terminate = signal(SignalKind::terminate()).map_err(io_err)?;
@@ -72,6 +85,14 @@ pub async fn run(
             eprintln!("tenure: lost {} (token {token}): {reason}; stopping the command", target.name);
             stop(&mut child, grace).await;
             return Ok(Outcome::Lost);
+        }
+        Some(p) = preempt_rx.recv() => {
+            eprintln!(
+                "tenure: {} (token {token}) requested by {} (priority {}); stopping the command, then releasing",
+                target.name, p.by, p.priority
+            );
+            stop(&mut child, grace).await;
+            return release_on_exit(&lease, Outcome::Lost).await;
         }
         _ = interrupt.recv() => { stop(&mut child, grace).await; Some(Outcome::Child(130)) }
         _ = terminate.recv() => { stop(&mut child, grace).await; Some(Outcome::Child(143)) }

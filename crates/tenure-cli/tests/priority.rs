@@ -89,3 +89,61 @@ fn emergency_needs_no_priority_and_rejects_one() {
         "{shown}"
     );
 }
+
+#[test]
+fn a_guarded_command_is_stopped_for_a_higher_priority() {
+    let sb = Sandbox::new();
+    let log = sb.path("writes.log");
+    let log = log.to_str().expect("utf-8 path");
+    let low_script = format!(
+        "trap 'echo low-stopped >> {log}; echo cleaned up; exit 0' TERM; echo working; \
+         while :; do echo low >> {log}; sleep 0.05; done"
+    );
+    let mut low = sb.spawn(&[
+        "lease",
+        "run",
+        "job",
+        "--owner",
+        "low",
+        "--grace",
+        "1s",
+        "--",
+        "sh",
+        "-c",
+        &low_script,
+    ]);
+    low.wait_line("working", LIMIT);
+    let high_script = format!("echo high >> {log}; echo high ran with token $TENURE_LEASE_TOKEN");
+    let high = sb.run(&[
+        "lease",
+        "run",
+        "job",
+        "--owner",
+        "high",
+        "--priority",
+        "2",
+        "--grace",
+        "1s",
+        "--",
+        "sh",
+        "-c",
+        &high_script,
+    ]);
+    assert_eq!(high.status.code(), Some(0), "{}", stderr(&high));
+    assert!(
+        stdout(&high).contains("high ran with token"),
+        "{}",
+        stdout(&high)
+    );
+    low.wait_line("cleaned up", LIMIT);
+    assert_eq!(low.wait_exit(LIMIT), Some(3));
+    assert!(
+        low.stderr().contains("requested by high (priority 2)"),
+        "the holder said why it stopped"
+    );
+    // The guarded commands never overlapped: low stopped before high wrote.
+    let writes = std::fs::read_to_string(log).expect("write log");
+    let lines: Vec<&str> = writes.lines().collect();
+    assert_eq!(lines.last(), Some(&"high"), "{lines:?}");
+    assert_eq!(lines.iter().rev().nth(1), Some(&"low-stopped"), "{lines:?}");
+}

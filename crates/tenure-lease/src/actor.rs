@@ -616,7 +616,11 @@ impl Actor for LeaseActor {
                         }
                     }
                     Some((_, Ok(Renewal::NotHeld))) => state.belief.not_held(generation),
-                    Some((_, Ok(Renewal::Refused(_)))) => state.belief.preempted(generation),
+                    Some((sent_at, Ok(Renewal::Refused(request)))) => {
+                        // Announced first if no renewal showed it (forceful at once).
+                        state.observe_request(generation, Some(request), sent_at);
+                        state.belief.preempted(generation);
+                    }
                     Some((_, Err(e))) => {
                         tracing::warn!(lease = %state.spec.name, error = %e, "renewal failed; the lease holds until its local deadline")
                     }

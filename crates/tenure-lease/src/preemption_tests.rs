@@ -228,6 +228,29 @@ async fn forceful_request_ends_the_holder_before_the_requester_is_granted() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn without_cleanup_time_a_forceful_request_is_announced_then_the_lease_lost() {
+    let store = MemoryStore::new();
+    let (holder, hlog) = lease(&store, "h", prio(0)).await;
+    let t1 = granted(&holder).await;
+    let options = AcquireOptions {
+        forceful: true,
+        ..prio(1)
+    };
+    let (req, _) = lease(&store, "r", options).await;
+    assert!(granted(&req).await > t1);
+    let evs = events(&hlog);
+    assert_eq!(evs.len(), 3, "{evs:?}");
+    assert!(
+        matches!(&evs[1], LeaseEvent::PreemptionRequested(p) if p.by == "r" && p.forceful),
+        "{evs:?}"
+    );
+    assert!(
+        matches!(&evs[2], LeaseEvent::Lost(l) if l.reason == LostReason::Preempted),
+        "{evs:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_higher_requester_overtakes_a_waiting_one() {
     let store = MemoryStore::new();
     let (holder, hlog) = lease(&store, "h", cleanup(0, Duration::from_secs(30))).await;

@@ -501,7 +501,7 @@ pub async fn helix_cleanup_timeout(h: &dyn Harness) {
 /// holder loses the lease (Preempted) before the requester is granted; never two holders.
 pub async fn helix_forceful(h: &dyn Harness) {
     let history = History::default();
-    let holder = party(h, &history, "helix-force", "holder", options(0, 500)).await;
+    let mut holder = party(h, &history, "helix-force", "holder", options(0, 500)).await;
     let t1 = must_grant(&holder.lease).await;
     let forceful = AcquireOptions {
         forceful: true,
@@ -518,6 +518,19 @@ pub async fn helix_forceful(h: &dyn Harness) {
         "{spans:#?}"
     );
     assert!(!holder.lease.check_lease());
+    // The holder was told (the request, then the loss), in that order.
+    let mut told = Vec::new();
+    while let Ok(e) = holder.events.try_recv() {
+        told.push(e);
+    }
+    let requested = told
+        .iter()
+        .position(|e| matches!(e, LeaseEvent::PreemptionRequested(p) if p.by == "requester"));
+    let lost = told.iter().position(|e| matches!(e, LeaseEvent::Lost(_)));
+    assert!(
+        requested.is_some() && requested < lost,
+        "holder events: {told:?}"
+    );
 }
 
 /// Helix: a third requester with an even higher priority overtakes a waiting one, which is
