@@ -278,6 +278,12 @@ impl Drop for LeaseActorState {
         // background so the lease does not stay blocked for a whole ttl. A successor
         // instance of the same owner has taken the lease over with a new token, so this
         // late release can only ever remove this actor's own grant.
+        if let Some(target) = self.abandon_preempting() {
+            let spec = self.spec.clone();
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move { preemption::withdraw_request(&spec, target).await });
+            }
+        }
         let held = self.belief.give_up();
         if held.is_some() || self.maybe_in_store {
             let spec = self.spec.clone();

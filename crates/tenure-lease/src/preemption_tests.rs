@@ -347,3 +347,30 @@ async fn release_while_waiting_withdraws_the_request() {
     let rec = store.read("job").await.unwrap().unwrap();
     assert_eq!(rec.request, None);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_killed_requester_withdraws_its_request() {
+    let store = MemoryStore::new();
+    let (holder, _) = lease(&store, "h", cleanup(0, Duration::from_secs(30))).await;
+    granted(&holder).await;
+    let (req, _) = lease(&store, "r", prio(2)).await;
+    let r = req.clone();
+    let waiting = tokio::spawn(async move { r.acquire().await });
+    sleep(Duration::from_secs(1)).await;
+    let pending = || async {
+        store
+            .read("job")
+            .await
+            .unwrap()
+            .and_then(|r| r.request)
+            .map(|q| q.by)
+    };
+    assert_eq!(pending().await, Some("r".into()));
+    req.actor().kill();
+    assert!(
+        waiting.await.unwrap().is_err(),
+        "no answer from a killed actor"
+    );
+    sleep(Duration::from_secs(1)).await;
+    assert_eq!(pending().await, None);
+}

@@ -244,16 +244,13 @@ impl LeaseActorState {
     /// Takes this requester's request off grant `token` (best effort: a request left
     /// behind ends with the grant).
     async fn withdraw(&self, token: u64) {
-        let spec = &self.spec;
-        let withdrawn = bounded(
-            &spec.name,
-            "withdraw preemption",
-            spec.settings.lease_operation_timeout,
-            spec.store
-                .withdraw_preemption(&spec.store_name, token, &spec.owner),
-        )
-        .await;
-        tracing::info!(lease = %spec.name, token, ?withdrawn, "preemption request withdrawn");
+        withdraw_request(&self.spec, token).await;
+    }
+
+    /// The grant a preemption under way asks to give up, taking the preemption out (for
+    /// `Drop` of a killed actor, which withdraws in the background).
+    pub(super) fn abandon_preempting(&mut self) -> Option<u64> {
+        self.preempting.take().map(|p| p.target)
     }
 
     /// Ends the preemption with `reply` to its callers; a grant also answers `Acquire`
@@ -337,6 +334,20 @@ impl LeaseActorState {
             self.belief.notify(generation, event);
         }
     }
+}
+
+/// Takes `spec.owner`'s request off grant `token` (best effort: a request left behind ends
+/// with the grant).
+pub(super) async fn withdraw_request(spec: &crate::LeaseSpec, token: u64) {
+    let withdrawn = bounded(
+        &spec.name,
+        "withdraw preemption",
+        spec.settings.lease_operation_timeout,
+        spec.store
+            .withdraw_preemption(&spec.store_name, token, &spec.owner),
+    )
+    .await;
+    tracing::info!(lease = %spec.name, token, ?withdrawn, "preemption request withdrawn");
 }
 
 fn withdrawn(name: &str, token: u64, old: PreemptionRequest) -> LeaseEvent {
