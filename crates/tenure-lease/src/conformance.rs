@@ -11,6 +11,7 @@
 
 pub mod bench;
 pub mod preemption;
+pub mod preemption_faults;
 
 pub use preemption::{
     emergency_takeover, forceful_preemption_refuses_renewals, helix_cleanup_in_time,

@@ -119,7 +119,9 @@ impl AcquireRequest {
 }
 
 /// A higher-priority requester's request that the holder of a grant give it up.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// (Serialised as is by the etcd and ZooKeeper stores: renaming a field changes their
+/// stored format.)
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PreemptionRequest {
     /// The requesting owner.
     pub by: String,

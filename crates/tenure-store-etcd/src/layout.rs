@@ -7,9 +7,13 @@
 //!   contender that the holder is still renewing (see [`crate::clock`]).
 //! - `<prefix>waiters/<name length>/<name>/<session>/<instance>`: one fair acquire waiting
 //!   in line, attached to the waiter's session; the line is ordered by create revision.
+//! - `<prefix>requests/<token in hex>`: the pending preemption request on the grant with
+//!   that token (tokens are create revisions, unique across all keys), a
+//!   [`RequestValue`] attached to the holder's session, so it goes with the grant: with
+//!   its session, or deleted in the same transaction as the holder key.
 
 use serde::{Deserialize, Serialize};
-use tenure_lease::StoreError;
+use tenure_lease::{PreemptionRequest, StoreError};
 
 /// Key names of one store (one key prefix).
 #[derive(Debug, Clone)]
@@ -55,6 +59,24 @@ impl Layout {
         format!("{}{session:016x}/{instance}", self.waiters(name))
     }
 
+    /// Prefix of every preemption request key.
+    pub(crate) fn requests(&self) -> String {
+        format!("{}requests/", self.prefix)
+    }
+
+    /// The preemption request key of the grant with token `token`.
+    pub(crate) fn request(&self, token: i64) -> String {
+        format!("{}requests/{token:016x}", self.prefix)
+    }
+
+    /// The grant token of a request key, if it is one.
+    pub(crate) fn token_of(&self, key: &[u8]) -> Option<i64> {
+        let hex = std::str::from_utf8(key)
+            .ok()?
+            .strip_prefix(self.requests().as_str())?;
+        u64::from_str_radix(hex, 16).ok().map(|t| t as i64)
+    }
+
     /// The lease name of a holder key, if it is one.
     pub(crate) fn name_of<'k>(&self, key: &'k [u8]) -> Option<&'k str> {
         std::str::from_utf8(key)
@@ -73,6 +95,59 @@ pub(crate) struct GrantValue {
     pub ttl_ms: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// The grant's priority.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub priority: u64,
+    /// The holder's cleanup timeout, in milliseconds.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cleanup_ms: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// The value of a request key: the request, and since when it has been forceful.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct RequestValue {
+    #[serde(flatten)]
+    pub request: PreemptionRequest,
+    /// For a forceful request that replaced (or moved) a forceful one: the revision since
+    /// which the grant has had a forceful request without a break. `None`: since this
+    /// key's mod revision.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forced_since: Option<i64>,
+}
+
+impl RequestValue {
+    pub(crate) fn new(request: &PreemptionRequest, forced_since: Option<i64>) -> Self {
+        RequestValue {
+            request: request.clone(),
+            forced_since: forced_since.filter(|_| request.forceful),
+        }
+    }
+
+    /// The revision since which a forceful request has been pending on the grant without
+    /// a break, `mod_revision` being this request key's.
+    pub(crate) fn forced_at(&self, mod_revision: i64) -> Option<i64> {
+        self.request
+            .forceful
+            .then(|| self.forced_since.unwrap_or(mod_revision))
+    }
+
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a RequestValue always serialises")
+    }
+
+    pub(crate) fn decode(key: &[u8], bytes: &[u8]) -> Result<Self, StoreError> {
+        serde_json::from_slice(bytes).map_err(|e| StoreError::Backend {
+            store: "etcd",
+            detail: format!(
+                "key {} does not hold a Tenure preemption request: {e}",
+                String::from_utf8_lossy(key)
+            ),
+        })
+    }
 }
 
 impl GrantValue {
@@ -104,6 +179,27 @@ mod tests {
         assert_eq!(l.session(255), "/t/sessions/00000000000000ff");
         assert!(!l.waiter("a/b", 1, "i").starts_with(&l.waiters("a")));
         assert!(l.waiter("a", 1, "i").starts_with(&l.waiters("a")));
+        assert_eq!(l.token_of(l.request(4242).as_bytes()), Some(4242));
+        assert_eq!(l.token_of(l.lease("x").as_bytes()), None);
+    }
+
+    #[test]
+    fn a_forceful_span_starts_at_the_write_or_carries_over() {
+        let ask = |forceful| PreemptionRequest {
+            by: "b".into(),
+            forceful,
+            ..PreemptionRequest::default()
+        };
+        assert_eq!(RequestValue::new(&ask(true), None).forced_at(42), Some(42));
+        assert_eq!(
+            RequestValue::new(&ask(true), Some(7)).forced_at(42),
+            Some(7)
+        );
+        // A non-forceful request ends the span, whatever it replaced.
+        let plain = RequestValue::new(&ask(false), Some(7));
+        assert_eq!((plain.forced_since, plain.forced_at(42)), (None, None));
+        let v = RequestValue::new(&ask(true), Some(7));
+        assert_eq!(RequestValue::decode(b"k", &v.encode()).unwrap(), v);
     }
 
     #[test]
@@ -113,6 +209,8 @@ mod tests {
             instance: "i".into(),
             ttl_ms: 1500,
             note: None,
+            priority: 0,
+            cleanup_ms: 0,
         };
         assert_eq!(GrantValue::decode(b"k", &v.encode()).unwrap(), v);
         let err = GrantValue::decode(b"/t/leases/x", b"nope").unwrap_err();

@@ -16,6 +16,10 @@
 //! - **Fair acquire** ([`LeaseStore::acquire_fair`](tenure_lease::LeaseStore::acquire_fair))
 //!   queues waiter keys in revision order, each watching only its predecessor (etcd's
 //!   `concurrency.Mutex`), and **watch** pushes holder changes.
+//! - **Priority leases**: a preemption request is a key next to the grant, read by the
+//!   holder's renewal in the transaction that writes its heartbeat; a forceful one ends the
+//!   grant for every client one ttl after it was recorded, judged on the revision clock,
+//!   although the holder's session lives on (`preempt` module docs).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -43,6 +47,7 @@ mod error;
 mod fair;
 mod layout;
 mod options;
+mod preempt;
 mod session;
 mod store;
 mod watch;

@@ -12,13 +12,13 @@ use etcd_client::{
 };
 use futures::stream::{self, StreamExt};
 use tenure_lease::{
-    AcquireOutcome, AcquireRequest, Capabilities, HeldLease, LeaseRecord, LeaseStore, Renewal,
-    StoreError,
+    AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, HeldLease, LeaseRecord, LeaseStore,
+    PreemptAnswer, PreemptionRequest, Renewal, StoreError,
 };
 
 use crate::clock::RevisionClock;
 use crate::error::etcd_error;
-use crate::layout::{GrantValue, Layout};
+use crate::layout::{GrantValue, Layout, RequestValue};
 use crate::session::{KeepAlive, Session, Sessions};
 
 /// How many times one acquire re-reads after losing a race (another client changed the
@@ -78,11 +78,32 @@ impl std::fmt::Debug for EtcdStore {
 }
 
 /// A grant as read, judged against the revision clock.
-struct Judged {
-    value: GrantValue,
+pub(crate) struct Judged {
+    pub(crate) value: GrantValue,
     heartbeat: i64,
-    record: LeaseRecord,
-    expired: bool,
+    pub(crate) record: LeaseRecord,
+    pub(crate) expired: bool,
+    /// Expired because a forceful preemption request has been pending on it for a full
+    /// ttl (its session's heartbeat may still be fresh).
+    forced_out: bool,
+    /// The pending request and its key's mod revision (0: none, which is also what etcd
+    /// compares an absent key's mod revision with).
+    pub(crate) pending: Option<RequestValue>,
+    pub(crate) request_rev: i64,
+}
+
+/// Every key of one snapshot read besides the ones asked for: heartbeats (mod revision by
+/// session id) and pending preemption requests (by grant token).
+pub(crate) struct Context {
+    heartbeats: HashMap<i64, i64>,
+    requests: HashMap<i64, KeyValue>,
+}
+
+impl Context {
+    /// The request key of the grant with token `token`, if one is pending.
+    pub(crate) fn request(&self, token: i64) -> Option<&KeyValue> {
+        self.requests.get(&token)
+    }
 }
 
 /// Drops this client's memory of a grant unless the operation that may change it
@@ -201,49 +222,93 @@ impl Inner {
         }
     }
 
-    /// Reads `key_op` together with the heartbeats, in one snapshot.
-    async fn snapshot(
+    /// Reads every pending preemption request (few: one per grant being preempted).
+    pub(crate) fn requests_op(&self) -> TxnOp {
+        TxnOp::get(
+            self.layout.requests(),
+            Some(GetOptions::new().with_prefix()),
+        )
+    }
+
+    /// The request keys among `kvs`, by grant token.
+    pub(crate) fn requests(&self, kvs: Vec<KeyValue>) -> HashMap<i64, KeyValue> {
+        kvs.into_iter()
+            .filter_map(|kv| Some((self.layout.token_of(kv.key())?, kv)))
+            .collect()
+    }
+
+    /// The context ops (heartbeats, requests) of a response whose ops `at` and `at + 1`
+    /// were [`heartbeats_op`](Self::heartbeats_op) and [`requests_op`](Self::requests_op).
+    fn context(&self, resp: &TxnResponse, at: usize) -> Context {
+        Context {
+            heartbeats: self.heartbeats(&Self::got(resp, at)),
+            requests: self.requests(Self::got(resp, at + 1)),
+        }
+    }
+
+    /// Reads `key_op` together with the heartbeats and requests, in one snapshot.
+    pub(crate) async fn snapshot(
         &self,
         key_op: TxnOp,
         operation: &str,
         what: &str,
-    ) -> Result<(Vec<KeyValue>, HashMap<i64, i64>), StoreError> {
+    ) -> Result<(Vec<KeyValue>, Context), StoreError> {
         let resp = self
             .txn(
-                Txn::new().and_then([key_op, self.heartbeats_op()]),
+                Txn::new().and_then([key_op, self.heartbeats_op(), self.requests_op()]),
                 operation,
                 what,
             )
             .await?;
-        let hb = self.heartbeats(&Self::got(&resp, 1));
-        Ok((Self::got(&resp, 0), hb))
+        Ok((Self::got(&resp, 0), self.context(&resp, 1)))
     }
 
-    fn judge(
+    /// Judges the grant `kv` against the revision clock: expired once its key and its
+    /// session's heartbeat are unchanged since a revision this client first saw a ttl
+    /// ago, or once a forceful preemption request has been pending on it without a break
+    /// since such a revision (module [`crate::preempt`]).
+    pub(crate) fn judge(
         &self,
         name: &str,
         kv: &KeyValue,
-        hbs: &HashMap<i64, i64>,
+        context: &Context,
     ) -> Result<Judged, StoreError> {
         let value = GrantValue::decode(kv.key(), kv.value())?;
-        let heartbeat = hbs.get(&kv.lease()).copied().unwrap_or(0);
+        let heartbeat = context.heartbeats.get(&kv.lease()).copied().unwrap_or(0);
         let ttl = Duration::from_millis(value.ttl_ms);
-        let age = self.clock.age(kv.mod_revision().max(heartbeat));
-        let record = LeaseRecord {
-            name: name.to_string(),
-            owner: value.owner.clone(),
-            instance: value.instance.clone(),
-            token: kv.create_revision() as u64,
-            expires_in: ttl.saturating_sub(age),
-            version: kv.version() as u64,
-            note: value.note.clone(),
-            ..LeaseRecord::default()
+        let mut age = self.clock.age(kv.mod_revision().max(heartbeat));
+        let (pending, request_rev) = match context.request(kv.create_revision()) {
+            Some(r) => (
+                Some(RequestValue::decode(r.key(), r.value())?),
+                r.mod_revision(),
+            ),
+            None => (None, 0),
         };
+        let forced_age = pending
+            .as_ref()
+            .zip(context.request(kv.create_revision()))
+            .and_then(|(p, r)| p.forced_at(r.mod_revision()))
+            .map(|since| self.clock.age(since));
+        let forced_out = forced_age.is_some_and(|a| a >= ttl);
+        if let Some(forced_age) = forced_age {
+            age = age.max(forced_age);
+        }
+        let record = record_of(
+            name,
+            &value,
+            kv.create_revision(),
+            ttl.saturating_sub(age),
+            kv.version() as u64,
+            pending.as_ref().map(|p| p.request.clone()),
+        );
         Ok(Judged {
             value,
             heartbeat,
             record,
             expired: age >= ttl,
+            forced_out,
+            pending,
+            request_rev,
         })
     }
 
@@ -267,6 +332,8 @@ impl Inner {
             instance: req.instance.clone(),
             ttl_ms,
             note: req.note.clone(),
+            priority: req.priority,
+            cleanup_ms: u64::try_from(req.cleanup_timeout.as_millis()).unwrap_or(u64::MAX),
         };
         let bytes = value.encode();
         for _ in 0..RACES {
@@ -286,8 +353,12 @@ impl Inner {
                 .txn(
                     Txn::new()
                         .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-                        .and_then(write.clone())
-                        .or_else([TxnOp::get(key.clone(), None), self.heartbeats_op()]),
+                        .and_then(write)
+                        .or_else([
+                            TxnOp::get(key.clone(), None),
+                            self.heartbeats_op(),
+                            self.requests_op(),
+                        ]),
                     "acquire",
                     &key,
                 )
@@ -302,68 +373,100 @@ impl Inner {
             };
             let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
             if resp.succeeded() {
-                return Ok(self.granted(&mut doubt, req, &session, value, revision, 1));
+                return Ok(self.granted(&mut doubt, req, &session, value, revision, 1, None));
             }
-            let hbs = self.heartbeats(&Self::got(&resp, 1));
+            let context = self.context(&resp, 1);
             let Some(kv) = Self::got(&resp, 0).into_iter().next() else {
                 continue; // deleted since: try to create it again
             };
-            let held = self.judge(name, &kv, &hbs)?;
-            let same_owner = held.value.owner == req.owner;
-            if same_owner && held.value.instance == req.instance && !held.expired {
-                // Reentrant: rewrite the key (fresh ttl, session, note), keeping its
-                // create revision and so its token.
-                let resp = self
-                    .txn(
-                        Txn::new()
-                            .when([Compare::mod_revision(
-                                key.clone(),
-                                CompareOp::Equal,
-                                kv.mod_revision(),
-                            )])
-                            .and_then(write),
-                        "acquire (reentrant)",
+            let held = self.judge(name, &kv, &context)?;
+            let step = if held.expired {
+                AcquireStep::NewGrant
+            } else {
+                req.step(Some(&held.record))
+            };
+            let request_key = self.layout.request(kv.create_revision());
+            // The request key as judged: a reentrant refresh or a take-over goes ahead only
+            // if it did not change since (in particular, did not become forceful).
+            let request_unchanged =
+                Compare::mod_revision(request_key.clone(), CompareOp::Equal, held.request_rev);
+            match step {
+                AcquireStep::Held => return Ok(AcquireOutcome::Held(held.record)),
+                AcquireStep::Extend => {
+                    // Reentrant: rewrite the key (fresh ttl, session, note), keeping its
+                    // create revision and so its token, its priority and its pending request
+                    // (moved to the session along with the key).
+                    let value = GrantValue {
+                        note: req.note.clone().or(held.value.note.clone()),
+                        priority: held.value.priority,
+                        cleanup_ms: held.value.cleanup_ms,
+                        ..value.clone()
+                    };
+                    let mut ops = vec![
+                        put_leased(key.clone(), value.encode(), session.id),
+                        put_leased(heartbeat.clone(), req.owner.clone(), session.id),
+                    ];
+                    if let Some(p) = &held.pending {
+                        ops.push(put_leased(request_key.clone(), p.encode(), session.id));
+                    }
+                    let resp = self
+                        .txn(
+                            Txn::new()
+                                .when([
+                                    Compare::mod_revision(
+                                        key.clone(),
+                                        CompareOp::Equal,
+                                        kv.mod_revision(),
+                                    ),
+                                    request_unchanged,
+                                ])
+                                .and_then(ops),
+                            "acquire (reentrant)",
+                            &key,
+                        )
+                        .await?;
+                    if resp.succeeded() {
+                        let version = kv.version() as u64 + 1;
+                        let request = held.pending.as_ref().map(|p| p.request.clone());
+                        return Ok(self.granted(
+                            &mut doubt,
+                            req,
+                            &session,
+                            value,
+                            kv.create_revision(),
+                            version,
+                            request,
+                        ));
+                    }
+                }
+                AcquireStep::NewGrant => {
+                    // Taken over (another instance of the owner, or an emergency request over a
+                    // lower priority) or expired: delete the old grant and its request if
+                    // nothing changed since it was judged, then create a new one (new create
+                    // revision, so a new token). etcd rejects a put and a delete of one key in
+                    // one transaction, hence two steps.
+                    let mut guards = vec![
+                        Compare::mod_revision(key.clone(), CompareOp::Equal, kv.mod_revision()),
+                        request_unchanged,
+                    ];
+                    // A grant forced out keeps its session's heartbeat going: not compared.
+                    if held.heartbeat > 0 && !held.forced_out {
+                        guards.push(Compare::mod_revision(
+                            self.layout.session(kv.lease()),
+                            CompareOp::Equal,
+                            held.heartbeat,
+                        ));
+                    }
+                    self.txn(
+                        Txn::new().when(guards).and_then([
+                            TxnOp::delete(key.clone(), None),
+                            TxnOp::delete(request_key, None),
+                        ]),
+                        "acquire (take over)",
                         &key,
                     )
                     .await?;
-                if resp.succeeded() {
-                    let version = kv.version() as u64 + 1;
-                    return Ok(self.granted(
-                        &mut doubt,
-                        req,
-                        &session,
-                        value,
-                        kv.create_revision(),
-                        version,
-                    ));
                 }
-            } else if same_owner || held.expired {
-                // Taken over (another instance of the owner) or expired: delete the old
-                // grant if nothing changed since it was judged, then create a new one
-                // (new create revision, so a new token). etcd rejects a put and a delete
-                // of one key in one transaction, hence two steps.
-                let mut guards = vec![Compare::mod_revision(
-                    key.clone(),
-                    CompareOp::Equal,
-                    kv.mod_revision(),
-                )];
-                if held.heartbeat > 0 {
-                    guards.push(Compare::mod_revision(
-                        self.layout.session(kv.lease()),
-                        CompareOp::Equal,
-                        held.heartbeat,
-                    ));
-                }
-                self.txn(
-                    Txn::new()
-                        .when(guards)
-                        .and_then([TxnOp::delete(key.clone(), None)]),
-                    "acquire (take over)",
-                    &key,
-                )
-                .await?;
-            } else {
-                return Ok(AcquireOutcome::Held(held.record));
             }
         }
         Err(StoreError::Unavailable {
@@ -372,6 +475,7 @@ impl Inner {
         })
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn granted(
         &self,
         doubt: &mut Doubt<'_>,
@@ -380,17 +484,9 @@ impl Inner {
         value: GrantValue,
         token: i64,
         version: u64,
+        request: Option<PreemptionRequest>,
     ) -> AcquireOutcome {
-        let record = LeaseRecord {
-            name: req.name.clone(),
-            owner: req.owner.clone(),
-            instance: req.instance.clone(),
-            token: token as u64,
-            expires_in: req.ttl,
-            version,
-            note: req.note.clone(),
-            ..LeaseRecord::default()
-        };
+        let record = record_of(&req.name, &value, token, req.ttl, version, request);
         self.remember(
             &req.name,
             LocalGrant {
@@ -409,7 +505,7 @@ impl Inner {
         owner: &str,
         leases: &[HeldLease],
         ttl: Duration,
-    ) -> Result<Vec<bool>, StoreError> {
+    ) -> Result<Vec<Renewal>, StoreError> {
         let local: Vec<Option<LocalGrant>> = leases
             .iter()
             .map(|l| {
@@ -418,7 +514,7 @@ impl Inner {
             })
             .collect();
         if local.iter().all(Option::is_none) {
-            return Ok(vec![false; leases.len()]);
+            return Ok(vec![Renewal::NotHeld; leases.len()]);
         }
         // One keep-alive (a fresh grant counts as one: it was sent during this call).
         let mut expired = HashSet::new();
@@ -434,14 +530,21 @@ impl Inner {
             None => self.sessions.ready(owner, ttl).await?,
         };
         // The heartbeat tells contenders the holder is alive; written before the keys are
-        // confirmed, so a takeover that confirmed after it is seen as a missing key.
+        // confirmed, so a takeover that confirmed after it is seen as a missing key. The
+        // pending preemption requests are read in the same transaction, at the heartbeat's
+        // revision: a grant with a forceful one is refused (see [`crate::preempt`]).
         let heartbeat = self.layout.session(session.id);
-        self.txn(
-            Txn::new().and_then([put_leased(heartbeat.clone(), owner, session.id)]),
-            "renew (heartbeat)",
-            &heartbeat,
-        )
-        .await?;
+        let beat = self
+            .txn(
+                Txn::new().and_then([
+                    put_leased(heartbeat.clone(), owner, session.id),
+                    self.requests_op(),
+                ]),
+                "renew (heartbeat)",
+                &heartbeat,
+            )
+            .await?;
+        let requests = self.requests(Self::got(&beat, 1));
         let attached = self
             .client
             .lease_client()
@@ -453,62 +556,115 @@ impl Inner {
         }
         let attached: HashSet<&[u8]> = attached.keys().iter().map(Vec::as_slice).collect();
         let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
-        let mut flags = Vec::with_capacity(leases.len());
+        let mut answers = Vec::with_capacity(leases.len());
         let mut moves = Vec::new();
         for (i, (lease, grant)) in leases.iter().zip(local).enumerate() {
             let key = self.layout.lease(&lease.name);
-            flags.push(match grant {
-                None => false,
-                Some(g) if g.session == session.id => attached.contains(key.as_bytes()),
-                Some(g) if expired.contains(&g.session) => false,
-                Some(g) => {
+            let Some(g) = grant else {
+                answers.push(Renewal::NotHeld);
+                continue;
+            };
+            let request = match requests.get(&g.token) {
+                Some(kv) => Some((RequestValue::decode(kv.key(), kv.value())?, kv.clone())),
+                None => None,
+            };
+            answers.push(match request {
+                _ if expired.contains(&g.session) => Renewal::NotHeld,
+                _ if g.session == session.id && !attached.contains(key.as_bytes()) => {
+                    Renewal::NotHeld
+                }
+                Some((r, _)) if r.request.forceful => Renewal::Refused(r.request),
+                request if g.session == session.id => Renewal::Renewed {
+                    request: request.map(|(r, _)| r.request),
+                },
+                request => {
                     // Granted under another time-to-live: move the key to this session
-                    // (a put keeps its create revision, so its token).
-                    moves.push((i, lease.name.clone(), key, g));
-                    false
+                    // (a put keeps its create revision, so its token), with its request.
+                    moves.push((i, lease.name.clone(), key, g, request));
+                    Renewal::NotHeld
                 }
             });
         }
-        let moved: Vec<_> = stream::iter(moves.into_iter().map(|(i, name, key, g)| {
-            let value = GrantValue {
-                ttl_ms,
-                ..g.value.clone()
-            };
-            let session_id = session.id;
-            async move {
-                let resp = self
-                    .txn(
-                        Txn::new()
-                            .when([
-                                Compare::create_revision(key.clone(), CompareOp::Equal, g.token),
-                                Compare::lease(key.clone(), CompareOp::Equal, g.session),
-                            ])
-                            .and_then([put_leased(key.clone(), value.encode(), session_id)]),
-                        "renew (move to session)",
-                        &key,
-                    )
-                    .await?;
-                if resp.succeeded() {
-                    self.remember(
-                        &name,
-                        LocalGrant {
-                            session: session_id,
-                            value,
-                            ..g
-                        },
-                    );
-                }
-                Ok::<_, StoreError>((i, resp.succeeded()))
-            }
+        let moved: Vec<_> = stream::iter(moves.into_iter().map(|(i, name, key, g, request)| {
+            self.move_grant(i, name, key, g, request, ttl_ms, session.id)
         }))
         .buffer_unordered(MOVES_IN_FLIGHT)
         .collect()
         .await;
         for r in moved {
-            let (i, ok) = r?;
-            flags[i] = ok;
+            let (i, answer) = r?;
+            answers[i] = answer;
         }
-        Ok(flags)
+        Ok(answers)
+    }
+
+    /// Moves grant `g` of `name` (and its non-forceful request, if any) to session
+    /// `session_id`, if neither changed since the renewal's heartbeat read them.
+    #[allow(clippy::too_many_arguments)]
+    async fn move_grant(
+        &self,
+        i: usize,
+        name: String,
+        key: String,
+        g: LocalGrant,
+        request: Option<(RequestValue, KeyValue)>,
+        ttl_ms: u64,
+        session_id: i64,
+    ) -> Result<(usize, Renewal), StoreError> {
+        let value = GrantValue {
+            ttl_ms,
+            ..g.value.clone()
+        };
+        let request_key = self.layout.request(g.token);
+        let seen = request.as_ref().map_or(0, |(_, kv)| kv.mod_revision());
+        let mut ops = vec![put_leased(key.clone(), value.encode(), session_id)];
+        if let Some((r, _)) = &request {
+            ops.push(put_leased(request_key.clone(), r.encode(), session_id));
+        }
+        let resp = self
+            .txn(
+                Txn::new()
+                    .when([
+                        Compare::create_revision(key.clone(), CompareOp::Equal, g.token),
+                        Compare::lease(key.clone(), CompareOp::Equal, g.session),
+                        Compare::mod_revision(request_key, CompareOp::Equal, seen),
+                    ])
+                    .and_then(ops)
+                    .or_else([TxnOp::get(key.clone(), None)]),
+                "renew (move to session)",
+                &key,
+            )
+            .await?;
+        if resp.succeeded() {
+            self.remember(
+                &name,
+                LocalGrant {
+                    session: session_id,
+                    value,
+                    ..g
+                },
+            );
+            return Ok((
+                i,
+                Renewal::Renewed {
+                    request: request.map(|(r, _)| r.request),
+                },
+            ));
+        }
+        let still = Self::got(&resp, 0)
+            .first()
+            .is_some_and(|kv| kv.create_revision() == g.token && kv.lease() == g.session);
+        if still {
+            // Only the request changed meanwhile: unknown for now, the next renewal knows.
+            return Err(StoreError::Unavailable {
+                store: "etcd",
+                detail: format!(
+                    "renew {key}: its preemption request changed while the grant moved to \
+                     another session"
+                ),
+            });
+        }
+        Ok((i, Renewal::NotHeld))
     }
 
     async fn release(&self, name: &str, owner: &str, token: u64) -> Result<bool, StoreError> {
@@ -526,7 +682,10 @@ impl Inner {
                             Compare::create_revision(key.clone(), CompareOp::Equal, token),
                             Compare::value(key.clone(), CompareOp::Equal, g.value.encode()),
                         ])
-                        .and_then([TxnOp::delete(key.clone(), None)]),
+                        .and_then([
+                            TxnOp::delete(key.clone(), None),
+                            TxnOp::delete(self.layout.request(token), None),
+                        ]),
                     "release",
                     &key,
                 )
@@ -555,7 +714,10 @@ impl Inner {
                             CompareOp::Equal,
                             kv.mod_revision(),
                         )])
-                        .and_then([TxnOp::delete(key.clone(), None)]),
+                        .and_then([
+                            TxnOp::delete(key.clone(), None),
+                            TxnOp::delete(self.layout.request(token), None),
+                        ]),
                     "release",
                     &key,
                 )
@@ -573,13 +735,13 @@ impl Inner {
 
     pub(crate) async fn read(&self, name: &str) -> Result<Option<LeaseRecord>, StoreError> {
         let key = self.layout.lease(name);
-        let (kvs, hbs) = self
+        let (kvs, context) = self
             .snapshot(TxnOp::get(key.clone(), None), "read", &key)
             .await?;
         match kvs.first() {
             None => Ok(None),
             Some(kv) => {
-                let j = self.judge(name, kv, &hbs)?;
+                let j = self.judge(name, kv, &context)?;
                 Ok((!j.expired).then_some(j.record))
             }
         }
@@ -587,7 +749,7 @@ impl Inner {
 
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
         let from = self.layout.lease(prefix);
-        let (kvs, hbs) = self
+        let (kvs, context) = self
             .snapshot(
                 TxnOp::get(from.clone(), Some(GetOptions::new().with_prefix())),
                 "list",
@@ -599,13 +761,36 @@ impl Inner {
             let Some(name) = self.layout.name_of(kv.key()) else {
                 continue;
             };
-            let j = self.judge(name, kv, &hbs)?;
+            let j = self.judge(name, kv, &context)?;
             if !j.expired {
                 out.push(j.record);
             }
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(out)
+    }
+}
+
+/// The record of grant `value` of `name` with token `token`.
+pub(crate) fn record_of(
+    name: &str,
+    value: &GrantValue,
+    token: i64,
+    expires_in: Duration,
+    version: u64,
+    request: Option<PreemptionRequest>,
+) -> LeaseRecord {
+    LeaseRecord {
+        name: name.to_string(),
+        owner: value.owner.clone(),
+        instance: value.instance.clone(),
+        token: token as u64,
+        expires_in,
+        version,
+        note: value.note.clone(),
+        priority: value.priority,
+        cleanup_timeout: Duration::from_millis(value.cleanup_ms),
+        request,
     }
 }
 
@@ -625,7 +810,7 @@ impl LeaseStore for EtcdStore {
             fair_waiting: true,
             watch: true,
             durable: true,
-            preemption: false,
+            preemption: true,
         }
     }
 
@@ -648,8 +833,30 @@ impl LeaseStore for EtcdStore {
         leases: &[HeldLease],
         ttl: Duration,
     ) -> Result<Vec<Renewal>, StoreError> {
-        let renewed = self.inner.renew(owner, leases, ttl).await?;
-        Ok(renewed.into_iter().map(Renewal::plain).collect())
+        self.inner.renew(owner, leases, ttl).await
+    }
+
+    /// Puts the request key of grant `token` (attached to the holder's session) if the
+    /// grant is current and the request key unchanged since it was read (module
+    /// [`crate::preempt`]). A forceful request ends the grant, for every client, one ttl
+    /// after the revision it was recorded at, however the holder's session lives on.
+    async fn request_preemption(
+        &self,
+        name: &str,
+        token: u64,
+        request: &PreemptionRequest,
+    ) -> Result<PreemptAnswer, StoreError> {
+        self.inner.request_preemption(name, token, request).await
+    }
+
+    /// Deletes the request key of grant `token` if it holds `by`'s request.
+    async fn withdraw_preemption(
+        &self,
+        name: &str,
+        token: u64,
+        by: &str,
+    ) -> Result<bool, StoreError> {
+        self.inner.withdraw_preemption(name, token, by).await
     }
 
     /// `Ok(true)`: the key held by `owner` with create revision `token` was deleted.

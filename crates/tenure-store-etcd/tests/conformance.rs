@@ -29,5 +29,5 @@ impl Harness for EtcdHarness {
     }
 }
 
-// Priorities and preemption: implemented on branch prio-stores (then drop the opt-out).
-tenure_lease::conformance_tests!(async { EtcdHarness(Etcd::single().await) }; without preemption);
+tenure_lease::conformance_tests!(async { EtcdHarness(Etcd::single().await) });
+tenure_lease::preemption_fault_tests!(async { EtcdHarness(Etcd::single().await) });

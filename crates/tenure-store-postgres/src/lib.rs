@@ -26,6 +26,13 @@
 //! the row of a name, once created, is the one place every later grant of that name is
 //! serialised on. Operators who want to revoke a grant should do the same, not `DELETE`.
 //!
+//! **Priority leases.** Each row also keeps the grant's priority and cleanup timeout and
+//! the pending preemption request (`request_*` columns, NULL when none; added to tables of
+//! earlier versions when a store opens them). Recording a request is one compare-and-set
+//! statement; the batched renewal returns each grant's request and leaves a grant with a
+//! forceful one unextended (`Refused`), so it ends at its `expires_at`, on the server's
+//! clock, after which any contender is granted it with a new token.
+//!
 //! **Errors.** Every operation runs as one statement in autocommit. Transient failures
 //! (no connection, connection lost, server starting or shutting down) are retried within
 //! the store's operation timeout when retrying cannot change the meaning of the answer

@@ -8,31 +8,76 @@
 const EXPIRES_IN_US: &str =
     "greatest(0, (extract(epoch FROM expires_at - clock_timestamp()) * 1000000)::bigint)";
 
-/// The columns every record-returning statement yields, in [`crate::store`]'s order.
+/// The columns every record-returning statement yields, in [`crate::store`]'s order:
+/// the grant, then its priority and cleanup timeout, then the pending preemption request
+/// (all NULL when none). Priorities are `numeric(20)` (a `u64` does not fit a `bigint`)
+/// and travel as text.
 fn record_columns(prefix: &str) -> String {
     format!(
-        "{p}name, {p}owner, {p}instance, {p}token, {expires}, {p}version, {p}note",
+        "{p}name, {p}owner, {p}instance, {p}token, {expires}, {p}version, {p}note, \
+         {p}priority::text, (extract(epoch FROM {p}cleanup_timeout) * 1000000)::bigint, \
+         {request}",
         p = prefix,
-        expires = EXPIRES_IN_US.replace("expires_at", &format!("{prefix}expires_at"))
+        expires = EXPIRES_IN_US.replace("expires_at", &format!("{prefix}expires_at")),
+        request = request_columns(prefix),
     )
 }
+
+/// The pending request's columns, as [`record_columns`] ends.
+fn request_columns(prefix: &str) -> String {
+    format!(
+        "{p}request_by, {p}request_instance, {p}request_priority::text, \
+         {p}request_forceful, {p}request_note",
+        p = prefix
+    )
+}
+
+/// The columns added for priority leases (issue 9), created on new tables and added to
+/// tables made by earlier versions. A request is pending exactly when `request_by` is set.
+const PRIORITY_COLUMNS: &str = "ADD COLUMN priority numeric(20) NOT NULL DEFAULT 0,
+        ADD COLUMN cleanup_timeout interval NOT NULL DEFAULT '0',
+        ADD COLUMN request_by text,
+        ADD COLUMN request_instance text,
+        ADD COLUMN request_priority numeric(20),
+        ADD COLUMN request_forceful boolean,
+        ADD COLUMN request_note text";
+
+/// A forceful preemption request is pending on the row `l`: its renewals are refused.
+const FORCED: &str = "coalesce(l.request_forceful, false)";
 
 /// The statements of one lease table.
 #[derive(Debug, Clone)]
 pub struct Statements {
-    /// Creates schema, token sequence, table and index when the table is missing (one
-    /// transaction, serialised by an advisory lock so concurrent first starts do not
-    /// collide). With the table in place it changes nothing and needs no DDL rights.
+    /// Creates schema, token sequence, table and index when the table is missing, and the
+    /// priority columns when a table of an earlier version lacks them (one transaction,
+    /// serialised by an advisory lock so concurrent first starts do not collide). With the
+    /// table complete it changes nothing and needs no DDL rights.
     pub migrate: String,
-    /// `$1` name, `$2` owner, `$3` instance, `$4` ttl in µs, `$5` note. One row: `granted`
-    /// (bool) and the record, either the caller's grant or the other owner's unexpired one.
-    /// No row: the lease was released between the insert and the look-up; ask again.
+    /// `$1` name, `$2` owner, `$3` instance, `$4` ttl in µs, `$5` note, `$6` priority
+    /// (text), `$7` cleanup timeout in µs, `$8` whether the request may take over a
+    /// lower-priority grant at once (emergency). One row: `granted` (bool) and the record,
+    /// either the caller's grant or the other owner's unexpired one. No row: the lease was
+    /// released between the insert and the look-up; ask again. A grant with a forceful
+    /// request pending is neither refreshed nor taken over by its own owner: it ends at its
+    /// expiry.
     pub acquire: String,
     /// `$1` owner, `$2` names, `$3` tokens, `$4` ttl in µs: renews every listed grant that
-    /// `$1` holds unexpired with that token; returns `(name, token)` of the renewed ones.
+    /// `$1` holds unexpired with that token and without a forceful request pending; returns
+    /// `(name, token)` and the request columns of every such grant, refused ones included
+    /// (their `request_forceful` is true and their expiry unchanged).
     pub renew: String,
-    /// `$1` name, `$2` owner, `$3` token: ends that unexpired grant; one row affected or none.
+    /// `$1` name, `$2` owner, `$3` token: ends that unexpired grant (and drops its
+    /// request); one row affected or none.
     pub release: String,
+    /// `$1` name, `$2` token, `$3` by, `$4` instance, `$5` priority (text), `$6` forceful,
+    /// `$7` note: records the request on that unexpired grant when it outranks the grant
+    /// and the pending request (if any) is `$3`'s or of lower priority
+    /// ([`PreemptionRequest::may_replace`](tenure_lease::PreemptionRequest::may_replace)).
+    /// One row: `recorded` (bool) and the record; no row: the grant is gone.
+    pub request_preemption: String,
+    /// `$1` name, `$2` token, `$3` by: removes `$3`'s request from that unexpired grant;
+    /// one row affected or none.
+    pub withdraw_preemption: String,
     /// `$1` name: the unexpired grant.
     pub read: String,
     /// `$1` LIKE pattern (see [`like_prefix`]): the unexpired grants it matches, by name.
@@ -48,6 +93,9 @@ impl Statements {
         // Reentrant: the same owner and instance still hold an unexpired grant.
         let same = "l.owner = excluded.owner AND l.instance = excluded.instance \
                     AND l.expires_at > excluded.granted_at";
+        // Drops the pending preemption request.
+        let clear = "request_by = NULL, request_instance = NULL, request_priority = NULL, \
+                     request_forceful = NULL, request_note = NULL";
         Statements {
             migrate: format!(
                 "SELECT pg_advisory_xact_lock(hashtext('tenure-migrate'));
@@ -70,13 +118,20 @@ IF to_regclass('{t}') IS NULL THEN
     COMMENT ON COLUMN {t}.token IS 'Fencing token from {schema}.{table}_token: strictly increasing per name, unique per grant.';
     COMMENT ON COLUMN {t}.note IS 'Free text the holder gave when acquiring (who and why).';
 END IF;
+IF NOT EXISTS (SELECT 1 FROM pg_attribute
+               WHERE attrelid = '{t}'::regclass AND attname = 'priority' AND NOT attisdropped) THEN
+    ALTER TABLE {t} {PRIORITY_COLUMNS};
+    COMMENT ON COLUMN {t}.request_by IS 'Owner of the pending preemption request on the grant (NULL: none). A forceful one stops renewals: the grant ends at expires_at.';
+END IF;
 END $migrate$"
             ),
             acquire: format!(
                 "WITH c AS (SELECT clock_timestamp() AS now),
 granted AS (
-    INSERT INTO {t} AS l (name, owner, instance, token, granted_at, expires_at, version, note)
-    SELECT $1, $2, $3, nextval('{seq}'), c.now, c.now + $4::bigint * interval '1 microsecond', 1, $5::text
+    INSERT INTO {t} AS l (name, owner, instance, token, granted_at, expires_at, version, note,
+                          priority, cleanup_timeout)
+    SELECT $1, $2, $3, nextval('{seq}'), c.now, c.now + $4::bigint * interval '1 microsecond', 1,
+           $5::text, $6::text::numeric, $7::bigint * interval '1 microsecond'
     FROM c
     ON CONFLICT (name) DO UPDATE SET
         owner = excluded.owner,
@@ -85,8 +140,17 @@ granted AS (
         granted_at = CASE WHEN {same} THEN l.granted_at ELSE excluded.granted_at END,
         version = CASE WHEN {same} THEN l.version + 1 ELSE 1 END,
         note = CASE WHEN {same} THEN coalesce(excluded.note, l.note) ELSE excluded.note END,
+        priority = CASE WHEN {same} THEN l.priority ELSE excluded.priority END,
+        cleanup_timeout = CASE WHEN {same} THEN l.cleanup_timeout ELSE excluded.cleanup_timeout END,
+        request_by = CASE WHEN {same} THEN l.request_by END,
+        request_instance = CASE WHEN {same} THEN l.request_instance END,
+        request_priority = CASE WHEN {same} THEN l.request_priority END,
+        request_forceful = CASE WHEN {same} THEN l.request_forceful END,
+        request_note = CASE WHEN {same} THEN l.request_note END,
         expires_at = excluded.expires_at
-    WHERE l.expires_at <= excluded.granted_at OR l.owner = excluded.owner
+    WHERE l.expires_at <= excluded.granted_at
+       OR (l.owner = excluded.owner AND NOT {FORCED})
+       OR ($8::boolean AND l.owner <> excluded.owner AND l.priority < excluded.priority)
     RETURNING l.*
 )
 SELECT true AS granted, {granted_cols} FROM granted
@@ -96,17 +160,49 @@ WHERE l.name = $1 AND l.expires_at > c.now AND NOT EXISTS (SELECT 1 FROM granted
                 granted_cols = record_columns(""),
                 held_cols = record_columns("l."),
             ),
+            // A refused (forced) row is "updated" to itself, so that the row lock and the
+            // re-check of a concurrently changed row (READ COMMITTED) decide renewal and
+            // refusal alike, on the row's latest version.
             renew: format!(
                 "UPDATE {t} AS l
-SET expires_at = clock_timestamp() + $4::bigint * interval '1 microsecond', version = l.version + 1
+SET expires_at = CASE WHEN {FORCED} THEN l.expires_at
+                      ELSE clock_timestamp() + $4::bigint * interval '1 microsecond' END,
+    version = CASE WHEN {FORCED} THEN l.version ELSE l.version + 1 END
 FROM unnest($2::text[], $3::bigint[]) AS b(name, token)
 WHERE l.name = b.name AND l.token = b.token AND l.owner = $1::text
   AND l.expires_at > clock_timestamp()
-RETURNING l.name, l.token"
+RETURNING l.name, l.token, {request}",
+                request = request_columns("l."),
             ),
             release: format!(
-                "UPDATE {t} SET expires_at = '-infinity'
+                "UPDATE {t} SET expires_at = '-infinity', {clear}
 WHERE name = $1::text AND owner = $2::text AND token = $3::bigint
+  AND expires_at > clock_timestamp()"
+            ),
+            request_preemption: format!(
+                "WITH c AS (SELECT clock_timestamp() AS now),
+recorded AS (
+    UPDATE {t} AS l SET request_by = $3::text, request_instance = $4::text,
+        request_priority = $5::text::numeric, request_forceful = $6::boolean,
+        request_note = $7::text
+    FROM c
+    WHERE l.name = $1::text AND l.token = $2::bigint AND l.expires_at > c.now
+      AND l.priority < $5::text::numeric
+      AND (l.request_by IS NULL OR l.request_by = $3::text
+           OR l.request_priority < $5::text::numeric)
+    RETURNING l.*
+)
+SELECT true AS recorded, {recorded_cols} FROM recorded
+UNION ALL
+SELECT false, {held_cols} FROM {t} AS l, c
+WHERE l.name = $1::text AND l.token = $2::bigint AND l.expires_at > c.now
+  AND NOT EXISTS (SELECT 1 FROM recorded)",
+                recorded_cols = record_columns(""),
+                held_cols = record_columns("l."),
+            ),
+            withdraw_preemption: format!(
+                "UPDATE {t} SET {clear}
+WHERE name = $1::text AND token = $2::bigint AND request_by = $3::text
   AND expires_at > clock_timestamp()"
             ),
             read: format!(

@@ -1,6 +1,6 @@
 //! The PostgreSQL lease store and its factory.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,7 +9,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, R
 use futures::future::BoxFuture;
 use tenure_lease::{
     AcquireOutcome, AcquireRequest, Capabilities, ConfigError, HeldLease, LeaseRecord,
-    LeaseSection, LeaseStore, Renewal, StoreError, StoreFactory,
+    LeaseSection, LeaseStore, PreemptAnswer, PreemptionRequest, Renewal, StoreError, StoreFactory,
 };
 use tokio::time::{Instant, sleep, timeout};
 use tokio_postgres::{NoTls, Row};
@@ -184,23 +184,80 @@ impl PostgresStore {
         self.inner.options.operation_timeout
     }
 
+    fn bad(&self, e: impl std::fmt::Display) -> StoreError {
+        errors::bad_value(&self.inner.server, format!("lease row: {e}"))
+    }
+
+    /// A priority column (`numeric(20)` as text).
+    fn priority(&self, text: &str) -> Result<u64, StoreError> {
+        text.parse()
+            .map_err(|_| self.bad(format!("priority {text:?} is not a u64")))
+    }
+
     fn decode(&self, row: &Row, at: usize) -> Result<LeaseRecord, StoreError> {
-        let server = &self.inner.server;
-        let bad = |e: tokio_postgres::Error| errors::bad_value(server, format!("lease row: {e}"));
+        let bad = |e: tokio_postgres::Error| self.bad(e);
         let token: i64 = row.try_get(at + 3).map_err(bad)?;
         let expires_in_us: i64 = row.try_get(at + 4).map_err(bad)?;
         let version: i64 = row.try_get(at + 5).map_err(bad)?;
+        let priority: String = row.try_get(at + 7).map_err(bad)?;
+        let cleanup_us: i64 = row.try_get(at + 8).map_err(bad)?;
         Ok(LeaseRecord {
             name: row.try_get(at).map_err(bad)?,
             owner: row.try_get(at + 1).map_err(bad)?,
             instance: row.try_get(at + 2).map_err(bad)?,
-            token: u64::try_from(token)
-                .map_err(|_| errors::bad_value(server, format!("negative token {token}")))?,
+            token: u64::try_from(token).map_err(|_| self.bad(format!("negative token {token}")))?,
             expires_in: Duration::from_micros(expires_in_us.max(0) as u64),
             version: version.max(0) as u64,
             note: row.try_get(at + 6).map_err(bad)?,
-            ..LeaseRecord::default()
+            priority: self.priority(&priority)?,
+            cleanup_timeout: Duration::from_micros(cleanup_us.max(0) as u64),
+            request: self.decode_request(row, at + 9)?,
         })
+    }
+
+    /// The pending request in the five columns from `at` (`request_by` NULL: none).
+    fn decode_request(
+        &self,
+        row: &Row,
+        at: usize,
+    ) -> Result<Option<PreemptionRequest>, StoreError> {
+        let bad = |e: tokio_postgres::Error| self.bad(e);
+        let Some(by) = row.try_get::<_, Option<String>>(at).map_err(bad)? else {
+            return Ok(None);
+        };
+        let priority: Option<String> = row.try_get(at + 2).map_err(bad)?;
+        let forceful: Option<bool> = row.try_get(at + 3).map_err(bad)?;
+        Ok(Some(PreemptionRequest {
+            by,
+            instance: row
+                .try_get::<_, Option<String>>(at + 1)
+                .map_err(bad)?
+                .unwrap_or_default(),
+            priority: self.priority(priority.as_deref().unwrap_or("0"))?,
+            forceful: forceful.unwrap_or(false),
+            note: row.try_get(at + 4).map_err(bad)?,
+        }))
+    }
+
+    /// Runs `sql` (one row: a flag, then a record) with `params`, idempotently.
+    async fn flagged_record(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Option<(bool, LeaseRecord)>, StoreError> {
+        let rows = self
+            .run(self.patience(), true, |c, _| {
+                Box::pin(async move {
+                    let stmt = c.prepare_cached(sql).await.map_err(|e| (false, e))?;
+                    c.query(&stmt, params).await.map_err(|e| (true, e))
+                })
+            })
+            .await?;
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        let flag: bool = row.try_get(0).map_err(|e| self.bad(e))?;
+        Ok(Some((flag, self.decode(row, 1)?)))
     }
 }
 
@@ -224,53 +281,52 @@ impl LeaseStore for PostgresStore {
             fair_waiting: false,
             watch: false,
             durable: true,
-            preemption: false,
+            preemption: true,
         }
     }
 
-    /// One statement: insert the grant, or take over the row if it is expired or ours;
+    /// One statement: insert the grant, or take over the row if it is expired, ours (and
+    /// not being forcefully preempted) or, for an emergency request, of lower priority;
     /// otherwise return the current holder.
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError> {
         let sql = &self.inner.statements.acquire;
         let ttl = ttl_us(req.ttl);
-        let row = self
-            .run(self.patience(), true, |c, _| {
-                Box::pin(async move {
-                    let stmt = c.prepare_cached(sql).await.map_err(|e| (false, e))?;
-                    for _ in 0..ACQUIRE_RACES {
-                        let rows = c
-                            .query(
-                                &stmt,
-                                &[&req.name, &req.owner, &req.instance, &ttl, &req.note],
-                            )
-                            .await
-                            .map_err(|e| (true, e))?;
-                        if let Some(row) = rows.into_iter().next() {
-                            return Ok(Some(row));
-                        }
-                    }
-                    Ok(None)
-                })
-            })
-            .await?;
-        let row = row.ok_or_else(|| {
-            errors::bad_value(
-                &self.inner.server,
-                format!("lease `{}` kept changing hands while acquiring", req.name),
-            )
-        })?;
-        let granted: bool = row
-            .try_get(0)
-            .map_err(|e| errors::bad_value(&self.inner.server, e))?;
-        let record = self.decode(&row, 1)?;
-        Ok(if granted {
-            AcquireOutcome::Granted(record)
-        } else {
-            AcquireOutcome::Held(record)
-        })
+        let priority = req.priority.to_string();
+        let cleanup = ttl_us(req.cleanup_timeout);
+        // The emergency rule's own half (the statement compares the priorities): a request
+        // that would take over even the lowest-priority grant.
+        let emergency = req.takes_over(0);
+        for _ in 0..ACQUIRE_RACES {
+            let answer = self
+                .flagged_record(
+                    sql,
+                    &[
+                        &req.name,
+                        &req.owner,
+                        &req.instance,
+                        &ttl,
+                        &req.note,
+                        &priority,
+                        &cleanup,
+                        &emergency,
+                    ],
+                )
+                .await?;
+            match answer {
+                Some((true, record)) => return Ok(AcquireOutcome::Granted(record)),
+                Some((false, record)) => return Ok(AcquireOutcome::Held(record)),
+                // Released between the insert and the look-up: ask again.
+                None => continue,
+            }
+        }
+        Err(errors::bad_value(
+            &self.inner.server,
+            format!("lease `{}` kept changing hands while acquiring", req.name),
+        ))
     }
 
     /// One statement for the whole batch (`unnest` of names and tokens), however many.
+    /// A grant with a forceful request pending answers `Refused` and keeps its expiry.
     async fn renew(
         &self,
         owner: &str,
@@ -299,20 +355,24 @@ impl LeaseStore for PostgresStore {
                 })
             })
             .await?;
-        let mut renewed = HashSet::with_capacity(rows.len());
+        let mut held = HashMap::with_capacity(rows.len());
         for row in rows {
-            let name: String = row
-                .try_get(0)
-                .map_err(|e| errors::bad_value(&self.inner.server, e))?;
-            let token: i64 = row
-                .try_get(1)
-                .map_err(|e| errors::bad_value(&self.inner.server, e))?;
-            renewed.insert((name, token));
+            let name: String = row.try_get(0).map_err(|e| self.bad(e))?;
+            let token: i64 = row.try_get(1).map_err(|e| self.bad(e))?;
+            let answer = match self.decode_request(&row, 2)? {
+                Some(request) if request.forceful => Renewal::Refused(request),
+                request => Renewal::Renewed { request },
+            };
+            held.insert((name, token), answer);
         }
         Ok(names
             .iter()
             .zip(tokens)
-            .map(|(n, t)| Renewal::plain(renewed.contains(&(n.to_string(), *t))))
+            .map(|(n, t)| {
+                held.get(&(n.to_string(), *t))
+                    .cloned()
+                    .unwrap_or(Renewal::NotHeld)
+            })
             .collect())
     }
 
@@ -328,6 +388,76 @@ impl LeaseStore for PostgresStore {
                 Box::pin(async move {
                     let stmt = c.prepare_cached(sql).await.map_err(|e| (false, e))?;
                     c.execute(&stmt, &[&name, &owner, &token])
+                        .await
+                        .map_err(|e| (true, e))
+                })
+            })
+            .await?;
+        Ok(n == 1)
+    }
+
+    /// One statement: the request is set on the unexpired grant `token` if it outranks
+    /// it and any other owner's pending request. A `Refused` answer whose record would
+    /// have allowed it (a concurrent change the statement's snapshot did not show) is
+    /// asked again.
+    async fn request_preemption(
+        &self,
+        name: &str,
+        token: u64,
+        request: &PreemptionRequest,
+    ) -> Result<PreemptAnswer, StoreError> {
+        let Ok(token) = i64::try_from(token) else {
+            return Ok(PreemptAnswer::Gone);
+        };
+        let sql = &self.inner.statements.request_preemption;
+        let priority = request.priority.to_string();
+        let mut last = None;
+        for _ in 0..ACQUIRE_RACES {
+            let answer = self
+                .flagged_record(
+                    sql,
+                    &[
+                        &name,
+                        &token,
+                        &request.by,
+                        &request.instance,
+                        &priority,
+                        &request.forceful,
+                        &request.note,
+                    ],
+                )
+                .await?;
+            match answer {
+                None => return Ok(PreemptAnswer::Gone),
+                Some((true, record)) => return Ok(PreemptAnswer::Recorded(record)),
+                Some((false, record)) => {
+                    if !request.may_replace(record.priority, record.request.as_ref()) {
+                        return Ok(PreemptAnswer::Refused(record));
+                    }
+                    last = Some(record);
+                }
+            }
+        }
+        Ok(last.map_or(PreemptAnswer::Gone, PreemptAnswer::Refused))
+    }
+
+    /// Not retried once sent: a second try after a lost answer would report `false` for
+    /// our own withdrawal.
+    async fn withdraw_preemption(
+        &self,
+        name: &str,
+        token: u64,
+        by: &str,
+    ) -> Result<bool, StoreError> {
+        let Ok(token) = i64::try_from(token) else {
+            return Ok(false);
+        };
+        let sql = &self.inner.statements.withdraw_preemption;
+        let n = self
+            .run(self.patience(), false, |c, _| {
+                Box::pin(async move {
+                    let stmt = c.prepare_cached(sql).await.map_err(|e| (false, e))?;
+                    c.execute(&stmt, &[&name, &token, &by])
                         .await
                         .map_err(|e| (true, e))
                 })

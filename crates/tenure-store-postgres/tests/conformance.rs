@@ -49,5 +49,5 @@ impl Harness for PgHarness {
     }
 }
 
-// Priorities and preemption: implemented on branch prio-stores (then drop the opt-out).
-tenure_lease::conformance_tests!(PgHarness::start(); without preemption);
+tenure_lease::conformance_tests!(PgHarness::start());
+tenure_lease::preemption_fault_tests!(PgHarness::start());

@@ -11,7 +11,7 @@ use server::{Exclusive, PgServer};
 use tenure_lease::conformance::test_settings;
 use tenure_lease::{
     AcquireOutcome, AcquireRequest, Acquired, HeldLease, Lease, LeaseSpec, LeaseStore, LostReason,
-    Renewal,
+    PreemptAnswer, PreemptionRequest, Renewal,
 };
 use tenure_store_postgres::{FenceError, PostgresOptions, PostgresStore};
 use tokio::time::{Instant, sleep};
@@ -290,6 +290,56 @@ async fn concurrent_first_starts_share_one_table() {
         .unwrap()
         .get(0);
     assert_eq!(n, 1);
+}
+
+/// A table made before priority leases (without their columns, rows in it) gains the
+/// columns when a store opens it: its grants read as priority 0 without a request, and
+/// preemption works on them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tables_of_earlier_versions_gain_the_priority_columns() {
+    let exclusive = start().await;
+    let server = exclusive.server.clone();
+    let s = store(&server).await;
+    let ttl = Duration::from_secs(30);
+    let t = grant(&s, &request("old", "a", ttl)).await;
+    let conn = s.connection().await.unwrap();
+    let table = format!("\"{}\".\"{}\"", s.options().schema, s.options().table);
+    conn.batch_execute(&format!(
+        "ALTER TABLE {table} DROP COLUMN priority, DROP COLUMN cleanup_timeout, \
+         DROP COLUMN request_by, DROP COLUMN request_instance, DROP COLUMN request_priority, \
+         DROP COLUMN request_forceful, DROP COLUMN request_note"
+    ))
+    .await
+    .expect("back to the earlier layout");
+    drop(conn);
+    drop(s);
+    let s = store(&server).await;
+    let rec = s.read("old").await.unwrap().expect("held");
+    assert_eq!((rec.token, rec.priority, rec.request), (t, 0, None));
+    let by = PreemptionRequest {
+        by: "b".into(),
+        instance: "b-1".into(),
+        priority: 1,
+        forceful: false,
+        note: None,
+    };
+    match s.request_preemption("old", t, &by).await.unwrap() {
+        PreemptAnswer::Recorded(r) => assert_eq!(r.request, Some(by.clone())),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        s.renew(
+            "a",
+            &[HeldLease {
+                name: "old".into(),
+                token: t
+            }],
+            ttl
+        )
+        .await
+        .unwrap(),
+        [Renewal::Renewed { request: Some(by) }]
+    );
 }
 
 /// A write guarded by the fence commits only while the writer holds the lease; the lease

@@ -8,7 +8,10 @@
 //!    to machine load, which criterion's back-to-back groups are not).
 //! 2. Renewal cost: store round trips per heartbeat interval for one owner holding 1, 100
 //!    and 10,000 leases through LeaseActors, and the latency of one batched renewal of all
-//!    n leases (20 calls; printed after the criterion groups).
+//!    n leases (20 calls; printed after the criterion groups), against the bare requests of
+//!    a renewal without preemption requests (`sync` + `getEphemerals` on a session owning n
+//!    ephemeral nodes, 20 calls in the same run): the ratio is what reading the holder
+//!    nodes for pending requests costs.
 //!
 //! Run: `cargo bench -p tenure-store-zookeeper --bench zookeeper_lease`
 
@@ -176,13 +179,15 @@ fn renewal_cost() {
         "\nrenewal cost: one owner, LeaseActors on one ZooKeeper session, heartbeat-interval 1s"
     );
     println!(
-        "{:>8} {:>10} {:>21} {:>22} {:>16} {:>16}",
+        "{:>8} {:>10} {:>21} {:>22} {:>16} {:>16} {:>12} {:>10}",
         "leases",
         "intervals",
         "round trips/interval",
         "leases per round trip",
         "renew(n) p50",
-        "renew(n) p90"
+        "renew(n) p90",
+        "bare p50",
+        "renew/bare"
     );
     let server = server();
     let rt = runtime().expect("runtime");
@@ -212,14 +217,60 @@ fn renewal_cost() {
         });
         assert!(all_held, "every lease still held");
         direct.sort();
+        let mut bare = rt.block_on(bare_renewals(&server, n));
+        bare.sort();
+        let (renew_p50, bare_p50) = (
+            percentile(&direct, 50).expect("runs"),
+            percentile(&bare, 50).expect("runs"),
+        );
         println!(
-            "{n:>8} {INTERVALS:>10} {:>21.2} {:>22.1} {:>16.2?} {:>16.2?}",
+            "{n:>8} {INTERVALS:>10} {:>21.2} {:>22.1} {:>16.2?} {:>16.2?} {:>12.2?} {:>10.2}",
             counts.calls as f64 / INTERVALS as f64,
             counts.leases as f64 / counts.calls.max(1) as f64,
-            percentile(&direct, 50).expect("runs"),
+            renew_p50,
             percentile(&direct, 90).expect("runs"),
+            bare_p50,
+            renew_p50.as_secs_f64() / bare_p50.as_secs_f64(),
         );
     }
+}
+
+/// 20 timings of the bare requests of a renewal before priority leases (`sync` and
+/// `getEphemerals`, pipelined) on a session owning `n` ephemeral nodes laid out as holder
+/// nodes are.
+async fn bare_renewals(server: &TestServer, n: usize) -> Vec<Duration> {
+    let client = zk::Client::connector()
+        .with_session_timeout(renewal_settings().heartbeat_timeout)
+        .connect(&server.connect_string())
+        .await
+        .expect("bare session");
+    let root = format!("/bench/bare-renew-{n}");
+    let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+    let ephemeral = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
+    client.mkdir(&root, &persistent).await.expect("root");
+    let leases: Vec<String> = (0..n).map(|i| format!("{root}/lease-{i}")).collect();
+    let holders: Vec<String> = leases.iter().map(|l| format!("{l}/holder")).collect();
+    let data = br#"{"owner":"owner","instance":"i","ttl_ms":4000}"#;
+    for (leases, holders) in leases.chunks(1000).zip(holders.chunks(1000)) {
+        let created = leases.iter().map(|l| client.create(l, &[], &persistent));
+        futures::future::try_join_all(created)
+            .await
+            .expect("lease nodes");
+        let created = holders.iter().map(|h| client.create(h, data, &ephemeral));
+        futures::future::try_join_all(created)
+            .await
+            .expect("holder nodes");
+    }
+    let mut timings = Vec::new();
+    for _ in 0..20 {
+        let started = Instant::now();
+        let (synced, listed) =
+            futures::future::join(client.sync(&root), client.list_ephemerals(&root)).await;
+        synced.expect("sync");
+        assert_eq!(listed.expect("ephemerals").len(), n);
+        timings.push(started.elapsed());
+    }
+    timings
 }
 
 criterion_group! {

@@ -80,13 +80,7 @@ impl ZooKeeperStore {
             self.ensure_lease_node(&s.client, &lease).await?;
             self.set_lease_node_known(&req.name);
         }
-        let data = GrantData {
-            owner: req.owner.clone(),
-            instance: req.instance.clone(),
-            note: req.note.clone(),
-            ttl_ms: u64::try_from(req.ttl.as_millis()).unwrap_or(u64::MAX),
-        }
-        .encode();
+        let data = GrantData::new(req).encode();
         let opts = zk::CreateMode::EphemeralSequential.with_acls(acls(&self.inner.options));
         let prefix = format!("{lease}/{WAITER}");
         let (_, seq) = s

@@ -52,6 +52,15 @@
 //! timeout is at least 5 ticks. Renewal reads go after a `sync`, so a renewal never sees
 //! a node the leader has already deleted.
 //!
+//! **Priority leases.** The holder node's data also keeps the grant's priority, cleanup
+//! timeout and pending preemption request; a requester writes the request with a
+//! version-checked `setData` (the czxid, so the token, stays), and the request goes with
+//! the node. A renewal reads the holder nodes in the same pipelined round trip as its
+//! `sync` and `getEphemerals`; one with a forceful request is `Refused` and its local expiry
+//! is not extended, so this store deletes the grant at most one ttl after its last
+//! renewal (or the server does, with the session, when the holder is gone). Contenders are
+//! granted it only once the node is gone, as for any expiry: a new czxid, a higher token.
+//!
 //! **Sessions and lease events.** Connection lost (suspended): operations fail (`Err`),
 //! the holder's deadline keeps running in the LeaseActor; when the library reconnects in
 //! time, renewals succeed again. Session expired: its nodes are gone; the next renewal

@@ -6,14 +6,16 @@
 //!                                 grants (every grant sets its data in the same multi that
 //!                                 creates the holder node), so "no grant since mine" is a
 //!                                 version check
-//! <root>/<lease name>/holder      ephemeral, owned by the holder's session: the grant
+//! <root>/<lease name>/holder      ephemeral, owned by the holder's session: the grant, its
+//!                                 priority and its pending preemption request (so the
+//!                                 request lives and dies with the grant)
 //! <root>/<lease name>/wait-<seq>  ephemeral sequential: fair waiters, in arrival order
 //! ```
 
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tenure_lease::{LeaseRecord, StoreError};
+use tenure_lease::{LeaseRecord, PreemptionRequest, StoreError};
 
 use crate::error::backend;
 
@@ -63,9 +65,41 @@ pub(crate) struct GrantData {
     pub note: Option<String>,
     /// The ttl asked for, in milliseconds (shown as the expiry of other clients' grants).
     pub ttl_ms: u64,
+    /// The grant's priority.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub priority: u64,
+    /// The holder's cleanup timeout, in milliseconds.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cleanup_ms: u64,
+    /// The pending preemption request, written by the requester (a version-checked
+    /// `setData`, which keeps the node's czxid and so the token).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<PreemptionRequest>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// Milliseconds of `d`, saturating.
+pub(crate) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 impl GrantData {
+    /// The data of a new grant for `req`.
+    pub(crate) fn new(req: &tenure_lease::AcquireRequest) -> Self {
+        GrantData {
+            owner: req.owner.clone(),
+            instance: req.instance.clone(),
+            note: req.note.clone(),
+            ttl_ms: millis(req.ttl),
+            priority: req.priority,
+            cleanup_ms: millis(req.cleanup_timeout),
+            request: None,
+        }
+    }
+
     pub(crate) fn encode(&self) -> Vec<u8> {
         serde_json::to_vec(self).expect("GrantData serialises")
     }
@@ -92,7 +126,9 @@ impl GrantData {
             owner: self.owner,
             instance: self.instance,
             note: self.note,
-            ..LeaseRecord::default()
+            priority: self.priority,
+            cleanup_timeout: Duration::from_millis(self.cleanup_ms),
+            request: self.request,
         }
     }
 }

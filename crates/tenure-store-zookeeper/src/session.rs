@@ -118,33 +118,37 @@ impl OwnerSession {
         }
     }
 
-    /// Extends the live grants among `wanted` (name, token) whose holder node the server
-    /// listed as an ephemeral of this session, to `now + ttl`. One flag per input.
+    /// Which of `wanted` (name, token) are live grants of this session whose holder node
+    /// the server listed as an ephemeral of it; those not `forced` (a forceful preemption
+    /// request pending) are extended to `now + ttl`. One flag per input: held.
     pub(crate) fn extend(
         &self,
         wanted: &[(String, u64)],
         alive: &std::collections::HashSet<String>,
+        forced: &[bool],
         ttl: Duration,
     ) -> Vec<bool> {
         let now = Instant::now();
         let mut grants = self.lock();
-        let flags = wanted
+        // Expiries only move later: the reaper need not wake early.
+        wanted
             .iter()
-            .map(|(name, token)| {
+            .zip(forced)
+            .map(|((name, token), forced)| {
                 let Ok(holder) = self.layout.holder(name) else {
                     return false;
                 };
                 match grants.get_mut(name) {
                     Some(g) if g.token == *token && g.live(now) && alive.contains(&holder) => {
-                        g.expires_at = g.expires_at.max(now + ttl);
+                        if !forced {
+                            g.expires_at = g.expires_at.max(now + ttl);
+                        }
                         true
                     }
                     _ => false,
                 }
             })
-            .collect();
-        // Expiries only moved later: the reaper need not wake early.
-        flags
+            .collect()
     }
 
     /// Deletes the holder node of `name` if the lease node's version still is the grant's

@@ -7,14 +7,14 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tenure_lease::names::NameRules;
 use tenure_lease::{
-    AcquireOutcome, AcquireRequest, Capabilities, ConfigError, HeldLease, LeaseRecord,
-    LeaseSection, LeaseStore, Renewal, StoreError, StoreFactory,
+    AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, ConfigError, HeldLease, LeaseRecord,
+    LeaseSection, LeaseStore, PreemptAnswer, PreemptionRequest, Renewal, StoreError, StoreFactory,
 };
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use crate::error::{KIND, backend, from_zk, session_over};
-use crate::node::{GrantData, HOLDER, Layout, token};
+use crate::node::{GrantData, HOLDER, Layout, millis, token};
 use crate::options::{ZooKeeperOptions, check_root};
 use crate::session::{Grant, OwnerSession};
 
@@ -330,16 +330,12 @@ impl ZooKeeperStore {
                         ending: false,
                     },
                 );
-                Ok(Some(LeaseRecord {
-                    name: req.name.clone(),
-                    owner: req.owner.clone(),
-                    instance: req.instance.clone(),
-                    token: t,
-                    expires_in: req.ttl,
-                    version: 1,
-                    note: req.note.clone(),
-                    ..LeaseRecord::default()
-                }))
+                Ok(Some(GrantData::new(req).record(
+                    &req.name,
+                    t,
+                    0,
+                    Some(req.ttl),
+                )))
             }
             Err(zk::MultiWriteError::OperationFailed {
                 index: 0,
@@ -374,13 +370,7 @@ impl ZooKeeperStore {
         req: &AcquireRequest,
     ) -> Result<AcquireOutcome, GrantError> {
         let holder = self.inner.layout.holder(&req.name)?;
-        let data = GrantData {
-            owner: req.owner.clone(),
-            instance: req.instance.clone(),
-            note: req.note.clone(),
-            ttl_ms: u64::try_from(req.ttl.as_millis()).unwrap_or(u64::MAX),
-        }
-        .encode();
+        let data = GrantData::new(req).encode();
         for _ in 0..MAX_ATTEMPTS {
             match self.grant(s, req, &data, None).await {
                 Ok(Some(record)) => return Ok(AcquireOutcome::Granted(record)),
@@ -395,7 +385,13 @@ impl ZooKeeperStore {
             };
             let current = GrantData::decode(&holder, &bytes)?;
             let t = token(stat.czxid);
-            if current.owner != req.owner {
+            let step = req.step(Some(&current.clone().record(
+                &req.name,
+                t,
+                stat.version,
+                None,
+            )));
+            if step == AcquireStep::Held {
                 let expires_in = self.local_expiry(&req.name, t).await.flatten();
                 return Ok(AcquireOutcome::Held(current.record(
                     &req.name,
@@ -411,31 +407,37 @@ impl ZooKeeperStore {
                     && g.live(now)
                     && stat.ephemeral_owner == s.session_id()
             });
-            if let (Some(mut g), true) = (mine, current.instance == req.instance) {
-                // Reentrant: same token, fresh expiry, the note rewritten.
+            if let (Some(mut g), AcquireStep::Extend) = (mine, step) {
+                // Reentrant: same token, fresh expiry, the note rewritten; the grant's
+                // priority and pending request stay.
+                let refreshed = GrantData {
+                    note: req.note.clone().or(current.note.clone()),
+                    ttl_ms: millis(req.ttl),
+                    ..current
+                };
                 let sent = Instant::now();
-                match s.client.set_data(&holder, &data, Some(stat.version)).await {
+                match s
+                    .client
+                    .set_data(&holder, &refreshed.encode(), Some(stat.version))
+                    .await
+                {
                     Ok(new) => {
                         g.holder_version = new.version;
                         g.expires_at = g.expires_at.max(Instant::now().max(sent) + req.ttl);
                         s.record(&req.name, g);
-                        return Ok(AcquireOutcome::Granted(LeaseRecord {
-                            name: req.name.clone(),
-                            owner: req.owner.clone(),
-                            instance: req.instance.clone(),
-                            token: t,
-                            expires_in: req.ttl,
-                            version: u64::try_from(new.version).unwrap_or(0) + 1,
-                            note: req.note.clone(),
-                            ..LeaseRecord::default()
-                        }));
+                        return Ok(AcquireOutcome::Granted(refreshed.record(
+                            &req.name,
+                            t,
+                            new.version,
+                            Some(req.ttl),
+                        )));
                     }
                     Err(zk::Error::BadVersion | zk::Error::NoNode) => continue,
                     Err(e) => return Err(GrantError::Zk(format!("refreshing {holder}"), e)),
                 }
             }
             // Another instance of this owner (or this instance's ended grant, or a grant of
-            // another session): taken over with a new token.
+            // another session), or an emergency take-over: replaced with a new token.
             if let Some(record) = self.grant(s, req, &data, Some(stat.version)).await? {
                 return Ok(AcquireOutcome::Granted(record));
             }
@@ -444,6 +446,45 @@ impl ZooKeeperStore {
             "acquiring {holder}: the holder node changed {MAX_ATTEMPTS} times while we looked"
         ))
         .into())
+    }
+
+    /// Reads the holder node of `name` (reader session): its data and stat, `None` when
+    /// absent or when this store already considers that grant ended.
+    async fn read_holder(
+        &self,
+        client: &zk::Client,
+        name: &str,
+    ) -> Result<Option<(GrantData, zk::Stat)>, StoreError> {
+        let holder = self.inner.layout.holder(name)?;
+        let (bytes, stat) = match client.get_data(&holder).await {
+            Ok(found) => found,
+            Err(zk::Error::NoNode) => return Ok(None),
+            Err(e) => return Err(from_zk(&format!("reading {holder}"), &e)),
+        };
+        if matches!(self.local_expiry(name, token(stat.czxid)).await, Some(None)) {
+            return Ok(None);
+        }
+        Ok(Some((GrantData::decode(&holder, &bytes)?, stat)))
+    }
+
+    /// Rewrites the holder node's pending request if its data version is still `stat`'s:
+    /// `Ok(Some(new stat))` written, `Ok(None)` changed or gone meanwhile (read again).
+    async fn set_request(
+        &self,
+        client: &zk::Client,
+        name: &str,
+        data: &GrantData,
+        stat: &zk::Stat,
+    ) -> Result<Option<zk::Stat>, StoreError> {
+        let holder = self.inner.layout.holder(name)?;
+        match client
+            .set_data(&holder, &data.encode(), Some(stat.version))
+            .await
+        {
+            Ok(new) => Ok(Some(new)),
+            Err(zk::Error::BadVersion | zk::Error::NoNode) => Ok(None),
+            Err(e) => Err(from_zk(&format!("writing the request on {holder}"), &e)),
+        }
     }
 
     /// Reads the holder nodes of `names` with pipelined multi-reads; `None` where absent.
@@ -521,7 +562,7 @@ impl LeaseStore for ZooKeeperStore {
             fair_waiting: true,
             watch: false,
             durable: true,
-            preemption: false,
+            preemption: true,
         }
     }
 
@@ -551,12 +592,15 @@ impl LeaseStore for ZooKeeperStore {
         }
     }
 
-    /// One round trip for any number of leases: `sync` then `getEphemerals` of the owner's
-    /// session, pipelined. The request keeps the session alive on the server for at least
-    /// its timeout (≥ `ttl`); a lease is renewed (its local expiry moved to answer + `ttl`)
-    /// when this store made the grant with that token, has not expired it, and the server
-    /// lists its holder node as an ephemeral of the session. An owner without a session, or
-    /// whose session is over, holds nothing: all `false`.
+    /// One round trip for any number of leases: `sync`, `getEphemerals` of the owner's
+    /// session and a multi-read of the leases' holder nodes, pipelined. The request keeps
+    /// the session alive on the server for at least its timeout (≥ `ttl`); a lease is
+    /// renewed (its local expiry moved to answer + `ttl`) when this store made the grant
+    /// with that token, has not expired it, the server lists its holder node as an
+    /// ephemeral of the session, and the node carries no forceful preemption request; with
+    /// one, the renewal is `Refused` and the local expiry stays, so this store deletes the
+    /// grant at most one ttl after its last renewal. An owner without a session, or whose
+    /// session is over, holds nothing: all `NotHeld`.
     async fn renew(
         &self,
         owner: &str,
@@ -572,8 +616,15 @@ impl LeaseStore for ZooKeeperStore {
         }
         check_ttl(&s, ttl)?;
         let root = self.inner.layout.root();
-        let (synced, listed) =
-            futures::future::join(s.client.sync(root), s.client.list_ephemerals(root)).await;
+        let names: Vec<String> = leases.iter().map(|l| l.name.clone()).collect();
+        // Requests are sent in call order on the session's connection and answered in that
+        // order, so the reads see every write the server committed before the `sync`.
+        let (synced, listed, holders) = futures::future::join3(
+            s.client.sync(root),
+            s.client.list_ephemerals(root),
+            self.read_holders(&s.client, &names),
+        )
+        .await;
         let alive: HashSet<String> = match synced.and(listed) {
             Ok(paths) => paths.into_iter().collect(),
             Err(e) if session_over(&e) => {
@@ -582,11 +633,111 @@ impl LeaseStore for ZooKeeperStore {
             }
             Err(e) => return Err(from_zk(&format!("renewing leases of {owner}"), &e)),
         };
+        let holders = holders?;
+        let mut requests = Vec::with_capacity(leases.len());
+        for (lease, found) in leases.iter().zip(holders) {
+            let request = match found {
+                Some((data, stat)) if token(stat.czxid) == lease.token => {
+                    let path = self.inner.layout.holder(&lease.name)?;
+                    GrantData::decode(&path, &data)?.request
+                }
+                _ => None,
+            };
+            requests.push(request);
+        }
         let wanted: Vec<(String, u64)> = leases.iter().map(|l| (l.name.clone(), l.token)).collect();
-        Ok(s.extend(&wanted, &alive, ttl)
+        let forced: Vec<bool> = requests
+            .iter()
+            .map(|r| r.as_ref().is_some_and(|r| r.forceful))
+            .collect();
+        let held = s.extend(&wanted, &alive, &forced, ttl);
+        Ok(held
             .into_iter()
-            .map(Renewal::plain)
+            .zip(requests)
+            .map(|(held, request)| match (held, request) {
+                (false, _) => Renewal::NotHeld,
+                (true, Some(r)) if r.forceful => Renewal::Refused(r),
+                (true, request) => Renewal::Renewed { request },
+            })
             .collect())
+    }
+
+    /// Writes the request into the holder node's data with a version-checked `setData`
+    /// (read, decide with [`PreemptionRequest::may_replace`], write; again on a race). The
+    /// node's czxid, and so the token, stays.
+    async fn request_preemption(
+        &self,
+        name: &str,
+        token_: u64,
+        request: &PreemptionRequest,
+    ) -> Result<PreemptAnswer, StoreError> {
+        let client = self.reader().await?;
+        for _ in 0..MAX_ATTEMPTS {
+            let Some((data, stat)) = self
+                .read_holder(&client, name)
+                .await?
+                .filter(|(_, stat)| token(stat.czxid) == token_)
+            else {
+                return Ok(PreemptAnswer::Gone);
+            };
+            if !request.may_replace(data.priority, data.request.as_ref()) {
+                return Ok(PreemptAnswer::Refused(data.record(
+                    name,
+                    token_,
+                    stat.version,
+                    None,
+                )));
+            }
+            let data = GrantData {
+                request: Some(request.clone()),
+                ..data
+            };
+            if let Some(new) = self.set_request(&client, name, &data, &stat).await? {
+                return Ok(PreemptAnswer::Recorded(data.record(
+                    name,
+                    token_,
+                    new.version,
+                    None,
+                )));
+            }
+        }
+        Err(backend(format!(
+            "requesting preemption of lease {name}: its holder node changed {MAX_ATTEMPTS} \
+             times while we looked"
+        )))
+    }
+
+    /// Clears the holder node's request if it is `by`'s (version-checked `setData`).
+    async fn withdraw_preemption(
+        &self,
+        name: &str,
+        token_: u64,
+        by: &str,
+    ) -> Result<bool, StoreError> {
+        let client = self.reader().await?;
+        for _ in 0..MAX_ATTEMPTS {
+            let Some((data, stat)) = self.read_holder(&client, name).await? else {
+                return Ok(false);
+            };
+            if token(stat.czxid) != token_ || data.request.as_ref().is_none_or(|r| r.by != by) {
+                return Ok(false);
+            }
+            let data = GrantData {
+                request: None,
+                ..data
+            };
+            if self
+                .set_request(&client, name, &data, &stat)
+                .await?
+                .is_some()
+            {
+                return Ok(true);
+            }
+        }
+        Err(backend(format!(
+            "withdrawing a preemption request from lease {name}: its holder node changed \
+             {MAX_ATTEMPTS} times while we looked"
+        )))
     }
 
     /// Deletes the holder node if no grant happened since `owner`'s grant with `token`

@@ -35,5 +35,5 @@ impl Harness for ZooKeeperHarness {
     }
 }
 
-// Priorities and preemption: implemented on branch prio-stores (then drop the opt-out).
-tenure_lease::conformance_tests!(async { ZooKeeperHarness(common::exclusive().await) }; without preemption);
+tenure_lease::conformance_tests!(async { ZooKeeperHarness(common::exclusive().await) });
+tenure_lease::preemption_fault_tests!(async { ZooKeeperHarness(common::exclusive().await) });
