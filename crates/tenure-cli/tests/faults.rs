@@ -23,22 +23,20 @@ use std::time::{Duration, Instant};
 use common::cluster::{Cluster, MEMBER_TTL, Options, TestCluster};
 use common::proxy::Proxy;
 use tenure::sqlite::FencedCounter;
+use tenure_cli::demo::scenario::SplitMix;
 
 /// Serializes the runs: one cluster at a time on a 2-core machine.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
 const KEYS: usize = 120;
-const SHARDING: &str = r#"
-[sharding]
-number-of-shards = 30
-retry-interval = "300ms"
-unreachable-reallocate-after = "2s"
-minority-hand-off-after = "2s"
-rebalance-interval = "1s"
-stop-timeout = "2s"
-hand-off-timeout = "6s"
-"#;
+/// The sharding tests' settings with fewer shards (faster to move after each fault).
+fn sharding() -> String {
+    let settings =
+        common::shards::SHARDING.replace("number-of-shards = 100", "number-of-shards = 30");
+    assert!(settings.contains("number-of-shards = 30"), "{settings}");
+    settings
+}
 
 /// Timing of every store section: the harness's (ttl 3 s).
 const TIMING: &str = r#"heartbeat-timeout = "3s"
@@ -47,25 +45,17 @@ lease-retry-interval = "300ms"
 lease-operation-timeout = "1500ms"
 "#;
 
-/// splitmix64: the fault plan's randomness, reproducible from the seed.
-struct Rng(u64);
+/// The fault plan's randomness, reproducible from the seed (the demo's generator).
+struct Rng(SplitMix);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
     fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
+        self.0.below(n as u64) as usize
     }
 
     fn between(&mut self, lo: Duration, hi: Duration) -> Duration {
         let span = (hi - lo).as_millis() as u64;
-        lo + Duration::from_millis(self.next() % (span + 1))
+        lo + Duration::from_millis(self.0.below(span + 1))
     }
 }
 
@@ -190,7 +180,7 @@ fn start(store: Store) -> Run {
         .iter()
         .map(|s| s.to_string())
         .collect(),
-        tail: SHARDING.to_string(),
+        tail: sharding(),
         ..Options::default()
     };
     let upstream = store.port();
@@ -349,7 +339,7 @@ fn run_suite(store: Store) {
     let seed = seed();
     let kind = store.kind();
     eprintln!("fault seed {seed} on {kind} (replay: TENURE_FAULT_SEED={seed})");
-    let mut rng = Rng(seed);
+    let mut rng = Rng(SplitMix::new(seed));
     let started = Instant::now();
     let mut run = start(store);
     let mut faults = vec![
