@@ -6,8 +6,9 @@ use tenure_cli::check::{self as checker, Verdict, read_history};
 
 use crate::exit::Outcome;
 
-/// Checks the history at `path`, prints the verdict, and maps it to an exit code.
-pub fn check(path: &Path, all: bool) -> Outcome {
+/// Checks the history at `path` (and the acknowledged increments against the sharded
+/// counter in `counter`, when given), prints the verdict, and maps it to an exit code.
+pub fn check(path: &Path, all: bool, counter: Option<&Path>) -> Outcome {
     let events = match read_history(path) {
         Ok(events) => events,
         Err(e) => {
@@ -15,8 +16,23 @@ pub fn check(path: &Path, all: bool) -> Outcome {
             return Outcome::Error;
         }
     };
-    let verdict = checker::check(&events);
+    let mut verdict = checker::check(&events);
     print_summary(path, &verdict);
+    if let Some(file) = counter {
+        let acks = match checker::check_counter_acks(&events, file) {
+            Ok(acks) => acks,
+            Err(e) => {
+                eprintln!("tenure: error: {e}");
+                return Outcome::Error;
+            }
+        };
+        println!(
+            "{}: {} acknowledged increments checked against the counter",
+            file.display(),
+            acks.acked
+        );
+        verdict.violations.extend(acks.violations);
+    }
     if verdict.is_safe() {
         println!("verdict: SAFE (no violation)");
         return Outcome::Success;

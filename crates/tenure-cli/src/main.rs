@@ -73,6 +73,10 @@ enum Command {
         /// Print every violation, not only the first.
         #[arg(long)]
         all: bool,
+        /// The sharded counter's SQLite file (`tenure node --counter`): also check that
+        /// every acknowledged increment was accepted and is still in the counter.
+        #[arg(long, value_name = "FILE")]
+        counter: Option<PathBuf>,
     },
     /// Run a local cluster under load through a scenario of faults and check it was safe.
     ///
@@ -204,8 +208,13 @@ fn init_tracing() {
 fn main() -> ExitCode {
     init_tracing();
     let cli = Cli::parse();
-    if let Command::Check { history, all } = &cli.command {
-        return check_cmd::check(history, *all).exit_code();
+    if let Command::Check {
+        history,
+        all,
+        counter,
+    } = &cli.command
+    {
+        return check_cmd::check(history, *all, counter.as_deref()).exit_code();
     }
     // The demo drives processes from plain threads; it needs neither a runtime nor a config.
     if let Command::Demo(args) = cli.command {
@@ -305,7 +314,11 @@ async fn run(cli: Cli) -> Result<Outcome, CliError> {
             (None, Some(peer)) => node_cmd::fault(provider.config(), &node, &peer, false).await,
             (None, None) => Err(CliError::Command("give --cut PEER or --heal PEER".into())),
         },
-        Command::Check { history, all } => Ok(check_cmd::check(&history, all)),
+        Command::Check {
+            history,
+            all,
+            counter,
+        } => Ok(check_cmd::check(&history, all, counter.as_deref())),
         Command::Demo(_) => unreachable!("main runs the demo without a runtime"),
     }
 }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use serde_json::{Value, json};
-use tenure_cli::check::{HoldEnd, ViolationKind, check, read_history};
+use tenure_cli::check::{HoldEnd, ViolationKind, check, check_acks, read_history};
 
 const TENURE: &str = env!("CARGO_BIN_EXE_tenure");
 const MS: i64 = 1_000_000;
@@ -302,4 +302,111 @@ fn unreadable_histories_name_the_file_and_line() {
         .output()
         .unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("line 1: field `t` missing"));
+}
+
+fn ack(t: i64, node: &str, token: u64, value: u64) -> Value {
+    ev(
+        t,
+        node,
+        "ack",
+        json!({"entity": "key-1", "shard": "7", "token": token, "value": value, "from": node}),
+    )
+}
+
+fn ack_kinds(lines: &[Value], final_value: u64) -> Vec<ViolationKind> {
+    let (_dir, path) = write_history(lines);
+    check_acks(&read_history(&path).unwrap(), &|key| {
+        assert_eq!(key, "key-1");
+        Some(final_value)
+    })
+    .violations
+    .iter()
+    .map(|v| v.kind)
+    .collect()
+}
+
+#[test]
+fn acknowledged_writes_must_be_accepted_and_kept() {
+    let good = vec![
+        write(10, "a", 1, 1, true),
+        ack(11, "a", 1, 1),
+        write(20, "a", 1, 2, true),
+        ack(21, "b", 1, 2),
+    ];
+    assert_eq!(ack_kinds(&good, 2), vec![]);
+    // The counter lost value 2 (e.g. a store that forgot a committed write).
+    assert_eq!(ack_kinds(&good, 1), vec![ViolationKind::LostAck]);
+    // Acknowledged with a token the write did not carry, or a write never accepted.
+    assert_eq!(
+        ack_kinds(&[write(10, "a", 1, 1, true), ack(11, "a", 2, 1)], 1),
+        vec![ViolationKind::UnbackedAck]
+    );
+    assert_eq!(
+        ack_kinds(&[write(10, "a", 1, 1, false), ack(11, "a", 1, 1)], 1),
+        vec![ViolationKind::UnbackedAck]
+    );
+    // The same value acknowledged twice.
+    assert_eq!(
+        ack_kinds(
+            &[
+                write(10, "a", 1, 1, true),
+                ack(11, "a", 1, 1),
+                ack(12, "b", 1, 1)
+            ],
+            1
+        ),
+        vec![ViolationKind::UnbackedAck]
+    );
+}
+
+#[test]
+fn tenure_check_reads_the_counter_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let counter_path = dir.path().join("counter.sqlite");
+    let counter = tenure::sqlite::FencedCounter::open(&counter_path).unwrap();
+    let name = tenure::sharding::counter::counter_name("key-1");
+    assert_eq!(counter.increment(&name, 1).unwrap(), Some(1));
+    let lines = vec![
+        write(10, "a", 1, 1, true),
+        ack(11, "a", 1, 1),
+        write(20, "a", 1, 2, true),
+        ack(21, "a", 1, 2),
+    ];
+    let (_h, history) = write_history(&lines);
+    let out = Command::new(TENURE)
+        .arg("check")
+        .arg(&history)
+        .arg("--counter")
+        .arg(&counter_path)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("2 acknowledged increments checked"), "{text}");
+    assert!(
+        text.contains("VIOLATION acknowledged write lost on counter/key-1: value 2 was acknowledged but the counter now holds 1"),
+        "{text}"
+    );
+    assert_eq!(counter.increment(&name, 1).unwrap(), Some(2));
+    let out = Command::new(TENURE)
+        .arg("check")
+        .arg(&history)
+        .arg("--counter")
+        .arg(&counter_path)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let missing = Command::new(TENURE)
+        .arg("check")
+        .arg(&history)
+        .args(["--counter", "/nonexistent/dir/counter.sqlite"])
+        .output()
+        .unwrap();
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("/nonexistent/dir/counter.sqlite"));
 }

@@ -57,9 +57,15 @@ fn a_short_demo_reaches_a_safe_verdict_and_writes_its_report() {
     let acks: u64 = stdout
         .lines()
         .find_map(|l| l.strip_prefix("operations acknowledged"))
-        .and_then(|n| n.trim().parse().ok())
+        .and_then(|n| n.split_whitespace().next()?.parse().ok())
         .unwrap_or_else(|| panic!("no ack count in:\n{stdout}"));
     assert!(acks > 0, "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "operations acknowledged   {acks} ({acks} checked against the counter"
+        )),
+        "every acknowledged increment is checked against the counter: {stdout}"
+    );
 
     let events = std::fs::read_to_string(&history).expect("the history is kept");
     for fault in ["\"killed\"", "\"restarted\"", "\"paused\"", "\"resumed\""] {

@@ -270,6 +270,6 @@ fn the_checker_catches_each_kind_of_violation() {
     assert!(
         lost.downcast_ref::<String>()
             .unwrap()
-            .contains("counter holds 4")
+            .contains("acknowledged but the counter now holds 4")
     );
 }

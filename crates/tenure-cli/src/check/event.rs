@@ -13,6 +13,8 @@ pub enum CheckError {
         path: String,
         source: std::io::Error,
     },
+    #[error("cannot read counter {path}: {detail}")]
+    Counter { path: String, detail: String },
     #[error("history {path} line {line}: {detail}")]
     Line {
         path: String,

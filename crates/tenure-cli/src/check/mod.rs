@@ -6,12 +6,15 @@
 //! `valid_until`; tokens strictly increasing across grants in grant order; every grant
 //! after the previous grant's hold ended (released, lost, expired or its process killed),
 //! also for a new grant of the same owner. Per guarded resource: no write accepted with a
-//! token lower than one already accepted, in the resource's own order.
+//! token lower than one already accepted, in the resource's own order. Given the counter's
+//! final state ([`check_acks`]): every acknowledged increment accepted and still there.
 
+mod acks;
 mod event;
 mod holds;
 mod verdict;
 
+pub use acks::{AckCheck, check_acks, check_counter_acks};
 pub use event::{CheckError, Event, read_history};
 pub use holds::{Hold, HoldEnd, holds};
 pub use verdict::{Stats, Verdict, Violation, ViolationKind, check};

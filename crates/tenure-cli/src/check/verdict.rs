@@ -16,6 +16,10 @@ pub enum ViolationKind {
     NotPreceded,
     /// A write was accepted with a token lower than one the resource accepted before.
     StaleWrite,
+    /// A client was told a write succeeded that the resource never accepted (or twice).
+    UnbackedAck,
+    /// An acknowledged write is not in the resource's final state.
+    LostAck,
 }
 
 impl std::fmt::Display for ViolationKind {
@@ -25,6 +29,8 @@ impl std::fmt::Display for ViolationKind {
             ViolationKind::TokenOrder => "token not increasing",
             ViolationKind::NotPreceded => "grant before the previous grant ended",
             ViolationKind::StaleWrite => "stale write accepted",
+            ViolationKind::UnbackedAck => "acknowledged write not accepted",
+            ViolationKind::LostAck => "acknowledged write lost",
         })
     }
 }

@@ -365,7 +365,17 @@ pub fn run(args: DemoArgs) -> Result<Outcome, DemoError> {
         problem: e.to_string(),
     })?;
     let verdict = check::check(&events);
-    let violations: Vec<String> = verdict.violations.iter().map(|v| v.to_string()).collect();
+    let counter = run.cluster.counter_file();
+    let acks = check::check_counter_acks(&events, &counter).map_err(|e| DemoError::History {
+        path: counter.display().to_string(),
+        problem: e.to_string(),
+    })?;
+    let violations: Vec<String> = verdict
+        .violations
+        .iter()
+        .chain(&acks.violations)
+        .map(|v| v.to_string())
+        .collect();
     let timeline = Timeline::new(
         &events,
         timeline::workload_holds(&verdict.holds, &lease.system),
@@ -400,7 +410,7 @@ pub fn run(args: DemoArgs) -> Result<Outcome, DemoError> {
         path: report_path.display().to_string(),
         source,
     })?;
-    print_summary(&summary, &timeline, &violations, setup);
+    print_summary(&summary, &timeline, &violations, acks.acked, setup);
     println!("history {}", history.display());
     println!("report  {}", report_path.display());
     Ok(Outcome {
@@ -433,10 +443,19 @@ fn describe_step(step: &Step) -> String {
     }
 }
 
-fn print_summary(summary: &Summary, timeline: &Timeline, violations: &[String], took: Duration) {
+fn print_summary(
+    summary: &Summary,
+    timeline: &Timeline,
+    violations: &[String],
+    acks_checked: usize,
+    took: Duration,
+) {
     println!();
     println!("== summary ({:.1} s in all) ==", took.as_secs_f64());
-    println!("operations acknowledged   {}", summary.acks);
+    println!(
+        "operations acknowledged   {} ({acks_checked} checked against the counter's final state)",
+        summary.acks
+    );
     println!(
         "fenced writes             {} accepted, {} refused (stale token)",
         summary.writes_accepted, summary.writes_refused
@@ -461,7 +480,8 @@ fn print_summary(summary: &Summary, timeline: &Timeline, violations: &[String], 
     if violations.is_empty() {
         println!(
             "verdict: SAFE (tenure check: no lease held by two owners at once, tokens \
-             increasing, every grant after the previous hold ended, no stale write accepted)"
+             increasing, every grant after the previous hold ended, no stale write accepted, \
+             no acknowledged increment lost)"
         );
     } else {
         println!("verdict: UNSAFE, {} violation(s):", violations.len());

@@ -165,51 +165,21 @@ pub fn check_writes(history: &[Value]) {
     }
 }
 
-/// Acknowledged increments are not lost: per key, every acknowledged value was accepted
-/// by the counter, no value was acknowledged twice, and the counter's final value is at
-/// least every acknowledged one. `final_value` reads the counter.
+/// Acknowledged increments are not lost (`tenure check --counter`'s rule): per key, every
+/// acknowledged value was accepted by the counter, no value was acknowledged twice, and the
+/// counter's final value is at least every acknowledged one. `final_value` reads the
+/// counter. Returns how many acknowledgements were checked.
 pub fn check_acks(history: &[Value], final_value: impl Fn(&str) -> u64) -> usize {
-    let accepted: std::collections::HashSet<(String, u64, u64)> = history
+    let events: Vec<tenure_cli::check::Event> = history
         .iter()
-        .filter(|e| e["event"] == "write" && e["accepted"] == true)
-        .map(|e| {
-            (
-                s(e, "entity"),
-                e["value"].as_u64().unwrap(),
-                e["token"].as_u64().unwrap(),
-            )
-        })
+        .filter(|e| e["event"] == "write" || e["event"] == "ack")
+        .map(|e| tenure_cli::check::Event::from_json(e.clone(), 0).expect("a history line"))
         .collect();
-    let mut acked: HashMap<String, Vec<u64>> = HashMap::new();
-    for e in history.iter().filter(|e| e["event"] == "ack") {
-        let key = s(e, "entity");
-        let value = e["value"].as_u64().expect("acked value");
-        let token = e["token"].as_u64().expect("acked token");
-        assert!(
-            accepted.contains(&(key.clone(), value, token)),
-            "acknowledged without an accepted write: {e}"
-        );
-        acked.entry(key).or_default().push(value);
+    let acks = tenure_cli::check::check_acks(&events, &|key| Some(final_value(key)));
+    if let Some(v) = acks.violations.first() {
+        panic!("{v}");
     }
-    let mut n = 0;
-    for (key, mut values) in acked {
-        values.sort();
-        n += values.len();
-        let before = values.len();
-        values.dedup();
-        assert_eq!(
-            before,
-            values.len(),
-            "key {key}: a value acknowledged twice"
-        );
-        let last = *values.last().unwrap();
-        let fin = final_value(&key);
-        assert!(
-            fin >= last,
-            "key {key}: acknowledged value {last} but the counter holds {fin}"
-        );
-    }
-    n
+    acks.acked
 }
 
 pub const SHARDING: &str = r#"
