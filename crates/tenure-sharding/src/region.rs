@@ -65,6 +65,9 @@ pub struct RegionState {
     args: RegionArgs,
     myself: ActorRef<RegionMsg>,
     shards: HashMap<String, ActorRef<ShardMsg>>,
+    /// Shards handing off: a new instance of one starts only once the old one terminated
+    /// (its lease released or lapsed), so that one node never runs two copies of a shard.
+    stopping: HashMap<String, ActorRef<ShardMsg>>,
     homes: HashMap<String, String>,
     pending: HashMap<String, VecDeque<Pending>>,
     pending_count: usize,
@@ -99,6 +102,7 @@ impl Actor for Region {
             args,
             myself,
             shards: HashMap::new(),
+            stopping: HashMap::new(),
             homes: HashMap::new(),
             pending: HashMap::new(),
             pending_count: 0,
@@ -153,6 +157,7 @@ impl Actor for Region {
                 state.homes.remove(&shard);
                 match state.shards.remove(&shard) {
                     Some(actor) => {
+                        state.stopping.insert(shard.clone(), actor.clone());
                         let timeout = state.hand_off_wait();
                         tokio::spawn(async move {
                             let released = matches!(
@@ -186,6 +191,7 @@ impl Actor for Region {
         | SupervisionEvent::ActorFailed(cell, _) = &event
         {
             state.shards.retain(|_, s| s.get_id() != cell.get_id());
+            state.stopping.retain(|_, s| s.get_id() != cell.get_id());
         }
         Ok(())
     }
@@ -296,7 +302,7 @@ impl RegionState {
         if self.shards.contains_key(shard) {
             return true;
         }
-        if !self.can_host() {
+        if !self.can_host() || self.stopping.contains_key(shard) {
             return false;
         }
         let Some((factory, template)) = &self.args.hosting else {
@@ -431,7 +437,14 @@ impl RegionState {
     /// Hands every local shard off (entities stopped, leases released); `guard` is held
     /// until all are done.
     fn hand_off_all(&mut self, guard: Option<HandOver>) {
-        let shards: Vec<ActorRef<ShardMsg>> = self.shards.drain().map(|(_, s)| s).collect();
+        let shards: Vec<ActorRef<ShardMsg>> = self
+            .shards
+            .drain()
+            .map(|(id, s)| {
+                self.stopping.insert(id, s.clone());
+                s
+            })
+            .collect();
         let me = self.args.me.clone();
         self.homes.retain(|_, h| *h != me);
         let timeout = self.hand_off_wait();
