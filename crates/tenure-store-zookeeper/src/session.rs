@@ -19,6 +19,7 @@ use zookeeper_client as zk;
 
 use crate::error::session_over;
 use crate::node::Layout;
+use crate::pending::PendingRequests;
 
 /// A grant this client made.
 #[derive(Debug, Clone)]
@@ -51,6 +52,8 @@ pub(crate) struct OwnerSession {
     reaper_due: Mutex<Option<Instant>>,
     changed: Arc<Notify>,
     layout: Layout,
+    /// The pending requests on these grants as last read (see [`crate::pending`]).
+    pending: Mutex<PendingRequests>,
 }
 
 impl std::fmt::Debug for OwnerSession {
@@ -72,6 +75,7 @@ impl OwnerSession {
             reaper_due: Mutex::new(None),
             changed: Arc::new(Notify::new()),
             layout,
+            pending: Mutex::new(PendingRequests::default()),
         });
         tokio::spawn(reap(Arc::downgrade(&session), session.changed.clone()));
         session
@@ -116,6 +120,12 @@ impl OwnerSession {
         if grants.get(name).is_some_and(|g| g.token == token) {
             grants.remove(name);
         }
+        drop(grants);
+        self.pending().forget(name, token);
+    }
+
+    pub(crate) fn pending(&self) -> std::sync::MutexGuard<'_, PendingRequests> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Which of `wanted` (name, token) are live grants of this session whose holder node
