@@ -487,7 +487,7 @@ impl ZooKeeperStore {
             .map_err(|e| from_zk(&what, &e))?;
         match multi.commit().await {
             Ok(results) => match results.first() {
-                Some(zk::MultiWriteResult::SetData { stat }) => Ok(Some(stat.clone())),
+                Some(zk::MultiWriteResult::SetData { stat }) => Ok(Some(*stat)),
                 _ => Err(backend(format!("{what}: unexpected answer {results:?}"))),
             },
             Err(zk::MultiWriteError::OperationFailed {
