@@ -38,7 +38,7 @@
 
 use std::collections::HashMap;
 
-use tenure_lease::PreemptionRequest;
+use tenure_lease::{HeldLease, PreemptionRequest};
 
 /// The requests on one session's grants, as read at a root version.
 #[derive(Debug, Default)]
@@ -53,14 +53,14 @@ pub(crate) struct PendingRequests {
 pub(crate) type Known = Option<Option<PreemptionRequest>>;
 
 impl PendingRequests {
-    /// The version the entries hold at, and for each `(name, token)` its request if known.
-    pub(crate) fn lookup(&self, wanted: &[(String, u64)]) -> (Option<i32>, Vec<Known>) {
-        let known = wanted
+    /// The version the entries hold at, and for each lease its request if known.
+    pub(crate) fn lookup(&self, leases: &[HeldLease]) -> (Option<i32>, Vec<Known>) {
+        let known = leases
             .iter()
-            .map(|(name, token)| {
+            .map(|l| {
                 self.entries
-                    .get(name)
-                    .filter(|(t, _)| t == token)
+                    .get(&l.name)
+                    .filter(|(t, _)| *t == l.token)
                     .map(|(_, r)| r.clone())
             })
             .collect();
@@ -106,6 +106,16 @@ mod tests {
         }
     }
 
+    fn held(leases: &[(&str, u64)]) -> Vec<HeldLease> {
+        leases
+            .iter()
+            .map(|(name, token)| HeldLease {
+                name: (*name).into(),
+                token: *token,
+            })
+            .collect()
+    }
+
     #[test]
     fn entries_are_known_only_for_their_token() {
         let mut p = PendingRequests::default();
@@ -114,7 +124,7 @@ mod tests {
             [("a".into(), 7, Some(request("x"))), ("b".into(), 8, None)],
             true,
         );
-        let (v, known) = p.lookup(&[("a".into(), 7), ("a".into(), 9), ("b".into(), 8)]);
+        let (v, known) = p.lookup(&held(&[("a", 7), ("a", 9), ("b", 8)]));
         assert_eq!(v, Some(3));
         assert_eq!(known, vec![Some(Some(request("x"))), None, Some(None)]);
     }
@@ -125,16 +135,16 @@ mod tests {
         p.update(3, [("a".into(), 7, None)], true);
         // Read while the root was at version 2 (an older view): not added.
         p.update(2, [("b".into(), 8, Some(request("x")))], false);
-        assert_eq!(p.lookup(&[("b".into(), 8)]).1, vec![None]);
+        assert_eq!(p.lookup(&held(&[("b", 8)])).1, vec![None]);
         p.update(3, [("b".into(), 8, Some(request("x")))], false);
         assert_eq!(
-            p.lookup(&[("b".into(), 8)]).1,
+            p.lookup(&held(&[("b", 8)])).1,
             vec![Some(Some(request("x")))]
         );
         // A complete read at a new version drops what it did not read.
         p.update(4, [("a".into(), 7, None)], true);
-        assert_eq!(p.lookup(&[("b".into(), 8)]), (Some(4), vec![None]));
+        assert_eq!(p.lookup(&held(&[("b", 8)])), (Some(4), vec![None]));
         p.forget("a", 7);
-        assert_eq!(p.lookup(&[("a".into(), 7)]).1, vec![None]);
+        assert_eq!(p.lookup(&held(&[("a", 7)])).1, vec![None]);
     }
 }

@@ -9,10 +9,11 @@
 //! process dies or is cut off, the server ends the session (and deletes its nodes) at the
 //! earliest `session timeout` after the last request it saw from it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use tenure_lease::HeldLease;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use zookeeper_client as zk;
@@ -128,35 +129,35 @@ impl OwnerSession {
         self.pending.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Which of `wanted` (name, token) are live grants of this session whose holder node
-    /// the server listed as an ephemeral of it; those not `forced` (a forceful preemption
-    /// request pending) are extended to `now + ttl`. One flag per input: held.
+    /// Which of `leases` are live grants of this session whose holder node the server
+    /// listed as an ephemeral of it (`alive`: the names of those leases); those not
+    /// `forced` (a forceful preemption request pending) are extended to `now + ttl`. One
+    /// flag per lease: held.
     pub(crate) fn extend(
         &self,
-        wanted: &[(String, u64)],
-        alive: &std::collections::HashSet<String>,
+        leases: &[HeldLease],
+        alive: &HashSet<&str>,
         forced: &[bool],
         ttl: Duration,
     ) -> Vec<bool> {
         let now = Instant::now();
         let mut grants = self.lock();
         // Expiries only move later: the reaper need not wake early.
-        wanted
+        leases
             .iter()
             .zip(forced)
-            .map(|((name, token), forced)| {
-                let Ok(holder) = self.layout.holder(name) else {
-                    return false;
-                };
-                match grants.get_mut(name) {
-                    Some(g) if g.token == *token && g.live(now) && alive.contains(&holder) => {
-                        if !forced {
-                            g.expires_at = g.expires_at.max(now + ttl);
-                        }
-                        true
+            .map(|(lease, forced)| match grants.get_mut(&lease.name) {
+                Some(g)
+                    if g.token == lease.token
+                        && g.live(now)
+                        && alive.contains(lease.name.as_str()) =>
+                {
+                    if !forced {
+                        g.expires_at = g.expires_at.max(now + ttl);
                     }
-                    _ => false,
+                    true
                 }
+                _ => false,
             })
             .collect()
     }

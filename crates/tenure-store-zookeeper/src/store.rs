@@ -630,8 +630,7 @@ impl LeaseStore for ZooKeeperStore {
         }
         check_ttl(&s, ttl)?;
         let root = self.inner.layout.root();
-        let wanted: Vec<(String, u64)> = leases.iter().map(|l| (l.name.clone(), l.token)).collect();
-        let (seen, mut known) = s.pending().lookup(&wanted);
+        let (seen, mut known) = s.pending().lookup(leases);
         let unknown: Vec<usize> = (0..leases.len()).filter(|&i| known[i].is_none()).collect();
         let names = |which: &[usize]| -> Vec<String> {
             which.iter().map(|&i| leases[i].name.clone()).collect()
@@ -646,14 +645,20 @@ impl LeaseStore for ZooKeeperStore {
             self.read_holders(&s.client, &names(&unknown)),
         )
         .await;
-        let alive: HashSet<String> = match synced.and(listed) {
-            Ok(paths) => paths.into_iter().collect(),
+        let paths = match synced.and(listed) {
+            Ok(paths) => paths,
             Err(e) if session_over(&e) => {
                 self.drop_session(owner, &s).await;
                 return Ok(vec![Renewal::NotHeld; leases.len()]);
             }
             Err(e) => return Err(from_zk(&format!("renewing leases of {owner}"), &e)),
         };
+        // The names of the leases whose holder node is an ephemeral of the session.
+        let (prefix, suffix) = (format!("{root}/"), format!("/{HOLDER}"));
+        let alive: HashSet<&str> = paths
+            .iter()
+            .filter_map(|p| p.strip_prefix(&prefix)?.strip_suffix(&suffix))
+            .collect();
         let version = counted
             .map_err(|e| from_zk(&format!("renewing leases of {owner}"), &e))?
             .map(|stat| stat.version);
@@ -687,7 +692,7 @@ impl LeaseStore for ZooKeeperStore {
             .iter()
             .map(|r| r.as_ref().is_some_and(|r| r.forceful))
             .collect();
-        let held = s.extend(&wanted, &alive, &forced, ttl);
+        let held = s.extend(leases, &alive, &forced, ttl);
         Ok(held
             .into_iter()
             .zip(requests)
