@@ -6,7 +6,8 @@
 //! the root's data version counts request writes, and moves in the same transaction as
 //! the request it counts. Nothing else changes a holder node's request: a grant creates
 //! its node without one, and a reentrant acquire rewrites the data with a version check,
-//! keeping the request it read.
+//! keeping the request it read. So the store's clients need write permission on the root
+//! node (a request without it fails, naming the root, and is not recorded).
 //!
 //! **The renewal.** Each owner session keeps a [`PendingRequests`]: the request of each
 //! grant `(name, token)` as last read, and the root version `v` read *before* those holder

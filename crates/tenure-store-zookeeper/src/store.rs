@@ -494,6 +494,14 @@ impl ZooKeeperStore {
                 index: 0,
                 source: zk::Error::BadVersion | zk::Error::NoNode,
             }) => Ok(None),
+            Err(zk::MultiWriteError::OperationFailed { index: 1, source }) => Err(from_zk(
+                &format!(
+                    "{what}: counting it on {} (the store's clients need write permission \
+                     on the root node)",
+                    self.inner.layout.root()
+                ),
+                &source,
+            )),
             Err(e) => Err(from_zk(&what, &e.into())),
         }
     }

@@ -208,7 +208,13 @@ async fn a_request_is_recorded_only_with_its_count() {
         .request_preemption(&held.name, held.token, &preemption("c", 5, true))
         .await
         .expect_err("the count cannot be written");
-    assert!(err.to_string().contains(&held.name), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains(&held.name)
+            && text.contains(&shared.root)
+            && text.contains("write permission"),
+        "{text}"
+    );
     assert_eq!(
         holder
             .read(&held.name)
