@@ -61,6 +61,11 @@ async fn request(store: &ZooKeeperStore, lease: &HeldLease, r: &PreemptionReques
     }
 }
 
+/// One batched renewal of `leases` by `owner` (must not fail).
+async fn renew(store: &ZooKeeperStore, owner: &str, leases: &[HeldLease]) -> Vec<Renewal> {
+    store.renew(owner, leases, TTL).await.expect("renew")
+}
+
 fn renewed(request: Option<PreemptionRequest>) -> Renewal {
     Renewal::Renewed { request }
 }
@@ -79,10 +84,10 @@ async fn renewals_see_every_request_change() {
     ];
     let other = vec![hold(&holder, "r-b", "b").await];
     let plain = vec![Renewal::plain(true); 3];
-    assert_eq!(holder.renew("a", &held, TTL).await.expect("renew"), plain);
-    assert_eq!(holder.renew("a", &held, TTL).await.expect("renew"), plain);
+    assert_eq!(renew(&holder, "a", &held).await, plain);
+    assert_eq!(renew(&holder, "a", &held).await, plain);
     assert_eq!(
-        holder.renew("b", &other, TTL).await.expect("renew b"),
+        renew(&holder, "b", &other).await,
         vec![Renewal::plain(true)]
     );
 
@@ -90,23 +95,17 @@ async fn renewals_see_every_request_change() {
     request(&requester, &held[1], &polite).await;
     let expected = vec![renewed(None), renewed(Some(polite.clone())), renewed(None)];
     for _ in 0..2 {
-        assert_eq!(
-            holder.renew("a", &held, TTL).await.expect("renew"),
-            expected
-        );
+        assert_eq!(renew(&holder, "a", &held).await, expected);
     }
     // A renewal of a subset, then of all again: still the same request.
     assert_eq!(
-        holder.renew("a", &held[1..2], TTL).await.expect("renew"),
+        renew(&holder, "a", &held[1..2]).await,
         vec![renewed(Some(polite.clone()))]
     );
-    assert_eq!(
-        holder.renew("a", &held, TTL).await.expect("renew"),
-        expected
-    );
+    assert_eq!(renew(&holder, "a", &held).await, expected);
     // Another owner's renewal after the write still sees nothing on its grant.
     assert_eq!(
-        holder.renew("b", &other, TTL).await.expect("renew b"),
+        renew(&holder, "b", &other).await,
         vec![Renewal::plain(true)]
     );
 
@@ -119,10 +118,7 @@ async fn renewals_see_every_request_change() {
         renewed(None),
     ];
     for _ in 0..2 {
-        assert_eq!(
-            holder.renew("a", &held, TTL).await.expect("renew"),
-            expected
-        );
+        assert_eq!(renew(&holder, "a", &held).await, expected);
     }
 
     // Withdrawn: renewed again with no request.
@@ -133,7 +129,7 @@ async fn renewals_see_every_request_change() {
             .expect("withdraw")
     );
     for _ in 0..2 {
-        assert_eq!(holder.renew("a", &held, TTL).await.expect("renew"), plain);
+        assert_eq!(renew(&holder, "a", &held).await, plain);
     }
 }
 
@@ -147,10 +143,7 @@ async fn a_request_does_not_outlive_its_grant() {
     let forceful = preemption("c", 5, true);
     request(&requester, &first, &forceful).await;
     assert_eq!(
-        holder
-            .renew("a", std::slice::from_ref(&first), TTL)
-            .await
-            .expect("renew"),
+        renew(&holder, "a", std::slice::from_ref(&first)).await,
         vec![Renewal::Refused(forceful)]
     );
     assert!(
@@ -163,10 +156,7 @@ async fn a_request_does_not_outlive_its_grant() {
     assert!(second.token > first.token);
     for _ in 0..2 {
         assert_eq!(
-            holder
-                .renew("a", &[first.clone(), second.clone()], TTL)
-                .await
-                .expect("renew"),
+            renew(&holder, "a", &[first.clone(), second.clone()]).await,
             vec![Renewal::NotHeld, Renewal::plain(true)]
         );
     }
@@ -181,10 +171,7 @@ async fn a_request_is_recorded_only_with_its_count() {
     let (holder, requester) = (shared.store(TTL, TTL), shared.store(TTL, TTL));
     let held = hold(&holder, "w", "a").await;
     assert_eq!(
-        holder
-            .renew("a", std::slice::from_ref(&held), TTL)
-            .await
-            .expect("renew"),
+        renew(&holder, "a", std::slice::from_ref(&held)).await,
         vec![Renewal::plain(true)]
     );
     let admin = zk::Client::connector()
@@ -225,10 +212,7 @@ async fn a_request_is_recorded_only_with_its_count() {
         None
     );
     assert_eq!(
-        holder
-            .renew("a", std::slice::from_ref(&held), TTL)
-            .await
-            .expect("renew"),
+        renew(&holder, "a", std::slice::from_ref(&held)).await,
         vec![Renewal::plain(true)]
     );
     admin
@@ -242,10 +226,7 @@ async fn a_request_is_recorded_only_with_its_count() {
     let forceful = preemption("c", 5, true);
     request(&requester, &held, &forceful).await;
     assert_eq!(
-        holder
-            .renew("a", std::slice::from_ref(&held), TTL)
-            .await
-            .expect("renew"),
+        renew(&holder, "a", std::slice::from_ref(&held)).await,
         vec![Renewal::Refused(forceful)]
     );
 }
