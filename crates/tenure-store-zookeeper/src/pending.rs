@@ -11,20 +11,23 @@
 //!
 //! **The renewal.** Each owner session keeps a [`PendingRequests`]: the request of each
 //! grant `(name, token)` as last read, and the root version `v` read *before* those holder
-//! nodes, in the same session (ZooKeeper answers one session's requests in order). A
-//! renewal sends `sync`, `getEphemerals`, `exists(root)` and reads of the holder nodes it
-//! has no entry for, pipelined in one round trip. If the root version is still `v`, the
-//! entries are what the holder nodes hold now; otherwise it reads the other holder nodes
-//! too, in a second round trip, and keeps their requests with the new version.
+//! nodes, in the same session. A renewal sends `sync`, `getEphemerals`, `exists(root)` and
+//! reads of the holder nodes it has no entry for, pipelined in one round trip. If the root
+//! version is still `v`, the entries are what the holder nodes hold now; otherwise it
+//! reads the other holder nodes too, in a second round trip, and keeps their requests with
+//! the new version.
 //!
 //! Why an entry is current when the version is `v` again: it was read after the server
 //! had committed version `v`, and this renewal's `exists(root)` saw `v` still; any request
 //! write in between would have moved the version in the same transaction. A grant made
 //! after the read has no entry (its token is new), so it is read. Versions only grow (an
 //! `i32` that would take 2³² request writes between two renewals to come back), so an entry
-//! is never taken for a later version than it was read at. Entries are only ever replaced
-//! by ones read at the same or a later version; a renewal that saw an older version than
-//! the one kept does not add its reads.
+//! is never taken for a later version than it was read at. Every entry kept was read after
+//! the version kept with it: a renewal that read only some holder nodes adds them only if
+//! it saw the kept version; one that saw another version (concurrent renewals may finish
+//! out of order) read all it renews and replaces the entries wholesale. The three
+//! requests of the first round trip are sent when called, in this order, before the holder
+//! reads, and ZooKeeper answers one session's requests in order.
 //!
 //! **Safety does not rest on it.** A forcefully preempted grant is refused by the first
 //! renewal processed after the request (the request moved the version), so its local
@@ -35,7 +38,10 @@
 //!
 //! **Cost.** With no request written since the last renewal, a renewal is the old
 //! `sync` + `getEphemerals` and one `exists`, whatever the number of leases. A request
-//! anywhere under the root makes every owner's next renewal read its holder nodes once.
+//! anywhere under the root makes every owner's next renewal read its holder nodes once, in
+//! a second round trip (a count per owner session would spare the other owners that, at
+//! the price of nodes that outlive their sessions; a watch on the root could spare the
+//! `exists`, at the price of trusting the client library's event order across reconnects).
 
 use std::collections::HashMap;
 
