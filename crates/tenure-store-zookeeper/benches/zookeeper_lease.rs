@@ -10,8 +10,9 @@
 //!    and 10,000 leases through LeaseActors, and the latency of one batched renewal of all
 //!    n leases (20 calls; printed after the criterion groups), against the bare requests of
 //!    a renewal without preemption requests (`sync` + `getEphemerals` on a session owning n
-//!    ephemeral nodes, 20 calls in the same run): the ratio is what reading the holder
-//!    nodes for pending requests costs.
+//!    ephemeral nodes, 20 calls in the same run): the ratio is what learning of pending
+//!    requests costs (an `exists` of the root while no request was written; see the
+//!    store's `pending` module) plus the store's bookkeeping.
 //!
 //! Run: `cargo bench -p tenure-store-zookeeper --bench zookeeper_lease`
 

@@ -55,8 +55,12 @@
 //! **Priority leases.** The holder node's data also keeps the grant's priority, cleanup
 //! timeout and pending preemption request; a requester writes the request with a
 //! version-checked `setData` (the czxid, so the token, stays), and the request goes with
-//! the node. A renewal reads the holder nodes in the same pipelined round trip as its
-//! `sync` and `getEphemerals`; one with a forceful request is `Refused` and its local expiry
+//! the node. The same multi writes the root node's data, whose version so counts request
+//! writes: a renewal reads that version in the same pipelined round trip as its `sync` and
+//! `getEphemerals`, and reads holder nodes only for grants it has not read yet or when the
+//! version moved (the `pending` module has the argument); so the common renewal,
+//! with no request written since the last, costs one small read more than before, whatever
+//! the number of leases. A grant with a forceful request is `Refused` and its local expiry
 //! is not extended, so this store deletes the grant at most one ttl after its last
 //! renewal (or the server does, with the session, when the holder is gone). Contenders are
 //! granted it only once the node is gone, as for any expiry: a new czxid, a higher token.
@@ -71,6 +75,7 @@ mod error;
 pub mod fair;
 mod node;
 mod options;
+mod pending;
 pub mod server;
 mod session;
 mod store;

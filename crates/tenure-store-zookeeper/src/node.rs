@@ -1,7 +1,9 @@
 //! The node layout under the root, and what a holder node holds.
 //!
 //! ```text
-//! <root>                          persistent
+//! <root>                          persistent: its data *version* counts request writes
+//!                                 (each sets its data in the multi that writes a holder
+//!                                 node's request; see `pending`)
 //! <root>/<lease name>             persistent: the lease's node; its data *version* counts
 //!                                 grants (every grant sets its data in the same multi that
 //!                                 creates the holder node), so "no grant since mine" is a

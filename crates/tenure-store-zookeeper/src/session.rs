@@ -9,16 +9,18 @@
 //! process dies or is cut off, the server ends the session (and deletes its nodes) at the
 //! earliest `session timeout` after the last request it saw from it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use tenure_lease::HeldLease;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use crate::error::session_over;
 use crate::node::Layout;
+use crate::pending::PendingRequests;
 
 /// A grant this client made.
 #[derive(Debug, Clone)]
@@ -51,6 +53,8 @@ pub(crate) struct OwnerSession {
     reaper_due: Mutex<Option<Instant>>,
     changed: Arc<Notify>,
     layout: Layout,
+    /// The pending requests on these grants as last read (see [`crate::pending`]).
+    pending: Mutex<PendingRequests>,
 }
 
 impl std::fmt::Debug for OwnerSession {
@@ -72,6 +76,7 @@ impl OwnerSession {
             reaper_due: Mutex::new(None),
             changed: Arc::new(Notify::new()),
             layout,
+            pending: Mutex::new(PendingRequests::default()),
         });
         tokio::spawn(reap(Arc::downgrade(&session), session.changed.clone()));
         session
@@ -116,37 +121,43 @@ impl OwnerSession {
         if grants.get(name).is_some_and(|g| g.token == token) {
             grants.remove(name);
         }
+        drop(grants);
+        self.pending().forget(name, token);
     }
 
-    /// Which of `wanted` (name, token) are live grants of this session whose holder node
-    /// the server listed as an ephemeral of it; those not `forced` (a forceful preemption
-    /// request pending) are extended to `now + ttl`. One flag per input: held.
+    pub(crate) fn pending(&self) -> std::sync::MutexGuard<'_, PendingRequests> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Which of `leases` are live grants of this session whose holder node the server
+    /// listed as an ephemeral of it (`alive`: the names of those leases); those not
+    /// `forced` (a forceful preemption request pending) are extended to `now + ttl`. One
+    /// flag per lease: held.
     pub(crate) fn extend(
         &self,
-        wanted: &[(String, u64)],
-        alive: &std::collections::HashSet<String>,
+        leases: &[HeldLease],
+        alive: &HashSet<&str>,
         forced: &[bool],
         ttl: Duration,
     ) -> Vec<bool> {
         let now = Instant::now();
         let mut grants = self.lock();
         // Expiries only move later: the reaper need not wake early.
-        wanted
+        leases
             .iter()
             .zip(forced)
-            .map(|((name, token), forced)| {
-                let Ok(holder) = self.layout.holder(name) else {
-                    return false;
-                };
-                match grants.get_mut(name) {
-                    Some(g) if g.token == *token && g.live(now) && alive.contains(&holder) => {
-                        if !forced {
-                            g.expires_at = g.expires_at.max(now + ttl);
-                        }
-                        true
+            .map(|(lease, forced)| match grants.get_mut(&lease.name) {
+                Some(g)
+                    if g.token == lease.token
+                        && g.live(now)
+                        && alive.contains(lease.name.as_str()) =>
+                {
+                    if !forced {
+                        g.expires_at = g.expires_at.max(now + ttl);
                     }
-                    _ => false,
+                    true
                 }
+                _ => false,
             })
             .collect()
     }

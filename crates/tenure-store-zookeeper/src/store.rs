@@ -467,8 +467,10 @@ impl ZooKeeperStore {
         Ok(Some((GrantData::decode(&holder, &bytes)?, stat)))
     }
 
-    /// Rewrites the holder node's pending request if its data version is still `stat`'s:
-    /// `Ok(Some(new stat))` written, `Ok(None)` changed or gone meanwhile (read again).
+    /// Rewrites the holder node's pending request if its data version is still `stat`'s, and
+    /// counts the write on the root's data version in the same multi (see
+    /// [`crate::pending`]): `Ok(Some(new stat))` written, `Ok(None)` changed or gone
+    /// meanwhile (read again).
     async fn set_request(
         &self,
         client: &zk::Client,
@@ -477,13 +479,30 @@ impl ZooKeeperStore {
         stat: &zk::Stat,
     ) -> Result<Option<zk::Stat>, StoreError> {
         let holder = self.inner.layout.holder(name)?;
-        match client
-            .set_data(&holder, &data.encode(), Some(stat.version))
-            .await
-        {
-            Ok(new) => Ok(Some(new)),
-            Err(zk::Error::BadVersion | zk::Error::NoNode) => Ok(None),
-            Err(e) => Err(from_zk(&format!("writing the request on {holder}"), &e)),
+        let what = format!("writing the request on {holder}");
+        let mut multi = client.new_multi_writer();
+        multi
+            .add_set_data(&holder, &data.encode(), Some(stat.version))
+            .and_then(|_| multi.add_set_data(self.inner.layout.root(), &[], None))
+            .map_err(|e| from_zk(&what, &e))?;
+        match multi.commit().await {
+            Ok(results) => match results.first() {
+                Some(zk::MultiWriteResult::SetData { stat }) => Ok(Some(*stat)),
+                _ => Err(backend(format!("{what}: unexpected answer {results:?}"))),
+            },
+            Err(zk::MultiWriteError::OperationFailed {
+                index: 0,
+                source: zk::Error::BadVersion | zk::Error::NoNode,
+            }) => Ok(None),
+            Err(zk::MultiWriteError::OperationFailed { index: 1, source }) => Err(from_zk(
+                &format!(
+                    "{what}: counting it on {} (the store's clients need write permission \
+                     on the root node)",
+                    self.inner.layout.root()
+                ),
+                &source,
+            )),
+            Err(e) => Err(from_zk(&what, &e.into())),
         }
     }
 
@@ -593,7 +612,10 @@ impl LeaseStore for ZooKeeperStore {
     }
 
     /// One round trip for any number of leases: `sync`, `getEphemerals` of the owner's
-    /// session and a multi-read of the leases' holder nodes, pipelined. The request keeps
+    /// session, `exists` of the root and a multi-read of the holder nodes whose pending
+    /// request this session has not read yet, pipelined; a second round trip re-reads the
+    /// other holder nodes only when a request was written under the root since they were
+    /// read (the root's data version moved; the `pending` module says why). The request keeps
     /// the session alive on the server for at least its timeout (≥ `ttl`); a lease is
     /// renewed (its local expiry moved to answer + `ttl`) when this store made the grant
     /// with that token, has not expired it, the server lists its holder node as an
@@ -616,26 +638,49 @@ impl LeaseStore for ZooKeeperStore {
         }
         check_ttl(&s, ttl)?;
         let root = self.inner.layout.root();
-        let names: Vec<String> = leases.iter().map(|l| l.name.clone()).collect();
+        let (seen, mut known) = s.pending().lookup(leases);
+        let unknown: Vec<usize> = (0..leases.len()).filter(|&i| known[i].is_none()).collect();
+        let names = |which: &[usize]| -> Vec<String> {
+            which.iter().map(|&i| leases[i].name.clone()).collect()
+        };
         // Requests are sent in call order on the session's connection and answered in that
-        // order, so the reads see every write the server committed before the `sync`.
-        let (synced, listed, holders) = futures::future::join3(
+        // order, so the reads see every write the server committed before the `sync`, and
+        // the holder nodes are read after the root's version.
+        let (synced, listed, counted, fresh) = futures::future::join4(
             s.client.sync(root),
             s.client.list_ephemerals(root),
-            self.read_holders(&s.client, &names),
+            s.client.check_stat(root),
+            self.read_holders(&s.client, &names(&unknown)),
         )
         .await;
-        let alive: HashSet<String> = match synced.and(listed) {
-            Ok(paths) => paths.into_iter().collect(),
+        let paths = match synced.and(listed) {
+            Ok(paths) => paths,
             Err(e) if session_over(&e) => {
                 self.drop_session(owner, &s).await;
                 return Ok(vec![Renewal::NotHeld; leases.len()]);
             }
             Err(e) => return Err(from_zk(&format!("renewing leases of {owner}"), &e)),
         };
-        let holders = holders?;
-        let mut requests = Vec::with_capacity(leases.len());
-        for (lease, found) in leases.iter().zip(holders) {
+        // The names of the leases whose holder node is an ephemeral of the session.
+        let (prefix, suffix) = (format!("{root}/"), format!("/{HOLDER}"));
+        let alive: HashSet<&str> = paths
+            .iter()
+            .filter_map(|p| p.strip_prefix(&prefix)?.strip_suffix(&suffix))
+            .collect();
+        let version = counted
+            .map_err(|e| from_zk(&format!("renewing leases of {owner}"), &e))?
+            .map(|stat| stat.version);
+        let mut read = unknown.into_iter().zip(fresh?).collect::<Vec<_>>();
+        // The root moved since the entries were read: they may be stale, read them again.
+        let complete = version != seen;
+        if complete {
+            let stale: Vec<usize> = (0..leases.len()).filter(|&i| known[i].is_some()).collect();
+            let again = self.read_holders(&s.client, &names(&stale)).await?;
+            read.extend(stale.into_iter().zip(again));
+        }
+        let mut learnt = Vec::with_capacity(read.len());
+        for (i, found) in read {
+            let lease = &leases[i];
             let request = match found {
                 Some((data, stat)) if token(stat.czxid) == lease.token => {
                     let path = self.inner.layout.holder(&lease.name)?;
@@ -643,14 +688,19 @@ impl LeaseStore for ZooKeeperStore {
                 }
                 _ => None,
             };
-            requests.push(request);
+            learnt.push((lease.name.clone(), lease.token, request.clone()));
+            known[i] = Some(request);
         }
-        let wanted: Vec<(String, u64)> = leases.iter().map(|l| (l.name.clone(), l.token)).collect();
+        if let Some(version) = version {
+            s.pending().update(version, learnt, complete);
+        }
+        let requests: Vec<Option<PreemptionRequest>> =
+            known.into_iter().map(Option::flatten).collect();
         let forced: Vec<bool> = requests
             .iter()
             .map(|r| r.as_ref().is_some_and(|r| r.forceful))
             .collect();
-        let held = s.extend(&wanted, &alive, &forced, ttl);
+        let held = s.extend(leases, &alive, &forced, ttl);
         Ok(held
             .into_iter()
             .zip(requests)
@@ -663,8 +713,9 @@ impl LeaseStore for ZooKeeperStore {
     }
 
     /// Writes the request into the holder node's data with a version-checked `setData`
-    /// (read, decide with [`PreemptionRequest::may_replace`], write; again on a race). The
-    /// node's czxid, and so the token, stays.
+    /// (read, decide with [`PreemptionRequest::may_replace`], write; again on a race), in
+    /// one multi with a write of the root's data that renewals watch for. The node's czxid,
+    /// and so the token, stays.
     async fn request_preemption(
         &self,
         name: &str,
@@ -707,7 +758,8 @@ impl LeaseStore for ZooKeeperStore {
         )))
     }
 
-    /// Clears the holder node's request if it is `by`'s (version-checked `setData`).
+    /// Clears the holder node's request if it is `by`'s (version-checked `setData`, with
+    /// the root's data write, as a request).
     async fn withdraw_preemption(
         &self,
         name: &str,
