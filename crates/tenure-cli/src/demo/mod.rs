@@ -467,7 +467,7 @@ fn print_summary(
     );
     println!("leases lost by holders    {}", summary.losses);
     if !summary.failovers.is_empty() {
-        println!("fail-over per fault (fault → every lease of the victim held elsewhere):");
+        println!("fail-over per fault (fault → every lease the victim held granted again):");
         for f in &summary.failovers {
             println!(
                 "  {:>5.1}s {:<40} {}",

@@ -4,29 +4,30 @@
 use super::timeline::{FaultMark, Timeline};
 use crate::check::Event;
 
-/// How fast the leases of a fault's victim served again elsewhere.
+/// How fast the leases of a fault's victim were held again: by another node, or by the
+/// victim itself with a new grant (after it resumed or restarted).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Failover {
     pub fault: FaultMark,
     /// Leases (shards, singletons) the victim held when the fault hit.
     pub held: usize,
-    /// How many of them another node held afterwards.
+    /// How many of them were granted again afterwards.
     pub moved: usize,
-    /// Fault → the last of the moved leases held elsewhere (ns); None when none moved.
+    /// Fault → the last of those leases granted again (ns); None when none was.
     pub time_ns: Option<u64>,
 }
 
 impl Failover {
-    /// `2.41 s (21/21 leases moved)` or `no lease moved (0/12)`.
+    /// `2.41 s (21/21 leases granted again)` or `no lease granted again (0/12)`.
     pub fn describe(&self) -> String {
         match self.time_ns {
             Some(ns) => format!(
-                "{:.2} s ({}/{} leases moved)",
+                "{:.2} s ({}/{} leases granted again)",
                 ns as f64 / 1e9,
                 self.moved,
                 self.held
             ),
-            None => format!("no lease moved (0/{})", self.held),
+            None => format!("no lease granted again (0/{})", self.held),
         }
     }
 }
@@ -73,7 +74,8 @@ pub fn summarize(events: &[Event], timeline: &Timeline, scenario_end_ns: u64) ->
     }
 }
 
-/// For each lease the victim held at the fault, the first later hold by another node.
+/// For each lease the victim held at the fault, the first later grant: to another node,
+/// or a new grant to the victim (its hold at the fault started before it).
 fn failover(timeline: &Timeline, fault: &FaultMark) -> Failover {
     let t0 = fault.t_ns;
     let mut held = 0;
@@ -89,7 +91,7 @@ fn failover(timeline: &Timeline, fault: &FaultMark) -> Failover {
         held += 1;
         if let Some(next) = list
             .iter()
-            .filter(|h| h.node != fault.node && h.from_ns >= t0)
+            .filter(|h| h.from_ns > t0)
             .map(|h| h.from_ns)
             .min()
         {
@@ -161,6 +163,21 @@ mod tests {
         assert_eq!(summary.failovers.len(), 1);
         let f = &summary.failovers[0];
         assert_eq!((f.held, f.moved, f.time_ns), (2, 2, Some(4 * s)));
-        assert_eq!(f.describe(), "4.00 s (2/2 leases moved)");
+        assert_eq!(f.describe(), "4.00 s (2/2 leases granted again)");
+    }
+
+    #[test]
+    fn a_new_grant_to_a_resumed_victim_counts() {
+        let s = 1_000_000_000u64;
+        let events = vec![line(3 * s as i64, "a", "harness", "paused", json!({}))];
+        let mut holds = BTreeMap::new();
+        holds.insert(
+            "l1".to_string(),
+            vec![hold("a", s, 4 * s), hold("a", 8 * s, 9 * s)],
+        );
+        let timeline = Timeline::new(&events, holds);
+        let summary = summarize(&events, &timeline, 10 * s);
+        let f = &summary.failovers[0];
+        assert_eq!((f.held, f.moved, f.time_ns), (1, 1, Some(5 * s)));
     }
 }
