@@ -13,23 +13,60 @@
 //! }
 //! # Ok(()) }
 //! ```
+//!
+//! ## Cargo features
+//!
+//! | feature | what it adds | default |
+//! |---|---|---|
+//! | `sqlite` | the embedded SQLite store ([`sqlite`]) | yes |
+//! | `postgres` | the PostgreSQL store ([`postgres`]) | no |
+//! | `etcd` | the etcd store ([`etcd`]); etcd's client needs `protoc` to build | no |
+//! | `zookeeper` | the ZooKeeper store ([`zookeeper`]) | no |
+//! | `all-stores` | all four | no |
+//! | `cluster` | the cluster node ([`cluster`]) | yes |
+//! | `singleton` | Cluster Singleton ([`singleton`]), with `cluster` | yes |
+//! | `sharding` | Cluster Sharding ([`sharding`]), with `singleton` | yes |
+//!
+//! The `memory` store is always there. A lease section whose store kind this build left out
+//! still loads; using it is a [`ConfigError::StoreNotBuilt`] naming the feature to enable.
 
+#[cfg(feature = "cluster")]
 pub use tenure_cluster as cluster;
 pub use tenure_lease::*;
+#[cfg(feature = "sharding")]
 pub use tenure_sharding as sharding;
+#[cfg(feature = "singleton")]
 pub use tenure_singleton as singleton;
+#[cfg(feature = "etcd")]
 pub use tenure_store_etcd as etcd;
+#[cfg(feature = "postgres")]
 pub use tenure_store_postgres as postgres;
+#[cfg(feature = "sqlite")]
 pub use tenure_store_sqlite as sqlite;
+#[cfg(feature = "zookeeper")]
 pub use tenure_store_zookeeper as zookeeper;
 
-/// Every store kind this build knows: `memory`, `sqlite`, `postgres`, `etcd` and `zookeeper`.
+/// Every store kind this build has (`memory` always; `sqlite`, `postgres`, `etcd` and
+/// `zookeeper` by feature), and the features that would add the others.
 pub fn store_registry() -> StoreRegistry {
-    StoreRegistry::new()
-        .with(tenure_store_sqlite::SqliteStoreFactory)
-        .with(tenure_store_postgres::PostgresStoreFactory)
-        .with(tenure_store_etcd::EtcdStoreFactory)
-        .with(tenure_store_zookeeper::ZooKeeperStoreFactory)
+    let registry = StoreRegistry::new();
+    #[cfg(feature = "sqlite")]
+    let registry = registry.with(tenure_store_sqlite::SqliteStoreFactory);
+    #[cfg(not(feature = "sqlite"))]
+    let registry = registry.left_out("sqlite", "sqlite");
+    #[cfg(feature = "postgres")]
+    let registry = registry.with(tenure_store_postgres::PostgresStoreFactory);
+    #[cfg(not(feature = "postgres"))]
+    let registry = registry.left_out("postgres", "postgres");
+    #[cfg(feature = "etcd")]
+    let registry = registry.with(tenure_store_etcd::EtcdStoreFactory);
+    #[cfg(not(feature = "etcd"))]
+    let registry = registry.left_out("etcd", "etcd");
+    #[cfg(feature = "zookeeper")]
+    let registry = registry.with(tenure_store_zookeeper::ZooKeeperStoreFactory);
+    #[cfg(not(feature = "zookeeper"))]
+    let registry = registry.left_out("zookeeper", "zookeeper");
+    registry
 }
 
 /// A provider over `config` with every known store kind.

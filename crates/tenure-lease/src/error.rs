@@ -86,6 +86,15 @@ pub enum ConfigError {
         kind: String,
         known: String,
     },
+    /// A store kind Tenure knows but this build left out: `feature` turns it on.
+    #[error(
+        "config key `{key}`: store kind `{kind}` is not in this build; enable the cargo feature `{feature}` (of `tenure`, or of `tenure-cli` for the `tenure` command)"
+    )]
+    StoreNotBuilt {
+        key: String,
+        kind: String,
+        feature: String,
+    },
     #[error("no lease section `{section}` in config (known: {known})")]
     UnknownSection { section: String, known: String },
     #[error("invalid lease name `{name}`: {detail}")]

@@ -35,6 +35,8 @@ pub trait StoreFactory: Send + Sync + 'static {
 #[derive(Clone, Default)]
 pub struct StoreRegistry {
     factories: BTreeMap<&'static str, Arc<dyn StoreFactory>>,
+    /// Kinds a build left out, with the cargo feature that turns each on.
+    left_out: BTreeMap<&'static str, &'static str>,
 }
 
 impl StoreRegistry {
@@ -49,9 +51,47 @@ impl StoreRegistry {
         self
     }
 
+    /// Records that this build left `kind` out: sections of that kind load (the reference
+    /// defines one per kind), and using one is an error naming `feature`.
+    pub fn left_out(mut self, kind: &'static str, feature: &'static str) -> Self {
+        self.left_out.insert(kind, feature);
+        self
+    }
+
     /// The factory of `kind`.
     pub fn get(&self, kind: &str) -> Option<&Arc<dyn StoreFactory>> {
         self.factories.get(kind)
+    }
+
+    /// The factory of the store kind of `section`; the error names the section's `store` key
+    /// and either the known kinds or the feature that would build this one.
+    pub fn factory(&self, section: &LeaseSection) -> Result<&Arc<dyn StoreFactory>, ConfigError> {
+        let key = || format!("{}.store", section.key());
+        if let Some(factory) = self.factories.get(section.store.as_str()) {
+            return Ok(factory);
+        }
+        Err(match self.left_out.get(section.store.as_str()) {
+            Some(feature) => ConfigError::StoreNotBuilt {
+                key: key(),
+                kind: section.store.clone(),
+                feature: feature.to_string(),
+            },
+            None => ConfigError::UnknownStore {
+                key: key(),
+                kind: section.store.clone(),
+                known: self
+                    .factories
+                    .keys()
+                    .map(|k| k.to_string())
+                    .chain(
+                        self.left_out
+                            .iter()
+                            .map(|(k, f)| format!("{k} with feature `{f}`")),
+                    )
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            },
+        })
     }
 
     /// The registered kinds, comma-separated.
@@ -82,17 +122,15 @@ pub struct LeaseProvider {
 
 impl LeaseProvider {
     /// Checks every lease section of `config` (known store kind, valid timing and options)
-    /// and returns a provider. Errors name the offending key or path.
+    /// and returns a provider. Errors name the offending key or path. A section of a kind
+    /// this build left out loads; using it is an error naming the feature to enable.
     pub fn new(config: TenureConfig, registry: StoreRegistry) -> Result<Self, ConfigError> {
         for name in config.lease_section_names()? {
             let section = config.lease_section(&name)?;
-            registry
-                .get(&section.store)
-                .ok_or_else(|| ConfigError::UnknownStore {
-                    key: format!("{}.store", section.key()),
-                    kind: section.store.clone(),
-                    known: registry.kinds(),
-                })?;
+            match registry.factory(&section) {
+                Ok(_) | Err(ConfigError::StoreNotBuilt { .. }) => {}
+                Err(e) => return Err(e),
+            }
         }
         // Options are checked for sections that are used (the reference defines sections
         // of every built-in kind, which a user need not have set up).
@@ -112,15 +150,7 @@ impl LeaseProvider {
     /// The resolved section `name` with its options checked by its store kind.
     pub fn section(&self, name: &str) -> Result<LeaseSection, ConfigError> {
         let section = self.config.lease_section(name)?;
-        let factory =
-            self.registry
-                .get(&section.store)
-                .ok_or_else(|| ConfigError::UnknownStore {
-                    key: format!("{}.store", section.key()),
-                    kind: section.store.clone(),
-                    known: self.registry.kinds(),
-                })?;
-        factory.check(&section)?;
+        self.registry.factory(&section)?.check(&section)?;
         Ok(section)
     }
 
@@ -139,11 +169,7 @@ impl LeaseProvider {
             return Ok(store.clone());
         }
         let section = self.section(name)?;
-        let factory = self
-            .registry
-            .get(&section.store)
-            .expect("section() checked the kind");
-        let store = factory.open(&section).await?;
+        let store = self.registry.factory(&section)?.open(&section).await?;
         loaded.stores.insert(name.to_string(), store.clone());
         Ok(store)
     }
@@ -215,5 +241,53 @@ impl LeaseProvider {
                 tracing::warn!(lease = lease.name(), error = %e, "release at shutdown failed");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(store: &str) -> TenureConfig {
+        let mut config = TenureConfig::reference();
+        config
+            .merge_str(
+                &format!(
+                    "[tenure]\ndefault-lease-section = \"a\"\n[lease.a]\nstore = \"{store}\"\n"
+                ),
+                "test",
+            )
+            .expect("merges");
+        config
+    }
+
+    #[test]
+    fn a_kind_left_out_of_the_build_loads_and_names_its_feature_when_used() {
+        // The reference has a section of every kind: a registry must know them all.
+        let registry = || {
+            ["sqlite", "postgres", "etcd", "zookeeper"]
+                .into_iter()
+                .fold(StoreRegistry::new(), |r, kind| r.left_out(kind, kind))
+        };
+        let provider = LeaseProvider::new(config("etcd"), registry()).expect("loads");
+        let err = provider.section("a").expect_err("not built");
+        assert!(
+            matches!(&err, ConfigError::StoreNotBuilt { key, kind, feature }
+                if key == "lease.a.store" && kind == "etcd" && feature == "etcd"),
+            "{err}"
+        );
+        assert!(err.to_string().contains("cargo feature `etcd`"), "{err}");
+
+        let err = LeaseProvider::new(config("consul"), registry())
+            .err()
+            .expect("unknown kind");
+        let text = err.to_string();
+        assert!(
+            text.contains("lease.a.store")
+                && text.contains("`consul`")
+                && text.contains("memory")
+                && text.contains("etcd with feature `etcd`"),
+            "{text}"
+        );
     }
 }
