@@ -4,18 +4,26 @@
 //! keeps no state of its own: after a fail-over it rebuilds the allocation from the
 //! regions' reports. It never needs to be right for safety: a shard runs only under its
 //! lease, so a wrong or early move only makes the new host wait for that lease.
+//!
+//! A rebalance moves a shard in Akka's steps: every region is told first (BeginHandOff:
+//! it forgets the shard's home and keeps its messages), then the old host hands it off
+//! (stops it, releases its lease, gives back what it had not delivered), then the new host
+//! is told to host it, and every region that asked meanwhile learns the new home.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
-use tenure_cluster::{ClusterEvent, ClusterSubscriber, Member, MemberStatus, Subscriptions};
+use serde_json::json;
+use tenure_cluster::{
+    ClusterEvent, ClusterSubscriber, History, Member, MemberStatus, Subscriptions,
+};
 use tokio::time::Instant;
 
 use crate::allocation::{AllocationStrategy, Regions};
 use crate::messages::{
-    Allocation, CoordinatorLocal, CoordinatorMsg, GetShardHome, HandOff, HostShard, RegionMsg,
-    Register, ShardHome,
+    Allocation, BeginHandOff, CoordinatorLocal, CoordinatorMsg, GetShardHome, HandOff, HostShard,
+    RegionMsg, Register, ShardHome,
 };
 use crate::region::region_ref;
 use crate::settings::ShardingSettings;
@@ -30,6 +38,9 @@ pub struct CoordinatorArgs {
     pub strategy: Arc<dyn AllocationStrategy>,
     /// Cluster events of the node it runs on.
     pub subscriptions: Subscriptions,
+    /// Where moves are recorded (`shard_moving`, `shard_moved`), when the node keeps a
+    /// history.
+    pub history: Option<History>,
 }
 
 /// The coordinator actor (the singleton instance).
@@ -37,6 +48,14 @@ pub struct Coordinator;
 
 struct RegionEntry {
     available: bool,
+}
+
+/// A shard moving for a rebalance.
+struct Move {
+    from: String,
+    to: String,
+    /// Regions that asked for the shard's home meanwhile: told once it has one.
+    waiting: BTreeSet<String>,
 }
 
 pub struct CoordinatorState {
@@ -49,8 +68,11 @@ pub struct CoordinatorState {
     homes: BTreeMap<String, String>,
     /// When a Host was last sent for a shard.
     host_sent: HashMap<String, Instant>,
-    /// Shards being handed off for a rebalance: shard → (from, to).
-    moving: BTreeMap<String, (String, String)>,
+    /// Shards being handed off for a rebalance.
+    moving: BTreeMap<String, Move>,
+    /// Regions that asked for a home without having registered (yet): they are told of
+    /// hand-offs too.
+    askers: BTreeSet<String>,
     timers: Vec<ractor::concurrency::JoinHandle<()>>,
 }
 
@@ -84,6 +106,7 @@ impl Actor for Coordinator {
             homes: BTreeMap::new(),
             host_sent: HashMap::new(),
             moving: BTreeMap::new(),
+            askers: BTreeSet::new(),
             timers,
         })
     }
@@ -108,9 +131,18 @@ impl Actor for Coordinator {
         match msg {
             CoordinatorMsg::RegisterRegion(report) => state.on_register(report),
             CoordinatorMsg::GetHome(GetShardHome { shard, region }) => {
-                let home = state.home_of(&shard);
-                if let Some(r) = region_ref(&state.args.scope, &state.args.type_name, &region) {
-                    let _ = r.cast(RegionMsg::Home(ShardHome { shard, home }));
+                if !state.regions.contains_key(&region) {
+                    state.askers.insert(region.clone());
+                }
+                match state.moving.get_mut(&shard) {
+                    // Answered when the move ends (Akka defers GetShardHome the same way).
+                    Some(m) => {
+                        m.waiting.insert(region);
+                    }
+                    None => {
+                        let home = state.home_of(&shard);
+                        state.tell_home(&shard, home, &region);
+                    }
                 }
             }
             CoordinatorMsg::GetAllocation(_, reply) => {
@@ -128,10 +160,19 @@ impl Actor for Coordinator {
             CoordinatorMsg::Local(CoordinatorLocal::Tick) => state.reallocate_lost(),
             CoordinatorMsg::Local(CoordinatorLocal::Rebalance) => state.rebalance(),
             CoordinatorMsg::Local(CoordinatorLocal::HandOffEnded { shard, released }) => {
-                if let Some((from, to)) = state.moving.remove(&shard) {
+                if let Some(Move { from, to, waiting }) = state.moving.remove(&shard) {
                     tracing::info!(entity_type = %state.args.type_name, shard, from, to, released, "shard handed off for a rebalance");
                     if state.allocatable().contains(&to) {
                         state.host(&shard, &to);
+                    }
+                    // `to` may have gone meanwhile: then the shard is allocated anew.
+                    let home = state.home_of(&shard);
+                    state.record(
+                        "shard_moved",
+                        json!({"shard": shard, "from": from, "to": home, "released": released}),
+                    );
+                    for region in waiting {
+                        state.tell_home(&shard, home.clone(), &region);
                     }
                 }
             }
@@ -172,6 +213,7 @@ impl CoordinatorState {
                 let addr = m.addr.to_string();
                 self.members.remove(&addr);
                 self.regions.remove(&addr);
+                self.askers.remove(&addr);
                 self.unreachable_since.remove(&addr);
             }
             ClusterEvent::SelfDown | ClusterEvent::SelfLeaving(_) => {}
@@ -233,6 +275,23 @@ impl CoordinatorState {
         Some(to)
     }
 
+    /// Tells `region` where `shard` lives (`None`: not known yet).
+    fn tell_home(&self, shard: &str, home: Option<String>, region: &str) {
+        if let Some(r) = region_ref(&self.args.scope, &self.args.type_name, region) {
+            let _ = r.cast(RegionMsg::Home(ShardHome {
+                shard: shard.to_string(),
+                home,
+            }));
+        }
+    }
+
+    fn record(&self, event: &str, mut fields: serde_json::Value) {
+        if let Some(h) = &self.args.history {
+            fields["type"] = json!(self.args.type_name);
+            h.record(event, fields);
+        }
+    }
+
     /// Records `region` as the home of `shard` and tells it.
     fn host(&mut self, shard: &str, region: &str) {
         tracing::debug!(entity_type = %self.args.type_name, shard, region, "shard allocated");
@@ -254,6 +313,7 @@ impl CoordinatorState {
                 available: report.available,
             },
         );
+        self.askers.remove(&region);
         for shard in &reported {
             if self.moving.contains_key(shard) {
                 continue;
@@ -268,7 +328,7 @@ impl CoordinatorState {
                     // Hosted (or being acquired) where it no longer belongs: stop it there;
                     // its lease then goes to the shard's home.
                     tracing::info!(entity_type = %self.args.type_name, shard, region, "telling a region to stop a shard allocated elsewhere");
-                    self.hand_off(shard, &region, None);
+                    self.stop_misplaced(shard, &region);
                 }
             }
         }
@@ -328,36 +388,93 @@ impl CoordinatorState {
             return;
         }
         for (shard, from, to) in self.args.strategy.rebalance(&self.load(), room) {
+            tracing::debug!(entity_type = %self.args.type_name, shard, from, to, "rebalance: moving a shard");
+            self.record(
+                "shard_moving",
+                json!({"shard": shard, "from": from, "to": to}),
+            );
             self.homes.remove(&shard);
-            self.moving.insert(shard.clone(), (from.clone(), to));
-            self.hand_off(&shard, &from, Some(self.myself.clone()));
+            self.moving.insert(
+                shard.clone(),
+                Move {
+                    from: from.clone(),
+                    to,
+                    waiting: BTreeSet::new(),
+                },
+            );
+            self.move_shard(&shard, &from);
         }
     }
 
-    /// Asks `region` to hand `shard` off; tells `done` (if given) when it answered or the
-    /// hand-off timeout passed.
-    fn hand_off(&self, shard: &str, region: &str, done: Option<ActorRef<CoordinatorMsg>>) {
-        let target = region_ref(&self.args.scope, &self.args.type_name, region);
+    /// The steps of a rebalance after the decision: every region (registered, or one that
+    /// asked for a home) is told that `shard`'s hand-off begins and answers (each waited
+    /// for at most `hand-off-timeout`), so that none sends it to `from` any more; then
+    /// `from` hands it off; then `HandOffEnded` comes back to this coordinator.
+    fn move_shard(&self, shard: &str, from: &str) {
+        let scope = &self.args.scope;
+        let type_name = &self.args.type_name;
+        let regions: Vec<ActorRef<RegionMsg>> = self
+            .regions
+            .keys()
+            .chain(self.askers.iter())
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .filter_map(|r| region_ref(scope, type_name, r))
+            .collect();
         let timeout = self.args.settings.hand_off_timeout;
-        let shard = shard.to_string();
+        let (shard, from) = (shard.to_string(), from.to_string());
+        let (scope, type_name, me) = (scope.clone(), type_name.clone(), self.myself.clone());
         tokio::spawn(async move {
-            let released = match target {
-                Some(r) => matches!(
-                    r.call(
-                        |port| RegionMsg::HandOffShard(HandOff { shard: shard.clone() }, port),
-                        Some(timeout),
-                    )
-                    .await,
-                    Ok(ractor::rpc::CallResult::Success(done)) if done.released
-                ),
-                None => false,
-            };
-            if let Some(me) = done {
-                let _ = me.cast(CoordinatorMsg::Local(CoordinatorLocal::HandOffEnded {
-                    shard,
-                    released,
-                }));
+            let mut acks = tokio::task::JoinSet::new();
+            for region in regions {
+                let shard = shard.clone();
+                acks.spawn(async move {
+                    region
+                        .call(
+                            |port| RegionMsg::BeginHandOffShard(BeginHandOff { shard }, port),
+                            Some(timeout),
+                        )
+                        .await
+                });
             }
+            while acks.join_next().await.is_some() {}
+            let released = hand_off_call(&scope, &type_name, &shard, &from, timeout).await;
+            let _ = me.cast(CoordinatorMsg::Local(CoordinatorLocal::HandOffEnded {
+                shard,
+                released,
+            }));
         });
     }
+
+    /// Asks `region` to hand off `shard`, a copy it runs where the shard does not belong.
+    fn stop_misplaced(&self, shard: &str, region: &str) {
+        let (scope, type_name) = (self.args.scope.clone(), self.args.type_name.clone());
+        let (shard, region) = (shard.to_string(), region.to_string());
+        let timeout = self.args.settings.hand_off_timeout;
+        tokio::spawn(async move {
+            hand_off_call(&scope, &type_name, &shard, &region, timeout).await;
+        });
+    }
+}
+
+/// Asks `region` to hand `shard` off and waits up to `timeout`; `true` when it answered
+/// that the shard's lease was released.
+async fn hand_off_call(
+    scope: &str,
+    type_name: &str,
+    shard: &str,
+    region: &str,
+    timeout: std::time::Duration,
+) -> bool {
+    let Some(r) = region_ref(scope, type_name, region) else {
+        return false;
+    };
+    matches!(
+        r.call(
+            |port| RegionMsg::HandOffShard(HandOff { shard: shard.to_string() }, port),
+            Some(timeout),
+        )
+        .await,
+        Ok(ractor::rpc::CallResult::Success(done)) if done.released
+    )
 }

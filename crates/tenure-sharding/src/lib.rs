@@ -49,10 +49,12 @@ pub use coordinator::{Coordinator, CoordinatorArgs};
 pub use entity::{
     Entity, EntityActor, EntityContext, EntityFactory, EntityMsg, entity_factory, shard_of,
 };
-pub use messages::{Allocation, AllocationRequest, AskReply, CoordinatorMsg, Envelope, RegionMsg};
+pub use messages::{
+    Allocation, AllocationRequest, AskReply, CoordinatorMsg, Envelope, Pending, RegionMsg,
+};
 pub use region::{Region, RegionArgs, region_group, region_ref};
 pub use settings::ShardingSettings;
-pub use shard::{Shard, ShardArgs, ShardMsg, ShardStatus};
+pub use shard::{HandedOff, Shard, ShardArgs, ShardMsg, ShardStatus};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -270,6 +272,7 @@ pub async fn start_with_strategy(
                 settings: settings.clone(),
                 strategy: strategy.clone(),
                 subscriptions: node.subscriptions(),
+                history: node.history().cloned(),
             };
             tenure_singleton::start_with_settings(
                 node,

@@ -43,6 +43,21 @@ pub struct ShardHome {
     pub home: Option<String>,
 }
 
+/// Coordinator → every region, before a rebalance hands `shard` off: forget where it lives
+/// and keep its messages until the coordinator names its new home (Akka's BeginHandOff).
+/// The region that hosts it keeps serving it until [`HandOff`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BeginHandOff {
+    pub shard: String,
+}
+
+/// Region → coordinator: [`BeginHandOff`] applied (`region`: its node).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HandOffBegun {
+    pub shard: String,
+    pub region: String,
+}
+
 /// Coordinator → region: stop the shard, release its lease, then answer.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct HandOff {
@@ -69,7 +84,7 @@ pub struct Register {
 }
 
 /// Region → coordinator: where does `shard` live? Answered with a [`ShardHome`] cast to the
-/// region of `region`.
+/// region of `region`; while the shard moves, once its new home is known.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct GetShardHome {
     pub shard: String,
@@ -87,10 +102,25 @@ pub struct Allocation {
     pub regions: Vec<String>,
 }
 
+/// A message a region accepted and has not delivered yet; an ask carries its reply port.
+pub struct Pending {
+    pub env: Envelope,
+    pub reply: Option<ractor::RpcReplyPort<AskReply>>,
+}
+
 /// Local messages of a region.
 pub enum RegionLocal {
     Cluster(ClusterEvent),
     Tick,
+    /// A local shard finished its hand-off: `undelivered` are the messages it had accepted
+    /// and not delivered (they go to the shard's next home, ahead of anything newer); then
+    /// `reply` (the coordinator's, if it asked) gets the outcome.
+    HandedOff {
+        shard: String,
+        released: bool,
+        undelivered: Vec<Pending>,
+        reply: Option<ractor::RpcReplyPort<HandOffDone>>,
+    },
 }
 
 tenure_cluster::cluster_message! {
@@ -101,6 +131,7 @@ tenure_cluster::cluster_message! {
         cast Home(ShardHome),
         call Ask(Envelope) -> AskReply,
         call HandOffShard(HandOff) -> HandOffDone,
+        call BeginHandOffShard(BeginHandOff) -> HandOffBegun,
         local Local(RegionLocal),
     }
 }
@@ -116,7 +147,12 @@ pub enum CoordinatorLocal {
     Cluster(ClusterEvent),
     Tick,
     Rebalance,
-    HandOffEnded { shard: String, released: bool },
+    /// The hand-off of a moving shard ended (its old host answered, or the hand-off
+    /// timeout passed).
+    HandOffEnded {
+        shard: String,
+        released: bool,
+    },
 }
 
 tenure_cluster::cluster_message! {

@@ -3,6 +3,13 @@
 //! another node, asking the coordinator where unknown shards live and keeping their
 //! messages meanwhile (bounded). It hosts the shards the coordinator gives it, hands them
 //! off on request, on leave, and when its node finds itself in a minority.
+//!
+//! While a shard moves, no message is lost to routing: the coordinator tells every region
+//! first (`BeginHandOff`), and each forgets the shard's home and keeps its messages until
+//! the coordinator names the new one; the old host gives back what its shard had not
+//! delivered, ahead of newer messages; and a region sent a message for a shard it does not
+//! host asks the coordinator before passing it on, so two stale beliefs never bounce a
+//! message between them.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -16,11 +23,11 @@ use tokio::time::Instant;
 
 use crate::entity::EntityFactory;
 use crate::messages::{
-    AskReply, CoordinatorMsg, Envelope, GetShardHome, HandOff, HandOffDone, HostShard, RegionLocal,
-    RegionMsg, Register, ShardHome,
+    AskReply, BeginHandOff, CoordinatorMsg, GetShardHome, HandOff, HandOffBegun, HandOffDone,
+    HostShard, Pending, RegionLocal, RegionMsg, Register, ShardHome,
 };
 use crate::settings::ShardingSettings;
-use crate::shard::{Shard, ShardArgs, ShardMsg};
+use crate::shard::{HandedOff, Shard, ShardArgs, ShardMsg};
 
 /// Regions a message may pass through before it is dropped (homes change while it travels).
 const MAX_HOPS: u8 = 8;
@@ -53,11 +60,6 @@ pub struct RegionArgs {
     pub history: Option<History>,
 }
 
-struct Pending {
-    env: Envelope,
-    reply: Option<RpcReplyPort<AskReply>>,
-}
-
 /// The region actor.
 pub struct Region;
 
@@ -69,8 +71,11 @@ pub struct RegionState {
     /// (its lease released or lapsed), so that one node never runs two copies of a shard.
     stopping: HashMap<String, ActorRef<ShardMsg>>,
     homes: HashMap<String, String>,
+    /// Messages waiting for their shard's home, per shard, in arrival order.
     pending: HashMap<String, VecDeque<Pending>>,
     pending_count: usize,
+    /// Tells refused because the buffer was full (each is logged).
+    dropped_tells: u64,
     asked: HashMap<String, Instant>,
     members: BTreeMap<String, Member>,
     minority_since: Option<Instant>,
@@ -106,6 +111,7 @@ impl Actor for Region {
             homes: HashMap::new(),
             pending: HashMap::new(),
             pending_count: 0,
+            dropped_tells: 0,
             asked: HashMap::new(),
             members: BTreeMap::new(),
             minority_since: None,
@@ -153,19 +159,20 @@ impl Actor for Region {
                 state.settle(&shard, Some(state.args.me.clone())).await
             }
             RegionMsg::Home(ShardHome { shard, home }) => state.settle(&shard, home).await,
+            RegionMsg::BeginHandOffShard(BeginHandOff { shard }, reply) => {
+                // Messages for it wait here from now on, until the coordinator names its
+                // next home; a local shard keeps serving until its HandOff.
+                state.homes.remove(&shard);
+                let _ = reply.send(HandOffBegun {
+                    shard,
+                    region: state.args.me.clone(),
+                });
+            }
             RegionMsg::HandOffShard(HandOff { shard }, reply) => {
                 state.homes.remove(&shard);
                 match state.shards.remove(&shard) {
                     Some(actor) => {
-                        state.stopping.insert(shard.clone(), actor.clone());
-                        let timeout = state.hand_off_wait();
-                        tokio::spawn(async move {
-                            let released = matches!(
-                                actor.call(ShardMsg::HandOff, Some(timeout)).await,
-                                Ok(ractor::rpc::CallResult::Success(true))
-                            );
-                            let _ = reply.send(HandOffDone { shard, released });
-                        });
+                        state.hand_off(shard, actor, Some(reply));
                     }
                     None => {
                         let _ = reply.send(HandOffDone {
@@ -173,6 +180,17 @@ impl Actor for Region {
                             released: true,
                         });
                     }
+                }
+            }
+            RegionMsg::Local(RegionLocal::HandedOff {
+                shard,
+                released,
+                undelivered,
+                reply,
+            }) => {
+                state.take_back(&shard, undelivered).await;
+                if let Some(reply) = reply {
+                    let _ = reply.send(HandOffDone { shard, released });
                 }
             }
             RegionMsg::Local(RegionLocal::Tick) => state.tick().await,
@@ -206,12 +224,27 @@ impl RegionState {
         self.args.settings.stop_timeout * 2 + self.args.settings.lease.release_answer_timeout()
     }
 
+    /// Routes a message that just arrived (from a local sender, or from another region).
     async fn route(&mut self, p: Pending) {
         if p.env.hops > MAX_HOPS {
-            tracing::warn!(entity_type = %self.args.type_name, shard = %p.env.shard, "message dropped: it went through too many regions while the shard moved");
+            tracing::warn!(entity_type = %self.args.type_name, shard = %p.env.shard, entity = %p.env.entity,
+                "message dropped: it went through too many regions while the shard moved");
             AskReply::fail(p.reply, format!("shard {}: no stable home", p.env.shard));
             return;
         }
+        if p.env.hops > 0 && !self.shards.contains_key(&p.env.shard) {
+            // Sent here by a region that believes this node hosts the shard, but it does
+            // not: this region's own belief may be just as stale, so it learns the home
+            // from the coordinator before passing the message on (two stale beliefs would
+            // bounce it back and forth).
+            self.homes.remove(&p.env.shard);
+        }
+        self.dispatch(p).await;
+    }
+
+    /// Sends `p` to its shard: the local one, or the region of its home as this region
+    /// knows it; keeps it (asking the coordinator) while the home is unknown.
+    async fn dispatch(&mut self, p: Pending) {
         if let Some(shard) = self.shards.get(&p.env.shard) {
             let _ = shard.cast(ShardMsg::Deliver {
                 entity: p.env.entity,
@@ -220,12 +253,6 @@ impl RegionState {
             });
             return;
         }
-        if p.env.hops > 0 {
-            // Sent here by a region that believes this node hosts the shard, but it does
-            // not: this region's own belief may be just as stale, so ask the coordinator
-            // instead of passing it on (two stale caches would bounce it back and forth).
-            self.homes.remove(&p.env.shard);
-        }
         match self.homes.get(&p.env.shard).cloned() {
             Some(home) if home == self.args.me => {
                 // Ours but not running (stopped meanwhile): find out again.
@@ -233,7 +260,12 @@ impl RegionState {
                 self.wait(p).await;
             }
             Some(home) => match region_ref(&self.args.scope, &self.args.type_name, &home) {
-                Some(region) => forward(region, p),
+                Some(region) => {
+                    if let Err(p) = forward(region, p) {
+                        self.homes.remove(&p.env.shard);
+                        self.wait(p).await;
+                    }
+                }
                 None => {
                     self.homes.remove(&p.env.shard);
                     self.wait(p).await;
@@ -246,13 +278,16 @@ impl RegionState {
     /// Keeps a message until its shard's home is known, asking the coordinator.
     async fn wait(&mut self, p: Pending) {
         if self.pending_count >= self.args.settings.buffer_size {
-            AskReply::fail(
-                p.reply,
-                format!(
-                    "region of `{}` on {}: buffer full ({} messages wait for their shards' homes)",
-                    self.args.type_name, self.args.me, self.pending_count
-                ),
+            let why = format!(
+                "region of `{}` on {}: buffer full ({} messages wait for their shards' homes)",
+                self.args.type_name, self.args.me, self.pending_count
             );
+            if p.reply.is_none() {
+                self.dropped_tells += 1;
+                tracing::warn!(entity_type = %self.args.type_name, shard = %p.env.shard, entity = %p.env.entity,
+                    dropped_tells = self.dropped_tells, "tell dropped: {why}");
+            }
+            AskReply::fail(p.reply, why);
             return;
         }
         let shard = p.env.shard.clone();
@@ -290,10 +325,70 @@ impl RegionState {
         self.homes.insert(shard.to_string(), home);
         if let Some(waiting) = self.pending.remove(shard) {
             self.pending_count -= waiting.len();
+            // Straight to the home just learned: these already passed the check of route.
             for p in waiting {
-                self.route(p).await;
+                self.dispatch(p).await;
             }
         }
+    }
+
+    /// Messages a local shard gave back on hand-off: they go to the shard's next home
+    /// ahead of those that arrived since (kept even beyond `buffer-size`: they were
+    /// accepted already).
+    async fn take_back(&mut self, shard: &str, undelivered: Vec<Pending>) {
+        if undelivered.is_empty() {
+            return;
+        }
+        self.pending_count += undelivered.len();
+        let queue = self.pending.entry(shard.to_string()).or_default();
+        for p in undelivered.into_iter().rev() {
+            queue.push_front(p);
+        }
+        if self.homes.contains_key(shard) || self.shards.contains_key(shard) {
+            // The home is known again already (the hand-off answer came late).
+            if let Some(waiting) = self.pending.remove(shard) {
+                self.pending_count -= waiting.len();
+                for p in waiting {
+                    self.dispatch(p).await;
+                }
+            }
+        } else {
+            self.ask_home(shard).await;
+        }
+    }
+
+    /// Hands the local shard `shard` off: it stops (a new instance may start here only
+    /// once it terminated), and what it had not delivered comes back to this region.
+    fn hand_off(
+        &mut self,
+        shard: String,
+        actor: ActorRef<ShardMsg>,
+        reply: Option<RpcReplyPort<HandOffDone>>,
+    ) -> tokio::task::JoinHandle<()> {
+        self.stopping.insert(shard.clone(), actor.clone());
+        let timeout = self.hand_off_wait();
+        let region = self.myself.clone();
+        tokio::spawn(async move {
+            let (released, undelivered) = match actor.call(ShardMsg::HandOff, Some(timeout)).await {
+                Ok(ractor::rpc::CallResult::Success(HandedOff {
+                    released,
+                    undelivered,
+                })) => (released, undelivered),
+                _ => {
+                    tracing::warn!(
+                        shard,
+                        "the shard did not confirm its hand-off in time; messages it kept are lost (asks fail)"
+                    );
+                    (false, Vec::new())
+                }
+            };
+            let _ = region.cast(RegionMsg::Local(RegionLocal::HandedOff {
+                shard,
+                released,
+                undelivered,
+                reply,
+            }));
+        })
     }
 
     /// Starts the local shard `shard` if it is not running; `false` if this region cannot
@@ -348,9 +443,26 @@ impl RegionState {
                 available: self.can_host(),
             }));
         }
+        self.drop_expired_asks();
         let waiting: Vec<String> = self.pending.keys().cloned().collect();
         for shard in waiting {
             self.ask_home(&shard).await;
+        }
+    }
+
+    /// Forgets waiting asks whose caller stopped waiting (its timeout passed), so that
+    /// they do not hold buffer space.
+    fn drop_expired_asks(&mut self) {
+        let mut dropped = 0;
+        self.pending.retain(|_, queue| {
+            let before = queue.len();
+            queue.retain(|p| p.reply.as_ref().is_none_or(|r| !r.is_closed()));
+            dropped += before - queue.len();
+            !queue.is_empty()
+        });
+        if dropped > 0 {
+            self.pending_count -= dropped;
+            tracing::debug!(entity_type = %self.args.type_name, dropped, "expired asks dropped from the buffer");
         }
     }
 
@@ -437,21 +549,13 @@ impl RegionState {
     /// Hands every local shard off (entities stopped, leases released); `guard` is held
     /// until all are done.
     fn hand_off_all(&mut self, guard: Option<HandOver>) {
-        let shards: Vec<ActorRef<ShardMsg>> = self
-            .shards
-            .drain()
-            .map(|(id, s)| {
-                self.stopping.insert(id, s.clone());
-                s
-            })
-            .collect();
+        let shards: Vec<(String, ActorRef<ShardMsg>)> = self.shards.drain().collect();
         let me = self.args.me.clone();
         self.homes.retain(|_, h| *h != me);
-        let timeout = self.hand_off_wait();
         // All shards hand off at once; the guard goes when the last one is done.
         let calls: Vec<_> = shards
             .into_iter()
-            .map(|s| tokio::spawn(async move { s.call(ShardMsg::HandOff, Some(timeout)).await }))
+            .map(|(id, s)| self.hand_off(id, s, None))
             .collect();
         tokio::spawn(async move {
             for call in calls {
@@ -462,30 +566,34 @@ impl RegionState {
     }
 }
 
-/// Sends `p` on to another node's region; an ask's reply comes back through this node.
-fn forward(region: ActorRef<RegionMsg>, mut p: Pending) {
+/// Sends `p` on to another node's region. An ask travels with its reply port (the answer
+/// comes back through this node's session), so asks and tells to one region leave in the
+/// order they were routed.
+/// `Err` gives `p` back when that region has stopped.
+fn forward(region: ActorRef<RegionMsg>, mut p: Pending) -> Result<(), Pending> {
     p.env.hops += 1;
-    match p.reply {
-        None => {
-            let _ = region.cast(RegionMsg::Deliver(p.env));
+    let msg = match p.reply {
+        None => RegionMsg::Deliver(p.env),
+        Some(port) => RegionMsg::Ask(p.env, port),
+    };
+    match region.cast(msg) {
+        Ok(()) => Ok(()),
+        Err(ractor::MessagingErr::SendErr(RegionMsg::Deliver(mut env))) => {
+            env.hops -= 1;
+            Err(Pending { env, reply: None })
         }
-        Some(port) => {
-            let timeout = port.get_timeout().unwrap_or(Duration::from_secs(30));
-            tokio::spawn(async move {
-                let answer = match region
-                    .call(|r| RegionMsg::Ask(p.env, r), Some(timeout))
-                    .await
-                {
-                    Ok(ractor::rpc::CallResult::Success(reply)) => reply,
-                    Ok(ractor::rpc::CallResult::Timeout) => AskReply {
-                        result: Err("no answer from the shard's node in time".into()),
-                    },
-                    _ => AskReply {
-                        result: Err("the shard's node did not answer".into()),
-                    },
-                };
-                let _ = port.send(answer);
-            });
+        Err(ractor::MessagingErr::SendErr(RegionMsg::Ask(mut env, port))) => {
+            env.hops -= 1;
+            Err(Pending {
+                env,
+                reply: Some(port),
+            })
+        }
+        Err(e) => {
+            // Not a send error with the message back: it is gone (an ask's port with it,
+            // so its asker gets an error at once).
+            tracing::warn!(error = %e, "message lost forwarding it to another region");
+            Ok(())
         }
     }
 }

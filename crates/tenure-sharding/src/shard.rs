@@ -1,8 +1,9 @@
 //! The shard supervisor: one per hosted shard. It acquires the shard's lease through a
 //! LeaseActor before starting any entity and keeps messages meanwhile; starts entities on
 //! demand with the grant's fencing token; on `LeaseLost` stops **all** its entities and
-//! waits for them before trying again; on hand-off stops them, releases the lease and
-//! answers; passivates idle entities.
+//! waits for them before trying again; on hand-off lets them finish the messages they
+//! have, stops them, releases the lease and gives back the messages it still kept;
+//! passivates idle entities.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -15,7 +16,7 @@ use tenure_lease::{LeaseActor, LeaseEvent, LeaseEventSink, LeaseMsg, LeaseSpec, 
 use tokio::time::Instant;
 
 use crate::entity::{EntityContext, EntityFactory, EntityMsg};
-use crate::messages::AskReply;
+use crate::messages::{AskReply, Envelope, Pending as RegionPending};
 use crate::settings::ShardingSettings;
 
 /// Everything a shard needs.
@@ -56,17 +57,38 @@ pub enum ShardMsg {
     Passivate(String),
     #[doc(hidden)]
     IdleCheck,
-    /// Stop every entity, release the lease, answer whether it was released, then stop.
-    HandOff(RpcReplyPort<bool>),
+    /// Let every entity finish the messages in its mailbox and stop, release the lease,
+    /// answer with the outcome and the messages not delivered, then stop.
+    HandOff(RpcReplyPort<HandedOff>),
     Status(RpcReplyPort<ShardStatus>),
 }
 
 impl ractor::Message for ShardMsg {}
 
+/// The outcome of a shard's hand-off.
+pub struct HandedOff {
+    /// The store confirmed the release of the shard's lease (otherwise the next host waits
+    /// for it to expire).
+    pub released: bool,
+    /// Messages the shard accepted and did not deliver (waiting for the lease or for a
+    /// passivating entity), in arrival order: they belong to the shard's next home.
+    pub undelivered: Vec<RegionPending>,
+}
+
 impl From<LeaseEvent> for ShardMsg {
     fn from(e: LeaseEvent) -> Self {
         ShardMsg::Lease(e)
     }
+}
+
+/// How entities stop.
+#[derive(Debug, Clone, Copy)]
+enum Stop {
+    /// After the message in hand: the lease is gone or going.
+    Now,
+    /// After every message already in their mailboxes (a hand-off, under a lease still
+    /// held and renewed): messages delivered to an entity are handled, not dropped.
+    Drain,
 }
 
 struct Pending {
@@ -155,7 +177,7 @@ impl Actor for Shard {
             timer.abort();
         }
         if !state.handing_off {
-            state.stop_entities("shard stopped").await;
+            state.stop_entities("shard stopped", Stop::Now).await;
             state.release().await;
         }
         Ok(())
@@ -198,7 +220,7 @@ impl Actor for Shard {
                     tracing::warn!(shard = %state.args.shard_id, token = lost.token, reason = %lost.reason,
                         "shard lease lost: stopping its entities, then acquiring again");
                     state.record("shard_lease_lost", lost.token, &lost.reason.to_string());
-                    state.stop_entities("lease lost").await;
+                    state.stop_entities("lease lost", Stop::Now).await;
                     state.record(
                         "shard_stopped",
                         lost.token,
@@ -231,14 +253,28 @@ impl Actor for Shard {
             }
             ShardMsg::HandOff(reply) => {
                 state.handing_off = true;
-                state.stop_entities("hand-off").await;
+                state.stop_entities("hand-off", Stop::Drain).await;
                 if let Some(token) = state.serving.take() {
                     state.record("shard_stopped", token, "hand-off");
                 }
                 let released = state.release().await;
-                // Waiting messages are dropped: askers get an error and may retry.
-                state.waiting.clear();
-                let _ = reply.send(released);
+                let shard = state.args.shard_id.clone();
+                let undelivered = std::mem::take(&mut state.waiting)
+                    .into_iter()
+                    .map(|p| RegionPending {
+                        env: Envelope {
+                            shard: shard.clone(),
+                            entity: p.entity,
+                            payload: p.payload,
+                            hops: 0,
+                        },
+                        reply: p.reply,
+                    })
+                    .collect();
+                let _ = reply.send(HandedOff {
+                    released,
+                    undelivered,
+                });
                 myself.stop(Some("handed off".into()));
             }
             ShardMsg::Status(reply) => {
@@ -270,7 +306,7 @@ impl Actor for Shard {
         if cell.get_id() == state.lease.get_id() {
             // The lease actor died (a bug): its grant is given up without a Lost event.
             tracing::error!(shard = %state.args.shard_id, why, "lease actor ended; stopping the entities and acquiring again");
-            state.stop_entities("lease actor ended").await;
+            state.stop_entities("lease actor ended", Stop::Now).await;
             if let Some(token) = state.serving.take() {
                 state.record("shard_stopped", token, "lease actor ended");
             }
@@ -321,10 +357,8 @@ impl ShardState {
 
     async fn deliver(&mut self, p: Pending) {
         if self.handing_off {
-            AskReply::fail(
-                p.reply,
-                format!("shard {} is being handed off", self.args.shard_id),
-            );
+            // Kept for the shard's next home: the hand-off gives it back to the region.
+            self.waiting.push_back(p);
             return;
         }
         let Some(token) = self.live_token() else {
@@ -412,13 +446,20 @@ impl ShardState {
 
     /// Stops every entity and waits until all have terminated (one `stop-timeout`, then
     /// a kill for those still running).
-    async fn stop_entities(&mut self, why: &str) {
+    async fn stop_entities(&mut self, why: &str, how: Stop) {
         if self.entities.is_empty() {
             return;
         }
         let entities: Vec<(String, Running)> = self.entities.drain().collect();
         for (_, r) in &entities {
-            r.actor.stop(Some(why.to_string()));
+            match how {
+                Stop::Now => r.actor.stop(Some(why.to_string())),
+                Stop::Drain => {
+                    if r.actor.drain().is_err() {
+                        r.actor.stop(Some(why.to_string()));
+                    }
+                }
+            }
         }
         let deadline = Instant::now() + self.args.settings.stop_timeout;
         for (id, r) in &entities {

@@ -278,8 +278,9 @@ async fn a_shard_whose_lease_is_held_by_another_node_delivers_nothing() {
     assert_eq!(status(&two).await.waiting, 1);
     // Hand-off of the first: its entity stops, the lease is released, and the second copy
     // takes over with a newer token and gets the waiting message.
-    let released: bool = ractor::call!(one, ShardMsg::HandOff).unwrap();
-    assert!(released);
+    let handed = ractor::call!(one, ShardMsg::HandOff).unwrap();
+    assert!(handed.released);
+    assert!(handed.undelivered.is_empty());
     assert_eq!(f.next().await, Seen::Stopped("a".into(), token));
     let Seen::Started(_, newer) = f.next().await else {
         panic!()
