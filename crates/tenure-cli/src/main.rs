@@ -3,6 +3,7 @@
 mod check_cmd;
 mod exit;
 mod lease_cmd;
+mod load;
 mod node_cmd;
 mod run_cmd;
 
@@ -51,14 +52,23 @@ enum Command {
         /// fencing token.
         #[arg(long)]
         sharded_counter: bool,
-        /// Drive increments of keys key-0..key-(N-1) through this node's region (8 workers,
-        /// each one increment at a time), recording each acknowledged one (`ack`) in the
-        /// history.
+        /// Drive increments of keys key-0..key-(N-1) through this node's region, recording
+        /// each request in the history when it ends: `ack` (acknowledged) or `no_ack` (with
+        /// why), both with the instant it was `issued`. Closed loop by default (8 workers,
+        /// each one increment at a time); open loop with --load-rate.
         #[arg(long, default_value_t = 0, value_name = "N")]
         load_keys: usize,
-        /// Pause between two increments of one load worker.
+        /// Closed loop: pause between two increments of one load worker.
         #[arg(long, default_value = "20ms", value_parser = humantime::parse_duration)]
         load_interval: Duration,
+        /// Open loop: ask every key this many times per second on a fixed schedule, whether
+        /// or not earlier asks were answered.
+        #[arg(long, value_name = "PER_SECOND", value_parser = parse_rate)]
+        load_rate: Option<f64>,
+        /// How long each increment waits for its answer before it counts as not
+        /// acknowledged.
+        #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+        load_timeout: Duration,
     },
     /// Inspect a running cluster through one of its nodes (uses [cluster] cookie and TLS).
     #[command(subcommand)]
@@ -196,6 +206,16 @@ enum LeaseCommand {
     },
 }
 
+/// `--load-rate`: a finite number of requests per second above zero.
+fn parse_rate(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(rate) if rate.is_finite() && rate > 0.0 => Ok(rate),
+        _ => Err(format!(
+            "`{text}` is not a rate: give requests per second per key, a number above 0 (e.g. 20 or 0.5)"
+        )),
+    }
+}
+
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("TENURE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
@@ -295,14 +315,26 @@ async fn run(cli: Cli) -> Result<Outcome, CliError> {
             sharded_counter,
             load_keys,
             load_interval,
+            load_rate,
+            load_timeout,
         } => {
+            let shape = match load_rate {
+                Some(rate) => load::Shape::Open { rate },
+                None => load::Shape::Closed {
+                    pause: load_interval,
+                },
+            };
             let hosting = node_cmd::Hosting {
                 history: history.as_deref(),
                 singletons: &singletons,
                 counter: &counter,
                 tick,
                 sharded_counter,
-                load: (load_keys > 0).then_some((load_keys, load_interval)),
+                load: (load_keys > 0).then_some(load::Load {
+                    keys: load_keys,
+                    shape,
+                    timeout: load_timeout,
+                }),
             };
             node_cmd::node(provider.config(), &provider, hosting).await
         }

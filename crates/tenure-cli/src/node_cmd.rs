@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use tenure::cluster::{ClusterClient, ClusterSettings, MemberStatus, Node, NodeAddr, NodeView};
-use tenure::sharding::counter::{Counter, CounterReply, CounterRequest};
+use tenure::sharding::counter::Counter;
 use tenure::sqlite::FencedCounter;
 use tenure::{LeaseProvider, TenureConfig};
 use tenure_singleton::SingletonProxy;
@@ -14,6 +14,7 @@ use tenure_singleton::ticker::{CountRequest, Ticker, TickerArgs, TickerMsg};
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::exit::{CliError, Outcome};
+use crate::load::Load;
 
 /// What `tenure node` hosts besides membership.
 pub struct Hosting<'a> {
@@ -25,8 +26,8 @@ pub struct Hosting<'a> {
     pub tick: Duration,
     /// Host the example sharded counter.
     pub sharded_counter: bool,
-    /// Keys and pause of the increment load driven through this node's region.
-    pub load: Option<(usize, Duration)>,
+    /// The increment load driven through this node's region.
+    pub load: Option<Load>,
 }
 
 /// Runs a node until SIGTERM / Ctrl-C, then leaves gracefully; a second signal forces exit.
@@ -78,9 +79,9 @@ pub async fn node(
         let region = tenure::sharding::start_on_node(&node, provider, COUNTER_TYPE, factory)
             .await
             .map_err(|e| CliError::Command(e.to_string()))?;
-        if let Some((keys, pause)) = hosting.load {
+        if let Some(load) = hosting.load {
             let start = usize::from(node.addr().port).wrapping_mul(7919);
-            drive_load(region, node.history().cloned(), start, keys, pause);
+            crate::load::drive(region, node.history().cloned(), start, load);
         }
     }
     println!(
@@ -156,53 +157,6 @@ async fn probe_through_proxy(
 
 /// The entity type of the example sharded counter.
 const COUNTER_TYPE: &str = "counter";
-
-/// Increments key-0, key-1, … through `region` from `LOAD_WORKERS` concurrent workers, each
-/// one increment at a time from its own starting key (derived from `start`, so that nodes
-/// spread their load), recording every acknowledged increment (`ack`: key, value, token,
-/// answering node) in the history. Several workers keep traffic flowing to every shard
-/// while asks to a moving shard wait.
-fn drive_load(
-    region: tenure::sharding::ShardRegion,
-    history: Option<tenure::cluster::History>,
-    start: usize,
-    keys: usize,
-    pause: Duration,
-) {
-    for worker in 0..LOAD_WORKERS {
-        let (region, history) = (region.clone(), history.clone());
-        let first = start.wrapping_add(worker * keys / LOAD_WORKERS);
-        tokio::spawn(async move {
-            for i in (0..keys).cycle().skip(first % keys) {
-                let key = format!("key-{i}");
-                match region
-                    .ask::<_, CounterReply>(
-                        &key,
-                        &CounterRequest::Increment,
-                        Duration::from_secs(5),
-                    )
-                    .await
-                {
-                    Ok(reply) if reply.accepted => {
-                        if let Some(h) = &history {
-                            h.record(
-                                "ack",
-                                serde_json::json!({"entity": key, "shard": region.shard_of(&key),
-                                    "value": reply.value, "token": reply.token, "from": reply.node}),
-                            );
-                        }
-                    }
-                    Ok(_) => tracing::debug!(key, "increment refused by the fenced counter"),
-                    Err(e) => tracing::debug!(key, error = %e, "increment not acknowledged"),
-                }
-                tokio::time::sleep(pause).await;
-            }
-        });
-    }
-}
-
-/// Concurrent workers of `--load-keys`.
-const LOAD_WORKERS: usize = 8;
 
 fn forced() -> Result<Outcome, CliError> {
     eprintln!("tenure: forced exit; the member lease expires after its ttl");

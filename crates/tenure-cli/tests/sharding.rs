@@ -1,17 +1,18 @@
 //! Multi-process sharding tests: 3 `tenure node` processes host the example sharded
 //! counter (100 shards) while every node drives increments through its region. Faults:
 //! SIGKILL, SIGSTOP past the ttl, a partition between one node and the others (all still
-//! reach the store), a rolling restart. Every run's history is checked (no shard alive on
-//! two nodes at overlapping times, tokens increasing per shard, no stale-token write
-//! accepted) and no acknowledged increment may be lost.
+//! reach the store), a rolling restart; and rebalances under open-loop load when nodes
+//! join a loaded one, where every key must stay reachable from every node. Every run's
+//! history is checked (no shard alive on two nodes at overlapping times, tokens increasing
+//! per shard, no stale-token write accepted) and no acknowledged increment may be lost.
 
 mod common;
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::cluster::Cluster;
-use common::shards::{check, check_acks, sharded_cluster, shards_on};
+use common::cluster::{Cluster, Options, TestCluster};
+use common::shards::{check, check_acks, live_shards, sharded_cluster, shards_on};
 use serde_json::{Value, json};
 use tenure::sharding::counter::counter_name;
 use tenure::sqlite::FencedCounter;
@@ -174,6 +175,142 @@ fn a_rolling_restart_with_traffic_loses_no_acknowledged_increment() {
             .all(|st| st.why == "hand-off"),
         "every shard stop was a hand-off"
     );
+    final_checks(&c);
+}
+
+/// Shards, keys and open-loop load of the rebalance test: 24 keys reach all 9 shards; each
+/// node asks every key 8 times a second, each ask given 3 s.
+const REBALANCE_SHARDS: usize = 9;
+const REBALANCE_KEYS: usize = 24;
+const LOAD_TIMEOUT_NS: i64 = 3_000_000_000;
+
+/// After a shard moved, every key is still asked and answered from every node for this long
+/// in the test's window of that move.
+const AFTER_MOVE_NS: i64 = 2_000_000_000;
+
+#[test]
+fn rebalances_under_open_loop_load_keep_every_key_answered_from_every_node() {
+    let _serial = serial();
+    let options = Options {
+        node_args: [
+            "--sharded-counter",
+            "--load-keys",
+            &REBALANCE_KEYS.to_string(),
+            "--load-rate",
+            "8",
+            "--load-timeout",
+            "3s",
+        ]
+        .map(String::from)
+        .to_vec(),
+        tail: format!(
+            "[sharding]\nnumber-of-shards = {REBALANCE_SHARDS}\nretry-interval = \"300ms\"\n\
+             rebalance-interval = \"1s\"\nstop-timeout = \"2s\"\nhand-off-timeout = \"6s\"\n"
+        ),
+        ..Options::default()
+    };
+    let mut c = Cluster::with_options(3, &options);
+    // Node 0 alone hosts every shard, under its own load.
+    c.spawn(0);
+    c.wait_until(
+        "node 0 hosts all 9 shards and its increments are acknowledged",
+        Duration::from_secs(60),
+        |c| {
+            let h = c.history();
+            live_shards(&check(&h)).len() == REBALANCE_SHARDS
+                && h.iter().any(|e| e["event"] == "ack")
+        },
+    );
+    // Two nodes join, with load of their own: the coordinator rebalances 9/0/0 to 3/3/3 in
+    // rounds of at most 3 moves, while all three nodes ask every key.
+    let joined = now_ns();
+    c.spawn(1);
+    c.spawn(2);
+    c.wait_converged(Duration::from_secs(30));
+    c.wait_until(
+        "the shards are rebalanced to 3 per node",
+        Duration::from_secs(60),
+        |c| {
+            let live = live_shards(&check(&c.history()));
+            live.len() == REBALANCE_SHARDS
+                && c.nodes
+                    .iter()
+                    .all(|n| live.iter().filter(|(_, st)| st.node == n.addr).count() == 3)
+        },
+    );
+    let balanced = now_ns();
+    // Every request issued up to the end of the last window has ended (answered or timed
+    // out) once its timeout passed.
+    std::thread::sleep(Duration::from_nanos(
+        (AFTER_MOVE_NS + LOAD_TIMEOUT_NS + 500_000_000) as u64,
+    ));
+    let history = c.history();
+    let stays = check(&history);
+    // The moves: a shard stopped for a hand-off, and its next stay (on another node).
+    let moves: Vec<(String, i64, i64)> = stays
+        .iter()
+        .flat_map(|(shard, list)| {
+            list.iter().zip(list.iter().skip(1)).filter_map(|(gone, next)| {
+                let stopped = gone.end?;
+                (gone.why == "hand-off" && stopped > joined && stopped < balanced)
+                    .then(|| (shard.clone(), stopped, next.start))
+            })
+        })
+        .collect();
+    assert!(
+        moves.len() >= 6,
+        "at least 6 shards moved to the new nodes: {moves:?}"
+    );
+    let events: Vec<tenure_cli::check::Event> = history
+        .iter()
+        .map(|e| tenure_cli::check::Event::from_json(e.clone(), 0).expect("a history line"))
+        .collect();
+    let requests = tenure_cli::availability::requests(&events);
+    let end = balanced + AFTER_MOVE_NS;
+    // Availability during the change: no request from any node, for any key, went
+    // unanswered from the join until after the last move.
+    let unanswered: Vec<String> = tenure_cli::availability::issued_in(&requests, joined, end)
+        .into_iter()
+        .filter(|r| !r.acked())
+        .map(|r| {
+            format!(
+                "{} key {} (shard {}) issued {} ms after the join: {}",
+                r.node,
+                r.entity,
+                r.shard,
+                (r.issued - joined) / 1_000_000,
+                r.failure.as_deref().unwrap_or_default()
+            )
+        })
+        .collect();
+    assert!(
+        unanswered.is_empty(),
+        "{} of the requests issued during the rebalances got no answer, e.g.:\n{}",
+        unanswered.len(),
+        unanswered[..unanswered.len().min(20)].join("\n")
+    );
+    // Key by key, from every node: answered within the window of every move.
+    for (shard, stopped, restarted) in &moves {
+        let window = tenure_cli::availability::issued_in(
+            &requests,
+            *stopped,
+            *restarted + AFTER_MOVE_NS,
+        );
+        for node in &c.nodes {
+            for i in 0..REBALANCE_KEYS {
+                let key = format!("key-{i}");
+                assert!(
+                    window
+                        .iter()
+                        .any(|r| r.node == node.addr && r.entity == key && r.acked()),
+                    "{key} got no answer on {} in the window of the move of shard {shard}",
+                    node.addr
+                );
+            }
+        }
+    }
+    let failed = c.stop_all(Duration::from_secs(20));
+    assert!(failed.is_empty(), "nodes {failed:?} did not leave cleanly");
     final_checks(&c);
 }
 
