@@ -60,8 +60,14 @@ fn closed_loop(
         tokio::spawn(async move {
             for i in (0..keys).cycle().skip(first % keys) {
                 let issued = tenure::clock::monotonic_now_ns();
-                increment(&region, history.as_ref(), &format!("key-{i}"), issued, load.timeout)
-                    .await;
+                increment(
+                    &region,
+                    history.as_ref(),
+                    &format!("key-{i}"),
+                    issued,
+                    load.timeout,
+                )
+                .await;
                 tokio::time::sleep(pause).await;
             }
         });

@@ -2,7 +2,8 @@
 //! controllable (memory) store: entities start only under the shard's lease, acquisition is
 //! retried after not-granted and errors, a lost lease stops every entity before the shard
 //! acquires again, a shard whose lease is held elsewhere delivers nothing, hand-off
-//! releases, and passivation keeps messages for the restarted entity.
+//! releases, a hand-off lets entities finish their mailboxes and gives back the messages
+//! the shard kept, and passivation keeps messages for the restarted entity.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -49,6 +50,9 @@ impl Entity for Probe {
             .send(Seen::Got(ctx.entity_id.clone(), ctx.token, request.clone()));
         if request == "passivate" {
             ctx.passivate();
+        }
+        if request == "slow" {
+            tokio::time::sleep(Duration::from_millis(300)).await;
         }
         Ok(format!("{}:{request}", ctx.entity_id))
     }
@@ -295,6 +299,75 @@ async fn a_shard_whose_lease_is_held_by_another_node_delivers_nothing() {
         f.store.read(LEASE).await.unwrap().is_none(),
         "released on stop"
     );
+}
+
+#[tokio::test]
+async fn a_hand_off_lets_entities_finish_their_mailbox_before_they_stop() {
+    let mut f = Fixture::new();
+    let shard = f.shard("10.0.0.1:2552", None).await;
+    assert_eq!(ask(&shard, "a", "0").await.unwrap(), "a:0");
+    let Seen::Started(_, token) = f.next().await else {
+        panic!("expected a start")
+    };
+    f.next().await;
+    // "1" and "2" sit in the entity's mailbox while it handles "slow" when the hand-off
+    // comes: they are handled under the lease, not dropped.
+    tell(&shard, "a", "slow");
+    tell(&shard, "a", "1");
+    tell(&shard, "a", "2");
+    let handed = ractor::call!(shard, ShardMsg::HandOff).unwrap();
+    assert!(handed.released);
+    for text in ["slow", "1", "2"] {
+        assert_eq!(f.next().await, Seen::Got("a".into(), token, text.into()));
+    }
+    assert_eq!(f.next().await, Seen::Stopped("a".into(), token));
+}
+
+#[tokio::test]
+async fn a_hand_off_gives_back_the_messages_the_shard_kept_in_order() {
+    let mut f = Fixture::new();
+    f.hold_elsewhere().await;
+    let shard = f.shard("10.0.0.1:2552", None).await;
+    // No grant: both wait in the shard. The ask's caller is still waiting at hand-off.
+    tell(&shard, "a", "first");
+    let asking = {
+        let shard = shard.clone();
+        tokio::spawn(async move { ask(&shard, "b", "second").await })
+    };
+    while status(&shard).await.waiting < 2 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let handed = ractor::call!(shard, ShardMsg::HandOff).unwrap();
+    let kept: Vec<(String, String, bool)> = handed
+        .undelivered
+        .iter()
+        .map(|p| {
+            let text: String =
+                tenure_cluster::codec::decode("entity request", "probe", &p.env.payload).unwrap();
+            (p.env.entity.clone(), text, p.reply.is_some())
+        })
+        .collect();
+    assert_eq!(
+        kept,
+        vec![
+            ("a".to_string(), "first".to_string(), false),
+            ("b".to_string(), "second".to_string(), true),
+        ]
+    );
+    assert!(handed.undelivered.iter().all(|p| p.env.shard == "7"));
+    // The ask's port came back open: whoever delivers it next answers the caller.
+    let port = handed
+        .undelivered
+        .into_iter()
+        .nth(1)
+        .unwrap()
+        .reply
+        .unwrap();
+    let reply =
+        tenure_cluster::codec::encode("entity request", "probe", &"b:second".to_string()).unwrap();
+    port.send(AskReply { result: Ok(reply) }).unwrap();
+    assert_eq!(asking.await.unwrap().unwrap(), "b:second");
+    f.nothing_for(Duration::from_millis(200)).await;
 }
 
 #[tokio::test]

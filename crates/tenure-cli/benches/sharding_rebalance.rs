@@ -1,0 +1,252 @@
+//! Sharding rebalance under open-loop load: 3 harness nodes host the example counter
+//! (`TENURE_BENCH_SHARDS` shards, default 12) and each asks every key of the load
+//! (`TENURE_BENCH_KEYS`, default 65: enough to reach all 12 shards) `TENURE_BENCH_RATE`
+//! times a second (default 2; open loop, 2 s timeout per ask; keep the offered load well
+//! below what the one SQLite counter file takes, or queues grow without bound). In each of
+//! `TENURE_BENCH_ROUNDS` rounds (default 3), after a steady period
+//! (`TENURE_BENCH_STEADY_SECS`, default 10) a 4th node without load joins, and the
+//! coordinator moves k = shards/4 shards to it in one rebalance
+//! (`max-simultaneous-rebalance` = k); then the 4th node leaves again. Figures come from
+//! the history of this one run (host CLOCK_MONOTONIC):
+//!
+//! - acknowledgements per second across each rebalance, and the seconds without any;
+//! - p99 latency of the requests issued during the rebalances (from the coordinator's
+//!   first `shard_moving` to the last moved shard started on the new node) against the
+//!   steady state (the requests issued in the steady periods before the joins), as a ratio;
+//! - the latency of the requests to the moving shards, and the requests that got no
+//!   answer.
+//!
+//! The history is checked (shard stays, tokens, fenced writes, acknowledged increments);
+//! `TENURE_BENCH_HISTORY=FILE` keeps it.
+//!
+//! `cargo bench -p tenure-cli --bench sharding_rebalance`
+
+#[path = "../tests/common/cluster.rs"]
+mod cluster;
+#[path = "../tests/common/shards.rs"]
+mod shards;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use cluster::{Cluster, Options, TestCluster};
+use serde_json::Value;
+use shards::{check, check_acks, live_shards};
+use tenure_cli::availability::{Request, acks_per_second, issued_in, latency_quantile, requests};
+
+fn env(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn now_ns() -> i64 {
+    tenure::clock::monotonic_now_ns()
+}
+
+fn times(history: &[Value], event: &str) -> Vec<(String, i64, Value)> {
+    history
+        .iter()
+        .filter(|e| e["event"] == event)
+        .map(|e| {
+            (
+                e["shard"].as_str().unwrap_or_default().to_string(),
+                e["t"].as_i64().unwrap_or_default(),
+                e.clone(),
+            )
+        })
+        .collect()
+}
+
+fn p99(rs: &[&Request]) -> f64 {
+    latency_quantile(rs, 0.99).unwrap_or(f64::NAN)
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    let shards = env("TENURE_BENCH_SHARDS", 12) as usize;
+    let keys = env("TENURE_BENCH_KEYS", 65) as usize;
+    let rate = env("TENURE_BENCH_RATE", 2);
+    let steady_secs = env("TENURE_BENCH_STEADY_SECS", 10) as i64;
+    let rounds = env("TENURE_BENCH_ROUNDS", 3) as usize;
+    assert!(
+        shards % 12 == 0,
+        "TENURE_BENCH_SHARDS must be a multiple of 12 (3 then 4 equal shares)"
+    );
+    let k = shards / 4;
+    let options = Options {
+        node_args: [
+            "--sharded-counter",
+            "--load-keys",
+            &keys.to_string(),
+            "--load-rate",
+            &rate.to_string(),
+            "--load-timeout",
+            "2s",
+        ]
+        .map(String::from)
+        .to_vec(),
+        tail: format!(
+            "[sharding]\nnumber-of-shards = {shards}\nretry-interval = \"300ms\"\n\
+             rebalance-interval = \"1s\"\nmax-simultaneous-rebalance = {k}\n\
+             stop-timeout = \"2s\"\nhand-off-timeout = \"6s\"\n"
+        ),
+        history: std::env::var_os("TENURE_BENCH_HISTORY").map(Into::into),
+        ..Options::default()
+    };
+    let mut c = Cluster::with_options(4, &options);
+    // The 4th node hosts shards but drives no load: the offered load stays the same.
+    c.nodes[3].args = vec![
+        "--sharded-counter".to_string(),
+        "--counter".to_string(),
+        c.counter_file().display().to_string(),
+    ];
+    for i in 0..3 {
+        c.spawn(i);
+    }
+    c.wait_converged(Duration::from_secs(30));
+    let share = |c: &Cluster, n: usize, each: usize| {
+        let live = live_shards(&check(&c.history()));
+        live.len() == shards
+            && c.nodes[..n]
+                .iter()
+                .all(|node| live.iter().filter(|(_, st)| st.node == node.addr).count() == each)
+    };
+    c.wait_until(
+        "every shard runs, 1/3 on each node",
+        Duration::from_secs(60),
+        |c| share(c, 3, shards / 3),
+    );
+    // Warm-up: the first seconds of a cluster are slower (connections, first entities).
+    std::thread::sleep(Duration::from_secs(5));
+    let mut spans = Vec::new();
+    for round in 0..rounds {
+        std::thread::sleep(Duration::from_secs(steady_secs as u64));
+        let joined = now_ns();
+        if round == 0 {
+            c.spawn(3);
+        } else {
+            c.restart(3);
+        }
+        c.wait_until(
+            "the shards are rebalanced, 1/4 on each node",
+            Duration::from_secs(60),
+            |c| share(c, 4, k),
+        );
+        // The tail after the rebalance, longer than an ask's timeout, so that every
+        // request issued before the end of the report has ended.
+        std::thread::sleep(Duration::from_secs(5));
+        let left = now_ns();
+        spans.push((joined, left));
+        // The 4th node leaves (its shards go back to the others) for the next round.
+        let status = c.stop(3);
+        assert!(status.success(), "node 3 left with {status:?}");
+        c.wait_until(
+            "every shard runs, 1/3 on each node",
+            Duration::from_secs(60),
+            |c| share(c, 3, shards / 3),
+        );
+    }
+    let failed = c.stop_all(Duration::from_secs(20));
+    assert!(failed.is_empty(), "nodes {failed:?} did not leave cleanly");
+
+    let history = c.history();
+    let stays = check(&history);
+    let counter = tenure::sqlite::FencedCounter::open(&c.counter_file()).expect("open counter");
+    check_acks(&history, |key| {
+        counter
+            .get(&tenure::sharding::counter::counter_name(key))
+            .expect("read the counter")
+            .map(|(v, _)| v)
+            .unwrap_or(0)
+    });
+    let events: Vec<tenure_cli::check::Event> = history
+        .iter()
+        .map(|e| tenure_cli::check::Event::from_json(e.clone(), 0).expect("a history line"))
+        .collect();
+    let all = requests(&events);
+    let newcomer = c.nodes[3].addr.clone();
+    let (mut steady, mut during, mut during_moved) = (Vec::new(), Vec::new(), Vec::new());
+    let mut empty_seconds = 0;
+    for (round, (joined, left)) in spans.into_iter().enumerate() {
+        let moving: Vec<_> = times(&history, "shard_moving")
+            .into_iter()
+            .filter(|(_, t, _)| *t > joined && *t < left)
+            .collect();
+        let moved: BTreeSet<String> = moving.iter().map(|(s, _, _)| s.clone()).collect();
+        assert_eq!(
+            moved.len(),
+            k,
+            "round {round}: one rebalance moves k shards to the new node: {moving:?}"
+        );
+        let began = moving.iter().map(|(_, t, _)| *t).min().expect("a move");
+        let ended = moved
+            .iter()
+            .filter_map(|shard| {
+                stays[shard]
+                    .iter()
+                    .find(|st| st.node == newcomer && st.start > began)
+                    .map(|st| st.start)
+            })
+            .max()
+            .expect("the moved shards started on the new node");
+        let round_during = issued_in(&all, began, ended);
+        let round_moved: Vec<&Request> = round_during
+            .iter()
+            .copied()
+            .filter(|r| moved.contains(&r.shard))
+            .collect();
+        let report_from = joined - 3_000_000_000;
+        // Whole seconds only: a last partial one would look like a dip.
+        let whole = (left - report_from) / 1_000_000_000 * 1_000_000_000;
+        let per_second = acks_per_second(&all, report_from, report_from + whole);
+        empty_seconds += per_second.iter().filter(|n| **n == 0).count();
+        let span = issued_in(&all, joined - steady_secs * 1_000_000_000, left);
+        let unanswered: Vec<&&Request> = span.iter().filter(|r| !r.acked()).collect();
+        println!(
+            "round {round}: {k} shards moved in {:.1} ms (first shard_moving -> last moved shard started on the new node); \
+             {} requests issued during it ({} to the moving shards, p99 {:.2} ms)\n  \
+             acks per second from 3 s before the join (rebalance at {:.2} s): {per_second:?}\n  \
+             unanswered requests from the steady period to the end of the round: {} of {}",
+            (ended - began) as f64 / 1e6,
+            round_during.len(),
+            round_moved.len(),
+            p99(&round_moved),
+            (began - report_from) as f64 / 1e9,
+            unanswered.len(),
+            span.len()
+        );
+        for r in unanswered.iter().take(3) {
+            println!(
+                "  {} {} (shard {}): {}",
+                r.node,
+                r.entity,
+                r.shard,
+                r.failure.as_deref().unwrap_or_default()
+            );
+        }
+        steady.extend(issued_in(
+            &all,
+            joined - steady_secs * 1_000_000_000,
+            joined,
+        ));
+        during.extend(round_during);
+        during_moved.extend(round_moved);
+    }
+    let (p99_steady, p99_during) = (p99(&steady), p99(&during));
+    println!(
+        "rebalance of {k} shards (of {shards}) to a joining node, {rounds} rounds, {keys} keys x {rate}/s from each of 3 nodes (open loop): \
+         seconds without acknowledgements: {empty_seconds}; p99 latency steady {p99_steady:.2} ms ({} requests), \
+         during the rebalances {p99_during:.2} ms ({} requests): {:.2}x steady; \
+         requests to the moving shards during them: p99 {:.2} ms, max {:.2} ms ({} requests)",
+        steady.len(),
+        during.len(),
+        p99_during / p99_steady,
+        p99(&during_moved),
+        latency_quantile(&during_moved, 1.0).unwrap_or(f64::NAN),
+        during_moved.len(),
+    );
+}
