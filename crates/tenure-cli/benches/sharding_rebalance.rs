@@ -73,7 +73,7 @@ fn main() {
     let steady_secs = env("TENURE_BENCH_STEADY_SECS", 10) as i64;
     let rounds = env("TENURE_BENCH_ROUNDS", 3) as usize;
     assert!(
-        shards % 12 == 0,
+        shards.is_multiple_of(12),
         "TENURE_BENCH_SHARDS must be a multiple of 12 (3 then 4 equal shares)"
     );
     let k = shards / 4;
