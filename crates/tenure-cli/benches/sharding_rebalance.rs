@@ -14,7 +14,8 @@
 //!   first `shard_moving` to the last moved shard started on the new node) against the
 //!   steady state (the requests issued in the steady periods before the joins), as a ratio;
 //! - the latency of the requests to the moving shards, and the requests that got no
-//!   answer.
+//!   answer;
+//! - for information, the requests without an answer while the 4th node leaves.
 //!
 //! The history is checked (shard stays, tokens, fenced writes, acknowledged increments);
 //! `TENURE_BENCH_HISTORY=FILE` keeps it.
@@ -140,7 +141,6 @@ fn main() {
         // request issued before the end of the report has ended.
         std::thread::sleep(Duration::from_secs(5));
         let left = now_ns();
-        spans.push((joined, left));
         // The 4th node leaves (its shards go back to the others) for the next round.
         let status = c.stop(3);
         assert!(status.success(), "node 3 left with {status:?}");
@@ -149,7 +149,10 @@ fn main() {
             Duration::from_secs(60),
             |c| share(c, 3, shards / 3),
         );
+        spans.push((joined, left, now_ns()));
     }
+    // Every request of the last leave has ended.
+    std::thread::sleep(Duration::from_secs(3));
     let failed = c.stop_all(Duration::from_secs(20));
     assert!(failed.is_empty(), "nodes {failed:?} did not leave cleanly");
 
@@ -171,7 +174,7 @@ fn main() {
     let newcomer = c.nodes[3].addr.clone();
     let (mut steady, mut during, mut during_moved) = (Vec::new(), Vec::new(), Vec::new());
     let mut empty_seconds = 0;
-    for (round, (joined, left)) in spans.into_iter().enumerate() {
+    for (round, (joined, left, back)) in spans.into_iter().enumerate() {
         let moving: Vec<_> = times(&history, "shard_moving")
             .into_iter()
             .filter(|(_, t, _)| *t > joined && *t < left)
@@ -228,6 +231,13 @@ fn main() {
                 r.failure.as_deref().unwrap_or_default()
             );
         }
+        let leave = issued_in(&all, left, back);
+        println!(
+            "  then node 3 left (its shards back on the others in {:.0} ms): {} of {} requests issued meanwhile unanswered",
+            (back - left) as f64 / 1e6,
+            leave.iter().filter(|r| !r.acked()).count(),
+            leave.len()
+        );
         steady.extend(issued_in(
             &all,
             joined - steady_secs * 1_000_000_000,
