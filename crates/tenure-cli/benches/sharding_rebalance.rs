@@ -30,10 +30,10 @@ mod shards;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use cluster::{Cluster, Options, TestCluster};
+use cluster::{Cluster, TestCluster};
 use serde_json::Value;
-use shards::{check, check_acks, live_shards};
-use tenure_cli::availability::{Request, acks_per_second, issued_in, latency_quantile, requests};
+use shards::{check, check_acks, live_shards, load_requests, open_loop_options};
+use tenure_cli::availability::{Request, acks_per_second, issued_in, latency_quantile};
 
 fn env(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -78,26 +78,14 @@ fn main() {
         "TENURE_BENCH_SHARDS must be a multiple of 12 (3 then 4 equal shares)"
     );
     let k = shards / 4;
-    let options = Options {
-        node_args: [
-            "--sharded-counter",
-            "--load-keys",
-            &keys.to_string(),
-            "--load-rate",
-            &rate.to_string(),
-            "--load-timeout",
-            "2s",
-        ]
-        .map(String::from)
-        .to_vec(),
-        tail: format!(
-            "[sharding]\nnumber-of-shards = {shards}\nretry-interval = \"300ms\"\n\
-             rebalance-interval = \"1s\"\nmax-simultaneous-rebalance = {k}\n\
-             stop-timeout = \"2s\"\nhand-off-timeout = \"6s\"\n"
-        ),
-        history: std::env::var_os("TENURE_BENCH_HISTORY").map(Into::into),
-        ..Options::default()
-    };
+    let mut options = open_loop_options(
+        shards,
+        keys,
+        rate,
+        "2s",
+        &format!("max-simultaneous-rebalance = {k}"),
+    );
+    options.history = std::env::var_os("TENURE_BENCH_HISTORY").map(Into::into);
     let mut c = Cluster::with_options(4, &options);
     // The 4th node hosts shards but drives no load: the offered load stays the same.
     c.nodes[3].args = vec![
@@ -166,11 +154,7 @@ fn main() {
             .map(|(v, _)| v)
             .unwrap_or(0)
     });
-    let events: Vec<tenure_cli::check::Event> = history
-        .iter()
-        .map(|e| tenure_cli::check::Event::from_json(e.clone(), 0).expect("a history line"))
-        .collect();
-    let all = requests(&events);
+    let all = load_requests(&history);
     let newcomer = c.nodes[3].addr.clone();
     let (mut steady, mut during, mut during_moved) = (Vec::new(), Vec::new(), Vec::new());
     let mut empty_seconds = 0;

@@ -11,8 +11,10 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::cluster::{Cluster, Options, TestCluster};
-use common::shards::{check, check_acks, live_shards, sharded_cluster, shards_on};
+use common::cluster::{Cluster, TestCluster};
+use common::shards::{
+    check, check_acks, live_shards, load_requests, open_loop_options, sharded_cluster, shards_on,
+};
 use serde_json::{Value, json};
 use tenure::sharding::counter::counter_name;
 use tenure::sqlite::FencedCounter;
@@ -193,24 +195,7 @@ const AFTER_MOVE_NS: i64 = 2_000_000_000;
 #[test]
 fn rebalances_under_open_loop_load_keep_every_key_answered_from_every_node() {
     let _serial = serial();
-    let options = Options {
-        node_args: [
-            "--sharded-counter",
-            "--load-keys",
-            &REBALANCE_KEYS.to_string(),
-            "--load-rate",
-            "4",
-            "--load-timeout",
-            "3s",
-        ]
-        .map(String::from)
-        .to_vec(),
-        tail: format!(
-            "[sharding]\nnumber-of-shards = {REBALANCE_SHARDS}\nretry-interval = \"300ms\"\n\
-             rebalance-interval = \"1s\"\nstop-timeout = \"2s\"\nhand-off-timeout = \"6s\"\n"
-        ),
-        ..Options::default()
-    };
+    let options = open_loop_options(REBALANCE_SHARDS, REBALANCE_KEYS, 4, "3s", "");
     let mut c = Cluster::with_options(3, &options);
     // Node 0 alone hosts every shard, under its own load.
     c.spawn(0);
@@ -265,11 +250,7 @@ fn rebalances_under_open_loop_load_keep_every_key_answered_from_every_node() {
         moves.len() >= 6,
         "at least 6 shards moved to the new nodes: {moves:?}"
     );
-    let events: Vec<tenure_cli::check::Event> = history
-        .iter()
-        .map(|e| tenure_cli::check::Event::from_json(e.clone(), 0).expect("a history line"))
-        .collect();
-    let requests = tenure_cli::availability::requests(&events);
+    let requests = load_requests(&history);
     let end = balanced + AFTER_MOVE_NS;
     // Availability during the change: no request from any node, for any key, went
     // unanswered from the join until after the last move.

@@ -256,3 +256,42 @@ pub fn shards_on(c: &Cluster, node: usize) -> BTreeSet<String> {
         .map(|(s, _)| s)
         .collect()
 }
+
+/// Options of a harness cluster hosting the example counter with `shards` shards, every
+/// node asking each of `keys` keys `rate` times a second (open loop, each ask given
+/// `timeout`, e.g. `"3s"`); `sharding` adds lines to `[sharding]`.
+pub fn open_loop_options(
+    shards: usize,
+    keys: usize,
+    rate: u64,
+    timeout: &str,
+    sharding: &str,
+) -> Options {
+    Options {
+        node_args: [
+            "--sharded-counter",
+            "--load-keys",
+            &keys.to_string(),
+            "--load-rate",
+            &rate.to_string(),
+            "--load-timeout",
+            timeout,
+        ]
+        .map(String::from)
+        .to_vec(),
+        tail: format!(
+            "[sharding]\nnumber-of-shards = {shards}\nretry-interval = \"300ms\"\n\
+             rebalance-interval = \"1s\"\nstop-timeout = \"2s\"\nhand-off-timeout = \"6s\"\n{sharding}\n"
+        ),
+        ..Options::default()
+    }
+}
+
+/// The requests of the load recorded in `history` (`ack` / `no_ack` with `issued`).
+pub fn load_requests(history: &[Value]) -> Vec<tenure_cli::availability::Request> {
+    let events: Vec<tenure_cli::check::Event> = history
+        .iter()
+        .map(|e| tenure_cli::check::Event::from_json(e.clone(), 0).expect("a history line"))
+        .collect();
+    tenure_cli::availability::requests(&events)
+}
