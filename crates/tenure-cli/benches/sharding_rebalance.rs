@@ -13,6 +13,8 @@
 //! - p99 latency of the requests issued during the rebalances (from the coordinator's
 //!   first `shard_moving` to the last moved shard started on the new node) against the
 //!   steady state (the requests issued in the steady periods before the joins), as a ratio;
+//!   the same from the start of each rebalance to one second after it (more samples, and
+//!   the first messages of regions that learn a moved shard's home only then);
 //! - the latency of the requests to the moving shards, and the requests that got no
 //!   answer;
 //! - for information, the requests without an answer while the 4th node leaves.
@@ -157,6 +159,7 @@ fn main() {
     let all = load_requests(&history);
     let newcomer = c.nodes[3].addr.clone();
     let (mut steady, mut during, mut during_moved) = (Vec::new(), Vec::new(), Vec::new());
+    let mut after = Vec::new();
     let mut empty_seconds = 0;
     for (round, (joined, left, back)) in spans.into_iter().enumerate() {
         let moving: Vec<_> = times(&history, "shard_moving")
@@ -228,6 +231,9 @@ fn main() {
             joined,
         ));
         during.extend(round_during);
+        // Regions that sent nothing to a moved shard during its move learn its new home at
+        // their next message: the second after the move shows what that costs.
+        after.extend(issued_in(&all, began, ended + 1_000_000_000));
         during_moved.extend(round_moved);
     }
     let (p99_steady, p99_during) = (p99(&steady), p99(&during));
@@ -235,12 +241,16 @@ fn main() {
         "rebalance of {k} shards (of {shards}) to a joining node, {rounds} rounds, {keys} keys x {rate}/s from each of 3 nodes (open loop): \
          seconds without acknowledgements: {empty_seconds}; p99 latency steady {p99_steady:.2} ms ({} requests), \
          during the rebalances {p99_during:.2} ms ({} requests): {:.2}x steady; \
-         requests to the moving shards during them: p99 {:.2} ms, max {:.2} ms ({} requests)",
+         requests to the moving shards during them: p99 {:.2} ms, max {:.2} ms ({} requests); \
+         from the start of each rebalance to 1 s after it: p99 {:.2} ms ({} requests): {:.2}x steady",
         steady.len(),
         during.len(),
         p99_during / p99_steady,
         p99(&during_moved),
         latency_quantile(&during_moved, 1.0).unwrap_or(f64::NAN),
         during_moved.len(),
+        p99(&after),
+        after.len(),
+        p99(&after) / p99_steady,
     );
 }
