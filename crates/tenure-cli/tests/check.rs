@@ -410,3 +410,40 @@ fn tenure_check_reads_the_counter_file() {
     assert_eq!(missing.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&missing.stderr).contains("/nonexistent/dir/counter.sqlite"));
 }
+
+/// A writer SIGKILLed in the middle of a line leaves torn bytes (Linux may stop a write to
+/// a regular file at a page boundary): at the end of the file, or followed by the next
+/// writer's whole line. The torn event counts as never written; the rest is checked.
+#[test]
+fn a_line_torn_by_a_killed_writer_is_skipped_and_the_rest_checked() {
+    let safe = safe_history();
+    let torn = |l: &Value| {
+        let text = l.to_string();
+        text[..text.len() / 2].to_string()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("h.jsonl");
+    // Torn in the middle: the next line follows the torn bytes on the same line.
+    let mut text = String::new();
+    for (i, l) in safe.iter().enumerate() {
+        if i == 2 {
+            text.push_str(&torn(&lost(9_000, "n9", 1)));
+        }
+        text.push_str(&format!("{l}\n"));
+    }
+    // Torn at the end: no newline after it.
+    text.push_str(&torn(&lost(9_000, "n9", 1)));
+    std::fs::write(&path, &text).unwrap();
+    let events = read_history(&path).unwrap();
+    assert_eq!(events.len(), safe.len());
+    assert!(check(&events).violations.is_empty());
+
+    // Anything else that is not JSON is still an error naming the line.
+    std::fs::write(
+        &path,
+        format!("{}\n{{\"t\":1,\"node\n{}\n", safe[0], safe[1]),
+    )
+    .unwrap();
+    let err = read_history(&path).unwrap_err().to_string();
+    assert!(err.contains("h.jsonl line 2: not JSON"), "{err}");
+}

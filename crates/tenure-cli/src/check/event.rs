@@ -1,6 +1,5 @@
 //! One history line, and reading a history file.
 
-use std::io::BufRead;
 use std::path::Path;
 
 use serde_json::Value;
@@ -97,18 +96,24 @@ impl std::fmt::Display for Event {
 
 /// Reads a history: one JSON object per line (blank lines skipped), sorted by `t` (stable,
 /// so the lines of one writer keep their order). Errors name the file and line.
+///
+/// A writer killed in the middle of a line leaves a torn line: Linux may stop a write to a
+/// regular file at a page boundary when SIGKILL arrives. Its event is lost, exactly as if
+/// the writer had been killed just before writing it, which the rules already allow for. So
+/// a line that is not JSON is accepted as torn when it is the file's last line without a
+/// newline, or when the next writer's line, appended right after the torn bytes, parses from
+/// its own start; the torn prefix is skipped. Anything else
+/// that is not JSON is an error.
 pub fn read_history(path: &Path) -> Result<Vec<Event>, CheckError> {
     let name = path.display().to_string();
-    let file = std::fs::File::open(path).map_err(|source| CheckError::Io {
+    let text = std::fs::read_to_string(path).map_err(|source| CheckError::Io {
         path: name.clone(),
         source,
     })?;
+    let ends_with_newline = text.ends_with('\n');
+    let lines: Vec<&str> = text.lines().collect();
     let mut events = Vec::new();
-    for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
-        let line = line.map_err(|source| CheckError::Io {
-            path: name.clone(),
-            source,
-        })?;
+    for (i, line) in lines.iter().enumerate() {
         if line.trim().is_empty() {
             continue;
         }
@@ -117,10 +122,27 @@ pub fn read_history(path: &Path) -> Result<Vec<Event>, CheckError> {
             line: i + 1,
             detail,
         };
-        let value: Value =
-            serde_json::from_str(&line).map_err(|e| fail(format!("not JSON: {e}")))?;
+        let value = match serde_json::from_str::<Value>(line) {
+            Ok(value) => value,
+            Err(_) if i + 1 == lines.len() && !ends_with_newline => continue,
+            Err(e) => match after_torn_prefix(line) {
+                Some(value) => value,
+                None => return Err(fail(format!("not JSON: {e}"))),
+            },
+        };
         events.push(Event::from_json(value, i + 1).map_err(fail)?);
     }
     events.sort_by_key(|e| e.t);
     Ok(events)
+}
+
+/// The event of a line that begins with a torn write: the first `{"` after the start from
+/// which the rest of the line parses as one object (an object nested in a field cannot: the
+/// closing braces of its parents follow it).
+fn after_torn_prefix(line: &str) -> Option<Value> {
+    line.match_indices("{\"")
+        .map(|(at, _)| at)
+        .filter(|&at| at > 0)
+        .find_map(|at| serde_json::from_str::<Value>(&line[at..]).ok())
+        .filter(Value::is_object)
 }
