@@ -387,7 +387,12 @@ impl CoordinatorState {
         if !settled || room == 0 {
             return;
         }
-        for (shard, from, to) in self.args.strategy.rebalance(&self.load(), room) {
+        let in_progress: BTreeSet<String> = self.moving.keys().cloned().collect();
+        for (shard, from, to) in self
+            .args
+            .strategy
+            .rebalance(&self.load(), &in_progress, room)
+        {
             tracing::debug!(entity_type = %self.args.type_name, shard, from, to, "rebalance: moving a shard");
             self.record(
                 "shard_moving",
