@@ -198,7 +198,13 @@ const AFTER_MOVE_NS: i64 = 2_000_000_000;
 #[test]
 fn rebalances_under_open_loop_load_keep_every_key_answered_from_every_node() {
     let _serial = serial();
-    let options = open_loop_options(REBALANCE_SHARDS, REBALANCE_KEYS, 1, "5s", "");
+    let options = open_loop_options(
+        REBALANCE_SHARDS,
+        REBALANCE_KEYS,
+        1,
+        "5s",
+        "rebalance-interval = \"1s\"",
+    );
     let mut c = Cluster::with_options(3, &options);
     // Node 0 alone hosts every shard, under its own load.
     c.spawn(0);

@@ -259,7 +259,8 @@ pub fn shards_on(c: &Cluster, node: usize) -> BTreeSet<String> {
 
 /// Options of a harness cluster hosting the example counter with `shards` shards, every
 /// node asking each of `keys` keys `rate` times a second (open loop, each ask given
-/// `timeout`, e.g. `"3s"`); `sharding` adds lines to `[sharding]`.
+/// `timeout`, e.g. `"3s"`); `sharding` adds lines to `[sharding]` (it must set
+/// `rebalance-interval`).
 pub fn open_loop_options(
     shards: usize,
     keys: usize,
@@ -281,7 +282,7 @@ pub fn open_loop_options(
         .to_vec(),
         tail: format!(
             "[sharding]\nnumber-of-shards = {shards}\nretry-interval = \"300ms\"\n\
-             rebalance-interval = \"1s\"\nstop-timeout = \"2s\"\nhand-off-timeout = \"6s\"\n{sharding}\n"
+             stop-timeout = \"2s\"\nhand-off-timeout = \"6s\"\n{sharding}\n"
         ),
         ..Options::default()
     }
