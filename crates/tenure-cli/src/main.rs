@@ -77,6 +77,11 @@ enum Command {
         /// every acknowledged increment was accepted and is still in the counter.
         #[arg(long, value_name = "FILE")]
         counter: Option<PathBuf>,
+        /// How long after resuming a process frozen across its lease deadline may still act
+        /// (its entities, singleton instances and accepted writes): its stop budget. The
+        /// default fits the reference stop-timeout (5 s).
+        #[arg(long, default_value = "6s", value_parser = humantime::parse_duration)]
+        resume_grace: Duration,
     },
     /// Run a local cluster under load through a scenario of faults and check it was safe.
     ///
@@ -212,9 +217,10 @@ fn main() -> ExitCode {
         history,
         all,
         counter,
+        resume_grace,
     } = &cli.command
     {
-        return check_cmd::check(history, *all, counter.as_deref()).exit_code();
+        return check_cmd::check(history, *all, counter.as_deref(), *resume_grace).exit_code();
     }
     // The demo drives processes from plain threads; it needs neither a runtime nor a config.
     if let Command::Demo(args) = cli.command {
@@ -314,11 +320,7 @@ async fn run(cli: Cli) -> Result<Outcome, CliError> {
             (None, Some(peer)) => node_cmd::fault(provider.config(), &node, &peer, false).await,
             (None, None) => Err(CliError::Command("give --cut PEER or --heal PEER".into())),
         },
-        Command::Check {
-            history,
-            all,
-            counter,
-        } => Ok(check_cmd::check(&history, all, counter.as_deref())),
+        Command::Check { .. } => unreachable!("main checks without a runtime"),
         Command::Demo(_) => unreachable!("main runs the demo without a runtime"),
     }
 }

@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 
+use super::actions::{ActionRule, check_actions};
 use super::event::Event;
 use super::holds::{Hold, holds};
 
@@ -20,6 +21,9 @@ pub enum ViolationKind {
     UnbackedAck,
     /// An acknowledged write is not in the resource's final state.
     LostAck,
+    /// An entity or singleton instance ran, or a fenced write was accepted, outside its
+    /// node's hold of the matching lease.
+    ActionOutsideHold,
 }
 
 impl std::fmt::Display for ViolationKind {
@@ -31,6 +35,7 @@ impl std::fmt::Display for ViolationKind {
             ViolationKind::StaleWrite => "stale write accepted",
             ViolationKind::UnbackedAck => "acknowledged write not accepted",
             ViolationKind::LostAck => "acknowledged write lost",
+            ViolationKind::ActionOutsideHold => "action outside the hold",
         })
     }
 }
@@ -66,6 +71,8 @@ pub struct Stats {
     pub unknown: usize,
     pub writes_accepted: usize,
     pub writes_rejected: usize,
+    /// Actions checked against holds: entity lives, singleton instances, accepted writes.
+    pub actions: usize,
     /// Faults injected by a harness.
     pub faults: usize,
 }
@@ -93,18 +100,26 @@ fn describe(h: &Hold) -> String {
     format!("{} ({}) token {}", h.node, h.inc, h.token)
 }
 
-/// Checks `events` (sorted by `t`, as [`read_history`](super::read_history) returns them).
+/// Checks `events` (sorted by `t`, as [`read_history`](super::read_history) returns them)
+/// with the default [`ActionRule`].
 pub fn check(events: &[Event]) -> Verdict {
+    check_with(events, ActionRule::default())
+}
+
+/// Checks `events` with the action rule `rule`.
+pub fn check_with(events: &[Event], rule: ActionRule) -> Verdict {
     let holds = holds(events);
     let mut violations = Vec::new();
     for (lease, list) in &holds {
         check_lease(lease, list, &mut violations);
     }
     check_writes(events, &mut violations);
+    let actions = check_actions(events, &holds, rule, &mut violations);
     violations.sort_by_key(|v| v.second.t);
     let mut stats = Stats {
         events: events.len(),
         leases: holds.len(),
+        actions,
         ..Stats::default()
     };
     for e in events {
