@@ -492,17 +492,31 @@ fn actions_must_lie_inside_their_holds() {
     let outside = vec![ViolationKind::ActionOutsideHold];
     // The loss is announced at 700 (ahead of the deadline by the stop budget); the entity is
     // gone at 850, before the deadline 900: safe.
+    let shard = |t, event| {
+        ev(
+            t,
+            "a",
+            event,
+            json!({"type": "counter", "shard": "7", "token": 1, "why": ""}),
+        )
+    };
     let in_time = vec![
         granted(0, "a", 1, 900),
+        shard(5, "shard_started"),
         entity(10, "a", "entity_started", 1),
         write(20, "a", 1, 1, true),
         lost(700, "a", 1),
         entity(850, "a", "entity_stopped", 1),
+        shard(860, "shard_stopped"),
     ];
     assert_eq!(action_kinds(&in_time), vec![]);
     // The entity stops after the deadline.
     let mut late = in_time.clone();
-    late[4] = entity(950, "a", "entity_stopped", 1);
+    late[5] = entity(950, "a", "entity_stopped", 1);
+    assert_eq!(action_kinds(&late), outside);
+    // So does the shard.
+    let mut late = in_time.clone();
+    late[6] = shard(901, "shard_stopped");
     assert_eq!(action_kinds(&late), outside);
     // The entity stops after its lease was released (a hand-off that did not wait).
     let after_release = vec![
@@ -576,4 +590,10 @@ fn a_frozen_process_must_stop_promptly_after_resuming() {
     let (code, out) = run_check(&frozen(8000 + 3_000));
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("1 actions checked"), "{out}");
+    let (code, out) = run_check(&frozen(8000 + 7_000));
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("frozen across its deadline, it went on 7000.000 ms after resuming"),
+        "{out}"
+    );
 }

@@ -1,5 +1,5 @@
-//! Actions: what a node *did* under a lease (an entity alive, a singleton instance alive, a
-//! fenced write accepted), and the rule that every action lies inside its node's hold of the
+//! Actions: what a node *did* under a lease (a shard serving, an entity alive, a singleton
+//! instance alive, a fenced write accepted), and the rule that every action lies inside its node's hold of the
 //! matching lease.
 //!
 //! A hold bounds actions until the holder's local deadline (its last `valid_until`), its
@@ -21,6 +21,8 @@ use super::verdict::{Violation, ViolationKind};
 /// What kind of action.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum ActionKind {
+    /// A shard serving (`shard_started` .. `shard_stopped`).
+    ShardLife,
     /// An entity alive (`entity_started` .. `entity_stopped`).
     EntityLife,
     /// A singleton instance alive (`singleton_starting` .. `singleton_stopped`).
@@ -32,6 +34,7 @@ pub enum ActionKind {
 impl std::fmt::Display for ActionKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
+            ActionKind::ShardLife => "shard serving",
             ActionKind::EntityLife => "entity alive",
             ActionKind::SingletonLife => "singleton instance alive",
             ActionKind::AcceptedWrite => "write accepted",
@@ -100,6 +103,12 @@ pub fn actions(events: &[Event]) -> Vec<Action> {
         let shard_suffix = || Some(format!("-shard-{}-{}", e.str("type")?, e.str("shard")?));
         let singleton_suffix = || Some(format!("-singleton-{}", e.str("singleton")?));
         let (kind, subject, suffix, starts) = match e.kind.as_str() {
+            "shard_started" | "shard_stopped" => (
+                ActionKind::ShardLife,
+                Some(String::new()),
+                shard_suffix(),
+                e.kind == "shard_started",
+            ),
             "entity_started" | "entity_stopped" => (
                 ActionKind::EntityLife,
                 e.str("entity").map(str::to_string),
