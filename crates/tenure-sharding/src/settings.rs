@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use tenure_lease::config::TableReader;
-use tenure_lease::{ConfigError, LeaseSettings, TenureConfig};
+use tenure_lease::{ConfigError, LeaseSettings, StopBudget, TenureConfig};
 
 /// How one entity type is sharded.
 #[derive(Debug, Clone, PartialEq)]
@@ -21,7 +21,9 @@ pub struct ShardingSettings {
     pub buffer_size: usize,
     /// `idle-timeout`: idle entities are passivated after it (`None`: never).
     pub idle_timeout: Option<Duration>,
-    /// `stop-timeout`: how long a stopping entity gets before it is killed.
+    /// `stop-timeout`: how long a stopping entity gets before it is killed (`0s` in config:
+    /// the lease section's `heartbeat-timeout / 10`). Its [`stop_budget`](Self::stop_budget)
+    /// fits the shard lease's timing.
     pub stop_timeout: Duration,
     /// `retry-interval`: region reports and re-asked shard homes.
     pub retry_interval: Duration,
@@ -72,6 +74,15 @@ impl ShardingSettings {
         }
         let lease = config.lease_section(&lease_section)?.settings;
         let idle = r.duration("idle-timeout")?;
+        let stop_timeout = match r.duration("stop-timeout")? {
+            d if d.is_zero() => lease.heartbeat_timeout / 10,
+            d => d,
+        };
+        lease.check_stop_budget(
+            &format!("lease.{lease_section}"),
+            &config.key_for("sharding", type_name, "stop-timeout"),
+            &StopBudget::for_actors(stop_timeout),
+        )?;
         Ok(ShardingSettings {
             role: r.string("role")?,
             lease_section,
@@ -79,7 +90,7 @@ impl ShardingSettings {
             number_of_shards: r.count("number-of-shards")?,
             buffer_size: r.count("buffer-size")?,
             idle_timeout: (!idle.is_zero()).then_some(idle),
-            stop_timeout: r.positive_duration("stop-timeout")?,
+            stop_timeout,
             retry_interval: r.positive_duration("retry-interval")?,
             unreachable_reallocate_after: r.positive_duration("unreachable-reallocate-after")?,
             minority_hand_off_after: r.positive_duration("minority-hand-off-after")?,
@@ -88,6 +99,14 @@ impl ShardingSettings {
             max_simultaneous_rebalance: r.count("max-simultaneous-rebalance")?,
             hand_off_timeout: r.positive_duration("hand-off-timeout")?,
         })
+    }
+}
+
+impl ShardingSettings {
+    /// How long before a shard lease's local deadline its shard must learn of a loss: the
+    /// loss delivered, `stop-timeout` for its entities, a kill of those still running.
+    pub fn stop_budget(&self) -> StopBudget {
+        StopBudget::for_actors(self.stop_timeout)
     }
 }
 
@@ -115,7 +134,6 @@ mod tests {
             ("[sharding.counter]\nrole = 1", "sharding.role"),
             ("[sharding.counter]\nshards = 1", "sharding.counter.shards"),
             ("[sharding]\nlease-section = \"nope\"", "nope"),
-            ("[sharding]\nstop-timeout = \"0s\"", "sharding.stop-timeout"),
         ] {
             let config = TenureConfig::from_toml_str(text, "t").unwrap();
             let err = ShardingSettings::from_config(&config, "counter", "sqlite")
@@ -125,5 +143,29 @@ mod tests {
         }
         let err = ShardingSettings::from_config(&config, "", "sqlite").unwrap_err();
         assert!(err.to_string().contains("entity type name"), "{err}");
+    }
+
+    #[test]
+    fn a_stop_timeout_that_does_not_fit_the_lease_is_refused_naming_both_keys() {
+        // ttl 30 s, margin 3 s, interval 5 s: the budget must stay under 22 s.
+        let lease = "[lease.sqlite]\nheartbeat-timeout = \"30s\"\n";
+        let config = TenureConfig::from_toml_str(lease, "t").unwrap();
+        let s = ShardingSettings::from_config(&config, "counter", "sqlite").unwrap();
+        assert_eq!(s.stop_timeout, Duration::from_secs(3), "0s: heartbeat-timeout / 10");
+        let text = format!("{lease}[sharding.counter]\nstop-timeout = \"22s\"\n");
+        let config = TenureConfig::from_toml_str(&text, "t").unwrap();
+        let err = ShardingSettings::from_config(&config, "counter", "sqlite")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("`sharding.counter.stop-timeout`")
+                && err.contains("`lease.sqlite.heartbeat-timeout`"),
+            "{err}"
+        );
+        // Another type keeps the default and is fine.
+        ShardingSettings::from_config(&config, "other", "sqlite").unwrap();
+        let text = format!("{lease}[sharding]\nstop-timeout = \"21s\"\n");
+        let config = TenureConfig::from_toml_str(&text, "t").unwrap();
+        ShardingSettings::from_config(&config, "counter", "sqlite").unwrap();
     }
 }

@@ -68,7 +68,7 @@ fn lease_settings() -> LeaseSettings {
     }
 }
 
-const LEASE: &str = "test-shard-probe-7";
+const LEASE: &str = "test-shard-probe-0";
 
 struct Fixture {
     store: MemoryStore,
@@ -90,12 +90,15 @@ impl Fixture {
         let config = TenureConfig::from_toml_str("", "test").unwrap();
         let mut settings = ShardingSettings::from_config(&config, "probe", "memory").unwrap();
         settings.idle_timeout = idle;
-        settings.stop_timeout = Duration::from_secs(2);
+        // One shard: every entity id belongs to it.
+        settings.number_of_shards = 1;
+        // The stop budget (500 ms + 500 ms of kill wait and slack) fits the 1.5 s ttl.
+        settings.stop_timeout = Duration::from_millis(500);
         settings.lease = lease_settings();
         let store: Arc<dyn LeaseStore> = Arc::new(self.store.clone());
         let args = ShardArgs {
             type_name: "probe".into(),
-            shard_id: "7".into(),
+            shard_id: "0".into(),
             node: owner.into(),
             lease: LeaseSpec::new(LEASE, owner, store, lease_settings()).unwrap(),
             factory: entity_factory(Probe(self.tx.clone())),
