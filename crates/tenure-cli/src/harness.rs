@@ -368,10 +368,12 @@ fault-injection = true
         self.record(i, "restarted");
     }
 
-    /// SIGSTOP node `i` (recorded as `paused`).
+    /// SIGSTOP node `i` (recorded as `paused` first: the checker lets a process frozen across
+    /// a deadline act on after it, and one frozen just before its record must not count as
+    /// running).
     pub fn pause(&self, i: usize) {
-        self.signal(i, libc::SIGSTOP);
         self.record(i, "paused");
+        self.signal(i, libc::SIGSTOP);
     }
 
     /// SIGCONT node `i` (recorded as `resumed` first).

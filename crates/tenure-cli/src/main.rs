@@ -78,9 +78,10 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         counter: Option<PathBuf>,
         /// How long after resuming a process frozen across its lease deadline may still act
-        /// (its entities, singleton instances and accepted writes): its stop budget. The
-        /// default fits the reference stop-timeout (5 s).
-        #[arg(long, default_value = "6s", value_parser = humantime::parse_duration)]
+        /// (its entities, singleton instances and accepted writes): at least its stop budget
+        /// (stop-timeout + 500 ms). The default fits the reference configuration
+        /// (stop-timeout 12 s at the 120 s ttl).
+        #[arg(long, default_value = "13s", value_parser = humantime::parse_duration)]
         resume_grace: Duration,
     },
     /// Run a local cluster under load through a scenario of faults and check it was safe.

@@ -70,10 +70,11 @@ pub struct ActionRule {
 }
 
 impl Default for ActionRule {
-    /// 6 s: the reference `stop-timeout` (5 s) plus delivery slack.
+    /// 13 s: the stop budget of the reference configuration (`stop-timeout` 12 s, plus
+    /// 500 ms of kill wait and delivery slack), plus slack for a process catching up.
     fn default() -> Self {
         ActionRule {
-            resume_grace: Duration::from_secs(6),
+            resume_grace: Duration::from_secs(13),
         }
     }
 }
@@ -209,13 +210,24 @@ pub fn check_actions(
         }
     }
     let grace = i64::try_from(rule.resume_grace.as_nanos()).unwrap_or(i64::MAX);
+    // Holds by (node, incarnation, token): histories hold far more actions than holds.
+    let mut by_holder: BTreeMap<(&str, &str, u64), Vec<(&String, &Hold)>> = BTreeMap::new();
+    for (lease, list) in holds {
+        for h in list {
+            by_holder
+                .entry((h.node.as_str(), h.inc.as_str(), h.token))
+                .or_default()
+                .push((lease, h));
+        }
+    }
     let all = actions(events);
     for action in &all {
-        let hold = holds
-            .iter()
-            .filter(|(lease, _)| lease.ends_with(&action.lease_suffix))
-            .flat_map(|(lease, list)| list.iter().map(move |h| (lease, h)))
-            .find(|(_, h)| h.node == action.node && h.inc == action.inc && h.token == action.token);
+        let hold = by_holder
+            .get(&(action.node.as_str(), action.inc.as_str(), action.token))
+            .into_iter()
+            .flatten()
+            .find(|(lease, _)| lease.ends_with(&action.lease_suffix))
+            .copied();
         let Some((lease, hold)) = hold else {
             out.push(outside(
                 action,

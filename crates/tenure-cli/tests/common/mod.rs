@@ -209,8 +209,8 @@ pub fn guarded_writer(history: &Path, iterations: Option<u32>) -> Vec<String> {
     vec!["sh".into(), "-c".into(), body]
 }
 
-/// How long after resuming a node frozen across its lease deadline may still act: the
-/// tests' `stop-timeout` (2 s) plus delivery slack.
+/// How long after resuming a node frozen across its lease deadline may still act: at least
+/// the tests' stop budget (`stop-timeout` 1 s + 500 ms), with room for a loaded machine.
 pub const RESUME_GRACE: &str = "3s";
 
 /// Runs `tenure check --all` on the history at `path` and fails the test with its output
