@@ -105,6 +105,11 @@ impl Cluster {
     pub fn counter_file(&self) -> PathBuf {
         self.dir.path().join("counter.sqlite")
     }
+
+    /// The SQLite lease file of the nodes' default `[lease.sqlite]` section.
+    pub fn lease_store(&self) -> &Path {
+        &self.store
+    }
 }
 
 /// The `p` quantile (0..=1) of `v` (sorted in place), for benchmark reports.

@@ -5,6 +5,7 @@ mod exit;
 mod lease_cmd;
 mod node_cmd;
 mod run_cmd;
+mod slow_stop;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -59,6 +60,11 @@ enum Command {
         /// Pause between two increments of one load worker.
         #[arg(long, default_value = "20ms", value_parser = humantime::parse_duration)]
         load_interval: Duration,
+        /// Fault injection for tests (needs `cluster.fault-injection = true`): while FILE
+        /// exists, the example entities and singletons take a minute to stop, so that only
+        /// their supervisors' kills end them in time.
+        #[arg(long, value_name = "FILE")]
+        slow_stop_when: Option<PathBuf>,
     },
     /// Inspect a running cluster through one of its nodes (uses [cluster] cookie and TLS).
     #[command(subcommand)]
@@ -302,6 +308,7 @@ async fn run(cli: Cli) -> Result<Outcome, CliError> {
             sharded_counter,
             load_keys,
             load_interval,
+            slow_stop_when,
         } => {
             let hosting = node_cmd::Hosting {
                 history: history.as_deref(),
@@ -310,6 +317,7 @@ async fn run(cli: Cli) -> Result<Outcome, CliError> {
                 tick,
                 sharded_counter,
                 load: (load_keys > 0).then_some((load_keys, load_interval)),
+                slow_stop: slow_stop_when.map(slow_stop::SlowStopSwitch::new),
             };
             node_cmd::node(provider.config(), &provider, hosting).await
         }

@@ -473,6 +473,15 @@ fn entity(t: i64, node: &str, event: &str, token: u64) -> Value {
     )
 }
 
+fn shard_life(t: i64, node: &str, event: &str, token: u64) -> Value {
+    ev(
+        t,
+        node,
+        event,
+        json!({"type": "counter", "shard": "7", "token": token, "why": ""}),
+    )
+}
+
 fn singleton(t: i64, node: &str, event: &str, token: u64) -> Value {
     ev(
         t,
@@ -570,19 +579,22 @@ fn a_frozen_process_must_stop_promptly_after_resuming() {
     let frozen = |stop_ms: i64| {
         vec![
             granted(0, "a", 1, 900),
+            shard_life(5, "a", "shard_started", 1),
             entity(10, "a", "entity_started", 1),
             fault(500, "a", "paused"),
             granted(1000, "b", 2, 1900),
             fault(8000, "a", "resumed"),
             lost(8001, "a", 1),
             entity(stop_ms, "a", "entity_stopped", 1),
+            shard_life(stop_ms, "a", "shard_stopped", 1),
         ]
     };
     // The default grace (13 s) covers the reference stop budget (12.5 s).
     assert_eq!(action_kinds(&frozen(8000 + 12_500)), vec![]);
+    // The entity and its shard both went on too long.
     assert_eq!(
         action_kinds(&frozen(8000 + 14_000)),
-        vec![ViolationKind::ActionOutsideHold]
+        vec![ViolationKind::ActionOutsideHold; 2]
     );
     // Frozen, but resumed before the deadline: no exception.
     let short = vec![
@@ -595,11 +607,60 @@ fn a_frozen_process_must_stop_promptly_after_resuming() {
     assert_eq!(action_kinds(&short), vec![ViolationKind::ActionOutsideHold]);
     let (code, out) = run_check_with(&frozen(8000 + 3_000), &["--resume-grace", "6s"]);
     assert_eq!(code, 0, "{out}");
-    assert!(out.contains("1 actions checked"), "{out}");
+    assert!(out.contains("2 actions checked"), "{out}");
     let (code, out) = run_check_with(&frozen(8000 + 7_000), &["--resume-grace", "6s"]);
     assert_eq!(code, 1, "{out}");
     assert!(
-        out.contains("frozen across its deadline, it went on 7000.000 ms after resuming (grace 6s)"),
+        out.contains(
+            "frozen across its deadline, it went on 7000.000 ms after resuming (grace 6s)"
+        ),
         "{out}"
     );
+}
+
+/// An entity lives inside a life of its shard (same node, incarnation and token); a
+/// resource never accepts two writes at one position of its order.
+#[test]
+fn entities_live_inside_their_shard_and_positions_are_written_once() {
+    let shard_kinds = |lines: &[Value]| {
+        kinds(lines)
+            .into_iter()
+            .filter(|k| *k == ViolationKind::EntityOutsideShard)
+            .count()
+    };
+    let inside = vec![
+        granted(0, "a", 1, 900),
+        shard_life(5, "a", "shard_started", 1),
+        entity(10, "a", "entity_started", 1),
+        entity(20, "a", "entity_stopped", 1),
+        shard_life(30, "a", "shard_stopped", 1),
+    ];
+    assert_eq!(shard_kinds(&inside), 0);
+    // Started before its shard served, or stopped after the shard recorded its stop.
+    let mut early = inside.clone();
+    early[2] = entity(4, "a", "entity_started", 1);
+    assert_eq!(shard_kinds(&early), 1);
+    let mut late = inside.clone();
+    late[3] = entity(31, "a", "entity_stopped", 1);
+    assert_eq!(shard_kinds(&late), 1);
+    // Under another token than the shard's life.
+    let other_token = vec![
+        granted(0, "a", 1, 900),
+        granted(0, "a", 2, 900),
+        shard_life(5, "a", "shard_started", 1),
+        entity(10, "a", "entity_started", 2),
+        entity(20, "a", "entity_stopped", 2),
+        shard_life(30, "a", "shard_stopped", 1),
+    ];
+    assert_eq!(shard_kinds(&other_token), 1);
+    // Two accepted writes at value 1: a lost update.
+    let twice = vec![
+        granted(0, "a", 1, 900),
+        write(10, "a", 1, 1, true),
+        write(11, "a", 1, 1, true),
+    ];
+    assert!(kinds(&twice).contains(&ViolationKind::DuplicateWrite));
+    let (code, out) = run_check(&twice);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("accepted two writes with value 1"), "{out}");
 }

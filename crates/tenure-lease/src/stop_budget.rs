@@ -124,7 +124,11 @@ mod tests {
     fn the_reference_stop_timeout_of_five_seconds_fits_a_30s_ttl() {
         // Issue 15's example: ttl 30 s, margin 3 s, interval 5 s.
         let s = LeaseSettings::with_timeout(Duration::from_secs(30));
-        s.check_stop_budget("lease", "singleton.stop-timeout", &StopBudget::for_actors(Duration::from_secs(5)))
-            .unwrap();
+        s.check_stop_budget(
+            "lease",
+            "singleton.stop-timeout",
+            &StopBudget::for_actors(Duration::from_secs(5)),
+        )
+        .unwrap();
     }
 }

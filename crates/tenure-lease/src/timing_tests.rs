@@ -7,8 +7,8 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::time::{Instant, advance, sleep};
 
 use crate::{
-    Acquired, Fault, Lease, LeaseActor, LeaseEvent, LeaseEventSink, LeaseMsg, LeaseSettings,
-    LeaseObserver, LeaseSpec, LeaseStore, LeaseTrace, LostReason, MemoryStore, RenewalBatcher,
+    Acquired, Fault, Lease, LeaseActor, LeaseEvent, LeaseEventSink, LeaseMsg, LeaseObserver,
+    LeaseSettings, LeaseSpec, LeaseStore, LeaseTrace, LostReason, MemoryStore, RenewalBatcher,
 };
 
 fn settings() -> LeaseSettings {
@@ -426,12 +426,18 @@ async fn a_stop_budget_announces_the_loss_that_much_before_the_deadline() {
     assert!(view.check_lease(), "believed until the budget begins");
     assert!(lost_events(&log).is_empty());
     sleep(Duration::from_millis(20)).await;
-    assert!(!view.check_lease(), "no longer believed once the budget began");
+    assert!(
+        !view.check_lease(),
+        "no longer believed once the budget began"
+    );
     let lost = lost_events(&log);
     assert_eq!(lost.len(), 1, "{lost:?}");
     let (at, ev) = &lost[0];
     assert_eq!(ev.reason, LostReason::Expired);
-    assert!(*at <= deadline - budget, "announced at {at:?}, deadline {deadline:?}");
+    assert!(
+        *at <= deadline - budget,
+        "announced at {at:?}, deadline {deadline:?}"
+    );
     assert!(*at >= deadline - budget - Duration::from_millis(5));
     // A renewal answered within the budget does not revive it.
     store.set_fault(Fault::None);

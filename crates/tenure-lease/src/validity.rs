@@ -271,14 +271,20 @@ mod tests {
         };
         assert_eq!((h.deadline, h.believed_until), (at(t, 900), at(t, 600)));
         assert!(b.current(at(t, 599)).is_some());
-        assert!(b.current(at(t, 600)).is_none(), "the budget is for stopping");
+        assert!(
+            b.current(at(t, 600)).is_none(),
+            "the budget is for stopping"
+        );
         assert_eq!(b.expire_due(at(t, 599)), None);
         // A renewal extends both; one answered within the budget is too late.
         assert!(b.renewed(h.generation, at(t, 500), at(t, 550)));
         assert_eq!(b.held().unwrap().deadline, at(t, 1400));
         assert_eq!(b.held().unwrap().believed_until, at(t, 1100));
         assert!(!b.renewed(h.generation, at(t, 1000), at(t, 1150)));
-        assert_eq!(b.expire_due(at(t, 1150)).map(|h| h.deadline), Some(at(t, 1400)));
+        assert_eq!(
+            b.expire_due(at(t, 1150)).map(|h| h.deadline),
+            Some(at(t, 1400))
+        );
         // A grant answered within its own budget cannot be used.
         assert_eq!(b.grant(2, at(t, 2000), at(t, 2600)), GrantEffect::TooLate);
         // A budget beyond the validity: never believed at all.

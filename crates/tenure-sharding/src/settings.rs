@@ -151,7 +151,11 @@ mod tests {
         let lease = "[lease.sqlite]\nheartbeat-timeout = \"30s\"\n";
         let config = TenureConfig::from_toml_str(lease, "t").unwrap();
         let s = ShardingSettings::from_config(&config, "counter", "sqlite").unwrap();
-        assert_eq!(s.stop_timeout, Duration::from_secs(3), "0s: heartbeat-timeout / 10");
+        assert_eq!(
+            s.stop_timeout,
+            Duration::from_secs(3),
+            "0s: heartbeat-timeout / 10"
+        );
         let text = format!("{lease}[sharding.counter]\nstop-timeout = \"22s\"\n");
         let config = TenureConfig::from_toml_str(&text, "t").unwrap();
         let err = ShardingSettings::from_config(&config, "counter", "sqlite")

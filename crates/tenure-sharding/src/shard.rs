@@ -182,6 +182,9 @@ impl Actor for Shard {
         }
         if !state.handing_off {
             state.stop_entities("shard stopped").await;
+            if let Some(token) = state.serving.take() {
+                state.record("shard_stopped", token, "shard stopped");
+            }
             state.release().await;
         }
         Ok(())
@@ -367,7 +370,10 @@ impl ShardState {
                 format!(
                     "entity {} of `{}` belongs to shard {home} here (number-of-shards {}), not shard {}: \
                      the sender's sharding.number-of-shards differs",
-                    p.entity, self.args.type_name, self.args.settings.number_of_shards, self.args.shard_id
+                    p.entity,
+                    self.args.type_name,
+                    self.args.settings.number_of_shards,
+                    self.args.shard_id
                 ),
             );
             return;
@@ -397,8 +403,11 @@ impl ShardState {
             Ok(starting) => {
                 // Its life begins now: its `start` may already act under the token.
                 self.record_entity("entity_started", &p.entity, token, "");
-                let (shard, entity, id) =
-                    (self.myself.clone(), p.entity.clone(), starting.actor.get_id());
+                let (shard, entity, id) = (
+                    self.myself.clone(),
+                    p.entity.clone(),
+                    starting.actor.get_id(),
+                );
                 tokio::spawn(async move {
                     let result = match starting.started.await {
                         Ok(Ok(_)) => Ok(()),
@@ -458,7 +467,12 @@ impl ShardState {
                 tracing::warn!(shard = %self.args.shard_id, entity, error = %e, "entity could not be started");
                 self.entities.remove(entity);
                 if let Some(token) = self.serving {
-                    self.record_entity("entity_stopped", entity, token, &format!("start failed: {e}"));
+                    self.record_entity(
+                        "entity_stopped",
+                        entity,
+                        token,
+                        &format!("start failed: {e}"),
+                    );
                 }
                 for p in mine {
                     AskReply::fail(

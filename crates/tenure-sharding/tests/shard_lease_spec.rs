@@ -395,7 +395,11 @@ async fn a_slow_entity_start_does_not_delay_the_shard() {
     let s = ractor::call_t!(shard, ShardMsg::Status, 500)
         .expect("the shard answers while an entity starts");
     assert!(s.serving.is_some(), "{s:?}");
-    assert_eq!((s.entities.clone(), s.waiting), (vec!["slow".to_string()], 1), "{s:?}");
+    assert_eq!(
+        (s.entities.clone(), s.waiting),
+        (vec!["slow".to_string()], 1),
+        "{s:?}"
+    );
     // The store goes away: the loss comes the stop budget (1 s) before the local deadline
     // (1.3 s after the last renewal), and the starting entity is killed at once (its
     // stop would only be seen after its start).
@@ -404,7 +408,11 @@ async fn a_slow_entity_start_does_not_delay_the_shard() {
     assert_eq!(abandoned.unwrap(), Some("start abandoned"));
     let s = status(&shard).await;
     // The message waits for the next grant.
-    assert_eq!((s.serving, s.entities.len(), s.waiting), (None, 0, 1), "{s:?}");
+    assert_eq!(
+        (s.serving, s.entities.len(), s.waiting),
+        (None, 0, 1),
+        "{s:?}"
+    );
     asked.abort();
     shard.stop_and_wait(None, None).await.unwrap();
 }

@@ -39,7 +39,8 @@ pub struct SingletonContext {
 /// (`Ok`, then it is linked to the manager) or failed (also when it was killed meanwhile).
 pub struct StartingInstance {
     pub cell: ActorCell,
-    pub started: ractor::concurrency::JoinHandle<Result<ractor::concurrency::JoinHandle<()>, SpawnErr>>,
+    pub started:
+        ractor::concurrency::JoinHandle<Result<ractor::concurrency::JoinHandle<()>, SpawnErr>>,
 }
 
 /// Spawns an instance (linked to `ctx.supervisor` once started) without waiting for its
@@ -284,10 +285,7 @@ impl Actor for SingletonManager {
             SupervisionEvent::ActorFailed(cell, err) => (cell.clone(), format!("failed: {err}")),
             _ => return Ok(()),
         };
-        if let Some((_, token)) = state
-            .zombie
-            .take_if(|(z, _)| z.get_id() == cell.get_id())
-        {
+        if let Some((_, token)) = state.zombie.take_if(|(z, _)| z.get_id() == cell.get_id()) {
             tracing::warn!(singleton = %state.spec.name, "the stuck instance has ended");
             state.record("singleton_stopped", token, "survived its kill, ended later");
             state.release().await;
@@ -516,7 +514,10 @@ impl ManagerState {
             Err(e) => {
                 tracing::error!(singleton = %self.spec.name, error = %e, "the singleton failed to start; releasing the lease and retrying");
                 let running = self.running.take().expect("checked above");
-                if self.await_family(&running, &format!("start failed: {e}")).await {
+                if self
+                    .await_family(&running, &format!("start failed: {e}"))
+                    .await
+                {
                     self.release().await;
                 }
                 self.pause_restarts(myself);

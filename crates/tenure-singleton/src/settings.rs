@@ -135,6 +135,10 @@ mod tests {
         );
         let config = TenureConfig::from_toml_str(lease, "t").unwrap();
         let s = SingletonSettings::from_config(&config, "billing", "sqlite").unwrap();
-        assert_eq!(s.stop_timeout, Duration::from_secs(3), "0s: heartbeat-timeout / 10");
+        assert_eq!(
+            s.stop_timeout,
+            Duration::from_secs(3),
+            "0s: heartbeat-timeout / 10"
+        );
     }
 }

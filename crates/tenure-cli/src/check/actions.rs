@@ -187,6 +187,9 @@ fn action_deadline(hold: &Hold) -> i64 {
     }
 }
 
+/// A holder and grant: node, incarnation, token.
+type Holder<'a> = (&'a str, &'a str, u64);
+
 /// Checks that every action lies inside its node's hold of the matching lease, allowing a
 /// process frozen across its deadline to act until `rule.resume_grace` after it resumed.
 pub fn check_actions(
@@ -211,7 +214,7 @@ pub fn check_actions(
     }
     let grace = i64::try_from(rule.resume_grace.as_nanos()).unwrap_or(i64::MAX);
     // Holds by (node, incarnation, token): histories hold far more actions than holds.
-    let mut by_holder: BTreeMap<(&str, &str, u64), Vec<(&String, &Hold)>> = BTreeMap::new();
+    let mut by_holder: BTreeMap<Holder, Vec<(&String, &Hold)>> = BTreeMap::new();
     for (lease, list) in holds {
         for h in list {
             by_holder
@@ -283,7 +286,49 @@ pub fn check_actions(
             )),
         }
     }
+    check_entities_in_shards(&all, out);
     all.len()
+}
+
+/// Every entity life lies inside a life of its shard on the same node, incarnation and
+/// token: a shard starts its entities only while it serves, and has stopped them all
+/// before it records its stop.
+fn check_entities_in_shards(all: &[Action], out: &mut Vec<Violation>) {
+    let mut shards: BTreeMap<(&str, &str, &str, u64), Vec<&Action>> = BTreeMap::new();
+    for a in all.iter().filter(|a| a.kind == ActionKind::ShardLife) {
+        shards
+            .entry((&a.node, &a.inc, &a.lease_suffix, a.token))
+            .or_default()
+            .push(a);
+    }
+    for entity in all.iter().filter(|a| a.kind == ActionKind::EntityLife) {
+        let key = (
+            entity.node.as_str(),
+            entity.inc.as_str(),
+            entity.lease_suffix.as_str(),
+            entity.token,
+        );
+        let inside = shards
+            .get(&key)
+            .into_iter()
+            .flatten()
+            .any(|shard| shard.from_ns <= entity.from_ns && entity.until_ns <= shard.until_ns);
+        if !inside {
+            out.push(Violation {
+                kind: ViolationKind::EntityOutsideShard,
+                subject: format!("*{}", entity.lease_suffix),
+                explanation: format!(
+                    "entity {} on {} ({}) with token {}: alive outside every life of its shard on that node with that token",
+                    entity.began.str("entity").unwrap_or("?"),
+                    entity.node,
+                    entity.inc,
+                    entity.token
+                ),
+                first: entity.began.clone(),
+                second: entity.ended.clone().unwrap_or_else(|| entity.began.clone()),
+            });
+        }
+    }
 }
 
 fn ms(ns: i64) -> String {

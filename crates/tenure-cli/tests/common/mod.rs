@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod lives;
 pub mod proxy;
 pub mod shards;
 
