@@ -401,6 +401,12 @@ fault-injection = true
             })
     }
 
+    /// Waits up to `limit` for node `i` to exit by itself (recorded as `terminated`) and
+    /// returns its status; past it, SIGKILLs the node and returns `None`.
+    pub fn wait_exit(&mut self, i: usize, limit: Duration) -> Option<ExitStatus> {
+        self.reap(i, Instant::now() + limit)
+    }
+
     /// SIGTERM every running node at once (a paused one is resumed first; recorded like
     /// [`Cluster::stop`]), then waits up to `limit` for each to exit, SIGKILLing the ones
     /// that do not. Returns the nodes that exited with a non-zero status or were killed.

@@ -115,9 +115,7 @@ pub async fn node(
     tokio::select! {
         _ = term.recv() => {}
         _ = int.recv() => {}
-        _ = node.stopped() => {
-            return Err(CliError::Command("the node stopped: its member lease actor failed (see the log)".into()));
-        }
+        why = node.stopped() => return Err(why.into()),
     }
     eprintln!("tenure: leaving the cluster (signal again to exit at once)");
     tokio::select! {

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use tenure_cluster::placement::EntityPlacement;
 use tenure_lease::config::TableReader;
 use tenure_lease::{ConfigError, LeaseSettings, StopBudget, TenureConfig};
 
@@ -68,10 +69,9 @@ impl ShardingSettings {
         tenure_lease::names::check_component("entity type name", type_name)?;
         let merged = config.table_for("sharding", type_name, &KEYS)?;
         let r = TableReader::new("sharding", &merged);
-        let mut lease_section = r.string("lease-section")?;
-        if lease_section.is_empty() {
-            lease_section = cluster_lease_section.to_string();
-        }
+        // What decides where an entity lives is read once, as members compare it at join.
+        let placement = EntityPlacement::read(config, Some(type_name), cluster_lease_section)?;
+        let lease_section = placement.lease_section;
         let lease = config.lease_section(&lease_section)?.settings;
         let idle = r.duration("idle-timeout")?;
         let stop_timeout = match r.duration("stop-timeout")? {
@@ -87,7 +87,7 @@ impl ShardingSettings {
             role: r.string("role")?,
             lease_section,
             lease,
-            number_of_shards: r.count("number-of-shards")?,
+            number_of_shards: placement.number_of_shards,
             buffer_size: r.count("buffer-size")?,
             idle_timeout: (!idle.is_zero()).then_some(idle),
             stop_timeout,
