@@ -37,14 +37,6 @@ pub async fn run(
         kill_wait: KILL_SLACK,
         delivery_slack: Duration::ZERO,
     };
-    settings
-        .check_stop_budget(&format!("lease.{section}"), "--grace", &budget)
-        .map_err(|e| {
-            CliError::Command(format!(
-                "--grace {}: too long for this lease section: {e}",
-                humantime::format_duration(grace)
-            ))
-        })?;
     // Its own timing, so its own renewal batcher rather than the section's shared one.
     let store = provider.store(&section).await?;
     if options.cleanup_timeout.is_zero() {
@@ -53,7 +45,13 @@ pub async fn run(
         options.cleanup_timeout = settings.heartbeat_interval + grace + KILL_SLACK;
     }
     let spec = tenure::LeaseSpec::new(&target.name, &owner, store, settings)?
-        .with_stop_budget(budget.total())
+        .with_checked_stop_budget(&budget, &format!("lease.{section}"), "--grace")
+        .map_err(|e| {
+            CliError::Command(format!(
+                "--grace {}: too long for this lease section: {e}",
+                humantime::format_duration(grace)
+            ))
+        })?
         .with_note(format!("tenure lease run {}", command.join(" ")))
         .with_options(options)?;
     let (preempt_tx, mut preempt_rx) = mpsc::unbounded_channel();

@@ -141,6 +141,20 @@ impl LeaseSpec {
         self
     }
 
+    /// [`with_stop_budget`](Self::with_stop_budget) with `budget`'s total, once
+    /// [`LeaseSettings::check_stop_budget`] accepted it for this spec's settings (errors
+    /// name `budget_key` and `lease_key`'s `heartbeat-timeout`).
+    pub fn with_checked_stop_budget(
+        self,
+        budget: &crate::StopBudget,
+        lease_key: &str,
+        budget_key: &str,
+    ) -> Result<Self, ConfigError> {
+        self.settings
+            .check_stop_budget(lease_key, budget_key, budget)?;
+        Ok(self.with_stop_budget(budget.total()))
+    }
+
     /// Keeps `note` with each grant.
     pub fn with_note(mut self, note: impl Into<String>) -> Self {
         self.note = Some(note.into());

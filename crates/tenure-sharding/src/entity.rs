@@ -60,8 +60,7 @@ impl ractor::Message for EntityMsg {}
 /// then the actor is linked to its shard) or failed (also when it was killed meanwhile).
 pub struct StartingEntity {
     pub actor: ActorRef<EntityMsg>,
-    pub started:
-        ractor::concurrency::JoinHandle<Result<ractor::concurrency::JoinHandle<()>, SpawnErr>>,
+    pub started: tenure_singleton::StartHandle,
 }
 
 /// Spawns an entity actor for `ctx` without waiting for its `start` (user code, which

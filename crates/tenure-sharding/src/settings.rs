@@ -74,14 +74,11 @@ impl ShardingSettings {
         let lease_section = placement.lease_section;
         let lease = config.lease_section(&lease_section)?.settings;
         let idle = r.duration("idle-timeout")?;
-        let stop_timeout = match r.duration("stop-timeout")? {
-            d if d.is_zero() => lease.heartbeat_timeout / 10,
-            d => d,
-        };
-        lease.check_stop_budget(
+        let budget = StopBudget::for_actors_configured(
+            r.duration("stop-timeout")?,
+            &lease,
             &format!("lease.{lease_section}"),
             &config.key_for("sharding", type_name, "stop-timeout"),
-            &StopBudget::for_actors(stop_timeout),
         )?;
         Ok(ShardingSettings {
             role: r.string("role")?,
@@ -90,7 +87,7 @@ impl ShardingSettings {
             number_of_shards: placement.number_of_shards,
             buffer_size: r.count("buffer-size")?,
             idle_timeout: (!idle.is_zero()).then_some(idle),
-            stop_timeout,
+            stop_timeout: budget.stop_timeout,
             retry_interval: r.positive_duration("retry-interval")?,
             unreachable_reallocate_after: r.positive_duration("unreachable-reallocate-after")?,
             minority_hand_off_after: r.positive_duration("minority-hand-off-after")?,

@@ -141,13 +141,11 @@ impl Actor for Shard {
         args: ShardArgs,
     ) -> Result<ShardState, ActorProcessingErr> {
         let mut args = args;
-        let budget = args.settings.stop_budget();
-        args.lease.settings.check_stop_budget(
+        args.lease = args.lease.with_checked_stop_budget(
+            &args.settings.stop_budget(),
             &format!("lease.{}", args.settings.lease_section),
             "sharding.stop-timeout",
-            &budget,
         )?;
-        args.lease = args.lease.with_stop_budget(budget.total());
         let (lease, view) = LeaseActor::start(
             args.lease.clone(),
             LeaseEventSink::to_actor(myself.clone()),
@@ -409,11 +407,7 @@ impl ShardState {
                     starting.actor.get_id(),
                 );
                 tokio::spawn(async move {
-                    let result = match starting.started.await {
-                        Ok(Ok(_)) => Ok(()),
-                        Ok(Err(e)) => Err(e.to_string()),
-                        Err(e) => Err(e.to_string()),
-                    };
+                    let result = tenure_singleton::start_outcome(starting.started).await;
                     let _ = shard.cast(ShardMsg::EntityStarted {
                         entity,
                         actor: id,

@@ -34,13 +34,26 @@ pub struct SingletonContext {
     pub supervisor: ActorCell,
 }
 
+/// The task of an actor spawned without waiting for its `pre_start` (ractor's
+/// `spawn_linked_instant`): it ends when `pre_start` finished (`Ok`, then the actor is
+/// linked to its supervisor) or failed (also when the actor was killed meanwhile).
+pub type StartHandle =
+    ractor::concurrency::JoinHandle<Result<ractor::concurrency::JoinHandle<()>, SpawnErr>>;
+
+/// How the start behind `started` ended: `Ok` running, `Err` why it failed.
+pub async fn start_outcome(started: StartHandle) -> Result<(), String> {
+    match started.await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 /// An instance whose `pre_start` may still be running: its cell at once (so that it can be
-/// stopped or killed while starting), and the task that ends when `pre_start` finished
-/// (`Ok`, then it is linked to the manager) or failed (also when it was killed meanwhile).
+/// stopped or killed while starting), and its [`StartHandle`].
 pub struct StartingInstance {
     pub cell: ActorCell,
-    pub started:
-        ractor::concurrency::JoinHandle<Result<ractor::concurrency::JoinHandle<()>, SpawnErr>>,
+    pub started: StartHandle,
 }
 
 /// Spawns an instance (linked to `ctx.supervisor` once started) without waiting for its
@@ -189,13 +202,11 @@ impl Actor for SingletonManager {
         spec: SingletonSpec,
     ) -> Result<ManagerState, ActorProcessingErr> {
         let mut spec = spec;
-        let budget = spec.settings.stop_budget();
-        spec.lease.settings.check_stop_budget(
+        spec.lease = spec.lease.with_checked_stop_budget(
+            &spec.settings.stop_budget(),
             &format!("lease.{}", spec.settings.lease_section),
             "singleton.stop-timeout",
-            &budget,
         )?;
-        spec.lease = spec.lease.with_stop_budget(budget.total());
         let (lease, view) = LeaseActor::start(
             spec.lease.clone(),
             LeaseEventSink::to_actor(myself.clone()),
@@ -458,11 +469,7 @@ impl ManagerState {
             Ok(starting) => {
                 let (me, actor) = (myself.clone(), starting.cell.get_id());
                 tokio::spawn(async move {
-                    let result = match starting.started.await {
-                        Ok(Ok(_)) => Ok(()),
-                        Ok(Err(e)) => Err(e.to_string()),
-                        Err(e) => Err(e.to_string()),
-                    };
+                    let result = start_outcome(starting.started).await;
                     let _ = me.cast(ManagerMsg::InstanceStarted {
                         token,
                         actor,

@@ -51,21 +51,18 @@ impl SingletonSettings {
         }
         let lease = config.lease_section(&lease_section)?.settings;
         let buffer_size = r.count("buffer-size")?;
-        let stop_timeout = match r.duration("stop-timeout")? {
-            d if d.is_zero() => lease.heartbeat_timeout / 10,
-            d => d,
-        };
-        lease.check_stop_budget(
+        let budget = StopBudget::for_actors_configured(
+            r.duration("stop-timeout")?,
+            &lease,
             &format!("lease.{lease_section}"),
             &config.key_for("singleton", name, "stop-timeout"),
-            &StopBudget::for_actors(stop_timeout),
         )?;
         Ok(SingletonSettings {
             role: r.string("role")?,
             lease_section,
             lease,
             hand_over_retry_interval: r.positive_duration("hand-over-retry-interval")?,
-            stop_timeout,
+            stop_timeout: budget.stop_timeout,
             buffer_size,
         })
     }
