@@ -371,7 +371,12 @@ pub fn run(args: DemoArgs) -> Result<Outcome, DemoError> {
         path: history.display().to_string(),
         problem: e.to_string(),
     })?;
-    let verdict = check::check(&events);
+    // A node frozen past its deadline must stop within its stop budget of resuming: the
+    // demo's stop-timeout is ttl/10 (plus 500 ms of kill wait and delivery slack).
+    let rule = check::ActionRule {
+        resume_grace: args.ttl.max(Duration::from_secs(2)),
+    };
+    let verdict = check::check_with(&events, rule);
     let counter = run.cluster.counter_file();
     let acks = check::check_counter_acks(&events, &counter).map_err(|e| DemoError::History {
         path: counter.display().to_string(),
