@@ -492,8 +492,9 @@ fn print_summary(
     if violations.is_empty() {
         println!(
             "verdict: SAFE (tenure check: no lease held by two owners at once, tokens \
-             increasing, every grant after the previous hold ended, no stale write accepted, \
-             no acknowledged increment lost)"
+             increasing, every grant after the previous hold ended, every entity, singleton \
+             and accepted write inside its node's hold, no stale write accepted, no \
+             acknowledged increment lost)"
         );
     } else {
         println!("verdict: UNSAFE, {} violation(s):", violations.len());
