@@ -70,11 +70,13 @@ impl StopBudget {
 }
 
 impl LeaseSettings {
-    /// Checks that a holder with stop budget `budget` can keep its lease: a renewal sent on
-    /// time must be answered before the belief ends, so
-    /// `safety-margin + budget + heartbeat-interval < heartbeat-timeout`. `budget_key` names
-    /// the setting the budget comes from (`sharding.stop-timeout`, `--grace`), `key_prefix`
-    /// the lease section (`lease.sqlite`); the error names both.
+    /// Checks that a holder with stop budget `budget` can keep its lease through one failed
+    /// renewal, as Akka's `heartbeat-interval < heartbeat-timeout / 2` lets a plain holder:
+    /// after a renewal sent at `s` the belief lasts until `s + ttl - margin - budget`, and
+    /// the renewal after next is sent at `s + 2 x interval`, so
+    /// `safety-margin + budget + 2 x heartbeat-interval < heartbeat-timeout`. `budget_key`
+    /// names the setting the budget comes from (`sharding.stop-timeout`, `--grace`),
+    /// `key_prefix` the lease section (`lease.sqlite`); the error names both.
     pub fn check_stop_budget(
         &self,
         key_prefix: &str,
@@ -85,7 +87,7 @@ impl LeaseSettings {
         let needed = self
             .safety_margin
             .saturating_add(budget.total())
-            .saturating_add(self.heartbeat_interval);
+            .saturating_add(self.heartbeat_interval.saturating_mul(2));
         if needed < self.heartbeat_timeout {
             return Ok(());
         }
@@ -94,9 +96,9 @@ impl LeaseSettings {
             other: format!("{key_prefix}.heartbeat-timeout"),
             detail: format!(
                 "{budget_key} {} gives a stop budget of {} (with {} kill wait and {} delivery slack); \
-                 safety-margin ({}) + stop budget + heartbeat-interval ({}) = {} must be < \
-                 heartbeat-timeout ({}), or the loss would be announced before the next renewal \
-                 could land: shorten {budget_key} or lengthen {key_prefix}.heartbeat-timeout",
+                 safety-margin ({}) + stop budget + 2 x heartbeat-interval ({}) = {} must be < \
+                 heartbeat-timeout ({}), or one failed renewal would lose the lease: shorten \
+                 {budget_key} or lengthen {key_prefix}.heartbeat-timeout",
                 show(budget.stop_timeout),
                 show(budget.total()),
                 show(budget.kill_wait),
@@ -116,25 +118,25 @@ mod tests {
 
     #[test]
     fn a_budget_must_leave_room_for_the_next_renewal() {
-        // ttl 3 s, interval 500 ms, margin 300 ms: 2.2 s of room.
+        // ttl 3 s, interval 500 ms, margin 300 ms: 1.7 s of room.
         let mut s = LeaseSettings::with_timeout(Duration::from_secs(3));
         s.heartbeat_interval = Duration::from_millis(500);
-        let fits = StopBudget::for_actors(Duration::from_millis(1500));
-        assert_eq!(fits.total(), Duration::from_secs(2));
+        let fits = StopBudget::for_actors(Duration::from_millis(1100));
+        assert_eq!(fits.total(), Duration::from_millis(1600));
         s.check_stop_budget("lease.sqlite", "sharding.stop-timeout", &fits)
             .unwrap();
         let err = s
             .check_stop_budget(
                 "lease.sqlite",
                 "sharding.stop-timeout",
-                &StopBudget::for_actors(Duration::from_secs(2)),
+                &StopBudget::for_actors(Duration::from_millis(1200)),
             )
             .unwrap_err()
             .to_string();
         assert!(
             err.contains("`sharding.stop-timeout`")
                 && err.contains("`lease.sqlite.heartbeat-timeout`")
-                && err.contains("stop budget of 2s 500ms"),
+                && err.contains("stop budget of 1s 700ms"),
             "{err}"
         );
     }

@@ -144,7 +144,7 @@ mod tests {
 
     #[test]
     fn a_stop_timeout_that_does_not_fit_the_lease_is_refused_naming_both_keys() {
-        // ttl 30 s, margin 3 s, interval 5 s: the budget must stay under 22 s.
+        // ttl 30 s, margin 3 s, interval 5 s: the budget must stay under 17 s.
         let lease = "[lease.sqlite]\nheartbeat-timeout = \"30s\"\n";
         let config = TenureConfig::from_toml_str(lease, "t").unwrap();
         let s = ShardingSettings::from_config(&config, "counter", "sqlite").unwrap();
@@ -153,7 +153,7 @@ mod tests {
             Duration::from_secs(3),
             "0s: heartbeat-timeout / 10"
         );
-        let text = format!("{lease}[sharding.counter]\nstop-timeout = \"22s\"\n");
+        let text = format!("{lease}[sharding.counter]\nstop-timeout = \"17s\"\n");
         let config = TenureConfig::from_toml_str(&text, "t").unwrap();
         let err = ShardingSettings::from_config(&config, "counter", "sqlite")
             .unwrap_err()
@@ -165,7 +165,7 @@ mod tests {
         );
         // Another type keeps the default and is fine.
         ShardingSettings::from_config(&config, "other", "sqlite").unwrap();
-        let text = format!("{lease}[sharding]\nstop-timeout = \"21s\"\n");
+        let text = format!("{lease}[sharding]\nstop-timeout = \"16s\"\n");
         let config = TenureConfig::from_toml_str(&text, "t").unwrap();
         ShardingSettings::from_config(&config, "counter", "sqlite").unwrap();
     }

@@ -102,8 +102,8 @@ impl Fixture {
         settings.idle_timeout = idle;
         // One shard: every entity id belongs to it.
         settings.number_of_shards = 1;
-        // The stop budget (500 ms + 500 ms of kill wait and slack) fits the 1.5 s ttl.
-        settings.stop_timeout = Duration::from_millis(500);
+        // The stop budget (300 ms + 500 ms of kill wait and slack) fits the 1.5 s ttl.
+        settings.stop_timeout = Duration::from_millis(300);
         settings.lease = lease_settings();
         let store: Arc<dyn LeaseStore> = Arc::new(self.store.clone());
         let args = ShardArgs {
@@ -400,9 +400,9 @@ async fn a_slow_entity_start_does_not_delay_the_shard() {
         (vec!["slow".to_string()], 1),
         "{s:?}"
     );
-    // The store goes away: the loss comes the stop budget (1 s) before the local deadline
-    // (1.3 s after the last renewal), and the starting entity is killed at once (its
-    // stop would only be seen after its start).
+    // The store goes away: the loss comes the stop budget (800 ms) before the local
+    // deadline (1.3 s after the last renewal), and the starting entity is killed after
+    // stop-timeout (its stop would only be seen after its start).
     f.store.set_fault(Fault::Unavailable);
     let abandoned = tokio::time::timeout(Duration::from_secs(3), life.recv()).await;
     assert_eq!(abandoned.unwrap(), Some("start abandoned"));

@@ -221,8 +221,11 @@ fn validate(args: &DemoArgs) -> Result<(), DemoError> {
     if args.shards == 0 {
         return flag("--shards", "at least one shard");
     }
-    if args.ttl < Duration::from_secs(1) {
-        return flag("--ttl", "at least 1s (heartbeats run every ttl/6)");
+    if args.ttl < Duration::from_secs(2) {
+        return flag(
+            "--ttl",
+            "at least 2s (heartbeats run every ttl/6, and two of them and the stop budget must fit)",
+        );
     }
     if args.duration < Duration::from_secs(1) {
         return flag("--duration", "at least 1s");

@@ -211,7 +211,7 @@ pub fn guarded_writer(history: &Path, iterations: Option<u32>) -> Vec<String> {
 }
 
 /// How long after resuming a node frozen across its lease deadline may still act: at least
-/// the tests' stop budget (`stop-timeout` 1 s + 500 ms), with room for a loaded machine.
+/// the tests' stop budget (`stop-timeout` 500 ms + 500 ms), with room for a loaded machine.
 pub const RESUME_GRACE: &str = "3s";
 
 /// Runs `tenure check --all` on the history at `path` and fails the test with its output

@@ -36,7 +36,7 @@ retry-interval = "300ms"
 unreachable-reallocate-after = "2s"
 minority-hand-off-after = "2s"
 rebalance-interval = "1s"
-stop-timeout = "1s"
+stop-timeout = "500ms"
 hand-off-timeout = "6s"
 "#;
 
