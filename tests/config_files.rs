@@ -1,4 +1,5 @@
-//! Every config file shipped in config/ loads, and every lease section in it opens.
+//! Every config file shipped in config/ loads, every lease section in it opens, and
+//! singletons and shards fit the timing of each.
 
 use std::path::Path;
 
@@ -27,6 +28,14 @@ async fn shipped_configs_load_and_open() {
         provider
             .section(&default)
             .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        // Singletons and shards on any of its lease sections: their default stop budgets
+        // fit the section's timing.
+        for section in provider.config().lease_section_names().expect("sections") {
+            tenure::singleton::SingletonSettings::from_config(provider.config(), "s", &section)
+                .unwrap_or_else(|e| panic!("{} [lease.{section}]: {e}", path.display()));
+            tenure::sharding::ShardingSettings::from_config(provider.config(), "t", &section)
+                .unwrap_or_else(|e| panic!("{} [lease.{section}]: {e}", path.display()));
+        }
         let cookie = provider.config().table()["cluster"]["cookie"]
             .as_str()
             .unwrap_or("");

@@ -9,13 +9,17 @@
 
 #[path = "../tests/common/cluster.rs"]
 mod cluster;
+#[path = "../tests/common/lives.rs"]
+mod lives;
 #[path = "../tests/common/shards.rs"]
 mod shards;
 
 use std::time::Duration;
 
 use cluster::percentile;
-use shards::{check, live_shards, loaded_shards, sharded_cluster, shards_on};
+use lives::shard_lives;
+use shards::{live_shards, loaded_shards, sharded_cluster, shards_on};
+use tenure_cli::check::{ActionRule, check_with, read_history};
 
 fn main() {
     if std::env::args().any(|a| a == "--list") {
@@ -45,15 +49,19 @@ fn main() {
             "the victim's shards serve elsewhere",
             Duration::from_secs(60),
             |c| {
-                let stays = check(&c.history());
+                let lives = shard_lives(&c.history());
                 let starts: Option<Vec<i64>> = moved
                     .iter()
                     .map(|shard| {
-                        stays.get(shard).and_then(|l| {
-                            l.iter()
-                                .find(|st| st.node != from && st.start > killed && st.end.is_none())
-                                .map(|st| st.start)
-                        })
+                        lives
+                            .iter()
+                            .find(|l| {
+                                l.subject == *shard
+                                    && l.node != from
+                                    && l.start > killed
+                                    && l.end.is_none()
+                            })
+                            .map(|l| l.start)
                     })
                     .collect();
                 match starts {
@@ -77,8 +85,15 @@ fn main() {
         c.wait_until(
             "every loaded shard runs again",
             Duration::from_secs(60),
-            |c| live_shards(&check(&c.history())).len() == loaded_shards().len(),
+            |c| live_shards(&c.history()).len() == loaded_shards().len(),
         );
+    }
+    let events = read_history(&c.history).expect("read the history");
+    let rule = ActionRule {
+        resume_grace: Duration::from_secs(3),
+    };
+    if let Some(v) = check_with(&events, rule).violations.first() {
+        panic!("tenure check: {v}");
     }
     println!(
         "SIGKILL -> last of the node's shards serving elsewhere, {runs} runs ({:.0} shards per victim on average): \

@@ -27,6 +27,8 @@
 
 #[path = "../tests/common/cluster.rs"]
 mod cluster;
+#[path = "../tests/common/lives.rs"]
+mod lives;
 #[path = "../tests/common/shards.rs"]
 mod shards;
 
@@ -34,9 +36,11 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use cluster::{Cluster, TestCluster};
+use lives::shard_lives;
 use serde_json::Value;
-use shards::{check, check_acks, live_shards, load_requests, open_loop_options};
+use shards::{check_acks, live_shards, load_requests, open_loop_options};
 use tenure_cli::availability::{Request, acks_per_second, issued_in, latency_quantile};
+use tenure_cli::check::{ActionRule, check_with, read_history};
 
 fn env(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -103,11 +107,11 @@ fn main() {
     }
     c.wait_converged(Duration::from_secs(30));
     let share = |c: &Cluster, n: usize, each: usize| {
-        let live = live_shards(&check(&c.history()));
+        let live = live_shards(&c.history());
         live.len() == shards
             && c.nodes[..n]
                 .iter()
-                .all(|node| live.iter().filter(|(_, st)| st.node == node.addr).count() == each)
+                .all(|node| live.iter().filter(|l| l.node == node.addr).count() == each)
     };
     c.wait_until(
         "every shard runs, 1/3 on each node",
@@ -150,7 +154,14 @@ fn main() {
     assert!(failed.is_empty(), "nodes {failed:?} did not leave cleanly");
 
     let history = c.history();
-    let stays = check(&history);
+    let events = read_history(&c.history).expect("read the history");
+    let rule = ActionRule {
+        resume_grace: Duration::from_secs(3),
+    };
+    if let Some(v) = check_with(&events, rule).violations.first() {
+        panic!("tenure check: {v}");
+    }
+    let lives = shard_lives(&history);
     let counter = tenure::sqlite::FencedCounter::open(&c.counter_file()).expect("open counter");
     check_acks(&history, |key| {
         counter
@@ -179,10 +190,10 @@ fn main() {
         let ended = moved
             .iter()
             .filter_map(|shard| {
-                stays[shard]
+                lives
                     .iter()
-                    .find(|st| st.node == newcomer && st.start > began)
-                    .map(|st| st.start)
+                    .find(|l| &l.subject == shard && l.node == newcomer && l.start > began)
+                    .map(|l| l.start)
             })
             .max()
             .expect("the moved shards started on the new node");

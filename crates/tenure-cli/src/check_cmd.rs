@@ -2,13 +2,15 @@
 
 use std::path::Path;
 
-use tenure_cli::check::{self as checker, Verdict, read_history};
+use std::time::Duration;
+
+use tenure_cli::check::{self as checker, ActionRule, Verdict, read_history};
 
 use crate::exit::Outcome;
 
 /// Checks the history at `path` (and the acknowledged increments against the sharded
 /// counter in `counter`, when given), prints the verdict, and maps it to an exit code.
-pub fn check(path: &Path, all: bool, counter: Option<&Path>) -> Outcome {
+pub fn check(path: &Path, all: bool, counter: Option<&Path>, resume_grace: Duration) -> Outcome {
     let events = match read_history(path) {
         Ok(events) => events,
         Err(e) => {
@@ -16,7 +18,7 @@ pub fn check(path: &Path, all: bool, counter: Option<&Path>) -> Outcome {
             return Outcome::Error;
         }
     };
-    let mut verdict = checker::check(&events);
+    let mut verdict = checker::check_with(&events, ActionRule { resume_grace });
     print_summary(path, &verdict);
     if let Some(file) = counter {
         let acks = match checker::check_counter_acks(&events, file) {
@@ -57,7 +59,7 @@ fn print_summary(path: &Path, v: &Verdict) {
     let s = &v.stats;
     println!(
         "{}: {} events, {} leases, {} grants, {} losses, {} releases, {} unknown outcomes, \
-         {} writes accepted, {} rejected, {} faults",
+         {} writes accepted, {} rejected, {} faults, {} actions checked",
         path.display(),
         s.events,
         s.leases,
@@ -67,6 +69,7 @@ fn print_summary(path: &Path, v: &Verdict) {
         s.unknown,
         s.writes_accepted,
         s.writes_rejected,
-        s.faults
+        s.faults,
+        s.actions
     );
 }

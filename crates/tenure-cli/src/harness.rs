@@ -105,6 +105,11 @@ impl Cluster {
     pub fn counter_file(&self) -> PathBuf {
         self.dir.path().join("counter.sqlite")
     }
+
+    /// The SQLite lease file of the nodes' default `[lease.sqlite]` section.
+    pub fn lease_store(&self) -> &Path {
+        &self.store
+    }
 }
 
 /// The `p` quantile (0..=1) of `v` (sorted in place), for benchmark reports.
@@ -368,10 +373,12 @@ fault-injection = true
         self.record(i, "restarted");
     }
 
-    /// SIGSTOP node `i` (recorded as `paused`).
+    /// SIGSTOP node `i` (recorded as `paused` first: the checker lets a process frozen across
+    /// a deadline act on after it, and one frozen just before its record must not count as
+    /// running).
     pub fn pause(&self, i: usize) {
-        self.signal(i, libc::SIGSTOP);
         self.record(i, "paused");
+        self.signal(i, libc::SIGSTOP);
     }
 
     /// SIGCONT node `i` (recorded as `resumed` first).
@@ -392,6 +399,12 @@ fault-injection = true
                     self.nodes[i].stderr()
                 )
             })
+    }
+
+    /// Waits up to `limit` for node `i` to exit by itself (recorded as `terminated`) and
+    /// returns its status; past it, SIGKILLs the node and returns `None`.
+    pub fn wait_exit(&mut self, i: usize, limit: Duration) -> Option<ExitStatus> {
+        self.reap(i, Instant::now() + limit)
     }
 
     /// SIGTERM every running node at once (a paused one is resumed first; recorded like

@@ -6,6 +6,7 @@ mod lease_cmd;
 mod load;
 mod node_cmd;
 mod run_cmd;
+mod slow_stop;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -69,6 +70,11 @@ enum Command {
         /// acknowledged.
         #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
         load_timeout: Duration,
+        /// Fault injection for tests (needs `cluster.fault-injection = true`): while FILE
+        /// exists, the example entities and singletons take a minute to stop, so that only
+        /// their supervisors' kills end them in time.
+        #[arg(long, value_name = "FILE")]
+        slow_stop_when: Option<PathBuf>,
     },
     /// Inspect a running cluster through one of its nodes (uses [cluster] cookie and TLS).
     #[command(subcommand)]
@@ -87,6 +93,12 @@ enum Command {
         /// every acknowledged increment was accepted and is still in the counter.
         #[arg(long, value_name = "FILE")]
         counter: Option<PathBuf>,
+        /// How long after resuming a process frozen across its lease deadline may still act
+        /// (its entities, singleton instances and accepted writes): at least its stop budget
+        /// (stop-timeout + 500 ms). The default fits the reference configuration
+        /// (stop-timeout 12 s at the 120 s ttl).
+        #[arg(long, default_value = "13s", value_parser = humantime::parse_duration)]
+        resume_grace: Duration,
     },
     /// Run a local cluster under load through a scenario of faults and check it was safe.
     ///
@@ -232,9 +244,10 @@ fn main() -> ExitCode {
         history,
         all,
         counter,
+        resume_grace,
     } = &cli.command
     {
-        return check_cmd::check(history, *all, counter.as_deref()).exit_code();
+        return check_cmd::check(history, *all, counter.as_deref(), *resume_grace).exit_code();
     }
     // The demo drives processes from plain threads; it needs neither a runtime nor a config.
     if let Command::Demo(args) = cli.command {
@@ -317,6 +330,7 @@ async fn run(cli: Cli) -> Result<Outcome, CliError> {
             load_interval,
             load_rate,
             load_timeout,
+            slow_stop_when,
         } => {
             let shape = match load_rate {
                 Some(rate) => load::Shape::Open { rate },
@@ -335,6 +349,7 @@ async fn run(cli: Cli) -> Result<Outcome, CliError> {
                     shape,
                     timeout: load_timeout,
                 }),
+                slow_stop: slow_stop_when.map(slow_stop::SlowStopSwitch::new),
             };
             node_cmd::node(provider.config(), &provider, hosting).await
         }
@@ -346,11 +361,7 @@ async fn run(cli: Cli) -> Result<Outcome, CliError> {
             (None, Some(peer)) => node_cmd::fault(provider.config(), &node, &peer, false).await,
             (None, None) => Err(CliError::Command("give --cut PEER or --heal PEER".into())),
         },
-        Command::Check {
-            history,
-            all,
-            counter,
-        } => Ok(check_cmd::check(&history, all, counter.as_deref())),
+        Command::Check { .. } => unreachable!("main checks without a runtime"),
         Command::Demo(_) => unreachable!("main runs the demo without a runtime"),
     }
 }

@@ -15,6 +15,7 @@ use tokio::signal::unix::{SignalKind, signal};
 
 use crate::exit::{CliError, Outcome};
 use crate::load::Load;
+use crate::slow_stop::{SlowStopSwitch, SlowStoppingActor, SlowStoppingEntity};
 
 /// What `tenure node` hosts besides membership.
 pub struct Hosting<'a> {
@@ -28,6 +29,8 @@ pub struct Hosting<'a> {
     pub sharded_counter: bool,
     /// The increment load driven through this node's region.
     pub load: Option<Load>,
+    /// Fault injection: the example entities and singletons stop slowly while it is on.
+    pub slow_stop: Option<SlowStopSwitch>,
 }
 
 /// Runs a node until SIGTERM / Ctrl-C, then leaves gracefully; a second signal forces exit.
@@ -38,6 +41,11 @@ pub async fn node(
 ) -> Result<Outcome, CliError> {
     let history = hosting.history;
     let settings = ClusterSettings::from_config(config)?;
+    if hosting.slow_stop.is_some() && !settings.fault_injection {
+        return Err(CliError::Command(
+            "--slow-stop-when is fault injection: it needs cluster.fault-injection = true".into(),
+        ));
+    }
     let mut term = signal(SignalKind::terminate())
         .map_err(|e| CliError::Command(format!("cannot watch SIGTERM: {e}")))?;
     let mut int = signal(SignalKind::interrupt())
@@ -46,24 +54,33 @@ pub async fn node(
     if !hosting.singletons.is_empty() {
         let counter = FencedCounter::open(hosting.counter)?;
         for name in hosting.singletons {
-            let (counter, name_owned, node_name, history, tick) = (
+            let (counter, name_owned, node_name, history, tick, slow) = (
                 counter.clone(),
                 name.clone(),
                 node.addr().to_string(),
                 node.history().cloned(),
                 hosting.tick,
+                hosting.slow_stop.clone(),
             );
-            let spawner = spawner(move |token| {
-                let args = TickerArgs {
-                    name: name_owned.clone(),
-                    token,
-                    counter: counter.clone(),
-                    interval: tick,
-                    node: node_name.clone(),
-                    history: history.clone(),
-                };
-                (Ticker, args)
-            });
+            let make_args = move |token| TickerArgs {
+                name: name_owned.clone(),
+                token,
+                counter: counter.clone(),
+                interval: tick,
+                node: node_name.clone(),
+                history: history.clone(),
+            };
+            let spawner = match slow {
+                Some(switch) => spawner(move |token| {
+                    let inner = Ticker;
+                    let actor = SlowStoppingActor {
+                        inner,
+                        switch: switch.clone(),
+                    };
+                    (actor, make_args(token))
+                }),
+                None => spawner(move |token| (Ticker, make_args(token))),
+            };
             tenure_singleton::start_on_node(&node, provider, name, spawner)
                 .await
                 .map_err(|e| CliError::Command(e.to_string()))?;
@@ -75,7 +92,13 @@ pub async fn node(
             .sharded_counter
             .then(|| FencedCounter::open(hosting.counter))
             .transpose()?
-            .map(|counter| tenure::sharding::entity_factory(Counter { counter }));
+            .map(|counter| match hosting.slow_stop.clone() {
+                Some(switch) => tenure::sharding::entity_factory(SlowStoppingEntity {
+                    inner: Counter { counter },
+                    switch,
+                }),
+                None => tenure::sharding::entity_factory(Counter { counter }),
+            });
         let region = tenure::sharding::start_on_node(&node, provider, COUNTER_TYPE, factory)
             .await
             .map_err(|e| CliError::Command(e.to_string()))?;
@@ -93,9 +116,7 @@ pub async fn node(
     tokio::select! {
         _ = term.recv() => {}
         _ = int.recv() => {}
-        _ = node.stopped() => {
-            return Err(CliError::Command("the node stopped: its member lease actor failed (see the log)".into()));
-        }
+        why = node.stopped() => return Err(why.into()),
     }
     eprintln!("tenure: leaving the cluster (signal again to exit at once)");
     tokio::select! {

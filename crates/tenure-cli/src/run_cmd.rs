@@ -1,15 +1,15 @@
 //! `tenure lease run NAME -- COMMAND`: run a command only while holding a lease.
 //!
-//! Timing: the lease is declared lost `grace + KILL_SLACK` earlier than the section's own
-//! local deadline (the safety margin is widened by that much), so that after SIGTERM, the
-//! grace period and SIGKILL, the command is gone before the local deadline, which itself
-//! comes before the store can grant the lease to anyone else.
+//! Timing: the lease's stop budget is `grace + KILL_SLACK`: the LeaseActor declares the loss
+//! that much earlier than the section's own local deadline, so that after SIGTERM, the grace
+//! period and SIGKILL, the command is gone before the local deadline, which itself comes
+//! before the store can grant the lease to anyone else.
 
 use std::os::unix::process::CommandExt;
 use std::process::Stdio;
 use std::time::Duration;
 
-use tenure::{AcquireOptions, Lease, LeaseEvent, LeaseEventSink, LeaseProvider};
+use tenure::{AcquireOptions, Lease, LeaseEvent, LeaseEventSink, LeaseProvider, StopBudget};
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
@@ -30,16 +30,13 @@ pub async fn run(
 ) -> Result<Outcome, CliError> {
     let section = section_of(provider, target.section.as_deref())?;
     let owner = owner_of(target);
-    let mut settings = provider.section(&section)?.settings;
-    settings.safety_margin += grace + KILL_SLACK;
-    settings
-        .validate(&format!("lease.{section}"))
-        .map_err(|e| {
-            CliError::Command(format!(
-                "--grace {}: too long for this lease section: {e}",
-                humantime::format_duration(grace)
-            ))
-        })?;
+    let settings = provider.section(&section)?.settings;
+    // The loss reaches this task through a channel, at once: no delivery slack.
+    let budget = StopBudget {
+        stop_timeout: grace,
+        kill_wait: KILL_SLACK,
+        delivery_slack: Duration::ZERO,
+    };
     // Its own timing, so its own renewal batcher rather than the section's shared one.
     let store = provider.store(&section).await?;
     if options.cleanup_timeout.is_zero() {
@@ -48,6 +45,13 @@ pub async fn run(
         options.cleanup_timeout = settings.heartbeat_interval + grace + KILL_SLACK;
     }
     let spec = tenure::LeaseSpec::new(&target.name, &owner, store, settings)?
+        .with_checked_stop_budget(&budget, &format!("lease.{section}"), "--grace")
+        .map_err(|e| {
+            CliError::Command(format!(
+                "--grace {}: too long for this lease section: {e}",
+                humantime::format_duration(grace)
+            ))
+        })?
         .with_note(format!("tenure lease run {}", command.join(" ")))
         .with_options(options)?;
     let (preempt_tx, mut preempt_rx) = mpsc::unbounded_channel();

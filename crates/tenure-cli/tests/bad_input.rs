@@ -166,7 +166,7 @@ fn grace_longer_than_the_lease_allows_is_refused() {
     assert_eq!(out.status.code(), Some(2));
     let err = stderr(&out);
     assert!(
-        err.contains("--grace 5s") && err.contains("lease.sqlite.safety-margin"),
+        err.contains("--grace 5s") && err.contains("`lease.sqlite.heartbeat-timeout`"),
         "{err}"
     );
     assert_eq!(

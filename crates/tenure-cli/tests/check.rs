@@ -78,9 +78,14 @@ fn write_history(lines: &[Value]) -> (tempfile::TempDir, PathBuf) {
 
 /// Runs `tenure check` on `lines`; returns (exit code, stdout).
 fn run_check(lines: &[Value]) -> (i32, String) {
+    run_check_with(lines, &[])
+}
+
+fn run_check_with(lines: &[Value], flags: &[&str]) -> (i32, String) {
     let (_dir, path) = write_history(lines);
     let out = Command::new(TENURE)
         .arg("check")
+        .args(flags)
         .arg(&path)
         .output()
         .unwrap();
@@ -230,9 +235,14 @@ fn a_restarted_node_is_another_owner() {
 
 #[test]
 fn stale_writes_are_caught_in_the_resource_order() {
-    // Recorded out of order (b's line first), but the counter's order is by value.
+    // a is frozen past its deadline while b takes over; a's writes after it resumes are
+    // recorded after b's, but the counter's order is by value.
     let lines = vec![
+        granted(0, "a", 1, 90),
+        fault(50, "a", "paused"),
+        granted(95, "b", 2, 900),
         write(100, "b", 2, 2, true),
+        fault(100, "a", "resumed"),
         write(101, "a", 1, 1, true),
         write(102, "a", 1, 3, true),
     ];
@@ -241,7 +251,11 @@ fn stale_writes_are_caught_in_the_resource_order() {
     assert!(out.contains("VIOLATION stale write accepted"), "{out}");
     assert!(out.contains("token 1 after one with token 2"), "{out}");
     // Rejected stale writes are what fencing is for.
-    let lines = vec![write(100, "b", 2, 1, true), write(101, "a", 1, 1, false)];
+    let lines = vec![
+        granted(0, "b", 2, 900),
+        write(100, "b", 2, 1, true),
+        write(101, "a", 1, 1, false),
+    ];
     assert_eq!(kinds(&lines), vec![]);
     // Singleton ticks are checked the same way.
     let tick = |t, token, value| {
@@ -252,9 +266,10 @@ fn stale_writes_are_caught_in_the_resource_order() {
             json!({"singleton": "s1", "token": token, "value": value, "accepted": true}),
         )
     };
-    assert_eq!(
-        kinds(&[tick(1, 3, 1), tick(2, 2, 2)]),
-        vec![ViolationKind::StaleWrite]
+    // (Here without holds: only the write rule is looked at.)
+    assert!(
+        kinds(&[tick(1, 3, 1), tick(2, 2, 2)]).contains(&ViolationKind::StaleWrite),
+        "a stale tick is caught"
     );
 }
 
@@ -367,6 +382,7 @@ fn tenure_check_reads_the_counter_file() {
     let name = tenure::sharding::counter::counter_name("key-1");
     assert_eq!(counter.increment(&name, 1).unwrap(), Some(1));
     let lines = vec![
+        granted(0, "a", 1, 900),
         write(10, "a", 1, 1, true),
         ack(11, "a", 1, 1),
         write(20, "a", 1, 2, true),
@@ -446,4 +462,205 @@ fn a_line_torn_by_a_killed_writer_is_skipped_and_the_rest_checked() {
     .unwrap();
     let err = read_history(&path).unwrap_err().to_string();
     assert!(err.contains("h.jsonl line 2: not JSON"), "{err}");
+}
+
+fn entity(t: i64, node: &str, event: &str, token: u64) -> Value {
+    ev(
+        t,
+        node,
+        event,
+        json!({"type": "counter", "shard": "7", "entity": "key-1", "token": token, "why": ""}),
+    )
+}
+
+fn shard_life(t: i64, node: &str, event: &str, token: u64) -> Value {
+    ev(
+        t,
+        node,
+        event,
+        json!({"type": "counter", "shard": "7", "token": token, "why": ""}),
+    )
+}
+
+fn singleton(t: i64, node: &str, event: &str, token: u64) -> Value {
+    ev(
+        t,
+        node,
+        event,
+        json!({"singleton": "s1", "token": token, "why": ""}),
+    )
+}
+
+fn action_kinds(lines: &[Value]) -> Vec<ViolationKind> {
+    kinds(lines)
+        .into_iter()
+        .filter(|k| *k == ViolationKind::ActionOutsideHold)
+        .collect()
+}
+
+/// Entities, singleton instances and accepted writes must lie inside their node's hold of
+/// the matching lease: the hold bounds them until its release, its process's death or its
+/// last deadline, not until the (early) loss announcement.
+#[test]
+fn actions_must_lie_inside_their_holds() {
+    let outside = vec![ViolationKind::ActionOutsideHold];
+    // The loss is announced at 700 (ahead of the deadline by the stop budget); the entity is
+    // gone at 850, before the deadline 900: safe.
+    let shard = |t, event| {
+        ev(
+            t,
+            "a",
+            event,
+            json!({"type": "counter", "shard": "7", "token": 1, "why": ""}),
+        )
+    };
+    let in_time = vec![
+        granted(0, "a", 1, 900),
+        shard(5, "shard_started"),
+        entity(10, "a", "entity_started", 1),
+        write(20, "a", 1, 1, true),
+        lost(700, "a", 1),
+        entity(850, "a", "entity_stopped", 1),
+        shard(860, "shard_stopped"),
+    ];
+    assert_eq!(action_kinds(&in_time), vec![]);
+    // The entity stops after the deadline.
+    let mut late = in_time.clone();
+    late[5] = entity(950, "a", "entity_stopped", 1);
+    assert_eq!(action_kinds(&late), outside);
+    // So does the shard.
+    let mut late = in_time.clone();
+    late[6] = shard(901, "shard_stopped");
+    assert_eq!(action_kinds(&late), outside);
+    // The entity stops after its lease was released (a hand-off that did not wait).
+    let after_release = vec![
+        granted(0, "a", 1, 900),
+        entity(10, "a", "entity_started", 1),
+        released(500, "a", 1),
+        entity(510, "a", "entity_stopped", 1),
+    ];
+    assert_eq!(action_kinds(&after_release), outside);
+    // An accepted write after the deadline, or with a token the node never held.
+    let late_write = vec![granted(0, "a", 1, 900), write(901, "a", 1, 1, true)];
+    assert_eq!(action_kinds(&late_write), outside);
+    let foreign_token = vec![granted(0, "a", 1, 900), write(10, "a", 2, 1, true)];
+    assert_eq!(action_kinds(&foreign_token), outside);
+    // A refused write is no action.
+    let refused = vec![granted(0, "a", 1, 900), write(901, "a", 1, 1, false)];
+    assert_eq!(action_kinds(&refused), vec![]);
+    // A singleton instance still running when the history ends, after its deadline.
+    let singleton_lease = "demo-singleton-s1";
+    let mut grant = granted(0, "a", 1, 900);
+    grant["lease"] = json!(singleton_lease);
+    let zombie = vec![
+        grant.clone(),
+        singleton(5, "a", "singleton_starting", 1),
+        singleton(6, "a", "singleton_started", 1),
+        ev(2000, "b", "member_up", json!({})),
+    ];
+    assert_eq!(action_kinds(&zombie), outside);
+    let mut stopped = zombie.clone();
+    stopped.insert(3, singleton(890, "a", "singleton_stopped", 1));
+    assert_eq!(action_kinds(&stopped), vec![]);
+    // A kill ends every life of the process.
+    let killed = vec![
+        granted(0, "a", 1, 900),
+        entity(10, "a", "entity_started", 1),
+        fault(400, "a", "killed"),
+        ev(2000, "b", "member_up", json!({})),
+    ];
+    assert_eq!(action_kinds(&killed), vec![]);
+}
+
+/// A process frozen across its deadline may act after it, but only until the resume grace
+/// after it resumed.
+#[test]
+fn a_frozen_process_must_stop_promptly_after_resuming() {
+    let frozen = |stop_ms: i64| {
+        vec![
+            granted(0, "a", 1, 900),
+            shard_life(5, "a", "shard_started", 1),
+            entity(10, "a", "entity_started", 1),
+            fault(500, "a", "paused"),
+            granted(1000, "b", 2, 1900),
+            fault(8000, "a", "resumed"),
+            lost(8001, "a", 1),
+            entity(stop_ms, "a", "entity_stopped", 1),
+            shard_life(stop_ms, "a", "shard_stopped", 1),
+        ]
+    };
+    // The default grace (13 s) covers the reference stop budget (12.5 s).
+    assert_eq!(action_kinds(&frozen(8000 + 12_500)), vec![]);
+    // The entity and its shard both went on too long.
+    assert_eq!(
+        action_kinds(&frozen(8000 + 14_000)),
+        vec![ViolationKind::ActionOutsideHold; 2]
+    );
+    // Frozen, but resumed before the deadline: no exception.
+    let short = vec![
+        granted(0, "a", 1, 900),
+        entity(10, "a", "entity_started", 1),
+        fault(100, "a", "paused"),
+        fault(200, "a", "resumed"),
+        entity(950, "a", "entity_stopped", 1),
+    ];
+    assert_eq!(action_kinds(&short), vec![ViolationKind::ActionOutsideHold]);
+    let (code, out) = run_check_with(&frozen(8000 + 3_000), &["--resume-grace", "6s"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("2 actions checked"), "{out}");
+    let (code, out) = run_check_with(&frozen(8000 + 7_000), &["--resume-grace", "6s"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains(
+            "frozen across its deadline, it went on 7000.000 ms after resuming (grace 6s)"
+        ),
+        "{out}"
+    );
+}
+
+/// An entity lives inside a life of its shard (same node, incarnation and token); a
+/// resource never accepts two writes at one position of its order.
+#[test]
+fn entities_live_inside_their_shard_and_positions_are_written_once() {
+    let shard_kinds = |lines: &[Value]| {
+        kinds(lines)
+            .into_iter()
+            .filter(|k| *k == ViolationKind::EntityOutsideShard)
+            .count()
+    };
+    let inside = vec![
+        granted(0, "a", 1, 900),
+        shard_life(5, "a", "shard_started", 1),
+        entity(10, "a", "entity_started", 1),
+        entity(20, "a", "entity_stopped", 1),
+        shard_life(30, "a", "shard_stopped", 1),
+    ];
+    assert_eq!(shard_kinds(&inside), 0);
+    // Started before its shard served, or stopped after the shard recorded its stop.
+    let mut early = inside.clone();
+    early[2] = entity(4, "a", "entity_started", 1);
+    assert_eq!(shard_kinds(&early), 1);
+    let mut late = inside.clone();
+    late[3] = entity(31, "a", "entity_stopped", 1);
+    assert_eq!(shard_kinds(&late), 1);
+    // Under another token than the shard's life.
+    let other_token = vec![
+        granted(0, "a", 1, 900),
+        granted(0, "a", 2, 900),
+        shard_life(5, "a", "shard_started", 1),
+        entity(10, "a", "entity_started", 2),
+        entity(20, "a", "entity_stopped", 2),
+        shard_life(30, "a", "shard_stopped", 1),
+    ];
+    assert_eq!(shard_kinds(&other_token), 1);
+    // Two accepted writes at value 1: a lost update.
+    let twice = vec![
+        granted(0, "a", 1, 900),
+        write(10, "a", 1, 1, true),
+        write(11, "a", 1, 1, true),
+    ];
+    assert!(kinds(&twice).contains(&ViolationKind::DuplicateWrite));
+    let (code, out) = run_check(&twice);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("accepted two writes with value 1"), "{out}");
 }

@@ -3,8 +3,9 @@
 //! SIGKILL, SIGSTOP past the ttl, a partition between one node and the others (all still
 //! reach the store), a rolling restart; and rebalances under open-loop load when nodes
 //! join a loaded one, where every key must stay reachable from every node. Every run's
-//! history is checked (no shard alive on two nodes at overlapping times, tokens increasing
-//! per shard, no stale-token write accepted) and no acknowledged increment may be lost.
+//! history must pass `tenure check` (no shard alive on two nodes at overlapping times,
+//! tokens increasing per shard, every entity inside its shard and its lease, no
+//! stale-token write accepted) and no acknowledged increment may be lost.
 
 mod common;
 
@@ -12,10 +13,10 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use common::cluster::{Cluster, TestCluster};
+use common::lives::shard_lives;
 use common::shards::{
-    check, check_acks, live_shards, load_requests, open_loop_options, sharded_cluster, shards_on,
+    check_acks, live_shards, load_requests, open_loop_options, sharded_cluster, shards_on,
 };
-use serde_json::{Value, json};
 use tenure::sharding::counter::counter_name;
 use tenure::sqlite::FencedCounter;
 
@@ -34,11 +35,10 @@ fn wait_moved(c: &Cluster, moved: &BTreeSet<String>, from: usize, after: i64, li
         &format!("the {} shards of {from} run elsewhere", moved.len()),
         limit,
         |c| {
-            let stays = check(&c.history());
+            let lives = shard_lives(&c.history());
             moved.iter().all(|shard| {
-                stays.get(shard).is_some_and(|l| {
-                    l.iter()
-                        .any(|st| st.node != from && st.start > after && st.end.is_none())
+                lives.iter().any(|l| {
+                    l.subject == *shard && l.node != from && l.start > after && l.end.is_none()
                 })
             })
         },
@@ -67,7 +67,6 @@ fn wait_acks_after(c: &Cluster, after: i64, n: usize) {
 /// The final safety checks of a run: the history, and no acknowledged increment lost.
 fn final_checks(c: &Cluster) {
     let history = c.history();
-    check(&history);
     common::assert_checked(&c.history);
     let counter = FencedCounter::open(&c.counter_file()).expect("open the counter");
     let acked = check_acks(&history, |key| {
@@ -121,13 +120,11 @@ fn a_node_paused_past_the_ttl_stops_its_shards_on_resume_and_its_late_writes_are
         "the resumed node stopped the shards it lost",
         Duration::from_secs(20),
         |c| {
-            let stays = check(&c.history());
-            moved.iter().all(|shard| {
-                stays[shard]
-                    .iter()
-                    .filter(|st| st.node == c.nodes[victim].addr && st.start < paused)
-                    .all(|st| st.end.is_some())
-            })
+            shard_lives(&c.history())
+                .iter()
+                .filter(|l| moved.contains(&l.subject))
+                .filter(|l| l.node == c.nodes[victim].addr && l.start < paused)
+                .all(|l| l.end.is_some())
         },
     );
     c.wait_converged(Duration::from_secs(30));
@@ -168,14 +165,14 @@ fn a_rolling_restart_with_traffic_loses_no_acknowledged_increment() {
     }
     // Every node's graceful stop handed its shards off: each of its stays ended with a
     // hand-off, none was killed.
-    let stays = check(&c.history());
+    let lives = shard_lives(&c.history());
+    let not_handed_off: Vec<_> = lives
+        .iter()
+        .filter(|l| l.end.is_some() && l.why != "hand-off")
+        .collect();
     assert!(
-        stays
-            .values()
-            .flatten()
-            .filter(|st| st.end.is_some())
-            .all(|st| st.why == "hand-off"),
-        "every shard stop was a hand-off"
+        not_handed_off.is_empty(),
+        "every shard stop was a hand-off: {not_handed_off:?}"
     );
     final_checks(&c);
 }
@@ -213,8 +210,7 @@ fn rebalances_under_open_loop_load_keep_every_key_answered_from_every_node() {
         Duration::from_secs(60),
         |c| {
             let h = c.history();
-            live_shards(&check(&h)).len() == REBALANCE_SHARDS
-                && h.iter().any(|e| e["event"] == "ack")
+            live_shards(&h).len() == REBALANCE_SHARDS && h.iter().any(|e| e["event"] == "ack")
         },
     );
     // Two nodes join, with load of their own: the coordinator rebalances 9/0/0 to 3/3/3 in
@@ -227,11 +223,11 @@ fn rebalances_under_open_loop_load_keep_every_key_answered_from_every_node() {
         "the shards are rebalanced to 3 per node",
         Duration::from_secs(60),
         |c| {
-            let live = live_shards(&check(&c.history()));
+            let live = live_shards(&c.history());
             live.len() == REBALANCE_SHARDS
                 && c.nodes
                     .iter()
-                    .all(|n| live.iter().filter(|(_, st)| st.node == n.addr).count() == 3)
+                    .all(|n| live.iter().filter(|l| l.node == n.addr).count() == 3)
         },
     );
     let balanced = now_ns();
@@ -241,9 +237,13 @@ fn rebalances_under_open_loop_load_keep_every_key_answered_from_every_node() {
         (AFTER_MOVE_NS + LOAD_TIMEOUT_NS + 500_000_000) as u64,
     ));
     let history = c.history();
-    let stays = check(&history);
-    // The moves: a shard stopped for a hand-off, and its next stay (on another node).
-    let moves: Vec<(String, i64, i64)> = stays
+    // The moves: a shard stopped for a hand-off, and its next life (on another node).
+    let mut lives: std::collections::BTreeMap<String, Vec<common::lives::Life>> =
+        Default::default();
+    for l in shard_lives(&history) {
+        lives.entry(l.subject.clone()).or_default().push(l);
+    }
+    let moves: Vec<(String, i64, i64)> = lives
         .iter()
         .flat_map(|(shard, list)| {
             list.iter()
@@ -303,101 +303,4 @@ fn rebalances_under_open_loop_load_keep_every_key_answered_from_every_node() {
     let failed = c.stop_all(Duration::from_secs(20));
     assert!(failed.is_empty(), "nodes {failed:?} did not leave cleanly");
     final_checks(&c);
-}
-
-fn line(t: i64, node: &str, event: &str, extra: Value) -> Value {
-    let mut v = json!({"t": t, "node": node, "inc": "x", "event": event});
-    v.as_object_mut()
-        .unwrap()
-        .extend(extra.as_object().unwrap().clone());
-    v
-}
-
-fn started(t: i64, node: &str, token: u64) -> Value {
-    line(
-        t,
-        node,
-        "shard_started",
-        json!({"shard": "7", "token": token}),
-    )
-}
-
-fn stopped(t: i64, node: &str, token: u64) -> Value {
-    line(
-        t,
-        node,
-        "shard_stopped",
-        json!({"shard": "7", "token": token, "why": "x"}),
-    )
-}
-
-fn write(t: i64, node: &str, token: u64, value: u64) -> Value {
-    line(
-        t,
-        node,
-        "write",
-        json!({"shard": "7", "entity": "k", "token": token, "value": value, "accepted": true}),
-    )
-}
-
-fn violation(history: Vec<Value>) -> String {
-    let err = std::panic::catch_unwind(|| check(&history)).expect_err("a violation");
-    err.downcast_ref::<String>().cloned().unwrap_or_default()
-}
-
-#[test]
-fn the_checker_catches_each_kind_of_violation() {
-    let (a, b) = ("127.0.0.1:1", "127.0.0.1:2");
-    // A clean hand-over passes.
-    check(&[
-        started(1, a, 1),
-        write(2, a, 1, 1),
-        stopped(3, a, 1),
-        started(4, b, 2),
-        write(5, b, 2, 2),
-    ]);
-    // Overlap: b starts while a still runs.
-    assert!(violation(vec![started(1, a, 1), started(2, b, 2)]).contains("two nodes at once"));
-    // Tokens going back.
-    assert!(
-        violation(vec![started(1, a, 2), stopped(2, a, 2), started(3, b, 1)])
-            .contains("tokens must increase")
-    );
-    // A stale write accepted after a newer one (in the counter's own order).
-    assert!(
-        violation(vec![write(1, b, 2, 1), write(2, a, 1, 2)])
-            .contains("token 1 after one with token 2")
-    );
-    // A paused node that does not stop promptly after resuming.
-    assert!(
-        violation(vec![
-            started(1, a, 1),
-            line(2, a, "paused", json!({})),
-            started(3, b, 2),
-            line(4, a, "resumed", json!({})),
-            stopped(4 + 10_000_000_000, a, 1),
-        ])
-        .contains("did not stop promptly")
-    );
-    // An entity started outside its shard's stay.
-    assert!(
-        violation(vec![line(
-            1,
-            a,
-            "entity_started",
-            json!({"shard": "7", "token": 1, "entity": "k"})
-        )])
-        .contains("outside")
-    );
-    // A lost acknowledged increment.
-    let h = vec![
-        write(1, a, 1, 5),
-        line(2, a, "ack", json!({"entity": "k", "value": 5, "token": 1})),
-    ];
-    let lost = std::panic::catch_unwind(|| check_acks(&h, |_| 4)).expect_err("lost ack");
-    assert!(
-        lost.downcast_ref::<String>()
-            .unwrap()
-            .contains("acknowledged but the counter now holds 4")
-    );
 }

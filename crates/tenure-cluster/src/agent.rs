@@ -21,6 +21,7 @@ use crate::backoff::Backoff;
 use crate::history::History;
 use crate::identity::{Incarnation, NodeAddr};
 use crate::member::{ClusterEvent, Listed, Member, Membership};
+use crate::placement::{Placement, PlacementMismatch};
 use crate::protocol::{
     AgentMsg, FaultReply, Heartbeat, Hello, Inspect, Leaving, LeavingAck, LinkFault, Local,
     MemberInfo, NodeView, PROTOCOL_VERSION, SessionChange,
@@ -37,7 +38,8 @@ pub fn scope(system: &str) -> String {
     format!("tenure/{system}")
 }
 
-/// The note kept with a member lease: who holds it, in which life, and its join ticket.
+/// The note kept with a member lease: who holds it, in which life, its join ticket, and
+/// the settings that decide where its entities live.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct MemberNote {
     pub node: NodeAddr,
@@ -45,6 +47,7 @@ pub(crate) struct MemberNote {
     pub age: u64,
     #[serde(default)]
     pub roles: Vec<String>,
+    pub placement: Placement,
     /// Keyed digest of the above with the cookie: only nodes with the cluster's cookie
     /// can write a member lease the others accept.
     pub proof: String,
@@ -58,16 +61,38 @@ impl MemberNote {
         incarnation: Incarnation,
         age: u64,
         roles: Vec<String>,
+        placement: Placement,
     ) -> MemberNote {
-        let proof = member_proof(key, system, &node, incarnation, age, &roles);
-        MemberNote {
+        let mut note = MemberNote {
             node,
             incarnation,
             age,
             roles,
-            proof,
-        }
+            placement,
+            proof: String::new(),
+        };
+        note.proof = note.expected_proof(key, system);
+        note
     }
+
+    /// The proof a node with cookie (and CA) `key` in `system` would have written.
+    fn expected_proof(&self, key: &str, system: &str) -> String {
+        use sha2::{Digest, Sha256};
+        let roles = self.roles.join(",");
+        let placement = serde_json::to_string(&self.placement).unwrap_or_default();
+        let digest = Sha256::digest(format!(
+            "tenure-member\n{key}\n{system}\n{}\n{}\n{}\n{roles}\n{placement}",
+            self.node, self.incarnation, self.age
+        ));
+        digest[..12].iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+/// A member whose placement differs from this node's, and where.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Refusal {
+    pub member: NodeAddr,
+    pub mismatch: PlacementMismatch,
 }
 
 /// The key of member proofs: the cookie, and the CA fingerprint when TLS is on (so that
@@ -78,22 +103,6 @@ fn proof_key(cookie: &str, tls: Option<&Tls>) -> String {
         tls.map(|t| t.ca_fingerprint.as_str())
             .unwrap_or("plaintext")
     )
-}
-
-fn member_proof(
-    key: &str,
-    system: &str,
-    node: &NodeAddr,
-    incarnation: Incarnation,
-    age: u64,
-    roles: &[String],
-) -> String {
-    use sha2::{Digest, Sha256};
-    let roles = roles.join(",");
-    let digest = Sha256::digest(format!(
-        "tenure-member\n{key}\n{system}\n{node}\n{incarnation}\n{age}\n{roles}"
-    ));
-    digest[..12].iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Takes a join ticket: grants of one lease name get strictly increasing tokens, so
@@ -128,6 +137,8 @@ pub(crate) struct AgentArgs {
     pub links: Arc<Links>,
     pub store: Arc<dyn LeaseStore>,
     pub history: Option<History>,
+    /// Set when this node is refused at join (its placement differs from a member's).
+    pub refused: Arc<std::sync::OnceLock<Refusal>>,
 }
 
 struct Session {
@@ -169,6 +180,12 @@ pub(crate) struct AgentState {
     history: Option<History>,
     /// Member leases of nodes with another cookie, already warned about.
     foreign: std::collections::HashSet<(NodeAddr, Incarnation)>,
+    /// Member leases of nodes that place entities differently, already warned about.
+    misplaced: std::collections::HashSet<(NodeAddr, Incarnation)>,
+    /// The token of this node's member lease grant whose placement check is under way:
+    /// the node counts itself up only once it passed.
+    verifying: Option<u64>,
+    refused: Arc<std::sync::OnceLock<Refusal>>,
     /// Hellos that arrived before their session was known here.
     pending_hellos: HashMap<NodeAddr, Hello>,
     view: Membership,
@@ -283,6 +300,9 @@ impl Actor for Agent {
             history: a.history,
             pending_hellos: HashMap::new(),
             foreign: Default::default(),
+            misplaced: Default::default(),
+            verifying: None,
+            refused: a.refused,
             reach: Default::default(),
             sessions,
             peers: HashMap::new(),
@@ -429,6 +449,7 @@ impl AgentState {
             self.incarnation,
             ticket,
             self.s.roles.clone(),
+            self.s.placement.clone(),
         ))?;
         let spec = LeaseSpec::new(
             &self.s.member_lease_name(&self.me),
@@ -643,12 +664,34 @@ impl AgentState {
                 }
             }
             Local::Lease(LeaseEvent::Granted(g)) => {
-                let age = self.ticket.unwrap_or_default();
-                tracing::info!(node = %self.me, token = g.token, age, "member lease granted: up");
-                let events = self.view.self_granted(age);
-                self.emit(events);
+                tracing::info!(node = %self.me, token = g.token, "member lease granted: checking placement against the members");
+                self.verifying = Some(g.token);
+                self.list_for_join(myself, g.token, Duration::ZERO);
+            }
+            Local::JoinCheck { token, listed } => {
+                if self.verifying != Some(token) {
+                    // Lost meanwhile: the next grant is checked anew.
+                    return Ok(());
+                }
+                match listed {
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot list member leases to check placement; retrying");
+                        self.list_for_join(myself, token, self.s.membership_interval);
+                    }
+                    Ok(records) => match self.placement_refusal(&records) {
+                        Some(refusal) => return self.refuse(refusal).await,
+                        None => {
+                            self.verifying = None;
+                            let age = self.ticket.unwrap_or_default();
+                            tracing::info!(node = %self.me, token, age, "placement agrees with every member: up");
+                            let events = self.view.self_granted(age);
+                            self.emit(events);
+                        }
+                    },
+                }
             }
             Local::Lease(LeaseEvent::Lost(l)) => {
+                self.verifying = None;
                 tracing::warn!(node = %self.me, token = l.token, reason = %l.reason, "member lease lost: this node is down");
                 let events = self.view.self_lost();
                 self.emit(events);
@@ -742,17 +785,19 @@ impl AgentState {
                 continue;
             };
             let key = proof_key(&self.s.cookie, self.tls.as_ref());
-            let proof = member_proof(
-                &key,
-                &self.s.system,
-                &owner,
-                note.incarnation,
-                note.age,
-                &note.roles,
-            );
-            if owner != note.node || proof != note.proof {
+            if owner != note.node || note.expected_proof(&key, &self.s.system) != note.proof {
                 if self.foreign.insert((owner.clone(), note.incarnation)) {
                     tracing::warn!(member = %owner, incarnation = %note.incarnation, "ignoring a member lease written with another cookie or TLS CA: that node is not a member");
+                }
+                continue;
+            }
+            // A node that places entities differently is refused at its join (or refuses
+            // itself); until then it must not count as a member here either.
+            if owner != self.me
+                && let Some(m) = self.s.placement.mismatch(&note.placement)
+            {
+                if self.misplaced.insert((owner.clone(), note.incarnation)) {
+                    tracing::warn!(member = %owner, key = %m.key, mine = %m.mine, theirs = %m.theirs, "ignoring a member lease of a node that places entities differently: that node is not a member");
                 }
                 continue;
             }
@@ -764,6 +809,70 @@ impl AgentState {
             });
         }
         listed
+    }
+
+    /// Lists the member leases (after `wait`) for the placement check of grant `token`.
+    ///
+    /// Why two nodes joining at once with different placements cannot both get in: each
+    /// writes its member lease (with its placement) and only then lists the member leases.
+    /// The store orders the four operations; if A's listing does not show B's lease, it
+    /// came before B's write, so B's listing, after B's write, shows A's lease, and B
+    /// refuses itself. A node already up renews its lease, so every joiner sees it.
+    fn list_for_join(&self, myself: &ActorRef<AgentMsg>, token: u64, wait: Duration) {
+        let store = self.store.clone();
+        let prefix = self.s.member_prefix();
+        let timeout = self.s.member_lease.lease_operation_timeout;
+        let me = myself.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(wait).await;
+            let listed = bounded(&prefix, "list", timeout, store.list(&prefix))
+                .await
+                .map_err(|e| e.to_string());
+            let _ = me.cast(AgentMsg::Local(Local::JoinCheck { token, listed }));
+        });
+    }
+
+    /// The first listed member (with our cookie, another address) whose placement differs
+    /// from this node's.
+    fn placement_refusal(&self, records: &[LeaseRecord]) -> Option<Refusal> {
+        let key = proof_key(&self.s.cookie, self.tls.as_ref());
+        records.iter().find_map(|r| {
+            let note: MemberNote = serde_json::from_str(r.note.as_deref()?).ok()?;
+            let genuine = note.node.to_string() == r.owner
+                && note.expected_proof(&key, &self.s.system) == note.proof;
+            if !genuine || note.node == self.me {
+                return None;
+            }
+            let mismatch = self.s.placement.mismatch(&note.placement)?;
+            Some(Refusal {
+                member: note.node,
+                mismatch,
+            })
+        })
+    }
+
+    /// Refuses this node: records why, gives the member lease back and stops the agent
+    /// (and with it the node). It never counted itself up.
+    async fn refuse(&mut self, refusal: Refusal) -> Result<(), ActorProcessingErr> {
+        let m = &refusal.mismatch;
+        tracing::error!(node = %self.me, member = %refusal.member, key = %m.key, mine = %m.mine, theirs = %m.theirs,
+            "refused to join: this node places entities differently from a member");
+        if let Some(h) = &self.history {
+            h.record(
+                "node_refused",
+                json!({"member": refusal.member.to_string(), "key": m.key, "mine": m.mine, "theirs": m.theirs}),
+            );
+        }
+        let _ = self.refused.set(refusal);
+        self.verifying = None;
+        self.leaving = true;
+        if let Some(lease) = self.member_lease.take() {
+            let timeout = self.s.member_lease.lease_operation_timeout + RELEASE_SLACK;
+            let _ = lease
+                .stop_and_wait(Some("refused to join".into()), Some(timeout))
+                .await;
+        }
+        Err("refused to join: its placement differs from a member's".into())
     }
 
     fn on_session(&mut self, change: SessionChange, ses: NodeServerSessionInformation) {

@@ -36,4 +36,15 @@ pub enum ClusterError {
     /// Could not reach or talk to a node.
     #[error("node {addr}: {detail}")]
     Connect { addr: String, detail: String },
+    /// Refused at join: a setting that decides where entities live differs from a
+    /// member's (every member must agree, or one entity could run under two shard leases).
+    #[error(
+        "refused to join the cluster: `{key}` is {mine} on this node but {theirs} on member {member}; every member must have the same"
+    )]
+    Refused {
+        key: String,
+        mine: String,
+        theirs: String,
+        member: String,
+    },
 }

@@ -19,6 +19,7 @@ mod history;
 mod identity;
 mod member;
 mod node;
+pub mod placement;
 mod protocol;
 pub mod reachability;
 mod settings;

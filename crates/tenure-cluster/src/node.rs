@@ -10,7 +10,7 @@ use ractor_cluster::node::NodeConnectionMode;
 use ractor_cluster::{IncomingEncryptionMode, NodeServer, NodeServerMessage};
 use tenure_lease::{LeaseMsg, LeaseProvider};
 
-use crate::agent::{Agent, AgentArgs, RELEASE_SLACK};
+use crate::agent::{Agent, AgentArgs, RELEASE_SLACK, Refusal};
 use crate::error::ClusterError;
 use crate::history::History;
 use crate::identity::{Incarnation, NodeAddr};
@@ -41,6 +41,7 @@ pub struct Node {
     server: ActorRef<NodeServerMessage>,
     links: Arc<Links>,
     history: Option<History>,
+    refused: Arc<std::sync::OnceLock<Refusal>>,
 }
 
 impl Node {
@@ -122,6 +123,7 @@ impl Node {
             _ => None,
         };
         let links = Arc::new(Links::default());
+        let refused = Arc::new(std::sync::OnceLock::new());
         let args = AgentArgs {
             settings: settings.clone(),
             incarnation,
@@ -130,6 +132,7 @@ impl Node {
             links: links.clone(),
             store,
             history: history.clone(),
+            refused: refused.clone(),
         };
         let agent = match Actor::spawn(None, Agent, args).await {
             Ok((agent, _)) => agent,
@@ -160,6 +163,7 @@ impl Node {
             server,
             links,
             history,
+            refused,
         })
     }
 
@@ -231,9 +235,22 @@ impl Node {
         )
     }
 
-    /// Waits until the node stops on its own (it does not while healthy).
-    pub async fn stopped(&self) {
+    /// Waits until the node stops on its own (it does not while healthy) and tells why:
+    /// [`ClusterError::Refused`] when it was refused at join (its placement differs from a
+    /// member's), else [`ClusterError::Actor`] (its member lease actor failed).
+    pub async fn stopped(&self) -> ClusterError {
         let _ = self.agent.wait(None).await;
+        match self.refused.get() {
+            Some(r) => ClusterError::Refused {
+                key: r.mismatch.key.clone(),
+                mine: r.mismatch.mine.clone(),
+                theirs: r.mismatch.theirs.clone(),
+                member: r.member.to_string(),
+            },
+            None => ClusterError::Actor(
+                "the node stopped: its member lease actor failed (see the log)".into(),
+            ),
+        }
     }
 
     /// Leaves gracefully: subscribers get `SelfLeaving` and peers a leave notice; once every

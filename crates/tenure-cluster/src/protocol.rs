@@ -120,6 +120,12 @@ pub enum Local {
     Tick,
     Poll,
     Listed(Result<Vec<LeaseRecord>, String>),
+    /// The member leases listed after this node's member lease (grant `token`) was
+    /// granted, for its placement check.
+    JoinCheck {
+        token: u64,
+        listed: Result<Vec<LeaseRecord>, String>,
+    },
     Dialed {
         peer: NodeAddr,
         result: Result<(), String>,

@@ -8,6 +8,7 @@ use tenure_lease::{ConfigError, LeaseSettings, TenureConfig};
 
 use crate::error::ClusterError;
 use crate::identity::NodeAddr;
+use crate::placement::Placement;
 
 /// Files for TLS between nodes (mutual: each side presents a certificate signed by `ca`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,6 +55,9 @@ pub struct ClusterSettings {
     pub fault_injection: bool,
     /// `[cluster.tls]` when `enabled`.
     pub tls: Option<TlsFiles>,
+    /// The settings that decide where entities live (`[sharding]`): every member must have
+    /// the same; a node whose placement differs from a member's is refused at join.
+    pub placement: Placement,
 }
 
 const KEYS: [&str; 18] = [
@@ -185,6 +189,7 @@ impl ClusterSettings {
             .validate("cluster")
             .map_err(rename_member_keys)?;
 
+        let placement = Placement::from_config(config, &lease_section)?;
         let settings = ClusterSettings {
             system: config.system()?,
             addr,
@@ -210,6 +215,7 @@ impl ClusterSettings {
             })?,
             fault_injection: r.boolean("fault-injection")?,
             tls: tls_files(table)?,
+            placement,
         };
         if settings.heartbeat_interval * 2 > settings.unreachable_after {
             return Err(ConfigError::invalid(

@@ -44,6 +44,10 @@ pub struct LeaseSpec {
     pub observer: Option<LeaseObserver>,
     /// Priority, cleanup and waiting timeouts (default: a plain lease).
     pub options: AcquireOptions,
+    /// How long before the local deadline the belief ends and `LeaseLost` is announced, so
+    /// that what the holder runs under the lease has terminated by the deadline (see
+    /// [`StopBudget`](crate::StopBudget)). Zero by default.
+    pub stop_budget: std::time::Duration,
 }
 
 impl std::fmt::Debug for LeaseSpec {
@@ -55,6 +59,7 @@ impl std::fmt::Debug for LeaseSpec {
             .field("store", &self.store.kind())
             .field("settings", &self.settings)
             .field("options", &self.options)
+            .field("stop_budget", &self.stop_budget)
             .finish()
     }
 }
@@ -98,6 +103,7 @@ impl LeaseSpec {
             note: None,
             observer: None,
             options: AcquireOptions::default(),
+            stop_budget: std::time::Duration::ZERO,
         })
     }
 
@@ -124,6 +130,29 @@ impl LeaseSpec {
         options.validate(self.store.kind(), self.store.capabilities())?;
         self.options = options;
         Ok(self)
+    }
+
+    /// Ends the belief, and announces `LeaseLost`, `budget` before each local deadline
+    /// (normally a [`StopBudget`](crate::StopBudget)'s total, checked against the settings
+    /// with [`LeaseSettings::check_stop_budget`]). From then on `check_lease()` is false: the
+    /// holder must stop acting, and has until the deadline to finish stopping.
+    pub fn with_stop_budget(mut self, budget: std::time::Duration) -> Self {
+        self.stop_budget = budget;
+        self
+    }
+
+    /// [`with_stop_budget`](Self::with_stop_budget) with `budget`'s total, once
+    /// [`LeaseSettings::check_stop_budget`] accepted it for this spec's settings (errors
+    /// name `budget_key` and `lease_key`'s `heartbeat-timeout`).
+    pub fn with_checked_stop_budget(
+        self,
+        budget: &crate::StopBudget,
+        lease_key: &str,
+        budget_key: &str,
+    ) -> Result<Self, ConfigError> {
+        self.settings
+            .check_stop_budget(lease_key, budget_key, budget)?;
+        Ok(self.with_stop_budget(budget.total()))
     }
 
     /// Keeps `note` with each grant.
@@ -195,8 +224,8 @@ pub struct LeaseView {
 }
 
 impl LeaseView {
-    /// `true` only while a grant is believed and its local deadline has not passed.
-    /// Never blocks and never talks to the store.
+    /// `true` only while a grant is believed: before its local deadline minus the stop
+    /// budget, and before any loss was announced. Never blocks and never talks to the store.
     pub fn check_lease(&self) -> bool {
         self.belief.current().is_some()
     }
@@ -206,7 +235,8 @@ impl LeaseView {
         self.belief.current().map(|h| h.token)
     }
 
-    /// The local deadline of the grant believed now.
+    /// The local deadline of the grant believed now: whatever runs under it must have ended
+    /// by then (the belief itself ends the stop budget earlier).
     pub fn deadline(&self) -> Option<Instant> {
         self.belief.current().map(|h| h.deadline)
     }
@@ -231,7 +261,7 @@ impl LeaseActor {
         let observer = spec.observer.clone().map(|o| (spec.owner.clone(), o));
         let belief = Arc::new(SharedBelief::new(
             spec.name.clone(),
-            Belief::new(validity),
+            Belief::new(validity, spec.stop_budget),
             sink,
             observer,
         ));
@@ -258,7 +288,7 @@ fn new_instance_base() -> String {
     format!("{:x}-{nanos:x}-{n:x}", std::process::id())
 }
 
-/// The watchdog announces a loss this much before the deadline, so that timer lateness
+/// The watchdog announces a loss this much before the belief ends, so that timer lateness
 /// cannot push the announcement past it.
 const WAKE_EARLY: std::time::Duration = std::time::Duration::from_millis(2);
 
@@ -465,7 +495,8 @@ impl LeaseActorState {
             // Independent of the mailbox, so a slow store call or a long queue cannot delay
             // the loss past the deadline.
             while let Some(h) = belief.held().filter(|h| h.generation == generation) {
-                let wake = h.deadline.checked_sub(WAKE_EARLY).unwrap_or(h.deadline);
+                let end = h.believed_until;
+                let wake = end.checked_sub(WAKE_EARLY).unwrap_or(end);
                 tokio::time::sleep_until(wake).await;
                 belief.lapse(Instant::now() + WAKE_EARLY);
             }

@@ -235,6 +235,22 @@ impl TenureConfig {
         &self.table
     }
 
+    /// The dotted key that sets `key` for `name` in [`table_for`](Self::table_for)'s merge:
+    /// `<table>.<name>.<key>` when `[<table>.<name>]` sets it, else `<table>.<key>`.
+    pub fn key_for(&self, table: &str, name: &str, key: &str) -> String {
+        let own = self
+            .table
+            .get(table)
+            .and_then(|t| t.get(name))
+            .and_then(|t| t.get(key))
+            .is_some();
+        if own {
+            format!("{table}.{name}.{key}")
+        } else {
+            format!("{table}.{key}")
+        }
+    }
+
     /// The plain keys of `[<table>]` with those of `[<table>.<name>]` over them (per-name
     /// overrides, as singletons and entity types have). Unknown keys in either are refused;
     /// errors name the key.

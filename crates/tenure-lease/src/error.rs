@@ -80,6 +80,13 @@ pub enum ConfigError {
     Parse { origin: String, detail: String },
     #[error("config key `{key}`: {detail}")]
     Invalid { key: String, detail: String },
+    /// Two settings that are each valid but do not fit together.
+    #[error("config keys `{key}` and `{other}` do not fit together: {detail}")]
+    Conflict {
+        key: String,
+        other: String,
+        detail: String,
+    },
     #[error("config key `{key}`: unknown store kind `{kind}` (known: {known})")]
     UnknownStore {
         key: String,

@@ -17,7 +17,8 @@ pub struct LeaseGranted {
 }
 
 /// The holder no longer believes it holds the lease. Sent at most once per grant, never
-/// before the grant was announced, and no later than the local deadline.
+/// before the grant was announced, and no later than the local deadline minus the lease's
+/// stop budget: what runs under the grant must have terminated by the deadline itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseLost {
     pub name: String,
@@ -161,8 +162,8 @@ impl SharedBelief {
         }));
     }
 
-    /// Announces the loss of a grant whose deadline has passed at `now`. Returns whether one
-    /// lapsed.
+    /// Announces the loss of a grant whose belief has ended at `now` (its deadline minus the
+    /// stop budget). Returns whether one lapsed.
     pub(crate) fn lapse(&self, now: Instant) -> bool {
         let _order = self.ordered();
         let lapsed = self.belief().expire_due(now);
@@ -279,7 +280,7 @@ impl SharedBelief {
         self.belief().attempt_generation()
     }
 
-    /// The grant believed, even if its deadline just passed and nobody announced it yet.
+    /// The grant believed, even if its belief just ended and nobody announced it yet.
     pub(crate) fn held(&self) -> Option<Held> {
         self.belief().held()
     }

@@ -46,7 +46,8 @@ impl Drop for Inner {
 ///   another owner, `Err` unknown (maybe granted: the grant then expires after its ttl).
 /// - Re-acquiring a held lease succeeds with the same token.
 /// - While held, the LeaseActor renews it every `heartbeat-interval`; if renewals do not
-///   succeed, the lease is lost no later than its local deadline.
+///   succeed, the lease is lost no later than its local deadline minus the spec's stop
+///   budget ([`LeaseSpec::with_stop_budget`], zero by default).
 /// - [`check_lease`](Lease::check_lease) never blocks; it is `true` only while held.
 #[derive(Clone)]
 pub struct Lease {
@@ -157,7 +158,8 @@ impl Lease {
 
     /// Like [`acquire`](Lease::acquire); when granted, `on_lost` is called at most once, when
     /// this grant is lost (not after a release), never before this call returned, and no
-    /// later than the local deadline. It runs inline and must not block.
+    /// later than the local deadline minus the stop budget. It runs inline and must not
+    /// block.
     pub async fn acquire_with_lost(
         &self,
         on_lost: impl FnOnce(LeaseLost) + Send + 'static,
@@ -225,8 +227,9 @@ impl Lease {
         }
     }
 
-    /// `true` only while this owner certainly holds the lease: granted, and the local
-    /// deadline not passed. Never blocks, never talks to the store or the actor.
+    /// `true` only while this owner certainly holds the lease: granted, no loss announced,
+    /// and the local deadline minus the stop budget not passed. Never blocks, never talks
+    /// to the store or the actor.
     pub fn check_lease(&self) -> bool {
         self.inner.view.check_lease()
     }
@@ -236,7 +239,8 @@ impl Lease {
         self.inner.view.token()
     }
 
-    /// The local deadline of the current grant, while held.
+    /// The local deadline of the current grant, while held: whatever runs under the grant
+    /// must have ended by then.
     pub fn deadline(&self) -> Option<Instant> {
         self.inner.view.deadline()
     }

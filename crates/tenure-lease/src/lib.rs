@@ -42,6 +42,7 @@ mod priority;
 mod provider;
 mod renewal;
 mod settings;
+mod stop_budget;
 pub mod store;
 pub mod trace;
 pub mod validity;
@@ -69,6 +70,7 @@ pub use priority::AcquireOptions;
 pub use provider::{LeaseProvider, StoreFactory, StoreRegistry};
 pub use renewal::RenewalBatcher;
 pub use settings::LeaseSettings;
+pub use stop_budget::StopBudget;
 pub use store::{
     AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, EMERGENCY_PRIORITY, HeldLease,
     LeaseRecord, LeaseStore, PreemptAnswer, PreemptionRequest, Renewal, WatchEvent, WatchReceiver,

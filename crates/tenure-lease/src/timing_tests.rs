@@ -7,8 +7,8 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::time::{Instant, advance, sleep};
 
 use crate::{
-    Acquired, Fault, Lease, LeaseActor, LeaseEvent, LeaseEventSink, LeaseMsg, LeaseSettings,
-    LeaseSpec, LeaseStore, LostReason, MemoryStore, RenewalBatcher,
+    Acquired, Fault, Lease, LeaseActor, LeaseEvent, LeaseEventSink, LeaseMsg, LeaseObserver,
+    LeaseSettings, LeaseSpec, LeaseStore, LeaseTrace, LostReason, MemoryStore, RenewalBatcher,
 };
 
 fn settings() -> LeaseSettings {
@@ -380,4 +380,68 @@ async fn a_grant_replaced_behind_our_back_is_announced_lost_first() {
             if a.token == t1 && l.token == t1 && l.reason == LostReason::NotHeld && b.token == t2),
         "{events:?}"
     );
+}
+
+/// With a stop budget, the loss is announced (and `check_lease` turns false) the budget
+/// before the local deadline, which itself does not move: the traces' `valid_until` stays
+/// `send instant + ttl - margin`.
+#[tokio::test(start_paused = true)]
+async fn a_stop_budget_announces_the_loss_that_much_before_the_deadline() {
+    let store = MemoryStore::new();
+    let (sink, log) = recording_sink();
+    let traces: Arc<Mutex<Vec<LeaseTrace>>> = Arc::default();
+    let t = traces.clone();
+    let budget = Duration::from_secs(3);
+    let spec = LeaseSpec::new("a", "node-1", Arc::new(store.clone()), settings())
+        .unwrap()
+        .with_stop_budget(budget)
+        .with_observer(LeaseObserver::new(move |_, _, trace| {
+            t.lock().unwrap().push(trace.clone())
+        }));
+    let (actor, view, _) = LeaseActor::start(spec, sink, None)
+        .await
+        .map(|(a, v)| (a, v, ()))
+        .unwrap();
+    let sent = Instant::now();
+    assert!(matches!(
+        try_acquire(&actor).await,
+        Acquired::Granted { .. }
+    ));
+    // ttl 10 s, margin 1 s: the local deadline is 9 s after the send instant.
+    let deadline = view.deadline().unwrap();
+    assert_eq!(deadline, sent + Duration::from_secs(9));
+    let granted_until = traces.lock().unwrap().iter().find_map(|tr| match tr {
+        LeaseTrace::Granted { valid_until, .. } => Some(*valid_until),
+        _ => None,
+    });
+    // (monotonic_ns maps the paused clock to the real one: equal up to the real time
+    // between the two reads, far below the 3 s budget.)
+    let off = granted_until.unwrap() - crate::trace::monotonic_ns(deadline);
+    assert!(
+        off.abs() < 500_000_000,
+        "histories record the true local deadline, off by {off} ns"
+    );
+    store.set_fault(Fault::FailRenewals);
+    sleep(Duration::from_millis(5990)).await;
+    assert!(view.check_lease(), "believed until the budget begins");
+    assert!(lost_events(&log).is_empty());
+    sleep(Duration::from_millis(20)).await;
+    assert!(
+        !view.check_lease(),
+        "no longer believed once the budget began"
+    );
+    let lost = lost_events(&log);
+    assert_eq!(lost.len(), 1, "{lost:?}");
+    let (at, ev) = &lost[0];
+    assert_eq!(ev.reason, LostReason::Expired);
+    assert!(
+        *at <= deadline - budget,
+        "announced at {at:?}, deadline {deadline:?}"
+    );
+    assert!(*at >= deadline - budget - Duration::from_millis(5));
+    // A renewal answered within the budget does not revive it.
+    store.set_fault(Fault::None);
+    sleep(Duration::from_secs(5)).await;
+    assert!(!view.check_lease());
+    assert_eq!(lost_events(&log).len(), 1);
 }

@@ -6,6 +6,11 @@
 //! believes in it only until `s + ttl - margin < p + ttl`, on a monotonic clock. So the
 //! holder stops believing strictly before anyone else can be granted the lease, whatever
 //! the delays, as long as clock rates differ by less than the margin over one ttl.
+//!
+//! A holder that must *stop* something before the deadline (entities, a singleton instance,
+//! a guarded command) has a **stop budget**: the belief ends, and the loss is announced,
+//! that long before the local deadline, so that what it guards has terminated by the
+//! deadline. The local deadline itself (recorded as `valid_until`) does not move.
 
 use tokio::time::{Duration, Instant};
 
@@ -51,7 +56,11 @@ pub struct Held {
     /// acquire starts a new generation.
     pub generation: u64,
     pub token: u64,
+    /// The local deadline: `send instant + ttl - safety margin`. Whatever the holder runs
+    /// under the grant must have ended by then.
     pub deadline: Instant,
+    /// When the belief ends and the loss is announced: the deadline minus the stop budget.
+    pub believed_until: Instant,
 }
 
 /// What [`Belief::grant`] made of an acquire answer.
@@ -69,32 +78,41 @@ pub enum GrantEffect {
 #[derive(Debug, Clone)]
 pub struct Belief {
     validity: Duration,
+    stop_budget: Duration,
     generations: u64,
     held: Option<Held>,
 }
 
 impl Belief {
-    /// `validity` is `ttl - safety margin`.
-    pub fn new(validity: Duration) -> Self {
+    /// `validity` is `ttl - safety margin`; the belief in a grant ends `stop_budget` before
+    /// its local deadline (at the latest when it begins, if the budget exceeds the validity).
+    pub fn new(validity: Duration, stop_budget: Duration) -> Self {
         Belief {
             validity,
+            stop_budget: stop_budget.min(validity),
             generations: 0,
             held: None,
         }
+    }
+
+    fn held_until(&self, deadline: Instant) -> Instant {
+        deadline - self.stop_budget
     }
 
     /// The store granted `token` to a request sent at `sent_at`; `now` is when the answer
     /// arrived. Call [`Belief::expire_due`] first, so that a lapsed grant is announced as lost.
     pub fn grant(&mut self, token: u64, sent_at: Instant, now: Instant) -> GrantEffect {
         let deadline = sent_at + self.validity;
+        let believed_until = self.held_until(deadline);
         if let Some(h) = &mut self.held
             && h.token == token
-            && now < h.deadline
+            && now < h.believed_until
         {
             h.deadline = h.deadline.max(deadline);
+            h.believed_until = h.believed_until.max(believed_until);
             return GrantEffect::Same(*h);
         }
-        if deadline <= now {
+        if believed_until <= now {
             return GrantEffect::TooLate;
         }
         self.generations += 1;
@@ -102,6 +120,7 @@ impl Belief {
             generation: self.generations,
             token,
             deadline,
+            believed_until,
         };
         self.held = Some(h);
         GrantEffect::New(h)
@@ -111,19 +130,23 @@ impl Belief {
     /// Returns whether the belief was extended: not if it already lapsed (at `now`; the
     /// lapse is left for [`Belief::expire_due`] to report) or is another generation.
     pub fn renewed(&mut self, generation: u64, sent_at: Instant, now: Instant) -> bool {
+        let deadline = sent_at + self.validity;
+        let believed_until = self.held_until(deadline);
         match &mut self.held {
-            Some(h) if h.generation == generation && now < h.deadline => {
-                h.deadline = h.deadline.max(sent_at + self.validity);
+            Some(h) if h.generation == generation && now < h.believed_until => {
+                h.deadline = h.deadline.max(deadline);
+                h.believed_until = h.believed_until.max(believed_until);
                 true
             }
             _ => false,
         }
     }
 
-    /// Ends the belief if its deadline has passed; returns the grant that lapsed.
+    /// Ends the belief if it is due to end (deadline minus stop budget); returns the grant
+    /// that lapsed.
     pub fn expire_due(&mut self, now: Instant) -> Option<Held> {
         match self.held {
-            Some(h) if now >= h.deadline => self.held.take(),
+            Some(h) if now >= h.believed_until => self.held.take(),
             _ => None,
         }
     }
@@ -141,9 +164,10 @@ impl Belief {
         self.held.take()
     }
 
-    /// The grant believed at `now`, if any.
+    /// The grant believed at `now`, if any: not once the stop budget before its deadline
+    /// has begun.
     pub fn current(&self, now: Instant) -> Option<Held> {
-        self.held.filter(|h| now < h.deadline)
+        self.held.filter(|h| now < h.believed_until)
     }
 
     /// The generation the next grant answer belongs to: the current one while held (a
@@ -156,7 +180,7 @@ impl Belief {
         }
     }
 
-    /// The grant believed, ignoring whether its deadline has passed yet.
+    /// The grant believed, ignoring whether its belief has ended yet.
     pub fn held(&self) -> Option<Held> {
         self.held
     }
@@ -173,7 +197,7 @@ mod tests {
     #[test]
     fn deadline_counts_from_send_instant() {
         let t = Instant::now();
-        let mut b = Belief::new(Duration::from_millis(900));
+        let mut b = Belief::new(Duration::from_millis(900), Duration::ZERO);
         let GrantEffect::New(h) = b.grant(7, at(t, 0), at(t, 300)) else {
             panic!("expected a new grant")
         };
@@ -185,7 +209,7 @@ mod tests {
     #[test]
     fn renewals_extend_only_the_current_generation() {
         let t = Instant::now();
-        let mut b = Belief::new(Duration::from_millis(900));
+        let mut b = Belief::new(Duration::from_millis(900), Duration::ZERO);
         let GrantEffect::New(h) = b.grant(1, t, t) else {
             panic!()
         };
@@ -200,7 +224,7 @@ mod tests {
     #[test]
     fn a_lapsed_grant_is_never_revived() {
         let t = Instant::now();
-        let mut b = Belief::new(Duration::from_millis(900));
+        let mut b = Belief::new(Duration::from_millis(900), Duration::ZERO);
         let GrantEffect::New(h) = b.grant(1, t, t) else {
             panic!()
         };
@@ -214,7 +238,7 @@ mod tests {
     #[test]
     fn reentrant_grant_keeps_generation() {
         let t = Instant::now();
-        let mut b = Belief::new(Duration::from_millis(900));
+        let mut b = Belief::new(Duration::from_millis(900), Duration::ZERO);
         let GrantEffect::New(h) = b.grant(5, t, t) else {
             panic!()
         };
@@ -229,12 +253,42 @@ mod tests {
     #[test]
     fn not_held_ends_only_its_generation() {
         let t = Instant::now();
-        let mut b = Belief::new(Duration::from_millis(900));
+        let mut b = Belief::new(Duration::from_millis(900), Duration::ZERO);
         let GrantEffect::New(h) = b.grant(1, t, t) else {
             panic!()
         };
         assert_eq!(b.not_held(h.generation + 1), None);
         assert_eq!(b.not_held(h.generation), Some(h));
         assert_eq!(b.not_held(h.generation), None);
+    }
+
+    #[test]
+    fn the_stop_budget_ends_the_belief_early_but_keeps_the_deadline() {
+        let t = Instant::now();
+        let mut b = Belief::new(Duration::from_millis(900), Duration::from_millis(300));
+        let GrantEffect::New(h) = b.grant(1, t, at(t, 10)) else {
+            panic!()
+        };
+        assert_eq!((h.deadline, h.believed_until), (at(t, 900), at(t, 600)));
+        assert!(b.current(at(t, 599)).is_some());
+        assert!(
+            b.current(at(t, 600)).is_none(),
+            "the budget is for stopping"
+        );
+        assert_eq!(b.expire_due(at(t, 599)), None);
+        // A renewal extends both; one answered within the budget is too late.
+        assert!(b.renewed(h.generation, at(t, 500), at(t, 550)));
+        assert_eq!(b.held().unwrap().deadline, at(t, 1400));
+        assert_eq!(b.held().unwrap().believed_until, at(t, 1100));
+        assert!(!b.renewed(h.generation, at(t, 1000), at(t, 1150)));
+        assert_eq!(
+            b.expire_due(at(t, 1150)).map(|h| h.deadline),
+            Some(at(t, 1400))
+        );
+        // A grant answered within its own budget cannot be used.
+        assert_eq!(b.grant(2, at(t, 2000), at(t, 2600)), GrantEffect::TooLate);
+        // A budget beyond the validity: never believed at all.
+        let mut b = Belief::new(Duration::from_millis(900), Duration::from_secs(5));
+        assert_eq!(b.grant(3, t, t), GrantEffect::TooLate);
     }
 }

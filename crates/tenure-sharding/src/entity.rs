@@ -3,7 +3,6 @@
 //! actor messages: regions carry them as encoded payloads.
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SpawnErr};
@@ -56,15 +55,18 @@ pub struct EntityMsg {
 
 impl ractor::Message for EntityMsg {}
 
-/// Starts an entity actor (linked to `supervisor`, the shard) for `ctx`.
-pub type EntityFactory = Arc<
-    dyn Fn(
-            EntityContext,
-            ActorCell,
-        ) -> Pin<Box<dyn Future<Output = Result<ActorRef<EntityMsg>, SpawnErr>> + Send>>
-        + Send
-        + Sync,
->;
+/// An entity actor whose `start` may still be running: its ref at once (so that it can be
+/// stopped or killed while starting), and the task that ends when `start` finished (`Ok`,
+/// then the actor is linked to its shard) or failed (also when it was killed meanwhile).
+pub struct StartingEntity {
+    pub actor: ActorRef<EntityMsg>,
+    pub started: tenure_singleton::StartHandle,
+}
+
+/// Spawns an entity actor for `ctx` without waiting for its `start` (user code, which
+/// must never hold up its shard); it is linked to `supervisor`, the shard, once started.
+pub type EntityFactory =
+    Arc<dyn Fn(EntityContext, ActorCell) -> Result<StartingEntity, SpawnErr> + Send + Sync>;
 
 /// A typed entity: requests and replies are serde types, state lives in the actor.
 pub trait Entity: Send + Sync + 'static {
@@ -88,7 +90,8 @@ pub trait Entity: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Self::Reply, ActorProcessingErr>> + Send;
 
     /// Runs when the entity stops gracefully (passivation, hand-off, lease lost); not
-    /// when it is killed after `stop-timeout`.
+    /// when it is killed after `stop-timeout` (a kill also interrupts a running `stop` or
+    /// `start`).
     fn stop(
         &self,
         ctx: &EntityContext,
@@ -103,13 +106,13 @@ pub trait Entity: Send + Sync + 'static {
 pub fn entity_factory<E: Entity>(entity: E) -> EntityFactory {
     let entity = Arc::new(entity);
     Arc::new(move |ctx, supervisor| {
-        let entity = entity.clone();
-        Box::pin(async move {
-            let (r, _) =
-                Actor::spawn_linked(None, EntityActor::<E>::default(), (entity, ctx), supervisor)
-                    .await?;
-            Ok(r)
-        })
+        let (actor, started) = ractor::ActorRuntime::spawn_linked_instant(
+            None,
+            EntityActor::<E>::default(),
+            (entity.clone(), ctx),
+            supervisor,
+        )?;
+        Ok(StartingEntity { actor, started })
     })
 }
 

@@ -47,7 +47,8 @@ mod shard;
 pub use allocation::{AllocationStrategy, LeastShards};
 pub use coordinator::{Coordinator, CoordinatorArgs};
 pub use entity::{
-    Entity, EntityActor, EntityContext, EntityFactory, EntityMsg, entity_factory, shard_of,
+    Entity, EntityActor, EntityContext, EntityFactory, EntityMsg, StartingEntity, entity_factory,
+    shard_of,
 };
 pub use messages::{
     Allocation, AllocationRequest, AskReply, CoordinatorMsg, Envelope, Pending, RegionMsg,

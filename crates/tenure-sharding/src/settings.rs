@@ -3,8 +3,9 @@
 
 use std::time::Duration;
 
+use tenure_cluster::placement::EntityPlacement;
 use tenure_lease::config::TableReader;
-use tenure_lease::{ConfigError, LeaseSettings, TenureConfig};
+use tenure_lease::{ConfigError, LeaseSettings, StopBudget, TenureConfig};
 
 /// How one entity type is sharded.
 #[derive(Debug, Clone, PartialEq)]
@@ -21,7 +22,9 @@ pub struct ShardingSettings {
     pub buffer_size: usize,
     /// `idle-timeout`: idle entities are passivated after it (`None`: never).
     pub idle_timeout: Option<Duration>,
-    /// `stop-timeout`: how long a stopping entity gets before it is killed.
+    /// `stop-timeout`: how long a stopping entity gets before it is killed (`0s` in config:
+    /// the lease section's `heartbeat-timeout / 10`). Its [`stop_budget`](Self::stop_budget)
+    /// fits the shard lease's timing.
     pub stop_timeout: Duration,
     /// `retry-interval`: region reports and re-asked shard homes.
     pub retry_interval: Duration,
@@ -66,20 +69,25 @@ impl ShardingSettings {
         tenure_lease::names::check_component("entity type name", type_name)?;
         let merged = config.table_for("sharding", type_name, &KEYS)?;
         let r = TableReader::new("sharding", &merged);
-        let mut lease_section = r.string("lease-section")?;
-        if lease_section.is_empty() {
-            lease_section = cluster_lease_section.to_string();
-        }
+        // What decides where an entity lives is read once, as members compare it at join.
+        let placement = EntityPlacement::read(config, Some(type_name), cluster_lease_section)?;
+        let lease_section = placement.lease_section;
         let lease = config.lease_section(&lease_section)?.settings;
         let idle = r.duration("idle-timeout")?;
+        let budget = StopBudget::for_actors_configured(
+            r.duration("stop-timeout")?,
+            &lease,
+            &format!("lease.{lease_section}"),
+            &config.key_for("sharding", type_name, "stop-timeout"),
+        )?;
         Ok(ShardingSettings {
             role: r.string("role")?,
             lease_section,
             lease,
-            number_of_shards: r.count("number-of-shards")?,
+            number_of_shards: placement.number_of_shards,
             buffer_size: r.count("buffer-size")?,
             idle_timeout: (!idle.is_zero()).then_some(idle),
-            stop_timeout: r.positive_duration("stop-timeout")?,
+            stop_timeout: budget.stop_timeout,
             retry_interval: r.positive_duration("retry-interval")?,
             unreachable_reallocate_after: r.positive_duration("unreachable-reallocate-after")?,
             minority_hand_off_after: r.positive_duration("minority-hand-off-after")?,
@@ -88,6 +96,14 @@ impl ShardingSettings {
             max_simultaneous_rebalance: r.count("max-simultaneous-rebalance")?,
             hand_off_timeout: r.positive_duration("hand-off-timeout")?,
         })
+    }
+}
+
+impl ShardingSettings {
+    /// How long before a shard lease's local deadline its shard must learn of a loss: the
+    /// loss delivered, `stop-timeout` for its entities, a kill of those still running.
+    pub fn stop_budget(&self) -> StopBudget {
+        StopBudget::for_actors(self.stop_timeout)
     }
 }
 
@@ -115,7 +131,6 @@ mod tests {
             ("[sharding.counter]\nrole = 1", "sharding.role"),
             ("[sharding.counter]\nshards = 1", "sharding.counter.shards"),
             ("[sharding]\nlease-section = \"nope\"", "nope"),
-            ("[sharding]\nstop-timeout = \"0s\"", "sharding.stop-timeout"),
         ] {
             let config = TenureConfig::from_toml_str(text, "t").unwrap();
             let err = ShardingSettings::from_config(&config, "counter", "sqlite")
@@ -125,5 +140,33 @@ mod tests {
         }
         let err = ShardingSettings::from_config(&config, "", "sqlite").unwrap_err();
         assert!(err.to_string().contains("entity type name"), "{err}");
+    }
+
+    #[test]
+    fn a_stop_timeout_that_does_not_fit_the_lease_is_refused_naming_both_keys() {
+        // ttl 30 s, margin 3 s, interval 5 s: the budget must stay under 17 s.
+        let lease = "[lease.sqlite]\nheartbeat-timeout = \"30s\"\n";
+        let config = TenureConfig::from_toml_str(lease, "t").unwrap();
+        let s = ShardingSettings::from_config(&config, "counter", "sqlite").unwrap();
+        assert_eq!(
+            s.stop_timeout,
+            Duration::from_secs(3),
+            "0s: heartbeat-timeout / 10"
+        );
+        let text = format!("{lease}[sharding.counter]\nstop-timeout = \"17s\"\n");
+        let config = TenureConfig::from_toml_str(&text, "t").unwrap();
+        let err = ShardingSettings::from_config(&config, "counter", "sqlite")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("`sharding.counter.stop-timeout`")
+                && err.contains("`lease.sqlite.heartbeat-timeout`"),
+            "{err}"
+        );
+        // Another type keeps the default and is fine.
+        ShardingSettings::from_config(&config, "other", "sqlite").unwrap();
+        let text = format!("{lease}[sharding]\nstop-timeout = \"16s\"\n");
+        let config = TenureConfig::from_toml_str(&text, "t").unwrap();
+        ShardingSettings::from_config(&config, "counter", "sqlite").unwrap();
     }
 }

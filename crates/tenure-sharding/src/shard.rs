@@ -4,6 +4,12 @@
 //! waits for them before trying again; on hand-off lets them finish the messages they
 //! have, stops them, releases the lease and gives back the messages it still kept;
 //! passivates idle entities.
+//!
+//! Timing: the LeaseActor announces a loss the shard's stop budget before the local
+//! deadline (`stop-timeout` plus a kill wait plus delivery slack), and the shard's handlers
+//! never await user code (an entity's `start` runs in the entity's own task, its messages
+//! waiting here until it has started), so a loss is handled at once and every entity has
+//! terminated, by a graceful stop or else a kill, before the deadline.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -12,10 +18,12 @@ use std::time::Duration;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use serde_json::json;
 use tenure_cluster::History;
-use tenure_lease::{LeaseActor, LeaseEvent, LeaseEventSink, LeaseMsg, LeaseSpec, LeaseView};
+use tenure_lease::{
+    LeaseActor, LeaseEvent, LeaseEventSink, LeaseMsg, LeaseSpec, LeaseView, StopBudget,
+};
 use tokio::time::Instant;
 
-use crate::entity::{EntityContext, EntityFactory, EntityMsg};
+use crate::entity::{EntityContext, EntityFactory, EntityMsg, shard_of};
 use crate::messages::{AskReply, Envelope, Pending as RegionPending};
 use crate::settings::ShardingSettings;
 
@@ -55,6 +63,14 @@ pub enum ShardMsg {
     Lease(LeaseEvent),
     /// Stop entity `0` (it asked, or it was idle).
     Passivate(String),
+    /// The `start` of an entity actor ended: `Ok` it runs (and is linked to the shard),
+    /// `Err` it failed or was killed while starting.
+    #[doc(hidden)]
+    EntityStarted {
+        entity: String,
+        actor: ractor::ActorId,
+        result: Result<(), String>,
+    },
     #[doc(hidden)]
     IdleCheck,
     /// Let every entity finish the messages in its mailbox and stop, release the lease,
@@ -101,6 +117,8 @@ struct Running {
     actor: ActorRef<EntityMsg>,
     last: Instant,
     passivating: bool,
+    /// Its `start` has not finished: its messages wait in the shard.
+    starting: bool,
 }
 
 /// The shard actor.
@@ -144,6 +162,12 @@ impl Actor for Shard {
         myself: ActorRef<ShardMsg>,
         args: ShardArgs,
     ) -> Result<ShardState, ActorProcessingErr> {
+        let mut args = args;
+        args.lease = args.lease.with_checked_stop_budget(
+            &args.settings.stop_budget(),
+            &format!("lease.{}", args.settings.lease_section),
+            "sharding.stop-timeout",
+        )?;
         let (lease, view) = LeaseActor::start(
             args.lease.clone(),
             LeaseEventSink::to_actor(myself.clone()),
@@ -178,6 +202,9 @@ impl Actor for Shard {
         }
         if !state.handing_off {
             state.stop_entities("shard stopped", Stop::Now).await;
+            if let Some(token) = state.serving.take() {
+                state.record("shard_stopped", token, "shard stopped");
+            }
             state.release().await;
         }
         Ok(())
@@ -194,15 +221,11 @@ impl Actor for Shard {
                 entity,
                 payload,
                 reply,
-            } => {
-                state
-                    .deliver(Pending {
-                        entity,
-                        payload,
-                        reply,
-                    })
-                    .await
-            }
+            } => state.deliver(Pending {
+                entity,
+                payload,
+                reply,
+            }),
             ShardMsg::Lease(LeaseEvent::Granted(granted)) => {
                 // Serve only a grant still believed now (not one lapsed before this event).
                 if state.serving.is_none()
@@ -212,7 +235,7 @@ impl Actor for Shard {
                     state.serving = Some(granted.token);
                     tracing::debug!(shard = %state.args.shard_id, token = granted.token, "shard lease granted");
                     state.record("shard_started", granted.token, "");
-                    state.flush().await;
+                    state.flush();
                 }
             }
             ShardMsg::Lease(LeaseEvent::Lost(lost)) => {
@@ -237,6 +260,11 @@ impl Actor for Shard {
                 LeaseEvent::PreemptionRequested(_) | LeaseEvent::PreemptionWithdrawn(_),
             ) => {}
             ShardMsg::Passivate(entity) => state.passivate(&entity),
+            ShardMsg::EntityStarted {
+                entity,
+                actor,
+                result,
+            } => state.entity_started(&entity, actor, result),
             ShardMsg::IdleCheck => {
                 if let Some(idle) = state.args.settings.idle_timeout {
                     let now = Instant::now();
@@ -342,7 +370,7 @@ impl Actor for Shard {
                 .partition(|p| p.entity == id);
         state.waiting = others;
         for p in mine {
-            state.deliver(p).await;
+            state.deliver(p);
         }
         Ok(())
     }
@@ -355,7 +383,7 @@ impl ShardState {
         self.serving.filter(|t| self.view.token() == Some(*t))
     }
 
-    async fn deliver(&mut self, p: Pending) {
+    fn deliver(&mut self, p: Pending) {
         if self.handing_off {
             // Kept for the shard's next home: the hand-off gives it back to the region.
             self.waiting.push_back(p);
@@ -365,8 +393,25 @@ impl ShardState {
             self.wait(p);
             return;
         };
+        // Every node must map an id to the same shard (`number-of-shards`), or one entity
+        // would run under two shard leases at once: never start one in another's shard.
+        let home = shard_of(&p.entity, self.args.settings.number_of_shards);
+        if home != self.args.shard_id {
+            AskReply::fail(
+                p.reply,
+                format!(
+                    "entity {} of `{}` belongs to shard {home} here (number-of-shards {}), not shard {}: \
+                     the sender's sharding.number-of-shards differs",
+                    p.entity,
+                    self.args.type_name,
+                    self.args.settings.number_of_shards,
+                    self.args.shard_id
+                ),
+            );
+            return;
+        }
         if let Some(r) = self.entities.get_mut(&p.entity) {
-            if r.passivating {
+            if r.passivating || r.starting {
                 self.wait(p);
                 return;
             }
@@ -386,21 +431,33 @@ impl ShardState {
             shard: self.myself.clone(),
             history: self.args.history.clone(),
         };
-        match (self.args.factory)(ctx, self.myself.get_cell()).await {
-            Ok(actor) => {
+        match (self.args.factory)(ctx, self.myself.get_cell()) {
+            Ok(starting) => {
+                // Its life begins now: its `start` may already act under the token.
                 self.record_entity("entity_started", &p.entity, token, "");
-                let _ = actor.cast(EntityMsg {
-                    payload: p.payload,
-                    reply: p.reply,
+                let (shard, entity, id) = (
+                    self.myself.clone(),
+                    p.entity.clone(),
+                    starting.actor.get_id(),
+                );
+                tokio::spawn(async move {
+                    let result = tenure_singleton::start_outcome(starting.started).await;
+                    let _ = shard.cast(ShardMsg::EntityStarted {
+                        entity,
+                        actor: id,
+                        result,
+                    });
                 });
                 self.entities.insert(
-                    p.entity,
+                    p.entity.clone(),
                     Running {
-                        actor,
+                        actor: starting.actor,
                         last: Instant::now(),
                         passivating: false,
+                        starting: true,
                     },
                 );
+                self.wait(p);
             }
             Err(e) => {
                 tracing::warn!(shard = %self.args.shard_id, entity = %p.entity, error = %e, "entity could not be started");
@@ -408,6 +465,49 @@ impl ShardState {
                     p.reply,
                     format!("entity {} could not be started: {e}", p.entity),
                 );
+            }
+        }
+    }
+
+    /// The `start` of entity `entity` (actor `actor`) ended.
+    fn entity_started(&mut self, entity: &str, actor: ractor::ActorId, result: Result<(), String>) {
+        let Some(r) = self
+            .entities
+            .get_mut(entity)
+            .filter(|r| r.starting && r.actor.get_id() == actor)
+        else {
+            // Stopped meanwhile (its end is already recorded).
+            return;
+        };
+        r.starting = false;
+        let (mine, others): (VecDeque<Pending>, VecDeque<Pending>) =
+            std::mem::take(&mut self.waiting)
+                .into_iter()
+                .partition(|p| p.entity == entity);
+        self.waiting = others;
+        match result {
+            Ok(()) => {
+                for p in mine {
+                    self.deliver(p);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(shard = %self.args.shard_id, entity, error = %e, "entity could not be started");
+                self.entities.remove(entity);
+                if let Some(token) = self.serving {
+                    self.record_entity(
+                        "entity_stopped",
+                        entity,
+                        token,
+                        &format!("start failed: {e}"),
+                    );
+                }
+                for p in mine {
+                    AskReply::fail(
+                        p.reply,
+                        format!("entity {entity} could not be started: {e}"),
+                    );
+                }
             }
         }
     }
@@ -428,10 +528,10 @@ impl ShardState {
     }
 
     /// Delivers what waited for the lease.
-    async fn flush(&mut self) {
+    fn flush(&mut self) {
         let waiting = std::mem::take(&mut self.waiting);
         for p in waiting {
-            self.deliver(p).await;
+            self.deliver(p);
         }
     }
 
@@ -444,8 +544,12 @@ impl ShardState {
         }
     }
 
-    /// Stops every entity and waits until all have terminated (one `stop-timeout`, then
-    /// a kill for those still running).
+    /// Stops every entity (started or still starting) and waits until all have terminated,
+    /// within the stop budget: one `stop-timeout` for a graceful stop (`Stop::Drain`: after
+    /// the messages already in its mailbox), then a kill for those still running and a short
+    /// wait for it to land. Each entity's end is recorded once seen; one that outlives even
+    /// its kill (a thread blocked outside any await) is logged and left unrecorded, so the
+    /// history shows it running on.
     async fn stop_entities(&mut self, why: &str, how: Stop) {
         if self.entities.is_empty() {
             return;
@@ -462,24 +566,33 @@ impl ShardState {
             }
         }
         let deadline = Instant::now() + self.args.settings.stop_timeout;
-        for (id, r) in &entities {
+        let mut running = Vec::new();
+        for (id, r) in entities {
             let left = deadline.saturating_duration_since(Instant::now());
-            if r.actor.wait(Some(left)).await.is_err() {
-                tracing::warn!(shard = %self.args.shard_id, entity = %id, "entity did not stop within stop-timeout; killing it");
-                r.actor.kill();
-                if r.actor
-                    .wait(Some(self.args.settings.stop_timeout))
-                    .await
-                    .is_err()
-                {
-                    tracing::error!(shard = %self.args.shard_id, entity = %id, "entity survived a kill (blocked outside an await?)");
-                }
+            if r.actor.wait(Some(left)).await.is_ok() {
+                self.record_stopped(&id, why);
+            } else {
+                running.push((id, r));
             }
         }
-        if let Some(token) = self.serving {
-            for (id, _) in &entities {
-                self.record_entity("entity_stopped", id, token, why);
+        for (id, r) in &running {
+            tracing::warn!(shard = %self.args.shard_id, entity = %id, "entity did not stop within stop-timeout; killing it");
+            r.actor.kill();
+        }
+        let deadline = Instant::now() + StopBudget::ACTOR_KILL_WAIT;
+        for (id, r) in running {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if r.actor.wait(Some(left)).await.is_ok() {
+                self.record_stopped(&id, &format!("{why} (killed after stop-timeout)"));
+            } else {
+                tracing::error!(shard = %self.args.shard_id, entity = %id, "entity survived a kill (blocked outside an await?): it runs on past the lease");
             }
+        }
+    }
+
+    fn record_stopped(&self, entity: &str, why: &str) {
+        if let Some(token) = self.serving {
+            self.record_entity("entity_stopped", entity, token, why);
         }
     }
 

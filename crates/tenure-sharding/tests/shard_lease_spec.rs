@@ -14,8 +14,8 @@ use tenure_lease::{
     TenureConfig,
 };
 use tenure_sharding::{
-    AskReply, Entity, EntityContext, Shard, ShardArgs, ShardMsg, ShardStatus, ShardingSettings,
-    entity_factory,
+    AskReply, Entity, EntityContext, EntityFactory, Shard, ShardArgs, ShardMsg, ShardStatus,
+    ShardingSettings, entity_factory,
 };
 use tokio::sync::mpsc;
 
@@ -72,7 +72,7 @@ fn lease_settings() -> LeaseSettings {
     }
 }
 
-const LEASE: &str = "test-shard-probe-7";
+const LEASE: &str = "test-shard-probe-0";
 
 struct Fixture {
     store: MemoryStore,
@@ -91,18 +91,31 @@ impl Fixture {
     }
 
     async fn shard(&self, owner: &str, idle: Option<Duration>) -> ActorRef<ShardMsg> {
+        self.shard_with(owner, idle, entity_factory(Probe(self.tx.clone())))
+            .await
+    }
+
+    async fn shard_with(
+        &self,
+        owner: &str,
+        idle: Option<Duration>,
+        factory: EntityFactory,
+    ) -> ActorRef<ShardMsg> {
         let config = TenureConfig::from_toml_str("", "test").unwrap();
         let mut settings = ShardingSettings::from_config(&config, "probe", "memory").unwrap();
         settings.idle_timeout = idle;
-        settings.stop_timeout = Duration::from_secs(2);
+        // One shard: every entity id belongs to it.
+        settings.number_of_shards = 1;
+        // The stop budget (300 ms + 500 ms of kill wait and slack) fits the 1.5 s ttl.
+        settings.stop_timeout = Duration::from_millis(300);
         settings.lease = lease_settings();
         let store: Arc<dyn LeaseStore> = Arc::new(self.store.clone());
         let args = ShardArgs {
             type_name: "probe".into(),
-            shard_id: "7".into(),
+            shard_id: "0".into(),
             node: owner.into(),
             lease: LeaseSpec::new(LEASE, owner, store, lease_settings()).unwrap(),
-            factory: entity_factory(Probe(self.tx.clone())),
+            factory,
             settings: Arc::new(settings),
             history: None,
         };
@@ -398,5 +411,82 @@ async fn passivation_keeps_messages_for_the_restarted_entity() {
     }
     let s = status(&shard).await;
     assert!(!s.entities.contains(&"b".to_string()), "{s:?}");
+    shard.stop_and_wait(None, None).await.unwrap();
+}
+
+/// Its `start` takes a minute (user code, e.g. loading state); reports when it begins and
+/// when its start is abandoned (the future dropped by a kill).
+struct SlowStart(mpsc::UnboundedSender<&'static str>);
+
+struct Abandoned(mpsc::UnboundedSender<&'static str>);
+
+impl Drop for Abandoned {
+    fn drop(&mut self) {
+        let _ = self.0.send("start abandoned");
+    }
+}
+
+impl Entity for SlowStart {
+    type Request = String;
+    type Reply = String;
+    type State = ();
+
+    async fn start(&self, _ctx: &EntityContext) -> Result<(), ActorProcessingErr> {
+        let _ = self.0.send("start began");
+        let guard = Abandoned(self.0.clone());
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        std::mem::forget(guard);
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        _ctx: &EntityContext,
+        _state: &mut (),
+        request: String,
+    ) -> Result<String, ActorProcessingErr> {
+        Ok(request)
+    }
+}
+
+/// An entity's slow `start` never holds up its shard: the shard keeps answering while the
+/// entity starts, and a lost lease is handled at once, the starting entity killed within
+/// the stop budget.
+#[tokio::test]
+async fn a_slow_entity_start_does_not_delay_the_shard() {
+    let f = Fixture::new();
+    let (tx, mut life) = mpsc::unbounded_channel();
+    let shard = f
+        .shard_with("10.0.0.1:2552", None, entity_factory(SlowStart(tx)))
+        .await;
+    let asked = tokio::spawn({
+        let shard = shard.clone();
+        async move { ask(&shard, "slow", "hello").await }
+    });
+    let began = tokio::time::timeout(Duration::from_secs(10), life.recv()).await;
+    assert_eq!(began.unwrap(), Some("start began"));
+    // The shard answers at once while the entity starts; the message waits for it.
+    let s = ractor::call_t!(shard, ShardMsg::Status, 500)
+        .expect("the shard answers while an entity starts");
+    assert!(s.serving.is_some(), "{s:?}");
+    assert_eq!(
+        (s.entities.clone(), s.waiting),
+        (vec!["slow".to_string()], 1),
+        "{s:?}"
+    );
+    // The store goes away: the loss comes the stop budget (800 ms) before the local
+    // deadline (1.3 s after the last renewal), and the starting entity is killed after
+    // stop-timeout (its stop would only be seen after its start).
+    f.store.set_fault(Fault::Unavailable);
+    let abandoned = tokio::time::timeout(Duration::from_secs(3), life.recv()).await;
+    assert_eq!(abandoned.unwrap(), Some("start abandoned"));
+    let s = status(&shard).await;
+    // The message waits for the next grant.
+    assert_eq!(
+        (s.serving, s.entities.len(), s.waiting),
+        (None, 0, 1),
+        "{s:?}"
+    );
+    asked.abort();
     shard.stop_and_wait(None, None).await.unwrap();
 }

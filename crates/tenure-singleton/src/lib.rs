@@ -14,7 +14,7 @@ pub mod ticker;
 
 pub use manager::{
     ManagerMsg, SingletonContext, SingletonManager, SingletonSpec, SingletonStatus, Spawner,
-    instance_group, instance_group_prefix, spawner,
+    StartHandle, StartingInstance, instance_group, instance_group_prefix, spawner, start_outcome,
 };
 pub use proxy::{ProxyError, SingletonProxy};
 pub use settings::SingletonSettings;

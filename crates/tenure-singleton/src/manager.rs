@@ -2,10 +2,13 @@
 //! acquires the singleton's lease and only then starts the instance; on a lost lease it
 //! stops the instance, waits for it (and its children) to terminate, and only then tries
 //! again; when leaving it stops the instance, releases the lease and lets the node go on.
+//!
+//! Timing: the LeaseActor announces a loss the manager's stop budget before the local
+//! deadline (`stop-timeout` plus a kill wait plus delivery slack), and the manager never
+//! awaits the instance's own code (its `pre_start` runs in its own task), so the instance
+//! and its descendants have terminated, by a graceful stop or else a kill, by the deadline.
 
 use std::collections::BTreeMap;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,7 +17,9 @@ use ractor::{
 };
 use serde_json::json;
 use tenure_cluster::{ClusterEvent, HandOver, History, Member, MemberStatus, NodeAddr};
-use tenure_lease::{LeaseActor, LeaseEvent, LeaseEventSink, LeaseMsg, LeaseSpec, LeaseView};
+use tenure_lease::{
+    LeaseActor, LeaseEvent, LeaseEventSink, LeaseMsg, LeaseSpec, LeaseView, StopBudget,
+};
 
 use crate::settings::SingletonSettings;
 
@@ -29,12 +34,32 @@ pub struct SingletonContext {
     pub supervisor: ActorCell,
 }
 
-/// Spawns an instance (linked to `ctx.supervisor`) and returns its cell.
-pub type Spawner = Arc<
-    dyn Fn(SingletonContext) -> Pin<Box<dyn Future<Output = Result<ActorCell, SpawnErr>> + Send>>
-        + Send
-        + Sync,
->;
+/// The task of an actor spawned without waiting for its `pre_start` (ractor's
+/// `spawn_linked_instant`): it ends when `pre_start` finished (`Ok`, then the actor is
+/// linked to its supervisor) or failed (also when the actor was killed meanwhile).
+pub type StartHandle =
+    ractor::concurrency::JoinHandle<Result<ractor::concurrency::JoinHandle<()>, SpawnErr>>;
+
+/// How the start behind `started` ended: `Ok` running, `Err` why it failed.
+pub async fn start_outcome(started: StartHandle) -> Result<(), String> {
+    match started.await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// An instance whose `pre_start` may still be running: its cell at once (so that it can be
+/// stopped or killed while starting), and its [`StartHandle`].
+pub struct StartingInstance {
+    pub cell: ActorCell,
+    pub started: StartHandle,
+}
+
+/// Spawns an instance (linked to `ctx.supervisor` once started) without waiting for its
+/// `pre_start`: user code must never hold up the manager.
+pub type Spawner =
+    Arc<dyn Fn(SingletonContext) -> Result<StartingInstance, SpawnErr> + Send + Sync>;
 
 /// A [`Spawner`] from a function building the actor and its arguments for a token.
 pub fn spawner<A, F>(make: F) -> Spawner
@@ -42,13 +67,13 @@ where
     A: Actor,
     F: Fn(u64) -> (A, A::Arguments) + Send + Sync + 'static,
 {
-    let make = Arc::new(make);
     Arc::new(move |ctx: SingletonContext| {
-        let make = make.clone();
-        Box::pin(async move {
-            let (actor, args) = make(ctx.token);
-            let (r, _) = Actor::spawn_linked(None, actor, args, ctx.supervisor).await?;
-            Ok(r.get_cell())
+        let (actor, args) = make(ctx.token);
+        let (r, started) =
+            ractor::ActorRuntime::spawn_linked_instant(None, actor, args, ctx.supervisor)?;
+        Ok(StartingInstance {
+            cell: r.get_cell(),
+            started,
         })
     })
 }
@@ -95,6 +120,13 @@ pub enum ManagerMsg {
     /// The pause after a failed instance is over.
     #[doc(hidden)]
     RestartDue,
+    /// The `pre_start` of the instance with `token` (actor `actor`) ended.
+    #[doc(hidden)]
+    InstanceStarted {
+        token: u64,
+        actor: ractor::ActorId,
+        result: Result<(), String>,
+    },
     /// Where this manager stands.
     Status(RpcReplyPort<SingletonStatus>),
 }
@@ -119,6 +151,8 @@ pub struct SingletonManager;
 struct Running {
     cell: ActorCell,
     token: u64,
+    /// Its `pre_start` has finished: it is linked and joined its pg group.
+    started: bool,
 }
 
 pub struct ManagerState {
@@ -130,9 +164,9 @@ pub struct ManagerState {
     wanted: bool,
     /// The retry pace last given to the lease actor.
     pace: Option<Duration>,
-    /// An instance that would not die within stop-timeout: nothing is released or
-    /// re-acquired until it has terminated.
-    zombie: Option<ActorCell>,
+    /// An instance (or descendant) that survived its kill, with its token: nothing is
+    /// released or re-acquired until it has terminated.
+    zombie: Option<(ActorCell, u64)>,
     /// Pause after an instance failed (or could not be spawned) before the next one.
     restart_pause: Option<tokio::task::JoinHandle<()>>,
     running: Option<Running>,
@@ -167,6 +201,12 @@ impl Actor for SingletonManager {
         myself: ActorRef<ManagerMsg>,
         spec: SingletonSpec,
     ) -> Result<ManagerState, ActorProcessingErr> {
+        let mut spec = spec;
+        spec.lease = spec.lease.with_checked_stop_budget(
+            &spec.settings.stop_budget(),
+            &format!("lease.{}", spec.settings.lease_section),
+            "singleton.stop-timeout",
+        )?;
         let (lease, view) = LeaseActor::start(
             spec.lease.clone(),
             LeaseEventSink::to_actor(myself.clone()),
@@ -227,6 +267,11 @@ impl Actor for SingletonManager {
                 LeaseEvent::PreemptionRequested(_) | LeaseEvent::PreemptionWithdrawn(_),
             ) => {}
             ManagerMsg::RestartDue => state.restart_pause = None,
+            ManagerMsg::InstanceStarted {
+                token,
+                actor,
+                result,
+            } => state.instance_started(&myself, token, actor, result).await,
             ManagerMsg::Status(reply) => {
                 let _ = reply.send(SingletonStatus {
                     oldest: state.is_oldest(),
@@ -251,13 +296,9 @@ impl Actor for SingletonManager {
             SupervisionEvent::ActorFailed(cell, err) => (cell.clone(), format!("failed: {err}")),
             _ => return Ok(()),
         };
-        if state
-            .zombie
-            .as_ref()
-            .is_some_and(|z| z.get_id() == cell.get_id())
-        {
+        if let Some((_, token)) = state.zombie.take_if(|(z, _)| z.get_id() == cell.get_id()) {
             tracing::warn!(singleton = %state.spec.name, "the stuck instance has ended");
-            state.zombie = None;
+            state.record("singleton_stopped", token, "survived its kill, ended later");
             state.release().await;
         } else if cell.get_id() == state.lease.get_id() {
             // The lease actor died (a bug): its grant is given up without a Lost event, so
@@ -283,17 +324,10 @@ impl Actor for SingletonManager {
                 instance_group(&state.spec.name, running.token),
                 vec![running.cell.clone()],
             );
-            for child in running.cell.get_children() {
-                if child
-                    .wait(Some(state.spec.settings.stop_timeout))
-                    .await
-                    .is_err()
-                {
-                    child.kill();
-                }
+            // An ended actor kills its children; wait for the kills to land.
+            if state.await_family(&running, &why).await {
+                state.release().await;
             }
-            state.record("singleton_stopped", running.token, &why);
-            state.release().await;
             state.pause_restarts(&myself);
         } else {
             return Ok(());
@@ -424,68 +458,137 @@ impl ManagerState {
     }
 
     async fn start_instance(&mut self, myself: &ActorRef<ManagerMsg>, token: u64) {
+        // Its life begins now: its `pre_start` may already act under the token.
         self.record("singleton_starting", token, "");
         let ctx = SingletonContext {
             name: self.spec.name.clone(),
             token,
             supervisor: myself.get_cell(),
         };
-        match (self.spec.spawner)(ctx).await {
-            Ok(cell) => {
-                pg::join_scoped(
-                    self.spec.scope.clone(),
-                    instance_group(&self.spec.name, token),
-                    vec![cell.clone()],
-                );
-                tracing::info!(singleton = %self.spec.name, token, "lease granted: singleton started");
-                self.running = Some(Running { cell, token });
-                self.record("singleton_started", token, "");
+        match (self.spec.spawner)(ctx) {
+            Ok(starting) => {
+                let (me, actor) = (myself.clone(), starting.cell.get_id());
+                tokio::spawn(async move {
+                    let result = start_outcome(starting.started).await;
+                    let _ = me.cast(ManagerMsg::InstanceStarted {
+                        token,
+                        actor,
+                        result,
+                    });
+                });
+                self.running = Some(Running {
+                    cell: starting.cell,
+                    token,
+                    started: false,
+                });
             }
             Err(e) => {
                 tracing::error!(singleton = %self.spec.name, error = %e, "cannot start the singleton; releasing the lease and retrying");
+                self.record("singleton_stopped", token, &format!("spawn failed: {e}"));
                 self.release().await;
                 self.pause_restarts(myself);
             }
         }
     }
 
-    /// Stops the instance and waits until it and all its descendants have terminated
-    /// (one `stop-timeout` for the stop, then a kill). An instance that survives even the
-    /// kill is kept as a zombie: the lease is neither released nor re-acquired until it ends.
+    /// The `pre_start` of the instance with `token` (actor `actor`) ended.
+    async fn instance_started(
+        &mut self,
+        myself: &ActorRef<ManagerMsg>,
+        token: u64,
+        actor: ractor::ActorId,
+        result: Result<(), String>,
+    ) {
+        let Some(running) = self
+            .running
+            .as_mut()
+            .filter(|r| !r.started && r.token == token && r.cell.get_id() == actor)
+        else {
+            // Stopped meanwhile (its end is already recorded).
+            return;
+        };
+        match result {
+            Ok(()) => {
+                running.started = true;
+                pg::join_scoped(
+                    self.spec.scope.clone(),
+                    instance_group(&self.spec.name, token),
+                    vec![running.cell.clone()],
+                );
+                tracing::info!(singleton = %self.spec.name, token, "lease granted: singleton started");
+                self.record("singleton_started", token, "");
+            }
+            Err(e) => {
+                tracing::error!(singleton = %self.spec.name, error = %e, "the singleton failed to start; releasing the lease and retrying");
+                let running = self.running.take().expect("checked above");
+                if self
+                    .await_family(&running, &format!("start failed: {e}"))
+                    .await
+                {
+                    self.release().await;
+                }
+                self.pause_restarts(myself);
+            }
+        }
+    }
+
+    /// After the instance ended by itself (or failed to start): waits a kill wait for its
+    /// descendants, which ractor kills with it, and records its end. `false` if one
+    /// survived (kept as the zombie: nothing is released until it ends).
+    async fn await_family(&mut self, running: &Running, why: &str) -> bool {
+        let deadline = tokio::time::Instant::now() + StopBudget::ACTOR_KILL_WAIT;
+        for cell in descendants(&running.cell) {
+            cell.kill();
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if cell.wait(Some(left)).await.is_err() {
+                tracing::error!(singleton = %self.spec.name, actor = ?cell.get_id(), "a child of the ended instance survived a kill (blocked outside an await?); the lease stays held until it ends");
+                self.zombie = Some((cell, running.token));
+                self.record("singleton_zombie", running.token, why);
+                return false;
+            }
+        }
+        self.record("singleton_stopped", running.token, why);
+        true
+    }
+
+    /// Stops the instance and waits until it and all its descendants have terminated,
+    /// within the stop budget: one `stop-timeout` for a graceful stop (children first), then
+    /// a kill of whatever still runs and a short wait for it to land. An actor that survives
+    /// even the kill is kept as the zombie: the lease is neither released nor re-acquired
+    /// until it ends.
     async fn stop_instance(&mut self, why: &str) {
         let Some(running) = self.running.take() else {
             return;
         };
         let timeout = self.spec.settings.stop_timeout;
+        let deadline = tokio::time::Instant::now() + timeout;
         pg::leave_scoped(
             self.spec.scope.clone(),
             instance_group(&self.spec.name, running.token),
             vec![running.cell.clone()],
         );
         let mut family = vec![running.cell.clone()];
-        let mut i = 0;
-        while i < family.len() {
-            let children = family[i].get_children();
-            family.extend(children);
-            i += 1;
-        }
+        family.extend(descendants(&running.cell));
         running
             .cell
             .stop_children_and_wait(Some(why.to_string()), Some(timeout))
             .await;
         running.cell.stop(Some(why.to_string()));
-        let deadline = tokio::time::Instant::now() + timeout;
-        for cell in &family {
+        let mut alive = Vec::new();
+        for cell in family {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             if cell.wait(Some(left)).await.is_err() {
                 tracing::warn!(singleton = %self.spec.name, actor = ?cell.get_id(), ?timeout, "did not stop within stop-timeout; killing it");
                 cell.kill();
+                alive.push(cell);
             }
         }
-        for cell in &family {
-            if cell.wait(Some(timeout)).await.is_err() {
+        let deadline = tokio::time::Instant::now() + StopBudget::ACTOR_KILL_WAIT;
+        for cell in alive {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if cell.wait(Some(left)).await.is_err() {
                 tracing::error!(singleton = %self.spec.name, actor = ?cell.get_id(), "survived a kill (blocked outside an await?); the lease stays held until it ends");
-                self.zombie = Some(cell.clone());
+                self.zombie = Some((cell, running.token));
                 self.record("singleton_zombie", running.token, why);
                 return;
             }
@@ -529,4 +632,16 @@ impl ManagerState {
             );
         }
     }
+}
+
+/// Every descendant of `cell` now (children, their children, ...).
+fn descendants(cell: &ActorCell) -> Vec<ActorCell> {
+    let mut family = cell.get_children();
+    let mut i = 0;
+    while i < family.len() {
+        let children = family[i].get_children();
+        family.extend(children);
+        i += 1;
+    }
+    family
 }

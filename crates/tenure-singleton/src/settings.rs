@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use tenure_lease::config::TableReader;
-use tenure_lease::{ConfigError, LeaseSettings, TenureConfig};
+use tenure_lease::{ConfigError, LeaseSettings, StopBudget, TenureConfig};
 
 /// How one singleton is run.
 #[derive(Debug, Clone, PartialEq)]
@@ -18,7 +18,9 @@ pub struct SingletonSettings {
     /// `hand-over-retry-interval`: acquire retry pace while the previous oldest is leaving
     /// (it releases the lease once its instance has stopped).
     pub hand_over_retry_interval: Duration,
-    /// `stop-timeout`: how long the instance gets to stop before it is killed.
+    /// `stop-timeout`: how long the instance gets to stop before it is killed (`0s` in
+    /// config: the lease section's `heartbeat-timeout / 10`). Its
+    /// [`stop_budget`](Self::stop_budget) fits the singleton lease's timing.
     pub stop_timeout: Duration,
     /// `buffer-size`: messages a proxy keeps while no instance is known.
     pub buffer_size: usize,
@@ -49,14 +51,28 @@ impl SingletonSettings {
         }
         let lease = config.lease_section(&lease_section)?.settings;
         let buffer_size = r.count("buffer-size")?;
+        let budget = StopBudget::for_actors_configured(
+            r.duration("stop-timeout")?,
+            &lease,
+            &format!("lease.{lease_section}"),
+            &config.key_for("singleton", name, "stop-timeout"),
+        )?;
         Ok(SingletonSettings {
             role: r.string("role")?,
             lease_section,
             lease,
             hand_over_retry_interval: r.positive_duration("hand-over-retry-interval")?,
-            stop_timeout: r.positive_duration("stop-timeout")?,
+            stop_timeout: budget.stop_timeout,
             buffer_size,
         })
+    }
+}
+
+impl SingletonSettings {
+    /// How long before the singleton lease's local deadline its manager must learn of a
+    /// loss: the loss delivered, `stop-timeout` for the instance, a kill if it still runs.
+    pub fn stop_budget(&self) -> StopBudget {
+        StopBudget::for_actors(self.stop_timeout)
     }
 }
 
@@ -86,10 +102,6 @@ mod tests {
                 "singleton.billing.bufer-size",
             ),
             ("[singleton]\nlease-section = \"nope\"", "nope"),
-            (
-                "[singleton]\nstop-timeout = \"0s\"",
-                "singleton.stop-timeout",
-            ),
         ] {
             let config = TenureConfig::from_toml_str(text, "t").unwrap();
             let err = SingletonSettings::from_config(&config, "billing", "sqlite")
@@ -97,5 +109,33 @@ mod tests {
                 .to_string();
             assert!(err.contains(key), "{text}: {err}");
         }
+    }
+
+    #[test]
+    fn a_stop_timeout_that_does_not_fit_the_lease_is_refused_naming_both_keys() {
+        // Issue 15: ttl 30 s (margin 3 s, interval 5 s) with a 5 s stop-timeout now fits,
+        // since the loss is announced early by the budget; 25 s cannot.
+        let lease = "[lease.sqlite]\nheartbeat-timeout = \"30s\"\n";
+        let text = format!("{lease}[singleton]\nstop-timeout = \"5s\"\n");
+        let config = TenureConfig::from_toml_str(&text, "t").unwrap();
+        let s = SingletonSettings::from_config(&config, "billing", "sqlite").unwrap();
+        assert_eq!(s.stop_budget().total(), Duration::from_millis(5500));
+        let text = format!("{lease}[singleton.billing]\nstop-timeout = \"25s\"\n");
+        let config = TenureConfig::from_toml_str(&text, "t").unwrap();
+        let err = SingletonSettings::from_config(&config, "billing", "sqlite")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("`singleton.billing.stop-timeout`")
+                && err.contains("`lease.sqlite.heartbeat-timeout`"),
+            "{err}"
+        );
+        let config = TenureConfig::from_toml_str(lease, "t").unwrap();
+        let s = SingletonSettings::from_config(&config, "billing", "sqlite").unwrap();
+        assert_eq!(
+            s.stop_timeout,
+            Duration::from_secs(3),
+            "0s: heartbeat-timeout / 10"
+        );
     }
 }

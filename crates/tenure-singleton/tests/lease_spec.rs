@@ -103,7 +103,8 @@ async fn fixture(name: &str, members: Vec<Member>, prepare: impl FnOnce(&MemoryS
         lease_section: "memory".into(),
         lease: lease_settings(),
         hand_over_retry_interval: Duration::from_millis(50),
-        stop_timeout: Duration::from_secs(2),
+        // The stop budget (300 ms + 500 ms of kill wait and slack) fits the 1.5 s ttl.
+        stop_timeout: Duration::from_millis(300),
         buffer_size: 2,
     };
     let scope = format!("test-{name}");

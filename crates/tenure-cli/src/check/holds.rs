@@ -38,6 +38,12 @@ pub struct Hold {
 }
 
 impl Hold {
+    /// The last `valid_until` the holder recorded: the latest instant it could believe, and
+    /// act on, this grant.
+    pub fn valid_until(&self) -> i64 {
+        self.valid_until
+    }
+
     /// Whether two holds belong to the same owner (node and incarnation).
     pub fn same_owner(&self, other: &Hold) -> bool {
         self.node == other.node && self.inc == other.inc

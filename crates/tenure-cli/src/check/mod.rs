@@ -6,15 +6,20 @@
 //! `valid_until`; tokens strictly increasing across grants in grant order; every grant
 //! after the previous grant's hold ended (released, lost, expired or its process killed),
 //! also for a new grant of the same owner. Per guarded resource: no write accepted with a
-//! token lower than one already accepted, in the resource's own order. Given the counter's
-//! final state ([`check_acks`]): every acknowledged increment accepted and still there.
+//! token lower than one already accepted, in the resource's own order. Per action (an
+//! entity alive, a singleton instance alive, a fenced write accepted): inside its node's hold
+//! of the matching lease, a process frozen across its deadline excepted for a grace after it
+//! resumes ([`actions`]). Given the counter's final state ([`check_acks`]): every
+//! acknowledged increment accepted and still there.
 
 mod acks;
+pub mod actions;
 mod event;
 mod holds;
 mod verdict;
 
 pub use acks::{AckCheck, check_acks, check_counter_acks};
+pub use actions::ActionRule;
 pub use event::{CheckError, Event, read_history};
 pub use holds::{Hold, HoldEnd, holds};
-pub use verdict::{Stats, Verdict, Violation, ViolationKind, check};
+pub use verdict::{Stats, Verdict, Violation, ViolationKind, check, check_with};

@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 
+use super::actions::{ActionRule, check_actions};
 use super::event::Event;
 use super::holds::{Hold, holds};
 
@@ -20,6 +21,14 @@ pub enum ViolationKind {
     UnbackedAck,
     /// An acknowledged write is not in the resource's final state.
     LostAck,
+    /// Two writes were accepted at the same position of a resource's order (`value`).
+    DuplicateWrite,
+    /// An entity or singleton instance ran, or a fenced write was accepted, outside its
+    /// node's hold of the matching lease.
+    ActionOutsideHold,
+    /// An entity was alive outside its shard's life on its node (`shard_started` ..
+    /// `shard_stopped`, same token).
+    EntityOutsideShard,
 }
 
 impl std::fmt::Display for ViolationKind {
@@ -31,6 +40,9 @@ impl std::fmt::Display for ViolationKind {
             ViolationKind::StaleWrite => "stale write accepted",
             ViolationKind::UnbackedAck => "acknowledged write not accepted",
             ViolationKind::LostAck => "acknowledged write lost",
+            ViolationKind::DuplicateWrite => "write accepted twice at one position",
+            ViolationKind::ActionOutsideHold => "action outside the hold",
+            ViolationKind::EntityOutsideShard => "entity outside its shard",
         })
     }
 }
@@ -66,6 +78,8 @@ pub struct Stats {
     pub unknown: usize,
     pub writes_accepted: usize,
     pub writes_rejected: usize,
+    /// Actions checked against holds: entity lives, singleton instances, accepted writes.
+    pub actions: usize,
     /// Faults injected by a harness.
     pub faults: usize,
 }
@@ -93,18 +107,26 @@ fn describe(h: &Hold) -> String {
     format!("{} ({}) token {}", h.node, h.inc, h.token)
 }
 
-/// Checks `events` (sorted by `t`, as [`read_history`](super::read_history) returns them).
+/// Checks `events` (sorted by `t`, as [`read_history`](super::read_history) returns them)
+/// with the default [`ActionRule`].
 pub fn check(events: &[Event]) -> Verdict {
+    check_with(events, ActionRule::default())
+}
+
+/// Checks `events` with the action rule `rule`.
+pub fn check_with(events: &[Event], rule: ActionRule) -> Verdict {
     let holds = holds(events);
     let mut violations = Vec::new();
     for (lease, list) in &holds {
         check_lease(lease, list, &mut violations);
     }
     check_writes(events, &mut violations);
+    let actions = check_actions(events, &holds, rule, &mut violations);
     violations.sort_by_key(|v| v.second.t);
     let mut stats = Stats {
         events: events.len(),
         leases: holds.len(),
+        actions,
         ..Stats::default()
     };
     for e in events {
@@ -209,6 +231,20 @@ fn check_writes(events: &[Event], out: &mut Vec<Violation>) {
     }
     for (name, mut writes) in accepted {
         writes.sort_by_key(|w| (w.0, w.2.t));
+        // Two writes accepted at one position of the resource's order: one overwrote the
+        // other (a lost update).
+        if let Some(pair) = writes
+            .windows(2)
+            .find(|p| p[0].0 == p[1].0 && p[1].2.i64("value").is_some())
+        {
+            out.push(Violation {
+                kind: ViolationKind::DuplicateWrite,
+                subject: name.clone(),
+                explanation: format!("accepted two writes with value {}", pair[1].0),
+                first: pair[0].2.clone(),
+                second: pair[1].2.clone(),
+            });
+        }
         let mut highest: Option<(u64, &Event)> = None;
         for (_, token, e) in writes {
             match highest {

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod lives;
 pub mod proxy;
 pub mod shards;
 
@@ -209,11 +210,15 @@ pub fn guarded_writer(history: &Path, iterations: Option<u32>) -> Vec<String> {
     vec!["sh".into(), "-c".into(), body]
 }
 
-/// Runs `tenure check` on the history at `path` and fails the test with its output unless
-/// the verdict is safe. Returns the checker's summary line.
+/// How long after resuming a node frozen across its lease deadline may still act: at least
+/// the tests' stop budget (`stop-timeout` 500 ms + 500 ms), with room for a loaded machine.
+pub const RESUME_GRACE: &str = "3s";
+
+/// Runs `tenure check --all` on the history at `path` and fails the test with its output
+/// unless the verdict is safe. Returns the checker's summary line.
 pub fn assert_checked(path: &Path) -> String {
     let out = Command::new(TENURE)
-        .arg("check")
+        .args(["check", "--all", "--resume-grace", RESUME_GRACE])
         .arg(path)
         .output()
         .expect("run tenure check");

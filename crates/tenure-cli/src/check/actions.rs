@@ -1,0 +1,349 @@
+//! Actions: what a node *did* under a lease (a shard serving, an entity alive, a singleton
+//! instance alive, a fenced write accepted), and the rule that every action lies inside its node's hold of the
+//! matching lease.
+//!
+//! A hold bounds actions until the holder's local deadline (its last `valid_until`), its
+//! release, or its process's death, whichever comes first. A `lease_lost` does not end it
+//! earlier: a supervisor learns of the loss ahead of the deadline by its stop budget, and
+//! its entities may finish stopping after the loss is announced, as long as they are gone
+//! by the deadline. The one exception is a process frozen across its deadline (a harness
+//! `paused` before it, `resumed` after it): it cannot look at a clock while frozen, so its
+//! actions may outlive the deadline, but they must end within the resume grace after it
+//! resumes (fencing tokens keep its late writes out meanwhile).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::event::Event;
+use super::holds::{Hold, HoldEnd};
+use super::verdict::{Violation, ViolationKind};
+
+/// What kind of action.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ActionKind {
+    /// A shard serving (`shard_started` .. `shard_stopped`).
+    ShardLife,
+    /// An entity alive (`entity_started` .. `entity_stopped`).
+    EntityLife,
+    /// A singleton instance alive (`singleton_starting` .. `singleton_stopped`).
+    SingletonLife,
+    /// A fenced write the resource accepted (`write` or `tick` with `accepted: true`).
+    AcceptedWrite,
+}
+
+impl std::fmt::Display for ActionKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ActionKind::ShardLife => "shard serving",
+            ActionKind::EntityLife => "entity alive",
+            ActionKind::SingletonLife => "singleton instance alive",
+            ActionKind::AcceptedWrite => "write accepted",
+        })
+    }
+}
+
+/// One action of node `node` (incarnation `inc`) under the grant with `token` of the lease
+/// whose name ends with `lease_suffix`, from `from_ns` to `until_ns` (equal for a write).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Action {
+    pub kind: ActionKind,
+    pub node: String,
+    pub inc: String,
+    /// `-shard-<type>-<shard>` or `-singleton-<name>`: lease names are
+    /// `<system>-shard-<type>-<shard>` and `<system>-singleton-<name>`, and a node runs one
+    /// system, so the suffix, the node's incarnation and the token name one grant.
+    pub lease_suffix: String,
+    pub token: u64,
+    pub from_ns: i64,
+    pub until_ns: i64,
+    /// The event that began it (the write itself for a write).
+    pub began: Event,
+    /// The event that ended it (stop, kill), if the history shows one.
+    pub ended: Option<Event>,
+}
+
+/// Options of the action rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ActionRule {
+    /// How long after resuming a process frozen across its deadline may still act.
+    pub resume_grace: Duration,
+}
+
+impl Default for ActionRule {
+    /// 13 s: the stop budget of the reference configuration (`stop-timeout` 12 s, plus
+    /// 500 ms of kill wait and delivery slack), plus slack for a process catching up.
+    fn default() -> Self {
+        ActionRule {
+            resume_grace: Duration::from_secs(13),
+        }
+    }
+}
+
+/// The actions of a history, each with its start and end.
+pub fn actions(events: &[Event]) -> Vec<Action> {
+    // Open lives by (kind, node, inc, subject, token).
+    let mut open: BTreeMap<(ActionKind, String, String, String, u64), Action> = BTreeMap::new();
+    let mut done = Vec::new();
+    let end_of_history = events.last().map_or(0, |e| e.t);
+    for e in events {
+        if e.is_fault() {
+            if matches!(e.kind.as_str(), "killed" | "terminated") {
+                let keys: Vec<_> = open.keys().filter(|k| k.1 == e.node).cloned().collect();
+                for k in keys {
+                    let mut action = open.remove(&k).expect("key listed above");
+                    action.until_ns = e.t;
+                    action.ended = Some(e.clone());
+                    done.push(action);
+                }
+            }
+            continue;
+        }
+        let Some(token) = e.u64("token") else {
+            continue;
+        };
+        let shard_suffix = || Some(format!("-shard-{}-{}", e.str("type")?, e.str("shard")?));
+        let singleton_suffix = || Some(format!("-singleton-{}", e.str("singleton")?));
+        let (kind, subject, suffix, starts) = match e.kind.as_str() {
+            "shard_started" | "shard_stopped" => (
+                ActionKind::ShardLife,
+                Some(String::new()),
+                shard_suffix(),
+                e.kind == "shard_started",
+            ),
+            "entity_started" | "entity_stopped" => (
+                ActionKind::EntityLife,
+                e.str("entity").map(str::to_string),
+                shard_suffix(),
+                e.kind == "entity_started",
+            ),
+            "singleton_starting" | "singleton_stopped" => (
+                ActionKind::SingletonLife,
+                Some(String::new()),
+                singleton_suffix(),
+                e.kind == "singleton_starting",
+            ),
+            "write" | "tick" if e.fields.get("accepted") == Some(&true.into()) => {
+                let suffix = if e.kind == "write" {
+                    shard_suffix()
+                } else {
+                    singleton_suffix()
+                };
+                if let Some(lease_suffix) = suffix {
+                    done.push(Action {
+                        kind: ActionKind::AcceptedWrite,
+                        node: e.node.clone(),
+                        inc: e.inc.clone(),
+                        lease_suffix,
+                        token,
+                        from_ns: e.t,
+                        until_ns: e.t,
+                        began: e.clone(),
+                        ended: Some(e.clone()),
+                    });
+                }
+                continue;
+            }
+            _ => continue,
+        };
+        let (Some(subject), Some(lease_suffix)) = (subject, suffix) else {
+            continue;
+        };
+        let key = (
+            kind,
+            e.node.clone(),
+            e.inc.clone(),
+            lease_suffix.clone() + "/" + &subject,
+            token,
+        );
+        if starts {
+            open.entry(key).or_insert_with(|| Action {
+                kind,
+                node: e.node.clone(),
+                inc: e.inc.clone(),
+                lease_suffix,
+                token,
+                from_ns: e.t,
+                until_ns: end_of_history,
+                began: e.clone(),
+                ended: None,
+            });
+        } else if let Some(mut action) = open.remove(&key) {
+            action.until_ns = e.t;
+            action.ended = Some(e.clone());
+            done.push(action);
+        }
+    }
+    done.extend(open.into_values());
+    done.sort_by_key(|a| (a.from_ns, a.until_ns));
+    done
+}
+
+/// The instant until which a hold allows actions: its release or its process's death, or
+/// else its last `valid_until` (a loss announced earlier does not end it).
+fn action_deadline(hold: &Hold) -> i64 {
+    match hold.end {
+        HoldEnd::Released | HoldEnd::Killed => hold.until_ns,
+        HoldEnd::Lost(_) | HoldEnd::Unknown => hold.valid_until(),
+    }
+}
+
+/// A holder and grant: node, incarnation, token.
+type Holder<'a> = (&'a str, &'a str, u64);
+
+/// Checks that every action lies inside its node's hold of the matching lease, allowing a
+/// process frozen across its deadline to act until `rule.resume_grace` after it resumed.
+pub fn check_actions(
+    events: &[Event],
+    holds: &BTreeMap<String, Vec<Hold>>,
+    rule: ActionRule,
+    out: &mut Vec<Violation>,
+) -> usize {
+    // Freezes per node: (paused at, resumed at or None while still frozen).
+    let mut freezes: BTreeMap<&str, Vec<(i64, Option<i64>)>> = BTreeMap::new();
+    for e in events.iter().filter(|e| e.is_fault()) {
+        let list = freezes.entry(e.node.as_str()).or_default();
+        match e.kind.as_str() {
+            "paused" => list.push((e.t, None)),
+            "resumed" => {
+                if let Some(last) = list.last_mut().filter(|f| f.1.is_none()) {
+                    last.1 = Some(e.t);
+                }
+            }
+            _ => {}
+        }
+    }
+    let grace = i64::try_from(rule.resume_grace.as_nanos()).unwrap_or(i64::MAX);
+    // Holds by (node, incarnation, token): histories hold far more actions than holds.
+    let mut by_holder: BTreeMap<Holder, Vec<(&String, &Hold)>> = BTreeMap::new();
+    for (lease, list) in holds {
+        for h in list {
+            by_holder
+                .entry((h.node.as_str(), h.inc.as_str(), h.token))
+                .or_default()
+                .push((lease, h));
+        }
+    }
+    let all = actions(events);
+    for action in &all {
+        let hold = by_holder
+            .get(&(action.node.as_str(), action.inc.as_str(), action.token))
+            .into_iter()
+            .flatten()
+            .find(|(lease, _)| lease.ends_with(&action.lease_suffix))
+            .copied();
+        let Some((lease, hold)) = hold else {
+            out.push(outside(
+                action,
+                format!("*{}", action.lease_suffix),
+                "no grant of the lease with this token on this node is in the history".into(),
+            ));
+            continue;
+        };
+        let deadline = action_deadline(hold);
+        if action.from_ns < hold.from_ns {
+            out.push(outside(
+                action,
+                lease.clone(),
+                format!(
+                    "began {} before the grant",
+                    ms(hold.from_ns - action.from_ns)
+                ),
+            ));
+            continue;
+        }
+        if action.until_ns <= deadline {
+            continue;
+        }
+        let frozen_across = freezes
+            .get(action.node.as_str())
+            .into_iter()
+            .flatten()
+            .find(|(paused, resumed)| *paused <= deadline && resumed.is_none_or(|r| r > deadline));
+        match frozen_across {
+            Some((_, None)) => {}
+            Some((_, Some(resumed))) if action.until_ns <= resumed.saturating_add(grace) => {}
+            Some((_, Some(resumed))) => out.push(outside(
+                action,
+                lease.clone(),
+                format!(
+                    "frozen across its deadline, it went on {} after resuming (grace {:?})",
+                    ms(action.until_ns - resumed),
+                    rule.resume_grace
+                ),
+            )),
+            None => out.push(outside(
+                action,
+                lease.clone(),
+                format!(
+                    "went on {} after the hold ended ({})",
+                    ms(action.until_ns - deadline),
+                    match &hold.end {
+                        HoldEnd::Released => "released".to_string(),
+                        HoldEnd::Killed => "process ended".to_string(),
+                        HoldEnd::Lost(_) | HoldEnd::Unknown => "local deadline".to_string(),
+                    }
+                ),
+            )),
+        }
+    }
+    check_entities_in_shards(&all, out);
+    all.len()
+}
+
+/// Every entity life lies inside a life of its shard on the same node, incarnation and
+/// token: a shard starts its entities only while it serves, and has stopped them all
+/// before it records its stop.
+fn check_entities_in_shards(all: &[Action], out: &mut Vec<Violation>) {
+    let mut shards: BTreeMap<(&str, &str, &str, u64), Vec<&Action>> = BTreeMap::new();
+    for a in all.iter().filter(|a| a.kind == ActionKind::ShardLife) {
+        shards
+            .entry((&a.node, &a.inc, &a.lease_suffix, a.token))
+            .or_default()
+            .push(a);
+    }
+    for entity in all.iter().filter(|a| a.kind == ActionKind::EntityLife) {
+        let key = (
+            entity.node.as_str(),
+            entity.inc.as_str(),
+            entity.lease_suffix.as_str(),
+            entity.token,
+        );
+        let inside = shards
+            .get(&key)
+            .into_iter()
+            .flatten()
+            .any(|shard| shard.from_ns <= entity.from_ns && entity.until_ns <= shard.until_ns);
+        if !inside {
+            out.push(Violation {
+                kind: ViolationKind::EntityOutsideShard,
+                subject: format!("*{}", entity.lease_suffix),
+                explanation: format!(
+                    "entity {} on {} ({}) with token {}: alive outside every life of its shard on that node with that token",
+                    entity.began.str("entity").unwrap_or("?"),
+                    entity.node,
+                    entity.inc,
+                    entity.token
+                ),
+                first: entity.began.clone(),
+                second: entity.ended.clone().unwrap_or_else(|| entity.began.clone()),
+            });
+        }
+    }
+}
+
+fn ms(ns: i64) -> String {
+    format!("{:.3} ms", ns as f64 / 1e6)
+}
+
+fn outside(action: &Action, lease: String, why: String) -> Violation {
+    Violation {
+        kind: ViolationKind::ActionOutsideHold,
+        subject: lease,
+        explanation: format!(
+            "{} on {} ({}) with token {}: {why}",
+            action.kind, action.node, action.inc, action.token
+        ),
+        first: action.began.clone(),
+        second: action.ended.clone().unwrap_or_else(|| action.began.clone()),
+    }
+}
