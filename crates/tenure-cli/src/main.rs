@@ -33,7 +33,7 @@ enum Command {
     /// Run a cluster node ([cluster] in the config) until SIGTERM or Ctrl-C, then leave
     /// gracefully (a second signal exits at once). Exit 0 after a graceful leave.
     Node {
-        /// Append the node's events (JSON Lines, host monotonic clock) to this file.
+        /// Append the node's events (JSON Lines, host CLOCK_BOOTTIME) to this file.
         #[arg(long)]
         history: Option<PathBuf>,
         /// Host the example singleton NAME (repeatable): the oldest member runs it under the

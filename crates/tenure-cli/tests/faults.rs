@@ -235,7 +235,7 @@ fn start(store: Store) -> Run {
 }
 
 fn now_ns() -> i64 {
-    tenure::clock::monotonic_now_ns()
+    tenure::clock::boottime_now_ns()
 }
 
 /// Waits until every running node got an acknowledged increment after `after` and the

@@ -12,6 +12,7 @@
 pub mod bench;
 pub mod preemption;
 pub mod preemption_faults;
+pub mod state_loss;
 
 pub use preemption::{
     emergency_takeover, forceful_preemption_refuses_renewals, helix_cleanup_in_time,

@@ -32,6 +32,7 @@
 mod actor;
 pub mod clock;
 pub mod config;
+pub mod duration;
 mod error;
 mod events;
 pub mod fence;
@@ -49,6 +50,8 @@ pub mod validity;
 #[cfg(test)]
 mod preemption_tests;
 #[cfg(test)]
+mod suspend_tests;
+#[cfg(test)]
 mod timing_tests;
 
 #[cfg(feature = "conformance")]
@@ -57,6 +60,7 @@ pub mod conformance;
 pub use actor::{
     AcquireReply, Acquired, LeaseActor, LeaseActorState, LeaseMsg, LeaseSpec, LeaseView,
 };
+pub use clock::{HolderClock, SuspendControl};
 pub use config::{LeaseSection, TenureConfig};
 pub use error::{ConfigError, LeaseError, StoreError};
 pub use events::{

@@ -37,8 +37,8 @@ pub struct AcquireOptions {
 }
 
 impl AcquireOptions {
-    /// Checks the options against each other and against what `store` (of kind `kind`) can
-    /// do. Errors name the option.
+    /// Checks the options against each other, their durations (at most 365 days), and
+    /// against what `store` (of kind `kind`) can do. Errors name the option.
     pub fn validate(&self, kind: &str, capabilities: Capabilities) -> Result<(), ConfigError> {
         if self.emergency && self.priority != EMERGENCY_PRIORITY {
             return Err(ConfigError::invalid(
@@ -48,6 +48,11 @@ impl AcquireOptions {
                     self.priority
                 ),
             ));
+        }
+        crate::duration::check(self.cleanup_timeout)
+            .map_err(|e| ConfigError::invalid("cleanup-timeout", e))?;
+        if let Some(wait) = self.waiting_timeout {
+            crate::duration::check(wait).map_err(|e| ConfigError::invalid("waiting-timeout", e))?;
         }
         if *self != AcquireOptions::default() && !capabilities.preemption {
             return Err(ConfigError::invalid(

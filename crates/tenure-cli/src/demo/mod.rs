@@ -269,9 +269,9 @@ fn options(args: &DemoArgs, lease: &LeaseConfig, history: &Path) -> Options {
     }
 }
 
-/// The history's clock (CLOCK_MONOTONIC ns, never negative).
+/// The history's clock (CLOCK_BOOTTIME ns, never negative).
 fn now_ns() -> u64 {
-    tenure::clock::monotonic_now_ns().max(0) as u64
+    tenure::clock::boottime_now_ns().max(0) as u64
 }
 
 /// The history path of this run (`--history`, or `tenure-demo-<seed>/history.jsonl` under

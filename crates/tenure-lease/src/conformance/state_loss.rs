@@ -1,0 +1,157 @@
+//! Tokens and exclusion across a loss of the store's state: a SQLite file deleted or
+//! replaced by an older copy, an etcd cluster restored from a snapshot without bumping its
+//! revisions, a PostgreSQL fail-over to a replica that lost the last commits. Grants the
+//! store forgot may still be believed by their holders, and the store's own order (the
+//! token source) may have gone back.
+//!
+//! The rule every store must keep: a client that saw the state before the loss is never
+//! granted a token at or below one granted before, and never while a holder of a forgotten
+//! grant may still believe in it. A store either resumes granting (then with higher
+//! tokens, after the forgotten holders' beliefs ended) or refuses with
+//! [`StoreError::StateLost`] naming the cause.
+//!
+//! A store crate whose store can lose state invokes
+//! [`state_loss_tests!`](crate::state_loss_tests) with a harness implementing [`StateLoss`].
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::time::{Instant, sleep};
+
+use super::{Harness, lease_on, request, test_settings};
+use crate::{AcquireOutcome, Acquired, LostReason, StoreError};
+
+/// A store that can be made to lose state.
+#[async_trait]
+pub trait StateLoss: Harness {
+    /// Remembers the store's state now (a copy of the file, a snapshot, a base backup).
+    async fn checkpoint(&self);
+    /// Makes the store lose everything since [`StateLoss::checkpoint`] while its clients
+    /// keep running (clients are not told).
+    async fn lose_state(&self);
+    /// Whether grants resume after the loss within a few ttls (with higher tokens), or the
+    /// store refuses ([`StoreError::StateLost`]) until an operator repairs it.
+    fn resumes(&self) -> bool;
+}
+
+/// A holder keeps renewing across the loss while a contender that saw its grant tries to
+/// take the lease over: the contender is granted only after the holder stopped believing,
+/// with a token above every earlier one, or refused with `StateLost`.
+pub async fn tokens_survive_state_loss(h: &dyn StateLoss) {
+    let ttl = test_settings().heartbeat_timeout;
+    let contender = h.client().await;
+    let holder = lease_on(h.client().await, "lossy", "a").await;
+    let acquire_release = async || {
+        let Ok(Acquired::Granted { token }) = holder.acquire().await else {
+            panic!("not granted before the loss")
+        };
+        assert!(holder.release().await.expect("release"));
+        token
+    };
+    let t1 = acquire_release().await;
+    h.checkpoint().await;
+    let (t2, t3) = (acquire_release().await, acquire_release().await);
+    let lost: Arc<Mutex<Vec<(Instant, LostReason)>>> = Arc::default();
+    let l = lost.clone();
+    let got = holder
+        .acquire_with_lost(move |ev| l.lock().unwrap().push((Instant::now(), ev.reason)))
+        .await
+        .expect("acquire");
+    let Acquired::Granted { token: t4 } = got else {
+        panic!("not granted: {got:?}")
+    };
+    assert!(t1 < t2 && t2 < t3 && t3 < t4, "{t1} {t2} {t3} {t4}");
+    // The contender has seen the grant, as a contender that tried does.
+    match contender
+        .try_acquire(&request("lossy", "b", ttl))
+        .await
+        .expect("acquire")
+    {
+        AcquireOutcome::Held(r) => assert_eq!((r.owner.as_str(), r.token), ("a", t4)),
+        AcquireOutcome::Granted(r) => panic!("granted to b while a holds it: {r:?}"),
+    }
+    sleep(Duration::from_millis(700)).await;
+    assert!(holder.check_lease(), "renewals keep it");
+
+    h.lose_state().await;
+    let started = Instant::now();
+    let mut granted = None;
+    let mut refusals = Vec::new();
+    while started.elapsed() < ttl * 4 {
+        match contender.try_acquire(&request("lossy", "b", ttl)).await {
+            Ok(AcquireOutcome::Granted(r)) => {
+                granted = Some((Instant::now(), r.token));
+                break;
+            }
+            Ok(AcquireOutcome::Held(_)) => {}
+            Err(e) => refusals.push(e),
+        }
+        sleep(Duration::from_millis(20)).await;
+    }
+    if let Some((at, token)) = granted {
+        assert!(
+            token > t4,
+            "granted token {token} after the loss, not above {t4}"
+        );
+        let ended = lost.lock().unwrap().first().copied();
+        assert!(
+            ended.is_some_and(|(when, _)| when <= at),
+            "b was granted while a still believed in its forgotten grant (a's loss: {ended:?})"
+        );
+        assert!(!holder.check_lease());
+    }
+    if h.resumes() {
+        let Some((_, token)) = granted else {
+            panic!(
+                "no grant within {:?} after the loss; refusals: {refusals:?}",
+                ttl * 4
+            )
+        };
+        assert!(
+            refusals.is_empty()
+                || refusals
+                    .iter()
+                    .any(|e| matches!(e, StoreError::StateLost { .. })),
+            "{refusals:?}"
+        );
+        // The holder's own client grants above too.
+        assert!(
+            contender
+                .release("lossy", "b", token)
+                .await
+                .expect("release")
+        );
+        let again = holder.acquire().await.expect("acquire");
+        assert!(
+            matches!(again, Acquired::Granted { token: t } if t > token),
+            "{again:?} after b's {token}"
+        );
+    } else {
+        assert!(granted.is_none(), "granted after the loss: {granted:?}");
+        assert!(
+            refusals
+                .iter()
+                .any(|e| matches!(e, StoreError::StateLost { .. })),
+            "refused, naming the cause: {refusals:?}"
+        );
+        sleep(ttl).await;
+        assert!(
+            !holder.check_lease(),
+            "the holder's renewals are refused too"
+        );
+    }
+}
+
+/// Defines the `#[tokio::test]` of this module for `$harness`, an async expression giving
+/// a fresh [`StateLoss`] harness.
+#[macro_export]
+macro_rules! state_loss_tests {
+    ($harness:expr) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn tokens_survive_state_loss() {
+            let harness = $harness.await;
+            $crate::conformance::state_loss::tokens_survive_state_loss(&harness).await;
+        }
+    };
+}
