@@ -44,7 +44,7 @@ enum Command {
         #[arg(long, default_value = "/tmp/tenure-counter.sqlite")]
         counter: PathBuf,
         /// How often an example singleton ticks.
-        #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
+        #[arg(long, default_value = "100ms", value_parser = tenure::duration::parse)]
         tick: Duration,
         /// Host the example sharded counter (entity type `counter`, [sharding.counter]): one
         /// entity per key, each increment written to the --counter file with its shard's
@@ -57,7 +57,7 @@ enum Command {
         #[arg(long, default_value_t = 0, value_name = "N")]
         load_keys: usize,
         /// Pause between two increments of one load worker.
-        #[arg(long, default_value = "20ms", value_parser = humantime::parse_duration)]
+        #[arg(long, default_value = "20ms", value_parser = tenure::duration::parse)]
         load_interval: Duration,
     },
     /// Inspect a running cluster through one of its nodes (uses [cluster] cookie and TLS).
@@ -188,7 +188,7 @@ enum LeaseCommand {
         #[command(flatten)]
         priority: lease_cmd::PriorityArgs,
         /// Time COMMAND gets between SIGTERM and SIGKILL when the lease is lost.
-        #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+        #[arg(long, default_value = "2s", value_parser = tenure::duration::parse)]
         grace: Duration,
         /// The command and its arguments.
         #[arg(trailing_var_arg = true, required = true, value_name = "COMMAND")]

@@ -95,6 +95,32 @@ mod tests {
     }
 
     #[test]
+    fn durations_beyond_a_year_are_refused_naming_the_option() {
+        for (options, key) in [
+            (
+                AcquireOptions {
+                    cleanup_timeout: Duration::MAX,
+                    ..AcquireOptions::default()
+                },
+                "cleanup-timeout",
+            ),
+            (
+                AcquireOptions {
+                    waiting_timeout: Some(Duration::from_secs(400 * 24 * 3600)),
+                    ..AcquireOptions::default()
+                },
+                "waiting-timeout",
+            ),
+        ] {
+            let err = options.validate("memory", preempting()).unwrap_err();
+            assert!(
+                err.to_string().contains(key) && err.to_string().contains("365 days"),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
     fn priorities_need_a_store_that_keeps_them() {
         AcquireOptions::default()
             .validate("etcd", Capabilities::default())

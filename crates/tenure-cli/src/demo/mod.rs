@@ -40,11 +40,11 @@ pub struct DemoArgs {
     pub shards: usize,
     /// Length of the traffic phase, in which the scenario runs (starting and stopping the
     /// cluster add a few seconds).
-    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "60s", value_parser = tenure::duration::parse)]
     pub duration: Duration,
     /// Lease ttl of shards, singletons and members (heartbeat-timeout, member-lease-ttl);
     /// heartbeats every ttl/6, retries every ttl/10, store operations bounded by ttl/2.
-    #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "3s", value_parser = tenure::duration::parse)]
     pub ttl: Duration,
     /// TOML list of `[[step]]`s (at, fault = kill|pause|cut|leave|restart, optional node,
     /// peer, and `for` for pause and cut) replacing the built-in scenario.
