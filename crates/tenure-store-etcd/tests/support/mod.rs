@@ -29,6 +29,16 @@ fn etcd_binary() -> PathBuf {
         })
 }
 
+fn etcdctl_binary() -> PathBuf {
+    let path = PathBuf::from("/usr/bin/etcdctl");
+    assert!(
+        path.exists(),
+        "{} not found: install the Debian package `etcd-client` (apt-get install -y etcd-client), as .ci/test.sh does",
+        path.display()
+    );
+    path
+}
+
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -222,6 +232,50 @@ impl Etcd {
             self.start_member(i);
         }
         self.wait_healthy().await;
+    }
+
+    /// Saves a snapshot of member `i` to `file` (`etcdctl snapshot save`).
+    pub fn snapshot(&self, i: usize, file: &Path) {
+        let out = Command::new(etcdctl_binary())
+            .env("ETCDCTL_API", "3")
+            .args(["--endpoints", &self.endpoint(i), "snapshot", "save"])
+            .arg(file)
+            .output()
+            .expect("run etcdctl");
+        assert!(
+            out.status.success(),
+            "etcdctl snapshot save: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Replaces the data of the single member by `snapshot`, restored without bumping the
+    /// revisions (`etcdctl snapshot restore`, as etcd 3.4 has no `--bump-revision`), and
+    /// starts it again on the same ports: revisions go back to the snapshot's.
+    pub async fn restore(&self, snapshot: &Path) {
+        assert_eq!(self.members.len(), 1, "restore is for a single member");
+        let m = &self.members[0];
+        self.kill(0);
+        let data = self.dir.path().join(&m.name);
+        std::fs::remove_dir_all(&data).expect("remove the member's data");
+        let out = Command::new(etcdctl_binary())
+            .env("ETCDCTL_API", "3")
+            .args(["snapshot", "restore"])
+            .arg(snapshot)
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["--name", &m.name])
+            .args(["--initial-cluster", &format!("{}={}", m.name, m.peer_url())])
+            .args(["--initial-cluster-token", "tenure-test"])
+            .args(["--initial-advertise-peer-urls", &m.peer_url()])
+            .output()
+            .expect("run etcdctl");
+        assert!(
+            out.status.success(),
+            "etcdctl snapshot restore: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        self.start(0).await;
     }
 
     /// Freezes every member (SIGSTOP) until the guard is dropped (SIGCONT): requests hang.
