@@ -125,6 +125,11 @@ pub fn free_ports(n: usize) -> Vec<u16> {
 }
 
 impl Cluster {
+    /// The SQLite lease file of the harness's `[lease.sqlite]` section.
+    pub fn lease_file(&self) -> &Path {
+        &self.store
+    }
+
     /// Writes configs for `n` nodes of `binary` (seed: node 0) without starting them.
     pub fn configure(binary: &Path, n: usize, options: &Options) -> Cluster {
         let dir = tempfile::tempdir().expect("temp dir");
