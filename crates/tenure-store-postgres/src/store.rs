@@ -395,10 +395,10 @@ impl PostgresStore {
         if waited >= req.ttl {
             return Ok(Observed::Takeover(Some(seen)));
         }
-        Ok(Observed::Wait(LeaseRecord {
+        Ok(Observed::Wait(Box::new(LeaseRecord {
             expires_in: req.ttl - waited,
             ..record
-        }))
+        })))
     }
 
     fn forget_observed(&self, name: &str) {
@@ -417,7 +417,7 @@ enum Observed {
     /// Acquire, taking an expired grant over only if it is still (token, version).
     Takeover(Option<(i64, i64)>),
     /// Expired on the server's clock, but not yet seen unchanged for a ttl: treated as held.
-    Wait(LeaseRecord),
+    Wait(Box<LeaseRecord>),
 }
 
 /// The ttl in whole microseconds, rounded up (a grant never lives shorter than asked),
@@ -464,7 +464,7 @@ impl LeaseStore for PostgresStore {
             let guard = match self.inner.options.observed_expiry {
                 true => match self.observe(req).await? {
                     Observed::Takeover(guard) => guard,
-                    Observed::Wait(record) => return Ok(AcquireOutcome::Held(record)),
+                    Observed::Wait(record) => return Ok(AcquireOutcome::Held(*record)),
                 },
                 false => None,
             };

@@ -241,14 +241,11 @@ fn store_error(e: rusqlite::Error) -> StoreError {
     }
 }
 
-/// What an acquire transaction did.
-enum Attempt {
-    Done(AcquireOutcome),
-    /// Refused: the file replaced a lost one at `lost` (ns), less than the ttl before `now`.
-    Quiet {
-        lost: i64,
-        now: i64,
-    },
+/// An acquire refused: the file replaced a lost one at `lost` (ns), less than the ttl
+/// before `now`.
+struct Quiet {
+    lost: i64,
+    now: i64,
 }
 
 fn round_ms(d: Duration) -> Duration {
@@ -356,7 +353,7 @@ impl LeaseStore for SqliteStore {
                         if let Some(lost) = lost_at(&tx)?
                             && now < lost.saturating_add(ttl_ns(req.ttl))
                         {
-                            return Ok(Attempt::Quiet { lost, now });
+                            return Ok(Err(Quiet { lost, now }));
                         }
                         let token: i64 = tx
                             .prepare_cached(sql::NEXT_TOKEN)?
@@ -386,12 +383,12 @@ impl LeaseStore for SqliteStore {
                     }
                 };
                 tx.commit()?;
-                Ok(Attempt::Done(outcome))
+                Ok(Ok(outcome))
             })
             .await?;
         match attempt {
-            Attempt::Done(outcome) => Ok(outcome),
-            Attempt::Quiet { lost, now } => {
+            Ok(outcome) => Ok(outcome),
+            Err(Quiet { lost, now }) => {
                 let ago = Duration::from_nanos(now.saturating_sub(lost).max(0) as u64);
                 let left = ttl_ns(ttl).saturating_sub(now.saturating_sub(lost));
                 Err(StoreError::StateLost {
