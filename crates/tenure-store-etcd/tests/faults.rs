@@ -3,14 +3,13 @@
 
 mod support;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use tenure_lease::conformance::test_settings;
+use tenure_lease::conformance::{Losses, acquire_recording_losses, test_settings};
 use tenure_lease::store::bounded;
 use tenure_lease::{
-    AcquireOutcome, AcquireRequest, Acquired, HeldLease, Lease, LeaseSettings, LeaseSpec,
-    LeaseStore, LostReason,
+    AcquireOutcome, AcquireRequest, HeldLease, Lease, LeaseSettings, LeaseSpec, LeaseStore,
 };
 use tokio::time::{Instant, sleep};
 
@@ -27,8 +26,6 @@ fn request(name: &str, owner: &str, ttl: Duration) -> AcquireRequest {
     }
 }
 
-type Losses = Arc<Mutex<Vec<(Instant, LostReason)>>>;
-
 async fn hold(
     store: Arc<dyn LeaseStore>,
     name: &str,
@@ -38,15 +35,7 @@ async fn hold(
     let lease = Lease::start(LeaseSpec::new(name, owner, store, s).expect("spec"))
         .await
         .expect("lease actor");
-    let lost: Losses = Arc::default();
-    let l = lost.clone();
-    let got = lease
-        .acquire_with_lost(move |ev| l.lock().unwrap().push((Instant::now(), ev.reason)))
-        .await
-        .expect("acquire");
-    let Acquired::Granted { token } = got else {
-        panic!("{name}: not granted: {got:?}")
-    };
+    let (token, lost) = acquire_recording_losses(&lease).await;
     (lease, token, lost)
 }
 

@@ -13,14 +13,13 @@
 //! A store crate whose store can lose state invokes
 //! [`state_loss_tests!`](crate::state_loss_tests) with a harness implementing [`StateLoss`].
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::time::{Instant, sleep};
 
-use super::{Harness, lease_on, request, test_settings};
-use crate::{AcquireOutcome, Acquired, LostReason, StoreError};
+use super::{Harness, acquire_recording_losses, assert_held, lease_on, request, test_settings};
+use crate::{AcquireOutcome, Acquired, StoreError};
 
 /// A store that can be made to lose state.
 #[async_trait]
@@ -64,25 +63,10 @@ pub async fn tokens_survive_state_loss(h: &dyn StateLoss) {
         token
     };
     let (t2, t3) = (acquire_release().await, acquire_release().await);
-    let lost: Arc<Mutex<Vec<(Instant, LostReason)>>> = Arc::default();
-    let l = lost.clone();
-    let got = holder
-        .acquire_with_lost(move |ev| l.lock().unwrap().push((Instant::now(), ev.reason)))
-        .await
-        .expect("acquire");
-    let Acquired::Granted { token: t4 } = got else {
-        panic!("not granted: {got:?}")
-    };
+    let (t4, lost) = acquire_recording_losses(&holder).await;
     assert!(t1 < t2 && t2 < t3 && t3 < t4, "{t1} {t2} {t3} {t4}");
     // The contender has seen the grant, as a contender that tried does.
-    match contender
-        .try_acquire(&request("lossy", "b", ttl))
-        .await
-        .expect("acquire")
-    {
-        AcquireOutcome::Held(r) => assert_eq!((r.owner.as_str(), r.token), ("a", t4)),
-        AcquireOutcome::Granted(r) => panic!("granted to b while a holds it: {r:?}"),
-    }
+    assert_held(&*contender, "lossy", "b", ttl, "a", t4).await;
     sleep(Duration::from_millis(700)).await;
     assert!(holder.check_lease(), "renewals keep it");
 

@@ -29,14 +29,25 @@ fn etcd_binary() -> PathBuf {
         })
 }
 
-fn etcdctl_binary() -> PathBuf {
+/// Runs `etcdctl` (v3 API) with `args`; panics with its error output if it fails.
+fn etcdctl(args: &[&str]) {
     let path = PathBuf::from("/usr/bin/etcdctl");
     assert!(
         path.exists(),
         "{} not found: install the Debian package `etcd-client` (apt-get install -y etcd-client), as .ci/test.sh does",
         path.display()
     );
-    path
+    let out = Command::new(&path)
+        .env("ETCDCTL_API", "3")
+        .args(args)
+        .output()
+        .expect("run etcdctl");
+    assert!(
+        out.status.success(),
+        "etcdctl {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 fn free_port() -> u16 {
@@ -236,17 +247,11 @@ impl Etcd {
 
     /// Saves a snapshot of member `i` to `file` (`etcdctl snapshot save`).
     pub fn snapshot(&self, i: usize, file: &Path) {
-        let out = Command::new(etcdctl_binary())
-            .env("ETCDCTL_API", "3")
-            .args(["--endpoints", &self.endpoint(i), "snapshot", "save"])
-            .arg(file)
-            .output()
-            .expect("run etcdctl");
-        assert!(
-            out.status.success(),
-            "etcdctl snapshot save: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let endpoint = self.endpoint(i);
+        let mut args = vec!["--endpoints", &endpoint, "snapshot", "save"];
+        let file = file.display().to_string();
+        args.push(&file);
+        etcdctl(&args);
     }
 
     /// Replaces the data of the single member by `snapshot`, restored without bumping the
@@ -258,23 +263,24 @@ impl Etcd {
         self.kill(0);
         let data = self.dir.path().join(&m.name);
         std::fs::remove_dir_all(&data).expect("remove the member's data");
-        let out = Command::new(etcdctl_binary())
-            .env("ETCDCTL_API", "3")
-            .args(["snapshot", "restore"])
-            .arg(snapshot)
-            .arg("--data-dir")
-            .arg(&data)
-            .args(["--name", &m.name])
-            .args(["--initial-cluster", &format!("{}={}", m.name, m.peer_url())])
-            .args(["--initial-cluster-token", "tenure-test"])
-            .args(["--initial-advertise-peer-urls", &m.peer_url()])
-            .output()
-            .expect("run etcdctl");
-        assert!(
-            out.status.success(),
-            "etcdctl snapshot restore: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let (snapshot, data) = (snapshot.display().to_string(), data.display().to_string());
+        let cluster = format!("{}={}", m.name, m.peer_url());
+        let peer = m.peer_url();
+        etcdctl(&[
+            "snapshot",
+            "restore",
+            &snapshot,
+            "--data-dir",
+            &data,
+            "--name",
+            &m.name,
+            "--initial-cluster",
+            &cluster,
+            "--initial-cluster-token",
+            "tenure-test",
+            "--initial-advertise-peer-urls",
+            &peer,
+        ]);
         self.start(0).await;
     }
 
