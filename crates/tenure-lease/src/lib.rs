@@ -1,8 +1,8 @@
 //! # tenure-lease
 //!
 //! Distributed leases with Akka Coordination's contract, tightened: every grant carries a
-//! fencing token, and the holder gives its lease up (on a monotonic clock, with a safety
-//! margin) before any other owner can be granted it.
+//! fencing token, and the holder gives its lease up (on a clock that counts host suspend,
+//! with a safety margin) before any other owner can be granted it.
 //!
 //! ```
 //! use std::time::Duration;
