@@ -14,6 +14,8 @@ command -v runuser >/dev/null || need+=(util-linux)
 compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null || need+=(postgresql)
 # etcd store tests start a real etcd; etcd-client's build needs protoc.
 command -v etcd >/dev/null || need+=(etcd-server)
+# etcdctl saves and restores snapshots (a cluster restored without bumping revisions).
+command -v etcdctl >/dev/null || need+=(etcd-client)
 command -v protoc >/dev/null || need+=(protobuf-compiler)
 # ZooKeeper store tests run a standalone server from Debian's `zookeeper` package (its
 # jars; it depends on a Java runtime).

@@ -5,7 +5,8 @@ use tenure::{Acquired, FenceCheck, TenureConfig};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    // Reference defaults (SQLite file in /tmp), overridden by TENURE_* variables.
+    // Reference defaults (SQLite file in the state directory, e.g.
+    // ~/.local/state/tenure/leases.sqlite), overridden by TENURE_* variables.
     let provider = tenure::provider(TenureConfig::load(None)?)?;
     let lease = provider
         .lease("nightly-report", "sqlite", "10.0.0.7:2552")

@@ -1,5 +1,6 @@
 //! `examples/singleton_ticks.rs` runs on a 3-node local cluster: the singleton counts under
-//! token 1, moves to another node after the SIGKILL with a newer token, and keeps counting.
+//! its first token, moves to another node after the SIGKILL with a newer token, and keeps
+//! counting.
 
 mod common;
 
@@ -28,7 +29,6 @@ fn the_singleton_example_fails_over_and_keeps_counting() {
     );
     let first = values.first().expect("counted");
     let last = values.last().expect("counted");
-    assert_eq!(first.1, 1, "{text}");
     assert!(
         last.1 > first.1 && last.0 > first.0,
         "failed over and kept counting: {text}"

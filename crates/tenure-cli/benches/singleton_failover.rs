@@ -1,7 +1,7 @@
 //! Singleton hand-over time on graceful leave (SIGTERM of the host → the next oldest has
 //! started the instance) and fail-over time after SIGKILL of the host, on a 3-node harness
 //! cluster (singleton lease ttl 3 s, renewed every 500 ms, retried every 300 ms;
-//! hand-over retry 200 ms). Times come from the histories (host CLOCK_MONOTONIC).
+//! hand-over retry 200 ms). Times come from the histories (host CLOCK_BOOTTIME).
 //!
 //! `cargo bench -p tenure-cli --bench singleton_failover` (runs: TENURE_BENCH_RUNS, default 20).
 
@@ -29,7 +29,7 @@ fn latest(history: &[Value]) -> Option<(String, u64, i64)> {
 fn fault_and_measure(c: &mut Cluster, kill: bool) -> f64 {
     let (node, token, _) = latest(&c.history()).expect("running");
     let host = c.nodes.iter().position(|n| n.addr == node).expect("host");
-    let t0 = tenure::clock::monotonic_now_ns();
+    let t0 = tenure::clock::boottime_now_ns();
     if kill {
         c.kill(host);
     } else {

@@ -339,7 +339,7 @@ fault-injection = true
     pub fn record_fields(&self, addr: &str, event: &str, fields: Value) {
         use std::io::Write;
         let mut line = json!({
-            "t": tenure::clock::monotonic_now_ns(),
+            "t": tenure::clock::boottime_now_ns(),
             "node": addr,
             "inc": "harness",
             "event": event,

@@ -49,11 +49,11 @@ pub struct PriorityArgs {
     priority: u64,
     /// How long this holder needs to clean up when preempted: requesters wait at most this
     /// long for it.
-    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "0s", value_parser = tenure::duration::parse)]
     cleanup_timeout: Duration,
     /// How long to wait for a lower-priority holder to give the lease up (default: its
     /// cleanup timeout).
-    #[arg(long, value_parser = humantime::parse_duration)]
+    #[arg(long, value_parser = tenure::duration::parse)]
     waiting_timeout: Option<Duration>,
     /// When the wait ends, refuse the holder's renewals and take the lease once its last
     /// renewal expired (at most one heartbeat-timeout later), instead of giving up.

@@ -35,7 +35,7 @@ enum Command {
     /// Run a cluster node ([cluster] in the config) until SIGTERM or Ctrl-C, then leave
     /// gracefully (a second signal exits at once). Exit 0 after a graceful leave.
     Node {
-        /// Append the node's events (JSON Lines, host monotonic clock) to this file.
+        /// Append the node's events (JSON Lines, host CLOCK_BOOTTIME) to this file.
         #[arg(long)]
         history: Option<PathBuf>,
         /// Host the example singleton NAME (repeatable): the oldest member runs it under the
@@ -46,7 +46,7 @@ enum Command {
         #[arg(long, default_value = "/tmp/tenure-counter.sqlite")]
         counter: PathBuf,
         /// How often an example singleton ticks.
-        #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
+        #[arg(long, default_value = "100ms", value_parser = tenure::duration::parse)]
         tick: Duration,
         /// Host the example sharded counter (entity type `counter`, [sharding.counter]): one
         /// entity per key, each increment written to the --counter file with its shard's
@@ -60,7 +60,7 @@ enum Command {
         #[arg(long, default_value_t = 0, value_name = "N")]
         load_keys: usize,
         /// Closed loop: pause between two increments of one load worker.
-        #[arg(long, default_value = "20ms", value_parser = humantime::parse_duration)]
+        #[arg(long, default_value = "20ms", value_parser = tenure::duration::parse)]
         load_interval: Duration,
         /// Open loop: ask every key this many times per second on a fixed schedule, whether
         /// or not earlier asks were answered.
@@ -68,7 +68,7 @@ enum Command {
         load_rate: Option<f64>,
         /// How long each increment waits for its answer before it counts as not
         /// acknowledged.
-        #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+        #[arg(long, default_value = "5s", value_parser = tenure::duration::parse)]
         load_timeout: Duration,
         /// Fault injection for tests (needs `cluster.fault-injection = true`): while FILE
         /// exists, the example entities and singletons take a minute to stop, so that only
@@ -97,7 +97,7 @@ enum Command {
         /// (its entities, singleton instances and accepted writes): at least its stop budget
         /// (stop-timeout + 500 ms). The default fits the reference configuration
         /// (stop-timeout 12 s at the 120 s ttl).
-        #[arg(long, default_value = "13s", value_parser = humantime::parse_duration)]
+        #[arg(long, default_value = "13s", value_parser = tenure::duration::parse)]
         resume_grace: Duration,
     },
     /// Run a local cluster under load through a scenario of faults and check it was safe.
@@ -210,7 +210,7 @@ enum LeaseCommand {
         #[command(flatten)]
         priority: lease_cmd::PriorityArgs,
         /// Time COMMAND gets between SIGTERM and SIGKILL when the lease is lost.
-        #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+        #[arg(long, default_value = "2s", value_parser = tenure::duration::parse)]
         grace: Duration,
         /// The command and its arguments.
         #[arg(trailing_var_arg = true, required = true, value_name = "COMMAND")]

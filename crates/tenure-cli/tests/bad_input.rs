@@ -175,3 +175,71 @@ fn grace_longer_than_the_lease_allows_is_refused() {
         "nothing acquired"
     );
 }
+
+/// Durations near the largest ones overflowed instant arithmetic (a panic in the lease
+/// actor); every duration flag is bounded at parse, with the flag named.
+#[test]
+fn durations_beyond_a_year_are_refused_naming_the_flag() {
+    let sb = Sandbox::new();
+    let huge = "584542046090years";
+    for (flag, args) in [
+        (
+            "--waiting-timeout",
+            vec![
+                "lease",
+                "acquire",
+                "j",
+                "--hold",
+                "--priority",
+                "3",
+                "--waiting-timeout",
+                huge,
+            ],
+        ),
+        (
+            "--cleanup-timeout",
+            vec!["lease", "acquire", "j", "--cleanup-timeout", huge],
+        ),
+        (
+            "--grace",
+            vec!["lease", "run", "j", "--grace", huge, "--", "true"],
+        ),
+    ] {
+        let out = sb.run(&args);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{flag}: {err}");
+        assert!(
+            err.contains(flag) && err.contains(huge) && err.contains("365 days"),
+            "{flag}: {err}"
+        );
+    }
+}
+
+/// Without a `path`, the SQLite file is in the persistent state directory, created when
+/// missing; a directory that cannot be created is named.
+#[test]
+fn the_default_sqlite_file_is_in_the_state_directory() {
+    let sb = Sandbox::new();
+    let state = sb.path("state");
+    let run = |state: &std::path::Path| {
+        std::process::Command::new(TENURE)
+            .args(["lease", "acquire", "j", "--owner", "o"])
+            .env_remove("TENURE_CONFIG")
+            .env_remove("TENURE_LEASE__SQLITE__PATH")
+            .env("XDG_STATE_HOME", state)
+            .output()
+            .expect("run")
+    };
+    let out = run(&state);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(state.join("tenure/leases.sqlite").is_file());
+    let blocked = sb.path("a-file");
+    std::fs::write(&blocked, "").expect("write");
+    let out = run(&blocked.join("state"));
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(&format!("{}/state/tenure", blocked.display())),
+        "{err}"
+    );
+}

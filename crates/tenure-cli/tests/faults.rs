@@ -2,17 +2,19 @@
 //! on each store kind, through a sequence of faults in an order and with timings drawn
 //! from a seed: SIGKILL (then restart), SIGSTOP past the ttl and shorter than it, traffic
 //! cut between two nodes, traffic cut between a node and the store, a store restart, a
-//! wall-clock jump on one node (libfaketime; the monotonic clock is left alone), and
+//! wall-clock jump on one node (libfaketime; the monotonic clocks are left alone),
 //! slow-stopping entities (every node's entities and singleton take a minute to stop while
 //! a node loses its leases: its store connection cut, or on SQLite the lease file
-//! write-locked for everyone; only kills within the stop budget end them in time). Every
+//! write-locked for everyone; only kills within the stop budget end them in time), and on
+//! SQLite the lease file lost while in use (deleted, or replaced by a copy taken at the
+//! start: its grants gone, its token counters behind). Every
 //! run's history must pass `tenure check`, every acknowledged increment must be in the
 //! counter, and the cluster must serve again after the faults.
 //!
 //! The seed is printed (`fault seed …`); replay a run with `TENURE_FAULT_SEED=<seed>`.
 //! `TENURE_FAULT_ROUNDS=<n>` (default 1) repeats the fault sequence n times: a soak.
 //! SQLite is one file on one host: it has no connection to cut and no server to restart,
-//! so those two faults run on the network stores only.
+//! so those two faults run on the network stores only, and file loss on SQLite only.
 
 mod common;
 #[path = "../../tenure-store-etcd/tests/support/mod.rs"]
@@ -94,6 +96,7 @@ enum Fault {
     RestartStore,
     ClockJump,
     SlowStop,
+    FileLoss,
 }
 
 /// The store a run uses, and the server behind it when there is one.
@@ -168,6 +171,8 @@ struct Run {
     clock_file: PathBuf,
     /// While this file exists, every node's example entities and singleton stop slowly.
     slow_stop: PathBuf,
+    /// SQLite: a copy of the lease file taken once the cluster served, for `FileLoss`.
+    lease_copy: Option<PathBuf>,
 }
 
 fn start(store: Store) -> Run {
@@ -238,6 +243,13 @@ fn start(store: Store) -> Run {
     c.start_all();
     c.wait_converged(Duration::from_secs(40));
     wait_serving(&c, 0, Duration::from_secs(60));
+    let lease_copy = matches!(store, Store::Sqlite).then(|| {
+        let copy = c.dir.path().join("leases-copy.sqlite");
+        rusqlite::Connection::open(c.lease_store())
+            .and_then(|conn| conn.execute("VACUUM INTO ?1", [copy.display().to_string()]))
+            .expect("copy the lease file");
+        copy
+    });
     Run {
         c,
         store,
@@ -245,11 +257,12 @@ fn start(store: Store) -> Run {
         clock_node,
         clock_file,
         slow_stop,
+        lease_copy,
     }
 }
 
 fn now_ns() -> i64 {
-    tenure::clock::monotonic_now_ns()
+    tenure::clock::boottime_now_ns()
 }
 
 /// Waits until every running node got an acknowledged increment after `after` and the
@@ -350,6 +363,48 @@ fn inject(run: &mut Run, fault: Fault, rng: &mut Rng) {
             }
             std::fs::remove_file(&run.slow_stop).expect("slow-stop switch off");
         }
+        Fault::FileLoss => {
+            let file = run.c.lease_store().to_path_buf();
+            let sibling = |suffix: &str| {
+                let mut name = file.as_os_str().to_os_string();
+                name.push(suffix);
+                PathBuf::from(name)
+            };
+            // The log and shared memory first: a process reopening the path must never
+            // find the lost file's log.
+            for suffix in ["-wal", "-shm"] {
+                let _ = std::fs::remove_file(sibling(suffix));
+            }
+            let restored = rng.below(2) == 0;
+            if restored {
+                let copy = run.lease_copy.as_ref().expect("SQLite keeps a copy");
+                let staged = sibling(".restoring");
+                std::fs::copy(copy, &staged).expect("stage the old copy");
+                std::fs::rename(&staged, &file).expect("replace the lease file");
+            } else {
+                std::fs::remove_file(&file).expect("delete the lease file");
+            }
+            eprintln!(
+                "lease file {}",
+                if restored {
+                    "replaced by the old copy"
+                } else {
+                    "deleted"
+                }
+            );
+            run.c.record_fields(
+                "store",
+                "store_lost",
+                serde_json::json!({ "restored": restored }),
+            );
+            // Once a running node noticed (it records the loss in the file at the path), or
+            // after a while, a node restarts: a new process opens the file at the path.
+            let noticed = wait_loss_noticed(&file, Duration::from_secs(3));
+            eprintln!("loss noticed by a running node: {noticed}");
+            run.c.kill(target);
+            run.c.spawn(target);
+            run.c.record(target, "restarted");
+        }
         Fault::ClockJump => {
             let offset = if rng.below(2) == 0 { "+2h" } else { "-2h" };
             std::fs::write(&run.clock_file, format!("{offset}\n")).expect("faketime file");
@@ -358,6 +413,28 @@ fn inject(run: &mut Run, fault: Fault, rng: &mut Rng) {
             std::thread::sleep(Duration::from_secs(2));
         }
     }
+}
+
+/// Whether a process recorded the loss of the lease file in the file now at `file` within
+/// `limit` (see `SqliteStore`).
+fn wait_loss_noticed(file: &Path, limit: Duration) -> bool {
+    let started = Instant::now();
+    while started.elapsed() < limit {
+        let recorded =
+            rusqlite::Connection::open_with_flags(file, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+                .and_then(|conn| {
+                    conn.query_row(
+                        "SELECT count(*) FROM tenure_meta WHERE key = 'lost_at'",
+                        [],
+                        |r| r.get::<_, i64>(0),
+                    )
+                });
+        if recorded.is_ok_and(|n| n > 0) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
 }
 
 fn final_checks(run: &Run) {
@@ -396,7 +473,9 @@ fn run_suite(store: Store) {
         Fault::ClockJump,
         Fault::SlowStop,
     ];
-    if kind != "sqlite" {
+    if kind == "sqlite" {
+        faults.push(Fault::FileLoss);
+    } else {
         faults.extend([Fault::CutStore, Fault::RestartStore]);
     }
     for _ in 0..rounds() {

@@ -46,7 +46,7 @@ fn wait_moved(c: &Cluster, moved: &BTreeSet<String>, from: usize, after: i64, li
 }
 
 fn now_ns() -> i64 {
-    tenure::clock::monotonic_now_ns() as i64
+    tenure::clock::boottime_now_ns() as i64
 }
 
 /// Acks keep coming after `after` (the service is back for the nodes still running).

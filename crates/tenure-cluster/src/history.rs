@@ -1,8 +1,8 @@
 //! A node's history: one JSON object per line, appended as things happen, stamped with the
-//! host's shared monotonic clock so that the histories of all processes of a host can be
+//! host's shared `CLOCK_BOOTTIME` so that the histories of all processes of a host can be
 //! merged and checked.
 //!
-//! Fields of every line: `t` (ns of `CLOCK_MONOTONIC`), `node` (`host:port`), `inc` (the
+//! Fields of every line: `t` (ns of `CLOCK_BOOTTIME`), `node` (`host:port`), `inc` (the
 //! node's incarnation, hex) and `event`; cluster events add `member`, `member_inc`, `age`.
 
 use std::fs::{File, OpenOptions};
@@ -80,7 +80,7 @@ impl History {
     /// Appends one event with extra `fields` (an object).
     pub fn record(&self, event: &str, fields: Value) {
         let mut line = Map::new();
-        line.insert("t".into(), json!(tenure_lease::clock::monotonic_now_ns()));
+        line.insert("t".into(), json!(tenure_lease::clock::boottime_now_ns()));
         line.insert("node".into(), json!(self.node));
         line.insert("inc".into(), json!(self.inc));
         line.insert("event".into(), json!(event));

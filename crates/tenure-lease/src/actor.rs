@@ -235,10 +235,13 @@ impl LeaseView {
         self.belief.current().map(|h| h.token)
     }
 
-    /// The local deadline of the grant believed now: whatever runs under it must have ended
-    /// by then (the belief itself ends the stop budget earlier).
+    /// The local deadline of the grant believed now, as an instant of tokio's clock (given
+    /// the host suspends seen so far): whatever runs under it must have ended by then (the
+    /// belief itself ends the stop budget earlier, and counts suspends as they happen).
     pub fn deadline(&self) -> Option<Instant> {
-        self.belief.current().map(|h| h.deadline)
+        self.belief
+            .current()
+            .map(|h| self.belief.clock().to_tokio(h.deadline))
     }
 
     pub(crate) fn held(&self) -> Option<Held> {
@@ -261,6 +264,7 @@ impl LeaseActor {
         let observer = spec.observer.clone().map(|o| (spec.owner.clone(), o));
         let belief = Arc::new(SharedBelief::new(
             spec.name.clone(),
+            spec.batcher.clock().clone(),
             Belief::new(validity, spec.stop_budget),
             sink,
             observer,
@@ -422,7 +426,8 @@ impl LeaseActorState {
             cleanup_timeout: spec.options.cleanup_timeout,
             emergency: spec.options.emergency,
         };
-        let sent_at = Instant::now();
+        // On the holder clock, which counts host suspend (see `crate::clock`).
+        let sent_at = self.belief.clock().now();
         self.belief.trace(LeaseTrace::AcquireInvoked);
         let answer = bounded(
             &spec.name,
@@ -493,12 +498,14 @@ impl LeaseActorState {
         let generation = held.generation;
         self.watchdog = Some(tokio::spawn(async move {
             // Independent of the mailbox, so a slow store call or a long queue cannot delay
-            // the loss past the deadline.
+            // the loss past the deadline. The holder clock wakes it shortly after a host
+            // suspend that passed the deadline, which a monotonic timer would not.
+            let clock = belief.clock().clone();
             while let Some(h) = belief.held().filter(|h| h.generation == generation) {
                 let end = h.believed_until;
                 let wake = end.checked_sub(WAKE_EARLY).unwrap_or(end);
-                tokio::time::sleep_until(wake).await;
-                belief.lapse(Instant::now() + WAKE_EARLY);
+                clock.sleep_until(wake).await;
+                belief.lapse(clock.now() + WAKE_EARLY);
             }
         }));
         let at = self.spec.batcher.next_tick(Instant::now());

@@ -326,14 +326,12 @@ impl<'a> TableReader<'a> {
         }
     }
 
-    /// A required duration such as `"5s"` or `"250ms"`.
+    /// A required duration such as `"5s"` or `"250ms"`, at most 365 days.
     pub fn duration(&self, k: &str) -> Result<Duration, ConfigError> {
         let text = self.string(k).map_err(|_| {
             ConfigError::invalid(self.key(k), "expected a duration string such as \"5s\"")
         })?;
-        humantime::parse_duration(&text).map_err(|e| {
-            ConfigError::invalid(self.key(k), format!("invalid duration {text:?}: {e}"))
-        })
+        crate::duration::parse(&text).map_err(|e| ConfigError::invalid(self.key(k), e))
     }
 
     /// A required duration that must not be zero.

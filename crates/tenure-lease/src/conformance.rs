@@ -12,6 +12,7 @@
 pub mod bench;
 pub mod preemption;
 pub mod preemption_faults;
+pub mod state_loss;
 
 pub use preemption::{
     emergency_takeover, forceful_preemption_refuses_renewals, helix_cleanup_in_time,
@@ -188,6 +189,42 @@ async fn poll_until_granted(
             started.elapsed() < ttl * 10,
             "{name}: the holder's grant never expired"
         );
+    }
+}
+
+/// Losses of a lease's grants, with the instant each was announced.
+pub type Losses = Arc<Mutex<Vec<(Instant, LostReason)>>>;
+
+/// Acquires `lease` (it must be granted), recording its losses.
+pub async fn acquire_recording_losses(lease: &Lease) -> (u64, Losses) {
+    let lost: Losses = Arc::default();
+    let l = lost.clone();
+    let got = lease
+        .acquire_with_lost(move |ev| l.lock().unwrap().push((Instant::now(), ev.reason)))
+        .await
+        .expect("acquire");
+    let Acquired::Granted { token } = got else {
+        panic!("not granted: {got:?}")
+    };
+    (token, lost)
+}
+
+/// `owner`'s attempt on `name` is answered: held by `holder` with `token`.
+async fn assert_held(
+    store: &dyn LeaseStore,
+    name: &str,
+    owner: &str,
+    ttl: Duration,
+    holder: &str,
+    token: u64,
+) {
+    match store
+        .try_acquire(&request(name, owner, ttl))
+        .await
+        .expect("acquire")
+    {
+        AcquireOutcome::Held(r) => assert_eq!((r.owner.as_str(), r.token), (holder, token)),
+        AcquireOutcome::Granted(r) => panic!("granted to {owner} while {holder} holds it: {r:?}"),
     }
 }
 
@@ -374,14 +411,7 @@ pub async fn expiry_and_takeover(h: &dyn Harness) {
             .await
             .expect("acquire"),
     );
-    match b
-        .try_acquire(&request("expiring", "b", ttl))
-        .await
-        .expect("acquire")
-    {
-        AcquireOutcome::Held(r) => assert_eq!((r.owner.as_str(), r.token), ("a", t1)),
-        AcquireOutcome::Granted(_) => panic!("granted while a holds it"),
-    }
+    assert_held(&*b, "expiring", "b", ttl, "a", t1).await;
     let (granted_at, t2) = poll_until_granted(&*b, "expiring", "b", ttl).await;
     assert!(t2 > t1);
     // The grant was processed before the call returned, and a's grant was processed after
@@ -485,15 +515,7 @@ pub async fn errors_when_unavailable(h: &dyn Harness) {
 pub async fn loss_before_takeover(h: &dyn Harness) {
     let cut = Partitionable::new(h.client().await);
     let holder = lease_on(cut.clone(), "partitioned", "a").await;
-    let lost: Arc<Mutex<Vec<(Instant, LostReason)>>> = Arc::default();
-    let l = lost.clone();
-    let got = holder
-        .acquire_with_lost(move |ev| l.lock().unwrap().push((Instant::now(), ev.reason)))
-        .await
-        .expect("acquire");
-    let Acquired::Granted { token } = got else {
-        panic!("not granted: {got:?}")
-    };
+    let (token, lost) = acquire_recording_losses(&holder).await;
     sleep(Duration::from_millis(700)).await;
     assert!(holder.check_lease(), "renewals keep it");
     cut.set_cut(true);

@@ -12,6 +12,12 @@ pub enum StoreError {
     /// The store answered with something the store crate could not interpret.
     #[error("{store} store error: {detail}")]
     Backend { store: &'static str, detail: String },
+    /// The store lost state or its order went back (a lease file deleted or replaced, an
+    /// etcd cluster restored without bumping its revisions, a token sequence rolled back by
+    /// a fail-over): it refuses the operation, which did nothing, until it is safe again.
+    /// `detail` names the cause.
+    #[error("{store} store refuses: {detail}")]
+    StateLost { store: &'static str, detail: String },
     /// The store does not have the capability the operation needs (see
     /// [`Capabilities`](crate::Capabilities)); nothing was done.
     #[error("{store} store does not support {operation}")]

@@ -5,7 +5,8 @@ use std::sync::{Arc, Mutex};
 
 use tokio::time::Instant;
 
-use crate::trace::{LeaseObserver, LeaseTrace, monotonic_ns};
+use crate::clock::HolderClock;
+use crate::trace::{LeaseObserver, LeaseTrace};
 use crate::validity::{Belief, GrantEffect, Held, LostReason};
 
 /// The lease was granted (announced once per grant, before any loss of it).
@@ -45,7 +46,8 @@ pub struct PreemptionRequested {
     pub note: Option<String>,
     /// The holder's own cleanup timeout counted from before the request can have been
     /// recorded (the last renewal that did not show it was sent): no requester gives up
-    /// waiting, or turns forceful, earlier than this instant.
+    /// waiting, or turns forceful, earlier than this instant (of tokio's clock, given the
+    /// host suspends seen when the request was announced).
     pub cleanup_deadline: Instant,
 }
 
@@ -109,8 +111,10 @@ impl LeaseEventSink {
 
 /// The belief shared by a LeaseActor, its watchdog and its handles. Every transition that
 /// produces an event happens under `order`, so events reach the sink in transition order.
+/// Its instants are on `clock` (the holder clock, which counts host suspend).
 pub(crate) struct SharedBelief {
     name: String,
+    clock: HolderClock,
     belief: Mutex<Belief>,
     order: Mutex<()>,
     sink: LeaseEventSink,
@@ -121,17 +125,24 @@ pub(crate) struct SharedBelief {
 impl SharedBelief {
     pub(crate) fn new(
         name: String,
+        clock: HolderClock,
         belief: Belief,
         sink: LeaseEventSink,
         observer: Option<(String, LeaseObserver)>,
     ) -> Self {
         SharedBelief {
             name,
+            clock,
             belief: Mutex::new(belief),
             order: Mutex::new(()),
             sink,
             observer,
         }
+    }
+
+    /// The clock of this belief's instants.
+    pub(crate) fn clock(&self) -> &HolderClock {
+        &self.clock
     }
 
     /// Reports `trace` to the observer, if any.
@@ -175,7 +186,7 @@ impl SharedBelief {
 
     /// Records a grant answer; announces a new grant.
     pub(crate) fn grant(&self, token: u64, sent_at: Instant) -> GrantEffect {
-        let now = Instant::now();
+        let now = self.clock.now();
         let _order = self.ordered();
         let (lapsed, replaced, effect) = {
             let mut b = self.belief();
@@ -198,7 +209,7 @@ impl SharedBelief {
             tracing::info!(lease = %self.name, token = held.token, "lease granted");
             self.trace(LeaseTrace::Granted {
                 token: held.token,
-                valid_until: monotonic_ns(held.deadline),
+                valid_until: self.clock.boottime_ns(held.deadline),
             });
             self.sink.deliver(LeaseEvent::Granted(LeaseGranted {
                 name: self.name.clone(),
@@ -210,7 +221,7 @@ impl SharedBelief {
 
     /// Records a successful renewal of `generation` sent at `sent_at`.
     pub(crate) fn renewed(&self, generation: u64, sent_at: Instant) -> bool {
-        let now = Instant::now();
+        let now = self.clock.now();
         let renewed = {
             let _order = self.ordered();
             let mut b = self.belief();
@@ -221,7 +232,7 @@ impl SharedBelief {
         if let Some(held) = renewed {
             self.trace(LeaseTrace::Renewed {
                 token: held.token,
-                valid_until: monotonic_ns(held.deadline),
+                valid_until: self.clock.boottime_ns(held.deadline),
             });
             return true;
         }
@@ -253,7 +264,7 @@ impl SharedBelief {
         let _order = self.ordered();
         let believed = self
             .belief()
-            .current(Instant::now())
+            .current(self.clock.now())
             .is_some_and(|h| h.generation == generation);
         if believed {
             self.sink.deliver(event);
@@ -272,7 +283,7 @@ impl SharedBelief {
 
     /// The grant believed now, if any. Never blocks on anything but a short critical section.
     pub(crate) fn current(&self) -> Option<Held> {
-        self.belief().current(Instant::now())
+        self.belief().current(self.clock.now())
     }
 
     /// See [`Belief::attempt_generation`].

@@ -1,8 +1,8 @@
 //! # tenure-lease
 //!
 //! Distributed leases with Akka Coordination's contract, tightened: every grant carries a
-//! fencing token, and the holder gives its lease up (on a monotonic clock, with a safety
-//! margin) before any other owner can be granted it.
+//! fencing token, and the holder gives its lease up (on a clock that counts host suspend,
+//! with a safety margin) before any other owner can be granted it.
 //!
 //! ```
 //! use std::time::Duration;
@@ -32,6 +32,7 @@
 mod actor;
 pub mod clock;
 pub mod config;
+pub mod duration;
 mod error;
 mod events;
 pub mod fence;
@@ -50,6 +51,8 @@ pub mod validity;
 #[cfg(test)]
 mod preemption_tests;
 #[cfg(test)]
+mod suspend_tests;
+#[cfg(test)]
 mod timing_tests;
 
 #[cfg(feature = "conformance")]
@@ -58,6 +61,7 @@ pub mod conformance;
 pub use actor::{
     AcquireReply, Acquired, LeaseActor, LeaseActorState, LeaseMsg, LeaseSpec, LeaseView,
 };
+pub use clock::{HolderClock, SuspendControl};
 pub use config::{LeaseSection, TenureConfig};
 pub use error::{ConfigError, LeaseError, StoreError};
 pub use events::{

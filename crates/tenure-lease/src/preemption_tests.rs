@@ -374,3 +374,32 @@ async fn a_killed_requester_withdraws_its_request() {
     sleep(Duration::from_secs(1)).await;
     assert_eq!(pending().await, None);
 }
+
+/// A holder record with an absurd cleanup timeout (written by another process: the store
+/// only keeps what it is given) must not overflow the requester's instant arithmetic.
+#[tokio::test(start_paused = true)]
+async fn an_absurd_cleanup_timeout_in_the_store_does_not_overflow() {
+    let store = MemoryStore::new();
+    let holder = crate::AcquireRequest {
+        name: "job".into(),
+        owner: "h".into(),
+        instance: "h-1".into(),
+        ttl: Duration::from_secs(600),
+        cleanup_timeout: Duration::MAX,
+        ..crate::AcquireRequest::default()
+    };
+    assert!(matches!(
+        store.try_acquire(&holder).await.unwrap(),
+        crate::AcquireOutcome::Granted(_)
+    ));
+    let options = AcquireOptions {
+        waiting_timeout: Some(Duration::from_secs(3)),
+        ..prio(7)
+    };
+    let (req, _) = lease(&store, "r", options).await;
+    let answer = req.acquire().await;
+    assert!(
+        matches!(answer, Err(LeaseError::CleanupTimedOut { .. })),
+        "{answer:?}"
+    );
+}

@@ -37,8 +37,8 @@ pub struct AcquireOptions {
 }
 
 impl AcquireOptions {
-    /// Checks the options against each other and against what `store` (of kind `kind`) can
-    /// do. Errors name the option.
+    /// Checks the options against each other, their durations (at most 365 days), and
+    /// against what `store` (of kind `kind`) can do. Errors name the option.
     pub fn validate(&self, kind: &str, capabilities: Capabilities) -> Result<(), ConfigError> {
         if self.emergency && self.priority != EMERGENCY_PRIORITY {
             return Err(ConfigError::invalid(
@@ -48,6 +48,11 @@ impl AcquireOptions {
                     self.priority
                 ),
             ));
+        }
+        crate::duration::check(self.cleanup_timeout)
+            .map_err(|e| ConfigError::invalid("cleanup-timeout", e))?;
+        if let Some(wait) = self.waiting_timeout {
+            crate::duration::check(wait).map_err(|e| ConfigError::invalid("waiting-timeout", e))?;
         }
         if *self != AcquireOptions::default() && !capabilities.preemption {
             return Err(ConfigError::invalid(
@@ -87,6 +92,32 @@ mod tests {
         assert!(err.to_string().contains("`emergency`"), "{err}");
         o.priority = EMERGENCY_PRIORITY;
         o.validate("memory", preempting()).unwrap();
+    }
+
+    #[test]
+    fn durations_beyond_a_year_are_refused_naming_the_option() {
+        for (options, key) in [
+            (
+                AcquireOptions {
+                    cleanup_timeout: Duration::MAX,
+                    ..AcquireOptions::default()
+                },
+                "cleanup-timeout",
+            ),
+            (
+                AcquireOptions {
+                    waiting_timeout: Some(Duration::from_secs(400 * 24 * 3600)),
+                    ..AcquireOptions::default()
+                },
+                "waiting-timeout",
+            ),
+        ] {
+            let err = options.validate("memory", preempting()).unwrap_err();
+            assert!(
+                err.to_string().contains(key) && err.to_string().contains("365 days"),
+                "{err}"
+            );
+        }
     }
 
     #[test]

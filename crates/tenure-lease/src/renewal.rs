@@ -10,12 +10,13 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Duration, Instant};
 
+use crate::clock::HolderClock;
 use crate::error::LeaseError;
 use crate::settings::LeaseSettings;
 use crate::store::{HeldLease, LeaseStore, Renewal};
 
-/// The answer to one renewal request: when the batch was sent, and the store's answer for
-/// the lease (`Err`: unknown).
+/// The answer to one renewal request: when the batch was sent (on the batcher's
+/// [`HolderClock`]), and the store's answer for the lease (`Err`: unknown).
 pub(crate) type RenewAnswer = (Instant, Result<Renewal, LeaseError>);
 
 struct RenewRequest {
@@ -29,6 +30,7 @@ pub struct RenewalBatcher {
     tx: mpsc::UnboundedSender<RenewRequest>,
     epoch: Instant,
     interval: Duration,
+    clock: HolderClock,
 }
 
 impl std::fmt::Debug for RenewalBatcher {
@@ -40,22 +42,41 @@ impl std::fmt::Debug for RenewalBatcher {
 }
 
 impl RenewalBatcher {
-    /// Starts the batcher task for `owner` on `store`. It ends when every clone is dropped.
+    /// Starts the batcher task for `owner` on `store`, timing on the host's clock. It ends
+    /// when every clone is dropped.
     pub fn new(store: Arc<dyn LeaseStore>, owner: String, settings: LeaseSettings) -> Self {
+        RenewalBatcher::with_clock(store, owner, settings, HolderClock::host())
+    }
+
+    /// Like [`RenewalBatcher::new`], with send instants read from `clock`: the clock of
+    /// every LeaseActor renewing through this batcher.
+    pub fn with_clock(
+        store: Arc<dyn LeaseStore>,
+        owner: String,
+        settings: LeaseSettings,
+        clock: HolderClock,
+    ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         // Requests of one grid instant arrive within a short burst; wait that long before
         // sending so they share a round trip. Renewing a little late is harmless: the
         // deadline counts from the send instant, and an interval is < ttl/2.
         let window = (settings.heartbeat_interval / 10).min(Duration::from_millis(200));
-        tokio::spawn(run(store, owner, settings, window, rx));
+        tokio::spawn(run(store, owner, settings, window, clock.clone(), rx));
         RenewalBatcher {
             tx,
             epoch: Instant::now(),
             interval: settings.heartbeat_interval,
+            clock,
         }
     }
 
-    /// The next renewal instant strictly after `now` on this owner's grid.
+    /// The clock holder deadlines of this owner are measured on.
+    pub fn clock(&self) -> &HolderClock {
+        &self.clock
+    }
+
+    /// The next renewal instant strictly after `now` on this owner's grid (tokio's clock:
+    /// it only schedules).
     pub(crate) fn next_tick(&self, now: Instant) -> Instant {
         let elapsed = now.saturating_duration_since(self.epoch);
         let interval = self.interval.as_nanos().max(1);
@@ -79,6 +100,7 @@ async fn run(
     owner: String,
     settings: LeaseSettings,
     window: Duration,
+    clock: HolderClock,
     mut rx: mpsc::UnboundedReceiver<RenewRequest>,
 ) {
     while let Some(first) = rx.recv().await {
@@ -88,7 +110,7 @@ async fn run(
             batch.push(more);
         }
         let leases: Vec<HeldLease> = batch.iter().map(|r| r.lease.clone()).collect();
-        let sent_at = Instant::now();
+        let sent_at = clock.now();
         let timeout = settings.lease_operation_timeout;
         let result = tokio::time::timeout(
             timeout,

@@ -22,9 +22,6 @@ pub struct LeaseSettings {
     pub safety_margin: Duration,
 }
 
-/// Longest accepted duration: far beyond any sensible lease, far below clock overflow.
-const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
-
 pub(crate) const TIMING_KEYS: [&str; 5] = [
     "heartbeat-timeout",
     "heartbeat-interval",
@@ -111,12 +108,7 @@ impl LeaseSettings {
             ("lease-retry-interval", self.lease_retry_interval),
             ("safety-margin", self.safety_margin),
         ] {
-            if d > MAX_DURATION {
-                return Err(ConfigError::invalid(
-                    key(k),
-                    format!("{} is longer than the maximum of 365 days", show(d)),
-                ));
-            }
+            crate::duration::check(d).map_err(|e| ConfigError::invalid(key(k), e))?;
         }
         if self.heartbeat_interval * 2 >= self.heartbeat_timeout {
             return Err(ConfigError::invalid(

@@ -414,9 +414,11 @@ async fn a_stop_budget_announces_the_loss_that_much_before_the_deadline() {
         LeaseTrace::Granted { valid_until, .. } => Some(*valid_until),
         _ => None,
     });
-    // (monotonic_ns maps the paused clock to the real one: equal up to the real time
-    // between the two reads, far below the 3 s budget.)
-    let off = granted_until.unwrap() - crate::trace::monotonic_ns(deadline);
+    // (boottime_ns maps the paused clock to the real one: equal up to the real time
+    // between the two reads, far below the 3 s budget. The view's deadline is a tokio
+    // instant: the holder clock's minus the host's suspends.)
+    let holder = crate::clock::HolderClock::host();
+    let off = granted_until.unwrap() - holder.boottime_ns(deadline + holder.suspended());
     assert!(
         off.abs() < 500_000_000,
         "histories record the true local deadline, off by {off} ns"

@@ -4,16 +4,12 @@
 
 use std::sync::Arc;
 
-use tokio::time::Instant;
-
-use crate::clock::monotonic_now_ns;
-
 /// One step of a lease's life, as seen by its holder.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LeaseTrace {
     /// An acquire attempt was sent to the store.
     AcquireInvoked,
-    /// A new grant is believed from now until `valid_until` (ns of `CLOCK_MONOTONIC`).
+    /// A new grant is believed from now until `valid_until` (ns of the host's `CLOCK_BOOTTIME`).
     Granted { token: u64, valid_until: i64 },
     /// The store certainly refused: another owner holds it.
     NotGranted { holder: String },
@@ -52,16 +48,5 @@ impl LeaseObserver {
 
     pub(crate) fn report(&self, lease: &str, owner: &str, trace: &LeaseTrace) {
         (self.0)(lease, owner, trace)
-    }
-}
-
-/// `at` on the host's `CLOCK_MONOTONIC` (tokio's `Instant` reads the same clock on Linux).
-pub fn monotonic_ns(at: Instant) -> i64 {
-    let now = Instant::now();
-    let ns = monotonic_now_ns();
-    if at >= now {
-        ns.saturating_add(i64::try_from((at - now).as_nanos()).unwrap_or(i64::MAX))
-    } else {
-        ns.saturating_sub(i64::try_from((now - at).as_nanos()).unwrap_or(i64::MAX))
     }
 }

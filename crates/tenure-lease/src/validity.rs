@@ -3,9 +3,12 @@
 //!
 //! The timing argument: a grant or renewal request *sent* at `s` is processed by the store
 //! at some `p >= s`, and the store keeps the grant until at least `p + ttl`. The holder
-//! believes in it only until `s + ttl - margin < p + ttl`, on a monotonic clock. So the
-//! holder stops believing strictly before anyone else can be granted the lease, whatever
-//! the delays, as long as clock rates differ by less than the margin over one ttl.
+//! believes in it only until `s + ttl - margin < p + ttl`, on its holder clock, which never
+//! goes back and counts host suspend ([`crate::clock::HolderClock`]: a store on another
+//! host keeps counting through the holder's suspend, so must the holder). So the holder
+//! stops believing strictly before anyone else can be granted the lease, whatever the
+//! delays, as long as clock rates differ by less than the margin over one ttl. The instants
+//! here are the holder clock's.
 //!
 //! A holder that must *stop* something before the deadline (entities, a singleton instance,
 //! a guarded command) has a **stop budget**: the belief ends, and the loss is announced,

@@ -35,6 +35,13 @@ fn never_sent(e: &etcd_client::Error) -> bool {
     text.contains("tcp connect error") || text.contains("Connection refused")
 }
 
+fn state_lost(went_back: crate::clock::WentBack) -> StoreError {
+    StoreError::StateLost {
+        store: "etcd",
+        detail: went_back.to_string(),
+    }
+}
+
 /// A grant this client wrote: what renewals and releases check against.
 #[derive(Debug, Clone)]
 struct LocalGrant {
@@ -174,7 +181,37 @@ impl Inner {
             .cloned()
     }
 
+    /// Runs `txn`, refusing an answer whose revision went back ([`RevisionClock::order`]).
+    /// A write it made then happened in a history this client does not trust: use
+    /// [`Inner::txn_unordered`] where such a write must be undone.
     pub(crate) async fn txn(
+        &self,
+        txn: Txn,
+        operation: &str,
+        what: &str,
+    ) -> Result<TxnResponse, StoreError> {
+        let floor = self.clock.highest();
+        let resp = self.txn_unordered(txn, operation, what).await?;
+        self.ordered(floor, &resp)?;
+        Ok(resp)
+    }
+
+    /// `Err` if `resp`'s revision went back below `floor`, the highest revision when it
+    /// was sent (see [`RevisionClock::order`]). Every grant this client remembers is then
+    /// forgotten: renewals answer "not held".
+    pub(crate) fn ordered(&self, floor: i64, resp: &TxnResponse) -> Result<(), StoreError> {
+        let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+        self.clock.order(floor, revision).map_err(|went_back| {
+            self.grants
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clear();
+            state_lost(went_back)
+        })
+    }
+
+    /// Runs `txn` without judging its revision's order.
+    pub(crate) async fn txn_unordered(
         &self,
         txn: Txn,
         operation: &str,
@@ -191,6 +228,7 @@ impl Inner {
             }
         };
         let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+        // A revision of a history that went back is below the points kept: not recorded.
         self.clock.saw(revision);
         Ok(resp)
     }
@@ -336,6 +374,7 @@ impl Inner {
             cleanup_ms: u64::try_from(req.cleanup_timeout.as_millis()).unwrap_or(u64::MAX),
         };
         let bytes = value.encode();
+        self.clock.quiet(req.ttl).map_err(state_lost)?;
         for _ in 0..RACES {
             let session = self.sessions.ready(&req.owner, req.ttl).await?;
             if pinned.is_some_and(|p| p != session.id) {
@@ -349,8 +388,9 @@ impl Inner {
                 put_leased(key.clone(), bytes.clone(), session.id),
                 put_leased(heartbeat.clone(), req.owner.clone(), session.id),
             ];
+            let floor = self.clock.highest();
             let resp = self
-                .txn(
+                .txn_unordered(
                     Txn::new()
                         .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
                         .and_then(write)
@@ -371,6 +411,12 @@ impl Inner {
                 }
                 other => other?,
             };
+            if let Err(e) = self.ordered(floor, &resp) {
+                if resp.succeeded() {
+                    self.undo_create(&key, &resp).await;
+                }
+                return Err(e);
+            }
             let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
             if resp.succeeded() {
                 return Ok(self.granted(&mut doubt, req, &session, value, revision, 1, None));
@@ -426,6 +472,11 @@ impl Inner {
                         )
                         .await?;
                     if resp.succeeded() {
+                        if let Err(went_back) = self.clock.fresh(kv.create_revision()) {
+                            // A grant of the forgotten history: never handed out again.
+                            self.undo_create_at(&key, kv.create_revision()).await;
+                            return Err(state_lost(went_back));
+                        }
                         let version = kv.version() as u64 + 1;
                         let request = held.pending.as_ref().map(|p| p.request.clone());
                         return Ok(self.granted(
@@ -473,6 +524,35 @@ impl Inner {
             store: "etcd",
             detail: format!("acquire {key}: lost {RACES} races with other clients in a row"),
         })
+    }
+
+    /// Deletes the key a transaction whose revision went back created: a grant in a history
+    /// this client does not trust, which nobody will believe. Only at its revision, so that
+    /// nothing else is touched; best effort (left behind, it ends with the session).
+    async fn undo_create(&self, key: &str, resp: &TxnResponse) {
+        let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+        self.undo_create_at(key, revision).await;
+    }
+
+    /// Deletes `key` if it was created at `revision` (best effort).
+    async fn undo_create_at(&self, key: &str, revision: i64) {
+        let undo = Txn::new()
+            .when([Compare::create_revision(
+                key.to_string(),
+                CompareOp::Equal,
+                revision,
+            )])
+            .and_then([TxnOp::delete(key.to_string(), None)]);
+        let undone = self
+            .txn_unordered(undo, "undo a grant", key)
+            .await
+            .map(|r| r.succeeded());
+        tracing::warn!(
+            key,
+            revision,
+            ?undone,
+            "grant made in a history that went back: deleted"
+        );
     }
 
     #[allow(clippy::too_many_arguments)]

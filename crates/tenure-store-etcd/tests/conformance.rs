@@ -9,10 +9,21 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use tenure_lease::LeaseStore;
 use tenure_lease::conformance::Harness;
+use tenure_lease::conformance::state_loss::StateLoss;
 
 use support::Etcd;
 
-struct EtcdHarness(Etcd);
+struct EtcdHarness(Etcd, tempfile::TempDir);
+
+impl EtcdHarness {
+    async fn start() -> Self {
+        EtcdHarness(Etcd::single().await, tempfile::tempdir().expect("temp dir"))
+    }
+
+    fn snapshot_file(&self) -> std::path::PathBuf {
+        self.1.path().join("snapshot.db")
+    }
+}
 
 #[async_trait]
 impl Harness for EtcdHarness {
@@ -29,5 +40,20 @@ impl Harness for EtcdHarness {
     }
 }
 
-tenure_lease::conformance_tests!(async { EtcdHarness(Etcd::single().await) });
-tenure_lease::preemption_fault_tests!(async { EtcdHarness(Etcd::single().await) });
+/// A snapshot restored without bumping revisions: they go back, and the store refuses.
+#[async_trait]
+impl StateLoss for EtcdHarness {
+    async fn checkpoint(&self) {
+        self.0.snapshot(0, &self.snapshot_file());
+    }
+    async fn lose_state(&self) {
+        self.0.restore(&self.snapshot_file()).await;
+    }
+    fn resumes(&self) -> bool {
+        false
+    }
+}
+
+tenure_lease::conformance_tests!(EtcdHarness::start());
+tenure_lease::preemption_fault_tests!(EtcdHarness::start());
+tenure_lease::state_loss_tests!(EtcdHarness::start());

@@ -3,14 +3,13 @@
 
 mod support;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use tenure_lease::conformance::test_settings;
+use tenure_lease::conformance::{Losses, acquire_recording_losses, test_settings};
 use tenure_lease::store::bounded;
 use tenure_lease::{
-    AcquireOutcome, AcquireRequest, Acquired, HeldLease, Lease, LeaseSettings, LeaseSpec,
-    LeaseStore, LostReason,
+    AcquireOutcome, AcquireRequest, HeldLease, Lease, LeaseSettings, LeaseSpec, LeaseStore,
 };
 use tokio::time::{Instant, sleep};
 
@@ -27,8 +26,6 @@ fn request(name: &str, owner: &str, ttl: Duration) -> AcquireRequest {
     }
 }
 
-type Losses = Arc<Mutex<Vec<(Instant, LostReason)>>>;
-
 async fn hold(
     store: Arc<dyn LeaseStore>,
     name: &str,
@@ -38,15 +35,7 @@ async fn hold(
     let lease = Lease::start(LeaseSpec::new(name, owner, store, s).expect("spec"))
         .await
         .expect("lease actor");
-    let lost: Losses = Arc::default();
-    let l = lost.clone();
-    let got = lease
-        .acquire_with_lost(move |ev| l.lock().unwrap().push((Instant::now(), ev.reason)))
-        .await
-        .expect("acquire");
-    let Acquired::Granted { token } = got else {
-        panic!("{name}: not granted: {got:?}")
-    };
+    let (token, lost) = acquire_recording_losses(&lease).await;
     (lease, token, lost)
 }
 
@@ -241,4 +230,55 @@ async fn leader_killed_no_two_holders() {
         .expect("held");
     assert_eq!((rec.owner.as_str(), rec.token), ("a", token));
     assert!(holder.release().await.expect("release"));
+}
+
+/// A snapshot taken while `a` held the lease, restored without bumping revisions: `a`'s key
+/// comes back with revisions that `b` saw long before the restore. Judged by when `b` first
+/// saw those revisions, `a`'s live grant would look expired and be taken over; `b` refuses
+/// instead, naming the cause, and never takes it over while `a` may believe in it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revisions_gone_back_never_make_a_live_grant_look_expired() {
+    let etcd = Etcd::single().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let snapshot = dir.path().join("snapshot.db");
+    let ttl = test_settings().heartbeat_timeout;
+    let b: Arc<dyn LeaseStore> = Arc::new(etcd.store().await);
+    let (a, _, a_lost) = hold(Arc::new(etcd.store().await), "kept", "a", test_settings()).await;
+    let held = |o: AcquireOutcome| matches!(o, AcquireOutcome::Held(r) if r.owner == "a");
+    assert!(held(
+        b.try_acquire(&request("kept", "b", ttl)).await.unwrap()
+    ));
+    etcd.snapshot(0, &snapshot);
+    // Renewals move the revision on; b sees the later revisions too, more than a ttl after
+    // the snapshot's (and before its own idle session expires).
+    sleep(ttl + Duration::from_millis(500)).await;
+    assert!(held(
+        b.try_acquire(&request("kept", "b", ttl)).await.unwrap()
+    ));
+    assert!(a.check_lease());
+    etcd.restore(&snapshot).await;
+    let restored = Instant::now();
+    let mut refusals = Vec::new();
+    while restored.elapsed() < ttl * 3 {
+        match b.try_acquire(&request("kept", "b", ttl)).await {
+            Ok(AcquireOutcome::Granted(r)) => {
+                let a_lost = a_lost.lock().unwrap().first().copied();
+                assert!(
+                    a_lost.is_some(),
+                    "b took a's grant over (token {}) while a believed in it",
+                    r.token
+                );
+            }
+            Ok(AcquireOutcome::Held(_)) => {}
+            Err(e) => refusals.push(e.to_string()),
+        }
+        sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        refusals
+            .iter()
+            .any(|e| e.contains("revision went back") && e.contains("--bump-revision")),
+        "{:?}",
+        refusals.first()
+    );
 }

@@ -14,13 +14,21 @@
 //! and a grant is free once the server's clock passes it. Holders measure their own
 //! deadline on their monotonic clocks from when they *sent* the request (see
 //! `tenure_lease::validity`), so no two machines' wall clocks are ever compared. The server's
-//! clock must not be stepped forward by more than the safety margin (slewing NTP is fine).
+//! clock must not be stepped forward by more than the safety margin (slewing NTP is fine),
+//! and a fail-over to another server compares its clock with the old one's. With
+//! `observed-expiry` a contender also waits until it has seen an expired row unchanged for
+//! a full ttl on its own monotonic clock (client-go's rule), which covers both.
 //!
 //! **Tokens** come from one sequence (`<table>_token`). A new grant takes `nextval` while
 //! it holds the lease row's lock, so tokens of one name strictly increase across holders,
 //! releases, expiries and server restarts (sequences never go back, not even after a crash).
 //! They are unique across all names, so a token also identifies its grant: a release or
 //! renewal names `(name, owner, token)` and can never touch a later grant.
+//! A fail-over to an asynchronous replica (or a restored backup) can lose the latest grants
+//! and set the sequence back: a client that gets a new token not above one it has seen
+//! releases that grant unused, advances the sequence past it, and refuses to grant for one
+//! ttl ([`StoreError::StateLost`](tenure_lease::StoreError)). A client that saw none of the
+//! lost tokens cannot tell.
 //!
 //! **Rows are never deleted**: a release expires its row (`expires_at = '-infinity'`), so
 //! the row of a name, once created, is the one place every later grant of that name is

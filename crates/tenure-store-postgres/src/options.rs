@@ -14,6 +14,7 @@ const KEYS: &[&str] = &[
     "table",
     "pool-size",
     "connect-timeout",
+    "observed-expiry",
 ];
 
 /// Longest schema or table name: PostgreSQL cuts identifiers at 63 bytes, and the table
@@ -33,6 +34,10 @@ pub struct PostgresOptions {
     pub pool_size: usize,
     /// Bound on opening one connection.
     pub connect_timeout: Duration,
+    /// `observed-expiry`: a contender takes an expired grant over only after observing its
+    /// row unchanged for a full ttl on its own monotonic clock (client-go's rule), instead
+    /// of trusting the server's clock alone.
+    pub observed_expiry: bool,
     /// Bound on every store operation, retries included (`lease-operation-timeout`).
     pub operation_timeout: Duration,
 }
@@ -88,6 +93,7 @@ impl PostgresOptions {
             table: identifier(&r, "table")?,
             pool_size,
             connect_timeout,
+            observed_expiry: r.boolean("observed-expiry")?,
             operation_timeout: section.settings.lease_operation_timeout,
         })
     }
@@ -100,6 +106,7 @@ impl PostgresOptions {
             table: "tenure_lease".into(),
             pool_size: 8,
             connect_timeout: operation_timeout,
+            observed_expiry: false,
             operation_timeout,
         }
     }

@@ -59,8 +59,15 @@ pub struct Statements {
     /// either the caller's grant or the other owner's unexpired one. No row: the lease was
     /// released between the insert and the look-up; ask again. A grant with a forceful
     /// request pending is neither refreshed nor taken over by its own owner: it ends at its
-    /// expiry.
+    /// expiry. `$9` token and `$10` version (or NULL): an expired grant is taken over only
+    /// if it is still that one (the contender rule of `observed-expiry`).
     pub acquire: String,
+    /// `$1` name: the row whatever its expiry: the record, then whether it is unexpired
+    /// and whether it was released.
+    pub observe: String,
+    /// `$1` count: takes that many values of the token sequence (past a high-water mark
+    /// after the sequence went back); returns the last.
+    pub advance: String,
     /// `$1` owner, `$2` names, `$3` tokens, `$4` ttl in µs: renews every listed grant that
     /// `$1` holds unexpired with that token and without a forceful request pending; returns
     /// `(name, token)` and the request columns of every such grant, refused ones included
@@ -148,7 +155,8 @@ granted AS (
         request_forceful = CASE WHEN {same} THEN l.request_forceful END,
         request_note = CASE WHEN {same} THEN l.request_note END,
         expires_at = excluded.expires_at
-    WHERE l.expires_at <= excluded.granted_at
+    WHERE (l.expires_at <= excluded.granted_at
+           AND ($9::bigint IS NULL OR (l.token = $9::bigint AND l.version = $10::bigint)))
        OR (l.owner = excluded.owner AND NOT {FORCED})
        OR ($8::boolean AND l.owner <> excluded.owner AND l.priority < excluded.priority)
     RETURNING l.*
@@ -204,6 +212,14 @@ WHERE l.name = $1::text AND l.token = $2::bigint AND l.expires_at > c.now
                 "UPDATE {t} SET {clear}
 WHERE name = $1::text AND token = $2::bigint AND request_by = $3::text
   AND expires_at > clock_timestamp()"
+            ),
+            observe: format!(
+                "SELECT {cols}, expires_at > clock_timestamp(), expires_at = '-infinity'
+FROM {t} WHERE name = $1::text",
+                cols = record_columns("")
+            ),
+            advance: format!(
+                "SELECT max(nextval('{seq}')) FROM generate_series(1, $1::bigint)"
             ),
             read: format!(
                 "SELECT {cols} FROM {t} WHERE name = $1::text AND expires_at > clock_timestamp()",

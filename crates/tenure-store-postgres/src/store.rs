@@ -1,7 +1,8 @@
 //! The PostgreSQL lease store and its factory.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -37,7 +38,18 @@ struct Inner {
     statements: Statements,
     options: PostgresOptions,
     server: String,
+    /// The highest token this client has seen (the token sequence's high-water mark).
+    seen: AtomicI64,
+    /// When this client found the sequence gone back, and the high-water mark it was below.
+    went_back: Mutex<Option<(i64, Instant)>>,
+    /// `observed-expiry`: per name, the expired row (token, version) and when this client
+    /// first saw it so.
+    observed: Mutex<HashMap<String, (i64, i64, Instant)>>,
 }
+
+/// Most sequence values taken in one go to pass the high-water mark after the sequence
+/// went back; a larger gap is left to the operator (`setval`).
+const MAX_ADVANCE: i64 = 1_000_000;
 
 impl std::fmt::Debug for PostgresStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -80,6 +92,9 @@ impl PostgresStore {
                 statements: Statements::new(&options.schema, &options.table),
                 options,
                 server,
+                seen: AtomicI64::new(0),
+                went_back: Mutex::new(None),
+                observed: Mutex::default(),
             }),
         };
         let patience = store
@@ -197,6 +212,7 @@ impl PostgresStore {
     fn decode(&self, row: &Row, at: usize) -> Result<LeaseRecord, StoreError> {
         let bad = |e: tokio_postgres::Error| self.bad(e);
         let token: i64 = row.try_get(at + 3).map_err(bad)?;
+        self.inner.seen.fetch_max(token, Ordering::Relaxed);
         let expires_in_us: i64 = row.try_get(at + 4).map_err(bad)?;
         let version: i64 = row.try_get(at + 5).map_err(bad)?;
         let priority: String = row.try_get(at + 7).map_err(bad)?;
@@ -259,6 +275,149 @@ impl PostgresStore {
         let flag: bool = row.try_get(0).map_err(|e| self.bad(e))?;
         Ok(Some((flag, self.decode(row, 1)?)))
     }
+    /// Refuses while the token sequence went back less than `ttl` ago: grants the server
+    /// forgot may still be believed by their holders.
+    fn quiet(&self, ttl: Duration) -> Result<(), StoreError> {
+        let went_back = *self
+            .inner
+            .went_back
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        match went_back {
+            Some((mark, at)) if at.elapsed() < ttl => Err(StoreError::StateLost {
+                store: STORE,
+                detail: format!(
+                    "the token sequence of {} went back below {mark} {} ago (a fail-over to a replica that had not received the latest commits, or a restored backup): grants the server forgot may still be believed, so no new grant for one ttl ({})",
+                    self.inner.server,
+                    humantime::format_duration(Duration::from_millis(
+                        at.elapsed().as_millis() as u64
+                    )),
+                    humantime::format_duration(ttl)
+                ),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// A new grant got token `record.token`, not above `seen`, a token this client saw
+    /// before: the sequence went back (asynchronous fail-over, restored backup). The grant
+    /// is released unused, the sequence advanced past `seen`, and acquires are refused for
+    /// one ttl ([`PostgresStore::quiet`]).
+    async fn went_back(&self, req: &AcquireRequest, record: &LeaseRecord, seen: i64) -> StoreError {
+        let token = record.token as i64;
+        {
+            let mut went_back = self
+                .inner
+                .went_back
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            // Once per high-water mark: acquires that catch up on the same gap do not
+            // start the wait again.
+            if went_back.is_none_or(|(mark, _)| mark != seen) {
+                *went_back = Some((seen, Instant::now()));
+            }
+        }
+        let released = self.release(&req.name, &req.owner, record.token).await;
+        let gap = seen - token;
+        let advanced = if gap <= MAX_ADVANCE {
+            let sql = &self.inner.statements.advance;
+            self.run(self.patience(), false, |c, _| {
+                Box::pin(async move {
+                    let stmt = c.prepare_cached(sql).await.map_err(|e| (false, e))?;
+                    c.query_one(&stmt, &[&gap]).await.map_err(|e| (true, e))
+                })
+            })
+            .await
+            .map(|row| row.get::<_, Option<i64>>(0))
+        } else {
+            Ok(None)
+        };
+        tracing::error!(lease = %req.name, token, seen, ?released, ?advanced, "the token sequence went back");
+        StoreError::StateLost {
+            store: STORE,
+            detail: format!(
+                "the token sequence of {} went back: a new grant of `{}` got token {token}, but token {seen} was issued before (a fail-over to a replica that had not received the latest commits, or a restored backup); the grant was released unused, {}, and no new grant is made for one ttl",
+                self.inner.server,
+                req.name,
+                match advanced {
+                    Ok(Some(last)) => format!("the sequence advanced to {last}"),
+                    _ => format!(
+                        "the sequence could not be advanced: run SELECT setval('{}.{}_token', {seen})",
+                        self.inner.options.schema, self.inner.options.table
+                    ),
+                }
+            ),
+        }
+    }
+
+    /// The contender rule of `observed-expiry`: a row the server says expired (not
+    /// released) may be taken over only once this client has seen it, with the same token
+    /// and version, at least one ttl ago. Its holder's last renewal was processed before
+    /// this client first read that version, so it was sent before, and the holder stopped
+    /// believing less than one ttl after: no comparison with the server's clock.
+    async fn observe(&self, req: &AcquireRequest) -> Result<Observed, StoreError> {
+        let sql = &self.inner.statements.observe;
+        let name = &req.name;
+        let rows = self
+            .run(self.patience(), true, |c, _| {
+                Box::pin(async move {
+                    let stmt = c.prepare_cached(sql).await.map_err(|e| (false, e))?;
+                    c.query(&stmt, &[name]).await.map_err(|e| (true, e))
+                })
+            })
+            .await?;
+        let Some(row) = rows.first() else {
+            self.forget_observed(name);
+            return Ok(Observed::Takeover(None));
+        };
+        let record = self.decode(row, 0)?;
+        let live: bool = row.try_get(14).map_err(|e| self.bad(e))?;
+        let released: bool = row.try_get(15).map_err(|e| self.bad(e))?;
+        if live || released {
+            self.forget_observed(name);
+            return Ok(Observed::Takeover(None));
+        }
+        let seen = (record.token as i64, record.version as i64);
+        let mut observed = self
+            .inner
+            .observed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let since = match observed.get(name) {
+            Some((t, v, at)) if (*t, *v) == seen => *at,
+            _ => {
+                let now = Instant::now();
+                observed.insert(name.clone(), (seen.0, seen.1, now));
+                now
+            }
+        };
+        let waited = since.elapsed();
+        if waited >= req.ttl {
+            return Ok(Observed::Takeover(Some(seen)));
+        }
+        Ok(Observed::Wait(Box::new(LeaseRecord {
+            expires_in: req.ttl - waited,
+            ..record
+        })))
+    }
+
+    fn forget_observed(&self, name: &str) {
+        if self.inner.options.observed_expiry {
+            self.inner
+                .observed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(name);
+        }
+    }
+}
+
+/// What the contender rule makes of a row.
+enum Observed {
+    /// Acquire, taking an expired grant over only if it is still (token, version).
+    Takeover(Option<(i64, i64)>),
+    /// Expired on the server's clock, but not yet seen unchanged for a ttl: treated as held.
+    Wait(Box<LeaseRecord>),
 }
 
 /// The ttl in whole microseconds, rounded up (a grant never lives shorter than asked),
@@ -287,8 +446,12 @@ impl LeaseStore for PostgresStore {
 
     /// One statement: insert the grant, or take over the row if it is expired, ours (and
     /// not being forcefully preempted) or, for an emergency request, of lower priority;
-    /// otherwise return the current holder.
+    /// otherwise return the current holder. With `observed-expiry`, a row the server says
+    /// expired is read first and taken over only once this client has seen it unchanged
+    /// for a full ttl. A new grant whose token is not above every token this client has
+    /// seen means the sequence went back: see [`PostgresStore::went_back`].
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError> {
+        self.quiet(req.ttl)?;
         let sql = &self.inner.statements.acquire;
         let ttl = ttl_us(req.ttl);
         let priority = req.priority.to_string();
@@ -297,6 +460,15 @@ impl LeaseStore for PostgresStore {
         // that would take over even the lowest-priority grant.
         let emergency = req.takes_over(0);
         for _ in 0..ACQUIRE_RACES {
+            let seen = self.inner.seen.load(Ordering::Relaxed);
+            let guard = match self.inner.options.observed_expiry {
+                true => match self.observe(req).await? {
+                    Observed::Takeover(guard) => guard,
+                    Observed::Wait(record) => return Ok(AcquireOutcome::Held(*record)),
+                },
+                false => None,
+            };
+            let (token, version) = (guard.map(|g| g.0), guard.map(|g| g.1));
             let answer = self
                 .flagged_record(
                     sql,
@@ -309,13 +481,22 @@ impl LeaseStore for PostgresStore {
                         &priority,
                         &cleanup,
                         &emergency,
+                        &token,
+                        &version,
                     ],
                 )
                 .await?;
             match answer {
-                Some((true, record)) => return Ok(AcquireOutcome::Granted(record)),
+                Some((true, record)) if record.version == 1 && record.token as i64 <= seen => {
+                    return Err(self.went_back(req, &record, seen).await);
+                }
+                Some((true, record)) => {
+                    self.forget_observed(&req.name);
+                    return Ok(AcquireOutcome::Granted(record));
+                }
                 Some((false, record)) => return Ok(AcquireOutcome::Held(record)),
-                // Released between the insert and the look-up: ask again.
+                // Released between the insert and the look-up (or, guarded, changed since
+                // it was observed): ask again.
                 None => continue,
             }
         }

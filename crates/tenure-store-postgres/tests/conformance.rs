@@ -8,6 +8,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use server::{Exclusive, PgServer};
 use tenure_lease::LeaseStore;
+use tenure_lease::conformance::state_loss::StateLoss;
 use tenure_lease::conformance::{Harness, test_settings};
 use tenure_store_postgres::PostgresStore;
 
@@ -49,5 +50,28 @@ impl Harness for PgHarness {
     }
 }
 
+/// A fail-over to a replica that had not received the latest commits: the data directory
+/// rolled back to a copy. The token sequence goes back; clients that saw later tokens
+/// refuse for one ttl and advance it.
+#[async_trait]
+impl StateLoss for PgHarness {
+    async fn checkpoint(&self) {
+        let server = self.server.clone();
+        tokio::task::spawn_blocking(move || server.checkpoint())
+            .await
+            .expect("checkpoint");
+    }
+    async fn lose_state(&self) {
+        let server = self.server.clone();
+        tokio::task::spawn_blocking(move || server.roll_back())
+            .await
+            .expect("roll back");
+    }
+    fn resumes(&self) -> bool {
+        true
+    }
+}
+
 tenure_lease::conformance_tests!(PgHarness::start());
+tenure_lease::state_loss_tests!(PgHarness::start());
 tenure_lease::preemption_fault_tests!(PgHarness::start());

@@ -406,3 +406,68 @@ async fn guarded_writes_refuse_stale_tokens() {
     .unwrap();
     tx.commit().await.unwrap();
 }
+
+/// Polls `try_acquire` every 20 ms for at most `limit`; the instant of the grant, if any.
+async fn granted_within(
+    store: &PostgresStore,
+    req: &AcquireRequest,
+    limit: Duration,
+) -> Option<Instant> {
+    let started = Instant::now();
+    while started.elapsed() < limit {
+        if let AcquireOutcome::Granted(_) = store.try_acquire(req).await.expect("acquire") {
+            return Some(Instant::now());
+        }
+        sleep(Duration::from_millis(20)).await;
+    }
+    None
+}
+
+/// The server's wall clock steps forward (libfaketime on every postgres process): each
+/// grant looks expired on the server's clock at once. On the server's clock alone a
+/// contender takes a grant over while its holder still believes in it (the holder's
+/// deadline is on its own clock); with `observed-expiry` the contender first watches the
+/// row unchanged for a full ttl on its own monotonic clock, and is granted only after the
+/// holder's deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_clock_stepped_forward_takes_over_only_with_the_server_clock_rule() {
+    let exclusive = start().await;
+    let server = exclusive.server.clone();
+    blocking(&server, |s| s.with_fake_clock()).await;
+    let settings = test_settings();
+    let ttl = settings.heartbeat_timeout;
+    for (observed, offset) in [(false, "+1h"), (true, "+2h")] {
+        let mut options = server.options(settings.lease_operation_timeout);
+        options.observed_expiry = observed;
+        let holder = PostgresStore::connect(options.clone())
+            .await
+            .expect("connect");
+        let contender = PostgresStore::connect(options).await.expect("connect");
+        let name = format!("jump-{observed}");
+        let sent = Instant::now();
+        grant(&holder, &request(&name, "a", ttl)).await;
+        // The holder believes until its send instant + ttl - margin, on its own clock.
+        let believes_until = sent + settings.validity();
+        let b = request(&name, "b", ttl);
+        assert!(matches!(
+            contender.try_acquire(&b).await.expect("acquire"),
+            AcquireOutcome::Held(_)
+        ));
+        server.step_clock(offset);
+        let granted = granted_within(&contender, &b, ttl * 3)
+            .await
+            .unwrap_or_else(|| panic!("observed-expiry {observed}: never granted"));
+        if observed {
+            assert!(
+                granted >= believes_until,
+                "taken over {:?} before the holder's deadline",
+                believes_until - granted
+            );
+        } else {
+            assert!(
+                granted < believes_until,
+                "the server clock's rule took over at once (this is what observed-expiry prevents)"
+            );
+        }
+    }
+}

@@ -20,7 +20,7 @@ use tenure_lease::conformance::bench::{
     lease_acquire_release, renewal_settings, runtime, spi_request,
 };
 use tenure_lease::{AcquireOutcome, Acquired, HeldLease, Lease, LeaseSpec, LeaseStore};
-use tenure_store_sqlite::{SqliteStore, monotonic_now_ns, sql};
+use tenure_store_sqlite::{SqliteStore, sql, store_now_ns, token_floor};
 
 /// A connection configured like the store's.
 fn direct(path: &Path) -> Connection {
@@ -37,7 +37,7 @@ fn direct_acquire(conn: &mut Connection, name: &str, owner: &str) -> i64 {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .unwrap();
-    let now = monotonic_now_ns();
+    let now = store_now_ns();
     let mut stmt = tx.prepare_cached(sql::SELECT_CURRENT).unwrap();
     let held = stmt.exists(params![name, now]).unwrap();
     drop(stmt);
@@ -45,7 +45,7 @@ fn direct_acquire(conn: &mut Connection, name: &str, owner: &str) -> i64 {
     let token: i64 = tx
         .prepare_cached(sql::NEXT_TOKEN)
         .unwrap()
-        .query_row(params![name], |r| r.get(0))
+        .query_row(params![name, token_floor()], |r| r.get(0))
         .unwrap();
     tx.prepare_cached(sql::INSERT_GRANT)
         .unwrap()
@@ -68,7 +68,7 @@ fn direct_release(conn: &mut Connection, name: &str, owner: &str, token: i64) {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .unwrap();
-    let now = monotonic_now_ns();
+    let now = store_now_ns();
     let n = tx
         .prepare_cached(sql::RELEASE)
         .unwrap()
@@ -82,7 +82,7 @@ fn direct_extend(conn: &mut Connection, name: &str) {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .unwrap();
-    let now = monotonic_now_ns();
+    let now = store_now_ns();
     let held = tx
         .prepare_cached(sql::SELECT_CURRENT)
         .unwrap()
@@ -100,7 +100,7 @@ fn direct_renew_batch(conn: &mut Connection, owner: &str, batch: &str) {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .unwrap();
-    let now = monotonic_now_ns();
+    let now = store_now_ns();
     let n = tx
         .prepare_cached(sql::RENEW_BATCH)
         .unwrap()

@@ -1,17 +1,20 @@
 //! Tables, created idempotently on open.
 
-use rusqlite::{Connection, TransactionBehavior, params};
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 /// `tenure_lease`: the current grant per name (expired rows are ignored and replaced).
 /// `tenure_fence`: the highest token issued per name; never deleted.
-/// `tenure_meta`: the boot id the `expires_at` values are measured in.
+/// `tenure_meta`: `boot_id`, the boot the `expires_at` values are measured in; `clock`, the
+/// clock they are measured on (`boottime`; absent in files of earlier versions, which used
+/// `CLOCK_MONOTONIC`); `lost_at`, when a process found that the file it used at this path was
+/// deleted or replaced by this one (see `SqliteStore`).
 pub(crate) const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS tenure_lease (
     name       TEXT PRIMARY KEY,
     owner      TEXT NOT NULL,
     instance   TEXT NOT NULL,
     token      INTEGER NOT NULL,
-    expires_at INTEGER NOT NULL,  -- CLOCK_MONOTONIC nanoseconds of the boot in tenure_meta
+    expires_at INTEGER NOT NULL,  -- CLOCK_BOOTTIME nanoseconds of the boot in tenure_meta
     version    INTEGER NOT NULL,
     note       TEXT,
     priority   INTEGER NOT NULL DEFAULT 0,  -- the u64 priority, bit-cast to i64
@@ -46,8 +49,29 @@ const ADDED_COLUMNS: [(&str, &str); 8] = [
     ("req_note", "TEXT"),
 ];
 
+/// The clock `expires_at` is measured on, as recorded in `tenure_meta`.
+const CLOCK: &str = "boottime";
+
+fn meta(tx: &rusqlite::Transaction<'_>, key: &str) -> rusqlite::Result<Option<String>> {
+    tx.query_row("SELECT value FROM tenure_meta WHERE key = ?1", [key], |r| {
+        r.get(0)
+    })
+    .optional()
+}
+
+fn set_meta(tx: &rusqlite::Transaction<'_>, key: &str, value: &str) -> rusqlite::Result<()> {
+    tx.execute(
+        "INSERT INTO tenure_meta (key, value) VALUES (?1, ?2)
+         ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+        params![key, value],
+    )?;
+    Ok(())
+}
+
 /// Creates the tables and, if the host rebooted since the file was last used, expires
-/// every grant (their deadlines were measured on the previous boot's clock).
+/// every grant (their deadlines were measured on the previous boot's clock). Expiries of
+/// the current boot written on `CLOCK_MONOTONIC` (earlier versions) move to
+/// `CLOCK_BOOTTIME`: the same instants, plus the time the host has been suspended.
 pub(crate) fn migrate(conn: &mut Connection, boot_id: &str) -> rusqlite::Result<()> {
     conn.execute_batch(SCHEMA)?;
     // Files made by earlier versions get the columns added since.
@@ -62,32 +86,46 @@ pub(crate) fn migrate(conn: &mut Connection, boot_id: &str) -> rusqlite::Result<
         }
     }
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let recorded: Option<String> = tx
-        .query_row(
-            "SELECT value FROM tenure_meta WHERE key = 'boot_id'",
-            [],
-            |r| r.get(0),
-        )
-        .map(Some)
-        .or_else(|e| match e {
-            rusqlite::Error::QueryReturnedNoRows => Ok(None),
-            e => Err(e),
-        })?;
+    let recorded = meta(&tx, "boot_id")?;
     if recorded.as_deref() != Some(boot_id) {
         let dropped = tx.execute("DELETE FROM tenure_lease", [])?;
+        // No process that could believe in a grant of the lost file survived the reboot.
+        tx.execute("DELETE FROM tenure_meta WHERE key = 'lost_at'", [])?;
         if recorded.is_some() {
             tracing::info!(
                 dropped,
                 "host rebooted since the lease file was last used: all grants expired"
             );
         }
+        set_meta(&tx, "boot_id", boot_id)?;
+    } else if meta(&tx, "clock")?.as_deref() != Some(CLOCK) {
+        let suspended =
+            i64::try_from(tenure_lease::clock::host_suspended().as_nanos()).unwrap_or(i64::MAX);
         tx.execute(
-            "INSERT INTO tenure_meta (key, value) VALUES ('boot_id', ?1)
-             ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-            params![boot_id],
+            "UPDATE tenure_lease SET expires_at = expires_at + ?1",
+            [suspended],
         )?;
     }
+    set_meta(&tx, "clock", CLOCK)?;
     tx.commit()
+}
+
+/// Records that a process using this path found its file deleted or replaced, at `now`
+/// (`CLOCK_BOOTTIME` ns): grants of the lost file may be believed until `now + ttl`. Keeps
+/// a later record.
+pub(crate) fn record_loss(conn: &mut Connection, now: i64) -> rusqlite::Result<()> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let known = meta(&tx, "lost_at")?.and_then(|v| v.parse::<i64>().ok());
+    if known.is_none_or(|k| k < now) {
+        set_meta(&tx, "lost_at", &now.to_string())?;
+    }
+    tx.commit()
+}
+
+/// When a process last found the file at this path lost (`CLOCK_BOOTTIME` ns), if ever in
+/// this boot.
+pub(crate) fn lost_at(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<Option<i64>> {
+    Ok(meta(tx, "lost_at")?.and_then(|v| v.parse().ok()))
 }
 
 #[cfg(test)]
@@ -98,8 +136,9 @@ mod tests {
 
     use crate::SqliteStore;
 
-    /// A file made before priorities (and before holder instances) opens with its grant
-    /// intact, at priority 0 with nothing pending, and takes preemption requests.
+    /// A file made before priorities (and before holder instances, and on CLOCK_MONOTONIC)
+    /// opens with its grant intact, at priority 0 with nothing pending, and takes
+    /// preemption requests.
     #[tokio::test]
     async fn files_of_earlier_versions_gain_the_new_columns() {
         let dir = tempfile::tempdir().unwrap();
@@ -116,7 +155,7 @@ mod tests {
                  INSERT INTO tenure_meta VALUES ('boot_id', '{boot}');
                  INSERT INTO tenure_fence VALUES ('old', 4);
                  INSERT INTO tenure_lease VALUES ('old', 'a', 4, {}, 1, 'kept');",
-                crate::clock::now_ns() + 60_000_000_000
+                tenure_lease::clock::monotonic_now_ns() + 60_000_000_000
             ))
             .unwrap();
         }
@@ -132,6 +171,12 @@ mod tests {
             ("a", 4, Some("kept"), 0)
         );
         assert_eq!(rec.request, None);
+        // The expiry was on CLOCK_MONOTONIC: converted to CLOCK_BOOTTIME, the same instant.
+        assert!(
+            rec.expires_in > Duration::from_secs(59) && rec.expires_in <= Duration::from_secs(60),
+            "{:?}",
+            rec.expires_in
+        );
         let req = AcquireRequest {
             name: "old".into(),
             owner: "b".into(),

@@ -10,9 +10,11 @@ pub const SELECT_CURRENT: &str = "SELECT name, owner, instance, token, expires_a
 pub const EXTEND: &str = "UPDATE tenure_lease SET expires_at = ?2, version = version + 1,
     note = coalesce(?3, note) WHERE name = ?1";
 
-/// The next token of `?1` (the counter row is never deleted).
-pub const NEXT_TOKEN: &str = "INSERT INTO tenure_fence (name, last_token) VALUES (?1, 1)
-    ON CONFLICT (name) DO UPDATE SET last_token = last_token + 1
+/// The next token of `?1`: above the last one issued in this file (the counter row is never
+/// deleted) and at least the floor `?2` (the wall clock in microseconds), so that it also
+/// exceeds any token of a lost earlier file.
+pub const NEXT_TOKEN: &str = "INSERT INTO tenure_fence (name, last_token) VALUES (?1, ?2)
+    ON CONFLICT (name) DO UPDATE SET last_token = max(last_token + 1, ?2)
     RETURNING last_token";
 
 /// A new grant of `?1` to owner `?2`, instance `?6`, with token `?3`, expiring at `?4`,

@@ -1,6 +1,7 @@
 //! The SQLite lease store and its factory.
 
 use std::collections::HashMap;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -13,15 +14,51 @@ use tenure_lease::{
     LeaseSection, LeaseStore, PreemptAnswer, PreemptionRequest, Renewal, StoreError, StoreFactory,
 };
 
-use crate::clock::{boot_id, now_ns};
-use crate::schema::migrate;
+use crate::clock::{boot_id, now_ns, token_floor};
+use crate::schema::{lost_at, migrate, record_loss};
 use crate::sql;
 
 /// A lease store in one SQLite file. Cloning shares the connection.
+///
+/// **A lost file.** Every operation first checks that `path` still names the file the
+/// connection has open (device and inode). If the file was deleted or replaced (restored
+/// from a copy, say), the store reopens `path` (creating a new file if needed) and records
+/// in it when the loss was found (`lost_at`); grants of the lost file are gone. Holders of
+/// grants in the lost file may still believe in them: their last renewal that succeeded
+/// was checked against `path` after it was sent and before the loss, so they believe until
+/// at most `lost_at + ttl`. Until then the new file makes no new grant
+/// ([`StoreError::StateLost`]). Tokens of every file exceed those of any earlier one (see
+/// `NEXT_TOKEN`). Not covered: a process that starts after the loss and makes the new file
+/// before any running process noticed it grants at once (fencing tokens still order it
+/// after the lost file's grants); a file deleted without its `-wal` is refused until the
+/// `-wal` and `-shm` files are deleted too (SQLite would read the lost file's log).
 #[derive(Clone)]
 pub struct SqliteStore {
     path: Arc<PathBuf>,
-    conn: Arc<Mutex<Connection>>,
+    busy_timeout: Duration,
+    /// `None` after a loss whose reopening failed: every operation retries it.
+    open: Arc<Mutex<Option<Open>>>,
+}
+
+/// The identity of a file: device and inode.
+type FileId = (u64, u64);
+
+fn file_id(path: &Path) -> std::io::Result<FileId> {
+    let m = std::fs::metadata(path)?;
+    Ok((m.dev(), m.ino()))
+}
+
+/// A connection and the file it has open.
+struct Open {
+    conn: Connection,
+    file: FileId,
+}
+
+/// `path` with `suffix` appended (SQLite's `-wal` and `-shm` files).
+fn sibling(path: &Path, suffix: &str) -> PathBuf {
+    let mut name = path.as_os_str().to_os_string();
+    name.push(suffix);
+    PathBuf::from(name)
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -89,29 +126,79 @@ pub(crate) fn check_path(path: &Path) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// Opens (creating if needed) the lease database at `path`, and the identity of the file
+/// it opened.
+fn connect(path: &Path, busy_timeout: Duration) -> Result<Open, ConfigError> {
+    check_path(path)?;
+    if !path.exists() {
+        for suffix in ["-wal", "-shm"] {
+            let orphan = sibling(path, suffix);
+            if orphan.exists() {
+                return Err(path_error(
+                    path,
+                    format!(
+                        "the database file is gone but {} is still there: delete {} and {} too (SQLite would read the lost file's log into a new one)",
+                        orphan.display(),
+                        sibling(path, "-wal").display(),
+                        sibling(path, "-shm").display()
+                    ),
+                ));
+            }
+        }
+    }
+    let boot = boot_id().map_err(|e| path_error(path, format!("cannot read the boot id: {e}")))?;
+    let mut conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|e| path_error(path, e.to_string()))?;
+    conn.busy_timeout(busy_timeout)
+        .and_then(|_| conn.pragma_update(None, "journal_mode", "WAL"))
+        .and_then(|_| conn.pragma_update(None, "synchronous", "FULL"))
+        .and_then(|_| migrate(&mut conn, &boot))
+        .map_err(|e| path_error(path, format!("cannot initialise the lease database: {e}")))?;
+    // The file exists now (the migration wrote it): this is the one the connection has.
+    let file = file_id(path).map_err(|e| path_error(path, e.to_string()))?;
+    Ok(Open { conn, file })
+}
+
+/// The connection to the file `path` names now: `slot`'s, or, when that file was deleted
+/// or replaced, a new one, with the loss recorded in the new file.
+fn current<'a>(
+    path: &Path,
+    busy_timeout: Duration,
+    slot: &'a mut Option<Open>,
+) -> Result<&'a mut Connection, StoreError> {
+    let named = file_id(path).ok();
+    if slot.as_ref().is_some_and(|o| Some(o.file) == named) {
+        return Ok(&mut slot.as_mut().expect("checked").conn);
+    }
+    if let Some(old) = slot.take() {
+        tracing::warn!(path = %path.display(), "the lease file was deleted or replaced while in use: reopening; its grants are gone");
+        // Never closed: closing the last connection to a WAL database deletes the `-wal`
+        // file by its path, which may now be the new file's.
+        std::mem::forget(old.conn);
+    }
+    let mut fresh = connect(path, busy_timeout).map_err(|e| StoreError::StateLost {
+        store: "sqlite",
+        detail: format!("the lease file was deleted or replaced while in use: {e}"),
+    })?;
+    record_loss(&mut fresh.conn, now_ns()).map_err(store_error)?;
+    Ok(&mut slot.insert(fresh).conn)
+}
+
 impl SqliteStore {
     /// Opens (creating if needed) the lease database at `path`. `busy_timeout` bounds how
     /// long an operation waits for another process's transaction.
     pub fn open(path: impl AsRef<Path>, busy_timeout: Duration) -> Result<Self, ConfigError> {
         let path = path.as_ref();
-        check_path(path)?;
-        let boot =
-            boot_id().map_err(|e| path_error(path, format!("cannot read the boot id: {e}")))?;
-        let mut conn = Connection::open_with_flags(
-            path,
-            OpenFlags::SQLITE_OPEN_READ_WRITE
-                | OpenFlags::SQLITE_OPEN_CREATE
-                | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        )
-        .map_err(|e| path_error(path, e.to_string()))?;
-        conn.busy_timeout(busy_timeout)
-            .and_then(|_| conn.pragma_update(None, "journal_mode", "WAL"))
-            .and_then(|_| conn.pragma_update(None, "synchronous", "FULL"))
-            .and_then(|_| migrate(&mut conn, &boot))
-            .map_err(|e| path_error(path, format!("cannot initialise the lease database: {e}")))?;
+        let open = connect(path, busy_timeout)?;
         Ok(SqliteStore {
             path: Arc::new(path.to_path_buf()),
-            conn: Arc::new(Mutex::new(conn)),
+            busy_timeout,
+            open: Arc::new(Mutex::new(Some(open))),
         })
     }
 
@@ -120,22 +207,21 @@ impl SqliteStore {
         &self.path
     }
 
-    /// Runs `f` on the connection in a blocking task.
+    /// Runs `f` in a blocking task on the connection to the file `path` names now.
     async fn with_conn<T: Send + 'static>(
         &self,
         f: impl FnOnce(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
     ) -> Result<T, StoreError> {
-        let conn = self.conn.clone();
+        let (open, path, busy) = (self.open.clone(), self.path.clone(), self.busy_timeout);
         tokio::task::spawn_blocking(move || {
-            let mut conn = conn.lock().unwrap_or_else(|e| e.into_inner());
-            f(&mut conn)
+            let mut slot = open.lock().unwrap_or_else(|e| e.into_inner());
+            f(current(&path, busy, &mut slot)?).map_err(store_error)
         })
         .await
         .map_err(|e| StoreError::Backend {
             store: "sqlite",
             detail: format!("blocking task failed: {e}"),
         })?
-        .map_err(store_error)
     }
 }
 
@@ -153,6 +239,17 @@ fn store_error(e: rusqlite::Error) -> StoreError {
             detail: e.to_string(),
         },
     }
+}
+
+/// An acquire refused: the file replaced a lost one at `lost` (ns), less than the ttl
+/// before `now`.
+struct Quiet {
+    lost: i64,
+    now: i64,
+}
+
+fn round_ms(d: Duration) -> Duration {
+    Duration::from_millis(d.as_millis() as u64)
 }
 
 fn ttl_ns(ttl: Duration) -> i64 {
@@ -226,62 +323,88 @@ impl LeaseStore for SqliteStore {
     }
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError> {
+        let (path, name, ttl) = (self.path.clone(), req.name.clone(), req.ttl);
         let req = req.clone();
-        self.with_conn(move |conn| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            // Read the clock only once the write lock is ours: expiry counts from processing.
-            let now = now_ns();
-            let current = tx
-                .prepare_cached(sql::SELECT_CURRENT)?
-                .query_row(params![req.name, now], |r| row_record(r, now))
-                .optional()?;
-            let expires_at = now.saturating_add(ttl_ns(req.ttl));
-            let outcome = match (req.step(current.as_ref()), current) {
-                (AcquireStep::Held, Some(rec)) => AcquireOutcome::Held(rec),
-                (AcquireStep::Extend, Some(rec)) => {
-                    tx.prepare_cached(sql::EXTEND)?
-                        .execute(params![req.name, expires_at, req.note])?;
-                    AcquireOutcome::Granted(LeaseRecord {
-                        expires_in: req.ttl,
-                        version: rec.version + 1,
-                        note: req.note.clone().or(rec.note),
-                        ..rec
-                    })
-                }
-                // Free, expired, held by another instance of this owner, or an emergency
-                // take-over: a new grant.
-                _ => {
-                    let token: i64 = tx
-                        .prepare_cached(sql::NEXT_TOKEN)?
-                        .query_row(params![req.name], |r| r.get(0))?;
-                    tx.prepare_cached(sql::INSERT_GRANT)?.execute(params![
-                        req.name,
-                        req.owner,
-                        token,
-                        expires_at,
-                        req.note,
-                        req.instance,
-                        priority_to_sql(req.priority),
-                        ttl_ns(req.cleanup_timeout)
-                    ])?;
-                    AcquireOutcome::Granted(LeaseRecord {
-                        name: req.name.clone(),
-                        owner: req.owner.clone(),
-                        instance: req.instance.clone(),
-                        token: token as u64,
-                        expires_in: req.ttl,
-                        version: 1,
-                        note: req.note.clone(),
-                        priority: req.priority,
-                        cleanup_timeout: req.cleanup_timeout,
-                        request: None,
-                    })
-                }
-            };
-            tx.commit()?;
-            Ok(outcome)
-        })
-        .await
+        let attempt = self
+            .with_conn(move |conn| {
+                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+                // Read the clock only once the write lock is ours: expiry counts from processing.
+                let now = now_ns();
+                let current = tx
+                    .prepare_cached(sql::SELECT_CURRENT)?
+                    .query_row(params![req.name, now], |r| row_record(r, now))
+                    .optional()?;
+                let expires_at = now.saturating_add(ttl_ns(req.ttl));
+                let outcome = match (req.step(current.as_ref()), current) {
+                    (AcquireStep::Held, Some(rec)) => AcquireOutcome::Held(rec),
+                    (AcquireStep::Extend, Some(rec)) => {
+                        tx.prepare_cached(sql::EXTEND)?
+                            .execute(params![req.name, expires_at, req.note])?;
+                        AcquireOutcome::Granted(LeaseRecord {
+                            expires_in: req.ttl,
+                            version: rec.version + 1,
+                            note: req.note.clone().or(rec.note),
+                            ..rec
+                        })
+                    }
+                    // Free, expired, held by another instance of this owner, or an emergency
+                    // take-over: a new grant, unless a lost file's grants may still be believed.
+                    _ => {
+                        if let Some(lost) = lost_at(&tx)?
+                            && now < lost.saturating_add(ttl_ns(req.ttl))
+                        {
+                            return Ok(Err(Quiet { lost, now }));
+                        }
+                        let token: i64 = tx
+                            .prepare_cached(sql::NEXT_TOKEN)?
+                            .query_row(params![req.name, token_floor()], |r| r.get(0))?;
+                        tx.prepare_cached(sql::INSERT_GRANT)?.execute(params![
+                            req.name,
+                            req.owner,
+                            token,
+                            expires_at,
+                            req.note,
+                            req.instance,
+                            priority_to_sql(req.priority),
+                            ttl_ns(req.cleanup_timeout)
+                        ])?;
+                        AcquireOutcome::Granted(LeaseRecord {
+                            name: req.name.clone(),
+                            owner: req.owner.clone(),
+                            instance: req.instance.clone(),
+                            token: token as u64,
+                            expires_in: req.ttl,
+                            version: 1,
+                            note: req.note.clone(),
+                            priority: req.priority,
+                            cleanup_timeout: req.cleanup_timeout,
+                            request: None,
+                        })
+                    }
+                };
+                tx.commit()?;
+                Ok(Ok(outcome))
+            })
+            .await?;
+        match attempt {
+            Ok(outcome) => Ok(outcome),
+            Err(Quiet { lost, now }) => {
+                let ago = Duration::from_nanos(now.saturating_sub(lost).max(0) as u64);
+                let left = ttl_ns(ttl).saturating_sub(now.saturating_sub(lost));
+                Err(StoreError::StateLost {
+                    store: "sqlite",
+                    detail: format!(
+                        "the lease file {} replaced a deleted or replaced one {} ago; holders of its grants may believe in them for up to one ttl: no new grant of `{}` for another {}",
+                        path.display(),
+                        humantime::format_duration(round_ms(ago)),
+                        name,
+                        humantime::format_duration(round_ms(Duration::from_nanos(
+                            left.max(0) as u64
+                        )))
+                    ),
+                })
+            }
+        }
     }
 
     async fn renew(
@@ -438,21 +561,95 @@ impl LeaseStore for SqliteStore {
     }
 }
 
+/// The file name of the default database in its state directory.
+const DEFAULT_FILE: &str = "leases.sqlite";
+
+/// The default database file, a persistent per-user state file (never in `/tmp`, whose
+/// cleaners delete files): `$XDG_STATE_HOME/tenure/leases.sqlite` when `XDG_STATE_HOME` is
+/// an absolute path, else `/var/lib/tenure/leases.sqlite` for root, else
+/// `$HOME/.local/state/tenure/leases.sqlite`. The error says why there is none.
+pub fn default_path() -> Result<PathBuf, String> {
+    default_path_from(
+        std::env::var_os("XDG_STATE_HOME"),
+        std::env::var_os("HOME"),
+        rustix::process::geteuid().is_root(),
+    )
+}
+
+fn default_path_from(
+    xdg_state_home: Option<std::ffi::OsString>,
+    home: Option<std::ffi::OsString>,
+    root: bool,
+) -> Result<PathBuf, String> {
+    let absolute = |v: Option<std::ffi::OsString>| v.map(PathBuf::from).filter(|p| p.is_absolute());
+    let dir = if let Some(state) = absolute(xdg_state_home) {
+        state.join("tenure")
+    } else if root {
+        PathBuf::from("/var/lib/tenure")
+    } else if let Some(home) = absolute(home) {
+        home.join(".local/state/tenure")
+    } else {
+        return Err(
+            "no state directory: neither XDG_STATE_HOME nor HOME is an absolute path; set the section's `path`"
+                .into(),
+        );
+    };
+    Ok(dir.join(DEFAULT_FILE))
+}
+
+/// Checks, without creating anything, that the directory of the default file `path` exists
+/// and is usable, or can be created.
+fn check_default_dir(path: &Path) -> Result<(), ConfigError> {
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    if dir.exists() {
+        return check_path(path);
+    }
+    let ancestor = dir
+        .ancestors()
+        .find(|a| a.exists())
+        .unwrap_or(Path::new("/"));
+    if !ancestor.is_dir() || rustix::fs::access(ancestor, rustix::fs::Access::WRITE_OK).is_err() {
+        return Err(path_error(
+            path,
+            format!(
+                "state directory {} cannot be created: {} is not a writable directory",
+                dir.display(),
+                ancestor.display()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Opens `store = "sqlite"` sections. Option: `path` (the database file; its directory
-/// must exist and be writable). The busy timeout is the section's `lease-operation-timeout`.
+/// must exist and be writable; `""` is the [`default_path`], whose directory is created
+/// when missing). The busy timeout is the section's `lease-operation-timeout`.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct SqliteStoreFactory;
 
+/// A section's database file, and whether it is the default one.
+struct SectionPath {
+    path: PathBuf,
+    default: bool,
+}
+
 impl SqliteStoreFactory {
-    fn path(section: &LeaseSection) -> Result<PathBuf, ConfigError> {
+    fn path(section: &LeaseSection) -> Result<SectionPath, ConfigError> {
         let key = section.key();
         let r = TableReader::new(&key, &section.options);
         r.reject_unknown(&["path"])?;
-        let path = PathBuf::from(r.string("path")?);
-        if path.as_os_str().is_empty() {
-            return Err(ConfigError::invalid(r.key("path"), "must not be empty"));
+        let path = r.string("path")?;
+        if path.is_empty() {
+            let path = default_path().map_err(|e| ConfigError::invalid(r.key("path"), e))?;
+            return Ok(SectionPath {
+                path,
+                default: true,
+            });
         }
-        Ok(path)
+        Ok(SectionPath {
+            path: PathBuf::from(path),
+            default: false,
+        })
     }
 }
 
@@ -463,11 +660,25 @@ impl StoreFactory for SqliteStoreFactory {
     }
 
     fn check(&self, section: &LeaseSection) -> Result<(), ConfigError> {
-        check_path(&Self::path(section)?)
+        match Self::path(section)? {
+            SectionPath {
+                path,
+                default: true,
+            } => check_default_dir(&path),
+            SectionPath { path, .. } => check_path(&path),
+        }
     }
 
     async fn open(&self, section: &LeaseSection) -> Result<Arc<dyn LeaseStore>, ConfigError> {
-        let path = Self::path(section)?;
+        let SectionPath { path, default } = Self::path(section)?;
+        if default && let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                path_error(
+                    &path,
+                    format!("cannot create the state directory {}: {e}", dir.display()),
+                )
+            })?;
+        }
         let timeout = section.settings.lease_operation_timeout;
         let store = tokio::task::spawn_blocking(move || SqliteStore::open(path, timeout))
             .await
@@ -475,5 +686,34 @@ impl StoreFactory for SqliteStoreFactory {
                 ConfigError::invalid(section.key(), format!("opening the store failed: {e}"))
             })??;
         Ok(Arc::new(store))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_file_is_in_a_persistent_state_directory() {
+        let p = |xdg: Option<&str>, home: Option<&str>, root| {
+            default_path_from(xdg.map(Into::into), home.map(Into::into), root)
+        };
+        assert_eq!(
+            p(Some("/s"), Some("/h"), true).unwrap(),
+            PathBuf::from("/s/tenure/leases.sqlite")
+        );
+        assert_eq!(
+            p(None, Some("/h"), true).unwrap(),
+            PathBuf::from("/var/lib/tenure/leases.sqlite")
+        );
+        assert_eq!(
+            p(Some("relative"), Some("/h"), false).unwrap(),
+            PathBuf::from("/h/.local/state/tenure/leases.sqlite")
+        );
+        let err = p(None, None, false).unwrap_err();
+        assert!(
+            err.contains("XDG_STATE_HOME") && err.contains("`path`"),
+            "{err}"
+        );
     }
 }

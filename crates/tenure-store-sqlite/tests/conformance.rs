@@ -2,26 +2,45 @@
 //! connection, as separate processes would have).
 
 use std::any::Any;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use rusqlite::Connection;
 use tenure_lease::LeaseStore;
+use tenure_lease::conformance::state_loss::StateLoss;
 use tenure_lease::conformance::{Harness, test_settings};
 use tenure_store_sqlite::SqliteStore;
 
+/// How the file is lost in [`StateLoss::lose_state`].
+#[derive(Clone, Copy)]
+enum Loss {
+    /// Deleted with its `-wal` and `-shm` files (`rm leases.sqlite*`).
+    Deleted,
+    /// Replaced by a copy taken at the checkpoint (a backup restored).
+    Restored,
+}
+
 struct SqliteHarness {
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
     path: PathBuf,
+    loss: Loss,
 }
 
 impl SqliteHarness {
     async fn new() -> Self {
+        SqliteHarness::losing(Loss::Deleted).await
+    }
+
+    async fn losing(loss: Loss) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().join("leases.sqlite");
-        SqliteHarness { _dir: dir, path }
+        SqliteHarness { dir, path, loss }
+    }
+
+    fn copy(&self) -> PathBuf {
+        self.dir.path().join("checkpoint.sqlite")
     }
 }
 
@@ -49,4 +68,51 @@ impl Harness for SqliteHarness {
     }
 }
 
+/// Removes the file's `-wal` and `-shm` first: a process that reopened the path in between
+/// would otherwise read the lost file's log.
+fn remove_sidecars(path: &Path) {
+    for suffix in ["-wal", "-shm"] {
+        let mut name = path.as_os_str().to_os_string();
+        name.push(suffix);
+        match std::fs::remove_file(&name) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => panic!("remove {name:?}: {e}"),
+        }
+    }
+}
+
+#[async_trait]
+impl StateLoss for SqliteHarness {
+    async fn checkpoint(&self) {
+        let conn = Connection::open(&self.path).expect("open");
+        conn.execute("VACUUM INTO ?1", [self.copy().display().to_string()])
+            .expect("copy the lease file");
+    }
+
+    async fn lose_state(&self) {
+        remove_sidecars(&self.path);
+        match self.loss {
+            Loss::Deleted => std::fs::remove_file(&self.path).expect("delete the lease file"),
+            Loss::Restored => {
+                std::fs::rename(self.copy(), &self.path).expect("restore the old copy")
+            }
+        }
+    }
+
+    fn resumes(&self) -> bool {
+        true
+    }
+}
+
 tenure_lease::conformance_tests!(SqliteHarness::new());
+
+mod file_deleted {
+    use super::*;
+    tenure_lease::state_loss_tests!(SqliteHarness::losing(Loss::Deleted));
+}
+
+mod file_restored_from_a_copy {
+    use super::*;
+    tenure_lease::state_loss_tests!(SqliteHarness::losing(Loss::Restored));
+}

@@ -25,7 +25,7 @@ pub enum CheckError {
 /// One event of a history (docs/history.md): the common fields, plus the whole line.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Event {
-    /// ns of the host's `CLOCK_MONOTONIC`.
+    /// ns of the host's `CLOCK_BOOTTIME`.
     pub t: i64,
     /// The node (`host:port`) the event is about.
     pub node: String,

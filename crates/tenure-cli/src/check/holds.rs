@@ -20,7 +20,7 @@ pub enum HoldEnd {
 }
 
 /// One believed grant: node `node` (incarnation `inc`) believed it held the lease with
-/// `token` from `from_ns` until `until_ns` (ns of `CLOCK_MONOTONIC`).
+/// `token` from `from_ns` until `until_ns` (ns of `CLOCK_BOOTTIME`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Hold {
     pub node: String,

@@ -40,11 +40,11 @@ pub struct DemoArgs {
     pub shards: usize,
     /// Length of the traffic phase, in which the scenario runs (starting and stopping the
     /// cluster add a few seconds).
-    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "60s", value_parser = tenure::duration::parse)]
     pub duration: Duration,
     /// Lease ttl of shards, singletons and members (heartbeat-timeout, member-lease-ttl);
     /// heartbeats every ttl/6, retries every ttl/10, store operations bounded by ttl/2.
-    #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "3s", value_parser = tenure::duration::parse)]
     pub ttl: Duration,
     /// TOML list of `[[step]]`s (at, fault = kill|pause|cut|leave|restart, optional node,
     /// peer, and `for` for pause and cut) replacing the built-in scenario.
@@ -270,9 +270,9 @@ fn options(args: &DemoArgs, lease: &LeaseConfig, history: &Path) -> Options {
     }
 }
 
-/// The history's clock (CLOCK_MONOTONIC ns, never negative).
+/// The history's clock (CLOCK_BOOTTIME ns, never negative).
 fn now_ns() -> u64 {
-    tenure::clock::monotonic_now_ns().max(0) as u64
+    tenure::clock::boottime_now_ns().max(0) as u64
 }
 
 /// The history path of this run (`--history`, or `tenure-demo-<seed>/history.jsonl` under

@@ -235,7 +235,7 @@ mod humantime_serde_compat {
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         let text = String::deserialize(d)?;
-        humantime::parse_duration(&text).map_err(serde::de::Error::custom)
+        tenure::duration::parse(&text).map_err(serde::de::Error::custom)
     }
 }
 

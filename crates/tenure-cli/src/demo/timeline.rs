@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use crate::check::{self, Event, HoldEnd};
 
-/// One node's hold of one lease, on the host's monotonic clock (ns): from its grant to
+/// One node's hold of one lease, on the host's CLOCK_BOOTTIME (ns): from its grant to
 /// the first of its release, its loss, its process's end and its last local deadline.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hold {

@@ -15,6 +15,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::{AcquireReply, Acquired, LeaseActorState, LeaseMsg};
+use crate::duration::later;
 use crate::error::LeaseError;
 use crate::events::{LeaseEvent, PreemptionRequested, PreemptionWithdrawn};
 use crate::store::{LeaseRecord, PreemptAnswer, PreemptionRequest, bounded};
@@ -86,7 +87,7 @@ impl LeaseActorState {
         reply: Option<RpcReplyPort<AcquireReply>>,
     ) {
         let now = Instant::now();
-        let give_up_at = self.spec.options.waiting_timeout.map(|w| now + w);
+        let give_up_at = self.spec.options.waiting_timeout.map(|w| later(now, w));
         self.preempting = Some(Preempting {
             target: record.token,
             started: now,
@@ -326,7 +327,10 @@ impl LeaseActorState {
                     priority: r.priority,
                     forceful: r.forceful,
                     note: r.note,
-                    cleanup_deadline: since + self.spec.options.cleanup_timeout,
+                    cleanup_deadline: self
+                        .belief
+                        .clock()
+                        .to_tokio(later(since, self.spec.options.cleanup_timeout)),
                 }));
             }
         }
@@ -371,6 +375,7 @@ fn not_granted(record: &LeaseRecord) -> AcquireReply {
 /// When waiting for a voluntary release ends: the holder's cleanup timeout from `now`,
 /// bounded by the requester's own give-up instant.
 fn wait_end(now: Instant, cleanup: Duration, give_up_at: Option<Instant>) -> Instant {
-    let end = now + cleanup;
+    // The holder's cleanup timeout comes from the store, written by another process.
+    let end = later(now, cleanup);
     give_up_at.map_or(end, |g| end.min(g))
 }

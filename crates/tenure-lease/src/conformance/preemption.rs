@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep};
 
 use super::{Harness, granted_token, poll_until_granted, request, test_settings};
-use crate::clock::monotonic_now_ns;
+use crate::clock::boottime_now_ns;
 use crate::{
     AcquireOptions, AcquireOutcome, AcquireRequest, Acquired, EMERGENCY_PRIORITY, HeldLease, Lease,
     LeaseError, LeaseEvent, LeaseEventSink, LeaseSpec, LeaseStore, LostReason, PreemptAnswer,
@@ -261,7 +261,7 @@ pub async fn emergency_takeover(h: &dyn Harness) {
     }
 }
 
-/// Who believed it held which token, from when to when (CLOCK_MONOTONIC ns), from the
+/// Who believed it held which token, from when to when (CLOCK_BOOTTIME ns), from the
 /// LeaseGranted / LeaseLost events and the instants holders called release.
 #[derive(Clone, Default)]
 pub struct History {
@@ -293,7 +293,7 @@ impl History {
         let history = self.clone();
         let owner = owner.to_string();
         LeaseEventSink::new(move |event| {
-            let now = monotonic_now_ns();
+            let now = boottime_now_ns();
             match &event {
                 LeaseEvent::Granted(g) => history.spans().push(Span {
                     owner: owner.clone(),
@@ -325,7 +325,7 @@ impl History {
     /// `lease`'s holder stops acting on its grant now and releases it.
     pub async fn release(&self, lease: &Lease) -> bool {
         if let Some(token) = lease.token() {
-            self.end(lease.owner(), token, monotonic_now_ns(), "release");
+            self.end(lease.owner(), token, boottime_now_ns(), "release");
         }
         lease.release().await.expect("release")
     }

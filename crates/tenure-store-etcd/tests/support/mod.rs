@@ -29,6 +29,27 @@ fn etcd_binary() -> PathBuf {
         })
 }
 
+/// Runs `etcdctl` (v3 API) with `args`; panics with its error output if it fails.
+fn etcdctl(args: &[&str]) {
+    let path = PathBuf::from("/usr/bin/etcdctl");
+    assert!(
+        path.exists(),
+        "{} not found: install the Debian package `etcd-client` (apt-get install -y etcd-client), as .ci/test.sh does",
+        path.display()
+    );
+    let out = Command::new(&path)
+        .env("ETCDCTL_API", "3")
+        .args(args)
+        .output()
+        .expect("run etcdctl");
+    assert!(
+        out.status.success(),
+        "etcdctl {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -222,6 +243,45 @@ impl Etcd {
             self.start_member(i);
         }
         self.wait_healthy().await;
+    }
+
+    /// Saves a snapshot of member `i` to `file` (`etcdctl snapshot save`).
+    pub fn snapshot(&self, i: usize, file: &Path) {
+        let endpoint = self.endpoint(i);
+        let mut args = vec!["--endpoints", &endpoint, "snapshot", "save"];
+        let file = file.display().to_string();
+        args.push(&file);
+        etcdctl(&args);
+    }
+
+    /// Replaces the data of the single member by `snapshot`, restored without bumping the
+    /// revisions (`etcdctl snapshot restore`, as etcd 3.4 has no `--bump-revision`), and
+    /// starts it again on the same ports: revisions go back to the snapshot's.
+    pub async fn restore(&self, snapshot: &Path) {
+        assert_eq!(self.members.len(), 1, "restore is for a single member");
+        let m = &self.members[0];
+        self.kill(0);
+        let data = self.dir.path().join(&m.name);
+        std::fs::remove_dir_all(&data).expect("remove the member's data");
+        let (snapshot, data) = (snapshot.display().to_string(), data.display().to_string());
+        let cluster = format!("{}={}", m.name, m.peer_url());
+        let peer = m.peer_url();
+        etcdctl(&[
+            "snapshot",
+            "restore",
+            &snapshot,
+            "--data-dir",
+            &data,
+            "--name",
+            &m.name,
+            "--initial-cluster",
+            &cluster,
+            "--initial-cluster-token",
+            "tenure-test",
+            "--initial-advertise-peer-urls",
+            &peer,
+        ]);
+        self.start(0).await;
     }
 
     /// Freezes every member (SIGSTOP) until the guard is dropped (SIGCONT): requests hang.

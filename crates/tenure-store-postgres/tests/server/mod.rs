@@ -149,6 +149,8 @@ pub struct PgServer {
     bin: PathBuf,
     port: u16,
     child: Mutex<Option<Child>>,
+    /// Environment of the server process (e.g. libfaketime), applied at each start.
+    env: Mutex<Vec<(String, String)>>,
 }
 
 impl PgServer {
@@ -176,6 +178,7 @@ impl PgServer {
             bin,
             port: free_port(),
             child: Mutex::new(None),
+            env: Mutex::new(Vec::new()),
         };
         server.start_again();
         server
@@ -191,7 +194,17 @@ impl PgServer {
             .append(true)
             .open(self.log_path())
             .expect("log file");
-        let child = command(&self.bin.join("postgres"))
+        // The environment is set by `env`, run as the server user: set on `setpriv`, a
+        // preloaded libfaketime would make shared memory as root that the server cannot open.
+        let child = command(Path::new("/usr/bin/env"))
+            .args(
+                self.env
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}")),
+            )
+            .arg(self.bin.join("postgres"))
             .arg("-D")
             .arg(self.dir.path().join("data"))
             .args(["-p", &self.port.to_string(), "-k"])
@@ -270,6 +283,66 @@ impl PgServer {
     /// Stops and starts the server on the same directory and port.
     pub fn restart(&self) {
         self.stop(true);
+        self.start_again();
+    }
+
+    /// Restarts the server with libfaketime preloaded, its wall clock offset read from a
+    /// file (see [`PgServer::step_clock`]); monotonic clocks stay true.
+    pub fn with_fake_clock(&self) {
+        let lib = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
+        assert!(
+            Path::new(lib).exists(),
+            "{lib} not found: install the Debian package `faketime` (apt-get install -y faketime), as .ci/test.sh does"
+        );
+        let file = self.dir.path().join("faketime");
+        std::fs::write(&file, "+0\n").expect("faketime file");
+        hand_over(&file);
+        *self.env.lock().unwrap() = vec![
+            ("LD_PRELOAD".into(), lib.into()),
+            ("FAKETIME_TIMESTAMP_FILE".into(), file.display().to_string()),
+            ("FAKETIME_NO_CACHE".into(), "1".into()),
+            ("DONT_FAKE_MONOTONIC".into(), "1".into()),
+        ];
+        self.restart();
+    }
+
+    /// Moves the wall clock of a server started [`with_fake_clock`](Self::with_fake_clock)
+    /// to `offset` from the true time (libfaketime syntax: "+1h", "-30s", "+0").
+    pub fn step_clock(&self, offset: &str) {
+        std::fs::write(self.dir.path().join("faketime"), format!("{offset}\n"))
+            .expect("faketime file");
+    }
+
+    fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    fn checkpoint_copy(&self) -> PathBuf {
+        self.dir.path().join("data.checkpoint")
+    }
+
+    /// Copies the data directory (a clean shutdown, a copy, a start): the state a replica
+    /// had received at this moment.
+    pub fn checkpoint(&self) {
+        self.stop(true);
+        let _ = std::fs::remove_dir_all(self.checkpoint_copy());
+        let status = Command::new("cp")
+            .arg("-a")
+            .arg(self.data())
+            .arg(self.checkpoint_copy())
+            .status()
+            .expect("cp");
+        assert!(status.success(), "copy the data directory");
+        self.start_again();
+    }
+
+    /// Crashes the server and starts it on the copy of [`checkpoint`](Self::checkpoint):
+    /// everything committed since is gone, the token sequence included, as after a
+    /// fail-over to an asynchronous replica that had not received it.
+    pub fn roll_back(&self) {
+        self.stop(false);
+        std::fs::remove_dir_all(self.data()).expect("remove the data directory");
+        std::fs::rename(self.checkpoint_copy(), self.data()).expect("restore the copy");
         self.start_again();
     }
 

@@ -1,0 +1,59 @@
+//! Durations read from configuration, flags and stores: one bound and one parser, so that
+//! no duration a user writes can overflow instant arithmetic.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// Longest accepted duration: far beyond any sensible lease, far below clock overflow.
+pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// Parses a duration such as `"5s"`, `"250ms"` or `"1h 30m"`; the error says what was wrong,
+/// including a duration longer than [`MAX_DURATION`] (365 days). Usable as a clap
+/// `value_parser`.
+pub fn parse(text: &str) -> Result<Duration, String> {
+    let d =
+        humantime::parse_duration(text).map_err(|e| format!("invalid duration {text:?}: {e}"))?;
+    check(d)
+        .map(|()| d)
+        .map_err(|e| format!("duration {text:?}: {e}"))
+}
+
+/// `Ok` unless `d` is longer than [`MAX_DURATION`]; the error says so.
+pub fn check(d: Duration) -> Result<(), String> {
+    if d > MAX_DURATION {
+        return Err(format!(
+            "{} is longer than the maximum of 365 days",
+            humantime::format_duration(d)
+        ));
+    }
+    Ok(())
+}
+
+/// `at + d`, with `d` capped at [`MAX_DURATION`]: for durations that come from elsewhere (a
+/// store record), where "practically never" is the right reading of an absurd value.
+pub fn later(at: Instant, d: Duration) -> Instant {
+    at + d.min(MAX_DURATION)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_beyond_a_year_are_refused_with_the_text() {
+        assert_eq!(parse("90s"), Ok(Duration::from_secs(90)));
+        let err = parse("584542046090years").unwrap_err();
+        assert!(
+            err.contains("584542046090years") && err.contains("365 days"),
+            "{err}"
+        );
+        assert!(parse("soon").unwrap_err().contains("\"soon\""));
+    }
+
+    #[test]
+    fn later_never_overflows() {
+        let now = Instant::now();
+        assert_eq!(later(now, Duration::MAX), now + MAX_DURATION);
+    }
+}

@@ -1,0 +1,75 @@
+//! The lease file lost: tokens of the file that replaces it exceed the lost file's, and a
+//! file deleted without its log is refused rather than read with the wrong log.
+
+use std::time::Duration;
+
+use tenure_lease::{AcquireOutcome, AcquireRequest, LeaseStore, StoreError};
+use tenure_store_sqlite::SqliteStore;
+
+fn request(owner: &str) -> AcquireRequest {
+    AcquireRequest {
+        name: "nightly".into(),
+        owner: owner.into(),
+        instance: format!("{owner}-1"),
+        ttl: Duration::from_secs(5),
+        ..AcquireRequest::default()
+    }
+}
+
+async fn acquire_release(store: &SqliteStore) -> u64 {
+    let AcquireOutcome::Granted(r) = store.try_acquire(&request("a")).await.unwrap() else {
+        panic!("held")
+    };
+    assert!(store.release("nightly", "a", r.token).await.unwrap());
+    r.token
+}
+
+fn remove(path: &std::path::Path, suffix: &str) {
+    let mut name = path.as_os_str().to_os_string();
+    name.push(suffix);
+    let _ = std::fs::remove_file(name);
+}
+
+/// Issue 15's reproduction: three grants, the file deleted, a new process acquires.
+#[tokio::test]
+async fn a_new_file_issues_tokens_above_the_deleted_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("leases.sqlite");
+    let old = SqliteStore::open(&path, Duration::from_secs(1)).unwrap();
+    let mut last = 0;
+    for _ in 0..3 {
+        let t = acquire_release(&old).await;
+        assert!(t > last);
+        last = t;
+    }
+    drop(old);
+    for suffix in ["-wal", "-shm", ""] {
+        remove(&path, suffix);
+    }
+    let new = SqliteStore::open(&path, Duration::from_secs(1)).unwrap();
+    let t = acquire_release(&new).await;
+    assert!(t > last, "token {t} of the new file, {last} before");
+}
+
+/// Deleting only the database file leaves its `-wal`: opening the path then would read the
+/// lost file's log as this file's. The store refuses, naming the files to delete.
+#[tokio::test]
+async fn a_file_deleted_without_its_log_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("leases.sqlite");
+    let store = SqliteStore::open(&path, Duration::from_secs(1)).unwrap();
+    acquire_release(&store).await;
+    std::fs::remove_file(&path).unwrap();
+    let err = store.try_acquire(&request("a")).await.unwrap_err();
+    assert!(matches!(err, StoreError::StateLost { .. }), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains(&format!("{}-wal", path.display())) && text.contains("deleted or replaced"),
+        "{text}"
+    );
+    let again = SqliteStore::open(&path, Duration::from_secs(1))
+        .map(|_| ())
+        .unwrap_err();
+    assert!(again.to_string().contains("-wal"), "{again}");
+    assert!(!path.exists(), "nothing created next to the orphaned log");
+}
