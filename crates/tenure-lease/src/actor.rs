@@ -247,8 +247,8 @@ impl LeaseActor {
     }
 }
 
-/// Unique per LeaseActor on this host: the prefix of its holder instances.
-fn new_instance_base() -> String {
+/// Unique per LeaseActor on this host: its holder instance.
+fn new_instance() -> String {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let nanos = std::time::SystemTime::now()
@@ -266,8 +266,11 @@ const WAKE_EARLY: std::time::Duration = std::time::Duration::from_millis(2);
 pub struct LeaseActorState {
     spec: LeaseSpec,
     belief: Arc<SharedBelief>,
-    /// Prefix of this actor's holder instances (`<base>.<generation>`).
-    instance_base: String,
+    /// This actor's holder instance: every grant it asks for, from its first acquire to its
+    /// last, is this instance's, so that it re-enters its own grant (same token) also after
+    /// a loss, an unknown outcome or an operator's release, and no other instance of its
+    /// owner (another actor, process or node incarnation) can take an unexpired grant of it.
+    instance: String,
     /// A grant of ours may be in the store without being believed (an acquire with an
     /// unknown outcome, a grant that lapsed locally): release must look.
     maybe_in_store: bool,
@@ -297,9 +300,9 @@ impl Drop for LeaseActorState {
             timer.abort();
         }
         // Reached without post_stop when the actor was killed or failed: release in the
-        // background so the lease does not stay blocked for a whole ttl. A successor
-        // instance of the same owner has taken the lease over with a new token, so this
-        // late release can only ever remove this actor's own grant.
+        // background so the lease does not stay blocked for a whole ttl (a successor
+        // instance of the same owner waits for it). The release names this instance's
+        // token, so it can only ever remove this actor's own grant.
         if let Some(target) = self.abandon_preempting() {
             let spec = self.spec.clone();
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
@@ -309,10 +312,10 @@ impl Drop for LeaseActorState {
         let held = self.belief.give_up();
         if held.is_some() || self.maybe_in_store {
             let spec = self.spec.clone();
-            let base = self.instance_base.clone();
+            let instance = self.instance.clone();
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
                 rt.spawn(async move {
-                    let released = release_ours(&spec, &base, held.map(|h| h.token)).await;
+                    let released = release_ours(&spec, &instance, held.map(|h| h.token)).await;
                     tracing::info!(lease = %spec.name, ?released, "released after the lease actor was killed");
                 });
             }
@@ -320,11 +323,11 @@ impl Drop for LeaseActorState {
     }
 }
 
-/// Releases this actor's grant: the believed one (`token`), or else whatever grant of one
-/// of this actor's instances the store holds.
+/// Releases this actor's grant: the believed one (`token`), or else whatever grant of this
+/// actor's `instance` the store holds.
 async fn release_ours(
     spec: &LeaseSpec,
-    base: &str,
+    instance: &str,
     token: Option<u64>,
 ) -> Result<bool, LeaseError> {
     if let Some(token) = token {
@@ -338,7 +341,7 @@ async fn release_ours(
     )
     .await?;
     match record {
-        Some(r) if r.owner == spec.owner && r.instance.starts_with(&format!("{base}.")) => {
+        Some(r) if r.owner == spec.owner && r.instance == instance => {
             release_in_store(spec, r.token).await
         }
         _ => Ok(false),
@@ -381,11 +384,7 @@ impl LeaseActorState {
         let request = AcquireRequest {
             name: spec.store_name.clone(),
             owner: spec.owner.clone(),
-            instance: format!(
-                "{}.{}",
-                self.instance_base,
-                self.belief.attempt_generation()
-            ),
+            instance: self.instance.clone(),
             ttl: spec.settings.heartbeat_timeout,
             note: spec.note.clone(),
             priority: spec.options.priority,
@@ -521,7 +520,7 @@ impl LeaseActorState {
         if held.is_none() && !self.maybe_in_store {
             return Ok(false);
         }
-        let released = release_ours(&self.spec, &self.instance_base, held.map(|h| h.token)).await;
+        let released = release_ours(&self.spec, &self.instance, held.map(|h| h.token)).await;
         match &released {
             Ok(_) => self.maybe_in_store = false,
             Err(e) => self.belief.trace(LeaseTrace::Error {
@@ -547,7 +546,7 @@ impl Actor for LeaseActor {
         Ok(LeaseActorState {
             spec: args.spec,
             belief: args.belief,
-            instance_base: new_instance_base(),
+            instance: new_instance(),
             maybe_in_store: false,
             wanted: false,
             waiters: Vec::new(),

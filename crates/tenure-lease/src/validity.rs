@@ -48,7 +48,8 @@ impl std::fmt::Display for LostReason {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Held {
     /// Counts grants of this belief: a lost or released grant is never revived, a new
-    /// acquire starts a new generation.
+    /// acquire starts a new generation (with the same token when the store still held the
+    /// lapsed grant for this holder instance: nobody else was granted it meanwhile).
     pub generation: u64,
     pub token: u64,
     pub deadline: Instant,
@@ -144,16 +145,6 @@ impl Belief {
     /// The grant believed at `now`, if any.
     pub fn current(&self, now: Instant) -> Option<Held> {
         self.held.filter(|h| now < h.deadline)
-    }
-
-    /// The generation the next grant answer belongs to: the current one while held (a
-    /// reentrant acquire), a new one otherwise. Stores key reentrancy on it, so a grant
-    /// after a loss or release always gets a new token.
-    pub fn attempt_generation(&self) -> u64 {
-        match self.held {
-            Some(h) => h.generation,
-            None => self.generations + 1,
-        }
     }
 
     /// The grant believed, ignoring whether its deadline has passed yet.

@@ -56,10 +56,10 @@ pub struct Statements {
     /// `$1` name, `$2` owner, `$3` instance, `$4` ttl in µs, `$5` note, `$6` priority
     /// (text), `$7` cleanup timeout in µs, `$8` whether the request may take over a
     /// lower-priority grant at once (emergency). One row: `granted` (bool) and the record,
-    /// either the caller's grant or the other owner's unexpired one. No row: the lease was
-    /// released between the insert and the look-up; ask again. A grant with a forceful
-    /// request pending is neither refreshed nor taken over by its own owner: it ends at its
-    /// expiry.
+    /// either the caller's grant or the other holder's unexpired one (another owner's, or
+    /// another instance's of the same owner). No row: the lease was released between the
+    /// insert and the look-up; ask again. A grant with a forceful request pending is not
+    /// refreshed, even by its own instance: it ends at its expiry.
     pub acquire: String,
     /// `$1` owner, `$2` names, `$3` tokens, `$4` ttl in µs: renews every listed grant that
     /// `$1` holds unexpired with that token and without a forceful request pending; returns
@@ -149,7 +149,7 @@ granted AS (
         request_note = CASE WHEN {same} THEN l.request_note END,
         expires_at = excluded.expires_at
     WHERE l.expires_at <= excluded.granted_at
-       OR (l.owner = excluded.owner AND NOT {FORCED})
+       OR (l.owner = excluded.owner AND l.instance = excluded.instance AND NOT {FORCED})
        OR ($8::boolean AND l.owner <> excluded.owner AND l.priority < excluded.priority)
     RETURNING l.*
 )

@@ -285,9 +285,9 @@ impl LeaseStore for PostgresStore {
         }
     }
 
-    /// One statement: insert the grant, or take over the row if it is expired, ours (and
-    /// not being forcefully preempted) or, for an emergency request, of lower priority;
-    /// otherwise return the current holder.
+    /// One statement: insert the grant, or take over the row if it is expired, this
+    /// instance's (and not being forcefully preempted) or, for an emergency request, of
+    /// lower priority; otherwise return the current holder.
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError> {
         let sql = &self.inner.statements.acquire;
         let ttl = ttl_us(req.ttl);

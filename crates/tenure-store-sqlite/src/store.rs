@@ -248,8 +248,7 @@ impl LeaseStore for SqliteStore {
                         ..rec
                     })
                 }
-                // Free, expired, held by another instance of this owner, or an emergency
-                // take-over: a new grant.
+                // Free, expired, or an emergency take-over: a new grant.
                 _ => {
                     let token: i64 = tx
                         .prepare_cached(sql::NEXT_TOKEN)?
