@@ -209,7 +209,7 @@ pub async fn reentry_after_an_operator_release(h: &dyn Harness) {
     assert!(lease.release().await.expect("release"));
 }
 
-/// The holder's sessions end under it ([`Harness::expire_sessions`]) while its answers are
+/// The holder's sessions end under it ([`Harness::expire_sessions`]), then its answers are
 /// late, so that its client's calls in flight (a keep-alive among them) are cut short: the
 /// holder announces the loss once, another owner can be granted the lease, and the same
 /// handle is granted it again afterwards (on a new session), and keeps it.
@@ -228,8 +228,8 @@ pub async fn session_expiry_recovers(h: &dyn Harness) {
     };
     // A few renewals first (stores with sessions keep a keep-alive stream open).
     sleep(test_settings().heartbeat_interval * 3).await;
-    delay.set(Some(late()));
     h.expire_sessions("a").await;
+    delay.set(Some(late()));
     let started = Instant::now();
     while lease.check_lease() {
         assert!(started.elapsed() < ttl * 2, "the holder never lost the lease");
