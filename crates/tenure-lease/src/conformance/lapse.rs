@@ -245,6 +245,9 @@ pub async fn session_expiry_recovers(h: &dyn Harness) {
             .await
             .expect("release")
     );
+    // Long enough for every client-side estimate of the old session's life to run out, so
+    // that the next acquire has to ask the server about it.
+    sleep(ttl * 2).await;
     let started = Instant::now();
     let t3 = loop {
         let answer = lease.acquire().await;
