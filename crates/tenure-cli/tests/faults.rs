@@ -1,15 +1,20 @@
 //! The fault-injection suite: a 3-node cluster (sharded counter under load, a singleton)
 //! on each store kind, through a sequence of faults in an order and with timings drawn
 //! from a seed: SIGKILL (then restart), SIGSTOP past the ttl and shorter than it, traffic
-//! cut between two nodes, traffic cut between a node and the store, a store restart, and
-//! a wall-clock jump on one node (libfaketime; the monotonic clock is left alone). Every
-//! run's history must pass `tenure check`, every acknowledged increment must be in the
-//! counter, and the cluster must serve again after the faults.
+//! cut between two nodes, traffic cut between a node and the store, a store restart, a
+//! wall-clock jump on one node (libfaketime; the monotonic clock is left alone), a second
+//! process acquiring as a node's owner (its member lease, while the node runs or is frozen
+//! past the ttl: a replaced pod), the store's answers to a node delayed past the operation
+//! timeout, and (etcd) a node's sessions revoked on the server. Every run's history must
+//! pass `tenure check`, every acknowledged increment must be in the counter, and the
+//! cluster must serve again after the faults.
 //!
 //! The seed is printed (`fault seed …`); replay a run with `TENURE_FAULT_SEED=<seed>`.
 //! `TENURE_FAULT_ROUNDS=<n>` (default 1) repeats the fault sequence n times: a soak.
 //! SQLite is one file on one host: it has no connection to cut and no server to restart,
-//! so those two faults run on the network stores only.
+//! so those two faults run on the network stores only; its late answers are a write lock
+//! held on the file (every process's operations wait, and those that wait past their
+//! caller's timeout complete unanswered).
 
 mod common;
 #[path = "../../tenure-store-etcd/tests/support/mod.rs"]
@@ -21,8 +26,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::cluster::{Cluster, MEMBER_TTL, Options, TestCluster};
-use common::proxy::Proxy;
 use tenure::sqlite::FencedCounter;
+use tenure_lease::conformance::proxy::Proxy;
 use tenure_cli::demo::scenario::SplitMix;
 
 /// Serializes the runs: one cluster at a time on a 2-core machine.
@@ -44,6 +49,10 @@ heartbeat-interval = "500ms"
 lease-retry-interval = "300ms"
 lease-operation-timeout = "1500ms"
 "#;
+/// The sections' `lease-operation-timeout`.
+const OPERATION_TIMEOUT: Duration = Duration::from_millis(1500);
+/// The key prefix of the etcd section.
+const ETCD_PREFIX: &str = "/faults/";
 
 /// The fault plan's randomness, reproducible from the seed (the demo's generator).
 struct Rng(SplitMix);
@@ -90,6 +99,9 @@ enum Fault {
     CutStore,
     RestartStore,
     ClockJump,
+    SameOwner,
+    SlowStore,
+    SessionExpiry,
 }
 
 /// The store a run uses, and the server behind it when there is one.
@@ -127,7 +139,7 @@ impl Store {
         let options = match self {
             Store::Sqlite => unreachable!("SQLite uses the harness's section"),
             Store::Etcd(..) => format!(
-                "store = \"etcd\"\nendpoints = [\"http://127.0.0.1:{port}\"]\nprefix = \"/faults/\"\n"
+                "store = \"etcd\"\nendpoints = [\"http://127.0.0.1:{port}\"]\nprefix = \"{ETCD_PREFIX}\"\n"
             ),
             Store::Postgres(_) => format!(
                 "store = \"postgres\"\nurl = \"postgres://postgres@127.0.0.1:{port}/postgres\"\n\
@@ -310,7 +322,105 @@ fn inject(run: &mut Run, fault: Fault, rng: &mut Rng) {
                 .record_fields(&addr, "clock_jump", serde_json::json!({ "offset": offset }));
             std::thread::sleep(Duration::from_secs(2));
         }
+        Fault::SameOwner => second_owner(run, target, rng),
+        Fault::SlowStore => {
+            let span = rng.between(OPERATION_TIMEOUT - Duration::from_millis(500), ttl);
+            match run.proxies.get(target) {
+                Some(proxy) => {
+                    proxy.set_delay(Some(OPERATION_TIMEOUT + Duration::from_millis(500)));
+                    run.c.record(target, "store_slow");
+                    std::thread::sleep(span);
+                    proxy.set_delay(None);
+                    run.c.record(target, "store_on_time");
+                }
+                None => {
+                    // SQLite: every process's operations wait for the lock; those that wait
+                    // past the busy timeout fail, those behind them on a process's
+                    // connection complete after their caller gave up.
+                    let lock = rusqlite::Connection::open(run.c.dir.path().join("leases.sqlite"))
+                        .expect("open the lease file");
+                    lock.busy_timeout(Duration::from_secs(10))
+                        .and_then(|_| lock.execute_batch("BEGIN EXCLUSIVE"))
+                        .expect("take the write lock");
+                    run.c
+                        .record_fields("store", "store_slow", serde_json::json!({}));
+                    std::thread::sleep(span);
+                    drop(lock);
+                    run.c
+                        .record_fields("store", "store_on_time", serde_json::json!({}));
+                }
+            }
+        }
+        Fault::SessionExpiry => {
+            let Store::Etcd(etcd, rt) = &run.store else {
+                unreachable!("session expiry runs on etcd only")
+            };
+            let revoked = rt.block_on(etcd.revoke_sessions_of(ETCD_PREFIX, &addr));
+            run.c.record_fields(
+                &addr,
+                "session_expired",
+                serde_json::json!({ "sessions": revoked }),
+            );
+        }
     }
+}
+
+/// A second process acquiring as node `target`'s owner: `tenure lease run --owner <node>`
+/// on the node's member lease, recording into the history. Half the time the node is frozen
+/// meanwhile past the ttl (a pod replaced while its predecessor hangs): the second process
+/// is granted the lease only once the node's grant expired, and the node, resumed, stays
+/// out of the cluster until the second process is stopped. Otherwise the second process
+/// waits while the node renews. Either way the checker judges the two holders.
+fn second_owner(run: &mut Run, target: usize, rng: &mut Rng) {
+    let ttl = MEMBER_TTL;
+    let addr = run.c.nodes[target].addr.clone();
+    let lease = format!("tenure-member-{addr}");
+    let history = run.c.history.display().to_string();
+    let mut second = run
+        .c
+        .command(
+            target,
+            &[
+                "lease", "run", &lease, "--owner", &addr, "--grace", "200ms", "--history",
+                &history, "--", "sleep", "600",
+            ],
+        )
+        .env("TENURE_LOG", "warn")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("start tenure lease run");
+    run.c.record_fields(
+        &addr,
+        "second_owner_started",
+        serde_json::json!({ "lease": lease }),
+    );
+    if rng.below(2) == 0 {
+        run.c.pause(target);
+        std::thread::sleep(rng.between(ttl + Duration::from_millis(500), ttl * 2));
+        run.c.resume(target);
+        std::thread::sleep(rng.between(Duration::from_millis(200), ttl));
+    } else {
+        std::thread::sleep(rng.between(Duration::from_secs(1), ttl + Duration::from_secs(1)));
+    }
+    // SAFETY: kill(2) on our unreaped child.
+    unsafe { libc::kill(second.id() as i32, libc::SIGTERM) };
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = second.try_wait().expect("wait for tenure lease run") {
+            break status;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "tenure lease run --owner {addr} did not exit after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    run.c.record_fields(
+        &addr,
+        "second_owner_stopped",
+        serde_json::json!({ "lease": lease, "status": status.code() }),
+    );
 }
 
 fn final_checks(run: &Run) {
@@ -348,9 +458,14 @@ fn run_suite(store: Store) {
         Fault::PauseShort,
         Fault::CutLink,
         Fault::ClockJump,
+        Fault::SameOwner,
+        Fault::SlowStore,
     ];
     if kind != "sqlite" {
         faults.extend([Fault::CutStore, Fault::RestartStore]);
+    }
+    if kind == "etcd" {
+        faults.push(Fault::SessionExpiry);
     }
     for _ in 0..rounds() {
         // Fisher-Yates with the seeded generator.

@@ -3,7 +3,6 @@
 #![allow(dead_code)]
 
 pub mod cluster;
-pub mod proxy;
 pub mod shards;
 
 use std::io::{BufRead, BufReader};
