@@ -115,7 +115,12 @@ pub async fn run(
         "command_started",
         serde_json::json!({"token": token, "pid": child.id()}),
     );
-    let stopped = |why: &str| record("command_stopped", serde_json::json!({"token": token, "why": why}));
+    let stopped = |why: &str| {
+        record(
+            "command_stopped",
+            serde_json::json!({"token": token, "why": why}),
+        )
+    };
 
     let outcome = tokio::select! {
         status = child.wait() => {

@@ -27,8 +27,8 @@ use std::time::{Duration, Instant};
 
 use common::cluster::{Cluster, MEMBER_TTL, Options, TestCluster};
 use tenure::sqlite::FencedCounter;
-use tenure_lease::conformance::proxy::Proxy;
 use tenure_cli::demo::scenario::SplitMix;
+use tenure_lease::conformance::proxy::Proxy;
 
 /// Serializes the runs: one cluster at a time on a 2-core machine.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -381,8 +381,18 @@ fn second_owner(run: &mut Run, target: usize, rng: &mut Rng) {
         .command(
             target,
             &[
-                "lease", "run", &lease, "--owner", &addr, "--grace", "200ms", "--history",
-                &history, "--", "sleep", "600",
+                "lease",
+                "run",
+                &lease,
+                "--owner",
+                &addr,
+                "--grace",
+                "200ms",
+                "--history",
+                &history,
+                "--",
+                "sleep",
+                "600",
             ],
         )
         .env("TENURE_LOG", "warn")

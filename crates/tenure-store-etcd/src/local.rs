@@ -289,12 +289,18 @@ mod tests {
         tokio::time::advance(Duration::from_millis(600)).await;
         let now = Instant::now();
         local.find_orphans(&layout, 1, attached.iter().map(Vec::as_slice), now);
-        assert!(local.sweep(&layout, 1, now).is_empty(), "renewed 600 ms ago");
+        assert!(
+            local.sweep(&layout, 1, now).is_empty(),
+            "renewed 600 ms ago"
+        );
         tokio::time::advance(Duration::from_millis(400)).await;
         let now = Instant::now();
         local.find_orphans(&layout, 1, attached.iter().map(Vec::as_slice), now);
         assert_eq!(local.sweep(&layout, 1, now).len(), 1);
-        assert!(local.get("a").is_none(), "forgotten: renewals answer not held");
+        assert!(
+            local.get("a").is_none(),
+            "forgotten: renewals answer not held"
+        );
     }
 
     #[test]

@@ -11,11 +11,11 @@ use etcd_client::{
     TxnOp, TxnOpResponse, TxnResponse,
 };
 use futures::stream::{self, StreamExt};
-use tokio::time::Instant;
 use tenure_lease::{
     AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, HeldLease, LeaseRecord, LeaseStore,
     PreemptAnswer, PreemptionRequest, Renewal, StoreError,
 };
+use tokio::time::Instant;
 
 use crate::clock::RevisionClock;
 use crate::error::etcd_error;
@@ -571,8 +571,12 @@ impl Inner {
                 }
             });
         }
-        self.local
-            .find_orphans(&self.layout, session.id, attached.into_iter(), Instant::now());
+        self.local.find_orphans(
+            &self.layout,
+            session.id,
+            attached.into_iter(),
+            Instant::now(),
+        );
         let moved: Vec<_> = stream::iter(moves.into_iter().map(|(i, name, key, g, request)| {
             self.move_grant(i, name, key, g, request, ttl_ms, (session.id, sent))
         }))

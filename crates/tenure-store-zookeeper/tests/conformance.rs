@@ -54,7 +54,13 @@ impl Harness for ZooKeeperHarness {
 
     /// Through a TCP proxy to the server.
     async fn delayed_client(&self) -> (Arc<dyn LeaseStore>, Box<dyn AnswerDelay>) {
-        let port = self.shared.server.connect_string().rsplit(':').next().map(str::parse);
+        let port = self
+            .shared
+            .server
+            .connect_string()
+            .rsplit(':')
+            .next()
+            .map(str::parse);
         let proxy = Proxy::start(port.expect("host:port").expect("a port"));
         let connect = format!("127.0.0.1:{}", proxy.port);
         let timeout = test_settings().lease_operation_timeout;

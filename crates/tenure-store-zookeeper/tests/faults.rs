@@ -12,7 +12,6 @@ use tenure_lease::{
     AcquireOutcome, AcquireRequest, Acquired, HeldLease, Lease, LeaseSpec, LeaseStore, LostReason,
     Renewal, StoreError,
 };
-use tenure_store_zookeeper::zookeeper_client as zk;
 use tokio::time::{Instant, sleep};
 
 fn request(name: &str, owner: &str, instance: &str, ttl: Duration) -> AcquireRequest {

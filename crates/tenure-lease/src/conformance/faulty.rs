@@ -108,7 +108,8 @@ impl LeaseStore for FaultyClient {
         token: u64,
         request: &PreemptionRequest,
     ) -> Result<PreemptAnswer, StoreError> {
-        self.pass(self.inner.request_preemption(name, token, request)).await
+        self.pass(self.inner.request_preemption(name, token, request))
+            .await
     }
     async fn withdraw_preemption(
         &self,
@@ -116,10 +117,10 @@ impl LeaseStore for FaultyClient {
         token: u64,
         by: &str,
     ) -> Result<bool, StoreError> {
-        self.pass(self.inner.withdraw_preemption(name, token, by)).await
+        self.pass(self.inner.withdraw_preemption(name, token, by))
+            .await
     }
     async fn watch(&self, prefix: &str) -> Result<crate::WatchReceiver, StoreError> {
         self.pass(self.inner.watch(prefix)).await
     }
 }
-

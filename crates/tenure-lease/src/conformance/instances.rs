@@ -26,7 +26,10 @@ pub async fn same_owner_other_instance_waits(h: &dyn Harness) {
     let first = instance("same-owner", "a", "first", ttl);
     let second = instance("same-owner", "a", "second", ttl);
     let t1 = granted_token(&store.try_acquire(&first).await.expect("acquire"));
-    for (client, through) in [(&store, "the same client"), (&other_process, "another client")] {
+    for (client, through) in [
+        (&store, "the same client"),
+        (&other_process, "another client"),
+    ] {
         match client.try_acquire(&second).await.expect("acquire") {
             AcquireOutcome::Held(r) => assert_eq!(
                 (r.owner.as_str(), r.instance.as_str(), r.token),

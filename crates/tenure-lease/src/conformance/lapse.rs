@@ -97,10 +97,9 @@ pub async fn lost_answers_lapse(h: &dyn Harness) {
     // The owner's renewals of the kept lease went on past both grants to b.
     let since = lost_at.max(unreleased_at);
     let renewed_after = |log: &RenewLog| {
-        log.lock()
-            .unwrap()
-            .iter()
-            .any(|(at, r)| *at > since && matches!(r, Ok(v) if v.first().is_some_and(Renewal::is_renewed)))
+        log.lock().unwrap().iter().any(|(at, r)| {
+            *at > since && matches!(r, Ok(v) if v.first().is_some_and(Renewal::is_renewed))
+        })
     };
     let started = Instant::now();
     while !renewed_after(&renewals) {
@@ -232,7 +231,10 @@ pub async fn session_expiry_recovers(h: &dyn Harness) {
     delay.set(Some(late()));
     let started = Instant::now();
     while lease.check_lease() {
-        assert!(started.elapsed() < ttl * 2, "the holder never lost the lease");
+        assert!(
+            started.elapsed() < ttl * 2,
+            "the holder never lost the lease"
+        );
         sleep(Duration::from_millis(20)).await;
     }
     delay.set(None);
@@ -267,6 +269,10 @@ pub async fn session_expiry_recovers(h: &dyn Harness) {
     assert!(t3 > t2);
     sleep(ttl * 2).await;
     assert!(lease.check_lease(), "the new grant is renewed");
-    assert_eq!(*losses.lock().unwrap(), [t1], "one loss, of the ended grant");
+    assert_eq!(
+        *losses.lock().unwrap(),
+        [t1],
+        "one loss, of the ended grant"
+    );
     assert!(lease.release().await.expect("release"));
 }

@@ -36,10 +36,7 @@ impl Shared {
     fn pass(&self) -> bool {
         let mut state = self.state();
         while state.cut && !state.stopped {
-            state = self
-                .changed
-                .wait(state)
-                .unwrap_or_else(|e| e.into_inner());
+            state = self.changed.wait(state).unwrap_or_else(|e| e.into_inner());
         }
         !state.stopped
     }

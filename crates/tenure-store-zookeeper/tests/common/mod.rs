@@ -9,9 +9,9 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tenure_store_zookeeper::server::TestServer;
+use tenure_store_zookeeper::zookeeper_client as zk;
 use tenure_store_zookeeper::{ZooKeeperOptions, ZooKeeperStore};
 use tokio::sync::{Mutex, OwnedMutexGuard};
-use tenure_store_zookeeper::zookeeper_client as zk;
 
 /// tickTime of the test server: sessions may last 0.5 s to 5 s.
 pub const TICK: Duration = Duration::from_millis(250);
