@@ -156,11 +156,7 @@ impl OwnerSession {
     /// node changed since it was read. `Ok(true)`: nothing is left to reap; `Ok(false)`:
     /// something changed meanwhile, look again later.
     async fn reap_doubt(&self, name: &str) -> Result<bool, zk::Error> {
-        let lease = self
-            .layout
-            .lease(name)
-            .map_err(|_| zk::Error::BadArguments(&"invalid lease name"))?;
-        let holder = format!("{lease}/{}", crate::node::HOLDER);
+        let (lease, holder) = self.paths(name)?;
         let mut read = self.client.new_multi_reader();
         read.add_get_data(&lease)?;
         read.add_get_data(&holder)?;
@@ -183,17 +179,10 @@ impl OwnerSession {
             return Ok(true);
         }
         tracing::info!(lease = %name, "deleting a holder node left by an acquire whose outcome was unknown");
-        let mut multi = self.client.new_multi_writer();
-        multi.add_check_version(&lease, lease_stat.version)?;
-        multi.add_delete(&holder, Some(holder_stat.version))?;
-        match multi.commit().await {
-            Ok(_) => Ok(true),
-            Err(zk::MultiWriteError::OperationFailed {
-                source: zk::Error::BadVersion | zk::Error::NoNode,
-                ..
-            }) => Ok(false),
-            Err(e) => Err(e.into()),
-        }
+        let deleted = self
+            .delete_holder(name, lease_stat.version, Some(holder_stat.version))
+            .await?;
+        Ok(deleted)
     }
 
     pub(crate) fn forget(&self, name: &str, token: u64) {
@@ -249,14 +238,31 @@ impl OwnerSession {
         name: &str,
         lease_version: i32,
     ) -> Result<bool, zk::Error> {
+        self.delete_holder(name, lease_version, None).await
+    }
+
+    /// The lease node and holder node paths of `name`.
+    fn paths(&self, name: &str) -> Result<(String, String), zk::Error> {
         let lease = self
             .layout
             .lease(name)
             .map_err(|_| zk::Error::BadArguments(&"invalid lease name"))?;
         let holder = format!("{lease}/{}", crate::node::HOLDER);
+        Ok((lease, holder))
+    }
+
+    /// Deletes the holder node of `name` (at `holder_version`, if given) if the lease
+    /// node's version is still `lease_version`: `Ok(false)` when either changed or is gone.
+    async fn delete_holder(
+        &self,
+        name: &str,
+        lease_version: i32,
+        holder_version: Option<i32>,
+    ) -> Result<bool, zk::Error> {
+        let (lease, holder) = self.paths(name)?;
         let mut multi = self.client.new_multi_writer();
         multi.add_check_version(&lease, lease_version)?;
-        multi.add_delete(&holder, None)?;
+        multi.add_delete(&holder, holder_version)?;
         match multi.commit().await {
             Ok(_) => Ok(true),
             Err(zk::MultiWriteError::OperationFailed {
