@@ -5,7 +5,7 @@
 //! wall-clock jump on one node (libfaketime; the monotonic clock is left alone), a second
 //! process acquiring as a node's owner (its member lease, while the node runs or is frozen
 //! past the ttl: a replaced pod), the store's answers to a node delayed past the operation
-//! timeout, and (etcd) a node's sessions revoked on the server. Every run's history must
+//! timeout, and (etcd) a node's sessions expiring while it is cut off. Every run's history must
 //! pass `tenure check`, every acknowledged increment must be in the counter, and the
 //! cluster must serve again after the faults.
 //!
@@ -352,15 +352,26 @@ fn inject(run: &mut Run, fault: Fault, rng: &mut Rng) {
             }
         }
         Fault::SessionExpiry => {
+            // An expiry, not an operator's revocation: the server ends a session only when
+            // its keep-alives stopped for its TTL, when the holder's deadlines have passed.
+            // So the node is cut off from the store first, for a ttl, and its sessions are
+            // then ended on the server (as the TTL would, a little later); its calls that
+            // were in flight (keep-alives among them) time out meanwhile.
             let Store::Etcd(etcd, rt) = &run.store else {
                 unreachable!("session expiry runs on etcd only")
             };
+            run.proxies[target].set_cut(true);
+            run.c.record(target, "store_cut");
+            std::thread::sleep(ttl + Duration::from_millis(100));
             let revoked = rt.block_on(etcd.revoke_sessions_of(ETCD_PREFIX, &addr));
             run.c.record_fields(
                 &addr,
                 "session_expired",
                 serde_json::json!({ "sessions": revoked }),
             );
+            std::thread::sleep(rng.between(Duration::ZERO, Duration::from_secs(1)));
+            run.proxies[target].set_cut(false);
+            run.c.record(target, "store_healed");
         }
     }
 }
@@ -434,6 +445,10 @@ fn second_owner(run: &mut Run, target: usize, rng: &mut Rng) {
 }
 
 fn final_checks(run: &Run) {
+    let _ = std::fs::copy(
+        &run.c.history,
+        "/work/targets/instance-logs/last-history.jsonl",
+    );
     let summary = common::assert_checked(&run.c.history);
     eprintln!("{}", summary.trim());
     let history = run.c.history();

@@ -8,9 +8,12 @@
 //! release that failed, or of a grant whose holder gave it up without releasing it (its
 //! belief lapsed). Such keys are **orphans**. A renewal lists the keys attached to its
 //! session; the orphans among them are deleted in the same transaction as the session's
-//! next heartbeat, each only if it is still attached to the session. So an orphan is kept
-//! alive by at most the heartbeat it was found after: it lapses at most one renewal
-//! interval past a ttl, like a grant whose holder stopped renewing.
+//! next heartbeat, each only if it is still attached to the session and was not written
+//! since the listing (its mod revision is at most the listing's revision): an acquire of
+//! this client that re-created or re-entered it meanwhile, and whose holder now believes
+//! in it, keeps it. So an orphan is kept alive by at most the heartbeat it was found
+//! after: it lapses at most one renewal interval past a ttl, like a grant whose holder
+//! stopped renewing.
 //!
 //! A grant this client wrote is known here until it is released (a release forgets it
 //! first: if the release fails, its key is an orphan), found not held, or not renewed for
@@ -65,8 +68,9 @@ struct State {
     grants: HashMap<String, LocalGrant>,
     /// Acquires under way, by lease name: their keys are not orphans (yet).
     acquiring: HashMap<String, usize>,
-    /// Orphans found by the last renewal of each session, deleted with its next heartbeat.
-    orphans: HashMap<i64, Vec<String>>,
+    /// Orphans found by the last renewal of each session, deleted with its next heartbeat,
+    /// and the revision of the listing that found them.
+    orphans: HashMap<i64, (Vec<String>, i64)>,
 }
 
 /// The grants one client wrote, its acquires under way, and the orphans on its sessions.
@@ -120,12 +124,12 @@ impl Local {
     }
 
     /// Finds the orphans among `attached` (the keys attached to `session`, as a renewal
-    /// listed them at `now`), forgets the abandoned grants among them, and keeps the
-    /// orphans for the session's next heartbeat.
+    /// listed them at `now`, at store revision `listed`), forgets the abandoned grants among
+    /// them, and keeps the orphans for the session's next heartbeat.
     pub(crate) fn find_orphans<'k>(
         &self,
         layout: &Layout,
-        session: i64,
+        (session, listed): (i64, i64),
         attached: impl Iterator<Item = &'k [u8]>,
         now: Instant,
     ) {
@@ -143,15 +147,16 @@ impl Local {
         if orphans.is_empty() {
             state.orphans.remove(&session);
         } else {
-            state.orphans.insert(session, orphans);
+            state.orphans.insert(session, (orphans, listed));
         }
     }
 
     /// The deletions of the orphans last found on `session` that are orphans still, for its
-    /// heartbeat transaction: each deletes its key only if still attached to `session`.
+    /// heartbeat transaction: each deletes its key only if still attached to `session` and
+    /// not written since it was listed.
     pub(crate) fn sweep(&self, layout: &Layout, session: i64, now: Instant) -> Vec<TxnOp> {
         let state = self.lock();
-        let Some(orphans) = state.orphans.get(&session) else {
+        let Some((orphans, listed)) = state.orphans.get(&session) else {
             return Vec::new();
         };
         orphans
@@ -159,9 +164,13 @@ impl Local {
             .filter(|key| is_orphan(&state, layout, session, key.as_bytes(), now))
             .take(SWEEP_PER_HEARTBEAT)
             .map(|key| {
+                let unchanged = Compare::mod_revision(key.clone(), CompareOp::Less, listed + 1);
                 TxnOp::txn(
                     Txn::new()
-                        .when([Compare::lease(key.clone(), CompareOp::Equal, session)])
+                        .when([
+                            Compare::lease(key.clone(), CompareOp::Equal, session),
+                            unchanged,
+                        ])
                         .and_then([TxnOp::delete(key.clone(), None)]),
                 )
             })
@@ -263,12 +272,12 @@ mod tests {
             "/p/leases/in-flight",
         ]);
         let doubt = local.acquiring("in-flight");
-        local.find_orphans(&layout, 1, attached.iter().map(Vec::as_slice), now);
+        local.find_orphans(&layout, (1, 100), attached.iter().map(Vec::as_slice), now);
         assert_eq!(local.sweep(&layout, 1, now).len(), 3);
         assert!(local.sweep(&layout, 2, now).is_empty());
         // Once the acquire under way ends without a grant, its key is an orphan too.
         drop(doubt);
-        local.find_orphans(&layout, 1, attached.iter().map(Vec::as_slice), now);
+        local.find_orphans(&layout, (1, 100), attached.iter().map(Vec::as_slice), now);
         assert_eq!(local.sweep(&layout, 1, now).len(), 4);
         // A grant remembered since (the same instance acquired again) is no orphan.
         local.remember("lost-answer", grant(10, 1, now));
@@ -282,20 +291,20 @@ mod tests {
         let start = Instant::now();
         local.remember("a", grant(7, 1, start));
         let attached = keys(&["/p/leases/a"]);
-        local.find_orphans(&layout, 1, attached.iter().map(Vec::as_slice), start);
+        local.find_orphans(&layout, (1, 100), attached.iter().map(Vec::as_slice), start);
         assert!(local.sweep(&layout, 1, start).is_empty());
         tokio::time::advance(Duration::from_millis(600)).await;
         local.confirm("a", 7, Instant::now());
         tokio::time::advance(Duration::from_millis(600)).await;
         let now = Instant::now();
-        local.find_orphans(&layout, 1, attached.iter().map(Vec::as_slice), now);
+        local.find_orphans(&layout, (1, 100), attached.iter().map(Vec::as_slice), now);
         assert!(
             local.sweep(&layout, 1, now).is_empty(),
             "renewed 600 ms ago"
         );
         tokio::time::advance(Duration::from_millis(400)).await;
         let now = Instant::now();
-        local.find_orphans(&layout, 1, attached.iter().map(Vec::as_slice), now);
+        local.find_orphans(&layout, (1, 100), attached.iter().map(Vec::as_slice), now);
         assert_eq!(local.sweep(&layout, 1, now).len(), 1);
         assert!(
             local.get("a").is_none(),

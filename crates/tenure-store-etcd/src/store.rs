@@ -531,8 +531,9 @@ impl Inner {
             .time_to_live(session.id, Some(LeaseTimeToLiveOptions::new().with_keys()))
             .await
             .map_err(|e| etcd_error("renew (read attached keys)", &heartbeat, e))?;
-        if let Some(h) = attached.header() {
-            self.clock.saw(h.revision());
+        let listed = attached.header().map(|h| h.revision());
+        if let Some(revision) = listed {
+            self.clock.saw(revision);
         }
         let attached: HashSet<&[u8]> = attached.keys().iter().map(Vec::as_slice).collect();
         let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
@@ -571,12 +572,13 @@ impl Inner {
                 }
             });
         }
-        self.local.find_orphans(
-            &self.layout,
-            session.id,
-            attached.into_iter(),
-            Instant::now(),
-        );
+        // Without the listing's revision, nothing can be told unchanged since: no sweep.
+        if let Some(listed) = listed {
+            let listing = (session.id, listed);
+            let now = Instant::now();
+            self.local
+                .find_orphans(&self.layout, listing, attached.into_iter(), now);
+        }
         let moved: Vec<_> = stream::iter(moves.into_iter().map(|(i, name, key, g, request)| {
             self.move_grant(i, name, key, g, request, ttl_ms, (session.id, sent))
         }))
