@@ -247,8 +247,8 @@ impl LeaseActor {
     }
 }
 
-/// Unique per LeaseActor on this host: its holder instance.
-fn new_instance() -> String {
+/// Unique per LeaseActor on this host: the prefix of its holder instances.
+fn new_instance_base() -> String {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let nanos = std::time::SystemTime::now()
@@ -266,11 +266,18 @@ const WAKE_EARLY: std::time::Duration = std::time::Duration::from_millis(2);
 pub struct LeaseActorState {
     spec: LeaseSpec,
     belief: Arc<SharedBelief>,
-    /// This actor's holder instance: every grant it asks for, from its first acquire to its
-    /// last, is this instance's, so that it re-enters its own grant (same token) also after
-    /// a loss, an unknown outcome or an operator's release, and no other instance of its
-    /// owner (another actor, process or node incarnation) can take an unexpired grant of it.
-    instance: String,
+    /// Prefix of this actor's holder instances (`<base>.<n>`): no other actor, process or
+    /// node incarnation of the owner shares it, so none of them can take an unexpired grant
+    /// of this actor's (the store refuses another instance like another owner).
+    instance_base: String,
+    /// `n` of the current instance: the one every acquire asks as, so that it re-enters its
+    /// grant with the same token, also after an unknown outcome or when an operator's
+    /// release made the store grant it anew. It moves on once a grant believed under it has
+    /// ended (lost, released): the next grant then gets a new token, and nothing the old
+    /// grant's holder still does (entities stopping, late writes) carries the new token.
+    instance_seq: u64,
+    /// A grant under the current instance has been believed.
+    instance_believed: bool,
     /// A grant of ours may be in the store without being believed (an acquire with an
     /// unknown outcome, a grant that lapsed locally): release must look.
     maybe_in_store: bool,
@@ -312,10 +319,10 @@ impl Drop for LeaseActorState {
         let held = self.belief.give_up();
         if held.is_some() || self.maybe_in_store {
             let spec = self.spec.clone();
-            let instance = self.instance.clone();
+            let base = self.instance_base.clone();
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
                 rt.spawn(async move {
-                    let released = release_ours(&spec, &instance, held.map(|h| h.token)).await;
+                    let released = release_ours(&spec, &base, held.map(|h| h.token)).await;
                     tracing::info!(lease = %spec.name, ?released, "released after the lease actor was killed");
                 });
             }
@@ -323,11 +330,11 @@ impl Drop for LeaseActorState {
     }
 }
 
-/// Releases this actor's grant: the believed one (`token`), or else whatever grant of this
-/// actor's `instance` the store holds.
+/// Releases this actor's grant: the believed one (`token`), or else whatever grant of one
+/// of this actor's instances (`<base>.<n>`) the store holds.
 async fn release_ours(
     spec: &LeaseSpec,
-    instance: &str,
+    base: &str,
     token: Option<u64>,
 ) -> Result<bool, LeaseError> {
     if let Some(token) = token {
@@ -341,7 +348,7 @@ async fn release_ours(
     )
     .await?;
     match record {
-        Some(r) if r.owner == spec.owner && r.instance == instance => {
+        Some(r) if r.owner == spec.owner && r.instance.starts_with(&format!("{base}.")) => {
             release_in_store(spec, r.token).await
         }
         _ => Ok(false),
@@ -378,13 +385,35 @@ impl LeaseActorState {
         })
     }
 
+    /// The instance the next acquire asks as: the current one while its grant is believed
+    /// or was never believed; a new one once a believed grant ended. The ended grant, if
+    /// the store may still keep it, is released first (otherwise the new instance would
+    /// wait for it to expire); if that fails, it expires after its ttl.
+    async fn instance_for_attempt(&mut self) -> String {
+        if self.instance_believed && self.belief.current().is_none() {
+            if self.maybe_in_store {
+                match release_ours(&self.spec, &self.instance_base, None).await {
+                    Ok(_) => self.maybe_in_store = false,
+                    Err(e) => self.belief.trace(LeaseTrace::Error {
+                        operation: "release",
+                        error: e.to_string(),
+                    }),
+                }
+            }
+            self.instance_seq += 1;
+            self.instance_believed = false;
+        }
+        format!("{}.{}", self.instance_base, self.instance_seq)
+    }
+
     /// One acquire attempt, bounded by the operation timeout.
     async fn attempt(&mut self, myself: &ActorRef<LeaseMsg>) -> AcquireReply {
+        let instance = self.instance_for_attempt().await;
         let spec = &self.spec;
         let request = AcquireRequest {
             name: spec.store_name.clone(),
             owner: spec.owner.clone(),
-            instance: self.instance.clone(),
+            instance,
             ttl: spec.settings.heartbeat_timeout,
             note: spec.note.clone(),
             priority: spec.options.priority,
@@ -428,6 +457,7 @@ impl LeaseActorState {
             Ok(AcquireOutcome::Granted(record)) => {
                 match self.belief.grant(record.token, sent_at) {
                     GrantEffect::New(held) => {
+                        self.instance_believed = true;
                         self.notices = preemption::Notices::new(held.generation, sent_at);
                         self.on_new_grant(myself, held);
                         Ok((
@@ -520,7 +550,7 @@ impl LeaseActorState {
         if held.is_none() && !self.maybe_in_store {
             return Ok(false);
         }
-        let released = release_ours(&self.spec, &self.instance, held.map(|h| h.token)).await;
+        let released = release_ours(&self.spec, &self.instance_base, held.map(|h| h.token)).await;
         match &released {
             Ok(_) => self.maybe_in_store = false,
             Err(e) => self.belief.trace(LeaseTrace::Error {
@@ -546,7 +576,9 @@ impl Actor for LeaseActor {
         Ok(LeaseActorState {
             spec: args.spec,
             belief: args.belief,
-            instance: new_instance(),
+            instance_base: new_instance_base(),
+            instance_seq: 1,
+            instance_believed: false,
             maybe_in_store: false,
             wanted: false,
             waiters: Vec::new(),

@@ -118,6 +118,33 @@ async fn hanging_renewals_lose_the_lease_by_the_deadline() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn after_a_loss_the_actor_acquires_again_at_once_with_a_new_token() {
+    let store = MemoryStore::new();
+    let (actor, view, log) = started(&store, "a", "node-1").await;
+    let granted_at = Instant::now();
+    let Acquired::Granted { token: t1 } = try_acquire(&actor).await else {
+        panic!()
+    };
+    // Renewals fail: the belief lapses at its deadline while the store keeps the grant
+    // until its ttl.
+    store.set_fault(Fault::FailRenewals);
+    while view.check_lease() {
+        sleep(Duration::from_millis(100)).await;
+    }
+    store.set_fault(Fault::None);
+    assert_eq!(store.read("a").await.unwrap().map(|r| r.token), Some(t1));
+    // The same actor is another instance now: its lapsed grant is released first, so it
+    // is granted at once, with a new token that fences off whatever the lost grant did.
+    let Acquired::Granted { token: t2 } = try_acquire(&actor).await else {
+        panic!("not granted again")
+    };
+    assert!(t2 > t1);
+    assert!(Instant::now() < granted_at + settings().heartbeat_timeout);
+    assert_eq!(lost_events(&log).len(), 1);
+    assert_eq!(try_acquire(&actor).await, Acquired::Granted { token: t2 });
+}
+
+#[tokio::test(start_paused = true)]
 async fn store_saying_not_held_loses_at_once() {
     let store = MemoryStore::new();
     let (actor, view, log) = started(&store, "a", "node-1").await;

@@ -48,8 +48,7 @@ impl std::fmt::Display for LostReason {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Held {
     /// Counts grants of this belief: a lost or released grant is never revived, a new
-    /// acquire starts a new generation (with the same token when the store still held the
-    /// lapsed grant for this holder instance: nobody else was granted it meanwhile).
+    /// acquire starts a new generation.
     pub generation: u64,
     pub token: u64,
     pub deadline: Instant,

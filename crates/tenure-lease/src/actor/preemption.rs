@@ -226,7 +226,7 @@ impl LeaseActorState {
         let spec = &self.spec;
         let request = PreemptionRequest {
             by: spec.owner.clone(),
-            instance: self.instance.clone(),
+            instance: self.instance_base.clone(),
             priority: spec.options.priority,
             forceful,
             note: spec.note.clone(),
