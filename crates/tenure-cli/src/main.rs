@@ -212,6 +212,10 @@ enum LeaseCommand {
         /// Time COMMAND gets between SIGTERM and SIGKILL when the lease is lost.
         #[arg(long, default_value = "2s", value_parser = tenure::duration::parse)]
         grace: Duration,
+        /// Append the lease's events and the command's start and stop to this history
+        /// (JSON Lines, docs/history.md; `node` is the owner), for `tenure check`.
+        #[arg(long)]
+        history: Option<PathBuf>,
         /// The command and its arguments.
         #[arg(trailing_var_arg = true, required = true, value_name = "COMMAND")]
         command: Vec<String>,
@@ -317,8 +321,16 @@ async fn run(cli: Cli) -> Result<Outcome, CliError> {
                 target,
                 priority,
                 grace,
+                history,
                 command,
-            } => run_cmd::run(&provider, &target, grace, priority.options(), &command).await,
+            } => {
+                let guard = run_cmd::Guard {
+                    grace,
+                    options: priority.options(),
+                    history: history.as_deref(),
+                };
+                run_cmd::run(&provider, &target, guard, &command).await
+            }
         },
         Command::Node {
             history,

@@ -6,6 +6,7 @@
 //! before the store can grant the lease to anyone else.
 
 use std::os::unix::process::CommandExt;
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -21,15 +22,40 @@ use crate::lease_cmd::{owner_of, section_of};
 /// Time allowed for SIGKILL to take effect and the exit to be reaped.
 const KILL_SLACK: Duration = Duration::from_millis(200);
 
+/// How `lease run` guards its command.
+#[derive(Debug, Clone)]
+pub struct Guard<'a> {
+    /// Time the command gets between SIGTERM and SIGKILL.
+    pub grace: Duration,
+    /// Priority and preemption options of the acquire.
+    pub options: AcquireOptions,
+    /// The history to append the lease's events and the command's life to.
+    pub history: Option<&'a Path>,
+}
+
 pub async fn run(
     provider: &LeaseProvider,
     target: &Target,
-    grace: Duration,
-    mut options: AcquireOptions,
+    guard: Guard<'_>,
     command: &[String],
 ) -> Result<Outcome, CliError> {
+    let Guard {
+        grace,
+        mut options,
+        history,
+    } = guard;
     let section = section_of(provider, target.section.as_deref())?;
     let owner = owner_of(target);
+    let history = history
+        .map(|path| {
+            tenure::cluster::History::open_for_owner(
+                path,
+                &owner,
+                tenure::cluster::Incarnation::new(),
+            )
+            .map_err(|e| CliError::Command(format!("--history {}: {e}", path.display())))
+        })
+        .transpose()?;
     let settings = provider.section(&section)?.settings;
     // The loss reaches this task through a channel, at once: no delivery slack.
     let budget = StopBudget {
@@ -44,7 +70,7 @@ pub async fn run(
         // next renewal.
         options.cleanup_timeout = settings.heartbeat_interval + grace + KILL_SLACK;
     }
-    let spec = tenure::LeaseSpec::new(&target.name, &owner, store, settings)?
+    let mut spec = tenure::LeaseSpec::new(&target.name, &owner, store, settings)?
         .with_checked_stop_budget(&budget, &format!("lease.{section}"), "--grace")
         .map_err(|e| {
             CliError::Command(format!(
@@ -54,6 +80,17 @@ pub async fn run(
         })?
         .with_note(format!("tenure lease run {}", command.join(" ")))
         .with_options(options)?;
+    if let Some(h) = &history {
+        spec = spec.with_observer(h.lease_observer());
+    }
+    // The command's life in the history: inside the hold of its token, or the checker says.
+    let record = |event: &str, fields: serde_json::Value| {
+        if let Some(h) = &history {
+            let mut fields = fields;
+            fields["lease"] = serde_json::json!(target.name);
+            h.record(event, fields);
+        }
+    };
     let (preempt_tx, mut preempt_rx) = mpsc::unbounded_channel();
     let sink = LeaseEventSink::new(move |event| {
         if let LeaseEvent::PreemptionRequested(p) = event {
@@ -78,16 +115,28 @@ pub async fn run(
             return Err(e);
         }
     };
+    record(
+        "command_started",
+        serde_json::json!({"token": token, "pid": child.id()}),
+    );
+    let stopped = |why: &str| {
+        record(
+            "command_stopped",
+            serde_json::json!({"token": token, "why": why}),
+        )
+    };
 
     let outcome = tokio::select! {
         status = child.wait() => {
             let status = status.map_err(io_err)?;
+            stopped("exited");
             Some(exit_status(status))
         }
         lost = lost_rx.recv() => {
             let reason = lost.map(|l| l.reason.to_string()).unwrap_or_default();
             eprintln!("tenure: lost {} (token {token}): {reason}; stopping the command", target.name);
             stop(&mut child, grace).await;
+            stopped("lost");
             return Ok(Outcome::Lost);
         }
         Some(p) = preempt_rx.recv() => {
@@ -96,10 +145,11 @@ pub async fn run(
                 target.name, p.by, p.priority
             );
             stop(&mut child, grace).await;
+            stopped("preempted");
             return release_on_exit(&lease, Outcome::Lost).await;
         }
-        _ = interrupt.recv() => { stop(&mut child, grace).await; Some(Outcome::Child(130)) }
-        _ = terminate.recv() => { stop(&mut child, grace).await; Some(Outcome::Child(143)) }
+        _ = interrupt.recv() => { stop(&mut child, grace).await; stopped("interrupted"); Some(Outcome::Child(130)) }
+        _ = terminate.recv() => { stop(&mut child, grace).await; stopped("terminated"); Some(Outcome::Child(143)) }
     };
     release_on_exit(&lease, outcome.unwrap_or(Outcome::Error)).await
 }

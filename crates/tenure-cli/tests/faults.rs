@@ -5,16 +5,21 @@
 //! wall-clock jump on one node (libfaketime; the monotonic clocks are left alone),
 //! slow-stopping entities (every node's entities and singleton take a minute to stop while
 //! a node loses its leases: its store connection cut, or on SQLite the lease file
-//! write-locked for everyone; only kills within the stop budget end them in time), and on
+//! write-locked for everyone; only kills within the stop budget end them in time), on
 //! SQLite the lease file lost while in use (deleted, or replaced by a copy taken at the
-//! start: its grants gone, its token counters behind). Every
-//! run's history must pass `tenure check`, every acknowledged increment must be in the
-//! counter, and the cluster must serve again after the faults.
+//! start: its grants gone, its token counters behind), a second process acquiring as a
+//! node's owner (its member lease, while the node runs or is frozen past the ttl: a
+//! replaced pod), the store's answers to a node delayed past the operation timeout, and
+//! (etcd) a node's sessions expiring while it is cut off. Every run's history must pass
+//! `tenure check`, every acknowledged increment must be in the counter, and the cluster
+//! must serve again after the faults.
 //!
 //! The seed is printed (`fault seed …`); replay a run with `TENURE_FAULT_SEED=<seed>`.
 //! `TENURE_FAULT_ROUNDS=<n>` (default 1) repeats the fault sequence n times: a soak.
 //! SQLite is one file on one host: it has no connection to cut and no server to restart,
-//! so those two faults run on the network stores only, and file loss on SQLite only.
+//! so those two faults run on the network stores only, and file loss on SQLite only; its
+//! late answers are a write lock held on the file (every process's operations wait, and
+//! those that wait past their caller's timeout complete unanswered).
 
 mod common;
 #[path = "../../tenure-store-etcd/tests/support/mod.rs"]
@@ -26,9 +31,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::cluster::{Cluster, MEMBER_TTL, Options, TestCluster};
-use common::proxy::Proxy;
 use tenure::sqlite::FencedCounter;
 use tenure_cli::demo::scenario::SplitMix;
+use tenure_lease::conformance::proxy::Proxy;
 
 /// Serializes the runs: one cluster at a time on a 2-core machine.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -49,6 +54,10 @@ heartbeat-interval = "500ms"
 lease-retry-interval = "300ms"
 lease-operation-timeout = "1500ms"
 "#;
+/// The sections' `lease-operation-timeout`.
+const OPERATION_TIMEOUT: Duration = Duration::from_millis(1500);
+/// The key prefix of the etcd section.
+const ETCD_PREFIX: &str = "/faults/";
 
 /// The fault plan's randomness, reproducible from the seed (the demo's generator).
 struct Rng(SplitMix);
@@ -97,6 +106,9 @@ enum Fault {
     ClockJump,
     SlowStop,
     FileLoss,
+    SameOwner,
+    SlowStore,
+    SessionExpiry,
 }
 
 /// The store a run uses, and the server behind it when there is one.
@@ -134,7 +146,7 @@ impl Store {
         let options = match self {
             Store::Sqlite => unreachable!("SQLite uses the harness's section"),
             Store::Etcd(..) => format!(
-                "store = \"etcd\"\nendpoints = [\"http://127.0.0.1:{port}\"]\nprefix = \"/faults/\"\n"
+                "store = \"etcd\"\nendpoints = [\"http://127.0.0.1:{port}\"]\nprefix = \"{ETCD_PREFIX}\"\n"
             ),
             Store::Postgres(_) => format!(
                 "store = \"postgres\"\nurl = \"postgres://postgres@127.0.0.1:{port}/postgres\"\n\
@@ -412,6 +424,57 @@ fn inject(run: &mut Run, fault: Fault, rng: &mut Rng) {
                 .record_fields(&addr, "clock_jump", serde_json::json!({ "offset": offset }));
             std::thread::sleep(Duration::from_secs(2));
         }
+        Fault::SameOwner => second_owner(run, target, rng),
+        Fault::SlowStore => {
+            let span = rng.between(OPERATION_TIMEOUT - Duration::from_millis(500), ttl);
+            match run.proxies.get(target) {
+                Some(proxy) => {
+                    proxy.set_delay(Some(OPERATION_TIMEOUT + Duration::from_millis(500)));
+                    run.c.record(target, "store_slow");
+                    std::thread::sleep(span);
+                    proxy.set_delay(None);
+                    run.c.record(target, "store_on_time");
+                }
+                None => {
+                    // SQLite: every process's operations wait for the lock; those that wait
+                    // past the busy timeout fail, those behind them on a process's
+                    // connection complete after their caller gave up.
+                    let lock = rusqlite::Connection::open(run.c.dir.path().join("leases.sqlite"))
+                        .expect("open the lease file");
+                    lock.busy_timeout(Duration::from_secs(10))
+                        .and_then(|_| lock.execute_batch("BEGIN EXCLUSIVE"))
+                        .expect("take the write lock");
+                    run.c
+                        .record_fields("store", "store_slow", serde_json::json!({}));
+                    std::thread::sleep(span);
+                    drop(lock);
+                    run.c
+                        .record_fields("store", "store_on_time", serde_json::json!({}));
+                }
+            }
+        }
+        Fault::SessionExpiry => {
+            // An expiry, not an operator's revocation: the server ends a session only when
+            // its keep-alives stopped for its TTL, when the holder's deadlines have passed.
+            // So the node is cut off from the store first, for a ttl, and its sessions are
+            // then ended on the server (as the TTL would, a little later); its calls that
+            // were in flight (keep-alives among them) time out meanwhile.
+            let Store::Etcd(etcd, rt) = &run.store else {
+                unreachable!("session expiry runs on etcd only")
+            };
+            run.proxies[target].set_cut(true);
+            run.c.record(target, "store_cut");
+            std::thread::sleep(ttl + Duration::from_millis(100));
+            let revoked = rt.block_on(etcd.revoke_sessions_of(ETCD_PREFIX, &addr));
+            run.c.record_fields(
+                &addr,
+                "session_expired",
+                serde_json::json!({ "sessions": revoked }),
+            );
+            std::thread::sleep(rng.between(Duration::ZERO, Duration::from_secs(1)));
+            run.proxies[target].set_cut(false);
+            run.c.record(target, "store_healed");
+        }
     }
 }
 
@@ -437,7 +500,79 @@ fn wait_loss_noticed(file: &Path, limit: Duration) -> bool {
     false
 }
 
+/// A second process acquiring as node `target`'s owner: `tenure lease run --owner <node>`
+/// on the node's member lease, recording into the history. Half the time the node is frozen
+/// meanwhile past the ttl (a pod replaced while its predecessor hangs): the second process
+/// is granted the lease only once the node's grant expired, and the node, resumed, stays
+/// out of the cluster until the second process is stopped. Otherwise the second process
+/// waits while the node renews. Either way the checker judges the two holders.
+fn second_owner(run: &mut Run, target: usize, rng: &mut Rng) {
+    let ttl = MEMBER_TTL;
+    let addr = run.c.nodes[target].addr.clone();
+    let lease = format!("tenure-member-{addr}");
+    let history = run.c.history.display().to_string();
+    let mut second = run
+        .c
+        .command(
+            target,
+            &[
+                "lease",
+                "run",
+                &lease,
+                "--owner",
+                &addr,
+                "--grace",
+                "200ms",
+                "--history",
+                &history,
+                "--",
+                "sleep",
+                "600",
+            ],
+        )
+        .env("TENURE_LOG", "warn")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("start tenure lease run");
+    run.c.record_fields(
+        &addr,
+        "second_owner_started",
+        serde_json::json!({ "lease": lease }),
+    );
+    if rng.below(2) == 0 {
+        run.c.pause(target);
+        std::thread::sleep(rng.between(ttl + Duration::from_millis(500), ttl * 2));
+        run.c.resume(target);
+        std::thread::sleep(rng.between(Duration::from_millis(200), ttl));
+    } else {
+        std::thread::sleep(rng.between(Duration::from_secs(1), ttl + Duration::from_secs(1)));
+    }
+    // SAFETY: kill(2) on our unreaped child.
+    unsafe { libc::kill(second.id() as i32, libc::SIGTERM) };
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = second.try_wait().expect("wait for tenure lease run") {
+            break status;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "tenure lease run --owner {addr} did not exit after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    run.c.record_fields(
+        &addr,
+        "second_owner_stopped",
+        serde_json::json!({ "lease": lease, "status": status.code() }),
+    );
+}
+
 fn final_checks(run: &Run) {
+    let _ = std::fs::copy(
+        &run.c.history,
+        "/work/targets/instance-logs/last-history.jsonl",
+    );
     let summary = common::assert_checked(&run.c.history);
     eprintln!("{}", summary.trim());
     let history = run.c.history();
@@ -472,11 +607,16 @@ fn run_suite(store: Store) {
         Fault::CutLink,
         Fault::ClockJump,
         Fault::SlowStop,
+        Fault::SameOwner,
+        Fault::SlowStore,
     ];
     if kind == "sqlite" {
         faults.push(Fault::FileLoss);
     } else {
         faults.extend([Fault::CutStore, Fault::RestartStore]);
+    }
+    if kind == "etcd" {
+        faults.push(Fault::SessionExpiry);
     }
     for _ in 0..rounds() {
         // Fisher-Yates with the seeded generator.

@@ -192,6 +192,63 @@ fn guarded_commands_never_overlap_across_sigkills() {
     );
 }
 
+/// Two `tenure lease run` with the same `--owner` (as `--owner "$(hostname)"` on two hosts),
+/// the second started while the first runs its command: the second waits until the first
+/// released, so their commands never overlap, both complete, and `tenure check` finds the
+/// two processes' holds (recorded with `--history`) apart.
+#[test]
+fn two_runs_with_the_same_owner_take_turns() {
+    let sb = Sandbox::new();
+    let history = sb.path("history");
+    let checked = sb.path("history.jsonl");
+    let writer = guarded_writer(&history, Some(25));
+    let mut args: Vec<String> = [
+        "lease",
+        "run",
+        "nightly",
+        "--owner",
+        "web-1",
+        "--grace",
+        "200ms",
+        "--history",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.push(checked.display().to_string());
+    args.push("--".into());
+    args.extend(writer);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut first = sb.spawn(&args);
+    let started = Instant::now();
+    while read_history(&history).is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the first never ran"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut second = sb.spawn(&args);
+    assert_eq!(
+        first.wait_exit(Duration::from_secs(30)),
+        Some(0),
+        "{}",
+        first.stderr()
+    );
+    assert_eq!(
+        second.wait_exit(Duration::from_secs(30)),
+        Some(0),
+        "{}",
+        second.stderr()
+    );
+    let entries = read_history(&history);
+    assert_exclusive(&entries);
+    let pids: std::collections::BTreeSet<u32> = entries.iter().map(|e| e.pid).collect();
+    assert_eq!(pids.len(), 2, "both commands ran: {entries:?}");
+    assert_eq!(entries.len(), 2 * 2 * 25, "both ran to the end");
+    common::assert_checked(&checked);
+}
+
 fn runner_index(r: &Running) -> Option<usize> {
     let cmdline = std::fs::read(format!("/proc/{}/cmdline", r.pid())).ok()?;
     let args: Vec<String> = cmdline

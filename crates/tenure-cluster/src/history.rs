@@ -37,10 +37,21 @@ impl History {
         node: &NodeAddr,
         incarnation: Incarnation,
     ) -> std::io::Result<History> {
+        History::open_for_owner(path, &node.to_string(), incarnation)
+    }
+
+    /// Opens the history at `path` for a process that holds leases as `owner` without
+    /// being a cluster node (e.g. `tenure lease run`): its lines name `owner` as their
+    /// `node`, and `incarnation` tells this process from others of the same owner.
+    pub fn open_for_owner(
+        path: &Path,
+        owner: &str,
+        incarnation: Incarnation,
+    ) -> std::io::Result<History> {
         let file = OpenOptions::new().create(true).append(true).open(path)?;
         Ok(History {
             file: Arc::new(Mutex::new(file)),
-            node: node.to_string(),
+            node: owner.to_string(),
             inc: incarnation.to_string(),
         })
     }

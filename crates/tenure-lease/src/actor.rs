@@ -300,8 +300,18 @@ const WAKE_EARLY: std::time::Duration = std::time::Duration::from_millis(2);
 pub struct LeaseActorState {
     spec: LeaseSpec,
     belief: Arc<SharedBelief>,
-    /// Prefix of this actor's holder instances (`<base>.<generation>`).
+    /// Prefix of this actor's holder instances (`<base>.<n>`): no other actor, process or
+    /// node incarnation of the owner shares it, so none of them can take an unexpired grant
+    /// of this actor's (the store refuses another instance like another owner).
     instance_base: String,
+    /// `n` of the current instance: the one every acquire asks as, so that it re-enters its
+    /// grant with the same token, also after an unknown outcome or when an operator's
+    /// release made the store grant it anew. It moves on once a grant believed under it has
+    /// ended (lost, released): the next grant then gets a new token, and nothing the old
+    /// grant's holder still does (entities stopping, late writes) carries the new token.
+    instance_seq: u64,
+    /// A grant under the current instance has been believed.
+    instance_believed: bool,
     /// A grant of ours may be in the store without being believed (an acquire with an
     /// unknown outcome, a grant that lapsed locally): release must look.
     maybe_in_store: bool,
@@ -331,9 +341,9 @@ impl Drop for LeaseActorState {
             timer.abort();
         }
         // Reached without post_stop when the actor was killed or failed: release in the
-        // background so the lease does not stay blocked for a whole ttl. A successor
-        // instance of the same owner has taken the lease over with a new token, so this
-        // late release can only ever remove this actor's own grant.
+        // background so the lease does not stay blocked for a whole ttl (a successor
+        // instance of the same owner waits for it). The release names this instance's
+        // token, so it can only ever remove this actor's own grant.
         if let Some(target) = self.abandon_preempting() {
             let spec = self.spec.clone();
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
@@ -355,7 +365,7 @@ impl Drop for LeaseActorState {
 }
 
 /// Releases this actor's grant: the believed one (`token`), or else whatever grant of one
-/// of this actor's instances the store holds.
+/// of this actor's instances (`<base>.<n>`) the store holds.
 async fn release_ours(
     spec: &LeaseSpec,
     base: &str,
@@ -409,17 +419,35 @@ impl LeaseActorState {
         })
     }
 
+    /// The instance the next acquire asks as: the current one while its grant is believed
+    /// or was never believed; a new one once a believed grant ended. The ended grant, if
+    /// the store may still keep it, is released first (otherwise the new instance would
+    /// wait for it to expire); if that fails, it expires after its ttl.
+    async fn instance_for_attempt(&mut self) -> String {
+        if self.instance_believed && self.belief.current().is_none() {
+            if self.maybe_in_store {
+                match release_ours(&self.spec, &self.instance_base, None).await {
+                    Ok(_) => self.maybe_in_store = false,
+                    Err(e) => self.belief.trace(LeaseTrace::Error {
+                        operation: "release",
+                        error: e.to_string(),
+                    }),
+                }
+            }
+            self.instance_seq += 1;
+            self.instance_believed = false;
+        }
+        format!("{}.{}", self.instance_base, self.instance_seq)
+    }
+
     /// One acquire attempt, bounded by the operation timeout.
     async fn attempt(&mut self, myself: &ActorRef<LeaseMsg>) -> AcquireReply {
+        let instance = self.instance_for_attempt().await;
         let spec = &self.spec;
         let request = AcquireRequest {
             name: spec.store_name.clone(),
             owner: spec.owner.clone(),
-            instance: format!(
-                "{}.{}",
-                self.instance_base,
-                self.belief.attempt_generation()
-            ),
+            instance,
             ttl: spec.settings.heartbeat_timeout,
             note: spec.note.clone(),
             priority: spec.options.priority,
@@ -464,6 +492,7 @@ impl LeaseActorState {
             Ok(AcquireOutcome::Granted(record)) => {
                 match self.belief.grant(record.token, sent_at) {
                     GrantEffect::New(held) => {
+                        self.instance_believed = true;
                         self.notices = preemption::Notices::new(held.generation, sent_at);
                         self.on_new_grant(myself, held);
                         Ok((
@@ -586,6 +615,8 @@ impl Actor for LeaseActor {
             spec: args.spec,
             belief: args.belief,
             instance_base: new_instance_base(),
+            instance_seq: 1,
+            instance_believed: false,
             maybe_in_store: false,
             wanted: false,
             waiters: Vec::new(),

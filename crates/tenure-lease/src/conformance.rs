@@ -10,9 +10,20 @@
 //! how fast something happened.
 
 pub mod bench;
+mod faulty;
+mod instances;
+mod lapse;
 pub mod preemption;
 pub mod preemption_faults;
+pub mod proxy;
 pub mod state_loss;
+
+pub use faulty::FaultyClient;
+pub use instances::same_owner_other_instance_waits;
+pub use lapse::{
+    lost_answers_lapse, lost_reentrant_answer_keeps_the_grant, reentry_after_an_operator_release,
+    session_expiry_recovers,
+};
 
 pub use preemption::{
     emergency_takeover, forceful_preemption_refuses_renewals, helix_cleanup_in_time,
@@ -21,7 +32,6 @@ pub use preemption::{
 };
 
 use std::any::Any;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -29,9 +39,8 @@ use async_trait::async_trait;
 use tokio::time::{Instant, sleep};
 
 use crate::{
-    AcquireOutcome, AcquireRequest, Acquired, HeldLease, Lease, LeaseError, LeaseRecord,
-    LeaseSettings, LeaseSpec, LeaseStore, LostReason, PreemptAnswer, PreemptionRequest, Renewal,
-    StoreError,
+    AcquireOutcome, AcquireRequest, Acquired, HeldLease, Lease, LeaseError, LeaseSettings,
+    LeaseSpec, LeaseStore, LostReason, Renewal,
 };
 
 /// A store under test.
@@ -44,6 +53,36 @@ pub trait Harness: Send + Sync + 'static {
     /// Makes the store unavailable to every client, or slow past any operation timeout,
     /// until the returned guard is dropped.
     async fn outage(&self) -> Box<dyn Any + Send>;
+    /// A new client (as [`client`](Harness::client) gives) whose answers can be made late
+    /// with the returned control: its requests still reach the store and take effect, and
+    /// their answers come after the delay, so that a caller whose operation timeout is
+    /// shorter gives them up. Network stores put a [`proxy::Proxy`] between the client and
+    /// the server. An embedded store may hold its requests back instead and let them
+    /// complete when the delay is lifted (a write lock held by another connection), as long
+    /// as its own timeouts let them complete. The control lives as long as the client.
+    async fn delayed_client(&self) -> (Arc<dyn LeaseStore>, Box<dyn AnswerDelay>);
+    /// Ends every session `owner` has with the store, as the server does when a session
+    /// expires or an operator revokes it: every grant on it ends at once, without the
+    /// owner asking. The default, for stores without sessions, has another client release
+    /// every grant of `owner` (what an operator would do).
+    async fn expire_sessions(&self, owner: &str) {
+        let operator = self.client().await;
+        for record in operator.list("").await.expect("list the leases") {
+            if record.owner == owner {
+                operator
+                    .release(&record.name, owner, record.token)
+                    .await
+                    .expect("release as an operator");
+            }
+        }
+    }
+}
+
+/// Makes a client's answers late (see [`Harness::delayed_client`]).
+pub trait AnswerDelay: Send + Sync {
+    /// From now on, answers reach the client `delay` after the store gave them (`None`: at
+    /// once again; answers held back already keep their delay).
+    fn set(&self, delay: Option<Duration>);
 }
 
 /// Settings for conformance tests: ttl 1.5 s, renewals every 300 ms, margin 300 ms.
@@ -54,100 +93,6 @@ pub fn test_settings() -> LeaseSettings {
         lease_operation_timeout: Duration::from_millis(1000),
         lease_retry_interval: Duration::from_millis(100),
         safety_margin: Duration::from_millis(300),
-    }
-}
-
-/// Wraps a client to cut it off from the store (a partition between one holder and the
-/// store): while cut, every call hangs, as over a dead connection.
-pub struct Partitionable {
-    inner: Arc<dyn LeaseStore>,
-    cut: AtomicBool,
-}
-
-impl Partitionable {
-    pub fn new(inner: Arc<dyn LeaseStore>) -> Arc<Self> {
-        Arc::new(Partitionable {
-            inner,
-            cut: AtomicBool::new(false),
-        })
-    }
-
-    pub fn set_cut(&self, cut: bool) {
-        self.cut.store(cut, Ordering::SeqCst);
-    }
-
-    async fn gate(&self) {
-        while self.cut.load(Ordering::SeqCst) {
-            sleep(Duration::from_millis(5)).await;
-        }
-    }
-}
-
-#[async_trait]
-impl LeaseStore for Partitionable {
-    fn kind(&self) -> &'static str {
-        self.inner.kind()
-    }
-    fn capabilities(&self) -> crate::Capabilities {
-        self.inner.capabilities()
-    }
-    fn name_rules(&self) -> crate::names::NameRules {
-        self.inner.name_rules()
-    }
-    async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError> {
-        self.gate().await;
-        self.inner.try_acquire(req).await
-    }
-    async fn renew(
-        &self,
-        owner: &str,
-        leases: &[HeldLease],
-        ttl: Duration,
-    ) -> Result<Vec<Renewal>, StoreError> {
-        self.gate().await;
-        self.inner.renew(owner, leases, ttl).await
-    }
-    async fn release(&self, name: &str, owner: &str, token: u64) -> Result<bool, StoreError> {
-        self.gate().await;
-        self.inner.release(name, owner, token).await
-    }
-    async fn read(&self, name: &str) -> Result<Option<LeaseRecord>, StoreError> {
-        self.gate().await;
-        self.inner.read(name).await
-    }
-    async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
-        self.gate().await;
-        self.inner.list(prefix).await
-    }
-    async fn acquire_fair(
-        &self,
-        req: &AcquireRequest,
-        wait: Duration,
-    ) -> Result<AcquireOutcome, StoreError> {
-        self.gate().await;
-        self.inner.acquire_fair(req, wait).await
-    }
-    async fn request_preemption(
-        &self,
-        name: &str,
-        token: u64,
-        request: &PreemptionRequest,
-    ) -> Result<PreemptAnswer, StoreError> {
-        self.gate().await;
-        self.inner.request_preemption(name, token, request).await
-    }
-    async fn withdraw_preemption(
-        &self,
-        name: &str,
-        token: u64,
-        by: &str,
-    ) -> Result<bool, StoreError> {
-        self.gate().await;
-        self.inner.withdraw_preemption(name, token, by).await
-    }
-    async fn watch(&self, prefix: &str) -> Result<crate::WatchReceiver, StoreError> {
-        self.gate().await;
-        self.inner.watch(prefix).await
     }
 }
 
@@ -162,7 +107,16 @@ fn request(name: &str, owner: &str, ttl: Duration) -> AcquireRequest {
 }
 
 async fn lease_on(store: Arc<dyn LeaseStore>, name: &str, owner: &str) -> Lease {
-    Lease::start(LeaseSpec::new(name, owner, store, test_settings()).expect("valid spec"))
+    lease_with(store, name, owner, test_settings()).await
+}
+
+async fn lease_with(
+    store: Arc<dyn LeaseStore>,
+    name: &str,
+    owner: &str,
+    settings: LeaseSettings,
+) -> Lease {
+    Lease::start(LeaseSpec::new(name, owner, store, settings).expect("valid spec"))
         .await
         .expect("lease actor starts")
 }
@@ -175,19 +129,21 @@ async fn poll_until_granted(
     owner: &str,
     ttl: Duration,
 ) -> (Instant, u64) {
+    poll_until_granted_as(store, &request(name, owner, ttl)).await
+}
+
+/// [`poll_until_granted`] for `req` (any instance).
+async fn poll_until_granted_as(store: &dyn LeaseStore, req: &AcquireRequest) -> (Instant, u64) {
     let started = Instant::now();
     loop {
-        match store
-            .try_acquire(&request(name, owner, ttl))
-            .await
-            .expect("acquire")
-        {
+        match store.try_acquire(req).await.expect("acquire") {
             AcquireOutcome::Granted(r) => return (Instant::now(), r.token),
             AcquireOutcome::Held(_) => sleep(Duration::from_millis(10)).await,
         }
         assert!(
-            started.elapsed() < ttl * 10,
-            "{name}: the holder's grant never expired"
+            started.elapsed() < req.ttl * 10,
+            "{}: the holder's grant never expired",
+            req.name
         );
     }
 }
@@ -299,17 +255,9 @@ pub async fn reentrancy(h: &dyn Harness) {
             .expect("acquire"),
     );
     assert_eq!(a, again);
-    // Another instance of the same owner (a restarted actor) takes over with a new token;
-    // the old instance's late release cannot free it.
-    let successor = AcquireRequest {
-        instance: "a-successor".into(),
-        ..request("reentrant", "a", ttl)
-    };
-    let b = granted_token(&store.try_acquire(&successor).await.expect("acquire"));
-    assert!(b > a, "takeover by a new instance gets a new token");
-    assert!(!store.release("reentrant", "a", a).await.expect("release"));
     let rec = store.read("reentrant").await.expect("read").expect("held");
-    assert_eq!((rec.token, rec.instance.as_str()), (b, "a-successor"));
+    assert_eq!((rec.token, rec.instance.as_str()), (a, "a-instance"));
+    assert!(store.release("reentrant", "a", a).await.expect("release"));
     let lease = lease_on(h.client().await, "reentrant-api", "a").await;
     let first = lease.acquire().await.expect("acquire");
     assert!(matches!(first, Acquired::Granted { .. }));
@@ -513,7 +461,7 @@ pub async fn errors_when_unavailable(h: &dyn Harness) {
 /// A holder cut off from the store signals the loss exactly once, and before any other
 /// owner is granted the lease.
 pub async fn loss_before_takeover(h: &dyn Harness) {
-    let cut = Partitionable::new(h.client().await);
+    let cut = FaultyClient::new(h.client().await);
     let holder = lease_on(cut.clone(), "partitioned", "a").await;
     let (token, lost) = acquire_recording_losses(&holder).await;
     sleep(Duration::from_millis(700)).await;
@@ -568,7 +516,9 @@ macro_rules! conformance_tests {
     (@base $harness:expr) => {
         $crate::conformance_tests!(@case $harness; contention, reentrancy, owner_only_release,
             token_monotonicity, expiry_and_takeover, batch_renew, errors_when_unavailable,
-            loss_before_takeover);
+            loss_before_takeover, same_owner_other_instance_waits, lost_answers_lapse,
+            lost_reentrant_answer_keeps_the_grant, reentry_after_an_operator_release,
+            session_expiry_recovers);
     };
     ($harness:expr; without preemption) => {
         $crate::conformance_tests!(@base $harness);

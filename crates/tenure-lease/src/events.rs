@@ -286,11 +286,6 @@ impl SharedBelief {
         self.belief().current(self.clock.now())
     }
 
-    /// See [`Belief::attempt_generation`].
-    pub(crate) fn attempt_generation(&self) -> u64 {
-        self.belief().attempt_generation()
-    }
-
     /// The grant believed, even if its belief just ended and nobody announced it yet.
     pub(crate) fn held(&self) -> Option<Held> {
         self.belief().held()

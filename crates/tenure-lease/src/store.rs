@@ -7,7 +7,10 @@
 //! [`LeaseActor`](crate::LeaseActor).
 //!
 //! Every method's `Err` means the outcome is unknown: the operation may or may not have
-//! taken effect. A store never answers "not granted" or "not held" unless it is sure.
+//! taken effect. A store never answers "not granted" or "not held" unless it is sure. A
+//! grant left by an unknown outcome (an acquire whose answer was lost, a release that
+//! failed) lapses after its ttl like any grant its holder stopped renewing, on every
+//! store, whatever else its owner keeps renewing on the same connection or session.
 
 use std::future::Future;
 use std::time::Duration;
@@ -24,7 +27,7 @@ pub struct LeaseRecord {
     pub name: String,
     /// The holder.
     pub owner: String,
-    /// The holder instance (one LeaseActor's grant attempt) the grant belongs to.
+    /// The holder instance (one LeaseActor, one live holder) the grant belongs to.
     pub instance: String,
     /// The fencing token of the holder's grant: strictly greater than every earlier grant's
     /// token for this name, across holders, expiries, releases and store restarts.
@@ -52,10 +55,12 @@ pub const EMERGENCY_PRIORITY: u64 = u64::MAX;
 pub struct AcquireRequest {
     pub name: String,
     pub owner: String,
-    /// Which holder instance of `owner` asks. Reentrancy is per instance: the same owner and
-    /// instance get the same token back; another instance of the same owner (a restarted
-    /// actor, a new grant after a loss) takes the lease over with a **new** token, so that
-    /// nothing the old instance still does (a late release, a renewal) can touch it.
+    /// Which holder instance of `owner` asks (one LeaseActor: one process, one handle).
+    /// Reentrancy is per instance: the same owner and instance get the same token back.
+    /// Another instance of the same owner (a second process with the same `--owner`, a
+    /// node restarted on the same `host:port` while its predecessor is frozen or cut off,
+    /// a second handle in one process) is another holder while the grant is unexpired: it
+    /// waits for a release or the expiry, exactly like another owner.
     pub instance: String,
     /// The time-to-live to give the grant, counted from when the store processes the request.
     pub ttl: Duration,
@@ -78,7 +83,7 @@ pub struct AcquireRequest {
 /// What [`LeaseStore::try_acquire`] does, given the current unexpired grant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AcquireStep {
-    /// A new grant with a new token (free, another instance of the owner, emergency).
+    /// A new grant with a new token (free or expired, or an emergency take-over).
     NewGrant,
     /// Reentrant: same token, fresh expiry.
     Extend,
@@ -100,20 +105,20 @@ impl AcquireRequest {
         let Some(c) = current else {
             return AcquireStep::NewGrant;
         };
-        if c.owner != self.owner {
-            return if self.takes_over(c.priority) {
+        if c.owner != self.owner || c.instance != self.instance {
+            // Another holder: another owner, or another instance of this owner, which may
+            // still act on its grant (frozen, cut off, or simply running).
+            return if c.owner != self.owner && self.takes_over(c.priority) {
                 AcquireStep::NewGrant
             } else {
                 AcquireStep::Held
             };
         }
         if c.request.as_ref().is_some_and(|r| r.forceful) {
-            // Ending: not even its owner may extend or replace it.
+            // Ending: not even its holder may extend it.
             AcquireStep::Held
-        } else if c.instance == self.instance {
-            AcquireStep::Extend
         } else {
-            AcquireStep::NewGrant
+            AcquireStep::Extend
         }
     }
 }
@@ -288,14 +293,18 @@ pub trait LeaseStore: Send + Sync + 'static {
         NameRules::default()
     }
 
-    /// Grants the lease if it is free or expired (new token), already held by `req.owner`
+    /// Grants the lease if it is free or expired (new token), or already held by `req.owner`
     /// and `req.instance` (same token, fresh expiry; priority and cleanup timeout stay as
-    /// granted), or held by another instance of `req.owner` (new token: taken over).
-    /// `Ok(Held)` when another owner certainly holds an unexpired grant, and also, with
-    /// capability `preemption`, when a forceful preemption request is pending on the grant
-    /// (it is ending: not even its owner may extend or replace it). Exception: a request
-    /// for which [`AcquireRequest::takes_over`] holds (emergency) is granted at once with a
-    /// new token over another owner's grant. A new grant has no request pending.
+    /// granted). `Ok(Held)` when another holder certainly has an unexpired grant: another
+    /// owner, or another instance of `req.owner` (see [`AcquireRequest::instance`]); also,
+    /// with capability `preemption`, when a forceful preemption request is pending on the
+    /// grant (it is ending: not even its holder may extend it). Exception: a request for
+    /// which [`AcquireRequest::takes_over`] holds (emergency) is granted at once with a new
+    /// token over another owner's grant. A new grant has no request pending.
+    ///
+    /// `Err`: unknown. The request may have been granted (its answer lost, e.g. past the
+    /// caller's operation timeout); such a grant lapses after `req.ttl` unless its instance
+    /// acquires again or renews it, however long the owner's other leases live on.
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError>;
 
     /// Renews, in one round trip, every listed lease that `owner` still holds with that
@@ -310,6 +319,7 @@ pub trait LeaseStore: Send + Sync + 'static {
 
     /// Deletes the grant if `owner` holds it with `token`. `Ok(true)` released,
     /// `Ok(false)` it was not ours (any more): a stale holder never frees a later grant.
+    /// `Err`: unknown; a grant left behind lapses after its ttl (it is not renewed any more).
     async fn release(&self, name: &str, owner: &str, token: u64) -> Result<bool, StoreError>;
 
     /// The current unexpired grant of `name`, if any.

@@ -118,6 +118,33 @@ async fn hanging_renewals_lose_the_lease_by_the_deadline() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn after_a_loss_the_actor_acquires_again_at_once_with_a_new_token() {
+    let store = MemoryStore::new();
+    let (actor, view, log) = started(&store, "a", "node-1").await;
+    let granted_at = Instant::now();
+    let Acquired::Granted { token: t1 } = try_acquire(&actor).await else {
+        panic!()
+    };
+    // Renewals fail: the belief lapses at its deadline while the store keeps the grant
+    // until its ttl.
+    store.set_fault(Fault::FailRenewals);
+    while view.check_lease() {
+        sleep(Duration::from_millis(100)).await;
+    }
+    store.set_fault(Fault::None);
+    assert_eq!(store.read("a").await.unwrap().map(|r| r.token), Some(t1));
+    // The same actor is another instance now: its lapsed grant is released first, so it
+    // is granted at once, with a new token that fences off whatever the lost grant did.
+    let Acquired::Granted { token: t2 } = try_acquire(&actor).await else {
+        panic!("not granted again")
+    };
+    assert!(t2 > t1);
+    assert!(Instant::now() < granted_at + settings().heartbeat_timeout);
+    assert_eq!(lost_events(&log).len(), 1);
+    assert_eq!(try_acquire(&actor).await, Acquired::Granted { token: t2 });
+}
+
+#[tokio::test(start_paused = true)]
 async fn store_saying_not_held_loses_at_once() {
     let store = MemoryStore::new();
     let (actor, view, log) = started(&store, "a", "node-1").await;
@@ -337,27 +364,80 @@ async fn one_store_round_trip_per_interval_for_many_leases() {
     assert!(actors.iter().all(|(_, v)| v.check_lease()));
 }
 
+/// Waits (in the background) until `actor` is granted through `LeaseMsg::Acquire`.
+fn acquire_in_background(
+    actor: &ActorRef<LeaseMsg>,
+) -> tokio::task::JoinHandle<(Instant, Acquired)> {
+    let actor = actor.clone();
+    tokio::spawn(async move {
+        let reply = ractor::call!(actor, |r| LeaseMsg::Acquire { reply: Some(r) });
+        (Instant::now(), reply.unwrap().unwrap().0)
+    })
+}
+
 #[tokio::test(start_paused = true)]
-async fn a_stale_instance_of_the_same_owner_cannot_free_its_successor() {
+async fn another_instance_of_the_same_owner_waits_for_the_release() {
     let store = MemoryStore::new();
     let (old, old_view, old_log) = started(&store, "a", "node-1").await;
     let Acquired::Granted { token: t1 } = try_acquire(&old).await else {
         panic!()
     };
-    // A restarted actor of the same owner takes over with a new token.
+    // A second actor of the same owner (a second process started with the same owner, a
+    // node restarted on the same address while its predecessor is frozen) is another
+    // holder: refused while the grant lives, however often it asks.
     let (new, new_view, _) = started(&store, "a", "node-1").await;
-    let Acquired::Granted { token: t2 } = try_acquire(&new).await else {
-        panic!()
+    assert_eq!(
+        try_acquire(&new).await,
+        Acquired::NotGranted {
+            holder: Some("node-1".into()),
+            priority: 0
+        }
+    );
+    let waiting = acquire_in_background(&new);
+    sleep(Duration::from_secs(30)).await;
+    assert!(old_view.check_lease() && !new_view.check_lease());
+    assert!(!waiting.is_finished());
+    assert!(ractor::call!(old, LeaseMsg::Release).unwrap().unwrap());
+    let (_, granted) = waiting.await.unwrap();
+    let Acquired::Granted { token: t2 } = granted else {
+        panic!("{granted:?}")
     };
     assert!(t2 > t1);
-    // The old actor's release (as from a killed actor's Drop) does not free it.
+    // The old actor's late release (as from a killed actor's Drop) does not free it.
     assert!(!ractor::call!(old, LeaseMsg::Release).unwrap().unwrap());
-    let rec = store.read("a").await.unwrap().expect("still held");
-    assert_eq!(rec.token, t2);
-    assert!(new_view.check_lease() && !old_view.check_lease());
-    sleep(Duration::from_secs(3)).await;
+    assert_eq!(store.read("a").await.unwrap().map(|r| r.token), Some(t2));
     assert!(new_view.check_lease());
     assert!(lost_events(&old_log).is_empty(), "released, not lost");
+}
+
+#[tokio::test(start_paused = true)]
+async fn another_instance_of_the_same_owner_waits_for_the_expiry() {
+    let store = MemoryStore::new();
+    // A holder instance that stops renewing (frozen, cut off, killed) right after its grant.
+    let ttl = settings().heartbeat_timeout;
+    let sent = Instant::now();
+    let frozen = crate::AcquireRequest {
+        name: "a".into(),
+        owner: "node-1".into(),
+        instance: "predecessor".into(),
+        ttl,
+        ..Default::default()
+    };
+    let crate::AcquireOutcome::Granted(first) = store.try_acquire(&frozen).await.unwrap() else {
+        panic!()
+    };
+    let (new, new_view, _) = started(&store, "a", "node-1").await;
+    let (granted_at, granted) = acquire_in_background(&new).await.unwrap();
+    let Acquired::Granted { token } = granted else {
+        panic!("{granted:?}")
+    };
+    assert!(token > first.token);
+    assert!(
+        granted_at >= sent + ttl,
+        "granted {:?} after the predecessor's grant, ttl {ttl:?}",
+        granted_at - sent
+    );
+    assert!(new_view.check_lease());
 }
 
 #[tokio::test(start_paused = true)]
@@ -380,6 +460,13 @@ async fn a_grant_replaced_behind_our_back_is_announced_lost_first() {
             if a.token == t1 && l.token == t1 && l.reason == LostReason::NotHeld && b.token == t2),
         "{events:?}"
     );
+    // The new grant is this instance's: acquiring again re-enters it (same token, nothing
+    // announced), also after the renewals run.
+    for _ in 0..3 {
+        assert_eq!(try_acquire(&actor).await, Acquired::Granted { token: t2 });
+        sleep(Duration::from_secs(2)).await;
+    }
+    assert_eq!(log.lock().unwrap().len(), 3, "no new grant announced");
 }
 
 /// With a stop budget, the loss is announced (and `check_lease` turns false) the budget

@@ -173,16 +173,6 @@ impl Belief {
         self.held.filter(|h| now < h.believed_until)
     }
 
-    /// The generation the next grant answer belongs to: the current one while held (a
-    /// reentrant acquire), a new one otherwise. Stores key reentrancy on it, so a grant
-    /// after a loss or release always gets a new token.
-    pub fn attempt_generation(&self) -> u64 {
-        match self.held {
-            Some(h) => h.generation,
-            None => self.generations + 1,
-        }
-    }
-
     /// The grant believed, ignoring whether its belief has ended yet.
     pub fn held(&self) -> Option<Held> {
         self.held

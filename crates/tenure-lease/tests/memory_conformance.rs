@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
-use tenure_lease::conformance::Harness;
+use tenure_lease::conformance::{AnswerDelay, FaultyClient, Harness};
 use tenure_lease::{Fault, LeaseStore, MemoryStore};
 
 struct MemoryHarness {
@@ -39,6 +39,11 @@ impl Harness for MemoryHarness {
         let store = MemoryStore::shared(&self.namespace);
         store.set_fault(Fault::Hang);
         Box::new(Outage(store))
+    }
+    /// Late answers at the store SPI: the memory store has no wire.
+    async fn delayed_client(&self) -> (Arc<dyn LeaseStore>, Box<dyn AnswerDelay>) {
+        let client = FaultyClient::new(self.client().await);
+        (client.clone(), Box::new(client))
     }
 }
 

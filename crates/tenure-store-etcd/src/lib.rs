@@ -46,6 +46,7 @@ pub mod clock;
 mod error;
 mod fair;
 mod layout;
+mod local;
 mod options;
 mod preempt;
 mod session;

@@ -133,8 +133,10 @@ impl Sessions {
 
     /// Sends one keep-alive for `session` on its stream (opened on first use, reopened
     /// after an error) and waits for the answer. A cached stream that turns out broken
-    /// (the member restarted, the connection dropped) is replaced once, at once: its
-    /// failure says nothing about the session.
+    /// (the member restarted, the connection dropped, a call that timed out) is replaced
+    /// once, at once: its failure says nothing about the session. The server's "not found"
+    /// when a stream opens (etcd-client reports it as an error) is `Expired`: an expired or
+    /// revoked session never comes back, and its owner must start a new one.
     pub(crate) async fn keep_alive(&self, session: &Session) -> Result<KeepAlive, StoreError> {
         let mut slot = session.keeper.lock().await;
         // Taken out while in use: if this call is cancelled or fails, the stream is dropped
@@ -145,12 +147,11 @@ impl Sessions {
             *slot = Some(stream);
             return Ok(answer);
         }
-        let fresh = self
-            .client
-            .lease_client()
-            .keep_alive(session.id)
-            .await
-            .map_err(|e| etcd_error("open a keep-alive stream", &session.what(), e))?;
+        let fresh = match self.client.lease_client().keep_alive(session.id).await {
+            Ok(fresh) => fresh,
+            Err(e) if lease_not_found(&e) => return Ok(KeepAlive::Expired),
+            Err(e) => return Err(etcd_error("open a keep-alive stream", &session.what(), e)),
+        };
         let (answer, stream) = self.keep_alive_on(session, fresh).await?;
         *slot = Some(stream);
         Ok(answer)
@@ -192,6 +193,17 @@ impl Sessions {
         if live.get(&key).is_some_and(|l| l.id == session.id) {
             live.remove(&key);
         }
+    }
+}
+
+/// Whether `e` is etcd's answer that a session (etcd lease) does not exist any more: it
+/// expired or was revoked.
+pub(crate) fn lease_not_found(e: &etcd_client::Error) -> bool {
+    match e {
+        // What etcd-client makes of a keep-alive stream whose first answer has ttl 0.
+        etcd_client::Error::LeaseKeepAliveError(m) => m.contains("lease not found"),
+        etcd_client::Error::GRpcStatus(s) => s.message().contains("requested lease not found"),
+        _ => false,
     }
 }
 

@@ -2,7 +2,7 @@
 //! owner's session.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -15,11 +15,13 @@ use tenure_lease::{
     AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, HeldLease, LeaseRecord, LeaseStore,
     PreemptAnswer, PreemptionRequest, Renewal, StoreError,
 };
+use tokio::time::Instant;
 
 use crate::clock::RevisionClock;
 use crate::error::etcd_error;
 use crate::layout::{GrantValue, Layout, RequestValue};
-use crate::session::{KeepAlive, Session, Sessions};
+use crate::local::{Doubt, Local, LocalGrant};
+use crate::session::{KeepAlive, Sessions};
 
 /// How many times one acquire re-reads after losing a race (another client changed the
 /// key between its read and its write) before giving up with an error.
@@ -40,15 +42,6 @@ fn state_lost(went_back: crate::clock::WentBack) -> StoreError {
         store: "etcd",
         detail: went_back.to_string(),
     }
-}
-
-/// A grant this client wrote: what renewals and releases check against.
-#[derive(Debug, Clone)]
-struct LocalGrant {
-    owner: String,
-    token: i64,
-    session: i64,
-    value: GrantValue,
 }
 
 /// A lease store on an etcd cluster (v3 API). Cloning shares the connection and sessions.
@@ -73,7 +66,9 @@ pub(crate) struct Inner {
     pub(crate) layout: Layout,
     pub(crate) clock: Arc<RevisionClock>,
     pub(crate) sessions: Sessions,
-    grants: Mutex<HashMap<String, LocalGrant>>,
+    /// The grants this client wrote, and the orphans on its sessions (module
+    /// [`crate::local`]).
+    local: Local,
 }
 
 impl std::fmt::Debug for EtcdStore {
@@ -113,22 +108,6 @@ impl Context {
     }
 }
 
-/// Drops this client's memory of a grant unless the operation that may change it
-/// completes (cancelled or failed acquires leave the token in doubt).
-struct Doubt<'a> {
-    inner: &'a Inner,
-    name: &'a str,
-    settled: bool,
-}
-
-impl Drop for Doubt<'_> {
-    fn drop(&mut self) {
-        if !self.settled {
-            self.inner.forget_grant(self.name);
-        }
-    }
-}
-
 pub(crate) fn put_leased(
     key: impl Into<Vec<u8>>,
     value: impl Into<Vec<u8>>,
@@ -147,7 +126,7 @@ impl EtcdStore {
                 client,
                 layout: Layout::new(prefix),
                 clock,
-                grants: Mutex::default(),
+                local: Local::default(),
             }),
         }
     }
@@ -159,28 +138,6 @@ impl EtcdStore {
 }
 
 impl Inner {
-    fn forget_grant(&self, name: &str) {
-        self.grants
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(name);
-    }
-
-    fn remember(&self, name: &str, grant: LocalGrant) {
-        self.grants
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(name.to_string(), grant);
-    }
-
-    fn local(&self, name: &str) -> Option<LocalGrant> {
-        self.grants
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(name)
-            .cloned()
-    }
-
     /// Runs `txn`, refusing an answer whose revision went back ([`RevisionClock::order`]).
     /// A write it made then happened in a history this client does not trust: use
     /// [`Inner::txn_unordered`] where such a write must be undone.
@@ -202,10 +159,7 @@ impl Inner {
     pub(crate) fn ordered(&self, floor: i64, resp: &TxnResponse) -> Result<(), StoreError> {
         let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
         self.clock.order(floor, revision).map_err(|went_back| {
-            self.grants
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .clear();
+            self.local.forget_all();
             state_lost(went_back)
         })
     }
@@ -358,11 +312,7 @@ impl Inner {
         pinned: Option<i64>,
     ) -> Result<AcquireOutcome, StoreError> {
         let name = req.name.as_str();
-        let mut doubt = Doubt {
-            inner: self,
-            name,
-            settled: false,
-        };
+        let mut doubt = self.local.acquiring(name);
         let key = self.layout.lease(name);
         let ttl_ms = u64::try_from(req.ttl.as_millis()).unwrap_or(u64::MAX);
         let value = GrantValue {
@@ -389,6 +339,7 @@ impl Inner {
                 put_leased(heartbeat.clone(), req.owner.clone(), session.id),
             ];
             let floor = self.clock.highest();
+            let sent = Instant::now();
             let resp = self
                 .txn_unordered(
                     Txn::new()
@@ -419,7 +370,8 @@ impl Inner {
             }
             let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
             if resp.succeeded() {
-                return Ok(self.granted(&mut doubt, req, &session, value, revision, 1, None));
+                let grant = (session.id, value, revision, sent);
+                return Ok(self.granted(&mut doubt, req, grant, 1, None));
             }
             let context = self.context(&resp, 1);
             let Some(kv) = Self::got(&resp, 0).into_iter().next() else {
@@ -455,6 +407,7 @@ impl Inner {
                     if let Some(p) = &held.pending {
                         ops.push(put_leased(request_key.clone(), p.encode(), session.id));
                     }
+                    let sent = Instant::now();
                     let resp = self
                         .txn(
                             Txn::new()
@@ -479,23 +432,19 @@ impl Inner {
                         }
                         let version = kv.version() as u64 + 1;
                         let request = held.pending.as_ref().map(|p| p.request.clone());
-                        return Ok(self.granted(
-                            &mut doubt,
-                            req,
-                            &session,
-                            value,
-                            kv.create_revision(),
-                            version,
-                            request,
-                        ));
+                        let grant = (session.id, value, kv.create_revision(), sent);
+                        return Ok(self.granted(&mut doubt, req, grant, version, request));
                     }
                 }
                 AcquireStep::NewGrant => {
-                    // Taken over (another instance of the owner, or an emergency request over a
-                    // lower priority) or expired: delete the old grant and its request if
-                    // nothing changed since it was judged, then create a new one (new create
-                    // revision, so a new token). etcd rejects a put and a delete of one key in
-                    // one transaction, hence two steps.
+                    // Expired, or an emergency request over a lower priority: delete the old
+                    // grant and its request if nothing changed since it was judged, then
+                    // create a new one (new create revision, so a new token). etcd rejects a
+                    // put and a delete of one key in one transaction, hence two steps; whoever
+                    // creates the key first after the delete holds the lease, which is right
+                    // for an expired grant (an emergency request judges anew and takes a
+                    // lower priority over again). Another instance of the same owner never
+                    // gets here: it is refused like another owner (`AcquireStep::Held`).
                     let mut guards = vec![
                         Compare::mod_revision(key.clone(), CompareOp::Equal, kv.mod_revision()),
                         request_unchanged,
@@ -555,28 +504,29 @@ impl Inner {
         );
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Remembers the grant `(session, value, token, sent)` made by an acquire whose write was
+    /// sent at `sent`, and answers it.
     fn granted(
         &self,
         doubt: &mut Doubt<'_>,
         req: &AcquireRequest,
-        session: &Session,
-        value: GrantValue,
-        token: i64,
+        (session, value, token, sent): (i64, GrantValue, i64, Instant),
         version: u64,
         request: Option<PreemptionRequest>,
     ) -> AcquireOutcome {
         let record = record_of(&req.name, &value, token, req.ttl, version, request);
-        self.remember(
+        self.local.remember(
             &req.name,
             LocalGrant {
                 owner: req.owner.clone(),
                 token,
-                session: session.id,
+                session,
                 value,
+                verified: true,
+                confirmed: sent,
             },
         );
-        doubt.settled = true;
+        doubt.settle();
         AcquireOutcome::Granted(record)
     }
 
@@ -586,10 +536,12 @@ impl Inner {
         leases: &[HeldLease],
         ttl: Duration,
     ) -> Result<Vec<Renewal>, StoreError> {
+        let sent = Instant::now();
         let local: Vec<Option<LocalGrant>> = leases
             .iter()
             .map(|l| {
-                self.local(&l.name)
+                self.local
+                    .get(&l.name)
                     .filter(|g| g.owner == owner && g.token as u64 == l.token)
             })
             .collect();
@@ -612,27 +564,53 @@ impl Inner {
         // The heartbeat tells contenders the holder is alive; written before the keys are
         // confirmed, so a takeover that confirmed after it is seen as a missing key. The
         // pending preemption requests are read in the same transaction, at the heartbeat's
-        // revision: a grant with a forceful one is refused (see [`crate::preempt`]).
+        // revision: a grant with a forceful one is refused (see [`crate::preempt`]). So are
+        // the keys of unverified grants on this session (their create revision is compared
+        // below), and the orphans the last renewal found are deleted in it: no heartbeat
+        // keeps them alive any more (see [`crate::local`]).
         let heartbeat = self.layout.session(session.id);
+        let unverified: Vec<usize> = (0..leases.len())
+            .filter(|&i| {
+                local[i]
+                    .as_ref()
+                    .is_some_and(|g| !g.verified && g.session == session.id)
+            })
+            .collect();
+        let mut ops = vec![
+            put_leased(heartbeat.clone(), owner, session.id),
+            self.requests_op(),
+        ];
+        ops.extend(
+            unverified
+                .iter()
+                .map(|&i| TxnOp::get(self.layout.lease(&leases[i].name), None)),
+        );
+        ops.extend(self.local.sweep(&self.layout, session.id, Instant::now()));
         let beat = self
-            .txn(
-                Txn::new().and_then([
-                    put_leased(heartbeat.clone(), owner, session.id),
-                    self.requests_op(),
-                ]),
-                "renew (heartbeat)",
-                &heartbeat,
-            )
+            .txn(Txn::new().and_then(ops), "renew (heartbeat)", &heartbeat)
             .await?;
         let requests = self.requests(Self::got(&beat, 1));
+        // The unverified grants whose key is not theirs any more (another create revision).
+        let replaced: HashSet<usize> = unverified
+            .iter()
+            .enumerate()
+            .filter(|&(at, &i)| {
+                let token = local[i].as_ref().map_or(0, |g| g.token);
+                !Self::got(&beat, 2 + at)
+                    .first()
+                    .is_some_and(|kv| kv.create_revision() == token && kv.lease() == session.id)
+            })
+            .map(|(_, &i)| i)
+            .collect();
         let attached = self
             .client
             .lease_client()
             .time_to_live(session.id, Some(LeaseTimeToLiveOptions::new().with_keys()))
             .await
             .map_err(|e| etcd_error("renew (read attached keys)", &heartbeat, e))?;
-        if let Some(h) = attached.header() {
-            self.clock.saw(h.revision());
+        let listed = attached.header().map(|h| h.revision());
+        if let Some(revision) = listed {
+            self.clock.saw(revision);
         }
         let attached: HashSet<&[u8]> = attached.keys().iter().map(Vec::as_slice).collect();
         let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
@@ -650,13 +628,19 @@ impl Inner {
             };
             answers.push(match request {
                 _ if expired.contains(&g.session) => Renewal::NotHeld,
-                _ if g.session == session.id && !attached.contains(key.as_bytes()) => {
+                _ if g.session == session.id
+                    && (replaced.contains(&i) || !attached.contains(key.as_bytes())) =>
+                {
+                    self.local.forget(&lease.name, g.token);
                     Renewal::NotHeld
                 }
                 Some((r, _)) if r.request.forceful => Renewal::Refused(r.request),
-                request if g.session == session.id => Renewal::Renewed {
-                    request: request.map(|(r, _)| r.request),
-                },
+                request if g.session == session.id => {
+                    self.local.confirm(&lease.name, g.token, sent);
+                    Renewal::Renewed {
+                        request: request.map(|(r, _)| r.request),
+                    }
+                }
                 request => {
                     // Granted under another time-to-live: move the key to this session
                     // (a put keeps its create revision, so its token), with its request.
@@ -665,8 +649,15 @@ impl Inner {
                 }
             });
         }
+        // Without the listing's revision, nothing can be told unchanged since: no sweep.
+        if let Some(listed) = listed {
+            let listing = (session.id, listed);
+            let now = Instant::now();
+            self.local
+                .find_orphans(&self.layout, listing, attached.into_iter(), now);
+        }
         let moved: Vec<_> = stream::iter(moves.into_iter().map(|(i, name, key, g, request)| {
-            self.move_grant(i, name, key, g, request, ttl_ms, session.id)
+            self.move_grant(i, name, key, g, request, ttl_ms, (session.id, sent))
         }))
         .buffer_unordered(MOVES_IN_FLIGHT)
         .collect()
@@ -679,7 +670,8 @@ impl Inner {
     }
 
     /// Moves grant `g` of `name` (and its non-forceful request, if any) to session
-    /// `session_id`, if neither changed since the renewal's heartbeat read them.
+    /// `session_id`, if neither changed since the renewal's heartbeat (of the renewal sent
+    /// at `sent`) read them.
     #[allow(clippy::too_many_arguments)]
     async fn move_grant(
         &self,
@@ -689,7 +681,7 @@ impl Inner {
         g: LocalGrant,
         request: Option<(RequestValue, KeyValue)>,
         ttl_ms: u64,
-        session_id: i64,
+        (session_id, sent): (i64, Instant),
     ) -> Result<(usize, Renewal), StoreError> {
         let value = GrantValue {
             ttl_ms,
@@ -716,11 +708,13 @@ impl Inner {
             )
             .await?;
         if resp.succeeded() {
-            self.remember(
+            self.local.remember(
                 &name,
                 LocalGrant {
                     session: session_id,
                     value,
+                    verified: true,
+                    confirmed: sent,
                     ..g
                 },
             );
@@ -750,10 +744,14 @@ impl Inner {
     async fn release(&self, name: &str, owner: &str, token: u64) -> Result<bool, StoreError> {
         let key = self.layout.lease(name);
         let token = i64::try_from(token).unwrap_or(i64::MAX);
-        if let Some(g) = self
-            .local(name)
-            .filter(|g| g.owner == owner && g.token == token)
-        {
+        let local = self
+            .local
+            .get(name)
+            .filter(|g| g.owner == owner && g.token == token);
+        // Forgotten first: if the release fails, nothing renews the grant any more and its
+        // key, an orphan, is deleted with a later heartbeat of its session.
+        self.local.forget(name, token);
+        if let Some(g) = local {
             // Fast path: the grant this client wrote, compared as written.
             let resp = self
                 .txn(
@@ -771,7 +769,6 @@ impl Inner {
                 )
                 .await?;
             if resp.succeeded() {
-                self.forget_grant(name);
                 return Ok(true);
             }
         }
@@ -803,7 +800,6 @@ impl Inner {
                 )
                 .await?;
             if resp.succeeded() {
-                self.forget_grant(name);
                 return Ok(true);
             }
         }
@@ -895,9 +891,11 @@ impl LeaseStore for EtcdStore {
     }
 
     /// `Ok(Granted)`: the key was created (new token = its create revision), rewritten for
-    /// the same owner and instance (same token), or taken over from another instance of the
-    /// same owner or from an expired grant (new token). `Ok(Held)`: another owner's
-    /// unexpired grant. `Err`: unknown (unreachable, timed out, or lost too many races).
+    /// the same owner and instance (same token), or taken over from an expired grant or,
+    /// in an emergency, from a lower priority (new token). `Ok(Held)`: another owner's or
+    /// another instance's unexpired grant. `Err`: unknown (unreachable, timed out, or lost
+    /// too many races); a key it may have written lapses after its ttl (module
+    /// [`crate::local`]).
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError> {
         self.inner.try_acquire_in(req, None).await
     }

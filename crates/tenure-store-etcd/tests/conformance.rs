@@ -8,10 +8,11 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use tenure_lease::LeaseStore;
-use tenure_lease::conformance::Harness;
+use tenure_lease::conformance::proxy::Proxy;
 use tenure_lease::conformance::state_loss::StateLoss;
+use tenure_lease::conformance::{AnswerDelay, Harness};
 
-use support::Etcd;
+use support::{Etcd, PREFIX};
 
 struct EtcdHarness(Etcd, tempfile::TempDir);
 
@@ -37,6 +38,20 @@ impl Harness for EtcdHarness {
     /// SIGSTOP: every request hangs past any operation timeout.
     async fn outage(&self) -> Box<dyn Any + Send> {
         Box::new(self.0.freeze())
+    }
+    /// Through a TCP proxy to the (single) member.
+    async fn delayed_client(&self) -> (Arc<dyn LeaseStore>, Box<dyn AnswerDelay>) {
+        let port = self.0.endpoint(0).rsplit(':').next().expect("port").parse();
+        let proxy = Proxy::start(port.expect("a port"));
+        let url = format!("http://127.0.0.1:{}", proxy.port);
+        (Arc::new(self.0.store_on(vec![url]).await), Box::new(proxy))
+    }
+    /// Revokes the owner's sessions on the server.
+    async fn expire_sessions(&self, owner: &str) {
+        assert!(
+            self.0.revoke_sessions_of(PREFIX, owner).await > 0,
+            "{owner} has no session to end"
+        );
     }
 }
 

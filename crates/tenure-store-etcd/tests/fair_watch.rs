@@ -200,11 +200,12 @@ async fn watch_reports_holder_changes() {
             .await
             .expect("acquire"),
     );
-    let taken = AcquireRequest {
+    assert!(store.release("w-1", "a", t1).await.expect("release"));
+    let next = AcquireRequest {
         instance: "a-2".into(),
         ..request("w-1", "a", ttl)
     };
-    let t2 = token(&store.try_acquire(&taken).await.expect("take over"));
+    let t2 = token(&store.try_acquire(&next).await.expect("acquire"));
     assert!(store.release("w-1", "a", t2).await.expect("release"));
     let mut seen = Vec::new();
     for _ in 0..4 {

@@ -56,11 +56,12 @@ pub struct Statements {
     /// `$1` name, `$2` owner, `$3` instance, `$4` ttl in µs, `$5` note, `$6` priority
     /// (text), `$7` cleanup timeout in µs, `$8` whether the request may take over a
     /// lower-priority grant at once (emergency). One row: `granted` (bool) and the record,
-    /// either the caller's grant or the other owner's unexpired one. No row: the lease was
-    /// released between the insert and the look-up; ask again. A grant with a forceful
-    /// request pending is neither refreshed nor taken over by its own owner: it ends at its
-    /// expiry. `$9` token and `$10` version (or NULL): an expired grant is taken over only
-    /// if it is still that one (the contender rule of `observed-expiry`).
+    /// either the caller's grant or the other holder's unexpired one (another owner's, or
+    /// another instance's of the same owner). No row: the lease was released between the
+    /// insert and the look-up; ask again. A grant with a forceful request pending is not
+    /// refreshed, even by its own instance: it ends at its expiry. `$9` token and `$10`
+    /// version (or NULL): an expired grant is taken over only if it is still that one (the
+    /// contender rule of `observed-expiry`).
     pub acquire: String,
     /// `$1` name: the row whatever its expiry: the record, then whether it is unexpired
     /// and whether it was released.
@@ -157,7 +158,7 @@ granted AS (
         expires_at = excluded.expires_at
     WHERE (l.expires_at <= excluded.granted_at
            AND ($9::bigint IS NULL OR (l.token = $9::bigint AND l.version = $10::bigint)))
-       OR (l.owner = excluded.owner AND NOT {FORCED})
+       OR (l.owner = excluded.owner AND l.instance = excluded.instance AND NOT {FORCED})
        OR ($8::boolean AND l.owner <> excluded.owner AND l.priority < excluded.priority)
     RETURNING l.*
 )

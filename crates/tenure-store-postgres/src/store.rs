@@ -444,12 +444,12 @@ impl LeaseStore for PostgresStore {
         }
     }
 
-    /// One statement: insert the grant, or take over the row if it is expired, ours (and
-    /// not being forcefully preempted) or, for an emergency request, of lower priority;
-    /// otherwise return the current holder. With `observed-expiry`, a row the server says
-    /// expired is read first and taken over only once this client has seen it unchanged
-    /// for a full ttl. A new grant whose token is not above every token this client has
-    /// seen means the sequence went back: see [`PostgresStore::went_back`].
+    /// One statement: insert the grant, or take over the row if it is expired, this
+    /// instance's (and not being forcefully preempted) or, for an emergency request, of
+    /// lower priority; otherwise return the current holder. With `observed-expiry`, a row
+    /// the server says expired is read first and taken over only once this client has seen
+    /// it unchanged for a full ttl. A new grant whose token is not above every token this
+    /// client has seen means the sequence went back: see [`PostgresStore::went_back`].
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError> {
         self.quiet(req.ttl)?;
         let sql = &self.inner.statements.acquire;

@@ -8,8 +8,9 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use server::{Exclusive, PgServer};
 use tenure_lease::LeaseStore;
+use tenure_lease::conformance::proxy::Proxy;
 use tenure_lease::conformance::state_loss::StateLoss;
-use tenure_lease::conformance::{Harness, test_settings};
+use tenure_lease::conformance::{AnswerDelay, Harness, test_settings};
 use tenure_store_postgres::PostgresStore;
 
 struct PgHarness {
@@ -47,6 +48,16 @@ impl Harness for PgHarness {
     /// never answered.
     async fn outage(&self) -> Box<dyn Any + Send> {
         Box::new(self.server.freeze())
+    }
+
+    /// Its own pool, connected through a TCP proxy to the server.
+    async fn delayed_client(&self) -> (Arc<dyn LeaseStore>, Box<dyn AnswerDelay>) {
+        let proxy = Proxy::start(self.server.port());
+        let options = self
+            .server
+            .options_via(proxy.port, test_settings().lease_operation_timeout);
+        let store = PostgresStore::connect(options).await.expect("connect");
+        (Arc::new(store), Box::new(proxy))
     }
 }
 

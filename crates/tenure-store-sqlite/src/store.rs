@@ -347,8 +347,8 @@ impl LeaseStore for SqliteStore {
                             ..rec
                         })
                     }
-                    // Free, expired, held by another instance of this owner, or an emergency
-                    // take-over: a new grant, unless a lost file's grants may still be believed.
+                    // Free, expired, or an emergency take-over: a new grant, unless a lost file's
+                    // grants may still be believed.
                     _ => {
                         if let Some(lost) = lost_at(&tx)?
                             && now < lost.saturating_add(ttl_ns(req.ttl))

@@ -3,14 +3,14 @@
 
 use std::any::Any;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use rusqlite::Connection;
 use tenure_lease::LeaseStore;
 use tenure_lease::conformance::state_loss::StateLoss;
-use tenure_lease::conformance::{Harness, test_settings};
+use tenure_lease::conformance::{AnswerDelay, Harness, test_settings};
 use tenure_store_sqlite::SqliteStore;
 
 /// How the file is lost in [`StateLoss::lose_state`].
@@ -48,6 +48,26 @@ impl SqliteHarness {
 /// the operation timeout.
 struct WriteLock(#[allow(dead_code)] Connection);
 
+/// SQLite's late answers: a write lock held by another connection while "delayed". An
+/// operation started meanwhile waits for the lock inside the store (its caller gives up at
+/// its operation timeout, the operation goes on) and completes once the lock is released:
+/// applied, its answer lost. The delayed client's busy timeout outlasts any delay.
+struct LockedWhileDelayed {
+    path: PathBuf,
+    lock: Mutex<Option<WriteLock>>,
+}
+
+impl AnswerDelay for LockedWhileDelayed {
+    fn set(&self, delay: Option<Duration>) {
+        let mut lock = self.lock.lock().unwrap();
+        *lock = delay.map(|_| {
+            let conn = Connection::open(&self.path).expect("open");
+            conn.execute_batch("BEGIN EXCLUSIVE").expect("lock");
+            WriteLock(conn)
+        });
+    }
+}
+
 #[async_trait]
 impl Harness for SqliteHarness {
     async fn client(&self) -> Arc<dyn LeaseStore> {
@@ -65,6 +85,14 @@ impl Harness for SqliteHarness {
         let conn = Connection::open(&self.path).expect("open");
         conn.execute_batch("BEGIN EXCLUSIVE").expect("lock");
         Box::new(WriteLock(conn))
+    }
+    async fn delayed_client(&self) -> (Arc<dyn LeaseStore>, Box<dyn AnswerDelay>) {
+        let client = SqliteStore::open(&self.path, Duration::from_secs(30)).expect("open");
+        let delay = LockedWhileDelayed {
+            path: self.path.clone(),
+            lock: Mutex::new(None),
+        };
+        (Arc::new(client), Box::new(delay))
     }
 }
 

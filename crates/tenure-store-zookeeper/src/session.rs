@@ -8,6 +8,13 @@
 //! monotonic clock). The session timeout covers what this client cannot do: when the
 //! process dies or is cut off, the server ends the session (and deletes its nodes) at the
 //! earliest `session timeout` after the last request it saw from it.
+//!
+//! An acquire whose outcome is unknown (its answer came after the caller's operation
+//! timeout, or the connection broke) may have created a holder node that no recorded grant
+//! accounts for, and that the session would keep as long as the process lives. Each such
+//! acquire leaves a *doubt* on its lease name: one ttl after the acquire ended, the reaper
+//! deletes the name's holder node if it is an ephemeral of this session and still no
+//! recorded grant's (a version check on the lease node makes sure no grant came since).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, Weak};
@@ -43,6 +50,16 @@ impl Grant {
     }
 }
 
+/// Acquires of one session whose outcome is unknown, and those under way.
+#[derive(Debug, Default)]
+struct Doubts {
+    /// When the reaper deletes the holder node of each lease name, if it is an ephemeral of
+    /// this session that no recorded grant accounts for.
+    due: HashMap<String, Instant>,
+    /// Acquires under way, by lease name: their nodes are not reaped meanwhile.
+    acquiring: HashMap<String, usize>,
+}
+
 /// The session of one owner and the grants made on it, by lease name.
 pub(crate) struct OwnerSession {
     pub client: zk::Client,
@@ -55,6 +72,7 @@ pub(crate) struct OwnerSession {
     layout: Layout,
     /// The pending requests on these grants as last read (see [`crate::pending`]).
     pending: Mutex<PendingRequests>,
+    doubts: Mutex<Doubts>,
 }
 
 impl std::fmt::Debug for OwnerSession {
@@ -77,6 +95,7 @@ impl OwnerSession {
             changed: Arc::new(Notify::new()),
             layout,
             pending: Mutex::new(PendingRequests::default()),
+            doubts: Mutex::default(),
         });
         tokio::spawn(reap(Arc::downgrade(&session), session.changed.clone()));
         session
@@ -114,6 +133,56 @@ impl OwnerSession {
         if due.is_none_or(|d| expires_at < d) {
             self.changed.notify_one();
         }
+    }
+
+    fn doubts(&self) -> std::sync::MutexGuard<'_, Doubts> {
+        self.doubts.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// An acquire of `name` with time-to-live `ttl` starts on this session: settle the
+    /// guard when its outcome is known; dropped unsettled, it leaves a doubt on `name`.
+    pub(crate) fn acquiring<'a>(&'a self, name: &'a str, ttl: Duration) -> AcquireGuard<'a> {
+        *self.doubts().acquiring.entry(name.to_string()).or_default() += 1;
+        AcquireGuard {
+            session: self,
+            name,
+            ttl,
+            settled: false,
+        }
+    }
+
+    /// Reaps a holder node of `name` left by an acquire of unknown outcome: deletes it if it
+    /// is an ephemeral of this session that no recorded grant accounts for, unless the lease
+    /// node changed since it was read. `Ok(true)`: nothing is left to reap; `Ok(false)`:
+    /// something changed meanwhile, look again later.
+    async fn reap_doubt(&self, name: &str) -> Result<bool, zk::Error> {
+        let (lease, holder) = self.paths(name)?;
+        let mut read = self.client.new_multi_reader();
+        read.add_get_data(&lease)?;
+        read.add_get_data(&holder)?;
+        let answer = read.commit().await?;
+        let (
+            Some(zk::MultiReadResult::Data {
+                stat: lease_stat, ..
+            }),
+            Some(zk::MultiReadResult::Data {
+                stat: holder_stat, ..
+            }),
+        ) = (answer.first(), answer.get(1))
+        else {
+            return Ok(true);
+        };
+        let recorded = self
+            .grant(name)
+            .is_some_and(|g| g.token == crate::node::token(holder_stat.czxid));
+        if holder_stat.ephemeral_owner != self.session_id() || recorded {
+            return Ok(true);
+        }
+        tracing::info!(lease = %name, "deleting a holder node left by an acquire whose outcome was unknown");
+        let deleted = self
+            .delete_holder(name, lease_stat.version, Some(holder_stat.version))
+            .await?;
+        Ok(deleted)
     }
 
     pub(crate) fn forget(&self, name: &str, token: u64) {
@@ -169,14 +238,31 @@ impl OwnerSession {
         name: &str,
         lease_version: i32,
     ) -> Result<bool, zk::Error> {
+        self.delete_holder(name, lease_version, None).await
+    }
+
+    /// The lease node and holder node paths of `name`.
+    fn paths(&self, name: &str) -> Result<(String, String), zk::Error> {
         let lease = self
             .layout
             .lease(name)
             .map_err(|_| zk::Error::BadArguments(&"invalid lease name"))?;
         let holder = format!("{lease}/{}", crate::node::HOLDER);
+        Ok((lease, holder))
+    }
+
+    /// Deletes the holder node of `name` (at `holder_version`, if given) if the lease
+    /// node's version is still `lease_version`: `Ok(false)` when either changed or is gone.
+    async fn delete_holder(
+        &self,
+        name: &str,
+        lease_version: i32,
+        holder_version: Option<i32>,
+    ) -> Result<bool, zk::Error> {
+        let (lease, holder) = self.paths(name)?;
         let mut multi = self.client.new_multi_writer();
         multi.add_check_version(&lease, lease_version)?;
-        multi.add_delete(&holder, None)?;
+        multi.add_delete(&holder, holder_version)?;
         match multi.commit().await {
             Ok(_) => Ok(true),
             Err(zk::MultiWriteError::OperationFailed {
@@ -188,8 +274,43 @@ impl OwnerSession {
     }
 }
 
-/// Deletes grants whose expiry passed; retries deletions that failed (connection lost)
-/// every second. Ends when the session is dropped or over.
+/// One acquire under way (see [`OwnerSession::acquiring`]).
+pub(crate) struct AcquireGuard<'a> {
+    session: &'a OwnerSession,
+    name: &'a str,
+    ttl: Duration,
+    settled: bool,
+}
+
+impl AcquireGuard<'_> {
+    /// The acquire's outcome is known (granted and recorded, or certainly not).
+    pub(crate) fn settle(&mut self) {
+        self.settled = true;
+    }
+}
+
+impl Drop for AcquireGuard<'_> {
+    fn drop(&mut self) {
+        let due = Instant::now() + self.ttl;
+        let mut doubts = self.session.doubts();
+        if let Some(n) = doubts.acquiring.get_mut(self.name) {
+            *n -= 1;
+            if *n == 0 {
+                doubts.acquiring.remove(self.name);
+            }
+        }
+        if !self.settled {
+            let at = doubts.due.entry(self.name.to_string()).or_insert(due);
+            *at = (*at).max(due);
+            drop(doubts);
+            // The reaper sleeps at most a second: waking it is not needed for a ttl-long wait.
+        }
+    }
+}
+
+/// Deletes grants whose expiry passed and holder nodes left by acquires of unknown outcome
+/// once their doubt is due; retries deletions that failed (connection lost) every second.
+/// Ends when the session is dropped or over.
 async fn reap(session: Weak<OwnerSession>, changed: Arc<Notify>) {
     loop {
         let Some(s) = session.upgrade() else { return };
@@ -211,10 +332,39 @@ async fn reap(session: Weak<OwnerSession>, changed: Arc<Notify>) {
             }
             *s.reaper_due.lock().unwrap_or_else(|e| e.into_inner()) = Some(next);
         }
+        let doubtful: Vec<String> = {
+            let doubts = s.doubts();
+            for at in doubts.due.values().filter(|at| **at > now) {
+                next = next.min(*at);
+            }
+            doubts
+                .due
+                .iter()
+                .filter(|(name, at)| **at <= now && !doubts.acquiring.contains_key(*name))
+                .map(|(name, _)| name.clone())
+                .collect()
+        };
         // Pipelined: the deletions of one round share the round trip.
-        let results =
-            futures::future::join_all(due.iter().map(|(name, _, v)| s.delete_grant(name, *v)))
-                .await;
+        let (results, reaped) = futures::future::join(
+            futures::future::join_all(due.iter().map(|(name, _, v)| s.delete_grant(name, *v))),
+            futures::future::join_all(doubtful.iter().map(|name| s.reap_doubt(name))),
+        )
+        .await;
+        for (name, result) in doubtful.iter().zip(reaped) {
+            match result {
+                Ok(true) => {
+                    let mut doubts = s.doubts();
+                    if doubts.due.get(name).is_some_and(|at| *at <= now) {
+                        doubts.due.remove(name);
+                    }
+                }
+                Ok(false) => {}
+                Err(e) if session_over(&e) => return,
+                Err(e) => {
+                    tracing::debug!(lease = %name, error = %e, "reaping a node of unknown outcome failed, retrying")
+                }
+            }
+        }
         for ((name, token, _), result) in due.iter().zip(results) {
             match result {
                 Ok(_) => s.forget(name, *token),

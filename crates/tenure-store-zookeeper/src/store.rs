@@ -436,8 +436,9 @@ impl ZooKeeperStore {
                     Err(e) => return Err(GrantError::Zk(format!("refreshing {holder}"), e)),
                 }
             }
-            // Another instance of this owner (or this instance's ended grant, or a grant of
-            // another session), or an emergency take-over: replaced with a new token.
+            // This instance's ended grant, or a node of this instance that no recorded grant
+            // accounts for (an acquire of unknown outcome), or an emergency take-over:
+            // replaced with a new token.
             if let Some(record) = self.grant(s, req, &data, Some(stat.version)).await? {
                 return Ok(AcquireOutcome::Granted(record));
             }
@@ -594,12 +595,21 @@ impl LeaseStore for ZooKeeperStore {
     }
 
     /// Creates the ephemeral holder node on the owner's session (token: its czxid), or
-    /// refreshes it (reentrant), or replaces it (another instance of the owner).
-    /// `Ok(Held)` when another owner's holder node exists.
+    /// refreshes it (reentrant: same owner and instance), or replaces it (expired here, or a
+    /// node of this instance that no recorded grant accounts for; emergency).
+    /// `Ok(Held)` when another owner's or another instance's holder node exists. `Err`:
+    /// unknown; a node it may have created is deleted one ttl later (module
+    /// [`session`](crate::session)).
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError> {
         let s = self.owner_session(&req.owner, req.ttl).await?;
+        // Dropped unsettled (an error, or the caller's timeout cancelling this call), the
+        // guard leaves a doubt: a holder node this call may have created is reaped after ttl.
+        let mut guard = s.acquiring(&req.name, req.ttl);
         match self.acquire_on(&s, req).await {
-            Ok(outcome) => Ok(outcome),
+            Ok(outcome) => {
+                guard.settle();
+                Ok(outcome)
+            }
             Err(GrantError::Store(e)) => Err(e),
             Err(GrantError::Exists) => Err(backend("holder node exists")),
             Err(GrantError::Zk(what, e)) => {

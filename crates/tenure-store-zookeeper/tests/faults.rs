@@ -12,7 +12,6 @@ use tenure_lease::{
     AcquireOutcome, AcquireRequest, Acquired, HeldLease, Lease, LeaseSpec, LeaseStore, LostReason,
     Renewal, StoreError,
 };
-use tenure_store_zookeeper::zookeeper_client as zk;
 use tokio::time::{Instant, sleep};
 
 fn request(name: &str, owner: &str, instance: &str, ttl: Duration) -> AcquireRequest {
@@ -160,24 +159,7 @@ async fn session_end_reports_not_held_and_reconnects() {
     );
     let session = store.session_of("a").await.expect("a has a session");
     // Another client takes the session over and closes it: the server deletes its nodes.
-    // (The store's client reconnects and takes it back meanwhile: retry until we got it.)
-    let mut attempts = 0;
-    let thief = loop {
-        match zk::Client::connector()
-            .with_session(session.clone())
-            .with_session_timeout(Duration::from_secs(5))
-            .connect(&shared.server.connect_string())
-            .await
-        {
-            Ok(client) => break client,
-            Err(zk::Error::SessionExpired) => panic!("session over before we closed it"),
-            Err(e) => {
-                attempts += 1;
-                assert!(attempts < 10, "cannot connect with a's session: {e}");
-            }
-        }
-    };
-    drop(thief);
+    shared.end_session(&session).await;
     let started = Instant::now();
     loop {
         match store.renew("a", &held, ttl).await {

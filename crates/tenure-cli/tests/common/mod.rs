@@ -4,7 +4,6 @@
 
 pub mod cluster;
 pub mod lives;
-pub mod proxy;
 pub mod shards;
 
 use std::io::{BufRead, BufReader};

@@ -217,6 +217,35 @@ impl Etcd {
         EtcdStore::new(client, PREFIX)
     }
 
+    /// Revokes, on the server, every session (etcd lease) of `owner` under key prefix
+    /// `prefix`, found by their heartbeat keys (`<prefix>sessions/<id>`, whose value is the
+    /// owner): every key attached to them is deleted, as when a session expires. Returns
+    /// how many sessions were revoked.
+    pub async fn revoke_sessions_of(&self, prefix: &str, owner: &str) -> usize {
+        let mut c = Client::connect(self.endpoints(), Some(quick()))
+            .await
+            .expect("client");
+        let heartbeats = c
+            .get(
+                format!("{prefix}sessions/"),
+                Some(etcd_client::GetOptions::new().with_prefix()),
+            )
+            .await
+            .expect("read the heartbeat keys");
+        let mut revoked = 0;
+        for kv in heartbeats.kvs() {
+            if kv.value() == owner.as_bytes() && kv.lease() != 0 {
+                match c.lease_revoke(kv.lease()).await {
+                    Ok(_) => revoked += 1,
+                    // Expired meanwhile: as good as revoked.
+                    Err(e) if e.to_string().contains("lease not found") => {}
+                    Err(e) => panic!("revoke session {:x} of {owner}: {e}", kv.lease()),
+                }
+            }
+        }
+        revoked
+    }
+
     /// Kills member `i` (SIGKILL) and waits for it to exit.
     pub fn kill(&self, i: usize) {
         if let Some(mut c) = self.members[i].child.lock().unwrap().take() {

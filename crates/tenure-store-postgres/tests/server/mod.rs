@@ -362,17 +362,32 @@ impl PgServer {
 
     /// Connection parameters of the server (user `postgres`, database `postgres`).
     pub fn connection(&self) -> tokio_postgres::Config {
+        self.connection_via(self.port)
+    }
+
+    /// Connection parameters of the server through `port` on loopback (e.g. a proxy's).
+    pub fn connection_via(&self, port: u16) -> tokio_postgres::Config {
         let mut c = tokio_postgres::Config::new();
         c.host("127.0.0.1")
-            .port(self.port)
+            .port(port)
             .user("postgres")
             .dbname("postgres");
         c
     }
 
+    /// The server's port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     /// Store options for this server with `operation_timeout`.
     pub fn options(&self, operation_timeout: Duration) -> PostgresOptions {
-        let mut c = self.connection();
+        self.options_via(self.port, operation_timeout)
+    }
+
+    /// Store options for this server through `port` on loopback, with `operation_timeout`.
+    pub fn options_via(&self, port: u16, operation_timeout: Duration) -> PostgresOptions {
+        let mut c = self.connection_via(port);
         c.connect_timeout(operation_timeout);
         PostgresOptions::new(c, operation_timeout)
     }

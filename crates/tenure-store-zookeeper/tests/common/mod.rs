@@ -9,6 +9,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tenure_store_zookeeper::server::TestServer;
+use tenure_store_zookeeper::zookeeper_client as zk;
 use tenure_store_zookeeper::{ZooKeeperOptions, ZooKeeperStore};
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
@@ -57,10 +58,42 @@ pub async fn exclusive() -> Shared {
 impl Shared {
     /// A store on this test's root with session timeout `session`.
     pub fn store(&self, session: Duration, connection: Duration) -> ZooKeeperStore {
-        let mut options =
-            ZooKeeperOptions::new(self.server.connect_string(), self.root.clone(), session);
+        self.store_via(&self.server.connect_string(), session, connection)
+    }
+
+    /// A store on this test's root connecting to `connect` (e.g. a proxy to the server).
+    pub fn store_via(
+        &self,
+        connect: &str,
+        session: Duration,
+        connection: Duration,
+    ) -> ZooKeeperStore {
+        let mut options = ZooKeeperOptions::new(connect, self.root.clone(), session);
         options.connection_timeout = connection;
         ZooKeeperStore::new(options).expect("options")
+    }
+
+    /// Ends `session` on the server, as an expiry would (its ephemeral nodes go): another
+    /// client takes the session over and closes it. The store's own client reconnects and
+    /// takes it back meanwhile: retried until we got it.
+    pub async fn end_session(&self, session: &zk::SessionInfo) {
+        let mut attempts = 0;
+        let thief = loop {
+            match zk::Client::connector()
+                .with_session(session.clone())
+                .with_session_timeout(Duration::from_secs(5))
+                .connect(&self.server.connect_string())
+                .await
+            {
+                Ok(client) => break client,
+                Err(zk::Error::SessionExpired) => return,
+                Err(e) => {
+                    attempts += 1;
+                    assert!(attempts < 10, "cannot connect with the session: {e}");
+                }
+            }
+        };
+        drop(thief);
     }
 
     /// Restarts the server on the same data and port, then warms it up again.

@@ -1,0 +1,126 @@
+//! A client wrapper that cuts a client off from its store or delays its answers.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::time::sleep;
+
+use super::AnswerDelay;
+use crate::{
+    AcquireOutcome, AcquireRequest, HeldLease, LeaseRecord, LeaseStore, PreemptAnswer,
+    PreemptionRequest, Renewal, StoreError,
+};
+
+/// Wraps a client, at the store SPI, to cut it off from the store (a partition between one
+/// holder and the store: while cut, every call hangs, as over a dead connection) or to
+/// delay its answers (every call takes effect at once and answers late: a caller whose
+/// operation timeout is shorter never sees the answer). For network stores the
+/// [`Proxy`](super::proxy::Proxy) does the same on the wire, which is what their
+/// harnesses use for [`Harness::delayed_client`].
+pub struct FaultyClient {
+    inner: Arc<dyn LeaseStore>,
+    cut: AtomicBool,
+    delay: Mutex<Option<Duration>>,
+}
+
+impl FaultyClient {
+    pub fn new(inner: Arc<dyn LeaseStore>) -> Arc<Self> {
+        Arc::new(FaultyClient {
+            inner,
+            cut: AtomicBool::new(false),
+            delay: Mutex::new(None),
+        })
+    }
+
+    pub fn set_cut(&self, cut: bool) {
+        self.cut.store(cut, Ordering::SeqCst);
+    }
+
+    /// From now on, answers come `delay` after the store gave them (`None`: at once).
+    pub fn set_delay(&self, delay: Option<Duration>) {
+        *self.delay.lock().unwrap_or_else(|e| e.into_inner()) = delay;
+    }
+
+    /// Runs `call` once the cut is over, then holds its answer for the delay.
+    async fn pass<T>(&self, call: impl Future<Output = T>) -> T {
+        while self.cut.load(Ordering::SeqCst) {
+            sleep(Duration::from_millis(5)).await;
+        }
+        let answer = call.await;
+        let delay = *self.delay.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(d) = delay {
+            sleep(d).await;
+        }
+        answer
+    }
+}
+
+impl AnswerDelay for Arc<FaultyClient> {
+    fn set(&self, delay: Option<Duration>) {
+        self.set_delay(delay);
+    }
+}
+
+#[async_trait]
+impl LeaseStore for FaultyClient {
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+    fn capabilities(&self) -> crate::Capabilities {
+        self.inner.capabilities()
+    }
+    fn name_rules(&self) -> crate::names::NameRules {
+        self.inner.name_rules()
+    }
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError> {
+        self.pass(self.inner.try_acquire(req)).await
+    }
+    async fn renew(
+        &self,
+        owner: &str,
+        leases: &[HeldLease],
+        ttl: Duration,
+    ) -> Result<Vec<Renewal>, StoreError> {
+        self.pass(self.inner.renew(owner, leases, ttl)).await
+    }
+    async fn release(&self, name: &str, owner: &str, token: u64) -> Result<bool, StoreError> {
+        self.pass(self.inner.release(name, owner, token)).await
+    }
+    async fn read(&self, name: &str) -> Result<Option<LeaseRecord>, StoreError> {
+        self.pass(self.inner.read(name)).await
+    }
+    async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
+        self.pass(self.inner.list(prefix)).await
+    }
+    async fn acquire_fair(
+        &self,
+        req: &AcquireRequest,
+        wait: Duration,
+    ) -> Result<AcquireOutcome, StoreError> {
+        self.pass(self.inner.acquire_fair(req, wait)).await
+    }
+    async fn request_preemption(
+        &self,
+        name: &str,
+        token: u64,
+        request: &PreemptionRequest,
+    ) -> Result<PreemptAnswer, StoreError> {
+        self.pass(self.inner.request_preemption(name, token, request))
+            .await
+    }
+    async fn withdraw_preemption(
+        &self,
+        name: &str,
+        token: u64,
+        by: &str,
+    ) -> Result<bool, StoreError> {
+        self.pass(self.inner.withdraw_preemption(name, token, by))
+            .await
+    }
+    async fn watch(&self, prefix: &str) -> Result<crate::WatchReceiver, StoreError> {
+        self.pass(self.inner.watch(prefix)).await
+    }
+}
