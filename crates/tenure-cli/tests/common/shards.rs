@@ -131,7 +131,7 @@ pub fn open_loop_options(
         .to_vec(),
         tail: format!(
             "[sharding]\nnumber-of-shards = {shards}\nretry-interval = \"300ms\"\n\
-             stop-timeout = \"2s\"\nhand-off-timeout = \"6s\"\n{sharding}\n"
+             stop-timeout = \"500ms\"\nhand-off-timeout = \"6s\"\n{sharding}\n"
         ),
         ..Options::default()
     }
