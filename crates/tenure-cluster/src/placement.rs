@@ -158,7 +158,12 @@ fn lease_store(section: &LeaseSection) -> String {
         None => String::new(),
     };
     let place = match section.store.as_str() {
-        "sqlite" => text("path"),
+        // `""` is the default state file, resolved from the process's environment
+        // (XDG_STATE_HOME, HOME): nodes of one host with the same environment share it.
+        "sqlite" => match text("path") {
+            path if path.is_empty() => "(default state file)".to_string(),
+            path => path,
+        },
         "postgres" => format!("{}.{}", text("schema"), text("table")),
         "etcd" => text("prefix"),
         // A chroot in the connect string moves every path under it.
@@ -237,7 +242,7 @@ mod tests {
         );
         let m = base.mismatch(&elsewhere).unwrap();
         assert_eq!(m.key, "sharding.counter.lease-section");
-        assert!(m.mine.contains("sqlite /tmp/tenure-leases.sqlite"), "{m:?}");
+        assert!(m.mine.contains("sqlite (default state file)"), "{m:?}");
         assert!(
             m.theirs.contains("other (sqlite /tmp/other.sqlite)"),
             "{m:?}"
