@@ -38,5 +38,11 @@ PROTOC=/nonexistent/protoc cargo build -p tenure-cli --locked
 for features in "" sqlite postgres etcd zookeeper cluster singleton sharding; do
   cargo check -p tenure --no-default-features --features "$features" --locked
 done
+# `rust-version` is true: the workspace builds with exactly that toolchain (rustup fetches it
+# when missing; with the same version as the default toolchain this reuses its build).
+msrv=$(sed -n 's/^rust-version = "\(.*\)"$/\1/p' Cargo.toml)
+command -v rustup >/dev/null || { echo "checking rust-version $msrv needs rustup" >&2; exit 1; }
+rustup toolchain list | grep -q "^$msrv-" || rustup toolchain install "$msrv" --profile minimal
+cargo "+$msrv" check --workspace --all-targets --all-features --locked
 cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 cargo test --workspace --all-features --locked

@@ -31,6 +31,8 @@
 //! still loads; using it is a [`ConfigError::StoreNotBuilt`] naming the feature to enable.
 
 #[cfg(feature = "cluster")]
+pub use ractor;
+#[cfg(feature = "cluster")]
 pub use tenure_cluster as cluster;
 pub use tenure_lease::*;
 #[cfg(feature = "sharding")]

@@ -2,12 +2,15 @@
 //! environment overrides, merged into one table; lease sections resolved from it.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use crate::error::ConfigError;
 use crate::settings::{LeaseSettings, TIMING_KEYS};
+
+/// The variable naming the configuration file when no file is given.
+pub const CONFIG_VAR: &str = "TENURE_CONFIG";
 
 /// The text of `config/reference.toml`, compiled in: the single source of defaults.
 pub const REFERENCE_TOML: &str = include_str!("../../../config/reference.toml");
@@ -68,14 +71,24 @@ impl TenureConfig {
         }
     }
 
-    /// Reference defaults, overridden by `file` (when given) and then by `TENURE_…`
-    /// variables of the process environment.
+    /// Reference defaults, overridden by a file and then by `TENURE_…` variables of the
+    /// process environment. The file is `file` when given, else the one `TENURE_CONFIG`
+    /// names (when set and not empty), else none: the same rule as the CLI's `--config`.
+    /// `Err` names the file or key that could not be read or is invalid.
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        Self::load_from(file, std::env::vars().collect())
+    }
+
+    fn load_from(file: Option<&Path>, vars: Vec<(String, String)>) -> Result<Self, ConfigError> {
+        let named = vars
+            .iter()
+            .find(|(k, v)| k == CONFIG_VAR && !v.is_empty())
+            .map(|(_, v)| PathBuf::from(v));
         let mut config = TenureConfig::reference();
-        if let Some(path) = file {
-            config.merge_file(path)?;
+        if let Some(path) = file.map(Path::to_path_buf).or(named) {
+            config.merge_file(&path)?;
         }
-        config.merge_env(std::env::vars())?;
+        config.merge_env(vars)?;
         config.validate()?;
         Ok(config)
     }
@@ -397,6 +410,39 @@ impl<'a> TableReader<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_file_named_by_tenure_config_is_loaded_unless_a_file_is_given() {
+        let dir = std::env::temp_dir().join(format!("tenure-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let named = dir.join("named.toml");
+        let given = dir.join("given.toml");
+        std::fs::write(&named, "[tenure]\nsystem = \"named\"\n").unwrap();
+        std::fs::write(&given, "[tenure]\nsystem = \"given\"\n").unwrap();
+        let env = vec![(CONFIG_VAR.to_string(), named.display().to_string())];
+        let system = |c: TenureConfig| c.system().unwrap();
+        assert_eq!(
+            system(TenureConfig::load_from(None, env.clone()).unwrap()),
+            "named"
+        );
+        assert_eq!(
+            system(TenureConfig::load_from(Some(&given), env).unwrap()),
+            "given"
+        );
+        assert_eq!(
+            system(TenureConfig::load_from(None, vec![]).unwrap()),
+            "tenure"
+        );
+        let missing = vec![(
+            CONFIG_VAR.to_string(),
+            dir.join("nope.toml").display().to_string(),
+        )];
+        let err = TenureConfig::load_from(None, missing)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("nope.toml"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn reference_is_valid() {

@@ -62,7 +62,7 @@ pub use actor::{
     AcquireReply, Acquired, LeaseActor, LeaseActorState, LeaseMsg, LeaseSpec, LeaseView,
 };
 pub use clock::{HolderClock, SuspendControl};
-pub use config::{LeaseSection, TenureConfig};
+pub use config::{CONFIG_VAR, LeaseSection, TenureConfig};
 pub use error::{ConfigError, LeaseError, StoreError};
 pub use events::{
     LeaseEvent, LeaseEventSink, LeaseGranted, LeaseLost, PreemptionRequested, PreemptionWithdrawn,

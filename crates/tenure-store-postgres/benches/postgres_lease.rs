@@ -53,12 +53,25 @@ impl Direct {
         }
     }
 
+    /// The statement's parameters as the store binds them (see `Statements::acquire`): no
+    /// note, priority 0, no cleanup timeout, no emergency, no observed grant.
     async fn acquire_release(&self, name: &str, owner: &str) {
         let row = self
             .client
             .query_one(
                 &self.acquire,
-                &[&name, &owner, &"direct", &TTL_US, &None::<String>],
+                &[
+                    &name,
+                    &owner,
+                    &"direct",
+                    &TTL_US,
+                    &None::<String>,
+                    &"0",
+                    &0i64,
+                    &false,
+                    &None::<i64>,
+                    &None::<i64>,
+                ],
             )
             .await
             .unwrap();

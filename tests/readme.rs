@@ -1,0 +1,85 @@
+//! Every Rust snippet of README.md is an excerpt of an example that CI compiles: its first
+//! line names the example (`// examples/x.rs`), lines starting with `// …` stand for
+//! omitted code, and every other part must appear in that file in order. Whitespace and
+//! the trailing commas rustfmt adds are not compared, so the README may wrap differently.
+
+use std::path::Path;
+
+const ELISION: &str = "// …";
+
+/// The README's Rust blocks, each as its lines.
+fn rust_blocks(readme: &str) -> Vec<Vec<&str>> {
+    let mut blocks = Vec::new();
+    let mut current: Option<Vec<&str>> = None;
+    for line in readme.lines() {
+        match (&mut current, line.trim_start()) {
+            (None, l) if l.starts_with("```rust") => current = Some(Vec::new()),
+            (Some(_), l) if l.starts_with("```") => blocks.extend(current.take()),
+            (Some(block), _) => block.push(line),
+            (None, _) => {}
+        }
+    }
+    assert!(
+        current.is_none(),
+        "README.md: a ```rust block is not closed"
+    );
+    blocks
+}
+
+/// Code with whitespace removed and rustfmt's trailing commas dropped.
+fn normalized(code: &str) -> String {
+    let mut s: String = code.chars().filter(|c| !c.is_whitespace()).collect();
+    for (from, to) in [(",)", ")"), (",}", "}"), (",]", "]")] {
+        s = s.replace(from, to);
+    }
+    s
+}
+
+/// `Err` names the first part of `block` that `source` lacks (in order).
+fn excerpt_of(block: &[&str], source: &str) -> Result<(), String> {
+    let source = normalized(source);
+    let mut from = 0;
+    for part in block
+        .split(|l| l.trim_start().starts_with(ELISION))
+        .map(|lines| lines.join("\n"))
+        .filter(|p| !p.trim().is_empty())
+    {
+        let needle = normalized(&part);
+        match source[from..].find(&needle) {
+            Some(at) => from += at + needle.len(),
+            None => return Err(part),
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn every_readme_snippet_is_an_excerpt_of_a_compiled_example() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let blocks = rust_blocks(&readme);
+    assert!(!blocks.is_empty(), "README.md has Rust snippets");
+    for block in blocks {
+        let first = block.first().copied().unwrap_or_default();
+        let path = first
+            .strip_prefix("// ")
+            .filter(|p| p.starts_with("examples/") && p.ends_with(".rs"))
+            .unwrap_or_else(|| panic!("README snippet starting {first:?} names no example"));
+        let source = std::fs::read_to_string(root.join(path))
+            .unwrap_or_else(|e| panic!("README snippet names {path}: {e}"));
+        if let Err(part) = excerpt_of(&block[1..], &source) {
+            panic!("README snippet from {path}: not found there (in order):\n{part}");
+        }
+    }
+}
+
+#[test]
+fn an_excerpt_must_match_in_order() {
+    let source = "fn a() {\n    one(1, 2);\n    two(\n        3,\n    );\n}\n";
+    assert_eq!(
+        excerpt_of(&["one(1, 2);", "// …", "two(3)"], source),
+        Ok(())
+    );
+    assert!(excerpt_of(&["two(3)", "// …", "one(1, 2);"], source).is_err());
+    assert!(excerpt_of(&["one(1, 3);"], source).is_err());
+}
