@@ -39,7 +39,9 @@ impl Drop for Inner {
 }
 
 /// A lease for plain async code. Cloning shares it; dropping the last clone stops its
-/// LeaseActor, which releases a held grant.
+/// LeaseActor, which releases a held grant. A [`LeaseProvider`](crate::LeaseProvider) keeps
+/// a clone of every lease it loaded (until its `shutdown`): to release on drop, hold the
+/// grant as a [`Grant`](crate::Grant) ([`hold`](Lease::hold), [`try_hold`](Lease::try_hold)).
 ///
 /// The contract (Akka Coordination's, tightened):
 /// - [`acquire`](Lease::acquire): `Ok(Granted { token })` held now, `Ok(NotGranted)` held by
@@ -194,6 +196,27 @@ impl Lease {
         Ok(token)
     }
 
+    /// Calls `cb` once the grant with `token` is lost (at once if it was already); never
+    /// after its release.
+    pub(crate) fn notify_lost(&self, token: u64, cb: impl FnOnce(LeaseLost) + Send + 'static) {
+        self.on_lost(token, Box::new(cb));
+    }
+
+    /// Releases whatever grant the actor holds without waiting for the answer (for drops,
+    /// which cannot await). Lost-callbacks of that grant are dropped, as by `release`.
+    pub(crate) fn release_in_background(&self) {
+        self.forget_lost_callbacks();
+        let (tx, _answer) = ractor::concurrency::oneshot();
+        let _ = self.inner.actor.cast(LeaseMsg::Release(tx.into()));
+    }
+
+    fn forget_lost_callbacks(&self) {
+        let mut slot = self.inner.lost.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(h) = self.inner.view.held() {
+            slot.waiting.retain(|(t, _)| *t != h.token);
+        }
+    }
+
     fn on_lost(&self, token: u64, cb: LostCallback) {
         let fire_now = {
             let mut slot = self.inner.lost.lock().unwrap_or_else(|e| e.into_inner());
@@ -213,12 +236,7 @@ impl Lease {
     /// `Err`: unknown (the grant expires after its ttl at the latest). The lost-callback is
     /// not called for a released grant.
     pub async fn release(&self) -> Result<bool, LeaseError> {
-        {
-            let mut slot = self.inner.lost.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(h) = self.inner.view.held() {
-                slot.waiting.retain(|(t, _)| *t != h.token);
-            }
-        }
+        self.forget_lost_callbacks();
         match self.inner.actor.call(LeaseMsg::Release, None).await {
             Ok(CallResult::Success(released)) => released,
             _ => Err(LeaseError::ActorStopped {

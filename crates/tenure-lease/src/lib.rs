@@ -36,6 +36,7 @@ pub mod duration;
 mod error;
 mod events;
 pub mod fence;
+mod grant;
 mod handle;
 pub mod memory;
 pub mod names;
@@ -68,6 +69,7 @@ pub use events::{
     LeaseEvent, LeaseEventSink, LeaseGranted, LeaseLost, PreemptionRequested, PreemptionWithdrawn,
 };
 pub use fence::{FenceCheck, StaleToken};
+pub use grant::Grant;
 pub use handle::Lease;
 pub use memory::{Fault, MemoryStore, MemoryStoreFactory};
 pub use priority::AcquireOptions;

@@ -210,7 +210,9 @@ impl LeaseProvider {
     }
 
     /// The lease `name` of section `section` held for `owner`; the same triple returns the
-    /// same lease (sharing its state).
+    /// same lease (sharing its state). The provider keeps it until
+    /// [`shutdown`](LeaseProvider::shutdown), so dropping the returned handle does not
+    /// release a grant: use [`Lease::hold`] for a grant that releases on drop.
     pub async fn lease(&self, name: &str, section: &str, owner: &str) -> Result<Lease, LeaseError> {
         let key = (name.to_string(), section.to_string(), owner.to_string());
         if let Some(lease) = self.loaded.lock().await.leases.get(&key) {
