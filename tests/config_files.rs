@@ -40,8 +40,24 @@ async fn shipped_configs_load_and_open() {
             .as_str()
             .unwrap_or("");
         if !cookie.is_empty() {
-            tenure::cluster::ClusterSettings::from_config(provider.config())
+            let cluster = tenure::cluster::ClusterSettings::from_config(provider.config())
                 .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            // A crashed node's singletons and shards come back one lease ttl after its last
+            // renewal: an example cluster must not keep them away for long after the node
+            // itself is seen down (the [lease] default of 120s would).
+            let singleton = tenure::singleton::SingletonSettings::from_config(
+                provider.config(),
+                "s",
+                &cluster.lease_section,
+            )
+            .unwrap();
+            let ttl = singleton.lease.heartbeat_timeout;
+            let member_ttl = cluster.member_lease.heartbeat_timeout;
+            assert!(
+                ttl <= 2 * member_ttl,
+                "{}: singleton and shard leases (ttl {ttl:?}) fail over far slower than members (ttl {member_ttl:?})",
+                path.display()
+            );
             clusters += 1;
         }
         checked += 1;
