@@ -8,7 +8,6 @@ use tenure::cluster::{ClusterClient, ClusterSettings, MemberStatus, Node, NodeAd
 use tenure::sharding::counter::Counter;
 use tenure::sqlite::FencedCounter;
 use tenure::{LeaseProvider, TenureConfig};
-use tenure_singleton::SingletonProxy;
 use tenure_singleton::spawner;
 use tenure_singleton::ticker::{CountRequest, Ticker, TickerArgs, TickerMsg};
 use tokio::signal::unix::{SignalKind, signal};
@@ -84,7 +83,7 @@ pub async fn node(
             tenure_singleton::start_on_node(&node, provider, name, spawner)
                 .await
                 .map_err(|e| CliError::Command(e.to_string()))?;
-            probe_through_proxy(&node, config, name).await?;
+            probe_through_proxy(&node, provider, name).await?;
         }
     }
     if hosting.sharded_counter || hosting.load.is_some() {
@@ -134,22 +133,12 @@ pub async fn node(
 /// reaching the instance from every node.
 async fn probe_through_proxy(
     node: &Node,
-    config: &TenureConfig,
+    provider: &LeaseProvider,
     name: &str,
 ) -> Result<(), CliError> {
-    let buffer = tenure_singleton::SingletonSettings::from_config(
-        config,
-        name,
-        &node.settings().lease_section,
-    )
-    .map_err(|e| CliError::Command(e.to_string()))?
-    .buffer_size;
-    let scope = tenure::cluster::scope(&node.settings().system);
-    let proxy = SingletonProxy::<TickerMsg>::start(&scope, name, buffer)
+    let proxy = tenure_singleton::proxy_on_node::<TickerMsg>(node, provider, name)
         .await
-        .map_err(|e| {
-            CliError::Command(format!("singleton `{name}`: cannot start its proxy: {e}"))
-        })?;
+        .map_err(|e| CliError::Command(e.to_string()))?;
     let (history, name) = (node.history().cloned(), name.to_string());
     tokio::spawn(async move {
         loop {

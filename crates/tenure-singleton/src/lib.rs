@@ -48,6 +48,27 @@ pub async fn start_on_node(
     start_with_settings(node, provider, name, settings, spawner).await
 }
 
+/// A proxy to singleton `name` from `node` (any node of the cluster, hosting it or not):
+/// `send` and `call` reach the current instance, buffering up to the singleton's
+/// `buffer-size` (from `[singleton]` / `[singleton.<name>]`) while there is none. `M` is
+/// the instance's message type. `Err` names the singleton: a bad name or config, or the
+/// proxy actor could not be spawned.
+pub async fn proxy_on_node<M: ractor::Message>(
+    node: &Node,
+    provider: &LeaseProvider,
+    name: &str,
+) -> Result<SingletonProxy<M>, SingletonError> {
+    let cluster = node.settings();
+    let settings = SingletonSettings::from_config(provider.config(), name, &cluster.lease_section)?;
+    let scope = tenure_cluster::scope(&cluster.system);
+    SingletonProxy::start(&scope, name, settings.buffer_size)
+        .await
+        .map_err(|e| SingletonError::Spawn {
+            name: name.to_string(),
+            detail: format!("its proxy: {e}"),
+        })
+}
+
 /// As [`start_on_node`] with `settings` given (e.g. the shard coordinator, whose role is
 /// its entity type's).
 pub async fn start_with_settings(
