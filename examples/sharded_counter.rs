@@ -64,10 +64,7 @@ async fn node(
         Some(entity_factory(Counter { counter })),
     )
     .await?;
-    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?
-        .recv()
-        .await;
-    node.leave().await?;
+    node.run_until_signal().await?;
     Ok(())
 }
 
@@ -157,7 +154,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         if child.try_wait()?.is_none() {
             // SIGTERM: each node leaves gracefully. SAFETY: kill(2) of our own child.
             unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-            child.wait()?;
+            let status = child.wait()?;
+            if !status.success() {
+                return Err(format!("node {} did not leave cleanly: {status}", child.id()).into());
+            }
         }
     }
     Ok(result?)

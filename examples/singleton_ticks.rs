@@ -65,10 +65,7 @@ async fn node(
         (Ticker, args)
     });
     tenure::singleton::start_on_node(&node, &provider, NAME, make).await?;
-    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?
-        .recv()
-        .await;
-    node.leave().await?;
+    node.run_until_signal().await?;
     Ok(())
 }
 
@@ -126,7 +123,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         // SIGTERM: each node leaves gracefully.
         // SAFETY: plain kill(2) of our own child process.
         unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-        child.wait()?;
+        let status = child.wait()?;
+        if !status.success() {
+            return Err(format!("node {} did not leave cleanly: {status}", child.id()).into());
+        }
     }
     show(&counter, "done");
     Ok(())

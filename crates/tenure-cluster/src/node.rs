@@ -253,6 +253,27 @@ impl Node {
         }
     }
 
+    /// Runs until the process gets SIGTERM or SIGINT, then [`leave`](Node::leave)s
+    /// gracefully: the main loop of a node process. `Ok` once left after a signal; `Err`
+    /// when the leave failed, when the signal handlers could not be installed (before
+    /// anything else happened), or when the node stopped on its own first (as
+    /// [`stopped`](Node::stopped)).
+    pub async fn run_until_signal(self) -> Result<(), ClusterError> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let handler = |kind: SignalKind, name: &str| {
+            signal(kind).map_err(|e| ClusterError::Actor(format!("cannot handle {name}: {e}")))
+        };
+        let mut term = handler(SignalKind::terminate(), "SIGTERM")?;
+        let mut int = handler(SignalKind::interrupt(), "SIGINT")?;
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+            stopped = self.stopped() => return Err(stopped),
+        }
+        tracing::info!(node = %self.settings.addr, "signal received: leaving the cluster");
+        self.leave().await
+    }
+
     /// Leaves gracefully: subscribers get `SelfLeaving` and peers a leave notice; once every
     /// hand-over guard is dropped (or `leave-timeout` passed) the member lease is released
     /// and the sessions are closed.
