@@ -1097,16 +1097,13 @@ impl AgentState {
                     _ => {}
                 }
             }
-            match event {
-                ClusterEvent::MemberDown(_) | ClusterEvent::Unreachable(_) => {
-                    tracing::warn!(node = %self.me, member = %m.addr, incarnation = %m.incarnation, age = m.age, "{kind}")
-                }
-                _ => {
-                    tracing::info!(node = %self.me, member = %m.addr, incarnation = %m.incarnation, age = m.age, "{kind}")
-                }
-            }
-        } else {
+            // Members come, go and crash in the normal life of a cluster: info, not warn.
+            tracing::info!(node = %self.me, member = %m.addr, incarnation = %m.incarnation, age = m.age, "{kind}")
+        } else if matches!(event, ClusterEvent::SelfDown) {
+            // This node is out of the cluster without having asked to leave.
             tracing::warn!(node = %self.me, "{kind}");
+        } else {
+            tracing::info!(node = %self.me, "{kind}");
         }
         if let Some(h) = &self.history {
             let fields = match member {
