@@ -44,5 +44,9 @@ msrv=$(sed -n 's/^rust-version = "\(.*\)"$/\1/p' Cargo.toml)
 command -v rustup >/dev/null || { echo "checking rust-version $msrv needs rustup" >&2; exit 1; }
 rustup toolchain list | grep -q "^$msrv-" || rustup toolchain install "$msrv" --profile minimal
 cargo "+$msrv" check --workspace --all-targets --all-features --locked
+# Every publishable crate packages (files it needs lie inside it); the lease crate, which
+# compiles the reference configuration in, is also built from its tarball.
+cargo package --workspace --no-verify --locked
+cargo package -p tenure-lease --locked
 cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 cargo test --workspace --all-features --locked

@@ -12,8 +12,9 @@ use crate::settings::{LeaseSettings, TIMING_KEYS};
 /// The variable naming the configuration file when no file is given.
 pub const CONFIG_VAR: &str = "TENURE_CONFIG";
 
-/// The text of `config/reference.toml`, compiled in: the single source of defaults.
-pub const REFERENCE_TOML: &str = include_str!("../../../config/reference.toml");
+/// The reference configuration (`reference.toml` of this crate, linked from
+/// `config/reference.toml`), compiled in: the single source of defaults.
+pub const REFERENCE_TOML: &str = include_str!("../reference.toml");
 
 pub(crate) fn reference_config() -> &'static toml::Table {
     static REFERENCE: OnceLock<toml::Table> = OnceLock::new();
