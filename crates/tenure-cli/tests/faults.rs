@@ -24,10 +24,6 @@
 //! those that wait past their caller's timeout complete unanswered).
 
 mod common;
-#[path = "../../tenure-store-etcd/tests/support/mod.rs"]
-mod etcd_support;
-#[path = "../../tenure-store-postgres/tests/server/mod.rs"]
-mod pg_server;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -127,9 +123,9 @@ enum Fault {
 /// The store a run uses, and the server behind it when there is one.
 enum Store {
     Sqlite,
-    Etcd(etcd_support::Etcd, tokio::runtime::Runtime),
-    Postgres(pg_server::PgServer),
-    ZooKeeper(tenure::zookeeper::server::TestServer),
+    Etcd(tenure_test_kit::etcd::Etcd, tokio::runtime::Runtime),
+    Postgres(tenure_test_kit::postgres::PgServer),
+    ZooKeeper(tenure_test_kit::zookeeper::TestServer),
 }
 
 impl Store {
@@ -667,20 +663,20 @@ fn faults_on_sqlite() {
 fn faults_on_etcd() {
     run_suite(|| {
         let rt = tokio::runtime::Runtime::new().expect("runtime");
-        let etcd = rt.block_on(etcd_support::Etcd::single());
+        let etcd = rt.block_on(tenure_test_kit::etcd::Etcd::single());
         Store::Etcd(etcd, rt)
     });
 }
 
 #[test]
 fn faults_on_postgres() {
-    run_suite(|| Store::Postgres(pg_server::PgServer::start()));
+    run_suite(|| Store::Postgres(tenure_test_kit::postgres::PgServer::start()));
 }
 
 #[test]
 fn faults_on_zookeeper() {
     run_suite(|| {
-        let server = tenure::zookeeper::server::TestServer::start(Duration::from_millis(250))
+        let server = tenure_test_kit::zookeeper::TestServer::start(Duration::from_millis(250))
             .expect("start ZooKeeper (Debian package `zookeeper`)");
         Store::ZooKeeper(server)
     });

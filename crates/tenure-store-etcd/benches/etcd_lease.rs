@@ -10,9 +10,6 @@
 //!
 //! Run: `cargo bench -p tenure-store-etcd --bench etcd_lease`
 
-#[path = "../tests/support/mod.rs"]
-mod support;
-
 use std::io::{Read, Write};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -25,7 +22,7 @@ use tenure_lease::conformance::bench::{
 };
 use tenure_lease::{Lease, LeaseSettings, LeaseSpec, LeaseStore};
 
-use support::Etcd;
+use tenure_test_kit::etcd::Etcd;
 
 fn acquire_release(c: &mut Criterion) {
     let rt = runtime().expect("runtime");

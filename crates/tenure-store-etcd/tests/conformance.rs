@@ -1,8 +1,6 @@
 //! The conformance suite against a real single-member etcd (each client its own
 //! connection, as separate processes would have).
 
-mod support;
-
 use std::any::Any;
 use std::sync::Arc;
 
@@ -12,7 +10,7 @@ use tenure_lease::conformance::proxy::Proxy;
 use tenure_lease::conformance::state_loss::StateLoss;
 use tenure_lease::conformance::{AnswerDelay, Harness};
 
-use support::{Etcd, PREFIX};
+use tenure_test_kit::etcd::{Etcd, PREFIX};
 
 struct EtcdHarness(Etcd, tempfile::TempDir);
 

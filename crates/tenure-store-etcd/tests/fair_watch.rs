@@ -1,8 +1,6 @@
 //! Fair acquire (first come, first served; cancellation and session expiry) and watch,
 //! against a real etcd.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,7 +8,7 @@ use etcd_client::{Client, GetOptions};
 use tenure_lease::{AcquireOutcome, AcquireRequest, LeaseStore, WatchEvent};
 use tokio::time::sleep;
 
-use support::{Etcd, PREFIX};
+use tenure_test_kit::etcd::{Etcd, PREFIX};
 
 fn request(name: &str, owner: &str, ttl: Duration) -> AcquireRequest {
     AcquireRequest {

@@ -1,8 +1,6 @@
 //! Real faults against real etcd members: the server killed and restarted, the leader of
 //! a 3-member cluster killed. Assertions are about order and safety, never speed.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,7 +11,7 @@ use tenure_lease::{
 };
 use tokio::time::{Instant, sleep};
 
-use support::Etcd;
+use tenure_test_kit::etcd::Etcd;
 
 fn request(name: &str, owner: &str, ttl: Duration) -> AcquireRequest {
     AcquireRequest {

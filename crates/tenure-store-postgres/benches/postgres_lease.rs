@@ -13,14 +13,10 @@
 //!
 //! Run: `cargo bench -p tenure-store-postgres --bench postgres_lease`
 
-#[path = "../tests/server/mod.rs"]
-mod server;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group};
-use server::PgServer;
 use tenure_lease::conformance::bench::{
     Counting, Holders, INTERVALS, LEASE_COUNTS, api_settings, bracket_intervals,
     lease_acquire_release, median, renewal_settings, runtime, spi_request, store_acquire_release,
@@ -28,6 +24,7 @@ use tenure_lease::conformance::bench::{
 use tenure_lease::{AcquireOutcome, AcquireRequest, HeldLease, Lease, LeaseSpec, LeaseStore};
 use tenure_store_postgres::PostgresStore;
 use tenure_store_postgres::sql::Statements;
+use tenure_test_kit::postgres::PgServer;
 use tokio_postgres::NoTls;
 
 const TTL_US: i64 = 60_000_000;

@@ -1,17 +1,15 @@
 //! The conformance suite against a real PostgreSQL server per test (Debian's `postgresql`).
 
-mod server;
-
 use std::any::Any;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use server::{Exclusive, PgServer};
 use tenure_lease::LeaseStore;
 use tenure_lease::conformance::proxy::Proxy;
 use tenure_lease::conformance::state_loss::StateLoss;
 use tenure_lease::conformance::{AnswerDelay, Harness, test_settings};
 use tenure_store_postgres::PostgresStore;
+use tenure_test_kit::postgres::{Exclusive, PgServer};
 
 struct PgHarness {
     server: Arc<PgServer>,

@@ -2,18 +2,16 @@
 //! crashed under a holder, restarts, LIKE wildcards in prefixes, byte-order listing,
 //! concurrent first starts, notes, and writes guarded in the caller's transaction.
 
-mod server;
-
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use server::{Exclusive, PgServer};
 use tenure_lease::conformance::test_settings;
 use tenure_lease::{
     AcquireOutcome, AcquireRequest, Acquired, HeldLease, Lease, LeaseSpec, LeaseStore, LostReason,
     PreemptAnswer, PreemptionRequest, Renewal,
 };
 use tenure_store_postgres::{FenceError, PostgresOptions, PostgresStore};
+use tenure_test_kit::postgres::{Exclusive, PgServer};
 use tokio::time::{Instant, sleep};
 
 async fn start() -> Exclusive {

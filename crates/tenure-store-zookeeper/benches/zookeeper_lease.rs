@@ -25,9 +25,9 @@ use tenure_lease::conformance::bench::{
     percentile, renewal_settings, runtime, spi_request, store_acquire_release,
 };
 use tenure_lease::{Lease, LeaseSpec, LeaseStore};
-use tenure_store_zookeeper::server::TestServer;
 use tenure_store_zookeeper::zookeeper_client as zk;
 use tenure_store_zookeeper::{ZooKeeperOptions, ZooKeeperStore};
+use tenure_test_kit::zookeeper::TestServer;
 
 /// tickTime of the bench server: sessions may last 1 s to 10 s.
 const TICK: Duration = Duration::from_millis(500);

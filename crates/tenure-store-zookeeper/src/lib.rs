@@ -76,7 +76,6 @@ pub mod fair;
 mod node;
 mod options;
 mod pending;
-pub mod server;
 mod session;
 mod store;
 

@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use tenure_store_zookeeper::server::TestServer;
 use tenure_store_zookeeper::zookeeper_client as zk;
 use tenure_store_zookeeper::{ZooKeeperOptions, ZooKeeperStore};
+use tenure_test_kit::zookeeper::TestServer;
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
 /// tickTime of the test server: sessions may last 0.5 s to 5 s.

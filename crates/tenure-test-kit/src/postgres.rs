@@ -4,8 +4,6 @@
 //! As root the server runs as the `postgres` user (PostgreSQL refuses to run as root),
 //! through `setpriv`, which execs it: the child's pid is the postmaster's.
 
-#![allow(dead_code)]
-
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
@@ -39,10 +37,7 @@ fn bin_dir() -> PathBuf {
     }
 }
 
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
+use crate::signal::is_root;
 
 /// `program args…` run as the unprivileged server user when we are root.
 fn command(program: &Path) -> Command {
@@ -85,21 +80,17 @@ fn free_port() -> u16 {
         .port()
 }
 
-fn signal(pid: i32, sig: i32) {
-    // SAFETY: kill has no memory-safety preconditions; a stale pid at worst gets ESRCH.
-    unsafe {
-        libc::kill(pid, sig);
-    }
-}
+use crate::signal::send as signal;
+use rustix::process::Signal;
 
 /// The processes whose parent is `pid` (the postmaster's backends and workers).
-fn children(pid: i32) -> Vec<i32> {
+fn children(pid: u32) -> Vec<u32> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Some(child) = entry
             .file_name()
             .to_str()
-            .and_then(|s| s.parse::<i32>().ok())
+            .and_then(|s| s.parse::<u32>().ok())
         else {
             continue;
         };
@@ -110,7 +101,7 @@ fn children(pid: i32) -> Vec<i32> {
         let ppid = stat
             .rsplit_once(')')
             .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-            .and_then(|p| p.parse::<i32>().ok());
+            .and_then(|p| p.parse::<u32>().ok());
         if ppid == Some(pid) {
             out.push(child);
         }
@@ -262,8 +253,8 @@ impl PgServer {
         }
     }
 
-    fn pid(&self) -> Option<i32> {
-        self.child.lock().unwrap().as_ref().map(|c| c.id() as i32)
+    fn pid(&self) -> Option<u32> {
+        self.child.lock().unwrap().as_ref().map(|c| c.id())
     }
 
     /// Stops the server: `fast` shuts down cleanly (clients are told), otherwise it crashes
@@ -272,11 +263,11 @@ impl PgServer {
         let Some(mut child) = self.child.lock().unwrap().take() else {
             return;
         };
-        let pid = child.id() as i32;
+        let pid = child.id();
         for p in std::iter::once(pid).chain(children(pid)) {
-            signal(p, libc::SIGCONT);
+            signal(p, Signal::CONT);
         }
-        signal(pid, if fast { libc::SIGINT } else { libc::SIGQUIT });
+        signal(pid, if fast { Signal::INT } else { Signal::QUIT });
         let _ = child.wait();
     }
 
@@ -351,10 +342,10 @@ impl PgServer {
     pub fn freeze(&self) -> Frozen {
         let pid = self.pid().expect("server running");
         // The postmaster first, so it forks no new backend meanwhile.
-        signal(pid, libc::SIGSTOP);
+        signal(pid, Signal::STOP);
         let mut pids = vec![pid];
         for child in children(pid) {
-            signal(child, libc::SIGSTOP);
+            signal(child, Signal::STOP);
             pids.push(child);
         }
         Frozen { pids }
@@ -406,13 +397,13 @@ impl Drop for PgServer {
 
 /// A frozen server; dropping it lets the server run again.
 pub struct Frozen {
-    pids: Vec<i32>,
+    pids: Vec<u32>,
 }
 
 impl Drop for Frozen {
     fn drop(&mut self) {
         for p in &self.pids {
-            signal(*p, libc::SIGCONT);
+            signal(*p, Signal::CONT);
         }
     }
 }

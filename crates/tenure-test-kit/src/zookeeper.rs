@@ -70,12 +70,10 @@ fn spawn_tied(mut command: Command) -> std::io::Result<Child> {
     use std::sync::mpsc;
     type Job = (Command, mpsc::Sender<std::io::Result<Child>>);
     static SPAWNER: OnceLock<Mutex<mpsc::Sender<Job>>> = OnceLock::new();
-    // SAFETY: prctl is async-signal-safe; the closure touches no memory of the parent.
+    // SAFETY: the closure makes one system call (prctl) and touches no memory of the parent.
     unsafe {
         command.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))?;
             Ok(())
         });
     }
@@ -259,10 +257,9 @@ impl TestServer {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .as_ref()
-            .map(|c| c.id() as libc::pid_t);
+            .map(|c| c.id());
         if let Some(pid) = pid {
-            // SAFETY: kill(2) on the pid of the child this server started and still owns.
-            unsafe { libc::kill(pid, libc::SIGSTOP) };
+            crate::signal::send(pid, rustix::process::Signal::STOP);
         }
         PauseGuard { pid }
     }
@@ -271,15 +268,14 @@ impl TestServer {
 /// Resumes a paused server when dropped.
 #[derive(Debug)]
 pub struct PauseGuard {
-    pid: Option<libc::pid_t>,
+    pid: Option<u32>,
 }
 
 impl Drop for PauseGuard {
     fn drop(&mut self) {
         if let Some(pid) = self.pid {
-            // SAFETY: as in `pause`; the child is only reaped by `stop`, which needs a resumed process
-            // to have been killed, and SIGCONT to a stopped child is harmless.
-            unsafe { libc::kill(pid, libc::SIGCONT) };
+            // The child is only reaped by `stop`, so the pid is still this server's.
+            crate::signal::send(pid, rustix::process::Signal::CONT);
         }
     }
 }

@@ -1,8 +1,6 @@
 //! Real etcd servers for tests: members on free loopback ports, data in a temp dir,
 //! killed on drop. Needs `/usr/bin/etcd` (Debian package `etcd-server`).
 
-#![allow(dead_code)] // each test binary uses a part
-
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -10,7 +8,10 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions};
+use rustix::process::Signal;
 use tenure_store_etcd::EtcdStore;
+
+use crate::signal::send;
 
 /// Key prefix of the stores the tests open.
 pub const PREFIX: &str = "/tenure-test/";
@@ -264,7 +265,7 @@ impl Etcd {
     pub async fn restart_all(&self) {
         for m in &self.members {
             if let Some(mut c) = m.child.lock().unwrap().take() {
-                unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+                send(c.id(), Signal::TERM);
                 let _ = c.wait();
             }
         }
@@ -315,13 +316,13 @@ impl Etcd {
 
     /// Freezes every member (SIGSTOP) until the guard is dropped (SIGCONT): requests hang.
     pub fn freeze(&self) -> Frozen {
-        let pids: Vec<i32> = self
+        let pids: Vec<u32> = self
             .members
             .iter()
-            .filter_map(|m| m.child.lock().unwrap().as_ref().map(|c| c.id() as i32))
+            .filter_map(|m| m.child.lock().unwrap().as_ref().map(|c| c.id()))
             .collect();
         for pid in &pids {
-            unsafe { libc::kill(*pid, libc::SIGSTOP) };
+            send(*pid, Signal::STOP);
         }
         Frozen { pids }
     }
@@ -354,13 +355,13 @@ fn quick() -> ConnectOptions {
 
 /// Frozen members, resumed on drop.
 pub struct Frozen {
-    pids: Vec<i32>,
+    pids: Vec<u32>,
 }
 
 impl Drop for Frozen {
     fn drop(&mut self) {
         for pid in &self.pids {
-            unsafe { libc::kill(*pid, libc::SIGCONT) };
+            send(*pid, Signal::CONT);
         }
     }
 }
@@ -369,7 +370,7 @@ impl Drop for Etcd {
     fn drop(&mut self) {
         for m in &self.members {
             if let Some(mut c) = m.child.lock().unwrap().take() {
-                unsafe { libc::kill(c.id() as i32, libc::SIGCONT) };
+                send(c.id(), Signal::CONT);
                 let _ = c.kill();
                 let _ = c.wait();
             }
