@@ -10,6 +10,7 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
+use rustix::process::{Pid, Signal, getppid, kill_process_group, set_parent_process_death_signal};
 use tenure::{AcquireOptions, Lease, LeaseEvent, LeaseEventSink, LeaseProvider, StopBudget};
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{SignalKind, signal};
@@ -171,29 +172,25 @@ fn io_err(e: std::io::Error) -> CliError {
 }
 
 fn spawn(command: &[String], name: &str, token: u64) -> Result<Child, CliError> {
-    let parent = std::process::id() as libc::pid_t;
+    let parent = Pid::from_raw(std::process::id() as i32);
     let mut cmd = std::process::Command::new(&command[0]);
     cmd.args(&command[1..])
         .env("TENURE_LEASE_NAME", name)
         .env("TENURE_LEASE_TOKEN", token.to_string())
-        .stdin(Stdio::inherit());
-    // SAFETY: only async-signal-safe calls between fork and exec.
+        .stdin(Stdio::inherit())
+        // A process group of its own, so that a lost lease stops the whole command tree (a
+        // shell and what it started), not just its first process.
+        .process_group(0);
+    // SAFETY: only system calls (prctl, getppid) between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
             // If `tenure` dies (SIGKILL included), the command dies with it: nobody would
             // renew the lease or stop the command at the deadline otherwise.
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            if libc::getppid() != parent {
+            set_parent_process_death_signal(Some(Signal::KILL))?;
+            if getppid() != parent {
                 return Err(std::io::Error::other(
                     "tenure exited before the command started",
                 ));
-            }
-            // A process group of its own, so that a lost lease stops the whole command
-            // tree (a shell and what it started), not just its first process.
-            if libc::setpgid(0, 0) != 0 {
-                return Err(std::io::Error::last_os_error());
             }
             Ok(())
         });
@@ -207,17 +204,13 @@ fn spawn(command: &[String], name: &str, token: u64) -> Result<Child, CliError> 
 /// SIGTERM to the command's process group, up to `grace` for the command to exit, then
 /// SIGKILL to the group; waits for the exit.
 async fn stop(child: &mut Child, grace: Duration) {
-    let Some(pid) = child.id() else { return };
-    let group = pid as libc::pid_t;
-    // SAFETY: killpg(2) on the group our unreaped child leads.
-    unsafe {
-        libc::killpg(group, libc::SIGTERM);
-    }
+    let Some(group) = child.id().and_then(|pid| Pid::from_raw(pid as i32)) else {
+        return;
+    };
+    // The group our unreaped child leads; it may outlive its leader.
+    let _ = kill_process_group(group, Signal::TERM);
     let exited = tokio::time::timeout(grace, child.wait()).await.is_ok();
-    // SAFETY: as above; the group may outlive its leader.
-    unsafe {
-        libc::killpg(group, libc::SIGKILL);
-    }
+    let _ = kill_process_group(group, Signal::KILL);
     if !exited {
         let _ = child.wait().await;
     }

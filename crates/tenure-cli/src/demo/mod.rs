@@ -12,6 +12,7 @@ pub mod timeline;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -105,25 +106,27 @@ impl Outcome {
     }
 }
 
-/// Set by the first SIGINT/SIGTERM: the demo stops its scenario, stops the nodes and still
-/// reports. A second signal exits at once; the nodes die with the demo (parent-death
-/// signal).
-static INTERRUPTED: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_: libc::c_int) {
-    if INTERRUPTED.swap(true, Ordering::SeqCst) {
-        // SAFETY: _exit is async-signal-safe.
-        unsafe { libc::_exit(130) };
-    }
+/// `true` after the first SIGINT/SIGTERM: the demo stops its scenario, stops the nodes and
+/// still reports. A second signal exits at once (status 130); the nodes die with the demo
+/// (parent-death signal).
+fn interrupted() -> bool {
+    flag().load(Ordering::SeqCst)
 }
 
 fn watch_signals() {
-    let handler: extern "C" fn(libc::c_int) = on_signal;
-    // SAFETY: the handler only touches an atomic and calls _exit.
-    unsafe {
-        libc::signal(libc::SIGINT, handler as libc::sighandler_t);
-        libc::signal(libc::SIGTERM, handler as libc::sighandler_t);
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        // The exit is registered first, so that the first signal only sets the flag.
+        let registered = signal_hook::flag::register_conditional_shutdown(signal, 130, flag())
+            .and_then(|_| signal_hook::flag::register(signal, flag()));
+        if let Err(e) = registered {
+            tracing::warn!(signal, error = %e, "cannot handle the signal: it ends the demo without a report");
+        }
     }
+}
+
+fn flag() -> Arc<AtomicBool> {
+    static FLAG: std::sync::OnceLock<Arc<AtomicBool>> = std::sync::OnceLock::new();
+    FLAG.get_or_init(Arc::default).clone()
 }
 
 /// The lease part of the nodes' config and the system name (lease name prefix).
@@ -561,7 +564,7 @@ impl Run {
             .collect();
         let limit = Instant::now() + Duration::from_secs(60);
         let mut next_line = Instant::now();
-        while !INTERRUPTED.load(Ordering::SeqCst) {
+        while !interrupted() {
             self.live.poll();
             let running: usize = self.live.shards_per_node(COUNTER_TYPE).values().sum();
             if running >= loaded.len() && self.live.singleton_holder(SINGLETON).is_some() {
@@ -592,7 +595,7 @@ impl Run {
             .map(|s| (s.at, Action::Step(s)))
             .collect();
         let mut next_line = Instant::now();
-        while start.elapsed() < args.duration && !INTERRUPTED.load(Ordering::SeqCst) {
+        while start.elapsed() < args.duration && !interrupted() {
             queue.sort_by_key(|(at, _)| *at);
             while queue.first().is_some_and(|(at, _)| *at <= start.elapsed()) {
                 let (at, action) = queue.remove(0);
@@ -608,7 +611,7 @@ impl Run {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        if INTERRUPTED.load(Ordering::SeqCst) {
+        if interrupted() {
             println!("interrupted: stopping the nodes and reporting (again to exit at once)");
         }
     }
