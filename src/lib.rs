@@ -34,7 +34,18 @@
 pub use ractor;
 #[cfg(feature = "cluster")]
 pub use tenure_cluster as cluster;
-pub use tenure_lease::*;
+// The Lease API and the store SPI, by name: internals of the lease crate (its actor's
+// state, the renewal batcher, the memory store's fault switch) stay out of the facade.
+pub use tenure_lease::{
+    AcquireOptions, AcquireOutcome, AcquireReply, AcquireRequest, Acquired, CONFIG_VAR,
+    Capabilities, ConfigError, EMERGENCY_PRIORITY, FenceCheck, Grant, HeldLease, HolderClock,
+    Lease, LeaseActor, LeaseError, LeaseEvent, LeaseEventSink, LeaseGranted, LeaseLost, LeaseMsg,
+    LeaseObserver, LeaseProvider, LeaseRecord, LeaseSection, LeaseSettings, LeaseSpec, LeaseStore,
+    LeaseTrace, LeaseView, LostReason, MemoryStore, MemoryStoreFactory, PreemptionRequest,
+    PreemptionRequested, PreemptionWithdrawn, StaleToken, StopBudget, StoreError, StoreFactory,
+    StoreRegistry, TenureConfig,
+};
+pub use tenure_lease::{clock, config, duration, fence, memory, names, store, trace, validity};
 #[cfg(feature = "sharding")]
 pub use tenure_sharding as sharding;
 #[cfg(feature = "singleton")]

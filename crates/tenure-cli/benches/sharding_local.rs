@@ -15,10 +15,11 @@ use std::time::{Duration, Instant};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tenure::cluster::{ClusterSettings, History, Incarnation, Node, NodeAddr};
+use tenure::memory::Fault;
 use tenure::sharding::{
     Entity, EntityContext, Shard, ShardArgs, ShardMsg, ShardingSettings, entity_factory,
 };
-use tenure::{Fault, LeaseSpec, LeaseStore, MemoryStore, TenureConfig};
+use tenure::{LeaseSpec, LeaseStore, MemoryStore, TenureConfig};
 
 /// Counts what it is sent; replies with the count.
 struct Echo(Arc<AtomicU64>);

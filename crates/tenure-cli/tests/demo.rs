@@ -147,3 +147,54 @@ fn bad_flags_are_refused_naming_the_flag() {
         "{stderr}"
     );
 }
+
+/// Starts a long demo, waits for its first traffic line, sends it SIGINT, and sends a second
+/// one when `again` once the demo says it is stopping. Returns its exit code and stdout.
+fn interrupt_demo(again: bool) -> (Option<i32>, String) {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+
+    use rustix::process::{Pid, Signal, kill_process};
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(TENURE)
+        .args(["demo", "--duration", "10m", "--shards", "8", "--seed", "7"])
+        .arg("--history")
+        .arg(dir.path().join("history.jsonl"))
+        .env_remove("TENURE_CONFIG")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("run tenure demo");
+    let pid = Pid::from_raw(child.id() as i32).unwrap();
+    let mut out = String::new();
+    let mut interrupted = false;
+    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+        let line = line.unwrap();
+        out.push_str(&line);
+        out.push('\n');
+        if !interrupted && line.contains(" traffic ") {
+            kill_process(pid, Signal::INT).unwrap();
+            interrupted = true;
+        }
+        if again && line.starts_with("interrupted:") {
+            kill_process(pid, Signal::INT).unwrap();
+        }
+    }
+    (child.wait().unwrap().code(), out)
+}
+
+#[test]
+fn an_interrupted_demo_stops_its_nodes_and_still_reports() {
+    let (code, out) = interrupt_demo(false);
+    assert!(out.contains("interrupted: stopping the nodes"), "{out}");
+    assert!(out.contains("verdict: SAFE"), "{out}");
+    assert_eq!(code, Some(0), "{out}");
+}
+
+#[test]
+fn a_second_interrupt_exits_at_once() {
+    let (code, out) = interrupt_demo(true);
+    assert!(out.contains("interrupted: stopping the nodes"), "{out}");
+    assert!(!out.contains("verdict:"), "{out}");
+    assert_eq!(code, Some(130), "{out}");
+}
