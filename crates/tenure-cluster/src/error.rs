@@ -4,6 +4,7 @@ use tenure_lease::{ConfigError, LeaseError};
 
 /// Why a node could not start, or a cluster operation failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ClusterError {
     #[error(transparent)]
     Config(#[from] ConfigError),

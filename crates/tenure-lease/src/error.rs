@@ -5,6 +5,7 @@ use std::time::Duration;
 
 /// What a store reports when an operation could not be carried out.
 #[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
 pub enum StoreError {
     /// The store could not be reached or refused to serve (down, locked, connection cut).
     #[error("{store} store unavailable: {detail}")]
@@ -31,6 +32,7 @@ pub enum StoreError {
 /// except for the two preemption outcomes [`CleanupTimedOut`](LeaseError::CleanupTimedOut)
 /// and [`Overtaken`](LeaseError::Overtaken), which are certain: not granted.
 #[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
 pub enum LeaseError {
     /// The store did not answer within `lease-operation-timeout`.
     #[error("lease `{name}`: {operation} timed out after {timeout:?}; the outcome is unknown")]
@@ -79,6 +81,7 @@ pub enum LeaseError {
 
 /// Bad configuration or input, found at load time. Every variant names what was wrong.
 #[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConfigError {
     #[error("cannot read config file {path}: {detail}")]
     Read { path: String, detail: String },

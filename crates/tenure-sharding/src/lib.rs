@@ -69,6 +69,7 @@ use tenure_singleton::{SingletonProxy, SingletonSettings, spawner};
 
 /// Why a message could not be sent, answered or set up.
 #[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
 pub enum ShardingError {
     #[error(transparent)]
     Config(#[from] tenure_lease::ConfigError),

@@ -25,6 +25,7 @@ use tenure_lease::LeaseProvider;
 
 /// Why a singleton could not be set up on a node.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum SingletonError {
     #[error(transparent)]
     Config(#[from] tenure_lease::ConfigError),

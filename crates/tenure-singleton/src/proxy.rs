@@ -13,6 +13,7 @@ use crate::manager::instance_group_prefix;
 
 /// Why a proxy could not take or deliver a message.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ProxyError {
     #[error("singleton `{name}`: proxy buffer full ({capacity} messages waiting for an instance)")]
     BufferFull { name: String, capacity: usize },

@@ -13,6 +13,7 @@
 
 /// Why a guarded write must not go ahead.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum FenceError {
     /// The lease is not held by that owner with that token now (released, expired, or
     /// granted to someone else): roll back.
