@@ -707,7 +707,12 @@ impl AgentState {
             }
             // Member leases are plain (priority 0): a forceful preemption arrives as a loss.
             Local::Lease(
-                LeaseEvent::PreemptionRequested(_) | LeaseEvent::PreemptionWithdrawn(_),
+                LeaseEvent::PreemptionRequested(_)
+                | LeaseEvent::PreemptionWithdrawn(_)
+                // Renewals failing before the deadline: the grant is still ours, and the
+                // stop budget acts on a loss, not on doubt.
+                | LeaseEvent::Suspended(_)
+                | LeaseEvent::Resumed(_),
             ) => {}
             Local::Tick => self.tick(myself),
             Local::Poll => {

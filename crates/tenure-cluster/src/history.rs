@@ -78,6 +78,10 @@ impl History {
                     ("lease_lost", json!({"token": token, "reason": reason}))
                 }
                 LeaseTrace::Released { token } => ("lease_released", json!({"token": token})),
+                LeaseTrace::Suspended { token, error } => {
+                    ("lease_suspended", json!({"token": token, "error": error}))
+                }
+                LeaseTrace::Resumed { token } => ("lease_resumed", json!({"token": token})),
                 LeaseTrace::Error { operation, error } => {
                     ("lease_error", json!({"op": operation, "error": error}))
                 }

@@ -14,7 +14,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::error::{ConfigError, LeaseError};
-use crate::events::{LeaseEventSink, SharedBelief};
+use crate::events::{LeaseEventSink, LeaseState, SharedBelief};
 use crate::names::{check_lease_name, store_name};
 use crate::priority::AcquireOptions;
 use crate::renewal::{RenewAnswer, RenewalBatcher};
@@ -246,6 +246,23 @@ impl LeaseView {
 
     pub(crate) fn held(&self) -> Option<Held> {
         self.belief.held()
+    }
+
+    /// Where the lease stands now (see [`LeaseState`]). Never blocks. A grant whose belief
+    /// has just ended is `Lost` here even before its loss is announced (as `check_lease`).
+    pub fn state(&self) -> LeaseState {
+        match self.belief.state() {
+            LeaseState::Held | LeaseState::Suspended if self.belief.current().is_none() => {
+                LeaseState::Lost
+            }
+            state => state,
+        }
+    }
+
+    /// The state now and every change after it, in order of the transitions (a watch
+    /// channel: a slow reader sees the latest state, not every one).
+    pub fn watch_state(&self) -> tokio::sync::watch::Receiver<LeaseState> {
+        self.belief.watch_state()
     }
 }
 
@@ -737,7 +754,7 @@ impl Actor for LeaseActor {
                             operation: "renew",
                             error: e.to_string(),
                         });
-                        tracing::warn!(lease = %state.spec.name, error = %e, "renewal failed; the lease holds until its local deadline")
+                        state.belief.renewal_failed(generation, &e.to_string());
                     }
                     None => {
                         tracing::warn!(lease = %state.spec.name, "renewal batcher stopped")

@@ -28,6 +28,43 @@ pub struct LeaseLost {
     pub reason: LostReason,
 }
 
+/// Renewals of a held grant are failing (an error or no answer within
+/// `lease-operation-timeout`) while its local deadline has not passed: the grant may still
+/// be held, or may be about to be lost. Act with care (Curator's SUSPENDED). Sent at most
+/// once per stretch of failures, after the grant's `LeaseGranted`; followed by
+/// [`LeaseResumed`] when a renewal succeeds again, or by [`LeaseLost`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseSuspended {
+    pub name: String,
+    /// The token of the grant whose renewals fail.
+    pub token: u64,
+    /// The failure that suspended it.
+    pub error: String,
+}
+
+/// A renewal of a suspended grant succeeded: it is held again, with the same token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseResumed {
+    pub name: String,
+    pub token: u64,
+}
+
+/// Where a lease stands, as its holder sees it (a [`Lease`](crate::Lease)'s
+/// [`state`](crate::Lease::state) and [`watch_state`](crate::Lease::watch_state)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LeaseState {
+    /// No grant: never acquired, released, or waiting to be granted.
+    #[default]
+    NotHeld,
+    /// Granted, and renewals succeed: act under the grant's token.
+    Held,
+    /// Granted, but renewals have been failing since the last success; the local deadline
+    /// has not passed. The grant is still ours until then: finish or pause risky work.
+    Suspended,
+    /// The grant was lost (expired, not held, preempted) and nothing was granted since.
+    Lost,
+}
+
 /// A higher-priority owner asked the holder to give the lease up (cooperative
 /// preemption): clean up and release before `cleanup_deadline`. Sent once per request
 /// (requesting owner and priority) while the grant is held, after its `LeaseGranted`.
@@ -69,6 +106,8 @@ pub enum LeaseEvent {
     Lost(LeaseLost),
     PreemptionRequested(PreemptionRequested),
     PreemptionWithdrawn(PreemptionWithdrawn),
+    Suspended(LeaseSuspended),
+    Resumed(LeaseResumed),
 }
 
 /// Where a LeaseActor delivers its events. Called inline, in event order: it must not block.
@@ -120,6 +159,10 @@ pub(crate) struct SharedBelief {
     sink: LeaseEventSink,
     /// The owner and observer that traces are reported to, if any.
     observer: Option<(String, LeaseObserver)>,
+    /// The state published to handles; changed only under `order`.
+    state: tokio::sync::watch::Sender<LeaseState>,
+    /// The generation whose renewals are failing, while it is suspended.
+    suspended: Mutex<Option<u64>>,
 }
 
 impl SharedBelief {
@@ -137,7 +180,54 @@ impl SharedBelief {
             order: Mutex::new(()),
             sink,
             observer,
+            state: tokio::sync::watch::Sender::new(LeaseState::NotHeld),
+            suspended: Mutex::new(None),
         }
+    }
+
+    /// The state last published.
+    pub(crate) fn state(&self) -> LeaseState {
+        *self.state.borrow()
+    }
+
+    /// The state now, and changes to come.
+    pub(crate) fn watch_state(&self) -> tokio::sync::watch::Receiver<LeaseState> {
+        self.state.subscribe()
+    }
+
+    fn publish(&self, state: LeaseState) {
+        *self.suspended.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        self.state.send_replace(state);
+    }
+
+    /// A renewal of `generation` failed with `error` (outcome unknown): the grant, if still
+    /// believed, is suspended (announced once per stretch of failures).
+    pub(crate) fn renewal_failed(&self, generation: u64, error: &str) {
+        let _order = self.ordered();
+        let Some(held) = self
+            .belief()
+            .current(self.clock.now())
+            .filter(|h| h.generation == generation)
+        else {
+            return;
+        };
+        let mut suspended = self.suspended.lock().unwrap_or_else(|e| e.into_inner());
+        if *suspended == Some(generation) {
+            return;
+        }
+        *suspended = Some(generation);
+        drop(suspended);
+        self.state.send_replace(LeaseState::Suspended);
+        tracing::warn!(lease = %self.name, token = held.token, %error, "lease suspended: renewals failing");
+        self.trace(LeaseTrace::Suspended {
+            token: held.token,
+            error: error.to_string(),
+        });
+        self.sink.deliver(LeaseEvent::Suspended(LeaseSuspended {
+            name: self.name.clone(),
+            token: held.token,
+            error: error.to_string(),
+        }));
     }
 
     /// The clock of this belief's instants.
@@ -161,6 +251,7 @@ impl SharedBelief {
     }
 
     fn announce_lost(&self, held: Held, reason: LostReason) {
+        self.publish(LeaseState::Lost);
         tracing::warn!(lease = %self.name, token = held.token, %reason, "lease lost");
         self.trace(LeaseTrace::Lost {
             token: held.token,
@@ -206,6 +297,7 @@ impl SharedBelief {
             self.announce_lost(held, LostReason::NotHeld);
         }
         if let GrantEffect::New(held) = effect {
+            self.publish(LeaseState::Held);
             tracing::info!(lease = %self.name, token = held.token, "lease granted");
             self.trace(LeaseTrace::Granted {
                 token: held.token,
@@ -222,8 +314,8 @@ impl SharedBelief {
     /// Records a successful renewal of `generation` sent at `sent_at`.
     pub(crate) fn renewed(&self, generation: u64, sent_at: Instant) -> bool {
         let now = self.clock.now();
+        let _order = self.ordered();
         let renewed = {
-            let _order = self.ordered();
             let mut b = self.belief();
             b.renewed(generation, sent_at, now)
                 .then(|| b.held())
@@ -234,8 +326,23 @@ impl SharedBelief {
                 token: held.token,
                 valid_until: self.clock.boottime_ns(held.deadline),
             });
+            let was_suspended = self
+                .suspended
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_some_and(|g| g == generation);
+            if was_suspended {
+                self.publish(LeaseState::Held);
+                tracing::info!(lease = %self.name, token = held.token, "lease resumed: a renewal succeeded");
+                self.trace(LeaseTrace::Resumed { token: held.token });
+                self.sink.deliver(LeaseEvent::Resumed(LeaseResumed {
+                    name: self.name.clone(),
+                    token: held.token,
+                }));
+            }
             return true;
         }
+        drop(_order);
         self.lapse(now);
         false
     }
@@ -276,6 +383,7 @@ impl SharedBelief {
         let _order = self.ordered();
         let held = self.belief().give_up();
         if let Some(h) = held {
+            self.publish(LeaseState::NotHeld);
             self.trace(LeaseTrace::Released { token: h.token });
         }
         held

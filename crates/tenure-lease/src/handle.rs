@@ -252,6 +252,18 @@ impl Lease {
         self.inner.view.check_lease()
     }
 
+    /// Where the lease stands: not held, held, suspended (renewals failing, deadline not
+    /// passed) or lost. Never blocks. See [`LeaseState`](crate::LeaseState).
+    pub fn state(&self) -> crate::LeaseState {
+        self.inner.view.state()
+    }
+
+    /// A watch channel of [`state`](Lease::state): its current value and each change, to
+    /// `select!` on or to report health from.
+    pub fn watch_state(&self) -> tokio::sync::watch::Receiver<crate::LeaseState> {
+        self.inner.view.watch_state()
+    }
+
     /// The fencing token of the current grant, while held.
     pub fn token(&self) -> Option<u64> {
         self.inner.view.token()

@@ -52,6 +52,8 @@ pub mod validity;
 #[cfg(test)]
 mod preemption_tests;
 #[cfg(test)]
+mod state_tests;
+#[cfg(test)]
 mod suspend_tests;
 #[cfg(test)]
 mod timing_tests;
@@ -66,7 +68,8 @@ pub use clock::{HolderClock, SuspendControl};
 pub use config::{CONFIG_VAR, LeaseSection, TenureConfig};
 pub use error::{ConfigError, LeaseError, StoreError};
 pub use events::{
-    LeaseEvent, LeaseEventSink, LeaseGranted, LeaseLost, PreemptionRequested, PreemptionWithdrawn,
+    LeaseEvent, LeaseEventSink, LeaseGranted, LeaseLost, LeaseResumed, LeaseState, LeaseSuspended,
+    PreemptionRequested, PreemptionWithdrawn,
 };
 pub use fence::{FenceCheck, StaleToken};
 pub use grant::Grant;

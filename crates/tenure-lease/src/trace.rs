@@ -15,6 +15,11 @@ pub enum LeaseTrace {
     NotGranted { holder: String },
     /// A renewal was confirmed: the belief now lasts until `valid_until`.
     Renewed { token: u64, valid_until: i64 },
+    /// Renewals of the grant `token` started failing (see
+    /// [`LeaseSuspended`](crate::LeaseSuspended)).
+    Suspended { token: u64, error: String },
+    /// A renewal of the suspended grant `token` succeeded again.
+    Resumed { token: u64 },
     /// The belief ended without a release (see [`LostReason`](crate::LostReason)).
     Lost { token: u64, reason: &'static str },
     /// The holder gave its belief up to release the grant (the store's answer may follow

@@ -257,7 +257,12 @@ impl Actor for Shard {
             }
             // Shard leases are plain (priority 0): a forceful preemption arrives as a loss.
             ShardMsg::Lease(
-                LeaseEvent::PreemptionRequested(_) | LeaseEvent::PreemptionWithdrawn(_),
+                LeaseEvent::PreemptionRequested(_)
+                | LeaseEvent::PreemptionWithdrawn(_)
+                // Renewals failing before the deadline: the grant is still ours, and the
+                // stop budget acts on a loss, not on doubt.
+                | LeaseEvent::Suspended(_)
+                | LeaseEvent::Resumed(_),
             ) => {}
             ShardMsg::Passivate(entity) => state.passivate(&entity),
             ShardMsg::EntityStarted {

@@ -264,7 +264,12 @@ impl Actor for SingletonManager {
             ManagerMsg::Lease(LeaseEvent::Granted(_)) => state.wanted = false,
             // Singleton leases are plain (priority 0): a forceful preemption arrives as a loss.
             ManagerMsg::Lease(
-                LeaseEvent::PreemptionRequested(_) | LeaseEvent::PreemptionWithdrawn(_),
+                LeaseEvent::PreemptionRequested(_)
+                | LeaseEvent::PreemptionWithdrawn(_)
+                // Renewals failing before the deadline: the grant is still ours, and the
+                // stop budget acts on a loss, not on doubt.
+                | LeaseEvent::Suspended(_)
+                | LeaseEvent::Resumed(_),
             ) => {}
             ManagerMsg::RestartDue => state.restart_pause = None,
             ManagerMsg::InstanceStarted {
