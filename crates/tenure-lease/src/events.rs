@@ -235,8 +235,14 @@ impl SharedBelief {
         &self.clock
     }
 
-    /// Reports `trace` to the observer, if any.
+    /// Reports `trace` to the metrics and the observer, if any.
     pub(crate) fn trace(&self, trace: LeaseTrace) {
+        let was_suspended = self
+            .suspended
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some();
+        crate::metrics::on_trace(&trace, was_suspended);
         if let Some((owner, observer)) = &self.observer {
             observer.report(&self.name, owner, &trace);
         }
@@ -251,12 +257,12 @@ impl SharedBelief {
     }
 
     fn announce_lost(&self, held: Held, reason: LostReason) {
-        self.publish(LeaseState::Lost);
         tracing::warn!(lease = %self.name, token = held.token, %reason, "lease lost");
         self.trace(LeaseTrace::Lost {
             token: held.token,
             reason: reason.kind(),
         });
+        self.publish(LeaseState::Lost);
         self.sink.deliver(LeaseEvent::Lost(LeaseLost {
             name: self.name.clone(),
             token: held.token,
@@ -383,8 +389,8 @@ impl SharedBelief {
         let _order = self.ordered();
         let held = self.belief().give_up();
         if let Some(h) = held {
-            self.publish(LeaseState::NotHeld);
             self.trace(LeaseTrace::Released { token: h.token });
+            self.publish(LeaseState::NotHeld);
         }
         held
     }

@@ -39,6 +39,7 @@ pub mod fence;
 mod grant;
 mod handle;
 pub mod memory;
+pub mod metrics;
 pub mod names;
 mod priority;
 mod provider;

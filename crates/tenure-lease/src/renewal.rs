@@ -117,6 +117,7 @@ async fn run(
             store.renew(&owner, &leases, settings.heartbeat_timeout),
         )
         .await;
+        crate::metrics::renewal(store.kind(), clock.now().saturating_duration_since(sent_at));
         tracing::trace!(owner, count = leases.len(), "batched renewal");
         for (i, req) in batch.into_iter().enumerate() {
             let name = req.lease.name;

@@ -116,3 +116,114 @@ async fn hanging_renewals_suspend_too() {
     states.wait_for(|s| *s == LeaseState::Lost).await.unwrap();
     assert_eq!(kinds(&log), ["granted", "suspended", "lost"]);
 }
+
+/// A metric's name, labels and value.
+type Metric = (
+    String,
+    Vec<(String, String)>,
+    metrics_util::debugging::DebugValue,
+);
+
+fn metrics_of(snapshotter: &metrics_util::debugging::Snapshotter) -> Vec<Metric> {
+    snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .map(|(k, _, _, v)| {
+            let key = k.key();
+            let labels = key
+                .labels()
+                .map(|l| (l.key().to_string(), l.value().to_string()))
+                .collect();
+            (key.name().to_string(), labels, v)
+        })
+        .collect()
+}
+
+/// The value of metric `name` (with `label`, when given) in `map`.
+fn value<'a>(
+    map: &'a [Metric],
+    name: &str,
+    label: Option<(&str, &str)>,
+) -> Option<&'a metrics_util::debugging::DebugValue> {
+    map.iter()
+        .find(|(n, labels, _)| {
+            n == name && label.is_none_or(|(l, v)| labels.iter().any(|(k, x)| k == l && x == v))
+        })
+        .map(|(_, _, v)| v)
+}
+
+/// The metrics after a grant, a suspension and its loss, then a new grant released:
+/// counted from the same transitions as the events.
+#[test]
+fn metrics_count_grants_losses_suspensions_and_store_errors() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    let during = metrics::with_local_recorder(&recorder, || {
+        rt.block_on(async {
+            let store = MemoryStore::new();
+            let (lease, _) = lease(&store).await;
+            let mut states = lease.watch_state();
+            lease.acquire_wait().await.unwrap();
+            store.set_fault(Fault::FailRenewals);
+            states
+                .wait_for(|s| *s == LeaseState::Suspended)
+                .await
+                .unwrap();
+            let during = metrics_of(&snapshotter);
+            states.wait_for(|s| *s == LeaseState::Lost).await.unwrap();
+            store.set_fault(Fault::None);
+            lease.acquire_wait().await.unwrap();
+            sleep(Duration::from_secs(3)).await;
+            assert!(lease.release().await.unwrap());
+            during
+        })
+    });
+    // A snapshot drains what it reports: every value after it counts from it on, so the
+    // gauges' levels at the end are the sums of both snapshots (1 - 1 = 0).
+    let after = metrics_of(&snapshotter);
+    let suspended = "tenure_leases_suspended";
+    let held = "tenure_leases_held";
+    let grants = "tenure_lease_grants_total";
+    assert_eq!(
+        value(&during, suspended, None),
+        Some(&DebugValue::Gauge(1.0.into()))
+    );
+    assert_eq!(
+        value(&during, held, None),
+        Some(&DebugValue::Gauge(1.0.into()))
+    );
+    assert_eq!(value(&during, grants, None), Some(&DebugValue::Counter(1)));
+    assert!(matches!(
+        value(&during, "tenure_lease_store_errors_total", Some(("operation", "renew"))),
+        Some(DebugValue::Counter(n)) if *n >= 1
+    ));
+    assert_eq!(value(&after, grants, None), Some(&DebugValue::Counter(1)));
+    assert_eq!(
+        value(
+            &after,
+            "tenure_lease_losses_total",
+            Some(("reason", "expired"))
+        ),
+        Some(&DebugValue::Counter(1))
+    );
+    assert_eq!(
+        value(&after, held, None),
+        Some(&DebugValue::Gauge((-1.0).into()))
+    );
+    assert_eq!(
+        value(&after, suspended, None),
+        Some(&DebugValue::Gauge((-1.0).into()))
+    );
+    assert!(matches!(
+        value(&after, "tenure_lease_renewal_seconds", Some(("store", "memory"))),
+        Some(DebugValue::Histogram(h)) if !h.is_empty()
+    ));
+}
