@@ -49,7 +49,23 @@ pub async fn node(
         .map_err(|e| CliError::Command(format!("cannot watch SIGTERM: {e}")))?;
     let mut int = signal(SignalKind::interrupt())
         .map_err(|e| CliError::Command(format!("cannot watch SIGINT: {e}")))?;
+    let management = tenure_management::ManagementSettings::from_config(config)?;
+    let leases = management.enabled.then(|| {
+        // Before the node starts, so that its first grants are counted and listed.
+        tenure_management::install_metrics();
+        let table = tenure_management::LeaseTable::default();
+        provider.observe(table.observer());
+        table
+    });
     let node = Node::start(settings, provider, history).await?;
+    let _management = match leases {
+        Some(table) => Some(
+            tenure_management::Management::start(&node, table, management)
+                .await
+                .map_err(|e| CliError::Command(e.to_string()))?,
+        ),
+        None => None,
+    };
     if !hosting.singletons.is_empty() {
         let counter = FencedCounter::open(hosting.counter)?;
         for name in hosting.singletons {

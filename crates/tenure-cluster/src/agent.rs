@@ -13,7 +13,8 @@ use ractor_cluster::{NodeEventSubscription, NodeServerMessage, NodeSessionMessag
 use serde_json::json;
 use tenure_lease::store::bounded;
 use tenure_lease::{
-    Lease, LeaseActor, LeaseEvent, LeaseEventSink, LeaseMsg, LeaseRecord, LeaseSpec, LeaseStore,
+    Lease, LeaseActor, LeaseEvent, LeaseEventSink, LeaseMsg, LeaseObserver, LeaseRecord, LeaseSpec,
+    LeaseStore,
 };
 use tokio::time::Instant;
 
@@ -137,6 +138,9 @@ pub(crate) struct AgentArgs {
     pub links: Arc<Links>,
     pub store: Arc<dyn LeaseStore>,
     pub history: Option<History>,
+    /// Where the member lease and join tickets report their traces (the provider's
+    /// observers: the history, a management endpoint).
+    pub lease_observer: Option<LeaseObserver>,
     /// Set when this node is refused at join (its placement differs from a member's).
     pub refused: Arc<std::sync::OnceLock<Refusal>>,
 }
@@ -178,6 +182,7 @@ pub(crate) struct AgentState {
     /// The join ticket of the current membership (this node's age).
     ticket: Option<u64>,
     history: Option<History>,
+    lease_observer: Option<LeaseObserver>,
     /// Member leases of nodes with another cookie, already warned about.
     foreign: std::collections::HashSet<(NodeAddr, Incarnation)>,
     /// Member leases of nodes that place entities differently, already warned about.
@@ -284,7 +289,12 @@ impl Actor for Agent {
             h.record("node_started", json!({}));
         }
         let _ = myself.cast(AgentMsg::Local(Local::Poll));
-        spawn_ticket(&myself, &a.settings, a.store.clone(), a.history.as_ref());
+        spawn_ticket(
+            &myself,
+            &a.settings,
+            a.store.clone(),
+            a.lease_observer.clone(),
+        );
         let _ = myself.cast(AgentMsg::Local(Local::Tick));
         Ok(AgentState {
             view: Membership::new(me.clone(), a.incarnation, a.settings.roles.clone()),
@@ -298,6 +308,7 @@ impl Actor for Agent {
             member_lease: None,
             ticket: None,
             history: a.history,
+            lease_observer: a.lease_observer,
             pending_hellos: HashMap::new(),
             foreign: Default::default(),
             misplaced: Default::default(),
@@ -403,7 +414,7 @@ fn spawn_ticket(
     myself: &ActorRef<AgentMsg>,
     s: &ClusterSettings,
     store: Arc<dyn LeaseStore>,
-    history: Option<&History>,
+    observer: Option<LeaseObserver>,
 ) {
     let spec = LeaseSpec::new(
         &format!("{}-join", s.system),
@@ -411,8 +422,8 @@ fn spawn_ticket(
         store,
         s.member_lease,
     )
-    .map(|spec| match history {
-        Some(h) => spec.with_observer(h.lease_observer()),
+    .map(|spec| match observer {
+        Some(o) => spec.with_observer(o),
         None => spec,
     })
     .map(|spec| spec.with_note("join ticket (released at once)"));
@@ -458,8 +469,8 @@ impl AgentState {
             self.s.member_lease,
         )?
         .with_note(note);
-        let spec = match &self.history {
-            Some(h) => spec.with_observer(h.lease_observer()),
+        let spec = match &self.lease_observer {
+            Some(o) => spec.with_observer(o.clone()),
             None => spec,
         };
         let (lease, _) = LeaseActor::start(
@@ -702,7 +713,7 @@ impl AgentState {
                         old.stop(Some("member lease lost".into()));
                     }
                     self.ticket = None;
-                    spawn_ticket(myself, &self.s, self.store.clone(), self.history.as_ref());
+                    spawn_ticket(myself, &self.s, self.store.clone(), self.lease_observer.clone());
                 }
             }
             // Member leases are plain (priority 0): a forceful preemption arrives as a loss.

@@ -33,6 +33,22 @@ impl Subscriptions {
     }
 }
 
+/// Reads a node's view of the cluster; cloneable (for a management endpoint, a probe).
+#[derive(Clone)]
+pub struct Inspector(ActorRef<AgentMsg>);
+
+impl Inspector {
+    /// As [`Node::view`]; `Err` once the node stopped.
+    pub async fn view(&self) -> Result<NodeView, ClusterError> {
+        view_of(&self.0).await
+    }
+}
+
+async fn view_of(agent: &ActorRef<AgentMsg>) -> Result<NodeView, ClusterError> {
+    ractor::call_t!(agent, AgentMsg::Inspect, 5000, Inspect {})
+        .map_err(|e| ClusterError::Actor(format!("the node's agent did not answer: {e}")))
+}
+
 /// A running node. Dropping it does not stop it: call [`Node::leave`].
 pub struct Node {
     settings: ClusterSettings,
@@ -132,6 +148,7 @@ impl Node {
             links: links.clone(),
             store,
             history: history.clone(),
+            lease_observer: provider.observer(),
             refused: refused.clone(),
         };
         let agent = match Actor::spawn(None, Agent, args).await {
@@ -205,8 +222,12 @@ impl Node {
 
     /// This node's current view of the cluster.
     pub async fn view(&self) -> Result<NodeView, ClusterError> {
-        ractor::call_t!(self.agent, AgentMsg::Inspect, 5000, Inspect {})
-            .map_err(|e| ClusterError::Actor(format!("the node's agent did not answer: {e}")))
+        view_of(&self.agent).await
+    }
+
+    /// A cloneable reader of [`view`](Node::view).
+    pub fn inspector(&self) -> Inspector {
+        Inspector(self.agent.clone())
     }
 
     /// Cuts (stalls) or heals this node's traffic with `peer` (needs `cluster.fault-injection`).

@@ -60,7 +60,7 @@ pub struct ClusterSettings {
     pub placement: Placement,
 }
 
-const KEYS: [&str; 18] = [
+const KEYS: [&str; 19] = [
     "host",
     "roles",
     "port",
@@ -79,6 +79,7 @@ const KEYS: [&str; 18] = [
     "max-frame-size",
     "fault-injection",
     "tls",
+    "management",
 ];
 
 impl ClusterSettings {

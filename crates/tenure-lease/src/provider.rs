@@ -117,7 +117,7 @@ pub struct LeaseProvider {
     config: TenureConfig,
     registry: StoreRegistry,
     loaded: Mutex<Loaded>,
-    observer: std::sync::Mutex<Option<LeaseObserver>>,
+    observers: std::sync::Mutex<Vec<LeaseObserver>>,
 }
 
 impl LeaseProvider {
@@ -138,7 +138,7 @@ impl LeaseProvider {
             config,
             registry,
             loaded: Mutex::new(Loaded::default()),
-            observer: std::sync::Mutex::new(None),
+            observers: std::sync::Mutex::new(Vec::new()),
         })
     }
 
@@ -192,21 +192,39 @@ impl LeaseProvider {
             .or_insert_with(|| RenewalBatcher::new(store.clone(), owner.to_string(), settings))
             .clone();
         let spec = LeaseSpec::with_batcher(name, owner, store, settings, batcher)?;
-        let observer = self
-            .observer
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        Ok(match observer {
+        Ok(match self.observer() {
             Some(o) => spec.with_observer(o),
             None => spec,
         })
     }
 
-    /// Reports the traces of every lease whose spec this provider builds from now on to
-    /// `observer` (a node does this to record its history).
+    /// One observer reporting to every observer added so far, in order (for leases whose
+    /// specs are built elsewhere, such as a node's member lease); `None` without any.
+    pub fn observer(&self) -> Option<LeaseObserver> {
+        let observers = self
+            .observers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        match observers.len() {
+            0 => None,
+            1 => observers.into_iter().next(),
+            _ => Some(LeaseObserver::new(move |lease, owner, trace| {
+                for o in &observers {
+                    o.report(lease, owner, trace);
+                }
+            })),
+        }
+    }
+
+    /// Also reports the traces of every lease whose spec this provider builds from now on
+    /// to `observer` (a node's history, a management endpoint), after the observers added
+    /// before it.
     pub fn observe(&self, observer: LeaseObserver) {
-        *self.observer.lock().unwrap_or_else(|e| e.into_inner()) = Some(observer);
+        self.observers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(observer);
     }
 
     /// The lease `name` of section `section` held for `owner`; the same triple returns the

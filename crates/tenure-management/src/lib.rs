@@ -1,0 +1,21 @@
+//! The management HTTP endpoint of a Tenure node (Akka Management's role): the members as
+//! this node sees them, the leases it holds with their state, liveness and readiness
+//! checks, and Prometheus metrics.
+//!
+//! | route | answer |
+//! |---|---|
+//! | `GET /health/alive` | 200 while the process serves |
+//! | `GET /health/ready` | 200 when the node is an up member and none of its leases has been suspended for `ready-suspended-after`; else 503 with the reason |
+//! | `GET /cluster/members` | the node's view (JSON): members, status, age, reachability |
+//! | `GET /leases` | the leases of this node (JSON): name, owner, token, state, since when |
+//! | `GET /metrics` | every `metrics` value of the process, in Prometheus' text format |
+//!
+//! Other paths answer 404 naming the path. Start it with [`Management::start`].
+
+mod leases;
+mod server;
+mod settings;
+
+pub use leases::{LeaseRow, LeaseTable};
+pub use server::{Management, ManagementError, install_metrics};
+pub use settings::ManagementSettings;

@@ -1,0 +1,186 @@
+//! The HTTP server (axum) and its routes.
+
+use std::net::SocketAddr;
+use std::sync::OnceLock;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, Uri};
+use axum::response::{IntoResponse, Json, Response};
+use axum::routing::get;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use tenure_cluster::{Inspector, MemberStatus, Node};
+use tokio::task::JoinHandle;
+
+use crate::leases::LeaseTable;
+use crate::settings::ManagementSettings;
+
+/// Why the endpoint could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ManagementError {
+    /// The bind address could not be listened on.
+    #[error("management endpoint: cannot listen on {addr} (cluster.management.bind): {source}")]
+    Bind {
+        /// The address from `cluster.management.bind`.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A running management endpoint; dropping it stops serving.
+#[derive(Debug)]
+pub struct Management {
+    addr: SocketAddr,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Management {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[derive(Clone)]
+struct Served {
+    node: Inspector,
+    leases: LeaseTable,
+    settings: ManagementSettings,
+}
+
+/// Installs the Prometheus recorder that `/metrics` renders as the process's `metrics`
+/// recorder, once; call it before the node starts so that its first grants are counted
+/// ([`Management::start`] calls it too). `false` when the program installed a recorder of
+/// its own first (then `/metrics` says so).
+pub fn install_metrics() -> bool {
+    prometheus().is_some()
+}
+
+fn prometheus() -> Option<&'static PrometheusHandle> {
+    static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new().build_recorder();
+            let handle = recorder.handle();
+            metrics::set_global_recorder(recorder).ok().map(|_| handle)
+        })
+        .as_ref()
+}
+
+impl Management {
+    /// Serves `node`'s endpoint on `settings.bind` (port 0: any free port, see
+    /// [`addr`](Management::addr)), with the leases `leases` keeps (see
+    /// [`LeaseTable::observer`]). Installs a Prometheus `metrics` recorder for the process
+    /// unless one is installed already. `Err` when it cannot listen.
+    pub async fn start(
+        node: &Node,
+        leases: LeaseTable,
+        settings: ManagementSettings,
+    ) -> Result<Management, ManagementError> {
+        let bind = settings.bind;
+        let listener = tokio::net::TcpListener::bind(bind)
+            .await
+            .map_err(|source| ManagementError::Bind { addr: bind, source })?;
+        let addr = listener
+            .local_addr()
+            .map_err(|source| ManagementError::Bind { addr: bind, source })?;
+        prometheus();
+        let served = Served {
+            node: node.inspector(),
+            leases,
+            settings,
+        };
+        let app = Router::new()
+            .route("/health/alive", get(alive))
+            .route("/health/ready", get(ready))
+            .route("/cluster/members", get(members))
+            .route("/leases", get(leases_of))
+            .route("/metrics", get(metrics_text))
+            .fallback(not_found)
+            .with_state(served);
+        let task = tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, app).await {
+                tracing::error!(%addr, error = %e, "management endpoint stopped");
+            }
+        });
+        tracing::info!(%addr, "management endpoint serving");
+        Ok(Management { addr, task })
+    }
+
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+async fn alive() -> &'static str {
+    "alive\n"
+}
+
+async fn ready(State(s): State<Served>) -> Response {
+    let view = match s.node.view().await {
+        Ok(view) => view,
+        Err(e) => return unavailable(format!("the node does not answer: {e}")),
+    };
+    let me = view.members.iter().find(|m| m.addr == view.node);
+    match me.map(|m| m.status) {
+        Some(MemberStatus::Up) => {}
+        status => {
+            let status = status.map_or("not a member".to_string(), |s| format!("{s:?}"));
+            return unavailable(format!("this node is not an up member: {status}"));
+        }
+    }
+    let suspended = s.leases.suspended_for(s.settings.ready_suspended_after);
+    if let Some(l) = suspended.first() {
+        return unavailable(format!(
+            "lease {} suspended for {} ms (renewals failing: {})",
+            l.lease,
+            l.for_ms,
+            l.error.as_deref().unwrap_or("unknown")
+        ));
+    }
+    (StatusCode::OK, "ready\n").into_response()
+}
+
+fn unavailable(reason: String) -> Response {
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!("not ready: {reason}\n"),
+    )
+        .into_response()
+}
+
+async fn members(State(s): State<Served>) -> Response {
+    match s.node.view().await {
+        Ok(view) => Json(view).into_response(),
+        Err(e) => unavailable(format!("the node does not answer: {e}")),
+    }
+}
+
+async fn leases_of(State(s): State<Served>) -> Response {
+    Json(s.leases.rows()).into_response()
+}
+
+async fn metrics_text() -> Response {
+    match prometheus() {
+        Some(handle) => handle.render().into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            "no metrics here: the program installed its own metrics recorder\n",
+        )
+            .into_response(),
+    }
+}
+
+async fn not_found(uri: Uri) -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        format!(
+            "no route {}: try /health/alive, /health/ready, /cluster/members, /leases, /metrics\n",
+            uri.path()
+        ),
+    )
+        .into_response()
+}

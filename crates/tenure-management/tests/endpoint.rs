@@ -1,0 +1,148 @@
+//! The management endpoint of a real node (one-node cluster on an in-process store) over
+//! real HTTP: liveness, the members, the member lease and metrics; readiness turns off
+//! while the store fails the node's renewals (its member lease suspended) and on again
+//! once it heals; unknown paths get a 404 naming them.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tenure_cluster::{ClusterSettings, Node};
+use tenure_lease::memory::Fault;
+use tenure_lease::{LeaseProvider, MemoryStore, StoreRegistry, TenureConfig};
+use tenure_management::{LeaseTable, Management, ManagementSettings};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// `GET path` over a fresh connection: the status code and the body.
+async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    let status = answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {answer:?}"));
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// Polls `GET path` until `done` holds (at most a minute; each wait is a bounded poll, not
+/// a timing assertion).
+async fn until(addr: SocketAddr, path: &str, done: impl Fn(u16, &str) -> bool) -> String {
+    for _ in 0..600 {
+        let (status, body) = get(addr, path).await;
+        if done(status, &body) {
+            return body;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("GET {path} never reached the expected answer");
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_reports_members_leases_metrics_and_readiness_over_http() {
+    let port = free_port();
+    let config = TenureConfig::from_toml_str(
+        &format!(
+            r#"[tenure]
+default-lease-section = "m"
+[lease.m]
+store = "memory"
+namespace = "management-endpoint"
+heartbeat-timeout = "6s"
+heartbeat-interval = "300ms"
+lease-operation-timeout = "200ms"
+[cluster]
+port = {port}
+cookie = "management-test"
+seeds = ["127.0.0.1:{port}"]
+member-lease-ttl = "6s"
+member-lease-interval = "300ms"
+membership-interval = "200ms"
+[cluster.management]
+enabled = true
+bind = "127.0.0.1:0"
+ready-suspended-after = "300ms"
+"#
+        ),
+        "test",
+    )
+    .unwrap();
+    // The memory store only: the reference's other sections are of kinds left out here.
+    let registry = ["sqlite", "postgres", "etcd", "zookeeper"]
+        .into_iter()
+        .fold(StoreRegistry::new(), |r, kind| r.left_out(kind, kind));
+    let provider = LeaseProvider::new(config.clone(), registry).unwrap();
+    assert!(tenure_management::install_metrics());
+    let leases = LeaseTable::default();
+    provider.observe(leases.observer());
+    let node = Node::start(
+        ClusterSettings::from_config(&config).unwrap(),
+        &provider,
+        None,
+    )
+    .await
+    .unwrap();
+    let settings = ManagementSettings::from_config(&config).unwrap();
+    let management = Management::start(&node, leases, settings).await.unwrap();
+    let addr = management.addr();
+
+    assert_eq!(get(addr, "/health/alive").await, (200, "alive\n".into()));
+    until(addr, "/health/ready", |s, _| s == 200).await;
+    let members = until(addr, "/cluster/members", |s, b| {
+        s == 200 && b.contains("\"Up\"")
+    })
+    .await;
+    let view: serde_json::Value = serde_json::from_str(&members).unwrap();
+    assert_eq!(view["members"].as_array().unwrap().len(), 1, "{members}");
+    assert_eq!(
+        view["members"][0]["addr"],
+        format!("127.0.0.1:{port}"),
+        "{members}"
+    );
+    let (status, body) = get(addr, "/leases").await;
+    assert_eq!(status, 200);
+    let rows: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let member_lease = format!("tenure-member-127.0.0.1:{port}");
+    assert!(
+        rows.as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["lease"] == member_lease.as_str() && r["state"] == "held"),
+        "{body}"
+    );
+    let (status, metrics) = get(addr, "/metrics").await;
+    assert_eq!(status, 200);
+    assert!(metrics.contains("tenure_lease_grants_total"), "{metrics}");
+    assert!(metrics.contains("tenure_leases_held"), "{metrics}");
+
+    // The store fails every renewal: the member lease is suspended, the node not ready.
+    let store = MemoryStore::shared("management-endpoint");
+    store.set_fault(Fault::FailRenewals);
+    let reason = until(addr, "/health/ready", |s, _| s == 503).await;
+    assert!(
+        reason.contains(&member_lease) && reason.contains("suspended"),
+        "{reason}"
+    );
+    store.set_fault(Fault::None);
+    until(addr, "/health/ready", |s, _| s == 200).await;
+
+    let (status, body) = get(addr, "/nope").await;
+    assert_eq!(status, 404);
+    assert!(body.contains("/nope"), "{body}");
+    drop(management);
+    node.leave().await.unwrap();
+}
