@@ -1078,9 +1078,13 @@ impl AgentState {
 
     fn emit(&mut self, events: Vec<ClusterEvent>) {
         let now = Instant::now();
+        let changed = !events.is_empty();
         for event in events {
             self.observe(&event, now);
             self.subscribers.retain(|s| s.deliver(event.clone()));
+        }
+        if changed {
+            crate::metrics::membership(self.view.me(), &self.view.members());
         }
     }
 
@@ -1098,6 +1102,7 @@ impl AgentState {
             ClusterEvent::SelfLeaving(_) => ("self_leaving", None),
             ClusterEvent::CurrentMembers(_) => return,
         };
+        crate::metrics::event(kind);
         if let Some(m) = member {
             if m.addr != self.me {
                 match event {

@@ -18,6 +18,7 @@ mod error;
 mod history;
 mod identity;
 mod member;
+pub mod metrics;
 mod node;
 pub mod placement;
 mod protocol;

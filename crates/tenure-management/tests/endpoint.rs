@@ -128,6 +128,10 @@ ready-suspended-after = "300ms"
     assert_eq!(status, 200);
     assert!(metrics.contains("tenure_lease_grants_total"), "{metrics}");
     assert!(metrics.contains("tenure_leases_held"), "{metrics}");
+    assert!(
+        metrics.contains("tenure_cluster_members{status=\"up\"} 1"),
+        "{metrics}"
+    );
 
     // The store fails every renewal: the member lease is suspended, the node not ready.
     let store = MemoryStore::shared("management-endpoint");
