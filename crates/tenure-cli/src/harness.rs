@@ -120,9 +120,22 @@ pub fn percentile(v: &mut [f64], p: f64) -> f64 {
 
 /// Free loopback ports (bound, then released for the node to take).
 pub fn free_ports(n: usize) -> Vec<u16> {
-    let listeners: Vec<_> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port"))
-        .collect();
+    // Below Linux's ephemeral range (32768-60999 by default): a port handed out by
+    // `bind(:0)` or taken by an outgoing connection of any other process could be that
+    // range's, and a node restarted on its port after a kill would find it taken. Random,
+    // so that harnesses running at the same time rarely pick the same ones; each is checked
+    // free (all held together, so the n are distinct).
+    let mut listeners = Vec::with_capacity(n);
+    for _ in 0..1000 {
+        if listeners.len() == n {
+            break;
+        }
+        let port = fastrand::u16(20_000..32_000);
+        if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+            listeners.push(l);
+        }
+    }
+    assert_eq!(listeners.len(), n, "{n} free loopback ports in 20000-31999");
     listeners
         .iter()
         .map(|l| l.local_addr().unwrap().port())
