@@ -20,6 +20,8 @@ command -v protoc >/dev/null || need+=(protobuf-compiler)
 # ZooKeeper store tests run a standalone server from Debian's `zookeeper` package (its
 # jars; it depends on a Java runtime).
 { [ -f /usr/share/java/zookeeper.jar ] && command -v java >/dev/null; } || need+=(zookeeper)
+# The management endpoint's live page is checked in a real headless browser.
+[ -x /usr/bin/chromium ] || need+=(chromium)
 # The fault-injection suite moves one node's wall clock with libfaketime (`faketime`).
 [ -f /usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1 ] || need+=(faketime)
 if [ ${#need[@]} -gt 0 ]; then

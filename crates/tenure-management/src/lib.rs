@@ -4,9 +4,10 @@
 //!
 //! | route | answer |
 //! |---|---|
+//! | `GET /` | a live page of the members and this node's leases (static HTML polling the routes below) |
 //! | `GET /health/alive` | 200 while the process serves |
 //! | `GET /health/ready` | 200 when the node is an up member and none of its leases has been suspended for `ready-suspended-after`; else 503 with the reason |
-//! | `GET /cluster/members` | the node's view (JSON): members, status, age, reachability |
+//! | `GET /cluster/members` | the node's view (JSON): members, status, age, reachability, and `down`: members that went down (not a leave) since the endpoint started |
 //! | `GET /leases` | the leases of this node (JSON): name, owner, token, state, since when |
 //! | `GET /metrics` | every `metrics` value of the process, in Prometheus' text format |
 //!

@@ -1,7 +1,9 @@
 //! The HTTP server (axum) and its routes.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
 
 use axum::Router;
 use axum::extract::State;
@@ -9,7 +11,7 @@ use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::get;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use tenure_cluster::{Inspector, MemberStatus, Node};
+use tenure_cluster::{ClusterEvent, ClusterSubscriber, Inspector, MemberStatus, Node};
 use tokio::task::JoinHandle;
 
 use crate::leases::LeaseTable;
@@ -28,6 +30,9 @@ pub enum ManagementError {
         #[source]
         source: std::io::Error,
     },
+    /// The node stopped before the endpoint could follow its membership.
+    #[error("management endpoint: {0}")]
+    Node(String),
 }
 
 /// A running management endpoint; dropping it stops serving.
@@ -48,6 +53,42 @@ struct Served {
     node: Inspector,
     leases: LeaseTable,
     settings: ManagementSettings,
+    down: DownLog,
+}
+
+/// Members that went down (crashed, frozen or cut off: not a graceful leave) and left the
+/// view since the endpoint started, until they come back up.
+#[derive(Clone, Default)]
+struct DownLog(Arc<Mutex<BTreeMap<String, Instant>>>);
+
+impl DownLog {
+    fn subscriber(&self) -> ClusterSubscriber {
+        let log = self.clone();
+        ClusterSubscriber::new(move |event| {
+            let mut down = log.0.lock().unwrap_or_else(|e| e.into_inner());
+            match event {
+                ClusterEvent::MemberRemoved(m) if m.status == MemberStatus::Down => {
+                    down.insert(m.addr.to_string(), Instant::now());
+                }
+                ClusterEvent::MemberJoined(m) | ClusterEvent::MemberUp(m) => {
+                    down.remove(&m.addr.to_string());
+                }
+                _ => {}
+            }
+            true
+        })
+    }
+
+    fn rows(&self) -> Vec<serde_json::Value> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(addr, at)| {
+                serde_json::json!({"addr": addr, "for_ms": at.elapsed().as_millis() as u64})
+            })
+            .collect()
+    }
 }
 
 /// Installs the Prometheus recorder that `/metrics` renders as the process's `metrics`
@@ -87,12 +128,17 @@ impl Management {
             .local_addr()
             .map_err(|source| ManagementError::Bind { addr: bind, source })?;
         prometheus();
+        let down = DownLog::default();
+        node.subscribe(down.subscriber())
+            .map_err(|e| ManagementError::Node(e.to_string()))?;
         let served = Served {
             node: node.inspector(),
             leases,
             settings,
+            down,
         };
         let app = Router::new()
+            .route("/", get(page))
             .route("/health/alive", get(alive))
             .route("/health/ready", get(ready))
             .route("/cluster/members", get(members))
@@ -113,6 +159,11 @@ impl Management {
     pub fn addr(&self) -> SocketAddr {
         self.addr
     }
+}
+
+/// The live page: members and leases of this node, redrawn twice a second.
+async fn page() -> axum::response::Html<&'static str> {
+    axum::response::Html(include_str!("page.html"))
 }
 
 async fn alive() -> &'static str {
@@ -154,7 +205,11 @@ fn unavailable(reason: String) -> Response {
 
 async fn members(State(s): State<Served>) -> Response {
     match s.node.view().await {
-        Ok(view) => Json(view).into_response(),
+        Ok(view) => {
+            let mut json = serde_json::to_value(view).unwrap_or_default();
+            json["down"] = serde_json::Value::Array(s.down.rows());
+            Json(json).into_response()
+        }
         Err(e) => unavailable(format!("the node does not answer: {e}")),
     }
 }
@@ -178,7 +233,7 @@ async fn not_found(uri: Uri) -> Response {
     (
         StatusCode::NOT_FOUND,
         format!(
-            "no route {}: try /health/alive, /health/ready, /cluster/members, /leases, /metrics\n",
+            "no route {}: try /, /health/alive, /health/ready, /cluster/members, /leases, /metrics\n",
             uri.path()
         ),
     )

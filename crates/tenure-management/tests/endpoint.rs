@@ -144,6 +144,13 @@ ready-suspended-after = "300ms"
     store.set_fault(Fault::None);
     until(addr, "/health/ready", |s, _| s == 200).await;
 
+    let (status, page) = get(addr, "/").await;
+    assert_eq!(status, 200);
+    assert!(
+        page.contains("/cluster/members") && page.contains("<table"),
+        "{page}"
+    );
+
     let (status, body) = get(addr, "/nope").await;
     assert_eq!(status, 404);
     assert!(body.contains("/nope"), "{body}");
