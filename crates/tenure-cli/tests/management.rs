@@ -71,7 +71,13 @@ fn rendered(url: &str) -> String {
 #[test]
 fn every_node_serves_its_endpoint_and_the_live_page_shows_a_killed_node_down() {
     let options = Options {
-        tail: "[cluster.management]\nenabled = true\nready-suspended-after = \"1s\"\n".into(),
+        tail: format!(
+            "{}\n[cluster.management]\nenabled = true\nready-suspended-after = \"1s\"\n",
+            common::shards::SHARDING
+        ),
+        node_args: ["--sharded-counter", "--load-keys", "8"]
+            .map(String::from)
+            .to_vec(),
         ..Options::default()
     };
     let mut c = Cluster::with_options(3, &options);
@@ -121,5 +127,12 @@ fn every_node_serves_its_endpoint_and_the_live_page_shows_a_killed_node_down() {
         "{metrics}"
     );
     assert!(metrics.contains("tenure_lease_grants_total"), "{metrics}");
+    for sharding in [
+        "tenure_sharding_asks_total{type=\"counter\",outcome=\"ok\"}",
+        "tenure_sharding_shard_serving{type=\"counter\"",
+        "tenure_sharding_entities{type=\"counter\"",
+    ] {
+        assert!(metrics.contains(sharding), "{sharding} in {metrics}");
+    }
     c.stop_all(Duration::from_secs(10));
 }

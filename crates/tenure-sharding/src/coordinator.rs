@@ -394,6 +394,7 @@ impl CoordinatorState {
             .rebalance(&self.load(), &in_progress, room)
         {
             tracing::debug!(entity_type = %self.args.type_name, shard, from, to, "rebalance: moving a shard");
+            crate::metrics::rebalance_move(&self.args.type_name);
             self.record(
                 "shard_moving",
                 json!({"shard": shard, "from": from, "to": to}),

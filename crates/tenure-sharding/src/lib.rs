@@ -40,6 +40,7 @@ mod coordinator;
 pub mod counter;
 mod entity;
 mod messages;
+pub mod metrics;
 mod region;
 mod settings;
 mod shard;
@@ -142,6 +143,7 @@ impl ShardRegion {
     /// sender while its shard stays put.
     pub fn tell<R: Serialize>(&self, entity: &str, request: &R) -> Result<(), ShardingError> {
         let env = self.envelope(entity, request)?;
+        metrics::tell(&self.type_name);
         self.actor
             .cast(RegionMsg::Deliver(env))
             .map_err(|_| ShardingError::Stopped {
@@ -167,6 +169,15 @@ impl ShardRegion {
             entity: entity.to_string(),
             detail,
         };
+        metrics::ask(
+            &self.type_name,
+            match &answer {
+                Ok(ractor::rpc::CallResult::Success(AskReply { result: Ok(_) })) => "ok",
+                Ok(ractor::rpc::CallResult::Timeout) => "timeout",
+                Err(_) => "stopped",
+                Ok(_) => "failed",
+            },
+        );
         match answer {
             Ok(ractor::rpc::CallResult::Success(AskReply { result: Ok(bytes) })) => {
                 tenure_cluster::codec::decode(CODEC, &self.type_name, &bytes).map_err(|_| {

@@ -196,6 +196,7 @@ impl Actor for Region {
             RegionMsg::Local(RegionLocal::Tick) => state.tick().await,
             RegionMsg::Local(RegionLocal::Cluster(event)) => state.on_cluster(event).await,
         }
+        crate::metrics::region_buffer(&state.args.type_name, state.pending_count);
         Ok(())
     }
 
@@ -283,6 +284,7 @@ impl RegionState {
                 self.args.type_name, self.args.me, self.pending_count
             );
             if p.reply.is_none() {
+                crate::metrics::tell_dropped(&self.args.type_name);
                 self.dropped_tells += 1;
                 tracing::warn!(entity_type = %self.args.type_name, shard = %p.env.shard, entity = %p.env.entity,
                     dropped_tells = self.dropped_tells, "tell dropped: {why}");

@@ -285,6 +285,7 @@ impl Actor for Shard {
                 }
             }
             ShardMsg::HandOff(reply) => {
+                crate::metrics::hand_off(&state.args.type_name);
                 state.handing_off = true;
                 state.stop_entities("hand-off", Stop::Drain).await;
                 if let Some(token) = state.serving.take() {
@@ -320,6 +321,7 @@ impl Actor for Shard {
                 });
             }
         }
+        state.publish_metrics();
         Ok(())
     }
 
@@ -377,6 +379,7 @@ impl Actor for Shard {
         for p in mine {
             state.deliver(p);
         }
+        state.publish_metrics();
         Ok(())
     }
 }
@@ -608,6 +611,15 @@ impl ShardState {
             self.lease.call(LeaseMsg::Release, Some(timeout)).await,
             Ok(ractor::rpc::CallResult::Success(Ok(true)))
         )
+    }
+
+    fn publish_metrics(&self) {
+        crate::metrics::shard(
+            &self.args.type_name,
+            &self.args.shard_id,
+            self.serving.is_some(),
+            self.entities.len(),
+        );
     }
 
     fn record(&self, event: &str, token: u64, why: &str) {

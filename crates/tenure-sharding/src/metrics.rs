@@ -1,0 +1,50 @@
+//! Sharding metrics through the [`metrics`] facade, labelled with the entity type.
+//!
+//! | name | kind | labels | what |
+//! |---|---|---|---|
+//! | `tenure_sharding_asks_total` | counter | `type`, `outcome` | asks by outcome: `ok`, `failed`, `timeout`, `stopped` |
+//! | `tenure_sharding_tells_total` | counter | `type` | tells sent |
+//! | `tenure_sharding_tells_dropped_total` | counter | `type` | tells a region dropped (its buffer full; each logged) |
+//! | `tenure_sharding_region_buffer` | gauge | `type` | messages a region keeps while it learns where their shards live |
+//! | `tenure_sharding_shard_serving` | gauge | `type`, `shard` | 1 while this node serves the shard under its lease |
+//! | `tenure_sharding_entities` | gauge | `type`, `shard` | entities running in the shard on this node |
+//! | `tenure_sharding_hand_offs_total` | counter | `type` | shards handed off by this node |
+//! | `tenure_sharding_rebalance_moves_total` | counter | `type` | shards the coordinator moved to balance the load |
+
+pub(crate) fn ask(type_name: &str, outcome: &'static str) {
+    metrics::counter!("tenure_sharding_asks_total", "type" => type_name.to_string(), "outcome" => outcome)
+        .increment(1);
+}
+
+pub(crate) fn tell(type_name: &str) {
+    metrics::counter!("tenure_sharding_tells_total", "type" => type_name.to_string()).increment(1);
+}
+
+pub(crate) fn tell_dropped(type_name: &str) {
+    metrics::counter!("tenure_sharding_tells_dropped_total", "type" => type_name.to_string())
+        .increment(1);
+}
+
+pub(crate) fn region_buffer(type_name: &str, depth: usize) {
+    metrics::gauge!("tenure_sharding_region_buffer", "type" => type_name.to_string())
+        .set(depth as f64);
+}
+
+pub(crate) fn shard(type_name: &str, shard: &str, serving: bool, entities: usize) {
+    let labels = [
+        ("type", type_name.to_string()),
+        ("shard", shard.to_string()),
+    ];
+    metrics::gauge!("tenure_sharding_shard_serving", &labels).set(f64::from(u8::from(serving)));
+    metrics::gauge!("tenure_sharding_entities", &labels).set(entities as f64);
+}
+
+pub(crate) fn hand_off(type_name: &str) {
+    metrics::counter!("tenure_sharding_hand_offs_total", "type" => type_name.to_string())
+        .increment(1);
+}
+
+pub(crate) fn rebalance_move(type_name: &str) {
+    metrics::counter!("tenure_sharding_rebalance_moves_total", "type" => type_name.to_string())
+        .increment(1);
+}
