@@ -372,7 +372,12 @@ impl Actor for Agent {
             AgentMsg::SetLink(fault, reply) => {
                 let _ = reply.send(state.set_link(fault));
             }
-            AgentMsg::Local(local) => state.on_local(&myself, local).await?,
+            AgentMsg::Local(local) => {
+                use tracing::Instrument;
+                // Every log line of the node's membership work names the node.
+                let span = tracing::info_span!("node", addr = %state.me);
+                state.on_local(&myself, local).instrument(span).await?
+            }
         }
         Ok(())
     }

@@ -654,115 +654,10 @@ impl Actor for LeaseActor {
         msg: LeaseMsg,
         state: &mut LeaseActorState,
     ) -> Result<(), ActorProcessingErr> {
-        match msg {
-            LeaseMsg::Acquire { reply } => {
-                if let Some(held) = state.belief.current() {
-                    if let Some(reply) = reply {
-                        let _ = reply.send(Ok((
-                            Acquired::Granted { token: held.token },
-                            Some(held.generation),
-                        )));
-                    }
-                    return Ok(());
-                }
-                state.waiters.extend(reply);
-                if !state.wanted {
-                    state.wanted = true;
-                    state.keep_trying(&myself).await;
-                }
-            }
-            LeaseMsg::RetryAcquire => {
-                state.retry_timer = None;
-                if state.wanted {
-                    state.keep_trying(&myself).await;
-                }
-            }
-            LeaseMsg::TryAcquire(reply) => {
-                let Some(reply) = state.join_preempting(reply) else {
-                    return Ok(());
-                };
-                let answer = state.attempt(&myself).await;
-                if matches!(answer, Ok((Acquired::NotGranted { .. }, _)))
-                    && let Some(record) = state.preemptable()
-                {
-                    state.start_preempting(&myself, record, Some(reply)).await;
-                    return Ok(());
-                }
-                if matches!(answer, Ok((Acquired::Granted { .. }, _))) && state.wanted {
-                    state.wanted = false;
-                    LeaseActorState::stop_timer(&mut state.retry_timer);
-                    state.answer_waiters(&answer);
-                }
-                let _ = reply.send(answer);
-            }
-            LeaseMsg::PreemptPoll => state.preempt_poll(&myself).await,
-            LeaseMsg::RetryPace(pace) => {
-                state.retry_pace = pace;
-                if state.wanted && state.retry_timer.is_some() {
-                    LeaseActorState::stop_timer(&mut state.retry_timer);
-                    let at =
-                        Instant::now() + pace.unwrap_or(state.spec.settings.lease_retry_interval);
-                    state.retry_timer =
-                        Some(state.schedule(&myself, at, || LeaseMsg::RetryAcquire));
-                }
-            }
-            LeaseMsg::Release(reply) => {
-                let released = state.release().await;
-                let _ = reply.send(released);
-            }
-            LeaseMsg::RenewDue { generation } => {
-                state.renew_timer = None;
-                let Some(held) = state
-                    .belief
-                    .current()
-                    .filter(|h| h.generation == generation)
-                else {
-                    return Ok(());
-                };
-                if !state.renew_in_flight {
-                    state.renew_in_flight = true;
-                    let answer = state.spec.batcher.renew(HeldLease {
-                        name: state.spec.store_name.clone(),
-                        token: held.token,
-                    });
-                    let me = myself.clone();
-                    tokio::spawn(async move {
-                        let answer = answer.await.ok();
-                        let _ = me.cast(LeaseMsg::RenewDone { generation, answer });
-                    });
-                }
-                let at = state.spec.batcher.next_tick(Instant::now());
-                state.renew_timer =
-                    Some(state.schedule(&myself, at, move || LeaseMsg::RenewDue { generation }));
-            }
-            LeaseMsg::RenewDone { generation, answer } => {
-                state.renew_in_flight = false;
-                match answer {
-                    Some((sent_at, Ok(Renewal::Renewed { request }))) => {
-                        if state.belief.renewed(generation, sent_at) {
-                            state.observe_request(generation, request, sent_at);
-                        }
-                    }
-                    Some((_, Ok(Renewal::NotHeld))) => state.belief.not_held(generation),
-                    Some((sent_at, Ok(Renewal::Refused(request)))) => {
-                        // Announced first if no renewal showed it (forceful at once).
-                        state.observe_request(generation, Some(request), sent_at);
-                        state.belief.preempted(generation);
-                    }
-                    Some((_, Err(e))) => {
-                        state.belief.trace(LeaseTrace::Error {
-                            operation: "renew",
-                            error: e.to_string(),
-                        });
-                        state.belief.renewal_failed(generation, &e.to_string());
-                    }
-                    None => {
-                        tracing::warn!(lease = %state.spec.name, "renewal batcher stopped")
-                    }
-                }
-            }
-        }
-        Ok(())
+        use tracing::Instrument;
+        // One span per lease: every log line of its actor names the lease and its owner.
+        let span = tracing::info_span!("lease", name = %state.spec.name, owner = %state.spec.owner);
+        on_message(myself, msg, state).instrument(span).await
     }
 
     async fn post_stop(
@@ -775,4 +670,119 @@ impl Actor for LeaseActor {
         }
         Ok(())
     }
+}
+
+/// What the LeaseActor does with one message (inside its lease's span).
+async fn on_message(
+    myself: ActorRef<LeaseMsg>,
+    msg: LeaseMsg,
+    state: &mut LeaseActorState,
+) -> Result<(), ActorProcessingErr> {
+    match msg {
+        LeaseMsg::Acquire { reply } => {
+            if let Some(held) = state.belief.current() {
+                if let Some(reply) = reply {
+                    let _ = reply.send(Ok((
+                        Acquired::Granted { token: held.token },
+                        Some(held.generation),
+                    )));
+                }
+                return Ok(());
+            }
+            state.waiters.extend(reply);
+            if !state.wanted {
+                state.wanted = true;
+                state.keep_trying(&myself).await;
+            }
+        }
+        LeaseMsg::RetryAcquire => {
+            state.retry_timer = None;
+            if state.wanted {
+                state.keep_trying(&myself).await;
+            }
+        }
+        LeaseMsg::TryAcquire(reply) => {
+            let Some(reply) = state.join_preempting(reply) else {
+                return Ok(());
+            };
+            let answer = state.attempt(&myself).await;
+            if matches!(answer, Ok((Acquired::NotGranted { .. }, _)))
+                && let Some(record) = state.preemptable()
+            {
+                state.start_preempting(&myself, record, Some(reply)).await;
+                return Ok(());
+            }
+            if matches!(answer, Ok((Acquired::Granted { .. }, _))) && state.wanted {
+                state.wanted = false;
+                LeaseActorState::stop_timer(&mut state.retry_timer);
+                state.answer_waiters(&answer);
+            }
+            let _ = reply.send(answer);
+        }
+        LeaseMsg::PreemptPoll => state.preempt_poll(&myself).await,
+        LeaseMsg::RetryPace(pace) => {
+            state.retry_pace = pace;
+            if state.wanted && state.retry_timer.is_some() {
+                LeaseActorState::stop_timer(&mut state.retry_timer);
+                let at = Instant::now() + pace.unwrap_or(state.spec.settings.lease_retry_interval);
+                state.retry_timer = Some(state.schedule(&myself, at, || LeaseMsg::RetryAcquire));
+            }
+        }
+        LeaseMsg::Release(reply) => {
+            let released = state.release().await;
+            let _ = reply.send(released);
+        }
+        LeaseMsg::RenewDue { generation } => {
+            state.renew_timer = None;
+            let Some(held) = state
+                .belief
+                .current()
+                .filter(|h| h.generation == generation)
+            else {
+                return Ok(());
+            };
+            if !state.renew_in_flight {
+                state.renew_in_flight = true;
+                let answer = state.spec.batcher.renew(HeldLease {
+                    name: state.spec.store_name.clone(),
+                    token: held.token,
+                });
+                let me = myself.clone();
+                tokio::spawn(async move {
+                    let answer = answer.await.ok();
+                    let _ = me.cast(LeaseMsg::RenewDone { generation, answer });
+                });
+            }
+            let at = state.spec.batcher.next_tick(Instant::now());
+            state.renew_timer =
+                Some(state.schedule(&myself, at, move || LeaseMsg::RenewDue { generation }));
+        }
+        LeaseMsg::RenewDone { generation, answer } => {
+            state.renew_in_flight = false;
+            match answer {
+                Some((sent_at, Ok(Renewal::Renewed { request }))) => {
+                    if state.belief.renewed(generation, sent_at) {
+                        state.observe_request(generation, request, sent_at);
+                    }
+                }
+                Some((_, Ok(Renewal::NotHeld))) => state.belief.not_held(generation),
+                Some((sent_at, Ok(Renewal::Refused(request)))) => {
+                    // Announced first if no renewal showed it (forceful at once).
+                    state.observe_request(generation, Some(request), sent_at);
+                    state.belief.preempted(generation);
+                }
+                Some((_, Err(e))) => {
+                    state.belief.trace(LeaseTrace::Error {
+                        operation: "renew",
+                        error: e.to_string(),
+                    });
+                    state.belief.renewal_failed(generation, &e.to_string());
+                }
+                None => {
+                    tracing::warn!(lease = %state.spec.name, "renewal batcher stopped")
+                }
+            }
+        }
+    }
+    Ok(())
 }
