@@ -55,7 +55,9 @@ async fn node(
 ) -> Result<(), Box<dyn std::error::Error>> {
     let config = TenureConfig::load(Some(&config_path))?;
     let provider = tenure::provider(config.clone())?;
-    let node = Node::start(ClusterSettings::from_config(&config)?, &provider, None).await?;
+    let node = Node::builder(ClusterSettings::from_config(&config)?)
+        .start(&provider)
+        .await?;
     let counter = FencedCounter::open(&counter_path)?;
     tenure::sharding::start_on_node(
         &node,
@@ -134,7 +136,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let config =
         TenureConfig::from_toml_str(&config(dir.path(), ports[3], ports[0], ""), "example")?;
     let provider = tenure::provider(config.clone())?;
-    let node = Node::start(ClusterSettings::from_config(&config)?, &provider, None).await?;
+    let node = Node::builder(ClusterSettings::from_config(&config)?)
+        .start(&provider)
+        .await?;
     let region = tenure::sharding::start_on_node(&node, &provider, "counter", None).await?;
     let rounds = async {
         for r in 1..=3 {

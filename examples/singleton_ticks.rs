@@ -49,7 +49,9 @@ async fn node(
 ) -> Result<(), Box<dyn std::error::Error>> {
     let config = TenureConfig::load(Some(&config_path))?;
     let provider = tenure::provider(config.clone())?;
-    let node = Node::start(ClusterSettings::from_config(&config)?, &provider, None).await?;
+    let node = Node::builder(ClusterSettings::from_config(&config)?)
+        .start(&provider)
+        .await?;
     let counter = FencedCounter::open(&counter_path)?;
     let me = node.addr().to_string();
     let make = spawner(move |token| {

@@ -33,7 +33,7 @@ pub use error::ClusterError;
 pub use history::History;
 pub use identity::{Incarnation, NodeAddr};
 pub use member::{ClusterEvent, Listed, Member, MemberStatus, Membership};
-pub use node::{Inspector, Node, Subscriptions};
+pub use node::{Inspector, Node, NodeBuilder, Subscriptions};
 pub use protocol::{MemberInfo, NodeView, PROTOCOL_VERSION};
 pub use settings::{ClusterSettings, TlsFiles};
 pub use subscribe::{ClusterSubscriber, HandOver, HandOverWait};

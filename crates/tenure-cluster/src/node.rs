@@ -33,6 +33,28 @@ impl Subscriptions {
     }
 }
 
+/// Starts a [`Node`]: `Node::builder(settings).history(path).start(&provider)`.
+#[derive(Debug, Clone)]
+#[must_use = "a builder does nothing until `start`"]
+pub struct NodeBuilder {
+    settings: ClusterSettings,
+    history: Option<std::path::PathBuf>,
+}
+
+impl NodeBuilder {
+    /// Appends the node's events to the JSON Lines file `path` (see docs/history.md), which
+    /// `tenure check` verifies. Without it the node keeps no history.
+    pub fn history(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.history = Some(path.into());
+        self
+    }
+
+    /// As [`Node::start`].
+    pub async fn start(self, provider: &LeaseProvider) -> Result<Node, ClusterError> {
+        Node::start(self.settings, provider, self.history.as_deref()).await
+    }
+}
+
 /// Reads a node's view of the cluster; cloneable (for a management endpoint, a probe).
 #[derive(Clone)]
 pub struct Inspector(ActorRef<AgentMsg>);
@@ -61,6 +83,14 @@ pub struct Node {
 }
 
 impl Node {
+    /// A builder of a node with `settings` (from [`ClusterSettings::from_config`]).
+    pub fn builder(settings: ClusterSettings) -> NodeBuilder {
+        NodeBuilder {
+            settings,
+            history: None,
+        }
+    }
+
     /// Starts a node: listens on `cluster.host:cluster.port`, starts acquiring its member
     /// lease in `cluster.lease-section` of `provider`, and dials the seeds; appends its
     /// events to the JSON Lines `history` file when given. Returns once
