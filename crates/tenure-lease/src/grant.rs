@@ -127,16 +127,12 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use crate::{Fault, LeaseSettings, LeaseSpec, LeaseStore, LostReason, MemoryStore};
+    use crate::{Fault, LeaseSpec, LeaseStore, LostReason, MemoryStore};
 
     use super::*;
 
     async fn lease(store: &MemoryStore, owner: &str) -> Lease {
-        let mut s = LeaseSettings::with_timeout(Duration::from_secs(10));
-        s.heartbeat_interval = Duration::from_secs(1);
-        s.safety_margin = Duration::from_secs(1);
-        s.lease_operation_timeout = Duration::from_millis(500);
-        s.lease_retry_interval = Duration::from_secs(2);
+        let s = crate::timing_tests::settings();
         let spec = LeaseSpec::new("job", owner, Arc::new(store.clone()), s).unwrap();
         Lease::start(spec).await.unwrap()
     }

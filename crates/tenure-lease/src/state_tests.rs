@@ -6,18 +6,8 @@ use std::time::Duration;
 
 use tokio::time::{Instant, sleep};
 
-use crate::{
-    Fault, Lease, LeaseEvent, LeaseEventSink, LeaseSettings, LeaseSpec, LeaseState, MemoryStore,
-};
-
-fn settings() -> LeaseSettings {
-    let mut s = LeaseSettings::with_timeout(Duration::from_secs(10));
-    s.heartbeat_interval = Duration::from_secs(1);
-    s.safety_margin = Duration::from_secs(1);
-    s.lease_operation_timeout = Duration::from_millis(500);
-    s.lease_retry_interval = Duration::from_secs(2);
-    s
-}
+use crate::timing_tests::settings;
+use crate::{Fault, Lease, LeaseEvent, LeaseEventSink, LeaseSpec, LeaseState, MemoryStore};
 
 type Log = Arc<Mutex<Vec<(Instant, LeaseEvent)>>>;
 

@@ -11,7 +11,8 @@ use crate::{
     LeaseSettings, LeaseSpec, LeaseStore, LeaseTrace, LostReason, MemoryStore, RenewalBatcher,
 };
 
-fn settings() -> LeaseSettings {
+/// The timing of the paused-clock tests: ttl 10 s, renewals every second, margin 1 s.
+pub(crate) fn settings() -> LeaseSettings {
     let mut s = LeaseSettings::with_timeout(Duration::from_secs(10));
     s.heartbeat_interval = Duration::from_secs(1);
     s.safety_margin = Duration::from_secs(1);
