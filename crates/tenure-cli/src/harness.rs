@@ -205,6 +205,13 @@ dial-timeout = "1s"
 leave-timeout = "3s"
 fault-injection = true
 {extra}
+
+[cluster.split-brain-resolver]
+stable-after = "1500ms"
+
+[cluster.split-brain-resolver.lease-majority]
+acquire-lease-delay-for-minority = "1s"
+release-after = "10s"
 {tail}
 "#,
             extra = options.cluster_extra,

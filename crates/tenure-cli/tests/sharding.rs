@@ -141,8 +141,9 @@ fn a_node_cut_off_from_the_others_gives_its_shards_up_and_they_move_without_over
     c.set_link(victim, 0, true);
     c.set_link(victim, 1, true);
     let cut = now_ns();
-    // Both sides still reach the store: the cut-off node is in a minority and hands its
-    // shards off; the majority's coordinator moves them, and their new hosts wait for the
+    // Both sides still reach the store: the split brain resolver downs the cut-off node
+    // (the other side wins the resolver lease), which stops its shards and releases their
+    // leases; the majority's coordinator moves them, and their new hosts wait for the
     // leases. Any overlap here would be a violation (no node is frozen).
     wait_moved(&c, &moved, victim, cut, Duration::from_secs(40));
     c.set_link(victim, 0, false);

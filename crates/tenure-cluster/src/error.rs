@@ -48,4 +48,8 @@ pub enum ClusterError {
         theirs: String,
         member: String,
     },
+    /// The split brain resolver downed this node (its side of a partition had to go) and
+    /// `cluster.split-brain-resolver.when-down` is `"exit"`.
+    #[error("downed by the split brain resolver: {why}")]
+    Downed { why: String },
 }

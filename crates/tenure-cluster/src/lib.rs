@@ -23,6 +23,7 @@ mod node;
 pub mod placement;
 mod protocol;
 pub mod reachability;
+pub mod sbr;
 mod settings;
 mod subscribe;
 pub mod transport;

@@ -107,6 +107,10 @@ pub struct Membership {
     /// Lives known to be over (a newer incarnation of the address was seen): their member
     /// leases, still listed until they expire, must not bring them back.
     retired: BTreeSet<(NodeAddr, Incarnation)>,
+    /// Memberships (address, life, age) downed by the split brain resolver: their member
+    /// leases, still listed until released or expired, must not bring them back; a new
+    /// membership of the same life (a new age) may.
+    downed: BTreeSet<(NodeAddr, Incarnation, u64)>,
 }
 
 impl Membership {
@@ -123,6 +127,7 @@ impl Membership {
             },
             others: BTreeMap::new(),
             retired: BTreeSet::new(),
+            downed: BTreeSet::new(),
         }
     }
 
@@ -238,7 +243,12 @@ impl Membership {
         let mut events = Vec::new();
         let mut present: BTreeMap<&NodeAddr, &Listed> = BTreeMap::new();
         for l in listing {
-            if l.addr != self.me.addr && !self.retired.contains(&(l.addr.clone(), l.incarnation)) {
+            if l.addr != self.me.addr
+                && !self.retired.contains(&(l.addr.clone(), l.incarnation))
+                && !self
+                    .downed
+                    .contains(&(l.addr.clone(), l.incarnation, l.age))
+            {
                 present.insert(&l.addr, l);
             }
         }
@@ -311,6 +321,31 @@ impl Membership {
         }
         events.push(ClusterEvent::MemberRemoved(m));
         events
+    }
+
+    /// The split brain resolver downed this member: it leaves the view (`MemberDown`, then
+    /// `MemberRemoved`) and its current membership never comes back.
+    pub fn down(&mut self, addr: &NodeAddr) -> Vec<ClusterEvent> {
+        let Some(m) = self.others.get(addr) else {
+            return Vec::new();
+        };
+        if self.downed.len() >= 4096 {
+            self.downed.pop_first();
+        }
+        self.downed.insert((m.addr.clone(), m.incarnation, m.age));
+        let mut events = self.remove(addr, MemberStatus::Down);
+        // A leaving member downed is down all the same.
+        for e in &mut events {
+            if let ClusterEvent::MemberRemoved(m) = e {
+                m.status = MemberStatus::Down;
+            }
+        }
+        events
+    }
+
+    /// Whether the split brain resolver downed this membership.
+    pub fn was_downed(&self, addr: &NodeAddr, incarnation: Incarnation, age: u64) -> bool {
+        self.downed.contains(&(addr.clone(), incarnation, age))
     }
 
     /// A peer that only greeted us (never seen in the store) went away.
@@ -465,6 +500,23 @@ mod tests {
         assert!(v.set_reachable(&addr(2), false).is_empty());
         assert_eq!(kinds(&v.set_reachable(&addr(2), true)), ["reachable 2"]);
         assert!(v.set_reachable(&addr(9), false).is_empty());
+    }
+
+    #[test]
+    fn a_downed_membership_stays_down_and_a_new_one_comes_up() {
+        let mut v = Membership::new(addr(1), Incarnation(1), Vec::new());
+        v.listed(&[listed(2, 2, 2), listed(3, 3, 3)]);
+        assert_eq!(kinds(&v.down(&addr(2))), ["down 2", "removed 2 down"]);
+        assert!(v.down(&addr(2)).is_empty());
+        assert!(
+            kinds(&v.listed(&[listed(2, 2, 2), listed(3, 3, 3)])).is_empty(),
+            "its lease, still listed, does not bring it back"
+        );
+        assert_eq!(
+            kinds(&v.listed(&[listed(2, 2, 7), listed(3, 3, 3)])),
+            ["up 2"],
+            "the same process rejoining under a new ticket is a new member"
+        );
     }
 
     #[test]

@@ -80,6 +80,7 @@ pub struct Node {
     links: Arc<Links>,
     history: Option<History>,
     refused: Arc<std::sync::OnceLock<Refusal>>,
+    downed: Arc<std::sync::OnceLock<String>>,
 }
 
 impl Node {
@@ -170,6 +171,7 @@ impl Node {
         };
         let links = Arc::new(Links::default());
         let refused = Arc::new(std::sync::OnceLock::new());
+        let downed = Arc::new(std::sync::OnceLock::new());
         let args = AgentArgs {
             settings: settings.clone(),
             incarnation,
@@ -180,6 +182,7 @@ impl Node {
             history: history.clone(),
             lease_observer: provider.observer(),
             refused: refused.clone(),
+            downed: downed.clone(),
         };
         let agent = match Actor::spawn(None, Agent, args).await {
             Ok((agent, _)) => agent,
@@ -211,6 +214,7 @@ impl Node {
             links,
             history,
             refused,
+            downed,
         })
     }
 
@@ -288,9 +292,13 @@ impl Node {
 
     /// Waits until the node stops on its own (it does not while healthy) and tells why:
     /// [`ClusterError::Refused`] when it was refused at join (its placement differs from a
-    /// member's), else [`ClusterError::Actor`] (its member lease actor failed).
+    /// member's), [`ClusterError::Downed`] when the split brain resolver downed it and
+    /// `when-down = "exit"`, else [`ClusterError::Actor`] (its member lease actor failed).
     pub async fn stopped(&self) -> ClusterError {
         let _ = self.agent.wait(None).await;
+        if let Some(why) = self.downed.get() {
+            return ClusterError::Downed { why: why.clone() };
+        }
         match self.refused.get() {
             Some(r) => ClusterError::Refused {
                 key: r.mismatch.key.clone(),

@@ -11,7 +11,7 @@ use crate::subscribe::ClusterSubscriber;
 
 /// Version of this protocol, carried in [`Hello`]. A peer speaking another version is
 /// refused (logged and disconnected). `Hello`'s first field must stay a `u32` version.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Sent by each side when a session is ready: who we are and whom we know (transitive
 /// discovery).
@@ -28,11 +28,23 @@ pub struct Hello {
     pub roles: Vec<String>,
 }
 
-/// Liveness beacon, every `cluster.heartbeat-interval`.
+/// Liveness beacon, every `cluster.heartbeat-interval`, carrying the sender's table of who
+/// cannot hear whom (its own row and the rows it got from others).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Heartbeat {
     pub node: NodeAddr,
     pub incarnation: Incarnation,
+    /// The sender's membership (its age; 0 while not up).
+    pub age: u64,
+    pub reach: Vec<crate::sbr::ReachRow>,
+}
+
+/// Sent to a node that heartbeats under a membership (`age`) the sender downed: its side
+/// of a partition lost, and it must down itself too.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct YouAreDown {
+    pub by: NodeAddr,
+    pub age: u64,
 }
 
 /// The sender is leaving gracefully; its member lease is released once it handed over.
@@ -95,6 +107,7 @@ crate::cluster_message! {
     pub enum AgentMsg {
         cast Hello(Hello),
         cast Heartbeat(Heartbeat),
+        cast YouAreDown(YouAreDown),
         call Leaving(Leaving) -> LeavingAck,
         call Inspect(Inspect) -> NodeView,
         call SetLink(LinkFault) -> FaultReply,
@@ -131,6 +144,12 @@ pub enum Local {
         result: Result<(), String>,
     },
     Subscribe(ClusterSubscriber),
+    /// The split brain resolver's lease attempt `attempt` ended: `Ok(true)` this node's
+    /// side holds the resolver lease, `Ok(false)` the other side does, `Err` unknown.
+    SbrLease {
+        attempt: u64,
+        won: Result<bool, String>,
+    },
     Leave(RpcReplyPort<crate::agent::LeaveAnswer>),
 }
 

@@ -9,6 +9,7 @@ use tenure_lease::{ConfigError, LeaseSettings, TenureConfig};
 use crate::error::ClusterError;
 use crate::identity::NodeAddr;
 use crate::placement::Placement;
+use crate::sbr::SbrSettings;
 
 /// Files for TLS between nodes (mutual: each side presents a certificate signed by `ca`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,9 +59,11 @@ pub struct ClusterSettings {
     /// The settings that decide where entities live (`[sharding]`): every member must have
     /// the same; a node whose placement differs from a member's is refused at join.
     pub placement: Placement,
+    /// `[cluster.split-brain-resolver]`, unless its `active-strategy` is `"off"`.
+    pub split_brain_resolver: Option<SbrSettings>,
 }
 
-const KEYS: [&str; 19] = [
+const KEYS: [&str; 20] = [
     "host",
     "roles",
     "port",
@@ -80,6 +83,7 @@ const KEYS: [&str; 19] = [
     "fault-injection",
     "tls",
     "management",
+    "split-brain-resolver",
 ];
 
 impl ClusterSettings {
@@ -217,6 +221,17 @@ impl ClusterSettings {
             fault_injection: r.boolean("fault-injection")?,
             tls: tls_files(table)?,
             placement,
+            split_brain_resolver: match table.get("split-brain-resolver") {
+                Some(toml::Value::Table(t)) => SbrSettings::from_table(t)?,
+                Some(_) => {
+                    return Err(ConfigError::invalid(
+                        "cluster.split-brain-resolver",
+                        "must be a table",
+                    )
+                    .into());
+                }
+                None => None,
+            },
         };
         if settings.heartbeat_interval * 2 > settings.unreachable_after {
             return Err(ConfigError::invalid(

@@ -1,6 +1,7 @@
 //! The shard coordinator: a lease-guarded singleton (one per entity type in the cluster)
-//! that allocates shards to regions, moves the shards of regions that are down, leaving,
-//! in a minority or unreachable past `unreachable-reallocate-after`, and rebalances. It
+//! that allocates shards to regions, moves the shards of regions that are down (the split
+//! brain resolver downs the losing side of a partition), leaving, or unreachable past
+//! `unreachable-reallocate-after`, and rebalances. It
 //! keeps no state of its own: after a fail-over it rebuilds the allocation from the
 //! regions' reports. It never needs to be right for safety: a shard runs only under its
 //! lease, so a wrong or early move only makes the new host wait for that lease.

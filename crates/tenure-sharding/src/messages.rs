@@ -79,7 +79,7 @@ pub struct Register {
     /// The region's node (`host:port`).
     pub region: String,
     pub shards: Vec<String>,
-    /// Whether it may be given shards (not proxy-only, not leaving, not in a minority).
+    /// Whether it may be given shards (not proxy-only, not leaving, not down).
     pub available: bool,
 }
 

@@ -2,7 +2,8 @@
 //! It routes each message to the local shard, or to the region that hosts the shard on
 //! another node, asking the coordinator where unknown shards live and keeping their
 //! messages meanwhile (bounded). It hosts the shards the coordinator gives it, hands them
-//! off on request, on leave, and when its node finds itself in a minority.
+//! off on request, on leave, and when its node is down (the split brain resolver downed it,
+//! or it lost its member lease).
 //!
 //! While a shard moves, no message is lost to routing: the coordinator tells every region
 //! first (`BeginHandOff`), and each forgets the shard's home and keeps its messages until
@@ -78,8 +79,6 @@ pub struct RegionState {
     dropped_tells: u64,
     asked: HashMap<String, Instant>,
     members: BTreeMap<String, Member>,
-    minority_since: Option<Instant>,
-    in_minority: bool,
     leaving: bool,
     down: bool,
     timer: Option<ractor::concurrency::JoinHandle<()>>,
@@ -114,8 +113,6 @@ impl Actor for Region {
             dropped_tells: 0,
             asked: HashMap::new(),
             members: BTreeMap::new(),
-            minority_since: None,
-            in_minority: false,
             leaving: false,
             down: false,
             timer: Some(timer),
@@ -218,7 +215,7 @@ impl Actor for Region {
 
 impl RegionState {
     fn can_host(&self) -> bool {
-        self.args.hosting.is_some() && !self.leaving && !self.down && !self.in_minority
+        self.args.hosting.is_some() && !self.leaving && !self.down
     }
 
     fn hand_off_wait(&self) -> Duration {
@@ -435,7 +432,6 @@ impl RegionState {
     }
 
     async fn tick(&mut self) {
-        self.check_minority().await;
         if let Some(c) = self.args.coordinator.instance().await {
             let mut shards: Vec<String> = self.shards.keys().cloned().collect();
             shards.sort();
@@ -465,38 +461,6 @@ impl RegionState {
         if dropped > 0 {
             self.pending_count -= dropped;
             tracing::debug!(entity_type = %self.args.type_name, dropped, "expired asks dropped from the buffer");
-        }
-    }
-
-    /// Keep-majority: at most half of the up members reachable (a tie is lost by the side
-    /// without the oldest member) for `minority-hand-off-after` → stop hosting.
-    async fn check_minority(&mut self) {
-        let up: Vec<&Member> = self
-            .members
-            .values()
-            .filter(|m| matches!(m.status, MemberStatus::Up | MemberStatus::Leaving))
-            .collect();
-        let reachable = up.iter().filter(|m| m.reachable).count();
-        let oldest_reachable = up
-            .iter()
-            .min_by(|a, b| (a.age, &a.addr).cmp(&(b.age, &b.addr)))
-            .is_some_and(|m| m.reachable);
-        let minority = !up.is_empty()
-            && (reachable * 2 < up.len() || (reachable * 2 == up.len() && !oldest_reachable));
-        if !minority {
-            if self.in_minority {
-                tracing::info!(entity_type = %self.args.type_name, "back in the majority: hosting shards again");
-            }
-            self.minority_since = None;
-            self.in_minority = false;
-            return;
-        }
-        let since = *self.minority_since.get_or_insert_with(Instant::now);
-        if !self.in_minority && since.elapsed() >= self.args.settings.minority_hand_off_after {
-            tracing::warn!(entity_type = %self.args.type_name, reachable, up = up.len(),
-                "this node is in a minority: stopping its shards so that the majority can take them over");
-            self.in_minority = true;
-            self.hand_off_all(None);
         }
     }
 

@@ -30,8 +30,6 @@ pub struct ShardingSettings {
     pub retry_interval: Duration,
     /// `unreachable-reallocate-after`.
     pub unreachable_reallocate_after: Duration,
-    /// `minority-hand-off-after`.
-    pub minority_hand_off_after: Duration,
     /// `rebalance-interval`.
     pub rebalance_interval: Duration,
     /// `rebalance-threshold`.
@@ -42,7 +40,7 @@ pub struct ShardingSettings {
     pub hand_off_timeout: Duration,
 }
 
-const KEYS: [&str; 13] = [
+const KEYS: [&str; 12] = [
     "role",
     "lease-section",
     "number-of-shards",
@@ -51,7 +49,6 @@ const KEYS: [&str; 13] = [
     "stop-timeout",
     "retry-interval",
     "unreachable-reallocate-after",
-    "minority-hand-off-after",
     "rebalance-interval",
     "rebalance-threshold",
     "max-simultaneous-rebalance",
@@ -90,7 +87,6 @@ impl ShardingSettings {
             stop_timeout: budget.stop_timeout,
             retry_interval: r.positive_duration("retry-interval")?,
             unreachable_reallocate_after: r.positive_duration("unreachable-reallocate-after")?,
-            minority_hand_off_after: r.positive_duration("minority-hand-off-after")?,
             rebalance_interval: r.positive_duration("rebalance-interval")?,
             rebalance_threshold: r.count("rebalance-threshold")?,
             max_simultaneous_rebalance: r.count("max-simultaneous-rebalance")?,

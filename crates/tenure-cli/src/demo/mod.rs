@@ -254,10 +254,9 @@ fn options(args: &DemoArgs, lease: &LeaseConfig, history: &Path) -> Options {
         .to_vec(),
         tail: format!(
             "[sharding]\nnumber-of-shards = {}\nretry-interval = {}\nunreachable-reallocate-after = {}\n\
-             minority-hand-off-after = {}\nrebalance-interval = \"1s\"\nhand-off-timeout = {}\n",
+             rebalance-interval = \"1s\"\nhand-off-timeout = {}\n",
             args.shards,
             ms(ttl / 10),
-            ms(ttl * 2 / 3),
             ms(ttl * 2 / 3),
             ms(ttl * 2),
         ),

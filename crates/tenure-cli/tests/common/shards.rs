@@ -34,7 +34,6 @@ pub const SHARDING: &str = r#"
 number-of-shards = 100
 retry-interval = "300ms"
 unreachable-reallocate-after = "2s"
-minority-hand-off-after = "2s"
 rebalance-interval = "1s"
 stop-timeout = "500ms"
 hand-off-timeout = "6s"

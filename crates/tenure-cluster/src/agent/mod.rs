@@ -31,6 +31,8 @@ use crate::settings::ClusterSettings;
 use crate::subscribe::{ClusterSubscriber, HandOver, HandOverWait};
 use crate::transport::{Links, Tls, dial};
 
+mod downing;
+
 /// The pg group every node's agent joins, in the scope of its system.
 pub(crate) const AGENT_GROUP: &str = "agent";
 
@@ -143,6 +145,8 @@ pub(crate) struct AgentArgs {
     pub lease_observer: Option<LeaseObserver>,
     /// Set when this node is refused at join (its placement differs from a member's).
     pub refused: Arc<std::sync::OnceLock<Refusal>>,
+    /// Set (to why) when the split brain resolver downed this node and it exits.
+    pub downed: Arc<std::sync::OnceLock<String>>,
 }
 
 struct Session {
@@ -191,6 +195,9 @@ pub(crate) struct AgentState {
     /// the node counts itself up only once it passed.
     verifying: Option<u64>,
     refused: Arc<std::sync::OnceLock<Refusal>>,
+    downed: Arc<std::sync::OnceLock<String>>,
+    /// The split brain resolver, unless `active-strategy = "off"`.
+    downing: Option<downing::Downing>,
     /// Hellos that arrived before their session was known here.
     pending_hellos: HashMap<NodeAddr, Hello>,
     view: Membership,
@@ -314,6 +321,12 @@ impl Actor for Agent {
             misplaced: Default::default(),
             verifying: None,
             refused: a.refused,
+            downed: a.downed,
+            downing: a
+                .settings
+                .split_brain_resolver
+                .clone()
+                .map(downing::Downing::new),
             reach: Default::default(),
             sessions,
             peers: HashMap::new(),
@@ -360,6 +373,7 @@ impl Actor for Agent {
         match msg {
             AgentMsg::Hello(h) => state.on_hello(h),
             AgentMsg::Heartbeat(hb) => state.on_heartbeat(hb),
+            AgentMsg::YouAreDown(notice) => state.on_you_are_down(&myself, notice),
             AgentMsg::Leaving(l, reply) => {
                 state.reach.heard(&l.node, Instant::now());
                 let events = state.view.leaving(&l.node, l.incarnation);
@@ -660,6 +674,8 @@ impl AgentState {
             self.request_hello(&hb.node);
             return;
         }
+        self.tell_if_downed(&hb.node, hb.incarnation, hb.age);
+        self.merge_rows(hb.reach);
         self.reach.heard(&hb.node, Instant::now());
         if self.view.get(&hb.node).is_some_and(|m| !m.reachable) {
             let events = self.view.set_reachable(&hb.node, true);
@@ -675,7 +691,9 @@ impl AgentState {
         match local {
             Local::Session(change, ses) => self.on_session(change, *ses),
             Local::Ticket(ticket) => {
-                if !self.leaving {
+                // A ticket taken before this node downed itself: it rejoins with a new one.
+                let downed = self.downing.as_ref().is_some_and(|d| d.is_downed());
+                if !self.leaving && !downed {
                     self.join(myself, ticket).await?;
                 }
             }
@@ -711,7 +729,8 @@ impl AgentState {
                 tracing::warn!(node = %self.me, token = l.token, reason = %l.reason, "member lease lost: this node is down");
                 let events = self.view.self_lost();
                 self.emit(events);
-                if !self.leaving {
+                let downed = self.downing.as_ref().is_some_and(|d| d.is_downed());
+                if !self.leaving && !downed {
                     // Rejoin as a new (youngest) membership: new ticket, new lease actor.
                     if let Some(old) = self.member_lease.take() {
                         old.unlink(myself.get_cell());
@@ -765,6 +784,7 @@ impl AgentState {
                 }
             }
             Local::Dialed { peer, result } => self.on_dialed(peer, result),
+            Local::SbrLease { attempt, won } => self.on_sbr_lease(myself, attempt, won),
             Local::Subscribe(sub) => {
                 if sub.deliver(ClusterEvent::CurrentMembers(self.view.members())) {
                     self.subscribers.push(sub);
@@ -1024,6 +1044,12 @@ impl AgentState {
         let hb = Heartbeat {
             node: self.me.clone(),
             incarnation: self.incarnation,
+            age: if self.view.me().status == crate::member::MemberStatus::Up {
+                self.view.me().age
+            } else {
+                0
+            },
+            reach: self.downing.as_ref().map(|d| d.rows()).unwrap_or_default(),
         };
         for p in self.peers.values() {
             let _ = p.agent.cast(AgentMsg::Heartbeat(hb.clone()));
@@ -1042,6 +1068,7 @@ impl AgentState {
                 self.close_stale_sessions(&addr, "silent for 3 x unreachable-after");
             }
         }
+        self.resolve(myself, now);
         if self.leaving {
             return;
         }

@@ -1,0 +1,371 @@
+//! The agent's side of the split brain resolver: keeps this node's row of the shared
+//! reachability table, feeds the resolver every tick, and carries out its decisions (down
+//! the other side in the view, or down this node: stop what it hosts, release the member
+//! lease, then rejoin or exit).
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::ActorRef;
+use serde_json::json;
+use tenure_lease::store::bounded;
+use tenure_lease::{Acquired, Lease, LeaseMsg, LeaseSettings, LeaseSpec, LeaseStore};
+use tokio::time::Instant;
+
+use super::{AgentState, RELEASE_SLACK, spawn_ticket};
+use crate::identity::{Incarnation, NodeAddr};
+use crate::member::{Member, MemberStatus};
+use crate::protocol::{AgentMsg, Local, YouAreDown};
+use crate::sbr::{
+    Decision, Partition, ReachRow, ReachTable, Resolver, SbrSettings, Step, Strategy, WhenDown,
+};
+
+/// The resolver lease of lease-majority, shared with the tasks that acquire and release it
+/// (one handle for the node's life, so that acquiring again re-enters).
+type SharedLease = Arc<tokio::sync::Mutex<Option<Lease>>>;
+
+/// The resolver's state in the agent.
+pub(super) struct Downing {
+    resolver: Resolver,
+    table: ReachTable,
+    lease: SharedLease,
+    /// The lease-majority attempt under way: its number and whom to down if it is won.
+    attempt: Option<(u64, Vec<NodeAddr>)>,
+    attempts: u64,
+    /// When the resolver lease this node won is released.
+    release_at: Option<Instant>,
+    /// This node downed itself (why); it rejoins once it hears every member again.
+    downed: Option<String>,
+}
+
+impl Downing {
+    pub(super) fn new(settings: SbrSettings) -> Downing {
+        Downing {
+            resolver: Resolver::new(settings, Instant::now()),
+            table: ReachTable::default(),
+            lease: Arc::new(tokio::sync::Mutex::new(None)),
+            attempt: None,
+            attempts: 0,
+            release_at: None,
+            downed: None,
+        }
+    }
+
+    /// Whether this node downed itself and has not rejoined yet.
+    pub(super) fn is_downed(&self) -> bool {
+        self.downed.is_some()
+    }
+
+    /// The rows a heartbeat carries.
+    pub(super) fn rows(&self) -> Vec<ReachRow> {
+        self.table.rows()
+    }
+}
+
+/// Members the resolver counts: up or leaving (joining members have no say yet).
+fn counted(m: &Member) -> bool {
+    matches!(m.status, MemberStatus::Up | MemberStatus::Leaving)
+}
+
+impl AgentState {
+    fn life_of(&self, addr: &NodeAddr) -> Option<Incarnation> {
+        self.view
+            .get(addr)
+            .filter(|m| counted(m))
+            .map(|m| m.incarnation)
+    }
+
+    /// Rows relayed in a heartbeat.
+    pub(super) fn merge_rows(&mut self, rows: Vec<ReachRow>) {
+        let lives: std::collections::HashMap<NodeAddr, Incarnation> = rows
+            .iter()
+            .filter_map(|r| Some((r.observer.clone(), self.life_of(&r.observer)?)))
+            .collect();
+        if let Some(d) = self.downing.as_mut() {
+            d.table.merge(&self.me, rows, |a| lives.get(a).copied());
+        }
+    }
+
+    /// A peer heartbeats under a membership this node downed: tell it.
+    pub(super) fn tell_if_downed(&self, node: &NodeAddr, incarnation: Incarnation, age: u64) {
+        if age == 0 || !self.view.was_downed(node, incarnation, age) {
+            return;
+        }
+        if let Some(p) = self.peers.get(node) {
+            let _ = p.agent.cast(AgentMsg::YouAreDown(YouAreDown {
+                by: self.me.clone(),
+                age,
+            }));
+        }
+    }
+
+    /// A peer says it downed this node's membership `age`.
+    pub(super) fn on_you_are_down(&mut self, myself: &ActorRef<AgentMsg>, notice: YouAreDown) {
+        if self.view.me().status == MemberStatus::Up && self.view.me().age == notice.age {
+            let why = format!(
+                "member {} downed this node: its side of a partition survived without it",
+                notice.by
+            );
+            self.down_self(myself, &why);
+        }
+    }
+
+    /// Every tick: this node's row, then the resolver; rejoin and lease release when due.
+    pub(super) fn resolve(&mut self, myself: &ActorRef<AgentMsg>, now: Instant) {
+        if self.downing.is_none() || self.leaving {
+            return;
+        }
+        let members: Vec<Member> = self.view.members().into_iter().filter(counted).collect();
+        let own: BTreeSet<NodeAddr> = self
+            .view
+            .members()
+            .into_iter()
+            .filter(|m| m.addr != self.me && counted(m) && !m.reachable)
+            .map(|m| m.addr)
+            .collect();
+        let lives: std::collections::HashMap<NodeAddr, Incarnation> = members
+            .iter()
+            .map(|m| (m.addr.clone(), m.incarnation))
+            .collect();
+        let Some(d) = self.downing.as_mut() else {
+            return;
+        };
+        let hears_everyone = own.is_empty();
+        d.table.set_own(&self.me, self.incarnation, own);
+        d.table.retain(|a| {
+            lives
+                .get(a)
+                .copied()
+                .or((*a == self.me).then_some(self.incarnation))
+        });
+        if d.release_at.is_some_and(|t| t <= now) {
+            d.release_at = None;
+            let lease = d.lease.clone();
+            tokio::spawn(async move {
+                if let Some(l) = lease.lock().await.as_ref()
+                    && let Err(e) = l.release().await
+                {
+                    tracing::debug!(error = %e, "resolver lease not released; it expires");
+                }
+            });
+        }
+        if d.downed.is_some() {
+            if hears_everyone && d.resolver.settings().when_down == WhenDown::Rejoin {
+                let why = d.downed.take().unwrap_or_default();
+                tracing::info!(node = %self.me, downed_for = %why, "hears every member again: rejoining as a new member");
+                if let Some(h) = &self.history {
+                    h.record("sbr_rejoining", json!({}));
+                }
+                spawn_ticket(
+                    myself,
+                    &self.s,
+                    self.store.clone(),
+                    self.lease_observer.clone(),
+                );
+            }
+            return;
+        }
+        if self.view.me().status != MemberStatus::Up {
+            return;
+        }
+        let partition = Partition::new(members, d.table.records());
+        if let Step::Decide(decision) = d.resolver.step(&self.me, &partition, now) {
+            self.act(myself, decision);
+        }
+    }
+
+    fn act(&mut self, myself: &ActorRef<AgentMsg>, decision: Decision) {
+        let Some(d) = self.downing.as_mut() else {
+            return;
+        };
+        let strategy = d.resolver.settings().strategy.name();
+        match decision {
+            Decision::Survive { down } => self.down_others(strategy, &down),
+            Decision::DownSelf { why } => self.down_self(myself, &why),
+            Decision::Lease {
+                side,
+                leader,
+                delay,
+                down_if_won,
+            } => {
+                d.attempts += 1;
+                let attempt = d.attempts;
+                d.attempt = Some((attempt, down_if_won));
+                let Strategy::LeaseMajority { .. } = d.resolver.settings().strategy else {
+                    return;
+                };
+                tracing::info!(node = %self.me, %leader, ?delay, side = side.len(), "split brain resolver: the side holding the resolver lease survives");
+                let name = format!("{}-sbr", self.s.system);
+                let settings = self.s.member_lease;
+                let store = self.store.clone();
+                let me = myself.clone();
+                if leader == self.me {
+                    let spec = LeaseSpec::new(&name, &self.me.to_string(), store, settings)
+                        .map(|s| s.with_note("split brain resolver: this member's side survives"));
+                    let lease = d.lease.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(delay).await;
+                        let won = match spec {
+                            Ok(spec) => acquire(lease, spec, settings).await,
+                            Err(e) => Err(e.to_string()),
+                        };
+                        let _ = me.cast(AgentMsg::Local(Local::SbrLease { attempt, won }));
+                    });
+                } else {
+                    let side: Vec<String> = side.iter().map(ToString::to_string).collect();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(delay).await;
+                        let won = watch(store, &name, &side, settings).await;
+                        let _ = me.cast(AgentMsg::Local(Local::SbrLease { attempt, won }));
+                    });
+                }
+            }
+        }
+    }
+
+    /// The answer of a lease-majority attempt.
+    pub(super) fn on_sbr_lease(
+        &mut self,
+        myself: &ActorRef<AgentMsg>,
+        attempt: u64,
+        won: Result<bool, String>,
+    ) {
+        let Some(d) = self.downing.as_mut() else {
+            return;
+        };
+        let Some((current, down)) = d.attempt.take_if(|(n, _)| *n == attempt) else {
+            return;
+        };
+        debug_assert_eq!(current, attempt);
+        let release_after = match d.resolver.settings().strategy {
+            Strategy::LeaseMajority { release_after, .. } => release_after,
+            _ => Duration::ZERO,
+        };
+        match won {
+            Ok(true) => {
+                d.release_at = Some(Instant::now() + release_after);
+                self.down_others("lease-majority", &down);
+            }
+            Ok(false) => self.down_self(
+                myself,
+                "lease-majority: the other side holds the resolver lease",
+            ),
+            Err(e) => self.down_self(
+                myself,
+                &format!("lease-majority: this side could not acquire the resolver lease: {e}"),
+            ),
+        }
+    }
+
+    fn down_others(&mut self, strategy: &str, down: &[NodeAddr]) {
+        for addr in down {
+            let events = self.view.down(addr);
+            if events.is_empty() {
+                continue;
+            }
+            tracing::warn!(node = %self.me, member = %addr, strategy, "split brain resolver: downing a member on the other side");
+            if let Some(h) = &self.history {
+                h.record(
+                    "sbr_downed",
+                    json!({"member": addr.to_string(), "strategy": strategy}),
+                );
+            }
+            self.emit(events);
+        }
+    }
+
+    /// This node's side goes: subscribers stop what they host (releasing those leases),
+    /// the member lease is released, and the node waits to rejoin or stops.
+    pub(super) fn down_self(&mut self, myself: &ActorRef<AgentMsg>, why: &str) {
+        let Some(d) = self.downing.as_mut() else {
+            return;
+        };
+        if d.downed.is_some() {
+            return;
+        }
+        d.downed = Some(why.to_string());
+        d.attempt = None;
+        let when_down = d.resolver.settings().when_down;
+        tracing::warn!(node = %self.me, why, "split brain resolver: downing this node");
+        if let Some(h) = &self.history {
+            h.record("sbr_down_self", json!({"why": why}));
+        }
+        self.verifying = None;
+        self.ticket = None;
+        let events = self.view.self_lost();
+        self.emit(events);
+        if let Some(lease) = self.member_lease.take() {
+            lease.unlink(myself.get_cell());
+            let timeout = self.s.member_lease.lease_operation_timeout + RELEASE_SLACK;
+            tokio::spawn(async move {
+                match ractor::call_t!(lease, LeaseMsg::Release, timeout.as_millis() as u64) {
+                    Ok(Ok(_)) => tracing::info!("member lease released after downing"),
+                    _ => tracing::warn!(
+                        "member lease release failed after downing; it expires after its ttl"
+                    ),
+                }
+                lease.stop(Some("downed".into()));
+            });
+        }
+        if when_down == WhenDown::Exit {
+            let _ = self.downed.set(why.to_string());
+            myself.stop(Some(format!("downed: {why}")));
+        }
+    }
+}
+
+/// Acquires the resolver lease for this node's side: `Ok(true)` granted, `Ok(false)` held
+/// by the other side, `Err` when the store did not answer in three tries.
+async fn acquire(
+    lease: SharedLease,
+    spec: LeaseSpec,
+    settings: LeaseSettings,
+) -> Result<bool, String> {
+    let mut slot = lease.lock().await;
+    if slot.is_none() {
+        *slot = Some(Lease::start(spec).await.map_err(|e| e.to_string())?);
+    }
+    let Some(lease) = slot.as_ref() else {
+        return Err("no resolver lease".into());
+    };
+    let mut last = String::new();
+    for _ in 0..3 {
+        match lease.acquire().await {
+            Ok(Acquired::Granted { .. }) => return Ok(true),
+            Ok(Acquired::NotGranted { .. }) => return Ok(false),
+            Err(e) => last = e.to_string(),
+        }
+        tokio::time::sleep(settings.lease_retry_interval).await;
+    }
+    Err(last)
+}
+
+/// Waits for this side's leader to win the resolver lease, reading its holder:
+/// `Ok(true)` a member of `side` holds it, `Ok(false)` someone else does, `Err` when
+/// nobody took it within two ttls (the side's leader cannot reach the store).
+async fn watch(
+    store: Arc<dyn LeaseStore>,
+    name: &str,
+    side: &[String],
+    settings: LeaseSettings,
+) -> Result<bool, String> {
+    let until = Instant::now() + settings.heartbeat_timeout * 2;
+    let mut last = "nobody holds it".to_string();
+    while Instant::now() < until {
+        match bounded(
+            name,
+            "read",
+            settings.lease_operation_timeout,
+            store.read(name),
+        )
+        .await
+        {
+            Ok(Some(record)) => return Ok(side.contains(&record.owner)),
+            Ok(None) => {}
+            Err(e) => last = e.to_string(),
+        }
+        tokio::time::sleep(settings.lease_retry_interval).await;
+    }
+    Err(last)
+}

@@ -1,0 +1,390 @@
+//! The downing decision: from the members and who cannot hear whom, which side survives.
+//! Every node computes it from the same shared table, so the sides agree without talking
+//! (Akka's split brain resolver strategies, decided per node instead of by a leader).
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use crate::identity::NodeAddr;
+use crate::member::Member;
+
+/// `active-strategy` and its options.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Strategy {
+    /// The side with more members (of the role) survives; on a tie, the side with the
+    /// lowest address.
+    KeepMajority,
+    /// The side with at least `quorum_size` members (of the role) survives; with none (or
+    /// both), every node goes.
+    StaticQuorum { quorum_size: usize },
+    /// The side with the oldest member (of the role) survives; with `down_if_alone`, an
+    /// oldest member alone on its side goes and the other side survives.
+    KeepOldest { down_if_alone: bool },
+    /// Every node goes.
+    DownAll,
+    /// The side whose leader acquires the `<system>-sbr` lease survives; the side that
+    /// keep-majority would down waits `acquire_delay_for_minority` before trying. The winner
+    /// holds the lease `release_after`, long enough for the other side to see it held.
+    LeaseMajority {
+        acquire_delay_for_minority: Duration,
+        release_after: Duration,
+    },
+}
+
+impl Strategy {
+    /// The name used in `active-strategy`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Strategy::KeepMajority => "keep-majority",
+            Strategy::StaticQuorum { .. } => "static-quorum",
+            Strategy::KeepOldest { .. } => "keep-oldest",
+            Strategy::DownAll => "down-all",
+            Strategy::LeaseMajority { .. } => "lease-majority",
+        }
+    }
+}
+
+/// The cluster as one node sees it when members cannot hear each other.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Partition {
+    /// Up and leaving members (this node included); joining members do not count.
+    pub members: Vec<Member>,
+    /// Members some member cannot hear, and that are not indirectly connected.
+    pub unreachable: BTreeSet<NodeAddr>,
+    /// Members that cannot hear some member and are not heard by some member: the ends of
+    /// a broken link in a partial or one-way partition. They are always downed.
+    pub indirect: BTreeSet<NodeAddr>,
+}
+
+impl Partition {
+    /// Builds the partition from (observer, subject) records: `observer` cannot hear
+    /// `subject`. Records naming a non-member are ignored.
+    pub fn new<'a>(
+        members: Vec<Member>,
+        records: impl Iterator<Item = (&'a NodeAddr, &'a NodeAddr)>,
+    ) -> Partition {
+        let known: BTreeSet<&NodeAddr> = members.iter().map(|m| &m.addr).collect();
+        let mut observers = BTreeSet::new();
+        let mut subjects = BTreeSet::new();
+        for (o, s) in records {
+            if o != s && known.contains(o) && known.contains(s) {
+                observers.insert(o.clone());
+                subjects.insert(s.clone());
+            }
+        }
+        let indirect: BTreeSet<NodeAddr> = observers.intersection(&subjects).cloned().collect();
+        let unreachable = subjects.difference(&indirect).cloned().collect();
+        Partition {
+            members,
+            unreachable,
+            indirect,
+        }
+    }
+
+    /// Whether every member hears every member.
+    pub fn is_whole(&self) -> bool {
+        self.unreachable.is_empty() && self.indirect.is_empty()
+    }
+}
+
+/// What the resolver decided for this node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// This node's side survives: down these members (the other side).
+    Survive { down: Vec<NodeAddr> },
+    /// This node's side goes: it downs itself.
+    DownSelf { why: String },
+    /// lease-majority: this node's side survives if its leader holds the resolver lease.
+    Lease {
+        /// The members of this node's side.
+        side: Vec<NodeAddr>,
+        /// Who acquires for the side (its lowest address).
+        leader: NodeAddr,
+        /// Wait before acquiring (the side keep-majority would down).
+        delay: Duration,
+        /// Members to down when the side wins.
+        down_if_won: Vec<NodeAddr>,
+    },
+}
+
+/// Decides for node `me`. `role` limits the members counted (not those downed).
+pub fn decide(strategy: &Strategy, role: &str, me: &NodeAddr, p: &Partition) -> Decision {
+    if p.indirect.contains(me) {
+        return Decision::DownSelf {
+            why: "indirectly connected: some members cannot hear this node, or it cannot hear them, while others can".into(),
+        };
+    }
+    let live: Vec<&Member> = p
+        .members
+        .iter()
+        .filter(|m| !p.indirect.contains(&m.addr))
+        .collect();
+    let (reachable, unreachable): (Vec<&Member>, Vec<&Member>) =
+        live.iter().partition(|m| !p.unreachable.contains(&m.addr));
+    let mine_is_reachable = !p.unreachable.contains(me);
+    let (mine, theirs) = if mine_is_reachable {
+        (reachable, unreachable)
+    } else {
+        (unreachable, reachable)
+    };
+    let addrs = |side: &[&Member]| side.iter().map(|m| m.addr.clone()).collect::<Vec<_>>();
+    let others: Vec<NodeAddr> = p
+        .members
+        .iter()
+        .map(|m| m.addr.clone())
+        .filter(|a| !mine.iter().any(|m| m.addr == *a))
+        .collect();
+    let survive = || Decision::Survive {
+        down: others.clone(),
+    };
+    let lose = |why: &str| Decision::DownSelf { why: why.into() };
+    let count = |side: &[&Member]| side.iter().filter(|m| m.has_role(role)).count();
+    let (n_mine, n_theirs) = (count(&mine), count(&theirs));
+    // Keep-majority's choice, also lease-majority's head start.
+    let majority = n_mine > n_theirs
+        || (n_mine == n_theirs && {
+            let lowest = |side: &[&Member]| {
+                side.iter()
+                    .filter(|m| n_mine + n_theirs == 0 || m.has_role(role))
+                    .map(|m| m.addr.clone())
+                    .min()
+            };
+            match (lowest(&mine), lowest(&theirs)) {
+                (Some(a), Some(b)) => a < b,
+                (Some(_), None) => true,
+                _ => false,
+            }
+        });
+    match strategy {
+        Strategy::KeepMajority if majority => survive(),
+        Strategy::KeepMajority => lose(
+            "keep-majority: this side is the smaller one (or the tie is lost by the side without the lowest address)",
+        ),
+        Strategy::StaticQuorum { quorum_size } => {
+            let q = *quorum_size;
+            if n_mine >= q && n_theirs < q {
+                survive()
+            } else if n_mine >= q {
+                lose(
+                    "static-quorum: both sides reach the quorum (the cluster grew beyond 2 x quorum-size - 1): every node goes",
+                )
+            } else {
+                lose("static-quorum: this side is below quorum-size")
+            }
+        }
+        Strategy::KeepOldest { down_if_alone } => {
+            let oldest = live
+                .iter()
+                .filter(|m| m.has_role(role))
+                .min_by(|a, b| (a.age, &a.addr).cmp(&(b.age, &b.addr)));
+            let Some(oldest) = oldest else {
+                return lose("keep-oldest: no member with the role is left");
+            };
+            let oldest_here = mine.iter().any(|m| m.addr == oldest.addr);
+            let alone = |n: usize, other: usize| *down_if_alone && n == 1 && other > 0;
+            let keep = if oldest_here {
+                !alone(n_mine, n_theirs)
+            } else {
+                alone(n_theirs, n_mine)
+            };
+            if keep {
+                survive()
+            } else {
+                lose("keep-oldest: the oldest member is on the other side (or alone on this one)")
+            }
+        }
+        Strategy::DownAll => lose("down-all: every node goes"),
+        Strategy::LeaseMajority {
+            acquire_delay_for_minority,
+            ..
+        } => {
+            let side = addrs(&mine);
+            let leader = side.iter().min().cloned().unwrap_or_else(|| me.clone());
+            Decision::Lease {
+                side,
+                leader,
+                delay: if majority {
+                    Duration::ZERO
+                } else {
+                    *acquire_delay_for_minority
+                },
+                down_if_won: others,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::Incarnation;
+    use crate::member::MemberStatus;
+
+    fn a(p: u16) -> NodeAddr {
+        NodeAddr::parse("t", &format!("127.0.0.1:{p}")).unwrap()
+    }
+    /// Members 1..=n, node 1 the oldest; `roles` gives node i's role when listed.
+    fn members(n: u16, with_role: &[u16]) -> Vec<Member> {
+        (1..=n)
+            .map(|p| Member {
+                addr: a(p),
+                incarnation: Incarnation(p as u64),
+                age: p as u64,
+                status: MemberStatus::Up,
+                reachable: true,
+                roles: if with_role.contains(&p) {
+                    vec!["r".into()]
+                } else {
+                    Vec::new()
+                },
+            })
+            .collect()
+    }
+    fn part(n: u16, cut: &[(u16, u16)]) -> Partition {
+        let recs: Vec<(NodeAddr, NodeAddr)> = cut.iter().map(|(o, s)| (a(*o), a(*s))).collect();
+        Partition::new(members(n, &[]), recs.iter().map(|(o, s)| (o, s)))
+    }
+    /// Who survives a partition: the nodes whose own decision is Survive.
+    fn survivors(s: &Strategy, p: &Partition) -> Vec<u16> {
+        p.members
+            .iter()
+            .filter(|m| matches!(decide(s, "", &m.addr, p), Decision::Survive { .. }))
+            .map(|m| m.addr.port)
+            .collect()
+    }
+    /// The view of one side of a clean cut: its own observations only.
+    fn side_view(n: u16, side: &[u16]) -> Partition {
+        let mut cut = Vec::new();
+        for o in side {
+            for s in 1..=n {
+                if !side.contains(&s) {
+                    cut.push((*o, s));
+                }
+            }
+        }
+        part(n, &cut)
+    }
+
+    #[test]
+    fn keep_majority_keeps_the_larger_side_and_breaks_ties_by_lowest_address() {
+        let s = Strategy::KeepMajority;
+        // Oldest (1) isolated from 2 and 3: each side decides from its own view.
+        let minority = side_view(3, &[1]);
+        assert!(matches!(
+            decide(&s, "", &a(1), &minority),
+            Decision::DownSelf { .. }
+        ));
+        let majority = side_view(3, &[2, 3]);
+        assert_eq!(
+            decide(&s, "", &a(2), &majority),
+            Decision::Survive { down: vec![a(1)] }
+        );
+        // A 2-node cluster is a tie: the side with the lowest address (node 1) survives,
+        // so under keep-majority the crash of node 1 takes node 2 down too.
+        let two = side_view(2, &[2]);
+        assert!(matches!(
+            decide(&s, "", &a(2), &two),
+            Decision::DownSelf { .. }
+        ));
+        let two = side_view(2, &[1]);
+        assert_eq!(
+            decide(&s, "", &a(1), &two),
+            Decision::Survive { down: vec![a(2)] }
+        );
+    }
+
+    #[test]
+    fn lease_majority_gives_the_minority_a_delay_and_the_side_one_leader() {
+        let s = Strategy::LeaseMajority {
+            acquire_delay_for_minority: Duration::from_secs(2),
+            release_after: Duration::from_secs(40),
+        };
+        // 2-node cluster, the oldest (1) crashed: the survivor tries, after the delay.
+        match decide(&s, "", &a(2), &side_view(2, &[2])) {
+            Decision::Lease {
+                side,
+                leader,
+                delay,
+                down_if_won,
+            } => {
+                assert_eq!((side, leader), (vec![a(2)], a(2)));
+                assert_eq!(delay, Duration::from_secs(2));
+                assert_eq!(down_if_won, vec![a(1)]);
+            }
+            other => panic!("{other:?}"),
+        }
+        match decide(&s, "", &a(3), &side_view(3, &[2, 3])) {
+            Decision::Lease { leader, delay, .. } => {
+                assert_eq!((leader, delay), (a(2), Duration::ZERO));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_partial_partition_downs_both_ends_of_the_broken_link() {
+        // 1 and 3 cannot hear each other; 2 hears both. Everyone shares the table.
+        let p = part(3, &[(1, 3), (3, 1)]);
+        assert_eq!(p.indirect, [a(1), a(3)].into());
+        assert_eq!(survivors(&Strategy::KeepMajority, &p), [2]);
+        assert_eq!(
+            decide(&Strategy::KeepMajority, "", &a(2), &p),
+            Decision::Survive {
+                down: vec![a(1), a(3)]
+            }
+        );
+    }
+
+    #[test]
+    fn one_way_loss_downs_the_side_nobody_hears() {
+        // 1 cannot hear 3, 3 hears 1, 2 hears both: 3 is unreachable (not indirect).
+        let p = part(3, &[(1, 3)]);
+        assert!(p.indirect.is_empty());
+        assert_eq!(survivors(&Strategy::KeepMajority, &p), [1, 2]);
+        assert!(matches!(
+            decide(&Strategy::KeepMajority, "", &a(3), &p),
+            Decision::DownSelf { .. }
+        ));
+    }
+
+    #[test]
+    fn static_quorum_keep_oldest_and_down_all() {
+        // Each side decides from its own view; both views give the same survivors.
+        let q = Strategy::StaticQuorum { quorum_size: 2 };
+        assert_eq!(survivors(&q, &side_view(3, &[2, 3])), [2, 3]);
+        assert_eq!(survivors(&q, &side_view(3, &[1])), [2, 3]);
+        assert!(
+            survivors(&q, &side_view(4, &[1, 2])).is_empty(),
+            "both halves reach the quorum of a 4-node cluster: nobody is kept"
+        );
+        let oldest = Strategy::KeepOldest {
+            down_if_alone: false,
+        };
+        assert_eq!(survivors(&oldest, &side_view(3, &[1])), [1]);
+        assert_eq!(survivors(&oldest, &side_view(3, &[2, 3])), [1]);
+        let alone = Strategy::KeepOldest {
+            down_if_alone: true,
+        };
+        assert_eq!(survivors(&alone, &side_view(3, &[1])), [2, 3]);
+        assert_eq!(survivors(&alone, &side_view(3, &[2, 3])), [2, 3]);
+        assert!(survivors(&Strategy::DownAll, &side_view(3, &[2, 3])).is_empty());
+    }
+
+    #[test]
+    fn roles_count_only_members_with_the_role() {
+        // Nodes 1 and 2 have the role; 1 is cut off from 2, 3, 4.
+        let mut cut = Vec::new();
+        for s in 2..=4 {
+            cut.push((1, s));
+        }
+        let recs: Vec<(NodeAddr, NodeAddr)> = cut.iter().map(|(o, s)| (a(*o), a(*s))).collect();
+        let p = Partition::new(members(4, &[1, 2]), recs.iter().map(|(o, s)| (o, s)));
+        // 1 role member on each side: the tie goes to the lowest address (node 1).
+        assert_eq!(
+            decide(&Strategy::KeepMajority, "r", &a(1), &p),
+            Decision::Survive {
+                down: vec![a(2), a(3), a(4)]
+            }
+        );
+    }
+}
