@@ -469,31 +469,62 @@ release-after = "10s"
     /// Stalls (or resumes) the traffic between nodes `a` and `b`, on both sides; records
     /// `link_cut` / `link_healed` about `a` with `peer` = `b`'s address.
     pub fn set_link(&self, a: usize, b: usize, cut: bool) {
-        let event = if cut { "link_cut" } else { "link_healed" };
+        let mode = if cut { Some("stall") } else { None };
+        self.link_fault(a, b, mode, mode);
+    }
+
+    /// Drops the traffic between `a` and `b` (connections reset, dials refused), on both
+    /// sides; heal with [`set_link`](Cluster::set_link)`(a, b, false)`.
+    pub fn drop_link(&self, a: usize, b: usize) {
+        self.link_fault(a, b, Some("drop"), Some("drop"));
+    }
+
+    /// Loses what `from` sends `to` (stalled), while `to`'s traffic to `from` flows; heal
+    /// with [`set_link`](Cluster::set_link)`(from, to, false)`.
+    pub fn cut_one_way(&self, from: usize, to: usize) {
+        self.link_fault(from, to, Some("outbound"), Some("inbound"));
+    }
+
+    /// Stalls (or resumes) the traffic between node `i` and every other node, on both
+    /// sides; records `isolated` / `isolation_healed` about `i`.
+    pub fn isolate(&self, i: usize, cut: bool) {
+        self.record(i, if cut { "isolated" } else { "isolation_healed" });
+        let mode = if cut { Some("stall") } else { None };
+        for other in (0..self.nodes.len()).filter(|o| *o != i) {
+            self.apply_link_fault(i, other, mode, mode);
+        }
+    }
+
+    /// Sets `a`'s fault with `b` to `mode_a` and `b`'s with `a` to `mode_b` (`None`: heal);
+    /// records `link_cut` (with `mode`) or `link_healed` about `a`, `peer` = `b`.
+    fn link_fault(&self, a: usize, b: usize, mode_a: Option<&str>, mode_b: Option<&str>) {
+        let event = if mode_a.is_some() {
+            "link_cut"
+        } else {
+            "link_healed"
+        };
         self.record_fields(
             &self.nodes[a].addr,
             event,
-            json!({ "peer": self.nodes[b].addr }),
+            json!({ "peer": self.nodes[b].addr, "mode": mode_a }),
         );
-        for (x, y) in [(a, b), (b, a)] {
-            let flag = if cut { "--cut" } else { "--heal" };
+        self.apply_link_fault(a, b, mode_a, mode_b);
+    }
+
+    fn apply_link_fault(&self, a: usize, b: usize, mode_a: Option<&str>, mode_b: Option<&str>) {
+        for (x, y, mode) in [(a, b, mode_a), (b, a, mode_b)] {
+            let mut args = vec!["cluster", "fault", "--node", &self.nodes[x].addr];
+            match mode {
+                Some(mode) => args.extend(["--cut", &self.nodes[y].addr, "--mode", mode]),
+                None => args.extend(["--heal", &self.nodes[y].addr]),
+            }
             let out = self
-                .command(
-                    x,
-                    &[
-                        "cluster",
-                        "fault",
-                        "--node",
-                        &self.nodes[x].addr,
-                        flag,
-                        &self.nodes[y].addr,
-                    ],
-                )
+                .command(x, &args)
                 .output()
                 .expect("run tenure cluster fault");
             assert!(
                 out.status.success(),
-                "fault {flag} on node {x}: {}",
+                "fault {args:?} on node {x}: {}",
                 String::from_utf8_lossy(&out.stderr)
             );
         }

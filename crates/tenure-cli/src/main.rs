@@ -13,6 +13,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use tenure::cluster::transport::LinkFault;
 
 use crate::exit::{CliError, Outcome};
 
@@ -109,7 +110,10 @@ enum Command {
     /// built-in scenario (times as a share of --duration): SIGKILL a node at 15 %, restart
     /// it at 30 %; SIGSTOP a node for twice the ttl at 40 % (its leases expire, others take
     /// over, it resumes and finds them lost); cut the traffic between two nodes for twice
-    /// the ttl at 60 %; a graceful leave at 80 % and its restart at 90 %. Every step moves by
+    /// the ttl at 55 %; isolate the oldest node (it hosts the singleton) from the others for
+    /// twice the ttl at 67 %; a graceful leave at 80 % and its restart at 90 %. Every
+    /// node asks every key every 2 s (open loop), and the summary gives each fault's
+    /// fail-over time and the service during it. Every step moves by
     /// up to ttl/2 and random targets are drawn from --seed. It is written out, with the
     /// scenario file format, in config/demo-scenario.example.toml.
     ///
@@ -134,16 +138,21 @@ enum ClusterCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Fault injection (the node needs cluster.fault-injection = true): stall or resume
-    /// the node's traffic with a peer while the TCP connection stays open. Cut both sides
-    /// of a pair to partition it.
+    /// Fault injection (the node needs cluster.fault-injection = true): stall, drop or
+    /// resume the node's traffic with a peer. Set both sides of a pair to partition it
+    /// (for one-way loss from A to B: A `--mode outbound`, B `--mode inbound`).
     Fault {
         /// The node to change, as host:port.
         #[arg(long)]
         node: String,
-        /// Stall traffic with this peer.
+        /// Cut traffic with this peer (how: --mode).
         #[arg(long, conflicts_with = "heal", required_unless_present = "heal")]
         cut: Option<String>,
+        /// What the cut does: `stall` both directions (the TCP connection stays open,
+        /// nothing is lost), only `inbound` or `outbound` traffic, or `drop` (connections
+        /// reset, dials refused).
+        #[arg(long, default_value = "stall", value_parser = ["stall", "inbound", "outbound", "drop"])]
+        mode: String,
         /// Resume traffic with this peer.
         #[arg(long)]
         heal: Option<String>,
@@ -368,9 +377,24 @@ async fn run(cli: Cli) -> Result<Outcome, CliError> {
         Command::Cluster(ClusterCommand::Members { node, json }) => {
             node_cmd::members(provider.config(), &node, json).await
         }
-        Command::Cluster(ClusterCommand::Fault { node, cut, heal }) => match (cut, heal) {
-            (Some(peer), _) => node_cmd::fault(provider.config(), &node, &peer, true).await,
-            (None, Some(peer)) => node_cmd::fault(provider.config(), &node, &peer, false).await,
+        Command::Cluster(ClusterCommand::Fault {
+            node,
+            cut,
+            mode,
+            heal,
+        }) => match (cut, heal) {
+            (Some(peer), _) => {
+                let fault = match mode.as_str() {
+                    "inbound" => LinkFault::StallInbound,
+                    "outbound" => LinkFault::StallOutbound,
+                    "drop" => LinkFault::Drop,
+                    _ => LinkFault::Stall,
+                };
+                node_cmd::fault(provider.config(), &node, &peer, fault).await
+            }
+            (None, Some(peer)) => {
+                node_cmd::fault(provider.config(), &node, &peer, LinkFault::None).await
+            }
             (None, None) => Err(CliError::Command("give --cut PEER or --heal PEER".into())),
         },
         Command::Check { .. } => unreachable!("main checks without a runtime"),

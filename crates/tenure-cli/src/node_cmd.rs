@@ -4,6 +4,7 @@ use std::io::Write;
 use std::path::Path;
 use std::time::Duration;
 
+use tenure::cluster::transport::LinkFault;
 use tenure::cluster::{ClusterClient, ClusterSettings, MemberStatus, Node, NodeAddr, NodeView};
 use tenure::sharding::counter::Counter;
 use tenure::sqlite::FencedCounter;
@@ -212,18 +213,23 @@ pub async fn members(config: &TenureConfig, node: &str, json: bool) -> Result<Ou
     Ok(Outcome::Success)
 }
 
-/// `tenure cluster fault --node ADDR --cut|--heal PEER`.
+/// `tenure cluster fault --node ADDR --cut PEER [--mode M] | --heal PEER`.
 pub async fn fault(
     config: &TenureConfig,
     node: &str,
     peer: &str,
-    cut: bool,
+    fault: LinkFault,
 ) -> Result<Outcome, CliError> {
     let settings = ClusterSettings::from_config(config)?;
     let addr = parse_node("--node", node)?;
-    let peer = parse_node(if cut { "--cut" } else { "--heal" }, peer)?;
+    let flag = if fault == LinkFault::None {
+        "--heal"
+    } else {
+        "--cut"
+    };
+    let peer = parse_node(flag, peer)?;
     let client = ClusterClient::connect(&settings, &addr).await?;
-    let result = client.set_link(&peer, cut).await;
+    let result = client.set_link(&peer, fault).await;
     client.close().await;
     result?;
     Ok(Outcome::Success)

@@ -20,6 +20,11 @@ fault = "restart"
 at = "10s"
 fault = "pause"
 for = "4s"
+
+[[step]]
+at = "14s"
+fault = "isolate"
+for = "3s"
 "#;
 
 #[test]
@@ -68,7 +73,18 @@ fn a_short_demo_reaches_a_safe_verdict_and_writes_its_report() {
     );
 
     let events = std::fs::read_to_string(&history).expect("the history is kept");
-    for fault in ["\"killed\"", "\"restarted\"", "\"paused\"", "\"resumed\""] {
+    assert!(
+        stdout.contains("asks answered"),
+        "the service during each fault is reported: {stdout}"
+    );
+    for fault in [
+        "\"killed\"",
+        "\"restarted\"",
+        "\"paused\"",
+        "\"resumed\"",
+        "\"isolated\"",
+        "\"isolation_healed\"",
+    ] {
         assert!(events.contains(fault), "no {fault} in the history");
     }
     let report = std::fs::read_to_string(history.with_extension("html")).expect("the report");

@@ -8,14 +8,20 @@
 
 mod common;
 
-use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::cluster::{Cluster, TestCluster};
+use common::cluster::Cluster;
 use common::lives::shard_lives;
-use common::shards::{live_shards, load_requests, open_loop_options};
-use serde_json::Value;
-use tenure_cli::availability::Request;
+use common::service::{
+    ASK_TIMEOUT_NS, KEYS, full_service_after, loaded_cluster, now_ns, proxy_replies, served_keys,
+};
+use common::shards::{live_shards, load_requests};
+
+/// How long a fault lasts. The harness's timing (unreachable-after 1.5 s, stable-after
+/// 1.5 s, minority delay 1 s, member ttl 3 s) puts full service back within about 6 s; the
+/// second half of the fault is where every key must be served.
+const FAULT: Duration = Duration::from_secs(20);
+const SERVED_FROM_NS: i64 = 10_000_000_000;
 
 /// One cluster at a time: two clusters with load at once starve a 2-core machine.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -24,89 +30,15 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-const SHARDS: usize = 12;
-const KEYS: usize = 16;
-/// Asks per key per node per second, and how long each ask waits.
-const RATE: u64 = 2;
-const ASK_TIMEOUT_NS: i64 = 2_000_000_000;
-/// How long a fault lasts. The harness's timing (unreachable-after 1.5 s, stable-after
-/// 1.5 s, minority delay 1 s, member ttl 3 s) puts full service back within about 6 s; the
-/// second half of the fault is where every key must be served.
-const FAULT: Duration = Duration::from_secs(20);
-const SERVED_FROM_NS: i64 = 10_000_000_000;
-
-fn now_ns() -> i64 {
-    tenure::clock::boottime_now_ns()
-}
-
-/// `n` nodes with the counter (no rebalancing during the test) and the singleton `s1`,
-/// once every key is answered on every node and every node's proxy reaches the singleton.
-fn loaded_cluster(n: usize) -> Cluster {
-    let mut options = open_loop_options(SHARDS, KEYS, RATE, "2s", "rebalance-interval = \"600s\"");
-    options
-        .node_args
-        .extend(["--singleton", "s1", "--tick", "100ms"].map(String::from));
-    let c = Cluster::start_with(n, &options);
-    c.wait_converged(Duration::from_secs(30));
-    c.wait_until(
-        "every key is answered on every node and every proxy reaches the singleton",
-        Duration::from_secs(60),
-        |c| {
-            let h = c.history();
-            let since = now_ns() - 3_000_000_000;
-            c.nodes.iter().all(|n| {
-                served_keys(&load_requests(&h), &n.addr, since, i64::MAX).len() == KEYS
-                    && proxy_replies(&h, &n.addr, since).next().is_some()
-            })
-        },
-    );
-    c
-}
-
-/// The keys with a request issued through `node` in `[from, to)` and acknowledged.
-fn served_keys(requests: &[Request], node: &str, from: i64, to: i64) -> BTreeSet<String> {
-    requests
-        .iter()
-        .filter(|r| r.node == node && r.issued >= from && r.issued < to && r.acked())
-        .map(|r| r.entity.clone())
-        .collect()
-}
-
-/// The singleton's answers to `node`'s proxy after `from`: the node that answered.
-fn proxy_replies<'a>(
-    history: &'a [Value],
-    node: &'a str,
-    from: i64,
-) -> impl Iterator<Item = &'a str> + 'a {
-    history
-        .iter()
-        .filter(move |e| {
-            e["event"] == "proxy_reply"
-                && e["node"] == node
-                && e["t"].as_i64().is_some_and(|t| t >= from)
-        })
-        .filter_map(|e| e["from"].as_str())
-}
-
-/// From `fault`, the first instant after which every key was acknowledged through every
-/// node of `nodes` in every following second up to `end` (how long service took to
-/// come back), or None.
-fn full_service_after(requests: &[Request], nodes: &[String], fault: i64, end: i64) -> Option<f64> {
-    let second = 1_000_000_000;
-    let mut back = None;
-    let mut t = fault;
-    while t + second <= end {
-        let all = nodes
-            .iter()
-            .all(|n| served_keys(requests, n, t, t + second).len() == KEYS);
-        match (all, back) {
-            (true, None) => back = Some(t),
-            (false, _) => back = None,
-            _ => {}
-        }
-        t += second / 4;
-    }
-    back.map(|b| (b - fault) as f64 / 1e9)
+/// A copy of the cluster's history that outlives the test (for a failure message).
+fn kept_history(c: &Cluster) -> String {
+    let copy = std::env::temp_dir().join(format!(
+        "tenure-partition-{}-{}.jsonl",
+        std::process::id(),
+        now_ns()
+    ));
+    let _ = std::fs::copy(&c.history, &copy);
+    copy.display().to_string()
 }
 
 /// Waits out the fault and the asks issued in it, then judges service during the fault:
@@ -134,84 +66,260 @@ fn assert_served_during(c: &Cluster, survivors: &[usize], fault: i64, what: &str
             .collect();
         assert!(
             missing.is_empty(),
-            "{what}: keys never answered through {addr} in the second half of the fault: {missing:?}"
+            "{what}: keys never answered through {addr} in the second half of the fault: {missing:?} (history kept in {})",
+            kept_history(c)
         );
         let answered: Vec<&str> = proxy_replies(&history, addr, fault + SERVED_FROM_NS).collect();
         assert!(
             answered.iter().any(|from| nodes.iter().any(|n| n == from)),
-            "{what}: the singleton did not answer {addr}'s proxy from a surviving node in the second half of the fault: {answered:?}"
+            "{what}: the singleton did not answer {addr}'s proxy from a surviving node in the second half of the fault: {answered:?} (history kept in {})",
+            kept_history(c)
         );
     }
+}
+
+/// Runs one fault on a loaded cluster of `n` nodes: `fault` injects it, service is judged
+/// on `survivors` during it, `heal` lifts it (if it can be lifted); then every node still
+/// running must be up in every view and answer every key, and the history must pass
+/// `tenure check`. Returns the cluster for more checks.
+fn during(
+    n: usize,
+    what: &str,
+    survivors: &[usize],
+    fault: impl FnOnce(&mut Cluster),
+    heal: impl FnOnce(&mut Cluster),
+) -> Cluster {
+    let mut c = loaded_cluster(n);
+    let kept = shards_of(&c, survivors);
+    fault(&mut c);
+    let at = now_ns();
+    std::thread::sleep(FAULT + Duration::from_nanos(ASK_TIMEOUT_NS as u64));
+    assert_served_during(&c, survivors, at, what);
+    assert_kept(&c, &kept, what);
+    heal(&mut c);
+    c.wait_converged(Duration::from_secs(30));
+    let healed = now_ns();
+    c.wait_until(
+        "after healing, every running node answers every key",
+        Duration::from_secs(30),
+        |c| {
+            let requests = load_requests(&c.history());
+            (0..c.nodes.len())
+                .filter(|i| c.is_running(*i))
+                .all(|i| served_keys(&requests, &c.nodes[i].addr, healed, i64::MAX).len() == KEYS)
+        },
+    );
+    common::assert_checked(&c.history);
+    c
+}
+
+/// The shard lives running on `nodes` now: (shard, node, token).
+fn shards_of(c: &Cluster, nodes: &[usize]) -> Vec<(String, String, u64)> {
+    live_shards(&c.history())
+        .into_iter()
+        .filter(|l| nodes.iter().any(|i| c.nodes[*i].addr == l.node))
+        .map(|l| (l.subject, l.node, l.token))
+        .collect()
+}
+
+/// The surviving side kept its own shards through the fault (a coordinator fail-over
+/// included): none of those lives ended, unless a rebalance between survivors moved it
+/// (a `shard_moving` from its node while it lived).
+fn assert_kept(c: &Cluster, kept: &[(String, String, u64)], what: &str) {
+    assert!(
+        !kept.is_empty(),
+        "{what}: the survivors hosted shards before the fault"
+    );
+    let history = c.history();
+    let lives = shard_lives(&history);
+    for (shard, node, token) in kept {
+        let life = lives
+            .iter()
+            .find(|l| l.subject == *shard && l.node == *node && l.token == *token)
+            .expect("a life seen before the fault");
+        let rebalanced = history.iter().any(|e| {
+            e["event"] == "shard_moving"
+                && e["shard"] == shard.as_str()
+                && e["from"] == node.as_str()
+                && e["t"]
+                    .as_i64()
+                    .is_some_and(|t| t >= life.start && life.end.is_some_and(|end| t <= end))
+        });
+        assert!(
+            life.end.is_none() || rebalanced,
+            "{what}: shard {shard} on surviving node {node} stopped during the fault: {life:?} (history kept in {})",
+            kept_history(c)
+        );
+    }
+}
+
+/// Whether node `i` recorded that it downed itself.
+fn downed_itself(c: &Cluster, i: usize) -> bool {
+    c.history()
+        .iter()
+        .any(|e| e["event"] == "sbr_down_self" && e["node"] == c.nodes[i].addr.as_str())
 }
 
 #[test]
 fn the_oldest_node_cut_off_downs_itself_and_the_others_serve_every_key_and_the_singleton() {
     let _serial = serial();
-    let c = loaded_cluster(3);
     // Node 0 is the oldest: it hosts the singleton and the coordinator.
-    c.set_link(0, 1, true);
-    c.set_link(0, 2, true);
-    let fault = now_ns();
-    std::thread::sleep(FAULT + Duration::from_nanos(ASK_TIMEOUT_NS as u64));
-    assert_served_during(&c, &[1, 2], fault, "oldest node cut off");
-    let history = c.history();
-    assert!(
-        history
-            .iter()
-            .any(|e| e["event"] == "sbr_down_self" && e["node"] == c.nodes[0].addr.as_str()),
-        "the cut-off node recorded that it downed itself"
-    );
-    c.set_link(0, 1, false);
-    c.set_link(0, 2, false);
-    c.wait_converged(Duration::from_secs(30));
-    let healed = now_ns();
-    c.wait_until(
-        "after healing, every key is answered through the rejoined node too",
-        Duration::from_secs(30),
+    let c = during(
+        3,
+        "oldest node cut off",
+        &[1, 2],
         |c| {
-            served_keys(
-                &load_requests(&c.history()),
-                &c.nodes[0].addr,
-                healed,
-                i64::MAX,
-            )
-            .len()
-                == KEYS
+            c.set_link(0, 1, true);
+            c.set_link(0, 2, true);
+        },
+        |c| {
+            c.set_link(0, 1, false);
+            c.set_link(0, 2, false);
         },
     );
-    common::assert_checked(&c.history);
+    assert!(downed_itself(&c, 0), "the cut-off node downed itself");
+    assert!(!downed_itself(&c, 1) && !downed_itself(&c, 2));
+}
+
+#[test]
+fn the_youngest_node_dropped_off_downs_itself_and_the_others_serve() {
+    let _serial = serial();
+    let c = during(
+        3,
+        "youngest node's links dropped",
+        &[0, 1],
+        |c| {
+            c.drop_link(2, 0);
+            c.drop_link(2, 1);
+        },
+        |c| {
+            c.set_link(2, 0, false);
+            c.set_link(2, 1, false);
+        },
+    );
+    assert!(downed_itself(&c, 2), "the dropped node downed itself");
+    assert!(!downed_itself(&c, 0) && !downed_itself(&c, 1));
+}
+
+#[test]
+fn a_partial_partition_downs_both_ends_of_the_cut_link_and_the_middle_serves() {
+    let _serial = serial();
+    // 0 and 2 cannot hear each other; 1 hears both: 0 and 2 are indirectly connected.
+    let c = during(
+        3,
+        "partial partition (0-2 cut, 1 sees both)",
+        &[1],
+        |c| c.set_link(0, 2, true),
+        |c| c.set_link(0, 2, false),
+    );
+    assert!(downed_itself(&c, 0) && downed_itself(&c, 2));
+    assert!(!downed_itself(&c, 1));
+}
+
+#[test]
+fn one_way_loss_downs_the_node_that_is_not_heard() {
+    let _serial = serial();
+    // What node 2 sends node 0 is lost; node 2 still hears node 0, node 1 hears both.
+    let c = during(
+        3,
+        "one-way loss (2 -> 0)",
+        &[0, 1],
+        |c| c.cut_one_way(2, 0),
+        |c| c.set_link(2, 0, false),
+    );
+    assert!(downed_itself(&c, 2), "the node nobody hears downed itself");
+    assert!(!downed_itself(&c, 0) && !downed_itself(&c, 1));
+}
+
+#[test]
+fn two_of_three_nodes_killed_at_once_leave_the_last_one_serving() {
+    let _serial = serial();
+    // The survivor is a minority: it waits acquire-lease-delay-for-minority, then wins the
+    // free resolver lease.
+    let c = during(
+        3,
+        "two of three nodes killed",
+        &[2],
+        |c| {
+            c.kill(0);
+            c.kill(1);
+        },
+        |_| {},
+    );
+    assert!(!downed_itself(&c, 2));
 }
 
 #[test]
 fn a_two_node_cluster_keeps_the_survivor_and_its_shards_when_the_oldest_crashes() {
     let _serial = serial();
-    let mut c = loaded_cluster(2);
-    let survivor = c.nodes[1].addr.clone();
-    let before: Vec<(String, u64)> = live_shards(&c.history())
-        .into_iter()
-        .filter(|l| l.node == survivor)
-        .map(|l| (l.subject, l.token))
-        .collect();
-    assert!(!before.is_empty(), "node 1 hosts shards before the crash");
-    c.kill(0);
-    let fault = now_ns();
-    std::thread::sleep(FAULT + Duration::from_nanos(ASK_TIMEOUT_NS as u64));
-    assert_served_during(&c, &[1], fault, "2-node cluster, oldest killed");
-    // The survivor kept its own shards throughout: none of their lives ended.
-    let lives = shard_lives(&c.history());
-    for (shard, token) in &before {
-        let life = lives
-            .iter()
-            .find(|l| l.subject == *shard && l.token == *token && l.node == survivor)
-            .expect("the life seen before");
+    // Node 0 is the oldest: it hosts the coordinator, which fails over to node 1.
+    let c = during(
+        2,
+        "2-node cluster, oldest killed",
+        &[1],
+        |c| c.kill(0),
+        |_| {},
+    );
+    assert!(!downed_itself(&c, 1), "the survivor did not down itself");
+}
+
+#[test]
+fn a_store_outage_longer_than_the_member_ttl_downs_every_node_and_all_rejoin_in_one_age_order() {
+    let _serial = serial();
+    let c = loaded_cluster(3);
+    // The SQLite lease file write-locked for every node (a stuck writer, a backup): no
+    // lease can be renewed or granted, so every node loses its member lease and stops what
+    // it hosts; nobody can win the resolver lease either, and nobody needs to: every node
+    // still hears every node.
+    let lock = rusqlite::Connection::open(c.lease_store()).expect("open the lease file");
+    lock.busy_timeout(Duration::from_secs(10))
+        .expect("busy timeout");
+    lock.execute_batch("BEGIN EXCLUSIVE")
+        .expect("write-lock the lease file");
+    c.record_fields("store", "store_locked", serde_json::json!({}));
+    let locked = now_ns();
+    std::thread::sleep(tenure_cli::harness::MEMBER_TTL * 3);
+    lock.execute_batch("COMMIT").expect("unlock the lease file");
+    c.record_fields("store", "store_unlocked", serde_json::json!({}));
+    let history = c.history();
+    for n in &c.nodes {
         assert!(
-            life.end.is_none(),
-            "shard {shard} on the survivor stopped after the crash: {life:?}"
+            history.iter().any(|e| e["event"] == "self_down"
+                && e["node"] == n.addr.as_str()
+                && e["t"].as_i64().is_some_and(|t| t > locked)),
+            "{} saw itself down during the outage",
+            n.addr
         );
     }
     assert!(
-        !c.history().iter().any(|e| e["event"] == "sbr_down_self"),
-        "nobody downed itself"
+        !history.iter().any(|e| e["event"] == "sbr_down_self"),
+        "the resolver downed nobody: the nodes kept hearing each other"
+    );
+    c.wait_converged(Duration::from_secs(30));
+    // Every view orders the members the same way (new join tickets, one order).
+    let orders: Vec<Vec<String>> = (0..3)
+        .map(|i| {
+            c.members(i)
+                .expect("a view")
+                .into_iter()
+                .map(|m| m.addr)
+                .collect()
+        })
+        .collect();
+    assert!(
+        orders.iter().all(|o| *o == orders[0]),
+        "one age order after the outage: {orders:?}"
+    );
+    let healed = now_ns();
+    c.wait_until(
+        "after the outage, every node answers every key",
+        Duration::from_secs(30),
+        |c| {
+            let requests = load_requests(&c.history());
+            c.nodes
+                .iter()
+                .all(|n| served_keys(&requests, &n.addr, healed, i64::MAX).len() == KEYS)
+        },
     );
     common::assert_checked(&c.history);
 }

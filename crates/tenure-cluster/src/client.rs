@@ -13,9 +13,9 @@ use tokio::sync::mpsc;
 use crate::agent::{AGENT_GROUP, scope};
 use crate::error::ClusterError;
 use crate::identity::NodeAddr;
-use crate::protocol::{AgentMsg, FaultReply, Inspect, LinkFault, NodeView};
+use crate::protocol::{AgentMsg, FaultReply, Inspect, NodeView, SetLink};
 use crate::settings::ClusterSettings;
-use crate::transport::{Gate, Tls, dial};
+use crate::transport::{Gate, LinkFault, Tls, dial};
 
 /// A connection to one node's agent.
 pub struct ClusterClient {
@@ -135,15 +135,16 @@ impl ClusterClient {
         })
     }
 
-    /// Cuts (stalls) or heals the node's link with `peer` (needs `cluster.fault-injection`).
-    pub async fn set_link(&self, peer: &NodeAddr, cut: bool) -> Result<(), ClusterError> {
+    /// Sets the node's link fault with `peer`; [`LinkFault::None`] heals it (needs
+    /// `cluster.fault-injection`).
+    pub async fn set_link(&self, peer: &NodeAddr, fault: LinkFault) -> Result<(), ClusterError> {
         let reply: FaultReply = ractor::call_t!(
             self.agent,
             AgentMsg::SetLink,
             5000,
-            LinkFault {
+            SetLink {
                 peer: peer.clone(),
-                cut
+                fault
             }
         )
         .map_err(|e| ClusterError::Connect {

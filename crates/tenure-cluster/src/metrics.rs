@@ -6,6 +6,7 @@
 //! | `tenure_cluster_members` | gauge | `status` | members in the view by status (this node included) |
 //! | `tenure_cluster_unreachable` | gauge | | peers seen unreachable now |
 //! | `tenure_cluster_events_total` | counter | `kind` | membership events (`member_up`, `member_down`, `unreachable`, `self_down`, …) |
+//! | `tenure_cluster_downing_decisions_total` | counter | `decision`, `strategy` | split brain resolver decisions: `down_member` (this side survived and downed a member), `down_self` |
 
 use crate::member::{Member, MemberStatus};
 
@@ -30,4 +31,10 @@ pub(crate) fn membership(me: &Member, members: &[Member]) {
 /// Counts one membership event of kind `kind`.
 pub(crate) fn event(kind: &'static str) {
     metrics::counter!("tenure_cluster_events_total", "kind" => kind).increment(1);
+}
+
+/// Counts one split brain resolver decision: `down_member` or `down_self`.
+pub(crate) fn downing(decision: &'static str, strategy: &'static str) {
+    metrics::counter!("tenure_cluster_downing_decisions_total", "decision" => decision, "strategy" => strategy)
+        .increment(1);
 }

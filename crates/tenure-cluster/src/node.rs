@@ -14,10 +14,10 @@ use crate::agent::{Agent, AgentArgs, RELEASE_SLACK, Refusal};
 use crate::error::ClusterError;
 use crate::history::History;
 use crate::identity::{Incarnation, NodeAddr};
-use crate::protocol::{AgentMsg, FaultReply, Inspect, LinkFault, Local, NodeView};
+use crate::protocol::{AgentMsg, FaultReply, Inspect, Local, NodeView, SetLink};
 use crate::settings::ClusterSettings;
 use crate::subscribe::ClusterSubscriber;
-use crate::transport::{Links, Tls};
+use crate::transport::{LinkFault, Links, Tls};
 
 /// Subscribes to a node's cluster events; cloneable, outlives no node (subscribing after
 /// the node stopped is an error).
@@ -264,15 +264,16 @@ impl Node {
         Inspector(self.agent.clone())
     }
 
-    /// Cuts (stalls) or heals this node's traffic with `peer` (needs `cluster.fault-injection`).
-    pub async fn set_link(&self, peer: &NodeAddr, cut: bool) -> Result<(), ClusterError> {
+    /// Sets this node's link fault with `peer`; [`LinkFault::None`] heals it (needs
+    /// `cluster.fault-injection`).
+    pub async fn set_link(&self, peer: &NodeAddr, fault: LinkFault) -> Result<(), ClusterError> {
         let reply: FaultReply = ractor::call_t!(
             self.agent,
             AgentMsg::SetLink,
             5000,
-            LinkFault {
+            SetLink {
                 peer: peer.clone(),
-                cut
+                fault
             }
         )
         .map_err(|e| ClusterError::Actor(e.to_string()))?;

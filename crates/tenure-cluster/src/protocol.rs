@@ -37,6 +37,9 @@ pub struct Heartbeat {
     /// The sender's membership (its age; 0 while not up).
     pub age: u64,
     pub reach: Vec<crate::sbr::ReachRow>,
+    /// The nodes the sender heard a heartbeat from within `unreachable-after`, members or
+    /// not: a downed node rejoins only once the nodes it must hear also hear it.
+    pub hears: Vec<NodeAddr>,
 }
 
 /// Sent to a node that heartbeats under a membership (`age`) the sender downed: its side
@@ -89,11 +92,11 @@ pub struct NodeView {
     pub members: Vec<MemberInfo>,
 }
 
-/// Cut (stall) or heal this node's traffic with `peer` (needs `cluster.fault-injection`).
+/// Sets this node's link fault with `peer` (needs `cluster.fault-injection`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct LinkFault {
+pub struct SetLink {
     pub peer: NodeAddr,
-    pub cut: bool,
+    pub fault: crate::transport::LinkFault,
 }
 
 /// `error` says why a fault command was refused.
@@ -110,7 +113,7 @@ crate::cluster_message! {
         cast YouAreDown(YouAreDown),
         call Leaving(Leaving) -> LeavingAck,
         call Inspect(Inspect) -> NodeView,
-        call SetLink(LinkFault) -> FaultReply,
+        call SetLink(SetLink) -> FaultReply,
         local Local(Local),
     }
 }

@@ -1,15 +1,16 @@
 //! Connections between nodes: outbound dials (plain or TLS) through a per-peer [`Gate`]
-//! that can stall all traffic while the TCP connection stays open (a partition, for
-//! fault-injection tests), and the TLS configuration.
+//! that fault injection uses to stall traffic while the TCP connection stays open, in both
+//! directions or one, or to drop it (connections reset, dials refused); and the TLS
+//! configuration.
 //!
 //! Every session between two Tenure nodes starts as a dial by one of them, and ractor keeps
-//! one session per pair; so cutting a pair on *both* nodes stalls whichever connection
-//! survived, in both directions.
+//! one session per pair; so a fault set on *both* nodes reaches whichever connection
+//! survived: to lose what A sends B, stall A's outbound and B's inbound traffic.
 
 use std::collections::HashMap;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker, ready};
 use std::time::Duration;
@@ -27,41 +28,112 @@ use crate::error::ClusterError;
 use crate::identity::NodeAddr;
 use crate::settings::TlsFiles;
 
-/// A switch that stalls (never drops) the traffic of the connections it guards.
+/// What fault injection does to this node's traffic with one peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub enum LinkFault {
+    /// Traffic flows.
+    #[default]
+    None,
+    /// Both directions stall; the TCP connection stays open and nothing is lost.
+    Stall,
+    /// What this node receives from the peer stalls (set with the peer's `StallOutbound`
+    /// for one-way loss).
+    StallInbound,
+    /// What this node sends to the peer stalls.
+    StallOutbound,
+    /// Connections fail with a reset and dials are refused, as a firewall rejecting them.
+    Drop,
+}
+
+impl LinkFault {
+    fn bits(self) -> u8 {
+        match self {
+            LinkFault::None => 0,
+            LinkFault::Stall => IN | OUT,
+            LinkFault::StallInbound => IN,
+            LinkFault::StallOutbound => OUT,
+            LinkFault::Drop => DROP,
+        }
+    }
+
+    fn from_bits(bits: u8) -> LinkFault {
+        match bits {
+            0 => LinkFault::None,
+            IN => LinkFault::StallInbound,
+            OUT => LinkFault::StallOutbound,
+            DROP => LinkFault::Drop,
+            _ => LinkFault::Stall,
+        }
+    }
+
+    /// Its name in `tenure cluster fault --mode` and in histories.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LinkFault::None => "none",
+            LinkFault::Stall => "stall",
+            LinkFault::StallInbound => "inbound",
+            LinkFault::StallOutbound => "outbound",
+            LinkFault::Drop => "drop",
+        }
+    }
+}
+
+const IN: u8 = 1;
+const OUT: u8 = 2;
+const DROP: u8 = 4;
+
+/// A switch over the traffic of the connections it guards (see [`LinkFault`]).
 #[derive(Debug, Default)]
 pub struct Gate {
-    cut: AtomicBool,
+    state: AtomicU8,
     wakers: Mutex<Vec<Waker>>,
 }
 
 impl Gate {
-    /// Stalls (`true`) or resumes (`false`) the guarded traffic.
-    pub fn set_cut(&self, cut: bool) {
-        self.cut.store(cut, Ordering::SeqCst);
-        if !cut {
-            let wakers =
-                std::mem::take(&mut *self.wakers.lock().unwrap_or_else(|e| e.into_inner()));
-            wakers.into_iter().for_each(Waker::wake);
-        }
+    /// Sets the fault; lifting a stall resumes the waiting traffic.
+    pub fn set(&self, fault: LinkFault) {
+        self.state.store(fault.bits(), Ordering::SeqCst);
+        let wakers = std::mem::take(&mut *self.wakers.lock().unwrap_or_else(|e| e.into_inner()));
+        wakers.into_iter().for_each(Waker::wake);
     }
 
+    /// The fault in force.
+    pub fn fault(&self) -> LinkFault {
+        LinkFault::from_bits(self.state.load(Ordering::SeqCst))
+    }
+
+    /// Whether any fault is in force.
     pub fn is_cut(&self) -> bool {
-        self.cut.load(Ordering::SeqCst)
+        self.fault() != LinkFault::None
     }
 
-    fn poll_open(&self, cx: &mut Context<'_>) -> Poll<()> {
-        if !self.is_cut() {
-            return Poll::Ready(());
+    /// Ready when traffic in direction `dir` (`IN` or `OUT`) may pass; an error while the
+    /// link is dropped.
+    fn poll_open(&self, dir: u8, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let check = || {
+            let s = self.state.load(Ordering::SeqCst);
+            if s & DROP != 0 {
+                Some(Err(io::Error::new(
+                    io::ErrorKind::ConnectionReset,
+                    "link dropped by fault injection",
+                )))
+            } else if s & dir == 0 {
+                Some(Ok(()))
+            } else {
+                None
+            }
+        };
+        if let Some(r) = check() {
+            return Poll::Ready(r);
         }
         self.wakers
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(cx.waker().clone());
         // Re-check: a heal between the first check and the push must not be missed.
-        if self.is_cut() {
-            Poll::Pending
-        } else {
-            Poll::Ready(())
+        match check() {
+            Some(r) => Poll::Ready(r),
+            None => Poll::Pending,
         }
     }
 }
@@ -107,7 +179,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Gated<S> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        ready!(self.gate.poll_open(cx));
+        ready!(self.gate.poll_open(IN, cx))?;
         Pin::new(&mut self.inner).poll_read(cx, buf)
     }
 }
@@ -118,12 +190,12 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Gated<S> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        ready!(self.gate.poll_open(cx));
+        ready!(self.gate.poll_open(OUT, cx))?;
         Pin::new(&mut self.inner).poll_write(cx, buf)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        ready!(self.gate.poll_open(cx));
+        ready!(self.gate.poll_open(OUT, cx))?;
         Pin::new(&mut self.inner).poll_flush(cx)
     }
 
@@ -295,6 +367,9 @@ pub async fn dial(
     tls: Option<&Tls>,
     timeout: Duration,
 ) -> Result<(), String> {
+    if gate.fault() == LinkFault::Drop {
+        return Err("link dropped by fault injection".into());
+    }
     let connect = async {
         let tcp = TcpStream::connect((peer.host.as_str(), peer.port))
             .await
@@ -351,7 +426,7 @@ mod tests {
         b.read_exact(&mut buf).await.unwrap();
         assert_eq!(&buf, b"one");
 
-        gate.set_cut(true);
+        gate.set(LinkFault::Stall);
         b.write_all(b"two").await.unwrap();
         let mut read = [0u8; 3];
         let stalled =
@@ -363,12 +438,41 @@ mod tests {
         });
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert!(!write.is_finished(), "writes wait while cut");
-        gate.set_cut(false);
+        gate.set(LinkFault::None);
         let mut gated = write.await.unwrap();
         let mut got = [0u8; 5];
         b.read_exact(&mut got).await.unwrap();
         assert_eq!(&got, b"three");
         gated.read_exact(&mut read).await.unwrap();
         assert_eq!(&read, b"two");
+    }
+
+    #[tokio::test]
+    async fn one_way_stalls_only_its_direction_and_drop_resets() {
+        let (a, mut b) = tokio::io::duplex(64);
+        let gate = Arc::new(Gate::default());
+        let mut gated = Gated {
+            inner: a,
+            gate: gate.clone(),
+        };
+        gate.set(LinkFault::StallOutbound);
+        b.write_all(b"in").await.unwrap();
+        let mut two = [0u8; 2];
+        gated.read_exact(&mut two).await.unwrap();
+        assert_eq!(&two, b"in", "inbound flows while only outbound stalls");
+        let stalled =
+            tokio::time::timeout(Duration::from_millis(50), gated.write_all(b"out")).await;
+        assert!(stalled.is_err(), "outbound waits");
+        gate.set(LinkFault::StallInbound);
+        gated.write_all(b"out").await.unwrap();
+        b.write_all(b"in").await.unwrap();
+        let stalled =
+            tokio::time::timeout(Duration::from_millis(50), gated.read_exact(&mut two)).await;
+        assert!(stalled.is_err(), "inbound waits");
+        gate.set(LinkFault::Drop);
+        let err = gated.read_exact(&mut two).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::ConnectionReset);
+        assert!(gated.write_all(b"x").await.is_err());
+        assert_eq!(gate.fault(), LinkFault::Drop);
     }
 }

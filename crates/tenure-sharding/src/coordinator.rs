@@ -1,10 +1,13 @@
 //! The shard coordinator: a lease-guarded singleton (one per entity type in the cluster)
 //! that allocates shards to regions, moves the shards of regions that are down (the split
 //! brain resolver downs the losing side of a partition), leaving, or unreachable past
-//! `unreachable-reallocate-after`, and rebalances. It
-//! keeps no state of its own: after a fail-over it rebuilds the allocation from the
-//! regions' reports. It never needs to be right for safety: a shard runs only under its
-//! lease, so a wrong or early move only makes the new host wait for that lease.
+//! `unreachable-reallocate-after`, and rebalances. It keeps no state of its own: a new
+//! coordinator rebuilds the allocation from the shard leases it lists in the store (who
+//! holds each shard), before answering any region, so a coordinator fail-over moves no
+//! shard of a surviving node; the regions' reports fill in the rest. Its messages carry its
+//! lease's fencing token, and regions ignore an older coordinator's. It never needs to be
+//! right for safety: a shard runs only under its lease, so a wrong or early move only
+//! makes the new host wait for that lease.
 //!
 //! A rebalance moves a shard in Akka's steps: every region is told first (BeginHandOff:
 //! it forgets the shard's home and keeps its messages), then the old host hands it off
@@ -19,6 +22,7 @@ use serde_json::json;
 use tenure_cluster::{
     ClusterEvent, ClusterSubscriber, History, Member, MemberStatus, Subscriptions,
 };
+use tenure_lease::LeaseStore;
 use tokio::time::Instant;
 
 use crate::allocation::{AllocationStrategy, Regions};
@@ -42,6 +46,13 @@ pub struct CoordinatorArgs {
     /// Where moves are recorded (`shard_moving`, `shard_moved`), when the node keeps a
     /// history.
     pub history: Option<History>,
+    /// The fencing token of the coordinator's singleton lease grant (0 outside a cluster).
+    pub token: u64,
+    /// The shard leases' store and `[tenure] system`, to list who holds each shard.
+    pub store: Arc<dyn LeaseStore>,
+    pub system: String,
+    /// Bound on the listing (the lease section's `lease-operation-timeout`).
+    pub list_timeout: std::time::Duration,
 }
 
 /// The coordinator actor (the singleton instance).
@@ -74,6 +85,13 @@ pub struct CoordinatorState {
     /// Regions that asked for a home without having registered (yet): they are told of
     /// hand-offs too.
     askers: BTreeSet<String>,
+    /// Whether the shard leases were listed (or could not be, after retries): until then
+    /// nothing is allocated and home requests wait in `deferred`.
+    listed: bool,
+    list_attempts: u32,
+    /// Holders found in the listing that have not registered yet: alive until they report.
+    holders: BTreeSet<String>,
+    deferred: Vec<(String, String)>,
     timers: Vec<ractor::concurrency::JoinHandle<()>>,
 }
 
@@ -97,7 +115,8 @@ impl Actor for Coordinator {
                 CoordinatorMsg::Local(CoordinatorLocal::Rebalance)
             }),
         ];
-        tracing::info!(entity_type = %args.type_name, "shard coordinator started");
+        tracing::info!(entity_type = %args.type_name, token = args.token, "shard coordinator started: listing the shard leases");
+        list_shard_leases(&args, &myself, std::time::Duration::ZERO);
         Ok(CoordinatorState {
             args,
             myself,
@@ -108,6 +127,10 @@ impl Actor for Coordinator {
             host_sent: HashMap::new(),
             moving: BTreeMap::new(),
             askers: BTreeSet::new(),
+            listed: false,
+            list_attempts: 1,
+            holders: BTreeSet::new(),
+            deferred: Vec::new(),
             timers,
         })
     }
@@ -135,17 +158,9 @@ impl Actor for Coordinator {
                 if !state.regions.contains_key(&region) {
                     state.askers.insert(region.clone());
                 }
-                match state.moving.get_mut(&shard) {
-                    // Answered when the move ends (Akka defers GetShardHome the same way).
-                    Some(m) => {
-                        m.waiting.insert(region);
-                    }
-                    None => {
-                        let home = state.home_of(&shard);
-                        state.tell_home(&shard, home, &region);
-                    }
-                }
+                state.get_home(shard, region);
             }
+            CoordinatorMsg::Local(CoordinatorLocal::Listed(result)) => state.on_listed(result),
             CoordinatorMsg::GetAllocation(_, reply) => {
                 let regions = state.allocatable().into_iter().collect();
                 let _ = reply.send(Allocation {
@@ -183,6 +198,55 @@ impl Actor for Coordinator {
 }
 
 impl CoordinatorState {
+    fn get_home(&mut self, shard: String, region: String) {
+        if !self.listed {
+            self.deferred.push((shard, region));
+            return;
+        }
+        match self.moving.get_mut(&shard) {
+            // Answered when the move ends (Akka defers GetShardHome the same way).
+            Some(m) => {
+                m.waiting.insert(region);
+            }
+            None => {
+                let home = self.home_of(&shard);
+                self.tell_home(&shard, home, &region);
+            }
+        }
+    }
+
+    /// The shard leases listed: each held shard's home is its holder's region.
+    fn on_listed(&mut self, result: Result<Vec<(String, String)>, String>) {
+        if self.listed {
+            return;
+        }
+        match result {
+            Ok(held) => {
+                tracing::info!(entity_type = %self.args.type_name, held = held.len(), "allocation rebuilt from the shard leases");
+                for (shard, holder) in held {
+                    if !self.regions.contains_key(&holder) {
+                        self.holders.insert(holder.clone());
+                    }
+                    self.homes.insert(shard, holder);
+                }
+            }
+            Err(e) if self.list_attempts < 3 => {
+                tracing::warn!(entity_type = %self.args.type_name, error = %e, "cannot list the shard leases; retrying");
+                self.list_attempts += 1;
+                list_shard_leases(&self.args, &self.myself, self.args.settings.retry_interval);
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(entity_type = %self.args.type_name, error = %e, "cannot list the shard leases; allocating from the regions' reports alone");
+            }
+        }
+        self.listed = true;
+        for (shard, region) in std::mem::take(&mut self.deferred) {
+            self.get_home(shard, region);
+        }
+        self.reallocate_lost();
+    }
+
     fn on_cluster(&mut self, event: ClusterEvent) {
         match event {
             ClusterEvent::CurrentMembers(members) => {
@@ -229,7 +293,10 @@ impl CoordinatorState {
             .members
             .get(region)
             .is_some_and(|m| m.status == MemberStatus::Up && m.has_role(&self.args.settings.role));
-        let available = self.regions.get(region).is_some_and(|r| r.available);
+        let available = self
+            .regions
+            .get(region)
+            .map_or(self.holders.contains(region), |r| r.available);
         let silent_too_long = self
             .unreachable_since
             .get(region)
@@ -282,6 +349,7 @@ impl CoordinatorState {
             let _ = r.cast(RegionMsg::Home(ShardHome {
                 shard: shard.to_string(),
                 home,
+                coordinator: self.args.token,
             }));
         }
     }
@@ -301,6 +369,7 @@ impl CoordinatorState {
         if let Some(r) = region_ref(&self.args.scope, &self.args.type_name, region) {
             let _ = r.cast(RegionMsg::Host(HostShard {
                 shard: shard.to_string(),
+                coordinator: self.args.token,
             }));
         }
     }
@@ -315,6 +384,7 @@ impl CoordinatorState {
             },
         );
         self.askers.remove(&region);
+        self.holders.remove(&region);
         for shard in &reported {
             if self.moving.contains_key(shard) {
                 continue;
@@ -352,6 +422,9 @@ impl CoordinatorState {
 
     /// Moves the shards of regions that are no longer alive to the least loaded ones.
     fn reallocate_lost(&mut self) {
+        if !self.listed {
+            return;
+        }
         let lost: Vec<(String, String)> = self
             .homes
             .iter()
@@ -385,7 +458,7 @@ impl CoordinatorState {
             .settings
             .max_simultaneous_rebalance
             .saturating_sub(self.moving.len());
-        if !settled || room == 0 {
+        if !settled || room == 0 || !self.listed {
             return;
         }
         let in_progress: BTreeSet<String> = self.moving.keys().cloned().collect();
@@ -429,6 +502,7 @@ impl CoordinatorState {
             .filter_map(|r| region_ref(scope, type_name, r))
             .collect();
         let timeout = self.args.settings.hand_off_timeout;
+        let token = self.args.token;
         let (shard, from) = (shard.to_string(), from.to_string());
         let (scope, type_name, me) = (scope.clone(), type_name.clone(), self.myself.clone());
         tokio::spawn(async move {
@@ -438,14 +512,22 @@ impl CoordinatorState {
                 acks.spawn(async move {
                     region
                         .call(
-                            |port| RegionMsg::BeginHandOffShard(BeginHandOff { shard }, port),
+                            |port| {
+                                RegionMsg::BeginHandOffShard(
+                                    BeginHandOff {
+                                        shard,
+                                        coordinator: token,
+                                    },
+                                    port,
+                                )
+                            },
                             Some(timeout),
                         )
                         .await
                 });
             }
             while acks.join_next().await.is_some() {}
-            let released = hand_off_call(&scope, &type_name, &shard, &from, timeout).await;
+            let released = hand_off_call(&scope, &type_name, &shard, &from, token, timeout).await;
             let _ = me.cast(CoordinatorMsg::Local(CoordinatorLocal::HandOffEnded {
                 shard,
                 released,
@@ -458,8 +540,9 @@ impl CoordinatorState {
         let (scope, type_name) = (self.args.scope.clone(), self.args.type_name.clone());
         let (shard, region) = (shard.to_string(), region.to_string());
         let timeout = self.args.settings.hand_off_timeout;
+        let token = self.args.token;
         tokio::spawn(async move {
-            hand_off_call(&scope, &type_name, &shard, &region, timeout).await;
+            hand_off_call(&scope, &type_name, &shard, &region, token, timeout).await;
         });
     }
 }
@@ -471,6 +554,7 @@ async fn hand_off_call(
     type_name: &str,
     shard: &str,
     region: &str,
+    coordinator: u64,
     timeout: std::time::Duration,
 ) -> bool {
     let Some(r) = region_ref(scope, type_name, region) else {
@@ -478,10 +562,48 @@ async fn hand_off_call(
     };
     matches!(
         r.call(
-            |port| RegionMsg::HandOffShard(HandOff { shard: shard.to_string() }, port),
+            |port| RegionMsg::HandOffShard(
+                HandOff {
+                    shard: shard.to_string(),
+                    coordinator,
+                },
+                port
+            ),
             Some(timeout),
         )
         .await,
         Ok(ractor::rpc::CallResult::Success(done)) if done.released
     )
+}
+
+/// Lists the type's shard leases after `delay` and reports shard → holder
+/// (`CoordinatorLocal::Listed`). A name the store changed (its naming rules) is skipped: its
+/// shard is learnt from its region's report instead.
+fn list_shard_leases(
+    args: &CoordinatorArgs,
+    me: &ActorRef<CoordinatorMsg>,
+    delay: std::time::Duration,
+) {
+    let prefix = tenure_lease::names::shard_lease(&args.system, &args.type_name, "");
+    let (store, timeout, me) = (args.store.clone(), args.list_timeout, me.clone());
+    let (system, type_name) = (args.system.clone(), args.type_name.clone());
+    tokio::spawn(async move {
+        tokio::time::sleep(delay).await;
+        let rules = store.name_rules();
+        let listed = tenure_lease::store::bounded(&prefix, "list", timeout, store.list(&prefix))
+            .await
+            .map(|records| {
+                records
+                    .into_iter()
+                    .filter_map(|r| {
+                        let shard = r.name.strip_prefix(&prefix)?;
+                        let name = tenure_lease::names::shard_lease(&system, &type_name, shard);
+                        (tenure_lease::names::store_name(&name, &rules) == r.name)
+                            .then(|| (shard.to_string(), r.owner))
+                    })
+                    .collect()
+            })
+            .map_err(|e| e.to_string());
+        let _ = me.cast(CoordinatorMsg::Local(CoordinatorLocal::Listed(listed)));
+    });
 }

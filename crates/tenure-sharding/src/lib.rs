@@ -286,13 +286,25 @@ pub async fn start_with_strategy(
                 strategy: strategy.clone(),
                 subscriptions: node.subscriptions(),
                 history: node.history().cloned(),
+                token: 0,
+                store: template.store.clone(),
+                system: cluster.system.clone(),
+                list_timeout: template.settings.lease_operation_timeout,
             };
             tenure_singleton::start_with_settings(
                 node,
                 provider,
                 &name,
                 singleton,
-                spawner(move |_token| (Coordinator, args.clone())),
+                spawner(move |token| {
+                    (
+                        Coordinator,
+                        CoordinatorArgs {
+                            token,
+                            ..args.clone()
+                        },
+                    )
+                }),
             )
             .await
             .map_err(|e| start_err(e.to_string()))?;

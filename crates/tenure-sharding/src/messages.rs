@@ -31,9 +31,14 @@ impl AskReply {
 }
 
 /// Coordinator → region: host this shard (acquire its lease, then serve it).
+///
+/// Every coordinator → region message carries `coordinator`, the fencing token of the
+/// coordinator's singleton lease: a region ignores messages from a coordinator older than
+/// the newest it heard from (one that lost its lease and has not stopped yet).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct HostShard {
     pub shard: String,
+    pub coordinator: u64,
 }
 
 /// Coordinator → region: where a shard lives (`None`: not known yet, ask again later).
@@ -41,6 +46,7 @@ pub struct HostShard {
 pub struct ShardHome {
     pub shard: String,
     pub home: Option<String>,
+    pub coordinator: u64,
 }
 
 /// Coordinator → every region, before a rebalance hands `shard` off: forget where it lives
@@ -49,6 +55,7 @@ pub struct ShardHome {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct BeginHandOff {
     pub shard: String,
+    pub coordinator: u64,
 }
 
 /// Region → coordinator: [`BeginHandOff`] applied (`region`: its node).
@@ -62,6 +69,7 @@ pub struct HandOffBegun {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct HandOff {
     pub shard: String,
+    pub coordinator: u64,
 }
 
 /// Region → coordinator: the hand-off is done (`released`: its lease was released, so the
@@ -153,6 +161,8 @@ pub enum CoordinatorLocal {
         shard: String,
         released: bool,
     },
+    /// The shard leases of the type listed from the store at start: shard → holder.
+    Listed(Result<Vec<(String, String)>, String>),
 }
 
 tenure_cluster::cluster_message! {

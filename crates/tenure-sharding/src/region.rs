@@ -81,6 +81,8 @@ pub struct RegionState {
     members: BTreeMap<String, Member>,
     leaving: bool,
     down: bool,
+    /// The newest coordinator heard from (its lease's fencing token).
+    coordinator: u64,
     timer: Option<ractor::concurrency::JoinHandle<()>>,
 }
 
@@ -115,6 +117,7 @@ impl Actor for Region {
             members: BTreeMap::new(),
             leaving: false,
             down: false,
+            coordinator: 0,
             timer: Some(timer),
         })
     }
@@ -152,20 +155,39 @@ impl Actor for Region {
                     })
                     .await
             }
-            RegionMsg::Host(HostShard { shard }) => {
-                state.settle(&shard, Some(state.args.me.clone())).await
+            RegionMsg::Host(HostShard { shard, coordinator }) => {
+                if state.current(coordinator, &shard) {
+                    state.settle(&shard, Some(state.args.me.clone())).await
+                }
             }
-            RegionMsg::Home(ShardHome { shard, home }) => state.settle(&shard, home).await,
-            RegionMsg::BeginHandOffShard(BeginHandOff { shard }, reply) => {
+            RegionMsg::Home(ShardHome {
+                shard,
+                home,
+                coordinator,
+            }) => {
+                if state.current(coordinator, &shard) {
+                    state.settle(&shard, home).await
+                }
+            }
+            RegionMsg::BeginHandOffShard(BeginHandOff { shard, coordinator }, reply) => {
                 // Messages for it wait here from now on, until the coordinator names its
                 // next home; a local shard keeps serving until its HandOff.
-                state.homes.remove(&shard);
+                if state.current(coordinator, &shard) {
+                    state.homes.remove(&shard);
+                }
                 let _ = reply.send(HandOffBegun {
                     shard,
                     region: state.args.me.clone(),
                 });
             }
-            RegionMsg::HandOffShard(HandOff { shard }, reply) => {
+            RegionMsg::HandOffShard(HandOff { shard, coordinator }, reply) => {
+                if !state.current(coordinator, &shard) {
+                    let _ = reply.send(HandOffDone {
+                        shard,
+                        released: false,
+                    });
+                    return Ok(());
+                }
                 state.homes.remove(&shard);
                 match state.shards.remove(&shard) {
                     Some(actor) => {
@@ -318,6 +340,17 @@ impl RegionState {
         let Some(home) = home else {
             return;
         };
+        // A home this node no longer counts as a member (the coordinator has not seen it
+        // go yet): its messages keep waiting here, and the home is asked again next tick.
+        let member = home == self.args.me
+            || self
+                .members
+                .get(&home)
+                .is_some_and(|m| matches!(m.status, MemberStatus::Up | MemberStatus::Leaving));
+        if !member {
+            tracing::debug!(entity_type = %self.args.type_name, shard, home, "the coordinator named a home that is not a member here; asking again");
+            return;
+        }
         if home == self.args.me && !self.start_shard(shard).await {
             return;
         }
@@ -429,6 +462,18 @@ impl RegionState {
                 false
             }
         }
+    }
+
+    /// Whether a coordinator message with `token` comes from the newest coordinator heard
+    /// from (which it then is); an older one's is ignored and logged.
+    fn current(&mut self, token: u64, shard: &str) -> bool {
+        if token < self.coordinator {
+            tracing::info!(entity_type = %self.args.type_name, shard, token, newest = self.coordinator,
+                "ignoring a message from an older coordinator");
+            return false;
+        }
+        self.coordinator = token;
+        true
     }
 
     async fn tick(&mut self) {

@@ -132,15 +132,16 @@ svg text {{ font-size: 10px; font-family: monospace; }}
     html.push_str("</table>");
     if !s.failovers.is_empty() {
         html.push_str(
-            "<h2>Fail-over per fault</h2><table><tr><th>at</th><th>fault</th><th>fail-over</th></tr>",
+            "<h2>Fail-over and service per fault</h2><table><tr><th>at</th><th>fault</th><th>fail-over</th><th>service during the fault</th></tr>",
         );
         for f in &s.failovers {
             let _ = write!(
                 html,
-                "<tr><td>{:.1} s</td><td>{}</td><td>{}</td></tr>",
+                "<tr><td>{:.1} s</td><td>{}</td><td>{}</td><td>{}</td></tr>",
                 f.fault.t_ns.saturating_sub(tl.start_ns) as f64 / 1e9,
                 esc(&f.fault.label()),
-                esc(&f.describe())
+                esc(&f.describe()),
+                esc(&f.service.describe())
             );
         }
         html.push_str("</table>");

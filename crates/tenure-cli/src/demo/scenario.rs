@@ -6,7 +6,7 @@
 //! ```toml
 //! [[step]]
 //! at = "10s"        # offset from the start of the traffic
-//! fault = "kill"    # kill | pause | cut | leave | restart
+//! fault = "kill"    # kill | pause | cut | isolate | leave | restart
 //! node = 1          # optional: the node (0-based); default a random running node
 //! [[step]]
 //! at = "20s"
@@ -16,6 +16,10 @@
 //! at = "30s"
 //! fault = "cut"     # stall the traffic between `node` and `peer`, healed after `for`
 //! for = "6s"
+//! [[step]]
+//! at = "40s"
+//! fault = "isolate" # stall the traffic between `node` and every other node (default: the
+//! for = "6s"        # oldest serving node, which hosts the singleton), healed after `for`
 //! ```
 //!
 //! `restart` without `node` restarts the node that has been down longest.
@@ -36,6 +40,9 @@ pub enum Fault {
     Pause,
     /// Traffic between `node` and `peer` stalled (both directions), healed after `for`.
     Cut,
+    /// Traffic between `node` (default: the oldest serving node) and every other node
+    /// stalled, healed after `for`; both sides still reach the store.
+    Isolate,
     /// SIGTERM: the node leaves gracefully.
     Leave,
     /// Start a stopped node again (a new incarnation).
@@ -49,6 +56,7 @@ impl Fault {
             Fault::Kill => "SIGKILL",
             Fault::Pause => "SIGSTOP",
             Fault::Cut => "link cut",
+            Fault::Isolate => "isolation",
             Fault::Leave => "graceful leave",
             Fault::Restart => "restart",
         }
@@ -138,16 +146,18 @@ impl Scenario {
                 }
             }
             match step.fault {
-                Fault::Pause | Fault::Cut if step.lasts.is_none() => {
+                Fault::Pause | Fault::Cut | Fault::Isolate if step.lasts.is_none() => {
                     return Err(bad("needs `for` (how long it lasts)".into()));
                 }
                 Fault::Cut if step.node.is_some() && step.node == step.peer => {
                     return Err(bad("node and peer are the same node".into()));
                 }
                 Fault::Kill | Fault::Leave | Fault::Restart if step.lasts.is_some() => {
-                    return Err(bad("`for` applies to pause and cut only".into()));
+                    return Err(bad("`for` applies to pause, cut and isolate only".into()));
                 }
-                Fault::Cut if nodes < 2 => return Err(bad("needs two nodes".into())),
+                Fault::Cut | Fault::Isolate if nodes < 2 => {
+                    return Err(bad("needs two nodes".into()));
+                }
                 _ => {}
             }
         }
@@ -156,8 +166,9 @@ impl Scenario {
 
     /// The built-in scenario over `duration` of traffic: steady traffic, SIGKILL of a node
     /// at 15 %, its restart at 30 %, SIGSTOP of a node for twice the `ttl` at 40 %, the
-    /// traffic between two nodes cut for twice the `ttl` at 60 %, a graceful leave at 80 %
-    /// and its restart at 90 %.
+    /// traffic between two nodes cut for twice the `ttl` at 55 %, the oldest node isolated
+    /// from the others for twice the `ttl` at 67 %, a graceful leave at 80 % and its restart
+    /// at 90 %.
     pub fn builtin(duration: Duration, ttl: Duration) -> Scenario {
         let at = |percent: u32| duration * percent / 100;
         let step = |percent, fault, lasts| Step {
@@ -172,7 +183,8 @@ impl Scenario {
                 step(15, Fault::Kill, None),
                 step(30, Fault::Restart, None),
                 step(40, Fault::Pause, Some(ttl * 2)),
-                step(60, Fault::Cut, Some(ttl * 2)),
+                step(55, Fault::Cut, Some(ttl * 2)),
+                step(67, Fault::Isolate, Some(ttl * 2)),
                 step(80, Fault::Leave, None),
                 step(90, Fault::Restart, None),
             ],

@@ -1,8 +1,61 @@
-//! The demo's figures: operations acknowledged, lease grants and losses, and the fail-over
-//! time of each fault, all from the history.
+//! The demo's figures: operations acknowledged, lease grants and losses, and for each fault
+//! the fail-over time and the service during it, all from the history.
+
+use std::collections::BTreeSet;
 
 use super::timeline::{FaultMark, Timeline};
+use crate::availability::{self, Request};
 use crate::check::Event;
+
+/// How long after a fault without an end (a kill, a leave) its service is measured.
+const SERVICE_WINDOW_NS: u64 = 10_000_000_000;
+
+/// The load's service during a fault: the requests issued from the fault to its end (a
+/// heal or resume; 10 s for a kill or a leave), by every node.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Service {
+    pub requests: usize,
+    pub acked: usize,
+    /// Keys of the whole run, and those with at least one request answered in the window.
+    pub keys: usize,
+    pub keys_answered: usize,
+    /// 99th percentile latency of the answered requests (ms).
+    pub p99_ms: Option<f64>,
+}
+
+impl Service {
+    /// `97.1% of 1532 asks answered, 120/120 keys, p99 84 ms`.
+    pub fn describe(&self) -> String {
+        if self.requests == 0 {
+            return "no request issued".into();
+        }
+        format!(
+            "{:.1}% of {} asks answered, {}/{} keys, p99 {}",
+            100.0 * self.acked as f64 / self.requests as f64,
+            self.requests,
+            self.keys_answered,
+            self.keys,
+            self.p99_ms
+                .map_or("-".to_string(), |ms| format!("{ms:.0} ms"))
+        )
+    }
+}
+
+fn service(requests: &[Request], keys: usize, from_ns: u64, to_ns: u64) -> Service {
+    let window = availability::issued_in(requests, from_ns as i64, to_ns as i64);
+    let answered: BTreeSet<&str> = window
+        .iter()
+        .filter(|r| r.acked())
+        .map(|r| r.entity.as_str())
+        .collect();
+    Service {
+        requests: window.len(),
+        acked: window.iter().filter(|r| r.acked()).count(),
+        keys,
+        keys_answered: answered.len(),
+        p99_ms: availability::latency_quantile(&window, 0.99),
+    }
+}
 
 /// How fast the leases of a fault's victim were held again: by another node, or by the
 /// victim itself with a new grant (after it resumed or restarted).
@@ -15,6 +68,8 @@ pub struct Failover {
     pub moved: usize,
     /// Fault → the last of those leases granted again (ns); None when none was.
     pub time_ns: Option<u64>,
+    /// The load's service during the fault.
+    pub service: Service,
 }
 
 impl Failover {
@@ -57,6 +112,12 @@ pub fn summarize(events: &[Event], timeline: &Timeline, scenario_end_ns: u64) ->
     let count = |pred: &dyn Fn(&Event) -> bool| events.iter().filter(|e| pred(e)).count();
     let is = |e: &Event, kind: &str| e.kind == kind;
     let accepted = |e: &Event| e.fields["accepted"].as_bool();
+    let requests = availability::requests(events);
+    let keys = requests
+        .iter()
+        .map(|r| r.entity.as_str())
+        .collect::<BTreeSet<_>>()
+        .len();
     Summary {
         acks: count(&|e| is(e, "ack")),
         writes_accepted: count(&|e| is(e, "write") && accepted(e) == Some(true)),
@@ -68,7 +129,16 @@ pub fn summarize(events: &[Event], timeline: &Timeline, scenario_end_ns: u64) ->
             .faults
             .iter()
             .filter(|f| f.t_ns < scenario_end_ns && f.kind != "restarted")
-            .map(|f| failover(timeline, f))
+            .map(|f| {
+                let end = f
+                    .until_ns
+                    .unwrap_or(f.t_ns + SERVICE_WINDOW_NS)
+                    .min(scenario_end_ns);
+                Failover {
+                    service: service(&requests, keys, f.t_ns, end),
+                    ..failover(timeline, f)
+                }
+            })
             .collect(),
         span_ns: timeline.end_ns.saturating_sub(timeline.start_ns),
     }
@@ -104,6 +174,7 @@ fn failover(timeline: &Timeline, fault: &FaultMark) -> Failover {
         held,
         moved,
         time_ns: last,
+        service: Service::default(),
     }
 }
 
@@ -179,5 +250,45 @@ mod tests {
         let summary = summarize(&events, &timeline, 10 * s);
         let f = &summary.failovers[0];
         assert_eq!((f.held, f.moved, f.time_ns), (1, 1, Some(5 * s)));
+    }
+
+    #[test]
+    fn service_counts_the_requests_issued_during_the_fault() {
+        let s = 1_000_000_000i64;
+        let ask = |t: i64, kind: &str, key: &str, issued: i64| {
+            line(
+                t,
+                "b",
+                "i",
+                kind,
+                json!({"entity": key, "shard": "1", "issued": issued, "why": "timeout"}),
+            )
+        };
+        let events = vec![
+            ask(s, "ack", "k1", s - 1000),
+            line(2 * s, "a", "harness", "paused", json!({})),
+            ask(3 * s, "no_ack", "k1", 2 * s + 10),
+            ask(3 * s, "ack", "k2", 2 * s + 20),
+            ask(4 * s, "ack", "k2", 3 * s),
+            line(5 * s, "a", "harness", "resumed", json!({})),
+            ask(6 * s, "ack", "k1", 5 * s + 1),
+        ];
+        let timeline = Timeline::new(&events, Default::default());
+        let summary = summarize(&events, &timeline, 10 * s as u64);
+        let service = &summary.failovers[0].service;
+        assert_eq!(
+            (
+                service.requests,
+                service.acked,
+                service.keys,
+                service.keys_answered
+            ),
+            (3, 2, 2, 1)
+        );
+        assert_eq!(service.p99_ms, Some(1000.0));
+        assert_eq!(
+            service.describe(),
+            "66.7% of 3 asks answered, 1/2 keys, p99 1000 ms"
+        );
     }
 }

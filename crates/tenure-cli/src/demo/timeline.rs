@@ -26,12 +26,13 @@ pub struct Hold {
 /// A fault the harness injected, from its `inc = "harness"` history lines.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FaultMark {
-    /// `killed`, `paused`, `leaving`, `link_cut`, `restarted`.
+    /// `killed`, `paused`, `leaving`, `link_cut`, `isolated`, `restarted`.
     pub kind: String,
     pub node: String,
     pub peer: Option<String>,
     pub t_ns: u64,
-    /// The end of a pause (`resumed`) or of a cut (`link_healed`).
+    /// The end of a pause (`resumed`), a cut (`link_healed`) or an isolation
+    /// (`isolation_healed`).
     pub until_ns: Option<u64>,
 }
 
@@ -43,6 +44,7 @@ impl FaultMark {
             "paused" => "SIGSTOP",
             "leaving" => "leave",
             "link_cut" => "cut",
+            "isolated" => "isolate",
             "restarted" => "restart",
             other => other,
         };
@@ -131,7 +133,7 @@ pub fn faults_from_events(events: &[Event]) -> Vec<FaultMark> {
         let peer = e.str("peer").map(str::to_string);
         let t_ns = e.t.max(0) as u64;
         match e.kind.as_str() {
-            kind @ ("killed" | "paused" | "leaving" | "link_cut" | "restarted") => {
+            kind @ ("killed" | "paused" | "leaving" | "link_cut" | "isolated" | "restarted") => {
                 faults.push(FaultMark {
                     kind: kind.to_string(),
                     node,
@@ -140,11 +142,11 @@ pub fn faults_from_events(events: &[Event]) -> Vec<FaultMark> {
                     until_ns: None,
                 });
             }
-            end @ ("resumed" | "link_healed") => {
-                let start = if end == "resumed" {
-                    "paused"
-                } else {
-                    "link_cut"
+            end @ ("resumed" | "link_healed" | "isolation_healed") => {
+                let start = match end {
+                    "resumed" => "paused",
+                    "link_healed" => "link_cut",
+                    _ => "isolated",
                 };
                 if let Some(f) = faults.iter_mut().rev().find(|f| {
                     f.kind == start && f.node == node && f.peer == peer && f.until_ns.is_none()

@@ -4,6 +4,7 @@
 
 pub mod cluster;
 pub mod lives;
+pub mod service;
 pub mod shards;
 
 use std::io::{BufRead, BufReader};

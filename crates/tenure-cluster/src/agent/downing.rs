@@ -21,6 +21,10 @@ use crate::sbr::{
     Decision, Partition, ReachRow, ReachTable, Resolver, SbrSettings, Step, Strategy, WhenDown,
 };
 
+/// How many member-lease ttls a node that downed itself waits for a silent former member
+/// before it rejoins without hearing it.
+const FORGET_AFTER_TTLS: u32 = 10;
+
 /// The resolver lease of lease-majority, shared with the tasks that acquire and release it
 /// (one handle for the node's life, so that acquiring again re-enters).
 type SharedLease = Arc<tokio::sync::Mutex<Option<Lease>>>;
@@ -35,8 +39,18 @@ pub(super) struct Downing {
     attempts: u64,
     /// When the resolver lease this node won is released.
     release_at: Option<Instant>,
-    /// This node downed itself (why); it rejoins once it hears every member again.
+    /// This node downed itself (why); it rejoins once it and every node it must hear hear
+    /// each other again.
     downed: Option<String>,
+    downed_at: Instant,
+    /// The other members when it downed itself: they must hear it again before it rejoins,
+    /// while they are members or were heard within [`FORGET_AFTER_TTLS`] member-lease ttls
+    /// (a node cut off from this one and downed too is silent and holds no member lease,
+    /// like a crashed one: only a long silence tells them apart).
+    down_peers: BTreeSet<NodeAddr>,
+    /// When a heartbeat last came from each node, and when one last said it hears this node.
+    heard: std::collections::HashMap<NodeAddr, Instant>,
+    hears_me: std::collections::HashMap<NodeAddr, Instant>,
 }
 
 impl Downing {
@@ -49,7 +63,37 @@ impl Downing {
             attempts: 0,
             release_at: None,
             downed: None,
+            downed_at: Instant::now(),
+            down_peers: BTreeSet::new(),
+            heard: Default::default(),
+            hears_me: Default::default(),
         }
+    }
+
+    /// A heartbeat came from `node`; `hears_me`: it said it hears this node.
+    pub(super) fn heard(&mut self, node: &NodeAddr, hears_me: bool, now: Instant) {
+        self.heard.insert(node.clone(), now);
+        if hears_me {
+            self.hears_me.insert(node.clone(), now);
+        }
+    }
+
+    /// The nodes heard within `window` before `now`, for heartbeats.
+    pub(super) fn hearing(&self, now: Instant, window: Duration) -> Vec<NodeAddr> {
+        self.heard
+            .iter()
+            .filter(|(_, t)| now.saturating_duration_since(**t) < window)
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
+    /// Whether this node and `peer` heard each other within `window`.
+    fn mutual(&self, peer: &NodeAddr, now: Instant, window: Duration) -> bool {
+        let recent = |m: &std::collections::HashMap<NodeAddr, Instant>| {
+            m.get(peer)
+                .is_some_and(|t| now.saturating_duration_since(*t) < window)
+        };
+        recent(&self.heard) && recent(&self.hears_me)
     }
 
     /// Whether this node downed itself and has not rejoined yet.
@@ -131,7 +175,6 @@ impl AgentState {
         let Some(d) = self.downing.as_mut() else {
             return;
         };
-        let hears_everyone = own.is_empty();
         d.table.set_own(&self.me, self.incarnation, own);
         d.table.retain(|a| {
             lives
@@ -151,9 +194,31 @@ impl AgentState {
             });
         }
         if d.downed.is_some() {
-            if hears_everyone && d.resolver.settings().when_down == WhenDown::Rejoin {
+            // Rejoin only once every member, and every node that was one when this node
+            // downed itself and still runs, hears this node and is heard by it (else the
+            // same fault would down it again at once), and not before stable-after.
+            let window = self.s.unreachable_after;
+            let forget = self.s.member_lease.heartbeat_timeout * FORGET_AFTER_TTLS;
+            let downed_at = d.downed_at;
+            let silent_too_long = |p: &NodeAddr| {
+                let last = d.heard.get(p).copied().unwrap_or(downed_at).max(downed_at);
+                now.saturating_duration_since(last) >= forget
+            };
+            let must: BTreeSet<&NodeAddr> = self
+                .view
+                .peers()
+                .chain(
+                    d.down_peers
+                        .iter()
+                        .filter(|p| self.view.get(p).is_some() || !silent_too_long(p)),
+                )
+                .collect();
+            let ready = now.saturating_duration_since(d.downed_at)
+                >= d.resolver.settings().stable_after
+                && must.iter().all(|p| d.mutual(p, now, window));
+            if ready && d.resolver.settings().when_down == WhenDown::Rejoin {
                 let why = d.downed.take().unwrap_or_default();
-                tracing::info!(node = %self.me, downed_for = %why, "hears every member again: rejoining as a new member");
+                tracing::info!(node = %self.me, downed_for = %why, "every member hears this node and is heard again: rejoining as a new member");
                 if let Some(h) = &self.history {
                     h.record("sbr_rejoining", json!({}));
                 }
@@ -258,13 +323,14 @@ impl AgentState {
         }
     }
 
-    fn down_others(&mut self, strategy: &str, down: &[NodeAddr]) {
+    fn down_others(&mut self, strategy: &'static str, down: &[NodeAddr]) {
         for addr in down {
             let events = self.view.down(addr);
             if events.is_empty() {
                 continue;
             }
             tracing::warn!(node = %self.me, member = %addr, strategy, "split brain resolver: downing a member on the other side");
+            crate::metrics::downing("down_member", strategy);
             if let Some(h) = &self.history {
                 h.record(
                     "sbr_downed",
@@ -285,8 +351,11 @@ impl AgentState {
             return;
         }
         d.downed = Some(why.to_string());
+        d.downed_at = Instant::now();
+        d.down_peers = self.view.peers().cloned().collect();
         d.attempt = None;
         let when_down = d.resolver.settings().when_down;
+        crate::metrics::downing("down_self", d.resolver.settings().strategy.name());
         tracing::warn!(node = %self.me, why, "split brain resolver: downing this node");
         if let Some(h) = &self.history {
             h.record("sbr_down_self", json!({"why": why}));

@@ -24,12 +24,12 @@ use crate::identity::{Incarnation, NodeAddr};
 use crate::member::{ClusterEvent, Listed, Member, Membership};
 use crate::placement::{Placement, PlacementMismatch};
 use crate::protocol::{
-    AgentMsg, FaultReply, Heartbeat, Hello, Inspect, Leaving, LeavingAck, LinkFault, Local,
-    MemberInfo, NodeView, PROTOCOL_VERSION, SessionChange,
+    AgentMsg, FaultReply, Heartbeat, Hello, Inspect, Leaving, LeavingAck, Local, MemberInfo,
+    NodeView, PROTOCOL_VERSION, SessionChange, SetLink,
 };
 use crate::settings::ClusterSettings;
 use crate::subscribe::{ClusterSubscriber, HandOver, HandOverWait};
-use crate::transport::{Links, Tls, dial};
+use crate::transport::{LinkFault, Links, Tls, dial};
 
 mod downing;
 
@@ -675,6 +675,9 @@ impl AgentState {
             return;
         }
         self.tell_if_downed(&hb.node, hb.incarnation, hb.age);
+        if let Some(d) = self.downing.as_mut() {
+            d.heard(&hb.node, hb.hears.contains(&self.me), Instant::now());
+        }
         self.merge_rows(hb.reach);
         self.reach.heard(&hb.node, Instant::now());
         if self.view.get(&hb.node).is_some_and(|m| !m.reachable) {
@@ -1050,6 +1053,11 @@ impl AgentState {
                 0
             },
             reach: self.downing.as_ref().map(|d| d.rows()).unwrap_or_default(),
+            hears: self
+                .downing
+                .as_ref()
+                .map(|d| d.hearing(now, self.s.unreachable_after))
+                .unwrap_or_default(),
         };
         for p in self.peers.values() {
             let _ = p.agent.cast(AgentMsg::Heartbeat(hb.clone()));
@@ -1206,7 +1214,7 @@ impl AgentState {
         }
     }
 
-    fn set_link(&mut self, fault: LinkFault) -> FaultReply {
+    fn set_link(&mut self, change: SetLink) -> FaultReply {
         if !self.s.fault_injection {
             return FaultReply {
                 error: Some(
@@ -1215,12 +1223,14 @@ impl AgentState {
                 ),
             };
         }
-        tracing::warn!(node = %self.me, peer = %fault.peer, cut = fault.cut, "fault injection: link {}", if fault.cut { "cut" } else { "healed" });
-        self.links.gate(&fault.peer).set_cut(fault.cut);
+        let SetLink { peer, fault } = change;
+        let cut = fault != LinkFault::None;
+        tracing::warn!(node = %self.me, %peer, fault = fault.as_str(), "fault injection: link {}", if cut { "cut" } else { "healed" });
+        self.links.gate(&peer).set(fault);
         if let Some(h) = &self.history {
             h.record(
-                if fault.cut { "link_cut" } else { "link_healed" },
-                json!({"member": fault.peer.to_string()}),
+                if cut { "link_cut" } else { "link_healed" },
+                json!({"member": peer.to_string(), "fault": fault.as_str()}),
             );
         }
         FaultReply { error: None }

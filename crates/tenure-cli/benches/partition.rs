@@ -1,0 +1,196 @@
+//! Availability under partitions and crashes, with the split brain resolver at its default
+//! (lease-majority): for each fault kind, a 3-node harness cluster (ttl 3 s,
+//! unreachable-after 1.5 s, stable-after 1.5 s, minority delay 1 s) hosts the example
+//! counter (12 shards) and the ticker singleton; every node asks each of 16 keys twice a
+//! second (open loop, 2 s per ask) and probes the singleton through its proxy every
+//! second. In each of `TENURE_BENCH_ROUNDS` rounds (default 10) the fault is injected,
+//! held for `TENURE_BENCH_FAULT_SECS` (default 12), then healed (killed nodes restarted),
+//! and the cluster must serve every key everywhere again before the next round.
+//!
+//! Reported per kind, from the history: p50 / p99 / max of the time from the fault until
+//! every key is answered through every surviving node in every following second and the
+//! singleton answers each of their proxies from a survivor (the asks are stamped when
+//! issued); the goal is stable-after + ttl + 1 s = 5.5 s. For SIGKILL, the goal is
+//! ttl + 1 s = 4 s. Each kind's history is checked with `tenure check`.
+//!
+//! Kinds (`TENURE_BENCH_KINDS`, comma-separated, default all): `oldest-isolated` (the
+//! oldest node's links stalled both ways), `youngest-dropped` (the youngest node's links
+//! dropped), `partial` (the oldest and youngest cannot hear each other; the middle node
+//! hears both), `one-way` (what the youngest sends the oldest is lost), `kill-oldest`
+//! (SIGKILL of the oldest node), `kill-two` (SIGKILL of the two oldest at once).
+//!
+//! `cargo bench -p tenure-cli --bench partition`
+
+#[path = "../tests/common/mod.rs"]
+#[allow(dead_code, unused_imports)]
+mod common;
+
+use std::time::Duration;
+
+use common::cluster::Cluster;
+use common::service::{KEYS, loaded_cluster, now_ns, recovered_after, served_keys};
+use common::shards::load_requests;
+
+fn env(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+const KINDS: [&str; 6] = [
+    "oldest-isolated",
+    "youngest-dropped",
+    "partial",
+    "one-way",
+    "kill-oldest",
+    "kill-two",
+];
+
+/// Injects `kind` with the nodes ordered by age (`by_age[0]` the oldest); returns the
+/// surviving nodes and what heals it.
+fn inject(
+    c: &mut Cluster,
+    kind: &str,
+    by_age: &[usize],
+) -> (Vec<usize>, Box<dyn Fn(&mut Cluster)>) {
+    let (o, m, y) = (by_age[0], by_age[1], by_age[2]);
+    match kind {
+        "oldest-isolated" => {
+            c.set_link(o, m, true);
+            c.set_link(o, y, true);
+            (
+                vec![m, y],
+                Box::new(move |c: &mut Cluster| {
+                    c.set_link(o, m, false);
+                    c.set_link(o, y, false);
+                }),
+            )
+        }
+        "youngest-dropped" => {
+            c.drop_link(y, o);
+            c.drop_link(y, m);
+            (
+                vec![o, m],
+                Box::new(move |c: &mut Cluster| {
+                    c.set_link(y, o, false);
+                    c.set_link(y, m, false);
+                }),
+            )
+        }
+        "partial" => {
+            c.set_link(o, y, true);
+            (
+                vec![m],
+                Box::new(move |c: &mut Cluster| c.set_link(o, y, false)),
+            )
+        }
+        "one-way" => {
+            c.cut_one_way(y, o);
+            (
+                vec![o, m],
+                Box::new(move |c: &mut Cluster| c.set_link(y, o, false)),
+            )
+        }
+        "kill-oldest" => {
+            c.kill(o);
+            (vec![m, y], Box::new(move |c: &mut Cluster| c.restart(o)))
+        }
+        "kill-two" => {
+            c.kill(o);
+            c.kill(m);
+            (
+                vec![y],
+                Box::new(move |c: &mut Cluster| {
+                    c.restart(o);
+                    c.restart(m);
+                }),
+            )
+        }
+        other => panic!("unknown fault kind {other}"),
+    }
+}
+
+/// The nodes ordered by age, oldest first, from node `via`'s view.
+fn by_age(c: &Cluster) -> Vec<usize> {
+    let via = (0..c.nodes.len())
+        .find(|i| c.is_running(*i))
+        .expect("a running node");
+    let members = c.members(via).expect("a view");
+    members
+        .iter()
+        .filter(|m| m.status == "up")
+        .filter_map(|m| c.nodes.iter().position(|n| n.addr == m.addr))
+        .collect()
+}
+
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    let rounds = env("TENURE_BENCH_ROUNDS", 10) as usize;
+    let hold = Duration::from_secs(env("TENURE_BENCH_FAULT_SECS", 12));
+    let kinds: Vec<String> = std::env::var("TENURE_BENCH_KINDS")
+        .map(|k| k.split(',').map(str::to_string).collect())
+        .unwrap_or_else(|_| KINDS.map(String::from).to_vec());
+    let mut report = Vec::new();
+    for kind in &kinds {
+        let mut c = loaded_cluster(3);
+        let mut times = Vec::new();
+        let mut never = 0;
+        for round in 0..rounds {
+            let ages = by_age(&c);
+            assert_eq!(ages.len(), 3, "three up members before round {round}");
+            let (survivors, heal) = inject(&mut c, kind, &ages);
+            let at = now_ns();
+            std::thread::sleep(hold + Duration::from_secs(2));
+            let names: Vec<String> = survivors.iter().map(|i| c.nodes[*i].addr.clone()).collect();
+            let end = at + hold.as_nanos() as i64;
+            match recovered_after(&c.history(), &names, at, end) {
+                Some(t) => times.push(t),
+                None => never += 1,
+            }
+            eprintln!("{kind} round {round}: {:?}", times.last());
+            heal(&mut c);
+            c.wait_converged(Duration::from_secs(60));
+            let healed = now_ns();
+            c.wait_until(
+                "every node answers every key again",
+                Duration::from_secs(60),
+                |c| {
+                    let requests = load_requests(&c.history());
+                    c.nodes
+                        .iter()
+                        .all(|n| served_keys(&requests, &n.addr, healed, i64::MAX).len() == KEYS)
+                },
+            );
+        }
+        common::assert_checked(&c.history);
+        times.sort_by(|a, b| a.total_cmp(b));
+        let line = if times.is_empty() {
+            format!("{kind:<18} never recovered in {rounds} rounds")
+        } else {
+            format!(
+                "{kind:<18} p50 {:>5.2} s  p99 {:>5.2} s  max {:>5.2} s  ({} rounds, {never} without recovery within {} s)",
+                quantile(&times, 0.5),
+                quantile(&times, 0.99),
+                times[times.len() - 1],
+                times.len(),
+                hold.as_secs()
+            )
+        };
+        eprintln!("{line}");
+        report.push(line);
+        c.stop_all(Duration::from_secs(20));
+    }
+    println!(
+        "time from the fault to every key served through every survivor and the singleton answering (goal 5.5 s; kill-oldest 4 s):"
+    );
+    for line in report {
+        println!("  {line}");
+    }
+}
