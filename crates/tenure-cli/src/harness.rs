@@ -655,6 +655,10 @@ release-after = "10s"
     }
 }
 
+/// With this set to a directory, a cluster dropped while its thread panics (a failed
+/// test) copies its history there first, named by the time: for replaying a failed seed.
+pub const KEEP_HISTORY_VAR: &str = "TENURE_KEEP_HISTORY";
+
 impl Drop for Cluster {
     fn drop(&mut self) {
         for node in &mut self.nodes {
@@ -662,6 +666,18 @@ impl Drop for Cluster {
                 unsafe { libc::kill(child.id() as i32, libc::SIGCONT) };
                 let _ = child.kill();
                 let _ = child.wait();
+            }
+        }
+        if std::thread::panicking()
+            && let Some(dir) = std::env::var_os(KEEP_HISTORY_VAR)
+        {
+            let copy = PathBuf::from(dir).join(format!(
+                "history-{}.jsonl",
+                tenure::clock::boottime_now_ns()
+            ));
+            match std::fs::copy(&self.history, &copy) {
+                Ok(_) => eprintln!("history kept in {}", copy.display()),
+                Err(e) => eprintln!("cannot keep the history in {}: {e}", copy.display()),
             }
         }
     }

@@ -578,10 +578,6 @@ fn second_owner(run: &mut Run, target: usize, rng: &mut Rng) {
 }
 
 fn final_checks(run: &Run) {
-    let _ = std::fs::copy(
-        &run.c.history,
-        "/work/targets/instance-logs/last-history.jsonl",
-    );
     let summary = common::assert_checked(&run.c.history);
     eprintln!("{}", summary.trim());
     let history = run.c.history();

@@ -130,9 +130,15 @@ pub enum SessionChange {
 /// Messages an agent sends itself or gets from its own node.
 pub enum Local {
     Session(SessionChange, Box<NodeServerSessionInformation>),
-    Lease(LeaseEvent),
-    /// A join ticket was taken: start holding the member lease with this age.
-    Ticket(u64),
+    /// An event of the member lease actor started for the membership with join ticket
+    /// `ticket` (events of an earlier membership's actor are ignored).
+    MemberLease {
+        ticket: u64,
+        event: LeaseEvent,
+    },
+    /// A join ticket was taken (`None`: it could not be): start holding the member lease
+    /// with this age.
+    Ticket(Option<u64>),
     Tick,
     Poll,
     Listed(Result<Vec<LeaseRecord>, String>),
@@ -154,10 +160,4 @@ pub enum Local {
         won: Result<bool, String>,
     },
     Leave(RpcReplyPort<crate::agent::LeaveAnswer>),
-}
-
-impl From<LeaseEvent> for AgentMsg {
-    fn from(event: LeaseEvent) -> Self {
-        AgentMsg::Local(Local::Lease(event))
-    }
 }

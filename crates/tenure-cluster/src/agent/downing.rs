@@ -13,7 +13,7 @@ use tenure_lease::store::bounded;
 use tenure_lease::{Acquired, Lease, LeaseMsg, LeaseSettings, LeaseSpec, LeaseStore};
 use tokio::time::Instant;
 
-use super::{AgentState, RELEASE_SLACK, spawn_ticket};
+use super::{AgentState, RELEASE_SLACK};
 use crate::identity::{Incarnation, NodeAddr};
 use crate::member::{Member, MemberStatus};
 use crate::protocol::{AgentMsg, Local, YouAreDown};
@@ -222,12 +222,7 @@ impl AgentState {
                 if let Some(h) = &self.history {
                     h.record("sbr_rejoining", json!({}));
                 }
-                spawn_ticket(
-                    myself,
-                    &self.s,
-                    self.store.clone(),
-                    self.lease_observer.clone(),
-                );
+                self.request_ticket(myself);
             }
             return;
         }

@@ -185,6 +185,8 @@ pub(crate) struct AgentState {
     member_lease: Option<ActorRef<LeaseMsg>>,
     /// The join ticket of the current membership (this node's age).
     ticket: Option<u64>,
+    /// A join ticket is being taken.
+    ticketing: bool,
     history: Option<History>,
     lease_observer: Option<LeaseObserver>,
     /// Member leases of nodes with another cookie, already warned about.
@@ -314,6 +316,7 @@ impl Actor for Agent {
             store: a.store,
             member_lease: None,
             ticket: None,
+            ticketing: true,
             history: a.history,
             lease_observer: a.lease_observer,
             pending_hellos: HashMap::new(),
@@ -449,10 +452,14 @@ fn spawn_ticket(
     let me = myself.clone();
     match spec {
         Ok(spec) => {
+            let pause = s.member_lease.lease_retry_interval;
             tokio::spawn(async move {
-                if let Some(ticket) = take_ticket(spec, me.clone()).await {
-                    let _ = me.cast(AgentMsg::Local(Local::Ticket(ticket)));
+                let ticket = take_ticket(spec, me.clone()).await;
+                if ticket.is_none() {
+                    // Asked again after this pause, so that a failing start does not spin.
+                    tokio::time::sleep(pause).await;
                 }
+                let _ = me.cast(AgentMsg::Local(Local::Ticket(ticket)));
             });
         }
         Err(e) => tracing::error!(error = %e, "cannot take a join ticket"),
@@ -460,6 +467,21 @@ fn spawn_ticket(
 }
 
 impl AgentState {
+    /// Takes a join ticket, unless one is being taken already (two tickets would start two
+    /// member lease actors, the second waiting forever on the first's grant).
+    pub(super) fn request_ticket(&mut self, myself: &ActorRef<AgentMsg>) {
+        if self.ticketing {
+            return;
+        }
+        self.ticketing = true;
+        spawn_ticket(
+            myself,
+            &self.s,
+            self.store.clone(),
+            self.lease_observer.clone(),
+        );
+    }
+
     fn is_member_lease(&self, cell: &ractor::ActorCell) -> bool {
         self.member_lease
             .as_ref()
@@ -492,12 +514,11 @@ impl AgentState {
             Some(o) => spec.with_observer(o.clone()),
             None => spec,
         };
-        let (lease, _) = LeaseActor::start(
-            spec,
-            LeaseEventSink::to_actor(myself.clone()),
-            Some(myself.get_cell()),
-        )
-        .await?;
+        let agent = myself.clone();
+        let sink = LeaseEventSink::new(move |event| {
+            let _ = agent.cast(AgentMsg::Local(Local::MemberLease { ticket, event }));
+        });
+        let (lease, _) = LeaseActor::start(spec, sink, Some(myself.get_cell())).await?;
         lease.cast(LeaseMsg::Acquire { reply: None })?;
         tracing::info!(node = %self.me, age = ticket, "joining: acquiring the member lease");
         self.ticket = Some(ticket);
@@ -694,13 +715,32 @@ impl AgentState {
         match local {
             Local::Session(change, ses) => self.on_session(change, *ses),
             Local::Ticket(ticket) => {
+                self.ticketing = false;
                 // A ticket taken before this node downed itself: it rejoins with a new one.
                 let downed = self.downing.as_ref().is_some_and(|d| d.is_downed());
-                if !self.leaving && !downed {
-                    self.join(myself, ticket).await?;
+                if self.leaving || downed {
+                    return Ok(());
+                }
+                match ticket {
+                    Some(ticket) => {
+                        // One member lease actor at a time: an earlier membership's goes.
+                        if let Some(old) = self.member_lease.take() {
+                            old.unlink(myself.get_cell());
+                            old.stop(Some("replaced by a new membership".into()));
+                        }
+                        self.join(myself, ticket).await?;
+                    }
+                    None if self.member_lease.is_none() => self.request_ticket(myself),
+                    None => {}
                 }
             }
-            Local::Lease(LeaseEvent::Granted(g)) => {
+            Local::MemberLease { ticket, event } if self.ticket != Some(ticket) => {
+                tracing::debug!(ticket, ?event, "event of an earlier membership's member lease ignored");
+            }
+            Local::MemberLease {
+                event: LeaseEvent::Granted(g),
+                ..
+            } => {
                 tracing::info!(node = %self.me, token = g.token, "member lease granted: checking placement against the members");
                 self.verifying = Some(g.token);
                 self.list_for_join(myself, g.token, Duration::ZERO);
@@ -727,7 +767,10 @@ impl AgentState {
                     },
                 }
             }
-            Local::Lease(LeaseEvent::Lost(l)) => {
+            Local::MemberLease {
+                event: LeaseEvent::Lost(l),
+                ..
+            } => {
                 self.verifying = None;
                 tracing::warn!(node = %self.me, token = l.token, reason = %l.reason, "member lease lost: this node is down");
                 let events = self.view.self_lost();
@@ -740,18 +783,20 @@ impl AgentState {
                         old.stop(Some("member lease lost".into()));
                     }
                     self.ticket = None;
-                    spawn_ticket(myself, &self.s, self.store.clone(), self.lease_observer.clone());
+                    self.request_ticket(myself);
                 }
             }
             // Member leases are plain (priority 0): a forceful preemption arrives as a loss.
-            Local::Lease(
-                LeaseEvent::PreemptionRequested(_)
-                | LeaseEvent::PreemptionWithdrawn(_)
-                // Renewals failing before the deadline: the grant is still ours, and the
-                // stop budget acts on a loss, not on doubt.
-                | LeaseEvent::Suspended(_)
-                | LeaseEvent::Resumed(_),
-            ) => {}
+            Local::MemberLease {
+                event:
+                    LeaseEvent::PreemptionRequested(_)
+                    | LeaseEvent::PreemptionWithdrawn(_)
+                    // Renewals failing before the deadline: the grant is still ours, and
+                    // the stop budget acts on a loss, not on doubt.
+                    | LeaseEvent::Suspended(_)
+                    | LeaseEvent::Resumed(_),
+                ..
+            } => {}
             Local::Tick => self.tick(myself),
             Local::Poll => {
                 if !self.polling {
