@@ -22,7 +22,7 @@
 //! `cargo bench -p tenure-cli --bench partition`
 
 #[path = "../tests/common/mod.rs"]
-#[allow(dead_code, unused_imports)]
+#[allow(unused_imports)]
 mod common;
 
 use std::time::Duration;
@@ -47,13 +47,12 @@ const KINDS: [&str; 6] = [
     "kill-two",
 ];
 
+/// What lifts a fault.
+type Heal = Box<dyn Fn(&mut Cluster)>;
+
 /// Injects `kind` with the nodes ordered by age (`by_age[0]` the oldest); returns the
 /// surviving nodes and what heals it.
-fn inject(
-    c: &mut Cluster,
-    kind: &str,
-    by_age: &[usize],
-) -> (Vec<usize>, Box<dyn Fn(&mut Cluster)>) {
+fn inject(c: &mut Cluster, kind: &str, by_age: &[usize]) -> (Vec<usize>, Heal) {
     let (o, m, y) = (by_age[0], by_age[1], by_age[2]);
     match kind {
         "oldest-isolated" => {
