@@ -163,6 +163,9 @@ pub(crate) struct SharedBelief {
     state: tokio::sync::watch::Sender<LeaseState>,
     /// The generation whose renewals are failing, while it is suspended.
     suspended: Mutex<Option<u64>>,
+    /// The newest generation whose grant was traced: handles see a grant only from then
+    /// on, so nothing acts under a grant before the history records it.
+    announced: std::sync::atomic::AtomicU64,
 }
 
 impl SharedBelief {
@@ -182,6 +185,7 @@ impl SharedBelief {
             observer,
             state: tokio::sync::watch::Sender::new(LeaseState::NotHeld),
             suspended: Mutex::new(None),
+            announced: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -303,12 +307,16 @@ impl SharedBelief {
             self.announce_lost(held, LostReason::NotHeld);
         }
         if let GrantEffect::New(held) = effect {
-            self.publish(LeaseState::Held);
             tracing::info!(lease = %self.name, token = held.token, "lease granted");
+            // The trace first: whoever learns of the grant (state watchers, the sink) acts
+            // after it, so a history never shows an action under a grant before the grant.
             self.trace(LeaseTrace::Granted {
                 token: held.token,
                 valid_until: self.clock.boottime_ns(held.deadline),
             });
+            self.announced
+                .fetch_max(held.generation, std::sync::atomic::Ordering::SeqCst);
+            self.publish(LeaseState::Held);
             self.sink.deliver(LeaseEvent::Granted(LeaseGranted {
                 name: self.name.clone(),
                 token: held.token,
@@ -395,9 +403,13 @@ impl SharedBelief {
         held
     }
 
-    /// The grant believed now, if any. Never blocks on anything but a short critical section.
+    /// The grant believed now, if any, once its grant was traced. Never blocks on anything
+    /// but a short critical section.
     pub(crate) fn current(&self) -> Option<Held> {
-        self.belief().current(self.clock.now())
+        let announced = self.announced.load(std::sync::atomic::Ordering::SeqCst);
+        self.belief()
+            .current(self.clock.now())
+            .filter(|h| h.generation <= announced)
     }
 
     /// The grant believed, even if its belief just ended and nobody announced it yet.
