@@ -28,8 +28,7 @@ mod common;
 use std::time::Duration;
 
 use common::cluster::Cluster;
-use common::service::{KEYS, loaded_cluster, now_ns, recovered_after, served_keys};
-use common::shards::load_requests;
+use common::service::{loaded_cluster, now_ns, recovered_after, wait_all_keys_served};
 
 fn env(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -157,15 +156,11 @@ fn main() {
             heal(&mut c);
             c.wait_converged(Duration::from_secs(60));
             let healed = now_ns();
-            c.wait_until(
+            wait_all_keys_served(
+                &c,
+                healed,
                 "every node answers every key again",
                 Duration::from_secs(60),
-                |c| {
-                    let requests = load_requests(&c.history());
-                    c.nodes
-                        .iter()
-                        .all(|n| served_keys(&requests, &n.addr, healed, i64::MAX).len() == KEYS)
-                },
             );
         }
         common::assert_checked(&c.history);

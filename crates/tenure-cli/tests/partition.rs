@@ -14,6 +14,7 @@ use common::cluster::Cluster;
 use common::lives::shard_lives;
 use common::service::{
     ASK_TIMEOUT_NS, KEYS, full_service_after, loaded_cluster, now_ns, proxy_replies, served_keys,
+    wait_all_keys_served,
 };
 use common::shards::{live_shards, load_requests};
 
@@ -99,15 +100,11 @@ fn during(
     heal(&mut c);
     c.wait_converged(Duration::from_secs(30));
     let healed = now_ns();
-    c.wait_until(
+    wait_all_keys_served(
+        &c,
+        healed,
         "after healing, every running node answers every key",
         Duration::from_secs(30),
-        |c| {
-            let requests = load_requests(&c.history());
-            (0..c.nodes.len())
-                .filter(|i| c.is_running(*i))
-                .all(|i| served_keys(&requests, &c.nodes[i].addr, healed, i64::MAX).len() == KEYS)
-        },
     );
     common::assert_checked(&c.history);
     c
@@ -311,15 +308,11 @@ fn a_store_outage_longer_than_the_member_ttl_downs_every_node_and_all_rejoin_in_
         "one age order after the outage: {orders:?}"
     );
     let healed = now_ns();
-    c.wait_until(
+    wait_all_keys_served(
+        &c,
+        healed,
         "after the outage, every node answers every key",
         Duration::from_secs(30),
-        |c| {
-            let requests = load_requests(&c.history());
-            c.nodes
-                .iter()
-                .all(|n| served_keys(&requests, &n.addr, healed, i64::MAX).len() == KEYS)
-        },
     );
     common::assert_checked(&c.history);
 }

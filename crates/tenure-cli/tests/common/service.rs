@@ -130,3 +130,13 @@ pub fn recovered_after(
     }
     Some(keys.max(singleton))
 }
+
+/// Waits until every running node answered every key with a request issued after `since`.
+pub fn wait_all_keys_served(c: &Cluster, since: i64, what: &str, limit: Duration) {
+    c.wait_until(what, limit, |c| {
+        let requests = load_requests(&c.history());
+        (0..c.nodes.len())
+            .filter(|i| c.is_running(*i))
+            .all(|i| served_keys(&requests, &c.nodes[i].addr, since, i64::MAX).len() == KEYS)
+    });
+}

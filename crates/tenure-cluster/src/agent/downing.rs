@@ -252,9 +252,6 @@ impl AgentState {
                 d.attempts += 1;
                 let attempt = d.attempts;
                 d.attempt = Some((attempt, down_if_won));
-                let Strategy::LeaseMajority { .. } = d.resolver.settings().strategy else {
-                    return;
-                };
                 tracing::info!(node = %self.me, %leader, ?delay, side = side.len(), "split brain resolver: the side holding the resolver lease survives");
                 let name = format!("{}-sbr", self.s.system);
                 let settings = self.s.member_lease;

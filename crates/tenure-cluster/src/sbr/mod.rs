@@ -244,27 +244,14 @@ impl Resolver {
 
 #[cfg(test)]
 mod tests {
+    use super::strategy::tests::{a, part as cut_of};
     use super::*;
-    use crate::identity::Incarnation;
-    use crate::member::{Member, MemberStatus};
 
-    fn a(p: u16) -> NodeAddr {
-        NodeAddr::parse("t", &format!("127.0.0.1:{p}")).unwrap()
-    }
+    /// A 3-node cluster where each (observer, subject) pair of `cut` cannot hear.
     fn part(cut: &[(u16, u16)]) -> Partition {
-        let members = (1..=3)
-            .map(|p| Member {
-                addr: a(p),
-                incarnation: Incarnation(p as u64),
-                age: p as u64,
-                status: MemberStatus::Up,
-                reachable: true,
-                roles: Vec::new(),
-            })
-            .collect();
-        let recs: Vec<(NodeAddr, NodeAddr)> = cut.iter().map(|(o, s)| (a(*o), a(*s))).collect();
-        Partition::new(members, recs.iter().map(|(o, s)| (o, s)))
+        cut_of(3, cut)
     }
+
     fn settings(extra: &str) -> Result<Option<SbrSettings>, ConfigError> {
         let text = format!("[cluster]\ncookie = \"c\"\n[cluster.split-brain-resolver]\n{extra}");
         let config = tenure_lease::TenureConfig::from_toml_str(&text, "test")?;

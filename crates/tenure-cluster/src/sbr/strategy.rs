@@ -215,12 +215,12 @@ pub fn decide(strategy: &Strategy, role: &str, me: &NodeAddr, p: &Partition) -> 
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::identity::Incarnation;
     use crate::member::MemberStatus;
 
-    fn a(p: u16) -> NodeAddr {
+    pub(in crate::sbr) fn a(p: u16) -> NodeAddr {
         NodeAddr::parse("t", &format!("127.0.0.1:{p}")).unwrap()
     }
     /// Members 1..=n, node 1 the oldest; `roles` gives node i's role when listed.
@@ -240,7 +240,7 @@ mod tests {
             })
             .collect()
     }
-    fn part(n: u16, cut: &[(u16, u16)]) -> Partition {
+    pub(in crate::sbr) fn part(n: u16, cut: &[(u16, u16)]) -> Partition {
         let recs: Vec<(NodeAddr, NodeAddr)> = cut.iter().map(|(o, s)| (a(*o), a(*s))).collect();
         Partition::new(members(n, &[]), recs.iter().map(|(o, s)| (o, s)))
     }
