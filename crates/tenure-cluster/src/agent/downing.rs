@@ -51,6 +51,10 @@ pub(super) struct Downing {
     /// When a heartbeat last came from each node, and when one last said it hears this node.
     heard: std::collections::HashMap<NodeAddr, Instant>,
     hears_me: std::collections::HashMap<NodeAddr, Instant>,
+    /// When this node's current membership came up: until it has had unreachable-after to
+    /// hear its peers, its row says it reaches them all (a node back from a pause or a lost
+    /// member lease reconnects first; its old life's silences are no observation).
+    up_since: Instant,
 }
 
 impl Downing {
@@ -67,7 +71,21 @@ impl Downing {
             down_peers: BTreeSet::new(),
             heard: Default::default(),
             hears_me: Default::default(),
+            up_since: Instant::now(),
         }
+    }
+
+    /// This node's membership ended without the resolver (its member lease was lost): an
+    /// attempt of that life is void, and the next life starts without its observations.
+    pub(super) fn membership_ended(&mut self) {
+        self.attempt = None;
+        self.resolver.restart(Instant::now());
+    }
+
+    /// This node is up under a new membership at `now`.
+    pub(super) fn membership_up(&mut self, now: Instant) {
+        self.up_since = now;
+        self.resolver.restart(now);
     }
 
     /// A heartbeat came from `node`; `hears_me`: it said it hears this node.
@@ -161,11 +179,15 @@ impl AgentState {
             return;
         }
         let members: Vec<Member> = self.view.members().into_iter().filter(counted).collect();
+        let settling = self
+            .downing
+            .as_ref()
+            .is_some_and(|d| now.saturating_duration_since(d.up_since) < self.s.unreachable_after);
         let own: BTreeSet<NodeAddr> = self
             .view
             .members()
             .into_iter()
-            .filter(|m| m.addr != self.me && counted(m) && !m.reachable)
+            .filter(|m| m.addr != self.me && counted(m) && !m.reachable && !settling)
             .map(|m| m.addr)
             .collect();
         let lives: std::collections::HashMap<NodeAddr, Incarnation> = members

@@ -762,6 +762,9 @@ impl AgentState {
                             let age = self.ticket.unwrap_or_default();
                             tracing::info!(node = %self.me, token, age, "placement agrees with every member: up");
                             let events = self.view.self_granted(age);
+                            if let Some(d) = self.downing.as_mut() {
+                                d.membership_up(Instant::now());
+                            }
                             self.emit(events);
                         }
                     },
@@ -775,6 +778,9 @@ impl AgentState {
                 tracing::warn!(node = %self.me, token = l.token, reason = %l.reason, "member lease lost: this node is down");
                 let events = self.view.self_lost();
                 self.emit(events);
+                if let Some(d) = self.downing.as_mut() {
+                    d.membership_ended();
+                }
                 let downed = self.downing.as_ref().is_some_and(|d| d.is_downed());
                 if !self.leaving && !downed {
                     // Rejoin as a new (youngest) membership: new ticket, new lease actor.

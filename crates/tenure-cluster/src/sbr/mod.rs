@@ -203,6 +203,11 @@ impl Resolver {
         &self.settings
     }
 
+    /// Forgets what was seen: a new membership of this node starts a new situation at `now`.
+    pub fn restart(&mut self, now: Instant) {
+        *self = Resolver::new(self.settings.clone(), now);
+    }
+
     /// Feeds the partition as seen at `now`; answers a decision at most once per situation.
     pub fn step(&mut self, me: &NodeAddr, p: &Partition, now: Instant) -> Step {
         let seen = (p.unreachable.clone(), p.indirect.clone());
@@ -342,6 +347,20 @@ mod tests {
         );
         assert!(matches!(
             r.step(&a(2), &more, t0 + Duration::from_secs(14)),
+            Step::Decide(_)
+        ));
+        // A new membership of this node: the same observations are a new situation.
+        r.restart(t0 + Duration::from_secs(15));
+        assert_eq!(
+            r.step(&a(2), &more, t0 + Duration::from_secs(15)),
+            Step::Wait
+        );
+        assert_eq!(
+            r.step(&a(2), &more, t0 + Duration::from_millis(18999)),
+            Step::Wait
+        );
+        assert!(matches!(
+            r.step(&a(2), &more, t0 + Duration::from_secs(19)),
             Step::Decide(_)
         ));
 
