@@ -12,9 +12,9 @@ use tenure_lease::{LeaseMsg, LeaseProvider};
 
 use crate::agent::{Agent, AgentArgs, RELEASE_SLACK, Refusal};
 use crate::error::ClusterError;
+use crate::error::OperatorRefusal;
 use crate::history::History;
 use crate::identity::{Incarnation, NodeAddr};
-use crate::error::OperatorRefusal;
 use crate::protocol::{
     AgentMsg, DownRequest, FaultReply, Inspect, LeaveRequest, Local, NodeView, OperatorReply,
     SetLink,

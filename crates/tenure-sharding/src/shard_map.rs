@@ -82,8 +82,7 @@ impl ShardMap {
         for shard in hosted.keys() {
             homes.entry(shard.clone()).or_insert(None);
         }
-        let mut per_node: BTreeMap<String, usize> =
-            regions.into_iter().map(|r| (r, 0)).collect();
+        let mut per_node: BTreeMap<String, usize> = regions.into_iter().map(|r| (r, 0)).collect();
         for home in homes.values().flatten() {
             *per_node.entry(home.clone()).or_default() += 1;
         }
@@ -169,13 +168,7 @@ mod tests {
     #[test]
     fn without_a_coordinator_the_region_s_homes_and_local_shards_are_shown() {
         let local = BTreeMap::from([("5".to_string(), hosted(1, &["k"]))]);
-        let map = ShardMap::build(
-            "t",
-            "a:1",
-            None,
-            vec![("4".into(), "b:2".into())],
-            local,
-        );
+        let map = ShardMap::build("t", "a:1", None, vec![("4".into(), "b:2".into())], local);
         assert!(!map.from_coordinator);
         assert_eq!(map.shards.len(), 2);
         assert_eq!(map.shards[1].home, None);

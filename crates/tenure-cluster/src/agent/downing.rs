@@ -399,7 +399,9 @@ impl AgentState {
                     ractor::call_t!(lease, LeaseMsg::Release, timeout.as_millis() as u64),
                     Ok(Ok(_))
                 ) {
-                    tracing::warn!("member lease release failed after downing; it expires after its ttl");
+                    tracing::warn!(
+                        "member lease release failed after downing; it expires after its ttl"
+                    );
                 }
                 lease.stop(Some("downed".into()));
             });
