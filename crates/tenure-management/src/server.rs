@@ -207,7 +207,7 @@ impl Management {
     }
 }
 
-/// The live page: members and leases of this node, redrawn twice a second.
+/// The live page: members, shard map and leases of this node, redrawn twice a second.
 async fn page() -> axum::response::Html<&'static str> {
     axum::response::Html(include_str!("page.html"))
 }

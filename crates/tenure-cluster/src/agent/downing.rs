@@ -137,10 +137,14 @@ impl AgentState {
             return;
         }
         if let Some(p) = self.peers.get(node) {
-            let _ = p.agent.cast(AgentMsg::YouAreDown(YouAreDown {
-                by: self.me.clone(),
-                age,
-            }));
+            let notice = match self.operator_downs.get(&(node.clone(), incarnation, age)) {
+                Some(notice) => AgentMsg::Downed(notice.clone()),
+                None => AgentMsg::YouAreDown(YouAreDown {
+                    by: self.me.clone(),
+                    age,
+                }),
+            };
+            let _ = p.agent.cast(notice);
         }
     }
 

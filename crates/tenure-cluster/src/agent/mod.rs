@@ -202,6 +202,10 @@ pub(crate) struct AgentState {
     refused: Arc<std::sync::OnceLock<Refusal>>,
     downed: Arc<std::sync::OnceLock<String>>,
     leave_requests: Arc<tokio::sync::watch::Sender<Option<String>>>,
+    /// Memberships downed on an operator's request, with the notice a member heartbeating
+    /// under one of them is sent (it says why, where the resolver's `YouAreDown` would not).
+    operator_downs:
+        std::collections::BTreeMap<(NodeAddr, Incarnation, u64), crate::protocol::MemberDowned>,
     /// The split brain resolver, unless `active-strategy = "off"`.
     downing: Option<downing::Downing>,
     /// Hellos that arrived before their session was known here.
@@ -330,6 +334,7 @@ impl Actor for Agent {
             refused: a.refused,
             downed: a.downed,
             leave_requests: a.leave_requests,
+            operator_downs: Default::default(),
             downing: a
                 .settings
                 .split_brain_resolver

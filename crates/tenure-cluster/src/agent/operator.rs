@@ -16,8 +16,12 @@ use serde_json::json;
 
 use super::AgentState;
 use crate::error::OperatorRefusal;
-use crate::member::{Member, MemberStatus};
+use crate::member::MemberStatus;
 use crate::protocol::{AgentMsg, DownRequest, LeaveRequest, MemberDowned, OperatorReply};
+
+/// Operators' down notices kept for members that heartbeat under a downed membership
+/// (bounded: such a member hears one within a heartbeat or two).
+const MAX_KEPT_NOTICES: usize = 256;
 
 /// How long a node waits for the member it passed a leave request on to.
 const FORWARD_TIMEOUT_MS: u64 = 5000;
@@ -127,7 +131,7 @@ impl AgentState {
             by: self.me.clone(),
             why,
         };
-        self.operator_down(&member, &notice.why);
+        self.operator_down(&notice);
         // The member itself included: it downs itself on hearing it.
         for p in self.peers.values() {
             let _ = p.agent.cast(AgentMsg::Downed(notice.clone()));
@@ -147,25 +151,33 @@ impl AgentState {
         let same = self
             .view
             .get(&notice.member)
-            .filter(|m| m.incarnation == notice.incarnation && m.age == notice.age)
-            .cloned();
-        if let Some(member) = same {
-            self.operator_down(&member, &notice.why);
+            .is_some_and(|m| m.incarnation == notice.incarnation && m.age == notice.age);
+        if same {
+            self.operator_down(&notice);
         }
     }
 
-    /// Drops `member`'s current membership from this node's view.
-    fn operator_down(&mut self, member: &Member, why: &str) {
-        let events = self.view.down(&member.addr);
+    /// Drops the membership `notice` names from this node's view, and keeps the notice for
+    /// the member should it heartbeat under that membership.
+    fn operator_down(&mut self, notice: &MemberDowned) {
+        let events = self.view.down(&notice.member);
         if events.is_empty() {
             return;
         }
-        tracing::warn!(node = %self.me, member = %member.addr, age = member.age, why, "downing a member");
+        if self.operator_downs.len() >= MAX_KEPT_NOTICES {
+            self.operator_downs.pop_first();
+        }
+        self.operator_downs.insert(
+            (notice.member.clone(), notice.incarnation, notice.age),
+            notice.clone(),
+        );
+        let (member, age, why) = (&notice.member, notice.age, &notice.why);
+        tracing::warn!(node = %self.me, %member, age, why, "downing a member");
         crate::metrics::downing("down_member", "operator");
         if let Some(h) = &self.history {
             h.record(
                 "operator_downed",
-                json!({"member": member.addr.to_string(), "age": member.age, "why": why}),
+                json!({"member": member.to_string(), "age": age, "why": why}),
             );
         }
         self.emit(events);
