@@ -351,12 +351,11 @@ impl Node {
     /// out. [`run_until_signal`](Node::run_until_signal) awaits it.
     pub async fn leave_requested(&self) -> String {
         let mut requests = self.leave_requests.subscribe();
-        let by = match requests.wait_for(Option::is_some).await {
+        match requests.wait_for(Option::is_some).await {
             Ok(by) => by.clone().unwrap_or_default(),
             // Never: the node holds the sender.
             Err(_) => std::future::pending().await,
-        };
-        by
+        }
     }
 
     /// Sets this node's link fault with `peer`; [`LinkFault::None`] heals it (needs

@@ -56,7 +56,7 @@ enum Action {
 }
 
 async fn act(s: Served, addr: &str, headers: &HeaderMap, action: Action) -> Response {
-    if let Err(refusal) = authorize(&s, headers) {
+    if let Some(refusal) = refusal(&s, headers) {
         return refusal;
     }
     let member = match NodeAddr::parse("member address", addr) {
@@ -78,21 +78,23 @@ async fn act(s: Served, addr: &str, headers: &HeaderMap, action: Action) -> Resp
     }
 }
 
-/// Checks the bearer token; `Err` is the refusal to send.
-fn authorize(s: &Served, headers: &HeaderMap) -> Result<(), Response> {
+/// Checks the bearer token: the refusal to send, or `None` when it is right.
+fn refusal(s: &Served, headers: &HeaderMap) -> Option<Response> {
     let Some(token) = &s.settings.token else {
-        return Err(text(
+        return Some(text(
             StatusCode::FORBIDDEN,
             "operator routes are off: cluster.management.token is not configured".into(),
         ));
     };
     let Some(value) = headers.get(header::AUTHORIZATION) else {
-        return Err((
-            StatusCode::UNAUTHORIZED,
-            [(header::WWW_AUTHENTICATE, "Bearer")],
-            "missing `Authorization: Bearer <token>` (cluster.management.token)\n",
-        )
-            .into_response());
+        return Some(
+            (
+                StatusCode::UNAUTHORIZED,
+                [(header::WWW_AUTHENTICATE, "Bearer")],
+                "missing `Authorization: Bearer <token>` (cluster.management.token)\n",
+            )
+                .into_response(),
+        );
     };
     let presented = value
         .to_str()
@@ -100,12 +102,12 @@ fn authorize(s: &Served, headers: &HeaderMap) -> Result<(), Response> {
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
     match presented {
-        None => Err(text(
+        None => Some(text(
             StatusCode::UNAUTHORIZED,
             "the Authorization header is not `Bearer <token>`".into(),
         )),
-        Some(p) if token.matches(p) => Ok(()),
-        Some(_) => Err(text(
+        Some(p) if token.matches(p) => None,
+        Some(_) => Some(text(
             StatusCode::FORBIDDEN,
             "wrong token (not cluster.management.token)".into(),
         )),
