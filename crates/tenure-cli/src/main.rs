@@ -4,6 +4,7 @@ mod check_cmd;
 mod exit;
 mod lease_cmd;
 mod load;
+mod management_cmd;
 mod node_cmd;
 mod run_cmd;
 mod slow_stop;
@@ -77,7 +78,9 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         slow_stop_when: Option<PathBuf>,
     },
-    /// Inspect a running cluster through one of its nodes (uses [cluster] cookie and TLS).
+    /// Inspect a running cluster through one of its nodes (members and fault speak the
+    /// cluster protocol with [cluster] cookie and TLS; shards and leases ask the node's
+    /// management endpoint).
     #[command(subcommand)]
     Cluster(ClusterCommand),
     /// Check a recorded history (docs/history.md): no two owners holding a lease at
@@ -135,6 +138,30 @@ enum ClusterCommand {
         #[arg(long)]
         node: String,
         /// Print the view as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a node's shard map per entity type: each shard's home (the coordinator's
+    /// allocation), shards per node, and for the shards the node hosts their lease token and
+    /// entity ids. Asks the node's management endpoint (cluster.management.enabled).
+    Shards {
+        /// The node's management endpoint, as host:port (its cluster.management.bind).
+        #[arg(long)]
+        node: String,
+        /// Only this entity type.
+        #[arg(long = "type", value_name = "TYPE")]
+        type_name: Option<String>,
+        /// Print the endpoint's JSON (a list of shard maps).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a node's leases: name, state (held, suspended, lost, released, not_granted),
+    /// fencing token and for how long. Asks the node's management endpoint.
+    Leases {
+        /// The node's management endpoint, as host:port (its cluster.management.bind).
+        #[arg(long)]
+        node: String,
+        /// Print the endpoint's JSON.
         #[arg(long)]
         json: bool,
     },
@@ -376,6 +403,14 @@ async fn run(cli: Cli) -> Result<Outcome, CliError> {
         }
         Command::Cluster(ClusterCommand::Members { node, json }) => {
             node_cmd::members(provider.config(), &node, json).await
+        }
+        Command::Cluster(ClusterCommand::Shards {
+            node,
+            type_name,
+            json,
+        }) => management_cmd::shards(&node, type_name.as_deref(), json).await,
+        Command::Cluster(ClusterCommand::Leases { node, json }) => {
+            management_cmd::leases(&node, json).await
         }
         Command::Cluster(ClusterCommand::Fault {
             node,

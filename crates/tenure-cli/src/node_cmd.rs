@@ -59,7 +59,7 @@ pub async fn node(
         table
     });
     let node = Node::start(settings, provider, history).await?;
-    let _management = match leases {
+    let management = match leases {
         Some(table) => Some(
             tenure_management::Management::start(&node, table, management)
                 .await
@@ -118,6 +118,9 @@ pub async fn node(
         let region = tenure::sharding::start_on_node(&node, provider, COUNTER_TYPE, factory)
             .await
             .map_err(|e| CliError::Command(e.to_string()))?;
+        if let Some(m) = &management {
+            m.add_region(region.clone());
+        }
         if let Some(load) = hosting.load {
             let start = usize::from(node.addr().port).wrapping_mul(7919);
             crate::load::drive(region, node.history().cloned(), start, load);
@@ -132,6 +135,7 @@ pub async fn node(
     tokio::select! {
         _ = term.recv() => {}
         _ = int.recv() => {}
+        by = node.leave_requested() => eprintln!("tenure: leave requested by {by}"),
         why = node.stopped() => return Err(why.into()),
     }
     eprintln!("tenure: leaving the cluster (signal again to exit at once)");

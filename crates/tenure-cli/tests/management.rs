@@ -1,32 +1,63 @@
-//! The management endpoint of `tenure node` on a 3-node cluster, over real HTTP and in a
+//! The management endpoint of `tenure node` on 3-node clusters, over real HTTP and in a
 //! real headless browser (Debian's `chromium`): every node is ready and lists the others
 //! up; after a SIGKILL of one node, another node's live page shows it down, and the metrics
-//! count the event.
+//! count the event. The shard map lists every allocated shard once across the cluster with
+//! its home, the CLI prints what the endpoint answers, the live page draws the shard map,
+//! and the operator routes refuse requests without the right token and down or remove a
+//! member with it.
 
 mod common;
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::cluster::{Cluster, Options, TestCluster, free_ports};
+use tenure::sharding::ShardMap;
+use tenure_management::LeaseRow;
 
 const CHROMIUM: &str = "/usr/bin/chromium";
 
-/// `GET path` on `addr` (HTTP/1.1, one connection): status code and body.
-fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+/// The operator token of the second test's cluster.
+const TOKEN: &str = "operator-secret";
+
+/// `method path` on `addr` (HTTP/1.1, one connection, no body) with an optional bearer
+/// token: status code and body.
+fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+) -> Option<(u16, String)> {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(15)))
+        .ok()?;
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
     write!(
         stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n"
     )
     .ok()?;
     let mut answer = String::new();
     stream.read_to_string(&mut answer).ok()?;
     let status = answer.split_whitespace().nth(1)?.parse().ok()?;
     Some((status, answer.split_once("\r\n\r\n")?.1.to_string()))
+}
+
+/// `GET path` on `addr`: status code and body.
+fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    request(addr, "GET", path, None)
+}
+
+/// `POST path` on `addr` with `token`: status code and body (the request must be answered).
+fn post(addr: SocketAddr, path: &str, token: Option<&str>) -> (u16, String) {
+    request(addr, "POST", path, token)
+        .unwrap_or_else(|| panic!("POST http://{addr}{path}: no answer"))
 }
 
 /// Polls until `done` holds on `GET path` (a bounded wait: a minute, then a loud failure).
@@ -68,11 +99,13 @@ fn rendered(url: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-#[test]
-fn every_node_serves_its_endpoint_and_the_live_page_shows_a_killed_node_down() {
+/// A 3-node cluster hosting the sharded counter (each node loading `key-0` … `key-7`) with
+/// the endpoint on, plus `management` in `[cluster.management]`, started and converged;
+/// and each node's endpoint.
+fn cluster_with_endpoints(management: &str) -> (Cluster, Vec<SocketAddr>) {
     let options = Options {
         tail: format!(
-            "{}\n[cluster.management]\nenabled = true\nready-suspended-after = \"1s\"\n",
+            "{}\n[cluster.management]\nenabled = true\nready-suspended-after = \"1s\"\n{management}\n",
             common::shards::SHARDING
         ),
         node_args: ["--sharded-counter", "--load-keys", "8"]
@@ -81,8 +114,7 @@ fn every_node_serves_its_endpoint_and_the_live_page_shows_a_killed_node_down() {
         ..Options::default()
     };
     let mut c = Cluster::with_options(3, &options);
-    let ports = free_ports(3);
-    let endpoints: Vec<SocketAddr> = ports
+    let endpoints: Vec<SocketAddr> = free_ports(3)
         .iter()
         .map(|p| SocketAddr::from(([127, 0, 0, 1], *p)))
         .collect();
@@ -95,6 +127,15 @@ fn every_node_serves_its_endpoint_and_the_live_page_shows_a_killed_node_down() {
     c.start_all();
     c.wait_converged(Duration::from_secs(60));
     for endpoint in &endpoints {
+        until(*endpoint, "/health/ready", |s, _| s == 200);
+    }
+    (c, endpoints)
+}
+
+#[test]
+fn every_node_serves_its_endpoint_and_the_live_page_shows_a_killed_node_down() {
+    let (mut c, endpoints) = cluster_with_endpoints("");
+    for endpoint in &endpoints {
         assert_eq!(get(*endpoint, "/health/alive").map(|(s, _)| s), Some(200));
         until(*endpoint, "/health/ready", |s, _| s == 200);
         until(*endpoint, "/cluster/members", |s, b| {
@@ -104,6 +145,17 @@ fn every_node_serves_its_endpoint_and_the_live_page_shows_a_killed_node_down() {
     let killed = c.nodes[2].addr.clone();
     let page = rendered(&format!("http://{}/", endpoints[0]));
     assert!(page.contains(&killed), "{page}");
+    // Without a token configured, the operator routes are off, and say so.
+    let (status, body) = post(
+        endpoints[0],
+        &format!("/cluster/members/{killed}/down"),
+        Some(TOKEN),
+    );
+    assert_eq!(status, 403, "{body}");
+    assert!(
+        body.contains("cluster.management.token is not configured"),
+        "{body}"
+    );
 
     let t0 = Instant::now();
     c.kill(2);
@@ -134,5 +186,334 @@ fn every_node_serves_its_endpoint_and_the_live_page_shows_a_killed_node_down() {
     ] {
         assert!(metrics.contains(sharding), "{sharding} in {metrics}");
     }
+    c.stop_all(Duration::from_secs(10));
+}
+
+/// Every node's shard map of the counter, typed; `None` if a node does not answer 200.
+fn shard_maps(endpoints: &[SocketAddr]) -> Option<Vec<ShardMap>> {
+    endpoints
+        .iter()
+        .map(|e| {
+            let (status, body) = get(*e, "/cluster/shards/counter")?;
+            (status == 200).then(|| serde_json::from_str(&body).expect("a shard map"))
+        })
+        .collect()
+}
+
+/// The allocation (shard → home) when every node's map agrees with it: every node has the
+/// coordinator's allocation, the same one, holding every shard of `expected`; and every
+/// allocated shard is hosted (under a lease token) by exactly one node: its home. Else why
+/// not.
+fn agreed(
+    maps: &[ShardMap],
+    expected: &BTreeSet<String>,
+) -> Result<BTreeMap<String, String>, String> {
+    let homes = |m: &ShardMap| -> BTreeMap<String, Option<String>> {
+        m.shards
+            .iter()
+            .map(|s| (s.shard.clone(), s.home.clone()))
+            .collect()
+    };
+    let first = homes(&maps[0]);
+    for m in maps {
+        if !m.from_coordinator {
+            return Err(format!("{}: no coordinator's allocation", m.node));
+        }
+        if homes(m) != first {
+            return Err(format!("{} and {} disagree", maps[0].node, m.node));
+        }
+    }
+    let allocation: BTreeMap<String, String> = first
+        .into_iter()
+        .map(|(shard, home)| Some((shard, home?)))
+        .collect::<Option<_>>()
+        .ok_or("a shard without a home")?;
+    if let Some(missing) = expected.iter().find(|s| !allocation.contains_key(*s)) {
+        return Err(format!("shard {missing} not allocated"));
+    }
+    for (shard, home) in &allocation {
+        let hosts: Vec<&str> = maps
+            .iter()
+            .filter(|m| {
+                m.hosted()
+                    .any(|(e, h)| e.shard == *shard && h.token.is_some())
+            })
+            .map(|m| m.node.as_str())
+            .collect();
+        if hosts != [home.as_str()] {
+            return Err(format!("shard {shard} (home {home}) hosted on {hosts:?}"));
+        }
+    }
+    Ok(allocation)
+}
+
+/// Runs `tenure ARGS` with node 0's config; its stdout (it must succeed).
+fn cli(c: &Cluster, args: &[&str]) -> String {
+    let out = c.command(0, args).output().expect("run tenure");
+    assert!(
+        out.status.success(),
+        "tenure {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Retries `attempt` (a comparison of two reads that a shard move or a lease change in
+/// between can fail) up to 20 times, then fails loudly with the last difference.
+fn eventually(what: &str, attempt: impl Fn() -> Result<(), String>) {
+    let mut last = String::new();
+    for _ in 0..20 {
+        match attempt() {
+            Ok(()) => return,
+            Err(e) => last = e,
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    panic!("{what}: {last}");
+}
+
+/// The members of the view at `endpoint` as (address, status, age).
+fn members_at(endpoint: SocketAddr) -> Option<Vec<(String, String, u64)>> {
+    let (status, body) = get(endpoint, "/cluster/members")?;
+    if status != 200 {
+        return None;
+    }
+    let view: serde_json::Value = serde_json::from_str(&body).ok()?;
+    view["members"]
+        .as_array()?
+        .iter()
+        .map(|m| {
+            Some((
+                m["addr"].as_str()?.to_string(),
+                m["status"].as_str()?.to_string(),
+                m["age"].as_u64()?,
+            ))
+        })
+        .collect()
+}
+
+/// Polls `endpoint`'s member view until `done` holds (a bounded wait that fails loudly).
+fn until_members(
+    endpoint: SocketAddr,
+    what: &str,
+    done: impl Fn(&[(String, String, u64)]) -> bool,
+) {
+    let limit = Instant::now() + Duration::from_secs(60);
+    let mut last = None;
+    while Instant::now() < limit {
+        if let Some(members) = members_at(endpoint) {
+            if done(&members) {
+                return;
+            }
+            last = Some(members);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("{what}: the view of {endpoint} never did; last {last:?}");
+}
+
+#[test]
+fn the_shard_map_cli_queries_live_page_and_operator_routes() {
+    let (mut c, endpoints) = cluster_with_endpoints(&format!("token = \"{TOKEN}\""));
+    let addrs: Vec<String> = c.nodes.iter().map(|n| n.addr.clone()).collect();
+
+    // Every loaded shard is allocated, and hosted exactly once, by its home.
+    let expected: BTreeSet<String> = (0..8)
+        .map(|i| tenure::sharding::shard_of(&format!("key-{i}"), 100))
+        .collect();
+    let limit = Instant::now() + Duration::from_secs(90);
+    let mut why = String::from("no answer");
+    let allocation = loop {
+        if let Some(maps) = shard_maps(&endpoints) {
+            match agreed(&maps, &expected) {
+                Ok(allocation) => break allocation,
+                Err(e) => why = e,
+            }
+        }
+        assert!(Instant::now() < limit, "the shard maps never agreed: {why}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let (_, all) = get(endpoints[0], "/cluster/shards").expect("/cluster/shards");
+    let all: Vec<ShardMap> = serde_json::from_str(&all).expect("shard maps");
+    assert_eq!(all.len(), 1, "one entity type: {all:?}");
+    assert_eq!(all[0].type_name, "counter");
+    let (status, body) = get(endpoints[0], "/cluster/shards/nothing").expect("answer");
+    assert_eq!(status, 404, "{body}");
+    assert!(
+        body.contains("nothing") && body.contains("counter"),
+        "{body}"
+    );
+
+    // The CLI prints what the endpoint answers.
+    let endpoint = endpoints[1].to_string();
+    eventually("tenure cluster shards --json = GET /cluster/shards", || {
+        let project = |maps: Vec<ShardMap>| -> Vec<(String, Option<String>, Option<Option<u64>>)> {
+            maps.into_iter()
+                .flat_map(|m| m.shards)
+                .map(|s| (s.shard, s.home, s.hosted.map(|h| h.token)))
+                .collect()
+        };
+        let printed: Vec<ShardMap> = serde_json::from_str(&cli(
+            &c,
+            &["cluster", "shards", "--node", &endpoint, "--json"],
+        ))
+        .map_err(|e| e.to_string())?;
+        let (_, body) = get(endpoints[1], "/cluster/shards").ok_or("no answer")?;
+        let served: Vec<ShardMap> = serde_json::from_str(&body).map_err(|e| e.to_string())?;
+        let (printed, served) = (project(printed), project(served));
+        (printed == served)
+            .then_some(())
+            .ok_or(format!("{printed:?} != {served:?}"))
+    });
+    eventually(
+        "tenure cluster shards prints every shard with its home",
+        || {
+            let text = cli(&c, &["cluster", "shards", "--node", &endpoint]);
+            if !text.contains(&format!("shard map of `counter` from {}", addrs[1])) {
+                return Err(format!("no title in:\n{text}"));
+            }
+            let (_, body) = get(endpoints[1], "/cluster/shards/counter").ok_or("no answer")?;
+            let map: ShardMap = serde_json::from_str(&body).map_err(|e| e.to_string())?;
+            for s in &map.shards {
+                let home = s.home.as_deref().unwrap_or("?");
+                let printed = text
+                    .lines()
+                    .any(|l| l.starts_with(&format!("{} ", s.shard)) && l.contains(home));
+                if !printed {
+                    return Err(format!("shard {} on {home} in:\n{text}", s.shard));
+                }
+            }
+            Ok(())
+        },
+    );
+    eventually("tenure cluster leases --json = GET /leases", || {
+        let project = |rows: Vec<LeaseRow>| -> Vec<(String, String, &'static str, Option<u64>)> {
+            rows.into_iter()
+                .map(|r| (r.lease, r.owner, r.state.as_str(), r.token))
+                .collect()
+        };
+        let printed: Vec<LeaseRow> = serde_json::from_str(&cli(
+            &c,
+            &["cluster", "leases", "--node", &endpoint, "--json"],
+        ))
+        .map_err(|e| e.to_string())?;
+        let (_, body) = get(endpoints[1], "/leases").ok_or("no answer")?;
+        let served: Vec<LeaseRow> = serde_json::from_str(&body).map_err(|e| e.to_string())?;
+        let (printed, served) = (project(printed), project(served));
+        (printed == served)
+            .then_some(())
+            .ok_or(format!("{printed:?} != {served:?}"))
+    });
+    let text = cli(&c, &["cluster", "leases", "--node", &endpoint]);
+    let member_lease = format!("tenure-member-{}", addrs[1]);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with(&member_lease) && l.contains("held")),
+        "{member_lease} held in:\n{text}"
+    );
+
+    // The live page draws the shard map: every allocated shard, coloured by its home.
+    let page = rendered(&format!("http://{}/", endpoints[0]));
+    assert!(page.contains("data-type=\"counter\""), "{page}");
+    assert_eq!(
+        page.matches("data-home=\"").count(),
+        allocation.len(),
+        "one square per allocated shard: {page}"
+    );
+    for home in allocation.values().collect::<BTreeSet<_>>() {
+        assert!(
+            page.contains(&format!("data-home=\"{home}\"")),
+            "{home} in {page}"
+        );
+    }
+
+    // Operator routes: refused without the right token, a bad address or a non-member.
+    let downed = addrs[2].clone();
+    let down_path = format!("/cluster/members/{downed}/down");
+    let (status, body) = post(endpoints[0], &down_path, None);
+    assert_eq!(status, 401, "{body}");
+    assert!(body.contains("Authorization: Bearer"), "{body}");
+    let (status, body) = post(endpoints[0], &down_path, Some("not-the-token"));
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("wrong token"), "{body}");
+    let (status, body) = post(endpoints[0], "/cluster/members/nowhere/down", Some(TOKEN));
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("nowhere"), "{body}");
+    let (status, body) = post(
+        endpoints[0],
+        "/cluster/members/127.0.0.1:1/leave",
+        Some(TOKEN),
+    );
+    assert_eq!(status, 404, "{body}");
+    assert!(body.contains("not a member"), "{body}");
+    let (status, body) = get(endpoints[0], &down_path).expect("answer");
+    assert_eq!(status, 405, "{body}");
+
+    // Down: the member's membership leaves the other views; it downs itself and, with
+    // when-down = "rejoin", comes back as a new member.
+    let members = members_at(endpoints[1]).expect("view");
+    let age = members
+        .iter()
+        .find(|(a, _, _)| *a == downed)
+        .map(|(_, _, age)| *age)
+        .expect("the member to down is in the view");
+    let (status, body) = post(endpoints[0], &down_path, Some(TOKEN));
+    assert_eq!(status, 202, "{body}");
+    for endpoint in &endpoints[..2] {
+        until_members(*endpoint, "the downed membership leaves", |m| {
+            !m.iter().any(|(a, _, g)| *a == downed && *g == age)
+        });
+    }
+    until_members(
+        endpoints[1],
+        "the downed node rejoins as a new member",
+        |m| {
+            m.iter().filter(|(_, s, _)| s == "Up").count() == 3
+                && m.iter().any(|(a, _, g)| *a == downed && *g != age)
+        },
+    );
+    let history = c.history();
+    assert!(
+        history.iter().any(|e| e["event"] == "sbr_down_self"
+            && e["node"] == downed.as_str()
+            && e["why"]
+                .as_str()
+                .is_some_and(|w| w.contains("downed by an operator"))),
+        "the downed node recorded why it went down: {:?}",
+        history
+            .iter()
+            .filter(|e| e["node"] == downed.as_str()
+                && e["event"].as_str().is_some_and(|k| k.contains("down")))
+            .collect::<Vec<_>>()
+    );
+    assert!(
+        history
+            .iter()
+            .any(|e| e["event"] == "operator_downed" && e["member"] == downed.as_str()),
+        "the other nodes recorded the operator's down"
+    );
+
+    // Leave, asked of another node: the request is passed on, the member leaves and exits.
+    let leaver = addrs[1].clone();
+    let (status, body) = post(
+        endpoints[0],
+        &format!("/cluster/members/{leaver}/leave"),
+        Some(TOKEN),
+    );
+    assert_eq!(status, 202, "{body}");
+    let exit = c.wait_exit(1, Duration::from_secs(30));
+    assert!(
+        exit.is_some_and(|s| s.success()),
+        "the leaver exits 0 after its leave: {exit:?}\n{}",
+        c.nodes[1].stderr()
+    );
+    until_members(endpoints[0], "the leaver is gone", |m| {
+        !m.iter().any(|(a, _, _)| *a == leaver)
+    });
+    let (_, view) = get(endpoints[0], "/cluster/members").expect("view");
+    assert!(
+        !view.contains(&format!("{{\"addr\":\"{leaver}\"")),
+        "it left, not went down: {view}"
+    );
     c.stop_all(Duration::from_secs(10));
 }

@@ -52,4 +52,25 @@ pub enum ClusterError {
     /// `cluster.split-brain-resolver.when-down` is `"exit"`.
     #[error("downed by the split brain resolver: {why}")]
     Downed { why: String },
+    /// An operator's leave or down of a member was refused.
+    #[error("{action} of member {member}: {refusal}")]
+    Operator {
+        /// `leave` or `down`.
+        action: &'static str,
+        member: String,
+        refusal: OperatorRefusal,
+    },
+}
+
+/// Why a node refused an operator's leave or down of a member.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
+pub enum OperatorRefusal {
+    /// The member is not in the view of the node asked (never was, or already removed).
+    #[error("not a member in the view of {node}")]
+    NotAMember { node: String },
+    /// The request cannot be carried out now, and why (the member is already leaving, it
+    /// is not connected to the node asked, its program does not take leave requests…).
+    #[error("{0}")]
+    Conflict(String),
 }

@@ -30,11 +30,11 @@ pub mod transport;
 
 pub use agent::scope;
 pub use client::ClusterClient;
-pub use error::ClusterError;
+pub use error::{ClusterError, OperatorRefusal};
 pub use history::History;
 pub use identity::{Incarnation, NodeAddr};
 pub use member::{ClusterEvent, Listed, Member, MemberStatus, Membership};
-pub use node::{Inspector, Node, NodeBuilder, Subscriptions};
+pub use node::{Inspector, Node, NodeBuilder, Operator, Subscriptions};
 pub use protocol::{MemberInfo, NodeView, PROTOCOL_VERSION};
 pub use settings::{ClusterSettings, TlsFiles};
 pub use subscribe::{ClusterSubscriber, HandOver, HandOverWait};

@@ -6,7 +6,7 @@
 //! | `tenure_cluster_members` | gauge | `status` | members in the view by status (this node included) |
 //! | `tenure_cluster_unreachable` | gauge | | peers seen unreachable now |
 //! | `tenure_cluster_events_total` | counter | `kind` | membership events (`member_up`, `member_down`, `unreachable`, `self_down`, …) |
-//! | `tenure_cluster_downing_decisions_total` | counter | `decision`, `strategy` | split brain resolver decisions: `down_member` (this side survived and downed a member), `down_self` |
+//! | `tenure_cluster_downing_decisions_total` | counter | `decision`, `strategy` | downing decisions: `down_member` (this side survived and downed a member), `down_self`; `strategy` is the resolver's, or `operator` for an operator's down |
 
 use crate::member::{Member, MemberStatus};
 

@@ -12,9 +12,13 @@ use tenure_lease::{LeaseMsg, LeaseProvider};
 
 use crate::agent::{Agent, AgentArgs, RELEASE_SLACK, Refusal};
 use crate::error::ClusterError;
+use crate::error::OperatorRefusal;
 use crate::history::History;
 use crate::identity::{Incarnation, NodeAddr};
-use crate::protocol::{AgentMsg, FaultReply, Inspect, Local, NodeView, SetLink};
+use crate::protocol::{
+    AgentMsg, DownRequest, FaultReply, Inspect, LeaveRequest, Local, NodeView, OperatorReply,
+    SetLink,
+};
 use crate::settings::ClusterSettings;
 use crate::subscribe::ClusterSubscriber;
 use crate::transport::{LinkFault, Links, Tls};
@@ -66,6 +70,73 @@ impl Inspector {
     }
 }
 
+/// Operators' actions on a node's cluster (a management endpoint's POST routes); cloneable.
+#[derive(Clone)]
+pub struct Operator(ActorRef<AgentMsg>);
+
+/// How long an operator's request waits for the node (a leave passed on to another member
+/// waits for that member too).
+const OPERATOR_TIMEOUT_MS: u64 = 8000;
+
+impl Operator {
+    /// Asks `member` to leave gracefully (Akka's `Cluster.leave`); `by` says who asks (logs,
+    /// history). This node, or another member, which the request is passed on to: only a
+    /// node can leave, since only it can hand over what it hosts. `Ok` once the member took
+    /// the request (its program then leaves as on SIGTERM: see [`Node::leave_requested`]);
+    /// [`ClusterError::Operator`] says why not: not a member here, already leaving, no
+    /// session with it, or its program does not take leave requests.
+    pub async fn leave(&self, member: &NodeAddr, by: &str) -> Result<(), ClusterError> {
+        let req = LeaveRequest {
+            member: member.clone(),
+            by: by.to_string(),
+        };
+        let reply = ractor::call_t!(self.0, AgentMsg::Leave, OPERATOR_TIMEOUT_MS, req);
+        answer("leave", member, reply)
+    }
+
+    /// Downs `member` (Akka's `Cluster.down`): its current membership leaves this node's
+    /// view at once and every peer's as they hear of it; the member, when it hears of it,
+    /// stops what it hosts and releases its leases, then rejoins as a new member or exits
+    /// (`split-brain-resolver.when-down`). A member that hears nothing (frozen, cut off)
+    /// keeps its leases until they expire, so what it hosted starts elsewhere only then:
+    /// downing never makes two holders. `Err` as [`Operator::leave`].
+    pub async fn down(&self, member: &NodeAddr, by: &str) -> Result<(), ClusterError> {
+        let req = DownRequest {
+            member: member.clone(),
+            by: by.to_string(),
+        };
+        let reply = ractor::call_t!(self.0, AgentMsg::Down, OPERATOR_TIMEOUT_MS, req);
+        answer("down", member, reply)
+    }
+}
+
+fn answer<E: std::fmt::Display>(
+    action: &'static str,
+    member: &NodeAddr,
+    reply: Result<OperatorReply, E>,
+) -> Result<(), ClusterError> {
+    match reply {
+        Ok(OperatorReply { refused: None }) => Ok(()),
+        Ok(OperatorReply {
+            refused: Some(refusal),
+        }) => Err(ClusterError::Operator {
+            action,
+            member: member.to_string(),
+            refusal,
+        }),
+        Err(e) => Err(ClusterError::Actor(format!(
+            "the node's agent did not answer: {e}"
+        ))),
+    }
+}
+
+impl OperatorRefusal {
+    /// Whether the member is unknown (as opposed to known but not in a state to comply).
+    pub fn is_not_a_member(&self) -> bool {
+        matches!(self, OperatorRefusal::NotAMember { .. })
+    }
+}
+
 async fn view_of(agent: &ActorRef<AgentMsg>) -> Result<NodeView, ClusterError> {
     ractor::call_t!(agent, AgentMsg::Inspect, 5000, Inspect {})
         .map_err(|e| ClusterError::Actor(format!("the node's agent did not answer: {e}")))
@@ -81,6 +152,7 @@ pub struct Node {
     history: Option<History>,
     refused: Arc<std::sync::OnceLock<Refusal>>,
     downed: Arc<std::sync::OnceLock<String>>,
+    leave_requests: Arc<tokio::sync::watch::Sender<Option<String>>>,
 }
 
 impl Node {
@@ -172,6 +244,7 @@ impl Node {
         let links = Arc::new(Links::default());
         let refused = Arc::new(std::sync::OnceLock::new());
         let downed = Arc::new(std::sync::OnceLock::new());
+        let leave_requests = Arc::new(tokio::sync::watch::Sender::new(None));
         let args = AgentArgs {
             settings: settings.clone(),
             incarnation,
@@ -183,6 +256,7 @@ impl Node {
             lease_observer: provider.observer(),
             refused: refused.clone(),
             downed: downed.clone(),
+            leave_requests: leave_requests.clone(),
         };
         let agent = match Actor::spawn(None, Agent, args).await {
             Ok((agent, _)) => agent,
@@ -215,6 +289,7 @@ impl Node {
             history,
             refused,
             downed,
+            leave_requests,
         })
     }
 
@@ -262,6 +337,25 @@ impl Node {
     /// A cloneable reader of [`view`](Node::view).
     pub fn inspector(&self) -> Inspector {
         Inspector(self.agent.clone())
+    }
+
+    /// A cloneable handle for operators' leave and down requests.
+    pub fn operator(&self) -> Operator {
+        Operator(self.agent.clone())
+    }
+
+    /// Waits until an operator asks this node to leave ([`Operator::leave`], on this node
+    /// or passed on by another member) and answers who asked. It does not leave: the caller
+    /// does, with [`leave`](Node::leave). While nothing awaits it, leave requests are
+    /// refused, so that an operator is never told a leave was taken that nobody carries
+    /// out. [`run_until_signal`](Node::run_until_signal) awaits it.
+    pub async fn leave_requested(&self) -> String {
+        let mut requests = self.leave_requests.subscribe();
+        match requests.wait_for(Option::is_some).await {
+            Ok(by) => by.clone().unwrap_or_default(),
+            // Never: the node holds the sender.
+            Err(_) => std::future::pending().await,
+        }
     }
 
     /// Sets this node's link fault with `peer`; [`LinkFault::None`] heals it (needs
@@ -313,7 +407,8 @@ impl Node {
         }
     }
 
-    /// Runs until the process gets SIGTERM or SIGINT, then [`leave`](Node::leave)s
+    /// Runs until the process gets SIGTERM or SIGINT, or an operator asks it to leave
+    /// ([`leave_requested`](Node::leave_requested)), then [`leave`](Node::leave)s
     /// gracefully: the main loop of a node process. `Ok` once left after a signal; `Err`
     /// when the leave failed, when the signal handlers could not be installed (before
     /// anything else happened), or when the node stopped on its own first (as
@@ -326,11 +421,17 @@ impl Node {
         let mut term = handler(SignalKind::terminate(), "SIGTERM")?;
         let mut int = handler(SignalKind::interrupt(), "SIGINT")?;
         tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
+            _ = term.recv() => {
+                tracing::info!(node = %self.settings.addr, "SIGTERM: leaving the cluster");
+            }
+            _ = int.recv() => {
+                tracing::info!(node = %self.settings.addr, "SIGINT: leaving the cluster");
+            }
+            by = self.leave_requested() => {
+                tracing::info!(node = %self.settings.addr, by, "leave requested: leaving the cluster");
+            }
             stopped = self.stopped() => return Err(stopped),
         }
-        tracing::info!(node = %self.settings.addr, "signal received: leaving the cluster");
         self.leave().await
     }
 

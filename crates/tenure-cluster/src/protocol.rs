@@ -99,6 +99,43 @@ pub struct SetLink {
     pub fault: crate::transport::LinkFault,
 }
 
+/// An operator asks that `member` leave gracefully (sent to the agent of the node whose
+/// management endpoint took the request, which passes it on when `member` is another node:
+/// only a node can leave, since only it can hand over what it hosts).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LeaveRequest {
+    pub member: NodeAddr,
+    /// Who asked (for logs and history), e.g. `management 127.0.0.1:8558`.
+    pub by: String,
+}
+
+/// An operator downs `member` (Akka's `Cluster.down`): its current membership ends in every
+/// view that hears of it, and the member itself downs itself when it hears of it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DownRequest {
+    pub member: NodeAddr,
+    pub by: String,
+}
+
+/// A node downed the membership (`member`, `incarnation`, `age`) on an operator's request:
+/// the receiver drops that membership from its view too (a later membership of the same
+/// node is not affected).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MemberDowned {
+    pub member: NodeAddr,
+    pub incarnation: Incarnation,
+    pub age: u64,
+    pub by: NodeAddr,
+    /// Why, for the logs and the history of every node.
+    pub why: String,
+}
+
+/// The answer to an operator's request: `None` accepted, else why not.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OperatorReply {
+    pub refused: Option<crate::error::OperatorRefusal>,
+}
+
 /// `error` says why a fault command was refused.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct FaultReply {
@@ -111,9 +148,12 @@ crate::cluster_message! {
         cast Hello(Hello),
         cast Heartbeat(Heartbeat),
         cast YouAreDown(YouAreDown),
+        cast Downed(MemberDowned),
         call Leaving(Leaving) -> LeavingAck,
         call Inspect(Inspect) -> NodeView,
         call SetLink(SetLink) -> FaultReply,
+        call Leave(LeaveRequest) -> OperatorReply,
+        call Down(DownRequest) -> OperatorReply,
         local Local(Local),
     }
 }

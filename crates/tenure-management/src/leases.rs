@@ -4,30 +4,60 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tenure_lease::{LeaseObserver, LeaseTrace};
 
-/// One lease of this node, as last traced.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// Where a lease of this node stands, as last traced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RowState {
+    /// Held: granted and renewed.
+    Held,
+    /// Renewals failing, the local deadline not passed yet: still held, act with care.
+    Suspended,
+    /// Lost (expired, taken over, preempted, or the holder stopped believing in it).
+    Lost,
+    /// Released by the holder.
+    Released,
+    /// Asked for and held by another owner.
+    NotGranted,
+}
+
+impl RowState {
+    /// The name in the JSON and the CLI: `held`, `suspended`, `lost`, `released`,
+    /// `not_granted`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RowState::Held => "held",
+            RowState::Suspended => "suspended",
+            RowState::Lost => "lost",
+            RowState::Released => "released",
+            RowState::NotGranted => "not_granted",
+        }
+    }
+}
+
+/// One lease of this node, as last traced (the rows of `GET /leases`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LeaseRow {
     /// The lease name.
     pub lease: String,
     /// The owner holding or asking for it (the node's `host:port`).
     pub owner: String,
-    /// `held`, `suspended`, `lost`, `released` or `not_granted`.
-    pub state: &'static str,
+    /// Where it stands.
+    pub state: RowState,
     /// The fencing token of the grant it is about, when there is one.
     pub token: Option<u64>,
     /// Milliseconds since it entered `state`.
     pub for_ms: u64,
     /// The error that suspended it, while suspended.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
 
 #[derive(Debug, Clone)]
 struct Entry {
-    state: &'static str,
+    state: RowState,
     token: Option<u64>,
     since: Instant,
     error: Option<String>,
@@ -52,14 +82,14 @@ impl LeaseTable {
     fn record(&self, lease: &str, owner: &str, trace: &LeaseTrace) {
         let (state, token, error) = match trace {
             LeaseTrace::Granted { token, .. } | LeaseTrace::Resumed { token } => {
-                ("held", Some(*token), None)
+                (RowState::Held, Some(*token), None)
             }
             LeaseTrace::Suspended { token, error } => {
-                ("suspended", Some(*token), Some(error.clone()))
+                (RowState::Suspended, Some(*token), Some(error.clone()))
             }
-            LeaseTrace::Lost { token, .. } => ("lost", Some(*token), None),
-            LeaseTrace::Released { token } => ("released", Some(*token), None),
-            LeaseTrace::NotGranted { .. } => ("not_granted", None, None),
+            LeaseTrace::Lost { token, .. } => (RowState::Lost, Some(*token), None),
+            LeaseTrace::Released { token } => (RowState::Released, Some(*token), None),
+            LeaseTrace::NotGranted { .. } => (RowState::NotGranted, None, None),
             LeaseTrace::AcquireInvoked | LeaseTrace::Renewed { .. } | LeaseTrace::Error { .. } => {
                 return;
             }
@@ -105,7 +135,7 @@ impl LeaseTable {
     pub fn suspended_for(&self, after: Duration) -> Vec<LeaseRow> {
         self.rows()
             .into_iter()
-            .filter(|r| r.state == "suspended" && Duration::from_millis(r.for_ms) >= after)
+            .filter(|r| r.state == RowState::Suspended && Duration::from_millis(r.for_ms) >= after)
             .collect()
     }
 }

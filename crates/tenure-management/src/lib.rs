@@ -4,19 +4,26 @@
 //!
 //! | route | answer |
 //! |---|---|
-//! | `GET /` | a live page of the members and this node's leases (static HTML polling the routes below) |
+//! | `GET /` | a live page of the members, the shard map and this node's leases (static HTML polling the routes below) |
 //! | `GET /health/alive` | 200 while the process serves |
 //! | `GET /health/ready` | 200 when the node is an up member and none of its leases has been suspended for `ready-suspended-after`; else 503 with the reason |
 //! | `GET /cluster/members` | the node's view (JSON): members, status, age, reachability, and `down`: members that went down (not a leave) since the endpoint started |
-//! | `GET /leases` | the leases of this node (JSON): name, owner, token, state, since when |
+//! | `GET /cluster/shards` | the shard map of every entity type served here ([`Management::add_region`]): JSON list of [`tenure_sharding::ShardMap`] (each shard's home; entities and lease token of the shards this node hosts; shards per node) |
+//! | `GET /cluster/shards/{type}` | one type's [`ShardMap`](tenure_sharding::ShardMap); 404 naming the known types |
+//! | `GET /leases` | the leases of this node (JSON [`LeaseRow`]s): name, owner, token, state, since when |
+//! | `POST /cluster/members/{host:port}/leave` | that member leaves gracefully (this node, or another member the request is passed on to); needs `Authorization: Bearer <cluster.management.token>` |
+//! | `POST /cluster/members/{host:port}/down` | that member is downed (Akka's `Cluster.down`); same token |
 //! | `GET /metrics` | every `metrics` value of the process, in Prometheus' text format |
 //!
-//! Other paths answer 404 naming the path. Start it with [`Management::start`].
+//! Other paths answer 404 naming the path; the operator routes' answers are listed in
+//! their module (401/403 without the right token, 403 when no token is configured, 400 for
+//! a malformed address, 404 for a non-member, 409 when it cannot be done now). Start it with [`Management::start`].
 
 mod leases;
+mod operator;
 mod server;
 mod settings;
 
-pub use leases::{LeaseRow, LeaseTable};
+pub use leases::{LeaseRow, LeaseTable, RowState};
 pub use server::{Management, ManagementError, install_metrics};
-pub use settings::ManagementSettings;
+pub use settings::{ManagementSettings, OperatorToken};

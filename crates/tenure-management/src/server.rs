@@ -6,12 +6,13 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use axum::Router;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Json, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use tenure_cluster::{ClusterEvent, ClusterSubscriber, Inspector, MemberStatus, Node};
+use tenure_cluster::{ClusterEvent, ClusterSubscriber, Inspector, MemberStatus, Node, Operator};
+use tenure_sharding::ShardRegion;
 use tokio::task::JoinHandle;
 
 use crate::leases::LeaseTable;
@@ -36,11 +37,25 @@ pub enum ManagementError {
 }
 
 /// A running management endpoint; dropping it stops serving.
-#[derive(Debug)]
 pub struct Management {
     addr: SocketAddr,
     task: JoinHandle<()>,
+    regions: Regions,
 }
+
+impl std::fmt::Debug for Management {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Management")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The regions whose shard maps `/cluster/shards` serves, by entity type.
+pub(crate) type Regions = Arc<Mutex<BTreeMap<String, ShardRegion>>>;
+
+/// How long `/cluster/shards` waits for a region, its shards and the coordinator.
+const SHARD_MAP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
 
 impl Drop for Management {
     fn drop(&mut self) {
@@ -49,11 +64,15 @@ impl Drop for Management {
 }
 
 #[derive(Clone)]
-struct Served {
-    node: Inspector,
+pub(crate) struct Served {
+    pub(crate) node: Inspector,
+    pub(crate) operator: Operator,
+    /// This endpoint's address, named as who asked in operators' requests.
+    pub(crate) addr: SocketAddr,
     leases: LeaseTable,
-    settings: ManagementSettings,
+    pub(crate) settings: ManagementSettings,
     down: DownLog,
+    regions: Regions,
 }
 
 /// Members that went down (crashed, frozen or cut off: not a graceful leave) and left the
@@ -131,17 +150,31 @@ impl Management {
         let down = DownLog::default();
         node.subscribe(down.subscriber())
             .map_err(|e| ManagementError::Node(e.to_string()))?;
+        let regions = Regions::default();
         let served = Served {
             node: node.inspector(),
+            operator: node.operator(),
+            addr,
             leases,
             settings,
             down,
+            regions: regions.clone(),
         };
         let app = Router::new()
             .route("/", get(page))
             .route("/health/alive", get(alive))
             .route("/health/ready", get(ready))
             .route("/cluster/members", get(members))
+            .route(
+                "/cluster/members/{addr}/leave",
+                post(crate::operator::leave).fallback(crate::operator::post_only),
+            )
+            .route(
+                "/cluster/members/{addr}/down",
+                post(crate::operator::down).fallback(crate::operator::post_only),
+            )
+            .route("/cluster/shards", get(shard_maps))
+            .route("/cluster/shards/{type_name}", get(shard_map_of))
             .route("/leases", get(leases_of))
             .route("/metrics", get(metrics_text))
             .fallback(not_found)
@@ -152,16 +185,29 @@ impl Management {
             }
         });
         tracing::info!(%addr, "management endpoint serving");
-        Ok(Management { addr, task })
+        Ok(Management {
+            addr,
+            task,
+            regions,
+        })
     }
 
     /// The address it listens on.
     pub fn addr(&self) -> SocketAddr {
         self.addr
     }
+
+    /// Serves `region`'s shard map at `/cluster/shards` (and `/cluster/shards/<type>`),
+    /// replacing an earlier region of the same entity type.
+    pub fn add_region(&self, region: ShardRegion) {
+        self.regions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(region.type_name().to_string(), region);
+    }
 }
 
-/// The live page: members and leases of this node, redrawn twice a second.
+/// The live page: members, shard map and leases of this node, redrawn twice a second.
 async fn page() -> axum::response::Html<&'static str> {
     axum::response::Html(include_str!("page.html"))
 }
@@ -214,6 +260,50 @@ async fn members(State(s): State<Served>) -> Response {
     }
 }
 
+/// Every entity type's shard map, by type name.
+async fn shard_maps(State(s): State<Served>) -> Response {
+    let regions: Vec<ShardRegion> = s
+        .regions
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .values()
+        .cloned()
+        .collect();
+    let maps = futures::future::join_all(regions.iter().map(|r| r.shard_map(SHARD_MAP_TIMEOUT)));
+    match maps.await.into_iter().collect::<Result<Vec<_>, _>>() {
+        Ok(maps) => Json(maps).into_response(),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response(),
+    }
+}
+
+async fn shard_map_of(State(s): State<Served>, Path(type_name): Path<String>) -> Response {
+    let region = {
+        let regions = s.regions.lock().unwrap_or_else(|e| e.into_inner());
+        match regions.get(&type_name) {
+            Some(r) => r.clone(),
+            None => {
+                let known: Vec<&str> = regions.keys().map(String::as_str).collect();
+                return (
+                    StatusCode::NOT_FOUND,
+                    format!(
+                        "no entity type `{type_name}` on this node (known: {})\n",
+                        if known.is_empty() {
+                            "none".to_string()
+                        } else {
+                            known.join(", ")
+                        }
+                    ),
+                )
+                    .into_response();
+            }
+        }
+    };
+    match region.shard_map(SHARD_MAP_TIMEOUT).await {
+        Ok(map) => Json(map).into_response(),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response(),
+    }
+}
+
 async fn leases_of(State(s): State<Served>) -> Response {
     Json(s.leases.rows()).into_response()
 }
@@ -233,7 +323,7 @@ async fn not_found(uri: Uri) -> Response {
     (
         StatusCode::NOT_FOUND,
         format!(
-            "no route {}: try /, /health/alive, /health/ready, /cluster/members, /leases, /metrics\n",
+            "no route {}: try /, /health/alive, /health/ready, /cluster/members, /cluster/shards, /leases, /metrics, or POST /cluster/members/{{host:port}}/leave or /down\n",
             uri.path()
         ),
     )

@@ -6,7 +6,7 @@ use std::time::Duration;
 use tenure_lease::config::TableReader;
 use tenure_lease::{ConfigError, TenureConfig};
 
-const KEYS: [&str; 3] = ["enabled", "bind", "ready-suspended-after"];
+const KEYS: [&str; 4] = ["enabled", "bind", "ready-suspended-after", "token"];
 
 /// The management endpoint's settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -17,6 +17,28 @@ pub struct ManagementSettings {
     pub bind: SocketAddr,
     /// How long a lease may stay suspended before the node is not ready.
     pub ready_suspended_after: Duration,
+    /// The bearer token of the operator routes (`POST /cluster/members/{addr}/leave` and
+    /// `/down`); `None` (`token = ""`): those routes are off.
+    pub token: Option<OperatorToken>,
+}
+
+/// A bearer token; its `Debug` does not show it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct OperatorToken(String);
+
+impl OperatorToken {
+    /// Whether `presented` is this token, compared in time that does not depend on where
+    /// they differ (a guess cannot be refined byte by byte from response times).
+    pub fn matches(&self, presented: &str) -> bool {
+        let (a, b) = (self.0.as_bytes(), presented.as_bytes());
+        a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    }
+}
+
+impl std::fmt::Debug for OperatorToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OperatorToken(..)")
+    }
 }
 
 impl ManagementSettings {
@@ -42,10 +64,18 @@ impl ManagementSettings {
                 format!("`{bind}` is not a host:port address: {e}"),
             )
         })?;
+        let token = r.string("token")?;
+        if token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(ConfigError::invalid(
+                "cluster.management.token",
+                "must not contain whitespace or control characters (it travels in an HTTP header)",
+            ));
+        }
         Ok(ManagementSettings {
             enabled: r.boolean("enabled")?,
             bind,
             ready_suspended_after: r.duration("ready-suspended-after")?,
+            token: (!token.is_empty()).then_some(OperatorToken(token)),
         })
     }
 }
@@ -64,6 +94,15 @@ mod tests {
         assert!(!s.enabled);
         assert_eq!(s.bind, "127.0.0.1:8558".parse().unwrap());
         assert_eq!(s.ready_suspended_after, Duration::from_secs(3));
+        assert_eq!(s.token, None);
+        let with = TenureConfig::from_toml_str("[cluster.management]\ntoken = \"s3cret\"", "test")
+            .unwrap();
+        let token = ManagementSettings::from_config(&with)
+            .unwrap()
+            .token
+            .unwrap();
+        assert!(token.matches("s3cret") && !token.matches("s3cre") && !token.matches("s3creT"));
+        assert!(!format!("{token:?}").contains("s3cret"));
         let bad = |toml: &str| {
             let config = TenureConfig::from_toml_str(toml, "test").unwrap();
             ManagementSettings::from_config(&config)
@@ -77,6 +116,8 @@ mod tests {
         );
         let e = bad("[cluster.management]\nbnid = \"127.0.0.1:1\"");
         assert!(e.contains("bnid"), "{e}");
+        let e = bad("[cluster.management]\ntoken = \"two words\"");
+        assert!(e.contains("cluster.management.token"), "{e}");
         let e = bad("[cluster.management]\nready-suspended-after = \"soon\"");
         assert!(
             e.contains("cluster.management.ready-suspended-after"),

@@ -1,7 +1,8 @@
 //! The management endpoint of a real node (one-node cluster on an in-process store) over
 //! real HTTP: liveness, the members, the member lease and metrics; readiness turns off
 //! while the store fails the node's renewals (its member lease suspended) and on again
-//! once it heals; unknown paths get a 404 naming them.
+//! once it heals; unknown paths get a 404 naming them; a node without entity types has an
+//! empty shard map; an operator's leave is refused until the program awaits leave requests.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -14,8 +15,26 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// `GET path` over a fresh connection: the status code and the body.
 async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    exchange(
+        addr,
+        &format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"),
+    )
+    .await
+}
+
+/// `POST path` with a bearer token: the status code and the body.
+async fn post(addr: SocketAddr, path: &str, token: &str) -> (u16, String) {
+    exchange(
+        addr,
+        &format!(
+            "POST {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        ),
+    )
+    .await
+}
+
+async fn exchange(addr: SocketAddr, request: &str) -> (u16, String) {
     let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
     stream.write_all(request.as_bytes()).await.unwrap();
     let mut answer = String::new();
     stream.read_to_string(&mut answer).await.unwrap();
@@ -76,6 +95,7 @@ membership-interval = "200ms"
 enabled = true
 bind = "127.0.0.1:0"
 ready-suspended-after = "300ms"
+token = "management-secret"
 "#
         ),
         "test",
@@ -154,6 +174,25 @@ ready-suspended-after = "300ms"
     let (status, body) = get(addr, "/nope").await;
     assert_eq!(status, 404);
     assert!(body.contains("/nope"), "{body}");
+
+    // No entity type was added: an empty shard map list, and a 404 naming none.
+    assert_eq!(get(addr, "/cluster/shards").await, (200, "[]".into()));
+    let (status, body) = get(addr, "/cluster/shards/counter").await;
+    assert_eq!(status, 404, "{body}");
+    assert!(body.contains("known: none"), "{body}");
+
+    // A leave is refused while nothing awaits Node::leave_requested, and taken once
+    // something does.
+    let leave = format!("/cluster/members/127.0.0.1:{port}/leave");
+    let (status, body) = post(addr, &leave, "management-secret").await;
+    assert_eq!(status, 409, "{body}");
+    assert!(body.contains("leave_requested"), "{body}");
+    let (by, (status, body)) = tokio::join!(
+        node.leave_requested(),
+        post(addr, &leave, "management-secret")
+    );
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(by, format!("management endpoint {addr}"));
     drop(management);
     node.leave().await.unwrap();
 }

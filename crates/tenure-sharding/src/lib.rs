@@ -44,6 +44,7 @@ pub mod metrics;
 mod region;
 mod settings;
 mod shard;
+pub mod shard_map;
 
 pub use allocation::{AllocationStrategy, LeastShards};
 pub use coordinator::{Coordinator, CoordinatorArgs};
@@ -57,6 +58,7 @@ pub use messages::{
 pub use region::{Region, RegionArgs, region_group, region_ref};
 pub use settings::ShardingSettings;
 pub use shard::{HandedOff, Shard, ShardArgs, ShardMsg, ShardStatus};
+pub use shard_map::{HostedShard, RegionShards, ShardEntry, ShardMap};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -100,6 +102,8 @@ pub enum ShardingError {
 #[derive(Clone)]
 pub struct ShardRegion {
     type_name: String,
+    /// This node (`host:port`).
+    node: String,
     number_of_shards: usize,
     actor: ActorRef<RegionMsg>,
     coordinator: SingletonProxy<CoordinatorMsg>,
@@ -211,6 +215,78 @@ impl ShardRegion {
             )
             .await
             .ok()
+    }
+
+    /// The shards running on this node, by id, each as it answers within `timeout` (one
+    /// that does not, because it is stopping, is left out). `Err` when the region stopped.
+    pub async fn hosted(
+        &self,
+        timeout: Duration,
+    ) -> Result<std::collections::BTreeMap<String, HostedShard>, ShardingError> {
+        Ok(self.hosted_and_homes(timeout).await?.0)
+    }
+
+    async fn hosted_and_homes(
+        &self,
+        timeout: Duration,
+    ) -> Result<
+        (
+            std::collections::BTreeMap<String, HostedShard>,
+            Vec<(String, String)>,
+        ),
+        ShardingError,
+    > {
+        let stopped = || ShardingError::Stopped {
+            type_name: self.type_name.clone(),
+        };
+        let snapshot = match self
+            .actor
+            .call(
+                |r| RegionMsg::Local(messages::RegionLocal::Snapshot(r)),
+                Some(timeout),
+            )
+            .await
+        {
+            Ok(ractor::rpc::CallResult::Success(s)) => s,
+            _ => return Err(stopped()),
+        };
+        let statuses = snapshot.shards.into_iter().map(|(id, shard)| async move {
+            match shard.call(ShardMsg::Status, Some(timeout)).await {
+                Ok(ractor::rpc::CallResult::Success(s)) => Some((
+                    id,
+                    HostedShard {
+                        token: s.serving,
+                        entities: s.entities,
+                        waiting: s.waiting,
+                    },
+                )),
+                _ => None,
+            }
+        });
+        let hosted = futures::future::join_all(statuses)
+            .await
+            .into_iter()
+            .flatten()
+            .collect();
+        Ok((hosted, snapshot.homes))
+    }
+
+    /// The type's shard map as this node knows it (Akka's `GetShardRegionState` and
+    /// `GetClusterShardingStats` in one): every allocated shard with its home from the
+    /// coordinator, and for the shards running here their entities and lease token. Each
+    /// part waits at most `timeout`; without a coordinator's answer the homes are the
+    /// region's own (see [`ShardMap::from_coordinator`]). `Err` when the region stopped.
+    pub async fn shard_map(&self, timeout: Duration) -> Result<ShardMap, ShardingError> {
+        let (allocation, local) =
+            futures::join!(self.allocation(timeout), self.hosted_and_homes(timeout));
+        let (hosted, homes) = local?;
+        Ok(ShardMap::build(
+            &self.type_name,
+            &self.node,
+            allocation,
+            homes,
+            hosted,
+        ))
     }
 
     /// Stops this node's region (its shards hand off first).
@@ -332,6 +408,7 @@ pub async fn start_with_strategy(
         .map_err(|e| start_err(e.to_string()))?;
     Ok(ShardRegion {
         type_name: type_name.to_string(),
+        node: node.addr().to_string(),
         number_of_shards: settings.number_of_shards,
         actor,
         coordinator,

@@ -116,10 +116,18 @@ pub struct Pending {
     pub reply: Option<ractor::RpcReplyPort<AskReply>>,
 }
 
+/// What a region tells about itself: its running shards (to be asked for their status)
+/// and the homes it knows.
+pub struct RegionSnapshot {
+    pub shards: Vec<(String, ractor::ActorRef<crate::shard::ShardMsg>)>,
+    pub homes: Vec<(String, String)>,
+}
+
 /// Local messages of a region.
 pub enum RegionLocal {
     Cluster(ClusterEvent),
     Tick,
+    Snapshot(ractor::RpcReplyPort<RegionSnapshot>),
     /// A local shard finished its hand-off: `undelivered` are the messages it had accepted
     /// and not delivered (they go to the shard's next home, ahead of anything newer); then
     /// `reply` (the coordinator's, if it asked) gets the outcome.

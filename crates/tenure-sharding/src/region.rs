@@ -25,7 +25,7 @@ use tokio::time::Instant;
 use crate::entity::EntityFactory;
 use crate::messages::{
     AskReply, BeginHandOff, CoordinatorMsg, GetShardHome, HandOff, HandOffBegun, HandOffDone,
-    HostShard, Pending, RegionLocal, RegionMsg, Register, ShardHome,
+    HostShard, Pending, RegionLocal, RegionMsg, RegionSnapshot, Register, ShardHome,
 };
 use crate::settings::ShardingSettings;
 use crate::shard::{HandedOff, Shard, ShardArgs, ShardMsg};
@@ -213,6 +213,20 @@ impl Actor for Region {
                 }
             }
             RegionMsg::Local(RegionLocal::Tick) => state.tick().await,
+            RegionMsg::Local(RegionLocal::Snapshot(reply)) => {
+                let _ = reply.send(RegionSnapshot {
+                    shards: state
+                        .shards
+                        .iter()
+                        .map(|(id, s)| (id.clone(), s.clone()))
+                        .collect(),
+                    homes: state
+                        .homes
+                        .iter()
+                        .map(|(id, h)| (id.clone(), h.clone()))
+                        .collect(),
+                });
+            }
             RegionMsg::Local(RegionLocal::Cluster(event)) => state.on_cluster(event).await,
         }
         crate::metrics::region_buffer(&state.args.type_name, state.pending_count);

@@ -155,10 +155,14 @@ impl AgentState {
             return;
         }
         if let Some(p) = self.peers.get(node) {
-            let _ = p.agent.cast(AgentMsg::YouAreDown(YouAreDown {
-                by: self.me.clone(),
-                age,
-            }));
+            let notice = match self.operator_downs.get(&(node.clone(), incarnation, age)) {
+                Some(notice) => AgentMsg::Downed(notice.clone()),
+                None => AgentMsg::YouAreDown(YouAreDown {
+                    by: self.me.clone(),
+                    age,
+                }),
+            };
+            let _ = p.agent.cast(notice);
         }
     }
 
@@ -357,8 +361,11 @@ impl AgentState {
 
     /// This node's side goes: subscribers stop what they host (releasing those leases),
     /// the member lease is released, and the node waits to rejoin or stops.
+    /// Without a resolver (`active-strategy = "off"`) the node rejoins at once as a new
+    /// membership, as after losing its member lease.
     pub(super) fn down_self(&mut self, myself: &ActorRef<AgentMsg>, why: &str) {
         let Some(d) = self.downing.as_mut() else {
+            self.down_self_and_rejoin(myself, why);
             return;
         };
         if d.downed.is_some() {
@@ -395,6 +402,38 @@ impl AgentState {
             let _ = self.downed.set(why.to_string());
             myself.stop(Some(format!("downed: {why}")));
         }
+    }
+}
+
+impl AgentState {
+    fn down_self_and_rejoin(&mut self, myself: &ActorRef<AgentMsg>, why: &str) {
+        if self.view.me().status != MemberStatus::Up {
+            return;
+        }
+        tracing::warn!(node = %self.me, why, "downing this node; it rejoins as a new member");
+        if let Some(h) = &self.history {
+            h.record("down_self", json!({"why": why}));
+        }
+        self.verifying = None;
+        let events = self.view.self_lost();
+        self.emit(events);
+        if let Some(lease) = self.member_lease.take() {
+            lease.unlink(myself.get_cell());
+            let timeout = self.s.member_lease.lease_operation_timeout + RELEASE_SLACK;
+            tokio::spawn(async move {
+                if !matches!(
+                    ractor::call_t!(lease, LeaseMsg::Release, timeout.as_millis() as u64),
+                    Ok(Ok(_))
+                ) {
+                    tracing::warn!(
+                        "member lease release failed after downing; it expires after its ttl"
+                    );
+                }
+                lease.stop(Some("downed".into()));
+            });
+        }
+        self.ticket = None;
+        self.request_ticket(myself);
     }
 }
 

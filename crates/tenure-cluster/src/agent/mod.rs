@@ -32,6 +32,7 @@ use crate::subscribe::{ClusterSubscriber, HandOver, HandOverWait};
 use crate::transport::{LinkFault, Links, Tls, dial};
 
 mod downing;
+mod operator;
 
 /// The pg group every node's agent joins, in the scope of its system.
 pub(crate) const AGENT_GROUP: &str = "agent";
@@ -147,6 +148,8 @@ pub(crate) struct AgentArgs {
     pub refused: Arc<std::sync::OnceLock<Refusal>>,
     /// Set (to why) when the split brain resolver downed this node and it exits.
     pub downed: Arc<std::sync::OnceLock<String>>,
+    /// Set to who asked when an operator asks this node to leave (`Node::leave_requested`).
+    pub leave_requests: Arc<tokio::sync::watch::Sender<Option<String>>>,
 }
 
 struct Session {
@@ -198,6 +201,11 @@ pub(crate) struct AgentState {
     verifying: Option<u64>,
     refused: Arc<std::sync::OnceLock<Refusal>>,
     downed: Arc<std::sync::OnceLock<String>>,
+    leave_requests: Arc<tokio::sync::watch::Sender<Option<String>>>,
+    /// Memberships downed on an operator's request, with the notice a member heartbeating
+    /// under one of them is sent (it says why, where the resolver's `YouAreDown` would not).
+    operator_downs:
+        std::collections::BTreeMap<(NodeAddr, Incarnation, u64), crate::protocol::MemberDowned>,
     /// The split brain resolver, unless `active-strategy = "off"`.
     downing: Option<downing::Downing>,
     /// Hellos that arrived before their session was known here.
@@ -325,6 +333,8 @@ impl Actor for Agent {
             verifying: None,
             refused: a.refused,
             downed: a.downed,
+            leave_requests: a.leave_requests,
+            operator_downs: Default::default(),
             downing: a
                 .settings
                 .split_brain_resolver
@@ -389,6 +399,11 @@ impl Actor for Agent {
             AgentMsg::SetLink(fault, reply) => {
                 let _ = reply.send(state.set_link(fault));
             }
+            AgentMsg::Leave(req, reply) => state.on_leave_request(req, reply),
+            AgentMsg::Down(req, reply) => {
+                let _ = reply.send(state.on_down_request(&myself, req));
+            }
+            AgentMsg::Downed(notice) => state.on_member_downed(&myself, notice),
             AgentMsg::Local(local) => {
                 use tracing::Instrument;
                 // Every log line of the node's membership work names the node.

@@ -1,0 +1,119 @@
+//! The operator routes: `POST /cluster/members/{addr}/leave` and `/down`, authenticated by
+//! the bearer token `cluster.management.token`.
+//!
+//! | answer | when |
+//! |---|---|
+//! | 202 | the request was taken (a leave: the member leaves as on SIGTERM; a down: see [`Operator::down`](tenure_cluster::Operator::down)) |
+//! | 400 | `{addr}` is not a `host:port` address |
+//! | 401 | no `Authorization: Bearer …` header |
+//! | 403 | the token is wrong, or none is configured (the routes are off) |
+//! | 404 | `{addr}` is not a member in this node's view |
+//! | 405 | not a POST |
+//! | 409 | the member cannot do it now (already leaving, no session with it, its program takes no leave requests, not up) |
+//! | 503 | the node did not answer |
+//!
+//! Every refusal's body says why.
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use tenure_cluster::{ClusterError, NodeAddr};
+
+use crate::server::Served;
+
+/// `POST /cluster/members/{addr}/leave`.
+pub(crate) async fn leave(
+    State(s): State<Served>,
+    Path(addr): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    act(s, &addr, &headers, Action::Leave).await
+}
+
+/// `POST /cluster/members/{addr}/down`.
+pub(crate) async fn down(
+    State(s): State<Served>,
+    Path(addr): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    act(s, &addr, &headers, Action::Down).await
+}
+
+/// Any other method on an operator route.
+pub(crate) async fn post_only() -> Response {
+    (
+        StatusCode::METHOD_NOT_ALLOWED,
+        [(header::ALLOW, "POST")],
+        "operator routes take POST only\n",
+    )
+        .into_response()
+}
+
+#[derive(Clone, Copy)]
+enum Action {
+    Leave,
+    Down,
+}
+
+async fn act(s: Served, addr: &str, headers: &HeaderMap, action: Action) -> Response {
+    if let Some(refusal) = refusal(&s, headers) {
+        return refusal;
+    }
+    let member = match NodeAddr::parse("member address", addr) {
+        Ok(member) => member,
+        Err(e) => return text(StatusCode::BAD_REQUEST, format!("{e}")),
+    };
+    let by = format!("management endpoint {}", s.addr);
+    let (done, verb) = match action {
+        Action::Leave => (s.operator.leave(&member, &by).await, "leaving"),
+        Action::Down => (s.operator.down(&member, &by).await, "downed"),
+    };
+    match done {
+        Ok(()) => text(StatusCode::ACCEPTED, format!("accepted: {member} {verb}")),
+        Err(ClusterError::Operator { refusal, .. }) if refusal.is_not_a_member() => {
+            text(StatusCode::NOT_FOUND, format!("{member}: {refusal}"))
+        }
+        Err(e @ ClusterError::Operator { .. }) => text(StatusCode::CONFLICT, e.to_string()),
+        Err(e) => text(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
+}
+
+/// Checks the bearer token: the refusal to send, or `None` when it is right.
+fn refusal(s: &Served, headers: &HeaderMap) -> Option<Response> {
+    let Some(token) = &s.settings.token else {
+        return Some(text(
+            StatusCode::FORBIDDEN,
+            "operator routes are off: cluster.management.token is not configured".into(),
+        ));
+    };
+    let Some(value) = headers.get(header::AUTHORIZATION) else {
+        return Some(
+            (
+                StatusCode::UNAUTHORIZED,
+                [(header::WWW_AUTHENTICATE, "Bearer")],
+                "missing `Authorization: Bearer <token>` (cluster.management.token)\n",
+            )
+                .into_response(),
+        );
+    };
+    let presented = value
+        .to_str()
+        .ok()
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    match presented {
+        None => Some(text(
+            StatusCode::UNAUTHORIZED,
+            "the Authorization header is not `Bearer <token>`".into(),
+        )),
+        Some(p) if token.matches(p) => None,
+        Some(_) => Some(text(
+            StatusCode::FORBIDDEN,
+            "wrong token (not cluster.management.token)".into(),
+        )),
+    }
+}
+
+fn text(status: StatusCode, body: String) -> Response {
+    (status, format!("{body}\n")).into_response()
+}
