@@ -79,7 +79,8 @@ fn assert_served_during(c: &Cluster, survivors: &[usize], fault: i64, what: &str
     }
 }
 
-/// Runs one fault on a loaded cluster of `n` nodes: `fault` injects it, service is judged
+/// Runs one fault on a loaded cluster of `n` nodes: `fault` injects it (or plays it out,
+/// returning within the fault's length), service is judged
 /// on `survivors` during it, `heal` lifts it (if it can be lifted); then every node still
 /// running must be up in every view and answer every key, and the history must pass
 /// `tenure check`. Returns the cluster for more checks.
@@ -92,9 +93,13 @@ fn during(
 ) -> Cluster {
     let mut c = loaded_cluster(n);
     let kept = shards_of(&c, survivors);
-    fault(&mut c);
     let at = now_ns();
-    std::thread::sleep(FAULT + Duration::from_nanos(ASK_TIMEOUT_NS as u64));
+    let started = std::time::Instant::now();
+    fault(&mut c);
+    // A fault that plays out over time (a flapping link) returns when it is over.
+    std::thread::sleep(
+        (FAULT + Duration::from_nanos(ASK_TIMEOUT_NS as u64)).saturating_sub(started.elapsed()),
+    );
     assert_served_during(&c, survivors, at, what);
     assert_kept(&c, &kept, what);
     heal(&mut c);
@@ -315,4 +320,58 @@ fn a_store_outage_longer_than_the_member_ttl_downs_every_node_and_all_rejoin_in_
         Duration::from_secs(30),
     );
     common::assert_checked(&c.history);
+}
+
+/// Flaps the link between nodes 0 and 1 for the whole fault: cut for `cut`, then flowing
+/// for `flow`, again and again. Node 2 hears both throughout.
+fn flap(c: &mut Cluster, cut: Duration, flow: Duration) {
+    let until = std::time::Instant::now() + FAULT;
+    while std::time::Instant::now() + cut < until {
+        c.set_link(0, 1, true);
+        std::thread::sleep(cut);
+        c.set_link(0, 1, false);
+        std::thread::sleep(flow);
+    }
+}
+
+#[test]
+fn a_link_flapping_faster_than_a_decision_downs_nobody_and_every_node_serves() {
+    let _serial = serial();
+    // Cut long enough to be seen unreachable (unreachable-after 1.5 s), healed before the
+    // observations can hold still for stable-after: no decision, no down-all; every node
+    // keeps serving every key between the cuts.
+    let c = during(
+        3,
+        "flapping link (0-1 cut 2.5 s, flowing 1.5 s)",
+        &[0, 1, 2],
+        |c| flap(c, Duration::from_millis(2500), Duration::from_millis(1500)),
+        |_| {},
+    );
+    for i in 0..3 {
+        assert!(
+            !downed_itself(&c, i),
+            "node {i} downed itself (history kept in {})",
+            kept_history(&c)
+        );
+    }
+}
+
+#[test]
+fn a_link_flapping_slower_than_a_decision_never_downs_the_node_that_hears_everyone() {
+    let _serial = serial();
+    // Each cut outlasts unreachable-after + stable-after: the ends of the link are
+    // indirectly connected and go; node 2, which hears everyone, serves every key and the
+    // singleton throughout, however often the ends come back.
+    let c = during(
+        3,
+        "flapping link (0-1 cut 4.5 s, flowing 1 s)",
+        &[2],
+        |c| flap(c, Duration::from_millis(4500), Duration::from_millis(1000)),
+        |_| {},
+    );
+    assert!(
+        !downed_itself(&c, 2),
+        "the node that hears everyone stayed up (history kept in {})",
+        kept_history(&c)
+    );
 }
