@@ -370,6 +370,11 @@ fn a_link_flapping_slower_than_a_decision_never_downs_the_node_that_hears_everyo
         |_| {},
     );
     assert!(
+        downed_itself(&c, 0) && downed_itself(&c, 1),
+        "the ends of the flapping link went (history kept in {})",
+        kept_history(&c)
+    );
+    assert!(
         !downed_itself(&c, 2),
         "the node that hears everyone stayed up (history kept in {})",
         kept_history(&c)
