@@ -3,8 +3,6 @@
 
 use std::collections::BTreeMap;
 
-use serde_json::Value;
-
 use crate::check::{self, Entry, Event, HoldEnd};
 
 /// One node's hold of one lease, on the host's CLOCK_BOOTTIME (ns): from its grant to
@@ -67,25 +65,21 @@ pub struct Timeline {
     pub nodes: Vec<String>,
 }
 
-fn text(fields: &Value, key: &str) -> String {
-    match &fields[key] {
-        Value::String(s) => s.clone(),
-        Value::Null => String::new(),
-        other => other.to_string(),
+/// The lease a shard's or a singleton's life event is about, if it is one.
+pub fn lease_of(e: &Event, system: &str) -> Option<String> {
+    match e {
+        Event::ShardStarted(l) | Event::ShardStopped(l) | Event::ShardLeaseLost(l) => {
+            Some(tenure::names::shard_lease(system, &l.entity_type, &l.shard))
+        }
+        Event::SingletonStarting(l)
+        | Event::SingletonStarted(l)
+        | Event::SingletonStopped(l)
+        | Event::SingletonZombie(l)
+        | Event::SingletonLeaseLost(l) => {
+            Some(tenure::names::singleton_lease(system, &l.singleton))
+        }
+        _ => None,
     }
-}
-
-/// The lease an event of the example workload is about (a shard's or a singleton's), if any.
-pub fn lease_of(e: &Value, system: &str) -> Option<String> {
-    if e.get("shard").is_some() && e.get("type").is_some() {
-        return Some(tenure::names::shard_lease(
-            system,
-            &text(e, "type"),
-            &text(e, "shard"),
-        ));
-    }
-    e.get("singleton")
-        .map(|_| tenure::names::singleton_lease(system, &text(e, "singleton")))
 }
 
 /// The holds of the shards' and singletons' leases (`<system>-shard-…`,
@@ -190,7 +184,7 @@ impl Timeline {
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     use super::*;
 
