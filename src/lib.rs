@@ -45,7 +45,9 @@ pub use tenure_lease::{
     PreemptionRequested, PreemptionWithdrawn, StaleToken, StopBudget, StoreError, StoreFactory,
     StoreRegistry, TenureConfig,
 };
-pub use tenure_lease::{clock, config, duration, fence, memory, names, store, trace, validity};
+pub use tenure_lease::{
+    clock, config, duration, fence, history, memory, names, store, trace, validity,
+};
 #[cfg(feature = "sharding")]
 pub use tenure_sharding as sharding;
 #[cfg(feature = "singleton")]

@@ -3,7 +3,7 @@
 //! instant it was `issued`. From them: which requests of which key and node got no
 //! answer, latencies over a span of time, and acknowledgements per second.
 
-use crate::check::Event;
+use crate::check::{Entry, Event};
 
 /// One request of the load.
 #[derive(Debug, Clone, PartialEq)]
@@ -34,19 +34,32 @@ impl Request {
 
 /// The requests of `events` (`ack` and `no_ack` lines that carry `issued`), in the order of
 /// their end.
-pub fn requests(events: &[Event]) -> Vec<Request> {
+pub fn requests(events: &[Entry]) -> Vec<Request> {
     let mut out: Vec<Request> = events
         .iter()
-        .filter(|e| e.kind == "ack" || e.kind == "no_ack")
         .filter_map(|e| {
+            let (entity, shard, issued, failure) = match &e.event {
+                Event::Ack {
+                    entity,
+                    shard,
+                    issued: Some(issued),
+                    ..
+                } => (entity, shard, *issued, None),
+                Event::NoAck {
+                    entity,
+                    shard,
+                    issued,
+                    why,
+                } => (entity, shard, *issued, Some(why.clone())),
+                _ => return None,
+            };
             Some(Request {
                 node: e.node.clone(),
-                entity: e.str("entity")?.to_string(),
-                shard: e.str("shard").unwrap_or_default().to_string(),
-                issued: e.i64("issued")?,
+                entity: entity.clone(),
+                shard: shard.clone(),
+                issued,
                 ended: e.t,
-                failure: (e.kind == "no_ack")
-                    .then(|| e.str("why").unwrap_or("no reason given").to_string()),
+                failure,
             })
         })
         .collect();
@@ -94,10 +107,11 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn event(t: i64, kind: &str, key: &str, issued: i64) -> Event {
-        Event::from_json(
+    fn event(t: i64, kind: &str, key: &str, issued: i64) -> Entry {
+        Entry::from_json(
             json!({"t": t, "node": "a:1", "inc": "1", "event": kind, "entity": key,
-                   "shard": "3", "issued": issued, "why": "timeout"}),
+                   "shard": "3", "issued": issued, "why": "timeout", "value": 1, "token": 1,
+                   "from": "a:1"}),
             0,
         )
         .unwrap()
@@ -111,8 +125,9 @@ mod tests {
             event(s + 4_000_000, "ack", "k", s),
             event(3 * s, "no_ack", "j", s + s / 2),
             // Lines without `issued` (an older history) are not requests of this kind.
-            Event::from_json(
-                json!({"t": 5, "node": "a:1", "inc": "1", "event": "ack", "entity": "k"}),
+            Entry::from_json(
+                json!({"t": 5, "node": "a:1", "inc": "1", "event": "ack", "entity": "k",
+                       "shard": "3", "value": 1, "token": 1, "from": "a:1"}),
                 0,
             )
             .unwrap(),

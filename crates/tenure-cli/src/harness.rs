@@ -14,7 +14,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
+use serde_json::Value;
+use tenure::history::{Entry, Event, Link};
 
 /// Timing of harness clusters: member lease ttl 3 s (renewed every 500 ms), membership
 /// listed every 300 ms, heartbeats every 250 ms, unreachable after 1.5 s of silence.
@@ -350,23 +351,15 @@ release-after = "10s"
 
     /// Appends a harness event about node `i` to the shared history (same clock and
     /// format as the nodes' own lines, `inc` = `harness`).
-    pub fn record(&self, i: usize, event: &str) {
-        self.record_fields(&self.nodes[i].addr, event, json!({}));
+    pub fn record(&self, i: usize, event: Event) {
+        self.record_about(&self.nodes[i].addr, event);
     }
 
-    /// Appends a harness event about `addr` (a node, or `store`) with extra `fields` (an
-    /// object), e.g. the `peer` of a link cut.
-    pub fn record_fields(&self, addr: &str, event: &str, fields: Value) {
+    /// Appends a harness event about `addr` (a node, or `store`), e.g. a link cut with its
+    /// `peer`.
+    pub fn record_about(&self, addr: &str, event: Event) {
         use std::io::Write;
-        let mut line = json!({
-            "t": tenure::clock::boottime_now_ns(),
-            "node": addr,
-            "inc": "harness",
-            "event": event,
-        });
-        if let (Some(line), Value::Object(extra)) = (line.as_object_mut(), fields) {
-            line.extend(extra);
-        }
+        let line = Entry::fault(addr, event).to_json();
         let mut f = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -383,34 +376,34 @@ release-after = "10s"
         child.kill().expect("SIGKILL");
         child.wait().expect("reap");
         // Recorded once the process is certainly gone (the later end is the stricter one).
-        self.record(i, "killed");
+        self.record(i, Event::Killed {});
     }
 
     /// Starts node `i` again after a kill or a stop (a new incarnation) and records
     /// `restarted`.
     pub fn restart(&mut self, i: usize) {
         self.spawn(i);
-        self.record(i, "restarted");
+        self.record(i, Event::Restarted {});
     }
 
     /// SIGSTOP node `i` (recorded as `paused` first: the checker lets a process frozen across
     /// a deadline act on after it, and one frozen just before its record must not count as
     /// running).
     pub fn pause(&self, i: usize) {
-        self.record(i, "paused");
+        self.record(i, Event::Paused {});
         self.signal(i, libc::SIGSTOP);
     }
 
     /// SIGCONT node `i` (recorded as `resumed` first).
     pub fn resume(&self, i: usize) {
-        self.record(i, "resumed");
+        self.record(i, Event::Resumed {});
         self.signal(i, libc::SIGCONT);
     }
 
     /// SIGTERM node `i` (graceful leave: `leaving` is recorded before the signal,
     /// `terminated` once the process exited) and waits for its exit status.
     pub fn stop(&mut self, i: usize) -> ExitStatus {
-        self.record(i, "leaving");
+        self.record(i, Event::Leaving {});
         self.signal(i, libc::SIGTERM);
         self.reap(i, Instant::now() + Duration::from_secs(20))
             .unwrap_or_else(|| {
@@ -435,7 +428,7 @@ release-after = "10s"
             .filter(|i| self.is_running(*i))
             .collect();
         for &i in &running {
-            self.record(i, "leaving");
+            self.record(i, Event::Leaving {});
             self.signal(i, libc::SIGCONT);
             self.signal(i, libc::SIGTERM);
         }
@@ -453,13 +446,13 @@ release-after = "10s"
         loop {
             if let Some(status) = child.try_wait().expect("wait for a node") {
                 // Recorded once the process is certainly gone (the later end is stricter).
-                self.record(i, "terminated");
+                self.record(i, Event::Terminated {});
                 return Some(status);
             }
             if Instant::now() > deadline {
                 let _ = child.kill();
                 let _ = child.wait();
-                self.record(i, "killed");
+                self.record(i, Event::Killed {});
                 return None;
             }
             std::thread::sleep(Duration::from_millis(50));
@@ -488,7 +481,14 @@ release-after = "10s"
     /// Stalls (or resumes) the traffic between node `i` and every other node, on both
     /// sides; records `isolated` / `isolation_healed` about `i`.
     pub fn isolate(&self, i: usize, cut: bool) {
-        self.record(i, if cut { "isolated" } else { "isolation_healed" });
+        self.record(
+            i,
+            if cut {
+                Event::Isolated {}
+            } else {
+                Event::IsolationHealed {}
+            },
+        );
         let mode = if cut { Some("stall") } else { None };
         for other in (0..self.nodes.len()).filter(|o| *o != i) {
             self.apply_link_fault(i, other, mode, mode);
@@ -498,16 +498,13 @@ release-after = "10s"
     /// Sets `a`'s fault with `b` to `mode_a` and `b`'s with `a` to `mode_b` (`None`: heal);
     /// records `link_cut` (with `mode`) or `link_healed` about `a`, `peer` = `b`.
     fn link_fault(&self, a: usize, b: usize, mode_a: Option<&str>, mode_b: Option<&str>) {
+        let link = Link::by_harness(self.nodes[b].addr.clone(), mode_a.map(str::to_string));
         let event = if mode_a.is_some() {
-            "link_cut"
+            Event::LinkCut(link)
         } else {
-            "link_healed"
+            Event::LinkHealed(link)
         };
-        self.record_fields(
-            &self.nodes[a].addr,
-            event,
-            json!({ "peer": self.nodes[b].addr, "mode": mode_a }),
-        );
+        self.record_about(&self.nodes[a].addr, event);
         self.apply_link_fault(a, b, mode_a, mode_b);
     }
 

@@ -11,8 +11,8 @@
 
 use std::time::Duration;
 
-use serde_json::json;
 use tenure::cluster::History;
+use tenure::history::Event;
 use tenure::sharding::ShardRegion;
 use tenure::sharding::counter::{CounterReply, CounterRequest};
 use tokio::time::{Instant, MissedTickBehavior};
@@ -120,19 +120,30 @@ async fn increment(
     };
     let shard = region.shard_of(key);
     match answer {
-        Ok(reply) if reply.accepted => h.record(
-            "ack",
-            json!({"entity": key, "shard": shard, "value": reply.value, "token": reply.token,
-                   "from": reply.node, "issued": issued}),
-        ),
-        Ok(reply) => h.record(
-            "no_ack",
-            json!({"entity": key, "shard": shard, "issued": issued,
-                   "why": format!("refused by the fenced counter (token {})", reply.token)}),
-        ),
-        Err(e) => h.record(
-            "no_ack",
-            json!({"entity": key, "shard": shard, "issued": issued, "why": e.to_string()}),
-        ),
+        Ok(CounterReply {
+            accepted: true,
+            value: Some(value),
+            token,
+            node,
+        }) => h.record(Event::Ack {
+            entity: key.to_string(),
+            shard,
+            value,
+            token,
+            from: node,
+            issued: Some(issued),
+        }),
+        Ok(reply) => h.record(Event::NoAck {
+            entity: key.to_string(),
+            shard,
+            issued,
+            why: format!("refused by the fenced counter (token {})", reply.token),
+        }),
+        Err(e) => h.record(Event::NoAck {
+            entity: key.to_string(),
+            shard,
+            issued,
+            why: e.to_string(),
+        }),
     }
 }

@@ -173,10 +173,12 @@ async fn probe_through_proxy(
             {
                 Ok(reply) => {
                     if let Some(h) = &history {
-                        h.record(
-                            "proxy_reply",
-                            serde_json::json!({"singleton": name, "from": reply.node, "token": reply.token, "value": reply.value}),
-                        );
+                        h.record(tenure::history::Event::ProxyReply {
+                            singleton: name.clone(),
+                            from: reply.node.clone(),
+                            token: Some(reply.token),
+                            value: reply.value,
+                        });
                     }
                 }
                 Err(e) => tracing::debug!(error = %e, "proxy probe"),

@@ -16,6 +16,8 @@ use tokio::process::{Child, Command};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 
+use tenure::history::Event;
+
 use crate::Target;
 use crate::exit::{CliError, Outcome};
 use crate::lease_cmd::{owner_of, section_of};
@@ -85,11 +87,9 @@ pub async fn run(
         spec = spec.with_observer(h.lease_observer());
     }
     // The command's life in the history: inside the hold of its token, or the checker says.
-    let record = |event: &str, fields: serde_json::Value| {
+    let record = |event: Event| {
         if let Some(h) = &history {
-            let mut fields = fields;
-            fields["lease"] = serde_json::json!(target.name);
-            h.record(event, fields);
+            h.record(event);
         }
     };
     let (preempt_tx, mut preempt_rx) = mpsc::unbounded_channel();
@@ -116,15 +116,17 @@ pub async fn run(
             return Err(e);
         }
     };
-    record(
-        "command_started",
-        serde_json::json!({"token": token, "pid": child.id()}),
-    );
+    record(Event::CommandStarted {
+        lease: target.name.clone(),
+        token,
+        pid: child.id(),
+    });
     let stopped = |why: &str| {
-        record(
-            "command_stopped",
-            serde_json::json!({"token": token, "why": why}),
-        )
+        record(Event::CommandStopped {
+            lease: target.name.clone(),
+            token,
+            why: why.to_string(),
+        })
     };
 
     let outcome = tokio::select! {

@@ -664,3 +664,28 @@ fn entities_live_inside_their_shard_and_positions_are_written_once() {
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("accepted two writes with value 1"), "{out}");
 }
+
+/// A kind this build does not know (a newer writer's) is ignored; a known kind with a
+/// missing field makes the history unreadable, naming the file, line and kind.
+#[test]
+fn unknown_kinds_are_ignored_and_malformed_known_ones_are_named() {
+    let mut lines = safe_history();
+    lines.push(ev(9_000, "a", "from_a_newer_tenure", json!({"x": [1]})));
+    let (code, out) = run_check(&lines);
+    assert_eq!(code, 0, "{out}");
+    let lines = vec![
+        granted(0, "a", 1, 900),
+        ev(
+            10,
+            "a",
+            "lease_granted",
+            json!({"lease": LEASE, "owner": "a"}),
+        ),
+    ];
+    let (code, out) = run_check(&lines);
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains("history.jsonl line 2: `lease_granted`: missing field `token`"),
+        "{out}"
+    );
+}

@@ -29,6 +29,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::cluster::{Cluster, MEMBER_TTL, Options, TestCluster};
+use tenure::history::Event;
 use tenure::sqlite::FencedCounter;
 use tenure_cli::demo::scenario::SplitMix;
 use tenure_lease::conformance::proxy::Proxy;
@@ -321,7 +322,7 @@ fn inject(run: &mut Run, fault: Fault, rng: &mut Rng) {
             run.c.kill(target);
             std::thread::sleep(rng.between(Duration::from_millis(500), ttl));
             run.c.spawn(target);
-            run.c.record(target, "restarted");
+            run.c.record(target, Event::Restarted {});
         }
         Fault::PauseLong => {
             run.c.pause(target);
@@ -341,20 +342,18 @@ fn inject(run: &mut Run, fault: Fault, rng: &mut Rng) {
         }
         Fault::CutStore => {
             run.proxies[target].set_cut(true);
-            run.c.record(target, "store_cut");
+            run.c.record(target, Event::StoreCut {});
             std::thread::sleep(rng.between(ttl / 2, ttl + Duration::from_secs(1)));
             run.proxies[target].set_cut(false);
-            run.c.record(target, "store_healed");
+            run.c.record(target, Event::StoreHealed {});
         }
         Fault::RestartStore => {
             run.store.restart();
-            run.c
-                .record_fields("store", "store_restarted", serde_json::json!({}));
+            run.c.record_about("store", Event::StoreRestarted {});
         }
         Fault::SlowStop => {
             std::fs::write(&run.slow_stop, "").expect("slow-stop switch");
-            run.c
-                .record_fields(&addr, "slow_stop", serde_json::json!({}));
+            run.c.record_about(&addr, Event::SlowStop {});
             // Long enough for every lease of the target to lapse while it runs.
             let outage = rng.between(ttl + Duration::from_millis(500), ttl * 2);
             match &run.store {
@@ -367,19 +366,17 @@ fn inject(run: &mut Run, fault: Fault, rng: &mut Rng) {
                         .expect("busy timeout");
                     lock.execute_batch("BEGIN EXCLUSIVE")
                         .expect("write-lock the lease file");
-                    run.c
-                        .record_fields("store", "store_locked", serde_json::json!({}));
+                    run.c.record_about("store", Event::StoreLocked {});
                     std::thread::sleep(outage);
                     lock.execute_batch("COMMIT").expect("unlock the lease file");
-                    run.c
-                        .record_fields("store", "store_unlocked", serde_json::json!({}));
+                    run.c.record_about("store", Event::StoreUnlocked {});
                 }
                 _ => {
                     run.proxies[target].set_cut(true);
-                    run.c.record(target, "store_cut");
+                    run.c.record(target, Event::StoreCut {});
                     std::thread::sleep(outage);
                     run.proxies[target].set_cut(false);
-                    run.c.record(target, "store_healed");
+                    run.c.record(target, Event::StoreHealed {});
                 }
             }
             std::fs::remove_file(&run.slow_stop).expect("slow-stop switch off");
@@ -413,10 +410,11 @@ fn inject(run: &mut Run, fault: Fault, rng: &mut Rng) {
                     "deleted"
                 }
             );
-            run.c.record_fields(
+            run.c.record_about(
                 "store",
-                "store_lost",
-                serde_json::json!({ "restored": restored }),
+                Event::StoreLost {
+                    restored: Some(restored),
+                },
             );
             // Once a running node noticed (it records the loss in the file at the path), or
             // after a while, a node restarts: a new process opens the file at the path.
@@ -424,13 +422,17 @@ fn inject(run: &mut Run, fault: Fault, rng: &mut Rng) {
             eprintln!("loss noticed by a running node: {noticed}");
             run.c.kill(target);
             run.c.spawn(target);
-            run.c.record(target, "restarted");
+            run.c.record(target, Event::Restarted {});
         }
         Fault::ClockJump => {
             let offset = if rng.below(2) == 0 { "+2h" } else { "-2h" };
             std::fs::write(&run.clock_file, format!("{offset}\n")).expect("faketime file");
-            run.c
-                .record_fields(&addr, "clock_jump", serde_json::json!({ "offset": offset }));
+            run.c.record_about(
+                &addr,
+                Event::ClockJump {
+                    offset: offset.into(),
+                },
+            );
             std::thread::sleep(Duration::from_secs(2));
         }
         Fault::SameOwner => second_owner(run, target, rng),
@@ -439,10 +441,10 @@ fn inject(run: &mut Run, fault: Fault, rng: &mut Rng) {
             match run.proxies.get(target) {
                 Some(proxy) => {
                     proxy.set_delay(Some(OPERATION_TIMEOUT + Duration::from_millis(500)));
-                    run.c.record(target, "store_slow");
+                    run.c.record(target, Event::StoreSlow {});
                     std::thread::sleep(span);
                     proxy.set_delay(None);
-                    run.c.record(target, "store_on_time");
+                    run.c.record(target, Event::StoreOnTime {});
                 }
                 None => {
                     // SQLite: every process's operations wait for the lock; those that wait
@@ -453,12 +455,10 @@ fn inject(run: &mut Run, fault: Fault, rng: &mut Rng) {
                     lock.busy_timeout(Duration::from_secs(10))
                         .and_then(|_| lock.execute_batch("BEGIN EXCLUSIVE"))
                         .expect("take the write lock");
-                    run.c
-                        .record_fields("store", "store_slow", serde_json::json!({}));
+                    run.c.record_about("store", Event::StoreSlow {});
                     std::thread::sleep(span);
                     drop(lock);
-                    run.c
-                        .record_fields("store", "store_on_time", serde_json::json!({}));
+                    run.c.record_about("store", Event::StoreOnTime {});
                 }
             }
         }
@@ -472,17 +472,18 @@ fn inject(run: &mut Run, fault: Fault, rng: &mut Rng) {
                 unreachable!("session expiry runs on etcd only")
             };
             run.proxies[target].set_cut(true);
-            run.c.record(target, "store_cut");
+            run.c.record(target, Event::StoreCut {});
             std::thread::sleep(ttl + Duration::from_millis(100));
             let revoked = rt.block_on(etcd.revoke_sessions_of(ETCD_PREFIX, &addr));
-            run.c.record_fields(
+            run.c.record_about(
                 &addr,
-                "session_expired",
-                serde_json::json!({ "sessions": revoked }),
+                Event::SessionExpired {
+                    sessions: Some(revoked as u64),
+                },
             );
             std::thread::sleep(rng.between(Duration::ZERO, Duration::from_secs(1)));
             run.proxies[target].set_cut(false);
-            run.c.record(target, "store_healed");
+            run.c.record(target, Event::StoreHealed {});
         }
     }
 }
@@ -544,10 +545,11 @@ fn second_owner(run: &mut Run, target: usize, rng: &mut Rng) {
         .stdout(std::process::Stdio::null())
         .spawn()
         .expect("start tenure lease run");
-    run.c.record_fields(
+    run.c.record_about(
         &addr,
-        "second_owner_started",
-        serde_json::json!({ "lease": lease }),
+        Event::SecondOwnerStarted {
+            lease: lease.to_string(),
+        },
     );
     if rng.below(2) == 0 {
         run.c.pause(target);
@@ -570,10 +572,12 @@ fn second_owner(run: &mut Run, target: usize, rng: &mut Rng) {
         );
         std::thread::sleep(Duration::from_millis(20));
     };
-    run.c.record_fields(
+    run.c.record_about(
         &addr,
-        "second_owner_stopped",
-        serde_json::json!({ "lease": lease, "status": status.code() }),
+        Event::SecondOwnerStopped {
+            lease: lease.to_string(),
+            status: status.code(),
+        },
     );
 }
 

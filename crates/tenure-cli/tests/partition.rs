@@ -17,6 +17,7 @@ use common::service::{
     wait_all_keys_served,
 };
 use common::shards::{live_shards, load_requests};
+use tenure::history::Event;
 
 /// How long a fault lasts. The harness's timing (unreachable-after 1.5 s, stable-after
 /// 1.5 s, minority delay 1 s, member ttl 3 s) puts full service back within about 6 s; the
@@ -278,11 +279,11 @@ fn a_store_outage_longer_than_the_member_ttl_downs_every_node_and_all_rejoin_in_
         .expect("busy timeout");
     lock.execute_batch("BEGIN EXCLUSIVE")
         .expect("write-lock the lease file");
-    c.record_fields("store", "store_locked", serde_json::json!({}));
+    c.record_about("store", Event::StoreLocked {});
     let locked = now_ns();
     std::thread::sleep(tenure_cli::harness::MEMBER_TTL * 3);
     lock.execute_batch("COMMIT").expect("unlock the lease file");
-    c.record_fields("store", "store_unlocked", serde_json::json!({}));
+    c.record_about("store", Event::StoreUnlocked {});
     let history = c.history();
     for n in &c.nodes {
         assert!(

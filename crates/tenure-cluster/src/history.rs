@@ -1,18 +1,15 @@
-//! A node's history: one JSON object per line, appended as things happen, stamped with the
-//! host's shared `CLOCK_BOOTTIME` so that the histories of all processes of a host can be
-//! merged and checked.
-//!
-//! Fields of every line: `t` (ns of `CLOCK_BOOTTIME`), `node` (`host:port`), `inc` (the
-//! node's incarnation, hex) and `event`; cluster events add `member`, `member_inc`, `age`.
+//! A node's history file: one [`Event`] per line (docs/history.md), appended as things
+//! happen, stamped with the host's shared `CLOCK_BOOTTIME` so that the histories of all
+//! processes of a host can be merged and checked. The event types and the reader live in
+//! [`tenure_lease::history`].
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use serde_json::{Map, Value, json};
-
-use tenure_lease::{LeaseObserver, LeaseTrace};
+use tenure_lease::LeaseObserver;
+use tenure_lease::history::{Entry, Event};
 
 use crate::identity::{Incarnation, NodeAddr};
 
@@ -56,53 +53,22 @@ impl History {
         })
     }
 
-    /// A lease observer appending every lease trace as a `lease_*` event (see
-    /// docs/history.md): `lease`, `owner` and the trace's fields.
+    /// A lease observer appending every lease trace as a `lease_*` event.
     pub fn lease_observer(&self) -> LeaseObserver {
         let history = self.clone();
         LeaseObserver::new(move |lease, owner, trace| {
-            let (event, mut fields) = match trace {
-                LeaseTrace::AcquireInvoked => ("lease_acquire", json!({})),
-                LeaseTrace::Granted { token, valid_until } => (
-                    "lease_granted",
-                    json!({"token": token, "valid_until": valid_until}),
-                ),
-                LeaseTrace::NotGranted { holder } => {
-                    ("lease_not_granted", json!({"holder": holder}))
-                }
-                LeaseTrace::Renewed { token, valid_until } => (
-                    "lease_renewed",
-                    json!({"token": token, "valid_until": valid_until}),
-                ),
-                LeaseTrace::Lost { token, reason } => {
-                    ("lease_lost", json!({"token": token, "reason": reason}))
-                }
-                LeaseTrace::Released { token } => ("lease_released", json!({"token": token})),
-                LeaseTrace::Suspended { token, error } => {
-                    ("lease_suspended", json!({"token": token, "error": error}))
-                }
-                LeaseTrace::Resumed { token } => ("lease_resumed", json!({"token": token})),
-                LeaseTrace::Error { operation, error } => {
-                    ("lease_error", json!({"op": operation, "error": error}))
-                }
-            };
-            fields["lease"] = json!(lease);
-            fields["owner"] = json!(owner);
-            history.record(event, fields);
+            history.record(Event::from_trace(lease, owner, trace))
         })
     }
 
-    /// Appends one event with extra `fields` (an object).
-    pub fn record(&self, event: &str, fields: Value) {
-        let mut line = Map::new();
-        line.insert("t".into(), json!(tenure_lease::clock::boottime_now_ns()));
-        line.insert("node".into(), json!(self.node));
-        line.insert("inc".into(), json!(self.inc));
-        line.insert("event".into(), json!(event));
-        if let Value::Object(extra) = fields {
-            line.extend(extra);
-        }
-        let mut text = Value::Object(line).to_string();
+    /// Appends `event` about this node, stamped now.
+    pub fn record(&self, event: Event) {
+        self.append(&Entry::now(self.node.clone(), self.inc.clone(), event));
+    }
+
+    /// Appends `entry` as it is (e.g. a harness's fault about another process).
+    pub fn append(&self, entry: &Entry) {
+        let mut text = entry.to_json().to_string();
         text.push('\n');
         // One write per line with O_APPEND: lines of concurrent writers do not interleave.
         let mut file = self.file.lock().unwrap_or_else(|e| e.into_inner());

@@ -482,7 +482,7 @@ impl Node {
             }
         }
         if let Some(h) = &self.history {
-            h.record("node_left", serde_json::json!({}));
+            h.record(tenure_lease::history::Event::NodeLeft {});
         }
         let _ = self
             .agent

@@ -38,6 +38,8 @@ mod events;
 pub mod fence;
 mod grant;
 mod handle;
+#[cfg(feature = "history")]
+pub mod history;
 pub mod memory;
 pub mod metrics;
 pub mod names;

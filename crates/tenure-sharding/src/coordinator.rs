@@ -18,11 +18,11 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
-use serde_json::json;
 use tenure_cluster::{
     ClusterEvent, ClusterSubscriber, History, Member, MemberStatus, Subscriptions,
 };
 use tenure_lease::LeaseStore;
+use tenure_lease::history::Event;
 use tokio::time::Instant;
 
 use crate::allocation::{AllocationStrategy, Regions};
@@ -183,10 +183,13 @@ impl Actor for Coordinator {
                     }
                     // `to` may have gone meanwhile: then the shard is allocated anew.
                     let home = state.home_of(&shard);
-                    state.record(
-                        "shard_moved",
-                        json!({"shard": shard, "from": from, "to": home, "released": released}),
-                    );
+                    state.record(|entity_type| Event::ShardMoved {
+                        entity_type,
+                        shard: shard.clone(),
+                        from: from.clone(),
+                        to: home.clone(),
+                        released,
+                    });
                     for region in waiting {
                         state.tell_home(&shard, home.clone(), &region);
                     }
@@ -354,10 +357,10 @@ impl CoordinatorState {
         }
     }
 
-    fn record(&self, event: &str, mut fields: serde_json::Value) {
+    /// Records the event `of` this coordinator's entity type.
+    fn record(&self, of: impl FnOnce(String) -> Event) {
         if let Some(h) = &self.args.history {
-            fields["type"] = json!(self.args.type_name);
-            h.record(event, fields);
+            h.record(of(self.args.type_name.clone()));
         }
     }
 
@@ -469,10 +472,12 @@ impl CoordinatorState {
         {
             tracing::debug!(entity_type = %self.args.type_name, shard, from, to, "rebalance: moving a shard");
             crate::metrics::rebalance_move(&self.args.type_name);
-            self.record(
-                "shard_moving",
-                json!({"shard": shard, "from": from, "to": to}),
-            );
+            self.record(|entity_type| Event::ShardMoving {
+                entity_type,
+                shard: shard.clone(),
+                from: from.clone(),
+                to: to.clone(),
+            });
             self.homes.remove(&shard);
             self.moving.insert(
                 shard.clone(),

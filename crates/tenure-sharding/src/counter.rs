@@ -5,7 +5,7 @@
 
 use ractor::ActorProcessingErr;
 use serde::{Deserialize, Serialize};
-use serde_json::json;
+use tenure_lease::history::Event;
 use tenure_store_sqlite::FencedCounter;
 
 use crate::entity::{Entity, EntityContext};
@@ -73,11 +73,14 @@ impl Entity for Counter {
                 let value =
                     tokio::task::spawn_blocking(move || counter.increment(&name, token)).await??;
                 if let Some(h) = &ctx.history {
-                    h.record(
-                        "write",
-                        json!({"type": ctx.type_name, "shard": ctx.shard_id, "entity": ctx.entity_id,
-                               "token": token, "value": value, "accepted": value.is_some()}),
-                    );
+                    h.record(Event::Write {
+                        entity_type: ctx.type_name.clone(),
+                        shard: ctx.shard_id.clone(),
+                        entity: ctx.entity_id.clone(),
+                        token,
+                        value,
+                        accepted: value.is_some(),
+                    });
                 }
                 Ok(reply(value, value.is_some()))
             }

@@ -16,8 +16,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
-use serde_json::json;
 use tenure_cluster::History;
+use tenure_lease::history::{EntityLife, Event, ShardLife};
 use tenure_lease::{
     LeaseActor, LeaseEvent, LeaseEventSink, LeaseMsg, LeaseSpec, LeaseView, StopBudget,
 };
@@ -203,7 +203,7 @@ impl Actor for Shard {
         if !state.handing_off {
             state.stop_entities("shard stopped", Stop::Now).await;
             if let Some(token) = state.serving.take() {
-                state.record("shard_stopped", token, "shard stopped");
+                state.record(Event::ShardStopped, token, "shard stopped");
             }
             state.release().await;
         }
@@ -234,7 +234,7 @@ impl Actor for Shard {
                 {
                     state.serving = Some(granted.token);
                     tracing::debug!(shard = %state.args.shard_id, token = granted.token, "shard lease granted");
-                    state.record("shard_started", granted.token, "");
+                    state.record(Event::ShardStarted, granted.token, "");
                     state.flush();
                 }
             }
@@ -242,10 +242,10 @@ impl Actor for Shard {
                 if state.serving == Some(lost.token) {
                     tracing::warn!(shard = %state.args.shard_id, token = lost.token, reason = %lost.reason,
                         "shard lease lost: stopping its entities, then acquiring again");
-                    state.record("shard_lease_lost", lost.token, &lost.reason.to_string());
+                    state.record(Event::ShardLeaseLost, lost.token, &lost.reason.to_string());
                     state.stop_entities("lease lost", Stop::Now).await;
                     state.record(
-                        "shard_stopped",
+                        Event::ShardStopped,
                         lost.token,
                         &format!("lease lost: {}", lost.reason),
                     );
@@ -289,7 +289,7 @@ impl Actor for Shard {
                 state.handing_off = true;
                 state.stop_entities("hand-off", Stop::Drain).await;
                 if let Some(token) = state.serving.take() {
-                    state.record("shard_stopped", token, "hand-off");
+                    state.record(Event::ShardStopped, token, "hand-off");
                 }
                 let released = state.release().await;
                 let shard = state.args.shard_id.clone();
@@ -343,7 +343,7 @@ impl Actor for Shard {
             tracing::error!(shard = %state.args.shard_id, why, "lease actor ended; stopping the entities and acquiring again");
             state.stop_entities("lease actor ended", Stop::Now).await;
             if let Some(token) = state.serving.take() {
-                state.record("shard_stopped", token, "lease actor ended");
+                state.record(Event::ShardStopped, token, "lease actor ended");
             }
             let (lease, view) = LeaseActor::start(
                 state.args.lease.clone(),
@@ -368,7 +368,7 @@ impl Actor for Shard {
         };
         state.entities.remove(&id);
         if let Some(token) = state.serving {
-            state.record_entity("entity_stopped", &id, token, &why);
+            state.record_entity(Event::EntityStopped, &id, token, &why);
         }
         // Messages that arrived while it passivated go to its next incarnation.
         let (mine, others): (VecDeque<Pending>, VecDeque<Pending>) =
@@ -442,7 +442,7 @@ impl ShardState {
         match (self.args.factory)(ctx, self.myself.get_cell()) {
             Ok(starting) => {
                 // Its life begins now: its `start` may already act under the token.
-                self.record_entity("entity_started", &p.entity, token, "");
+                self.record_entity(Event::EntityStarted, &p.entity, token, "");
                 let (shard, entity, id) = (
                     self.myself.clone(),
                     p.entity.clone(),
@@ -504,7 +504,7 @@ impl ShardState {
                 self.entities.remove(entity);
                 if let Some(token) = self.serving {
                     self.record_entity(
-                        "entity_stopped",
+                        Event::EntityStopped,
                         entity,
                         token,
                         &format!("start failed: {e}"),
@@ -600,7 +600,7 @@ impl ShardState {
 
     fn record_stopped(&self, entity: &str, why: &str) {
         if let Some(token) = self.serving {
-            self.record_entity("entity_stopped", entity, token, why);
+            self.record_entity(Event::EntityStopped, entity, token, why);
         }
     }
 
@@ -622,21 +622,23 @@ impl ShardState {
         );
     }
 
-    fn record(&self, event: &str, token: u64, why: &str) {
+    fn record(&self, event: fn(ShardLife) -> Event, token: u64, why: &str) {
         if let Some(h) = &self.args.history {
-            h.record(
-                event,
-                json!({"type": self.args.type_name, "shard": self.args.shard_id, "token": token, "why": why}),
-            );
+            let (entity_type, shard) = (self.args.type_name.clone(), self.args.shard_id.clone());
+            h.record(event(ShardLife::new(
+                entity_type,
+                shard,
+                token,
+                why.to_string(),
+            )));
         }
     }
 
-    fn record_entity(&self, event: &str, entity: &str, token: u64, why: &str) {
+    fn record_entity(&self, event: fn(EntityLife) -> Event, entity: &str, token: u64, why: &str) {
         if let Some(h) = &self.args.history {
-            h.record(
-                event,
-                json!({"type": self.args.type_name, "shard": self.args.shard_id, "entity": entity, "token": token, "why": why}),
-            );
+            let (entity_type, shard) = (self.args.type_name.clone(), self.args.shard_id.clone());
+            let life = EntityLife::new(entity_type, shard, entity.to_string(), token, why.into());
+            h.record(event(life));
         }
     }
 }

@@ -15,8 +15,8 @@ use std::time::Duration;
 use ractor::{
     Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SpawnErr, SupervisionEvent, pg,
 };
-use serde_json::json;
 use tenure_cluster::{ClusterEvent, HandOver, History, Member, MemberStatus, NodeAddr};
+use tenure_lease::history::{Event, SingletonLife};
 use tenure_lease::{
     LeaseActor, LeaseEvent, LeaseEventSink, LeaseMsg, LeaseSpec, LeaseView, StopBudget,
 };
@@ -255,7 +255,7 @@ impl Actor for SingletonManager {
                 {
                     tracing::warn!(singleton = %state.spec.name, token = lost.token, reason = %lost.reason,
                         "lease lost: stopping the singleton, then trying to re-acquire");
-                    state.record("singleton_lease_lost", lost.token, &lost.reason.to_string());
+                    state.record(Event::SingletonLeaseLost, lost.token, &lost.reason.to_string());
                     state.stop_instance("lease lost").await;
                     state.release().await;
                 }
@@ -303,7 +303,11 @@ impl Actor for SingletonManager {
         };
         if let Some((_, token)) = state.zombie.take_if(|(z, _)| z.get_id() == cell.get_id()) {
             tracing::warn!(singleton = %state.spec.name, "the stuck instance has ended");
-            state.record("singleton_stopped", token, "survived its kill, ended later");
+            state.record(
+                Event::SingletonStopped,
+                token,
+                "survived its kill, ended later",
+            );
             state.release().await;
         } else if cell.get_id() == state.lease.get_id() {
             // The lease actor died (a bug): its grant is given up without a Lost event, so
@@ -464,7 +468,7 @@ impl ManagerState {
 
     async fn start_instance(&mut self, myself: &ActorRef<ManagerMsg>, token: u64) {
         // Its life begins now: its `pre_start` may already act under the token.
-        self.record("singleton_starting", token, "");
+        self.record(Event::SingletonStarting, token, "");
         let ctx = SingletonContext {
             name: self.spec.name.clone(),
             token,
@@ -489,7 +493,11 @@ impl ManagerState {
             }
             Err(e) => {
                 tracing::error!(singleton = %self.spec.name, error = %e, "cannot start the singleton; releasing the lease and retrying");
-                self.record("singleton_stopped", token, &format!("spawn failed: {e}"));
+                self.record(
+                    Event::SingletonStopped,
+                    token,
+                    &format!("spawn failed: {e}"),
+                );
                 self.release().await;
                 self.pause_restarts(myself);
             }
@@ -521,7 +529,7 @@ impl ManagerState {
                     vec![running.cell.clone()],
                 );
                 tracing::info!(singleton = %self.spec.name, token, "lease granted: singleton started");
-                self.record("singleton_started", token, "");
+                self.record(Event::SingletonStarted, token, "");
             }
             Err(e) => {
                 tracing::error!(singleton = %self.spec.name, error = %e, "the singleton failed to start; releasing the lease and retrying");
@@ -548,11 +556,11 @@ impl ManagerState {
             if cell.wait(Some(left)).await.is_err() {
                 tracing::error!(singleton = %self.spec.name, actor = ?cell.get_id(), "a child of the ended instance survived a kill (blocked outside an await?); the lease stays held until it ends");
                 self.zombie = Some((cell, running.token));
-                self.record("singleton_zombie", running.token, why);
+                self.record(Event::SingletonZombie, running.token, why);
                 return false;
             }
         }
-        self.record("singleton_stopped", running.token, why);
+        self.record(Event::SingletonStopped, running.token, why);
         true
     }
 
@@ -594,12 +602,12 @@ impl ManagerState {
             if cell.wait(Some(left)).await.is_err() {
                 tracing::error!(singleton = %self.spec.name, actor = ?cell.get_id(), "survived a kill (blocked outside an await?); the lease stays held until it ends");
                 self.zombie = Some((cell, running.token));
-                self.record("singleton_zombie", running.token, why);
+                self.record(Event::SingletonZombie, running.token, why);
                 return;
             }
         }
         tracing::info!(singleton = %self.spec.name, token = running.token, why, "singleton stopped");
-        self.record("singleton_stopped", running.token, why);
+        self.record(Event::SingletonStopped, running.token, why);
     }
 
     /// Releases the lease (a no-op when nothing of ours may be in the store), retrying a
@@ -629,12 +637,10 @@ impl ManagerState {
         tracing::error!(singleton = %self.spec.name, "failed to release the lease; the singleton cannot run elsewhere until it expires");
     }
 
-    fn record(&self, event: &str, token: u64, why: &str) {
+    fn record(&self, event: fn(SingletonLife) -> Event, token: u64, why: &str) {
         if let Some(h) = &self.spec.history {
-            h.record(
-                event,
-                json!({"singleton": self.spec.name, "token": token, "why": why}),
-            );
+            let life = SingletonLife::new(self.spec.name.clone(), token, why.to_string());
+            h.record(event(life));
         }
     }
 }

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 use tenure_cluster::History;
+use tenure_lease::history::Event;
 use tenure_store_sqlite::FencedCounter;
 
 /// Asks the ticker for its counter.
@@ -97,18 +97,23 @@ impl Actor for Ticker {
                 );
                 let result =
                     tokio::task::spawn_blocking(move || counter.increment(&name, token)).await?;
-                let fields = |value: Option<u64>, accepted: bool| json!({"singleton": state.args.name, "token": token, "value": value, "accepted": accepted});
+                let tick = |value: Option<u64>, accepted: bool| Event::Tick {
+                    singleton: state.args.name.clone(),
+                    token,
+                    value,
+                    accepted,
+                };
                 match result {
                     Ok(Some(value)) => {
                         state.last = Some(value);
                         if let Some(h) = &state.args.history {
-                            h.record("tick", fields(Some(value), true));
+                            h.record(tick(Some(value), true));
                         }
                     }
                     Ok(None) => {
                         tracing::warn!(singleton = %state.args.name, token, "tick refused: a newer token wrote the counter");
                         if let Some(h) = &state.args.history {
-                            h.record("tick", fields(None, false));
+                            h.record(tick(None, false));
                         }
                     }
                     Err(e) => {

@@ -1,25 +1,12 @@
-//! `tenure check`: verifies a recorded history (docs/history.md) for the safety of leases
-//! and of the writes they guard.
-//!
-//! Per lease: no two owners (node and incarnation) believed to hold it at overlapping
-//! times, where a hold whose end the history does not show counts as held until its last
-//! `valid_until`; tokens strictly increasing across grants in grant order; every grant
-//! after the previous grant's hold ended (released, lost, expired or its process killed),
-//! also for a new grant of the same owner. Per guarded resource: no write accepted with a
-//! token lower than one already accepted, in the resource's own order. Per action (an
-//! entity alive, a singleton instance alive, a fenced write accepted): inside its node's hold
-//! of the matching lease, a process frozen across its deadline excepted for a grace after it
-//! resumes ([`actions`]). Given the counter's final state ([`check_acks`]): every
-//! acknowledged increment accepted and still there.
+//! `tenure check`: the history checker of [`tenure::history::check`], and the check of
+//! acknowledged increments against the example counter's SQLite file.
 
-mod acks;
-pub mod actions;
-mod event;
-mod holds;
-mod verdict;
+mod counter;
 
-pub use acks::{AckCheck, check_acks, check_counter_acks};
-pub use actions::ActionRule;
-pub use event::{CheckError, Event, read_history};
-pub use holds::{Hold, HoldEnd, holds};
-pub use verdict::{Stats, Verdict, Violation, ViolationKind, check, check_with};
+pub use counter::{CheckError, check_counter_acks};
+pub use tenure::history::check::actions;
+pub use tenure::history::check::{
+    AckCheck, ActionRule, Hold, HoldEnd, Stats, Verdict, Violation, ViolationKind, check,
+    check_acks, check_with, holds,
+};
+pub use tenure::history::{Entry, Event, HistoryError, read_history};

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use super::timeline::lease_of;
+use crate::check::{Entry, Event};
 
 /// What the history says now.
 #[derive(Debug, Default)]
@@ -50,29 +51,33 @@ impl Live {
         };
         let complete: String = self.partial.drain(..=end).collect();
         for line in complete.lines() {
-            if let Ok(e) = serde_json::from_str::<Value>(line) {
-                self.apply(&e);
+            // A line that does not parse is left to `tenure check` to report at the end.
+            if let Some(e) = serde_json::from_str::<Value>(line)
+                .ok()
+                .and_then(|v| Entry::from_json(v, 0).ok())
+            {
+                self.apply(e);
             }
         }
     }
 
-    fn apply(&mut self, e: &Value) {
-        let node = e["node"].as_str().unwrap_or_default().to_string();
-        match e["event"].as_str().unwrap_or_default() {
-            "ack" => self.acks += 1,
-            "shard_started" | "singleton_started" => {
-                if let Some(lease) = lease_of(e, &self.system) {
+    fn apply(&mut self, e: Entry) {
+        let node = e.node;
+        match &e.event {
+            Event::Ack { .. } => self.acks += 1,
+            Event::ShardStarted(_) | Event::SingletonStarted(_) => {
+                if let Some(lease) = lease_of(&e.event, &self.system) {
                     self.holders.insert(lease, node);
                 }
             }
-            "shard_stopped" | "singleton_stopped" => {
-                if let Some(lease) = lease_of(e, &self.system)
+            Event::ShardStopped(_) | Event::SingletonStopped(_) => {
+                if let Some(lease) = lease_of(&e.event, &self.system)
                     && self.holders.get(&lease) == Some(&node)
                 {
                     self.holders.remove(&lease);
                 }
             }
-            "killed" => self.holders.retain(|_, holder| *holder != node),
+            Event::Killed {} => self.holders.retain(|_, holder| *holder != node),
             _ => {}
         }
     }
@@ -111,17 +116,21 @@ mod tests {
         let mut live = Live::new(&path, "tenure");
         writeln!(
             f,
-            r#"{{"t":1,"node":"a","event":"shard_started","type":"counter","shard":"1","token":1}}"#
+            r#"{{"t":1,"node":"a","inc":"1","event":"shard_started","type":"counter","shard":"1","token":1}}"#
         )
         .unwrap();
         writeln!(
             f,
-            r#"{{"t":2,"node":"b","event":"singleton_started","singleton":"demo","token":1}}"#
+            r#"{{"t":2,"node":"b","inc":"2","event":"singleton_started","singleton":"demo","token":1}}"#
         )
         .unwrap();
-        write!(f, r#"{{"t":3,"node":"a","event":"a"#).unwrap();
+        write!(f, r#"{{"t":3,"node":"a","inc":"1","event":"a"#).unwrap();
         live.poll();
-        writeln!(f, r#"ck"}}"#).unwrap();
+        writeln!(
+            f,
+            r#"ck","entity":"k","shard":"1","value":1,"token":1,"from":"a"}}"#
+        )
+        .unwrap();
         live.poll();
         live.poll();
         assert_eq!(live.acks, 1);

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 
 use super::timeline::{FaultMark, Timeline};
 use crate::availability::{self, Request};
-use crate::check::Event;
+use crate::check::{Entry, Event};
 
 /// How long after a fault without an end (a kill, a leave) its service is measured.
 const SERVICE_WINDOW_NS: u64 = 10_000_000_000;
@@ -108,10 +108,8 @@ pub struct Summary {
 
 /// The figures of `events` with the holds of `timeline`; fail-over times for the faults
 /// that hit a node (kill, pause, leave, cut) before `scenario_end_ns`.
-pub fn summarize(events: &[Event], timeline: &Timeline, scenario_end_ns: u64) -> Summary {
-    let count = |pred: &dyn Fn(&Event) -> bool| events.iter().filter(|e| pred(e)).count();
-    let is = |e: &Event, kind: &str| e.kind == kind;
-    let accepted = |e: &Event| e.fields["accepted"].as_bool();
+pub fn summarize(events: &[Entry], timeline: &Timeline, scenario_end_ns: u64) -> Summary {
+    let count = |pred: &dyn Fn(&Event) -> bool| events.iter().filter(|e| pred(&e.event)).count();
     let requests = availability::requests(events);
     let keys = requests
         .iter()
@@ -119,12 +117,20 @@ pub fn summarize(events: &[Event], timeline: &Timeline, scenario_end_ns: u64) ->
         .collect::<BTreeSet<_>>()
         .len();
     Summary {
-        acks: count(&|e| is(e, "ack")),
-        writes_accepted: count(&|e| is(e, "write") && accepted(e) == Some(true)),
-        writes_refused: count(&|e| is(e, "write") && accepted(e) == Some(false)),
-        ticks: count(&|e| is(e, "tick") && accepted(e) == Some(true)),
+        acks: count(&|e| matches!(e, Event::Ack { .. })),
+        writes_accepted: count(&|e| matches!(e, Event::Write { accepted: true, .. })),
+        writes_refused: count(&|e| {
+            matches!(
+                e,
+                Event::Write {
+                    accepted: false,
+                    ..
+                }
+            )
+        }),
+        ticks: count(&|e| matches!(e, Event::Tick { accepted: true, .. })),
         grants: timeline.holds.values().map(Vec::len).sum(),
-        losses: count(&|e| is(e, "shard_lease_lost") || is(e, "singleton_lease_lost")),
+        losses: count(&|e| matches!(e, Event::ShardLeaseLost(_) | Event::SingletonLeaseLost(_))),
         failovers: timeline
             .faults
             .iter()
@@ -199,13 +205,24 @@ mod tests {
         }
     }
 
+    fn write(accepted: bool) -> serde_json::Value {
+        json!({"type": "counter", "shard": "1", "entity": "k", "token": 1, "value": 1,
+               "accepted": accepted})
+    }
+
     #[test]
     fn failover_is_the_time_to_the_last_moved_lease() {
         let s = 1_000_000_000u64;
         let events = vec![
-            line(s as i64, "b", "i", "ack", json!({})),
-            line(2 * s as i64, "b", "i", "write", json!({"accepted": true})),
-            line(2 * s as i64, "a", "i", "write", json!({"accepted": false})),
+            line(
+                s as i64,
+                "b",
+                "i",
+                "ack",
+                json!({"entity": "k", "shard": "1", "value": 1, "token": 1, "from": "b"}),
+            ),
+            line(2 * s as i64, "b", "i", "write", write(true)),
+            line(2 * s as i64, "a", "i", "write", write(false)),
             line(3 * s as i64, "a", "harness", "killed", json!({})),
             line(20 * s as i64, "b", "harness", "leaving", json!({})),
         ];
@@ -261,7 +278,8 @@ mod tests {
                 "b",
                 "i",
                 kind,
-                json!({"entity": key, "shard": "1", "issued": issued, "why": "timeout"}),
+                json!({"entity": key, "shard": "1", "issued": issued, "why": "timeout",
+                       "value": 1, "token": 1, "from": "b"}),
             )
         };
         let events = vec![

@@ -3,9 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use serde_json::Value;
-
-use crate::check::{self, Event, HoldEnd};
+use crate::check::{self, Entry, Event, HoldEnd};
 
 /// One node's hold of one lease, on the host's CLOCK_BOOTTIME (ns): from its grant to
 /// the first of its release, its loss, its process's end and its last local deadline.
@@ -67,25 +65,21 @@ pub struct Timeline {
     pub nodes: Vec<String>,
 }
 
-fn text(fields: &Value, key: &str) -> String {
-    match &fields[key] {
-        Value::String(s) => s.clone(),
-        Value::Null => String::new(),
-        other => other.to_string(),
+/// The lease a shard's or a singleton's life event is about, if it is one.
+pub fn lease_of(e: &Event, system: &str) -> Option<String> {
+    match e {
+        Event::ShardStarted(l) | Event::ShardStopped(l) | Event::ShardLeaseLost(l) => {
+            Some(tenure::names::shard_lease(system, &l.entity_type, &l.shard))
+        }
+        Event::SingletonStarting(l)
+        | Event::SingletonStarted(l)
+        | Event::SingletonStopped(l)
+        | Event::SingletonZombie(l)
+        | Event::SingletonLeaseLost(l) => {
+            Some(tenure::names::singleton_lease(system, &l.singleton))
+        }
+        _ => None,
     }
-}
-
-/// The lease an event of the example workload is about (a shard's or a singleton's), if any.
-pub fn lease_of(e: &Value, system: &str) -> Option<String> {
-    if e.get("shard").is_some() && e.get("type").is_some() {
-        return Some(tenure::names::shard_lease(
-            system,
-            &text(e, "type"),
-            &text(e, "shard"),
-        ));
-    }
-    e.get("singleton")
-        .map(|_| tenure::names::singleton_lease(system, &text(e, "singleton")))
 }
 
 /// The holds of the shards' and singletons' leases (`<system>-shard-…`,
@@ -126,26 +120,34 @@ pub fn workload_holds(
 
 /// The faults injected by the harness, a pause ending at its `resumed` and a cut at its
 /// `link_healed`.
-pub fn faults_from_events(events: &[Event]) -> Vec<FaultMark> {
+pub fn faults_from_events(events: &[Entry]) -> Vec<FaultMark> {
     let mut faults: Vec<FaultMark> = Vec::new();
     for e in events.iter().filter(|e| e.is_fault()) {
         let node = e.node.clone();
-        let peer = e.str("peer").map(str::to_string);
+        let peer = match &e.event {
+            Event::LinkCut(l) | Event::LinkHealed(l) => l.peer.clone(),
+            _ => None,
+        };
         let t_ns = e.t.max(0) as u64;
-        match e.kind.as_str() {
-            kind @ ("killed" | "paused" | "leaving" | "link_cut" | "isolated" | "restarted") => {
+        match &e.event {
+            Event::Killed {}
+            | Event::Paused {}
+            | Event::Leaving {}
+            | Event::LinkCut(_)
+            | Event::Isolated {}
+            | Event::Restarted {} => {
                 faults.push(FaultMark {
-                    kind: kind.to_string(),
+                    kind: e.kind(),
                     node,
                     peer,
                     t_ns,
                     until_ns: None,
                 });
             }
-            end @ ("resumed" | "link_healed" | "isolation_healed") => {
+            end @ (Event::Resumed {} | Event::LinkHealed(_) | Event::IsolationHealed {}) => {
                 let start = match end {
-                    "resumed" => "paused",
-                    "link_healed" => "link_cut",
+                    Event::Resumed {} => "paused",
+                    Event::LinkHealed(_) => "link_cut",
                     _ => "isolated",
                 };
                 if let Some(f) = faults.iter_mut().rev().find(|f| {
@@ -162,14 +164,14 @@ pub fn faults_from_events(events: &[Event]) -> Vec<FaultMark> {
 
 impl Timeline {
     /// The timeline of `events` (sorted by time) with the given holds.
-    pub fn new(events: &[Event], holds: BTreeMap<String, Vec<Hold>>) -> Timeline {
+    pub fn new(events: &[Entry], holds: BTreeMap<String, Vec<Hold>>) -> Timeline {
         let mut nodes: Vec<String> = Vec::new();
         for e in events.iter().filter(|e| !e.is_fault()) {
             if !e.node.is_empty() && !nodes.contains(&e.node) {
                 nodes.push(e.node.clone());
             }
         }
-        let t = |e: &Event| e.t.max(0) as u64;
+        let t = |e: &Entry| e.t.max(0) as u64;
         Timeline {
             start_ns: events.first().map(t).unwrap_or(0),
             end_ns: events.last().map(t).unwrap_or(0),
@@ -182,21 +184,21 @@ impl Timeline {
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     use super::*;
 
     /// A history line at `t` by `node` (`inc` `harness` makes it a fault).
-    pub fn line(t: i64, node: &str, inc: &str, event: &str, extra: Value) -> Event {
+    pub fn line(t: i64, node: &str, inc: &str, event: &str, extra: Value) -> Entry {
         let mut v = json!({"t": t, "node": node, "inc": inc, "event": event});
         if let (Some(o), Value::Object(x)) = (v.as_object_mut(), extra) {
             o.extend(x);
         }
-        Event::from_json(v, 0).expect("a valid line")
+        Entry::from_json(v, 0).expect("a valid line")
     }
 
     fn lease(name: &str, token: u64, valid_until: i64) -> Value {
-        json!({"lease": name, "token": token, "valid_until": valid_until})
+        json!({"lease": name, "owner": "o", "token": token, "valid_until": valid_until})
     }
 
     #[test]
@@ -220,14 +222,14 @@ pub(crate) mod tests {
                 "a",
                 "i1",
                 "lease_lost",
-                json!({"lease": shard, "token": 1}),
+                json!({"lease": shard, "owner": "a", "token": 1, "reason": "expired"}),
             ),
             line(
                 9 * s,
                 "b",
                 "i2",
                 "lease_released",
-                json!({"lease": shard, "token": 2}),
+                json!({"lease": shard, "owner": "b", "token": 2}),
             ),
         ];
         let verdict = check::check(&events);

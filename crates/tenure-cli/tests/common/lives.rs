@@ -6,8 +6,8 @@
 #![allow(dead_code)]
 
 use serde_json::Value;
-use tenure_cli::check::Event;
 use tenure_cli::check::actions::{ActionKind, actions};
+use tenure_cli::check::{Entry, Event};
 
 /// One life of a shard, or of a singleton instance, on one node.
 #[derive(Debug, Clone)]
@@ -23,21 +23,25 @@ pub struct Life {
     pub why: String,
 }
 
-fn events(history: &[Value]) -> Vec<Event> {
-    let mut events: Vec<Event> = history
+fn events(history: &[Value]) -> Vec<Entry> {
+    let mut events: Vec<Entry> = history
         .iter()
-        .map(|v| Event::from_json(v.clone(), 0).expect("a history line"))
+        .map(|v| Entry::from_json(v.clone(), 0).expect("a history line"))
         .collect();
     events.sort_by_key(|e| e.t);
     events
 }
 
-fn lives(history: &[Value], kind: ActionKind, subject: &str) -> Vec<Life> {
+fn lives(history: &[Value], kind: ActionKind) -> Vec<Life> {
     actions(&events(history))
         .into_iter()
         .filter(|a| a.kind == kind)
         .map(|a| Life {
-            subject: a.began.str(subject).unwrap_or_default().to_string(),
+            subject: match &a.began.event {
+                Event::ShardStarted(l) => l.shard.clone(),
+                Event::SingletonStarting(l) => l.singleton.clone(),
+                _ => String::new(),
+            },
             node: a.node,
             token: a.token,
             start: a.from_ns,
@@ -45,7 +49,7 @@ fn lives(history: &[Value], kind: ActionKind, subject: &str) -> Vec<Life> {
             why: a
                 .ended
                 .as_ref()
-                .map(|e| e.str("why").unwrap_or(&e.kind).to_string())
+                .map(|e| e.event.why().map_or_else(|| e.kind(), str::to_string))
                 .unwrap_or_default(),
         })
         .collect()
@@ -53,12 +57,12 @@ fn lives(history: &[Value], kind: ActionKind, subject: &str) -> Vec<Life> {
 
 /// Every shard life, in start order.
 pub fn shard_lives(history: &[Value]) -> Vec<Life> {
-    lives(history, ActionKind::ShardLife, "shard")
+    lives(history, ActionKind::ShardLife)
 }
 
 /// Every instance of singleton `name`, in start order.
 pub fn singleton_lives(history: &[Value], name: &str) -> Vec<Life> {
-    lives(history, ActionKind::SingletonLife, "singleton")
+    lives(history, ActionKind::SingletonLife)
         .into_iter()
         .filter(|l| l.subject == name)
         .collect()
@@ -69,7 +73,9 @@ pub fn frozen(history: &[Value], node: &str) -> bool {
     events(history)
         .iter()
         .rfind(|e| {
-            e.is_fault() && e.node == node && matches!(e.kind.as_str(), "paused" | "resumed")
+            e.is_fault()
+                && e.node == node
+                && matches!(e.event, Event::Paused {} | Event::Resumed {})
         })
-        .is_some_and(|e| e.kind == "paused")
+        .is_some_and(|e| matches!(e.event, Event::Paused {}))
 }

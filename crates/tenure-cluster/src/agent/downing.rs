@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::ActorRef;
-use serde_json::json;
+use tenure_lease::history::Event;
 use tenure_lease::store::bounded;
 use tenure_lease::{Acquired, Lease, LeaseMsg, LeaseSettings, LeaseSpec, LeaseStore};
 use tokio::time::Instant;
@@ -246,7 +246,7 @@ impl AgentState {
                 let why = d.downed.take().unwrap_or_default();
                 tracing::info!(node = %self.me, downed_for = %why, "every member hears this node and is heard again: rejoining as a new member");
                 if let Some(h) = &self.history {
-                    h.record("sbr_rejoining", json!({}));
+                    h.record(Event::SbrRejoining {});
                 }
                 self.request_ticket(myself);
             }
@@ -350,10 +350,10 @@ impl AgentState {
             tracing::warn!(node = %self.me, member = %addr, strategy, "split brain resolver: downing a member on the other side");
             crate::metrics::downing("down_member", strategy);
             if let Some(h) = &self.history {
-                h.record(
-                    "sbr_downed",
-                    json!({"member": addr.to_string(), "strategy": strategy}),
-                );
+                h.record(Event::SbrDowned {
+                    member: addr.to_string(),
+                    strategy: strategy.to_string(),
+                });
             }
             self.emit(events);
         }
@@ -379,7 +379,9 @@ impl AgentState {
         crate::metrics::downing("down_self", d.resolver.settings().strategy.name());
         tracing::warn!(node = %self.me, why, "split brain resolver: downing this node");
         if let Some(h) = &self.history {
-            h.record("sbr_down_self", json!({"why": why}));
+            h.record(Event::SbrDownSelf {
+                why: why.to_string(),
+            });
         }
         self.verifying = None;
         self.ticket = None;
@@ -412,7 +414,9 @@ impl AgentState {
         }
         tracing::warn!(node = %self.me, why, "downing this node; it rejoins as a new member");
         if let Some(h) = &self.history {
-            h.record("down_self", json!({"why": why}));
+            h.record(Event::DownSelf {
+                why: why.to_string(),
+            });
         }
         self.verifying = None;
         let events = self.view.self_lost();

@@ -10,7 +10,6 @@ use ractor::concurrency::JoinHandle;
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent, pg};
 use ractor_cluster::node::NodeServerSessionInformation;
 use ractor_cluster::{NodeEventSubscription, NodeServerMessage, NodeSessionMessage};
-use serde_json::json;
 use tenure_lease::store::bounded;
 use tenure_lease::{
     Lease, LeaseActor, LeaseEvent, LeaseEventSink, LeaseMsg, LeaseObserver, LeaseRecord, LeaseSpec,
@@ -30,6 +29,7 @@ use crate::protocol::{
 use crate::settings::ClusterSettings;
 use crate::subscribe::{ClusterSubscriber, HandOver, HandOverWait};
 use crate::transport::{LinkFault, Links, Tls, dial};
+use tenure_lease::history::{AboutMember, Event, Link};
 
 mod downing;
 mod operator;
@@ -303,7 +303,7 @@ impl Actor for Agent {
         ];
         let me = a.settings.addr.clone();
         if let Some(h) = &a.history {
-            h.record("node_started", json!({}));
+            h.record(Event::NodeStarted {});
         }
         let _ = myself.cast(AgentMsg::Local(Local::Poll));
         spawn_ticket(
@@ -968,10 +968,12 @@ impl AgentState {
         tracing::error!(node = %self.me, member = %refusal.member, key = %m.key, mine = %m.mine, theirs = %m.theirs,
             "refused to join: this node places entities differently from a member");
         if let Some(h) = &self.history {
-            h.record(
-                "node_refused",
-                json!({"member": refusal.member.to_string(), "key": m.key, "mine": m.mine, "theirs": m.theirs}),
-            );
+            h.record(Event::NodeRefused {
+                member: refusal.member.to_string(),
+                key: m.key.clone(),
+                mine: m.mine.clone(),
+                theirs: m.theirs.clone(),
+            });
         }
         let _ = self.refused.set(refusal);
         self.verifying = None;
@@ -1233,13 +1235,27 @@ impl AgentState {
             tracing::info!(node = %self.me, "{kind}");
         }
         if let Some(h) = &self.history {
-            let fields = match member {
-                Some(m) => {
-                    json!({"member": m.addr.to_string(), "member_inc": m.incarnation.to_string(), "age": m.age, "status": m.status.as_str()})
-                }
-                None => json!({}),
+            let about = member.map_or_else(AboutMember::default, |m| {
+                AboutMember::of(
+                    m.addr.to_string(),
+                    m.incarnation.to_string(),
+                    m.age,
+                    m.status.as_str().to_string(),
+                )
+            });
+            let recorded = match event {
+                ClusterEvent::MemberJoined(_) => Event::MemberJoined(about),
+                ClusterEvent::MemberUp(_) => Event::MemberUp(about),
+                ClusterEvent::MemberLeaving(_) => Event::MemberLeaving(about),
+                ClusterEvent::MemberDown(_) => Event::MemberDown(about),
+                ClusterEvent::MemberRemoved(_) => Event::MemberRemoved(about),
+                ClusterEvent::Unreachable(_) => Event::Unreachable(about),
+                ClusterEvent::Reachable(_) => Event::Reachable(about),
+                ClusterEvent::SelfDown => Event::SelfDown {},
+                ClusterEvent::SelfLeaving(_) => Event::SelfLeaving {},
+                ClusterEvent::CurrentMembers(_) => return,
             };
-            h.record(kind, fields);
+            h.record(recorded);
         }
     }
 
@@ -1294,10 +1310,12 @@ impl AgentState {
         tracing::warn!(node = %self.me, %peer, fault = fault.as_str(), "fault injection: link {}", if cut { "cut" } else { "healed" });
         self.links.gate(&peer).set(fault);
         if let Some(h) = &self.history {
-            h.record(
-                if cut { "link_cut" } else { "link_healed" },
-                json!({"member": peer.to_string(), "fault": fault.as_str()}),
-            );
+            let link = Link::on_node(peer.to_string(), fault.as_str().to_string());
+            h.record(if cut {
+                Event::LinkCut(link)
+            } else {
+                Event::LinkHealed(link)
+            });
         }
         FaultReply { error: None }
     }

@@ -12,7 +12,7 @@
 //! sooner, the leases keep it safe.
 
 use ractor::{ActorRef, RpcReplyPort};
-use serde_json::json;
+use tenure_lease::history::Event;
 
 use super::AgentState;
 use crate::error::OperatorRefusal;
@@ -54,7 +54,9 @@ impl AgentState {
             } else {
                 tracing::warn!(node = %self.me, by = %req.by, "an operator asked this node to leave");
                 if let Some(h) = &self.history {
-                    h.record("leave_requested", json!({"by": req.by}));
+                    h.record(Event::LeaveRequested {
+                        by: req.by.to_string(),
+                    });
                 }
                 self.leave_requests.send_replace(Some(req.by));
                 ACCEPTED
@@ -175,10 +177,11 @@ impl AgentState {
         tracing::warn!(node = %self.me, %member, age, why, "downing a member");
         crate::metrics::downing("down_member", "operator");
         if let Some(h) = &self.history {
-            h.record(
-                "operator_downed",
-                json!({"member": member.to_string(), "age": age, "why": why}),
-            );
+            h.record(Event::OperatorDowned {
+                member: member.to_string(),
+                age,
+                why: why.to_string(),
+            });
         }
         self.emit(events);
     }

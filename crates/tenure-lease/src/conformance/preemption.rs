@@ -13,11 +13,12 @@ use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep};
 
 use super::{Harness, granted_token, poll_until_granted, request, test_settings};
-use crate::clock::boottime_now_ns;
+use crate::history::check::{Hold, HoldEnd, Violation, ViolationKind, check};
+use crate::history::{Entry, Event};
 use crate::{
     AcquireOptions, AcquireOutcome, AcquireRequest, Acquired, EMERGENCY_PRIORITY, HeldLease, Lease,
-    LeaseError, LeaseEvent, LeaseEventSink, LeaseSpec, LeaseStore, LostReason, PreemptAnswer,
-    PreemptionRequest, Renewal,
+    LeaseError, LeaseEvent, LeaseEventSink, LeaseObserver, LeaseSpec, LeaseStore, LostReason,
+    PreemptAnswer, PreemptionRequest, Renewal,
 };
 
 /// A client of the store, asserting it keeps priorities and preemption requests.
@@ -261,103 +262,67 @@ pub async fn emergency_takeover(h: &dyn Harness) {
     }
 }
 
-/// Who believed it held which token, from when to when (CLOCK_BOOTTIME ns), from the
-/// LeaseGranted / LeaseLost events and the instants holders called release.
+/// A case's history, recorded as the one history type ([`Entry`]) from every party's
+/// LeaseActor traces and judged by the one checker ([`check`]), as `tenure check` judges
+/// a cluster's. Each party is its own node and incarnation, named by its owner.
 #[derive(Clone, Default)]
 pub struct History {
-    spans: Arc<Mutex<Vec<Span>>>,
-}
-
-/// One holder's belief in one grant.
-#[derive(Debug, Clone)]
-pub struct Span {
-    pub owner: String,
-    pub token: u64,
-    pub from_ns: i64,
-    /// `None`: still believed.
-    pub until_ns: Option<i64>,
-    pub ended_by: Option<String>,
+    entries: Arc<Mutex<Vec<Entry>>>,
 }
 
 impl History {
-    fn spans(&self) -> std::sync::MutexGuard<'_, Vec<Span>> {
-        self.spans.lock().unwrap_or_else(|e| e.into_inner())
+    fn entries(&self) -> std::sync::MutexGuard<'_, Vec<Entry>> {
+        self.entries.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A sink recording `owner`'s grants and losses, and forwarding every event to `also`.
-    pub fn sink(
-        &self,
-        owner: &str,
-        also: Option<mpsc::UnboundedSender<LeaseEvent>>,
-    ) -> LeaseEventSink {
+    /// An observer recording the lease events of `owner`'s LeaseActor.
+    pub fn observer(&self, owner: &str) -> LeaseObserver {
         let history = self.clone();
         let owner = owner.to_string();
-        LeaseEventSink::new(move |event| {
-            let now = boottime_now_ns();
-            match &event {
-                LeaseEvent::Granted(g) => history.spans().push(Span {
-                    owner: owner.clone(),
-                    token: g.token,
-                    from_ns: now,
-                    until_ns: None,
-                    ended_by: None,
-                }),
-                LeaseEvent::Lost(l) => history.end(&owner, l.token, now, &l.reason.to_string()),
-                _ => {}
-            }
-            if let Some(tx) = &also {
-                let _ = tx.send(event);
-            }
+        LeaseObserver::new(move |lease, holder, trace| {
+            let entry = Entry::now(
+                owner.clone(),
+                owner.clone(),
+                Event::from_trace(lease, holder, trace),
+            );
+            history.entries().push(entry);
         })
     }
 
-    fn end(&self, owner: &str, token: u64, at: i64, why: &str) {
-        if let Some(s) = self
-            .spans()
-            .iter_mut()
-            .find(|s| s.owner == owner && s.token == token && s.until_ns.is_none())
-        {
-            s.until_ns = Some(at);
-            s.ended_by = Some(why.to_string());
-        }
-    }
-
-    /// `lease`'s holder stops acting on its grant now and releases it.
+    /// `lease`'s holder stops acting on its grant and releases it (its LeaseActor records
+    /// the end of its belief before it asks the store).
     pub async fn release(&self, lease: &Lease) -> bool {
-        if let Some(token) = lease.token() {
-            self.end(lease.owner(), token, boottime_now_ns(), "release");
-        }
         lease.release().await.expect("release")
     }
 
-    /// Checks the history: grants in order of their start have strictly increasing tokens,
-    /// and no two beliefs overlap, except that a grant by `emergency_owner` may overlap the
-    /// one it took over (fencing tokens order them).
-    pub fn check(&self, emergency_owner: Option<&str>) -> Vec<Span> {
-        let mut spans = self.spans().clone();
-        spans.sort_by_key(|s| s.from_ns);
-        for w in spans.windows(2) {
-            assert!(
-                w[1].token > w[0].token,
-                "tokens do not increase in grant order: {spans:#?}"
-            );
-        }
-        for (i, earlier) in spans.iter().enumerate() {
-            for later in &spans[i + 1..] {
-                let until = earlier.until_ns.unwrap_or(i64::MAX);
-                let overlap = until > later.from_ns;
-                let allowed = emergency_owner == Some(later.owner.as_str());
-                assert!(
-                    !overlap || allowed,
-                    "{} (token {}) still believed when {} (token {}) was granted: {spans:#?}",
-                    earlier.owner,
-                    earlier.token,
-                    later.owner,
-                    later.token
-                );
-            }
-        }
-        spans
+    /// Checks the history with the one checker and returns the holds of its one lease in
+    /// grant order. Safe means no violation at all, except that a grant to
+    /// `emergency_owner` may overlap the grant it took over (fencing tokens order them).
+    pub fn check(&self, emergency_owner: Option<&str>) -> Vec<Hold> {
+        let mut entries = self.entries().clone();
+        entries.sort_by_key(|e| e.t);
+        let verdict = check(&entries);
+        let unexpected: Vec<&Violation> = verdict
+            .violations
+            .iter()
+            .filter(|v| {
+                !(v.kind == ViolationKind::Overlap
+                    && emergency_owner == Some(v.second.node.as_str()))
+            })
+            .collect();
+        assert!(
+            unexpected.is_empty(),
+            "unsafe history:\n{}",
+            unexpected
+                .iter()
+                .map(|v| v.to_string())
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        let mut holds = verdict.holds.into_values();
+        let one = holds.next().unwrap_or_default();
+        assert!(holds.next().is_none(), "a case has one lease");
+        one
     }
 }
 
@@ -380,7 +345,11 @@ async fn party(
         .with_note(format!("{owner} at work"))
         .with_options(options)
         .expect("valid options");
-    let lease = Lease::start_with_events(spec, history.sink(owner, Some(tx)))
+    let spec = spec.with_observer(history.observer(owner));
+    let sink = LeaseEventSink::new(move |event| {
+        let _ = tx.send(event);
+    });
+    let lease = Lease::start_with_events(spec, sink)
         .await
         .expect("lease actor starts");
     Party { lease, events }
@@ -513,8 +482,8 @@ pub async fn helix_forceful(h: &dyn Harness) {
     let spans = history.check(None);
     assert_eq!(spans.len(), 2, "{spans:#?}");
     assert_eq!(
-        spans[0].ended_by.as_deref(),
-        Some(LostReason::Preempted.to_string().as_str()),
+        spans[0].end,
+        HoldEnd::Lost(LostReason::Preempted.kind().to_string()),
         "{spans:#?}"
     );
     assert!(!holder.lease.check_lease());
@@ -594,23 +563,36 @@ pub async fn helix_emergency(h: &dyn Harness) {
     }
     let spans = history.check(Some("operator"));
     assert_eq!(spans.len(), 2, "{spans:#?}");
-    assert!(spans[0].until_ns.is_some());
+    assert_ne!(spans[0].end, HoldEnd::Unknown, "{spans:#?}");
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// Owner `owner` granted `token` at `from` (valid until `from + 100`), ending at `until`
+    /// (lost) when given.
     fn history(spans: &[(&str, u64, i64, Option<i64>)]) -> History {
         let h = History::default();
-        h.spans()
-            .extend(spans.iter().map(|&(owner, token, from, until)| Span {
+        for &(owner, token, from, until) in spans {
+            let lease = "l".to_string();
+            let granted = Event::LeaseGranted {
+                lease: lease.clone(),
                 owner: owner.into(),
                 token,
-                from_ns: from,
-                until_ns: until,
-                ended_by: None,
-            }));
+                valid_until: from + 100,
+            };
+            h.entries().push(Entry::new(from, owner, owner, granted));
+            if let Some(until) = until {
+                let lost = Event::LeaseLost {
+                    lease,
+                    owner: owner.into(),
+                    token,
+                    reason: "expired".into(),
+                };
+                h.entries().push(Entry::new(until, owner, owner, lost));
+            }
+        }
         h
     }
 
@@ -620,15 +602,15 @@ mod tests {
     }
 
     #[test]
-    #[should_panic(expected = "still believed")]
+    #[should_panic(expected = "overlapping holders")]
     fn overlapping_beliefs_fail() {
         history(&[("a", 1, 0, Some(11)), ("b", 2, 10, None)]).check(None);
     }
 
     #[test]
-    #[should_panic(expected = "still believed")]
-    fn a_belief_never_ended_overlaps_every_later_one() {
-        history(&[("a", 1, 0, None), ("b", 2, 10, Some(20))]).check(None);
+    #[should_panic(expected = "overlapping holders")]
+    fn a_belief_never_ended_lasts_until_its_deadline() {
+        history(&[("a", 1, 0, None), ("b", 2, 99, Some(120))]).check(None);
     }
 
     #[test]
@@ -640,7 +622,7 @@ mod tests {
     }
 
     #[test]
-    #[should_panic(expected = "tokens do not increase")]
+    #[should_panic(expected = "token not increasing")]
     fn tokens_out_of_grant_order_fail() {
         history(&[("a", 2, 0, Some(5)), ("b", 1, 10, None)]).check(None);
     }

@@ -3,8 +3,8 @@
 use std::collections::BTreeMap;
 
 use super::actions::{ActionRule, check_actions};
-use super::event::Event;
 use super::holds::{Hold, holds};
+use crate::history::{Entry, Event};
 
 /// The kinds of safety violation the checker finds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,8 +54,8 @@ pub struct Violation {
     /// The lease, or the resource for a stale write.
     pub subject: String,
     pub explanation: String,
-    pub first: Event,
-    pub second: Event,
+    pub first: Entry,
+    pub second: Entry,
 }
 
 impl std::fmt::Display for Violation {
@@ -107,14 +107,14 @@ fn describe(h: &Hold) -> String {
     format!("{} ({}) token {}", h.node, h.inc, h.token)
 }
 
-/// Checks `events` (sorted by `t`, as [`read_history`](super::read_history) returns them)
+/// Checks `events` (sorted by `t`, as [`read_history`](crate::history::read_history) returns them)
 /// with the default [`ActionRule`].
-pub fn check(events: &[Event]) -> Verdict {
+pub fn check(events: &[Entry]) -> Verdict {
     check_with(events, ActionRule::default())
 }
 
 /// Checks `events` with the action rule `rule`.
-pub fn check_with(events: &[Event], rule: ActionRule) -> Verdict {
+pub fn check_with(events: &[Entry], rule: ActionRule) -> Verdict {
     let holds = holds(events);
     let mut violations = Vec::new();
     for (lease, list) in &holds {
@@ -130,15 +130,15 @@ pub fn check_with(events: &[Event], rule: ActionRule) -> Verdict {
         ..Stats::default()
     };
     for e in events {
-        match e.kind.as_str() {
-            "lease_granted" => stats.grants += 1,
-            "lease_lost" => stats.losses += 1,
-            "lease_released" => stats.releases += 1,
-            "lease_error" => stats.unknown += 1,
-            "write" | "tick" if e.fields.get("accepted") == Some(&true.into()) => {
-                stats.writes_accepted += 1
-            }
-            "write" | "tick" => stats.writes_rejected += 1,
+        match &e.event {
+            Event::LeaseGranted { .. } => stats.grants += 1,
+            Event::LeaseLost { .. } => stats.losses += 1,
+            Event::LeaseReleased { .. } => stats.releases += 1,
+            Event::LeaseError { .. } => stats.unknown += 1,
+            Event::Write { accepted, .. } | Event::Tick { accepted, .. } => match accepted {
+                true => stats.writes_accepted += 1,
+                false => stats.writes_rejected += 1,
+            },
             _ if e.is_fault() => stats.faults += 1,
             _ => {}
         }
@@ -204,49 +204,56 @@ fn check_lease(lease: &str, list: &[Hold], out: &mut Vec<Violation>) {
     }
 }
 
-/// The resource a write or tick event is about, and its position in the resource's own
-/// order (`value`, which grows with every accepted write; else the event's time).
-fn resource(e: &Event) -> Option<(String, i64)> {
-    let name = match e.kind.as_str() {
-        "write" => format!(
-            "{}/{}",
-            e.str("type").unwrap_or(""),
-            e.str("resource").or(e.str("entity"))?
-        ),
-        "tick" => format!("singleton/{}", e.str("singleton")?),
+/// The resource a write or tick event is about, its position in the resource's own order
+/// (`value`, which grows with every accepted write; else the event's time), whether the
+/// event had a value, and the token.
+fn accepted_write(e: &Entry) -> Option<(String, i64, bool, u64)> {
+    let (name, value, token) = match &e.event {
+        Event::Write {
+            entity_type,
+            entity,
+            value,
+            token,
+            accepted: true,
+            ..
+        } => (format!("{entity_type}/{entity}"), value, token),
+        Event::Tick {
+            singleton,
+            value,
+            token,
+            accepted: true,
+        } => (format!("singleton/{singleton}"), value, token),
         _ => return None,
     };
-    Some((name, e.i64("value").unwrap_or(e.t)))
+    let order = value.and_then(|v| i64::try_from(v).ok());
+    Some((name, order.unwrap_or(e.t), order.is_some(), *token))
 }
 
-fn check_writes(events: &[Event], out: &mut Vec<Violation>) {
-    let mut accepted: BTreeMap<String, Vec<(i64, u64, &Event)>> = BTreeMap::new();
+fn check_writes(events: &[Entry], out: &mut Vec<Violation>) {
+    let mut accepted: BTreeMap<String, Vec<(i64, bool, u64, &Entry)>> = BTreeMap::new();
     for e in events {
-        if e.fields.get("accepted") != Some(&true.into()) {
-            continue;
-        }
-        if let (Some((name, order)), Some(token)) = (resource(e), e.u64("token")) {
-            accepted.entry(name).or_default().push((order, token, e));
+        if let Some((name, order, has_value, token)) = accepted_write(e) {
+            accepted
+                .entry(name)
+                .or_default()
+                .push((order, has_value, token, e));
         }
     }
     for (name, mut writes) in accepted {
-        writes.sort_by_key(|w| (w.0, w.2.t));
+        writes.sort_by_key(|w| (w.0, w.3.t));
         // Two writes accepted at one position of the resource's order: one overwrote the
         // other (a lost update).
-        if let Some(pair) = writes
-            .windows(2)
-            .find(|p| p[0].0 == p[1].0 && p[1].2.i64("value").is_some())
-        {
+        if let Some(pair) = writes.windows(2).find(|p| p[0].0 == p[1].0 && p[1].1) {
             out.push(Violation {
                 kind: ViolationKind::DuplicateWrite,
                 subject: name.clone(),
                 explanation: format!("accepted two writes with value {}", pair[1].0),
-                first: pair[0].2.clone(),
-                second: pair[1].2.clone(),
+                first: pair[0].3.clone(),
+                second: pair[1].3.clone(),
             });
         }
-        let mut highest: Option<(u64, &Event)> = None;
-        for (_, token, e) in writes {
+        let mut highest: Option<(u64, &Entry)> = None;
+        for (_, _, token, e) in writes {
             match highest {
                 Some((top, first)) if token < top => {
                     out.push(Violation {

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use super::event::Event;
+use crate::history::{Entry, Event};
 
 /// How a hold ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,9 +30,9 @@ pub struct Hold {
     pub until_ns: i64,
     pub end: HoldEnd,
     /// The `lease_granted` event that started it.
-    pub granted: Event,
+    pub granted: Entry,
     /// The event that ended it (release, loss, kill), if any.
-    pub ended: Option<Event>,
+    pub ended: Option<Entry>,
     /// The last `valid_until` the holder recorded (grant or renewal).
     valid_until: i64,
 }
@@ -51,7 +51,7 @@ impl Hold {
 }
 
 /// The holds of every lease named in the history, each lease's sorted by start.
-pub fn holds(events: &[Event]) -> BTreeMap<String, Vec<Hold>> {
+pub fn holds(events: &[Entry]) -> BTreeMap<String, Vec<Hold>> {
     // Open holds by (lease, node, inc, token).
     let mut open: BTreeMap<(String, String, String, u64), Hold> = BTreeMap::new();
     let mut done: BTreeMap<String, Vec<Hold>> = BTreeMap::new();
@@ -63,56 +63,72 @@ pub fn holds(events: &[Event]) -> BTreeMap<String, Vec<Hold>> {
     };
     for e in events {
         if e.is_fault() {
-            if matches!(e.kind.as_str(), "killed" | "terminated") {
+            if matches!(e.event, Event::Killed {} | Event::Terminated {}) {
                 let keys: Vec<_> = open.keys().filter(|k| k.1 == e.node).cloned().collect();
                 for k in keys {
-                    let hold = open.remove(&k).expect("key listed above");
-                    close(k, hold, e.t, HoldEnd::Killed, Some(e.clone()));
+                    if let Some(hold) = open.remove(&k) {
+                        close(k, hold, e.t, HoldEnd::Killed, Some(e.clone()));
+                    }
                 }
             }
             continue;
         }
-        let (Some(lease), Some(token)) = (e.str("lease"), e.u64("token")) else {
-            continue;
-        };
-        let key = (lease.to_string(), e.node.clone(), e.inc.clone(), token);
-        match e.kind.as_str() {
-            "lease_granted" => {
-                let valid_until = e.i64("valid_until").unwrap_or(i64::MAX);
-                match open.get_mut(&key) {
-                    Some(h) => h.valid_until = h.valid_until.max(valid_until),
-                    None => {
-                        open.insert(
-                            key,
-                            Hold {
-                                node: e.node.clone(),
-                                inc: e.inc.clone(),
-                                token,
-                                from_ns: e.t,
-                                until_ns: valid_until,
-                                end: HoldEnd::Unknown,
-                                granted: e.clone(),
-                                ended: None,
-                                valid_until,
-                            },
-                        );
-                    }
+        let key = |lease: &str, token| (lease.to_string(), e.node.clone(), e.inc.clone(), token);
+        match &e.event {
+            &Event::LeaseGranted {
+                ref lease,
+                token,
+                valid_until,
+                ..
+            } => match open.get_mut(&key(lease, token)) {
+                Some(h) => h.valid_until = h.valid_until.max(valid_until),
+                None => {
+                    open.insert(
+                        key(lease, token),
+                        Hold {
+                            node: e.node.clone(),
+                            inc: e.inc.clone(),
+                            token,
+                            from_ns: e.t,
+                            until_ns: valid_until,
+                            end: HoldEnd::Unknown,
+                            granted: e.clone(),
+                            ended: None,
+                            valid_until,
+                        },
+                    );
+                }
+            },
+            &Event::LeaseRenewed {
+                ref lease,
+                token,
+                valid_until,
+                ..
+            } => {
+                if let Some(h) = open.get_mut(&key(lease, token)) {
+                    h.valid_until = h.valid_until.max(valid_until);
                 }
             }
-            "lease_renewed" => {
-                if let Some(h) = open.get_mut(&key) {
-                    let v = e.i64("valid_until").unwrap_or(h.valid_until);
-                    h.valid_until = h.valid_until.max(v);
+            Event::LeaseLost {
+                lease,
+                token,
+                reason,
+                ..
+            } => {
+                if let Some(hold) = open.remove(&key(lease, *token)) {
+                    let end = HoldEnd::Lost(reason.clone());
+                    close(key(lease, *token), hold, e.t, end, Some(e.clone()));
                 }
             }
-            "lease_lost" | "lease_released" => {
-                if let Some(hold) = open.remove(&key) {
-                    let end = if e.kind == "lease_lost" {
-                        HoldEnd::Lost(e.str("reason").unwrap_or("unknown").to_string())
-                    } else {
-                        HoldEnd::Released
-                    };
-                    close(key, hold, e.t, end, Some(e.clone()));
+            Event::LeaseReleased { lease, token, .. } => {
+                if let Some(hold) = open.remove(&key(lease, *token)) {
+                    close(
+                        key(lease, *token),
+                        hold,
+                        e.t,
+                        HoldEnd::Released,
+                        Some(e.clone()),
+                    );
                 }
             }
             _ => {}

@@ -3,8 +3,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::event::{CheckError, Event};
 use super::verdict::{Violation, ViolationKind};
+use crate::history::{Entry, Event};
 
 /// What the acknowledgement check found.
 #[derive(Debug, Clone, Default)]
@@ -18,24 +18,33 @@ pub struct AckCheck {
 /// final state: per key (`entity`), every acknowledged value was accepted with the same
 /// token, no value was acknowledged twice, and `final_value(key)` (the counter now; `None`
 /// when it has none) is at least every acknowledged value.
-pub fn check_acks(events: &[Event], final_value: &dyn Fn(&str) -> Option<u64>) -> AckCheck {
-    let mut accepted: HashMap<(&str, u64, u64), &Event> = HashMap::new();
-    for e in events.iter().filter(|e| e.kind == "write") {
-        if e.fields.get("accepted") == Some(&true.into())
-            && let (Some(key), Some(value), Some(token)) =
-                (e.str("entity"), e.u64("value"), e.u64("token"))
+pub fn check_acks(events: &[Entry], final_value: &dyn Fn(&str) -> Option<u64>) -> AckCheck {
+    let mut accepted: HashMap<(&str, u64, u64), &Entry> = HashMap::new();
+    for e in events {
+        if let Event::Write {
+            entity,
+            value: Some(value),
+            token,
+            accepted: true,
+            ..
+        } = &e.event
         {
-            accepted.insert((key, value, token), e);
+            accepted.insert((entity, *value, *token), e);
         }
     }
     let mut out = AckCheck::default();
-    let mut acked: BTreeMap<&str, BTreeMap<u64, &Event>> = BTreeMap::new();
-    for e in events.iter().filter(|e| e.kind == "ack") {
-        let (Some(key), Some(value), Some(token)) =
-            (e.str("entity"), e.u64("value"), e.u64("token"))
+    let mut acked: BTreeMap<&str, BTreeMap<u64, &Entry>> = BTreeMap::new();
+    for e in events {
+        let Event::Ack {
+            entity: key,
+            value,
+            token,
+            ..
+        } = &e.event
         else {
             continue;
         };
+        let (key, value, token) = (key.as_str(), *value, *token);
         out.acked += 1;
         let subject = format!("counter/{key}");
         match accepted.get(&(key, value, token)) {
@@ -70,7 +79,7 @@ pub fn check_acks(events: &[Event], final_value: &dyn Fn(&str) -> Option<u64>) -
             let write = events
                 .iter()
                 .find(|w| {
-                    w.kind == "write" && w.str("entity") == Some(key) && w.u64("value") == Some(top)
+                    matches!(&w.event, Event::Write { entity, value: Some(v), .. } if entity == key && *v == top)
                 })
                 .unwrap_or(ack);
             out.violations.push(Violation {
@@ -85,31 +94,4 @@ pub fn check_acks(events: &[Event], final_value: &dyn Fn(&str) -> Option<u64>) -
         }
     }
     out
-}
-
-/// [`check_acks`] against the example sharded counter's SQLite file (`tenure node
-/// --counter`): the final value of key `k` is its counter `sharded/<k>`.
-pub fn check_counter_acks(
-    events: &[Event],
-    counter: &std::path::Path,
-) -> Result<AckCheck, CheckError> {
-    let fail = |detail: String| CheckError::Counter {
-        path: counter.display().to_string(),
-        detail,
-    };
-    let file = tenure::sqlite::FencedCounter::open(counter).map_err(|e| fail(e.to_string()))?;
-    let failed = std::cell::Cell::new(None);
-    let acks = check_acks(events, &|key| match file
-        .get(&tenure::sharding::counter::counter_name(key))
-    {
-        Ok(v) => v.map(|(value, _)| value),
-        Err(e) => {
-            failed.set(Some(e.to_string()));
-            None
-        }
-    });
-    match failed.take() {
-        Some(e) => Err(fail(e)),
-        None => Ok(acks),
-    }
 }

@@ -14,9 +14,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::event::Event;
 use super::holds::{Hold, HoldEnd};
 use super::verdict::{Violation, ViolationKind};
+use crate::history::{Entry, Event};
 
 /// What kind of action.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -57,9 +57,9 @@ pub struct Action {
     pub from_ns: i64,
     pub until_ns: i64,
     /// The event that began it (the write itself for a write).
-    pub began: Event,
+    pub began: Entry,
     /// The event that ended it (stop, kill), if the history shows one.
-    pub ended: Option<Event>,
+    pub ended: Option<Entry>,
 }
 
 /// Options of the action rule.
@@ -80,73 +80,69 @@ impl Default for ActionRule {
 }
 
 /// The actions of a history, each with its start and end.
-pub fn actions(events: &[Event]) -> Vec<Action> {
+pub fn actions(events: &[Entry]) -> Vec<Action> {
     // Open lives by (kind, node, inc, subject, token).
     let mut open: BTreeMap<(ActionKind, String, String, String, u64), Action> = BTreeMap::new();
     let mut done = Vec::new();
     let end_of_history = events.last().map_or(0, |e| e.t);
     for e in events {
         if e.is_fault() {
-            if matches!(e.kind.as_str(), "killed" | "terminated") {
+            if matches!(e.event, Event::Killed {} | Event::Terminated {}) {
                 let keys: Vec<_> = open.keys().filter(|k| k.1 == e.node).cloned().collect();
                 for k in keys {
-                    let mut action = open.remove(&k).expect("key listed above");
-                    action.until_ns = e.t;
-                    action.ended = Some(e.clone());
-                    done.push(action);
+                    if let Some(mut action) = open.remove(&k) {
+                        action.until_ns = e.t;
+                        action.ended = Some(e.clone());
+                        done.push(action);
+                    }
                 }
             }
             continue;
         }
-        let Some(token) = e.u64("token") else {
-            continue;
-        };
-        let shard_suffix = || Some(format!("-shard-{}-{}", e.str("type")?, e.str("shard")?));
-        let singleton_suffix = || Some(format!("-singleton-{}", e.str("singleton")?));
-        let (kind, subject, suffix, starts) = match e.kind.as_str() {
-            "shard_started" | "shard_stopped" => (
+        let shard_suffix = |entity_type: &str, shard: &str| format!("-shard-{entity_type}-{shard}");
+        let singleton_suffix = |name: &str| format!("-singleton-{name}");
+        let (kind, subject, lease_suffix, token, starts) = match &e.event {
+            Event::ShardStarted(l) | Event::ShardStopped(l) => (
                 ActionKind::ShardLife,
-                Some(String::new()),
-                shard_suffix(),
-                e.kind == "shard_started",
+                String::new(),
+                shard_suffix(&l.entity_type, &l.shard),
+                l.token,
+                matches!(e.event, Event::ShardStarted(_)),
             ),
-            "entity_started" | "entity_stopped" => (
+            Event::EntityStarted(l) | Event::EntityStopped(l) => (
                 ActionKind::EntityLife,
-                e.str("entity").map(str::to_string),
-                shard_suffix(),
-                e.kind == "entity_started",
+                l.entity.clone(),
+                shard_suffix(&l.entity_type, &l.shard),
+                l.token,
+                matches!(e.event, Event::EntityStarted(_)),
             ),
-            "singleton_starting" | "singleton_stopped" => (
+            Event::SingletonStarting(l) | Event::SingletonStopped(l) => (
                 ActionKind::SingletonLife,
-                Some(String::new()),
-                singleton_suffix(),
-                e.kind == "singleton_starting",
+                String::new(),
+                singleton_suffix(&l.singleton),
+                l.token,
+                matches!(e.event, Event::SingletonStarting(_)),
             ),
-            "write" | "tick" if e.fields.get("accepted") == Some(&true.into()) => {
-                let suffix = if e.kind == "write" {
-                    shard_suffix()
-                } else {
-                    singleton_suffix()
-                };
-                if let Some(lease_suffix) = suffix {
-                    done.push(Action {
-                        kind: ActionKind::AcceptedWrite,
-                        node: e.node.clone(),
-                        inc: e.inc.clone(),
-                        lease_suffix,
-                        token,
-                        from_ns: e.t,
-                        until_ns: e.t,
-                        began: e.clone(),
-                        ended: Some(e.clone()),
-                    });
-                }
+            Event::Write {
+                entity_type,
+                shard,
+                token,
+                accepted: true,
+                ..
+            } => {
+                done.push(accepted_write(e, shard_suffix(entity_type, shard), *token));
+                continue;
+            }
+            Event::Tick {
+                singleton,
+                token,
+                accepted: true,
+                ..
+            } => {
+                done.push(accepted_write(e, singleton_suffix(singleton), *token));
                 continue;
             }
             _ => continue,
-        };
-        let (Some(subject), Some(lease_suffix)) = (subject, suffix) else {
-            continue;
         };
         let key = (
             kind,
@@ -178,6 +174,21 @@ pub fn actions(events: &[Event]) -> Vec<Action> {
     done
 }
 
+/// A write the resource accepted: an action of an instant.
+fn accepted_write(e: &Entry, lease_suffix: String, token: u64) -> Action {
+    Action {
+        kind: ActionKind::AcceptedWrite,
+        node: e.node.clone(),
+        inc: e.inc.clone(),
+        lease_suffix,
+        token,
+        from_ns: e.t,
+        until_ns: e.t,
+        began: e.clone(),
+        ended: Some(e.clone()),
+    }
+}
+
 /// The instant until which a hold allows actions: its release or its process's death, or
 /// else its last `valid_until` (a loss announced earlier does not end it).
 fn action_deadline(hold: &Hold) -> i64 {
@@ -193,7 +204,7 @@ type Holder<'a> = (&'a str, &'a str, u64);
 /// Checks that every action lies inside its node's hold of the matching lease, allowing a
 /// process frozen across its deadline to act until `rule.resume_grace` after it resumed.
 pub fn check_actions(
-    events: &[Event],
+    events: &[Entry],
     holds: &BTreeMap<String, Vec<Hold>>,
     rule: ActionRule,
     out: &mut Vec<Violation>,
@@ -202,9 +213,9 @@ pub fn check_actions(
     let mut freezes: BTreeMap<&str, Vec<(i64, Option<i64>)>> = BTreeMap::new();
     for e in events.iter().filter(|e| e.is_fault()) {
         let list = freezes.entry(e.node.as_str()).or_default();
-        match e.kind.as_str() {
-            "paused" => list.push((e.t, None)),
-            "resumed" => {
+        match e.event {
+            Event::Paused {} => list.push((e.t, None)),
+            Event::Resumed {} => {
                 if let Some(last) = list.last_mut().filter(|f| f.1.is_none()) {
                     last.1 = Some(e.t);
                 }
@@ -319,7 +330,10 @@ fn check_entities_in_shards(all: &[Action], out: &mut Vec<Violation>) {
                 subject: format!("*{}", entity.lease_suffix),
                 explanation: format!(
                     "entity {} on {} ({}) with token {}: alive outside every life of its shard on that node with that token",
-                    entity.began.str("entity").unwrap_or("?"),
+                    match &entity.began.event {
+                        Event::EntityStarted(l) | Event::EntityStopped(l) => l.entity.as_str(),
+                        _ => "?",
+                    },
                     entity.node,
                     entity.inc,
                     entity.token

@@ -1,0 +1,77 @@
+//! Reading a history file, torn lines of killed writers included.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use super::entry::Entry;
+
+/// Why a history could not be read: the file, or a line of it (1-based) and what is wrong.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum HistoryError {
+    #[error("cannot read history {path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("history {path} line {line}: {detail}")]
+    Line {
+        path: String,
+        line: usize,
+        detail: String,
+    },
+}
+
+/// Reads a history: one JSON object per line (blank lines skipped), sorted by `t` (stable,
+/// so the lines of one writer keep their order). Errors name the file and line. Kinds this
+/// build does not know are kept as [`Event::Other`](super::Event::Other).
+///
+/// A writer killed in the middle of a line leaves a torn line: Linux may stop a write to a
+/// regular file at a page boundary when SIGKILL arrives. Its event is lost, exactly as if
+/// the writer had been killed just before writing it, which the rules already allow for. So
+/// a line that is not JSON is accepted as torn when it is the file's last line without a
+/// newline, or when the next writer's line, appended right after the torn bytes, parses from
+/// its own start; the torn prefix is skipped. Anything else that is not JSON is an error.
+pub fn read_history(path: &Path) -> Result<Vec<Entry>, HistoryError> {
+    let name = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| HistoryError::Io {
+        path: name.clone(),
+        source,
+    })?;
+    let ends_with_newline = text.ends_with('\n');
+    let lines: Vec<&str> = text.lines().collect();
+    let mut entries = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let fail = |detail: String| HistoryError::Line {
+            path: name.clone(),
+            line: i + 1,
+            detail,
+        };
+        let value = match serde_json::from_str::<Value>(line) {
+            Ok(value) => value,
+            Err(_) if i + 1 == lines.len() && !ends_with_newline => continue,
+            Err(e) => match after_torn_prefix(line) {
+                Some(value) => value,
+                None => return Err(fail(format!("not JSON: {e}"))),
+            },
+        };
+        entries.push(Entry::from_json(value, i + 1).map_err(fail)?);
+    }
+    entries.sort_by_key(|e| e.t);
+    Ok(entries)
+}
+
+/// The event of a line that begins with a torn write: the first `{"` after the start from
+/// which the rest of the line parses as one object (an object nested in a field cannot: the
+/// closing braces of its parents follow it).
+fn after_torn_prefix(line: &str) -> Option<Value> {
+    line.match_indices("{\"")
+        .map(|(at, _)| at)
+        .filter(|&at| at > 0)
+        .find_map(|at| serde_json::from_str::<Value>(&line[at..]).ok())
+        .filter(Value::is_object)
+}
