@@ -6,17 +6,17 @@
 //! pass `tenure check`. The time from the fault to full service is printed (the partition
 //! bench reports it over many runs); the tests assert service within the fault window.
 
-mod common;
+use tenure_test_kit::cli;
 
 use std::time::Duration;
 
-use common::cluster::Cluster;
-use common::lives::shard_lives;
-use common::service::{
+use cli::cluster::Cluster;
+use cli::lives::shard_lives;
+use cli::service::{
     ASK_TIMEOUT_NS, KEYS, full_service_after, loaded_cluster, now_ns, proxy_replies, served_keys,
     wait_all_keys_served,
 };
-use common::shards::{live_shards, load_requests};
+use cli::shards::{live_shards, load_requests};
 
 /// How long a fault lasts. The harness's timing (unreachable-after 1.5 s, stable-after
 /// 1.5 s, minority delay 1 s, member ttl 3 s) puts full service back within about 6 s; the
@@ -106,7 +106,7 @@ fn during(
         "after healing, every running node answers every key",
         Duration::from_secs(30),
     );
-    common::assert_checked(&c.history);
+    cli::assert_checked(&c.history);
     c
 }
 
@@ -275,7 +275,7 @@ fn a_store_outage_longer_than_the_member_ttl_downs_every_node_and_all_rejoin_in_
         .expect("write-lock the lease file");
     c.record_fields("store", "store_locked", serde_json::json!({}));
     let locked = now_ns();
-    std::thread::sleep(tenure_cli::harness::MEMBER_TTL * 3);
+    std::thread::sleep(tenure_cli::demo::cluster::MEMBER_TTL * 3);
     lock.execute_batch("COMMIT").expect("unlock the lease file");
     c.record_fields("store", "store_unlocked", serde_json::json!({}));
     let history = c.history();
@@ -314,5 +314,5 @@ fn a_store_outage_longer_than_the_member_ttl_downs_every_node_and_all_rejoin_in_
         "after the outage, every node answers every key",
         Duration::from_secs(30),
     );
-    common::assert_checked(&c.history);
+    cli::assert_checked(&c.history);
 }

@@ -87,7 +87,7 @@ pub fn check_acks(events: &[Event], final_value: &dyn Fn(&str) -> Option<u64>) -
     out
 }
 
-/// [`check_acks`] against the example sharded counter's SQLite file (`tenure node
+/// [`check_acks`] against the demo's sharded counter's SQLite file (`tenure demo node
 /// --counter`): the final value of key `k` is its counter `sharded/<k>`.
 pub fn check_counter_acks(
     events: &[Event],
@@ -99,15 +99,16 @@ pub fn check_counter_acks(
     };
     let file = tenure::sqlite::FencedCounter::open(counter).map_err(|e| fail(e.to_string()))?;
     let failed = std::cell::Cell::new(None);
-    let acks = check_acks(events, &|key| match file
-        .get(&tenure::sharding::counter::counter_name(key))
-    {
-        Ok(v) => v.map(|(value, _)| value),
-        Err(e) => {
-            failed.set(Some(e.to_string()));
-            None
-        }
-    });
+    let acks = check_acks(
+        events,
+        &|key| match file.get(&crate::demo::counter::counter_name(key)) {
+            Ok(v) => v.map(|(value, _)| value),
+            Err(e) => {
+                failed.set(Some(e.to_string()));
+                None
+            }
+        },
+    );
     match failed.take() {
         Some(e) => Err(fail(e)),
         None => Ok(acks),

@@ -15,8 +15,8 @@ use std::time::Duration;
 use tenure::TenureConfig;
 use tenure::cluster::{ClusterSettings, Node};
 use tenure::singleton::spawner;
-use tenure::singleton::ticker::{Ticker, TickerArgs};
 use tenure::sqlite::FencedCounter;
+use tenure_cli::demo::ticker::{Ticker, TickerArgs};
 
 const NAME: &str = "ticks";
 

@@ -15,9 +15,9 @@ use std::time::Duration;
 
 use tenure::TenureConfig;
 use tenure::cluster::{ClusterSettings, Node};
-use tenure::sharding::counter::{Counter, CounterReply, CounterRequest};
 use tenure::sharding::{ShardRegion, entity_factory};
 use tenure::sqlite::FencedCounter;
+use tenure_cli::demo::counter::{Counter, CounterReply, CounterRequest};
 
 const KEYS: [&str; 4] = ["alice", "bob", "carol", "dave"];
 
