@@ -1,7 +1,8 @@
 //! Every Rust snippet of README.md is an excerpt of an example that CI compiles: its first
-//! line names the example (`// examples/x.rs`), lines starting with `// …` stand for
-//! omitted code, and every other part must appear in that file in order. Whitespace and
-//! the trailing commas rustfmt adds are not compared, so the README may wrap differently.
+//! line names the example (`// examples/x.rs`, or `// crates/<crate>/examples/x.rs` for an
+//! example of a workspace crate), lines starting with `// …` stand for omitted code, and
+//! every other part must appear in that file in order. Whitespace and the trailing commas
+//! rustfmt adds are not compared, so the README may wrap differently.
 
 use std::path::Path;
 
@@ -63,7 +64,13 @@ fn every_readme_snippet_is_an_excerpt_of_a_compiled_example() {
         let first = block.first().copied().unwrap_or_default();
         let path = first
             .strip_prefix("// ")
-            .filter(|p| p.starts_with("examples/") && p.ends_with(".rs"))
+            .filter(|p| {
+                let in_crate = p
+                    .strip_prefix("crates/")
+                    .and_then(|p| p.split_once('/'))
+                    .map_or(*p, |(_, rest)| rest);
+                in_crate.starts_with("examples/") && p.ends_with(".rs")
+            })
             .unwrap_or_else(|| panic!("README snippet starting {first:?} names no example"));
         let source = std::fs::read_to_string(root.join(path))
             .unwrap_or_else(|e| panic!("README snippet names {path}: {e}"));

@@ -5,12 +5,11 @@
 //!
 //! `cargo bench -p tenure-cli --bench failover` (runs: TENURE_BENCH_RUNS, default 20).
 
-#[path = "../tests/common/cluster.rs"]
-mod cluster;
-
 use std::time::Duration;
 
-use cluster::{Cluster, MEMBER_TTL, TestCluster, UNREACHABLE_AFTER, percentile};
+use tenure_test_kit::cli::cluster::{
+    Cluster, MEMBER_TTL, TestCluster, UNREACHABLE_AFTER, percentile,
+};
 
 fn history_ns() -> i64 {
     tenure::clock::boottime_now_ns()

@@ -21,14 +21,13 @@
 //!
 //! `cargo bench -p tenure-cli --bench partition`
 
-#[path = "../tests/common/mod.rs"]
-#[allow(unused_imports)]
-mod common;
-
 use std::time::Duration;
 
-use common::cluster::Cluster;
-use common::service::{loaded_cluster, now_ns, recovered_after, wait_all_keys_served};
+use tenure_test_kit::cli;
+use tenure_test_kit::cli::cluster::Cluster;
+use tenure_test_kit::cli::service::{
+    loaded_cluster, now_ns, recovered_after, wait_all_keys_served,
+};
 
 fn env(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -163,7 +162,7 @@ fn main() {
                 Duration::from_secs(60),
             );
         }
-        common::assert_checked(&c.history);
+        cli::assert_checked(&c.history);
         times.sort_by(|a, b| a.total_cmp(b));
         let line = if times.is_empty() {
             format!("{kind:<18} never recovered in {rounds} rounds")

@@ -7,19 +7,12 @@
 //!
 //! `cargo bench -p tenure-cli --bench sharding_failover` (runs: TENURE_BENCH_RUNS, default 10).
 
-#[path = "../tests/common/cluster.rs"]
-mod cluster;
-#[path = "../tests/common/lives.rs"]
-mod lives;
-#[path = "../tests/common/shards.rs"]
-mod shards;
-
 use std::time::Duration;
 
-use cluster::percentile;
-use lives::shard_lives;
-use shards::{live_shards, loaded_shards, sharded_cluster, shards_on};
 use tenure_cli::check::{ActionRule, check_with, read_history};
+use tenure_test_kit::cli::cluster::percentile;
+use tenure_test_kit::cli::lives::shard_lives;
+use tenure_test_kit::cli::shards::{live_shards, loaded_shards, sharded_cluster, shards_on};
 
 fn main() {
     if std::env::args().any(|a| a == "--list") {

@@ -25,22 +25,15 @@
 //!
 //! `cargo bench -p tenure-cli --bench sharding_rebalance`
 
-#[path = "../tests/common/cluster.rs"]
-mod cluster;
-#[path = "../tests/common/lives.rs"]
-mod lives;
-#[path = "../tests/common/shards.rs"]
-mod shards;
-
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use cluster::{Cluster, TestCluster};
-use lives::shard_lives;
 use serde_json::Value;
-use shards::{check_acks, live_shards, load_requests, open_loop_options};
 use tenure_cli::availability::{Request, acks_per_second, issued_in, latency_quantile};
 use tenure_cli::check::{ActionRule, check_with, read_history};
+use tenure_test_kit::cli::cluster::{Cluster, TestCluster};
+use tenure_test_kit::cli::lives::shard_lives;
+use tenure_test_kit::cli::shards::{check_acks, live_shards, load_requests, open_loop_options};
 
 fn env(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -165,7 +158,7 @@ fn main() {
     let counter = tenure::sqlite::FencedCounter::open(&c.counter_file()).expect("open counter");
     check_acks(&history, |key| {
         counter
-            .get(&tenure::sharding::counter::counter_name(key))
+            .get(&tenure_cli::demo::counter::counter_name(key))
             .expect("read the counter")
             .map(|(v, _)| v)
             .unwrap_or(0)

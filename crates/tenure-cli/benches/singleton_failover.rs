@@ -5,13 +5,10 @@
 //!
 //! `cargo bench -p tenure-cli --bench singleton_failover` (runs: TENURE_BENCH_RUNS, default 20).
 
-#[path = "../tests/common/cluster.rs"]
-mod cluster;
-
 use std::time::Duration;
 
-use cluster::{Cluster, Options, TestCluster, percentile};
 use serde_json::Value;
+use tenure_test_kit::cli::cluster::{Cluster, Options, TestCluster, percentile};
 
 /// (node, token, t) of the latest `singleton_started`, and whether it is still running.
 fn latest(history: &[Value]) -> Option<(String, u64, i64)> {

@@ -1,5 +1,5 @@
 //! Availability of the example load, read from a history (docs/history.md): every request
-//! of `tenure node --load-keys` ends as an `ack` or a `no_ack`, both stamped with the
+//! of `tenure demo node --load-keys` ends as an `ack` or a `no_ack`, both stamped with the
 //! instant it was `issued`. From them: which requests of which key and node got no
 //! answer, latencies over a span of time, and acknowledgements per second.
 

@@ -1,13 +1,12 @@
 //! `tenure`: hold, inspect and release leases; guard a command with a lease.
 
 mod check_cmd;
+mod demo_node;
 mod exit;
 mod lease_cmd;
-mod load;
 mod management_cmd;
 mod node_cmd;
 mod run_cmd;
-mod slow_stop;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -40,43 +39,6 @@ enum Command {
         /// Append the node's events (JSON Lines, host CLOCK_BOOTTIME) to this file.
         #[arg(long)]
         history: Option<PathBuf>,
-        /// Host the example singleton NAME (repeatable): the oldest member runs it under the
-        /// lease <system>-singleton-NAME; it adds one to a fenced counter every --tick.
-        #[arg(long = "singleton", value_name = "NAME")]
-        singletons: Vec<String>,
-        /// The SQLite file of the fenced counters the example singletons write.
-        #[arg(long, default_value = "/tmp/tenure-counter.sqlite")]
-        counter: PathBuf,
-        /// How often an example singleton ticks.
-        #[arg(long, default_value = "100ms", value_parser = tenure::duration::parse)]
-        tick: Duration,
-        /// Host the example sharded counter (entity type `counter`, [sharding.counter]): one
-        /// entity per key, each increment written to the --counter file with its shard's
-        /// fencing token.
-        #[arg(long)]
-        sharded_counter: bool,
-        /// Drive increments of keys key-0..key-(N-1) through this node's region, recording
-        /// each request in the history when it ends: `ack` (acknowledged) or `no_ack` (with
-        /// why), both with the instant it was `issued`. Closed loop by default (8 workers,
-        /// each one increment at a time); open loop with --load-rate.
-        #[arg(long, default_value_t = 0, value_name = "N")]
-        load_keys: usize,
-        /// Closed loop: pause between two increments of one load worker.
-        #[arg(long, default_value = "20ms", value_parser = tenure::duration::parse)]
-        load_interval: Duration,
-        /// Open loop: ask every key this many times per second on a fixed schedule, whether
-        /// or not earlier asks were answered.
-        #[arg(long, value_name = "PER_SECOND", value_parser = parse_rate)]
-        load_rate: Option<f64>,
-        /// How long each increment waits for its answer before it counts as not
-        /// acknowledged.
-        #[arg(long, default_value = "5s", value_parser = tenure::duration::parse)]
-        load_timeout: Duration,
-        /// Fault injection for tests (needs `cluster.fault-injection = true`): while FILE
-        /// exists, the example entities and singletons take a minute to stop, so that only
-        /// their supervisors' kills end them in time.
-        #[arg(long, value_name = "FILE")]
-        slow_stop_when: Option<PathBuf>,
     },
     /// Inspect a running cluster through one of its nodes (members and fault speak the
     /// cluster protocol with [cluster] cookie and TLS; shards and leases ask the node's
@@ -93,7 +55,7 @@ enum Command {
         /// Print every violation, not only the first.
         #[arg(long)]
         all: bool,
-        /// The sharded counter's SQLite file (`tenure node --counter`): also check that
+        /// The demo's sharded counter file (`tenure demo node --counter`): also check that
         /// every acknowledged increment was accepted and is still in the counter.
         #[arg(long, value_name = "FILE")]
         counter: Option<PathBuf>,
@@ -106,8 +68,8 @@ enum Command {
     },
     /// Run a local cluster under load through a scenario of faults and check it was safe.
     ///
-    /// Starts --nodes `tenure node` processes on 127.0.0.1 (a SQLite lease store in a temp
-    /// dir, or --store), hosting a sharded counter with --shards shards and the singleton
+    /// Starts --nodes `tenure demo node` processes on 127.0.0.1 (a SQLite lease store in a
+    /// temp dir, or --store), hosting a sharded counter with --shards shards and the singleton
     /// `demo`, each node driving increments through its shard region. Once every shard
     /// runs, the scenario plays over --duration with a progress line every second. The
     /// built-in scenario (times as a share of --duration): SIGKILL a node at 15 %, restart
@@ -125,8 +87,20 @@ enum Command {
     /// (JSON Lines, --history). The HTML report (--report) shows which node held each
     /// shard and the singleton when, with the faults marked. Exit 0 safe, 1 unsafe, 2
     /// error. Ctrl-C stops early and still reports; a second Ctrl-C exits at once.
-    #[command(verbatim_doc_comment)]
-    Demo(tenure_cli::demo::DemoArgs),
+    #[command(verbatim_doc_comment, args_conflicts_with_subcommands = true)]
+    Demo {
+        #[command(subcommand)]
+        part: Option<DemoCommand>,
+        #[command(flatten)]
+        args: tenure_cli::demo::DemoArgs,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum DemoCommand {
+    /// Run one node of the demo's cluster: `tenure node` hosting the demo's examples (ticker
+    /// singletons, the sharded counter, client load). The demo and the tests start these.
+    Node(demo_node::DemoNodeArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -258,16 +232,6 @@ enum LeaseCommand {
     },
 }
 
-/// `--load-rate`: a finite number of requests per second above zero.
-fn parse_rate(text: &str) -> Result<f64, String> {
-    match text.parse::<f64>() {
-        Ok(rate) if rate.is_finite() && rate > 0.0 => Ok(rate),
-        _ => Err(format!(
-            "`{text}` is not a rate: give requests per second per key, a number above 0 (e.g. 20 or 0.5)"
-        )),
-    }
-}
-
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("TENURE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
@@ -290,7 +254,7 @@ fn main() -> ExitCode {
         return check_cmd::check(history, *all, counter.as_deref(), *resume_grace).exit_code();
     }
     // The demo drives processes from plain threads; it needs neither a runtime nor a config.
-    if let Command::Demo(args) = cli.command {
+    if let Command::Demo { part: None, args } = cli.command {
         return match tenure_cli::demo::run(args) {
             Ok(outcome) if outcome.safe() => Outcome::Success.exit_code(),
             Ok(_) => Outcome::No.exit_code(),
@@ -307,11 +271,12 @@ fn main() -> ExitCode {
         Command::Lease(_) => tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build(),
-        Command::Node { .. } | Command::Cluster(_) | Command::Check { .. } | Command::Demo(_) => {
-            tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-        }
+        Command::Node { .. }
+        | Command::Cluster(_)
+        | Command::Check { .. }
+        | Command::Demo { .. } => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build(),
     };
     let result = match runtime {
         Ok(rt) => rt.block_on(run(cli)),
@@ -368,39 +333,19 @@ async fn run(cli: Cli) -> Result<Outcome, CliError> {
                 run_cmd::run(&provider, &target, guard, &command).await
             }
         },
-        Command::Node {
-            history,
-            singletons,
-            counter,
-            tick,
-            sharded_counter,
-            load_keys,
-            load_interval,
-            load_rate,
-            load_timeout,
-            slow_stop_when,
-        } => {
-            let shape = match load_rate {
-                Some(rate) => load::Shape::Open { rate },
-                None => load::Shape::Closed {
-                    pause: load_interval,
-                },
-            };
-            let hosting = node_cmd::Hosting {
-                history: history.as_deref(),
-                singletons: &singletons,
-                counter: &counter,
-                tick,
-                sharded_counter,
-                load: (load_keys > 0).then_some(load::Load {
-                    keys: load_keys,
-                    shape,
-                    timeout: load_timeout,
-                }),
-                slow_stop: slow_stop_when.map(slow_stop::SlowStopSwitch::new),
-            };
-            node_cmd::node(provider.config(), &provider, hosting).await
+        Command::Node { history } => {
+            node_cmd::node(
+                provider.config(),
+                &provider,
+                history.as_deref(),
+                async |_, _| Ok(()),
+            )
+            .await
         }
+        Command::Demo {
+            part: Some(DemoCommand::Node(args)),
+            ..
+        } => demo_node::run(provider.config(), &provider, args).await,
         Command::Cluster(ClusterCommand::Members { node, json }) => {
             node_cmd::members(provider.config(), &node, json).await
         }
@@ -433,6 +378,8 @@ async fn run(cli: Cli) -> Result<Outcome, CliError> {
             (None, None) => Err(CliError::Command("give --cut PEER or --heal PEER".into())),
         },
         Command::Check { .. } => unreachable!("main checks without a runtime"),
-        Command::Demo(_) => unreachable!("main runs the demo without a runtime"),
+        Command::Demo { part: None, .. } => {
+            unreachable!("main runs the demo without a runtime")
+        }
     }
 }

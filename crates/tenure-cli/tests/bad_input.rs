@@ -1,13 +1,11 @@
 //! Bad input gives exit 2 and one clear error naming the key, path or lease.
 
-mod common;
-
-use common::*;
+use tenure_test_kit::cli::*;
 
 fn fails_naming(sb: &Sandbox, config: &str, args: &[&str], expected: &[&str]) {
     let path = sb.path("bad.toml");
     std::fs::write(&path, config).expect("write");
-    let out = std::process::Command::new(TENURE)
+    let out = std::process::Command::new(&*TENURE)
         .arg("--config")
         .arg(&path)
         .args(args)
@@ -92,7 +90,7 @@ fn empty_lease_name_is_refused() {
 
 #[test]
 fn missing_config_file_is_named() {
-    let out = std::process::Command::new(TENURE)
+    let out = std::process::Command::new(&*TENURE)
         .args(["--config", "/nonexistent/tenure.toml", "lease", "list"])
         .output()
         .expect("run");
@@ -135,7 +133,7 @@ fn sqlite_path_in_a_read_only_directory_is_named() {
     // Root may write anywhere: check as an unprivileged user, with a copy of the binary
     // it can execute.
     let bin = sb.path("tenure");
-    std::fs::copy(TENURE, &bin).expect("copy binary");
+    std::fs::copy(&*TENURE, &bin).expect("copy binary");
     std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o644)).expect("chmod");
     let mut cmd = if unsafe { libc::geteuid() } == 0 {
         let mut c = std::process::Command::new("runuser");
@@ -222,7 +220,7 @@ fn the_default_sqlite_file_is_in_the_state_directory() {
     let sb = Sandbox::new();
     let state = sb.path("state");
     let run = |state: &std::path::Path| {
-        std::process::Command::new(TENURE)
+        std::process::Command::new(&*TENURE)
             .args(["lease", "acquire", "j", "--owner", "o"])
             .env_remove("TENURE_CONFIG")
             .env_remove("TENURE_LEASE__SQLITE__PATH")

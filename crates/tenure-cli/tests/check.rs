@@ -379,7 +379,7 @@ fn tenure_check_reads_the_counter_file() {
     let dir = tempfile::tempdir().unwrap();
     let counter_path = dir.path().join("counter.sqlite");
     let counter = tenure::sqlite::FencedCounter::open(&counter_path).unwrap();
-    let name = tenure::sharding::counter::counter_name("key-1");
+    let name = tenure_cli::demo::counter::counter_name("key-1");
     assert_eq!(counter.increment(&name, 1).unwrap(), Some(1));
     let lines = vec![
         granted(0, "a", 1, 900),

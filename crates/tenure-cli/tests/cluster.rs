@@ -1,10 +1,10 @@
 //! Multi-process cluster tests: membership, reachability, faults, leave, cookies.
 
-mod common;
+use tenure_test_kit::cli;
 
 use std::time::{Duration, Instant};
 
-use common::cluster::{Cluster, Options, TestCluster};
+use cli::cluster::{Cluster, Options, TestCluster};
 use serde_json::Value;
 
 fn status_of(c: &Cluster, viewer: usize, addr: &str) -> Option<(String, bool, u64)> {
@@ -32,8 +32,7 @@ fn five_nodes_converge_and_survive_kill_pause_and_restart() {
         assert_eq!(v.len(), 5, "{v:?}");
     }
     // Everyone agrees on the age order (who is oldest).
-    let order =
-        |v: &Vec<common::cluster::Row>| v.iter().map(|m| m.addr.clone()).collect::<Vec<_>>();
+    let order = |v: &Vec<cli::cluster::Row>| v.iter().map(|m| m.addr.clone()).collect::<Vec<_>>();
     assert!(
         views.iter().all(|v| order(v) == order(&views[0])),
         "age order differs: {views:?}"
@@ -240,7 +239,7 @@ fn graceful_leave_releases_the_member_lease() {
 fn a_wrong_cookie_never_joins() {
     let mut c = Cluster::new(2);
     let seed = c.nodes[0].addr.clone();
-    let port = common::cluster::free_ports(1)[0];
+    let port = cli::cluster::free_ports(1)[0];
     let bad = c.add_node(port, &seed, &Options::default());
     let text = std::fs::read_to_string(&c.nodes[bad].config)
         .unwrap()

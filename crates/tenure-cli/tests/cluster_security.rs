@@ -1,12 +1,12 @@
 //! Cluster security and bad input: TLS between nodes, and clear errors for bad settings.
 
-mod common;
+use tenure_test_kit::cli;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::cluster::{Cluster, Options, TENURE, TestCluster, free_ports};
+use cli::cluster::{Cluster, Options, TENURE, TestCluster, free_ports};
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, ExtendedKeyUsagePurpose, IsCa, KeyPair,
     KeyUsagePurpose,
@@ -109,7 +109,7 @@ fn run(config: &str, args: &[&str]) -> (Option<i32>, String) {
     let path = dir.path().join("c.toml");
     let text = config.replace("{dir}", &dir.path().display().to_string());
     std::fs::write(&path, text).unwrap();
-    let out = Command::new(TENURE)
+    let out = Command::new(&*TENURE)
         .arg("--config")
         .arg(&path)
         .args(args)

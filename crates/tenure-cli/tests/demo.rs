@@ -1,11 +1,11 @@
 //! `tenure demo` end to end: a short run with a small scenario reaches a clean verdict and
 //! writes its history and an HTML report showing every hold; bad flags are refused.
 
-mod common;
+use tenure_test_kit::cli;
 
 use std::process::Command;
 
-use common::TENURE;
+use cli::TENURE;
 
 const SCENARIO: &str = r#"
 [[step]]
@@ -33,7 +33,7 @@ fn a_short_demo_reaches_a_safe_verdict_and_writes_its_report() {
     let scenario = dir.path().join("scenario.toml");
     std::fs::write(&scenario, SCENARIO).unwrap();
     let history = dir.path().join("run/history.jsonl");
-    let out = Command::new(TENURE)
+    let out = Command::new(&*TENURE)
         .args([
             "demo",
             "--duration",
@@ -119,7 +119,7 @@ fn a_short_demo_reaches_a_safe_verdict_and_writes_its_report() {
 
 #[test]
 fn help_documents_every_flag() {
-    let out = Command::new(TENURE)
+    let out = Command::new(&*TENURE)
         .args(["demo", "--help"])
         .output()
         .unwrap();
@@ -142,7 +142,7 @@ fn help_documents_every_flag() {
 
 #[test]
 fn bad_flags_are_refused_naming_the_flag() {
-    let out = Command::new(TENURE)
+    let out = Command::new(&*TENURE)
         .args(["demo", "--ttl", "10ms"])
         .output()
         .unwrap();
@@ -151,7 +151,7 @@ fn bad_flags_are_refused_naming_the_flag() {
     let dir = tempfile::tempdir().unwrap();
     let scenario = dir.path().join("s.toml");
     std::fs::write(&scenario, "[[step]]\nat = \"1s\"\nfault = \"cut\"\n").unwrap();
-    let out = Command::new(TENURE)
+    let out = Command::new(&*TENURE)
         .args(["demo", "--scenario"])
         .arg(&scenario)
         .output()
@@ -173,7 +173,7 @@ fn interrupt_demo(again: bool) -> (Option<i32>, String) {
     use rustix::process::{Pid, Signal, kill_process};
 
     let dir = tempfile::tempdir().unwrap();
-    let mut child = Command::new(TENURE)
+    let mut child = Command::new(&*TENURE)
         .args(["demo", "--duration", "10m", "--shards", "8", "--seed", "7"])
         .arg("--history")
         .arg(dir.path().join("history.jsonl"))

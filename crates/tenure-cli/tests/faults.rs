@@ -23,12 +23,12 @@
 //! late answers are a write lock held on the file (every process's operations wait, and
 //! those that wait past their caller's timeout complete unanswered).
 
-mod common;
+use tenure_test_kit::cli;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::cluster::{Cluster, MEMBER_TTL, Options, TestCluster};
+use cli::cluster::{Cluster, MEMBER_TTL, Options, TestCluster};
 use tenure::history::Event;
 use tenure::sqlite::FencedCounter;
 use tenure_cli::demo::scenario::SplitMix;
@@ -41,8 +41,7 @@ const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1
 const KEYS: usize = 120;
 /// The sharding tests' settings with fewer shards (faster to move after each fault).
 fn sharding() -> String {
-    let settings =
-        common::shards::SHARDING.replace("number-of-shards = 100", "number-of-shards = 30");
+    let settings = cli::shards::SHARDING.replace("number-of-shards = 100", "number-of-shards = 30");
     assert!(settings.contains("number-of-shards = 30"), "{settings}");
     settings
 }
@@ -582,13 +581,13 @@ fn second_owner(run: &mut Run, target: usize, rng: &mut Rng) {
 }
 
 fn final_checks(run: &Run) {
-    let summary = common::assert_checked(&run.c.history);
+    let summary = cli::assert_checked(&run.c.history);
     eprintln!("{}", summary.trim());
     let history = run.c.history();
     let counter = FencedCounter::open(&run.c.counter_file()).expect("open the counter");
-    let acked = common::shards::check_acks(&history, |key| {
+    let acked = cli::shards::check_acks(&history, |key| {
         counter
-            .get(&tenure::sharding::counter::counter_name(key))
+            .get(&tenure_cli::demo::counter::counter_name(key))
             .expect("read the counter")
             .map(|(v, _)| v)
             .unwrap_or(0)

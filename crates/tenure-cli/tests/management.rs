@@ -6,14 +6,14 @@
 //! and the operator routes refuse requests without the right token and down or remove a
 //! member with it.
 
-mod common;
+use tenure_test_kit::cli;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::cluster::{Cluster, Options, TestCluster, free_ports};
+use cli::cluster::{Cluster, Options, TestCluster, free_ports};
 use tenure::sharding::ShardMap;
 use tenure_management::LeaseRow;
 
@@ -106,7 +106,7 @@ fn cluster_with_endpoints(management: &str) -> (Cluster, Vec<SocketAddr>) {
     let options = Options {
         tail: format!(
             "{}\n[cluster.management]\nenabled = true\nready-suspended-after = \"1s\"\n{management}\n",
-            common::shards::SHARDING
+            cli::shards::SHARDING
         ),
         node_args: ["--sharded-counter", "--load-keys", "8"]
             .map(String::from)

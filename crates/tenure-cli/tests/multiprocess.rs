@@ -1,11 +1,11 @@
 //! Several `tenure` processes on one SQLite file: the conformance properties across OS
 //! processes, and the faults of the foundation's "done when" (SIGKILL, SIGSTOP past the ttl).
 
-mod common;
+use tenure_test_kit::cli;
 
 use std::time::{Duration, Instant};
 
-use common::*;
+use cli::*;
 use tenure::FenceCheck;
 
 const LIMIT: Duration = Duration::from_secs(30);
@@ -246,7 +246,7 @@ fn two_runs_with_the_same_owner_take_turns() {
     let pids: std::collections::BTreeSet<u32> = entries.iter().map(|e| e.pid).collect();
     assert_eq!(pids.len(), 2, "both commands ran: {entries:?}");
     assert_eq!(entries.len(), 2 * 2 * 25, "both ran to the end");
-    common::assert_checked(&checked);
+    cli::assert_checked(&checked);
 }
 
 fn runner_index(r: &Running) -> Option<usize> {

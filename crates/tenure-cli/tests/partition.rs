@@ -6,17 +6,17 @@
 //! pass `tenure check`. The time from the fault to full service is printed (the partition
 //! bench reports it over many runs); the tests assert service within the fault window.
 
-mod common;
+use tenure_test_kit::cli;
 
 use std::time::Duration;
 
-use common::cluster::Cluster;
-use common::lives::shard_lives;
-use common::service::{
+use cli::cluster::Cluster;
+use cli::lives::shard_lives;
+use cli::service::{
     ASK_TIMEOUT_NS, KEYS, full_service_after, loaded_cluster, now_ns, proxy_replies, served_keys,
     wait_all_keys_served,
 };
-use common::shards::{live_shards, load_requests};
+use cli::shards::{live_shards, load_requests};
 use tenure::history::Event;
 
 /// How long a fault lasts. The harness's timing (unreachable-after 1.5 s, stable-after
@@ -112,7 +112,7 @@ fn during(
         "after healing, every running node answers every key",
         Duration::from_secs(30),
     );
-    common::assert_checked(&c.history);
+    cli::assert_checked(&c.history);
     c
 }
 
@@ -281,7 +281,7 @@ fn a_store_outage_longer_than_the_member_ttl_downs_every_node_and_all_rejoin_in_
         .expect("write-lock the lease file");
     c.record_about("store", Event::StoreLocked {});
     let locked = now_ns();
-    std::thread::sleep(tenure_cli::harness::MEMBER_TTL * 3);
+    std::thread::sleep(tenure_cli::demo::cluster::MEMBER_TTL * 3);
     lock.execute_batch("COMMIT").expect("unlock the lease file");
     c.record_about("store", Event::StoreUnlocked {});
     let history = c.history();
@@ -320,7 +320,7 @@ fn a_store_outage_longer_than_the_member_ttl_downs_every_node_and_all_rejoin_in_
         "after the outage, every node answers every key",
         Duration::from_secs(30),
     );
-    common::assert_checked(&c.history);
+    cli::assert_checked(&c.history);
 }
 
 /// Flaps the link between nodes 0 and 1 for the whole fault: cut for `cut`, then flowing

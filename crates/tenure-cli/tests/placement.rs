@@ -3,11 +3,11 @@
 //! (A test binary of its own: it does not load the machine while cluster.rs's timing
 //! tests run.)
 
-mod common;
+use tenure_test_kit::cli;
 
 use std::time::Duration;
 
-use common::cluster::{Cluster, Options, TestCluster};
+use cli::cluster::{Cluster, Options, TestCluster};
 
 fn status_of(c: &Cluster, viewer: usize, addr: &str) -> Option<String> {
     c.members(viewer)?
@@ -27,7 +27,7 @@ fn a_node_with_another_number_of_shards_is_refused_at_join() {
         tail: "[sharding]\nnumber-of-shards = 30\n".into(),
         ..Options::default()
     };
-    let port = common::cluster::free_ports(1)[0];
+    let port = cli::cluster::free_ports(1)[0];
     let seed = c.nodes[0].addr.clone();
     let i = c.add_node(port, &seed, &other);
     c.spawn(i);
@@ -56,7 +56,7 @@ fn a_node_with_another_number_of_shards_is_refused_at_join() {
             "node {viewer} does not count it"
         );
     }
-    common::assert_checked(&c.history);
+    cli::assert_checked(&c.history);
 }
 
 /// Two nodes with different placements joining at once: each writes its member lease
@@ -69,7 +69,7 @@ fn two_nodes_with_different_placements_joining_at_once_never_both_stay() {
         tail: "[sharding]\nnumber-of-shards = 30\n".into(),
         ..Options::default()
     };
-    let port = common::cluster::free_ports(1)[0];
+    let port = cli::cluster::free_ports(1)[0];
     let seed = c.nodes[0].addr.clone();
     c.add_node(port, &seed, &other);
     c.spawn(0);
@@ -89,5 +89,5 @@ fn two_nodes_with_different_placements_joining_at_once_never_both_stay() {
     assert!(refused >= 1, "at least one refused itself");
     let still: Vec<usize> = (0..2).filter(|i| c.is_running(*i)).collect();
     assert!(still.len() <= 1, "never both stay: {still:?}");
-    common::assert_checked(&c.history);
+    cli::assert_checked(&c.history);
 }

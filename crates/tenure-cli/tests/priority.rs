@@ -2,11 +2,9 @@
 //! `lease acquire --hold` asks a holding process to give the lease up; the holder prints
 //! the request, releases, and the requester holds it with a higher token.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use tenure_test_kit::cli::*;
 
 const LIMIT: Duration = Duration::from_secs(30);
 

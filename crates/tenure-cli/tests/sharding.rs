@@ -7,18 +7,18 @@
 //! tokens increasing per shard, every entity inside its shard and its lease, no
 //! stale-token write accepted) and no acknowledged increment may be lost.
 
-mod common;
+use tenure_test_kit::cli;
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::cluster::{Cluster, TestCluster};
-use common::lives::shard_lives;
-use common::shards::{
+use cli::cluster::{Cluster, TestCluster};
+use cli::lives::shard_lives;
+use cli::shards::{
     check_acks, live_shards, load_requests, open_loop_options, sharded_cluster, shards_on,
 };
-use tenure::sharding::counter::counter_name;
 use tenure::sqlite::FencedCounter;
+use tenure_cli::demo::counter::counter_name;
 
 /// One cluster at a time: four 3-node clusters with load at once starve a 2-core machine.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -67,7 +67,7 @@ fn wait_acks_after(c: &Cluster, after: i64, n: usize) {
 /// The final safety checks of a run: the history, and no acknowledged increment lost.
 fn final_checks(c: &Cluster) {
     let history = c.history();
-    common::assert_checked(&c.history);
+    cli::assert_checked(&c.history);
     let counter = FencedCounter::open(&c.counter_file()).expect("open the counter");
     let acked = check_acks(&history, |key| {
         counter
@@ -239,8 +239,7 @@ fn rebalances_under_open_loop_load_keep_every_key_answered_from_every_node() {
     ));
     let history = c.history();
     // The moves: a shard stopped for a hand-off, and its next life (on another node).
-    let mut lives: std::collections::BTreeMap<String, Vec<common::lives::Life>> =
-        Default::default();
+    let mut lives: std::collections::BTreeMap<String, Vec<cli::lives::Life>> = Default::default();
     for l in shard_lives(&history) {
         lives.entry(l.subject.clone()).or_default().push(l);
     }

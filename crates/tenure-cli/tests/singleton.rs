@@ -4,12 +4,12 @@
 //! node's hold of the lease), tokens increasing, and the fenced counter never accepting an
 //! older token after a newer one.
 
-mod common;
+use tenure_test_kit::cli;
 
 use std::time::Duration;
 
-use common::cluster::{Cluster, Options, TestCluster};
-use common::lives::{Life, frozen, singleton_lives};
+use cli::cluster::{Cluster, Options, TestCluster};
+use cli::lives::{Life, frozen, singleton_lives};
 
 /// The instances of singleton `s1` the history shows, in start order.
 fn instances(c: &Cluster) -> Vec<Life> {
@@ -97,7 +97,7 @@ fn sigkill_of_the_host_moves_the_singleton_after_the_ttl() {
     let instances = instances(&c);
     assert_eq!(instances.len(), 2, "{instances:?}");
     assert_eq!(instances[0].why, "killed");
-    common::assert_checked(&c.history);
+    cli::assert_checked(&c.history);
 }
 
 #[test]
@@ -131,7 +131,7 @@ fn a_host_paused_past_the_ttl_finds_its_lease_lost_and_stops() {
             .any(|w| old.why.contains(w)),
         "stopped because its lease or its membership lapsed: {old:?}"
     );
-    common::assert_checked(&c.history);
+    cli::assert_checked(&c.history);
 }
 
 #[test]
@@ -151,5 +151,5 @@ fn graceful_leave_hands_the_singleton_over() {
     let new = instances.last().unwrap();
     let gap_ms = (new.start - old.end.unwrap()) as f64 / 1e6;
     assert!(gap_ms >= 0.0, "no overlap: gap {gap_ms} ms");
-    common::assert_checked(&c.history);
+    cli::assert_checked(&c.history);
 }

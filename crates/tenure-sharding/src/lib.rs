@@ -8,14 +8,35 @@
 //! grant's fencing token.
 //!
 //! ```no_run
-//! # async fn run(node: &tenure_cluster::Node, provider: &tenure_lease::LeaseProvider,
-//! #              counter: tenure_store_sqlite::FencedCounter) -> Result<(), Box<dyn std::error::Error>> {
+//! # async fn run(node: &tenure_cluster::Node, provider: &tenure_lease::LeaseProvider)
+//! #     -> Result<(), Box<dyn std::error::Error>> {
 //! use std::time::Duration;
-//! use tenure_sharding::counter::{Counter, CounterReply, CounterRequest};
-//! let factory = tenure_sharding::entity_factory(Counter { counter });
-//! let region = tenure_sharding::start_on_node(node, provider, "counter", Some(factory)).await?;
-//! let reply: CounterReply = region.ask("alice", &CounterRequest::Increment, Duration::from_secs(5)).await?;
-//! println!("alice = {:?} (token {})", reply.value, reply.token);
+//! use ractor::ActorProcessingErr;
+//! use tenure_sharding::{Entity, EntityContext};
+//!
+//! /// Counts the asks each entity got since it started (its state lives in the actor).
+//! struct Visits;
+//!
+//! impl Entity for Visits {
+//!     type Request = ();
+//!     type Reply = u64;
+//!     type State = u64;
+//!
+//!     async fn start(&self, _ctx: &EntityContext) -> Result<u64, ActorProcessingErr> {
+//!         Ok(0)
+//!     }
+//!
+//!     async fn handle(&self, _ctx: &EntityContext, seen: &mut u64, _: ())
+//!         -> Result<u64, ActorProcessingErr> {
+//!         *seen += 1;
+//!         Ok(*seen)
+//!     }
+//! }
+//!
+//! let factory = tenure_sharding::entity_factory(Visits);
+//! let region = tenure_sharding::start_on_node(node, provider, "visits", Some(factory)).await?;
+//! let seen: u64 = region.ask("alice", &(), Duration::from_secs(5)).await?;
+//! println!("alice: {seen} visits");
 //! # Ok(()) }
 //! ```
 //!
@@ -32,12 +53,11 @@
 //! for the lease, which the old host gives back on hand-off, or which expires at most one
 //! ttl after the old host's last renewal (a crashed, frozen or cut-off node). A node frozen
 //! past its ttl may still run a write it started before the freeze: that write carries the
-//! old fencing token, which a resource that checks tokens (as [`counter::Counter`] does)
+//! old fencing token, which a resource that checks tokens (as `tenure demo`'s counter does)
 //! refuses once the new host has written.
 
 pub mod allocation;
 mod coordinator;
-pub mod counter;
 mod entity;
 mod messages;
 pub mod metrics;

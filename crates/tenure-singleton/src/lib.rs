@@ -10,7 +10,6 @@
 mod manager;
 mod proxy;
 mod settings;
-pub mod ticker;
 
 pub use manager::{
     ManagerMsg, SingletonContext, SingletonManager, SingletonSpec, SingletonStatus, Spawner,

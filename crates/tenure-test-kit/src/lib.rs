@@ -1,9 +1,19 @@
-//! Real servers for Tenure's tests and benchmarks, each on free loopback ports with its data
-//! in a temporary directory, stopped when dropped: PostgreSQL ([`postgres`]), etcd
-//! ([`etcd`]) and ZooKeeper ([`zookeeper`]), from their Debian packages (`.ci/test.sh`
-//! installs them). A missing server is a loud failure naming the package, never a skip.
+//! What Tenure's tests and benchmarks share (not published).
+//!
+//! Real servers, each on free loopback ports with its data in a temporary directory,
+//! stopped when dropped: PostgreSQL ([`postgres`]), etcd ([`etcd`]) and ZooKeeper
+//! ([`zookeeper`]), from their Debian packages (`.ci/test.sh` installs them). A missing
+//! server is a loud failure naming the package, never a skip.
+//!
+//! The multi-process harness of `tenure-cli`'s tests and benches (`cli`, feature `cli`):
+//! `tenure` processes in a sandbox, clusters of nodes with faults (the demo's cluster
+//! harness, with this build's binary), what their histories show; and [`example`] runs a
+//! built example.
 
+#[cfg(feature = "cli")]
+pub mod cli;
 pub mod etcd;
+pub mod example;
 pub mod postgres;
 pub mod signal;
 pub mod zookeeper;

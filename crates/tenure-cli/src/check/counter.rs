@@ -31,7 +31,7 @@ pub fn check_counter_acks(events: &[Entry], counter: &Path) -> Result<AckCheck, 
         })?;
     let failed = std::cell::Cell::new(None);
     let acks = check_acks(events, &|key| match file
-        .get(&tenure::sharding::counter::counter_name(key))
+        .get(&crate::demo::counter::counter_name(key))
     {
         Ok(v) => v.map(|(value, _)| value),
         Err(e) => {

@@ -1,13 +1,16 @@
-//! `tenure demo`: a local cluster of `tenure node` processes hosting a sharded counter and
-//! a singleton under client load, put through a scenario of faults (SIGKILL, SIGSTOP past
+//! `tenure demo`: a local cluster of `tenure demo node` processes hosting a sharded counter
+//! and a singleton under client load, put through a scenario of faults (SIGKILL, SIGSTOP past
 //! the ttl, a cut link, a graceful leave, restarts), with a live progress line, then a
 //! summary (operations acknowledged, fail-over per fault, grants and losses), the safety
 //! verdict on the recorded history and an HTML report of who held which lease when.
 
+pub mod cluster;
+pub mod counter;
 pub mod progress;
 pub mod report;
 pub mod scenario;
 pub mod summary;
+pub mod ticker;
 pub mod timeline;
 
 use std::collections::BTreeSet;
@@ -17,13 +20,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::check;
-use crate::harness::{Cluster, Options};
+use cluster::{Cluster, Options};
 use progress::Live;
 use scenario::{Fault, Scenario, SplitMix, Step};
 use summary::Summary;
 use timeline::Timeline;
 
-/// The entity type of the example sharded counter (`tenure node --sharded-counter`).
+/// The entity type of the demo's sharded counter (`tenure demo node --sharded-counter`).
 const COUNTER_TYPE: &str = "counter";
 /// The demo's singleton.
 const SINGLETON: &str = "demo";

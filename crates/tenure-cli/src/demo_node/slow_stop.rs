@@ -1,6 +1,6 @@
-//! Fault injection for tests (`tenure node --slow-stop-when FILE`): while FILE exists, the
-//! example entities and singleton instances of this node take [`SLOW_STOP`] to stop, far
-//! longer than any stop budget, as a user's entity that flushes slowly or ignores stop
+//! Fault injection for tests (`tenure demo node --slow-stop-when FILE`): while FILE exists,
+//! the example entities and singleton instances of this node take [`SLOW_STOP`] to stop,
+//! far longer than any stop budget, as a user's entity that flushes slowly or ignores stop
 //! would. Their supervisors must kill them within the stop budget, before the lease's local
 //! deadline; `tenure check` judges whether they did.
 

@@ -2,11 +2,11 @@
 //! its first token, moves to another node after the SIGKILL with a newer token, and keeps
 //! counting.
 
-mod common;
+use tenure_test_kit::example::run_example;
 
 #[test]
 fn the_singleton_example_fails_over_and_keeps_counting() {
-    let text = common::run_example("singleton_ticks");
+    let text = run_example("singleton_ticks");
     let values: Vec<(u64, u64)> = text
         .lines()
         .filter_map(|l| {

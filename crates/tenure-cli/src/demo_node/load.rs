@@ -1,4 +1,4 @@
-//! The increment load of `tenure node --load-keys N`: asks to the example sharded counter
+//! The increment load of `tenure demo node --load-keys N`: asks to the demo's sharded counter
 //! through the node's region, each recorded in the history with the instant it was issued
 //! (`ack` when acknowledged, `no_ack` with the reason otherwise), so that availability and
 //! latency can be read per key from the history (`tenure_cli::availability`).
@@ -14,7 +14,7 @@ use std::time::Duration;
 use tenure::cluster::History;
 use tenure::history::Event;
 use tenure::sharding::ShardRegion;
-use tenure::sharding::counter::{CounterReply, CounterRequest};
+use tenure_cli::demo::counter::{CounterReply, CounterRequest};
 use tokio::time::{Instant, MissedTickBehavior};
 
 /// Concurrent workers of the closed loop.

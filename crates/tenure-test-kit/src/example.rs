@@ -1,4 +1,4 @@
-//! Helpers shared by the example tests.
+//! Running the examples of the package under test, for tests that check what they print.
 
 use std::process::Command;
 

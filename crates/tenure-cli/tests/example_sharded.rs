@@ -3,11 +3,11 @@
 //! hosting node, and the keys that lived there are served by another node afterwards.
 
 use std::collections::BTreeMap;
-mod common;
+use tenure_test_kit::example::run_example;
 
 #[test]
 fn the_sharded_counter_example_counts_every_key_through_a_node_failure() {
-    let text = common::run_example("sharded_counter");
+    let text = run_example("sharded_counter");
     let killed = text
         .lines()
         .find_map(|l| l.strip_prefix("SIGKILL of node "))

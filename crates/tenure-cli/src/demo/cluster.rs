@@ -1,8 +1,9 @@
-//! Multi-process cluster harness: N `tenure node` processes on 127.0.0.1 sharing a temp
-//! SQLite store (or the store of a given lease config), with faults (SIGKILL,
-//! SIGSTOP/SIGCONT, graceful stop, restart, link cuts) recorded in the shared history, and
-//! the nodes' views and histories for assertions. Used by `tenure demo`, the multi-process
-//! tests and the fail-over benchmarks.
+//! Multi-process cluster harness: N `tenure node` (or, hosting the examples, `tenure demo
+//! node`) processes on 127.0.0.1 sharing a temp SQLite store (or the store of a given lease
+//! config), with faults (SIGKILL, SIGSTOP/SIGCONT, graceful stop, restart, link cuts)
+//! recorded in the shared history, and the nodes' views and histories for assertions. Used
+//! by `tenure demo`; the multi-process tests and the fail-over benchmarks reach it through
+//! the test kit (`tenure_test_kit::cli::cluster`).
 //!
 //! The harness is a test tool: it panics (naming the node and what it waited for) when a
 //! node cannot be started, signalled or asked.
@@ -32,7 +33,8 @@ pub struct Options {
     /// `(key, value)` pairs replacing the harness's own `key = …` lines
     /// (e.g. `("member-lease-ttl", "\"10s\"")`).
     pub overrides: Vec<(String, String)>,
-    /// Extra arguments of `tenure node` (e.g. `--singleton s1`).
+    /// Arguments of `tenure demo node` (e.g. `--singleton s1`): with any, the nodes run
+    /// `tenure demo node` with them, hosting the demo's examples; without, `tenure node`.
     pub node_args: Vec<String>,
     /// The shared history file (default: `history.jsonl` in the cluster's temp dir, which
     /// is removed with the cluster).
@@ -91,7 +93,8 @@ pub struct Row {
     pub sessions: u64,
 }
 
-/// A local cluster of `tenure node` processes; dropping it kills every node still running.
+/// A local cluster of `tenure node` (or `tenure demo node`) processes; dropping it kills
+/// every node still running.
 pub struct Cluster {
     pub dir: tempfile::TempDir,
     pub nodes: Vec<NodeProc>,
@@ -102,7 +105,7 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// The fenced counter file the example singletons and sharded counters write.
+    /// The fenced counter file the demo's singletons and sharded counters write.
     pub fn counter_file(&self) -> PathBuf {
         self.dir.path().join("counter.sqlite")
     }
@@ -277,7 +280,12 @@ release-after = "10s"
     /// Starts (or restarts) node `i` and waits for its "started" line.
     pub fn spawn(&mut self, i: usize) {
         assert!(self.nodes[i].child.is_none(), "node {i} is already running");
-        let mut cmd = self.command(i, &["node", "--history"]);
+        let node: &[&str] = if self.nodes[i].args.is_empty() {
+            &["node", "--history"]
+        } else {
+            &["demo", "node", "--history"]
+        };
+        let mut cmd = self.command(i, node);
         cmd.arg(&self.history)
             .args(&self.nodes[i].args)
             .env("TENURE_LOG", "info,ractor_cluster=warn,ractor=warn")

@@ -1,13 +1,14 @@
 //! A sharded counter on a 3-node local cluster, driven from a fourth, proxy-only node.
 //!
-//! Run: `cargo run --example sharded_counter`. The program starts three node processes
-//! (itself, in node mode) on 127.0.0.1 sharing a temp SQLite lease store; each hosts the
-//! entity type `counter` (role `counter`, 16 shards). It then joins the cluster itself as a
-//! node without the role (a proxy-only region) and increments a few keys through its
-//! region: each key's entity runs on one node, under its shard's lease, and writes the
-//! counter file with that lease's fencing token. After a few rounds it SIGKILLs a hosting
-//! node: that node's shards move to the others once their leases expire (3 s), and the
-//! counting goes on from where it stopped.
+//! Run: `cargo run -p tenure-cli --example sharded_counter`. The program starts three node
+//! processes (itself, in node mode) on 127.0.0.1 sharing a temp SQLite lease store; each
+//! hosts the entity type `counter` (role `counter`, 16 shards: the demo's
+//! [`tenure_cli::demo::counter`]). It then joins the cluster itself as a node without the
+//! role (a proxy-only region) and increments a few keys through its region: each key's
+//! entity runs on one node, under its shard's lease, and writes the counter file with that
+//! lease's fencing token. After a few rounds it SIGKILLs a hosting node: that node's shards
+//! move to the others once their leases expire (3 s), and the counting goes on from where it
+//! stopped.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -15,9 +16,9 @@ use std::time::Duration;
 
 use tenure::TenureConfig;
 use tenure::cluster::{ClusterSettings, Node};
-use tenure::sharding::counter::{Counter, CounterReply, CounterRequest};
 use tenure::sharding::{ShardRegion, entity_factory};
 use tenure::sqlite::FencedCounter;
+use tenure_cli::demo::counter::{Counter, CounterReply, CounterRequest};
 
 const KEYS: [&str; 4] = ["alice", "bob", "carol", "dave"];
 

@@ -3,8 +3,6 @@
 //! alone ([`super::assert_checked`]); this reads the lives through the checker's own
 //! [`actions`], so both see the same thing.
 
-#![allow(dead_code)]
-
 use serde_json::Value;
 use tenure_cli::check::actions::{ActionKind, actions};
 use tenure_cli::check::{Entry, Event};

@@ -1,14 +1,13 @@
-//! An example entity: a counter per key in a [`FencedCounter`] file, written with the
+//! The demo's entity: a counter per key in a [`FencedCounter`] file, written with the
 //! fencing token of the key's shard, so that a stale host's late write is refused by the
-//! counter itself. `tenure node --sharded-counter` hosts it; `examples/sharded_counter.rs`
-//! runs it on a 3-node cluster.
+//! counter itself. `tenure demo node --sharded-counter` hosts it;
+//! `examples/sharded_counter.rs` runs it on a 3-node cluster.
 
 use ractor::ActorProcessingErr;
 use serde::{Deserialize, Serialize};
-use tenure_lease::history::Event;
-use tenure_store_sqlite::FencedCounter;
-
-use crate::entity::{Entity, EntityContext};
+use tenure::history::Event;
+use tenure::sharding::{Entity, EntityContext};
+use tenure::sqlite::FencedCounter;
 
 /// What a counter entity is asked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

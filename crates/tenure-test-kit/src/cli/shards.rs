@@ -2,8 +2,6 @@
 //! (shards on one node at a time, tokens, entities inside their shards, stale writes, prompt
 //! stops after a freeze) is judged by `tenure check` alone ([`super::assert_checked`]).
 
-#![allow(dead_code)]
-
 use std::collections::BTreeSet;
 use std::time::Duration;
 

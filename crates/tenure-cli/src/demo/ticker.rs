@@ -1,14 +1,15 @@
-//! An example singleton: every `interval` it adds one to a [`FencedCounter`] with the
+//! The demo's singleton: every `interval` it adds one to a [`FencedCounter`] with the
 //! fencing token of its grant, and records each tick (accepted or refused) in the node's
-//! history. `tenure node --singleton NAME` hosts it; `examples/singleton_ticks.rs` runs it.
+//! history. `tenure demo node --singleton NAME` hosts it; `examples/singleton_ticks.rs`
+//! runs it.
 
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use serde::{Deserialize, Serialize};
-use tenure_cluster::History;
-use tenure_lease::history::Event;
-use tenure_store_sqlite::FencedCounter;
+use tenure::cluster::History;
+use tenure::history::Event;
+use tenure::sqlite::FencedCounter;
 
 /// Asks the ticker for its counter.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -26,7 +27,7 @@ pub struct CountReply {
 #[derive(Debug)]
 pub struct Tick;
 
-tenure_cluster::cluster_message! {
+tenure::cluster::cluster_message! {
     /// Messages of the ticker singleton.
     pub enum TickerMsg {
         call Count(CountRequest) -> CountReply,

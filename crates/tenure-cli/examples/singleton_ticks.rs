@@ -1,9 +1,10 @@
 //! A singleton that counts ticks into a fenced store, on a 3-node local cluster.
 //!
-//! Run: `cargo run --example singleton_ticks`. The program starts three node processes
-//! (itself, in node mode) on 127.0.0.1 sharing a temp SQLite lease store. The oldest node
-//! holds the lease `tenure-singleton-ticks` and runs the ticker, which adds one to a fenced
-//! counter every 100 ms with its lease's fencing token. After a while the program SIGKILLs
+//! Run: `cargo run -p tenure-cli --example singleton_ticks`. The program starts three node
+//! processes (itself, in node mode) on 127.0.0.1 sharing a temp SQLite lease store. The
+//! oldest node holds the lease `tenure-singleton-ticks` and runs the demo's ticker
+//! ([`tenure_cli::demo::ticker`]), which adds one to a fenced counter every 100 ms with its
+//! lease's fencing token. After a while the program SIGKILLs
 //! the node that holds it: once the lease expires (3 s), the next oldest takes over with a
 //! newer token, and the counter keeps counting. A write carrying an older token would be
 //! refused by the counter itself.
@@ -15,8 +16,8 @@ use std::time::Duration;
 use tenure::TenureConfig;
 use tenure::cluster::{ClusterSettings, Node};
 use tenure::singleton::spawner;
-use tenure::singleton::ticker::{Ticker, TickerArgs};
 use tenure::sqlite::FencedCounter;
+use tenure_cli::demo::ticker::{Ticker, TickerArgs};
 
 const NAME: &str = "ticks";
 

@@ -3,8 +3,6 @@
 //! node in a span, the singleton's answers to a node's proxy, and when full service came
 //! back after a fault. Shared by the partition tests and the partition bench.
 
-#![allow(dead_code)]
-
 use std::collections::BTreeSet;
 use std::time::Duration;
 

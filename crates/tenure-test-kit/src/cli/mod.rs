@@ -1,6 +1,7 @@
-//! Helpers for tests that run `tenure` processes against one SQLite file.
-
-#![allow(dead_code)]
+//! Helpers for tests and benches of `tenure-cli` that run `tenure` processes against one
+//! SQLite file: a sandbox config, running processes and their output, guarded commands'
+//! histories, `tenure check` on a history, and (submodules) clusters of nodes, what their
+//! histories show running where, and the service of the demo's load.
 
 pub mod cluster;
 pub mod lives;
@@ -10,10 +11,26 @@ pub mod shards;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
+use std::sync::{LazyLock, mpsc};
 use std::time::{Duration, Instant};
 
-pub const TENURE: &str = env!("CARGO_BIN_EXE_tenure");
+/// The `tenure` executable of this build, in the target directory above the running test's
+/// or bench's `deps` directory (cargo builds a package's binaries for its integration tests
+/// and benches): only tests and benches of `tenure-cli` may start it.
+pub static TENURE: LazyLock<PathBuf> = LazyLock::new(|| {
+    let exe = std::env::current_exe().expect("test binary path");
+    let tenure = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target profile dir")
+        .join("tenure");
+    assert!(
+        tenure.exists(),
+        "no `tenure` executable at {}: run this from a test or bench of tenure-cli",
+        tenure.display()
+    );
+    tenure
+});
 
 /// The `heartbeat-timeout` of the sandbox config.
 pub const TTL: Duration = Duration::from_secs(3);
@@ -24,6 +41,12 @@ pub const TTL: Duration = Duration::from_secs(3);
 pub struct Sandbox {
     pub dir: tempfile::TempDir,
     pub config: PathBuf,
+}
+
+impl Default for Sandbox {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl Sandbox {
@@ -46,7 +69,7 @@ impl Sandbox {
     }
 
     pub fn command(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new(TENURE);
+        let mut cmd = Command::new(&*TENURE);
         cmd.arg("--config").arg(&self.config).args(args);
         cmd.env_remove("TENURE_CONFIG");
         cmd
@@ -217,7 +240,7 @@ pub const RESUME_GRACE: &str = "3s";
 /// Runs `tenure check --all` on the history at `path` and fails the test with its output
 /// unless the verdict is safe. Returns the checker's summary line.
 pub fn assert_checked(path: &Path) -> String {
-    let out = Command::new(TENURE)
+    let out = Command::new(&*TENURE)
         .args(["check", "--all", "--resume-grace", RESUME_GRACE])
         .arg(path)
         .output()

@@ -1,11 +1,9 @@
-//! The multi-process cluster harness (`tenure_cli::harness`) with this build's `tenure`
-//! binary: `Cluster::start(n)`, `Cluster::start_with(n, &options)` and friends.
+//! The multi-process cluster harness (`tenure_cli::demo::cluster`) with this build's
+//! `tenure` binary: `Cluster::start(n)`, `Cluster::start_with(n, &options)` and friends.
 
-#![allow(dead_code)]
+pub use tenure_cli::demo::cluster::*;
 
-pub use tenure_cli::harness::*;
-
-pub const TENURE: &str = env!("CARGO_BIN_EXE_tenure");
+pub use super::TENURE;
 
 /// Constructors of harness clusters running this build's `tenure` binary.
 pub trait TestCluster {
@@ -20,18 +18,18 @@ pub trait TestCluster {
 
 impl TestCluster for Cluster {
     fn new(n: usize) -> Cluster {
-        Cluster::configure(TENURE.as_ref(), n, &Options::default())
+        Cluster::configure(&TENURE, n, &Options::default())
     }
 
     fn with_options(n: usize, options: &Options) -> Cluster {
-        Cluster::configure(TENURE.as_ref(), n, options)
+        Cluster::configure(&TENURE, n, options)
     }
 
     fn start(n: usize) -> Cluster {
-        Cluster::launch(TENURE.as_ref(), n, &Options::default())
+        Cluster::launch(&TENURE, n, &Options::default())
     }
 
     fn start_with(n: usize, options: &Options) -> Cluster {
-        Cluster::launch(TENURE.as_ref(), n, options)
+        Cluster::launch(&TENURE, n, options)
     }
 }

@@ -1,0 +1,241 @@
+//! `tenure demo node`: one node of the demo's cluster. It runs what `tenure node` runs and
+//! hosts the demo's examples besides: ticker singletons, the sharded counter, the increment
+//! load through the node's region, and the slow-stop fault injection of the tests.
+
+mod load;
+mod slow_stop;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tenure::cluster::{ClusterSettings, Node};
+use tenure::sqlite::FencedCounter;
+use tenure::{LeaseProvider, TenureConfig};
+use tenure_cli::demo::counter::Counter;
+use tenure_cli::demo::ticker::{CountRequest, Ticker, TickerArgs, TickerMsg};
+use tenure_management::Management;
+use tenure_singleton::spawner;
+
+use crate::exit::{CliError, Outcome};
+use load::Load;
+use slow_stop::{SlowStopSwitch, SlowStoppingActor, SlowStoppingEntity};
+
+/// `tenure demo node` flags.
+#[derive(clap::Args, Debug)]
+pub struct DemoNodeArgs {
+    /// Append the node's events (JSON Lines, host CLOCK_BOOTTIME) to this file.
+    #[arg(long)]
+    history: Option<PathBuf>,
+    /// Host the example singleton NAME (repeatable): the oldest member runs it under the
+    /// lease <system>-singleton-NAME; it adds one to a fenced counter every --tick.
+    #[arg(long = "singleton", value_name = "NAME")]
+    singletons: Vec<String>,
+    /// The SQLite file of the fenced counters the example singletons write.
+    #[arg(long, default_value = "/tmp/tenure-counter.sqlite")]
+    counter: PathBuf,
+    /// How often an example singleton ticks.
+    #[arg(long, default_value = "100ms", value_parser = tenure::duration::parse)]
+    tick: Duration,
+    /// Host the example sharded counter (entity type `counter`, [sharding.counter]): one
+    /// entity per key, each increment written to the --counter file with its shard's
+    /// fencing token.
+    #[arg(long)]
+    sharded_counter: bool,
+    /// Drive increments of keys key-0..key-(N-1) through this node's region, recording
+    /// each request in the history when it ends: `ack` (acknowledged) or `no_ack` (with
+    /// why), both with the instant it was `issued`. Closed loop by default (8 workers,
+    /// each one increment at a time); open loop with --load-rate.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    load_keys: usize,
+    /// Closed loop: pause between two increments of one load worker.
+    #[arg(long, default_value = "20ms", value_parser = tenure::duration::parse)]
+    load_interval: Duration,
+    /// Open loop: ask every key this many times per second on a fixed schedule, whether
+    /// or not earlier asks were answered.
+    #[arg(long, value_name = "PER_SECOND", value_parser = parse_rate)]
+    load_rate: Option<f64>,
+    /// How long each increment waits for its answer before it counts as not
+    /// acknowledged.
+    #[arg(long, default_value = "5s", value_parser = tenure::duration::parse)]
+    load_timeout: Duration,
+    /// Fault injection for tests (needs `cluster.fault-injection = true`): while FILE
+    /// exists, the example entities and singletons take a minute to stop, so that only
+    /// their supervisors' kills end them in time.
+    #[arg(long, value_name = "FILE")]
+    slow_stop_when: Option<PathBuf>,
+}
+
+/// `--load-rate`: a finite number of requests per second above zero.
+fn parse_rate(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(rate) if rate.is_finite() && rate > 0.0 => Ok(rate),
+        _ => Err(format!(
+            "`{text}` is not a rate: give requests per second per key, a number above 0 (e.g. 20 or 0.5)"
+        )),
+    }
+}
+
+/// What a demo node hosts besides membership.
+struct Hosting<'a> {
+    /// Names of ticker singletons to host (the example singleton).
+    singletons: &'a [String],
+    /// The fenced counter file the tickers write.
+    counter: &'a Path,
+    tick: Duration,
+    /// Host the example sharded counter.
+    sharded_counter: bool,
+    /// The increment load driven through this node's region.
+    load: Option<Load>,
+    /// Fault injection: the example entities and singletons stop slowly while it is on.
+    slow_stop: Option<SlowStopSwitch>,
+}
+
+/// Runs a demo node as `tenure node` runs a node (until SIGTERM / Ctrl-C, then a graceful
+/// leave), hosting what `args` asks for once it started.
+pub async fn run(
+    config: &TenureConfig,
+    provider: &LeaseProvider,
+    args: DemoNodeArgs,
+) -> Result<Outcome, CliError> {
+    if args.slow_stop_when.is_some() && !ClusterSettings::from_config(config)?.fault_injection {
+        return Err(CliError::Command(
+            "--slow-stop-when is fault injection: it needs cluster.fault-injection = true".into(),
+        ));
+    }
+    let shape = match args.load_rate {
+        Some(rate) => load::Shape::Open { rate },
+        None => load::Shape::Closed {
+            pause: args.load_interval,
+        },
+    };
+    let hosting = Hosting {
+        singletons: &args.singletons,
+        counter: &args.counter,
+        tick: args.tick,
+        sharded_counter: args.sharded_counter,
+        load: (args.load_keys > 0).then_some(Load {
+            keys: args.load_keys,
+            shape,
+            timeout: args.load_timeout,
+        }),
+        slow_stop: args.slow_stop_when.clone().map(SlowStopSwitch::new),
+    };
+    crate::node_cmd::node(
+        config,
+        provider,
+        args.history.as_deref(),
+        async |node, management| host(node, provider, management, hosting).await,
+    )
+    .await
+}
+
+/// Starts the singletons, the sharded counter and the load `hosting` asks for on `node`.
+async fn host(
+    node: &Node,
+    provider: &LeaseProvider,
+    management: Option<&Management>,
+    hosting: Hosting<'_>,
+) -> Result<(), CliError> {
+    if !hosting.singletons.is_empty() {
+        let counter = FencedCounter::open(hosting.counter)?;
+        for name in hosting.singletons {
+            let (counter, name_owned, node_name, history, tick, slow) = (
+                counter.clone(),
+                name.clone(),
+                node.addr().to_string(),
+                node.history().cloned(),
+                hosting.tick,
+                hosting.slow_stop.clone(),
+            );
+            let make_args = move |token| TickerArgs {
+                name: name_owned.clone(),
+                token,
+                counter: counter.clone(),
+                interval: tick,
+                node: node_name.clone(),
+                history: history.clone(),
+            };
+            let spawner = match slow {
+                Some(switch) => spawner(move |token| {
+                    let inner = Ticker;
+                    let actor = SlowStoppingActor {
+                        inner,
+                        switch: switch.clone(),
+                    };
+                    (actor, make_args(token))
+                }),
+                None => spawner(move |token| (Ticker, make_args(token))),
+            };
+            tenure_singleton::start_on_node(node, provider, name, spawner)
+                .await
+                .map_err(|e| CliError::Command(e.to_string()))?;
+            probe_through_proxy(node, provider, name).await?;
+        }
+    }
+    if hosting.sharded_counter || hosting.load.is_some() {
+        let factory = hosting
+            .sharded_counter
+            .then(|| FencedCounter::open(hosting.counter))
+            .transpose()?
+            .map(|counter| match hosting.slow_stop.clone() {
+                Some(switch) => tenure::sharding::entity_factory(SlowStoppingEntity {
+                    inner: Counter { counter },
+                    switch,
+                }),
+                None => tenure::sharding::entity_factory(Counter { counter }),
+            });
+        let region = tenure::sharding::start_on_node(node, provider, COUNTER_TYPE, factory)
+            .await
+            .map_err(|e| CliError::Command(e.to_string()))?;
+        if let Some(m) = management {
+            m.add_region(region.clone());
+        }
+        if let Some(load) = hosting.load {
+            let start = usize::from(node.addr().port).wrapping_mul(7919);
+            load::drive(region, node.history().cloned(), start, load);
+        }
+    }
+    Ok(())
+}
+
+/// Every second, asks the singleton for its count through a proxy on this node and records
+/// the answer (`proxy_reply`, with the node that answered) in the history: shows `call`
+/// reaching the instance from every node.
+async fn probe_through_proxy(
+    node: &Node,
+    provider: &LeaseProvider,
+    name: &str,
+) -> Result<(), CliError> {
+    let proxy = tenure_singleton::proxy_on_node::<TickerMsg>(node, provider, name)
+        .await
+        .map_err(|e| CliError::Command(e.to_string()))?;
+    let (history, name) = (node.history().cloned(), name.to_string());
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            match proxy
+                .call(
+                    |r| TickerMsg::Count(CountRequest {}, r),
+                    Duration::from_secs(1),
+                )
+                .await
+            {
+                Ok(reply) => {
+                    if let Some(h) = &history {
+                        h.record(tenure::history::Event::ProxyReply {
+                            singleton: name.clone(),
+                            from: reply.node.clone(),
+                            token: Some(reply.token),
+                            value: reply.value,
+                        });
+                    }
+                }
+                Err(e) => tracing::debug!(error = %e, "proxy probe"),
+            }
+        }
+    });
+    Ok(())
+}
+
+/// The entity type of the example sharded counter.
+const COUNTER_TYPE: &str = "counter";
