@@ -30,15 +30,16 @@ pub fn check_counter_acks(events: &[Entry], counter: &Path) -> Result<AckCheck, 
             source,
         })?;
     let failed = std::cell::Cell::new(None);
-    let acks = check_acks(events, &|key| match file
-        .get(&crate::demo::counter::counter_name(key))
-    {
-        Ok(v) => v.map(|(value, _)| value),
-        Err(e) => {
-            failed.set(Some(e));
-            None
-        }
-    });
+    let acks = check_acks(
+        events,
+        &|key| match file.get(&crate::demo::counter::counter_name(key)) {
+            Ok(v) => v.map(|(value, _)| value),
+            Err(e) => {
+                failed.set(Some(e));
+                None
+            }
+        },
+    );
     match failed.take() {
         Some(source) => Err(CheckError::Counter {
             path: path(),
