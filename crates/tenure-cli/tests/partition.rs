@@ -43,14 +43,36 @@ fn kept_history(c: &Cluster) -> String {
     copy.display().to_string()
 }
 
+/// The nodes that neither downed themselves (or saw themselves down) nor were killed
+/// between `from` and `to`.
+fn stayed_up(c: &Cluster, from: i64, to: i64) -> Vec<usize> {
+    let history = c.history();
+    (0..c.nodes.len())
+        .filter(|i| {
+            !history.iter().any(|e| {
+                e["node"] == c.nodes[*i].addr.as_str()
+                    && ["sbr_down_self", "self_down", "killed"]
+                        .iter()
+                        .any(|k| e["event"] == *k)
+                    && e["t"].as_i64().is_some_and(|t| t >= from && t <= to)
+            })
+        })
+        .collect()
+}
+
 /// Waits out the fault and the asks issued in it, then judges service during the fault:
-/// every key through every node in `survivors`, in the second half of the fault, and the
-/// singleton through their proxies, answered from a survivor.
+/// every key through every node in `survivors` and every other node that stayed up (a
+/// node the resolver did not have to down must serve too), in the second half of the
+/// fault, and the singleton through their proxies, answered from one of them.
 fn assert_served_during(c: &Cluster, survivors: &[usize], fault: i64, what: &str) {
     let history = c.history();
     let requests = load_requests(&history);
     let end = fault + FAULT.as_nanos() as i64;
-    let nodes: Vec<String> = survivors.iter().map(|i| c.nodes[*i].addr.clone()).collect();
+    let mut serving = survivors.to_vec();
+    serving.extend(stayed_up(c, fault, end));
+    serving.sort_unstable();
+    serving.dedup();
+    let nodes: Vec<String> = serving.iter().map(|i| c.nodes[*i].addr.clone()).collect();
     let back = full_service_after(&requests, &nodes, fault, end);
     eprintln!(
         "{what}: every key served from every surviving node again {back:?} s after the fault"
@@ -205,9 +227,12 @@ fn the_youngest_node_dropped_off_downs_itself_and_the_others_serve() {
 }
 
 #[test]
-fn a_partial_partition_downs_both_ends_of_the_cut_link_and_the_middle_serves() {
+fn a_partial_partition_downs_an_end_of_the_cut_link_and_the_rest_serves() {
     let _serial = serial();
     // 0 and 2 cannot hear each other; 1 hears both: 0 and 2 are indirectly connected.
+    // Each end decides for itself; once one end is down the other's table is whole again,
+    // so either both ends go (Akka's outcome) or the one that decided later stays and
+    // serves with the middle (then it is judged like the middle).
     let c = during(
         3,
         "partial partition (0-2 cut, 1 sees both)",
@@ -215,7 +240,11 @@ fn a_partial_partition_downs_both_ends_of_the_cut_link_and_the_middle_serves() {
         |c| c.set_link(0, 2, true),
         |c| c.set_link(0, 2, false),
     );
-    assert!(downed_itself(&c, 0) && downed_itself(&c, 2));
+    assert!(
+        downed_itself(&c, 0) || downed_itself(&c, 2),
+        "an end of the cut link went (history kept in {})",
+        kept_history(&c)
+    );
     assert!(!downed_itself(&c, 1));
 }
 
