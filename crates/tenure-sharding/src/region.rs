@@ -339,16 +339,25 @@ impl RegionState {
         let capacity = self.args.settings.buffer_size;
         if self.pending.get(&p.env.shard).map_or(0, VecDeque::len) >= capacity {
             let Pending { env, reply } = p;
-            if refuse_buffer_full(&self.args.type_name, &env.shard, &env.entity, capacity, reply) {
+            if refuse_buffer_full(
+                &self.args.type_name,
+                &env.shard,
+                &env.entity,
+                capacity,
+                reply,
+            ) {
                 self.dropped_tells += 1;
             }
             return;
         }
         let shard = p.env.shard.clone();
-        self.pending.entry(shard.clone()).or_default().push_back(Waiting {
-            p,
-            since: Instant::now(),
-        });
+        self.pending
+            .entry(shard.clone())
+            .or_default()
+            .push_back(Waiting {
+                p,
+                since: Instant::now(),
+            });
         self.pending_count += 1;
         self.ask_home(&shard).await;
     }
@@ -648,5 +657,182 @@ fn forward(region: ActorRef<RegionMsg>, mut p: Pending) -> Result<(), Pending> {
             tracing::warn!(error = %e, "message lost forwarding it to another region");
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use ractor::ActorProcessingErr;
+    use tenure_lease::TenureConfig;
+
+    use super::*;
+    use crate::{Entity, EntityContext, ShardRegion, ShardingError};
+
+    /// Never started in these tests: it only types their entity references.
+    struct Echo;
+
+    impl Entity for Echo {
+        type Request = String;
+        type Reply = String;
+        type State = ();
+
+        async fn start(&self, _: &EntityContext) -> Result<(), ActorProcessingErr> {
+            Ok(())
+        }
+
+        async fn handle(
+            &self,
+            _: &EntityContext,
+            _: &mut (),
+            request: String,
+        ) -> Result<String, ActorProcessingErr> {
+            Ok(request)
+        }
+    }
+
+    /// A proxy-only region of type `probe` whose coordinator never runs: no shard of it
+    /// ever gets a home.
+    async fn homeless_region(scope: &str, config: &str) -> ShardRegion {
+        let config = TenureConfig::from_toml_str(config, "test").unwrap();
+        let settings = Arc::new(ShardingSettings::from_config(&config, "probe", "memory").unwrap());
+        let coordinator =
+            SingletonProxy::<CoordinatorMsg>::start(scope, "sharding-probe-coordinator", 10)
+                .await
+                .unwrap();
+        let args = RegionArgs {
+            type_name: "probe".into(),
+            me: "127.0.0.1:1".into(),
+            scope: scope.into(),
+            system: "test".into(),
+            settings: settings.clone(),
+            hosting: None,
+            coordinator: coordinator.clone(),
+            history: None,
+        };
+        let (actor, _) = Actor::spawn(None, Region, args).await.unwrap();
+        ShardRegion {
+            type_name: "probe".into(),
+            node: "127.0.0.1:1".into(),
+            number_of_shards: settings.number_of_shards,
+            actor,
+            coordinator,
+        }
+    }
+
+    async fn snapshot(region: &ShardRegion) -> RegionSnapshot {
+        ractor::call!(region.actor(), |r| RegionMsg::Local(RegionLocal::Snapshot(
+            r
+        )))
+        .unwrap()
+    }
+
+    fn waiting(s: &RegionSnapshot) -> BTreeMap<String, usize> {
+        s.waiting.iter().cloned().collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_ask_to_a_shard_without_a_home_times_out_naming_it_and_is_not_kept() {
+        let region = homeless_region(
+            "region-ask-expiry",
+            "[sharding]\nretry-interval = \"500ms\"",
+        )
+        .await;
+        let alice = region.entity_ref::<Echo>("alice");
+        let timeout = Duration::from_secs(2);
+        let err = alice.ask(&"hello".to_string(), timeout).await.unwrap_err();
+        let ShardingError::Timeout {
+            type_name,
+            shard,
+            entity,
+            timeout: t,
+        } = &err
+        else {
+            panic!("not a timeout: {err}");
+        };
+        assert_eq!(
+            (type_name.as_str(), shard.clone(), entity.as_str(), *t),
+            ("probe", alice.shard(), "alice", timeout)
+        );
+        let text = err.to_string();
+        assert!(
+            text.contains("probe") && text.contains("alice") && text.contains(&alice.shard()),
+            "{text}"
+        );
+        // An ask whose port stays open past its timeout (a remote asker's: its node session
+        // holds the port) is dropped all the same.
+        let (tx, _kept_open) = tokio::sync::oneshot::channel();
+        let env = region.envelope("bob", &"hello".to_string()).unwrap();
+        region
+            .actor()
+            .cast(RegionMsg::Ask(env, (tx, timeout).into()))
+            .unwrap();
+        let bob = region.shard_of("bob");
+        assert!(waiting(&snapshot(&region).await).contains_key(&bob));
+        tokio::time::sleep(timeout).await;
+        // The region drops them at its next tick at the latest.
+        let mut left = BTreeMap::new();
+        for _ in 0..4 {
+            left = waiting(&snapshot(&region).await);
+            if left.is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        assert!(left.is_empty(), "the region still keeps {left:?}");
+        region.actor().stop_and_wait(None, None).await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_shard_buffer_refuses_with_the_type_and_shard_and_spares_other_shards() {
+        let region = homeless_region("region-shard-buffers", "[sharding]\nbuffer-size = 1").await;
+        let full = region.entity_ref::<Echo>("a");
+        let other_id = (0..)
+            .map(|i| format!("b{i}"))
+            .find(|id| region.shard_of(id) != full.shard())
+            .unwrap();
+        let other = region.entity_ref::<Echo>(other_id.clone());
+        full.tell(&"first".to_string()).unwrap();
+        let err = full
+            .ask(&"second".to_string(), Duration::from_secs(5))
+            .await
+            .unwrap_err();
+        match &err {
+            ShardingError::BufferFull {
+                type_name,
+                shard,
+                entity,
+                capacity,
+            } => assert_eq!(
+                (
+                    type_name.as_str(),
+                    shard.clone(),
+                    entity.as_str(),
+                    *capacity
+                ),
+                ("probe", full.shard(), "a", 1)
+            ),
+            other => panic!("not a full buffer: {other}"),
+        }
+        assert!(
+            err.to_string().contains(&format!("shard {}", full.shard())),
+            "{err}"
+        );
+        // A tell beyond it is dropped and counted.
+        full.tell(&"third".to_string()).unwrap();
+        let s = snapshot(&region).await;
+        assert_eq!(s.dropped_tells, 1);
+        assert_eq!(waiting(&s), BTreeMap::from([(full.shard(), 1)]));
+        // Another shard has a buffer of its own: its ask waits (and times out).
+        let err = other
+            .ask(&"elsewhere".to_string(), Duration::from_secs(1))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, ShardingError::Timeout { entity, .. } if *entity == other_id),
+            "{err}"
+        );
+        region.actor().stop_and_wait(None, None).await.unwrap();
     }
 }

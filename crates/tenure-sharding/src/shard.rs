@@ -524,7 +524,13 @@ impl ShardState {
         let capacity = self.args.settings.buffer_size;
         if self.waiting.len() >= capacity {
             let args = &self.args;
-            refuse_buffer_full(&args.type_name, &args.shard_id, &p.entity, capacity, p.reply);
+            refuse_buffer_full(
+                &args.type_name,
+                &args.shard_id,
+                &p.entity,
+                capacity,
+                p.reply,
+            );
         } else {
             self.waiting.push_back(p);
         }
