@@ -18,7 +18,7 @@ use tenure::TenureConfig;
 use tenure::cluster::{ClusterSettings, Node};
 use tenure::sharding::{ShardRegion, entity_factory};
 use tenure::sqlite::FencedCounter;
-use tenure_cli::demo::counter::{Counter, CounterReply, CounterRequest};
+use tenure_cli::demo::counter::{Counter, CounterRequest};
 
 const KEYS: [&str; 4] = ["alice", "bob", "carol", "dave"];
 
@@ -89,15 +89,18 @@ async fn round(region: &ShardRegion, label: &str) -> Result<(), String> {
             if tokio::time::Instant::now() > give_up {
                 return Err(format!("{label}: {key} not acknowledged within a minute"));
             }
-            match region
-                .ask::<_, CounterReply>(key, &CounterRequest::Increment, Duration::from_secs(5))
+            // Typed by the entity: the request must be a CounterRequest, the reply is a
+            // CounterReply.
+            let counter = region.entity_ref::<Counter>(key);
+            match counter
+                .ask(&CounterRequest::Increment, Duration::from_secs(5))
                 .await
             {
                 Ok(r) if r.accepted => {
                     println!(
                         "{label}: {key} = {} (shard {}, token {}, on {})",
                         r.value.unwrap_or(0),
-                        region.shard_of(key),
+                        counter.shard(),
                         r.token,
                         r.node
                     );

@@ -10,7 +10,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sha2::{Digest, Sha256};
 
-use crate::messages::AskReply;
+use crate::messages::{AskFailure, AskReply};
 use crate::shard::ShardMsg;
 
 /// The default shard of an entity: a stable hash of its id modulo the number of shards, so
@@ -168,16 +168,14 @@ impl<E: Entity> Actor for EntityActor<E> {
             Ok(reply) => {
                 if let Some(port) = msg.reply {
                     let result = tenure_cluster::codec::encode(KIND, &s.ctx.type_name, &reply)
-                        .map_err(|_| "reply could not be encoded".to_string());
+                        .map_err(|_| AskFailure::Other("reply could not be encoded".into()));
                     let _ = port.send(AskReply { result });
                 }
                 Ok(())
             }
             Err(e) => {
                 if let Some(port) = msg.reply {
-                    let _ = port.send(AskReply {
-                        result: Err(e.to_string()),
-                    });
+                    AskReply::fail(Some(port), e.to_string());
                 }
                 Err(e)
             }

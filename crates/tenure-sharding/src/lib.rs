@@ -59,6 +59,7 @@
 pub mod allocation;
 mod coordinator;
 mod entity;
+mod entity_ref;
 mod messages;
 pub mod metrics;
 mod region;
@@ -72,8 +73,10 @@ pub use entity::{
     Entity, EntityActor, EntityContext, EntityFactory, EntityMsg, StartingEntity, entity_factory,
     shard_of,
 };
+pub use entity_ref::EntityRef;
 pub use messages::{
-    Allocation, AllocationRequest, AskReply, CoordinatorMsg, Envelope, Pending, RegionMsg,
+    Allocation, AllocationRequest, AskFailure, AskReply, CoordinatorMsg, Envelope, Pending,
+    RegionMsg,
 };
 pub use region::{Region, RegionArgs, region_group, region_ref};
 pub use settings::ShardingSettings;
@@ -102,11 +105,25 @@ pub enum ShardingError {
     Encode { type_name: String, entity: String },
     #[error("entity type `{type_name}`: the reply of entity `{entity}` could not be decoded")]
     Decode { type_name: String, entity: String },
-    #[error("entity `{entity}` of `{type_name}`: no answer within {timeout:?}")]
+    /// No reply within the ask's timeout: the outcome is unknown. The ask is not kept
+    /// anywhere past it (a region drops it at its next `retry-interval` tick at the latest).
+    #[error("entity `{entity}` of `{type_name}` (shard {shard}): no answer within {timeout:?}")]
     Timeout {
         type_name: String,
+        shard: String,
         entity: String,
         timeout: Duration,
+    },
+    /// The bounded buffer of the entity's shard (`buffer-size`) was full: the request was
+    /// refused and certainly not delivered.
+    #[error(
+        "entity `{entity}` of `{type_name}`: the buffer of shard {shard} is full ({capacity} messages wait); not delivered"
+    )]
+    BufferFull {
+        type_name: String,
+        shard: String,
+        entity: String,
+        capacity: usize,
     },
     #[error("entity `{entity}` of `{type_name}`: {detail}")]
     Failed {
@@ -140,6 +157,13 @@ impl ShardRegion {
     /// The region actor.
     pub fn actor(&self) -> &ActorRef<RegionMsg> {
         &self.actor
+    }
+
+    /// A typed reference to entity `entity_id` of this region's type, whose entity is `E`
+    /// (the [`Entity`] its hosting nodes started it with): its `ask` and `tell` take
+    /// `E::Request` and answer `E::Reply`, checked at compile time.
+    pub fn entity_ref<E: Entity>(&self, entity_id: impl Into<String>) -> EntityRef<E> {
+        EntityRef::new(self.clone(), entity_id.into())
     }
 
     /// The shard of `entity`.
@@ -176,7 +200,9 @@ impl ShardRegion {
     }
 
     /// Sends `request` to `entity` and waits up to `timeout` for its reply. `Err` means the
-    /// outcome is unknown (the entity may have handled it), except `Encode`.
+    /// outcome is unknown (the entity may have handled it), except `Encode` and
+    /// `BufferFull` (certainly not delivered). [`entity_ref`](Self::entity_ref) gives the
+    /// same, typed by the entity.
     pub async fn ask<R: Serialize, P: DeserializeOwned>(
         &self,
         entity: &str,
@@ -184,6 +210,7 @@ impl ShardRegion {
         timeout: Duration,
     ) -> Result<P, ShardingError> {
         let env = self.envelope(entity, request)?;
+        let shard = env.shard.clone();
         let answer = self
             .actor
             .call(|port| RegionMsg::Ask(env, port), Some(timeout))
@@ -211,9 +238,25 @@ impl ShardRegion {
                     }
                 })
             }
-            Ok(ractor::rpc::CallResult::Success(AskReply { result: Err(e) })) => Err(failed(e)),
+            Ok(ractor::rpc::CallResult::Success(AskReply {
+                result:
+                    Err(AskFailure::BufferFull {
+                        type_name,
+                        shard,
+                        capacity,
+                    }),
+            })) => Err(ShardingError::BufferFull {
+                type_name,
+                shard,
+                entity: entity.to_string(),
+                capacity,
+            }),
+            Ok(ractor::rpc::CallResult::Success(AskReply {
+                result: Err(AskFailure::Other(e)),
+            })) => Err(failed(e)),
             Ok(ractor::rpc::CallResult::Timeout) => Err(ShardingError::Timeout {
                 type_name: self.type_name.clone(),
+                shard,
                 entity: entity.to_string(),
                 timeout,
             }),

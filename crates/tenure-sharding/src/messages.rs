@@ -18,16 +18,64 @@ pub struct Envelope {
 /// The answer to an [`Envelope`] sent with `ask`: the encoded reply, or why there is none.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct AskReply {
-    pub result: Result<Vec<u8>, String>,
+    pub result: Result<Vec<u8>, AskFailure>,
+}
+
+/// Why an ask got no reply from its entity, as its sender's region learns it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[non_exhaustive]
+pub enum AskFailure {
+    /// The bounded buffer of one shard (in a region waiting for the shard's home, or in the
+    /// shard waiting for its lease) was full: the message was refused, never delivered.
+    #[error("shard {shard} of `{type_name}`: buffer full ({capacity} messages wait)")]
+    BufferFull {
+        type_name: String,
+        shard: String,
+        capacity: usize,
+    },
+    /// Anything else (the entity failed, could not start, the shard has no stable home).
+    #[error("{0}")]
+    Other(String),
 }
 
 impl AskReply {
     /// Answers an ask (if `reply` is one) with the error `why`.
     pub fn fail(reply: Option<ractor::RpcReplyPort<AskReply>>, why: String) {
+        Self::refuse(reply, AskFailure::Other(why));
+    }
+
+    /// Answers an ask (if `reply` is one) with `failure`.
+    pub fn refuse(reply: Option<ractor::RpcReplyPort<AskReply>>, failure: AskFailure) {
         if let Some(port) = reply {
-            let _ = port.send(AskReply { result: Err(why) });
+            let _ = port.send(AskReply {
+                result: Err(failure),
+            });
         }
     }
+}
+
+/// Refuses a message because the buffer of its shard is full: an ask gets
+/// [`AskFailure::BufferFull`]; a tell is counted (`tenure_sharding_tells_dropped_total`)
+/// and logged with its entity type and shard. Returns whether a tell was dropped.
+pub(crate) fn refuse_buffer_full(
+    type_name: &str,
+    shard: &str,
+    entity: &str,
+    capacity: usize,
+    reply: Option<ractor::RpcReplyPort<AskReply>>,
+) -> bool {
+    let failure = AskFailure::BufferFull {
+        type_name: type_name.to_string(),
+        shard: shard.to_string(),
+        capacity,
+    };
+    let tell = reply.is_none();
+    if tell {
+        crate::metrics::tell_dropped(type_name);
+        tracing::warn!(entity_type = %type_name, shard, entity, "tell dropped: {failure}");
+    }
+    AskReply::refuse(reply, failure);
+    tell
 }
 
 /// Coordinator → region: host this shard (acquire its lease, then serve it).
@@ -121,6 +169,10 @@ pub struct Pending {
 pub struct RegionSnapshot {
     pub shards: Vec<(String, ractor::ActorRef<crate::shard::ShardMsg>)>,
     pub homes: Vec<(String, String)>,
+    /// Messages the region keeps per shard while it learns the shard's home.
+    pub waiting: Vec<(String, usize)>,
+    /// Tells it refused since it started, because their shard's buffer was full.
+    pub dropped_tells: u64,
 }
 
 /// Local messages of a region.

@@ -26,6 +26,7 @@ use crate::entity::EntityFactory;
 use crate::messages::{
     AskReply, BeginHandOff, CoordinatorMsg, GetShardHome, HandOff, HandOffBegun, HandOffDone,
     HostShard, Pending, RegionLocal, RegionMsg, RegionSnapshot, Register, ShardHome,
+    refuse_buffer_full,
 };
 use crate::settings::ShardingSettings;
 use crate::shard::{HandedOff, Shard, ShardArgs, ShardMsg};
@@ -64,6 +65,21 @@ pub struct RegionArgs {
 /// The region actor.
 pub struct Region;
 
+/// A message waiting in the region for its shard's home, since `since`: an ask is dropped
+/// once its own timeout has passed since then (its caller no longer waits).
+struct Waiting {
+    p: Pending,
+    since: Instant,
+}
+
+impl Waiting {
+    fn expired(&self) -> bool {
+        self.p.reply.as_ref().is_some_and(|r| {
+            r.is_closed() || r.get_timeout().is_some_and(|t| self.since.elapsed() >= t)
+        })
+    }
+}
+
 pub struct RegionState {
     args: RegionArgs,
     myself: ActorRef<RegionMsg>,
@@ -72,10 +88,12 @@ pub struct RegionState {
     /// (its lease released or lapsed), so that one node never runs two copies of a shard.
     stopping: HashMap<String, ActorRef<ShardMsg>>,
     homes: HashMap<String, String>,
-    /// Messages waiting for their shard's home, per shard, in arrival order.
-    pending: HashMap<String, VecDeque<Pending>>,
+    /// Messages waiting for their shard's home, per shard, in arrival order; each shard's
+    /// queue is bounded by `buffer-size` on its own, so that shards whose home stays
+    /// unknown never crowd out the others.
+    pending: HashMap<String, VecDeque<Waiting>>,
     pending_count: usize,
-    /// Tells refused because the buffer was full (each is logged).
+    /// Tells refused because their shard's buffer was full (each is logged).
     dropped_tells: u64,
     asked: HashMap<String, Instant>,
     members: BTreeMap<String, Member>,
@@ -225,6 +243,12 @@ impl Actor for Region {
                         .iter()
                         .map(|(id, h)| (id.clone(), h.clone()))
                         .collect(),
+                    waiting: state
+                        .pending
+                        .iter()
+                        .map(|(id, q)| (id.clone(), q.len()))
+                        .collect(),
+                    dropped_tells: state.dropped_tells,
                 });
             }
             RegionMsg::Local(RegionLocal::Cluster(event)) => state.on_cluster(event).await,
@@ -309,24 +333,31 @@ impl RegionState {
         }
     }
 
-    /// Keeps a message until its shard's home is known, asking the coordinator.
+    /// Keeps a message until its shard's home is known, asking the coordinator; refuses it
+    /// when the shard's buffer is full.
     async fn wait(&mut self, p: Pending) {
-        if self.pending_count >= self.args.settings.buffer_size {
-            let why = format!(
-                "region of `{}` on {}: buffer full ({} messages wait for their shards' homes)",
-                self.args.type_name, self.args.me, self.pending_count
-            );
-            if p.reply.is_none() {
-                crate::metrics::tell_dropped(&self.args.type_name);
+        let capacity = self.args.settings.buffer_size;
+        if self.pending.get(&p.env.shard).map_or(0, VecDeque::len) >= capacity {
+            let Pending { env, reply } = p;
+            if refuse_buffer_full(
+                &self.args.type_name,
+                &env.shard,
+                &env.entity,
+                capacity,
+                reply,
+            ) {
                 self.dropped_tells += 1;
-                tracing::warn!(entity_type = %self.args.type_name, shard = %p.env.shard, entity = %p.env.entity,
-                    dropped_tells = self.dropped_tells, "tell dropped: {why}");
             }
-            AskReply::fail(p.reply, why);
             return;
         }
         let shard = p.env.shard.clone();
-        self.pending.entry(shard.clone()).or_default().push_back(p);
+        self.pending
+            .entry(shard.clone())
+            .or_default()
+            .push_back(Waiting {
+                p,
+                since: Instant::now(),
+            });
         self.pending_count += 1;
         self.ask_home(&shard).await;
     }
@@ -372,8 +403,8 @@ impl RegionState {
         if let Some(waiting) = self.pending.remove(shard) {
             self.pending_count -= waiting.len();
             // Straight to the home just learned: these already passed the check of route.
-            for p in waiting {
-                self.dispatch(p).await;
+            for w in waiting {
+                self.dispatch(w.p).await;
             }
         }
     }
@@ -387,15 +418,16 @@ impl RegionState {
         }
         self.pending_count += undelivered.len();
         let queue = self.pending.entry(shard.to_string()).or_default();
+        let since = Instant::now();
         for p in undelivered.into_iter().rev() {
-            queue.push_front(p);
+            queue.push_front(Waiting { p, since });
         }
         if self.homes.contains_key(shard) || self.shards.contains_key(shard) {
             // The home is known again already (the hand-off answer came late).
             if let Some(waiting) = self.pending.remove(shard) {
                 self.pending_count -= waiting.len();
-                for p in waiting {
-                    self.dispatch(p).await;
+                for w in waiting {
+                    self.dispatch(w.p).await;
                 }
             }
         } else {
@@ -507,20 +539,25 @@ impl RegionState {
         }
     }
 
-    /// Forgets waiting asks whose caller stopped waiting (its timeout passed), so that
-    /// they do not hold buffer space.
+    /// Forgets waiting asks whose caller stopped waiting (its timeout passed, or it went
+    /// away), so that no ask is kept forever and none holds buffer space. Their callers
+    /// have had their timeout error already.
     fn drop_expired_asks(&mut self) {
         let mut dropped = 0;
-        self.pending.retain(|_, queue| {
-            let before = queue.len();
-            queue.retain(|p| p.reply.as_ref().is_none_or(|r| !r.is_closed()));
-            dropped += before - queue.len();
+        let type_name = &self.args.type_name;
+        self.pending.retain(|shard, queue| {
+            queue.retain(|w| {
+                let expired = w.expired();
+                if expired {
+                    dropped += 1;
+                    tracing::debug!(entity_type = %type_name, shard, entity = %w.p.env.entity,
+                        "expired ask dropped: its shard's home is still unknown");
+                }
+                !expired
+            });
             !queue.is_empty()
         });
-        if dropped > 0 {
-            self.pending_count -= dropped;
-            tracing::debug!(entity_type = %self.args.type_name, dropped, "expired asks dropped from the buffer");
-        }
+        self.pending_count -= dropped;
     }
 
     async fn on_cluster(&mut self, event: ClusterEvent) {
@@ -620,5 +657,182 @@ fn forward(region: ActorRef<RegionMsg>, mut p: Pending) -> Result<(), Pending> {
             tracing::warn!(error = %e, "message lost forwarding it to another region");
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use ractor::ActorProcessingErr;
+    use tenure_lease::TenureConfig;
+
+    use super::*;
+    use crate::{Entity, EntityContext, ShardRegion, ShardingError};
+
+    /// Never started in these tests: it only types their entity references.
+    struct Echo;
+
+    impl Entity for Echo {
+        type Request = String;
+        type Reply = String;
+        type State = ();
+
+        async fn start(&self, _: &EntityContext) -> Result<(), ActorProcessingErr> {
+            Ok(())
+        }
+
+        async fn handle(
+            &self,
+            _: &EntityContext,
+            _: &mut (),
+            request: String,
+        ) -> Result<String, ActorProcessingErr> {
+            Ok(request)
+        }
+    }
+
+    /// A proxy-only region of type `probe` whose coordinator never runs: no shard of it
+    /// ever gets a home.
+    async fn homeless_region(scope: &str, config: &str) -> ShardRegion {
+        let config = TenureConfig::from_toml_str(config, "test").unwrap();
+        let settings = Arc::new(ShardingSettings::from_config(&config, "probe", "memory").unwrap());
+        let coordinator =
+            SingletonProxy::<CoordinatorMsg>::start(scope, "sharding-probe-coordinator", 10)
+                .await
+                .unwrap();
+        let args = RegionArgs {
+            type_name: "probe".into(),
+            me: "127.0.0.1:1".into(),
+            scope: scope.into(),
+            system: "test".into(),
+            settings: settings.clone(),
+            hosting: None,
+            coordinator: coordinator.clone(),
+            history: None,
+        };
+        let (actor, _) = Actor::spawn(None, Region, args).await.unwrap();
+        ShardRegion {
+            type_name: "probe".into(),
+            node: "127.0.0.1:1".into(),
+            number_of_shards: settings.number_of_shards,
+            actor,
+            coordinator,
+        }
+    }
+
+    async fn snapshot(region: &ShardRegion) -> RegionSnapshot {
+        ractor::call!(region.actor(), |r| RegionMsg::Local(RegionLocal::Snapshot(
+            r
+        )))
+        .unwrap()
+    }
+
+    fn waiting(s: &RegionSnapshot) -> BTreeMap<String, usize> {
+        s.waiting.iter().cloned().collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_ask_to_a_shard_without_a_home_times_out_naming_it_and_is_not_kept() {
+        let region = homeless_region(
+            "region-ask-expiry",
+            "[sharding]\nretry-interval = \"500ms\"",
+        )
+        .await;
+        let alice = region.entity_ref::<Echo>("alice");
+        let timeout = Duration::from_secs(2);
+        let err = alice.ask(&"hello".to_string(), timeout).await.unwrap_err();
+        let ShardingError::Timeout {
+            type_name,
+            shard,
+            entity,
+            timeout: t,
+        } = &err
+        else {
+            panic!("not a timeout: {err}");
+        };
+        assert_eq!(
+            (type_name.as_str(), shard.clone(), entity.as_str(), *t),
+            ("probe", alice.shard(), "alice", timeout)
+        );
+        let text = err.to_string();
+        assert!(
+            text.contains("probe") && text.contains("alice") && text.contains(&alice.shard()),
+            "{text}"
+        );
+        // An ask whose port stays open past its timeout (a remote asker's: its node session
+        // holds the port) is dropped all the same.
+        let (tx, _kept_open) = tokio::sync::oneshot::channel();
+        let env = region.envelope("bob", &"hello".to_string()).unwrap();
+        region
+            .actor()
+            .cast(RegionMsg::Ask(env, (tx, timeout).into()))
+            .unwrap();
+        let bob = region.shard_of("bob");
+        assert!(waiting(&snapshot(&region).await).contains_key(&bob));
+        tokio::time::sleep(timeout).await;
+        // The region drops them at its next tick at the latest.
+        let mut left = BTreeMap::new();
+        for _ in 0..4 {
+            left = waiting(&snapshot(&region).await);
+            if left.is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        assert!(left.is_empty(), "the region still keeps {left:?}");
+        region.actor().stop_and_wait(None, None).await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_shard_buffer_refuses_with_the_type_and_shard_and_spares_other_shards() {
+        let region = homeless_region("region-shard-buffers", "[sharding]\nbuffer-size = 1").await;
+        let full = region.entity_ref::<Echo>("a");
+        let other_id = (0..)
+            .map(|i| format!("b{i}"))
+            .find(|id| region.shard_of(id) != full.shard())
+            .unwrap();
+        let other = region.entity_ref::<Echo>(other_id.clone());
+        full.tell(&"first".to_string()).unwrap();
+        let err = full
+            .ask(&"second".to_string(), Duration::from_secs(5))
+            .await
+            .unwrap_err();
+        match &err {
+            ShardingError::BufferFull {
+                type_name,
+                shard,
+                entity,
+                capacity,
+            } => assert_eq!(
+                (
+                    type_name.as_str(),
+                    shard.clone(),
+                    entity.as_str(),
+                    *capacity
+                ),
+                ("probe", full.shard(), "a", 1)
+            ),
+            other => panic!("not a full buffer: {other}"),
+        }
+        assert!(
+            err.to_string().contains(&format!("shard {}", full.shard())),
+            "{err}"
+        );
+        // A tell beyond it is dropped and counted.
+        full.tell(&"third".to_string()).unwrap();
+        let s = snapshot(&region).await;
+        assert_eq!(s.dropped_tells, 1);
+        assert_eq!(waiting(&s), BTreeMap::from([(full.shard(), 1)]));
+        // Another shard has a buffer of its own: its ask waits (and times out).
+        let err = other
+            .ask(&"elsewhere".to_string(), Duration::from_secs(1))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, ShardingError::Timeout { entity, .. } if *entity == other_id),
+            "{err}"
+        );
+        region.actor().stop_and_wait(None, None).await.unwrap();
     }
 }

@@ -18,7 +18,8 @@ pub struct ShardingSettings {
     pub lease: LeaseSettings,
     /// `number-of-shards`.
     pub number_of_shards: usize,
-    /// `buffer-size`: messages a region or a shard keeps while it cannot deliver them.
+    /// `buffer-size`: messages kept for one shard while they cannot be delivered, by a
+    /// region (each shard has its own buffer there) and by the shard itself.
     pub buffer_size: usize,
     /// `idle-timeout`: idle entities are passivated after it (`None`: never).
     pub idle_timeout: Option<Duration>,
@@ -119,6 +120,7 @@ mod tests {
         let other = ShardingSettings::from_config(&config, "other", "sqlite").unwrap();
         assert_eq!(other.number_of_shards, 100);
         assert_eq!(other.idle_timeout, Some(Duration::from_secs(120)));
+        assert_eq!(other.buffer_size, 1000, "the reference's per-shard buffer");
         for (text, key) in [
             (
                 "[sharding]\nnumber-of-shards = 0",

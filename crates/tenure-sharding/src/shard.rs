@@ -24,7 +24,7 @@ use tenure_lease::{
 use tokio::time::Instant;
 
 use crate::entity::{EntityContext, EntityFactory, EntityMsg, shard_of};
-use crate::messages::{AskReply, Envelope, Pending as RegionPending};
+use crate::messages::{AskReply, Envelope, Pending as RegionPending, refuse_buffer_full};
 use crate::settings::ShardingSettings;
 
 /// Everything a shard needs.
@@ -521,14 +521,15 @@ impl ShardState {
     }
 
     fn wait(&mut self, p: Pending) {
-        if self.waiting.len() >= self.args.settings.buffer_size {
-            AskReply::fail(
+        let capacity = self.args.settings.buffer_size;
+        if self.waiting.len() >= capacity {
+            let args = &self.args;
+            refuse_buffer_full(
+                &args.type_name,
+                &args.shard_id,
+                &p.entity,
+                capacity,
                 p.reply,
-                format!(
-                    "shard {} buffer full ({} messages waiting)",
-                    self.args.shard_id,
-                    self.waiting.len()
-                ),
             );
         } else {
             self.waiting.push_back(p);

@@ -193,7 +193,9 @@ async fn ask(shard: &ActorRef<ShardMsg>, entity: &str, text: &str) -> Result<Str
     let ractor::rpc::CallResult::Success(AskReply { result }) = reply else {
         panic!("no answer");
     };
-    result.map(|b| tenure_cluster::codec::decode("entity request", "probe", &b).unwrap())
+    result
+        .map(|b| tenure_cluster::codec::decode("entity request", "probe", &b).unwrap())
+        .map_err(|e| e.to_string())
 }
 
 async fn status(shard: &ActorRef<ShardMsg>) -> ShardStatus {

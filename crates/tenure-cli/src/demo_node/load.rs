@@ -14,7 +14,7 @@ use std::time::Duration;
 use tenure::cluster::History;
 use tenure::history::Event;
 use tenure::sharding::ShardRegion;
-use tenure_cli::demo::counter::{CounterReply, CounterRequest};
+use tenure_cli::demo::counter::{Counter, CounterReply, CounterRequest};
 use tokio::time::{Instant, MissedTickBehavior};
 
 /// Concurrent workers of the closed loop.
@@ -113,7 +113,8 @@ async fn increment(
     timeout: Duration,
 ) {
     let answer = region
-        .ask::<_, CounterReply>(key, &CounterRequest::Increment, timeout)
+        .entity_ref::<Counter>(key)
+        .ask(&CounterRequest::Increment, timeout)
         .await;
     let Some(h) = history else {
         return;
