@@ -3,7 +3,6 @@
 //! authenticated session into a known peer, and closing stale or incompatible sessions.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{ActorId, ActorRef, pg};
@@ -15,13 +14,17 @@ use super::{AGENT_GROUP, AgentState};
 use crate::backoff::Backoff;
 use crate::identity::{Incarnation, NodeAddr};
 use crate::protocol::{AgentMsg, Hello, Local, PROTOCOL_VERSION, SessionChange};
-use crate::transport::{Links, Tls, dial};
+#[cfg(feature = "fault-injection")]
+use crate::transport::Links;
+use crate::transport::Tls;
 
 /// The sessions, peers and dials of one node.
 pub(super) struct Mesh {
     pub server: ActorRef<NodeServerMessage>,
     pub tls: Option<Tls>,
-    pub links: Arc<Links>,
+    /// The link gates of fault injection.
+    #[cfg(feature = "fault-injection")]
+    pub links: std::sync::Arc<Links>,
     pub sessions: HashMap<u64, Session>,
     pub peers: HashMap<NodeAddr, Peer>,
     /// Sessions this node said hello on.
@@ -45,7 +48,7 @@ impl Mesh {
         agent: &ActorRef<AgentMsg>,
         server: ActorRef<NodeServerMessage>,
         tls: Option<Tls>,
-        links: Arc<Links>,
+        #[cfg(feature = "fault-injection")] links: std::sync::Arc<Links>,
     ) -> Result<Mesh, ractor::ActorProcessingErr> {
         server.cast(NodeServerMessage::SubscribeToEvents {
             id: SUBSCRIPTION.into(),
@@ -70,6 +73,7 @@ impl Mesh {
         Ok(Mesh {
             server,
             tls,
+            #[cfg(feature = "fault-injection")]
             links,
             sessions,
             peers: HashMap::new(),
@@ -469,12 +473,17 @@ impl AgentState {
             }
             d.in_flight = true;
             let server = self.mesh.server.clone();
+            #[cfg(feature = "fault-injection")]
             let gate = self.mesh.links.gate(&addr);
             let tls = self.mesh.tls.clone();
             let timeout = self.s.dial_timeout;
             let me = myself.clone();
             tokio::spawn(async move {
-                let result = dial(&server, &addr, gate, tls.as_ref(), timeout).await;
+                #[cfg(feature = "fault-injection")]
+                let result =
+                    crate::transport::dial_gated(&server, &addr, gate, tls.as_ref(), timeout).await;
+                #[cfg(not(feature = "fault-injection"))]
+                let result = crate::transport::dial(&server, &addr, tls.as_ref(), timeout).await;
                 let _ = me.cast(AgentMsg::Local(Local::Dialed { peer: addr, result }));
             });
         }

@@ -23,7 +23,9 @@ use crate::member::Membership;
 use crate::protocol::{AgentMsg, Inspect, Local};
 use crate::settings::ClusterSettings;
 use crate::subscribe::ClusterSubscriber;
-use crate::transport::{Links, Tls};
+#[cfg(feature = "fault-injection")]
+use crate::transport::Links;
+use crate::transport::Tls;
 
 mod downing;
 mod events;
@@ -51,6 +53,7 @@ pub(crate) struct AgentArgs {
     pub incarnation: Incarnation,
     pub server: ActorRef<NodeServerMessage>,
     pub tls: Option<Tls>,
+    #[cfg(feature = "fault-injection")]
     pub links: Arc<Links>,
     pub store: Arc<dyn LeaseStore>,
     pub history: Option<History>,
@@ -107,7 +110,10 @@ impl Actor for Agent {
         myself: ActorRef<AgentMsg>,
         a: AgentArgs,
     ) -> Result<AgentState, ActorProcessingErr> {
+        #[cfg(feature = "fault-injection")]
         let mesh = mesh::Mesh::start(&myself, a.server, a.tls, a.links).await?;
+        #[cfg(not(feature = "fault-injection"))]
+        let mesh = mesh::Mesh::start(&myself, a.server, a.tls).await?;
         let scope = scope(&a.settings.system);
         pg::join_scoped(scope.clone(), AGENT_GROUP.into(), vec![myself.get_cell()]);
         pg::monitor_scope(scope.clone(), myself.get_cell());
