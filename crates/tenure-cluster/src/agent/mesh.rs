@@ -446,6 +446,8 @@ impl AgentState {
         }
     }
 
+    /// Dials the seeds, members and gossiped addresses this node has no session with, whose
+    /// backoff has passed.
     pub(super) fn dial_due(&mut self, myself: &ActorRef<AgentMsg>, now: Instant) {
         let targets: BTreeSet<NodeAddr> = self
             .s
