@@ -37,7 +37,7 @@ cargo fmt --all --check
 # compiler: no protoc (etcd's client is behind the `etcd` feature).
 PROTOC=/nonexistent/protoc cargo build -p tenure-cli --locked
 # Every feature of the facade on its own, and none.
-for features in "" sqlite postgres etcd zookeeper cluster singleton sharding; do
+for features in "" sqlite postgres etcd zookeeper cluster singleton sharding fault-injection; do
   cargo check -p tenure --no-default-features --features "$features" --locked
 done
 # `rust-version` is true: the workspace builds with exactly that toolchain (rustup fetches it

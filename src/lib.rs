@@ -26,6 +26,7 @@
 //! | `cluster` | the cluster node ([`cluster`]) | yes |
 //! | `singleton` | Cluster Singleton ([`singleton`]), with `cluster` | yes |
 //! | `sharding` | Cluster Sharding ([`sharding`]), with `singleton` | yes |
+//! | `fault-injection` | link faults on request (`cluster.fault-injection`), with `cluster`: tests and drills | no |
 //!
 //! The `memory` store is always there. A lease section whose store kind this build left out
 //! still loads; using it is a [`ConfigError::StoreNotBuilt`] naming the feature to enable.

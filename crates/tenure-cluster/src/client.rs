@@ -15,7 +15,7 @@ use crate::error::ClusterError;
 use crate::identity::NodeAddr;
 use crate::protocol::{AgentMsg, FaultReply, Inspect, NodeView, SetLink};
 use crate::settings::ClusterSettings;
-use crate::transport::{Gate, LinkFault, Tls, dial};
+use crate::transport::{LinkFault, Tls, dial};
 
 /// A connection to one node's agent.
 pub struct ClusterClient {
@@ -86,15 +86,9 @@ impl ClusterClient {
                 subscription: Box::new(Ready(tx)),
             })
             .map_err(|e| fail(e.to_string()))?;
-        dial(
-            &server,
-            node,
-            std::sync::Arc::new(Gate::default()),
-            tls.as_ref(),
-            settings.dial_timeout,
-        )
-        .await
-        .map_err(fail)?;
+        dial(&server, node, tls.as_ref(), settings.dial_timeout)
+            .await
+            .map_err(fail)?;
         let wait = settings.dial_timeout * 2;
         let ready = tokio::time::timeout(wait, rx.recv()).await;
         let ses = match ready {

@@ -21,7 +21,9 @@ use crate::protocol::{
 };
 use crate::settings::ClusterSettings;
 use crate::subscribe::ClusterSubscriber;
-use crate::transport::{LinkFault, Links, Tls};
+#[cfg(feature = "fault-injection")]
+use crate::transport::Links;
+use crate::transport::{LinkFault, Tls};
 
 /// Subscribes to a node's cluster events; cloneable, outlives no node (subscribing after
 /// the node stopped is an error).
@@ -148,6 +150,7 @@ pub struct Node {
     incarnation: Incarnation,
     agent: ActorRef<AgentMsg>,
     server: ActorRef<NodeServerMessage>,
+    #[cfg(feature = "fault-injection")]
     links: Arc<Links>,
     history: Option<History>,
     refused: Arc<std::sync::OnceLock<Refusal>>,
@@ -241,6 +244,7 @@ impl Node {
             ))),
             _ => None,
         };
+        #[cfg(feature = "fault-injection")]
         let links = Arc::new(Links::default());
         let refused = Arc::new(std::sync::OnceLock::new());
         let downed = Arc::new(std::sync::OnceLock::new());
@@ -250,6 +254,7 @@ impl Node {
             incarnation,
             server: server.clone(),
             tls,
+            #[cfg(feature = "fault-injection")]
             links: links.clone(),
             store,
             history: history.clone(),
@@ -285,6 +290,7 @@ impl Node {
             incarnation,
             agent,
             server,
+            #[cfg(feature = "fault-injection")]
             links,
             history,
             refused,
@@ -309,6 +315,7 @@ impl Node {
     }
 
     /// The link gates of this node (fault injection).
+    #[cfg(feature = "fault-injection")]
     pub fn links(&self) -> &Links {
         &self.links
     }

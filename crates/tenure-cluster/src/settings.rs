@@ -218,7 +218,7 @@ impl ClusterSettings {
                     )
                 })
             })?,
-            fault_injection: r.boolean("fault-injection")?,
+            fault_injection: fault_injection(r.boolean("fault-injection")?)?,
             tls: tls_files(table)?,
             placement,
             split_brain_resolver: match table.get("split-brain-resolver") {
@@ -259,6 +259,19 @@ impl ClusterSettings {
     pub fn member_prefix(&self) -> String {
         format!("{}-member-", self.system)
     }
+}
+
+/// `cluster.fault-injection`, which only a build with the `fault-injection` feature can
+/// honour: elsewhere `true` is an error rather than a setting silently ignored.
+fn fault_injection(wanted: bool) -> Result<bool, ConfigError> {
+    if wanted && !cfg!(feature = "fault-injection") {
+        return Err(ConfigError::invalid(
+            "cluster.fault-injection",
+            "is true, but this build has no fault injection: enable the `fault-injection` \
+             feature of tenure-cluster (tenure-cli enables it)",
+        ));
+    }
+    Ok(wanted)
 }
 
 fn rename_member_keys(e: ConfigError) -> ConfigError {
@@ -352,5 +365,21 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("cluster.port"), "{err}");
+    }
+
+    #[test]
+    #[cfg(not(feature = "fault-injection"))]
+    fn fault_injection_without_the_feature_names_the_key_and_the_feature() {
+        let err = load("fault-injection = true").unwrap_err().to_string();
+        assert!(err.contains("cluster.fault-injection"), "{err}");
+        assert!(err.contains("`fault-injection` feature"), "{err}");
+        assert!(!load("fault-injection = false").unwrap().fault_injection);
+    }
+
+    #[test]
+    #[cfg(feature = "fault-injection")]
+    fn fault_injection_with_the_feature_is_a_setting() {
+        assert!(load("fault-injection = true").unwrap().fault_injection);
+        assert!(!load("").unwrap().fault_injection);
     }
 }

@@ -1,25 +1,19 @@
-//! Connections between nodes: outbound dials (plain or TLS) through a per-peer [`Gate`]
-//! that fault injection uses to stall traffic while the TCP connection stays open, in both
-//! directions or one, or to drop it (connections reset, dials refused); and the TLS
-//! configuration.
+//! Connections between nodes: outbound dials (plain or TLS) and the TLS configuration.
+//! With the `fault-injection` feature, dials go through a per-peer [`Gate`] (see
+//! [`gate`]) that stalls or drops traffic on a test's request.
 //!
 //! Every session between two Tenure nodes starts as a dial by one of them, and ractor keeps
 //! one session per pair; so a fault set on *both* nodes reaches whichever connection
 //! survived: to lose what A sends B, stall A's outbound and B's inbound traffic.
 
-use std::collections::HashMap;
-use std::io;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Waker, ready};
+use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::ActorRef;
 use ractor_cluster::{BoxRead, BoxWrite, ClusterBidiStream, NodeServerMessage};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio_rustls::rustls;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
@@ -28,7 +22,13 @@ use crate::error::ClusterError;
 use crate::identity::NodeAddr;
 use crate::settings::TlsFiles;
 
-/// What fault injection does to this node's traffic with one peer.
+#[cfg(feature = "fault-injection")]
+pub mod gate;
+#[cfg(feature = "fault-injection")]
+pub use gate::{Gate, Gated, Links};
+
+/// What fault injection does to this node's traffic with one peer. Part of the protocol
+/// whatever the features (a node built without `fault-injection` refuses every fault).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub enum LinkFault {
     /// Traffic flows.
@@ -46,26 +46,6 @@ pub enum LinkFault {
 }
 
 impl LinkFault {
-    fn bits(self) -> u8 {
-        match self {
-            LinkFault::None => 0,
-            LinkFault::Stall => IN | OUT,
-            LinkFault::StallInbound => IN,
-            LinkFault::StallOutbound => OUT,
-            LinkFault::Drop => DROP,
-        }
-    }
-
-    fn from_bits(bits: u8) -> LinkFault {
-        match bits {
-            0 => LinkFault::None,
-            IN => LinkFault::StallInbound,
-            OUT => LinkFault::StallOutbound,
-            DROP => LinkFault::Drop,
-            _ => LinkFault::Stall,
-        }
-    }
-
     /// Its name in `tenure cluster fault --mode` and in histories.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -75,132 +55,6 @@ impl LinkFault {
             LinkFault::StallOutbound => "outbound",
             LinkFault::Drop => "drop",
         }
-    }
-}
-
-const IN: u8 = 1;
-const OUT: u8 = 2;
-const DROP: u8 = 4;
-
-/// A switch over the traffic of the connections it guards (see [`LinkFault`]).
-#[derive(Debug, Default)]
-pub struct Gate {
-    state: AtomicU8,
-    wakers: Mutex<Vec<Waker>>,
-}
-
-impl Gate {
-    /// Sets the fault; lifting a stall resumes the waiting traffic.
-    pub fn set(&self, fault: LinkFault) {
-        self.state.store(fault.bits(), Ordering::SeqCst);
-        let wakers = std::mem::take(&mut *self.wakers.lock().unwrap_or_else(|e| e.into_inner()));
-        wakers.into_iter().for_each(Waker::wake);
-    }
-
-    /// The fault in force.
-    pub fn fault(&self) -> LinkFault {
-        LinkFault::from_bits(self.state.load(Ordering::SeqCst))
-    }
-
-    /// Whether any fault is in force.
-    pub fn is_cut(&self) -> bool {
-        self.fault() != LinkFault::None
-    }
-
-    /// Ready when traffic in direction `dir` (`IN` or `OUT`) may pass; an error while the
-    /// link is dropped.
-    fn poll_open(&self, dir: u8, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let check = || {
-            let s = self.state.load(Ordering::SeqCst);
-            if s & DROP != 0 {
-                Some(Err(io::Error::new(
-                    io::ErrorKind::ConnectionReset,
-                    "link dropped by fault injection",
-                )))
-            } else if s & dir == 0 {
-                Some(Ok(()))
-            } else {
-                None
-            }
-        };
-        if let Some(r) = check() {
-            return Poll::Ready(r);
-        }
-        self.wakers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(cx.waker().clone());
-        // Re-check: a heal between the first check and the push must not be missed.
-        match check() {
-            Some(r) => Poll::Ready(r),
-            None => Poll::Pending,
-        }
-    }
-}
-
-/// The gates of one node, one per peer address.
-#[derive(Debug, Default)]
-pub struct Links {
-    gates: Mutex<HashMap<NodeAddr, Arc<Gate>>>,
-}
-
-impl Links {
-    /// The gate of connections to `peer`.
-    pub fn gate(&self, peer: &NodeAddr) -> Arc<Gate> {
-        self.gates
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(peer.clone())
-            .or_default()
-            .clone()
-    }
-
-    /// The peers whose links are cut now.
-    pub fn cut_peers(&self) -> Vec<NodeAddr> {
-        self.gates
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .filter(|(_, g)| g.is_cut())
-            .map(|(a, _)| a.clone())
-            .collect()
-    }
-}
-
-/// A byte stream whose reads and writes wait while its gate is cut.
-pub struct Gated<S> {
-    inner: S,
-    gate: Arc<Gate>,
-}
-
-impl<S: AsyncRead + Unpin> AsyncRead for Gated<S> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        ready!(self.gate.poll_open(IN, cx))?;
-        Pin::new(&mut self.inner).poll_read(cx, buf)
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for Gated<S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        ready!(self.gate.poll_open(OUT, cx))?;
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        ready!(self.gate.poll_open(OUT, cx))?;
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 
@@ -363,6 +217,17 @@ pub async fn serve_tls(
 pub async fn dial(
     server: &ActorRef<NodeServerMessage>,
     peer: &NodeAddr,
+    tls: Option<&Tls>,
+    timeout: Duration,
+) -> Result<(), String> {
+    dial_through(server, peer, tls, timeout, |tcp| tcp).await
+}
+
+/// [`dial`] through `gate`: refused while the link is dropped, stalled while it is cut.
+#[cfg(feature = "fault-injection")]
+pub async fn dial_gated(
+    server: &ActorRef<NodeServerMessage>,
+    peer: &NodeAddr,
     gate: Arc<Gate>,
     tls: Option<&Tls>,
     timeout: Duration,
@@ -370,16 +235,30 @@ pub async fn dial(
     if gate.fault() == LinkFault::Drop {
         return Err("link dropped by fault injection".into());
     }
+    dial_through(server, peer, tls, timeout, |tcp| Gated { inner: tcp, gate }).await
+}
+
+/// Connects to `peer`, wraps the TCP stream with `wrap`, then TLS when given.
+async fn dial_through<S>(
+    server: &ActorRef<NodeServerMessage>,
+    peer: &NodeAddr,
+    tls: Option<&Tls>,
+    timeout: Duration,
+    wrap: impl FnOnce(TcpStream) -> S,
+) -> Result<(), String>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let connect = async {
         let tcp = TcpStream::connect((peer.host.as_str(), peer.port))
             .await
             .map_err(|e| format!("connect: {e}"))?;
         tcp.set_nodelay(true).map_err(|e| e.to_string())?;
         let local = tcp.local_addr().map(|a| a.to_string()).unwrap_or_default();
-        let gated = Gated { inner: tcp, gate };
+        let wrapped = wrap(tcp);
         let stream: Box<dyn ClusterBidiStream> = match tls {
             None => Box::new(Conn {
-                stream: gated,
+                stream: wrapped,
                 peer: peer.to_string(),
                 local,
             }),
@@ -388,7 +267,7 @@ pub async fn dial(
                     .map_err(|e| format!("not a TLS server name: {e}"))?;
                 let stream = tls
                     .connector
-                    .connect(name, gated)
+                    .connect(name, wrapped)
                     .await
                     .map_err(|e| format!("TLS handshake: {e}"))?;
                 Box::new(Conn {
@@ -406,73 +285,4 @@ pub async fn dial(
     ractor_cluster::client_connect_external(server, stream)
         .await
         .map_err(|e| format!("node server: {e}"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-    #[tokio::test]
-    async fn a_cut_gate_stalls_and_a_heal_resumes_without_loss() {
-        let (a, mut b) = tokio::io::duplex(64);
-        let gate = Arc::new(Gate::default());
-        let mut gated = Gated {
-            inner: a,
-            gate: gate.clone(),
-        };
-        gated.write_all(b"one").await.unwrap();
-        let mut buf = [0u8; 3];
-        b.read_exact(&mut buf).await.unwrap();
-        assert_eq!(&buf, b"one");
-
-        gate.set(LinkFault::Stall);
-        b.write_all(b"two").await.unwrap();
-        let mut read = [0u8; 3];
-        let stalled =
-            tokio::time::timeout(Duration::from_millis(50), gated.read_exact(&mut read)).await;
-        assert!(stalled.is_err(), "reads wait while cut");
-        let write = tokio::spawn(async move {
-            gated.write_all(b"three").await.unwrap();
-            gated
-        });
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        assert!(!write.is_finished(), "writes wait while cut");
-        gate.set(LinkFault::None);
-        let mut gated = write.await.unwrap();
-        let mut got = [0u8; 5];
-        b.read_exact(&mut got).await.unwrap();
-        assert_eq!(&got, b"three");
-        gated.read_exact(&mut read).await.unwrap();
-        assert_eq!(&read, b"two");
-    }
-
-    #[tokio::test]
-    async fn one_way_stalls_only_its_direction_and_drop_resets() {
-        let (a, mut b) = tokio::io::duplex(64);
-        let gate = Arc::new(Gate::default());
-        let mut gated = Gated {
-            inner: a,
-            gate: gate.clone(),
-        };
-        gate.set(LinkFault::StallOutbound);
-        b.write_all(b"in").await.unwrap();
-        let mut two = [0u8; 2];
-        gated.read_exact(&mut two).await.unwrap();
-        assert_eq!(&two, b"in", "inbound flows while only outbound stalls");
-        let stalled =
-            tokio::time::timeout(Duration::from_millis(50), gated.write_all(b"out")).await;
-        assert!(stalled.is_err(), "outbound waits");
-        gate.set(LinkFault::StallInbound);
-        gated.write_all(b"out").await.unwrap();
-        b.write_all(b"in").await.unwrap();
-        let stalled =
-            tokio::time::timeout(Duration::from_millis(50), gated.read_exact(&mut two)).await;
-        assert!(stalled.is_err(), "inbound waits");
-        gate.set(LinkFault::Drop);
-        let err = gated.read_exact(&mut two).await.unwrap_err();
-        assert_eq!(err.kind(), io::ErrorKind::ConnectionReset);
-        assert!(gated.write_all(b"x").await.is_err());
-        assert_eq!(gate.fault(), LinkFault::Drop);
-    }
 }

@@ -154,7 +154,7 @@ impl AgentState {
         if age == 0 || !self.view.was_downed(node, incarnation, age) {
             return;
         }
-        if let Some(p) = self.peers.get(node) {
+        if let Some(p) = self.mesh.peers.get(node) {
             let notice = match self.operator_downs.get(&(node.clone(), incarnation, age)) {
                 Some(notice) => AgentMsg::Downed(notice.clone()),
                 None => AgentMsg::YouAreDown(YouAreDown {
@@ -383,11 +383,11 @@ impl AgentState {
                 why: why.to_string(),
             });
         }
-        self.verifying = None;
-        self.ticket = None;
+        self.member_lease.verifying = None;
+        self.member_lease.ticket = None;
         let events = self.view.self_lost();
         self.emit(events);
-        if let Some(lease) = self.member_lease.take() {
+        if let Some(lease) = self.member_lease.actor.take() {
             lease.unlink(myself.get_cell());
             let timeout = self.s.member_lease.lease_operation_timeout + RELEASE_SLACK;
             tokio::spawn(async move {
@@ -418,10 +418,10 @@ impl AgentState {
                 why: why.to_string(),
             });
         }
-        self.verifying = None;
+        self.member_lease.verifying = None;
         let events = self.view.self_lost();
         self.emit(events);
-        if let Some(lease) = self.member_lease.take() {
+        if let Some(lease) = self.member_lease.actor.take() {
             lease.unlink(myself.get_cell());
             let timeout = self.s.member_lease.lease_operation_timeout + RELEASE_SLACK;
             tokio::spawn(async move {
@@ -436,7 +436,7 @@ impl AgentState {
                 lease.stop(Some("downed".into()));
             });
         }
-        self.ticket = None;
+        self.member_lease.ticket = None;
         self.request_ticket(myself);
     }
 }

@@ -72,7 +72,7 @@ impl AgentState {
                 )));
                 return;
             }
-            Some(_) => self.peers.get(&req.member).map(|p| p.agent.clone()),
+            Some(_) => self.mesh.peers.get(&req.member).map(|p| p.agent.clone()),
         };
         let Some(agent) = agent else {
             let refusal = if self.view.get(&req.member).is_none() {
@@ -135,7 +135,7 @@ impl AgentState {
         };
         self.operator_down(&notice);
         // The member itself included: it downs itself on hearing it.
-        for p in self.peers.values() {
+        for p in self.mesh.peers.values() {
             let _ = p.agent.cast(AgentMsg::Downed(notice.clone()));
         }
         ACCEPTED

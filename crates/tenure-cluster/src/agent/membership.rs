@@ -1,0 +1,540 @@
+//! The membership driver: this node's membership is its member lease. It takes a join
+//! ticket (its age), holds the member lease through a LeaseActor, checks its placement
+//! against the members before counting itself up, rejoins with a new ticket after a loss,
+//! lists the other member leases into the view, and starts a graceful leave.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::{ActorProcessingErr, ActorRef, RpcReplyPort};
+use tenure_lease::history::Event;
+use tenure_lease::store::bounded;
+use tenure_lease::{
+    Lease, LeaseActor, LeaseEvent, LeaseEventSink, LeaseMsg, LeaseObserver, LeaseRecord, LeaseSpec,
+    LeaseStore,
+};
+use tokio::time::Instant;
+
+use super::AgentState;
+use crate::identity::{Incarnation, NodeAddr};
+use crate::member::Listed;
+use crate::placement::{Placement, PlacementMismatch};
+use crate::protocol::{AgentMsg, Leaving, LeavingAck, Local};
+use crate::settings::ClusterSettings;
+use crate::subscribe::{HandOver, HandOverWait};
+use crate::transport::Tls;
+
+/// The member lease of this node's current membership.
+#[derive(Default)]
+pub(super) struct MemberLease {
+    /// Its LeaseActor, once a join ticket was taken.
+    pub actor: Option<ActorRef<LeaseMsg>>,
+    /// The join ticket of the current membership (this node's age).
+    pub ticket: Option<u64>,
+    /// A join ticket is being taken.
+    pub ticketing: bool,
+    /// The token of the grant whose placement check is under way: the node counts itself
+    /// up only once it passed.
+    pub verifying: Option<u64>,
+}
+
+/// The listing of the other members' leases.
+#[derive(Default)]
+pub(super) struct Listing {
+    /// A listing is under way.
+    pub polling: bool,
+    /// The last listing failed (logged once per outage).
+    pub failing: bool,
+    /// Member leases of nodes with another cookie, already warned about.
+    pub foreign: HashSet<(NodeAddr, Incarnation)>,
+    /// Member leases of nodes that place entities differently, already warned about.
+    pub misplaced: HashSet<(NodeAddr, Incarnation)>,
+}
+
+/// The note kept with a member lease: who holds it, in which life, its join ticket, and
+/// the settings that decide where its entities live.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub(crate) struct MemberNote {
+    pub node: NodeAddr,
+    pub incarnation: Incarnation,
+    pub age: u64,
+    #[serde(default)]
+    pub roles: Vec<String>,
+    pub placement: Placement,
+    /// Keyed digest of the above with the cookie: only nodes with the cluster's cookie
+    /// can write a member lease the others accept.
+    pub proof: String,
+}
+
+impl MemberNote {
+    pub(super) fn new(
+        key: &str,
+        system: &str,
+        node: NodeAddr,
+        incarnation: Incarnation,
+        age: u64,
+        roles: Vec<String>,
+        placement: Placement,
+    ) -> MemberNote {
+        let mut note = MemberNote {
+            node,
+            incarnation,
+            age,
+            roles,
+            placement,
+            proof: String::new(),
+        };
+        note.proof = note.expected_proof(key, system);
+        note
+    }
+
+    /// The proof a node with cookie (and CA) `key` in `system` would have written.
+    pub(super) fn expected_proof(&self, key: &str, system: &str) -> String {
+        use sha2::{Digest, Sha256};
+        let roles = self.roles.join(",");
+        let placement = serde_json::to_string(&self.placement).unwrap_or_default();
+        let digest = Sha256::digest(format!(
+            "tenure-member\n{key}\n{system}\n{}\n{}\n{}\n{roles}\n{placement}",
+            self.node, self.incarnation, self.age
+        ));
+        digest[..12].iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+/// A member whose placement differs from this node's, and where.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Refusal {
+    pub member: NodeAddr,
+    pub mismatch: PlacementMismatch,
+}
+
+/// The key of member proofs: the cookie, and the CA fingerprint when TLS is on (so that
+/// plain-text or other-CA nodes sharing the store are not members either).
+fn proof_key(cookie: &str, tls: Option<&Tls>) -> String {
+    format!(
+        "{cookie}\n{}",
+        tls.map(|t| t.ca_fingerprint.as_str())
+            .unwrap_or("plaintext")
+    )
+}
+
+/// Takes a join ticket: grants of one lease name get strictly increasing tokens, so
+/// acquiring (and at once releasing) `<system>-join` numbers joins in order. The ticket is
+/// the member's age. The lease's own retrying does the waiting; `None` if the agent stopped
+/// first.
+async fn take_ticket(spec: LeaseSpec, agent: ActorRef<AgentMsg>) -> Option<u64> {
+    let lease = match Lease::start(spec).await {
+        Ok(lease) => lease,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the join ticket lease");
+            return None;
+        }
+    };
+    let ticket = tokio::select! {
+        got = lease.acquire_wait() => got.map_err(|e| tracing::warn!(error = %e, "no join ticket")).ok(),
+        _ = agent.wait(None) => None,
+    };
+    if let Err(e) = lease.release().await {
+        tracing::debug!(error = %e, "join ticket not released; it expires");
+    }
+    ticket
+}
+
+pub(super) fn spawn_ticket(
+    myself: &ActorRef<AgentMsg>,
+    s: &ClusterSettings,
+    store: Arc<dyn LeaseStore>,
+    observer: Option<LeaseObserver>,
+) {
+    let spec = LeaseSpec::new(
+        &format!("{}-join", s.system),
+        &s.addr.to_string(),
+        store,
+        s.member_lease,
+    )
+    .map(|spec| match observer {
+        Some(o) => spec.with_observer(o),
+        None => spec,
+    })
+    .map(|spec| spec.with_note("join ticket (released at once)"));
+    let me = myself.clone();
+    match spec {
+        Ok(spec) => {
+            let pause = s.member_lease.lease_retry_interval;
+            tokio::spawn(async move {
+                let ticket = take_ticket(spec, me.clone()).await;
+                if ticket.is_none() {
+                    // Asked again after this pause, so that a failing start does not spin.
+                    tokio::time::sleep(pause).await;
+                }
+                let _ = me.cast(AgentMsg::Local(Local::Ticket(ticket)));
+            });
+        }
+        Err(e) => tracing::error!(error = %e, "cannot take a join ticket"),
+    }
+}
+
+impl AgentState {
+    /// A join ticket was taken (or could not be): start holding the member lease.
+    pub(super) async fn on_ticket(
+        &mut self,
+        myself: &ActorRef<AgentMsg>,
+        ticket: Option<u64>,
+    ) -> Result<(), ActorProcessingErr> {
+        self.member_lease.ticketing = false;
+        // A ticket taken before this node downed itself: it rejoins with a new one.
+        let downed = self.downing.as_ref().is_some_and(|d| d.is_downed());
+        if self.leaving || downed {
+            return Ok(());
+        }
+        match ticket {
+            Some(ticket) => {
+                // One member lease actor at a time: an earlier membership's goes.
+                if let Some(old) = self.member_lease.actor.take() {
+                    old.unlink(myself.get_cell());
+                    old.stop(Some("replaced by a new membership".into()));
+                }
+                self.join(myself, ticket).await?;
+            }
+            None if self.member_lease.actor.is_none() => self.request_ticket(myself),
+            None => {}
+        }
+        Ok(())
+    }
+
+    /// An event of the member lease actor of the membership with join ticket `ticket`.
+    pub(super) fn on_member_lease(
+        &mut self,
+        myself: &ActorRef<AgentMsg>,
+        ticket: u64,
+        event: LeaseEvent,
+    ) {
+        if self.member_lease.ticket != Some(ticket) {
+            tracing::debug!(
+                ticket,
+                ?event,
+                "event of an earlier membership's member lease ignored"
+            );
+            return;
+        }
+        match event {
+            LeaseEvent::Granted(g) => {
+                tracing::info!(node = %self.me, token = g.token, "member lease granted: checking placement against the members");
+                self.member_lease.verifying = Some(g.token);
+                self.list_for_join(myself, g.token, Duration::ZERO);
+            }
+            LeaseEvent::Lost(l) => {
+                self.member_lease.verifying = None;
+                tracing::warn!(node = %self.me, token = l.token, reason = %l.reason, "member lease lost: this node is down");
+                let events = self.view.self_lost();
+                self.emit(events);
+                if let Some(d) = self.downing.as_mut() {
+                    d.membership_ended();
+                }
+                let downed = self.downing.as_ref().is_some_and(|d| d.is_downed());
+                if !self.leaving && !downed {
+                    // Rejoin as a new (youngest) membership: new ticket, new lease actor.
+                    if let Some(old) = self.member_lease.actor.take() {
+                        old.unlink(myself.get_cell());
+                        old.stop(Some("member lease lost".into()));
+                    }
+                    self.member_lease.ticket = None;
+                    self.request_ticket(myself);
+                }
+            }
+            // Member leases are plain (priority 0): a forceful preemption arrives as a loss.
+            LeaseEvent::PreemptionRequested(_)
+            | LeaseEvent::PreemptionWithdrawn(_)
+            // Renewals failing before the deadline: the grant is still ours, and the stop
+            // budget acts on a loss, not on doubt.
+            | LeaseEvent::Suspended(_)
+            | LeaseEvent::Resumed(_) => {}
+        }
+    }
+
+    /// The member leases listed for the placement check of grant `token`: up, or refused.
+    pub(super) async fn on_join_check(
+        &mut self,
+        myself: &ActorRef<AgentMsg>,
+        token: u64,
+        listed: Result<Vec<LeaseRecord>, String>,
+    ) -> Result<(), ActorProcessingErr> {
+        if self.member_lease.verifying != Some(token) {
+            // Lost meanwhile: the next grant is checked anew.
+            return Ok(());
+        }
+        match listed {
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list member leases to check placement; retrying");
+                self.list_for_join(myself, token, self.s.membership_interval);
+            }
+            Ok(records) => match self.placement_refusal(&records) {
+                Some(refusal) => return self.refuse(refusal).await,
+                None => {
+                    self.member_lease.verifying = None;
+                    let age = self.member_lease.ticket.unwrap_or_default();
+                    tracing::info!(node = %self.me, token, age, "placement agrees with every member: up");
+                    let events = self.view.self_granted(age);
+                    if let Some(d) = self.downing.as_mut() {
+                        d.membership_up(Instant::now());
+                    }
+                    self.emit(events);
+                }
+            },
+        }
+        Ok(())
+    }
+
+    /// Every `membership-interval`: lists the member leases, unless a listing is under way.
+    pub(super) fn poll(&mut self, myself: &ActorRef<AgentMsg>) {
+        if self.listing.polling {
+            return;
+        }
+        self.listing.polling = true;
+        let store = self.store.clone();
+        let prefix = self.s.member_prefix();
+        let timeout = self.s.member_lease.lease_operation_timeout;
+        let me = myself.clone();
+        tokio::spawn(async move {
+            let listed = bounded(&prefix, "list", timeout, store.list(&prefix))
+                .await
+                .map_err(|e| e.to_string());
+            let _ = me.cast(AgentMsg::Local(Local::Listed(listed)));
+        });
+    }
+
+    /// The member leases listed by [`poll`](Self::poll): the view follows them.
+    pub(super) fn on_listed(&mut self, result: Result<Vec<LeaseRecord>, String>) {
+        self.listing.polling = false;
+        match result {
+            Ok(records) => {
+                if std::mem::take(&mut self.listing.failing) {
+                    tracing::info!("member leases can be listed again");
+                }
+                let listing = self.parse_listing(&records);
+                let events = self.view.listed(&listing);
+                self.emit(events);
+            }
+            Err(e) if !self.listing.failing => {
+                self.listing.failing = true;
+                tracing::warn!(error = %e, "cannot list member leases; the view is not updated until the store answers");
+            }
+            Err(e) => tracing::debug!(error = %e, "cannot list member leases"),
+        }
+    }
+
+    /// This node starts leaving (`Node::leave`): it answers what the rest of the sequence
+    /// needs.
+    pub(super) fn start_leaving(&mut self, reply: RpcReplyPort<LeaveAnswer>) {
+        self.leaving = true;
+        let (guard, wait) = HandOver::new();
+        let events = self.view.self_leaving(guard);
+        self.emit(events);
+        let notice = Leaving {
+            node: self.me.clone(),
+            incarnation: self.incarnation,
+        };
+        let peers = self.mesh.peers.values().map(|p| p.agent.clone()).collect();
+        let _ = reply.send(LeaveAnswer {
+            hand_over: wait,
+            member_lease: self.member_lease.actor.clone(),
+            peers,
+            notice,
+        });
+    }
+
+    /// A peer says it is leaving.
+    pub(super) fn on_peer_leaving(&mut self, l: Leaving, reply: RpcReplyPort<LeavingAck>) {
+        self.reach.heard(&l.node, Instant::now());
+        let events = self.view.leaving(&l.node, l.incarnation);
+        self.emit(events);
+        let _ = reply.send(LeavingAck {});
+    }
+    /// Takes a join ticket, unless one is being taken already (two tickets would start two
+    /// member lease actors, the second waiting forever on the first's grant).
+    pub(super) fn request_ticket(&mut self, myself: &ActorRef<AgentMsg>) {
+        if self.member_lease.ticketing {
+            return;
+        }
+        self.member_lease.ticketing = true;
+        spawn_ticket(
+            myself,
+            &self.s,
+            self.store.clone(),
+            self.lease_observer.clone(),
+        );
+    }
+
+    pub(super) fn is_member_lease(&self, cell: &ractor::ActorCell) -> bool {
+        self.member_lease
+            .actor
+            .as_ref()
+            .is_some_and(|l| l.get_id() == cell.get_id())
+    }
+
+    /// Starts holding the member lease for a membership numbered `ticket`.
+    pub(super) async fn join(
+        &mut self,
+        myself: &ActorRef<AgentMsg>,
+        ticket: u64,
+    ) -> Result<(), ActorProcessingErr> {
+        let note = serde_json::to_string(&MemberNote::new(
+            &proof_key(&self.s.cookie, self.mesh.tls.as_ref()),
+            &self.s.system,
+            self.me.clone(),
+            self.incarnation,
+            ticket,
+            self.s.roles.clone(),
+            self.s.placement.clone(),
+        ))?;
+        let spec = LeaseSpec::new(
+            &self.s.member_lease_name(&self.me),
+            &self.me.to_string(),
+            self.store.clone(),
+            self.s.member_lease,
+        )?
+        .with_note(note);
+        let spec = match &self.lease_observer {
+            Some(o) => spec.with_observer(o.clone()),
+            None => spec,
+        };
+        let agent = myself.clone();
+        let sink = LeaseEventSink::new(move |event| {
+            let _ = agent.cast(AgentMsg::Local(Local::MemberLease { ticket, event }));
+        });
+        let (lease, _) = LeaseActor::start(spec, sink, Some(myself.get_cell())).await?;
+        lease.cast(LeaseMsg::Acquire { reply: None })?;
+        tracing::info!(node = %self.me, age = ticket, "joining: acquiring the member lease");
+        self.member_lease.ticket = Some(ticket);
+        self.member_lease.actor = Some(lease);
+        Ok(())
+    }
+
+    /// The member leases written by nodes with our cookie.
+    pub(super) fn parse_listing(&mut self, records: &[LeaseRecord]) -> Vec<Listed> {
+        let mut listed = Vec::new();
+        for r in records {
+            let Some(note) = r
+                .note
+                .as_deref()
+                .and_then(|n| serde_json::from_str::<MemberNote>(n).ok())
+            else {
+                continue;
+            };
+            let Ok(owner) = NodeAddr::parse("member lease owner", &r.owner) else {
+                continue;
+            };
+            let key = proof_key(&self.s.cookie, self.mesh.tls.as_ref());
+            if owner != note.node || note.expected_proof(&key, &self.s.system) != note.proof {
+                if self
+                    .listing
+                    .foreign
+                    .insert((owner.clone(), note.incarnation))
+                {
+                    tracing::warn!(member = %owner, incarnation = %note.incarnation, "ignoring a member lease written with another cookie or TLS CA: that node is not a member");
+                }
+                continue;
+            }
+            // A node that places entities differently is refused at its join (or refuses
+            // itself); until then it must not count as a member here either.
+            if owner != self.me
+                && let Some(m) = self.s.placement.mismatch(&note.placement)
+            {
+                if self
+                    .listing
+                    .misplaced
+                    .insert((owner.clone(), note.incarnation))
+                {
+                    tracing::warn!(member = %owner, key = %m.key, mine = %m.mine, theirs = %m.theirs, "ignoring a member lease of a node that places entities differently: that node is not a member");
+                }
+                continue;
+            }
+            listed.push(Listed {
+                addr: owner,
+                incarnation: note.incarnation,
+                age: note.age,
+                roles: note.roles,
+            });
+        }
+        listed
+    }
+
+    /// Lists the member leases (after `wait`) for the placement check of grant `token`.
+    ///
+    /// Why two nodes joining at once with different placements cannot both get in: each
+    /// writes its member lease (with its placement) and only then lists the member leases.
+    /// The store orders the four operations; if A's listing does not show B's lease, it
+    /// came before B's write, so B's listing, after B's write, shows A's lease, and B
+    /// refuses itself. A node already up renews its lease, so every joiner sees it.
+    pub(super) fn list_for_join(&self, myself: &ActorRef<AgentMsg>, token: u64, wait: Duration) {
+        let store = self.store.clone();
+        let prefix = self.s.member_prefix();
+        let timeout = self.s.member_lease.lease_operation_timeout;
+        let me = myself.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(wait).await;
+            let listed = bounded(&prefix, "list", timeout, store.list(&prefix))
+                .await
+                .map_err(|e| e.to_string());
+            let _ = me.cast(AgentMsg::Local(Local::JoinCheck { token, listed }));
+        });
+    }
+
+    /// The first listed member (with our cookie, another address) whose placement differs
+    /// from this node's.
+    pub(super) fn placement_refusal(&self, records: &[LeaseRecord]) -> Option<Refusal> {
+        let key = proof_key(&self.s.cookie, self.mesh.tls.as_ref());
+        records.iter().find_map(|r| {
+            let note: MemberNote = serde_json::from_str(r.note.as_deref()?).ok()?;
+            let genuine = note.node.to_string() == r.owner
+                && note.expected_proof(&key, &self.s.system) == note.proof;
+            if !genuine || note.node == self.me {
+                return None;
+            }
+            let mismatch = self.s.placement.mismatch(&note.placement)?;
+            Some(Refusal {
+                member: note.node,
+                mismatch,
+            })
+        })
+    }
+
+    /// Refuses this node: records why, gives the member lease back and stops the agent
+    /// (and with it the node). It never counted itself up.
+    pub(super) async fn refuse(&mut self, refusal: Refusal) -> Result<(), ActorProcessingErr> {
+        let m = &refusal.mismatch;
+        tracing::error!(node = %self.me, member = %refusal.member, key = %m.key, mine = %m.mine, theirs = %m.theirs,
+            "refused to join: this node places entities differently from a member");
+        if let Some(h) = &self.history {
+            h.record(Event::NodeRefused {
+                member: refusal.member.to_string(),
+                key: m.key.clone(),
+                mine: m.mine.clone(),
+                theirs: m.theirs.clone(),
+            });
+        }
+        let _ = self.refused.set(refusal);
+        self.member_lease.verifying = None;
+        self.leaving = true;
+        if let Some(lease) = self.member_lease.actor.take() {
+            let timeout = self.s.member_lease.lease_operation_timeout + RELEASE_SLACK;
+            let _ = lease
+                .stop_and_wait(Some("refused to join".into()), Some(timeout))
+                .await;
+        }
+        Err("refused to join: its placement differs from a member's".into())
+    }
+}
+
+/// How long `Node::leave` waits for the member lease release beyond the operation timeout.
+pub(crate) const RELEASE_SLACK: Duration = Duration::from_secs(1);
+
+/// What a leave request answers: what `Node::leave` needs for the rest of the sequence.
+pub(crate) struct LeaveAnswer {
+    pub hand_over: HandOverWait,
+    pub member_lease: Option<ActorRef<LeaseMsg>>,
+    /// The peers' agents, to be told (and to acknowledge) before the lease is released.
+    pub peers: Vec<ActorRef<AgentMsg>>,
+    pub notice: Leaving,
+}
