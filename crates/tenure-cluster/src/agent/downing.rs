@@ -383,23 +383,7 @@ impl AgentState {
                 why: why.to_string(),
             });
         }
-        self.member_lease.verifying = None;
-        self.member_lease.ticket = None;
-        let events = self.view.self_lost();
-        self.emit(events);
-        if let Some(lease) = self.member_lease.actor.take() {
-            lease.unlink(myself.get_cell());
-            let timeout = self.s.member_lease.lease_operation_timeout + RELEASE_SLACK;
-            tokio::spawn(async move {
-                match ractor::call_t!(lease, LeaseMsg::Release, timeout.as_millis() as u64) {
-                    Ok(Ok(_)) => tracing::info!("member lease released after downing"),
-                    _ => tracing::warn!(
-                        "member lease release failed after downing; it expires after its ttl"
-                    ),
-                }
-                lease.stop(Some("downed".into()));
-            });
-        }
+        self.end_membership(myself);
         if when_down == WhenDown::Exit {
             let _ = self.downed.set(why.to_string());
             myself.stop(Some(format!("downed: {why}")));
@@ -418,26 +402,31 @@ impl AgentState {
                 why: why.to_string(),
             });
         }
+        self.end_membership(myself);
+        self.request_ticket(myself);
+    }
+
+    /// Ends this node's membership on purpose: subscribers hear it is down (they stop what
+    /// it hosts) and the member lease is released in the background (if the release fails,
+    /// the lease expires after its ttl).
+    fn end_membership(&mut self, myself: &ActorRef<AgentMsg>) {
         self.member_lease.verifying = None;
+        self.member_lease.ticket = None;
         let events = self.view.self_lost();
         self.emit(events);
         if let Some(lease) = self.member_lease.actor.take() {
             lease.unlink(myself.get_cell());
             let timeout = self.s.member_lease.lease_operation_timeout + RELEASE_SLACK;
             tokio::spawn(async move {
-                if !matches!(
-                    ractor::call_t!(lease, LeaseMsg::Release, timeout.as_millis() as u64),
-                    Ok(Ok(_))
-                ) {
-                    tracing::warn!(
+                match ractor::call_t!(lease, LeaseMsg::Release, timeout.as_millis() as u64) {
+                    Ok(Ok(_)) => tracing::info!("member lease released after downing"),
+                    _ => tracing::warn!(
                         "member lease release failed after downing; it expires after its ttl"
-                    );
+                    ),
                 }
                 lease.stop(Some("downed".into()));
             });
         }
-        self.member_lease.ticket = None;
-        self.request_ticket(myself);
     }
 }
 
