@@ -52,3 +52,6 @@ cargo package --workspace --no-verify --locked
 cargo package -p tenure-lease --locked
 cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 cargo test --workspace --all-features --locked
+# Benchmarks cannot rot: every bench binary runs once, small (criterion's test mode; the
+# others read `tenure_lease::conformance::bench::smoke`).
+cargo test --workspace --all-features --locked --bench '*'

@@ -6,6 +6,7 @@
 //! `cargo bench -p tenure-cli --bench failover` (runs: TENURE_BENCH_RUNS, default 20).
 
 use std::time::Duration;
+use tenure_lease::conformance::bench::knob;
 
 use tenure_test_kit::cli::cluster::{
     Cluster, MEMBER_TTL, TestCluster, UNREACHABLE_AFTER, percentile,
@@ -19,10 +20,7 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
-    let runs: usize = std::env::var("TENURE_BENCH_RUNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(20);
+    let runs = knob("TENURE_BENCH_RUNS", 20, 1) as usize;
     let mut c = Cluster::start(3);
     let victim = 2;
     let addr = c.nodes[victim].addr.clone();

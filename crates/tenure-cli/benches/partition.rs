@@ -23,18 +23,12 @@
 
 use std::time::Duration;
 
+use tenure_lease::conformance::bench::knob;
 use tenure_test_kit::cli;
 use tenure_test_kit::cli::cluster::Cluster;
 use tenure_test_kit::cli::service::{
     loaded_cluster, now_ns, recovered_after, wait_all_keys_served,
 };
-
-fn env(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 const KINDS: [&str; 6] = [
     "oldest-isolated",
@@ -129,8 +123,8 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
-    let rounds = env("TENURE_BENCH_ROUNDS", 10) as usize;
-    let hold = Duration::from_secs(env("TENURE_BENCH_FAULT_SECS", 12));
+    let rounds = knob("TENURE_BENCH_ROUNDS", 10, 1) as usize;
+    let hold = Duration::from_secs(knob("TENURE_BENCH_FAULT_SECS", 12, 8));
     let kinds: Vec<String> = std::env::var("TENURE_BENCH_KINDS")
         .map(|k| k.split(',').map(str::to_string).collect())
         .unwrap_or_else(|_| KINDS.map(String::from).to_vec());

@@ -8,6 +8,7 @@
 //! `cargo bench -p tenure-cli --bench sharding_failover` (runs: TENURE_BENCH_RUNS, default 10).
 
 use std::time::Duration;
+use tenure_lease::conformance::bench::knob;
 
 use tenure_cli::check::{ActionRule, check_with, read_history};
 use tenure_test_kit::cli::cluster::percentile;
@@ -18,10 +19,7 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
-    let runs: usize = std::env::var("TENURE_BENCH_RUNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10);
+    let runs = knob("TENURE_BENCH_RUNS", 10, 1) as usize;
     let mut c = sharded_cluster();
     let mut times = Vec::new();
     let mut moved_counts = Vec::new();

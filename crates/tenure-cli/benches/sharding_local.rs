@@ -12,12 +12,13 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+use tenure_lease::conformance::bench::{knob, size};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tenure::cluster::{ClusterSettings, History, Incarnation, Node, NodeAddr};
 use tenure::memory::Fault;
 use tenure::sharding::{
-    Entity, EntityContext, Shard, ShardArgs, ShardMsg, ShardingSettings, entity_factory,
+    Entity, EntityContext, Shard, ShardArgs, ShardMsg, ShardingSettings, entity_factory, shard_of,
 };
 use tenure::{LeaseSpec, LeaseStore, MemoryStore, TenureConfig};
 
@@ -73,7 +74,20 @@ impl Actor for Bare {
     }
 }
 
-const ROUNDS: usize = 5;
+fn rounds() -> usize {
+    size(5, 1)
+}
+
+/// `n` entity ids that map to shard `shard` (a shard refuses to start an entity of another
+/// shard).
+fn ids_in_shard(shard: &str, n: usize) -> Vec<String> {
+    let shards = shard_settings().number_of_shards;
+    (0..)
+        .map(|i| format!("e{i}"))
+        .filter(|id| shard_of(id, shards) == shard)
+        .take(n)
+        .collect()
+}
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
@@ -105,6 +119,9 @@ fn shard_settings() -> Arc<ShardingSettings> {
     let config = TenureConfig::from_toml_str("", "bench").unwrap();
     let mut s = ShardingSettings::from_config(&config, "bench", "memory").unwrap();
     s.idle_timeout = None;
+    // The stop budget (stop-timeout + kill wait + delivery slack) must fit the lease's
+    // heartbeat-timeout with two failed renewals to spare, or the region refuses to start.
+    s.stop_timeout = Duration::from_millis(300);
     s.lease = lease_settings();
     Arc::new(s)
 }
@@ -162,7 +179,7 @@ async fn throughput(n: u64) {
 
     let (mut asks, mut calls, mut tells, mut casts) = (vec![], vec![], vec![], vec![]);
     let mut sent_bare = 0;
-    for _ in 0..ROUNDS {
+    for _ in 0..rounds() {
         let t = Instant::now();
         for i in 0..n {
             let _: u64 = region
@@ -198,7 +215,8 @@ async fn throughput(n: u64) {
     let ratio =
         |base: &[f64], ours: &[f64]| median(base.iter().zip(ours).map(|(b, o)| b / o).collect());
     println!(
-        "local messages ({n} per path and round, {ROUNDS} alternating rounds, medians; 100 entities in 10 shards on a 1-node cluster):"
+        "local messages ({n} per path and round, {} alternating rounds, medians; 100 entities in 10 shards on a 1-node cluster):",
+        rounds()
     );
     println!(
         "  ask through the region  {:>10.0}/s   bare ractor call {:>10.0}/s   {:.2}x slower",
@@ -235,12 +253,13 @@ async fn lease_lost_to_stopped(runs: usize, entities: usize) {
     let shard = Shard::start(args, None).await.unwrap();
     let payload = tenure::cluster::codec::encode("entity request", "bench", &0u64).unwrap();
     let mut times = Vec::new();
+    let ids = ids_in_shard("0", entities);
     for _ in 0..runs {
         store.set_fault(Fault::None);
-        for i in 0..entities {
+        for id in &ids {
             shard
                 .cast(ShardMsg::Deliver {
-                    entity: format!("e{i}"),
+                    entity: id.clone(),
                     payload: payload.clone(),
                     reply: None,
                 })
@@ -309,13 +328,14 @@ async fn memory() {
         settings: shard_settings(),
         history: None,
     };
-    let shard = Shard::start(make("entities"), None).await.unwrap();
-    const ENTITIES: usize = 10_000;
+    let shard = Shard::start(make("0"), None).await.unwrap();
+    let entities = size(10_000, 100);
+    let ids = ids_in_shard("0", entities);
     let before = rss_kib();
-    for i in 0..ENTITIES {
+    for id in ids {
         shard
             .cast(ShardMsg::Deliver {
-                entity: format!("e{i}"),
+                entity: id,
                 payload: payload.clone(),
                 reply: None,
             })
@@ -323,17 +343,22 @@ async fn memory() {
     }
     loop {
         let s: tenure::sharding::ShardStatus = ractor::call!(shard, ShardMsg::Status).unwrap();
-        if s.entities.len() == ENTITIES {
+        if s.entities.len() == entities {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let per_entity = (rss_kib() - before) as f64 * 1024.0 / ENTITIES as f64;
-    const SHARDS: usize = 1_000;
+    let per_entity = (rss_kib() - before) as f64 * 1024.0 / entities as f64;
+    let shards_n = size(1_000, 10);
     let before = rss_kib();
     let mut shards = Vec::new();
-    for i in 0..SHARDS {
-        shards.push(Shard::start(make(&i.to_string()), None).await.unwrap());
+    for i in 0..shards_n {
+        // Shard 0 above holds lease bench-shard-0 already.
+        shards.push(
+            Shard::start(make(&(i + 1).to_string()), None)
+                .await
+                .unwrap(),
+        );
     }
     for s in &shards {
         loop {
@@ -344,11 +369,11 @@ async fn memory() {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
-    let per_shard = (rss_kib() - before) as f64 * 1024.0 / SHARDS as f64;
+    let per_shard = (rss_kib() - before) as f64 * 1024.0 / shards_n as f64;
     // Baseline: bare ractor actors.
     let before = rss_kib();
     let mut bare = Vec::new();
-    for _ in 0..ENTITIES {
+    for _ in 0..entities {
         bare.push(
             Actor::spawn(None, Bare, Arc::new(AtomicU64::new(0)))
                 .await
@@ -356,9 +381,9 @@ async fn memory() {
                 .0,
         );
     }
-    let per_bare = (rss_kib() - before) as f64 * 1024.0 / ENTITIES as f64;
+    let per_bare = (rss_kib() - before) as f64 * 1024.0 / entities as f64;
     println!(
-        "memory: {per_entity:.0} B per idle entity ({ENTITIES} in one shard) vs {per_bare:.0} B per bare ractor actor ({:.2}x); {per_shard:.0} B per shard holding its lease ({SHARDS} shards)",
+        "memory: {per_entity:.0} B per idle entity ({entities} in one shard) vs {per_bare:.0} B per bare ractor actor ({:.2}x); {per_shard:.0} B per shard holding its lease ({shards_n} shards)",
         per_entity / per_bare
     );
     for s in shards {
@@ -372,11 +397,8 @@ async fn memory() {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let runs: usize = std::env::var("TENURE_BENCH_RUNS")
-        .ok()
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(20);
-    throughput(20_000).await;
-    lease_lost_to_stopped(runs, 1_000).await;
+    let runs = knob("TENURE_BENCH_RUNS", 20, 1) as usize;
+    throughput(size(20_000, 200) as u64).await;
+    lease_lost_to_stopped(runs, size(1_000, 10)).await;
     memory().await;
 }

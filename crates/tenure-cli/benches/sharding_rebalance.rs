@@ -31,16 +31,10 @@ use std::time::Duration;
 use serde_json::Value;
 use tenure_cli::availability::{Request, acks_per_second, issued_in, latency_quantile};
 use tenure_cli::check::{ActionRule, check_with, read_history};
+use tenure_lease::conformance::bench::knob;
 use tenure_test_kit::cli::cluster::{Cluster, TestCluster};
 use tenure_test_kit::cli::lives::shard_lives;
 use tenure_test_kit::cli::shards::{check_acks, live_shards, load_requests, open_loop_options};
-
-fn env(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn now_ns() -> i64 {
     tenure::clock::monotonic_now_ns()
@@ -68,11 +62,11 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
-    let shards = env("TENURE_BENCH_SHARDS", 12) as usize;
-    let keys = env("TENURE_BENCH_KEYS", 65) as usize;
-    let rate = env("TENURE_BENCH_RATE", 2);
-    let steady_secs = env("TENURE_BENCH_STEADY_SECS", 10) as i64;
-    let rounds = env("TENURE_BENCH_ROUNDS", 3) as usize;
+    let shards = knob("TENURE_BENCH_SHARDS", 12, 12) as usize;
+    let keys = knob("TENURE_BENCH_KEYS", 65, 65) as usize;
+    let rate = knob("TENURE_BENCH_RATE", 2, 2);
+    let steady_secs = knob("TENURE_BENCH_STEADY_SECS", 10, 3) as i64;
+    let rounds = knob("TENURE_BENCH_ROUNDS", 3, 1) as usize;
     assert!(
         shards.is_multiple_of(12),
         "TENURE_BENCH_SHARDS must be a multiple of 12 (3 then 4 equal shares)"

@@ -19,10 +19,17 @@ use ractor_cluster::RactorClusterMessage;
 use tenure::TenureConfig;
 use tenure::cluster::{ClusterSettings, Node};
 use tenure::sharding::{Entity, EntityContext, ShardRegion, entity_factory};
+use tenure_lease::conformance::bench::size;
 
-const ROUND_TRIPS: usize = 1_000;
-const TELLS: usize = 10_000;
-const ROUNDS: usize = 5;
+fn round_trips() -> usize {
+    size(1_000, 20)
+}
+fn tells() -> usize {
+    size(10_000, 100)
+}
+fn rounds() -> usize {
+    size(5, 1)
+}
 
 struct Echo;
 impl Entity for Echo {
@@ -174,39 +181,39 @@ async fn main() {
     let (mut ask_ratio, mut tell_ratio) = (Vec::new(), Vec::new());
     let (mut ask_rates, mut raw_call_rates, mut tell_rates, mut raw_cast_rates) =
         (vec![], vec![], vec![], vec![]);
-    for _ in 0..ROUNDS {
+    for _ in 0..rounds() {
         let t = Instant::now();
-        for i in 0..ROUND_TRIPS {
+        for i in 0..round_trips() {
             let _: u64 = region
                 .ask(&keys[i % 100], &1u64, Duration::from_secs(5))
                 .await
                 .unwrap();
         }
-        let ask = ROUND_TRIPS as f64 / t.elapsed().as_secs_f64();
+        let ask = round_trips() as f64 / t.elapsed().as_secs_f64();
         let t = Instant::now();
-        for _ in 0..ROUND_TRIPS {
+        for _ in 0..round_trips() {
             raw.call(|r| RawMsg::Echo(1, r), Some(Duration::from_secs(5)))
                 .await
                 .unwrap();
         }
-        let raw_call = ROUND_TRIPS as f64 / t.elapsed().as_secs_f64();
+        let raw_call = round_trips() as f64 / t.elapsed().as_secs_f64();
         let t = Instant::now();
-        for _ in 0..TELLS {
+        for _ in 0..tells() {
             region.tell(&keys[0], &1u64).unwrap();
         }
         let _: u64 = region
             .ask(&keys[0], &0u64, Duration::from_secs(60))
             .await
             .unwrap();
-        let tell = TELLS as f64 / t.elapsed().as_secs_f64();
+        let tell = tells() as f64 / t.elapsed().as_secs_f64();
         let t = Instant::now();
-        for _ in 0..TELLS {
+        for _ in 0..tells() {
             raw.cast(RawMsg::Add(1)).unwrap();
         }
         raw.call(|r| RawMsg::Echo(0, r), Some(Duration::from_secs(60)))
             .await
             .unwrap();
-        let raw_cast = TELLS as f64 / t.elapsed().as_secs_f64();
+        let raw_cast = tells() as f64 / t.elapsed().as_secs_f64();
         ask_ratio.push(raw_call / ask);
         tell_ratio.push(raw_cast / tell);
         ask_rates.push(ask);
@@ -214,7 +221,10 @@ async fn main() {
         tell_rates.push(tell);
         raw_cast_rates.push(raw_cast);
     }
-    println!("messages to entities on another node ({ROUNDS} alternating rounds, medians):");
+    println!(
+        "messages to entities on another node ({} alternating rounds, medians):",
+        rounds()
+    );
     println!(
         "  ask through the regions  {:>8.0}/s   bare ractor_cluster call {:>8.0}/s   {:.2}x slower",
         median(ask_rates),

@@ -6,6 +6,7 @@
 //! `cargo bench -p tenure-cli --bench singleton_failover` (runs: TENURE_BENCH_RUNS, default 20).
 
 use std::time::Duration;
+use tenure_lease::conformance::bench::knob;
 
 use serde_json::Value;
 use tenure_test_kit::cli::cluster::{Cluster, Options, TestCluster, percentile};
@@ -53,10 +54,7 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
-    let runs: usize = std::env::var("TENURE_BENCH_RUNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(20);
+    let runs = knob("TENURE_BENCH_RUNS", 20, 1) as usize;
     let options = Options {
         node_args: ["--singleton", "s1", "--tick", "100ms"]
             .iter()

@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::Duration;
 
+use rustix::process::{Pid, Signal, kill_process};
 use tenure::TenureConfig;
 use tenure::cluster::{ClusterSettings, Node};
 use tenure::sharding::{ShardRegion, entity_factory};
@@ -160,8 +161,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     node.leave().await?;
     for child in &mut children {
         if child.try_wait()?.is_none() {
-            // SIGTERM: each node leaves gracefully. SAFETY: kill(2) of our own child.
-            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            // SIGTERM: each node leaves gracefully.
+            kill_process(Pid::from_child(child), Signal::TERM)?;
             let status = child.wait()?;
             if !status.success() {
                 return Err(format!("node {} did not leave cleanly: {status}", child.id()).into());

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::Duration;
 
+use rustix::process::{Pid, Signal, kill_process};
 use tenure::TenureConfig;
 use tenure::cluster::{ClusterSettings, Node};
 use tenure::singleton::spawner;
@@ -124,8 +125,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     for child in &mut children[1..] {
         // SIGTERM: each node leaves gracefully.
-        // SAFETY: plain kill(2) of our own child process.
-        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        kill_process(Pid::from_child(child), Signal::TERM)?;
         let status = child.wait()?;
         if !status.success() {
             return Err(format!("node {} did not leave cleanly: {status}", child.id()).into());

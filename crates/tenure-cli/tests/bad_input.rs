@@ -135,7 +135,7 @@ fn sqlite_path_in_a_read_only_directory_is_named() {
     let bin = sb.path("tenure");
     std::fs::copy(&*TENURE, &bin).expect("copy binary");
     std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o644)).expect("chmod");
-    let mut cmd = if unsafe { libc::geteuid() } == 0 {
+    let mut cmd = if tenure_test_kit::signal::is_root() {
         let mut c = std::process::Command::new("runuser");
         c.args(["-u", "nobody", "--"]).arg(&bin);
         c

@@ -23,6 +23,7 @@
 //! late answers are a write lock held on the file (every process's operations wait, and
 //! those that wait past their caller's timeout complete unanswered).
 
+use rustix::process::Signal;
 use tenure_test_kit::cli;
 
 use std::path::{Path, PathBuf};
@@ -558,8 +559,7 @@ fn second_owner(run: &mut Run, target: usize, rng: &mut Rng) {
     } else {
         std::thread::sleep(rng.between(Duration::from_secs(1), ttl + Duration::from_secs(1)));
     }
-    // SAFETY: kill(2) on our unreaped child.
-    unsafe { libc::kill(second.id() as i32, libc::SIGTERM) };
+    tenure_test_kit::signal::send(second.id(), Signal::TERM);
     let started = Instant::now();
     let status = loop {
         if let Some(status) = second.try_wait().expect("wait for tenure lease run") {

@@ -5,6 +5,8 @@ use tenure_test_kit::cli;
 
 use std::time::{Duration, Instant};
 
+use rustix::process::{Pid, Signal, kill_process_group};
+
 use cli::*;
 use tenure::FenceCheck;
 
@@ -97,10 +99,10 @@ fn sigkilled_holder_is_taken_over_with_a_higher_token() {
         "one holder: {}",
         stdout(&shown)
     );
-    h1.signal(libc::SIGKILL);
+    h1.signal(Signal::KILL);
     let t2 = token_of(&h2.wait_line("holding shell as h2", LIMIT));
     assert!(t2 > t1);
-    h2.signal(libc::SIGINT);
+    h2.signal(Signal::INT);
     h2.wait_line("released shell", LIMIT);
     assert_eq!(h2.wait_exit(LIMIT), Some(0));
     assert_eq!(
@@ -167,7 +169,7 @@ fn guarded_commands_never_overlap_across_sigkills() {
             if kills < 4
                 && let Some(r) = runners.iter_mut().find(|r| runner_index(r) == Some(i))
             {
-                r.signal(libc::SIGKILL);
+                r.signal(Signal::KILL);
                 kills += 1;
             }
         }
@@ -306,8 +308,8 @@ fn sigstopped_holder_stops_its_command_on_resume_and_late_writes_are_fenced() {
         .expect("pid");
     let groups = [r1.pid(), command];
     for g in groups {
-        // SAFETY: kill(2) on process groups our test created.
-        assert_eq!(unsafe { libc::kill(-g, libc::SIGSTOP) }, 0);
+        kill_process_group(Pid::from_raw(g).expect("a pid"), Signal::STOP)
+            .expect("stop the process group");
     }
     let args2 = run_args("r2");
     let mut r2 = sb.spawn(&args2.iter().map(String::as_str).collect::<Vec<_>>());
@@ -320,8 +322,8 @@ fn sigstopped_holder_stops_its_command_on_resume_and_late_writes_are_fenced() {
     // Let r2 write a while, then resume r1 and its command.
     std::thread::sleep(Duration::from_millis(200));
     for g in groups {
-        // SAFETY: as above.
-        assert_eq!(unsafe { libc::kill(-g, libc::SIGCONT) }, 0);
+        kill_process_group(Pid::from_raw(g).expect("a pid"), Signal::CONT)
+            .expect("resume the process group");
     }
     assert_eq!(r1.wait_exit(LIMIT), Some(3), "r1 reports the lost lease");
     let err = r1.stderr();
@@ -330,7 +332,7 @@ fn sigstopped_holder_stops_its_command_on_resume_and_late_writes_are_fenced() {
         "{err}"
     );
     std::thread::sleep(Duration::from_millis(200));
-    r2.signal(libc::SIGTERM);
+    r2.signal(Signal::TERM);
     assert_eq!(r2.wait_exit(LIMIT), Some(143));
     let entries = read_history(&history);
     // r1's command may have written a few lines between its resumption and its SIGTERM:

@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use rustix::process::Signal;
+
 use tenure_test_kit::cli::*;
 
 const LIMIT: Duration = Duration::from_secs(30);
@@ -67,7 +69,7 @@ fn a_higher_priority_process_preempts_a_holding_one() {
     let lower = sb.run(&["lease", "acquire", "job", "--owner", "x", "--priority", "4"]);
     assert_eq!(lower.status.code(), Some(1));
     assert!(stdout(&lower).contains("priority=5"), "{}", stdout(&lower));
-    high.signal(libc::SIGINT);
+    high.signal(Signal::INT);
     high.wait_line("released job", LIMIT);
     assert_eq!(high.wait_exit(LIMIT), Some(0));
 }

@@ -15,11 +15,18 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, pg};
 use ractor_cluster::node::NodeConnectionMode;
 use ractor_cluster::{NodeServer, RactorClusterMessage};
 use serde::{Deserialize, Serialize};
+use tenure_lease::conformance::bench::size;
 
 const BODY: usize = 64;
-const ROUND_TRIPS: usize = 2_000;
-const CASTS: usize = 20_000;
-const ROUNDS: usize = 5;
+fn round_trips() -> usize {
+    size(2_000, 20)
+}
+fn casts() -> usize {
+    size(20_000, 100)
+}
+fn rounds() -> usize {
+    size(5, 1)
+}
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Payload {
@@ -164,8 +171,8 @@ struct Round {
 }
 
 async fn codec_round(to: &ActorRef<CodecMsg>) -> Round {
-    let mut rtt_us = Vec::with_capacity(ROUND_TRIPS);
-    for i in 0..ROUND_TRIPS {
+    let mut rtt_us = Vec::with_capacity(round_trips());
+    for i in 0..round_trips() {
         let t = Instant::now();
         let back = ractor::call_t!(to, CodecMsg::Echo, 5000, payload(i as u64)).expect("echo");
         assert_eq!(back.seq, i as u64);
@@ -175,23 +182,23 @@ async fn codec_round(to: &ActorRef<CodecMsg>) -> Round {
         .expect("barrier")
         .n;
     let t = Instant::now();
-    for i in 0..CASTS {
+    for i in 0..casts() {
         to.cast(CodecMsg::Data(payload(i as u64))).expect("cast");
     }
     let after = ractor::call_t!(to, CodecMsg::Barrier, 60_000, payload(0))
         .expect("barrier")
         .n;
     let secs = t.elapsed().as_secs_f64();
-    assert_eq!(after - before, CASTS as u64, "every cast arrived");
+    assert_eq!(after - before, casts() as u64, "every cast arrived");
     Round {
         rtt_us,
-        per_sec: CASTS as f64 / secs,
+        per_sec: casts() as f64 / secs,
     }
 }
 
 async fn raw_round(to: &ActorRef<RawMsg>) -> Round {
-    let mut rtt_us = Vec::with_capacity(ROUND_TRIPS);
-    for i in 0..ROUND_TRIPS {
+    let mut rtt_us = Vec::with_capacity(round_trips());
+    for i in 0..round_trips() {
         let t = Instant::now();
         let back = ractor::call_t!(to, RawMsg::Echo, 5000, raw_bytes(i as u64)).expect("echo");
         assert!(!back.is_empty());
@@ -199,15 +206,15 @@ async fn raw_round(to: &ActorRef<RawMsg>) -> Round {
     }
     let before = ractor::call_t!(to, RawMsg::Barrier, 5000, Vec::new()).expect("barrier");
     let t = Instant::now();
-    for i in 0..CASTS {
+    for i in 0..casts() {
         to.cast(RawMsg::Data(raw_bytes(i as u64))).expect("cast");
     }
     let after = ractor::call_t!(to, RawMsg::Barrier, 60_000, Vec::new()).expect("barrier");
     let secs = t.elapsed().as_secs_f64();
-    assert_eq!(after - before, CASTS as u64, "every cast arrived");
+    assert_eq!(after - before, casts() as u64, "every cast arrived");
     Round {
         rtt_us,
-        per_sec: CASTS as f64 / secs,
+        per_sec: casts() as f64 / secs,
     }
 }
 
@@ -267,7 +274,7 @@ async fn main() {
 
     let (mut c_rtt, mut r_rtt, mut c_tp, mut r_tp, mut ratios_tp, mut ratios_rtt) =
         (vec![], vec![], vec![], vec![], vec![], vec![]);
-    for round in 0..ROUNDS {
+    for round in 0..rounds() {
         let (mut c, mut r) = if round % 2 == 0 {
             let c = codec_round(&codec).await;
             (c, raw_round(&raw).await)
@@ -298,7 +305,9 @@ async fn main() {
         percentile(&mut r_rtt, 0.99)
     );
     println!(
-        "one-way throughput (median of {ROUNDS} rounds of {CASTS}): codec {:.0} msg/s, raw {:.0} msg/s",
+        "one-way throughput (median of {} rounds of {}): codec {:.0} msg/s, raw {:.0} msg/s",
+        rounds(),
+        casts(),
         median(c_tp),
         median(r_tp)
     );

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, criterion_group};
 use etcd_client::{Client, Compare, CompareOp, LockOptions, PutOptions, Txn, TxnOp};
 use tenure_lease::conformance::bench::{
-    Holders, INTERVALS, LEASE_COUNTS, api_settings, bracket_intervals, lease_acquire_release,
+    Holders, INTERVALS, api_settings, bracket_intervals, lease_acquire_release, lease_counts,
     renewal_settings, runtime, spi_request, store_acquire_release,
 };
 use tenure_lease::{Lease, LeaseSettings, LeaseSpec, LeaseStore};
@@ -118,7 +118,7 @@ fn renewal_traffic() {
         "leases", "intervals", "etcd requests / interval", "renewed per interval"
     );
     let rt = runtime().expect("runtime");
-    for n in LEASE_COUNTS {
+    for n in lease_counts() {
         let etcd = rt.block_on(Etcd::single());
         let s = LeaseSettings {
             lease_operation_timeout: Duration::from_secs(10),

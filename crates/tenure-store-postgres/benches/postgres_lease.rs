@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group};
 use tenure_lease::conformance::bench::{
-    Counting, Holders, INTERVALS, LEASE_COUNTS, api_settings, bracket_intervals,
-    lease_acquire_release, median, renewal_settings, runtime, spi_request, store_acquire_release,
+    Counting, Holders, INTERVALS, api_settings, bracket_intervals, lease_acquire_release,
+    lease_counts, median, renewal_settings, runtime, size, spi_request, store_acquire_release,
 };
 use tenure_lease::{AcquireOutcome, AcquireRequest, HeldLease, Lease, LeaseSpec, LeaseStore};
 use tenure_store_postgres::PostgresStore;
@@ -171,7 +171,7 @@ fn renewal_cost(server: &PgServer) {
         "leases", "intervals", "round trips/interval", "leases per round trip", "one batch renew"
     );
     let rt = runtime().expect("runtime");
-    for n in LEASE_COUNTS {
+    for n in lease_counts() {
         let owner = format!("owner-{n}");
         let inner = rt
             .block_on(PostgresStore::connect(
@@ -222,28 +222,28 @@ fn interleaved(server: &PgServer) {
     });
     let direct = rt.block_on(Direct::connect(server));
     let req = spi_request("inter-spi", Duration::from_secs(60));
-    const ROUNDS: usize = 40;
-    const PER_ROUND: u32 = 100;
+    let rounds = size(40, 1);
+    let per_round = size(100, 5) as u32;
     let (mut api, mut spi) = (Vec::new(), Vec::new());
     let (mut t_direct, mut t_api, mut t_spi) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
-    for _ in 0..ROUNDS {
+    for _ in 0..rounds {
         let d = rt.block_on(async {
             let started = Instant::now();
-            for _ in 0..PER_ROUND {
+            for _ in 0..per_round {
                 direct.acquire_release("inter-direct", "bench-owner").await;
             }
             started.elapsed()
         });
         let a = rt.block_on(async {
             let started = Instant::now();
-            for _ in 0..PER_ROUND {
+            for _ in 0..per_round {
                 lease_acquire_release(&lease).await;
             }
             started.elapsed()
         });
         let s = rt.block_on(async {
             let started = Instant::now();
-            for _ in 0..PER_ROUND {
+            for _ in 0..per_round {
                 store_acquire_release(store.as_ref(), &req).await;
             }
             started.elapsed()
@@ -252,9 +252,9 @@ fn interleaved(server: &PgServer) {
         spi.push(s.as_secs_f64() / d.as_secs_f64());
         (t_direct, t_api, t_spi) = (t_direct + d, t_api + a, t_spi + s);
     }
-    let n = ROUNDS as u32 * PER_ROUND;
+    let n = rounds as u32 * per_round;
     println!(
-        "\nacquire+release, {ROUNDS} alternating rounds of {PER_ROUND}: direct_sql {:.1?}, lease_api {:.1?}, store_spi {:.1?} per pair",
+        "\nacquire+release, {rounds} alternating rounds of {per_round}: direct_sql {:.1?}, lease_api {:.1?}, store_spi {:.1?} per pair",
         t_direct / n,
         t_api / n,
         t_spi / n

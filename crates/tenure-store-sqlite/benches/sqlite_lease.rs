@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, criterion_group};
 use rusqlite::{Connection, TransactionBehavior, params};
 use tenure_lease::conformance::bench::{
-    Counting, Holders, INTERVALS, LEASE_COUNTS, api_settings, bracket_intervals,
-    lease_acquire_release, renewal_settings, runtime, spi_request,
+    Counting, Holders, INTERVALS, api_settings, bracket_intervals, lease_acquire_release,
+    lease_counts, renewal_settings, runtime, spi_request,
 };
 use tenure_lease::{AcquireOutcome, Acquired, HeldLease, Lease, LeaseSpec, LeaseStore};
 use tenure_store_sqlite::{SqliteStore, sql, store_now_ns, token_floor};
@@ -221,7 +221,7 @@ fn renewal_cost() {
         "leases", "intervals", "round trips/interval", "leases per round trip"
     );
     let rt = runtime().expect("runtime");
-    for n in LEASE_COUNTS {
+    for n in lease_counts() {
         let dir = tempfile::tempdir().unwrap();
         let store = Counting::new(Arc::new(
             SqliteStore::open(dir.path().join("cost.sqlite"), Duration::from_secs(5)).unwrap(),

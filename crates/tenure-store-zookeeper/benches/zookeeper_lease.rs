@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group};
 use tenure_lease::conformance::bench::{
-    Counting, Holders, INTERVALS, LEASE_COUNTS, bracket_intervals, lease_acquire_release, median,
-    percentile, renewal_settings, runtime, spi_request, store_acquire_release,
+    Counting, Holders, INTERVALS, bracket_intervals, lease_acquire_release, lease_counts, median,
+    percentile, renewal_settings, runtime, size, spi_request, store_acquire_release,
 };
 use tenure_lease::{Lease, LeaseSpec, LeaseStore};
 use tenure_store_zookeeper::zookeeper_client as zk;
@@ -97,8 +97,8 @@ fn acquire_release(c: &mut Criterion) {
 /// Lease API, store SPI and bare create+delete in alternating rounds of 200 iterations, so
 /// that machine load hits all alike; prints the median per-round ratio to bare.
 fn alternating_ratio() {
-    const ROUNDS: usize = 15;
-    const ITERS: u32 = 200;
+    let rounds = size(15, 1);
+    let iters = size(200, 5) as u32;
     let server = server();
     let rt = runtime().expect("runtime");
     rt.block_on(server.warm_up()).expect("warm-up");
@@ -126,25 +126,25 @@ fn alternating_ratio() {
     let req = spi_request("spi", renewal_settings().heartbeat_timeout);
     let (mut api, mut spi, mut raw) = (Vec::new(), Vec::new(), Vec::new());
     rt.block_on(async {
-        for _ in 0..ROUNDS {
+        for _ in 0..rounds {
             let started = Instant::now();
-            for _ in 0..ITERS {
+            for _ in 0..iters {
                 lease_acquire_release(&lease).await;
             }
-            api.push(started.elapsed() / ITERS);
+            api.push(started.elapsed() / iters);
             let started = Instant::now();
-            for _ in 0..ITERS {
+            for _ in 0..iters {
                 store_acquire_release(store.as_ref(), &req).await;
             }
-            spi.push(started.elapsed() / ITERS);
+            spi.push(started.elapsed() / iters);
             let started = Instant::now();
-            for _ in 0..ITERS {
+            for _ in 0..iters {
                 bare.create("/bench/bare/holder", b"bench-owner", &ephemeral)
                     .await
                     .unwrap();
                 bare.delete("/bench/bare/holder", None).await.unwrap();
             }
-            raw.push(started.elapsed() / ITERS);
+            raw.push(started.elapsed() / iters);
         }
     });
     let median = |v: Vec<f64>| median(v).expect("rounds");
@@ -160,7 +160,7 @@ fn alternating_ratio() {
         Duration::from_secs_f64(median(v.iter().map(Duration::as_secs_f64).collect()))
     };
     println!(
-        "\nacquire+release, {ROUNDS} alternating rounds of {ITERS}: median per-iteration time, median ratio to bare"
+        "\nacquire+release, {rounds} alternating rounds of {iters}: median per-iteration time, median ratio to bare"
     );
     println!("  bare create+delete  {:>10.1?}", med(&raw));
     println!(
@@ -194,7 +194,7 @@ fn renewal_cost() {
     let rt = runtime().expect("runtime");
     rt.block_on(server.warm_up()).expect("warm-up");
     let s = renewal_settings();
-    for n in LEASE_COUNTS {
+    for n in lease_counts() {
         let store = Counting::new(Arc::new(store(&server, &format!("/bench/renew-{n}"))));
         let (counts, mut direct, all_held) = rt.block_on(async {
             let names = (0..n).map(|i| format!("lease-{i}")).collect();

@@ -15,6 +15,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use rustix::process::{Pid, Signal, kill_process, set_parent_process_death_signal};
 use serde_json::Value;
 use tenure::history::{Entry, Event, Link};
 
@@ -67,8 +68,8 @@ pub struct NodeProc {
 
 impl NodeProc {
     /// The running process's id (panics when the node is not running).
-    pub fn pid(&self) -> i32 {
-        self.child.as_ref().expect("node running").id() as i32
+    pub fn pid(&self) -> Pid {
+        Pid::from_child(self.child.as_ref().expect("node running"))
     }
 
     /// Everything the node wrote to stderr so far.
@@ -296,12 +297,7 @@ release-after = "10s"
             cmd.process_group(0);
             // SAFETY: prctl(2) is async-signal-safe; nothing else runs between fork and exec.
             unsafe {
-                cmd.pre_exec(|| {
-                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
+                cmd.pre_exec(|| Ok(set_parent_process_death_signal(Some(Signal::KILL))?));
             }
         }
         let mut child = cmd.spawn().expect("spawn tenure node");
@@ -352,9 +348,10 @@ release-after = "10s"
         self.nodes[i].child.is_some()
     }
 
-    fn signal(&self, i: usize, sig: i32) {
-        let rc = unsafe { libc::kill(self.nodes[i].pid(), sig) };
-        assert_eq!(rc, 0, "kill({sig}) node {i}");
+    fn signal(&self, i: usize, sig: Signal) {
+        if let Err(e) = kill_process(self.nodes[i].pid(), sig) {
+            panic!("kill({sig:?}) node {i}: {e}");
+        }
     }
 
     /// Appends a harness event about node `i` to the shared history (same clock and
@@ -379,7 +376,7 @@ release-after = "10s"
 
     /// SIGKILL node `i` and reap it.
     pub fn kill(&mut self, i: usize) {
-        self.signal(i, libc::SIGCONT);
+        self.signal(i, Signal::CONT);
         let mut child = self.nodes[i].child.take().expect("running");
         child.kill().expect("SIGKILL");
         child.wait().expect("reap");
@@ -399,20 +396,20 @@ release-after = "10s"
     /// running).
     pub fn pause(&self, i: usize) {
         self.record(i, Event::Paused {});
-        self.signal(i, libc::SIGSTOP);
+        self.signal(i, Signal::STOP);
     }
 
     /// SIGCONT node `i` (recorded as `resumed` first).
     pub fn resume(&self, i: usize) {
         self.record(i, Event::Resumed {});
-        self.signal(i, libc::SIGCONT);
+        self.signal(i, Signal::CONT);
     }
 
     /// SIGTERM node `i` (graceful leave: `leaving` is recorded before the signal,
     /// `terminated` once the process exited) and waits for its exit status.
     pub fn stop(&mut self, i: usize) -> ExitStatus {
         self.record(i, Event::Leaving {});
-        self.signal(i, libc::SIGTERM);
+        self.signal(i, Signal::TERM);
         self.reap(i, Instant::now() + Duration::from_secs(20))
             .unwrap_or_else(|| {
                 panic!(
@@ -437,8 +434,8 @@ release-after = "10s"
             .collect();
         for &i in &running {
             self.record(i, Event::Leaving {});
-            self.signal(i, libc::SIGCONT);
-            self.signal(i, libc::SIGTERM);
+            self.signal(i, Signal::CONT);
+            self.signal(i, Signal::TERM);
         }
         let deadline = Instant::now() + limit;
         running
@@ -668,7 +665,7 @@ impl Drop for Cluster {
     fn drop(&mut self) {
         for node in &mut self.nodes {
             if let Some(mut child) = node.child.take() {
-                unsafe { libc::kill(child.id() as i32, libc::SIGCONT) };
+                let _ = kill_process(Pid::from_child(&child), Signal::CONT);
                 let _ = child.kill();
                 let _ = child.wait();
             }

@@ -1,5 +1,5 @@
-//! Helpers shared by the store crates' benchmarks: the runtime and settings they run
-//! with, the acquire+release pairs they time, a [`Counting`] store wrapper, LeaseActor
+//! Helpers shared by Tenure's benchmarks: whether a bench runs for real or as a smoke test
+//! ([`smoke`], [`knob`], [`size`]), the runtime and settings the store benches run with, the acquire+release pairs they time, a [`Counting`] store wrapper, LeaseActor
 //! [`Holders`] for renewal-cost runs, and median/percentile helpers.
 //!
 //! Bench-only: the async helpers assert what they expect (a grant, a release) and panic
@@ -26,8 +26,33 @@ pub const SETTLE: Duration = Duration::from_millis(2500);
 /// How many whole heartbeat intervals renewal-cost runs count over.
 pub const INTERVALS: u64 = 5;
 
-/// The lease counts renewal-cost runs measure.
-pub const LEASE_COUNTS: [usize; 3] = [1, 100, 10_000];
+/// The lease counts renewal-cost runs measure: 1, 100 and 10,000 (only the first two in a
+/// smoke run).
+pub fn lease_counts() -> Vec<usize> {
+    vec![1, 100, 10_000][..size(3, 2)].to_vec()
+}
+
+/// True when this bench binary runs under `cargo test --benches`, so that the test command
+/// proves every bench still works: it should run each measurement once and small. Cargo
+/// passes `--bench` to a bench binary only under `cargo bench`, the rule criterion's own
+/// test mode follows too.
+pub fn smoke() -> bool {
+    !std::env::args().any(|a| a == "--bench")
+}
+
+/// A bench knob: the number in the environment variable `var` when it is set, else `full`
+/// under `cargo bench` and `small` in a [`smoke`] run.
+pub fn knob(var: &str, full: u64, small: u64) -> u64 {
+    std::env::var(var)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if smoke() { small } else { full })
+}
+
+/// `full` under `cargo bench`, `small` in a [`smoke`] run: for sizes no variable sets.
+pub fn size(full: usize, small: usize) -> usize {
+    if smoke() { small } else { full }
+}
 
 /// A multi-threaded runtime with two workers, I/O and timers.
 ///

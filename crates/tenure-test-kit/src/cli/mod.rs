@@ -14,6 +14,8 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::{LazyLock, mpsc};
 use std::time::{Duration, Instant};
 
+use rustix::process::{Pid, Signal, kill_process};
+
 /// The `tenure` executable of this build, in the target directory above the running test's
 /// or bench's `deps` directory (cargo builds a package's binaries for its integration tests
 /// and benches): only tests and benches of `tenure-cli` may start it.
@@ -136,9 +138,10 @@ impl Running {
         self.child.id() as i32
     }
 
-    pub fn signal(&self, sig: i32) {
-        // SAFETY: kill(2) on a child we have not reaped.
-        assert_eq!(unsafe { libc::kill(self.pid(), sig) }, 0, "kill {sig}");
+    pub fn signal(&self, sig: Signal) {
+        if let Err(e) = kill_process(Pid::from_child(&self.child), sig) {
+            panic!("kill({sig:?}): {e}");
+        }
     }
 
     /// Waits for exit (bounded) and returns the exit code (None when killed by a signal).
