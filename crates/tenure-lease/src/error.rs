@@ -1,31 +1,147 @@
 //! Typed errors. A `LeaseError` from an operation means the outcome is *unknown*:
 //! treat the lease as maybe held, never as certainly not held.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+/// The underlying error a [`StoreError`] wraps (a client library's, the operating
+/// system's), shared so that store errors stay `Clone`.
+pub type Cause = Arc<dyn std::error::Error + Send + Sync + 'static>;
+
 /// What a store reports when an operation could not be carried out.
-#[derive(Debug, Clone, thiserror::Error)]
+///
+/// Its [`source`](std::error::Error::source) is the underlying error itself (a
+/// `rusqlite::Error`, an `etcd_client::Error`, an `io::Error`…), so that it can be
+/// downcast. (`Display` and `Error` are written out rather than derived for that reason:
+/// a derived source would be the shared [`Cause`] wrapper.)
+#[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum StoreError {
     /// The store could not be reached or refused to serve (down, locked, connection cut).
-    #[error("{store} store unavailable: {detail}")]
-    Unavailable { store: &'static str, detail: String },
+    Unavailable {
+        /// The store kind (`sqlite`, `etcd`, …).
+        store: &'static str,
+        /// What failed, naming the operation and what it was on (key, file, server), with
+        /// the cause's text.
+        detail: String,
+        /// The underlying error, when there is one.
+        source: Option<Cause>,
+    },
     /// The store answered with something the store crate could not interpret.
-    #[error("{store} store error: {detail}")]
-    Backend { store: &'static str, detail: String },
+    Backend {
+        /// The store kind (`sqlite`, `etcd`, …).
+        store: &'static str,
+        /// What failed, naming the operation and what it was on, with the cause's text.
+        detail: String,
+        /// The underlying error, when there is one.
+        source: Option<Cause>,
+    },
     /// The store lost state or its order went back (a lease file deleted or replaced, an
     /// etcd cluster restored without bumping its revisions, a token sequence rolled back by
     /// a fail-over): it refuses the operation, which did nothing, until it is safe again.
     /// `detail` names the cause.
-    #[error("{store} store refuses: {detail}")]
-    StateLost { store: &'static str, detail: String },
+    StateLost {
+        /// The store kind (`sqlite`, `etcd`, …).
+        store: &'static str,
+        /// The cause, naming the file, revision or sequence.
+        detail: String,
+        /// The underlying error, when there is one.
+        source: Option<Cause>,
+    },
     /// The store does not have the capability the operation needs (see
     /// [`Capabilities`](crate::Capabilities)); nothing was done.
-    #[error("{store} store does not support {operation}")]
     Unsupported {
+        /// The store kind.
         store: &'static str,
+        /// The operation it cannot do.
         operation: &'static str,
     },
+}
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreError::Unavailable { store, detail, .. } => {
+                write!(f, "{store} store unavailable: {detail}")
+            }
+            StoreError::Backend { store, detail, .. } => write!(f, "{store} store error: {detail}"),
+            StoreError::StateLost { store, detail, .. } => {
+                write!(f, "{store} store refuses: {detail}")
+            }
+            StoreError::Unsupported { store, operation } => {
+                write!(f, "{store} store does not support {operation}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for StoreError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            StoreError::Unavailable { source, .. }
+            | StoreError::Backend { source, .. }
+            | StoreError::StateLost { source, .. } => source
+                .as_deref()
+                .map(|e| e as &(dyn std::error::Error + 'static)),
+            StoreError::Unsupported { .. } => None,
+        }
+    }
+}
+
+impl StoreError {
+    /// [`StoreError::Unavailable`] of `store`; add the underlying error with
+    /// [`caused_by`](StoreError::caused_by).
+    pub fn unavailable(store: &'static str, detail: impl Into<String>) -> Self {
+        StoreError::Unavailable {
+            store,
+            detail: detail.into(),
+            source: None,
+        }
+    }
+
+    /// [`StoreError::Backend`] of `store`; add the underlying error with
+    /// [`caused_by`](StoreError::caused_by).
+    pub fn backend(store: &'static str, detail: impl Into<String>) -> Self {
+        StoreError::Backend {
+            store,
+            detail: detail.into(),
+            source: None,
+        }
+    }
+
+    /// [`StoreError::StateLost`] of `store`; add the underlying error with
+    /// [`caused_by`](StoreError::caused_by).
+    pub fn state_lost(store: &'static str, detail: impl Into<String>) -> Self {
+        StoreError::StateLost {
+            store,
+            detail: detail.into(),
+            source: None,
+        }
+    }
+
+    /// This error with `cause` as its [source](std::error::Error::source), so that the
+    /// whole chain stays inspectable (`Unsupported` has no cause and is returned as is).
+    pub fn caused_by(self, cause: impl std::error::Error + Send + Sync + 'static) -> Self {
+        let cause: Cause = Arc::new(cause);
+        match self {
+            StoreError::Unavailable { store, detail, .. } => StoreError::Unavailable {
+                store,
+                detail,
+                source: Some(cause),
+            },
+            StoreError::Backend { store, detail, .. } => StoreError::Backend {
+                store,
+                detail,
+                source: Some(cause),
+            },
+            StoreError::StateLost { store, detail, .. } => StoreError::StateLost {
+                store,
+                detail,
+                source: Some(cause),
+            },
+            other @ StoreError::Unsupported { .. } => other,
+        }
+    }
 }
 
 /// The outcome of a lease operation is unknown (or the lease could not be used at all),
@@ -125,5 +241,59 @@ impl ConfigError {
             key: key.into(),
             detail: detail.into(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+
+    #[test]
+    fn a_store_error_keeps_its_cause_as_source() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        let e = StoreError::unavailable("etcd", "acquire /k: refused").caused_by(io);
+        assert_eq!(e.to_string(), "etcd store unavailable: acquire /k: refused");
+        let source = e.source().expect("the cause is the source");
+        let io = source
+            .downcast_ref::<std::io::Error>()
+            .expect("the cause keeps its type");
+        assert_eq!(io.kind(), std::io::ErrorKind::ConnectionRefused);
+        let lease = LeaseError::Store {
+            name: "l".into(),
+            operation: "acquire",
+            source: e,
+        };
+        let mut chain = Vec::new();
+        let mut next = lease.source();
+        while let Some(e) = next {
+            chain.push(e.to_string());
+            next = e.source();
+        }
+        assert_eq!(
+            chain,
+            ["etcd store unavailable: acquire /k: refused", "refused"]
+        );
+    }
+
+    #[test]
+    fn a_store_error_without_cause_has_no_source() {
+        assert!(
+            StoreError::state_lost("sqlite", "file replaced")
+                .source()
+                .is_none()
+        );
+        let unsupported = StoreError::Unsupported {
+            store: "memory",
+            operation: "watch",
+        };
+        assert!(
+            unsupported
+                .clone()
+                .caused_by(std::fmt::Error)
+                .source()
+                .is_none()
+        );
     }
 }

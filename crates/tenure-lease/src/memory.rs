@@ -122,10 +122,7 @@ impl MemoryStore {
 }
 
 fn unavailable() -> StoreError {
-    StoreError::Unavailable {
-        store: "memory",
-        detail: "fault injected".into(),
-    }
+    StoreError::unavailable("memory", "fault injected")
 }
 
 /// `now + ttl`, saturating far in the future instead of overflowing.

@@ -127,14 +127,14 @@ async fn run(
                     None => Err(LeaseError::Store {
                         name,
                         operation: "renew",
-                        source: crate::error::StoreError::Backend {
-                            store: store.kind(),
-                            detail: format!(
+                        source: crate::error::StoreError::backend(
+                            store.kind(),
+                            format!(
                                 "renew answered {} times for {} leases",
                                 answers.len(),
                                 leases.len()
                             ),
-                        },
+                        ),
                     }),
                 },
                 Ok(Err(e)) => Err(LeaseError::Store {

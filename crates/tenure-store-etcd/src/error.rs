@@ -8,16 +8,11 @@ use tenure_lease::StoreError;
 pub(crate) fn etcd_error(operation: &str, what: &str, e: etcd_client::Error) -> StoreError {
     use etcd_client::Error as E;
     let detail = format!("{operation} {what}: {e}");
-    match &e {
+    let error = match &e {
         E::InvalidArgs(_) | E::InvalidUri(_) | E::Utf8Error(_) | E::InvalidMetadataValue(_) => {
-            StoreError::Backend {
-                store: "etcd",
-                detail,
-            }
+            StoreError::backend("etcd", detail)
         }
-        _ => StoreError::Unavailable {
-            store: "etcd",
-            detail,
-        },
-    }
+        _ => StoreError::unavailable("etcd", detail),
+    };
+    error.caused_by(e)
 }

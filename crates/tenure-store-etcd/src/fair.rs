@@ -41,10 +41,7 @@ impl Drop for QueueEntry {
 }
 
 fn queue_error(name: &str, detail: String) -> StoreError {
-    StoreError::Unavailable {
-        store: "etcd",
-        detail: format!("fair acquire of {name}: {detail}"),
-    }
+    StoreError::unavailable("etcd", format!("fair acquire of {name}: {detail}"))
 }
 
 impl Inner {

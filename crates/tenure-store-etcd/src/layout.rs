@@ -140,12 +140,14 @@ impl RequestValue {
     }
 
     pub(crate) fn decode(key: &[u8], bytes: &[u8]) -> Result<Self, StoreError> {
-        serde_json::from_slice(bytes).map_err(|e| StoreError::Backend {
-            store: "etcd",
-            detail: format!(
-                "key {} does not hold a Tenure preemption request: {e}",
-                String::from_utf8_lossy(key)
-            ),
+        serde_json::from_slice(bytes).map_err(|e| {
+            StoreError::backend(
+                "etcd",
+                format!(
+                    "key {} does not hold a Tenure preemption request: {e}",
+                    String::from_utf8_lossy(key)
+                ),
+            )
         })
     }
 }
@@ -156,12 +158,14 @@ impl GrantValue {
     }
 
     pub(crate) fn decode(key: &[u8], bytes: &[u8]) -> Result<Self, StoreError> {
-        serde_json::from_slice(bytes).map_err(|e| StoreError::Backend {
-            store: "etcd",
-            detail: format!(
-                "key {} does not hold a Tenure grant: {e}",
-                String::from_utf8_lossy(key)
-            ),
+        serde_json::from_slice(bytes).map_err(|e| {
+            StoreError::backend(
+                "etcd",
+                format!(
+                    "key {} does not hold a Tenure grant: {e}",
+                    String::from_utf8_lossy(key)
+                ),
+            )
         })
     }
 }

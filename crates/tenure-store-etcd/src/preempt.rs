@@ -117,12 +117,10 @@ impl Inner {
                 Ok(_) => continue,
             }
         }
-        Err(StoreError::Unavailable {
-            store: "etcd",
-            detail: format!(
-                "request preemption of {key}: lost {RACES} races with other clients in a row"
-            ),
-        })
+        Err(StoreError::unavailable(
+            "etcd",
+            format!("request preemption of {key}: lost {RACES} races with other clients in a row"),
+        ))
     }
 
     pub(crate) async fn withdraw_preemption(
@@ -168,11 +166,11 @@ impl Inner {
                 return Ok(true);
             }
         }
-        Err(StoreError::Unavailable {
-            store: "etcd",
-            detail: format!(
+        Err(StoreError::unavailable(
+            "etcd",
+            format!(
                 "withdraw preemption from {key}: lost {RACES} races with other clients in a row"
             ),
-        })
+        ))
     }
 }

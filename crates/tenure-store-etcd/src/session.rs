@@ -172,9 +172,8 @@ impl Sessions {
             .message()
             .await
             .map_err(|e| etcd_error("keep-alive", &what, e))?
-            .ok_or_else(|| StoreError::Unavailable {
-                store: "etcd",
-                detail: format!("keep-alive of {what}: the stream closed"),
+            .ok_or_else(|| {
+                StoreError::unavailable("etcd", format!("keep-alive of {what}: the stream closed"))
             })?;
         if let Some(h) = answer.header() {
             self.clock.saw(h.revision());

@@ -38,10 +38,7 @@ fn never_sent(e: &etcd_client::Error) -> bool {
 }
 
 fn state_lost(went_back: crate::clock::WentBack) -> StoreError {
-    StoreError::StateLost {
-        store: "etcd",
-        detail: went_back.to_string(),
-    }
+    StoreError::state_lost("etcd", went_back.to_string())
 }
 
 /// A lease store on an etcd cluster (v3 API). Cloning shares the connection and sessions.
@@ -328,10 +325,10 @@ impl Inner {
         for _ in 0..RACES {
             let session = self.sessions.ready(&req.owner, req.ttl).await?;
             if pinned.is_some_and(|p| p != session.id) {
-                return Err(StoreError::Unavailable {
-                    store: "etcd",
-                    detail: format!("acquire {key}: the waiter's session expired"),
-                });
+                return Err(StoreError::unavailable(
+                    "etcd",
+                    format!("acquire {key}: the waiter's session expired"),
+                ));
             }
             let heartbeat = self.layout.session(session.id);
             let write = [
@@ -469,10 +466,10 @@ impl Inner {
                 }
             }
         }
-        Err(StoreError::Unavailable {
-            store: "etcd",
-            detail: format!("acquire {key}: lost {RACES} races with other clients in a row"),
-        })
+        Err(StoreError::unavailable(
+            "etcd",
+            format!("acquire {key}: lost {RACES} races with other clients in a row"),
+        ))
     }
 
     /// Deletes the key a transaction whose revision went back created: a grant in a history
@@ -730,13 +727,13 @@ impl Inner {
             .is_some_and(|kv| kv.create_revision() == g.token && kv.lease() == g.session);
         if still {
             // Only the request changed meanwhile: unknown for now, the next renewal knows.
-            return Err(StoreError::Unavailable {
-                store: "etcd",
-                detail: format!(
+            return Err(StoreError::unavailable(
+                "etcd",
+                format!(
                     "renew {key}: its preemption request changed while the grant moved to \
                      another session"
                 ),
-            });
+            ));
         }
         Ok((i, Renewal::NotHeld))
     }
@@ -803,10 +800,10 @@ impl Inner {
                 return Ok(true);
             }
         }
-        Err(StoreError::Unavailable {
-            store: "etcd",
-            detail: format!("release {key}: lost {RACES} races with other clients in a row"),
-        })
+        Err(StoreError::unavailable(
+            "etcd",
+            format!("release {key}: lost {RACES} races with other clients in a row"),
+        ))
     }
 
     pub(crate) async fn read(&self, name: &str) -> Result<Option<LeaseRecord>, StoreError> {

@@ -28,10 +28,10 @@ pub(crate) async fn watch(
     match stream.message().await {
         Ok(Some(resp)) if resp.created() && !resp.canceled() => {}
         Ok(other) => {
-            return Err(StoreError::Unavailable {
-                store: "etcd",
-                detail: format!("watch {from}: not created: {other:?}"),
-            });
+            return Err(StoreError::unavailable(
+                "etcd",
+                format!("watch {from}: not created: {other:?}"),
+            ));
         }
         Err(e) => return Err(etcd_error("watch", &from, e)),
     }

@@ -29,21 +29,15 @@ fn transient_state(code: &SqlState) -> bool {
 }
 
 pub(crate) fn from_pg(server: &str, e: tokio_postgres::Error) -> Failure {
-    match e.as_db_error() {
+    let failure = match e.as_db_error() {
         Some(db) => {
             let transient = transient_state(db.code());
             let detail = format!("{server}: {} ({})", db.message(), db.code().code());
             Failure {
                 error: if transient {
-                    StoreError::Unavailable {
-                        store: STORE,
-                        detail,
-                    }
+                    StoreError::unavailable(STORE, detail)
                 } else {
-                    StoreError::Backend {
-                        store: STORE,
-                        detail,
-                    }
+                    StoreError::backend(STORE, detail)
                 },
                 transient,
                 broken: transient && db.code().code().starts_with("57P"),
@@ -51,13 +45,14 @@ pub(crate) fn from_pg(server: &str, e: tokio_postgres::Error) -> Failure {
         }
         // No answer from the server: connection closed, I/O error, timeout.
         None => Failure {
-            error: StoreError::Unavailable {
-                store: STORE,
-                detail: format!("{server}: {}", with_causes(&e)),
-            },
+            error: StoreError::unavailable(STORE, format!("{server}: {}", with_causes(&e))),
             transient: true,
             broken: true,
         },
+    };
+    Failure {
+        error: failure.error.caused_by(e),
+        ..failure
     }
 }
 
@@ -78,18 +73,12 @@ pub(crate) fn from_pool(server: &str, e: PoolError) -> Failure {
     match e {
         PoolError::Backend(e) => from_pg(server, e),
         PoolError::Closed => Failure {
-            error: StoreError::Backend {
-                store: STORE,
-                detail: format!("{server}: connection pool closed"),
-            },
+            error: StoreError::backend(STORE, format!("{server}: connection pool closed")),
             transient: false,
             broken: false,
         },
         other => Failure {
-            error: StoreError::Unavailable {
-                store: STORE,
-                detail: format!("{server}: no connection: {other}"),
-            },
+            error: StoreError::unavailable(STORE, format!("{server}: no connection: {other}")),
             transient: true,
             broken: false,
         },
@@ -97,15 +86,12 @@ pub(crate) fn from_pool(server: &str, e: PoolError) -> Failure {
 }
 
 pub(crate) fn timed_out(server: &str, timeout: std::time::Duration) -> StoreError {
-    StoreError::Unavailable {
-        store: STORE,
-        detail: format!("{server}: no answer within the operation timeout {timeout:?}"),
-    }
+    StoreError::unavailable(
+        STORE,
+        format!("{server}: no answer within the operation timeout {timeout:?}"),
+    )
 }
 
 pub(crate) fn bad_value(server: &str, detail: impl std::fmt::Display) -> StoreError {
-    StoreError::Backend {
-        store: STORE,
-        detail: format!("{server}: {detail}"),
-    }
+    StoreError::backend(STORE, format!("{server}: {detail}"))
 }

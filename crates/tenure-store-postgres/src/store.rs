@@ -284,9 +284,9 @@ impl PostgresStore {
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         match went_back {
-            Some((mark, at)) if at.elapsed() < ttl => Err(StoreError::StateLost {
-                store: STORE,
-                detail: format!(
+            Some((mark, at)) if at.elapsed() < ttl => Err(StoreError::state_lost(
+                STORE,
+                format!(
                     "the token sequence of {} went back below {mark} {} ago (a fail-over to a replica that had not received the latest commits, or a restored backup): grants the server forgot may still be believed, so no new grant for one ttl ({})",
                     self.inner.server,
                     humantime::format_duration(Duration::from_millis(
@@ -294,7 +294,7 @@ impl PostgresStore {
                     )),
                     humantime::format_duration(ttl)
                 ),
-            }),
+            )),
             _ => Ok(()),
         }
     }
@@ -333,9 +333,9 @@ impl PostgresStore {
             Ok(None)
         };
         tracing::error!(lease = %req.name, token, seen, ?released, ?advanced, "the token sequence went back");
-        StoreError::StateLost {
-            store: STORE,
-            detail: format!(
+        StoreError::state_lost(
+            STORE,
+            format!(
                 "the token sequence of {} went back: a new grant of `{}` got token {token}, but token {seen} was issued before (a fail-over to a replica that had not received the latest commits, or a restored backup); the grant was released unused, {}, and no new grant is made for one ttl",
                 self.inner.server,
                 req.name,
@@ -347,7 +347,7 @@ impl PostgresStore {
                     ),
                 }
             ),
-        }
+        )
     }
 
     /// The contender rule of `observed-expiry`: a row the server says expired (not

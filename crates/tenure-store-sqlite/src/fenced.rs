@@ -49,17 +49,12 @@ impl FencedCounter {
     /// `Ok(None)` refused because a newer token wrote already, `Err` if the file failed.
     pub fn increment(&self, name: &str, token: u64) -> Result<Option<u64>, StoreError> {
         let conn = self.conn.lock().unwrap_or_else(|e| e.into_inner());
-        let token = i64::try_from(token).map_err(|_| StoreError::Backend {
-            store: "sqlite",
-            detail: "token beyond i64".into(),
-        })?;
+        let token =
+            i64::try_from(token).map_err(|_| StoreError::backend("sqlite", "token beyond i64"))?;
         conn.query_row(INCREMENT, params![name, token], |row| row.get::<_, i64>(0))
             .optional()
             .map(|v| v.map(|v| v as u64))
-            .map_err(|e| StoreError::Unavailable {
-                store: "sqlite",
-                detail: e.to_string(),
-            })
+            .map_err(|e| StoreError::unavailable("sqlite", e.to_string()).caused_by(e))
     }
 
     /// The value and last token of counter `name`.
@@ -71,10 +66,7 @@ impl FencedCounter {
             |row| Ok((row.get::<_, i64>(0)? as u64, row.get::<_, i64>(1)? as u64)),
         )
         .optional()
-        .map_err(|e| StoreError::Unavailable {
-            store: "sqlite",
-            detail: e.to_string(),
-        })
+        .map_err(|e| StoreError::unavailable("sqlite", e.to_string()).caused_by(e))
     }
 }
 

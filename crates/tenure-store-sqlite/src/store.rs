@@ -181,9 +181,11 @@ fn current<'a>(
         // file by its path, which may now be the new file's.
         std::mem::forget(old.conn);
     }
-    let mut fresh = connect(path, busy_timeout).map_err(|e| StoreError::StateLost {
-        store: "sqlite",
-        detail: format!("the lease file was deleted or replaced while in use: {e}"),
+    let mut fresh = connect(path, busy_timeout).map_err(|e| {
+        StoreError::state_lost(
+            "sqlite",
+            format!("the lease file was deleted or replaced while in use: {e}"),
+        )
     })?;
     record_loss(&mut fresh.conn, now_ns()).map_err(store_error)?;
     Ok(&mut slot.insert(fresh).conn)
@@ -218,10 +220,7 @@ impl SqliteStore {
             f(current(&path, busy, &mut slot)?).map_err(store_error)
         })
         .await
-        .map_err(|e| StoreError::Backend {
-            store: "sqlite",
-            detail: format!("blocking task failed: {e}"),
-        })?
+        .map_err(|e| StoreError::backend("sqlite", format!("blocking task failed: {e}")))?
     }
 }
 
@@ -229,15 +228,9 @@ fn store_error(e: rusqlite::Error) -> StoreError {
     use rusqlite::ErrorCode::{DatabaseBusy, DatabaseLocked};
     match &e {
         rusqlite::Error::SqliteFailure(f, _) if matches!(f.code, DatabaseBusy | DatabaseLocked) => {
-            StoreError::Unavailable {
-                store: "sqlite",
-                detail: e.to_string(),
-            }
+            StoreError::unavailable("sqlite", e.to_string()).caused_by(e)
         }
-        _ => StoreError::Backend {
-            store: "sqlite",
-            detail: e.to_string(),
-        },
+        _ => StoreError::backend("sqlite", e.to_string()).caused_by(e),
     }
 }
 
@@ -391,9 +384,9 @@ impl LeaseStore for SqliteStore {
             Err(Quiet { lost, now }) => {
                 let ago = Duration::from_nanos(now.saturating_sub(lost).max(0) as u64);
                 let left = ttl_ns(ttl).saturating_sub(now.saturating_sub(lost));
-                Err(StoreError::StateLost {
-                    store: "sqlite",
-                    detail: format!(
+                Err(StoreError::state_lost(
+                    "sqlite",
+                    format!(
                         "the lease file {} replaced a deleted or replaced one {} ago; holders of its grants may believe in them for up to one ttl: no new grant of `{}` for another {}",
                         path.display(),
                         humantime::format_duration(round_ms(ago)),
@@ -402,7 +395,7 @@ impl LeaseStore for SqliteStore {
                             left.max(0) as u64
                         )))
                     ),
-                })
+                ))
             }
         }
     }
@@ -415,10 +408,8 @@ impl LeaseStore for SqliteStore {
     ) -> Result<Vec<Renewal>, StoreError> {
         let owner = owner.to_string();
         let pairs: Vec<(&str, u64)> = leases.iter().map(|l| (l.name.as_str(), l.token)).collect();
-        let batch = serde_json::to_string(&pairs).map_err(|e| StoreError::Backend {
-            store: "sqlite",
-            detail: e.to_string(),
-        })?;
+        let batch = serde_json::to_string(&pairs)
+            .map_err(|e| StoreError::backend("sqlite", e.to_string()).caused_by(e))?;
         let wanted: Vec<HeldLease> = leases.to_vec();
         self.with_conn(move |conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;

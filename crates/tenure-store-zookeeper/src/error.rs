@@ -6,10 +6,7 @@ use zookeeper_client as zk;
 pub(crate) const KIND: &str = "zookeeper";
 
 pub(crate) fn backend(detail: impl Into<String>) -> StoreError {
-    StoreError::Backend {
-        store: KIND,
-        detail: detail.into(),
-    }
+    StoreError::backend(KIND, detail.into())
 }
 
 /// `what` names the operation and path. Answers about the request itself (bad path,
@@ -17,7 +14,7 @@ pub(crate) fn backend(detail: impl Into<String>) -> StoreError {
 /// timeouts, session trouble, throttling) means the store could not be reached.
 pub(crate) fn from_zk(what: &str, e: &zk::Error) -> StoreError {
     use zk::Error::*;
-    match e {
+    let error = match e {
         NoNode
         | NodeExists
         | BadVersion
@@ -32,11 +29,9 @@ pub(crate) fn from_zk(what: &str, e: &zk::Error) -> StoreError {
         | QuotaExceeded
         | ReconfigDisabled
         | RuntimeInconsistent => backend(format!("{what}: {e}")),
-        _ => StoreError::Unavailable {
-            store: KIND,
-            detail: format!("{what}: {e}"),
-        },
-    }
+        _ => StoreError::unavailable(KIND, format!("{what}: {e}")),
+    };
+    error.caused_by(e.clone())
 }
 
 /// Whether `e` says the session is over (its ephemeral nodes are gone or will be).

@@ -107,12 +107,10 @@ impl ZooKeeperStore {
             ahead.sort();
             if ahead.last().map(|(n, _)| *n) != Some(mine) {
                 node.path = None;
-                return Err(StoreError::Unavailable {
-                    store: KIND,
-                    detail: format!(
-                        "waiter {prefix}{seq} vanished while queued (its session ended)"
-                    ),
-                });
+                return Err(StoreError::unavailable(
+                    KIND,
+                    format!("waiter {prefix}{seq} vanished while queued (its session ended)"),
+                ));
             }
             let watched = if ahead.len() == 1 {
                 match self.try_acquire(req).await? {

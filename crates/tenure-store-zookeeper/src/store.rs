@@ -110,9 +110,11 @@ impl ZooKeeperStore {
         let what = format!("connecting to {}", o.connect);
         let client = tokio::time::timeout(o.connection_timeout, connector.connect(&o.connect))
             .await
-            .map_err(|_| StoreError::Unavailable {
-                store: KIND,
-                detail: format!("{what}: no session within {:?}", o.connection_timeout),
+            .map_err(|_| {
+                StoreError::unavailable(
+                    KIND,
+                    format!("{what}: no session within {:?}", o.connection_timeout),
+                )
             })?
             .map_err(|e| from_zk(&what, &e))?;
         if client.session_timeout() < o.session_timeout {
