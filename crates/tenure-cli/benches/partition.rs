@@ -23,7 +23,7 @@
 
 use std::time::Duration;
 
-use tenure_lease::conformance::bench::knob;
+use tenure_lease::conformance::bench::{knob, smoke};
 use tenure_test_kit::cli;
 use tenure_test_kit::cli::cluster::Cluster;
 use tenure_test_kit::cli::service::{
@@ -127,7 +127,16 @@ fn main() {
     let hold = Duration::from_secs(knob("TENURE_BENCH_FAULT_SECS", 12, 8));
     let kinds: Vec<String> = std::env::var("TENURE_BENCH_KINDS")
         .map(|k| k.split(',').map(str::to_string).collect())
-        .unwrap_or_else(|_| KINDS.map(String::from).to_vec());
+        .unwrap_or_else(|_| {
+            // A smoke run (`cargo test --bench partition`) proves the bench works with one
+            // partition and one crash; tests/partition.rs injects every kind.
+            let kinds: &[&str] = if smoke() {
+                &["oldest-isolated", "kill-oldest"]
+            } else {
+                &KINDS
+            };
+            kinds.iter().map(|k| k.to_string()).collect()
+        });
     let mut report = Vec::new();
     for kind in &kinds {
         let mut c = loaded_cluster(3);

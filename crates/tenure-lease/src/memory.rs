@@ -18,6 +18,7 @@ use crate::store::{
 
 /// How the store misbehaves, for tests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum Fault {
     /// Serve normally.
     #[default]

@@ -11,6 +11,10 @@
 //! grant left by an unknown outcome (an acquire whose answer was lost, a release that
 //! failed) lapses after its ttl like any grant its holder stopped renewing, on every
 //! store, whatever else its owner keeps renewing on the same connection or session.
+//!
+//! The SPI's records and outcomes are exhaustive on purpose (no `#[non_exhaustive]`):
+//! store crates build them and match on them, and a new case is a breaking change that
+//! every store must handle, not one a wildcard arm would quietly absorb.
 
 use std::future::Future;
 use std::time::Duration;
