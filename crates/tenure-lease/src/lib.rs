@@ -40,6 +40,7 @@ mod grant;
 mod handle;
 #[cfg(feature = "history")]
 pub mod history;
+mod machine;
 pub mod memory;
 pub mod metrics;
 pub mod names;
@@ -52,6 +53,8 @@ pub mod store;
 pub mod trace;
 pub mod validity;
 
+#[cfg(test)]
+mod machine_tests;
 #[cfg(test)]
 mod preemption_tests;
 #[cfg(test)]
