@@ -995,6 +995,10 @@ impl<A, L> Machine<A, L> {
         }
         self.wanted = false;
         self.waiters.clear();
+        if matches!(self.awaiting, Some(Awaiting::Acquire { .. })) {
+            // Gone while an acquire was in flight: its outcome is unknown, so maybe granted.
+            self.instances.maybe_in_store = true;
+        }
         self.awaiting = None;
         self.deferred.clear();
         // Reached without a graceful release: release in the background so the lease does
