@@ -1,4 +1,4 @@
-//! The LeaseActor: the driver of one lease's [machine](crate::machine). The machine decides
+//! The LeaseActor: the driver of one lease's [machine]. The machine decides
 //! everything (acquire and retry, the local deadline, renewals, suspension, loss, release,
 //! preemption); this actor turns its messages, timer firings and store answers into the
 //! machine's inputs, and carries out the effects: store calls (awaited in the handler, as

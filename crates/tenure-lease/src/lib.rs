@@ -28,6 +28,13 @@
 //! the [`LeaseActor`] (all timing: acquisition retries, heartbeats, the local deadline,
 //! `LeaseGranted`/`LeaseLost`), the [`Lease`] handle for plain async code, and the
 //! [`LeaseProvider`] that loads leases by (name, config section, owner).
+//!
+//! Inside the LeaseActor, every decision is made by a pure, synchronous state machine
+//! (crate-private `machine` module): it takes messages, store answers and the holder clock's
+//! reading as inputs and returns effects (store calls, timers, replies, events), reading no
+//! clock and awaiting nothing. The actor only drives it, and one emitter turns its events
+//! into every output: the [`LeaseEventSink`], lost-callbacks, [`LeaseObserver`] traces,
+//! metrics and log lines.
 
 mod actor;
 pub mod clock;

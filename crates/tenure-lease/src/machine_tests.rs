@@ -134,7 +134,10 @@ fn lost(fx: &[Event]) -> Vec<(u64, LostReason)> {
         .collect()
 }
 
-fn acquire_replies(fx: &Fx) -> Vec<(u32, Result<(Acquired, Option<u64>), String>)> {
+/// An acquire answer, its error as text.
+type AcquireText = Result<(Acquired, Option<u64>), String>;
+
+fn acquire_replies(fx: &Fx) -> Vec<(u32, AcquireText)> {
     fx.iter()
         .filter_map(|e| match e {
             Effect::ReplyAcquire { to, answer } => {
@@ -145,7 +148,7 @@ fn acquire_replies(fx: &Fx) -> Vec<(u32, Result<(Acquired, Option<u64>), String>
         .collect()
 }
 
-fn granted_reply(token: u64, generation: u64) -> Result<(Acquired, Option<u64>), String> {
+fn granted_reply(token: u64, generation: u64) -> AcquireText {
     Ok((Acquired::Granted { token }, Some(generation)))
 }
 
