@@ -52,6 +52,7 @@ use crate::priority::AcquireOptions;
 use crate::store::{AcquireOutcome, LeaseRecord, PreemptAnswer, PreemptionRequest, Renewal};
 use crate::validity::{Belief, GrantEffect, Held, LostReason};
 
+use preemption::Asked;
 pub(crate) use preemption::{Notices, Preempting};
 
 /// The watchdog announces a loss this much before the belief ends, so that timer lateness
@@ -299,14 +300,8 @@ enum Awaiting<A, L> {
     ReleaseTooLate { purpose: Purpose<A> },
     /// The release asked by `reply`, of `token`.
     Release { reply: L, token: Option<u64> },
-    /// A preemption request on `holder`'s grant; then poll at `poll_at`, or at `asked_at`
-    /// if the grant is gone.
-    Request {
-        holder: String,
-        forceful: bool,
-        asked_at: Instant,
-        poll_at: Instant,
-    },
+    /// A preemption request.
+    Request(Asked),
     /// A withdrawal of our preemption request.
     Withdraw(AfterWithdraw<A, L>),
 }
@@ -635,15 +630,9 @@ impl<A, L> Machine<A, L> {
                 }));
                 out.push(Effect::ReplyRelease { to: reply, answer });
             }
-            (
-                Awaiting::Request {
-                    holder,
-                    forceful,
-                    asked_at,
-                    poll_at,
-                },
-                Outcome::Preempt(answer),
-            ) => self.request_answered(now, holder, forceful, asked_at, poll_at, answer, out),
+            (Awaiting::Request(asked), Outcome::Preempt(answer)) => {
+                self.request_answered(now, asked, answer, out)
+            }
             (Awaiting::Withdraw(then), Outcome::Withdrawn) => self.withdrawn(now, then, out),
             (awaiting, _) => {
                 // An answer to another call than the one awaited: a driver bug. Keep

@@ -34,6 +34,16 @@ pub(crate) struct Preempting<A> {
     pub(super) replies: Vec<A>,
 }
 
+/// A preemption request on `holder`'s grant, awaiting the store's answer: then poll at
+/// `poll_at`, or at `asked_at` if the grant is gone.
+#[derive(Debug)]
+pub(super) struct Asked {
+    holder: String,
+    forceful: bool,
+    asked_at: Instant,
+    poll_at: Instant,
+}
+
 /// What the holder has announced about requests on its current grant.
 #[derive(Debug, Default)]
 pub(crate) struct Notices {
@@ -166,12 +176,12 @@ impl<A, L> Machine<A, L> {
         let poll_at = if due { next } else { next.min(p.deadline) };
         let forceful = due && options.forceful;
         if ours.is_none_or(|q| forceful && !q.forceful) {
-            let awaiting = Awaiting::Request {
+            let awaiting = Awaiting::Request(Asked {
                 holder: record.owner,
                 forceful,
                 asked_at: now,
                 poll_at,
-            };
+            });
             let call = Call::RequestPreemption {
                 token: record.token,
                 forceful,
@@ -181,18 +191,20 @@ impl<A, L> Machine<A, L> {
         self.schedule_poll(poll_at, out);
     }
 
-    /// The store's answer to the request asked at `asked_at`.
-    #[allow(clippy::too_many_arguments)]
+    /// The store's answer to the request `asked`.
     pub(super) fn request_answered(
         &mut self,
         now: Instant,
-        holder: String,
-        forceful: bool,
-        asked_at: Instant,
-        poll_at: Instant,
+        asked: Asked,
         answer: Result<PreemptAnswer, LeaseError>,
         out: &mut Out<A, L>,
     ) {
+        let Asked {
+            holder,
+            forceful,
+            asked_at,
+            poll_at,
+        } = asked;
         match answer {
             Ok(PreemptAnswer::Recorded(_)) => {
                 out.push(Effect::Emit(Event::PreemptionRecorded { holder, forceful }));
