@@ -585,6 +585,71 @@ fn commands_that_arrive_while_a_call_is_awaited_are_handled_after_its_answer() {
     assert_eq!(calls(&fx), [Call::Release { token: Some(7) }]);
 }
 
+fn detached(fx: &Fx) -> Vec<Call> {
+    fx.iter()
+        .filter_map(|e| match e {
+            Effect::Detach(c) => Some(c.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn an_abandoned_machine_cleans_up_in_the_background_what_may_be_ours() {
+    // Never acquired: nothing to clean up.
+    let mut s = Story::new(config());
+    assert!(s.feed(0, Input::Abandon).is_empty());
+    // Held: given up, and its grant released by token.
+    let mut s = Story::new(config());
+    s.granted(0, 10, 7);
+    let fx = s.feed(100, Input::Abandon);
+    assert_eq!(
+        events(&fx),
+        [Event::Released {
+            token: 7,
+            suspended: false
+        }]
+    );
+    assert_eq!(detached(&fx), [Call::Release { token: Some(7) }]);
+    assert!(s.m.current(s.at(100)).is_none());
+    // Gone while an acquire was in flight: maybe granted, so whatever grant of ours the
+    // store holds is released.
+    let mut s = Story::new(config());
+    s.feed(0, Input::TryAcquire { reply: 1 });
+    let fx = s.feed(10, Input::Abandon);
+    assert_eq!(detached(&fx), [Call::Release { token: None }]);
+    assert!(
+        s.answer(20, acquired(7)).is_empty(),
+        "a late answer changes nothing"
+    );
+    assert!(s.m.current(s.at(20)).is_none());
+    // Waiting for a lower-priority holder: the request is withdrawn.
+    let mut s = Story::new(Config {
+        options: AcquireOptions {
+            priority: 5,
+            ..AcquireOptions::default()
+        },
+        ..config()
+    });
+    let mut holder = record("h", 3, 1);
+    holder.cleanup_timeout = Duration::from_secs(5);
+    s.feed(0, Input::TryAcquire { reply: 1 });
+    let fx = s.answer(
+        10,
+        Outcome::Acquire(Ok(AcquireOutcome::Held(holder.clone()))),
+    );
+    assert_eq!(
+        calls(&fx),
+        [Call::RequestPreemption {
+            token: 3,
+            forceful: false
+        }]
+    );
+    s.answer(20, Outcome::Preempt(Ok(PreemptAnswer::Recorded(holder))));
+    let fx = s.feed(30, Input::Abandon);
+    assert_eq!(detached(&fx), [Call::WithdrawPreemption { token: 3 }]);
+}
+
 fn request(by: &str, priority: u64, forceful: bool) -> PreemptionRequest {
     PreemptionRequest {
         by: by.into(),
@@ -1109,6 +1174,9 @@ fn random_input_sequences_keep_the_contract() {
         for _ in 0..300 {
             sim.step();
         }
+        // Killed: whatever was believed is given up (announced as released).
+        sim.feed(Input::Abandon);
+        assert!(sim.m.held().is_none() && sim.open.is_none());
         grants += sim.last_generation;
         losses += sim.losses.len();
     }
