@@ -1,11 +1,14 @@
-//! The LeaseActor: the one place where lease timing lives. It acquires (once, or retrying
-//! every `lease-retry-interval` until granted), renews on its owner's heartbeat grid through
-//! the [`RenewalBatcher`], keeps the local deadline with a watchdog task that does not
-//! depend on the mailbox, tells its sink `LeaseGranted` / `LeaseLost`, and releases when it
-//! stops: gracefully in `post_stop`, and from `Drop` of its state when it is killed or
-//! fails (ractor skips `post_stop` then, e.g. when its supervisor dies).
-
-mod preemption;
+//! The LeaseActor: the driver of one lease's [machine]. The machine decides
+//! everything (acquire and retry, the local deadline, renewals, suspension, loss, release,
+//! preemption); this actor turns its messages, timer firings and store answers into the
+//! machine's inputs, and carries out the effects: store calls (awaited in the handler, as
+//! the machine waits for their answers), renewals through the owner's [`RenewalBatcher`],
+//! timers, replies, and a watchdog task that feeds the machine the local deadline
+//! independently of the mailbox. The machine's events reach every output from one place
+//! ([`SharedBelief`]).
+//!
+//! It releases when it stops: gracefully in `post_stop`, and from `Drop` of its state when
+//! it is killed or fails (ractor skips `post_stop` then, e.g. when its supervisor dies).
 
 use std::sync::Arc;
 
@@ -14,16 +17,16 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::error::{ConfigError, LeaseError};
-use crate::events::{LeaseEventSink, LeaseState, SharedBelief};
+use crate::events::{LeaseEventSink, LeaseState, LostCallback, SharedBelief};
+use crate::machine::{self, Call, Effect, Input, Machine, Outcome, Timer};
 use crate::names::{check_lease_name, store_name};
 use crate::priority::AcquireOptions;
 use crate::renewal::{RenewAnswer, RenewalBatcher};
 use crate::settings::LeaseSettings;
 use crate::store::{
-    AcquireOutcome, AcquireRequest, HeldLease, LeaseRecord, LeaseStore, Renewal, bounded,
+    AcquireRequest, HeldLease, LeaseStore, PreemptAnswer, PreemptionRequest, bounded,
 };
-use crate::trace::{LeaseObserver, LeaseTrace};
-use crate::validity::{Belief, GrantEffect, Held};
+use crate::trace::LeaseObserver;
 
 /// Everything a LeaseActor needs to hold one lease.
 #[derive(Clone)]
@@ -211,6 +214,27 @@ pub enum LeaseMsg {
 
 impl ractor::Message for LeaseMsg {}
 
+/// An `Acquire` or `TryAcquire` caller, as the machine answers it.
+pub(crate) type AcquireCaller = RpcReplyPort<AcquireReply>;
+
+/// Who asked for a release: a `Release` caller, or the actor's own graceful stop.
+pub(crate) enum ReleaseCaller {
+    Port(RpcReplyPort<Result<bool, LeaseError>>),
+    Stop,
+}
+
+impl std::fmt::Debug for ReleaseCaller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ReleaseCaller::Port(_) => "Port",
+            ReleaseCaller::Stop => "Stop",
+        })
+    }
+}
+
+type MachineInput = Input<AcquireCaller, ReleaseCaller>;
+type MachineEffect = Effect<AcquireCaller, ReleaseCaller>;
+
 /// Arguments of a LeaseActor.
 pub struct LeaseActorArgs {
     pub spec: LeaseSpec,
@@ -244,8 +268,14 @@ impl LeaseView {
             .map(|h| self.belief.clock().to_tokio(h.deadline))
     }
 
-    pub(crate) fn held(&self) -> Option<Held> {
-        self.belief.held()
+    /// Calls `cb` once the grant with `token` is lost (at once if it was already).
+    pub(crate) fn on_lost(&self, token: u64, cb: LostCallback) {
+        self.belief.on_lost(token, cb);
+    }
+
+    /// Drops the lost-callbacks of the grant believed now (it is being released).
+    pub(crate) fn forget_lost(&self) {
+        self.belief.forget_lost();
     }
 
     /// Where the lease stands now (see [`LeaseState`]). Never blocks. A grant whose belief
@@ -277,12 +307,19 @@ impl LeaseActor {
         sink: LeaseEventSink,
         supervisor: Option<ActorCell>,
     ) -> Result<(ActorRef<LeaseMsg>, LeaseView), SpawnErr> {
-        let validity = spec.settings.validity();
         let observer = spec.observer.clone().map(|o| (spec.owner.clone(), o));
+        let machine = Machine::new(machine::Config {
+            name: spec.name.clone(),
+            owner: spec.owner.clone(),
+            validity: spec.settings.validity(),
+            stop_budget: spec.stop_budget,
+            retry_interval: spec.settings.lease_retry_interval,
+            options: spec.options.clone(),
+        });
         let belief = Arc::new(SharedBelief::new(
             spec.name.clone(),
             spec.batcher.clock().clone(),
-            Belief::new(validity, spec.stop_budget),
+            machine,
             sink,
             observer,
         ));
@@ -309,74 +346,90 @@ fn new_instance_base() -> String {
     format!("{:x}-{nanos:x}-{n:x}", std::process::id())
 }
 
-/// The watchdog announces a loss this much before the belief ends, so that timer lateness
-/// cannot push the announcement past it.
-const WAKE_EARLY: std::time::Duration = std::time::Duration::from_millis(2);
-
-/// The state of a LeaseActor.
+/// The state of a LeaseActor: its shared machine and the timers and tasks that carry out
+/// the machine's effects.
 pub struct LeaseActorState {
     spec: LeaseSpec,
     belief: Arc<SharedBelief>,
-    /// Prefix of this actor's holder instances (`<base>.<n>`): no other actor, process or
-    /// node incarnation of the owner shares it, so none of them can take an unexpired grant
-    /// of this actor's (the store refuses another instance like another owner).
+    /// Prefix of this actor's holder instances (`<base>.<n>`, `n` chosen by the machine): no
+    /// other actor, process or node incarnation of the owner shares it, so none of them can
+    /// take an unexpired grant of this actor's (the store refuses another instance like
+    /// another owner).
     instance_base: String,
-    /// `n` of the current instance: the one every acquire asks as, so that it re-enters its
-    /// grant with the same token, also after an unknown outcome or when an operator's
-    /// release made the store grant it anew. It moves on once a grant believed under it has
-    /// ended (lost, released): the next grant then gets a new token, and nothing the old
-    /// grant's holder still does (entities stopping, late writes) carries the new token.
-    instance_seq: u64,
-    /// A grant under the current instance has been believed.
-    instance_believed: bool,
-    /// A grant of ours may be in the store without being believed (an acquire with an
-    /// unknown outcome, a grant that lapsed locally): release must look.
-    maybe_in_store: bool,
-    /// Asked to keep trying until granted.
-    wanted: bool,
-    /// Retry pause while trying (`None`: `lease-retry-interval`).
-    retry_pace: Option<std::time::Duration>,
-    waiters: Vec<RpcReplyPort<AcquireReply>>,
     retry_timer: Option<JoinHandle<()>>,
+    poll_timer: Option<JoinHandle<()>>,
     renew_timer: Option<JoinHandle<()>>,
     watchdog: Option<JoinHandle<()>>,
-    renew_in_flight: bool,
-    /// The holder's record from the last "held by another owner" answer.
-    last_held: Option<LeaseRecord>,
-    /// Waiting for a lower-priority holder (requester side of preemption).
-    preempting: Option<preemption::Preempting>,
-    /// Preemption requests announced on the current grant (holder side).
-    notices: preemption::Notices,
 }
 
 impl Drop for LeaseActorState {
     fn drop(&mut self) {
-        for timer in [&self.retry_timer, &self.renew_timer, &self.watchdog]
-            .into_iter()
-            .flatten()
-        {
-            timer.abort();
+        for timer in [
+            &mut self.retry_timer,
+            &mut self.poll_timer,
+            &mut self.renew_timer,
+            &mut self.watchdog,
+        ] {
+            stop(timer);
         }
-        // Reached without post_stop when the actor was killed or failed: release in the
-        // background so the lease does not stay blocked for a whole ttl (a successor
-        // instance of the same owner waits for it). The release names this instance's
-        // token, so it can only ever remove this actor's own grant.
-        if let Some(target) = self.abandon_preempting() {
-            let spec = self.spec.clone();
-            if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                rt.spawn(async move { preemption::withdraw_request(&spec, target).await });
-            }
-        }
-        let held = self.belief.give_up();
-        if held.is_some() || self.maybe_in_store {
-            let spec = self.spec.clone();
-            let base = self.instance_base.clone();
-            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+        // Reached without post_stop when the actor was killed or failed (and after
+        // post_stop, when there is nothing left to do): the machine gives everything up
+        // and names the store calls to make in the background.
+        let effects = self.belief.step(Input::Abandon);
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        for effect in effects {
+            if let Effect::Detach(call) = effect {
+                let spec = self.spec.clone();
+                let base = self.instance_base.clone();
                 rt.spawn(async move {
-                    let released = release_ours(&spec, &base, held.map(|h| h.token)).await;
-                    tracing::info!(lease = %spec.name, ?released, "released after the lease actor was killed");
+                    let outcome = execute(&spec, &base, call).await;
+                    if let Outcome::Release(released) = outcome {
+                        tracing::info!(lease = %spec.name, ?released, "released after the lease actor was killed");
+                    }
                 });
             }
+        }
+    }
+}
+
+fn stop(timer: &mut Option<JoinHandle<()>>) {
+    if let Some(t) = timer.take() {
+        t.abort();
+    }
+}
+
+/// Carries out one store call of the machine, bounded by the operation timeout.
+async fn execute(spec: &LeaseSpec, base: &str, call: Call) -> Outcome {
+    match call {
+        Call::Acquire { instance } => {
+            let request = AcquireRequest {
+                name: spec.store_name.clone(),
+                owner: spec.owner.clone(),
+                instance: format!("{base}.{instance}"),
+                ttl: spec.settings.heartbeat_timeout,
+                note: spec.note.clone(),
+                priority: spec.options.priority,
+                cleanup_timeout: spec.options.cleanup_timeout,
+                emergency: spec.options.emergency,
+            };
+            let answer = bounded(
+                &spec.name,
+                "acquire",
+                spec.settings.lease_operation_timeout,
+                spec.store.try_acquire(&request),
+            )
+            .await;
+            Outcome::Acquire(answer)
+        }
+        Call::Release { token } => Outcome::Release(release_ours(spec, base, token).await),
+        Call::RequestPreemption { token, forceful } => {
+            Outcome::Preempt(request_preemption(spec, base, token, forceful).await)
+        }
+        Call::WithdrawPreemption { token } => {
+            withdraw_request(spec, token).await;
+            Outcome::Withdrawn
         }
     }
 }
@@ -416,206 +469,151 @@ async fn release_in_store(spec: &LeaseSpec, token: u64) -> Result<bool, LeaseErr
     .await
 }
 
+async fn request_preemption(
+    spec: &LeaseSpec,
+    base: &str,
+    token: u64,
+    forceful: bool,
+) -> Result<PreemptAnswer, LeaseError> {
+    let request = PreemptionRequest {
+        by: spec.owner.clone(),
+        instance: base.to_string(),
+        priority: spec.options.priority,
+        forceful,
+        note: spec.note.clone(),
+    };
+    bounded(
+        &spec.name,
+        "request preemption",
+        spec.settings.lease_operation_timeout,
+        spec.store
+            .request_preemption(&spec.store_name, token, &request),
+    )
+    .await
+}
+
+/// Takes `spec.owner`'s request off grant `token` (best effort: a request left behind ends
+/// with the grant).
+async fn withdraw_request(spec: &LeaseSpec, token: u64) {
+    let withdrawn = bounded(
+        &spec.name,
+        "withdraw preemption",
+        spec.settings.lease_operation_timeout,
+        spec.store
+            .withdraw_preemption(&spec.store_name, token, &spec.owner),
+    )
+    .await;
+    tracing::info!(lease = %spec.name, token, ?withdrawn, "preemption request withdrawn");
+}
+
 impl LeaseActorState {
-    fn stop_timer(timer: &mut Option<JoinHandle<()>>) {
-        if let Some(t) = timer.take() {
-            t.abort();
+    /// Feeds `input` to the machine and carries out its effects; an awaited store call's
+    /// answer is fed back at once, until the machine awaits nothing.
+    async fn feed(&mut self, myself: &ActorRef<LeaseMsg>, input: MachineInput) {
+        let mut effects = self.belief.step(input);
+        loop {
+            let mut call = None;
+            for effect in effects {
+                match effect {
+                    Effect::Call(c) => call = Some(c),
+                    other => self.carry_out(myself, other),
+                }
+            }
+            let Some(call) = call else {
+                return;
+            };
+            let outcome = execute(&self.spec, &self.instance_base, call).await;
+            effects = self.belief.step(Input::Answered(outcome));
         }
     }
 
-    fn schedule(
-        &self,
-        myself: &ActorRef<LeaseMsg>,
-        at: Instant,
-        msg: impl FnOnce() -> LeaseMsg + Send + 'static,
-    ) -> JoinHandle<()> {
-        let me = myself.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep_until(at).await;
-            let _ = me.cast(msg());
-        })
-    }
-
-    /// The instance the next acquire asks as: the current one while its grant is believed
-    /// or was never believed; a new one once a believed grant ended. The ended grant, if
-    /// the store may still keep it, is released first (otherwise the new instance would
-    /// wait for it to expire); if that fails, it expires after its ttl.
-    async fn instance_for_attempt(&mut self) -> String {
-        if self.instance_believed && self.belief.current().is_none() {
-            if self.maybe_in_store {
-                match release_ours(&self.spec, &self.instance_base, None).await {
-                    Ok(_) => self.maybe_in_store = false,
-                    Err(e) => self.belief.trace(LeaseTrace::Error {
-                        operation: "release",
-                        error: e.to_string(),
-                    }),
-                }
+    fn carry_out(&mut self, myself: &ActorRef<LeaseMsg>, effect: MachineEffect) {
+        match effect {
+            // Emitted by the step itself, in order, before any other effect.
+            Effect::Emit(_) => {}
+            Effect::ReplyAcquire { to, answer } => {
+                let _ = to.send(answer);
             }
-            self.instance_seq += 1;
-            self.instance_believed = false;
-        }
-        format!("{}.{}", self.instance_base, self.instance_seq)
-    }
-
-    /// One acquire attempt, bounded by the operation timeout.
-    async fn attempt(&mut self, myself: &ActorRef<LeaseMsg>) -> AcquireReply {
-        let instance = self.instance_for_attempt().await;
-        let spec = &self.spec;
-        let request = AcquireRequest {
-            name: spec.store_name.clone(),
-            owner: spec.owner.clone(),
-            instance,
-            ttl: spec.settings.heartbeat_timeout,
-            note: spec.note.clone(),
-            priority: spec.options.priority,
-            cleanup_timeout: spec.options.cleanup_timeout,
-            emergency: spec.options.emergency,
-        };
-        // On the holder clock, which counts host suspend (see `crate::clock`).
-        let sent_at = self.belief.clock().now();
-        self.belief.trace(LeaseTrace::AcquireInvoked);
-        let answer = bounded(
-            &spec.name,
-            "acquire",
-            spec.settings.lease_operation_timeout,
-            spec.store.try_acquire(&request),
-        )
-        .await;
-        // Anything but a certain "held by another owner" may have left a grant of ours.
-        self.maybe_in_store = !matches!(answer, Ok(AcquireOutcome::Held(_)));
-        match answer {
-            Err(e) => {
-                self.belief.trace(LeaseTrace::Error {
-                    operation: "acquire",
-                    error: e.to_string(),
-                });
-                Err(e)
-            }
-            Ok(AcquireOutcome::Held(record)) => {
-                self.belief.trace(LeaseTrace::NotGranted {
-                    holder: record.owner.clone(),
-                });
-                if let Some(h) = self.belief.held() {
-                    // We believed we held it, the store says another owner does.
-                    self.belief.not_held(h.generation);
+            Effect::ReplyRelease { to, answer } => match to {
+                ReleaseCaller::Port(port) => {
+                    let _ = port.send(answer);
                 }
-                let reply = Acquired::NotGranted {
-                    holder: Some(record.owner.clone()),
-                    priority: record.priority,
+                ReleaseCaller::Stop => {
+                    if let Err(e) = answer {
+                        tracing::warn!(lease = %self.spec.name, error = %e, "release on stop failed; the grant expires after its ttl");
+                    }
+                }
+            },
+            Effect::Arm { timer, at } => {
+                let at = self.belief.clock().to_tokio(at);
+                let (slot, msg): (_, fn() -> LeaseMsg) = match timer {
+                    Timer::Retry => (&mut self.retry_timer, || LeaseMsg::RetryAcquire),
+                    Timer::Poll => (&mut self.poll_timer, || LeaseMsg::PreemptPoll),
                 };
-                self.last_held = Some(record);
-                Ok((reply, None))
+                stop(slot);
+                *slot = Some(schedule(myself, at, msg));
             }
-            Ok(AcquireOutcome::Granted(record)) => {
-                match self.belief.grant(record.token, sent_at) {
-                    GrantEffect::New(held) => {
-                        self.instance_believed = true;
-                        self.notices = preemption::Notices::new(held.generation, sent_at);
-                        self.on_new_grant(myself, held);
-                        Ok((
-                            Acquired::Granted { token: held.token },
-                            Some(held.generation),
-                        ))
+            Effect::Disarm(Timer::Retry) => stop(&mut self.retry_timer),
+            Effect::Disarm(Timer::Poll) => stop(&mut self.poll_timer),
+            Effect::ArmRenewal { generation } => {
+                stop(&mut self.renew_timer);
+                let at = self.spec.batcher.next_tick(Instant::now());
+                self.renew_timer = Some(schedule(myself, at, move || LeaseMsg::RenewDue {
+                    generation,
+                }));
+            }
+            Effect::DisarmRenewal => stop(&mut self.renew_timer),
+            Effect::StartWatchdog { generation } => {
+                stop(&mut self.watchdog);
+                let belief = self.belief.clone();
+                self.watchdog = Some(tokio::spawn(async move {
+                    // Independent of the mailbox, so a slow store call or a long queue cannot
+                    // delay the loss past the deadline. The holder clock wakes it shortly
+                    // after a host suspend that passed the deadline, which a monotonic timer
+                    // would not.
+                    let clock = belief.clock().clone();
+                    while let Some(wake) = belief.watchdog_wake(generation) {
+                        clock.sleep_until(wake).await;
+                        belief.deadline();
                     }
-                    GrantEffect::Same(held) => Ok((
-                        Acquired::Granted { token: held.token },
-                        Some(held.generation),
-                    )),
-                    GrantEffect::TooLate => {
-                        // Granted, but the answer took longer than the validity: unusable.
-                        // Give it back; if that fails it expires after its ttl.
-                        let _ = release_in_store(&self.spec, record.token).await;
-                        Err(LeaseError::Timeout {
-                            name: self.spec.name.clone(),
-                            operation: "acquire",
-                            timeout: self.spec.settings.validity(),
-                        })
-                    }
-                }
+                }));
+            }
+            Effect::StopWatchdog => stop(&mut self.watchdog),
+            Effect::Renew { generation, token } => {
+                let answer = self.spec.batcher.renew(HeldLease {
+                    name: self.spec.store_name.clone(),
+                    token,
+                });
+                let me = myself.clone();
+                tokio::spawn(async move {
+                    let answer: Option<RenewAnswer> = answer.await.ok();
+                    let _ = me.cast(LeaseMsg::RenewDone { generation, answer });
+                });
+            }
+            Effect::Call(call) | Effect::Detach(call) => {
+                // Not reached for `Call` (fed back by `feed`); a detached call while the
+                // actor lives runs in the background.
+                let spec = self.spec.clone();
+                let base = self.instance_base.clone();
+                tokio::spawn(async move {
+                    execute(&spec, &base, call).await;
+                });
             }
         }
     }
+}
 
-    fn on_new_grant(&mut self, myself: &ActorRef<LeaseMsg>, held: Held) {
-        Self::stop_timer(&mut self.watchdog);
-        Self::stop_timer(&mut self.renew_timer);
-        self.renew_in_flight = false;
-        let belief = self.belief.clone();
-        let generation = held.generation;
-        self.watchdog = Some(tokio::spawn(async move {
-            // Independent of the mailbox, so a slow store call or a long queue cannot delay
-            // the loss past the deadline. The holder clock wakes it shortly after a host
-            // suspend that passed the deadline, which a monotonic timer would not.
-            let clock = belief.clock().clone();
-            while let Some(h) = belief.held().filter(|h| h.generation == generation) {
-                let end = h.believed_until;
-                let wake = end.checked_sub(WAKE_EARLY).unwrap_or(end);
-                clock.sleep_until(wake).await;
-                belief.lapse(clock.now() + WAKE_EARLY);
-            }
-        }));
-        let at = self.spec.batcher.next_tick(Instant::now());
-        self.renew_timer =
-            Some(self.schedule(myself, at, move || LeaseMsg::RenewDue { generation }));
-    }
-
-    fn answer_waiters(&mut self, reply: &AcquireReply) {
-        for waiter in self.waiters.drain(..) {
-            let _ = waiter.send(reply.clone());
-        }
-    }
-
-    async fn keep_trying(&mut self, myself: &ActorRef<LeaseMsg>) {
-        if self.preempting.is_some() {
-            // Its outcome answers the waiters or schedules the next try.
-            return;
-        }
-        let reply = self.attempt(myself).await;
-        match &reply {
-            Ok((Acquired::Granted { .. }, _)) => {
-                self.wanted = false;
-                self.answer_waiters(&reply);
-            }
-            _ if let Some(record) = self.preemptable() => {
-                self.start_preempting(myself, record, None).await;
-            }
-            other => {
-                tracing::debug!(lease = %self.spec.name, outcome = ?other, "acquire not granted; will retry");
-                let pace = self
-                    .retry_pace
-                    .unwrap_or(self.spec.settings.lease_retry_interval);
-                let at = Instant::now() + pace;
-                self.retry_timer = Some(self.schedule(myself, at, || LeaseMsg::RetryAcquire));
-            }
-        }
-    }
-
-    async fn release(&mut self) -> Result<bool, LeaseError> {
-        self.wanted = false;
-        self.stop_preempting().await;
-        Self::stop_timer(&mut self.retry_timer);
-        Self::stop_timer(&mut self.renew_timer);
-        Self::stop_timer(&mut self.watchdog);
-        for waiter in self.waiters.drain(..) {
-            let _ = waiter.send(Err(LeaseError::Cancelled {
-                name: self.spec.name.clone(),
-            }));
-        }
-        let held = self.belief.give_up();
-        if held.is_none() && !self.maybe_in_store {
-            return Ok(false);
-        }
-        let released = release_ours(&self.spec, &self.instance_base, held.map(|h| h.token)).await;
-        match &released {
-            Ok(_) => self.maybe_in_store = false,
-            Err(e) => self.belief.trace(LeaseTrace::Error {
-                operation: "release",
-                error: e.to_string(),
-            }),
-        }
-        tracing::info!(lease = %self.spec.name, token = ?held.map(|h| h.token), ?released, "lease released");
-        released
-    }
+/// Casts `msg()` to `myself` at `at` (tokio's clock).
+fn schedule(
+    myself: &ActorRef<LeaseMsg>,
+    at: Instant,
+    msg: impl FnOnce() -> LeaseMsg + Send + 'static,
+) -> JoinHandle<()> {
+    let me = myself.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep_until(at).await;
+        let _ = me.cast(msg());
+    })
 }
 
 impl Actor for LeaseActor {
@@ -632,19 +630,10 @@ impl Actor for LeaseActor {
             spec: args.spec,
             belief: args.belief,
             instance_base: new_instance_base(),
-            instance_seq: 1,
-            instance_believed: false,
-            maybe_in_store: false,
-            wanted: false,
-            waiters: Vec::new(),
-            retry_pace: None,
             retry_timer: None,
+            poll_timer: None,
             renew_timer: None,
             watchdog: None,
-            renew_in_flight: false,
-            last_held: None,
-            preempting: None,
-            notices: preemption::Notices::default(),
         })
     }
 
@@ -657,132 +646,40 @@ impl Actor for LeaseActor {
         use tracing::Instrument;
         // One span per lease: every log line of its actor names the lease and its owner.
         let span = tracing::info_span!("lease", name = %state.spec.name, owner = %state.spec.owner);
-        on_message(myself, msg, state).instrument(span).await
+        let input = match msg {
+            LeaseMsg::Acquire { reply } => Input::Acquire { reply },
+            LeaseMsg::TryAcquire(reply) => Input::TryAcquire { reply },
+            LeaseMsg::RetryPace(pace) => Input::RetryPace(pace),
+            LeaseMsg::Release(reply) => Input::Release {
+                reply: ReleaseCaller::Port(reply),
+            },
+            LeaseMsg::RetryAcquire => {
+                state.retry_timer = None;
+                Input::Timer(Timer::Retry)
+            }
+            LeaseMsg::PreemptPoll => {
+                state.poll_timer = None;
+                Input::Timer(Timer::Poll)
+            }
+            LeaseMsg::RenewDue { generation } => {
+                state.renew_timer = None;
+                Input::RenewDue { generation }
+            }
+            LeaseMsg::RenewDone { generation, answer } => Input::Renewed { generation, answer },
+        };
+        state.feed(&myself, input).instrument(span).await;
+        Ok(())
     }
 
     async fn post_stop(
         &self,
-        _myself: ActorRef<LeaseMsg>,
+        myself: ActorRef<LeaseMsg>,
         state: &mut LeaseActorState,
     ) -> Result<(), ActorProcessingErr> {
-        if let Err(e) = state.release().await {
-            tracing::warn!(lease = %state.spec.name, error = %e, "release on stop failed; the grant expires after its ttl");
-        }
+        let release = Input::Release {
+            reply: ReleaseCaller::Stop,
+        };
+        state.feed(&myself, release).await;
         Ok(())
     }
-}
-
-/// What the LeaseActor does with one message (inside its lease's span).
-async fn on_message(
-    myself: ActorRef<LeaseMsg>,
-    msg: LeaseMsg,
-    state: &mut LeaseActorState,
-) -> Result<(), ActorProcessingErr> {
-    match msg {
-        LeaseMsg::Acquire { reply } => {
-            if let Some(held) = state.belief.current() {
-                if let Some(reply) = reply {
-                    let _ = reply.send(Ok((
-                        Acquired::Granted { token: held.token },
-                        Some(held.generation),
-                    )));
-                }
-                return Ok(());
-            }
-            state.waiters.extend(reply);
-            if !state.wanted {
-                state.wanted = true;
-                state.keep_trying(&myself).await;
-            }
-        }
-        LeaseMsg::RetryAcquire => {
-            state.retry_timer = None;
-            if state.wanted {
-                state.keep_trying(&myself).await;
-            }
-        }
-        LeaseMsg::TryAcquire(reply) => {
-            let Some(reply) = state.join_preempting(reply) else {
-                return Ok(());
-            };
-            let answer = state.attempt(&myself).await;
-            if matches!(answer, Ok((Acquired::NotGranted { .. }, _)))
-                && let Some(record) = state.preemptable()
-            {
-                state.start_preempting(&myself, record, Some(reply)).await;
-                return Ok(());
-            }
-            if matches!(answer, Ok((Acquired::Granted { .. }, _))) && state.wanted {
-                state.wanted = false;
-                LeaseActorState::stop_timer(&mut state.retry_timer);
-                state.answer_waiters(&answer);
-            }
-            let _ = reply.send(answer);
-        }
-        LeaseMsg::PreemptPoll => state.preempt_poll(&myself).await,
-        LeaseMsg::RetryPace(pace) => {
-            state.retry_pace = pace;
-            if state.wanted && state.retry_timer.is_some() {
-                LeaseActorState::stop_timer(&mut state.retry_timer);
-                let at = Instant::now() + pace.unwrap_or(state.spec.settings.lease_retry_interval);
-                state.retry_timer = Some(state.schedule(&myself, at, || LeaseMsg::RetryAcquire));
-            }
-        }
-        LeaseMsg::Release(reply) => {
-            let released = state.release().await;
-            let _ = reply.send(released);
-        }
-        LeaseMsg::RenewDue { generation } => {
-            state.renew_timer = None;
-            let Some(held) = state
-                .belief
-                .current()
-                .filter(|h| h.generation == generation)
-            else {
-                return Ok(());
-            };
-            if !state.renew_in_flight {
-                state.renew_in_flight = true;
-                let answer = state.spec.batcher.renew(HeldLease {
-                    name: state.spec.store_name.clone(),
-                    token: held.token,
-                });
-                let me = myself.clone();
-                tokio::spawn(async move {
-                    let answer = answer.await.ok();
-                    let _ = me.cast(LeaseMsg::RenewDone { generation, answer });
-                });
-            }
-            let at = state.spec.batcher.next_tick(Instant::now());
-            state.renew_timer =
-                Some(state.schedule(&myself, at, move || LeaseMsg::RenewDue { generation }));
-        }
-        LeaseMsg::RenewDone { generation, answer } => {
-            state.renew_in_flight = false;
-            match answer {
-                Some((sent_at, Ok(Renewal::Renewed { request }))) => {
-                    if state.belief.renewed(generation, sent_at) {
-                        state.observe_request(generation, request, sent_at);
-                    }
-                }
-                Some((_, Ok(Renewal::NotHeld))) => state.belief.not_held(generation),
-                Some((sent_at, Ok(Renewal::Refused(request)))) => {
-                    // Announced first if no renewal showed it (forceful at once).
-                    state.observe_request(generation, Some(request), sent_at);
-                    state.belief.preempted(generation);
-                }
-                Some((_, Err(e))) => {
-                    state.belief.trace(LeaseTrace::Error {
-                        operation: "renew",
-                        error: e.to_string(),
-                    });
-                    state.belief.renewal_failed(generation, &e.to_string());
-                }
-                None => {
-                    tracing::warn!(lease = %state.spec.name, "renewal batcher stopped")
-                }
-            }
-        }
-    }
-    Ok(())
 }

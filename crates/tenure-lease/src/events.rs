@@ -1,13 +1,18 @@
-//! What a LeaseActor tells whoever uses the lease, and the shared belief those events
-//! are derived from.
+//! What a LeaseActor tells whoever uses the lease, and the one place it is told: the
+//! [`SharedBelief`] holds the LeaseActor's [machine](crate::machine) and turns each of its
+//! events into every output (supervisor events, lost-callbacks, observer traces, metrics,
+//! log lines, the state handles watch).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::time::Instant;
 
+use crate::actor::{AcquireCaller, ReleaseCaller};
 use crate::clock::HolderClock;
+use crate::machine::{Effect, Event, Input, Machine};
 use crate::trace::{LeaseObserver, LeaseTrace};
-use crate::validity::{Belief, GrantEffect, Held, LostReason};
+use crate::validity::{Held, LostReason};
 
 /// The lease was granted (announced once per grant, before any loss of it).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -148,45 +153,103 @@ impl LeaseEventSink {
     }
 }
 
-/// The belief shared by a LeaseActor, its watchdog and its handles. Every transition that
-/// produces an event happens under `order`, so events reach the sink in transition order.
-/// Its instants are on `clock` (the holder clock, which counts host suspend).
+/// The LeaseActor's machine, as its actor, its watchdog and its handles share it.
+pub(crate) type LeaseMachine = Machine<AcquireCaller, ReleaseCaller>;
+
+pub(crate) type LostCallback = Box<dyn FnOnce(LeaseLost) + Send>;
+
+/// Lost-callbacks (of [`Lease::acquire_with_lost`](crate::Lease::acquire_with_lost) and
+/// [`Grant`](crate::Grant)) waiting for the loss of the grant with their token.
+#[derive(Default)]
+struct LostCallbacks {
+    /// The highest token whose loss was announced.
+    lost_up_to: Option<u64>,
+    waiting: Vec<(u64, LostCallback)>,
+    last_lost: Option<LeaseLost>,
+}
+
+/// The machine of a LeaseActor, shared by the actor (which feeds it messages and store
+/// answers), its watchdog (which feeds it deadlines) and its handles (which read the
+/// belief), together with the one place its events are emitted.
+///
+/// Every step, and the emission of its events, happens under `order`, so events reach
+/// every output in transition order, also when the watchdog steps while the actor awaits a
+/// store call. Outputs are called outside the machine's own lock: a sink or callback may
+/// call `check_lease`. Instants are on `clock` (the holder clock, which counts host
+/// suspend).
 pub(crate) struct SharedBelief {
     name: String,
     clock: HolderClock,
-    belief: Mutex<Belief>,
+    machine: Mutex<LeaseMachine>,
     order: Mutex<()>,
     sink: LeaseEventSink,
     /// The owner and observer that traces are reported to, if any.
     observer: Option<(String, LeaseObserver)>,
     /// The state published to handles; changed only under `order`.
     state: tokio::sync::watch::Sender<LeaseState>,
-    /// The generation whose renewals are failing, while it is suspended.
-    suspended: Mutex<Option<u64>>,
     /// The newest generation whose grant was traced: handles see a grant only from then
-    /// on, so nothing acts under a grant before the history records it.
-    announced: std::sync::atomic::AtomicU64,
+    /// on, so nothing acts under a grant before the history records it. (The machine
+    /// believes a grant from the step that records it; its events are emitted right after,
+    /// outside the machine's lock.)
+    announced: AtomicU64,
+    lost: Mutex<LostCallbacks>,
 }
 
 impl SharedBelief {
     pub(crate) fn new(
         name: String,
         clock: HolderClock,
-        belief: Belief,
+        machine: LeaseMachine,
         sink: LeaseEventSink,
         observer: Option<(String, LeaseObserver)>,
     ) -> Self {
         SharedBelief {
             name,
             clock,
-            belief: Mutex::new(belief),
+            machine: Mutex::new(machine),
             order: Mutex::new(()),
             sink,
             observer,
             state: tokio::sync::watch::Sender::new(LeaseState::NotHeld),
-            suspended: Mutex::new(None),
-            announced: std::sync::atomic::AtomicU64::new(0),
+            announced: AtomicU64::new(0),
+            lost: Mutex::default(),
         }
+    }
+
+    /// Feeds `input` to the machine at the holder clock's now, emits the step's events, and
+    /// returns its other effects, in order, for the driver to carry out.
+    pub(crate) fn step(
+        &self,
+        input: Input<AcquireCaller, ReleaseCaller>,
+    ) -> Vec<Effect<AcquireCaller, ReleaseCaller>> {
+        let _order = self.ordered();
+        let now = self.clock.now();
+        let effects = self.machine().handle(now, input);
+        let (events, rest): (Vec<_>, Vec<_>) = effects
+            .into_iter()
+            .partition(|e| matches!(e, Effect::Emit(_)));
+        for effect in events {
+            if let Effect::Emit(event) = effect {
+                self.emit(event);
+            }
+        }
+        rest
+    }
+
+    /// The watchdog woke: feeds the machine a deadline and emits what came of it.
+    pub(crate) fn deadline(&self) {
+        let _order = self.ordered();
+        let now = self.clock.now();
+        let events = self.machine().deadline(now);
+        for event in events {
+            self.emit(event);
+        }
+    }
+
+    /// When the watchdog of `generation` must wake next (see
+    /// [`Machine::watchdog_wake`](crate::machine::Machine::watchdog_wake)).
+    pub(crate) fn watchdog_wake(&self, generation: u64) -> Option<Instant> {
+        self.machine().watchdog_wake(generation)
     }
 
     /// The state last published.
@@ -199,221 +262,214 @@ impl SharedBelief {
         self.state.subscribe()
     }
 
-    fn publish(&self, state: LeaseState) {
-        *self.suspended.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        self.state.send_replace(state);
-    }
-
-    /// A renewal of `generation` failed with `error` (outcome unknown): the grant, if still
-    /// believed, is suspended (announced once per stretch of failures).
-    pub(crate) fn renewal_failed(&self, generation: u64, error: &str) {
-        let _order = self.ordered();
-        let Some(held) = self
-            .belief()
-            .current(self.clock.now())
-            .filter(|h| h.generation == generation)
-        else {
-            return;
-        };
-        let mut suspended = self.suspended.lock().unwrap_or_else(|e| e.into_inner());
-        if *suspended == Some(generation) {
-            return;
-        }
-        *suspended = Some(generation);
-        drop(suspended);
-        self.state.send_replace(LeaseState::Suspended);
-        tracing::warn!(lease = %self.name, token = held.token, %error, "lease suspended: renewals failing");
-        self.trace(LeaseTrace::Suspended {
-            token: held.token,
-            error: error.to_string(),
-        });
-        self.sink.deliver(LeaseEvent::Suspended(LeaseSuspended {
-            name: self.name.clone(),
-            token: held.token,
-            error: error.to_string(),
-        }));
-    }
-
     /// The clock of this belief's instants.
     pub(crate) fn clock(&self) -> &HolderClock {
         &self.clock
     }
 
-    /// Reports `trace` to the metrics and the observer, if any.
-    pub(crate) fn trace(&self, trace: LeaseTrace) {
-        let was_suspended = self
-            .suspended
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_some();
-        crate::metrics::on_trace(&trace, was_suspended);
-        if let Some((owner, observer)) = &self.observer {
-            observer.report(&self.name, owner, &trace);
-        }
-    }
-
-    fn belief(&self) -> std::sync::MutexGuard<'_, Belief> {
-        self.belief.lock().unwrap_or_else(|e| e.into_inner())
+    fn machine(&self) -> std::sync::MutexGuard<'_, LeaseMachine> {
+        self.machine.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn ordered(&self) -> std::sync::MutexGuard<'_, ()> {
         self.order.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn announce_lost(&self, held: Held, reason: LostReason) {
-        tracing::warn!(lease = %self.name, token = held.token, %reason, "lease lost");
-        self.trace(LeaseTrace::Lost {
-            token: held.token,
-            reason: reason.kind(),
-        });
-        self.publish(LeaseState::Lost);
-        self.sink.deliver(LeaseEvent::Lost(LeaseLost {
-            name: self.name.clone(),
-            token: held.token,
-            reason,
-        }));
-    }
-
-    /// Announces the loss of a grant whose belief has ended at `now` (its deadline minus the
-    /// stop budget). Returns whether one lapsed.
-    pub(crate) fn lapse(&self, now: Instant) -> bool {
-        let _order = self.ordered();
-        let lapsed = self.belief().expire_due(now);
-        if let Some(held) = lapsed {
-            self.announce_lost(held, LostReason::Expired);
-        }
-        lapsed.is_some()
-    }
-
-    /// Records a grant answer; announces a new grant.
-    pub(crate) fn grant(&self, token: u64, sent_at: Instant) -> GrantEffect {
-        let now = self.clock.now();
-        let _order = self.ordered();
-        let (lapsed, replaced, effect) = {
-            let mut b = self.belief();
-            let lapsed = b.expire_due(now);
-            // A different token while one is believed: the believed grant ended behind our
-            // back (released by an operator, taken over); announce its loss first.
-            let replaced = match b.held() {
-                Some(h) if h.token != token => b.not_held(h.generation),
-                _ => None,
-            };
-            (lapsed, replaced, b.grant(token, sent_at, now))
-        };
-        if let Some(held) = lapsed {
-            self.announce_lost(held, LostReason::Expired);
-        }
-        if let Some(held) = replaced {
-            self.announce_lost(held, LostReason::NotHeld);
-        }
-        if let GrantEffect::New(held) = effect {
-            tracing::info!(lease = %self.name, token = held.token, "lease granted");
-            // The trace first: whoever learns of the grant (state watchers, the sink) acts
-            // after it, so a history never shows an action under a grant before the grant.
-            self.trace(LeaseTrace::Granted {
-                token: held.token,
-                valid_until: self.clock.boottime_ns(held.deadline),
-            });
-            self.announced
-                .fetch_max(held.generation, std::sync::atomic::Ordering::SeqCst);
-            self.publish(LeaseState::Held);
-            self.sink.deliver(LeaseEvent::Granted(LeaseGranted {
-                name: self.name.clone(),
-                token: held.token,
-            }));
-        }
-        effect
-    }
-
-    /// Records a successful renewal of `generation` sent at `sent_at`.
-    pub(crate) fn renewed(&self, generation: u64, sent_at: Instant) -> bool {
-        let now = self.clock.now();
-        let _order = self.ordered();
-        let renewed = {
-            let mut b = self.belief();
-            b.renewed(generation, sent_at, now)
-                .then(|| b.held())
-                .flatten()
-        };
-        if let Some(held) = renewed {
-            self.trace(LeaseTrace::Renewed {
-                token: held.token,
-                valid_until: self.clock.boottime_ns(held.deadline),
-            });
-            let was_suspended = self
-                .suspended
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .is_some_and(|g| g == generation);
-            if was_suspended {
-                self.publish(LeaseState::Held);
-                tracing::info!(lease = %self.name, token = held.token, "lease resumed: a renewal succeeded");
-                self.trace(LeaseTrace::Resumed { token: held.token });
-                self.sink.deliver(LeaseEvent::Resumed(LeaseResumed {
-                    name: self.name.clone(),
-                    token: held.token,
-                }));
-            }
-            return true;
-        }
-        drop(_order);
-        self.lapse(now);
-        false
-    }
-
-    /// The store said `generation` is not held: announce the loss.
-    pub(crate) fn not_held(&self, generation: u64) {
-        let _order = self.ordered();
-        let ended = self.belief().not_held(generation);
-        if let Some(held) = ended {
-            self.announce_lost(held, LostReason::NotHeld);
-        }
-    }
-
-    /// A forceful preemption request refused the renewal of `generation`: announce the loss.
-    pub(crate) fn preempted(&self, generation: u64) {
-        let _order = self.ordered();
-        let ended = self.belief().not_held(generation);
-        if let Some(held) = ended {
-            self.announce_lost(held, LostReason::Preempted);
-        }
-    }
-
-    /// Delivers a preemption notice about `generation`, only while it is still believed
-    /// (never after its loss).
-    pub(crate) fn notify(&self, generation: u64, event: LeaseEvent) {
-        let _order = self.ordered();
-        let believed = self
-            .belief()
-            .current(self.clock.now())
-            .is_some_and(|h| h.generation == generation);
-        if believed {
-            self.sink.deliver(event);
-        }
-    }
-
-    /// Gives the belief up without an event (release, stop); returns what was held.
-    pub(crate) fn give_up(&self) -> Option<Held> {
-        let _order = self.ordered();
-        let held = self.belief().give_up();
-        if let Some(h) = held {
-            self.trace(LeaseTrace::Released { token: h.token });
-            self.publish(LeaseState::NotHeld);
-        }
-        held
-    }
-
     /// The grant believed now, if any, once its grant was traced. Never blocks on anything
     /// but a short critical section.
     pub(crate) fn current(&self) -> Option<Held> {
-        let announced = self.announced.load(std::sync::atomic::Ordering::SeqCst);
-        self.belief()
+        let announced = self.announced.load(Ordering::SeqCst);
+        self.machine()
             .current(self.clock.now())
             .filter(|h| h.generation <= announced)
     }
 
     /// The grant believed, even if its belief just ended and nobody announced it yet.
     pub(crate) fn held(&self) -> Option<Held> {
-        self.belief().held()
+        self.machine().held()
+    }
+
+    /// Calls `cb` once the grant with `token` is lost (at once if it was already).
+    pub(crate) fn on_lost(&self, token: u64, cb: LostCallback) {
+        let fire_now = {
+            let mut slot = self.lost.lock().unwrap_or_else(|e| e.into_inner());
+            if slot.lost_up_to.is_some_and(|t| t >= token) {
+                slot.last_lost.clone().map(|ev| (ev, cb))
+            } else {
+                slot.waiting.push((token, cb));
+                None
+            }
+        };
+        if let Some((ev, cb)) = fire_now {
+            cb(ev);
+        }
+    }
+
+    /// Drops the lost-callbacks of the grant believed now (it is being released).
+    pub(crate) fn forget_lost(&self) {
+        let mut slot = self.lost.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(h) = self.held() {
+            slot.waiting.retain(|(t, _)| *t != h.token);
+        }
+    }
+
+    fn publish(&self, state: LeaseState) {
+        self.state.send_replace(state);
+    }
+
+    /// Reports `trace` to the metrics and the observer, if any; `suspended`: the grant it
+    /// ends was suspended.
+    fn trace(&self, trace: LeaseTrace, suspended: bool) {
+        crate::metrics::on_trace(&trace, suspended);
+        if let Some((owner, observer)) = &self.observer {
+            observer.report(&self.name, owner, &trace);
+        }
+    }
+
+    /// The one place a lease's events reach its outputs. Called under `order`.
+    fn emit(&self, event: Event) {
+        let name = &self.name;
+        match event {
+            Event::AcquireInvoked => self.trace(LeaseTrace::AcquireInvoked, false),
+            Event::NotGranted { holder } => self.trace(LeaseTrace::NotGranted { holder }, false),
+            Event::Granted {
+                generation,
+                token,
+                deadline,
+            } => {
+                tracing::info!(lease = %name, token, "lease granted");
+                // The trace first: whoever learns of the grant (handles, state watchers, the
+                // sink) acts after it, so a history never shows an action under a grant
+                // before the grant.
+                let valid_until = self.clock.boottime_ns(deadline);
+                self.trace(LeaseTrace::Granted { token, valid_until }, false);
+                self.announced.fetch_max(generation, Ordering::SeqCst);
+                self.publish(LeaseState::Held);
+                self.sink.deliver(LeaseEvent::Granted(LeaseGranted {
+                    name: name.clone(),
+                    token,
+                }));
+            }
+            Event::Renewed { token, deadline } => {
+                let valid_until = self.clock.boottime_ns(deadline);
+                self.trace(LeaseTrace::Renewed { token, valid_until }, false);
+            }
+            Event::Suspended { token, error } => {
+                self.publish(LeaseState::Suspended);
+                tracing::warn!(lease = %name, token, %error, "lease suspended: renewals failing");
+                let trace = LeaseTrace::Suspended {
+                    token,
+                    error: error.clone(),
+                };
+                self.trace(trace, true);
+                self.sink.deliver(LeaseEvent::Suspended(LeaseSuspended {
+                    name: name.clone(),
+                    token,
+                    error,
+                }));
+            }
+            Event::Resumed { token } => {
+                self.publish(LeaseState::Held);
+                tracing::info!(lease = %name, token, "lease resumed: a renewal succeeded");
+                self.trace(LeaseTrace::Resumed { token }, false);
+                self.sink.deliver(LeaseEvent::Resumed(LeaseResumed {
+                    name: name.clone(),
+                    token,
+                }));
+            }
+            Event::Lost {
+                token,
+                reason,
+                suspended,
+            } => {
+                tracing::warn!(lease = %name, token, %reason, "lease lost");
+                let kind = reason.kind();
+                self.trace(
+                    LeaseTrace::Lost {
+                        token,
+                        reason: kind,
+                    },
+                    suspended,
+                );
+                self.publish(LeaseState::Lost);
+                let lost = LeaseLost {
+                    name: name.clone(),
+                    token,
+                    reason,
+                };
+                self.sink.deliver(LeaseEvent::Lost(lost.clone()));
+                self.call_lost_callbacks(lost);
+            }
+            Event::Released { token, suspended } => {
+                self.trace(LeaseTrace::Released { token }, suspended);
+                self.publish(LeaseState::NotHeld);
+            }
+            Event::ReleaseAnswered { token, answer } => {
+                tracing::info!(lease = %name, ?token, released = ?answer, "lease released");
+            }
+            Event::StoreError { operation, error } => {
+                self.trace(LeaseTrace::Error { operation, error }, false);
+            }
+            Event::Retrying { outcome } => {
+                tracing::debug!(lease = %name, %outcome, "acquire not granted; will retry");
+            }
+            Event::PreemptionRequested {
+                token,
+                request,
+                cleanup_deadline,
+            } => {
+                self.sink
+                    .deliver(LeaseEvent::PreemptionRequested(PreemptionRequested {
+                        name: name.clone(),
+                        token,
+                        by: request.by,
+                        priority: request.priority,
+                        forceful: request.forceful,
+                        note: request.note,
+                        cleanup_deadline: self.clock.to_tokio(cleanup_deadline),
+                    }));
+            }
+            Event::PreemptionWithdrawn { token, by } => {
+                self.sink
+                    .deliver(LeaseEvent::PreemptionWithdrawn(PreemptionWithdrawn {
+                        name: name.clone(),
+                        token,
+                        by,
+                    }));
+            }
+            Event::PreemptionStarted {
+                holder,
+                holder_priority,
+                priority,
+            } => {
+                tracing::info!(lease = %name, %holder, holder_priority, priority,
+                    "asking the lower-priority holder to give the lease up");
+            }
+            Event::PreemptionRecorded { holder, forceful } => {
+                tracing::info!(lease = %name, %holder, forceful, "preemption requested");
+            }
+            Event::PreemptionPolling { error } => {
+                tracing::debug!(lease = %name, %error, "acquire or request while preempting failed; polling on");
+            }
+            Event::RenewalsUnanswered => {
+                tracing::warn!(lease = %name, "renewal batcher stopped");
+            }
+        }
+    }
+
+    fn call_lost_callbacks(&self, lost: LeaseLost) {
+        let due: Vec<LostCallback> = {
+            let mut slot = self.lost.lock().unwrap_or_else(|e| e.into_inner());
+            slot.lost_up_to = slot.lost_up_to.max(Some(lost.token));
+            slot.last_lost = Some(lost.clone());
+            let (due, keep) = std::mem::take(&mut slot.waiting)
+                .into_iter()
+                .partition(|(token, _)| *token <= lost.token);
+            slot.waiting = keep;
+            due.into_iter().map(|(_, cb)| cb).collect()
+        };
+        for cb in due {
+            cb(lost.clone());
+        }
     }
 }

@@ -1,6 +1,6 @@
 //! `Lease`: the handle for plain async code, a thin typed front of one LeaseActor.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use ractor::ActorRef;
 use ractor::rpc::CallResult;
@@ -8,19 +8,8 @@ use tokio::time::Instant;
 
 use crate::actor::{AcquireReply, Acquired, LeaseActor, LeaseMsg, LeaseSpec, LeaseView};
 use crate::error::LeaseError;
-use crate::events::{LeaseEvent, LeaseEventSink, LeaseLost};
+use crate::events::{LeaseEventSink, LeaseLost};
 use crate::settings::LeaseSettings;
-
-type LostCallback = Box<dyn FnOnce(LeaseLost) + Send>;
-
-/// Lost-callbacks waiting for the loss of the grant with their token.
-#[derive(Default)]
-struct LostCallbacks {
-    /// The highest token whose loss was announced.
-    lost_up_to: Option<u64>,
-    waiting: Vec<(u64, LostCallback)>,
-    last_lost: Option<LeaseLost>,
-}
 
 struct Inner {
     name: String,
@@ -28,7 +17,6 @@ struct Inner {
     settings: LeaseSettings,
     actor: ActorRef<LeaseMsg>,
     view: LeaseView,
-    lost: Arc<Mutex<LostCallbacks>>,
 }
 
 impl Drop for Inner {
@@ -78,30 +66,10 @@ impl Lease {
         spec: LeaseSpec,
         events: LeaseEventSink,
     ) -> Result<Lease, LeaseError> {
-        let lost = Arc::new(Mutex::new(LostCallbacks::default()));
-        let sink_lost = lost.clone();
-        let sink = LeaseEventSink::new(move |event| {
-            events.deliver(event.clone());
-            if let LeaseEvent::Lost(ev) = event {
-                let due: Vec<LostCallback> = {
-                    let mut slot = sink_lost.lock().unwrap_or_else(|e| e.into_inner());
-                    slot.lost_up_to = slot.lost_up_to.max(Some(ev.token));
-                    slot.last_lost = Some(ev.clone());
-                    let (due, keep) = std::mem::take(&mut slot.waiting)
-                        .into_iter()
-                        .partition(|(token, _)| *token <= ev.token);
-                    slot.waiting = keep;
-                    due.into_iter().map(|(_, cb)| cb).collect()
-                };
-                for cb in due {
-                    cb(ev.clone());
-                }
-            }
-        });
         let name = spec.name.clone();
         let owner = spec.owner.clone();
         let settings = spec.settings;
-        let (actor, view) = LeaseActor::start(spec, sink, None)
+        let (actor, view) = LeaseActor::start(spec, events, None)
             .await
             .map_err(|_| LeaseError::ActorStopped { name: name.clone() })?;
         Ok(Lease {
@@ -111,7 +79,6 @@ impl Lease {
                 settings,
                 actor,
                 view,
-                lost,
             }),
         })
     }
@@ -168,7 +135,7 @@ impl Lease {
     ) -> Result<Acquired, LeaseError> {
         let acquired = self.acquire().await?;
         if let Acquired::Granted { token } = acquired {
-            self.on_lost(token, Box::new(on_lost));
+            self.inner.view.on_lost(token, Box::new(on_lost));
         }
         Ok(acquired)
     }
@@ -192,14 +159,14 @@ impl Lease {
         on_lost: impl FnOnce(LeaseLost) + Send + 'static,
     ) -> Result<u64, LeaseError> {
         let token = self.acquire_wait().await?;
-        self.on_lost(token, Box::new(on_lost));
+        self.inner.view.on_lost(token, Box::new(on_lost));
         Ok(token)
     }
 
     /// Calls `cb` once the grant with `token` is lost (at once if it was already); never
     /// after its release.
     pub(crate) fn notify_lost(&self, token: u64, cb: impl FnOnce(LeaseLost) + Send + 'static) {
-        self.on_lost(token, Box::new(cb));
+        self.inner.view.on_lost(token, Box::new(cb));
     }
 
     /// Releases whatever grant the actor holds without waiting for the answer (for drops,
@@ -211,25 +178,7 @@ impl Lease {
     }
 
     fn forget_lost_callbacks(&self) {
-        let mut slot = self.inner.lost.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(h) = self.inner.view.held() {
-            slot.waiting.retain(|(t, _)| *t != h.token);
-        }
-    }
-
-    fn on_lost(&self, token: u64, cb: LostCallback) {
-        let fire_now = {
-            let mut slot = self.inner.lost.lock().unwrap_or_else(|e| e.into_inner());
-            if slot.lost_up_to.is_some_and(|t| t >= token) {
-                slot.last_lost.clone().map(|ev| (ev, cb))
-            } else {
-                slot.waiting.push((token, cb));
-                None
-            }
-        };
-        if let Some((ev, cb)) = fire_now {
-            cb(ev);
-        }
+        self.inner.view.forget_lost();
     }
 
     /// Releases the lease. `Ok(true)`: released; `Ok(false)`: this handle held nothing;

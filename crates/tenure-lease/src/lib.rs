@@ -28,6 +28,13 @@
 //! the [`LeaseActor`] (all timing: acquisition retries, heartbeats, the local deadline,
 //! `LeaseGranted`/`LeaseLost`), the [`Lease`] handle for plain async code, and the
 //! [`LeaseProvider`] that loads leases by (name, config section, owner).
+//!
+//! Inside the LeaseActor, every decision is made by a pure, synchronous state machine
+//! (crate-private `machine` module): it takes messages, store answers and the holder clock's
+//! reading as inputs and returns effects (store calls, timers, replies, events), reading no
+//! clock and awaiting nothing. The actor only drives it, and one emitter turns its events
+//! into every output: the [`LeaseEventSink`], lost-callbacks, [`LeaseObserver`] traces,
+//! metrics and log lines.
 
 mod actor;
 pub mod clock;
@@ -40,6 +47,7 @@ mod grant;
 mod handle;
 #[cfg(feature = "history")]
 pub mod history;
+mod machine;
 pub mod memory;
 pub mod metrics;
 pub mod names;
@@ -52,6 +60,8 @@ pub mod store;
 pub mod trace;
 pub mod validity;
 
+#[cfg(test)]
+mod machine_tests;
 #[cfg(test)]
 mod preemption_tests;
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! Batched renewal: every LeaseActor of one owner on one store renews through one
 //! `RenewalBatcher`, which turns the requests of one heartbeat into one store round trip.
 //!
-//! The actors decide *when* to renew (the LeaseActor owns all timing); the batcher only
+//! The LeaseActors' machines decide *when* to renew (they own all timing); the batcher only
 //! coalesces. For the requests of many leases to meet, actors renew on a shared grid:
 //! instants `epoch + k * heartbeat-interval`.
 

@@ -1,5 +1,5 @@
-//! The holder's belief in its lease: a small state machine over deadlines, driven by the
-//! LeaseActor and its watchdog and tested directly without actors, sockets or sleeps.
+//! The holder's belief in its lease: the deadline arithmetic of the LeaseActor's machine
+//! (`crate::machine`), pure and tested directly without actors, sockets or sleeps.
 //!
 //! The timing argument: a grant or renewal request *sent* at `s` is processed by the store
 //! at some `p >= s`, and the store keeps the grant until at least `p + ttl`. The holder
