@@ -59,6 +59,10 @@ pub(crate) use preemption::{Notices, Preempting};
 /// cannot push the announcement past it.
 pub(crate) const WAKE_EARLY: Duration = Duration::from_millis(2);
 
+/// How long after the store's expiry of another owner's grant a contender tries again
+/// (the answer's `expires_in` was measured before the answer travelled back).
+const EXPIRY_SLACK: Duration = Duration::from_millis(20);
+
 /// What a machine needs to know of its lease: fixed for its life.
 #[derive(Debug, Clone)]
 pub(crate) struct Config {
@@ -539,10 +543,14 @@ impl<A, L> Machine<A, L> {
     }
 
     fn arm_retry(&mut self, now: Instant, out: &mut Out<A, L>) {
+        self.arm_retry_within(now, self.pace(), out);
+    }
+
+    fn arm_retry_within(&mut self, now: Instant, pace: Duration, out: &mut Out<A, L>) {
         self.retry_armed = true;
         out.push(Effect::Arm {
             timer: Timer::Retry,
-            at: later(now, self.pace()),
+            at: later(now, pace),
         });
     }
 
@@ -747,6 +755,12 @@ impl<A, L> Machine<A, L> {
         let is_granted = matches!(reply, Ok((Acquired::Granted { .. }, _)));
         match purpose {
             Purpose::KeepTrying => {
+                // How long the store said the other owner's grant lasts unless renewed
+                // (read before `preemptable` takes the record).
+                let held_for = match (&reply, &self.last_held) {
+                    (Ok((Acquired::NotGranted { .. }, _)), Some(r)) => Some(r.expires_in),
+                    _ => None,
+                };
                 if is_granted {
                     self.wanted = false;
                     self.answer_waiters(&reply, out);
@@ -756,7 +770,12 @@ impl<A, L> Machine<A, L> {
                     out.push(Effect::Emit(Event::Retrying {
                         outcome: format!("{reply:?}"),
                     }));
-                    self.arm_retry(now, out);
+                    // A holder that stopped renewing (crashed, cut off) loses the grant when
+                    // it expires: try again then, not up to a retry interval later. Only the
+                    // timing of the next try changes; the store still decides.
+                    let pace =
+                        held_for.map_or(self.pace(), |left| self.pace().min(left + EXPIRY_SLACK));
+                    self.arm_retry_within(now, pace, out);
                 }
             }
             Purpose::Try(to) => {

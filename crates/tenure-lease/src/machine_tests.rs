@@ -91,6 +91,8 @@ fn record(owner: &str, token: u64, priority: u64) -> LeaseRecord {
         owner: owner.into(),
         token,
         priority,
+        // A live grant of the other owner: its expiry is far beyond any retry.
+        expires_in: Duration::from_secs(60),
         ..LeaseRecord::default()
     }
 }
