@@ -48,12 +48,16 @@ pub struct Count {
 
 tenure_cluster::cluster_message! {
     /// The remote sink's messages, with Tenure's codec.
+    ///
+    /// - `Data`: one-way, counted by the sink.
+    /// - `Barrier`: answers with the casts handled so far.
+    /// - `Echo`: answers with the payload (a round trip).
+    // The macro takes no attributes on variants (its cast/call/local groups would be
+    // ambiguous), so the variants are documented in the list above.
+    #[allow(missing_docs)]
     pub enum CodecMsg {
-        /// One-way: counted by the sink.
         cast Data(Payload),
-        /// Answers with the casts handled so far.
         call Barrier(Payload) -> Count,
-        /// Answers with the payload (a round trip).
         call Echo(Payload) -> Payload,
     }
 }

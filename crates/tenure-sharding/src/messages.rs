@@ -204,21 +204,26 @@ pub enum RegionLocal {
 
 tenure_cluster::cluster_message! {
     /// Messages of a shard region (the only remotable actor of an entity type on a node).
+    ///
+    /// - `Deliver`: a tell for an entity, from a region or this node's handle.
+    /// - `Host`: from the coordinator: host the shard.
+    /// - `Home`: from the coordinator: where a shard lives.
+    /// - `Ask`: an ask for an entity; answered with its encoded reply or why there is none.
+    /// - `HandOffShard`: from the coordinator: stop the shard, release its lease, then
+    ///   answer.
+    /// - `BeginHandOffShard`: from the coordinator before a rebalance: forget where the
+    ///   shard lives, keep its messages until its new home is named.
+    /// - `Local`: messages from this node only (cluster events, ticks, hand-off outcomes).
+    // The macro takes no attributes on variants (its cast/call/local groups would be
+    // ambiguous), so the variants are documented in the list above.
+    #[allow(missing_docs)]
     pub enum RegionMsg {
-        /// A tell for an entity, from a region or this node's handle.
         cast Deliver(Envelope),
-        /// From the coordinator: host the shard.
         cast Host(HostShard),
-        /// From the coordinator: where a shard lives.
         cast Home(ShardHome),
-        /// An ask for an entity; answered with its encoded reply or why there is none.
         call Ask(Envelope) -> AskReply,
-        /// From the coordinator: stop the shard, release its lease, then answer.
         call HandOffShard(HandOff) -> HandOffDone,
-        /// From the coordinator before a rebalance: forget where the shard lives, keep its
-        /// messages until its new home is named.
         call BeginHandOffShard(BeginHandOff) -> HandOffBegun,
-        /// Messages from this node only (cluster events, ticks, hand-off outcomes).
         local Local(RegionLocal),
     }
 }
@@ -246,14 +251,20 @@ pub enum CoordinatorLocal {
 
 tenure_cluster::cluster_message! {
     /// Messages of a shard coordinator.
+    ///
+    /// - `RegisterRegion`: from a region, every `retry-interval`: who it is and which
+    ///   shards it hosts.
+    /// - `GetHome`: from a region: where does the shard live?
+    /// - `GetAllocation`: the coordinator's allocation and the regions it may use.
+    /// - `Local`: messages from this node only (cluster events, ticks, rebalances,
+    ///   hand-off ends).
+    // The macro takes no attributes on variants (its cast/call/local groups would be
+    // ambiguous), so the variants are documented in the list above.
+    #[allow(missing_docs)]
     pub enum CoordinatorMsg {
-        /// From a region, every `retry-interval`: who it is and which shards it hosts.
         cast RegisterRegion(Register),
-        /// From a region: where does the shard live?
         cast GetHome(GetShardHome),
-        /// The coordinator's allocation and the regions it may use.
         call GetAllocation(AllocationRequest) -> Allocation,
-        /// Messages from this node only (cluster events, ticks, rebalances, hand-off ends).
         local Local(CoordinatorLocal),
     }
 }
