@@ -20,7 +20,7 @@ pub struct CountRequest {}
 pub struct CountReply {
     /// The counter as last written; `None` before the first write.
     pub value: Option<u64>,
-    /// The token the ticker runs under.
+    /// The fencing token the ticker runs under.
     pub token: u64,
     /// The node that answered.
     pub node: String,
@@ -51,7 +51,7 @@ pub struct Ticker;
 pub struct TickerArgs {
     /// The counter's name (the singleton's name).
     pub name: String,
-    /// The grant the instance runs under: presented with every write.
+    /// The fencing token of the grant the instance runs under: presented with every write.
     pub token: u64,
     /// The fenced counter it writes.
     pub counter: FencedCounter,

@@ -28,7 +28,8 @@ pub enum Event {
         owner: String,
         /// The grant's fencing token.
         token: u64,
-        /// The holder's local deadline (ns, the clock of `t`): send instant of the request + ttl − safety margin.
+        /// The holder's local deadline (ns, the clock of `t`): send instant of the request +
+        /// ttl − safety margin.
         valid_until: i64,
     },
     /// The store answered: held by another owner.
@@ -110,7 +111,7 @@ pub enum Event {
     CommandStarted {
         /// The lease name.
         lease: String,
-        /// The grant the command was started under.
+        /// The fencing token of the grant the command was started under.
         token: u64,
         /// The command's process id; `None` when it had already exited.
         pid: Option<u32>,
@@ -119,7 +120,7 @@ pub enum Event {
     CommandStopped {
         /// The lease name.
         lease: String,
-        /// The grant the command ran under.
+        /// The fencing token of the grant the command ran under.
         token: u64,
         /// Why it is gone: `exited`, `lost`, `preempted`, `interrupted` or `terminated`.
         why: String,
@@ -240,7 +241,7 @@ pub enum Event {
         member: String,
         /// The dropped membership's age (its order of joining).
         age: u64,
-        /// Why, as the operator gave it.
+        /// Why: names the operator and the node that took the request.
         why: String,
     },
     /// An operator asked this node to leave.
@@ -271,7 +272,7 @@ pub enum Event {
         singleton: String,
         /// The node whose instance answered.
         from: String,
-        /// The grant the instance runs under, if it said.
+        /// The fencing token the instance runs under, if it said.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         token: Option<u64>,
         /// The counter value answered, if any.
@@ -362,7 +363,7 @@ pub enum Event {
     SecondOwnerStopped {
         /// The lease name.
         lease: String,
-        /// The process's exit code; `None` if it did not exit (killed by a signal).
+        /// The process's exit code; `None` when a signal ended it.
         #[serde(default)]
         status: Option<i32>,
     },
@@ -467,7 +468,7 @@ impl Link {
 pub struct SingletonLife {
     /// The singleton's name.
     pub singleton: String,
-    /// The grant the instance runs under.
+    /// The fencing token of the grant the instance runs under.
     pub token: u64,
     /// Why, when there is something to say (empty otherwise).
     #[serde(default)]
@@ -494,7 +495,7 @@ pub struct ShardLife {
     pub entity_type: String,
     /// The shard id.
     pub shard: String,
-    /// The shard lease's grant the shard serves under.
+    /// The fencing token of the shard lease's grant the shard serves under.
     pub token: u64,
     /// Why, when there is something to say (empty otherwise).
     #[serde(default)]
@@ -524,7 +525,7 @@ pub struct EntityLife {
     pub shard: String,
     /// The entity id.
     pub entity: String,
-    /// The shard lease's grant the entity runs under.
+    /// The fencing token of the shard lease's grant the entity runs under.
     pub token: u64,
     /// Why, when there is something to say (empty otherwise).
     #[serde(default)]

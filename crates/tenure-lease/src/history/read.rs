@@ -25,7 +25,8 @@ pub enum HistoryError {
         path: String,
         /// The line number (1-based).
         line: usize,
-        /// What is wrong with it: not JSON, or a known kind with a field missing or of the wrong type.
+        /// What is wrong with it: not JSON, or a known kind with a field missing or of the
+        /// wrong type.
         detail: String,
     },
 }

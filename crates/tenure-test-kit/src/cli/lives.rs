@@ -14,7 +14,7 @@ pub struct Life {
     pub subject: String,
     /// The node it ran on (`host:port`).
     pub node: String,
-    /// The grant it ran under.
+    /// The fencing token of the grant it ran under.
     pub token: u64,
     /// When it started (ns of `CLOCK_BOOTTIME`).
     pub start: i64,

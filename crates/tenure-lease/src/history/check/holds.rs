@@ -31,7 +31,8 @@ pub struct Hold {
     pub token: u64,
     /// When the belief began: the `lease_granted`'s `t`.
     pub from_ns: i64,
-    /// When it ended, or for an unknown end the last `valid_until`.
+    /// When it ended: the end event's `t`, but never later than the last `valid_until`
+    /// (which is the end when the history shows none).
     pub until_ns: i64,
     /// How it ended.
     pub end: HoldEnd,

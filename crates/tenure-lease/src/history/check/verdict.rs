@@ -100,7 +100,7 @@ pub struct Stats {
 pub struct Verdict {
     /// Every violation found, in the order of the later event's `t`; empty: safe.
     pub violations: Vec<Violation>,
-    /// The holds rebuilt, per lease name, in grant order.
+    /// The holds rebuilt, per lease name, each lease's sorted by start.
     pub holds: BTreeMap<String, Vec<Hold>>,
     /// Counts of what the history holds.
     pub stats: Stats,
