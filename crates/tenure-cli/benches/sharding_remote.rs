@@ -50,9 +50,12 @@ impl Entity for Echo {
     }
 }
 
+/// The bare remote actor's messages (ractor_cluster's derive).
 #[derive(RactorClusterMessage)]
 pub enum RawMsg {
+    /// Adds to the actor's sum, one-way.
     Add(u64),
+    /// Adds to the sum and answers with it (a round trip, or the barrier after tells).
     #[rpc]
     Echo(u64, RpcReplyPort<u64>),
 }

@@ -12,6 +12,7 @@ pub struct Request {
     pub node: String,
     /// The key (entity id).
     pub entity: String,
+    /// The key's shard.
     pub shard: String,
     /// When it was issued (ns, the history's clock; for the open loop, when it was due).
     pub issued: i64,
@@ -22,6 +23,7 @@ pub struct Request {
 }
 
 impl Request {
+    /// Whether it was acknowledged.
     pub fn acked(&self) -> bool {
         self.failure.is_none()
     }

@@ -28,19 +28,33 @@ fn rounds() -> usize {
     size(5, 1)
 }
 
+/// The serde payload of every codec message.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Payload {
+    /// The message's number in its run.
     pub seq: u64,
+    /// A short key, as an entity id would be.
     pub key: String,
+    /// `BODY` bytes of filler.
     pub body: Vec<u8>,
 }
 
+/// The barrier's answer.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Count {
+    /// Casts the sink has handled so far.
     pub n: u64,
 }
 
 tenure_cluster::cluster_message! {
+    /// The remote sink's messages, with Tenure's codec.
+    ///
+    /// - `Data`: one-way, counted by the sink.
+    /// - `Barrier`: answers with the casts handled so far.
+    /// - `Echo`: answers with the payload (a round trip).
+    // The macro takes no attributes on variants (its cast/call/local groups would be
+    // ambiguous), so the variants are documented in the list above.
+    #[allow(missing_docs)]
     pub enum CodecMsg {
         cast Data(Payload),
         call Barrier(Payload) -> Count,
@@ -48,11 +62,15 @@ tenure_cluster::cluster_message! {
     }
 }
 
+/// The same messages with ractor_cluster's derive and a `Vec<u8>` payload.
 #[derive(RactorClusterMessage)]
 pub enum RawMsg {
+    /// One-way: counted by the sink.
     Data(Vec<u8>),
+    /// Answers with the casts handled so far.
     #[rpc]
     Barrier(Vec<u8>, RpcReplyPort<u64>),
+    /// Answers with the payload (a round trip).
     #[rpc]
     Echo(Vec<u8>, RpcReplyPort<Vec<u8>>),
 }

@@ -11,6 +11,7 @@ pub struct Backoff {
 }
 
 impl Backoff {
+    /// No failures yet: waits start at `min` and double per failure up to `max` (before jitter).
     pub fn new(min: Duration, max: Duration) -> Backoff {
         Backoff {
             min,

@@ -6,23 +6,35 @@ use tenure_lease::{ConfigError, LeaseError};
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ClusterError {
+    /// The configuration could not be read.
     #[error(transparent)]
     Config(#[from] ConfigError),
     /// An address in configuration or on the command line is malformed.
     #[error("`{key}`: invalid address {value:?}: {detail}")]
     Address {
+        /// The config key or option that gave it.
         key: String,
+        /// The address as given.
         value: String,
+        /// Why it is malformed.
         detail: String,
     },
     /// The node could not listen on its address (in use, not local, no permission).
     #[error("cannot listen on {addr} (cluster.host/cluster.port): {detail}")]
-    Bind { addr: String, detail: String },
+    Bind {
+        /// The address (`host:port`).
+        addr: String,
+        /// The OS error.
+        detail: String,
+    },
     /// A TLS file is missing or unusable.
     #[error("`{key}`: {path}: {detail}")]
     Tls {
+        /// The config key that names the file.
         key: String,
+        /// The file's path.
         path: String,
+        /// Why it is unusable.
         detail: String,
     },
     /// The member lease could not be set up.
@@ -33,31 +45,50 @@ pub enum ClusterError {
     Actor(String),
     /// The history file cannot be opened for appending.
     #[error("history file {path}: {detail}")]
-    History { path: String, detail: String },
+    History {
+        /// The history file's path.
+        path: String,
+        /// The I/O error.
+        detail: String,
+    },
     /// Could not reach or talk to a node.
     #[error("node {addr}: {detail}")]
-    Connect { addr: String, detail: String },
+    Connect {
+        /// The node's address (`host:port`).
+        addr: String,
+        /// What failed: connecting, no answer, or its error.
+        detail: String,
+    },
     /// Refused at join: a setting that decides where entities live differs from a
     /// member's (every member must agree, or one entity could run under two shard leases).
     #[error(
         "refused to join the cluster: `{key}` is {mine} on this node but {theirs} on member {member}; every member must have the same"
     )]
     Refused {
+        /// The setting that differs.
         key: String,
+        /// Its value on this node.
         mine: String,
+        /// Its value on the member.
         theirs: String,
+        /// The member (`host:port`).
         member: String,
     },
     /// The split brain resolver downed this node (its side of a partition had to go) and
     /// `cluster.split-brain-resolver.when-down` is `"exit"`.
     #[error("downed by the split brain resolver: {why}")]
-    Downed { why: String },
+    Downed {
+        /// Why this node's side had to go.
+        why: String,
+    },
     /// An operator's leave or down of a member was refused.
     #[error("{action} of member {member}: {refusal}")]
     Operator {
         /// `leave` or `down`.
         action: &'static str,
+        /// The member (`host:port`).
         member: String,
+        /// Why it was refused.
         refusal: OperatorRefusal,
     },
 }
@@ -68,7 +99,10 @@ pub enum ClusterError {
 pub enum OperatorRefusal {
     /// The member is not in the view of the node asked (never was, or already removed).
     #[error("not a member in the view of {node}")]
-    NotAMember { node: String },
+    NotAMember {
+        /// The node asked (`host:port`).
+        node: String,
+    },
     /// The request cannot be carried out now, and why (the member is already leaving, it
     /// is not connected to the node asked, its program does not take leave requests…).
     #[error("{0}")]

@@ -13,7 +13,9 @@ use crate::error::ClusterError;
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct NodeAddr {
+    /// The host name or IP address.
     pub host: String,
+    /// The TCP port.
     pub port: u16,
 }
 

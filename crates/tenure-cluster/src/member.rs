@@ -27,6 +27,7 @@ pub enum MemberStatus {
 }
 
 impl MemberStatus {
+    /// The status as histories and the management endpoint spell it, e.g. `up`.
     pub fn as_str(self) -> &'static str {
         match self {
             MemberStatus::Joining => "joining",
@@ -41,11 +42,14 @@ impl MemberStatus {
 /// A member as this node sees it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Member {
+    /// Its cluster address.
     pub addr: NodeAddr,
+    /// Its incarnation: new at each process start, so a restarted node is a new member.
     pub incarnation: Incarnation,
     /// Age order: the join ticket of its membership (lower = joined earlier); 0 while
     /// joining.
     pub age: u64,
+    /// Where it is in its life.
     pub status: MemberStatus,
     /// Whether heartbeats from it arrive (always true for this node itself).
     pub reachable: bool,
@@ -73,14 +77,19 @@ pub enum ClusterEvent {
     /// First event after subscribing: every member currently in the view (this node
     /// included), oldest first.
     CurrentMembers(Vec<Member>),
+    /// It is joining: connected and greeted, its member lease not yet seen.
     MemberJoined(Member),
+    /// It is up: its member lease is held.
     MemberUp(Member),
+    /// It is leaving gracefully.
     MemberLeaving(Member),
     /// Its lease lapsed without a leave (crash, freeze, partition from the store).
     MemberDown(Member),
     /// Dropped from the view; `status` tells whether it left (`Leaving`) or went `Down`.
     MemberRemoved(Member),
+    /// Its heartbeats stopped arriving (it may still hold its lease).
     Unreachable(Member),
+    /// Its heartbeats arrive again.
     Reachable(Member),
     /// This node lost its member lease: it is out of the cluster until granted again. Stop
     /// what it hosts now (their own leases will lapse too).
@@ -92,10 +101,13 @@ pub enum ClusterEvent {
 /// A member lease as listed from the store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Listed {
+    /// The member's cluster address.
     pub addr: NodeAddr,
+    /// The member's incarnation.
     pub incarnation: Incarnation,
     /// The member's join ticket (its age).
     pub age: u64,
+    /// Its `cluster.roles`.
     pub roles: Vec<String>,
 }
 

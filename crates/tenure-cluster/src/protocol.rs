@@ -68,12 +68,17 @@ pub struct Inspect {}
 /// One member in a node's view.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MemberInfo {
+    /// Its cluster address.
     pub addr: NodeAddr,
+    /// Its incarnation.
     pub incarnation: Incarnation,
     /// Age order: the fencing token of its member lease (0 while joining).
     pub age: u64,
+    /// Where it is in its life.
     pub status: MemberStatus,
+    /// Whether heartbeats from it arrive (always true for the node itself).
     pub reachable: bool,
+    /// Its `cluster.roles`.
     pub roles: Vec<String>,
     /// Milliseconds since anything arrived from it (none for this node itself).
     pub silence_ms: Option<u64>,
@@ -86,9 +91,13 @@ pub struct MemberInfo {
 /// A node's view of the cluster, oldest member first.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NodeView {
+    /// The `[tenure] system` the node belongs to.
     pub system: String,
+    /// The node's cluster address.
     pub node: NodeAddr,
+    /// The node's incarnation.
     pub incarnation: Incarnation,
+    /// The members in its view, oldest first.
     pub members: Vec<MemberInfo>,
 }
 

@@ -14,8 +14,11 @@ use crate::sbr::SbrSettings;
 /// Files for TLS between nodes (mutual: each side presents a certificate signed by `ca`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TlsFiles {
+    /// `cluster.tls.cert`: this node's certificate (PEM).
     pub cert: PathBuf,
+    /// `cluster.tls.key`: this node's private key (PEM).
     pub key: PathBuf,
+    /// `cluster.tls.ca`: the CA certificates that sign every node's certificate (PEM).
     pub ca: PathBuf,
 }
 
@@ -45,6 +48,7 @@ pub struct ClusterSettings {
     pub unreachable_after: Duration,
     /// `reconnect-backoff-min` / `-max`: bounds of the jittered exponential redial backoff.
     pub reconnect_backoff_min: Duration,
+    /// `reconnect-backoff-max`: the longest redial wait (before jitter).
     pub reconnect_backoff_max: Duration,
     /// `dial-timeout`: bound on one TCP (and TLS) connect.
     pub dial_timeout: Duration,

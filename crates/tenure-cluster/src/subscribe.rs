@@ -52,6 +52,7 @@ pub struct HandOver(#[allow(dead_code)] mpsc::Sender<()>);
 pub struct HandOverWait(mpsc::Receiver<()>);
 
 impl HandOver {
+    /// A hand-over and the wait that completes once it and all its clones are dropped.
     pub fn new() -> (HandOver, HandOverWait) {
         let (tx, rx) = mpsc::channel(1);
         (HandOver(tx), HandOverWait(rx))

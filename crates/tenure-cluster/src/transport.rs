@@ -83,7 +83,9 @@ impl<S: AsyncRead + AsyncWrite + Send + 'static> ClusterBidiStream for Conn<S> {
 /// TLS for node-to-node traffic: both sides present certificates chaining to one CA.
 #[derive(Clone)]
 pub struct Tls {
+    /// Accepts peers' TLS connections, requiring a client certificate from the CA.
     pub acceptor: TlsAcceptor,
+    /// Dials peers over TLS, presenting this node's certificate.
     pub connector: TlsConnector,
     /// SHA-256 of the CA certificates: nodes trusting another CA are another cluster.
     pub ca_fingerprint: String,

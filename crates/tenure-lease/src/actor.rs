@@ -37,7 +37,9 @@ pub struct LeaseSpec {
     pub store_name: String,
     /// The owner (a cluster node's `host:port`).
     pub owner: String,
+    /// The store the lease lives in.
     pub store: Arc<dyn LeaseStore>,
+    /// The lease's timing: ttl, renewal and retry intervals, operation timeout, safety margin.
     pub settings: LeaseSettings,
     /// The renewal batcher of this owner on this store.
     pub batcher: RenewalBatcher,
@@ -169,11 +171,16 @@ impl LeaseSpec {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Acquired {
     /// Held now, with this grant's fencing token (the same token if it was held already).
-    Granted { token: u64 },
+    Granted {
+        /// The grant's fencing token.
+        token: u64,
+    },
     /// Another owner holds it (named when the store said who) with a priority at least
     /// this requester's (0 on stores without priorities).
     NotGranted {
+        /// The holder, when the store said who.
         holder: Option<String>,
+        /// The holder's priority.
         priority: u64,
     },
 }
@@ -186,6 +193,7 @@ pub enum LeaseMsg {
     /// Keep trying (every `lease-retry-interval`) until granted, then announce
     /// `LeaseGranted` and answer `reply` if given. A no-op answer if held already.
     Acquire {
+        /// Where to answer once granted (or failed); `None`: announce the grant only.
         reply: Option<RpcReplyPort<AcquireReply>>,
     },
     /// One attempt, answered with its outcome. A requester that outranks the holder asks it

@@ -314,6 +314,7 @@ pub struct TableReader<'a> {
 }
 
 impl<'a> TableReader<'a> {
+    /// Reads `table`, whose dotted key is `prefix` (e.g. `lease.default`).
     pub fn new(prefix: &'a str, table: &'a toml::Table) -> Self {
         TableReader { prefix, table }
     }

@@ -153,43 +153,62 @@ pub enum LeaseError {
     /// The store did not answer within `lease-operation-timeout`.
     #[error("lease `{name}`: {operation} timed out after {timeout:?}; the outcome is unknown")]
     Timeout {
+        /// The lease name.
         name: String,
+        /// The operation: `acquire`, `renew` or `release`.
         operation: &'static str,
+        /// How long it waited (`lease-operation-timeout`).
         timeout: Duration,
     },
     /// The store failed the operation; it may or may not have taken effect.
     #[error("lease `{name}`: {operation} failed; the outcome is unknown: {source}")]
     Store {
+        /// The lease name.
         name: String,
+        /// The operation: `acquire`, `renew` or `release`.
         operation: &'static str,
+        /// What the store reported.
         #[source]
         source: StoreError,
     },
     /// The wait for a grant was cancelled by a release or stop.
     #[error("lease `{name}`: acquire cancelled by release")]
-    Cancelled { name: String },
+    Cancelled {
+        /// The lease name.
+        name: String,
+    },
     /// A non-forceful preemption ended: the lower-priority holder did not release within
     /// min(waiting timeout, its cleanup timeout). The request was withdrawn; nothing changed.
     #[error(
         "lease `{name}`: holder {holder} did not finish cleanup in time (waited {waited:?}, its cleanup timeout is {cleanup_timeout:?}); the request was withdrawn"
     )]
     CleanupTimedOut {
+        /// The lease name.
         name: String,
+        /// The owner holding the lease, which did not release it.
         holder: String,
+        /// The holder's cleanup timeout.
         cleanup_timeout: Duration,
+        /// How long this requester waited before withdrawing.
         waited: Duration,
     },
     /// While this requester waited for a lower-priority holder, an owner with an even higher
     /// priority requested the lease: it goes first, this request is dropped.
     #[error("lease `{name}`: overtaken by {by} (priority {priority}) while waiting for the holder")]
     Overtaken {
+        /// The lease name.
         name: String,
+        /// The owner that overtook this request.
         by: String,
+        /// Its priority (higher goes first).
         priority: u64,
     },
     /// The lease actor behind this handle has stopped.
     #[error("lease `{name}`: its lease actor is not running")]
-    ActorStopped { name: String },
+    ActorStopped {
+        /// The lease name.
+        name: String,
+    },
     /// The lease could not be set up from configuration.
     #[error(transparent)]
     Config(#[from] ConfigError),
@@ -199,23 +218,48 @@ pub enum LeaseError {
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {
+    /// The file could not be read.
     #[error("cannot read config file {path}: {detail}")]
-    Read { path: String, detail: String },
+    Read {
+        /// The file's path.
+        path: String,
+        /// The I/O error.
+        detail: String,
+    },
+    /// The text is not valid TOML.
     #[error("malformed TOML in {origin}: {detail}")]
-    Parse { origin: String, detail: String },
+    Parse {
+        /// Where the text came from: a file's path, or what the caller named it.
+        origin: String,
+        /// The parser's error.
+        detail: String,
+    },
+    /// A key has a value it cannot have.
     #[error("config key `{key}`: {detail}")]
-    Invalid { key: String, detail: String },
+    Invalid {
+        /// The dotted config key, e.g. `lease.default.ttl`.
+        key: String,
+        /// What is wrong with the value.
+        detail: String,
+    },
     /// Two settings that are each valid but do not fit together.
     #[error("config keys `{key}` and `{other}` do not fit together: {detail}")]
     Conflict {
+        /// One key, dotted.
         key: String,
+        /// The key it does not fit with.
         other: String,
+        /// Why they do not fit.
         detail: String,
     },
+    /// The `store` key names a store kind Tenure does not know.
     #[error("config key `{key}`: unknown store kind `{kind}` (known: {known})")]
     UnknownStore {
+        /// The dotted config key.
         key: String,
+        /// The kind given.
         kind: String,
+        /// The kinds Tenure knows, comma-separated.
         known: String,
     },
     /// A store kind Tenure knows but this build left out: `feature` turns it on.
@@ -223,19 +267,41 @@ pub enum ConfigError {
         "config key `{key}`: store kind `{kind}` is not in this build; enable the cargo feature `{feature}` (of `tenure`, or of `tenure-cli` for the `tenure` command)"
     )]
     StoreNotBuilt {
+        /// The dotted config key.
         key: String,
+        /// The kind given.
         kind: String,
+        /// The cargo feature that builds the store in.
         feature: String,
     },
+    /// No `[lease.<section>]` of that name.
     #[error("no lease section `{section}` in config (known: {known})")]
-    UnknownSection { section: String, known: String },
+    UnknownSection {
+        /// The section asked for.
+        section: String,
+        /// The sections the config has, comma-separated.
+        known: String,
+    },
+    /// A lease name Tenure refuses: empty, or with control characters.
     #[error("invalid lease name `{name}`: {detail}")]
-    LeaseName { name: String, detail: String },
+    LeaseName {
+        /// The name given.
+        name: String,
+        /// Why it is refused.
+        detail: String,
+    },
+    /// The store's file or directory could not be opened or set up.
     #[error("lease store at {path}: {detail}")]
-    StorePath { path: String, detail: String },
+    StorePath {
+        /// The path.
+        path: String,
+        /// The error.
+        detail: String,
+    },
 }
 
 impl ConfigError {
+    /// A [`ConfigError::Invalid`]: `key` has a bad value, `detail` says why.
     pub fn invalid(key: impl Into<String>, detail: impl Into<String>) -> Self {
         ConfigError::Invalid {
             key: key.into(),

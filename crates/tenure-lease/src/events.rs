@@ -17,6 +17,7 @@ use crate::validity::{Held, LostReason};
 /// The lease was granted (announced once per grant, before any loss of it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseGranted {
+    /// The lease name.
     pub name: String,
     /// The fencing token of this grant: present it to guarded resources.
     pub token: u64,
@@ -27,9 +28,11 @@ pub struct LeaseGranted {
 /// stop budget: what runs under the grant must have terminated by the deadline itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseLost {
+    /// The lease name.
     pub name: String,
     /// The token of the grant that was lost.
     pub token: u64,
+    /// Why the belief ended.
     pub reason: LostReason,
 }
 
@@ -40,6 +43,7 @@ pub struct LeaseLost {
 /// [`LeaseResumed`] when a renewal succeeds again, or by [`LeaseLost`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseSuspended {
+    /// The lease name.
     pub name: String,
     /// The token of the grant whose renewals fail.
     pub token: u64,
@@ -50,7 +54,9 @@ pub struct LeaseSuspended {
 /// A renewal of a suspended grant succeeded: it is held again, with the same token.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseResumed {
+    /// The lease name.
     pub name: String,
+    /// The token of the grant, the same as before the suspension.
     pub token: u64,
 }
 
@@ -75,6 +81,7 @@ pub enum LeaseState {
 /// (requesting owner and priority) while the grant is held, after its `LeaseGranted`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PreemptionRequested {
+    /// The lease name.
     pub name: String,
     /// The token of the grant asked for.
     pub token: u64,
@@ -98,7 +105,9 @@ pub struct PreemptionRequested {
 /// another (announced next).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PreemptionWithdrawn {
+    /// The lease name.
     pub name: String,
+    /// The token of the grant the request was about.
     pub token: u64,
     /// The owner whose request is gone.
     pub by: String,
@@ -107,11 +116,17 @@ pub struct PreemptionWithdrawn {
 /// An event of a lease's life, as delivered to its [`LeaseEventSink`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LeaseEvent {
+    /// See [`LeaseGranted`].
     Granted(LeaseGranted),
+    /// See [`LeaseLost`].
     Lost(LeaseLost),
+    /// See [`PreemptionRequested`].
     PreemptionRequested(PreemptionRequested),
+    /// See [`PreemptionWithdrawn`].
     PreemptionWithdrawn(PreemptionWithdrawn),
+    /// See [`LeaseSuspended`].
     Suspended(LeaseSuspended),
+    /// See [`LeaseResumed`].
     Resumed(LeaseResumed),
 }
 

@@ -8,7 +8,9 @@ use std::sync::Mutex;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("stale fencing token {presented}: resource already accepted token {highest}")]
 pub struct StaleToken {
+    /// The token the writer presented.
     pub presented: u64,
+    /// The highest token the resource accepted before.
     pub highest: u64,
 }
 
@@ -21,6 +23,7 @@ pub struct FenceCheck {
 }
 
 impl FenceCheck {
+    /// A check that has accepted no token yet.
     pub fn new() -> Self {
         FenceCheck::default()
     }

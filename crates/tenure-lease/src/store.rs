@@ -57,7 +57,9 @@ pub const EMERGENCY_PRIORITY: u64 = u64::MAX;
 /// What an acquire asks for.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AcquireRequest {
+    /// The lease name.
     pub name: String,
+    /// The owner asking (a node's `host:port`, or any stable identity).
     pub owner: String,
     /// Which holder instance of `owner` asks (one LeaseActor: one process, one handle).
     /// Reentrancy is per instance: the same owner and instance get the same token back.
@@ -179,7 +181,10 @@ pub enum PreemptAnswer {
 pub enum Renewal {
     /// Renewed: the expiry is extended by the ttl. `request`: the pending (non-forceful)
     /// preemption request on the grant, if any.
-    Renewed { request: Option<PreemptionRequest> },
+    Renewed {
+        /// The pending (non-forceful) preemption request on the grant, if any.
+        request: Option<PreemptionRequest>,
+    },
     /// Certainly not held any more (released, expired, taken over, another token).
     NotHeld,
     /// Still recorded for the holder, but a forceful preemption request is pending: the
@@ -218,7 +223,9 @@ pub enum AcquireOutcome {
 /// One lease in a batched renewal.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeldLease {
+    /// The lease name.
     pub name: String,
+    /// The fencing token of the grant to renew.
     pub token: u64,
 }
 
@@ -232,7 +239,10 @@ pub enum WatchEvent {
     /// `record` was granted (a new grant; renewals are not reported).
     Granted(LeaseRecord),
     /// The grant of `name` ended: released, expired, or taken over (a `Granted` follows then).
-    Ended { name: String },
+    Ended {
+        /// The lease name.
+        name: String,
+    },
 }
 
 /// The subscriber's end of a watch. `None` from `recv` means the watch broke (connection

@@ -10,24 +10,55 @@ pub enum LeaseTrace {
     /// An acquire attempt was sent to the store.
     AcquireInvoked,
     /// A new grant is believed from now until `valid_until` (ns of the host's `CLOCK_BOOTTIME`).
-    Granted { token: u64, valid_until: i64 },
+    Granted {
+        /// The grant's fencing token.
+        token: u64,
+        /// The holder's local deadline (ns of the host's `CLOCK_BOOTTIME`).
+        valid_until: i64,
+    },
     /// The store certainly refused: another owner holds it.
-    NotGranted { holder: String },
+    NotGranted {
+        /// The owner the store says holds the lease.
+        holder: String,
+    },
     /// A renewal was confirmed: the belief now lasts until `valid_until`.
-    Renewed { token: u64, valid_until: i64 },
+    Renewed {
+        /// The grant's fencing token.
+        token: u64,
+        /// The new local deadline (ns of the host's `CLOCK_BOOTTIME`).
+        valid_until: i64,
+    },
     /// Renewals of the grant `token` started failing (see
     /// [`LeaseSuspended`](crate::LeaseSuspended)).
-    Suspended { token: u64, error: String },
+    Suspended {
+        /// The grant's fencing token.
+        token: u64,
+        /// The renewal's error (or timeout), as text.
+        error: String,
+    },
     /// A renewal of the suspended grant `token` succeeded again.
-    Resumed { token: u64 },
+    Resumed {
+        /// The grant's fencing token.
+        token: u64,
+    },
     /// The belief ended without a release (see [`LostReason`](crate::LostReason)).
-    Lost { token: u64, reason: &'static str },
+    Lost {
+        /// The lost grant's fencing token.
+        token: u64,
+        /// Why: `expired`, `not_held` or `preempted`.
+        reason: &'static str,
+    },
     /// The holder gave its belief up to release the grant (the store's answer may follow
     /// as an [`LeaseTrace::Error`] with operation `release`).
-    Released { token: u64 },
+    Released {
+        /// The released grant's fencing token.
+        token: u64,
+    },
     /// A store call whose outcome is unknown (error or timeout).
     Error {
+        /// The store call: `acquire`, `renew` or `release`.
         operation: &'static str,
+        /// The error (or timeout), as text.
         error: String,
     },
 }

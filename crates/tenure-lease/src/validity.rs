@@ -58,6 +58,7 @@ pub struct Held {
     /// Counts grants of this belief: a lost or released grant is never revived, a new
     /// acquire starts a new generation.
     pub generation: u64,
+    /// The grant's fencing token.
     pub token: u64,
     /// The local deadline: `send instant + ttl - safety margin`. Whatever the holder runs
     /// under the grant must have ended by then.

@@ -29,6 +29,7 @@ pub trait AllocationStrategy: Send + Sync + 'static {
 /// some back).
 #[derive(Debug, Clone, Copy)]
 pub struct LeastShards {
+    /// How many more shards the most loaded region must have than the least to rebalance.
     pub threshold: usize,
 }
 

@@ -36,10 +36,13 @@ use crate::settings::ShardingSettings;
 /// What a coordinator instance runs with.
 #[derive(Clone)]
 pub struct CoordinatorArgs {
+    /// The entity type.
     pub type_name: String,
     /// The cluster's pg scope.
     pub scope: String,
+    /// The entity type's sharding settings.
     pub settings: Arc<ShardingSettings>,
+    /// Decides where shards go and which move.
     pub strategy: Arc<dyn AllocationStrategy>,
     /// Cluster events of the node it runs on.
     pub subscriptions: Subscriptions,
@@ -50,6 +53,7 @@ pub struct CoordinatorArgs {
     pub token: u64,
     /// The shard leases' store and `[tenure] system`, to list who holds each shard.
     pub store: Arc<dyn LeaseStore>,
+    /// The `[tenure] system` name (prefix of the shard lease names).
     pub system: String,
     /// Bound on the listing (the lease section's `lease-operation-timeout`).
     pub list_timeout: std::time::Duration,

@@ -25,8 +25,11 @@ pub fn shard_of(entity_id: &str, number_of_shards: usize) -> String {
 /// What an entity is started with.
 #[derive(Clone)]
 pub struct EntityContext {
+    /// The entity type.
     pub type_name: String,
+    /// The entity id.
     pub entity_id: String,
+    /// The shard id of the entity.
     pub shard_id: String,
     /// The fencing token of the shard's lease grant: present it with every write to a
     /// resource that checks tokens.
@@ -49,7 +52,9 @@ impl EntityContext {
 /// A message for an entity actor: an encoded request and, for `ask`, where the encoded
 /// reply goes.
 pub struct EntityMsg {
+    /// The request, encoded by the entity type's codec.
     pub payload: Vec<u8>,
+    /// Where an ask's reply goes; `None` for a tell.
     pub reply: Option<RpcReplyPort<AskReply>>,
 }
 
@@ -59,7 +64,9 @@ impl ractor::Message for EntityMsg {}
 /// stopped or killed while starting), and the task that ends when `start` finished (`Ok`,
 /// then the actor is linked to its shard) or failed (also when it was killed meanwhile).
 pub struct StartingEntity {
+    /// The entity actor.
     pub actor: ActorRef<EntityMsg>,
+    /// Ends when `start` finished or failed.
     pub started: tenure_singleton::StartHandle,
 }
 
@@ -70,8 +77,11 @@ pub type EntityFactory =
 
 /// A typed entity: requests and replies are serde types, state lives in the actor.
 pub trait Entity: Send + Sync + 'static {
+    /// What the entity is asked.
     type Request: Serialize + DeserializeOwned + Send + 'static;
+    /// What it answers to an ask.
     type Reply: Serialize + DeserializeOwned + Send + 'static;
+    /// The entity's state, built by `start`.
     type State: Send + 'static;
 
     /// Builds the state when the entity starts (after its shard's lease was granted).

@@ -97,21 +97,44 @@ use tenure_singleton::{SingletonProxy, SingletonSettings, spawner};
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum ShardingError {
+    /// The configuration could not be read.
     #[error(transparent)]
     Config(#[from] tenure_lease::ConfigError),
+    /// The entity type could not be started on this node (its region, coordinator or settings).
     #[error("entity type `{type_name}`: cannot start: {detail}")]
-    Start { type_name: String, detail: String },
+    Start {
+        /// The entity type.
+        type_name: String,
+        /// Why.
+        detail: String,
+    },
+    /// The request could not be encoded by the type's codec; nothing was sent.
     #[error("entity type `{type_name}`: the request for entity `{entity}` could not be encoded")]
-    Encode { type_name: String, entity: String },
+    Encode {
+        /// The entity type.
+        type_name: String,
+        /// The entity id.
+        entity: String,
+    },
+    /// The entity's reply could not be decoded into the expected reply type.
     #[error("entity type `{type_name}`: the reply of entity `{entity}` could not be decoded")]
-    Decode { type_name: String, entity: String },
+    Decode {
+        /// The entity type.
+        type_name: String,
+        /// The entity id.
+        entity: String,
+    },
     /// No reply within the ask's timeout: the outcome is unknown. The ask is not kept
     /// anywhere past it (a region drops it at its next `retry-interval` tick at the latest).
     #[error("entity `{entity}` of `{type_name}` (shard {shard}): no answer within {timeout:?}")]
     Timeout {
+        /// The entity type.
         type_name: String,
+        /// The entity's shard.
         shard: String,
+        /// The entity id.
         entity: String,
+        /// The ask's timeout.
         timeout: Duration,
     },
     /// The bounded buffer of the entity's shard (`buffer-size`) was full: the request was
@@ -120,19 +143,31 @@ pub enum ShardingError {
         "entity `{entity}` of `{type_name}`: the buffer of shard {shard} is full ({capacity} messages wait); not delivered"
     )]
     BufferFull {
+        /// The entity type.
         type_name: String,
+        /// The entity's shard.
         shard: String,
+        /// The entity id.
         entity: String,
+        /// The buffer's capacity (`buffer-size`).
         capacity: usize,
     },
+    /// The ask failed: the entity failed or could not start, or the shard has no stable home.
     #[error("entity `{entity}` of `{type_name}`: {detail}")]
     Failed {
+        /// The entity type.
         type_name: String,
+        /// The entity id.
         entity: String,
+        /// Why, as the serving side reported it.
         detail: String,
     },
+    /// This node's region of the entity type has stopped; nothing was sent.
     #[error("entity type `{type_name}`: the region of this node has stopped")]
-    Stopped { type_name: String },
+    Stopped {
+        /// The entity type.
+        type_name: String,
+    },
 }
 
 /// A node's region of one entity type: send to any entity of the type through it.

@@ -7,8 +7,11 @@ use tenure_cluster::ClusterEvent;
 /// A message for an entity: its shard, its id, and the request encoded by the type's codec.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Envelope {
+    /// The entity's shard id.
     pub shard: String,
+    /// The entity id.
     pub entity: String,
+    /// The request, encoded by the entity type's codec.
     pub payload: Vec<u8>,
     /// Regions this message passed through (a bound against routing loops while homes
     /// change).
@@ -18,6 +21,7 @@ pub struct Envelope {
 /// The answer to an [`Envelope`] sent with `ask`: the encoded reply, or why there is none.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct AskReply {
+    /// The encoded reply, or why there is none.
     pub result: Result<Vec<u8>, AskFailure>,
 }
 
@@ -29,8 +33,11 @@ pub enum AskFailure {
     /// shard waiting for its lease) was full: the message was refused, never delivered.
     #[error("shard {shard} of `{type_name}`: buffer full ({capacity} messages wait)")]
     BufferFull {
+        /// The entity type.
         type_name: String,
+        /// The shard whose buffer was full.
         shard: String,
+        /// The buffer's capacity (`buffer-size`).
         capacity: usize,
     },
     /// Anything else (the entity failed, could not start, the shard has no stable home).
@@ -154,13 +161,17 @@ pub struct AllocationRequest {}
 /// The coordinator's allocation: `(shard, region)` pairs, and the regions it may use.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Allocation {
+    /// `(shard, region)`: each allocated shard and the region (`host:port`) it lives on.
     pub homes: Vec<(String, String)>,
+    /// The regions (`host:port`) the coordinator may allocate to.
     pub regions: Vec<String>,
 }
 
 /// A message a region accepted and has not delivered yet; an ask carries its reply port.
 pub struct Pending {
+    /// The message.
     pub env: Envelope,
+    /// Where an ask's reply goes; `None` for a tell.
     pub reply: Option<ractor::RpcReplyPort<AskReply>>,
 }
 
@@ -193,6 +204,19 @@ pub enum RegionLocal {
 
 tenure_cluster::cluster_message! {
     /// Messages of a shard region (the only remotable actor of an entity type on a node).
+    ///
+    /// - `Deliver`: a tell for an entity, from a region or this node's handle.
+    /// - `Host`: from the coordinator: host the shard.
+    /// - `Home`: from the coordinator: where a shard lives.
+    /// - `Ask`: an ask for an entity; answered with its encoded reply or why there is none.
+    /// - `HandOffShard`: from the coordinator: stop the shard, release its lease, then
+    ///   answer.
+    /// - `BeginHandOffShard`: from the coordinator before a rebalance: forget where the
+    ///   shard lives, keep its messages until its new home is named.
+    /// - `Local`: messages from this node only (cluster events, ticks, hand-off outcomes).
+    // The macro takes no attributes on variants (its cast/call/local groups would be
+    // ambiguous), so the variants are documented in the list above.
+    #[allow(missing_docs)]
     pub enum RegionMsg {
         cast Deliver(Envelope),
         cast Host(HostShard),
@@ -227,6 +251,16 @@ pub enum CoordinatorLocal {
 
 tenure_cluster::cluster_message! {
     /// Messages of a shard coordinator.
+    ///
+    /// - `RegisterRegion`: from a region, every `retry-interval`: who it is and which
+    ///   shards it hosts.
+    /// - `GetHome`: from a region: where does the shard live?
+    /// - `GetAllocation`: the coordinator's allocation and the regions it may use.
+    /// - `Local`: messages from this node only (cluster events, ticks, rebalances,
+    ///   hand-off ends).
+    // The macro takes no attributes on variants (its cast/call/local groups would be
+    // ambiguous), so the variants are documented in the list above.
+    #[allow(missing_docs)]
     pub enum CoordinatorMsg {
         cast RegisterRegion(Register),
         cast GetHome(GetShardHome),

@@ -49,16 +49,22 @@ pub fn region_ref(scope: &str, type_name: &str, addr: &str) -> Option<ActorRef<R
 
 /// What a region runs with.
 pub struct RegionArgs {
+    /// The entity type.
     pub type_name: String,
     /// This node (`host:port`).
     pub me: String,
+    /// The cluster's pg scope.
     pub scope: String,
+    /// The `[tenure] system` name (prefix of the lease names).
     pub system: String,
+    /// The entity type's sharding settings.
     pub settings: Arc<ShardingSettings>,
     /// Entities and the lease template of shards (store, timing, renewal batcher);
     /// `None`: proxy-only, this node hosts no shard of the type.
     pub hosting: Option<(EntityFactory, LeaseSpec)>,
+    /// Reaches the entity type's coordinator singleton.
     pub coordinator: SingletonProxy<CoordinatorMsg>,
+    /// Where the region records what it does, when the node keeps a history.
     pub history: Option<History>,
 }
 

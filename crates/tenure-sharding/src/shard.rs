@@ -30,14 +30,19 @@ use crate::settings::ShardingSettings;
 /// Everything a shard needs.
 #[derive(Clone)]
 pub struct ShardArgs {
+    /// The entity type.
     pub type_name: String,
+    /// The shard id.
     pub shard_id: String,
     /// This node (`host:port`), the owner of the shard's lease.
     pub node: String,
     /// The lease `<system>-shard-<type>-<shard id>`.
     pub lease: LeaseSpec,
+    /// Starts the shard's entities.
     pub factory: EntityFactory,
+    /// The entity type's sharding settings.
     pub settings: Arc<ShardingSettings>,
+    /// Where the shard and its entities record what they do, when the node keeps a history.
     pub history: Option<History>,
 }
 
@@ -56,10 +61,14 @@ pub struct ShardStatus {
 pub enum ShardMsg {
     /// A message for entity `entity`; `reply` for an ask.
     Deliver {
+        /// The entity id.
         entity: String,
+        /// The request, encoded by the entity type's codec.
         payload: Vec<u8>,
+        /// Where an ask's reply goes; `None` for a tell.
         reply: Option<RpcReplyPort<AskReply>>,
     },
+    /// An event of the shard's lease.
     Lease(LeaseEvent),
     /// Stop entity `0` (it asked, or it was idle).
     Passivate(String),
@@ -76,6 +85,7 @@ pub enum ShardMsg {
     /// Let every entity finish the messages in its mailbox and stop, release the lease,
     /// answer with the outcome and the messages not delivered, then stop.
     HandOff(RpcReplyPort<HandedOff>),
+    /// Answers with where the shard stands.
     Status(RpcReplyPort<ShardStatus>),
 }
 

@@ -26,10 +26,18 @@ use tenure_lease::LeaseProvider;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum SingletonError {
+    /// The configuration could not be read.
     #[error(transparent)]
     Config(#[from] tenure_lease::ConfigError),
+    /// The manager actor could not be spawned.
     #[error("singleton `{name}`: cannot start its manager: {detail}")]
-    Spawn { name: String, detail: String },
+    Spawn {
+        /// The singleton's name.
+        name: String,
+        /// The spawn error.
+        detail: String,
+    },
+    /// The manager could not be subscribed to the node's cluster events.
     #[error(transparent)]
     Cluster(#[from] tenure_cluster::ClusterError),
 }

@@ -26,6 +26,7 @@ use crate::settings::SingletonSettings;
 /// What a singleton instance is started with.
 #[derive(Debug, Clone)]
 pub struct SingletonContext {
+    /// The singleton's name.
     pub name: String,
     /// The fencing token of the grant this instance runs under: present it with every
     /// write to a resource that checks tokens.
@@ -52,7 +53,9 @@ pub async fn start_outcome(started: StartHandle) -> Result<(), String> {
 /// An instance whose `pre_start` may still be running: its cell at once (so that it can be
 /// stopped or killed while starting), and its [`StartHandle`].
 pub struct StartingInstance {
+    /// The instance's actor cell.
     pub cell: ActorCell,
+    /// Ends when `pre_start` finished or failed.
     pub started: StartHandle,
 }
 
@@ -92,7 +95,9 @@ pub fn instance_group_prefix(name: &str) -> String {
 
 /// Everything a manager needs.
 pub struct SingletonSpec {
+    /// The singleton's name.
     pub name: String,
+    /// The singleton's settings.
     pub settings: SingletonSettings,
     /// The lease `<system>-singleton-<name>`, owned by this node's `host:port`.
     pub lease: LeaseSpec,
@@ -100,7 +105,9 @@ pub struct SingletonSpec {
     pub me: NodeAddr,
     /// The cluster's pg scope ([`tenure_cluster::scope`]).
     pub scope: String,
+    /// Starts an instance under a grant.
     pub spawner: Spawner,
+    /// Where the manager and instance record what they do, when the node keeps a history.
     pub history: Option<History>,
 }
 
@@ -115,7 +122,9 @@ pub struct SingletonStatus {
 
 /// Messages of the manager (local only: subscribe it to the node's cluster events).
 pub enum ManagerMsg {
+    /// An event of the node's cluster membership.
     Cluster(ClusterEvent),
+    /// An event of the singleton's lease.
     Lease(LeaseEvent),
     /// The pause after a failed instance is over.
     #[doc(hidden)]

@@ -15,14 +15,36 @@ use crate::manager::instance_group_prefix;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ProxyError {
+    /// The proxy's buffer, which keeps messages while no instance is known, was full: refused.
     #[error("singleton `{name}`: proxy buffer full ({capacity} messages waiting for an instance)")]
-    BufferFull { name: String, capacity: usize },
+    BufferFull {
+        /// The singleton's name.
+        name: String,
+        /// The buffer's capacity.
+        capacity: usize,
+    },
+    /// No instance was found within the wait.
     #[error("singleton `{name}`: no instance found within {waited:?}")]
-    NoInstance { name: String, waited: Duration },
+    NoInstance {
+        /// The singleton's name.
+        name: String,
+        /// How long the proxy waited.
+        waited: Duration,
+    },
+    /// A call reached no answer: timed out, or the instance stopped before answering.
     #[error("singleton `{name}`: the call was not answered: {detail}")]
-    Call { name: String, detail: String },
+    Call {
+        /// The singleton's name.
+        name: String,
+        /// What happened.
+        detail: String,
+    },
+    /// The proxy actor has stopped.
     #[error("singleton `{name}`: the proxy has stopped")]
-    Stopped { name: String },
+    Stopped {
+        /// The singleton's name.
+        name: String,
+    },
 }
 
 /// Messages of a proxy for instances with message type `M`.

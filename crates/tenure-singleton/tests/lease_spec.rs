@@ -23,7 +23,9 @@ enum Seen {
 
 struct Probe;
 
+/// Messages of the probe singleton.
 pub enum ProbeMsg {
+    /// The instance reports the text with its token.
     Say(String),
 }
 impl ractor::Message for ProbeMsg {}

@@ -32,6 +32,8 @@ use tokio::time::Instant;
 /// revision look seen later (a later `t`): expiry is judged later, never earlier.
 const POINTS: usize = 8192;
 
+/// When this client first saw each etcd revision (on its monotonic clock), and whether
+/// transaction revisions went back.
 #[derive(Debug, Default)]
 pub struct RevisionClock {
     points: Mutex<VecDeque<(i64, Instant)>>,

@@ -37,11 +37,14 @@ pub struct EtcdOptions {
     pub request_timeout: Duration,
     /// User and password for etcd authentication (empty user: none).
     pub user: String,
+    /// The password of `user`.
     pub password: String,
     /// PEM files for TLS: `ca` verifies the servers, `cert` and `key` identify this client
     /// (empty: not used). Endpoints must then be `https://` URLs.
     pub ca: Option<PathBuf>,
+    /// This client's certificate (PEM).
     pub cert: Option<PathBuf>,
+    /// This client's private key (PEM).
     pub key: Option<PathBuf>,
 }
 

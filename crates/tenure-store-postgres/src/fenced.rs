@@ -19,14 +19,19 @@ pub enum FenceError {
     /// granted to someone else): roll back.
     #[error("lease `{name}` is not held by `{owner}` with token {token}: write refused")]
     NotHeld {
+        /// The lease name.
         name: String,
+        /// The owner the write claimed to be.
         owner: String,
+        /// The fencing token the write presented.
         token: u64,
     },
     /// The check itself failed; the transaction is unusable, roll it back.
     #[error("lease `{name}`: fence check failed: {source}")]
     Database {
+        /// The lease name.
         name: String,
+        /// The database error.
         #[source]
         source: tokio_postgres::Error,
     },

@@ -116,6 +116,7 @@ static ONE_AT_A_TIME: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new
 
 /// A server for one test, held exclusively until dropped.
 pub struct Exclusive {
+    /// The server; no other test uses it until this is dropped.
     pub server: std::sync::Arc<PgServer>,
     _turn: tokio::sync::SemaphorePermit<'static>,
 }

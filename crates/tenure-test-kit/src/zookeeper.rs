@@ -19,13 +19,21 @@ pub enum ServerError {
     #[error(
         "{SERVER_JAR} not found: install Debian's `zookeeper` package (apt-get install zookeeper)"
     )]
+    /// The server jar is not installed.
     MissingJar,
     #[error(
         "`java` not found on PATH: install a JRE (Debian's `zookeeper` package brings OpenJDK)"
     )]
+    /// No `java` on `PATH`.
     MissingJava,
+    /// The server could not be set up, started, or did not answer.
     #[error("ZooKeeper test server in {dir}: {detail}")]
-    Failed { dir: PathBuf, detail: String },
+    Failed {
+        /// Its temporary data directory.
+        dir: PathBuf,
+        /// What failed.
+        detail: String,
+    },
 }
 
 /// A standalone ZooKeeper server on 127.0.0.1.

@@ -8,14 +8,20 @@ use tenure::history::check::{AckCheck, check_acks};
 /// Why the counter file could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckError {
+    /// The counter file could not be opened.
     #[error("cannot read counter {path}: {source}")]
     CounterFile {
+        /// The counter file's path.
         path: String,
+        /// Why it could not be opened.
         source: tenure::ConfigError,
     },
+    /// The counter's values could not be read.
     #[error("cannot read counter {path}: {source}")]
     Counter {
+        /// The counter file's path.
         path: String,
+        /// The store error.
         source: tenure::StoreError,
     },
 }

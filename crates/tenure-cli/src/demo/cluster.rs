@@ -22,6 +22,7 @@ use tenure::history::{Entry, Event, Link};
 /// Timing of harness clusters: member lease ttl 3 s (renewed every 500 ms), membership
 /// listed every 300 ms, heartbeats every 250 ms, unreachable after 1.5 s of silence.
 pub const MEMBER_TTL: Duration = Duration::from_secs(3);
+/// How long a member's heartbeats may stay silent before it is unreachable.
 pub const UNREACHABLE_AFTER: Duration = Duration::from_millis(1500);
 
 /// Extra `[cluster]` and top-level TOML for every node of a cluster.
@@ -54,8 +55,11 @@ pub struct Options {
 pub struct NodeProc {
     /// `127.0.0.1:<port>`: the node's cluster address and lease owner.
     pub addr: String,
+    /// Extra arguments of `tenure node` (after the config), used at every start.
     pub args: Vec<String>,
+    /// The node's cluster port.
     pub port: u16,
+    /// The node's config file.
     pub config: PathBuf,
     child: Option<Child>,
     stderr: Arc<Mutex<String>>,
@@ -86,19 +90,26 @@ impl NodeProc {
 /// One member of a node's view.
 #[derive(Debug, Clone)]
 pub struct Row {
+    /// The member's cluster address.
     pub addr: String,
     /// `joining`, `up`, `leaving`, `down`.
     pub status: String,
+    /// Whether the node hears its heartbeats.
     pub reachable: bool,
+    /// The member's incarnation.
     pub incarnation: u64,
+    /// Open ractor sessions with it (1 when the mesh is healthy).
     pub sessions: u64,
 }
 
 /// A local cluster of `tenure node` (or `tenure demo node`) processes; dropping it kills
 /// every node still running.
 pub struct Cluster {
+    /// The cluster's temporary directory (configs, store, counter); removed when dropped.
     pub dir: tempfile::TempDir,
+    /// The nodes, by index.
     pub nodes: Vec<NodeProc>,
+    /// The history file every node appends to.
     pub history: PathBuf,
     /// The `tenure` executable the nodes run.
     pub binary: PathBuf,

@@ -33,6 +33,7 @@ pub struct CounterReply {
 
 /// The counter entity type; entity ids are the keys.
 pub struct Counter {
+    /// The fenced counter every entity writes (its key is the entity id).
     pub counter: FencedCounter,
 }
 

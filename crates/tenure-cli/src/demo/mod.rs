@@ -76,19 +76,42 @@ pub struct DemoArgs {
 /// Why the demo could not run or report.
 #[derive(Debug, thiserror::Error)]
 pub enum DemoError {
+    /// A command-line flag has a value the demo cannot use.
     #[error("{flag}: {problem}")]
-    Flag { flag: &'static str, problem: String },
+    Flag {
+        /// The flag, e.g. `--nodes`.
+        flag: &'static str,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// The scenario file cannot be used.
     #[error(transparent)]
     Scenario(#[from] scenario::ScenarioError),
+    /// The lease store (`--store`, or the temporary one) cannot be set up.
     #[error("--store {path}: {problem}")]
-    Store { path: String, problem: String },
+    Store {
+        /// The store's path.
+        path: String,
+        /// What failed.
+        problem: String,
+    },
+    /// The history file cannot be created or replaced.
     #[error("history {path}: {problem}")]
-    History { path: String, problem: String },
+    History {
+        /// The history file's path.
+        path: String,
+        /// What failed.
+        problem: String,
+    },
+    /// The HTML report cannot be written.
     #[error("report {path}: {source}")]
     Report {
+        /// The report's path.
         path: String,
+        /// The I/O error.
         source: std::io::Error,
     },
+    /// The `tenure` executable that runs the nodes was not found.
     #[error("cannot find the tenure executable to start the nodes: {0}")]
     Binary(std::io::Error),
 }
@@ -96,14 +119,18 @@ pub enum DemoError {
 /// What a finished demo produced.
 #[derive(Debug)]
 pub struct Outcome {
+    /// What the run did, counted from its history.
     pub summary: Summary,
     /// The checker's violations; empty when the history is safe.
     pub violations: Vec<String>,
+    /// The history file written.
     pub history: PathBuf,
+    /// The HTML report written.
     pub report: PathBuf,
 }
 
 impl Outcome {
+    /// Whether the checker found the history safe.
     pub fn safe(&self) -> bool {
         self.violations.is_empty()
     }

@@ -24,6 +24,8 @@ pub struct Live {
 }
 
 impl Live {
+    /// Follows the history at `path` (lease names of the `[tenure] system` `system`), from
+    /// its start; nothing is read until [`Live::poll`].
     pub fn new(path: &Path, system: &str) -> Live {
         Live {
             path: path.to_path_buf(),

@@ -18,7 +18,9 @@ pub const PALETTE: [&str; 8] = [
 pub struct ReportInput<'a> {
     /// `(setting, value)` rows describing the run (seed, nodes, ttl, store, history …).
     pub run: Vec<(String, String)>,
+    /// The holds and faults to draw.
     pub timeline: &'a Timeline,
+    /// The run's counts.
     pub summary: &'a Summary,
     /// The checker's violations, explained; empty when the history is safe.
     pub violations: &'a [String],

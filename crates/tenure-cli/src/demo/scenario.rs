@@ -70,6 +70,7 @@ pub struct Step {
     /// Offset from the start of the traffic.
     #[serde(with = "humantime_serde_compat")]
     pub at: Duration,
+    /// The fault to inject.
     pub fault: Fault,
     /// The target (0-based node index); a seeded random choice when absent.
     #[serde(default)]
@@ -86,6 +87,7 @@ pub struct Step {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Scenario {
+    /// The steps (`[[step]]` tables), in time order.
     #[serde(rename = "step", default)]
     pub steps: Vec<Step>,
 }
@@ -93,21 +95,32 @@ pub struct Scenario {
 /// A scenario file that cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ScenarioError {
+    /// The file cannot be read.
     #[error("scenario {path}: {source}")]
     Read {
+        /// The scenario file's path.
         path: String,
+        /// The I/O error.
         source: std::io::Error,
     },
+    /// The file is not a valid scenario (TOML or its fields).
     #[error("scenario {path}: {source}")]
     Parse {
+        /// The scenario file's path.
         path: String,
+        /// The parser's error.
         source: toml::de::Error,
     },
+    /// A step cannot be carried out as written.
     #[error("scenario {path}: step {step} ({fault}): {problem}")]
     Step {
+        /// The scenario file's path.
         path: String,
+        /// The step's number (1-based).
         step: usize,
+        /// The step's fault.
         fault: &'static str,
+        /// What is wrong with it.
         problem: String,
     },
 }
@@ -216,10 +229,12 @@ impl Scenario {
 pub struct SplitMix(u64);
 
 impl SplitMix {
+    /// A generator started from `seed`.
     pub fn new(seed: u64) -> SplitMix {
         SplitMix(seed)
     }
 
+    /// The next number of the sequence.
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;

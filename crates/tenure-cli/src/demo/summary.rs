@@ -14,10 +14,13 @@ const SERVICE_WINDOW_NS: u64 = 10_000_000_000;
 /// heal or resume; 10 s for a kill or a leave), by every node.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Service {
+    /// Requests issued in the window.
     pub requests: usize,
+    /// Of them, those answered.
     pub acked: usize,
     /// Keys of the whole run, and those with at least one request answered in the window.
     pub keys: usize,
+    /// Keys with at least one request answered in the window.
     pub keys_answered: usize,
     /// 99th percentile latency of the answered requests (ms).
     pub p99_ms: Option<f64>,
@@ -61,6 +64,7 @@ fn service(requests: &[Request], keys: usize, from_ns: u64, to_ns: u64) -> Servi
 /// victim itself with a new grant (after it resumed or restarted).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Failover {
+    /// The fault.
     pub fault: FaultMark,
     /// Leases (shards, singletons) the victim held when the fault hit.
     pub held: usize,
@@ -94,6 +98,7 @@ pub struct Summary {
     pub acks: usize,
     /// Writes the fenced counters accepted / refused (stale token).
     pub writes_accepted: usize,
+    /// Writes the fenced counters refused (stale token).
     pub writes_refused: usize,
     /// Singleton ticks written.
     pub ticks: usize,
@@ -101,6 +106,7 @@ pub struct Summary {
     pub grants: usize,
     /// Leases lost by their holder (`shard_lease_lost`, `singleton_lease_lost`).
     pub losses: usize,
+    /// One per fault of the run.
     pub failovers: Vec<Failover>,
     /// From the first to the last event (ns).
     pub span_ns: u64,

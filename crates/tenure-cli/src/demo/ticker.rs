@@ -18,8 +18,11 @@ pub struct CountRequest {}
 /// The counter as the ticker last wrote it, with the token it runs under.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CountReply {
+    /// The counter as last written; `None` before the first write.
     pub value: Option<u64>,
+    /// The fencing token the ticker runs under.
     pub token: u64,
+    /// The node that answered.
     pub node: String,
 }
 
@@ -29,6 +32,12 @@ pub struct Tick;
 
 tenure::cluster::cluster_message! {
     /// Messages of the ticker singleton.
+    ///
+    /// - `Count`: answers with the counter as last written.
+    /// - `Tick`: the local timer: write the next tick.
+    // The macro takes no attributes on variants (its cast/call/local groups would be
+    // ambiguous), so the variants are documented in the list above.
+    #[allow(missing_docs)]
     pub enum TickerMsg {
         call Count(CountRequest) -> CountReply,
         local Tick(Tick),
@@ -42,14 +51,19 @@ pub struct Ticker;
 pub struct TickerArgs {
     /// The counter's name (the singleton's name).
     pub name: String,
+    /// The fencing token of the grant the instance runs under: presented with every write.
     pub token: u64,
+    /// The fenced counter it writes.
     pub counter: FencedCounter,
+    /// How often it ticks.
     pub interval: Duration,
     /// This node's address, for replies.
     pub node: String,
+    /// Where it records its writes (`tick`), when the node keeps a history.
     pub history: Option<History>,
 }
 
+/// The state of a ticker instance.
 pub struct TickerState {
     args: TickerArgs,
     last: Option<u64>,

@@ -13,8 +13,11 @@ pub struct Hold {
     pub node: String,
     /// The holder's incarnation.
     pub inc: String,
+    /// The grant's fencing token.
     pub token: u64,
+    /// When the hold began (ns of `CLOCK_BOOTTIME`).
     pub from_ns: u64,
+    /// When it ended (ns of `CLOCK_BOOTTIME`).
     pub until_ns: u64,
     /// When the holder recorded the loss later than its deadline (a node frozen past the
     /// ttl notices on resume): its belief ended at `until_ns`, the rest is drawn pale.
@@ -26,8 +29,11 @@ pub struct Hold {
 pub struct FaultMark {
     /// `killed`, `paused`, `leaving`, `link_cut`, `isolated`, `restarted`.
     pub kind: String,
+    /// The target node (`host:port`), or `store`.
     pub node: String,
+    /// The other end of a cut link, if the fault is a link's.
     pub peer: Option<String>,
+    /// When it was injected (ns of `CLOCK_BOOTTIME`).
     pub t_ns: u64,
     /// The end of a pause (`resumed`), a cut (`link_healed`) or an isolation
     /// (`isolation_healed`).
@@ -56,10 +62,13 @@ impl FaultMark {
 /// Everything the report draws.
 #[derive(Debug, Clone, Default)]
 pub struct Timeline {
+    /// The history's first event (ns of `CLOCK_BOOTTIME`).
     pub start_ns: u64,
+    /// The history's last event (ns of `CLOCK_BOOTTIME`).
     pub end_ns: u64,
     /// Holds per lease name, in time order.
     pub holds: BTreeMap<String, Vec<Hold>>,
+    /// The faults the harness injected, in time order.
     pub faults: Vec<FaultMark>,
     /// Every node that appears in the history, in order of first appearance.
     pub nodes: Vec<String>,

@@ -189,6 +189,7 @@ pub enum Step {
 }
 
 impl Resolver {
+    /// A resolver with `settings` that has seen nothing yet, as of `now`.
     pub fn new(settings: SbrSettings, now: Instant) -> Resolver {
         Resolver {
             settings,
@@ -199,6 +200,7 @@ impl Resolver {
         }
     }
 
+    /// The settings it decides with.
     pub fn settings(&self) -> &SbrSettings {
         &self.settings
     }

@@ -16,17 +16,25 @@ pub enum Strategy {
     KeepMajority,
     /// The side with at least `quorum_size` members (of the role) survives; with none (or
     /// both), every node goes.
-    StaticQuorum { quorum_size: usize },
+    StaticQuorum {
+        /// The least number of members (of the role) a surviving side has.
+        quorum_size: usize,
+    },
     /// The side with the oldest member (of the role) survives; with `down_if_alone`, an
     /// oldest member alone on its side goes and the other side survives.
-    KeepOldest { down_if_alone: bool },
+    KeepOldest {
+        /// Whether an oldest member alone on its side goes, so that the other side survives.
+        down_if_alone: bool,
+    },
     /// Every node goes.
     DownAll,
     /// The side whose leader acquires the `<system>-sbr` lease survives; the side that
     /// keep-majority would down waits `acquire_delay_for_minority` before trying. The winner
     /// holds the lease `release_after`, long enough for the other side to see it held.
     LeaseMajority {
+        /// How long the side keep-majority would down waits before it tries to acquire.
         acquire_delay_for_minority: Duration,
+        /// How long the winner holds the resolver lease.
         release_after: Duration,
     },
 }
@@ -91,9 +99,15 @@ impl Partition {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
     /// This node's side survives: down these members (the other side).
-    Survive { down: Vec<NodeAddr> },
+    Survive {
+        /// The members to down.
+        down: Vec<NodeAddr>,
+    },
     /// This node's side goes: it downs itself.
-    DownSelf { why: String },
+    DownSelf {
+        /// Why, for logs and the history.
+        why: String,
+    },
     /// lease-majority: this node's side survives if its leader holds the resolver lease.
     Lease {
         /// The members of this node's side.

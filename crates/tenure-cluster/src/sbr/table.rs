@@ -13,9 +13,13 @@ use crate::identity::{Incarnation, NodeAddr};
 /// observation (higher is newer within one life).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReachRow {
+    /// The node that observed.
     pub observer: NodeAddr,
+    /// The observer's incarnation (its life).
     pub incarnation: Incarnation,
+    /// The observation's number, higher is newer within one life.
     pub version: u64,
+    /// The members the observer cannot hear.
     pub unreachable: Vec<NodeAddr>,
 }
 

@@ -27,6 +27,7 @@ pub struct FaultyClient {
 }
 
 impl FaultyClient {
+    /// Wraps `inner`, neither cut nor delayed.
     pub fn new(inner: Arc<dyn LeaseStore>) -> Arc<Self> {
         Arc::new(FaultyClient {
             inner,
@@ -35,6 +36,7 @@ impl FaultyClient {
         })
     }
 
+    /// `true`: from now on every call hangs until the cut ends; `false`: ends the cut.
     pub fn set_cut(&self, cut: bool) {
         self.cut.store(cut, Ordering::SeqCst);
     }

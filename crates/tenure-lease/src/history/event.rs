@@ -14,58 +14,94 @@ use crate::LeaseTrace;
 pub enum Event {
     // Lease events, from every LeaseActor of the node.
     /// An acquire attempt was sent to the store.
-    LeaseAcquire { lease: String, owner: String },
+    LeaseAcquire {
+        /// The lease name.
+        lease: String,
+        /// The owner the node acquires for (its `host:port`).
+        owner: String,
+    },
     /// A new grant is believed from `t` until `valid_until` (the holder's local deadline).
     LeaseGranted {
+        /// The lease name.
         lease: String,
+        /// The owner the node acquires for (its `host:port`).
         owner: String,
+        /// The grant's fencing token.
         token: u64,
+        /// The holder's local deadline (ns, the clock of `t`): send instant of the request +
+        /// ttl − safety margin.
         valid_until: i64,
     },
     /// The store answered: held by another owner.
     LeaseNotGranted {
+        /// The lease name.
         lease: String,
+        /// The owner that asked.
         owner: String,
+        /// The owner the store says holds the lease.
         holder: String,
     },
     /// A renewal was confirmed; the belief now lasts until `valid_until`.
     LeaseRenewed {
+        /// The lease name.
         lease: String,
+        /// The owner that renewed.
         owner: String,
+        /// The renewed grant's fencing token.
         token: u64,
+        /// The new local deadline (ns, the clock of `t`).
         valid_until: i64,
     },
     /// The holder stopped believing it holds the lease (`expired`, `not_held`, `preempted`).
     LeaseLost {
+        /// The lease name.
         lease: String,
+        /// The owner that lost it.
         owner: String,
+        /// The lost grant's fencing token.
         token: u64,
+        /// Why: `expired` (deadline passed without a confirmed renewal), `not_held` (the store said
+        /// so) or `preempted` (a higher-priority owner's forceful request refused the renewal).
         reason: String,
     },
     /// Renewals of the grant started failing before its deadline: held, in doubt.
     LeaseSuspended {
+        /// The lease name.
         lease: String,
+        /// The owner holding the suspended grant.
         owner: String,
+        /// The suspended grant's fencing token.
         token: u64,
+        /// The renewal's error (or the timeout), as text.
         error: String,
     },
     /// A renewal of the suspended grant succeeded: held again, same token.
     LeaseResumed {
+        /// The lease name.
         lease: String,
+        /// The owner holding the grant.
         owner: String,
+        /// The grant's fencing token (unchanged by the suspension).
         token: u64,
     },
     /// The holder gave the grant up to release it (the belief ends here).
     LeaseReleased {
+        /// The lease name.
         lease: String,
+        /// The owner giving it up.
         owner: String,
+        /// The released grant's fencing token.
         token: u64,
     },
     /// A store call whose outcome is unknown (`op`: `acquire`, `renew`, `release`).
     LeaseError {
+        /// The lease name.
         lease: String,
+        /// The owner the call was for.
         owner: String,
+        /// The store call: `acquire`, `renew` or `release`.
         op: String,
+        /// The error (or timeout), as text.
         error: String,
     },
 
@@ -73,42 +109,62 @@ pub enum Event {
     /// The command was started while holding the grant `token` (`pid`: `None` when it had
     /// already exited).
     CommandStarted {
+        /// The lease name.
         lease: String,
+        /// The fencing token of the grant the command was started under.
         token: u64,
+        /// The command's process id; `None` when it had already exited.
         pid: Option<u32>,
     },
     /// The command is gone (`exited`, `lost`, `preempted`, `interrupted`, `terminated`).
     CommandStopped {
+        /// The lease name.
         lease: String,
+        /// The fencing token of the grant the command ran under.
         token: u64,
+        /// Why it is gone: `exited`, `lost`, `preempted`, `interrupted` or `terminated`.
         why: String,
     },
 
     // Fenced writes and the load's answers.
     /// An entity wrote to a fenced resource (the example counter of key `entity`).
     Write {
+        /// The entity type (JSON key `type`).
         #[serde(rename = "type")]
         entity_type: String,
+        /// The entity's shard.
         shard: String,
+        /// The entity id (the counter's key).
         entity: String,
+        /// The fencing token presented with the write.
         token: u64,
         /// The counter after the write: the resource's own order.
         value: Option<u64>,
+        /// Whether the resource accepted the write; `false`: it had seen a higher token.
         accepted: bool,
     },
     /// A singleton wrote to its fenced counter.
     Tick {
+        /// The singleton's name.
         singleton: String,
+        /// The fencing token presented with the write.
         token: u64,
+        /// The counter after the write: the resource's own order.
         value: Option<u64>,
+        /// Whether the counter accepted the write; `false`: it had seen a higher token.
         accepted: bool,
     },
     /// A client got the answer to an increment (`from`: the node that answered).
     Ack {
+        /// The entity id (the counter's key).
         entity: String,
+        /// The entity's shard.
         shard: String,
+        /// The counter value acknowledged.
         value: u64,
+        /// The fencing token of the write that made `value`.
         token: u64,
+        /// The node that answered.
         from: String,
         /// When the request was sent (ns, the clock of `t`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -116,9 +172,13 @@ pub enum Event {
     },
     /// A request of the load ended without an acknowledgement.
     NoAck {
+        /// The entity id (the counter's key).
         entity: String,
+        /// The entity's shard.
         shard: String,
+        /// When the request was sent (ns, the clock of `t`); it ended at `t`.
         issued: i64,
+        /// Why: no answer within the timeout, an error, or the counter refused the write.
         why: String,
     },
 
@@ -129,9 +189,13 @@ pub enum Event {
     NodeLeft {},
     /// Refused at join: this node places entities differently from `member`.
     NodeRefused {
+        /// The member whose settings differ.
         member: String,
+        /// The setting that differs.
         key: String,
+        /// This node's value of the setting.
         mine: String,
+        /// The member's value of the setting.
         theirs: String,
     },
     /// A member joined (as seen by `node`).
@@ -153,21 +217,38 @@ pub enum Event {
     /// This node is leaving.
     SelfLeaving {},
     /// The split brain resolver: this side survived and downed `member`.
-    SbrDowned { member: String, strategy: String },
+    SbrDowned {
+        /// The member downed.
+        member: String,
+        /// The name of the resolver's strategy that decided.
+        strategy: String,
+    },
     /// The split brain resolver: this node's side goes, it downs itself.
-    SbrDownSelf { why: String },
+    SbrDownSelf {
+        /// Why; names the operator when an operator downed this node.
+        why: String,
+    },
     /// A node downed itself in a cluster without a resolver (it rejoins at once).
-    DownSelf { why: String },
+    DownSelf {
+        /// Why the node downed itself.
+        why: String,
+    },
     /// A downed node hears every member again and rejoins.
     SbrRejoining {},
     /// An operator's request: this node dropped `member` from its view.
     OperatorDowned {
+        /// The member dropped.
         member: String,
+        /// The dropped membership's age (its order of joining).
         age: u64,
+        /// Why: names the operator and the node that took the request.
         why: String,
     },
     /// An operator asked this node to leave.
-    LeaveRequested { by: String },
+    LeaveRequested {
+        /// Who asked, e.g. `management 127.0.0.1:8558`.
+        by: String,
+    },
     /// Fault injection on a link: from the node (`member`, `fault`) or from a harness
     /// (`peer`, `mode`: `stall`, `drop` or `outbound`).
     LinkCut(Link),
@@ -187,10 +268,14 @@ pub enum Event {
     SingletonLeaseLost(SingletonLife),
     /// A proxy got an answer from the singleton on `from`.
     ProxyReply {
+        /// The singleton's name.
         singleton: String,
+        /// The node whose instance answered.
         from: String,
+        /// The fencing token the instance runs under, if it said.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         token: Option<u64>,
+        /// The counter value answered, if any.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         value: Option<u64>,
     },
@@ -208,20 +293,29 @@ pub enum Event {
     EntityStopped(EntityLife),
     /// A rebalance moves the shard; its hand-off begins.
     ShardMoving {
+        /// The entity type (JSON key `type`).
         #[serde(rename = "type")]
         entity_type: String,
+        /// The shard moving.
         shard: String,
+        /// The node the shard leaves.
         from: String,
+        /// The node the shard goes to.
         to: String,
     },
     /// The hand-off ended and `to`, the shard's new home (`None`: no region could take it),
     /// was told.
     ShardMoved {
+        /// The entity type (JSON key `type`).
         #[serde(rename = "type")]
         entity_type: String,
+        /// The shard moved.
         shard: String,
+        /// The node the shard left.
         from: String,
+        /// Its new home; `None` when no region could take it.
         to: Option<String>,
+        /// Whether the old home released the shard's lease.
         released: bool,
     },
 
@@ -256,25 +350,35 @@ pub enum Event {
     StoreOnTime {},
     /// The node's store sessions ended on the server (`sessions`: how many).
     SessionExpired {
+        /// How many sessions ended, if known.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         sessions: Option<u64>,
     },
     /// Another process acquiring `lease` as the node's owner started.
-    SecondOwnerStarted { lease: String },
+    SecondOwnerStarted {
+        /// The lease name.
+        lease: String,
+    },
     /// It stopped (`status`: its exit code, if it exited).
     SecondOwnerStopped {
+        /// The lease name.
         lease: String,
+        /// The process's exit code; `None` when a signal ended it.
         #[serde(default)]
         status: Option<i32>,
     },
     /// The store was restarted.
     StoreRestarted {},
     /// The node's wall clock moved by `offset` (monotonic clocks untouched).
-    ClockJump { offset: String },
+    ClockJump {
+        /// How far the wall clock moved, as `faketime` takes it (e.g. `+2h`).
+        offset: String,
+    },
     /// From here until healed, every node's example entities and singletons stop slowly.
     SlowStop {},
     /// The SQLite lease file deleted while in use or, `restored`, replaced by an older copy.
     StoreLost {
+        /// `Some(true)`: replaced by an older copy rather than deleted.
         #[serde(default)]
         restored: Option<bool>,
     },
@@ -294,12 +398,16 @@ pub enum Event {
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct AboutMember {
+    /// The member (`host:port`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub member: Option<String>,
+    /// The member's incarnation (hex).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub member_inc: Option<String>,
+    /// The member's age (its order of joining; lower is older).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub age: Option<u64>,
+    /// The member's status as seen by `node` (e.g. `up`, `leaving`, `down`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<String>,
 }
@@ -320,10 +428,13 @@ impl AboutMember {
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct Link {
+    /// The peer (`host:port`), in the node's own record.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub member: Option<String>,
+    /// The node's fault: `stall`, `inbound`, `outbound` or `drop`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fault: Option<String>,
+    /// The peer (`host:port`), in a harness's record.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peer: Option<String>,
     /// A harness writes `null` on a heal: kept so, as `None` serializes.
@@ -355,8 +466,11 @@ impl Link {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct SingletonLife {
+    /// The singleton's name.
     pub singleton: String,
+    /// The fencing token of the grant the instance runs under.
     pub token: u64,
+    /// Why, when there is something to say (empty otherwise).
     #[serde(default)]
     pub why: String,
 }
@@ -376,10 +490,14 @@ impl SingletonLife {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct ShardLife {
+    /// The entity type (JSON key `type`).
     #[serde(rename = "type")]
     pub entity_type: String,
+    /// The shard id.
     pub shard: String,
+    /// The fencing token of the shard lease's grant the shard serves under.
     pub token: u64,
+    /// Why, when there is something to say (empty otherwise).
     #[serde(default)]
     pub why: String,
 }
@@ -400,11 +518,16 @@ impl ShardLife {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct EntityLife {
+    /// The entity type (JSON key `type`).
     #[serde(rename = "type")]
     pub entity_type: String,
+    /// The entity's shard.
     pub shard: String,
+    /// The entity id.
     pub entity: String,
+    /// The fencing token of the shard lease's grant the entity runs under.
     pub token: u64,
+    /// Why, when there is something to say (empty otherwise).
     #[serde(default)]
     pub why: String,
 }

@@ -10,15 +10,23 @@ use super::entry::Entry;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum HistoryError {
+    /// The file could not be opened or read.
     #[error("cannot read history {path}: {source}")]
     Io {
+        /// The file's path.
         path: String,
+        /// The I/O error.
         source: std::io::Error,
     },
+    /// A line is not a valid history line.
     #[error("history {path} line {line}: {detail}")]
     Line {
+        /// The file's path.
         path: String,
+        /// The line number (1-based).
         line: usize,
+        /// What is wrong with it: not JSON, or a known kind with a field missing or of the
+        /// wrong type.
         detail: String,
     },
 }

@@ -9,6 +9,7 @@ pub use super::TENURE;
 pub trait TestCluster {
     /// Writes configs for `n` nodes (seed: node 0) without starting them.
     fn new(n: usize) -> Self;
+    /// Writes configs for `n` nodes with `options` without starting them.
     fn with_options(n: usize, options: &Options) -> Self;
     /// Starts `n` nodes and waits until every node sees all of them up.
     fn start(n: usize) -> Self;

@@ -12,8 +12,11 @@ use tenure_cli::check::{Entry, Event};
 pub struct Life {
     /// The shard id, or the singleton's name.
     pub subject: String,
+    /// The node it ran on (`host:port`).
     pub node: String,
+    /// The fencing token of the grant it ran under.
     pub token: u64,
+    /// When it started (ns of `CLOCK_BOOTTIME`).
     pub start: i64,
     /// When it ended (stopped, or its process killed or exited); `None` while it runs.
     pub end: Option<i64>,

@@ -41,7 +41,9 @@ pub const TTL: Duration = Duration::from_secs(3);
 /// every 500 ms, retries every 100 ms, operations bounded by 2 s (headroom for a loaded
 /// 2-core machine running several of these tests at once).
 pub struct Sandbox {
+    /// The temporary directory, removed when dropped.
     pub dir: tempfile::TempDir,
+    /// The config file, `tenure.toml` in `dir`.
     pub config: PathBuf,
 }
 
@@ -52,6 +54,7 @@ impl Default for Sandbox {
 }
 
 impl Sandbox {
+    /// A new sandbox with its config written.
     pub fn new() -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let config = dir.path().join("tenure.toml");
@@ -66,10 +69,12 @@ impl Sandbox {
         Sandbox { dir, config }
     }
 
+    /// The path of `name` in the sandbox's directory.
     pub fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
 
+    /// A `tenure` command with `--config` set to the sandbox's config (and `TENURE_CONFIG` unset).
     pub fn command(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new(&*TENURE);
         cmd.arg("--config").arg(&self.config).args(args);
@@ -77,6 +82,7 @@ impl Sandbox {
         cmd
     }
 
+    /// Runs `tenure` with `args` to completion and returns its output.
     pub fn run(&self, args: &[&str]) -> Output {
         self.command(args).output().expect("run tenure")
     }
@@ -91,12 +97,15 @@ impl Sandbox {
 
 /// A running `tenure` whose stdout lines are collected as they come.
 pub struct Running {
+    /// The `tenure` process.
     pub child: Child,
     lines: mpsc::Receiver<String>,
+    /// Stdout lines received so far.
     pub seen: Vec<String>,
 }
 
 impl Running {
+    /// Spawns `cmd` (stdout piped) and starts collecting its stdout lines.
     pub fn start(mut cmd: Command) -> Self {
         let mut child = cmd.spawn().expect("spawn tenure");
         let stdout = child.stdout.take().expect("piped stdout");
@@ -134,10 +143,12 @@ impl Running {
         }
     }
 
+    /// The process id.
     pub fn pid(&self) -> i32 {
         self.child.id() as i32
     }
 
+    /// Sends `sig` to the process; panics if that fails.
     pub fn signal(&self, sig: Signal) {
         if let Err(e) = kill_process(Pid::from_child(&self.child), sig) {
             panic!("kill({sig:?}): {e}");
@@ -156,6 +167,7 @@ impl Running {
         }
     }
 
+    /// Its stderr, read to the end (empty if already taken).
     pub fn stderr(&mut self) -> String {
         let mut s = String::new();
         if let Some(mut e) = self.child.stderr.take() {
@@ -181,10 +193,12 @@ pub fn token_of(line: &str) -> u64 {
         .unwrap_or_else(|| panic!("no token in {line:?}"))
 }
 
+/// An output's stdout, lossily decoded.
 pub fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
+/// An output's stderr, lossily decoded.
 pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
@@ -192,11 +206,15 @@ pub fn stderr(o: &Output) -> String {
 /// One line of a guarded command's history file: `<token> <what> <pid>`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
+    /// The lease token the command ran under (`$TENURE_LEASE_TOKEN`).
     pub token: u64,
+    /// What it wrote: `start`, `end` or `tick`.
     pub what: String,
+    /// The writing shell's process id.
     pub pid: u32,
 }
 
+/// The entries of the history file a [`guarded_writer`] appends to (none if it is missing).
 pub fn read_history(path: &Path) -> Vec<Entry> {
     std::fs::read_to_string(path)
         .unwrap_or_default()

@@ -12,12 +12,16 @@ use tenure_cli::availability::Request;
 use super::cluster::{Cluster, TestCluster};
 use super::shards::{live_shards, load_requests, open_loop_options};
 
+/// Shards of the counter in the loaded cluster.
 pub const SHARDS: usize = 12;
+/// Keys of the load.
 pub const KEYS: usize = 16;
 /// Asks per key per node per second, and how long each ask waits.
 pub const RATE: u64 = 2;
+/// How long each ask waits, in ns.
 pub const ASK_TIMEOUT_NS: i64 = 2_000_000_000;
 
+/// Now, in ns of `CLOCK_BOOTTIME` (the clock of history `t`).
 pub fn now_ns() -> i64 {
     tenure::clock::boottime_now_ns()
 }

@@ -26,6 +26,7 @@ pub fn check_acks(history: &[Value], final_value: impl Fn(&str) -> u64) -> usize
     acks.acked
 }
 
+/// The `[sharding]` section of these tests: 100 shards and short timings.
 pub const SHARDING: &str = r#"
 [sharding]
 number-of-shards = 100

@@ -11,6 +11,7 @@ use crate::history::{Entry, Event};
 pub struct AckCheck {
     /// Acknowledged writes checked.
     pub acked: usize,
+    /// What it found: unbacked, duplicate or lost acknowledgements.
     pub violations: Vec<Violation>,
 }
 

@@ -46,15 +46,21 @@ impl std::fmt::Display for ActionKind {
 /// whose name ends with `lease_suffix`, from `from_ns` to `until_ns` (equal for a write).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Action {
+    /// What kind of action.
     pub kind: ActionKind,
+    /// The node that acted (`host:port`).
     pub node: String,
+    /// The node's incarnation.
     pub inc: String,
     /// `-shard-<type>-<shard>` or `-singleton-<name>`: lease names are
     /// `<system>-shard-<type>-<shard>` and `<system>-singleton-<name>`, and a node runs one
     /// system, so the suffix, the node's incarnation and the token name one grant.
     pub lease_suffix: String,
+    /// The token of the grant it acted under.
     pub token: u64,
+    /// When it began (ns of `CLOCK_BOOTTIME`).
     pub from_ns: i64,
+    /// When it ended (ns of `CLOCK_BOOTTIME`); the end of the history if it shows none.
     pub until_ns: i64,
     /// The event that began it (the write itself for a write).
     pub began: Entry,

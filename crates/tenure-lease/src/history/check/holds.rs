@@ -23,11 +23,18 @@ pub enum HoldEnd {
 /// `token` from `from_ns` until `until_ns` (ns of `CLOCK_BOOTTIME`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Hold {
+    /// The node that believed it (`host:port`).
     pub node: String,
+    /// The node's incarnation.
     pub inc: String,
+    /// The grant's fencing token.
     pub token: u64,
+    /// When the belief began: the `lease_granted`'s `t`.
     pub from_ns: i64,
+    /// When it ended: the end event's `t`, but never later than the last `valid_until`
+    /// (which is the end when the history shows none).
     pub until_ns: i64,
+    /// How it ended.
     pub end: HoldEnd,
     /// The `lease_granted` event that started it.
     pub granted: Entry,

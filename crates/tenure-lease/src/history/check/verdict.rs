@@ -50,11 +50,15 @@ impl std::fmt::Display for ViolationKind {
 /// One violation, with the two events that show it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Violation {
+    /// What kind of violation.
     pub kind: ViolationKind,
     /// The lease, or the resource for a stale write.
     pub subject: String,
+    /// What happened, in words.
     pub explanation: String,
+    /// The earlier of the two events that show it.
     pub first: Entry,
+    /// The later of the two events that show it (violations are sorted by its `t`).
     pub second: Entry,
 }
 
@@ -69,14 +73,21 @@ impl std::fmt::Display for Violation {
 /// Counts of what the history holds.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Stats {
+    /// Lines read.
     pub events: usize,
+    /// Leases with at least one hold.
     pub leases: usize,
+    /// Grants (`lease_granted`).
     pub grants: usize,
+    /// Losses announced (`lease_lost`).
     pub losses: usize,
+    /// Releases (`lease_released`).
     pub releases: usize,
     /// Store calls with an unknown outcome (`lease_error`).
     pub unknown: usize,
+    /// Fenced writes accepted (`write` and `tick`).
     pub writes_accepted: usize,
+    /// Fenced writes refused for a stale token.
     pub writes_rejected: usize,
     /// Actions checked against holds: entity lives, singleton instances, accepted writes.
     pub actions: usize,
@@ -87,8 +98,11 @@ pub struct Stats {
 /// What the checker found: violations (empty = safe), and the holds it rebuilt.
 #[derive(Debug, Clone)]
 pub struct Verdict {
+    /// Every violation found, in the order of the later event's `t`; empty: safe.
     pub violations: Vec<Violation>,
+    /// The holds rebuilt, per lease name, each lease's sorted by start.
     pub holds: BTreeMap<String, Vec<Hold>>,
+    /// Counts of what the history holds.
     pub stats: Stats,
 }
 
