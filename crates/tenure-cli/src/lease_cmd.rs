@@ -68,17 +68,15 @@ pub struct PriorityArgs {
 
 impl PriorityArgs {
     pub fn options(&self) -> AcquireOptions {
-        AcquireOptions {
-            priority: if self.emergency {
-                EMERGENCY_PRIORITY
-            } else {
-                self.priority
-            },
-            cleanup_timeout: self.cleanup_timeout,
-            waiting_timeout: self.waiting_timeout,
-            forceful: self.forceful,
-            emergency: self.emergency,
-        }
+        AcquireOptions::with_priority(if self.emergency {
+            EMERGENCY_PRIORITY
+        } else {
+            self.priority
+        })
+        .cleanup_timeout(self.cleanup_timeout)
+        .waiting_timeout(self.waiting_timeout)
+        .forceful(self.forceful)
+        .emergency(self.emergency)
     }
 }
 

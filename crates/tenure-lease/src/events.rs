@@ -16,6 +16,7 @@ use crate::validity::{Held, LostReason};
 
 /// The lease was granted (announced once per grant, before any loss of it).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LeaseGranted {
     /// The lease name.
     pub name: String,
@@ -27,6 +28,7 @@ pub struct LeaseGranted {
 /// before the grant was announced, and no later than the local deadline minus the lease's
 /// stop budget: what runs under the grant must have terminated by the deadline itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LeaseLost {
     /// The lease name.
     pub name: String,
@@ -42,6 +44,7 @@ pub struct LeaseLost {
 /// once per stretch of failures, after the grant's `LeaseGranted`; followed by
 /// [`LeaseResumed`] when a renewal succeeds again, or by [`LeaseLost`].
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LeaseSuspended {
     /// The lease name.
     pub name: String,
@@ -53,6 +56,7 @@ pub struct LeaseSuspended {
 
 /// A renewal of a suspended grant succeeded: it is held again, with the same token.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LeaseResumed {
     /// The lease name.
     pub name: String,
@@ -80,6 +84,7 @@ pub enum LeaseState {
 /// preemption): clean up and release before `cleanup_deadline`. Sent once per request
 /// (requesting owner and priority) while the grant is held, after its `LeaseGranted`.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PreemptionRequested {
     /// The lease name.
     pub name: String,
@@ -104,6 +109,7 @@ pub struct PreemptionRequested {
 /// grant is still held: withdrawn by its requester (it gave up waiting) or overtaken by
 /// another (announced next).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PreemptionWithdrawn {
     /// The lease name.
     pub name: String,

@@ -7,6 +7,7 @@ use std::sync::Mutex;
 /// A write was refused because a later holder already wrote with a higher token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("stale fencing token {presented}: resource already accepted token {highest}")]
+#[non_exhaustive]
 pub struct StaleToken {
     /// The token the writer presented.
     pub presented: u64,

@@ -11,6 +11,7 @@ use crate::store::{Capabilities, EMERGENCY_PRIORITY};
 /// else) is a plain lease: it never preempts anybody and is preempted by any higher
 /// priority.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct AcquireOptions {
     /// Higher wins. A requester with a strictly higher priority than the holder's asks it
     /// to give the lease up; equal or lower is simply not granted. [`EMERGENCY_PRIORITY`]
@@ -37,6 +38,40 @@ pub struct AcquireOptions {
 }
 
 impl AcquireOptions {
+    /// Options with `priority` and every other field at its default (no cleanup time, no
+    /// waiting bound of its own, not forceful, not an emergency).
+    pub fn with_priority(priority: u64) -> Self {
+        AcquireOptions {
+            priority,
+            ..AcquireOptions::default()
+        }
+    }
+
+    /// These options with `cleanup_timeout` (see the field).
+    pub fn cleanup_timeout(mut self, cleanup_timeout: Duration) -> Self {
+        self.cleanup_timeout = cleanup_timeout;
+        self
+    }
+
+    /// These options with `waiting_timeout` (see the field).
+    pub fn waiting_timeout(mut self, waiting_timeout: Option<Duration>) -> Self {
+        self.waiting_timeout = waiting_timeout;
+        self
+    }
+
+    /// These options, forceful or not (see the field).
+    pub fn forceful(mut self, forceful: bool) -> Self {
+        self.forceful = forceful;
+        self
+    }
+
+    /// These options, an emergency takeover or not (see the field; only with
+    /// [`EMERGENCY_PRIORITY`]).
+    pub fn emergency(mut self, emergency: bool) -> Self {
+        self.emergency = emergency;
+        self
+    }
+
     /// Checks the options against each other, their durations (at most 365 days), and
     /// against what `store` (of kind `kind`) can do. Errors name the option.
     pub fn validate(&self, kind: &str, capabilities: Capabilities) -> Result<(), ConfigError> {

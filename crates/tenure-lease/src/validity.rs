@@ -19,6 +19,7 @@ use tokio::time::{Duration, Instant};
 
 /// Why a holder stopped believing in its lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum LostReason {
     /// The local deadline passed without a confirmed renewal (store slow, down or unreachable).
     Expired,
