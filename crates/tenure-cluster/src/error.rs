@@ -20,12 +20,22 @@ pub enum ClusterError {
         detail: String,
     },
     /// The node could not listen on its address (in use, not local, no permission).
-    #[error("cannot listen on {addr} (cluster.host/cluster.port): {detail}")]
+    #[error("cannot listen on {addr} (cluster.host/cluster.port): {source}")]
     Bind {
         /// The address (`host:port`).
         addr: String,
         /// The OS error.
-        detail: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The node server (ractor_cluster's listener) could not start.
+    #[error("cannot start the node server on {addr}: {source}")]
+    Server {
+        /// The address (`host:port`).
+        addr: String,
+        /// Why its actor did not start.
+        #[source]
+        source: ractor::SpawnErr,
     },
     /// A TLS file is missing or unusable.
     #[error("`{key}`: {path}: {detail}")]
@@ -44,12 +54,13 @@ pub enum ClusterError {
     #[error("cluster node actor: {0}")]
     Actor(String),
     /// The history file cannot be opened for appending.
-    #[error("history file {path}: {detail}")]
+    #[error("history file {path}: {source}")]
     History {
         /// The history file's path.
         path: String,
         /// The I/O error.
-        detail: String,
+        #[source]
+        source: std::io::Error,
     },
     /// Could not reach or talk to a node.
     #[error("node {addr}: {detail}")]

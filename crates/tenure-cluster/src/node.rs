@@ -180,9 +180,9 @@ impl Node {
         let addr = settings.addr.clone();
         let history = history
             .map(|path| {
-                History::open(path, &addr, incarnation).map_err(|e| ClusterError::History {
+                History::open(path, &addr, incarnation).map_err(|source| ClusterError::History {
                     path: path.display().to_string(),
-                    detail: e.to_string(),
+                    source,
                 })
             })
             .transpose()?;
@@ -194,9 +194,9 @@ impl Node {
         tenure_lease::names::check_lease_name(&settings.member_lease_name(&addr))?;
 
         let listen = addr.ip().unwrap_or(IpAddr::V6(Ipv6Addr::UNSPECIFIED));
-        let bind_err = |e: std::io::Error| ClusterError::Bind {
+        let bind_err = |source: std::io::Error| ClusterError::Bind {
             addr: addr.to_string(),
-            detail: e.to_string(),
+            source,
         };
         // With TLS, connections are accepted here (handshakes off the accept loop) and the
         // node server only listens on an unused loopback port, itself TLS-protected.
@@ -229,12 +229,13 @@ impl Node {
         )
         .with_listen_addr(server_listen)
         .with_max_inbound_frame_size(settings.max_frame_size);
-        let (server, _) = Actor::spawn(None, server, ())
-            .await
-            .map_err(|e| ClusterError::Bind {
-                addr: addr.to_string(),
-                detail: e.to_string(),
-            })?;
+        let (server, _) =
+            Actor::spawn(None, server, ())
+                .await
+                .map_err(|source| ClusterError::Server {
+                    addr: addr.to_string(),
+                    source,
+                })?;
         let accept = match (tls_listener, &tls) {
             (Some(listener), Some(tls)) => Some(tokio::spawn(crate::transport::serve_tls(
                 listener,
