@@ -52,7 +52,7 @@ impl AgentState {
                         .into(),
                 ))
             } else {
-                tracing::warn!(node = %self.me, by = %req.by, "an operator asked this node to leave");
+                tracing::info!(node = %self.me, by = %req.by, "an operator asked this node to leave");
                 if let Some(h) = &self.history {
                     h.record(Event::LeaveRequested {
                         by: req.by.to_string(),
