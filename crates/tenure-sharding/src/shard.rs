@@ -559,7 +559,12 @@ impl ShardState {
             && !r.passivating
         {
             r.passivating = true;
-            r.actor.stop(Some("passivated".into()));
+            // After the messages already in its mailbox (Akka sends its stop message the
+            // same way): they reached the entity before it asked, so they are handled.
+            // Messages arriving from now on wait for the entity started again.
+            if r.actor.drain().is_err() {
+                r.actor.stop(Some("passivated".into()));
+            }
         }
     }
 

@@ -417,6 +417,28 @@ async fn passivation_keeps_messages_for_the_restarted_entity() {
     shard.stop_and_wait(None, None).await.unwrap();
 }
 
+#[tokio::test]
+async fn passivation_lets_an_entity_finish_its_mailbox_before_it_stops() {
+    let mut f = Fixture::new();
+    let shard = f.shard("10.0.0.1:2552", None).await;
+    // "passivate", "slow" and "2" sit in the entity's mailbox while it handles the first
+    // "slow"; the shard acts on the passivation request while the entity handles the
+    // second "slow": that one and "2" are handled before the entity stops, not dropped
+    // with its mailbox.
+    tell(&shard, "a", "slow");
+    tell(&shard, "a", "passivate");
+    tell(&shard, "a", "slow");
+    tell(&shard, "a", "2");
+    let Seen::Started(_, t) = f.next().await else {
+        panic!("expected a start")
+    };
+    for text in ["slow", "passivate", "slow", "2"] {
+        assert_eq!(f.next().await, Seen::Got("a".into(), t, text.into()));
+    }
+    assert_eq!(f.next().await, Seen::Stopped("a".into(), t));
+    shard.stop_and_wait(None, None).await.unwrap();
+}
+
 /// Its `start` takes a minute (user code, e.g. loading state); reports when it begins and
 /// when its start is abandoned (the future dropped by a kill).
 struct SlowStart(mpsc::UnboundedSender<&'static str>);
