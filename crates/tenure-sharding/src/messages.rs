@@ -61,6 +61,15 @@ impl AskReply {
     }
 }
 
+/// Whether the caller of an ask kept since `since` stopped waiting: its reply port closed,
+/// or the ask's own timeout passed since then. A tell (no port) never expires.
+pub(crate) fn ask_expired(
+    reply: Option<&ractor::RpcReplyPort<AskReply>>,
+    since: tokio::time::Instant,
+) -> bool {
+    reply.is_some_and(|r| r.is_closed() || r.get_timeout().is_some_and(|t| since.elapsed() >= t))
+}
+
 /// Refuses a message because the buffer of its shard is full: an ask gets
 /// [`AskFailure::BufferFull`]; a tell is counted (`tenure_sharding_tells_dropped_total`)
 /// and logged with its entity type and shard. Returns whether a tell was dropped.

@@ -25,7 +25,7 @@ use tokio::time::Instant;
 use crate::entity::EntityFactory;
 use crate::messages::{
     AskReply, BeginHandOff, CoordinatorMsg, GetShardHome, HandOff, HandOffBegun, HandOffDone,
-    HostShard, Pending, RegionLocal, RegionMsg, RegionSnapshot, Register, ShardHome,
+    HostShard, Pending, RegionLocal, RegionMsg, RegionSnapshot, Register, ShardHome, ask_expired,
     refuse_buffer_full,
 };
 use crate::settings::ShardingSettings;
@@ -80,9 +80,7 @@ struct Waiting {
 
 impl Waiting {
     fn expired(&self) -> bool {
-        self.p.reply.as_ref().is_some_and(|r| {
-            r.is_closed() || r.get_timeout().is_some_and(|t| self.since.elapsed() >= t)
-        })
+        ask_expired(self.p.reply.as_ref(), self.since)
     }
 }
 

@@ -24,7 +24,9 @@ use tenure_lease::{
 use tokio::time::Instant;
 
 use crate::entity::{EntityContext, EntityFactory, EntityMsg, shard_of};
-use crate::messages::{AskReply, Envelope, Pending as RegionPending, refuse_buffer_full};
+use crate::messages::{
+    AskReply, Envelope, Pending as RegionPending, ask_expired, refuse_buffer_full,
+};
 use crate::settings::ShardingSettings;
 
 /// Everything a shard needs.
@@ -121,6 +123,8 @@ struct Pending {
     entity: String,
     payload: Vec<u8>,
     reply: Option<RpcReplyPort<AskReply>>,
+    /// When the shard accepted it: an ask waiting here expires with its own timeout.
+    since: Instant,
 }
 
 struct Running {
@@ -235,6 +239,7 @@ impl Actor for Shard {
                 entity,
                 payload,
                 reply,
+                since: Instant::now(),
             }),
             ShardMsg::Lease(LeaseEvent::Granted(granted)) => {
                 // Serve only a grant still believed now (not one lapsed before this event).
@@ -531,6 +536,9 @@ impl ShardState {
     }
 
     fn wait(&mut self, p: Pending) {
+        // Asks whose callers stopped waiting give their places back first.
+        self.waiting
+            .retain(|w| !ask_expired(w.reply.as_ref(), w.since));
         let capacity = self.args.settings.buffer_size;
         if self.waiting.len() >= capacity {
             let args = &self.args;
@@ -550,6 +558,10 @@ impl ShardState {
     fn flush(&mut self) {
         let waiting = std::mem::take(&mut self.waiting);
         for p in waiting {
+            if ask_expired(p.reply.as_ref(), p.since) {
+                tracing::debug!(shard = %self.args.shard_id, entity = %p.entity, "expired ask dropped: its caller stopped waiting");
+                continue;
+            }
             self.deliver(p);
         }
     }

@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use ractor::rpc::CallResult;
 use ractor::{ActorProcessingErr, ActorRef, RpcReplyPort};
 use tenure_lease::{
     AcquireOutcome, AcquireRequest, Fault, LeaseSettings, LeaseSpec, LeaseStore, MemoryStore,
@@ -102,9 +103,23 @@ impl Fixture {
         idle: Option<Duration>,
         factory: EntityFactory,
     ) -> ActorRef<ShardMsg> {
+        self.shard_buffering(owner, idle, factory, None).await
+    }
+
+    /// As [`Fixture::shard_with`], with a buffer of `buffer` messages (default otherwise).
+    async fn shard_buffering(
+        &self,
+        owner: &str,
+        idle: Option<Duration>,
+        factory: EntityFactory,
+        buffer: Option<usize>,
+    ) -> ActorRef<ShardMsg> {
         let config = TenureConfig::from_toml_str("", "test").unwrap();
         let mut settings = ShardingSettings::from_config(&config, "probe", "memory").unwrap();
         settings.idle_timeout = idle;
+        if let Some(buffer) = buffer {
+            settings.buffer_size = buffer;
+        }
         // One shard: every entity id belongs to it.
         settings.number_of_shards = 1;
         // The stop budget (300 ms + 500 ms of kill wait and slack) fits the 1.5 s ttl.
@@ -436,6 +451,49 @@ async fn passivation_lets_an_entity_finish_its_mailbox_before_it_stops() {
         assert_eq!(f.next().await, Seen::Got("a".into(), t, text.into()));
     }
     assert_eq!(f.next().await, Seen::Stopped("a".into(), t));
+    shard.stop_and_wait(None, None).await.unwrap();
+}
+
+#[tokio::test]
+async fn an_ask_whose_caller_gave_up_leaves_the_shard_buffer() {
+    let f = Fixture::new();
+    f.hold_elsewhere().await;
+    let factory = entity_factory(Probe(f.tx.clone()));
+    let shard = f
+        .shard_buffering("10.0.0.1:2552", None, factory, Some(1))
+        .await;
+    let ask = |entity: &'static str| {
+        let shard = shard.clone();
+        async move {
+            let payload =
+                tenure_cluster::codec::encode("entity request", "probe", &"hi".to_string())
+                    .unwrap();
+            shard
+                .call(
+                    |r: RpcReplyPort<AskReply>| ShardMsg::Deliver {
+                        entity: entity.into(),
+                        payload,
+                        reply: Some(r),
+                    },
+                    Some(Duration::from_millis(100)),
+                )
+                .await
+                .unwrap()
+        }
+    };
+    // The shard waits for its lease: the only place in its buffer is taken by an ask that
+    // times out.
+    assert!(matches!(ask("a").await, CallResult::Timeout));
+    // Its caller gave up, so its place is free again: the next ask waits too (and times
+    // out) instead of being refused because the buffer is full.
+    match ask("b").await {
+        CallResult::Timeout => {}
+        CallResult::Success(AskReply { result }) => {
+            panic!("the second ask was answered at once: {result:?}")
+        }
+        CallResult::SenderError => panic!("the second ask was dropped"),
+    }
+    assert_eq!(status(&shard).await.waiting, 1, "only the second ask waits");
     shard.stop_and_wait(None, None).await.unwrap();
 }
 
