@@ -304,3 +304,76 @@ fn rebalances_under_open_loop_load_keep_every_key_answered_from_every_node() {
     assert!(failed.is_empty(), "nodes {failed:?} did not leave cleanly");
     final_checks(&c);
 }
+
+/// Where each worker of the example daemon runs now: its last `entity_started` on a node
+/// not followed by its `entity_stopped` there, with when it started.
+fn live_workers(
+    history: &[serde_json::Value],
+) -> std::collections::BTreeMap<String, (String, i64)> {
+    let mut live = std::collections::BTreeMap::new();
+    for e in history {
+        if e["type"] != "daemon-demo" {
+            continue;
+        }
+        let (Some(entity), Some(node)) = (e["entity"].as_str(), e["node"].as_str()) else {
+            continue;
+        };
+        match e["event"].as_str() {
+            Some("entity_started") => {
+                live.insert(
+                    entity.to_string(),
+                    (node.to_string(), e["t"].as_i64().unwrap_or(0)),
+                );
+            }
+            Some("entity_stopped") if live.get(entity).is_some_and(|(n, _)| n == node) => {
+                live.remove(entity);
+            }
+            _ => {}
+        }
+    }
+    live
+}
+
+#[test]
+fn a_killed_nodes_daemon_workers_run_elsewhere_with_no_traffic_but_keep_alives() {
+    let _serial = serial();
+    let workers = 6;
+    let options = cli::cluster::Options {
+        node_args: vec!["--daemon".to_string(), workers.to_string()],
+        tail: cli::shards::SHARDING.to_string(),
+        ..Default::default()
+    };
+    let mut c = Cluster::start_with(3, &options);
+    c.wait_until("every daemon worker runs", Duration::from_secs(60), |c| {
+        live_workers(&c.history()).len() == workers
+    });
+    let live = live_workers(&c.history());
+    // The node running the most workers (the workers spread over the three nodes).
+    let victim = (0..3)
+        .max_by_key(|&i| live.values().filter(|(n, _)| *n == c.nodes[i].addr).count())
+        .expect("three nodes");
+    let from = c.nodes[victim].addr.clone();
+    let moved: BTreeSet<String> = live
+        .iter()
+        .filter(|(_, (n, _))| *n == from)
+        .map(|(w, _)| w.clone())
+        .collect();
+    assert!(!moved.is_empty(), "{from} runs no worker: {live:?}");
+    c.kill(victim);
+    let killed = now_ns();
+    c.wait_until(
+        &format!("the {} workers of {from} run elsewhere", moved.len()),
+        Duration::from_secs(60),
+        |c| {
+            let live = live_workers(&c.history());
+            moved.iter().all(|w| {
+                live.get(w)
+                    .is_some_and(|(n, started)| *n != from && *started > killed)
+            })
+        },
+    );
+    let now = live_workers(&c.history());
+    eprintln!("workers of {from}: {moved:?}, killed at {killed}; now: {now:?}");
+    assert_eq!(now.len(), workers, "every worker runs: {now:?}");
+    cli::assert_checked(&c.history);
+}

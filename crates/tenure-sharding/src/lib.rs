@@ -58,6 +58,7 @@
 
 pub mod allocation;
 mod coordinator;
+pub mod daemon;
 mod entity;
 mod entity_ref;
 mod messages;
@@ -421,12 +422,26 @@ pub async fn start_with_strategy(
     factory: Option<EntityFactory>,
     strategy: Option<Arc<dyn AllocationStrategy>>,
 ) -> Result<ShardRegion, ShardingError> {
-    let cluster = node.settings();
-    let settings = Arc::new(ShardingSettings::from_config(
+    let settings = ShardingSettings::from_config(
         provider.config(),
         type_name,
-        &cluster.lease_section,
-    )?);
+        &node.settings().lease_section,
+    )?;
+    start_with_settings(node, provider, type_name, factory, strategy, settings).await
+}
+
+/// As [`start_with_strategy`] with `settings` given rather than read from the
+/// configuration (the [sharded daemon process](daemon) sets its number of shards).
+pub(crate) async fn start_with_settings(
+    node: &Node,
+    provider: &LeaseProvider,
+    type_name: &str,
+    factory: Option<EntityFactory>,
+    strategy: Option<Arc<dyn AllocationStrategy>>,
+    settings: ShardingSettings,
+) -> Result<ShardRegion, ShardingError> {
+    let cluster = node.settings();
+    let settings = Arc::new(settings);
     let strategy = strategy.unwrap_or_else(|| {
         Arc::new(LeastShards {
             threshold: settings.rebalance_threshold,

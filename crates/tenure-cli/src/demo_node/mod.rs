@@ -58,6 +58,11 @@ pub struct DemoNodeArgs {
     /// acknowledged.
     #[arg(long, default_value = "5s", value_parser = tenure::duration::parse)]
     load_timeout: Duration,
+    /// Host the example sharded daemon process `demo` with N workers (entity type
+    /// `daemon-demo`, [sharding.daemon-demo]): each worker is alone in its shard, runs
+    /// under its shard's lease, and is kept alive by keep-alives every second.
+    #[arg(long, value_name = "N")]
+    daemon: Option<usize>,
     /// Fault injection for tests (needs `cluster.fault-injection = true`): while FILE
     /// exists, the example entities and singletons take a minute to stop, so that only
     /// their supervisors' kills end them in time.
@@ -88,6 +93,8 @@ struct Hosting<'a> {
     load: Option<Load>,
     /// Fault injection: the example entities and singletons stop slowly while it is on.
     slow_stop: Option<SlowStopSwitch>,
+    /// Workers of the example sharded daemon process.
+    daemon: Option<usize>,
 }
 
 /// Runs a demo node as `tenure node` runs a node (until SIGTERM / Ctrl-C, then a graceful
@@ -119,6 +126,7 @@ pub async fn run(
             timeout: args.load_timeout,
         }),
         slow_stop: args.slow_stop_when.clone().map(SlowStopSwitch::new),
+        daemon: args.daemon,
     };
     crate::node_cmd::node(
         config,
@@ -195,7 +203,44 @@ async fn host(
             load::drive(region, node.history().cloned(), start, load);
         }
     }
+    if let Some(count) = hosting.daemon {
+        let daemon = tenure::sharding::daemon::start_daemon(
+            node,
+            provider,
+            DAEMON_NAME,
+            count,
+            IdleWorker,
+            Duration::from_secs(1),
+        )
+        .await
+        .map_err(|e| CliError::Command(e.to_string()))?;
+        if let Some(m) = management {
+            m.add_region(daemon.region().clone());
+        }
+        // Dropping the handle leaves the region and the keep-alives running: they end
+        // with the node's process.
+    }
     Ok(())
+}
+
+/// The name of the example sharded daemon process (`--daemon`).
+pub const DAEMON_NAME: &str = "demo";
+
+/// The example daemon's worker: it only runs (its life is in the history, as
+/// `entity_started` / `entity_stopped` of type `daemon-demo`).
+struct IdleWorker;
+
+impl tenure::sharding::daemon::DaemonWorker for IdleWorker {
+    type State = ();
+
+    async fn start(
+        &self,
+        index: usize,
+        ctx: &tenure::sharding::EntityContext,
+    ) -> Result<(), ractor::ActorProcessingErr> {
+        tracing::info!(worker = index, token = ctx.token, "daemon worker started");
+        Ok(())
+    }
 }
 
 /// Every second, asks the singleton for its count through a proxy on this node and records
