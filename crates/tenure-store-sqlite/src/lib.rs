@@ -22,6 +22,7 @@
 //! does when its file is lost while in use is described at [`SqliteStore`].
 
 mod clock;
+pub mod fence;
 mod fenced;
 mod schema;
 pub mod sql;
