@@ -132,6 +132,32 @@ impl EtcdStore {
     pub fn client(&self) -> &Client {
         &self.inner.client
     }
+
+    /// The fence of a write guarded by lease `name` with fencing token `token`, for the
+    /// caller's own transaction: a [`Compare`](etcd_client::Compare) that holds while the
+    /// lease's holder key is the one created by that grant (its create revision is the
+    /// token). It fails once the grant was released, expired with its session, or replaced
+    /// by a later grant, so the transaction takes its `or_else` branch and writes nothing.
+    ///
+    /// ```no_run
+    /// # async fn f(store: &tenure_store_etcd::EtcdStore, token: u64) -> Result<(), etcd_client::Error> {
+    /// use etcd_client::{Txn, TxnOp};
+    ///
+    /// let txn = Txn::new()
+    ///     .when([store.fence("nightly-report", token)])
+    ///     .and_then([TxnOp::put("/reports/nightly", "done", None)]);
+    /// let written = store.client().clone().txn(txn).await?.succeeded();
+    /// # let _ = written; Ok(()) }
+    /// ```
+    pub fn fence(&self, name: &str, token: u64) -> etcd_client::Compare {
+        // A token beyond i64 was never issued by etcd: compare with -1, which no key has.
+        let revision = i64::try_from(token).unwrap_or(-1);
+        etcd_client::Compare::create_revision(
+            self.inner.layout.lease(name),
+            etcd_client::CompareOp::Equal,
+            revision,
+        )
+    }
 }
 
 impl Inner {
