@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use crate::actor::{AcquireCaller, ReleaseCaller};
 use crate::clock::HolderClock;
 use crate::machine::{Effect, Event, Input, Machine};
+use crate::token::FencingToken;
 use crate::trace::{LeaseObserver, LeaseTrace};
 use crate::validity::{Held, LostReason};
 
@@ -19,7 +20,7 @@ use crate::validity::{Held, LostReason};
 pub struct LeaseGranted {
     pub name: String,
     /// The fencing token of this grant: present it to guarded resources.
-    pub token: u64,
+    pub token: FencingToken,
 }
 
 /// The holder no longer believes it holds the lease. Sent at most once per grant, never
@@ -29,7 +30,7 @@ pub struct LeaseGranted {
 pub struct LeaseLost {
     pub name: String,
     /// The token of the grant that was lost.
-    pub token: u64,
+    pub token: FencingToken,
     pub reason: LostReason,
 }
 
@@ -42,7 +43,7 @@ pub struct LeaseLost {
 pub struct LeaseSuspended {
     pub name: String,
     /// The token of the grant whose renewals fail.
-    pub token: u64,
+    pub token: FencingToken,
     /// The failure that suspended it.
     pub error: String,
 }
@@ -51,7 +52,7 @@ pub struct LeaseSuspended {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseResumed {
     pub name: String,
-    pub token: u64,
+    pub token: FencingToken,
 }
 
 /// Where a lease stands, as its holder sees it (a [`Lease`](crate::Lease)'s
@@ -77,7 +78,7 @@ pub enum LeaseState {
 pub struct PreemptionRequested {
     pub name: String,
     /// The token of the grant asked for.
-    pub token: u64,
+    pub token: FencingToken,
     /// The requesting owner.
     pub by: String,
     /// The requester's priority.
@@ -99,7 +100,7 @@ pub struct PreemptionRequested {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PreemptionWithdrawn {
     pub name: String,
-    pub token: u64,
+    pub token: FencingToken,
     /// The owner whose request is gone.
     pub by: String,
 }
@@ -163,8 +164,8 @@ pub(crate) type LostCallback = Box<dyn FnOnce(LeaseLost) + Send>;
 #[derive(Default)]
 struct LostCallbacks {
     /// The highest token whose loss was announced.
-    lost_up_to: Option<u64>,
-    waiting: Vec<(u64, LostCallback)>,
+    lost_up_to: Option<FencingToken>,
+    waiting: Vec<(FencingToken, LostCallback)>,
     last_lost: Option<LeaseLost>,
 }
 
@@ -290,7 +291,7 @@ impl SharedBelief {
     }
 
     /// Calls `cb` once the grant with `token` is lost (at once if it was already).
-    pub(crate) fn on_lost(&self, token: u64, cb: LostCallback) {
+    pub(crate) fn on_lost(&self, token: FencingToken, cb: LostCallback) {
         let fire_now = {
             let mut slot = self.lost.lock().unwrap_or_else(|e| e.into_inner());
             if slot.lost_up_to.is_some_and(|t| t >= token) {
@@ -337,7 +338,7 @@ impl SharedBelief {
                 token,
                 deadline,
             } => {
-                tracing::info!(lease = %name, token, "lease granted");
+                tracing::info!(lease = %name, token = token.get(), "lease granted");
                 // The trace first: whoever learns of the grant (handles, state watchers, the
                 // sink) acts after it, so a history never shows an action under a grant
                 // before the grant.
@@ -356,7 +357,7 @@ impl SharedBelief {
             }
             Event::Suspended { token, error } => {
                 self.publish(LeaseState::Suspended);
-                tracing::warn!(lease = %name, token, %error, "lease suspended: renewals failing");
+                tracing::warn!(lease = %name, token = token.get(), %error, "lease suspended: renewals failing");
                 let trace = LeaseTrace::Suspended {
                     token,
                     error: error.clone(),
@@ -370,7 +371,7 @@ impl SharedBelief {
             }
             Event::Resumed { token } => {
                 self.publish(LeaseState::Held);
-                tracing::info!(lease = %name, token, "lease resumed: a renewal succeeded");
+                tracing::info!(lease = %name, token = token.get(), "lease resumed: a renewal succeeded");
                 self.trace(LeaseTrace::Resumed { token }, false);
                 self.sink.deliver(LeaseEvent::Resumed(LeaseResumed {
                     name: name.clone(),
@@ -382,7 +383,7 @@ impl SharedBelief {
                 reason,
                 suspended,
             } => {
-                tracing::warn!(lease = %name, token, %reason, "lease lost");
+                tracing::warn!(lease = %name, token = token.get(), %reason, "lease lost");
                 let kind = reason.kind();
                 self.trace(
                     LeaseTrace::Lost {

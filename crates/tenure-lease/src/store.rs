@@ -23,6 +23,7 @@ use async_trait::async_trait;
 
 use crate::error::{LeaseError, StoreError};
 use crate::names::NameRules;
+use crate::token::FencingToken;
 
 /// A lease record as the store holds it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -35,7 +36,7 @@ pub struct LeaseRecord {
     pub instance: String,
     /// The fencing token of the holder's grant: strictly greater than every earlier grant's
     /// token for this name, across holders, expiries, releases and store restarts.
-    pub token: u64,
+    pub token: FencingToken,
     /// Time left before the store expires the record, measured by the store when it answered.
     pub expires_in: Duration,
     /// Number of writes (grant and renewals) to this grant, starting at 1.
@@ -219,7 +220,7 @@ pub enum AcquireOutcome {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeldLease {
     pub name: String,
-    pub token: u64,
+    pub token: FencingToken,
 }
 
 /// A change of holder, pushed by a store that can watch (capability `watch`).
@@ -324,7 +325,12 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// Deletes the grant if `owner` holds it with `token`. `Ok(true)` released,
     /// `Ok(false)` it was not ours (any more): a stale holder never frees a later grant.
     /// `Err`: unknown; a grant left behind lapses after its ttl (it is not renewed any more).
-    async fn release(&self, name: &str, owner: &str, token: u64) -> Result<bool, StoreError>;
+    async fn release(
+        &self,
+        name: &str,
+        owner: &str,
+        token: FencingToken,
+    ) -> Result<bool, StoreError>;
 
     /// The current unexpired grant of `name`, if any.
     async fn read(&self, name: &str) -> Result<Option<LeaseRecord>, StoreError>;
@@ -361,7 +367,7 @@ pub trait LeaseStore: Send + Sync + 'static {
     async fn request_preemption(
         &self,
         name: &str,
-        token: u64,
+        token: FencingToken,
         request: &PreemptionRequest,
     ) -> Result<PreemptAnswer, StoreError> {
         let _ = (name, token, request);
@@ -378,7 +384,7 @@ pub trait LeaseStore: Send + Sync + 'static {
     async fn withdraw_preemption(
         &self,
         name: &str,
-        token: u64,
+        token: FencingToken,
         by: &str,
     ) -> Result<bool, StoreError> {
         let _ = (name, token, by);

@@ -2,6 +2,7 @@
 //! unknown outcome) reported to an observer, e.g. a node's history for `tenure check`.
 //! Observers only watch: they cannot change what the actor does.
 
+use crate::token::FencingToken;
 use std::sync::Arc;
 
 /// One step of a lease's life, as seen by its holder.
@@ -10,21 +11,30 @@ pub enum LeaseTrace {
     /// An acquire attempt was sent to the store.
     AcquireInvoked,
     /// A new grant is believed from now until `valid_until` (ns of the host's `CLOCK_BOOTTIME`).
-    Granted { token: u64, valid_until: i64 },
+    Granted {
+        token: FencingToken,
+        valid_until: i64,
+    },
     /// The store certainly refused: another owner holds it.
     NotGranted { holder: String },
     /// A renewal was confirmed: the belief now lasts until `valid_until`.
-    Renewed { token: u64, valid_until: i64 },
+    Renewed {
+        token: FencingToken,
+        valid_until: i64,
+    },
     /// Renewals of the grant `token` started failing (see
     /// [`LeaseSuspended`](crate::LeaseSuspended)).
-    Suspended { token: u64, error: String },
+    Suspended { token: FencingToken, error: String },
     /// A renewal of the suspended grant `token` succeeded again.
-    Resumed { token: u64 },
+    Resumed { token: FencingToken },
     /// The belief ended without a release (see [`LostReason`](crate::LostReason)).
-    Lost { token: u64, reason: &'static str },
+    Lost {
+        token: FencingToken,
+        reason: &'static str,
+    },
     /// The holder gave its belief up to release the grant (the store's answer may follow
     /// as an [`LeaseTrace::Error`] with operation `release`).
-    Released { token: u64 },
+    Released { token: FencingToken },
     /// A store call whose outcome is unknown (error or timeout).
     Error {
         operation: &'static str,

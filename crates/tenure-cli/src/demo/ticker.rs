@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use serde::{Deserialize, Serialize};
+use tenure::FencingToken;
 use tenure::cluster::History;
 use tenure::history::Event;
 use tenure::sqlite::FencedCounter;
@@ -19,7 +20,7 @@ pub struct CountRequest {}
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CountReply {
     pub value: Option<u64>,
-    pub token: u64,
+    pub token: FencingToken,
     pub node: String,
 }
 
@@ -42,7 +43,7 @@ pub struct Ticker;
 pub struct TickerArgs {
     /// The counter's name (the singleton's name).
     pub name: String,
-    pub token: u64,
+    pub token: FencingToken,
     pub counter: FencedCounter,
     pub interval: Duration,
     /// This node's address, for replies.
@@ -100,7 +101,7 @@ impl Actor for Ticker {
                     tokio::task::spawn_blocking(move || counter.increment(&name, token)).await?;
                 let tick = |value: Option<u64>, accepted: bool| Event::Tick {
                     singleton: state.args.name.clone(),
-                    token,
+                    token: token.get(),
                     value,
                     accepted,
                 };
@@ -112,7 +113,7 @@ impl Actor for Ticker {
                         }
                     }
                     Ok(None) => {
-                        tracing::warn!(singleton = %state.args.name, token, "tick refused: a newer token wrote the counter");
+                        tracing::warn!(singleton = %state.args.name, token = token.get(), "tick refused: a newer token wrote the counter");
                         if let Some(h) = &state.args.history {
                             h.record(tick(None, false));
                         }

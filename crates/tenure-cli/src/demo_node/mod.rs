@@ -225,7 +225,7 @@ async fn probe_through_proxy(
                         h.record(tenure::history::Event::ProxyReply {
                             singleton: name.clone(),
                             from: reply.node.clone(),
-                            token: Some(reply.token),
+                            token: Some(reply.token.get()),
                             value: reply.value,
                         });
                     }
