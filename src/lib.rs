@@ -39,12 +39,12 @@ pub use tenure_cluster as cluster;
 // state, the renewal batcher, the memory store's fault switch) stay out of the facade.
 pub use tenure_lease::{
     AcquireOptions, AcquireOutcome, AcquireReply, AcquireRequest, Acquired, CONFIG_VAR,
-    Capabilities, ConfigError, EMERGENCY_PRIORITY, FenceCheck, Grant, HeldLease, HolderClock,
-    Lease, LeaseActor, LeaseError, LeaseEvent, LeaseEventSink, LeaseGranted, LeaseLost, LeaseMsg,
-    LeaseObserver, LeaseProvider, LeaseRecord, LeaseSection, LeaseSettings, LeaseSpec, LeaseStore,
-    LeaseTrace, LeaseView, LostReason, MemoryStore, MemoryStoreFactory, PreemptionRequest,
-    PreemptionRequested, PreemptionWithdrawn, StaleToken, StopBudget, StoreError, StoreFactory,
-    StoreRegistry, TenureConfig,
+    Capabilities, ConfigError, EMERGENCY_PRIORITY, FenceCheck, FencingToken, Grant, HeldLease,
+    HolderClock, Lease, LeaseActor, LeaseError, LeaseEvent, LeaseEventSink, LeaseGranted,
+    LeaseLost, LeaseMsg, LeaseObserver, LeaseProvider, LeaseRecord, LeaseSection, LeaseSettings,
+    LeaseSpec, LeaseStore, LeaseTrace, LeaseView, LostReason, MemoryStore, MemoryStoreFactory,
+    PreemptionRequest, PreemptionRequested, PreemptionWithdrawn, StaleToken, StopBudget,
+    StoreError, StoreFactory, StoreRegistry, TenureConfig,
 };
 pub use tenure_lease::{
     clock, config, duration, fence, history, memory, names, store, trace, validity,

@@ -11,7 +11,9 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use rustix::process::{Pid, Signal, getppid, kill_process_group, set_parent_process_death_signal};
-use tenure::{AcquireOptions, Lease, LeaseEvent, LeaseEventSink, LeaseProvider, StopBudget};
+use tenure::{
+    AcquireOptions, FencingToken, Lease, LeaseEvent, LeaseEventSink, LeaseProvider, StopBudget,
+};
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
@@ -108,7 +110,7 @@ pub async fn run(
         _ = interrupt.recv() => return release_on_exit(&lease, Outcome::No).await,
         _ = terminate.recv() => return release_on_exit(&lease, Outcome::No).await,
     };
-    tracing::info!(lease = %target.name, token, "granted; starting command");
+    tracing::info!(lease = %target.name, token = token.get(), "granted; starting command");
     let mut child = match spawn(command, &target.name, token) {
         Ok(child) => child,
         Err(e) => {
@@ -118,13 +120,13 @@ pub async fn run(
     };
     record(Event::CommandStarted {
         lease: target.name.clone(),
-        token,
+        token: token.get(),
         pid: child.id(),
     });
     let stopped = |why: &str| {
         record(Event::CommandStopped {
             lease: target.name.clone(),
-            token,
+            token: token.get(),
             why: why.to_string(),
         })
     };
@@ -173,7 +175,7 @@ fn io_err(e: std::io::Error) -> CliError {
     CliError::Command(e.to_string())
 }
 
-fn spawn(command: &[String], name: &str, token: u64) -> Result<Child, CliError> {
+fn spawn(command: &[String], name: &str, token: FencingToken) -> Result<Child, CliError> {
     let parent = Pid::from_raw(std::process::id() as i32);
     let mut cmd = std::process::Command::new(&command[0]);
     cmd.args(&command[1..])

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use serde_json::{Value, json};
+use tenure::FencingToken;
 use tenure_cli::check::{HoldEnd, ViolationKind, check, check_acks, read_history};
 
 const TENURE: &str = env!("CARGO_BIN_EXE_tenure");
@@ -380,7 +381,10 @@ fn tenure_check_reads_the_counter_file() {
     let counter_path = dir.path().join("counter.sqlite");
     let counter = tenure::sqlite::FencedCounter::open(&counter_path).unwrap();
     let name = tenure_cli::demo::counter::counter_name("key-1");
-    assert_eq!(counter.increment(&name, 1).unwrap(), Some(1));
+    assert_eq!(
+        counter.increment(&name, FencingToken::new(1)).unwrap(),
+        Some(1)
+    );
     let lines = vec![
         granted(0, "a", 1, 900),
         write(10, "a", 1, 1, true),
@@ -403,7 +407,10 @@ fn tenure_check_reads_the_counter_file() {
         text.contains("VIOLATION acknowledged write lost on counter/key-1: value 2 was acknowledged but the counter now holds 1"),
         "{text}"
     );
-    assert_eq!(counter.increment(&name, 1).unwrap(), Some(2));
+    assert_eq!(
+        counter.increment(&name, FencingToken::new(1)).unwrap(),
+        Some(2)
+    );
     let out = Command::new(TENURE)
         .arg("check")
         .arg(&history)

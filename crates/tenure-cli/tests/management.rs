@@ -14,6 +14,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use cli::cluster::{Cluster, Options, TestCluster, free_ports};
+use tenure::FencingToken;
 use tenure::sharding::ShardMap;
 use tenure_management::LeaseRow;
 
@@ -347,12 +348,13 @@ fn the_shard_map_cli_queries_live_page_and_operator_routes() {
     // The CLI prints what the endpoint answers.
     let endpoint = endpoints[1].to_string();
     eventually("tenure cluster shards --json = GET /cluster/shards", || {
-        let project = |maps: Vec<ShardMap>| -> Vec<(String, Option<String>, Option<Option<u64>>)> {
-            maps.into_iter()
-                .flat_map(|m| m.shards)
-                .map(|s| (s.shard, s.home, s.hosted.map(|h| h.token)))
-                .collect()
-        };
+        let project =
+            |maps: Vec<ShardMap>| -> Vec<(String, Option<String>, Option<Option<FencingToken>>)> {
+                maps.into_iter()
+                    .flat_map(|m| m.shards)
+                    .map(|s| (s.shard, s.home, s.hosted.map(|h| h.token)))
+                    .collect()
+            };
         let printed: Vec<ShardMap> = serde_json::from_str(&cli(
             &c,
             &["cluster", "shards", "--node", &endpoint, "--json"],
@@ -387,11 +389,12 @@ fn the_shard_map_cli_queries_live_page_and_operator_routes() {
         },
     );
     eventually("tenure cluster leases --json = GET /leases", || {
-        let project = |rows: Vec<LeaseRow>| -> Vec<(String, String, &'static str, Option<u64>)> {
-            rows.into_iter()
-                .map(|r| (r.lease, r.owner, r.state.as_str(), r.token))
-                .collect()
-        };
+        let project =
+            |rows: Vec<LeaseRow>| -> Vec<(String, String, &'static str, Option<FencingToken>)> {
+                rows.into_iter()
+                    .map(|r| (r.lease, r.owner, r.state.as_str(), r.token))
+                    .collect()
+            };
         let printed: Vec<LeaseRow> = serde_json::from_str(&cli(
             &c,
             &["cluster", "leases", "--node", &endpoint, "--json"],

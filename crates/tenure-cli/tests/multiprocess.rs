@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use rustix::process::{Pid, Signal, kill_process_group};
 
 use cli::*;
-use tenure::FenceCheck;
+use tenure::{FenceCheck, FencingToken};
 
 const LIMIT: Duration = Duration::from_secs(30);
 
@@ -190,7 +190,7 @@ fn guarded_commands_never_overlap_across_sigkills() {
     assert!(
         entries
             .iter()
-            .all(|e| fence.admit("history", e.token).is_ok())
+            .all(|e| fence.admit("history", FencingToken::new(e.token)).is_ok())
     );
 }
 
@@ -341,10 +341,10 @@ fn sigstopped_holder_stops_its_command_on_resume_and_late_writes_are_fenced() {
     let mut refused = 0;
     let mut accepted = Vec::new();
     for e in &entries {
-        match fence.admit("history", e.token) {
+        match fence.admit("history", FencingToken::new(e.token)) {
             Ok(()) => accepted.push(e.clone()),
             Err(stale) => {
-                assert_eq!((stale.presented, stale.highest), (t1, t2));
+                assert_eq!((stale.presented.get(), stale.highest.get()), (t1, t2));
                 refused += 1;
             }
         }

@@ -3,7 +3,7 @@
 use ractor::RpcReplyPort;
 use ractor_cluster::node::NodeServerSessionInformation;
 use serde::{Deserialize, Serialize};
-use tenure_lease::{LeaseEvent, LeaseRecord};
+use tenure_lease::{FencingToken, LeaseEvent, LeaseRecord};
 
 use crate::identity::{Incarnation, NodeAddr};
 use crate::member::MemberStatus;
@@ -194,7 +194,7 @@ pub enum Local {
     /// The member leases listed after this node's member lease (grant `token`) was
     /// granted, for its placement check.
     JoinCheck {
-        token: u64,
+        token: FencingToken,
         listed: Result<Vec<LeaseRecord>, String>,
     },
     Dialed {

@@ -26,6 +26,7 @@ use crate::settings::LeaseSettings;
 use crate::store::{
     AcquireRequest, HeldLease, LeaseStore, PreemptAnswer, PreemptionRequest, bounded,
 };
+use crate::token::FencingToken;
 use crate::trace::LeaseObserver;
 
 /// Everything a LeaseActor needs to hold one lease.
@@ -173,7 +174,7 @@ pub enum Acquired {
     /// Held now, with this grant's fencing token (the same token if it was held already).
     Granted {
         /// The grant's fencing token.
-        token: u64,
+        token: FencingToken,
     },
     /// Another owner holds it (named when the store said who) with a priority at least
     /// this requester's (0 on stores without priorities).
@@ -263,7 +264,7 @@ impl LeaseView {
     }
 
     /// The fencing token of the grant believed now.
-    pub fn token(&self) -> Option<u64> {
+    pub fn token(&self) -> Option<FencingToken> {
         self.belief.current().map(|h| h.token)
     }
 
@@ -277,7 +278,7 @@ impl LeaseView {
     }
 
     /// Calls `cb` once the grant with `token` is lost (at once if it was already).
-    pub(crate) fn on_lost(&self, token: u64, cb: LostCallback) {
+    pub(crate) fn on_lost(&self, token: FencingToken, cb: LostCallback) {
         self.belief.on_lost(token, cb);
     }
 
@@ -447,7 +448,7 @@ async fn execute(spec: &LeaseSpec, base: &str, call: Call) -> Outcome {
 async fn release_ours(
     spec: &LeaseSpec,
     base: &str,
-    token: Option<u64>,
+    token: Option<FencingToken>,
 ) -> Result<bool, LeaseError> {
     if let Some(token) = token {
         return release_in_store(spec, token).await;
@@ -467,7 +468,7 @@ async fn release_ours(
     }
 }
 
-async fn release_in_store(spec: &LeaseSpec, token: u64) -> Result<bool, LeaseError> {
+async fn release_in_store(spec: &LeaseSpec, token: FencingToken) -> Result<bool, LeaseError> {
     bounded(
         &spec.name,
         "release",
@@ -480,7 +481,7 @@ async fn release_in_store(spec: &LeaseSpec, token: u64) -> Result<bool, LeaseErr
 async fn request_preemption(
     spec: &LeaseSpec,
     base: &str,
-    token: u64,
+    token: FencingToken,
     forceful: bool,
 ) -> Result<PreemptAnswer, LeaseError> {
     let request = PreemptionRequest {
@@ -502,7 +503,7 @@ async fn request_preemption(
 
 /// Takes `spec.owner`'s request off grant `token` (best effort: a request left behind ends
 /// with the grant).
-async fn withdraw_request(spec: &LeaseSpec, token: u64) {
+async fn withdraw_request(spec: &LeaseSpec, token: FencingToken) {
     let withdrawn = bounded(
         &spec.name,
         "withdraw preemption",
@@ -511,7 +512,7 @@ async fn withdraw_request(spec: &LeaseSpec, token: u64) {
             .withdraw_preemption(&spec.store_name, token, &spec.owner),
     )
     .await;
-    tracing::info!(lease = %spec.name, token, ?withdrawn, "preemption request withdrawn");
+    tracing::info!(lease = %spec.name, token = token.get(), ?withdrawn, "preemption request withdrawn");
 }
 
 impl LeaseActorState {

@@ -38,6 +38,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::{Instant, sleep};
 
+use crate::FencingToken;
 use crate::{
     AcquireOutcome, AcquireRequest, Acquired, HeldLease, Lease, LeaseError, LeaseSettings,
     LeaseSpec, LeaseStore, LostReason, Renewal,
@@ -128,12 +129,15 @@ async fn poll_until_granted(
     name: &str,
     owner: &str,
     ttl: Duration,
-) -> (Instant, u64) {
+) -> (Instant, FencingToken) {
     poll_until_granted_as(store, &request(name, owner, ttl)).await
 }
 
 /// [`poll_until_granted`] for `req` (any instance).
-async fn poll_until_granted_as(store: &dyn LeaseStore, req: &AcquireRequest) -> (Instant, u64) {
+async fn poll_until_granted_as(
+    store: &dyn LeaseStore,
+    req: &AcquireRequest,
+) -> (Instant, FencingToken) {
     let started = Instant::now();
     loop {
         match store.try_acquire(req).await.expect("acquire") {
@@ -152,7 +156,7 @@ async fn poll_until_granted_as(store: &dyn LeaseStore, req: &AcquireRequest) -> 
 pub type Losses = Arc<Mutex<Vec<(Instant, LostReason)>>>;
 
 /// Acquires `lease` (it must be granted), recording its losses.
-pub async fn acquire_recording_losses(lease: &Lease) -> (u64, Losses) {
+pub async fn acquire_recording_losses(lease: &Lease) -> (FencingToken, Losses) {
     let lost: Losses = Arc::default();
     let l = lost.clone();
     let got = lease
@@ -172,7 +176,7 @@ async fn assert_held(
     owner: &str,
     ttl: Duration,
     holder: &str,
-    token: u64,
+    token: FencingToken,
 ) {
     match store
         .try_acquire(&request(name, owner, ttl))
@@ -184,7 +188,7 @@ async fn assert_held(
     }
 }
 
-fn granted_token(outcome: &AcquireOutcome) -> u64 {
+fn granted_token(outcome: &AcquireOutcome) -> FencingToken {
     match outcome {
         AcquireOutcome::Granted(r) => r.token,
         AcquireOutcome::Held(r) => panic!("expected a grant, held by {}", r.owner),
@@ -199,7 +203,7 @@ pub async fn contention(h: &dyn Harness) {
     for i in 0..OWNERS {
         leases.push(lease_on(h.client().await, "contended", &format!("owner-{i}")).await);
     }
-    let mut last_token = 0;
+    let mut last_token = FencingToken::new(0);
     for round in 0..5 {
         let results = futures::future::join_all(leases.iter().map(|l| l.acquire())).await;
         let winners: Vec<usize> = results
@@ -307,8 +311,8 @@ pub async fn owner_only_release(h: &dyn Harness) {
 /// Tokens strictly increase across holders, releases, expiries and store restarts.
 pub async fn token_monotonicity(h: &dyn Harness) {
     let short = Duration::from_millis(300);
-    let mut last = 0;
-    let mut check = |t: u64, what: &str| {
+    let mut last = FencingToken::new(0);
+    let mut check = |t: FencingToken, what: &str| {
         assert!(t > last, "{what}: token {t} not above {last}");
         last = t;
     };
@@ -401,11 +405,11 @@ pub async fn batch_renew(h: &dyn Harness) {
     });
     batch.push(HeldLease {
         name: "batch-nobody".into(),
-        token: 1,
+        token: FencingToken::new(1),
     });
     batch.push(HeldLease {
         name: held[0].name.clone(),
-        token: held[0].token + 1000,
+        token: FencingToken::new(held[0].token.get() + 1000),
     });
     let answers = a
         .renew("a", &batch, Duration::from_secs(5))

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use crate::actor::{AcquireCaller, ReleaseCaller};
 use crate::clock::HolderClock;
 use crate::machine::{Effect, Event, Input, Machine};
+use crate::token::FencingToken;
 use crate::trace::{LeaseObserver, LeaseTrace};
 use crate::validity::{Held, LostReason};
 
@@ -21,7 +22,7 @@ pub struct LeaseGranted {
     /// The lease name.
     pub name: String,
     /// The fencing token of this grant: present it to guarded resources.
-    pub token: u64,
+    pub token: FencingToken,
 }
 
 /// The holder no longer believes it holds the lease. Sent at most once per grant, never
@@ -33,7 +34,7 @@ pub struct LeaseLost {
     /// The lease name.
     pub name: String,
     /// The token of the grant that was lost.
-    pub token: u64,
+    pub token: FencingToken,
     /// Why the belief ended.
     pub reason: LostReason,
 }
@@ -49,7 +50,7 @@ pub struct LeaseSuspended {
     /// The lease name.
     pub name: String,
     /// The token of the grant whose renewals fail.
-    pub token: u64,
+    pub token: FencingToken,
     /// The failure that suspended it.
     pub error: String,
 }
@@ -61,7 +62,7 @@ pub struct LeaseResumed {
     /// The lease name.
     pub name: String,
     /// The token of the grant, the same as before the suspension.
-    pub token: u64,
+    pub token: FencingToken,
 }
 
 /// Where a lease stands, as its holder sees it (a [`Lease`](crate::Lease)'s
@@ -89,7 +90,7 @@ pub struct PreemptionRequested {
     /// The lease name.
     pub name: String,
     /// The token of the grant asked for.
-    pub token: u64,
+    pub token: FencingToken,
     /// The requesting owner.
     pub by: String,
     /// The requester's priority.
@@ -114,7 +115,7 @@ pub struct PreemptionWithdrawn {
     /// The lease name.
     pub name: String,
     /// The token of the grant the request was about.
-    pub token: u64,
+    pub token: FencingToken,
     /// The owner whose request is gone.
     pub by: String,
 }
@@ -184,8 +185,8 @@ pub(crate) type LostCallback = Box<dyn FnOnce(LeaseLost) + Send>;
 #[derive(Default)]
 struct LostCallbacks {
     /// The highest token whose loss was announced.
-    lost_up_to: Option<u64>,
-    waiting: Vec<(u64, LostCallback)>,
+    lost_up_to: Option<FencingToken>,
+    waiting: Vec<(FencingToken, LostCallback)>,
     last_lost: Option<LeaseLost>,
 }
 
@@ -311,7 +312,7 @@ impl SharedBelief {
     }
 
     /// Calls `cb` once the grant with `token` is lost (at once if it was already).
-    pub(crate) fn on_lost(&self, token: u64, cb: LostCallback) {
+    pub(crate) fn on_lost(&self, token: FencingToken, cb: LostCallback) {
         let fire_now = {
             let mut slot = self.lost.lock().unwrap_or_else(|e| e.into_inner());
             if slot.lost_up_to.is_some_and(|t| t >= token) {
@@ -358,7 +359,7 @@ impl SharedBelief {
                 token,
                 deadline,
             } => {
-                tracing::info!(lease = %name, token, "lease granted");
+                tracing::info!(lease = %name, token = token.get(), "lease granted");
                 // The trace first: whoever learns of the grant (handles, state watchers, the
                 // sink) acts after it, so a history never shows an action under a grant
                 // before the grant.
@@ -377,7 +378,7 @@ impl SharedBelief {
             }
             Event::Suspended { token, error } => {
                 self.publish(LeaseState::Suspended);
-                tracing::warn!(lease = %name, token, %error, "lease suspended: renewals failing");
+                tracing::warn!(lease = %name, token = token.get(), %error, "lease suspended: renewals failing");
                 let trace = LeaseTrace::Suspended {
                     token,
                     error: error.clone(),
@@ -391,7 +392,7 @@ impl SharedBelief {
             }
             Event::Resumed { token } => {
                 self.publish(LeaseState::Held);
-                tracing::info!(lease = %name, token, "lease resumed: a renewal succeeded");
+                tracing::info!(lease = %name, token = token.get(), "lease resumed: a renewal succeeded");
                 self.trace(LeaseTrace::Resumed { token }, false);
                 self.sink.deliver(LeaseEvent::Resumed(LeaseResumed {
                     name: name.clone(),
@@ -403,7 +404,7 @@ impl SharedBelief {
                 reason,
                 suspended,
             } => {
-                tracing::warn!(lease = %name, token, %reason, "lease lost");
+                tracing::warn!(lease = %name, token = token.get(), %reason, "lease lost");
                 let kind = reason.kind();
                 self.trace(
                     LeaseTrace::Lost {

@@ -2,7 +2,10 @@
 //! reject writes carrying a lower one.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::sync::Mutex;
+
+use crate::FencingToken;
 
 /// A write was refused because a later holder already wrote with a higher token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -10,17 +13,18 @@ use std::sync::Mutex;
 #[non_exhaustive]
 pub struct StaleToken {
     /// The token the writer presented.
-    pub presented: u64,
+    pub presented: FencingToken,
     /// The highest token the resource accepted before.
-    pub highest: u64,
+    pub highest: FencingToken,
 }
 
 /// Remembers, per resource, the highest fencing token it admitted. A holder that paused past
 /// its time-to-live and resumes writing presents an older token than its successor's, and
-/// is refused, so the resource stays safe even when two processes believe they hold the lease.
+/// is refused, so the resource stays safe even when two processes believe they hold the lease
+/// (the [`FencingToken`] contract).
 #[derive(Debug, Default)]
 pub struct FenceCheck {
-    highest: Mutex<HashMap<String, u64>>,
+    highest: Mutex<HashMap<String, FencingToken>>,
 }
 
 impl FenceCheck {
@@ -32,21 +36,28 @@ impl FenceCheck {
     /// Admits a write to `resource` carrying `token` when `token` is at least the highest
     /// admitted so far (the same holder may write many times), and records it. `Err` when a
     /// higher token was admitted before: the write must be dropped.
-    pub fn admit(&self, resource: &str, token: u64) -> Result<(), StaleToken> {
+    pub fn admit(&self, resource: &str, token: FencingToken) -> Result<(), StaleToken> {
         let mut highest = self.highest.lock().unwrap_or_else(|e| e.into_inner());
-        let entry = highest.entry(resource.to_string()).or_insert(0);
-        if token < *entry {
-            return Err(StaleToken {
-                presented: token,
-                highest: *entry,
-            });
+        match highest.entry(resource.to_string()) {
+            Entry::Vacant(entry) => {
+                entry.insert(token);
+            }
+            Entry::Occupied(mut entry) => {
+                let highest = *entry.get();
+                if token < highest {
+                    return Err(StaleToken {
+                        presented: token,
+                        highest,
+                    });
+                }
+                entry.insert(token);
+            }
         }
-        *entry = token;
         Ok(())
     }
 
     /// The highest token admitted for `resource`, if any.
-    pub fn highest(&self, resource: &str) -> Option<u64> {
+    pub fn highest(&self, resource: &str) -> Option<FencingToken> {
         self.highest
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -59,20 +70,28 @@ impl FenceCheck {
 mod tests {
     use super::*;
 
+    fn t(n: u64) -> FencingToken {
+        FencingToken::new(n)
+    }
+
     #[test]
     fn lower_tokens_are_refused() {
         let f = FenceCheck::new();
-        f.admit("r", 5).unwrap();
-        f.admit("r", 5).unwrap();
-        f.admit("other", 1).unwrap();
+        f.admit("r", t(5)).unwrap();
+        f.admit("r", t(5)).unwrap();
+        f.admit("other", t(1)).unwrap();
         assert_eq!(
-            f.admit("r", 4),
+            f.admit("r", t(4)),
             Err(StaleToken {
-                presented: 4,
-                highest: 5
+                presented: t(4),
+                highest: t(5)
             })
         );
-        f.admit("r", 6).unwrap();
-        assert_eq!(f.highest("r"), Some(6));
+        assert_eq!(
+            f.admit("r", t(4)).map_err(|e| e.to_string()),
+            Err("stale fencing token 4: resource already accepted token 5".to_string())
+        );
+        f.admit("r", t(6)).unwrap();
+        assert_eq!(f.highest("r"), Some(t(6)));
     }
 }

@@ -9,6 +9,7 @@ use tokio::sync::watch;
 use crate::error::LeaseError;
 use crate::events::LeaseLost;
 use crate::handle::Lease;
+use crate::token::FencingToken;
 
 /// A held grant, with its fencing token. Obtained from [`Lease::hold`] or
 /// [`Lease::try_hold`].
@@ -22,7 +23,7 @@ use crate::handle::Lease;
 #[must_use = "dropping a Grant releases it at once"]
 pub struct Grant {
     lease: Lease,
-    token: u64,
+    token: FencingToken,
     lost: watch::Receiver<Option<LeaseLost>>,
     released: bool,
 }
@@ -37,7 +38,7 @@ impl std::fmt::Debug for Grant {
 }
 
 impl Grant {
-    pub(crate) fn new(lease: Lease, token: u64) -> Grant {
+    pub(crate) fn new(lease: Lease, token: FencingToken) -> Grant {
         let (tx, lost) = watch::channel(None);
         lease.notify_lost(token, move |ev| {
             let _ = tx.send(Some(ev));
@@ -51,7 +52,7 @@ impl Grant {
     }
 
     /// The fencing token of this grant: present it with every write to a fenced resource.
-    pub fn token(&self) -> u64 {
+    pub fn token(&self) -> FencingToken {
         self.token
     }
 

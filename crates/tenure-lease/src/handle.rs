@@ -10,6 +10,7 @@ use crate::actor::{AcquireReply, Acquired, LeaseActor, LeaseMsg, LeaseSpec, Leas
 use crate::error::LeaseError;
 use crate::events::{LeaseEventSink, LeaseLost};
 use crate::settings::LeaseSettings;
+use crate::token::FencingToken;
 
 struct Inner {
     name: String,
@@ -142,7 +143,7 @@ impl Lease {
 
     /// Waits until granted, retrying every `lease-retry-interval`. Returns the token.
     /// `Err(Cancelled)` if released meanwhile.
-    pub async fn acquire_wait(&self) -> Result<u64, LeaseError> {
+    pub async fn acquire_wait(&self) -> Result<FencingToken, LeaseError> {
         match self
             .ask(|reply| LeaseMsg::Acquire { reply: Some(reply) })
             .await?
@@ -157,7 +158,7 @@ impl Lease {
     pub async fn acquire_wait_with_lost(
         &self,
         on_lost: impl FnOnce(LeaseLost) + Send + 'static,
-    ) -> Result<u64, LeaseError> {
+    ) -> Result<FencingToken, LeaseError> {
         let token = self.acquire_wait().await?;
         self.inner.view.on_lost(token, Box::new(on_lost));
         Ok(token)
@@ -165,7 +166,11 @@ impl Lease {
 
     /// Calls `cb` once the grant with `token` is lost (at once if it was already); never
     /// after its release.
-    pub(crate) fn notify_lost(&self, token: u64, cb: impl FnOnce(LeaseLost) + Send + 'static) {
+    pub(crate) fn notify_lost(
+        &self,
+        token: FencingToken,
+        cb: impl FnOnce(LeaseLost) + Send + 'static,
+    ) {
         self.inner.view.on_lost(token, Box::new(cb));
     }
 
@@ -214,7 +219,7 @@ impl Lease {
     }
 
     /// The fencing token of the current grant, while held.
-    pub fn token(&self) -> Option<u64> {
+    pub fn token(&self) -> Option<FencingToken> {
         self.inner.view.token()
     }
 

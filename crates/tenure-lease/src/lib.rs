@@ -57,6 +57,7 @@ mod renewal;
 mod settings;
 mod stop_budget;
 pub mod store;
+mod token;
 pub mod trace;
 pub mod validity;
 
@@ -97,5 +98,6 @@ pub use store::{
     AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, EMERGENCY_PRIORITY, HeldLease,
     LeaseRecord, LeaseStore, PreemptAnswer, PreemptionRequest, Renewal, WatchEvent, WatchReceiver,
 };
+pub use token::FencingToken;
 pub use trace::{LeaseObserver, LeaseTrace};
 pub use validity::LostReason;

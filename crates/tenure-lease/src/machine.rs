@@ -52,6 +52,7 @@ use crate::priority::AcquireOptions;
 use crate::store::{AcquireOutcome, LeaseRecord, PreemptAnswer, PreemptionRequest, Renewal};
 use crate::validity::{Belief, GrantEffect, Held, LostReason};
 
+use crate::token::FencingToken;
 use preemption::Asked;
 pub(crate) use preemption::{Notices, Preempting};
 
@@ -100,13 +101,13 @@ pub(crate) enum Call {
     /// Release this actor's grant: `token` if known, else whatever grant of one of this
     /// actor's holder instances the store holds (the driver reads the record to find it).
     /// Answered with [`Outcome::Release`].
-    Release { token: Option<u64> },
+    Release { token: Option<FencingToken> },
     /// Record this owner's preemption request on the grant `token`. Answered with
     /// [`Outcome::Preempt`].
-    RequestPreemption { token: u64, forceful: bool },
+    RequestPreemption { token: FencingToken, forceful: bool },
     /// Take this owner's preemption request off the grant `token` (best effort). Answered
     /// with [`Outcome::Withdrawn`].
-    WithdrawPreemption { token: u64 },
+    WithdrawPreemption { token: FencingToken },
 }
 
 /// The answer to a [`Call`].
@@ -174,7 +175,10 @@ pub(crate) enum Effect<A, L> {
     StopWatchdog,
     /// Renew grant `token` through the owner's batcher; feed the answer as
     /// [`Input::Renewed`] for `generation`. Not awaited.
-    Renew { generation: u64, token: u64 },
+    Renew {
+        generation: u64,
+        token: FencingToken,
+    },
     /// Carry out this store call and feed its answer as [`Input::Answered`]. Always the
     /// last effect of a step.
     Call(Call),
@@ -194,28 +198,34 @@ pub(crate) enum Event {
     /// A new grant is believed until `believed_until`; `deadline` is its local deadline.
     Granted {
         generation: u64,
-        token: u64,
+        token: FencingToken,
         deadline: Instant,
     },
     /// A renewal was confirmed: the local deadline is now `deadline`.
-    Renewed { token: u64, deadline: Instant },
+    Renewed {
+        token: FencingToken,
+        deadline: Instant,
+    },
     /// Renewals of grant `token` started failing with `error` (once per stretch).
-    Suspended { token: u64, error: String },
+    Suspended { token: FencingToken, error: String },
     /// A renewal of the suspended grant `token` succeeded.
-    Resumed { token: u64 },
+    Resumed { token: FencingToken },
     /// The belief in grant `token` ended without a release (at most once per grant).
     /// `suspended`: it was suspended then.
     Lost {
-        token: u64,
+        token: FencingToken,
         reason: LostReason,
         suspended: bool,
     },
     /// The belief in grant `token` was given up to release it.
-    Released { token: u64, suspended: bool },
+    Released {
+        token: FencingToken,
+        suspended: bool,
+    },
     /// The store answered a release of `token` (the believed one, or `None`: whatever
     /// grant of this actor's instances it holds).
     ReleaseAnswered {
-        token: Option<u64>,
+        token: Option<FencingToken>,
         answer: Result<bool, String>,
     },
     /// A store call's outcome is unknown (error or timeout).
@@ -228,12 +238,12 @@ pub(crate) enum Event {
     /// A higher-priority holder request is pending on grant `token`: announce it. Its
     /// `cleanup_deadline` is an instant of the holder clock.
     PreemptionRequested {
-        token: u64,
+        token: FencingToken,
         request: PreemptionRequest,
         cleanup_deadline: Instant,
     },
     /// The announced request of `by` on grant `token` is gone.
-    PreemptionWithdrawn { token: u64, by: String },
+    PreemptionWithdrawn { token: FencingToken, by: String },
     /// This requester outranks `holder` and starts asking it to give the lease up.
     PreemptionStarted {
         holder: String,
@@ -303,7 +313,10 @@ enum Awaiting<A, L> {
     /// The release of a grant answered too late to be believed.
     ReleaseTooLate { purpose: Purpose<A> },
     /// The release asked by `reply`, of `token`.
-    Release { reply: L, token: Option<u64> },
+    Release {
+        reply: L,
+        token: Option<FencingToken>,
+    },
     /// A preemption request.
     Request(Asked),
     /// A withdrawal of our preemption request.
@@ -721,7 +734,7 @@ impl<A, L> Machine<A, L> {
     fn grant(
         &mut self,
         now: Instant,
-        token: u64,
+        token: FencingToken,
         sent_at: Instant,
         out: &mut Out<A, L>,
     ) -> GrantEffect {

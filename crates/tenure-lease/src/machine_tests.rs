@@ -12,7 +12,7 @@ use crate::machine::{
 };
 use crate::store::{AcquireOutcome, LeaseRecord, PreemptAnswer, PreemptionRequest, Renewal};
 use crate::validity::LostReason;
-use crate::{AcquireOptions, Acquired, LeaseError};
+use crate::{AcquireOptions, Acquired, FencingToken, LeaseError};
 
 type M = Machine<u32, u32>;
 type Fx = Vec<Effect<u32, u32>>;
@@ -20,6 +20,10 @@ type Fx = Vec<Effect<u32, u32>>;
 /// ttl 10 s, margin 1 s: a grant is believed 9 s after its request was sent.
 const VALIDITY: Duration = Duration::from_secs(9);
 const RETRY: Duration = Duration::from_secs(2);
+
+const T3: FencingToken = FencingToken::new(3);
+const T7: FencingToken = FencingToken::new(7);
+const T8: FencingToken = FencingToken::new(8);
 
 fn config() -> Config {
     Config {
@@ -89,7 +93,7 @@ fn record(owner: &str, token: u64, priority: u64) -> LeaseRecord {
     LeaseRecord {
         name: "a".into(),
         owner: owner.into(),
-        token,
+        token: FencingToken::new(token),
         priority,
         // A live grant of the other owner: its expiry is far beyond any retry.
         expires_in: Duration::from_secs(60),
@@ -127,7 +131,7 @@ fn calls(fx: &Fx) -> Vec<Call> {
         .collect()
 }
 
-fn lost(fx: &[Event]) -> Vec<(u64, LostReason)> {
+fn lost(fx: &[Event]) -> Vec<(FencingToken, LostReason)> {
     fx.iter()
         .filter_map(|e| match e {
             Event::Lost { token, reason, .. } => Some((*token, *reason)),
@@ -151,7 +155,12 @@ fn acquire_replies(fx: &Fx) -> Vec<(u32, AcquireText)> {
 }
 
 fn granted_reply(token: u64, generation: u64) -> AcquireText {
-    Ok((Acquired::Granted { token }, Some(generation)))
+    Ok((
+        Acquired::Granted {
+            token: FencingToken::new(token),
+        },
+        Some(generation),
+    ))
 }
 
 #[test]
@@ -168,7 +177,7 @@ fn grant_renewals_then_failing_renewals_suspend_and_the_deadline_loses_exactly_o
         events(&fx),
         [Event::Granted {
             generation: 1,
-            token: 7,
+            token: T7,
             // From the send instant, not the answer's.
             deadline: s.at(9000),
         }]
@@ -192,7 +201,7 @@ fn grant_renewals_then_failing_renewals_suspend_and_the_deadline_loses_exactly_o
         [
             Effect::Renew {
                 generation: 1,
-                token: 7
+                token: T7
             },
             Effect::ArmRenewal { generation: 1 }
         ]
@@ -208,7 +217,7 @@ fn grant_renewals_then_failing_renewals_suspend_and_the_deadline_loses_exactly_o
     assert_eq!(
         events(&fx),
         [Event::Renewed {
-            token: 7,
+            token: T7,
             deadline: s.at(10_000)
         }]
     );
@@ -217,7 +226,7 @@ fn grant_renewals_then_failing_renewals_suspend_and_the_deadline_loses_exactly_o
     // Renewals time out: suspended once, still held until the deadline.
     for (due, answered) in [(2000, 2500), (3000, 3500), (4000, 4500)] {
         let fx = s.feed(due, Input::RenewDue { generation: 1 });
-        assert!(matches!(fx[0], Effect::Renew { token: 7, .. }), "{fx:?}");
+        assert!(matches!(fx[0], Effect::Renew { token: T7, .. }), "{fx:?}");
         let answer = Some((s.at(due), Err(timeout("renew"))));
         let fx = s.feed(
             answered,
@@ -239,7 +248,7 @@ fn grant_renewals_then_failing_renewals_suspend_and_the_deadline_loses_exactly_o
         );
         let suspended = evs
             .iter()
-            .filter(|e| matches!(e, Event::Suspended { token: 7, .. }));
+            .filter(|e| matches!(e, Event::Suspended { token: T7, .. }));
         assert_eq!(suspended.count(), usize::from(due == 2000), "{evs:?}");
         assert_eq!(s.m.phase(s.at(answered)), Phase::Suspended);
         assert!(s.m.current(s.at(answered)).is_some());
@@ -253,7 +262,7 @@ fn grant_renewals_then_failing_renewals_suspend_and_the_deadline_loses_exactly_o
     assert_eq!(
         evs,
         [Event::Lost {
-            token: 7,
+            token: T7,
             reason: LostReason::Expired,
             suspended: true
         }]
@@ -281,7 +290,7 @@ fn an_acquire_answer_after_the_local_deadline_is_released_not_believed() {
     s.feed(0, Input::TryAcquire { reply: 1 });
     let fx = s.answer(9000, acquired(7));
     assert!(events(&fx).is_empty(), "no grant announced: {fx:?}");
-    assert_eq!(calls(&fx), [Call::Release { token: Some(7) }]);
+    assert_eq!(calls(&fx), [Call::Release { token: Some(T7) }]);
     assert!(s.m.current(s.at(9000)).is_none());
     let fx = s.answer(9100, Outcome::Release(Ok(true)));
     let replies = acquire_replies(&fx);
@@ -294,11 +303,14 @@ fn an_acquire_answer_after_the_local_deadline_is_released_not_believed() {
     // One millisecond earlier it is believed, for that millisecond.
     let mut s = Story::new(config());
     let fx = s.granted(0, 8999, 7);
-    assert!(matches!(events(&fx)[..], [Event::Granted { token: 7, .. }]));
+    assert!(matches!(
+        events(&fx)[..],
+        [Event::Granted { token: T7, .. }]
+    ));
     assert_eq!(
         s.deadline(8999),
         [Event::Lost {
-            token: 7,
+            token: T7,
             reason: LostReason::Expired,
             suspended: false
         }]
@@ -314,13 +326,13 @@ fn release_while_renewing_gives_up_at_once_and_a_late_renewal_changes_nothing() 
     assert_eq!(
         events(&fx),
         [Event::Released {
-            token: 7,
+            token: T7,
             suspended: false
         }]
     );
     assert!(fx.iter().any(|e| matches!(e, Effect::DisarmRenewal)));
     assert!(fx.iter().any(|e| matches!(e, Effect::StopWatchdog)));
-    assert_eq!(calls(&fx), [Call::Release { token: Some(7) }]);
+    assert_eq!(calls(&fx), [Call::Release { token: Some(T7) }]);
     assert!(
         matches!(fx.last(), Some(Effect::Call(_))),
         "the call comes last"
@@ -380,7 +392,7 @@ fn a_clock_jump_past_the_deadline_loses_the_grant_once() {
     assert_eq!(
         s.deadline(60_000),
         [Event::Lost {
-            token: 7,
+            token: T7,
             reason: LostReason::Expired,
             suspended: false
         }]
@@ -399,7 +411,7 @@ fn a_clock_jump_past_the_deadline_loses_the_grant_once() {
             answer: renewed(s.at(1000)),
         },
     );
-    assert_eq!(lost(&events(&fx)), [(7, LostReason::Expired)], "{fx:?}");
+    assert_eq!(lost(&events(&fx)), [(T7, LostReason::Expired)], "{fx:?}");
     assert!(s.deadline(61_000).is_empty());
     assert!(s.feed(61_000, Input::RenewDue { generation: 1 }).is_empty());
 }
@@ -440,7 +452,7 @@ fn after_a_loss_the_ended_instance_is_released_and_the_next_attempt_is_a_new_ins
         events(&fx)[..],
         [Event::Granted {
             generation: 2,
-            token: 8,
+            token: T8,
             ..
         }]
     ));
@@ -526,13 +538,13 @@ fn a_grant_replaced_behind_our_back_is_lost_before_the_new_one_is_granted() {
         events(&fx),
         [
             Event::Lost {
-                token: 7,
+                token: T7,
                 reason: LostReason::NotHeld,
                 suspended: false
             },
             Event::Granted {
                 generation: 2,
-                token: 8,
+                token: T8,
                 deadline: s.at(11_000)
             },
         ]
@@ -540,7 +552,7 @@ fn a_grant_replaced_behind_our_back_is_lost_before_the_new_one_is_granted() {
     // The store saying another owner holds it ends the belief too.
     s.feed(3000, Input::TryAcquire { reply: 3 });
     let fx = s.answer(3010, held_by("other", 9, 0));
-    assert_eq!(lost(&events(&fx)), [(8, LostReason::NotHeld)]);
+    assert_eq!(lost(&events(&fx)), [(T8, LostReason::NotHeld)]);
     // A renewal answer "not held" for a grant already lost announces nothing more.
     let fx = s.feed(
         3100,
@@ -577,14 +589,14 @@ fn commands_that_arrive_while_a_call_is_awaited_are_handled_after_its_answer() {
         matches!(
             evs[..],
             [
-                Event::Granted { token: 7, .. },
-                Event::Released { token: 7, .. }
+                Event::Granted { token: T7, .. },
+                Event::Released { token: T7, .. }
             ]
         ),
         "{evs:?}"
     );
     assert_eq!(acquire_replies(&fx), [(1, granted_reply(7, 1))]);
-    assert_eq!(calls(&fx), [Call::Release { token: Some(7) }]);
+    assert_eq!(calls(&fx), [Call::Release { token: Some(T7) }]);
 }
 
 fn detached(fx: &Fx) -> Vec<Call> {
@@ -608,11 +620,11 @@ fn an_abandoned_machine_cleans_up_in_the_background_what_may_be_ours() {
     assert_eq!(
         events(&fx),
         [Event::Released {
-            token: 7,
+            token: T7,
             suspended: false
         }]
     );
-    assert_eq!(detached(&fx), [Call::Release { token: Some(7) }]);
+    assert_eq!(detached(&fx), [Call::Release { token: Some(T7) }]);
     assert!(s.m.current(s.at(100)).is_none());
     // Gone while an acquire was in flight: maybe granted, so whatever grant of ours the
     // store holds is released.
@@ -643,13 +655,13 @@ fn an_abandoned_machine_cleans_up_in_the_background_what_may_be_ours() {
     assert_eq!(
         calls(&fx),
         [Call::RequestPreemption {
-            token: 3,
+            token: T3,
             forceful: false
         }]
     );
     s.answer(20, Outcome::Preempt(Ok(PreemptAnswer::Recorded(holder))));
     let fx = s.feed(30, Input::Abandon);
-    assert_eq!(detached(&fx), [Call::WithdrawPreemption { token: 3 }]);
+    assert_eq!(detached(&fx), [Call::WithdrawPreemption { token: T3 }]);
 }
 
 fn request(by: &str, priority: u64, forceful: bool) -> PreemptionRequest {
@@ -696,7 +708,7 @@ fn the_holder_announces_a_request_once_and_its_withdrawal_and_a_forceful_one_los
     assert_eq!(
         events(&fx)[1],
         Event::PreemptionRequested {
-            token: 7,
+            token: T7,
             request: request("r", 3, false),
             cleanup_deadline: s.at(6000),
         }
@@ -721,7 +733,7 @@ fn the_holder_announces_a_request_once_and_its_withdrawal_and_a_forceful_one_los
     assert_eq!(
         events(&fx)[1],
         Event::PreemptionWithdrawn {
-            token: 7,
+            token: T7,
             by: "r".into()
         }
     );
@@ -739,7 +751,7 @@ fn the_holder_announces_a_request_once_and_its_withdrawal_and_a_forceful_one_los
         matches!(evs[0], Event::PreemptionRequested { .. }),
         "{evs:?}"
     );
-    assert_eq!(lost(&evs), [(7, LostReason::Preempted)]);
+    assert_eq!(lost(&evs), [(T7, LostReason::Preempted)]);
 }
 
 #[test]
@@ -773,7 +785,7 @@ fn a_requester_waits_for_the_cleanup_then_withdraws_and_gives_up() {
     assert_eq!(
         calls(&fx),
         [Call::RequestPreemption {
-            token: 3,
+            token: T3,
             forceful: false
         }]
     );
@@ -792,7 +804,7 @@ fn a_requester_waits_for_the_cleanup_then_withdraws_and_gives_up() {
             t,
             Outcome::Acquire(Ok(AcquireOutcome::Held(holder.clone()))),
         );
-        if let [Call::WithdrawPreemption { token: 3 }] = calls(&fx)[..] {
+        if let [Call::WithdrawPreemption { token: T3 }] = calls(&fx)[..] {
             assert_eq!(t, 1010, "gave up at the cleanup deadline");
             break;
         }
@@ -857,9 +869,9 @@ struct Sim {
     store_token: u64,
     ours: Option<u64>,
     /// The grant (generation, token) announced and not yet lost or released.
-    open: Option<(u64, u64)>,
+    open: Option<(u64, FencingToken)>,
     last_generation: u64,
-    last_token: u64,
+    last_token: FencingToken,
     /// Losses announced per generation.
     losses: HashMap<u64, u32>,
     answered: BTreeSet<u32>,
@@ -897,7 +909,7 @@ impl Sim {
             ours: None,
             open: None,
             last_generation: 0,
-            last_token: 0,
+            last_token: FencingToken::new(0),
             losses: HashMap::new(),
             answered: BTreeSet::new(),
             next_caller: 0,

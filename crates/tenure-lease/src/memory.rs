@@ -15,6 +15,7 @@ use crate::store::{
     AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, HeldLease, LeaseRecord, LeaseStore,
     PreemptAnswer, PreemptionRequest, Renewal,
 };
+use crate::token::FencingToken;
 
 /// How the store misbehaves, for tests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -39,7 +40,7 @@ pub enum Fault {
 struct Grant {
     owner: String,
     instance: String,
-    token: u64,
+    token: FencingToken,
     expires_at: Instant,
     version: u64,
     note: Option<String>,
@@ -189,7 +190,7 @@ impl LeaseStore for MemoryStore {
         let grant = Grant {
             owner: req.owner.clone(),
             instance: req.instance.clone(),
-            token: *counter,
+            token: FencingToken::new(*counter),
             expires_at: expiry(now, req.ttl),
             version: 1,
             note: req.note.clone(),
@@ -235,7 +236,7 @@ impl LeaseStore for MemoryStore {
     async fn request_preemption(
         &self,
         name: &str,
-        token: u64,
+        token: FencingToken,
         request: &PreemptionRequest,
     ) -> Result<PreemptAnswer, StoreError> {
         self.fault(false).await?;
@@ -257,7 +258,7 @@ impl LeaseStore for MemoryStore {
     async fn withdraw_preemption(
         &self,
         name: &str,
-        token: u64,
+        token: FencingToken,
         by: &str,
     ) -> Result<bool, StoreError> {
         self.fault(false).await?;
@@ -276,7 +277,12 @@ impl LeaseStore for MemoryStore {
         })
     }
 
-    async fn release(&self, name: &str, owner: &str, token: u64) -> Result<bool, StoreError> {
+    async fn release(
+        &self,
+        name: &str,
+        owner: &str,
+        token: FencingToken,
+    ) -> Result<bool, StoreError> {
         self.fault(false).await?;
         let now = Instant::now();
         let mut b = self.lock();

@@ -7,8 +7,8 @@ use std::time::Duration;
 use tokio::time::{Instant, sleep};
 
 use crate::{
-    AcquireOptions, Acquired, EMERGENCY_PRIORITY, Lease, LeaseError, LeaseEvent, LeaseEventSink,
-    LeaseSettings, LeaseSpec, LeaseStore, LostReason, MemoryStore,
+    AcquireOptions, Acquired, EMERGENCY_PRIORITY, FencingToken, Lease, LeaseError, LeaseEvent,
+    LeaseEventSink, LeaseSettings, LeaseSpec, LeaseStore, LostReason, MemoryStore,
 };
 
 fn settings() -> LeaseSettings {
@@ -49,7 +49,7 @@ fn cleanup(priority: u64, cleanup: Duration) -> AcquireOptions {
     }
 }
 
-async fn granted(lease: &Lease) -> u64 {
+async fn granted(lease: &Lease) -> FencingToken {
     match lease.acquire().await.unwrap() {
         Acquired::Granted { token } => token,
         other => panic!("{}: not granted: {other:?}", lease.owner()),

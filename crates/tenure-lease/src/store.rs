@@ -23,6 +23,7 @@ use async_trait::async_trait;
 
 use crate::error::{LeaseError, StoreError};
 use crate::names::NameRules;
+use crate::token::FencingToken;
 
 /// A lease record as the store holds it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -35,7 +36,7 @@ pub struct LeaseRecord {
     pub instance: String,
     /// The fencing token of the holder's grant: strictly greater than every earlier grant's
     /// token for this name, across holders, expiries, releases and store restarts.
-    pub token: u64,
+    pub token: FencingToken,
     /// Time left before the store expires the record, measured by the store when it answered.
     pub expires_in: Duration,
     /// Number of writes (grant and renewals) to this grant, starting at 1.
@@ -226,7 +227,7 @@ pub struct HeldLease {
     /// The lease name.
     pub name: String,
     /// The fencing token of the grant to renew.
-    pub token: u64,
+    pub token: FencingToken,
 }
 
 /// A change of holder, pushed by a store that can watch (capability `watch`).
@@ -334,7 +335,12 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// Deletes the grant if `owner` holds it with `token`. `Ok(true)` released,
     /// `Ok(false)` it was not ours (any more): a stale holder never frees a later grant.
     /// `Err`: unknown; a grant left behind lapses after its ttl (it is not renewed any more).
-    async fn release(&self, name: &str, owner: &str, token: u64) -> Result<bool, StoreError>;
+    async fn release(
+        &self,
+        name: &str,
+        owner: &str,
+        token: FencingToken,
+    ) -> Result<bool, StoreError>;
 
     /// The current unexpired grant of `name`, if any.
     async fn read(&self, name: &str) -> Result<Option<LeaseRecord>, StoreError>;
@@ -371,7 +377,7 @@ pub trait LeaseStore: Send + Sync + 'static {
     async fn request_preemption(
         &self,
         name: &str,
-        token: u64,
+        token: FencingToken,
         request: &PreemptionRequest,
     ) -> Result<PreemptAnswer, StoreError> {
         let _ = (name, token, request);
@@ -388,7 +394,7 @@ pub trait LeaseStore: Send + Sync + 'static {
     async fn withdraw_preemption(
         &self,
         name: &str,
-        token: u64,
+        token: FencingToken,
         by: &str,
     ) -> Result<bool, StoreError> {
         let _ = (name, token, by);

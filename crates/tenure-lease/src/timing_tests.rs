@@ -7,8 +7,9 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::time::{Instant, advance, sleep};
 
 use crate::{
-    Acquired, Fault, Lease, LeaseActor, LeaseEvent, LeaseEventSink, LeaseMsg, LeaseObserver,
-    LeaseSettings, LeaseSpec, LeaseStore, LeaseTrace, LostReason, MemoryStore, RenewalBatcher,
+    Acquired, Fault, FencingToken, Lease, LeaseActor, LeaseEvent, LeaseEventSink, LeaseMsg,
+    LeaseObserver, LeaseSettings, LeaseSpec, LeaseStore, LeaseTrace, LostReason, MemoryStore,
+    RenewalBatcher,
 };
 
 /// The timing of the paused-clock tests: ttl 10 s, renewals every second, margin 1 s.
@@ -67,7 +68,7 @@ async fn renewals_keep_the_lease_for_many_ttls() {
     let (actor, view, log) = started(&store, "a", "node-1").await;
     assert!(matches!(
         try_acquire(&actor).await,
-        Acquired::Granted { token: 1 }
+        Acquired::Granted { token } if token == FencingToken::new(1)
     ));
     for _ in 0..100 {
         sleep(Duration::from_millis(500)).await;
@@ -279,7 +280,7 @@ async fn keeps_trying_until_granted() {
     assert!(view.check_lease());
     let events = log.lock().unwrap().clone();
     assert!(
-        matches!(&events[..], [(at, LeaseEvent::Granted(g))] if g.token == 2 && *at <= freed + settings().lease_retry_interval)
+        matches!(&events[..], [(at, LeaseEvent::Granted(g))] if g.token == FencingToken::new(2) && *at <= freed + settings().lease_retry_interval)
     );
 }
 
@@ -307,7 +308,7 @@ async fn a_crashed_holders_grant_is_taken_when_it_expires_not_a_retry_interval_l
     let events = log.lock().unwrap().clone();
     assert!(
         matches!(&events[..], [(at, LeaseEvent::Granted(g))]
-            if g.token == 2 && *at >= expiry && *at < expiry + s.lease_retry_interval / 4),
+            if g.token.get() == 2 && *at >= expiry && *at < expiry + s.lease_retry_interval / 4),
         "granted just after the expiry at {expiry:?}: {events:?}"
     );
 }

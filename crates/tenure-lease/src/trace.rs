@@ -2,6 +2,7 @@
 //! unknown outcome) reported to an observer, e.g. a node's history for `tenure check`.
 //! Observers only watch: they cannot change what the actor does.
 
+use crate::token::FencingToken;
 use std::sync::Arc;
 
 /// One step of a lease's life, as seen by its holder.
@@ -12,7 +13,7 @@ pub enum LeaseTrace {
     /// A new grant is believed from now until `valid_until` (ns of the host's `CLOCK_BOOTTIME`).
     Granted {
         /// The grant's fencing token.
-        token: u64,
+        token: FencingToken,
         /// The holder's local deadline (ns of the host's `CLOCK_BOOTTIME`).
         valid_until: i64,
     },
@@ -24,7 +25,7 @@ pub enum LeaseTrace {
     /// A renewal was confirmed: the belief now lasts until `valid_until`.
     Renewed {
         /// The grant's fencing token.
-        token: u64,
+        token: FencingToken,
         /// The new local deadline (ns of the host's `CLOCK_BOOTTIME`).
         valid_until: i64,
     },
@@ -32,19 +33,19 @@ pub enum LeaseTrace {
     /// [`LeaseSuspended`](crate::LeaseSuspended)).
     Suspended {
         /// The grant's fencing token.
-        token: u64,
+        token: FencingToken,
         /// The renewal's error (or timeout), as text.
         error: String,
     },
     /// A renewal of the suspended grant `token` succeeded again.
     Resumed {
         /// The grant's fencing token.
-        token: u64,
+        token: FencingToken,
     },
     /// The belief ended without a release (see [`LostReason`](crate::LostReason)).
     Lost {
         /// The lost grant's fencing token.
-        token: u64,
+        token: FencingToken,
         /// Why: `expired`, `not_held` or `preempted`.
         reason: &'static str,
     },
@@ -52,7 +53,7 @@ pub enum LeaseTrace {
     /// as an [`LeaseTrace::Error`] with operation `release`).
     Released {
         /// The released grant's fencing token.
-        token: u64,
+        token: FencingToken,
     },
     /// A store call whose outcome is unknown (error or timeout).
     Error {

@@ -15,6 +15,7 @@
 //! that long before the local deadline, so that what it guards has terminated by the
 //! deadline. The local deadline itself (recorded as `valid_until`) does not move.
 
+use crate::token::FencingToken;
 use tokio::time::{Duration, Instant};
 
 /// Why a holder stopped believing in its lease.
@@ -60,7 +61,7 @@ pub struct Held {
     /// acquire starts a new generation.
     pub generation: u64,
     /// The grant's fencing token.
-    pub token: u64,
+    pub token: FencingToken,
     /// The local deadline: `send instant + ttl - safety margin`. Whatever the holder runs
     /// under the grant must have ended by then.
     pub deadline: Instant,
@@ -106,7 +107,7 @@ impl Belief {
 
     /// The store granted `token` to a request sent at `sent_at`; `now` is when the answer
     /// arrived. Call [`Belief::expire_due`] first, so that a lapsed grant is announced as lost.
-    pub fn grant(&mut self, token: u64, sent_at: Instant, now: Instant) -> GrantEffect {
+    pub fn grant(&mut self, token: FencingToken, sent_at: Instant, now: Instant) -> GrantEffect {
         let deadline = sent_at + self.validity;
         let believed_until = self.held_until(deadline);
         if let Some(h) = &mut self.held
@@ -193,7 +194,7 @@ mod tests {
     fn deadline_counts_from_send_instant() {
         let t = Instant::now();
         let mut b = Belief::new(Duration::from_millis(900), Duration::ZERO);
-        let GrantEffect::New(h) = b.grant(7, at(t, 0), at(t, 300)) else {
+        let GrantEffect::New(h) = b.grant(FencingToken::new(7), at(t, 0), at(t, 300)) else {
             panic!("expected a new grant")
         };
         assert_eq!(h.deadline, at(t, 900));
@@ -205,7 +206,7 @@ mod tests {
     fn renewals_extend_only_the_current_generation() {
         let t = Instant::now();
         let mut b = Belief::new(Duration::from_millis(900), Duration::ZERO);
-        let GrantEffect::New(h) = b.grant(1, t, t) else {
+        let GrantEffect::New(h) = b.grant(FencingToken::new(1), t, t) else {
             panic!()
         };
         assert!(b.renewed(h.generation, at(t, 400), at(t, 450)));
@@ -220,7 +221,7 @@ mod tests {
     fn a_lapsed_grant_is_never_revived() {
         let t = Instant::now();
         let mut b = Belief::new(Duration::from_millis(900), Duration::ZERO);
-        let GrantEffect::New(h) = b.grant(1, t, t) else {
+        let GrantEffect::New(h) = b.grant(FencingToken::new(1), t, t) else {
             panic!()
         };
         // The renewal was sent in time but its answer arrives after the deadline.
@@ -234,22 +235,25 @@ mod tests {
     fn reentrant_grant_keeps_generation() {
         let t = Instant::now();
         let mut b = Belief::new(Duration::from_millis(900), Duration::ZERO);
-        let GrantEffect::New(h) = b.grant(5, t, t) else {
+        let GrantEffect::New(h) = b.grant(FencingToken::new(5), t, t) else {
             panic!()
         };
-        let GrantEffect::Same(h2) = b.grant(5, at(t, 100), at(t, 100)) else {
+        let GrantEffect::Same(h2) = b.grant(FencingToken::new(5), at(t, 100), at(t, 100)) else {
             panic!()
         };
         assert_eq!(h.generation, h2.generation);
         assert_eq!(h2.deadline, at(t, 1000));
-        assert_eq!(b.grant(5, at(t, 0), at(t, 2000)), GrantEffect::TooLate);
+        assert_eq!(
+            b.grant(FencingToken::new(5), at(t, 0), at(t, 2000)),
+            GrantEffect::TooLate
+        );
     }
 
     #[test]
     fn not_held_ends_only_its_generation() {
         let t = Instant::now();
         let mut b = Belief::new(Duration::from_millis(900), Duration::ZERO);
-        let GrantEffect::New(h) = b.grant(1, t, t) else {
+        let GrantEffect::New(h) = b.grant(FencingToken::new(1), t, t) else {
             panic!()
         };
         assert_eq!(b.not_held(h.generation + 1), None);
@@ -261,7 +265,7 @@ mod tests {
     fn the_stop_budget_ends_the_belief_early_but_keeps_the_deadline() {
         let t = Instant::now();
         let mut b = Belief::new(Duration::from_millis(900), Duration::from_millis(300));
-        let GrantEffect::New(h) = b.grant(1, t, at(t, 10)) else {
+        let GrantEffect::New(h) = b.grant(FencingToken::new(1), t, at(t, 10)) else {
             panic!()
         };
         assert_eq!((h.deadline, h.believed_until), (at(t, 900), at(t, 600)));
@@ -281,9 +285,12 @@ mod tests {
             Some(at(t, 1400))
         );
         // A grant answered within its own budget cannot be used.
-        assert_eq!(b.grant(2, at(t, 2000), at(t, 2600)), GrantEffect::TooLate);
+        assert_eq!(
+            b.grant(FencingToken::new(2), at(t, 2000), at(t, 2600)),
+            GrantEffect::TooLate
+        );
         // A budget beyond the validity: never believed at all.
         let mut b = Belief::new(Duration::from_millis(900), Duration::from_secs(5));
-        assert_eq!(b.grant(3, t, t), GrantEffect::TooLate);
+        assert_eq!(b.grant(FencingToken::new(3), t, t), GrantEffect::TooLate);
     }
 }

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use tenure_lease::{LeaseObserver, LeaseTrace};
+use tenure_lease::{FencingToken, LeaseObserver, LeaseTrace};
 
 /// Where a lease of this node stands, as last traced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -47,7 +47,7 @@ pub struct LeaseRow {
     /// Where it stands.
     pub state: RowState,
     /// The fencing token of the grant it is about, when there is one.
-    pub token: Option<u64>,
+    pub token: Option<FencingToken>,
     /// Milliseconds since it entered `state`.
     pub for_ms: u64,
     /// The error that suspended it, while suspended.
@@ -58,7 +58,7 @@ pub struct LeaseRow {
 #[derive(Debug, Clone)]
 struct Entry {
     state: RowState,
-    token: Option<u64>,
+    token: Option<FencingToken>,
     since: Instant,
     error: Option<String>,
 }

@@ -21,8 +21,8 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tenure_cluster::{
     ClusterEvent, ClusterSubscriber, History, Member, MemberStatus, Subscriptions,
 };
-use tenure_lease::LeaseStore;
 use tenure_lease::history::Event;
+use tenure_lease::{FencingToken, LeaseStore};
 use tokio::time::Instant;
 
 use crate::allocation::{AllocationStrategy, Regions};
@@ -50,7 +50,7 @@ pub struct CoordinatorArgs {
     /// history.
     pub history: Option<History>,
     /// The fencing token of the coordinator's singleton lease grant (0 outside a cluster).
-    pub token: u64,
+    pub token: FencingToken,
     /// The shard leases' store and `[tenure] system`, to list who holds each shard.
     pub store: Arc<dyn LeaseStore>,
     /// The `[tenure] system` name (prefix of the shard lease names).
@@ -119,7 +119,7 @@ impl Actor for Coordinator {
                 CoordinatorMsg::Local(CoordinatorLocal::Rebalance)
             }),
         ];
-        tracing::info!(entity_type = %args.type_name, token = args.token, "shard coordinator started: listing the shard leases");
+        tracing::info!(entity_type = %args.type_name, token = args.token.get(), "shard coordinator started: listing the shard leases");
         list_shard_leases(&args, &myself, std::time::Duration::ZERO);
         Ok(CoordinatorState {
             args,
@@ -563,7 +563,7 @@ async fn hand_off_call(
     type_name: &str,
     shard: &str,
     region: &str,
-    coordinator: u64,
+    coordinator: FencingToken,
     timeout: std::time::Duration,
 ) -> bool {
     let Some(r) = region_ref(scope, type_name, region) else {

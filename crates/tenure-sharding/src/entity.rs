@@ -9,6 +9,7 @@ use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, Spawn
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sha2::{Digest, Sha256};
+use tenure_lease::FencingToken;
 
 use crate::messages::{AskFailure, AskReply};
 use crate::shard::ShardMsg;
@@ -33,7 +34,7 @@ pub struct EntityContext {
     pub shard_id: String,
     /// The fencing token of the shard's lease grant: present it with every write to a
     /// resource that checks tokens.
-    pub token: u64,
+    pub token: FencingToken,
     /// The node hosting it (`host:port`).
     pub node: String,
     pub(crate) shard: ActorRef<ShardMsg>,

@@ -91,7 +91,7 @@ use ractor::{Actor, ActorRef};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tenure_cluster::{ClusterSubscriber, Node};
-use tenure_lease::LeaseProvider;
+use tenure_lease::{FencingToken, LeaseProvider};
 use tenure_singleton::{SingletonProxy, SingletonSettings, spawner};
 
 /// Why a message could not be sent, answered or set up.
@@ -475,7 +475,7 @@ pub(crate) async fn start_with_settings(
                 strategy: strategy.clone(),
                 subscriptions: node.subscriptions(),
                 history: node.history().cloned(),
-                token: 0,
+                token: FencingToken::new(0),
                 store: template.store.clone(),
                 system: cluster.system.clone(),
                 list_timeout: template.settings.lease_operation_timeout,

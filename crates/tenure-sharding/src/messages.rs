@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 use tenure_cluster::ClusterEvent;
+use tenure_lease::FencingToken;
 
 /// A message for an entity: its shard, its id, and the request encoded by the type's codec.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -102,7 +103,7 @@ pub(crate) fn refuse_buffer_full(
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct HostShard {
     pub shard: String,
-    pub coordinator: u64,
+    pub coordinator: FencingToken,
 }
 
 /// Coordinator → region: where a shard lives (`None`: not known yet, ask again later).
@@ -110,7 +111,7 @@ pub struct HostShard {
 pub struct ShardHome {
     pub shard: String,
     pub home: Option<String>,
-    pub coordinator: u64,
+    pub coordinator: FencingToken,
 }
 
 /// Coordinator → every region, before a rebalance hands `shard` off: forget where it lives
@@ -119,7 +120,7 @@ pub struct ShardHome {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct BeginHandOff {
     pub shard: String,
-    pub coordinator: u64,
+    pub coordinator: FencingToken,
 }
 
 /// Region → coordinator: [`BeginHandOff`] applied (`region`: its node).
@@ -133,7 +134,7 @@ pub struct HandOffBegun {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct HandOff {
     pub shard: String,
-    pub coordinator: u64,
+    pub coordinator: FencingToken,
 }
 
 /// Region → coordinator: the hand-off is done (`released`: its lease was released, so the

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent, pg};
 use tenure_cluster::{ClusterEvent, HandOver, History, Member, MemberStatus};
-use tenure_lease::LeaseSpec;
+use tenure_lease::{FencingToken, LeaseSpec};
 use tenure_singleton::SingletonProxy;
 use tokio::time::Instant;
 
@@ -104,7 +104,7 @@ pub struct RegionState {
     leaving: bool,
     down: bool,
     /// The newest coordinator heard from (its lease's fencing token).
-    coordinator: u64,
+    coordinator: FencingToken,
     timer: Option<ractor::concurrency::JoinHandle<()>>,
 }
 
@@ -139,7 +139,7 @@ impl Actor for Region {
             members: BTreeMap::new(),
             leaving: false,
             down: false,
-            coordinator: 0,
+            coordinator: FencingToken::new(0),
             timer: Some(timer),
         })
     }
@@ -516,9 +516,9 @@ impl RegionState {
 
     /// Whether a coordinator message with `token` comes from the newest coordinator heard
     /// from (which it then is); an older one's is ignored and logged.
-    fn current(&mut self, token: u64, shard: &str) -> bool {
+    fn current(&mut self, token: FencingToken, shard: &str) -> bool {
         if token < self.coordinator {
-            tracing::info!(entity_type = %self.args.type_name, shard, token, newest = self.coordinator,
+            tracing::info!(entity_type = %self.args.type_name, shard, token = token.get(), newest = self.coordinator.get(),
                 "ignoring a message from an older coordinator");
             return false;
         }

@@ -19,7 +19,8 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent
 use tenure_cluster::History;
 use tenure_lease::history::{EntityLife, Event, ShardLife};
 use tenure_lease::{
-    LeaseActor, LeaseEvent, LeaseEventSink, LeaseMsg, LeaseSpec, LeaseView, StopBudget,
+    FencingToken, LeaseActor, LeaseEvent, LeaseEventSink, LeaseMsg, LeaseSpec, LeaseView,
+    StopBudget,
 };
 use tokio::time::Instant;
 
@@ -52,7 +53,7 @@ pub struct ShardArgs {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShardStatus {
     /// The token of the grant it serves under, while it serves.
-    pub serving: Option<u64>,
+    pub serving: Option<FencingToken>,
     /// Ids of its running entities, sorted.
     pub entities: Vec<String>,
     /// Messages waiting for the lease or for a passivating entity.
@@ -144,7 +145,7 @@ pub struct ShardState {
     lease: ActorRef<LeaseMsg>,
     view: LeaseView,
     /// The token of the grant entities run under, while serving.
-    serving: Option<u64>,
+    serving: Option<FencingToken>,
     entities: HashMap<String, Running>,
     waiting: VecDeque<Pending>,
     handing_off: bool,
@@ -248,14 +249,14 @@ impl Actor for Shard {
                     && state.view.token() == Some(granted.token)
                 {
                     state.serving = Some(granted.token);
-                    tracing::debug!(shard = %state.args.shard_id, token = granted.token, "shard lease granted");
+                    tracing::debug!(shard = %state.args.shard_id, token = granted.token.get(), "shard lease granted");
                     state.record(Event::ShardStarted, granted.token, "");
                     state.flush();
                 }
             }
             ShardMsg::Lease(LeaseEvent::Lost(lost)) => {
                 if state.serving == Some(lost.token) {
-                    tracing::warn!(shard = %state.args.shard_id, token = lost.token, reason = %lost.reason,
+                    tracing::warn!(shard = %state.args.shard_id, token = lost.token.get(), reason = %lost.reason,
                         "shard lease lost: stopping its entities, then acquiring again");
                     state.record(Event::ShardLeaseLost, lost.token, &lost.reason.to_string());
                     state.stop_entities("lease lost", Stop::Now).await;
@@ -402,7 +403,7 @@ impl Actor for Shard {
 impl ShardState {
     /// The grant entities may run under now: serving, and still believed (the local
     /// deadline has not passed, even if its Lost event is still on its way).
-    fn live_token(&self) -> Option<u64> {
+    fn live_token(&self) -> Option<FencingToken> {
         self.serving.filter(|t| self.view.token() == Some(*t))
     }
 
@@ -650,22 +651,34 @@ impl ShardState {
         );
     }
 
-    fn record(&self, event: fn(ShardLife) -> Event, token: u64, why: &str) {
+    fn record(&self, event: fn(ShardLife) -> Event, token: FencingToken, why: &str) {
         if let Some(h) = &self.args.history {
             let (entity_type, shard) = (self.args.type_name.clone(), self.args.shard_id.clone());
             h.record(event(ShardLife::new(
                 entity_type,
                 shard,
-                token,
+                token.get(),
                 why.to_string(),
             )));
         }
     }
 
-    fn record_entity(&self, event: fn(EntityLife) -> Event, entity: &str, token: u64, why: &str) {
+    fn record_entity(
+        &self,
+        event: fn(EntityLife) -> Event,
+        entity: &str,
+        token: FencingToken,
+        why: &str,
+    ) {
         if let Some(h) = &self.args.history {
             let (entity_type, shard) = (self.args.type_name.clone(), self.args.shard_id.clone());
-            let life = EntityLife::new(entity_type, shard, entity.to_string(), token, why.into());
+            let life = EntityLife::new(
+                entity_type,
+                shard,
+                entity.to_string(),
+                token.get(),
+                why.into(),
+            );
             h.record(event(life));
         }
     }

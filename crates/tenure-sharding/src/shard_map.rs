@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+use tenure_lease::FencingToken;
 
 use crate::messages::Allocation;
 
@@ -44,7 +45,7 @@ pub struct ShardEntry {
 pub struct HostedShard {
     /// The fencing token of the shard lease grant it serves under; `None` while it waits
     /// for the lease (it then keeps its messages).
-    pub token: Option<u64>,
+    pub token: Option<FencingToken>,
     /// Ids of its running entities, sorted.
     pub entities: Vec<String>,
     /// Messages waiting for the lease or for a passivating entity.
@@ -130,7 +131,7 @@ mod tests {
 
     fn hosted(token: u64, entities: &[&str]) -> HostedShard {
         HostedShard {
-            token: Some(token),
+            token: Some(FencingToken::new(token)),
             entities: entities.iter().map(|e| e.to_string()).collect(),
             waiting: 0,
         }

@@ -10,14 +10,14 @@ use std::time::Duration;
 
 use ractor::ActorProcessingErr;
 use tenure_cluster::{ClusterSettings, Node};
-use tenure_lease::{LeaseProvider, StoreRegistry, TenureConfig};
+use tenure_lease::{FencingToken, LeaseProvider, StoreRegistry, TenureConfig};
 use tenure_sharding::EntityContext;
 use tenure_sharding::daemon::{DaemonWorker, start_daemon, worker_id};
 use tokio::sync::mpsc;
 
 /// Reports each start (index, shard, token); worker 2 fails its first start.
 struct Probe {
-    started: mpsc::UnboundedSender<(usize, String, u64)>,
+    started: mpsc::UnboundedSender<(usize, String, FencingToken)>,
     failed_once: Arc<AtomicBool>,
 }
 

@@ -11,8 +11,8 @@ use std::time::Duration;
 use ractor::rpc::CallResult;
 use ractor::{ActorProcessingErr, ActorRef, RpcReplyPort};
 use tenure_lease::{
-    AcquireOutcome, AcquireRequest, Fault, LeaseSettings, LeaseSpec, LeaseStore, MemoryStore,
-    TenureConfig,
+    AcquireOutcome, AcquireRequest, Fault, FencingToken, LeaseSettings, LeaseSpec, LeaseStore,
+    MemoryStore, TenureConfig,
 };
 use tenure_sharding::{
     AskReply, Entity, EntityContext, EntityFactory, Shard, ShardArgs, ShardMsg, ShardStatus,
@@ -22,9 +22,9 @@ use tokio::sync::mpsc;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Seen {
-    Started(String, u64),
-    Stopped(String, u64),
-    Got(String, u64, String),
+    Started(String, FencingToken),
+    Stopped(String, FencingToken),
+    Got(String, FencingToken, String),
 }
 
 /// Reports its life and every message; `"passivate"` makes it ask to be passivated.

@@ -18,7 +18,8 @@ use ractor::{
 use tenure_cluster::{ClusterEvent, HandOver, History, Member, MemberStatus, NodeAddr};
 use tenure_lease::history::{Event, SingletonLife};
 use tenure_lease::{
-    LeaseActor, LeaseEvent, LeaseEventSink, LeaseMsg, LeaseSpec, LeaseView, StopBudget,
+    FencingToken, LeaseActor, LeaseEvent, LeaseEventSink, LeaseMsg, LeaseSpec, LeaseView,
+    StopBudget,
 };
 
 use crate::settings::SingletonSettings;
@@ -30,7 +31,7 @@ pub struct SingletonContext {
     pub name: String,
     /// The fencing token of the grant this instance runs under: present it with every
     /// write to a resource that checks tokens.
-    pub token: u64,
+    pub token: FencingToken,
     /// The manager; the instance must be linked to it.
     pub supervisor: ActorCell,
 }
@@ -68,7 +69,7 @@ pub type Spawner =
 pub fn spawner<A, F>(make: F) -> Spawner
 where
     A: Actor,
-    F: Fn(u64) -> (A, A::Arguments) + Send + Sync + 'static,
+    F: Fn(FencingToken) -> (A, A::Arguments) + Send + Sync + 'static,
 {
     Arc::new(move |ctx: SingletonContext| {
         let (actor, args) = make(ctx.token);
@@ -84,7 +85,7 @@ where
 /// The pg group the instance of singleton `name` running under `token` joins (in the
 /// cluster's scope). Proxies pick the group with the highest token, so an old instance
 /// still visible in pg is never preferred to a newer one.
-pub fn instance_group(name: &str, token: u64) -> String {
+pub fn instance_group(name: &str, token: FencingToken) -> String {
     format!("{}{token:020}", instance_group_prefix(name))
 }
 
@@ -117,7 +118,7 @@ pub struct SingletonStatus {
     /// Whether this node is the oldest eligible member.
     pub oldest: bool,
     /// The token of the instance running here.
-    pub running: Option<u64>,
+    pub running: Option<FencingToken>,
 }
 
 /// Messages of the manager (local only: subscribe it to the node's cluster events).
@@ -132,7 +133,7 @@ pub enum ManagerMsg {
     /// The `pre_start` of the instance with `token` (actor `actor`) ended.
     #[doc(hidden)]
     InstanceStarted {
-        token: u64,
+        token: FencingToken,
         actor: ractor::ActorId,
         result: Result<(), String>,
     },
@@ -159,7 +160,7 @@ pub struct SingletonManager;
 
 struct Running {
     cell: ActorCell,
-    token: u64,
+    token: FencingToken,
     /// Its `pre_start` has finished: it is linked and joined its pg group.
     started: bool,
 }
@@ -175,7 +176,7 @@ pub struct ManagerState {
     pace: Option<Duration>,
     /// An instance (or descendant) that survived its kill, with its token: nothing is
     /// released or re-acquired until it has terminated.
-    zombie: Option<(ActorCell, u64)>,
+    zombie: Option<(ActorCell, FencingToken)>,
     /// Pause after an instance failed (or could not be spawned) before the next one.
     restart_pause: Option<tokio::task::JoinHandle<()>>,
     running: Option<Running>,
@@ -262,7 +263,7 @@ impl Actor for SingletonManager {
                     .as_ref()
                     .is_some_and(|r| r.token == lost.token)
                 {
-                    tracing::warn!(singleton = %state.spec.name, token = lost.token, reason = %lost.reason,
+                    tracing::warn!(singleton = %state.spec.name, token = lost.token.get(), reason = %lost.reason,
                         "lease lost: stopping the singleton, then trying to re-acquire");
                     state.record(Event::SingletonLeaseLost, lost.token, &lost.reason.to_string());
                     state.stop_instance("lease lost").await;
@@ -336,7 +337,7 @@ impl Actor for SingletonManager {
         } else if let Some(running) = state.running.take_if(|r| r.cell.get_id() == cell.get_id()) {
             // The instance ended on its own: wait for its children, give the grant back (a
             // restart gets a new token), and start again after a pause.
-            tracing::warn!(singleton = %state.spec.name, token = running.token, why, "singleton instance ended on its own; restarting it");
+            tracing::warn!(singleton = %state.spec.name, token = running.token.get(), why, "singleton instance ended on its own; restarting it");
             pg::leave_scoped(
                 state.spec.scope.clone(),
                 instance_group(&state.spec.name, running.token),
@@ -475,7 +476,7 @@ impl ManagerState {
         }
     }
 
-    async fn start_instance(&mut self, myself: &ActorRef<ManagerMsg>, token: u64) {
+    async fn start_instance(&mut self, myself: &ActorRef<ManagerMsg>, token: FencingToken) {
         // Its life begins now: its `pre_start` may already act under the token.
         self.record(Event::SingletonStarting, token, "");
         let ctx = SingletonContext {
@@ -517,7 +518,7 @@ impl ManagerState {
     async fn instance_started(
         &mut self,
         myself: &ActorRef<ManagerMsg>,
-        token: u64,
+        token: FencingToken,
         actor: ractor::ActorId,
         result: Result<(), String>,
     ) {
@@ -537,7 +538,7 @@ impl ManagerState {
                     instance_group(&self.spec.name, token),
                     vec![running.cell.clone()],
                 );
-                tracing::info!(singleton = %self.spec.name, token, "lease granted: singleton started");
+                tracing::info!(singleton = %self.spec.name, token = token.get(), "lease granted: singleton started");
                 self.record(Event::SingletonStarted, token, "");
             }
             Err(e) => {
@@ -615,7 +616,7 @@ impl ManagerState {
                 return;
             }
         }
-        tracing::info!(singleton = %self.spec.name, token = running.token, why, "singleton stopped");
+        tracing::info!(singleton = %self.spec.name, token = running.token.get(), why, "singleton stopped");
         self.record(Event::SingletonStopped, running.token, why);
     }
 
@@ -646,9 +647,9 @@ impl ManagerState {
         tracing::error!(singleton = %self.spec.name, "failed to release the lease; the singleton cannot run elsewhere until it expires");
     }
 
-    fn record(&self, event: fn(SingletonLife) -> Event, token: u64, why: &str) {
+    fn record(&self, event: fn(SingletonLife) -> Event, token: FencingToken, why: &str) {
         if let Some(h) = &self.spec.history {
-            let life = SingletonLife::new(self.spec.name.clone(), token, why.to_string());
+            let life = SingletonLife::new(self.spec.name.clone(), token.get(), why.to_string());
             h.record(event(life));
         }
     }

@@ -7,7 +7,8 @@ use std::time::Duration;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tenure_cluster::{ClusterEvent, HandOver, Incarnation, Member, MemberStatus, NodeAddr};
 use tenure_lease::{
-    AcquireOutcome, AcquireRequest, Fault, LeaseSettings, LeaseSpec, LeaseStore, MemoryStore,
+    AcquireOutcome, AcquireRequest, Fault, FencingToken, LeaseSettings, LeaseSpec, LeaseStore,
+    MemoryStore,
 };
 use tenure_singleton::{
     ManagerMsg, SingletonManager, SingletonProxy, SingletonSettings, SingletonSpec, spawner,
@@ -16,9 +17,9 @@ use tokio::sync::mpsc;
 
 #[derive(Debug, PartialEq, Eq)]
 enum Seen {
-    Started(u64),
-    Stopped(u64),
-    Got(u64, String),
+    Started(FencingToken),
+    Stopped(FencingToken),
+    Got(FencingToken, String),
 }
 
 struct Probe;
@@ -32,8 +33,8 @@ impl ractor::Message for ProbeMsg {}
 
 impl Actor for Probe {
     type Msg = ProbeMsg;
-    type State = (u64, mpsc::UnboundedSender<Seen>);
-    type Arguments = (u64, mpsc::UnboundedSender<Seen>);
+    type State = (FencingToken, mpsc::UnboundedSender<Seen>);
+    type Arguments = (FencingToken, mpsc::UnboundedSender<Seen>);
     async fn pre_start(
         &self,
         _: ActorRef<ProbeMsg>,
@@ -145,7 +146,7 @@ async fn next(seen: &mut mpsc::UnboundedReceiver<Seen>, within: Duration) -> Opt
         .flatten()
 }
 
-fn hold_by_other(store: &MemoryStore, name: &str) -> u64 {
+fn hold_by_other(store: &MemoryStore, name: &str) -> FencingToken {
     let req = AcquireRequest {
         name: name.into(),
         owner: "other:1".into(),
@@ -163,7 +164,7 @@ fn hold_by_other(store: &MemoryStore, name: &str) -> u64 {
 
 #[tokio::test]
 async fn not_started_until_the_lease_is_granted_and_retried_while_not_granted() {
-    let mut other = 0;
+    let mut other = FencingToken::new(0);
     let mut f = fixture("wait", vec![member(1, 1, MemberStatus::Up)], |s| {
         other = hold_by_other(s, "test-singleton-wait")
     })
@@ -295,7 +296,7 @@ async fn the_proxy_buffers_in_order_until_an_instance_exists_and_refuses_beyond_
     let proxy = SingletonProxy::<ProbeMsg>::start(&scope, "proxy", 2)
         .await
         .unwrap();
-    let mut other = 0;
+    let mut other = FencingToken::new(0);
     let mut f = fixture("proxy", vec![member(1, 1, MemberStatus::Up)], |s| {
         other = hold_by_other(s, "test-singleton-proxy")
     })

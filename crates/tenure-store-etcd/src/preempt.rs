@@ -41,7 +41,7 @@
 //! heartbeat as before (its holder, refused once, has given it up already).
 
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
-use tenure_lease::{PreemptAnswer, PreemptionRequest, StoreError};
+use tenure_lease::{FencingToken, PreemptAnswer, PreemptionRequest, StoreError};
 
 use crate::layout::RequestValue;
 use crate::store::{Inner, put_leased};
@@ -53,11 +53,11 @@ impl Inner {
     pub(crate) async fn request_preemption(
         &self,
         name: &str,
-        token: u64,
+        token: FencingToken,
         request: &PreemptionRequest,
     ) -> Result<PreemptAnswer, StoreError> {
         let key = self.layout.lease(name);
-        let Ok(token) = i64::try_from(token) else {
+        let Ok(token) = i64::try_from(token.get()) else {
             return Ok(PreemptAnswer::Gone);
         };
         let request_key = self.layout.request(token);
@@ -126,11 +126,11 @@ impl Inner {
     pub(crate) async fn withdraw_preemption(
         &self,
         name: &str,
-        token: u64,
+        token: FencingToken,
         by: &str,
     ) -> Result<bool, StoreError> {
         let key = self.layout.lease(name);
-        let Ok(token) = i64::try_from(token) else {
+        let Ok(token) = i64::try_from(token.get()) else {
             return Ok(false);
         };
         let request_key = self.layout.request(token);

@@ -12,8 +12,8 @@ use etcd_client::{
 };
 use futures::stream::{self, StreamExt};
 use tenure_lease::{
-    AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, HeldLease, LeaseRecord, LeaseStore,
-    PreemptAnswer, PreemptionRequest, Renewal, StoreError,
+    AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, FencingToken, HeldLease,
+    LeaseRecord, LeaseStore, PreemptAnswer, PreemptionRequest, Renewal, StoreError,
 };
 use tokio::time::Instant;
 
@@ -140,7 +140,7 @@ impl EtcdStore {
     /// by a later grant, so the transaction takes its `or_else` branch and writes nothing.
     ///
     /// ```no_run
-    /// # async fn f(store: &tenure_store_etcd::EtcdStore, token: u64) -> Result<(), etcd_client::Error> {
+    /// # async fn f(store: &tenure_store_etcd::EtcdStore, token: tenure_lease::FencingToken) -> Result<(), etcd_client::Error> {
     /// use etcd_client::{Txn, TxnOp};
     ///
     /// let txn = Txn::new()
@@ -149,9 +149,9 @@ impl EtcdStore {
     /// let written = store.client().clone().txn(txn).await?.succeeded();
     /// # let _ = written; Ok(()) }
     /// ```
-    pub fn fence(&self, name: &str, token: u64) -> etcd_client::Compare {
+    pub fn fence(&self, name: &str, token: FencingToken) -> etcd_client::Compare {
         // A token beyond i64 was never issued by etcd: compare with -1, which no key has.
-        let revision = i64::try_from(token).unwrap_or(-1);
+        let revision = i64::try_from(token.get()).unwrap_or(-1);
         etcd_client::Compare::create_revision(
             self.inner.layout.lease(name),
             etcd_client::CompareOp::Equal,
@@ -565,7 +565,7 @@ impl Inner {
             .map(|l| {
                 self.local
                     .get(&l.name)
-                    .filter(|g| g.owner == owner && g.token as u64 == l.token)
+                    .filter(|g| g.owner == owner && g.token as u64 == l.token.get())
             })
             .collect();
         if local.iter().all(Option::is_none) {
@@ -764,9 +764,14 @@ impl Inner {
         Ok((i, Renewal::NotHeld))
     }
 
-    async fn release(&self, name: &str, owner: &str, token: u64) -> Result<bool, StoreError> {
+    async fn release(
+        &self,
+        name: &str,
+        owner: &str,
+        token: FencingToken,
+    ) -> Result<bool, StoreError> {
         let key = self.layout.lease(name);
-        let token = i64::try_from(token).unwrap_or(i64::MAX);
+        let token = i64::try_from(token.get()).unwrap_or(i64::MAX);
         let local = self
             .local
             .get(name)
@@ -883,7 +888,7 @@ pub(crate) fn record_of(
         name: name.to_string(),
         owner: value.owner.clone(),
         instance: value.instance.clone(),
-        token: token as u64,
+        token: FencingToken::new(token as u64),
         expires_in,
         version,
         note: value.note.clone(),
@@ -944,7 +949,7 @@ impl LeaseStore for EtcdStore {
     async fn request_preemption(
         &self,
         name: &str,
-        token: u64,
+        token: FencingToken,
         request: &PreemptionRequest,
     ) -> Result<PreemptAnswer, StoreError> {
         self.inner.request_preemption(name, token, request).await
@@ -954,7 +959,7 @@ impl LeaseStore for EtcdStore {
     async fn withdraw_preemption(
         &self,
         name: &str,
-        token: u64,
+        token: FencingToken,
         by: &str,
     ) -> Result<bool, StoreError> {
         self.inner.withdraw_preemption(name, token, by).await
@@ -962,7 +967,12 @@ impl LeaseStore for EtcdStore {
 
     /// `Ok(true)`: the key held by `owner` with create revision `token` was deleted.
     /// `Ok(false)`: no such grant (another holder's, a later grant, or none).
-    async fn release(&self, name: &str, owner: &str, token: u64) -> Result<bool, StoreError> {
+    async fn release(
+        &self,
+        name: &str,
+        owner: &str,
+        token: FencingToken,
+    ) -> Result<bool, StoreError> {
         self.inner.release(name, owner, token).await
     }
 

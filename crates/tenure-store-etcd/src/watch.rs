@@ -1,7 +1,7 @@
 //! Holder changes pushed from an etcd watch on the holder keys.
 
 use etcd_client::{Client, EventType, WatchOptions};
-use tenure_lease::{LeaseRecord, StoreError, WatchEvent, WatchReceiver};
+use tenure_lease::{FencingToken, LeaseRecord, StoreError, WatchEvent, WatchReceiver};
 use tokio::sync::mpsc;
 
 use crate::error::etcd_error;
@@ -63,7 +63,7 @@ pub(crate) async fn watch(
                             name: name.to_string(),
                             owner: v.owner,
                             instance: v.instance,
-                            token: kv.create_revision() as u64,
+                            token: FencingToken::new(kv.create_revision() as u64),
                             expires_in: std::time::Duration::from_millis(v.ttl_ms),
                             version: 1,
                             note: v.note,

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Client, GetOptions};
-use tenure_lease::{AcquireOutcome, AcquireRequest, LeaseStore, WatchEvent};
+use tenure_lease::{AcquireOutcome, AcquireRequest, FencingToken, LeaseStore, WatchEvent};
 use tokio::time::sleep;
 
 use tenure_test_kit::etcd::{Etcd, PREFIX};
@@ -21,7 +21,7 @@ fn request(name: &str, owner: &str, ttl: Duration) -> AcquireRequest {
     }
 }
 
-fn token(o: &AcquireOutcome) -> u64 {
+fn token(o: &AcquireOutcome) -> FencingToken {
     match o {
         AcquireOutcome::Granted(r) => r.token,
         AcquireOutcome::Held(r) => panic!("expected a grant, held by {}", r.owner),

@@ -7,7 +7,8 @@ use std::time::Duration;
 use tenure_lease::conformance::{Losses, acquire_recording_losses, test_settings};
 use tenure_lease::store::bounded;
 use tenure_lease::{
-    AcquireOutcome, AcquireRequest, HeldLease, Lease, LeaseSettings, LeaseSpec, LeaseStore,
+    AcquireOutcome, AcquireRequest, FencingToken, HeldLease, Lease, LeaseSettings, LeaseSpec,
+    LeaseStore,
 };
 use tokio::time::{Instant, sleep};
 
@@ -29,7 +30,7 @@ async fn hold(
     name: &str,
     owner: &str,
     s: LeaseSettings,
-) -> (Lease, u64, Losses) {
+) -> (Lease, FencingToken, Losses) {
     let lease = Lease::start(LeaseSpec::new(name, owner, store, s).expect("spec"))
         .await
         .expect("lease actor");
@@ -38,7 +39,11 @@ async fn hold(
 }
 
 /// Polls `try_acquire` until granted; returns when the grant arrived and its token.
-async fn poll_until_granted(store: &dyn LeaseStore, name: &str, owner: &str) -> (Instant, u64) {
+async fn poll_until_granted(
+    store: &dyn LeaseStore,
+    name: &str,
+    owner: &str,
+) -> (Instant, FencingToken) {
     let ttl = test_settings().heartbeat_timeout;
     for _ in 0..2000 {
         if let Ok(AcquireOutcome::Granted(r)) = bounded(
@@ -136,7 +141,7 @@ async fn tokens_increase_across_crash_restart() {
     let etcd = Etcd::single().await;
     let store = etcd.store().await;
     let long = Duration::from_secs(30);
-    let mut last = 0;
+    let mut last = FencingToken::new(0);
     for round in 0..3 {
         let t = match store
             .try_acquire(&request("crash", "a", long))

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use etcd_client::{Txn, TxnOp};
-use tenure_lease::{AcquireOutcome, AcquireRequest, LeaseStore};
+use tenure_lease::{AcquireOutcome, AcquireRequest, FencingToken, LeaseStore};
 use tenure_test_kit::etcd::Etcd;
 
 fn request(owner: &str) -> AcquireRequest {
@@ -23,7 +23,7 @@ async fn a_fenced_write_commits_only_under_the_grant_it_names() {
     let etcd = Etcd::single().await;
     let store = etcd.store().await;
     let mut client = store.client().clone();
-    let write = |token: u64, value: &str| {
+    let write = |token: FencingToken, value: &str| {
         Txn::new()
             .when([store.fence("report", token)])
             .and_then([TxnOp::put("/app/report", value, None)])
@@ -40,7 +40,7 @@ async fn a_fenced_write_commits_only_under_the_grant_it_names() {
     );
     assert!(
         !client
-            .txn(write(first.token + 1, "x"))
+            .txn(write(FencingToken::new(first.token.get() + 1), "x"))
             .await
             .unwrap()
             .succeeded(),

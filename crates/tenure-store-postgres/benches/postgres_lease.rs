@@ -143,7 +143,7 @@ fn renew(c: &mut Criterion, server: &PgServer) {
         name: "renew-spi".into(),
         token: token("renew-spi"),
     }];
-    let direct_token = token("renew-direct") as i64;
+    let direct_token = token("renew-direct").get() as i64;
     let mut g = c.benchmark_group("renew");
     g.bench_function("store_batch_renew", |b| {
         b.iter(|| {

@@ -2,7 +2,7 @@
 //! caller's own transaction and holds the lease row until it commits.
 //!
 //! ```no_run
-//! # async fn f(store: &tenure_store_postgres::PostgresStore, token: u64) -> Result<(), Box<dyn std::error::Error>> {
+//! # async fn f(store: &tenure_store_postgres::PostgresStore, token: tenure_lease::FencingToken) -> Result<(), Box<dyn std::error::Error>> {
 //! let mut conn = store.connection().await?;
 //! let tx = conn.transaction().await?;
 //! store.fence().check(&tx, "nightly-report", "10.0.0.7:2552", token).await?;
@@ -10,6 +10,8 @@
 //! tx.commit().await?;
 //! # Ok(()) }
 //! ```
+
+use tenure_lease::FencingToken;
 
 /// Why a guarded write must not go ahead.
 #[derive(Debug, thiserror::Error)]
@@ -24,7 +26,7 @@ pub enum FenceError {
         /// The owner the write claimed to be.
         owner: String,
         /// The fencing token the write presented.
-        token: u64,
+        token: FencingToken,
     },
     /// The check itself failed; the transaction is unusable, roll it back.
     #[error("lease `{name}`: fence check failed: {source}")]
@@ -67,14 +69,14 @@ WHERE name = $1::text AND owner = $2::text AND token = $3::bigint
         tx: &tokio_postgres::Transaction<'_>,
         name: &str,
         owner: &str,
-        token: u64,
+        token: FencingToken,
     ) -> Result<(), FenceError> {
         let not_held = || FenceError::NotHeld {
             name: name.to_string(),
             owner: owner.to_string(),
             token,
         };
-        let Ok(t) = i64::try_from(token) else {
+        let Ok(t) = i64::try_from(token.get()) else {
             return Err(not_held());
         };
         let rows = tx

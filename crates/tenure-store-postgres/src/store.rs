@@ -9,8 +9,9 @@ use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
 use futures::future::BoxFuture;
 use tenure_lease::{
-    AcquireOutcome, AcquireRequest, Capabilities, ConfigError, HeldLease, LeaseRecord,
-    LeaseSection, LeaseStore, PreemptAnswer, PreemptionRequest, Renewal, StoreError, StoreFactory,
+    AcquireOutcome, AcquireRequest, Capabilities, ConfigError, FencingToken, HeldLease,
+    LeaseRecord, LeaseSection, LeaseStore, PreemptAnswer, PreemptionRequest, Renewal, StoreError,
+    StoreFactory,
 };
 use tokio::time::{Instant, sleep, timeout};
 use tokio_postgres::{NoTls, Row};
@@ -221,7 +222,9 @@ impl PostgresStore {
             name: row.try_get(at).map_err(bad)?,
             owner: row.try_get(at + 1).map_err(bad)?,
             instance: row.try_get(at + 2).map_err(bad)?,
-            token: u64::try_from(token).map_err(|_| self.bad(format!("negative token {token}")))?,
+            token: FencingToken::new(
+                u64::try_from(token).map_err(|_| self.bad(format!("negative token {token}")))?,
+            ),
             expires_in: Duration::from_micros(expires_in_us.max(0) as u64),
             version: version.max(0) as u64,
             note: row.try_get(at + 6).map_err(bad)?,
@@ -304,7 +307,7 @@ impl PostgresStore {
     /// is released unused, the sequence advanced past `seen`, and acquires are refused for
     /// one ttl ([`PostgresStore::quiet`]).
     async fn went_back(&self, req: &AcquireRequest, record: &LeaseRecord, seen: i64) -> StoreError {
-        let token = record.token as i64;
+        let token = record.token.get() as i64;
         {
             let mut went_back = self
                 .inner
@@ -377,7 +380,7 @@ impl PostgresStore {
             self.forget_observed(name);
             return Ok(Observed::Takeover(None));
         }
-        let seen = (record.token as i64, record.version as i64);
+        let seen = (record.token.get() as i64, record.version as i64);
         let mut observed = self
             .inner
             .observed
@@ -487,7 +490,9 @@ impl LeaseStore for PostgresStore {
                 )
                 .await?;
             match answer {
-                Some((true, record)) if record.version == 1 && record.token as i64 <= seen => {
+                Some((true, record))
+                    if record.version == 1 && record.token.get() as i64 <= seen =>
+                {
                     return Err(self.went_back(req, &record, seen).await);
                 }
                 Some((true, record)) => {
@@ -522,7 +527,7 @@ impl LeaseStore for PostgresStore {
         // A token beyond i64 was never issued: -1 matches nothing.
         let tokens: Vec<i64> = leases
             .iter()
-            .map(|l| i64::try_from(l.token).unwrap_or(-1))
+            .map(|l| i64::try_from(l.token.get()).unwrap_or(-1))
             .collect();
         let ttl = ttl_us(ttl);
         let (names, tokens) = (&names, &tokens);
@@ -559,8 +564,13 @@ impl LeaseStore for PostgresStore {
 
     /// Ends the grant if `owner` holds it unexpired with `token`. Not retried once sent:
     /// a second try after a lost answer would report `false` for our own release.
-    async fn release(&self, name: &str, owner: &str, token: u64) -> Result<bool, StoreError> {
-        let Ok(token) = i64::try_from(token) else {
+    async fn release(
+        &self,
+        name: &str,
+        owner: &str,
+        token: FencingToken,
+    ) -> Result<bool, StoreError> {
+        let Ok(token) = i64::try_from(token.get()) else {
             return Ok(false);
         };
         let sql = &self.inner.statements.release;
@@ -584,10 +594,10 @@ impl LeaseStore for PostgresStore {
     async fn request_preemption(
         &self,
         name: &str,
-        token: u64,
+        token: FencingToken,
         request: &PreemptionRequest,
     ) -> Result<PreemptAnswer, StoreError> {
-        let Ok(token) = i64::try_from(token) else {
+        let Ok(token) = i64::try_from(token.get()) else {
             return Ok(PreemptAnswer::Gone);
         };
         let sql = &self.inner.statements.request_preemption;
@@ -627,10 +637,10 @@ impl LeaseStore for PostgresStore {
     async fn withdraw_preemption(
         &self,
         name: &str,
-        token: u64,
+        token: FencingToken,
         by: &str,
     ) -> Result<bool, StoreError> {
-        let Ok(token) = i64::try_from(token) else {
+        let Ok(token) = i64::try_from(token.get()) else {
             return Ok(false);
         };
         let sql = &self.inner.statements.withdraw_preemption;

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use tenure_lease::conformance::test_settings;
 use tenure_lease::{
-    AcquireOutcome, AcquireRequest, Acquired, HeldLease, Lease, LeaseSpec, LeaseStore, LostReason,
-    PreemptAnswer, PreemptionRequest, Renewal,
+    AcquireOutcome, AcquireRequest, Acquired, FencingToken, HeldLease, Lease, LeaseSpec,
+    LeaseStore, LostReason, PreemptAnswer, PreemptionRequest, Renewal,
 };
 use tenure_store_postgres::{FenceError, PostgresOptions, PostgresStore};
 use tenure_test_kit::postgres::{Exclusive, PgServer};
@@ -42,7 +42,7 @@ fn request(name: &str, owner: &str, ttl: Duration) -> AcquireRequest {
     }
 }
 
-async fn grant(store: &PostgresStore, req: &AcquireRequest) -> u64 {
+async fn grant(store: &PostgresStore, req: &AcquireRequest) -> FencingToken {
     match store.try_acquire(req).await.expect("acquire") {
         AcquireOutcome::Granted(r) => r.token,
         AcquireOutcome::Held(r) => panic!("{}: held by {}", req.name, r.owner),
@@ -160,7 +160,7 @@ async fn stopped_server_gives_errors_and_the_holder_signals_loss() {
 async fn tokens_increase_across_crashes_and_restarts() {
     let exclusive = start().await;
     let server = exclusive.server.clone();
-    let mut last = 0;
+    let mut last = FencingToken::new(0);
     for (round, fast) in [false, true, false].into_iter().enumerate() {
         let s = store(&server).await;
         let long = grant(&s, &request("kept", "a", Duration::from_secs(60))).await;
@@ -359,7 +359,7 @@ async fn guarded_writes_refuse_stale_tokens() {
 
     let tx = conn.transaction().await.unwrap();
     fence.check(&tx, "guarded", "a", t1).await.expect("held");
-    tx.execute("INSERT INTO report VALUES (1, $1)", &[&(t1 as i64)])
+    tx.execute("INSERT INTO report VALUES (1, $1)", &[&(t1.get() as i64)])
         .await
         .unwrap();
     // The grant expires on the server while the transaction is open; a contender must
@@ -398,7 +398,7 @@ async fn guarded_writes_refuse_stale_tokens() {
         .expect("b holds it");
     tx.execute(
         "UPDATE report SET by_token = $1 WHERE id = 1",
-        &[&(t2 as i64)],
+        &[&(t2.get() as i64)],
     )
     .await
     .unwrap();

@@ -3,7 +3,7 @@
 //! at all, and no later grant of the lease can commit in between.
 //!
 //! ```no_run
-//! # fn f(path: &std::path::Path, token: u64) -> Result<(), Box<dyn std::error::Error>> {
+//! # fn f(path: &std::path::Path, token: tenure_lease::FencingToken) -> Result<(), Box<dyn std::error::Error>> {
 //! use rusqlite::{Connection, TransactionBehavior};
 //!
 //! let mut conn = Connection::open(path)?; // the lease store's file
@@ -22,6 +22,7 @@
 //! the holder's own renewals wait for them.
 
 use rusqlite::{OptionalExtension, Transaction, params};
+use tenure_lease::FencingToken;
 
 /// Why a guarded write must not go ahead.
 #[derive(Debug, thiserror::Error)]
@@ -36,7 +37,7 @@ pub enum FenceError {
         /// The owner the write claimed to be.
         owner: String,
         /// The fencing token the write presented.
-        token: u64,
+        token: FencingToken,
     },
     /// The check itself failed (the file is locked, unreadable, or not a lease file); roll
     /// back.
@@ -58,13 +59,18 @@ const CHECK: &str = "SELECT 1 FROM tenure_lease
 /// [`FenceError::NotHeld`] when it does not: roll back. Until `tx` ends, no other grant of
 /// `name` can commit (see the module docs), so the caller's writes land before any later
 /// holder's.
-pub fn check(tx: &Transaction<'_>, name: &str, owner: &str, token: u64) -> Result<(), FenceError> {
+pub fn check(
+    tx: &Transaction<'_>,
+    name: &str,
+    owner: &str,
+    token: FencingToken,
+) -> Result<(), FenceError> {
     let not_held = || FenceError::NotHeld {
         name: name.to_string(),
         owner: owner.to_string(),
         token,
     };
-    let Ok(t) = i64::try_from(token) else {
+    let Ok(t) = i64::try_from(token.get()) else {
         return Err(not_held());
     };
     let found = tx

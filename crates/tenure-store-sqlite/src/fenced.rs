@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rusqlite::{Connection, OptionalExtension, params};
-use tenure_lease::{ConfigError, StoreError};
+use tenure_lease::{ConfigError, FencingToken, StoreError};
 
 const CREATE: &str = "CREATE TABLE IF NOT EXISTS tenure_fenced_counter (
     name TEXT PRIMARY KEY NOT NULL,
@@ -47,10 +47,10 @@ impl FencedCounter {
 
     /// Adds one to counter `name` with fencing token `token`: `Ok(Some(value))` accepted,
     /// `Ok(None)` refused because a newer token wrote already, `Err` if the file failed.
-    pub fn increment(&self, name: &str, token: u64) -> Result<Option<u64>, StoreError> {
+    pub fn increment(&self, name: &str, token: FencingToken) -> Result<Option<u64>, StoreError> {
         let conn = self.conn.lock().unwrap_or_else(|e| e.into_inner());
-        let token =
-            i64::try_from(token).map_err(|_| StoreError::backend("sqlite", "token beyond i64"))?;
+        let token = i64::try_from(token.get())
+            .map_err(|_| StoreError::backend("sqlite", "token beyond i64"))?;
         conn.query_row(INCREMENT, params![name, token], |row| row.get::<_, i64>(0))
             .optional()
             .map(|v| v.map(|v| v as u64))
@@ -58,12 +58,17 @@ impl FencedCounter {
     }
 
     /// The value and last token of counter `name`.
-    pub fn get(&self, name: &str) -> Result<Option<(u64, u64)>, StoreError> {
+    pub fn get(&self, name: &str) -> Result<Option<(u64, FencingToken)>, StoreError> {
         let conn = self.conn.lock().unwrap_or_else(|e| e.into_inner());
         conn.query_row(
             "SELECT value, token FROM tenure_fenced_counter WHERE name = ?1",
             params![name],
-            |row| Ok((row.get::<_, i64>(0)? as u64, row.get::<_, i64>(1)? as u64)),
+            |row| {
+                Ok((
+                    row.get::<_, i64>(0)? as u64,
+                    FencingToken::new(row.get::<_, i64>(1)? as u64),
+                ))
+            },
         )
         .optional()
         .map_err(|e| StoreError::unavailable("sqlite", e.to_string()).caused_by(e))
@@ -78,12 +83,13 @@ mod tests {
     fn older_tokens_are_refused_equal_and_newer_accepted() {
         let dir = tempfile::tempdir().unwrap();
         let c = FencedCounter::open(&dir.path().join("f.sqlite")).unwrap();
-        assert_eq!(c.increment("n", 3).unwrap(), Some(1));
-        assert_eq!(c.increment("n", 3).unwrap(), Some(2));
-        assert_eq!(c.increment("n", 2).unwrap(), None, "stale token refused");
-        assert_eq!(c.increment("n", 5).unwrap(), Some(3));
-        assert_eq!(c.increment("n", 3).unwrap(), None);
-        assert_eq!(c.get("n").unwrap(), Some((3, 5)));
+        let t = FencingToken::new;
+        assert_eq!(c.increment("n", t(3)).unwrap(), Some(1));
+        assert_eq!(c.increment("n", t(3)).unwrap(), Some(2));
+        assert_eq!(c.increment("n", t(2)).unwrap(), None, "stale token refused");
+        assert_eq!(c.increment("n", t(5)).unwrap(), Some(3));
+        assert_eq!(c.increment("n", t(3)).unwrap(), None);
+        assert_eq!(c.get("n").unwrap(), Some((3, t(5))));
         assert_eq!(c.get("other").unwrap(), None);
     }
 }

@@ -132,7 +132,7 @@ pub(crate) fn lost_at(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<Option
 mod tests {
     use std::time::Duration;
 
-    use tenure_lease::{AcquireOutcome, AcquireRequest, LeaseStore};
+    use tenure_lease::{AcquireOutcome, AcquireRequest, FencingToken, LeaseStore};
 
     use crate::SqliteStore;
 
@@ -168,7 +168,7 @@ mod tests {
                 rec.note.as_deref(),
                 rec.priority
             ),
-            ("a", 4, Some("kept"), 0)
+            ("a", FencingToken::new(4), Some("kept"), 0)
         );
         assert_eq!(rec.request, None);
         // The expiry was on CLOCK_MONOTONIC: converted to CLOCK_BOOTTIME, the same instant.
@@ -194,7 +194,10 @@ mod tests {
             ..Default::default()
         };
         assert!(matches!(
-            store.request_preemption("old", 4, &ask).await.unwrap(),
+            store
+                .request_preemption("old", FencingToken::new(4), &ask)
+                .await
+                .unwrap(),
             tenure_lease::PreemptAnswer::Recorded(_)
         ));
     }

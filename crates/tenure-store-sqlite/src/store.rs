@@ -10,8 +10,9 @@ use async_trait::async_trait;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
 use tenure_lease::config::TableReader;
 use tenure_lease::{
-    AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, ConfigError, HeldLease, LeaseRecord,
-    LeaseSection, LeaseStore, PreemptAnswer, PreemptionRequest, Renewal, StoreError, StoreFactory,
+    AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, ConfigError, FencingToken,
+    HeldLease, LeaseRecord, LeaseSection, LeaseStore, PreemptAnswer, PreemptionRequest, Renewal,
+    StoreError, StoreFactory,
 };
 
 use crate::clock::{boot_id, now_ns, token_floor};
@@ -258,6 +259,15 @@ fn priority_from_sql(stored: i64) -> u64 {
     stored as u64
 }
 
+/// Tokens are SQLite integers: issued from `token_floor()` upwards, so never negative.
+fn token_to_sql(token: FencingToken) -> i64 {
+    token.get() as i64
+}
+
+fn token_from_sql(stored: i64) -> FencingToken {
+    FencingToken::new(stored as u64)
+}
+
 /// A record from the columns of [`sql::SELECT_CURRENT`] / [`sql::LIST`].
 fn row_record(row: &rusqlite::Row<'_>, now: i64) -> rusqlite::Result<LeaseRecord> {
     let expires_at: i64 = row.get(4)?;
@@ -265,7 +275,7 @@ fn row_record(row: &rusqlite::Row<'_>, now: i64) -> rusqlite::Result<LeaseRecord
         name: row.get(0)?,
         owner: row.get(1)?,
         instance: row.get(2)?,
-        token: row.get::<_, i64>(3)? as u64,
+        token: token_from_sql(row.get(3)?),
         expires_in: Duration::from_nanos(expires_at.saturating_sub(now).max(0) as u64),
         version: row.get::<_, i64>(5)? as u64,
         note: row.get(6)?,
@@ -365,7 +375,7 @@ impl LeaseStore for SqliteStore {
                             name: req.name.clone(),
                             owner: req.owner.clone(),
                             instance: req.instance.clone(),
-                            token: token as u64,
+                            token: token_from_sql(token),
                             expires_in: req.ttl,
                             version: 1,
                             note: req.note.clone(),
@@ -407,7 +417,9 @@ impl LeaseStore for SqliteStore {
         ttl: Duration,
     ) -> Result<Vec<Renewal>, StoreError> {
         let owner = owner.to_string();
-        let pairs: Vec<(&str, u64)> = leases.iter().map(|l| (l.name.as_str(), l.token)).collect();
+        // Tokens serialize as their bare numbers.
+        let pairs: Vec<(&str, FencingToken)> =
+            leases.iter().map(|l| (l.name.as_str(), l.token)).collect();
         let batch = serde_json::to_string(&pairs)
             .map_err(|e| StoreError::backend("sqlite", e.to_string()).caused_by(e))?;
         let wanted: Vec<HeldLease> = leases.to_vec();
@@ -436,7 +448,7 @@ impl LeaseStore for SqliteStore {
             Ok(wanted
                 .iter()
                 .map(|l| {
-                    let key = (l.name.clone(), l.token as i64);
+                    let key = (l.name.clone(), token_to_sql(l.token));
                     match (renewed.get(&key), refused.get(&key)) {
                         (Some(request), _) => Renewal::Renewed {
                             request: request.clone(),
@@ -455,7 +467,7 @@ impl LeaseStore for SqliteStore {
     async fn request_preemption(
         &self,
         name: &str,
-        token: u64,
+        token: FencingToken,
         request: &PreemptionRequest,
     ) -> Result<PreemptAnswer, StoreError> {
         let (name, request) = (name.to_string(), request.clone());
@@ -471,7 +483,7 @@ impl LeaseStore for SqliteStore {
                     if request.may_replace(rec.priority, rec.request.as_ref()) {
                         tx.prepare_cached(sql::SET_REQUEST)?.execute(params![
                             name,
-                            token as i64,
+                            token_to_sql(token),
                             now,
                             request.by,
                             request.instance,
@@ -498,7 +510,7 @@ impl LeaseStore for SqliteStore {
     async fn withdraw_preemption(
         &self,
         name: &str,
-        token: u64,
+        token: FencingToken,
         by: &str,
     ) -> Result<bool, StoreError> {
         let (name, by) = (name.to_string(), by.to_string());
@@ -506,13 +518,18 @@ impl LeaseStore for SqliteStore {
             let now = now_ns();
             let changed = conn
                 .prepare_cached(sql::WITHDRAW_REQUEST)?
-                .execute(params![name, token as i64, now, by])?;
+                .execute(params![name, token_to_sql(token), now, by])?;
             Ok(changed == 1)
         })
         .await
     }
 
-    async fn release(&self, name: &str, owner: &str, token: u64) -> Result<bool, StoreError> {
+    async fn release(
+        &self,
+        name: &str,
+        owner: &str,
+        token: FencingToken,
+    ) -> Result<bool, StoreError> {
         let (name, owner) = (name.to_string(), owner.to_string());
         self.with_conn(move |conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -520,7 +537,7 @@ impl LeaseStore for SqliteStore {
             let deleted = tx.prepare_cached(sql::RELEASE)?.execute(params![
                 name,
                 owner,
-                token as i64,
+                token_to_sql(token),
                 now
             ])?;
             tx.commit()?;

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use rusqlite::{Connection, TransactionBehavior};
-use tenure_lease::{AcquireOutcome, AcquireRequest, LeaseStore, StoreError};
+use tenure_lease::{AcquireOutcome, AcquireRequest, FencingToken, LeaseStore, StoreError};
 use tenure_store_sqlite::SqliteStore;
 use tenure_store_sqlite::fence::{FenceError, check};
 
@@ -19,7 +19,7 @@ fn request(owner: &str, ttl: Duration) -> AcquireRequest {
     }
 }
 
-async fn granted(store: &SqliteStore, owner: &str, ttl: Duration) -> u64 {
+async fn granted(store: &SqliteStore, owner: &str, ttl: Duration) -> FencingToken {
     match store.try_acquire(&request(owner, ttl)).await.unwrap() {
         AcquireOutcome::Granted(r) => r.token,
         other => panic!("{owner} not granted: {other:?}"),
@@ -27,7 +27,12 @@ async fn granted(store: &SqliteStore, owner: &str, ttl: Duration) -> u64 {
 }
 
 /// One fenced write of `value` by `owner` with `token`: `Ok` when committed.
-fn write(conn: &mut Connection, owner: &str, token: u64, value: i64) -> Result<(), FenceError> {
+fn write(
+    conn: &mut Connection,
+    owner: &str,
+    token: FencingToken,
+    value: i64,
+) -> Result<(), FenceError> {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .unwrap();
@@ -59,7 +64,7 @@ async fn the_holder_writes_and_an_old_token_is_refused_after_the_lease_moved() {
         Err(FenceError::NotHeld { .. })
     ));
     assert!(matches!(
-        write(&mut conn, "a", first + 1, 9),
+        write(&mut conn, "a", FencingToken::new(first.get() + 1), 9),
         Err(FenceError::NotHeld { .. })
     ));
     assert!(store.release("report", "a", first).await.unwrap());

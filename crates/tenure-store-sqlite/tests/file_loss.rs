@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use tenure_lease::{AcquireOutcome, AcquireRequest, LeaseStore, StoreError};
+use tenure_lease::{AcquireOutcome, AcquireRequest, FencingToken, LeaseStore, StoreError};
 use tenure_store_sqlite::SqliteStore;
 
 fn request(owner: &str) -> AcquireRequest {
@@ -16,7 +16,7 @@ fn request(owner: &str) -> AcquireRequest {
     }
 }
 
-async fn acquire_release(store: &SqliteStore) -> u64 {
+async fn acquire_release(store: &SqliteStore) -> FencingToken {
     let AcquireOutcome::Granted(r) = store.try_acquire(&request("a")).await.unwrap() else {
         panic!("held")
     };
@@ -36,7 +36,7 @@ async fn a_new_file_issues_tokens_above_the_deleted_ones() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("leases.sqlite");
     let old = SqliteStore::open(&path, Duration::from_secs(1)).unwrap();
-    let mut last = 0;
+    let mut last = FencingToken::new(0);
     for _ in 0..3 {
         let t = acquire_release(&old).await;
         assert!(t > last);

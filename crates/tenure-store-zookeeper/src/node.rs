@@ -17,7 +17,7 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tenure_lease::{LeaseRecord, PreemptionRequest, StoreError};
+use tenure_lease::{FencingToken, LeaseRecord, PreemptionRequest, StoreError};
 
 use crate::error::backend;
 
@@ -116,7 +116,7 @@ impl GrantData {
     pub(crate) fn record(
         self,
         name: &str,
-        token: u64,
+        token: FencingToken,
         data_version: i32,
         expires_in: Option<Duration>,
     ) -> LeaseRecord {
@@ -136,6 +136,6 @@ impl GrantData {
 }
 
 /// A fencing token from a zxid (always positive for created nodes).
-pub(crate) fn token(zxid: i64) -> u64 {
-    u64::try_from(zxid).unwrap_or(0)
+pub(crate) fn token(zxid: i64) -> FencingToken {
+    FencingToken::new(u64::try_from(zxid).unwrap_or(0))
 }

@@ -45,7 +45,7 @@
 
 use std::collections::HashMap;
 
-use tenure_lease::{HeldLease, PreemptionRequest};
+use tenure_lease::{FencingToken, HeldLease, PreemptionRequest};
 
 /// The requests on one session's grants, as read at a root version.
 #[derive(Debug, Default)]
@@ -53,7 +53,7 @@ pub(crate) struct PendingRequests {
     /// The root's data version the entries were read at (`None`: nothing read yet).
     version: Option<i32>,
     /// Lease name → (token, its pending request).
-    entries: HashMap<String, (u64, Option<PreemptionRequest>)>,
+    entries: HashMap<String, (FencingToken, Option<PreemptionRequest>)>,
 }
 
 /// A lease's known request, if its entry is for `token`.
@@ -80,7 +80,7 @@ impl PendingRequests {
     pub(crate) fn update(
         &mut self,
         version: i32,
-        read: impl IntoIterator<Item = (String, u64, Option<PreemptionRequest>)>,
+        read: impl IntoIterator<Item = (String, FencingToken, Option<PreemptionRequest>)>,
         complete: bool,
     ) {
         if complete {
@@ -95,7 +95,7 @@ impl PendingRequests {
     }
 
     /// Drops the entry of the grant `(name, token)` (released or expired).
-    pub(crate) fn forget(&mut self, name: &str, token: u64) {
+    pub(crate) fn forget(&mut self, name: &str, token: FencingToken) {
         if self.entries.get(name).is_some_and(|(t, _)| *t == token) {
             self.entries.remove(name);
         }
@@ -113,12 +113,16 @@ mod tests {
         }
     }
 
+    fn t(n: u64) -> FencingToken {
+        FencingToken::new(n)
+    }
+
     fn held(leases: &[(&str, u64)]) -> Vec<HeldLease> {
         leases
             .iter()
             .map(|(name, token)| HeldLease {
                 name: (*name).into(),
-                token: *token,
+                token: FencingToken::new(*token),
             })
             .collect()
     }
@@ -128,7 +132,10 @@ mod tests {
         let mut p = PendingRequests::default();
         p.update(
             3,
-            [("a".into(), 7, Some(request("x"))), ("b".into(), 8, None)],
+            [
+                ("a".into(), t(7), Some(request("x"))),
+                ("b".into(), t(8), None),
+            ],
             true,
         );
         let (v, known) = p.lookup(&held(&[("a", 7), ("a", 9), ("b", 8)]));
@@ -139,19 +146,19 @@ mod tests {
     #[test]
     fn reads_at_another_version_are_not_mixed_in() {
         let mut p = PendingRequests::default();
-        p.update(3, [("a".into(), 7, None)], true);
+        p.update(3, [("a".into(), t(7), None)], true);
         // Read while the root was at version 2 (an older view): not added.
-        p.update(2, [("b".into(), 8, Some(request("x")))], false);
+        p.update(2, [("b".into(), t(8), Some(request("x")))], false);
         assert_eq!(p.lookup(&held(&[("b", 8)])).1, vec![None]);
-        p.update(3, [("b".into(), 8, Some(request("x")))], false);
+        p.update(3, [("b".into(), t(8), Some(request("x")))], false);
         assert_eq!(
             p.lookup(&held(&[("b", 8)])).1,
             vec![Some(Some(request("x")))]
         );
         // A complete read at a new version drops what it did not read.
-        p.update(4, [("a".into(), 7, None)], true);
+        p.update(4, [("a".into(), t(7), None)], true);
         assert_eq!(p.lookup(&held(&[("b", 8)])), (Some(4), vec![None]));
-        p.forget("a", 7);
+        p.forget("a", t(7));
         assert_eq!(p.lookup(&held(&[("a", 7)])).1, vec![None]);
     }
 }

@@ -20,7 +20,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use tenure_lease::HeldLease;
+use tenure_lease::{FencingToken, HeldLease};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use zookeeper_client as zk;
@@ -32,7 +32,7 @@ use crate::pending::PendingRequests;
 /// A grant this client made.
 #[derive(Debug, Clone)]
 pub(crate) struct Grant {
-    pub token: u64,
+    pub token: FencingToken,
     pub instance: String,
     /// Data version of the lease node set by the grant's multi: a later grant changes it.
     pub lease_version: i32,
@@ -185,7 +185,7 @@ impl OwnerSession {
         Ok(deleted)
     }
 
-    pub(crate) fn forget(&self, name: &str, token: u64) {
+    pub(crate) fn forget(&self, name: &str, token: FencingToken) {
         let mut grants = self.lock();
         if grants.get(name).is_some_and(|g| g.token == token) {
             grants.remove(name);

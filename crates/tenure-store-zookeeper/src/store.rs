@@ -7,8 +7,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tenure_lease::names::NameRules;
 use tenure_lease::{
-    AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, ConfigError, HeldLease, LeaseRecord,
-    LeaseSection, LeaseStore, PreemptAnswer, PreemptionRequest, Renewal, StoreError, StoreFactory,
+    AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, ConfigError, FencingToken,
+    HeldLease, LeaseRecord, LeaseSection, LeaseStore, PreemptAnswer, PreemptionRequest, Renewal,
+    StoreError, StoreFactory,
 };
 use tokio::time::Instant;
 use zookeeper_client as zk;
@@ -218,7 +219,7 @@ impl ZooKeeperStore {
 
     /// The local expiry of the grant `(name, token)` if one of this store's sessions made it:
     /// `Some(None)` when it has ended here (being deleted), `Some(Some(left))` while live.
-    async fn local_expiry(&self, name: &str, token: u64) -> Option<Option<Duration>> {
+    async fn local_expiry(&self, name: &str, token: FencingToken) -> Option<Option<Duration>> {
         let slots: Vec<Slot> = self
             .inner
             .owners
@@ -731,7 +732,7 @@ impl LeaseStore for ZooKeeperStore {
     async fn request_preemption(
         &self,
         name: &str,
-        token_: u64,
+        token_: FencingToken,
         request: &PreemptionRequest,
     ) -> Result<PreemptAnswer, StoreError> {
         let client = self.reader().await?;
@@ -775,7 +776,7 @@ impl LeaseStore for ZooKeeperStore {
     async fn withdraw_preemption(
         &self,
         name: &str,
-        token_: u64,
+        token_: FencingToken,
         by: &str,
     ) -> Result<bool, StoreError> {
         let client = self.reader().await?;
@@ -806,7 +807,12 @@ impl LeaseStore for ZooKeeperStore {
 
     /// Deletes the holder node if no grant happened since `owner`'s grant with `token`
     /// (a version check on the lease node, in the same multi).
-    async fn release(&self, name: &str, owner: &str, token_: u64) -> Result<bool, StoreError> {
+    async fn release(
+        &self,
+        name: &str,
+        owner: &str,
+        token_: FencingToken,
+    ) -> Result<bool, StoreError> {
         if let Some(s) = self.existing_session(owner).await
             && let Some(g) = s.grant(name).filter(|g| g.token == token_)
         {

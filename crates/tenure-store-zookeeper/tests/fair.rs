@@ -6,7 +6,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tenure_lease::{AcquireOutcome, AcquireRequest, LeaseStore};
+use tenure_lease::{AcquireOutcome, AcquireRequest, FencingToken, LeaseStore};
 use tenure_store_zookeeper::zookeeper_client as zk;
 use tokio::time::{Instant, sleep};
 
@@ -23,7 +23,7 @@ fn request(name: &str, owner: &str) -> AcquireRequest {
     }
 }
 
-fn granted(outcome: &AcquireOutcome) -> u64 {
+fn granted(outcome: &AcquireOutcome) -> FencingToken {
     match outcome {
         AcquireOutcome::Granted(r) => r.token,
         AcquireOutcome::Held(r) => panic!("expected a grant, held by {}", r.owner),

@@ -9,8 +9,8 @@ use std::time::Duration;
 use tenure_lease::conformance::test_settings;
 use tenure_lease::store::bounded;
 use tenure_lease::{
-    AcquireOutcome, AcquireRequest, Acquired, HeldLease, Lease, LeaseSpec, LeaseStore, LostReason,
-    Renewal, StoreError,
+    AcquireOutcome, AcquireRequest, Acquired, FencingToken, HeldLease, Lease, LeaseSpec,
+    LeaseStore, LostReason, Renewal, StoreError,
 };
 use tokio::time::{Instant, sleep};
 
@@ -25,7 +25,7 @@ fn request(name: &str, owner: &str, instance: &str, ttl: Duration) -> AcquireReq
     }
 }
 
-fn granted(outcome: AcquireOutcome) -> u64 {
+fn granted(outcome: AcquireOutcome) -> FencingToken {
     match outcome {
         AcquireOutcome::Granted(r) => r.token,
         AcquireOutcome::Held(r) => panic!("expected a grant, held by {}", r.owner),
@@ -115,7 +115,7 @@ async fn server_stopped_then_restarted() {
 async fn tokens_increase_across_restarts() {
     let shared = common::exclusive().await;
     let ttl = Duration::from_secs(2);
-    let mut last = 0;
+    let mut last = FencingToken::new(0);
     for round in 0..3 {
         let store = shared.store(ttl, Duration::from_secs(2));
         for (i, name) in ["t-one", "t-two"].iter().enumerate() {

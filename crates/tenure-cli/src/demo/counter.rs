@@ -5,6 +5,7 @@
 
 use ractor::ActorProcessingErr;
 use serde::{Deserialize, Serialize};
+use tenure::FencingToken;
 use tenure::history::Event;
 use tenure::sharding::{Entity, EntityContext};
 use tenure::sqlite::FencedCounter;
@@ -26,7 +27,7 @@ pub struct CounterReply {
     /// `false` when the counter refused the write: a newer token wrote already.
     pub accepted: bool,
     /// The token the entity runs under.
-    pub token: u64,
+    pub token: FencingToken,
     /// The node that answered.
     pub node: String,
 }
@@ -77,7 +78,7 @@ impl Entity for Counter {
                         entity_type: ctx.type_name.clone(),
                         shard: ctx.shard_id.clone(),
                         entity: ctx.entity_id.clone(),
-                        token,
+                        token: token.get(),
                         value,
                         accepted: value.is_some(),
                     });

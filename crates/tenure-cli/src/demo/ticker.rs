@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use serde::{Deserialize, Serialize};
+use tenure::FencingToken;
 use tenure::cluster::History;
 use tenure::history::Event;
 use tenure::sqlite::FencedCounter;
@@ -21,7 +22,7 @@ pub struct CountReply {
     /// The counter as last written; `None` before the first write.
     pub value: Option<u64>,
     /// The fencing token the ticker runs under.
-    pub token: u64,
+    pub token: FencingToken,
     /// The node that answered.
     pub node: String,
 }
@@ -52,7 +53,7 @@ pub struct TickerArgs {
     /// The counter's name (the singleton's name).
     pub name: String,
     /// The fencing token of the grant the instance runs under: presented with every write.
-    pub token: u64,
+    pub token: FencingToken,
     /// The fenced counter it writes.
     pub counter: FencedCounter,
     /// How often it ticks.
@@ -114,7 +115,7 @@ impl Actor for Ticker {
                     tokio::task::spawn_blocking(move || counter.increment(&name, token)).await?;
                 let tick = |value: Option<u64>, accepted: bool| Event::Tick {
                     singleton: state.args.name.clone(),
-                    token,
+                    token: token.get(),
                     value,
                     accepted,
                 };
@@ -126,7 +127,7 @@ impl Actor for Ticker {
                         }
                     }
                     Ok(None) => {
-                        tracing::warn!(singleton = %state.args.name, token, "tick refused: a newer token wrote the counter");
+                        tracing::warn!(singleton = %state.args.name, token = token.get(), "tick refused: a newer token wrote the counter");
                         if let Some(h) = &state.args.history {
                             h.record(tick(None, false));
                         }

@@ -130,7 +130,7 @@ async fn increment(
             entity: key.to_string(),
             shard,
             value,
-            token,
+            token: token.get(),
             from: node,
             issued: Some(issued),
         }),

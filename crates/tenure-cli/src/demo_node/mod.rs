@@ -238,7 +238,7 @@ impl tenure::sharding::daemon::DaemonWorker for IdleWorker {
         index: usize,
         ctx: &tenure::sharding::EntityContext,
     ) -> Result<(), ractor::ActorProcessingErr> {
-        tracing::info!(worker = index, token = ctx.token, "daemon worker started");
+        tracing::info!(worker = index, token = %ctx.token, "daemon worker started");
         Ok(())
     }
 }
@@ -270,7 +270,7 @@ async fn probe_through_proxy(
                         h.record(tenure::history::Event::ProxyReply {
                             singleton: name.clone(),
                             from: reply.node.clone(),
-                            token: Some(reply.token),
+                            token: Some(reply.token.get()),
                             value: reply.value,
                         });
                     }

@@ -11,8 +11,8 @@ use ractor::{ActorProcessingErr, ActorRef, RpcReplyPort};
 use tenure_lease::history::Event;
 use tenure_lease::store::bounded;
 use tenure_lease::{
-    Lease, LeaseActor, LeaseEvent, LeaseEventSink, LeaseMsg, LeaseObserver, LeaseRecord, LeaseSpec,
-    LeaseStore,
+    FencingToken, Lease, LeaseActor, LeaseEvent, LeaseEventSink, LeaseMsg, LeaseObserver,
+    LeaseRecord, LeaseSpec, LeaseStore,
 };
 use tokio::time::Instant;
 
@@ -36,7 +36,7 @@ pub(super) struct MemberLease {
     pub ticketing: bool,
     /// The token of the grant whose placement check is under way: the node counts itself
     /// up only once it passed.
-    pub verifying: Option<u64>,
+    pub verifying: Option<FencingToken>,
 }
 
 /// The listing of the other members' leases.
@@ -121,7 +121,7 @@ fn proof_key(cookie: &str, tls: Option<&Tls>) -> String {
 
 /// Takes a join ticket: grants of one lease name get strictly increasing tokens, so
 /// acquiring (and at once releasing) `<system>-join` numbers joins in order. The ticket is
-/// the member's age. The lease's own retrying does the waiting; `None` if the agent stopped
+/// the member's age (the join grant's token as a number). The lease's own retrying does the waiting; `None` if the agent stopped
 /// first.
 async fn take_ticket(spec: LeaseSpec, agent: ActorRef<AgentMsg>) -> Option<u64> {
     let lease = match Lease::start(spec).await {
@@ -132,7 +132,7 @@ async fn take_ticket(spec: LeaseSpec, agent: ActorRef<AgentMsg>) -> Option<u64> 
         }
     };
     let ticket = tokio::select! {
-        got = lease.acquire_wait() => got.map_err(|e| tracing::warn!(error = %e, "no join ticket")).ok(),
+        got = lease.acquire_wait() => got.map(FencingToken::get).map_err(|e| tracing::warn!(error = %e, "no join ticket")).ok(),
         _ = agent.wait(None) => None,
     };
     if let Err(e) = lease.release().await {
@@ -220,13 +220,13 @@ impl AgentState {
         }
         match event {
             LeaseEvent::Granted(g) => {
-                tracing::info!(node = %self.me, token = g.token, "member lease granted: checking placement against the members");
+                tracing::info!(node = %self.me, token = g.token.get(), "member lease granted: checking placement against the members");
                 self.member_lease.verifying = Some(g.token);
                 self.list_for_join(myself, g.token, Duration::ZERO);
             }
             LeaseEvent::Lost(l) => {
                 self.member_lease.verifying = None;
-                tracing::warn!(node = %self.me, token = l.token, reason = %l.reason, "member lease lost: this node is down");
+                tracing::warn!(node = %self.me, token = l.token.get(), reason = %l.reason, "member lease lost: this node is down");
                 let events = self.view.self_lost();
                 self.emit(events);
                 if let Some(d) = self.downing.as_mut() {
@@ -257,7 +257,7 @@ impl AgentState {
     pub(super) async fn on_join_check(
         &mut self,
         myself: &ActorRef<AgentMsg>,
-        token: u64,
+        token: FencingToken,
         listed: Result<Vec<LeaseRecord>, String>,
     ) -> Result<(), ActorProcessingErr> {
         if self.member_lease.verifying != Some(token) {
@@ -274,7 +274,7 @@ impl AgentState {
                 None => {
                     self.member_lease.verifying = None;
                     let age = self.member_lease.ticket.unwrap_or_default();
-                    tracing::info!(node = %self.me, token, age, "placement agrees with every member: up");
+                    tracing::info!(node = %self.me, token = token.get(), age, "placement agrees with every member: up");
                     let events = self.view.self_granted(age);
                     if let Some(d) = self.downing.as_mut() {
                         d.membership_up(Instant::now());
@@ -467,7 +467,12 @@ impl AgentState {
     /// The store orders the four operations; if A's listing does not show B's lease, it
     /// came before B's write, so B's listing, after B's write, shows A's lease, and B
     /// refuses itself. A node already up renews its lease, so every joiner sees it.
-    pub(super) fn list_for_join(&self, myself: &ActorRef<AgentMsg>, token: u64, wait: Duration) {
+    pub(super) fn list_for_join(
+        &self,
+        myself: &ActorRef<AgentMsg>,
+        token: FencingToken,
+        wait: Duration,
+    ) {
         let store = self.store.clone();
         let prefix = self.s.member_prefix();
         let timeout = self.s.member_lease.lease_operation_timeout;

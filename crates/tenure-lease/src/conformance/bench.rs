@@ -12,6 +12,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use ractor::ActorRef;
 
+use crate::FencingToken;
 use crate::names::NameRules;
 use crate::{
     AcquireOutcome, AcquireRequest, Acquired, Capabilities, HeldLease, Lease, LeaseActor,
@@ -194,7 +195,12 @@ impl LeaseStore for Counting {
             .fetch_add(leases.len() as u64, Ordering::SeqCst);
         self.inner.renew(owner, leases, ttl).await
     }
-    async fn release(&self, name: &str, owner: &str, token: u64) -> Result<bool, StoreError> {
+    async fn release(
+        &self,
+        name: &str,
+        owner: &str,
+        token: FencingToken,
+    ) -> Result<bool, StoreError> {
         self.inner.release(name, owner, token).await
     }
     async fn read(&self, name: &str) -> Result<Option<LeaseRecord>, StoreError> {
@@ -213,7 +219,7 @@ impl LeaseStore for Counting {
     async fn request_preemption(
         &self,
         name: &str,
-        token: u64,
+        token: FencingToken,
         request: &PreemptionRequest,
     ) -> Result<PreemptAnswer, StoreError> {
         self.inner.request_preemption(name, token, request).await
@@ -221,7 +227,7 @@ impl LeaseStore for Counting {
     async fn withdraw_preemption(
         &self,
         name: &str,
-        token: u64,
+        token: FencingToken,
         by: &str,
     ) -> Result<bool, StoreError> {
         self.inner.withdraw_preemption(name, token, by).await

@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use tokio::time::sleep;
 
 use super::AnswerDelay;
+use crate::FencingToken;
 use crate::{
     AcquireOutcome, AcquireRequest, HeldLease, LeaseRecord, LeaseStore, PreemptAnswer,
     PreemptionRequest, Renewal, StoreError,
@@ -88,7 +89,12 @@ impl LeaseStore for FaultyClient {
     ) -> Result<Vec<Renewal>, StoreError> {
         self.pass(self.inner.renew(owner, leases, ttl)).await
     }
-    async fn release(&self, name: &str, owner: &str, token: u64) -> Result<bool, StoreError> {
+    async fn release(
+        &self,
+        name: &str,
+        owner: &str,
+        token: FencingToken,
+    ) -> Result<bool, StoreError> {
         self.pass(self.inner.release(name, owner, token)).await
     }
     async fn read(&self, name: &str) -> Result<Option<LeaseRecord>, StoreError> {
@@ -107,7 +113,7 @@ impl LeaseStore for FaultyClient {
     async fn request_preemption(
         &self,
         name: &str,
-        token: u64,
+        token: FencingToken,
         request: &PreemptionRequest,
     ) -> Result<PreemptAnswer, StoreError> {
         self.pass(self.inner.request_preemption(name, token, request))
@@ -116,7 +122,7 @@ impl LeaseStore for FaultyClient {
     async fn withdraw_preemption(
         &self,
         name: &str,
-        token: u64,
+        token: FencingToken,
         by: &str,
     ) -> Result<bool, StoreError> {
         self.pass(self.inner.withdraw_preemption(name, token, by))

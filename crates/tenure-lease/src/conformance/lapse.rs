@@ -11,6 +11,7 @@ use tokio::time::{Instant, sleep, timeout};
 use super::{
     Harness, granted_token, lease_on, lease_with, poll_until_granted, request, test_settings,
 };
+use crate::FencingToken;
 use crate::{Acquired, HeldLease, LeaseError, LeaseSettings, LeaseStore, LostReason, Renewal};
 
 /// How late answers come while a client's answers are delayed: past the operation timeout.
@@ -170,7 +171,7 @@ pub async fn lost_reentrant_answer_keeps_the_grant(h: &dyn Harness) {
 pub async fn reentry_after_an_operator_release(h: &dyn Harness) {
     let operator = h.client().await;
     let lease = lease_on(h.client().await, "operator-released", "a").await;
-    let losses: Arc<Mutex<Vec<(u64, LostReason)>>> = Arc::default();
+    let losses: Arc<Mutex<Vec<(FencingToken, LostReason)>>> = Arc::default();
     let l = losses.clone();
     let Acquired::Granted { token: t1 } = lease
         .acquire_with_lost(move |lost| l.lock().unwrap().push((lost.token, lost.reason)))
@@ -216,7 +217,7 @@ pub async fn session_expiry_recovers(h: &dyn Harness) {
     let (slow, delay) = h.delayed_client().await;
     let ttl = test_settings().heartbeat_timeout;
     let lease = lease_on(slow, "expiring-session", "a").await;
-    let losses: Arc<Mutex<Vec<u64>>> = Arc::default();
+    let losses: Arc<Mutex<Vec<FencingToken>>> = Arc::default();
     let l = losses.clone();
     let Acquired::Granted { token: t1 } = lease
         .acquire_with_lost(move |lost| l.lock().unwrap().push(lost.token))

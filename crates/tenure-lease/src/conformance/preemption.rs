@@ -13,6 +13,7 @@ use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep};
 
 use super::{Harness, granted_token, poll_until_granted, request, test_settings};
+use crate::FencingToken;
 use crate::history::check::{Hold, HoldEnd, Violation, ViolationKind, check};
 use crate::history::{Entry, Event};
 use crate::{
@@ -88,7 +89,7 @@ pub async fn preemption_requests(h: &dyn Harness) {
         (held.priority, held.cleanup_timeout, held.note.as_deref()),
         (2, Duration::from_secs(3), Some("a at work"))
     );
-    let call = |q: PreemptionRequest, token: u64| {
+    let call = |q: PreemptionRequest, token: FencingToken| {
         let b = b.clone();
         async move {
             b.request_preemption("prio", token, &q)
@@ -145,7 +146,7 @@ pub async fn preemption_requests(h: &dyn Harness) {
     );
     // Not the current grant: gone.
     assert_eq!(
-        call(ask("c", 5, false), t + 1000).await,
+        call(ask("c", 5, false), FencingToken::new(t.get() + 1000)).await,
         PreemptAnswer::Gone
     );
     // Released: the request goes with the grant.
@@ -363,7 +364,7 @@ fn options(priority: u64, cleanup_ms: u64) -> AcquireOptions {
     }
 }
 
-async fn must_grant(lease: &Lease) -> u64 {
+async fn must_grant(lease: &Lease) -> FencingToken {
     match lease.acquire().await.expect("acquire") {
         Acquired::Granted { token } => token,
         other => panic!("{} not granted: {other:?}", lease.owner()),

@@ -12,12 +12,13 @@ use std::time::Duration;
 use tokio::time::{Instant, sleep};
 
 use super::{Harness, granted_token, poll_until_granted, request, test_settings};
+use crate::FencingToken;
 use crate::{
     AcquireOutcome, AcquireRequest, HeldLease, LeaseStore, PreemptAnswer, PreemptionRequest,
 };
 
 /// Acquires `name` for `owner` at priority 1 with the test ttl.
-async fn grant(store: &dyn LeaseStore, name: &str, owner: &str) -> u64 {
+async fn grant(store: &dyn LeaseStore, name: &str, owner: &str) -> FencingToken {
     let req = AcquireRequest {
         priority: 1,
         ..request(name, owner, test_settings().heartbeat_timeout)
@@ -26,7 +27,7 @@ async fn grant(store: &dyn LeaseStore, name: &str, owner: &str) -> u64 {
 }
 
 /// Records `by`'s forceful request (priority 2) on grant `token` of `name`.
-async fn force(store: &dyn LeaseStore, name: &str, token: u64, by: &str) {
+async fn force(store: &dyn LeaseStore, name: &str, token: FencingToken, by: &str) {
     let q = PreemptionRequest {
         by: by.into(),
         instance: format!("{by}-instance"),
@@ -44,7 +45,7 @@ async fn force(store: &dyn LeaseStore, name: &str, token: u64, by: &str) {
     );
 }
 
-fn held(leases: &[(&str, u64)]) -> Vec<HeldLease> {
+fn held(leases: &[(&str, FencingToken)]) -> Vec<HeldLease> {
     leases
         .iter()
         .map(|(name, token)| HeldLease {

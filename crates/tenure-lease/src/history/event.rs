@@ -560,7 +560,7 @@ impl Event {
             &LeaseTrace::Granted { token, valid_until } => Event::LeaseGranted {
                 lease,
                 owner,
-                token,
+                token: token.get(),
                 valid_until,
             },
             LeaseTrace::NotGranted { holder } => Event::LeaseNotGranted {
@@ -571,30 +571,30 @@ impl Event {
             &LeaseTrace::Renewed { token, valid_until } => Event::LeaseRenewed {
                 lease,
                 owner,
-                token,
+                token: token.get(),
                 valid_until,
             },
             &LeaseTrace::Lost { token, reason } => Event::LeaseLost {
                 lease,
                 owner,
-                token,
+                token: token.get(),
                 reason: reason.to_string(),
             },
             LeaseTrace::Suspended { token, error } => Event::LeaseSuspended {
                 lease,
                 owner,
-                token: *token,
+                token: token.get(),
                 error: error.clone(),
             },
             &LeaseTrace::Resumed { token } => Event::LeaseResumed {
                 lease,
                 owner,
-                token,
+                token: token.get(),
             },
             &LeaseTrace::Released { token } => Event::LeaseReleased {
                 lease,
                 owner,
-                token,
+                token: token.get(),
             },
             LeaseTrace::Error { operation, error } => Event::LeaseError {
                 lease,

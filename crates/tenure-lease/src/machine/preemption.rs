@@ -17,12 +17,13 @@ use crate::actor::{AcquireReply, Acquired};
 use crate::duration::later;
 use crate::error::LeaseError;
 use crate::store::{LeaseRecord, PreemptAnswer, PreemptionRequest};
+use crate::token::FencingToken;
 
 /// A requester waiting for a lower-priority holder to give the lease up.
 #[derive(Debug)]
 pub(crate) struct Preempting<A> {
     /// The token of the grant asked to give up.
-    pub(super) target: u64,
+    pub(super) target: FencingToken,
     /// When waiting on this grant began.
     started: Instant,
     /// When the wait for a voluntary release ends: min(own waiting timeout, the holder's
