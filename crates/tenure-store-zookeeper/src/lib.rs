@@ -73,12 +73,14 @@
 
 mod error;
 pub mod fair;
+mod fence;
 mod node;
 mod options;
 mod pending;
 mod session;
 mod store;
 
+pub use fence::ZooKeeperFence;
 pub use options::ZooKeeperOptions;
 pub use store::{ZooKeeperStore, ZooKeeperStoreFactory};
 /// The ZooKeeper client this store is built on.

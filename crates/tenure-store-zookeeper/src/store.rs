@@ -93,6 +93,39 @@ impl ZooKeeperStore {
         &self.inner.options
     }
 
+    /// The fence of a write guarded by lease `name` with fencing token `token`, for the
+    /// caller's own `multi` (see [`ZooKeeperFence`]): `Ok(None)` when that grant is not the
+    /// lease's current one now (released, expired, replaced), `Err` when the store could
+    /// not be read. The multi it is added to commits only while the grant stays current.
+    pub async fn fence(
+        &self,
+        name: &str,
+        token: FencingToken,
+    ) -> Result<Option<crate::ZooKeeperFence>, StoreError> {
+        let client = self.reader().await?;
+        let lease = self.inner.layout.lease(name)?;
+        let holder = self.inner.layout.holder(name)?;
+        // The lease node first: a grant made between the two reads has another holder
+        // node (another czxid), so the version read belongs to the fenced grant or the
+        // fence is refused here.
+        let version = match client.check_stat(&lease).await {
+            Ok(Some(stat)) => stat.version,
+            Ok(None) => return Ok(None),
+            Err(e) => return Err(from_zk(&format!("reading {lease}"), &e)),
+        };
+        match client.check_stat(&holder).await {
+            Ok(Some(stat)) if crate::node::token(stat.czxid) == token => {
+                Ok(Some(crate::ZooKeeperFence {
+                    lease,
+                    version,
+                    holder,
+                }))
+            }
+            Ok(_) => Ok(None),
+            Err(e) => Err(from_zk(&format!("reading {holder}"), &e)),
+        }
+    }
+
     /// Opens a new session with the configured timeouts and auth. A `detached` session is
     /// not closed when the store is dropped: the server ends it after its timeout, so the
     /// grants on it last as long as their ttl promised (a holder that exits without
