@@ -1,6 +1,7 @@
 //! Typed errors. A `LeaseError` from an operation means the outcome is *unknown*:
 //! treat the lease as maybe held, never as certainly not held.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 /// What a store reports when an operation could not be carried out.
@@ -83,10 +84,22 @@ pub enum LeaseError {
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {
-    #[error("cannot read config file {path}: {detail}")]
-    Read { path: String, detail: String },
-    #[error("malformed TOML in {origin}: {detail}")]
-    Parse { origin: String, detail: String },
+    /// A config file could not be read. The source is shared (`Arc`) so that the error
+    /// stays `Clone`.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: Arc<std::io::Error>,
+    },
+    /// Config text (a file, `origin`) is not TOML.
+    #[error("malformed TOML in {origin}: {source}")]
+    Parse {
+        origin: String,
+        #[source]
+        source: toml::de::Error,
+    },
+    /// A value that does not fit its key (wrong type, out of range, unknown key, …).
     #[error("config key `{key}`: {detail}")]
     Invalid { key: String, detail: String },
     /// Two settings that are each valid but do not fit together.

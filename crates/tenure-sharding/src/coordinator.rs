@@ -295,7 +295,7 @@ impl CoordinatorState {
         let up = self
             .members
             .get(region)
-            .is_some_and(|m| m.status == MemberStatus::Up && m.has_role(&self.args.settings.role));
+            .is_some_and(|m| m.status == MemberStatus::Up && m.has_role(self.args.settings.role.as_deref()));
         let available = self
             .regions
             .get(region)
@@ -450,7 +450,7 @@ impl CoordinatorState {
         let settled = self.members.values().all(|m| {
             m.status == MemberStatus::Up
                 && m.reachable
-                && (!m.has_role(&self.args.settings.role)
+                && (!m.has_role(self.args.settings.role.as_deref())
                     || self
                         .regions
                         .get(&m.addr.to_string())

@@ -79,7 +79,7 @@ mod pending;
 mod session;
 mod store;
 
-pub use options::ZooKeeperOptions;
+pub use options::{REFERENCE, ZooKeeperConfig, ZooKeeperOptions};
 pub use store::{ZooKeeperStore, ZooKeeperStoreFactory};
 /// The ZooKeeper client this store is built on.
 pub use zookeeper_client;
