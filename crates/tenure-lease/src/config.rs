@@ -68,7 +68,14 @@ fn read_layers<T: DeserializeOwned>(layers: &[(&str, &toml::Table)]) -> Result<T
             (prefix, path) if path.starts_with('[') => format!("{prefix}{path}"),
             (prefix, path) => format!("{prefix}.{path}"),
         };
-        ConfigError::invalid(key, e.into_inner().message().trim_end())
+        // TOML speaks of keys where serde speaks of fields.
+        let detail = e
+            .into_inner()
+            .message()
+            .trim_end()
+            .replacen("unknown field", "unknown key", 1)
+            .replacen("missing field", "missing key", 1);
+        ConfigError::invalid(key, detail)
     })
 }
 
