@@ -48,8 +48,10 @@ async fn shipped_configs_load_and_open() {
             tenure::sharding::ShardingSettings::from_config(provider.config(), "t", &section)
                 .unwrap_or_else(|e| panic!("{} [lease.{section}]: {e}", path.display()));
         }
-        let cluster: tenure::cluster::ClusterConfig =
-            provider.config().section("cluster").expect("[cluster] reads");
+        let cluster: tenure::cluster::ClusterConfig = provider
+            .config()
+            .section("cluster")
+            .expect("[cluster] reads");
         if cluster.cookie.is_some() {
             let cluster = tenure::cluster::ClusterSettings::from_config(provider.config())
                 .unwrap_or_else(|e| panic!("{}: {e}", path.display()));

@@ -50,7 +50,11 @@ fn unknown_keys_and_retired_sentinels_are_refused_naming_the_key() {
     let sb = Sandbox::new();
     for (config, key, says) in [
         ("[tenure]\nsytem = \"x\"\n", "`tenure.sytem`", "unknown key"),
-        ("[leases.sqlite]\npath = \"/x\"\n", "`leases`", "unknown table"),
+        (
+            "[leases.sqlite]\npath = \"/x\"\n",
+            "`leases`",
+            "unknown table",
+        ),
         (
             "[lease]\nheartbeat-timout = \"10s\"\n",
             "`lease.heartbeat-timout`",

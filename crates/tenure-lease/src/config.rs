@@ -221,7 +221,7 @@ impl TenureConfig {
             .parse::<toml::Table>()
             .map_err(|source| ConfigError::Parse {
                 origin: origin.to_string(),
-                source,
+                source: Box::new(source),
             })?;
         merge_tables(&mut self.table, overlay);
         Ok(())
@@ -524,8 +524,14 @@ mod tests {
         assert_eq!(names, ["etcd", "memory", "postgres", "sqlite", "zookeeper"]);
         for name in names {
             let section = c.lease_section(&name).unwrap();
-            assert_eq!(section.store, name, "each built-in section is named after its kind");
-            assert!(section.options.is_empty(), "{name}: options belong to the store crate");
+            assert_eq!(
+                section.store, name,
+                "each built-in section is named after its kind"
+            );
+            assert!(
+                section.options.is_empty(),
+                "{name}: options belong to the store crate"
+            );
         }
     }
 
@@ -550,7 +556,10 @@ mod tests {
     fn unknown_keys_are_refused_naming_the_key() {
         for (text, key) in [
             ("[tenure]\nsytem = \"x\"", "`tenure.sytem`"),
-            ("[lease]\nheartbeat-timout = \"9s\"", "`lease.heartbeat-timout`"),
+            (
+                "[lease]\nheartbeat-timout = \"9s\"",
+                "`lease.heartbeat-timout`",
+            ),
             ("[clutser]\nport = 1", "`clutser`"),
             (
                 "[lease.m]\nstore = \"memory\"\nnamespce = \"x\"",
@@ -564,7 +573,10 @@ mod tests {
                 })
                 .unwrap_err()
                 .to_string();
-            assert!(err.contains(key) && err.contains("unknown"), "{text}: {err}");
+            assert!(
+                err.contains(key) && err.contains("unknown"),
+                "{text}: {err}"
+            );
         }
     }
 
@@ -573,7 +585,10 @@ mod tests {
         let err = TenureConfig::from_toml_str("[lease]\nheartbeat-interval = \"0s\"", "t")
             .unwrap_err()
             .to_string();
-        assert!(err.contains("lease.heartbeat-interval") && err.contains("leave the key out"), "{err}");
+        assert!(
+            err.contains("lease.heartbeat-interval") && err.contains("leave the key out"),
+            "{err}"
+        );
         let c = TenureConfig::from_toml_str(
             "[lease.x]\nstore = \"memory\"\nheartbeat-timeout = \"60s\"",
             "t",
@@ -591,14 +606,25 @@ mod tests {
     fn read_and_parse_errors_keep_their_source() {
         use std::error::Error as _;
         let mut c = TenureConfig::reference();
-        let err = c.merge_file(Path::new("/nonexistent/tenure.toml")).unwrap_err();
-        assert!(err.to_string().contains("/nonexistent/tenure.toml"), "{err}");
+        let err = c
+            .merge_file(Path::new("/nonexistent/tenure.toml"))
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("/nonexistent/tenure.toml"),
+            "{err}"
+        );
         let source = err.source().expect("the io error");
-        let io = source.downcast_ref::<Arc<std::io::Error>>().expect("an io::Error");
+        let io = source
+            .downcast_ref::<Arc<std::io::Error>>()
+            .expect("an io::Error");
         assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
         let err = c.merge_str("[lease\n", "f.toml").unwrap_err();
         assert!(err.to_string().contains("f.toml"), "{err}");
-        assert!(err.source().and_then(|s| s.downcast_ref::<toml::de::Error>()).is_some());
+        let source = err.source().expect("the toml error");
+        assert!(
+            source.downcast_ref::<Box<toml::de::Error>>().is_some(),
+            "{source:?}"
+        );
     }
 
     #[test]

@@ -92,12 +92,13 @@ pub enum ConfigError {
         #[source]
         source: Arc<std::io::Error>,
     },
-    /// Config text (a file, `origin`) is not TOML.
+    /// Config text (a file, `origin`) is not TOML. The source is boxed: it is large, and
+    /// every `Result` carrying a `ConfigError` would pay for it.
     #[error("malformed TOML in {origin}: {source}")]
     Parse {
         origin: String,
         #[source]
-        source: toml::de::Error,
+        source: Box<toml::de::Error>,
     },
     /// A value that does not fit its key (wrong type, out of range, unknown key, …).
     #[error("config key `{key}`: {detail}")]

@@ -292,10 +292,9 @@ impl CoordinatorState {
     /// A region that may keep its shards: its member is up, it reported itself
     /// available, and it has not been unreachable for too long.
     fn alive(&self, region: &str) -> bool {
-        let up = self
-            .members
-            .get(region)
-            .is_some_and(|m| m.status == MemberStatus::Up && m.has_role(self.args.settings.role.as_deref()));
+        let up = self.members.get(region).is_some_and(|m| {
+            m.status == MemberStatus::Up && m.has_role(self.args.settings.role.as_deref())
+        });
         let available = self
             .regions
             .get(region)

@@ -175,7 +175,8 @@ mod tests {
         let s = ShardingSettings::from_config(&config, "counter", "sqlite").unwrap();
         assert_eq!((s.number_of_shards, s.idle_timeout), (64, None));
         let config =
-            TenureConfig::from_toml_str("[sharding.counter]\nidle-timeout = \"1m 30s\"", "t").unwrap();
+            TenureConfig::from_toml_str("[sharding.counter]\nidle-timeout = \"1m 30s\"", "t")
+                .unwrap();
         let s = ShardingSettings::from_config(&config, "counter", "sqlite").unwrap();
         assert_eq!(s.idle_timeout, Some(Duration::from_secs(90)));
         let other = ShardingSettings::from_config(&config, "other", "sqlite").unwrap();
@@ -189,9 +190,18 @@ mod tests {
             ),
             ("[sharding.counter]\nrole = 1", "`sharding.counter.role`"),
             ("[sharding]\nrole = 1", "`sharding.role`"),
-            ("[sharding.counter]\nshards = 1", "`sharding.counter.shards`"),
-            ("[sharding]\nidle-timeout = \"0s\"", "`sharding.idle-timeout`"),
-            ("[sharding.counter]\nbuffer-size = 0", "`sharding.counter.buffer-size`"),
+            (
+                "[sharding.counter]\nshards = 1",
+                "`sharding.counter.shards`",
+            ),
+            (
+                "[sharding]\nidle-timeout = \"0s\"",
+                "`sharding.idle-timeout`",
+            ),
+            (
+                "[sharding.counter]\nbuffer-size = 0",
+                "`sharding.counter.buffer-size`",
+            ),
             (
                 "[sharding.counter]\nhand-off-timeout = \"1m 30\"",
                 "`sharding.counter.hand-off-timeout`",

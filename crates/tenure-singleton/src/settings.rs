@@ -112,9 +112,11 @@ mod tests {
     #[test]
     fn the_reference_fragment_is_the_defaults() {
         let fragment: toml::Table = toml::from_str(REFERENCE).unwrap();
-        let c: SingletonConfig =
-            tenure_lease::config::read_table("singleton", fragment["singleton"].as_table().unwrap())
-                .unwrap();
+        let c: SingletonConfig = tenure_lease::config::read_table(
+            "singleton",
+            fragment["singleton"].as_table().unwrap(),
+        )
+        .unwrap();
         assert_eq!(c, SingletonConfig::default());
     }
 

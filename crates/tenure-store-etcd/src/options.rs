@@ -105,7 +105,10 @@ impl EtcdOptions {
         let c: EtcdConfig = section.options()?;
         let key = |k: &str| format!("{}.{k}", section.key());
         if c.endpoints.is_empty() {
-            return Err(ConfigError::invalid(key("endpoints"), "needs at least one URL"));
+            return Err(ConfigError::invalid(
+                key("endpoints"),
+                "needs at least one URL",
+            ));
         }
         if c.prefix.is_empty() {
             return Err(ConfigError::invalid(key("prefix"), "must not be empty"));
@@ -119,7 +122,10 @@ impl EtcdOptions {
             ));
         }
         if c.password.is_some() && c.user.is_none() {
-            return Err(ConfigError::invalid(key("user"), "required with a password"));
+            return Err(ConfigError::invalid(
+                key("user"),
+                "required with a password",
+            ));
         }
         Ok(EtcdOptions {
             endpoints: c.endpoints,

@@ -98,7 +98,10 @@ impl PostgresOptions {
         let c: PostgresConfig = section.options()?;
         let key = |k: &str| format!("{}.{k}", section.key());
         let mut connection = tokio_postgres::Config::from_str(&c.url).map_err(|e| {
-            ConfigError::invalid(key("url"), format!("not a PostgreSQL connection string: {e}"))
+            ConfigError::invalid(
+                key("url"),
+                format!("not a PostgreSQL connection string: {e}"),
+            )
         })?;
         if connection.get_hosts().is_empty() {
             return Err(ConfigError::invalid(key("url"), "names no host"));
@@ -232,8 +235,14 @@ mod tests {
             .to_string();
         assert!(e.contains("lease.pg.connect-timeout"), "{e}");
         let e = section("tabel = \"x\"").err().unwrap().to_string();
-        assert!(e.contains("`lease.pg.tabel`") && e.contains("unknown"), "{e}");
-        let e = section("connect-timeout = \"1m 30x\"").err().unwrap().to_string();
+        assert!(
+            e.contains("`lease.pg.tabel`") && e.contains("unknown"),
+            "{e}"
+        );
+        let e = section("connect-timeout = \"1m 30x\"")
+            .err()
+            .unwrap()
+            .to_string();
         assert!(e.contains("`lease.pg.connect-timeout`"), "{e}");
     }
 

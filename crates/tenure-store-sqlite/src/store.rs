@@ -722,14 +722,19 @@ mod tests {
                 .lease_section("f")
                 .unwrap()
         };
-        let s = SqliteStoreFactory::path(&section("path = \"/x/y.sqlite\"")).ok().unwrap();
+        let s = SqliteStoreFactory::path(&section("path = \"/x/y.sqlite\""))
+            .ok()
+            .unwrap();
         assert_eq!((s.path, s.default), (PathBuf::from("/x/y.sqlite"), false));
         for (extra, key) in [
             ("paht = \"/x\"", "`lease.f.paht`"),
             ("path = \"\"", "`lease.f.path`"),
             ("path = 3", "`lease.f.path`"),
         ] {
-            let err = SqliteStoreFactory.check(&section(extra)).unwrap_err().to_string();
+            let err = SqliteStoreFactory
+                .check(&section(extra))
+                .unwrap_err()
+                .to_string();
             assert!(err.contains(key), "{extra}: {err}");
         }
     }

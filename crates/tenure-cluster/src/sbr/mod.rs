@@ -213,7 +213,9 @@ impl SbrConfig {
             StrategyName::DownAll => (Strategy::DownAll, &self.down_all.role),
             StrategyName::LeaseMajority => (
                 Strategy::LeaseMajority {
-                    acquire_delay_for_minority: self.lease_majority.acquire_lease_delay_for_minority,
+                    acquire_delay_for_minority: self
+                        .lease_majority
+                        .acquire_lease_delay_for_minority,
                     release_after: self.lease_majority.release_after,
                 },
                 &self.lease_majority.role,
