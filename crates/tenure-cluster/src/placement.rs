@@ -18,7 +18,7 @@ use tenure_lease::{ConfigError, LeaseSection, TenureConfig};
 pub struct EntityPlacement {
     /// `number-of-shards`: ids map to shards by a stable hash modulo this.
     pub number_of_shards: usize,
-    /// `lease-section`, resolved (`""` is the cluster's lease section).
+    /// `lease-section`, resolved (when not set: the cluster's lease section).
     pub lease_section: String,
     /// Where that section keeps its leases: the store kind and the place in it (file,
     /// prefix, schema and table, root, namespace), not how this node reaches it, since
@@ -57,7 +57,7 @@ impl EntityPlacement {
         type_name: Option<&str>,
         cluster_lease_section: &str,
     ) -> Result<EntityPlacement, ConfigError> {
-        // A name no table can have: `[sharding]` alone.
+        // No type name: `[sharding]` alone.
         let keys: PlacementKeys = config.named_section("sharding", type_name.unwrap_or(""))?;
         if keys.number_of_shards == 0 {
             return Err(ConfigError::invalid(

@@ -335,7 +335,7 @@ impl TenureConfig {
     /// The plain keys of `[<table>]` with those of `[<table>.<name>]` over them, read as `T`
     /// (per-name overrides, as singletons and entity types have). Errors name the dotted key
     /// where the offending value is written (`singleton.billing.role`, or `singleton.role`
-    /// when inherited).
+    /// when inherited). An empty `name` reads the plain keys of `[<table>]` alone.
     pub fn named_section<T: DeserializeOwned>(
         &self,
         table: &str,
@@ -350,6 +350,9 @@ impl TenureConfig {
                     .collect()
             })
             .unwrap_or_default();
+        if name.is_empty() {
+            return read_table(table, &base);
+        }
         let own_key = format!("{table}.{name}");
         let empty = toml::Table::new();
         let own = self.table_at(&own_key)?.unwrap_or(&empty);
@@ -517,7 +520,7 @@ mod tests {
     fn the_reference_fragment_is_the_defaults() {
         let c = TenureConfig::reference();
         assert_eq!(c.tenure().unwrap(), TenureSettings::default());
-        let lease: LeaseTiming = c.named_section("lease", "none").unwrap();
+        let lease: LeaseTiming = c.named_section("lease", "").unwrap();
         assert_eq!(lease, LeaseTiming::default());
         let mut names = c.lease_section_names().unwrap();
         names.sort();

@@ -66,7 +66,7 @@ impl std::fmt::Debug for EtcdConfig {
     }
 }
 
-/// How to reach an etcd cluster (defaults in `config/reference.toml`, `[lease.etcd]`).
+/// How to reach an etcd cluster, checked (from [`EtcdConfig`], or built in code).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EtcdOptions {
     /// Client URLs of the members, e.g. `http://127.0.0.1:2379`.
