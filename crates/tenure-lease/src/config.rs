@@ -556,6 +556,33 @@ mod tests {
     }
 
     #[test]
+    fn durations_keep_their_bound_and_name_the_key() {
+        for (text, says) in [
+            ("400days", "365 days"),
+            ("5 sec0nds", "5 sec0nds"),
+            ("5", "5"),
+        ] {
+            let err = TenureConfig::from_toml_str(
+                &format!("[lease.x]\nstore = \"memory\"\nheartbeat-timeout = \"{text}\""),
+                "t",
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(
+                err.contains("`lease.x.heartbeat-timeout`") && err.contains(says),
+                "{text}: {err}"
+            );
+        }
+        let err = TenureConfig::from_toml_str("[lease]\nlease-retry-interval = 5", "t")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("`lease.lease-retry-interval`") && err.contains("duration string"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn unknown_keys_are_refused_naming_the_key() {
         for (text, key) in [
             ("[tenure]\nsytem = \"x\"", "`tenure.sytem`"),
