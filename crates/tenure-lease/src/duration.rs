@@ -65,7 +65,7 @@ pub mod serde {
     pub fn optional<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
         match required(d)? {
             d if d.is_zero() => Err(D::Error::custom(
-                "must be > 0 (leave the key out for its default; \"0s\" no longer means it)",
+                "must be > 0 (leave the key out rather than set it to \"0s\")",
             )),
             d => Ok(Some(d)),
         }
