@@ -69,7 +69,8 @@ pub struct ClusterSettings {
 pub const REFERENCE: &str = include_str!("../reference.toml");
 
 /// `[cluster]` as written (defaults: [`REFERENCE`]); [`ClusterSettings::from_config`]
-/// checks it and resolves what depends on other sections.
+/// checks it and resolves what depends on other sections. Each field is the key of the
+/// same name in kebab-case, documented in the reference.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
 #[non_exhaustive]

@@ -12,7 +12,9 @@ use tenure_lease::{ConfigError, LeaseSettings, StopBudget, TenureConfig};
 pub const REFERENCE: &str = include_str!("../reference.toml");
 
 /// `[sharding]` (with `[sharding.<type>]` over it) as written (defaults: [`REFERENCE`]);
-/// [`ShardingSettings::from_config`] checks it.
+/// [`ShardingSettings::from_config`] checks it. Each field is the key of the same name in
+/// kebab-case, documented in the reference; `number-of-shards` and `lease-section` are
+/// read as placement (see `tenure_cluster::placement`), which every member must share.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
 #[non_exhaustive]

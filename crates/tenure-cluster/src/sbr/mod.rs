@@ -153,7 +153,8 @@ impl Default for KeepOldestConfig {
     }
 }
 
-/// `[cluster.split-brain-resolver]` as written, with its strategies' sub-tables.
+/// `[cluster.split-brain-resolver]` as written, with its strategies' sub-tables (each field
+/// is the key of the same name in kebab-case); [`resolve`](Self::resolve) checks it.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
 pub struct SbrConfig {
