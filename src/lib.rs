@@ -42,9 +42,9 @@ pub use tenure_lease::{
     Capabilities, ConfigError, EMERGENCY_PRIORITY, FenceCheck, FencingToken, Grant, HeldLease,
     HolderClock, Lease, LeaseActor, LeaseError, LeaseEvent, LeaseEventSink, LeaseGranted,
     LeaseLost, LeaseMsg, LeaseObserver, LeaseProvider, LeaseRecord, LeaseSection, LeaseSettings,
-    LeaseSpec, LeaseStore, LeaseTrace, LeaseView, LostReason, MemoryStore, MemoryStoreFactory,
-    PreemptionRequest, PreemptionRequested, PreemptionWithdrawn, StaleToken, StopBudget,
-    StoreError, StoreFactory, StoreRegistry, TenureConfig,
+    LeaseSpec, LeaseStore, LeaseTiming, LeaseTrace, LeaseView, LostReason, MemoryStore,
+    MemoryStoreFactory, PreemptionRequest, PreemptionRequested, PreemptionWithdrawn, StaleToken,
+    StopBudget, StoreError, StoreFactory, StoreRegistry, TenureConfig, TenureSettings,
 };
 pub use tenure_lease::{
     clock, config, duration, fence, history, memory, names, store, trace, validity,

@@ -136,7 +136,7 @@ async fn throughput(n: u64) {
         &format!(
             "[tenure]\ndefault-lease-section = \"memory\"\n[lease.memory]\nheartbeat-timeout = \"3s\"\nheartbeat-interval = \"500ms\"\n\
              [cluster]\nport = {port}\ncookie = \"bench\"\nmember-lease-ttl = \"3s\"\nmember-lease-interval = \"500ms\"\n\
-             [sharding.echo]\nnumber-of-shards = 10\nretry-interval = \"100ms\"\nidle-timeout = \"0s\"\n"
+             [sharding.echo]\nnumber-of-shards = 10\nretry-interval = \"100ms\"\nidle-timeout = \"off\"\n"
         ),
         "bench",
     )

@@ -91,7 +91,7 @@ fn config(dir: &std::path::Path, port: u16, seed: u16, roles: &str) -> String {
          heartbeat-timeout = \"5s\"\nheartbeat-interval = \"1s\"\nlease-retry-interval = \"200ms\"\n\
          [cluster]\nport = {port}\ncookie = \"bench\"\nseeds = [\"127.0.0.1:{seed}\"]\nroles = [{roles}]\n\
          member-lease-ttl = \"5s\"\nmember-lease-interval = \"1s\"\nmembership-interval = \"300ms\"\n\
-         [sharding.echo]\nrole = \"echo\"\nnumber-of-shards = 10\nretry-interval = \"200ms\"\nidle-timeout = \"0s\"\n",
+         [sharding.echo]\nrole = \"echo\"\nnumber-of-shards = 10\nretry-interval = \"200ms\"\nidle-timeout = \"off\"\n",
         dir.display()
     )
 }

@@ -36,5 +36,5 @@ pub use identity::{Incarnation, NodeAddr};
 pub use member::{ClusterEvent, Listed, Member, MemberStatus, Membership};
 pub use node::{Inspector, Node, NodeBuilder, Operator, Subscriptions};
 pub use protocol::{MemberInfo, NodeView, PROTOCOL_VERSION};
-pub use settings::{ClusterSettings, TlsFiles};
+pub use settings::{ClusterConfig, ClusterSettings, REFERENCE, TlsConfig, TlsFiles};
 pub use subscribe::{ClusterSubscriber, HandOver, HandOverWait};

@@ -58,9 +58,9 @@ pub struct Member {
 }
 
 impl Member {
-    /// Whether it has `role` (any member has the empty role).
-    pub fn has_role(&self, role: &str) -> bool {
-        role.is_empty() || self.roles.iter().any(|r| r == role)
+    /// Whether it has `role` (`None`: any member qualifies).
+    pub fn has_role(&self, role: Option<&str>) -> bool {
+        role.is_none_or(|role| self.roles.iter().any(|r| r == role))
     }
 }
 

@@ -11,7 +11,6 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use tenure_lease::config::TableReader;
 use tenure_lease::{ConfigError, LeaseSection, TenureConfig};
 
 /// Where the entities of one type live.
@@ -19,12 +18,34 @@ use tenure_lease::{ConfigError, LeaseSection, TenureConfig};
 pub struct EntityPlacement {
     /// `number-of-shards`: ids map to shards by a stable hash modulo this.
     pub number_of_shards: usize,
-    /// `lease-section`, resolved (`""` is the cluster's lease section).
+    /// `lease-section`, resolved (when not set: the cluster's lease section).
     pub lease_section: String,
     /// Where that section keeps its leases: the store kind and the place in it (file,
     /// prefix, schema and table, root, namespace), not how this node reaches it, since
     /// nodes may reach one store through different addresses.
     pub lease_store: String,
+}
+
+/// `number-of-shards` when neither `[sharding]` nor `[sharding.<type>]` sets it (Cluster
+/// Sharding's settings take their default from here).
+pub const DEFAULT_NUMBER_OF_SHARDS: usize = 100;
+
+/// The keys of `[sharding]` that decide placement. Other keys are Cluster Sharding's, which
+/// reads the whole section (and refuses unknown keys).
+#[derive(Deserialize)]
+#[serde(rename_all = "kebab-case", default)]
+struct PlacementKeys {
+    number_of_shards: usize,
+    lease_section: Option<String>,
+}
+
+impl Default for PlacementKeys {
+    fn default() -> Self {
+        PlacementKeys {
+            number_of_shards: DEFAULT_NUMBER_OF_SHARDS,
+            lease_section: None,
+        }
+    }
 }
 
 impl EntityPlacement {
@@ -36,28 +57,20 @@ impl EntityPlacement {
         type_name: Option<&str>,
         cluster_lease_section: &str,
     ) -> Result<EntityPlacement, ConfigError> {
-        let base = config
-            .table()
-            .get("sharding")
-            .and_then(|v| v.as_table())
-            .ok_or_else(|| ConfigError::invalid("sharding", "must be a table"))?;
-        let own = type_name
-            .and_then(|t| base.get(t))
-            .and_then(|v| v.as_table());
-        let mut merged = toml::Table::new();
-        for key in ["number-of-shards", "lease-section"] {
-            if let Some(v) = own.and_then(|t| t.get(key)).or_else(|| base.get(key)) {
-                merged.insert(key.to_string(), v.clone());
-            }
+        // No type name: `[sharding]` alone.
+        let keys: PlacementKeys = config.named_section("sharding", type_name.unwrap_or(""))?;
+        if keys.number_of_shards == 0 {
+            return Err(ConfigError::invalid(
+                config.key_for("sharding", type_name.unwrap_or(""), "number-of-shards"),
+                "expected a positive integer",
+            ));
         }
-        let r = TableReader::new("sharding", &merged);
-        let mut lease_section = r.string("lease-section")?;
-        if lease_section.is_empty() {
-            lease_section = cluster_lease_section.to_string();
-        }
+        let lease_section = keys
+            .lease_section
+            .unwrap_or_else(|| cluster_lease_section.to_string());
         let section = config.lease_section(&lease_section)?;
         Ok(EntityPlacement {
-            number_of_shards: r.count("number-of-shards")?,
+            number_of_shards: keys.number_of_shards,
             lease_section,
             lease_store: lease_store(&section),
         })
@@ -91,17 +104,7 @@ impl Placement {
         cluster_lease_section: &str,
     ) -> Result<Placement, ConfigError> {
         let defaults = EntityPlacement::read(config, None, cluster_lease_section)?;
-        let names: Vec<String> = config
-            .table()
-            .get("sharding")
-            .and_then(|v| v.as_table())
-            .map(|t| {
-                t.iter()
-                    .filter(|(_, v)| v.is_table())
-                    .map(|(k, _)| k.clone())
-                    .collect()
-            })
-            .unwrap_or_default();
+        let names = config.table_names("sharding")?;
         let mut types = BTreeMap::new();
         for name in names {
             let placement = EntityPlacement::read(config, Some(&name), cluster_lease_section)?;
@@ -145,38 +148,38 @@ impl Placement {
     }
 }
 
-/// Where a lease section keeps its leases: its store kind and the place in the store.
+/// Where a lease section keeps its leases: its store kind and the place in the store, from
+/// the options as written (an option left out shows as its kind's default, unnamed: the
+/// store crates own those values).
 fn lease_store(section: &LeaseSection) -> String {
-    let mut options = TenureConfig::reference()
-        .lease_section(&section.store)
-        .map(|s| s.options)
-        .unwrap_or_default();
-    options.extend(section.options.clone());
+    let options = &section.options;
     let text = |key: &str| match options.get(key) {
         Some(toml::Value::String(s)) => s.clone(),
         Some(other) => other.to_string(),
-        None => String::new(),
+        None => format!("(default {key})"),
     };
     let place = match section.store.as_str() {
-        // `""` is the default state file, resolved from the process's environment
+        // The default state file is resolved from the process's environment
         // (XDG_STATE_HOME, HOME): nodes of one host with the same environment share it.
-        "sqlite" => match text("path") {
-            path if path.is_empty() => "(default state file)".to_string(),
-            path => path,
+        "sqlite" => match options.get("path") {
+            None => "(default state file)".to_string(),
+            Some(_) => text("path"),
         },
         "postgres" => format!("{}.{}", text("schema"), text("table")),
         "etcd" => text("prefix"),
         // A chroot in the connect string moves every path under it.
         "zookeeper" => {
-            let chroot = text("connect")
-                .split_once('/')
+            let chroot = options
+                .get("connect")
+                .and_then(|c| c.as_str())
+                .and_then(|c| c.split_once('/'))
                 .map(|(_, c)| format!("/{c}"))
                 .unwrap_or_default();
             format!("{chroot}{}", text("root"))
         }
-        "memory" => match text("namespace") {
-            ns if ns.is_empty() => section.name.clone(),
-            ns => ns,
+        "memory" => match options.get("namespace") {
+            None => section.name.clone(),
+            Some(_) => text("namespace"),
         },
         // A store kind Tenure does not know: all its options but credentials.
         _ => options
@@ -267,6 +270,6 @@ mod tests {
         let err = Placement::from_config(&config, "sqlite")
             .unwrap_err()
             .to_string();
-        assert!(err.contains("sharding.number-of-shards"), "{err}");
+        assert!(err.contains("`sharding.counter.number-of-shards`"), "{err}");
     }
 }

@@ -1,15 +1,16 @@
-//! The `[cluster]` configuration section (defaults in `config/reference.toml`).
+//! The `[cluster]` configuration section (defaults: [`ClusterConfig`]'s, documented in this
+//! crate's `reference.toml`).
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use tenure_lease::config::TableReader;
+use serde::Deserialize;
 use tenure_lease::{ConfigError, LeaseSettings, TenureConfig};
 
 use crate::error::ClusterError;
 use crate::identity::NodeAddr;
 use crate::placement::Placement;
-use crate::sbr::SbrSettings;
+use crate::sbr::{SbrConfig, SbrSettings};
 
 /// Files for TLS between nodes (mutual: each side presents a certificate signed by `ca`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,126 +68,156 @@ pub struct ClusterSettings {
     pub split_brain_resolver: Option<SbrSettings>,
 }
 
-const KEYS: [&str; 20] = [
-    "host",
-    "roles",
-    "port",
-    "cookie",
-    "seeds",
-    "lease-section",
-    "member-lease-ttl",
-    "member-lease-interval",
-    "membership-interval",
-    "heartbeat-interval",
-    "unreachable-after",
-    "reconnect-backoff-min",
-    "reconnect-backoff-max",
-    "dial-timeout",
-    "leave-timeout",
-    "max-frame-size",
-    "fault-injection",
-    "tls",
-    "management",
-    "split-brain-resolver",
-];
+/// This crate's fragment of the reference configuration: `[cluster]`, `[cluster.tls]` and
+/// `[cluster.split-brain-resolver]` (shown in `config/reference.toml`).
+pub const REFERENCE: &str = include_str!("../reference.toml");
+
+/// `[cluster]` as written (defaults: [`REFERENCE`]); [`ClusterSettings::from_config`]
+/// checks it and resolves what depends on other sections. Each field is the key of the
+/// same name in kebab-case, documented in the reference.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+#[non_exhaustive]
+pub struct ClusterConfig {
+    /// `host`: the host part of this node's address (its identity and lease owner).
+    pub host: String,
+    /// `port`: its port, for TCP sessions and UDP heartbeats alike.
+    pub port: u16,
+    /// Required: there is no default secret.
+    pub cookie: Option<String>,
+    /// `seeds`: nodes dialled at start, as `host:port`.
+    #[serde(deserialize_with = "tenure_lease::config::list")]
+    pub seeds: Vec<String>,
+    /// `roles`: this node's roles (singletons and entity types may require one).
+    #[serde(deserialize_with = "tenure_lease::config::list")]
+    pub roles: Vec<String>,
+    /// `None`: `[tenure] default-lease-section`.
+    pub lease_section: Option<String>,
+    /// `member-lease-ttl`: the member lease's time-to-live.
+    #[serde(deserialize_with = "tenure_lease::duration::serde::required")]
+    pub member_lease_ttl: Duration,
+    /// `member-lease-interval`: how often the member lease is renewed.
+    #[serde(deserialize_with = "tenure_lease::duration::serde::required")]
+    pub member_lease_interval: Duration,
+    /// `membership-interval`: how often the member leases are listed.
+    #[serde(deserialize_with = "tenure_lease::duration::serde::positive")]
+    pub membership_interval: Duration,
+    /// `heartbeat-interval`: how often each peer gets a heartbeat.
+    #[serde(deserialize_with = "tenure_lease::duration::serde::positive")]
+    pub heartbeat_interval: Duration,
+    /// `unreachable-after`: the silence after which a peer is unreachable.
+    #[serde(deserialize_with = "tenure_lease::duration::serde::positive")]
+    pub unreachable_after: Duration,
+    /// `reconnect-backoff-min`: the first redial delay.
+    #[serde(deserialize_with = "tenure_lease::duration::serde::positive")]
+    pub reconnect_backoff_min: Duration,
+    /// `reconnect-backoff-max`: the longest redial delay.
+    #[serde(deserialize_with = "tenure_lease::duration::serde::positive")]
+    pub reconnect_backoff_max: Duration,
+    /// `dial-timeout`: how long one dial may take.
+    #[serde(deserialize_with = "tenure_lease::duration::serde::positive")]
+    pub dial_timeout: Duration,
+    /// `leave-timeout`: how long a graceful leave waits for its hand-overs.
+    #[serde(deserialize_with = "tenure_lease::duration::serde::positive")]
+    pub leave_timeout: Duration,
+    /// `max-frame-size`: the largest frame a session accepts, in bytes.
+    pub max_frame_size: u64,
+    /// `fault-injection`: accept link faults on request (feature `fault-injection`).
+    pub fault_injection: bool,
+    /// `[cluster.tls]`.
+    pub tls: TlsConfig,
+    /// `[cluster.split-brain-resolver]`.
+    pub split_brain_resolver: SbrConfig,
+    /// `[cluster.management]`: read by the management endpoint's crate (tenure-management).
+    pub management: Option<toml::Table>,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            host: "127.0.0.1".into(),
+            port: 2552,
+            cookie: None,
+            seeds: Vec::new(),
+            roles: Vec::new(),
+            lease_section: None,
+            member_lease_ttl: Duration::from_secs(10),
+            member_lease_interval: Duration::from_secs(1),
+            membership_interval: Duration::from_secs(1),
+            heartbeat_interval: Duration::from_millis(500),
+            unreachable_after: Duration::from_secs(3),
+            reconnect_backoff_min: Duration::from_millis(200),
+            reconnect_backoff_max: Duration::from_secs(5),
+            dial_timeout: Duration::from_secs(3),
+            leave_timeout: Duration::from_secs(10),
+            max_frame_size: 8 * 1024 * 1024,
+            fault_injection: false,
+            tls: TlsConfig::default(),
+            split_brain_resolver: SbrConfig::default(),
+            management: None,
+        }
+    }
+}
+
+/// `[cluster.tls]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+#[non_exhaustive]
+pub struct TlsConfig {
+    /// `enabled`: sessions between nodes use TLS.
+    pub enabled: bool,
+    /// `cert`: this node's certificate chain (PEM); required when `enabled`.
+    pub cert: Option<PathBuf>,
+    /// `key`: its private key (PEM); required when `enabled`.
+    pub key: Option<PathBuf>,
+    /// `ca`: the CA that signs every node's certificate (PEM); required when `enabled`.
+    pub ca: Option<PathBuf>,
+}
 
 impl ClusterSettings {
     /// Reads and checks `[cluster]`; every error names the key.
     pub fn from_config(config: &TenureConfig) -> Result<ClusterSettings, ClusterError> {
-        let table = config
-            .table()
-            .get("cluster")
-            .and_then(|v| v.as_table())
-            .ok_or_else(|| ConfigError::invalid("cluster", "must be a table"))?;
-        let r = TableReader::new("cluster", table);
-        r.reject_unknown(&KEYS)?;
-
-        let host = r.string("host")?;
-        let port = r.integer("port")?;
-        let port = u16::try_from(port)
-            .ok()
-            .filter(|p| *p != 0)
-            .ok_or_else(|| {
-                ConfigError::invalid(
-                    "cluster.port",
-                    format!("{port} is not a port from 1 to 65535"),
-                )
-            })?;
-        let addr = NodeAddr::parse("cluster.host", &format!("{host}:{port}"))?;
-
-        let cookie = r.string("cookie")?;
-        if cookie.is_empty() {
-            return Err(ConfigError::invalid(
+        let c: ClusterConfig = config.section("cluster")?;
+        if c.port == 0 {
+            return Err(
+                ConfigError::invalid("cluster.port", "0 is not a port from 1 to 65535").into(),
+            );
+        }
+        let addr = NodeAddr::parse("cluster.host", &format!("{}:{}", c.host, c.port))?;
+        let cookie = c.cookie.clone().filter(|c| !c.is_empty()).ok_or_else(|| {
+            ConfigError::invalid(
                 "cluster.cookie",
                 "required: the shared secret every node of the cluster uses (set it in the config file or TENURE_CLUSTER__COOKIE)",
             )
-            .into());
-        }
-
-        let seeds = match table.get("seeds") {
-            Some(toml::Value::Array(items)) => items
-                .iter()
-                .enumerate()
-                .map(|(i, v)| {
-                    let key = format!("cluster.seeds[{i}]");
-                    match v.as_str() {
-                        Some(s) => NodeAddr::parse(&key, s),
-                        None => {
-                            Err(ConfigError::invalid(key, "expected a \"host:port\" string").into())
-                        }
-                    }
-                })
-                .collect::<Result<Vec<_>, _>>()?,
-            Some(toml::Value::String(s)) if s.is_empty() => Vec::new(),
-            Some(toml::Value::String(s)) => s
-                .split(',')
-                .enumerate()
-                .map(|(i, s)| NodeAddr::parse(&format!("cluster.seeds[{i}]"), s.trim()))
-                .collect::<Result<Vec<_>, _>>()?,
-            _ => {
-                return Err(ConfigError::invalid(
-                    "cluster.seeds",
-                    "expected a list of \"host:port\" strings",
-                )
-                .into());
-            }
+        })?;
+        let seeds = c
+            .seeds
+            .iter()
+            .enumerate()
+            .map(|(i, s)| NodeAddr::parse(&format!("cluster.seeds[{i}]"), s.trim()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let roles = c
+            .roles
+            .iter()
+            .enumerate()
+            .map(|(i, role)| {
+                if role.is_empty() || role.contains(',') || role.chars().any(char::is_control) {
+                    Err(ConfigError::invalid(
+                        format!("cluster.roles[{i}]"),
+                        "expected a non-empty role name without commas",
+                    ))
+                } else {
+                    Ok(role.clone())
+                }
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let lease_section = match &c.lease_section {
+            Some(section) => section.clone(),
+            None => config.default_lease_section()?,
         };
-
-        let roles = match table.get("roles") {
-            None => Vec::new(),
-            Some(toml::Value::Array(items)) => items
-                .iter()
-                .enumerate()
-                .map(|(i, v)| {
-                    let key = format!("cluster.roles[{i}]");
-                    match v.as_str() {
-                        Some(role)
-                            if !role.is_empty()
-                                && !role.contains(',')
-                                && !role.chars().any(char::is_control) =>
-                        {
-                            Ok(role.to_string())
-                        }
-                        _ => Err(ConfigError::invalid(
-                            key,
-                            "expected a non-empty role name without commas",
-                        )),
-                    }
-                })
-                .collect::<Result<Vec<_>, _>>()?,
-            Some(_) => {
-                return Err(
-                    ConfigError::invalid("cluster.roles", "expected a list of role names").into(),
-                );
-            }
-        };
-        let mut lease_section = r.string("lease-section")?;
-        if lease_section.is_empty() {
-            lease_section = config.default_lease_section()?;
-        }
         let section = config.lease_section(&lease_section)?;
-        let ttl = r.duration("member-lease-ttl")?;
-        let interval = r.duration("member-lease-interval")?;
+        let ttl = c.member_lease_ttl;
+        let interval = c.member_lease_interval;
         let member_lease = LeaseSettings {
             heartbeat_timeout: ttl,
             heartbeat_interval: interval,
@@ -197,45 +228,33 @@ impl ClusterSettings {
         member_lease
             .validate("cluster")
             .map_err(rename_member_keys)?;
-
-        let placement = Placement::from_config(config, &lease_section)?;
+        if c.max_frame_size < 4096 {
+            return Err(ConfigError::invalid(
+                "cluster.max-frame-size",
+                format!("{} must be at least 4096 (bytes)", c.max_frame_size),
+            )
+            .into());
+        }
         let settings = ClusterSettings {
             system: config.system()?,
             addr,
             cookie,
             seeds,
             roles,
+            placement: Placement::from_config(config, &lease_section)?,
             lease_section,
             member_lease,
-            membership_interval: r.positive_duration("membership-interval")?,
-            heartbeat_interval: r.positive_duration("heartbeat-interval")?,
-            unreachable_after: r.positive_duration("unreachable-after")?,
-            reconnect_backoff_min: r.positive_duration("reconnect-backoff-min")?,
-            reconnect_backoff_max: r.positive_duration("reconnect-backoff-max")?,
-            dial_timeout: r.positive_duration("dial-timeout")?,
-            leave_timeout: r.positive_duration("leave-timeout")?,
-            max_frame_size: r.integer("max-frame-size").and_then(|n| {
-                u64::try_from(n).ok().filter(|n| *n >= 4096).ok_or_else(|| {
-                    ConfigError::invalid(
-                        "cluster.max-frame-size",
-                        format!("{n} must be at least 4096 (bytes)"),
-                    )
-                })
-            })?,
-            fault_injection: fault_injection(r.boolean("fault-injection")?)?,
-            tls: tls_files(table)?,
-            placement,
-            split_brain_resolver: match table.get("split-brain-resolver") {
-                Some(toml::Value::Table(t)) => SbrSettings::from_table(t)?,
-                Some(_) => {
-                    return Err(ConfigError::invalid(
-                        "cluster.split-brain-resolver",
-                        "must be a table",
-                    )
-                    .into());
-                }
-                None => None,
-            },
+            membership_interval: c.membership_interval,
+            heartbeat_interval: c.heartbeat_interval,
+            unreachable_after: c.unreachable_after,
+            reconnect_backoff_min: c.reconnect_backoff_min,
+            reconnect_backoff_max: c.reconnect_backoff_max,
+            dial_timeout: c.dial_timeout,
+            leave_timeout: c.leave_timeout,
+            max_frame_size: c.max_frame_size,
+            fault_injection: fault_injection(c.fault_injection)?,
+            tls: tls_files(&c.tls)?,
+            split_brain_resolver: c.split_brain_resolver.resolve()?,
         };
         if settings.heartbeat_interval * 2 > settings.unreachable_after {
             return Err(ConfigError::invalid(
@@ -294,32 +313,24 @@ fn rename_member_keys(e: ConfigError) -> ConfigError {
     }
 }
 
-fn tls_files(table: &toml::Table) -> Result<Option<TlsFiles>, ConfigError> {
-    let Some(tls) = table.get("tls") else {
-        return Ok(None);
-    };
-    let tls = tls
-        .as_table()
-        .ok_or_else(|| ConfigError::invalid("cluster.tls", "must be a table"))?;
-    let r = TableReader::new("cluster.tls", tls);
-    r.reject_unknown(&["enabled", "cert", "key", "ca"])?;
-    if !r.boolean("enabled")? {
+fn tls_files(tls: &TlsConfig) -> Result<Option<TlsFiles>, ConfigError> {
+    if !tls.enabled {
         return Ok(None);
     }
-    let path = |k: &str| -> Result<PathBuf, ConfigError> {
-        let p = r.string(k)?;
-        if p.is_empty() {
-            return Err(ConfigError::invalid(
-                r.key(k),
-                "required when cluster.tls.enabled = true",
-            ));
-        }
-        Ok(PathBuf::from(p))
+    let path = |k: &str, p: &Option<PathBuf>| -> Result<PathBuf, ConfigError> {
+        p.clone()
+            .filter(|p| !p.as_os_str().is_empty())
+            .ok_or_else(|| {
+                ConfigError::invalid(
+                    format!("cluster.tls.{k}"),
+                    "required when cluster.tls.enabled = true",
+                )
+            })
     };
     Ok(Some(TlsFiles {
-        cert: path("cert")?,
-        key: path("key")?,
-        ca: path("ca")?,
+        cert: path("cert", &tls.cert)?,
+        key: path("key", &tls.key)?,
+        ca: path("ca", &tls.ca)?,
     }))
 }
 
@@ -333,10 +344,32 @@ mod tests {
     }
 
     #[test]
+    fn the_reference_fragment_is_the_defaults() {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Fragment {
+            cluster: ClusterConfig,
+        }
+        let fragment: Fragment = toml::from_str(REFERENCE).unwrap();
+        assert_eq!(fragment.cluster, ClusterConfig::default());
+    }
+
+    #[test]
     fn defaults_and_overrides() {
         let s = load("seeds = [\"127.0.0.1:4702\", \"node-b:4703\"]").unwrap();
         assert_eq!(s.addr.to_string(), "127.0.0.1:4701");
         assert_eq!(s.seeds.len(), 2);
+        let mut config = TenureConfig::from_toml_str("[cluster]\ncookie = \"c\"", "t").unwrap();
+        config
+            .merge_env([(
+                "TENURE_CLUSTER__SEEDS".to_string(),
+                "127.0.0.1:1, 127.0.0.1:2".to_string(),
+            )])
+            .unwrap();
+        let from_env = ClusterSettings::from_config(&config).unwrap();
+        assert_eq!(from_env.seeds.len(), 2);
+        let dial = load("dial-timeout = \"1m 30s\"").unwrap().dial_timeout;
+        assert_eq!(dial, Duration::from_secs(90));
         assert_eq!(s.member_lease_name(&s.addr), "tenure-member-127.0.0.1:4701");
         assert!(s.tls.is_none());
         s.member_lease.validate("x").unwrap();
@@ -348,7 +381,14 @@ mod tests {
             ("seeds = [\"nope\"]", "cluster.seeds[0]"),
             ("seeds = [1]", "cluster.seeds[0]"),
             ("heartbeat-interval = \"0s\"", "cluster.heartbeat-interval"),
-            ("unraechable-after = \"1s\"", "cluster.unraechable-after"),
+            ("unraechable-after = \"1s\"", "`cluster.unraechable-after`"),
+            ("dial-timeout = \"3 parsecs\"", "`cluster.dial-timeout`"),
+            ("max-frame-size = -1", "`cluster.max-frame-size`"),
+            ("[cluster.tls]\nenable = true", "`cluster.tls.enable`"),
+            (
+                "[cluster.split-brain-resolver]\nstable-after = \"soon\"",
+                "`cluster.split-brain-resolver.stable-after`",
+            ),
             (
                 "member-lease-interval = \"9s\"",
                 "cluster.member-lease-interval",

@@ -36,6 +36,56 @@ pub fn later(at: Instant, d: Duration) -> Instant {
     at + d.min(MAX_DURATION)
 }
 
+/// Serde support for durations in configuration, with the text and bound of [`parse`]:
+/// `#[serde(deserialize_with = "tenure_lease::duration::serde::required")]` and friends.
+pub mod serde {
+    use std::time::Duration;
+
+    use ::serde::de::Error;
+    use ::serde::{Deserialize, Deserializer};
+
+    /// A duration such as `"1500ms"`, `"2s"` or `"1m 30s"`, at most 365 days.
+    pub fn required<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let text = String::deserialize(d).map_err(|_| {
+            D::Error::custom("expected a duration string such as \"5s\" or \"1m 30s\"")
+        })?;
+        super::parse(&text).map_err(D::Error::custom)
+    }
+
+    /// As [`required`], and not zero.
+    pub fn positive<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        match required(d)? {
+            d if d.is_zero() => Err(D::Error::custom("must be > 0")),
+            d => Ok(d),
+        }
+    }
+
+    /// An optional positive duration (with `#[serde(default)]`: absent is `None`). Zero is
+    /// refused: it once meant "the default", which leaving the key out now says.
+    pub fn optional<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        match required(d)? {
+            d if d.is_zero() => Err(D::Error::custom(
+                "must be > 0 (leave the key out rather than set it to \"0s\")",
+            )),
+            d => Ok(Some(d)),
+        }
+    }
+
+    /// A positive duration, or `"off"` (`None`).
+    pub fn or_off<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        let text = String::deserialize(d).map_err(|_| {
+            D::Error::custom("expected \"off\" or a duration string such as \"5s\"")
+        })?;
+        if text == "off" {
+            return Ok(None);
+        }
+        match super::parse(&text).map_err(D::Error::custom)? {
+            d if d.is_zero() => Err(D::Error::custom("must be > 0, or \"off\"")),
+            d => Ok(Some(d)),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

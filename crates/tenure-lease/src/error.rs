@@ -218,23 +218,27 @@ pub enum LeaseError {
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {
-    /// The file could not be read.
-    #[error("cannot read config file {path}: {detail}")]
+    /// A config file could not be read. The source is shared (`Arc`) so that the error
+    /// stays `Clone`.
+    #[error("cannot read config file {path}: {source}")]
     Read {
         /// The file's path.
         path: String,
         /// The I/O error.
-        detail: String,
+        #[source]
+        source: Arc<std::io::Error>,
     },
-    /// The text is not valid TOML.
-    #[error("malformed TOML in {origin}: {detail}")]
+    /// Config text (a file, `origin`) is not TOML. The source is boxed: it is large, and
+    /// every `Result` carrying a `ConfigError` would pay for it.
+    #[error("malformed TOML in {origin}: {source}")]
     Parse {
         /// Where the text came from: a file's path, or what the caller named it.
         origin: String,
         /// The parser's error.
-        detail: String,
+        #[source]
+        source: Box<toml::de::Error>,
     },
-    /// A key has a value it cannot have.
+    /// A value that does not fit its key (wrong type, out of range, unknown key, …).
     #[error("config key `{key}`: {detail}")]
     Invalid {
         /// The dotted config key, e.g. `lease.default.ttl`.

@@ -79,7 +79,7 @@ pub use actor::{
     AcquireReply, Acquired, LeaseActor, LeaseActorState, LeaseMsg, LeaseSpec, LeaseView,
 };
 pub use clock::{HolderClock, SuspendControl};
-pub use config::{CONFIG_VAR, LeaseSection, TenureConfig};
+pub use config::{CONFIG_VAR, LeaseSection, TenureConfig, TenureSettings};
 pub use error::{ConfigError, LeaseError, StoreError};
 pub use events::{
     LeaseEvent, LeaseEventSink, LeaseGranted, LeaseLost, LeaseResumed, LeaseState, LeaseSuspended,
@@ -92,7 +92,7 @@ pub use memory::{Fault, MemoryStore, MemoryStoreFactory};
 pub use priority::AcquireOptions;
 pub use provider::{LeaseProvider, StoreFactory, StoreRegistry};
 pub use renewal::RenewalBatcher;
-pub use settings::LeaseSettings;
+pub use settings::{LeaseSettings, LeaseTiming};
 pub use stop_budget::StopBudget;
 pub use store::{
     AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, EMERGENCY_PRIORITY, HeldLease,

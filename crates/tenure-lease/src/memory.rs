@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::Instant;
 
-use crate::config::{LeaseSection, TableReader};
+use crate::config::LeaseSection;
 use crate::error::{ConfigError, StoreError};
 use crate::provider::StoreFactory;
 use crate::store::{
@@ -338,14 +338,17 @@ impl StoreFactory for MemoryStoreFactory {
     }
 }
 
+/// The options of a `store = "memory"` section.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+struct MemoryOptions {
+    /// `namespace`; when not set, the section name.
+    #[serde(default)]
+    namespace: Option<String>,
+}
+
 /// The section's `namespace` option; without one, the section name.
 fn namespace(section: &LeaseSection) -> Result<String, ConfigError> {
-    let key = section.key();
-    let r = TableReader::new(&key, &section.options);
-    r.reject_unknown(&["namespace"])?;
-    if section.options.contains_key("namespace") {
-        r.string("namespace")
-    } else {
-        Ok(section.name.clone())
-    }
+    let options: MemoryOptions = section.options()?;
+    Ok(options.namespace.unwrap_or_else(|| section.name.clone()))
 }

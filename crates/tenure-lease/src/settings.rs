@@ -2,26 +2,53 @@
 
 use std::time::Duration;
 
-use crate::config::{TableReader, reference_config};
+use serde::Deserialize;
+
 use crate::error::ConfigError;
 
-/// Timing of one lease section. Defaults live in `config/reference.toml` (`[lease]`).
+/// Timing of one lease section. Defaults: [`LeaseTiming`]'s (`[lease]` of the reference).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LeaseSettings {
     /// `heartbeat-timeout`: the time-to-live the store gives each grant or renewal.
     pub heartbeat_timeout: Duration,
-    /// `heartbeat-interval`: how often a holder renews. `0s` in config means
-    /// `max(heartbeat-timeout / 10, 5s)`. Must be `< heartbeat-timeout / 2`.
+    /// `heartbeat-interval`: how often a holder renews (when not set in config:
+    /// `max(heartbeat-timeout / 10, 5s)`). Must be `< heartbeat-timeout / 2`.
     pub heartbeat_interval: Duration,
     /// `lease-operation-timeout`: bound on every store operation; past it the outcome is unknown.
     pub lease_operation_timeout: Duration,
     /// `lease-retry-interval`: pause between acquire attempts of a user that keeps trying.
     pub lease_retry_interval: Duration,
     /// `safety-margin`: the holder stops believing in its lease this long before the earliest
-    /// instant the store could expire it. `0s` in config means `heartbeat-timeout / 10`.
+    /// instant the store could expire it (when not set in config: `heartbeat-timeout / 10`).
     pub safety_margin: Duration,
 }
 
+/// The timing keys of `[lease]` and of each lease section, as written: a section's keys
+/// over `[lease]`'s, over these defaults. [`resolve`](Self::resolve) derives what is left
+/// out and checks the rules between the values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+#[non_exhaustive]
+pub struct LeaseTiming {
+    /// `heartbeat-timeout` (120s).
+    #[serde(deserialize_with = "crate::duration::serde::required")]
+    pub heartbeat_timeout: Duration,
+    /// `heartbeat-interval`; `None`: `max(heartbeat-timeout / 10, 5s)`.
+    #[serde(deserialize_with = "crate::duration::serde::optional")]
+    pub heartbeat_interval: Option<Duration>,
+    /// `lease-operation-timeout` (5s).
+    #[serde(deserialize_with = "crate::duration::serde::required")]
+    pub lease_operation_timeout: Duration,
+    /// `lease-retry-interval` (5s).
+    #[serde(deserialize_with = "crate::duration::serde::required")]
+    pub lease_retry_interval: Duration,
+    /// `safety-margin`; `None`: `heartbeat-timeout / 10`.
+    #[serde(deserialize_with = "crate::duration::serde::optional")]
+    pub safety_margin: Option<Duration>,
+}
+
+/// The keys of [`LeaseTiming`]: in a lease section, every other key but `store` is a store
+/// option.
 pub(crate) const TIMING_KEYS: [&str; 5] = [
     "heartbeat-timeout",
     "heartbeat-interval",
@@ -30,16 +57,46 @@ pub(crate) const TIMING_KEYS: [&str; 5] = [
     "safety-margin",
 ];
 
-impl Default for LeaseSettings {
-    /// The `[lease]` defaults of the embedded reference configuration.
+impl Default for LeaseTiming {
+    /// Akka Coordination's defaults.
     fn default() -> Self {
-        let reference = reference_config();
-        let table = reference
-            .get("lease")
-            .and_then(|v| v.as_table())
-            .expect("reference.toml has a [lease] table");
-        LeaseSettings::from_table("lease", table)
-            .expect("reference.toml [lease] settings are valid")
+        LeaseTiming {
+            heartbeat_timeout: Duration::from_secs(120),
+            heartbeat_interval: None,
+            lease_operation_timeout: Duration::from_secs(5),
+            lease_retry_interval: Duration::from_secs(5),
+            safety_margin: None,
+        }
+    }
+}
+
+impl LeaseTiming {
+    /// The settings these keys give, with the interval and margin derived when left out;
+    /// errors name the offending key under `key_prefix` (`lease.sqlite`).
+    pub fn resolve(&self, key_prefix: &str) -> Result<LeaseSettings, ConfigError> {
+        let timeout = self.heartbeat_timeout;
+        let settings = LeaseSettings {
+            heartbeat_timeout: timeout,
+            heartbeat_interval: self
+                .heartbeat_interval
+                .unwrap_or_else(|| default_interval(timeout)),
+            lease_operation_timeout: self.lease_operation_timeout,
+            lease_retry_interval: self.lease_retry_interval,
+            safety_margin: self
+                .safety_margin
+                .unwrap_or_else(|| default_margin(timeout)),
+        };
+        settings.validate(key_prefix)?;
+        Ok(settings)
+    }
+}
+
+impl Default for LeaseSettings {
+    /// [`LeaseTiming`]'s defaults, resolved.
+    fn default() -> Self {
+        LeaseTiming::default()
+            .resolve("lease")
+            .expect("the default lease timing is valid (a test checks it)")
     }
 }
 
@@ -62,35 +119,6 @@ impl LeaseSettings {
         }
     }
 
-    /// Reads the timing keys of a section table (`key_prefix` is its dotted path, for errors).
-    /// Missing keys are an error: callers pass a table already merged with the defaults.
-    pub(crate) fn from_table(
-        key_prefix: &str,
-        table: &toml::Table,
-    ) -> Result<LeaseSettings, ConfigError> {
-        let r = TableReader::new(key_prefix, table);
-        let heartbeat_timeout = r.duration("heartbeat-timeout")?;
-        let interval = r.duration("heartbeat-interval")?;
-        let margin = r.duration("safety-margin")?;
-        let settings = LeaseSettings {
-            heartbeat_timeout,
-            heartbeat_interval: if interval.is_zero() {
-                default_interval(heartbeat_timeout)
-            } else {
-                interval
-            },
-            lease_operation_timeout: r.duration("lease-operation-timeout")?,
-            lease_retry_interval: r.duration("lease-retry-interval")?,
-            safety_margin: if margin.is_zero() {
-                default_margin(heartbeat_timeout)
-            } else {
-                margin
-            },
-        };
-        settings.validate(key_prefix)?;
-        Ok(settings)
-    }
-
     /// Checks the rules between the values; errors name the offending key under `key_prefix`.
     pub fn validate(&self, key_prefix: &str) -> Result<(), ConfigError> {
         let key = |k: &str| format!("{key_prefix}.{k}");
@@ -98,6 +126,12 @@ impl LeaseSettings {
         if self.heartbeat_timeout.is_zero() {
             return Err(ConfigError::invalid(
                 key("heartbeat-timeout"),
+                "must be > 0",
+            ));
+        }
+        if self.heartbeat_interval.is_zero() {
+            return Err(ConfigError::invalid(
+                key("heartbeat-interval"),
                 "must be > 0",
             ));
         }

@@ -42,20 +42,17 @@ impl StopBudget {
         }
     }
 
-    /// The budget of actors whose `stop-timeout` setting reads `configured` (`0s`: the lease
-    /// section's `heartbeat-timeout / 10`), checked against that section's timing `lease`
+    /// The budget of actors whose `stop-timeout` setting reads `configured` (`None`: the
+    /// lease section's `heartbeat-timeout / 10`), checked against that section's timing `lease`
     /// (`lease_key`: `lease.sqlite`); errors name `key` (`sharding.stop-timeout`) and the
     /// section's `heartbeat-timeout`.
     pub fn for_actors_configured(
-        configured: Duration,
+        configured: Option<Duration>,
         lease: &LeaseSettings,
         lease_key: &str,
         key: &str,
     ) -> Result<StopBudget, ConfigError> {
-        let stop_timeout = match configured {
-            d if d.is_zero() => lease.heartbeat_timeout / 10,
-            d => d,
-        };
+        let stop_timeout = configured.unwrap_or(lease.heartbeat_timeout / 10);
         let budget = StopBudget::for_actors(stop_timeout);
         lease.check_stop_budget(lease_key, key, &budget)?;
         Ok(budget)

@@ -26,4 +26,4 @@ mod settings;
 
 pub use leases::{LeaseRow, LeaseTable, RowState};
 pub use server::{Management, ManagementError, install_metrics};
-pub use settings::{ManagementSettings, OperatorToken};
+pub use settings::{ManagementConfig, ManagementSettings, OperatorToken, REFERENCE};

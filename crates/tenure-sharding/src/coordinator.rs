@@ -296,10 +296,9 @@ impl CoordinatorState {
     /// A region that may keep its shards: its member is up, it reported itself
     /// available, and it has not been unreachable for too long.
     fn alive(&self, region: &str) -> bool {
-        let up = self
-            .members
-            .get(region)
-            .is_some_and(|m| m.status == MemberStatus::Up && m.has_role(&self.args.settings.role));
+        let up = self.members.get(region).is_some_and(|m| {
+            m.status == MemberStatus::Up && m.has_role(self.args.settings.role.as_deref())
+        });
         let available = self
             .regions
             .get(region)
@@ -454,7 +453,7 @@ impl CoordinatorState {
         let settled = self.members.values().all(|m| {
             m.status == MemberStatus::Up
                 && m.reachable
-                && (!m.has_role(&self.args.settings.role)
+                && (!m.has_role(self.args.settings.role.as_deref())
                     || self
                         .regions
                         .get(&m.addr.to_string())

@@ -80,7 +80,7 @@ pub use messages::{
     RegionMsg,
 };
 pub use region::{Region, RegionArgs, region_group, region_ref};
-pub use settings::ShardingSettings;
+pub use settings::{REFERENCE, ShardingConfig, ShardingSettings};
 pub use shard::{HandedOff, Shard, ShardArgs, ShardMsg, ShardStatus};
 pub use shard_map::{HostedShard, RegionShards, ShardEntry, ShardMap};
 
@@ -455,7 +455,10 @@ pub(crate) async fn start_with_settings(
     let scope = tenure_cluster::scope(&cluster.system);
     let name = coordinator_name(type_name);
     let hosts = factory.is_some()
-        && (settings.role.is_empty() || cluster.roles.iter().any(|r| *r == settings.role));
+        && settings
+            .role
+            .as_ref()
+            .is_none_or(|role| cluster.roles.contains(role));
     let hosting = match factory.filter(|_| hosts) {
         Some(factory) => {
             let template = provider

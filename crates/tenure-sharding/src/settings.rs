@@ -1,17 +1,81 @@
-//! `[sharding]` settings (defaults in `config/reference.toml`), overridable per entity type
+//! `[sharding]` settings (defaults: [`ShardingConfig`]'s), overridable per entity type
 //! in `[sharding.<type>]`.
 
 use std::time::Duration;
 
-use tenure_cluster::placement::EntityPlacement;
-use tenure_lease::config::TableReader;
+use serde::Deserialize;
+use tenure_cluster::placement::{DEFAULT_NUMBER_OF_SHARDS, EntityPlacement};
 use tenure_lease::{ConfigError, LeaseSettings, StopBudget, TenureConfig};
+
+/// This crate's fragment of the reference configuration: `[sharding]` (shown in
+/// `config/reference.toml`).
+pub const REFERENCE: &str = include_str!("../reference.toml");
+
+/// `[sharding]` (with `[sharding.<type>]` over it) as written (defaults: [`REFERENCE`]);
+/// [`ShardingSettings::from_config`] checks it. Each field is the key of the same name in
+/// kebab-case, documented in the reference; `number-of-shards` and `lease-section` are
+/// read as placement (see `tenure_cluster::placement`), which every member must share.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+#[non_exhaustive]
+pub struct ShardingConfig {
+    /// `None`: every member.
+    pub role: Option<String>,
+    /// `None`: the cluster's lease section.
+    pub lease_section: Option<String>,
+    /// `number-of-shards`: the same on every member (it decides where entities live).
+    pub number_of_shards: usize,
+    /// `buffer-size`: messages kept per shard while its home or lease is unknown.
+    pub buffer_size: usize,
+    /// `"off"` (`None`): entities are not passivated.
+    #[serde(deserialize_with = "tenure_lease::duration::serde::or_off")]
+    pub idle_timeout: Option<Duration>,
+    /// `None`: the lease section's `heartbeat-timeout / 10`.
+    #[serde(deserialize_with = "tenure_lease::duration::serde::optional")]
+    pub stop_timeout: Option<Duration>,
+    /// `retry-interval`: how often a region asks the coordinator again.
+    #[serde(deserialize_with = "tenure_lease::duration::serde::positive")]
+    pub retry_interval: Duration,
+    /// `unreachable-reallocate-after`: how long the shards of an unreachable region wait
+    /// before the coordinator moves them.
+    #[serde(deserialize_with = "tenure_lease::duration::serde::positive")]
+    pub unreachable_reallocate_after: Duration,
+    /// `rebalance-interval`: how often the coordinator considers a rebalance.
+    #[serde(deserialize_with = "tenure_lease::duration::serde::positive")]
+    pub rebalance_interval: Duration,
+    /// `rebalance-threshold`: the difference in shards that starts a rebalance.
+    pub rebalance_threshold: usize,
+    /// `max-simultaneous-rebalance`: shards moving at once.
+    pub max_simultaneous_rebalance: usize,
+    /// `hand-off-timeout`: how long a hand-off may take before the coordinator gives up.
+    #[serde(deserialize_with = "tenure_lease::duration::serde::positive")]
+    pub hand_off_timeout: Duration,
+}
+
+impl Default for ShardingConfig {
+    fn default() -> Self {
+        ShardingConfig {
+            role: None,
+            lease_section: None,
+            number_of_shards: DEFAULT_NUMBER_OF_SHARDS,
+            buffer_size: 1000,
+            idle_timeout: Some(Duration::from_secs(120)),
+            stop_timeout: None,
+            retry_interval: Duration::from_millis(500),
+            unreachable_reallocate_after: Duration::from_secs(5),
+            rebalance_interval: Duration::from_secs(10),
+            rebalance_threshold: 2,
+            max_simultaneous_rebalance: 3,
+            hand_off_timeout: Duration::from_secs(15),
+        }
+    }
+}
 
 /// How one entity type is sharded.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ShardingSettings {
-    /// `role`: only members with this role host shards ("" = every member).
-    pub role: String,
+    /// `role`: only members with this role host shards (`None`: every member).
+    pub role: Option<String>,
     /// `lease-section`: the lease section of shard leases.
     pub lease_section: String,
     /// Timing of shard leases (the section's).
@@ -23,9 +87,9 @@ pub struct ShardingSettings {
     pub buffer_size: usize,
     /// `idle-timeout`: idle entities are passivated after it (`None`: never).
     pub idle_timeout: Option<Duration>,
-    /// `stop-timeout`: how long a stopping entity gets before it is killed (`0s` in config:
-    /// the lease section's `heartbeat-timeout / 10`). Its [`stop_budget`](Self::stop_budget)
-    /// fits the shard lease's timing.
+    /// `stop-timeout`: how long a stopping entity gets before it is killed (when not set in
+    /// config: the lease section's `heartbeat-timeout / 10`). Its
+    /// [`stop_budget`](Self::stop_budget) fits the shard lease's timing.
     pub stop_timeout: Duration,
     /// `retry-interval`: region reports and re-asked shard homes.
     pub retry_interval: Duration,
@@ -41,21 +105,6 @@ pub struct ShardingSettings {
     pub hand_off_timeout: Duration,
 }
 
-const KEYS: [&str; 12] = [
-    "role",
-    "lease-section",
-    "number-of-shards",
-    "buffer-size",
-    "idle-timeout",
-    "stop-timeout",
-    "retry-interval",
-    "unreachable-reallocate-after",
-    "rebalance-interval",
-    "rebalance-threshold",
-    "max-simultaneous-rebalance",
-    "hand-off-timeout",
-];
-
 impl ShardingSettings {
     /// Reads `[sharding]`, then `[sharding.<type_name>]` over it; `cluster_lease_section`
     /// is used when neither names a lease section. Errors name the key.
@@ -65,33 +114,43 @@ impl ShardingSettings {
         cluster_lease_section: &str,
     ) -> Result<ShardingSettings, ConfigError> {
         tenure_lease::names::check_component("entity type name", type_name)?;
-        let merged = config.table_for("sharding", type_name, &KEYS)?;
-        let r = TableReader::new("sharding", &merged);
+        let c: ShardingConfig = config.named_section("sharding", type_name)?;
         // What decides where an entity lives is read once, as members compare it at join.
         let placement = EntityPlacement::read(config, Some(type_name), cluster_lease_section)?;
         let lease_section = placement.lease_section;
         let lease = config.lease_section(&lease_section)?.settings;
-        let idle = r.duration("idle-timeout")?;
+        for (k, n) in [
+            ("buffer-size", c.buffer_size),
+            ("rebalance-threshold", c.rebalance_threshold),
+            ("max-simultaneous-rebalance", c.max_simultaneous_rebalance),
+        ] {
+            if n == 0 {
+                return Err(ConfigError::invalid(
+                    config.key_for("sharding", type_name, k),
+                    "expected a positive integer",
+                ));
+            }
+        }
         let budget = StopBudget::for_actors_configured(
-            r.duration("stop-timeout")?,
+            c.stop_timeout,
             &lease,
             &format!("lease.{lease_section}"),
             &config.key_for("sharding", type_name, "stop-timeout"),
         )?;
         Ok(ShardingSettings {
-            role: r.string("role")?,
+            role: c.role,
             lease_section,
             lease,
             number_of_shards: placement.number_of_shards,
-            buffer_size: r.count("buffer-size")?,
-            idle_timeout: (!idle.is_zero()).then_some(idle),
+            buffer_size: c.buffer_size,
+            idle_timeout: c.idle_timeout,
             stop_timeout: budget.stop_timeout,
-            retry_interval: r.positive_duration("retry-interval")?,
-            unreachable_reallocate_after: r.positive_duration("unreachable-reallocate-after")?,
-            rebalance_interval: r.positive_duration("rebalance-interval")?,
-            rebalance_threshold: r.count("rebalance-threshold")?,
-            max_simultaneous_rebalance: r.count("max-simultaneous-rebalance")?,
-            hand_off_timeout: r.positive_duration("hand-off-timeout")?,
+            retry_interval: c.retry_interval,
+            unreachable_reallocate_after: c.unreachable_reallocate_after,
+            rebalance_interval: c.rebalance_interval,
+            rebalance_threshold: c.rebalance_threshold,
+            max_simultaneous_rebalance: c.max_simultaneous_rebalance,
+            hand_off_timeout: c.hand_off_timeout,
         })
     }
 }
@@ -109,14 +168,28 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_reference_fragment_is_the_defaults() {
+        let fragment: toml::Table = toml::from_str(REFERENCE).unwrap();
+        let c: ShardingConfig =
+            tenure_lease::config::read_table("sharding", fragment["sharding"].as_table().unwrap())
+                .unwrap();
+        assert_eq!(c, ShardingConfig::default());
+    }
+
+    #[test]
     fn defaults_overrides_and_errors() {
         let config = TenureConfig::from_toml_str(
-            "[sharding.counter]\nnumber-of-shards = 64\nidle-timeout = \"0s\"",
+            "[sharding.counter]\nnumber-of-shards = 64\nidle-timeout = \"off\"",
             "t",
         )
         .unwrap();
         let s = ShardingSettings::from_config(&config, "counter", "sqlite").unwrap();
         assert_eq!((s.number_of_shards, s.idle_timeout), (64, None));
+        let config =
+            TenureConfig::from_toml_str("[sharding.counter]\nidle-timeout = \"1m 30s\"", "t")
+                .unwrap();
+        let s = ShardingSettings::from_config(&config, "counter", "sqlite").unwrap();
+        assert_eq!(s.idle_timeout, Some(Duration::from_secs(90)));
         let other = ShardingSettings::from_config(&config, "other", "sqlite").unwrap();
         assert_eq!(other.number_of_shards, 100);
         assert_eq!(other.idle_timeout, Some(Duration::from_secs(120)));
@@ -126,8 +199,24 @@ mod tests {
                 "[sharding]\nnumber-of-shards = 0",
                 "sharding.number-of-shards",
             ),
-            ("[sharding.counter]\nrole = 1", "sharding.role"),
-            ("[sharding.counter]\nshards = 1", "sharding.counter.shards"),
+            ("[sharding.counter]\nrole = 1", "`sharding.counter.role`"),
+            ("[sharding]\nrole = 1", "`sharding.role`"),
+            (
+                "[sharding.counter]\nshards = 1",
+                "`sharding.counter.shards`",
+            ),
+            (
+                "[sharding]\nidle-timeout = \"0s\"",
+                "`sharding.idle-timeout`",
+            ),
+            (
+                "[sharding.counter]\nbuffer-size = 0",
+                "`sharding.counter.buffer-size`",
+            ),
+            (
+                "[sharding.counter]\nhand-off-timeout = \"1m 30\"",
+                "`sharding.counter.hand-off-timeout`",
+            ),
             ("[sharding]\nlease-section = \"nope\"", "nope"),
         ] {
             let config = TenureConfig::from_toml_str(text, "t").unwrap();
@@ -149,7 +238,7 @@ mod tests {
         assert_eq!(
             s.stop_timeout,
             Duration::from_secs(3),
-            "0s: heartbeat-timeout / 10"
+            "not set: heartbeat-timeout / 10"
         );
         let text = format!("{lease}[sharding.counter]\nstop-timeout = \"17s\"\n");
         let config = TenureConfig::from_toml_str(&text, "t").unwrap();

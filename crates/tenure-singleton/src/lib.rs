@@ -16,7 +16,7 @@ pub use manager::{
     StartHandle, StartingInstance, instance_group, instance_group_prefix, spawner, start_outcome,
 };
 pub use proxy::{ProxyError, SingletonProxy};
-pub use settings::SingletonSettings;
+pub use settings::{REFERENCE, SingletonConfig, SingletonSettings};
 
 use ractor::ActorRef;
 use tenure_cluster::{ClusterSubscriber, Node};

@@ -394,7 +394,9 @@ impl ManagerState {
     fn oldest(&self) -> Option<&Member> {
         self.members
             .values()
-            .filter(|m| m.status == MemberStatus::Up && m.has_role(&self.spec.settings.role))
+            .filter(|m| {
+                m.status == MemberStatus::Up && m.has_role(self.spec.settings.role.as_deref())
+            })
             .min_by(|a, b| (a.age, &a.addr).cmp(&(b.age, &b.addr)))
     }
 

@@ -1,38 +1,66 @@
-//! `[singleton]` settings (defaults in `config/reference.toml`), overridable per singleton
+//! `[singleton]` settings (defaults: [`SingletonConfig`]'s), overridable per singleton
 //! in `[singleton.<name>]`.
 
 use std::time::Duration;
 
-use tenure_lease::config::TableReader;
+use serde::Deserialize;
 use tenure_lease::{ConfigError, LeaseSettings, StopBudget, TenureConfig};
+
+/// This crate's fragment of the reference configuration: `[singleton]` (shown in
+/// `config/reference.toml`).
+pub const REFERENCE: &str = include_str!("../reference.toml");
+
+/// `[singleton]` (with `[singleton.<name>]` over it) as written (defaults: [`REFERENCE`]);
+/// [`SingletonSettings::from_config`] checks it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+#[non_exhaustive]
+pub struct SingletonConfig {
+    /// `None`: every member.
+    pub role: Option<String>,
+    /// `None`: the cluster's lease section.
+    pub lease_section: Option<String>,
+    /// `hand-over-retry-interval`: how often a hand-over is asked again.
+    #[serde(deserialize_with = "tenure_lease::duration::serde::positive")]
+    pub hand_over_retry_interval: Duration,
+    /// `None`: the lease section's `heartbeat-timeout / 10`.
+    #[serde(deserialize_with = "tenure_lease::duration::serde::optional")]
+    pub stop_timeout: Option<Duration>,
+    /// `buffer-size`: messages a proxy keeps while no instance runs.
+    pub buffer_size: usize,
+}
+
+impl Default for SingletonConfig {
+    fn default() -> Self {
+        SingletonConfig {
+            role: None,
+            lease_section: None,
+            hand_over_retry_interval: Duration::from_millis(200),
+            stop_timeout: None,
+            buffer_size: 1000,
+        }
+    }
+}
 
 /// How one singleton is run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SingletonSettings {
-    /// `role`: only members with this role host it ("" = every member).
-    pub role: String,
-    /// `lease-section`: the lease section of its lease ("" = the cluster's lease section).
+    /// `role`: only members with this role host it (`None`: every member).
+    pub role: Option<String>,
+    /// `lease-section`: the lease section of its lease (when not set, the cluster's).
     pub lease_section: String,
     /// Timing of its lease (the section's); `lease-retry-interval` paces acquire attempts.
     pub lease: LeaseSettings,
     /// `hand-over-retry-interval`: acquire retry pace while the previous oldest is leaving
     /// (it releases the lease once its instance has stopped).
     pub hand_over_retry_interval: Duration,
-    /// `stop-timeout`: how long the instance gets to stop before it is killed (`0s` in
-    /// config: the lease section's `heartbeat-timeout / 10`). Its
+    /// `stop-timeout`: how long the instance gets to stop before it is killed (when not set
+    /// in config: the lease section's `heartbeat-timeout / 10`). Its
     /// [`stop_budget`](Self::stop_budget) fits the singleton lease's timing.
     pub stop_timeout: Duration,
     /// `buffer-size`: messages a proxy keeps while no instance is known.
     pub buffer_size: usize,
 }
-
-const KEYS: [&str; 5] = [
-    "role",
-    "lease-section",
-    "hand-over-retry-interval",
-    "stop-timeout",
-    "buffer-size",
-];
 
 impl SingletonSettings {
     /// Reads `[singleton]`, then `[singleton.<name>]` over it; `cluster_lease_section` is
@@ -43,27 +71,30 @@ impl SingletonSettings {
         cluster_lease_section: &str,
     ) -> Result<SingletonSettings, ConfigError> {
         tenure_lease::names::check_component("singleton name", name)?;
-        let merged = config.table_for("singleton", name, &KEYS)?;
-        let r = TableReader::new("singleton", &merged);
-        let mut lease_section = r.string("lease-section")?;
-        if lease_section.is_empty() {
-            lease_section = cluster_lease_section.to_string();
-        }
+        let c: SingletonConfig = config.named_section("singleton", name)?;
+        let lease_section = c
+            .lease_section
+            .unwrap_or_else(|| cluster_lease_section.to_string());
         let lease = config.lease_section(&lease_section)?.settings;
-        let buffer_size = r.count("buffer-size")?;
+        if c.buffer_size == 0 {
+            return Err(ConfigError::invalid(
+                config.key_for("singleton", name, "buffer-size"),
+                "expected a positive integer",
+            ));
+        }
         let budget = StopBudget::for_actors_configured(
-            r.duration("stop-timeout")?,
+            c.stop_timeout,
             &lease,
             &format!("lease.{lease_section}"),
             &config.key_for("singleton", name, "stop-timeout"),
         )?;
         Ok(SingletonSettings {
-            role: r.string("role")?,
+            role: c.role,
             lease_section,
             lease,
-            hand_over_retry_interval: r.positive_duration("hand-over-retry-interval")?,
+            hand_over_retry_interval: c.hand_over_retry_interval,
             stop_timeout: budget.stop_timeout,
-            buffer_size,
+            buffer_size: c.buffer_size,
         })
     }
 }
@@ -81,6 +112,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_reference_fragment_is_the_defaults() {
+        let fragment: toml::Table = toml::from_str(REFERENCE).unwrap();
+        let c: SingletonConfig = tenure_lease::config::read_table(
+            "singleton",
+            fragment["singleton"].as_table().unwrap(),
+        )
+        .unwrap();
+        assert_eq!(c, SingletonConfig::default());
+    }
+
+    #[test]
     fn defaults_overrides_and_errors() {
         let config = TenureConfig::from_toml_str(
             "[singleton.billing]\nbuffer-size = 7\nrole = \"backend\"",
@@ -89,17 +131,26 @@ mod tests {
         .unwrap();
         let s = SingletonSettings::from_config(&config, "billing", "sqlite").unwrap();
         assert_eq!(
-            (s.buffer_size, s.role.as_str(), s.lease_section.as_str()),
-            (7, "backend", "sqlite")
+            (s.buffer_size, s.role.as_deref(), s.lease_section.as_str()),
+            (7, Some("backend"), "sqlite")
         );
         let other = SingletonSettings::from_config(&config, "other", "sqlite").unwrap();
-        assert_eq!(other.role, "");
+        assert_eq!(other.role, None);
         for (text, key) in [
             ("[singleton]\nbuffer-size = 0", "singleton.buffer-size"),
-            ("[singleton.billing]\nrole = 1", "singleton.role"),
+            ("[singleton.billing]\nrole = 1", "`singleton.billing.role`"),
+            ("[singleton]\nrole = 1", "`singleton.role`"),
+            (
+                "[singleton]\nstop-timeout = \"0s\"",
+                "`singleton.stop-timeout`",
+            ),
+            (
+                "[singleton.billing]\nhand-over-retry-interval = \"fast\"",
+                "`singleton.billing.hand-over-retry-interval`",
+            ),
             (
                 "[singleton.billing]\nbufer-size = 1",
-                "singleton.billing.bufer-size",
+                "`singleton.billing.bufer-size`",
             ),
             ("[singleton]\nlease-section = \"nope\"", "nope"),
         ] {
@@ -135,7 +186,7 @@ mod tests {
         assert_eq!(
             s.stop_timeout,
             Duration::from_secs(3),
-            "0s: heartbeat-timeout / 10"
+            "not set: heartbeat-timeout / 10"
         );
     }
 }

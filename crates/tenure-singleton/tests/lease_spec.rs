@@ -102,7 +102,7 @@ async fn fixture(name: &str, members: Vec<Member>, prepare: impl FnOnce(&MemoryS
     let lease = format!("test-singleton-{name}");
     let (tx, seen) = mpsc::unbounded_channel();
     let settings = SingletonSettings {
-        role: String::new(),
+        role: None,
         lease_section: "memory".into(),
         lease: lease_settings(),
         hand_over_retry_interval: Duration::from_millis(50),

@@ -53,5 +53,5 @@ mod session;
 mod store;
 mod watch;
 
-pub use options::{EtcdOptions, EtcdStoreFactory};
+pub use options::{EtcdConfig, EtcdOptions, EtcdStoreFactory, REFERENCE};
 pub use store::EtcdStore;

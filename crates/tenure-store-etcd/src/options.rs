@@ -6,24 +6,70 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
-use tenure_lease::config::TableReader;
 use tenure_lease::{ConfigError, LeaseSection, LeaseStore, StoreFactory};
 
 use crate::store::EtcdStore;
 
-const KEYS: &[&str] = &[
-    "endpoints",
-    "prefix",
-    "dial-timeout",
-    "request-timeout",
-    "user",
-    "password",
-    "ca",
-    "cert",
-    "key",
-];
+/// This crate's fragment of the reference configuration: the options of a `store =
+/// "etcd"` section (shown under `[lease.etcd]` in `config/reference.toml`).
+pub const REFERENCE: &str = include_str!("../reference.toml");
 
-/// How to reach an etcd cluster (defaults in `config/reference.toml`, `[lease.etcd]`).
+/// The options of a `store = "etcd"` section as written (defaults: [`REFERENCE`]);
+/// [`EtcdOptions::from_section`] checks them.
+#[derive(Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+#[non_exhaustive]
+pub struct EtcdConfig {
+    /// `endpoints`: an array, or a comma-separated string.
+    #[serde(deserialize_with = "tenure_lease::config::list")]
+    pub endpoints: Vec<String>,
+    /// `prefix`.
+    pub prefix: String,
+    /// `dial-timeout`.
+    #[serde(deserialize_with = "tenure_lease::duration::serde::positive")]
+    pub dial_timeout: Duration,
+    /// `request-timeout`.
+    #[serde(deserialize_with = "tenure_lease::duration::serde::positive")]
+    pub request_timeout: Duration,
+    /// `user` (no authentication without a user).
+    pub user: Option<String>,
+    /// `password` of `user`.
+    pub password: Option<String>,
+    /// `ca`: the CA of the servers' certificates (PEM).
+    pub ca: Option<PathBuf>,
+    /// `cert`: this client's certificate (PEM), with `key`.
+    pub cert: Option<PathBuf>,
+    /// `key`: this client's private key (PEM), with `cert`.
+    pub key: Option<PathBuf>,
+}
+
+impl Default for EtcdConfig {
+    fn default() -> Self {
+        EtcdConfig {
+            endpoints: vec!["http://127.0.0.1:2379".into()],
+            prefix: "/tenure/".into(),
+            dial_timeout: Duration::from_secs(3),
+            request_timeout: Duration::from_secs(5),
+            user: None,
+            password: None,
+            ca: None,
+            cert: None,
+            key: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for EtcdConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdConfig")
+            .field("endpoints", &self.endpoints)
+            .field("prefix", &self.prefix)
+            .field("user", &self.user)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How to reach an etcd cluster, checked (from [`EtcdConfig`], or built in code).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EtcdOptions {
     /// Client URLs of the members, e.g. `http://127.0.0.1:2379`.
@@ -35,10 +81,10 @@ pub struct EtcdOptions {
     pub dial_timeout: Duration,
     /// Bound on one request (the lease operation timeout bounds whole operations).
     pub request_timeout: Duration,
-    /// User and password for etcd authentication (empty user: none).
-    pub user: String,
+    /// User for etcd authentication (none: no authentication).
+    pub user: Option<String>,
     /// The password of `user`.
-    pub password: String,
+    pub password: Option<String>,
     /// PEM files for TLS: `ca` verifies the servers, `cert` and `key` identify this client
     /// (empty: not used). Endpoints must then be `https://` URLs.
     pub ca: Option<PathBuf>,
@@ -48,78 +94,55 @@ pub struct EtcdOptions {
     pub key: Option<PathBuf>,
 }
 
-fn optional_path(r: &TableReader<'_>, k: &str) -> Result<Option<PathBuf>, ConfigError> {
-    let s = r.string(k)?;
-    if s.is_empty() {
-        return Ok(None);
+/// A PEM file option: it must exist.
+fn existing(key: String, path: Option<PathBuf>) -> Result<Option<PathBuf>, ConfigError> {
+    if let Some(p) = &path {
+        std::fs::metadata(p)
+            .map_err(|e| ConfigError::invalid(key, format!("{}: {e}", p.display())))?;
     }
-    let path = PathBuf::from(&s);
-    std::fs::metadata(&path).map_err(|e| ConfigError::invalid(r.key(k), format!("{s}: {e}")))?;
-    Ok(Some(path))
+    Ok(path)
 }
 
 impl EtcdOptions {
-    /// Reads and checks the options of `section`. Errors name the offending key.
-    /// Keys the section leaves out take their defaults from the reference's
-    /// `[lease.etcd]`, so any section with `store = "etcd"` needs only what differs.
+    /// Reads and checks the options of `section` ([`EtcdConfig`]); errors name the offending
+    /// key. Keys the section leaves out take their defaults, so any section with
+    /// `store = "etcd"` needs only what differs.
     pub fn from_section(section: &LeaseSection) -> Result<Self, ConfigError> {
-        let prefix_key = section.key();
-        let options = section.options_with_defaults(KEYS)?;
-        let r = TableReader::new(&prefix_key, &options);
-        let endpoints = match options.get("endpoints") {
-            Some(toml::Value::Array(items)) => items
-                .iter()
-                .map(|v| match v {
-                    toml::Value::String(s) if !s.trim().is_empty() => Ok(s.trim().to_string()),
-                    other => Err(ConfigError::invalid(
-                        r.key("endpoints"),
-                        format!("expected URL strings, found {other}"),
-                    )),
-                })
-                .collect::<Result<Vec<_>, _>>()?,
-            // A comma-separated string, as an environment variable gives it.
-            Some(toml::Value::String(s)) => s
-                .split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(String::from)
-                .collect(),
-            Some(other) => {
-                return Err(ConfigError::invalid(
-                    r.key("endpoints"),
-                    format!("expected an array of URLs, found {}", other.type_str()),
-                ));
-            }
-            None => return Err(ConfigError::invalid(r.key("endpoints"), "missing")),
-        };
-        if endpoints.is_empty() {
+        let c: EtcdConfig = section.options()?;
+        let key = |k: &str| format!("{}.{k}", section.key());
+        if c.endpoints.is_empty() {
             return Err(ConfigError::invalid(
-                r.key("endpoints"),
+                key("endpoints"),
                 "needs at least one URL",
             ));
         }
-        let prefix = r.string("prefix")?;
-        if prefix.is_empty() {
-            return Err(ConfigError::invalid(r.key("prefix"), "must not be empty"));
+        if c.prefix.is_empty() {
+            return Err(ConfigError::invalid(key("prefix"), "must not be empty"));
         }
-        let cert = optional_path(&r, "cert")?;
-        let key = optional_path(&r, "key")?;
-        if cert.is_some() != key.is_some() {
+        let cert = existing(key("cert"), c.cert)?;
+        let tls_key = existing(key("key"), c.key)?;
+        if cert.is_some() != tls_key.is_some() {
             return Err(ConfigError::invalid(
-                r.key(if cert.is_some() { "key" } else { "cert" }),
+                key(if cert.is_some() { "key" } else { "cert" }),
                 "cert and key must be given together",
             ));
         }
+        if c.password.is_some() && c.user.is_none() {
+            return Err(ConfigError::invalid(
+                key("user"),
+                "required with a password",
+            ));
+        }
         Ok(EtcdOptions {
-            endpoints,
-            prefix,
-            dial_timeout: r.positive_duration("dial-timeout")?,
-            request_timeout: r.positive_duration("request-timeout")?,
-            user: r.string("user")?,
-            password: r.string("password")?,
-            ca: optional_path(&r, "ca")?,
+            endpoints: c.endpoints,
+            prefix: c.prefix,
+            dial_timeout: c.dial_timeout,
+            request_timeout: c.request_timeout,
+            user: c.user,
+            password: c.password,
+            ca: existing(key("ca"), c.ca)?,
             cert,
-            key,
+            key: tls_key,
         })
     }
 
@@ -129,8 +152,8 @@ impl EtcdOptions {
             .with_connect_timeout(self.dial_timeout)
             .with_timeout(self.request_timeout)
             .with_keep_alive(self.request_timeout, self.request_timeout);
-        if !self.user.is_empty() {
-            o = o.with_user(self.user.clone(), self.password.clone());
+        if let Some(user) = &self.user {
+            o = o.with_user(user.clone(), self.password.clone().unwrap_or_default());
         }
         let read = |k: &str, p: &PathBuf| {
             std::fs::read(p).map_err(|e| {
@@ -198,6 +221,12 @@ mod tests {
     }
 
     #[test]
+    fn the_reference_fragment_is_the_defaults() {
+        let c: EtcdConfig = toml::from_str(REFERENCE).unwrap();
+        assert_eq!(c, EtcdConfig::default());
+    }
+
+    #[test]
     fn defaults_come_from_the_reference() {
         let o = section("").expect("defaults");
         assert_eq!(o.endpoints, vec!["http://127.0.0.1:2379".to_string()]);
@@ -223,7 +252,9 @@ mod tests {
             ("dial-timeout = \"0s\"", "lease.e.dial-timeout"),
             ("cert = \"/nonexistent/cert.pem\"", "lease.e.cert"),
             ("cert = \"Cargo.toml\"", "lease.e.key"),
-            ("endpionts = []", "lease.e.endpionts"),
+            ("endpionts = []", "`lease.e.endpionts`"),
+            ("password = \"p\"", "lease.e.user"),
+            ("request-timeout = \"2x\"", "`lease.e.request-timeout`"),
         ] {
             let err = section(extra).expect_err(extra).to_string();
             assert!(err.contains(key), "{extra}: {err}");

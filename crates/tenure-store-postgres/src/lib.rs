@@ -55,5 +55,5 @@ pub mod sql;
 mod store;
 
 pub use fenced::{Fence, FenceError};
-pub use options::PostgresOptions;
+pub use options::{PostgresConfig, PostgresOptions, REFERENCE};
 pub use store::{PostgresStore, PostgresStoreFactory};

@@ -3,19 +3,58 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use tenure_lease::config::TableReader;
 use tenure_lease::{ConfigError, LeaseSection};
 
-/// Every option key of a postgres section (defaults in `config/reference.toml`).
-const KEYS: &[&str] = &[
-    "url",
-    "password",
-    "schema",
-    "table",
-    "pool-size",
-    "connect-timeout",
-    "observed-expiry",
-];
+/// This crate's fragment of the reference configuration: the options of a `store =
+/// "postgres"` section (shown under `[lease.postgres]` in `config/reference.toml`).
+pub const REFERENCE: &str = include_str!("../reference.toml");
+
+/// The options of a `store = "postgres"` section as written (defaults: [`REFERENCE`]);
+/// [`PostgresOptions::from_section`] checks them.
+#[derive(Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+#[non_exhaustive]
+pub struct PostgresConfig {
+    /// `url`: libpq-style connection string.
+    pub url: String,
+    /// `password`, when the server asks for one and `url` has none.
+    pub password: Option<String>,
+    /// `schema` of the leases' table.
+    pub schema: String,
+    /// `table` of the leases.
+    pub table: String,
+    /// `pool-size`: 1 to 1000.
+    pub pool_size: usize,
+    /// `connect-timeout`.
+    #[serde(deserialize_with = "tenure_lease::duration::serde::positive")]
+    pub connect_timeout: Duration,
+    /// `observed-expiry`.
+    pub observed_expiry: bool,
+}
+
+impl Default for PostgresConfig {
+    fn default() -> Self {
+        PostgresConfig {
+            url: "postgres://postgres@127.0.0.1:5432/postgres".into(),
+            password: None,
+            schema: "tenure".into(),
+            table: "tenure_lease".into(),
+            pool_size: 8,
+            connect_timeout: Duration::from_secs(5),
+            observed_expiry: false,
+        }
+    }
+}
+
+impl std::fmt::Debug for PostgresConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresConfig")
+            .field("schema", &self.schema)
+            .field("table", &self.table)
+            .field("pool_size", &self.pool_size)
+            .finish_non_exhaustive()
+    }
+}
 
 /// Longest schema or table name: PostgreSQL cuts identifiers at 63 bytes, and the table
 /// name gets a suffix (`_token`, `_owner`) for the objects beside it.
@@ -54,46 +93,40 @@ impl std::fmt::Debug for PostgresOptions {
 }
 
 impl PostgresOptions {
-    /// Reads the options of `section`; keys it leaves out take their defaults from the
-    /// reference's `[lease.postgres]`. Errors name the offending key.
+    /// Reads and checks the options of `section` ([`PostgresConfig`]; keys it leaves out
+    /// take their defaults). Errors name the offending key.
     pub fn from_section(section: &LeaseSection) -> Result<PostgresOptions, ConfigError> {
-        let key = section.key();
-        let options = section.options_with_defaults(KEYS)?;
-        let r = TableReader::new(&key, &options);
-        let url = r.string("url")?;
-        let mut connection = tokio_postgres::Config::from_str(&url).map_err(|e| {
+        let c: PostgresConfig = section.options()?;
+        let key = |k: &str| format!("{}.{k}", section.key());
+        let mut connection = tokio_postgres::Config::from_str(&c.url).map_err(|e| {
             ConfigError::invalid(
-                r.key("url"),
+                key("url"),
                 format!("not a PostgreSQL connection string: {e}"),
             )
         })?;
         if connection.get_hosts().is_empty() {
-            return Err(ConfigError::invalid(r.key("url"), "names no host"));
+            return Err(ConfigError::invalid(key("url"), "names no host"));
         }
         if connection.get_user().is_none() {
-            return Err(ConfigError::invalid(r.key("url"), "names no user"));
+            return Err(ConfigError::invalid(key("url"), "names no user"));
         }
-        let password = r.string("password")?;
-        if !password.is_empty() {
+        if let Some(password) = c.password {
             connection.password(password);
         }
-        let connect_timeout = r.positive_duration("connect-timeout")?;
-        connection.connect_timeout(connect_timeout);
+        connection.connect_timeout(c.connect_timeout);
         if connection.get_application_name().is_none() {
             connection.application_name("tenure");
         }
-        let pool_size = r.integer("pool-size")?;
-        let pool_size = usize::try_from(pool_size)
-            .ok()
-            .filter(|n| (1..=1000).contains(n))
-            .ok_or_else(|| ConfigError::invalid(r.key("pool-size"), "must be 1 to 1000"))?;
+        if !(1..=1000).contains(&c.pool_size) {
+            return Err(ConfigError::invalid(key("pool-size"), "must be 1 to 1000"));
+        }
         Ok(PostgresOptions {
             connection,
-            schema: identifier(&r, "schema")?,
-            table: identifier(&r, "table")?,
-            pool_size,
-            connect_timeout,
-            observed_expiry: r.boolean("observed-expiry")?,
+            schema: identifier(&key("schema"), c.schema)?,
+            table: identifier(&key("table"), c.table)?,
+            pool_size: c.pool_size,
+            connect_timeout: c.connect_timeout,
+            observed_expiry: c.observed_expiry,
             operation_timeout: section.settings.lease_operation_timeout,
         })
     }
@@ -131,8 +164,7 @@ impl PostgresOptions {
 
 /// A schema or table name: lower-case ASCII letters, digits and `_`, not starting with a
 /// digit, so it means the same quoted or not and needs no escaping.
-fn identifier(r: &TableReader<'_>, k: &str) -> Result<String, ConfigError> {
-    let name = r.string(k)?;
+fn identifier(key: &str, name: String) -> Result<String, ConfigError> {
     let ok = !name.is_empty()
         && name.len() <= MAX_IDENT
         && !name.starts_with(|c: char| c.is_ascii_digit())
@@ -143,7 +175,7 @@ fn identifier(r: &TableReader<'_>, k: &str) -> Result<String, ConfigError> {
         Ok(name)
     } else {
         Err(ConfigError::invalid(
-            r.key(k),
+            key,
             format!(
                 "{name:?} is not a plain identifier (a-z, 0-9, _, not starting with a digit, at most {MAX_IDENT} bytes)"
             ),
@@ -163,6 +195,12 @@ mod tests {
         )
         .expect("config");
         PostgresOptions::from_section(&config.lease_section("pg").expect("section"))
+    }
+
+    #[test]
+    fn the_reference_fragment_is_the_defaults() {
+        let c: PostgresConfig = toml::from_str(REFERENCE).unwrap();
+        assert_eq!(c, PostgresConfig::default());
     }
 
     #[test]
@@ -198,7 +236,15 @@ mod tests {
             .to_string();
         assert!(e.contains("lease.pg.connect-timeout"), "{e}");
         let e = section("tabel = \"x\"").err().unwrap().to_string();
-        assert!(e.contains("lease.pg.tabel"), "{e}");
+        assert!(
+            e.contains("`lease.pg.tabel`") && e.contains("unknown"),
+            "{e}"
+        );
+        let e = section("connect-timeout = \"1m 30x\"")
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("`lease.pg.connect-timeout`"), "{e}");
     }
 
     #[test]

@@ -40,4 +40,4 @@ pub fn token_floor() -> i64 {
 }
 
 pub use fenced::FencedCounter;
-pub use store::{SqliteStore, SqliteStoreFactory, default_path};
+pub use store::{REFERENCE, SqliteOptions, SqliteStore, SqliteStoreFactory, default_path};

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
-use tenure_lease::config::TableReader;
 use tenure_lease::{
     AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, ConfigError, FencingToken,
     HeldLease, LeaseRecord, LeaseSection, LeaseStore, PreemptAnswer, PreemptionRequest, Renewal,
@@ -629,9 +628,22 @@ fn check_default_dir(path: &Path) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// Opens `store = "sqlite"` sections. Option: `path` (the database file; its directory
-/// must exist and be writable; `""` is the [`default_path`], whose directory is created
-/// when missing). The busy timeout is the section's `lease-operation-timeout`.
+/// This crate's fragment of the reference configuration: the options of a `store =
+/// "sqlite"` section (shown under `[lease.sqlite]` in `config/reference.toml`).
+pub const REFERENCE: &str = include_str!("../reference.toml");
+
+/// The options of a `store = "sqlite"` section (defaults: [`REFERENCE`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+#[non_exhaustive]
+pub struct SqliteOptions {
+    /// `path`: the database file (its directory must exist and be writable); `None`: the
+    /// [`default_path`], whose directory is created when missing.
+    pub path: Option<PathBuf>,
+}
+
+/// Opens `store = "sqlite"` sections ([`SqliteOptions`]). The busy timeout is the
+/// section's `lease-operation-timeout`.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct SqliteStoreFactory;
 
@@ -643,21 +655,22 @@ struct SectionPath {
 
 impl SqliteStoreFactory {
     fn path(section: &LeaseSection) -> Result<SectionPath, ConfigError> {
-        let key = section.key();
-        let r = TableReader::new(&key, &section.options);
-        r.reject_unknown(&["path"])?;
-        let path = r.string("path")?;
-        if path.is_empty() {
-            let path = default_path().map_err(|e| ConfigError::invalid(r.key("path"), e))?;
-            return Ok(SectionPath {
+        let options: SqliteOptions = section.options()?;
+        let key = || format!("{}.path", section.key());
+        match options.path {
+            Some(path) if path.as_os_str().is_empty() => Err(ConfigError::invalid(
+                key(),
+                "must not be empty (leave it out for the default state file)",
+            )),
+            Some(path) => Ok(SectionPath {
                 path,
+                default: false,
+            }),
+            None => Ok(SectionPath {
+                path: default_path().map_err(|e| ConfigError::invalid(key(), e))?,
                 default: true,
-            });
+            }),
         }
-        Ok(SectionPath {
-            path: PathBuf::from(path),
-            default: false,
-        })
     }
 }
 
@@ -700,6 +713,39 @@ impl StoreFactory for SqliteStoreFactory {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tenure_lease::TenureConfig;
+
+    #[test]
+    fn the_reference_fragment_is_the_defaults() {
+        let options: SqliteOptions = toml::from_str(REFERENCE).unwrap();
+        assert_eq!(options, SqliteOptions::default());
+    }
+
+    #[test]
+    fn options_are_read_naming_the_key() {
+        let section = |extra: &str| {
+            let text = format!("[lease.f]\nstore = \"sqlite\"\n{extra}");
+            TenureConfig::from_toml_str(&text, "t")
+                .unwrap()
+                .lease_section("f")
+                .unwrap()
+        };
+        let s = SqliteStoreFactory::path(&section("path = \"/x/y.sqlite\""))
+            .ok()
+            .unwrap();
+        assert_eq!((s.path, s.default), (PathBuf::from("/x/y.sqlite"), false));
+        for (extra, key) in [
+            ("paht = \"/x\"", "`lease.f.paht`"),
+            ("path = \"\"", "`lease.f.path`"),
+            ("path = 3", "`lease.f.path`"),
+        ] {
+            let err = SqliteStoreFactory
+                .check(&section(extra))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(key), "{extra}: {err}");
+        }
+    }
 
     #[test]
     fn the_default_file_is_in_a_persistent_state_directory() {

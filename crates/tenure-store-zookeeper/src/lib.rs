@@ -81,7 +81,7 @@ mod session;
 mod store;
 
 pub use fence::ZooKeeperFence;
-pub use options::ZooKeeperOptions;
+pub use options::{REFERENCE, ZooKeeperConfig, ZooKeeperOptions};
 pub use store::{ZooKeeperStore, ZooKeeperStoreFactory};
 /// The ZooKeeper client this store is built on.
 pub use zookeeper_client;

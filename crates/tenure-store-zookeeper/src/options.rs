@@ -2,8 +2,54 @@
 
 use std::time::Duration;
 
-use tenure_lease::config::TableReader;
 use tenure_lease::{ConfigError, LeaseSection};
+
+/// This crate's fragment of the reference configuration: the options of a `store =
+/// "zookeeper"` section (shown under `[lease.zookeeper]` in `config/reference.toml`).
+pub const REFERENCE: &str = include_str!("../reference.toml");
+
+/// The options of a `store = "zookeeper"` section as written (defaults: [`REFERENCE`]);
+/// [`ZooKeeperOptions::from_section`] checks them.
+#[derive(Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+#[non_exhaustive]
+pub struct ZooKeeperConfig {
+    /// `connect`: `host:port[,host:port…][/chroot]`.
+    pub connect: String,
+    /// `root`: absolute path of the lease nodes.
+    pub root: String,
+    /// `session-timeout`; `None`: the section's `heartbeat-timeout`.
+    #[serde(deserialize_with = "tenure_lease::duration::serde::optional")]
+    pub session_timeout: Option<Duration>,
+    /// `connection-timeout`; `None`: the section's `lease-operation-timeout`.
+    #[serde(deserialize_with = "tenure_lease::duration::serde::optional")]
+    pub connection_timeout: Option<Duration>,
+    /// `auth`: `"scheme:credentials"`; `None`: no authentication.
+    pub auth: Option<String>,
+}
+
+impl Default for ZooKeeperConfig {
+    fn default() -> Self {
+        ZooKeeperConfig {
+            connect: "127.0.0.1:2181".into(),
+            root: "/tenure/leases".into(),
+            session_timeout: None,
+            connection_timeout: None,
+            auth: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for ZooKeeperConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZooKeeperConfig")
+            .field("connect", &self.connect)
+            .field("root", &self.root)
+            .field("session_timeout", &self.session_timeout)
+            .field("connection_timeout", &self.connection_timeout)
+            .finish_non_exhaustive()
+    }
+}
 
 /// How to reach ZooKeeper and where to keep leases.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,33 +83,21 @@ impl ZooKeeperOptions {
         }
     }
 
-    /// Reads the options of a section; keys it leaves out take their defaults from the
-    /// reference's `[lease.zookeeper]`. Keys: `connect`, `root`, `session-timeout` ("0s" =
-    /// the section's heartbeat-timeout), `connection-timeout` ("0s" = the section's
-    /// lease-operation-timeout), `auth` ("" or "scheme:credentials").
+    /// Reads and checks the options of a section ([`ZooKeeperConfig`]; keys it leaves out
+    /// take their defaults). Errors name the offending key.
     pub fn from_section(section: &LeaseSection) -> Result<Self, ConfigError> {
-        let key = section.key();
-        let options = section.options_with_defaults(&[
-            "connect",
-            "root",
-            "session-timeout",
-            "connection-timeout",
-            "auth",
-        ])?;
-        let r = TableReader::new(&key, &options);
-        let connect = r.string("connect")?;
-        if connect.trim().is_empty() {
-            return Err(ConfigError::invalid(r.key("connect"), "must not be empty"));
+        let c: ZooKeeperConfig = section.options()?;
+        let key = |k: &str| format!("{}.{k}", section.key());
+        if c.connect.trim().is_empty() {
+            return Err(ConfigError::invalid(key("connect"), "must not be empty"));
         }
-        let root = r.string("root")?;
-        check_root(&root).map_err(|d| ConfigError::invalid(r.key("root"), d))?;
-        let session_timeout = match r.duration("session-timeout")? {
-            d if d.is_zero() => section.settings.heartbeat_timeout,
-            d => d,
-        };
+        check_root(&c.root).map_err(|d| ConfigError::invalid(key("root"), d))?;
+        let session_timeout = c
+            .session_timeout
+            .unwrap_or(section.settings.heartbeat_timeout);
         if session_timeout < section.settings.heartbeat_timeout {
             return Err(ConfigError::invalid(
-                r.key("session-timeout"),
+                key("session-timeout"),
                 format!(
                     "{session_timeout:?} is below heartbeat-timeout {:?}: the server could end \
                      the session (and every lease of it) before a holder's deadline",
@@ -71,29 +105,27 @@ impl ZooKeeperOptions {
                 ),
             ));
         }
-        let connection_timeout = match r.duration("connection-timeout")? {
-            d if d.is_zero() => section.settings.lease_operation_timeout,
-            d => d,
-        };
-        let auth = match r.string("auth")?.as_str() {
-            "" => None,
-            text => match text.split_once(':') {
+        let auth = match c.auth {
+            None => None,
+            Some(text) => match text.split_once(':') {
                 Some((scheme, cred)) if !scheme.is_empty() && !cred.is_empty() => {
                     Some((scheme.to_string(), cred.as_bytes().to_vec()))
                 }
                 _ => {
                     return Err(ConfigError::invalid(
-                        r.key("auth"),
+                        key("auth"),
                         "expected \"scheme:credentials\", e.g. \"digest:user:password\"",
                     ));
                 }
             },
         };
         Ok(ZooKeeperOptions {
-            connect,
-            root,
+            connect: c.connect,
+            root: c.root,
             session_timeout,
-            connection_timeout,
+            connection_timeout: c
+                .connection_timeout
+                .unwrap_or(section.settings.lease_operation_timeout),
             auth,
         })
     }
@@ -123,6 +155,12 @@ pub(crate) fn check_root(root: &str) -> Result<(), String> {
 mod tests {
     use super::*;
     use tenure_lease::TenureConfig;
+
+    #[test]
+    fn the_reference_fragment_is_the_defaults() {
+        let c: ZooKeeperConfig = toml::from_str(REFERENCE).unwrap();
+        assert_eq!(c, ZooKeeperConfig::default());
+    }
 
     #[test]
     fn reference_section_reads() {
@@ -162,11 +200,13 @@ mod tests {
             ("connect = \"\"", "lease.z.connect"),
             ("auth = \"digest\"", "lease.z.auth"),
             ("session-timeout = \"1s\"", "lease.z.session-timeout"),
-            ("conect = \"x\"", "lease.z.conect"),
+            ("conect = \"x\"", "`lease.z.conect`"),
+            ("session-timeout = \"0s\"", "lease.z.session-timeout"),
+            ("auth = \"\"", "lease.z.auth"),
         ];
         for (line, key) in bad {
             let text = "[lease.z]\nstore = \"zookeeper\"\nconnect = \"127.0.0.1:2181\"\nroot = \"/t\"\n\
-                 session-timeout = \"0s\"\nconnection-timeout = \"0s\"\nauth = \"\"\n\
+                 session-timeout = \"10s\"\nconnection-timeout = \"2s\"\nauth = \"digest:u:p\"\n\
                  heartbeat-timeout = \"10s\"\nheartbeat-interval = \"1s\"\n";
             let text = text
                 .lines()

@@ -231,6 +231,7 @@ fn lease_config(args: &DemoArgs, sqlite: &Path) -> Result<LeaseConfig, DemoError
     let mut config = tenure::TenureConfig::reference();
     config
         .merge_str(&toml, &path.display().to_string())
+        .and_then(|()| config.validate())
         .and_then(|()| tenure::provider(config))
         .and_then(|provider| provider.section(&name))
         .map_err(|e| bad(e.to_string()))?;

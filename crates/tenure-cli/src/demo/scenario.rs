@@ -68,7 +68,7 @@ impl Fault {
 #[serde(deny_unknown_fields)]
 pub struct Step {
     /// Offset from the start of the traffic.
-    #[serde(with = "humantime_serde_compat")]
+    #[serde(deserialize_with = "tenure::duration::serde::required")]
     pub at: Duration,
     /// The fault to inject.
     pub fault: Fault,
@@ -79,7 +79,11 @@ pub struct Step {
     #[serde(default)]
     pub peer: Option<usize>,
     /// How long a `pause` or a `cut` lasts.
-    #[serde(default, rename = "for", with = "humantime_serde_opt")]
+    #[serde(
+        default,
+        rename = "for",
+        deserialize_with = "tenure::duration::serde::optional"
+    )]
     pub lasts: Option<Duration>,
 }
 
@@ -254,28 +258,6 @@ impl SplitMix {
     }
 }
 
-/// `"10s"`-style durations in scenario files.
-mod humantime_serde_compat {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer};
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let text = String::deserialize(d)?;
-        tenure::duration::parse(&text).map_err(serde::de::Error::custom)
-    }
-}
-
-mod humantime_serde_opt {
-    use std::time::Duration;
-
-    use serde::Deserializer;
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
-        super::humantime_serde_compat::deserialize(d).map(Some)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -323,6 +305,10 @@ mod tests {
         );
         let unknown = parse("[[step]]\nat = \"1s\"\nfault = \"melt\"\n", 3).unwrap_err();
         assert!(unknown.to_string().contains("melt"), "{unknown}");
+        let typo = parse("[[step]]\nat = \"1s\"\nfualt = \"kill\"\n", 3).unwrap_err();
+        assert!(typo.to_string().contains("fualt"), "{typo}");
+        let duration = parse("[[step]]\nat = \"1m 5x\"\nfault = \"kill\"\n", 3).unwrap_err();
+        assert!(duration.to_string().contains("1m 5x"), "{duration}");
     }
 
     #[test]

@@ -14,8 +14,8 @@ mod table;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use serde::Deserialize;
 use tenure_lease::ConfigError;
-use tenure_lease::config::TableReader;
 use tokio::time::Instant;
 
 pub use strategy::{Decision, Partition, Strategy, decide};
@@ -24,22 +24,24 @@ pub use table::{ReachRow, ReachTable};
 use crate::identity::NodeAddr;
 
 /// What a node that downed itself does next (`when-down`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum WhenDown {
     /// Waits until it hears every member again, then joins as a new (youngest) member.
+    #[default]
     Rejoin,
     /// Stops the node: [`Node::stopped`](crate::Node::stopped) answers
     /// [`ClusterError::Downed`](crate::ClusterError::Downed).
     Exit,
 }
 
-/// `[cluster.split-brain-resolver]` (Akka's setting names).
+/// `[cluster.split-brain-resolver]` resolved (Akka's setting names).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SbrSettings {
     /// `active-strategy` with its own section's options.
     pub strategy: Strategy,
-    /// The strategy section's `role`: only members with it are counted ("" = all).
-    pub role: String,
+    /// The strategy section's `role`: only members with it are counted (`None`: all).
+    pub role: Option<String>,
     /// `stable-after`: how long the reachability observations must stay unchanged before
     /// deciding.
     pub stable_after: Duration,
@@ -50,119 +52,211 @@ pub struct SbrSettings {
     pub when_down: WhenDown,
 }
 
-const KEYS: [&str; 9] = [
-    "active-strategy",
-    "stable-after",
-    "down-all-when-unstable",
-    "when-down",
-    "keep-majority",
-    "static-quorum",
-    "keep-oldest",
-    "down-all",
-    "lease-majority",
-];
+/// The strategy names of `active-strategy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StrategyName {
+    /// `keep-majority`: the side with more than half of the members survives.
+    KeepMajority,
+    /// `lease-majority` (the default): the side that acquires the `<system>-sbr` lease
+    /// survives.
+    #[default]
+    LeaseMajority,
+    /// `static-quorum`: a side with at least `quorum-size` members survives.
+    StaticQuorum,
+    /// `keep-oldest`: the side with the oldest member survives.
+    KeepOldest,
+    /// `down-all`: every side downs itself.
+    DownAll,
+    /// No resolver.
+    Off,
+}
 
-impl SbrSettings {
-    /// Reads `[cluster.split-brain-resolver]`; `None` when `active-strategy = "off"`.
-    /// Errors name the key.
-    pub fn from_table(table: &toml::Table) -> Result<Option<SbrSettings>, ConfigError> {
-        const AT: &str = "cluster.split-brain-resolver";
-        let r = TableReader::new(AT, table);
-        r.reject_unknown(&KEYS)?;
-        let name = r.string("active-strategy")?;
-        if name == "off" {
-            return Ok(None);
+/// `down-all-when-unstable`: `"on"` (3/4 of `stable-after`), `"off"`, or a duration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DownAllWhenUnstable {
+    /// `"on"`: after 3/4 of `stable-after` of instability.
+    #[default]
+    On,
+    /// `"off"`: never.
+    Off,
+    /// A duration: after that long of instability.
+    After(Duration),
+}
+
+impl<'de> Deserialize<'de> for DownAllWhenUnstable {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Text {
+            Flag(bool),
+            Text(String),
         }
-        let section = |name: &str| -> Result<toml::Table, ConfigError> {
-            match table.get(name) {
-                None => Ok(toml::Table::new()),
-                Some(toml::Value::Table(t)) => Ok(t.clone()),
-                Some(_) => Err(ConfigError::invalid(
-                    format!("{AT}.{name}"),
-                    "must be a table",
-                )),
-            }
-        };
-        let options = section(&name)?;
-        let key = format!("{AT}.{name}");
-        let o = TableReader::new(&key, &options);
-        let role = |known: &[&str]| -> Result<String, ConfigError> {
-            o.reject_unknown(known)?;
-            match options.get("role") {
-                None => Ok(String::new()),
-                Some(_) => o.string("role"),
-            }
-        };
-        let (strategy, role) = match name.as_str() {
-            "keep-majority" => (Strategy::KeepMajority, role(&["role"])?),
-            "static-quorum" => {
-                let role = role(&["role", "quorum-size"])?;
-                let quorum_size = o.count("quorum-size").map_err(|_| {
+        let bad = || D::Error::custom("expected \"on\", \"off\" or a duration such as \"5s\"");
+        Ok(match Text::deserialize(d).map_err(|_| bad())? {
+            Text::Flag(true) => DownAllWhenUnstable::On,
+            Text::Flag(false) => DownAllWhenUnstable::Off,
+            Text::Text(t) if t == "on" => DownAllWhenUnstable::On,
+            Text::Text(t) if t == "off" => DownAllWhenUnstable::Off,
+            Text::Text(t) => match tenure_lease::duration::parse(&t).map_err(D::Error::custom)? {
+                d if d.is_zero() => return Err(bad()),
+                d => DownAllWhenUnstable::After(d),
+            },
+        })
+    }
+}
+
+/// The options of a strategy that has none but `role`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct RoleOnly {
+    /// `role`: count only members with it (`None`: every member).
+    pub role: Option<String>,
+}
+
+/// `[cluster.split-brain-resolver.lease-majority]`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct LeaseMajorityConfig {
+    /// `role`: count only members with it (`None`: every member).
+    pub role: Option<String>,
+    /// `acquire-lease-delay-for-minority`: how long the smaller side waits before it tries
+    /// for the resolver lease.
+    #[serde(deserialize_with = "tenure_lease::duration::serde::required")]
+    pub acquire_lease_delay_for_minority: Duration,
+    /// `release-after`: how long the winner keeps the resolver lease before it releases it.
+    #[serde(deserialize_with = "tenure_lease::duration::serde::positive")]
+    pub release_after: Duration,
+}
+
+impl Default for LeaseMajorityConfig {
+    fn default() -> Self {
+        LeaseMajorityConfig {
+            role: None,
+            acquire_lease_delay_for_minority: Duration::from_secs(2),
+            release_after: Duration::from_secs(40),
+        }
+    }
+}
+
+/// `[cluster.split-brain-resolver.static-quorum]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct StaticQuorumConfig {
+    /// `role`: count only members with it (`None`: every member).
+    pub role: Option<String>,
+    /// `quorum-size`: required when static-quorum is active.
+    pub quorum_size: Option<usize>,
+}
+
+/// `[cluster.split-brain-resolver.keep-oldest]`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct KeepOldestConfig {
+    /// `role`: count only members with it (`None`: every member).
+    pub role: Option<String>,
+    /// `down-if-alone`: the oldest member downs itself when it is alone on its side.
+    pub down_if_alone: bool,
+}
+
+impl Default for KeepOldestConfig {
+    fn default() -> Self {
+        KeepOldestConfig {
+            role: None,
+            down_if_alone: true,
+        }
+    }
+}
+
+/// `[cluster.split-brain-resolver]` as written, with its strategies' sub-tables (each field
+/// is the key of the same name in kebab-case); [`resolve`](Self::resolve) checks it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct SbrConfig {
+    /// `active-strategy`: the strategy that decides.
+    pub active_strategy: StrategyName,
+    /// `stable-after`: how long reachability must hold still before a decision.
+    #[serde(deserialize_with = "tenure_lease::duration::serde::positive")]
+    pub stable_after: Duration,
+    /// `down-all-when-unstable`: when a cluster that never holds still downs every member.
+    pub down_all_when_unstable: DownAllWhenUnstable,
+    /// `when-down`: what a downed node does.
+    pub when_down: WhenDown,
+    /// `[…keep-majority]`.
+    pub keep_majority: RoleOnly,
+    /// `[…lease-majority]`.
+    pub lease_majority: LeaseMajorityConfig,
+    /// `[…static-quorum]`.
+    pub static_quorum: StaticQuorumConfig,
+    /// `[…keep-oldest]`.
+    pub keep_oldest: KeepOldestConfig,
+    /// `[…down-all]`.
+    pub down_all: RoleOnly,
+}
+
+impl Default for SbrConfig {
+    fn default() -> Self {
+        SbrConfig {
+            active_strategy: StrategyName::default(),
+            stable_after: Duration::from_secs(7),
+            down_all_when_unstable: DownAllWhenUnstable::default(),
+            when_down: WhenDown::default(),
+            keep_majority: RoleOnly::default(),
+            lease_majority: LeaseMajorityConfig::default(),
+            static_quorum: StaticQuorumConfig::default(),
+            keep_oldest: KeepOldestConfig::default(),
+            down_all: RoleOnly::default(),
+        }
+    }
+}
+
+impl SbrConfig {
+    /// The resolver's settings; `None` when `active-strategy = "off"`. Errors name the key.
+    pub fn resolve(&self) -> Result<Option<SbrSettings>, ConfigError> {
+        const AT: &str = "cluster.split-brain-resolver";
+        let (strategy, role) = match self.active_strategy {
+            StrategyName::Off => return Ok(None),
+            StrategyName::KeepMajority => (Strategy::KeepMajority, &self.keep_majority.role),
+            StrategyName::StaticQuorum => {
+                let quorum_size = self.static_quorum.quorum_size.filter(|n| *n > 0).ok_or_else(|| {
                     ConfigError::invalid(
-                        o.key("quorum-size"),
+                        format!("{AT}.static-quorum.quorum-size"),
                         "static-quorum needs a positive quorum-size (more than half of the cluster's size)",
                     )
                 })?;
-                (Strategy::StaticQuorum { quorum_size }, role)
-            }
-            "keep-oldest" => {
-                let role = role(&["role", "down-if-alone"])?;
                 (
-                    Strategy::KeepOldest {
-                        down_if_alone: o.boolean("down-if-alone")?,
-                    },
-                    role,
+                    Strategy::StaticQuorum { quorum_size },
+                    &self.static_quorum.role,
                 )
             }
-            "down-all" => (Strategy::DownAll, role(&["role"])?),
-            "lease-majority" => {
-                let role = role(&["role", "acquire-lease-delay-for-minority", "release-after"])?;
-                (
-                    Strategy::LeaseMajority {
-                        acquire_delay_for_minority: o
-                            .duration("acquire-lease-delay-for-minority")?,
-                        release_after: o.positive_duration("release-after")?,
-                    },
-                    role,
-                )
-            }
-            other => {
-                return Err(ConfigError::invalid(
-                    r.key("active-strategy"),
-                    format!(
-                        "unknown strategy {other:?}: expected keep-majority, lease-majority, static-quorum, keep-oldest, down-all or off"
-                    ),
-                ));
-            }
-        };
-        let stable_after = r.positive_duration("stable-after")?;
-        let down_all_when_unstable = match table.get("down-all-when-unstable") {
-            Some(toml::Value::String(s)) if s == "on" => Some(stable_after * 3 / 4),
-            Some(toml::Value::String(s)) if s == "off" => None,
-            Some(toml::Value::Boolean(b)) => b.then_some(stable_after * 3 / 4),
-            _ => Some(r.positive_duration("down-all-when-unstable").map_err(|_| {
-                ConfigError::invalid(
-                    r.key("down-all-when-unstable"),
-                    "expected \"on\", \"off\" or a duration such as \"5s\"",
-                )
-            })?),
-        };
-        let when_down = match r.string("when-down")?.as_str() {
-            "rejoin" => WhenDown::Rejoin,
-            "exit" => WhenDown::Exit,
-            other => {
-                return Err(ConfigError::invalid(
-                    r.key("when-down"),
-                    format!("{other:?}: expected \"rejoin\" or \"exit\""),
-                ));
-            }
+            StrategyName::KeepOldest => (
+                Strategy::KeepOldest {
+                    down_if_alone: self.keep_oldest.down_if_alone,
+                },
+                &self.keep_oldest.role,
+            ),
+            StrategyName::DownAll => (Strategy::DownAll, &self.down_all.role),
+            StrategyName::LeaseMajority => (
+                Strategy::LeaseMajority {
+                    acquire_delay_for_minority: self
+                        .lease_majority
+                        .acquire_lease_delay_for_minority,
+                    release_after: self.lease_majority.release_after,
+                },
+                &self.lease_majority.role,
+            ),
         };
         Ok(Some(SbrSettings {
             strategy,
-            role,
-            stable_after,
-            down_all_when_unstable,
-            when_down,
+            role: role.clone(),
+            stable_after: self.stable_after,
+            down_all_when_unstable: match self.down_all_when_unstable {
+                DownAllWhenUnstable::On => Some(self.stable_after * 3 / 4),
+                DownAllWhenUnstable::Off => None,
+                DownAllWhenUnstable::After(d) => Some(d),
+            },
+            when_down: self.when_down,
         }))
     }
 }
@@ -236,7 +330,12 @@ impl Resolver {
         if stable {
             self.decided = true;
             self.unstable_since = None;
-            Step::Decide(decide(&self.settings.strategy, &self.settings.role, me, p))
+            Step::Decide(decide(
+                &self.settings.strategy,
+                self.settings.role.as_deref(),
+                me,
+                p,
+            ))
         } else if unstable_too_long {
             self.decided = true;
             self.unstable_since = None;
@@ -262,11 +361,9 @@ mod tests {
     fn settings(extra: &str) -> Result<Option<SbrSettings>, ConfigError> {
         let text = format!("[cluster]\ncookie = \"c\"\n[cluster.split-brain-resolver]\n{extra}");
         let config = tenure_lease::TenureConfig::from_toml_str(&text, "test")?;
-        let t = config.table()["cluster"]["split-brain-resolver"]
-            .as_table()
-            .cloned()
-            .unwrap_or_default();
-        SbrSettings::from_table(&t)
+        config
+            .section::<SbrConfig>("cluster.split-brain-resolver")?
+            .resolve()
     }
 
     #[test]
@@ -306,6 +403,8 @@ mod tests {
                 "down-all-when-unstable",
             ),
             ("stable-afer = \"1s\"", "stable-afer"),
+            ("stable-after = \"1m 3x\"", "stable-after"),
+            ("lease-majority = { rol = \"x\" }", "lease-majority.rol"),
             (
                 "keep-oldest = { down-if-alon = true }\nactive-strategy = \"keep-oldest\"",
                 "keep-oldest.down-if-alon",

@@ -122,7 +122,7 @@ pub enum Decision {
 }
 
 /// Decides for node `me`. `role` limits the members counted (not those downed).
-pub fn decide(strategy: &Strategy, role: &str, me: &NodeAddr, p: &Partition) -> Decision {
+pub fn decide(strategy: &Strategy, role: Option<&str>, me: &NodeAddr, p: &Partition) -> Decision {
     if p.indirect.contains(me) {
         return Decision::DownSelf {
             why: "indirectly connected: some members cannot hear this node, or it cannot hear them, while others can".into(),
@@ -262,7 +262,7 @@ pub(super) mod tests {
     fn survivors(s: &Strategy, p: &Partition) -> Vec<u16> {
         p.members
             .iter()
-            .filter(|m| matches!(decide(s, "", &m.addr, p), Decision::Survive { .. }))
+            .filter(|m| matches!(decide(s, None, &m.addr, p), Decision::Survive { .. }))
             .map(|m| m.addr.port)
             .collect()
     }
@@ -285,24 +285,24 @@ pub(super) mod tests {
         // Oldest (1) isolated from 2 and 3: each side decides from its own view.
         let minority = side_view(3, &[1]);
         assert!(matches!(
-            decide(&s, "", &a(1), &minority),
+            decide(&s, None, &a(1), &minority),
             Decision::DownSelf { .. }
         ));
         let majority = side_view(3, &[2, 3]);
         assert_eq!(
-            decide(&s, "", &a(2), &majority),
+            decide(&s, None, &a(2), &majority),
             Decision::Survive { down: vec![a(1)] }
         );
         // A 2-node cluster is a tie: the side with the lowest address (node 1) survives,
         // so under keep-majority the crash of node 1 takes node 2 down too.
         let two = side_view(2, &[2]);
         assert!(matches!(
-            decide(&s, "", &a(2), &two),
+            decide(&s, None, &a(2), &two),
             Decision::DownSelf { .. }
         ));
         let two = side_view(2, &[1]);
         assert_eq!(
-            decide(&s, "", &a(1), &two),
+            decide(&s, None, &a(1), &two),
             Decision::Survive { down: vec![a(2)] }
         );
     }
@@ -314,7 +314,7 @@ pub(super) mod tests {
             release_after: Duration::from_secs(40),
         };
         // 2-node cluster, the oldest (1) crashed: the survivor tries, after the delay.
-        match decide(&s, "", &a(2), &side_view(2, &[2])) {
+        match decide(&s, None, &a(2), &side_view(2, &[2])) {
             Decision::Lease {
                 side,
                 leader,
@@ -327,7 +327,7 @@ pub(super) mod tests {
             }
             other => panic!("{other:?}"),
         }
-        match decide(&s, "", &a(3), &side_view(3, &[2, 3])) {
+        match decide(&s, None, &a(3), &side_view(3, &[2, 3])) {
             Decision::Lease { leader, delay, .. } => {
                 assert_eq!((leader, delay), (a(2), Duration::ZERO));
             }
@@ -342,7 +342,7 @@ pub(super) mod tests {
         assert_eq!(p.indirect, [a(1), a(3)].into());
         assert_eq!(survivors(&Strategy::KeepMajority, &p), [2]);
         assert_eq!(
-            decide(&Strategy::KeepMajority, "", &a(2), &p),
+            decide(&Strategy::KeepMajority, None, &a(2), &p),
             Decision::Survive {
                 down: vec![a(1), a(3)]
             }
@@ -356,7 +356,7 @@ pub(super) mod tests {
         assert!(p.indirect.is_empty());
         assert_eq!(survivors(&Strategy::KeepMajority, &p), [1, 2]);
         assert!(matches!(
-            decide(&Strategy::KeepMajority, "", &a(3), &p),
+            decide(&Strategy::KeepMajority, None, &a(3), &p),
             Decision::DownSelf { .. }
         ));
     }
@@ -395,7 +395,7 @@ pub(super) mod tests {
         let p = Partition::new(members(4, &[1, 2]), recs.iter().map(|(o, s)| (o, s)));
         // 1 role member on each side: the tie goes to the lowest address (node 1).
         assert_eq!(
-            decide(&Strategy::KeepMajority, "r", &a(1), &p),
+            decide(&Strategy::KeepMajority, Some("r"), &a(1), &p),
             Decision::Survive {
                 down: vec![a(2), a(3), a(4)]
             }
