@@ -15,6 +15,7 @@ use crate::error::ClusterError;
 use crate::error::OperatorRefusal;
 use crate::history::History;
 use crate::identity::{Incarnation, NodeAddr};
+use crate::placement::Placement;
 use crate::protocol::{
     AgentMsg, DownRequest, FaultReply, Inspect, LeaveRequest, Local, NodeView, OperatorReply,
     SetLink,
@@ -172,10 +173,16 @@ impl Node {
     /// events to the JSON Lines `history` file when given. Returns once
     /// listening; membership follows (subscribe to see it). One node per process.
     pub async fn start(
-        settings: ClusterSettings,
+        mut settings: ClusterSettings,
         provider: &LeaseProvider,
         history: Option<&Path>,
     ) -> Result<Node, ClusterError> {
+        // Placement with the store kinds' defaults filled in: a member that writes an
+        // option out and one that leaves it to its default place entities alike.
+        settings.placement =
+            Placement::from_config_with(provider.config(), &settings.lease_section, &|name| {
+                provider.section_with_defaults(name)
+            })?;
         let incarnation = Incarnation::new();
         let addr = settings.addr.clone();
         let history = history

@@ -57,6 +57,20 @@ impl EntityPlacement {
         type_name: Option<&str>,
         cluster_lease_section: &str,
     ) -> Result<EntityPlacement, ConfigError> {
+        Self::read_with(config, type_name, cluster_lease_section, &|name| {
+            config.lease_section(name)
+        })
+    }
+
+    /// As [`read`](Self::read), with lease sections from `section` (e.g. with their
+    /// store kind's defaults filled in, so that an option written out and the same option
+    /// left to its default compare equal).
+    pub fn read_with(
+        config: &TenureConfig,
+        type_name: Option<&str>,
+        cluster_lease_section: &str,
+        section: &dyn Fn(&str) -> Result<LeaseSection, ConfigError>,
+    ) -> Result<EntityPlacement, ConfigError> {
         // No type name: `[sharding]` alone.
         let keys: PlacementKeys = config.named_section("sharding", type_name.unwrap_or(""))?;
         if keys.number_of_shards == 0 {
@@ -68,7 +82,7 @@ impl EntityPlacement {
         let lease_section = keys
             .lease_section
             .unwrap_or_else(|| cluster_lease_section.to_string());
-        let section = config.lease_section(&lease_section)?;
+        let section = section(&lease_section)?;
         Ok(EntityPlacement {
             number_of_shards: keys.number_of_shards,
             lease_section,
@@ -103,11 +117,24 @@ impl Placement {
         config: &TenureConfig,
         cluster_lease_section: &str,
     ) -> Result<Placement, ConfigError> {
-        let defaults = EntityPlacement::read(config, None, cluster_lease_section)?;
+        Self::from_config_with(config, cluster_lease_section, &|name| {
+            config.lease_section(name)
+        })
+    }
+
+    /// As [`from_config`](Self::from_config), with lease sections from `section` (see
+    /// [`EntityPlacement::read_with`]).
+    pub fn from_config_with(
+        config: &TenureConfig,
+        cluster_lease_section: &str,
+        section: &dyn Fn(&str) -> Result<LeaseSection, ConfigError>,
+    ) -> Result<Placement, ConfigError> {
+        let defaults = EntityPlacement::read_with(config, None, cluster_lease_section, section)?;
         let names = config.table_names("sharding")?;
         let mut types = BTreeMap::new();
         for name in names {
-            let placement = EntityPlacement::read(config, Some(&name), cluster_lease_section)?;
+            let placement =
+                EntityPlacement::read_with(config, Some(&name), cluster_lease_section, section)?;
             types.insert(name, placement);
         }
         Ok(Placement { defaults, types })
@@ -271,5 +298,47 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("`sharding.counter.number-of-shards`"), "{err}");
+    }
+
+    #[test]
+    fn an_option_written_out_and_left_to_its_default_place_alike_with_the_defaults_filled_in() {
+        let config = |extra: &str| {
+            TenureConfig::from_toml_str(
+                &format!(
+                    "[sharding]\nlease-section = \"pg\"\n\
+                     [lease.pg]\nstore = \"postgres\"\nurl = \"postgres://x@h/db\"\n{extra}"
+                ),
+                "t",
+            )
+            .unwrap()
+        };
+        let (written, left) = (config("schema = \"tenure\"\n"), config(""));
+        // As written, they differ: the kind's defaults belong to its store crate.
+        let as_written = |c: &TenureConfig| Placement::from_config(c, "sqlite").unwrap();
+        assert!(as_written(&written).mismatch(&as_written(&left)).is_some());
+        // With the kind's defaults filled in (what a node does through its provider), they
+        // agree; another schema still differs.
+        let with_defaults = |c: &TenureConfig| {
+            Placement::from_config_with(c, "sqlite", &|name| {
+                let mut section = c.lease_section(name)?;
+                let mut options: toml::Table = "schema = \"tenure\"\ntable = \"tenure_lease\""
+                    .parse()
+                    .unwrap();
+                options.extend(std::mem::take(&mut section.options));
+                section.options = options;
+                Ok(section)
+            })
+            .unwrap()
+        };
+        assert_eq!(
+            with_defaults(&written).mismatch(&with_defaults(&left)),
+            None
+        );
+        let other = config("schema = \"other\"\n");
+        assert!(
+            with_defaults(&other)
+                .mismatch(&with_defaults(&left))
+                .is_some()
+        );
     }
 }

@@ -29,6 +29,14 @@ pub trait StoreFactory: Send + Sync + 'static {
 
     /// Opens (or connects to) the store of a section.
     async fn open(&self, section: &LeaseSection) -> Result<Arc<dyn LeaseStore>, ConfigError>;
+
+    /// The options a section of this kind takes when it leaves them out (the kind's
+    /// reference fragment): what [`LeaseProvider::section_with_defaults`] fills in, so
+    /// that a setting written out and the same setting left to its default compare equal.
+    /// The default is none.
+    fn defaults(&self) -> toml::Table {
+        toml::Table::new()
+    }
 }
 
 /// The store kinds a provider can open.
@@ -151,6 +159,19 @@ impl LeaseProvider {
     pub fn section(&self, name: &str) -> Result<LeaseSection, ConfigError> {
         let section = self.config.lease_section(name)?;
         self.registry.factory(&section)?.check(&section)?;
+        Ok(section)
+    }
+
+    /// Section `name` with the options it leaves out filled in from its kind's
+    /// [defaults](StoreFactory::defaults) (not checked: see [`section`](Self::section)).
+    /// A kind this build left out keeps its options as written.
+    pub fn section_with_defaults(&self, name: &str) -> Result<LeaseSection, ConfigError> {
+        let mut section = self.config.lease_section(name)?;
+        if let Ok(factory) = self.registry.factory(&section) {
+            let mut options = factory.defaults();
+            options.extend(std::mem::take(&mut section.options));
+            section.options = options;
+        }
         Ok(section)
     }
 

@@ -198,6 +198,11 @@ impl StoreFactory for EtcdStoreFactory {
         "etcd"
     }
 
+    fn defaults(&self) -> toml::Table {
+        // The fragment is checked to parse (and to match the options' defaults) by a test.
+        REFERENCE.parse().unwrap_or_default()
+    }
+
     fn check(&self, section: &LeaseSection) -> Result<(), ConfigError> {
         EtcdOptions::from_section(section).map(|_| ())
     }

@@ -198,6 +198,33 @@ mod tests {
     }
 
     #[test]
+    fn a_provider_fills_in_the_options_a_section_leaves_out() {
+        let config = tenure_lease::TenureConfig::from_toml_str(
+            "[lease.pg]\nstore = \"postgres\"\ntable = \"mine\"\n",
+            "test",
+        )
+        .expect("config");
+        let registry = ["sqlite", "etcd", "zookeeper"]
+            .into_iter()
+            .fold(tenure_lease::StoreRegistry::new(), |r, kind| {
+                r.left_out(kind, kind)
+            })
+            .with(crate::PostgresStoreFactory);
+        let provider = tenure_lease::LeaseProvider::new(config, registry).expect("provider");
+        let section = provider.section_with_defaults("pg").expect("section");
+        let text = |k: &str| {
+            section
+                .options
+                .get(k)
+                .and_then(|v| v.as_str())
+                .map(String::from)
+        };
+        // Left out: the kind's default; written: as written.
+        assert_eq!(text("schema").as_deref(), Some("tenure"));
+        assert_eq!(text("table").as_deref(), Some("mine"));
+    }
+
+    #[test]
     fn the_reference_fragment_is_the_defaults() {
         let c: PostgresConfig = toml::from_str(REFERENCE).unwrap();
         assert_eq!(c, PostgresConfig::default());

@@ -18,7 +18,7 @@ use tokio_postgres::{NoTls, Row};
 
 use crate::errors::{self, Failure, STORE};
 use crate::fenced::Fence;
-use crate::options::PostgresOptions;
+use crate::options::{PostgresOptions, REFERENCE};
 use crate::schema::migrate;
 use crate::sql::{Statements, like_prefix};
 
@@ -696,6 +696,11 @@ pub struct PostgresStoreFactory;
 impl StoreFactory for PostgresStoreFactory {
     fn kind(&self) -> &'static str {
         STORE
+    }
+
+    fn defaults(&self) -> toml::Table {
+        // The fragment is checked to parse (and to match the options' defaults) by a test.
+        REFERENCE.parse().unwrap_or_default()
     }
 
     fn check(&self, section: &LeaseSection) -> Result<(), ConfigError> {

@@ -680,6 +680,11 @@ impl StoreFactory for SqliteStoreFactory {
         "sqlite"
     }
 
+    fn defaults(&self) -> toml::Table {
+        // The fragment is checked to parse (and to match the options' defaults) by a test.
+        REFERENCE.parse().unwrap_or_default()
+    }
+
     fn check(&self, section: &LeaseSection) -> Result<(), ConfigError> {
         match Self::path(section)? {
             SectionPath {

@@ -16,7 +16,7 @@ use zookeeper_client as zk;
 
 use crate::error::{KIND, backend, from_zk, session_over};
 use crate::node::{GrantData, HOLDER, Layout, millis, token};
-use crate::options::{ZooKeeperOptions, check_root};
+use crate::options::{REFERENCE, ZooKeeperOptions, check_root};
 use crate::session::{Grant, OwnerSession};
 
 /// How often an acquire re-reads a holder node that changed under it before giving up.
@@ -952,6 +952,11 @@ pub struct ZooKeeperStoreFactory;
 impl StoreFactory for ZooKeeperStoreFactory {
     fn kind(&self) -> &'static str {
         KIND
+    }
+
+    fn defaults(&self) -> toml::Table {
+        // The fragment is checked to parse (and to match the options' defaults) by a test.
+        REFERENCE.parse().unwrap_or_default()
     }
 
     fn check(&self, section: &LeaseSection) -> Result<(), ConfigError> {
