@@ -175,6 +175,10 @@ pub enum Acquired {
     },
 }
 
+/// How long after the store's expiry of another owner's grant a contender tries again
+/// (its answer's `expires_in` was measured before the answer travelled back).
+const EXPIRY_SLACK: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// An acquire answer and, when granted, the generation of the grant.
 pub type AcquireReply = Result<(Acquired, Option<u64>), LeaseError>;
 
@@ -571,6 +575,11 @@ impl LeaseActorState {
             return;
         }
         let reply = self.attempt(myself).await;
+        // How long the store said the other owner's grant lasts unless renewed.
+        let held_for = match &reply {
+            Ok((Acquired::NotGranted { .. }, _)) => self.last_held.as_ref().map(|r| r.expires_in),
+            _ => None,
+        };
         match &reply {
             Ok((Acquired::Granted { .. }, _)) => {
                 self.wanted = false;
@@ -584,6 +593,10 @@ impl LeaseActorState {
                 let pace = self
                     .retry_pace
                     .unwrap_or(self.spec.settings.lease_retry_interval);
+                // A holder that stopped renewing (crashed, cut off) loses the grant when
+                // it expires: try again then, not up to a retry interval later. Only the
+                // timing of the next try changes; the store still decides.
+                let pace = held_for.map_or(pace, |left| pace.min(left + EXPIRY_SLACK));
                 let at = Instant::now() + pace;
                 self.retry_timer = Some(self.schedule(myself, at, || LeaseMsg::RetryAcquire));
             }

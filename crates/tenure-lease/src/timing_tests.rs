@@ -284,6 +284,35 @@ async fn keeps_trying_until_granted() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_crashed_holders_grant_is_taken_when_it_expires_not_a_retry_interval_later() {
+    let store = MemoryStore::new();
+    let s = settings();
+    // A holder that never renews (it crashed right after its grant).
+    let crashed = crate::AcquireRequest {
+        name: "a".into(),
+        owner: "node-1".into(),
+        instance: "crashed".into(),
+        ttl: s.heartbeat_timeout,
+        ..Default::default()
+    };
+    store.try_acquire(&crashed).await.unwrap();
+    let expiry = Instant::now() + s.heartbeat_timeout;
+    // Out of step with the expiry: tries at 1, 3, ... 9 s, and (by the retry interval
+    // alone) 11 s.
+    sleep(Duration::from_secs(1)).await;
+    let (waiter, view, log) = started(&store, "a", "node-2").await;
+    waiter.cast(LeaseMsg::Acquire { reply: None }).unwrap();
+    sleep(s.heartbeat_timeout + s.lease_retry_interval).await;
+    assert!(view.check_lease());
+    let events = log.lock().unwrap().clone();
+    assert!(
+        matches!(&events[..], [(at, LeaseEvent::Granted(g))]
+            if g.token == 2 && *at >= expiry && *at < expiry + s.lease_retry_interval / 4),
+        "granted just after the expiry at {expiry:?}: {events:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_retry_pace_replaces_the_retry_interval_while_trying() {
     let store = MemoryStore::new();
     let (holder, _, _) = started(&store, "a", "node-1").await;
