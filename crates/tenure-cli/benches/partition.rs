@@ -154,7 +154,20 @@ fn main() {
                 Some(t) => times.push(t),
                 None => never += 1,
             }
-            eprintln!("{kind} round {round}: {:?}", times.last());
+            let history = c.history();
+            let went: Vec<&str> = history
+                .iter()
+                .filter(|e| {
+                    e["event"] == "sbr_down_self"
+                        && e["t"].as_i64().is_some_and(|t| t >= at && t < end)
+                })
+                .filter_map(|e| e["node"].as_str())
+                .collect();
+            let age_order: Vec<&str> = ages.iter().map(|i| c.nodes[*i].addr.as_str()).collect();
+            eprintln!(
+                "{kind} round {round}: {:?} (oldest first {age_order:?}; downed themselves {went:?})",
+                times.last()
+            );
             heal(&mut c);
             c.wait_converged(Duration::from_secs(60));
             let healed = now_ns();

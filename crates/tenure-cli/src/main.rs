@@ -150,9 +150,11 @@ enum ClusterCommand {
         #[arg(long, conflicts_with = "heal", required_unless_present = "heal")]
         cut: Option<String>,
         /// What the cut does: `stall` both directions (the TCP connection stays open,
-        /// nothing is lost), only `inbound` or `outbound` traffic, or `drop` (connections
-        /// reset, dials refused).
-        #[arg(long, default_value = "stall", value_parser = ["stall", "inbound", "outbound", "drop"])]
+        /// nothing is lost; heartbeat datagrams are not delivered), only `inbound` or
+        /// `outbound` traffic, `drop` (connections reset, dials refused, datagrams
+        /// dropped), or `session`: stall the TCP connection both ways while heartbeat
+        /// datagrams flow (a link stuck behind data).
+        #[arg(long, default_value = "stall", value_parser = ["stall", "inbound", "outbound", "drop", "session"])]
         mode: String,
         /// Resume traffic with this peer.
         #[arg(long)]
@@ -368,6 +370,7 @@ async fn run(cli: Cli) -> Result<Outcome, CliError> {
                     "inbound" => LinkFault::StallInbound,
                     "outbound" => LinkFault::StallOutbound,
                     "drop" => LinkFault::Drop,
+                    "session" => LinkFault::StallSession,
                     _ => LinkFault::Stall,
                 };
                 node_cmd::fault(provider.config(), &node, &peer, fault).await

@@ -179,6 +179,21 @@ fn a_port_in_use_is_a_clear_error() {
     );
 }
 
+#[test]
+fn a_udp_port_in_use_is_a_clear_error_too() {
+    // The node takes its port for heartbeat datagrams as well: UDP taken, TCP free.
+    let port = free_ports(1)[0];
+    let _taken = std::net::UdpSocket::bind(("127.0.0.1", port)).unwrap();
+    let (code, err) = run(&format!("{BASE}port = {port}\ncookie = \"c\"\n"), &["node"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains(&format!("127.0.0.1:{port}"))
+            && err.contains("cannot listen")
+            && err.contains("UDP"),
+        "{err}"
+    );
+}
+
 /// Unreachable seeds at start: the node keeps running and retrying, says so, and still
 /// leaves cleanly.
 #[test]

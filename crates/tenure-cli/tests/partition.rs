@@ -410,3 +410,60 @@ fn a_link_flapping_slower_than_a_decision_never_downs_the_node_that_hears_everyo
         kept_history(&c)
     );
 }
+
+#[test]
+fn heartbeats_do_not_queue_behind_a_stalled_session_so_nobody_is_unreachable_or_downed() {
+    let _serial = serial();
+    // The sessions (TCP) between nodes 0 and 1 stall both ways, as behind a backlog of
+    // data frames, while their heartbeat datagrams flow. Heartbeats on the sessions alone
+    // would go silent and make 0 and 1 indirectly connected (as in the partial partition
+    // above, where the same gate holds the datagrams too); with the datagrams every node
+    // keeps hearing every node: nobody is marked unreachable, nobody is downed.
+    let c = loaded_cluster(3);
+    let at = now_ns();
+    c.stall_session(0, 1);
+    // Longer than unreachable-after + stable-after + the minority's delay, twice over.
+    std::thread::sleep(FAULT / 2);
+    let end = now_ns();
+    let history = c.history();
+    // The sessions really stalled: asks through node 0 went unanswered (those for keys
+    // whose shards live on node 1, or that the coordinator routes there).
+    let requests = load_requests(&history);
+    let unanswered = requests
+        .iter()
+        .filter(|r| r.node == c.nodes[0].addr && r.issued >= at && r.issued < end - ASK_TIMEOUT_NS)
+        .filter(|r| !r.acked())
+        .count();
+    assert!(
+        unanswered > 0,
+        "the session stall held node 0's asks to node 1 (history kept in {})",
+        kept_history(&c)
+    );
+    let unreachable: Vec<&serde_json::Value> = history
+        .iter()
+        .filter(|e| {
+            ["unreachable", "sbr_downed", "sbr_down_self"]
+                .iter()
+                .any(|k| e["event"] == *k)
+                && e["t"].as_i64().is_some_and(|t| t >= at && t <= end)
+        })
+        .collect();
+    assert!(
+        unreachable.is_empty(),
+        "a stalled session made a node unreachable or downed one: {unreachable:?} (history kept in {})",
+        kept_history(&c)
+    );
+    c.set_link(0, 1, false);
+    c.wait_converged(Duration::from_secs(30));
+    let healed = now_ns();
+    wait_all_keys_served(
+        &c,
+        healed,
+        "after the session stall, every node answers every key",
+        Duration::from_secs(30),
+    );
+    for i in 0..3 {
+        assert!(!downed_itself(&c, i), "node {i} downed itself");
+    }
+    cli::assert_checked(&c.history);
+}

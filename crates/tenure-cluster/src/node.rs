@@ -219,6 +219,15 @@ impl Node {
                 None
             }
         };
+        // Heartbeat datagrams on the same host and port number (UDP's port space is not
+        // TCP's): peers know where to send them without being told.
+        let heartbeats = tokio::net::UdpSocket::bind((listen, addr.port))
+            .await
+            .map(Arc::new)
+            .map_err(|source| ClusterError::Bind {
+                addr: format!("{addr} (UDP, heartbeat datagrams)"),
+                source,
+            })?;
         let (server_port, server_listen) = match tls_listener {
             Some(_) => (0, IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)),
             None => (addr.port, listen),
@@ -261,6 +270,7 @@ impl Node {
             settings: settings.clone(),
             incarnation,
             server: server.clone(),
+            heartbeats,
             tls,
             #[cfg(feature = "fault-injection")]
             links: links.clone(),

@@ -11,7 +11,7 @@ use crate::subscribe::ClusterSubscriber;
 
 /// Version of this protocol, carried in [`Hello`]. A peer speaking another version is
 /// refused (logged and disconnected). `Hello`'s first field must stay a `u32` version.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// Sent by each side when a session is ready: who we are and whom we know (transitive
 /// discovery).
@@ -29,11 +29,15 @@ pub struct Hello {
 }
 
 /// Liveness beacon, every `cluster.heartbeat-interval`, carrying the sender's table of who
-/// cannot hear whom (its own row and the rows it got from others).
+/// cannot hear whom (its own row and the rows it got from others). Sent twice: as a UDP
+/// datagram (see [`crate::transport::datagram`]) and cast on the session.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Heartbeat {
     pub node: NodeAddr,
     pub incarnation: Incarnation,
+    /// Numbers the sender's heartbeats of this incarnation, from 1: both copies of one
+    /// heartbeat carry the same, and a receiver applies only a number above the last.
+    pub seq: u64,
     /// The sender's membership (its age; 0 while not up).
     pub age: u64,
     pub reach: Vec<crate::sbr::ReachRow>,
@@ -189,6 +193,15 @@ pub enum Local {
     /// with this age.
     Ticket(Option<u64>),
     Tick,
+    /// A heartbeat datagram whose MAC verified (not yet checked for freshness).
+    Datagram(Heartbeat),
+    /// Where `peer` (its life `incarnation`) takes heartbeat datagrams, once its host name
+    /// resolved (`Err`: why it did not).
+    HeartbeatAddr {
+        peer: NodeAddr,
+        incarnation: Incarnation,
+        addr: Result<std::net::SocketAddr, String>,
+    },
     Poll,
     Listed(Result<Vec<LeaseRecord>, String>),
     /// The member leases listed after this node's member lease (grant `token`) was

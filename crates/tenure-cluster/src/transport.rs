@@ -1,10 +1,13 @@
-//! Connections between nodes: outbound dials (plain or TLS) and the TLS configuration.
-//! With the `fault-injection` feature, dials go through a per-peer [`Gate`] (see
-//! [`gate`]) that stalls or drops traffic on a test's request.
+//! Connections between nodes: outbound dials (plain or TLS), the TLS configuration, and
+//! the heartbeat datagrams ([`datagram`]). With the `fault-injection` feature, dials go
+//! through a per-peer [`Gate`] (see [`gate`]) that stalls or drops traffic on a test's
+//! request; the same gate holds back the heartbeat datagrams of that peer.
 //!
 //! Every session between two Tenure nodes starts as a dial by one of them, and ractor keeps
 //! one session per pair; so a fault set on *both* nodes reaches whichever connection
-//! survived: to lose what A sends B, stall A's outbound and B's inbound traffic.
+//! survived: to lose what A sends B, stall A's outbound and B's inbound traffic. Datagrams
+//! are gated where they are sent and where they arrive, so the same pair of faults loses
+//! them too.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,13 +25,17 @@ use crate::error::ClusterError;
 use crate::identity::NodeAddr;
 use crate::settings::TlsFiles;
 
+pub mod datagram;
 #[cfg(feature = "fault-injection")]
 pub mod gate;
 #[cfg(feature = "fault-injection")]
 pub use gate::{Gate, Gated, Links};
 
-/// What fault injection does to this node's traffic with one peer. Part of the protocol
-/// whatever the features (a node built without `fault-injection` refuses every fault).
+/// What fault injection does to this node's traffic with one peer: its session (TCP) and
+/// its heartbeat datagrams alike, except [`LinkFault::StallSession`]. A stalled datagram is
+/// not delivered (datagrams are not held back for later: a late heartbeat is no news).
+/// Part of the protocol whatever the features (a node built without `fault-injection`
+/// refuses every fault).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub enum LinkFault {
     /// Traffic flows.
@@ -43,6 +50,9 @@ pub enum LinkFault {
     StallOutbound,
     /// Connections fail with a reset and dials are refused, as a firewall rejecting them.
     Drop,
+    /// The session stalls both ways while heartbeat datagrams flow: a link whose TCP
+    /// stream is stuck behind data (tests that heartbeats do not queue behind it).
+    StallSession,
 }
 
 impl LinkFault {
@@ -54,6 +64,7 @@ impl LinkFault {
             LinkFault::StallInbound => "inbound",
             LinkFault::StallOutbound => "outbound",
             LinkFault::Drop => "drop",
+            LinkFault::StallSession => "session",
         }
     }
 }

@@ -134,7 +134,8 @@ pub fn percentile(v: &mut [f64], p: f64) -> f64 {
     v[((v.len() - 1) as f64 * p).round() as usize]
 }
 
-/// Free loopback ports (bound, then released for the node to take).
+/// Free loopback ports, for TCP and UDP alike (a node takes both: sessions and heartbeat
+/// datagrams), bound, then released for the node to take.
 pub fn free_ports(n: usize) -> Vec<u16> {
     // Below Linux's ephemeral range (32768-60999 by default): a port handed out by
     // `bind(:0)` or taken by an outgoing connection of any other process could be that
@@ -147,14 +148,17 @@ pub fn free_ports(n: usize) -> Vec<u16> {
             break;
         }
         let port = fastrand::u16(20_000..32_000);
-        if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", port)) {
-            listeners.push(l);
+        if let (Ok(l), Ok(u)) = (
+            std::net::TcpListener::bind(("127.0.0.1", port)),
+            std::net::UdpSocket::bind(("127.0.0.1", port)),
+        ) {
+            listeners.push((l, u));
         }
     }
     assert_eq!(listeners.len(), n, "{n} free loopback ports in 20000-31999");
     listeners
         .iter()
-        .map(|l| l.local_addr().unwrap().port())
+        .map(|(l, _)| l.local_addr().unwrap().port())
         .collect()
 }
 
@@ -492,6 +496,13 @@ release-after = "10s"
     /// with [`set_link`](Cluster::set_link)`(from, to, false)`.
     pub fn cut_one_way(&self, from: usize, to: usize) {
         self.link_fault(from, to, Some("outbound"), Some("inbound"));
+    }
+
+    /// Stalls the sessions (TCP) between `a` and `b` both ways, on both sides, while their
+    /// heartbeat datagrams flow (a link stuck behind data); heal with
+    /// [`set_link`](Cluster::set_link)`(a, b, false)`.
+    pub fn stall_session(&self, a: usize, b: usize) {
+        self.link_fault(a, b, Some("session"), Some("session"));
     }
 
     /// Stalls (or resumes) the traffic between node `i` and every other node, on both

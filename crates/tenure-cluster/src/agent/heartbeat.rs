@@ -1,20 +1,107 @@
 //! Heartbeats and reachability: every `heartbeat-interval` the agent sends each peer a
 //! heartbeat (carrying its split brain resolver row), marks members silent for
 //! `unreachable-after` unreachable, closes sessions silent far longer, and dials what is due.
+//!
+//! Each heartbeat goes out twice: as an authenticated UDP datagram to the peer's cluster
+//! address ([`crate::transport::datagram`]), which no data frame can hold up, and cast on
+//! the session, which still reaches a peer whose UDP port a firewall blocks (there it
+//! queues behind data, as before). Both copies carry one sequence number; the first to
+//! arrive is applied and the other is a duplicate.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
 
 use ractor::ActorRef;
+use tokio::net::UdpSocket;
 use tokio::time::Instant;
 
 use super::AgentState;
-use crate::protocol::{AgentMsg, Heartbeat};
+use crate::identity::{Incarnation, NodeAddr};
+use crate::protocol::{AgentMsg, Heartbeat, Local};
+use crate::transport::datagram::{self, DatagramKey, HeartbeatSeqs};
+
+/// How a heartbeat arrived.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Via {
+    Session,
+    Datagram,
+}
+
+/// Session heartbeats in a row without a datagram, over at least this many heartbeat
+/// intervals, after which the datagrams of that peer are reported missing (a burst of
+/// session heartbeats held up by a stalled connection is no sign of it).
+const MISSING_AFTER: u32 = 20;
+
+/// How long a failed resolution of a peer's host name waits before the next try.
+const RESOLVE_RETRY: Duration = Duration::from_secs(5);
+
+/// The heartbeat datagram channel of a node.
+pub(super) struct Datagrams {
+    socket: Arc<UdpSocket>,
+    local: SocketAddr,
+    key: DatagramKey,
+    /// The number of the latest heartbeat sent.
+    seq: u64,
+    /// Where each peer life takes datagrams (`None` while its host name resolves, or
+    /// until `retry_at` after a failure).
+    addrs: HashMap<NodeAddr, Target>,
+    /// The latest heartbeat applied from each peer life, over either channel.
+    seqs: HeartbeatSeqs,
+    /// Per peer: session heartbeats since its last datagram.
+    missing: HashMap<NodeAddr, Missing>,
+    /// Whether a heartbeat too large for a datagram was reported.
+    too_large_told: bool,
+}
+
+struct Target {
+    incarnation: Incarnation,
+    addr: Option<SocketAddr>,
+    retry_at: Option<Instant>,
+}
+
+#[derive(Default)]
+struct Missing {
+    since: Option<Instant>,
+    count: u32,
+    told: bool,
+}
+
+impl Datagrams {
+    /// The channel on `socket` (bound on the node's cluster host and port).
+    pub(super) fn new(socket: Arc<UdpSocket>, system: &str, cookie: &str) -> std::io::Result<Self> {
+        Ok(Datagrams {
+            local: socket.local_addr()?,
+            socket,
+            key: DatagramKey::new(system, cookie),
+            seq: 0,
+            addrs: HashMap::new(),
+            seqs: HeartbeatSeqs::default(),
+            missing: HashMap::new(),
+            too_large_told: false,
+        })
+    }
+
+    /// Reads the socket until `agent` stops; each authenticated heartbeat goes to the agent.
+    pub(super) fn spawn_receiver(&self, agent: ActorRef<AgentMsg>) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(datagram::receive(
+            self.socket.clone(),
+            self.key.clone(),
+            move |hb| agent.cast(AgentMsg::Local(Local::Datagram(hb))).is_ok(),
+        ))
+    }
+}
 
 impl AgentState {
     /// Every `heartbeat-interval`: heartbeats out, reachability, dials.
     pub(super) fn tick(&mut self, myself: &ActorRef<AgentMsg>) {
         let now = Instant::now();
+        self.datagrams.seq += 1;
         let hb = Heartbeat {
             node: self.me.clone(),
             incarnation: self.incarnation,
+            seq: self.datagrams.seq,
             age: if self.view.me().status == crate::member::MemberStatus::Up {
                 self.view.me().age
             } else {
@@ -27,6 +114,7 @@ impl AgentState {
                 .map(|d| d.hearing(now, self.s.unreachable_after))
                 .unwrap_or_default(),
         };
+        self.send_datagrams(myself, &hb, now);
         for p in self.mesh.peers.values() {
             let _ = p.agent.cast(AgentMsg::Heartbeat(hb.clone()));
         }
@@ -50,25 +138,178 @@ impl AgentState {
         }
     }
 
-    pub(super) fn on_heartbeat(&mut self, hb: Heartbeat) {
+    /// Sends `hb` as a datagram to every peer whose address is known (resolving the
+    /// others' for the next tick) and whose link lets datagrams out.
+    fn send_datagrams(&mut self, myself: &ActorRef<AgentMsg>, hb: &Heartbeat, now: Instant) {
+        let bytes = match self.datagrams.key.seal(hb) {
+            Ok(bytes) => Some(bytes),
+            Err(e) => {
+                if !self.datagrams.too_large_told {
+                    self.datagrams.too_large_told = true;
+                    tracing::warn!(error = %e, "heartbeats travel on the sessions only");
+                }
+                None
+            }
+        };
+        for (peer, p) in &self.mesh.peers {
+            let target = self.datagrams.addrs.get(peer);
+            let due = match target {
+                Some(t) if t.incarnation == p.incarnation => {
+                    t.addr.is_none() && t.retry_at.is_some_and(|at| at <= now)
+                }
+                _ => true,
+            };
+            if due {
+                let addr = resolve(myself, peer, p.incarnation, self.datagrams.local);
+                self.datagrams.addrs.insert(
+                    peer.clone(),
+                    Target {
+                        incarnation: p.incarnation,
+                        addr,
+                        retry_at: None,
+                    },
+                );
+            }
+            let (Some(bytes), Some(to)) = (
+                bytes.as_ref(),
+                self.datagrams.addrs.get(peer).and_then(|t| t.addr),
+            ) else {
+                continue;
+            };
+            #[cfg(feature = "fault-injection")]
+            if !self.mesh.links.gate(peer).admits_outbound_datagram() {
+                continue;
+            }
+            if let Err(e) = self.datagrams.socket.try_send_to(bytes, to) {
+                tracing::debug!(%peer, %to, error = %e, "heartbeat datagram not sent");
+            }
+        }
+    }
+
+    /// Where `peer`'s host name resolved (see [`resolve`]).
+    pub(super) fn on_heartbeat_addr(
+        &mut self,
+        peer: NodeAddr,
+        incarnation: Incarnation,
+        addr: Result<SocketAddr, String>,
+    ) {
+        let Some(t) = self
+            .datagrams
+            .addrs
+            .get_mut(&peer)
+            .filter(|t| t.incarnation == incarnation)
+        else {
+            return;
+        };
+        match addr {
+            Ok(addr) => t.addr = Some(datagram::destination(self.datagrams.local, addr)),
+            Err(e) => {
+                tracing::info!(%peer, error = %e, retry_in = ?RESOLVE_RETRY, "cannot resolve a peer's host for heartbeat datagrams; heartbeats reach it on the session");
+                t.retry_at = Some(Instant::now() + RESOLVE_RETRY);
+            }
+        }
+    }
+
+    /// A heartbeat datagram whose MAC verified: applied as a heartbeat unless the link
+    /// holds datagrams from its sender back (fault injection).
+    pub(super) fn on_datagram(&mut self, hb: Heartbeat) {
+        #[cfg(feature = "fault-injection")]
+        if !self.mesh.links.gate(&hb.node).admits_inbound_datagram() {
+            return;
+        }
+        self.on_heartbeat(hb, Via::Datagram);
+    }
+
+    /// A heartbeat from a peer, by either channel: applied only if it comes from the peer's
+    /// current life (as its hello said) and is newer than every heartbeat applied from it.
+    pub(super) fn on_heartbeat(&mut self, hb: Heartbeat, via: Via) {
         let known = self
             .mesh
             .peers
             .get(&hb.node)
             .is_some_and(|p| p.incarnation == hb.incarnation);
         if !known {
-            self.request_hello(&hb.node);
+            match via {
+                Via::Session => self.request_hello(&hb.node),
+                // The session's copy asks for the hello; a datagram of an unknown or old
+                // life (a replay) is only dropped.
+                Via::Datagram => {
+                    tracing::debug!(peer = %hb.node, incarnation = %hb.incarnation, "heartbeat datagram of an unknown peer life dropped")
+                }
+            }
+            return;
+        }
+        let now = Instant::now();
+        self.count_missing(&hb.node, via, now);
+        if !self.datagrams.seqs.fresh(&hb.node, hb.incarnation, hb.seq) {
             return;
         }
         self.tell_if_downed(&hb.node, hb.incarnation, hb.age);
         if let Some(d) = self.downing.as_mut() {
-            d.heard(&hb.node, hb.hears.contains(&self.me), Instant::now());
+            d.heard(&hb.node, hb.hears.contains(&self.me), now);
         }
         self.merge_rows(hb.reach);
-        self.reach.heard(&hb.node, Instant::now());
+        self.reach.heard(&hb.node, now);
         if self.view.get(&hb.node).is_some_and(|m| !m.reachable) {
             let events = self.view.set_reachable(&hb.node, true);
             self.emit(events);
         }
     }
+
+    /// Tells (once, until they come again) when a peer's heartbeats keep coming on the
+    /// session only: its datagrams do not get here (a firewall blocking UDP on the cluster
+    /// port?), so its heartbeats queue behind data again.
+    fn count_missing(&mut self, peer: &NodeAddr, via: Via, now: Instant) {
+        let m = self.datagrams.missing.entry(peer.clone()).or_default();
+        match via {
+            Via::Datagram => {
+                if m.told {
+                    tracing::info!(%peer, "heartbeat datagrams from the peer arrive again");
+                }
+                *m = Missing::default();
+            }
+            Via::Session => {
+                let since = *m.since.get_or_insert(now);
+                m.count += 1;
+                let span = self.s.heartbeat_interval * MISSING_AFTER / 2;
+                if !m.told && m.count >= MISSING_AFTER && now.duration_since(since) >= span {
+                    m.told = true;
+                    tracing::warn!(
+                        %peer,
+                        heartbeats = m.count,
+                        "no heartbeat datagram from the peer (is UDP to the cluster port blocked?); its heartbeats arrive on the session only, where they queue behind data"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// `peer`'s datagram address now when its host is an IP address; else `None`, and a task
+/// resolves the name and tells the agent ([`Local::HeartbeatAddr`]).
+fn resolve(
+    myself: &ActorRef<AgentMsg>,
+    peer: &NodeAddr,
+    incarnation: Incarnation,
+    local: SocketAddr,
+) -> Option<SocketAddr> {
+    if let Some(ip) = peer.ip() {
+        return Some(datagram::destination(local, SocketAddr::new(ip, peer.port)));
+    }
+    let (agent, peer) = (myself.clone(), peer.clone());
+    tokio::spawn(async move {
+        let addr = match tokio::net::lookup_host((peer.host.as_str(), peer.port)).await {
+            Ok(mut addrs) => addrs
+                // A socket bound to an IPv4 address cannot send to IPv6 ones.
+                .find(|a| local.is_ipv6() || a.is_ipv4())
+                .ok_or_else(|| "no address of a usable family".to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        let _ = agent.cast(AgentMsg::Local(Local::HeartbeatAddr {
+            peer,
+            incarnation,
+            addr,
+        }));
+    });
+    None
 }

@@ -3,7 +3,8 @@
 //!
 //! - [`mesh`]: sessions, dials with backoff, hellos, peers;
 //! - [`membership`]: join tickets, the member lease, up / lost / rejoin, leave;
-//! - [`heartbeat`]: heartbeats and reachability, every `heartbeat-interval`;
+//! - [`heartbeat`]: heartbeats (datagrams and session casts) and reachability, every
+//!   `heartbeat-interval`;
 //! - [`events`]: what changed, to subscribers, metrics, logs and the history;
 //! - [`inspect`]: the node's view answered to clients and the CLI;
 //! - [`downing`]: the split brain resolver's side; [`operator`]: operators' leave and down;
@@ -52,6 +53,8 @@ pub(crate) struct AgentArgs {
     pub settings: ClusterSettings,
     pub incarnation: Incarnation,
     pub server: ActorRef<NodeServerMessage>,
+    /// The heartbeat datagram socket, bound on the node's cluster host and port.
+    pub heartbeats: Arc<tokio::net::UdpSocket>,
     pub tls: Option<Tls>,
     #[cfg(feature = "fault-injection")]
     pub links: Arc<Links>,
@@ -80,6 +83,8 @@ pub(crate) struct AgentState {
     view: Membership,
     /// When each member was last heard.
     reach: crate::reachability::Reachability,
+    /// The heartbeat datagrams ([`heartbeat`]).
+    datagrams: heartbeat::Datagrams,
     /// Sessions, peers and dials ([`mesh`]).
     mesh: mesh::Mesh,
     /// The member lease of the current membership ([`membership`]).
@@ -114,6 +119,8 @@ impl Actor for Agent {
         let mesh = mesh::Mesh::start(&myself, a.server, a.tls, a.links).await?;
         #[cfg(not(feature = "fault-injection"))]
         let mesh = mesh::Mesh::start(&myself, a.server, a.tls).await?;
+        let datagrams =
+            heartbeat::Datagrams::new(a.heartbeats, &a.settings.system, &a.settings.cookie)?;
         let scope = scope(&a.settings.system);
         pg::join_scoped(scope.clone(), AGENT_GROUP.into(), vec![myself.get_cell()]);
         pg::monitor_scope(scope.clone(), myself.get_cell());
@@ -124,6 +131,7 @@ impl Actor for Agent {
             myself.send_interval(a.settings.membership_interval, || {
                 AgentMsg::Local(Local::Poll)
             }),
+            datagrams.spawn_receiver(myself.clone()),
         ];
         let me = a.settings.addr.clone();
         if let Some(h) = &a.history {
@@ -146,6 +154,7 @@ impl Actor for Agent {
             history: a.history,
             lease_observer: a.lease_observer,
             reach: Default::default(),
+            datagrams,
             mesh,
             member_lease: membership::MemberLease {
                 ticketing: true,
@@ -194,7 +203,7 @@ impl Actor for Agent {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             AgentMsg::Hello(h) => state.on_hello(h),
-            AgentMsg::Heartbeat(hb) => state.on_heartbeat(hb),
+            AgentMsg::Heartbeat(hb) => state.on_heartbeat(hb, heartbeat::Via::Session),
             AgentMsg::YouAreDown(notice) => state.on_you_are_down(&myself, notice),
             AgentMsg::Leaving(l, reply) => state.on_peer_leaving(l, reply),
             AgentMsg::Inspect(Inspect {}, reply) => {
@@ -268,6 +277,12 @@ impl AgentState {
             Local::Listed(result) => self.on_listed(result),
             Local::Leave(reply) => self.start_leaving(reply),
             Local::Tick => self.tick(myself),
+            Local::Datagram(hb) => self.on_datagram(hb),
+            Local::HeartbeatAddr {
+                peer,
+                incarnation,
+                addr,
+            } => self.on_heartbeat_addr(peer, incarnation, addr),
             Local::SbrLease { attempt, won } => self.on_sbr_lease(myself, attempt, won),
             Local::Subscribe(sub) => self.subscribe(sub),
         }

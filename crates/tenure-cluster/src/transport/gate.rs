@@ -1,6 +1,8 @@
 //! The gates of fault injection (feature `fault-injection`): a per-peer switch over the
 //! traffic of the connections this node dialled, that stalls it while the TCP connection
-//! stays open, in both directions or one, or drops it (connections reset, dials refused).
+//! stays open, in both directions or one, or drops it (connections reset, dials refused),
+//! and over the heartbeat datagrams exchanged with that peer (not delivered while the
+//! direction is stalled or the link dropped).
 
 use std::collections::HashMap;
 use std::io;
@@ -22,6 +24,7 @@ impl LinkFault {
             LinkFault::StallInbound => IN,
             LinkFault::StallOutbound => OUT,
             LinkFault::Drop => DROP,
+            LinkFault::StallSession => IN | OUT | SESSION_ONLY,
         }
     }
 
@@ -31,6 +34,7 @@ impl LinkFault {
             IN => LinkFault::StallInbound,
             OUT => LinkFault::StallOutbound,
             DROP => LinkFault::Drop,
+            b if b & SESSION_ONLY != 0 => LinkFault::StallSession,
             _ => LinkFault::Stall,
         }
     }
@@ -39,6 +43,8 @@ impl LinkFault {
 const IN: u8 = 1;
 const OUT: u8 = 2;
 const DROP: u8 = 4;
+/// The stall holds the session only; datagrams pass.
+const SESSION_ONLY: u8 = 8;
 
 /// A switch over the traffic of the connections it guards (see [`LinkFault`]).
 #[derive(Debug, Default)]
@@ -63,6 +69,21 @@ impl Gate {
     /// Whether any fault is in force.
     pub fn is_cut(&self) -> bool {
         self.fault() != LinkFault::None
+    }
+
+    /// Whether a heartbeat datagram from the peer may be delivered now.
+    pub fn admits_inbound_datagram(&self) -> bool {
+        self.admits_datagram(IN)
+    }
+
+    /// Whether a heartbeat datagram may be sent to the peer now.
+    pub fn admits_outbound_datagram(&self) -> bool {
+        self.admits_datagram(OUT)
+    }
+
+    fn admits_datagram(&self, dir: u8) -> bool {
+        let s = self.state.load(Ordering::SeqCst);
+        s & DROP == 0 && (s & dir == 0 || s & SESSION_ONLY != 0)
     }
 
     /// Ready when traffic in direction `dir` (`IN` or `OUT`) may pass; an error while the
@@ -229,5 +250,52 @@ mod tests {
         assert_eq!(err.kind(), io::ErrorKind::ConnectionReset);
         assert!(gated.write_all(b"x").await.is_err());
         assert_eq!(gate.fault(), LinkFault::Drop);
+    }
+
+    #[test]
+    fn datagrams_pass_in_the_directions_the_session_flows_except_a_session_stall() {
+        let gate = Gate::default();
+        let cases = [
+            (LinkFault::None, true, true),
+            (LinkFault::Stall, false, false),
+            (LinkFault::StallInbound, false, true),
+            (LinkFault::StallOutbound, true, false),
+            (LinkFault::Drop, false, false),
+            (LinkFault::StallSession, true, true),
+        ];
+        for (fault, inbound, outbound) in cases {
+            gate.set(fault);
+            assert_eq!(gate.fault(), fault);
+            assert_eq!(
+                (
+                    gate.admits_inbound_datagram(),
+                    gate.admits_outbound_datagram()
+                ),
+                (inbound, outbound),
+                "{fault:?}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_session_stall_holds_the_stream_both_ways() {
+        let (a, mut b) = tokio::io::duplex(64);
+        let gate = Arc::new(Gate::default());
+        let mut gated = Gated {
+            inner: a,
+            gate: gate.clone(),
+        };
+        gate.set(LinkFault::StallSession);
+        b.write_all(b"in").await.unwrap();
+        let mut two = [0u8; 2];
+        let stalled =
+            tokio::time::timeout(Duration::from_millis(50), gated.read_exact(&mut two)).await;
+        assert!(stalled.is_err(), "inbound waits");
+        let stalled =
+            tokio::time::timeout(Duration::from_millis(50), gated.write_all(b"out")).await;
+        assert!(stalled.is_err(), "outbound waits");
+        gate.set(LinkFault::None);
+        gated.read_exact(&mut two).await.unwrap();
+        assert_eq!(&two, b"in");
     }
 }
