@@ -48,13 +48,21 @@ impl FencedCounter {
     /// Adds one to counter `name` with fencing token `token`: `Ok(Some(value))` accepted,
     /// `Ok(None)` refused because a newer token wrote already, `Err` if the file failed.
     pub fn increment(&self, name: &str, token: FencingToken) -> Result<Option<u64>, StoreError> {
-        let conn = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        let mut conn = self.conn.lock().unwrap_or_else(|e| e.into_inner());
         let token = i64::try_from(token.get())
             .map_err(|_| StoreError::backend("sqlite", "token beyond i64"))?;
-        conn.query_row(INCREMENT, params![name, token], |row| row.get::<_, i64>(0))
+        let err =
+            |e: rusqlite::Error| StoreError::unavailable("sqlite", e.to_string()).caused_by(e);
+        // An explicit transaction: in autocommit, the commit happens when the statement is
+        // reset after its RETURNING row was read, and an error there (a full disk, a busy
+        // file) would be lost, reporting a value that was never written.
+        let tx = conn.transaction().map_err(err)?;
+        let value = tx
+            .query_row(INCREMENT, params![name, token], |row| row.get::<_, i64>(0))
             .optional()
-            .map(|v| v.map(|v| v as u64))
-            .map_err(|e| StoreError::unavailable("sqlite", e.to_string()).caused_by(e))
+            .map_err(err)?;
+        tx.commit().map_err(err)?;
+        Ok(value.map(|v| v as u64))
     }
 
     /// The value and last token of counter `name`.
