@@ -5,7 +5,35 @@ use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::sync::Mutex;
 
-use crate::FencingToken;
+use crate::{FencingToken, StoreError};
+
+/// Why a write fenced inside the lease store's own transaction must not go ahead (the
+/// SQLite store's `fence::check`, the PostgreSQL store's `Fence::check`): roll back.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FenceError {
+    /// The lease is not held by that owner with that token now (released, expired, or
+    /// granted to someone else).
+    #[error("lease `{name}` is not held by `{owner}` with token {token}: write refused")]
+    NotHeld {
+        /// The lease name.
+        name: String,
+        /// The owner the write claimed to be.
+        owner: String,
+        /// The fencing token the write presented.
+        token: FencingToken,
+    },
+    /// The check itself failed (the store is locked, unreachable or unreadable); the
+    /// transaction is unusable.
+    #[error("lease `{name}`: fence check failed: {source}")]
+    Store {
+        /// The lease name.
+        name: String,
+        /// The store's error, with the database's own error as its source.
+        #[source]
+        source: StoreError,
+    },
+}
 
 /// A write was refused because a later holder already wrote with a higher token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

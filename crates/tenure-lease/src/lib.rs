@@ -85,7 +85,7 @@ pub use events::{
     LeaseEvent, LeaseEventSink, LeaseGranted, LeaseLost, LeaseResumed, LeaseState, LeaseSuspended,
     PreemptionRequested, PreemptionWithdrawn,
 };
-pub use fence::{FenceCheck, StaleToken};
+pub use fence::{FenceCheck, FenceError, StaleToken};
 pub use grant::Grant;
 pub use handle::Lease;
 pub use memory::{Fault, MemoryStore, MemoryStoreFactory};

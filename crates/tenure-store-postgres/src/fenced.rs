@@ -11,33 +11,7 @@
 //! # Ok(()) }
 //! ```
 
-use tenure_lease::FencingToken;
-
-/// Why a guarded write must not go ahead.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum FenceError {
-    /// The lease is not held by that owner with that token now (released, expired, or
-    /// granted to someone else): roll back.
-    #[error("lease `{name}` is not held by `{owner}` with token {token}: write refused")]
-    NotHeld {
-        /// The lease name.
-        name: String,
-        /// The owner the write claimed to be.
-        owner: String,
-        /// The fencing token the write presented.
-        token: FencingToken,
-    },
-    /// The check itself failed; the transaction is unusable, roll it back.
-    #[error("lease `{name}`: fence check failed: {source}")]
-    Database {
-        /// The lease name.
-        name: String,
-        /// The database error.
-        #[source]
-        source: tokio_postgres::Error,
-    },
-}
+use tenure_lease::{FenceError, FencingToken, StoreError};
 
 /// The token check of one lease table (from [`PostgresStore::fence`](crate::PostgresStore::fence)).
 #[derive(Debug, Clone)]
@@ -82,9 +56,9 @@ WHERE name = $1::text AND owner = $2::text AND token = $3::bigint
         let rows = tx
             .query(&self.check, &[&name, &owner, &t])
             .await
-            .map_err(|source| FenceError::Database {
+            .map_err(|e| FenceError::Store {
                 name: name.to_string(),
-                source,
+                source: StoreError::unavailable(crate::errors::STORE, e.to_string()).caused_by(e),
             })?;
         if rows.is_empty() {
             Err(not_held())

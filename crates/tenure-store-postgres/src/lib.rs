@@ -54,6 +54,7 @@ mod schema;
 pub mod sql;
 mod store;
 
-pub use fenced::{Fence, FenceError};
+pub use fenced::Fence;
+pub use tenure_lease::FenceError;
 pub use options::{PostgresConfig, PostgresOptions, REFERENCE};
 pub use store::{PostgresStore, PostgresStoreFactory};

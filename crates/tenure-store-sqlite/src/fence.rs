@@ -22,34 +22,9 @@
 //! the holder's own renewals wait for them.
 
 use rusqlite::{OptionalExtension, Transaction, params};
-use tenure_lease::FencingToken;
+use tenure_lease::{FencingToken, StoreError};
 
-/// Why a guarded write must not go ahead.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum FenceError {
-    /// The lease is not held by that owner with that token now (released, expired, or
-    /// granted to someone else): roll back.
-    #[error("lease `{name}` is not held by `{owner}` with token {token}: write refused")]
-    NotHeld {
-        /// The lease name.
-        name: String,
-        /// The owner the write claimed to be.
-        owner: String,
-        /// The fencing token the write presented.
-        token: FencingToken,
-    },
-    /// The check itself failed (the file is locked, unreadable, or not a lease file); roll
-    /// back.
-    #[error("lease `{name}`: fence check failed: {source}")]
-    Database {
-        /// The lease name.
-        name: String,
-        /// The SQLite error.
-        #[source]
-        source: rusqlite::Error,
-    },
-}
+pub use tenure_lease::FenceError;
 
 const CHECK: &str = "SELECT 1 FROM tenure_lease
     WHERE name = ?1 AND owner = ?2 AND token = ?3 AND expires_at > ?4";
@@ -80,9 +55,9 @@ pub fn check(
             |_| Ok(()),
         )
         .optional()
-        .map_err(|source| FenceError::Database {
+        .map_err(|e| FenceError::Store {
             name: name.to_string(),
-            source,
+            source: StoreError::unavailable("sqlite", e.to_string()).caused_by(e),
         })?;
     found.ok_or_else(not_held)
 }
