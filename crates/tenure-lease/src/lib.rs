@@ -80,7 +80,7 @@ pub use actor::{
 };
 pub use clock::{HolderClock, SuspendControl};
 pub use config::{CONFIG_VAR, LeaseSection, TenureConfig, TenureSettings};
-pub use error::{ConfigError, LeaseError, StoreError};
+pub use error::{Cause, ConfigError, LeaseError, StoreError};
 pub use events::{
     LeaseEvent, LeaseEventSink, LeaseGranted, LeaseLost, LeaseResumed, LeaseState, LeaseSuspended,
     PreemptionRequested, PreemptionWithdrawn,

@@ -20,7 +20,7 @@ use crate::{
 /// delay its answers (every call takes effect at once and answers late: a caller whose
 /// operation timeout is shorter never sees the answer). For network stores the
 /// [`Proxy`](super::proxy::Proxy) does the same on the wire, which is what their
-/// harnesses use for [`Harness::delayed_client`].
+/// harnesses use for [`Harness::delayed_client`](crate::conformance::Harness::delayed_client).
 pub struct FaultyClient {
     inner: Arc<dyn LeaseStore>,
     cut: AtomicBool,
