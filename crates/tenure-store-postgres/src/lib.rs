@@ -55,6 +55,6 @@ pub mod sql;
 mod store;
 
 pub use fenced::Fence;
-pub use tenure_lease::FenceError;
 pub use options::{PostgresConfig, PostgresOptions, REFERENCE};
 pub use store::{PostgresStore, PostgresStoreFactory};
+pub use tenure_lease::FenceError;
