@@ -35,6 +35,30 @@ pub enum FenceError {
     },
 }
 
+impl FenceError {
+    /// [`FenceError::NotHeld`]: `owner` does not hold `name` with `token` now.
+    pub fn not_held(name: &str, owner: &str, token: FencingToken) -> Self {
+        FenceError::NotHeld {
+            name: name.to_string(),
+            owner: owner.to_string(),
+            token,
+        }
+    }
+
+    /// [`FenceError::Store`]: the check of `name` failed in the `store` kind's database
+    /// with `cause` (kept as the source of the [`StoreError`]).
+    pub fn failed(
+        name: &str,
+        store: &'static str,
+        cause: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        FenceError::Store {
+            name: name.to_string(),
+            source: StoreError::unavailable(store, cause.to_string()).caused_by(cause),
+        }
+    }
+}
+
 /// A write was refused because a later holder already wrote with a higher token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("stale fencing token {presented}: resource already accepted token {highest}")]

@@ -11,7 +11,7 @@
 //! # Ok(()) }
 //! ```
 
-use tenure_lease::{FenceError, FencingToken, StoreError};
+use tenure_lease::{FenceError, FencingToken};
 
 /// The token check of one lease table (from [`PostgresStore::fence`](crate::PostgresStore::fence)).
 #[derive(Debug, Clone)]
@@ -45,21 +45,14 @@ WHERE name = $1::text AND owner = $2::text AND token = $3::bigint
         owner: &str,
         token: FencingToken,
     ) -> Result<(), FenceError> {
-        let not_held = || FenceError::NotHeld {
-            name: name.to_string(),
-            owner: owner.to_string(),
-            token,
-        };
+        let not_held = || FenceError::not_held(name, owner, token);
         let Ok(t) = i64::try_from(token.get()) else {
             return Err(not_held());
         };
         let rows = tx
             .query(&self.check, &[&name, &owner, &t])
             .await
-            .map_err(|e| FenceError::Store {
-                name: name.to_string(),
-                source: StoreError::unavailable(crate::errors::STORE, e.to_string()).caused_by(e),
-            })?;
+            .map_err(|e| FenceError::failed(name, crate::errors::STORE, e))?;
         if rows.is_empty() {
             Err(not_held())
         } else {

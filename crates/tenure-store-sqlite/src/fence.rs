@@ -22,7 +22,7 @@
 //! the holder's own renewals wait for them.
 
 use rusqlite::{OptionalExtension, Transaction, params};
-use tenure_lease::{FencingToken, StoreError};
+use tenure_lease::FencingToken;
 
 pub use tenure_lease::FenceError;
 
@@ -40,13 +40,8 @@ pub fn check(
     owner: &str,
     token: FencingToken,
 ) -> Result<(), FenceError> {
-    let not_held = || FenceError::NotHeld {
-        name: name.to_string(),
-        owner: owner.to_string(),
-        token,
-    };
     let Ok(t) = i64::try_from(token.get()) else {
-        return Err(not_held());
+        return Err(FenceError::not_held(name, owner, token));
     };
     let found = tx
         .query_row(
@@ -55,9 +50,6 @@ pub fn check(
             |_| Ok(()),
         )
         .optional()
-        .map_err(|e| FenceError::Store {
-            name: name.to_string(),
-            source: StoreError::unavailable("sqlite", e.to_string()).caused_by(e),
-        })?;
-    found.ok_or_else(not_held)
+        .map_err(|e| FenceError::failed(name, "sqlite", e))?;
+    found.ok_or_else(|| FenceError::not_held(name, owner, token))
 }
