@@ -162,7 +162,7 @@ pub async fn acquire_once(
         name: store_name(&target.name, &opened.store.name_rules()),
         owner: owner.clone(),
         instance: format!("cli-{}", std::process::id()),
-        ttl: opened.settings.heartbeat_timeout,
+        ttl: opened.settings.store_ttl(),
         note,
         priority: options.priority,
         cleanup_timeout: options.cleanup_timeout,

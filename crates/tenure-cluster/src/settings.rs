@@ -224,6 +224,8 @@ impl ClusterSettings {
             lease_retry_interval: interval,
             safety_margin: ttl / 10,
             lease_operation_timeout: section.settings.lease_operation_timeout.min(ttl / 2),
+            // A member lease lapsing means the node is gone: no reason to wait longer.
+            lock_delay: Duration::ZERO,
         };
         member_lease
             .validate("cluster")

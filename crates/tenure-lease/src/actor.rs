@@ -417,7 +417,7 @@ async fn execute(spec: &LeaseSpec, base: &str, call: Call) -> Outcome {
                 name: spec.store_name.clone(),
                 owner: spec.owner.clone(),
                 instance: format!("{base}.{instance}"),
-                ttl: spec.settings.heartbeat_timeout,
+                ttl: spec.settings.store_ttl(),
                 note: spec.note.clone(),
                 priority: spec.options.priority,
                 cleanup_timeout: spec.options.cleanup_timeout,

@@ -539,6 +539,23 @@ mod tests {
     }
 
     #[test]
+    fn lock_delay_is_per_section_and_inherited_from_lease() {
+        let c = TenureConfig::from_toml_str(
+            "[lease]\nlock-delay = \"15s\"\n[lease.x]\nstore = \"memory\"\n\
+             [lease.y]\nstore = \"memory\"\nlock-delay = \"1s\"",
+            "t",
+        )
+        .unwrap();
+        let x = c.lease_section("x").unwrap().settings;
+        assert_eq!(x.lock_delay, Duration::from_secs(15));
+        assert_eq!(x.store_ttl(), x.heartbeat_timeout + Duration::from_secs(15));
+        let y = c.lease_section("y").unwrap().settings;
+        assert_eq!(y.lock_delay, Duration::from_secs(1));
+        let plain = TenureConfig::reference().lease_section("sqlite").unwrap();
+        assert_eq!(plain.settings.lock_delay, Duration::ZERO);
+    }
+
+    #[test]
     fn durations_are_humantime() {
         for (text, expected) in [
             ("1500ms", Duration::from_millis(1500)),

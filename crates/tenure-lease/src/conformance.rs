@@ -13,6 +13,7 @@ pub mod bench;
 mod faulty;
 mod instances;
 mod lapse;
+mod lock_delay;
 pub mod preemption;
 pub mod preemption_faults;
 pub mod proxy;
@@ -24,6 +25,7 @@ pub use lapse::{
     lost_answers_lapse, lost_reentrant_answer_keeps_the_grant, reentry_after_an_operator_release,
     session_expiry_recovers,
 };
+pub use lock_delay::{lock_delay_holds_a_lapsed_grant, release_skips_the_lock_delay};
 
 pub use preemption::{
     emergency_takeover, forceful_preemption_refuses_renewals, helix_cleanup_in_time,
@@ -94,6 +96,7 @@ pub fn test_settings() -> LeaseSettings {
         lease_operation_timeout: Duration::from_millis(1000),
         lease_retry_interval: Duration::from_millis(100),
         safety_margin: Duration::from_millis(300),
+        lock_delay: Duration::ZERO,
     }
 }
 
@@ -522,7 +525,8 @@ macro_rules! conformance_tests {
             token_monotonicity, expiry_and_takeover, batch_renew, errors_when_unavailable,
             loss_before_takeover, same_owner_other_instance_waits, lost_answers_lapse,
             lost_reentrant_answer_keeps_the_grant, reentry_after_an_operator_release,
-            session_expiry_recovers);
+            session_expiry_recovers, lock_delay_holds_a_lapsed_grant,
+            release_skips_the_lock_delay);
     };
     ($harness:expr; without preemption) => {
         $crate::conformance_tests!(@base $harness);

@@ -112,11 +112,8 @@ async fn run(
         let leases: Vec<HeldLease> = batch.iter().map(|r| r.lease.clone()).collect();
         let sent_at = clock.now();
         let timeout = settings.lease_operation_timeout;
-        let result = tokio::time::timeout(
-            timeout,
-            store.renew(&owner, &leases, settings.heartbeat_timeout),
-        )
-        .await;
+        let result =
+            tokio::time::timeout(timeout, store.renew(&owner, &leases, settings.store_ttl())).await;
         crate::metrics::renewal(store.kind(), clock.now().saturating_duration_since(sent_at));
         tracing::trace!(owner, count = leases.len(), "batched renewal");
         for (i, req) in batch.into_iter().enumerate() {

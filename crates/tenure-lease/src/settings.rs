@@ -21,6 +21,12 @@ pub struct LeaseSettings {
     /// `safety-margin`: the holder stops believing in its lease this long before the earliest
     /// instant the store could expire it (when not set in config: `heartbeat-timeout / 10`).
     pub safety_margin: Duration,
+    /// `lock-delay` (Chubby's and Consul's): after a grant lapses rather than being released
+    /// (its holder crashed, froze or was cut off), the store grants the lease to nobody else
+    /// for this long past the holder's time-to-live. Zero (the default): no delay. The
+    /// holder's own deadline does not move; only the store keeps the grant longer, so a
+    /// release frees the lease at once.
+    pub lock_delay: Duration,
 }
 
 /// The timing keys of `[lease]` and of each lease section, as written: a section's keys
@@ -45,16 +51,20 @@ pub struct LeaseTiming {
     /// `safety-margin`; `None`: `heartbeat-timeout / 10`.
     #[serde(deserialize_with = "crate::duration::serde::optional")]
     pub safety_margin: Option<Duration>,
+    /// `lock-delay`; `None`: no delay.
+    #[serde(deserialize_with = "crate::duration::serde::optional")]
+    pub lock_delay: Option<Duration>,
 }
 
 /// The keys of [`LeaseTiming`]: in a lease section, every other key but `store` is a store
 /// option.
-pub(crate) const TIMING_KEYS: [&str; 5] = [
+pub(crate) const TIMING_KEYS: [&str; 6] = [
     "heartbeat-timeout",
     "heartbeat-interval",
     "lease-operation-timeout",
     "lease-retry-interval",
     "safety-margin",
+    "lock-delay",
 ];
 
 impl Default for LeaseTiming {
@@ -66,6 +76,7 @@ impl Default for LeaseTiming {
             lease_operation_timeout: Duration::from_secs(5),
             lease_retry_interval: Duration::from_secs(5),
             safety_margin: None,
+            lock_delay: None,
         }
     }
 }
@@ -85,6 +96,7 @@ impl LeaseTiming {
             safety_margin: self
                 .safety_margin
                 .unwrap_or_else(|| default_margin(timeout)),
+            lock_delay: self.lock_delay.unwrap_or_default(),
         };
         settings.validate(key_prefix)?;
         Ok(settings)
@@ -141,6 +153,7 @@ impl LeaseSettings {
             ("lease-operation-timeout", self.lease_operation_timeout),
             ("lease-retry-interval", self.lease_retry_interval),
             ("safety-margin", self.safety_margin),
+            ("lock-delay", self.lock_delay),
         ] {
             crate::duration::check(d).map_err(|e| ConfigError::invalid(key(k), e))?;
         }
@@ -177,7 +190,16 @@ impl LeaseSettings {
                 ),
             ));
         }
+        crate::duration::check(self.store_ttl())
+            .map_err(|e| ConfigError::invalid(key("lock-delay"), e))?;
         Ok(())
+    }
+
+    /// The time-to-live the store gives each grant and renewal: `heartbeat-timeout` plus
+    /// `lock-delay`. The holder believes for [`validity`](Self::validity) only; the rest is
+    /// the delay in which nobody else can be granted a lease whose holder stopped renewing.
+    pub fn store_ttl(&self) -> Duration {
+        self.heartbeat_timeout.saturating_add(self.lock_delay)
     }
 
     /// How long after a request was *sent* its holder may still believe in the grant.
@@ -206,6 +228,26 @@ mod tests {
         assert_eq!(s.lease_operation_timeout, Duration::from_secs(5));
         assert_eq!(s.lease_retry_interval, Duration::from_secs(5));
         assert_eq!(s.safety_margin, Duration::from_secs(12));
+        assert_eq!(s.lock_delay, Duration::ZERO);
+        assert_eq!(s.store_ttl(), s.heartbeat_timeout);
+    }
+
+    #[test]
+    fn lock_delay_lengthens_the_store_ttl_only() {
+        let timing = LeaseTiming {
+            heartbeat_timeout: Duration::from_secs(30),
+            lock_delay: Some(Duration::from_secs(15)),
+            ..LeaseTiming::default()
+        };
+        let s = timing.resolve("lease.x").unwrap();
+        assert_eq!(s.store_ttl(), Duration::from_secs(45));
+        assert_eq!(s.validity(), Duration::from_secs(27));
+        let absurd = LeaseTiming {
+            lock_delay: Some(Duration::from_secs(365 * 24 * 3600)),
+            ..timing
+        };
+        let err = absurd.resolve("lease.x").unwrap_err().to_string();
+        assert!(err.contains("lease.x.lock-delay"), "{err}");
     }
 
     #[test]

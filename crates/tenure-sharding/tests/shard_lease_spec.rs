@@ -71,6 +71,7 @@ fn lease_settings() -> LeaseSettings {
         lease_operation_timeout: Duration::from_millis(500),
         lease_retry_interval: Duration::from_millis(100),
         safety_margin: Duration::from_millis(200),
+        lock_delay: Duration::ZERO,
     }
 }
 

@@ -185,6 +185,7 @@ async fn leader_killed_no_two_holders() {
         lease_operation_timeout: Duration::from_secs(1),
         lease_retry_interval: Duration::from_millis(100),
         safety_margin: Duration::from_secs(1),
+        lock_delay: Duration::ZERO,
     };
     let (holder, token, lost) = hold(Arc::new(etcd.store().await), "leader", "a", settings).await;
     let contender = etcd.store().await;

@@ -92,16 +92,17 @@ impl ZooKeeperOptions {
             return Err(ConfigError::invalid(key("connect"), "must not be empty"));
         }
         check_root(&c.root).map_err(|d| ConfigError::invalid(key("root"), d))?;
-        let session_timeout = c
-            .session_timeout
-            .unwrap_or(section.settings.heartbeat_timeout);
-        if session_timeout < section.settings.heartbeat_timeout {
+        // The store ttl is heartbeat-timeout plus any lock-delay: a crashed holder's session
+        // must outlive both, or its grants would vanish before the delay is over.
+        let store_ttl = section.settings.store_ttl();
+        let session_timeout = c.session_timeout.unwrap_or(store_ttl);
+        if session_timeout < store_ttl {
             return Err(ConfigError::invalid(
                 key("session-timeout"),
                 format!(
-                    "{session_timeout:?} is below heartbeat-timeout {:?}: the server could end \
-                     the session (and every lease of it) before a holder's deadline",
-                    section.settings.heartbeat_timeout
+                    "{session_timeout:?} is below heartbeat-timeout plus lock-delay {store_ttl:?}: \
+                     the server could end the session (and every lease of it) before a holder's \
+                     deadline or before the lock-delay is over",
                 ),
             ));
         }

@@ -74,6 +74,7 @@ pub fn api_settings() -> LeaseSettings {
         lease_operation_timeout: Duration::from_secs(5),
         lease_retry_interval: Duration::from_secs(1),
         safety_margin: Duration::from_secs(6),
+        lock_delay: Duration::ZERO,
     }
 }
 
@@ -85,6 +86,7 @@ pub fn renewal_settings() -> LeaseSettings {
         lease_operation_timeout: Duration::from_secs(5),
         lease_retry_interval: Duration::from_secs(1),
         safety_margin: Duration::from_secs(1),
+        lock_delay: Duration::ZERO,
     }
 }
 
