@@ -696,3 +696,31 @@ fn unknown_kinds_are_ignored_and_malformed_known_ones_are_named() {
         "{out}"
     );
 }
+
+fn permit(t: i64, node: &str, slot: u32, permits: u32, token: u64, event: &str) -> Value {
+    let lease = format!("jobs.permit-{slot}-of-{permits}");
+    let mut extra = json!({"lease": lease, "owner": node, "token": token});
+    if event == "lease_granted" {
+        extra["valid_until"] = json!((t + 900) * MS);
+    }
+    ev(t, node, event, extra)
+}
+
+#[test]
+fn a_semaphore_never_has_more_holders_than_permits() {
+    // Two permits: a and b hold them; c takes permit 0 after a released it.
+    let safe = vec![
+        permit(0, "a", 0, 2, 1, "lease_granted"),
+        permit(10, "b", 1, 2, 1, "lease_granted"),
+        permit(100, "a", 0, 2, 1, "lease_released"),
+        permit(110, "c", 0, 2, 2, "lease_granted"),
+    ];
+    assert_eq!(kinds(&safe), vec![]);
+    // A client configured with three permits takes a third while both are held.
+    let mut three = safe.clone();
+    three.push(permit(120, "d", 2, 3, 1, "lease_granted"));
+    assert_eq!(kinds(&three), vec![ViolationKind::TooManyHolders]);
+    let (code, out) = run_check(&three);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("jobs") && out.contains("semaphore has 2"), "{out}");
+}

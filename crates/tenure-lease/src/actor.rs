@@ -189,7 +189,7 @@ pub enum Acquired {
 /// An acquire answer and, when granted, the generation of the grant.
 pub type AcquireReply = Result<(Acquired, Option<u64>), LeaseError>;
 
-/// Messages of the LeaseActor. Only the first four are for users.
+/// Messages of the LeaseActor. Only the first five are for users.
 pub enum LeaseMsg {
     /// Keep trying (every `lease-retry-interval`) until granted, then announce
     /// `LeaseGranted` and answer `reply` if given. A no-op answer if held already.
@@ -208,6 +208,10 @@ pub enum LeaseMsg {
     /// Stop trying, give the belief up and release the grant: `Ok(true)` released,
     /// `Ok(false)` nothing was held, `Err` unknown (the grant then expires after its ttl).
     Release(RpcReplyPort<Result<bool, LeaseError>>),
+    /// Keep this note with every later acquire (`None`: keep the store's). A held grant's
+    /// note changes at its next acquire attempt (a `TryAcquire` re-enters at once), never
+    /// at a renewal.
+    SetNote(Option<String>),
     #[doc(hidden)]
     RetryAcquire,
     #[doc(hidden)]
@@ -659,6 +663,10 @@ impl Actor for LeaseActor {
             LeaseMsg::Acquire { reply } => Input::Acquire { reply },
             LeaseMsg::TryAcquire(reply) => Input::TryAcquire { reply },
             LeaseMsg::RetryPace(pace) => Input::RetryPace(pace),
+            LeaseMsg::SetNote(note) => {
+                state.spec.note = note;
+                return Ok(());
+            }
             LeaseMsg::Release(reply) => Input::Release {
                 reply: ReleaseCaller::Port(reply),
             },

@@ -146,7 +146,8 @@ impl StoreError {
 
 /// The outcome of a lease operation is unknown (or the lease could not be used at all),
 /// except for the two preemption outcomes [`CleanupTimedOut`](LeaseError::CleanupTimedOut)
-/// and [`Overtaken`](LeaseError::Overtaken), which are certain: not granted.
+/// and [`Overtaken`](LeaseError::Overtaken), which are certain: not granted, and
+/// [`NotHeld`](LeaseError::NotHeld), certain: nothing was done.
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum LeaseError {
@@ -202,6 +203,13 @@ pub enum LeaseError {
         by: String,
         /// Its priority (higher goes first).
         priority: u64,
+    },
+    /// Certain: this handle does not hold the lease, so it cannot act as its holder (an
+    /// election's `proclaim` by a candidate that is not the leader).
+    #[error("lease `{name}`: not held by this handle")]
+    NotHeld {
+        /// The lease name.
+        name: String,
     },
     /// The lease actor behind this handle has stopped.
     #[error("lease `{name}`: its lease actor is not running")]

@@ -199,6 +199,17 @@ impl Lease {
         }
     }
 
+    /// Keeps `note` with this lease's later acquires: the next [`acquire`](Lease::acquire)
+    /// writes it into the grant (same token while held). `Err` only if the actor stopped.
+    pub fn set_note(&self, note: Option<String>) -> Result<(), LeaseError> {
+        self.inner
+            .actor
+            .cast(LeaseMsg::SetNote(note))
+            .map_err(|_| LeaseError::ActorStopped {
+                name: self.inner.name.clone(),
+            })
+    }
+
     /// `true` only while this owner certainly holds the lease: granted, no loss announced,
     /// and the local deadline minus the stop budget not passed. Never blocks, never talks
     /// to the store or the actor.

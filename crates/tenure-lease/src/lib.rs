@@ -27,7 +27,9 @@
 //! Layers: the [store SPI](store) (small compare-and-set operations, one crate per store),
 //! the [`LeaseActor`] (all timing: acquisition retries, heartbeats, the local deadline,
 //! `LeaseGranted`/`LeaseLost`), the [`Lease`] handle for plain async code, and the
-//! [`LeaseProvider`] that loads leases by (name, config section, owner).
+//! [`LeaseProvider`] that loads leases by (name, config section, owner). Recipes built on
+//! the same LeaseActor, on every store: [leader election](election) and a counting
+//! [semaphore](semaphore).
 //!
 //! Inside the LeaseActor, every decision is made by a pure, synchronous state machine
 //! (crate-private `machine` module): it takes messages, store answers and the holder clock's
@@ -40,6 +42,7 @@ mod actor;
 pub mod clock;
 pub mod config;
 pub mod duration;
+pub mod election;
 mod error;
 mod events;
 pub mod fence;
@@ -54,6 +57,7 @@ pub mod names;
 mod priority;
 mod provider;
 mod renewal;
+pub mod semaphore;
 mod settings;
 mod stop_budget;
 pub mod store;
@@ -80,6 +84,7 @@ pub use actor::{
 };
 pub use clock::{HolderClock, SuspendControl};
 pub use config::{CONFIG_VAR, LeaseSection, TenureConfig, TenureSettings};
+pub use election::{Election, Leader, LeaderWatch};
 pub use error::{Cause, ConfigError, LeaseError, StoreError};
 pub use events::{
     LeaseEvent, LeaseEventSink, LeaseGranted, LeaseLost, LeaseResumed, LeaseState, LeaseSuspended,
@@ -92,6 +97,7 @@ pub use memory::{Fault, MemoryStore, MemoryStoreFactory};
 pub use priority::AcquireOptions;
 pub use provider::{LeaseProvider, StoreFactory, StoreRegistry};
 pub use renewal::RenewalBatcher;
+pub use semaphore::{Permit, Semaphore};
 pub use settings::{LeaseSettings, LeaseTiming};
 pub use stop_budget::StopBudget;
 pub use store::{

@@ -29,6 +29,8 @@ pub enum ViolationKind {
     /// An entity was alive outside its shard's life on its node (`shard_started` ..
     /// `shard_stopped`, same token).
     EntityOutsideShard,
+    /// More holders of a semaphore's permits at one time than it has permits.
+    TooManyHolders,
 }
 
 impl std::fmt::Display for ViolationKind {
@@ -43,6 +45,7 @@ impl std::fmt::Display for ViolationKind {
             ViolationKind::DuplicateWrite => "write accepted twice at one position",
             ViolationKind::ActionOutsideHold => "action outside the hold",
             ViolationKind::EntityOutsideShard => "entity outside its shard",
+            ViolationKind::TooManyHolders => "more holders than permits",
         })
     }
 }
@@ -134,6 +137,7 @@ pub fn check_with(events: &[Entry], rule: ActionRule) -> Verdict {
     for (lease, list) in &holds {
         check_lease(lease, list, &mut violations);
     }
+    check_semaphores(&holds, &mut violations);
     check_writes(events, &mut violations);
     let actions = check_actions(events, &holds, rule, &mut violations);
     violations.sort_by_key(|v| v.second.t);
@@ -212,6 +216,54 @@ fn check_lease(lease: &str, list: &[Hold], out: &mut Vec<Violation>) {
                     describe(prev)
                 ),
                 first: prev.granted.clone(),
+                second: later.granted.clone(),
+            });
+        }
+    }
+}
+
+/// At most N holders of semaphore permits at a time (see [`crate::semaphore`]): the holds
+/// of every permit lease `<name>.permit-<k>-of-<N>` of one semaphore, counted over time,
+/// never exceed the smallest N its permits name. (An election is one lease: at most one
+/// leader at a time is [`ViolationKind::Overlap`]'s rule.)
+fn check_semaphores(holds: &BTreeMap<String, Vec<Hold>>, out: &mut Vec<Violation>) {
+    let mut by_semaphore: BTreeMap<&str, (u32, Vec<&Hold>)> = BTreeMap::new();
+    for (lease, list) in holds {
+        if let Some((name, _, permits)) = crate::semaphore::parse_permit_lease(lease) {
+            let entry = by_semaphore.entry(name).or_insert((permits, Vec::new()));
+            entry.0 = entry.0.min(permits);
+            entry.1.extend(list);
+        }
+    }
+    for (name, (permits, mut list)) in by_semaphore {
+        list.sort_by_key(|h| h.from_ns);
+        for (i, later) in list.iter().enumerate() {
+            // Holds that started earlier and are still held when `later` starts.
+            let open: Vec<&&Hold> = list[..i]
+                .iter()
+                .filter(|h| h.until_ns > later.from_ns)
+                .collect();
+            if open.len() < permits as usize {
+                continue;
+            }
+            let earliest = open
+                .iter()
+                .min_by_key(|h| h.from_ns)
+                .map(|h| h.granted.clone())
+                .unwrap_or_else(|| later.granted.clone());
+            out.push(Violation {
+                kind: ViolationKind::TooManyHolders,
+                subject: name.to_string(),
+                explanation: format!(
+                    "{} took a permit while {} others were held ({}), and the semaphore has {permits}",
+                    describe(later),
+                    open.len(),
+                    open.iter()
+                        .map(|h| describe(h))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                first: earliest,
                 second: later.granted.clone(),
             });
         }
