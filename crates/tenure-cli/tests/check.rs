@@ -722,5 +722,8 @@ fn a_semaphore_never_has_more_holders_than_permits() {
     assert_eq!(kinds(&three), vec![ViolationKind::TooManyHolders]);
     let (code, out) = run_check(&three);
     assert_eq!(code, 1, "{out}");
-    assert!(out.contains("jobs") && out.contains("semaphore has 2"), "{out}");
+    assert!(
+        out.contains("jobs") && out.contains("semaphore has 2"),
+        "{out}"
+    );
 }

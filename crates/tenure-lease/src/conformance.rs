@@ -17,6 +17,7 @@ mod lock_delay;
 pub mod preemption;
 pub mod preemption_faults;
 pub mod proxy;
+mod recipes;
 pub mod state_loss;
 
 pub use faulty::FaultyClient;
@@ -26,6 +27,7 @@ pub use lapse::{
     session_expiry_recovers,
 };
 pub use lock_delay::{lock_delay_holds_a_lapsed_grant, release_skips_the_lock_delay};
+pub use recipes::{election_one_leader_at_a_time, semaphore_at_most_n_holders};
 
 pub use preemption::{
     emergency_takeover, forceful_preemption_refuses_renewals, helix_cleanup_in_time,
@@ -526,7 +528,8 @@ macro_rules! conformance_tests {
             loss_before_takeover, same_owner_other_instance_waits, lost_answers_lapse,
             lost_reentrant_answer_keeps_the_grant, reentry_after_an_operator_release,
             session_expiry_recovers, lock_delay_holds_a_lapsed_grant,
-            release_skips_the_lock_delay);
+            release_skips_the_lock_delay, election_one_leader_at_a_time,
+            semaphore_at_most_n_holders);
     };
     ($harness:expr; without preemption) => {
         $crate::conformance_tests!(@base $harness);

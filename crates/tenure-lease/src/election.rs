@@ -138,7 +138,13 @@ impl Election {
     /// The current leader as the store holds it (`None`: nobody leads). A leader whose
     /// process died is shown until its grant expires. `Err`: the store did not answer.
     pub async fn leader(&self) -> Result<Option<Leader>, LeaseError> {
-        read_leader(&*self.store, self.lease.name(), &self.store_name, &self.settings).await
+        read_leader(
+            &*self.store,
+            self.lease.name(),
+            &self.store_name,
+            &self.settings,
+        )
+        .await
     }
 
     /// A stream of the election's leaders (see [`LeaderWatch`]), read every

@@ -188,11 +188,14 @@ impl Semaphore {
             .iter()
             .enumerate()
             .filter_map(|(slot, lease)| {
-                lease.token().filter(|_| lease.check_lease()).map(|token| Permit {
-                    slot: slot as u32,
-                    lease: lease.name().to_string(),
-                    token,
-                })
+                lease
+                    .token()
+                    .filter(|_| lease.check_lease())
+                    .map(|token| Permit {
+                        slot: slot as u32,
+                        lease: lease.name().to_string(),
+                        token,
+                    })
             })
             .collect()
     }
