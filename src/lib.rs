@@ -39,15 +39,17 @@ pub use tenure_cluster as cluster;
 // state, the renewal batcher, the memory store's fault switch) stay out of the facade.
 pub use tenure_lease::{
     AcquireOptions, AcquireOutcome, AcquireReply, AcquireRequest, Acquired, CONFIG_VAR,
-    Capabilities, ConfigError, EMERGENCY_PRIORITY, FenceCheck, FencingToken, Grant, HeldLease,
-    HolderClock, Lease, LeaseActor, LeaseError, LeaseEvent, LeaseEventSink, LeaseGranted,
-    LeaseLost, LeaseMsg, LeaseObserver, LeaseProvider, LeaseRecord, LeaseSection, LeaseSettings,
-    LeaseSpec, LeaseStore, LeaseTiming, LeaseTrace, LeaseView, LostReason, MemoryStore,
-    MemoryStoreFactory, PreemptionRequest, PreemptionRequested, PreemptionWithdrawn, StaleToken,
-    StopBudget, StoreError, StoreFactory, StoreRegistry, TenureConfig, TenureSettings,
+    Capabilities, ConfigError, EMERGENCY_PRIORITY, Election, FenceCheck, FencingToken, Grant,
+    HeldLease, HolderClock, Leader, LeaderWatch, Lease, LeaseActor, LeaseError, LeaseEvent,
+    LeaseEventSink, LeaseGranted, LeaseLost, LeaseMsg, LeaseObserver, LeaseProvider, LeaseRecord,
+    LeaseSection, LeaseSettings, LeaseSpec, LeaseStore, LeaseTiming, LeaseTrace, LeaseView,
+    LostReason, MemoryStore, MemoryStoreFactory, Permit, PreemptionRequest, PreemptionRequested,
+    PreemptionWithdrawn, Semaphore, StaleToken, StopBudget, StoreError, StoreFactory,
+    StoreRegistry, TenureConfig, TenureSettings,
 };
 pub use tenure_lease::{
-    clock, config, duration, fence, history, memory, names, store, trace, validity,
+    clock, config, duration, election, fence, history, memory, names, semaphore, store, trace,
+    validity,
 };
 #[cfg(feature = "sharding")]
 pub use tenure_sharding as sharding;

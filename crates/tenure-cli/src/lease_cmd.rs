@@ -1,4 +1,4 @@
-//! `tenure lease acquire|release|show|list`.
+//! `tenure lease acquire|elect|observe|release|show|list`.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -272,6 +272,99 @@ pub async fn hold(
             }
             _ = interrupt.recv() => return release_held(&lease).await,
             _ = terminate.recv() => return release_held(&lease).await,
+        }
+    }
+}
+
+/// `tenure lease elect`: campaigns with `value`, leads until Ctrl-C/SIGTERM (then resigns)
+/// or until the leadership is lost.
+pub async fn elect(
+    provider: &LeaseProvider,
+    target: &Target,
+    value: String,
+) -> Result<Outcome, CliError> {
+    let section = section_of(provider, target.section.as_deref())?;
+    let owner = owner_of(target);
+    let spec = provider.spec(&target.name, &section, &owner).await?;
+    let election = tenure::Election::start(spec).await?;
+    let mut interrupt =
+        signal(SignalKind::interrupt()).map_err(|e| CliError::Command(e.to_string()))?;
+    let mut terminate =
+        signal(SignalKind::terminate()).map_err(|e| CliError::Command(e.to_string()))?;
+    println!("campaigning for {} as {owner}", target.name);
+    let token = tokio::select! {
+        token = election.campaign(value.clone()) => token?,
+        _ = interrupt.recv() => { election.resign().await?; return Ok(Outcome::No) }
+        _ = terminate.recv() => { election.resign().await?; return Ok(Outcome::No) }
+    };
+    println!(
+        "elected {} as {owner} token={token} value={value:?} (Ctrl-C resigns)",
+        target.name
+    );
+    let mut state = election.lease().watch_state();
+    loop {
+        tokio::select! {
+            changed = state.changed() => {
+                if changed.is_err() || !election.is_leader() {
+                    eprintln!("tenure: lost the leadership of {} (token {token})", target.name);
+                    return Ok(Outcome::Lost);
+                }
+            }
+            _ = interrupt.recv() => return resigned(&election).await,
+            _ = terminate.recv() => return resigned(&election).await,
+        }
+    }
+}
+
+async fn resigned(election: &tenure::Election) -> Result<Outcome, CliError> {
+    if election.resign().await? {
+        println!("resigned {}", election.name());
+        Ok(Outcome::Success)
+    } else {
+        println!("{} was no longer led by this process", election.name());
+        Ok(Outcome::No)
+    }
+}
+
+/// `tenure lease observe`: prints the election's leader and each change.
+pub async fn observe(
+    provider: &LeaseProvider,
+    name: &str,
+    section: Option<&str>,
+    count: Option<usize>,
+) -> Result<Outcome, CliError> {
+    tenure::names::check_lease_name(name)?;
+    let opened = store_for(provider, section).await?;
+    let stored = store_name(name, &opened.store.name_rules());
+    let mut watch =
+        tenure::election::observe(opened.store.clone(), name.into(), stored, opened.settings);
+    let mut interrupt =
+        signal(SignalKind::interrupt()).map_err(|e| CliError::Command(e.to_string()))?;
+    let mut terminate =
+        signal(SignalKind::terminate()).map_err(|e| CliError::Command(e.to_string()))?;
+    let mut printed = 0;
+    loop {
+        tokio::select! {
+            item = watch.next() => match item {
+                Some(Ok(Some(l))) => println!(
+                    "leader of {name}: owner={} token={} value={}",
+                    l.owner,
+                    l.token,
+                    l.value.map(|v| format!("{v:?}")).unwrap_or_else(|| "none".into())
+                ),
+                Some(Ok(None)) => println!("leader of {name}: none"),
+                Some(Err(e)) => {
+                    eprintln!("tenure: {e}");
+                    continue;
+                }
+                None => return Err(CliError::Command(format!("observing {name} stopped"))),
+            },
+            _ = interrupt.recv() => return Ok(Outcome::Success),
+            _ = terminate.recv() => return Ok(Outcome::Success),
+        }
+        printed += 1;
+        if count.is_some_and(|c| printed >= c) {
+            return Ok(Outcome::Success);
         }
     }
 }

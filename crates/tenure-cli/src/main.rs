@@ -193,6 +193,27 @@ enum LeaseCommand {
         #[command(flatten)]
         priority: lease_cmd::PriorityArgs,
     },
+    /// Campaign in the election NAME with --value, lead until Ctrl-C (or SIGTERM), then
+    /// resign. Prints "elected NAME as OWNER token=T value=V" once leading. Exit 0 resigned,
+    /// 1 interrupted before being elected, 3 the leadership was lost, 2 error.
+    Elect {
+        #[command(flatten)]
+        target: Target,
+        /// The value the leader announces (etcd's campaign value), shown by `lease observe`
+        /// and `lease show` (as the note).
+        #[arg(long)]
+        value: String,
+    },
+    /// Print the leader of the election NAME, then each change (owner, token, value), until
+    /// Ctrl-C (or SIGTERM), or after --count leaders. Exit 0, 2 error.
+    Observe {
+        name: String,
+        #[arg(long)]
+        section: Option<String>,
+        /// Stop after printing this many leaders (the first is the current one).
+        #[arg(long)]
+        count: Option<usize>,
+    },
     /// Release a lease held by --owner. Exit 0 released, 1 not held by that owner, 2 error.
     Release {
         #[command(flatten)]
@@ -313,6 +334,14 @@ async fn run(cli: Cli) -> Result<Outcome, CliError> {
                     lease_cmd::acquire_once(&provider, &target, note, options).await
                 }
             }
+            LeaseCommand::Elect { target, value } => {
+                lease_cmd::elect(&provider, &target, value).await
+            }
+            LeaseCommand::Observe {
+                name,
+                section,
+                count,
+            } => lease_cmd::observe(&provider, &name, section.as_deref(), count).await,
             LeaseCommand::Release { target } => lease_cmd::release(&provider, &target).await,
             LeaseCommand::Show { name, section } => {
                 lease_cmd::show(&provider, &name, section.as_deref()).await
