@@ -16,7 +16,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let token = election.campaign("http://10.0.0.7:8080").await?;
     election.proclaim("http://10.0.0.7:8081").await?; // same token, new value
     if let Some(leader) = election.leader().await? {
-        println!("{} leads with token {token}: {:?}", leader.owner, leader.value);
+        println!(
+            "{} leads with token {token}: {:?}",
+            leader.owner, leader.value
+        );
     }
     let mut leaders = election.observe(); // the current leader, then each change
     println!("observed: {:?}", leaders.next().await);

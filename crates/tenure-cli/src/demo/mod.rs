@@ -460,6 +460,7 @@ pub fn run(args: DemoArgs) -> Result<Outcome, DemoError> {
         violations: &violations,
         system: &lease.system,
         scenario_end_ns: scenario_end,
+        requests: &crate::availability::requests(&events),
     });
     std::fs::write(&report_path, html).map_err(|source| DemoError::Report {
         path: report_path.display().to_string(),

@@ -1,9 +1,12 @@
 //! The demo's HTML report: one self-contained file (inline CSS and SVG) with a timeline
 //! row per lease (singletons first, then shards) whose bars show which node held it when,
-//! one colour per node, the injected faults as labelled lines and bands, the summary table
-//! and the checker's verdict.
+//! one colour per node, the injected faults as labelled lines and bands, under it a strip of
+//! the load's throughput, unanswered requests and p99 latency per second on the same time
+//! axis, the summary table and the checker's verdict.
 
 use std::fmt::Write;
+
+use crate::availability::{self, Request};
 
 use super::summary::Summary;
 use super::timeline::Timeline;
@@ -28,6 +31,8 @@ pub struct ReportInput<'a> {
     pub system: &'a str,
     /// Faults from here on are the final shutdown: drawn as one line.
     pub scenario_end_ns: u64,
+    /// The load's requests (acknowledged or not), for the throughput and latency strip.
+    pub requests: &'a [Request],
 }
 
 const LABEL_W: f64 = 230.0;
@@ -170,15 +175,191 @@ svg text {{ font-size: 10px; font-family: monospace; }}
          SIGSTOP (yellow) or a cut link (blue).</p>",
     );
     html.push_str(&svg(input));
+    html.push_str(
+        "<h2>Load</h2><p class=\"note\">Per second of the run, on the timeline's axis: \
+         acknowledged requests (grey bars) and, stacked on them, requests that got no answer (red, by when they \
+         gave up), and the p99 latency of the acknowledged ones (black line). Faults are \
+         marked as above.</p>",
+    );
+    html.push_str(&strip(input));
     html.push_str("</body></html>\n");
     html
+}
+
+/// A fault to draw: start, end (bands), label, kind.
+type Mark<'a> = (u64, Option<u64>, String, &'a str);
+
+/// The faults of the scenario, then the final shutdown as one mark.
+fn marks<'a>(input: &'a ReportInput<'_>) -> Vec<Mark<'a>> {
+    let tl = input.timeline;
+    let mut marks: Vec<Mark<'a>> = Vec::new();
+    for f in tl.faults.iter().filter(|f| f.t_ns < input.scenario_end_ns) {
+        marks.push((f.t_ns, f.until_ns, f.label(), f.kind.as_str()));
+    }
+    if let Some(first) = tl.faults.iter().find(|f| f.t_ns >= input.scenario_end_ns) {
+        marks.push((first.t_ns, None, "shutdown".into(), "leaving"));
+    }
+    marks
+}
+
+/// The x of instant `t` (ns) on the timeline's axis.
+fn x_of(tl: &Timeline, t: u64) -> f64 {
+    let span = tl.end_ns.saturating_sub(tl.start_ns).max(1) as f64;
+    LABEL_W + t.saturating_sub(tl.start_ns) as f64 / span * CHART_W
+}
+
+/// The time axis under a chart whose bottom is at `bottom`: a tick every 5 s (every 10 s
+/// beyond two minutes).
+fn axis(out: &mut String, tl: &Timeline, bottom: f64) {
+    let span = tl.end_ns.saturating_sub(tl.start_ns).max(1) as f64;
+    let step = if span > 120e9 { 10 } else { 5 };
+    let mut sec = 0u64;
+    while (sec as f64) * 1e9 <= span {
+        let xt = LABEL_W + sec as f64 * 1e9 / span * CHART_W;
+        let _ = write!(
+            out,
+            r##"<line x1="{xt:.1}" x2="{xt:.1}" y1="{bottom:.1}" y2="{:.1}" stroke="#444"/><text x="{:.1}" y="{:.1}">{sec}s</text>"##,
+            bottom + 4.0,
+            xt - 6.0,
+            bottom + 16.0
+        );
+        sec += step;
+    }
+}
+
+const STRIP_H: f64 = 70.0;
+const STRIP_GAP: f64 = 14.0;
+
+/// The load strip: per second, acknowledgements and unanswered requests as bars, and the
+/// p99 latency of the acknowledged requests as a line, under the faults' bands and lines.
+fn strip(input: &ReportInput<'_>) -> String {
+    let tl = input.timeline;
+    let seconds = (tl.end_ns.saturating_sub(tl.start_ns)).div_ceil(1_000_000_000) as usize;
+    let (start, end) = (tl.start_ns as i64, tl.end_ns as i64);
+    let acks = availability::acks_per_second(input.requests, start, end);
+    let mut unanswered = vec![0usize; seconds];
+    let mut ended: Vec<Vec<&Request>> = vec![Vec::new(); seconds];
+    for r in input.requests {
+        if r.ended < start || r.ended >= end {
+            continue;
+        }
+        let i = ((r.ended - start) / 1_000_000_000) as usize;
+        match r.acked() {
+            true => ended[i].push(r),
+            false => unanswered[i] += 1,
+        }
+    }
+    let p99: Vec<Option<f64>> = ended
+        .iter()
+        .map(|reqs| availability::latency_quantile(reqs, 0.99))
+        .collect();
+    let top_rate = acks
+        .iter()
+        .zip(&unanswered)
+        .map(|(a, u)| a + u)
+        .max()
+        .unwrap_or(0)
+        .max(1) as f64;
+    let top_ms = p99.iter().flatten().copied().fold(1.0, f64::max);
+    let rate_top = STRIP_GAP;
+    let rate_bottom = rate_top + STRIP_H;
+    let lat_top = rate_bottom + STRIP_GAP * 1.5;
+    let lat_bottom = lat_top + STRIP_H;
+    let height = lat_bottom + AXIS_H;
+    let mut out = String::new();
+    let _ = write!(
+        out,
+        r#"<svg class="load" xmlns="http://www.w3.org/2000/svg" width="{w}" height="{height}" viewBox="0 0 {w} {height}">"#,
+        w = LABEL_W + CHART_W + RIGHT_W
+    );
+    let marks = marks(input);
+    for (t_ns, until, label, kind) in &marks {
+        let x0 = x_of(tl, *t_ns);
+        match until {
+            Some(until) => {
+                let _ = write!(
+                    out,
+                    r#"<rect class="fault" x="{x0:.1}" y="{rate_top:.1}" width="{:.1}" height="{:.1}" fill="{}" fill-opacity="0.25"><title>{}</title></rect>"#,
+                    (x_of(tl, *until) - x0).max(1.0),
+                    lat_bottom - rate_top,
+                    band_colour(kind),
+                    esc(label)
+                );
+            }
+            None => {
+                let stroke = if *kind == "killed" { "#d00" } else { "#666" };
+                let _ = write!(
+                    out,
+                    r#"<line class="fault" x1="{x0:.1}" x2="{x0:.1}" y1="{rate_top:.1}" y2="{lat_bottom:.1}" stroke="{stroke}" stroke-width="1.5" stroke-dasharray="4 2"><title>{}</title></line>"#,
+                    esc(label)
+                );
+            }
+        }
+    }
+    let _ = write!(
+        out,
+        r##"<text x="4" y="{:.1}">requests/s (max {})</text><text x="4" y="{:.1}" fill="#c62828">no answer/s</text><text x="4" y="{:.1}">p99 latency (max {top_ms:.0} ms)</text>"##,
+        rate_top + 10.0,
+        top_rate as usize,
+        rate_top + 24.0,
+        lat_top + 10.0,
+    );
+    let bar_w = CHART_W / seconds.max(1) as f64;
+    for (i, (&ok, &lost)) in acks.iter().zip(&unanswered).enumerate() {
+        let x0 = LABEL_W + i as f64 * bar_w;
+        let h_ok = ok as f64 / top_rate * STRIP_H;
+        let h_lost = lost as f64 / top_rate * STRIP_H;
+        let _ = write!(
+            out,
+            r##"<rect class="acks" x="{x0:.1}" y="{:.1}" width="{:.1}" height="{h_ok:.1}" fill="#9e9e9e"><title>{i} s: {ok} acknowledged, {lost} unanswered</title></rect>"##,
+            rate_bottom - h_ok,
+            (bar_w - 0.5).max(0.5),
+        );
+        if lost > 0 {
+            let _ = write!(
+                out,
+                r##"<rect class="unanswered" x="{x0:.1}" y="{:.1}" width="{:.1}" height="{h_lost:.1}" fill="#c62828" fill-opacity="0.8"/>"##,
+                rate_bottom - h_ok - h_lost,
+                (bar_w - 0.5).max(0.5),
+            );
+        }
+    }
+    let points: Vec<String> = p99
+        .iter()
+        .enumerate()
+        .filter_map(|(i, ms)| {
+            ms.map(|ms| {
+                format!(
+                    "{:.1},{:.1}",
+                    LABEL_W + (i as f64 + 0.5) * bar_w,
+                    lat_bottom - ms / top_ms * STRIP_H
+                )
+            })
+        })
+        .collect();
+    if !points.is_empty() {
+        let _ = write!(
+            out,
+            r##"<polyline class="p99" points="{}" fill="none" stroke="#222" stroke-width="1.2"/>"##,
+            points.join(" ")
+        );
+    }
+    for y in [rate_bottom, lat_bottom] {
+        let _ = write!(
+            out,
+            r##"<line x1="{LABEL_W}" x2="{:.1}" y1="{y:.1}" y2="{y:.1}" stroke="#bbb"/>"##,
+            LABEL_W + CHART_W
+        );
+    }
+    axis(&mut out, tl, lat_bottom);
+    out.push_str("</svg>");
+    out
 }
 
 fn svg(input: &ReportInput<'_>) -> String {
     let tl = input.timeline;
     let rows = row_order(tl);
-    let span = tl.end_ns.saturating_sub(tl.start_ns).max(1) as f64;
-    let x = |t: u64| LABEL_W + t.saturating_sub(tl.start_ns) as f64 / span * CHART_W;
+    let x = |t: u64| x_of(tl, t);
     let height = HEAD_H + rows.len() as f64 * (ROW_H + ROW_GAP) + AXIS_H;
     let bottom = HEAD_H + rows.len() as f64 * (ROW_H + ROW_GAP);
     let mut out = String::new();
@@ -187,13 +368,7 @@ fn svg(input: &ReportInput<'_>) -> String {
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{height}" viewBox="0 0 {w} {height}">"#,
         w = LABEL_W + CHART_W + RIGHT_W
     );
-    let mut marks: Vec<(u64, Option<u64>, String, &str)> = Vec::new();
-    for f in tl.faults.iter().filter(|f| f.t_ns < input.scenario_end_ns) {
-        marks.push((f.t_ns, f.until_ns, f.label(), f.kind.as_str()));
-    }
-    if let Some(first) = tl.faults.iter().find(|f| f.t_ns >= input.scenario_end_ns) {
-        marks.push((first.t_ns, None, "shutdown".into(), "leaving"));
-    }
+    let marks = marks(input);
     for (t_ns, until, _, kind) in &marks {
         if let Some(until) = until {
             let _ = write!(
@@ -285,20 +460,7 @@ fn svg(input: &ReportInput<'_>) -> String {
             esc(label)
         );
     }
-    // Time axis: a tick every 5 s (every 10 s beyond two minutes).
-    let step = if span > 120e9 { 10 } else { 5 };
-    let mut sec = 0u64;
-    while (sec as f64) * 1e9 <= span {
-        let xt = LABEL_W + sec as f64 * 1e9 / span * CHART_W;
-        let _ = write!(
-            out,
-            r##"<line x1="{xt:.1}" x2="{xt:.1}" y1="{bottom:.1}" y2="{:.1}" stroke="#444"/><text x="{:.1}" y="{:.1}">{sec}s</text>"##,
-            bottom + 4.0,
-            xt - 6.0,
-            bottom + 16.0
-        );
-        sec += step;
-    }
+    axis(&mut out, tl, bottom);
     out.push_str("</svg>");
     out
 }
@@ -372,6 +534,7 @@ mod tests {
             violations: &[],
             system: "tenure",
             scenario_end_ns: u64::MAX,
+            requests: &[],
         });
         // Singleton row first, then the shard's two holds.
         assert_eq!(
@@ -401,8 +564,64 @@ mod tests {
             violations: &violations,
             system: "tenure",
             scenario_end_ns: u64::MAX,
+            requests: &[],
         });
         assert!(html.contains("UNSAFE: 1 violation(s)"));
         assert!(html.contains("lease &lt;x&gt; held twice"));
+    }
+
+    fn request(issued_s: f64, ended_s: f64, failure: Option<&str>) -> Request {
+        Request {
+            node: "a:1".into(),
+            entity: "k1".into(),
+            shard: "1".into(),
+            issued: (issued_s * 1e9) as i64,
+            ended: (ended_s * 1e9) as i64,
+            failure: failure.map(String::from),
+        }
+    }
+
+    #[test]
+    fn the_load_strip_has_a_bar_per_second_and_marks_unanswered_requests() {
+        let tl = timeline();
+        let summary = Summary::default();
+        let requests = vec![
+            request(0.1, 0.2, None),
+            request(0.3, 0.5, None),
+            request(4.1, 9.1, Some("timeout")),
+            request(5.0, 5.9, None),
+        ];
+        let html = render(&ReportInput {
+            run: Vec::new(),
+            timeline: &tl,
+            summary: &summary,
+            violations: &[],
+            system: "tenure",
+            scenario_end_ns: u64::MAX,
+            requests: &requests,
+        });
+        let load = &html[html.find("<svg class=\"load\"").expect("a load strip")..];
+        assert_eq!(
+            load.matches("<rect class=\"acks\"").count(),
+            10,
+            "one bar per second"
+        );
+        assert!(load.contains("0 s: 2 acknowledged, 0 unanswered"), "{load}");
+        assert!(load.contains("9 s: 0 acknowledged, 1 unanswered"), "{load}");
+        assert_eq!(load.matches("<rect class=\"unanswered\"").count(), 1);
+        // p99 points only where something was acknowledged: seconds 0 and 5.
+        let points = load
+            .split("points=\"")
+            .nth(1)
+            .unwrap()
+            .split('"')
+            .next()
+            .unwrap();
+        assert_eq!(points.split(' ').count(), 2, "{points}");
+        assert!(
+            load.contains("SIGKILL a:1"),
+            "faults are marked on the strip"
+        );
+        assert!(load.contains("max 900 ms"), "{load}");
     }
 }
