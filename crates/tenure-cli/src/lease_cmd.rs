@@ -10,7 +10,7 @@ use tenure::{
     AcquireOptions, AcquireOutcome, AcquireRequest, Acquired, EMERGENCY_PRIORITY, LeaseError,
     LeaseEvent, LeaseEventSink, LeaseProvider, LeaseRecord, LeaseSettings, LeaseStore,
 };
-use tokio::signal::unix::{SignalKind, signal};
+use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::mpsc;
 
 use crate::Target;
@@ -112,6 +112,15 @@ fn describe(r: &LeaseRecord) -> String {
     s
 }
 
+/// Ctrl-C (SIGINT) and SIGTERM, which end a holding command.
+fn stop_signals() -> Result<(Signal, Signal), CliError> {
+    let listen = |kind| signal(kind).map_err(|e| CliError::Command(e.to_string()));
+    Ok((
+        listen(SignalKind::interrupt())?,
+        listen(SignalKind::terminate())?,
+    ))
+}
+
 /// The store of a section, with the section's timing.
 struct Opened {
     store: Arc<dyn LeaseStore>,
@@ -211,10 +220,7 @@ pub async fn hold(
         }
     });
     let lease = tenure::Lease::start_with_events(spec, sink).await?;
-    let mut interrupt =
-        signal(SignalKind::interrupt()).map_err(|e| CliError::Command(e.to_string()))?;
-    let mut terminate =
-        signal(SignalKind::terminate()).map_err(|e| CliError::Command(e.to_string()))?;
+    let (mut interrupt, mut terminate) = stop_signals()?;
     let (lost_tx, mut lost_rx) = mpsc::unbounded_channel();
     let tx = lost_tx.clone();
     let first = lease.acquire_with_lost(move |ev| {
@@ -287,10 +293,7 @@ pub async fn elect(
     let owner = owner_of(target);
     let spec = provider.spec(&target.name, &section, &owner).await?;
     let election = tenure::Election::start(spec).await?;
-    let mut interrupt =
-        signal(SignalKind::interrupt()).map_err(|e| CliError::Command(e.to_string()))?;
-    let mut terminate =
-        signal(SignalKind::terminate()).map_err(|e| CliError::Command(e.to_string()))?;
+    let (mut interrupt, mut terminate) = stop_signals()?;
     println!("campaigning for {} as {owner}", target.name);
     let token = tokio::select! {
         token = election.campaign(value.clone()) => token?,
@@ -338,10 +341,7 @@ pub async fn observe(
     let stored = store_name(name, &opened.store.name_rules());
     let mut watch =
         tenure::election::observe(opened.store.clone(), name.into(), stored, opened.settings);
-    let mut interrupt =
-        signal(SignalKind::interrupt()).map_err(|e| CliError::Command(e.to_string()))?;
-    let mut terminate =
-        signal(SignalKind::terminate()).map_err(|e| CliError::Command(e.to_string()))?;
+    let (mut interrupt, mut terminate) = stop_signals()?;
     let mut printed = 0;
     loop {
         tokio::select! {
