@@ -10,6 +10,7 @@
 //! how fast something happened.
 
 pub mod bench;
+pub mod fair;
 mod faulty;
 mod instances;
 mod lapse;
@@ -18,6 +19,10 @@ pub mod preemption_faults;
 pub mod proxy;
 pub mod state_loss;
 
+pub use fair::{
+    fair_cancelled_waiter_leaves_the_line, fair_dead_waiter_does_not_block_the_line,
+    fair_wait_timeout_answers_held, fair_waiters_served_in_arrival_order,
+};
 pub use faulty::FaultyClient;
 pub use instances::same_owner_other_instance_waits;
 pub use lapse::{
@@ -76,6 +81,14 @@ pub trait Harness: Send + Sync + 'static {
                     .expect("release as an operator");
             }
         }
+    }
+    /// How many fair waiters of lease `name` are in line now, counting every waiter that
+    /// would still hold back a later one (capability `fair_waiting`; see [`fair`]). `None`
+    /// (the default): the harness cannot tell, and the fair cases fail for a store that
+    /// has the capability.
+    async fn fair_waiters(&self, name: &str) -> Option<usize> {
+        let _ = name;
+        None
     }
 }
 
@@ -505,7 +518,8 @@ pub async fn preemption_not_yet_supported(h: &dyn Harness) {
 /// giving a fresh [`Harness`] for each test. Every store runs the preemption cases
 /// ([`preemption`]); a store crate that does not implement them yet says so with
 /// `conformance_tests!(harness; without preemption)`, which instead asserts that the
-/// capability is absent.
+/// capability is absent. Every store also runs the fair-acquire cases ([`fair`]), which
+/// check the `Unsupported` answer on a store without `fair_waiting`.
 #[macro_export]
 macro_rules! conformance_tests {
     (@case $harness:expr; $($case:ident),*) => {
@@ -523,6 +537,9 @@ macro_rules! conformance_tests {
             loss_before_takeover, same_owner_other_instance_waits, lost_answers_lapse,
             lost_reentrant_answer_keeps_the_grant, reentry_after_an_operator_release,
             session_expiry_recovers);
+        $crate::conformance_tests!(@case $harness; fair_waiters_served_in_arrival_order,
+            fair_wait_timeout_answers_held, fair_cancelled_waiter_leaves_the_line,
+            fair_dead_waiter_does_not_block_the_line);
     };
     ($harness:expr; without preemption) => {
         $crate::conformance_tests!(@base $harness);
