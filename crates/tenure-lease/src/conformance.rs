@@ -82,10 +82,11 @@ pub trait Harness: Send + Sync + 'static {
             }
         }
     }
-    /// How many fair waiters of lease `name` are in line now, counting every waiter that
-    /// would still hold back a later one (capability `fair_waiting`; see [`fair`]). `None`
-    /// (the default): the harness cannot tell, and the fair cases fail for a store that
-    /// has the capability.
+    /// How many fair waiters' entries (rows, keys, nodes) of lease `name` the store keeps
+    /// now (capability `fair_waiting`; see [`fair`]), including any that expired but were
+    /// not removed yet, so that a waiter that leaves without removing its entry shows.
+    /// `None` (the default): the harness cannot tell, and the fair cases fail for a store
+    /// that has the capability.
     async fn fair_waiters(&self, name: &str) -> Option<usize> {
         let _ = name;
         None

@@ -5,7 +5,7 @@
 //!
 //! These cases are part of [`conformance_tests!`](crate::conformance_tests), so every store
 //! runs them: a store without the capability must answer `Err(StoreError::Unsupported)`
-//! and change nothing; a store with it needs a harness that counts the waiters in line
+//! and change nothing; a store with it needs a harness that counts the waiters' entries
 //! ([`Harness::fair_waiters`]), and the cases then check order and outcomes (never how
 //! fast something happened). Real time, ttls of 2 s.
 
