@@ -48,6 +48,7 @@
 //! as [`StoreError::Unavailable`](tenure_lease::StoreError): outcome unknown.
 
 mod errors;
+mod fair;
 mod fenced;
 mod options;
 mod schema;
