@@ -22,6 +22,7 @@
 //! does when its file is lost while in use is described at [`SqliteStore`].
 
 mod clock;
+mod fair;
 pub mod fence;
 mod fenced;
 mod schema;
@@ -39,5 +40,6 @@ pub fn token_floor() -> i64 {
     clock::token_floor()
 }
 
+pub use fair::cross_process_poll;
 pub use fenced::FencedCounter;
 pub use store::{REFERENCE, SqliteOptions, SqliteStore, SqliteStoreFactory, default_path};
