@@ -533,14 +533,14 @@ macro_rules! conformance_tests {
         )*
     };
     (@base $harness:expr) => {
+        $crate::conformance_tests!(@case $harness; fair_waiters_served_in_arrival_order,
+            fair_wait_timeout_answers_held, fair_cancelled_waiter_leaves_the_line,
+            fair_dead_waiter_does_not_block_the_line);
         $crate::conformance_tests!(@case $harness; contention, reentrancy, owner_only_release,
             token_monotonicity, expiry_and_takeover, batch_renew, errors_when_unavailable,
             loss_before_takeover, same_owner_other_instance_waits, lost_answers_lapse,
             lost_reentrant_answer_keeps_the_grant, reentry_after_an_operator_release,
             session_expiry_recovers);
-        $crate::conformance_tests!(@case $harness; fair_waiters_served_in_arrival_order,
-            fair_wait_timeout_answers_held, fair_cancelled_waiter_leaves_the_line,
-            fair_dead_waiter_does_not_block_the_line);
     };
     ($harness:expr; without preemption) => {
         $crate::conformance_tests!(@base $harness);
