@@ -11,14 +11,17 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, sleep};
 
-use super::{Harness, granted_token, request};
-use crate::{AcquireOutcome, AcquireRequest, StoreError};
+use super::{Harness, granted_token, lease_on, request, test_settings};
+use crate::{
+    AcquireOutcome, AcquireRequest, Acquired, FencingToken, Lease, LeaseStore, StoreError,
+};
 
 /// The ttl of every grant and waiter here (within a ZooKeeper test server's session bound).
 const TTL: Duration = Duration::from_secs(2);
@@ -80,6 +83,17 @@ async fn until_waiters(h: &dyn Harness, name: &str, n: usize) {
     }
 }
 
+/// A holder of `name` for as long as a case needs: a [`Lease`] of owner `holder` on its
+/// own client (its actor renews the grant), that client, and the grant's token.
+async fn hold(h: &dyn Harness, name: &str) -> (Lease, Arc<dyn LeaseStore>, FencingToken) {
+    let store = h.client().await;
+    let lease = lease_on(store.clone(), name, "holder").await;
+    match lease.acquire().await.expect("acquire") {
+        Acquired::Granted { token } => (lease, store, token),
+        other => panic!("{name}: the free lease was not granted: {other:?}"),
+    }
+}
+
 /// The holder of `name` now, as a third client reads it.
 async fn holder_of(h: &dyn Harness, name: &str) -> Option<String> {
     let store = h.client().await;
@@ -115,13 +129,7 @@ pub async fn fair_waiters_served_in_arrival_order(h: &dyn Harness) {
     if !supported(h, NAME).await {
         return;
     }
-    let holder = h.client().await;
-    let first = granted_token(
-        &holder
-            .try_acquire(&fair(NAME, "holder"))
-            .await
-            .expect("acquire"),
-    );
+    let (holder, _, first) = hold(h, NAME).await;
     let owners = ["w1", "w2", "w3", "w4"];
     let (tx, mut rx) = mpsc::unbounded_channel();
     let mut waiters = Vec::new();
@@ -146,12 +154,7 @@ pub async fn fair_waiters_served_in_arrival_order(h: &dyn Harness) {
     }
     drop(tx);
     assert_eq!(holder_of(h, NAME).await.as_deref(), Some("holder"));
-    assert!(
-        holder
-            .release(NAME, "holder", first)
-            .await
-            .expect("release")
-    );
+    assert!(holder.release().await.expect("release"));
     let mut order = Vec::new();
     let mut last = first;
     while let Some((owner, token)) = rx.recv().await {
@@ -174,13 +177,7 @@ pub async fn fair_wait_timeout_answers_held(h: &dyn Harness) {
     if !supported(h, NAME).await {
         return;
     }
-    let holder = h.client().await;
-    let token = granted_token(
-        &holder
-            .try_acquire(&fair(NAME, "holder"))
-            .await
-            .expect("acquire"),
-    );
+    let (holder, holder_store, token) = hold(h, NAME).await;
     let impatient = h.client().await;
     match impatient
         .acquire_fair(&fair(NAME, "impatient"), Duration::from_millis(300))
@@ -191,10 +188,21 @@ pub async fn fair_wait_timeout_answers_held(h: &dyn Harness) {
         AcquireOutcome::Granted(r) => panic!("granted while the holder holds it: {r:?}"),
     }
     until_waiters(h, NAME, 0).await;
+    // The holder's instance, on its client and with its ttl, as its actor acquired.
+    let instance = holder_store
+        .read(NAME)
+        .await
+        .expect("read")
+        .expect("held")
+        .instance;
+    let again = AcquireRequest {
+        instance,
+        ..request(NAME, "holder", test_settings().heartbeat_timeout)
+    };
     assert_eq!(
         granted_token(
-            &holder
-                .acquire_fair(&fair(NAME, "holder"), Duration::from_millis(300))
+            &holder_store
+                .acquire_fair(&again, Duration::from_millis(300))
                 .await
                 .expect("reentrant fair acquire")
         ),
@@ -206,12 +214,7 @@ pub async fn fair_wait_timeout_answers_held(h: &dyn Harness) {
     let next =
         tokio::spawn(async move { later.acquire_fair(&fair(NAME, "later"), LONG_WAIT).await });
     until_waiters(h, NAME, 1).await;
-    assert!(
-        holder
-            .release(NAME, "holder", token)
-            .await
-            .expect("release")
-    );
+    assert!(holder.release().await.expect("release"));
     let got = next.await.expect("waiter").expect("fair acquire");
     assert!(granted_token(&got) > token);
     assert_eq!(holder_of(h, NAME).await.as_deref(), Some("later"));
@@ -225,13 +228,7 @@ pub async fn fair_cancelled_waiter_leaves_the_line(h: &dyn Harness) {
     if !supported(h, NAME).await {
         return;
     }
-    let holder = h.client().await;
-    let token = granted_token(
-        &holder
-            .try_acquire(&fair(NAME, "holder"))
-            .await
-            .expect("acquire"),
-    );
+    let (holder, _, token) = hold(h, NAME).await;
     let cancelled_store = h.client().await;
     let cancelled = tokio::spawn(async move {
         cancelled_store
@@ -252,12 +249,7 @@ pub async fn fair_cancelled_waiter_leaves_the_line(h: &dyn Harness) {
             .await
     });
     until_waiters(h, NAME, 1).await;
-    assert!(
-        holder
-            .release(NAME, "holder", token)
-            .await
-            .expect("release")
-    );
+    assert!(holder.release().await.expect("release"));
     let got = next.await.expect("waiter").expect("fair acquire");
     assert!(granted_token(&got) > token);
     assert_eq!(holder_of(h, NAME).await.as_deref(), Some("next"));
@@ -274,13 +266,7 @@ pub async fn fair_dead_waiter_does_not_block_the_line(h: &dyn Harness) {
     if !supported(h, NAME).await {
         return;
     }
-    let holder = h.client().await;
-    let token = granted_token(
-        &holder
-            .try_acquire(&fair(NAME, "holder"))
-            .await
-            .expect("acquire"),
-    );
+    let (holder, _, token) = hold(h, NAME).await;
     let dead_store = h.client().await;
     let (kill, death) = oneshot::channel();
     let dead = tokio::spawn(until_death(
@@ -304,12 +290,7 @@ pub async fn fair_dead_waiter_does_not_block_the_line(h: &dyn Harness) {
         panic!("the dead waiter was answered before it died: {answer:?}");
     }
     h.expire_sessions("dead").await;
-    assert!(
-        holder
-            .release(NAME, "holder", token)
-            .await
-            .expect("release")
-    );
+    assert!(holder.release().await.expect("release"));
     let got = live.await.expect("waiter").expect("fair acquire");
     assert!(granted_token(&got) > token);
     assert_eq!(holder_of(h, NAME).await.as_deref(), Some("live"));
