@@ -10,6 +10,7 @@
 //! how fast something happened.
 
 pub mod bench;
+pub mod fair;
 mod faulty;
 mod instances;
 mod lapse;
@@ -20,6 +21,10 @@ pub mod proxy;
 mod recipes;
 pub mod state_loss;
 
+pub use fair::{
+    fair_cancelled_waiter_leaves_the_line, fair_dead_waiter_does_not_block_the_line,
+    fair_wait_timeout_answers_held, fair_waiters_served_in_arrival_order,
+};
 pub use faulty::FaultyClient;
 pub use instances::same_owner_other_instance_waits;
 pub use lapse::{
@@ -80,6 +85,15 @@ pub trait Harness: Send + Sync + 'static {
                     .expect("release as an operator");
             }
         }
+    }
+    /// How many fair waiters' entries (rows, keys, nodes) of lease `name` the store keeps
+    /// now (capability `fair_waiting`; see [`fair`]), including any that expired but were
+    /// not removed yet, so that a waiter that leaves without removing its entry shows.
+    /// `None` (the default): the harness cannot tell, and the fair cases fail for a store
+    /// that has the capability.
+    async fn fair_waiters(&self, name: &str) -> Option<usize> {
+        let _ = name;
+        None
     }
 }
 
@@ -510,7 +524,8 @@ pub async fn preemption_not_yet_supported(h: &dyn Harness) {
 /// giving a fresh [`Harness`] for each test. Every store runs the preemption cases
 /// ([`preemption`]); a store crate that does not implement them yet says so with
 /// `conformance_tests!(harness; without preemption)`, which instead asserts that the
-/// capability is absent.
+/// capability is absent. Every store also runs the fair-acquire cases ([`fair`]), which
+/// check the `Unsupported` answer on a store without `fair_waiting`.
 #[macro_export]
 macro_rules! conformance_tests {
     (@case $harness:expr; $($case:ident),*) => {
@@ -523,6 +538,9 @@ macro_rules! conformance_tests {
         )*
     };
     (@base $harness:expr) => {
+        $crate::conformance_tests!(@case $harness; fair_waiters_served_in_arrival_order,
+            fair_wait_timeout_answers_held, fair_cancelled_waiter_leaves_the_line,
+            fair_dead_waiter_does_not_block_the_line);
         $crate::conformance_tests!(@case $harness; contention, reentrancy, owner_only_release,
             token_monotonicity, expiry_and_takeover, batch_renew, errors_when_unavailable,
             loss_before_takeover, same_owner_other_instance_waits, lost_answers_lapse,

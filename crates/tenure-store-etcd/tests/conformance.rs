@@ -44,12 +44,50 @@ impl Harness for EtcdHarness {
         let url = format!("http://127.0.0.1:{}", proxy.port);
         (Arc::new(self.0.store_on(vec![url]).await), Box::new(proxy))
     }
-    /// Revokes the owner's sessions on the server.
+    /// Revokes the owner's sessions on the server: those with a heartbeat key (holders),
+    /// and those only fair waiters' keys are attached to (their value is the owner).
     async fn expire_sessions(&self, owner: &str) {
-        assert!(
-            self.0.revoke_sessions_of(PREFIX, owner).await > 0,
-            "{owner} has no session to end"
-        );
+        let mut ended = self.0.revoke_sessions_of(PREFIX, owner).await;
+        let mut client = etcd_client::Client::connect(self.0.endpoints(), None)
+            .await
+            .expect("etcd client");
+        let waiters = client
+            .get(
+                format!("{PREFIX}waiters/"),
+                Some(etcd_client::GetOptions::new().with_prefix()),
+            )
+            .await
+            .expect("read the waiter keys");
+        for kv in waiters.kvs() {
+            if kv.value() == owner.as_bytes() && kv.lease() != 0 {
+                match client.lease_revoke(kv.lease()).await {
+                    Ok(_) => ended += 1,
+                    // Revoked with its heartbeat key above, or expired meanwhile.
+                    Err(e) if e.to_string().contains("lease not found") => {}
+                    Err(e) => panic!("revoke session {:x} of {owner}: {e}", kv.lease()),
+                }
+            }
+        }
+        assert!(ended > 0, "{owner} has no session to end");
+    }
+    /// The waiter keys of `name` (`<prefix>waiters/<name length>/<name>/…`): each is
+    /// attached to its waiter's session, so every one there holds the line.
+    async fn fair_waiters(&self, name: &str) -> Option<usize> {
+        let mut client = etcd_client::Client::connect(self.0.endpoints(), None)
+            .await
+            .expect("etcd client");
+        let keys = client
+            .get(
+                format!("{PREFIX}waiters/{}/{name}/", name.len()),
+                Some(
+                    etcd_client::GetOptions::new()
+                        .with_prefix()
+                        .with_count_only(),
+                ),
+            )
+            .await
+            .expect("count the waiter keys");
+        Some(usize::try_from(keys.count()).expect("a count"))
     }
 }
 

@@ -1,6 +1,7 @@
 //! # tenure-store-postgres
 //!
-//! A lease store in one PostgreSQL table, for processes on many hosts that share a database.
+//! A lease store in one PostgreSQL table (and one for fair waiters), for processes on many
+//! hosts that share a database.
 //!
 //! ```toml
 //! [lease.postgres]
@@ -30,7 +31,7 @@
 //! ttl ([`StoreError::StateLost`](tenure_lease::StoreError)). A client that saw none of the
 //! lost tokens cannot tell.
 //!
-//! **Rows are never deleted**: a release expires its row (`expires_at = '-infinity'`), so
+//! **Lease rows are never deleted**: a release expires its row (`expires_at = '-infinity'`), so
 //! the row of a name, once created, is the one place every later grant of that name is
 //! serialised on. Operators who want to revoke a grant should do the same, not `DELETE`.
 //!
@@ -41,6 +42,19 @@
 //! forceful one unextended (`Refused`), so it ends at its `expires_at`, on the server's
 //! clock, after which any contender is granted it with a new token.
 //!
+//! **Fair acquire** ([`LeaseStore::acquire_fair`](tenure_lease::LeaseStore::acquire_fair),
+//! capability `fair_waiting`): waiters queue as rows of `<table>_waiter`, ordered by that
+//! table's sequence, each with its own expiry that it refreshes while it waits, so a
+//! waiter whose process died holds the line back for at most its ttl. The first waiter in
+//! line acquires with the acquire statement itself (extended to check its place and remove
+//! its row). Waiters are woken by **LISTEN/NOTIFY**: a release and a waiter leaving the line
+//! `pg_notify` the lease's name in their own transaction, and each store client keeps one
+//! connection (besides its pool) LISTENing for its waiters; an expiry sends nothing, so
+//! waiters also wake when the holder's grant (or the row of a waiter ahead of them)
+//! expires. [`try_acquire`](tenure_lease::LeaseStore::try_acquire) does not queue and may
+//! take a free lease ahead of waiters, as on etcd and ZooKeeper. The `fair` module has
+//! the details.
+//!
 //! **Errors.** Every operation runs as one statement in autocommit. Transient failures
 //! (no connection, connection lost, server starting or shutting down) are retried within
 //! the store's operation timeout when retrying cannot change the meaning of the answer
@@ -48,6 +62,7 @@
 //! as [`StoreError::Unavailable`](tenure_lease::StoreError): outcome unknown.
 
 mod errors;
+mod fair;
 mod fenced;
 mod options;
 mod schema;

@@ -48,8 +48,9 @@ const FORCED: &str = "coalesce(l.request_forceful, false)";
 /// The statements of one lease table.
 #[derive(Debug, Clone)]
 pub struct Statements {
-    /// Creates schema, token sequence, table and index when the table is missing, and the
-    /// priority columns when a table of an earlier version lacks them (one transaction,
+    /// Creates schema, token sequence, table and index when the table is missing, the
+    /// priority columns when a table of an earlier version lacks them, and the fair
+    /// waiters' table (`<table>_waiter`) when it is missing (one transaction,
     /// serialised by an advisory lock so concurrent first starts do not collide). With the
     /// table complete it changes nothing and needs no DDL rights.
     pub migrate: String,
@@ -75,8 +76,34 @@ pub struct Statements {
     /// (their `request_forceful` is true and their expiry unchanged).
     pub renew: String,
     /// `$1` name, `$2` owner, `$3` token: ends that unexpired grant (and drops its
-    /// request); one row affected or none.
+    /// request); one row (the name) when it ended, none otherwise. When fair waiters of
+    /// the name are in line, the same statement notifies them (`pg_notify` on
+    /// [`Statements::channel`], delivered when it commits).
     pub release: String,
+    /// The channel fair waiters LISTEN on and releases and departures from the line
+    /// `pg_notify` on: `<schema>.<table>`, cut to PostgreSQL's 63 bytes (tables whose names
+    /// share those bytes share a channel: more wake-ups, never fewer). The payload is the
+    /// lease name, or empty (wake every waiter) for names longer than 1000 bytes.
+    pub channel: String,
+    /// Fair acquire, joining the line: `$1` name, `$2` owner, `$3` instance, `$4` the
+    /// waiter's ttl in µs. Removes the name's expired waiter rows and adds one for the
+    /// caller, returning its `seq`; no row when `$2` and `$3` already hold the lease
+    /// unexpired (and not forcefully preempted): re-enter with [`Statements::acquire`].
+    pub join: String,
+    /// `$1` seq, `$2` name, `$3` the waiter's ttl in µs: one row: whether waiter `$1` is
+    /// still in line (unexpired; its expiry is then refreshed), and the first waiter in
+    /// line for `$2` (`seq`, then its expiry in µs; NULLs when the line is empty).
+    pub line: String,
+    /// [`Statements::acquire`] for waiter `$11` (a `seq`), the same parameters before it:
+    /// only when `$11` is unexpired and no unexpired waiter of the name came before it
+    /// (it is first in line). A grant removes the waiter's row in the same statement.
+    pub fair_acquire: String,
+    /// `$1` seq: removes that waiter from the line and notifies the name's channel (one
+    /// row, the name, when it was there).
+    pub leave: String,
+    /// `$1` name: how many waiters are in line (unexpired), and how many rows there are
+    /// (expired ones stay until a waiter joins the name's line again).
+    pub waiting: String,
     /// `$1` name, `$2` token, `$3` by, `$4` instance, `$5` priority (text), `$6` forceful,
     /// `$7` note: records the request on that unexpired grant when it outranks the grant
     /// and the pending request (if any) is `$3`'s or of lower priority
@@ -98,9 +125,15 @@ impl Statements {
     pub fn new(schema: &str, table: &str) -> Statements {
         let t = format!("\"{schema}\".\"{table}\"");
         let seq = format!("\"{schema}\".\"{table}_token\"");
-        // Reentrant: the same owner and instance still hold an unexpired grant.
-        let same = "l.owner = excluded.owner AND l.instance = excluded.instance \
-                    AND l.expires_at > excluded.granted_at";
+        let w = format!("\"{schema}\".\"{table}_waiter\"");
+        let channel = channel(schema, table);
+        // Wakes the fair waiters of the lease named by `name_expr` (see `channel`).
+        let notify = |name_expr: &str| {
+            format!(
+                "(SELECT count(*) FROM (SELECT pg_notify('{channel}', \
+                 CASE WHEN octet_length({name_expr}) <= {MAX_PAYLOAD} THEN {name_expr} ELSE '' END)) n)"
+            )
+        };
         // Drops the pending preemption request.
         let clear = "request_by = NULL, request_instance = NULL, request_priority = NULL, \
                      request_forceful = NULL, request_note = NULL";
@@ -131,44 +164,22 @@ IF NOT EXISTS (SELECT 1 FROM pg_attribute
     ALTER TABLE {t} {PRIORITY_COLUMNS};
     COMMENT ON COLUMN {t}.request_by IS 'Owner of the pending preemption request on the grant (NULL: none). A forceful one stops renewals: the grant ends at expires_at.';
 END IF;
+IF to_regclass('{w}') IS NULL THEN
+    CREATE TABLE {w} (
+        seq        bigserial PRIMARY KEY,
+        name       text COLLATE \"C\" NOT NULL,
+        owner      text NOT NULL,
+        instance   text NOT NULL,
+        joined_at  timestamptz NOT NULL,
+        expires_at timestamptz NOT NULL
+    );
+    CREATE INDEX \"{table}_waiter_line\" ON {w} (name, seq);
+    COMMENT ON TABLE {w} IS 'Tenure fair acquires in line, per lease name in seq order. A waiter refreshes expires_at while it waits; an expired row holds nobody back. Times are this server''s clock.';
+END IF;
 END $migrate$"
             ),
-            acquire: format!(
-                "WITH c AS (SELECT clock_timestamp() AS now),
-granted AS (
-    INSERT INTO {t} AS l (name, owner, instance, token, granted_at, expires_at, version, note,
-                          priority, cleanup_timeout)
-    SELECT $1, $2, $3, nextval('{seq}'), c.now, c.now + $4::bigint * interval '1 microsecond', 1,
-           $5::text, $6::text::numeric, $7::bigint * interval '1 microsecond'
-    FROM c
-    ON CONFLICT (name) DO UPDATE SET
-        owner = excluded.owner,
-        instance = excluded.instance,
-        token = CASE WHEN {same} THEN l.token ELSE nextval('{seq}') END,
-        granted_at = CASE WHEN {same} THEN l.granted_at ELSE excluded.granted_at END,
-        version = CASE WHEN {same} THEN l.version + 1 ELSE 1 END,
-        note = CASE WHEN {same} THEN coalesce(excluded.note, l.note) ELSE excluded.note END,
-        priority = CASE WHEN {same} THEN l.priority ELSE excluded.priority END,
-        cleanup_timeout = CASE WHEN {same} THEN l.cleanup_timeout ELSE excluded.cleanup_timeout END,
-        request_by = CASE WHEN {same} THEN l.request_by END,
-        request_instance = CASE WHEN {same} THEN l.request_instance END,
-        request_priority = CASE WHEN {same} THEN l.request_priority END,
-        request_forceful = CASE WHEN {same} THEN l.request_forceful END,
-        request_note = CASE WHEN {same} THEN l.request_note END,
-        expires_at = excluded.expires_at
-    WHERE (l.expires_at <= excluded.granted_at
-           AND ($9::bigint IS NULL OR (l.token = $9::bigint AND l.version = $10::bigint)))
-       OR (l.owner = excluded.owner AND l.instance = excluded.instance AND NOT {FORCED})
-       OR ($8::boolean AND l.owner <> excluded.owner AND l.priority < excluded.priority)
-    RETURNING l.*
-)
-SELECT true AS granted, {granted_cols} FROM granted
-UNION ALL
-SELECT false, {held_cols} FROM {t} AS l, c
-WHERE l.name = $1 AND l.expires_at > c.now AND NOT EXISTS (SELECT 1 FROM granted)",
-                granted_cols = record_columns(""),
-                held_cols = record_columns("l."),
-            ),
+            acquire: acquire(&t, &seq, None),
+            fair_acquire: acquire(&t, &seq, Some(&w)),
             // A refused (forced) row is "updated" to itself, so that the row lock and the
             // re-check of a concurrently changed row (READ COMMITTED) decide renewal and
             // refusal alike, on the row's latest version.
@@ -183,11 +194,57 @@ WHERE l.name = b.name AND l.token = b.token AND l.owner = $1::text
 RETURNING l.name, l.token, {request}",
                 request = request_columns("l."),
             ),
+            // A waiter that joins after this statement's snapshot is not notified; it
+            // needs not be: it reads the lease after joining, and its acquire takes the
+            // lease row's lock, so it sees this release once committed.
             release: format!(
-                "UPDATE {t} SET expires_at = '-infinity', {clear}
-WHERE name = $1::text AND owner = $2::text AND token = $3::bigint
-  AND expires_at > clock_timestamp()"
+                "WITH released AS (
+    UPDATE {t} SET expires_at = '-infinity', {clear}
+    WHERE name = $1::text AND owner = $2::text AND token = $3::bigint
+      AND expires_at > clock_timestamp()
+    RETURNING name
+)
+SELECT r.name FROM released r
+WHERE NOT EXISTS (SELECT 1 FROM {w} w WHERE w.name = r.name) OR {woken} >= 0",
+                woken = notify("r.name"),
             ),
+            join: format!(
+                "WITH c AS (SELECT clock_timestamp() AS now),
+purged AS (DELETE FROM {w} w USING c WHERE w.name = $1::text AND w.expires_at <= c.now),
+joined AS (
+    INSERT INTO {w} (name, owner, instance, joined_at, expires_at)
+    SELECT $1::text, $2::text, $3::text, c.now, c.now + $4::bigint * interval '1 microsecond'
+    FROM c
+    WHERE NOT EXISTS (SELECT 1 FROM {t} l WHERE l.name = $1::text AND l.owner = $2::text
+                      AND l.instance = $3::text AND l.expires_at > c.now AND NOT {FORCED})
+    RETURNING seq
+)
+SELECT seq FROM joined"
+            ),
+            line: format!(
+                "WITH c AS (SELECT clock_timestamp() AS now),
+me AS (
+    UPDATE {w} w SET expires_at = c.now + $3::bigint * interval '1 microsecond' FROM c
+    WHERE w.seq = $1::bigint AND w.expires_at > c.now
+    RETURNING w.seq
+)
+SELECT EXISTS (SELECT 1 FROM me), h.seq, {head_expires}
+FROM c LEFT JOIN LATERAL (
+    SELECT w.seq, w.expires_at FROM {w} w
+    WHERE w.name = $2::text AND w.expires_at > c.now ORDER BY w.seq LIMIT 1
+) h ON true",
+                head_expires = EXPIRES_IN_US.replace("expires_at", "h.expires_at"),
+            ),
+            leave: format!(
+                "WITH gone AS (DELETE FROM {w} WHERE seq = $1::bigint RETURNING name)
+SELECT g.name FROM gone g WHERE {woken} >= 0",
+                woken = notify("g.name"),
+            ),
+            waiting: format!(
+                "SELECT count(CASE WHEN expires_at > clock_timestamp() THEN 1 END), count(*)
+FROM {w} WHERE name = $1::text"
+            ),
+            channel,
             request_preemption: format!(
                 "WITH c AS (SELECT clock_timestamp() AS now),
 recorded AS (
@@ -233,6 +290,80 @@ WHERE name LIKE $1::text ESCAPE '\\' AND expires_at > clock_timestamp() ORDER BY
             ),
         }
     }
+}
+
+/// The acquire statement of lease table `t` with token sequence `seq`; with `waiters`
+/// (the waiters' table), the fair variant for waiter `$11` (see [`Statements::fair_acquire`]).
+fn acquire(t: &str, seq: &str, waiters: Option<&str>) -> String {
+    // Reentrant: the same owner and instance still hold an unexpired grant.
+    let same = "l.owner = excluded.owner AND l.instance = excluded.instance \
+                AND l.expires_at > excluded.granted_at";
+    let (first_in_line, leave_line) = match waiters {
+        None => (String::new(), String::new()),
+        Some(w) => (
+            format!(
+                "
+    WHERE EXISTS (SELECT 1 FROM {w} w WHERE w.seq = $11::bigint AND w.expires_at > c.now)
+      AND NOT EXISTS (SELECT 1 FROM {w} w WHERE w.name = $1::text AND w.seq < $11::bigint
+                      AND w.expires_at > c.now)"
+            ),
+            format!(
+                ",
+left_line AS (DELETE FROM {w} w WHERE w.seq = $11::bigint AND EXISTS (SELECT 1 FROM granted))"
+            ),
+        ),
+    };
+    format!(
+        "WITH c AS (SELECT clock_timestamp() AS now),
+granted AS (
+    INSERT INTO {t} AS l (name, owner, instance, token, granted_at, expires_at, version, note,
+                          priority, cleanup_timeout)
+    SELECT $1, $2, $3, nextval('{seq}'), c.now, c.now + $4::bigint * interval '1 microsecond', 1,
+           $5::text, $6::text::numeric, $7::bigint * interval '1 microsecond'
+    FROM c{first_in_line}
+    ON CONFLICT (name) DO UPDATE SET
+        owner = excluded.owner,
+        instance = excluded.instance,
+        token = CASE WHEN {same} THEN l.token ELSE nextval('{seq}') END,
+        granted_at = CASE WHEN {same} THEN l.granted_at ELSE excluded.granted_at END,
+        version = CASE WHEN {same} THEN l.version + 1 ELSE 1 END,
+        note = CASE WHEN {same} THEN coalesce(excluded.note, l.note) ELSE excluded.note END,
+        priority = CASE WHEN {same} THEN l.priority ELSE excluded.priority END,
+        cleanup_timeout = CASE WHEN {same} THEN l.cleanup_timeout ELSE excluded.cleanup_timeout END,
+        request_by = CASE WHEN {same} THEN l.request_by END,
+        request_instance = CASE WHEN {same} THEN l.request_instance END,
+        request_priority = CASE WHEN {same} THEN l.request_priority END,
+        request_forceful = CASE WHEN {same} THEN l.request_forceful END,
+        request_note = CASE WHEN {same} THEN l.request_note END,
+        expires_at = excluded.expires_at
+    WHERE (l.expires_at <= excluded.granted_at
+           AND ($9::bigint IS NULL OR (l.token = $9::bigint AND l.version = $10::bigint)))
+       OR (l.owner = excluded.owner AND l.instance = excluded.instance AND NOT {FORCED})
+       OR ($8::boolean AND l.owner <> excluded.owner AND l.priority < excluded.priority)
+    RETURNING l.*
+){leave_line}
+SELECT true AS granted, {granted_cols} FROM granted
+UNION ALL
+SELECT false, {held_cols} FROM {t} AS l, c
+WHERE l.name = $1 AND l.expires_at > c.now AND NOT EXISTS (SELECT 1 FROM granted)",
+        granted_cols = record_columns(""),
+        held_cols = record_columns("l."),
+    )
+}
+
+/// Longest lease name sent as a notification's payload; longer names send an empty one
+/// (PostgreSQL refuses payloads of 8000 bytes and more).
+const MAX_PAYLOAD: usize = 1000;
+
+/// PostgreSQL's longest identifier (and channel name), in bytes.
+const MAX_CHANNEL: usize = 63;
+
+/// The notification channel of a lease table (see [`Statements::channel`]). Schema and
+/// table are plain ASCII identifiers, so a byte cut is a character cut.
+fn channel(schema: &str, table: &str) -> String {
+    let mut channel = format!("{schema}.{table}");
+    channel.truncate(MAX_CHANNEL);
+    channel
 }
 
 /// The LIKE pattern matching every name that starts with `prefix`: `\`, `%` and `_` in

@@ -17,6 +17,7 @@ use tokio::time::{Instant, sleep, timeout};
 use tokio_postgres::{NoTls, Row};
 
 use crate::errors::{self, Failure, STORE};
+use crate::fair::Listener;
 use crate::fenced::Fence;
 use crate::options::{PostgresOptions, REFERENCE};
 use crate::schema::migrate;
@@ -26,19 +27,19 @@ use crate::sql::{Statements, like_prefix};
 const FIRST_PAUSE: Duration = Duration::from_millis(20);
 const MAX_PAUSE: Duration = Duration::from_millis(500);
 /// How often an acquire re-asks when the holder it conflicted with released in between.
-const ACQUIRE_RACES: usize = 8;
+pub(crate) const ACQUIRE_RACES: usize = 8;
 
 /// A lease store in one PostgreSQL table. Cloning shares the connection pool.
 #[derive(Clone)]
 pub struct PostgresStore {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
-struct Inner {
+pub(crate) struct Inner {
     pool: Pool,
-    statements: Statements,
-    options: PostgresOptions,
-    server: String,
+    pub(crate) statements: Statements,
+    pub(crate) options: PostgresOptions,
+    pub(crate) server: String,
     /// The highest token this client has seen (the token sequence's high-water mark).
     seen: AtomicI64,
     /// When this client found the sequence gone back, and the high-water mark it was below.
@@ -46,6 +47,9 @@ struct Inner {
     /// `observed-expiry`: per name, the expired row (token, version) and when this client
     /// first saw it so.
     observed: Mutex<HashMap<String, (i64, i64, Instant)>>,
+    /// The connection this client's fair waiters LISTEN on, opened at the first fair
+    /// acquire and again when it was lost.
+    pub(crate) listener: tokio::sync::Mutex<Option<Arc<Listener>>>,
 }
 
 /// Most sequence values taken in one go to pass the high-water mark after the sequence
@@ -96,6 +100,7 @@ impl PostgresStore {
                 seen: AtomicI64::new(0),
                 went_back: Mutex::new(None),
                 observed: Mutex::default(),
+                listener: tokio::sync::Mutex::default(),
             }),
         };
         let patience = store
@@ -143,7 +148,7 @@ impl PostgresStore {
     /// Runs `attempt` on a pooled connection until it succeeds, fails for good, or
     /// `patience` has passed. Transient failures are retried, after a statement may have
     /// been sent only when `idempotent` (asking again cannot change the answer's meaning).
-    async fn run<'a, T>(
+    pub(crate) async fn run<'a, T>(
         &self,
         patience: Duration,
         idempotent: bool,
@@ -196,11 +201,11 @@ impl PostgresStore {
         }
     }
 
-    fn patience(&self) -> Duration {
+    pub(crate) fn patience(&self) -> Duration {
         self.inner.options.operation_timeout
     }
 
-    fn bad(&self, e: impl std::fmt::Display) -> StoreError {
+    pub(crate) fn bad(&self, e: impl std::fmt::Display) -> StoreError {
         errors::bad_value(&self.inner.server, format!("lease row: {e}"))
     }
 
@@ -404,6 +409,67 @@ impl PostgresStore {
         })))
     }
 
+    /// One acquire statement: the plain one, or for `waiter` (a `seq` in line) the fair one
+    /// (granted only while that waiter is first in line, whose row it then removes). With
+    /// `observed-expiry`, the contender rule first ([`PostgresStore::observe`]). A new grant
+    /// whose token is not above every token this client has seen means the sequence went
+    /// back: see [`PostgresStore::went_back`]. `Ok(None)`: no answer to give yet (the lease
+    /// was released between the insert and the look-up, or, guarded, changed since it was
+    /// observed; the waiter was not first in line): ask again.
+    pub(crate) async fn acquire_once(
+        &self,
+        req: &AcquireRequest,
+        waiter: Option<i64>,
+    ) -> Result<Option<AcquireOutcome>, StoreError> {
+        self.quiet(req.ttl)?;
+        let statements = &self.inner.statements;
+        let sql = match waiter {
+            None => &statements.acquire,
+            Some(_) => &statements.fair_acquire,
+        };
+        let ttl = ttl_us(req.ttl);
+        let priority = req.priority.to_string();
+        let cleanup = ttl_us(req.cleanup_timeout);
+        // The emergency rule's own half (the statement compares the priorities): a request
+        // that would take over even the lowest-priority grant.
+        let emergency = req.takes_over(0);
+        let seen = self.inner.seen.load(Ordering::Relaxed);
+        let guard = match self.inner.options.observed_expiry {
+            true => match self.observe(req).await? {
+                Observed::Takeover(guard) => guard,
+                Observed::Wait(record) => return Ok(Some(AcquireOutcome::Held(*record))),
+            },
+            false => None,
+        };
+        let (token, version) = (guard.map(|g| g.0), guard.map(|g| g.1));
+        let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![
+            &req.name,
+            &req.owner,
+            &req.instance,
+            &ttl,
+            &req.note,
+            &priority,
+            &cleanup,
+            &emergency,
+            &token,
+            &version,
+        ];
+        if let Some(seq) = &waiter {
+            params.push(seq);
+        }
+        match self.flagged_record(sql, &params).await? {
+            Some((true, record)) if record.version == 1 && record.token.get() as i64 <= seen => {
+                Err(self.went_back(req, &record, seen).await)
+            }
+            Some((true, record)) => {
+                self.forget_observed(&req.name);
+                Ok(Some(AcquireOutcome::Granted(record)))
+            }
+            Some((false, record)) => Ok(Some(AcquireOutcome::Held(record))),
+            None => Ok(None),
+        }
+    }
+
     fn forget_observed(&self, name: &str) {
         if self.inner.options.observed_expiry {
             self.inner
@@ -425,7 +491,7 @@ enum Observed {
 
 /// The ttl in whole microseconds, rounded up (a grant never lives shorter than asked),
 /// capped at 100 years (PostgreSQL intervals overflow far beyond).
-fn ttl_us(ttl: Duration) -> i64 {
+pub(crate) fn ttl_us(ttl: Duration) -> i64 {
     const CAP: u128 = 100 * 366 * 24 * 3600 * 1_000_000;
     ttl.as_nanos().div_ceil(1000).min(CAP) as i64
 }
@@ -440,7 +506,7 @@ impl LeaseStore for PostgresStore {
         Capabilities {
             native_fencing: true,
             server_side_expiry: true,
-            fair_waiting: false,
+            fair_waiting: true,
             watch: false,
             durable: true,
             preemption: true,
@@ -454,55 +520,9 @@ impl LeaseStore for PostgresStore {
     /// it unchanged for a full ttl. A new grant whose token is not above every token this
     /// client has seen means the sequence went back: see [`PostgresStore::went_back`].
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError> {
-        self.quiet(req.ttl)?;
-        let sql = &self.inner.statements.acquire;
-        let ttl = ttl_us(req.ttl);
-        let priority = req.priority.to_string();
-        let cleanup = ttl_us(req.cleanup_timeout);
-        // The emergency rule's own half (the statement compares the priorities): a request
-        // that would take over even the lowest-priority grant.
-        let emergency = req.takes_over(0);
         for _ in 0..ACQUIRE_RACES {
-            let seen = self.inner.seen.load(Ordering::Relaxed);
-            let guard = match self.inner.options.observed_expiry {
-                true => match self.observe(req).await? {
-                    Observed::Takeover(guard) => guard,
-                    Observed::Wait(record) => return Ok(AcquireOutcome::Held(*record)),
-                },
-                false => None,
-            };
-            let (token, version) = (guard.map(|g| g.0), guard.map(|g| g.1));
-            let answer = self
-                .flagged_record(
-                    sql,
-                    &[
-                        &req.name,
-                        &req.owner,
-                        &req.instance,
-                        &ttl,
-                        &req.note,
-                        &priority,
-                        &cleanup,
-                        &emergency,
-                        &token,
-                        &version,
-                    ],
-                )
-                .await?;
-            match answer {
-                Some((true, record))
-                    if record.version == 1 && record.token.get() as i64 <= seen =>
-                {
-                    return Err(self.went_back(req, &record, seen).await);
-                }
-                Some((true, record)) => {
-                    self.forget_observed(&req.name);
-                    return Ok(AcquireOutcome::Granted(record));
-                }
-                Some((false, record)) => return Ok(AcquireOutcome::Held(record)),
-                // Released between the insert and the look-up (or, guarded, changed since
-                // it was observed): ask again.
-                None => continue,
+            if let Some(outcome) = self.acquire_once(req, None).await? {
+                return Ok(outcome);
             }
         }
         Err(errors::bad_value(
@@ -562,8 +582,9 @@ impl LeaseStore for PostgresStore {
             .collect())
     }
 
-    /// Ends the grant if `owner` holds it unexpired with `token`. Not retried once sent:
-    /// a second try after a lost answer would report `false` for our own release.
+    /// Ends the grant if `owner` holds it unexpired with `token`, and in the same statement
+    /// notifies the name's fair waiters, if any are in line. Not retried once sent: a
+    /// second try after a lost answer would report `false` for our own release.
     async fn release(
         &self,
         name: &str,
@@ -655,6 +676,28 @@ impl LeaseStore for PostgresStore {
             })
             .await?;
         Ok(n == 1)
+    }
+
+    /// Joins the name's line (a row in `<table>_waiter`, ordered by its `seq`, with its own
+    /// expiry, refreshed while it waits) and, once first in line, acquires as
+    /// [`try_acquire`](LeaseStore::try_acquire) does, removing the row in the same
+    /// statement. Waiters are woken by LISTEN/NOTIFY (a release and a departure from the
+    /// line notify in their own transaction), at the holder's expiry (a lapse sends
+    /// nothing), at the expiry of a waiter ahead that stopped refreshing (its process
+    /// died), and at a third of the ttl to refresh their row. `Ok(Held)`: `wait` passed
+    /// while another owner held the lease; `Err`: unknown, including a waiter whose row
+    /// expired while queued (never granted then) and `wait` passing while earlier waiters
+    /// had not reached the lease. The row is removed however this ends (also when the
+    /// future is dropped: by a spawned task); if that fails it expires after the ttl.
+    /// The holder instance's own fair acquire re-enters at once, without queueing.
+    /// `try_acquire` does not queue: it may take a free lease ahead of waiters, as with
+    /// the etcd and ZooKeeper stores.
+    async fn acquire_fair(
+        &self,
+        req: &AcquireRequest,
+        wait: Duration,
+    ) -> Result<AcquireOutcome, StoreError> {
+        self.fair(req, wait).await
     }
 
     async fn read(&self, name: &str) -> Result<Option<LeaseRecord>, StoreError> {

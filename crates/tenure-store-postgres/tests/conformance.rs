@@ -13,6 +13,8 @@ use tenure_test_kit::postgres::{Exclusive, PgServer};
 
 struct PgHarness {
     server: Arc<PgServer>,
+    /// A client that counts fair waiters, connected at first use.
+    observer: tokio::sync::OnceCell<PostgresStore>,
     _exclusive: Exclusive,
 }
 
@@ -21,6 +23,7 @@ impl PgHarness {
         let exclusive = Exclusive::start().await;
         PgHarness {
             server: exclusive.server.clone(),
+            observer: tokio::sync::OnceCell::new(),
             _exclusive: exclusive,
         }
     }
@@ -56,6 +59,25 @@ impl Harness for PgHarness {
             .options_via(proxy.port, test_settings().lease_operation_timeout);
         let store = PostgresStore::connect(options).await.expect("connect");
         (Arc::new(store), Box::new(proxy))
+    }
+
+    /// The rows of `name` in the waiters' table, expired or not (a row that was not
+    /// removed counts until a later waiter's join removes it), counted with the store's own statement.
+    async fn fair_waiters(&self, name: &str) -> Option<usize> {
+        let store = self
+            .observer
+            .get_or_init(|| async {
+                let options = self.server.options(test_settings().lease_operation_timeout);
+                PostgresStore::connect(options).await.expect("connect")
+            })
+            .await;
+        let conn = store.connection().await.expect("a connection");
+        let count: i64 = conn
+            .query_one(&store.statements().waiting, &[&name])
+            .await
+            .expect("count the waiters")
+            .get(1);
+        Some(usize::try_from(count).expect("a count"))
     }
 }
 

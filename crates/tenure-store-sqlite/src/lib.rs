@@ -20,8 +20,21 @@
 //! wall clock in microseconds at its grant, so a new file (the old one deleted, or
 //! replaced by an older copy) issues tokens above all of the lost file's. What the store
 //! does when its file is lost while in use is described at [`SqliteStore`].
+//!
+//! **Fair acquire** ([`LeaseStore::acquire_fair`](tenure_lease::LeaseStore::acquire_fair),
+//! capability `fair_waiting`): waiters queue as rows of `tenure_waiter` (`seq` order), each
+//! with its own expiry that it refreshes while it waits, so a waiter whose process died
+//! holds the line back for at most its ttl; the first in line acquires by the rules of
+//! `try_acquire` in the transaction that removes its row. SQLite has no notifications
+//! between processes: waiters of one process are woken at once by a release or a
+//! departure from the line in that process (a `tokio::sync::Notify` per file and lease),
+//! and every waiter also looks again every [`cross_process_poll`] (a twentieth of its ttl,
+//! 10 to 250 ms) for what other processes did, and when the holder's grant or the row of a
+//! waiter ahead expires. [`try_acquire`](tenure_lease::LeaseStore::try_acquire) does not
+//! queue and may take a free lease ahead of waiters, as on the other stores.
 
 mod clock;
+mod fair;
 pub mod fence;
 mod fenced;
 mod schema;
@@ -39,5 +52,6 @@ pub fn token_floor() -> i64 {
     clock::token_floor()
 }
 
+pub use fair::cross_process_poll;
 pub use fenced::FencedCounter;
 pub use store::{REFERENCE, SqliteOptions, SqliteStore, SqliteStoreFactory, default_path};

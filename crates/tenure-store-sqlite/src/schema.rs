@@ -4,6 +4,8 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 /// `tenure_lease`: the current grant per name (expired rows are ignored and replaced).
 /// `tenure_fence`: the highest token issued per name; never deleted.
+/// `tenure_waiter`: fair acquires in line, per name in `seq` order (`AUTOINCREMENT`: a
+/// `seq` is never reused), each with its own expiry, refreshed while it waits.
 /// `tenure_meta`: `boot_id`, the boot the `expires_at` values are measured in; `clock`, the
 /// clock they are measured on (`boottime`; absent in files of earlier versions, which used
 /// `CLOCK_MONOTONIC`); `lost_at`, when a process found that the file it used at this path was
@@ -31,6 +33,14 @@ CREATE TABLE IF NOT EXISTS tenure_fence (
     name       TEXT PRIMARY KEY,
     last_token INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS tenure_waiter (
+    seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+    name       TEXT NOT NULL,
+    owner      TEXT NOT NULL,
+    instance   TEXT NOT NULL,
+    expires_at INTEGER NOT NULL   -- CLOCK_BOOTTIME nanoseconds, as in tenure_lease
+);
+CREATE INDEX IF NOT EXISTS tenure_waiter_line ON tenure_waiter (name, seq);
 CREATE TABLE IF NOT EXISTS tenure_meta (
     key   TEXT PRIMARY KEY,
     value TEXT NOT NULL
@@ -69,7 +79,8 @@ fn set_meta(tx: &rusqlite::Transaction<'_>, key: &str, value: &str) -> rusqlite:
 }
 
 /// Creates the tables and, if the host rebooted since the file was last used, expires
-/// every grant (their deadlines were measured on the previous boot's clock). Expiries of
+/// every grant and removes every fair waiter (their deadlines were measured on the
+/// previous boot's clock). Expiries of
 /// the current boot written on `CLOCK_MONOTONIC` (earlier versions) move to
 /// `CLOCK_BOOTTIME`: the same instants, plus the time the host has been suspended.
 pub(crate) fn migrate(conn: &mut Connection, boot_id: &str) -> rusqlite::Result<()> {
@@ -89,6 +100,8 @@ pub(crate) fn migrate(conn: &mut Connection, boot_id: &str) -> rusqlite::Result<
     let recorded = meta(&tx, "boot_id")?;
     if recorded.as_deref() != Some(boot_id) {
         let dropped = tx.execute("DELETE FROM tenure_lease", [])?;
+        // Waiters' expiries were on the previous boot's clock too, and no waiter survived.
+        tx.execute("DELETE FROM tenure_waiter", [])?;
         // No process that could believe in a grant of the lost file survived the reboot.
         tx.execute("DELETE FROM tenure_meta WHERE key = 'lost_at'", [])?;
         if recorded.is_some() {

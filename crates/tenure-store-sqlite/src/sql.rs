@@ -59,3 +59,30 @@ pub const LIST: &str = "SELECT name, owner, instance, token, expires_at, version
     priority, cleanup_ns, req_by, req_instance, req_priority, req_forceful, req_note
     FROM tenure_lease
     WHERE substr(name, 1, length(?1)) = ?1 AND expires_at > ?2 ORDER BY name";
+
+/// Fair acquire, joining: removes the expired waiters of `?1` (at clock `?2`).
+pub const PURGE_WAITERS: &str = "DELETE FROM tenure_waiter WHERE name = ?1 AND expires_at <= ?2";
+
+/// Fair acquire, joining: a waiter of `?1` for owner `?2`, instance `?3`, expiring at `?4`;
+/// returns its `seq`.
+pub const JOIN: &str = "INSERT INTO tenure_waiter (name, owner, instance, expires_at)
+    VALUES (?1, ?2, ?3, ?4) RETURNING seq";
+
+/// Waiter `?1`, if unexpired at `?3`, gets expiry `?2`.
+pub const REFRESH_WAITER: &str =
+    "UPDATE tenure_waiter SET expires_at = ?2 WHERE seq = ?1 AND expires_at > ?3";
+
+/// Whether waiter `?1` is unexpired at `?2`.
+pub const WAITER_LIVE: &str = "SELECT 1 FROM tenure_waiter WHERE seq = ?1 AND expires_at > ?2";
+
+/// The first waiter in line for `?1` at clock `?2`: `seq` and expiry.
+pub const HEAD: &str = "SELECT seq, expires_at FROM tenure_waiter
+    WHERE name = ?1 AND expires_at > ?2 ORDER BY seq LIMIT 1";
+
+/// Removes waiter `?1` from its line.
+pub const LEAVE: &str = "DELETE FROM tenure_waiter WHERE seq = ?1";
+
+/// The waiters of `?1`: how many are in line (unexpired at `?2`), and how many rows there
+/// are (expired ones stay until a waiter joins the line again).
+pub const WAITING: &str = "SELECT count(CASE WHEN expires_at > ?2 THEN 1 END), count(*)
+    FROM tenure_waiter WHERE name = ?1";

@@ -35,6 +35,9 @@ use crate::sql;
 #[derive(Clone)]
 pub struct SqliteStore {
     path: Arc<PathBuf>,
+    /// The file's path made absolute (symbolic links resolved) when opened: which fair
+    /// waiters of this process share a line (see [`crate::fair`]).
+    pub(crate) line_key: Arc<PathBuf>,
     busy_timeout: Duration,
     /// `None` after a loss whose reopening failed: every operation retries it.
     open: Arc<Mutex<Option<Open>>>,
@@ -197,8 +200,10 @@ impl SqliteStore {
     pub fn open(path: impl AsRef<Path>, busy_timeout: Duration) -> Result<Self, ConfigError> {
         let path = path.as_ref();
         let open = connect(path, busy_timeout)?;
+        let line_key = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
         Ok(SqliteStore {
             path: Arc::new(path.to_path_buf()),
+            line_key: Arc::new(line_key),
             busy_timeout,
             open: Arc::new(Mutex::new(Some(open))),
         })
@@ -210,7 +215,7 @@ impl SqliteStore {
     }
 
     /// Runs `f` in a blocking task on the connection to the file `path` names now.
-    async fn with_conn<T: Send + 'static>(
+    pub(crate) async fn with_conn<T: Send + 'static>(
         &self,
         f: impl FnOnce(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
     ) -> Result<T, StoreError> {
@@ -236,9 +241,90 @@ fn store_error(e: rusqlite::Error) -> StoreError {
 
 /// An acquire refused: the file replaced a lost one at `lost` (ns), less than the ttl
 /// before `now`.
-struct Quiet {
+pub(crate) struct Quiet {
     lost: i64,
     now: i64,
+}
+
+impl Quiet {
+    /// The refusal of an acquire of `name` with `ttl` in the file at `path`.
+    pub(crate) fn error(&self, path: &Path, name: &str, ttl: Duration) -> StoreError {
+        let Quiet { lost, now } = *self;
+        let ago = Duration::from_nanos(now.saturating_sub(lost).max(0) as u64);
+        let left = ttl_ns(ttl).saturating_sub(now.saturating_sub(lost));
+        StoreError::state_lost(
+            "sqlite",
+            format!(
+                "the lease file {} replaced a deleted or replaced one {} ago; holders of its grants may believe in them for up to one ttl: no new grant of `{}` for another {}",
+                path.display(),
+                humantime::format_duration(round_ms(ago)),
+                name,
+                humantime::format_duration(round_ms(Duration::from_nanos(left.max(0) as u64)))
+            ),
+        )
+    }
+}
+
+/// The rules of [`LeaseStore::try_acquire`] inside `tx` (which holds the write lock) at
+/// clock `now`: the outcome, written but not committed, or the refusal of a file that
+/// replaced a lost one.
+pub(crate) fn acquire_in(
+    tx: &rusqlite::Transaction<'_>,
+    req: &AcquireRequest,
+    now: i64,
+) -> rusqlite::Result<Result<AcquireOutcome, Quiet>> {
+    let current = tx
+        .prepare_cached(sql::SELECT_CURRENT)?
+        .query_row(params![req.name, now], |r| row_record(r, now))
+        .optional()?;
+    let expires_at = now.saturating_add(ttl_ns(req.ttl));
+    Ok(Ok(match (req.step(current.as_ref()), current) {
+        (AcquireStep::Held, Some(rec)) => AcquireOutcome::Held(rec),
+        (AcquireStep::Extend, Some(rec)) => {
+            tx.prepare_cached(sql::EXTEND)?
+                .execute(params![req.name, expires_at, req.note])?;
+            AcquireOutcome::Granted(LeaseRecord {
+                expires_in: req.ttl,
+                version: rec.version + 1,
+                note: req.note.clone().or(rec.note),
+                ..rec
+            })
+        }
+        // Free, expired, or an emergency take-over: a new grant, unless a lost file's
+        // grants may still be believed.
+        _ => {
+            if let Some(lost) = lost_at(tx)?
+                && now < lost.saturating_add(ttl_ns(req.ttl))
+            {
+                return Ok(Err(Quiet { lost, now }));
+            }
+            let token: i64 = tx
+                .prepare_cached(sql::NEXT_TOKEN)?
+                .query_row(params![req.name, token_floor()], |r| r.get(0))?;
+            tx.prepare_cached(sql::INSERT_GRANT)?.execute(params![
+                req.name,
+                req.owner,
+                token,
+                expires_at,
+                req.note,
+                req.instance,
+                priority_to_sql(req.priority),
+                ttl_ns(req.cleanup_timeout)
+            ])?;
+            AcquireOutcome::Granted(LeaseRecord {
+                name: req.name.clone(),
+                owner: req.owner.clone(),
+                instance: req.instance.clone(),
+                token: token_from_sql(token),
+                expires_in: req.ttl,
+                version: 1,
+                note: req.note.clone(),
+                priority: req.priority,
+                cleanup_timeout: req.cleanup_timeout,
+                request: None,
+            })
+        }
+    }))
 }
 
 fn round_ms(d: Duration) -> Duration {
@@ -268,7 +354,7 @@ fn token_from_sql(stored: i64) -> FencingToken {
 }
 
 /// A record from the columns of [`sql::SELECT_CURRENT`] / [`sql::LIST`].
-fn row_record(row: &rusqlite::Row<'_>, now: i64) -> rusqlite::Result<LeaseRecord> {
+pub(crate) fn row_record(row: &rusqlite::Row<'_>, now: i64) -> rusqlite::Result<LeaseRecord> {
     let expires_at: i64 = row.get(4)?;
     Ok(LeaseRecord {
         name: row.get(0)?,
@@ -317,7 +403,7 @@ impl LeaseStore for SqliteStore {
         Capabilities {
             native_fencing: false,
             server_side_expiry: true,
-            fair_waiting: false,
+            fair_waiting: true,
             watch: false,
             durable: true,
             preemption: true,
@@ -325,88 +411,43 @@ impl LeaseStore for SqliteStore {
     }
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError> {
-        let (path, name, ttl) = (self.path.clone(), req.name.clone(), req.ttl);
         let req = req.clone();
+        let (path, name, ttl) = (self.path.clone(), req.name.clone(), req.ttl);
         let attempt = self
             .with_conn(move |conn| {
                 let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
                 // Read the clock only once the write lock is ours: expiry counts from processing.
                 let now = now_ns();
-                let current = tx
-                    .prepare_cached(sql::SELECT_CURRENT)?
-                    .query_row(params![req.name, now], |r| row_record(r, now))
-                    .optional()?;
-                let expires_at = now.saturating_add(ttl_ns(req.ttl));
-                let outcome = match (req.step(current.as_ref()), current) {
-                    (AcquireStep::Held, Some(rec)) => AcquireOutcome::Held(rec),
-                    (AcquireStep::Extend, Some(rec)) => {
-                        tx.prepare_cached(sql::EXTEND)?
-                            .execute(params![req.name, expires_at, req.note])?;
-                        AcquireOutcome::Granted(LeaseRecord {
-                            expires_in: req.ttl,
-                            version: rec.version + 1,
-                            note: req.note.clone().or(rec.note),
-                            ..rec
-                        })
-                    }
-                    // Free, expired, or an emergency take-over: a new grant, unless a lost file's
-                    // grants may still be believed.
-                    _ => {
-                        if let Some(lost) = lost_at(&tx)?
-                            && now < lost.saturating_add(ttl_ns(req.ttl))
-                        {
-                            return Ok(Err(Quiet { lost, now }));
-                        }
-                        let token: i64 = tx
-                            .prepare_cached(sql::NEXT_TOKEN)?
-                            .query_row(params![req.name, token_floor()], |r| r.get(0))?;
-                        tx.prepare_cached(sql::INSERT_GRANT)?.execute(params![
-                            req.name,
-                            req.owner,
-                            token,
-                            expires_at,
-                            req.note,
-                            req.instance,
-                            priority_to_sql(req.priority),
-                            ttl_ns(req.cleanup_timeout)
-                        ])?;
-                        AcquireOutcome::Granted(LeaseRecord {
-                            name: req.name.clone(),
-                            owner: req.owner.clone(),
-                            instance: req.instance.clone(),
-                            token: token_from_sql(token),
-                            expires_in: req.ttl,
-                            version: 1,
-                            note: req.note.clone(),
-                            priority: req.priority,
-                            cleanup_timeout: req.cleanup_timeout,
-                            request: None,
-                        })
-                    }
-                };
-                tx.commit()?;
-                Ok(Ok(outcome))
+                let outcome = acquire_in(&tx, &req, now)?;
+                if outcome.is_ok() {
+                    tx.commit()?;
+                }
+                Ok(outcome)
             })
             .await?;
-        match attempt {
-            Ok(outcome) => Ok(outcome),
-            Err(Quiet { lost, now }) => {
-                let ago = Duration::from_nanos(now.saturating_sub(lost).max(0) as u64);
-                let left = ttl_ns(ttl).saturating_sub(now.saturating_sub(lost));
-                Err(StoreError::state_lost(
-                    "sqlite",
-                    format!(
-                        "the lease file {} replaced a deleted or replaced one {} ago; holders of its grants may believe in them for up to one ttl: no new grant of `{}` for another {}",
-                        path.display(),
-                        humantime::format_duration(round_ms(ago)),
-                        name,
-                        humantime::format_duration(round_ms(Duration::from_nanos(
-                            left.max(0) as u64
-                        )))
-                    ),
-                ))
-            }
-        }
+        attempt.map_err(|quiet| quiet.error(&path, &name, ttl))
+    }
+
+    /// Queues behind earlier fair acquires of `req.name` (a row in `tenure_waiter`, with
+    /// its own expiry, refreshed while it waits) and, once first in line, acquires as
+    /// [`try_acquire`](LeaseStore::try_acquire) does, removing the row in the same
+    /// transaction. Waiters in this process are woken at once by a release or a departure
+    /// from the line; SQLite cannot tell other processes, so every waiter also looks again
+    /// at least every [`cross_process_poll`](crate::cross_process_poll) (a twentieth
+    /// of the ttl, 10 to 250 ms), at the holder's expiry and at the expiry of a waiter
+    /// ahead that stopped refreshing (its process died). `Ok(Held)`: `wait` passed while
+    /// another owner held the lease; `Err`: unknown, including a waiter whose row expired
+    /// while queued (never granted then) and `wait` passing while earlier waiters had not
+    /// reached the lease. The row is removed however this ends (also when the future is
+    /// dropped: by a spawned task); if that fails it expires after the ttl. The holder
+    /// instance's own fair acquire re-enters at once. `try_acquire` does not queue: it may
+    /// take a free lease ahead of waiters, as with the etcd and ZooKeeper stores.
+    async fn acquire_fair(
+        &self,
+        req: &AcquireRequest,
+        wait: Duration,
+    ) -> Result<AcquireOutcome, StoreError> {
+        self.fair(req, wait).await
     }
 
     async fn renew(
@@ -523,6 +564,9 @@ impl LeaseStore for SqliteStore {
         .await
     }
 
+    /// Deletes the grant if `owner` holds it unexpired with `token`; once committed, wakes
+    /// the name's fair waiters in this process (those of other processes see it at their
+    /// next look, see [`acquire_fair`](LeaseStore::acquire_fair)).
     async fn release(
         &self,
         name: &str,
@@ -530,19 +574,25 @@ impl LeaseStore for SqliteStore {
         token: FencingToken,
     ) -> Result<bool, StoreError> {
         let (name, owner) = (name.to_string(), owner.to_string());
-        self.with_conn(move |conn| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let now = now_ns();
-            let deleted = tx.prepare_cached(sql::RELEASE)?.execute(params![
-                name,
-                owner,
-                token_to_sql(token),
-                now
-            ])?;
-            tx.commit()?;
-            Ok(deleted == 1)
-        })
-        .await
+        let lease = name.clone();
+        let released = self
+            .with_conn(move |conn| {
+                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+                let now = now_ns();
+                let deleted = tx.prepare_cached(sql::RELEASE)?.execute(params![
+                    name,
+                    owner,
+                    token_to_sql(token),
+                    now
+                ])?;
+                tx.commit()?;
+                Ok(deleted == 1)
+            })
+            .await?;
+        if released {
+            crate::fair::wake(&self.line_key, &lease);
+        }
+        Ok(released)
     }
 
     async fn read(&self, name: &str) -> Result<Option<LeaseRecord>, StoreError> {

@@ -94,6 +94,19 @@ impl Harness for SqliteHarness {
         };
         (Arc::new(client), Box::new(delay))
     }
+    /// The rows of `name` in the waiters' table, expired or not (a row that was not
+    /// removed counts until a later waiter's join removes it), read on a connection of their own.
+    async fn fair_waiters(&self, name: &str) -> Option<usize> {
+        let conn = Connection::open(&self.path).expect("open");
+        let count: i64 = conn
+            .query_row(
+                tenure_store_sqlite::sql::WAITING,
+                rusqlite::params![name, tenure_store_sqlite::store_now_ns()],
+                |r| r.get(1),
+            )
+            .expect("count the waiters");
+        Some(usize::try_from(count).expect("a count"))
+    }
 }
 
 /// Removes the file's `-wal` and `-shm` first: a process that reopened the path in between

@@ -11,6 +11,7 @@ use tenure_lease::LeaseStore;
 use tenure_lease::conformance::proxy::Proxy;
 use tenure_lease::conformance::{AnswerDelay, Harness, test_settings};
 use tenure_store_zookeeper::ZooKeeperStore;
+use tenure_store_zookeeper::zookeeper_client as zk;
 
 /// The longest ttl the suite asks for.
 const SESSION_TIMEOUT: Duration = Duration::from_secs(5);
@@ -19,6 +20,8 @@ struct ZooKeeperHarness {
     shared: common::Shared,
     /// Every client handed out, to find an owner's sessions.
     clients: Mutex<Vec<ZooKeeperStore>>,
+    /// A plain client that counts fair waiters, connected at first use.
+    observer: tokio::sync::OnceCell<zk::Client>,
 }
 
 impl ZooKeeperHarness {
@@ -26,6 +29,7 @@ impl ZooKeeperHarness {
         ZooKeeperHarness {
             shared: common::exclusive().await,
             clients: Mutex::default(),
+            observer: tokio::sync::OnceCell::new(),
         }
     }
 
@@ -79,6 +83,27 @@ impl Harness for ZooKeeperHarness {
             }
         }
         assert!(ended > 0, "{owner} has no session to end");
+    }
+
+    /// The waiter nodes of `name` (ephemeral sequential `wait-<seq>` children of the lease
+    /// node): each lives as long as its waiter's session.
+    async fn fair_waiters(&self, name: &str) -> Option<usize> {
+        let observer = self
+            .observer
+            .get_or_init(|| async {
+                zk::Client::connect(&self.shared.server.connect_string())
+                    .await
+                    .expect("connect")
+            })
+            .await;
+        match observer
+            .list_children(&format!("{}/{name}", self.shared.root))
+            .await
+        {
+            Ok(children) => Some(children.iter().filter(|c| c.starts_with("wait-")).count()),
+            Err(zk::Error::NoNode) => Some(0),
+            Err(e) => panic!("list the waiters of {name}: {e}"),
+        }
     }
 }
 
