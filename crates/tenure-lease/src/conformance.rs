@@ -16,10 +16,12 @@ mod lapse;
 pub mod preemption;
 pub mod preemption_faults;
 pub mod proxy;
+mod remember;
 pub mod state_loss;
 
 pub use faulty::FaultyClient;
 pub use instances::same_owner_other_instance_waits;
+pub use remember::remembered_ids;
 pub use lapse::{
     lost_answers_lapse, lost_reentrant_answer_keeps_the_grant, reentry_after_an_operator_release,
     session_expiry_recovers,
@@ -522,7 +524,7 @@ macro_rules! conformance_tests {
             token_monotonicity, expiry_and_takeover, batch_renew, errors_when_unavailable,
             loss_before_takeover, same_owner_other_instance_waits, lost_answers_lapse,
             lost_reentrant_answer_keeps_the_grant, reentry_after_an_operator_release,
-            session_expiry_recovers);
+            session_expiry_recovers, remembered_ids);
     };
     ($harness:expr; without preemption) => {
         $crate::conformance_tests!(@base $harness);
