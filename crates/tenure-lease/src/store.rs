@@ -522,6 +522,9 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// applying a change again is harmless. A store may apply a large change in parts, each
     /// checked against the grant: after `Ok(true)` all of it is applied.
     ///
+    /// Ids are text without NUL characters (PostgreSQL's `text` cannot hold one: such an
+    /// id fails the change with an error).
+    ///
     /// `Err`: unknown; any part of the change may have been applied. Stores without the
     /// capability answer `Err(StoreError::Unsupported)` and change nothing.
     async fn remember(
