@@ -2,9 +2,10 @@
 //! sharded counter with `[sharding.counter] remember-entities = true` (SQLite lease store),
 //! while a proxy-only node drives increments of a few keys, then leaves, so that no traffic
 //! reaches any entity afterwards. A node is SIGKILLed (the oldest, so the coordinator fails
-//! over too): every entity it ran starts again on another node with no message; and a
-//! node that joins takes shards over in a rebalance: their entities start there, again with
-//! no message. Every run's history must pass `tenure check`.
+//! over too): every entity it ran starts again on another node with no message; a node
+//! that joins takes shards over in a rebalance: their entities start there, again with no
+//! message; and a cluster whose nodes all left and came back starts every remembered
+//! entity. Every run's history must pass `tenure check`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -158,6 +159,36 @@ fn a_rebalance_starts_the_moved_shards_entities_on_the_new_node_with_no_traffic(
     let on_second: Vec<&Life> = now.values().filter(|l| l.node == second).collect();
     assert!(!on_second.is_empty());
     assert!(on_second.iter().all(|l| l.start > joined), "{on_second:?}");
+    assert_no_traffic_after(&c, quiet);
+    let failed = c.stop_all(Duration::from_secs(20));
+    assert!(failed.is_empty(), "nodes {failed:?} did not leave cleanly");
+    cli::assert_checked(&c.history);
+}
+
+#[test]
+fn a_restarted_cluster_starts_the_remembered_entities_with_no_traffic() {
+    let _serial = serial();
+    let mut c = remembering_cluster(2, "");
+    c.start_all();
+    c.wait_converged(Duration::from_secs(30));
+    let (quiet, _) = warm_then_quiet(&mut c, 2);
+    // Every node leaves: the shards hand off, their leases are released, nothing runs.
+    let failed = c.stop_all(Duration::from_secs(20));
+    assert!(failed.is_empty(), "nodes {failed:?} did not leave cleanly");
+    assert!(live_entities(&c.history(), TYPE).is_empty());
+    // A new coordinator finds no shard lease held: it learns from the remembered ids which
+    // shards to start.
+    c.restart(0);
+    c.restart(1);
+    let restarted = now_ns();
+    c.wait_until(
+        &format!("the {KEYS} remembered entities run again"),
+        Duration::from_secs(60),
+        |c| {
+            let live = live_entities(&c.history(), TYPE);
+            live.len() == KEYS && live.values().all(|l| l.start > restarted)
+        },
+    );
     assert_no_traffic_after(&c, quiet);
     let failed = c.stop_all(Duration::from_secs(20));
     assert!(failed.is_empty(), "nodes {failed:?} did not leave cleanly");
