@@ -109,7 +109,11 @@ fn a_killed_nodes_remembered_entities_run_elsewhere_with_no_traffic() {
     let killed = now_ns();
     wait_started_elsewhere(&c, &moved, &from, killed);
     let now = live_entities(&c.history(), TYPE);
-    let last = moved.iter().filter_map(|e| now.get(e)).map(|l| l.start).max();
+    let last = moved
+        .iter()
+        .filter_map(|e| now.get(e))
+        .map(|l| l.start)
+        .max();
     eprintln!(
         "the {} entities of {from} (killed at {killed}) run elsewhere {} ms later: {:?}",
         moved.len(),

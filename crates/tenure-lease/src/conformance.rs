@@ -21,11 +21,11 @@ pub mod state_loss;
 
 pub use faulty::FaultyClient;
 pub use instances::same_owner_other_instance_waits;
-pub use remember::remembered_ids;
 pub use lapse::{
     lost_answers_lapse, lost_reentrant_answer_keeps_the_grant, reentry_after_an_operator_release,
     session_expiry_recovers,
 };
+pub use remember::remembered_ids;
 
 pub use preemption::{
     emergency_takeover, forceful_preemption_refuses_renewals, helix_cleanup_in_time,

@@ -81,7 +81,12 @@ impl Remembering {
     /// The shard now serves grant `token`: reads the ids (reported as
     /// [`ShardMsg::Recalled`], retried while `view` still believes in the grant) and starts
     /// the grant's writer.
-    pub(crate) fn serve(&mut self, token: FencingToken, shard: ActorRef<ShardMsg>, view: LeaseView) {
+    pub(crate) fn serve(
+        &mut self,
+        token: FencingToken,
+        shard: ActorRef<ShardMsg>,
+        view: LeaseView,
+    ) {
         self.reset();
         let (tx, rx) = mpsc::unbounded_channel();
         self.writer = Some(tx);
@@ -157,9 +162,19 @@ impl Remembering {
 
 /// Reads the ids remembered with the shard's lease and reports them, retrying while the
 /// shard still believes in grant `token`.
-async fn recall(at: RememberStore, token: FencingToken, shard: ActorRef<ShardMsg>, view: LeaseView) {
+async fn recall(
+    at: RememberStore,
+    token: FencingToken,
+    shard: ActorRef<ShardMsg>,
+    view: LeaseView,
+) {
     loop {
-        let read = bounded(&at.name, "read remembered ids", at.timeout, at.store.remembered(&at.name));
+        let read = bounded(
+            &at.name,
+            "read remembered ids",
+            at.timeout,
+            at.store.remembered(&at.name),
+        );
         match read.await {
             Ok(ids) => {
                 let _ = shard.cast(ShardMsg::Recalled { token, ids });

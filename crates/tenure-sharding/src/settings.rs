@@ -264,7 +264,10 @@ mod tests {
         let s = ShardingSettings::from_config(&config, "counter", "sqlite").unwrap();
         assert!(s.remember_entities);
         assert_eq!(s.entity_restart_backoff, Duration::from_secs(2));
-        assert_eq!(s.idle_timeout, None, "no idle passivation of remembered entities");
+        assert_eq!(
+            s.idle_timeout, None,
+            "no idle passivation of remembered entities"
+        );
         let other = ShardingSettings::from_config(&config, "other", "sqlite").unwrap();
         assert!(!other.remember_entities, "off by default");
         assert_eq!(other.entity_restart_backoff, Duration::from_secs(10));

@@ -26,10 +26,10 @@ use tenure_lease::{
 use tokio::time::Instant;
 
 use crate::entity::{EntityContext, EntityFactory, EntityMsg, shard_of};
-use crate::remember::{RememberStore, Remembering};
 use crate::messages::{
     AskReply, Envelope, Pending as RegionPending, ask_expired, refuse_buffer_full,
 };
+use crate::remember::{RememberStore, Remembering};
 use crate::settings::ShardingSettings;
 
 /// Everything a shard needs.
@@ -619,7 +619,11 @@ impl ShardState {
             self.args.shard_id.clone(),
             self.args.settings.number_of_shards,
         );
-        tracing::debug!(shard, entities = ids.len(), "starting the remembered entities");
+        tracing::debug!(
+            shard,
+            entities = ids.len(),
+            "starting the remembered entities"
+        );
         for id in ids {
             if shard_of(&id, shards) != shard {
                 tracing::warn!(shard, entity = %id, shards,

@@ -112,7 +112,10 @@ impl LeaseStore for Refusing {
         change: &RememberChange,
     ) -> Result<bool, StoreError> {
         if self.refuse.load(Ordering::SeqCst) {
-            return Err(StoreError::unavailable("memory", "remember refused by the test"));
+            return Err(StoreError::unavailable(
+                "memory",
+                "remember refused by the test",
+            ));
         }
         self.inner.remember(name, owner, token, change).await
     }
@@ -161,7 +164,10 @@ impl Fixture {
         )
         .unwrap();
         let mut settings = ShardingSettings::from_config(&config, "probe", "memory").unwrap();
-        assert_eq!(settings.idle_timeout, None, "no idle passivation when remembering");
+        assert_eq!(
+            settings.idle_timeout, None,
+            "no idle passivation when remembering"
+        );
         // As configured without remember-entities: the shard must still not passivate.
         settings.idle_timeout = Some(Duration::from_millis(100));
         settings.number_of_shards = 1;
@@ -257,7 +263,10 @@ async fn remembered_entities_start_on_the_next_host_after_a_hand_off_with_no_mes
 
     // e3 asks to be passivated: it stops and is forgotten.
     assert_eq!(ask(&a, "e3", "passivate").await.unwrap(), "e3:passivate");
-    assert_eq!(f.next().await, Seen::Got("e3".into(), first, "passivate".into()));
+    assert_eq!(
+        f.next().await,
+        Seen::Got("e3".into(), first, "passivate".into())
+    );
     assert_eq!(f.next().await, Seen::Stopped("e3".into(), first));
 
     // Hand-off: the entities stop, the lease is released; the ids stay in the store, and
@@ -349,7 +358,10 @@ async fn a_failed_entity_is_started_again_after_the_backoff_and_idle_ones_stay()
     assert!(ask(&shard, "flaky", "fail").await.is_err());
     let token = status(&shard).await.serving.expect("serving");
     assert_eq!(f.next().await, Seen::Started("flaky".into(), token));
-    assert_eq!(f.next().await, Seen::Got("flaky".into(), token, "fail".into()));
+    assert_eq!(
+        f.next().await,
+        Seen::Got("flaky".into(), token, "fail".into())
+    );
     // It failed (no graceful stop runs). No message: the shard starts it again after
     // entity-restart-backoff.
     assert_eq!(f.next().await, Seen::Started("flaky".into(), token));
@@ -358,7 +370,10 @@ async fn a_failed_entity_is_started_again_after_the_backoff_and_idle_ones_stay()
     // next event is the reply to this ask, not a stop.
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(ask(&shard, "flaky", "still").await.unwrap(), "flaky:still");
-    assert_eq!(f.next().await, Seen::Got("flaky".into(), token, "still".into()));
+    assert_eq!(
+        f.next().await,
+        Seen::Got("flaky".into(), token, "still".into())
+    );
     shard.stop_and_wait(None, None).await.unwrap();
 }
 

@@ -13,8 +13,7 @@ use etcd_client::{
 use futures::stream::{self, StreamExt};
 use tenure_lease::{
     AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, FencingToken, HeldLease,
-    LeaseRecord, LeaseStore, PreemptAnswer, PreemptionRequest, RememberChange, Renewal,
-    StoreError,
+    LeaseRecord, LeaseStore, PreemptAnswer, PreemptionRequest, RememberChange, Renewal, StoreError,
 };
 use tokio::time::Instant;
 
@@ -1037,9 +1036,7 @@ impl LeaseStore for EtcdStore {
                         .map(|id| TxnOp::put(format!("{prefix}{id}"), Vec::new(), None)),
                 )
                 .collect::<Vec<_>>();
-            let txn = Txn::new()
-                .when([self.fence(name, token)])
-                .and_then(ops);
+            let txn = Txn::new().when([self.fence(name, token)]).and_then(ops);
             let resp = self.inner.txn(txn, "remembering ids of", name).await?;
             if !resp.succeeded() {
                 return Ok(false);
@@ -1056,7 +1053,11 @@ impl LeaseStore for EtcdStore {
         );
         let resp = self
             .inner
-            .txn(Txn::new().and_then([get]), "reading the ids remembered with", name)
+            .txn(
+                Txn::new().and_then([get]),
+                "reading the ids remembered with",
+                name,
+            )
             .await?;
         // Keys come sorted by bytes: the ids' order.
         Ok(Inner::got(&resp, 0)

@@ -571,9 +571,9 @@ impl LeaseStore for SqliteStore {
         let (name, owner, change) = (name.to_string(), owner.to_string(), change.clone());
         self.with_conn(move |conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let held = tx
-                .prepare_cached(sql::HELD)?
-                .exists(params![name, owner, token, now_ns()])?;
+            let held =
+                tx.prepare_cached(sql::HELD)?
+                    .exists(params![name, owner, token, now_ns()])?;
             if held {
                 let mut add = tx.prepare_cached(sql::REMEMBER)?;
                 for id in change.added() {

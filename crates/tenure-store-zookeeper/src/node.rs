@@ -194,11 +194,23 @@ mod remembered_tests {
 
     #[test]
     fn remembered_ids_round_trip_through_valid_node_names() {
-        for id in ["", ".", "..", "a/b", "%", "%2F", "id-", "ünï ✓", "\u{7f}", "plain-id_9"] {
+        for id in [
+            "",
+            ".",
+            "..",
+            "a/b",
+            "%",
+            "%2F",
+            "id-",
+            "ünï ✓",
+            "\u{7f}",
+            "plain-id_9",
+        ] {
             let node = remembered_node(id);
             assert!(node.starts_with("id-") && !node.contains('/'), "{node}");
             assert!(
-                node.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_%".contains(&b)),
+                node.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_%".contains(&b)),
                 "{node}"
             );
             assert_eq!(remembered_id(&node).as_deref(), Some(id), "{node}");

@@ -971,9 +971,7 @@ impl LeaseStore for ZooKeeperStore {
             for part in ops.chunks(REMEMBER_OPS) {
                 let what = format!("remembering ids under {dir}");
                 let mut multi = client.new_multi_writer();
-                fence
-                    .add_to(&mut multi)
-                    .map_err(|e| from_zk(&what, &e))?;
+                fence.add_to(&mut multi).map_err(|e| from_zk(&what, &e))?;
                 for (node, create) in part {
                     let path = format!("{dir}/{node}");
                     if *create {

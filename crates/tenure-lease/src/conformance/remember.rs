@@ -62,10 +62,19 @@ pub async fn remembered_ids(h: &dyn Harness) {
     let name = "remembered";
     let ttl = Duration::from_secs(2);
     assert_eq!(remembered(&*a, name).await, Vec::<String>::new());
-    let t1 = granted_token(&a.try_acquire(&request(name, "a", ttl)).await.expect("acquire"));
+    let t1 = granted_token(
+        &a.try_acquire(&request(name, "a", ttl))
+            .await
+            .expect("acquire"),
+    );
 
     // The holder adds ids (awkward ones too), and another client reads them, sorted.
-    let mut expected = sorted(awkward_ids().into_iter().chain(ids(&["e1", "e2"])).collect());
+    let mut expected = sorted(
+        awkward_ids()
+            .into_iter()
+            .chain(ids(&["e1", "e2"]))
+            .collect(),
+    );
     let change = RememberChange::add(expected.clone());
     assert!(a.remember(name, "a", t1, &change).await.expect("remember"));
     assert_eq!(remembered(&*b, name).await, expected);
@@ -99,7 +108,11 @@ pub async fn remembered_ids(h: &dyn Harness) {
 
     // The next holder changes them; the former holder's late write is refused.
     let short = Duration::from_millis(800);
-    let t2 = granted_token(&b.try_acquire(&request(name, "b", short)).await.expect("acquire"));
+    let t2 = granted_token(
+        &b.try_acquire(&request(name, "b", short))
+            .await
+            .expect("acquire"),
+    );
     assert!(t2 > t1);
     assert!(!a.remember(name, "a", t1, &refused).await.expect("remember"));
     let change = RememberChange::add(ids(&["e4"]));
@@ -129,10 +142,18 @@ pub async fn remembered_ids(h: &dyn Harness) {
     // them: names it cannot hold verbatim are sanitised above the SPI).
     for other in ["remembered-2", "remembered/x", "rememberedx", "remembere"] {
         let other = crate::names::store_name(other, &d.name_rules());
-        assert_eq!(remembered(&*d, &other).await, Vec::<String>::new(), "{other}");
+        assert_eq!(
+            remembered(&*d, &other).await,
+            Vec::<String>::new(),
+            "{other}"
+        );
     }
     let other = "remembered-2";
-    let t = granted_token(&d.try_acquire(&request(other, "d", ttl)).await.expect("acquire"));
+    let t = granted_token(
+        &d.try_acquire(&request(other, "d", ttl))
+            .await
+            .expect("acquire"),
+    );
     let change = RememberChange::add(ids(&["only-here"]));
     assert!(d.remember(other, "d", t, &change).await.expect("remember"));
     assert_eq!(remembered(&*d, other).await, ids(&["only-here"]));
