@@ -553,3 +553,45 @@ pub trait LeaseStore: Send + Sync + 'static {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(ids: &[&str]) -> BTreeSet<String> {
+        ids.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn a_remember_change_removes_what_it_both_adds_and_removes() {
+        let c = RememberChange::new(["a".into(), "b".into()], ["b".into(), "c".into()]);
+        assert_eq!((c.added(), c.removed()), (&ids(&["a"]), &ids(&["b", "c"])));
+        assert_eq!(c.len(), 3);
+        assert!(!c.is_empty() && RememberChange::default().is_empty());
+    }
+
+    #[test]
+    fn later_changes_win() {
+        let c = RememberChange::new(["a".into()], ["b".into()])
+            .then(RememberChange::new(["b".into()], ["a".into(), "c".into()]));
+        assert_eq!((c.added(), c.removed()), (&ids(&["b"]), &ids(&["a", "c"])));
+    }
+
+    #[test]
+    fn parts_cover_the_change_in_bounded_pieces() {
+        let add: Vec<String> = (0..5).map(|i| format!("a{i}")).collect();
+        let remove: Vec<String> = (0..3).map(|i| format!("r{i}")).collect();
+        let c = RememberChange::new(add, remove);
+        let parts = c.parts(3);
+        assert_eq!(
+            parts.iter().map(RememberChange::len).collect::<Vec<_>>(),
+            [3, 3, 2]
+        );
+        let joined = parts
+            .into_iter()
+            .fold(RememberChange::default(), RememberChange::then);
+        assert_eq!(joined, c);
+        assert_eq!(c.parts(0).len(), 8, "at least one id per part");
+        assert!(RememberChange::default().parts(3).is_empty());
+    }
+}

@@ -141,6 +141,8 @@ impl Remembering {
         let mut ready = Vec::new();
         for id in change.added() {
             self.known.insert(id.clone());
+            // A removal it overtook (merged into this batch) is void.
+            self.forgetting.remove(id);
             if self.adding.remove(id) {
                 ready.push(id.clone());
             }
@@ -261,5 +263,62 @@ fn take(msg: WriterMsg, batch: &mut RememberChange, flushes: &mut Vec<oneshot::S
     match msg {
         WriterMsg::Change(c) => *batch = std::mem::take(batch).then(c),
         WriterMsg::Flush(f) => flushes.push(f),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn remembering() -> Remembering {
+        Remembering::new(RememberStore {
+            store: Arc::new(tenure_lease::MemoryStore::new()),
+            name: "test-shard-t-0".into(),
+            owner: "127.0.0.1:1".into(),
+            timeout: Duration::from_secs(1),
+            retry: Duration::from_millis(10),
+        })
+    }
+
+    #[test]
+    fn an_entity_starts_once_its_addition_is_written() {
+        let mut r = remembering();
+        r.add("a");
+        assert!(r.must_add("a") && r.adding.contains("a"));
+        assert_eq!(
+            r.written(&RememberChange::add(["a".into()]), false),
+            Vec::<String>::new()
+        );
+        assert!(r.adding.contains("a"), "not written: still waiting");
+        assert_eq!(
+            r.written(&RememberChange::add(["a".into()]), true),
+            vec!["a".to_string()]
+        );
+        assert!(!r.must_add("a") && r.adding.is_empty());
+    }
+
+    #[test]
+    fn a_removal_overtaken_by_an_addition_in_one_batch_is_void() {
+        let mut r = remembering();
+        r.known.insert("a".into());
+        r.forget("a");
+        assert!(
+            r.must_add("a"),
+            "being forgotten: a new start adds it again"
+        );
+        r.add("a");
+        // The writer merged both: only the addition is written.
+        let batch =
+            RememberChange::remove(["a".to_string()]).then(RememberChange::add(["a".into()]));
+        assert!(batch.removed().is_empty());
+        assert_eq!(r.written(&batch, true), vec!["a".to_string()]);
+        assert!(!r.must_add("a"), "remembered, and no removal pending");
+        // A removal written on its own forgets it.
+        r.forget("a");
+        assert!(
+            r.written(&RememberChange::remove(["a".to_string()]), true)
+                .is_empty()
+        );
+        assert!(!r.known.contains("a") && r.must_add("a"));
     }
 }
