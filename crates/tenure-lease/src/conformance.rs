@@ -19,6 +19,7 @@ pub mod preemption;
 pub mod preemption_faults;
 pub mod proxy;
 mod recipes;
+mod remember;
 pub mod state_loss;
 
 pub use fair::{
@@ -33,6 +34,7 @@ pub use lapse::{
 };
 pub use lock_delay::{lock_delay_holds_a_lapsed_grant, release_skips_the_lock_delay};
 pub use recipes::{election_one_leader_at_a_time, semaphore_at_most_n_holders};
+pub use remember::remembered_ids;
 
 pub use preemption::{
     emergency_takeover, forceful_preemption_refuses_renewals, helix_cleanup_in_time,
@@ -547,7 +549,7 @@ macro_rules! conformance_tests {
             lost_reentrant_answer_keeps_the_grant, reentry_after_an_operator_release,
             session_expiry_recovers, lock_delay_holds_a_lapsed_grant,
             release_skips_the_lock_delay, election_one_leader_at_a_time,
-            semaphore_at_most_n_holders);
+            semaphore_at_most_n_holders, remembered_ids);
     };
     ($harness:expr; without preemption) => {
         $crate::conformance_tests!(@base $harness);

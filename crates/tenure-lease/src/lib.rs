@@ -102,7 +102,8 @@ pub use settings::{LeaseSettings, LeaseTiming};
 pub use stop_budget::StopBudget;
 pub use store::{
     AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, EMERGENCY_PRIORITY, HeldLease,
-    LeaseRecord, LeaseStore, PreemptAnswer, PreemptionRequest, Renewal, WatchEvent, WatchReceiver,
+    LeaseRecord, LeaseStore, PreemptAnswer, PreemptionRequest, RememberChange, Renewal, WatchEvent,
+    WatchReceiver,
 };
 pub use token::FencingToken;
 pub use trace::{LeaseObserver, LeaseTrace};

@@ -1,7 +1,7 @@
 //! The in-memory store: one process, no persistence. Expiry runs on tokio's clock, so tests
 //! of timing logic can use paused time. Faults can be injected to test the layers above.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -13,7 +13,7 @@ use crate::error::{ConfigError, StoreError};
 use crate::provider::StoreFactory;
 use crate::store::{
     AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, HeldLease, LeaseRecord, LeaseStore,
-    PreemptAnswer, PreemptionRequest, Renewal,
+    PreemptAnswer, PreemptionRequest, RememberChange, Renewal,
 };
 use crate::token::FencingToken;
 
@@ -54,6 +54,8 @@ struct Backend {
     grants: BTreeMap<String, Grant>,
     /// Highest token ever issued per name; never forgotten.
     counters: HashMap<String, u64>,
+    /// Ids remembered per lease name (see [`LeaseStore::remember`]); they never expire.
+    remembered: HashMap<String, BTreeSet<String>>,
     fault: Fault,
     renew_calls: u64,
 }
@@ -303,6 +305,41 @@ impl LeaseStore for MemoryStore {
             .get(name)
             .filter(|g| g.expires_at > now)
             .map(|g| record(name, g, now)))
+    }
+
+    /// Checks and applies under one lock: atomic, whatever the change's size.
+    async fn remember(
+        &self,
+        name: &str,
+        owner: &str,
+        token: FencingToken,
+        change: &RememberChange,
+    ) -> Result<bool, StoreError> {
+        self.fault(false).await?;
+        let now = Instant::now();
+        let mut b = self.lock();
+        let held = b
+            .grants
+            .get(name)
+            .is_some_and(|g| g.owner == owner && g.token == token && g.expires_at > now);
+        if held {
+            let ids = b.remembered.entry(name.to_string()).or_default();
+            ids.extend(change.added().iter().cloned());
+            ids.retain(|id| !change.removed().contains(id));
+            if ids.is_empty() {
+                b.remembered.remove(name);
+            }
+        }
+        Ok(held)
+    }
+
+    async fn remembered(&self, name: &str) -> Result<Vec<String>, StoreError> {
+        self.fault(false).await?;
+        let b = self.lock();
+        Ok(b.remembered
+            .get(name)
+            .map(|ids| ids.iter().cloned().collect())
+            .unwrap_or_default())
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {

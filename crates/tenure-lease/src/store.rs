@@ -16,6 +16,7 @@
 //! store crates build them and match on them, and a new case is a breaking change that
 //! every store must handle, not one a wildcard arm would quietly absorb.
 
+use std::collections::BTreeSet;
 use std::future::Future;
 use std::time::Duration;
 
@@ -270,6 +271,97 @@ pub struct Capabilities {
     pub preemption: bool,
 }
 
+/// A change to the ids remembered with one lease (see [`LeaseStore::remember`]): ids to add
+/// and ids to remove, each listed once, none in both (an id given to both is removed).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RememberChange {
+    add: BTreeSet<String>,
+    remove: BTreeSet<String>,
+}
+
+impl RememberChange {
+    /// Adds `add` and removes `remove`; an id in both is removed.
+    pub fn new(
+        add: impl IntoIterator<Item = String>,
+        remove: impl IntoIterator<Item = String>,
+    ) -> Self {
+        let remove: BTreeSet<String> = remove.into_iter().collect();
+        let add = add.into_iter().filter(|id| !remove.contains(id)).collect();
+        RememberChange { add, remove }
+    }
+
+    /// Adds `ids`.
+    pub fn add(ids: impl IntoIterator<Item = String>) -> Self {
+        RememberChange::new(ids, [])
+    }
+
+    /// Removes `ids`.
+    pub fn remove(ids: impl IntoIterator<Item = String>) -> Self {
+        RememberChange::new([], ids)
+    }
+
+    /// This change followed by `later`: an id `later` adds is added (not removed), one it
+    /// removes is removed (not added).
+    pub fn then(mut self, later: RememberChange) -> Self {
+        for id in later.add {
+            self.remove.remove(&id);
+            self.add.insert(id);
+        }
+        for id in later.remove {
+            self.add.remove(&id);
+            self.remove.insert(id);
+        }
+        self
+    }
+
+    /// The ids to add, sorted.
+    pub fn added(&self) -> &BTreeSet<String> {
+        &self.add
+    }
+
+    /// The ids to remove, sorted.
+    pub fn removed(&self) -> &BTreeSet<String> {
+        &self.remove
+    }
+
+    /// Whether it changes nothing.
+    pub fn is_empty(&self) -> bool {
+        self.add.is_empty() && self.remove.is_empty()
+    }
+
+    /// How many ids it adds or removes.
+    pub fn len(&self) -> usize {
+        self.add.len() + self.remove.len()
+    }
+
+    /// The change in parts of at most `max` ids each (at least one id per part), removals
+    /// first: for stores that cannot apply any number of ids in one atomic write.
+    pub fn parts(&self, max: usize) -> Vec<RememberChange> {
+        let max = max.max(1);
+        let mut parts = Vec::new();
+        let mut part = RememberChange::default();
+        let ids = self
+            .remove
+            .iter()
+            .map(|id| (id, false))
+            .chain(self.add.iter().map(|id| (id, true)));
+        for (id, add) in ids {
+            if part.len() == max {
+                parts.push(std::mem::take(&mut part));
+            }
+            if add {
+                part.add.insert(id.clone());
+            } else {
+                part.remove.insert(id.clone());
+            }
+        }
+        if !part.is_empty() {
+            parts.push(part);
+        }
+        parts
+    }
+}
+
 /// Runs one store call on lease `lease`, bounded by `timeout` (the section's
 /// `lease-operation-timeout`): past it, or on a store error, the outcome is unknown.
 pub async fn bounded<T>(
@@ -413,5 +505,93 @@ pub trait LeaseStore: Send + Sync + 'static {
             store: self.kind(),
             operation: "watch",
         })
+    }
+
+    /// Applies `change` to the ids remembered with lease `name` (Akka's remember-entities
+    /// store), if `token` is `owner`'s current unexpired grant of `name`: `Ok(true)` applied;
+    /// `Ok(false)` that grant is not current (released, expired, replaced by a later
+    /// grant), and nothing of the change was applied once it ended. Only the holder writes,
+    /// so a holder that lost its lease, however late its write arrives, never changes what
+    /// its successor remembers. Stores whose tokens identify a grant on their own may check
+    /// the token alone.
+    ///
+    /// Remembered ids are not grants: they never expire, and they outlive the grant that
+    /// wrote them (its release, expiry, session or process) and the store's restarts, as
+    /// durably as the store keeps anything ([`Capabilities::durable`]); only a `remember`
+    /// removes them. Adding a remembered id and removing an absent one change nothing, so
+    /// applying a change again is harmless. A store may apply a large change in parts, each
+    /// checked against the grant: after `Ok(true)` all of it is applied.
+    ///
+    /// Ids are text without NUL characters (PostgreSQL's `text` cannot hold one: such an
+    /// id fails the change with an error).
+    ///
+    /// `Err`: unknown; any part of the change may have been applied. Stores without the
+    /// capability answer `Err(StoreError::Unsupported)` and change nothing.
+    async fn remember(
+        &self,
+        name: &str,
+        owner: &str,
+        token: FencingToken,
+        change: &RememberChange,
+    ) -> Result<bool, StoreError> {
+        let _ = (name, owner, token, change);
+        Err(StoreError::Unsupported {
+            store: self.kind(),
+            operation: "remember",
+        })
+    }
+
+    /// The ids remembered with lease `name` (see [`remember`](LeaseStore::remember)),
+    /// sorted, whoever holds the lease now (empty when none): every change answered before
+    /// this call is seen. Stores without the capability answer
+    /// `Err(StoreError::Unsupported)`.
+    async fn remembered(&self, name: &str) -> Result<Vec<String>, StoreError> {
+        let _ = name;
+        Err(StoreError::Unsupported {
+            store: self.kind(),
+            operation: "remember",
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(ids: &[&str]) -> BTreeSet<String> {
+        ids.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn a_remember_change_removes_what_it_both_adds_and_removes() {
+        let c = RememberChange::new(["a".into(), "b".into()], ["b".into(), "c".into()]);
+        assert_eq!((c.added(), c.removed()), (&ids(&["a"]), &ids(&["b", "c"])));
+        assert_eq!(c.len(), 3);
+        assert!(!c.is_empty() && RememberChange::default().is_empty());
+    }
+
+    #[test]
+    fn later_changes_win() {
+        let c = RememberChange::new(["a".into()], ["b".into()])
+            .then(RememberChange::new(["b".into()], ["a".into(), "c".into()]));
+        assert_eq!((c.added(), c.removed()), (&ids(&["b"]), &ids(&["a", "c"])));
+    }
+
+    #[test]
+    fn parts_cover_the_change_in_bounded_pieces() {
+        let add: Vec<String> = (0..5).map(|i| format!("a{i}")).collect();
+        let remove: Vec<String> = (0..3).map(|i| format!("r{i}")).collect();
+        let c = RememberChange::new(add, remove);
+        let parts = c.parts(3);
+        assert_eq!(
+            parts.iter().map(RememberChange::len).collect::<Vec<_>>(),
+            [3, 3, 2]
+        );
+        let joined = parts
+            .into_iter()
+            .fold(RememberChange::default(), RememberChange::then);
+        assert_eq!(joined, c);
+        assert_eq!(c.parts(0).len(), 8, "at least one id per part");
+        assert!(RememberChange::default().parts(3).is_empty());
     }
 }

@@ -9,6 +9,14 @@
 //! right for safety: a shard runs only under its lease, so a wrong or early move only
 //! makes the new host wait for that lease.
 //!
+//! With remember-entities, the coordinator also reads at start which shards have
+//! remembered entities (the ids kept with each shard lease in the store) and allocates
+//! those shards, and every shard it ever allocated, without waiting for a message: a
+//! shard's entities come back even when its node and the coordinator died together and its
+//! lease lapsed before the new coordinator listed it. It waits for the regions of the
+//! members up to register first (at most `rebalance-interval`), so that those shards are
+//! spread over them.
+//!
 //! A rebalance moves a shard in Akka's steps: every region is told first (BeginHandOff:
 //! it forgets the shard's home and keeps its messages), then the old host hands it off
 //! (stops it, releases its lease, gives back what it had not delivered), then the new host
@@ -97,6 +105,11 @@ pub struct CoordinatorState {
     holders: BTreeSet<String>,
     deferred: Vec<(String, String)>,
     timers: Vec<ractor::concurrency::JoinHandle<()>>,
+    /// remember-entities: shards to keep allocated, with no message needed (those with
+    /// remembered entities at start, and every shard allocated since).
+    remembered: BTreeSet<String>,
+    /// When this coordinator started.
+    started: Instant,
 }
 
 impl Actor for Coordinator {
@@ -121,6 +134,9 @@ impl Actor for Coordinator {
         ];
         tracing::info!(entity_type = %args.type_name, token = args.token.get(), "shard coordinator started: listing the shard leases");
         list_shard_leases(&args, &myself, std::time::Duration::ZERO);
+        if args.settings.remember_entities {
+            read_remembered_shards(&args, &myself);
+        }
         Ok(CoordinatorState {
             args,
             myself,
@@ -136,6 +152,8 @@ impl Actor for Coordinator {
             holders: BTreeSet::new(),
             deferred: Vec::new(),
             timers,
+            remembered: BTreeSet::new(),
+            started: Instant::now(),
         })
     }
 
@@ -165,6 +183,11 @@ impl Actor for Coordinator {
                 state.get_home(shard, region);
             }
             CoordinatorMsg::Local(CoordinatorLocal::Listed(result)) => state.on_listed(result),
+            CoordinatorMsg::Local(CoordinatorLocal::RememberedShards(shards)) => {
+                tracing::info!(entity_type = %state.args.type_name, shards = shards.len(), "shards with remembered entities read");
+                state.remembered.extend(shards);
+                state.reallocate_lost();
+            }
             CoordinatorMsg::GetAllocation(_, reply) => {
                 let regions = state.allocatable().into_iter().collect();
                 let _ = reply.send(Allocation {
@@ -370,6 +393,9 @@ impl CoordinatorState {
     /// Records `region` as the home of `shard` and tells it.
     fn host(&mut self, shard: &str, region: &str) {
         tracing::debug!(entity_type = %self.args.type_name, shard, region, "shard allocated");
+        if self.args.settings.remember_entities {
+            self.remembered.insert(shard.to_string());
+        }
         self.homes.insert(shard.to_string(), region.to_string());
         self.host_sent.insert(shard.to_string(), Instant::now());
         if let Some(r) = region_ref(&self.args.scope, &self.args.type_name, region) {
@@ -426,7 +452,8 @@ impl CoordinatorState {
         self.reallocate_lost();
     }
 
-    /// Moves the shards of regions that are no longer alive to the least loaded ones.
+    /// Moves the shards of regions that are no longer alive to the least loaded ones; with
+    /// remember-entities, allocates the remembered shards without a home.
     fn reallocate_lost(&mut self) {
         if !self.listed {
             return;
@@ -437,9 +464,6 @@ impl CoordinatorState {
             .filter(|(_, r)| !self.alive(r))
             .map(|(s, r)| (s.clone(), r.clone()))
             .collect();
-        if lost.is_empty() {
-            return;
-        }
         for (shard, from) in lost {
             self.homes.remove(&shard);
             if let Some(to) = self.args.strategy.allocate(&shard, &self.load()) {
@@ -447,6 +471,46 @@ impl CoordinatorState {
                 self.host(&shard, &to);
             }
         }
+        self.allocate_remembered();
+    }
+
+    /// remember-entities: gives every remembered shard without a home one, so that its
+    /// entities start with no message; once the regions of the members up registered (or
+    /// `rebalance-interval` after this coordinator started), so that they spread.
+    fn allocate_remembered(&mut self) {
+        let homeless: Vec<String> = self
+            .remembered
+            .iter()
+            .filter(|s| !self.homes.contains_key(*s) && !self.moving.contains_key(*s))
+            .cloned()
+            .collect();
+        if homeless.is_empty() || !self.regions_registered() {
+            return;
+        }
+        for shard in homeless {
+            match self.args.strategy.allocate(&shard, &self.load()) {
+                Some(to) => {
+                    tracing::debug!(entity_type = %self.args.type_name, shard, to, "allocating a shard with remembered entities");
+                    self.host(&shard, &to);
+                }
+                None => return,
+            }
+        }
+    }
+
+    /// Whether every member up and reachable that may host the type has a region that
+    /// registered, or this coordinator has waited `rebalance-interval` for them.
+    fn regions_registered(&self) -> bool {
+        self.started.elapsed() >= self.args.settings.rebalance_interval
+            || self
+                .members
+                .values()
+                .filter(|m| {
+                    m.status == MemberStatus::Up
+                        && m.reachable
+                        && m.has_role(self.args.settings.role.as_deref())
+                })
+                .all(|m| self.regions.contains_key(&m.addr.to_string()))
     }
 
     fn rebalance(&mut self) {
@@ -613,5 +677,65 @@ fn list_shard_leases(
             })
             .map_err(|e| e.to_string());
         let _ = me.cast(CoordinatorMsg::Local(CoordinatorLocal::Listed(listed)));
+    });
+}
+
+/// remember-entities: reads the ids remembered with every shard lease of the type and
+/// reports the shards that have some (`CoordinatorLocal::RememberedShards`), trying a shard
+/// again every `retry-interval` while the store fails.
+fn read_remembered_shards(args: &CoordinatorArgs, me: &ActorRef<CoordinatorMsg>) {
+    use futures::stream::{self, StreamExt};
+
+    let (store, timeout, me) = (args.store.clone(), args.list_timeout, me.clone());
+    let retry = args.settings.retry_interval;
+    let rules = store.name_rules();
+    let names: Vec<(String, String)> = (0..args.settings.number_of_shards)
+        .map(|i| {
+            let shard = i.to_string();
+            let lease = tenure_lease::names::shard_lease(&args.system, &args.type_name, &shard);
+            (shard, tenure_lease::names::store_name(&lease, &rules))
+        })
+        .collect();
+    let type_name = args.type_name.clone();
+    tokio::spawn(async move {
+        let read = |(shard, name): (String, String)| {
+            let (store, type_name, me) = (store.clone(), type_name.clone(), me.clone());
+            async move {
+                loop {
+                    let call = store.remembered(&name);
+                    match tenure_lease::store::bounded(&name, "read remembered ids", timeout, call)
+                        .await
+                    {
+                        Ok(ids) => return (!ids.is_empty()).then_some(shard),
+                        Err(tenure_lease::LeaseError::Store {
+                            source: e @ tenure_lease::StoreError::Unsupported { .. },
+                            ..
+                        }) => {
+                            tracing::error!(entity_type = %type_name, error = %e, "remember-entities needs a store that keeps remembered ids");
+                            return None;
+                        }
+                        Err(e) => {
+                            if matches!(
+                                me.get_status(),
+                                ractor::ActorStatus::Stopping | ractor::ActorStatus::Stopped
+                            ) {
+                                return None;
+                            }
+                            tracing::warn!(entity_type = %type_name, shard, error = %e, "cannot read the remembered entities of a shard; retrying");
+                            tokio::time::sleep(retry).await;
+                        }
+                    }
+                }
+            }
+        };
+        let shards: Vec<String> = stream::iter(names)
+            .map(read)
+            .buffer_unordered(16)
+            .filter_map(|s| async move { s })
+            .collect()
+            .await;
+        let _ = me.cast(CoordinatorMsg::Local(CoordinatorLocal::RememberedShards(
+            shards,
+        )));
     });
 }

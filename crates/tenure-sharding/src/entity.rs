@@ -44,7 +44,9 @@ pub struct EntityContext {
 
 impl EntityContext {
     /// Asks the shard to stop this entity (passivation). Messages arriving meanwhile are
-    /// kept and delivered to the entity started again for them.
+    /// kept and delivered to the entity started again for them. With `remember-entities`,
+    /// the entity is also forgotten once stopped: it is not started again after a hand-off
+    /// or a crash (until a message starts it).
     pub fn passivate(&self) {
         let _ = self.shard.cast(ShardMsg::Passivate(self.entity_id.clone()));
     }

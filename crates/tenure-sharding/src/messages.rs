@@ -257,6 +257,9 @@ pub enum CoordinatorLocal {
     },
     /// The shard leases of the type listed from the store at start: shard → holder.
     Listed(Result<Vec<(String, String)>, String>),
+    /// remember-entities: the shards with remembered entities, read from the store at
+    /// start.
+    RememberedShards(Vec<String>),
 }
 
 tenure_cluster::cluster_message! {

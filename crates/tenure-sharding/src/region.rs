@@ -283,7 +283,14 @@ impl RegionState {
     }
 
     fn hand_off_wait(&self) -> Duration {
-        self.args.settings.stop_timeout * 2 + self.args.settings.lease.release_answer_timeout()
+        let settings = &self.args.settings;
+        // With remember-entities, the shard also waits for its remembered ids' writes.
+        let flush = if settings.remember_entities {
+            settings.lease.lease_operation_timeout * 2
+        } else {
+            Duration::ZERO
+        };
+        settings.stop_timeout * 2 + settings.lease.release_answer_timeout() + flush
     }
 
     /// Routes a message that just arrived (from a local sender, or from another region).

@@ -50,6 +50,14 @@ pub struct ShardingConfig {
     /// `hand-off-timeout`: how long a hand-off may take before the coordinator gives up.
     #[serde(deserialize_with = "tenure_lease::duration::serde::positive")]
     pub hand_off_timeout: Duration,
+    /// `remember-entities`: entities are started again, with no message, wherever their
+    /// shard goes (hand-off, rebalance, a crashed node); their ids are kept in the lease
+    /// store with the shard's lease.
+    pub remember_entities: bool,
+    /// `entity-restart-backoff`: with `remember-entities`, how long a remembered entity that
+    /// stopped without passivating waits before it is started again.
+    #[serde(deserialize_with = "tenure_lease::duration::serde::positive")]
+    pub entity_restart_backoff: Duration,
 }
 
 impl Default for ShardingConfig {
@@ -67,6 +75,8 @@ impl Default for ShardingConfig {
             rebalance_threshold: 2,
             max_simultaneous_rebalance: 3,
             hand_off_timeout: Duration::from_secs(15),
+            remember_entities: false,
+            entity_restart_backoff: Duration::from_secs(10),
         }
     }
 }
@@ -85,7 +95,8 @@ pub struct ShardingSettings {
     /// `buffer-size`: messages kept for one shard while they cannot be delivered, by a
     /// region (each shard has its own buffer there) and by the shard itself.
     pub buffer_size: usize,
-    /// `idle-timeout`: idle entities are passivated after it (`None`: never).
+    /// `idle-timeout`: idle entities are passivated after it (`None`: never; always `None`
+    /// with `remember-entities`, as in Akka: a remembered entity stops only when it asks).
     pub idle_timeout: Option<Duration>,
     /// `stop-timeout`: how long a stopping entity gets before it is killed (when not set in
     /// config: the lease section's `heartbeat-timeout / 10`). Its
@@ -103,6 +114,16 @@ pub struct ShardingSettings {
     pub max_simultaneous_rebalance: usize,
     /// `hand-off-timeout`.
     pub hand_off_timeout: Duration,
+    /// `remember-entities`: a shard keeps the ids of its entities in the lease store with
+    /// its lease, and starts them again, with no message, whenever it starts serving (after
+    /// a hand-off, a rebalance, a crash); an entity that passivates itself
+    /// ([`EntityContext::passivate`](crate::EntityContext::passivate)) is forgotten. It must
+    /// be the same on every member hosting the type.
+    pub remember_entities: bool,
+    /// `entity-restart-backoff`: with `remember_entities`, how long a remembered entity that
+    /// stopped without passivating (its start or a request failed) waits before its shard
+    /// starts it again.
+    pub entity_restart_backoff: Duration,
 }
 
 impl ShardingSettings {
@@ -143,7 +164,7 @@ impl ShardingSettings {
             lease,
             number_of_shards: placement.number_of_shards,
             buffer_size: c.buffer_size,
-            idle_timeout: c.idle_timeout,
+            idle_timeout: c.idle_timeout.filter(|_| !c.remember_entities),
             stop_timeout: budget.stop_timeout,
             retry_interval: c.retry_interval,
             unreachable_reallocate_after: c.unreachable_reallocate_after,
@@ -151,6 +172,8 @@ impl ShardingSettings {
             rebalance_threshold: c.rebalance_threshold,
             max_simultaneous_rebalance: c.max_simultaneous_rebalance,
             hand_off_timeout: c.hand_off_timeout,
+            remember_entities: c.remember_entities,
+            entity_restart_backoff: c.entity_restart_backoff,
         })
     }
 }
@@ -218,6 +241,14 @@ mod tests {
                 "`sharding.counter.hand-off-timeout`",
             ),
             ("[sharding]\nlease-section = \"nope\"", "nope"),
+            (
+                "[sharding.counter]\nremember-entities = \"yes\"",
+                "`sharding.counter.remember-entities`",
+            ),
+            (
+                "[sharding]\nentity-restart-backoff = \"0s\"",
+                "`sharding.entity-restart-backoff`",
+            ),
         ] {
             let config = TenureConfig::from_toml_str(text, "t").unwrap();
             let err = ShardingSettings::from_config(&config, "counter", "sqlite")
@@ -225,6 +256,21 @@ mod tests {
                 .to_string();
             assert!(err.contains(key), "{text}: {err}");
         }
+        let config = TenureConfig::from_toml_str(
+            "[sharding.counter]\nremember-entities = true\nentity-restart-backoff = \"2s\"",
+            "t",
+        )
+        .unwrap();
+        let s = ShardingSettings::from_config(&config, "counter", "sqlite").unwrap();
+        assert!(s.remember_entities);
+        assert_eq!(s.entity_restart_backoff, Duration::from_secs(2));
+        assert_eq!(
+            s.idle_timeout, None,
+            "no idle passivation of remembered entities"
+        );
+        let other = ShardingSettings::from_config(&config, "other", "sqlite").unwrap();
+        assert!(!other.remember_entities, "off by default");
+        assert_eq!(other.entity_restart_backoff, Duration::from_secs(10));
         let err = ShardingSettings::from_config(&config, "", "sqlite").unwrap_err();
         assert!(err.to_string().contains("entity type name"), "{err}");
     }

@@ -3,7 +3,8 @@
 //! demand with the grant's fencing token; on `LeaseLost` stops **all** its entities and
 //! waits for them before trying again; on hand-off lets them finish the messages they
 //! have, stops them, releases the lease and gives back the messages it still kept;
-//! passivates idle entities.
+//! passivates idle entities. With `remember-entities` it keeps its entities' ids with its
+//! lease and starts them again whenever it is granted the lease (see [`crate::remember`]).
 //!
 //! Timing: the LeaseActor announces a loss the shard's stop budget before the local
 //! deadline (`stop-timeout` plus a kill wait plus delivery slack), and the shard's handlers
@@ -20,7 +21,7 @@ use tenure_cluster::History;
 use tenure_lease::history::{EntityLife, Event, ShardLife};
 use tenure_lease::{
     FencingToken, LeaseActor, LeaseEvent, LeaseEventSink, LeaseMsg, LeaseSpec, LeaseView,
-    StopBudget,
+    RememberChange, StopBudget,
 };
 use tokio::time::Instant;
 
@@ -28,6 +29,7 @@ use crate::entity::{EntityContext, EntityFactory, EntityMsg, shard_of};
 use crate::messages::{
     AskReply, Envelope, Pending as RegionPending, ask_expired, refuse_buffer_full,
 };
+use crate::remember::{RememberStore, Remembering};
 use crate::settings::ShardingSettings;
 
 /// Everything a shard needs.
@@ -85,6 +87,24 @@ pub enum ShardMsg {
     },
     #[doc(hidden)]
     IdleCheck,
+    /// The ids remembered with the shard's lease, read under grant `token`
+    /// (remember-entities).
+    #[doc(hidden)]
+    Recalled {
+        token: FencingToken,
+        ids: Vec<String>,
+    },
+    /// A write of remembered ids under grant `token` ended: `written`, or not (the grant
+    /// is not current any more).
+    #[doc(hidden)]
+    Remembered {
+        token: FencingToken,
+        change: RememberChange,
+        written: bool,
+    },
+    /// Start remembered entity `0` again (it stopped without passivating).
+    #[doc(hidden)]
+    Restart(String),
     /// Let every entity finish the messages in its mailbox and stop, release the lease,
     /// answer with the outcome and the messages not delivered, then stop.
     HandOff(RpcReplyPort<HandedOff>),
@@ -132,6 +152,8 @@ struct Running {
     actor: ActorRef<EntityMsg>,
     last: Instant,
     passivating: bool,
+    /// It asked to be passivated ([`EntityContext::passivate`]): forgotten once stopped.
+    asked: bool,
     /// Its `start` has not finished: its messages wait in the shard.
     starting: bool,
 }
@@ -150,6 +172,8 @@ pub struct ShardState {
     waiting: VecDeque<Pending>,
     handing_off: bool,
     idle_timer: Option<ractor::concurrency::JoinHandle<()>>,
+    /// remember-entities: the ids remembered with the shard's lease.
+    remember: Option<Remembering>,
 }
 
 impl Shard {
@@ -190,9 +214,24 @@ impl Actor for Shard {
         )
         .await?;
         lease.cast(LeaseMsg::Acquire { reply: None })?;
-        let idle_timer = args.settings.idle_timeout.map(|idle| {
-            let every = (idle / 2).max(Duration::from_millis(20));
-            myself.send_interval(every, || ShardMsg::IdleCheck)
+        let remembering = args.settings.remember_entities;
+        // Remembered entities stop only when they ask (Akka turns idle passivation off too).
+        let idle_timer = args
+            .settings
+            .idle_timeout
+            .filter(|_| !remembering)
+            .map(|idle| {
+                let every = (idle / 2).max(Duration::from_millis(20));
+                myself.send_interval(every, || ShardMsg::IdleCheck)
+            });
+        let remember = remembering.then(|| {
+            Remembering::new(RememberStore {
+                store: args.lease.store.clone(),
+                name: args.lease.store_name.clone(),
+                owner: args.lease.owner.clone(),
+                timeout: args.lease.settings.lease_operation_timeout,
+                retry: args.settings.retry_interval,
+            })
         });
         Ok(ShardState {
             args,
@@ -204,6 +243,7 @@ impl Actor for Shard {
             waiting: VecDeque::new(),
             handing_off: false,
             idle_timer,
+            remember,
         })
     }
 
@@ -217,6 +257,7 @@ impl Actor for Shard {
         }
         if !state.handing_off {
             state.stop_entities("shard stopped", Stop::Now).await;
+            state.flush_remembered().await;
             if let Some(token) = state.serving.take() {
                 state.record(Event::ShardStopped, token, "shard stopped");
             }
@@ -251,7 +292,12 @@ impl Actor for Shard {
                     state.serving = Some(granted.token);
                     tracing::debug!(shard = %state.args.shard_id, token = granted.token.get(), "shard lease granted");
                     state.record(Event::ShardStarted, granted.token, "");
-                    state.flush();
+                    if let Some(r) = &mut state.remember {
+                        // Messages wait until the remembered entities started.
+                        r.serve(granted.token, myself.clone(), state.view.clone());
+                    } else {
+                        state.flush();
+                    }
                 }
             }
             ShardMsg::Lease(LeaseEvent::Lost(lost)) => {
@@ -266,6 +312,9 @@ impl Actor for Shard {
                         &format!("lease lost: {}", lost.reason),
                     );
                     state.serving = None;
+                    if let Some(r) = &mut state.remember {
+                        r.reset();
+                    }
                 }
                 if !state.handing_off {
                     state.lease.cast(LeaseMsg::Acquire { reply: None })?;
@@ -280,7 +329,14 @@ impl Actor for Shard {
                 | LeaseEvent::Suspended(_)
                 | LeaseEvent::Resumed(_),
             ) => {}
-            ShardMsg::Passivate(entity) => state.passivate(&entity),
+            ShardMsg::Passivate(entity) => state.passivate(&entity, true),
+            ShardMsg::Recalled { token, ids } => state.recalled(token, ids),
+            ShardMsg::Remembered {
+                token,
+                change,
+                written,
+            } => state.remembered(token, &change, written),
+            ShardMsg::Restart(entity) => state.restart(&entity),
             ShardMsg::EntityStarted {
                 entity,
                 actor,
@@ -296,7 +352,7 @@ impl Actor for Shard {
                         .map(|(id, _)| id.clone())
                         .collect();
                     for id in idle {
-                        state.passivate(&id);
+                        state.passivate(&id, false);
                     }
                 }
             }
@@ -304,6 +360,9 @@ impl Actor for Shard {
                 crate::metrics::hand_off(&state.args.type_name);
                 state.handing_off = true;
                 state.stop_entities("hand-off", Stop::Drain).await;
+                // Entities that passivated themselves are forgotten before the next host
+                // reads the ids.
+                state.flush_remembered().await;
                 if let Some(token) = state.serving.take() {
                     state.record(Event::ShardStopped, token, "hand-off");
                 }
@@ -361,6 +420,9 @@ impl Actor for Shard {
             if let Some(token) = state.serving.take() {
                 state.record(Event::ShardStopped, token, "lease actor ended");
             }
+            if let Some(r) = &mut state.remember {
+                r.reset();
+            }
             let (lease, view) = LeaseActor::start(
                 state.args.lease.clone(),
                 LeaseEventSink::to_actor(myself.clone()),
@@ -382,7 +444,7 @@ impl Actor for Shard {
         else {
             return Ok(());
         };
-        state.entities.remove(&id);
+        let ended = state.entities.remove(&id);
         if let Some(token) = state.serving {
             state.record_entity(Event::EntityStopped, &id, token, &why);
         }
@@ -392,6 +454,17 @@ impl Actor for Shard {
                 .into_iter()
                 .partition(|p| p.entity == id);
         state.waiting = others;
+        if state.serving.is_some()
+            && let Some(r) = &mut state.remember
+        {
+            if ended.is_some_and(|e| e.passivating && e.asked) {
+                // It asked to stop: forgotten (a message waiting for it adds it again).
+                r.forget(&id);
+            } else if mine.is_empty() {
+                // Stopped without asking (it failed): started again after the backoff.
+                state.restart_later(&id);
+            }
+        }
         for p in mine {
             state.deliver(p);
         }
@@ -417,6 +490,11 @@ impl ShardState {
             self.wait(p);
             return;
         };
+        if self.remember.as_ref().is_some_and(|r| !r.recalled) {
+            // The remembered entities start first.
+            self.wait(p);
+            return;
+        }
         // Every node must map an id to the same shard (`number-of-shards`), or one entity
         // would run under two shard leases at once: never start one in another's shard.
         let home = shard_of(&p.entity, self.args.settings.number_of_shards);
@@ -446,9 +524,43 @@ impl ShardState {
             });
             return;
         }
+        if let Some(r) = &mut self.remember {
+            if r.adding.contains(&p.entity) {
+                self.wait(p);
+                return;
+            }
+            if r.must_add(&p.entity) {
+                if p.entity.contains('\0') {
+                    AskReply::fail(
+                        p.reply,
+                        format!(
+                            "entity {:?} cannot be remembered (remember-entities): its id contains a NUL character",
+                            p.entity
+                        ),
+                    );
+                    return;
+                }
+                // Remembered before it starts: the message waits for the write.
+                r.add(&p.entity);
+                self.wait(p);
+                return;
+            }
+        }
+        match self.start_entity(&p.entity, token) {
+            Ok(()) => self.wait(p),
+            Err(e) => AskReply::fail(
+                p.reply,
+                format!("entity {} could not be started: {e}", p.entity),
+            ),
+        }
+    }
+
+    /// Spawns entity `entity` under grant `token` (its messages wait until its `start`
+    /// finished: [`ShardMsg::EntityStarted`]).
+    fn start_entity(&mut self, entity: &str, token: FencingToken) -> Result<(), ractor::SpawnErr> {
         let ctx = EntityContext {
             type_name: self.args.type_name.clone(),
-            entity_id: p.entity.clone(),
+            entity_id: entity.to_string(),
             shard_id: self.args.shard_id.clone(),
             token,
             node: self.args.node.clone(),
@@ -458,38 +570,124 @@ impl ShardState {
         match (self.args.factory)(ctx, self.myself.get_cell()) {
             Ok(starting) => {
                 // Its life begins now: its `start` may already act under the token.
-                self.record_entity(Event::EntityStarted, &p.entity, token, "");
-                let (shard, entity, id) = (
-                    self.myself.clone(),
-                    p.entity.clone(),
-                    starting.actor.get_id(),
-                );
+                self.record_entity(Event::EntityStarted, entity, token, "");
+                let (shard, id) = (self.myself.clone(), starting.actor.get_id());
+                let name = entity.to_string();
                 tokio::spawn(async move {
                     let result = tenure_singleton::start_outcome(starting.started).await;
                     let _ = shard.cast(ShardMsg::EntityStarted {
-                        entity,
+                        entity: name,
                         actor: id,
                         result,
                     });
                 });
                 self.entities.insert(
-                    p.entity.clone(),
+                    entity.to_string(),
                     Running {
                         actor: starting.actor,
                         last: Instant::now(),
                         passivating: false,
+                        asked: false,
                         starting: true,
                     },
                 );
-                self.wait(p);
+                Ok(())
             }
             Err(e) => {
-                tracing::warn!(shard = %self.args.shard_id, entity = %p.entity, error = %e, "entity could not be started");
-                AskReply::fail(
-                    p.reply,
-                    format!("entity {} could not be started: {e}", p.entity),
-                );
+                tracing::warn!(shard = %self.args.shard_id, entity, error = %e, "entity could not be started");
+                self.restart_later(entity);
+                Err(e)
             }
+        }
+    }
+
+    /// The ids remembered with the lease were read under grant `token`: starts their
+    /// entities, then delivers what waited.
+    fn recalled(&mut self, token: FencingToken, ids: Vec<String>) {
+        if self.live_token() != Some(token) || self.handing_off {
+            return;
+        }
+        let Some(r) = &mut self.remember else {
+            return;
+        };
+        if r.recalled {
+            return;
+        }
+        r.recalled = true;
+        r.known.extend(ids.iter().cloned());
+        let (shard, shards) = (
+            self.args.shard_id.clone(),
+            self.args.settings.number_of_shards,
+        );
+        tracing::debug!(
+            shard,
+            entities = ids.len(),
+            "starting the remembered entities"
+        );
+        for id in ids {
+            if shard_of(&id, shards) != shard {
+                tracing::warn!(shard, entity = %id, shards,
+                    "a remembered entity belongs to another shard (was number-of-shards changed?): not started");
+                continue;
+            }
+            if !self.entities.contains_key(&id) {
+                let _ = self.start_entity(&id, token);
+            }
+        }
+        self.flush();
+    }
+
+    /// A write of remembered ids under grant `token` ended.
+    fn remembered(&mut self, token: FencingToken, change: &RememberChange, written: bool) {
+        if self.serving != Some(token) {
+            return;
+        }
+        let ready = match &mut self.remember {
+            Some(r) => r.written(change, written),
+            None => return,
+        };
+        for id in ready {
+            // Its messages wait in `waiting` until it has started.
+            if let Some(token) = self.live_token().filter(|_| !self.handing_off)
+                && !self.entities.contains_key(&id)
+            {
+                let _ = self.start_entity(&id, token);
+            }
+        }
+    }
+
+    /// Starts remembered entity `entity` again after `entity-restart-backoff`.
+    fn restart_later(&self, entity: &str) {
+        if self.remember.is_none() || self.serving.is_none() {
+            return;
+        }
+        let entity = entity.to_string();
+        let backoff = self.args.settings.entity_restart_backoff;
+        self.myself
+            .send_after(backoff, move || ShardMsg::Restart(entity));
+    }
+
+    /// `entity` waited its restart backoff: starts it if it is still remembered and not
+    /// running.
+    fn restart(&mut self, entity: &str) {
+        let Some(token) = self.live_token().filter(|_| !self.handing_off) else {
+            return;
+        };
+        let remembered = self
+            .remember
+            .as_ref()
+            .is_some_and(|r| r.recalled && r.known.contains(entity) && !r.must_add(entity));
+        if remembered && !self.entities.contains_key(entity) {
+            tracing::debug!(shard = %self.args.shard_id, entity, "starting a remembered entity again after its backoff");
+            let _ = self.start_entity(entity, token);
+        }
+    }
+
+    /// Waits until the remembered ids' writes sent so far ended (bounded).
+    async fn flush_remembered(&mut self) {
+        if let Some(r) = &self.remember {
+            let limit = self.args.lease.settings.lease_operation_timeout * 2;
+            r.flush(limit).await;
         }
     }
 
@@ -526,6 +724,7 @@ impl ShardState {
                         &format!("start failed: {e}"),
                     );
                 }
+                self.restart_later(entity);
                 for p in mine {
                     AskReply::fail(
                         p.reply,
@@ -567,11 +766,14 @@ impl ShardState {
         }
     }
 
-    fn passivate(&mut self, entity: &str) {
+    /// Stops `entity` after the messages in its mailbox; `asked`: the entity asked (with
+    /// remember-entities it is then forgotten once stopped).
+    fn passivate(&mut self, entity: &str, asked: bool) {
         if let Some(r) = self.entities.get_mut(entity)
             && !r.passivating
         {
             r.passivating = true;
+            r.asked = asked;
             // After the messages already in its mailbox (Akka sends its stop message the
             // same way): they reached the entity before it asked, so they are handled.
             // Messages arriving from now on wait for the entity started again.

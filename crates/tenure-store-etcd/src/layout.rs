@@ -11,6 +11,9 @@
 //!   that token (tokens are create revisions, unique across all keys), a
 //!   [`RequestValue`] attached to the holder's session, so it goes with the grant: with
 //!   its session, or deleted in the same transaction as the holder key.
+//! - `<prefix>remembered/<name length>/<name>/<id>`: one id remembered with lease `name`
+//!   (`LeaseStore::remember`), attached to no session: it never expires. Written only in
+//!   transactions guarded by the grant's holder key.
 
 use serde::{Deserialize, Serialize};
 use tenure_lease::{PreemptionRequest, StoreError};
@@ -57,6 +60,12 @@ impl Layout {
     /// The waiter key of one fair acquire of `name` by `instance` in session `session`.
     pub(crate) fn waiter(&self, name: &str, session: i64, instance: &str) -> String {
         format!("{}{session:016x}/{instance}", self.waiters(name))
+    }
+
+    /// Prefix of the keys of the ids remembered with lease `name`. The name's length goes
+    /// first, so that the ids of `a` and of `a/b` never share a prefix.
+    pub(crate) fn remembered(&self, name: &str) -> String {
+        format!("{}remembered/{}/{name}/", self.prefix, name.len())
     }
 
     /// Prefix of every preemption request key.

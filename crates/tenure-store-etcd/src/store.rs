@@ -13,7 +13,7 @@ use etcd_client::{
 use futures::stream::{self, StreamExt};
 use tenure_lease::{
     AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, FencingToken, HeldLease,
-    LeaseRecord, LeaseStore, PreemptAnswer, PreemptionRequest, Renewal, StoreError,
+    LeaseRecord, LeaseStore, PreemptAnswer, PreemptionRequest, RememberChange, Renewal, StoreError,
 };
 use tokio::time::Instant;
 
@@ -898,6 +898,10 @@ pub(crate) fn record_of(
     }
 }
 
+/// Ids written per transaction by `remember`: etcd refuses transactions of more than
+/// `--max-txn-ops` operations (128 by default).
+const REMEMBER_OPS: usize = 128;
+
 /// How many key moves (time-to-live changes) a renewal has in flight at once.
 const MOVES_IN_FLIGHT: usize = 32;
 
@@ -997,6 +1001,74 @@ impl LeaseStore for EtcdStore {
         wait: Duration,
     ) -> Result<AcquireOutcome, StoreError> {
         self.inner.acquire_fair(req, wait).await
+    }
+
+    /// One transaction per 128 ids, each guarded by the grant's holder key (its create
+    /// revision is `token`, as [`EtcdStore::fence`]); the ids' keys are attached to no
+    /// session, so they never expire. A change of more than 128 ids may be applied in
+    /// part: `Ok(false)` once a part finds the grant gone. `owner` is not checked: the
+    /// token names the grant.
+    async fn remember(
+        &self,
+        name: &str,
+        _owner: &str,
+        token: FencingToken,
+        change: &RememberChange,
+    ) -> Result<bool, StoreError> {
+        if change.is_empty() {
+            // Nothing to write: answer whether the grant is current, as a write would.
+            let txn = Txn::new().when([self.fence(name, token)]);
+            return Ok(self
+                .inner
+                .txn(txn, "remembering ids of", name)
+                .await?
+                .succeeded());
+        }
+        let prefix = self.inner.layout.remembered(name);
+        for part in change.parts(REMEMBER_OPS) {
+            let ops = part
+                .removed()
+                .iter()
+                .map(|id| TxnOp::delete(format!("{prefix}{id}"), None))
+                .chain(
+                    part.added()
+                        .iter()
+                        .map(|id| TxnOp::put(format!("{prefix}{id}"), Vec::new(), None)),
+                )
+                .collect::<Vec<_>>();
+            let txn = Txn::new().when([self.fence(name, token)]).and_then(ops);
+            let resp = self.inner.txn(txn, "remembering ids of", name).await?;
+            if !resp.succeeded() {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    async fn remembered(&self, name: &str) -> Result<Vec<String>, StoreError> {
+        let prefix = self.inner.layout.remembered(name);
+        let get = TxnOp::get(
+            prefix.as_str(),
+            Some(GetOptions::new().with_prefix().with_keys_only()),
+        );
+        let resp = self
+            .inner
+            .txn(
+                Txn::new().and_then([get]),
+                "reading the ids remembered with",
+                name,
+            )
+            .await?;
+        // Keys come sorted by bytes: the ids' order.
+        Ok(Inner::got(&resp, 0)
+            .iter()
+            .filter_map(|kv| {
+                std::str::from_utf8(kv.key())
+                    .ok()?
+                    .strip_prefix(prefix.as_str())
+                    .map(String::from)
+            })
+            .collect())
     }
 
     async fn watch(&self, prefix: &str) -> Result<tenure_lease::WatchReceiver, StoreError> {

@@ -117,6 +117,13 @@ pub struct Statements {
     pub read: String,
     /// `$1` LIKE pattern (see [`like_prefix`]): the unexpired grants it matches, by name.
     pub list: String,
+    /// `$1` name, `$2` owner, `$3` token, `$4` ids to add, `$5` ids to remove: applies both
+    /// to the ids remembered with `$1` (table `<table>_remembered`) if `$2` holds `$1`
+    /// unexpired with `$3`, whose row it locks (`FOR SHARE`) so that no other grant commits
+    /// in between. One row: whether it did. Idempotent.
+    pub remember: String,
+    /// `$1` name: the ids remembered with it, in byte order.
+    pub remembered: String,
 }
 
 impl Statements {
@@ -134,6 +141,7 @@ impl Statements {
                  CASE WHEN octet_length({name_expr}) <= {MAX_PAYLOAD} THEN {name_expr} ELSE '' END)) n)"
             )
         };
+        let r = format!("\"{schema}\".\"{table}_remembered\"");
         // Drops the pending preemption request.
         let clear = "request_by = NULL, request_instance = NULL, request_priority = NULL, \
                      request_forceful = NULL, request_note = NULL";
@@ -175,6 +183,13 @@ IF to_regclass('{w}') IS NULL THEN
     );
     CREATE INDEX \"{table}_waiter_line\" ON {w} (name, seq);
     COMMENT ON TABLE {w} IS 'Tenure fair acquires in line, per lease name in seq order. A waiter refreshes expires_at while it waits; an expired row holds nobody back. Times are this server''s clock.';
+IF to_regclass('{r}') IS NULL THEN
+    CREATE TABLE {r} (
+        name text COLLATE \"C\" NOT NULL,
+        id   text COLLATE \"C\" NOT NULL,
+        PRIMARY KEY (name, id)
+    );
+    COMMENT ON TABLE {r} IS 'Ids remembered with a lease of {schema}.{table} (remember-entities): written only under the lease''s current grant, never expiring.';
 END IF;
 END $migrate$"
             ),
@@ -288,6 +303,25 @@ FROM {t} WHERE name = $1::text",
 WHERE name LIKE $1::text ESCAPE '\\' AND expires_at > clock_timestamp() ORDER BY name",
                 cols = record_columns("")
             ),
+            remember: format!(
+                "WITH held AS (
+    SELECT 1 FROM {t}
+    WHERE name = $1::text AND owner = $2::text AND token = $3::bigint
+      AND expires_at > clock_timestamp()
+    FOR SHARE
+),
+added AS (
+    INSERT INTO {r} (name, id)
+    SELECT $1::text, a.id FROM held, unnest($4::text[]) AS a(id)
+    ON CONFLICT DO NOTHING
+),
+removed AS (
+    DELETE FROM {r}
+    WHERE name = $1::text AND id = ANY($5::text[]) AND EXISTS (SELECT 1 FROM held)
+)
+SELECT EXISTS (SELECT 1 FROM held)"
+            ),
+            remembered: format!("SELECT id FROM {r} WHERE name = $1::text ORDER BY id"),
         }
     }
 }

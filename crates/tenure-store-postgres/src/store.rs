@@ -10,8 +10,8 @@ use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, R
 use futures::future::BoxFuture;
 use tenure_lease::{
     AcquireOutcome, AcquireRequest, Capabilities, ConfigError, FencingToken, HeldLease,
-    LeaseRecord, LeaseSection, LeaseStore, PreemptAnswer, PreemptionRequest, Renewal, StoreError,
-    StoreFactory,
+    LeaseRecord, LeaseSection, LeaseStore, PreemptAnswer, PreemptionRequest, RememberChange,
+    Renewal, StoreError, StoreFactory,
 };
 use tokio::time::{Instant, sleep, timeout};
 use tokio_postgres::{NoTls, Row};
@@ -711,6 +711,51 @@ impl LeaseStore for PostgresStore {
             })
             .await?;
         rows.first().map(|r| self.decode(r, 0)).transpose()
+    }
+
+    /// One statement: the grant check (its row locked until the statement commits) and
+    /// every id, atomic whatever the change's size. Retried when its answer is lost:
+    /// applying it again changes nothing.
+    async fn remember(
+        &self,
+        name: &str,
+        owner: &str,
+        token: FencingToken,
+        change: &RememberChange,
+    ) -> Result<bool, StoreError> {
+        let Ok(token) = i64::try_from(token.get()) else {
+            return Ok(false);
+        };
+        let sql = &self.inner.statements.remember;
+        let add: Vec<&str> = change.added().iter().map(String::as_str).collect();
+        let remove: Vec<&str> = change.removed().iter().map(String::as_str).collect();
+        let (add, remove) = (&add, &remove);
+        let row = self
+            .run(self.patience(), true, |c, _| {
+                Box::pin(async move {
+                    let stmt = c.prepare_cached(sql).await.map_err(|e| (false, e))?;
+                    c.query_one(&stmt, &[&name, &owner, &token, add, remove])
+                        .await
+                        .map_err(|e| (true, e))
+                })
+            })
+            .await?;
+        row.try_get(0).map_err(|e| self.bad(e))
+    }
+
+    async fn remembered(&self, name: &str) -> Result<Vec<String>, StoreError> {
+        let sql = &self.inner.statements.remembered;
+        let rows = self
+            .run(self.patience(), true, |c, _| {
+                Box::pin(async move {
+                    let stmt = c.prepare_cached(sql).await.map_err(|e| (false, e))?;
+                    c.query(&stmt, &[&name]).await.map_err(|e| (true, e))
+                })
+            })
+            .await?;
+        rows.iter()
+            .map(|r| r.try_get(0).map_err(|e| self.bad(e)))
+            .collect()
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {

@@ -6,6 +6,8 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 /// `tenure_fence`: the highest token issued per name; never deleted.
 /// `tenure_waiter`: fair acquires in line, per name in `seq` order (`AUTOINCREMENT`: a
 /// `seq` is never reused), each with its own expiry, refreshed while it waits.
+/// `tenure_remembered`: the ids remembered per lease name (`LeaseStore::remember`): not
+/// grants, so kept across reboots, unlike `tenure_lease`'s rows.
 /// `tenure_meta`: `boot_id`, the boot the `expires_at` values are measured in; `clock`, the
 /// clock they are measured on (`boottime`; absent in files of earlier versions, which used
 /// `CLOCK_MONOTONIC`); `lost_at`, when a process found that the file it used at this path was
@@ -45,6 +47,11 @@ CREATE TABLE IF NOT EXISTS tenure_meta (
     key   TEXT PRIMARY KEY,
     value TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS tenure_remembered (
+    name TEXT NOT NULL,
+    id   TEXT NOT NULL,
+    PRIMARY KEY (name, id)
+) WITHOUT ROWID;
 ";
 
 /// Columns of `tenure_lease` added after its first version, with their definitions.

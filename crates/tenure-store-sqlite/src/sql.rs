@@ -86,3 +86,15 @@ pub const LEAVE: &str = "DELETE FROM tenure_waiter WHERE seq = ?1";
 /// are (expired ones stay until a waiter joins the line again).
 pub const WAITING: &str = "SELECT count(CASE WHEN expires_at > ?2 THEN 1 END), count(*)
     FROM tenure_waiter WHERE name = ?1";
+/// Whether owner `?2` holds `?1` with token `?3`, unexpired at `?4` (the fence's check).
+pub const HELD: &str = "SELECT 1 FROM tenure_lease
+    WHERE name = ?1 AND owner = ?2 AND token = ?3 AND expires_at > ?4";
+
+/// Remembers id `?2` with lease `?1` (nothing when it already is).
+pub const REMEMBER: &str = "INSERT OR IGNORE INTO tenure_remembered (name, id) VALUES (?1, ?2)";
+
+/// Forgets id `?2` of lease `?1`.
+pub const FORGET: &str = "DELETE FROM tenure_remembered WHERE name = ?1 AND id = ?2";
+
+/// The ids remembered with lease `?1`, in byte order.
+pub const REMEMBERED: &str = "SELECT id FROM tenure_remembered WHERE name = ?1 ORDER BY id";

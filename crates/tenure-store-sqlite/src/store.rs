@@ -10,8 +10,8 @@ use async_trait::async_trait;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
 use tenure_lease::{
     AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, ConfigError, FencingToken,
-    HeldLease, LeaseRecord, LeaseSection, LeaseStore, PreemptAnswer, PreemptionRequest, Renewal,
-    StoreError, StoreFactory,
+    HeldLease, LeaseRecord, LeaseSection, LeaseStore, PreemptAnswer, PreemptionRequest,
+    RememberChange, Renewal, StoreError, StoreFactory,
 };
 
 use crate::clock::{boot_id, now_ns, token_floor};
@@ -602,6 +602,49 @@ impl LeaseStore for SqliteStore {
             conn.prepare_cached(sql::SELECT_CURRENT)?
                 .query_row(params![name, now], |r| row_record(r, now))
                 .optional()
+        })
+        .await
+    }
+
+    /// The grant check and every id in one IMMEDIATE transaction: atomic whatever the
+    /// change's size, and no other grant of `name` can commit in between.
+    async fn remember(
+        &self,
+        name: &str,
+        owner: &str,
+        token: FencingToken,
+        change: &RememberChange,
+    ) -> Result<bool, StoreError> {
+        let Ok(token) = i64::try_from(token.get()) else {
+            return Ok(false);
+        };
+        let (name, owner, change) = (name.to_string(), owner.to_string(), change.clone());
+        self.with_conn(move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let held =
+                tx.prepare_cached(sql::HELD)?
+                    .exists(params![name, owner, token, now_ns()])?;
+            if held {
+                let mut add = tx.prepare_cached(sql::REMEMBER)?;
+                for id in change.added() {
+                    add.execute(params![name, id])?;
+                }
+                let mut forget = tx.prepare_cached(sql::FORGET)?;
+                for id in change.removed() {
+                    forget.execute(params![name, id])?;
+                }
+            }
+            tx.commit()?;
+            Ok(held)
+        })
+        .await
+    }
+
+    async fn remembered(&self, name: &str) -> Result<Vec<String>, StoreError> {
+        let name = name.to_string();
+        self.with_conn(move |conn| {
+            let mut stmt = conn.prepare_cached(sql::REMEMBERED)?;
+            stmt.query_map(params![name], |r| r.get(0))?.collect()
         })
         .await
     }

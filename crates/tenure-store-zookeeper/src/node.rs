@@ -12,6 +12,11 @@
 //!                                 priority and its pending preemption request (so the
 //!                                 request lives and dies with the grant)
 //! <root>/<lease name>/wait-<seq>  ephemeral sequential: fair waiters, in arrival order
+//! <root>/<lease name>/remembered  persistent: the ids remembered with the lease
+//!                                 (`LeaseStore::remember`), one persistent child each,
+//!                                 named `id-` and the id percent-encoded (see
+//!                                 [`remembered_node`]); written only in multis fenced by
+//!                                 the grant, never expiring
 //! ```
 
 use std::time::Duration;
@@ -56,6 +61,49 @@ impl Layout {
     pub(crate) fn holder(&self, name: &str) -> Result<String, StoreError> {
         Ok(format!("{}/{HOLDER}", self.lease(name)?))
     }
+
+    /// The parent of the nodes of the ids remembered with lease `name`.
+    pub(crate) fn remembered(&self, name: &str) -> Result<String, StoreError> {
+        Ok(format!("{}/{REMEMBERED}", self.lease(name)?))
+    }
+}
+
+/// The child of a lease node under which its remembered ids live.
+pub(crate) const REMEMBERED: &str = "remembered";
+
+/// The node name of a remembered id: `id-` and the id's UTF-8 bytes, each byte other than
+/// an ASCII letter, digit, `-` or `_` written `%XX` (upper-case hex). Any id becomes a valid
+/// path segment (no `/`, never `.` or `..`, never empty, no character ZooKeeper refuses), and
+/// [`remembered_id`] gives it back.
+pub(crate) fn remembered_node(id: &str) -> String {
+    let mut node = String::with_capacity(id.len() + 3);
+    node.push_str("id-");
+    for b in id.bytes() {
+        if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' {
+            node.push(char::from(b));
+        } else {
+            node.push_str(&format!("%{b:02X}"));
+        }
+    }
+    node
+}
+
+/// The id of a node named by [`remembered_node`]; `None` for any other name.
+pub(crate) fn remembered_id(node: &str) -> Option<String> {
+    let encoded = node.strip_prefix("id-")?.as_bytes();
+    let mut bytes = Vec::with_capacity(encoded.len());
+    let mut i = 0;
+    while i < encoded.len() {
+        if encoded[i] == b'%' {
+            let hex = std::str::from_utf8(encoded.get(i + 1..i + 3)?).ok()?;
+            bytes.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            bytes.push(encoded[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(bytes).ok()
 }
 
 /// The data of a holder node.
@@ -138,4 +186,38 @@ impl GrantData {
 /// A fencing token from a zxid (always positive for created nodes).
 pub(crate) fn token(zxid: i64) -> FencingToken {
     FencingToken::new(u64::try_from(zxid).unwrap_or(0))
+}
+
+#[cfg(test)]
+mod remembered_tests {
+    use super::*;
+
+    #[test]
+    fn remembered_ids_round_trip_through_valid_node_names() {
+        for id in [
+            "",
+            ".",
+            "..",
+            "a/b",
+            "%",
+            "%2F",
+            "id-",
+            "ünï ✓",
+            "\u{7f}",
+            "plain-id_9",
+        ] {
+            let node = remembered_node(id);
+            assert!(node.starts_with("id-") && !node.contains('/'), "{node}");
+            assert!(
+                node.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_%".contains(&b)),
+                "{node}"
+            );
+            assert_eq!(remembered_id(&node).as_deref(), Some(id), "{node}");
+        }
+        assert_eq!(remembered_node("a/b"), "id-a%2Fb");
+        assert_eq!(remembered_id("holder"), None);
+        assert_eq!(remembered_id("id-%2"), None);
+        assert_eq!(remembered_id("id-%FF"), None, "not UTF-8");
+    }
 }

@@ -8,14 +8,14 @@ use async_trait::async_trait;
 use tenure_lease::names::NameRules;
 use tenure_lease::{
     AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, ConfigError, FencingToken,
-    HeldLease, LeaseRecord, LeaseSection, LeaseStore, PreemptAnswer, PreemptionRequest, Renewal,
-    StoreError, StoreFactory,
+    HeldLease, LeaseRecord, LeaseSection, LeaseStore, PreemptAnswer, PreemptionRequest,
+    RememberChange, Renewal, StoreError, StoreFactory,
 };
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use crate::error::{KIND, backend, from_zk, session_over};
-use crate::node::{GrantData, HOLDER, Layout, millis, token};
+use crate::node::{GrantData, HOLDER, Layout, millis, remembered_id, remembered_node, token};
 use crate::options::{REFERENCE, ZooKeeperOptions, check_root};
 use crate::session::{Grant, OwnerSession};
 
@@ -23,6 +23,8 @@ use crate::session::{Grant, OwnerSession};
 const MAX_ATTEMPTS: usize = 8;
 /// Reads per multi-read request (each answer must fit ZooKeeper's 1 MiB packet limit).
 const READS_PER_MULTI: usize = 1000;
+/// Remembered ids written per multi (each request must fit ZooKeeper's 1 MiB packet limit).
+const REMEMBER_OPS: usize = 200;
 
 type Slot = Arc<tokio::sync::Mutex<Option<Arc<OwnerSession>>>>;
 
@@ -907,6 +909,121 @@ impl LeaseStore for ZooKeeperStore {
         wait: Duration,
     ) -> Result<AcquireOutcome, StoreError> {
         self.fair(req, wait).await
+    }
+
+    /// After a `sync`, the grant's fence ([`ZooKeeperStore::fence`]) and the ids present
+    /// are read; then one multi per 200 ids creates and deletes their nodes, each with the
+    /// fence's two checks, so a multi commits only while the grant is current. A change of
+    /// more than 200 ids may be applied in part: `Ok(false)` once a part finds the grant
+    /// gone. `owner` is not checked: the token (the holder node's czxid) names the grant.
+    async fn remember(
+        &self,
+        name: &str,
+        _owner: &str,
+        token_: FencingToken,
+        change: &RememberChange,
+    ) -> Result<bool, StoreError> {
+        let client = self.reader().await?;
+        let lease = self.inner.layout.lease(name)?;
+        let dir = self.inner.layout.remembered(name)?;
+        // A read after the sync sees every write committed before it (this session's
+        // server may lag the leader otherwise).
+        client
+            .sync(&lease)
+            .await
+            .map_err(|e| from_zk(&format!("syncing {lease}"), &e))?;
+        let Some(fence) = self.fence(name, token_).await? else {
+            return Ok(false);
+        };
+        if change.is_empty() {
+            return Ok(true);
+        }
+        let opts = zk::CreateMode::Persistent.with_acls(acls(&self.inner.options));
+        match client.create(&dir, &[], &opts).await {
+            Ok(_) | Err(zk::Error::NodeExists) => {}
+            // The lease node is gone: so is the grant.
+            Err(zk::Error::NoNode) => return Ok(false),
+            Err(e) => return Err(from_zk(&format!("creating {dir}"), &e)),
+        }
+        for _ in 0..MAX_ATTEMPTS {
+            let present: HashSet<String> = match client.list_children(&dir).await {
+                Ok(children) => children.into_iter().collect(),
+                Err(zk::Error::NoNode) => return Ok(false),
+                Err(e) => return Err(from_zk(&format!("listing {dir}"), &e)),
+            };
+            // Only what changes: ZooKeeper fails a whole multi on one existing create or
+            // one missing delete.
+            let deletes = change
+                .removed()
+                .iter()
+                .map(|id| remembered_node(id))
+                .filter(|n| present.contains(n));
+            let creates = change
+                .added()
+                .iter()
+                .map(|id| remembered_node(id))
+                .filter(|n| !present.contains(n));
+            let ops: Vec<(String, bool)> = deletes
+                .map(|n| (n, false))
+                .chain(creates.map(|n| (n, true)))
+                .collect();
+            let mut raced = false;
+            for part in ops.chunks(REMEMBER_OPS) {
+                let what = format!("remembering ids under {dir}");
+                let mut multi = client.new_multi_writer();
+                fence.add_to(&mut multi).map_err(|e| from_zk(&what, &e))?;
+                for (node, create) in part {
+                    let path = format!("{dir}/{node}");
+                    if *create {
+                        multi.add_create(&path, &[], &opts)
+                    } else {
+                        multi.add_delete(&path, None)
+                    }
+                    .map_err(|e| from_zk(&what, &e))?;
+                }
+                match multi.commit().await {
+                    Ok(_) => {}
+                    // The fence's checks: a later grant, or the grant ended.
+                    Err(zk::MultiWriteError::OperationFailed {
+                        index: 0 | 1,
+                        source: zk::Error::BadVersion | zk::Error::NoNode,
+                    }) => return Ok(false),
+                    // An id node changed since it was listed: list again.
+                    Err(zk::MultiWriteError::OperationFailed {
+                        source: zk::Error::NodeExists | zk::Error::NoNode,
+                        ..
+                    }) => {
+                        raced = true;
+                        break;
+                    }
+                    Err(e) => return Err(from_zk(&what, &e.into())),
+                }
+            }
+            if !raced {
+                return Ok(true);
+            }
+        }
+        Err(backend(format!(
+            "remembering ids under {dir}: they changed {MAX_ATTEMPTS} times while we wrote"
+        )))
+    }
+
+    /// A `sync`, then the children of the lease's `remembered` node, decoded.
+    async fn remembered(&self, name: &str) -> Result<Vec<String>, StoreError> {
+        let client = self.reader().await?;
+        let dir = self.inner.layout.remembered(name)?;
+        let root = self.inner.layout.root();
+        client
+            .sync(root)
+            .await
+            .map_err(|e| from_zk(&format!("syncing {root}"), &e))?;
+        let mut ids: Vec<String> = match client.list_children(&dir).await {
+            Ok(children) => children.iter().filter_map(|c| remembered_id(c)).collect(),
+            Err(zk::Error::NoNode) => Vec::new(),
+            Err(e) => return Err(from_zk(&format!("listing {dir}"), &e)),
+        };
+        ids.sort();
+        Ok(ids)
     }
 
     async fn read(&self, name: &str) -> Result<Option<LeaseRecord>, StoreError> {

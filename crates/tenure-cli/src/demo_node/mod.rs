@@ -38,7 +38,8 @@ pub struct DemoNodeArgs {
     tick: Duration,
     /// Host the example sharded counter (entity type `counter`, [sharding.counter]): one
     /// entity per key, each increment written to the --counter file with its shard's
-    /// fencing token.
+    /// fencing token. With `remember-entities = true` in [sharding.counter], its entities
+    /// start again wherever their shards go, with no message.
     #[arg(long)]
     sharded_counter: bool,
     /// Drive increments of keys key-0..key-(N-1) through this node's region, recording

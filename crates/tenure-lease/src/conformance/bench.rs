@@ -237,6 +237,18 @@ impl LeaseStore for Counting {
     async fn watch(&self, prefix: &str) -> Result<WatchReceiver, StoreError> {
         self.inner.watch(prefix).await
     }
+    async fn remember(
+        &self,
+        name: &str,
+        owner: &str,
+        token: FencingToken,
+        change: &crate::RememberChange,
+    ) -> Result<bool, StoreError> {
+        self.inner.remember(name, owner, token, change).await
+    }
+    async fn remembered(&self, name: &str) -> Result<Vec<String>, StoreError> {
+        self.inner.remembered(name).await
+    }
 }
 
 /// LeaseActors of one owner sharing one [`RenewalBatcher`], each holding one lease.

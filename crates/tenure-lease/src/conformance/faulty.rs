@@ -131,4 +131,17 @@ impl LeaseStore for FaultyClient {
     async fn watch(&self, prefix: &str) -> Result<crate::WatchReceiver, StoreError> {
         self.pass(self.inner.watch(prefix)).await
     }
+    async fn remember(
+        &self,
+        name: &str,
+        owner: &str,
+        token: FencingToken,
+        change: &crate::RememberChange,
+    ) -> Result<bool, StoreError> {
+        self.pass(self.inner.remember(name, owner, token, change))
+            .await
+    }
+    async fn remembered(&self, name: &str) -> Result<Vec<String>, StoreError> {
+        self.pass(self.inner.remembered(name)).await
+    }
 }

@@ -61,6 +61,46 @@ pub fn shard_lives(history: &[Value]) -> Vec<Life> {
     lives(history, ActionKind::ShardLife)
 }
 
+/// Every life of an entity of type `entity_type`, in start order (`subject`: the entity
+/// id).
+pub fn entity_lives(history: &[Value], entity_type: &str) -> Vec<Life> {
+    actions(&events(history))
+        .into_iter()
+        .filter(|a| a.kind == ActionKind::EntityLife)
+        .filter_map(|a| {
+            let Event::EntityStarted(l) = &a.began.event else {
+                return None;
+            };
+            (l.entity_type == entity_type).then(|| Life {
+                subject: l.entity.clone(),
+                node: a.node.clone(),
+                token: a.token,
+                start: a.from_ns,
+                end: a.ended.as_ref().map(|e| e.t),
+                why: a
+                    .ended
+                    .as_ref()
+                    .map(|e| e.event.why().map_or_else(|| e.kind(), str::to_string))
+                    .unwrap_or_default(),
+            })
+        })
+        .collect()
+}
+
+/// The entities of type `entity_type` alive at the end of the history: per entity id, its
+/// latest life if it has not ended.
+pub fn live_entities(
+    history: &[Value],
+    entity_type: &str,
+) -> std::collections::BTreeMap<String, Life> {
+    let mut latest = std::collections::BTreeMap::new();
+    for l in entity_lives(history, entity_type) {
+        latest.insert(l.subject.clone(), l);
+    }
+    latest.retain(|_, l| l.end.is_none());
+    latest
+}
+
 /// Every instance of singleton `name`, in start order.
 pub fn singleton_lives(history: &[Value], name: &str) -> Vec<Life> {
     lives(history, ActionKind::SingletonLife)
