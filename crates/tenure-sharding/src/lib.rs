@@ -59,6 +59,7 @@
 pub mod allocation;
 mod coordinator;
 pub mod daemon;
+mod direct;
 mod entity;
 mod entity_ref;
 mod messages;
@@ -71,6 +72,7 @@ pub mod shard_map;
 
 pub use allocation::{AllocationStrategy, LeastShards};
 pub use coordinator::{Coordinator, CoordinatorArgs};
+pub use direct::Routes;
 pub use entity::{
     Entity, EntityActor, EntityContext, EntityFactory, EntityMsg, StartingEntity, entity_factory,
     shard_of,
@@ -88,6 +90,7 @@ pub use shard_map::{HostedShard, RegionShards, ShardEntry, ShardMap};
 use std::sync::Arc;
 use std::time::Duration;
 
+use direct::Ticket;
 use ractor::{Actor, ActorRef};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -181,6 +184,8 @@ pub struct ShardRegion {
     number_of_shards: usize,
     actor: ActorRef<RegionMsg>,
     coordinator: SingletonProxy<CoordinatorMsg>,
+    /// The local fast path to entities running on this node (see [`Routes`]).
+    routes: Arc<Routes>,
 }
 
 const CODEC: &str = "entity request";
@@ -208,29 +213,56 @@ impl ShardRegion {
         shard_of(entity, self.number_of_shards)
     }
 
+    fn encode<R: Serialize>(&self, entity: &str, request: &R) -> Result<Vec<u8>, ShardingError> {
+        tenure_cluster::codec::encode(CODEC, &self.type_name, request).map_err(|_| {
+            ShardingError::Encode {
+                type_name: self.type_name.clone(),
+                entity: entity.to_string(),
+            }
+        })
+    }
+
+    #[cfg(test)]
     fn envelope<R: Serialize>(&self, entity: &str, request: &R) -> Result<Envelope, ShardingError> {
-        let payload =
-            tenure_cluster::codec::encode(CODEC, &self.type_name, request).map_err(|_| {
-                ShardingError::Encode {
-                    type_name: self.type_name.clone(),
-                    entity: entity.to_string(),
-                }
-            })?;
         Ok(Envelope {
             shard: self.shard_of(entity),
             entity: entity.to_string(),
-            payload,
+            payload: self.encode(entity, request)?,
             hops: 0,
         })
     }
 
     /// Sends `request` to `entity`, fire-and-forget: delivered at most once, in order per
-    /// sender while its shard stays put.
+    /// sender while its shard stays put. An entity running on this node gets it straight
+    /// into its mailbox when that keeps the order (see [`Routes`]).
     pub fn tell<R: Serialize>(&self, entity: &str, request: &R) -> Result<(), ShardingError> {
-        let env = self.envelope(entity, request)?;
+        let payload = self.encode(entity, request)?;
         metrics::tell(&self.type_name);
+        let msg = EntityMsg {
+            payload,
+            reply: None,
+        };
+        let Err((msg, ticket)) = self.routes.send(entity, msg) else {
+            return Ok(());
+        };
+        self.route(entity, msg, ticket)
+    }
+
+    /// Sends `msg` for `entity` through this node's region (the routed path), with its
+    /// `ticket`.
+    fn route(&self, entity: &str, msg: EntityMsg, ticket: Ticket) -> Result<(), ShardingError> {
+        let p = Pending {
+            env: Envelope {
+                shard: self.shard_of(entity),
+                entity: entity.to_string(),
+                payload: msg.payload,
+                hops: 0,
+            },
+            reply: msg.reply,
+            ticket: Some(ticket),
+        };
         self.actor
-            .cast(RegionMsg::Deliver(env))
+            .cast(RegionMsg::Local(messages::RegionLocal::Route(p)))
             .map_err(|_| ShardingError::Stopped {
                 type_name: self.type_name.clone(),
             })
@@ -246,12 +278,26 @@ impl ShardRegion {
         request: &R,
         timeout: Duration,
     ) -> Result<P, ShardingError> {
-        let env = self.envelope(entity, request)?;
-        let shard = env.shard.clone();
-        let answer = self
-            .actor
-            .call(|port| RegionMsg::Ask(env, port), Some(timeout))
-            .await;
+        let payload = self.encode(entity, request)?;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let msg = EntityMsg {
+            payload,
+            reply: Some((tx, timeout).into()),
+        };
+        // As `ActorRef::call`: the reply port carries the timeout (holders drop an expired
+        // ask), and the caller waits for at most that long.
+        let sent = match self.routes.send(entity, msg) {
+            Ok(()) => Ok(()),
+            Err((msg, ticket)) => self.route(entity, msg, ticket),
+        };
+        let answer = match sent {
+            Err(_) => Err(()),
+            Ok(()) => Ok(match tokio::time::timeout(timeout, rx).await {
+                Ok(Ok(reply)) => ractor::rpc::CallResult::Success(reply),
+                Ok(Err(_)) => ractor::rpc::CallResult::SenderError,
+                Err(_) => ractor::rpc::CallResult::Timeout,
+            }),
+        };
         let failed = |detail: String| ShardingError::Failed {
             type_name: self.type_name.clone(),
             entity: entity.to_string(),
@@ -293,7 +339,7 @@ impl ShardRegion {
             })) => Err(failed(e)),
             Ok(ractor::rpc::CallResult::Timeout) => Err(ShardingError::Timeout {
                 type_name: self.type_name.clone(),
-                shard,
+                shard: self.shard_of(entity),
                 entity: entity.to_string(),
                 timeout,
             }),
@@ -511,6 +557,7 @@ pub(crate) async fn start_with_settings(
     let coordinator = SingletonProxy::<CoordinatorMsg>::start(&scope, &name, settings.buffer_size)
         .await
         .map_err(|e| start_err(format!("coordinator proxy: {e}")))?;
+    let routes = Arc::new(Routes::default());
     let args = RegionArgs {
         type_name: type_name.to_string(),
         me,
@@ -520,6 +567,7 @@ pub(crate) async fn start_with_settings(
         hosting,
         coordinator: coordinator.clone(),
         history: node.history().cloned(),
+        routes: routes.clone(),
     };
     let (actor, _) = Actor::spawn(None, Region, args)
         .await
@@ -532,6 +580,7 @@ pub(crate) async fn start_with_settings(
         number_of_shards: settings.number_of_shards,
         actor,
         coordinator,
+        routes,
     })
 }
 

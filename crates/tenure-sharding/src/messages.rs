@@ -183,6 +183,9 @@ pub struct Pending {
     pub env: Envelope,
     /// Where an ask's reply goes; `None` for a tell.
     pub reply: Option<ractor::RpcReplyPort<AskReply>>,
+    /// Held while a message sent on this node travels the routed path (see
+    /// [`Routes`](crate::Routes)); `None` for messages from other nodes.
+    pub(crate) ticket: Option<crate::direct::Ticket>,
 }
 
 /// What a region tells about itself: its running shards (to be asked for their status)
@@ -198,6 +201,8 @@ pub struct RegionSnapshot {
 
 /// Local messages of a region.
 pub enum RegionLocal {
+    /// A message sent on this node (by a [`ShardRegion`](crate::ShardRegion) handle).
+    Route(Pending),
     Cluster(ClusterEvent),
     Tick,
     Snapshot(ractor::RpcReplyPort<RegionSnapshot>),

@@ -66,6 +66,9 @@ pub struct RegionArgs {
     pub coordinator: SingletonProxy<CoordinatorMsg>,
     /// Where the region records what it does, when the node keeps a history.
     pub history: Option<History>,
+    /// The local fast path to entities, shared with the region's handles: its shards open
+    /// and close their entities' routes.
+    pub routes: Arc<crate::Routes>,
 }
 
 /// The region actor.
@@ -168,15 +171,25 @@ impl Actor for Region {
         state: &mut RegionState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            RegionMsg::Deliver(env) => state.route(Pending { env, reply: None }).await,
+            RegionMsg::Deliver(env) => {
+                state
+                    .route(Pending {
+                        env,
+                        reply: None,
+                        ticket: None,
+                    })
+                    .await
+            }
             RegionMsg::Ask(env, reply) => {
                 state
                     .route(Pending {
                         env,
                         reply: Some(reply),
+                        ticket: None,
                     })
                     .await
             }
+            RegionMsg::Local(RegionLocal::Route(p)) => state.route(p).await,
             RegionMsg::Host(HostShard { shard, coordinator }) => {
                 if state.current(coordinator, &shard) {
                     state.settle(&shard, Some(state.args.me.clone())).await
@@ -315,11 +328,7 @@ impl RegionState {
     /// knows it; keeps it (asking the coordinator) while the home is unknown.
     async fn dispatch(&mut self, p: Pending) {
         if let Some(shard) = self.shards.get(&p.env.shard) {
-            let _ = shard.cast(ShardMsg::Deliver {
-                entity: p.env.entity,
-                payload: p.env.payload,
-                reply: p.reply,
-            });
+            let _ = shard.cast(ShardMsg::Routed(p));
             return;
         }
         match self.homes.get(&p.env.shard).cloned() {
@@ -349,7 +358,7 @@ impl RegionState {
     async fn wait(&mut self, p: Pending) {
         let capacity = self.args.settings.buffer_size;
         if self.pending.get(&p.env.shard).map_or(0, VecDeque::len) >= capacity {
-            let Pending { env, reply } = p;
+            let Pending { env, reply, .. } = p;
             if refuse_buffer_full(
                 &self.args.type_name,
                 &env.shard,
@@ -509,7 +518,9 @@ impl RegionState {
             settings: self.args.settings.clone(),
             history: self.args.history.clone(),
         };
-        match Shard::start(args, Some(self.myself.get_cell())).await {
+        match Shard::start_routed(args, Some(self.myself.get_cell()), self.args.routes.clone())
+            .await
+        {
             Ok(actor) => {
                 self.shards.insert(shard.to_string(), actor);
                 true
@@ -643,8 +654,10 @@ impl RegionState {
 /// comes back through this node's session), so asks and tells to one region leave in the
 /// order they were routed.
 /// `Err` gives `p` back when that region has stopped.
+/// A message sent on this node gives up its ticket once it left (see [`crate::Routes`]).
 fn forward(region: ActorRef<RegionMsg>, mut p: Pending) -> Result<(), Pending> {
     p.env.hops += 1;
+    let ticket = p.ticket.take();
     let msg = match p.reply {
         None => RegionMsg::Deliver(p.env),
         Some(port) => RegionMsg::Ask(p.env, port),
@@ -653,13 +666,18 @@ fn forward(region: ActorRef<RegionMsg>, mut p: Pending) -> Result<(), Pending> {
         Ok(()) => Ok(()),
         Err(ractor::MessagingErr::SendErr(RegionMsg::Deliver(mut env))) => {
             env.hops -= 1;
-            Err(Pending { env, reply: None })
+            Err(Pending {
+                env,
+                reply: None,
+                ticket,
+            })
         }
         Err(ractor::MessagingErr::SendErr(RegionMsg::Ask(mut env, port))) => {
             env.hops -= 1;
             Err(Pending {
                 env,
                 reply: Some(port),
+                ticket,
             })
         }
         Err(e) => {
@@ -712,6 +730,7 @@ mod tests {
             SingletonProxy::<CoordinatorMsg>::start(scope, "sharding-probe-coordinator", 10)
                 .await
                 .unwrap();
+        let routes = Arc::new(crate::Routes::default());
         let args = RegionArgs {
             type_name: "probe".into(),
             me: "127.0.0.1:1".into(),
@@ -721,6 +740,7 @@ mod tests {
             hosting: None,
             coordinator: coordinator.clone(),
             history: None,
+            routes: routes.clone(),
         };
         let (actor, _) = Actor::spawn(None, Region, args).await.unwrap();
         ShardRegion {
@@ -729,6 +749,7 @@ mod tests {
             number_of_shards: settings.number_of_shards,
             actor,
             coordinator,
+            routes,
         }
     }
 

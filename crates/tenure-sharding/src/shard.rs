@@ -25,6 +25,7 @@ use tenure_lease::{
 };
 use tokio::time::Instant;
 
+use crate::direct::{Routes, Ticket};
 use crate::entity::{EntityContext, EntityFactory, EntityMsg, shard_of};
 use crate::messages::{
     AskReply, Envelope, Pending as RegionPending, ask_expired, refuse_buffer_full,
@@ -73,6 +74,10 @@ pub enum ShardMsg {
         /// Where an ask's reply goes; `None` for a tell.
         reply: Option<RpcReplyPort<AskReply>>,
     },
+    /// A message its region routed here (as `Deliver`, with the ticket of a message sent
+    /// on this node).
+    #[doc(hidden)]
+    Routed(RegionPending),
     /// An event of the shard's lease.
     Lease(LeaseEvent),
     /// Stop entity `0` (it asked, or it was idle).
@@ -146,6 +151,8 @@ struct Pending {
     reply: Option<RpcReplyPort<AskReply>>,
     /// When the shard accepted it: an ask waiting here expires with its own timeout.
     since: Instant,
+    /// Dropped once the message is in its entity's mailbox or gone (see [`Routes`]).
+    ticket: Option<Ticket>,
 }
 
 struct Running {
@@ -174,6 +181,9 @@ pub struct ShardState {
     idle_timer: Option<ractor::concurrency::JoinHandle<()>>,
     /// remember-entities: the ids remembered with the shard's lease.
     remember: Option<Remembering>,
+    /// The region's direct routes to entities: open while an entity may take messages
+    /// straight into its mailbox.
+    routes: Option<Arc<Routes>>,
 }
 
 impl Shard {
@@ -183,6 +193,24 @@ impl Shard {
         args: ShardArgs,
         supervisor: Option<ractor::ActorCell>,
     ) -> Result<ActorRef<ShardMsg>, ractor::SpawnErr> {
+        Self::spawn_with(args, supervisor, None).await
+    }
+
+    /// As [`Shard::start`], opening direct routes in `routes` to its running entities.
+    pub(crate) async fn start_routed(
+        args: ShardArgs,
+        supervisor: Option<ractor::ActorCell>,
+        routes: Arc<Routes>,
+    ) -> Result<ActorRef<ShardMsg>, ractor::SpawnErr> {
+        Self::spawn_with(args, supervisor, Some(routes)).await
+    }
+
+    async fn spawn_with(
+        args: ShardArgs,
+        supervisor: Option<ractor::ActorCell>,
+        routes: Option<Arc<Routes>>,
+    ) -> Result<ActorRef<ShardMsg>, ractor::SpawnErr> {
+        let args = (args, routes);
         let (r, _) = match supervisor {
             Some(s) => Actor::spawn_linked(None, Shard, args, s).await?,
             None => Actor::spawn(None, Shard, args).await?,
@@ -194,12 +222,14 @@ impl Shard {
 impl Actor for Shard {
     type Msg = ShardMsg;
     type State = ShardState;
-    type Arguments = ShardArgs;
+    /// The shard's arguments, and the region's direct routes (none: every message comes
+    /// through the shard).
+    type Arguments = (ShardArgs, Option<Arc<Routes>>);
 
     async fn pre_start(
         &self,
         myself: ActorRef<ShardMsg>,
-        args: ShardArgs,
+        (args, routes): (ShardArgs, Option<Arc<Routes>>),
     ) -> Result<ShardState, ActorProcessingErr> {
         let mut args = args;
         args.lease = args.lease.with_checked_stop_budget(
@@ -244,6 +274,7 @@ impl Actor for Shard {
             handing_off: false,
             idle_timer,
             remember,
+            routes,
         })
     }
 
@@ -282,6 +313,14 @@ impl Actor for Shard {
                 payload,
                 reply,
                 since: Instant::now(),
+                ticket: None,
+            }),
+            ShardMsg::Routed(p) => state.deliver(Pending {
+                entity: p.env.entity,
+                payload: p.env.payload,
+                reply: p.reply,
+                since: Instant::now(),
+                ticket: p.ticket,
             }),
             ShardMsg::Lease(LeaseEvent::Granted(granted)) => {
                 // Serve only a grant still believed now (not one lapsed before this event).
@@ -345,6 +384,14 @@ impl Actor for Shard {
             ShardMsg::IdleCheck => {
                 if let Some(idle) = state.args.settings.idle_timeout {
                     let now = Instant::now();
+                    if let Some(routes) = &state.routes {
+                        // Messages that went straight to an entity keep it busy too.
+                        for (id, r) in state.entities.iter_mut() {
+                            if routes.take_used(id) {
+                                r.last = now;
+                            }
+                        }
+                    }
                     let idle: Vec<String> = state
                         .entities
                         .iter()
@@ -378,6 +425,7 @@ impl Actor for Shard {
                             hops: 0,
                         },
                         reply: p.reply,
+                        ticket: p.ticket,
                     })
                     .collect();
                 let _ = reply.send(HandedOff {
@@ -445,6 +493,9 @@ impl Actor for Shard {
             return Ok(());
         };
         let ended = state.entities.remove(&id);
+        if let (Some(routes), Some(e)) = (&state.routes, &ended) {
+            routes.close(&id, Some(e.actor.get_id()));
+        }
         if let Some(token) = state.serving {
             state.record_entity(Event::EntityStopped, &id, token, &why);
         }
@@ -702,6 +753,7 @@ impl ShardState {
             return;
         };
         r.starting = false;
+        let actor = r.actor.clone();
         let (mine, others): (VecDeque<Pending>, VecDeque<Pending>) =
             std::mem::take(&mut self.waiting)
                 .into_iter()
@@ -711,6 +763,16 @@ impl ShardState {
             Ok(()) => {
                 for p in mine {
                     self.deliver(p);
+                }
+                // Everything kept for it is in its mailbox: newer messages of this node
+                // may go there directly, once none is left on the routed path.
+                if let (Some(routes), Some(token)) = (&self.routes, self.live_token())
+                    && !self.handing_off
+                    && self.entities.get(entity).is_some_and(|r| {
+                        !r.passivating && !r.starting && r.actor.get_id() == actor.get_id()
+                    })
+                {
+                    routes.open(entity, actor, self.view.clone(), token);
                 }
             }
             Err(e) => {
@@ -774,6 +836,9 @@ impl ShardState {
         {
             r.passivating = true;
             r.asked = asked;
+            if let Some(routes) = &self.routes {
+                routes.close(entity, None);
+            }
             // After the messages already in its mailbox (Akka sends its stop message the
             // same way): they reached the entity before it asked, so they are handled.
             // Messages arriving from now on wait for the entity started again.
@@ -794,7 +859,10 @@ impl ShardState {
             return;
         }
         let entities: Vec<(String, Running)> = self.entities.drain().collect();
-        for (_, r) in &entities {
+        for (id, r) in &entities {
+            if let Some(routes) = &self.routes {
+                routes.close(id, None);
+            }
             match how {
                 Stop::Now => r.actor.stop(Some(why.to_string())),
                 Stop::Drain => {
