@@ -655,6 +655,9 @@ impl RegionState {
 /// order they were routed.
 /// `Err` gives `p` back when that region has stopped.
 /// A message sent on this node gives up its ticket once it left (see [`crate::Routes`]).
+// The message comes back whole on the (rare) error path: boxing it would cost every
+// forward an allocation.
+#[allow(clippy::result_large_err)]
 fn forward(region: ActorRef<RegionMsg>, mut p: Pending) -> Result<(), Pending> {
     p.env.hops += 1;
     let ticket = p.ticket.take();
