@@ -74,6 +74,42 @@ impl Actor for Bare {
     }
 }
 
+/// The baseline with the entity path's codec work: the request travels encoded and is
+/// decoded by the actor, whose reply is encoded and decoded by the caller (what an entity
+/// and the region's handle do for every message, whatever the routing).
+struct BareCodec;
+enum BareCodecMsg {
+    Add(Vec<u8>, Option<RpcReplyPort<Vec<u8>>>),
+}
+impl ractor::Message for BareCodecMsg {}
+const KIND: &str = "entity request";
+impl Actor for BareCodec {
+    type Msg = BareCodecMsg;
+    type State = Arc<AtomicU64>;
+    type Arguments = Arc<AtomicU64>;
+    async fn pre_start(
+        &self,
+        _: ActorRef<BareCodecMsg>,
+        a: Arc<AtomicU64>,
+    ) -> Result<Arc<AtomicU64>, ActorProcessingErr> {
+        Ok(a)
+    }
+    async fn handle(
+        &self,
+        _: ActorRef<BareCodecMsg>,
+        m: BareCodecMsg,
+        s: &mut Arc<AtomicU64>,
+    ) -> Result<(), ActorProcessingErr> {
+        let BareCodecMsg::Add(bytes, reply) = m;
+        let n: u64 = tenure::cluster::codec::decode(KIND, "echo", &bytes)?;
+        let v = s.fetch_add(n, Ordering::Relaxed) + n;
+        if let Some(r) = reply {
+            let _ = r.send(tenure::cluster::codec::encode(KIND, "echo", &v)?);
+        }
+        Ok(())
+    }
+}
+
 fn rounds() -> usize {
     size(5, 1)
 }
@@ -177,6 +213,14 @@ async fn throughput(n: u64) {
         .unwrap();
     let bare_count = Arc::new(AtomicU64::new(0));
     let (bare_tell, _) = Actor::spawn(None, Bare, bare_count.clone()).await.unwrap();
+    let (codec, _) = Actor::spawn(None, BareCodec, Arc::new(AtomicU64::new(0)))
+        .await
+        .unwrap();
+    let codec_count = Arc::new(AtomicU64::new(0));
+    let (codec_tell, _) = Actor::spawn(None, BareCodec, codec_count.clone())
+        .await
+        .unwrap();
+    let (mut codec_calls, mut codec_casts) = (vec![], vec![]);
 
     let (mut asks, mut calls, mut tells, mut casts) = (vec![], vec![], vec![], vec![]);
     let mut sent_bare = 0;
@@ -212,6 +256,26 @@ async fn throughput(n: u64) {
             tokio::task::yield_now().await;
         }
         casts.push(n as f64 / t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        for _ in 0..n {
+            let bytes = tenure::cluster::codec::encode(KIND, "echo", &1u64).unwrap();
+            let reply = codec
+                .call(|r| BareCodecMsg::Add(bytes, Some(r)), None)
+                .await
+                .unwrap()
+                .unwrap();
+            let _: u64 = tenure::cluster::codec::decode(KIND, "echo", &reply).unwrap();
+        }
+        codec_calls.push(n as f64 / t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        for _ in 0..n {
+            let bytes = tenure::cluster::codec::encode(KIND, "echo", &1u64).unwrap();
+            codec_tell.cast(BareCodecMsg::Add(bytes, None)).unwrap();
+        }
+        while codec_count.load(Ordering::Relaxed) < sent_bare {
+            tokio::task::yield_now().await;
+        }
+        codec_casts.push(n as f64 / t.elapsed().as_secs_f64());
     }
     let ratio =
         |base: &[f64], ours: &[f64]| median(base.iter().zip(ours).map(|(b, o)| b / o).collect());
@@ -230,6 +294,21 @@ async fn throughput(n: u64) {
         median(tells.clone()),
         median(casts.clone()),
         ratio(&casts, &tells)
+    );
+    println!(
+        "  with the same codec work (request encoded by the sender and decoded by the actor; an ask's reply too):"
+    );
+    println!(
+        "  ask through the region  {:>10.0}/s   bare ractor call {:>10.0}/s   {:.2}x slower",
+        median(asks.clone()),
+        median(codec_calls.clone()),
+        ratio(&codec_calls, &asks)
+    );
+    println!(
+        "  tell through the region {:>10.0}/s   bare ractor cast {:>10.0}/s   {:.2}x slower",
+        median(tells.clone()),
+        median(codec_casts.clone()),
+        ratio(&codec_casts, &tells)
     );
     region.stop().await;
     let _ = node.leave().await;
