@@ -183,6 +183,7 @@ IF to_regclass('{w}') IS NULL THEN
     );
     CREATE INDEX \"{table}_waiter_line\" ON {w} (name, seq);
     COMMENT ON TABLE {w} IS 'Tenure fair acquires in line, per lease name in seq order. A waiter refreshes expires_at while it waits; an expired row holds nobody back. Times are this server''s clock.';
+END IF;
 IF to_regclass('{r}') IS NULL THEN
     CREATE TABLE {r} (
         name text COLLATE \"C\" NOT NULL,
