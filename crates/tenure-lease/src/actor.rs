@@ -413,8 +413,14 @@ fn stop(timer: &mut Option<JoinHandle<()>>) {
     }
 }
 
-/// Carries out one store call of the machine, bounded by the operation timeout.
+/// Carries out one store call of the machine, bounded by the operation timeout. Always
+/// polled by a spawned task (the actor's, or a detached call's), so a blocking store may
+/// run the call inline (see [`crate::blocking`]).
 async fn execute(spec: &LeaseSpec, base: &str, call: Call) -> Outcome {
+    crate::blocking::allow_inline(execute_call(spec, base, call)).await
+}
+
+async fn execute_call(spec: &LeaseSpec, base: &str, call: Call) -> Outcome {
     match call {
         Call::Acquire { instance } => {
             let request = AcquireRequest {

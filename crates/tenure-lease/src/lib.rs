@@ -39,6 +39,7 @@
 //! metrics and log lines.
 
 mod actor;
+pub mod blocking;
 pub mod clock;
 pub mod config;
 pub mod duration;

@@ -4,7 +4,10 @@
 //!    and through the store SPI, against the bare etcd-client transactions the store is
 //!    built on (create-if-absent with a session lease, delete guarded by create revision)
 //!    and against etcd's Lock RPC (lock + unlock with a session lease).
-//! 2. Renewal traffic: etcd requests (as counted by etcd's own /metrics) per heartbeat
+//! 2. The thin path (issue 20): Lease API, store SPI and the bare transactions in
+//!    alternating rounds in one run, every batch run by a task on the runtime; the median
+//!    per-round ratio to bare.
+//! 3. Renewal traffic: etcd requests (as counted by etcd's own /metrics) per heartbeat
 //!    interval for one owner holding 1, 100 and 10,000 leases through LeaseActors
 //!    (printed after the criterion groups).
 //!
@@ -18,7 +21,7 @@ use criterion::{Criterion, criterion_group};
 use etcd_client::{Client, Compare, CompareOp, LockOptions, PutOptions, Txn, TxnOp};
 use tenure_lease::conformance::bench::{
     Holders, INTERVALS, api_settings, bracket_intervals, lease_acquire_release, lease_counts,
-    renewal_settings, runtime, spi_request, store_acquire_release,
+    renewal_settings, runtime, spi_request, store_acquire_release, thin_path,
 };
 use tenure_lease::{Lease, LeaseSettings, LeaseSpec, LeaseStore};
 
@@ -46,36 +49,8 @@ fn acquire_release(c: &mut Criterion) {
     g.bench_function("store_spi", |b| {
         b.iter(|| rt.block_on(store_acquire_release(store.as_ref(), &req)))
     });
-    let key = "/bench/bare";
     g.bench_function("bare_etcd_txn", |b| {
-        b.iter(|| {
-            rt.block_on(async {
-                let got = raw
-                    .txn(
-                        Txn::new()
-                            .when([Compare::create_revision(key, CompareOp::Equal, 0)])
-                            .and_then([TxnOp::put(
-                                key,
-                                "bench-owner",
-                                Some(PutOptions::new().with_lease(session)),
-                            )])
-                            .or_else([TxnOp::get(key, None)]),
-                    )
-                    .await
-                    .unwrap();
-                assert!(got.succeeded());
-                let token = got.header().unwrap().revision();
-                let del = raw
-                    .txn(
-                        Txn::new()
-                            .when([Compare::create_revision(key, CompareOp::Equal, token)])
-                            .and_then([TxnOp::delete(key, None)]),
-                    )
-                    .await
-                    .unwrap();
-                assert!(del.succeeded());
-            })
-        })
+        b.iter(|| rt.block_on(bare_acquire_release(&mut raw, "/bench/bare", session)))
     });
     g.bench_function("etcd_lock_rpc", |b| {
         b.iter(|| {
@@ -89,6 +64,57 @@ fn acquire_release(c: &mut Criterion) {
         })
     });
     g.finish();
+    drop(lease);
+    drop(etcd);
+}
+
+/// The bare etcd-client transactions the store is built on: create-if-absent with a session
+/// lease (its revision is the token), then a delete guarded by that create revision.
+async fn bare_acquire_release(raw: &mut Client, key: &str, session: i64) {
+    let got = raw
+        .txn(
+            Txn::new()
+                .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+                .and_then([TxnOp::put(
+                    key,
+                    "bench-owner",
+                    Some(PutOptions::new().with_lease(session)),
+                )])
+                .or_else([TxnOp::get(key, None)]),
+        )
+        .await
+        .unwrap();
+    assert!(got.succeeded());
+    let token = got.header().unwrap().revision();
+    let del = raw
+        .txn(
+            Txn::new()
+                .when([Compare::create_revision(key, CompareOp::Equal, token)])
+                .and_then([TxnOp::delete(key, None)]),
+        )
+        .await
+        .unwrap();
+    assert!(del.succeeded());
+}
+
+/// The thin path (issue 20): Lease API, store SPI and the bare transactions in alternating
+/// rounds, each batch run by a task on the runtime ([`thin_path`]).
+fn thin() {
+    let rt = runtime().expect("runtime");
+    let etcd = rt.block_on(Etcd::single());
+    let (lease, store, raw, session) = rt.block_on(async {
+        let store: Arc<dyn LeaseStore> = Arc::new(etcd.store().await);
+        let spec = LeaseSpec::new("thin-api", "bench-owner", store.clone(), api_settings());
+        let lease = Lease::start(spec.unwrap()).await.unwrap();
+        let mut raw = Client::connect(etcd.endpoints(), None).await.unwrap();
+        let session = raw.lease_grant(61, None).await.unwrap().id();
+        (lease, store, raw, session)
+    });
+    let req = spi_request("thin-spi", Duration::from_secs(60));
+    thin_path(&rt, &lease, &store, &req, move || {
+        let mut raw = raw.clone();
+        async move { bare_acquire_release(&mut raw, "/bench/thin-bare", session).await }
+    });
     drop(lease);
     drop(etcd);
 }
@@ -154,6 +180,7 @@ fn main() {
     let started = Instant::now();
     benches();
     Criterion::default().configure_from_args().final_summary();
+    thin();
     renewal_traffic();
     println!("(bench ran {:.0?})", started.elapsed());
 }

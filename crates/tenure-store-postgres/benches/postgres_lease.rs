@@ -5,8 +5,9 @@
 //!    directly on one plain tokio-postgres connection to the same server.
 //! 2. `renew`: one batched renewal of one lease through the store vs the same statement
 //!    issued directly.
-//!    Then the same in alternating rounds (robust to load from other processes): the
-//!    median per-round ratio to the direct SQL.
+//!    Then the thin path (issue 20): the same in alternating rounds in one run, every batch
+//!    run by a task on the runtime (robust to load from other processes): the median
+//!    per-round ratio to the direct SQL.
 //! 3. Renewal cost: store round trips (= statements) per heartbeat interval for one owner
 //!    holding 1, 100 and 10,000 leases through LeaseActors, and the time of one batched
 //!    renewal statement of that size (printed after the criterion groups).
@@ -19,7 +20,7 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, criterion_group};
 use tenure_lease::conformance::bench::{
     Counting, Holders, INTERVALS, api_settings, bracket_intervals, lease_acquire_release,
-    lease_counts, median, renewal_settings, runtime, size, spi_request, store_acquire_release,
+    lease_counts, renewal_settings, runtime, spi_request, store_acquire_release, thin_path,
 };
 use tenure_lease::{AcquireOutcome, AcquireRequest, HeldLease, Lease, LeaseSpec, LeaseStore};
 use tenure_store_postgres::PostgresStore;
@@ -207,9 +208,9 @@ fn renewal_cost(server: &PgServer) {
     }
 }
 
-/// The same comparison as `acquire_release`, in alternating rounds, so that load from
-/// other processes on the machine hits both sides alike: the median of per-round ratios.
-fn interleaved(server: &PgServer) {
+/// The thin path (issue 20): the same comparison as `acquire_release`, in alternating
+/// rounds, each batch run by a task on the runtime ([`thin_path`]).
+fn thin(server: &PgServer) {
     let rt = runtime().expect("runtime");
     let store = rt.block_on(PostgresStore::connect(
         server.options(Duration::from_secs(5)),
@@ -217,53 +218,15 @@ fn interleaved(server: &PgServer) {
     let store: Arc<dyn LeaseStore> = Arc::new(store.expect("store"));
     let lease = rt.block_on(async {
         let spec =
-            LeaseSpec::new("inter-api", "bench-owner", store.clone(), api_settings()).unwrap();
+            LeaseSpec::new("thin-api", "bench-owner", store.clone(), api_settings()).unwrap();
         Lease::start(spec).await.unwrap()
     });
-    let direct = rt.block_on(Direct::connect(server));
-    let req = spi_request("inter-spi", Duration::from_secs(60));
-    let rounds = size(40, 1);
-    let per_round = size(100, 5) as u32;
-    let (mut api, mut spi) = (Vec::new(), Vec::new());
-    let (mut t_direct, mut t_api, mut t_spi) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
-    for _ in 0..rounds {
-        let d = rt.block_on(async {
-            let started = Instant::now();
-            for _ in 0..per_round {
-                direct.acquire_release("inter-direct", "bench-owner").await;
-            }
-            started.elapsed()
-        });
-        let a = rt.block_on(async {
-            let started = Instant::now();
-            for _ in 0..per_round {
-                lease_acquire_release(&lease).await;
-            }
-            started.elapsed()
-        });
-        let s = rt.block_on(async {
-            let started = Instant::now();
-            for _ in 0..per_round {
-                store_acquire_release(store.as_ref(), &req).await;
-            }
-            started.elapsed()
-        });
-        api.push(a.as_secs_f64() / d.as_secs_f64());
-        spi.push(s.as_secs_f64() / d.as_secs_f64());
-        (t_direct, t_api, t_spi) = (t_direct + d, t_api + a, t_spi + s);
-    }
-    let n = rounds as u32 * per_round;
-    println!(
-        "\nacquire+release, {rounds} alternating rounds of {per_round}: direct_sql {:.1?}, lease_api {:.1?}, store_spi {:.1?} per pair",
-        t_direct / n,
-        t_api / n,
-        t_spi / n
-    );
-    println!(
-        "median ratio per round: lease_api / direct_sql = {:.2}x, store_spi / direct_sql = {:.2}x",
-        median(api).expect("rounds"),
-        median(spi).expect("rounds")
-    );
+    let direct = Arc::new(rt.block_on(Direct::connect(server)));
+    let req = spi_request("thin-spi", Duration::from_secs(60));
+    thin_path(&rt, &lease, &store, &req, move || {
+        let direct = direct.clone();
+        async move { direct.acquire_release("thin-direct", "bench-owner").await }
+    });
 }
 
 fn benches(c: &mut Criterion) {
@@ -283,7 +246,7 @@ fn main() {
     groups();
     Criterion::default().configure_from_args().final_summary();
     let server = PgServer::start();
-    interleaved(&server);
+    thin(&server);
     renewal_cost(&server);
     println!("(bench ran {:.0?})", started.elapsed());
 }

@@ -1,11 +1,15 @@
 //! SQLite store benchmarks.
 //!
 //! 1. `acquire_release`: one acquire and one release through the Lease API (LeaseActor,
-//!    blocking pool, SQLite) against the same SQL statements issued directly on the same file.
+//!    SQLite inline on the actor's worker) against the same SQL statements (the lost-file
+//!    check included) issued directly on the same file, each pair from the bench's thread.
 //! 2. `renew`: a renewal through the Lease API (reentrant acquire) and through the store's
 //!    batched renew, against the same SQL issued directly.
-//! 3. Renewal cost: store round trips per heartbeat interval for one owner holding 1, 100
-//!    and 10,000 leases through LeaseActors (printed after the criterion groups).
+//! 3. The thin path (issue 20): acquire+release through the Lease API and the store SPI
+//!    against the same SQL issued directly, alternating rounds in one run, every batch run
+//!    by a task on the runtime ([`thin_path`]); printed after the criterion groups.
+//! 4. Renewal cost: store round trips per heartbeat interval for one owner holding 1, 100
+//!    and 10,000 leases through LeaseActors.
 //!
 //! Run: `cargo bench -p tenure-store-sqlite --bench sqlite_lease`
 
@@ -14,10 +18,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group};
-use rusqlite::{Connection, TransactionBehavior, params};
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use tenure_lease::conformance::bench::{
     Counting, Holders, INTERVALS, api_settings, bracket_intervals, lease_acquire_release,
-    lease_counts, renewal_settings, runtime, spi_request,
+    lease_counts, renewal_settings, runtime, spi_request, thin_path,
 };
 use tenure_lease::{AcquireOutcome, Acquired, HeldLease, Lease, LeaseSpec, LeaseStore};
 use tenure_store_sqlite::{SqliteStore, sql, store_now_ns, token_floor};
@@ -42,6 +46,13 @@ fn direct_acquire(conn: &mut Connection, name: &str, owner: &str) -> i64 {
     let held = stmt.exists(params![name, now]).unwrap();
     drop(stmt);
     assert!(!held);
+    let lost_at: Option<String> = tx
+        .prepare_cached(sql::META)
+        .unwrap()
+        .query_row(["lost_at"], |r| r.get(0))
+        .optional()
+        .unwrap();
+    assert!(lost_at.is_none());
     let token: i64 = tx
         .prepare_cached(sql::NEXT_TOKEN)
         .unwrap()
@@ -214,6 +225,27 @@ fn renew(c: &mut Criterion) {
     g.finish();
 }
 
+/// The thin path: one acquire+release pair each way, alternating rounds in one run.
+fn thin() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("thin.sqlite");
+    let rt = runtime().expect("runtime");
+    let store: Arc<dyn LeaseStore> =
+        Arc::new(SqliteStore::open(&path, Duration::from_secs(5)).unwrap());
+    let lease = rt.block_on(async {
+        let spec = LeaseSpec::new("thin-api", "bench-owner", store.clone(), api_settings());
+        Lease::start(spec.unwrap()).await.unwrap()
+    });
+    let conn = std::sync::Mutex::new(direct(&path));
+    let req = spi_request("thin-spi", Duration::from_secs(60));
+    thin_path(&rt, &lease, &store, &req, move || {
+        let mut conn = conn.lock().unwrap();
+        let token = direct_acquire(&mut conn, "thin-direct", "bench-owner");
+        direct_release(&mut conn, "thin-direct", "bench-owner", token);
+        std::future::ready(())
+    });
+}
+
 fn renewal_cost() {
     println!("\nrenewal cost: one owner, LeaseActors on one SQLite file, heartbeat-interval 1s");
     println!(
@@ -254,6 +286,7 @@ fn main() {
     let started = Instant::now();
     benches();
     Criterion::default().configure_from_args().final_summary();
+    thin();
     renewal_cost();
     println!("(bench ran {:.0?})", started.elapsed());
 }

@@ -70,10 +70,10 @@ const ADDED_COLUMNS: [(&str, &str); 8] = [
 const CLOCK: &str = "boottime";
 
 fn meta(tx: &rusqlite::Transaction<'_>, key: &str) -> rusqlite::Result<Option<String>> {
-    tx.query_row("SELECT value FROM tenure_meta WHERE key = ?1", [key], |r| {
-        r.get(0)
-    })
-    .optional()
+    // Cached: every new grant reads `lost_at`.
+    tx.prepare_cached(crate::sql::META)?
+        .query_row([key], |r| r.get(0))
+        .optional()
 }
 
 fn set_meta(tx: &rusqlite::Transaction<'_>, key: &str, value: &str) -> rusqlite::Result<()> {

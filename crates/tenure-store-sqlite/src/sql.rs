@@ -6,6 +6,10 @@ pub const SELECT_CURRENT: &str = "SELECT name, owner, instance, token, expires_a
     priority, cleanup_ns, req_by, req_instance, req_priority, req_forceful, req_note
     FROM tenure_lease WHERE name = ?1 AND expires_at > ?2";
 
+/// The value of key `?1` in `tenure_meta`; a new grant reads `lost_at` (when a lost file
+/// was replaced: no grant for one ttl after it).
+pub const META: &str = "SELECT value FROM tenure_meta WHERE key = ?1";
+
 /// Reentrant acquire: a fresh expiry `?2` for `?1`, keeping the token (and the priority).
 pub const EXTEND: &str = "UPDATE tenure_lease SET expires_at = ?2, version = version + 1,
     note = coalesce(?3, note) WHERE name = ?1";

@@ -214,11 +214,25 @@ impl SqliteStore {
         &self.path
     }
 
-    /// Runs `f` in a blocking task on the connection to the file `path` names now.
+    /// Runs `f` on the connection to the file `path` names now. `f` is one statement or one
+    /// transaction: it may run twice, and a first run that ended with SQLite busy or
+    /// locked changed nothing.
+    ///
+    /// Inline on the calling worker when the caller allows it
+    /// ([`tenure_lease::blocking::inline_allowed`]: the lease machinery's own calls) and
+    /// nothing has to wait: the connection is free, open on the file `path` names, and
+    /// with a busy timeout of zero for that run. A run that found the file's write lock
+    /// taken (busy or locked) runs again in the blocking pool, where it may wait
+    /// `busy_timeout`, as does every call the caller did not allow inline.
     pub(crate) async fn with_conn<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
+        f: impl Fn(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
     ) -> Result<T, StoreError> {
+        if tenure_lease::blocking::inline_allowed()
+            && let Some(done) = self.inline(&f)
+        {
+            return done.map_err(store_error);
+        }
         let (open, path, busy) = (self.open.clone(), self.path.clone(), self.busy_timeout);
         tokio::task::spawn_blocking(move || {
             let mut slot = open.lock().unwrap_or_else(|e| e.into_inner());
@@ -227,15 +241,45 @@ impl SqliteStore {
         .await
         .map_err(|e| StoreError::backend("sqlite", format!("blocking task failed: {e}")))?
     }
+
+    /// `f`'s run on the calling thread, or `None` when it would have had to wait: the
+    /// connection is in use, the file was replaced (reopening waits), or SQLite found the
+    /// write lock taken.
+    fn inline<T>(
+        &self,
+        f: &impl Fn(&mut Connection) -> rusqlite::Result<T>,
+    ) -> Option<rusqlite::Result<T>> {
+        let mut slot = self.open.try_lock().ok()?;
+        let open = slot.as_mut()?;
+        if file_id(&self.path).ok()? != open.file {
+            return None;
+        }
+        open.conn.busy_timeout(Duration::ZERO).ok()?;
+        let done = f(&mut open.conn);
+        if let Err(e) = open.conn.busy_timeout(self.busy_timeout) {
+            // A connection left without its busy timeout would fail where it should wait:
+            // drop it; the next call reopens the file.
+            tracing::warn!(path = %self.path.display(), error = %e, "cannot restore the busy timeout: reopening the lease file");
+            *slot = None;
+        }
+        match done {
+            Err(e) if is_busy(&e) => None,
+            done => Some(done),
+        }
+    }
+}
+
+/// SQLite found a lock taken (`SQLITE_BUSY` or `SQLITE_LOCKED`): nothing was changed.
+fn is_busy(e: &rusqlite::Error) -> bool {
+    use rusqlite::ErrorCode::{DatabaseBusy, DatabaseLocked};
+    matches!(e, rusqlite::Error::SqliteFailure(f, _) if matches!(f.code, DatabaseBusy | DatabaseLocked))
 }
 
 fn store_error(e: rusqlite::Error) -> StoreError {
-    use rusqlite::ErrorCode::{DatabaseBusy, DatabaseLocked};
-    match &e {
-        rusqlite::Error::SqliteFailure(f, _) if matches!(f.code, DatabaseBusy | DatabaseLocked) => {
-            StoreError::unavailable("sqlite", e.to_string()).caused_by(e)
-        }
-        _ => StoreError::backend("sqlite", e.to_string()).caused_by(e),
+    if is_busy(&e) {
+        StoreError::unavailable("sqlite", e.to_string()).caused_by(e)
+    } else {
+        StoreError::backend("sqlite", e.to_string()).caused_by(e)
     }
 }
 
@@ -532,7 +576,7 @@ impl LeaseStore for SqliteStore {
                             request.note
                         ])?;
                         PreemptAnswer::Recorded(LeaseRecord {
-                            request: Some(request),
+                            request: Some(request.clone()),
                             ..rec
                         })
                     } else {

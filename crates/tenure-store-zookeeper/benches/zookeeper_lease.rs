@@ -4,8 +4,9 @@
 //! 1. `acquire_release`: one acquire and one release through the Lease API (LeaseActor,
 //!    store, ZooKeeper) and through the store SPI, against the bare ZooKeeper operations
 //!    (create an ephemeral node, delete it) on the same server with the same client library.
-//!    Then the same three in alternating rounds, reported as median ratios to bare (robust
-//!    to machine load, which criterion's back-to-back groups are not).
+//!    Then the thin path (issue 20): the same three in alternating rounds in one run, every
+//!    batch run by a task on the runtime, reported as median ratios to bare (robust to
+//!    machine load, which criterion's back-to-back groups are not).
 //! 2. Renewal cost: store round trips per heartbeat interval for one owner holding 1, 100
 //!    and 10,000 leases through LeaseActors, and the latency of one batched renewal of all
 //!    n leases (20 calls; printed after the criterion groups), against the bare requests of
@@ -21,8 +22,8 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group};
 use tenure_lease::conformance::bench::{
-    Counting, Holders, INTERVALS, bracket_intervals, lease_acquire_release, lease_counts, median,
-    percentile, renewal_settings, runtime, size, spi_request, store_acquire_release,
+    Counting, Holders, INTERVALS, bracket_intervals, lease_acquire_release, lease_counts,
+    percentile, renewal_settings, runtime, spi_request, store_acquire_release, thin_path,
 };
 use tenure_lease::{Lease, LeaseSpec, LeaseStore};
 use tenure_store_zookeeper::zookeeper_client as zk;
@@ -94,21 +95,16 @@ fn acquire_release(c: &mut Criterion) {
     g.finish();
 }
 
-/// Lease API, store SPI and bare create+delete in alternating rounds of 200 iterations, so
-/// that machine load hits all alike; prints the median per-round ratio to bare.
-fn alternating_ratio() {
-    let rounds = size(15, 1);
-    let iters = size(200, 5) as u32;
+/// The thin path (issue 20): Lease API, store SPI and bare create+delete in alternating
+/// rounds, each batch run by a task on the runtime ([`thin_path`]).
+fn thin() {
     let server = server();
     let rt = runtime().expect("runtime");
     rt.block_on(server.warm_up()).expect("warm-up");
-    let store: Arc<dyn LeaseStore> = Arc::new(store(&server, "/bench/alternating"));
+    let store: Arc<dyn LeaseStore> = Arc::new(store(&server, "/bench/thin"));
     let (lease, bare) = rt.block_on(async {
-        let lease = Lease::start(
-            LeaseSpec::new("api", "bench-owner", store.clone(), renewal_settings()).unwrap(),
-        )
-        .await
-        .unwrap();
+        let spec = LeaseSpec::new("api", "bench-owner", store.clone(), renewal_settings());
+        let lease = Lease::start(spec.unwrap()).await.unwrap();
         let bare = zk::Client::connector()
             .with_session_timeout(renewal_settings().heartbeat_timeout)
             .connect(&server.connect_string())
@@ -122,57 +118,17 @@ fn alternating_ratio() {
         .unwrap();
         (lease, bare)
     });
-    let ephemeral = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
     let req = spi_request("spi", renewal_settings().heartbeat_timeout);
-    let (mut api, mut spi, mut raw) = (Vec::new(), Vec::new(), Vec::new());
-    rt.block_on(async {
-        for _ in 0..rounds {
-            let started = Instant::now();
-            for _ in 0..iters {
-                lease_acquire_release(&lease).await;
-            }
-            api.push(started.elapsed() / iters);
-            let started = Instant::now();
-            for _ in 0..iters {
-                store_acquire_release(store.as_ref(), &req).await;
-            }
-            spi.push(started.elapsed() / iters);
-            let started = Instant::now();
-            for _ in 0..iters {
-                bare.create("/bench/bare/holder", b"bench-owner", &ephemeral)
-                    .await
-                    .unwrap();
-                bare.delete("/bench/bare/holder", None).await.unwrap();
-            }
-            raw.push(started.elapsed() / iters);
+    thin_path(&rt, &lease, &store, &req, move || {
+        let bare = bare.clone();
+        async move {
+            let ephemeral = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
+            bare.create("/bench/bare/holder", b"bench-owner", &ephemeral)
+                .await
+                .unwrap();
+            bare.delete("/bench/bare/holder", None).await.unwrap();
         }
     });
-    let median = |v: Vec<f64>| median(v).expect("rounds");
-    let ratio = |a: &[Duration]| {
-        median(
-            a.iter()
-                .zip(&raw)
-                .map(|(x, b)| x.as_secs_f64() / b.as_secs_f64())
-                .collect(),
-        )
-    };
-    let med = |v: &[Duration]| {
-        Duration::from_secs_f64(median(v.iter().map(Duration::as_secs_f64).collect()))
-    };
-    println!(
-        "\nacquire+release, {rounds} alternating rounds of {iters}: median per-iteration time, median ratio to bare"
-    );
-    println!("  bare create+delete  {:>10.1?}", med(&raw));
-    println!(
-        "  store SPI           {:>10.1?}  x{:.2}",
-        med(&spi),
-        ratio(&spi)
-    );
-    println!(
-        "  Lease API           {:>10.1?}  x{:.2}",
-        med(&api),
-        ratio(&api)
-    );
 }
 
 fn renewal_cost() {
@@ -284,7 +240,7 @@ fn main() {
     let started = Instant::now();
     benches();
     Criterion::default().configure_from_args().final_summary();
-    alternating_ratio();
+    thin();
     renewal_cost();
     println!("(bench ran {:.0?})", started.elapsed());
 }

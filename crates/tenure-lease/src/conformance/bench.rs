@@ -61,7 +61,12 @@ pub fn size(full: usize, small: usize) -> usize {
 /// When the runtime cannot be built.
 pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(
+            std::env::var("BENCH_WORKERS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(2),
+        )
         .enable_all()
         .build()
 }
@@ -118,6 +123,102 @@ pub async fn store_acquire_release(store: &dyn LeaseStore, req: &AcquireRequest)
         panic!("held")
     };
     assert!(store.release(&req.name, &req.owner, r.token).await.unwrap());
+}
+
+/// What [`thin_path`] measured: the mean time of one acquire+release pair each way, and the
+/// median over rounds of each way's time against the direct one's in the same round.
+#[derive(Clone, Copy, Debug)]
+pub struct ThinPath {
+    /// Rounds, each one batch of pairs per way, the ways alternating.
+    pub rounds: usize,
+    /// Pairs per batch.
+    pub per_round: u32,
+    /// The store's operations issued directly (the store's own client, no Tenure code).
+    pub direct: Duration,
+    /// Through the Lease API (`Lease::acquire` + `Lease::release`: the LeaseActor).
+    pub lease_api: Duration,
+    /// Through the store SPI (`try_acquire` + `release`).
+    pub store_spi: Duration,
+    /// Median per round of lease_api / direct: the figure issue 20 bounds by 1.1.
+    pub api_ratio: f64,
+    /// Median per round of store_spi / direct.
+    pub spi_ratio: f64,
+}
+
+impl std::fmt::Display for ThinPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "thin path: acquire+release, {} alternating rounds of {} pairs, caller a task on the runtime: direct {:.1?}, lease_api {:.1?}, store_spi {:.1?} per pair; median per round: lease_api / direct = {:.2}x, store_spi / direct = {:.2}x",
+            self.rounds,
+            self.per_round,
+            self.direct,
+            self.lease_api,
+            self.store_spi,
+            self.api_ratio,
+            self.spi_ratio
+        )
+    }
+}
+
+/// Acquire+release through the Lease API (`lease`) and the store SPI (`req` on `store`)
+/// against `direct`, one pair of the same store operations issued with the store's own
+/// client, in one run: rounds of [`size`]`(40, 2)` batches of `size(100, 3)` pairs, the
+/// three ways alternating, every batch run by one task spawned on `rt` (the caller is
+/// async code on the runtime, as a Tenure user's is, and no batch pays a hop from a thread
+/// outside it). Prints the result and returns it.
+pub fn thin_path<D, F>(
+    rt: &tokio::runtime::Runtime,
+    lease: &Lease,
+    store: &Arc<dyn LeaseStore>,
+    req: &AcquireRequest,
+    direct: D,
+) -> ThinPath
+where
+    D: Fn() -> F + Send + Sync + 'static,
+    F: std::future::Future<Output = ()> + Send,
+{
+    let rounds = size(40, 2);
+    let per_round = size(100, 3) as u32;
+    let direct = Arc::new(direct);
+    let batch = |way: usize| -> Duration {
+        let (lease, store, req, direct) =
+            (lease.clone(), store.clone(), req.clone(), direct.clone());
+        rt.block_on(rt.spawn(async move {
+            let started = std::time::Instant::now();
+            for _ in 0..per_round {
+                match way {
+                    0 => direct().await,
+                    1 => lease_acquire_release(&lease).await,
+                    _ => store_acquire_release(store.as_ref(), &req).await,
+                }
+            }
+            started.elapsed()
+        }))
+        .expect("a thin-path batch panicked")
+    };
+    let (mut api, mut spi) = (Vec::new(), Vec::new());
+    let mut totals = [Duration::ZERO; 3];
+    for _ in 0..rounds {
+        let took: Vec<Duration> = (0..3).map(batch).collect();
+        api.push(took[1].as_secs_f64() / took[0].as_secs_f64());
+        spi.push(took[2].as_secs_f64() / took[0].as_secs_f64());
+        for (total, t) in totals.iter_mut().zip(&took) {
+            *total += *t;
+        }
+    }
+    let pairs = rounds as u32 * per_round;
+    let result = ThinPath {
+        rounds,
+        per_round,
+        direct: totals[0] / pairs,
+        lease_api: totals[1] / pairs,
+        store_spi: totals[2] / pairs,
+        api_ratio: median(api).expect("rounds"),
+        spi_ratio: median(spi).expect("rounds"),
+    };
+    println!("\n{result}");
+    result
 }
 
 /// Renew calls seen by a [`Counting`] store and the leases they carried.
