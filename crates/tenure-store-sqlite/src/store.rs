@@ -255,13 +255,15 @@ impl SqliteStore {
             return None;
         }
         open.conn.busy_timeout(Duration::ZERO).ok()?;
-        let done = f(&mut open.conn);
+        let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&mut open.conn)));
         if let Err(e) = open.conn.busy_timeout(self.busy_timeout) {
             // A connection left without its busy timeout would fail where it should wait:
             // drop it; the next call reopens the file.
             tracing::warn!(path = %self.path.display(), error = %e, "cannot restore the busy timeout: reopening the lease file");
             *slot = None;
         }
+        // The busy timeout is back (or the connection gone) before a panic goes on.
+        let done = done.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
         match done {
             Err(e) if is_busy(&e) => None,
             done => Some(done),
