@@ -61,12 +61,7 @@ pub fn size(full: usize, small: usize) -> usize {
 /// When the runtime cannot be built.
 pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(
-            std::env::var("BENCH_WORKERS")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(2),
-        )
+        .worker_threads(2)
         .enable_all()
         .build()
 }
