@@ -305,6 +305,84 @@ fn rebalances_under_open_loop_load_keep_every_key_answered_from_every_node() {
     final_checks(&c);
 }
 
+/// A node without load joins a loaded cluster, takes its share of shards, and leaves
+/// gracefully again, three times. Asks of the other nodes that were on their way to it (or
+/// relayed through it) while it left are answered: its region keeps the node until nothing
+/// it accepted depends on it any more, and the other regions stop sending to it first.
+#[test]
+fn graceful_leaves_under_open_loop_load_lose_no_request_of_the_other_nodes() {
+    let _serial = serial();
+    const SHARDS: usize = 12;
+    // Enough keys to reach all 12 shards (shards start on demand).
+    const KEYS: usize = 65;
+    let options = open_loop_options(SHARDS, KEYS, 2, "2s", "rebalance-interval = \"1s\"");
+    let mut c = Cluster::with_options(4, &options);
+    c.nodes[3].args = vec![
+        "--sharded-counter".to_string(),
+        "--counter".to_string(),
+        c.counter_file().display().to_string(),
+    ];
+    for i in 0..3 {
+        c.spawn(i);
+    }
+    c.wait_converged(Duration::from_secs(30));
+    // How many shards run on node `i`, when all of them run.
+    let on = |c: &Cluster, i: usize| {
+        let live = live_shards(&c.history());
+        (live.len() == SHARDS).then(|| live.iter().filter(|l| l.node == c.nodes[i].addr).count())
+    };
+    c.wait_until("every shard runs", Duration::from_secs(60), |c| {
+        on(c, 0).is_some()
+    });
+    let mut leaves = Vec::new();
+    for round in 0..3 {
+        if round == 0 {
+            c.spawn(3);
+        } else {
+            c.restart(3);
+        }
+        c.wait_until("node 3 hosts shards", Duration::from_secs(60), |c| {
+            on(c, 3).is_some_and(|n| n > 0)
+        });
+        let left = now_ns();
+        assert!(c.stop(3).success(), "node 3 left cleanly");
+        c.wait_until(
+            "every shard runs on nodes 0-2",
+            Duration::from_secs(60),
+            |c| on(c, 3) == Some(0),
+        );
+        leaves.push((left, now_ns()));
+    }
+    // Every request issued during the last leave has ended.
+    std::thread::sleep(Duration::from_secs(3));
+    let requests = load_requests(&c.history());
+    let leaver = c.nodes[3].addr.clone();
+    let unanswered: Vec<String> = leaves
+        .iter()
+        .flat_map(|(left, back)| {
+            tenure_cli::availability::issued_in(&requests, *left, *back + AFTER_MOVE_NS)
+        })
+        .filter(|r| r.node != leaver && !r.acked())
+        .map(|r| {
+            format!(
+                "{} key {} (shard {}): {}",
+                r.node,
+                r.entity,
+                r.shard,
+                r.failure.as_deref().unwrap_or_default()
+            )
+        })
+        .collect();
+    assert!(
+        unanswered.is_empty(),
+        "requests issued while node 3 left got no answer:\n{}",
+        unanswered.join("\n")
+    );
+    let failed = c.stop_all(Duration::from_secs(20));
+    assert!(failed.is_empty(), "nodes {failed:?} did not leave cleanly");
+    final_checks(&c);
+}
+
 /// Where each worker of the example daemon runs now: its last `entity_started` on a node
 /// not followed by its `entity_stopped` there, with when it started.
 fn live_workers(

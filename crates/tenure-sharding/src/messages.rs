@@ -145,6 +145,22 @@ pub struct HandOffDone {
     pub released: bool,
 }
 
+/// A leaving region → every other region of its type, once it hosts nothing and keeps no
+/// message: stop sending to region `node` (forget the homes there, and refuse it as a home
+/// from now on). The answer means that every message the other region sent to it before
+/// left already (it travels ahead of the answer on the same session), and that every
+/// message it had sent to the other region has arrived there.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Vacating {
+    pub node: String,
+}
+
+/// The answer to [`Vacating`] (`region`: the answering region's node).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Vacated {
+    pub region: String,
+}
+
 /// Region → coordinator, every `retry-interval`: who it is and which shards it hosts (or is
 /// acquiring). A new coordinator rebuilds its allocation from these reports.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -215,6 +231,15 @@ pub enum RegionLocal {
         undelivered: Vec<Pending>,
         reply: Option<ractor::RpcReplyPort<HandOffDone>>,
     },
+    /// An ask this region relayed for another node was answered (or its caller stopped
+    /// waiting): its answer no longer needs this node.
+    Relayed,
+    /// A leaving region's round of [`Vacating`] ended (every other region answered, or
+    /// the round's bound passed); `forwarded` counts what the region had forwarded when
+    /// the round began.
+    Vacated {
+        forwarded: u64,
+    },
 }
 
 tenure_cluster::cluster_message! {
@@ -228,6 +253,8 @@ tenure_cluster::cluster_message! {
     ///   answer.
     /// - `BeginHandOffShard`: from the coordinator before a rebalance: forget where the
     ///   shard lives, keep its messages until its new home is named.
+    /// - `Vacate`: from a leaving region that hosts and keeps nothing any more: stop
+    ///   sending to it.
     /// - `Local`: messages from this node only (cluster events, ticks, hand-off outcomes).
     // The macro takes no attributes on variants (its cast/call/local groups would be
     // ambiguous), so the variants are documented in the list above.
@@ -239,6 +266,7 @@ tenure_cluster::cluster_message! {
         call Ask(Envelope) -> AskReply,
         call HandOffShard(HandOff) -> HandOffDone,
         call BeginHandOffShard(BeginHandOff) -> HandOffBegun,
+        call Vacate(Vacating) -> Vacated,
         local Local(RegionLocal),
     }
 }

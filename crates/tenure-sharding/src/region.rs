@@ -12,7 +12,7 @@
 //! host asks the coordinator before passing it on, so two stale beliefs never bounce a
 //! message between them.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,8 +25,8 @@ use tokio::time::Instant;
 use crate::entity::EntityFactory;
 use crate::messages::{
     AskReply, BeginHandOff, CoordinatorMsg, GetShardHome, HandOff, HandOffBegun, HandOffDone,
-    HostShard, Pending, RegionLocal, RegionMsg, RegionSnapshot, Register, ShardHome, ask_expired,
-    refuse_buffer_full,
+    HostShard, Pending, RegionLocal, RegionMsg, RegionSnapshot, Register, ShardHome, Vacated,
+    Vacating, ask_expired, refuse_buffer_full,
 };
 use crate::settings::ShardingSettings;
 use crate::shard::{HandedOff, Shard, ShardArgs, ShardMsg};
@@ -109,6 +109,30 @@ pub struct RegionState {
     /// The newest coordinator heard from (its lease's fencing token).
     coordinator: FencingToken,
     timer: Option<ractor::concurrency::JoinHandle<()>>,
+    /// Hand-offs of local shards whose outcome has not come back yet.
+    handoffs: usize,
+    /// Messages forwarded to other regions so far.
+    forwarded: u64,
+    /// Asks of other nodes relayed to a third one whose answer has not passed yet (it comes
+    /// back through this node).
+    relays: usize,
+    /// Nodes whose regions left (they said so with `Vacate`): never taken as a home.
+    vacated: HashSet<String>,
+    /// This node is leaving: the guard that holds its exit until the region vacated.
+    leave: Option<Leave>,
+}
+
+/// A graceful leave in progress. The node exits only once no accepted message depends on
+/// it: its shards are handed off, everything they and the region kept went on to the new
+/// homes, relayed asks were answered, and every other region stopped sending here and
+/// received what this one forwarded to it (a round of `Vacate` that began with nothing left
+/// to forward and saw nothing forwarded meanwhile).
+struct Leave {
+    _guard: HandOver,
+    /// A round of `Vacate` is under way.
+    round: bool,
+    /// `forwarded` when the last finished round began.
+    clean_from: Option<u64>,
 }
 
 impl Actor for Region {
@@ -144,6 +168,11 @@ impl Actor for Region {
             down: false,
             coordinator: FencingToken::new(0),
             timer: Some(timer),
+            handoffs: 0,
+            forwarded: 0,
+            relays: 0,
+            vacated: HashSet::new(),
+            leave: None,
         })
     }
 
@@ -215,6 +244,24 @@ impl Actor for Region {
                     region: state.args.me.clone(),
                 });
             }
+            RegionMsg::Vacate(Vacating { node }, reply) => {
+                if node != state.args.me {
+                    state.homes.retain(|_, h| *h != node);
+                    state.vacated.insert(node);
+                }
+                let _ = reply.send(Vacated {
+                    region: state.args.me.clone(),
+                });
+            }
+            RegionMsg::Local(RegionLocal::Relayed) => {
+                state.relays = state.relays.saturating_sub(1);
+            }
+            RegionMsg::Local(RegionLocal::Vacated { forwarded }) => {
+                if let Some(leave) = &mut state.leave {
+                    leave.round = false;
+                    leave.clean_from = Some(forwarded);
+                }
+            }
             RegionMsg::HandOffShard(HandOff { shard, coordinator }, reply) => {
                 if !state.current(coordinator, &shard) {
                     let _ = reply.send(HandOffDone {
@@ -242,6 +289,7 @@ impl Actor for Region {
                 undelivered,
                 reply,
             }) => {
+                state.handoffs = state.handoffs.saturating_sub(1);
                 state.take_back(&shard, undelivered).await;
                 if let Some(reply) = reply {
                     let _ = reply.send(HandOffDone { shard, released });
@@ -270,6 +318,7 @@ impl Actor for Region {
             }
             RegionMsg::Local(RegionLocal::Cluster(event)) => state.on_cluster(event).await,
         }
+        state.vacate();
         crate::metrics::region_buffer(&state.args.type_name, state.pending_count);
         Ok(())
     }
@@ -339,9 +388,13 @@ impl RegionState {
             }
             Some(home) => match region_ref(&self.args.scope, &self.args.type_name, &home) {
                 Some(region) => {
-                    if let Err(p) = forward(region, p) {
-                        self.homes.remove(&p.env.shard);
-                        self.wait(p).await;
+                    let p = self.relay(p);
+                    match forward(region, p) {
+                        Ok(()) => self.forwarded += 1,
+                        Err(p) => {
+                            self.homes.remove(&p.env.shard);
+                            self.wait(p).await;
+                        }
                     }
                 }
                 None => {
@@ -351,6 +404,37 @@ impl RegionState {
             },
             None => self.wait(p).await,
         }
+    }
+
+    /// An ask of another node (no ticket) about to go to a third one: its answer will pass
+    /// through this node, so the region counts it until it has passed (a leaving node
+    /// waits for it).
+    fn relay(&mut self, mut p: Pending) -> Pending {
+        if p.ticket.is_some() {
+            return p;
+        }
+        let Some(port) = p.reply.take() else {
+            return p;
+        };
+        let timeout = port.get_timeout();
+        let (tx, rx) = ractor::concurrency::oneshot();
+        p.reply = Some(match timeout {
+            Some(t) => (tx, t).into(),
+            None => tx.into(),
+        });
+        self.relays += 1;
+        let region = self.myself.clone();
+        tokio::spawn(async move {
+            let answer = match timeout {
+                Some(t) => tokio::time::timeout(t, rx).await.ok().and_then(Result::ok),
+                None => rx.await.ok(),
+            };
+            if let Some(answer) = answer {
+                let _ = port.send(answer);
+            }
+            let _ = region.cast(RegionMsg::Local(RegionLocal::Relayed));
+        });
+        p
     }
 
     /// Keeps a message until its shard's home is known, asking the coordinator; refuses it
@@ -408,10 +492,11 @@ impl RegionState {
         // A home this node no longer counts as a member (the coordinator has not seen it
         // go yet): its messages keep waiting here, and the home is asked again next tick.
         let member = home == self.args.me
-            || self
-                .members
-                .get(&home)
-                .is_some_and(|m| matches!(m.status, MemberStatus::Up | MemberStatus::Leaving));
+            || (!self.vacated.contains(&home)
+                && self
+                    .members
+                    .get(&home)
+                    .is_some_and(|m| matches!(m.status, MemberStatus::Up | MemberStatus::Leaving)));
         if !member {
             tracing::debug!(entity_type = %self.args.type_name, shard, home, "the coordinator named a home that is not a member here; asking again");
             return;
@@ -462,8 +547,9 @@ impl RegionState {
         shard: String,
         actor: ActorRef<ShardMsg>,
         reply: Option<RpcReplyPort<HandOffDone>>,
-    ) -> tokio::task::JoinHandle<()> {
+    ) {
         self.stopping.insert(shard.clone(), actor.clone());
+        self.handoffs += 1;
         let timeout = self.hand_off_wait();
         let region = self.myself.clone();
         tokio::spawn(async move {
@@ -486,7 +572,7 @@ impl RegionState {
                 undelivered,
                 reply,
             }));
-        })
+        });
     }
 
     /// Starts the local shard `shard` if it is not running; `false` if this region cannot
@@ -561,6 +647,25 @@ impl RegionState {
         }
     }
 
+    /// Gives up every message kept for a home: asks fail with `why`, tells are counted and
+    /// logged as dropped.
+    fn refuse_pending(&mut self, why: &str) {
+        for (shard, queue) in self.pending.drain() {
+            for w in queue {
+                let Pending { env, reply, .. } = w.p;
+                match reply {
+                    Some(_) => AskReply::fail(reply, format!("shard {shard}: {why}")),
+                    None => {
+                        self.dropped_tells += 1;
+                        crate::metrics::tell_dropped(&self.args.type_name);
+                        tracing::warn!(entity_type = %self.args.type_name, shard, entity = %env.entity, why, "tell dropped");
+                    }
+                }
+            }
+        }
+        self.pending_count = 0;
+    }
+
     /// Forgets waiting asks whose caller stopped waiting (its timeout passed, or it went
     /// away), so that no ask is kept forever and none holds buffer space. Their callers
     /// have had their timeout error already.
@@ -590,10 +695,12 @@ impl RegionState {
                     .map(|m| (m.addr.to_string(), m))
                     .collect();
             }
-            ClusterEvent::MemberJoined(m)
-            | ClusterEvent::MemberUp(m)
-            | ClusterEvent::MemberLeaving(m)
-            | ClusterEvent::Reachable(m) => {
+            ClusterEvent::MemberJoined(m) | ClusterEvent::MemberUp(m) => {
+                // A node back at a vacated address is a new incarnation.
+                self.vacated.remove(&m.addr.to_string());
+                self.members.insert(m.addr.to_string(), m);
+            }
+            ClusterEvent::MemberLeaving(m) | ClusterEvent::Reachable(m) => {
                 self.members.insert(m.addr.to_string(), m);
             }
             ClusterEvent::Unreachable(m) => {
@@ -604,6 +711,7 @@ impl RegionState {
             ClusterEvent::MemberDown(m) | ClusterEvent::MemberRemoved(m) => {
                 let addr = m.addr.to_string();
                 self.homes.retain(|_, h| *h != addr);
+                self.vacated.remove(&addr);
                 if addr == self.args.me {
                     self.members.insert(addr, m);
                 } else {
@@ -613,11 +721,16 @@ impl RegionState {
             ClusterEvent::SelfDown => {
                 tracing::warn!(entity_type = %self.args.type_name, "this node is down: stopping its shards");
                 self.down = true;
-                self.hand_off_all(None);
+                self.hand_off_all();
             }
             ClusterEvent::SelfLeaving(guard) => {
                 self.leaving = true;
-                self.hand_off_all(Some(guard));
+                self.leave = Some(Leave {
+                    _guard: guard,
+                    round: false,
+                    clean_from: None,
+                });
+                self.hand_off_all();
                 self.tick().await;
             }
         }
@@ -630,22 +743,76 @@ impl RegionState {
         }
     }
 
-    /// Hands every local shard off (entities stopped, leases released); `guard` is held
-    /// until all are done.
-    fn hand_off_all(&mut self, guard: Option<HandOver>) {
+    /// Hands every local shard off (entities stopped, leases released).
+    fn hand_off_all(&mut self) {
         let shards: Vec<(String, ActorRef<ShardMsg>)> = self.shards.drain().collect();
         let me = self.args.me.clone();
         self.homes.retain(|_, h| *h != me);
-        // All shards hand off at once; the guard goes when the last one is done.
-        let calls: Vec<_> = shards
-            .into_iter()
-            .map(|(id, s)| self.hand_off(id, s, None))
-            .collect();
-        tokio::spawn(async move {
-            for call in calls {
-                let _ = call.await;
+        for (id, s) in shards {
+            self.hand_off(id, s, None);
+        }
+    }
+
+    /// A leaving region's next step: once it hosts, keeps and relays nothing, a round of
+    /// `Vacate` to every other region of its type; the leave may go on (the guard is
+    /// dropped) after a round that began that way and saw nothing forwarded meanwhile.
+    fn vacate(&mut self) {
+        if self.leave.is_none() {
+            return;
+        }
+        let me = self.args.me.clone();
+        let successor = self
+            .members
+            .iter()
+            .any(|(addr, m)| *addr != me && m.status == MemberStatus::Up);
+        if !successor {
+            // Every member is leaving or gone (the cluster is shutting down): no shard can
+            // have a next home, so nothing kept here can be delivered.
+            self.refuse_pending("no member is left up to host it: the cluster is leaving");
+            if self.shards.is_empty() && self.handoffs == 0 {
+                tracing::info!(entity_type = %self.args.type_name, "region left with the rest of the cluster");
+                self.leave = None;
             }
-            drop(guard);
+            return;
+        }
+        let idle = self.shards.is_empty()
+            && self.handoffs == 0
+            && self.pending.is_empty()
+            && self.relays == 0;
+        let Some(leave) = &mut self.leave else {
+            return;
+        };
+        if leave.round || !idle {
+            return;
+        }
+        if leave.clean_from == Some(self.forwarded) {
+            tracing::info!(entity_type = %self.args.type_name, "region vacated: no message here depends on this node any more");
+            self.leave = None;
+            return;
+        }
+        leave.round = true;
+        let forwarded = self.forwarded;
+        let others: Vec<ActorRef<RegionMsg>> = self
+            .members
+            .keys()
+            .filter(|addr| **addr != me)
+            .filter_map(|addr| region_ref(&self.args.scope, &self.args.type_name, addr))
+            .collect();
+        // Bounded: a region that does not answer (its node unreachable) holds the leave no
+        // longer than this, and the node's leave-timeout bounds the whole leave.
+        let bound = self.args.settings.retry_interval * 4;
+        let region = self.myself.clone();
+        tokio::spawn(async move {
+            let calls = others.into_iter().map(|other| {
+                let node = me.clone();
+                async move {
+                    other
+                        .call(|r| RegionMsg::Vacate(Vacating { node }, r), Some(bound))
+                        .await
+                }
+            });
+            futures::future::join_all(calls).await;
+            let _ = region.cast(RegionMsg::Local(RegionLocal::Vacated { forwarded }));
         });
     }
 }

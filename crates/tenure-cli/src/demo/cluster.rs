@@ -8,7 +8,7 @@
 //! The harness is a test tool: it panics (naming the node and what it waited for) when a
 //! node cannot be started, signalled or asked.
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -304,7 +304,11 @@ release-after = "10s"
         let mut cmd = self.command(i, node);
         cmd.arg(&self.history)
             .args(&self.nodes[i].args)
-            .env("TENURE_LOG", "info,ractor_cluster=warn,ractor=warn")
+            .env(
+                "TENURE_LOG",
+                std::env::var("TENURE_NODE_LOG")
+                    .unwrap_or_else(|_| "info,ractor_cluster=warn,ractor=warn".into()),
+            )
             .envs(self.nodes[i].env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -320,12 +324,23 @@ release-after = "10s"
         let stderr = child.stderr.take().expect("piped stderr");
         let sink = Arc::new(Mutex::new(String::new()));
         let sink2 = sink.clone();
+        // For a run being traced: every node's log, also kept in a file per port.
+        let mut copy = std::env::var_os("TENURE_NODE_LOG_DIR").and_then(|dir| {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(Path::new(&dir).join(format!("{}.log", self.nodes[i].port)))
+                .ok()
+        });
         std::thread::spawn(move || {
             let mut r = BufReader::new(stderr);
             let mut buf = String::new();
             while let Ok(n) = r.read_line(&mut buf) {
                 if n == 0 {
                     break;
+                }
+                if let Some(f) = &mut copy {
+                    let _ = f.write_all(buf.as_bytes());
                 }
                 sink2.lock().unwrap().push_str(&buf);
                 buf.clear();
