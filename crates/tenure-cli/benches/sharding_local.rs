@@ -101,10 +101,10 @@ impl Actor for BareCodec {
         s: &mut Arc<AtomicU64>,
     ) -> Result<(), ActorProcessingErr> {
         let BareCodecMsg::Add(bytes, reply) = m;
-        let n: u64 = tenure::cluster::codec::decode(KIND, "echo", &bytes)?;
+        let n: u64 = tenure::cluster::codec::decode_inner(KIND, "echo", &bytes)?;
         let v = s.fetch_add(n, Ordering::Relaxed) + n;
         if let Some(r) = reply {
-            let _ = r.send(tenure::cluster::codec::encode(KIND, "echo", &v)?);
+            let _ = r.send(tenure::cluster::codec::encode_inner(KIND, "echo", &v)?);
         }
         Ok(())
     }
@@ -258,18 +258,18 @@ async fn throughput(n: u64) {
         casts.push(n as f64 / t.elapsed().as_secs_f64());
         let t = Instant::now();
         for _ in 0..n {
-            let bytes = tenure::cluster::codec::encode(KIND, "echo", &1u64).unwrap();
+            let bytes = tenure::cluster::codec::encode_inner(KIND, "echo", &1u64).unwrap();
             let reply = codec
                 .call(|r| BareCodecMsg::Add(bytes, Some(r)), None)
                 .await
                 .unwrap()
                 .unwrap();
-            let _: u64 = tenure::cluster::codec::decode(KIND, "echo", &reply).unwrap();
+            let _: u64 = tenure::cluster::codec::decode_inner(KIND, "echo", &reply).unwrap();
         }
         codec_calls.push(n as f64 / t.elapsed().as_secs_f64());
         let t = Instant::now();
         for _ in 0..n {
-            let bytes = tenure::cluster::codec::encode(KIND, "echo", &1u64).unwrap();
+            let bytes = tenure::cluster::codec::encode_inner(KIND, "echo", &1u64).unwrap();
             codec_tell.cast(BareCodecMsg::Add(bytes, None)).unwrap();
         }
         while codec_count.load(Ordering::Relaxed) < sent_bare {
@@ -331,7 +331,7 @@ async fn lease_lost_to_stopped(runs: usize, entities: usize) {
         history: Some(history),
     };
     let shard = Shard::start(args, None).await.unwrap();
-    let payload = tenure::cluster::codec::encode("entity request", "bench", &0u64).unwrap();
+    let payload = tenure::cluster::codec::encode_inner("entity request", "bench", &0u64).unwrap();
     let mut times = Vec::new();
     let ids = ids_in_shard("0", entities);
     for _ in 0..runs {
@@ -392,7 +392,7 @@ async fn lease_lost_to_stopped(runs: usize, entities: usize) {
 async fn memory() {
     let store = MemoryStore::new();
     let shared: Arc<dyn LeaseStore> = Arc::new(store.clone());
-    let payload = tenure::cluster::codec::encode("entity request", "bench", &0u64).unwrap();
+    let payload = tenure::cluster::codec::encode_inner("entity request", "bench", &0u64).unwrap();
     let make = |name: &str| ShardArgs {
         type_name: "bench".into(),
         shard_id: name.into(),

@@ -64,10 +64,32 @@ pub fn encode<T: Serialize>(
     let mut out = Vec::with_capacity(64);
     let result = bincode::serde::encode_into_std_write(&*local_label(), &mut out, config())
         .and_then(|_| bincode::serde::encode_into_std_write(payload, &mut out, config()));
+    checked(message, variant, out, result.map(|_| ()))
+}
+
+/// Encodes `payload` of `message::variant` to travel inside another message (an entity's
+/// request or reply): without a label, which the frame around it carries; under the same
+/// size limit as [`encode`]. Read it with [`decode_inner`].
+pub fn encode_inner<T: Serialize>(
+    message: &str,
+    variant: &str,
+    payload: &T,
+) -> Result<Vec<u8>, BoxedDowncastErr> {
+    let mut out = Vec::with_capacity(16);
+    let result = bincode::serde::encode_into_std_write(payload, &mut out, config());
+    checked(message, variant, out, result.map(|_| ()))
+}
+
+fn checked(
+    message: &str,
+    variant: &str,
+    out: Vec<u8>,
+    result: Result<(), bincode::error::EncodeError>,
+) -> Result<Vec<u8>, BoxedDowncastErr> {
     let limit = MAX_ENCODE.load(Ordering::Relaxed);
     match result {
-        Ok(_) if out.len() <= limit => Ok(out),
-        Ok(_) => {
+        Ok(()) if out.len() <= limit => Ok(out),
+        Ok(()) => {
             tracing::warn!(
                 message,
                 variant,
@@ -79,6 +101,26 @@ pub fn encode<T: Serialize>(
         }
         Err(e) => {
             tracing::warn!(message, variant, error = %e, "cannot encode cluster message; not sent");
+            Err(BoxedDowncastErr)
+        }
+    }
+}
+
+/// Decodes a payload of `message::variant` encoded by [`encode_inner`]; logs at warn and
+/// fails when it cannot (or when bytes are left over).
+pub fn decode_inner<T: DeserializeOwned>(
+    message: &str,
+    variant: &str,
+    bytes: &[u8],
+) -> Result<T, BoxedDowncastErr> {
+    match bincode::serde::decode_from_slice::<T, _>(bytes, config()) {
+        Ok((value, n)) if n == bytes.len() => Ok(value),
+        Ok(_) => {
+            tracing::warn!(message, variant, bytes = bytes.len(), "payload with trailing bytes dropped (incompatible peer version?)");
+            Err(BoxedDowncastErr)
+        }
+        Err(e) => {
+            tracing::warn!(message, variant, bytes = bytes.len(), error = %e, "undecodable payload dropped");
             Err(BoxedDowncastErr)
         }
     }

@@ -30,7 +30,8 @@ use crate::entity::EntityMsg;
 /// The direct routes of one region (one entity type on one node).
 #[derive(Default)]
 pub struct Routes {
-    slots: Mutex<HashMap<String, Slot>>,
+    /// Looked up for every message sent on this node: a fast hash, seeded per process.
+    slots: Mutex<HashMap<String, Slot, foldhash::fast::RandomState>>,
 }
 
 /// One entity's route: open or not, and its messages still on the routed path.
@@ -70,7 +71,7 @@ impl Drop for Ticket {
 }
 
 impl Routes {
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, Slot>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Slot, foldhash::fast::RandomState>> {
         self.slots.lock().unwrap_or_else(|e| e.into_inner())
     }
 

@@ -175,12 +175,12 @@ impl<E: Entity> Actor for EntityActor<E> {
     ) -> Result<(), ActorProcessingErr> {
         const KIND: &str = "entity request";
         let request =
-            tenure_cluster::codec::decode::<E::Request>(KIND, &s.ctx.type_name, &msg.payload)
+            tenure_cluster::codec::decode_inner::<E::Request>(KIND, &s.ctx.type_name, &msg.payload)
                 .map_err(|_| format!("entity {}: undecodable request", s.ctx.entity_id))?;
         match s.entity.handle(&s.ctx, &mut s.state, request).await {
             Ok(reply) => {
                 if let Some(port) = msg.reply {
-                    let result = tenure_cluster::codec::encode(KIND, &s.ctx.type_name, &reply)
+                    let result = tenure_cluster::codec::encode_inner(KIND, &s.ctx.type_name, &reply)
                         .map_err(|_| AskFailure::Other("reply could not be encoded".into()));
                     let _ = port.send(AskReply { result });
                 }

@@ -186,6 +186,7 @@ pub struct ShardRegion {
     coordinator: SingletonProxy<CoordinatorMsg>,
     /// The local fast path to entities running on this node (see [`Routes`]).
     routes: Arc<Routes>,
+    meters: metrics::HandleMeters,
 }
 
 const CODEC: &str = "entity request";
@@ -214,7 +215,7 @@ impl ShardRegion {
     }
 
     fn encode<R: Serialize>(&self, entity: &str, request: &R) -> Result<Vec<u8>, ShardingError> {
-        tenure_cluster::codec::encode(CODEC, &self.type_name, request).map_err(|_| {
+        tenure_cluster::codec::encode_inner(CODEC, &self.type_name, request).map_err(|_| {
             ShardingError::Encode {
                 type_name: self.type_name.clone(),
                 entity: entity.to_string(),
@@ -237,7 +238,7 @@ impl ShardRegion {
     /// into its mailbox when that keeps the order (see [`Routes`]).
     pub fn tell<R: Serialize>(&self, entity: &str, request: &R) -> Result<(), ShardingError> {
         let payload = self.encode(entity, request)?;
-        metrics::tell(&self.type_name);
+        self.meters.tell();
         let msg = EntityMsg {
             payload,
             reply: None,
@@ -303,18 +304,15 @@ impl ShardRegion {
             entity: entity.to_string(),
             detail,
         };
-        metrics::ask(
-            &self.type_name,
-            match &answer {
-                Ok(ractor::rpc::CallResult::Success(AskReply { result: Ok(_) })) => "ok",
-                Ok(ractor::rpc::CallResult::Timeout) => "timeout",
-                Err(_) => "stopped",
-                Ok(_) => "failed",
-            },
-        );
+        self.meters.ask(match &answer {
+            Ok(ractor::rpc::CallResult::Success(AskReply { result: Ok(_) })) => 0,
+            Ok(ractor::rpc::CallResult::Timeout) => 2,
+            Err(_) => 3,
+            Ok(_) => 1,
+        });
         match answer {
             Ok(ractor::rpc::CallResult::Success(AskReply { result: Ok(bytes) })) => {
-                tenure_cluster::codec::decode(CODEC, &self.type_name, &bytes).map_err(|_| {
+                tenure_cluster::codec::decode_inner(CODEC, &self.type_name, &bytes).map_err(|_| {
                     ShardingError::Decode {
                         type_name: self.type_name.clone(),
                         entity: entity.to_string(),
@@ -581,6 +579,7 @@ pub(crate) async fn start_with_settings(
         actor,
         coordinator,
         routes,
+        meters: metrics::HandleMeters::new(type_name),
     })
 }
 

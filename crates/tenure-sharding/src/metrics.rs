@@ -11,13 +11,35 @@
 //! | `tenure_sharding_hand_offs_total` | counter | `type` | shards handed off by this node |
 //! | `tenure_sharding_rebalance_moves_total` | counter | `type` | shards the coordinator moved to balance the load |
 
-pub(crate) fn ask(type_name: &str, outcome: &'static str) {
-    metrics::counter!("tenure_sharding_asks_total", "type" => type_name.to_string(), "outcome" => outcome)
-        .increment(1);
+/// A region handle's counters, registered once when the region starts (every message
+/// counts, so it must not build a key per message): install the metrics recorder before
+/// starting regions, as the `metrics` crate asks.
+#[derive(Clone)]
+pub(crate) struct HandleMeters {
+    tells: metrics::Counter,
+    /// `ok`, `failed`, `timeout`, `stopped`.
+    asks: [metrics::Counter; 4],
 }
 
-pub(crate) fn tell(type_name: &str) {
-    metrics::counter!("tenure_sharding_tells_total", "type" => type_name.to_string()).increment(1);
+impl HandleMeters {
+    pub(crate) fn new(type_name: &str) -> Self {
+        let ask = |outcome: &'static str| {
+            metrics::counter!("tenure_sharding_asks_total", "type" => type_name.to_string(), "outcome" => outcome)
+        };
+        HandleMeters {
+            tells: metrics::counter!("tenure_sharding_tells_total", "type" => type_name.to_string()),
+            asks: [ask("ok"), ask("failed"), ask("timeout"), ask("stopped")],
+        }
+    }
+
+    pub(crate) fn tell(&self) {
+        self.tells.increment(1);
+    }
+
+    /// `outcome`: 0 ok, 1 failed, 2 timeout, 3 stopped.
+    pub(crate) fn ask(&self, outcome: usize) {
+        self.asks[outcome].increment(1);
+    }
 }
 
 pub(crate) fn tell_dropped(type_name: &str) {

@@ -920,6 +920,7 @@ mod tests {
             actor,
             coordinator,
             routes,
+            meters: crate::metrics::HandleMeters::new("probe"),
         }
     }
 

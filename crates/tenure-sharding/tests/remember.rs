@@ -213,7 +213,7 @@ impl Fixture {
 }
 
 fn payload(text: &str) -> Vec<u8> {
-    tenure_cluster::codec::encode("entity request", "probe", &text.to_string()).unwrap()
+    tenure_cluster::codec::encode_inner("entity request", "probe", &text.to_string()).unwrap()
 }
 
 async fn ask(shard: &ActorRef<ShardMsg>, entity: &str, text: &str) -> Result<String, String> {
@@ -232,7 +232,7 @@ async fn ask(shard: &ActorRef<ShardMsg>, entity: &str, text: &str) -> Result<Str
         panic!("no answer");
     };
     result
-        .map(|b| tenure_cluster::codec::decode("entity request", "probe", &b).unwrap())
+        .map(|b| tenure_cluster::codec::decode_inner("entity request", "probe", &b).unwrap())
         .map_err(|e| e.to_string())
 }
 

@@ -185,7 +185,7 @@ fn tell(shard: &ActorRef<ShardMsg>, entity: &str, text: &str) {
     shard
         .cast(ShardMsg::Deliver {
             entity: entity.into(),
-            payload: tenure_cluster::codec::encode("entity request", "probe", &text.to_string())
+            payload: tenure_cluster::codec::encode_inner("entity request", "probe", &text.to_string())
                 .unwrap(),
             reply: None,
         })
@@ -194,7 +194,7 @@ fn tell(shard: &ActorRef<ShardMsg>, entity: &str, text: &str) {
 
 async fn ask(shard: &ActorRef<ShardMsg>, entity: &str, text: &str) -> Result<String, String> {
     let payload =
-        tenure_cluster::codec::encode("entity request", "probe", &text.to_string()).unwrap();
+        tenure_cluster::codec::encode_inner("entity request", "probe", &text.to_string()).unwrap();
     let reply = shard
         .call(
             |r: RpcReplyPort<AskReply>| ShardMsg::Deliver {
@@ -210,7 +210,7 @@ async fn ask(shard: &ActorRef<ShardMsg>, entity: &str, text: &str) -> Result<Str
         panic!("no answer");
     };
     result
-        .map(|b| tenure_cluster::codec::decode("entity request", "probe", &b).unwrap())
+        .map(|b| tenure_cluster::codec::decode_inner("entity request", "probe", &b).unwrap())
         .map_err(|e| e.to_string())
 }
 
@@ -375,7 +375,7 @@ async fn a_hand_off_gives_back_the_messages_the_shard_kept_in_order() {
         .iter()
         .map(|p| {
             let text: String =
-                tenure_cluster::codec::decode("entity request", "probe", &p.env.payload).unwrap();
+                tenure_cluster::codec::decode_inner("entity request", "probe", &p.env.payload).unwrap();
             (p.env.entity.clone(), text, p.reply.is_some())
         })
         .collect();
@@ -396,7 +396,7 @@ async fn a_hand_off_gives_back_the_messages_the_shard_kept_in_order() {
         .reply
         .unwrap();
     let reply =
-        tenure_cluster::codec::encode("entity request", "probe", &"b:second".to_string()).unwrap();
+        tenure_cluster::codec::encode_inner("entity request", "probe", &"b:second".to_string()).unwrap();
     port.send(AskReply { result: Ok(reply) }).unwrap();
     assert_eq!(asking.await.unwrap().unwrap(), "b:second");
     f.nothing_for(Duration::from_millis(200)).await;
@@ -467,7 +467,7 @@ async fn an_ask_whose_caller_gave_up_leaves_the_shard_buffer() {
         let shard = shard.clone();
         async move {
             let payload =
-                tenure_cluster::codec::encode("entity request", "probe", &"hi".to_string())
+                tenure_cluster::codec::encode_inner("entity request", "probe", &"hi".to_string())
                     .unwrap();
             shard
                 .call(
