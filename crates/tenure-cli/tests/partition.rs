@@ -414,11 +414,14 @@ fn a_link_flapping_slower_than_a_decision_never_downs_the_node_that_hears_everyo
 #[test]
 fn heartbeats_do_not_queue_behind_a_stalled_session_so_nobody_is_unreachable_or_downed() {
     let _serial = serial();
-    // The sessions (TCP) between nodes 0 and 1 stall both ways, as behind a backlog of
-    // data frames, while their heartbeat datagrams flow. Heartbeats on the sessions alone
-    // would go silent and make 0 and 1 indirectly connected (as in the partial partition
-    // above, where the same gate holds the datagrams too); with the datagrams every node
-    // keeps hearing every node: nobody is marked unreachable, nobody is downed.
+    // The sessions (TCP) between nodes 0 and 1 get stuck both ways, as behind a frame that
+    // never finishes or in a middlebox, while their heartbeat datagrams flow and a new
+    // connection would work. Heartbeats on the sessions alone would go silent and make 0
+    // and 1 indirectly connected (as in the partial partition above, where the same gate
+    // holds the datagrams too); with the datagrams every node keeps hearing every node:
+    // nobody is marked unreachable, nobody is downed. The stuck sessions carry no
+    // heartbeat for 3 x unreachable-after, so they are closed and dialled again: service
+    // comes back during the fault.
     let c = loaded_cluster(3);
     let at = now_ns();
     c.stall_session(0, 1);
@@ -452,6 +455,18 @@ fn heartbeats_do_not_queue_behind_a_stalled_session_so_nobody_is_unreachable_or_
         unreachable.is_empty(),
         "a stalled session made a node unreachable or downed one: {unreachable:?} (history kept in {})",
         kept_history(&c)
+    );
+    // Still during the fault: the stuck sessions were replaced.
+    wait_all_keys_served(
+        &c,
+        now_ns(),
+        "during the session stall, every node answers every key again",
+        Duration::from_secs(30),
+    );
+    assert!(
+        c.nodes[0].stderr().contains("closing a stale session")
+            || c.nodes[1].stderr().contains("closing a stale session"),
+        "a stuck session was closed"
     );
     c.set_link(0, 1, false);
     c.wait_converged(Duration::from_secs(30));

@@ -116,7 +116,12 @@ pub fn decode_inner<T: DeserializeOwned>(
     match bincode::serde::decode_from_slice::<T, _>(bytes, config()) {
         Ok((value, n)) if n == bytes.len() => Ok(value),
         Ok(_) => {
-            tracing::warn!(message, variant, bytes = bytes.len(), "payload with trailing bytes dropped (incompatible peer version?)");
+            tracing::warn!(
+                message,
+                variant,
+                bytes = bytes.len(),
+                "payload with trailing bytes dropped (incompatible peer version?)"
+            );
             Err(BoxedDowncastErr)
         }
         Err(e) => {

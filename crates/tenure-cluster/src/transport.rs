@@ -50,8 +50,9 @@ pub enum LinkFault {
     StallOutbound,
     /// Connections fail with a reset and dials are refused, as a firewall rejecting them.
     Drop,
-    /// The session stalls both ways while heartbeat datagrams flow: a link whose TCP
-    /// stream is stuck behind data (tests that heartbeats do not queue behind it).
+    /// The sessions open now stall both ways while heartbeat datagrams flow and new
+    /// connections work: TCP streams stuck behind data or in a middlebox (tests that
+    /// heartbeats do not queue behind them, and that stuck sessions are replaced).
     StallSession,
 }
 
@@ -248,7 +249,7 @@ pub async fn dial_gated(
     if gate.fault() == LinkFault::Drop {
         return Err("link dropped by fault injection".into());
     }
-    dial_through(server, peer, tls, timeout, |tcp| Gated { inner: tcp, gate }).await
+    dial_through(server, peer, tls, timeout, |tcp| gate.wrap(tcp)).await
 }
 
 /// Connects to `peer`, wraps the TCP stream with `wrap`, then TLS when given.

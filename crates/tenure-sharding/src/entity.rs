@@ -180,8 +180,9 @@ impl<E: Entity> Actor for EntityActor<E> {
         match s.entity.handle(&s.ctx, &mut s.state, request).await {
             Ok(reply) => {
                 if let Some(port) = msg.reply {
-                    let result = tenure_cluster::codec::encode_inner(KIND, &s.ctx.type_name, &reply)
-                        .map_err(|_| AskFailure::Other("reply could not be encoded".into()));
+                    let result =
+                        tenure_cluster::codec::encode_inner(KIND, &s.ctx.type_name, &reply)
+                            .map_err(|_| AskFailure::Other("reply could not be encoded".into()));
                     let _ = port.send(AskReply { result });
                 }
                 Ok(())

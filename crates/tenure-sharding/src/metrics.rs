@@ -23,9 +23,7 @@ pub(crate) struct HandleMeters {
 
 impl HandleMeters {
     pub(crate) fn new(type_name: &str) -> Self {
-        let ask = |outcome: &'static str| {
-            metrics::counter!("tenure_sharding_asks_total", "type" => type_name.to_string(), "outcome" => outcome)
-        };
+        let ask = |outcome: &'static str| metrics::counter!("tenure_sharding_asks_total", "type" => type_name.to_string(), "outcome" => outcome);
         HandleMeters {
             tells: metrics::counter!("tenure_sharding_tells_total", "type" => type_name.to_string()),
             asks: [ask("ok"), ask("failed"), ask("timeout"), ask("stopped")],

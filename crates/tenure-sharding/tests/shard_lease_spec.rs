@@ -185,8 +185,12 @@ fn tell(shard: &ActorRef<ShardMsg>, entity: &str, text: &str) {
     shard
         .cast(ShardMsg::Deliver {
             entity: entity.into(),
-            payload: tenure_cluster::codec::encode_inner("entity request", "probe", &text.to_string())
-                .unwrap(),
+            payload: tenure_cluster::codec::encode_inner(
+                "entity request",
+                "probe",
+                &text.to_string(),
+            )
+            .unwrap(),
             reply: None,
         })
         .unwrap();
@@ -375,7 +379,8 @@ async fn a_hand_off_gives_back_the_messages_the_shard_kept_in_order() {
         .iter()
         .map(|p| {
             let text: String =
-                tenure_cluster::codec::decode_inner("entity request", "probe", &p.env.payload).unwrap();
+                tenure_cluster::codec::decode_inner("entity request", "probe", &p.env.payload)
+                    .unwrap();
             (p.env.entity.clone(), text, p.reply.is_some())
         })
         .collect();
@@ -396,7 +401,8 @@ async fn a_hand_off_gives_back_the_messages_the_shard_kept_in_order() {
         .reply
         .unwrap();
     let reply =
-        tenure_cluster::codec::encode_inner("entity request", "probe", &"b:second".to_string()).unwrap();
+        tenure_cluster::codec::encode_inner("entity request", "probe", &"b:second".to_string())
+            .unwrap();
     port.send(AskReply { result: Ok(reply) }).unwrap();
     assert_eq!(asking.await.unwrap().unwrap(), "b:second");
     f.nothing_for(Duration::from_millis(200)).await;

@@ -132,6 +132,28 @@ impl AgentState {
                 self.close_stale_sessions(&addr, "silent for 3 x unreachable-after");
             }
         }
+        // A session that carries no heartbeat while the peer's datagrams arrive is stuck
+        // (behind a frame that never finishes, or in a middlebox): the peer is reachable,
+        // yet nothing sent on it arrives. A new connection gets the traffic going again.
+        let stuck: Vec<NodeAddr> = self
+            .mesh
+            .peers
+            .iter()
+            .filter(|(addr, p)| {
+                now.duration_since(p.session_heard) > self.s.unreachable_after * 3
+                    && self
+                        .reach
+                        .silence(addr, now)
+                        .is_some_and(|d| d < self.s.unreachable_after)
+            })
+            .map(|(addr, _)| addr.clone())
+            .collect();
+        for addr in stuck {
+            self.close_stale_sessions(
+                &addr,
+                "no heartbeat on it for 3 x unreachable-after while the peer's datagrams arrive",
+            );
+        }
         self.resolve(myself, now);
         if !self.leaving {
             self.dial_due(myself, now);
@@ -240,6 +262,11 @@ impl AgentState {
             return;
         }
         let now = Instant::now();
+        if via == Via::Session
+            && let Some(p) = self.mesh.peers.get_mut(&hb.node)
+        {
+            p.session_heard = now;
+        }
         self.count_missing(&hb.node, via, now);
         if !self.datagrams.seqs.fresh(&hb.node, hb.incarnation, hb.seq) {
             return;

@@ -114,6 +114,8 @@ pub(super) struct Peer {
     pub incarnation: Incarnation,
     pub node_id: u64,
     pub agent: ActorRef<AgentMsg>,
+    /// When a heartbeat last came on the session (or the session said hello).
+    pub session_heard: Instant,
 }
 
 /// The dialling of one address: backoff after failures, whether a dial is under way.
@@ -267,6 +269,7 @@ impl AgentState {
                 incarnation: h.incarnation,
                 node_id,
                 agent,
+                session_heard: now,
             },
         );
         if fresh {

@@ -2,12 +2,13 @@
 //! traffic of the connections this node dialled, that stalls it while the TCP connection
 //! stays open, in both directions or one, or drops it (connections reset, dials refused),
 //! and over the heartbeat datagrams exchanged with that peer (not delivered while the
-//! direction is stalled or the link dropped).
+//! direction is stalled or the link dropped). A session stall holds only the connections
+//! open when it was set (stuck streams): a new connection flows.
 
 use std::collections::HashMap;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker, ready};
 
@@ -51,11 +52,20 @@ const SESSION_ONLY: u8 = 8;
 pub struct Gate {
     state: AtomicU8,
     wakers: Mutex<Vec<Waker>>,
+    /// The number of connections wrapped so far (each one's id).
+    opened: AtomicU64,
+    /// A session stall holds the connections with an id below this (those open when it
+    /// was set).
+    stuck_below: AtomicU64,
 }
 
 impl Gate {
     /// Sets the fault; lifting a stall resumes the waiting traffic.
     pub fn set(&self, fault: LinkFault) {
+        if fault == LinkFault::StallSession {
+            self.stuck_below
+                .store(self.opened.load(Ordering::SeqCst), Ordering::SeqCst);
+        }
         self.state.store(fault.bits(), Ordering::SeqCst);
         let wakers = std::mem::take(&mut *self.wakers.lock().unwrap_or_else(|e| e.into_inner()));
         wakers.into_iter().for_each(Waker::wake);
@@ -86,9 +96,18 @@ impl Gate {
         s & DROP == 0 && (s & dir == 0 || s & SESSION_ONLY != 0)
     }
 
-    /// Ready when traffic in direction `dir` (`IN` or `OUT`) may pass; an error while the
-    /// link is dropped.
-    fn poll_open(&self, dir: u8, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+    /// Wraps a new connection to the peer.
+    pub fn wrap<S>(self: &Arc<Self>, inner: S) -> Gated<S> {
+        Gated {
+            inner,
+            id: self.opened.fetch_add(1, Ordering::SeqCst),
+            gate: self.clone(),
+        }
+    }
+
+    /// Ready when traffic in direction `dir` (`IN` or `OUT`) of connection `id` may pass;
+    /// an error while the link is dropped.
+    fn poll_open(&self, id: u64, dir: u8, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let check = || {
             let s = self.state.load(Ordering::SeqCst);
             if s & DROP != 0 {
@@ -96,7 +115,9 @@ impl Gate {
                     io::ErrorKind::ConnectionReset,
                     "link dropped by fault injection",
                 )))
-            } else if s & dir == 0 {
+            } else if s & dir == 0
+                || (s & SESSION_ONLY != 0 && id >= self.stuck_below.load(Ordering::SeqCst))
+            {
                 Some(Ok(()))
             } else {
                 None
@@ -148,8 +169,9 @@ impl Links {
 
 /// A byte stream whose reads and writes wait while its gate is cut.
 pub struct Gated<S> {
-    pub(super) inner: S,
-    pub(super) gate: Arc<Gate>,
+    inner: S,
+    id: u64,
+    gate: Arc<Gate>,
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for Gated<S> {
@@ -158,7 +180,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Gated<S> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        ready!(self.gate.poll_open(IN, cx))?;
+        ready!(self.gate.poll_open(self.id, IN, cx))?;
         Pin::new(&mut self.inner).poll_read(cx, buf)
     }
 }
@@ -169,12 +191,12 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Gated<S> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        ready!(self.gate.poll_open(OUT, cx))?;
+        ready!(self.gate.poll_open(self.id, OUT, cx))?;
         Pin::new(&mut self.inner).poll_write(cx, buf)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        ready!(self.gate.poll_open(OUT, cx))?;
+        ready!(self.gate.poll_open(self.id, OUT, cx))?;
         Pin::new(&mut self.inner).poll_flush(cx)
     }
 
@@ -193,10 +215,7 @@ mod tests {
     async fn a_cut_gate_stalls_and_a_heal_resumes_without_loss() {
         let (a, mut b) = tokio::io::duplex(64);
         let gate = Arc::new(Gate::default());
-        let mut gated = Gated {
-            inner: a,
-            gate: gate.clone(),
-        };
+        let mut gated = gate.wrap(a);
         gated.write_all(b"one").await.unwrap();
         let mut buf = [0u8; 3];
         b.read_exact(&mut buf).await.unwrap();
@@ -227,10 +246,7 @@ mod tests {
     async fn one_way_stalls_only_its_direction_and_drop_resets() {
         let (a, mut b) = tokio::io::duplex(64);
         let gate = Arc::new(Gate::default());
-        let mut gated = Gated {
-            inner: a,
-            gate: gate.clone(),
-        };
+        let mut gated = gate.wrap(a);
         gate.set(LinkFault::StallOutbound);
         b.write_all(b"in").await.unwrap();
         let mut two = [0u8; 2];
@@ -281,10 +297,7 @@ mod tests {
     async fn a_session_stall_holds_the_stream_both_ways() {
         let (a, mut b) = tokio::io::duplex(64);
         let gate = Arc::new(Gate::default());
-        let mut gated = Gated {
-            inner: a,
-            gate: gate.clone(),
-        };
+        let mut gated = gate.wrap(a);
         gate.set(LinkFault::StallSession);
         b.write_all(b"in").await.unwrap();
         let mut two = [0u8; 2];
@@ -294,6 +307,12 @@ mod tests {
         let stalled =
             tokio::time::timeout(Duration::from_millis(50), gated.write_all(b"out")).await;
         assert!(stalled.is_err(), "outbound waits");
+        // A connection opened since flows: the stall holds stuck streams only.
+        let (c, mut d) = tokio::io::duplex(64);
+        let mut fresh = gate.wrap(c);
+        fresh.write_all(b"ok").await.unwrap();
+        d.read_exact(&mut two).await.unwrap();
+        assert_eq!(&two, b"ok");
         gate.set(LinkFault::None);
         gated.read_exact(&mut two).await.unwrap();
         assert_eq!(&two, b"in");
