@@ -9,8 +9,7 @@ use std::time::Duration;
 
 use ractor::ActorRef;
 use tenure_lease::history::Event;
-use tenure_lease::store::bounded;
-use tenure_lease::{Acquired, Lease, LeaseMsg, LeaseSettings, LeaseSpec, LeaseStore};
+use tenure_lease::{Acquired, Lease, LeaseMsg, LeaseSettings, LeaseSpec};
 use tokio::time::Instant;
 
 use super::{AgentState, RELEASE_SLACK};
@@ -297,9 +296,13 @@ impl AgentState {
                     });
                 } else {
                     let side: Vec<String> = side.iter().map(ToString::to_string).collect();
+                    let spec = LeaseSpec::new(&name, &self.me.to_string(), store, settings);
                     tokio::spawn(async move {
                         tokio::time::sleep(delay).await;
-                        let won = watch(store, &name, &side, settings).await;
+                        let won = match spec {
+                            Ok(spec) => watch(spec, &side).await,
+                            Err(e) => Err(e.to_string()),
+                        };
                         let _ = me.cast(AgentMsg::Local(Local::SbrLease { attempt, won }));
                     });
                 }
@@ -456,31 +459,29 @@ async fn acquire(
     Err(last)
 }
 
-/// Waits for this side's leader to win the resolver lease, reading its holder:
-/// `Ok(true)` a member of `side` holds it, `Ok(false)` someone else does, `Err` when
-/// nobody took it within two ttls (the side's leader cannot reach the store).
-async fn watch(
-    store: Arc<dyn LeaseStore>,
-    name: &str,
-    side: &[String],
-    settings: LeaseSettings,
-) -> Result<bool, String> {
-    let until = Instant::now() + settings.heartbeat_timeout * 2;
+/// Waits for this side's leader to win the resolver lease `spec`, observing its holder
+/// with the lease crate's observer (pushed by stores that watch, read every retry interval
+/// by the others): `Ok(true)` a member of `side` holds it, `Ok(false)` someone else does,
+/// `Err` when nobody took it within two ttls (the side's leader cannot reach the store).
+async fn watch(spec: LeaseSpec, side: &[String]) -> Result<bool, String> {
+    let mut holders = tenure_lease::election::observe(
+        spec.store.clone(),
+        spec.name.clone(),
+        spec.store_name.clone(),
+        spec.settings,
+    );
+    let deadline = tokio::time::sleep(spec.settings.heartbeat_timeout * 2);
+    tokio::pin!(deadline);
     let mut last = "nobody holds it".to_string();
-    while Instant::now() < until {
-        match bounded(
-            name,
-            "read",
-            settings.lease_operation_timeout,
-            store.read(name),
-        )
-        .await
-        {
-            Ok(Some(record)) => return Ok(side.contains(&record.owner)),
-            Ok(None) => {}
-            Err(e) => last = e.to_string(),
+    loop {
+        tokio::select! {
+            seen = holders.next() => match seen {
+                Some(Ok(Some(holder))) => return Ok(side.contains(&holder.owner)),
+                Some(Ok(None)) => {}
+                Some(Err(e)) => last = e.to_string(),
+                None => return Err(last),
+            },
+            _ = &mut deadline => return Err(last),
         }
-        tokio::time::sleep(settings.lease_retry_interval).await;
     }
-    Err(last)
 }
