@@ -22,11 +22,11 @@ use tenure_lease::{FencingToken, LeaseSpec};
 use tenure_singleton::SingletonProxy;
 use tokio::time::Instant;
 
-use crate::entity::EntityFactory;
+use crate::entity::{EntityFactory, EntityMsg};
 use crate::messages::{
-    AskReply, BeginHandOff, CoordinatorMsg, GetShardHome, HandOff, HandOffBegun, HandOffDone,
-    HostShard, Pending, RegionLocal, RegionMsg, RegionSnapshot, Register, ShardHome, Vacated,
-    Vacating, ask_expired, refuse_buffer_full,
+    AskReply, BeginHandOff, CoordinatorMsg, Envelope, GetShardHome, HandOff, HandOffBegun,
+    HandOffDone, HostShard, Pending, RegionLocal, RegionMsg, RegionSnapshot, Register, ShardHome,
+    Vacated, Vacating, ask_expired, refuse_buffer_full,
 };
 use crate::settings::ShardingSettings;
 use crate::shard::{HandedOff, Shard, ShardArgs, ShardMsg};
@@ -377,6 +377,40 @@ impl RegionState {
     /// knows it; keeps it (asking the coordinator) while the home is unknown.
     async fn dispatch(&mut self, p: Pending) {
         if let Some(shard) = self.shards.get(&p.env.shard) {
+            let p = match p.ticket {
+                // No ticket: from another node, or given back by a shard of this one.
+                // Straight into its entity's mailbox when this node's direct route to it
+                // is open (see [`crate::Routes`]: never ahead of a message still on the
+                // routed path, whichever node sent it). One whose sender maps the entity
+                // to another shard goes to the shard, which refuses it.
+                None if crate::entity::shard_of(
+                    &p.env.entity,
+                    self.args.settings.number_of_shards,
+                ) == p.env.shard =>
+                {
+                    let Pending { env, reply, .. } = p;
+                    let Envelope {
+                        shard,
+                        entity,
+                        payload,
+                        hops,
+                    } = env;
+                    match self.args.routes.send(&entity, EntityMsg { payload, reply }) {
+                        Ok(()) => return,
+                        Err((msg, ticket)) => Pending {
+                            env: Envelope {
+                                shard,
+                                entity,
+                                payload: msg.payload,
+                                hops,
+                            },
+                            reply: msg.reply,
+                            ticket: Some(ticket),
+                        },
+                    }
+                }
+                _ => p,
+            };
             let _ = shard.cast(ShardMsg::Routed(p));
             return;
         }
@@ -406,11 +440,11 @@ impl RegionState {
         }
     }
 
-    /// An ask of another node (no ticket) about to go to a third one: its answer will pass
-    /// through this node, so the region counts it until it has passed (a leaving node
-    /// waits for it).
+    /// An ask of another node (it passed through a region) about to go to a third one: its
+    /// answer will pass through this node, so the region counts it until it has passed (a
+    /// leaving node waits for it).
     fn relay(&mut self, mut p: Pending) -> Pending {
-        if p.ticket.is_some() {
+        if p.env.hops == 0 {
             return p;
         }
         let Some(port) = p.reply.take() else {

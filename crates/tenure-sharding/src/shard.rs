@@ -153,6 +153,8 @@ struct Pending {
     since: Instant,
     /// Dropped once the message is in its entity's mailbox or gone (see [`Routes`]).
     ticket: Option<Ticket>,
+    /// Regions it passed through (0: sent on this node).
+    hops: u8,
 }
 
 struct Running {
@@ -314,6 +316,7 @@ impl Actor for Shard {
                 reply,
                 since: Instant::now(),
                 ticket: None,
+                hops: 0,
             }),
             ShardMsg::Routed(p) => state.deliver(Pending {
                 entity: p.env.entity,
@@ -321,6 +324,7 @@ impl Actor for Shard {
                 reply: p.reply,
                 since: Instant::now(),
                 ticket: p.ticket,
+                hops: p.env.hops,
             }),
             ShardMsg::Lease(LeaseEvent::Granted(granted)) => {
                 // Serve only a grant still believed now (not one lapsed before this event).
@@ -422,7 +426,7 @@ impl Actor for Shard {
                             shard: shard.clone(),
                             entity: p.entity,
                             payload: p.payload,
-                            hops: 0,
+                            hops: p.hops,
                         },
                         reply: p.reply,
                         ticket: p.ticket,
