@@ -221,6 +221,19 @@ async fn throughput(n: u64) {
         .await
         .unwrap();
     let (mut codec_calls, mut codec_casts) = (vec![], vec![]);
+    // The same work spread over as many actors as entities: 100 bare actors, round robin.
+    let spread_count = Arc::new(AtomicU64::new(0));
+    let mut spread = Vec::new();
+    for _ in 0..100 {
+        spread.push(
+            Actor::spawn(None, Bare, spread_count.clone())
+                .await
+                .unwrap()
+                .0,
+        );
+    }
+    let (mut one_tells, mut spread_casts) = (vec![], vec![]);
+    let mut sent_spread = 0;
 
     let (mut asks, mut calls, mut tells, mut casts) = (vec![], vec![], vec![], vec![]);
     let mut sent_bare = 0;
@@ -276,6 +289,27 @@ async fn throughput(n: u64) {
             tokio::task::yield_now().await;
         }
         codec_casts.push(n as f64 / t.elapsed().as_secs_f64());
+        // Tells to one entity, against the one bare actor above.
+        let before = count.load(Ordering::Relaxed);
+        let t = Instant::now();
+        for _ in 0..n {
+            region.tell(&keys[0], &1u64).unwrap();
+        }
+        while count.load(Ordering::Relaxed) < before + n {
+            tokio::task::yield_now().await;
+        }
+        one_tells.push(n as f64 / t.elapsed().as_secs_f64());
+        sent_spread += n;
+        let t = Instant::now();
+        for i in 0..n {
+            spread[(i % 100) as usize]
+                .cast(BareMsg::Add(1, None))
+                .unwrap();
+        }
+        while spread_count.load(Ordering::Relaxed) < sent_spread {
+            tokio::task::yield_now().await;
+        }
+        spread_casts.push(n as f64 / t.elapsed().as_secs_f64());
     }
     let ratio =
         |base: &[f64], ours: &[f64]| median(base.iter().zip(ours).map(|(b, o)| b / o).collect());
@@ -294,6 +328,18 @@ async fn throughput(n: u64) {
         median(tells.clone()),
         median(casts.clone()),
         ratio(&casts, &tells)
+    );
+    println!(
+        "  tell to 1 entity        {:>10.0}/s   bare ractor cast {:>10.0}/s   {:.2}x slower",
+        median(one_tells.clone()),
+        median(casts.clone()),
+        ratio(&casts, &one_tells)
+    );
+    println!(
+        "  tell to 100 entities    {:>10.0}/s   100 bare actors  {:>10.0}/s   {:.2}x slower (the same work spread as widely)",
+        median(tells.clone()),
+        median(spread_casts.clone()),
+        ratio(&spread_casts, &tells)
     );
     println!(
         "  with the same codec work (request encoded by the sender and decoded by the actor; an ask's reply too):"

@@ -65,8 +65,17 @@ pub fn host_suspended() -> Duration {
             break;
         }
     }
-    let seen = HOST_SUSPENDED_NS.fetch_max(offset, Ordering::Relaxed);
-    Duration::from_nanos(seen.max(offset))
+    // Read first: the offset grows only after a suspend, and a read-modify-write on every
+    // call (every belief check) would bounce the cache line between workers.
+    let seen = HOST_SUSPENDED_NS.load(Ordering::Relaxed);
+    if offset > seen {
+        return Duration::from_nanos(
+            HOST_SUSPENDED_NS
+                .fetch_max(offset, Ordering::Relaxed)
+                .max(offset),
+        );
+    }
+    Duration::from_nanos(seen)
 }
 
 /// How often the host clock looks for a suspend that just ended. Holders learn of a suspend
