@@ -34,7 +34,9 @@ use tenure_cli::check::{ActionRule, check_with, read_history};
 use tenure_lease::conformance::bench::knob;
 use tenure_test_kit::cli::cluster::{Cluster, TestCluster};
 use tenure_test_kit::cli::lives::shard_lives;
-use tenure_test_kit::cli::shards::{check_acks, live_shards, load_requests, open_loop_options};
+use tenure_test_kit::cli::shards::{
+    check_acks, idle_host, live_shards, load_requests, open_loop_options,
+};
 
 fn now_ns() -> i64 {
     tenure::clock::monotonic_now_ns()
@@ -84,11 +86,7 @@ fn main() {
     options.history = std::env::var_os("TENURE_BENCH_HISTORY").map(Into::into);
     let mut c = Cluster::with_options(4, &options);
     // The 4th node hosts shards but drives no load: the offered load stays the same.
-    c.nodes[3].args = vec![
-        "--sharded-counter".to_string(),
-        "--counter".to_string(),
-        c.counter_file().display().to_string(),
-    ];
+    idle_host(&mut c, 3);
     for i in 0..3 {
         c.spawn(i);
     }

@@ -10,16 +10,14 @@
 //! every tell). The two paths alternate over several rounds; ratios are medians of the
 //! per-round ratios.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, pg};
 use ractor_cluster::RactorClusterMessage;
 use tenure::TenureConfig;
-use tenure::cluster::{ClusterSettings, Node};
-use tenure::sharding::{Entity, EntityContext, ShardRegion, entity_factory};
+use tenure::sharding::{Entity, EntityContext, entity_factory};
 use tenure_lease::conformance::bench::size;
+use tenure_test_kit::cli::pair;
 
 fn round_trips() -> usize {
     size(1_000, 20)
@@ -85,36 +83,9 @@ impl Actor for Raw {
     }
 }
 
-fn config(dir: &std::path::Path, port: u16, seed: u16, roles: &str) -> String {
-    format!(
-        "[tenure]\ndefault-lease-section = \"sqlite\"\n[lease.sqlite]\npath = \"{}/leases.sqlite\"\n\
-         heartbeat-timeout = \"5s\"\nheartbeat-interval = \"1s\"\nlease-retry-interval = \"200ms\"\n\
-         [cluster]\nport = {port}\ncookie = \"bench\"\nseeds = [\"127.0.0.1:{seed}\"]\nroles = [{roles}]\n\
-         member-lease-ttl = \"5s\"\nmember-lease-interval = \"1s\"\nmembership-interval = \"300ms\"\n\
-         [sharding.echo]\nrole = \"echo\"\nnumber-of-shards = 10\nretry-interval = \"200ms\"\nidle-timeout = \"off\"\n",
-        dir.display()
-    )
-}
-
-async fn start(config: &TenureConfig, factory: bool) -> (Node, ShardRegion) {
-    let provider = tenure::provider(config.clone()).unwrap();
-    let node = Node::start(
-        ClusterSettings::from_config(config).unwrap(),
-        &provider,
-        None,
-    )
-    .await
-    .unwrap();
-    let factory = factory.then(|| entity_factory(Echo));
-    let region = tenure::sharding::start_on_node(&node, &provider, "echo", factory)
-        .await
-        .unwrap();
-    (node, region)
-}
-
 async fn serve(path: String) {
     let config = TenureConfig::load(Some(std::path::Path::new(&path))).unwrap();
-    let (_node, _region) = start(&config, true).await;
+    let (_node, _region) = pair::start(&config, "echo", Some(entity_factory(Echo))).await;
     let (raw, _) = Actor::spawn(None, Raw, ()).await.unwrap();
     pg::join("bench/raw".into(), vec![raw.get_cell()]);
     println!("ready");
@@ -135,35 +106,10 @@ async fn main() {
         return serve(path).await;
     }
     let dir = tempfile::tempdir().unwrap();
-    let ports: Vec<u16> = (0..2)
-        .map(|_| {
-            std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port()
-        })
-        .collect();
-    let child_config = dir.path().join("host.toml");
-    std::fs::write(
-        &child_config,
-        config(dir.path(), ports[0], ports[0], "\"echo\""),
-    )
-    .unwrap();
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .env("TENURE_BENCH_NODE", &child_config)
-        .env("TENURE_LOG", "error")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(line.trim(), "ready", "the hosting node did not start");
-    let config =
-        TenureConfig::from_toml_str(&config(dir.path(), ports[1], ports[0], ""), "bench").unwrap();
-    let (node, region) = start(&config, false).await;
+    let ports = pair::ports();
+    let host = pair::spawn_host(dir.path(), ports, "echo", 10, &[], "TENURE_BENCH_NODE");
+    let config = pair::sender_config(dir.path(), ports, "echo", 10);
+    let (node, region) = pair::start(&config, "echo", None).await;
     let keys: Vec<String> = (0..100).map(|i| format!("e{i}")).collect();
     for k in &keys {
         while region
@@ -242,6 +188,5 @@ async fn main() {
     );
     region.stop().await;
     let _ = node.leave().await;
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(host);
 }

@@ -8,16 +8,14 @@
 //! config (ractor's registry is per process: one process is one node).
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ractor::ActorProcessingErr;
 use serde::{Deserialize, Serialize};
 use tenure::TenureConfig;
-use tenure::cluster::{ClusterSettings, Node};
-use tenure::sharding::{Entity, EntityContext, ShardRegion, entity_factory};
+use tenure::sharding::{Entity, EntityContext, entity_factory};
+use tenure_test_kit::cli::pair;
 
 const TEST: &str = "one_remote_senders_messages_keep_their_order_across_starts_and_passivation";
 
@@ -65,47 +63,11 @@ impl Entity for Recorder {
     }
 }
 
-fn config(dir: &std::path::Path, port: u16, seed: u16, roles: &str) -> String {
-    format!(
-        "[tenure]\ndefault-lease-section = \"sqlite\"\n[lease.sqlite]\npath = \"{}/leases.sqlite\"\n\
-         heartbeat-timeout = \"5s\"\nheartbeat-interval = \"1s\"\nlease-retry-interval = \"200ms\"\n\
-         [cluster]\nport = {port}\ncookie = \"order\"\nseeds = [\"127.0.0.1:{seed}\"]\nroles = [{roles}]\n\
-         member-lease-ttl = \"5s\"\nmember-lease-interval = \"1s\"\nmembership-interval = \"300ms\"\n\
-         [sharding.seq]\nrole = \"seq\"\nnumber-of-shards = 4\nretry-interval = \"200ms\"\nidle-timeout = \"off\"\n",
-        dir.display()
-    )
-}
-
-async fn start(config: &TenureConfig, host: bool) -> (Node, ShardRegion) {
-    let provider = tenure::provider(config.clone()).unwrap();
-    let node = Node::start(
-        ClusterSettings::from_config(config).unwrap(),
-        &provider,
-        None,
-    )
-    .await
-    .unwrap();
-    let factory = host.then(|| entity_factory(Recorder(Arc::default())));
-    let region = tenure::sharding::start_on_node(&node, &provider, "seq", factory)
-        .await
-        .unwrap();
-    (node, region)
-}
-
-/// The hosting process, killed when dropped (also when the test fails).
-struct HostProcess(Child);
-
-impl Drop for HostProcess {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// The hosting process: runs until the test kills it.
 async fn host(path: String) {
     let config = TenureConfig::load(Some(std::path::Path::new(&path))).unwrap();
-    let (_node, _region) = start(&config, true).await;
+    let factory = entity_factory(Recorder(Arc::default()));
+    let (_node, _region) = pair::start(&config, "seq", Some(factory)).await;
     println!("ready");
     tokio::time::sleep(Duration::from_secs(600)).await;
 }
@@ -116,40 +78,17 @@ async fn one_remote_senders_messages_keep_their_order_across_starts_and_passivat
         return host(path).await;
     }
     let dir = tempfile::tempdir().unwrap();
-    let ports: Vec<u16> = (0..2)
-        .map(|_| {
-            std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port()
-        })
-        .collect();
-    let host_config = dir.path().join("host.toml");
-    std::fs::write(
-        &host_config,
-        config(dir.path(), ports[0], ports[0], "\"seq\""),
-    )
-    .unwrap();
-    let mut child = HostProcess(
-        Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", TEST, "--nocapture", "--test-threads", "1"])
-            .env("TENURE_TEST_HOST", &host_config)
-            .env("TENURE_LOG", "error")
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap(),
+    let ports = pair::ports();
+    let host = pair::spawn_host(
+        dir.path(),
+        ports,
+        "seq",
+        4,
+        &["--exact", TEST, "--nocapture", "--test-threads", "1"],
+        "TENURE_TEST_HOST",
     );
-    let mut out = BufReader::new(child.0.stdout.take().unwrap());
-    let mut line = String::new();
-    while !line.contains("ready") {
-        line.clear();
-        let n = out.read_line(&mut line).unwrap();
-        assert!(n > 0, "the hosting node exited before it was ready");
-    }
-    let config =
-        TenureConfig::from_toml_str(&config(dir.path(), ports[1], ports[0], ""), "test").unwrap();
-    let (node, region) = start(&config, false).await;
+    let config = pair::sender_config(dir.path(), ports, "seq", 4);
+    let (node, region) = pair::start(&config, "seq", None).await;
     let entities: Vec<String> = (0..5).map(|i| format!("e{i}")).collect();
     let per_entity = 1_500u64;
     // Sent before any entity runs: the first ones wait for the host to learn the shards'
@@ -185,7 +124,7 @@ async fn one_remote_senders_messages_keep_their_order_across_starts_and_passivat
             seen.len()
         );
     }
-    drop(child);
+    drop(host);
     region.stop().await;
     let _ = node.leave().await;
 }

@@ -15,7 +15,8 @@ use std::time::Duration;
 use cli::cluster::{Cluster, TestCluster};
 use cli::lives::shard_lives;
 use cli::shards::{
-    check_acks, live_shards, load_requests, open_loop_options, sharded_cluster, shards_on,
+    check_acks, idle_host, live_shards, load_requests, open_loop_options, sharded_cluster,
+    shards_on,
 };
 use tenure::sqlite::FencedCounter;
 use tenure_cli::demo::counter::counter_name;
@@ -317,11 +318,7 @@ fn graceful_leaves_under_open_loop_load_lose_no_request_of_the_other_nodes() {
     const KEYS: usize = 65;
     let options = open_loop_options(SHARDS, KEYS, 2, "2s", "rebalance-interval = \"1s\"");
     let mut c = Cluster::with_options(4, &options);
-    c.nodes[3].args = vec![
-        "--sharded-counter".to_string(),
-        "--counter".to_string(),
-        c.counter_file().display().to_string(),
-    ];
+    idle_host(&mut c, 3);
     for i in 0..3 {
         c.spawn(i);
     }

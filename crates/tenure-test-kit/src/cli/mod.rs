@@ -5,6 +5,7 @@
 
 pub mod cluster;
 pub mod lives;
+pub mod pair;
 pub mod service;
 pub mod shards;
 

@@ -142,3 +142,13 @@ pub fn load_requests(history: &[Value]) -> Vec<tenure_cli::availability::Request
         .collect();
     tenure_cli::availability::requests(&events)
 }
+
+/// Makes node `i` of `c` host the sharded counter without driving load of its own (a node
+/// that joins to take shards, so that the offered load stays the same).
+pub fn idle_host(c: &mut Cluster, i: usize) {
+    c.nodes[i].args = vec![
+        "--sharded-counter".to_string(),
+        "--counter".to_string(),
+        c.counter_file().display().to_string(),
+    ];
+}

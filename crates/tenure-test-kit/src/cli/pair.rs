@@ -1,0 +1,121 @@
+//! Two nodes in two processes sharing one SQLite file: one hosts an entity type, the other
+//! (this process) sends to it through a proxy-only region, so that every message crosses
+//! the network. ractor's registry is per process, so one process is one node; the hosting
+//! process is the test or bench binary itself, run again with an environment variable.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+use tenure::TenureConfig;
+use tenure::cluster::{ClusterSettings, Node};
+use tenure::sharding::{EntityFactory, ShardRegion};
+
+/// The config of one of the two nodes: `port`, dialling `seed`, with `roles` (a TOML list
+/// body, e.g. `"\"echo\""`); entity type `type_name` (role `type_name`, `shards` shards) and
+/// the SQLite file in `dir`.
+pub fn config(
+    dir: &Path,
+    port: u16,
+    seed: u16,
+    roles: &str,
+    type_name: &str,
+    shards: usize,
+) -> String {
+    format!(
+        "[tenure]\ndefault-lease-section = \"sqlite\"\n[lease.sqlite]\npath = \"{}/leases.sqlite\"\n\
+         heartbeat-timeout = \"5s\"\nheartbeat-interval = \"1s\"\nlease-retry-interval = \"200ms\"\n\
+         [cluster]\nport = {port}\ncookie = \"pair\"\nseeds = [\"127.0.0.1:{seed}\"]\nroles = [{roles}]\n\
+         member-lease-ttl = \"5s\"\nmember-lease-interval = \"1s\"\nmembership-interval = \"300ms\"\n\
+         [sharding.{type_name}]\nrole = \"{type_name}\"\nnumber-of-shards = {shards}\nretry-interval = \"200ms\"\nidle-timeout = \"off\"\n",
+        dir.display()
+    )
+}
+
+/// Starts a node with `config` and its region of `type_name`, hosting with `factory`
+/// (`None`: proxy-only).
+pub async fn start(
+    config: &TenureConfig,
+    type_name: &str,
+    factory: Option<EntityFactory>,
+) -> (Node, ShardRegion) {
+    let provider = tenure::provider(config.clone()).expect("provider");
+    let node = Node::start(
+        ClusterSettings::from_config(config).expect("cluster settings"),
+        &provider,
+        None,
+    )
+    .await
+    .expect("start the node");
+    let region = tenure::sharding::start_on_node(&node, &provider, type_name, factory)
+        .await
+        .expect("start the region");
+    (node, region)
+}
+
+/// Two free loopback ports: the hosting node's, then this process's.
+pub fn ports() -> [u16; 2] {
+    [0, 1].map(|_| {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .expect("bind a free port")
+            .local_addr()
+            .expect("local address")
+            .port()
+    })
+}
+
+/// The hosting process, killed when dropped (also when the test or bench panics).
+pub struct Host(Child);
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Writes the hosting node's config (port `ports[0]`, entity type `type_name` with
+/// `shards` shards) in `dir`, runs this binary again with `args` and `var` naming that
+/// config, and waits for its `ready` line (its other output is skipped).
+pub fn spawn_host(
+    dir: &Path,
+    ports: [u16; 2],
+    type_name: &str,
+    shards: usize,
+    args: &[&str],
+    var: &str,
+) -> Host {
+    let path = dir.join("host.toml");
+    let roles = format!("\"{type_name}\"");
+    std::fs::write(
+        &path,
+        config(dir, ports[0], ports[0], &roles, type_name, shards),
+    )
+    .expect("write the host's config");
+    let mut child = Host(
+        Command::new(std::env::current_exe().expect("this binary"))
+            .args(args)
+            .env(var, &path)
+            .env("TENURE_LOG", "error")
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn the hosting node"),
+    );
+    let mut out = BufReader::new(child.0.stdout.take().expect("piped stdout"));
+    let mut line = String::new();
+    while !line.contains("ready") {
+        line.clear();
+        let n = out.read_line(&mut line).expect("read the host's output");
+        assert!(n > 0, "the hosting node exited before it was ready");
+    }
+    child
+}
+
+/// This process's node config (port `ports[1]`, proxy-only for `type_name`).
+pub fn sender_config(dir: &Path, ports: [u16; 2], type_name: &str, shards: usize) -> TenureConfig {
+    TenureConfig::from_toml_str(
+        &config(dir, ports[1], ports[0], "", type_name, shards),
+        "pair",
+    )
+    .expect("the sender's config")
+}
