@@ -12,7 +12,7 @@ pub mod shards;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::{LazyLock, mpsc};
+use std::sync::{Arc, LazyLock, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal, kill_process};
@@ -96,19 +96,34 @@ impl Sandbox {
     }
 }
 
-/// A running `tenure` whose stdout lines are collected as they come.
+/// A running `tenure` whose stdout lines are collected as they come, and whose stderr (when
+/// piped) is drained as it comes, so that the process never blocks on a full pipe.
 pub struct Running {
     /// The `tenure` process.
     pub child: Child,
     lines: mpsc::Receiver<String>,
     /// Stdout lines received so far.
     pub seen: Vec<String>,
+    errors: Arc<Mutex<String>>,
+    drained: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Running {
-    /// Spawns `cmd` (stdout piped) and starts collecting its stdout lines.
+    /// Spawns `cmd` (stdout piped) and starts collecting its stdout lines (and its stderr,
+    /// when piped).
     pub fn start(mut cmd: Command) -> Self {
         let mut child = cmd.spawn().expect("spawn tenure");
+        let errors = Arc::new(Mutex::new(String::new()));
+        let drained = child.stderr.take().map(|stderr| {
+            let errors = errors.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    let mut e = errors.lock().unwrap_or_else(|e| e.into_inner());
+                    e.push_str(&line);
+                    e.push('\n');
+                }
+            })
+        });
         let stdout = child.stdout.take().expect("piped stdout");
         let (tx, lines) = mpsc::channel();
         std::thread::spawn(move || {
@@ -122,6 +137,8 @@ impl Running {
             child,
             lines,
             seen: Vec::new(),
+            errors,
+            drained,
         }
     }
 
@@ -168,14 +185,17 @@ impl Running {
         }
     }
 
-    /// Its stderr, read to the end (empty if already taken).
+    /// Its stderr so far; all of it once the process has exited (empty if not piped).
     pub fn stderr(&mut self) -> String {
-        let mut s = String::new();
-        if let Some(mut e) = self.child.stderr.take() {
-            use std::io::Read;
-            let _ = e.read_to_string(&mut s);
+        if matches!(self.child.try_wait(), Ok(Some(_)))
+            && let Some(drain) = self.drained.take()
+        {
+            let _ = drain.join();
         }
-        s
+        self.errors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 }
 
