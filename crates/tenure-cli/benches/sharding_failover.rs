@@ -13,7 +13,9 @@ use tenure_lease::conformance::bench::knob;
 use tenure_cli::check::{ActionRule, check_with, read_history};
 use tenure_test_kit::cli::cluster::percentile;
 use tenure_test_kit::cli::lives::shard_lives;
-use tenure_test_kit::cli::shards::{live_shards, loaded_shards, sharded_cluster, shards_on};
+use tenure_test_kit::cli::shards::{
+    last_kill, live_shards, loaded_shards, sharded_cluster, shards_at,
+};
 
 fn main() {
     if std::env::args().any(|a| a == "--list") {
@@ -25,16 +27,11 @@ fn main() {
     let mut moved_counts = Vec::new();
     for run in 0..runs {
         let victim = run % c.nodes.len();
-        let moved = shards_on(&c, victim);
         let from = c.nodes[victim].addr.clone();
         c.kill(victim);
-        let killed = c
-            .history()
-            .iter()
-            .filter(|e| e["event"] == "killed")
-            .filter_map(|e| e["t"].as_i64())
-            .max()
-            .expect("the kill is in the history");
+        let history = c.history();
+        let killed = last_kill(&history);
+        let moved = shards_at(&history, &from, killed);
         let mut last = 0;
         c.wait_until(
             "the victim's shards serve elsewhere",

@@ -15,8 +15,8 @@ use std::time::Duration;
 use cli::cluster::{Cluster, TestCluster};
 use cli::lives::shard_lives;
 use cli::shards::{
-    check_acks, idle_host, live_shards, load_requests, open_loop_options, sharded_cluster,
-    shards_on,
+    check_acks, idle_host, last_kill, live_shards, load_requests, open_loop_options,
+    sharded_cluster, shards_at, shards_on,
 };
 use tenure::sqlite::FencedCounter;
 use tenure_cli::demo::counter::counter_name;
@@ -96,10 +96,12 @@ fn sigkill_of_a_node_moves_all_its_shards_to_the_others() {
     let mut c = sharded_cluster();
     // The oldest node also runs the coordinator: its successor rebuilds the allocation.
     let victim = 0;
-    let moved = shards_on(&c, victim);
-    assert!(!moved.is_empty());
     c.kill(victim);
-    let killed = now_ns();
+    let history = c.history();
+    let killed = last_kill(&history);
+    // What it ran when it died: a rebalance may have moved a shard away just before.
+    let moved = shards_at(&history, &c.nodes[victim].addr, killed);
+    assert!(!moved.is_empty());
     wait_moved(&c, &moved, victim, killed, Duration::from_secs(40));
     wait_acks_after(&c, killed, 200);
     final_checks(&c);

@@ -60,6 +60,8 @@ pub fn sharded_cluster() -> Cluster {
         ]
         .to_vec(),
         tail: SHARDING.to_string(),
+        // A bench run being traced keeps its history.
+        history: std::env::var_os("TENURE_BENCH_HISTORY").map(Into::into),
         ..Options::default()
     };
     let c = Cluster::start_with(3, &options);
@@ -151,4 +153,25 @@ pub fn idle_host(c: &mut Cluster, i: usize) {
         "--counter".to_string(),
         c.counter_file().display().to_string(),
     ];
+}
+
+/// The shards node `addr` ran at instant `at` (ns of `CLOCK_BOOTTIME`): for a node just
+/// killed, those it ran when it died (a rebalance may have moved some away shortly before,
+/// so the shards it ran a moment earlier are not the ones to wait for).
+pub fn shards_at(history: &[Value], addr: &str, at: i64) -> BTreeSet<String> {
+    shard_lives(history)
+        .into_iter()
+        .filter(|l| l.node == addr && l.start < at && l.end.is_none_or(|e| e >= at))
+        .map(|l| l.subject)
+        .collect()
+}
+
+/// When the latest `killed` of the history happened.
+pub fn last_kill(history: &[Value]) -> i64 {
+    history
+        .iter()
+        .filter(|e| e["event"] == "killed")
+        .filter_map(|e| e["t"].as_i64())
+        .max()
+        .expect("a kill in the history")
 }
