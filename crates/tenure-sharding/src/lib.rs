@@ -305,10 +305,12 @@ impl ShardRegion {
             detail,
         };
         self.meters.ask(match &answer {
-            Ok(ractor::rpc::CallResult::Success(AskReply { result: Ok(_) })) => 0,
-            Ok(ractor::rpc::CallResult::Timeout) => 2,
-            Err(_) => 3,
-            Ok(_) => 1,
+            Ok(ractor::rpc::CallResult::Success(AskReply { result: Ok(_) })) => {
+                metrics::AskOutcome::Ok
+            }
+            Ok(ractor::rpc::CallResult::Timeout) => metrics::AskOutcome::Timeout,
+            Err(_) => metrics::AskOutcome::Stopped,
+            Ok(_) => metrics::AskOutcome::Failed,
         });
         match answer {
             Ok(ractor::rpc::CallResult::Success(AskReply { result: Ok(bytes) })) => {

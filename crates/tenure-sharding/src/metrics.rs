@@ -17,8 +17,17 @@
 #[derive(Clone)]
 pub(crate) struct HandleMeters {
     tells: metrics::Counter,
-    /// `ok`, `failed`, `timeout`, `stopped`.
+    /// Indexed by [`AskOutcome`].
     asks: [metrics::Counter; 4],
+}
+
+/// How an ask ended (the `outcome` label of `tenure_sharding_asks_total`).
+#[derive(Clone, Copy)]
+pub(crate) enum AskOutcome {
+    Ok,
+    Failed,
+    Timeout,
+    Stopped,
 }
 
 impl HandleMeters {
@@ -34,9 +43,8 @@ impl HandleMeters {
         self.tells.increment(1);
     }
 
-    /// `outcome`: 0 ok, 1 failed, 2 timeout, 3 stopped.
-    pub(crate) fn ask(&self, outcome: usize) {
-        self.asks[outcome].increment(1);
+    pub(crate) fn ask(&self, outcome: AskOutcome) {
+        self.asks[outcome as usize].increment(1);
     }
 }
 

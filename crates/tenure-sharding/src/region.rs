@@ -24,9 +24,9 @@ use tokio::time::Instant;
 
 use crate::entity::{EntityFactory, EntityMsg};
 use crate::messages::{
-    AskReply, BeginHandOff, CoordinatorMsg, Envelope, GetShardHome, HandOff, HandOffBegun,
-    HandOffDone, HostShard, Pending, RegionLocal, RegionMsg, RegionSnapshot, Register, ShardHome,
-    Vacated, Vacating, ask_expired, refuse_buffer_full,
+    AskReply, BeginHandOff, CoordinatorMsg, GetShardHome, HandOff, HandOffBegun, HandOffDone,
+    HostShard, Pending, RegionLocal, RegionMsg, RegionSnapshot, Register, ShardHome, Vacated,
+    Vacating, ask_expired, refuse_buffer_full,
 };
 use crate::settings::ShardingSettings;
 use crate::shard::{HandedOff, Shard, ShardArgs, ShardMsg};
@@ -377,40 +377,29 @@ impl RegionState {
     /// knows it; keeps it (asking the coordinator) while the home is unknown.
     async fn dispatch(&mut self, p: Pending) {
         if let Some(shard) = self.shards.get(&p.env.shard) {
-            let p = match p.ticket {
-                // No ticket: from another node, or given back by a shard of this one.
-                // Straight into its entity's mailbox when this node's direct route to it
-                // is open (see [`crate::Routes`]: never ahead of a message still on the
-                // routed path, whichever node sent it). One whose sender maps the entity
-                // to another shard goes to the shard, which refuses it.
-                None if crate::entity::shard_of(
-                    &p.env.entity,
-                    self.args.settings.number_of_shards,
-                ) == p.env.shard =>
-                {
-                    let Pending { env, reply, .. } = p;
-                    let Envelope {
-                        shard,
-                        entity,
-                        payload,
-                        hops,
-                    } = env;
-                    match self.args.routes.send(&entity, EntityMsg { payload, reply }) {
-                        Ok(()) => return,
-                        Err((msg, ticket)) => Pending {
-                            env: Envelope {
-                                shard,
-                                entity,
-                                payload: msg.payload,
-                                hops,
-                            },
-                            reply: msg.reply,
-                            ticket: Some(ticket),
-                        },
+            let mut p = p;
+            // No ticket: from another node, or given back by a shard of this one. Straight
+            // into its entity's mailbox when this node's direct route to it is open (see
+            // [`crate::Routes`]: never ahead of a message still on the routed path,
+            // whichever node sent it). One whose sender maps the entity to another shard
+            // goes to the shard, which refuses it.
+            if p.ticket.is_none()
+                && crate::entity::shard_of(&p.env.entity, self.args.settings.number_of_shards)
+                    == p.env.shard
+            {
+                let msg = EntityMsg {
+                    payload: std::mem::take(&mut p.env.payload),
+                    reply: p.reply.take(),
+                };
+                match self.args.routes.send(&p.env.entity, msg) {
+                    Ok(()) => return,
+                    Err((msg, ticket)) => {
+                        p.env.payload = msg.payload;
+                        p.reply = msg.reply;
+                        p.ticket = Some(ticket);
                     }
                 }
-                _ => p,
-            };
+            }
             let _ = shard.cast(ShardMsg::Routed(p));
             return;
         }
