@@ -672,25 +672,17 @@ release-after = "10s"
         );
     }
 
-    /// The shared history, one JSON object per line.
+    /// The shared history, one JSON object per line, read under the torn-line rules of
+    /// [`tenure::history::read_history`] (a node killed mid-line loses that line).
     pub fn history(&self) -> Vec<Value> {
         let mut text = String::new();
         if let Ok(mut f) = std::fs::File::open(&self.history) {
             f.read_to_string(&mut text).expect("read history");
         }
-        // Every line is written whole (one O_APPEND write), except perhaps the last one
-        // while it is being written; any other unreadable line fails the test.
-        let complete = text.ends_with('\n');
-        let lines: Vec<&str> = text.lines().collect();
-        let mut events = Vec::with_capacity(lines.len());
-        for (n, line) in lines.iter().enumerate() {
-            match serde_json::from_str(line) {
-                Ok(v) => events.push(v),
-                Err(_) if n + 1 == lines.len() && !complete => {}
-                Err(e) => panic!("history line {}: {e}: {line}", n + 1),
-            }
+        match tenure::history::history_lines(&text) {
+            Ok(lines) => lines.into_iter().map(|(_, v)| v).collect(),
+            Err((n, e)) => panic!("history {} line {n}: {e}", self.history.display()),
         }
-        events
     }
 }
 

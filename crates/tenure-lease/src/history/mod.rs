@@ -19,4 +19,4 @@ mod read;
 
 pub use entry::{Entry, HARNESS};
 pub use event::{AboutMember, EntityLife, Event, Link, ShardLife, SingletonLife};
-pub use read::{HistoryError, read_history};
+pub use read::{HistoryError, history_lines, read_history};

@@ -47,30 +47,42 @@ pub fn read_history(path: &Path) -> Result<Vec<Entry>, HistoryError> {
         path: name.clone(),
         source,
     })?;
+    let fail = |line: usize, detail: String| HistoryError::Line {
+        path: name.clone(),
+        line,
+        detail,
+    };
+    let mut entries = Vec::new();
+    for (line, value) in history_lines(&text).map_err(|(line, e)| fail(line, e))? {
+        entries.push(Entry::from_json(value, line).map_err(|e| fail(line, e))?);
+    }
+    entries.sort_by_key(|e| e.t);
+    Ok(entries)
+}
+
+/// The JSON objects of a history's text with their 1-based line numbers, in file order,
+/// under the torn-line rules of [`read_history`] (which also covers the last line of a
+/// file still being written). `Err` names the first line that is neither JSON nor torn, and
+/// what the parser said about it.
+pub fn history_lines(text: &str) -> Result<Vec<(usize, Value)>, (usize, String)> {
     let ends_with_newline = text.ends_with('\n');
     let lines: Vec<&str> = text.lines().collect();
-    let mut entries = Vec::new();
+    let mut values = Vec::with_capacity(lines.len());
     for (i, line) in lines.iter().enumerate() {
         if line.trim().is_empty() {
             continue;
         }
-        let fail = |detail: String| HistoryError::Line {
-            path: name.clone(),
-            line: i + 1,
-            detail,
-        };
         let value = match serde_json::from_str::<Value>(line) {
             Ok(value) => value,
             Err(_) if i + 1 == lines.len() && !ends_with_newline => continue,
             Err(e) => match after_torn_prefix(line) {
                 Some(value) => value,
-                None => return Err(fail(format!("not JSON: {e}"))),
+                None => return Err((i + 1, format!("not JSON: {e}"))),
             },
         };
-        entries.push(Entry::from_json(value, i + 1).map_err(fail)?);
+        values.push((i + 1, value));
     }
-    entries.sort_by_key(|e| e.t);
-    Ok(entries)
+    Ok(values)
 }
 
 /// The event of a line that begins with a torn write: the first `{"` after the start from
