@@ -13,19 +13,18 @@
 use std::sync::Arc;
 
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SpawnErr};
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
+use tracing::Instrument;
 
+use crate::driver::Driver;
 use crate::error::{ConfigError, LeaseError};
 use crate::events::{LeaseEventSink, LeaseState, LostCallback, SharedBelief};
-use crate::machine::{self, Call, Effect, Input, Machine, Outcome, Timer};
+use crate::machine::{self, Input, Machine, Timer};
 use crate::names::{check_lease_name, store_name};
 use crate::priority::AcquireOptions;
 use crate::renewal::{RenewAnswer, RenewalBatcher};
 use crate::settings::LeaseSettings;
-use crate::store::{
-    AcquireRequest, HeldLease, LeaseStore, PreemptAnswer, PreemptionRequest, bounded,
-};
+use crate::store::LeaseStore;
 use crate::token::FencingToken;
 use crate::trace::LeaseObserver;
 
@@ -223,6 +222,9 @@ pub enum LeaseMsg {
         generation: u64,
         answer: Option<RenewAnswer>,
     },
+    /// Feed the commands a handle queued (see `crate::driver`).
+    #[doc(hidden)]
+    FeedQueued,
 }
 
 impl ractor::Message for LeaseMsg {}
@@ -245,19 +247,16 @@ impl std::fmt::Debug for ReleaseCaller {
     }
 }
 
-type MachineInput = Input<AcquireCaller, ReleaseCaller>;
-type MachineEffect = Effect<AcquireCaller, ReleaseCaller>;
-
 /// Arguments of a LeaseActor.
 pub struct LeaseActorArgs {
-    pub spec: LeaseSpec,
-    pub(crate) belief: Arc<SharedBelief>,
+    pub(crate) driver: Arc<Driver>,
 }
 
 /// A read-only view of a LeaseActor's belief, for `check_lease` without messaging it.
 #[derive(Clone)]
 pub struct LeaseView {
     belief: Arc<SharedBelief>,
+    pub(crate) driver: Arc<Driver>,
 }
 
 impl LeaseView {
@@ -336,303 +335,29 @@ impl LeaseActor {
             sink,
             observer,
         ));
+        let driver = Arc::new(Driver::new(spec, belief.clone()));
         let args = LeaseActorArgs {
-            spec,
-            belief: belief.clone(),
+            driver: driver.clone(),
         };
         let (actor, _) = match supervisor {
             Some(sup) => Actor::spawn_linked(None, LeaseActor, args, sup).await?,
             None => Actor::spawn(None, LeaseActor, args).await?,
         };
-        Ok((actor, LeaseView { belief }))
+        Ok((actor, LeaseView { belief, driver }))
     }
 }
 
-/// Unique per LeaseActor on this host: the prefix of its holder instances.
-fn new_instance_base() -> String {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or_default();
-    format!("{:x}-{nanos:x}-{n:x}", std::process::id())
-}
-
-/// The state of a LeaseActor: its shared machine and the timers and tasks that carry out
-/// the machine's effects.
+/// The state of a LeaseActor: the driver of its machine, shared with its handles.
 pub struct LeaseActorState {
-    spec: LeaseSpec,
-    belief: Arc<SharedBelief>,
-    /// Prefix of this actor's holder instances (`<base>.<n>`, `n` chosen by the machine): no
-    /// other actor, process or node incarnation of the owner shares it, so none of them can
-    /// take an unexpired grant of this actor's (the store refuses another instance like
-    /// another owner).
-    instance_base: String,
-    retry_timer: Option<JoinHandle<()>>,
-    poll_timer: Option<JoinHandle<()>>,
-    renew_timer: Option<JoinHandle<()>>,
-    watchdog: Option<JoinHandle<()>>,
+    driver: Arc<Driver>,
 }
 
 impl Drop for LeaseActorState {
     fn drop(&mut self) {
-        for timer in [
-            &mut self.retry_timer,
-            &mut self.poll_timer,
-            &mut self.renew_timer,
-            &mut self.watchdog,
-        ] {
-            stop(timer);
-        }
         // Reached without post_stop when the actor was killed or failed (and after
-        // post_stop, when there is nothing left to do): the machine gives everything up
-        // and names the store calls to make in the background.
-        let effects = self.belief.step(Input::Abandon);
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        for effect in effects {
-            if let Effect::Detach(call) = effect {
-                let spec = self.spec.clone();
-                let base = self.instance_base.clone();
-                rt.spawn(async move {
-                    let outcome = execute(&spec, &base, call).await;
-                    if let Outcome::Release(released) = outcome {
-                        tracing::info!(lease = %spec.name, ?released, "released after the lease actor was killed");
-                    }
-                });
-            }
-        }
+        // post_stop, when there is nothing left to do).
+        self.driver.abandon();
     }
-}
-
-fn stop(timer: &mut Option<JoinHandle<()>>) {
-    if let Some(t) = timer.take() {
-        t.abort();
-    }
-}
-
-/// Carries out one store call of the machine, bounded by the operation timeout. Always
-/// polled by a spawned task (the actor's, or a detached call's), so a blocking store may
-/// run the call inline (see [`crate::blocking`]).
-async fn execute(spec: &LeaseSpec, base: &str, call: Call) -> Outcome {
-    crate::blocking::allow_inline(execute_call(spec, base, call)).await
-}
-
-async fn execute_call(spec: &LeaseSpec, base: &str, call: Call) -> Outcome {
-    match call {
-        Call::Acquire { instance } => {
-            let request = AcquireRequest {
-                name: spec.store_name.clone(),
-                owner: spec.owner.clone(),
-                instance: format!("{base}.{instance}"),
-                ttl: spec.settings.store_ttl(),
-                note: spec.note.clone(),
-                priority: spec.options.priority,
-                cleanup_timeout: spec.options.cleanup_timeout,
-                emergency: spec.options.emergency,
-            };
-            let answer = bounded(
-                &spec.name,
-                "acquire",
-                spec.settings.lease_operation_timeout,
-                spec.store.try_acquire(&request),
-            )
-            .await;
-            Outcome::Acquire(answer)
-        }
-        Call::Release { token } => Outcome::Release(release_ours(spec, base, token).await),
-        Call::RequestPreemption { token, forceful } => {
-            Outcome::Preempt(request_preemption(spec, base, token, forceful).await)
-        }
-        Call::WithdrawPreemption { token } => {
-            withdraw_request(spec, token).await;
-            Outcome::Withdrawn
-        }
-    }
-}
-
-/// Releases this actor's grant: the believed one (`token`), or else whatever grant of one
-/// of this actor's instances (`<base>.<n>`) the store holds.
-async fn release_ours(
-    spec: &LeaseSpec,
-    base: &str,
-    token: Option<FencingToken>,
-) -> Result<bool, LeaseError> {
-    if let Some(token) = token {
-        return release_in_store(spec, token).await;
-    }
-    let record = bounded(
-        &spec.name,
-        "release",
-        spec.settings.lease_operation_timeout,
-        spec.store.read(&spec.store_name),
-    )
-    .await?;
-    match record {
-        Some(r) if r.owner == spec.owner && r.instance.starts_with(&format!("{base}.")) => {
-            release_in_store(spec, r.token).await
-        }
-        _ => Ok(false),
-    }
-}
-
-async fn release_in_store(spec: &LeaseSpec, token: FencingToken) -> Result<bool, LeaseError> {
-    bounded(
-        &spec.name,
-        "release",
-        spec.settings.lease_operation_timeout,
-        spec.store.release(&spec.store_name, &spec.owner, token),
-    )
-    .await
-}
-
-async fn request_preemption(
-    spec: &LeaseSpec,
-    base: &str,
-    token: FencingToken,
-    forceful: bool,
-) -> Result<PreemptAnswer, LeaseError> {
-    let request = PreemptionRequest {
-        by: spec.owner.clone(),
-        instance: base.to_string(),
-        priority: spec.options.priority,
-        forceful,
-        note: spec.note.clone(),
-    };
-    bounded(
-        &spec.name,
-        "request preemption",
-        spec.settings.lease_operation_timeout,
-        spec.store
-            .request_preemption(&spec.store_name, token, &request),
-    )
-    .await
-}
-
-/// Takes `spec.owner`'s request off grant `token` (best effort: a request left behind ends
-/// with the grant).
-async fn withdraw_request(spec: &LeaseSpec, token: FencingToken) {
-    let withdrawn = bounded(
-        &spec.name,
-        "withdraw preemption",
-        spec.settings.lease_operation_timeout,
-        spec.store
-            .withdraw_preemption(&spec.store_name, token, &spec.owner),
-    )
-    .await;
-    tracing::info!(lease = %spec.name, token = token.get(), ?withdrawn, "preemption request withdrawn");
-}
-
-impl LeaseActorState {
-    /// Feeds `input` to the machine and carries out its effects; an awaited store call's
-    /// answer is fed back at once, until the machine awaits nothing.
-    async fn feed(&mut self, myself: &ActorRef<LeaseMsg>, input: MachineInput) {
-        let mut effects = self.belief.step(input);
-        loop {
-            let mut call = None;
-            for effect in effects {
-                match effect {
-                    Effect::Call(c) => call = Some(c),
-                    other => self.carry_out(myself, other),
-                }
-            }
-            let Some(call) = call else {
-                return;
-            };
-            let outcome = execute(&self.spec, &self.instance_base, call).await;
-            effects = self.belief.step(Input::Answered(outcome));
-        }
-    }
-
-    fn carry_out(&mut self, myself: &ActorRef<LeaseMsg>, effect: MachineEffect) {
-        match effect {
-            // Emitted by the step itself, in order, before any other effect.
-            Effect::Emit(_) => {}
-            Effect::ReplyAcquire { to, answer } => {
-                let _ = to.send(answer);
-            }
-            Effect::ReplyRelease { to, answer } => match to {
-                ReleaseCaller::Port(port) => {
-                    let _ = port.send(answer);
-                }
-                ReleaseCaller::Stop => {
-                    if let Err(e) = answer {
-                        tracing::warn!(lease = %self.spec.name, error = %e, "release on stop failed; the grant expires after its ttl");
-                    }
-                }
-            },
-            Effect::Arm { timer, at } => {
-                let at = self.belief.clock().to_tokio(at);
-                let (slot, msg): (_, fn() -> LeaseMsg) = match timer {
-                    Timer::Retry => (&mut self.retry_timer, || LeaseMsg::RetryAcquire),
-                    Timer::Poll => (&mut self.poll_timer, || LeaseMsg::PreemptPoll),
-                };
-                stop(slot);
-                *slot = Some(schedule(myself, at, msg));
-            }
-            Effect::Disarm(Timer::Retry) => stop(&mut self.retry_timer),
-            Effect::Disarm(Timer::Poll) => stop(&mut self.poll_timer),
-            Effect::ArmRenewal { generation } => {
-                stop(&mut self.renew_timer);
-                let at = self.spec.batcher.next_tick(Instant::now());
-                self.renew_timer = Some(schedule(myself, at, move || LeaseMsg::RenewDue {
-                    generation,
-                }));
-            }
-            Effect::DisarmRenewal => stop(&mut self.renew_timer),
-            Effect::StartWatchdog { generation } => {
-                stop(&mut self.watchdog);
-                let belief = self.belief.clone();
-                self.watchdog = Some(tokio::spawn(async move {
-                    // Independent of the mailbox, so a slow store call or a long queue cannot
-                    // delay the loss past the deadline. The holder clock wakes it shortly
-                    // after a host suspend that passed the deadline, which a monotonic timer
-                    // would not.
-                    let clock = belief.clock().clone();
-                    while let Some(wake) = belief.watchdog_wake(generation) {
-                        clock.sleep_until(wake).await;
-                        belief.deadline();
-                    }
-                }));
-            }
-            Effect::StopWatchdog => stop(&mut self.watchdog),
-            Effect::Renew { generation, token } => {
-                let answer = self.spec.batcher.renew(HeldLease {
-                    name: self.spec.store_name.clone(),
-                    token,
-                });
-                let me = myself.clone();
-                tokio::spawn(async move {
-                    let answer: Option<RenewAnswer> = answer.await.ok();
-                    let _ = me.cast(LeaseMsg::RenewDone { generation, answer });
-                });
-            }
-            Effect::Call(call) | Effect::Detach(call) => {
-                // Not reached for `Call` (fed back by `feed`); a detached call while the
-                // actor lives runs in the background.
-                let spec = self.spec.clone();
-                let base = self.instance_base.clone();
-                tokio::spawn(async move {
-                    execute(&spec, &base, call).await;
-                });
-            }
-        }
-    }
-}
-
-/// Casts `msg()` to `myself` at `at` (tokio's clock).
-fn schedule(
-    myself: &ActorRef<LeaseMsg>,
-    at: Instant,
-    msg: impl FnOnce() -> LeaseMsg + Send + 'static,
-) -> JoinHandle<()> {
-    let me = myself.clone();
-    tokio::spawn(async move {
-        tokio::time::sleep_until(at).await;
-        let _ = me.cast(msg());
-    })
 }
 
 impl Actor for LeaseActor {
@@ -642,67 +367,66 @@ impl Actor for LeaseActor {
 
     async fn pre_start(
         &self,
-        _myself: ActorRef<LeaseMsg>,
+        myself: ActorRef<LeaseMsg>,
         args: LeaseActorArgs,
     ) -> Result<LeaseActorState, ActorProcessingErr> {
+        args.driver.started(myself);
         Ok(LeaseActorState {
-            spec: args.spec,
-            belief: args.belief,
-            instance_base: new_instance_base(),
-            retry_timer: None,
-            poll_timer: None,
-            renew_timer: None,
-            watchdog: None,
+            driver: args.driver,
         })
     }
 
     async fn handle(
         &self,
-        myself: ActorRef<LeaseMsg>,
+        _myself: ActorRef<LeaseMsg>,
         msg: LeaseMsg,
         state: &mut LeaseActorState,
     ) -> Result<(), ActorProcessingErr> {
-        use tracing::Instrument;
-        // One span per lease: every log line of its actor names the lease and its owner.
-        let span = tracing::info_span!("lease", name = %state.spec.name, owner = %state.spec.owner);
+        let driver = &state.driver;
         let input = match msg {
             LeaseMsg::Acquire { reply } => Input::Acquire { reply },
             LeaseMsg::TryAcquire(reply) => Input::TryAcquire { reply },
             LeaseMsg::RetryPace(pace) => Input::RetryPace(pace),
             LeaseMsg::SetNote(note) => {
-                state.spec.note = note;
+                driver.set_note(note);
                 return Ok(());
             }
             LeaseMsg::Release(reply) => Input::Release {
                 reply: ReleaseCaller::Port(reply),
             },
-            LeaseMsg::RetryAcquire => {
-                state.retry_timer = None;
-                Input::Timer(Timer::Retry)
-            }
-            LeaseMsg::PreemptPoll => {
-                state.poll_timer = None;
-                Input::Timer(Timer::Poll)
-            }
-            LeaseMsg::RenewDue { generation } => {
-                state.renew_timer = None;
-                Input::RenewDue { generation }
-            }
+            LeaseMsg::RetryAcquire => Input::Timer(Timer::Retry),
+            LeaseMsg::PreemptPoll => Input::Timer(Timer::Poll),
+            LeaseMsg::RenewDue { generation } => Input::RenewDue { generation },
             LeaseMsg::RenewDone { generation, answer } => Input::Renewed { generation, answer },
+            LeaseMsg::FeedQueued => {
+                driver
+                    .feed_queued()
+                    .instrument(lease_span(driver.spec()))
+                    .await;
+                return Ok(());
+            }
         };
-        state.feed(&myself, input).instrument(span).await;
+        driver
+            .feed(input)
+            .instrument(lease_span(driver.spec()))
+            .await;
         Ok(())
     }
 
     async fn post_stop(
         &self,
-        myself: ActorRef<LeaseMsg>,
+        _myself: ActorRef<LeaseMsg>,
         state: &mut LeaseActorState,
     ) -> Result<(), ActorProcessingErr> {
         let release = Input::Release {
             reply: ReleaseCaller::Stop,
         };
-        state.feed(&myself, release).await;
+        state.driver.stop(release).await;
         Ok(())
     }
+}
+
+/// One span per lease: every log line of its driver names the lease and its owner.
+pub(crate) fn lease_span(spec: &LeaseSpec) -> tracing::Span {
+    tracing::info_span!("lease", name = %spec.name, owner = %spec.owner)
 }

@@ -7,10 +7,11 @@
 //! deadline. The blocking pool avoids that, at the price of two thread hops per call, which
 //! on a machine with idle cores cost as much as the statement itself (issue 20's thin
 //! lease path: a hop wakes a parked thread). So a blocking store may run a call **inline**,
-//! on the calling worker, when both sides agree:
+//! on the calling thread, when both sides agree:
 //! - the caller allows it: the lease machinery marks its own store calls with
-//!   [`allow_inline`] (they are polled by tasks spawned on the runtime), on a
-//!   multi-threaded runtime with another worker to keep the timers and other tasks going;
+//!   [`allow_inline`] (polled by the lease's driver: on the actor's task, or on the task
+//!   of a `Lease` handle's caller, who waits for the call anyway), on a multi-threaded
+//!   runtime with another worker to keep the timers and other tasks going;
 //! - the store can do the work without waiting: its connection is free, and the work ends
 //!   with an error instead of waiting for a lock (SQLite's busy timeout set to zero), in
 //!   which case the store runs it again in the blocking pool.
@@ -31,8 +32,9 @@ pub fn inline_allowed() -> bool {
 }
 
 /// Polls `fut` with [`inline_allowed`] true inside it, when the current runtime is
-/// multi-threaded with at least two workers; else polls it as it is. Only for futures
-/// polled by a task spawned with `tokio::spawn`, never inside `block_on` or a `LocalSet`.
+/// multi-threaded with at least two workers; else polls it as it is. Blocking inline then
+/// holds up only the polling thread: a worker (the other keeps the timers going) or a
+/// thread in `block_on` (not a worker at all).
 pub(crate) async fn allow_inline<F: Future>(fut: F) -> F::Output {
     let spare_worker = tokio::runtime::Handle::try_current().is_ok_and(|h| {
         h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread

@@ -2,13 +2,17 @@
 
 use std::sync::Arc;
 
-use ractor::ActorRef;
-use ractor::rpc::CallResult;
+use ractor::{ActorRef, RpcReplyPort};
 use tokio::time::Instant;
+use tracing::Instrument;
 
-use crate::actor::{AcquireReply, Acquired, LeaseActor, LeaseMsg, LeaseSpec, LeaseView};
+use crate::actor::{
+    Acquired, LeaseActor, LeaseMsg, LeaseSpec, LeaseView, ReleaseCaller, lease_span,
+};
+use crate::driver::MachineInput;
 use crate::error::LeaseError;
 use crate::events::{LeaseEventSink, LeaseLost};
+use crate::machine::Input;
 use crate::settings::LeaseSettings;
 use crate::token::FencingToken;
 
@@ -104,16 +108,24 @@ impl Lease {
         &self.inner.actor
     }
 
-    async fn ask(
+    /// Feeds the command `build` makes to the lease's driver on the calling task (no hop
+    /// to the actor, see `crate::driver`) and awaits its answer. The actor gone: the
+    /// command is refused and the answer is `ActorStopped`.
+    async fn command<T>(
         &self,
-        build: impl FnOnce(ractor::RpcReplyPort<AcquireReply>) -> LeaseMsg,
-    ) -> AcquireReply {
-        match self.inner.actor.call(build, None).await {
-            Ok(CallResult::Success(reply)) => reply,
-            _ => Err(LeaseError::ActorStopped {
+        build: impl FnOnce(RpcReplyPort<Result<T, LeaseError>>) -> MachineInput,
+    ) -> Result<T, LeaseError> {
+        let (tx, rx) = ractor::concurrency::oneshot();
+        let driver = &self.inner.view.driver;
+        driver
+            .feed(build(tx.into()))
+            .instrument(lease_span(driver.spec()))
+            .await;
+        rx.await.unwrap_or_else(|_| {
+            Err(LeaseError::ActorStopped {
                 name: self.inner.name.clone(),
-            }),
-        }
+            })
+        })
     }
 
     /// One acquire attempt. `Ok(Granted { token })`: held now; `Ok(NotGranted)`: another
@@ -123,7 +135,9 @@ impl Lease {
     /// waits: `Ok(Granted)` once released (or, forceful, expired), `Err(CleanupTimedOut)` or
     /// `Err(Overtaken)` (certain: not granted).
     pub async fn acquire(&self) -> Result<Acquired, LeaseError> {
-        self.ask(LeaseMsg::TryAcquire).await.map(|(a, _)| a)
+        self.command(|reply| Input::TryAcquire { reply })
+            .await
+            .map(|(a, _)| a)
     }
 
     /// Like [`acquire`](Lease::acquire); when granted, `on_lost` is called at most once, when
@@ -145,7 +159,7 @@ impl Lease {
     /// `Err(Cancelled)` if released meanwhile.
     pub async fn acquire_wait(&self) -> Result<FencingToken, LeaseError> {
         match self
-            .ask(|reply| LeaseMsg::Acquire { reply: Some(reply) })
+            .command(|reply| Input::Acquire { reply: Some(reply) })
             .await?
         {
             (Acquired::Granted { token }, _) => Ok(token),
@@ -179,7 +193,10 @@ impl Lease {
     pub(crate) fn release_in_background(&self) {
         self.forget_lost_callbacks();
         let (tx, _answer) = ractor::concurrency::oneshot();
-        let _ = self.inner.actor.cast(LeaseMsg::Release(tx.into()));
+        self.inner.view.driver.enqueue(Input::Release {
+            reply: ReleaseCaller::Port(tx.into()),
+        });
+        let _ = self.inner.actor.cast(LeaseMsg::FeedQueued);
     }
 
     fn forget_lost_callbacks(&self) {
@@ -191,23 +208,22 @@ impl Lease {
     /// not called for a released grant.
     pub async fn release(&self) -> Result<bool, LeaseError> {
         self.forget_lost_callbacks();
-        match self.inner.actor.call(LeaseMsg::Release, None).await {
-            Ok(CallResult::Success(released)) => released,
-            _ => Err(LeaseError::ActorStopped {
-                name: self.inner.name.clone(),
-            }),
-        }
+        self.command(|reply| Input::Release {
+            reply: ReleaseCaller::Port(reply),
+        })
+        .await
     }
 
     /// Keeps `note` with this lease's later acquires: the next [`acquire`](Lease::acquire)
     /// writes it into the grant (same token while held). `Err` only if the actor stopped.
     pub fn set_note(&self, note: Option<String>) -> Result<(), LeaseError> {
-        self.inner
-            .actor
-            .cast(LeaseMsg::SetNote(note))
-            .map_err(|_| LeaseError::ActorStopped {
+        if self.inner.actor.get_status() >= ractor::ActorStatus::Stopping {
+            return Err(LeaseError::ActorStopped {
                 name: self.inner.name.clone(),
-            })
+            });
+        }
+        self.inner.view.driver.set_note(note);
+        Ok(())
     }
 
     /// `true` only while this owner certainly holds the lease: granted, no loss announced,

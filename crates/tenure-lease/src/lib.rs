@@ -39,9 +39,11 @@
 //! metrics and log lines.
 
 mod actor;
+mod alarms;
 pub mod blocking;
 pub mod clock;
 pub mod config;
+mod driver;
 pub mod duration;
 pub mod election;
 mod error;
@@ -66,6 +68,8 @@ mod token;
 pub mod trace;
 pub mod validity;
 
+#[cfg(test)]
+mod driver_tests;
 #[cfg(test)]
 mod machine_tests;
 #[cfg(test)]
