@@ -52,7 +52,9 @@ impl Direct {
     }
 
     /// The statement's parameters as the store binds them (see `Statements::acquire`): no
-    /// note, priority 0, no cleanup timeout, no emergency, no observed grant.
+    /// note, priority 0, no cleanup timeout, no emergency, no observed grant. The answer is
+    /// read whole, as the store must to return the grant's record (the SPI's answer), not
+    /// just the flag and the token.
     async fn acquire_release(&self, name: &str, owner: &str) {
         let row = self
             .client
@@ -73,8 +75,10 @@ impl Direct {
             )
             .await
             .unwrap();
-        assert!(row.get::<_, bool>(0));
-        let token: i64 = row.get(4);
+        let answer = Answer::read(&row);
+        assert!(answer.granted);
+        let token = answer.token;
+        std::hint::black_box(answer);
         let n = self
             .client
             .execute(&self.release, &[&name, &owner, &token])
@@ -89,6 +93,50 @@ impl Direct {
             .await
             .unwrap()
             .len()
+    }
+}
+
+/// The acquire statement's answer, every column in the store's column order (see
+/// `Statements::acquire`), read with plain tokio-postgres.
+#[allow(dead_code)] // Read only to be decoded, as the store decodes it.
+#[derive(Debug)]
+struct Answer {
+    granted: bool,
+    name: String,
+    owner: String,
+    instance: String,
+    token: i64,
+    expires_in_us: i64,
+    version: i64,
+    note: Option<String>,
+    priority: String,
+    cleanup_us: i64,
+    request_by: Option<String>,
+    request_instance: Option<String>,
+    request_priority: Option<String>,
+    request_forceful: Option<bool>,
+    request_note: Option<String>,
+}
+
+impl Answer {
+    fn read(row: &tokio_postgres::Row) -> Answer {
+        Answer {
+            granted: row.get(0),
+            name: row.get(1),
+            owner: row.get(2),
+            instance: row.get(3),
+            token: row.get(4),
+            expires_in_us: row.get(5),
+            version: row.get(6),
+            note: row.get(7),
+            priority: row.get(8),
+            cleanup_us: row.get(9),
+            request_by: row.get(10),
+            request_instance: row.get(11),
+            request_priority: row.get(12),
+            request_forceful: row.get(13),
+            request_note: row.get(14),
+        }
     }
 }
 

@@ -33,6 +33,7 @@ use tokio::time::{Instant, timeout};
 use tokio_postgres::{AsyncMessage, NoTls};
 
 use crate::errors::{self, STORE};
+use crate::sql::Sql;
 use crate::store::{ACQUIRE_RACES, PostgresStore, ttl_us};
 
 /// Notifications a waiter may fall behind by before it just re-reads the line.
@@ -171,12 +172,12 @@ impl PostgresStore {
     /// instance holds the lease already. Not retried once sent: a second row would hold
     /// the line until it expired.
     async fn join(&self, req: &AcquireRequest) -> Result<Option<i64>, StoreError> {
-        let sql = &self.inner.statements.join;
+        let (sql, statements) = (Sql::Join, &self.inner.statements);
         let ttl = waiter_ttl_us(req.ttl);
         let rows = self
             .run(self.patience(), false, |c, _| {
                 Box::pin(async move {
-                    let stmt = c.prepare_cached(sql).await.map_err(|e| (false, e))?;
+                    let stmt = c.statement(sql, statements).await.map_err(|e| (false, e))?;
                     c.query(&stmt, &[&req.name, &req.owner, &req.instance, &ttl])
                         .await
                         .map_err(|e| (true, e))
@@ -190,13 +191,13 @@ impl PostgresStore {
 
     /// Refreshes waiter `seq`'s row and reads the head of the line.
     async fn look(&self, req: &AcquireRequest, seq: i64) -> Result<Line, StoreError> {
-        let sql = &self.inner.statements.line;
+        let (sql, statements) = (Sql::Line, &self.inner.statements);
         let ttl = waiter_ttl_us(req.ttl);
         let name = &req.name;
         let row = self
             .run(self.patience(), true, |c, _| {
                 Box::pin(async move {
-                    let stmt = c.prepare_cached(sql).await.map_err(|e| (false, e))?;
+                    let stmt = c.statement(sql, statements).await.map_err(|e| (false, e))?;
                     c.query_one(&stmt, &[&seq, name, &ttl])
                         .await
                         .map_err(|e| (true, e))
@@ -215,10 +216,10 @@ impl PostgresStore {
 
     /// Removes waiter `seq` from its line and notifies the waiters behind it.
     pub(crate) async fn leave(&self, seq: i64) -> Result<(), StoreError> {
-        let sql = &self.inner.statements.leave;
+        let (sql, statements) = (Sql::Leave, &self.inner.statements);
         self.run(self.patience(), true, |c, _| {
             Box::pin(async move {
-                let stmt = c.prepare_cached(sql).await.map_err(|e| (false, e))?;
+                let stmt = c.statement(sql, statements).await.map_err(|e| (false, e))?;
                 c.execute(&stmt, &[&seq]).await.map_err(|e| (true, e))
             })
         })

@@ -65,11 +65,13 @@ mod errors;
 mod fair;
 mod fenced;
 mod options;
+mod pool;
 mod schema;
 pub mod sql;
 mod store;
 
 pub use fenced::Fence;
 pub use options::{PostgresConfig, PostgresOptions, REFERENCE};
+pub use pool::{Connection, Connector, Pooled};
 pub use store::{PostgresStore, PostgresStoreFactory};
 pub use tenure_lease::FenceError;

@@ -126,7 +126,54 @@ pub struct Statements {
     pub remembered: String,
 }
 
+/// The statements the store prepares on its connections, each in its own slot
+/// ([`crate::pool::Connection::statement`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Sql {
+    Acquire,
+    FairAcquire,
+    Observe,
+    Advance,
+    Renew,
+    Release,
+    Join,
+    Line,
+    Leave,
+    RequestPreemption,
+    WithdrawPreemption,
+    Read,
+    List,
+    Remember,
+    Remembered,
+}
+
+impl Sql {
+    /// How many there are: the slots of a connection.
+    pub(crate) const COUNT: usize = Sql::Remembered as usize + 1;
+}
+
 impl Statements {
+    /// The text of statement `sql`.
+    pub(crate) fn text(&self, sql: Sql) -> &str {
+        match sql {
+            Sql::Acquire => &self.acquire,
+            Sql::FairAcquire => &self.fair_acquire,
+            Sql::Observe => &self.observe,
+            Sql::Advance => &self.advance,
+            Sql::Renew => &self.renew,
+            Sql::Release => &self.release,
+            Sql::Join => &self.join,
+            Sql::Line => &self.line,
+            Sql::Leave => &self.leave,
+            Sql::RequestPreemption => &self.request_preemption,
+            Sql::WithdrawPreemption => &self.withdraw_preemption,
+            Sql::Read => &self.read,
+            Sql::List => &self.list,
+            Sql::Remember => &self.remember,
+            Sql::Remembered => &self.remembered,
+        }
+    }
+
     /// The statements for table `table` in schema `schema` (plain identifiers, checked by
     /// [`PostgresOptions`](crate::PostgresOptions)).
     pub fn new(schema: &str, table: &str) -> Statements {

@@ -6,7 +6,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
+use deadpool::managed::{Object, Pool};
+use deadpool_postgres::{Manager, ManagerConfig, RecyclingMethod, Runtime};
 use futures::future::BoxFuture;
 use tenure_lease::{
     AcquireOutcome, AcquireRequest, Capabilities, ConfigError, FencingToken, HeldLease,
@@ -20,8 +21,9 @@ use crate::errors::{self, Failure, STORE};
 use crate::fair::Listener;
 use crate::fenced::Fence;
 use crate::options::{PostgresOptions, REFERENCE};
+use crate::pool::{Connector, Pooled};
 use crate::schema::migrate;
-use crate::sql::{Statements, like_prefix};
+use crate::sql::{Sql, Statements, like_prefix};
 
 /// Pause before the first retry of a transient failure; doubles up to [`MAX_PAUSE`].
 const FIRST_PAUSE: Duration = Duration::from_millis(20);
@@ -36,7 +38,7 @@ pub struct PostgresStore {
 }
 
 pub(crate) struct Inner {
-    pool: Pool,
+    pool: Pool<Connector>,
     pub(crate) statements: Statements,
     pub(crate) options: PostgresOptions,
     pub(crate) server: String,
@@ -86,7 +88,7 @@ impl PostgresStore {
                 recycling_method: RecyclingMethod::Fast,
             },
         );
-        let pool = Pool::builder(manager)
+        let pool = Pool::builder(Connector::new(manager))
             .max_size(options.pool_size)
             .runtime(Runtime::Tokio1)
             .build()
@@ -127,8 +129,9 @@ impl PostgresStore {
         &self.inner.statements
     }
 
-    /// A pooled connection to the lease database, for writes guarded by a [`Fence`].
-    pub async fn connection(&self) -> Result<Object, StoreError> {
+    /// A pooled connection to the lease database, for writes guarded by a [`Fence`]. It
+    /// dereferences to deadpool-postgres's client.
+    pub async fn connection(&self) -> Result<Pooled, StoreError> {
         let server = &self.inner.server;
         match timeout(self.inner.options.operation_timeout, self.inner.pool.get()).await {
             Ok(Ok(c)) => Ok(c),
@@ -152,7 +155,7 @@ impl PostgresStore {
         &self,
         patience: Duration,
         idempotent: bool,
-        attempt: impl for<'c> Fn(&'c Object, Scope<'c, 'a>) -> Attempt<'c, T>,
+        attempt: impl for<'c> Fn(&'c Pooled, Scope<'c, 'a>) -> Attempt<'c, T>,
     ) -> Result<T, StoreError> {
         let server = &self.inner.server;
         let deadline = Instant::now() + patience;
@@ -266,13 +269,14 @@ impl PostgresStore {
     /// Runs `sql` (one row: a flag, then a record) with `params`, idempotently.
     async fn flagged_record(
         &self,
-        sql: &str,
+        sql: Sql,
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     ) -> Result<Option<(bool, LeaseRecord)>, StoreError> {
+        let statements = &self.inner.statements;
         let rows = self
             .run(self.patience(), true, |c, _| {
                 Box::pin(async move {
-                    let stmt = c.prepare_cached(sql).await.map_err(|e| (false, e))?;
+                    let stmt = c.statement(sql, statements).await.map_err(|e| (false, e))?;
                     c.query(&stmt, params).await.map_err(|e| (true, e))
                 })
             })
@@ -328,10 +332,10 @@ impl PostgresStore {
         let released = self.release(&req.name, &req.owner, record.token).await;
         let gap = seen - token;
         let advanced = if gap <= MAX_ADVANCE {
-            let sql = &self.inner.statements.advance;
+            let (sql, statements) = (Sql::Advance, &self.inner.statements);
             self.run(self.patience(), false, |c, _| {
                 Box::pin(async move {
-                    let stmt = c.prepare_cached(sql).await.map_err(|e| (false, e))?;
+                    let stmt = c.statement(sql, statements).await.map_err(|e| (false, e))?;
                     c.query_one(&stmt, &[&gap]).await.map_err(|e| (true, e))
                 })
             })
@@ -364,12 +368,12 @@ impl PostgresStore {
     /// this client first read that version, so it was sent before, and the holder stopped
     /// believing less than one ttl after: no comparison with the server's clock.
     async fn observe(&self, req: &AcquireRequest) -> Result<Observed, StoreError> {
-        let sql = &self.inner.statements.observe;
+        let (sql, statements) = (Sql::Observe, &self.inner.statements);
         let name = &req.name;
         let rows = self
             .run(self.patience(), true, |c, _| {
                 Box::pin(async move {
-                    let stmt = c.prepare_cached(sql).await.map_err(|e| (false, e))?;
+                    let stmt = c.statement(sql, statements).await.map_err(|e| (false, e))?;
                     c.query(&stmt, &[name]).await.map_err(|e| (true, e))
                 })
             })
@@ -422,10 +426,9 @@ impl PostgresStore {
         waiter: Option<i64>,
     ) -> Result<Option<AcquireOutcome>, StoreError> {
         self.quiet(req.ttl)?;
-        let statements = &self.inner.statements;
         let sql = match waiter {
-            None => &statements.acquire,
-            Some(_) => &statements.fair_acquire,
+            None => Sql::Acquire,
+            Some(_) => Sql::FairAcquire,
         };
         let ttl = ttl_us(req.ttl);
         let priority = req.priority.to_string();
@@ -542,7 +545,7 @@ impl LeaseStore for PostgresStore {
         if leases.is_empty() {
             return Ok(Vec::new());
         }
-        let sql = &self.inner.statements.renew;
+        let (sql, statements) = (Sql::Renew, &self.inner.statements);
         let names: Vec<&str> = leases.iter().map(|l| l.name.as_str()).collect();
         // A token beyond i64 was never issued: -1 matches nothing.
         let tokens: Vec<i64> = leases
@@ -554,7 +557,7 @@ impl LeaseStore for PostgresStore {
         let rows = self
             .run(self.patience(), true, |c, _| {
                 Box::pin(async move {
-                    let stmt = c.prepare_cached(sql).await.map_err(|e| (false, e))?;
+                    let stmt = c.statement(sql, statements).await.map_err(|e| (false, e))?;
                     c.query(&stmt, &[&owner, names, tokens, &ttl])
                         .await
                         .map_err(|e| (true, e))
@@ -594,11 +597,11 @@ impl LeaseStore for PostgresStore {
         let Ok(token) = i64::try_from(token.get()) else {
             return Ok(false);
         };
-        let sql = &self.inner.statements.release;
+        let (sql, statements) = (Sql::Release, &self.inner.statements);
         let n = self
             .run(self.patience(), false, |c, _| {
                 Box::pin(async move {
-                    let stmt = c.prepare_cached(sql).await.map_err(|e| (false, e))?;
+                    let stmt = c.statement(sql, statements).await.map_err(|e| (false, e))?;
                     c.execute(&stmt, &[&name, &owner, &token])
                         .await
                         .map_err(|e| (true, e))
@@ -621,7 +624,7 @@ impl LeaseStore for PostgresStore {
         let Ok(token) = i64::try_from(token.get()) else {
             return Ok(PreemptAnswer::Gone);
         };
-        let sql = &self.inner.statements.request_preemption;
+        let sql = Sql::RequestPreemption;
         let priority = request.priority.to_string();
         let mut last = None;
         for _ in 0..ACQUIRE_RACES {
@@ -664,11 +667,11 @@ impl LeaseStore for PostgresStore {
         let Ok(token) = i64::try_from(token.get()) else {
             return Ok(false);
         };
-        let sql = &self.inner.statements.withdraw_preemption;
+        let (sql, statements) = (Sql::WithdrawPreemption, &self.inner.statements);
         let n = self
             .run(self.patience(), false, |c, _| {
                 Box::pin(async move {
-                    let stmt = c.prepare_cached(sql).await.map_err(|e| (false, e))?;
+                    let stmt = c.statement(sql, statements).await.map_err(|e| (false, e))?;
                     c.execute(&stmt, &[&name, &token, &by])
                         .await
                         .map_err(|e| (true, e))
@@ -701,11 +704,11 @@ impl LeaseStore for PostgresStore {
     }
 
     async fn read(&self, name: &str) -> Result<Option<LeaseRecord>, StoreError> {
-        let sql = &self.inner.statements.read;
+        let (sql, statements) = (Sql::Read, &self.inner.statements);
         let rows = self
             .run(self.patience(), true, |c, _| {
                 Box::pin(async move {
-                    let stmt = c.prepare_cached(sql).await.map_err(|e| (false, e))?;
+                    let stmt = c.statement(sql, statements).await.map_err(|e| (false, e))?;
                     c.query(&stmt, &[&name]).await.map_err(|e| (true, e))
                 })
             })
@@ -726,14 +729,14 @@ impl LeaseStore for PostgresStore {
         let Ok(token) = i64::try_from(token.get()) else {
             return Ok(false);
         };
-        let sql = &self.inner.statements.remember;
+        let (sql, statements) = (Sql::Remember, &self.inner.statements);
         let add: Vec<&str> = change.added().iter().map(String::as_str).collect();
         let remove: Vec<&str> = change.removed().iter().map(String::as_str).collect();
         let (add, remove) = (&add, &remove);
         let row = self
             .run(self.patience(), true, |c, _| {
                 Box::pin(async move {
-                    let stmt = c.prepare_cached(sql).await.map_err(|e| (false, e))?;
+                    let stmt = c.statement(sql, statements).await.map_err(|e| (false, e))?;
                     c.query_one(&stmt, &[&name, &owner, &token, add, remove])
                         .await
                         .map_err(|e| (true, e))
@@ -744,11 +747,11 @@ impl LeaseStore for PostgresStore {
     }
 
     async fn remembered(&self, name: &str) -> Result<Vec<String>, StoreError> {
-        let sql = &self.inner.statements.remembered;
+        let (sql, statements) = (Sql::Remembered, &self.inner.statements);
         let rows = self
             .run(self.patience(), true, |c, _| {
                 Box::pin(async move {
-                    let stmt = c.prepare_cached(sql).await.map_err(|e| (false, e))?;
+                    let stmt = c.statement(sql, statements).await.map_err(|e| (false, e))?;
                     c.query(&stmt, &[&name]).await.map_err(|e| (true, e))
                 })
             })
@@ -759,13 +762,13 @@ impl LeaseStore for PostgresStore {
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
-        let sql = &self.inner.statements.list;
+        let (sql, statements) = (Sql::List, &self.inner.statements);
         let pattern = like_prefix(prefix);
         let pattern = &pattern;
         let rows = self
             .run(self.patience(), true, |c, _| {
                 Box::pin(async move {
-                    let stmt = c.prepare_cached(sql).await.map_err(|e| (false, e))?;
+                    let stmt = c.statement(sql, statements).await.map_err(|e| (false, e))?;
                     c.query(&stmt, &[pattern]).await.map_err(|e| (true, e))
                 })
             })
