@@ -1,11 +1,11 @@
-//! The LeaseActor: the driver of one lease's [machine]. The machine decides
-//! everything (acquire and retry, the local deadline, renewals, suspension, loss, release,
-//! preemption); this actor turns its messages, timer firings and store answers into the
-//! machine's inputs, and carries out the effects: store calls (awaited in the handler, as
-//! the machine waits for their answers), renewals through the owner's [`RenewalBatcher`],
-//! timers, replies, and a watchdog task that feeds the machine the local deadline
-//! independently of the mailbox. The machine's events reach every output from one place
-//! ([`SharedBelief`]).
+//! The LeaseActor: the home of one lease's [machine]. The machine decides everything
+//! (acquire and retry, the local deadline, renewals, suspension, loss, release,
+//! preemption); its driver ([`crate::driver`]) feeds it inputs and carries out its effects:
+//! store calls, renewals through the owner's [`RenewalBatcher`], timers and the watchdog
+//! ([`crate::alarms`]), replies. This actor feeds the driver what reaches its mailbox
+//! (commands of other senders, timer firings, renewal answers); a [`Lease`](crate::Lease)
+//! handle feeds its own commands on its caller's task. The machine's events reach every
+//! output from one place ([`SharedBelief`]).
 //!
 //! It releases when it stops: gracefully in `post_stop`, and from `Drop` of its state when
 //! it is killed or fails (ractor skips `post_stop` then, e.g. when its supervisor dies).

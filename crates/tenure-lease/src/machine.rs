@@ -2,11 +2,11 @@
 //! holder (acquire and retry, the local deadline, renewals, suspension, loss, release,
 //! reentrancy, cooperative preemption) is decided here, once, and nowhere else.
 //!
-//! The machine reads no clock, awaits nothing and does no I/O. Its driver (the LeaseActor,
-//! see `crate::actor`) turns messages, timer firings and store answers into [`Input`]s,
-//! reads the holder clock ([`HolderClock`](crate::HolderClock), which counts host suspend)
-//! once per input and passes it as `now`, and carries out the [`Effect`]s the machine
-//! returns: store calls, timers, replies, and the [`Event`]s that are the one stream every
+//! The machine reads no clock, awaits nothing and does no I/O. Its driver (`crate::driver`,
+//! fed by the LeaseActor and the `Lease` handle) turns messages, timer firings and store
+//! answers into [`Input`]s, reads the holder clock ([`HolderClock`](crate::HolderClock),
+//! which counts host suspend) once per input and passes it as `now`, and carries out the
+//! [`Effect`]s the machine returns: store calls, timers, replies, and the [`Event`]s that are the one stream every
 //! output of a lease (supervisor events, lost-callbacks, observers, metrics, logs) derives
 //! from. Tests drive the machine directly with explicit instants (`machine_tests`).
 //!
