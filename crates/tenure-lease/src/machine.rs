@@ -8,7 +8,8 @@
 //! which counts host suspend) once per input and passes it as `now`, and carries out the
 //! [`Effect`]s the machine returns: store calls, timers, replies, and the [`Event`]s that
 //! are the one stream every output of a lease (supervisor events, lost-callbacks,
-//! observers, metrics, logs) derives from. Tests drive the machine directly with explicit instants (`machine_tests`).
+//! observers, metrics, logs) derives from. Tests drive the machine directly with explicit
+//! instants (`machine_tests`).
 //!
 //! # The driver's obligations
 //!
