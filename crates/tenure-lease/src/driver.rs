@@ -13,9 +13,10 @@
 //! - **Order of one sender**: commands a handle could not feed at once (a release from a
 //!   `Drop`, which cannot await) wait in a queue that every feed drains first, so they are
 //!   fed before anything the same handle asks later.
-//! - **A cancelled caller cancels nothing**: when the future of a feed is dropped while a
-//!   store call is in flight (a caller's timeout), the call goes on in a spawned task, which
-//!   feeds its answer and the rest of the turn.
+//! - **A cancelled caller cancels nothing**, as when commands were messages: when the
+//!   future of a feed is dropped (a caller's timeout) while a store call is in flight, the
+//!   call goes on in a spawned task, which feeds its answer and the rest of the turn; when
+//!   it is dropped before its command was fed, the command is queued for the actor.
 //! - **Nothing after the stop**: once the actor stopped (its graceful release fed, or
 //!   abandoned), commands are refused: their callers see the actor stopped.
 
@@ -97,7 +98,13 @@ impl Driver {
 
     /// Feeds the queued commands, then `input`, each until the machine awaits no store call.
     /// A command after the stop is dropped unfed: its caller learns the actor stopped.
+    /// Dropped before `input` was fed (its caller gave up), it queues `input` for the actor
+    /// to feed: a command once asked is carried out, as when it was a message.
     pub(crate) async fn feed(self: &Arc<Self>, input: MachineInput) {
+        let mut unfed = Unfed {
+            driver: self,
+            input: Some(input),
+        };
         let turn = self.turn.clone().lock_owned().await;
         let mut turn = Turn {
             driver: self.clone(),
@@ -105,7 +112,9 @@ impl Driver {
             call: None,
         };
         turn.drain().await;
-        turn.run(input).await;
+        if let Some(input) = unfed.input.take() {
+            turn.run(input).await;
+        }
     }
 
     /// Feeds the queued commands.
@@ -119,10 +128,13 @@ impl Driver {
         turn.drain().await;
     }
 
-    /// Queues `input` to be fed before any later command (for callers that cannot await);
-    /// the caller must then have the queue fed (the actor's `FeedQueued`).
+    /// Queues `input` to be fed before any later command and has the actor feed it (for
+    /// callers that cannot await).
     pub(crate) fn enqueue(&self, input: MachineInput) {
         lock(&self.queued).push_back(input);
+        if let Some(actor) = self.actor.get() {
+            let _ = actor.cast(LeaseMsg::FeedQueued);
+        }
     }
 
     /// The graceful stop: feeds the queued commands and then `release` (the actor's own),
@@ -244,6 +256,20 @@ impl Driver {
     }
 }
 
+/// A command not fed yet; dropped so, it is queued for the actor (see [`Driver::feed`]).
+struct Unfed<'a> {
+    driver: &'a Arc<Driver>,
+    input: Option<MachineInput>,
+}
+
+impl Drop for Unfed<'_> {
+    fn drop(&mut self) {
+        if let Some(input) = self.input.take() {
+            self.driver.enqueue(input);
+        }
+    }
+}
+
 /// A feed holding the driver's turn. Dropped while a store call is in flight (its caller
 /// gave up), it hands the call and the turn to a spawned task that finishes the feed.
 struct Turn {
@@ -304,6 +330,7 @@ impl Drop for Turn {
                 call: None,
             };
             turn.step_and_call(Input::Answered(outcome)).await;
+            turn.drain().await;
         });
     }
 }

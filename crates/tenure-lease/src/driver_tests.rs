@@ -56,6 +56,30 @@ async fn an_acquire_whose_caller_gave_up_goes_on_and_its_grant_is_believed() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_release_whose_caller_gave_up_before_its_turn_is_still_carried_out() {
+    let store = MemoryStore::new();
+    let lease = lease(&store, "a").await;
+    store.set_fault(Fault::Delay(Duration::from_millis(300)));
+    let acquiring = tokio::spawn({
+        let lease = lease.clone();
+        async move { lease.acquire().await }
+    });
+    sleep(Duration::from_millis(50)).await;
+    // The acquire holds the turn until the store answers; this caller gives up first.
+    assert!(
+        timeout(Duration::from_millis(50), lease.release())
+            .await
+            .is_err()
+    );
+    let Acquired::Granted { .. } = acquiring.await.unwrap().unwrap() else {
+        panic!("not granted")
+    };
+    sleep(Duration::from_secs(1)).await;
+    assert_eq!(holder(&store).await, None, "the release was carried out");
+    assert!(!lease.check_lease());
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_release_queued_by_a_dropped_grant_comes_before_the_next_acquire() {
     let store = MemoryStore::new();
     let lease = lease(&store, "a").await;

@@ -196,7 +196,6 @@ impl Lease {
         self.inner.view.driver.enqueue(Input::Release {
             reply: ReleaseCaller::Port(tx.into()),
         });
-        let _ = self.inner.actor.cast(LeaseMsg::FeedQueued);
     }
 
     fn forget_lost_callbacks(&self) {
