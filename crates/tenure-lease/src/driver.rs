@@ -96,6 +96,16 @@ impl Driver {
         *lock(&self.note) = note;
     }
 
+    /// Waits for the turn to feed the machine.
+    async fn turn(self: &Arc<Self>) -> Turn {
+        let guard = self.turn.clone().lock_owned().await;
+        Turn {
+            driver: self.clone(),
+            guard: Some(guard),
+            call: None,
+        }
+    }
+
     /// Feeds the queued commands, then `input`, each until the machine awaits no store call.
     /// A command after the stop is dropped unfed: its caller learns the actor stopped.
     /// Dropped before `input` was fed (its caller gave up), it queues `input` for the actor
@@ -105,12 +115,7 @@ impl Driver {
             driver: self,
             input: Some(input),
         };
-        let turn = self.turn.clone().lock_owned().await;
-        let mut turn = Turn {
-            driver: self.clone(),
-            guard: Some(turn),
-            call: None,
-        };
+        let mut turn = self.turn().await;
         turn.drain().await;
         if let Some(input) = unfed.input.take() {
             turn.run(input).await;
@@ -119,12 +124,7 @@ impl Driver {
 
     /// Feeds the queued commands.
     pub(crate) async fn feed_queued(self: &Arc<Self>) {
-        let turn = self.turn.clone().lock_owned().await;
-        let mut turn = Turn {
-            driver: self.clone(),
-            guard: Some(turn),
-            call: None,
-        };
+        let mut turn = self.turn().await;
         turn.drain().await;
     }
 
@@ -140,12 +140,7 @@ impl Driver {
     /// The graceful stop: feeds the queued commands and then `release` (the actor's own),
     /// after which every command is refused.
     pub(crate) async fn stop(self: &Arc<Self>, release: MachineInput) {
-        let turn = self.turn.clone().lock_owned().await;
-        let mut turn = Turn {
-            driver: self.clone(),
-            guard: Some(turn),
-            call: None,
-        };
+        let mut turn = self.turn().await;
         turn.drain().await;
         self.stopped.store(true, Ordering::SeqCst);
         turn.step_and_call(release).await;
