@@ -16,7 +16,7 @@ use cli::cluster::{Cluster, TestCluster};
 use cli::lives::shard_lives;
 use cli::shards::{
     check_acks, idle_host, last_kill, live_shards, load_requests, open_loop_options,
-    sharded_cluster, shards_at, shards_on,
+    sharded_cluster, shards_at,
 };
 use tenure::sqlite::FencedCounter;
 use tenure_cli::demo::counter::counter_name;
@@ -112,9 +112,10 @@ fn a_node_paused_past_the_ttl_stops_its_shards_on_resume_and_its_late_writes_are
     let _serial = serial();
     let c = sharded_cluster();
     let victim = 1;
-    let moved = shards_on(&c, victim);
     c.pause(victim);
     let paused = now_ns();
+    // What it ran when it froze: a rebalance may have moved a shard away just before.
+    let moved = shards_at(&c.history(), &c.nodes[victim].addr, paused);
     // Its leases expire (ttl 3 s) and the others take its shards over.
     wait_moved(&c, &moved, victim, paused, Duration::from_secs(40));
     c.resume(victim);
@@ -140,10 +141,12 @@ fn a_node_cut_off_from_the_others_gives_its_shards_up_and_they_move_without_over
     let _serial = serial();
     let c = sharded_cluster();
     let victim = 2;
-    let moved = shards_on(&c, victim);
     c.set_link(victim, 0, true);
     c.set_link(victim, 1, true);
     let cut = now_ns();
+    // What it ran when it was cut off (not a moment before: a rebalance may have moved a
+    // shard away meanwhile, and a later move's life would not start after the cut).
+    let moved = shards_at(&c.history(), &c.nodes[victim].addr, cut);
     // Both sides still reach the store: the split brain resolver downs the cut-off node
     // (the other side wins the resolver lease), which stops its shards and releases their
     // leases; the majority's coordinator moves them, and their new hosts wait for the

@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::cluster::{Cluster, Options, TestCluster};
-use super::lives::{Life, frozen, shard_lives};
+use super::lives::{Life, shard_lives};
 
 /// Acknowledged increments are not lost (`tenure check --counter`'s rule): per key, every
 /// acknowledged value was accepted by the counter, no value was acknowledged twice, and the
@@ -89,20 +89,6 @@ pub fn live_shards(history: &[Value]) -> Vec<Life> {
         latest.insert(l.subject.clone(), l);
     }
     latest.into_values().filter(|l| l.end.is_none()).collect()
-}
-
-/// The shards running on node `node`, unless it is frozen.
-pub fn shards_on(c: &Cluster, node: usize) -> BTreeSet<String> {
-    let h = c.history();
-    let addr = &c.nodes[node].addr;
-    if frozen(&h, addr) {
-        return BTreeSet::new();
-    }
-    live_shards(&h)
-        .into_iter()
-        .filter(|l| l.node == *addr)
-        .map(|l| l.subject)
-        .collect()
 }
 
 /// Options of a harness cluster hosting the example counter with `shards` shards, every
