@@ -388,7 +388,7 @@ impl Actor for LeaseActor {
             LeaseMsg::TryAcquire(reply) => Input::TryAcquire { reply },
             LeaseMsg::RetryPace(pace) => Input::RetryPace(pace),
             LeaseMsg::SetNote(note) => {
-                driver.set_note(note);
+                let _ = driver.set_note(note);
                 return Ok(());
             }
             LeaseMsg::Release(reply) => Input::Release {

@@ -91,9 +91,13 @@ impl Driver {
         &self.spec
     }
 
-    /// Keeps `note` with later acquires.
-    pub(crate) fn set_note(&self, note: Option<String>) {
+    /// Keeps `note` with later acquires. False: the actor stopped, nothing is kept.
+    pub(crate) fn set_note(&self, note: Option<String>) -> bool {
+        if self.stopped.load(Ordering::SeqCst) {
+            return false;
+        }
         *lock(&self.note) = note;
+        true
     }
 
     /// Waits for the turn to feed the machine.
@@ -284,7 +288,8 @@ impl Turn {
         }
     }
 
-    /// Feeds `input` unless the driver stopped and it is a command (dropped then).
+    /// Feeds `input` unless the driver stopped (dropped then: a caller learns the actor
+    /// stopped).
     async fn run(&mut self, input: MachineInput) {
         if self.driver.stopped.load(Ordering::SeqCst) {
             return;
@@ -295,11 +300,7 @@ impl Turn {
     async fn step_and_call(&mut self, input: MachineInput) {
         let mut effects = self.driver.belief.step(input);
         while let Some(call) = self.driver.carry_out_all(effects) {
-            self.call = Some(self.driver.call(call));
-            let outcome = match self.call.as_mut() {
-                Some(call) => call.await,
-                None => unreachable!("set just above"),
-            };
+            let outcome = self.call.insert(self.driver.call(call)).await;
             self.call = None;
             effects = self.driver.belief.step(Input::Answered(outcome));
         }

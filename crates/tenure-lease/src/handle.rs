@@ -216,13 +216,13 @@ impl Lease {
     /// Keeps `note` with this lease's later acquires: the next [`acquire`](Lease::acquire)
     /// writes it into the grant (same token while held). `Err` only if the actor stopped.
     pub fn set_note(&self, note: Option<String>) -> Result<(), LeaseError> {
-        if self.inner.actor.get_status() >= ractor::ActorStatus::Stopping {
-            return Err(LeaseError::ActorStopped {
+        if self.inner.view.driver.set_note(note) {
+            Ok(())
+        } else {
+            Err(LeaseError::ActorStopped {
                 name: self.inner.name.clone(),
-            });
+            })
         }
-        self.inner.view.driver.set_note(note);
-        Ok(())
     }
 
     /// `true` only while this owner certainly holds the lease: granted, no loss announced,
