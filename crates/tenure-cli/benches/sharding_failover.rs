@@ -1,9 +1,10 @@
 //! Sharding fail-over: SIGKILL of a node → the last of its shards serving again on another
 //! node, on a 3-node harness cluster with 100 shards and every node driving increments
 //! (shard lease ttl 3 s, renewed every 500 ms, retried every 300 ms; member lease ttl 3 s).
-//! The victim rotates over the nodes, so a third of the runs also fail the coordinator
-//! over. Times come from the history (host CLOCK_BOOTTIME): `killed` → the latest
-//! `shard_started` among the victim's shards. Every run's history is checked.
+//! The victim rotates over the nodes; a killed node comes back as the youngest, so every
+//! run kills the oldest node, which hosts the coordinator: each run fails the coordinator
+//! over too, the slower case. Times come from the history (host CLOCK_BOOTTIME): `killed`
+//! → the latest `shard_started` among the victim's shards. Every run's history is checked.
 //!
 //! `cargo bench -p tenure-cli --bench sharding_failover` (runs: TENURE_BENCH_RUNS, default 10).
 

@@ -390,7 +390,12 @@ impl CoordinatorState {
         }
     }
 
-    /// Records `region` as the home of `shard` and tells it.
+    /// Records `region` as the home of `shard`, tells it to host the shard, and tells every
+    /// other registered region where the shard lives. Every region then knows every home,
+    /// not only those it asked: when a node goes, the regions ask the next home of each of
+    /// its shards at once (the region's orphans), so that even a coordinator that failed
+    /// over with that node, and found the shard's lease lapsed, restarts the shard without
+    /// waiting for a message to it.
     fn host(&mut self, shard: &str, region: &str) {
         tracing::debug!(entity_type = %self.args.type_name, shard, region, "shard allocated");
         if self.args.settings.remember_entities {
@@ -403,6 +408,9 @@ impl CoordinatorState {
                 shard: shard.to_string(),
                 coordinator: self.args.token,
             }));
+        }
+        for other in self.regions.keys().filter(|r| *r != region) {
+            self.tell_home(shard, Some(region.to_string()), other);
         }
     }
 
@@ -738,4 +746,153 @@ fn read_remembered_shards(args: &CoordinatorArgs, me: &ActorRef<CoordinatorMsg>)
             shards,
         )));
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tenure_cluster::{ClusterSettings, Node};
+    use tenure_lease::{LeaseProvider, MemoryStore, StoreRegistry, TenureConfig};
+    use tokio::sync::mpsc;
+
+    use super::*;
+    use crate::allocation::LeastShards;
+    use crate::region::region_group;
+
+    /// A region that only reports the homes it is told: (its address, shard, home).
+    struct HomesTold {
+        addr: String,
+        told: mpsc::UnboundedSender<(String, String, String)>,
+    }
+
+    impl Actor for HomesTold {
+        type Msg = RegionMsg;
+        type State = ();
+        type Arguments = ();
+
+        async fn pre_start(&self, _: ActorRef<RegionMsg>, _: ()) -> Result<(), ActorProcessingErr> {
+            Ok(())
+        }
+
+        async fn handle(
+            &self,
+            _: ActorRef<RegionMsg>,
+            msg: RegionMsg,
+            _: &mut (),
+        ) -> Result<(), ActorProcessingErr> {
+            let told = match msg {
+                RegionMsg::Host(HostShard { shard, .. }) => Some((shard, self.addr.clone())),
+                RegionMsg::Home(ShardHome { shard, home, .. }) => home.map(|h| (shard, h)),
+                _ => None,
+            };
+            if let Some((shard, home)) = told {
+                let _ = self.told.send((self.addr.clone(), shard, home));
+            }
+            Ok(())
+        }
+    }
+
+    /// A shard allocated on request of one region: the host, the asker and every other
+    /// registered region learn its home, so that any of them can ask its next home when
+    /// the host goes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_registered_region_learns_the_home_of_an_allocated_shard() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let config = TenureConfig::from_toml_str(
+            &format!(
+                "[tenure]\ndefault-lease-section = \"memory\"\n\
+                 [lease.memory]\nheartbeat-timeout = \"3s\"\nheartbeat-interval = \"500ms\"\n\
+                 [cluster]\nport = {port}\ncookie = \"coordinator-test\"\n\
+                 member-lease-ttl = \"3s\"\nmember-lease-interval = \"500ms\"\n"
+            ),
+            "test",
+        )
+        .unwrap();
+        let registry = ["sqlite", "postgres", "etcd", "zookeeper"]
+            .into_iter()
+            .fold(StoreRegistry::new(), |r, kind| r.left_out(kind, kind));
+        let provider = LeaseProvider::new(config.clone(), registry).unwrap();
+        let node = Node::start(
+            ClusterSettings::from_config(&config).unwrap(),
+            &provider,
+            None,
+        )
+        .await
+        .unwrap();
+        let scope = "coordinator-homes-test";
+        let (told, mut heard) = mpsc::unbounded_channel();
+        let host = node.addr().to_string();
+        let (asker, bystander) = ("127.0.0.1:2".to_string(), "127.0.0.1:3".to_string());
+        let mut regions = Vec::new();
+        for addr in [&host, &asker, &bystander] {
+            let region = HomesTold {
+                addr: addr.clone(),
+                told: told.clone(),
+            };
+            let (actor, _) = Actor::spawn(None, region, ()).await.unwrap();
+            ractor::pg::join_scoped(
+                scope.to_string(),
+                region_group("probe", addr),
+                vec![actor.get_cell()],
+            );
+            regions.push(actor);
+        }
+        let settings = ShardingSettings::from_config(&config, "probe", "memory").unwrap();
+        let args = CoordinatorArgs {
+            type_name: "probe".into(),
+            scope: scope.into(),
+            settings: Arc::new(settings),
+            strategy: Arc::new(LeastShards { threshold: 1 }),
+            subscriptions: node.subscriptions(),
+            history: None,
+            token: FencingToken::new(1),
+            store: Arc::new(MemoryStore::new()),
+            system: "test".into(),
+            list_timeout: Duration::from_secs(1),
+        };
+        let (coordinator, _) = Actor::spawn(None, Coordinator, args).await.unwrap();
+        for addr in [&host, &asker, &bystander] {
+            coordinator
+                .cast(CoordinatorMsg::RegisterRegion(Register {
+                    region: addr.clone(),
+                    shards: Vec::new(),
+                    available: *addr == host,
+                }))
+                .unwrap();
+        }
+        // Asked again until answered, as a region asks every tick: the node's own member
+        // may not be up yet when the coordinator hears the first request.
+        let mut learnt = BTreeSet::new();
+        for _ in 0..300 {
+            if learnt.len() == 3 {
+                break;
+            }
+            coordinator
+                .cast(CoordinatorMsg::GetHome(GetShardHome {
+                    shard: "5".into(),
+                    region: asker.clone(),
+                }))
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            while let Ok((region, shard, home)) = heard.try_recv() {
+                assert_eq!((shard.as_str(), home.as_str()), ("5", host.as_str()));
+                learnt.insert(region);
+            }
+        }
+        assert_eq!(
+            learnt,
+            BTreeSet::from([host.clone(), asker.clone(), bystander.clone()]),
+            "the regions that learnt the home of shard 5"
+        );
+        coordinator.stop(None);
+        for r in regions {
+            r.stop(None);
+        }
+        node.leave().await.unwrap();
+    }
 }

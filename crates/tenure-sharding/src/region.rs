@@ -12,7 +12,7 @@
 //! host asks the coordinator before passing it on, so two stale beliefs never bounce a
 //! message between them.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -103,6 +103,12 @@ pub struct RegionState {
     /// Tells refused because their shard's buffer was full (each is logged).
     dropped_tells: u64,
     asked: HashMap<String, Instant>,
+    /// Shards whose home this region knew and lost (that node became unreachable or went
+    /// down): their home is asked every tick until the coordinator names one, so that they
+    /// start again elsewhere without waiting for a message. A coordinator that failed over
+    /// with their node does not know them otherwise: their leases lapsed before it listed
+    /// them.
+    orphans: BTreeSet<String>,
     members: BTreeMap<String, Member>,
     leaving: bool,
     down: bool,
@@ -163,6 +169,7 @@ impl Actor for Region {
             pending_count: 0,
             dropped_tells: 0,
             asked: HashMap::new(),
+            orphans: BTreeSet::new(),
             members: BTreeMap::new(),
             leaving: false,
             down: false,
@@ -527,6 +534,7 @@ impl RegionState {
         if home == self.args.me && !self.start_shard(shard).await {
             return;
         }
+        self.orphans.remove(shard);
         self.homes.insert(shard.to_string(), home);
         if let Some(waiting) = self.pending.remove(shard) {
             self.pending_count -= waiting.len();
@@ -664,10 +672,26 @@ impl RegionState {
             }));
         }
         self.drop_expired_asks();
-        let waiting: Vec<String> = self.pending.keys().cloned().collect();
-        for shard in waiting {
+        let mut asking: BTreeSet<String> = self.pending.keys().cloned().collect();
+        if !self.down && !self.leaving {
+            asking.extend(self.orphans.iter().cloned());
+        }
+        for shard in asking {
             self.ask_home(&shard).await;
         }
+    }
+
+    /// Forgets the homes on `addr` (unreachable or gone), keeping their shards as orphans
+    /// whose home is asked again.
+    fn lose_homes_on(&mut self, addr: &str) {
+        let orphans = &mut self.orphans;
+        self.homes.retain(|shard, h| {
+            let lost = h == addr;
+            if lost {
+                orphans.insert(shard.clone());
+            }
+            !lost
+        });
     }
 
     /// Gives up every message kept for a home: asks fail with `why`, tells are counted and
@@ -728,12 +752,12 @@ impl RegionState {
             }
             ClusterEvent::Unreachable(m) => {
                 let addr = m.addr.to_string();
-                self.homes.retain(|_, h| *h != addr);
+                self.lose_homes_on(&addr);
                 self.members.insert(addr, m);
             }
             ClusterEvent::MemberDown(m) | ClusterEvent::MemberRemoved(m) => {
                 let addr = m.addr.to_string();
-                self.homes.retain(|_, h| *h != addr);
+                self.lose_homes_on(&addr);
                 self.vacated.remove(&addr);
                 if addr == self.args.me {
                     self.members.insert(addr, m);
@@ -956,6 +980,86 @@ mod tests {
 
     fn waiting(s: &RegionSnapshot) -> BTreeMap<String, usize> {
         s.waiting.iter().cloned().collect()
+    }
+
+    /// A coordinator that only reports the shards it is asked the home of.
+    struct HomeAsks(tokio::sync::mpsc::UnboundedSender<String>);
+
+    impl Actor for HomeAsks {
+        type Msg = CoordinatorMsg;
+        type State = ();
+        type Arguments = ();
+
+        async fn pre_start(
+            &self,
+            _: ActorRef<CoordinatorMsg>,
+            _: (),
+        ) -> Result<(), ActorProcessingErr> {
+            Ok(())
+        }
+
+        async fn handle(
+            &self,
+            _: ActorRef<CoordinatorMsg>,
+            msg: CoordinatorMsg,
+            _: &mut (),
+        ) -> Result<(), ActorProcessingErr> {
+            if let CoordinatorMsg::GetHome(GetShardHome { shard, .. }) = msg {
+                let _ = self.0.send(shard);
+            }
+            Ok(())
+        }
+    }
+
+    fn member(addr: &str, status: MemberStatus) -> Member {
+        Member {
+            addr: tenure_cluster::NodeAddr::parse("member", addr).unwrap(),
+            incarnation: tenure_cluster::Incarnation(1),
+            age: 1,
+            status,
+            reachable: true,
+            roles: Vec::new(),
+        }
+    }
+
+    /// A coordinator that failed over with a node does not know that node's shards (their
+    /// leases lapsed before it listed them): the regions that knew them ask their home,
+    /// with no message for them, so that they start again elsewhere at once.
+    #[tokio::test(start_paused = true)]
+    async fn a_shard_whose_home_went_down_is_asked_a_new_home_with_no_message_for_it() {
+        let scope = "region-orphans";
+        let (asks, mut asked) = tokio::sync::mpsc::unbounded_channel();
+        let (coordinator, _) = Actor::spawn(None, HomeAsks(asks), ()).await.unwrap();
+        ractor::pg::join_scoped(
+            scope.to_string(),
+            tenure_singleton::instance_group("sharding-probe-coordinator", FencingToken::new(1)),
+            vec![coordinator.get_cell()],
+        );
+        let region = homeless_region(scope, "[sharding]\nretry-interval = \"100ms\"").await;
+        let other = "127.0.0.1:2";
+        let cast = |msg: RegionMsg| region.actor().cast(msg).unwrap();
+        cast(RegionMsg::Local(RegionLocal::Cluster(
+            ClusterEvent::CurrentMembers(vec![member(other, MemberStatus::Up)]),
+        )));
+        cast(RegionMsg::Home(ShardHome {
+            shard: "7".into(),
+            home: Some(other.into()),
+            coordinator: FencingToken::new(1),
+        }));
+        assert_eq!(
+            snapshot(&region).await.homes,
+            vec![("7".into(), other.into())]
+        );
+        cast(RegionMsg::Local(RegionLocal::Cluster(
+            ClusterEvent::MemberDown(member(other, MemberStatus::Down)),
+        )));
+        let first = tokio::time::timeout(Duration::from_secs(60), asked.recv()).await;
+        assert_eq!(
+            first.ok().flatten().as_deref(),
+            Some("7"),
+            "the region never asked the new home of the shard its lost node hosted"
+        );
+        coordinator.stop(None);
     }
 
     #[tokio::test(start_paused = true)]
