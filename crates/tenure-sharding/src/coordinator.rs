@@ -391,11 +391,11 @@ impl CoordinatorState {
     }
 
     /// Records `region` as the home of `shard`, tells it to host the shard, and tells every
-    /// other registered region where the shard lives. Every region then knows every home,
-    /// not only those it asked: when a node goes, the regions ask the next home of each of
-    /// its shards at once (the region's orphans), so that even a coordinator that failed
-    /// over with that node, and found the shard's lease lapsed, restarts the shard without
-    /// waiting for a message to it.
+    /// other registered region where the shard lives (a region that registers later learns
+    /// it then). Every region then knows every home, not only those it asked: when a node
+    /// goes, the regions ask the next home of each of its shards at once (the region's
+    /// orphans), so that even a coordinator that failed over with that node, and found the
+    /// shard's lease lapsed, restarts the shard without waiting for a message to it.
     fn host(&mut self, shard: &str, region: &str) {
         tracing::debug!(entity_type = %self.args.type_name, shard, region, "shard allocated");
         if self.args.settings.remember_entities {
@@ -417,12 +417,25 @@ impl CoordinatorState {
     fn on_register(&mut self, report: Register) {
         let region = report.region.clone();
         let reported: BTreeSet<String> = report.shards.into_iter().collect();
-        self.regions.insert(
-            region.clone(),
-            RegionEntry {
-                available: report.available,
-            },
-        );
+        let first = self
+            .regions
+            .insert(
+                region.clone(),
+                RegionEntry {
+                    available: report.available,
+                },
+            )
+            .is_none();
+        if first {
+            // A region new to this coordinator learns every home known so far, as if it
+            // had been registered when each was allocated (see `host`); not those of
+            // moving shards, whose messages must wait for the move to end.
+            for (shard, home) in &self.homes {
+                if *home != region && !self.moving.contains_key(shard) {
+                    self.tell_home(shard, Some(home.clone()), &region);
+                }
+            }
+        }
         self.askers.remove(&region);
         self.holders.remove(&region);
         for shard in &reported {
@@ -794,8 +807,8 @@ mod tests {
     }
 
     /// A shard allocated on request of one region: the host, the asker and every other
-    /// registered region learn its home, so that any of them can ask its next home when
-    /// the host goes.
+    /// registered region learn its home, and so does a region that registers later, so
+    /// that any of them can ask its next home when the host goes.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn every_registered_region_learns_the_home_of_an_allocated_shard() {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -888,6 +901,46 @@ mod tests {
             learnt,
             BTreeSet::from([host.clone(), asker.clone(), bystander.clone()]),
             "the regions that learnt the home of shard 5"
+        );
+        // A region registering later learns it as it registers.
+        let late = "127.0.0.1:4".to_string();
+        let (actor, _) = Actor::spawn(
+            None,
+            HomesTold {
+                addr: late.clone(),
+                told: told.clone(),
+            },
+            (),
+        )
+        .await
+        .unwrap();
+        ractor::pg::join_scoped(
+            scope.to_string(),
+            region_group("probe", &late),
+            vec![actor.get_cell()],
+        );
+        regions.push(actor);
+        coordinator
+            .cast(CoordinatorMsg::RegisterRegion(Register {
+                region: late.clone(),
+                shards: Vec::new(),
+                available: false,
+            }))
+            .unwrap();
+        // (Answers to the asker's repeated requests may still come in meanwhile.)
+        let told_late = tokio::time::timeout(Duration::from_secs(30), async {
+            while let Some(told) = heard.recv().await {
+                if told.0 == late {
+                    return Some(told);
+                }
+            }
+            None
+        })
+        .await;
+        assert_eq!(
+            told_late.ok().flatten(),
+            Some((late, "5".to_string(), host.clone())),
+            "what a region registering later was told"
         );
         coordinator.stop(None);
         for r in regions {
