@@ -31,6 +31,8 @@ pub fn now_ns() -> i64 {
 /// on every node and every node's proxy reaches the singleton.
 pub fn loaded_cluster(n: usize) -> Cluster {
     let mut options = open_loop_options(SHARDS, KEYS, RATE, "2s", "rebalance-interval = \"1s\"");
+    // A bench run being traced keeps its history.
+    options.history = std::env::var_os("TENURE_BENCH_HISTORY").map(Into::into);
     options
         .node_args
         .extend(["--singleton", "s1", "--tick", "100ms"].map(String::from));
