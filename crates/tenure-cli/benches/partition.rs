@@ -16,7 +16,8 @@
 //! Kinds (`TENURE_BENCH_KINDS`, comma-separated, default all): `oldest-isolated` (the
 //! oldest node's links stalled both ways), `youngest-dropped` (the youngest node's links
 //! dropped), `partial` (the oldest and youngest cannot hear each other; the middle node
-//! hears both), `one-way` (what the youngest sends the oldest is lost), `kill-oldest`
+//! hears both; one or both ends down themselves, and the survivors are the nodes that
+//! stayed), `one-way` (what the youngest sends the oldest is lost), `kill-oldest`
 //! (SIGKILL of the oldest node), `kill-two` (SIGKILL of the two oldest at once).
 //!
 //! `TENURE_BENCH_HISTORY=FILE` keeps the history (use it with one kind: each kind's
@@ -74,8 +75,12 @@ fn inject(c: &mut Cluster, kind: &str, by_age: &[usize]) -> (Vec<usize>, Heal) {
         }
         "partial" => {
             c.set_link(o, y, true);
+            // An end of the cut link downs itself, or both do: each end that sees itself
+            // indirectly connected goes, and whether one or both do depends on when each
+            // learns the other's observation. The survivors are those that stayed (see
+            // `main`).
             (
-                vec![m],
+                vec![o, m, y],
                 Box::new(move |c: &mut Cluster| c.set_link(o, y, false)),
             )
         }
@@ -151,13 +156,7 @@ fn main() {
             let (survivors, heal) = inject(&mut c, kind, &ages);
             let at = now_ns();
             std::thread::sleep(hold + Duration::from_secs(2));
-            let names: Vec<String> = survivors.iter().map(|i| c.nodes[*i].addr.clone()).collect();
             let end = at + hold.as_nanos() as i64;
-            let recovered = recovered_after(&c.history(), &names, at, end);
-            match recovered {
-                Some(t) => times.push(t),
-                None => never += 1,
-            }
             let history = c.history();
             let went: Vec<&str> = history
                 .iter()
@@ -167,6 +166,16 @@ fn main() {
                 })
                 .filter_map(|e| e["node"].as_str())
                 .collect();
+            let mut names: Vec<String> =
+                survivors.iter().map(|i| c.nodes[*i].addr.clone()).collect();
+            if kind == "partial" {
+                names.retain(|n| !went.contains(&n.as_str()));
+            }
+            let recovered = recovered_after(&history, &names, at, end);
+            match recovered {
+                Some(t) => times.push(t),
+                None => never += 1,
+            }
             let age_order: Vec<&str> = ages.iter().map(|i| c.nodes[*i].addr.as_str()).collect();
             let took = recovered.map_or(format!("no recovery within {} s", hold.as_secs()), |t| {
                 format!("{t:.2} s")
