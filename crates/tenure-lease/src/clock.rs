@@ -51,31 +51,32 @@ pub fn realtime_now_us() -> i64 {
 static HOST_SUSPENDED_NS: AtomicU64 = AtomicU64::new(0);
 
 /// How long the host has been suspended since boot (`CLOCK_BOOTTIME - CLOCK_MONOTONIC`).
-/// Never decreases. The two reads are a few nanoseconds apart; a read disturbed by
-/// preemption between them is retried, and what error remains overstates the suspend, which
-/// only moves holder deadlines earlier.
+/// Never decreases. The two reads are a few nanoseconds apart, monotonic first, so their
+/// difference only overstates the suspend (which only moves holder deadlines earlier); a
+/// pair disturbed by preemption between them is retried before it may raise the offset.
 pub fn host_suspended() -> Duration {
+    // Read first: the offset grows only after a suspend, and a read-modify-write on every
+    // call (every belief check) would bounce the cache line between workers.
+    let seen = HOST_SUSPENDED_NS.load(Ordering::Relaxed);
     let mut offset = 0;
     for _ in 0..4 {
         let before = monotonic_now_ns();
         let boot = boottime_now_ns();
-        let after = monotonic_now_ns();
         offset = u64::try_from(boot.saturating_sub(before)).unwrap_or(0);
-        if after - before < 50_000 {
+        if offset <= seen {
+            // Even overstated, nothing new: no third read to bound the pair's error. Every
+            // belief check (every local message to an entity) comes through here.
+            return Duration::from_nanos(seen);
+        }
+        if monotonic_now_ns() - before < 50_000 {
             break;
         }
     }
-    // Read first: the offset grows only after a suspend, and a read-modify-write on every
-    // call (every belief check) would bounce the cache line between workers.
-    let seen = HOST_SUSPENDED_NS.load(Ordering::Relaxed);
-    if offset > seen {
-        return Duration::from_nanos(
-            HOST_SUSPENDED_NS
-                .fetch_max(offset, Ordering::Relaxed)
-                .max(offset),
-        );
-    }
-    Duration::from_nanos(seen)
+    Duration::from_nanos(
+        HOST_SUSPENDED_NS
+            .fetch_max(offset, Ordering::Relaxed)
+            .max(offset),
+    )
 }
 
 /// How often the host clock looks for a suspend that just ended. Holders learn of a suspend
