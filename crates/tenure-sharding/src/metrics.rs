@@ -53,9 +53,28 @@ pub(crate) fn tell_dropped(type_name: &str) {
         .increment(1);
 }
 
-pub(crate) fn region_buffer(type_name: &str, depth: usize) {
-    metrics::gauge!("tenure_sharding_region_buffer", "type" => type_name.to_string())
-        .set(depth as f64);
+/// A region's `tenure_sharding_region_buffer` gauge, registered once when the region starts:
+/// the region reports its depth after every message it handles, so it must not build a key
+/// per message, and it sets the gauge only when the depth changed.
+pub(crate) struct RegionBuffer {
+    gauge: metrics::Gauge,
+    reported: Option<usize>,
+}
+
+impl RegionBuffer {
+    pub(crate) fn new(type_name: &str) -> Self {
+        RegionBuffer {
+            gauge: metrics::gauge!("tenure_sharding_region_buffer", "type" => type_name.to_string()),
+            reported: None,
+        }
+    }
+
+    pub(crate) fn set(&mut self, depth: usize) {
+        if self.reported != Some(depth) {
+            self.gauge.set(depth as f64);
+            self.reported = Some(depth);
+        }
+    }
 }
 
 pub(crate) fn shard(type_name: &str, shard: &str, serving: bool, entities: usize) {

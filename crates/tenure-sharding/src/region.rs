@@ -126,6 +126,11 @@ pub struct RegionState {
     vacated: HashSet<String>,
     /// This node is leaving: the guard that holds its exit until the region vacated.
     leave: Option<Leave>,
+    /// The regions of other nodes found so far, by node: forwarding looks a region up in the
+    /// process-wide `pg` groups only when it has none for the node, or the one it has stopped
+    /// (its node left, or it was replaced).
+    regions: HashMap<String, ActorRef<RegionMsg>>,
+    buffer_gauge: crate::metrics::RegionBuffer,
 }
 
 /// A graceful leave in progress. The node exits only once no accepted message depends on
@@ -159,6 +164,7 @@ impl Actor for Region {
         let timer = myself.send_interval(args.settings.retry_interval, || {
             RegionMsg::Local(RegionLocal::Tick)
         });
+        let buffer_gauge = crate::metrics::RegionBuffer::new(&args.type_name);
         Ok(RegionState {
             args,
             myself,
@@ -180,6 +186,8 @@ impl Actor for Region {
             relays: 0,
             vacated: HashSet::new(),
             leave: None,
+            regions: HashMap::new(),
+            buffer_gauge,
         })
     }
 
@@ -254,6 +262,7 @@ impl Actor for Region {
             RegionMsg::Vacate(Vacating { node }, reply) => {
                 if node != state.args.me {
                     state.homes.retain(|_, h| *h != node);
+                    state.regions.remove(&node);
                     state.vacated.insert(node);
                 }
                 let _ = reply.send(Vacated {
@@ -326,7 +335,7 @@ impl Actor for Region {
             RegionMsg::Local(RegionLocal::Cluster(event)) => state.on_cluster(event).await,
         }
         state.vacate();
-        crate::metrics::region_buffer(&state.args.type_name, state.pending_count);
+        state.buffer_gauge.set(state.pending_count);
         Ok(())
     }
 
@@ -410,29 +419,25 @@ impl RegionState {
             let _ = shard.cast(ShardMsg::Routed(p));
             return;
         }
-        match self.homes.get(&p.env.shard).cloned() {
-            Some(home) if home == self.args.me => {
-                // Ours but not running (stopped meanwhile): find out again.
-                self.homes.remove(&p.env.shard);
+        let region = match self.homes.get(&p.env.shard) {
+            // Ours but not running (stopped meanwhile): find out again.
+            Some(home) if *home == self.args.me => None,
+            Some(home) => region_of(&mut self.regions, &self.args, home),
+            None => return self.wait(p).await,
+        };
+        let Some(region) = region else {
+            self.homes.remove(&p.env.shard);
+            return self.wait(p).await;
+        };
+        let p = self.relay(p);
+        match forward(region, p) {
+            Ok(()) => self.forwarded += 1,
+            Err(p) => {
+                if let Some(home) = self.homes.remove(&p.env.shard) {
+                    self.regions.remove(&home);
+                }
                 self.wait(p).await;
             }
-            Some(home) => match region_ref(&self.args.scope, &self.args.type_name, &home) {
-                Some(region) => {
-                    let p = self.relay(p);
-                    match forward(region, p) {
-                        Ok(()) => self.forwarded += 1,
-                        Err(p) => {
-                            self.homes.remove(&p.env.shard);
-                            self.wait(p).await;
-                        }
-                    }
-                }
-                None => {
-                    self.homes.remove(&p.env.shard);
-                    self.wait(p).await;
-                }
-            },
-            None => self.wait(p).await,
         }
     }
 
@@ -743,8 +748,9 @@ impl RegionState {
                     .collect();
             }
             ClusterEvent::MemberJoined(m) | ClusterEvent::MemberUp(m) => {
-                // A node back at a vacated address is a new incarnation.
+                // A node back at a vacated address is a new incarnation (with a new region).
                 self.vacated.remove(&m.addr.to_string());
+                self.regions.remove(&m.addr.to_string());
                 self.members.insert(m.addr.to_string(), m);
             }
             ClusterEvent::MemberLeaving(m) | ClusterEvent::Reachable(m) => {
@@ -758,6 +764,7 @@ impl RegionState {
             ClusterEvent::MemberDown(m) | ClusterEvent::MemberRemoved(m) => {
                 let addr = m.addr.to_string();
                 self.lose_homes_on(&addr);
+                self.regions.remove(&addr);
                 self.vacated.remove(&addr);
                 if addr == self.args.me {
                     self.members.insert(addr, m);
@@ -862,6 +869,26 @@ impl RegionState {
             let _ = region.cast(RegionMsg::Local(RegionLocal::Vacated { forwarded }));
         });
     }
+}
+
+/// The region of node `home` (for `args`' type): the one in `found` while it runs, else the
+/// one its `pg` group holds now (then kept in `found`).
+fn region_of(
+    found: &mut HashMap<String, ActorRef<RegionMsg>>,
+    args: &RegionArgs,
+    home: &str,
+) -> Option<ActorRef<RegionMsg>> {
+    if let Some(region) = found.get(home)
+        && region.get_status() == ractor::ActorStatus::Running
+    {
+        return Some(region.clone());
+    }
+    let region = region_ref(&args.scope, &args.type_name, home);
+    match &region {
+        Some(r) => found.insert(home.to_string(), r.clone()),
+        None => found.remove(home),
+    };
+    region
 }
 
 /// Sends `p` on to another node's region. An ask travels with its reply port (the answer
