@@ -138,7 +138,9 @@ pub fn decode<T: DeserializeOwned>(
     variant: &str,
     bytes: &[u8],
 ) -> Result<T, BoxedDowncastErr> {
-    let (peer, used) = match bincode::serde::decode_from_slice::<String, _>(bytes, config()) {
+    // Borrowed from the frame: the label is read for every message, and used only to name
+    // the peer of a frame that cannot be decoded.
+    let (peer, used) = match bincode::serde::borrow_decode_from_slice::<&str, _>(bytes, config()) {
         Ok(x) => x,
         Err(e) => {
             tracing::warn!(peer = "unknown", message, variant, bytes = bytes.len(), error = %e, "undecodable cluster message dropped");
