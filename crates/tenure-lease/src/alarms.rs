@@ -7,6 +7,14 @@
 //! write under a lock, and the task is woken only when a timer is armed earlier than the
 //! instant it sleeps until; a disarmed timer is simply gone when the task next looks.
 //!
+//! A lease acquired and released again and again within one heartbeat interval arms and
+//! disarms its renewal for the same tick of the owner's renewal grid each time. Were the
+//! task idle between (nothing armed), every acquire would wake it, and since the caller's
+//! next store call then takes the worker's LIFO slot, the task would be handed to another
+//! worker thread: a cross-thread wake-up per acquire. So a task that finds nothing armed
+//! still sleeps until the last renewal tick it was armed for, if that is yet to come, and
+//! is woken only for timers armed before it; it goes idle once that tick passed.
+//!
 //! The watchdog keeps its guarantee: the task is independent of the actor's mailbox and of
 //! any feed, sleeps on the holder clock (woken shortly after a host suspend that passed the
 //! deadline) and calls [`SharedBelief::deadline`] when the belief of the watched generation
@@ -42,6 +50,9 @@ struct Slots {
     retry: Option<Instant>,
     poll: Option<Instant>,
     renew: Option<(Instant, u64)>,
+    /// The instant of the last renewal armed, kept when it is disarmed: the task sleeps
+    /// until it rather than idly while it is to come (see the module docs).
+    renew_tick: Option<Instant>,
     watchdog: Option<u64>,
     sleep: Sleep,
 }
@@ -93,6 +104,14 @@ impl Slots {
             .flatten()
             .min()
     }
+
+    /// Until when the task sleeps on tokio's clock (the watchdog aside), given that no armed
+    /// timer is due at `now`: the earliest armed timer or the kept renewal tick, if either
+    /// is to come; `None`: until woken.
+    fn sleep_until(&self, now: Instant) -> Option<Instant> {
+        let tick = self.renew_tick.filter(|at| *at > now);
+        [self.next(), tick].into_iter().flatten().min()
+    }
 }
 
 impl Alarms {
@@ -133,6 +152,7 @@ impl Alarms {
     pub(crate) fn arm_renewal(&self, generation: u64, at: Instant) {
         self.change(|s| {
             s.renew = Some((at, generation));
+            s.renew_tick = Some(at);
             Some(at)
         });
     }
@@ -216,10 +236,11 @@ async fn run(shared: Arc<Shared>, actor: ActorRef<LeaseMsg>) {
             if wake.is_none() {
                 slots.watchdog = None;
             }
-            let next = slots.next();
-            if next.is_some_and(|at| at <= Instant::now()) {
+            let now = Instant::now();
+            if slots.next().is_some_and(|at| at <= now) {
                 continue;
             }
+            let next = slots.sleep_until(now);
             let until = [next, wake.map(|w| clock.to_tokio(w))]
                 .into_iter()
                 .flatten()
@@ -249,4 +270,35 @@ async fn sleep_until(at: Option<Instant>) {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn a_disarmed_renewal_keeps_the_task_asleep_until_its_tick() {
+        let now = Instant::now();
+        let tick = now + Duration::from_secs(6);
+        let mut slots = Slots {
+            renew: Some((tick, 1)),
+            renew_tick: Some(tick),
+            ..Slots::default()
+        };
+        slots.renew = None;
+        assert_eq!(slots.sleep_until(now), Some(tick));
+        slots.sleep = Sleep::Until(tick);
+        // Armed again for the same tick (a new grant within the interval): no wake-up.
+        assert!(!slots.wakes_for(tick));
+        // Anything earlier still wakes the task.
+        assert!(slots.wakes_for(now + Duration::from_secs(1)));
+        let earlier = now + Duration::from_secs(2);
+        slots.retry = Some(earlier);
+        assert_eq!(slots.sleep_until(now), Some(earlier));
+        slots.retry = None;
+        // Once the tick passed, nothing is armed: idle until woken.
+        assert_eq!(slots.sleep_until(tick), None);
+    }
 }
