@@ -2,11 +2,16 @@
 //! `zookeeper` package).
 //!
 //! 1. `acquire_release`: one acquire and one release through the Lease API (LeaseActor,
-//!    store, ZooKeeper) and through the store SPI, against the bare ZooKeeper operations
-//!    (create an ephemeral node, delete it) on the same server with the same client library.
-//!    Then the thin path (issue 20): the same three in alternating rounds in one run, every
-//!    batch run by a task on the runtime, reported as median ratios to bare (robust to
-//!    machine load, which criterion's back-to-back groups are not).
+//!    store, ZooKeeper) and through the store SPI, against the store's own two requests
+//!    issued by hand with the same client library (`direct_multis`: the grant's multi, which
+//!    bumps the lease node's version and creates the ephemeral holder node, and the
+//!    release's multi, which checks that version and deletes the holder node), and against
+//!    the cheapest pair ZooKeeper has (`bare_create_delete`: create an ephemeral node,
+//!    delete it), which shows what the fencing layout costs.
+//!    Then the thin path (issue 20): Lease API, store SPI and the direct multis in
+//!    alternating rounds in one run, every batch run by a task on the runtime, reported as
+//!    median ratios to the direct multis (robust to machine load, which criterion's
+//!    back-to-back groups are not).
 //! 2. Renewal cost: store round trips per heartbeat interval for one owner holding 1, 100
 //!    and 10,000 leases through LeaseActors, and the latency of one batched renewal of all
 //!    n leases (20 calls; printed after the criterion groups), against the bare requests of
@@ -25,7 +30,7 @@ use tenure_lease::conformance::bench::{
     Counting, Holders, INTERVALS, bracket_intervals, lease_acquire_release, lease_counts,
     percentile, renewal_settings, runtime, spi_request, store_acquire_release, thin_path,
 };
-use tenure_lease::{Lease, LeaseSpec, LeaseStore};
+use tenure_lease::{AcquireOutcome, AcquireRequest, Lease, LeaseSpec, LeaseStore};
 use tenure_store_zookeeper::zookeeper_client as zk;
 use tenure_store_zookeeper::{ZooKeeperOptions, ZooKeeperStore};
 use tenure_test_kit::zookeeper::TestServer;
@@ -44,6 +49,79 @@ fn store(server: &TestServer, root: &str) -> ZooKeeperStore {
         renewal_settings().heartbeat_timeout,
     ))
     .expect("options")
+}
+
+/// The store's two requests of an acquire and a release, issued by hand on a plain client
+/// of the same library: what "the same store operations issued directly" means here.
+struct Multis {
+    client: zk::Client,
+    lease: String,
+    holder: String,
+    /// The holder node's data exactly as the store writes it for the bench's grants.
+    data: Vec<u8>,
+}
+
+impl Multis {
+    /// A client of its own under `root`, with holder data copied from a grant the store
+    /// just made of `req` (read back, then released), so both ways write the same bytes.
+    async fn start(
+        server: &TestServer,
+        store: &dyn LeaseStore,
+        req: &AcquireRequest,
+        store_root: &str,
+        root: &str,
+    ) -> Multis {
+        let client = zk::Client::connector()
+            .with_session_timeout(renewal_settings().heartbeat_timeout)
+            .connect(&server.connect_string())
+            .await
+            .unwrap();
+        let AcquireOutcome::Granted(grant) = store.try_acquire(req).await.unwrap() else {
+            panic!("the store's bench lease is held")
+        };
+        let (data, _) = client
+            .get_data(&format!("{store_root}/{}/holder", req.name))
+            .await
+            .expect("the store's holder node");
+        assert!(
+            store
+                .release(&req.name, &req.owner, grant.token)
+                .await
+                .unwrap()
+        );
+        let lease = format!("{root}/lease");
+        let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+        client.mkdir(&lease, &persistent).await.unwrap();
+        Multis {
+            holder: format!("{lease}/holder"),
+            lease,
+            client,
+            data,
+        }
+    }
+
+    /// The grant's multi (new lease-node version, holder node created) and the release's
+    /// (that version checked, holder node deleted), as the store issues them.
+    async fn acquire_release(&self) {
+        let ephemeral = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
+        let mut grant = self.client.new_multi_writer();
+        grant.add_set_data(&self.lease, &[], None).unwrap();
+        grant
+            .add_create(&self.holder, &self.data, &ephemeral)
+            .unwrap();
+        let results = grant.commit().await.unwrap();
+        let version = results
+            .iter()
+            .find_map(|r| match r {
+                zk::MultiWriteResult::SetData { stat } => Some(stat.version),
+                _ => None,
+            })
+            .expect("the lease node's new version");
+        let mut release = self.client.new_multi_writer();
+        release.add_check_version(&self.lease, version).unwrap();
+        release.add_delete(&self.holder, None).unwrap();
+        release.commit().await.unwrap();
+    }
 }
 
 fn acquire_release(c: &mut Criterion) {
@@ -75,12 +153,22 @@ fn acquire_release(c: &mut Criterion) {
     });
     let ephemeral = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
     let req = spi_request("spi", renewal_settings().heartbeat_timeout);
+    let multis = rt.block_on(Multis::start(
+        &server,
+        store.as_ref(),
+        &req,
+        "/bench/acquire",
+        "/bench/multis",
+    ));
     let mut g = c.benchmark_group("acquire_release");
     g.bench_function("lease_api", |b| {
         b.iter(|| rt.block_on(lease_acquire_release(&lease)))
     });
     g.bench_function("store_spi", |b| {
         b.iter(|| rt.block_on(store_acquire_release(store.as_ref(), &req)))
+    });
+    g.bench_function("direct_multis", |b| {
+        b.iter(|| rt.block_on(multis.acquire_release()))
     });
     g.bench_function("bare_create_delete", |b| {
         b.iter(|| {
@@ -95,39 +183,29 @@ fn acquire_release(c: &mut Criterion) {
     g.finish();
 }
 
-/// The thin path (issue 20): Lease API, store SPI and bare create+delete in alternating
-/// rounds, each batch run by a task on the runtime ([`thin_path`]).
+/// The thin path (issue 20): Lease API, store SPI and the same two multis issued by hand
+/// in alternating rounds, each batch run by a task on the runtime ([`thin_path`]).
 fn thin() {
     let server = server();
     let rt = runtime().expect("runtime");
     rt.block_on(server.warm_up()).expect("warm-up");
     let store: Arc<dyn LeaseStore> = Arc::new(store(&server, "/bench/thin"));
-    let (lease, bare) = rt.block_on(async {
+    let req = spi_request("spi", renewal_settings().heartbeat_timeout);
+    let (lease, multis) = rt.block_on(async {
         let spec = LeaseSpec::new("api", "bench-owner", store.clone(), renewal_settings());
         let lease = Lease::start(spec.unwrap()).await.unwrap();
-        let bare = zk::Client::connector()
-            .with_session_timeout(renewal_settings().heartbeat_timeout)
-            .connect(&server.connect_string())
-            .await
-            .unwrap();
-        bare.mkdir(
-            "/bench/bare",
-            &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all()),
-        )
-        .await
-        .unwrap();
-        (lease, bare)
+        let multis = Multis::start(
+            &server,
+            store.as_ref(),
+            &req,
+            "/bench/thin",
+            "/bench/thin-multis",
+        );
+        (lease, Arc::new(multis.await))
     });
-    let req = spi_request("spi", renewal_settings().heartbeat_timeout);
     thin_path(&rt, &lease, &store, &req, move || {
-        let bare = bare.clone();
-        async move {
-            let ephemeral = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
-            bare.create("/bench/bare/holder", b"bench-owner", &ephemeral)
-                .await
-                .unwrap();
-            bare.delete("/bench/bare/holder", None).await.unwrap();
-        }
+        let multis = multis.clone();
+        async move { multis.acquire_release().await }
     });
 }
 
