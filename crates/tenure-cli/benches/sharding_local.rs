@@ -289,21 +289,37 @@ async fn throughput(asks: u64, tells: u64) {
     }
 
     // Each path and its baseline, slice by slice (see `paired`).
-    let ask = async |k: u64| {
+    let ask_to = async |spread_over: u64, k: u64| {
         timed(async || {
             for i in 0..k {
                 let _: u64 = region
-                    .ask(&keys[(i % 100) as usize], &1u64, Duration::from_secs(5))
+                    .ask(
+                        &keys[(i % spread_over) as usize],
+                        &1u64,
+                        Duration::from_secs(5),
+                    )
                     .await
                     .unwrap();
             }
         })
         .await
     };
+    let ask = async |k: u64| ask_to(100, k).await;
     let call = async |k: u64| {
         timed(async || {
             for _ in 0..k {
                 let _ = bare.call(|r| BareMsg::Add(1, Some(r)), None).await.unwrap();
+            }
+        })
+        .await
+    };
+    let spread_call = async |k: u64| {
+        timed(async || {
+            for i in 0..k {
+                let _ = spread[(i % 100) as usize]
+                    .call(|r| BareMsg::Add(1, Some(r)), None)
+                    .await
+                    .unwrap();
             }
         })
         .await
@@ -378,13 +394,17 @@ async fn throughput(asks: u64, tells: u64) {
     };
     let [
         mut ask_call,
+        mut one_call,
+        mut many_calls,
         mut one_cast,
         mut many_spread,
         mut ask_codec,
         mut many_codec,
-    ] = std::array::from_fn::<_, 5, _>(|_| Pairs::default());
+    ] = std::array::from_fn::<_, 7, _>(|_| Pairs::default());
     for _ in 0..rounds() {
         ask_call.push(paired(asks, ask, call).await);
+        one_call.push(paired(asks, async |k| ask_to(1, k).await, call).await);
+        many_calls.push(paired(asks, ask, spread_call).await);
         one_cast.push(paired(tells, async |k| tell_to(1, k).await, cast).await);
         many_spread.push(paired(tells, async |k| tell_to(100, k).await, spread_cast).await);
         ask_codec.push(paired(asks, ask, codec_call).await);
@@ -395,7 +415,19 @@ async fn throughput(asks: u64, tells: u64) {
         rounds()
     );
     println!(
-        "  ask through the region  {:>10.0}/s   bare ractor call {:>10.0}/s   {:.2}x slower",
+        "  ask to 1 entity         {:>10.0}/s   bare ractor call {:>10.0}/s   {:.2}x slower",
+        one_call.ours(),
+        one_call.base(),
+        one_call.ratio()
+    );
+    println!(
+        "  ask to 100 entities     {:>10.0}/s   100 bare actors  {:>10.0}/s   {:.2}x slower (the same work spread as widely)",
+        many_calls.ours(),
+        many_calls.base(),
+        many_calls.ratio()
+    );
+    println!(
+        "  ask to 100 entities     {:>10.0}/s   bare ractor call {:>10.0}/s   {:.2}x slower (against one bare actor)",
         ask_call.ours(),
         ask_call.base(),
         ask_call.ratio()
@@ -422,7 +454,7 @@ async fn throughput(asks: u64, tells: u64) {
         "  with the same codec work (request encoded by the sender and decoded by the actor; an ask's reply too):"
     );
     println!(
-        "  ask through the region  {:>10.0}/s   bare ractor call {:>10.0}/s   {:.2}x slower",
+        "  ask to 100 entities     {:>10.0}/s   bare ractor call {:>10.0}/s   {:.2}x slower",
         ask_codec.ours(),
         ask_codec.base(),
         ask_codec.ratio()
