@@ -7,8 +7,8 @@
 //! shard lives on the other node and every message crosses the network: asks are
 //! request/reply round trips (sequential), tells are one-way throughput (N tells to one
 //! entity followed by one ask as a barrier; per-path FIFO makes the answer come after
-//! every tell). The two paths alternate over several rounds; ratios are medians of the
-//! per-round ratios.
+//! every tell). Each round, a path and its baseline alternate in slices (see `paired`);
+//! ratios are medians of the per-round ratios.
 
 use std::time::{Duration, Instant};
 
@@ -22,11 +22,11 @@ use tenure_test_kit::cli::pair;
 fn round_trips() -> usize {
     size(1_000, 20)
 }
-fn tells() -> usize {
-    size(10_000, 100)
+fn tells_per_round() -> usize {
+    size(50_000, 200)
 }
 fn rounds() -> usize {
-    size(5, 1)
+    size(9, 1)
 }
 
 struct Echo;
@@ -92,6 +92,40 @@ async fn serve(path: String) {
     tokio::time::sleep(Duration::from_secs(3600)).await;
 }
 
+/// How long `run` took.
+async fn timed(run: impl AsyncFnOnce()) -> Duration {
+    let t = Instant::now();
+    run().await;
+    t.elapsed()
+}
+
+/// Slices of a round of each path: the two paths alternate slice by slice.
+const SLICES: usize = 20;
+
+/// Messages per second of a path and of its baseline, `(ours, base)`, each sending `n`
+/// messages in [`SLICES`] slices (`ours(k)`/`base(k)` send `k` messages, see them handled and
+/// say how long that took): the slices alternate, ours first, then the baseline first, and
+/// so on, so that whatever the moment costs, both paths pay it alike.
+async fn paired(
+    n: usize,
+    mut ours: impl AsyncFnMut(usize) -> Duration,
+    mut base: impl AsyncFnMut(usize) -> Duration,
+) -> (f64, f64) {
+    let k = n / SLICES;
+    let (mut o, mut b) = (Duration::ZERO, Duration::ZERO);
+    for slice in 0..SLICES {
+        if slice % 2 == 0 {
+            o += ours(k).await;
+            b += base(k).await;
+        } else {
+            b += base(k).await;
+            o += ours(k).await;
+        }
+    }
+    let sent = (k * SLICES) as f64;
+    (sent / o.as_secs_f64(), sent / b.as_secs_f64())
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
@@ -127,64 +161,74 @@ async fn main() {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
-    let (mut ask_ratio, mut tell_ratio) = (Vec::new(), Vec::new());
-    let (mut ask_rates, mut raw_call_rates, mut tell_rates, mut raw_cast_rates) =
-        (vec![], vec![], vec![], vec![]);
-    for _ in 0..rounds() {
-        let t = Instant::now();
-        for i in 0..round_trips() {
+    // Each path and its baseline, slice by slice (see `paired`).
+    let ask = async |k: usize| {
+        timed(async || {
+            for i in 0..k {
+                let _: u64 = region
+                    .ask(&keys[i % 100], &1u64, Duration::from_secs(5))
+                    .await
+                    .unwrap();
+            }
+        })
+        .await
+    };
+    let call = async |k: usize| {
+        timed(async || {
+            for _ in 0..k {
+                raw.call(|r| RawMsg::Echo(1, r), Some(Duration::from_secs(5)))
+                    .await
+                    .unwrap();
+            }
+        })
+        .await
+    };
+    let tell = async |k: usize| {
+        timed(async || {
+            for _ in 0..k {
+                region.tell(&keys[0], &1u64).unwrap();
+            }
             let _: u64 = region
-                .ask(&keys[i % 100], &1u64, Duration::from_secs(5))
+                .ask(&keys[0], &0u64, Duration::from_secs(60))
                 .await
                 .unwrap();
-        }
-        let ask = round_trips() as f64 / t.elapsed().as_secs_f64();
-        let t = Instant::now();
-        for _ in 0..round_trips() {
-            raw.call(|r| RawMsg::Echo(1, r), Some(Duration::from_secs(5)))
+        })
+        .await
+    };
+    let cast = async |k: usize| {
+        timed(async || {
+            for _ in 0..k {
+                raw.cast(RawMsg::Add(1)).unwrap();
+            }
+            raw.call(|r| RawMsg::Echo(0, r), Some(Duration::from_secs(60)))
                 .await
                 .unwrap();
-        }
-        let raw_call = round_trips() as f64 / t.elapsed().as_secs_f64();
-        let t = Instant::now();
-        for _ in 0..tells() {
-            region.tell(&keys[0], &1u64).unwrap();
-        }
-        let _: u64 = region
-            .ask(&keys[0], &0u64, Duration::from_secs(60))
-            .await
-            .unwrap();
-        let tell = tells() as f64 / t.elapsed().as_secs_f64();
-        let t = Instant::now();
-        for _ in 0..tells() {
-            raw.cast(RawMsg::Add(1)).unwrap();
-        }
-        raw.call(|r| RawMsg::Echo(0, r), Some(Duration::from_secs(60)))
-            .await
-            .unwrap();
-        let raw_cast = tells() as f64 / t.elapsed().as_secs_f64();
-        ask_ratio.push(raw_call / ask);
-        tell_ratio.push(raw_cast / tell);
-        ask_rates.push(ask);
-        raw_call_rates.push(raw_call);
-        tell_rates.push(tell);
-        raw_cast_rates.push(raw_cast);
+        })
+        .await
+    };
+    let (mut asks, mut tells) = (Vec::new(), Vec::new());
+    for _ in 0..rounds() {
+        asks.push(paired(round_trips(), ask, call).await);
+        tells.push(paired(tells_per_round(), tell, cast).await);
     }
+    let ours = |v: &[(f64, f64)]| median(v.iter().map(|p| p.0).collect());
+    let base = |v: &[(f64, f64)]| median(v.iter().map(|p| p.1).collect());
+    let ratio = |v: &[(f64, f64)]| median(v.iter().map(|(o, b)| b / o).collect());
     println!(
-        "messages to entities on another node ({} alternating rounds, medians):",
+        "messages to entities on another node ({} rounds, each path alternating with its baseline in {SLICES} slices; medians of the rounds):",
         rounds()
     );
     println!(
         "  ask through the regions  {:>8.0}/s   bare ractor_cluster call {:>8.0}/s   {:.2}x slower",
-        median(ask_rates),
-        median(raw_call_rates),
-        median(ask_ratio)
+        ours(&asks),
+        base(&asks),
+        ratio(&asks)
     );
     println!(
         "  tell through the regions {:>8.0}/s   bare ractor_cluster cast {:>8.0}/s   {:.2}x slower",
-        median(tell_rates),
-        median(raw_cast_rates),
-        median(tell_ratio)
+        ours(&tells),
+        base(&tells),
+        ratio(&tells)
     );
     region.stop().await;
     let _ = node.leave().await;

@@ -18,6 +18,19 @@
 //! - once a route is closed, nothing more enters the entity's mailbox directly, so a
 //!   passivating or handing-off entity drains exactly what reached it, and later messages
 //!   take the routed path (kept by the shard for the entity's next incarnation or home).
+//!
+//! The same tickets let a handle skip this node's region for an entity of *another* node:
+//! after the region forwarded a message of a shard to the region of its home, it opens
+//! the shard's remote route to that region, and a handle sends there itself (as the
+//! region would have: the same session to that node, with one hop counted) while no
+//! message of this node for the entity is on the routed path. The region closes the route
+//! whenever it stops forwarding the shard there: its home is forgotten or replaced
+//! (`BeginHandOff`, a bounced message, a failed forward), its node is unreachable, down,
+//! vacated or back as a new incarnation, this node leaves or is down, or the region stops.
+//! A direct send is therefore always one the region would have forwarded to the same
+//! region at that moment, in the same order with the messages this node routed before it
+//! (they left the node first) and after it (they leave the node after it, if they go
+//! there at all).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -26,12 +39,29 @@ use ractor::{ActorRef, MessagingErr};
 use tenure_lease::{FencingToken, LeaseView};
 
 use crate::entity::EntityMsg;
+use crate::messages::{Envelope, RegionMsg};
+
+/// A fast hash, seeded per process: the maps are looked up for every message sent here.
+type FastMap<V> = HashMap<String, V, foldhash::fast::RandomState>;
 
 /// The direct routes of one region (one entity type on one node).
 #[derive(Default)]
 pub struct Routes {
-    /// Looked up for every message sent on this node: a fast hash, seeded per process.
-    slots: Mutex<HashMap<String, Slot, foldhash::fast::RandomState>>,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// Entities of this node's shards, and every entity with a message on the routed path.
+    slots: FastMap<Slot>,
+    /// Shards of other nodes: the region the region last forwarded each one's messages to.
+    remote: FastMap<Remote>,
+}
+
+/// An open remote route: the region of the shard's home node.
+struct Remote {
+    node: String,
+    region: ActorRef<RegionMsg>,
 }
 
 /// One entity's route: open or not, and its messages still on the routed path.
@@ -60,7 +90,8 @@ pub struct Ticket {
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        let mut slots = self.routes.lock();
+        let mut inner = self.routes.lock();
+        let slots = &mut inner.slots;
         if let Some(slot) = slots.get_mut(&self.entity) {
             slot.routed = slot.routed.saturating_sub(1);
             if slot.routed == 0 && slot.open.is_none() {
@@ -71,8 +102,8 @@ impl Drop for Ticket {
 }
 
 impl Routes {
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, Slot, foldhash::fast::RandomState>> {
-        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Puts `msg` into the mailbox of entity `entity` if its route is open, its grant still
@@ -83,7 +114,29 @@ impl Routes {
         entity: &str,
         msg: EntityMsg,
     ) -> Result<(), (EntityMsg, Ticket)> {
-        let mut slots = self.lock();
+        self.send_or_forward(entity, msg, None)
+    }
+
+    /// As [`send`](Self::send), from a handle of this node: an entity of another node's
+    /// shard gets `msg` through the shard's open remote route, given `number_of_shards` to
+    /// find its shard, when none of its messages is on the routed path.
+    pub(crate) fn send_from_handle(
+        self: &Arc<Self>,
+        entity: &str,
+        msg: EntityMsg,
+        number_of_shards: usize,
+    ) -> Result<(), (EntityMsg, Ticket)> {
+        self.send_or_forward(entity, msg, Some(number_of_shards))
+    }
+
+    fn send_or_forward(
+        self: &Arc<Self>,
+        entity: &str,
+        msg: EntityMsg,
+        number_of_shards: Option<usize>,
+    ) -> Result<(), (EntityMsg, Ticket)> {
+        let mut inner = self.lock();
+        let Inner { slots, remote } = &mut *inner;
         let mut msg = msg;
         match slots.get_mut(entity) {
             Some(slot) => {
@@ -112,6 +165,14 @@ impl Routes {
                 slot.routed += 1;
             }
             None => {
+                if let Some(shards) = number_of_shards
+                    && !remote.is_empty()
+                {
+                    match forward_direct(remote, entity, msg, shards) {
+                        Ok(()) => return Ok(()),
+                        Err(back) => msg = back,
+                    }
+                }
                 slots.insert(
                     entity.to_string(),
                     Slot {
@@ -139,8 +200,8 @@ impl Routes {
         view: LeaseView,
         token: FencingToken,
     ) {
-        let mut slots = self.lock();
-        let slot = slots.entry(entity.to_string()).or_default();
+        let mut inner = self.lock();
+        let slot = inner.slots.entry(entity.to_string()).or_default();
         slot.open = Some(Open { actor, view, token });
         slot.used = false;
     }
@@ -148,7 +209,8 @@ impl Routes {
     /// Closes the route of `entity` if it leads to `actor` (or to any actor, `None`):
     /// nothing enters that mailbox directly from now on.
     pub(crate) fn close(&self, entity: &str, actor: Option<ractor::ActorId>) {
-        let mut slots = self.lock();
+        let mut inner = self.lock();
+        let slots = &mut inner.slots;
         if let Some(slot) = slots.get_mut(entity) {
             if slot
                 .open
@@ -167,14 +229,179 @@ impl Routes {
     /// idle).
     pub(crate) fn take_used(&self, entity: &str) -> bool {
         self.lock()
+            .slots
             .get_mut(entity)
             .is_some_and(|s| std::mem::take(&mut s.used))
+    }
+
+    /// Opens (or moves) the remote route of `shard` to `region`, of node `node`: the region
+    /// just forwarded a message of the shard there, and would forward the next one there too.
+    pub(crate) fn open_remote(&self, shard: &str, node: &str, region: &ActorRef<RegionMsg>) {
+        let mut inner = self.lock();
+        match inner.remote.get_mut(shard) {
+            Some(r) if r.region.get_id() == region.get_id() => {}
+            _ => {
+                inner.remote.insert(
+                    shard.to_string(),
+                    Remote {
+                        node: node.to_string(),
+                        region: region.clone(),
+                    },
+                );
+            }
+        }
+    }
+
+    /// Closes the remote route of `shard`: nothing goes directly to another node's region
+    /// for it from now on.
+    pub(crate) fn close_remote(&self, shard: &str) {
+        self.lock().remote.remove(shard);
+    }
+
+    /// Closes every remote route to node `node` (`None`: to any node).
+    pub(crate) fn close_remote_node(&self, node: Option<&str>) {
+        self.lock()
+            .remote
+            .retain(|_, r| node.is_some_and(|n| r.node != n));
+    }
+
+    /// Whether `shard` has an open remote route.
+    #[cfg(test)]
+    pub(crate) fn remote_open(&self, shard: &str) -> bool {
+        self.lock().remote.contains_key(shard)
+    }
+}
+
+/// Sends `msg` for `entity` to the region of its shard's home if its remote route is open,
+/// as that region's forward would (one hop counted); gives it back otherwise, and when that
+/// region has stopped (the route is closed then; the routed path finds the home again).
+/// Called under the routes' lock, with no message of this node for `entity` on the routed
+/// path.
+fn forward_direct(
+    remote: &mut FastMap<Remote>,
+    entity: &str,
+    msg: EntityMsg,
+    number_of_shards: usize,
+) -> Result<(), EntityMsg> {
+    let shard = crate::entity::shard_of(entity, number_of_shards);
+    let Some(route) = remote.get(&shard) else {
+        return Err(msg);
+    };
+    let env = Envelope {
+        shard,
+        entity: entity.to_string(),
+        payload: msg.payload,
+        hops: 1,
+    };
+    let sent = route.region.cast(match msg.reply {
+        None => RegionMsg::Deliver(env),
+        Some(port) => RegionMsg::Ask(env, port),
+    });
+    match sent {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            let (env, reply) = match e {
+                MessagingErr::SendErr(RegionMsg::Deliver(env)) => (env, None),
+                MessagingErr::SendErr(RegionMsg::Ask(env, port)) => (env, Some(port)),
+                e => {
+                    // Not given back: it is gone (an ask's port with it, so its asker
+                    // gets an error at once), as when the region forwards it.
+                    tracing::warn!(entity, error = %e, "message lost forwarding it to another region");
+                    return Ok(());
+                }
+            };
+            remote.remove(&env.shard);
+            Err(EntityMsg {
+                payload: env.payload,
+                reply,
+            })
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use ractor::{Actor, ActorProcessingErr};
+
     use super::*;
+    use crate::entity::shard_of;
+
+    /// Another node's region, as far as a remote route sees it: reports what it is sent.
+    struct OtherRegion(tokio::sync::mpsc::UnboundedSender<Envelope>);
+
+    impl Actor for OtherRegion {
+        type Msg = RegionMsg;
+        type State = ();
+        type Arguments = ();
+
+        async fn pre_start(&self, _: ActorRef<RegionMsg>, _: ()) -> Result<(), ActorProcessingErr> {
+            Ok(())
+        }
+
+        async fn handle(
+            &self,
+            _: ActorRef<RegionMsg>,
+            msg: RegionMsg,
+            _: &mut (),
+        ) -> Result<(), ActorProcessingErr> {
+            if let RegionMsg::Deliver(env) | RegionMsg::Ask(env, _) = msg {
+                let _ = self.0.send(env);
+            }
+            Ok(())
+        }
+    }
+
+    fn tell(n: u8) -> EntityMsg {
+        EntityMsg {
+            payload: vec![n],
+            reply: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_handle_sends_to_another_nodes_region_only_while_its_route_is_open_and_nothing_of_the_entity_is_routed()
+     {
+        let routes = Arc::new(Routes::default());
+        let (tx, mut received) = tokio::sync::mpsc::unbounded_channel();
+        let (other, _) = Actor::spawn(None, OtherRegion(tx), ()).await.unwrap();
+        let shards = 10;
+        let shard = shard_of("a", shards);
+        let direct = |n: u8| routes.send_from_handle("a", tell(n), shards).is_ok();
+
+        // Routed while no route is open; its ticket outlives the route's opening.
+        let (_, first) = routes.send_from_handle("a", tell(0), shards).unwrap_err();
+        routes.open_remote(&shard, "n2", &other);
+        assert!(!direct(1), "overtook a message still on the routed path");
+        drop(first);
+        assert!(direct(2));
+        let env = received.recv().await.unwrap();
+        assert_eq!(
+            (env.entity.as_str(), &env.shard, env.payload, env.hops),
+            ("a", &shard, vec![2], 1)
+        );
+        // The region's own sends (messages from other nodes) never take a remote route.
+        assert!(routes.send("a", tell(3)).is_err());
+
+        routes.close_remote(&shard);
+        assert!(!direct(4), "sent through a closed route");
+        routes.open_remote(&shard, "n2", &other);
+        routes.close_remote_node(Some("n3"));
+        assert!(direct(5));
+        assert_eq!(received.recv().await.unwrap().payload, vec![5]);
+        routes.close_remote_node(Some("n2"));
+        assert!(!direct(6), "sent to a node whose routes were closed");
+        routes.open_remote(&shard, "n2", &other);
+        routes.close_remote_node(None);
+        assert!(!direct(7), "sent after every route was closed");
+
+        // A region that stopped gives the message back and closes its route.
+        routes.open_remote(&shard, "n2", &other);
+        other.stop_and_wait(None, None).await.unwrap();
+        assert!(!direct(8));
+        assert!(!routes.remote_open(&shard));
+        assert!(received.try_recv().is_err(), "more went directly");
+        assert!(routes.lock().slots.is_empty());
+    }
 
     #[test]
     fn a_route_never_opened_gives_tickets_and_forgets_the_entity_once_they_are_dropped() {
@@ -185,11 +412,11 @@ mod tests {
         };
         let (msg, first) = routes.send("a", msg).map(|_| ()).unwrap_err();
         let (_, second) = routes.send("a", msg).map(|_| ()).unwrap_err();
-        assert_eq!(routes.lock()["a"].routed, 2);
+        assert_eq!(routes.lock().slots["a"].routed, 2);
         drop(first);
-        assert_eq!(routes.lock()["a"].routed, 1);
+        assert_eq!(routes.lock().slots["a"].routed, 1);
         drop(second);
-        assert!(routes.lock().is_empty());
+        assert!(routes.lock().slots.is_empty());
         routes.close("a", None);
         assert!(!routes.take_used("a"));
     }

@@ -235,7 +235,8 @@ impl ShardRegion {
 
     /// Sends `request` to `entity`, fire-and-forget: delivered at most once, in order per
     /// sender while its shard stays put. An entity running on this node gets it straight
-    /// into its mailbox when that keeps the order (see [`Routes`]).
+    /// into its mailbox, and one on another node through that node's region without passing
+    /// this node's, when that keeps the order (see [`Routes`]).
     pub fn tell<R: Serialize>(&self, entity: &str, request: &R) -> Result<(), ShardingError> {
         let payload = self.encode(entity, request)?;
         self.meters.tell();
@@ -243,10 +244,23 @@ impl ShardRegion {
             payload,
             reply: None,
         };
-        let Err((msg, ticket)) = self.routes.send(entity, msg) else {
+        let Err((msg, ticket)) = self.send_direct(entity, msg) else {
             return Ok(());
         };
         self.route(entity, msg, ticket)
+    }
+
+    /// Sends `msg` straight to its entity on this node, or to the region of its shard's
+    /// home on another node, when [`Routes`] allows it (never once this node's region has
+    /// stopped: then nothing more leaves through it); otherwise gives it back with its
+    /// ticket for the routed path.
+    fn send_direct(&self, entity: &str, msg: EntityMsg) -> Result<(), (EntityMsg, Ticket)> {
+        if self.actor.get_status() == ractor::ActorStatus::Running {
+            self.routes
+                .send_from_handle(entity, msg, self.number_of_shards)
+        } else {
+            self.routes.send(entity, msg)
+        }
     }
 
     /// Sends `msg` for `entity` through this node's region (the routed path), with its
@@ -287,7 +301,7 @@ impl ShardRegion {
         };
         // As `ActorRef::call`: the reply port carries the timeout (holders drop an expired
         // ask), and the caller waits for at most that long.
-        let sent = match self.routes.send(entity, msg) {
+        let sent = match self.send_direct(entity, msg) {
             Ok(()) => Ok(()),
             Err((msg, ticket)) => self.route(entity, msg, ticket),
         };

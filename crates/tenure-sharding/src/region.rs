@@ -199,6 +199,7 @@ impl Actor for Region {
         if let Some(t) = state.timer.take() {
             t.abort();
         }
+        state.args.routes.close_remote_node(None);
         // Stop the shards before the region's exit kills them without their post_stop.
         for (_, shard) in state.shards.drain() {
             let _ = shard
@@ -252,7 +253,7 @@ impl Actor for Region {
                 // Messages for it wait here from now on, until the coordinator names its
                 // next home; a local shard keeps serving until its HandOff.
                 if state.current(coordinator, &shard) {
-                    state.homes.remove(&shard);
+                    state.forget_home(&shard);
                 }
                 let _ = reply.send(HandOffBegun {
                     shard,
@@ -263,6 +264,7 @@ impl Actor for Region {
                 if node != state.args.me {
                     state.homes.retain(|_, h| *h != node);
                     state.regions.remove(&node);
+                    state.args.routes.close_remote_node(Some(&node));
                     state.vacated.insert(node);
                 }
                 let _ = reply.send(Vacated {
@@ -286,7 +288,7 @@ impl Actor for Region {
                     });
                     return Ok(());
                 }
-                state.homes.remove(&shard);
+                state.forget_home(&shard);
                 match state.shards.remove(&shard) {
                     Some(actor) => {
                         state.hand_off(shard, actor, Some(reply));
@@ -384,7 +386,7 @@ impl RegionState {
             // not: this region's own belief may be just as stale, so it learns the home
             // from the coordinator before passing the message on (two stale beliefs would
             // bounce it back and forth).
-            self.homes.remove(&p.env.shard);
+            self.forget_home(&p.env.shard);
         }
         self.dispatch(p).await;
     }
@@ -426,19 +428,39 @@ impl RegionState {
             None => return self.wait(p).await,
         };
         let Some(region) = region else {
-            self.homes.remove(&p.env.shard);
+            self.forget_home(&p.env.shard);
             return self.wait(p).await;
         };
         let p = self.relay(p);
-        match forward(region, p) {
-            Ok(()) => self.forwarded += 1,
+        let shard = p.env.shard.clone();
+        match forward(region.clone(), p) {
+            Ok(()) => {
+                self.forwarded += 1;
+                // The shard's next messages from this node's handles may go there directly
+                // (see [`crate::Routes`]), except while this node leaves or is down: then
+                // all of them pass here, counted by the leave.
+                if !self.leaving
+                    && !self.down
+                    && let Some(home) = self.homes.get(&shard)
+                {
+                    self.args.routes.open_remote(&shard, home, &region);
+                }
+            }
             Err(p) => {
-                if let Some(home) = self.homes.remove(&p.env.shard) {
+                if let Some(home) = self.forget_home(&p.env.shard) {
                     self.regions.remove(&home);
+                    self.args.routes.close_remote_node(Some(&home));
                 }
                 self.wait(p).await;
             }
         }
+    }
+
+    /// Forgets where `shard` lives (its messages wait here until the coordinator names a
+    /// home), closing its remote route; the home it had, if any.
+    fn forget_home(&mut self, shard: &str) -> Option<String> {
+        self.args.routes.close_remote(shard);
+        self.homes.remove(shard)
     }
 
     /// An ask of another node (it passed through a region) about to go to a third one: its
@@ -540,6 +562,8 @@ impl RegionState {
             return;
         }
         self.orphans.remove(shard);
+        // A route to a former home closes; one to this home opens at the next forward.
+        self.args.routes.close_remote(shard);
         self.homes.insert(shard.to_string(), home);
         if let Some(waiting) = self.pending.remove(shard) {
             self.pending_count -= waiting.len();
@@ -689,6 +713,7 @@ impl RegionState {
     /// Forgets the homes on `addr` (unreachable or gone), keeping their shards as orphans
     /// whose home is asked again.
     fn lose_homes_on(&mut self, addr: &str) {
+        self.args.routes.close_remote_node(Some(addr));
         let orphans = &mut self.orphans;
         self.homes.retain(|shard, h| {
             let lost = h == addr;
@@ -751,6 +776,9 @@ impl RegionState {
                 // A node back at a vacated address is a new incarnation (with a new region).
                 self.vacated.remove(&m.addr.to_string());
                 self.regions.remove(&m.addr.to_string());
+                self.args
+                    .routes
+                    .close_remote_node(Some(&m.addr.to_string()));
                 self.members.insert(m.addr.to_string(), m);
             }
             ClusterEvent::MemberLeaving(m) | ClusterEvent::Reachable(m) => {
@@ -775,10 +803,12 @@ impl RegionState {
             ClusterEvent::SelfDown => {
                 tracing::warn!(entity_type = %self.args.type_name, "this node is down: stopping its shards");
                 self.down = true;
+                self.args.routes.close_remote_node(None);
                 self.hand_off_all();
             }
             ClusterEvent::SelfLeaving(guard) => {
                 self.leaving = true;
+                self.args.routes.close_remote_node(None);
                 self.leave = Some(Leave {
                     _guard: guard,
                     round: false,
@@ -941,6 +971,7 @@ mod tests {
     use tenure_lease::TenureConfig;
 
     use super::*;
+    use crate::messages::Envelope;
     use crate::{Entity, EntityContext, ShardRegion, ShardingError};
 
     /// Never started in these tests: it only types their entity references.
@@ -1087,6 +1118,154 @@ mod tests {
             "the region never asked the new home of the shard its lost node hosted"
         );
         coordinator.stop(None);
+    }
+
+    /// Another node's region: reports the messages it is sent; answers `Vacate` (a barrier:
+    /// everything sent to it before has been reported).
+    struct OtherRegion(tokio::sync::mpsc::UnboundedSender<Envelope>);
+
+    impl Actor for OtherRegion {
+        type Msg = RegionMsg;
+        type State = ();
+        type Arguments = ();
+
+        async fn pre_start(&self, _: ActorRef<RegionMsg>, _: ()) -> Result<(), ActorProcessingErr> {
+            Ok(())
+        }
+
+        async fn handle(
+            &self,
+            _: ActorRef<RegionMsg>,
+            msg: RegionMsg,
+            _: &mut (),
+        ) -> Result<(), ActorProcessingErr> {
+            match msg {
+                RegionMsg::Deliver(env) => {
+                    let _ = self.0.send(env);
+                }
+                RegionMsg::Vacate(_, reply) => {
+                    let _ = reply.send(Vacated {
+                        region: "127.0.0.1:2".into(),
+                    });
+                }
+                _ => {}
+            }
+            Ok(())
+        }
+    }
+
+    /// A handle's messages to an entity of another node go to that node's region directly
+    /// only after this region forwarded one there, and take the region again (kept until
+    /// the shard's next home is named) once the shard begins a hand-off or its node becomes
+    /// unreachable.
+    #[tokio::test]
+    async fn a_remote_route_opens_at_a_forward_and_closes_when_the_shard_moves_or_its_node_is_lost()
+    {
+        let scope = "region-remote-routes";
+        let other = "127.0.0.1:2";
+        let (tx, mut received) = tokio::sync::mpsc::unbounded_channel();
+        let (other_region, _) = Actor::spawn(None, OtherRegion(tx), ()).await.unwrap();
+        pg::join_scoped(
+            scope.to_string(),
+            region_group("probe", other),
+            vec![other_region.get_cell()],
+        );
+        let region = homeless_region(scope, "").await;
+        let alice = region.entity_ref::<Echo>("alice");
+        let shard = alice.shard();
+        let coordinator = FencingToken::new(1);
+        let cast = |msg: RegionMsg| region.actor().cast(msg).unwrap();
+        let home = || {
+            cast(RegionMsg::Home(ShardHome {
+                shard: shard.clone(),
+                home: Some(other.into()),
+                coordinator,
+            }))
+        };
+        let mut note = 0u8;
+        let mut tell = || {
+            note += 1;
+            alice.tell(&note.to_string()).unwrap();
+        };
+        // Everything the other region got so far (in order).
+        let mut seen = Vec::new();
+        let mut delivered = async || {
+            ractor::call!(other_region, |r| RegionMsg::Vacate(
+                Vacating {
+                    node: "127.0.0.1:1".into()
+                },
+                r
+            ))
+            .unwrap();
+            while let Ok(env) = received.try_recv() {
+                assert_eq!(env.hops, 1);
+                seen.push(
+                    tenure_cluster::codec::decode_inner::<String>(
+                        "entity request",
+                        "probe",
+                        &env.payload,
+                    )
+                    .unwrap(),
+                );
+            }
+            seen.clone()
+        };
+        cast(RegionMsg::Local(RegionLocal::Cluster(
+            ClusterEvent::CurrentMembers(vec![member(other, MemberStatus::Up)]),
+        )));
+        home();
+        tell();
+        snapshot(&region).await;
+        assert!(region.routes.remote_open(&shard), "not opened by a forward");
+        tell();
+        assert_eq!(delivered().await, ["1", "2"]);
+
+        ractor::call!(region.actor(), |r| RegionMsg::BeginHandOffShard(
+            BeginHandOff {
+                shard: shard.clone(),
+                coordinator
+            },
+            r
+        ))
+        .unwrap();
+        assert!(
+            !region.routes.remote_open(&shard),
+            "open while the shard moves"
+        );
+        tell();
+        assert_eq!(
+            waiting(&snapshot(&region).await),
+            BTreeMap::from([(shard.clone(), 1)])
+        );
+        assert_eq!(
+            delivered().await,
+            ["1", "2"],
+            "a message overtook the hand-off"
+        );
+
+        // The home named again: the kept message first, then the route opens again.
+        home();
+        snapshot(&region).await;
+        tell();
+        assert_eq!(delivered().await, ["1", "2", "3", "4"]);
+        assert!(region.routes.remote_open(&shard));
+
+        cast(RegionMsg::Local(RegionLocal::Cluster(
+            ClusterEvent::Unreachable(member(other, MemberStatus::Up)),
+        )));
+        snapshot(&region).await;
+        assert!(
+            !region.routes.remote_open(&shard),
+            "open to an unreachable node"
+        );
+        tell();
+        assert_eq!(
+            waiting(&snapshot(&region).await),
+            BTreeMap::from([(shard.clone(), 1)])
+        );
+        assert_eq!(delivered().await, ["1", "2", "3", "4"]);
+        region.actor().stop_and_wait(None, None).await.unwrap();
+        other_region.stop(None);
     }
 
     #[tokio::test(start_paused = true)]
