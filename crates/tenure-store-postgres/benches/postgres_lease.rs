@@ -2,7 +2,15 @@
 //!
 //! 1. `acquire_release`: one acquire and one release through the Lease API (LeaseActor,
 //!    pool, store) and through the store SPI, against the very same SQL statements issued
-//!    directly on one plain tokio-postgres connection to the same server.
+//!    directly on the store's own connection (`direct_sql`: a store with a pool of one
+//!    connection, checked out once per pair, the statements prepared on it once) and on a
+//!    plain tokio-postgres connection of the bench's own (`direct_sql_own_connection`).
+//!    The first is the thin path's measure. On a quiet machine the same statements take
+//!    about 155 µs per pair on one connection and 280-340 µs on another, in the same run
+//!    and for the whole run (where the scheduler puts each connection's server process
+//!    relative to the client's threads, most likely: under load from other processes both
+//!    take about 160 µs). Only the same connection compares Tenure's code rather than two
+//!    connections' luck.
 //! 2. `renew`: one batched renewal of one lease through the store vs the same statement
 //!    issued directly.
 //!    Then the thin path (issue 20): the same in alternating rounds in one run, every batch
@@ -30,24 +38,48 @@ use tokio_postgres::NoTls;
 
 const TTL_US: i64 = 60_000_000;
 
-/// A plain connection and the store's statements, prepared once: the baseline.
+/// Where the baseline's statements run.
+enum Connection {
+    /// A plain connection of the bench's own.
+    Own(tokio_postgres::Client),
+    /// The one connection of this store's pool, checked out for each pair.
+    Store(PostgresStore),
+}
+
+/// The store's statements, prepared once on the baseline's connection: the baseline.
 struct Direct {
-    client: tokio_postgres::Client,
+    connection: Connection,
     acquire: tokio_postgres::Statement,
     release: tokio_postgres::Statement,
     renew: tokio_postgres::Statement,
 }
 
 impl Direct {
+    /// On a plain connection of its own to `server`.
     async fn connect(server: &PgServer) -> Direct {
         let (client, connection) = server.connection().connect(NoTls).await.expect("connect");
         tokio::spawn(connection);
-        let sql = Statements::new("tenure", "tenure_lease");
+        let [acquire, release, renew] = prepare(&client).await;
         Direct {
-            acquire: client.prepare(&sql.acquire).await.unwrap(),
-            release: client.prepare(&sql.release).await.unwrap(),
-            renew: client.prepare(&sql.renew).await.unwrap(),
-            client,
+            connection: Connection::Own(client),
+            acquire,
+            release,
+            renew,
+        }
+    }
+
+    /// On `store`'s own connection: its pool must hold one connection, so that every
+    /// checkout gets the connection the statements were prepared on.
+    async fn on_store(store: &PostgresStore) -> Direct {
+        let [acquire, release, renew] = {
+            let pooled = store.connection().await.expect("the store's connection");
+            prepare(&pooled).await
+        };
+        Direct {
+            connection: Connection::Store(store.clone()),
+            acquire,
+            release,
+            renew,
         }
     }
 
@@ -56,8 +88,17 @@ impl Direct {
     /// read whole, as the store must to return the grant's record (the SPI's answer), not
     /// just the flag and the token.
     async fn acquire_release(&self, name: &str, owner: &str) {
-        let row = self
-            .client
+        match &self.connection {
+            Connection::Own(client) => self.pair(client, name, owner).await,
+            Connection::Store(store) => {
+                let pooled = store.connection().await.expect("the store's connection");
+                self.pair(&pooled, name, owner).await
+            }
+        }
+    }
+
+    async fn pair(&self, client: &tokio_postgres::Client, name: &str, owner: &str) {
+        let row = client
             .query_one(
                 &self.acquire,
                 &[
@@ -79,8 +120,7 @@ impl Direct {
         assert!(answer.granted);
         let token = answer.token;
         std::hint::black_box(answer);
-        let n = self
-            .client
+        let n = client
             .execute(&self.release, &[&name, &owner, &token])
             .await
             .unwrap();
@@ -88,12 +128,24 @@ impl Direct {
     }
 
     async fn renew(&self, owner: &str, names: &[&str], tokens: &[i64]) -> usize {
-        self.client
+        let Connection::Own(client) = &self.connection else {
+            panic!("renewals are compared on a connection of the bench's own")
+        };
+        client
             .query(&self.renew, &[&owner, &names, &tokens, &TTL_US])
             .await
             .unwrap()
             .len()
     }
+}
+
+/// The store's acquire, release and renew statements, prepared on `client`.
+async fn prepare(client: &tokio_postgres::Client) -> [tokio_postgres::Statement; 3] {
+    let sql = Statements::new("tenure", "tenure_lease");
+    let acquire = client.prepare(&sql.acquire).await.unwrap();
+    let release = client.prepare(&sql.release).await.unwrap();
+    let renew = client.prepare(&sql.renew).await.unwrap();
+    [acquire, release, renew]
 }
 
 /// The acquire statement's answer, every column in the store's column order (see
@@ -140,18 +192,25 @@ impl Answer {
     }
 }
 
+/// A store whose pool holds one connection, shared by the Lease API, the SPI and the
+/// baseline (see the module doc).
+fn one_connection_store(rt: &tokio::runtime::Runtime, server: &PgServer) -> PostgresStore {
+    let mut options = server.options(Duration::from_secs(5));
+    options.pool_size = 1;
+    rt.block_on(PostgresStore::connect(options)).expect("store")
+}
+
 fn acquire_release(c: &mut Criterion, server: &PgServer) {
     let rt = runtime().expect("runtime");
-    let store = rt.block_on(PostgresStore::connect(
-        server.options(Duration::from_secs(5)),
-    ));
-    let store: Arc<dyn LeaseStore> = Arc::new(store.expect("store"));
+    let pg = one_connection_store(&rt, server);
+    let store: Arc<dyn LeaseStore> = Arc::new(pg.clone());
     let lease = rt.block_on(async {
         Lease::start(LeaseSpec::new("api", "bench-owner", store.clone(), api_settings()).unwrap())
             .await
             .unwrap()
     });
-    let direct = rt.block_on(Direct::connect(server));
+    let direct = rt.block_on(Direct::on_store(&pg));
+    let own = rt.block_on(Direct::connect(server));
     let req = spi_request("spi", Duration::from_secs(60));
     let mut g = c.benchmark_group("acquire_release");
     g.bench_function("lease_api", |b| {
@@ -162,6 +221,9 @@ fn acquire_release(c: &mut Criterion, server: &PgServer) {
     });
     g.bench_function("direct_sql", |b| {
         b.iter(|| rt.block_on(direct.acquire_release("direct", "bench-owner")))
+    });
+    g.bench_function("direct_sql_own_connection", |b| {
+        b.iter(|| rt.block_on(own.acquire_release("direct-own", "bench-owner")))
     });
     g.finish();
 }
@@ -257,21 +319,18 @@ fn renewal_cost(server: &PgServer) {
 }
 
 /// The thin path (issue 20): the same comparison as `acquire_release`, in alternating
-/// rounds, each batch run by a task on the runtime ([`thin_path`]). All three ways take
-/// and give back the same row: with a row each, one way's statements sometimes ran about
-/// twice as long as another's for a whole run (320 against 180 µs per pair on one
-/// connection), which compared rows rather than code.
+/// rounds, each batch run by a task on the runtime ([`thin_path`]). All three ways use the
+/// store's one connection and take and give back the same row, so that they differ only
+/// in the code between the caller and the statements.
 fn thin(server: &PgServer) {
     let rt = runtime().expect("runtime");
-    let store = rt.block_on(PostgresStore::connect(
-        server.options(Duration::from_secs(5)),
-    ));
-    let store: Arc<dyn LeaseStore> = Arc::new(store.expect("store"));
+    let pg = one_connection_store(&rt, server);
+    let store: Arc<dyn LeaseStore> = Arc::new(pg.clone());
     let lease = rt.block_on(async {
         let spec = LeaseSpec::new("thin", "bench-owner", store.clone(), api_settings()).unwrap();
         Lease::start(spec).await.unwrap()
     });
-    let direct = Arc::new(rt.block_on(Direct::connect(server)));
+    let direct = Arc::new(rt.block_on(Direct::on_store(&pg)));
     let req = spi_request("thin", Duration::from_secs(60));
     thin_path(&rt, &lease, &store, &req, move || {
         let direct = direct.clone();
