@@ -11,8 +11,8 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
-use tenure_lease::conformance::bench::{knob, size};
+use std::time::Duration;
+use tenure_lease::conformance::bench::{SLICES, knob, paired, size, timed};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tenure::cluster::{ClusterSettings, History, Incarnation, Node, NodeAddr};
@@ -181,42 +181,6 @@ impl Pairs {
     fn ratio(&self) -> f64 {
         median(self.0.iter().map(|(ours, base)| base / ours).collect())
     }
-}
-
-/// How long `run` took.
-async fn timed(run: impl AsyncFnOnce()) -> Duration {
-    let t = Instant::now();
-    run().await;
-    t.elapsed()
-}
-
-/// Slices of a round of each path: the two paths alternate slice by slice.
-const SLICES: u64 = 20;
-
-/// Messages per second of a path and of its baseline, `(ours, base)`, each sending `n`
-/// messages in [`SLICES`] slices (`ours(k)`/`base(k)` send `k` messages and see them handled,
-/// and say how long that took): the slices alternate, ours first, then the baseline first,
-/// and so on. Whatever the moment costs (the scheduler placing the tasks on one worker or
-/// two, a neighbour's load that comes and goes, running first or second), both paths pay it
-/// alike.
-async fn paired(
-    n: u64,
-    mut ours: impl AsyncFnMut(u64) -> Duration,
-    mut base: impl AsyncFnMut(u64) -> Duration,
-) -> (f64, f64) {
-    let k = n / SLICES;
-    let (mut o, mut b) = (Duration::ZERO, Duration::ZERO);
-    for slice in 0..SLICES {
-        if slice % 2 == 0 {
-            o += ours(k).await;
-            b += base(k).await;
-        } else {
-            b += base(k).await;
-            o += ours(k).await;
-        }
-    }
-    let sent = (k * SLICES) as f64;
-    (sent / o.as_secs_f64(), sent / b.as_secs_f64())
 }
 
 async fn throughput(asks: u64, tells: u64) {

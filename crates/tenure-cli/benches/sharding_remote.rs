@@ -10,20 +10,20 @@
 //! every tell). Each round, a path and its baseline alternate in slices (see `paired`);
 //! ratios are medians of the per-round ratios.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, pg};
 use ractor_cluster::RactorClusterMessage;
 use tenure::TenureConfig;
 use tenure::sharding::{Entity, EntityContext, entity_factory};
-use tenure_lease::conformance::bench::size;
+use tenure_lease::conformance::bench::{SLICES, paired, size, timed};
 use tenure_test_kit::cli::pair;
 
-fn round_trips() -> usize {
-    size(1_000, 20)
+fn round_trips() -> u64 {
+    size(1_000, 20) as u64
 }
-fn tells_per_round() -> usize {
-    size(50_000, 200)
+fn tells_per_round() -> u64 {
+    size(50_000, 200) as u64
 }
 fn rounds() -> usize {
     size(9, 1)
@@ -92,40 +92,6 @@ async fn serve(path: String) {
     tokio::time::sleep(Duration::from_secs(3600)).await;
 }
 
-/// How long `run` took.
-async fn timed(run: impl AsyncFnOnce()) -> Duration {
-    let t = Instant::now();
-    run().await;
-    t.elapsed()
-}
-
-/// Slices of a round of each path: the two paths alternate slice by slice.
-const SLICES: usize = 20;
-
-/// Messages per second of a path and of its baseline, `(ours, base)`, each sending `n`
-/// messages in [`SLICES`] slices (`ours(k)`/`base(k)` send `k` messages, see them handled and
-/// say how long that took): the slices alternate, ours first, then the baseline first, and
-/// so on, so that whatever the moment costs, both paths pay it alike.
-async fn paired(
-    n: usize,
-    mut ours: impl AsyncFnMut(usize) -> Duration,
-    mut base: impl AsyncFnMut(usize) -> Duration,
-) -> (f64, f64) {
-    let k = n / SLICES;
-    let (mut o, mut b) = (Duration::ZERO, Duration::ZERO);
-    for slice in 0..SLICES {
-        if slice % 2 == 0 {
-            o += ours(k).await;
-            b += base(k).await;
-        } else {
-            b += base(k).await;
-            o += ours(k).await;
-        }
-    }
-    let sent = (k * SLICES) as f64;
-    (sent / o.as_secs_f64(), sent / b.as_secs_f64())
-}
-
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
@@ -162,9 +128,9 @@ async fn main() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
     // Each path and its baseline, slice by slice (see `paired`).
-    let ask = async |k: usize| {
+    let ask = async |k: u64| {
         timed(async || {
-            for i in 0..k {
+            for i in 0..k as usize {
                 let _: u64 = region
                     .ask(&keys[i % 100], &1u64, Duration::from_secs(5))
                     .await
@@ -173,7 +139,7 @@ async fn main() {
         })
         .await
     };
-    let call = async |k: usize| {
+    let call = async |k: u64| {
         timed(async || {
             for _ in 0..k {
                 raw.call(|r| RawMsg::Echo(1, r), Some(Duration::from_secs(5)))
@@ -183,7 +149,7 @@ async fn main() {
         })
         .await
     };
-    let tell = async |k: usize| {
+    let tell = async |k: u64| {
         timed(async || {
             for _ in 0..k {
                 region.tell(&keys[0], &1u64).unwrap();
@@ -195,7 +161,7 @@ async fn main() {
         })
         .await
     };
-    let cast = async |k: usize| {
+    let cast = async |k: u64| {
         timed(async || {
             for _ in 0..k {
                 raw.cast(RawMsg::Add(1)).unwrap();

@@ -321,35 +321,11 @@ fn forward_direct(
 
 #[cfg(test)]
 mod tests {
-    use ractor::{Actor, ActorProcessingErr};
+    use ractor::Actor;
 
     use super::*;
     use crate::entity::shard_of;
-
-    /// Another node's region, as far as a remote route sees it: reports what it is sent.
-    struct OtherRegion(tokio::sync::mpsc::UnboundedSender<Envelope>);
-
-    impl Actor for OtherRegion {
-        type Msg = RegionMsg;
-        type State = ();
-        type Arguments = ();
-
-        async fn pre_start(&self, _: ActorRef<RegionMsg>, _: ()) -> Result<(), ActorProcessingErr> {
-            Ok(())
-        }
-
-        async fn handle(
-            &self,
-            _: ActorRef<RegionMsg>,
-            msg: RegionMsg,
-            _: &mut (),
-        ) -> Result<(), ActorProcessingErr> {
-            if let RegionMsg::Deliver(env) | RegionMsg::Ask(env, _) = msg {
-                let _ = self.0.send(env);
-            }
-            Ok(())
-        }
-    }
+    use crate::test_regions::OtherRegion;
 
     fn tell(n: u8) -> EntityMsg {
         EntityMsg {

@@ -69,6 +69,8 @@ pub mod remember;
 mod settings;
 mod shard;
 pub mod shard_map;
+#[cfg(test)]
+mod test_regions;
 
 pub use allocation::{AllocationStrategy, LeastShards};
 pub use coordinator::{Coordinator, CoordinatorArgs};

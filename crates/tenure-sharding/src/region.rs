@@ -971,7 +971,7 @@ mod tests {
     use tenure_lease::TenureConfig;
 
     use super::*;
-    use crate::messages::Envelope;
+    use crate::test_regions::OtherRegion;
     use crate::{Entity, EntityContext, ShardRegion, ShardingError};
 
     /// Never started in these tests: it only types their entity references.
@@ -1118,40 +1118,6 @@ mod tests {
             "the region never asked the new home of the shard its lost node hosted"
         );
         coordinator.stop(None);
-    }
-
-    /// Another node's region: reports the messages it is sent; answers `Vacate` (a barrier:
-    /// everything sent to it before has been reported).
-    struct OtherRegion(tokio::sync::mpsc::UnboundedSender<Envelope>);
-
-    impl Actor for OtherRegion {
-        type Msg = RegionMsg;
-        type State = ();
-        type Arguments = ();
-
-        async fn pre_start(&self, _: ActorRef<RegionMsg>, _: ()) -> Result<(), ActorProcessingErr> {
-            Ok(())
-        }
-
-        async fn handle(
-            &self,
-            _: ActorRef<RegionMsg>,
-            msg: RegionMsg,
-            _: &mut (),
-        ) -> Result<(), ActorProcessingErr> {
-            match msg {
-                RegionMsg::Deliver(env) => {
-                    let _ = self.0.send(env);
-                }
-                RegionMsg::Vacate(_, reply) => {
-                    let _ = reply.send(Vacated {
-                        region: "127.0.0.1:2".into(),
-                    });
-                }
-                _ => {}
-            }
-            Ok(())
-        }
     }
 
     /// A handle's messages to an entity of another node go to that node's region directly

@@ -415,6 +415,42 @@ pub async fn bracket_intervals<T>(interval: Duration, mut sample: impl FnMut() -
     (before, after)
 }
 
+/// How long `run` took.
+pub async fn timed(run: impl AsyncFnOnce()) -> Duration {
+    let t = std::time::Instant::now();
+    run().await;
+    t.elapsed()
+}
+
+/// Slices of a round of each path in [`paired`]: the two paths alternate slice by slice.
+pub const SLICES: u64 = 20;
+
+/// Messages per second of a path and of its baseline, `(ours, base)`, each sending `n`
+/// messages in [`SLICES`] slices (`ours(k)`/`base(k)` send `k` messages, see them handled
+/// and say how long that took): the slices alternate, ours first, then the baseline first,
+/// and so on. Whatever the moment costs (the scheduler placing the tasks on one worker or
+/// two, a neighbour's load that comes and goes, running first or second), both paths pay
+/// it alike.
+pub async fn paired(
+    n: u64,
+    mut ours: impl AsyncFnMut(u64) -> Duration,
+    mut base: impl AsyncFnMut(u64) -> Duration,
+) -> (f64, f64) {
+    let k = n / SLICES;
+    let (mut o, mut b) = (Duration::ZERO, Duration::ZERO);
+    for slice in 0..SLICES {
+        if slice % 2 == 0 {
+            o += ours(k).await;
+            b += base(k).await;
+        } else {
+            b += base(k).await;
+            o += ours(k).await;
+        }
+    }
+    let sent = (k * SLICES) as f64;
+    (sent / o.as_secs_f64(), sent / b.as_secs_f64())
+}
+
 /// The median (upper one for an even count) of `values`; `None` when empty.
 pub fn median(mut values: Vec<f64>) -> Option<f64> {
     values.sort_by(f64::total_cmp);
