@@ -263,8 +263,7 @@ impl Actor for Region {
             RegionMsg::Vacate(Vacating { node }, reply) => {
                 if node != state.args.me {
                     state.homes.retain(|_, h| *h != node);
-                    state.regions.remove(&node);
-                    state.args.routes.close_remote_node(Some(&node));
+                    state.forget_region(&node);
                     state.vacated.insert(node);
                 }
                 let _ = reply.send(Vacated {
@@ -448,12 +447,18 @@ impl RegionState {
             }
             Err(p) => {
                 if let Some(home) = self.forget_home(&p.env.shard) {
-                    self.regions.remove(&home);
-                    self.args.routes.close_remote_node(Some(&home));
+                    self.forget_region(&home);
                 }
                 self.wait(p).await;
             }
         }
+    }
+
+    /// Forgets the region of node `node` (gone, replaced, or refusing a forward): the next
+    /// forward there looks it up again, and no handle sends to it directly meanwhile.
+    fn forget_region(&mut self, node: &str) {
+        self.regions.remove(node);
+        self.args.routes.close_remote_node(Some(node));
     }
 
     /// Forgets where `shard` lives (its messages wait here until the coordinator names a
@@ -774,12 +779,10 @@ impl RegionState {
             }
             ClusterEvent::MemberJoined(m) | ClusterEvent::MemberUp(m) => {
                 // A node back at a vacated address is a new incarnation (with a new region).
-                self.vacated.remove(&m.addr.to_string());
-                self.regions.remove(&m.addr.to_string());
-                self.args
-                    .routes
-                    .close_remote_node(Some(&m.addr.to_string()));
-                self.members.insert(m.addr.to_string(), m);
+                let addr = m.addr.to_string();
+                self.vacated.remove(&addr);
+                self.forget_region(&addr);
+                self.members.insert(addr, m);
             }
             ClusterEvent::MemberLeaving(m) | ClusterEvent::Reachable(m) => {
                 self.members.insert(m.addr.to_string(), m);
@@ -792,7 +795,7 @@ impl RegionState {
             ClusterEvent::MemberDown(m) | ClusterEvent::MemberRemoved(m) => {
                 let addr = m.addr.to_string();
                 self.lose_homes_on(&addr);
-                self.regions.remove(&addr);
+                self.forget_region(&addr);
                 self.vacated.remove(&addr);
                 if addr == self.args.me {
                     self.members.insert(addr, m);
