@@ -772,38 +772,21 @@ mod tests {
     use super::*;
     use crate::allocation::LeastShards;
     use crate::region::region_group;
+    use crate::test_regions::RegionDouble;
 
     /// A region that only reports the homes it is told: (its address, shard, home).
-    struct HomesTold {
-        addr: String,
+    fn homes_told(
+        addr: &str,
         told: mpsc::UnboundedSender<(String, String, String)>,
-    }
-
-    impl Actor for HomesTold {
-        type Msg = RegionMsg;
-        type State = ();
-        type Arguments = ();
-
-        async fn pre_start(&self, _: ActorRef<RegionMsg>, _: ()) -> Result<(), ActorProcessingErr> {
-            Ok(())
-        }
-
-        async fn handle(
-            &self,
-            _: ActorRef<RegionMsg>,
-            msg: RegionMsg,
-            _: &mut (),
-        ) -> Result<(), ActorProcessingErr> {
-            let told = match msg {
-                RegionMsg::Host(HostShard { shard, .. }) => Some((shard, self.addr.clone())),
-                RegionMsg::Home(ShardHome { shard, home, .. }) => home.map(|h| (shard, h)),
-                _ => None,
-            };
-            if let Some((shard, home)) = told {
-                let _ = self.told.send((self.addr.clone(), shard, home));
+    ) -> RegionDouble<(String, String, String)> {
+        let addr = addr.to_string();
+        RegionDouble::new(told, move |msg| match msg {
+            RegionMsg::Host(HostShard { shard, .. }) => Some((addr.clone(), shard, addr.clone())),
+            RegionMsg::Home(ShardHome { shard, home, .. }) => {
+                home.map(|h| (addr.clone(), shard, h))
             }
-            Ok(())
-        }
+            _ => None,
+        })
     }
 
     /// A shard allocated on request of one region: the host, the asker and every other
@@ -843,11 +826,9 @@ mod tests {
         let (asker, bystander) = ("127.0.0.1:2".to_string(), "127.0.0.1:3".to_string());
         let mut regions = Vec::new();
         for addr in [&host, &asker, &bystander] {
-            let region = HomesTold {
-                addr: addr.clone(),
-                told: told.clone(),
-            };
-            let (actor, _) = Actor::spawn(None, region, ()).await.unwrap();
+            let (actor, _) = Actor::spawn(None, homes_told(addr, told.clone()), ())
+                .await
+                .unwrap();
             ractor::pg::join_scoped(
                 scope.to_string(),
                 region_group("probe", addr),
@@ -904,16 +885,9 @@ mod tests {
         );
         // A region registering later learns it as it registers.
         let late = "127.0.0.1:4".to_string();
-        let (actor, _) = Actor::spawn(
-            None,
-            HomesTold {
-                addr: late.clone(),
-                told: told.clone(),
-            },
-            (),
-        )
-        .await
-        .unwrap();
+        let (actor, _) = Actor::spawn(None, homes_told(&late, told.clone()), ())
+            .await
+            .unwrap();
         ractor::pg::join_scoped(
             scope.to_string(),
             region_group("probe", &late),

@@ -325,7 +325,7 @@ mod tests {
 
     use super::*;
     use crate::entity::shard_of;
-    use crate::test_regions::OtherRegion;
+    use crate::test_regions::RegionDouble;
 
     fn tell(n: u8) -> EntityMsg {
         EntityMsg {
@@ -339,7 +339,9 @@ mod tests {
      {
         let routes = Arc::new(Routes::default());
         let (tx, mut received) = tokio::sync::mpsc::unbounded_channel();
-        let (other, _) = Actor::spawn(None, OtherRegion(tx), ()).await.unwrap();
+        let (other, _) = Actor::spawn(None, RegionDouble::envelopes(tx), ())
+            .await
+            .unwrap();
         let shards = 10;
         let shard = shard_of("a", shards);
         let direct = |n: u8| routes.send_from_handle("a", tell(n), shards).is_ok();

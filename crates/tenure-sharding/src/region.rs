@@ -974,7 +974,7 @@ mod tests {
     use tenure_lease::TenureConfig;
 
     use super::*;
-    use crate::test_regions::OtherRegion;
+    use crate::test_regions::RegionDouble;
     use crate::{Entity, EntityContext, ShardRegion, ShardingError};
 
     /// Never started in these tests: it only types their entity references.
@@ -1133,7 +1133,9 @@ mod tests {
         let scope = "region-remote-routes";
         let other = "127.0.0.1:2";
         let (tx, mut received) = tokio::sync::mpsc::unbounded_channel();
-        let (other_region, _) = Actor::spawn(None, OtherRegion(tx), ()).await.unwrap();
+        let (other_region, _) = Actor::spawn(None, RegionDouble::envelopes(tx), ())
+            .await
+            .unwrap();
         pg::join_scoped(
             scope.to_string(),
             region_group("probe", other),

@@ -1,14 +1,48 @@
-//! Test doubles of another node's region, for the unit tests of the routed and direct paths.
+//! A test double of another node's region, for the unit tests of the routed and direct
+//! paths and of the coordinator.
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tokio::sync::mpsc::UnboundedSender;
 
 use crate::messages::{Envelope, RegionMsg, Vacated};
 
-/// Another node's region: reports the envelopes it is sent (tells and asks); answers
-/// `Vacate` (a barrier: everything sent to it before has been reported).
-pub(crate) struct OtherRegion(pub(crate) tokio::sync::mpsc::UnboundedSender<Envelope>);
+/// Another node's region: reports what `report` makes of each message it is sent (and
+/// ignores the messages it makes nothing of).
+pub(crate) struct RegionDouble<T> {
+    report: Box<dyn Fn(RegionMsg) -> Option<T> + Send + Sync>,
+    to: UnboundedSender<T>,
+}
 
-impl Actor for OtherRegion {
+impl<T: Send + 'static> RegionDouble<T> {
+    pub(crate) fn new(
+        to: UnboundedSender<T>,
+        report: impl Fn(RegionMsg) -> Option<T> + Send + Sync + 'static,
+    ) -> Self {
+        RegionDouble {
+            report: Box::new(report),
+            to,
+        }
+    }
+}
+
+impl RegionDouble<Envelope> {
+    /// Reports the envelopes it is sent (tells and asks); answers `Vacate` (a barrier:
+    /// everything sent to it before has been reported).
+    pub(crate) fn envelopes(to: UnboundedSender<Envelope>) -> Self {
+        RegionDouble::new(to, |msg| match msg {
+            RegionMsg::Deliver(env) | RegionMsg::Ask(env, _) => Some(env),
+            RegionMsg::Vacate(_, reply) => {
+                let _ = reply.send(Vacated {
+                    region: "127.0.0.1:2".into(),
+                });
+                None
+            }
+            _ => None,
+        })
+    }
+}
+
+impl<T: Send + 'static> Actor for RegionDouble<T> {
     type Msg = RegionMsg;
     type State = ();
     type Arguments = ();
@@ -23,16 +57,8 @@ impl Actor for OtherRegion {
         msg: RegionMsg,
         _: &mut (),
     ) -> Result<(), ActorProcessingErr> {
-        match msg {
-            RegionMsg::Deliver(env) | RegionMsg::Ask(env, _) => {
-                let _ = self.0.send(env);
-            }
-            RegionMsg::Vacate(_, reply) => {
-                let _ = reply.send(Vacated {
-                    region: "127.0.0.1:2".into(),
-                });
-            }
-            _ => {}
+        if let Some(report) = (self.report)(msg) {
+            let _ = self.to.send(report);
         }
         Ok(())
     }
