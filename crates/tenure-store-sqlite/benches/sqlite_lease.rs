@@ -53,11 +53,7 @@ fn direct_acquire(conn: &mut Connection, name: &str, owner: &str) -> i64 {
         .optional()
         .unwrap();
     assert!(lost_at.is_none());
-    let token: i64 = tx
-        .prepare_cached(sql::NEXT_TOKEN)
-        .unwrap()
-        .query_row(params![name, token_floor()], |r| r.get(0))
-        .unwrap();
+    let token = sql::next_token(&tx, name, token_floor()).unwrap();
     tx.prepare_cached(sql::INSERT_GRANT)
         .unwrap()
         .execute(params![

@@ -47,7 +47,7 @@ pub fn store_now_ns() -> i64 {
 }
 
 /// The least token a grant made now may carry (the wall clock in microseconds): the
-/// parameter `?2` of [`sql::NEXT_TOKEN`].
+/// `floor` of [`sql::next_token`].
 pub fn token_floor() -> i64 {
     clock::token_floor()
 }

@@ -28,7 +28,7 @@ use crate::sql;
 /// was checked against `path` after it was sent and before the loss, so they believe until
 /// at most `lost_at + ttl`. Until then the new file makes no new grant
 /// ([`StoreError::StateLost`]). Tokens of every file exceed those of any earlier one (see
-/// `NEXT_TOKEN`). Not covered: a process that starts after the loss and makes the new file
+/// `sql::next_token`). Not covered: a process that starts after the loss and makes the new file
 /// before any running process noticed it grants at once (fencing tokens still order it
 /// after the lost file's grants); a file deleted without its `-wal` is refused until the
 /// `-wal` and `-shm` files are deleted too (SQLite would read the lost file's log).
@@ -344,9 +344,7 @@ pub(crate) fn acquire_in(
             {
                 return Ok(Err(Quiet { lost, now }));
             }
-            let token: i64 = tx
-                .prepare_cached(sql::NEXT_TOKEN)?
-                .query_row(params![req.name, token_floor()], |r| r.get(0))?;
+            let token = sql::next_token(tx, &req.name, token_floor())?;
             tx.prepare_cached(sql::INSERT_GRANT)?.execute(params![
                 req.name,
                 req.owner,
