@@ -1,5 +1,7 @@
-//! The lease file lost: tokens of the file that replaces it exceed the lost file's, and a
-//! file deleted without its log is refused rather than read with the wrong log.
+//! Tokens never go back: those of one file exceed the last one it issued even when the
+//! wall clock (their floor) is behind it, those of a file that replaces a lost one exceed
+//! the lost file's, and a file deleted without its log is refused rather than read with
+//! the wrong log.
 
 use std::time::Duration;
 
@@ -28,6 +30,33 @@ fn remove(path: &std::path::Path, suffix: &str) {
     let mut name = path.as_os_str().to_os_string();
     name.push(suffix);
     let _ = std::fs::remove_file(name);
+}
+
+/// The counter row's last token, not the wall clock, decides while the clock is behind
+/// it, as after the clock was set back.
+#[tokio::test]
+async fn a_token_exceeds_the_last_one_issued_when_the_wall_clock_is_behind_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("leases.sqlite");
+    let store = SqliteStore::open(&path, Duration::from_secs(1)).unwrap();
+    let first = acquire_release(&store).await;
+    // Grants issued while the wall clock ran about 11.6 days ahead of where it is now.
+    let ahead = first.get() + 1_000_000_000_000;
+    let raw = rusqlite::Connection::open(&path).unwrap();
+    raw.busy_timeout(Duration::from_secs(5)).unwrap();
+    let changed = raw
+        .execute(
+            "UPDATE tenure_fence SET last_token = ?1 WHERE name = 'nightly'",
+            [i64::try_from(ahead).unwrap()],
+        )
+        .unwrap();
+    assert_eq!(changed, 1, "the counter row of the first grant");
+    let next = acquire_release(&store).await;
+    assert_eq!(
+        next,
+        FencingToken::new(ahead + 1),
+        "the token after {ahead} was issued"
+    );
 }
 
 /// Issue 15's reproduction: three grants, the file deleted, a new process acquires.
