@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
-use tenure_lease::conformance::bench::{SLICES, knob, paired, size, timed};
+use tenure_lease::conformance::bench::{PairedRounds, SLICES, knob, paired, size, timed};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tenure::cluster::{ClusterSettings, History, Incarnation, Node, NodeAddr};
@@ -125,11 +125,6 @@ fn ids_in_shard(shard: &str, n: usize) -> Vec<String> {
         .collect()
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
-
 fn percentile(v: &mut [f64], p: f64) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[((v.len() - 1) as f64 * p).round() as usize]
@@ -163,24 +158,18 @@ fn shard_settings() -> Arc<ShardingSettings> {
     Arc::new(s)
 }
 
-/// Messages per second of a path and of its baseline, one pair per round.
-#[derive(Default)]
-struct Pairs(Vec<(f64, f64)>);
-
-impl Pairs {
-    fn push(&mut self, pair: (f64, f64)) {
-        self.0.push(pair);
-    }
-    fn ours(&self) -> f64 {
-        median(self.0.iter().map(|p| p.0).collect())
-    }
-    fn base(&self) -> f64 {
-        median(self.0.iter().map(|p| p.1).collect())
-    }
-    /// The median of the rounds' ratios (how many times slower than the baseline).
-    fn ratio(&self) -> f64 {
-        median(self.0.iter().map(|(ours, base)| base / ours).collect())
-    }
+/// How long `send(0..k)` took until `handled` counted every one of them.
+async fn sent_and_handled(handled: &AtomicU64, k: u64, mut send: impl FnMut(u64)) -> Duration {
+    let before = handled.load(Ordering::Relaxed);
+    timed(async || {
+        for i in 0..k {
+            send(i);
+        }
+        while handled.load(Ordering::Relaxed) < before + k {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
 }
 
 async fn throughput(asks: u64, tells: u64) {
@@ -304,55 +293,31 @@ async fn throughput(asks: u64, tells: u64) {
     };
     // Tells: sent, then waited for until every one was handled.
     let tell_to = async |spread_over: u64, k: u64| {
-        let before = count.load(Ordering::Relaxed);
-        timed(async || {
-            for i in 0..k {
-                region
-                    .tell(&keys[(i % spread_over) as usize], &1u64)
-                    .unwrap();
-            }
-            while count.load(Ordering::Relaxed) < before + k {
-                tokio::task::yield_now().await;
-            }
+        sent_and_handled(&count, k, |i| {
+            region
+                .tell(&keys[(i % spread_over) as usize], &1u64)
+                .unwrap()
         })
         .await
     };
     let cast = async |k: u64| {
-        let before = bare_count.load(Ordering::Relaxed);
-        timed(async || {
-            for _ in 0..k {
-                bare_tell.cast(BareMsg::Add(1, None)).unwrap();
-            }
-            while bare_count.load(Ordering::Relaxed) < before + k {
-                tokio::task::yield_now().await;
-            }
+        sent_and_handled(&bare_count, k, |_| {
+            bare_tell.cast(BareMsg::Add(1, None)).unwrap()
         })
         .await
     };
     let spread_cast = async |k: u64| {
-        let before = spread_count.load(Ordering::Relaxed);
-        timed(async || {
-            for i in 0..k {
-                spread[(i % 100) as usize]
-                    .cast(BareMsg::Add(1, None))
-                    .unwrap();
-            }
-            while spread_count.load(Ordering::Relaxed) < before + k {
-                tokio::task::yield_now().await;
-            }
+        sent_and_handled(&spread_count, k, |i| {
+            spread[(i % 100) as usize]
+                .cast(BareMsg::Add(1, None))
+                .unwrap()
         })
         .await
     };
     let codec_cast = async |k: u64| {
-        let before = codec_count.load(Ordering::Relaxed);
-        timed(async || {
-            for _ in 0..k {
-                let bytes = tenure::cluster::codec::encode_inner(KIND, "echo", &1u64).unwrap();
-                codec_tell.cast(BareCodecMsg::Add(bytes, None)).unwrap();
-            }
-            while codec_count.load(Ordering::Relaxed) < before + k {
-                tokio::task::yield_now().await;
-            }
+        sent_and_handled(&codec_count, k, |_| {
+            let bytes = tenure::cluster::codec::encode_inner(KIND, "echo", &1u64).unwrap();
+            codec_tell.cast(BareCodecMsg::Add(bytes, None)).unwrap()
         })
         .await
     };
@@ -364,7 +329,7 @@ async fn throughput(asks: u64, tells: u64) {
         mut many_spread,
         mut ask_codec,
         mut many_codec,
-    ] = std::array::from_fn::<_, 7, _>(|_| Pairs::default());
+    ] = std::array::from_fn::<_, 7, _>(|_| PairedRounds::default());
     for _ in 0..rounds() {
         ask_call.push(paired(asks, ask, call).await);
         one_call.push(paired(asks, async |k| ask_to(1, k).await, call).await);

@@ -16,7 +16,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, pg};
 use ractor_cluster::RactorClusterMessage;
 use tenure::TenureConfig;
 use tenure::sharding::{Entity, EntityContext, entity_factory};
-use tenure_lease::conformance::bench::{SLICES, paired, size, timed};
+use tenure_lease::conformance::bench::{PairedRounds, SLICES, paired, size, timed};
 use tenure_test_kit::cli::pair;
 
 fn round_trips() -> u64 {
@@ -90,11 +90,6 @@ async fn serve(path: String) {
     pg::join("bench/raw".into(), vec![raw.get_cell()]);
     println!("ready");
     tokio::time::sleep(Duration::from_secs(3600)).await;
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -172,29 +167,26 @@ async fn main() {
         })
         .await
     };
-    let (mut asks, mut tells) = (Vec::new(), Vec::new());
+    let (mut asks, mut tells) = (PairedRounds::default(), PairedRounds::default());
     for _ in 0..rounds() {
         asks.push(paired(round_trips(), ask, call).await);
         tells.push(paired(tells_per_round(), tell, cast).await);
     }
-    let ours = |v: &[(f64, f64)]| median(v.iter().map(|p| p.0).collect());
-    let base = |v: &[(f64, f64)]| median(v.iter().map(|p| p.1).collect());
-    let ratio = |v: &[(f64, f64)]| median(v.iter().map(|(o, b)| b / o).collect());
     println!(
         "messages to entities on another node ({} rounds, each path alternating with its baseline in {SLICES} slices; medians of the rounds):",
         rounds()
     );
     println!(
         "  ask through the regions  {:>8.0}/s   bare ractor_cluster call {:>8.0}/s   {:.2}x slower",
-        ours(&asks),
-        base(&asks),
-        ratio(&asks)
+        asks.ours(),
+        asks.base(),
+        asks.ratio()
     );
     println!(
         "  tell through the regions {:>8.0}/s   bare ractor_cluster cast {:>8.0}/s   {:.2}x slower",
-        ours(&tells),
-        base(&tells),
-        ratio(&tells)
+        tells.ours(),
+        tells.base(),
+        tells.ratio()
     );
     region.stop().await;
     let _ = node.leave().await;

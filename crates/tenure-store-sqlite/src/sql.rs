@@ -20,7 +20,7 @@ pub const EXTEND: &str = "UPDATE tenure_lease SET expires_at = ?2, version = ver
 /// update by key, without `RETURNING`: SQLite opens no statement journal for it. An upsert
 /// or a `RETURNING` clause makes it open one per grant, a 64 KiB buffer allocated and
 /// freed inside the transaction, after which glibc's allocator gave the memory back to the
-/// kernel and faulted it in again on every grant (about 13% of a grant+release pair).
+/// kernel and faulted it in again on every grant.
 pub const ADVANCE_TOKEN: &str =
     "UPDATE tenure_fence SET last_token = max(last_token + 1, ?2) WHERE name = ?1";
 

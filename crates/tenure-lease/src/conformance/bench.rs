@@ -451,6 +451,33 @@ pub async fn paired(
     (sent / o.as_secs_f64(), sent / b.as_secs_f64())
 }
 
+/// The rounds of one path against its baseline: one `(ours, base)` pair of [`paired`] per
+/// round, summed up by medians over the rounds (`NaN` before the first round).
+#[derive(Debug, Default, Clone)]
+pub struct PairedRounds(Vec<(f64, f64)>);
+
+impl PairedRounds {
+    /// Adds one round's `(ours, base)` rates.
+    pub fn push(&mut self, round: (f64, f64)) {
+        self.0.push(round);
+    }
+
+    /// The median rate of the path.
+    pub fn ours(&self) -> f64 {
+        median(self.0.iter().map(|r| r.0).collect()).unwrap_or(f64::NAN)
+    }
+
+    /// The median rate of the baseline.
+    pub fn base(&self) -> f64 {
+        median(self.0.iter().map(|r| r.1).collect()).unwrap_or(f64::NAN)
+    }
+
+    /// The median of the rounds' ratios: how many times slower than the baseline.
+    pub fn ratio(&self) -> f64 {
+        median(self.0.iter().map(|(ours, base)| base / ours).collect()).unwrap_or(f64::NAN)
+    }
+}
+
 /// The median (upper one for an even count) of `values`; `None` when empty.
 pub fn median(mut values: Vec<f64>) -> Option<f64> {
     values.sort_by(f64::total_cmp);
