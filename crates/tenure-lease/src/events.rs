@@ -246,16 +246,13 @@ impl SharedBelief {
     ) -> Vec<Effect<AcquireCaller, ReleaseCaller>> {
         let _order = self.ordered();
         let now = self.clock.now();
-        let effects = self.machine().handle(now, input);
-        let (events, rest): (Vec<_>, Vec<_>) = effects
-            .into_iter()
-            .partition(|e| matches!(e, Effect::Emit(_)));
-        for effect in events {
+        let mut effects = self.machine().handle(now, input);
+        for effect in effects.extract_if(.., |e| matches!(e, Effect::Emit(_))) {
             if let Effect::Emit(event) = effect {
                 self.emit(event);
             }
         }
-        rest
+        effects
     }
 
     /// The watchdog woke: feeds the machine a deadline and emits what came of it.

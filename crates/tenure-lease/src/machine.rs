@@ -455,7 +455,8 @@ impl<A, L> Machine<A, L> {
     /// Handles `input` at `now` (the holder clock's reading); returns what the driver must
     /// do, in order.
     pub(crate) fn handle(&mut self, now: Instant, input: Input<A, L>) -> Out<A, L> {
-        let mut out = Vec::new();
+        // Room for a grant's or a release's effects without growing.
+        let mut out = Vec::with_capacity(8);
         self.step(now, input, &mut out);
         // Commands deferred while a call was awaited, now that it is answered.
         while self.awaiting.is_none()

@@ -60,7 +60,7 @@ pub fn cross_process_poll(ttl: Duration) -> Duration {
 
 /// The bells of this process's fair waiters, per lease file and lease name. Entries go
 /// when their last waiter does (a weak reference), and are swept when a bell is made.
-type Bells = HashMap<(PathBuf, String), Weak<Notify>>;
+type Bells = HashMap<PathBuf, HashMap<String, Weak<Notify>>>;
 
 static BELLS: Mutex<Option<Bells>> = Mutex::new(None);
 
@@ -69,23 +69,33 @@ static BELLS: Mutex<Option<Bells>> = Mutex::new(None);
 fn bell(file: &Path, name: &str) -> Arc<Notify> {
     let mut bells = BELLS.lock().unwrap_or_else(|e| e.into_inner());
     let bells = bells.get_or_insert_with(HashMap::new);
-    let key = (file.to_path_buf(), name.to_string());
-    if let Some(bell) = bells.get(&key).and_then(Weak::upgrade) {
+    if let Some(bell) = bells
+        .get(file)
+        .and_then(|names| names.get(name))
+        .and_then(Weak::upgrade)
+    {
         return bell;
     }
-    bells.retain(|_, b| b.strong_count() > 0);
+    bells.retain(|_, names| {
+        names.retain(|_, b| b.strong_count() > 0);
+        !names.is_empty()
+    });
     let bell = Arc::new(Notify::new());
-    bells.insert(key, Arc::downgrade(&bell));
+    bells
+        .entry(file.to_path_buf())
+        .or_default()
+        .insert(name.to_string(), Arc::downgrade(&bell));
     bell
 }
 
-/// Wakes the waiters of `name` in file `file` in this process, if any.
+/// Wakes the waiters of `name` in file `file` in this process, if any. Every release
+/// comes through here: the lookup borrows its keys (no allocation).
 pub(crate) fn wake(file: &Path, name: &str) {
     let bells = BELLS.lock().unwrap_or_else(|e| e.into_inner());
-    let key = (file.to_path_buf(), name.to_string());
     if let Some(bell) = bells
         .as_ref()
-        .and_then(|b| b.get(&key))
+        .and_then(|b| b.get(file))
+        .and_then(|names| names.get(name))
         .and_then(Weak::upgrade)
     {
         bell.notify_waiters();

@@ -226,17 +226,28 @@ impl SqliteStore {
     /// `busy_timeout`, as does every call the caller did not allow inline.
     pub(crate) async fn with_conn<T: Send + 'static>(
         &self,
-        f: impl Fn(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
+        f: impl Fn(&mut Connection) -> rusqlite::Result<T> + Clone + Send + Sync + 'static,
+    ) -> Result<T, StoreError> {
+        self.with_args(&f, |conn, f| f(conn)).await
+    }
+
+    /// [`with_conn`](Self::with_conn) of `f` on `args`: borrowed when `f` runs inline, so
+    /// that the hot path copies nothing; cloned for the blocking pool.
+    pub(crate) async fn with_args<A: Clone + Send + Sync + 'static, T: Send + 'static>(
+        &self,
+        args: &A,
+        f: fn(&mut Connection, &A) -> rusqlite::Result<T>,
     ) -> Result<T, StoreError> {
         if tenure_lease::blocking::inline_allowed()
-            && let Some(done) = self.inline(&f)
+            && let Some(done) = self.inline(&|conn: &mut Connection| f(conn, args))
         {
             return done.map_err(store_error);
         }
         let (open, path, busy) = (self.open.clone(), self.path.clone(), self.busy_timeout);
+        let args = args.clone();
         tokio::task::spawn_blocking(move || {
             let mut slot = open.lock().unwrap_or_else(|e| e.into_inner());
-            f(current(&path, busy, &mut slot)?).map_err(store_error)
+            f(current(&path, busy, &mut slot)?, &args).map_err(store_error)
         })
         .await
         .map_err(|e| StoreError::backend("sqlite", format!("blocking task failed: {e}")))?
@@ -455,21 +466,19 @@ impl LeaseStore for SqliteStore {
     }
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError> {
-        let req = req.clone();
-        let (path, name, ttl) = (self.path.clone(), req.name.clone(), req.ttl);
         let attempt = self
-            .with_conn(move |conn| {
+            .with_args(req, |conn, req| {
                 let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
                 // Read the clock only once the write lock is ours: expiry counts from processing.
                 let now = now_ns();
-                let outcome = acquire_in(&tx, &req, now)?;
+                let outcome = acquire_in(&tx, req, now)?;
                 if outcome.is_ok() {
                     tx.commit()?;
                 }
                 Ok(outcome)
             })
             .await?;
-        attempt.map_err(|quiet| quiet.error(&path, &name, ttl))
+        attempt.map_err(|quiet| quiet.error(&self.path, &req.name, req.ttl))
     }
 
     /// Queues behind earlier fair acquires of `req.name` (a row in `tenure_waiter`, with
@@ -617,24 +626,20 @@ impl LeaseStore for SqliteStore {
         owner: &str,
         token: FencingToken,
     ) -> Result<bool, StoreError> {
-        let (name, owner) = (name.to_string(), owner.to_string());
-        let lease = name.clone();
+        let args = (name.to_string(), owner.to_string(), token_to_sql(token));
         let released = self
-            .with_conn(move |conn| {
+            .with_args(&args, |conn, (name, owner, token)| {
                 let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
                 let now = now_ns();
-                let deleted = tx.prepare_cached(sql::RELEASE)?.execute(params![
-                    name,
-                    owner,
-                    token_to_sql(token),
-                    now
-                ])?;
+                let deleted = tx
+                    .prepare_cached(sql::RELEASE)?
+                    .execute(params![name, owner, token, now])?;
                 tx.commit()?;
                 Ok(deleted == 1)
             })
             .await?;
         if released {
-            crate::fair::wake(&self.line_key, &lease);
+            crate::fair::wake(&self.line_key, name);
         }
         Ok(released)
     }
