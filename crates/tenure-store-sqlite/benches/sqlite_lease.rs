@@ -1,19 +1,25 @@
 //! SQLite store benchmarks.
 //!
-//! 1. `acquire_release`: one acquire and one release through the Lease API (LeaseActor,
-//!    SQLite inline on the actor's worker) against the same SQL statements (the lost-file
-//!    check included) issued directly on the same file, each pair from the bench's thread.
+//! The direct way is the store's own operations by hand on the same file: before each
+//! transaction the check that the path still names the file the connection opened (the
+//! store's lost-file check, a `statx`), then the store's SQL.
+//!
+//! 1. `acquire_release`: one acquire and one release through the Lease API (the Lease
+//!    handle, SQLite inline on the calling worker) against the direct way, each pair from
+//!    the bench's thread.
 //! 2. `renew`: a renewal through the Lease API (reentrant acquire) and through the store's
-//!    batched renew, against the same SQL issued directly.
+//!    batched renew, against the direct way.
 //! 3. The thin path (issue 20): acquire+release through the Lease API and the store SPI
-//!    against the same SQL issued directly, alternating rounds in one run, every batch run
-//!    by a task on the runtime ([`thin_path`]); printed after the criterion groups.
+//!    against the direct way, alternating rounds in one run, every batch run by a task on
+//!    the runtime ([`thin_path`]); then the same against the SQL alone (no file check).
+//!    Printed after the criterion groups.
 //! 4. Renewal cost: store round trips per heartbeat interval for one owner holding 1, 100
 //!    and 10,000 leases through LeaseActors.
 //!
 //! Run: `cargo bench -p tenure-store-sqlite --bench sqlite_lease`
 
-use std::path::Path;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -33,6 +39,44 @@ fn direct(path: &Path) -> Connection {
     conn.pragma_update(None, "journal_mode", "WAL").unwrap();
     conn.pragma_update(None, "synchronous", "FULL").unwrap();
     conn
+}
+
+/// Device and inode of the file at `path`.
+fn file_id(path: &Path) -> (u64, u64) {
+    let m = std::fs::metadata(path).expect("the lease file");
+    (m.dev(), m.ino())
+}
+
+/// The store's own operations by hand: before each transaction, the check that `path`
+/// still names the file the connection opened (`file`), as the store makes it (a deleted
+/// or replaced file is reopened), then the store's SQL.
+struct Direct {
+    conn: Connection,
+    path: PathBuf,
+    file: (u64, u64),
+}
+
+impl Direct {
+    fn open(path: &Path) -> Direct {
+        let conn = direct(path);
+        Direct {
+            file: file_id(path),
+            path: path.to_path_buf(),
+            conn,
+        }
+    }
+
+    /// The connection, after the store's file check when `check`.
+    fn conn(&mut self, check: bool) -> &mut Connection {
+        if check {
+            assert_eq!(
+                file_id(&self.path),
+                self.file,
+                "the lease file was replaced"
+            );
+        }
+        &mut self.conn
+    }
 }
 
 const TTL_NS: i64 = 60_000_000_000;
@@ -142,7 +186,7 @@ fn acquire_release(c: &mut Criterion) {
             LeaseSpec::new("api-local", "bench-owner", store.clone(), api_settings()).unwrap();
         Lease::start(spec).await.unwrap()
     });
-    let mut conn = direct(&path);
+    let mut direct = Direct::open(&path);
     let mut g = c.benchmark_group("acquire_release");
     g.bench_function("lease_api", |b| {
         b.iter(|| rt.block_on(lease_acquire_release(&lease)))
@@ -152,8 +196,8 @@ fn acquire_release(c: &mut Criterion) {
     });
     g.bench_function("direct_sql", |b| {
         b.iter(|| {
-            let token = direct_acquire(&mut conn, "direct", "bench-owner");
-            direct_release(&mut conn, "direct", "bench-owner", token);
+            let token = direct_acquire(direct.conn(true), "direct", "bench-owner");
+            direct_release(direct.conn(true), "direct", "bench-owner", token);
         })
     });
     g.finish();
@@ -181,8 +225,8 @@ fn renew(c: &mut Criterion) {
             AcquireOutcome::Held(_) => unreachable!(),
         }
     });
-    let mut conn = direct(&path);
-    let token = direct_acquire(&mut conn, "direct", "bench-owner");
+    let mut direct = Direct::open(&path);
+    let token = direct_acquire(direct.conn(true), "direct", "bench-owner");
     let batch = format!("[[\"direct\",{token}]]");
     let mut g = c.benchmark_group("renew");
     g.bench_function("lease_api_reacquire", |b| {
@@ -196,7 +240,7 @@ fn renew(c: &mut Criterion) {
         })
     });
     g.bench_function("direct_sql_extend", |b| {
-        b.iter(|| direct_extend(&mut conn, "direct"))
+        b.iter(|| direct_extend(direct.conn(true), "direct"))
     });
     let held = [HeldLease {
         name: "spi".into(),
@@ -216,13 +260,15 @@ fn renew(c: &mut Criterion) {
         })
     });
     g.bench_function("direct_sql_batch_renew", |b| {
-        b.iter(|| direct_renew_batch(&mut conn, "bench-owner", &batch))
+        b.iter(|| direct_renew_batch(direct.conn(true), "bench-owner", &batch))
     });
     g.finish();
 }
 
-/// The thin path: one acquire+release pair each way, alternating rounds in one run.
-fn thin() {
+/// The thin path: one acquire+release pair each way, alternating rounds in one run; the
+/// direct way issues the store's own operations (its file check and its SQL) when
+/// `file_check`, its SQL alone otherwise.
+fn thin(file_check: bool) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("thin.sqlite");
     let rt = runtime().expect("runtime");
@@ -232,12 +278,20 @@ fn thin() {
         let spec = LeaseSpec::new("thin-api", "bench-owner", store.clone(), api_settings());
         Lease::start(spec.unwrap()).await.unwrap()
     });
-    let conn = std::sync::Mutex::new(direct(&path));
+    let direct = std::sync::Mutex::new(Direct::open(&path));
     let req = spi_request("thin-spi", Duration::from_secs(60));
+    println!(
+        "\nthe direct way: {}",
+        if file_check {
+            "the store's operations by hand (the lost-file check, then the SQL)"
+        } else {
+            "the store's SQL alone (no lost-file check)"
+        }
+    );
     thin_path(&rt, &lease, &store, &req, move || {
-        let mut conn = conn.lock().unwrap();
-        let token = direct_acquire(&mut conn, "thin-direct", "bench-owner");
-        direct_release(&mut conn, "thin-direct", "bench-owner", token);
+        let mut direct = direct.lock().unwrap();
+        let token = direct_acquire(direct.conn(file_check), "thin-direct", "bench-owner");
+        direct_release(direct.conn(file_check), "thin-direct", "bench-owner", token);
         std::future::ready(())
     });
 }
@@ -282,7 +336,8 @@ fn main() {
     let started = Instant::now();
     benches();
     Criterion::default().configure_from_args().final_summary();
-    thin();
+    thin(true);
+    thin(false);
     renewal_cost();
     println!("(bench ran {:.0?})", started.elapsed());
 }
