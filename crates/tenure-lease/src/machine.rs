@@ -455,7 +455,7 @@ impl<A, L> Machine<A, L> {
     /// Handles `input` at `now` (the holder clock's reading); returns what the driver must
     /// do, in order.
     pub(crate) fn handle(&mut self, now: Instant, input: Input<A, L>) -> Out<A, L> {
-        // Room for a grant's or a release's effects without growing.
+        // Room for the effects of most steps (a grant or a release with one caller).
         let mut out = Vec::with_capacity(8);
         self.step(now, input, &mut out);
         // Commands deferred while a call was awaited, now that it is answered.

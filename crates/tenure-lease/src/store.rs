@@ -364,8 +364,8 @@ impl RememberChange {
 }
 
 /// Runs one store call on lease `lease`, bounded by `timeout` (the section's
-/// `lease-operation-timeout`, counted from this call): past it, or on a store error, the
-/// outcome is unknown.
+/// `lease-operation-timeout`, counted from the first poll): past it, or on a store error,
+/// the outcome is unknown.
 pub async fn bounded<T>(
     lease: &str,
     operation: &'static str,
@@ -376,15 +376,16 @@ pub async fn bounded<T>(
     let mut call = std::pin::pin!(call);
     // The timer is made only once the call has not answered at its first poll: a call
     // answered at once (a store working inline on this thread) needs none, and making and
-    // dropping one per call showed in profiles of the thin lease path. It is polled outside
-    // the task's budget, as `tokio::time::timeout` does when the call used the budget up,
-    // so that it fires however busy the call keeps the task.
+    // dropping one per call showed in profiles of the thin lease path. It is always polled
+    // outside the task's budget (`tokio::time::timeout` does so once the call used the
+    // budget up), so that it fires however busy the call keeps the task.
     let mut timer = std::pin::pin!(None::<tokio::task::coop::Unconstrained<tokio::time::Sleep>>);
     let answer = std::future::poll_fn(|cx| {
         if let Poll::Ready(answer) = call.as_mut().poll(cx) {
             return Poll::Ready(Ok(answer));
         }
         let Some(deadline) = deadline else {
+            // Past the clock's range: no timer, as with `tokio::time::timeout`.
             return Poll::Pending;
         };
         if timer.is_none() {
@@ -392,10 +393,10 @@ pub async fn bounded<T>(
                 tokio::time::sleep_until(deadline),
             )));
         }
-        match timer.as_mut().as_pin_mut() {
-            Some(timer) => timer.poll(cx).map(Err),
-            None => Poll::Pending,
-        }
+        timer
+            .as_mut()
+            .as_pin_mut()
+            .map_or(Poll::Pending, |timer| timer.poll(cx).map(Err))
     })
     .await;
     match answer {
@@ -585,6 +586,94 @@ pub trait LeaseStore: Send + Sync + 'static {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A call that never answers is an unknown outcome once the timeout passed since the
+    /// first poll (the paused clock moves on when the runtime idles).
+    #[tokio::test(start_paused = true)]
+    async fn a_call_that_never_answers_times_out_at_the_deadline() {
+        let started = tokio::time::Instant::now();
+        let err = bounded::<()>(
+            "l",
+            "acquire",
+            Duration::from_secs(5),
+            std::future::pending(),
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                LeaseError::Timeout {
+                    operation: "acquire",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert_eq!(started.elapsed(), Duration::from_secs(5));
+    }
+
+    /// What the call answers is the answer: at once even with no time to spare (no timer is
+    /// made), later within the timeout, a store error as the store's, and with a timeout
+    /// past the clock's range (no timer at all).
+    #[tokio::test(start_paused = true)]
+    async fn a_call_that_answers_in_time_is_its_answer() {
+        let at_once = bounded("l", "acquire", Duration::ZERO, async { Ok(7) }).await;
+        assert_eq!(at_once.unwrap(), 7);
+        let later = async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            Ok(8)
+        };
+        assert_eq!(
+            bounded("l", "acquire", Duration::from_secs(5), later)
+                .await
+                .unwrap(),
+            8
+        );
+        let failed = async { Err(StoreError::backend("memory", "boom")) };
+        let err = bounded::<()>("l", "release", Duration::from_secs(5), failed)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                LeaseError::Store {
+                    operation: "release",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let unbounded = async {
+            tokio::task::yield_now().await;
+            Ok(9)
+        };
+        assert_eq!(
+            bounded("l", "acquire", Duration::MAX, unbounded)
+                .await
+                .unwrap(),
+            9
+        );
+    }
+
+    /// A call that keeps its task busy (it uses the task's whole budget at every poll)
+    /// still times out: the timer is polled outside the budget.
+    #[tokio::test]
+    async fn a_call_that_keeps_its_task_busy_still_times_out() {
+        let busy = async {
+            loop {
+                tokio::task::consume_budget().await;
+            }
+        };
+        let bounded = bounded::<()>("l", "acquire", Duration::from_millis(20), busy);
+        // Were the timer starved, tokio's own timeout (which does poll its timer once the
+        // call used the budget up) makes this fail instead of hang.
+        let err = tokio::time::timeout(Duration::from_secs(60), bounded)
+            .await
+            .expect("the operation timeout never fired")
+            .unwrap_err();
+        assert!(matches!(err, LeaseError::Timeout { .. }), "{err}");
+    }
 
     fn ids(ids: &[&str]) -> BTreeSet<String> {
         ids.iter().map(|s| s.to_string()).collect()

@@ -5,7 +5,7 @@
 //! store's lost-file check, a `statx`), then the store's SQL.
 //!
 //! 1. `acquire_release`: one acquire and one release through the Lease API (the Lease
-//!    handle, SQLite inline on the calling worker) against the direct way, each pair from
+//!    handle, SQLite inline on the calling thread) against the direct way, each pair from
 //!    the bench's thread.
 //! 2. `renew`: a renewal through the Lease API (reentrant acquire) and through the store's
 //!    batched renew, against the direct way.
@@ -48,8 +48,9 @@ fn file_id(path: &Path) -> (u64, u64) {
 }
 
 /// The store's own operations by hand: before each transaction, the check that `path`
-/// still names the file the connection opened (`file`), as the store makes it (a deleted
-/// or replaced file is reopened), then the store's SQL.
+/// still names the file the connection opened (`file`), as the store makes it (where the
+/// store would reopen a deleted or replaced file, this asserts: the bench loses none),
+/// then the store's SQL.
 struct Direct {
     conn: Connection,
     path: PathBuf,

@@ -226,13 +226,18 @@ impl SqliteStore {
     /// `busy_timeout`, as does every call the caller did not allow inline.
     pub(crate) async fn with_conn<T: Send + 'static>(
         &self,
-        f: impl Fn(&mut Connection) -> rusqlite::Result<T> + Clone + Send + Sync + 'static,
+        f: impl Fn(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
     ) -> Result<T, StoreError> {
-        self.with_args(&f, |conn, f| f(conn)).await
+        if tenure_lease::blocking::inline_allowed()
+            && let Some(done) = self.inline(&f)
+        {
+            return done.map_err(store_error);
+        }
+        self.in_pool(f).await
     }
 
-    /// [`with_conn`](Self::with_conn) of `f` on `args`: borrowed when `f` runs inline, so
-    /// that the hot path copies nothing; cloned for the blocking pool.
+    /// [`with_conn`](Self::with_conn) of `f` on `args`, which `f` borrows when it runs
+    /// inline (the hot path then clones none of them) and are cloned for the blocking pool.
     pub(crate) async fn with_args<A: Clone + Send + Sync + 'static, T: Send + 'static>(
         &self,
         args: &A,
@@ -243,11 +248,20 @@ impl SqliteStore {
         {
             return done.map_err(store_error);
         }
-        let (open, path, busy) = (self.open.clone(), self.path.clone(), self.busy_timeout);
         let args = args.clone();
+        self.in_pool(move |conn| f(conn, &args)).await
+    }
+
+    /// Runs `f` in the blocking pool on the connection to the file `path` names now, waiting
+    /// up to `busy_timeout` for another process's transaction.
+    async fn in_pool<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let (open, path, busy) = (self.open.clone(), self.path.clone(), self.busy_timeout);
         tokio::task::spawn_blocking(move || {
             let mut slot = open.lock().unwrap_or_else(|e| e.into_inner());
-            f(current(&path, busy, &mut slot)?, &args).map_err(store_error)
+            f(current(&path, busy, &mut slot)?).map_err(store_error)
         })
         .await
         .map_err(|e| StoreError::backend("sqlite", format!("blocking task failed: {e}")))?
