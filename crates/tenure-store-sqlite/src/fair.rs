@@ -69,11 +69,7 @@ static BELLS: Mutex<Option<Bells>> = Mutex::new(None);
 fn bell(file: &Path, name: &str) -> Arc<Notify> {
     let mut bells = BELLS.lock().unwrap_or_else(|e| e.into_inner());
     let bells = bells.get_or_insert_with(HashMap::new);
-    if let Some(bell) = bells
-        .get(file)
-        .and_then(|names| names.get(name))
-        .and_then(Weak::upgrade)
-    {
+    if let Some(bell) = ringing(bells, file, name) {
         return bell;
     }
     bells.retain(|_, names| {
@@ -92,14 +88,14 @@ fn bell(file: &Path, name: &str) -> Arc<Notify> {
 /// comes through here: the lookup borrows its keys (no allocation).
 pub(crate) fn wake(file: &Path, name: &str) {
     let bells = BELLS.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(bell) = bells
-        .as_ref()
-        .and_then(|b| b.get(file))
-        .and_then(|names| names.get(name))
-        .and_then(Weak::upgrade)
-    {
+    if let Some(bell) = bells.as_ref().and_then(|b| ringing(b, file, name)) {
         bell.notify_waiters();
     }
+}
+
+/// The live bell of `name` in `file`, found with borrowed keys.
+fn ringing(bells: &Bells, file: &Path, name: &str) -> Option<Arc<Notify>> {
+    bells.get(file)?.get(name)?.upgrade()
 }
 
 /// A waiter's row, removed when dropped unless it is gone already (granted, removed on

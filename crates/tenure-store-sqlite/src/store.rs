@@ -640,14 +640,14 @@ impl LeaseStore for SqliteStore {
         owner: &str,
         token: FencingToken,
     ) -> Result<bool, StoreError> {
-        let args = (name.to_string(), owner.to_string(), token_to_sql(token));
+        let (lease, holder, token) = (name.to_string(), owner.to_string(), token_to_sql(token));
         let released = self
-            .with_args(&args, |conn, (name, owner, token)| {
+            .with_conn(move |conn| {
                 let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
                 let now = now_ns();
                 let deleted = tx
                     .prepare_cached(sql::RELEASE)?
-                    .execute(params![name, owner, token, now])?;
+                    .execute(params![lease, holder, token, now])?;
                 tx.commit()?;
                 Ok(deleted == 1)
             })
