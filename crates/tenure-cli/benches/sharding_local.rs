@@ -181,7 +181,7 @@ async fn throughput(asks: u64, tells: u64) {
     let config = TenureConfig::from_toml_str(
         &format!(
             "[tenure]\ndefault-lease-section = \"memory\"\n[lease.memory]\nheartbeat-timeout = \"3s\"\nheartbeat-interval = \"500ms\"\n\
-             [cluster]\nport = {port}\ncookie = \"bench\"\nmember-lease-ttl = \"3s\"\nmember-lease-interval = \"500ms\"\n\
+             [cluster]\nport = {port}\ncookie = \"bench-cookie-0123456789abcdef0123456\"\nmember-lease-ttl = \"3s\"\nmember-lease-interval = \"500ms\"\n\
              [sharding.echo]\nnumber-of-shards = 10\nretry-interval = \"100ms\"\nidle-timeout = \"off\"\n"
         ),
         "bench",

@@ -35,7 +35,7 @@ lease-retry-interval = "300ms"
 lease-operation-timeout = "1s"
 [cluster]
 port = {port}
-cookie = "sharded-counter-example"
+cookie = "sharded-counter-example-0123456789ab"
 seeds = ["127.0.0.1:{seed}"]
 roles = [{roles}]
 member-lease-ttl = "3s"

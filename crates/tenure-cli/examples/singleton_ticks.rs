@@ -34,7 +34,7 @@ lease-retry-interval = "300ms"
 lease-operation-timeout = "1s"
 [cluster]
 port = {port}
-cookie = "singleton-ticks-example"
+cookie = "singleton-ticks-example-0123456789ab"
 seeds = ["127.0.0.1:{seed}"]
 member-lease-ttl = "3s"
 member-lease-interval = "500ms"

@@ -243,7 +243,7 @@ fn a_wrong_cookie_never_joins() {
     let bad = c.add_node(port, &seed, &Options::default());
     let text = std::fs::read_to_string(&c.nodes[bad].config)
         .unwrap()
-        .replace("harness-cookie", "wrong-cookie");
+        .replace("harness-cookie-", "wrong-cookie-");
     std::fs::write(&c.nodes[bad].config, text).unwrap();
     c.spawn(0);
     c.spawn(1);

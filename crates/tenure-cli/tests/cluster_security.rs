@@ -133,24 +133,28 @@ fn bad_node_settings_are_refused_naming_the_key_or_path() {
             vec!["cluster.cookie", "required"],
         ),
         (
-            format!("{BASE}port = {port}\ncookie = \"c\"\nseeds = [\"127.0.0.1\"]\n"),
+            format!("{BASE}port = {port}\ncookie = \"secret\"\n"),
+            vec!["cluster.cookie", "guess", "openssl rand -hex 16"],
+        ),
+        (
+            format!("{BASE}port = {port}\ncookie = \"{COOKIE}\"\nseeds = [\"127.0.0.1\"]\n"),
             vec!["cluster.seeds[0]", "127.0.0.1", "host:port"],
         ),
         (
-            format!("{BASE}port = {port}\ncookie = \"c\"\nseeds = [\"10.0.0.1:99999\"]\n"),
+            format!("{BASE}port = {port}\ncookie = \"{COOKIE}\"\nseeds = [\"10.0.0.1:99999\"]\n"),
             vec!["cluster.seeds[0]", "99999"],
         ),
         (
-            format!("{BASE}port = 0\ncookie = \"c\"\n"),
+            format!("{BASE}port = 0\ncookie = \"{COOKIE}\"\n"),
             vec!["cluster.port"],
         ),
         (
-            format!("{BASE}port = {port}\ncookie = \"c\"\nhost = \"not a host\"\n"),
+            format!("{BASE}port = {port}\ncookie = \"{COOKIE}\"\nhost = \"not a host\"\n"),
             vec!["cluster.host"],
         ),
         (
             format!(
-                "{BASE}port = {port}\ncookie = \"c\"\n[cluster.tls]\nenabled = true\ncert = \"{{dir}}/missing.pem\"\nkey = \"{{dir}}/k.pem\"\nca = \"{{dir}}/ca.pem\"\n"
+                "{BASE}port = {port}\ncookie = \"{COOKIE}\"\n[cluster.tls]\nenabled = true\ncert = \"{{dir}}/missing.pem\"\nkey = \"{{dir}}/k.pem\"\nca = \"{{dir}}/ca.pem\"\n"
             ),
             vec!["cluster.tls.cert", "missing.pem"],
         ),
@@ -171,7 +175,7 @@ fn bad_node_settings_are_refused_naming_the_key_or_path() {
 fn a_port_in_use_is_a_clear_error() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = taken.local_addr().unwrap().port();
-    let (code, err) = run(&format!("{BASE}port = {port}\ncookie = \"c\"\n"), &["node"]);
+    let (code, err) = run(&format!("{BASE}port = {port}\ncookie = \"{COOKIE}\"\n"), &["node"]);
     assert_eq!(code, Some(2), "{err}");
     assert!(
         err.contains(&format!("127.0.0.1:{port}")) && err.contains("cannot listen"),
@@ -184,7 +188,7 @@ fn a_udp_port_in_use_is_a_clear_error_too() {
     // The node takes its port for heartbeat datagrams as well: UDP taken, TCP free.
     let port = free_ports(1)[0];
     let _taken = std::net::UdpSocket::bind(("127.0.0.1", port)).unwrap();
-    let (code, err) = run(&format!("{BASE}port = {port}\ncookie = \"c\"\n"), &["node"]);
+    let (code, err) = run(&format!("{BASE}port = {port}\ncookie = \"{COOKIE}\"\n"), &["node"]);
     assert_eq!(code, Some(2), "{err}");
     assert!(
         err.contains(&format!("127.0.0.1:{port}"))
@@ -221,7 +225,7 @@ fn unreachable_seeds_are_retried_not_fatal() {
 }
 
 /// The cookie of the harness's nodes.
-const COOKIE: &str = "harness-cookie";
+const COOKIE: &str = "harness-cookie-0123456789abcdef0123";
 
 /// A heartbeat as it travels in a datagram (the fields of `tenure_cluster`'s, spelled out:
 /// this is what someone outside the cluster can write).

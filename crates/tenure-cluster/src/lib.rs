@@ -13,6 +13,7 @@
 mod agent;
 pub mod backoff;
 mod client;
+pub mod clocks;
 pub mod codec;
 mod error;
 mod history;

@@ -257,7 +257,7 @@ impl Node {
                 listener,
                 server.clone(),
                 tls.acceptor.clone(),
-                settings.dial_timeout,
+                settings.handshake_timeout,
             ))),
             _ => None,
         };

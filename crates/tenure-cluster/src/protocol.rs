@@ -11,7 +11,7 @@ use crate::subscribe::ClusterSubscriber;
 
 /// Version of this protocol, carried in [`Hello`]. A peer speaking another version is
 /// refused (logged and disconnected). `Hello`'s first field must stay a `u32` version.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// Sent by each side when a session is ready: who we are and whom we know (transitive
 /// discovery).
@@ -26,6 +26,12 @@ pub struct Hello {
     pub want_reply: bool,
     /// The sender's `cluster.roles`.
     pub roles: Vec<String>,
+    /// A stamp of the sender's clock (see [`crate::clocks`]): the receiver's estimate of it.
+    pub clock: u64,
+    /// The secret the sender seals its heartbeat datagrams to the receiver with, for this
+    /// session (see [`crate::transport::datagram`]); `None` when it has no random source,
+    /// and then its heartbeats reach the receiver on the session only.
+    pub datagram_secret: Option<crate::transport::datagram::SessionSecret>,
 }
 
 /// Liveness beacon, every `cluster.heartbeat-interval`, carrying the sender's table of who
@@ -35,8 +41,9 @@ pub struct Hello {
 pub struct Heartbeat {
     pub node: NodeAddr,
     pub incarnation: Incarnation,
-    /// Numbers the sender's heartbeats of this incarnation, from 1: both copies of one
-    /// heartbeat carry the same, and a receiver applies only a number above the last.
+    /// A stamp of the sender's clock (see [`crate::clocks`]): both copies of one heartbeat
+    /// carry the same, and a receiver applies only a number above the last, and not too far
+    /// ahead of the sender's clock as it knows it.
     pub seq: u64,
     /// The sender's membership (its age; 0 while not up).
     pub age: u64,
@@ -183,6 +190,9 @@ pub enum SessionChange {
 /// Messages an agent sends itself or gets from its own node.
 pub enum Local {
     Session(SessionChange, Box<NodeServerSessionInformation>),
+    /// `handshake-timeout` has passed since session `node_id` opened: closed unless it
+    /// authenticated.
+    HandshakeDue(u64),
     /// An event of the member lease actor started for the membership with join ticket
     /// `ticket` (events of an earlier membership's actor are ignored).
     MemberLease {

@@ -53,6 +53,9 @@ pub struct ClusterSettings {
     pub reconnect_backoff_max: Duration,
     /// `dial-timeout`: bound on one TCP (and TLS) connect.
     pub dial_timeout: Duration,
+    /// `handshake-timeout`: how long a connection, inbound or outbound, may take to
+    /// authenticate (TLS handshake and cookie) before it is closed.
+    pub handshake_timeout: Duration,
     /// `leave-timeout`: how long a leaving node waits for its subscribers to hand over.
     pub leave_timeout: Duration,
     /// `max-frame-size`: largest inbound frame in bytes; a peer sending more is disconnected.
@@ -117,6 +120,9 @@ pub struct ClusterConfig {
     /// `dial-timeout`: how long one dial may take.
     #[serde(deserialize_with = "tenure_lease::duration::serde::positive")]
     pub dial_timeout: Duration,
+    /// `handshake-timeout`: how long a connection may take to authenticate.
+    #[serde(deserialize_with = "tenure_lease::duration::serde::positive")]
+    pub handshake_timeout: Duration,
     /// `leave-timeout`: how long a graceful leave waits for its hand-overs.
     #[serde(deserialize_with = "tenure_lease::duration::serde::positive")]
     pub leave_timeout: Duration,
@@ -149,6 +155,7 @@ impl Default for ClusterConfig {
             reconnect_backoff_min: Duration::from_millis(200),
             reconnect_backoff_max: Duration::from_secs(5),
             dial_timeout: Duration::from_secs(3),
+            handshake_timeout: Duration::from_secs(5),
             leave_timeout: Duration::from_secs(10),
             max_frame_size: 8 * 1024 * 1024,
             fault_injection: false,
@@ -190,6 +197,7 @@ impl ClusterSettings {
                 "required: the shared secret every node of the cluster uses (set it in the config file or TENURE_CLUSTER__COOKIE)",
             )
         })?;
+        check_cookie(&cookie)?;
         let seeds = c
             .seeds
             .iter()
@@ -252,6 +260,7 @@ impl ClusterSettings {
             reconnect_backoff_min: c.reconnect_backoff_min,
             reconnect_backoff_max: c.reconnect_backoff_max,
             dial_timeout: c.dial_timeout,
+            handshake_timeout: c.handshake_timeout,
             leave_timeout: c.leave_timeout,
             max_frame_size: c.max_frame_size,
             fault_injection: fault_injection(c.fault_injection)?,
@@ -284,6 +293,34 @@ impl ClusterSettings {
     pub fn member_prefix(&self) -> String {
         format!("{}-member-", self.system)
     }
+}
+
+/// The fewest bytes a cookie may have: 32 random characters (`openssl rand -hex 16`) carry
+/// 128 bits. Anyone who can read the lease store can test guesses of the cookie offline
+/// against a member lease's proof, and anyone who captures a session's authentication
+/// against its challenge: only a cookie too long to enumerate resists that.
+pub const MIN_COOKIE_BYTES: usize = 32;
+
+/// The fewest distinct characters a cookie may have (a long run of one character is no
+/// secret).
+const MIN_COOKIE_DISTINCT: usize = 8;
+
+/// Refuses a cookie short enough, or plain enough, to be guessed offline.
+fn check_cookie(cookie: &str) -> Result<(), ConfigError> {
+    let distinct = cookie
+        .chars()
+        .collect::<std::collections::BTreeSet<char>>()
+        .len();
+    if cookie.len() < MIN_COOKIE_BYTES || distinct < MIN_COOKIE_DISTINCT {
+        return Err(ConfigError::invalid(
+            "cluster.cookie",
+            format!(
+                "too easy to guess offline ({} bytes, {distinct} distinct characters): anyone who reads the lease store can test guesses against the member leases; use at least {MIN_COOKIE_BYTES} random characters, e.g. `openssl rand -hex 16`",
+                cookie.len()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// `cluster.fault-injection`, which only a build with the `fault-injection` feature can
@@ -340,8 +377,10 @@ fn tls_files(tls: &TlsConfig) -> Result<Option<TlsFiles>, ConfigError> {
 mod tests {
     use super::*;
 
+    const COOKIE: &str = "settings-test-cookie-0123456789abcdef";
+
     fn load(extra: &str) -> Result<ClusterSettings, ClusterError> {
-        let text = format!("[cluster]\ncookie = \"secret\"\nport = 4701\n{extra}");
+        let text = format!("[cluster]\ncookie = \"{COOKIE}\"\nport = 4701\n{extra}");
         ClusterSettings::from_config(&TenureConfig::from_toml_str(&text, "test")?)
     }
 
@@ -361,7 +400,9 @@ mod tests {
         let s = load("seeds = [\"127.0.0.1:4702\", \"node-b:4703\"]").unwrap();
         assert_eq!(s.addr.to_string(), "127.0.0.1:4701");
         assert_eq!(s.seeds.len(), 2);
-        let mut config = TenureConfig::from_toml_str("[cluster]\ncookie = \"c\"", "t").unwrap();
+        let mut config =
+            TenureConfig::from_toml_str(&format!("[cluster]\ncookie = \"{COOKIE}\""), "t")
+                .unwrap();
         config
             .merge_env([(
                 "TENURE_CLUSTER__SEEDS".to_string(),
@@ -385,6 +426,7 @@ mod tests {
             ("heartbeat-interval = \"0s\"", "cluster.heartbeat-interval"),
             ("unraechable-after = \"1s\"", "`cluster.unraechable-after`"),
             ("dial-timeout = \"3 parsecs\"", "`cluster.dial-timeout`"),
+            ("handshake-timeout = \"0s\"", "cluster.handshake-timeout"),
             ("max-frame-size = -1", "`cluster.max-frame-size`"),
             ("[cluster.tls]\nenable = true", "`cluster.tls.enable`"),
             (
@@ -406,11 +448,28 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("cluster.cookie"), "{err}");
-        let text = "[cluster]\ncookie = \"c\"\nport = 0\n";
-        let err = ClusterSettings::from_config(&TenureConfig::from_toml_str(text, "t").unwrap())
+        let text = format!("[cluster]\ncookie = \"{COOKIE}\"\nport = 0\n");
+        let err = ClusterSettings::from_config(&TenureConfig::from_toml_str(&text, "t").unwrap())
             .unwrap_err()
             .to_string();
         assert!(err.contains("cluster.port"), "{err}");
+    }
+
+    #[test]
+    fn a_cookie_easy_to_guess_offline_is_refused_naming_the_key() {
+        let load_cookie = |cookie: &str| {
+            let text = format!("[cluster]\ncookie = \"{cookie}\"\nport = 4701\n");
+            ClusterSettings::from_config(&TenureConfig::from_toml_str(&text, "t").unwrap())
+        };
+        for short in ["secret", "harness-cookie", &"ab".repeat(16), &"x".repeat(64)] {
+            let err = load_cookie(short).unwrap_err().to_string();
+            assert!(
+                err.contains("cluster.cookie") && err.contains("openssl rand -hex 16"),
+                "{short}: {err}"
+            );
+            assert!(!err.contains(short), "the error must not repeat the cookie: {err}");
+        }
+        assert!(load_cookie("0f6c1e2a9b7d4c3e8a5f1b0d2c9e7a64").is_ok());
     }
 
     #[test]

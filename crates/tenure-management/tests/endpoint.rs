@@ -86,7 +86,7 @@ heartbeat-interval = "300ms"
 lease-operation-timeout = "200ms"
 [cluster]
 port = {port}
-cookie = "management-test"
+cookie = "management-test-0123456789abcdef0"
 seeds = ["127.0.0.1:{port}"]
 member-lease-ttl = "6s"
 member-lease-interval = "300ms"

@@ -803,7 +803,7 @@ mod tests {
             &format!(
                 "[tenure]\ndefault-lease-section = \"memory\"\n\
                  [lease.memory]\nheartbeat-timeout = \"3s\"\nheartbeat-interval = \"500ms\"\n\
-                 [cluster]\nport = {port}\ncookie = \"coordinator-test\"\n\
+                 [cluster]\nport = {port}\ncookie = \"coordinator-test-0123456789abcdef\"\n\
                  member-lease-ttl = \"3s\"\nmember-lease-interval = \"500ms\"\n"
             ),
             "test",

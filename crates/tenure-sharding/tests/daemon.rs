@@ -44,7 +44,7 @@ async fn every_worker_runs_in_its_own_shard_with_no_traffic_but_keep_alives() {
         &format!(
             "[tenure]\ndefault-lease-section = \"memory\"\n\
              [lease.memory]\nheartbeat-timeout = \"3s\"\nheartbeat-interval = \"500ms\"\n\
-             [cluster]\nport = {port}\ncookie = \"daemon-test\"\n\
+             [cluster]\nport = {port}\ncookie = \"daemon-test-0123456789abcdef01234\"\n\
              member-lease-ttl = \"3s\"\nmember-lease-interval = \"500ms\"\n"
         ),
         "test",

@@ -66,7 +66,7 @@ async fn one_senders_messages_keep_their_order_across_starts_direct_sends_and_pa
         &format!(
             "[tenure]\ndefault-lease-section = \"memory\"\n\
              [lease.memory]\nheartbeat-timeout = \"3s\"\nheartbeat-interval = \"500ms\"\n\
-             [cluster]\nport = {port}\ncookie = \"direct-test\"\n\
+             [cluster]\nport = {port}\ncookie = \"direct-test-0123456789abcdef01234\"\n\
              member-lease-ttl = \"3s\"\nmember-lease-interval = \"500ms\"\n\
              [sharding.seq]\nnumber-of-shards = 4\nretry-interval = \"100ms\"\nidle-timeout = \"off\"\n"
         ),

@@ -28,7 +28,7 @@ pub const UNREACHABLE_AFTER: Duration = Duration::from_millis(1500);
 /// Extra `[cluster]` and top-level TOML for every node of a cluster.
 #[derive(Debug, Clone, Default)]
 pub struct Options {
-    /// Lines appended inside `[cluster]` (e.g. `cookie = "other"` for one node).
+    /// Lines appended inside `[cluster]` (e.g. `seeds = []` for one node).
     pub cluster_extra: String,
     /// TOML appended after everything (e.g. a `[cluster.tls]` table).
     pub tail: String,
@@ -212,7 +212,7 @@ lease-operation-timeout = "1500ms"
 [cluster]
 host = "127.0.0.1"
 port = {port}
-cookie = "harness-cookie"
+cookie = "harness-cookie-0123456789abcdef0123"
 seeds = ["{seed}"]
 member-lease-ttl = "3s"
 member-lease-interval = "500ms"

@@ -17,7 +17,8 @@ use crate::identity::{Incarnation, NodeAddr};
 use crate::member::{Member, MemberStatus};
 use crate::protocol::{AgentMsg, Local, YouAreDown};
 use crate::sbr::{
-    Decision, Partition, ReachRow, ReachTable, Resolver, SbrSettings, Step, Strategy, WhenDown,
+    Carrier, Decision, Life, Partition, ReachRow, ReachTable, Resolver, SbrSettings, Step,
+    Strategy, WhenDown,
 };
 
 /// How many member-lease ttls a node that downed itself waits for a silent former member
@@ -137,14 +138,27 @@ impl AgentState {
             .map(|m| m.incarnation)
     }
 
-    /// Rows relayed in a heartbeat.
-    pub(super) fn merge_rows(&mut self, rows: Vec<ReachRow>) {
-        let lives: std::collections::HashMap<NodeAddr, Incarnation> = rows
+    /// Rows relayed in heartbeat `seq` of `from`; each observer's row is believed up to
+    /// how far its clock can have gone (see [`crate::clocks`]).
+    pub(super) fn merge_rows(&mut self, from: &NodeAddr, seq: u64, rows: Vec<ReachRow>) {
+        let now = Instant::now();
+        let lives: std::collections::HashMap<NodeAddr, Life> = rows
             .iter()
-            .filter_map(|r| Some((r.observer.clone(), self.life_of(&r.observer)?)))
+            .filter_map(|r| {
+                let incarnation = self.life_of(&r.observer)?;
+                let ceiling = self
+                    .datagrams
+                    .clocks
+                    .ceiling(&r.observer, incarnation, now);
+                Some((r.observer.clone(), Life { incarnation, ceiling }))
+            })
             .collect();
         if let Some(d) = self.downing.as_mut() {
-            d.table.merge(&self.me, rows, |a| lives.get(a).copied());
+            let carrier = Carrier { node: from, seq };
+            let refused = d.table.merge(&self.me, carrier, rows, |a| lives.get(a).copied());
+            if refused > 0 {
+                tracing::debug!(peer = %from, refused, "reachability rows numbered beyond their observer's clock refused");
+            }
         }
     }
 
@@ -197,10 +211,11 @@ impl AgentState {
             .iter()
             .map(|m| (m.addr.clone(), m.incarnation))
             .collect();
+        let stamp = self.clock.stamp(now);
         let Some(d) = self.downing.as_mut() else {
             return;
         };
-        d.table.set_own(&self.me, self.incarnation, own);
+        d.table.set_own(&self.me, self.incarnation, own, stamp);
         d.table.retain(|a| {
             lives
                 .get(a)

@@ -6,7 +6,10 @@
 //! address ([`crate::transport::datagram`]), which no data frame can hold up, and cast on
 //! the session, which still reaches a peer whose UDP port a firewall blocks (there it
 //! queues behind data, as before). Both copies carry one sequence number; the first to
-//! arrive is applied and the other is a duplicate.
+//! arrive is applied and the other is a duplicate. Each peer's datagrams are sealed with
+//! the key of its session, given in the hello ([`crate::transport::datagram`]); sequence
+//! numbers and row versions are stamps of the sender's clock, believed only so far ahead of
+//! it ([`crate::clocks`]).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -18,9 +21,10 @@ use tokio::net::UdpSocket;
 use tokio::time::Instant;
 
 use super::AgentState;
+use crate::clocks::{Freshness, PeerClocks};
 use crate::identity::{Incarnation, NodeAddr};
 use crate::protocol::{AgentMsg, Heartbeat, Local};
-use crate::transport::datagram::{self, DatagramKey, HeartbeatSeqs};
+use crate::transport::datagram::{self, DatagramKey, Keyring, SessionSecret};
 
 /// How a heartbeat arrived.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,18 +45,25 @@ const RESOLVE_RETRY: Duration = Duration::from_secs(5);
 pub(super) struct Datagrams {
     socket: Arc<UdpSocket>,
     local: SocketAddr,
-    key: DatagramKey,
-    /// The number of the latest heartbeat sent.
-    seq: u64,
+    system: String,
+    cookie: String,
+    /// Per peer: the secret given it in this node's hellos, and the key it makes: this
+    /// node's datagrams to that peer are sealed with it, until no session with it is left.
+    outbound: HashMap<NodeAddr, (SessionSecret, DatagramKey)>,
+    /// The keys peers gave in their hellos, which the receiving task opens datagrams with.
+    inbound: Keyring,
     /// Where each peer life takes datagrams (`None` while its host name resolves, or
     /// until `retry_at` after a failure).
     addrs: HashMap<NodeAddr, Target>,
-    /// The latest heartbeat applied from each peer life, over either channel.
-    seqs: HeartbeatSeqs,
+    /// The latest heartbeat applied from each peer life, over either channel, and how far
+    /// ahead its numbers may be believed.
+    pub(super) clocks: PeerClocks,
     /// Per peer: session heartbeats since its last datagram.
     missing: HashMap<NodeAddr, Missing>,
     /// Whether a heartbeat too large for a datagram was reported.
     too_large_told: bool,
+    /// Whether a failure of the random source was reported.
+    no_secret_told: bool,
 }
 
 struct Target {
@@ -69,17 +80,27 @@ struct Missing {
 }
 
 impl Datagrams {
-    /// The channel on `socket` (bound on the node's cluster host and port).
-    pub(super) fn new(socket: Arc<UdpSocket>, system: &str, cookie: &str) -> std::io::Result<Self> {
+    /// The channel on `socket` (bound on the node's cluster host and port) of the cluster
+    /// with `system` and `cookie`; a peer's numbers are believed up to `slack` ahead of its
+    /// clock.
+    pub(super) fn new(
+        socket: Arc<UdpSocket>,
+        system: &str,
+        cookie: &str,
+        slack: Duration,
+    ) -> std::io::Result<Self> {
         Ok(Datagrams {
             local: socket.local_addr()?,
             socket,
-            key: DatagramKey::new(system, cookie),
-            seq: 0,
+            system: system.to_string(),
+            cookie: cookie.to_string(),
+            outbound: HashMap::new(),
+            inbound: Keyring::default(),
             addrs: HashMap::new(),
-            seqs: HeartbeatSeqs::default(),
+            clocks: PeerClocks::new(slack),
             missing: HashMap::new(),
             too_large_told: false,
+            no_secret_told: false,
         })
     }
 
@@ -87,9 +108,51 @@ impl Datagrams {
     pub(super) fn spawn_receiver(&self, agent: ActorRef<AgentMsg>) -> tokio::task::JoinHandle<()> {
         tokio::spawn(datagram::receive(
             self.socket.clone(),
-            self.key.clone(),
+            self.inbound.clone(),
             move |hb| agent.cast(AgentMsg::Local(Local::Datagram(hb))).is_ok(),
         ))
+    }
+
+    /// The secret this node's hellos give `peer`: the one of the current session, or a new
+    /// one (`None` when the random source fails; then the peer gets no datagrams).
+    pub(super) fn secret_for(&mut self, peer: &NodeAddr) -> Option<SessionSecret> {
+        if let Some((secret, _)) = self.outbound.get(peer) {
+            return Some(secret.clone());
+        }
+        match SessionSecret::generate() {
+            Ok(secret) => {
+                let key = DatagramKey::new(&self.system, &self.cookie, &secret);
+                self.outbound
+                    .insert(peer.clone(), (secret.clone(), key));
+                Some(secret)
+            }
+            Err(e) => {
+                if !self.no_secret_told {
+                    self.no_secret_told = true;
+                    tracing::error!(error = %e, "no random source for heartbeat datagram keys: heartbeats travel on the sessions only");
+                }
+                None
+            }
+        }
+    }
+
+    /// `peer`'s life `incarnation` said hello with `secret`: its datagrams open with the key
+    /// it makes.
+    pub(super) fn accept_secret(
+        &mut self,
+        peer: &NodeAddr,
+        incarnation: Incarnation,
+        secret: &SessionSecret,
+    ) {
+        let key = DatagramKey::new(&self.system, &self.cookie, secret);
+        self.inbound.insert(peer, incarnation, key);
+    }
+
+    /// No session with `peer` is left: its keys, both ways, end with it (the next session
+    /// gets new ones).
+    pub(super) fn session_ended(&mut self, peer: &NodeAddr) {
+        self.outbound.remove(peer);
+        self.inbound.forget(peer);
     }
 }
 
@@ -97,11 +160,10 @@ impl AgentState {
     /// Every `heartbeat-interval`: heartbeats out, reachability, dials.
     pub(super) fn tick(&mut self, myself: &ActorRef<AgentMsg>) {
         let now = Instant::now();
-        self.datagrams.seq += 1;
         let hb = Heartbeat {
             node: self.me.clone(),
             incarnation: self.incarnation,
-            seq: self.datagrams.seq,
+            seq: self.clock.stamp(now),
             age: if self.view.me().status == crate::member::MemberStatus::Up {
                 self.view.me().age
             } else {
@@ -160,19 +222,11 @@ impl AgentState {
         }
     }
 
-    /// Sends `hb` as a datagram to every peer whose address is known (resolving the
-    /// others' for the next tick) and whose link lets datagrams out.
+    /// Sends `hb` as a datagram, sealed with the key of its session, to every peer whose
+    /// address is known (resolving the others' for the next tick) and whose link lets
+    /// datagrams out.
     fn send_datagrams(&mut self, myself: &ActorRef<AgentMsg>, hb: &Heartbeat, now: Instant) {
-        let bytes = match self.datagrams.key.seal(hb) {
-            Ok(bytes) => Some(bytes),
-            Err(e) => {
-                if !self.datagrams.too_large_told {
-                    self.datagrams.too_large_told = true;
-                    tracing::warn!(error = %e, "heartbeats travel on the sessions only");
-                }
-                None
-            }
-        };
+        let body = datagram::encode(hb);
         for (peer, p) in &self.mesh.peers {
             let target = self.datagrams.addrs.get(peer);
             let due = match target {
@@ -192,9 +246,9 @@ impl AgentState {
                     },
                 );
             }
-            let (Some(bytes), Some(to)) = (
-                bytes.as_ref(),
+            let (Some(to), Some((_, key))) = (
                 self.datagrams.addrs.get(peer).and_then(|t| t.addr),
+                self.datagrams.outbound.get(peer),
             ) else {
                 continue;
             };
@@ -202,7 +256,19 @@ impl AgentState {
             if !self.mesh.links.gate(peer).admits_outbound_datagram() {
                 continue;
             }
-            if let Err(e) = self.datagrams.socket.try_send_to(bytes, to) {
+            let bytes = match body.as_ref().map_err(|e| e.to_string()).and_then(|b| {
+                key.seal(b).map_err(|e| e.to_string())
+            }) {
+                Ok(bytes) => bytes,
+                Err(e) => {
+                    if !self.datagrams.too_large_told {
+                        self.datagrams.too_large_told = true;
+                        tracing::warn!(error = %e, "heartbeats travel on the sessions only");
+                    }
+                    continue;
+                }
+            };
+            if let Err(e) = self.datagrams.socket.try_send_to(&bytes, to) {
                 tracing::debug!(%peer, %to, error = %e, "heartbeat datagram not sent");
             }
         }
@@ -243,7 +309,10 @@ impl AgentState {
     }
 
     /// A heartbeat from a peer, by either channel: applied only if it comes from the peer's
-    /// current life (as its hello said) and is newer than every heartbeat applied from it.
+    /// current life (as its hello said), is newer than every heartbeat applied from it, and
+    /// is not further ahead of the peer's clock than `unreachable-after / 2` (a number that
+    /// far ahead asks the peer for a hello instead, which sets this node's estimate of its
+    /// clock again).
     pub(super) fn on_heartbeat(&mut self, hb: Heartbeat, via: Via) {
         let known = self
             .mesh
@@ -268,14 +337,28 @@ impl AgentState {
             p.session_heard = now;
         }
         self.count_missing(&hb.node, via, now);
-        if !self.datagrams.seqs.fresh(&hb.node, hb.incarnation, hb.seq) {
-            return;
+        match self
+            .datagrams
+            .clocks
+            .heartbeat(&hb.node, hb.incarnation, hb.seq, now)
+        {
+            Freshness::Fresh => {}
+            Freshness::Stale => return,
+            Freshness::TooFar { ceiling } => {
+                tracing::debug!(peer = %hb.node, seq = hb.seq, ceiling, ?via, "heartbeat numbered too far ahead of the peer's clock dropped; asking it for a hello");
+                self.request_hello(&hb.node);
+                return;
+            }
+            Freshness::Unknown => {
+                self.request_hello(&hb.node);
+                return;
+            }
         }
         self.tell_if_downed(&hb.node, hb.incarnation, hb.age);
         if let Some(d) = self.downing.as_mut() {
             d.heard(&hb.node, hb.hears.contains(&self.me), now);
         }
-        self.merge_rows(hb.reach);
+        self.merge_rows(&hb.node, hb.seq, hb.reach);
         self.reach.heard(&hb.node, now);
         if self.view.get(&hb.node).is_some_and(|m| !m.reachable) {
             let events = self.view.set_reachable(&hb.node, true);

@@ -157,7 +157,8 @@ fn node_of(name: &str) -> Option<NodeAddr> {
 }
 
 impl AgentState {
-    pub(super) fn hello(&self) -> Hello {
+    /// This node's hello to `peer`, with the secret of their session's datagrams.
+    pub(super) fn hello(&mut self, peer: &NodeAddr) -> Hello {
         Hello {
             protocol: PROTOCOL_VERSION,
             system: self.s.system.clone(),
@@ -166,6 +167,8 @@ impl AgentState {
             known: self.view.peers().cloned().collect(),
             want_reply: false,
             roles: self.s.roles.clone(),
+            clock: self.clock.stamp(Instant::now()),
+            datagram_secret: self.datagrams.secret_for(peer),
         }
     }
 
@@ -185,17 +188,21 @@ impl AgentState {
 
     /// Says hello on session `node_id` once it is ready and its agent is known.
     pub(super) fn greet(&mut self, node_id: u64) {
-        let ready = self
+        let Some(peer) = self
             .mesh
             .sessions
             .get(&node_id)
-            .is_some_and(|s| s.ready && s.peer.is_some());
-        if !ready || self.mesh.greeted.contains(&node_id) {
+            .filter(|s| s.ready)
+            .and_then(|s| s.peer.clone())
+        else {
+            return;
+        };
+        if self.mesh.greeted.contains(&node_id) {
             return;
         }
         if let Some(agent) = self.agent_of(node_id) {
             self.mesh.greeted.insert(node_id);
-            let _ = agent.cast(AgentMsg::Hello(self.hello()));
+            let _ = agent.cast(AgentMsg::Hello(self.hello(&peer)));
         }
     }
 
@@ -219,7 +226,7 @@ impl AgentState {
             .find_map(|(id, _)| self.agent_of(*id));
         if let Some(agent) = target {
             self.mesh.regreeted.insert(peer.clone(), now);
-            let mut hello = self.hello();
+            let mut hello = self.hello(peer);
             hello.want_reply = true;
             let _ = agent.cast(AgentMsg::Hello(hello));
         }
@@ -253,11 +260,21 @@ impl AgentState {
             return;
         };
         let now = Instant::now();
-        for addr in h.known {
-            if addr != self.me && self.view.get(&addr).is_none() {
-                self.mesh.gossip.insert(addr);
+        for addr in &h.known {
+            if *addr != self.me && self.view.get(addr).is_none() {
+                self.mesh.gossip.insert(addr.clone());
             }
         }
+        // The hello came on an authenticated session (with TLS, an encrypted one): the
+        // secret it gives keys this session's datagrams, and its stamp is what this node
+        // knows of the peer's clock.
+        if let Some(secret) = &h.datagram_secret {
+            self.datagrams
+                .accept_secret(&h.node, h.incarnation, secret);
+        }
+        self.datagrams
+            .clocks
+            .hello(&h.node, h.incarnation, h.clock, now);
         let fresh = self
             .mesh
             .peers
@@ -282,8 +299,9 @@ impl AgentState {
         self.emit(events);
         self.reach.heard(&h.node, now);
         if h.want_reply {
+            let hello = self.hello(&h.node);
             if let Some(p) = self.mesh.peers.get(&h.node) {
-                let _ = p.agent.cast(AgentMsg::Hello(self.hello()));
+                let _ = p.agent.cast(AgentMsg::Hello(hello));
             }
             self.mesh.greeted.insert(node_id);
         } else {
@@ -325,10 +343,40 @@ impl AgentState {
         }
     }
 
-    pub(super) fn on_session(&mut self, change: SessionChange, ses: NodeServerSessionInformation) {
+    /// A session that has not authenticated `handshake-timeout` after it opened is closed:
+    /// a client that connects and stays silent (or never completes the cookie's challenge)
+    /// would otherwise hold a descriptor of this process for good.
+    pub(super) fn on_handshake_due(&mut self, node_id: u64) {
+        let Some(s) = self
+            .mesh
+            .sessions
+            .get(&node_id)
+            .filter(|s| !s.authenticated)
+        else {
+            return;
+        };
+        tracing::warn!(
+            peer = %s.peer_addr,
+            direction = if s.dialled.is_some() { "outbound" } else { "inbound" },
+            timeout = ?self.s.handshake_timeout,
+            "closing a connection that did not authenticate within cluster.handshake-timeout"
+        );
+        s.actor
+            .stop(Some("no authentication within handshake-timeout".into()));
+    }
+
+    pub(super) fn on_session(
+        &mut self,
+        myself: &ActorRef<AgentMsg>,
+        change: SessionChange,
+        ses: NodeServerSessionInformation,
+    ) {
         let id = ses.node_id;
         match change {
             SessionChange::Opened => {
+                myself.send_after(self.s.handshake_timeout, move || {
+                    AgentMsg::Local(Local::HandshakeDue(id))
+                });
                 let dialled = (!ses.is_server)
                     .then(|| NodeAddr::parse("dialled", &ses.peer_addr).ok())
                     .flatten();
@@ -387,6 +435,14 @@ impl AgentState {
                     }
                 }
                 let Some(addr) = s.peer else { return };
+                let left = self
+                    .mesh
+                    .sessions
+                    .values()
+                    .any(|o| o.peer.as_ref() == Some(&addr));
+                if !left {
+                    self.datagrams.session_ended(&addr);
+                }
                 if self.mesh.peers.get(&addr).is_some_and(|p| p.node_id == id) {
                     // Another session with the same peer (a lost election) may survive.
                     let other = self

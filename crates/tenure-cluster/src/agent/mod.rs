@@ -79,6 +79,8 @@ pub(crate) struct AgentState {
     store: Arc<dyn LeaseStore>,
     history: Option<History>,
     lease_observer: Option<LeaseObserver>,
+    /// Stamps this node's heartbeats, hellos and reachability rows ([`crate::clocks`]).
+    clock: crate::clocks::NodeClock,
     /// This node's view of the members.
     view: Membership,
     /// When each member was last heard.
@@ -119,8 +121,12 @@ impl Actor for Agent {
         let mesh = mesh::Mesh::start(&myself, a.server, a.tls, a.links).await?;
         #[cfg(not(feature = "fault-injection"))]
         let mesh = mesh::Mesh::start(&myself, a.server, a.tls).await?;
-        let datagrams =
-            heartbeat::Datagrams::new(a.heartbeats, &a.settings.system, &a.settings.cookie)?;
+        let datagrams = heartbeat::Datagrams::new(
+            a.heartbeats,
+            &a.settings.system,
+            &a.settings.cookie,
+            a.settings.unreachable_after / 2,
+        )?;
         let scope = scope(&a.settings.system);
         pg::join_scoped(scope.clone(), AGENT_GROUP.into(), vec![myself.get_cell()]);
         pg::monitor_scope(scope.clone(), myself.get_cell());
@@ -146,6 +152,7 @@ impl Actor for Agent {
         );
         let _ = myself.cast(AgentMsg::Local(Local::Tick));
         Ok(AgentState {
+            clock: crate::clocks::NodeClock::new(tokio::time::Instant::now()),
             view: Membership::new(me.clone(), a.incarnation, a.settings.roles.clone()),
             me,
             incarnation: a.incarnation,
@@ -268,7 +275,8 @@ impl AgentState {
         local: Local,
     ) -> Result<(), ActorProcessingErr> {
         match local {
-            Local::Session(change, ses) => self.on_session(change, *ses),
+            Local::Session(change, ses) => self.on_session(myself, change, *ses),
+            Local::HandshakeDue(node_id) => self.on_handshake_due(node_id),
             Local::Dialed { peer, result } => self.on_dialed(peer, result),
             Local::Ticket(ticket) => self.on_ticket(myself, ticket).await?,
             Local::MemberLease { ticket, event } => self.on_member_lease(myself, ticket, event),

@@ -19,7 +19,7 @@ use tenure_lease::ConfigError;
 use tokio::time::Instant;
 
 pub use strategy::{Decision, Partition, Strategy, decide};
-pub use table::{ReachRow, ReachTable};
+pub use table::{Carrier, Life, ReachRow, ReachTable};
 
 use crate::identity::NodeAddr;
 
@@ -359,7 +359,7 @@ mod tests {
     }
 
     fn settings(extra: &str) -> Result<Option<SbrSettings>, ConfigError> {
-        let text = format!("[cluster]\ncookie = \"c\"\n[cluster.split-brain-resolver]\n{extra}");
+        let text = format!("[cluster]\ncookie = \"sbr-test-cookie-0123456789abcdef0\"\n[cluster.split-brain-resolver]\n{extra}");
         let config = tenure_lease::TenureConfig::from_toml_str(&text, "test")?;
         config
             .section::<SbrConfig>("cluster.split-brain-resolver")?

@@ -2,6 +2,12 @@
 //! cannot hear. Rows travel with every heartbeat and are relayed, so that every node of a
 //! connected part of the cluster ends up with the same table, and a node that some peers
 //! hear and others do not (a partial or one-way partition) is seen as such everywhere.
+//!
+//! A row's version is a stamp of its observer's clock (see [`crate::clocks`]), so a relayed
+//! row can be checked against what the receiver knows of that clock: a version further
+//! ahead than the observer can have stamped is refused, and one that got in anyway (from a
+//! relay while the observer was never heard) is replaced as soon as the observer itself is
+//! heard, since no row it sent can be newer than the heartbeat carrying it.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -9,15 +15,16 @@ use serde::{Deserialize, Serialize};
 
 use crate::identity::{Incarnation, NodeAddr};
 
-/// What one node (`observer`, in its life `incarnation`) cannot hear, in its `version`th
-/// observation (higher is newer within one life).
+/// What one node (`observer`, in its life `incarnation`) cannot hear, as of `version` (a
+/// stamp of its clock: higher is newer within one life).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReachRow {
     /// The node that observed.
     pub observer: NodeAddr,
     /// The observer's incarnation (its life).
     pub incarnation: Incarnation,
-    /// The observation's number, higher is newer within one life.
+    /// When the observer made the observation, as a stamp of its clock: higher is newer
+    /// within one life.
     pub version: u64,
     /// The members the observer cannot hear.
     pub unreachable: Vec<NodeAddr>,
@@ -29,19 +36,41 @@ pub struct ReachTable {
     rows: BTreeMap<NodeAddr, ReachRow>,
 }
 
+/// What a receiver knows of an observer when it merges rows: its current life, and the
+/// highest stamp it can have issued by now (`None` when unknown: never heard directly).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Life {
+    /// The observer's current incarnation.
+    pub incarnation: Incarnation,
+    /// The highest version believable from it now.
+    pub ceiling: Option<u64>,
+}
+
+/// Who sent the rows being merged: the heartbeat's sender and its sequence number (a stamp
+/// of the same clock as its own row's version, issued after it).
+#[derive(Debug, Clone, Copy)]
+pub struct Carrier<'a> {
+    /// The node whose heartbeat carried the rows.
+    pub node: &'a NodeAddr,
+    /// The heartbeat's sequence number.
+    pub seq: u64,
+}
+
 impl ReachTable {
-    /// Sets this node's own row; `true` when it changed (its version then goes up).
+    /// Sets this node's own row, stamped `stamp` (from this node's clock, which never
+    /// repeats a stamp) if it changed; `true` when it changed.
     pub fn set_own(
         &mut self,
         me: &NodeAddr,
         incarnation: Incarnation,
         unreachable: BTreeSet<NodeAddr>,
+        stamp: u64,
     ) -> bool {
         let unreachable: Vec<NodeAddr> = unreachable.into_iter().collect();
         match self.rows.get_mut(me) {
             Some(row) if row.incarnation == incarnation && row.unreachable == unreachable => false,
             Some(row) if row.incarnation == incarnation => {
-                row.version += 1;
+                row.version = stamp.max(row.version.saturating_add(1));
                 row.unreachable = unreachable;
                 true
             }
@@ -51,7 +80,7 @@ impl ReachTable {
                     ReachRow {
                         observer: me.clone(),
                         incarnation,
-                        version: 1,
+                        version: stamp,
                         unreachable,
                     },
                 );
@@ -60,27 +89,47 @@ impl ReachTable {
         }
     }
 
-    /// Takes the rows a peer relayed, keeping for each observer the newest row of its
-    /// current life (`life` gives the incarnation of a current member, `None` for a node
-    /// that is not one). This node's own row is never taken from others.
+    /// Takes the rows of a heartbeat from `sender`, keeping for each observer the newest row
+    /// of its current life (`life` says what is known of a current member, `None` for a
+    /// node that is not one). This node's own row is never taken from others. Refused, and
+    /// counted in the result: a row further ahead than its observer's ceiling, and a row of
+    /// the sender newer than the heartbeat carrying it. A row of the sender's stored here
+    /// with such an impossible version (taken from a relay before the sender was heard) is
+    /// replaced by the sender's own row, or dropped.
     pub fn merge(
         &mut self,
         me: &NodeAddr,
+        sender: Carrier<'_>,
         rows: Vec<ReachRow>,
-        life: impl Fn(&NodeAddr) -> Option<Incarnation>,
-    ) {
+        life: impl Fn(&NodeAddr) -> Option<Life>,
+    ) -> usize {
+        let mut refused = 0;
+        let impossible = |row: &ReachRow| row.observer == *sender.node && row.version > sender.seq;
         for row in rows {
-            if row.observer == *me || life(&row.observer) != Some(row.incarnation) {
+            if row.observer == *me {
+                continue;
+            }
+            let Some(l) = life(&row.observer).filter(|l| l.incarnation == row.incarnation) else {
+                continue;
+            };
+            if l.ceiling.is_some_and(|c| row.version > c) || impossible(&row) {
+                refused += 1;
                 continue;
             }
             match self.rows.get(&row.observer) {
                 Some(known)
-                    if known.incarnation == row.incarnation && known.version >= row.version => {}
+                    if known.incarnation == row.incarnation
+                        && known.version >= row.version
+                        && !impossible(known) => {}
                 _ => {
                     self.rows.insert(row.observer.clone(), row);
                 }
             }
         }
+        if self.rows.get(sender.node).is_some_and(impossible) {
+            self.rows.remove(sender.node);
+        }
+        refused
     }
 
     /// Drops the rows of observers that are no longer members in that life.
@@ -114,40 +163,127 @@ mod tests {
         NodeAddr::parse("t", &format!("127.0.0.1:{p}")).unwrap()
     }
 
-    #[test]
-    fn newer_rows_of_the_current_life_win_and_own_rows_stay_own() {
-        let mut t = ReachTable::default();
-        assert!(t.set_own(&a(1), Incarnation(1), [a(3)].into()));
-        assert!(
-            !t.set_own(&a(1), Incarnation(1), [a(3)].into()),
-            "unchanged"
-        );
-        let life = |n: &NodeAddr| Some(Incarnation(n.port as u64));
-        let row = |o: u16, v: u64, s: &[u16]| ReachRow {
+    fn row(o: u16, v: u64, s: &[u16]) -> ReachRow {
+        ReachRow {
             observer: a(o),
             incarnation: Incarnation(o as u64),
             version: v,
             unreachable: s.iter().map(|p| a(*p)).collect(),
-        };
-        t.merge(&a(1), vec![row(2, 5, &[3]), row(1, 99, &[])], life);
+        }
+    }
+
+    /// Every observer a member in the life its port names, with no ceiling known.
+    fn unknown(n: &NodeAddr) -> Option<Life> {
+        Some(Life {
+            incarnation: Incarnation(n.port as u64),
+            ceiling: None,
+        })
+    }
+
+    /// A heartbeat from node `p` with sequence number `seq`.
+    fn from(p: &NodeAddr, seq: u64) -> Carrier<'_> {
+        Carrier { node: p, seq }
+    }
+
+    #[test]
+    fn newer_rows_of_the_current_life_win_and_own_rows_stay_own() {
+        let mut t = ReachTable::default();
+        assert!(t.set_own(&a(1), Incarnation(1), [a(3)].into(), 10));
+        assert!(
+            !t.set_own(&a(1), Incarnation(1), [a(3)].into(), 11),
+            "unchanged"
+        );
+        let relay = a(5);
+        t.merge(
+            &a(1),
+            from(&relay, 100),
+            vec![row(2, 5, &[3]), row(1, 99, &[])],
+            unknown,
+        );
         assert_eq!(t.own(&a(1)), [a(3)], "a relayed copy of my row is ignored");
-        t.merge(&a(1), vec![row(2, 4, &[])], life);
+        t.merge(&a(1), from(&relay, 100), vec![row(2, 4, &[])], unknown);
         let recs: Vec<_> = t.records().map(|(o, s)| (o.port, s.port)).collect();
         assert_eq!(
             recs,
             [(1, 3), (2, 3)],
             "an older row does not replace a newer one"
         );
-        t.merge(&a(1), vec![row(2, 6, &[])], life);
+        t.merge(&a(1), from(&relay, 100), vec![row(2, 6, &[])], unknown);
         assert_eq!(t.records().count(), 1);
         // A row of another life of node 2, or of a non-member, is not taken.
         let mut stale = row(2, 9, &[1]);
         stale.incarnation = Incarnation(77);
-        t.merge(&a(1), vec![stale, row(4, 1, &[1])], |n| {
-            (n.port != 4).then_some(Incarnation(n.port as u64))
+        t.merge(&a(1), from(&relay, 100), vec![stale, row(4, 1, &[1])], |n| {
+            (n.port != 4).then(|| unknown(n)).flatten()
         });
         assert_eq!(t.records().count(), 1);
         t.retain(|n| (n.port == 1).then_some(Incarnation(1)));
         assert_eq!(t.rows().len(), 1, "rows of members gone are dropped");
+    }
+
+    #[test]
+    fn own_versions_are_stamps_and_always_go_up() {
+        let mut t = ReachTable::default();
+        t.set_own(&a(1), Incarnation(1), [a(3)].into(), 500);
+        assert_eq!(t.rows()[0].version, 500);
+        t.set_own(&a(1), Incarnation(1), [].into(), 400);
+        assert_eq!(t.rows()[0].version, 501, "never lower than before");
+        t.set_own(&a(1), Incarnation(1), [a(2)].into(), 900);
+        assert_eq!(t.rows()[0].version, 900);
+    }
+
+    /// A forged row with the largest version, relayed: refused where the observer's clock
+    /// is known; where it is not, taken until the observer itself is heard, and then
+    /// replaced by its own row. Either way the observer's later rows are taken again.
+    #[test]
+    fn a_forged_row_with_a_huge_version_does_not_pin_the_table() {
+        let me = a(1);
+        let relay = a(3);
+        let observer = a(2);
+        let known = |n: &NodeAddr| {
+            Some(Life {
+                incarnation: Incarnation(n.port as u64),
+                ceiling: Some(10_000),
+            })
+        };
+        let mut t = ReachTable::default();
+        t.merge(&me, from(&relay, 9_000), vec![row(2, 5_000, &[3])], known);
+        let refused = t.merge(
+            &me,
+            from(&relay, 9_100),
+            vec![row(2, u64::MAX - 1, &[])],
+            known,
+        );
+        assert_eq!(refused, 1);
+        assert_eq!(t.rows()[0].version, 5_000, "refused above the ceiling");
+        t.merge(&me, from(&relay, 9_200), vec![row(2, 6_000, &[])], known);
+        assert_eq!(t.rows()[0].version, 6_000, "the observer's next row is taken");
+
+        // No ceiling known for the observer (never heard directly): the forgery gets in...
+        let mut t = ReachTable::default();
+        t.merge(
+            &me,
+            from(&relay, 9_000),
+            vec![row(2, u64::MAX - 1, &[1])],
+            unknown,
+        );
+        assert_eq!(t.records().count(), 1);
+        // ...until the observer's own heartbeat, stamped 7_000, carries its row (6_900).
+        t.merge(&me, from(&observer, 7_000), vec![row(2, 6_900, &[])], unknown);
+        assert_eq!(t.rows()[0].version, 6_900);
+        assert_eq!(t.records().count(), 0);
+        // A heartbeat of the observer without its row drops the impossible one too.
+        t.merge(
+            &me,
+            from(&relay, 9_000),
+            vec![row(2, u64::MAX - 1, &[1])],
+            unknown,
+        );
+        t.merge(&me, from(&observer, 7_100), vec![], unknown);
+        assert!(t.rows().is_empty());
+        // A row of the sender newer than its own heartbeat is refused.
+        let refused = t.merge(&me, from(&observer, 7_200), vec![row(2, 7_300, &[1])], unknown);
+        assert_eq!(refused, 1);
+        assert!(t.rows().is_empty());
     }
 }

@@ -5,21 +5,31 @@
 //! Every node binds a UDP socket on its cluster host and port (UDP's port space is
 //! separate from TCP's) and sends each peer its heartbeat there, besides the heartbeat
 //! cast on the session, which stays as the fallback where UDP is blocked. Both carry the
-//! same per-sender sequence number, so the receiver applies each heartbeat once, whichever
-//! channel brings it first, and never goes back to an older one ([`HeartbeatSeqs`]).
+//! same sequence number (a stamp of the sender's clock, see [`crate::clocks`]), so the
+//! receiver applies each heartbeat once, whichever channel brings it first, and never goes
+//! back to an older one.
 //!
-//! A datagram is `bincode((body, mac))`: `body` is the bincode [`Heartbeat`] (sender
-//! address, incarnation, sequence number and payload) and `mac` its HMAC-SHA256 under a
-//! key made of the cluster cookie, bound to the system name. A receiver checks the MAC
-//! before it decodes the body, drops datagrams of peers it knows under another incarnation
-//! (or not at all) and replays (a sequence number not above the last one applied).
-//! Heartbeats are authenticated, not encrypted, also with TLS: they carry reachability rows
-//! and addresses only.
+//! Datagrams are keyed per session: the hello a node sends a peer on their session carries
+//! a fresh random [`SessionSecret`], and the node seals its datagrams to that peer with a
+//! [`DatagramKey`] made of the cluster cookie, the system name and that secret. With TLS
+//! the secret travels encrypted, so knowing the cookie is not enough to forge a datagram:
+//! one needs the session, hence a certificate. Without TLS, the cookie is also what admits
+//! a session, and the secret keeps datagrams of one session from being replayed into the
+//! next.
+//!
+//! A datagram is `bincode((key id, body, mac))`: `body` is the bincode [`Heartbeat`]
+//! (sender address, incarnation, sequence number and payload) and `mac` its HMAC-SHA256
+//! under the key `key id` names. A receiver looks the key up in its [`Keyring`] (the keys
+//! its peers gave it in their hellos), checks the MAC before it decodes the body, and
+//! passes on only a heartbeat in the name of the peer that gave the key. Heartbeats are
+//! authenticated, not encrypted: they carry reachability rows and addresses only.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 
 use hmac::{Hmac, KeyInit, Mac};
+use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 
 use crate::identity::{Incarnation, NodeAddr};
@@ -36,7 +46,11 @@ fn config() -> impl bincode::config::Config {
 
 /// What a heartbeat's MAC covers before the body: the purpose and version of the key's
 /// use, so that a MAC made for anything else under the cookie never verifies here.
-const DOMAIN: &[u8] = b"tenure heartbeat datagram v1\0";
+const DOMAIN: &[u8] = b"tenure heartbeat datagram v2\0";
+
+/// How many keys of one peer life a keyring keeps: the newest, and the one before it (a
+/// hello of the session before may still be on its way when the next one arrives).
+const KEYS_PER_PEER: usize = 2;
 
 /// Why a datagram was not sent or not accepted.
 #[derive(Debug, thiserror::Error)]
@@ -60,6 +74,15 @@ pub enum DatagramError {
         #[source]
         source: bincode::error::DecodeError,
     },
+    /// Sealed with a key no peer gave this node: no session with the sender, a session
+    /// that ended, or forged.
+    #[error(
+        "heartbeat datagram from {from} sealed with an unknown key (no session with the sender, an ended session, or forged)"
+    )]
+    UnknownKey {
+        /// The sender's address.
+        from: SocketAddr,
+    },
     /// The MAC does not verify: another cookie or system, or forged or corrupted.
     #[error(
         "heartbeat datagram from {from} failed authentication (another cluster cookie or system, or forged)"
@@ -77,31 +100,88 @@ pub enum DatagramError {
         #[source]
         source: bincode::error::DecodeError,
     },
+    /// Sealed with the key one peer gave, in the name of another node or life.
+    #[error(
+        "heartbeat datagram from {from} claims {claimed} ({claimed_incarnation}) but is sealed with the key of {peer} ({incarnation})"
+    )]
+    WrongSender {
+        /// The sender's address.
+        from: SocketAddr,
+        /// The node the heartbeat names.
+        claimed: NodeAddr,
+        /// The life the heartbeat names.
+        claimed_incarnation: Incarnation,
+        /// The peer whose key sealed it.
+        peer: NodeAddr,
+        /// That peer's life.
+        incarnation: Incarnation,
+    },
 }
 
-/// Seals and opens the heartbeat datagrams of one cluster (cookie and system).
+/// The secret one node gives a peer in its hello, for the datagrams it will send that peer
+/// during their session. Its `Debug` does not show it.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionSecret {
+    /// Names the key in each datagram (random, not secret).
+    pub id: u64,
+    /// The secret itself.
+    pub bytes: [u8; 32],
+}
+
+impl std::fmt::Debug for SessionSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SessionSecret({:016x}, ..)", self.id)
+    }
+}
+
+impl SessionSecret {
+    /// A fresh secret from the operating system's random source; `Err` when it has none.
+    pub fn generate() -> Result<SessionSecret, getrandom::Error> {
+        let mut bytes = [0u8; 32];
+        getrandom::fill(&mut bytes)?;
+        Ok(SessionSecret {
+            id: getrandom::u64()?,
+            bytes,
+        })
+    }
+}
+
+/// Seals and opens the heartbeat datagrams of one direction of one session.
 #[derive(Clone)]
 pub struct DatagramKey {
-    /// HMAC keyed with the cookie, the domain and the system already absorbed.
+    id: u64,
+    /// HMAC keyed with the cookie, the domain, the system and the session secret already
+    /// absorbed.
     keyed: Hmac<Sha256>,
 }
 
 impl std::fmt::Debug for DatagramKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("DatagramKey(..)")
+        write!(f, "DatagramKey({:016x}, ..)", self.id)
     }
 }
 
+/// The bincode of a heartbeat, to seal once per peer.
+pub fn encode(hb: &Heartbeat) -> Result<Vec<u8>, DatagramError> {
+    bincode::serde::encode_to_vec(hb, config()).map_err(DatagramError::Encode)
+}
+
 impl DatagramKey {
-    /// The key of the cluster with `cookie` and `system`.
-    pub fn new(system: &str, cookie: &str) -> DatagramKey {
+    /// The key of the cluster with `cookie` and `system` for the session that `secret`
+    /// was given for.
+    pub fn new(system: &str, cookie: &str, secret: &SessionSecret) -> DatagramKey {
         // HMAC takes keys of any length (longer ones are hashed first).
         let mut keyed = <Hmac<Sha256> as KeyInit>::new_from_slice(cookie.as_bytes())
             .unwrap_or_else(|_| unreachable!("HMAC accepts keys of every length"));
         keyed.update(DOMAIN);
         keyed.update(&(system.len() as u64).to_le_bytes());
         keyed.update(system.as_bytes());
-        DatagramKey { keyed }
+        keyed.update(&secret.bytes);
+        keyed.update(&secret.id.to_le_bytes());
+        DatagramKey {
+            id: secret.id,
+            keyed,
+        }
     }
 
     fn mac(&self, body: &[u8]) -> Hmac<Sha256> {
@@ -110,11 +190,10 @@ impl DatagramKey {
         mac
     }
 
-    /// The datagram carrying `hb`.
-    pub fn seal(&self, hb: &Heartbeat) -> Result<Vec<u8>, DatagramError> {
-        let body = bincode::serde::encode_to_vec(hb, config()).map_err(DatagramError::Encode)?;
-        let tag = self.mac(&body).finalize().into_bytes().to_vec();
-        let bytes = bincode::serde::encode_to_vec((&body, &tag), config())
+    /// The datagram carrying `body` (from [`encode`]).
+    pub fn seal(&self, body: &[u8]) -> Result<Vec<u8>, DatagramError> {
+        let tag = self.mac(body).finalize().into_bytes().to_vec();
+        let bytes = bincode::serde::encode_to_vec((self.id, body, &tag), config())
             .map_err(DatagramError::Encode)?;
         if bytes.len() > MAX_DATAGRAM {
             return Err(DatagramError::TooLarge { bytes: bytes.len() });
@@ -122,18 +201,100 @@ impl DatagramKey {
         Ok(bytes)
     }
 
-    /// The heartbeat in a datagram received from `from`, once its MAC verified (in constant
-    /// time). Whether it is fresh is the receiver's to judge ([`HeartbeatSeqs`]).
+    /// The body of `tag`'s datagram, once the MAC verified (in constant time).
+    fn verify(&self, from: SocketAddr, body: &[u8], tag: &[u8]) -> Result<(), DatagramError> {
+        self.mac(body)
+            .verify_slice(tag)
+            .map_err(|_| DatagramError::BadMac { from })
+    }
+}
+
+/// The keys this node opens datagrams with: each one a peer life gave in a hello. Shared
+/// between the agent, which adds and drops keys as sessions come and go, and the task that
+/// reads the socket.
+#[derive(Clone, Default)]
+pub struct Keyring {
+    keys: Arc<Mutex<Keys>>,
+}
+
+#[derive(Default)]
+struct Keys {
+    by_id: HashMap<u64, Given>,
+    /// Numbers the keys in the order they were given.
+    given: u64,
+}
+
+struct Given {
+    peer: NodeAddr,
+    incarnation: Incarnation,
+    key: DatagramKey,
+    order: u64,
+}
+
+impl std::fmt::Debug for Keyring {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Keyring(..)")
+    }
+}
+
+impl Keyring {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Keys> {
+        self.keys.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `peer`'s life `incarnation` seals its datagrams with `key` from now on. Keys of its
+    /// other lives are dropped, and of this life only the newest [`KEYS_PER_PEER`] kept.
+    pub fn insert(&self, peer: &NodeAddr, incarnation: Incarnation, key: DatagramKey) {
+        let mut keys = self.lock();
+        keys.by_id
+            .retain(|_, g| g.peer != *peer || g.incarnation == incarnation);
+        keys.given += 1;
+        let order = keys.given;
+        keys.by_id.insert(
+            key.id,
+            Given {
+                peer: peer.clone(),
+                incarnation,
+                key,
+                order,
+            },
+        );
+        let mut mine: Vec<(u64, u64)> = keys
+            .by_id
+            .iter()
+            .filter(|(_, g)| g.peer == *peer)
+            .map(|(id, g)| (g.order, *id))
+            .collect();
+        mine.sort_unstable();
+        for (_, id) in mine.iter().rev().skip(KEYS_PER_PEER) {
+            keys.by_id.remove(id);
+        }
+    }
+
+    /// Drops every key of `peer` (its sessions ended).
+    pub fn forget(&self, peer: &NodeAddr) {
+        self.lock().by_id.retain(|_, g| g.peer != *peer);
+    }
+
+    /// The heartbeat in a datagram received from `from`, once its MAC verified under the
+    /// key it names and it proved to come from the peer life that gave that key. Whether it
+    /// is fresh is the receiver's to judge ([`crate::clocks::PeerClocks`]).
     pub fn open(&self, from: SocketAddr, bytes: &[u8]) -> Result<Heartbeat, DatagramError> {
-        let ((body, tag), used): ((Vec<u8>, Vec<u8>), usize) =
+        let ((id, body, tag), used): ((u64, Vec<u8>, Vec<u8>), usize) =
             bincode::serde::decode_from_slice(bytes, config())
                 .map_err(|source| DatagramError::Undecodable { from, source })?;
         if used != bytes.len() {
             return Err(DatagramError::BadMac { from });
         }
-        self.mac(&body)
-            .verify_slice(&tag)
-            .map_err(|_| DatagramError::BadMac { from })?;
+        let (peer, incarnation) = {
+            let keys = self.lock();
+            let given = keys
+                .by_id
+                .get(&id)
+                .ok_or(DatagramError::UnknownKey { from })?;
+            given.key.verify(from, &body, &tag)?;
+            (given.peer.clone(), given.incarnation)
+        };
         let (hb, used) = bincode::serde::decode_from_slice::<Heartbeat, _>(&body, config())
             .map_err(|source| DatagramError::BadBody { from, source })?;
         if used != body.len() {
@@ -142,46 +303,26 @@ impl DatagramKey {
                 source: bincode::error::DecodeError::Other("trailing bytes after the heartbeat"),
             });
         }
+        if hb.node != peer || hb.incarnation != incarnation {
+            return Err(DatagramError::WrongSender {
+                from,
+                claimed: hb.node,
+                claimed_incarnation: hb.incarnation,
+                peer,
+                incarnation,
+            });
+        }
         Ok(hb)
     }
 }
 
-/// The latest heartbeat sequence number applied from each peer life, over either channel:
-/// a heartbeat is applied once (the copy on the other channel is a duplicate), and never
-/// after a newer one (a datagram replayed, reordered, or a session copy that queued behind
-/// data).
-#[derive(Debug, Default)]
-pub struct HeartbeatSeqs {
-    last: HashMap<NodeAddr, (Incarnation, u64)>,
-}
-
-impl HeartbeatSeqs {
-    /// Whether the heartbeat `seq` of `node`'s life `incarnation` is newer than every one
-    /// applied before; records it if so. The caller has checked that `incarnation` is the
-    /// peer's current life: a new life starts a new sequence.
-    pub fn fresh(&mut self, node: &NodeAddr, incarnation: Incarnation, seq: u64) -> bool {
-        match self.last.get_mut(node) {
-            Some((inc, last)) if *inc == incarnation => {
-                if seq <= *last {
-                    return false;
-                }
-                *last = seq;
-            }
-            _ => {
-                self.last.insert(node.clone(), (incarnation, seq));
-            }
-        }
-        true
-    }
-}
-
 /// Reads heartbeat datagrams from `socket` until `deliver` returns false (its receiver is
-/// gone). Each datagram whose MAC verifies is passed on; any other is dropped and logged
+/// gone). Each datagram that `keys` opens is passed on; any other is dropped and logged
 /// (at warn at most once a minute, else at debug: a sender with another cookie would
 /// otherwise fill the log).
 pub async fn receive(
-    socket: std::sync::Arc<tokio::net::UdpSocket>,
-    key: DatagramKey,
+    socket: Arc<tokio::net::UdpSocket>,
+    keys: Keyring,
     mut deliver: impl FnMut(Heartbeat) -> bool,
 ) {
     const WARN_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
@@ -203,11 +344,16 @@ pub async fn receive(
                 continue;
             }
         };
-        match key.open(from, &buf[..n]) {
+        match keys.open(from, &buf[..n]) {
             Ok(hb) => {
                 if !deliver(hb) {
                     return;
                 }
+            }
+            // Expected around session changes: a peer's datagrams may arrive just before
+            // its hello gives the key, or just after its session ended.
+            Err(e @ DatagramError::UnknownKey { .. }) => {
+                tracing::debug!(error = %e, "heartbeat datagram dropped");
             }
             Err(e) => {
                 let now = tokio::time::Instant::now();
@@ -261,13 +407,33 @@ mod tests {
         }
     }
 
+    fn secret(id: u64) -> SessionSecret {
+        SessionSecret {
+            id,
+            bytes: [id as u8; 32],
+        }
+    }
+
+    /// The keyring of a node whose session with node 1 (life 7) gave `secret`.
+    fn ring(secret: &SessionSecret) -> Keyring {
+        let ring = Keyring::default();
+        ring.insert(
+            &addr(1),
+            Incarnation(7),
+            DatagramKey::new("sys", "cookie", secret),
+        );
+        ring
+    }
+
+    fn sealed(key: &DatagramKey, hb: &Heartbeat) -> Vec<u8> {
+        key.seal(&encode(hb).unwrap()).unwrap()
+    }
+
     #[test]
-    fn a_sealed_heartbeat_opens_with_the_same_cookie_and_system() {
-        let key = DatagramKey::new("sys", "cookie");
-        let sealed = key.seal(&hb(5)).unwrap();
-        let opened = DatagramKey::new("sys", "cookie")
-            .open(from(), &sealed)
-            .unwrap();
+    fn a_sealed_heartbeat_opens_with_the_key_of_its_session() {
+        let s = secret(5);
+        let bytes = sealed(&DatagramKey::new("sys", "cookie", &s), &hb(5));
+        let opened = ring(&s).open(from(), &bytes).unwrap();
         assert_eq!(
             (opened.node, opened.incarnation, opened.seq, opened.hears),
             (addr(1), Incarnation(7), 5, vec![addr(3)])
@@ -276,115 +442,152 @@ mod tests {
     }
 
     #[test]
-    fn another_cookie_or_system_fails_authentication() {
-        let sealed = DatagramKey::new("sys", "cookie").seal(&hb(5)).unwrap();
+    fn another_cookie_system_or_session_fails_authentication() {
+        let s = secret(5);
+        let ring = ring(&s);
+        let mut other_bytes = s.clone();
+        other_bytes.bytes[0] ^= 1;
         for key in [
-            DatagramKey::new("sys", "other cookie"),
-            DatagramKey::new("other", "cookie"),
-            DatagramKey::new("sys", ""),
+            DatagramKey::new("sys", "other cookie", &s),
+            DatagramKey::new("other", "cookie", &s),
+            DatagramKey::new("sys", "", &s),
+            DatagramKey::new("sys", "cookie", &other_bytes),
         ] {
-            let err = key.open(from(), &sealed).unwrap_err();
+            let err = ring.open(from(), &sealed(&key, &hb(5))).unwrap_err();
             assert!(matches!(err, DatagramError::BadMac { .. }), "{err}");
             assert!(err.to_string().contains("127.0.0.1:9"), "{err}");
         }
+        // A key no session gave: the cookie alone, or another session's.
+        let err = ring
+            .open(
+                from(),
+                &sealed(&DatagramKey::new("sys", "cookie", &secret(6)), &hb(5)),
+            )
+            .unwrap_err();
+        assert!(matches!(err, DatagramError::UnknownKey { .. }), "{err}");
     }
 
     #[test]
     fn a_forged_or_altered_heartbeat_fails_authentication() {
-        let key = DatagramKey::new("sys", "cookie");
-        // A heartbeat claiming node 1 with a MAC made under a guessed key.
-        let forged = DatagramKey::new("sys", "guess").seal(&hb(9)).unwrap();
-        assert!(matches!(
-            key.open(from(), &forged),
-            Err(DatagramError::BadMac { .. })
-        ));
+        let s = secret(5);
+        let key = DatagramKey::new("sys", "cookie", &s);
+        let ring = ring(&s);
         // Every single-bit change of a genuine datagram: refused (or undecodable).
-        let sealed = key.seal(&hb(5)).unwrap();
-        for i in 0..sealed.len() {
+        let genuine = sealed(&key, &hb(5));
+        for i in 0..genuine.len() {
             for bit in 0..8 {
-                let mut altered = sealed.clone();
+                let mut altered = genuine.clone();
                 altered[i] ^= 1 << bit;
                 assert!(
-                    key.open(from(), &altered).is_err(),
+                    ring.open(from(), &altered).is_err(),
                     "byte {i} bit {bit} changed and still accepted"
                 );
             }
         }
         // The MAC of one body moved onto another: refused.
-        let other = key.seal(&hb(6)).unwrap();
-        let ((body, _), _): ((Vec<u8>, Vec<u8>), usize) =
-            bincode::serde::decode_from_slice(&other, config()).unwrap();
-        let ((_, tag), _): ((Vec<u8>, Vec<u8>), usize) =
-            bincode::serde::decode_from_slice(&sealed, config()).unwrap();
-        let spliced = bincode::serde::encode_to_vec((&body, &tag), config()).unwrap();
+        let decode = |b: &[u8]| -> (u64, Vec<u8>, Vec<u8>) {
+            bincode::serde::decode_from_slice(b, config()).unwrap().0
+        };
+        let (id, body, _) = decode(&sealed(&key, &hb(6)));
+        let (_, _, tag) = decode(&genuine);
+        let spliced = bincode::serde::encode_to_vec((id, &body, &tag), config()).unwrap();
         assert!(matches!(
-            key.open(from(), &spliced),
+            ring.open(from(), &spliced),
             Err(DatagramError::BadMac { .. })
         ));
         // Truncated and trailing bytes.
-        assert!(key.open(from(), &sealed[..sealed.len() - 1]).is_err());
-        let mut longer = sealed.clone();
+        assert!(ring.open(from(), &genuine[..genuine.len() - 1]).is_err());
+        let mut longer = genuine.clone();
         longer.push(0);
-        assert!(key.open(from(), &longer).is_err());
-        assert!(key.open(from(), &[]).is_err());
+        assert!(ring.open(from(), &longer).is_err());
+        assert!(ring.open(from(), &[]).is_err());
     }
 
     #[test]
-    fn replays_and_older_heartbeats_are_not_fresh_and_a_new_life_starts_over() {
-        let mut seqs = HeartbeatSeqs::default();
-        let (a, b) = (addr(1), addr(2));
-        assert!(seqs.fresh(&a, Incarnation(7), 1));
-        assert!(
-            !seqs.fresh(&a, Incarnation(7), 1),
-            "the same heartbeat twice"
-        );
-        assert!(seqs.fresh(&a, Incarnation(7), 3));
-        assert!(!seqs.fresh(&a, Incarnation(7), 2), "older than one applied");
-        assert!(
-            seqs.fresh(&b, Incarnation(7), 1),
-            "sequences are per sender"
-        );
-        assert!(seqs.fresh(&a, Incarnation(8), 1), "a new life starts over");
-        assert!(!seqs.fresh(&a, Incarnation(8), 1));
+    fn a_peers_key_speaks_only_for_that_peer_life() {
+        let s = secret(5);
+        let key = DatagramKey::new("sys", "cookie", &s);
+        let ring = ring(&s);
+        let mut other_node = hb(5);
+        other_node.node = addr(2);
+        let mut other_life = hb(5);
+        other_life.incarnation = Incarnation(8);
+        for claim in [other_node, other_life] {
+            let err = ring.open(from(), &sealed(&key, &claim)).unwrap_err();
+            assert!(matches!(err, DatagramError::WrongSender { .. }), "{err}");
+        }
+    }
+
+    #[test]
+    fn the_keyring_keeps_the_two_newest_keys_of_the_current_life() {
+        let ring = Keyring::default();
+        let key = |id| DatagramKey::new("sys", "cookie", &secret(id));
+        let opens = |id: u64, life: u64| {
+            let mut h = hb(1);
+            h.incarnation = Incarnation(life);
+            ring.open(from(), &sealed(&key(id), &h)).is_ok()
+        };
+        ring.insert(&addr(1), Incarnation(7), key(1));
+        ring.insert(&addr(1), Incarnation(7), key(2));
+        assert!(opens(1, 7) && opens(2, 7));
+        ring.insert(&addr(1), Incarnation(7), key(3));
+        assert!(!opens(1, 7) && opens(2, 7) && opens(3, 7));
+        ring.insert(&addr(1), Incarnation(8), key(4));
+        assert!(!opens(3, 7) && opens(4, 8), "another life drops the old keys");
+        ring.forget(&addr(1));
+        assert!(!opens(4, 8));
     }
 
     #[tokio::test]
-    async fn the_receiver_passes_on_only_datagrams_sealed_with_the_cluster_key() {
-        use std::sync::Arc;
+    async fn the_receiver_passes_on_only_datagrams_sealed_with_a_session_key() {
+        use hmac::Mac as _;
         let socket = Arc::new(tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap());
         let to = socket.local_addr().unwrap();
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let receiver = tokio::spawn(receive(
-            socket,
-            DatagramKey::new("sys", "cookie"),
-            move |hb| tx.send(hb).is_ok(),
-        ));
+        let s = secret(5);
+        let receiver = tokio::spawn(receive(socket, ring(&s), move |hb| tx.send(hb).is_ok()));
         let sender = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
-        let good = DatagramKey::new("sys", "cookie");
-        let mut forged = good.seal(&hb(1)).unwrap();
+        let good = DatagramKey::new("sys", "cookie", &s);
+        // A datagram sealed the way a node keyed by the cookie alone would seal it.
+        let cookie_only = {
+            let body = encode(&hb(2)).unwrap();
+            let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(b"cookie").unwrap();
+            mac.update(b"tenure heartbeat datagram v1\0");
+            mac.update(&3u64.to_le_bytes());
+            mac.update(b"sys");
+            mac.update(&body);
+            let tag = mac.finalize().into_bytes().to_vec();
+            bincode::serde::encode_to_vec((&body, &tag), config()).unwrap()
+        };
+        let mut forged = sealed(&good, &hb(1));
         let last = forged.len() - 1;
         forged[last] ^= 1;
         for bad in [
-            DatagramKey::new("sys", "wrong cookie")
-                .seal(&hb(2))
-                .unwrap(),
-            DatagramKey::new("other system", "cookie")
-                .seal(&hb(3))
-                .unwrap(),
+            cookie_only,
+            sealed(&DatagramKey::new("sys", "cookie", &secret(9)), &hb(3)),
+            sealed(&DatagramKey::new("sys", "wrong cookie", &s), &hb(3)),
             forged,
             b"not a heartbeat".to_vec(),
         ] {
             sender.send_to(&bad, to).await.unwrap();
         }
-        sender
-            .send_to(&good.seal(&hb(4)).unwrap(), to)
-            .await
-            .unwrap();
+        sender.send_to(&sealed(&good, &hb(4)), to).await.unwrap();
         // Loopback keeps one sender's datagrams in order: the first heartbeat passed on
         // is the genuine one, sent last.
         let first = rx.recv().await.unwrap();
         assert_eq!(first.seq, 4);
         receiver.abort();
+    }
+
+    #[test]
+    fn secrets_are_random_and_not_shown() {
+        let (a, b) = (
+            SessionSecret::generate().unwrap(),
+            SessionSecret::generate().unwrap(),
+        );
+        assert_ne!(a, b);
+        let shown = format!("{a:?} {:?}", DatagramKey::new("s", "c", &a));
+        assert!(!shown.contains(&format!("{:?}", a.bytes)), "{shown}");
     }
 
     #[test]

@@ -25,7 +25,7 @@ pub fn config(
     format!(
         "[tenure]\ndefault-lease-section = \"sqlite\"\n[lease.sqlite]\npath = \"{}/leases.sqlite\"\n\
          heartbeat-timeout = \"5s\"\nheartbeat-interval = \"1s\"\nlease-retry-interval = \"200ms\"\n\
-         [cluster]\nport = {port}\ncookie = \"pair\"\nseeds = [\"127.0.0.1:{seed}\"]\nroles = [{roles}]\n\
+         [cluster]\nport = {port}\ncookie = \"pair-cookie-0123456789abcdef012345\"\nseeds = [\"127.0.0.1:{seed}\"]\nroles = [{roles}]\n\
          member-lease-ttl = \"5s\"\nmember-lease-interval = \"1s\"\nmembership-interval = \"300ms\"\n\
          [sharding.{type_name}]\nrole = \"{type_name}\"\nnumber-of-shards = {shards}\nretry-interval = \"200ms\"\nidle-timeout = \"off\"\n",
         dir.display()
