@@ -347,3 +347,46 @@ fn the_cookie_alone_forges_no_heartbeat_that_wedges_a_node() {
         "node 1 saw node 0 unreachable: {unreachable:?}"
     );
 }
+
+/// A client that connects to a plain-text node's cluster port and never authenticates is
+/// closed after `handshake-timeout`; the node logs it and stays a member.
+#[test]
+fn a_connection_that_never_authenticates_is_closed() {
+    use std::io::Read;
+    let mut c = Cluster::new(0);
+    let port = free_ports(1)[0];
+    let seed = format!("127.0.0.1:{port}");
+    c.add_node(
+        port,
+        &seed,
+        &Options {
+            cluster_extra: "handshake-timeout = \"300ms\"".into(),
+            ..Options::default()
+        },
+    );
+    c.spawn(0);
+    c.wait_until("the node is up", Duration::from_secs(20), |c| {
+        c.members(0)
+            .is_some_and(|m| m.len() == 1 && m[0].status == "up")
+    });
+    let mut silent = std::net::TcpStream::connect(&seed).unwrap();
+    // A bound on the wait (the timeout is 300 ms), not a timing assertion.
+    silent
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let mut buf = [0u8; 64];
+    loop {
+        match silent.read(&mut buf) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+            Err(e) => panic!("the node kept a silent connection open: {e}"),
+        }
+    }
+    c.wait_until("the node logs why", Duration::from_secs(10), |c| {
+        c.nodes[0]
+            .stderr()
+            .contains("did not authenticate within cluster.handshake-timeout")
+    });
+    assert_eq!(c.members(0).unwrap()[0].status, "up");
+}
