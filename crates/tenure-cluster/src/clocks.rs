@@ -4,8 +4,11 @@
 //! a *stamp* of its [`NodeClock`]: milliseconds since the node started, made strictly
 //! increasing. A receiver keeps, per peer life, an estimate of that peer's clock
 //! ([`PeerClocks`]): the highest stamp heard, aged by the receiver's own clock since.
-//! A number more than `slack` ahead of the estimate cannot have been stamped yet: it is
-//! refused. So a heartbeat or row with a forged number (replayed ones are older, and
+//! A number more than `slack` ahead of the estimate (its *ceiling*) cannot have been
+//! stamped yet. A heartbeat numbered beyond the ceiling is still applied (it is
+//! authenticated, and a late estimate, after a delayed hello or this host's suspend, must
+//! not make a live peer look silent) but counts as numbered at the ceiling; a row beyond it
+//! is refused. So a heartbeat or row with a forged number (replayed ones are older, and
 //! refused as not fresh) can move a receiver's floor at most `slack` past the peer's real
 //! clock, and the peer's real heartbeats are fresh again once its clock passes it: no
 //! single bad number wedges a node for longer than `slack`.
@@ -50,17 +53,17 @@ impl NodeClock {
 /// What [`PeerClocks::heartbeat`] made of a heartbeat's sequence number.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Freshness {
-    /// Newer than every heartbeat applied from that life, and plausible: apply it.
-    Fresh,
+    /// Newer than every heartbeat applied from that life: apply it, as numbered `believed`
+    /// (its number, or the ceiling when it was further ahead: `ahead`).
+    Fresh {
+        /// The number it counts as.
+        believed: u64,
+        /// Whether it was numbered beyond the ceiling (forged, or this node's estimate of
+        /// the peer's clock is late).
+        ahead: bool,
+    },
     /// Not newer than one applied (a duplicate, a replay, or reordered): drop it.
     Stale,
-    /// Further ahead of the peer's clock than `slack` allows (forged, or this node's own
-    /// clock stood still, as in a host suspend): drop it and ask the peer for a hello,
-    /// which sets the estimate again.
-    TooFar {
-        /// The highest number believable now.
-        ceiling: u64,
-    },
     /// No hello from that life yet: drop it and ask for one.
     Unknown,
 }
@@ -146,8 +149,8 @@ impl PeerClocks {
     }
 
     /// Whether heartbeat `seq` of `node`'s life `incarnation`, arriving at `now`, is to be
-    /// applied; if it is ([`Freshness::Fresh`]), it is recorded as the latest and raises the
-    /// estimate of the peer's clock.
+    /// applied; if it is ([`Freshness::Fresh`]), the number it counts as (never beyond the
+    /// ceiling) is recorded as the latest and raises the estimate of the peer's clock.
     pub fn heartbeat(
         &mut self,
         node: &NodeAddr,
@@ -167,12 +170,13 @@ impl PeerClocks {
             return Freshness::Stale;
         }
         let ceiling = p.ceiling(now, slack);
-        if seq > ceiling {
-            return Freshness::TooFar { ceiling };
+        let believed = seq.min(ceiling);
+        p.last = p.last.max(believed);
+        p.observe(believed, now);
+        Freshness::Fresh {
+            believed,
+            ahead: seq > ceiling,
         }
-        p.last = seq;
-        p.observe(seq, now);
-        Freshness::Fresh
     }
 
     /// The highest stamp `node`'s life `incarnation` can have issued by `now`, as far as this
@@ -197,6 +201,13 @@ mod tests {
         Duration::from_millis(n)
     }
 
+    fn fresh(seq: u64) -> Freshness {
+        Freshness::Fresh {
+            believed: seq,
+            ahead: false,
+        }
+    }
+
     #[test]
     fn stamps_are_milliseconds_since_the_start_and_strictly_increasing() {
         let t0 = Instant::now();
@@ -219,12 +230,12 @@ mod tests {
         );
         p.hello(&a, Incarnation(7), 100, t0);
         p.hello(&b, Incarnation(7), 100, t0);
-        assert_eq!(p.heartbeat(&a, Incarnation(7), 150, t0), Freshness::Fresh);
+        assert_eq!(p.heartbeat(&a, Incarnation(7), 150, t0), fresh(150));
         assert_eq!(p.heartbeat(&a, Incarnation(7), 150, t0), Freshness::Stale);
         assert_eq!(p.heartbeat(&a, Incarnation(7), 140, t0), Freshness::Stale);
         assert_eq!(
             p.heartbeat(&b, Incarnation(7), 140, t0),
-            Freshness::Fresh,
+            fresh(140),
             "per sender"
         );
         assert_eq!(
@@ -235,15 +246,15 @@ mod tests {
         p.hello(&a, Incarnation(8), 5, t0);
         assert_eq!(
             p.heartbeat(&a, Incarnation(8), 6, t0),
-            Freshness::Fresh,
+            fresh(6),
             "a new life starts over"
         );
     }
 
-    /// A forged heartbeat with the largest sequence number is refused; one just inside the
-    /// ceiling holds the peer's real heartbeats back for at most `slack`.
+    /// A forged heartbeat with the largest sequence number counts as numbered at the
+    /// ceiling: it holds the peer's real heartbeats back for about `slack`, no longer.
     #[test]
-    fn a_forged_sequence_neither_wedges_nor_holds_back_for_longer_than_slack() {
+    fn a_forged_sequence_does_not_wedge_and_holds_back_for_at_most_slack() {
         let t0 = Instant::now();
         let a = addr(1);
         let inc = Incarnation(3);
@@ -252,64 +263,62 @@ mod tests {
         // The peer's real clock reads 10_000 + elapsed; it heartbeats every 100 ms.
         let real = |t: u64| 10_000 + t;
         for t in (100..=500).step_by(100) {
-            assert_eq!(p.heartbeat(&a, inc, real(t), t0 + ms(t)), Freshness::Fresh);
+            assert_eq!(p.heartbeat(&a, inc, real(t), t0 + ms(t)), fresh(real(t)));
         }
-        assert!(matches!(
+        let ceiling = p.ceiling(&a, inc, t0 + ms(550)).unwrap();
+        assert!(ceiling <= real(550) + 1000 + 10, "{ceiling}");
+        assert_eq!(
             p.heartbeat(&a, inc, u64::MAX - 1, t0 + ms(550)),
-            Freshness::TooFar { .. }
-        ));
-        assert_eq!(
-            p.heartbeat(&a, inc, real(600), t0 + ms(600)),
-            Freshness::Fresh,
-            "not wedged"
+            Freshness::Fresh {
+                believed: ceiling,
+                ahead: true
+            }
         );
-        // The furthest a forgery can go: the ceiling now.
-        let ceiling = p.ceiling(&a, inc, t0 + ms(650)).unwrap();
-        assert!(ceiling <= real(650) + 1000 + 10, "{ceiling}");
-        assert_eq!(
-            p.heartbeat(&a, inc, ceiling, t0 + ms(650)),
-            Freshness::Fresh
-        );
-        // The peer's heartbeats are stale until its clock passes the forged number, then
-        // fresh again: held back for about slack, no longer.
-        let mut t = 700;
-        while p.heartbeat(&a, inc, real(t), t0 + ms(t)) != Freshness::Fresh {
+        // The peer's heartbeats are stale until its clock passes the ceiling, then fresh
+        // again: held back for about slack, no longer.
+        let mut t = 600;
+        while p.heartbeat(&a, inc, real(t), t0 + ms(t)) == Freshness::Stale {
             t += 100;
-            assert!(t < 700 + 1200, "still held back at {t} ms");
+            assert!(t < 600 + 1200, "still held back at {t} ms");
         }
-        // One more forgery at the ceiling is bounded by the new estimate the same way.
+        assert!(t >= 1500, "held back until the real clock passed {ceiling}: {t}");
+        // A second forgery is bounded by the estimate the first one raised.
         let ceiling = p.ceiling(&a, inc, t0 + ms(t)).unwrap();
         assert!(ceiling <= real(t) + 2 * 1000 + 30, "{ceiling}");
     }
 
     #[test]
-    fn a_hello_sets_the_estimate_again_and_lowers_a_floor_above_it() {
+    fn a_late_estimate_catches_up_and_a_hello_sets_it_again() {
         let t0 = Instant::now();
         let a = addr(1);
         let inc = Incarnation(3);
         let mut p = PeerClocks::new(ms(1000));
         p.hello(&a, inc, 0, t0);
         // This node's clock stood still for a minute (a suspend) while the peer's ran: its
-        // heartbeats look too far ahead until its next hello.
+        // heartbeats are ahead of the estimate, still applied, and each raises it by up to
+        // slack, until they are believed as numbered.
+        let mut t = 100;
+        loop {
+            match p.heartbeat(&a, inc, 60_000 + t, t0 + ms(t)) {
+                Freshness::Fresh { ahead: false, .. } => break,
+                Freshness::Fresh { ahead: true, .. } => {}
+                other => panic!("{other:?} at {t}"),
+            }
+            t += 100;
+            assert!(t < 10_000, "the estimate never caught up");
+        }
+        // A floor raised by a forgery comes down with the next hello.
         assert!(matches!(
-            p.heartbeat(&a, inc, 60_000, t0 + ms(100)),
-            Freshness::TooFar { .. }
+            p.heartbeat(&a, inc, u64::MAX, t0 + ms(t + 50)),
+            Freshness::Fresh { ahead: true, .. }
         ));
-        p.hello(&a, inc, 60_050, t0 + ms(150));
+        p.hello(&a, inc, 60_000 + t + 100, t0 + ms(t + 100));
         assert_eq!(
-            p.heartbeat(&a, inc, 60_100, t0 + ms(200)),
-            Freshness::Fresh
-        );
-        // A floor raised by a forgery inside the ceiling comes down with a hello.
-        let top = p.ceiling(&a, inc, t0 + ms(200)).unwrap();
-        assert_eq!(p.heartbeat(&a, inc, top, t0 + ms(200)), Freshness::Fresh);
-        p.hello(&a, inc, 60_300, t0 + ms(400));
-        assert_eq!(
-            p.heartbeat(&a, inc, 60_400, t0 + ms(500)),
-            Freshness::Fresh
+            p.heartbeat(&a, inc, 60_000 + t + 200, t0 + ms(t + 200)),
+            fresh(60_000 + t + 200)
         );
         assert_eq!(
-            p.heartbeat(&a, inc, 60_400, t0 + ms(500)),
+            p.heartbeat(&a, inc, 60_000 + t + 200, t0 + ms(t + 200)),
             Freshness::Stale,
             "still no replay"
         );

@@ -309,10 +309,9 @@ impl AgentState {
     }
 
     /// A heartbeat from a peer, by either channel: applied only if it comes from the peer's
-    /// current life (as its hello said), is newer than every heartbeat applied from it, and
-    /// is not further ahead of the peer's clock than `unreachable-after / 2` (a number that
-    /// far ahead asks the peer for a hello instead, which sets this node's estimate of its
-    /// clock again).
+    /// current life (as its hello said) and is newer than every heartbeat applied from it;
+    /// a number further ahead of the peer's clock than `unreachable-after / 2` counts as
+    /// that far ahead only ([`crate::clocks`]).
     pub(super) fn on_heartbeat(&mut self, hb: Heartbeat, via: Via) {
         let known = self
             .mesh
@@ -337,28 +336,28 @@ impl AgentState {
             p.session_heard = now;
         }
         self.count_missing(&hb.node, via, now);
-        match self
+        let seq = match self
             .datagrams
             .clocks
             .heartbeat(&hb.node, hb.incarnation, hb.seq, now)
         {
-            Freshness::Fresh => {}
-            Freshness::Stale => return,
-            Freshness::TooFar { ceiling } => {
-                tracing::debug!(peer = %hb.node, seq = hb.seq, ceiling, ?via, "heartbeat numbered too far ahead of the peer's clock dropped; asking it for a hello");
-                self.request_hello(&hb.node);
-                return;
+            Freshness::Fresh { believed, ahead } => {
+                if ahead {
+                    tracing::debug!(peer = %hb.node, seq = hb.seq, believed, ?via, "heartbeat numbered ahead of the peer's clock as known here: counted as numbered at the ceiling");
+                }
+                believed
             }
+            Freshness::Stale => return,
             Freshness::Unknown => {
                 self.request_hello(&hb.node);
                 return;
             }
-        }
+        };
         self.tell_if_downed(&hb.node, hb.incarnation, hb.age);
         if let Some(d) = self.downing.as_mut() {
             d.heard(&hb.node, hb.hears.contains(&self.me), now);
         }
-        self.merge_rows(&hb.node, hb.seq, hb.reach);
+        self.merge_rows(&hb.node, seq, hb.reach);
         self.reach.heard(&hb.node, now);
         if self.view.get(&hb.node).is_some_and(|m| !m.reachable) {
             let events = self.view.set_reachable(&hb.node, true);
