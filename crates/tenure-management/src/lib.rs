@@ -15,12 +15,19 @@
 //! | `POST /cluster/members/{host:port}/down` | that member is downed (Akka's `Cluster.down`); same token |
 //! | `GET /metrics` | every `metrics` value of the process, in Prometheus' text format |
 //!
+//! Every request must name, in `Host`, an IP address, `localhost`, the node's cluster host
+//! or one of `allowed-hosts` (else 421: a page reaching a loopback endpoint through DNS
+//! rebinding names its own host), and carry no body (else 413). At most `max-connections`
+//! connections are served at once, each closed after `idle-timeout` without a complete
+//! request head, heads limited to `max-header-bytes` (else 431).
+//!
 //! Other paths answer 404 naming the path; the operator routes' answers are listed in
 //! their module (401/403 without the right token, 403 when no token is configured, 400 for
 //! a malformed address, 404 for a non-member, 409 when it cannot be done now). Start it with [`Management::start`].
 
 mod leases;
 mod operator;
+mod serve;
 mod server;
 mod settings;
 

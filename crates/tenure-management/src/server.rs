@@ -16,6 +16,7 @@ use tenure_sharding::ShardRegion;
 use tokio::task::JoinHandle;
 
 use crate::leases::LeaseTable;
+use crate::serve::{Hosts, Limits, OpenConnections, doors, serve};
 use crate::settings::ManagementSettings;
 
 /// Why the endpoint could not start.
@@ -41,6 +42,7 @@ pub struct Management {
     addr: SocketAddr,
     task: JoinHandle<()>,
     regions: Regions,
+    open: OpenConnections,
 }
 
 impl std::fmt::Debug for Management {
@@ -53,9 +55,6 @@ impl std::fmt::Debug for Management {
 
 /// The regions whose shard maps `/cluster/shards` serves, by entity type.
 pub(crate) type Regions = Arc<Mutex<BTreeMap<String, ShardRegion>>>;
-
-/// How long `/cluster/shards` waits for a region, its shards and the coordinator.
-const SHARD_MAP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
 
 impl Drop for Management {
     fn drop(&mut self) {
@@ -133,7 +132,10 @@ impl Management {
     /// Serves `node`'s endpoint on `settings.bind` (port 0: any free port, see
     /// [`addr`](Management::addr)), with the leases `leases` keeps (see
     /// [`LeaseTable::observer`]). Installs a Prometheus `metrics` recorder for the process
-    /// unless one is installed already. `Err` when it cannot listen.
+    /// unless one is installed already. Requests must name a host it answers to (an IP
+    /// address, `localhost`, `node`'s cluster host or one of `allowed-hosts`) and carry no
+    /// body; connections are limited by `max-connections`, `max-header-bytes` and
+    /// `idle-timeout` (see the crate's docs). `Err` when it cannot listen.
     pub async fn start(
         node: &Node,
         leases: LeaseTable,
@@ -151,6 +153,12 @@ impl Management {
         node.subscribe(down.subscriber())
             .map_err(|e| ManagementError::Node(e.to_string()))?;
         let regions = Regions::default();
+        let hosts = Hosts::new(&settings.allowed_hosts, &node.addr().host);
+        let limits = Limits {
+            max_connections: settings.max_connections,
+            max_header_bytes: settings.max_header_bytes,
+            idle_timeout: settings.idle_timeout,
+        };
         let served = Served {
             node: node.inspector(),
             operator: node.operator(),
@@ -178,23 +186,27 @@ impl Management {
             .route("/leases", get(leases_of))
             .route("/metrics", get(metrics_text))
             .fallback(not_found)
-            .with_state(served);
-        let task = tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, app).await {
-                tracing::error!(%addr, error = %e, "management endpoint stopped");
-            }
-        });
+            .with_state(served)
+            .layer(axum::middleware::from_fn_with_state(hosts, doors));
+        let open = OpenConnections::default();
+        let task = tokio::spawn(serve(listener, app, limits, open.clone()));
         tracing::info!(%addr, "management endpoint serving");
         Ok(Management {
             addr,
             task,
             regions,
+            open,
         })
     }
 
     /// The address it listens on.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The connections it serves now (at most `max-connections`).
+    pub fn open_connections(&self) -> usize {
+        self.open.get()
     }
 
     /// Serves `region`'s shard map at `/cluster/shards` (and `/cluster/shards/<type>`),
@@ -269,11 +281,33 @@ async fn shard_maps(State(s): State<Served>) -> Response {
         .values()
         .cloned()
         .collect();
-    let maps = futures::future::join_all(regions.iter().map(|r| r.shard_map(SHARD_MAP_TIMEOUT)));
-    match maps.await.into_iter().collect::<Result<Vec<_>, _>>() {
-        Ok(maps) => Json(maps).into_response(),
-        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response(),
+    let timeout = s.settings.shard_map_timeout;
+    let maps = futures::future::join_all(regions.iter().map(|r| r.shard_map(timeout)));
+    match within(timeout, maps).await {
+        Ok(maps) => match maps.into_iter().collect::<Result<Vec<_>, _>>() {
+            Ok(maps) => Json(maps).into_response(),
+            Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response(),
+        },
+        Err(late) => late,
     }
+}
+
+/// `answer`, unless it takes longer than `timeout` (`shard-map-timeout`): then a 503 that
+/// says so. A region's own waits are bounded per call; this bounds the request, whatever
+/// the number of regions and shards.
+async fn within<T>(
+    timeout: std::time::Duration,
+    answer: impl std::future::Future<Output = T>,
+) -> Result<T, Response> {
+    tokio::time::timeout(timeout, answer).await.map_err(|_| {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "the shard map did not come within cluster.management.shard-map-timeout ({timeout:?})\n"
+            ),
+        )
+            .into_response()
+    })
 }
 
 async fn shard_map_of(State(s): State<Served>, Path(type_name): Path<String>) -> Response {
@@ -298,9 +332,11 @@ async fn shard_map_of(State(s): State<Served>, Path(type_name): Path<String>) ->
             }
         }
     };
-    match region.shard_map(SHARD_MAP_TIMEOUT).await {
-        Ok(map) => Json(map).into_response(),
-        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response(),
+    let timeout = s.settings.shard_map_timeout;
+    match within(timeout, region.shard_map(timeout)).await {
+        Ok(Ok(map)) => Json(map).into_response(),
+        Ok(Err(e)) => (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response(),
+        Err(late) => late,
     }
 }
 
@@ -328,4 +364,23 @@ async fn not_found(uri: Uri) -> Response {
         ),
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A shard map that never comes (a region or coordinator that does not answer) is
+    /// answered 503 once shard-map-timeout has passed, not waited for.
+    #[tokio::test(start_paused = true)]
+    async fn a_shard_map_that_never_comes_is_answered_503_after_the_timeout() {
+        let timeout = std::time::Duration::from_secs(3);
+        let started = tokio::time::Instant::now();
+        let late = within(timeout, std::future::pending::<()>())
+            .await
+            .unwrap_err();
+        assert_eq!(late.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(started.elapsed(), timeout, "paused time: exactly the timeout");
+        assert_eq!(within(timeout, async { 7 }).await.ok(), Some(7));
+    }
 }
