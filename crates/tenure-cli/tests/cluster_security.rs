@@ -175,7 +175,10 @@ fn bad_node_settings_are_refused_naming_the_key_or_path() {
 fn a_port_in_use_is_a_clear_error() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = taken.local_addr().unwrap().port();
-    let (code, err) = run(&format!("{BASE}port = {port}\ncookie = \"{COOKIE}\"\n"), &["node"]);
+    let (code, err) = run(
+        &format!("{BASE}port = {port}\ncookie = \"{COOKIE}\"\n"),
+        &["node"],
+    );
     assert_eq!(code, Some(2), "{err}");
     assert!(
         err.contains(&format!("127.0.0.1:{port}")) && err.contains("cannot listen"),
@@ -188,7 +191,10 @@ fn a_udp_port_in_use_is_a_clear_error_too() {
     // The node takes its port for heartbeat datagrams as well: UDP taken, TCP free.
     let port = free_ports(1)[0];
     let _taken = std::net::UdpSocket::bind(("127.0.0.1", port)).unwrap();
-    let (code, err) = run(&format!("{BASE}port = {port}\ncookie = \"{COOKIE}\"\n"), &["node"]);
+    let (code, err) = run(
+        &format!("{BASE}port = {port}\ncookie = \"{COOKIE}\"\n"),
+        &["node"],
+    );
     assert_eq!(code, Some(2), "{err}");
     assert!(
         err.contains(&format!("127.0.0.1:{port}"))

@@ -281,7 +281,10 @@ mod tests {
             t += 100;
             assert!(t < 600 + 1200, "still held back at {t} ms");
         }
-        assert!(t >= 1500, "held back until the real clock passed {ceiling}: {t}");
+        assert!(
+            t >= 1500,
+            "held back until the real clock passed {ceiling}: {t}"
+        );
         // A second forgery is bounded by the estimate the first one raised.
         let ceiling = p.ceiling(&a, inc, t0 + ms(t)).unwrap();
         assert!(ceiling <= real(t) + 2 * 1000 + 30, "{ceiling}");

@@ -401,8 +401,7 @@ mod tests {
         assert_eq!(s.addr.to_string(), "127.0.0.1:4701");
         assert_eq!(s.seeds.len(), 2);
         let mut config =
-            TenureConfig::from_toml_str(&format!("[cluster]\ncookie = \"{COOKIE}\""), "t")
-                .unwrap();
+            TenureConfig::from_toml_str(&format!("[cluster]\ncookie = \"{COOKIE}\""), "t").unwrap();
         config
             .merge_env([(
                 "TENURE_CLUSTER__SEEDS".to_string(),
@@ -461,13 +460,21 @@ mod tests {
             let text = format!("[cluster]\ncookie = \"{cookie}\"\nport = 4701\n");
             ClusterSettings::from_config(&TenureConfig::from_toml_str(&text, "t").unwrap())
         };
-        for short in ["secret", "harness-cookie", &"ab".repeat(16), &"x".repeat(64)] {
+        for short in [
+            "secret",
+            "harness-cookie",
+            &"ab".repeat(16),
+            &"x".repeat(64),
+        ] {
             let err = load_cookie(short).unwrap_err().to_string();
             assert!(
                 err.contains("cluster.cookie") && err.contains("openssl rand -hex 16"),
                 "{short}: {err}"
             );
-            assert!(!err.contains(short), "the error must not repeat the cookie: {err}");
+            assert!(
+                !err.contains(short),
+                "the error must not repeat the cookie: {err}"
+            );
         }
         assert!(load_cookie("0f6c1e2a9b7d4c3e8a5f1b0d2c9e7a64").is_ok());
     }

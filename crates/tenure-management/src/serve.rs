@@ -82,10 +82,8 @@ pub(crate) async fn serve(
         }
         open.0.fetch_add(1, Ordering::SeqCst);
         metrics::gauge!("tenure_management_connections").increment(1.0);
-        let connection = http.serve_connection(
-            TokioIo::new(tcp),
-            TowerToHyperService::new(app.clone()),
-        );
+        let connection =
+            http.serve_connection(TokioIo::new(tcp), TowerToHyperService::new(app.clone()));
         let open = open.clone();
         tokio::spawn(async move {
             if let Err(e) = connection.await {

@@ -380,7 +380,11 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(late.status(), StatusCode::SERVICE_UNAVAILABLE);
-        assert_eq!(started.elapsed(), timeout, "paused time: exactly the timeout");
+        assert_eq!(
+            started.elapsed(),
+            timeout,
+            "paused time: exactly the timeout"
+        );
         assert_eq!(within(timeout, async { 7 }).await.ok(), Some(7));
     }
 }

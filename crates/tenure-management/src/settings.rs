@@ -278,10 +278,7 @@ mod tests {
         .unwrap();
         let s = ManagementSettings::from_config(&config).unwrap();
         assert_eq!(s.allowed_hosts, ["node-a.example", "ops"]);
-        assert_eq!(
-            (s.max_connections, s.max_header_bytes),
-            (2, 4096)
-        );
+        assert_eq!((s.max_connections, s.max_header_bytes), (2, 4096));
         assert_eq!(s.idle_timeout, Duration::from_millis(250));
         assert_eq!(s.shard_map_timeout, Duration::from_secs(1));
         let bad = |toml: &str| {
@@ -295,11 +292,20 @@ mod tests {
                 "allowed-hosts = [\"ok.example\", \"evil.example:80\"]",
                 "cluster.management.allowed-hosts[1]",
             ),
-            ("allowed-hosts = [\"\"]", "cluster.management.allowed-hosts[0]"),
+            (
+                "allowed-hosts = [\"\"]",
+                "cluster.management.allowed-hosts[0]",
+            ),
             ("max-connections = 0", "cluster.management.max-connections"),
-            ("max-header-bytes = 100", "cluster.management.max-header-bytes"),
+            (
+                "max-header-bytes = 100",
+                "cluster.management.max-header-bytes",
+            ),
             ("idle-timeout = \"0s\"", "cluster.management.idle-timeout"),
-            ("shard-map-timeout = \"never\"", "cluster.management.shard-map-timeout"),
+            (
+                "shard-map-timeout = \"never\"",
+                "cluster.management.shard-map-timeout",
+            ),
         ] {
             let e = bad(&format!("[cluster.management]\n{toml}"));
             assert!(e.contains(key), "{toml}: {e}");

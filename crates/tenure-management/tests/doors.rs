@@ -159,7 +159,10 @@ idle-timeout = "300ms"
         .await
         .unwrap();
     let answer = until_closed(&mut kept, "kept alive").await;
-    assert!(answer.starts_with("HTTP/1.1 200") && answer.ends_with("alive\n"), "{answer}");
+    assert!(
+        answer.starts_with("HTTP/1.1 200") && answer.ends_with("alive\n"),
+        "{answer}"
+    );
 
     // Three times max-connections idle connections at once: at most max-connections are
     // served at any time (the rest wait to be accepted), every one is closed in turn, and

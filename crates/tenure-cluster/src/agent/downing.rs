@@ -146,16 +146,21 @@ impl AgentState {
             .iter()
             .filter_map(|r| {
                 let incarnation = self.life_of(&r.observer)?;
-                let ceiling = self
-                    .datagrams
-                    .clocks
-                    .ceiling(&r.observer, incarnation, now);
-                Some((r.observer.clone(), Life { incarnation, ceiling }))
+                let ceiling = self.datagrams.clocks.ceiling(&r.observer, incarnation, now);
+                Some((
+                    r.observer.clone(),
+                    Life {
+                        incarnation,
+                        ceiling,
+                    },
+                ))
             })
             .collect();
         if let Some(d) = self.downing.as_mut() {
             let carrier = Carrier { node: from, seq };
-            let refused = d.table.merge(&self.me, carrier, rows, |a| lives.get(a).copied());
+            let refused = d
+                .table
+                .merge(&self.me, carrier, rows, |a| lives.get(a).copied());
             if refused > 0 {
                 tracing::debug!(peer = %from, refused, "reachability rows numbered beyond their observer's clock refused");
             }

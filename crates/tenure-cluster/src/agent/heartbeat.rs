@@ -122,8 +122,7 @@ impl Datagrams {
         match SessionSecret::generate() {
             Ok(secret) => {
                 let key = DatagramKey::new(&self.system, &self.cookie, &secret);
-                self.outbound
-                    .insert(peer.clone(), (secret.clone(), key));
+                self.outbound.insert(peer.clone(), (secret.clone(), key));
                 Some(secret)
             }
             Err(e) => {
@@ -256,9 +255,11 @@ impl AgentState {
             if !self.mesh.links.gate(peer).admits_outbound_datagram() {
                 continue;
             }
-            let bytes = match body.as_ref().map_err(|e| e.to_string()).and_then(|b| {
-                key.seal(b).map_err(|e| e.to_string())
-            }) {
+            let bytes = match body
+                .as_ref()
+                .map_err(|e| e.to_string())
+                .and_then(|b| key.seal(b).map_err(|e| e.to_string()))
+            {
                 Ok(bytes) => bytes,
                 Err(e) => {
                     if !self.datagrams.too_large_told {

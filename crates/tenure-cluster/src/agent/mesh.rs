@@ -269,8 +269,7 @@ impl AgentState {
         // secret it gives keys this session's datagrams, and its stamp is what this node
         // knows of the peer's clock.
         if let Some(secret) = &h.datagram_secret {
-            self.datagrams
-                .accept_secret(&h.node, h.incarnation, secret);
+            self.datagrams.accept_secret(&h.node, h.incarnation, secret);
         }
         self.datagrams
             .clocks

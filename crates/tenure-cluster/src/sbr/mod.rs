@@ -359,7 +359,9 @@ mod tests {
     }
 
     fn settings(extra: &str) -> Result<Option<SbrSettings>, ConfigError> {
-        let text = format!("[cluster]\ncookie = \"sbr-test-cookie-0123456789abcdef0\"\n[cluster.split-brain-resolver]\n{extra}");
+        let text = format!(
+            "[cluster]\ncookie = \"sbr-test-cookie-0123456789abcdef0\"\n[cluster.split-brain-resolver]\n{extra}"
+        );
         let config = tenure_lease::TenureConfig::from_toml_str(&text, "test")?;
         config
             .section::<SbrConfig>("cluster.split-brain-resolver")?

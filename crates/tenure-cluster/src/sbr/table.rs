@@ -213,9 +213,12 @@ mod tests {
         // A row of another life of node 2, or of a non-member, is not taken.
         let mut stale = row(2, 9, &[1]);
         stale.incarnation = Incarnation(77);
-        t.merge(&a(1), from(&relay, 100), vec![stale, row(4, 1, &[1])], |n| {
-            (n.port != 4).then(|| unknown(n)).flatten()
-        });
+        t.merge(
+            &a(1),
+            from(&relay, 100),
+            vec![stale, row(4, 1, &[1])],
+            |n| (n.port != 4).then(|| unknown(n)).flatten(),
+        );
         assert_eq!(t.records().count(), 1);
         t.retain(|n| (n.port == 1).then_some(Incarnation(1)));
         assert_eq!(t.rows().len(), 1, "rows of members gone are dropped");
@@ -257,7 +260,11 @@ mod tests {
         assert_eq!(refused, 1);
         assert_eq!(t.rows()[0].version, 5_000, "refused above the ceiling");
         t.merge(&me, from(&relay, 9_200), vec![row(2, 6_000, &[])], known);
-        assert_eq!(t.rows()[0].version, 6_000, "the observer's next row is taken");
+        assert_eq!(
+            t.rows()[0].version,
+            6_000,
+            "the observer's next row is taken"
+        );
 
         // No ceiling known for the observer (never heard directly): the forgery gets in...
         let mut t = ReachTable::default();
@@ -269,7 +276,12 @@ mod tests {
         );
         assert_eq!(t.records().count(), 1);
         // ...until the observer's own heartbeat, stamped 7_000, carries its row (6_900).
-        t.merge(&me, from(&observer, 7_000), vec![row(2, 6_900, &[])], unknown);
+        t.merge(
+            &me,
+            from(&observer, 7_000),
+            vec![row(2, 6_900, &[])],
+            unknown,
+        );
         assert_eq!(t.rows()[0].version, 6_900);
         assert_eq!(t.records().count(), 0);
         // A heartbeat of the observer without its row drops the impossible one too.
@@ -282,7 +294,12 @@ mod tests {
         t.merge(&me, from(&observer, 7_100), vec![], unknown);
         assert!(t.rows().is_empty());
         // A row of the sender newer than its own heartbeat is refused.
-        let refused = t.merge(&me, from(&observer, 7_200), vec![row(2, 7_300, &[1])], unknown);
+        let refused = t.merge(
+            &me,
+            from(&observer, 7_200),
+            vec![row(2, 7_300, &[1])],
+            unknown,
+        );
         assert_eq!(refused, 1);
         assert!(t.rows().is_empty());
     }

@@ -533,7 +533,10 @@ mod tests {
         ring.insert(&addr(1), Incarnation(7), key(3));
         assert!(!opens(1, 7) && opens(2, 7) && opens(3, 7));
         ring.insert(&addr(1), Incarnation(8), key(4));
-        assert!(!opens(3, 7) && opens(4, 8), "another life drops the old keys");
+        assert!(
+            !opens(3, 7) && opens(4, 8),
+            "another life drops the old keys"
+        );
         ring.forget(&addr(1));
         assert!(!opens(4, 8));
     }
