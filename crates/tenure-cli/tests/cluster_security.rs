@@ -37,6 +37,18 @@ fn pki(dir: &Path, name: &str) -> String {
     )
 }
 
+/// Starts nodes 0 and 1 and waits until each sees both up and reachable.
+fn start_the_first_two(c: &mut Cluster) {
+    c.spawn(0);
+    c.spawn(1);
+    c.wait_until("the TLS nodes converge", Duration::from_secs(20), |c| {
+        (0..2).all(|i| {
+            c.members(i)
+                .is_some_and(|m| m.len() == 2 && m.iter().all(|m| m.status == "up" && m.reachable))
+        })
+    });
+}
+
 /// Two TLS nodes form a cluster; a plain-text node and a node of another CA, sharing the
 /// same store and cookie, can neither connect nor become members.
 #[test]
@@ -61,14 +73,7 @@ fn tls_nodes_refuse_plaintext_and_other_ca_peers() {
             ..Options::default()
         },
     );
-    c.spawn(0);
-    c.spawn(1);
-    c.wait_until("the TLS nodes converge", Duration::from_secs(20), |c| {
-        (0..2).all(|i| {
-            c.members(i)
-                .is_some_and(|m| m.len() == 2 && m.iter().all(|m| m.status == "up" && m.reachable))
-        })
-    });
+    start_the_first_two(&mut c);
     c.spawn(plain);
     c.spawn(wrong_ca);
     let outsiders = [c.nodes[plain].addr.clone(), c.nodes[wrong_ca].addr.clone()];
@@ -292,14 +297,7 @@ fn the_cookie_alone_forges_no_heartbeat_that_wedges_a_node() {
     let seed = format!("127.0.0.1:{}", ports[0]);
     c.add_node(ports[0], &seed, &tls);
     c.add_node(ports[1], &seed, &tls);
-    c.spawn(0);
-    c.spawn(1);
-    c.wait_until("the TLS nodes converge", Duration::from_secs(20), |c| {
-        (0..2).all(|i| {
-            c.members(i)
-                .is_some_and(|m| m.len() == 2 && m.iter().all(|m| m.status == "up" && m.reachable))
-        })
-    });
+    start_the_first_two(&mut c);
     let victim = c.nodes[0].addr.clone();
     let incarnation = c
         .members(1)
