@@ -37,6 +37,9 @@ pub use ractor;
 pub use tenure_cluster as cluster;
 // The Lease API and the store SPI, by name: internals of the lease crate (its actor's
 // state, the renewal batcher, the memory store's fault switch) stay out of the facade.
+/// Histories (docs/history.md): the typed events every layer emits, the writer to install
+/// (a `tracing` layer), the reader and the checker.
+pub use tenure_history as history;
 pub use tenure_lease::{
     AcquireOptions, AcquireOutcome, AcquireReply, AcquireRequest, Acquired, CONFIG_VAR,
     Capabilities, ConfigError, EMERGENCY_PRIORITY, Election, FenceCheck, FencingToken, Grant,
@@ -48,8 +51,7 @@ pub use tenure_lease::{
     StoreRegistry, TenureConfig, TenureSettings,
 };
 pub use tenure_lease::{
-    clock, config, duration, election, fence, history, memory, names, semaphore, store, trace,
-    validity,
+    clock, config, duration, election, fence, memory, names, semaphore, store, trace, validity,
 };
 #[cfg(feature = "sharding")]
 pub use tenure_sharding as sharding;

@@ -75,7 +75,7 @@ pub async fn run(
         // next renewal.
         options.cleanup_timeout = settings.heartbeat_interval + grace + KILL_SLACK;
     }
-    let mut spec = tenure::LeaseSpec::new(&target.name, &owner, store, settings)?
+    let spec = tenure::LeaseSpec::new(&target.name, &owner, store, settings)?
         .with_checked_stop_budget(&budget, &format!("lease.{section}"), "--grace")
         .map_err(|e| {
             CliError::Command(format!(
@@ -85,9 +85,6 @@ pub async fn run(
         })?
         .with_note(format!("tenure lease run {}", command.join(" ")))
         .with_options(options)?;
-    if let Some(h) = &history {
-        spec = spec.with_observer(h.lease_observer());
-    }
     // The command's life in the history: inside the hold of its token, or the checker says.
     let record = |event: Event| {
         if let Some(h) = &history {

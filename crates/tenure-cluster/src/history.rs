@@ -1,15 +1,14 @@
 //! A node's history file: one [`Event`] per line (docs/history.md), appended as things
 //! happen, stamped with the host's shared `CLOCK_BOOTTIME` so that the histories of all
 //! processes of a host can be merged and checked. The event types and the reader live in
-//! [`tenure_lease::history`].
+//! [`tenure_history`].
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use tenure_lease::LeaseObserver;
-use tenure_lease::history::{Entry, Event};
+use tenure_history::{Entry, Event};
 
 use crate::identity::{Incarnation, NodeAddr};
 
@@ -50,14 +49,6 @@ impl History {
             file: Arc::new(Mutex::new(file)),
             node: owner.to_string(),
             inc: incarnation.to_string(),
-        })
-    }
-
-    /// A lease observer appending every lease trace as a `lease_*` event.
-    pub fn lease_observer(&self) -> LeaseObserver {
-        let history = self.clone();
-        LeaseObserver::new(move |lease, owner, trace| {
-            history.record(Event::from_trace(lease, owner, trace))
         })
     }
 

@@ -193,9 +193,6 @@ impl Node {
                 })
             })
             .transpose()?;
-        if let Some(h) = &history {
-            provider.observe(h.lease_observer());
-        }
         let tls = settings.tls.as_ref().map(Tls::load).transpose()?;
         let store = provider.store(&settings.lease_section).await?;
         tenure_lease::names::check_lease_name(&settings.member_lease_name(&addr))?;
@@ -507,7 +504,7 @@ impl Node {
             }
         }
         if let Some(h) = &self.history {
-            h.record(tenure_lease::history::Event::NodeLeft {});
+            h.record(tenure_history::Event::NodeLeft {});
         }
         let _ = self
             .agent

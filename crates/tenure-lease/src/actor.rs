@@ -319,7 +319,6 @@ impl LeaseActor {
         sink: LeaseEventSink,
         supervisor: Option<ActorCell>,
     ) -> Result<(ActorRef<LeaseMsg>, LeaseView), SpawnErr> {
-        let observer = spec.observer.clone().map(|o| (spec.owner.clone(), o));
         let machine = Machine::new(machine::Config {
             name: spec.name.clone(),
             owner: spec.owner.clone(),
@@ -333,7 +332,8 @@ impl LeaseActor {
             spec.batcher.clock().clone(),
             machine,
             sink,
-            observer,
+            spec.owner.clone(),
+            spec.observer.clone(),
         ));
         let driver = Arc::new(Driver::new(spec, belief.clone()));
         let args = LeaseActorArgs {

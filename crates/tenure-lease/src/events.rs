@@ -1,7 +1,7 @@
 //! What a LeaseActor tells whoever uses the lease, and the one place it is told: the
 //! [`SharedBelief`] holds the LeaseActor's [machine](crate::machine) and turns each of its
-//! events into every output (supervisor events, lost-callbacks, observer traces, metrics,
-//! log lines, the state handles watch).
+//! events into every output (supervisor events, lost-callbacks, history events, observer
+//! traces, metrics, log lines, the state handles watch).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -205,8 +205,10 @@ pub(crate) struct SharedBelief {
     machine: Mutex<LeaseMachine>,
     order: Mutex<()>,
     sink: LeaseEventSink,
-    /// The owner and observer that traces are reported to, if any.
-    observer: Option<(String, LeaseObserver)>,
+    /// The owner the lease is held for, as its traces name it.
+    owner: String,
+    /// Where traces are also reported, if anywhere.
+    observer: Option<LeaseObserver>,
     /// The state published to handles; changed only under `order`.
     state: tokio::sync::watch::Sender<LeaseState>,
     /// The newest generation whose grant was traced: handles see a grant only from then
@@ -223,7 +225,8 @@ impl SharedBelief {
         clock: HolderClock,
         machine: LeaseMachine,
         sink: LeaseEventSink,
-        observer: Option<(String, LeaseObserver)>,
+        owner: String,
+        observer: Option<LeaseObserver>,
     ) -> Self {
         SharedBelief {
             name,
@@ -231,6 +234,7 @@ impl SharedBelief {
             machine: Mutex::new(machine),
             order: Mutex::new(()),
             sink,
+            owner,
             observer,
             state: tokio::sync::watch::Sender::new(LeaseState::NotHeld),
             announced: AtomicU64::new(0),
@@ -336,12 +340,13 @@ impl SharedBelief {
         self.state.send_replace(state);
     }
 
-    /// Reports `trace` to the metrics and the observer, if any; `suspended`: the grant it
-    /// ends was suspended.
+    /// Reports `trace` to the metrics, the history and the observer, if any; `suspended`:
+    /// the grant it ends was suspended.
     fn trace(&self, trace: LeaseTrace, suspended: bool) {
         crate::metrics::on_trace(&trace, suspended);
-        if let Some((owner, observer)) = &self.observer {
-            observer.report(&self.name, owner, &trace);
+        crate::history::emit(&self.name, &self.owner, &trace);
+        if let Some(observer) = &self.observer {
+            observer.report(&self.name, &self.owner, &trace);
         }
     }
 

@@ -35,8 +35,8 @@
 //! (crate-private `machine` module): it takes messages, store answers and the holder clock's
 //! reading as inputs and returns effects (store calls, timers, replies, events), reading no
 //! clock and awaiting nothing. The actor only drives it, and one emitter turns its events
-//! into every output: the [`LeaseEventSink`], lost-callbacks, [`LeaseObserver`] traces,
-//! metrics and log lines.
+//! into every output: the [`LeaseEventSink`], lost-callbacks, [history](history) events,
+//! [`LeaseObserver`] traces, metrics and log lines.
 
 mod actor;
 mod alarms;
@@ -51,7 +51,6 @@ mod events;
 pub mod fence;
 mod grant;
 mod handle;
-#[cfg(feature = "history")]
 pub mod history;
 mod machine;
 pub mod memory;

@@ -29,7 +29,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tenure_cluster::{
     ClusterEvent, ClusterSubscriber, History, Member, MemberStatus, Subscriptions,
 };
-use tenure_lease::history::Event;
+use tenure_history::Event;
 use tenure_lease::{FencingToken, LeaseStore};
 use tokio::time::Instant;
 

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use tenure_cluster::History;
-use tenure_lease::history::{EntityLife, Event, ShardLife};
+use tenure_history::{EntityLife, Event, ShardLife};
 use tenure_lease::{
     FencingToken, LeaseActor, LeaseEvent, LeaseEventSink, LeaseMsg, LeaseSpec, LeaseView,
     RememberChange, StopBudget,

@@ -16,7 +16,7 @@ use ractor::{
     Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SpawnErr, SupervisionEvent, pg,
 };
 use tenure_cluster::{ClusterEvent, HandOver, History, Member, MemberStatus, NodeAddr};
-use tenure_lease::history::{Event, SingletonLife};
+use tenure_history::{Event, SingletonLife};
 use tenure_lease::{
     FencingToken, LeaseActor, LeaseEvent, LeaseEventSink, LeaseMsg, LeaseSpec, LeaseView,
     StopBudget,

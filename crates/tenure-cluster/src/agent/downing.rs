@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::ActorRef;
-use tenure_lease::history::Event;
+use tenure_history::Event;
 use tenure_lease::{Acquired, Lease, LeaseMsg, LeaseSettings, LeaseSpec};
 use tokio::time::Instant;
 

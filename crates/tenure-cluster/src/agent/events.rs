@@ -1,7 +1,7 @@
 //! Membership events out: each change of the view goes to the subscribers, the metrics,
 //! the log and the history, and moves reachability watching along with the members.
 
-use tenure_lease::history::{AboutMember, Event};
+use tenure_history::{AboutMember, Event};
 use tokio::time::Instant;
 
 use super::AgentState;

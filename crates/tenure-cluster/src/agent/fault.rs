@@ -29,7 +29,7 @@ impl AgentState {
             };
         }
         use crate::transport::LinkFault;
-        use tenure_lease::history::{Event, Link};
+        use tenure_history::{Event, Link};
 
         let SetLink { peer, fault } = change;
         let cut = fault != LinkFault::None;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{ActorProcessingErr, ActorRef, RpcReplyPort};
-use tenure_lease::history::Event;
+use tenure_history::Event;
 use tenure_lease::store::bounded;
 use tenure_lease::{
     FencingToken, Lease, LeaseActor, LeaseEvent, LeaseEventSink, LeaseMsg, LeaseObserver,

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use ractor::concurrency::JoinHandle;
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent, pg};
 use ractor_cluster::NodeServerMessage;
-use tenure_lease::history::Event;
+use tenure_history::Event;
 use tenure_lease::{LeaseObserver, LeaseStore};
 
 use crate::history::History;

@@ -12,7 +12,7 @@
 //! sooner, the leases keep it safe.
 
 use ractor::{ActorRef, RpcReplyPort};
-use tenure_lease::history::Event;
+use tenure_history::Event;
 
 use super::AgentState;
 use crate::error::OperatorRefusal;

@@ -6,7 +6,7 @@
 //! crate that does not implement it yet opts out explicitly with
 //! `conformance_tests!(harness; without preemption)`, which asserts the capability is absent.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -14,13 +14,13 @@ use tokio::time::{Instant, sleep};
 
 use super::{Harness, granted_token, poll_until_granted, request, test_settings};
 use crate::FencingToken;
-use crate::history::check::{Hold, HoldEnd, Violation, ViolationKind, check};
-use crate::history::{Entry, Event};
 use crate::{
     AcquireOptions, AcquireOutcome, AcquireRequest, Acquired, EMERGENCY_PRIORITY, HeldLease, Lease,
     LeaseError, LeaseEvent, LeaseEventSink, LeaseObserver, LeaseSpec, LeaseStore, LostReason,
     PreemptAnswer, PreemptionRequest, Renewal,
 };
+use tenure_history::check::{Hold, HoldEnd, Violation, ViolationKind, check};
+use tenure_history::{Entry, Recorder};
 
 /// A client of the store, asserting it keeps priorities and preemption requests.
 async fn preempting_client(h: &dyn Harness) -> Arc<dyn LeaseStore> {
@@ -266,27 +266,29 @@ pub async fn emergency_takeover(h: &dyn Harness) {
 /// A case's history, recorded as the one history type ([`Entry`]) from every party's
 /// LeaseActor traces and judged by the one checker ([`check`]), as `tenure check` judges
 /// a cluster's. Each party is its own node and incarnation, named by its owner.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct History {
-    entries: Arc<Mutex<Vec<Entry>>>,
+    recorder: Recorder,
+}
+
+impl Default for History {
+    fn default() -> Self {
+        History {
+            recorder: Recorder::new("conformance", "conformance"),
+        }
+    }
 }
 
 impl History {
-    fn entries(&self) -> std::sync::MutexGuard<'_, Vec<Entry>> {
-        self.entries.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// An observer recording the lease events of `owner`'s LeaseActor.
+    /// An observer recording the lease events of `owner`'s LeaseActor: each trace emitted
+    /// again, as the lease core's history emitter emits it, into this history.
     pub fn observer(&self, owner: &str) -> LeaseObserver {
-        let history = self.clone();
+        let recorder = self.recorder.clone();
         let owner = owner.to_string();
         LeaseObserver::new(move |lease, holder, trace| {
-            let entry = Entry::now(
-                owner.clone(),
-                owner.clone(),
-                Event::from_trace(lease, holder, trace),
-            );
-            history.entries().push(entry);
+            recorder.record_as(&owner, &owner, || {
+                crate::history::emit(lease, holder, trace)
+            })
         })
     }
 
@@ -300,31 +302,42 @@ impl History {
     /// grant order. Safe means no violation at all, except that a grant to
     /// `emergency_owner` may overlap the grant it took over (fencing tokens order them).
     pub fn check(&self, emergency_owner: Option<&str>) -> Vec<Hold> {
-        let mut entries = self.entries().clone();
-        entries.sort_by_key(|e| e.t);
-        let verdict = check(&entries);
-        let unexpected: Vec<&Violation> = verdict
-            .violations
-            .iter()
-            .filter(|v| {
-                !(v.kind == ViolationKind::Overlap
-                    && emergency_owner == Some(v.second.node.as_str()))
-            })
-            .collect();
-        assert!(
-            unexpected.is_empty(),
-            "unsafe history:\n{}",
-            unexpected
-                .iter()
-                .map(|v| v.to_string())
-                .collect::<Vec<_>>()
-                .join("\n")
+        let unknown = self.recorder.unknown_events();
+        assert_eq!(
+            unknown.count(),
+            0,
+            "events no history knows: {:?}",
+            unknown.reasons()
         );
-        let mut holds = verdict.holds.into_values();
-        let one = holds.next().unwrap_or_default();
-        assert!(holds.next().is_none(), "a case has one lease");
-        one
+        judge(self.recorder.entries(), emergency_owner)
     }
+}
+
+/// The holds of the one lease of `entries` in grant order, asserting that the checker finds
+/// no violation but those [`History::check`] allows.
+fn judge(mut entries: Vec<Entry>, emergency_owner: Option<&str>) -> Vec<Hold> {
+    entries.sort_by_key(|e| e.t);
+    let verdict = check(&entries);
+    let unexpected: Vec<&Violation> = verdict
+        .violations
+        .iter()
+        .filter(|v| {
+            !(v.kind == ViolationKind::Overlap && emergency_owner == Some(v.second.node.as_str()))
+        })
+        .collect();
+    assert!(
+        unexpected.is_empty(),
+        "unsafe history:\n{}",
+        unexpected
+            .iter()
+            .map(|v| v.to_string())
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let mut holds = verdict.holds.into_values();
+    let one = holds.next().unwrap_or_default();
+    assert!(holds.next().is_none(), "a case has one lease");
+    one
 }
 
 struct Party {
@@ -570,11 +583,12 @@ pub async fn helix_emergency(h: &dyn Harness) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tenure_history::Event;
 
     /// Owner `owner` granted `token` at `from` (valid until `from + 100`), ending at `until`
     /// (lost) when given.
-    fn history(spans: &[(&str, u64, i64, Option<i64>)]) -> History {
-        let h = History::default();
+    fn history(spans: &[(&str, u64, i64, Option<i64>)]) -> Vec<Entry> {
+        let mut entries = Vec::new();
         for &(owner, token, from, until) in spans {
             let lease = "l".to_string();
             let granted = Event::LeaseGranted {
@@ -583,7 +597,7 @@ mod tests {
                 token,
                 valid_until: from + 100,
             };
-            h.entries().push(Entry::new(from, owner, owner, granted));
+            entries.push(Entry::new(from, owner, owner, granted));
             if let Some(until) = until {
                 let lost = Event::LeaseLost {
                     lease,
@@ -591,40 +605,40 @@ mod tests {
                     token,
                     reason: "expired".into(),
                 };
-                h.entries().push(Entry::new(until, owner, owner, lost));
+                entries.push(Entry::new(until, owner, owner, lost));
             }
         }
-        h
+        entries
     }
 
     #[test]
     fn disjoint_beliefs_with_increasing_tokens_pass() {
-        history(&[("a", 1, 0, Some(10)), ("b", 2, 10, None)]).check(None);
+        judge(history(&[("a", 1, 0, Some(10)), ("b", 2, 10, None)]), None);
     }
 
     #[test]
     #[should_panic(expected = "overlapping holders")]
     fn overlapping_beliefs_fail() {
-        history(&[("a", 1, 0, Some(11)), ("b", 2, 10, None)]).check(None);
+        judge(history(&[("a", 1, 0, Some(11)), ("b", 2, 10, None)]), None);
     }
 
     #[test]
     #[should_panic(expected = "overlapping holders")]
     fn a_belief_never_ended_lasts_until_its_deadline() {
-        history(&[("a", 1, 0, None), ("b", 2, 99, Some(120))]).check(None);
+        judge(history(&[("a", 1, 0, None), ("b", 2, 99, Some(120))]), None);
     }
 
     #[test]
     fn only_the_emergency_owner_may_overlap() {
         let h = history(&[("a", 1, 0, Some(15)), ("op", 2, 10, None)]);
-        h.check(Some("op"));
-        let result = std::panic::catch_unwind(|| h.check(Some("other")));
+        judge(h.clone(), Some("op"));
+        let result = std::panic::catch_unwind(|| judge(h, Some("other")));
         assert!(result.is_err());
     }
 
     #[test]
     #[should_panic(expected = "token not increasing")]
     fn tokens_out_of_grant_order_fail() {
-        history(&[("a", 2, 0, Some(5)), ("b", 1, 10, None)]).check(None);
+        judge(history(&[("a", 2, 0, Some(5)), ("b", 1, 10, None)]), None);
     }
 }

@@ -1,14 +1,14 @@
 //! The recipes on every store: leader election and the counting semaphore, with a holder
 //! cut off from the store among the faults, their histories judged by the one checker.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
+use tenure_history::Recorder;
+use tenure_history::check::check;
 use tokio::time::timeout;
 
 use super::{FaultyClient, Harness, test_settings};
-use crate::history::check::check;
-use crate::history::{Entry, Event};
 use crate::names::store_name;
 use crate::{
     Election, Leader, LeaderWatch, LeaseError, LeaseObserver, LeaseSpec, LeaseStore, Semaphore,
@@ -18,22 +18,35 @@ use crate::{
 /// blocking the suite.
 const PATIENCE: Duration = Duration::from_secs(30);
 
-/// The lease events of every candidate or client, as a node's history would hold them.
-#[derive(Clone, Default)]
-struct Recorder(Arc<Mutex<Vec<Entry>>>);
+/// The lease events of every candidate or client, as a node's history would hold them:
+/// each owner its own node.
+#[derive(Clone)]
+struct History(Recorder);
 
-impl Recorder {
+impl Default for History {
+    fn default() -> Self {
+        History(Recorder::new("recipes", "1"))
+    }
+}
+
+impl History {
     fn observer(&self) -> LeaseObserver {
-        let entries = self.0.clone();
+        let recorder = self.0.clone();
         LeaseObserver::new(move |lease, owner, trace| {
-            let entry = Entry::now(owner, "1", Event::from_trace(lease, owner, trace));
-            entries.lock().unwrap().push(entry);
+            recorder.record_as(owner, "1", || crate::history::emit(lease, owner, trace))
         })
     }
 
     /// Asserts that the checker finds the history safe; returns the number of grants.
     fn assert_safe(&self) -> usize {
-        let mut entries = self.0.lock().unwrap().clone();
+        let unknown = self.0.unknown_events();
+        assert_eq!(
+            unknown.count(),
+            0,
+            "events no history knows: {:?}",
+            unknown.reasons()
+        );
+        let mut entries = self.0.entries();
         entries.sort_by_key(|e| e.t);
         let verdict = check(&entries);
         assert!(
@@ -50,7 +63,7 @@ impl Recorder {
     }
 }
 
-fn spec(store: Arc<dyn LeaseStore>, name: &str, owner: &str, rec: &Recorder) -> LeaseSpec {
+fn spec(store: Arc<dyn LeaseStore>, name: &str, owner: &str, rec: &History) -> LeaseSpec {
     LeaseSpec::new(name, owner, store, test_settings())
         .expect("valid spec")
         .with_observer(rec.observer())
@@ -99,7 +112,7 @@ async fn observe_until(
 /// before the next is elected, a resignation elects the next at once, and an observer sees
 /// each leader with increasing tokens.
 pub async fn election_one_leader_at_a_time(h: &dyn Harness) {
-    let rec = Recorder::default();
+    let rec = History::default();
     let observer_store = h.client().await;
     let rules = observer_store.name_rules();
     let mut watch = crate::election::observe(
@@ -202,7 +215,7 @@ pub async fn election_one_leader_at_a_time(h: &dyn Harness) {
 /// store loses its permit before another client gets it; a client configured with another
 /// count is told.
 pub async fn semaphore_at_most_n_holders(h: &dyn Harness) {
-    let rec = Recorder::default();
+    let rec = History::default();
     let cut = FaultyClient::new(h.client().await);
     let a = Semaphore::start(spec(h.client().await, "jobs", "a", &rec), 2)
         .await

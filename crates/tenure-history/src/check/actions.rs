@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use super::holds::{Hold, HoldEnd};
 use super::verdict::{Violation, ViolationKind};
-use crate::history::{Entry, Event};
+use crate::{Entry, Event};
 
 /// What kind of action.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

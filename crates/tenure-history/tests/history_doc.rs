@@ -1,9 +1,9 @@
 //! docs/history.md against the history type: its event tables list exactly the kinds of
-//! `tenure_lease::history::Event`, each once.
+//! `tenure_history::Event`, each once.
 
 use std::collections::BTreeSet;
 
-use tenure_lease::history::Event;
+use tenure_history::Event;
 
 /// The event kinds of the document's tables whose first column is `event`: the backticked
 /// names in that column of each row.

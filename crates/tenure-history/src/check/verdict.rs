@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use super::actions::{ActionRule, check_actions};
 use super::holds::{Hold, holds};
-use crate::history::{Entry, Event};
+use crate::{Entry, Event};
 
 /// The kinds of safety violation the checker finds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -124,7 +124,7 @@ fn describe(h: &Hold) -> String {
     format!("{} ({}) token {}", h.node, h.inc, h.token)
 }
 
-/// Checks `events` (sorted by `t`, as [`read_history`](crate::history::read_history) returns them)
+/// Checks `events` (sorted by `t`, as [`read_history`](crate::read_history) returns them)
 /// with the default [`ActionRule`].
 pub fn check(events: &[Entry]) -> Verdict {
     check_with(events, ActionRule::default())
@@ -222,14 +222,23 @@ fn check_lease(lease: &str, list: &[Hold], out: &mut Vec<Violation>) {
     }
 }
 
-/// At most N holders of semaphore permits at a time (see [`crate::semaphore`]): the holds
+/// At most N holders of semaphore permits at a time (Tenure's counting semaphore): the holds
 /// of every permit lease `<name>.permit-<k>-of-<N>` of one semaphore, counted over time,
 /// never exceed the smallest N its permits name. (An election is one lease: at most one
 /// leader at a time is [`ViolationKind::Overlap`]'s rule.)
+/// `(semaphore, slot, permits)` of a permit's lease name `<name>.permit-<k>-of-<n>` (the
+/// semaphore's naming, docs/history.md); `None` for any other lease name.
+fn permit_of(lease: &str) -> Option<(&str, u32, u32)> {
+    let (name, rest) = lease.rsplit_once(".permit-")?;
+    let (slot, permits) = rest.split_once("-of-")?;
+    let (slot, permits) = (slot.parse().ok()?, permits.parse().ok()?);
+    (slot < permits).then_some((name, slot, permits))
+}
+
 fn check_semaphores(holds: &BTreeMap<String, Vec<Hold>>, out: &mut Vec<Violation>) {
     let mut by_semaphore: BTreeMap<&str, (u32, Vec<&Hold>)> = BTreeMap::new();
     for (lease, list) in holds {
-        if let Some((name, _, permits)) = crate::semaphore::parse_permit_lease(lease) {
+        if let Some((name, _, permits)) = permit_of(lease) {
             let entry = by_semaphore.entry(name).or_insert((permits, Vec::new()));
             entry.0 = entry.0.min(permits);
             entry.1.extend(list);

@@ -4,15 +4,24 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use super::entry::Entry;
+use crate::entry::Entry;
 
-/// Why a history could not be read: the file, or a line of it (1-based) and what is wrong.
+/// Why a history could not be read or written: the file, or a line of it (1-based) and what
+/// is wrong.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum HistoryError {
     /// The file could not be opened or read.
     #[error("cannot read history {path}: {source}")]
     Io {
+        /// The file's path.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file could not be opened or appended to.
+    #[error("cannot append to history {path}: {source}")]
+    Append {
         /// The file's path.
         path: String,
         /// The I/O error.
@@ -33,7 +42,7 @@ pub enum HistoryError {
 
 /// Reads a history: one JSON object per line (blank lines skipped), sorted by `t` (stable,
 /// so the lines of one writer keep their order). Errors name the file and line. Kinds this
-/// build does not know are kept as [`Event::Other`](super::Event::Other).
+/// build does not know are kept as [`Event::Other`](crate::Event::Other).
 ///
 /// A writer killed in the middle of a line leaves a torn line: Linux may stop a write to a
 /// regular file at a page boundary when SIGKILL arrives. Its event is lost, exactly as if

@@ -4,8 +4,6 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::LeaseTrace;
-
 /// What happened, tagged by the line's `event` field. Field names are the JSON keys; a
 /// field that is an `Option` may be absent from older or hand-made lines.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -552,59 +550,6 @@ impl EntityLife {
 }
 
 impl Event {
-    /// The `lease_*` event of a LeaseActor's trace of lease `lease` held for `owner`.
-    pub fn from_trace(lease: &str, owner: &str, trace: &LeaseTrace) -> Event {
-        let (lease, owner) = (lease.to_string(), owner.to_string());
-        match trace {
-            LeaseTrace::AcquireInvoked => Event::LeaseAcquire { lease, owner },
-            &LeaseTrace::Granted { token, valid_until } => Event::LeaseGranted {
-                lease,
-                owner,
-                token: token.get(),
-                valid_until,
-            },
-            LeaseTrace::NotGranted { holder } => Event::LeaseNotGranted {
-                lease,
-                owner,
-                holder: holder.clone(),
-            },
-            &LeaseTrace::Renewed { token, valid_until } => Event::LeaseRenewed {
-                lease,
-                owner,
-                token: token.get(),
-                valid_until,
-            },
-            &LeaseTrace::Lost { token, reason } => Event::LeaseLost {
-                lease,
-                owner,
-                token: token.get(),
-                reason: reason.to_string(),
-            },
-            LeaseTrace::Suspended { token, error } => Event::LeaseSuspended {
-                lease,
-                owner,
-                token: token.get(),
-                error: error.clone(),
-            },
-            &LeaseTrace::Resumed { token } => Event::LeaseResumed {
-                lease,
-                owner,
-                token: token.get(),
-            },
-            &LeaseTrace::Released { token } => Event::LeaseReleased {
-                lease,
-                owner,
-                token: token.get(),
-            },
-            LeaseTrace::Error { operation, error } => Event::LeaseError {
-                lease,
-                owner,
-                op: operation.to_string(),
-                error: error.clone(),
-            },
-        }
-    }
-
     /// The lease a `lease_*` or command event is about.
     pub fn lease(&self) -> Option<&str> {
         match self {

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::verdict::{Violation, ViolationKind};
-use crate::history::{Entry, Event};
+use crate::{Entry, Event};
 
 /// What the acknowledgement check found.
 #[derive(Debug, Clone, Default)]

@@ -4,7 +4,18 @@ use serde::Deserialize;
 use serde::de::value::MapDeserializer;
 use serde_json::{Map, Value};
 
-use super::event::Event;
+use crate::event::Event;
+
+/// Nanoseconds of the host's `CLOCK_BOOTTIME`, the clock of every line's `t` and of holders'
+/// deadlines (`valid_until`): the same for every process of the host, never going back,
+/// unaffected by wall-clock changes, counting host suspend. Read through rustix (the vDSO),
+/// so that an `LD_PRELOAD` wall-clock faker changes nothing.
+pub(crate) fn boottime_now_ns() -> i64 {
+    let ts = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
+    ts.tv_sec
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec)
+}
 
 /// The `inc` of faults a harness injects from outside.
 pub const HARNESS: &str = "harness";
@@ -39,7 +50,7 @@ impl Entry {
 
     /// `event` about `node`, stamped now (`CLOCK_BOOTTIME`).
     pub fn now(node: impl Into<String>, inc: impl Into<String>, event: Event) -> Entry {
-        Entry::new(crate::clock::boottime_now_ns(), node, inc, event)
+        Entry::new(boottime_now_ns(), node, inc, event)
     }
 
     /// A fault a harness injected into `node` (or `store`), stamped now.

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::history::{Entry, Event};
+use crate::{Entry, Event};
 
 /// How a hold ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
