@@ -64,7 +64,6 @@ async fn node(
             counter: counter.clone(),
             interval: Duration::from_millis(100),
             node: me.clone(),
-            history: None,
         };
         (Ticker, args)
     });

@@ -37,6 +37,8 @@ pub enum CliError {
     Lease(#[from] tenure::LeaseError),
     #[error(transparent)]
     Cluster(#[from] tenure::cluster::ClusterError),
+    #[error(transparent)]
+    History(#[from] tenure::history::HistoryError),
     #[error("{0}")]
     Command(String),
 }

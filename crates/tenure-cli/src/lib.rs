@@ -5,3 +5,4 @@
 pub mod availability;
 pub mod check;
 pub mod demo;
+pub mod history;

@@ -14,6 +14,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use tenure::cluster::transport::LinkFault;
+use tenure::cluster::{ClusterSettings, Incarnation};
+use tenure::history::{HistoryFile, HistoryLayer};
 
 use crate::exit::{CliError, Outcome};
 
@@ -255,17 +257,62 @@ enum LeaseCommand {
     },
 }
 
-fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("TENURE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
+/// Installs the process's one subscriber: the log (stderr, filtered by `TENURE_LOG`, default
+/// `warn`) and, when given, the history writer. The log leaves history events to the writer.
+fn init_tracing(history: Option<HistoryLayer>) {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::{EnvFilter, Layer};
+    let filter = EnvFilter::try_from_env("TENURE_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
+    let filter = match format!("{}=off", tenure::history::TARGET).parse() {
+        Ok(no_history) => filter.add_directive(no_history),
+        Err(_) => filter,
+    };
+    let log = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
+        .with_filter(filter);
+    tracing_subscriber::registry()
+        .with(log)
+        .with(history.map(HistoryLayer::filtered))
         .init();
 }
 
+/// The history writer of a command given `--history FILE`, to install before the command
+/// runs: its events are about the node (`node`, `demo node`: its cluster address) or the
+/// owner (`lease run`), as this process's `incarnation`.
+fn history_writer(
+    command: &Command,
+    config: &tenure::TenureConfig,
+    incarnation: Incarnation,
+) -> Result<Option<HistoryLayer>, CliError> {
+    let node = |config| Ok::<_, CliError>(ClusterSettings::from_config(config)?.addr.to_string());
+    let (path, about) = match command {
+        Command::Node {
+            history: Some(path),
+        } => (path, node(config)?),
+        Command::Demo {
+            part: Some(DemoCommand::Node(args)),
+            ..
+        } => match &args.history {
+            Some(path) => (path, node(config)?),
+            None => return Ok(None),
+        },
+        Command::Lease(LeaseCommand::Run {
+            history: Some(path),
+            target,
+            ..
+        }) => (path, lease_cmd::owner_of(target)),
+        _ => return Ok(None),
+    };
+    let file = HistoryFile::open(path)?;
+    Ok(Some(HistoryLayer::new(
+        file,
+        about,
+        incarnation.to_string(),
+    )))
+}
+
 fn main() -> ExitCode {
-    init_tracing();
     let cli = Cli::parse();
     if let Command::Check {
         history,
@@ -274,10 +321,12 @@ fn main() -> ExitCode {
         resume_grace,
     } = &cli.command
     {
+        init_tracing(None);
         return check_cmd::check(history, *all, counter.as_deref(), *resume_grace).exit_code();
     }
     // The demo drives processes from plain threads; it needs neither a runtime nor a config.
     if let Command::Demo { part: None, args } = cli.command {
+        init_tracing(None);
         return match tenure_cli::demo::run(args) {
             Ok(outcome) if outcome.safe() => Outcome::Success.exit_code(),
             Ok(_) => Outcome::No.exit_code(),
@@ -318,6 +367,8 @@ fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> Result<Outcome, CliError> {
     let config = tenure::TenureConfig::load(cli.config.as_deref())?;
+    let incarnation = Incarnation::new();
+    init_tracing(history_writer(&cli.command, &config, incarnation)?);
     let provider = tenure::provider(config)?;
     match cli.command {
         Command::Lease(cmd) => match cmd {
@@ -353,30 +404,25 @@ async fn run(cli: Cli) -> Result<Outcome, CliError> {
                 target,
                 priority,
                 grace,
-                history,
+                history: _,
                 command,
             } => {
                 let guard = run_cmd::Guard {
                     grace,
                     options: priority.options(),
-                    history: history.as_deref(),
                 };
                 run_cmd::run(&provider, &target, guard, &command).await
             }
         },
         Command::Node { history } => {
-            node_cmd::node(
-                provider.config(),
-                &provider,
-                history.as_deref(),
-                async |_, _| Ok(()),
-            )
-            .await
+            let history = history.as_deref();
+            let host = async |_: &_, _: Option<&_>| Ok(());
+            node_cmd::node(provider.config(), &provider, history, incarnation, host).await
         }
         Command::Demo {
             part: Some(DemoCommand::Node(args)),
             ..
-        } => demo_node::run(provider.config(), &provider, args).await,
+        } => demo_node::run(provider.config(), &provider, args, incarnation).await,
         Command::Cluster(ClusterCommand::Members { node, json }) => {
             node_cmd::members(provider.config(), &node, json).await
         }

@@ -4,20 +4,24 @@ use std::io::Write;
 use std::path::Path;
 
 use tenure::cluster::transport::LinkFault;
-use tenure::cluster::{ClusterClient, ClusterSettings, MemberStatus, Node, NodeAddr, NodeView};
+use tenure::cluster::{
+    ClusterClient, ClusterSettings, Incarnation, MemberStatus, Node, NodeAddr, NodeView,
+};
 use tenure::{LeaseProvider, TenureConfig};
 use tenure_management::Management;
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::exit::{CliError, Outcome};
 
-/// Runs a node until SIGTERM / Ctrl-C, then leaves gracefully; a second signal forces exit.
+/// Runs a node, as `incarnation`, until SIGTERM / Ctrl-C, then leaves gracefully; a second
+/// signal forces exit.
 /// `host` runs once the node and its management endpoint (when enabled) started, before the
 /// node prints its "started" line; its error ends the node.
 pub async fn node(
     config: &TenureConfig,
     provider: &LeaseProvider,
     history: Option<&Path>,
+    incarnation: Incarnation,
     host: impl AsyncFnOnce(&Node, Option<&Management>) -> Result<(), CliError>,
 ) -> Result<Outcome, CliError> {
     let settings = ClusterSettings::from_config(config)?;
@@ -33,7 +37,11 @@ pub async fn node(
         provider.observe(table.observer());
         table
     });
-    let node = Node::start(settings, provider, history).await?;
+    let mut node = Node::builder(settings).incarnation(incarnation);
+    if let Some(path) = history {
+        node = node.history(path);
+    }
+    let node = node.start(provider).await?;
     let management = match leases {
         Some(table) => Some(
             Management::start(&node, table, management)

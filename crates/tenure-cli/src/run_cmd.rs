@@ -6,7 +6,6 @@
 //! before the store can grant the lease to anyone else.
 
 use std::os::unix::process::CommandExt;
-use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -14,11 +13,10 @@ use rustix::process::{Pid, Signal, getppid, kill_process_group, set_parent_proce
 use tenure::{
     AcquireOptions, FencingToken, Lease, LeaseEvent, LeaseEventSink, LeaseProvider, StopBudget,
 };
+use tenure_cli::history;
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
-
-use tenure::history::Event;
 
 use crate::Target;
 use crate::exit::{CliError, Outcome};
@@ -29,38 +27,22 @@ const KILL_SLACK: Duration = Duration::from_millis(200);
 
 /// How `lease run` guards its command.
 #[derive(Debug, Clone)]
-pub struct Guard<'a> {
+pub struct Guard {
     /// Time the command gets between SIGTERM and SIGKILL.
     pub grace: Duration,
     /// Priority and preemption options of the acquire.
     pub options: AcquireOptions,
-    /// The history to append the lease's events and the command's life to.
-    pub history: Option<&'a Path>,
 }
 
 pub async fn run(
     provider: &LeaseProvider,
     target: &Target,
-    guard: Guard<'_>,
+    guard: Guard,
     command: &[String],
 ) -> Result<Outcome, CliError> {
-    let Guard {
-        grace,
-        mut options,
-        history,
-    } = guard;
+    let Guard { grace, mut options } = guard;
     let section = section_of(provider, target.section.as_deref())?;
     let owner = owner_of(target);
-    let history = history
-        .map(|path| {
-            tenure::cluster::History::open_for_owner(
-                path,
-                &owner,
-                tenure::cluster::Incarnation::new(),
-            )
-            .map_err(|e| CliError::Command(format!("--history {}: {e}", path.display())))
-        })
-        .transpose()?;
     let settings = provider.section(&section)?.settings;
     // The loss reaches this task through a channel, at once: no delivery slack.
     let budget = StopBudget {
@@ -85,12 +67,6 @@ pub async fn run(
         })?
         .with_note(format!("tenure lease run {}", command.join(" ")))
         .with_options(options)?;
-    // The command's life in the history: inside the hold of its token, or the checker says.
-    let record = |event: Event| {
-        if let Some(h) = &history {
-            h.record(event);
-        }
-    };
     let (preempt_tx, mut preempt_rx) = mpsc::unbounded_channel();
     let sink = LeaseEventSink::new(move |event| {
         if let LeaseEvent::PreemptionRequested(p) = event {
@@ -115,18 +91,9 @@ pub async fn run(
             return Err(e);
         }
     };
-    record(Event::CommandStarted {
-        lease: target.name.clone(),
-        token: token.get(),
-        pid: child.id(),
-    });
-    let stopped = |why: &str| {
-        record(Event::CommandStopped {
-            lease: target.name.clone(),
-            token: token.get(),
-            why: why.to_string(),
-        })
-    };
+    // The command's life in the history: inside the hold of its token, or the checker says.
+    history::command_started(&target.name, token, child.id());
+    let stopped = |why: &str| history::command_stopped(&target.name, token, why);
 
     let outcome = tokio::select! {
         status = child.wait() => {

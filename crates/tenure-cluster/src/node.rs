@@ -46,6 +46,7 @@ impl Subscriptions {
 pub struct NodeBuilder {
     settings: ClusterSettings,
     history: Option<std::path::PathBuf>,
+    incarnation: Option<Incarnation>,
 }
 
 impl NodeBuilder {
@@ -56,9 +57,24 @@ impl NodeBuilder {
         self
     }
 
+    /// Starts the node as `incarnation` rather than a new one: for a process that names
+    /// it before the node starts, such as in its history writer. Give each process start
+    /// its own: peers tell two runs of one address apart by it.
+    pub fn incarnation(mut self, incarnation: Incarnation) -> Self {
+        self.incarnation = Some(incarnation);
+        self
+    }
+
     /// As [`Node::start`].
     pub async fn start(self, provider: &LeaseProvider) -> Result<Node, ClusterError> {
-        Node::start(self.settings, provider, self.history.as_deref()).await
+        let incarnation = self.incarnation.unwrap_or_default();
+        Node::start_as(
+            self.settings,
+            provider,
+            self.history.as_deref(),
+            incarnation,
+        )
+        .await
     }
 }
 
@@ -165,6 +181,7 @@ impl Node {
         NodeBuilder {
             settings,
             history: None,
+            incarnation: None,
         }
     }
 
@@ -173,9 +190,18 @@ impl Node {
     /// events to the JSON Lines `history` file when given. Returns once
     /// listening; membership follows (subscribe to see it). One node per process.
     pub async fn start(
+        settings: ClusterSettings,
+        provider: &LeaseProvider,
+        history: Option<&Path>,
+    ) -> Result<Node, ClusterError> {
+        Node::start_as(settings, provider, history, Incarnation::new()).await
+    }
+
+    async fn start_as(
         mut settings: ClusterSettings,
         provider: &LeaseProvider,
         history: Option<&Path>,
+        incarnation: Incarnation,
     ) -> Result<Node, ClusterError> {
         // Placement with the store kinds' defaults filled in: a member that writes an
         // option out and one that leaves it to its default place entities alike.
@@ -183,7 +209,6 @@ impl Node {
             Placement::from_config_with(provider.config(), &settings.lease_section, &|name| {
                 provider.section_with_defaults(name)
             })?;
-        let incarnation = Incarnation::new();
         let addr = settings.addr.clone();
         let history = history
             .map(|path| {

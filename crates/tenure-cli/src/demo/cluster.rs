@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal, kill_process, set_parent_process_death_signal};
 use serde_json::Value;
-use tenure::history::{Entry, Event, Link};
+use tenure::history::{Entry, Event, HistoryFile, Link};
 
 /// Timing of harness clusters: member lease ttl 3 s (renewed every 500 ms), membership
 /// listed every 300 ms, heartbeats every 250 ms, unreachable after 1.5 s of silence.
@@ -393,15 +393,9 @@ release-after = "10s"
     /// Appends a harness event about `addr` (a node, or `store`), e.g. a link cut with its
     /// `peer`.
     pub fn record_about(&self, addr: &str, event: Event) {
-        use std::io::Write;
-        let line = Entry::fault(addr, event).to_json();
-        let mut f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.history)
-            .expect("open history");
-        f.write_all(format!("{line}\n").as_bytes())
-            .expect("append history");
+        HistoryFile::open(&self.history)
+            .and_then(|file| file.append(&Entry::fault(addr, event)))
+            .expect("append a fault to the history");
     }
 
     /// SIGKILL node `i` and reap it.

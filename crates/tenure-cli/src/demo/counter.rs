@@ -6,7 +6,6 @@
 use ractor::ActorProcessingErr;
 use serde::{Deserialize, Serialize};
 use tenure::FencingToken;
-use tenure::history::Event;
 use tenure::sharding::{Entity, EntityContext};
 use tenure::sqlite::FencedCounter;
 
@@ -73,16 +72,7 @@ impl Entity for Counter {
             CounterRequest::Increment => {
                 let value =
                     tokio::task::spawn_blocking(move || counter.increment(&name, token)).await??;
-                if let Some(h) = &ctx.history {
-                    h.record(Event::Write {
-                        entity_type: ctx.type_name.clone(),
-                        shard: ctx.shard_id.clone(),
-                        entity: ctx.entity_id.clone(),
-                        token: token.get(),
-                        value,
-                        accepted: value.is_some(),
-                    });
-                }
+                crate::history::write(&ctx.type_name, &ctx.shard_id, &ctx.entity_id, token, value);
                 Ok(reply(value, value.is_some()))
             }
             CounterRequest::Get => {

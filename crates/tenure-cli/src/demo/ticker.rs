@@ -8,8 +8,6 @@ use std::time::Duration;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use serde::{Deserialize, Serialize};
 use tenure::FencingToken;
-use tenure::cluster::History;
-use tenure::history::Event;
 use tenure::sqlite::FencedCounter;
 
 /// Asks the ticker for its counter.
@@ -60,8 +58,6 @@ pub struct TickerArgs {
     pub interval: Duration,
     /// This node's address, for replies.
     pub node: String,
-    /// Where it records its writes (`tick`), when the node keeps a history.
-    pub history: Option<History>,
 }
 
 /// The state of a ticker instance.
@@ -113,24 +109,14 @@ impl Actor for Ticker {
                 );
                 let result =
                     tokio::task::spawn_blocking(move || counter.increment(&name, token)).await?;
-                let tick = |value: Option<u64>, accepted: bool| Event::Tick {
-                    singleton: state.args.name.clone(),
-                    token: token.get(),
-                    value,
-                    accepted,
-                };
                 match result {
                     Ok(Some(value)) => {
                         state.last = Some(value);
-                        if let Some(h) = &state.args.history {
-                            h.record(tick(Some(value), true));
-                        }
+                        crate::history::tick(&state.args.name, token, Some(value));
                     }
                     Ok(None) => {
                         tracing::warn!(singleton = %state.args.name, token = token.get(), "tick refused: a newer token wrote the counter");
-                        if let Some(h) = &state.args.history {
-                            h.record(tick(None, false));
-                        }
+                        crate::history::tick(&state.args.name, token, None);
                     }
                     Err(e) => {
                         tracing::warn!(singleton = %state.args.name, error = %e, "tick not written")

@@ -11,10 +11,9 @@
 
 use std::time::Duration;
 
-use tenure::cluster::History;
-use tenure::history::Event;
 use tenure::sharding::ShardRegion;
 use tenure_cli::demo::counter::{Counter, CounterReply, CounterRequest};
+use tenure_cli::history;
 use tokio::time::{Instant, MissedTickBehavior};
 
 /// Concurrent workers of the closed loop.
@@ -39,48 +38,35 @@ pub enum Shape {
 
 /// Starts the load on `region` (background tasks that run until the process ends). `start`
 /// spreads where the closed-loop workers of different nodes begin in the key space.
-pub fn drive(region: ShardRegion, history: Option<History>, start: usize, load: Load) {
+pub fn drive(region: ShardRegion, start: usize, load: Load) {
     match load.shape {
-        Shape::Closed { pause } => closed_loop(region, history, start, load, pause),
-        Shape::Open { rate } => open_loop(region, history, load, rate),
+        Shape::Closed { pause } => closed_loop(region, start, load, pause),
+        Shape::Open { rate } => open_loop(region, load, rate),
     }
 }
 
-fn closed_loop(
-    region: ShardRegion,
-    history: Option<History>,
-    start: usize,
-    load: Load,
-    pause: Duration,
-) {
+fn closed_loop(region: ShardRegion, start: usize, load: Load, pause: Duration) {
     let keys = load.keys;
     for worker in 0..WORKERS {
-        let (region, history) = (region.clone(), history.clone());
+        let region = region.clone();
         let first = start.wrapping_add(worker * keys / WORKERS);
         tokio::spawn(async move {
             for i in (0..keys).cycle().skip(first % keys) {
                 let issued = tenure::clock::monotonic_now_ns();
-                increment(
-                    &region,
-                    history.as_ref(),
-                    &format!("key-{i}"),
-                    issued,
-                    load.timeout,
-                )
-                .await;
+                increment(&region, &format!("key-{i}"), issued, load.timeout).await;
                 tokio::time::sleep(pause).await;
             }
         });
     }
 }
 
-fn open_loop(region: ShardRegion, history: Option<History>, load: Load, rate: f64) {
+fn open_loop(region: ShardRegion, load: Load, rate: f64) {
     let period = Duration::from_secs_f64(1.0 / rate);
     // One pair of readings maps the schedule (tokio instants) onto the history's clock;
     // both are CLOCK_MONOTONIC.
     let (base, base_ns) = (Instant::now(), tenure::clock::monotonic_now_ns());
     for i in 0..load.keys {
-        let (region, history) = (region.clone(), history.clone());
+        let region = region.clone();
         // Keys start evenly spread over one period, so the load is smooth.
         let phase = period.mul_f64(i as f64 / load.keys as f64);
         tokio::spawn(async move {
@@ -94,9 +80,9 @@ fn open_loop(region: ShardRegion, history: Option<History>, load: Load, rate: f6
                 // Latency counts from the instant the request was due, so a stalled sender
                 // does not hide a slow answer.
                 let issued = base_ns + (due - base).as_nanos() as i64;
-                let (region, history, key) = (region.clone(), history.clone(), key.clone());
+                let (region, key) = (region.clone(), key.clone());
                 tokio::spawn(async move {
-                    increment(&region, history.as_ref(), &key, issued, load.timeout).await;
+                    increment(&region, &key, issued, load.timeout).await;
                 });
             }
         });
@@ -105,20 +91,11 @@ fn open_loop(region: ShardRegion, history: Option<History>, load: Load, rate: f6
 
 /// Asks `key` to increment and records the outcome: `ack` (the counter accepted it) with
 /// key, shard, value, token, answering node and `issued`; otherwise `no_ack` with `why`.
-async fn increment(
-    region: &ShardRegion,
-    history: Option<&History>,
-    key: &str,
-    issued: i64,
-    timeout: Duration,
-) {
+async fn increment(region: &ShardRegion, key: &str, issued: i64, timeout: Duration) {
     let answer = region
         .entity_ref::<Counter>(key)
         .ask(&CounterRequest::Increment, timeout)
         .await;
-    let Some(h) = history else {
-        return;
-    };
     let shard = region.shard_of(key);
     match answer {
         Ok(CounterReply {
@@ -126,25 +103,11 @@ async fn increment(
             value: Some(value),
             token,
             node,
-        }) => h.record(Event::Ack {
-            entity: key.to_string(),
-            shard,
-            value,
-            token: token.get(),
-            from: node,
-            issued: Some(issued),
-        }),
-        Ok(reply) => h.record(Event::NoAck {
-            entity: key.to_string(),
-            shard,
-            issued,
-            why: format!("refused by the fenced counter (token {})", reply.token),
-        }),
-        Err(e) => h.record(Event::NoAck {
-            entity: key.to_string(),
-            shard,
-            issued,
-            why: e.to_string(),
-        }),
+        }) => history::ack(key, &shard, value, token, &node, issued),
+        Ok(reply) => {
+            let why = format!("refused by the fenced counter (token {})", reply.token);
+            history::no_ack(key, &shard, issued, &why)
+        }
+        Err(e) => history::no_ack(key, &shard, issued, &e.to_string()),
     }
 }

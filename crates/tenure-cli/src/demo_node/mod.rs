@@ -8,11 +8,12 @@ mod slow_stop;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use tenure::cluster::{ClusterSettings, Node};
+use tenure::cluster::{ClusterSettings, Incarnation, Node};
 use tenure::sqlite::FencedCounter;
 use tenure::{LeaseProvider, TenureConfig};
 use tenure_cli::demo::counter::Counter;
 use tenure_cli::demo::ticker::{CountRequest, Ticker, TickerArgs, TickerMsg};
+use tenure_cli::history;
 use tenure_management::Management;
 use tenure_singleton::spawner;
 
@@ -25,7 +26,7 @@ use slow_stop::{SlowStopSwitch, SlowStoppingActor, SlowStoppingEntity};
 pub struct DemoNodeArgs {
     /// Append the node's events (JSON Lines, host CLOCK_BOOTTIME) to this file.
     #[arg(long)]
-    history: Option<PathBuf>,
+    pub history: Option<PathBuf>,
     /// Host the example singleton NAME (repeatable): the oldest member runs it under the
     /// lease <system>-singleton-NAME; it adds one to a fenced counter every --tick.
     #[arg(long = "singleton", value_name = "NAME")]
@@ -104,6 +105,7 @@ pub async fn run(
     config: &TenureConfig,
     provider: &LeaseProvider,
     args: DemoNodeArgs,
+    incarnation: Incarnation,
 ) -> Result<Outcome, CliError> {
     if args.slow_stop_when.is_some() && !ClusterSettings::from_config(config)?.fault_injection {
         return Err(CliError::Command(
@@ -133,6 +135,7 @@ pub async fn run(
         config,
         provider,
         args.history.as_deref(),
+        incarnation,
         async |node, management| host(node, provider, management, hosting).await,
     )
     .await
@@ -148,11 +151,10 @@ async fn host(
     if !hosting.singletons.is_empty() {
         let counter = FencedCounter::open(hosting.counter)?;
         for name in hosting.singletons {
-            let (counter, name_owned, node_name, history, tick, slow) = (
+            let (counter, name_owned, node_name, tick, slow) = (
                 counter.clone(),
                 name.clone(),
                 node.addr().to_string(),
-                node.history().cloned(),
                 hosting.tick,
                 hosting.slow_stop.clone(),
             );
@@ -162,7 +164,6 @@ async fn host(
                 counter: counter.clone(),
                 interval: tick,
                 node: node_name.clone(),
-                history: history.clone(),
             };
             let spawner = match slow {
                 Some(switch) => spawner(move |token| {
@@ -201,7 +202,7 @@ async fn host(
         }
         if let Some(load) = hosting.load {
             let start = usize::from(node.addr().port).wrapping_mul(7919);
-            load::drive(region, node.history().cloned(), start, load);
+            load::drive(region, start, load);
         }
     }
     if let Some(count) = hosting.daemon {
@@ -257,7 +258,7 @@ async fn probe_through_proxy(
     let proxy = tenure_singleton::proxy_on_node::<TickerMsg>(node, provider, name)
         .await
         .map_err(|e| CliError::Command(e.to_string()))?;
-    let (history, name) = (node.history().cloned(), name.to_string());
+    let name = name.to_string();
     tokio::spawn(async move {
         let mut every = tokio::time::interval(Duration::from_millis(250));
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -270,16 +271,7 @@ async fn probe_through_proxy(
                 )
                 .await
             {
-                Ok(reply) => {
-                    if let Some(h) = &history {
-                        h.record(tenure::history::Event::ProxyReply {
-                            singleton: name.clone(),
-                            from: reply.node.clone(),
-                            token: Some(reply.token.get()),
-                            value: reply.value,
-                        });
-                    }
-                }
+                Ok(reply) => history::proxy_reply(&name, &reply.node, reply.token, reply.value),
                 Err(e) => tracing::debug!(error = %e, "proxy probe"),
             }
         }
