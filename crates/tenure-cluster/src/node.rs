@@ -297,7 +297,6 @@ impl Node {
             #[cfg(feature = "fault-injection")]
             links: links.clone(),
             store,
-            history: history.clone(),
             lease_observer: provider.observer(),
             refused: refused.clone(),
             downed: downed.clone(),
@@ -528,9 +527,7 @@ impl Node {
                 }
             }
         }
-        if let Some(h) = &self.history {
-            h.record(tenure_history::Event::NodeLeft {});
-        }
+        crate::history::node_left();
         let _ = self
             .agent
             .stop_and_wait(Some("left".into()), Some(Duration::from_secs(5)))

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::ActorRef;
-use tenure_history::Event;
 use tenure_lease::{Acquired, Lease, LeaseMsg, LeaseSettings, LeaseSpec};
 use tokio::time::Instant;
 
@@ -264,9 +263,7 @@ impl AgentState {
             if ready && d.resolver.settings().when_down == WhenDown::Rejoin {
                 let why = d.downed.take().unwrap_or_default();
                 tracing::info!(node = %self.me, downed_for = %why, "every member hears this node and is heard again: rejoining as a new member");
-                if let Some(h) = &self.history {
-                    h.record(Event::SbrRejoining {});
-                }
+                crate::history::sbr_rejoining();
                 self.request_ticket(myself);
             }
             return;
@@ -372,12 +369,7 @@ impl AgentState {
             }
             tracing::warn!(node = %self.me, member = %addr, strategy, "split brain resolver: downing a member on the other side");
             crate::metrics::downing("down_member", strategy);
-            if let Some(h) = &self.history {
-                h.record(Event::SbrDowned {
-                    member: addr.to_string(),
-                    strategy: strategy.to_string(),
-                });
-            }
+            crate::history::sbr_downed(addr, strategy);
             self.emit(events);
         }
     }
@@ -401,11 +393,7 @@ impl AgentState {
         let when_down = d.resolver.settings().when_down;
         crate::metrics::downing("down_self", d.resolver.settings().strategy.name());
         tracing::warn!(node = %self.me, why, "split brain resolver: downing this node");
-        if let Some(h) = &self.history {
-            h.record(Event::SbrDownSelf {
-                why: why.to_string(),
-            });
-        }
+        crate::history::sbr_down_self(why);
         self.end_membership(myself);
         if when_down == WhenDown::Exit {
             let _ = self.downed.set(why.to_string());
@@ -420,11 +408,7 @@ impl AgentState {
             return;
         }
         tracing::warn!(node = %self.me, why, "downing this node; it rejoins as a new member");
-        if let Some(h) = &self.history {
-            h.record(Event::DownSelf {
-                why: why.to_string(),
-            });
-        }
+        crate::history::down_self(why);
         self.end_membership(myself);
         self.request_ticket(myself);
     }

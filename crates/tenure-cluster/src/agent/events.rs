@@ -1,7 +1,6 @@
 //! Membership events out: each change of the view goes to the subscribers, the metrics,
 //! the log and the history, and moves reachability watching along with the members.
 
-use tenure_history::{AboutMember, Event};
 use tokio::time::Instant;
 
 use super::AgentState;
@@ -67,28 +66,6 @@ impl AgentState {
         } else {
             tracing::info!(node = %self.me, "{kind}");
         }
-        if let Some(h) = &self.history {
-            let about = member.map_or_else(AboutMember::default, |m| {
-                AboutMember::of(
-                    m.addr.to_string(),
-                    m.incarnation.to_string(),
-                    m.age,
-                    m.status.as_str().to_string(),
-                )
-            });
-            let recorded = match event {
-                ClusterEvent::MemberJoined(_) => Event::MemberJoined(about),
-                ClusterEvent::MemberUp(_) => Event::MemberUp(about),
-                ClusterEvent::MemberLeaving(_) => Event::MemberLeaving(about),
-                ClusterEvent::MemberDown(_) => Event::MemberDown(about),
-                ClusterEvent::MemberRemoved(_) => Event::MemberRemoved(about),
-                ClusterEvent::Unreachable(_) => Event::Unreachable(about),
-                ClusterEvent::Reachable(_) => Event::Reachable(about),
-                ClusterEvent::SelfDown => Event::SelfDown {},
-                ClusterEvent::SelfLeaving(_) => Event::SelfLeaving {},
-                ClusterEvent::CurrentMembers(_) => return,
-            };
-            h.record(recorded);
-        }
+        crate::history::membership(kind, member);
     }
 }

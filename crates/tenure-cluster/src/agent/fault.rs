@@ -29,20 +29,12 @@ impl AgentState {
             };
         }
         use crate::transport::LinkFault;
-        use tenure_history::{Event, Link};
 
         let SetLink { peer, fault } = change;
         let cut = fault != LinkFault::None;
         tracing::warn!(node = %self.me, %peer, fault = fault.as_str(), "fault injection: link {}", if cut { "cut" } else { "healed" });
         self.mesh.links.gate(&peer).set(fault);
-        if let Some(h) = &self.history {
-            let link = Link::on_node(peer.to_string(), fault.as_str().to_string());
-            h.record(if cut {
-                Event::LinkCut(link)
-            } else {
-                Event::LinkHealed(link)
-            });
-        }
+        crate::history::link(cut, &peer, fault.as_str());
         FaultReply { error: None }
     }
 }

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{ActorProcessingErr, ActorRef, RpcReplyPort};
-use tenure_history::Event;
 use tenure_lease::store::bounded;
 use tenure_lease::{
     FencingToken, Lease, LeaseActor, LeaseEvent, LeaseEventSink, LeaseMsg, LeaseObserver,
@@ -511,14 +510,7 @@ impl AgentState {
         let m = &refusal.mismatch;
         tracing::error!(node = %self.me, member = %refusal.member, key = %m.key, mine = %m.mine, theirs = %m.theirs,
             "refused to join: this node places entities differently from a member");
-        if let Some(h) = &self.history {
-            h.record(Event::NodeRefused {
-                member: refusal.member.to_string(),
-                key: m.key.clone(),
-                mine: m.mine.clone(),
-                theirs: m.theirs.clone(),
-            });
-        }
+        crate::history::node_refused(&refusal.member, &m.key, &m.mine, &m.theirs);
         let _ = self.refused.set(refusal);
         self.member_lease.verifying = None;
         self.leaving = true;

@@ -15,10 +15,8 @@ use std::sync::Arc;
 use ractor::concurrency::JoinHandle;
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent, pg};
 use ractor_cluster::NodeServerMessage;
-use tenure_history::Event;
 use tenure_lease::{LeaseObserver, LeaseStore};
 
-use crate::history::History;
 use crate::identity::{Incarnation, NodeAddr};
 use crate::member::Membership;
 use crate::protocol::{AgentMsg, Inspect, Local};
@@ -59,7 +57,6 @@ pub(crate) struct AgentArgs {
     #[cfg(feature = "fault-injection")]
     pub links: Arc<Links>,
     pub store: Arc<dyn LeaseStore>,
-    pub history: Option<History>,
     /// Where the member lease and join tickets report their traces (the provider's
     /// observers: the history, a management endpoint).
     pub lease_observer: Option<LeaseObserver>,
@@ -77,7 +74,6 @@ pub(crate) struct AgentState {
     incarnation: Incarnation,
     scope: String,
     store: Arc<dyn LeaseStore>,
-    history: Option<History>,
     lease_observer: Option<LeaseObserver>,
     /// Stamps this node's heartbeats, hellos and reachability rows ([`crate::clocks`]).
     clock: crate::clocks::NodeClock,
@@ -140,9 +136,7 @@ impl Actor for Agent {
             datagrams.spawn_receiver(myself.clone()),
         ];
         let me = a.settings.addr.clone();
-        if let Some(h) = &a.history {
-            h.record(Event::NodeStarted {});
-        }
+        crate::history::node_started();
         let _ = myself.cast(AgentMsg::Local(Local::Poll));
         membership::spawn_ticket(
             &myself,
@@ -158,7 +152,6 @@ impl Actor for Agent {
             incarnation: a.incarnation,
             scope,
             store: a.store,
-            history: a.history,
             lease_observer: a.lease_observer,
             reach: Default::default(),
             datagrams,

@@ -12,7 +12,6 @@
 //! sooner, the leases keep it safe.
 
 use ractor::{ActorRef, RpcReplyPort};
-use tenure_history::Event;
 
 use super::AgentState;
 use crate::error::OperatorRefusal;
@@ -53,11 +52,7 @@ impl AgentState {
                 ))
             } else {
                 tracing::info!(node = %self.me, by = %req.by, "an operator asked this node to leave");
-                if let Some(h) = &self.history {
-                    h.record(Event::LeaveRequested {
-                        by: req.by.to_string(),
-                    });
-                }
+                crate::history::leave_requested(&req.by);
                 self.leave_requests.send_replace(Some(req.by));
                 ACCEPTED
             };
@@ -176,13 +171,7 @@ impl AgentState {
         let (member, age, why) = (&notice.member, notice.age, &notice.why);
         tracing::warn!(node = %self.me, %member, age, why, "downing a member");
         crate::metrics::downing("down_member", "operator");
-        if let Some(h) = &self.history {
-            h.record(Event::OperatorDowned {
-                member: member.to_string(),
-                age,
-                why: why.to_string(),
-            });
-        }
+        crate::history::operator_downed(member, age, why);
         self.emit(events);
     }
 }
