@@ -7,6 +7,7 @@
 //! is lost, and hands over on leave; a [`SingletonProxy`] on every node routes messages to
 //! the current instance and buffers while there is none.
 
+mod history;
 mod manager;
 mod proxy;
 mod settings;
@@ -103,7 +104,6 @@ pub async fn start_with_settings(
         me: node.addr().clone(),
         scope: tenure_cluster::scope(&cluster.system),
         spawner,
-        history: node.history().cloned(),
     };
     let manager = SingletonManager::start(spec, None)
         .await

@@ -15,13 +15,13 @@ use std::time::Duration;
 use ractor::{
     Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SpawnErr, SupervisionEvent, pg,
 };
-use tenure_cluster::{ClusterEvent, HandOver, History, Member, MemberStatus, NodeAddr};
-use tenure_history::{Event, SingletonLife};
+use tenure_cluster::{ClusterEvent, HandOver, Member, MemberStatus, NodeAddr};
 use tenure_lease::{
     FencingToken, LeaseActor, LeaseEvent, LeaseEventSink, LeaseMsg, LeaseSpec, LeaseView,
     StopBudget,
 };
 
+use crate::history;
 use crate::settings::SingletonSettings;
 
 /// What a singleton instance is started with.
@@ -108,8 +108,6 @@ pub struct SingletonSpec {
     pub scope: String,
     /// Starts an instance under a grant.
     pub spawner: Spawner,
-    /// Where the manager and instance record what they do, when the node keeps a history.
-    pub history: Option<History>,
 }
 
 /// Where this node's manager stands.
@@ -265,7 +263,7 @@ impl Actor for SingletonManager {
                 {
                     tracing::warn!(singleton = %state.spec.name, token = lost.token.get(), reason = %lost.reason,
                         "lease lost: stopping the singleton, then trying to re-acquire");
-                    state.record(Event::SingletonLeaseLost, lost.token, &lost.reason.to_string());
+                    state.record(history::singleton_lease_lost, lost.token, &lost.reason.to_string());
                     state.stop_instance("lease lost").await;
                     state.release().await;
                 }
@@ -314,7 +312,7 @@ impl Actor for SingletonManager {
         if let Some((_, token)) = state.zombie.take_if(|(z, _)| z.get_id() == cell.get_id()) {
             tracing::warn!(singleton = %state.spec.name, "the stuck instance has ended");
             state.record(
-                Event::SingletonStopped,
+                history::singleton_stopped,
                 token,
                 "survived its kill, ended later",
             );
@@ -480,7 +478,7 @@ impl ManagerState {
 
     async fn start_instance(&mut self, myself: &ActorRef<ManagerMsg>, token: FencingToken) {
         // Its life begins now: its `pre_start` may already act under the token.
-        self.record(Event::SingletonStarting, token, "");
+        self.record(history::singleton_starting, token, "");
         let ctx = SingletonContext {
             name: self.spec.name.clone(),
             token,
@@ -506,7 +504,7 @@ impl ManagerState {
             Err(e) => {
                 tracing::error!(singleton = %self.spec.name, error = %e, "cannot start the singleton; releasing the lease and retrying");
                 self.record(
-                    Event::SingletonStopped,
+                    history::singleton_stopped,
                     token,
                     &format!("spawn failed: {e}"),
                 );
@@ -541,7 +539,7 @@ impl ManagerState {
                     vec![running.cell.clone()],
                 );
                 tracing::info!(singleton = %self.spec.name, token = token.get(), "lease granted: singleton started");
-                self.record(Event::SingletonStarted, token, "");
+                self.record(history::singleton_started, token, "");
             }
             Err(e) => {
                 tracing::error!(singleton = %self.spec.name, error = %e, "the singleton failed to start; releasing the lease and retrying");
@@ -568,11 +566,11 @@ impl ManagerState {
             if cell.wait(Some(left)).await.is_err() {
                 tracing::error!(singleton = %self.spec.name, actor = ?cell.get_id(), "a child of the ended instance survived a kill (blocked outside an await?); the lease stays held until it ends");
                 self.zombie = Some((cell, running.token));
-                self.record(Event::SingletonZombie, running.token, why);
+                self.record(history::singleton_zombie, running.token, why);
                 return false;
             }
         }
-        self.record(Event::SingletonStopped, running.token, why);
+        self.record(history::singleton_stopped, running.token, why);
         true
     }
 
@@ -614,12 +612,12 @@ impl ManagerState {
             if cell.wait(Some(left)).await.is_err() {
                 tracing::error!(singleton = %self.spec.name, actor = ?cell.get_id(), "survived a kill (blocked outside an await?); the lease stays held until it ends");
                 self.zombie = Some((cell, running.token));
-                self.record(Event::SingletonZombie, running.token, why);
+                self.record(history::singleton_zombie, running.token, why);
                 return;
             }
         }
         tracing::info!(singleton = %self.spec.name, token = running.token.get(), why, "singleton stopped");
-        self.record(Event::SingletonStopped, running.token, why);
+        self.record(history::singleton_stopped, running.token, why);
     }
 
     /// Releases the lease (a no-op when nothing of ours may be in the store), retrying a
@@ -649,11 +647,8 @@ impl ManagerState {
         tracing::error!(singleton = %self.spec.name, "failed to release the lease; the singleton cannot run elsewhere until it expires");
     }
 
-    fn record(&self, event: fn(SingletonLife) -> Event, token: FencingToken, why: &str) {
-        if let Some(h) = &self.spec.history {
-            let life = SingletonLife::new(self.spec.name.clone(), token.get(), why.to_string());
-            h.record(event(life));
-        }
+    fn record(&self, event: fn(&str, FencingToken, &str), token: FencingToken, why: &str) {
+        event(&self.spec.name, token, why);
     }
 }
 

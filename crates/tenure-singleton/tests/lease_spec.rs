@@ -125,7 +125,6 @@ async fn fixture(name: &str, members: Vec<Member>, prepare: impl FnOnce(&MemoryS
         me: addr(1),
         scope: scope.clone(),
         spawner: spawner(move |token| (Probe, (token, tx.clone()))),
-        history: None,
     };
     let manager = SingletonManager::start(spec, None).await.unwrap();
     manager
