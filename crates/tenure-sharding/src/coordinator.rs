@@ -26,14 +26,12 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
-use tenure_cluster::{
-    ClusterEvent, ClusterSubscriber, History, Member, MemberStatus, Subscriptions,
-};
-use tenure_history::Event;
+use tenure_cluster::{ClusterEvent, ClusterSubscriber, Member, MemberStatus, Subscriptions};
 use tenure_lease::{FencingToken, LeaseStore};
 use tokio::time::Instant;
 
 use crate::allocation::{AllocationStrategy, Regions};
+use crate::history;
 use crate::messages::{
     Allocation, BeginHandOff, CoordinatorLocal, CoordinatorMsg, GetShardHome, HandOff, HostShard,
     RegionMsg, Register, ShardHome,
@@ -54,9 +52,6 @@ pub struct CoordinatorArgs {
     pub strategy: Arc<dyn AllocationStrategy>,
     /// Cluster events of the node it runs on.
     pub subscriptions: Subscriptions,
-    /// Where moves are recorded (`shard_moving`, `shard_moved`), when the node keeps a
-    /// history.
-    pub history: Option<History>,
     /// The fencing token of the coordinator's singleton lease grant (0 outside a cluster).
     pub token: FencingToken,
     /// The shard leases' store and `[tenure] system`, to list who holds each shard.
@@ -210,13 +205,8 @@ impl Actor for Coordinator {
                     }
                     // `to` may have gone meanwhile: then the shard is allocated anew.
                     let home = state.home_of(&shard);
-                    state.record(|entity_type| Event::ShardMoved {
-                        entity_type,
-                        shard: shard.clone(),
-                        from: from.clone(),
-                        to: home.clone(),
-                        released,
-                    });
+                    let to = home.as_deref();
+                    history::shard_moved(&state.args.type_name, &shard, &from, to, released);
                     for region in waiting {
                         state.tell_home(&shard, home.clone(), &region);
                     }
@@ -380,13 +370,6 @@ impl CoordinatorState {
                 home,
                 coordinator: self.args.token,
             }));
-        }
-    }
-
-    /// Records the event `of` this coordinator's entity type.
-    fn record(&self, of: impl FnOnce(String) -> Event) {
-        if let Some(h) = &self.args.history {
-            h.record(of(self.args.type_name.clone()));
         }
     }
 
@@ -560,12 +543,7 @@ impl CoordinatorState {
         {
             tracing::debug!(entity_type = %self.args.type_name, shard, from, to, "rebalance: moving a shard");
             crate::metrics::rebalance_move(&self.args.type_name);
-            self.record(|entity_type| Event::ShardMoving {
-                entity_type,
-                shard: shard.clone(),
-                from: from.clone(),
-                to: to.clone(),
-            });
+            history::shard_moving(&self.args.type_name, &shard, &from, &to);
             self.homes.remove(&shard);
             self.moving.insert(
                 shard.clone(),
@@ -843,7 +821,6 @@ mod tests {
             settings: Arc::new(settings),
             strategy: Arc::new(LeastShards { threshold: 1 }),
             subscriptions: node.subscriptions(),
-            history: None,
             token: FencingToken::new(1),
             store: Arc::new(MemoryStore::new()),
             system: "test".into(),

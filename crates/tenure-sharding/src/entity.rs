@@ -38,8 +38,6 @@ pub struct EntityContext {
     /// The node hosting it (`host:port`).
     pub node: String,
     pub(crate) shard: ActorRef<ShardMsg>,
-    /// Where entities record what they do (writes), when the node keeps a history.
-    pub history: Option<tenure_cluster::History>,
 }
 
 impl EntityContext {

@@ -62,6 +62,7 @@ pub mod daemon;
 mod direct;
 mod entity;
 mod entity_ref;
+mod history;
 mod messages;
 pub mod metrics;
 mod region;
@@ -543,7 +544,6 @@ pub(crate) async fn start_with_settings(
                 settings: settings.clone(),
                 strategy: strategy.clone(),
                 subscriptions: node.subscriptions(),
-                history: node.history().cloned(),
                 token: FencingToken::new(0),
                 store: template.store.clone(),
                 system: cluster.system.clone(),
@@ -582,7 +582,6 @@ pub(crate) async fn start_with_settings(
         settings: settings.clone(),
         hosting,
         coordinator: coordinator.clone(),
-        history: node.history().cloned(),
         routes: routes.clone(),
     };
     let (actor, _) = Actor::spawn(None, Region, args)

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent, pg};
-use tenure_cluster::{ClusterEvent, HandOver, History, Member, MemberStatus};
+use tenure_cluster::{ClusterEvent, HandOver, Member, MemberStatus};
 use tenure_lease::{FencingToken, LeaseSpec};
 use tenure_singleton::SingletonProxy;
 use tokio::time::Instant;
@@ -64,8 +64,6 @@ pub struct RegionArgs {
     pub hosting: Option<(EntityFactory, LeaseSpec)>,
     /// Reaches the entity type's coordinator singleton.
     pub coordinator: SingletonProxy<CoordinatorMsg>,
-    /// Where the region records what it does, when the node keeps a history.
-    pub history: Option<History>,
     /// The local fast path to entities, shared with the region's handles: its shards open
     /// and close their entities' routes.
     pub routes: Arc<crate::Routes>,
@@ -667,7 +665,6 @@ impl RegionState {
             lease,
             factory: factory.clone(),
             settings: self.args.settings.clone(),
-            history: self.args.history.clone(),
         };
         match Shard::start_routed(args, Some(self.myself.get_cell()), self.args.routes.clone())
             .await
@@ -1017,7 +1014,6 @@ mod tests {
             settings: settings.clone(),
             hosting: None,
             coordinator: coordinator.clone(),
-            history: None,
             routes: routes.clone(),
         };
         let (actor, _) = Actor::spawn(None, Region, args).await.unwrap();

@@ -17,8 +17,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
-use tenure_cluster::History;
-use tenure_history::{EntityLife, Event, ShardLife};
 use tenure_lease::{
     FencingToken, LeaseActor, LeaseEvent, LeaseEventSink, LeaseMsg, LeaseSpec, LeaseView,
     RememberChange, StopBudget,
@@ -27,6 +25,7 @@ use tokio::time::Instant;
 
 use crate::direct::{Routes, Ticket};
 use crate::entity::{EntityContext, EntityFactory, EntityMsg, shard_of};
+use crate::history::{self, EntityEvent, ShardEvent};
 use crate::messages::{
     AskReply, Envelope, Pending as RegionPending, ask_expired, refuse_buffer_full,
 };
@@ -48,8 +47,6 @@ pub struct ShardArgs {
     pub factory: EntityFactory,
     /// The entity type's sharding settings.
     pub settings: Arc<ShardingSettings>,
-    /// Where the shard and its entities record what they do, when the node keeps a history.
-    pub history: Option<History>,
 }
 
 /// Where a shard stands (for inspection and tests).
@@ -292,7 +289,7 @@ impl Actor for Shard {
             state.stop_entities("shard stopped", Stop::Now).await;
             state.flush_remembered().await;
             if let Some(token) = state.serving.take() {
-                state.record(Event::ShardStopped, token, "shard stopped");
+                state.record(history::shard_stopped, token, "shard stopped");
             }
             state.release().await;
         }
@@ -334,7 +331,7 @@ impl Actor for Shard {
                 {
                     state.serving = Some(granted.token);
                     tracing::debug!(shard = %state.args.shard_id, token = granted.token.get(), "shard lease granted");
-                    state.record(Event::ShardStarted, granted.token, "");
+                    state.record(history::shard_started, granted.token, "");
                     if let Some(r) = &mut state.remember {
                         // Messages wait until the remembered entities started.
                         r.serve(granted.token, myself.clone(), state.view.clone());
@@ -347,10 +344,10 @@ impl Actor for Shard {
                 if state.serving == Some(lost.token) {
                     tracing::warn!(shard = %state.args.shard_id, token = lost.token.get(), reason = %lost.reason,
                         "shard lease lost: stopping its entities, then acquiring again");
-                    state.record(Event::ShardLeaseLost, lost.token, &lost.reason.to_string());
+                    state.record(history::shard_lease_lost, lost.token, &lost.reason.to_string());
                     state.stop_entities("lease lost", Stop::Now).await;
                     state.record(
-                        Event::ShardStopped,
+                        history::shard_stopped,
                         lost.token,
                         &format!("lease lost: {}", lost.reason),
                     );
@@ -415,7 +412,7 @@ impl Actor for Shard {
                 // reads the ids.
                 state.flush_remembered().await;
                 if let Some(token) = state.serving.take() {
-                    state.record(Event::ShardStopped, token, "hand-off");
+                    state.record(history::shard_stopped, token, "hand-off");
                 }
                 let released = state.release().await;
                 let shard = state.args.shard_id.clone();
@@ -470,7 +467,7 @@ impl Actor for Shard {
             tracing::error!(shard = %state.args.shard_id, why, "lease actor ended; stopping the entities and acquiring again");
             state.stop_entities("lease actor ended", Stop::Now).await;
             if let Some(token) = state.serving.take() {
-                state.record(Event::ShardStopped, token, "lease actor ended");
+                state.record(history::shard_stopped, token, "lease actor ended");
             }
             if let Some(r) = &mut state.remember {
                 r.reset();
@@ -501,7 +498,7 @@ impl Actor for Shard {
             routes.close(&id, Some(e.actor.get_id()));
         }
         if let Some(token) = state.serving {
-            state.record_entity(Event::EntityStopped, &id, token, &why);
+            state.record_entity(history::entity_stopped, &id, token, &why);
         }
         // Messages that arrived while it passivated go to its next incarnation.
         let (mine, others): (VecDeque<Pending>, VecDeque<Pending>) =
@@ -620,12 +617,11 @@ impl ShardState {
             token,
             node: self.args.node.clone(),
             shard: self.myself.clone(),
-            history: self.args.history.clone(),
         };
         match (self.args.factory)(ctx, self.myself.get_cell()) {
             Ok(starting) => {
                 // Its life begins now: its `start` may already act under the token.
-                self.record_entity(Event::EntityStarted, entity, token, "");
+                self.record_entity(history::entity_started, entity, token, "");
                 let (shard, id) = (self.myself.clone(), starting.actor.get_id());
                 let name = entity.to_string();
                 tokio::spawn(async move {
@@ -784,7 +780,7 @@ impl ShardState {
                 self.entities.remove(entity);
                 if let Some(token) = self.serving {
                     self.record_entity(
-                        Event::EntityStopped,
+                        history::entity_stopped,
                         entity,
                         token,
                         &format!("start failed: {e}"),
@@ -903,7 +899,7 @@ impl ShardState {
 
     fn record_stopped(&self, entity: &str, why: &str) {
         if let Some(token) = self.serving {
-            self.record_entity(Event::EntityStopped, entity, token, why);
+            self.record_entity(history::entity_stopped, entity, token, why);
         }
     }
 
@@ -925,35 +921,17 @@ impl ShardState {
         );
     }
 
-    fn record(&self, event: fn(ShardLife) -> Event, token: FencingToken, why: &str) {
-        if let Some(h) = &self.args.history {
-            let (entity_type, shard) = (self.args.type_name.clone(), self.args.shard_id.clone());
-            h.record(event(ShardLife::new(
-                entity_type,
-                shard,
-                token.get(),
-                why.to_string(),
-            )));
-        }
+    fn record(&self, event: ShardEvent, token: FencingToken, why: &str) {
+        event(&self.args.type_name, &self.args.shard_id, token, why);
     }
 
-    fn record_entity(
-        &self,
-        event: fn(EntityLife) -> Event,
-        entity: &str,
-        token: FencingToken,
-        why: &str,
-    ) {
-        if let Some(h) = &self.args.history {
-            let (entity_type, shard) = (self.args.type_name.clone(), self.args.shard_id.clone());
-            let life = EntityLife::new(
-                entity_type,
-                shard,
-                entity.to_string(),
-                token.get(),
-                why.into(),
-            );
-            h.record(event(life));
-        }
+    fn record_entity(&self, event: EntityEvent, entity: &str, token: FencingToken, why: &str) {
+        event(
+            &self.args.type_name,
+            &self.args.shard_id,
+            entity,
+            token,
+            why,
+        );
     }
 }

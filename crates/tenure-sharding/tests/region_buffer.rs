@@ -44,7 +44,6 @@ async fn an_ask_whose_caller_gave_up_leaves_the_region_buffer() {
         settings: Arc::new(settings),
         hosting: None,
         coordinator,
-        history: None,
         routes: Default::default(),
     };
     let (region, _) = Actor::spawn(None, Region, args).await.unwrap();

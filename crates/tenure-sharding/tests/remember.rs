@@ -185,7 +185,6 @@ impl Fixture {
             lease: LeaseSpec::new(LEASE, owner, store, lease_settings()).unwrap(),
             factory: entity_factory(Probe(self.tx.clone())),
             settings: Arc::new(settings),
-            history: None,
         };
         Shard::start(args, None).await.unwrap()
     }

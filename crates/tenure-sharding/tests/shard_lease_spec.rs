@@ -134,7 +134,6 @@ impl Fixture {
             lease: LeaseSpec::new(LEASE, owner, store, lease_settings()).unwrap(),
             factory,
             settings: Arc::new(settings),
-            history: None,
         };
         Shard::start(args, None).await.unwrap()
     }

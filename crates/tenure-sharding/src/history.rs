@@ -1,0 +1,139 @@
+//! The sharding layer's history events (docs/history.md, "Cluster, singleton and sharding
+//! events"): a shard's and an entity's life under the shard's grant, and the coordinator's
+//! moves, each a `tracing` event on [`TARGET`] that the process's history writer, when
+//! installed, records.
+
+use tenure_lease::FencingToken;
+use tenure_lease::history::TARGET;
+
+/// An emitter of a shard's life event: entity type, shard, token, why.
+pub(crate) type ShardEvent = fn(&str, &str, FencingToken, &str);
+
+/// An emitter of an entity's life event: entity type, shard, entity, token, why.
+pub(crate) type EntityEvent = fn(&str, &str, &str, FencingToken, &str);
+
+/// `shard_started`: `shard` of `entity_type` serves on this node under `token`.
+pub(crate) fn shard_started(entity_type: &str, shard: &str, token: FencingToken, why: &str) {
+    shard_life("shard_started", entity_type, shard, token, why);
+}
+
+/// `shard_stopped`: it stopped serving, and why.
+pub(crate) fn shard_stopped(entity_type: &str, shard: &str, token: FencingToken, why: &str) {
+    shard_life("shard_stopped", entity_type, shard, token, why);
+}
+
+/// `shard_lease_lost`: its lease, granted with `token`, was lost, and why.
+pub(crate) fn shard_lease_lost(entity_type: &str, shard: &str, token: FencingToken, why: &str) {
+    shard_life("shard_lease_lost", entity_type, shard, token, why);
+}
+
+fn shard_life(event: &str, entity_type: &str, shard: &str, token: FencingToken, why: &str) {
+    tracing::info!(target: TARGET, event, r#type = entity_type, shard, token = token.get(), why);
+}
+
+/// `entity_started`: entity `entity` of `shard` is spawned under `token`; its `start` may
+/// act from here.
+pub(crate) fn entity_started(
+    entity_type: &str,
+    shard: &str,
+    entity: &str,
+    token: FencingToken,
+    why: &str,
+) {
+    entity_life("entity_started", entity_type, shard, entity, token, why);
+}
+
+/// `entity_stopped`: it has terminated, and why.
+pub(crate) fn entity_stopped(
+    entity_type: &str,
+    shard: &str,
+    entity: &str,
+    token: FencingToken,
+    why: &str,
+) {
+    entity_life("entity_stopped", entity_type, shard, entity, token, why);
+}
+
+fn entity_life(
+    event: &str,
+    entity_type: &str,
+    shard: &str,
+    entity: &str,
+    token: FencingToken,
+    why: &str,
+) {
+    tracing::info!(target: TARGET, event, r#type = entity_type, shard, entity,
+        token = token.get(), why);
+}
+
+/// `shard_moving`: the coordinator of `entity_type` moves `shard` from `from` to `to` (a
+/// rebalance); its hand-off begins.
+pub(crate) fn shard_moving(entity_type: &str, shard: &str, from: &str, to: &str) {
+    tracing::info!(target: TARGET, event = "shard_moving", r#type = entity_type, shard, from,
+        to);
+}
+
+/// `shard_moved`: the hand-off of `shard` from `from` ended (`released`: its lease was
+/// released) and its new home `to` was told (`None`: no region could take it).
+pub(crate) fn shard_moved(
+    entity_type: &str,
+    shard: &str,
+    from: &str,
+    to: Option<&str>,
+    released: bool,
+) {
+    tracing::info!(target: TARGET, event = "shard_moved", r#type = entity_type, shard, from, to,
+        released);
+}
+
+#[cfg(test)]
+mod tests {
+    use tenure_history::{EntityLife, Event, Recorder, ShardLife};
+
+    use super::*;
+
+    #[test]
+    fn every_event_is_its_documented_kind() {
+        let token = FencingToken::new(6);
+        let recorder = Recorder::new("a:1", "1f");
+        recorder.record(|| {
+            shard_started("counter", "4", token, "");
+            entity_started("counter", "4", "key-1", token, "");
+            shard_lease_lost("counter", "4", token, "expired");
+            entity_stopped("counter", "4", "key-1", token, "lease lost");
+            shard_stopped("counter", "4", token, "lease lost: expired");
+            shard_moving("counter", "4", "a:1", "b:2");
+            shard_moved("counter", "4", "a:1", Some("b:2"), true);
+            shard_moved("counter", "4", "a:1", None, false);
+        });
+        let unknown = recorder.unknown_events();
+        assert_eq!(unknown.count(), 0, "{:?}", unknown.reasons());
+        let s = |v: &str| v.to_string();
+        let shard = |why: &str| ShardLife::new(s("counter"), s("4"), 6, s(why));
+        let entity = |why: &str| EntityLife::new(s("counter"), s("4"), s("key-1"), 6, s(why));
+        let moved = |to: Option<&str>, released| Event::ShardMoved {
+            entity_type: s("counter"),
+            shard: s("4"),
+            from: s("a:1"),
+            to: to.map(s),
+            released,
+        };
+        let expected = [
+            Event::ShardStarted(shard("")),
+            Event::EntityStarted(entity("")),
+            Event::ShardLeaseLost(shard("expired")),
+            Event::EntityStopped(entity("lease lost")),
+            Event::ShardStopped(shard("lease lost: expired")),
+            Event::ShardMoving {
+                entity_type: s("counter"),
+                shard: s("4"),
+                from: s("a:1"),
+                to: s("b:2"),
+            },
+            moved(Some("b:2"), true),
+            moved(None, false),
+        ];
+        let recorded: Vec<Event> = recorder.entries().into_iter().map(|e| e.event).collect();
+        assert_eq!(recorded, expected);
+    }
+}
