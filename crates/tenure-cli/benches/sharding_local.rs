@@ -190,13 +190,9 @@ async fn throughput(asks: u64, tells: u64) {
     )
     .unwrap();
     let provider = tenure::provider(config.clone()).unwrap();
-    let node = Node::start(
-        ClusterSettings::from_config(&config).unwrap(),
-        &provider,
-        None,
-    )
-    .await
-    .unwrap();
+    let node = Node::start(ClusterSettings::from_config(&config).unwrap(), &provider)
+        .await
+        .unwrap();
     let count = Arc::new(AtomicU64::new(0));
     let region = tenure::sharding::start_on_node(
         &node,

@@ -414,10 +414,11 @@ async fn run(cli: Cli) -> Result<Outcome, CliError> {
                 run_cmd::run(&provider, &target, guard, &command).await
             }
         },
-        Command::Node { history } => {
-            let history = history.as_deref();
-            let host = async |_: &_, _: Option<&_>| Ok(());
-            node_cmd::node(provider.config(), &provider, history, incarnation, host).await
+        Command::Node { .. } => {
+            node_cmd::node(provider.config(), &provider, incarnation, async |_, _| {
+                Ok(())
+            })
+            .await
         }
         Command::Demo {
             part: Some(DemoCommand::Node(args)),

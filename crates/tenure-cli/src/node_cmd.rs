@@ -1,7 +1,6 @@
 //! `tenure node` and `tenure cluster …`.
 
 use std::io::Write;
-use std::path::Path;
 
 use tenure::cluster::transport::LinkFault;
 use tenure::cluster::{
@@ -20,7 +19,6 @@ use crate::exit::{CliError, Outcome};
 pub async fn node(
     config: &TenureConfig,
     provider: &LeaseProvider,
-    history: Option<&Path>,
     incarnation: Incarnation,
     host: impl AsyncFnOnce(&Node, Option<&Management>) -> Result<(), CliError>,
 ) -> Result<Outcome, CliError> {
@@ -37,11 +35,10 @@ pub async fn node(
         provider.observe(table.observer());
         table
     });
-    let mut node = Node::builder(settings).incarnation(incarnation);
-    if let Some(path) = history {
-        node = node.history(path);
-    }
-    let node = node.start(provider).await?;
+    let node = Node::builder(settings)
+        .incarnation(incarnation)
+        .start(provider)
+        .await?;
     let management = match leases {
         Some(table) => Some(
             Management::start(&node, table, management)

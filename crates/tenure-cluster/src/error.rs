@@ -53,15 +53,6 @@ pub enum ClusterError {
     /// An actor of the node could not be started or has stopped.
     #[error("cluster node actor: {0}")]
     Actor(String),
-    /// The history file cannot be opened for appending.
-    #[error("history file {path}: {source}")]
-    History {
-        /// The history file's path.
-        path: String,
-        /// The I/O error.
-        #[source]
-        source: std::io::Error,
-    },
     /// Could not reach or talk to a node.
     #[error("node {addr}: {detail}")]
     Connect {

@@ -3,73 +3,10 @@
 //! operators' decisions, and link faults, each a `tracing` event on [`TARGET`] that the
 //! process's history writer, when installed, records.
 
-use std::fs::{File, OpenOptions};
-use std::io::Write;
-use std::path::Path;
-use std::sync::{Arc, Mutex};
-
-use tenure_history::{Entry, Event};
 use tenure_lease::history::TARGET;
 
-use crate::identity::{Incarnation, NodeAddr};
+use crate::identity::NodeAddr;
 use crate::member::Member;
-
-/// An append-only history file shared by the parts of one node.
-#[derive(Clone)]
-pub struct History {
-    file: Arc<Mutex<File>>,
-    node: String,
-    inc: String,
-}
-
-impl std::fmt::Debug for History {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("History").field("node", &self.node).finish()
-    }
-}
-
-impl History {
-    /// Opens (creating or appending to) the history at `path`.
-    pub fn open(
-        path: &Path,
-        node: &NodeAddr,
-        incarnation: Incarnation,
-    ) -> std::io::Result<History> {
-        History::open_for_owner(path, &node.to_string(), incarnation)
-    }
-
-    /// Opens the history at `path` for a process that holds leases as `owner` without
-    /// being a cluster node (e.g. `tenure lease run`): its lines name `owner` as their
-    /// `node`, and `incarnation` tells this process from others of the same owner.
-    pub fn open_for_owner(
-        path: &Path,
-        owner: &str,
-        incarnation: Incarnation,
-    ) -> std::io::Result<History> {
-        let file = OpenOptions::new().create(true).append(true).open(path)?;
-        Ok(History {
-            file: Arc::new(Mutex::new(file)),
-            node: owner.to_string(),
-            inc: incarnation.to_string(),
-        })
-    }
-
-    /// Appends `event` about this node, stamped now.
-    pub fn record(&self, event: Event) {
-        self.append(&Entry::now(self.node.clone(), self.inc.clone(), event));
-    }
-
-    /// Appends `entry` as it is (e.g. a harness's fault about another process).
-    pub fn append(&self, entry: &Entry) {
-        let mut text = entry.to_json().to_string();
-        text.push('\n');
-        // One write per line with O_APPEND: lines of concurrent writers do not interleave.
-        let mut file = self.file.lock().unwrap_or_else(|e| e.into_inner());
-        if let Err(e) = file.write_all(text.as_bytes()) {
-            tracing::warn!(error = %e, "cannot append to the history");
-        }
-    }
-}
 
 /// `node_started`: the node process started.
 pub(crate) fn node_started() {
@@ -142,6 +79,7 @@ mod tests {
     use tenure_history::{AboutMember, Event, Link, Recorder};
 
     use super::*;
+    use crate::identity::Incarnation;
     use crate::member::MemberStatus;
 
     #[test]

@@ -32,7 +32,6 @@ pub mod transport;
 pub use agent::scope;
 pub use client::ClusterClient;
 pub use error::{ClusterError, OperatorRefusal};
-pub use history::History;
 pub use identity::{Incarnation, NodeAddr};
 pub use member::{ClusterEvent, Listed, Member, MemberStatus, Membership};
 pub use node::{Inspector, Node, NodeBuilder, Operator, Subscriptions};

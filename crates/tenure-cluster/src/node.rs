@@ -1,7 +1,6 @@
 //! A cluster node: the ractor_cluster node server, the agent, and the member lease.
 
 use std::net::{IpAddr, Ipv6Addr};
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,7 +12,6 @@ use tenure_lease::{LeaseMsg, LeaseProvider};
 use crate::agent::{Agent, AgentArgs, RELEASE_SLACK, Refusal};
 use crate::error::ClusterError;
 use crate::error::OperatorRefusal;
-use crate::history::History;
 use crate::identity::{Incarnation, NodeAddr};
 use crate::placement::Placement;
 use crate::protocol::{
@@ -40,23 +38,15 @@ impl Subscriptions {
     }
 }
 
-/// Starts a [`Node`]: `Node::builder(settings).history(path).start(&provider)`.
+/// Starts a [`Node`]: `Node::builder(settings).start(&provider)`.
 #[derive(Debug, Clone)]
 #[must_use = "a builder does nothing until `start`"]
 pub struct NodeBuilder {
     settings: ClusterSettings,
-    history: Option<std::path::PathBuf>,
     incarnation: Option<Incarnation>,
 }
 
 impl NodeBuilder {
-    /// Appends the node's events to the JSON Lines file `path` (see docs/history.md), which
-    /// `tenure check` verifies. Without it the node keeps no history.
-    pub fn history(mut self, path: impl Into<std::path::PathBuf>) -> Self {
-        self.history = Some(path.into());
-        self
-    }
-
     /// Starts the node as `incarnation` rather than a new one: for a process that names
     /// it before the node starts, such as in its history writer. Give each process start
     /// its own: peers tell two runs of one address apart by it.
@@ -68,13 +58,7 @@ impl NodeBuilder {
     /// As [`Node::start`].
     pub async fn start(self, provider: &LeaseProvider) -> Result<Node, ClusterError> {
         let incarnation = self.incarnation.unwrap_or_default();
-        Node::start_as(
-            self.settings,
-            provider,
-            self.history.as_deref(),
-            incarnation,
-        )
-        .await
+        Node::start_as(self.settings, provider, incarnation).await
     }
 }
 
@@ -169,7 +153,6 @@ pub struct Node {
     server: ActorRef<NodeServerMessage>,
     #[cfg(feature = "fault-injection")]
     links: Arc<Links>,
-    history: Option<History>,
     refused: Arc<std::sync::OnceLock<Refusal>>,
     downed: Arc<std::sync::OnceLock<String>>,
     leave_requests: Arc<tokio::sync::watch::Sender<Option<String>>>,
@@ -180,27 +163,26 @@ impl Node {
     pub fn builder(settings: ClusterSettings) -> NodeBuilder {
         NodeBuilder {
             settings,
-            history: None,
             incarnation: None,
         }
     }
 
-    /// Starts a node: listens on `cluster.host:cluster.port`, starts acquiring its member
-    /// lease in `cluster.lease-section` of `provider`, and dials the seeds; appends its
-    /// events to the JSON Lines `history` file when given. Returns once
-    /// listening; membership follows (subscribe to see it). One node per process.
+    /// Starts a node as a new incarnation: listens on `cluster.host:cluster.port`, starts
+    /// acquiring its member lease in `cluster.lease-section` of `provider`, and dials the
+    /// seeds. Returns once listening; membership follows (subscribe to see it). One node
+    /// per process. Its history events (docs/history.md) go to the process's history
+    /// writer, when one is installed (`tenure_history::HistoryLayer`, built with this
+    /// node's address and incarnation: see [`NodeBuilder::incarnation`]).
     pub async fn start(
         settings: ClusterSettings,
         provider: &LeaseProvider,
-        history: Option<&Path>,
     ) -> Result<Node, ClusterError> {
-        Node::start_as(settings, provider, history, Incarnation::new()).await
+        Node::start_as(settings, provider, Incarnation::new()).await
     }
 
     async fn start_as(
         mut settings: ClusterSettings,
         provider: &LeaseProvider,
-        history: Option<&Path>,
         incarnation: Incarnation,
     ) -> Result<Node, ClusterError> {
         // Placement with the store kinds' defaults filled in: a member that writes an
@@ -210,14 +192,6 @@ impl Node {
                 provider.section_with_defaults(name)
             })?;
         let addr = settings.addr.clone();
-        let history = history
-            .map(|path| {
-                History::open(path, &addr, incarnation).map_err(|source| ClusterError::History {
-                    path: path.display().to_string(),
-                    source,
-                })
-            })
-            .transpose()?;
         let tls = settings.tls.as_ref().map(Tls::load).transpose()?;
         let store = provider.store(&settings.lease_section).await?;
         tenure_lease::names::check_lease_name(&settings.member_lease_name(&addr))?;
@@ -331,7 +305,6 @@ impl Node {
             server,
             #[cfg(feature = "fault-injection")]
             links,
-            history,
             refused,
             downed,
             leave_requests,
@@ -357,11 +330,6 @@ impl Node {
     #[cfg(feature = "fault-injection")]
     pub fn links(&self) -> &Links {
         &self.links
-    }
-
-    /// The node's history, if it keeps one.
-    pub fn history(&self) -> Option<&History> {
-        self.history.as_ref()
     }
 
     /// Delivers [`ClusterEvent`](crate::ClusterEvent)s to `subscriber`: first the current

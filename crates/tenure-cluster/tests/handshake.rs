@@ -88,7 +88,7 @@ ca = "{dir}/ca.pem"
         .fold(StoreRegistry::new(), |r, kind| r.left_out(kind, kind));
     let provider = LeaseProvider::new(config.clone(), registry).unwrap();
     let settings = ClusterSettings::from_config(&config).unwrap();
-    let node = Node::start(settings, &provider, None).await.unwrap();
+    let node = Node::start(settings, &provider).await.unwrap();
 
     // Connects and sends nothing: no TLS handshake.
     let mut silent = tokio::net::TcpStream::connect(("127.0.0.1", port))

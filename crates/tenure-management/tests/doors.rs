@@ -91,13 +91,9 @@ idle-timeout = "300ms"
         .into_iter()
         .fold(StoreRegistry::new(), |r, kind| r.left_out(kind, kind));
     let provider = LeaseProvider::new(config.clone(), registry).unwrap();
-    let node = Node::start(
-        ClusterSettings::from_config(&config).unwrap(),
-        &provider,
-        None,
-    )
-    .await
-    .unwrap();
+    let node = Node::start(ClusterSettings::from_config(&config).unwrap(), &provider)
+        .await
+        .unwrap();
     let settings = ManagementSettings::from_config(&config).unwrap();
     let management = Management::start(&node, LeaseTable::default(), settings)
         .await

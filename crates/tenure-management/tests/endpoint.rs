@@ -109,13 +109,9 @@ token = "management-secret"
     assert!(tenure_management::install_metrics());
     let leases = LeaseTable::default();
     provider.observe(leases.observer());
-    let node = Node::start(
-        ClusterSettings::from_config(&config).unwrap(),
-        &provider,
-        None,
-    )
-    .await
-    .unwrap();
+    let node = Node::start(ClusterSettings::from_config(&config).unwrap(), &provider)
+        .await
+        .unwrap();
     let settings = ManagementSettings::from_config(&config).unwrap();
     let management = Management::start(&node, leases, settings).await.unwrap();
     let addr = management.addr();

@@ -791,13 +791,9 @@ mod tests {
             .into_iter()
             .fold(StoreRegistry::new(), |r, kind| r.left_out(kind, kind));
         let provider = LeaseProvider::new(config.clone(), registry).unwrap();
-        let node = Node::start(
-            ClusterSettings::from_config(&config).unwrap(),
-            &provider,
-            None,
-        )
-        .await
-        .unwrap();
+        let node = Node::start(ClusterSettings::from_config(&config).unwrap(), &provider)
+            .await
+            .unwrap();
         let scope = "coordinator-homes-test";
         let (told, mut heard) = mpsc::unbounded_channel();
         let host = node.addr().to_string();

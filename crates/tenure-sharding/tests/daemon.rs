@@ -55,13 +55,9 @@ async fn every_worker_runs_in_its_own_shard_with_no_traffic_but_keep_alives() {
         .into_iter()
         .fold(StoreRegistry::new(), |r, kind| r.left_out(kind, kind));
     let provider = LeaseProvider::new(config.clone(), registry).unwrap();
-    let node = Node::start(
-        ClusterSettings::from_config(&config).unwrap(),
-        &provider,
-        None,
-    )
-    .await
-    .unwrap();
+    let node = Node::start(ClusterSettings::from_config(&config).unwrap(), &provider)
+        .await
+        .unwrap();
     let (tx, mut started) = mpsc::unbounded_channel();
     let probe = || Probe {
         started: tx.clone(),

@@ -77,13 +77,9 @@ async fn one_senders_messages_keep_their_order_across_starts_direct_sends_and_pa
         .into_iter()
         .fold(StoreRegistry::new(), |r, kind| r.left_out(kind, kind));
     let provider = LeaseProvider::new(config.clone(), registry).unwrap();
-    let node = Node::start(
-        ClusterSettings::from_config(&config).unwrap(),
-        &provider,
-        None,
-    )
-    .await
-    .unwrap();
+    let node = Node::start(ClusterSettings::from_config(&config).unwrap(), &provider)
+        .await
+        .unwrap();
     let seen: Seen = Arc::default();
     let region = tenure_sharding::start_on_node(
         &node,

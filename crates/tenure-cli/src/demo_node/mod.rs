@@ -131,13 +131,9 @@ pub async fn run(
         slow_stop: args.slow_stop_when.clone().map(SlowStopSwitch::new),
         daemon: args.daemon,
     };
-    crate::node_cmd::node(
-        config,
-        provider,
-        args.history.as_deref(),
-        incarnation,
-        async |node, management| host(node, provider, management, hosting).await,
-    )
+    crate::node_cmd::node(config, provider, incarnation, async |node, management| {
+        host(node, provider, management, hosting).await
+    })
     .await
 }
 

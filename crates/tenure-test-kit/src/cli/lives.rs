@@ -4,8 +4,8 @@
 //! [`actions`], so both see the same thing.
 
 use serde_json::Value;
-use tenure_cli::check::actions::{ActionKind, actions};
-use tenure_cli::check::{Entry, Event};
+use tenure::history::check::actions::{ActionKind, actions};
+use tenure::history::{Entry, Event};
 
 /// One life of a shard, or of a singleton instance, on one node.
 #[derive(Debug, Clone)]

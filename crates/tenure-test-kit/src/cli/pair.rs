@@ -43,7 +43,6 @@ pub async fn start(
     let node = Node::start(
         ClusterSettings::from_config(config).expect("cluster settings"),
         &provider,
-        None,
     )
     .await
     .expect("start the node");

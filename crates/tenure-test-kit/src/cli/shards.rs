@@ -15,11 +15,11 @@ use super::lives::{Life, shard_lives};
 /// counter's final value is at least every acknowledged one. `final_value` reads the
 /// counter. Returns how many acknowledgements were checked.
 pub fn check_acks(history: &[Value], final_value: impl Fn(&str) -> u64) -> usize {
-    let events: Vec<tenure_cli::check::Entry> = history
+    let events: Vec<tenure::history::Entry> = history
         .iter()
-        .map(|e| tenure_cli::check::Entry::from_json(e.clone(), 0).expect("a history line"))
+        .map(|e| tenure::history::Entry::from_json(e.clone(), 0).expect("a history line"))
         .collect();
-    let acks = tenure_cli::check::check_acks(&events, &|key| Some(final_value(key)));
+    let acks = tenure::history::check::check_acks(&events, &|key| Some(final_value(key)));
     if let Some(v) = acks.violations.first() {
         panic!("{v}");
     }
@@ -124,9 +124,9 @@ pub fn open_loop_options(
 
 /// The requests of the load recorded in `history` (`ack` / `no_ack` with `issued`).
 pub fn load_requests(history: &[Value]) -> Vec<tenure_cli::availability::Request> {
-    let events: Vec<tenure_cli::check::Entry> = history
+    let events: Vec<tenure::history::Entry> = history
         .iter()
-        .map(|e| tenure_cli::check::Entry::from_json(e.clone(), 0).expect("a history line"))
+        .map(|e| tenure::history::Entry::from_json(e.clone(), 0).expect("a history line"))
         .collect();
     tenure_cli::availability::requests(&events)
 }
