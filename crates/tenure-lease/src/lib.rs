@@ -35,7 +35,7 @@
 //! (crate-private `machine` module): it takes messages, store answers and the holder clock's
 //! reading as inputs and returns effects (store calls, timers, replies, events), reading no
 //! clock and awaiting nothing. The actor only drives it, and one emitter turns its events
-//! into every output: the [`LeaseEventSink`], lost-callbacks, [history](history) events,
+//! into every output: the [`LeaseEventSink`], lost-callbacks, [history] events,
 //! [`LeaseObserver`] traces, metrics and log lines.
 
 mod actor;
