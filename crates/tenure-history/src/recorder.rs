@@ -7,6 +7,7 @@ use tracing::subscriber::NoSubscriber;
 use tracing_subscriber::layer::SubscriberExt;
 
 use crate::entry::Entry;
+use crate::event::Event;
 use crate::layer::{HistoryLayer, UnknownEvents, node_span};
 
 /// A history kept in memory: a [`HistoryLayer`] in a subscriber of its own, which code runs
@@ -80,6 +81,18 @@ impl Recorder {
     /// The events dropped as no known event (bugs in their emitters).
     pub fn unknown_events(&self) -> &UnknownEvents {
         &self.unknown
+    }
+
+    /// The events recorded so far, in order, when every event emitted was a known one;
+    /// `Err` says how many were not, and why (a test of an emitter fails on it).
+    pub fn known_events(&self) -> Result<Vec<Event>, String> {
+        match self.unknown.count() {
+            0 => Ok(self.entries().into_iter().map(|e| e.event).collect()),
+            n => Err(format!(
+                "{n} events no history knows: {:?}",
+                self.unknown.reasons()
+            )),
+        }
     }
 }
 
