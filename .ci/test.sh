@@ -24,10 +24,12 @@ summary() {
   printf '%s\n' "${times[@]}"
   [ -z "$current" ] || echo "  failed in: $current"
   printf '%6d s  in all\n' "$SECONDS"
-  # The tests' closing line: nextest's and cargo test's counts added up.
-  local passed failed
-  passed=$( (grep -oE '[0-9]+ passed' "$log" || true) | awk '{s += $1} END {print s + 0}')
-  failed=$( (grep -oE '[0-9]+ failed' "$log" || true) | awk '{s += $1} END {print s + 0}')
+  # The tests' closing line: nextest's summaries and cargo test's results added up (a
+  # failed test's own output, which nextest shows indented, is not counted again).
+  local results passed failed
+  results=$(grep -E '^ *Summary \[|^test result:' "$log" || true)
+  passed=$( (grep -oE '[0-9]+ passed' <<<"$results" || true) | awk '{s += $1} END {print s + 0}')
+  failed=$( (grep -oE '[0-9]+ failed' <<<"$results" || true) | awk '{s += $1} END {print s + 0}')
   rm -f "$log"
   echo "tests: $passed passed, $failed failed"
   exit "$status"
@@ -104,8 +106,8 @@ step "package" package
 step "build tests" cargo test --workspace --all-features --locked --no-run
 step "build benches" cargo test --workspace --all-features --locked --benches --no-run
 # cargo-nextest (on the machines of this project's kind) runs each test in its own process,
-# two at a time, the multi-process suites' clusters one at a time per group
-# (.config/nextest.toml); without it, cargo test runs the same tests one binary at a time.
+# two at a time, the multi-process suites' clusters one at a time (.config/nextest.toml);
+# without it, cargo test runs the same tests one binary at a time.
 if cargo nextest --version >/dev/null 2>&1; then
   step "tests (nextest)" counted cargo nextest run --workspace --all-features --locked --no-fail-fast
   step "doc tests" counted cargo test --workspace --all-features --locked --doc

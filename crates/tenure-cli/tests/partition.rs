@@ -13,8 +13,8 @@ use std::time::Duration;
 use cli::cluster::Cluster;
 use cli::lives::shard_lives;
 use cli::service::{
-    ASK_TIMEOUT_NS, KEYS, full_service_after, loaded_cluster, now_ns, proxy_replies, served_keys,
-    wait_all_keys_served,
+    ASK_TIMEOUT_NS, KEYS, full_service_after, loaded_cluster, loaded_cluster_with, now_ns,
+    proxy_replies, served_keys, wait_all_keys_served,
 };
 use cli::shards::{live_shards, load_requests};
 use tenure::history::Event;
@@ -107,7 +107,17 @@ fn during(
     fault: impl FnOnce(&mut Cluster),
     heal: impl FnOnce(&mut Cluster),
 ) -> Cluster {
-    let mut c = loaded_cluster(n);
+    during_on(loaded_cluster(n), what, survivors, fault, heal)
+}
+
+/// [`during`] on the loaded cluster `c`.
+fn during_on(
+    mut c: Cluster,
+    what: &str,
+    survivors: &[usize],
+    fault: impl FnOnce(&mut Cluster),
+    heal: impl FnOnce(&mut Cluster),
+) -> Cluster {
     let kept = shards_of(&c, survivors);
     let at = now_ns();
     let started = std::time::Instant::now();
@@ -354,9 +364,12 @@ fn flap(c: &mut Cluster, cut: Duration, flow: Duration) {
 fn a_link_flapping_faster_than_a_decision_downs_nobody_and_every_node_serves() {
     // Cut long enough to be seen unreachable (unreachable-after 1.5 s), healed before the
     // observations can hold still for stable-after: no decision, no down-all; every node
-    // keeps serving every key between the cuts.
-    let c = during(
-        3,
+    // keeps serving every key between the cuts. Stable-after is 3 s here (1.5 s elsewhere):
+    // a cut lasts longer at the nodes than its 2.5 s by the time the harness's commands
+    // take to cut and heal it (up to a second each on a loaded machine), and it must stay
+    // well below unreachable-after + stable-after.
+    let c = during_on(
+        loaded_cluster_with(3, &[("stable-after", "\"3s\"")]),
         "flapping link (0-1 cut 2.5 s, flowing 1.5 s)",
         &[0, 1, 2],
         |c| flap(c, Duration::from_millis(2500), Duration::from_millis(1500)),
