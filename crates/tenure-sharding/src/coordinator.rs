@@ -789,6 +789,241 @@ mod tests {
         })
     }
 
+    /// What a region double was told: each shard named in one message, with the home it
+    /// was given (`Some(itself)` for a shard it is to host).
+    type Told = (String, Vec<(String, Option<String>)>);
+
+    /// A region double at `addr` that reports every message of the coordinator (`Told`), and
+    /// answers `Vacate` (a barrier: everything sent to it before has been reported).
+    fn counting(addr: &str, told: mpsc::UnboundedSender<Told>) -> RegionDouble<Told> {
+        let addr = addr.to_string();
+        RegionDouble::new(told, move |msg| {
+            let named = match msg {
+                RegionMsg::Host(HostShard { shard, .. }) => vec![(shard, Some(addr.clone()))],
+                RegionMsg::Home(ShardHome { shard, home, .. }) => vec![(shard, home)],
+                RegionMsg::Vacate(_, reply) => {
+                    let _ = reply.send(crate::messages::Vacated {
+                        region: addr.clone(),
+                    });
+                    return None;
+                }
+                _ => Vec::new(),
+            };
+            Some((addr.clone(), named))
+        })
+    }
+
+    fn member(addr: &str) -> Member {
+        Member {
+            addr: tenure_cluster::NodeAddr::parse("member", addr).unwrap(),
+            incarnation: tenure_cluster::Incarnation(1),
+            age: 1,
+            status: MemberStatus::Up,
+            reachable: true,
+            roles: Vec::new(),
+        }
+    }
+
+    /// A one-node cluster (memory store), a coordinator of type `probe` (token 1) and
+    /// region doubles on this node and on `others` fake members up, every one registered
+    /// and available, with `sharding` added to the `[sharding]` section.
+    struct Fixture {
+        node: Node,
+        coordinator: ActorRef<CoordinatorMsg>,
+        regions: Vec<ActorRef<RegionMsg>>,
+        addrs: Vec<String>,
+        heard: mpsc::UnboundedReceiver<Told>,
+    }
+
+    impl Fixture {
+        async fn start(scope: &str, others: usize, sharding: &str) -> Fixture {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            let config = TenureConfig::from_toml_str(
+                &format!(
+                    "[tenure]\ndefault-lease-section = \"memory\"\n\
+                     [lease.memory]\nheartbeat-timeout = \"3s\"\nheartbeat-interval = \"500ms\"\n\
+                     [cluster]\nport = {port}\ncookie = \"coordinator-test\"\n\
+                     member-lease-ttl = \"3s\"\nmember-lease-interval = \"500ms\"\n\
+                     [sharding]\n{sharding}\n"
+                ),
+                "test",
+            )
+            .unwrap();
+            let registry = ["sqlite", "postgres", "etcd", "zookeeper"]
+                .into_iter()
+                .fold(StoreRegistry::new(), |r, kind| r.left_out(kind, kind));
+            let provider = LeaseProvider::new(config.clone(), registry).unwrap();
+            let node = Node::start(
+                ClusterSettings::from_config(&config).unwrap(),
+                &provider,
+                None,
+            )
+            .await
+            .unwrap();
+            let (told, heard) = mpsc::unbounded_channel();
+            let mut addrs = vec![node.addr().to_string()];
+            addrs.extend((0..others).map(|i| format!("127.0.0.1:{}", i + 2)));
+            let mut regions = Vec::new();
+            for addr in &addrs {
+                let (actor, _) = Actor::spawn(None, counting(addr, told.clone()), ())
+                    .await
+                    .unwrap();
+                ractor::pg::join_scoped(
+                    scope.to_string(),
+                    region_group("probe", addr),
+                    vec![actor.get_cell()],
+                );
+                regions.push(actor);
+            }
+            let settings = ShardingSettings::from_config(&config, "probe", "memory").unwrap();
+            let args = CoordinatorArgs {
+                type_name: "probe".into(),
+                scope: scope.into(),
+                strategy: Arc::new(LeastShards { threshold: 1 }),
+                settings: Arc::new(settings),
+                subscriptions: node.subscriptions(),
+                history: None,
+                token: FencingToken::new(1),
+                store: Arc::new(MemoryStore::new()),
+                system: "test".into(),
+                list_timeout: Duration::from_secs(1),
+            };
+            let (coordinator, _) = Actor::spawn(None, Coordinator, args).await.unwrap();
+            let mut f = Fixture {
+                node,
+                coordinator,
+                regions,
+                addrs,
+                heard,
+            };
+            for addr in f.addrs.clone() {
+                f.register(&addr, &[]);
+            }
+            // This node's member first (the coordinator's first view of the members comes
+            // from its node), then the others.
+            f.wait_allocatable(1).await;
+            for addr in &f.addrs[1..] {
+                f.coordinator
+                    .cast(CoordinatorMsg::Local(CoordinatorLocal::Cluster(
+                        ClusterEvent::MemberUp(member(addr)),
+                    )))
+                    .unwrap();
+            }
+            f.wait_allocatable(f.addrs.len()).await;
+            f.told().await;
+            f
+        }
+
+        fn register(&self, addr: &str, shards: &[&str]) {
+            self.coordinator
+                .cast(CoordinatorMsg::RegisterRegion(Register {
+                    region: addr.to_string(),
+                    shards: shards.iter().map(|s| s.to_string()).collect(),
+                    available: true,
+                }))
+                .unwrap();
+        }
+
+        async fn allocation(&self) -> Allocation {
+            ractor::call!(self.coordinator, |r| CoordinatorMsg::GetAllocation(
+                crate::messages::AllocationRequest {},
+                r
+            ))
+            .unwrap()
+        }
+
+        /// Waits until `n` regions may be given shards.
+        async fn wait_allocatable(&self, n: usize) {
+            for _ in 0..600 {
+                if self.allocation().await.regions.len() >= n {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            panic!("fewer than {n} regions became allocatable");
+        }
+
+        /// Every message the regions were told so far: the coordinator has handled what
+        /// was sent to it before (two calls: a flush it sent itself comes after the first),
+        /// and each region has handled what the coordinator sent it.
+        async fn told(&mut self) -> Vec<Told> {
+            self.allocation().await;
+            self.allocation().await;
+            for (region, addr) in self.regions.iter().zip(&self.addrs) {
+                ractor::call!(region, |r| RegionMsg::Vacate(
+                    crate::messages::Vacating { node: addr.clone() },
+                    r
+                ))
+                .unwrap();
+            }
+            let mut told = Vec::new();
+            while let Ok(t) = self.heard.try_recv() {
+                told.push(t);
+            }
+            told
+        }
+
+        async fn stop(self) {
+            self.coordinator.stop(None);
+            for r in self.regions {
+                r.stop(None);
+            }
+            self.node.leave().await.unwrap();
+        }
+    }
+
+    /// A burst of requests for the homes of many shards is one wave of allocations: each
+    /// region is told the homes it learns (and the shards it is to host) in one message,
+    /// so the coordinator sends O(regions) messages per wave, not O(regions x shards).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_wave_of_allocations_tells_each_region_once() {
+        let mut f = Fixture::start(
+            "coordinator-wave-test",
+            4,
+            "retry-interval = \"1h\"\nrebalance-interval = \"1h\"",
+        )
+        .await;
+        let asker = f.addrs[1].clone();
+        let shards = 100;
+        for shard in 0..shards {
+            f.coordinator
+                .cast(CoordinatorMsg::GetHome(GetShardHome {
+                    shard: shard.to_string(),
+                    region: asker.clone(),
+                }))
+                .unwrap();
+        }
+        let told = f.told().await;
+        let homes = f.allocation().await.homes;
+        assert_eq!(homes.len(), shards, "every shard asked for has a home");
+        let mut per_region: BTreeMap<String, usize> = BTreeMap::new();
+        let mut learnt: BTreeMap<String, BTreeMap<String, Option<String>>> = BTreeMap::new();
+        for (region, named) in &told {
+            *per_region.entry(region.clone()).or_default() += 1;
+            learnt
+                .entry(region.clone())
+                .or_default()
+                .extend(named.iter().cloned());
+        }
+        assert_eq!(
+            per_region,
+            f.addrs.iter().map(|a| (a.clone(), 1)).collect(),
+            "messages per region for one wave of {shards} allocations"
+        );
+        for (region, known) in &learnt {
+            let expected: BTreeMap<String, Option<String>> = homes
+                .iter()
+                .map(|(s, h)| (s.clone(), Some(h.clone())))
+                .collect();
+            assert_eq!(known, &expected, "what {region} learnt of the homes");
+        }
+        f.stop().await;
+    }
+
     /// A shard allocated on request of one region: the host, the asker and every other
     /// registered region learn its home, and so does a region that registers later, so
     /// that any of them can ask its next home when the host goes.

@@ -974,7 +974,7 @@ mod tests {
     use tenure_lease::TenureConfig;
 
     use super::*;
-    use crate::test_regions::RegionDouble;
+    use crate::test_regions::{RegionDouble, proxy_region};
     use crate::{Entity, EntityContext, ShardRegion, ShardingError};
 
     /// Never started in these tests: it only types their entity references.
@@ -996,39 +996,6 @@ mod tests {
             request: String,
         ) -> Result<String, ActorProcessingErr> {
             Ok(request)
-        }
-    }
-
-    /// A proxy-only region of type `probe` whose coordinator never runs: no shard of it
-    /// ever gets a home.
-    async fn homeless_region(scope: &str, config: &str) -> ShardRegion {
-        let config = TenureConfig::from_toml_str(config, "test").unwrap();
-        let settings = Arc::new(ShardingSettings::from_config(&config, "probe", "memory").unwrap());
-        let coordinator =
-            SingletonProxy::<CoordinatorMsg>::start(scope, "sharding-probe-coordinator", 10)
-                .await
-                .unwrap();
-        let routes = Arc::new(crate::Routes::default());
-        let args = RegionArgs {
-            type_name: "probe".into(),
-            me: "127.0.0.1:1".into(),
-            scope: scope.into(),
-            system: "test".into(),
-            settings: settings.clone(),
-            hosting: None,
-            coordinator: coordinator.clone(),
-            history: None,
-            routes: routes.clone(),
-        };
-        let (actor, _) = Actor::spawn(None, Region, args).await.unwrap();
-        ShardRegion {
-            type_name: "probe".into(),
-            node: "127.0.0.1:1".into(),
-            number_of_shards: settings.number_of_shards,
-            actor,
-            coordinator,
-            routes,
-            meters: crate::metrics::HandleMeters::new("probe"),
         }
     }
 
@@ -1083,6 +1050,130 @@ mod tests {
         }
     }
 
+    /// A coordinator that reports each registration it gets: how many shard ids it
+    /// carried, and the shards its region hosts according to it.
+    struct Registrations {
+        to: tokio::sync::mpsc::UnboundedSender<(usize, BTreeSet<String>)>,
+    }
+
+    impl Actor for Registrations {
+        type Msg = CoordinatorMsg;
+        type State = BTreeSet<String>;
+        type Arguments = ();
+
+        async fn pre_start(
+            &self,
+            _: ActorRef<CoordinatorMsg>,
+            _: (),
+        ) -> Result<BTreeSet<String>, ActorProcessingErr> {
+            Ok(BTreeSet::new())
+        }
+
+        async fn handle(
+            &self,
+            _: ActorRef<CoordinatorMsg>,
+            msg: CoordinatorMsg,
+            hosted: &mut BTreeSet<String>,
+        ) -> Result<(), ActorProcessingErr> {
+            if let CoordinatorMsg::RegisterRegion(Register { shards, .. }) = msg {
+                let carried = shards.len();
+                *hosted = shards.into_iter().collect();
+                let _ = self.to.send((carried, hosted.clone()));
+            }
+            Ok(())
+        }
+    }
+
+    /// A region hosting `probe` on a memory store, with `config`.
+    async fn hosting_region(scope: &str, config: &str) -> ActorRef<RegionMsg> {
+        let config = TenureConfig::from_toml_str(
+            &format!("[tenure]\ndefault-lease-section = \"memory\"\n{config}"),
+            "test",
+        )
+        .unwrap();
+        let registry = ["sqlite", "postgres", "etcd", "zookeeper"]
+            .into_iter()
+            .fold(tenure_lease::StoreRegistry::new(), |r, kind| {
+                r.left_out(kind, kind)
+            });
+        let provider = tenure_lease::LeaseProvider::new(config.clone(), registry).unwrap();
+        let settings = Arc::new(ShardingSettings::from_config(&config, "probe", "memory").unwrap());
+        let me = "127.0.0.1:1";
+        let template = provider
+            .spec(
+                &tenure_lease::names::shard_lease("test", "probe", "0"),
+                "memory",
+                me,
+            )
+            .await
+            .unwrap();
+        let coordinator =
+            SingletonProxy::<CoordinatorMsg>::start(scope, "sharding-probe-coordinator", 10)
+                .await
+                .unwrap();
+        let args = RegionArgs {
+            type_name: "probe".into(),
+            me: me.into(),
+            scope: scope.into(),
+            system: "test".into(),
+            settings,
+            hosting: Some((crate::entity_factory(Echo), template)),
+            coordinator,
+            history: None,
+            routes: Arc::default(),
+        };
+        Actor::spawn(None, Region, args).await.unwrap().0
+    }
+
+    /// A region's registration, sent every `retry-interval`, carries the shards that
+    /// changed since the coordinator last had its report, not every shard it hosts: once
+    /// the coordinator knows its 40 shards, retries with nothing changed carry none.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_registration_retry_carries_only_the_changes() {
+        let scope = "region-register-changes";
+        let (tx, mut registered) = tokio::sync::mpsc::unbounded_channel();
+        let (coordinator, _) = Actor::spawn(None, Registrations { to: tx }, ())
+            .await
+            .unwrap();
+        pg::join_scoped(
+            scope.to_string(),
+            tenure_singleton::instance_group("sharding-probe-coordinator", FencingToken::new(1)),
+            vec![coordinator.get_cell()],
+        );
+        let region = hosting_region(scope, "[sharding]\nretry-interval = \"50ms\"").await;
+        let shards: BTreeSet<String> = (0..40).map(|i| i.to_string()).collect();
+        for shard in &shards {
+            region
+                .cast(RegionMsg::Host(HostShard {
+                    shard: shard.clone(),
+                    coordinator: FencingToken::new(1),
+                }))
+                .unwrap();
+        }
+        let mut next = async || {
+            tokio::time::timeout(Duration::from_secs(30), registered.recv())
+                .await
+                .expect("a registration within 30 s")
+                .expect("the coordinator runs")
+        };
+        while next().await.1 != shards {}
+        let mut carried = Vec::new();
+        for _ in 0..5 {
+            let (n, hosted) = next().await;
+            assert_eq!(
+                hosted, shards,
+                "what the coordinator knows the region hosts"
+            );
+            carried.push(n);
+        }
+        assert_eq!(
+            carried, [0; 5],
+            "shard ids carried by registrations with nothing changed"
+        );
+        region.stop_and_wait(None, None).await.unwrap();
+        coordinator.stop(None);
+    }
+
     /// A coordinator that failed over with a node does not know that node's shards (their
     /// leases lapsed before it listed them): the regions that knew them ask their home,
     /// with no message for them, so that they start again elsewhere at once.
@@ -1096,7 +1187,7 @@ mod tests {
             tenure_singleton::instance_group("sharding-probe-coordinator", FencingToken::new(1)),
             vec![coordinator.get_cell()],
         );
-        let region = homeless_region(scope, "[sharding]\nretry-interval = \"100ms\"").await;
+        let region = proxy_region(scope, "[sharding]\nretry-interval = \"100ms\"").await;
         let other = "127.0.0.1:2";
         let cast = |msg: RegionMsg| region.actor().cast(msg).unwrap();
         cast(RegionMsg::Local(RegionLocal::Cluster(
@@ -1141,7 +1232,7 @@ mod tests {
             region_group("probe", other),
             vec![other_region.get_cell()],
         );
-        let region = homeless_region(scope, "").await;
+        let region = proxy_region(scope, "").await;
         let alice = region.entity_ref::<Echo>("alice");
         let shard = alice.shard();
         let coordinator = FencingToken::new(1);
@@ -1241,7 +1332,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_ask_to_a_shard_without_a_home_times_out_naming_it_and_is_not_kept() {
-        let region = homeless_region(
+        let region = proxy_region(
             "region-ask-expiry",
             "[sharding]\nretry-interval = \"500ms\"",
         )
@@ -1293,7 +1384,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_full_shard_buffer_refuses_with_the_type_and_shard_and_spares_other_shards() {
-        let region = homeless_region("region-shard-buffers", "[sharding]\nbuffer-size = 1").await;
+        let region = proxy_region("region-shard-buffers", "[sharding]\nbuffer-size = 1").await;
         let full = region.entity_ref::<Echo>("a");
         let other_id = (0..)
             .map(|i| format!("b{i}"))
