@@ -9,6 +9,13 @@
 //! right for safety: a shard runs only under its lease, so a wrong or early move only
 //! makes the new host wait for that lease.
 //!
+//! Its work grows with what changes, not with the number of shards: it keeps each region's
+//! shards along with each shard's home (no load map is rebuilt per allocation); what a wave
+//! of allocations decides (everything decided while handling the messages that had reached
+//! it) goes to each region in one message; each region registers the changes to its shards
+//! since its last registration (all of them once per coordinator instance); and it scans
+//! regions, not shards, on its ticks.
+//!
 //! With remember-entities, the coordinator also reads at start which shards have
 //! remembered entities (the ids kept with each shard lease in the store) and allocates
 //! those shards, and every shard it ever allocated, without waiting for a message: a
@@ -17,10 +24,11 @@
 //! members up to register first (at most `rebalance-interval`), so that those shards are
 //! spread over them.
 //!
-//! A rebalance moves a shard in Akka's steps: every region is told first (BeginHandOff:
-//! it forgets the shard's home and keeps its messages), then the old host hands it off
-//! (stops it, releases its lease, gives back what it had not delivered), then the new host
-//! is told to host it, and every region that asked meanwhile learns the new home.
+//! A rebalance moves a round of shards in Akka's steps: every region is told first
+//! (BeginHandOff: it forgets the shards' homes and keeps their messages), then each old host
+//! hands its shard off (stops it, releases its lease, gives back what it had not
+//! delivered), then the new host is told to host it, and every region that asked meanwhile
+//! learns the new home. The next round is decided once every shard of this one has moved.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -35,8 +43,8 @@ use tokio::time::Instant;
 
 use crate::allocation::{AllocationStrategy, Regions};
 use crate::messages::{
-    Allocation, BeginHandOff, CoordinatorLocal, CoordinatorMsg, GetShardHome, HandOff, HostShard,
-    RegionMsg, Register, ShardHome,
+    Allocation, BeginHandOffs, CoordinatorLocal, CoordinatorMsg, GetShardHome, HandOff,
+    RegionMsg, Register, RegisterAgain, ShardHomes,
 };
 use crate::region::region_ref;
 use crate::settings::ShardingSettings;
@@ -70,8 +78,12 @@ pub struct CoordinatorArgs {
 /// The coordinator actor (the singleton instance).
 pub struct Coordinator;
 
+/// A registered region.
 struct RegionEntry {
     available: bool,
+    /// The shards it hosts (or acquires), as its registration `seq` reported them.
+    reported: BTreeSet<String>,
+    seq: u64,
 }
 
 /// A shard moving for a rebalance.
@@ -82,16 +94,40 @@ struct Move {
     waiting: BTreeSet<String>,
 }
 
+/// What a region is told of a shard at the end of a wave.
+enum Told {
+    /// Host it.
+    Host,
+    /// It lives there (`None`: not known yet).
+    Home(Option<String>),
+}
+
+/// A registration, full or as changes.
+struct Registration {
+    region: String,
+    seq: u64,
+    /// `None`: every shard is in `added`.
+    base: Option<u64>,
+    added: Vec<String>,
+    removed: Vec<String>,
+    available: bool,
+}
+
 pub struct CoordinatorState {
     args: CoordinatorArgs,
     myself: ActorRef<CoordinatorMsg>,
     members: BTreeMap<String, Member>,
     unreachable_since: HashMap<String, Instant>,
     regions: BTreeMap<String, RegionEntry>,
-    /// Shard → region (`host:port`) it is allocated to.
-    homes: BTreeMap<String, String>,
-    /// When a Host was last sent for a shard.
-    host_sent: HashMap<String, Instant>,
+    /// Shard homes, each region's shards, and the regions new shards may go to.
+    homes: Regions,
+    /// Shards told to their home and not (or no longer) in its registration: when the
+    /// last `Host` for each was sent (`None`: never, by this coordinator). Sent again every
+    /// three `retry-interval`s while its region is alive and does not report it.
+    unconfirmed: BTreeMap<String, Option<Instant>>,
+    /// Shards a region runs where they do not belong: when it was last asked to hand
+    /// each off.
+    misplaced: BTreeMap<(String, String), Instant>,
     /// Shards being handed off for a rebalance.
     moving: BTreeMap<String, Move>,
     /// Regions that asked for a home without having registered (yet): they are told of
@@ -108,8 +144,13 @@ pub struct CoordinatorState {
     /// remember-entities: shards to keep allocated, with no message needed (those with
     /// remembered entities at start, and every shard allocated since).
     remembered: BTreeSet<String>,
+    /// remember-entities: remembered shards without a home, to allocate once regions can
+    /// take them.
+    unplaced: BTreeSet<String>,
     /// When this coordinator started.
     started: Instant,
+    /// What each region is to be told at the end of the current wave, per shard.
+    outbox: BTreeMap<String, BTreeMap<String, Told>>,
 }
 
 impl Actor for Coordinator {
@@ -143,8 +184,9 @@ impl Actor for Coordinator {
             members: BTreeMap::new(),
             unreachable_since: HashMap::new(),
             regions: BTreeMap::new(),
-            homes: BTreeMap::new(),
-            host_sent: HashMap::new(),
+            homes: Regions::new(),
+            unconfirmed: BTreeMap::new(),
+            misplaced: BTreeMap::new(),
             moving: BTreeMap::new(),
             askers: BTreeSet::new(),
             listed: false,
@@ -153,7 +195,9 @@ impl Actor for Coordinator {
             deferred: Vec::new(),
             timers,
             remembered: BTreeSet::new(),
+            unplaced: BTreeSet::new(),
             started: Instant::now(),
+            outbox: BTreeMap::new(),
         })
     }
 
@@ -175,7 +219,29 @@ impl Actor for Coordinator {
         state: &mut CoordinatorState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            CoordinatorMsg::RegisterRegion(report) => state.on_register(report),
+            CoordinatorMsg::RegisterChanges(r) => state.on_register(Registration {
+                region: r.region,
+                seq: r.seq,
+                base: r.base,
+                added: r.added,
+                removed: r.removed,
+                available: r.available,
+            }),
+            CoordinatorMsg::RegisterRegion(Register {
+                region,
+                shards,
+                available,
+            }) => {
+                let seq = state.regions.get(&region).map_or(0, |r| r.seq);
+                state.on_register(Registration {
+                    region,
+                    seq,
+                    base: None,
+                    added: shards,
+                    removed: Vec::new(),
+                    available,
+                })
+            }
             CoordinatorMsg::GetHome(GetShardHome { shard, region }) => {
                 if !state.regions.contains_key(&region) {
                     state.askers.insert(region.clone());
@@ -185,42 +251,35 @@ impl Actor for Coordinator {
             CoordinatorMsg::Local(CoordinatorLocal::Listed(result)) => state.on_listed(result),
             CoordinatorMsg::Local(CoordinatorLocal::RememberedShards(shards)) => {
                 tracing::info!(entity_type = %state.args.type_name, shards = shards.len(), "shards with remembered entities read");
-                state.remembered.extend(shards);
+                for shard in shards {
+                    if state.homes.home(&shard).is_none() && !state.moving.contains_key(&shard)
+                    {
+                        state.unplaced.insert(shard.clone());
+                    }
+                    state.remembered.insert(shard);
+                }
                 state.reallocate_lost();
             }
             CoordinatorMsg::GetAllocation(_, reply) => {
-                let regions = state.allocatable().into_iter().collect();
                 let _ = reply.send(Allocation {
                     homes: state
                         .homes
-                        .iter()
-                        .map(|(s, r)| (s.clone(), r.clone()))
+                        .homes()
+                        .map(|(s, r)| (s.to_string(), r.to_string()))
                         .collect(),
-                    regions,
+                    regions: state.homes.iter().map(|(r, _)| r.to_string()).collect(),
                 });
             }
             CoordinatorMsg::Local(CoordinatorLocal::Cluster(event)) => state.on_cluster(event),
-            CoordinatorMsg::Local(CoordinatorLocal::Tick) => state.reallocate_lost(),
+            CoordinatorMsg::Local(CoordinatorLocal::Tick) => {
+                state.reallocate_lost();
+                state.resend_hosts();
+                state.retry_misplaced();
+            }
             CoordinatorMsg::Local(CoordinatorLocal::Rebalance) => state.rebalance(),
+            CoordinatorMsg::Local(CoordinatorLocal::Flush) => state.flush(),
             CoordinatorMsg::Local(CoordinatorLocal::HandOffEnded { shard, released }) => {
-                if let Some(Move { from, to, waiting }) = state.moving.remove(&shard) {
-                    tracing::info!(entity_type = %state.args.type_name, shard, from, to, released, "shard handed off for a rebalance");
-                    if state.allocatable().contains(&to) {
-                        state.host(&shard, &to);
-                    }
-                    // `to` may have gone meanwhile: then the shard is allocated anew.
-                    let home = state.home_of(&shard);
-                    state.record(|entity_type| Event::ShardMoved {
-                        entity_type,
-                        shard: shard.clone(),
-                        from: from.clone(),
-                        to: home.clone(),
-                        released,
-                    });
-                    for region in waiting {
-                        state.tell_home(&shard, home.clone(), &region);
-                    }
-                }
+                state.hand_off_ended(shard, released)
             }
         }
         Ok(())
@@ -240,7 +299,7 @@ impl CoordinatorState {
             }
             None => {
                 let home = self.home_of(&shard);
-                self.tell_home(&shard, home, &region);
+                self.tell(&region, &shard, Told::Home(home));
             }
         }
     }
@@ -257,7 +316,17 @@ impl CoordinatorState {
                     if !self.regions.contains_key(&holder) {
                         self.holders.insert(holder.clone());
                     }
-                    self.homes.insert(shard, holder);
+                    // Confirmed once its holder reports it (a holder that restarted may
+                    // not run it any more).
+                    let reported = self
+                        .regions
+                        .get(&holder)
+                        .is_some_and(|r| r.reported.contains(&shard));
+                    if !reported {
+                        self.unconfirmed.insert(shard.clone(), None);
+                    }
+                    self.unplaced.remove(&shard);
+                    self.homes.set_home(&shard, &holder);
                 }
             }
             Err(e) if self.list_attempts < 3 => {
@@ -288,21 +357,31 @@ impl CoordinatorState {
                 for m in self.members.values().filter(|m| !m.reachable) {
                     self.unreachable_since.insert(m.addr.to_string(), now);
                 }
+                let registered: Vec<String> = self.regions.keys().cloned().collect();
+                for region in registered {
+                    self.refresh(&region);
+                }
             }
             ClusterEvent::Unreachable(m) => {
+                let addr = m.addr.to_string();
                 self.unreachable_since
-                    .entry(m.addr.to_string())
+                    .entry(addr.clone())
                     .or_insert_with(Instant::now);
-                self.members.insert(m.addr.to_string(), m);
+                self.members.insert(addr.clone(), m);
+                self.refresh(&addr);
             }
             ClusterEvent::Reachable(m) => {
-                self.unreachable_since.remove(&m.addr.to_string());
-                self.members.insert(m.addr.to_string(), m);
+                let addr = m.addr.to_string();
+                self.unreachable_since.remove(&addr);
+                self.members.insert(addr.clone(), m);
+                self.refresh(&addr);
             }
             ClusterEvent::MemberJoined(m)
             | ClusterEvent::MemberUp(m)
             | ClusterEvent::MemberLeaving(m) => {
-                self.members.insert(m.addr.to_string(), m);
+                let addr = m.addr.to_string();
+                self.members.insert(addr.clone(), m);
+                self.refresh(&addr);
             }
             ClusterEvent::MemberDown(m) | ClusterEvent::MemberRemoved(m) => {
                 let addr = m.addr.to_string();
@@ -310,6 +389,8 @@ impl CoordinatorState {
                 self.regions.remove(&addr);
                 self.askers.remove(&addr);
                 self.unreachable_since.remove(&addr);
+                self.misplaced.retain(|(region, _), _| *region != addr);
+                self.homes.set_allocatable(&addr, false);
             }
             ClusterEvent::SelfDown | ClusterEvent::SelfLeaving(_) => {}
         }
@@ -333,27 +414,13 @@ impl CoordinatorState {
         up && available && !silent_too_long
     }
 
-    /// Regions new shards may go to: alive and reachable now.
-    fn allocatable(&self) -> BTreeSet<String> {
-        self.regions
-            .keys()
-            .filter(|r| self.alive(r) && !self.unreachable_since.contains_key(*r))
-            .cloned()
-            .collect()
-    }
-
-    fn load(&self) -> Regions {
-        let mut regions: Regions = self
-            .allocatable()
-            .into_iter()
-            .map(|r| (r, Vec::new()))
-            .collect();
-        for (shard, region) in &self.homes {
-            if let Some(shards) = regions.get_mut(region) {
-                shards.push(shard.clone());
-            }
-        }
-        regions
+    /// Whether `region` may be given new shards from now on (alive, registered and
+    /// reachable), as the allocation strategy sees it.
+    fn refresh(&mut self, region: &str) {
+        let allocatable = self.regions.contains_key(region)
+            && self.alive(region)
+            && !self.unreachable_since.contains_key(region);
+        self.homes.set_allocatable(region, allocatable);
     }
 
     /// Where `shard` lives, allocating it if it has no home; `None` while it moves or
@@ -362,22 +429,48 @@ impl CoordinatorState {
         if self.moving.contains_key(shard) {
             return None;
         }
-        if let Some(home) = self.homes.get(shard)
+        if let Some(home) = self.homes.home(shard)
             && self.alive(home)
         {
-            return Some(home.clone());
+            return Some(home.to_string());
         }
-        let to = self.args.strategy.allocate(shard, &self.load())?;
+        let to = self.args.strategy.allocate(shard, &self.homes)?;
         self.host(shard, &to);
         Some(to)
     }
 
-    /// Tells `region` where `shard` lives (`None`: not known yet).
-    fn tell_home(&self, shard: &str, home: Option<String>, region: &str) {
-        if let Some(r) = region_ref(&self.args.scope, &self.args.type_name, region) {
-            let _ = r.cast(RegionMsg::Home(ShardHome {
-                shard: shard.to_string(),
-                home,
+    /// Tells `region`, at the end of this wave, what to make of `shard` (what it was told
+    /// of the shard earlier in the wave is replaced).
+    fn tell(&mut self, region: &str, shard: &str, told: Told) {
+        if self.outbox.is_empty() {
+            // Handled once the messages that reached the coordinator before it are: the
+            // wave is everything they decide.
+            let _ = self
+                .myself
+                .cast(CoordinatorMsg::Local(CoordinatorLocal::Flush));
+        }
+        self.outbox
+            .entry(region.to_string())
+            .or_default()
+            .insert(shard.to_string(), told);
+    }
+
+    /// Sends each region what it learnt in this wave, in one message.
+    fn flush(&mut self) {
+        for (region, told) in std::mem::take(&mut self.outbox) {
+            let Some(r) = region_ref(&self.args.scope, &self.args.type_name, &region) else {
+                continue;
+            };
+            let (mut host, mut homes) = (Vec::new(), Vec::new());
+            for (shard, t) in told {
+                match t {
+                    Told::Host => host.push(shard),
+                    Told::Home(home) => homes.push((shard, home)),
+                }
+            }
+            let _ = r.cast(RegionMsg::Homes(ShardHomes {
+                host,
+                homes,
                 coordinator: self.args.token,
             }));
         }
@@ -395,101 +488,231 @@ impl CoordinatorState {
     /// it then). Every region then knows every home, not only those it asked: when a node
     /// goes, the regions ask the next home of each of its shards at once (the region's
     /// orphans), so that even a coordinator that failed over with that node, and found the
-    /// shard's lease lapsed, restarts the shard without waiting for a message to it.
+    /// shard's lease lapsed, restarts the shard without waiting for a message to it. A copy
+    /// of the shard that another region reports running is asked to hand off.
     fn host(&mut self, shard: &str, region: &str) {
         tracing::debug!(entity_type = %self.args.type_name, shard, region, "shard allocated");
         if self.args.settings.remember_entities {
             self.remembered.insert(shard.to_string());
         }
-        self.homes.insert(shard.to_string(), region.to_string());
-        self.host_sent.insert(shard.to_string(), Instant::now());
-        if let Some(r) = region_ref(&self.args.scope, &self.args.type_name, region) {
-            let _ = r.cast(RegionMsg::Host(HostShard {
-                shard: shard.to_string(),
-                coordinator: self.args.token,
-            }));
-        }
-        for other in self.regions.keys().filter(|r| *r != region) {
-            self.tell_home(shard, Some(region.to_string()), other);
+        self.unplaced.remove(shard);
+        self.homes.set_home(shard, region);
+        self.unconfirmed
+            .insert(shard.to_string(), Some(Instant::now()));
+        self.tell(region, shard, Told::Host);
+        let others: Vec<String> = self
+            .regions
+            .keys()
+            .filter(|r| *r != region)
+            .cloned()
+            .collect();
+        for other in others {
+            self.tell(&other, shard, Told::Home(Some(region.to_string())));
+            if self.regions[&other].reported.contains(shard) {
+                self.misplace(shard, &other);
+            }
         }
     }
 
-    fn on_register(&mut self, report: Register) {
-        let region = report.region.clone();
-        let reported: BTreeSet<String> = report.shards.into_iter().collect();
-        let first = self
+    /// A registration: full (the first to this coordinator, or asked for), or the changes
+    /// since the registration this coordinator has of the region (else it asks for a full
+    /// one). Its work is proportional to the shards it names.
+    fn on_register(&mut self, r: Registration) {
+        let region = r.region;
+        let (added, removed) = match r.base {
+            None => {
+                let hosted: BTreeSet<String> = r.added.into_iter().collect();
+                let before = self
+                    .regions
+                    .get(&region)
+                    .map(|e| e.reported.clone())
+                    .unwrap_or_default();
+                (
+                    hosted.difference(&before).cloned().collect(),
+                    before.difference(&hosted).cloned().collect(),
+                )
+            }
+            Some(base) if self.regions.get(&region).is_some_and(|e| e.seq == base) => {
+                (r.added, r.removed)
+            }
+            Some(base) => {
+                tracing::debug!(entity_type = %self.args.type_name, region, base, "registration changes without their base: asking the region for all its shards");
+                if let Some(rr) = region_ref(&self.args.scope, &self.args.type_name, &region) {
+                    let _ = rr.cast(RegionMsg::RegisterAll(RegisterAgain {
+                        coordinator: self.args.token,
+                    }));
+                }
+                return;
+            }
+        };
+        let first = !self.regions.contains_key(&region);
+        let entry = self
             .regions
-            .insert(
-                region.clone(),
-                RegionEntry {
-                    available: report.available,
-                },
-            )
-            .is_none();
+            .entry(region.clone())
+            .or_insert_with(|| RegionEntry {
+                available: r.available,
+                reported: BTreeSet::new(),
+                seq: r.seq,
+            });
+        entry.available = r.available;
+        entry.seq = r.seq;
         if first {
             // A region new to this coordinator learns every home known so far, as if it
             // had been registered when each was allocated (see `host`); not those of
-            // moving shards, whose messages must wait for the move to end.
-            for (shard, home) in &self.homes {
-                if *home != region && !self.moving.contains_key(shard) {
-                    self.tell_home(shard, Some(home.clone()), &region);
-                }
+            // moving shards, which have none.
+            let known: Vec<(String, String)> = self
+                .homes
+                .homes()
+                .filter(|(_, home)| *home != region)
+                .map(|(s, h)| (s.to_string(), h.to_string()))
+                .collect();
+            for (shard, home) in known {
+                self.tell(&region, &shard, Told::Home(Some(home)));
             }
         }
         self.askers.remove(&region);
         self.holders.remove(&region);
-        for shard in &reported {
-            if self.moving.contains_key(shard) {
-                continue;
-            }
-            match self.homes.get(shard).cloned() {
-                None if self.alive(&region) => {
-                    // A new coordinator learns the allocation from the regions.
-                    self.homes.insert(shard.clone(), region.clone());
-                }
-                Some(home) if home == region => {}
-                _ => {
-                    // Hosted (or being acquired) where it no longer belongs: stop it there;
-                    // its lease then goes to the shard's home.
-                    tracing::info!(entity_type = %self.args.type_name, shard, region, "telling a region to stop a shard allocated elsewhere");
-                    self.stop_misplaced(shard, &region);
-                }
-            }
+        self.refresh(&region);
+        for shard in removed {
+            self.forget_report(&region, &shard);
         }
-        // Shards this region should host but does not (a lost Host, a restarted node).
-        let resend = self.args.settings.retry_interval * 3;
-        let missing: Vec<String> = self
-            .homes
-            .iter()
-            .filter(|(s, r)| **r == region && !reported.contains(*s))
-            .filter(|(s, _)| self.host_sent.get(*s).is_none_or(|t| t.elapsed() >= resend))
-            .map(|(s, _)| s.clone())
-            .collect();
-        if self.alive(&region) {
+        for shard in added {
+            self.take_report(&region, shard);
+        }
+        if r.base.is_none() {
+            // Shards this region should host but does not (a lost Host, a restarted node).
+            let missing: Vec<String> = self
+                .homes
+                .hosted_by(&region)
+                .iter()
+                .filter(|s| !self.regions[&region].reported.contains(*s))
+                .cloned()
+                .collect();
             for shard in missing {
-                self.host(&shard, &region);
+                self.unconfirmed.entry(shard).or_insert(None);
             }
         }
         self.reallocate_lost();
     }
 
+    /// `region` reports that it hosts (or acquires) `shard`.
+    fn take_report(&mut self, region: &str, shard: String) {
+        if let Some(e) = self.regions.get_mut(region) {
+            e.reported.insert(shard.clone());
+        }
+        if self.moving.contains_key(&shard) {
+            return;
+        }
+        match self.homes.home(&shard) {
+            None if self.alive(region) => {
+                // A new coordinator learns the allocation from the regions.
+                self.unplaced.remove(&shard);
+                self.homes.set_home(&shard, region);
+            }
+            Some(home) if home == region => {
+                self.unconfirmed.remove(&shard);
+            }
+            // Hosted (or being acquired) where it no longer belongs: stop it there; its
+            // lease then goes to the shard's home.
+            _ => self.misplace(&shard, region),
+        }
+    }
+
+    /// `region` reports that it no longer hosts `shard`.
+    fn forget_report(&mut self, region: &str, shard: &str) {
+        if let Some(e) = self.regions.get_mut(region) {
+            e.reported.remove(shard);
+        }
+        self.misplaced
+            .remove(&(region.to_string(), shard.to_string()));
+        if self.homes.home(shard) == Some(region) {
+            // Its home stopped it (its lease was lost, it failed): told to host it again.
+            self.unconfirmed.entry(shard.to_string()).or_insert(None);
+        }
+    }
+
+    /// Asks `region` to hand off `shard`, which it runs where the shard does not belong,
+    /// and again every three `retry-interval`s while it reports it.
+    fn misplace(&mut self, shard: &str, region: &str) {
+        tracing::info!(entity_type = %self.args.type_name, shard, region, "telling a region to stop a shard allocated elsewhere");
+        self.misplaced
+            .insert((region.to_string(), shard.to_string()), Instant::now());
+        self.stop_misplaced(shard, region);
+    }
+
+    fn retry_misplaced(&mut self) {
+        let again = self.args.settings.retry_interval * 3;
+        let due: Vec<(String, String)> = self
+            .misplaced
+            .iter()
+            .filter(|(_, at)| at.elapsed() >= again)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for (region, shard) in due {
+            let still = self.homes.home(&shard) != Some(region.as_str())
+                && !self.moving.contains_key(&shard)
+                && self
+                    .regions
+                    .get(&region)
+                    .is_some_and(|r| r.reported.contains(&shard));
+            if still {
+                self.misplace(&shard, &region);
+            } else {
+                self.misplaced.remove(&(region, shard));
+            }
+        }
+    }
+
+    /// Sends `Host` again for the shards their home has not reported within three
+    /// `retry-interval`s of the last one (a lost `Host`, a shard that stopped there).
+    fn resend_hosts(&mut self) {
+        let again = self.args.settings.retry_interval * 3;
+        let mut due = Vec::new();
+        self.unconfirmed.retain(|shard, sent| {
+            let Some(home) = self.homes.home(shard) else {
+                return false;
+            };
+            if sent.is_none_or(|t| t.elapsed() >= again) {
+                due.push((shard.clone(), home.to_string()));
+            }
+            true
+        });
+        for (shard, home) in due {
+            if self.alive(&home) {
+                self.unconfirmed.insert(shard.clone(), Some(Instant::now()));
+                self.tell(&home, &shard, Told::Host);
+            }
+        }
+    }
+
     /// Moves the shards of regions that are no longer alive to the least loaded ones; with
-    /// remember-entities, allocates the remembered shards without a home.
+    /// remember-entities, allocates the remembered shards without a home. Scans regions,
+    /// not shards.
     fn reallocate_lost(&mut self) {
         if !self.listed {
             return;
         }
-        let lost: Vec<(String, String)> = self
+        let lost: Vec<String> = self
             .homes
-            .iter()
-            .filter(|(_, r)| !self.alive(r))
-            .map(|(s, r)| (s.clone(), r.clone()))
+            .home_regions()
+            .filter(|r| !self.alive(r))
+            .map(str::to_string)
             .collect();
-        for (shard, from) in lost {
-            self.homes.remove(&shard);
-            if let Some(to) = self.args.strategy.allocate(&shard, &self.load()) {
-                tracing::info!(entity_type = %self.args.type_name, shard, from, to, "moving the shard of a lost region");
-                self.host(&shard, &to);
+        for from in lost {
+            let shards: Vec<String> = self.homes.hosted_by(&from).iter().cloned().collect();
+            for shard in shards {
+                self.homes.remove_home(&shard);
+                self.unconfirmed.remove(&shard);
+                match self.args.strategy.allocate(&shard, &self.homes) {
+                    Some(to) => {
+                        tracing::info!(entity_type = %self.args.type_name, shard, from, to, "moving the shard of a lost region");
+                        self.host(&shard, &to);
+                    }
+                    None if self.remembered.contains(&shard) => {
+                        self.unplaced.insert(shard);
+                    }
+                    None => {}
+                }
             }
         }
         self.allocate_remembered();
@@ -499,17 +722,16 @@ impl CoordinatorState {
     /// entities start with no message; once the regions of the members up registered (or
     /// `rebalance-interval` after this coordinator started), so that they spread.
     fn allocate_remembered(&mut self) {
-        let homeless: Vec<String> = self
-            .remembered
-            .iter()
-            .filter(|s| !self.homes.contains_key(*s) && !self.moving.contains_key(*s))
-            .cloned()
-            .collect();
-        if homeless.is_empty() || !self.regions_registered() {
+        if self.unplaced.is_empty() || !self.regions_registered() {
             return;
         }
-        for shard in homeless {
-            match self.args.strategy.allocate(&shard, &self.load()) {
+        let unplaced: Vec<String> = self.unplaced.iter().cloned().collect();
+        for shard in unplaced {
+            if self.homes.home(&shard).is_some() || self.moving.contains_key(&shard) {
+                self.unplaced.remove(&shard);
+                continue;
+            }
+            match self.args.strategy.allocate(&shard, &self.homes) {
                 Some(to) => {
                     tracing::debug!(entity_type = %self.args.type_name, shard, to, "allocating a shard with remembered entities");
                     self.host(&shard, &to);
@@ -534,6 +756,8 @@ impl CoordinatorState {
                 .all(|m| self.regions.contains_key(&m.addr.to_string()))
     }
 
+    /// Decides a rebalance round, when every member is up, reachable and (if it may host
+    /// the type) registered and available, and starts its moves.
     fn rebalance(&mut self) {
         let settled = self.members.values().all(|m| {
             m.status == MemberStatus::Up
@@ -544,29 +768,25 @@ impl CoordinatorState {
                         .get(&m.addr.to_string())
                         .is_some_and(|r| r.available))
         });
-        let room = self
-            .args
-            .settings
-            .max_simultaneous_rebalance
-            .saturating_sub(self.moving.len());
-        if !settled || room == 0 || !self.listed {
+        if !settled || !self.listed {
             return;
         }
         let in_progress: BTreeSet<String> = self.moving.keys().cloned().collect();
-        for (shard, from, to) in self
-            .args
-            .strategy
-            .rebalance(&self.load(), &in_progress, room)
-        {
+        let decided = self.args.strategy.rebalance(&self.homes, &in_progress);
+        let mut round = Vec::new();
+        for (shard, from, to) in decided {
+            let valid = self.homes.home(&shard) == Some(from.as_str())
+                && self.homes.is_allocatable(&to)
+                && from != to;
+            if !valid {
+                tracing::warn!(entity_type = %self.args.type_name, shard, from, to, "rebalance: the strategy moved a shard that is not on `from`, or to a region that cannot take it; ignored");
+                continue;
+            }
             tracing::debug!(entity_type = %self.args.type_name, shard, from, to, "rebalance: moving a shard");
             crate::metrics::rebalance_move(&self.args.type_name);
-            self.record(|entity_type| Event::ShardMoving {
-                entity_type,
-                shard: shard.clone(),
-                from: from.clone(),
-                to: to.clone(),
-            });
-            self.homes.remove(&shard);
+            self.record(|entity_type| Event::ShardMoving { entity_type, shard: shard.clone(), from: from.clone(), to: to.clone() });
+            self.homes.remove_home(&shard);
+            self.unconfirmed.remove(&shard);
             self.moving.insert(
                 shard.clone(),
                 Move {
@@ -575,15 +795,50 @@ impl CoordinatorState {
                     waiting: BTreeSet::new(),
                 },
             );
-            self.move_shard(&shard, &from);
+            round.push((shard, from));
+        }
+        if !round.is_empty() {
+            tracing::info!(entity_type = %self.args.type_name, shards = round.len(), "rebalance: a round of moves begins");
+            self.move_shards(round);
         }
     }
 
-    /// The steps of a rebalance after the decision: every region (registered, or one that
-    /// asked for a home) is told that `shard`'s hand-off begins and answers (each waited
-    /// for at most `hand-off-timeout`), so that none sends it to `from` any more; then
-    /// `from` hands it off; then `HandOffEnded` comes back to this coordinator.
-    fn move_shard(&self, shard: &str, from: &str) {
+    /// A moving shard's hand-off ended: it goes to its new home (or is allocated anew when
+    /// that went meanwhile), and the regions that asked meanwhile learn where. Once the
+    /// round's last shard has moved, the next round is decided at once.
+    fn hand_off_ended(&mut self, shard: String, released: bool) {
+        let Some(Move { from, to, waiting }) = self.moving.remove(&shard) else {
+            return;
+        };
+        tracing::info!(entity_type = %self.args.type_name, shard, from, to, released, "shard handed off for a rebalance");
+        if released && let Some(e) = self.regions.get_mut(&from) {
+            // Its old host said so: no copy of it runs there to stop.
+            e.reported.remove(&shard);
+        }
+        if self.homes.is_allocatable(&to) {
+            self.host(&shard, &to);
+        }
+        let home = self.home_of(&shard);
+        if home.is_none() && self.remembered.contains(&shard) {
+            self.unplaced.insert(shard.clone());
+        }
+        self.record(|entity_type| Event::ShardMoved { entity_type, shard: shard.clone(), from: from.clone(), to: home.clone(), released });
+        for region in waiting {
+            self.tell(&region, &shard, Told::Home(home.clone()));
+        }
+        if self.moving.is_empty() {
+            self.rebalance();
+        }
+    }
+
+    /// The steps of a rebalance round after the decision: every region (registered, or one
+    /// that asked for a home) is told, in one message, that the round's hand-offs begin,
+    /// and answers (each waited for at most `hand-off-timeout`), so that none sends those
+    /// shards to their old homes any more; then each old home hands its shard off; then
+    /// `HandOffEnded` comes back to this coordinator for each. What this wave told the
+    /// regions leaves first.
+    fn move_shards(&mut self, round: Vec<(String, String)>) {
+        self.flush();
         let scope = &self.args.scope;
         let type_name = &self.args.type_name;
         let regions: Vec<ActorRef<RegionMsg>> = self
@@ -596,19 +851,18 @@ impl CoordinatorState {
             .collect();
         let timeout = self.args.settings.hand_off_timeout;
         let token = self.args.token;
-        let (shard, from) = (shard.to_string(), from.to_string());
         let (scope, type_name, me) = (scope.clone(), type_name.clone(), self.myself.clone());
         tokio::spawn(async move {
-            let mut acks = tokio::task::JoinSet::new();
-            for region in regions {
-                let shard = shard.clone();
-                acks.spawn(async move {
+            let shards: Vec<String> = round.iter().map(|(s, _)| s.clone()).collect();
+            let begun = regions.into_iter().map(|region| {
+                let shards = shards.clone();
+                async move {
                     region
                         .call(
                             |port| {
-                                RegionMsg::BeginHandOffShard(
-                                    BeginHandOff {
-                                        shard,
+                                RegionMsg::BeginHandOffShards(
+                                    BeginHandOffs {
+                                        shards,
                                         coordinator: token,
                                     },
                                     port,
@@ -617,14 +871,20 @@ impl CoordinatorState {
                             Some(timeout),
                         )
                         .await
+                }
+            });
+            futures::future::join_all(begun).await;
+            for (shard, from) in round {
+                let (scope, type_name, me) = (scope.clone(), type_name.clone(), me.clone());
+                tokio::spawn(async move {
+                    let released =
+                        hand_off_call(&scope, &type_name, &shard, &from, token, timeout).await;
+                    let _ = me.cast(CoordinatorMsg::Local(CoordinatorLocal::HandOffEnded {
+                        shard,
+                        released,
+                    }));
                 });
             }
-            while acks.join_next().await.is_some() {}
-            let released = hand_off_call(&scope, &type_name, &shard, &from, token, timeout).await;
-            let _ = me.cast(CoordinatorMsg::Local(CoordinatorLocal::HandOffEnded {
-                shard,
-                released,
-            }));
         });
     }
 
@@ -771,23 +1031,10 @@ mod tests {
 
     use super::*;
     use crate::allocation::LeastShards;
+    use crate::messages::{HostShard, RegisterChanges, ShardHome};
     use crate::region::region_group;
     use crate::test_regions::RegionDouble;
 
-    /// A region that only reports the homes it is told: (its address, shard, home).
-    fn homes_told(
-        addr: &str,
-        told: mpsc::UnboundedSender<(String, String, String)>,
-    ) -> RegionDouble<(String, String, String)> {
-        let addr = addr.to_string();
-        RegionDouble::new(told, move |msg| match msg {
-            RegionMsg::Host(HostShard { shard, .. }) => Some((addr.clone(), shard, addr.clone())),
-            RegionMsg::Home(ShardHome { shard, home, .. }) => {
-                home.map(|h| (addr.clone(), shard, h))
-            }
-            _ => None,
-        })
-    }
 
     /// What a region double was told: each shard named in one message, with the home it
     /// was given (`Some(itself)` for a shard it is to host).
@@ -801,6 +1048,11 @@ mod tests {
             let named = match msg {
                 RegionMsg::Host(HostShard { shard, .. }) => vec![(shard, Some(addr.clone()))],
                 RegionMsg::Home(ShardHome { shard, home, .. }) => vec![(shard, home)],
+                RegionMsg::Homes(ShardHomes { host, homes, .. }) => host
+                    .into_iter()
+                    .map(|shard| (shard, Some(addr.clone())))
+                    .chain(homes)
+                    .collect(),
                 RegionMsg::Vacate(_, reply) => {
                     let _ = reply.send(crate::messages::Vacated {
                         region: addr.clone(),
@@ -846,7 +1098,7 @@ mod tests {
                 &format!(
                     "[tenure]\ndefault-lease-section = \"memory\"\n\
                      [lease.memory]\nheartbeat-timeout = \"3s\"\nheartbeat-interval = \"500ms\"\n\
-                     [cluster]\nport = {port}\ncookie = \"coordinator-test\"\n\
+                     [cluster]\nport = {port}\ncookie = \"coordinator-test-0123456789abcdef\"\n\
                      member-lease-ttl = \"3s\"\nmember-lease-interval = \"500ms\"\n\
                      [sharding]\n{sharding}\n"
                 ),
@@ -883,7 +1135,7 @@ mod tests {
             let args = CoordinatorArgs {
                 type_name: "probe".into(),
                 scope: scope.into(),
-                strategy: Arc::new(LeastShards { threshold: 1 }),
+                strategy: Arc::new(LeastShards::from_settings(&settings)),
                 settings: Arc::new(settings),
                 subscriptions: node.subscriptions(),
                 history: None,
@@ -1029,132 +1281,52 @@ mod tests {
     /// that any of them can ask its next home when the host goes.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn every_registered_region_learns_the_home_of_an_allocated_shard() {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let config = TenureConfig::from_toml_str(
-            &format!(
-                "[tenure]\ndefault-lease-section = \"memory\"\n\
-                 [lease.memory]\nheartbeat-timeout = \"3s\"\nheartbeat-interval = \"500ms\"\n\
-                 [cluster]\nport = {port}\ncookie = \"coordinator-test-0123456789abcdef\"\n\
-                 member-lease-ttl = \"3s\"\nmember-lease-interval = \"500ms\"\n"
-            ),
-            "test",
-        )
-        .unwrap();
-        let registry = ["sqlite", "postgres", "etcd", "zookeeper"]
-            .into_iter()
-            .fold(StoreRegistry::new(), |r, kind| r.left_out(kind, kind));
-        let provider = LeaseProvider::new(config.clone(), registry).unwrap();
-        let node = Node::start(
-            ClusterSettings::from_config(&config).unwrap(),
-            &provider,
-            None,
-        )
-        .await
-        .unwrap();
         let scope = "coordinator-homes-test";
-        let (told, mut heard) = mpsc::unbounded_channel();
-        let host = node.addr().to_string();
-        let (asker, bystander) = ("127.0.0.1:2".to_string(), "127.0.0.1:3".to_string());
-        let mut regions = Vec::new();
-        for addr in [&host, &asker, &bystander] {
-            let (actor, _) = Actor::spawn(None, homes_told(addr, told.clone()), ())
-                .await
-                .unwrap();
-            ractor::pg::join_scoped(
-                scope.to_string(),
-                region_group("probe", addr),
-                vec![actor.get_cell()],
-            );
-            regions.push(actor);
-        }
-        let settings = ShardingSettings::from_config(&config, "probe", "memory").unwrap();
-        let args = CoordinatorArgs {
-            type_name: "probe".into(),
-            scope: scope.into(),
-            settings: Arc::new(settings),
-            strategy: Arc::new(LeastShards { threshold: 1 }),
-            subscriptions: node.subscriptions(),
-            history: None,
-            token: FencingToken::new(1),
-            store: Arc::new(MemoryStore::new()),
-            system: "test".into(),
-            list_timeout: Duration::from_secs(1),
+        let mut f = Fixture::start(scope, 2, "").await;
+        let asker = f.addrs[1].clone();
+        f.coordinator
+            .cast(CoordinatorMsg::GetHome(GetShardHome {
+                shard: "5".into(),
+                region: asker.clone(),
+            }))
+            .unwrap();
+        let told = f.told().await;
+        let home = f.allocation().await.homes;
+        let [(shard, home)] = &home[..] else {
+            panic!("one shard allocated: {home:?}");
         };
-        let (coordinator, _) = Actor::spawn(None, Coordinator, args).await.unwrap();
-        for addr in [&host, &asker, &bystander] {
-            coordinator
-                .cast(CoordinatorMsg::RegisterRegion(Register {
-                    region: addr.clone(),
-                    shards: Vec::new(),
-                    available: *addr == host,
-                }))
-                .unwrap();
-        }
-        // Asked again until answered, as a region asks every tick: the node's own member
-        // may not be up yet when the coordinator hears the first request.
-        let mut learnt = BTreeSet::new();
-        for _ in 0..300 {
-            if learnt.len() == 3 {
-                break;
-            }
-            coordinator
-                .cast(CoordinatorMsg::GetHome(GetShardHome {
-                    shard: "5".into(),
-                    region: asker.clone(),
-                }))
-                .unwrap();
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            while let Ok((region, shard, home)) = heard.try_recv() {
-                assert_eq!((shard.as_str(), home.as_str()), ("5", host.as_str()));
-                learnt.insert(region);
-            }
-        }
+        let learnt: BTreeSet<String> = told
+            .iter()
+            .filter(|(_, named)| named.contains(&(shard.clone(), Some(home.clone()))))
+            .map(|(region, _)| region.clone())
+            .collect();
         assert_eq!(
             learnt,
-            BTreeSet::from([host.clone(), asker.clone(), bystander.clone()]),
+            f.addrs.iter().cloned().collect(),
             "the regions that learnt the home of shard 5"
         );
         // A region registering later learns it as it registers.
-        let late = "127.0.0.1:4".to_string();
-        let (actor, _) = Actor::spawn(None, homes_told(&late, told.clone()), ())
-            .await
-            .unwrap();
+        let late = "127.0.0.1:9".to_string();
+        let (tx, mut heard) = mpsc::unbounded_channel();
+        let (actor, _) = Actor::spawn(None, counting(&late, tx), ()).await.unwrap();
         ractor::pg::join_scoped(
             scope.to_string(),
             region_group("probe", &late),
             vec![actor.get_cell()],
         );
-        regions.push(actor);
-        coordinator
-            .cast(CoordinatorMsg::RegisterRegion(Register {
-                region: late.clone(),
-                shards: Vec::new(),
-                available: false,
-            }))
-            .unwrap();
-        // (Answers to the asker's repeated requests may still come in meanwhile.)
-        let told_late = tokio::time::timeout(Duration::from_secs(30), async {
-            while let Some(told) = heard.recv().await {
-                if told.0 == late {
-                    return Some(told);
-                }
-            }
-            None
-        })
-        .await;
+        f.register(&late, &[]);
+        f.told().await;
+        ractor::call!(actor, |r| RegionMsg::Vacate(
+            crate::messages::Vacating { node: late.clone() },
+            r
+        ))
+        .unwrap();
         assert_eq!(
-            told_late.ok().flatten(),
-            Some((late, "5".to_string(), host.clone())),
+            heard.try_recv().ok(),
+            Some((late, vec![(shard.clone(), Some(home.clone()))])),
             "what a region registering later was told"
         );
-        coordinator.stop(None);
-        for r in regions {
-            r.stop(None);
-        }
-        node.leave().await.unwrap();
+        actor.stop(None);
+        f.stop().await;
     }
 }

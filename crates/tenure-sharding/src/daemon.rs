@@ -7,7 +7,8 @@
 //! leave or go down, as it does any shard. Every node that starts the daemon sends each
 //! worker a keep-alive every `keep_alive` interval, which starts a worker that is not
 //! running anywhere (after a hand-off or a crash) without any other traffic; workers are
-//! never passivated.
+//! never passivated. A node's keep-alives of one interval travel as one message to each
+//! node hosting workers, naming them.
 //!
 //! Every node of the cluster must start the daemon with the same `name` and `count`: the
 //! count is the type's number of shards, which decides where each worker lives.
@@ -190,12 +191,11 @@ pub async fn start_daemon<W: DaemonWorker>(
     })
 }
 
-/// One round of keep-alives from this node to the workers `ids`.
+/// One round of keep-alives from this node to the workers `ids`: one message to each node
+/// that hosts some of them (with their ids), not one per worker.
 fn keep_alive_round(region: &ShardRegion, ids: &[String]) {
-    for id in ids {
-        if let Err(e) = region.tell(id, &KeepAlive) {
-            tracing::debug!(daemon = %region.type_name(), worker = %id, error = %e, "keep-alive not sent");
-        }
+    if let Err(e) = region.tell_each(ids, &KeepAlive) {
+        tracing::debug!(daemon = %region.type_name(), error = %e, "keep-alives not sent");
     }
 }
 
@@ -236,6 +236,9 @@ mod tests {
         for node in nodes {
             let double = RegionDouble::new(tx.clone(), move |msg| match msg {
                 RegionMsg::Deliver(env) => Some((node, vec![env.entity])),
+                RegionMsg::DeliverAll(crate::messages::Envelopes { envelopes }) => {
+                    Some((node, envelopes.into_iter().map(|e| e.entity).collect()))
+                }
                 RegionMsg::Vacate(_, reply) => {
                     let _ = reply.send(Vacated {
                         region: node.into(),

@@ -24,9 +24,10 @@ use tokio::time::Instant;
 
 use crate::entity::{EntityFactory, EntityMsg};
 use crate::messages::{
-    AskReply, BeginHandOff, CoordinatorMsg, GetShardHome, HandOff, HandOffBegun, HandOffDone,
-    HostShard, Pending, RegionLocal, RegionMsg, RegionSnapshot, Register, ShardHome, Vacated,
-    Vacating, ask_expired, refuse_buffer_full,
+    AskReply, BeginHandOff, BeginHandOffs, CoordinatorMsg, Envelope, Envelopes, GetShardHome, HandOff,
+    HandOffBegun, HandOffDone, HandOffsBegun, HostShard, Pending, RegionLocal, RegionMsg,
+    RegionSnapshot, RegisterAgain, RegisterChanges, ShardHome, ShardHomes, Vacated, Vacating,
+    ask_expired, refuse_buffer_full,
 };
 use crate::settings::ShardingSettings;
 use crate::shard::{HandedOff, Shard, ShardArgs, ShardMsg};
@@ -114,6 +115,11 @@ pub struct RegionState {
     down: bool,
     /// The newest coordinator heard from (its lease's fencing token).
     coordinator: FencingToken,
+    /// The last registration sent, the base of the next one's changes; `None`: the next
+    /// one names every shard.
+    registered: Option<Registered>,
+    /// The number of the last registration sent.
+    registrations: u64,
     timer: Option<ractor::concurrency::JoinHandle<()>>,
     /// Hand-offs of local shards whose outcome has not come back yet.
     handoffs: usize,
@@ -131,6 +137,13 @@ pub struct RegionState {
     /// (its node left, or it was replaced).
     regions: HashMap<String, ActorRef<RegionMsg>>,
     buffer_gauge: crate::metrics::RegionBuffer,
+}
+
+/// A registration sent to a coordinator instance: its number and the shards it reported.
+struct Registered {
+    to: ractor::ActorId,
+    seq: u64,
+    shards: BTreeSet<String>,
 }
 
 /// A graceful leave in progress. The node exits only once no accepted message depends on
@@ -180,6 +193,8 @@ impl Actor for Region {
             leaving: false,
             down: false,
             coordinator: FencingToken::new(0),
+            registered: None,
+            registrations: 0,
             timer: Some(timer),
             handoffs: 0,
             forwarded: 0,
@@ -235,6 +250,46 @@ impl Actor for Region {
                     .await
             }
             RegionMsg::Local(RegionLocal::Route(p)) => state.route(p).await,
+            RegionMsg::Local(RegionLocal::RouteAll(ps)) => state.route_all(ps).await,
+            RegionMsg::DeliverAll(Envelopes { envelopes }) => {
+                let ps = envelopes.into_iter().map(|env| Pending {
+                    env,
+                    reply: None,
+                    ticket: None,
+                });
+                state.route_all(ps.collect()).await
+            }
+            RegionMsg::Homes(ShardHomes {
+                host,
+                homes,
+                coordinator,
+            }) => {
+                if state.current(coordinator, "(a wave of allocations)") {
+                    for shard in host {
+                        state.settle(&shard, Some(state.args.me.clone())).await;
+                    }
+                    for (shard, home) in homes {
+                        state.settle(&shard, home).await;
+                    }
+                }
+            }
+            RegionMsg::RegisterAll(RegisterAgain { coordinator }) => {
+                if state.current(coordinator, "(a registration)") {
+                    state.registered = None;
+                    state.register().await;
+                }
+            }
+            RegionMsg::BeginHandOffShards(BeginHandOffs { shards, coordinator }, reply) => {
+                // As BeginHandOffShard, for a round of moves.
+                if state.current(coordinator, "(a rebalance round)") {
+                    for shard in &shards {
+                        state.forget_home(shard);
+                    }
+                }
+                let _ = reply.send(HandOffsBegun {
+                    region: state.args.me.clone(),
+                });
+            }
             RegionMsg::Host(HostShard { shard, coordinator }) => {
                 if state.current(coordinator, &shard) {
                     state.settle(&shard, Some(state.args.me.clone())).await
@@ -499,6 +554,47 @@ impl RegionState {
         p
     }
 
+    /// Routes tells that travel together (see [`RegionLocal::RouteAll`]): those for shards
+    /// of another node go there in one message, the others as [`route`](Self::route) sends
+    /// them.
+    async fn route_all(&mut self, ps: Vec<Pending>) {
+        let mut out: BTreeMap<String, Vec<Pending>> = BTreeMap::new();
+        for p in ps {
+            let shard = &p.env.shard;
+            if p.reply.is_some() || p.env.hops > MAX_HOPS || self.shards.contains_key(shard) {
+                self.route(p).await;
+                continue;
+            }
+            if p.env.hops > 0 {
+                // As in `route`: its sender believed the shard lives here.
+                self.forget_home(shard);
+            }
+            match self.homes.get(shard) {
+                Some(home) if *home != self.args.me => out.entry(home.clone()).or_default().push(p),
+                _ => self.dispatch(p).await,
+            }
+        }
+        for (home, ps) in out {
+            let Some(region) = region_of(&mut self.regions, &self.args, &home) else {
+                for p in ps {
+                    self.forget_home(&p.env.shard);
+                    self.wait(p).await;
+                }
+                continue;
+            };
+            match forward_all(region, ps) {
+                Ok(n) => self.forwarded += n,
+                Err(ps) => {
+                    self.forget_region(&home);
+                    for p in ps {
+                        self.forget_home(&p.env.shard);
+                        self.wait(p).await;
+                    }
+                }
+            }
+        }
+    }
+
     /// Keeps a message until its shard's home is known, asking the coordinator; refuses it
     /// when the shard's buffer is full.
     async fn wait(&mut self, p: Pending) {
@@ -695,16 +791,40 @@ impl RegionState {
         true
     }
 
+    /// Registers with the coordinator: the changes to its shards since the last
+    /// registration, or all of them to a coordinator instance it has not registered with
+    /// (or that asked for all).
+    async fn register(&mut self) {
+        let Some(c) = self.args.coordinator.instance().await else {
+            return;
+        };
+        let shards: BTreeSet<String> = self.shards.keys().cloned().collect();
+        self.registrations += 1;
+        let (base, added, removed) = match &self.registered {
+            Some(r) if r.to == c.get_id() => (
+                Some(r.seq),
+                shards.difference(&r.shards).cloned().collect(),
+                r.shards.difference(&shards).cloned().collect(),
+            ),
+            _ => (None, shards.iter().cloned().collect(), Vec::new()),
+        };
+        let sent = c.cast(CoordinatorMsg::RegisterChanges(RegisterChanges {
+            region: self.args.me.clone(),
+            seq: self.registrations,
+            base,
+            added,
+            removed,
+            available: self.can_host(),
+        }));
+        self.registered = sent.is_ok().then(|| Registered {
+            to: c.get_id(),
+            seq: self.registrations,
+            shards,
+        });
+    }
+
     async fn tick(&mut self) {
-        if let Some(c) = self.args.coordinator.instance().await {
-            let mut shards: Vec<String> = self.shards.keys().cloned().collect();
-            shards.sort();
-            let _ = c.cast(CoordinatorMsg::RegisterRegion(Register {
-                region: self.args.me.clone(),
-                shards,
-                available: self.can_host(),
-            }));
-        }
+        self.register().await;
         self.drop_expired_asks();
         let mut asking: BTreeSet<String> = self.pending.keys().cloned().collect();
         if !self.down && !self.leaving {
@@ -966,6 +1086,42 @@ fn forward(region: ActorRef<RegionMsg>, mut p: Pending) -> Result<(), Pending> {
     }
 }
 
+/// Sends tells on to another node's region in one message (see [`forward`]); how many.
+/// `Err` gives them back when that region has stopped.
+// The messages come back whole on the (rare) error path, as in `forward`.
+#[allow(clippy::result_large_err)]
+fn forward_all(region: ActorRef<RegionMsg>, ps: Vec<Pending>) -> Result<u64, Vec<Pending>> {
+    let n = ps.len() as u64;
+    let (envelopes, tickets): (Vec<Envelope>, Vec<Option<crate::direct::Ticket>>) = ps
+        .into_iter()
+        .map(|mut p| {
+            p.env.hops += 1;
+            (p.env, p.ticket)
+        })
+        .unzip();
+    match region.cast(RegionMsg::DeliverAll(Envelopes { envelopes })) {
+        Ok(()) => Ok(n),
+        Err(ractor::MessagingErr::SendErr(RegionMsg::DeliverAll(Envelopes { envelopes }))) => {
+            Err(envelopes
+                .into_iter()
+                .zip(tickets)
+                .map(|(mut env, ticket)| {
+                    env.hops -= 1;
+                    Pending {
+                        env,
+                        reply: None,
+                        ticket,
+                    }
+                })
+                .collect())
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, tells = n, "tells lost forwarding them to another region");
+            Ok(n)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
@@ -1075,11 +1231,31 @@ mod tests {
             msg: CoordinatorMsg,
             hosted: &mut BTreeSet<String>,
         ) -> Result<(), ActorProcessingErr> {
-            if let CoordinatorMsg::RegisterRegion(Register { shards, .. }) = msg {
-                let carried = shards.len();
-                *hosted = shards.into_iter().collect();
-                let _ = self.to.send((carried, hosted.clone()));
-            }
+            let carried = match msg {
+                CoordinatorMsg::RegisterRegion(crate::messages::Register { shards, .. }) => {
+                    let carried = shards.len();
+                    *hosted = shards.into_iter().collect();
+                    carried
+                }
+                CoordinatorMsg::RegisterChanges(RegisterChanges {
+                    base,
+                    added,
+                    removed,
+                    ..
+                }) => {
+                    if base.is_none() {
+                        hosted.clear();
+                    }
+                    let carried = added.len() + removed.len();
+                    hosted.extend(added);
+                    for shard in removed {
+                        hosted.remove(&shard);
+                    }
+                    carried
+                }
+                _ => return Ok(()),
+            };
+            let _ = self.to.send((carried, hosted.clone()));
             Ok(())
         }
     }
