@@ -216,13 +216,10 @@ impl AllocationStrategy for LeastShards {
         let limit = self.limit(regions.allocated());
         let threshold = self.threshold.max(1);
         // (count, region) in order: the least loaded first, the most loaded last.
-        let mut load: BTreeSet<(usize, &str)> =
-            regions.iter().map(|(r, s)| (s.len(), r)).collect();
+        let mut load: BTreeSet<(usize, &str)> = regions.iter().map(|(r, s)| (s.len(), r)).collect();
         // What each region gives, from its highest shard id down.
-        let mut giving: BTreeMap<&str, _> = regions
-            .iter()
-            .map(|(r, s)| (r, s.iter().rev()))
-            .collect();
+        let mut giving: BTreeMap<&str, _> =
+            regions.iter().map(|(r, s)| (r, s.iter().rev())).collect();
         let mut moves = Vec::new();
         while moves.len() < limit {
             let (Some(&(lo, least)), Some(&(hi, most))) = (load.first(), load.last()) else {
@@ -276,7 +273,11 @@ mod tests {
     /// The regions after `moves`.
     fn apply(regions: &mut Regions, moves: &[(String, String, String)]) {
         for (shard, from, to) in moves {
-            assert_eq!(regions.home(shard), Some(from.as_str()), "{shard} is not on {from}");
+            assert_eq!(
+                regions.home(shard),
+                Some(from.as_str()),
+                "{shard} is not on {from}"
+            );
             regions.set_home(shard, to);
         }
     }
@@ -296,7 +297,10 @@ mod tests {
         (0..=total / n)
             .filter(|low| total <= n * (low + threshold))
             .map(|low| {
-                let above: usize = counts.iter().map(|c| c.saturating_sub(low + threshold)).sum();
+                let above: usize = counts
+                    .iter()
+                    .map(|c| c.saturating_sub(low + threshold))
+                    .sum();
                 let below: usize = counts.iter().map(|c| low.saturating_sub(*c)).sum();
                 above.max(below)
             })
@@ -316,7 +320,11 @@ mod tests {
         );
         let mut r = r;
         r.set_allocatable("b:1", false);
-        assert_eq!(s.allocate("x", &r).as_deref(), Some("c:1"), "b:1 may not be given shards");
+        assert_eq!(
+            s.allocate("x", &r).as_deref(),
+            Some("c:1"),
+            "b:1 may not be given shards"
+        );
         assert_eq!(r.home("4"), Some("b:1"), "its shards keep their home");
     }
 
@@ -339,9 +347,15 @@ mod tests {
         assert_eq!(moves.len(), 3);
         assert!(moves.iter().all(|(_, from, _)| from == "a:1"));
         assert_eq!(moves[0].2, "b:1");
-        assert_eq!(moves[0].0, "9", "the last shard id (in id order) of the most loaded");
+        assert_eq!(
+            moves[0].0, "9",
+            "the last shard id (in id order) of the most loaded"
+        );
         // Balanced: nothing moves.
-        assert!(s.rebalance(&regions(&[("a:1", 4), ("b:1", 3)]), &none).is_empty());
+        assert!(
+            s.rebalance(&regions(&[("a:1", 4), ("b:1", 3)]), &none)
+                .is_empty()
+        );
         assert!(
             strategy(2, 1.0, 100)
                 .rebalance(&regions(&[("a:1", 5), ("b:1", 3)]), &none)

@@ -33,6 +33,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
+use futures::FutureExt;
+use futures::stream::{FuturesUnordered, StreamExt};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tenure_cluster::{
     ClusterEvent, ClusterSubscriber, History, Member, MemberStatus, Subscriptions,
@@ -43,8 +45,8 @@ use tokio::time::Instant;
 
 use crate::allocation::{AllocationStrategy, Regions};
 use crate::messages::{
-    Allocation, BeginHandOffs, CoordinatorLocal, CoordinatorMsg, GetShardHome, HandOff,
-    RegionMsg, Register, RegisterAgain, ShardHomes,
+    Allocation, BeginHandOffs, CoordinatorLocal, CoordinatorMsg, GetShardHome, HandOff, RegionMsg,
+    Register, RegisterAgain, ShardHomes,
 };
 use crate::region::region_ref;
 use crate::settings::ShardingSettings;
@@ -252,8 +254,7 @@ impl Actor for Coordinator {
             CoordinatorMsg::Local(CoordinatorLocal::RememberedShards(shards)) => {
                 tracing::info!(entity_type = %state.args.type_name, shards = shards.len(), "shards with remembered entities read");
                 for shard in shards {
-                    if state.homes.home(&shard).is_none() && !state.moving.contains_key(&shard)
-                    {
+                    if state.homes.home(&shard).is_none() && !state.moving.contains_key(&shard) {
                         state.unplaced.insert(shard.clone());
                     }
                     state.remembered.insert(shard);
@@ -278,8 +279,13 @@ impl Actor for Coordinator {
             }
             CoordinatorMsg::Local(CoordinatorLocal::Rebalance) => state.rebalance(),
             CoordinatorMsg::Local(CoordinatorLocal::Flush) => state.flush(),
-            CoordinatorMsg::Local(CoordinatorLocal::HandOffEnded { shard, released }) => {
-                state.hand_off_ended(shard, released)
+            CoordinatorMsg::Local(CoordinatorLocal::HandOffsEnded(ended)) => {
+                for (shard, released) in ended {
+                    state.hand_off_ended(shard, released);
+                }
+                if state.moving.is_empty() {
+                    state.rebalance();
+                }
             }
         }
         Ok(())
@@ -784,7 +790,12 @@ impl CoordinatorState {
             }
             tracing::debug!(entity_type = %self.args.type_name, shard, from, to, "rebalance: moving a shard");
             crate::metrics::rebalance_move(&self.args.type_name);
-            self.record(|entity_type| Event::ShardMoving { entity_type, shard: shard.clone(), from: from.clone(), to: to.clone() });
+            self.record(|entity_type| Event::ShardMoving {
+                entity_type,
+                shard: shard.clone(),
+                from: from.clone(),
+                to: to.clone(),
+            });
             self.homes.remove_home(&shard);
             self.unconfirmed.remove(&shard);
             self.moving.insert(
@@ -804,8 +815,8 @@ impl CoordinatorState {
     }
 
     /// A moving shard's hand-off ended: it goes to its new home (or is allocated anew when
-    /// that went meanwhile), and the regions that asked meanwhile learn where. Once the
-    /// round's last shard has moved, the next round is decided at once.
+    /// that went meanwhile), and the regions that asked meanwhile learn where. (Once the
+    /// round's last shard has moved, the next round is decided at once.)
     fn hand_off_ended(&mut self, shard: String, released: bool) {
         let Some(Move { from, to, waiting }) = self.moving.remove(&shard) else {
             return;
@@ -822,21 +833,25 @@ impl CoordinatorState {
         if home.is_none() && self.remembered.contains(&shard) {
             self.unplaced.insert(shard.clone());
         }
-        self.record(|entity_type| Event::ShardMoved { entity_type, shard: shard.clone(), from: from.clone(), to: home.clone(), released });
+        self.record(|entity_type| Event::ShardMoved {
+            entity_type,
+            shard: shard.clone(),
+            from: from.clone(),
+            to: home.clone(),
+            released,
+        });
         for region in waiting {
             self.tell(&region, &shard, Told::Home(home.clone()));
-        }
-        if self.moving.is_empty() {
-            self.rebalance();
         }
     }
 
     /// The steps of a rebalance round after the decision: every region (registered, or one
     /// that asked for a home) is told, in one message, that the round's hand-offs begin,
     /// and answers (each waited for at most `hand-off-timeout`), so that none sends those
-    /// shards to their old homes any more; then each old home hands its shard off; then
-    /// `HandOffEnded` comes back to this coordinator for each. What this wave told the
-    /// regions leaves first.
+    /// shards to their old homes any more; then each old home hands its shard off, and the
+    /// ends come back to this coordinator (`HandOffsEnded`), those that ended together in
+    /// one message, so that their new homes reach each region together. What this wave
+    /// told the regions leaves first.
     fn move_shards(&mut self, round: Vec<(String, String)>) {
         self.flush();
         let scope = &self.args.scope;
@@ -874,16 +889,25 @@ impl CoordinatorState {
                 }
             });
             futures::future::join_all(begun).await;
-            for (shard, from) in round {
-                let (scope, type_name, me) = (scope.clone(), type_name.clone(), me.clone());
-                tokio::spawn(async move {
-                    let released =
-                        hand_off_call(&scope, &type_name, &shard, &from, token, timeout).await;
-                    let _ = me.cast(CoordinatorMsg::Local(CoordinatorLocal::HandOffEnded {
-                        shard,
-                        released,
-                    }));
-                });
+            let mut hand_offs: FuturesUnordered<_> = round
+                .into_iter()
+                .map(|(shard, from)| {
+                    let (scope, type_name) = (&scope, &type_name);
+                    async move {
+                        let released =
+                            hand_off_call(scope, type_name, &shard, &from, token, timeout).await;
+                        (shard, released)
+                    }
+                })
+                .collect();
+            while let Some(first) = hand_offs.next().await {
+                let mut ended = vec![first];
+                while let Some(Some(more)) = hand_offs.next().now_or_never() {
+                    ended.push(more);
+                }
+                let _ = me.cast(CoordinatorMsg::Local(CoordinatorLocal::HandOffsEnded(
+                    ended,
+                )));
             }
         });
     }
@@ -965,7 +989,7 @@ fn list_shard_leases(
 /// reports the shards that have some (`CoordinatorLocal::RememberedShards`), trying a shard
 /// again every `retry-interval` while the store fails.
 fn read_remembered_shards(args: &CoordinatorArgs, me: &ActorRef<CoordinatorMsg>) {
-    use futures::stream::{self, StreamExt};
+    use futures::stream;
 
     let (store, timeout, me) = (args.store.clone(), args.list_timeout, me.clone());
     let retry = args.settings.retry_interval;
@@ -1035,33 +1059,63 @@ mod tests {
     use crate::region::region_group;
     use crate::test_regions::RegionDouble;
 
+    /// What a region double heard from the coordinator, in one message.
+    #[derive(Debug, Clone, PartialEq)]
+    enum Heard {
+        /// Shards, each with the home it was given (`Some(itself)`: host it).
+        Homes(Vec<(String, Option<String>)>),
+        /// Register every shard.
+        RegisterAll,
+        /// The hand-offs of a rebalance round begin.
+        BeginHandOffs(Vec<String>),
+        /// Hand this shard off.
+        HandOff(String),
+        Other,
+    }
 
-    /// What a region double was told: each shard named in one message, with the home it
-    /// was given (`Some(itself)` for a shard it is to host).
-    type Told = (String, Vec<(String, Option<String>)>);
+    /// A region double's address and what it heard.
+    type Told = (String, Heard);
 
-    /// A region double at `addr` that reports every message of the coordinator (`Told`), and
-    /// answers `Vacate` (a barrier: everything sent to it before has been reported).
+    /// A region double at `addr` that reports every message of the coordinator, answers
+    /// the coordinator's calls (a hand-off releases its lease), and answers `Vacate` (a
+    /// barrier: everything sent to it before has been reported).
     fn counting(addr: &str, told: mpsc::UnboundedSender<Told>) -> RegionDouble<Told> {
         let addr = addr.to_string();
         RegionDouble::new(told, move |msg| {
-            let named = match msg {
-                RegionMsg::Host(HostShard { shard, .. }) => vec![(shard, Some(addr.clone()))],
-                RegionMsg::Home(ShardHome { shard, home, .. }) => vec![(shard, home)],
-                RegionMsg::Homes(ShardHomes { host, homes, .. }) => host
-                    .into_iter()
-                    .map(|shard| (shard, Some(addr.clone())))
-                    .chain(homes)
-                    .collect(),
+            let heard = match msg {
+                RegionMsg::Host(HostShard { shard, .. }) => {
+                    Heard::Homes(vec![(shard, Some(addr.clone()))])
+                }
+                RegionMsg::Home(ShardHome { shard, home, .. }) => Heard::Homes(vec![(shard, home)]),
+                RegionMsg::Homes(ShardHomes { host, homes, .. }) => Heard::Homes(
+                    host.into_iter()
+                        .map(|shard| (shard, Some(addr.clone())))
+                        .chain(homes)
+                        .collect(),
+                ),
+                RegionMsg::RegisterAll(_) => Heard::RegisterAll,
+                RegionMsg::BeginHandOffShards(BeginHandOffs { shards, .. }, reply) => {
+                    let _ = reply.send(crate::messages::HandOffsBegun {
+                        region: addr.clone(),
+                    });
+                    Heard::BeginHandOffs(shards)
+                }
+                RegionMsg::HandOffShard(HandOff { shard, .. }, reply) => {
+                    let _ = reply.send(crate::messages::HandOffDone {
+                        shard: shard.clone(),
+                        released: true,
+                    });
+                    Heard::HandOff(shard)
+                }
                 RegionMsg::Vacate(_, reply) => {
                     let _ = reply.send(crate::messages::Vacated {
                         region: addr.clone(),
                     });
                     return None;
                 }
-                _ => Vec::new(),
+                _ => Heard::Other,
             };
-            Some((addr.clone(), named))
+            Some((addr.clone(), heard))
         })
     }
 
@@ -1081,9 +1135,11 @@ mod tests {
     /// and available, with `sharding` added to the `[sharding]` section.
     struct Fixture {
         node: Node,
+        scope: String,
         coordinator: ActorRef<CoordinatorMsg>,
         regions: Vec<ActorRef<RegionMsg>>,
         addrs: Vec<String>,
+        told: mpsc::UnboundedSender<Told>,
         heard: mpsc::UnboundedReceiver<Told>,
     }
 
@@ -1117,20 +1173,6 @@ mod tests {
             .await
             .unwrap();
             let (told, heard) = mpsc::unbounded_channel();
-            let mut addrs = vec![node.addr().to_string()];
-            addrs.extend((0..others).map(|i| format!("127.0.0.1:{}", i + 2)));
-            let mut regions = Vec::new();
-            for addr in &addrs {
-                let (actor, _) = Actor::spawn(None, counting(addr, told.clone()), ())
-                    .await
-                    .unwrap();
-                ractor::pg::join_scoped(
-                    scope.to_string(),
-                    region_group("probe", addr),
-                    vec![actor.get_cell()],
-                );
-                regions.push(actor);
-            }
             let settings = ShardingSettings::from_config(&config, "probe", "memory").unwrap();
             let args = CoordinatorArgs {
                 type_name: "probe".into(),
@@ -1145,29 +1187,58 @@ mod tests {
                 list_timeout: Duration::from_secs(1),
             };
             let (coordinator, _) = Actor::spawn(None, Coordinator, args).await.unwrap();
+            let me = node.addr().to_string();
             let mut f = Fixture {
                 node,
+                scope: scope.to_string(),
                 coordinator,
-                regions,
-                addrs,
+                regions: Vec::new(),
+                addrs: Vec::new(),
+                told,
                 heard,
             };
-            for addr in f.addrs.clone() {
-                f.register(&addr, &[]);
-            }
             // This node's member first (the coordinator's first view of the members comes
             // from its node), then the others.
+            f.add_region(&me).await;
             f.wait_allocatable(1).await;
-            for addr in &f.addrs[1..] {
-                f.coordinator
+            for i in 0..others {
+                f.add_region(&format!("127.0.0.1:{}", i + 2)).await;
+            }
+            f.wait_allocatable(f.addrs.len()).await;
+            f.told().await;
+            f
+        }
+
+        /// A region double at `addr`, registered and available, its member up.
+        async fn add_region(&mut self, addr: &str) {
+            let (actor, _) = Actor::spawn(None, counting(addr, self.told.clone()), ())
+                .await
+                .unwrap();
+            ractor::pg::join_scoped(
+                self.scope.clone(),
+                region_group("probe", addr),
+                vec![actor.get_cell()],
+            );
+            self.regions.push(actor);
+            self.addrs.push(addr.to_string());
+            self.register(addr, &[]);
+            if addr != self.node.addr().to_string() {
+                self.coordinator
                     .cast(CoordinatorMsg::Local(CoordinatorLocal::Cluster(
                         ClusterEvent::MemberUp(member(addr)),
                     )))
                     .unwrap();
             }
-            f.wait_allocatable(f.addrs.len()).await;
-            f.told().await;
-            f
+        }
+
+        /// Shards per region in the coordinator's allocation.
+        async fn counts(&self) -> BTreeMap<String, usize> {
+            let mut counts: BTreeMap<String, usize> =
+                self.addrs.iter().map(|a| (a.clone(), 0)).collect();
+            for (_, home) in self.allocation().await.homes {
+                *counts.entry(home).or_default() += 1;
+            }
+            counts
         }
 
         fn register(&self, addr: &str, shards: &[&str]) {
@@ -1254,12 +1325,14 @@ mod tests {
         assert_eq!(homes.len(), shards, "every shard asked for has a home");
         let mut per_region: BTreeMap<String, usize> = BTreeMap::new();
         let mut learnt: BTreeMap<String, BTreeMap<String, Option<String>>> = BTreeMap::new();
-        for (region, named) in &told {
+        for (region, heard) in &told {
             *per_region.entry(region.clone()).or_default() += 1;
-            learnt
-                .entry(region.clone())
-                .or_default()
-                .extend(named.iter().cloned());
+            if let Heard::Homes(named) = heard {
+                learnt
+                    .entry(region.clone())
+                    .or_default()
+                    .extend(named.iter().cloned());
+            }
         }
         assert_eq!(
             per_region,
@@ -1295,9 +1368,10 @@ mod tests {
         let [(shard, home)] = &home[..] else {
             panic!("one shard allocated: {home:?}");
         };
+        let named = Heard::Homes(vec![(shard.clone(), Some(home.clone()))]);
         let learnt: BTreeSet<String> = told
             .iter()
-            .filter(|(_, named)| named.contains(&(shard.clone(), Some(home.clone()))))
+            .filter(|(_, heard)| *heard == named)
             .map(|(region, _)| region.clone())
             .collect();
         assert_eq!(
@@ -1323,10 +1397,158 @@ mod tests {
         .unwrap();
         assert_eq!(
             heard.try_recv().ok(),
-            Some((late, vec![(shard.clone(), Some(home.clone()))])),
+            Some((late, named)),
             "what a region registering later was told"
         );
         actor.stop(None);
+        f.stop().await;
+    }
+
+    /// A registration's changes apply onto the registration they name as their base; a
+    /// retry with nothing changed costs the coordinator nothing and sends no region
+    /// anything; changes onto a registration the coordinator does not have (a lost one, one
+    /// sent to an earlier coordinator) get the region asked for every shard.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn registration_changes_apply_onto_their_base_and_others_ask_for_every_shard() {
+        let mut f = Fixture::start(
+            "coordinator-register-changes",
+            1,
+            "retry-interval = \"1h\"\nrebalance-interval = \"1h\"",
+        )
+        .await;
+        let a = f.addrs[1].clone();
+        let changes = |seq: u64, base: Option<u64>, added: &[&str], removed: &[&str]| {
+            CoordinatorMsg::RegisterChanges(RegisterChanges {
+                region: a.clone(),
+                seq,
+                base,
+                added: added.iter().map(|s| s.to_string()).collect(),
+                removed: removed.iter().map(|s| s.to_string()).collect(),
+                available: true,
+            })
+        };
+        let homes = async |f: &Fixture| -> Vec<(String, String)> { f.allocation().await.homes };
+        let on_a = |shards: &[&str]| -> Vec<(String, String)> {
+            shards.iter().map(|s| (s.to_string(), a.clone())).collect()
+        };
+        // Every shard once: the coordinator learns their homes from it.
+        f.coordinator
+            .cast(changes(1, None, &["1", "2", "3"], &[]))
+            .unwrap();
+        assert_eq!(homes(&f).await, on_a(&["1", "2", "3"]));
+        // Changes onto registration 1 (shard 3 keeps its home there: it is hosted again).
+        f.coordinator
+            .cast(changes(2, Some(1), &["4"], &["3"]))
+            .unwrap();
+        assert_eq!(homes(&f).await, on_a(&["1", "2", "3", "4"]));
+        for seq in 3..8 {
+            f.coordinator
+                .cast(changes(seq, Some(seq - 1), &[], &[]))
+                .unwrap();
+        }
+        assert_eq!(f.told().await, [], "told for retries with nothing changed");
+        // Onto a registration the coordinator does not have: nothing applied, all asked for.
+        f.coordinator
+            .cast(changes(9, Some(5), &["5"], &[]))
+            .unwrap();
+        assert_eq!(f.told().await, [(a.clone(), Heard::RegisterAll)]);
+        assert_eq!(homes(&f).await, on_a(&["1", "2", "3", "4"]));
+        f.coordinator
+            .cast(changes(10, None, &["1", "2", "4", "5"], &[]))
+            .unwrap();
+        assert_eq!(homes(&f).await, on_a(&["1", "2", "3", "4", "5"]));
+        f.coordinator
+            .cast(changes(11, Some(10), &[], &["5"]))
+            .unwrap();
+        assert_eq!(f.told().await, [], "a base it has again");
+        f.stop().await;
+    }
+
+    /// 3 regions join 6 that host 600 shards: one rebalance tick starts a round of the
+    /// reference's limits (a tenth of the shards), and each round that ends unbalanced is
+    /// followed by the next at once, with no tick: 4 rounds (60, 60, 60, 18) leave 66 or
+    /// 67 shards on every region. Each region hears of each round in one message, and each
+    /// moved shard's old home is asked once to hand it off.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn three_regions_joining_six_get_their_share_in_rounds_chained_without_ticks() {
+        let mut f = Fixture::start(
+            "coordinator-rebalance-rounds",
+            5,
+            "retry-interval = \"1h\"\nrebalance-interval = \"1h\"",
+        )
+        .await;
+        let asker = f.addrs[0].clone();
+        for shard in 0..600 {
+            f.coordinator
+                .cast(CoordinatorMsg::GetHome(GetShardHome {
+                    shard: shard.to_string(),
+                    region: asker.clone(),
+                }))
+                .unwrap();
+        }
+        f.told().await;
+        let old: Vec<String> = f.addrs.clone();
+        assert!(f.counts().await.values().all(|n| *n == 100));
+        for i in 0..3 {
+            f.add_region(&format!("127.0.0.1:{}", 20 + i)).await;
+        }
+        f.wait_allocatable(9).await;
+        f.told().await;
+        f.coordinator
+            .cast(CoordinatorMsg::Local(CoordinatorLocal::Rebalance))
+            .unwrap();
+        let mut counts = BTreeMap::new();
+        for _ in 0..600 {
+            counts = f.counts().await;
+            if counts.values().all(|n| *n == 66 || *n == 67) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(
+            counts.values().all(|n| *n == 66 || *n == 67),
+            "not balanced: {counts:?}"
+        );
+        let told = f.told().await;
+        let mut rounds: BTreeMap<&str, Vec<Vec<String>>> = BTreeMap::new();
+        let mut hand_offs: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
+        for (region, heard) in &told {
+            match heard {
+                Heard::BeginHandOffs(shards) => {
+                    rounds.entry(region).or_default().push(shards.clone())
+                }
+                Heard::HandOff(shard) => {
+                    assert!(
+                        hand_offs.entry(region).or_default().insert(shard.clone()),
+                        "{region} asked twice to hand off {shard}"
+                    );
+                }
+                _ => {}
+            }
+        }
+        let first = &rounds[asker.as_str()];
+        let sizes: Vec<usize> = first.iter().map(Vec::len).collect();
+        assert_eq!(sizes, [60, 60, 60, 18], "the rounds");
+        assert_eq!(rounds.len(), 9, "regions told of the rounds");
+        assert!(
+            rounds.values().all(|r| r == first),
+            "every region told of every round once"
+        );
+        let moved: BTreeSet<String> = first.iter().flatten().cloned().collect();
+        assert_eq!(moved.len(), 198, "no shard moved twice");
+        assert!(
+            hand_offs.keys().all(|r| old.iter().any(|o| o == r)),
+            "{hand_offs:?}"
+        );
+        assert_eq!(
+            hand_offs
+                .values()
+                .flatten()
+                .cloned()
+                .collect::<BTreeSet<_>>(),
+            moved,
+            "each moved shard's old home asked once to hand it off"
+        );
         f.stop().await;
     }
 }

@@ -549,8 +549,7 @@ pub(crate) async fn start_with_settings(
 ) -> Result<ShardRegion, ShardingError> {
     let cluster = node.settings();
     let settings = Arc::new(settings);
-    let strategy =
-        strategy.unwrap_or_else(|| Arc::new(LeastShards::from_settings(&settings)));
+    let strategy = strategy.unwrap_or_else(|| Arc::new(LeastShards::from_settings(&settings)));
     let start_err = |detail: String| ShardingError::Start {
         type_name: type_name.to_string(),
         detail,

@@ -363,12 +363,9 @@ pub enum CoordinatorLocal {
     Rebalance,
     /// The end of a wave of allocations: each region is told what it learnt in it.
     Flush,
-    /// The hand-off of a moving shard ended (its old host answered, or the hand-off
-    /// timeout passed).
-    HandOffEnded {
-        shard: String,
-        released: bool,
-    },
+    /// Hand-offs of moving shards ended (their old hosts answered, or the hand-off timeout
+    /// passed): each shard, and whether its lease was released.
+    HandOffsEnded(Vec<(String, bool)>),
     /// The shard leases of the type listed from the store at start: shard → holder.
     Listed(Result<Vec<(String, String)>, String>),
     /// remember-entities: the shards with remembered entities, read from the store at

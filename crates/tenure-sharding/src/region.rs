@@ -24,8 +24,8 @@ use tokio::time::Instant;
 
 use crate::entity::{EntityFactory, EntityMsg};
 use crate::messages::{
-    AskReply, BeginHandOff, BeginHandOffs, CoordinatorMsg, Envelope, Envelopes, GetShardHome, HandOff,
-    HandOffBegun, HandOffDone, HandOffsBegun, HostShard, Pending, RegionLocal, RegionMsg,
+    AskReply, BeginHandOff, BeginHandOffs, CoordinatorMsg, Envelope, Envelopes, GetShardHome,
+    HandOff, HandOffBegun, HandOffDone, HandOffsBegun, HostShard, Pending, RegionLocal, RegionMsg,
     RegionSnapshot, RegisterAgain, RegisterChanges, ShardHome, ShardHomes, Vacated, Vacating,
     ask_expired, refuse_buffer_full,
 };
@@ -279,7 +279,13 @@ impl Actor for Region {
                     state.register().await;
                 }
             }
-            RegionMsg::BeginHandOffShards(BeginHandOffs { shards, coordinator }, reply) => {
+            RegionMsg::BeginHandOffShards(
+                BeginHandOffs {
+                    shards,
+                    coordinator,
+                },
+                reply,
+            ) => {
                 // As BeginHandOffShard, for a round of moves.
                 if state.current(coordinator, "(a rebalance round)") {
                     for shard in &shards {
@@ -1346,8 +1352,43 @@ mod tests {
             carried, [0; 5],
             "shard ids carried by registrations with nothing changed"
         );
+        // A new coordinator instance gets every shard once, then changes.
+        let (tx, mut registered) = tokio::sync::mpsc::unbounded_channel();
+        let (successor, _) = Actor::spawn(None, Registrations { to: tx }, ())
+            .await
+            .unwrap();
+        pg::join_scoped(
+            scope.to_string(),
+            tenure_singleton::instance_group("sharding-probe-coordinator", FencingToken::new(2)),
+            vec![successor.get_cell()],
+        );
+        let mut next = async || {
+            tokio::time::timeout(Duration::from_secs(30), registered.recv())
+                .await
+                .expect("a registration within 30 s")
+                .expect("the coordinator runs")
+        };
+        assert_eq!(
+            next().await,
+            (40, shards.clone()),
+            "the first to a new coordinator"
+        );
+        assert_eq!(next().await, (0, shards.clone()));
+        // Asked for every shard (it lacks the base of the changes): all of them at once.
+        region
+            .cast(RegionMsg::RegisterAll(RegisterAgain {
+                coordinator: FencingToken::new(2),
+            }))
+            .unwrap();
+        let mut after = next().await;
+        if after.0 == 0 {
+            // A retry that had left before the request.
+            after = next().await;
+        }
+        assert_eq!(after, (40, shards.clone()), "the registration asked for");
         region.stop_and_wait(None, None).await.unwrap();
         coordinator.stop(None);
+        successor.stop(None);
     }
 
     /// A coordinator that failed over with a node does not know that node's shards (their

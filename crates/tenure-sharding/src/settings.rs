@@ -353,12 +353,18 @@ mod tests {
         )
         .unwrap();
         let s = ShardingSettings::from_config(&config, "counter", "sqlite").unwrap();
-        assert_eq!((s.rebalance_relative_limit, s.rebalance_absolute_limit), (0.25, 7));
+        assert_eq!(
+            (s.rebalance_relative_limit, s.rebalance_absolute_limit),
+            (0.25, 7)
+        );
         // The deprecated key still bounds a round, as the absolute limit.
         let config =
             TenureConfig::from_toml_str("[sharding]\nmax-simultaneous-rebalance = 4", "t").unwrap();
         let s = ShardingSettings::from_config(&config, "counter", "sqlite").unwrap();
-        assert_eq!((s.rebalance_relative_limit, s.rebalance_absolute_limit), (0.1, 4));
+        assert_eq!(
+            (s.rebalance_relative_limit, s.rebalance_absolute_limit),
+            (0.1, 4)
+        );
     }
 
     #[test]
