@@ -209,7 +209,8 @@ fn rebalances_under_open_loop_load_keep_every_key_answered_from_every_node() {
         },
     );
     // Two nodes join, with load of their own: the coordinator rebalances 9/0/0 to 3/3/3 in
-    // rounds of at most 3 moves, while all three nodes ask every key.
+    // rounds of one move (a tenth of 9 shards rounds down to one), each round following the
+    // last as soon as its shard has moved, while all three nodes ask every key.
     let joined = now_ns();
     c.spawn(1);
     c.spawn(2);
