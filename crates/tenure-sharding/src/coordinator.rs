@@ -606,21 +606,30 @@ impl CoordinatorState {
         if let Some(e) = self.regions.get_mut(region) {
             e.reported.insert(shard.clone());
         }
-        if self.moving.contains_key(&shard) {
+        self.judge_report(region, &shard);
+    }
+
+    /// What to make of `region` hosting `shard`: its home learnt (a new coordinator learns
+    /// the allocation from the regions), its `Host` confirmed, or a copy to stop.
+    fn judge_report(&mut self, region: &str, shard: &str) {
+        if self.moving.contains_key(shard) {
             return;
         }
-        match self.homes.home(&shard) {
+        match self.homes.home(shard) {
             None if self.alive(region) => {
-                // A new coordinator learns the allocation from the regions.
-                self.unplaced.remove(&shard);
-                self.homes.set_home(&shard, region);
+                self.unplaced.remove(shard);
+                self.homes.set_home(shard, region);
+                self.misplaced
+                    .remove(&(region.to_string(), shard.to_string()));
             }
             Some(home) if home == region => {
-                self.unconfirmed.remove(&shard);
+                self.unconfirmed.remove(shard);
+                self.misplaced
+                    .remove(&(region.to_string(), shard.to_string()));
             }
             // Hosted (or being acquired) where it no longer belongs: stop it there; its
             // lease then goes to the shard's home.
-            _ => self.misplace(&shard, region),
+            _ => self.misplace(shard, region),
         }
     }
 
@@ -637,12 +646,17 @@ impl CoordinatorState {
         }
     }
 
-    /// Asks `region` to hand off `shard`, which it runs where the shard does not belong,
-    /// and again every three `retry-interval`s while it reports it.
+    /// Asks `region` to hand off `shard`, which it runs where the shard does not belong
+    /// (once it is reachable), and again every three `retry-interval`s while it reports it.
     fn misplace(&mut self, shard: &str, region: &str) {
+        let key = (region.to_string(), shard.to_string());
+        if self.unreachable_since.contains_key(region) {
+            // Asked once it is reachable again (see `retry_misplaced`).
+            self.misplaced.entry(key).or_insert_with(Instant::now);
+            return;
+        }
         tracing::info!(entity_type = %self.args.type_name, shard, region, "telling a region to stop a shard allocated elsewhere");
-        self.misplaced
-            .insert((region.to_string(), shard.to_string()), Instant::now());
+        self.misplaced.insert(key, Instant::now());
         self.stop_misplaced(shard, region);
     }
 
@@ -651,18 +665,18 @@ impl CoordinatorState {
         let due: Vec<(String, String)> = self
             .misplaced
             .iter()
-            .filter(|(_, at)| at.elapsed() >= again)
+            .filter(|((region, _), at)| {
+                at.elapsed() >= again && !self.unreachable_since.contains_key(region)
+            })
             .map(|(k, _)| k.clone())
             .collect();
         for (region, shard) in due {
-            let still = self.homes.home(&shard) != Some(region.as_str())
-                && !self.moving.contains_key(&shard)
-                && self
-                    .regions
-                    .get(&region)
-                    .is_some_and(|r| r.reported.contains(&shard));
-            if still {
-                self.misplace(&shard, &region);
+            let reported = self
+                .regions
+                .get(&region)
+                .is_some_and(|r| r.reported.contains(&shard));
+            if reported {
+                self.judge_report(&region, &shard);
             } else {
                 self.misplaced.remove(&(region, shard));
             }
