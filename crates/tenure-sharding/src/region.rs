@@ -1094,8 +1094,6 @@ fn forward(region: ActorRef<RegionMsg>, mut p: Pending) -> Result<(), Pending> {
 
 /// Sends tells on to another node's region in one message (see [`forward`]); how many.
 /// `Err` gives them back when that region has stopped.
-// The messages come back whole on the (rare) error path, as in `forward`.
-#[allow(clippy::result_large_err)]
 fn forward_all(region: ActorRef<RegionMsg>, ps: Vec<Pending>) -> Result<u64, Vec<Pending>> {
     let n = ps.len() as u64;
     let (envelopes, tickets): (Vec<Envelope>, Vec<Option<crate::direct::Ticket>>) = ps
