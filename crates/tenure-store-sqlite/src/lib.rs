@@ -37,6 +37,7 @@ mod clock;
 mod fair;
 pub mod fence;
 mod fenced;
+pub mod journal;
 mod schema;
 pub mod sql;
 mod store;
@@ -54,4 +55,5 @@ pub fn token_floor() -> i64 {
 
 pub use fair::cross_process_poll;
 pub use fenced::FencedCounter;
+pub use journal::SqliteJournal;
 pub use store::{REFERENCE, SqliteOptions, SqliteStore, SqliteStoreFactory, default_path};
