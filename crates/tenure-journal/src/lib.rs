@@ -23,6 +23,7 @@ mod append;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 mod error;
+pub mod group;
 mod journal;
 mod memory;
 mod stored;

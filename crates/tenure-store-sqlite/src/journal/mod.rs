@@ -27,21 +27,17 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use rusqlite::OptionalExtension;
+use tenure_journal::group::{GroupCommit, Write};
 use tenure_journal::{
     Append, Journal, JournalError, SaveSnapshot, Snapshot, StoredEvent, Written,
     check_persistence_id,
 };
 use tenure_lease::{ConfigError, FencingToken, StoreError};
-use tokio::sync::{mpsc, oneshot};
 
 use files::{Files, Opened};
-use writer::Job;
 
 /// Most writes in one transaction by default.
 pub const DEFAULT_MAX_BATCH: usize = 256;
-
-/// Writes waiting for the writer thread, at most; a caller beyond waits for room.
-const QUEUE: usize = 4096;
 
 /// Read connections kept open, at most.
 const READERS: usize = 4;
@@ -54,10 +50,8 @@ pub struct SqliteJournal {
 
 struct Inner {
     files: Files,
-    /// `None` until the first write (the writer thread starts then, with `max_batch`).
-    writer: Mutex<Option<mpsc::Sender<Job>>>,
-    /// Read when the writer thread starts.
-    max_batch: std::sync::atomic::AtomicUsize,
+    /// The writes waiting for the writer thread.
+    group: GroupCommit,
     readers: Mutex<Vec<Opened>>,
 }
 
@@ -105,8 +99,7 @@ impl SqliteJournal {
         Ok(SqliteJournal {
             inner: Arc::new(Inner {
                 files,
-                writer: Mutex::new(None),
-                max_batch: DEFAULT_MAX_BATCH.into(),
+                group: GroupCommit::new(DEFAULT_MAX_BATCH),
                 readers: Mutex::new(vec![first]),
             }),
         })
@@ -116,9 +109,7 @@ impl SqliteJournal {
     /// transaction (at least 1: one transaction per write), from its first write on: call
     /// it before.
     pub fn with_max_batch(self, max_batch: usize) -> Self {
-        self.inner
-            .max_batch
-            .store(max_batch.max(1), std::sync::atomic::Ordering::Relaxed);
+        self.inner.group.set_max_batch(max_batch);
         self
     }
 
@@ -136,55 +127,19 @@ impl SqliteJournal {
             .unwrap_or(&self.inner.files.journal)
     }
 
-    /// Hands `job` to the writer thread (starting it at the first write) and waits for its
-    /// answer.
-    async fn write(
-        &self,
-        persistence_id: &str,
-        operation: &'static str,
-        job: impl FnOnce(oneshot::Sender<Result<Written, JournalError>>) -> Job,
-    ) -> Result<Written, JournalError> {
-        let (tx, rx) = oneshot::channel();
-        let sender = self.sender(persistence_id, operation)?;
-        let gone = || {
-            JournalError::store(
-                persistence_id,
-                operation,
-                StoreError::unavailable("sqlite", "the journal's writer thread stopped"),
-            )
-        };
-        sender.send(job(tx)).await.map_err(|_| gone())?;
-        rx.await.map_err(|_| gone())?
-    }
-
-    fn sender(
-        &self,
-        persistence_id: &str,
-        operation: &'static str,
-    ) -> Result<mpsc::Sender<Job>, JournalError> {
-        let mut writer = self.inner.writer.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(s) = writer.as_ref().filter(|s| !s.is_closed()) {
-            return Ok(s.clone());
-        }
-        let (tx, rx) = mpsc::channel(QUEUE);
-        let max_batch = self
-            .inner
-            .max_batch
-            .load(std::sync::atomic::Ordering::Relaxed);
+    /// Queues `write` for the writer thread (started at the first write) and waits for
+    /// its answer.
+    async fn write(&self, write: Write) -> Result<Written, JournalError> {
         let files = self.inner.files.clone();
-        std::thread::Builder::new()
-            .name("tenure-journal".into())
-            .spawn(move || writer::run(files, rx, max_batch))
-            .map_err(|e| {
-                JournalError::store(
-                    persistence_id,
-                    operation,
-                    StoreError::unavailable("sqlite", format!("cannot start the writer: {e}"))
-                        .caused_by(e),
-                )
-            })?;
-        *writer = Some(tx.clone());
-        Ok(tx)
+        self.inner
+            .group
+            .submit(write, |batches| {
+                std::thread::Builder::new()
+                    .name("tenure-journal".into())
+                    .spawn(move || writer::run(files, batches))
+                    .map(drop)
+            })
+            .await
     }
 
     /// Runs `read` on a read connection in the blocking pool.
@@ -240,9 +195,7 @@ impl Journal for SqliteJournal {
 
     async fn append(&self, append: Append) -> Result<Written, JournalError> {
         append.check()?;
-        let pid = append.persistence_id.clone();
-        self.write(&pid, "append", |reply| Job::Append(append, reply))
-            .await
+        self.write(Write::Append(append)).await
     }
 
     async fn read(
@@ -274,11 +227,7 @@ impl Journal for SqliteJournal {
 
     async fn save_snapshot(&self, snapshot: SaveSnapshot) -> Result<Written, JournalError> {
         snapshot.check()?;
-        let pid = snapshot.persistence_id.clone();
-        self.write(&pid, "save snapshot", |reply| {
-            Job::Snapshot(snapshot, reply)
-        })
-        .await
+        self.write(Write::Snapshot(snapshot)).await
     }
 
     async fn load_snapshot(&self, persistence_id: &str) -> Result<Option<Snapshot>, JournalError> {

@@ -4,63 +4,26 @@
 //! makes all the others durable.
 
 use rusqlite::{Connection, TransactionBehavior};
+use tenure_journal::group::{Batches, Job, Write};
 use tenure_journal::{Append, JournalError, Refusal, SaveSnapshot, Written};
 use tenure_lease::StoreError;
-use tokio::sync::{mpsc, oneshot};
 
 use super::files::{Files, Opened};
-
-/// A write for the writer thread and where its answer goes.
-pub(crate) enum Job {
-    Append(Append, oneshot::Sender<Result<Written, JournalError>>),
-    Snapshot(SaveSnapshot, oneshot::Sender<Result<Written, JournalError>>),
-}
-
-impl Job {
-    fn persistence_id(&self) -> &str {
-        match self {
-            Job::Append(a, _) => &a.persistence_id,
-            Job::Snapshot(s, _) => &s.persistence_id,
-        }
-    }
-
-    fn operation(&self) -> &'static str {
-        match self {
-            Job::Append(..) => "append",
-            Job::Snapshot(..) => "save snapshot",
-        }
-    }
-
-    fn answer(self, answer: Result<Written, JournalError>) {
-        let (Job::Append(_, reply) | Job::Snapshot(_, reply)) = self;
-        let _ = reply.send(answer);
-    }
-}
 
 fn store_error(e: rusqlite::Error) -> StoreError {
     StoreError::unavailable("sqlite", e.to_string()).caused_by(e)
 }
 
-/// Runs until every sender is gone: takes what waits (at most `max_batch` jobs) and
-/// writes it in one transaction.
-pub(crate) fn run(files: Files, mut jobs: mpsc::Receiver<Job>, max_batch: usize) {
+/// Runs until every handle of the journal is gone: writes each batch in one transaction.
+pub(crate) fn run(files: Files, mut batches: Batches) {
     let mut slot: Option<Opened> = None;
-    let mut batch = Vec::with_capacity(max_batch);
-    while let Some(first) = jobs.blocking_recv() {
-        batch.push(first);
-        while batch.len() < max_batch {
-            match jobs.try_recv() {
-                Ok(job) => batch.push(job),
-                Err(_) => break,
-            }
-        }
+    while let Some(mut batch) = batches.blocking_next() {
         match files.current(&mut slot) {
             Ok(conn) => write_batch(conn, &mut batch),
             Err(e) => {
                 let error = StoreError::unavailable("sqlite", e.to_string());
                 for job in batch.drain(..) {
-                    let (pid, op) = (job.persistence_id().to_string(), job.operation());
-                    job.answer(Err(JournalError::store(&pid, op, error.clone())));
+                    job.fail(error.clone());
                 }
             }
         }
@@ -77,43 +40,41 @@ enum Outcome {
 }
 
 /// Writes `batch` in one transaction and answers every job; empties `batch`.
-fn write_batch(conn: &mut Connection, batch: &mut Vec<crate::journal::writer::Job>) {
+fn write_batch(conn: &mut Connection, batch: &mut Vec<Job>) {
     let tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
         Ok(tx) => tx,
         Err(e) => {
             let error = store_error(e);
             for job in batch.drain(..) {
-                let (pid, op) = (job.persistence_id().to_string(), job.operation());
-                job.answer(Err(JournalError::store(&pid, op, error.clone())));
+                job.fail(error.clone());
             }
             return;
         }
     };
-    let outcomes: Vec<Outcome> = batch.iter().map(|job| write_one(&tx, job)).collect();
+    let outcomes: Vec<Outcome> = batch.iter().map(|job| write_one(&tx, &job.write)).collect();
     let committed = tx.commit().map_err(store_error);
     for (job, outcome) in batch.drain(..).zip(outcomes) {
         let answer = match (outcome, &committed) {
             (Outcome::Final(answer), _) => answer,
             (Outcome::Written(w), Ok(())) => Ok(w),
-            (Outcome::Written(_), Err(e)) => Err(JournalError::store(
-                job.persistence_id(),
-                job.operation(),
-                e.clone(),
-            )),
+            (Outcome::Written(_), Err(e)) => {
+                job.fail(e.clone());
+                continue;
+            }
         };
         job.answer(answer);
     }
 }
 
 /// One job behind its own savepoint: kept when written, rolled back when refused or failed.
-fn write_one(tx: &rusqlite::Transaction<'_>, job: &Job) -> Outcome {
+fn write_one(tx: &rusqlite::Transaction<'_>, job: &Write) -> Outcome {
     let (pid, op) = (job.persistence_id(), job.operation());
     if let Err(e) = tx.execute_batch("SAVEPOINT job") {
         return Outcome::Final(Err(JournalError::store(pid, op, store_error(e))));
     }
     let done = match job {
-        Job::Append(a, _) => append(tx, a),
-        Job::Snapshot(s, _) => snapshot(tx, s),
+        Write::Append(a) => append(tx, a),
+        Write::Snapshot(s) => snapshot(tx, s),
     };
     let end = match &done {
         Ok(Written::Appended(_)) => tx.execute_batch("RELEASE job"),
