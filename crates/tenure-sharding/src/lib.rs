@@ -60,6 +60,7 @@ pub mod allocation;
 mod coordinator;
 pub mod daemon;
 mod direct;
+pub mod durable;
 mod entity;
 mod entity_ref;
 mod messages;
@@ -75,6 +76,7 @@ mod test_regions;
 pub use allocation::{AllocationStrategy, LeastShards, Regions};
 pub use coordinator::{Coordinator, CoordinatorArgs};
 pub use direct::Routes;
+pub use durable::{DurableEntity, DurableError, Effect, durable_entity_factory, persistence_id};
 pub use entity::{
     Entity, EntityActor, EntityContext, EntityFactory, EntityMsg, StartingEntity, entity_factory,
     shard_of,

@@ -619,6 +619,8 @@ impl ShardState {
             shard_id: self.args.shard_id.clone(),
             token,
             node: self.args.node.clone(),
+            lease: self.args.lease.store_name.clone(),
+            owner: self.args.lease.owner.clone(),
             shard: self.myself.clone(),
             history: self.args.history.clone(),
         };
