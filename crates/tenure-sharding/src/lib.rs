@@ -76,7 +76,9 @@ mod test_regions;
 pub use allocation::{AllocationStrategy, LeastShards, Regions};
 pub use coordinator::{Coordinator, CoordinatorArgs};
 pub use direct::Routes;
-pub use durable::{DurableEntity, DurableError, Effect, durable_entity_factory, persistence_id};
+pub use durable::{
+    Durable, DurableEntity, DurableError, Effect, durable_entity_factory, persistence_id,
+};
 pub use entity::{
     Entity, EntityActor, EntityContext, EntityFactory, EntityMsg, StartingEntity, entity_factory,
     shard_of,

@@ -207,8 +207,8 @@ async fn host(h: &dyn JournalHarness, owner: &str) -> Host {
 
 impl Host {
     async fn ask(&self, entity: &str, command: Command) -> Result<Vec<u32>, String> {
-        let payload = tenure_cluster::codec::encode_inner("entity request", TYPE, &command)
-            .expect("encode");
+        let payload =
+            tenure_cluster::codec::encode_inner("entity request", TYPE, &command).expect("encode");
         let reply = self
             .shard
             .call(

@@ -93,14 +93,17 @@ pub fn durable_entity_factory<E: DurableEntity>(
 /// Events read per journal round trip at recovery.
 const RECOVERY_PAGE: usize = 1000;
 
-/// The [`Entity`] that runs a [`DurableEntity`] on its journal.
-struct Durable<E> {
+/// The [`Entity`] that runs durable entity `E` on its journal (made by
+/// [`durable_entity_factory`]): name it in [`ShardRegion::entity_ref`](crate::ShardRegion::entity_ref)
+/// (`region.entity_ref::<Durable<E>>(id)`), whose asks then take `E::Command` and answer
+/// `E::Reply`.
+pub struct Durable<E> {
     entity: Arc<E>,
     journal: Arc<dyn Journal>,
 }
 
-/// A running durable entity.
-struct Running<S> {
+/// The state of a running durable entity: its state `S` and where its journal stands.
+pub struct Running<S> {
     state: S,
     persistence_id: String,
     /// The sequence number of the next event.
@@ -201,9 +204,8 @@ impl<E: DurableEntity> Durable<E> {
             .map_err(|e| Self::journal_error(ctx, e))?;
         let (mut state, mut last) = match snapshot {
             Some(s) => (
-                serde_json::from_slice(&s.payload).map_err(|e| {
-                    Self::codec(ctx, &pid, format!("the snapshot at {}", s.seq), e)
-                })?,
+                serde_json::from_slice(&s.payload)
+                    .map_err(|e| Self::codec(ctx, &pid, format!("the snapshot at {}", s.seq), e))?,
                 s.seq,
             ),
             None => (self.entity.empty_state(ctx), 0),
