@@ -56,6 +56,7 @@
 //! old fencing token, which a resource that checks tokens (as `tenure demo`'s counter does)
 //! refuses once the new host has written.
 
+mod active;
 pub mod allocation;
 mod coordinator;
 pub mod daemon;
@@ -73,6 +74,7 @@ pub mod shard_map;
 #[cfg(test)]
 mod test_regions;
 
+pub use active::ActiveEntities;
 pub use allocation::{AllocationStrategy, LeastShards, Regions};
 pub use coordinator::{Coordinator, CoordinatorArgs};
 pub use direct::Routes;

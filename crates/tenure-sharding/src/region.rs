@@ -29,6 +29,7 @@ use crate::messages::{
     RegionSnapshot, RegisterAgain, RegisterChanges, ShardHome, ShardHomes, Vacated, Vacating,
     ask_expired, refuse_buffer_full,
 };
+use crate::active::ActiveEntities;
 use crate::settings::ShardingSettings;
 use crate::shard::{HandedOff, Shard, ShardArgs, ShardMsg};
 
@@ -92,6 +93,8 @@ pub struct RegionState {
     args: RegionArgs,
     myself: ActorRef<RegionMsg>,
     shards: HashMap<String, ActorRef<ShardMsg>>,
+    /// The entities its shards run, when the type has an `active-entity-limit`.
+    active: Option<ActiveEntities>,
     /// Shards handing off: a new instance of one starts only once the old one terminated
     /// (its lease released or lapsed), so that one node never runs two copies of a shard.
     stopping: HashMap<String, ActorRef<ShardMsg>>,
@@ -179,6 +182,7 @@ impl Actor for Region {
         });
         let buffer_gauge = crate::metrics::RegionBuffer::new(&args.type_name);
         Ok(RegionState {
+            active: args.settings.active_entity_limit.map(ActiveEntities::new),
             args,
             myself,
             shards: HashMap::new(),
@@ -768,6 +772,7 @@ impl RegionState {
             node: self.args.me.clone(),
             lease,
             factory: factory.clone(),
+            active: self.active.clone(),
             settings: self.args.settings.clone(),
             history: self.args.history.clone(),
         };

@@ -25,6 +25,7 @@ use tenure_lease::{
 };
 use tokio::time::Instant;
 
+use crate::active::ActiveEntities;
 use crate::direct::{Routes, Ticket};
 use crate::entity::{EntityContext, EntityFactory, EntityMsg, shard_of};
 use crate::messages::{
@@ -46,6 +47,9 @@ pub struct ShardArgs {
     pub lease: LeaseSpec,
     /// Starts the shard's entities.
     pub factory: EntityFactory,
+    /// The running entities of the shard's region, when it has an `active-entity-limit`
+    /// (one set shared by all the region's shards).
+    pub active: Option<ActiveEntities>,
     /// The entity type's sharding settings.
     pub settings: Arc<ShardingSettings>,
     /// Where the shard and its entities record what they do, when the node keeps a history.
@@ -82,6 +86,10 @@ pub enum ShardMsg {
     Lease(LeaseEvent),
     /// Stop entity `0` (it asked, or it was idle).
     Passivate(String),
+    /// Stop entity `0`: its region reached its `active-entity-limit`, and it is the least
+    /// recently used.
+    #[doc(hidden)]
+    Evict(String),
     /// The `start` of an entity actor ended: `Ok` it runs (and is linked to the shard),
     /// `Err` it failed or was killed while starting.
     #[doc(hidden)]
@@ -373,6 +381,7 @@ impl Actor for Shard {
                 | LeaseEvent::Resumed(_),
             ) => {}
             ShardMsg::Passivate(entity) => state.passivate(&entity, true),
+            ShardMsg::Evict(entity) => state.passivate(&entity, false),
             ShardMsg::Recalled { token, ids } => state.recalled(token, ids),
             ShardMsg::Remembered {
                 token,
@@ -497,6 +506,7 @@ impl Actor for Shard {
             return Ok(());
         };
         let ended = state.entities.remove(&id);
+        state.inactive(&id);
         if let (Some(routes), Some(e)) = (&state.routes, &ended) {
             routes.close(&id, Some(e.actor.get_id()));
         }
@@ -573,6 +583,9 @@ impl ShardState {
                 return;
             }
             r.last = Instant::now();
+            if let Some(active) = &self.args.active {
+                active.used(&self.myself, &self.args.shard_id, &p.entity);
+            }
             let _ = r.actor.cast(EntityMsg {
                 payload: p.payload,
                 reply: p.reply,
@@ -628,6 +641,9 @@ impl ShardState {
             Ok(starting) => {
                 // Its life begins now: its `start` may already act under the token.
                 self.record_entity(Event::EntityStarted, entity, token, "");
+                if let Some(active) = &self.args.active {
+                    active.used(&self.myself, &self.args.shard_id, entity);
+                }
                 let (shard, id) = (self.myself.clone(), starting.actor.get_id());
                 let name = entity.to_string();
                 tokio::spawn(async move {
@@ -784,6 +800,7 @@ impl ShardState {
             Err(e) => {
                 tracing::warn!(shard = %self.args.shard_id, entity, error = %e, "entity could not be started");
                 self.entities.remove(entity);
+                self.inactive(entity);
                 if let Some(token) = self.serving {
                     self.record_entity(
                         Event::EntityStopped,
@@ -834,6 +851,13 @@ impl ShardState {
         }
     }
 
+    /// `entity` no longer runs: it leaves the region's active entities.
+    fn inactive(&self, entity: &str) {
+        if let Some(active) = &self.args.active {
+            active.stopped(&self.args.shard_id, entity);
+        }
+    }
+
     /// Stops `entity` after the messages in its mailbox; `asked`: the entity asked (with
     /// remember-entities it is then forgotten once stopped).
     fn passivate(&mut self, entity: &str, asked: bool) {
@@ -866,6 +890,7 @@ impl ShardState {
         }
         let entities: Vec<(String, Running)> = self.entities.drain().collect();
         for (id, r) in &entities {
+            self.inactive(id);
             if let Some(routes) = &self.routes {
                 routes.close(id, None);
             }

@@ -194,6 +194,7 @@ async fn host(h: &dyn JournalHarness, owner: &str) -> Host {
         node: owner.into(),
         lease,
         factory,
+        active: None,
         settings: Arc::new(settings),
         history: None,
     };
