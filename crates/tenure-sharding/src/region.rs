@@ -22,6 +22,7 @@ use tenure_lease::{FencingToken, LeaseSpec};
 use tenure_singleton::SingletonProxy;
 use tokio::time::Instant;
 
+use crate::active::ActiveEntities;
 use crate::entity::{EntityFactory, EntityMsg};
 use crate::messages::{
     AskReply, BeginHandOff, BeginHandOffs, CoordinatorMsg, Envelope, Envelopes, GetShardHome,
@@ -29,7 +30,6 @@ use crate::messages::{
     RegionSnapshot, RegisterAgain, RegisterChanges, ShardHome, ShardHomes, Vacated, Vacating,
     ask_expired, refuse_buffer_full,
 };
-use crate::active::ActiveEntities;
 use crate::settings::ShardingSettings;
 use crate::shard::{HandedOff, Shard, ShardArgs, ShardMsg};
 

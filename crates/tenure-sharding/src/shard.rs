@@ -381,7 +381,7 @@ impl Actor for Shard {
                 | LeaseEvent::Resumed(_),
             ) => {}
             ShardMsg::Passivate(entity) => state.passivate(&entity, true),
-            ShardMsg::Evict(entity) => state.passivate(&entity, false),
+            ShardMsg::Evict(entity) => state.evict(&entity),
             ShardMsg::Recalled { token, ids } => state.recalled(token, ids),
             ShardMsg::Remembered {
                 token,
@@ -848,6 +848,21 @@ impl ShardState {
                 continue;
             }
             self.deliver(p);
+        }
+    }
+
+    /// `entity` is the least recently used of its region, past the active-entity limit: it
+    /// is passivated, unless a message went to it directly since (then it is used now, and
+    /// the next least recently used goes instead).
+    fn evict(&mut self, entity: &str) {
+        // As the idle check: a direct message counts as use (and the flag is taken here).
+        let used = self.routes.as_ref().is_some_and(|r| r.take_used(entity));
+        match (self.entities.get_mut(entity), &self.args.active) {
+            (Some(r), Some(active)) if used && !r.passivating => {
+                r.last = Instant::now();
+                active.used(&self.myself, &self.args.shard_id, entity);
+            }
+            _ => self.passivate(entity, false),
         }
     }
 
