@@ -128,7 +128,7 @@ pub enum DurableError {
         token: u64,
         /// The journal's refusal.
         #[source]
-        refusal: Refusal,
+        refusal: Box<Refusal>,
     },
     /// The journal failed: for an append, whether its events were written is unknown.
     #[error("entity `{entity}` (shard {shard}): {source}; stopping")]
@@ -139,7 +139,7 @@ pub enum DurableError {
         shard: String,
         /// The journal's error.
         #[source]
-        source: tenure_journal::JournalError,
+        source: Box<tenure_journal::JournalError>,
     },
     /// An event, snapshot or state could not be encoded or decoded.
     #[error("entity `{entity}`: {what} of `{persistence_id}`: {source}")]
@@ -176,7 +176,7 @@ impl<E: DurableEntity> Durable<E> {
         DurableError::Journal {
             entity: ctx.entity_id.clone(),
             shard: ctx.shard_id.clone(),
-            source,
+            source: Box::new(source),
         }
     }
 
@@ -272,7 +272,7 @@ impl<E: DurableEntity> Durable<E> {
                     entity: ctx.entity_id.clone(),
                     shard: ctx.shard_id.clone(),
                     token: ctx.token.get(),
-                    refusal,
+                    refusal: Box::new(refusal),
                 };
                 tracing::error!(entity = %ctx.entity_id, shard = %ctx.shard_id,
                     token = ctx.token.get(), error = %e, "journal append refused: stopping the entity");
