@@ -102,36 +102,31 @@ async fn start(dir: &Path, port: u16) -> Result<(Node, ShardRegion), Box<dyn Err
     Ok((node, region))
 }
 
-/// Fills a cart on one node, which leaves; the next node serves the same cart.
-async fn run(dir: &Path, ports: [u16; 2]) -> Result<Cart, Box<dyn Error>> {
+/// Fills a cart on one node, which leaves; the next node checks the same cart out.
+async fn run(dir: &Path) -> Result<(), Box<dyn Error>> {
     let timeout = Duration::from_secs(20);
-    let (node, region) = start(dir, ports[0]).await?;
+    let (node, region) = start(dir, free_port()?).await?;
     let cart = region.entity_ref::<Durable<ShoppingCart>>("cart-42");
-    // The reply comes once the event is durable.
-    cart.ask(
-        &CartCommand::Add {
-            item: "apple".into(),
-            quantity: 3,
-        },
-        timeout,
-    )
-    .await??;
-    cart.ask(
-        &CartCommand::Add {
-            item: "pear".into(),
-            quantity: 1,
-        },
-        timeout,
-    )
-    .await??;
+    // Each reply comes once its event is durable.
+    let apples = CartCommand::Add {
+        item: "apple".into(),
+        quantity: 3,
+    };
+    cart.ask(&apples, timeout).await??;
+    let pear = CartCommand::Add {
+        item: "pear".into(),
+        quantity: 1,
+    };
+    let filled = cart.ask(&pear, timeout).await??;
+    println!("cart-42 filled on {}: {filled:?}", node.addr());
     node.leave().await?; // hands its shards off
 
-    let (node, region) = start(dir, ports[1]).await?;
+    let (node, region) = start(dir, free_port()?).await?;
     let cart = region.entity_ref::<Durable<ShoppingCart>>("cart-42");
     let after = cart.ask(&CartCommand::Checkout, timeout).await??; // recovered first
-    println!("cart-42 on {}: {after:?}", node.addr());
+    println!("cart-42 checked out on {}: {after:?}", node.addr());
     node.leave().await?;
-    Ok(after)
+    Ok(())
 }
 
 fn free_port() -> std::io::Result<u16> {
@@ -143,26 +138,5 @@ fn free_port() -> std::io::Result<u16> {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn Error>> {
     let dir = tempfile::tempdir()?;
-    run(dir.path(), [free_port()?, free_port()?]).await?;
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn the_cart_outlives_its_node() {
-        let dir = tempfile::tempdir().unwrap();
-        let ports = [free_port().unwrap(), free_port().unwrap()];
-        let cart = run(dir.path(), ports).await.unwrap();
-        let items = BTreeMap::from([("apple".to_string(), 3), ("pear".to_string(), 1)]);
-        assert_eq!(
-            cart,
-            Cart {
-                items,
-                checked_out: true
-            }
-        );
-    }
+    run(dir.path()).await
 }
