@@ -78,10 +78,7 @@ fn the_durable_cart_outlives_the_node_that_filled_it() {
     let (first, filled) = line("cart-42 filled on ");
     let (second, after) = line("cart-42 checked out on ");
     let items = r#"items: {"apple": 3, "pear": 1}"#;
-    assert_eq!(
-        filled,
-        format!("Cart {{ {items}, checked_out: false }}")
-    );
+    assert_eq!(filled, format!("Cart {{ {items}, checked_out: false }}"));
     assert_eq!(after, format!("Cart {{ {items}, checked_out: true }}"));
     assert_ne!(first, second, "another node served the cart");
 }
