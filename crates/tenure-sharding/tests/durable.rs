@@ -2,7 +2,8 @@
 //! file of its own, PostgreSQL on a real server): sequence numbers are contiguous and a
 //! reply comes only once its events are in the journal; an append under a grant that is
 //! not current any more is refused and stops the entity; the shard's next host recovers
-//! exactly the acknowledged events, from the latest snapshot on.
+//! exactly the acknowledged events, from the latest snapshot on, and with remember-entities
+//! starts the entity with its state and no message.
 //!
 //! Every test is bounded: a few shards, at most a dozen events each.
 
@@ -172,8 +173,16 @@ struct Host {
 }
 
 async fn host(h: &dyn JournalHarness, owner: &str) -> Host {
-    let config = TenureConfig::from_toml_str("[sharding]\nretry-interval = \"50ms\"", "test")
-        .expect("settings");
+    host_with(h, owner, false).await
+}
+
+/// As [`host`], with remember-entities on or off.
+async fn host_with(h: &dyn JournalHarness, owner: &str, remember: bool) -> Host {
+    let config = TenureConfig::from_toml_str(
+        &format!("[sharding]\nretry-interval = \"50ms\"\nremember-entities = {remember}"),
+        "test",
+    )
+    .expect("settings");
     let mut settings = ShardingSettings::from_config(&config, TYPE, "sqlite").expect("settings");
     settings.number_of_shards = 1;
     settings.idle_timeout = None;
@@ -421,6 +430,42 @@ async fn recovery_after_hand_off(h: &dyn JournalHarness) {
         (1..=9).map(|n| (n as u64, n)).collect::<Vec<_>>()
     );
     assert!(journal[7..].iter().all(|e| e.2 == second.get() && e.3 == B));
+}
+
+/// With remember-entities, the next host starts the entity with no message, and it
+/// recovers its state from the journal.
+async fn remembered_entity_restarts_with_its_state(h: &dyn JournalHarness) {
+    let a = host_with(h, A, true).await;
+    for n in 1..=4 {
+        a.ask("e1", Command::Add(vec![n])).await.unwrap();
+    }
+    a.hand_off().await;
+
+    let b = host_with(h, B, true).await;
+    // Recovery replays event 4 after the snapshot at 3, with no message to the entity.
+    let mut recovered = false;
+    for _ in 0..200 {
+        if b.applied.load(Ordering::SeqCst) == 1 && b.status().await.entities == ["e1"] {
+            recovered = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        recovered,
+        "e1 started on B by remember-entities and recovered"
+    );
+    assert_eq!(b.ask("e1", Command::Get).await.unwrap(), [1, 2, 3, 4]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_remembered_entity_restarts_with_its_state() {
+    remembered_entity_restarts_with_its_state(&Sqlite::new(false)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_remembered_entity_restarts_with_its_state() {
+    remembered_entity_restarts_with_its_state(&Postgres::start().await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
