@@ -23,6 +23,7 @@ use tenure_lease::{
 };
 use tokio::time::Instant;
 
+use crate::active::ActiveEntities;
 use crate::direct::{Routes, Ticket};
 use crate::entity::{EntityContext, EntityFactory, EntityMsg, shard_of};
 use crate::history::{self, EntityEvent, ShardEvent};
@@ -45,6 +46,9 @@ pub struct ShardArgs {
     pub lease: LeaseSpec,
     /// Starts the shard's entities.
     pub factory: EntityFactory,
+    /// The running entities of the shard's region, when it has an `active-entity-limit`
+    /// (one set shared by all the region's shards).
+    pub active: Option<ActiveEntities>,
     /// The entity type's sharding settings.
     pub settings: Arc<ShardingSettings>,
 }
@@ -79,6 +83,10 @@ pub enum ShardMsg {
     Lease(LeaseEvent),
     /// Stop entity `0` (it asked, or it was idle).
     Passivate(String),
+    /// Stop entity `0`: its region reached its `active-entity-limit`, and it is the least
+    /// recently used.
+    #[doc(hidden)]
+    Evict(String),
     /// The `start` of an entity actor ended: `Ok` it runs (and is linked to the shard),
     /// `Err` it failed or was killed while starting.
     #[doc(hidden)]
@@ -370,6 +378,7 @@ impl Actor for Shard {
                 | LeaseEvent::Resumed(_),
             ) => {}
             ShardMsg::Passivate(entity) => state.passivate(&entity, true),
+            ShardMsg::Evict(entity) => state.evict(&entity),
             ShardMsg::Recalled { token, ids } => state.recalled(token, ids),
             ShardMsg::Remembered {
                 token,
@@ -494,6 +503,7 @@ impl Actor for Shard {
             return Ok(());
         };
         let ended = state.entities.remove(&id);
+        state.inactive(&id);
         if let (Some(routes), Some(e)) = (&state.routes, &ended) {
             routes.close(&id, Some(e.actor.get_id()));
         }
@@ -570,6 +580,9 @@ impl ShardState {
                 return;
             }
             r.last = Instant::now();
+            if let Some(active) = &self.args.active {
+                active.used(&self.myself, &self.args.shard_id, &p.entity);
+            }
             let _ = r.actor.cast(EntityMsg {
                 payload: p.payload,
                 reply: p.reply,
@@ -616,12 +629,17 @@ impl ShardState {
             shard_id: self.args.shard_id.clone(),
             token,
             node: self.args.node.clone(),
+            lease: self.args.lease.store_name.clone(),
+            owner: self.args.lease.owner.clone(),
             shard: self.myself.clone(),
         };
         match (self.args.factory)(ctx, self.myself.get_cell()) {
             Ok(starting) => {
                 // Its life begins now: its `start` may already act under the token.
                 self.record_entity(history::entity_started, entity, token, "");
+                if let Some(active) = &self.args.active {
+                    active.used(&self.myself, &self.args.shard_id, entity);
+                }
                 let (shard, id) = (self.myself.clone(), starting.actor.get_id());
                 let name = entity.to_string();
                 tokio::spawn(async move {
@@ -778,6 +796,7 @@ impl ShardState {
             Err(e) => {
                 tracing::warn!(shard = %self.args.shard_id, entity, error = %e, "entity could not be started");
                 self.entities.remove(entity);
+                self.inactive(entity);
                 if let Some(token) = self.serving {
                     self.record_entity(
                         history::entity_stopped,
@@ -828,6 +847,28 @@ impl ShardState {
         }
     }
 
+    /// `entity` is the least recently used of its region, past the active-entity limit: it
+    /// is passivated, unless a message went to it directly since (then it is used now, and
+    /// the next least recently used goes instead).
+    fn evict(&mut self, entity: &str) {
+        // As the idle check: a direct message counts as use (and the flag is taken here).
+        let used = self.routes.as_ref().is_some_and(|r| r.take_used(entity));
+        match (self.entities.get_mut(entity), &self.args.active) {
+            (Some(r), Some(active)) if used && !r.passivating => {
+                r.last = Instant::now();
+                active.used(&self.myself, &self.args.shard_id, entity);
+            }
+            _ => self.passivate(entity, false),
+        }
+    }
+
+    /// `entity` no longer runs: it leaves the region's active entities.
+    fn inactive(&self, entity: &str) {
+        if let Some(active) = &self.args.active {
+            active.stopped(&self.args.shard_id, entity);
+        }
+    }
+
     /// Stops `entity` after the messages in its mailbox; `asked`: the entity asked (with
     /// remember-entities it is then forgotten once stopped).
     fn passivate(&mut self, entity: &str, asked: bool) {
@@ -860,6 +901,7 @@ impl ShardState {
         }
         let entities: Vec<(String, Running)> = self.entities.drain().collect();
         for (id, r) in &entities {
+            self.inactive(id);
             if let Some(routes) = &self.routes {
                 routes.close(id, None);
             }

@@ -184,6 +184,7 @@ impl Fixture {
             node: owner.into(),
             lease: LeaseSpec::new(LEASE, owner, store, lease_settings()).unwrap(),
             factory: entity_factory(Probe(self.tx.clone())),
+            active: None,
             settings: Arc::new(settings),
         };
         Shard::start(args, None).await.unwrap()
