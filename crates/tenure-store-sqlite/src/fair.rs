@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use rusqlite::{OptionalExtension, TransactionBehavior, params};
+use rusqlite::{OptionalExtension, params};
 use tenure_lease::{
     AcquireOutcome, AcquireRequest, AcquireStep, LeaseRecord, LeaseStore, StoreError,
 };
@@ -161,8 +161,8 @@ impl SqliteStore {
     /// Joins the line of `req.name`, unless `req`'s instance holds the lease already.
     async fn join(&self, req: &AcquireRequest) -> Result<Joined, StoreError> {
         let req = req.clone();
-        self.with_conn(move |conn| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        self.with_conn(move |db| {
+            let tx = db.write()?;
             let now = now_ns();
             let current = tx
                 .prepare_cached(sql::SELECT_CURRENT)?
@@ -199,8 +199,8 @@ impl SqliteStore {
         refresh: bool,
     ) -> Result<Look, StoreError> {
         let req = req.clone();
-        self.with_conn(move |conn| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        self.with_conn(move |db| {
+            let tx = db.write()?;
             let now = now_ns();
             let live = if refresh {
                 tx.prepare_cached(sql::REFRESH_WAITER)?.execute(params![
@@ -238,8 +238,12 @@ impl SqliteStore {
     /// Removes waiter `seq` from the line of `name` and wakes the waiters behind it in
     /// this process.
     async fn leave(&self, name: &str, seq: i64) -> Result<(), StoreError> {
-        self.with_conn(move |conn| conn.prepare_cached(sql::LEAVE)?.execute([seq]))
-            .await?;
+        self.with_conn(move |db| {
+            let tx = db.write()?;
+            tx.prepare_cached(sql::LEAVE)?.execute([seq])?;
+            tx.commit()
+        })
+        .await?;
         wake(&self.line_key, name);
         Ok(())
     }

@@ -34,12 +34,15 @@
 //! queue and may take a free lease ahead of waiters, as on the other stores.
 
 mod clock;
+mod db;
 mod fair;
 pub mod fence;
 mod fenced;
+mod identity;
 mod schema;
 pub mod sql;
 mod store;
+mod witness;
 
 /// The host-wide clock expiry is measured on (`CLOCK_BOOTTIME`), in nanoseconds.
 pub fn store_now_ns() -> i64 {
