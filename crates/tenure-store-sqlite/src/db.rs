@@ -69,10 +69,17 @@ impl Files {
     }
 }
 
-/// A connection to the lease file and this process's witness of that file.
+/// A connection to the lease file and this process's witness of that file, counted there
+/// ([`Witness::attach`]) while open.
 pub(crate) struct Db {
     pub conn: Connection,
     pub witness: Arc<Witness>,
+}
+
+impl Drop for Db {
+    fn drop(&mut self) {
+        self.witness.detach();
+    }
 }
 
 impl Db {

@@ -70,19 +70,36 @@ struct Open {
 }
 
 impl Open {
-    /// Closes the connection of a lost file without checkpointing: SQLite would otherwise
-    /// copy the lost log into the main file and, as the last connection, delete the `-wal`
-    /// and `-shm` by their paths, which may now be another file's.
+    /// Closes the connection of a lost file without checkpointing (see
+    /// [`close_without_checkpoint`]).
     fn abandon(self) {
         let Open { db, .. } = self;
-        match db
+        if db
             .conn
             .set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)
+            .is_ok()
         {
-            Ok(_) => drop(db),
-            // Never closed then: a leaked connection is the lesser harm.
-            Err(_) => std::mem::forget(db),
+            drop(db);
+        } else {
+            // Never closed then (and counted as open): a leaked connection is the lesser harm.
+            tracing::warn!("cannot turn off the checkpoint on close: a lost lease file's connection stays open");
+            std::mem::forget(db);
         }
+    }
+}
+
+/// Closes `conn`, a connection to a lost file, without checkpointing: SQLite would
+/// otherwise copy the lost log into the main file and, as the last connection of the host,
+/// delete the `-wal` and `-shm` by their paths, which may now be another file's. A
+/// connection that cannot be told so is never closed (leaked): the lesser harm.
+fn close_without_checkpoint(conn: Connection) {
+    if conn
+        .set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)
+        .is_ok()
+    {
+        drop(conn);
+    } else {
+        std::mem::forget(conn);
     }
 }
 
@@ -171,11 +188,18 @@ fn connect(path: &Path, busy_timeout: Duration) -> Result<Open, ConfigError> {
             }
         }
     }
-    // Before SQLite opens it: a new connection would share the lost log's index.
+    // Before SQLite opens it: a new connection would share the index of a log lost under
+    // this process.
     if let Ok(id) = file_id(path)
-        && let Some(why) = Witness::known(id).and_then(|w| w.log_lost())
+        && let Some(witness) = Witness::known(id)
     {
-        return Err(path_error(path, why));
+        let files = Files::at(path);
+        if witness.other_log_in_use((files.wal, files.shm)) {
+            witness.lose_log(LOG_LOST.into());
+        }
+        if let Some(why) = witness.log_lost() {
+            return Err(path_error(path, why));
+        }
     }
     let boot = boot_id().map_err(|e| path_error(path, format!("cannot read the boot id: {e}")))?;
     let mut conn = Connection::open_with_flags(
@@ -203,19 +227,31 @@ fn connect(path: &Path, busy_timeout: Duration) -> Result<Open, ConfigError> {
         .map_err(|e| path_error(path, e.to_string()))?;
     let files = Files::at(path);
     let witness = Witness::of(opened, witness_file);
-    let db = Db { conn, witness };
     let refused = if files.main != Some(opened) {
         Some("the file was replaced while it was being opened".to_string())
+    } else if !witness.attach((files.wal, files.shm)) {
+        witness.lose_log(LOG_LOST.into());
+        witness.log_lost()
     } else {
-        db.witness.log_lost()
+        let db = Db { conn, witness };
+        return match db.witness.log_lost() {
+            None => Ok(Open { db, files }),
+            Some(why) => {
+                Open { db, files }.abandon();
+                Err(path_error(path, why))
+            }
+        };
     };
-    let open = Open { db, files };
-    if let Some(why) = refused {
-        open.abandon();
-        return Err(path_error(path, why));
-    }
-    Ok(open)
+    close_without_checkpoint(conn);
+    Err(path_error(
+        path,
+        refused.unwrap_or_else(|| LOG_LOST.to_string()),
+    ))
 }
+
+/// Why a process whose connection used a `-wal` or `-shm` deleted or replaced under it
+/// uses the file no more.
+const LOG_LOST: &str = "its -wal or -shm file was deleted or replaced while this process used it: SQLite would read the lost log's index in every new connection of this process, so no store of this process uses the file again; restart the process (other processes refuse new grants for one ttl, then go on)";
 
 /// The connection to the file `path` names now: `slot`'s, or, when a file of the database
 /// was deleted or replaced, a new one, with the loss recorded in the file.
@@ -230,9 +266,7 @@ fn current<'a>(
     }
     if let Some(old) = slot.take() {
         if old.files.main.is_some() && old.files.main == files.main {
-            old.db.witness.lose_log(format!(
-                "its -wal or -shm file was deleted or replaced while this process used it: SQLite would read the lost log's index in every new connection of this process, so no store of this process uses the file again; restart the process (other processes refuse new grants for one ttl, then go on)"
-            ));
+            old.db.witness.lose_log(LOG_LOST.into());
         }
         tracing::warn!(path = %path.display(), "a file of the lease database was deleted or replaced while in use: its grants are gone");
         old.abandon();

@@ -44,6 +44,18 @@ pub(crate) struct Witness {
     /// was lost under a connection of this process (SQLite shares one index mapping among
     /// a process's connections to a file, and the lost one stays mapped).
     log_lost: Mutex<Option<String>>,
+    /// The log files this process's open connections to the file use.
+    log: Mutex<LogUse>,
+}
+
+/// The `-wal` and `-shm` of a database (`None`: absent).
+pub(crate) type Log = (Option<FileId>, Option<FileId>);
+
+/// The log files of a process's open connections to a file, and how many there are.
+#[derive(Debug, Default)]
+struct LogUse {
+    files: Option<Log>,
+    connections: usize,
 }
 
 fn registry() -> std::sync::MutexGuard<'static, HashMap<FileId, Arc<Witness>>> {
@@ -95,7 +107,37 @@ impl Witness {
             file,
             state: Mutex::default(),
             log_lost: Mutex::default(),
+            log: Mutex::default(),
         }
+    }
+
+    fn log(&self) -> std::sync::MutexGuard<'_, LogUse> {
+        self.log.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether connections of this process are open on the file with log files other than
+    /// `log`: then theirs were lost, and a new connection would share their index.
+    pub(crate) fn other_log_in_use(&self, log: Log) -> bool {
+        let use_ = self.log();
+        use_.connections > 0 && use_.files != Some(log)
+    }
+
+    /// Counts a new connection of this process using `log`; `false` (not counted) when
+    /// connections with other log files are open.
+    pub(crate) fn attach(&self, log: Log) -> bool {
+        let mut use_ = self.log();
+        if use_.connections > 0 && use_.files != Some(log) {
+            return false;
+        }
+        use_.files = Some(log);
+        use_.connections += 1;
+        true
+    }
+
+    /// A connection [`attach`](Witness::attach)ed was closed.
+    pub(crate) fn detach(&self) {
+        let mut use_ = self.log();
+        use_.connections = use_.connections.saturating_sub(1);
     }
 
     /// The witness of the file `id` in this process, if a store of the process opened it.
