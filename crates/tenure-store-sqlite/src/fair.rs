@@ -34,7 +34,7 @@ use tenure_lease::{
     AcquireOutcome, AcquireRequest, AcquireStep, LeaseRecord, LeaseStore, StoreError,
 };
 use tokio::sync::Notify;
-use tokio::time::{Instant, timeout};
+use tokio::time::timeout;
 
 use crate::clock::now_ns;
 use crate::sql;
@@ -254,7 +254,7 @@ impl SqliteStore {
         req: &AcquireRequest,
         wait: Duration,
     ) -> Result<AcquireOutcome, StoreError> {
-        let deadline = Instant::now() + wait;
+        let deadline = self.clock.now() + wait;
         let refused = |quiet: Quiet| quiet.error(self.path(), &req.name, req.ttl);
         // Made before joining: every wake-up from then on finds it.
         let bell = bell(&self.line_key, &req.name);
@@ -270,14 +270,14 @@ impl SqliteStore {
         };
         let refresh_every = req.ttl / 3;
         let poll = cross_process_poll(req.ttl);
-        let mut refreshed = Instant::now();
+        let mut refreshed = self.clock.now();
         loop {
             // Listening before looking: a wake-up while looking is not lost.
             let rung = bell.notified();
             tokio::pin!(rung);
             rung.as_mut().enable();
-            let refresh = refreshed.elapsed() >= refresh_every;
-            let looked_at = Instant::now();
+            let refresh = self.clock.now().saturating_duration_since(refreshed) >= refresh_every;
+            let looked_at = self.clock.now();
             let look = self.look(req, seq, refresh).await?;
             if refresh {
                 refreshed = looked_at;
@@ -299,13 +299,13 @@ impl SqliteStore {
                 // Behind another waiter: it acquires, leaves or, if its process died, expires.
                 Look::Behind(left) => (left, None),
             };
-            let now = Instant::now();
+            let now = self.clock.now();
             if now >= deadline {
                 return self.fair_timeout(req, wait, entry, holder).await;
             }
             let nap = until.max(MIN_NAP).min(poll).min(deadline - now).min(
                 refresh_every
-                    .saturating_sub(refreshed.elapsed())
+                    .saturating_sub(now.saturating_duration_since(refreshed))
                     .max(MIN_NAP),
             );
             let _ = timeout(nap, rung).await;

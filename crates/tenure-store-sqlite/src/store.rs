@@ -10,8 +10,8 @@ use rusqlite::config::DbConfig;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 use tenure_lease::{
     AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, ConfigError, FencingToken,
-    HeldLease, LeaseRecord, LeaseSection, LeaseStore, PreemptAnswer, PreemptionRequest,
-    RememberChange, Renewal, StoreError, StoreFactory,
+    HeldLease, HolderClock, LeaseRecord, LeaseSection, LeaseStore, PreemptAnswer,
+    PreemptionRequest, RememberChange, Renewal, StoreError, StoreFactory,
 };
 
 use crate::clock::{boot_id, now_ns, token_floor};
@@ -61,6 +61,9 @@ pub struct SqliteStore {
     busy_timeout: Duration,
     /// `None` after a loss whose reopening failed: every operation retries it.
     open: Arc<Mutex<Option<Open>>>,
+    /// The clock of this process's own timing (when a fair waiter refreshes its row): the
+    /// holder clock, which counts host suspend like the expiries in the file.
+    pub(crate) clock: HolderClock,
 }
 
 /// A connection and the files it has open.
@@ -293,7 +296,16 @@ impl SqliteStore {
             line_key: Arc::new(line_key),
             busy_timeout,
             open: Arc::new(Mutex::new(Some(open))),
+            clock: HolderClock::host(),
         })
+    }
+
+    /// This store timing its own waits on `clock` (the holder clock of the Lease API, which
+    /// counts host suspend; tests inject [`HolderClock::manual`]). Expiries in the file stay
+    /// on the host's `CLOCK_BOOTTIME`, shared by every process of the host.
+    pub fn with_clock(mut self, clock: HolderClock) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// The database file.
