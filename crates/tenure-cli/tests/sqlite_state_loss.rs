@@ -66,10 +66,6 @@ fn two_runs_across(lose: impl FnOnce(&Sandbox)) {
     until(&history, "b's command writes", |h| {
         h.iter().filter(|e| e.token > ta).count() >= 5
     });
-    assert_eq!(a.wait_exit(LIMIT), Some(3), "a lost the lease: {}", a.stderr());
-    b.signal(Signal::TERM);
-    b.wait_exit(LIMIT);
-
     let entries = read_history(&history);
     let first_b = entries
         .iter()
@@ -79,6 +75,9 @@ fn two_runs_across(lose: impl FnOnce(&Sandbox)) {
         entries[first_b..].iter().all(|e| e.token > ta),
         "a's command wrote after b's started: {entries:?}"
     );
+    assert_eq!(a.wait_exit(LIMIT), Some(3), "a lost the lease: {}", a.stderr());
+    b.signal(Signal::TERM);
+    b.wait_exit(LIMIT);
     cli::assert_checked(&checked);
 }
 
