@@ -42,7 +42,7 @@ mod identity;
 mod schema;
 pub mod sql;
 mod store;
-mod witness;
+pub mod witness;
 
 /// The host-wide clock expiry is measured on (`CLOCK_BOOTTIME`), in nanoseconds.
 pub fn store_now_ns() -> i64 {

@@ -35,9 +35,9 @@ const BASE: i64 = 1 << 56;
 pub(crate) const MAX_GENERATION: i64 = i64::MAX - BASE - 1;
 
 /// The witness of one database file (one inode) in this process, shared by every store of
-/// the process on that file.
+/// the process on that file (and by [`Witness::for_file`]'s callers).
 #[derive(Debug)]
-pub(crate) struct Witness {
+pub struct Witness {
     file: File,
     state: Mutex<Seen>,
     /// Why no connection of this process may open the file again: its `-wal` or `-shm`
@@ -186,9 +186,24 @@ impl Witness {
         s.generation = generation;
     }
 
+    /// This process's witness of the database file at `path`, for code that writes the
+    /// lease file by hand as the store does (the benchmark's baseline).
+    ///
+    /// # Errors
+    /// The file cannot be opened.
+    pub fn for_file(path: &std::path::Path) -> std::io::Result<Arc<Witness>> {
+        use std::os::unix::fs::MetadataExt;
+        let file = File::open(path)?;
+        let m = file.metadata()?;
+        Ok(Witness::of((m.dev(), m.ino()), file))
+    }
+
     /// The highest generation another process of this host relies on, if above
-    /// `generation` (locks of this process are not seen: [`Witness::seen`] has them).
-    pub(crate) fn above(&self, generation: i64) -> std::io::Result<Option<i64>> {
+    /// `generation` (locks of this process are not seen: the process knows its own).
+    ///
+    /// # Errors
+    /// The kernel refused the lock query.
+    pub fn above(&self, generation: i64) -> std::io::Result<Option<i64>> {
         let mut highest = None;
         let mut from = generation.clamp(0, MAX_GENERATION);
         while let Some(top) = self.conflict(from)? {
@@ -218,8 +233,11 @@ impl Witness {
     }
 
     /// Shows `generation` on the lock (before the transaction that writes it commits).
-    /// Returns the generation shown before, to [`Witness::restore`] if that commit fails.
-    pub(crate) fn hold(&self, generation: i64) -> std::io::Result<Option<i64>> {
+    /// Returns the generation shown before, to restore if that commit fails.
+    ///
+    /// # Errors
+    /// The kernel refused the lock.
+    pub fn hold(&self, generation: i64) -> std::io::Result<Option<i64>> {
         let generation = generation.clamp(0, MAX_GENERATION);
         let mut s = self.state();
         let before = s.held;
