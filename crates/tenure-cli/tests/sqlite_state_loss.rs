@@ -67,15 +67,17 @@ fn two_runs_across(lose: impl FnOnce(&Sandbox)) {
         h.iter().filter(|e| e.token > ta).count() >= 5
     });
     let entries = read_history(&history);
-    let first_b = entries
-        .iter()
-        .position(|e| e.token != ta)
-        .expect("b wrote");
+    let first_b = entries.iter().position(|e| e.token != ta).expect("b wrote");
     assert!(
         entries[first_b..].iter().all(|e| e.token > ta),
         "a's command wrote after b's started: {entries:?}"
     );
-    assert_eq!(a.wait_exit(LIMIT), Some(3), "a lost the lease: {}", a.stderr());
+    assert_eq!(
+        a.wait_exit(LIMIT),
+        Some(3),
+        "a lost the lease: {}",
+        a.stderr()
+    );
     b.signal(Signal::TERM);
     b.wait_exit(LIMIT);
     cli::assert_checked(&checked);
@@ -100,7 +102,8 @@ fn a_file_restored_in_place_never_lets_two_runs_overlap() {
     two_runs_across(|sb| {
         let path = sb.path("leases.sqlite");
         let conn = rusqlite::Connection::open(&path).expect("open");
-        conn.busy_timeout(Duration::from_secs(5)).expect("busy timeout");
+        conn.busy_timeout(Duration::from_secs(5))
+            .expect("busy timeout");
         let busy: i64 = conn
             .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| r.get(0))
             .expect("checkpoint");

@@ -317,9 +317,7 @@ impl PostgresStore {
                 format!(
                     "the token sequence of {} went back below {mark} {} ago (a fail-over to a replica that had not received the latest commits, or a restored backup): grants the server forgot may still be believed, so no new grant for one ttl ({})",
                     self.inner.server,
-                    humantime::format_duration(Duration::from_millis(
-                        since(at).as_millis() as u64
-                    )),
+                    humantime::format_duration(Duration::from_millis(since(at).as_millis() as u64)),
                     humantime::format_duration(ttl)
                 ),
             )),

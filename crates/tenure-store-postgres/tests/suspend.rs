@@ -30,7 +30,10 @@ async fn observed_expiry_counts_a_suspend_of_the_contenders_host() {
     let contender = PostgresStore::connect_with_clock(options, clock)
         .await
         .expect("connect");
-    let granted = holder.try_acquire(&request("a", ttl)).await.expect("acquire");
+    let granted = holder
+        .try_acquire(&request("a", ttl))
+        .await
+        .expect("acquire");
     assert!(matches!(granted, AcquireOutcome::Granted(_)), "{granted:?}");
     // Expired on the server's clock, not renewed: the contender starts watching it.
     tokio::time::sleep(ttl + Duration::from_millis(500)).await;

@@ -22,7 +22,8 @@ pub const CREATE_IDENTITY: &str = "INSERT INTO tenure_identity (one, store, gene
     VALUES (1, lower(hex(randomblob(16))), ?1)";
 
 /// [`CREATE_IDENTITY`] unless the file has one.
-pub const CREATE_IDENTITY_IF_NONE: &str = "INSERT OR IGNORE INTO tenure_identity (one, store, generation)
+pub const CREATE_IDENTITY_IF_NONE: &str =
+    "INSERT OR IGNORE INTO tenure_identity (one, store, generation)
     VALUES (1, lower(hex(randomblob(16))), ?1)";
 
 /// Reentrant acquire: a fresh expiry `?2` for `?1`, keeping the token (and the priority).

@@ -85,7 +85,9 @@ impl Open {
             drop(db);
         } else {
             // Never closed then (and counted as open): a leaked connection is the lesser harm.
-            tracing::warn!("cannot turn off the checkpoint on close: a lost lease file's connection stays open");
+            tracing::warn!(
+                "cannot turn off the checkpoint on close: a lost lease file's connection stays open"
+            );
             std::mem::forget(db);
         }
     }
@@ -280,7 +282,10 @@ fn current<'a>(
             format!("the lease file was deleted or replaced while in use: {e}"),
         )
     })?;
-    fresh.db.record_loss(now_ns()).map_err(|e| db_error(path, e))?;
+    fresh
+        .db
+        .record_loss(now_ns())
+        .map_err(|e| db_error(path, e))?;
     Ok(&mut slot.insert(fresh).db)
 }
 
@@ -381,10 +386,7 @@ impl SqliteStore {
     /// the file's state lost: the connection is in use, a file was replaced (reopening
     /// waits), SQLite found the write lock taken, or the identity showed a loss (recording
     /// it waits).
-    fn inline<T>(
-        &self,
-        f: &impl Fn(&mut Db) -> Result<T, DbError>,
-    ) -> Option<Result<T, DbError>> {
+    fn inline<T>(&self, f: &impl Fn(&mut Db) -> Result<T, DbError>) -> Option<Result<T, DbError>> {
         let mut slot = self.open.try_lock().ok()?;
         let open = slot.as_mut()?;
         if Files::at(&self.path) != open.files {
@@ -763,9 +765,12 @@ impl LeaseStore for SqliteStore {
         self.with_conn(move |db| {
             let tx = db.write()?;
             let now = now_ns();
-            let changed = tx
-                .prepare_cached(sql::WITHDRAW_REQUEST)?
-                .execute(params![name, token_to_sql(token), now, by])?;
+            let changed = tx.prepare_cached(sql::WITHDRAW_REQUEST)?.execute(params![
+                name,
+                token_to_sql(token),
+                now,
+                by
+            ])?;
             tx.commit()?;
             Ok(changed == 1)
         })

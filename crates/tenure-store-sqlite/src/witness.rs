@@ -255,7 +255,7 @@ impl Witness {
         let mut s = self.state();
         let Some(held) = s.held else { return };
         let keep = before.map_or(0, |b| b + 1);
-        if held + 1 <= keep {
+        if held < keep {
             return;
         }
         let mut unlock = flock(libc::F_UNLCK, BASE + keep, held + 1 - keep);
@@ -314,7 +314,11 @@ mod tests {
         assert_eq!(mine.above(0).unwrap(), None, "its own lock");
         assert_eq!(other.above(1_999).unwrap(), Some(2_000));
         assert_eq!(other.above(2_000).unwrap(), None);
-        assert_eq!(mine.hold(1_500).unwrap(), Some(2_000), "never lowered by hold");
+        assert_eq!(
+            mine.hold(1_500).unwrap(),
+            Some(2_000),
+            "never lowered by hold"
+        );
         assert_eq!(other.above(1_999).unwrap(), Some(2_000));
         mine.restore(Some(1_000));
         assert_eq!(other.above(1_000).unwrap(), None);
@@ -324,6 +328,10 @@ mod tests {
         third.hold(5_000).unwrap();
         assert_eq!(other.above(10).unwrap(), Some(5_000));
         drop(third);
-        assert_eq!(other.above(10).unwrap(), Some(1_000), "gone with its description");
+        assert_eq!(
+            other.above(10).unwrap(),
+            Some(1_000),
+            "gone with its description"
+        );
     }
 }

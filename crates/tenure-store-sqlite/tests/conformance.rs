@@ -150,7 +150,8 @@ impl StateLoss for SqliteHarness {
             Loss::LogDeleted => remove_sidecars(&self.path),
             Loss::RestoredInPlace => {
                 let conn = Connection::open(&self.path).expect("open");
-                conn.busy_timeout(Duration::from_secs(5)).expect("busy timeout");
+                conn.busy_timeout(Duration::from_secs(5))
+                    .expect("busy timeout");
                 let busy: i64 = conn
                     .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| r.get(0))
                     .expect("checkpoint");

@@ -13,7 +13,7 @@ async fn a_grant_whose_ttl_passed_during_a_suspend_is_not_renewed() {
     let shared = common::exclusive().await;
     let (clock, suspend) = HolderClock::manual();
     let options = ZooKeeperOptions::new(
-        &shared.server.connect_string(),
+        shared.server.connect_string(),
         shared.root.clone(),
         Duration::from_secs(4),
     );
