@@ -451,7 +451,7 @@ fn db_error(path: &Path, e: DbError) -> StoreError {
     }
 }
 
-/// An acquire refused: the file replaced a lost one at `lost` (ns), less than the ttl
+/// An acquire refused: the file's state was found lost at `lost` (ns), less than the ttl
 /// before `now`.
 pub(crate) struct Quiet {
     lost: i64,
@@ -467,7 +467,7 @@ impl Quiet {
         StoreError::state_lost(
             "sqlite",
             format!(
-                "the lease file {} replaced a deleted or replaced one {} ago; holders of its grants may believe in them for up to one ttl: no new grant of `{}` for another {}",
+                "the state of the lease file {} was found lost {} ago (the file deleted or replaced, an old copy restored over it, or its -wal deleted); holders of its grants may believe in them for up to one ttl: no new grant of `{}` for another {}",
                 path.display(),
                 humantime::format_duration(round_ms(ago)),
                 name,
