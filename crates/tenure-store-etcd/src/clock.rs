@@ -188,7 +188,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn age_counts_from_the_first_response_at_or_past_a_revision() {
-        let c = RevisionClock::default();
+        // A manual clock: the host's suspend offset, read under load, may creep up.
+        let c = RevisionClock::new(HolderClock::manual().0);
         assert_eq!(c.age(5), Duration::ZERO);
         c.saw(10);
         tokio::time::advance(Duration::from_secs(3)).await;
@@ -203,7 +204,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_transaction_revision_below_one_seen_is_refused_and_its_history_forgotten() {
-        let c = RevisionClock::default();
+        // A manual clock: the host's suspend offset, read under load, may creep up.
+        let c = RevisionClock::new(HolderClock::manual().0);
         c.order(c.highest(), 10).unwrap();
         c.saw(10);
         tokio::time::advance(Duration::from_secs(5)).await;
