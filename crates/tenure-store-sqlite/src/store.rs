@@ -41,8 +41,8 @@ use crate::witness::Witness;
 /// or deleted under the same main file cannot be: SQLite shares one `-shm` mapping among
 /// the connections of a process to one file, so a new connection would read the lost log's
 /// index. Every store of the process on that file then refuses
-/// ([`StoreError::StateLost`]) until the process restarts; other processes go on (after
-/// the ttl without grants).
+/// ([`StoreError::StateLost`]) until the process restarts (or the main file is replaced
+/// too); other processes go on (after the ttl without grants).
 ///
 /// Not covered: a process that starts after the file was deleted (a new inode) and makes a
 /// new file before any running process noticed grants at once (fencing tokens still order
@@ -221,17 +221,10 @@ fn connect(path: &Path, busy_timeout: Duration) -> Result<Open, ConfigError> {
         .map_err(|e| path_error(path, format!("cannot initialise the lease database: {e}")))?;
     // The file exists now (the migration wrote it): this is the one the connection has,
     // unless it was replaced meanwhile (checked below).
-    let witness_file =
-        std::fs::File::open(path).map_err(|e| path_error(path, format!("cannot open: {e}")))?;
-    let opened = witness_file
-        .metadata()
-        .map(|m| {
-            use std::os::unix::fs::MetadataExt;
-            (m.dev(), m.ino())
-        })
-        .map_err(|e| path_error(path, e.to_string()))?;
+    let witness =
+        Witness::for_file(path).map_err(|e| path_error(path, format!("cannot open: {e}")))?;
+    let opened = witness.id();
     let files = Files::at(path);
-    let witness = Witness::of(opened, witness_file);
     let refused = if files.main != Some(opened) {
         Some("the file was replaced while it was being opened".to_string())
     } else if !witness.attach((files.wal, files.shm)) {

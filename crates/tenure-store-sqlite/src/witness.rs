@@ -38,6 +38,7 @@ pub(crate) const MAX_GENERATION: i64 = i64::MAX - BASE - 1;
 /// the process on that file (and by [`Witness::for_file`]'s callers).
 #[derive(Debug)]
 pub struct Witness {
+    id: FileId,
     file: File,
     state: Mutex<Seen>,
     /// Why no connection of this process may open the file again: its `-wal` or `-shm`
@@ -81,29 +82,34 @@ pub(crate) struct Seen {
 pub(crate) type FileId = (u64, u64);
 
 impl Witness {
-    /// The witness of the file `file` (opened by the caller on the database path; its
-    /// device and inode `id`). The first store of the process on that inode keeps `file`
-    /// open for the life of the process; later ones drop theirs (no lock is held on it, and
-    /// the registry's descriptor keeps the inode's traditional locks alive).
-    pub(crate) fn of(id: FileId, file: File) -> Arc<Witness> {
+    /// The witness of the file `file` (opened on the database path; its device and inode
+    /// `id`). The first of the process on that inode keeps `file` open for the life of the
+    /// process; a caller that lost a race to register one keeps its `file` open too
+    /// (closing any descriptor of the file would drop the process's traditional locks on
+    /// it, SQLite's).
+    fn of(id: FileId, file: File) -> Arc<Witness> {
         let mut registry = registry();
         match registry.get(&id) {
             Some(w) => {
-                // Closing `file` would drop the traditional locks of this process on the
-                // inode (SQLite's): keep it open too.
                 std::mem::forget(file);
                 w.clone()
             }
             None => {
-                let w = Arc::new(Witness::new(file));
+                let w = Arc::new(Witness::new(id, file));
                 registry.insert(id, w.clone());
                 w
             }
         }
     }
 
-    fn new(file: File) -> Witness {
+    /// The device and inode of the file.
+    pub(crate) fn id(&self) -> FileId {
+        self.id
+    }
+
+    fn new(id: FileId, file: File) -> Witness {
         Witness {
+            id,
             file,
             state: Mutex::default(),
             log_lost: Mutex::default(),
@@ -193,6 +199,11 @@ impl Witness {
     /// The file cannot be opened.
     pub fn for_file(path: &std::path::Path) -> std::io::Result<Arc<Witness>> {
         use std::os::unix::fs::MetadataExt;
+        // A known file needs no new descriptor (one opened could never be closed).
+        let m = std::fs::metadata(path)?;
+        if let Some(w) = Witness::known((m.dev(), m.ino())) {
+            return Ok(w);
+        }
         let file = File::open(path)?;
         let m = file.metadata()?;
         Ok(Witness::of((m.dev(), m.ino()), file))
@@ -306,8 +317,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f");
         std::fs::write(&path, b"x").unwrap();
-        let mine = Witness::new(open(&path));
-        let other = Witness::new(open(&path));
+        let mine = Witness::new((0, 1), open(&path));
+        let other = Witness::new((0, 2), open(&path));
         assert_eq!(other.above(0).unwrap(), None);
         assert_eq!(mine.hold(1_000).unwrap(), None);
         assert_eq!(mine.hold(2_000).unwrap(), Some(1_000));
@@ -324,7 +335,7 @@ mod tests {
         assert_eq!(other.above(1_000).unwrap(), None);
         assert_eq!(other.above(999).unwrap(), Some(1_000));
         // The highest of several.
-        let third = Witness::new(open(&path));
+        let third = Witness::new((0, 3), open(&path));
         third.hold(5_000).unwrap();
         assert_eq!(other.above(10).unwrap(), Some(5_000));
         drop(third);
