@@ -60,7 +60,10 @@ async fn a_fair_waiter_refreshes_its_row_at_once_after_a_suspend() {
             break e;
         }
         if waiting.is_finished() {
-            panic!("the waiter ended before joining the line: {:?}", waiting.await);
+            panic!(
+                "the waiter ended before joining the line: {:?}",
+                waiting.await
+            );
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
