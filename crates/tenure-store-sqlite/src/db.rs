@@ -149,14 +149,26 @@ impl Db {
                 identity::read(&tx)?.map(|i| i.store).unwrap_or_default()
             }
         };
-        let before = witness.hold(next).map_err(DbError::Witness)?;
-        if let Err(e) = tx.commit() {
-            witness.restore(before);
-            return Err(e.into());
-        }
+        commit_witnessed(tx, witness, next)?;
         witness.reset(&store, next);
         Ok(())
     }
+}
+
+/// Commits `tx`, which writes `generation`, after showing that generation on `witness`'s
+/// lock: a process relies on a commit only once it returned, and a failed commit lowers
+/// the lock again (nothing relies on it).
+fn commit_witnessed(
+    tx: Transaction<'_>,
+    witness: &Witness,
+    generation: i64,
+) -> Result<(), DbError> {
+    let before = witness.hold(generation).map_err(DbError::Witness)?;
+    if let Err(e) = tx.commit() {
+        witness.restore(before);
+        return Err(e.into());
+    }
+    Ok(())
 }
 
 /// A write transaction whose identity check passed. Dropped without
@@ -179,8 +191,7 @@ impl<'c> Deref for Write<'c> {
 
 impl Write<'_> {
     /// Commits. A transaction that changed anything advances the generation and shows the
-    /// new one on the witness lock before it commits (a process relies on a commit only
-    /// once it returned; a failed commit lowers the lock again).
+    /// new one on the witness lock before it commits (see [`commit_witnessed`]).
     pub(crate) fn commit(self) -> Result<(), DbError> {
         let Write {
             tx,
@@ -195,11 +206,7 @@ impl Write<'_> {
         }
         let next = identity::next(id.generation);
         tx.prepare_cached(sql::SET_GENERATION)?.execute([next])?;
-        let before = witness.hold(next).map_err(DbError::Witness)?;
-        if let Err(e) = tx.commit() {
-            witness.restore(before);
-            return Err(e.into());
-        }
+        commit_witnessed(tx, witness, next)?;
         witness.saw(&id.store, next);
         Ok(())
     }
