@@ -413,6 +413,7 @@ async fn lease_lost_to_stopped(runs: usize, entities: usize) {
         factory: entity_factory(Echo(Arc::new(AtomicU64::new(0)))),
         settings: shard_settings(),
         history: Some(history),
+        process_end: tenure::ProcessEnd::abort(),
     };
     let shard = Shard::start(args, None).await.unwrap();
     let payload = tenure::cluster::codec::encode_inner("entity request", "bench", &0u64).unwrap();
@@ -491,6 +492,7 @@ async fn memory() {
         factory: entity_factory(Echo(Arc::new(AtomicU64::new(0)))),
         settings: shard_settings(),
         history: None,
+        process_end: tenure::ProcessEnd::abort(),
     };
     let shard = Shard::start(make("0"), None).await.unwrap();
     let entities = size(10_000, 100);

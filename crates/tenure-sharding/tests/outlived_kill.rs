@@ -17,7 +17,8 @@ use ractor::{ActorProcessingErr, ActorRef};
 use tenure_cluster::{History, Incarnation};
 use tenure_lease::history::{Entry, Event, read_history};
 use tenure_lease::{
-    Fault, FencingToken, LeaseSettings, LeaseSpec, LeaseStore, MemoryStore, TenureConfig,
+    Fault, FencingToken, LeaseSettings, LeaseSpec, LeaseStore, MemoryStore, ProcessEnd,
+    TenureConfig, Unstoppable, WhenKillFails,
 };
 use tenure_sharding::{
     Entity, EntityContext, Shard, ShardArgs, ShardMsg, ShardingSettings, entity_factory,
@@ -150,6 +151,8 @@ struct Fixture {
     _dir: tempfile::TempDir,
     history_path: PathBuf,
     history: History,
+    /// What the shard ended the process for (its hook).
+    ends: Arc<Mutex<Vec<Unstoppable>>>,
 }
 
 impl Fixture {
@@ -166,11 +169,13 @@ impl Fixture {
             _dir: dir,
             history_path,
             history,
+            ends: Arc::default(),
         }
     }
 
     /// One shard of `probe` (stop budget 300 ms + 500 ms in the 1.5 s ttl), with
-    /// `configure` applied to its settings.
+    /// `configure` applied to its settings. Its process end is a hook that records why and
+    /// lets the blocked thread go, as the process's death would end it.
     async fn shard(&self, configure: impl FnOnce(&mut ShardingSettings)) -> ActorRef<ShardMsg> {
         let config = TenureConfig::from_toml_str("", "test").unwrap();
         let mut settings = ShardingSettings::from_config(&config, "probe", "memory").unwrap();
@@ -194,6 +199,13 @@ impl Fixture {
             }),
             settings: Arc::new(settings),
             history: Some(self.history.clone()),
+            process_end: ProcessEnd::with_hook({
+                let (ends, gate) = (self.ends.clone(), self.gate.clone());
+                move |what| {
+                    ends.lock().unwrap().push(what.clone());
+                    gate.open();
+                }
+            }),
         };
         Shard::start(args, None).await.unwrap()
     }
@@ -210,6 +222,15 @@ impl Fixture {
         if let Ok(Some(e)) = tokio::time::timeout(quiet, self.seen.recv()).await {
             panic!("expected nothing, got {e:?}");
         }
+    }
+
+    /// Takes events until every one of `want` was seen, in any order; returns them all.
+    async fn until_seen(&mut self, want: &[Seen]) -> Vec<Seen> {
+        let mut seen = Vec::new();
+        while !want.iter().all(|w| seen.contains(w)) {
+            seen.push(self.next().await);
+        }
+        seen
     }
 
     /// Starts entity `a` and blocks its thread at the gate; returns its token.
@@ -245,6 +266,19 @@ impl Fixture {
     /// Who the store says holds the lease now.
     async fn holder(&self) -> Option<String> {
         self.store.read(LEASE).await.unwrap().map(|r| r.owner)
+    }
+
+    /// The kinds of the history's events, in order, that `keep` keeps.
+    fn kinds(&self, keep: impl Fn(&Event) -> bool) -> Vec<String> {
+        self.history()
+            .iter()
+            .filter(|e| keep(&e.event))
+            .map(|e| e.kind())
+            .collect()
+    }
+
+    fn ends(&self) -> Vec<Unstoppable> {
+        self.ends.lock().unwrap().clone()
     }
 
     /// The checker's violations of the history so far, as text.
@@ -287,6 +321,17 @@ fn tell(shard: &ActorRef<ShardMsg>, entity: &str, text: &str) {
         .unwrap();
 }
 
+/// The lease's own events and the entity's life, in order.
+fn lease_or_entity(e: &Event) -> bool {
+    matches!(
+        e,
+        Event::LeaseReleased { .. }
+            | Event::EntityStopped(_)
+            | Event::EntityZombie(_)
+            | Event::ProcessAbort { .. }
+    )
+}
+
 /// A hand-off whose entity outlives its kill keeps the shard's lease, renewed, past
 /// `hand-off-timeout` (then it answers that it did not release); the lease is released
 /// once the entity has ended, and only then.
@@ -314,7 +359,64 @@ async fn a_hand_off_keeps_the_lease_until_an_entity_that_outlived_its_kill_ends(
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(f.holder().await, None, "released once the entity ended");
+    assert_eq!(
+        f.kinds(lease_or_entity),
+        ["entity_zombie", "entity_stopped", "lease_released"]
+    );
+    assert!(f.ends().is_empty(), "a graceful move never ends the process");
     assert_eq!(f.violations(), Vec::<String>::new());
+}
+
+/// Within `hand-off-timeout`, the hand-off waits for an entity that outlived its kill and
+/// then releases: the answer says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hand_off_waits_for_an_entity_that_outlived_its_kill_then_releases() {
+    let mut f = Fixture::new();
+    let shard = f
+        .shard(|s| s.hand_off_timeout = Duration::from_secs(30))
+        .await;
+    let token = f.blocked_entity(&shard).await;
+    let handing = {
+        let shard = shard.clone();
+        tokio::spawn(async move { ractor::call_t!(shard, ShardMsg::HandOff, 60_000) })
+    };
+    f.wait_recorded("entity_zombie", |e| matches!(e, Event::EntityZombie(_)))
+        .await;
+    let status = ractor::call_t!(shard, ShardMsg::Status, 5_000).expect("the shard answers");
+    assert_eq!(status.entities, ["a"], "{status:?}");
+    assert!(!handing.is_finished(), "answered while entity a still runs");
+    assert_eq!(f.holder().await.as_deref(), Some(OWNER), "still held");
+    f.gate.open();
+    assert_eq!(f.next().await, Seen::Ended("a".into(), token));
+    let handed = handing.await.unwrap().unwrap();
+    assert!(handed.released);
+    assert_eq!(
+        f.kinds(lease_or_entity),
+        ["entity_zombie", "entity_stopped", "lease_released"]
+    );
+    assert_eq!(f.violations(), Vec::<String>::new());
+}
+
+/// The shard itself stopping (its region or node going away) while an entity outlived its
+/// kill would release the lease with it: the process ends first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_shard_stopping_while_an_entity_outlived_its_kill_ends_the_process() {
+    let mut f = Fixture::new();
+    let shard = f
+        .shard(|s| s.hand_off_timeout = Duration::from_millis(100))
+        .await;
+    let token = f.blocked_entity(&shard).await;
+    let handed = ractor::call_t!(shard, ShardMsg::HandOff, 20_000).unwrap();
+    assert!(!handed.released);
+    assert!(f.ends().is_empty());
+    shard.stop_and_wait(None, None).await.unwrap();
+    let ends = f.ends();
+    assert_eq!(ends.len(), 1, "{ends:?}");
+    assert_eq!((ends[0].lease.as_str(), ends[0].token), (LEASE, token));
+    assert_eq!(
+        f.kinds(lease_or_entity)[..2],
+        ["entity_zombie", "process_abort"]
+    );
 }
 
 /// A lost lease whose entity outlives its kill: the process ends (the hook, which here
@@ -328,20 +430,27 @@ async fn a_lost_lease_with_an_entity_that_outlived_its_kill_ends_the_process_in_
     f.store.set_fault(Fault::FailRenewals);
     f.wait_recorded("lease_lost", |e| matches!(e, Event::LeaseLost { .. }))
         .await;
-    // The process went on: let the thread go once the deadline has surely passed.
+    // If the process went on, let the thread go once the deadline has surely passed.
     let valid_until = deadline_of_the_lost_grant(&f.history());
-    while tenure_lease::clock::boottime_now_ns() < valid_until + 100_000_000 {
+    while f.ends().is_empty() && tenure_lease::clock::boottime_now_ns() < valid_until + 100_000_000
+    {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     f.gate.open();
-    loop {
-        if f.next().await == Seen::Ended("a".into(), token) {
-            break;
-        }
-    }
+    f.until_seen(&[Seen::Ended("a".into(), token)]).await;
     f.store.set_fault(Fault::None);
     f.history.record(Event::NodeLeft {});
     assert_eq!(f.violations(), Vec::<String>::new());
+    let ends = f.ends();
+    assert_eq!(ends.len(), 1, "{ends:?}");
+    assert_eq!(
+        (ends[0].lease.as_str(), ends[0].token, ends[0].what.as_str()),
+        (LEASE, token, "entity a of probe shard 0")
+    );
+    let abort = f
+        .wait_recorded("process_abort", |e| matches!(e, Event::ProcessAbort { .. }))
+        .await;
+    assert!(abort.t < valid_until, "aborted before the deadline");
     shard.stop_and_wait(None, None).await.unwrap();
 }
 
@@ -352,7 +461,7 @@ async fn a_lost_lease_with_an_entity_that_outlived_its_kill_ends_the_process_in_
 async fn after_a_loss_an_entity_that_outlived_its_kill_is_never_started_twice() {
     let mut f = Fixture::new();
     let shard = f
-        .shard(|s| s.when_kill_fails = tenure_lease::WhenKillFails::RunOnUnsafe)
+        .shard(|s| s.when_kill_fails = WhenKillFails::RunOnUnsafe)
         .await;
     let token = f.blocked_entity(&shard).await;
     f.store.set_fault(Fault::FailRenewals);
@@ -362,16 +471,16 @@ async fn after_a_loss_an_entity_that_outlived_its_kill_is_never_started_twice() 
     tell(&shard, "a", "again");
     // Several retry intervals: a shard that acquired again would start `a` now.
     f.nothing_for(Duration::from_millis(1500)).await;
+    assert!(f.ends().is_empty(), "run-on-unsafe does not end the process");
     f.gate.open();
     assert_eq!(f.next().await, Seen::Ended("a".into(), token));
-    let Seen::Started(id, _) = f.next().await else {
+    // Granted again once it ended (a newer token, or the same one re-entered while the
+    // store still kept it).
+    let Seen::Started(id, again) = f.next().await else {
         panic!("expected a start")
     };
     assert_eq!(id, "a");
-    let Seen::Got(_, _, text) = f.next().await else {
-        panic!("expected the message")
-    };
-    assert_eq!(text, "again");
+    assert_eq!(f.next().await, Seen::Got("a".into(), again, "again".into()));
     shard.stop_and_wait(None, None).await.unwrap();
 }
 
@@ -389,12 +498,21 @@ async fn passivating_a_blocked_entity_never_starts_it_twice() {
     tell(&shard, "a", "after");
     f.nothing_for(Duration::from_millis(1000)).await;
     f.gate.open();
-    assert_eq!(f.next().await, Seen::Ended("a".into(), token));
-    let Seen::Started(id, again) = f.next().await else {
-        panic!("expected a start")
-    };
-    assert_eq!((id.as_str(), again), ("a", token));
-    assert_eq!(f.next().await, Seen::Got("a".into(), token, "after".into()));
+    // The old incarnation's state may be dropped after the new one started: its code ran
+    // to its end before the shard learnt of it.
+    let seen = f
+        .until_seen(&[
+            Seen::Ended("a".into(), token),
+            Seen::Got("a".into(), token, "after".into()),
+        ])
+        .await;
+    assert_eq!(
+        seen.iter()
+            .filter(|s| matches!(s, Seen::Started(..)))
+            .count(),
+        1,
+        "{seen:?}"
+    );
     shard.stop_and_wait(None, None).await.unwrap();
     assert_eq!(f.violations(), Vec::<String>::new());
 }

@@ -186,6 +186,7 @@ impl Fixture {
             factory: entity_factory(Probe(self.tx.clone())),
             settings: Arc::new(settings),
             history: None,
+            process_end: tenure_lease::ProcessEnd::abort(),
         };
         Shard::start(args, None).await.unwrap()
     }

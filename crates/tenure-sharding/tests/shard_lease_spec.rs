@@ -135,6 +135,7 @@ impl Fixture {
             factory,
             settings: Arc::new(settings),
             history: None,
+            process_end: tenure_lease::ProcessEnd::abort(),
         };
         Shard::start(args, None).await.unwrap()
     }
