@@ -17,7 +17,10 @@ use tenure_cluster::{
     ClusterEvent, HandOver, History, Incarnation, Member, MemberStatus, NodeAddr,
 };
 use tenure_lease::history::{Entry, Event, read_history};
-use tenure_lease::{Fault, FencingToken, LeaseSettings, LeaseSpec, LeaseStore, MemoryStore};
+use tenure_lease::{
+    Fault, FencingToken, LeaseSettings, LeaseSpec, LeaseStore, MemoryStore, ProcessEnd,
+    Unstoppable,
+};
 use tenure_singleton::{ManagerMsg, SingletonManager, SingletonSettings, SingletonSpec, spawner};
 use tokio::sync::mpsc;
 
@@ -135,6 +138,8 @@ struct Fixture {
     _dir: tempfile::TempDir,
     history_path: PathBuf,
     history: History,
+    /// What the manager ended the process for (its hook).
+    ends: Arc<Mutex<Vec<Unstoppable>>>,
 }
 
 impl Fixture {
@@ -154,6 +159,15 @@ impl Fixture {
         settings.stop_timeout = Duration::from_millis(300);
         let scope = format!("test-outlived-{name}");
         let spawn_gate = gate.clone();
+        let ends: Arc<Mutex<Vec<Unstoppable>>> = Arc::default();
+        // Records why and lets the blocked thread go, as the process's death would end it.
+        let process_end = ProcessEnd::with_hook({
+            let (ends, gate) = (ends.clone(), gate.clone());
+            move |what| {
+                ends.lock().unwrap().push(what.clone());
+                gate.open();
+            }
+        });
         let spec = SingletonSpec {
             name: name.into(),
             settings,
@@ -171,6 +185,7 @@ impl Fixture {
                 (Blocking, life)
             }),
             history: Some(history.clone()),
+            process_end,
         };
         let manager = SingletonManager::start(spec, None).await.unwrap();
         let member = Member {
@@ -195,6 +210,7 @@ impl Fixture {
             _dir: dir,
             history_path,
             history,
+            ends,
         }
     }
 
@@ -241,6 +257,10 @@ impl Fixture {
         self.store.read(&self.lease).await.unwrap().map(|r| r.owner)
     }
 
+    fn ends(&self) -> Vec<Unstoppable> {
+        self.ends.lock().unwrap().clone()
+    }
+
     fn violations(&self) -> Vec<String> {
         tenure_lease::history::check::check(&self.history())
             .violations
@@ -275,9 +295,10 @@ async fn a_lost_lease_with_an_instance_that_outlived_its_kill_ends_the_process_i
     f.store.set_fault(Fault::FailRenewals);
     f.wait_recorded("lease_lost", |e| matches!(e, Event::LeaseLost { .. }))
         .await;
-    // The process went on: let the thread go once the deadline has surely passed.
+    // If the process went on, let the thread go once the deadline has surely passed.
     let valid_until = deadline_of_the_lost_grant(&f.history());
-    while tenure_lease::clock::boottime_now_ns() < valid_until + 100_000_000 {
+    while f.ends().is_empty() && tenure_lease::clock::boottime_now_ns() < valid_until + 100_000_000
+    {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     f.gate.open();
@@ -289,6 +310,16 @@ async fn a_lost_lease_with_an_instance_that_outlived_its_kill_ends_the_process_i
     f.store.set_fault(Fault::None);
     f.history.record(Event::NodeLeft {});
     assert_eq!(f.violations(), Vec::<String>::new());
+    let ends = f.ends();
+    assert_eq!(ends.len(), 1, "{ends:?}");
+    assert_eq!(
+        (ends[0].lease.as_str(), ends[0].token, ends[0].what.as_str()),
+        (f.lease.as_str(), token, "singleton lost")
+    );
+    let abort = f
+        .wait_recorded("process_abort", |e| matches!(e, Event::ProcessAbort { .. }))
+        .await;
+    assert!(abort.t < valid_until, "aborted before the deadline");
 }
 
 /// Leaving while the instance outlives its kill: the hand-over waits, the lease stays held
@@ -318,5 +349,6 @@ async fn a_hand_over_keeps_the_lease_until_an_instance_that_outlived_its_kill_en
         .expect("the hand-over finished once the instance ended")
         .unwrap();
     assert_eq!(f.holder().await, None, "released");
+    assert!(f.ends().is_empty(), "a hand-over never ends the process");
     assert_eq!(f.violations(), Vec::<String>::new());
 }
