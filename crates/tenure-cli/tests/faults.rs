@@ -9,8 +9,12 @@
 //! SQLite the lease file lost while in use (deleted, or replaced by a copy taken at the
 //! start: its grants gone, its token counters behind), a second process acquiring as a
 //! node's owner (its member lease, while the node runs or is frozen past the ttl: a
-//! replaced pod), the store's answers to a node delayed past the operation timeout, and
-//! (etcd) a node's sessions expiring while it is cut off. Every run's history must pass
+//! replaced pod), the store's answers to a node delayed past the operation timeout,
+//! (etcd) a node's sessions expiring while it is cut off, and an entity blocking its
+//! thread (`std::thread::sleep` in its handler, outside any await, so no kill reaches it)
+//! for longer than the ttl while its node loses its leases (the node must end itself
+//! before the shard lease's deadline) or leaves (its shard's hand-off keeps the lease until
+//! the entity ends). Every run's history must pass
 //! `tenure check`, every acknowledged increment must be in the counter, and the cluster
 //! must serve again after the faults.
 //!
@@ -119,6 +123,7 @@ enum Fault {
     SameOwner,
     SlowStore,
     SessionExpiry,
+    BlockedThread,
 }
 
 /// The store a run uses, and the server behind it when there is one.
@@ -193,6 +198,8 @@ struct Run {
     clock_file: PathBuf,
     /// While this file exists, every node's example entities and singleton stop slowly.
     slow_stop: PathBuf,
+    /// While this file names an entity, that entity blocks its thread once.
+    block_thread: PathBuf,
     /// SQLite: a copy of the lease file taken once the cluster served, for `FileLoss`.
     lease_copy: Option<PathBuf>,
 }
@@ -244,12 +251,27 @@ fn start(store: Store) -> Run {
         "{LIBFAKETIME} not found: install the Debian package `faketime` (apt-get install -y faketime), as .ci/test.sh does"
     );
     let slow_stop = c.dir.path().join("slow-stop");
+    let block_thread = c.dir.path().join("block-thread");
     for node in &mut c.nodes {
         node.args.extend([
             "--slow-stop-when".to_string(),
             slow_stop.display().to_string(),
+            "--block-thread-when".to_string(),
+            block_thread.display().to_string(),
         ]);
     }
+    // A node that ends itself with abort(3) leaves no core file behind (its children
+    // inherit the limit).
+    let core = rustix::process::Resource::Core;
+    let limit = rustix::process::getrlimit(core);
+    rustix::process::setrlimit(
+        core,
+        rustix::process::Rlimit {
+            current: Some(0),
+            maximum: limit.maximum,
+        },
+    )
+    .expect("no core files");
     let clock_node = 2;
     let clock_file = c.dir.path().join("faketime");
     std::fs::write(&clock_file, "+0\n").expect("faketime file");
@@ -279,6 +301,7 @@ fn start(store: Store) -> Run {
         clock_node,
         clock_file,
         slow_stop,
+        block_thread,
         lease_copy,
     }
 }
@@ -310,10 +333,10 @@ fn wait_serving(c: &Cluster, after: i64, limit: Duration) {
 fn inject(run: &mut Run, fault: Fault, rng: &mut Rng) {
     let ttl = MEMBER_TTL;
     let n = run.c.nodes.len();
-    let target = if fault == Fault::ClockJump {
-        run.clock_node
-    } else {
-        rng.below(n)
+    let target = match fault {
+        Fault::ClockJump => run.clock_node,
+        Fault::BlockedThread => return blocked_thread(run, rng),
+        _ => rng.below(n),
     };
     let addr = run.c.nodes[target].addr.clone();
     eprintln!("fault {fault:?} on node {target} ({addr})");
@@ -488,6 +511,121 @@ fn inject(run: &mut Run, fault: Fault, rng: &mut Rng) {
     }
 }
 
+/// An example entity blocks its thread for longer than the ttl, on whichever node hosts it
+/// (found from the marker the entity writes), and meanwhile, by the seed:
+/// - its node loses its leases (its store connection cut, or on SQLite the lease file
+///   write-locked for every node): the node must end itself by SIGABRT, recording
+///   `process_abort`, before the shard lease's deadline; it is then started again;
+/// - or its node leaves gracefully (SIGTERM): the shard's hand-off keeps the lease, renewed,
+///   until the entity ends, and the node exits once its leave is done, or by SIGABRT when
+///   its leave-timeout came first with the entity still running.
+///
+/// Either way `tenure check` judges the entity's life and every write against the holds.
+fn blocked_thread(run: &mut Run, rng: &mut Rng) {
+    let ttl = MEMBER_TTL;
+    let lose_leases = rng.below(2) == 0;
+    let key = format!("key-{}", rng.below(KEYS));
+    // Blocked well past the loss when the leases go; a little longer than the ttl when the
+    // node leaves, so that its leave may see the entity end.
+    let pause = if lose_leases {
+        ttl * 2
+    } else {
+        rng.between(ttl + Duration::from_millis(300), ttl + Duration::from_secs(1))
+    };
+    std::fs::write(
+        &run.block_thread,
+        format!("{key} {}ms\n", pause.as_millis()),
+    )
+    .expect("block-thread switch");
+    let marker = {
+        let mut name = run.block_thread.as_os_str().to_os_string();
+        name.push(".blocked");
+        PathBuf::from(name)
+    };
+    let started = Instant::now();
+    let blocked = loop {
+        if let Some(text) = std::fs::read_to_string(&marker)
+            .ok()
+            .filter(|t| t.ends_with('\n'))
+        {
+            break text;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "no node blocked {key}'s thread within 20 s of the switch"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    std::fs::remove_file(&run.block_thread).expect("block-thread switch off");
+    let addr = blocked.split_whitespace().next().unwrap_or_default();
+    let target = (0..run.c.nodes.len())
+        .find(|i| run.c.nodes[*i].addr == addr)
+        .unwrap_or_else(|| panic!("the entity blocked on an unknown node: {blocked:?}"));
+    let addr = addr.to_string();
+    eprintln!(
+        "fault BlockedThread on node {target} ({addr}): {key} blocked for {pause:?}, {}",
+        if lose_leases {
+            "its leases lost"
+        } else {
+            "its node leaving"
+        }
+    );
+    run.c.record_about(&addr, Event::ThreadBlocked { entity: key });
+    if lose_leases {
+        let outage = rng.between(ttl + Duration::from_millis(500), ttl * 2);
+        match &run.store {
+            Store::Sqlite => {
+                let lock = rusqlite::Connection::open(run.c.lease_store())
+                    .expect("open the lease file");
+                lock.busy_timeout(Duration::from_secs(10))
+                    .expect("busy timeout");
+                lock.execute_batch("BEGIN EXCLUSIVE")
+                    .expect("write-lock the lease file");
+                run.c.record_about("store", Event::StoreLocked {});
+                std::thread::sleep(outage);
+                lock.execute_batch("COMMIT").expect("unlock the lease file");
+                run.c.record_about("store", Event::StoreUnlocked {});
+            }
+            _ => {
+                run.proxies[target].set_cut(true);
+                run.c.record(target, Event::StoreCut {});
+                std::thread::sleep(outage);
+                run.proxies[target].set_cut(false);
+                run.c.record(target, Event::StoreHealed {});
+            }
+        }
+        let status = run.c.wait_exit(target, Duration::from_secs(15)).unwrap_or_else(|| {
+            panic!(
+                "node {target} ({addr}) did not end itself while an entity outlived its kill under a lost lease:\n{}",
+                run.c.nodes[target].stderr()
+            )
+        });
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(
+            status.signal(),
+            Some(Signal::ABORT.as_raw()),
+            "node {target} ({addr}) ended by abort(3), not {status:?}"
+        );
+        let inc = run.c.nodes[target].incarnation().to_string();
+        assert!(
+            run.c.history().iter().any(|e| e["event"] == "process_abort"
+                && e["node"] == addr.as_str()
+                && e["inc"] == inc.as_str()),
+            "node {target} ({addr}) recorded process_abort before it ended"
+        );
+    } else {
+        std::thread::sleep(rng.between(
+            Duration::from_millis(500),
+            Duration::from_millis(1000),
+        ));
+        let status = run.c.stop(target);
+        eprintln!("node {target} ({addr}) left: {status:?}");
+    }
+    run.c.spawn(target);
+    run.c.record(target, Event::Restarted {});
+    std::fs::remove_file(&marker).expect("remove the block-thread marker");
+}
+
 /// Whether a process recorded the loss of the lease file in the file now at `file` within
 /// `limit` (see `SqliteStore`).
 fn wait_loss_noticed(file: &Path, limit: Duration) -> bool {
@@ -623,6 +761,7 @@ fn run_seed(store: Store, seed: u64) {
         Fault::SlowStop,
         Fault::SameOwner,
         Fault::SlowStore,
+        Fault::BlockedThread,
     ];
     if kind == "sqlite" {
         faults.push(Fault::FileLoss);

@@ -390,6 +390,12 @@ pub enum Event {
     },
     /// From here until healed, every node's example entities and singletons stop slowly.
     SlowStop {},
+    /// The example entity `entity` blocks its thread (`std::thread::sleep` in its handler)
+    /// on `node`, which hosts it, for longer than the ttl.
+    ThreadBlocked {
+        /// The entity id.
+        entity: String,
+    },
     /// The SQLite lease file deleted while in use or, `restored`, replaced by an older copy.
     StoreLost {
         /// `Some(true)`: replaced by an older copy rather than deleted.
