@@ -459,6 +459,7 @@ fn inject(run: &mut Run, fault: Fault, rng: &mut Rng) {
             std::thread::sleep(Duration::from_secs(2));
         }
         Fault::SameOwner => second_owner(run, target, rng),
+        Fault::BlockedThread => unreachable!("chooses its node by the entity it blocks"),
         Fault::SlowStore => {
             let span = rng.between(OPERATION_TIMEOUT - Duration::from_millis(500), ttl);
             match run.proxies.get(target) {

@@ -411,9 +411,12 @@ impl Actor for Shard {
                 actor,
                 result,
             } => {
+                let outlived = state.has_outlived();
                 state.entity_started(&entity, actor, result);
-                // A starting entity that outlived its kill may have ended with its start.
-                state.resume(&myself).await;
+                if outlived {
+                    // A starting entity that outlived its kill may have ended with its start.
+                    state.resume(&myself).await;
+                }
             }
             ShardMsg::IdleCheck => {
                 if let Some(idle) = state.args.settings.idle_timeout {

@@ -72,7 +72,8 @@ enum Seen {
     Ended(String, FencingToken),
 }
 
-/// Reports its life and messages; `"block"` blocks its thread at the gate.
+/// Reports its life and messages; `"block"` blocks its thread at the gate, and so does the
+/// `start` of an entity whose id begins with `blocked-start`.
 struct Blocking {
     gate: Arc<Gate>,
     seen: mpsc::UnboundedSender<Seen>,
@@ -97,6 +98,9 @@ impl Entity for Blocking {
     type State = Life;
 
     async fn start(&self, ctx: &EntityContext) -> Result<Life, ActorProcessingErr> {
+        if ctx.entity_id.starts_with("blocked-start") {
+            self.gate.block();
+        }
         let _ = self
             .seen
             .send(Seen::Started(ctx.entity_id.clone(), ctx.token));
@@ -451,6 +455,36 @@ async fn a_lost_lease_with_an_entity_that_outlived_its_kill_ends_the_process_in_
         .wait_recorded("process_abort", |e| matches!(e, Event::ProcessAbort { .. }))
         .await;
     assert!(abort.t < valid_until, "aborted before the deadline");
+    shard.stop_and_wait(None, None).await.unwrap();
+}
+
+/// An entity whose `start` blocks its thread outlives its kill as well: a lost lease ends
+/// the process in time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_entity_blocked_in_its_start_is_no_different() {
+    let mut f = Fixture::new();
+    let shard = f.shard(|_| {}).await;
+    tell(&shard, "blocked-start-1", "hello");
+    f.gate.wait_blocked().await;
+    f.store.set_fault(Fault::FailRenewals);
+    let abort = f
+        .wait_recorded("process_abort", |e| matches!(e, Event::ProcessAbort { .. }))
+        .await;
+    let valid_until = deadline_of_the_lost_grant(&f.history());
+    assert!(abort.t < valid_until, "aborted before the deadline");
+    let ends = f.ends();
+    assert_eq!(ends.len(), 1, "{ends:?}");
+    assert_eq!(ends[0].what, "entity blocked-start-1 of probe shard 0");
+    // The hook let it go: it ends, its start never having finished under a live grant.
+    let Seen::Started(_, token) = f.next().await else {
+        panic!("expected its start to finish")
+    };
+    assert_eq!(ends[0].token, token);
+    f.until_seen(&[Seen::Ended("blocked-start-1".into(), token)])
+        .await;
+    f.store.set_fault(Fault::None);
+    f.history.record(Event::NodeLeft {});
+    assert_eq!(f.violations(), Vec::<String>::new());
     shard.stop_and_wait(None, None).await.unwrap();
 }
 

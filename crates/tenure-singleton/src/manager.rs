@@ -691,6 +691,7 @@ impl ManagerState {
         let Some((_, token)) = self.zombie.take_if(|(z, _)| z.get_id() == actor) else {
             return;
         };
+        self.unstoppable_reported = false;
         tracing::warn!(singleton = %self.spec.name, "the stuck instance has ended");
         self.record(
             Event::SingletonStopped,

@@ -352,3 +352,26 @@ async fn a_hand_over_keeps_the_lease_until_an_instance_that_outlived_its_kill_en
     assert!(f.ends().is_empty(), "a hand-over never ends the process");
     assert_eq!(f.violations(), Vec::<String>::new());
 }
+
+/// The manager stopping while its instance outlived its kill would release the lease with
+/// its lease actor: the process ends first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_manager_stopping_while_its_instance_outlived_its_kill_ends_the_process() {
+    let mut f = Fixture::new("stopping").await;
+    let token = f.blocked_instance().await;
+    let (guard, _wait) = HandOver::new();
+    f.manager
+        .cast(ClusterEvent::SelfLeaving(guard).into())
+        .unwrap();
+    f.wait_recorded("singleton_zombie", |e| {
+        matches!(e, Event::SingletonZombie(_))
+    })
+    .await;
+    assert!(f.ends().is_empty(), "a hand-over never ends the process");
+    f.manager.stop_and_wait(None, None).await.unwrap();
+    let ends = f.ends();
+    assert_eq!(ends.len(), 1, "{ends:?}");
+    assert_eq!((ends[0].lease.as_str(), ends[0].token), (f.lease.as_str(), token));
+    f.wait_recorded("process_abort", |e| matches!(e, Event::ProcessAbort { .. }))
+        .await;
+}

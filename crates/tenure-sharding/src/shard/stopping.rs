@@ -238,6 +238,7 @@ impl ShardState {
         if self.has_outlived() {
             return;
         }
+        self.unstoppable_reported = false;
         if self.handing_off {
             self.finish_hand_off(myself).await;
         } else if self.serving.is_none() {
