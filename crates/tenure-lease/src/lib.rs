@@ -113,5 +113,5 @@ pub use store::{
 };
 pub use token::FencingToken;
 pub use trace::{LeaseObserver, LeaseTrace};
-pub use unstoppable::{ProcessEnd, Unstoppable, WhenKillFails};
+pub use unstoppable::{LossWatch, ProcessEnd, Terminator, Unstoppable, WhenKillFails};
 pub use validity::LostReason;

@@ -24,7 +24,7 @@ use tenure_cluster::History;
 use tenure_lease::history::{EntityLife, Event, ShardLife};
 use tenure_lease::{
     FencingToken, LeaseActor, LeaseEvent, LeaseEventSink, LeaseMsg, LeaseSpec, LeaseView,
-    ProcessEnd, RememberChange,
+    LossWatch, ProcessEnd, RememberChange, Terminator,
 };
 use tokio::time::Instant;
 
@@ -190,8 +190,11 @@ pub struct ShardState {
     handing_off: bool,
     /// The hand-off's answer, while entities that outlived their kill hold it up.
     hand_off: Option<RpcReplyPort<HandedOff>>,
-    /// Entities that outlived their kill were reported as such under a lease being lost.
-    unstoppable_reported: bool,
+    /// Ends the process (once) for entities that outlived their kill under a lease being
+    /// lost: shared with `watch`.
+    terminator: Terminator,
+    /// Watches the lease for its entities from a task of its own ([`stopping`]).
+    watch: LossWatch,
     idle_timer: Option<ractor::concurrency::JoinHandle<()>>,
     /// remember-entities: the ids remembered with the shard's lease.
     remember: Option<Remembering>,
@@ -258,6 +261,13 @@ impl Actor for Shard {
         )
         .await?;
         lease.cast(LeaseMsg::Acquire { reply: None })?;
+        let terminator = stopping::terminator(&args);
+        let watch = LossWatch::start(
+            &view,
+            &args.lease.name,
+            args.settings.stop_budget(),
+            terminator.clone(),
+        );
         let remembering = args.settings.remember_entities;
         // Remembered entities stop only when they ask (Akka turns idle passivation off too).
         let idle_timer = args
@@ -287,7 +297,8 @@ impl Actor for Shard {
             waiting: VecDeque::new(),
             handing_off: false,
             hand_off: None,
-            unstoppable_reported: false,
+            terminator,
+            watch,
             idle_timer,
             remember,
             routes,
@@ -508,6 +519,12 @@ impl Actor for Shard {
                 Some(myself.get_cell()),
             )
             .await?;
+            state.watch = LossWatch::start(
+                &view,
+                &state.args.lease.name,
+                state.args.settings.stop_budget(),
+                state.terminator.clone(),
+            );
             state.lease = lease;
             state.view = view;
             state.resume(&myself).await;
@@ -625,6 +642,11 @@ impl ShardState {
             Ok(starting) => {
                 // Its life begins now: its `start` may already act under the token.
                 self.record_entity(Event::EntityStarted, entity, token, "");
+                self.watch.watch(
+                    starting.actor.get_cell(),
+                    token,
+                    stopping::entity_name(&self.args, entity),
+                );
                 let (shard, id) = (self.myself.clone(), starting.actor.get_id());
                 let name = entity.to_string();
                 tokio::spawn(async move {
@@ -783,6 +805,7 @@ impl ShardState {
             Err(e) => {
                 tracing::warn!(shard = %self.args.shard_id, entity, error = %e, "entity could not be started");
                 if let Some(r) = self.entities.remove(entity) {
+                    self.watch.forget(r.actor.get_id());
                     self.record_entity(
                         Event::EntityStopped,
                         entity,

@@ -13,7 +13,9 @@
 //! await) is kept as the zombie: the lease is neither released nor acquired again, and a
 //! hand-over is not done, until it has ended. If the lease is being lost meanwhile, or the
 //! manager itself stops (its lease actor then releases), the process ends first
-//! (`when-kill-fails = "abort"`), within the exit wait before the lease's local deadline.
+//! (`when-kill-fails = "abort"`), within the exit wait before the lease's local deadline;
+//! the manager's [`LossWatch`] decides the same from a task of its own, for a manager held
+//! up behind the blocked thread itself.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -26,7 +28,7 @@ use tenure_cluster::{ClusterEvent, HandOver, History, Member, MemberStatus, Node
 use tenure_lease::history::{Event, SingletonLife};
 use tenure_lease::{
     FencingToken, LeaseActor, LeaseEvent, LeaseEventSink, LeaseMsg, LeaseSpec, LeaseView,
-    ProcessEnd, Unstoppable, WhenKillFails,
+    LossWatch, ProcessEnd, Terminator, Unstoppable,
 };
 
 use crate::settings::SingletonSettings;
@@ -191,8 +193,11 @@ pub struct ManagerState {
     /// An instance (or descendant) that survived its kill, with its token: nothing is
     /// released or re-acquired, and no hand-over done, until it has terminated.
     zombie: Option<(ActorCell, FencingToken)>,
-    /// The zombie was reported under a lease being lost (or a manager stopping).
-    unstoppable_reported: bool,
+    /// Ends the process (once) for an instance that outlived its kill under a lease being
+    /// lost: shared with `watch`.
+    terminator: Terminator,
+    /// Watches the lease for the instance from a task of its own.
+    watch: LossWatch,
     /// Pause after an instance failed (or could not be spawned) before the next one.
     restart_pause: Option<tokio::task::JoinHandle<()>>,
     running: Option<Running>,
@@ -239,6 +244,13 @@ impl Actor for SingletonManager {
             Some(myself.get_cell()),
         )
         .await?;
+        let terminator = terminator(&spec);
+        let watch = LossWatch::start(
+            &view,
+            &spec.lease.name,
+            spec.settings.stop_budget(),
+            terminator.clone(),
+        );
         Ok(ManagerState {
             spec,
             myself: myself.clone(),
@@ -248,7 +260,8 @@ impl Actor for SingletonManager {
             wanted: false,
             pace: None,
             zombie: None,
-            unstoppable_reported: false,
+            terminator,
+            watch,
             restart_pause: None,
             running: None,
             hand_over: None,
@@ -367,6 +380,12 @@ impl Actor for SingletonManager {
                 Some(myself.get_cell()),
             )
             .await?;
+            state.watch = LossWatch::start(
+                &view,
+                &state.spec.lease.name,
+                state.spec.settings.stop_budget(),
+                state.terminator.clone(),
+            );
             state.lease = lease;
             state.view = view;
             state.wanted = false;
@@ -534,6 +553,11 @@ impl ManagerState {
         };
         match (self.spec.spawner)(ctx) {
             Ok(starting) => {
+                self.watch.watch(
+                    starting.cell.clone(),
+                    token,
+                    format!("singleton {}", self.spec.name),
+                );
                 let (me, actor) = (myself.clone(), starting.cell.get_id());
                 tokio::spawn(async move {
                     let result = start_outcome(starting.started).await;
@@ -676,6 +700,8 @@ impl ManagerState {
     /// as the zombie, recorded, and watched until it ends.
     fn set_zombie(&mut self, cell: ActorCell, token: FencingToken, why: &str) {
         self.record(Event::SingletonZombie, token, why);
+        self.watch
+            .watch(cell.clone(), token, format!("singleton {}", self.spec.name));
         let me = self.myself.clone();
         let watched = cell.clone();
         tokio::spawn(async move {
@@ -691,7 +717,7 @@ impl ManagerState {
         let Some((_, token)) = self.zombie.take_if(|(z, _)| z.get_id() == actor) else {
             return;
         };
-        self.unstoppable_reported = false;
+        self.terminator.rearm();
         tracing::warn!(singleton = %self.spec.name, "the stuck instance has ended");
         self.record(
             Event::SingletonStopped,
@@ -703,39 +729,17 @@ impl ManagerState {
 
     /// The zombie runs while the lease is being lost (`why`), or while the manager itself
     /// stops (its lease actor then releases): ends the process with the default
-    /// `when-kill-fails`, after logging and recording it; with `run-on-unsafe` only logs it.
-    /// Once per manager.
+    /// `when-kill-fails` (see [`Terminator`]); with `run-on-unsafe` only logs it.
     fn kill_failed(&mut self, why: &str) {
-        let Some((cell, token)) = &self.zombie else {
+        let Some((_, token)) = &self.zombie else {
             return;
         };
-        if self.unstoppable_reported {
-            return;
-        }
-        self.unstoppable_reported = true;
         let what = Unstoppable {
             lease: self.spec.lease.name.clone(),
             token: *token,
             what: format!("singleton {}", self.spec.name),
         };
-        match self.spec.settings.when_kill_fails {
-            WhenKillFails::Abort => {
-                tracing::error!(singleton = %self.spec.name, actor = ?cell.get_id(), token = token.get(), why,
-                    "the singleton outlived its kill while its lease is being lost: ending the process before the lease's deadline (singleton.when-kill-fails = \"abort\")");
-                if let Some(h) = &self.spec.history {
-                    h.record(Event::ProcessAbort {
-                        lease: what.lease.clone(),
-                        token: token.get(),
-                        what: what.what.clone(),
-                    });
-                }
-                self.spec.process_end.end(&what);
-            }
-            WhenKillFails::RunOnUnsafe => {
-                tracing::error!(singleton = %self.spec.name, actor = ?cell.get_id(), token = token.get(), why,
-                    "the singleton outlived its kill while its lease is being lost: it runs on past the lease (singleton.when-kill-fails = \"run-on-unsafe\" is UNSAFE)");
-            }
-        }
+        self.terminator.terminate(&what, why);
     }
 
     /// Releases the lease (a no-op when nothing of ours may be in the store), retrying a
@@ -771,6 +775,26 @@ impl ManagerState {
             h.record(event(life));
         }
     }
+}
+
+/// The manager's [`Terminator`]: by `singleton.when-kill-fails`, recording `process_abort`
+/// in the history before the process ends.
+fn terminator(spec: &SingletonSpec) -> Terminator {
+    let history = spec.history.clone();
+    Terminator::new(
+        spec.settings.when_kill_fails,
+        "singleton.when-kill-fails",
+        spec.process_end.clone(),
+        move |what| {
+            if let Some(h) = &history {
+                h.record(Event::ProcessAbort {
+                    lease: what.lease.clone(),
+                    token: what.token.get(),
+                    what: what.what.clone(),
+                });
+            }
+        },
+    )
 }
 
 /// Every descendant of `cell` now (children, their children, ...).

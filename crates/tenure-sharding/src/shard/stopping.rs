@@ -13,8 +13,10 @@
 //! - a lost lease ends the process (`when-kill-fails = "abort"`): the stop began when the
 //!   loss was handled, within the delivery slack of its announcement, so the kill wait ends
 //!   at least the budget's exit wait before the lease's local deadline, and the process is
-//!   gone before anyone else can be granted the lease. The shard acquires again only once
-//!   such entities have ended (they cannot, with the default: the process is gone);
+//!   gone before anyone else can be granted the lease. The shard's [`LossWatch`] decides the
+//!   same from a task of its own, for a shard held up behind the blocked thread itself. The
+//!   shard acquires again only once such entities have ended (they cannot, with the
+//!   default: the process is gone);
 //! - the shard itself stopping (its region or node going away) would stop its lease actor,
 //!   which releases the lease: with such an entity still running, that also ends the
 //!   process.
@@ -23,10 +25,38 @@ use std::collections::VecDeque;
 
 use ractor::ActorRef;
 use tenure_lease::history::Event;
-use tenure_lease::{FencingToken, Unstoppable, WhenKillFails};
+use tenure_lease::{FencingToken, Terminator, Unstoppable};
 use tokio::time::Instant;
 
-use super::{HandedOff, Pending, ShardMsg, ShardState};
+use super::{HandedOff, Pending, ShardArgs, ShardMsg, ShardState};
+
+/// The shard's [`Terminator`]: by `sharding.when-kill-fails`, recording `process_abort` in
+/// the history before the process ends.
+pub(super) fn terminator(args: &ShardArgs) -> Terminator {
+    let history = args.history.clone();
+    Terminator::new(
+        args.settings.when_kill_fails,
+        "sharding.when-kill-fails",
+        args.process_end.clone(),
+        move |what| {
+            if let Some(h) = &history {
+                h.record(Event::ProcessAbort {
+                    lease: what.lease.clone(),
+                    token: what.token.get(),
+                    what: what.what.clone(),
+                });
+            }
+        },
+    )
+}
+
+/// How the process's end names entity `entity` of the shard.
+pub(super) fn entity_name(args: &ShardArgs, entity: &str) -> String {
+    format!(
+        "entity {entity} of {} shard {}",
+        args.type_name, args.shard_id
+    )
+}
 use crate::messages::{Envelope, Pending as RegionPending};
 
 /// How entities stop.
@@ -96,6 +126,7 @@ impl ShardState {
     /// Entity `id` terminated during a stop: forgotten and its end recorded.
     fn stopped(&mut self, id: &str, why: &str) {
         if let Some(r) = self.entities.remove(id) {
+            self.watch.forget(r.actor.get_id());
             self.record_entity(Event::EntityStopped, id, r.token, why);
         }
     }
@@ -130,12 +161,8 @@ impl ShardState {
 
     /// Entities outlived their kill while the lease is being lost (`why`), or while the
     /// shard itself stops (its lease actor then releases): ends the process with the
-    /// default `when-kill-fails`, after logging and recording it; with `run-on-unsafe`
-    /// only logs it. Once per shard.
+    /// default `when-kill-fails` (see [`Terminator`]); with `run-on-unsafe` only logs it.
     pub(super) fn kill_failed(&mut self, why: &str) {
-        if self.unstoppable_reported {
-            return;
-        }
         let mut outlived: Vec<(&String, FencingToken)> = self
             .entities
             .iter()
@@ -146,36 +173,16 @@ impl ShardState {
         let Some(&(_, token)) = outlived.first() else {
             return;
         };
-        self.unstoppable_reported = true;
-        let ids: Vec<&str> = outlived.iter().map(|(id, _)| id.as_str()).collect();
+        let names: Vec<String> = outlived
+            .iter()
+            .map(|(id, _)| entity_name(&self.args, id))
+            .collect();
         let what = Unstoppable {
             lease: self.args.lease.name.clone(),
             token,
-            what: format!(
-                "entity {} of {} shard {}",
-                ids.join(", "),
-                self.args.type_name,
-                self.args.shard_id
-            ),
+            what: names.join(", "),
         };
-        match self.args.settings.when_kill_fails {
-            WhenKillFails::Abort => {
-                tracing::error!(shard = %self.args.shard_id, entities = ?ids, token = token.get(), why,
-                    "entities outlived their kill while the shard's lease is being lost: ending the process before the lease's deadline (sharding.when-kill-fails = \"abort\")");
-                if let Some(h) = &self.args.history {
-                    h.record(Event::ProcessAbort {
-                        lease: what.lease.clone(),
-                        token: token.get(),
-                        what: what.what.clone(),
-                    });
-                }
-                self.args.process_end.end(&what);
-            }
-            WhenKillFails::RunOnUnsafe => {
-                tracing::error!(shard = %self.args.shard_id, entities = ?ids, token = token.get(), why,
-                    "entities outlived their kill while the shard's lease is being lost: they run on past the lease (sharding.when-kill-fails = \"run-on-unsafe\" is UNSAFE)");
-            }
-        }
+        self.terminator.terminate(&what, why);
     }
 
     /// The entity (actor `actor`) ended. If it had outlived its kill and was the last one,
@@ -197,6 +204,7 @@ impl ShardState {
         let Some(ended) = self.entities.remove(&id) else {
             return;
         };
+        self.watch.forget(actor);
         if let Some(routes) = &self.routes {
             routes.close(&id, Some(actor));
         }
@@ -238,7 +246,7 @@ impl ShardState {
         if self.has_outlived() {
             return;
         }
-        self.unstoppable_reported = false;
+        self.terminator.rearm();
         if self.handing_off {
             self.finish_hand_off(myself).await;
         } else if self.serving.is_none() {
