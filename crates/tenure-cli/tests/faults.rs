@@ -620,7 +620,15 @@ fn blocked_thread(run: &mut Run, rng: &mut Rng) {
             Duration::from_millis(1000),
         ));
         let status = run.c.stop(target);
-        eprintln!("node {target} ({addr}) left: {status:?}");
+        let zombies = run
+            .c
+            .history()
+            .iter()
+            .filter(|e| e["event"] == "entity_zombie" && e["node"] == addr.as_str())
+            .count();
+        eprintln!(
+            "node {target} ({addr}) left: {status:?}; entities that outlived their kill there so far: {zombies}"
+        );
     }
     run.c.spawn(target);
     run.c.record(target, Event::Restarted {});
