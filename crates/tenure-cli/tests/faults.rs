@@ -531,7 +531,10 @@ fn blocked_thread(run: &mut Run, rng: &mut Rng) {
     let pause = if lose_leases {
         ttl * 2
     } else {
-        rng.between(ttl + Duration::from_millis(300), ttl + Duration::from_secs(1))
+        rng.between(
+            ttl + Duration::from_millis(300),
+            ttl + Duration::from_secs(1),
+        )
     };
     std::fs::write(
         &run.block_thread,
@@ -571,13 +574,14 @@ fn blocked_thread(run: &mut Run, rng: &mut Rng) {
             "its node leaving"
         }
     );
-    run.c.record_about(&addr, Event::ThreadBlocked { entity: key });
+    run.c
+        .record_about(&addr, Event::ThreadBlocked { entity: key });
     if lose_leases {
         let outage = rng.between(ttl + Duration::from_millis(500), ttl * 2);
         match &run.store {
             Store::Sqlite => {
-                let lock = rusqlite::Connection::open(run.c.lease_store())
-                    .expect("open the lease file");
+                let lock =
+                    rusqlite::Connection::open(run.c.lease_store()).expect("open the lease file");
                 lock.busy_timeout(Duration::from_secs(10))
                     .expect("busy timeout");
                 lock.execute_batch("BEGIN EXCLUSIVE")
@@ -615,10 +619,7 @@ fn blocked_thread(run: &mut Run, rng: &mut Rng) {
             "node {target} ({addr}) recorded process_abort before it ended"
         );
     } else {
-        std::thread::sleep(rng.between(
-            Duration::from_millis(500),
-            Duration::from_millis(1000),
-        ));
+        std::thread::sleep(rng.between(Duration::from_millis(500), Duration::from_millis(1000)));
         let status = run.c.stop(target);
         let zombies = run
             .c

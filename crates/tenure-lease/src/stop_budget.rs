@@ -192,7 +192,10 @@ mod tests {
         assert_eq!(latest.give_up + budget.exit_wait, deadline);
         // Handled at once: more room before the deadline, never less.
         let early = budget.deadlines(announced);
-        assert_eq!(early.give_up + budget.exit_wait + budget.delivery_slack, deadline);
+        assert_eq!(
+            early.give_up + budget.exit_wait + budget.delivery_slack,
+            deadline
+        );
     }
 
     #[test]

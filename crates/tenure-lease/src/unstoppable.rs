@@ -204,7 +204,8 @@ impl LossWatch {
                 };
                 believed = now;
                 let at = budget.deadlines(tokio::time::Instant::now());
-                let (watched, lease, terminator) = (watched.clone(), lease.clone(), terminator.clone());
+                let (watched, lease, terminator) =
+                    (watched.clone(), lease.clone(), terminator.clone());
                 tokio::spawn(async move {
                     tokio::time::sleep_until(at.give_up).await;
                     let mut running: Vec<String> = {
@@ -253,8 +254,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// Whether `cell` and every descendant of it have terminated.
 fn terminated(cell: &ActorCell) -> bool {
-    cell.get_status() == ActorStatus::Stopped
-        && cell.get_children().iter().all(terminated)
+    cell.get_status() == ActorStatus::Stopped && cell.get_children().iter().all(terminated)
 }
 
 impl Default for ProcessEnd {
@@ -324,7 +324,10 @@ mod tests {
         assert_eq!(read("abort").unwrap(), WhenKillFails::Abort);
         assert_eq!(read("run-on-unsafe").unwrap(), WhenKillFails::RunOnUnsafe);
         let err = read("run-on").err().unwrap().to_string();
-        assert!(err.contains("abort") && err.contains("run-on-unsafe"), "{err}");
+        assert!(
+            err.contains("abort") && err.contains("run-on-unsafe"),
+            "{err}"
+        );
     }
 }
 

@@ -285,7 +285,11 @@ mod tests {
         );
         let other = ShardingSettings::from_config(&config, "other", "sqlite").unwrap();
         assert!(!other.remember_entities, "off by default");
-        assert_eq!(other.when_kill_fails, WhenKillFails::Abort, "safe by default");
+        assert_eq!(
+            other.when_kill_fails,
+            WhenKillFails::Abort,
+            "safe by default"
+        );
         assert_eq!(other.entity_restart_backoff, Duration::from_secs(10));
         let err = ShardingSettings::from_config(&config, "", "sqlite").unwrap_err();
         assert!(err.to_string().contains("entity type name"), "{err}");

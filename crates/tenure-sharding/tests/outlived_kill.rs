@@ -367,7 +367,10 @@ async fn a_hand_off_keeps_the_lease_until_an_entity_that_outlived_its_kill_ends(
         f.kinds(lease_or_entity),
         ["entity_zombie", "entity_stopped", "lease_released"]
     );
-    assert!(f.ends().is_empty(), "a graceful move never ends the process");
+    assert!(
+        f.ends().is_empty(),
+        "a graceful move never ends the process"
+    );
     assert_eq!(f.violations(), Vec::<String>::new());
 }
 
@@ -505,7 +508,10 @@ async fn after_a_loss_an_entity_that_outlived_its_kill_is_never_started_twice() 
     tell(&shard, "a", "again");
     // Several retry intervals: a shard that acquired again would start `a` now.
     f.nothing_for(Duration::from_millis(1500)).await;
-    assert!(f.ends().is_empty(), "run-on-unsafe does not end the process");
+    assert!(
+        f.ends().is_empty(),
+        "run-on-unsafe does not end the process"
+    );
     f.gate.open();
     assert_eq!(f.next().await, Seen::Ended("a".into(), token));
     // Granted again once it ended (a newer token, or the same one re-entered while the

@@ -500,7 +500,10 @@ impl ManagerState {
         if !oldest && self.running.is_none() && (self.wanted || self.view.check_lease()) {
             self.release().await;
         }
-        if self.leaving && self.running.is_none() && self.zombie.is_none() && self.hand_over.is_some()
+        if self.leaving
+            && self.running.is_none()
+            && self.zombie.is_none()
+            && self.hand_over.is_some()
         {
             self.release().await;
             if self.hand_over.take().is_some() {
@@ -667,7 +670,9 @@ impl ManagerState {
         );
         let mut family = vec![running.cell.clone()];
         family.extend(descendants(&running.cell));
-        let left = at.kill.saturating_duration_since(tokio::time::Instant::now());
+        let left = at
+            .kill
+            .saturating_duration_since(tokio::time::Instant::now());
         running
             .cell
             .stop_children_and_wait(Some(why.to_string()), Some(left))
@@ -675,7 +680,9 @@ impl ManagerState {
         running.cell.stop(Some(why.to_string()));
         let mut alive = Vec::new();
         for cell in family {
-            let left = at.kill.saturating_duration_since(tokio::time::Instant::now());
+            let left = at
+                .kill
+                .saturating_duration_since(tokio::time::Instant::now());
             if cell.wait(Some(left)).await.is_err() {
                 tracing::warn!(singleton = %self.spec.name, actor = ?cell.get_id(), ?timeout, "did not stop within stop-timeout; killing it");
                 cell.kill();

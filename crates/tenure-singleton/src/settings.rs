@@ -147,7 +147,11 @@ mod tests {
         );
         let other = SingletonSettings::from_config(&config, "other", "sqlite").unwrap();
         assert_eq!(other.role, None);
-        assert_eq!(other.when_kill_fails, WhenKillFails::Abort, "safe by default");
+        assert_eq!(
+            other.when_kill_fails,
+            WhenKillFails::Abort,
+            "safe by default"
+        );
         for (text, key) in [
             ("[singleton]\nbuffer-size = 0", "singleton.buffer-size"),
             ("[singleton.billing]\nrole = 1", "`singleton.billing.role`"),

@@ -18,8 +18,7 @@ use tenure_cluster::{
 };
 use tenure_lease::history::{Entry, Event, read_history};
 use tenure_lease::{
-    Fault, FencingToken, LeaseSettings, LeaseSpec, LeaseStore, MemoryStore, ProcessEnd,
-    Unstoppable,
+    Fault, FencingToken, LeaseSettings, LeaseSpec, LeaseStore, MemoryStore, ProcessEnd, Unstoppable,
 };
 use tenure_singleton::{ManagerMsg, SingletonManager, SingletonSettings, SingletonSpec, spawner};
 use tokio::sync::mpsc;
@@ -371,7 +370,10 @@ async fn a_manager_stopping_while_its_instance_outlived_its_kill_ends_the_proces
     f.manager.stop_and_wait(None, None).await.unwrap();
     let ends = f.ends();
     assert_eq!(ends.len(), 1, "{ends:?}");
-    assert_eq!((ends[0].lease.as_str(), ends[0].token), (f.lease.as_str(), token));
+    assert_eq!(
+        (ends[0].lease.as_str(), ends[0].token),
+        (f.lease.as_str(), token)
+    );
     f.wait_recorded("process_abort", |e| matches!(e, Event::ProcessAbort { .. }))
         .await;
 }

@@ -219,12 +219,10 @@ async fn host(
                         inner: counter,
                         switch: slow,
                     }),
-                    (None, Some(block)) => {
-                        tenure::sharding::entity_factory(ThreadBlockingEntity {
-                            inner: counter,
-                            switch: block,
-                        })
-                    }
+                    (None, Some(block)) => tenure::sharding::entity_factory(ThreadBlockingEntity {
+                        inner: counter,
+                        switch: block,
+                    }),
                     (None, None) => tenure::sharding::entity_factory(counter),
                 }
             });

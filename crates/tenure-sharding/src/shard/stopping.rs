@@ -250,7 +250,9 @@ impl ShardState {
         if self.handing_off {
             self.finish_hand_off(myself).await;
         } else if self.serving.is_none() {
-            let _ = self.lease.cast(tenure_lease::LeaseMsg::Acquire { reply: None });
+            let _ = self
+                .lease
+                .cast(tenure_lease::LeaseMsg::Acquire { reply: None });
         }
     }
 

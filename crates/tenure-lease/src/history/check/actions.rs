@@ -466,16 +466,16 @@ mod tests {
     #[test]
     fn a_process_abort_ends_every_life_of_its_incarnation_there() {
         let lives = actions(&blocked_entity(Some(abort(850, "i1"))));
-        let ends: Vec<(ActionKind, i64)> = lives.iter().map(|a| (a.kind, a.until_ns / MS)).collect();
+        let ends: Vec<(ActionKind, i64)> =
+            lives.iter().map(|a| (a.kind, a.until_ns / MS)).collect();
         assert_eq!(
             ends,
             [(ActionKind::ShardLife, 850), (ActionKind::EntityLife, 850)]
         );
-        assert!(
-            lives
-                .iter()
-                .all(|a| matches!(a.ended.as_ref().map(|e| &e.event), Some(Event::ProcessAbort { .. })))
-        );
+        assert!(lives.iter().all(|a| matches!(
+            a.ended.as_ref().map(|e| &e.event),
+            Some(Event::ProcessAbort { .. })
+        )));
     }
 
     #[test]
