@@ -1,14 +1,18 @@
-//! Sharding rebalance under open-loop load: 3 harness nodes host the example counter
-//! (`TENURE_BENCH_SHARDS` shards, default 12) and each asks every key of the load
-//! (`TENURE_BENCH_KEYS`, default 65: enough to reach all 12 shards) `TENURE_BENCH_RATE`
-//! times a second (default 2; open loop, 2 s timeout per ask; keep the offered load well
-//! below what the one SQLite counter file takes, or queues grow without bound). In each of
-//! `TENURE_BENCH_ROUNDS` rounds (default 3), after a steady period
-//! (`TENURE_BENCH_STEADY_SECS`, default 10) a 4th node without load joins, and the
-//! coordinator moves k = shards/4 shards to it in one rebalance
-//! (`max-simultaneous-rebalance` = k, `rebalance-interval` 3 s: the rebalance comes 0-3 s
-//! after the join); then the 4th node leaves again. Figures come from
-//! the history of this one run (host CLOCK_MONOTONIC):
+//! Sharding rebalances under open-loop load, in two cases (`TENURE_BENCH_CASE` = `join` or
+//! `grow` runs one of them; both by default). Figures come from the history of each run
+//! (host CLOCK_MONOTONIC), which is checked (shard stays, tokens, fenced writes,
+//! acknowledged increments); `TENURE_BENCH_HISTORY=FILE` keeps it.
+//!
+//! **join**: 3 harness nodes host the example counter (`TENURE_BENCH_SHARDS` shards,
+//! default 12) and each asks every key of the load (`TENURE_BENCH_KEYS`, default 65: enough
+//! to reach all 12 shards) `TENURE_BENCH_RATE` times a second (default 2; open loop, 2 s
+//! timeout per ask; keep the offered load well below what the one SQLite counter file
+//! takes, or queues grow without bound). In each of `TENURE_BENCH_ROUNDS` rounds (default
+//! 3), after a steady period (`TENURE_BENCH_STEADY_SECS`, default 10) a 4th node without
+//! load joins, and the coordinator moves k = shards/4 shards to it in one rebalance round
+//! (`rebalance-absolute-limit` = k, `rebalance-relative-limit` = 1, `rebalance-interval`
+//! 3 s: the rebalance comes 0-3 s after the join); then the 4th node leaves again.
+//! Reported:
 //!
 //! - acknowledgements per second across each rebalance, and the seconds without any;
 //! - p99 latency of the requests issued during the rebalances (from the coordinator's
@@ -20,10 +24,19 @@
 //!   answer;
 //! - for information, the requests without an answer while the 4th node leaves.
 //!
-//! The history is checked (shard stays, tokens, fenced writes, acknowledged increments);
-//! `TENURE_BENCH_HISTORY=FILE` keeps it.
+//! **grow**: `TENURE_BENCH_GROW_FROM` nodes (default 6) host the counter with
+//! `TENURE_BENCH_GROW_SHARDS` shards (default 600), all of them allocated by the load of
+//! node 0 (`TENURE_BENCH_GROW_KEYS` keys, default 4,200, reaching all but about one of
+//! the 600 shards, asked `TENURE_BENCH_GROW_RPS` times a second in all, default 400, each
+//! ask given 5 s); then `TENURE_BENCH_GROW_BY` nodes (default 3) without load join at once,
+//! with the reference rebalance settings (`rebalance-interval` 10 s, a tenth of the shards
+//! a round, threshold 1). Reported: the time from the last join until every node runs a
+//! balanced share (the most and the fewest shards differ by at most 1), in rebalance
+//! intervals; the rounds (shards moved between the first `shard_moving` and balance); and
+//! the requests issued from the join until 5 s after balance that got no answer (the goal:
+//! none, and balance within 3 rebalance intervals).
 //!
-//! `cargo bench -p tenure-cli --bench sharding_rebalance`
+//! `cargo bench -p tenure-cli --all-features --bench sharding_rebalance`
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -37,6 +50,25 @@ use tenure_test_kit::cli::lives::shard_lives;
 use tenure_test_kit::cli::shards::{
     check_acks, idle_host, live_shards, load_requests, open_loop_options,
 };
+
+/// Checks the history of `c` (`tenure check`'s rules, acknowledged increments kept).
+fn check_history(c: &Cluster) {
+    let events = read_history(&c.history).expect("read the history");
+    let rule = ActionRule {
+        resume_grace: Duration::from_secs(3),
+    };
+    if let Some(v) = check_with(&events, rule).violations.first() {
+        panic!("tenure check: {v}");
+    }
+    let counter = tenure::sqlite::FencedCounter::open(&c.counter_file()).expect("open counter");
+    check_acks(&c.history(), |key| {
+        counter
+            .get(&tenure_cli::demo::counter::counter_name(key))
+            .expect("read the counter")
+            .map(|(v, _)| v)
+            .unwrap_or(0)
+    });
+}
 
 fn now_ns() -> i64 {
     tenure::clock::monotonic_now_ns()
@@ -64,6 +96,17 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
+    let case = std::env::var("TENURE_BENCH_CASE").unwrap_or_default();
+    if case != "grow" {
+        join();
+    }
+    if case != "join" {
+        grow();
+    }
+}
+
+/// The `join` case (see the crate doc).
+fn join() {
     let shards = knob("TENURE_BENCH_SHARDS", 12, 12) as usize;
     let keys = knob("TENURE_BENCH_KEYS", 65, 65) as usize;
     let rate = knob("TENURE_BENCH_RATE", 2, 2);
@@ -81,7 +124,9 @@ fn main() {
         "2s",
         // The rebalance comes 0-3 s after a join, mostly after the joining node's own
         // start-up (which slows every shard for a few hundred ms on 2 cores).
-        &format!("rebalance-interval = \"3s\"\nmax-simultaneous-rebalance = {k}"),
+        &format!(
+            "rebalance-interval = \"3s\"\nrebalance-absolute-limit = {k}\nrebalance-relative-limit = 1.0"
+        ),
     );
     options.history = std::env::var_os("TENURE_BENCH_HISTORY").map(Into::into);
     let mut c = Cluster::with_options(4, &options);
@@ -139,22 +184,8 @@ fn main() {
     assert!(failed.is_empty(), "nodes {failed:?} did not leave cleanly");
 
     let history = c.history();
-    let events = read_history(&c.history).expect("read the history");
-    let rule = ActionRule {
-        resume_grace: Duration::from_secs(3),
-    };
-    if let Some(v) = check_with(&events, rule).violations.first() {
-        panic!("tenure check: {v}");
-    }
+    check_history(&c);
     let lives = shard_lives(&history);
-    let counter = tenure::sqlite::FencedCounter::open(&c.counter_file()).expect("open counter");
-    check_acks(&history, |key| {
-        counter
-            .get(&tenure_cli::demo::counter::counter_name(key))
-            .expect("read the counter")
-            .map(|(v, _)| v)
-            .unwrap_or(0)
-    });
     let all = load_requests(&history);
     let newcomer = c.nodes[3].addr.clone();
     let (mut steady, mut during, mut during_moved) = (Vec::new(), Vec::new(), Vec::new());
@@ -257,4 +288,115 @@ fn main() {
         joining.len(),
         p99(&joining) / p99_steady,
     );
+}
+
+/// The `grow` case (see the crate doc).
+fn grow() {
+    let from = knob("TENURE_BENCH_GROW_FROM", 6, 2) as usize;
+    let by = knob("TENURE_BENCH_GROW_BY", 3, 1) as usize;
+    let shards = knob("TENURE_BENCH_GROW_SHARDS", 600, 12) as usize;
+    let keys = knob("TENURE_BENCH_GROW_KEYS", 4_200, 65) as usize;
+    let rps = knob("TENURE_BENCH_GROW_RPS", 400, 65);
+    let interval_secs = knob("TENURE_BENCH_GROW_INTERVAL_SECS", 10, 2) as i64;
+    let mut options = open_loop_options(
+        shards,
+        keys,
+        1,
+        "5s",
+        &format!("rebalance-interval = \"{interval_secs}s\""),
+    );
+    // Requests per second per key, so that the keys together are asked `rps` times a second.
+    let rate = rps as f64 / keys as f64;
+    let at = options
+        .node_args
+        .iter()
+        .position(|a| a == "--load-rate")
+        .expect("an open-loop load");
+    options.node_args[at + 1] = rate.to_string();
+    options.history = std::env::var_os("TENURE_BENCH_HISTORY").map(Into::into);
+    let mut c = Cluster::with_options(from + by, &options);
+    for i in 1..from + by {
+        idle_host(&mut c, i);
+    }
+    for i in 0..from {
+        c.spawn(i);
+    }
+    c.wait_converged(Duration::from_secs(60));
+    let reached: BTreeSet<String> = (0..keys)
+        .map(|i| tenure::sharding::shard_of(&format!("key-{i}"), shards))
+        .collect();
+    let allocated = reached.len();
+    // Balanced over the first `n` nodes: every shard the load reaches runs, and the nodes'
+    // counts differ by at most 1.
+    let balanced = |c: &Cluster, n: usize| {
+        let live = live_shards(&c.history());
+        let counts: Vec<usize> = c.nodes[..n]
+            .iter()
+            .map(|node| live.iter().filter(|l| l.node == node.addr).count())
+            .collect();
+        live.len() == allocated
+            && counts.iter().max().unwrap_or(&0) - counts.iter().min().unwrap_or(&0) <= 1
+    };
+    c.wait_until(
+        &format!("the {allocated} shards the load reaches run, balanced over {from} nodes"),
+        Duration::from_secs(300),
+        |c| balanced(c, from),
+    );
+    // Warm-up: every entity started, connections made.
+    std::thread::sleep(Duration::from_secs(5));
+    let joining = now_ns();
+    for i in from..from + by {
+        c.spawn(i);
+    }
+    c.wait_converged(Duration::from_secs(60));
+    let joined = now_ns();
+    c.wait_until(
+        &format!("the shards are balanced over {} nodes", from + by),
+        Duration::from_secs(300),
+        |c| balanced(c, from + by),
+    );
+    let done = now_ns();
+    // Every request issued until 5 s after balance has ended (answered or timed out).
+    std::thread::sleep(Duration::from_secs(11));
+    let failed = c.stop_all(Duration::from_secs(60));
+    assert!(failed.is_empty(), "nodes {failed:?} did not leave cleanly");
+    let history = c.history();
+    check_history(&c);
+    let moving: Vec<i64> = times(&history, "shard_moving")
+        .into_iter()
+        .map(|(_, t, _)| t)
+        .filter(|t| *t > joining && *t < done)
+        .collect();
+    let requests = load_requests(&history);
+    let span = issued_in(&requests, joining, done + 5_000_000_000);
+    let unanswered: Vec<&&Request> = span.iter().filter(|r| !r.acked()).collect();
+    let interval = interval_secs as f64;
+    let secs = |ns: i64| ns as f64 / 1e9;
+    println!(
+        "grow: {by} nodes joined {from} hosting {allocated} shards under {rps} requests/s: \
+         balanced {:.1} s after the last node was up ({:.2} rebalance intervals of {interval_secs} s; \
+         {:.1} s after the joins began); {} shards moved, the first {:.1} s after the last node was up, \
+         the last move decided {:.1} s after the first; \
+         requests issued from the joins to 5 s after balance: {} unanswered of {}",
+        secs(done - joined),
+        secs(done - joined) / interval,
+        secs(done - joining),
+        moving.len(),
+        moving.iter().min().map_or(f64::NAN, |t| secs(t - joined)),
+        match (moving.iter().min(), moving.iter().max()) {
+            (Some(a), Some(b)) => secs(b - a),
+            _ => f64::NAN,
+        },
+        unanswered.len(),
+        span.len()
+    );
+    for r in unanswered.iter().take(5) {
+        println!(
+            "  {} {} (shard {}): {}",
+            r.node,
+            r.entity,
+            r.shard,
+            r.failure.as_deref().unwrap_or_default()
+        );
+    }
 }

@@ -239,8 +239,7 @@ fn graceful_leave_releases_the_member_lease() {
 fn a_wrong_cookie_never_joins() {
     let mut c = Cluster::new(2);
     let seed = c.nodes[0].addr.clone();
-    let port = cli::cluster::free_ports(1)[0];
-    let bad = c.add_node(port, &seed, &Options::default());
+    let bad = c.add_node(&seed, &Options::default());
     let text = std::fs::read_to_string(&c.nodes[bad].config)
         .unwrap()
         .replace("harness-cookie-", "wrong-cookie-");

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use cli::cluster::{Cluster, Options, TENURE, TestCluster, free_ports};
+use cli::cluster::{Cluster, Options, TENURE, TestCluster, hold_ports};
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, ExtendedKeyUsagePurpose, IsCa, KeyPair,
     KeyUsagePurpose,
@@ -53,20 +53,17 @@ fn start_the_first_two(c: &mut Cluster) {
 /// same store and cookie, can neither connect nor become members.
 #[test]
 fn tls_nodes_refuse_plaintext_and_other_ca_peers() {
-    let mut c = Cluster::new(0);
-    let good = pki(c.dir.path(), "good");
-    let other = pki(c.dir.path(), "other");
-    let ports = free_ports(4);
-    let seed = format!("127.0.0.1:{}", ports[0]);
+    let pki_dir = tempfile::tempdir().unwrap();
+    let good = pki(pki_dir.path(), "good");
+    let other = pki(pki_dir.path(), "other");
     let tls = Options {
         tail: good,
         ..Options::default()
     };
-    c.add_node(ports[0], &seed, &tls);
-    c.add_node(ports[1], &seed, &tls);
-    let plain = c.add_node(ports[2], &seed, &Options::default());
+    let mut c = Cluster::with_options(2, &tls);
+    let seed = c.nodes[0].addr.clone();
+    let plain = c.add_node(&seed, &Options::default());
     let wrong_ca = c.add_node(
-        ports[3],
         &seed,
         &Options {
             tail: other,
@@ -95,18 +92,15 @@ fn tls_nodes_refuse_plaintext_and_other_ca_peers() {
             "node {i} logs the refusal:\n{log}"
         );
     }
-    let until = Instant::now() + Duration::from_secs(5);
-    while !c.nodes[0]
-        .stderr()
-        .contains("TLS handshake with an inbound connection failed")
-    {
-        assert!(
-            Instant::now() < until,
-            "the seed logs the refused handshakes:\n{}",
-            c.nodes[0].stderr()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    c.wait_until(
+        "the seed logs the refused handshakes",
+        Duration::from_secs(10),
+        |c| {
+            c.nodes[0]
+                .stderr()
+                .contains("TLS handshake with an inbound connection failed")
+        },
+    );
 }
 
 fn run(config: &str, args: &[&str]) -> (Option<i32>, String) {
@@ -131,7 +125,9 @@ const BASE: &str = "[lease.sqlite]\npath = \"{dir}/l.sqlite\"\n[cluster]\n";
 
 #[test]
 fn bad_node_settings_are_refused_naming_the_key_or_path() {
-    let port = free_ports(1)[0];
+    // Held through the test: each config is refused before the node binds anything.
+    let hold = hold_ports(1).pop().unwrap();
+    let port = hold.port();
     let cases: Vec<(String, Vec<&str>)> = vec![
         (
             format!("{BASE}port = {port}\n"),
@@ -193,20 +189,26 @@ fn a_port_in_use_is_a_clear_error() {
 
 #[test]
 fn a_udp_port_in_use_is_a_clear_error_too() {
-    // The node takes its port for heartbeat datagrams as well: UDP taken, TCP free.
-    let port = free_ports(1)[0];
-    let _taken = std::net::UdpSocket::bind(("127.0.0.1", port)).unwrap();
-    let (code, err) = run(
-        &format!("{BASE}port = {port}\ncookie = \"{COOKIE}\"\n"),
-        &["node"],
-    );
-    assert_eq!(code, Some(2), "{err}");
-    assert!(
-        err.contains(&format!("127.0.0.1:{port}"))
-            && err.contains("cannot listen")
-            && err.contains("UDP"),
-        "{err}"
-    );
+    // The node takes its port for heartbeat datagrams as well: UDP held here, TCP let go.
+    // Something else may take the TCP port before the node binds it (the node then names
+    // TCP): another port is tried then.
+    const ATTEMPTS: usize = 5;
+    for attempt in 1..=ATTEMPTS {
+        let mut hold = hold_ports(1).pop().unwrap();
+        hold.release_tcp();
+        let port = hold.port();
+        let (code, err) = run(
+            &format!("{BASE}port = {port}\ncookie = \"{COOKIE}\"\n"),
+            &["node"],
+        );
+        assert_eq!(code, Some(2), "{err}");
+        let named = err.contains(&format!("127.0.0.1:{port}")) && err.contains("cannot listen");
+        if named && !err.contains("UDP") && attempt < ATTEMPTS {
+            continue;
+        }
+        assert!(named && err.contains("UDP"), "{err}");
+        return;
+    }
 }
 
 /// Unreachable seeds at start: the node keeps running and retrying, says so, and still
@@ -214,12 +216,13 @@ fn a_udp_port_in_use_is_a_clear_error_too() {
 #[test]
 fn unreachable_seeds_are_retried_not_fatal() {
     let mut c = Cluster::new(1);
-    let dead = free_ports(1)[0];
+    // Held through the test, not listening: dials to it are refused.
+    let dead = hold_ports(1).pop().unwrap();
     let text = std::fs::read_to_string(&c.nodes[0].config)
         .unwrap()
         .replace(
             &format!("seeds = [\"{}\"]", c.nodes[0].addr),
-            &format!("seeds = [\"127.0.0.1:{dead}\"]"),
+            &format!("seeds = [\"{}\"]", dead.addr()),
         );
     std::fs::write(&c.nodes[0].config, text).unwrap();
     c.spawn(0);
@@ -288,15 +291,12 @@ fn silence_ms(c: &Cluster, viewer: usize, addr: &str) -> Option<u64> {
 /// hearing node 0's own heartbeats.
 #[test]
 fn the_cookie_alone_forges_no_heartbeat_that_wedges_a_node() {
-    let mut c = Cluster::new(0);
+    let pki_dir = tempfile::tempdir().unwrap();
     let tls = Options {
-        tail: pki(c.dir.path(), "good"),
+        tail: pki(pki_dir.path(), "good"),
         ..Options::default()
     };
-    let ports = free_ports(2);
-    let seed = format!("127.0.0.1:{}", ports[0]);
-    c.add_node(ports[0], &seed, &tls);
-    c.add_node(ports[1], &seed, &tls);
+    let mut c = Cluster::with_options(2, &tls);
     start_the_first_two(&mut c);
     let victim = c.nodes[0].addr.clone();
     let incarnation = c
@@ -357,12 +357,8 @@ fn the_cookie_alone_forges_no_heartbeat_that_wedges_a_node() {
 #[test]
 fn a_connection_that_never_authenticates_is_closed() {
     use std::io::Read;
-    let mut c = Cluster::new(0);
-    let port = free_ports(1)[0];
-    let seed = format!("127.0.0.1:{port}");
-    c.add_node(
-        port,
-        &seed,
+    let mut c = Cluster::with_options(
+        1,
         &Options {
             cluster_extra: "handshake-timeout = \"300ms\"".into(),
             ..Options::default()
@@ -373,7 +369,7 @@ fn a_connection_that_never_authenticates_is_closed() {
         c.members(0)
             .is_some_and(|m| m.len() == 1 && m[0].status == "up")
     });
-    let mut silent = std::net::TcpStream::connect(&seed).unwrap();
+    let mut silent = std::net::TcpStream::connect(&c.nodes[0].addr).unwrap();
     // A bound on the wait (the timeout is 300 ms), not a timing assertion.
     silent
         .set_read_timeout(Some(Duration::from_secs(60)))
@@ -393,4 +389,20 @@ fn a_connection_that_never_authenticates_is_closed() {
             .contains("did not authenticate within cluster.handshake-timeout")
     });
     assert_eq!(c.members(0).unwrap()[0].status, "up");
+}
+
+/// A port taken by something else between the harness letting it go and the node binding
+/// it: the node's first start moves to another held port, and the seeds follow.
+#[test]
+fn a_first_start_whose_port_was_taken_moves_to_another() {
+    let mut c = Cluster::new(2);
+    let taken = c.nodes[0].port;
+    c.nodes[0].release_port();
+    let _thief = (
+        std::net::TcpListener::bind(("127.0.0.1", taken)).unwrap(),
+        std::net::UdpSocket::bind(("127.0.0.1", taken)).unwrap(),
+    );
+    c.start_all();
+    assert_ne!(c.nodes[0].port, taken);
+    c.wait_converged(Duration::from_secs(30));
 }

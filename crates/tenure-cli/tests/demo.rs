@@ -6,6 +6,7 @@ use tenure_test_kit::cli;
 use std::process::Command;
 
 use cli::TENURE;
+use cli::cluster::ClusterTurn;
 
 const SCENARIO: &str = r#"
 [[step]]
@@ -29,6 +30,8 @@ for = "3s"
 
 #[test]
 fn a_short_demo_reaches_a_safe_verdict_and_writes_its_report() {
+    // The demo runs a cluster of its own: one at a time with the other tests'.
+    let _turn = ClusterTurn::take();
     let dir = tempfile::tempdir().unwrap();
     let scenario = dir.path().join("scenario.toml");
     std::fs::write(&scenario, SCENARIO).unwrap();
@@ -172,6 +175,7 @@ fn interrupt_demo(again: bool) -> (Option<i32>, String) {
 
     use rustix::process::{Pid, Signal, kill_process};
 
+    let _turn = ClusterTurn::take();
     let dir = tempfile::tempdir().unwrap();
     let mut child = Command::new(&*TENURE)
         .args(["demo", "--duration", "10m", "--shards", "8", "--seed", "7"])

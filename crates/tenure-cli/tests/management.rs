@@ -6,19 +6,22 @@
 //! and the operator routes refuse requests without the right token and down or remove a
 //! member with it.
 
-use tenure_test_kit::cli;
+use tenure_test_kit::{cli, eventually};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use cli::cluster::{Cluster, Options, TestCluster, free_ports};
+use cli::cluster::{Cluster, Options, TestCluster};
 use tenure::FencingToken;
 use tenure::sharding::ShardMap;
 use tenure_management::LeaseRow;
 
 const CHROMIUM: &str = "/usr/bin/chromium";
+
+/// How long what the endpoint answers may take to settle on a loaded machine.
+const SLACK: Duration = Duration::from_secs(30);
 
 /// The operator token of the second test's cluster.
 const TOKEN: &str = "operator-secret";
@@ -63,16 +66,56 @@ fn post(addr: SocketAddr, path: &str, token: Option<&str>) -> (u16, String) {
 
 /// Polls until `done` holds on `GET path` (a bounded wait: a minute, then a loud failure).
 fn until(addr: SocketAddr, path: &str, done: impl Fn(u16, &str) -> bool) -> String {
-    let limit = Instant::now() + Duration::from_secs(60);
-    while Instant::now() < limit {
-        if let Some((status, body)) = get(addr, path)
-            && done(status, &body)
-        {
-            return body;
+    eventually(
+        &format!("the expected answer to GET http://{addr}{path}"),
+        Duration::from_secs(60),
+        || match get(addr, path) {
+            Some((status, body)) if done(status, &body) => Ok(body),
+            last => Err(last),
+        },
+    )
+}
+
+/// Node `i`'s endpoint: it binds port 0 (no port to race for) and logs the address it got.
+fn endpoint_of(c: &Cluster, i: usize) -> SocketAddr {
+    eventually(
+        &format!("node {i} logs its management endpoint"),
+        Duration::from_secs(30),
+        || {
+            let log = c.nodes[i].stderr();
+            log.lines()
+                .find(|l| l.contains("management endpoint serving"))
+                .and_then(|l| {
+                    plain(l)
+                        .split_once("addr=")?
+                        .1
+                        .split_whitespace()
+                        .next()?
+                        .parse()
+                        .ok()
+                })
+                .ok_or(log)
+        },
+    )
+}
+
+/// `line` without terminal colour codes.
+fn plain(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(ch) = chars.next() {
+        if ch == '\u{1b}' {
+            // An SGR sequence: ESC [ … m.
+            for c in chars.by_ref() {
+                if c == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(ch);
         }
-        std::thread::sleep(Duration::from_millis(100));
     }
-    panic!("GET http://{addr}{path} never reached the expected answer");
+    out
 }
 
 /// The page's DOM after its scripts ran, as rendered by headless chromium.
@@ -115,18 +158,15 @@ fn cluster_with_endpoints(management: &str) -> (Cluster, Vec<SocketAddr>) {
         ..Options::default()
     };
     let mut c = Cluster::with_options(3, &options);
-    let endpoints: Vec<SocketAddr> = free_ports(3)
-        .iter()
-        .map(|p| SocketAddr::from(([127, 0, 0, 1], *p)))
-        .collect();
-    for (node, endpoint) in c.nodes.iter_mut().zip(&endpoints) {
+    for node in &mut c.nodes {
         node.env.push((
             "TENURE_CLUSTER__MANAGEMENT__BIND".into(),
-            endpoint.to_string(),
+            "127.0.0.1:0".into(),
         ));
     }
     c.start_all();
     c.wait_converged(Duration::from_secs(60));
+    let endpoints: Vec<SocketAddr> = (0..c.nodes.len()).map(|i| endpoint_of(&c, i)).collect();
     for endpoint in &endpoints {
         until(*endpoint, "/health/ready", |s, _| s == 200);
     }
@@ -259,20 +299,6 @@ fn cli(c: &Cluster, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// Retries `attempt` (a comparison of two reads that a shard move or a lease change in
-/// between can fail) up to 20 times, then fails loudly with the last difference.
-fn eventually(what: &str, attempt: impl Fn() -> Result<(), String>) {
-    let mut last = String::new();
-    for _ in 0..20 {
-        match attempt() {
-            Ok(()) => return,
-            Err(e) => last = e,
-        }
-        std::thread::sleep(Duration::from_millis(300));
-    }
-    panic!("{what}: {last}");
-}
-
 /// The members of the view at `endpoint` as (address, status, age).
 fn members_at(endpoint: SocketAddr) -> Option<Vec<(String, String, u64)>> {
     let (status, body) = get(endpoint, "/cluster/members")?;
@@ -299,18 +325,14 @@ fn until_members(
     what: &str,
     done: impl Fn(&[(String, String, u64)]) -> bool,
 ) {
-    let limit = Instant::now() + Duration::from_secs(60);
-    let mut last = None;
-    while Instant::now() < limit {
-        if let Some(members) = members_at(endpoint) {
-            if done(&members) {
-                return;
-            }
-            last = Some(members);
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("{what}: the view of {endpoint} never did; last {last:?}");
+    eventually(
+        &format!("{what} in the view of {endpoint}"),
+        Duration::from_secs(60),
+        || match members_at(endpoint) {
+            Some(members) if done(&members) => Ok(()),
+            last => Err(last),
+        },
+    );
 }
 
 #[test]
@@ -322,18 +344,9 @@ fn the_shard_map_cli_queries_live_page_and_operator_routes() {
     let expected: BTreeSet<String> = (0..8)
         .map(|i| tenure::sharding::shard_of(&format!("key-{i}"), 100))
         .collect();
-    let limit = Instant::now() + Duration::from_secs(90);
-    let mut why = String::from("no answer");
-    let allocation = loop {
-        if let Some(maps) = shard_maps(&endpoints) {
-            match agreed(&maps, &expected) {
-                Ok(allocation) => break allocation,
-                Err(e) => why = e,
-            }
-        }
-        assert!(Instant::now() < limit, "the shard maps never agreed: {why}");
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let allocation = eventually("the shard maps to agree", Duration::from_secs(90), || {
+        agreed(&shard_maps(&endpoints).ok_or("no answer")?, &expected)
+    });
     let (_, all) = get(endpoints[0], "/cluster/shards").expect("/cluster/shards");
     let all: Vec<ShardMap> = serde_json::from_str(&all).expect("shard maps");
     assert_eq!(all.len(), 1, "one entity type: {all:?}");
@@ -347,28 +360,33 @@ fn the_shard_map_cli_queries_live_page_and_operator_routes() {
 
     // The CLI prints what the endpoint answers.
     let endpoint = endpoints[1].to_string();
-    eventually("tenure cluster shards --json = GET /cluster/shards", || {
-        let project =
+    eventually(
+        "tenure cluster shards --json = GET /cluster/shards",
+        SLACK,
+        || {
+            let project =
             |maps: Vec<ShardMap>| -> Vec<(String, Option<String>, Option<Option<FencingToken>>)> {
                 maps.into_iter()
                     .flat_map(|m| m.shards)
                     .map(|s| (s.shard, s.home, s.hosted.map(|h| h.token)))
                     .collect()
             };
-        let printed: Vec<ShardMap> = serde_json::from_str(&cli(
-            &c,
-            &["cluster", "shards", "--node", &endpoint, "--json"],
-        ))
-        .map_err(|e| e.to_string())?;
-        let (_, body) = get(endpoints[1], "/cluster/shards").ok_or("no answer")?;
-        let served: Vec<ShardMap> = serde_json::from_str(&body).map_err(|e| e.to_string())?;
-        let (printed, served) = (project(printed), project(served));
-        (printed == served)
-            .then_some(())
-            .ok_or(format!("{printed:?} != {served:?}"))
-    });
+            let printed: Vec<ShardMap> = serde_json::from_str(&cli(
+                &c,
+                &["cluster", "shards", "--node", &endpoint, "--json"],
+            ))
+            .map_err(|e| e.to_string())?;
+            let (_, body) = get(endpoints[1], "/cluster/shards").ok_or("no answer")?;
+            let served: Vec<ShardMap> = serde_json::from_str(&body).map_err(|e| e.to_string())?;
+            let (printed, served) = (project(printed), project(served));
+            (printed == served)
+                .then_some(())
+                .ok_or(format!("{printed:?} != {served:?}"))
+        },
+    );
     eventually(
         "tenure cluster shards prints every shard with its home",
+        SLACK,
         || {
             let text = cli(&c, &["cluster", "shards", "--node", &endpoint]);
             if !text.contains(&format!("shard map of `counter` from {}", addrs[1])) {
@@ -388,7 +406,7 @@ fn the_shard_map_cli_queries_live_page_and_operator_routes() {
             Ok(())
         },
     );
-    eventually("tenure cluster leases --json = GET /leases", || {
+    eventually("tenure cluster leases --json = GET /leases", SLACK, || {
         let project =
             |rows: Vec<LeaseRow>| -> Vec<(String, String, &'static str, Option<FencingToken>)> {
                 rows.into_iter()

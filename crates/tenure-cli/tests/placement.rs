@@ -27,9 +27,8 @@ fn a_node_with_another_number_of_shards_is_refused_at_join() {
         tail: "[sharding]\nnumber-of-shards = 30\n".into(),
         ..Options::default()
     };
-    let port = cli::cluster::free_ports(1)[0];
     let seed = c.nodes[0].addr.clone();
-    let i = c.add_node(port, &seed, &other);
+    let i = c.add_node(&seed, &other);
     c.spawn(i);
     let status = c.wait_exit(i, Duration::from_secs(30));
     let err = c.nodes[i].stderr();
@@ -69,9 +68,8 @@ fn two_nodes_with_different_placements_joining_at_once_never_both_stay() {
         tail: "[sharding]\nnumber-of-shards = 30\n".into(),
         ..Options::default()
     };
-    let port = cli::cluster::free_ports(1)[0];
     let seed = c.nodes[0].addr.clone();
-    c.add_node(port, &seed, &other);
+    c.add_node(&seed, &other);
     c.spawn(0);
     c.spawn(1);
     // Each takes its join ticket and member lease within a second or two; give the

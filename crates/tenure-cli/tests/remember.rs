@@ -16,13 +16,6 @@ use cli::cluster::{Cluster, Options, TestCluster};
 use cli::lives::{Life, live_entities};
 use cli::shards::SHARDING;
 
-/// One cluster at a time (a 2-core machine).
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// Keys the proxy-only node increments (key-0 .. key-39).
 const KEYS: usize = 40;
 
@@ -90,7 +83,6 @@ fn wait_started_elsewhere(c: &Cluster, entities: &BTreeSet<String>, from: &str, 
 
 #[test]
 fn a_killed_nodes_remembered_entities_run_elsewhere_with_no_traffic() {
-    let _serial = serial();
     let mut c = remembering_cluster(3, "");
     c.start_all();
     c.wait_converged(Duration::from_secs(30));
@@ -130,7 +122,6 @@ fn a_killed_nodes_remembered_entities_run_elsewhere_with_no_traffic() {
 
 #[test]
 fn a_rebalance_starts_the_moved_shards_entities_on_the_new_node_with_no_traffic() {
-    let _serial = serial();
     // Two hosting nodes configured; only the first (and the load node) start.
     let mut c = remembering_cluster(2, "rebalance-threshold = 1\n");
     c.spawn(0);
@@ -171,7 +162,6 @@ fn a_rebalance_starts_the_moved_shards_entities_on_the_new_node_with_no_traffic(
 
 #[test]
 fn a_restarted_cluster_starts_the_remembered_entities_with_no_traffic() {
-    let _serial = serial();
     let mut c = remembering_cluster(2, "");
     c.start_all();
     c.wait_converged(Duration::from_secs(30));

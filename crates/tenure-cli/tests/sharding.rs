@@ -21,13 +21,6 @@ use cli::shards::{
 use tenure::sqlite::FencedCounter;
 use tenure_cli::demo::counter::counter_name;
 
-/// One cluster at a time: four 3-node clusters with load at once starve a 2-core machine.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// Waits until every shard in `moved` runs (started after `after`) on a node other than
 /// `from`.
 fn wait_moved(c: &Cluster, moved: &BTreeSet<String>, from: usize, after: i64, limit: Duration) {
@@ -92,7 +85,6 @@ fn final_checks(c: &Cluster) {
 
 #[test]
 fn sigkill_of_a_node_moves_all_its_shards_to_the_others() {
-    let _serial = serial();
     let mut c = sharded_cluster();
     // The oldest node also runs the coordinator: its successor rebuilds the allocation.
     let victim = 0;
@@ -109,7 +101,6 @@ fn sigkill_of_a_node_moves_all_its_shards_to_the_others() {
 
 #[test]
 fn a_node_paused_past_the_ttl_stops_its_shards_on_resume_and_its_late_writes_are_refused() {
-    let _serial = serial();
     let c = sharded_cluster();
     let victim = 1;
     c.pause(victim);
@@ -138,7 +129,6 @@ fn a_node_paused_past_the_ttl_stops_its_shards_on_resume_and_its_late_writes_are
 
 #[test]
 fn a_node_cut_off_from_the_others_gives_its_shards_up_and_they_move_without_overlap() {
-    let _serial = serial();
     let c = sharded_cluster();
     let victim = 2;
     c.set_link(victim, 0, true);
@@ -161,7 +151,6 @@ fn a_node_cut_off_from_the_others_gives_its_shards_up_and_they_move_without_over
 
 #[test]
 fn a_rolling_restart_with_traffic_loses_no_acknowledged_increment() {
-    let _serial = serial();
     let mut c = sharded_cluster();
     for i in 0..3 {
         let status = c.stop(i);
@@ -201,7 +190,6 @@ const AFTER_MOVE_NS: i64 = 2_000_000_000;
 
 #[test]
 fn rebalances_under_open_loop_load_keep_every_key_answered_from_every_node() {
-    let _serial = serial();
     let options = open_loop_options(
         REBALANCE_SHARDS,
         REBALANCE_KEYS,
@@ -221,7 +209,8 @@ fn rebalances_under_open_loop_load_keep_every_key_answered_from_every_node() {
         },
     );
     // Two nodes join, with load of their own: the coordinator rebalances 9/0/0 to 3/3/3 in
-    // rounds of at most 3 moves, while all three nodes ask every key.
+    // rounds of one move (a tenth of 9 shards rounds down to one), each round following the
+    // last as soon as its shard has moved, while all three nodes ask every key.
     let joined = now_ns();
     c.spawn(1);
     c.spawn(2);
@@ -317,7 +306,6 @@ fn rebalances_under_open_loop_load_keep_every_key_answered_from_every_node() {
 /// it accepted depends on it any more, and the other regions stop sending to it first.
 #[test]
 fn graceful_leaves_under_open_loop_load_lose_no_request_of_the_other_nodes() {
-    let _serial = serial();
     const SHARDS: usize = 12;
     // Enough keys to reach all 12 shards (shards start on demand).
     const KEYS: usize = 65;
@@ -416,7 +404,6 @@ fn live_workers(
 
 #[test]
 fn a_killed_nodes_daemon_workers_run_elsewhere_with_no_traffic_but_keep_alives() {
-    let _serial = serial();
     let workers = 6;
     let options = cli::cluster::Options {
         node_args: vec!["--daemon".to_string(), workers.to_string()],

@@ -251,47 +251,47 @@ macro_rules! cluster_message {
         $(#[$meta])*
         $vis enum $name {
             $( $(#[$cmeta])* $cvar($cty), )*
-            $( $(#[$rmeta])* $rvar($rty, ::ractor::RpcReplyPort<$rrep>), )*
+            $( $(#[$rmeta])* $rvar($rty, $crate::__private::ractor::RpcReplyPort<$rrep>), )*
             $( $(#[$lmeta])* $lvar($lty), )*
         }
 
-        impl ::ractor::Message for $name {
+        impl $crate::__private::ractor::Message for $name {
             fn serializable() -> bool {
                 true
             }
 
             fn serialize(
                 self,
-            ) -> ::std::result::Result<::ractor::message::SerializedMessage, ::ractor::message::BoxedDowncastErr> {
+            ) -> ::std::result::Result<$crate::__private::ractor::message::SerializedMessage, $crate::__private::ractor::message::BoxedDowncastErr> {
                 const MESSAGE: &str = stringify!($name);
                 match self {
-                    $( Self::$cvar(payload) => Ok(::ractor::message::SerializedMessage::Cast {
+                    $( Self::$cvar(payload) => Ok($crate::__private::ractor::message::SerializedMessage::Cast {
                         variant: stringify!($cvar).to_string(),
                         args: $crate::codec::encode(MESSAGE, stringify!($cvar), &payload)?,
                         metadata: None,
                     }), )*
-                    $( Self::$rvar(payload, reply) => Ok(::ractor::message::SerializedMessage::Call {
+                    $( Self::$rvar(payload, reply) => Ok($crate::__private::ractor::message::SerializedMessage::Call {
                         variant: stringify!($rvar).to_string(),
                         args: $crate::codec::encode(MESSAGE, stringify!($rvar), &payload)?,
                         reply: $crate::codec::bytes_reply_port::<$rrep>(MESSAGE, stringify!($rvar), reply),
                         metadata: None,
                     }), )*
-                    $( Self::$lvar(_) => Err(::ractor::message::BoxedDowncastErr), )*
+                    $( Self::$lvar(_) => Err($crate::__private::ractor::message::BoxedDowncastErr), )*
                 }
             }
 
             fn deserialize(
-                message: ::ractor::message::SerializedMessage,
-            ) -> ::std::result::Result<Self, ::ractor::message::BoxedDowncastErr> {
+                message: $crate::__private::ractor::message::SerializedMessage,
+            ) -> ::std::result::Result<Self, $crate::__private::ractor::message::BoxedDowncastErr> {
                 const MESSAGE: &str = stringify!($name);
                 match message {
-                    ::ractor::message::SerializedMessage::Cast { variant, args, .. } => {
+                    $crate::__private::ractor::message::SerializedMessage::Cast { variant, args, .. } => {
                         $( if variant == stringify!($cvar) {
                             return $crate::codec::decode::<$cty>(MESSAGE, &variant, &args).map(Self::$cvar);
                         } )*
                         Err($crate::codec::unknown_variant(MESSAGE, "cast", &variant, &args))
                     }
-                    ::ractor::message::SerializedMessage::Call { variant, args, reply, .. } => {
+                    $crate::__private::ractor::message::SerializedMessage::Call { variant, args, reply, .. } => {
                         $( if variant == stringify!($rvar) {
                             let payload = $crate::codec::decode::<$rty>(MESSAGE, &variant, &args)?;
                             return Ok(Self::$rvar(
@@ -302,7 +302,7 @@ macro_rules! cluster_message {
                         let _ = reply;
                         Err($crate::codec::unknown_variant(MESSAGE, "call", &variant, &args))
                     }
-                    _ => Err(::ractor::message::BoxedDowncastErr),
+                    _ => Err($crate::__private::ractor::message::BoxedDowncastErr),
                 }
             }
         }

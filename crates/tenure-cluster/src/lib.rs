@@ -30,6 +30,13 @@ mod subscribe;
 pub mod transport;
 
 pub use agent::scope;
+
+/// What [`cluster_message!`]'s expansion names, so that a program using the macro needs no
+/// `ractor` dependency of its own (nor one in step with Tenure's). Not an API.
+#[doc(hidden)]
+pub mod __private {
+    pub use ractor;
+}
 pub use client::ClusterClient;
 pub use error::{ClusterError, OperatorRefusal};
 pub use history::History;

@@ -9,6 +9,13 @@
 //! right for safety: a shard runs only under its lease, so a wrong or early move only
 //! makes the new host wait for that lease.
 //!
+//! Its work grows with what changes, not with the number of shards: it keeps each region's
+//! shards along with each shard's home (no load map is rebuilt per allocation); what a wave
+//! of allocations decides (everything decided while handling the messages that had reached
+//! it) goes to each region in one message; each region registers the changes to its shards
+//! since its last registration (all of them once per coordinator instance); and it scans
+//! regions, not shards, on its ticks.
+//!
 //! With remember-entities, the coordinator also reads at start which shards have
 //! remembered entities (the ids kept with each shard lease in the store) and allocates
 //! those shards, and every shard it ever allocated, without waiting for a message: a
@@ -17,14 +24,17 @@
 //! members up to register first (at most `rebalance-interval`), so that those shards are
 //! spread over them.
 //!
-//! A rebalance moves a shard in Akka's steps: every region is told first (BeginHandOff:
-//! it forgets the shard's home and keeps its messages), then the old host hands it off
-//! (stops it, releases its lease, gives back what it had not delivered), then the new host
-//! is told to host it, and every region that asked meanwhile learns the new home.
+//! A rebalance moves a round of shards in Akka's steps: every region is told first
+//! (BeginHandOff: it forgets the shards' homes and keeps their messages), then each old host
+//! hands its shard off (stops it, releases its lease, gives back what it had not
+//! delivered), then the new host is told to host it, and every region that asked meanwhile
+//! learns the new home. The next round is decided once every shard of this one has moved.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
+use futures::FutureExt;
+use futures::stream::{FuturesUnordered, StreamExt};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tenure_cluster::{
     ClusterEvent, ClusterSubscriber, History, Member, MemberStatus, Subscriptions,
@@ -35,8 +45,8 @@ use tokio::time::Instant;
 
 use crate::allocation::{AllocationStrategy, Regions};
 use crate::messages::{
-    Allocation, BeginHandOff, CoordinatorLocal, CoordinatorMsg, GetShardHome, HandOff, HostShard,
-    RegionMsg, Register, ShardHome,
+    Allocation, BeginHandOffs, CoordinatorLocal, CoordinatorMsg, GetShardHome, HandOff, RegionMsg,
+    Register, RegisterAgain, ShardHomes,
 };
 use crate::region::region_ref;
 use crate::settings::ShardingSettings;
@@ -70,8 +80,12 @@ pub struct CoordinatorArgs {
 /// The coordinator actor (the singleton instance).
 pub struct Coordinator;
 
+/// A registered region.
 struct RegionEntry {
     available: bool,
+    /// The shards it hosts (or acquires), as its registration `seq` reported them.
+    reported: BTreeSet<String>,
+    seq: u64,
 }
 
 /// A shard moving for a rebalance.
@@ -82,16 +96,40 @@ struct Move {
     waiting: BTreeSet<String>,
 }
 
+/// What a region is told of a shard at the end of a wave.
+enum Told {
+    /// Host it.
+    Host,
+    /// It lives there (`None`: not known yet).
+    Home(Option<String>),
+}
+
+/// A registration, full or as changes.
+struct Registration {
+    region: String,
+    seq: u64,
+    /// `None`: every shard is in `added`.
+    base: Option<u64>,
+    added: Vec<String>,
+    removed: Vec<String>,
+    available: bool,
+}
+
 pub struct CoordinatorState {
     args: CoordinatorArgs,
     myself: ActorRef<CoordinatorMsg>,
     members: BTreeMap<String, Member>,
     unreachable_since: HashMap<String, Instant>,
     regions: BTreeMap<String, RegionEntry>,
-    /// Shard → region (`host:port`) it is allocated to.
-    homes: BTreeMap<String, String>,
-    /// When a Host was last sent for a shard.
-    host_sent: HashMap<String, Instant>,
+    /// Shard homes, each region's shards, and the regions new shards may go to.
+    homes: Regions,
+    /// Shards told to their home and not (or no longer) in its registration: when the
+    /// last `Host` for each was sent (`None`: never, by this coordinator). Sent again every
+    /// three `retry-interval`s while its region is alive and does not report it.
+    unconfirmed: BTreeMap<String, Option<Instant>>,
+    /// Shards a region runs where they do not belong: when it was last asked to hand
+    /// each off.
+    misplaced: BTreeMap<(String, String), Instant>,
     /// Shards being handed off for a rebalance.
     moving: BTreeMap<String, Move>,
     /// Regions that asked for a home without having registered (yet): they are told of
@@ -108,8 +146,13 @@ pub struct CoordinatorState {
     /// remember-entities: shards to keep allocated, with no message needed (those with
     /// remembered entities at start, and every shard allocated since).
     remembered: BTreeSet<String>,
+    /// remember-entities: remembered shards without a home, to allocate once regions can
+    /// take them.
+    unplaced: BTreeSet<String>,
     /// When this coordinator started.
     started: Instant,
+    /// What each region is to be told at the end of the current wave, per shard.
+    outbox: BTreeMap<String, BTreeMap<String, Told>>,
 }
 
 impl Actor for Coordinator {
@@ -143,8 +186,9 @@ impl Actor for Coordinator {
             members: BTreeMap::new(),
             unreachable_since: HashMap::new(),
             regions: BTreeMap::new(),
-            homes: BTreeMap::new(),
-            host_sent: HashMap::new(),
+            homes: Regions::new(),
+            unconfirmed: BTreeMap::new(),
+            misplaced: BTreeMap::new(),
             moving: BTreeMap::new(),
             askers: BTreeSet::new(),
             listed: false,
@@ -153,7 +197,9 @@ impl Actor for Coordinator {
             deferred: Vec::new(),
             timers,
             remembered: BTreeSet::new(),
+            unplaced: BTreeSet::new(),
             started: Instant::now(),
+            outbox: BTreeMap::new(),
         })
     }
 
@@ -175,7 +221,29 @@ impl Actor for Coordinator {
         state: &mut CoordinatorState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            CoordinatorMsg::RegisterRegion(report) => state.on_register(report),
+            CoordinatorMsg::RegisterChanges(r) => state.on_register(Registration {
+                region: r.region,
+                seq: r.seq,
+                base: r.base,
+                added: r.added,
+                removed: r.removed,
+                available: r.available,
+            }),
+            CoordinatorMsg::RegisterRegion(Register {
+                region,
+                shards,
+                available,
+            }) => {
+                let seq = state.regions.get(&region).map_or(0, |r| r.seq);
+                state.on_register(Registration {
+                    region,
+                    seq,
+                    base: None,
+                    added: shards,
+                    removed: Vec::new(),
+                    available,
+                })
+            }
             CoordinatorMsg::GetHome(GetShardHome { shard, region }) => {
                 if !state.regions.contains_key(&region) {
                     state.askers.insert(region.clone());
@@ -185,41 +253,38 @@ impl Actor for Coordinator {
             CoordinatorMsg::Local(CoordinatorLocal::Listed(result)) => state.on_listed(result),
             CoordinatorMsg::Local(CoordinatorLocal::RememberedShards(shards)) => {
                 tracing::info!(entity_type = %state.args.type_name, shards = shards.len(), "shards with remembered entities read");
-                state.remembered.extend(shards);
+                for shard in shards {
+                    if state.homes.home(&shard).is_none() && !state.moving.contains_key(&shard) {
+                        state.unplaced.insert(shard.clone());
+                    }
+                    state.remembered.insert(shard);
+                }
                 state.reallocate_lost();
             }
             CoordinatorMsg::GetAllocation(_, reply) => {
-                let regions = state.allocatable().into_iter().collect();
                 let _ = reply.send(Allocation {
                     homes: state
                         .homes
-                        .iter()
-                        .map(|(s, r)| (s.clone(), r.clone()))
+                        .homes()
+                        .map(|(s, r)| (s.to_string(), r.to_string()))
                         .collect(),
-                    regions,
+                    regions: state.homes.iter().map(|(r, _)| r.to_string()).collect(),
                 });
             }
             CoordinatorMsg::Local(CoordinatorLocal::Cluster(event)) => state.on_cluster(event),
-            CoordinatorMsg::Local(CoordinatorLocal::Tick) => state.reallocate_lost(),
+            CoordinatorMsg::Local(CoordinatorLocal::Tick) => {
+                state.reallocate_lost();
+                state.resend_hosts();
+                state.retry_misplaced();
+            }
             CoordinatorMsg::Local(CoordinatorLocal::Rebalance) => state.rebalance(),
-            CoordinatorMsg::Local(CoordinatorLocal::HandOffEnded { shard, released }) => {
-                if let Some(Move { from, to, waiting }) = state.moving.remove(&shard) {
-                    tracing::info!(entity_type = %state.args.type_name, shard, from, to, released, "shard handed off for a rebalance");
-                    if state.allocatable().contains(&to) {
-                        state.host(&shard, &to);
-                    }
-                    // `to` may have gone meanwhile: then the shard is allocated anew.
-                    let home = state.home_of(&shard);
-                    state.record(|entity_type| Event::ShardMoved {
-                        entity_type,
-                        shard: shard.clone(),
-                        from: from.clone(),
-                        to: home.clone(),
-                        released,
-                    });
-                    for region in waiting {
-                        state.tell_home(&shard, home.clone(), &region);
-                    }
+            CoordinatorMsg::Local(CoordinatorLocal::Flush) => state.flush(),
+            CoordinatorMsg::Local(CoordinatorLocal::HandOffsEnded(ended)) => {
+                for (shard, released) in ended {
+                    state.hand_off_ended(shard, released);
+                }
+                if state.moving.is_empty() {
+                    state.rebalance();
                 }
             }
         }
@@ -240,7 +305,7 @@ impl CoordinatorState {
             }
             None => {
                 let home = self.home_of(&shard);
-                self.tell_home(&shard, home, &region);
+                self.tell(&region, &shard, Told::Home(home));
             }
         }
     }
@@ -257,7 +322,17 @@ impl CoordinatorState {
                     if !self.regions.contains_key(&holder) {
                         self.holders.insert(holder.clone());
                     }
-                    self.homes.insert(shard, holder);
+                    // Confirmed once its holder reports it (a holder that restarted may
+                    // not run it any more).
+                    let reported = self
+                        .regions
+                        .get(&holder)
+                        .is_some_and(|r| r.reported.contains(&shard));
+                    if !reported {
+                        self.unconfirmed.insert(shard.clone(), None);
+                    }
+                    self.unplaced.remove(&shard);
+                    self.homes.set_home(&shard, &holder);
                 }
             }
             Err(e) if self.list_attempts < 3 => {
@@ -288,21 +363,31 @@ impl CoordinatorState {
                 for m in self.members.values().filter(|m| !m.reachable) {
                     self.unreachable_since.insert(m.addr.to_string(), now);
                 }
+                let registered: Vec<String> = self.regions.keys().cloned().collect();
+                for region in registered {
+                    self.refresh(&region);
+                }
             }
             ClusterEvent::Unreachable(m) => {
+                let addr = m.addr.to_string();
                 self.unreachable_since
-                    .entry(m.addr.to_string())
+                    .entry(addr.clone())
                     .or_insert_with(Instant::now);
-                self.members.insert(m.addr.to_string(), m);
+                self.members.insert(addr.clone(), m);
+                self.refresh(&addr);
             }
             ClusterEvent::Reachable(m) => {
-                self.unreachable_since.remove(&m.addr.to_string());
-                self.members.insert(m.addr.to_string(), m);
+                let addr = m.addr.to_string();
+                self.unreachable_since.remove(&addr);
+                self.members.insert(addr.clone(), m);
+                self.refresh(&addr);
             }
             ClusterEvent::MemberJoined(m)
             | ClusterEvent::MemberUp(m)
             | ClusterEvent::MemberLeaving(m) => {
-                self.members.insert(m.addr.to_string(), m);
+                let addr = m.addr.to_string();
+                self.members.insert(addr.clone(), m);
+                self.refresh(&addr);
             }
             ClusterEvent::MemberDown(m) | ClusterEvent::MemberRemoved(m) => {
                 let addr = m.addr.to_string();
@@ -310,6 +395,8 @@ impl CoordinatorState {
                 self.regions.remove(&addr);
                 self.askers.remove(&addr);
                 self.unreachable_since.remove(&addr);
+                self.misplaced.retain(|(region, _), _| *region != addr);
+                self.homes.set_allocatable(&addr, false);
             }
             ClusterEvent::SelfDown | ClusterEvent::SelfLeaving(_) => {}
         }
@@ -333,27 +420,13 @@ impl CoordinatorState {
         up && available && !silent_too_long
     }
 
-    /// Regions new shards may go to: alive and reachable now.
-    fn allocatable(&self) -> BTreeSet<String> {
-        self.regions
-            .keys()
-            .filter(|r| self.alive(r) && !self.unreachable_since.contains_key(*r))
-            .cloned()
-            .collect()
-    }
-
-    fn load(&self) -> Regions {
-        let mut regions: Regions = self
-            .allocatable()
-            .into_iter()
-            .map(|r| (r, Vec::new()))
-            .collect();
-        for (shard, region) in &self.homes {
-            if let Some(shards) = regions.get_mut(region) {
-                shards.push(shard.clone());
-            }
-        }
-        regions
+    /// Whether `region` may be given new shards from now on (alive, registered and
+    /// reachable), as the allocation strategy sees it.
+    fn refresh(&mut self, region: &str) {
+        let allocatable = self.regions.contains_key(region)
+            && self.alive(region)
+            && !self.unreachable_since.contains_key(region);
+        self.homes.set_allocatable(region, allocatable);
     }
 
     /// Where `shard` lives, allocating it if it has no home; `None` while it moves or
@@ -362,22 +435,48 @@ impl CoordinatorState {
         if self.moving.contains_key(shard) {
             return None;
         }
-        if let Some(home) = self.homes.get(shard)
+        if let Some(home) = self.homes.home(shard)
             && self.alive(home)
         {
-            return Some(home.clone());
+            return Some(home.to_string());
         }
-        let to = self.args.strategy.allocate(shard, &self.load())?;
+        let to = self.args.strategy.allocate(shard, &self.homes)?;
         self.host(shard, &to);
         Some(to)
     }
 
-    /// Tells `region` where `shard` lives (`None`: not known yet).
-    fn tell_home(&self, shard: &str, home: Option<String>, region: &str) {
-        if let Some(r) = region_ref(&self.args.scope, &self.args.type_name, region) {
-            let _ = r.cast(RegionMsg::Home(ShardHome {
-                shard: shard.to_string(),
-                home,
+    /// Tells `region`, at the end of this wave, what to make of `shard` (what it was told
+    /// of the shard earlier in the wave is replaced).
+    fn tell(&mut self, region: &str, shard: &str, told: Told) {
+        if self.outbox.is_empty() {
+            // Handled once the messages that reached the coordinator before it are: the
+            // wave is everything they decide.
+            let _ = self
+                .myself
+                .cast(CoordinatorMsg::Local(CoordinatorLocal::Flush));
+        }
+        self.outbox
+            .entry(region.to_string())
+            .or_default()
+            .insert(shard.to_string(), told);
+    }
+
+    /// Sends each region what it learnt in this wave, in one message.
+    fn flush(&mut self) {
+        for (region, told) in std::mem::take(&mut self.outbox) {
+            let Some(r) = region_ref(&self.args.scope, &self.args.type_name, &region) else {
+                continue;
+            };
+            let (mut host, mut homes) = (Vec::new(), Vec::new());
+            for (shard, t) in told {
+                match t {
+                    Told::Host => host.push(shard),
+                    Told::Home(home) => homes.push((shard, home)),
+                }
+            }
+            let _ = r.cast(RegionMsg::Homes(ShardHomes {
+                host,
+                homes,
                 coordinator: self.args.token,
             }));
         }
@@ -395,101 +494,245 @@ impl CoordinatorState {
     /// it then). Every region then knows every home, not only those it asked: when a node
     /// goes, the regions ask the next home of each of its shards at once (the region's
     /// orphans), so that even a coordinator that failed over with that node, and found the
-    /// shard's lease lapsed, restarts the shard without waiting for a message to it.
+    /// shard's lease lapsed, restarts the shard without waiting for a message to it. A copy
+    /// of the shard that another region reports running is asked to hand off.
     fn host(&mut self, shard: &str, region: &str) {
         tracing::debug!(entity_type = %self.args.type_name, shard, region, "shard allocated");
         if self.args.settings.remember_entities {
             self.remembered.insert(shard.to_string());
         }
-        self.homes.insert(shard.to_string(), region.to_string());
-        self.host_sent.insert(shard.to_string(), Instant::now());
-        if let Some(r) = region_ref(&self.args.scope, &self.args.type_name, region) {
-            let _ = r.cast(RegionMsg::Host(HostShard {
-                shard: shard.to_string(),
-                coordinator: self.args.token,
-            }));
-        }
-        for other in self.regions.keys().filter(|r| *r != region) {
-            self.tell_home(shard, Some(region.to_string()), other);
+        self.unplaced.remove(shard);
+        self.homes.set_home(shard, region);
+        self.unconfirmed
+            .insert(shard.to_string(), Some(Instant::now()));
+        self.tell(region, shard, Told::Host);
+        let others: Vec<String> = self
+            .regions
+            .keys()
+            .filter(|r| *r != region)
+            .cloned()
+            .collect();
+        for other in others {
+            self.tell(&other, shard, Told::Home(Some(region.to_string())));
+            if self.regions[&other].reported.contains(shard) {
+                self.misplace(shard, &other);
+            }
         }
     }
 
-    fn on_register(&mut self, report: Register) {
-        let region = report.region.clone();
-        let reported: BTreeSet<String> = report.shards.into_iter().collect();
-        let first = self
+    /// A registration: full (the first to this coordinator, or asked for), or the changes
+    /// since the registration this coordinator has of the region (else it asks for a full
+    /// one). Its work is proportional to the shards it names.
+    fn on_register(&mut self, r: Registration) {
+        let region = r.region;
+        let (added, removed) = match r.base {
+            None => {
+                let hosted: BTreeSet<String> = r.added.into_iter().collect();
+                let before = self
+                    .regions
+                    .get(&region)
+                    .map(|e| e.reported.clone())
+                    .unwrap_or_default();
+                (
+                    hosted.difference(&before).cloned().collect(),
+                    before.difference(&hosted).cloned().collect(),
+                )
+            }
+            Some(base) if self.regions.get(&region).is_some_and(|e| e.seq == base) => {
+                (r.added, r.removed)
+            }
+            Some(base) => {
+                tracing::debug!(entity_type = %self.args.type_name, region, base, "registration changes without their base: asking the region for all its shards");
+                if let Some(rr) = region_ref(&self.args.scope, &self.args.type_name, &region) {
+                    let _ = rr.cast(RegionMsg::RegisterAll(RegisterAgain {
+                        coordinator: self.args.token,
+                    }));
+                }
+                return;
+            }
+        };
+        let first = !self.regions.contains_key(&region);
+        let entry = self
             .regions
-            .insert(
-                region.clone(),
-                RegionEntry {
-                    available: report.available,
-                },
-            )
-            .is_none();
+            .entry(region.clone())
+            .or_insert_with(|| RegionEntry {
+                available: r.available,
+                reported: BTreeSet::new(),
+                seq: r.seq,
+            });
+        entry.available = r.available;
+        entry.seq = r.seq;
         if first {
             // A region new to this coordinator learns every home known so far, as if it
             // had been registered when each was allocated (see `host`); not those of
-            // moving shards, whose messages must wait for the move to end.
-            for (shard, home) in &self.homes {
-                if *home != region && !self.moving.contains_key(shard) {
-                    self.tell_home(shard, Some(home.clone()), &region);
-                }
+            // moving shards, which have none.
+            let known: Vec<(String, String)> = self
+                .homes
+                .homes()
+                .filter(|(_, home)| *home != region)
+                .map(|(s, h)| (s.to_string(), h.to_string()))
+                .collect();
+            for (shard, home) in known {
+                self.tell(&region, &shard, Told::Home(Some(home)));
             }
         }
         self.askers.remove(&region);
         self.holders.remove(&region);
-        for shard in &reported {
-            if self.moving.contains_key(shard) {
-                continue;
-            }
-            match self.homes.get(shard).cloned() {
-                None if self.alive(&region) => {
-                    // A new coordinator learns the allocation from the regions.
-                    self.homes.insert(shard.clone(), region.clone());
-                }
-                Some(home) if home == region => {}
-                _ => {
-                    // Hosted (or being acquired) where it no longer belongs: stop it there;
-                    // its lease then goes to the shard's home.
-                    tracing::info!(entity_type = %self.args.type_name, shard, region, "telling a region to stop a shard allocated elsewhere");
-                    self.stop_misplaced(shard, &region);
-                }
-            }
+        self.refresh(&region);
+        for shard in removed {
+            self.forget_report(&region, &shard);
         }
-        // Shards this region should host but does not (a lost Host, a restarted node).
-        let resend = self.args.settings.retry_interval * 3;
-        let missing: Vec<String> = self
-            .homes
-            .iter()
-            .filter(|(s, r)| **r == region && !reported.contains(*s))
-            .filter(|(s, _)| self.host_sent.get(*s).is_none_or(|t| t.elapsed() >= resend))
-            .map(|(s, _)| s.clone())
-            .collect();
-        if self.alive(&region) {
+        for shard in added {
+            self.take_report(&region, shard);
+        }
+        if r.base.is_none() {
+            // Shards this region should host but does not (a lost Host, a restarted node).
+            let missing: Vec<String> = self
+                .homes
+                .hosted_by(&region)
+                .iter()
+                .filter(|s| !self.regions[&region].reported.contains(*s))
+                .cloned()
+                .collect();
             for shard in missing {
-                self.host(&shard, &region);
+                self.unconfirmed.entry(shard).or_insert(None);
             }
         }
         self.reallocate_lost();
     }
 
+    /// `region` reports that it hosts (or acquires) `shard`.
+    fn take_report(&mut self, region: &str, shard: String) {
+        if let Some(e) = self.regions.get_mut(region) {
+            e.reported.insert(shard.clone());
+        }
+        self.judge_report(region, &shard);
+    }
+
+    /// What to make of `region` hosting `shard`: its home learnt (a new coordinator learns
+    /// the allocation from the regions), its `Host` confirmed, or a copy to stop.
+    fn judge_report(&mut self, region: &str, shard: &str) {
+        if self.moving.contains_key(shard) {
+            return;
+        }
+        match self.homes.home(shard) {
+            None if self.alive(region) => {
+                self.unplaced.remove(shard);
+                self.homes.set_home(shard, region);
+                self.misplaced
+                    .remove(&(region.to_string(), shard.to_string()));
+            }
+            Some(home) if home == region => {
+                self.unconfirmed.remove(shard);
+                self.misplaced
+                    .remove(&(region.to_string(), shard.to_string()));
+            }
+            // Hosted (or being acquired) where it no longer belongs: stop it there; its
+            // lease then goes to the shard's home.
+            _ => self.misplace(shard, region),
+        }
+    }
+
+    /// `region` reports that it no longer hosts `shard`.
+    fn forget_report(&mut self, region: &str, shard: &str) {
+        if let Some(e) = self.regions.get_mut(region) {
+            e.reported.remove(shard);
+        }
+        self.misplaced
+            .remove(&(region.to_string(), shard.to_string()));
+        if self.homes.home(shard) == Some(region) {
+            // Its home stopped it (its lease was lost, it failed): told to host it again.
+            self.unconfirmed.entry(shard.to_string()).or_insert(None);
+        }
+    }
+
+    /// Asks `region` to hand off `shard`, which it runs where the shard does not belong
+    /// (once it is reachable), and again every three `retry-interval`s while it reports it.
+    fn misplace(&mut self, shard: &str, region: &str) {
+        let key = (region.to_string(), shard.to_string());
+        if self.unreachable_since.contains_key(region) {
+            // Asked once it is reachable again (see `retry_misplaced`).
+            self.misplaced.entry(key).or_insert_with(Instant::now);
+            return;
+        }
+        tracing::info!(entity_type = %self.args.type_name, shard, region, "telling a region to stop a shard allocated elsewhere");
+        self.misplaced.insert(key, Instant::now());
+        self.stop_misplaced(shard, region);
+    }
+
+    fn retry_misplaced(&mut self) {
+        let again = self.args.settings.retry_interval * 3;
+        let due: Vec<(String, String)> = self
+            .misplaced
+            .iter()
+            .filter(|((region, _), at)| {
+                at.elapsed() >= again && !self.unreachable_since.contains_key(region)
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        for (region, shard) in due {
+            let reported = self
+                .regions
+                .get(&region)
+                .is_some_and(|r| r.reported.contains(&shard));
+            if reported {
+                self.judge_report(&region, &shard);
+            } else {
+                self.misplaced.remove(&(region, shard));
+            }
+        }
+    }
+
+    /// Sends `Host` again for the shards their home has not reported within three
+    /// `retry-interval`s of the last one (a lost `Host`, a shard that stopped there).
+    fn resend_hosts(&mut self) {
+        let again = self.args.settings.retry_interval * 3;
+        let mut due = Vec::new();
+        self.unconfirmed.retain(|shard, sent| {
+            let Some(home) = self.homes.home(shard) else {
+                return false;
+            };
+            if sent.is_none_or(|t| t.elapsed() >= again) {
+                due.push((shard.clone(), home.to_string()));
+            }
+            true
+        });
+        for (shard, home) in due {
+            if self.alive(&home) {
+                self.unconfirmed.insert(shard.clone(), Some(Instant::now()));
+                self.tell(&home, &shard, Told::Host);
+            }
+        }
+    }
+
     /// Moves the shards of regions that are no longer alive to the least loaded ones; with
-    /// remember-entities, allocates the remembered shards without a home.
+    /// remember-entities, allocates the remembered shards without a home. Scans regions,
+    /// not shards.
     fn reallocate_lost(&mut self) {
         if !self.listed {
             return;
         }
-        let lost: Vec<(String, String)> = self
+        let lost: Vec<String> = self
             .homes
-            .iter()
-            .filter(|(_, r)| !self.alive(r))
-            .map(|(s, r)| (s.clone(), r.clone()))
+            .home_regions()
+            .filter(|r| !self.alive(r))
+            .map(str::to_string)
             .collect();
-        for (shard, from) in lost {
-            self.homes.remove(&shard);
-            if let Some(to) = self.args.strategy.allocate(&shard, &self.load()) {
-                tracing::info!(entity_type = %self.args.type_name, shard, from, to, "moving the shard of a lost region");
-                self.host(&shard, &to);
+        for from in lost {
+            let shards: Vec<String> = self.homes.hosted_by(&from).iter().cloned().collect();
+            for shard in shards {
+                self.homes.remove_home(&shard);
+                self.unconfirmed.remove(&shard);
+                match self.args.strategy.allocate(&shard, &self.homes) {
+                    Some(to) => {
+                        tracing::info!(entity_type = %self.args.type_name, shard, from, to, "moving the shard of a lost region");
+                        self.host(&shard, &to);
+                    }
+                    None if self.remembered.contains(&shard) => {
+                        self.unplaced.insert(shard);
+                    }
+                    None => {}
+                }
             }
         }
         self.allocate_remembered();
@@ -499,17 +742,16 @@ impl CoordinatorState {
     /// entities start with no message; once the regions of the members up registered (or
     /// `rebalance-interval` after this coordinator started), so that they spread.
     fn allocate_remembered(&mut self) {
-        let homeless: Vec<String> = self
-            .remembered
-            .iter()
-            .filter(|s| !self.homes.contains_key(*s) && !self.moving.contains_key(*s))
-            .cloned()
-            .collect();
-        if homeless.is_empty() || !self.regions_registered() {
+        if self.unplaced.is_empty() || !self.regions_registered() {
             return;
         }
-        for shard in homeless {
-            match self.args.strategy.allocate(&shard, &self.load()) {
+        let unplaced: Vec<String> = self.unplaced.iter().cloned().collect();
+        for shard in unplaced {
+            if self.homes.home(&shard).is_some() || self.moving.contains_key(&shard) {
+                self.unplaced.remove(&shard);
+                continue;
+            }
+            match self.args.strategy.allocate(&shard, &self.homes) {
                 Some(to) => {
                     tracing::debug!(entity_type = %self.args.type_name, shard, to, "allocating a shard with remembered entities");
                     self.host(&shard, &to);
@@ -534,6 +776,8 @@ impl CoordinatorState {
                 .all(|m| self.regions.contains_key(&m.addr.to_string()))
     }
 
+    /// Decides a rebalance round, when every member is up, reachable and (if it may host
+    /// the type) registered and available, and starts its moves.
     fn rebalance(&mut self) {
         let settled = self.members.values().all(|m| {
             m.status == MemberStatus::Up
@@ -544,20 +788,20 @@ impl CoordinatorState {
                         .get(&m.addr.to_string())
                         .is_some_and(|r| r.available))
         });
-        let room = self
-            .args
-            .settings
-            .max_simultaneous_rebalance
-            .saturating_sub(self.moving.len());
-        if !settled || room == 0 || !self.listed {
+        if !settled || !self.listed {
             return;
         }
         let in_progress: BTreeSet<String> = self.moving.keys().cloned().collect();
-        for (shard, from, to) in self
-            .args
-            .strategy
-            .rebalance(&self.load(), &in_progress, room)
-        {
+        let decided = self.args.strategy.rebalance(&self.homes, &in_progress);
+        let mut round = Vec::new();
+        for (shard, from, to) in decided {
+            let valid = self.homes.home(&shard) == Some(from.as_str())
+                && self.homes.is_allocatable(&to)
+                && from != to;
+            if !valid {
+                tracing::warn!(entity_type = %self.args.type_name, shard, from, to, "rebalance: the strategy moved a shard that is not on `from`, or to a region that cannot take it; ignored");
+                continue;
+            }
             tracing::debug!(entity_type = %self.args.type_name, shard, from, to, "rebalance: moving a shard");
             crate::metrics::rebalance_move(&self.args.type_name);
             self.record(|entity_type| Event::ShardMoving {
@@ -566,7 +810,8 @@ impl CoordinatorState {
                 from: from.clone(),
                 to: to.clone(),
             });
-            self.homes.remove(&shard);
+            self.homes.remove_home(&shard);
+            self.unconfirmed.remove(&shard);
             self.moving.insert(
                 shard.clone(),
                 Move {
@@ -575,15 +820,54 @@ impl CoordinatorState {
                     waiting: BTreeSet::new(),
                 },
             );
-            self.move_shard(&shard, &from);
+            round.push((shard, from));
+        }
+        if !round.is_empty() {
+            tracing::info!(entity_type = %self.args.type_name, shards = round.len(), "rebalance: a round of moves begins");
+            self.move_shards(round);
         }
     }
 
-    /// The steps of a rebalance after the decision: every region (registered, or one that
-    /// asked for a home) is told that `shard`'s hand-off begins and answers (each waited
-    /// for at most `hand-off-timeout`), so that none sends it to `from` any more; then
-    /// `from` hands it off; then `HandOffEnded` comes back to this coordinator.
-    fn move_shard(&self, shard: &str, from: &str) {
+    /// A moving shard's hand-off ended: it goes to its new home (or is allocated anew when
+    /// that went meanwhile), and the regions that asked meanwhile learn where. (Once the
+    /// round's last shard has moved, the next round is decided at once.)
+    fn hand_off_ended(&mut self, shard: String, released: bool) {
+        let Some(Move { from, to, waiting }) = self.moving.remove(&shard) else {
+            return;
+        };
+        tracing::info!(entity_type = %self.args.type_name, shard, from, to, released, "shard handed off for a rebalance");
+        if released && let Some(e) = self.regions.get_mut(&from) {
+            // Its old host said so: no copy of it runs there to stop.
+            e.reported.remove(&shard);
+        }
+        if self.homes.is_allocatable(&to) {
+            self.host(&shard, &to);
+        }
+        let home = self.home_of(&shard);
+        if home.is_none() && self.remembered.contains(&shard) {
+            self.unplaced.insert(shard.clone());
+        }
+        self.record(|entity_type| Event::ShardMoved {
+            entity_type,
+            shard: shard.clone(),
+            from: from.clone(),
+            to: home.clone(),
+            released,
+        });
+        for region in waiting {
+            self.tell(&region, &shard, Told::Home(home.clone()));
+        }
+    }
+
+    /// The steps of a rebalance round after the decision: every region (registered, or one
+    /// that asked for a home) is told, in one message, that the round's hand-offs begin,
+    /// and answers (each waited for at most `hand-off-timeout`), so that none sends those
+    /// shards to their old homes any more; then each old home hands its shard off, and the
+    /// ends come back to this coordinator (`HandOffsEnded`), those that ended together in
+    /// one message, so that their new homes reach each region together. What this wave
+    /// told the regions leaves first.
+    fn move_shards(&mut self, round: Vec<(String, String)>) {
+        self.flush();
         let scope = &self.args.scope;
         let type_name = &self.args.type_name;
         let regions: Vec<ActorRef<RegionMsg>> = self
@@ -596,19 +880,18 @@ impl CoordinatorState {
             .collect();
         let timeout = self.args.settings.hand_off_timeout;
         let token = self.args.token;
-        let (shard, from) = (shard.to_string(), from.to_string());
         let (scope, type_name, me) = (scope.clone(), type_name.clone(), self.myself.clone());
         tokio::spawn(async move {
-            let mut acks = tokio::task::JoinSet::new();
-            for region in regions {
-                let shard = shard.clone();
-                acks.spawn(async move {
+            let shards: Vec<String> = round.iter().map(|(s, _)| s.clone()).collect();
+            let begun = regions.into_iter().map(|region| {
+                let shards = shards.clone();
+                async move {
                     region
                         .call(
                             |port| {
-                                RegionMsg::BeginHandOffShard(
-                                    BeginHandOff {
-                                        shard,
+                                RegionMsg::BeginHandOffShards(
+                                    BeginHandOffs {
+                                        shards,
                                         coordinator: token,
                                     },
                                     port,
@@ -617,14 +900,29 @@ impl CoordinatorState {
                             Some(timeout),
                         )
                         .await
-                });
+                }
+            });
+            futures::future::join_all(begun).await;
+            let mut hand_offs: FuturesUnordered<_> = round
+                .into_iter()
+                .map(|(shard, from)| {
+                    let (scope, type_name) = (&scope, &type_name);
+                    async move {
+                        let released =
+                            hand_off_call(scope, type_name, &shard, &from, token, timeout).await;
+                        (shard, released)
+                    }
+                })
+                .collect();
+            while let Some(first) = hand_offs.next().await {
+                let mut ended = vec![first];
+                while let Some(Some(more)) = hand_offs.next().now_or_never() {
+                    ended.push(more);
+                }
+                let _ = me.cast(CoordinatorMsg::Local(CoordinatorLocal::HandOffsEnded(
+                    ended,
+                )));
             }
-            while acks.join_next().await.is_some() {}
-            let released = hand_off_call(&scope, &type_name, &shard, &from, token, timeout).await;
-            let _ = me.cast(CoordinatorMsg::Local(CoordinatorLocal::HandOffEnded {
-                shard,
-                released,
-            }));
         });
     }
 
@@ -705,7 +1003,7 @@ fn list_shard_leases(
 /// reports the shards that have some (`CoordinatorLocal::RememberedShards`), trying a shard
 /// again every `retry-interval` while the store fails.
 fn read_remembered_shards(args: &CoordinatorArgs, me: &ActorRef<CoordinatorMsg>) {
-    use futures::stream::{self, StreamExt};
+    use futures::stream;
 
     let (store, timeout, me) = (args.store.clone(), args.list_timeout, me.clone());
     let retry = args.settings.retry_interval;
@@ -771,22 +1069,300 @@ mod tests {
 
     use super::*;
     use crate::allocation::LeastShards;
+    use crate::messages::{HostShard, RegisterChanges, ShardHome};
     use crate::region::region_group;
     use crate::test_regions::RegionDouble;
 
-    /// A region that only reports the homes it is told: (its address, shard, home).
-    fn homes_told(
-        addr: &str,
-        told: mpsc::UnboundedSender<(String, String, String)>,
-    ) -> RegionDouble<(String, String, String)> {
+    /// What a region double heard from the coordinator, in one message.
+    #[derive(Debug, Clone, PartialEq)]
+    enum Heard {
+        /// Shards, each with the home it was given (`Some(itself)`: host it).
+        Homes(Vec<(String, Option<String>)>),
+        /// Register every shard.
+        RegisterAll,
+        /// The hand-offs of a rebalance round begin.
+        BeginHandOffs(Vec<String>),
+        /// Hand this shard off.
+        HandOff(String),
+        Other,
+    }
+
+    /// A region double's address and what it heard.
+    type Told = (String, Heard);
+
+    /// A region double at `addr` that reports every message of the coordinator, answers
+    /// the coordinator's calls (a hand-off releases its lease), and answers `Vacate` (a
+    /// barrier: everything sent to it before has been reported).
+    fn counting(addr: &str, told: mpsc::UnboundedSender<Told>) -> RegionDouble<Told> {
         let addr = addr.to_string();
-        RegionDouble::new(told, move |msg| match msg {
-            RegionMsg::Host(HostShard { shard, .. }) => Some((addr.clone(), shard, addr.clone())),
-            RegionMsg::Home(ShardHome { shard, home, .. }) => {
-                home.map(|h| (addr.clone(), shard, h))
-            }
-            _ => None,
+        RegionDouble::new(told, move |msg| {
+            let heard = match msg {
+                RegionMsg::Host(HostShard { shard, .. }) => {
+                    Heard::Homes(vec![(shard, Some(addr.clone()))])
+                }
+                RegionMsg::Home(ShardHome { shard, home, .. }) => Heard::Homes(vec![(shard, home)]),
+                RegionMsg::Homes(ShardHomes { host, homes, .. }) => Heard::Homes(
+                    host.into_iter()
+                        .map(|shard| (shard, Some(addr.clone())))
+                        .chain(homes)
+                        .collect(),
+                ),
+                RegionMsg::RegisterAll(_) => Heard::RegisterAll,
+                RegionMsg::BeginHandOffShards(BeginHandOffs { shards, .. }, reply) => {
+                    let _ = reply.send(crate::messages::HandOffsBegun {
+                        region: addr.clone(),
+                    });
+                    Heard::BeginHandOffs(shards)
+                }
+                RegionMsg::HandOffShard(HandOff { shard, .. }, reply) => {
+                    let _ = reply.send(crate::messages::HandOffDone {
+                        shard: shard.clone(),
+                        released: true,
+                    });
+                    Heard::HandOff(shard)
+                }
+                RegionMsg::Vacate(_, reply) => {
+                    let _ = reply.send(crate::messages::Vacated {
+                        region: addr.clone(),
+                    });
+                    return None;
+                }
+                _ => Heard::Other,
+            };
+            Some((addr.clone(), heard))
         })
+    }
+
+    fn member(addr: &str) -> Member {
+        Member {
+            addr: tenure_cluster::NodeAddr::parse("member", addr).unwrap(),
+            incarnation: tenure_cluster::Incarnation(1),
+            age: 1,
+            status: MemberStatus::Up,
+            reachable: true,
+            roles: Vec::new(),
+        }
+    }
+
+    /// A one-node cluster (memory store), a coordinator of type `probe` (token 1) and
+    /// region doubles on this node and on `others` fake members up, every one registered
+    /// and available, with `sharding` added to the `[sharding]` section.
+    struct Fixture {
+        node: Node,
+        scope: String,
+        coordinator: ActorRef<CoordinatorMsg>,
+        regions: Vec<ActorRef<RegionMsg>>,
+        addrs: Vec<String>,
+        told: mpsc::UnboundedSender<Told>,
+        heard: mpsc::UnboundedReceiver<Told>,
+    }
+
+    impl Fixture {
+        async fn start(scope: &str, others: usize, sharding: &str) -> Fixture {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            let config = TenureConfig::from_toml_str(
+                &format!(
+                    "[tenure]\ndefault-lease-section = \"memory\"\n\
+                     [lease.memory]\nheartbeat-timeout = \"3s\"\nheartbeat-interval = \"500ms\"\n\
+                     [cluster]\nport = {port}\ncookie = \"coordinator-test-0123456789abcdef\"\n\
+                     member-lease-ttl = \"3s\"\nmember-lease-interval = \"500ms\"\n\
+                     [sharding]\n{sharding}\n"
+                ),
+                "test",
+            )
+            .unwrap();
+            let registry = ["sqlite", "postgres", "etcd", "zookeeper"]
+                .into_iter()
+                .fold(StoreRegistry::new(), |r, kind| r.left_out(kind, kind));
+            let provider = LeaseProvider::new(config.clone(), registry).unwrap();
+            let node = Node::start(
+                ClusterSettings::from_config(&config).unwrap(),
+                &provider,
+                None,
+            )
+            .await
+            .unwrap();
+            let (told, heard) = mpsc::unbounded_channel();
+            let settings = ShardingSettings::from_config(&config, "probe", "memory").unwrap();
+            let args = CoordinatorArgs {
+                type_name: "probe".into(),
+                scope: scope.into(),
+                strategy: Arc::new(LeastShards::from_settings(&settings)),
+                settings: Arc::new(settings),
+                subscriptions: node.subscriptions(),
+                history: None,
+                token: FencingToken::new(1),
+                store: Arc::new(MemoryStore::new()),
+                system: "test".into(),
+                list_timeout: Duration::from_secs(1),
+            };
+            let (coordinator, _) = Actor::spawn(None, Coordinator, args).await.unwrap();
+            let me = node.addr().to_string();
+            let mut f = Fixture {
+                node,
+                scope: scope.to_string(),
+                coordinator,
+                regions: Vec::new(),
+                addrs: Vec::new(),
+                told,
+                heard,
+            };
+            // This node's member first (the coordinator's first view of the members comes
+            // from its node), then the others.
+            f.add_region(&me).await;
+            f.wait_allocatable(1).await;
+            for i in 0..others {
+                f.add_region(&format!("127.0.0.1:{}", i + 2)).await;
+            }
+            f.wait_allocatable(f.addrs.len()).await;
+            f.told().await;
+            f
+        }
+
+        /// A region double at `addr`, registered and available, its member up.
+        async fn add_region(&mut self, addr: &str) {
+            let (actor, _) = Actor::spawn(None, counting(addr, self.told.clone()), ())
+                .await
+                .unwrap();
+            ractor::pg::join_scoped(
+                self.scope.clone(),
+                region_group("probe", addr),
+                vec![actor.get_cell()],
+            );
+            self.regions.push(actor);
+            self.addrs.push(addr.to_string());
+            self.register(addr, &[]);
+            if addr != self.node.addr().to_string() {
+                self.coordinator
+                    .cast(CoordinatorMsg::Local(CoordinatorLocal::Cluster(
+                        ClusterEvent::MemberUp(member(addr)),
+                    )))
+                    .unwrap();
+            }
+        }
+
+        /// Shards per region in the coordinator's allocation.
+        async fn counts(&self) -> BTreeMap<String, usize> {
+            let mut counts: BTreeMap<String, usize> =
+                self.addrs.iter().map(|a| (a.clone(), 0)).collect();
+            for (_, home) in self.allocation().await.homes {
+                *counts.entry(home).or_default() += 1;
+            }
+            counts
+        }
+
+        fn register(&self, addr: &str, shards: &[&str]) {
+            self.coordinator
+                .cast(CoordinatorMsg::RegisterRegion(Register {
+                    region: addr.to_string(),
+                    shards: shards.iter().map(|s| s.to_string()).collect(),
+                    available: true,
+                }))
+                .unwrap();
+        }
+
+        async fn allocation(&self) -> Allocation {
+            ractor::call!(self.coordinator, |r| CoordinatorMsg::GetAllocation(
+                crate::messages::AllocationRequest {},
+                r
+            ))
+            .unwrap()
+        }
+
+        /// Waits until `n` regions may be given shards.
+        async fn wait_allocatable(&self, n: usize) {
+            for _ in 0..600 {
+                if self.allocation().await.regions.len() >= n {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            panic!("fewer than {n} regions became allocatable");
+        }
+
+        /// Every message the regions were told so far: the coordinator has handled what
+        /// was sent to it before (two calls: a flush it sent itself comes after the first),
+        /// and each region has handled what the coordinator sent it.
+        async fn told(&mut self) -> Vec<Told> {
+            self.allocation().await;
+            self.allocation().await;
+            for (region, addr) in self.regions.iter().zip(&self.addrs) {
+                ractor::call!(region, |r| RegionMsg::Vacate(
+                    crate::messages::Vacating { node: addr.clone() },
+                    r
+                ))
+                .unwrap();
+            }
+            let mut told = Vec::new();
+            while let Ok(t) = self.heard.try_recv() {
+                told.push(t);
+            }
+            told
+        }
+
+        async fn stop(self) {
+            self.coordinator.stop(None);
+            for r in self.regions {
+                r.stop(None);
+            }
+            self.node.leave().await.unwrap();
+        }
+    }
+
+    /// A burst of requests for the homes of many shards is one wave of allocations: each
+    /// region is told the homes it learns (and the shards it is to host) in one message,
+    /// so the coordinator sends O(regions) messages per wave, not O(regions x shards).
+    // One thread: the 100 requests are all in the coordinator's mailbox before it handles
+    // the first, as a burst from many regions would be.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_wave_of_allocations_tells_each_region_once() {
+        let mut f = Fixture::start(
+            "coordinator-wave-test",
+            4,
+            "retry-interval = \"1h\"\nrebalance-interval = \"1h\"",
+        )
+        .await;
+        let asker = f.addrs[1].clone();
+        let shards = 100;
+        for shard in 0..shards {
+            f.coordinator
+                .cast(CoordinatorMsg::GetHome(GetShardHome {
+                    shard: shard.to_string(),
+                    region: asker.clone(),
+                }))
+                .unwrap();
+        }
+        let told = f.told().await;
+        let homes = f.allocation().await.homes;
+        assert_eq!(homes.len(), shards, "every shard asked for has a home");
+        let mut per_region: BTreeMap<String, usize> = BTreeMap::new();
+        let mut learnt: BTreeMap<String, BTreeMap<String, Option<String>>> = BTreeMap::new();
+        for (region, heard) in &told {
+            *per_region.entry(region.clone()).or_default() += 1;
+            if let Heard::Homes(named) = heard {
+                learnt
+                    .entry(region.clone())
+                    .or_default()
+                    .extend(named.iter().cloned());
+            }
+        }
+        assert_eq!(
+            per_region,
+            f.addrs.iter().map(|a| (a.clone(), 1)).collect(),
+            "messages per region for one wave of {shards} allocations"
+        );
+        for (region, known) in &learnt {
+            let expected: BTreeMap<String, Option<String>> = homes
+                .iter()
+                .map(|(s, h)| (s.clone(), Some(h.clone())))
+                .collect();
+            assert_eq!(known, &expected, "what {region} learnt of the homes");
+        }
+        f.stop().await;
     }
 
     /// A shard allocated on request of one region: the host, the asker and every other
@@ -794,132 +1370,207 @@ mod tests {
     /// that any of them can ask its next home when the host goes.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn every_registered_region_learns_the_home_of_an_allocated_shard() {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let config = TenureConfig::from_toml_str(
-            &format!(
-                "[tenure]\ndefault-lease-section = \"memory\"\n\
-                 [lease.memory]\nheartbeat-timeout = \"3s\"\nheartbeat-interval = \"500ms\"\n\
-                 [cluster]\nport = {port}\ncookie = \"coordinator-test-0123456789abcdef\"\n\
-                 member-lease-ttl = \"3s\"\nmember-lease-interval = \"500ms\"\n"
-            ),
-            "test",
-        )
-        .unwrap();
-        let registry = ["sqlite", "postgres", "etcd", "zookeeper"]
-            .into_iter()
-            .fold(StoreRegistry::new(), |r, kind| r.left_out(kind, kind));
-        let provider = LeaseProvider::new(config.clone(), registry).unwrap();
-        let node = Node::start(
-            ClusterSettings::from_config(&config).unwrap(),
-            &provider,
-            None,
-        )
-        .await
-        .unwrap();
         let scope = "coordinator-homes-test";
-        let (told, mut heard) = mpsc::unbounded_channel();
-        let host = node.addr().to_string();
-        let (asker, bystander) = ("127.0.0.1:2".to_string(), "127.0.0.1:3".to_string());
-        let mut regions = Vec::new();
-        for addr in [&host, &asker, &bystander] {
-            let (actor, _) = Actor::spawn(None, homes_told(addr, told.clone()), ())
-                .await
-                .unwrap();
-            ractor::pg::join_scoped(
-                scope.to_string(),
-                region_group("probe", addr),
-                vec![actor.get_cell()],
-            );
-            regions.push(actor);
-        }
-        let settings = ShardingSettings::from_config(&config, "probe", "memory").unwrap();
-        let args = CoordinatorArgs {
-            type_name: "probe".into(),
-            scope: scope.into(),
-            settings: Arc::new(settings),
-            strategy: Arc::new(LeastShards { threshold: 1 }),
-            subscriptions: node.subscriptions(),
-            history: None,
-            token: FencingToken::new(1),
-            store: Arc::new(MemoryStore::new()),
-            system: "test".into(),
-            list_timeout: Duration::from_secs(1),
+        let mut f = Fixture::start(scope, 2, "").await;
+        let asker = f.addrs[1].clone();
+        f.coordinator
+            .cast(CoordinatorMsg::GetHome(GetShardHome {
+                shard: "5".into(),
+                region: asker.clone(),
+            }))
+            .unwrap();
+        let told = f.told().await;
+        let home = f.allocation().await.homes;
+        let [(shard, home)] = &home[..] else {
+            panic!("one shard allocated: {home:?}");
         };
-        let (coordinator, _) = Actor::spawn(None, Coordinator, args).await.unwrap();
-        for addr in [&host, &asker, &bystander] {
-            coordinator
-                .cast(CoordinatorMsg::RegisterRegion(Register {
-                    region: addr.clone(),
-                    shards: Vec::new(),
-                    available: *addr == host,
-                }))
-                .unwrap();
-        }
-        // Asked again until answered, as a region asks every tick: the node's own member
-        // may not be up yet when the coordinator hears the first request.
-        let mut learnt = BTreeSet::new();
-        for _ in 0..300 {
-            if learnt.len() == 3 {
-                break;
-            }
-            coordinator
-                .cast(CoordinatorMsg::GetHome(GetShardHome {
-                    shard: "5".into(),
-                    region: asker.clone(),
-                }))
-                .unwrap();
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            while let Ok((region, shard, home)) = heard.try_recv() {
-                assert_eq!((shard.as_str(), home.as_str()), ("5", host.as_str()));
-                learnt.insert(region);
-            }
-        }
+        let named = Heard::Homes(vec![(shard.clone(), Some(home.clone()))]);
+        let learnt: BTreeSet<String> = told
+            .iter()
+            .filter(|(_, heard)| *heard == named)
+            .map(|(region, _)| region.clone())
+            .collect();
         assert_eq!(
             learnt,
-            BTreeSet::from([host.clone(), asker.clone(), bystander.clone()]),
+            f.addrs.iter().cloned().collect(),
             "the regions that learnt the home of shard 5"
         );
         // A region registering later learns it as it registers.
-        let late = "127.0.0.1:4".to_string();
-        let (actor, _) = Actor::spawn(None, homes_told(&late, told.clone()), ())
-            .await
-            .unwrap();
+        let late = "127.0.0.1:9".to_string();
+        let (tx, mut heard) = mpsc::unbounded_channel();
+        let (actor, _) = Actor::spawn(None, counting(&late, tx), ()).await.unwrap();
         ractor::pg::join_scoped(
             scope.to_string(),
             region_group("probe", &late),
             vec![actor.get_cell()],
         );
-        regions.push(actor);
-        coordinator
-            .cast(CoordinatorMsg::RegisterRegion(Register {
-                region: late.clone(),
-                shards: Vec::new(),
-                available: false,
-            }))
-            .unwrap();
-        // (Answers to the asker's repeated requests may still come in meanwhile.)
-        let told_late = tokio::time::timeout(Duration::from_secs(30), async {
-            while let Some(told) = heard.recv().await {
-                if told.0 == late {
-                    return Some(told);
-                }
-            }
-            None
-        })
-        .await;
+        f.register(&late, &[]);
+        f.told().await;
+        ractor::call!(actor, |r| RegionMsg::Vacate(
+            crate::messages::Vacating { node: late.clone() },
+            r
+        ))
+        .unwrap();
         assert_eq!(
-            told_late.ok().flatten(),
-            Some((late, "5".to_string(), host.clone())),
+            heard.try_recv().ok(),
+            Some((late, named)),
             "what a region registering later was told"
         );
-        coordinator.stop(None);
-        for r in regions {
-            r.stop(None);
+        actor.stop(None);
+        f.stop().await;
+    }
+
+    /// A registration's changes apply onto the registration they name as their base; a
+    /// retry with nothing changed costs the coordinator nothing and sends no region
+    /// anything; changes onto a registration the coordinator does not have (a lost one, one
+    /// sent to an earlier coordinator) get the region asked for every shard.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn registration_changes_apply_onto_their_base_and_others_ask_for_every_shard() {
+        let mut f = Fixture::start(
+            "coordinator-register-changes",
+            1,
+            "retry-interval = \"1h\"\nrebalance-interval = \"1h\"",
+        )
+        .await;
+        let a = f.addrs[1].clone();
+        let changes = |seq: u64, base: Option<u64>, added: &[&str], removed: &[&str]| {
+            CoordinatorMsg::RegisterChanges(RegisterChanges {
+                region: a.clone(),
+                seq,
+                base,
+                added: added.iter().map(|s| s.to_string()).collect(),
+                removed: removed.iter().map(|s| s.to_string()).collect(),
+                available: true,
+            })
+        };
+        let homes = async |f: &Fixture| -> Vec<(String, String)> { f.allocation().await.homes };
+        let on_a = |shards: &[&str]| -> Vec<(String, String)> {
+            shards.iter().map(|s| (s.to_string(), a.clone())).collect()
+        };
+        // Every shard once: the coordinator learns their homes from it.
+        f.coordinator
+            .cast(changes(1, None, &["1", "2", "3"], &[]))
+            .unwrap();
+        assert_eq!(homes(&f).await, on_a(&["1", "2", "3"]));
+        // Changes onto registration 1 (shard 3 keeps its home there: it is hosted again).
+        f.coordinator
+            .cast(changes(2, Some(1), &["4"], &["3"]))
+            .unwrap();
+        assert_eq!(homes(&f).await, on_a(&["1", "2", "3", "4"]));
+        for seq in 3..8 {
+            f.coordinator
+                .cast(changes(seq, Some(seq - 1), &[], &[]))
+                .unwrap();
         }
-        node.leave().await.unwrap();
+        assert_eq!(f.told().await, [], "told for retries with nothing changed");
+        // Onto a registration the coordinator does not have: nothing applied, all asked for.
+        f.coordinator
+            .cast(changes(9, Some(5), &["5"], &[]))
+            .unwrap();
+        assert_eq!(f.told().await, [(a.clone(), Heard::RegisterAll)]);
+        assert_eq!(homes(&f).await, on_a(&["1", "2", "3", "4"]));
+        f.coordinator
+            .cast(changes(10, None, &["1", "2", "4", "5"], &[]))
+            .unwrap();
+        assert_eq!(homes(&f).await, on_a(&["1", "2", "3", "4", "5"]));
+        f.coordinator
+            .cast(changes(11, Some(10), &[], &["5"]))
+            .unwrap();
+        assert_eq!(f.told().await, [], "a base it has again");
+        f.stop().await;
+    }
+
+    /// 3 regions join 6 that host 600 shards: one rebalance tick starts a round of the
+    /// reference's limits (a tenth of the shards), and each round that ends unbalanced is
+    /// followed by the next at once, with no tick: 4 rounds (60, 60, 60, 18) leave 66 or
+    /// 67 shards on every region. Each region hears of each round in one message, and each
+    /// moved shard's old home is asked once to hand it off.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn three_regions_joining_six_get_their_share_in_rounds_chained_without_ticks() {
+        let mut f = Fixture::start(
+            "coordinator-rebalance-rounds",
+            5,
+            "retry-interval = \"1h\"\nrebalance-interval = \"1h\"",
+        )
+        .await;
+        let asker = f.addrs[0].clone();
+        for shard in 0..600 {
+            f.coordinator
+                .cast(CoordinatorMsg::GetHome(GetShardHome {
+                    shard: shard.to_string(),
+                    region: asker.clone(),
+                }))
+                .unwrap();
+        }
+        f.told().await;
+        let old: Vec<String> = f.addrs.clone();
+        assert!(f.counts().await.values().all(|n| *n == 100));
+        for i in 0..3 {
+            f.add_region(&format!("127.0.0.1:{}", 20 + i)).await;
+        }
+        f.wait_allocatable(9).await;
+        f.told().await;
+        // One rebalance tick, repeated only until its round has begun (the cluster of this
+        // node may not count every member up at the first).
+        let mut begun = false;
+        let mut counts = BTreeMap::new();
+        for _ in 0..600 {
+            if !begun {
+                f.coordinator
+                    .cast(CoordinatorMsg::Local(CoordinatorLocal::Rebalance))
+                    .unwrap();
+                begun = f.allocation().await.homes.len() < 600;
+            }
+            counts = f.counts().await;
+            if counts.values().all(|n| *n == 66 || *n == 67) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(
+            counts.values().all(|n| *n == 66 || *n == 67),
+            "not balanced: {counts:?}"
+        );
+        let told = f.told().await;
+        let mut rounds: BTreeMap<&str, Vec<Vec<String>>> = BTreeMap::new();
+        let mut hand_offs: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
+        for (region, heard) in &told {
+            match heard {
+                Heard::BeginHandOffs(shards) => {
+                    rounds.entry(region).or_default().push(shards.clone())
+                }
+                Heard::HandOff(shard) => {
+                    assert!(
+                        hand_offs.entry(region).or_default().insert(shard.clone()),
+                        "{region} asked twice to hand off {shard}"
+                    );
+                }
+                _ => {}
+            }
+        }
+        let first = &rounds[asker.as_str()];
+        let sizes: Vec<usize> = first.iter().map(Vec::len).collect();
+        assert_eq!(sizes, [60, 60, 60, 18], "the rounds");
+        assert_eq!(rounds.len(), 9, "regions told of the rounds");
+        assert!(
+            rounds.values().all(|r| r == first),
+            "every region told of every round once"
+        );
+        let moved: BTreeSet<String> = first.iter().flatten().cloned().collect();
+        assert_eq!(moved.len(), 198, "no shard moved twice");
+        assert!(
+            hand_offs.keys().all(|r| old.iter().any(|o| o == r)),
+            "{hand_offs:?}"
+        );
+        assert_eq!(
+            hand_offs
+                .values()
+                .flatten()
+                .cloned()
+                .collect::<BTreeSet<_>>(),
+            moved,
+            "each moved shard's old home asked once to hand it off"
+        );
+        f.stop().await;
     }
 }

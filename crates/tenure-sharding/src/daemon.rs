@@ -7,7 +7,8 @@
 //! leave or go down, as it does any shard. Every node that starts the daemon sends each
 //! worker a keep-alive every `keep_alive` interval, which starts a worker that is not
 //! running anywhere (after a hand-off or a crash) without any other traffic; workers are
-//! never passivated.
+//! never passivated. A node's keep-alives of one interval travel as one message to each
+//! node hosting workers, naming them.
 //!
 //! Every node of the cluster must start the daemon with the same `name` and `count`: the
 //! count is the type's number of shards, which decides where each worker lives.
@@ -179,11 +180,7 @@ pub async fn start_daemon<W: DaemonWorker>(
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
-                for id in &ids {
-                    if let Err(e) = region.tell(id, &KeepAlive) {
-                        tracing::debug!(daemon = %region.type_name(), worker = %id, error = %e, "keep-alive not sent");
-                    }
-                }
+                keep_alive_round(&region, &ids);
             }
         })
     };
@@ -194,9 +191,123 @@ pub async fn start_daemon<W: DaemonWorker>(
     })
 }
 
+/// One round of keep-alives from this node to the workers `ids`: one message to each node
+/// that hosts some of them (with their ids), not one per worker.
+fn keep_alive_round(region: &ShardRegion, ids: &[String]) {
+    if let Err(e) = region.tell_each(ids, &KeepAlive) {
+        tracing::debug!(daemon = %region.type_name(), error = %e, "keep-alives not sent");
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
+    use ractor::Actor;
+    use tenure_cluster::{ClusterEvent, Member, MemberStatus};
+    use tenure_lease::FencingToken;
+
     use super::*;
+    use crate::messages::{RegionLocal, RegionMsg, ShardHome, Vacated, Vacating};
+    use crate::test_regions::{RegionDouble, proxy_region};
+
+    fn member(addr: &str) -> Member {
+        Member {
+            addr: tenure_cluster::NodeAddr::parse("member", addr).unwrap(),
+            incarnation: tenure_cluster::Incarnation(1),
+            age: 1,
+            status: MemberStatus::Up,
+            reachable: true,
+            roles: Vec::new(),
+        }
+    }
+
+    /// Each round of keep-alives reaches each node hosting workers in one message that
+    /// names its workers there, not in one message per worker.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_keep_alive_round_sends_one_message_per_node() {
+        let scope = "daemon-keep-alive-rounds";
+        let count = 20;
+        let region = proxy_region(scope, &format!("[sharding]\nnumber-of-shards = {count}")).await;
+        let nodes = ["127.0.0.1:2", "127.0.0.1:3"];
+        // Per node: the entity ids of each message it got.
+        let (tx, mut heard) = tokio::sync::mpsc::unbounded_channel();
+        let mut doubles = Vec::new();
+        for node in nodes {
+            let double = RegionDouble::new(tx.clone(), move |msg| match msg {
+                RegionMsg::Deliver(env) => Some((node, vec![env.entity])),
+                RegionMsg::DeliverAll(crate::messages::Envelopes { envelopes }) => {
+                    Some((node, envelopes.into_iter().map(|e| e.entity).collect()))
+                }
+                RegionMsg::Vacate(_, reply) => {
+                    let _ = reply.send(Vacated {
+                        region: node.into(),
+                    });
+                    None
+                }
+                _ => Some((node, Vec::new())),
+            });
+            let (actor, _) = Actor::spawn(None, double, ()).await.unwrap();
+            ractor::pg::join_scoped(
+                scope.to_string(),
+                crate::region::region_group("probe", node),
+                vec![actor.get_cell()],
+            );
+            doubles.push(actor);
+        }
+        let cast = |msg: RegionMsg| region.actor().cast(msg).unwrap();
+        cast(RegionMsg::Local(RegionLocal::Cluster(
+            ClusterEvent::CurrentMembers(nodes.iter().map(|n| member(n)).collect()),
+        )));
+        for shard in 0..count {
+            cast(RegionMsg::Home(ShardHome {
+                shard: shard.to_string(),
+                home: Some(nodes[shard % 2].into()),
+                coordinator: FencingToken::new(1),
+            }));
+        }
+        let ids: Vec<String> = (0..count).map(|i| worker_id(i, count)).collect();
+        let rounds = 3;
+        for _ in 0..rounds {
+            keep_alive_round(&region, &ids);
+        }
+        // Everything the region forwarded has been handled by the doubles.
+        ractor::call!(region.actor(), |r| RegionMsg::Local(RegionLocal::Snapshot(
+            r
+        )))
+        .unwrap();
+        for (double, node) in doubles.iter().zip(nodes) {
+            ractor::call!(double, |r| RegionMsg::Vacate(
+                Vacating { node: node.into() },
+                r
+            ))
+            .unwrap();
+        }
+        let mut messages: BTreeMap<&str, usize> = BTreeMap::new();
+        let mut reached: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+        while let Ok((node, entities)) = heard.try_recv() {
+            *messages.entry(node).or_default() += 1;
+            reached.entry(node).or_default().extend(entities);
+        }
+        assert_eq!(
+            messages,
+            nodes.iter().map(|n| (*n, rounds)).collect(),
+            "messages per node for {rounds} rounds of keep-alives to {count} workers"
+        );
+        for (i, node) in nodes.iter().enumerate() {
+            let mut expected: Vec<String> = (0..rounds)
+                .flat_map(|_| ids.iter().skip(i).step_by(2).cloned())
+                .collect();
+            expected.sort();
+            let mut got = reached[node].clone();
+            got.sort();
+            assert_eq!(got, expected, "the workers kept alive on {node}");
+        }
+        region.actor().stop_and_wait(None, None).await.unwrap();
+        for d in doubles {
+            d.stop(None);
+        }
+    }
 
     #[test]
     fn each_worker_is_alone_in_its_own_shard() {

@@ -72,7 +72,7 @@ pub mod shard_map;
 #[cfg(test)]
 mod test_regions;
 
-pub use allocation::{AllocationStrategy, LeastShards};
+pub use allocation::{AllocationStrategy, LeastShards, Regions};
 pub use coordinator::{Coordinator, CoordinatorArgs};
 pub use direct::Routes;
 pub use entity::{
@@ -250,6 +250,50 @@ impl ShardRegion {
             return Ok(());
         };
         self.route(entity, msg, ticket)
+    }
+
+    /// Sends `request` to each of `entities`, fire-and-forget, as [`tell`](Self::tell)
+    /// does, except that those of other nodes leave through this node's region, in one
+    /// message per node (a round of daemon keep-alives).
+    pub(crate) fn tell_each<R: Serialize>(
+        &self,
+        entities: &[String],
+        request: &R,
+    ) -> Result<(), ShardingError> {
+        let Some(first) = entities.first() else {
+            return Ok(());
+        };
+        let payload = self.encode(first, request)?;
+        let mut routed = Vec::new();
+        for entity in entities {
+            self.meters.tell();
+            let msg = EntityMsg {
+                payload: payload.clone(),
+                reply: None,
+            };
+            // Straight into the mailbox of an entity running here, when that keeps the
+            // order; the rest through the region.
+            if let Err((msg, ticket)) = self.routes.send(entity, msg) {
+                routed.push(Pending {
+                    env: Envelope {
+                        shard: self.shard_of(entity),
+                        entity: entity.clone(),
+                        payload: msg.payload,
+                        hops: 0,
+                    },
+                    reply: None,
+                    ticket: Some(ticket),
+                });
+            }
+        }
+        if routed.is_empty() {
+            return Ok(());
+        }
+        self.actor
+            .cast(RegionMsg::Local(messages::RegionLocal::RouteAll(routed)))
+            .map_err(|_| ShardingError::Stopped {
+                type_name: self.type_name.clone(),
+            })
     }
 
     /// Sends `msg` straight to its entity on this node, or to the region of its shard's
@@ -477,7 +521,7 @@ pub async fn start_on_node(
 }
 
 /// As [`start_on_node`] with an allocation strategy (`None`: [`LeastShards`] with the
-/// type's `rebalance-threshold`).
+/// type's `rebalance-threshold`, `rebalance-relative-limit` and `rebalance-absolute-limit`).
 pub async fn start_with_strategy(
     node: &Node,
     provider: &LeaseProvider,
@@ -505,11 +549,7 @@ pub(crate) async fn start_with_settings(
 ) -> Result<ShardRegion, ShardingError> {
     let cluster = node.settings();
     let settings = Arc::new(settings);
-    let strategy = strategy.unwrap_or_else(|| {
-        Arc::new(LeastShards {
-            threshold: settings.rebalance_threshold,
-        })
-    });
+    let strategy = strategy.unwrap_or_else(|| Arc::new(LeastShards::from_settings(&settings)));
     let start_err = |detail: String| ShardingError::Start {
         type_name: type_name.to_string(),
         detail,

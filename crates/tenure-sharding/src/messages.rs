@@ -114,6 +114,16 @@ pub struct ShardHome {
     pub coordinator: FencingToken,
 }
 
+/// Coordinator → region, once per wave of allocations (what the coordinator decided while
+/// handling the messages that had reached it): the shards the region is to host (as
+/// [`HostShard`]) and the homes it learns (as [`ShardHome`]), each shard named once.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ShardHomes {
+    pub host: Vec<String>,
+    pub homes: Vec<(String, Option<String>)>,
+    pub coordinator: FencingToken,
+}
+
 /// Coordinator → every region, before a rebalance hands `shard` off: forget where it lives
 /// and keep its messages until the coordinator names its new home (Akka's BeginHandOff).
 /// The region that hosts it keeps serving it until [`HandOff`].
@@ -127,6 +137,20 @@ pub struct BeginHandOff {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct HandOffBegun {
     pub shard: String,
+    pub region: String,
+}
+
+/// Coordinator → every region, once per rebalance round: [`BeginHandOff`] for each of
+/// `shards`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BeginHandOffs {
+    pub shards: Vec<String>,
+    pub coordinator: FencingToken,
+}
+
+/// Region → coordinator: [`BeginHandOffs`] applied (`region`: its node).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HandOffsBegun {
     pub region: String,
 }
 
@@ -161,8 +185,9 @@ pub struct Vacated {
     pub region: String,
 }
 
-/// Region → coordinator, every `retry-interval`: who it is and which shards it hosts (or is
-/// acquiring). A new coordinator rebuilds its allocation from these reports.
+/// Region → coordinator: who it is and every shard it hosts (or is acquiring), as a region
+/// registered before [`RegisterChanges`]; a coordinator takes it as a registration of every
+/// shard.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Register {
     /// The region's node (`host:port`).
@@ -170,6 +195,43 @@ pub struct Register {
     pub shards: Vec<String>,
     /// Whether it may be given shards (not proxy-only, not leaving, not down).
     pub available: bool,
+}
+
+/// Region → coordinator, every `retry-interval`: who it is, whether it may be given shards,
+/// and the shards it hosts (or is acquiring), as the changes since its registration `base`
+/// to this coordinator, or all of them (`base` `None`: its first registration to this
+/// coordinator instance, or the coordinator asked for all with [`RegisterAgain`]). A
+/// coordinator applies changes only onto registration `base` itself (each region's
+/// registrations reach it in order); otherwise it asks for all.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RegisterChanges {
+    /// The region's node (`host:port`).
+    pub region: String,
+    /// This registration's number, increasing within the region's life.
+    pub seq: u64,
+    /// The registration these changes follow; `None`: `added` holds every shard.
+    pub base: Option<u64>,
+    /// Shards hosted since `base` (every shard hosted when `base` is `None`).
+    pub added: Vec<String>,
+    /// Shards no longer hosted since `base`.
+    pub removed: Vec<String>,
+    /// Whether it may be given shards (not proxy-only, not leaving, not down).
+    pub available: bool,
+}
+
+/// Coordinator → region: the changes it sent do not follow a registration this coordinator
+/// has (a new coordinator, a lost message): register every shard now.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RegisterAgain {
+    pub coordinator: FencingToken,
+}
+
+/// Tells for entities of several shards, from a region to the region of their shards' home
+/// (one message per node for a round of daemon keep-alives), each routed as a
+/// [`RegionMsg::Deliver`] of its own.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Envelopes {
+    pub envelopes: Vec<Envelope>,
 }
 
 /// Region → coordinator: where does `shard` live? Answered with a [`ShardHome`] cast to the
@@ -219,6 +281,9 @@ pub struct RegionSnapshot {
 pub enum RegionLocal {
     /// A message sent on this node (by a [`ShardRegion`](crate::ShardRegion) handle).
     Route(Pending),
+    /// Tells sent on this node together (a round of daemon keep-alives): those for shards
+    /// of one other node leave in one [`Envelopes`] message.
+    RouteAll(Vec<Pending>),
     Cluster(ClusterEvent),
     Tick,
     Snapshot(ractor::RpcReplyPort<RegionSnapshot>),
@@ -255,7 +320,17 @@ tenure_cluster::cluster_message! {
     ///   shard lives, keep its messages until its new home is named.
     /// - `Vacate`: from a leaving region that hosts and keeps nothing any more: stop
     ///   sending to it.
+    /// - `Homes`: from the coordinator, once per wave of allocations: the shards to host
+    ///   and the homes of others.
+    /// - `RegisterAll`: from the coordinator: register every hosted shard now.
+    /// - `DeliverAll`: tells for entities of several shards hosted here (a round of daemon
+    ///   keep-alives).
+    /// - `BeginHandOffShards`: from the coordinator, once per rebalance round:
+    ///   `BeginHandOffShard` for each shard of the round.
     /// - `Local`: messages from this node only (cluster events, ticks, hand-off outcomes).
+    ///
+    /// The coordinator sends `Homes` and `BeginHandOffShards`, not `Host`, `Home` and
+    /// `BeginHandOffShard`, which regions still take.
     // The macro takes no attributes on variants (its cast/call/local groups would be
     // ambiguous), so the variants are documented in the list above.
     #[allow(missing_docs)]
@@ -263,10 +338,14 @@ tenure_cluster::cluster_message! {
         cast Deliver(Envelope),
         cast Host(HostShard),
         cast Home(ShardHome),
+        cast Homes(ShardHomes),
+        cast RegisterAll(RegisterAgain),
+        cast DeliverAll(Envelopes),
         call Ask(Envelope) -> AskReply,
         call HandOffShard(HandOff) -> HandOffDone,
         call BeginHandOffShard(BeginHandOff) -> HandOffBegun,
         call Vacate(Vacating) -> Vacated,
+        call BeginHandOffShards(BeginHandOffs) -> HandOffsBegun,
         local Local(RegionLocal),
     }
 }
@@ -282,12 +361,11 @@ pub enum CoordinatorLocal {
     Cluster(ClusterEvent),
     Tick,
     Rebalance,
-    /// The hand-off of a moving shard ended (its old host answered, or the hand-off
-    /// timeout passed).
-    HandOffEnded {
-        shard: String,
-        released: bool,
-    },
+    /// The end of a wave of allocations: each region is told what it learnt in it.
+    Flush,
+    /// Hand-offs of moving shards ended (their old hosts answered, or the hand-off timeout
+    /// passed): each shard, and whether its lease was released.
+    HandOffsEnded(Vec<(String, bool)>),
     /// The shard leases of the type listed from the store at start: shard → holder.
     Listed(Result<Vec<(String, String)>, String>),
     /// remember-entities: the shards with remembered entities, read from the store at
@@ -298,9 +376,11 @@ pub enum CoordinatorLocal {
 tenure_cluster::cluster_message! {
     /// Messages of a shard coordinator.
     ///
-    /// - `RegisterRegion`: from a region, every `retry-interval`: who it is and which
-    ///   shards it hosts.
+    /// - `RegisterRegion`: a region's registration with every shard it hosts (regions
+    ///   send `RegisterChanges`; a coordinator still takes it).
     /// - `GetHome`: from a region: where does the shard live?
+    /// - `RegisterChanges`: from a region, every `retry-interval`: who it is and the
+    ///   changes to the shards it hosts.
     /// - `GetAllocation`: the coordinator's allocation and the regions it may use.
     /// - `Local`: messages from this node only (cluster events, ticks, rebalances,
     ///   hand-off ends).
@@ -310,6 +390,7 @@ tenure_cluster::cluster_message! {
     pub enum CoordinatorMsg {
         cast RegisterRegion(Register),
         cast GetHome(GetShardHome),
+        cast RegisterChanges(RegisterChanges),
         call GetAllocation(AllocationRequest) -> Allocation,
         local Local(CoordinatorLocal),
     }

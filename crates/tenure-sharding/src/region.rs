@@ -24,9 +24,10 @@ use tokio::time::Instant;
 
 use crate::entity::{EntityFactory, EntityMsg};
 use crate::messages::{
-    AskReply, BeginHandOff, CoordinatorMsg, GetShardHome, HandOff, HandOffBegun, HandOffDone,
-    HostShard, Pending, RegionLocal, RegionMsg, RegionSnapshot, Register, ShardHome, Vacated,
-    Vacating, ask_expired, refuse_buffer_full,
+    AskReply, BeginHandOff, BeginHandOffs, CoordinatorMsg, Envelope, Envelopes, GetShardHome,
+    HandOff, HandOffBegun, HandOffDone, HandOffsBegun, HostShard, Pending, RegionLocal, RegionMsg,
+    RegionSnapshot, RegisterAgain, RegisterChanges, ShardHome, ShardHomes, Vacated, Vacating,
+    ask_expired, refuse_buffer_full,
 };
 use crate::settings::ShardingSettings;
 use crate::shard::{HandedOff, Shard, ShardArgs, ShardMsg};
@@ -114,6 +115,11 @@ pub struct RegionState {
     down: bool,
     /// The newest coordinator heard from (its lease's fencing token).
     coordinator: FencingToken,
+    /// The last registration sent, the base of the next one's changes; `None`: the next
+    /// one names every shard.
+    registered: Option<Registered>,
+    /// The number of the last registration sent.
+    registrations: u64,
     timer: Option<ractor::concurrency::JoinHandle<()>>,
     /// Hand-offs of local shards whose outcome has not come back yet.
     handoffs: usize,
@@ -131,6 +137,13 @@ pub struct RegionState {
     /// (its node left, or it was replaced).
     regions: HashMap<String, ActorRef<RegionMsg>>,
     buffer_gauge: crate::metrics::RegionBuffer,
+}
+
+/// A registration sent to a coordinator instance: its number and the shards it reported.
+struct Registered {
+    to: ractor::ActorId,
+    seq: u64,
+    shards: BTreeSet<String>,
 }
 
 /// A graceful leave in progress. The node exits only once no accepted message depends on
@@ -180,6 +193,8 @@ impl Actor for Region {
             leaving: false,
             down: false,
             coordinator: FencingToken::new(0),
+            registered: None,
+            registrations: 0,
             timer: Some(timer),
             handoffs: 0,
             forwarded: 0,
@@ -235,6 +250,52 @@ impl Actor for Region {
                     .await
             }
             RegionMsg::Local(RegionLocal::Route(p)) => state.route(p).await,
+            RegionMsg::Local(RegionLocal::RouteAll(ps)) => state.route_all(ps).await,
+            RegionMsg::DeliverAll(Envelopes { envelopes }) => {
+                let ps = envelopes.into_iter().map(|env| Pending {
+                    env,
+                    reply: None,
+                    ticket: None,
+                });
+                state.route_all(ps.collect()).await
+            }
+            RegionMsg::Homes(ShardHomes {
+                host,
+                homes,
+                coordinator,
+            }) => {
+                if state.current(coordinator, "(a wave of allocations)") {
+                    for shard in host {
+                        state.settle(&shard, Some(state.args.me.clone())).await;
+                    }
+                    for (shard, home) in homes {
+                        state.settle(&shard, home).await;
+                    }
+                }
+            }
+            RegionMsg::RegisterAll(RegisterAgain { coordinator }) => {
+                if state.current(coordinator, "(a registration)") {
+                    state.registered = None;
+                    state.register().await;
+                }
+            }
+            RegionMsg::BeginHandOffShards(
+                BeginHandOffs {
+                    shards,
+                    coordinator,
+                },
+                reply,
+            ) => {
+                // As BeginHandOffShard, for a round of moves.
+                if state.current(coordinator, "(a rebalance round)") {
+                    for shard in &shards {
+                        state.forget_home(shard);
+                    }
+                }
+                let _ = reply.send(HandOffsBegun {
+                    region: state.args.me.clone(),
+                });
+            }
             RegionMsg::Host(HostShard { shard, coordinator }) => {
                 if state.current(coordinator, &shard) {
                     state.settle(&shard, Some(state.args.me.clone())).await
@@ -501,6 +562,47 @@ impl RegionState {
         p
     }
 
+    /// Routes tells that travel together (see [`RegionLocal::RouteAll`]): those for shards
+    /// of another node go there in one message, the others as [`route`](Self::route) sends
+    /// them.
+    async fn route_all(&mut self, ps: Vec<Pending>) {
+        let mut out: BTreeMap<String, Vec<Pending>> = BTreeMap::new();
+        for p in ps {
+            let shard = &p.env.shard;
+            if p.reply.is_some() || p.env.hops > MAX_HOPS || self.shards.contains_key(shard) {
+                self.route(p).await;
+                continue;
+            }
+            if p.env.hops > 0 {
+                // As in `route`: its sender believed the shard lives here.
+                self.forget_home(shard);
+            }
+            match self.homes.get(shard) {
+                Some(home) if *home != self.args.me => out.entry(home.clone()).or_default().push(p),
+                _ => self.dispatch(p).await,
+            }
+        }
+        for (home, ps) in out {
+            let Some(region) = region_of(&mut self.regions, &self.args, &home) else {
+                for p in ps {
+                    self.forget_home(&p.env.shard);
+                    self.wait(p).await;
+                }
+                continue;
+            };
+            match forward_all(region, ps) {
+                Ok(n) => self.forwarded += n,
+                Err(ps) => {
+                    self.forget_region(&home);
+                    for p in ps {
+                        self.forget_home(&p.env.shard);
+                        self.wait(p).await;
+                    }
+                }
+            }
+        }
+    }
+
     /// Keeps a message until its shard's home is known, asking the coordinator; refuses it
     /// when the shard's buffer is full.
     async fn wait(&mut self, p: Pending) {
@@ -698,16 +800,40 @@ impl RegionState {
         true
     }
 
+    /// Registers with the coordinator: the changes to its shards since the last
+    /// registration, or all of them to a coordinator instance it has not registered with
+    /// (or that asked for all).
+    async fn register(&mut self) {
+        let Some(c) = self.args.coordinator.instance().await else {
+            return;
+        };
+        let shards: BTreeSet<String> = self.shards.keys().cloned().collect();
+        self.registrations += 1;
+        let (base, added, removed) = match &self.registered {
+            Some(r) if r.to == c.get_id() => (
+                Some(r.seq),
+                shards.difference(&r.shards).cloned().collect(),
+                r.shards.difference(&shards).cloned().collect(),
+            ),
+            _ => (None, shards.iter().cloned().collect(), Vec::new()),
+        };
+        let sent = c.cast(CoordinatorMsg::RegisterChanges(RegisterChanges {
+            region: self.args.me.clone(),
+            seq: self.registrations,
+            base,
+            added,
+            removed,
+            available: self.can_host(),
+        }));
+        self.registered = sent.is_ok().then(|| Registered {
+            to: c.get_id(),
+            seq: self.registrations,
+            shards,
+        });
+    }
+
     async fn tick(&mut self) {
-        if let Some(c) = self.args.coordinator.instance().await {
-            let mut shards: Vec<String> = self.shards.keys().cloned().collect();
-            shards.sort();
-            let _ = c.cast(CoordinatorMsg::RegisterRegion(Register {
-                region: self.args.me.clone(),
-                shards,
-                available: self.can_host(),
-            }));
-        }
+        self.register().await;
         self.drop_expired_asks();
         let mut asking: BTreeSet<String> = self.pending.keys().cloned().collect();
         if !self.down && !self.leaving {
@@ -969,6 +1095,40 @@ fn forward(region: ActorRef<RegionMsg>, mut p: Pending) -> Result<(), Pending> {
     }
 }
 
+/// Sends tells on to another node's region in one message (see [`forward`]); how many.
+/// `Err` gives them back when that region has stopped.
+fn forward_all(region: ActorRef<RegionMsg>, ps: Vec<Pending>) -> Result<u64, Vec<Pending>> {
+    let n = ps.len() as u64;
+    let (envelopes, tickets): (Vec<Envelope>, Vec<Option<crate::direct::Ticket>>) = ps
+        .into_iter()
+        .map(|mut p| {
+            p.env.hops += 1;
+            (p.env, p.ticket)
+        })
+        .unzip();
+    match region.cast(RegionMsg::DeliverAll(Envelopes { envelopes })) {
+        Ok(()) => Ok(n),
+        Err(ractor::MessagingErr::SendErr(RegionMsg::DeliverAll(Envelopes { envelopes }))) => {
+            Err(envelopes
+                .into_iter()
+                .zip(tickets)
+                .map(|(mut env, ticket)| {
+                    env.hops -= 1;
+                    Pending {
+                        env,
+                        reply: None,
+                        ticket,
+                    }
+                })
+                .collect())
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, tells = n, "tells lost forwarding them to another region");
+            Ok(n)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
@@ -977,7 +1137,7 @@ mod tests {
     use tenure_lease::TenureConfig;
 
     use super::*;
-    use crate::test_regions::RegionDouble;
+    use crate::test_regions::{RegionDouble, proxy_region};
     use crate::{Entity, EntityContext, ShardRegion, ShardingError};
 
     /// Never started in these tests: it only types their entity references.
@@ -999,39 +1159,6 @@ mod tests {
             request: String,
         ) -> Result<String, ActorProcessingErr> {
             Ok(request)
-        }
-    }
-
-    /// A proxy-only region of type `probe` whose coordinator never runs: no shard of it
-    /// ever gets a home.
-    async fn homeless_region(scope: &str, config: &str) -> ShardRegion {
-        let config = TenureConfig::from_toml_str(config, "test").unwrap();
-        let settings = Arc::new(ShardingSettings::from_config(&config, "probe", "memory").unwrap());
-        let coordinator =
-            SingletonProxy::<CoordinatorMsg>::start(scope, "sharding-probe-coordinator", 10)
-                .await
-                .unwrap();
-        let routes = Arc::new(crate::Routes::default());
-        let args = RegionArgs {
-            type_name: "probe".into(),
-            me: "127.0.0.1:1".into(),
-            scope: scope.into(),
-            system: "test".into(),
-            settings: settings.clone(),
-            hosting: None,
-            coordinator: coordinator.clone(),
-            history: None,
-            routes: routes.clone(),
-        };
-        let (actor, _) = Actor::spawn(None, Region, args).await.unwrap();
-        ShardRegion {
-            type_name: "probe".into(),
-            node: "127.0.0.1:1".into(),
-            number_of_shards: settings.number_of_shards,
-            actor,
-            coordinator,
-            routes,
-            meters: crate::metrics::HandleMeters::new("probe"),
         }
     }
 
@@ -1086,6 +1213,185 @@ mod tests {
         }
     }
 
+    /// A coordinator that reports each registration it gets: how many shard ids it
+    /// carried, and the shards its region hosts according to it.
+    struct Registrations {
+        to: tokio::sync::mpsc::UnboundedSender<(usize, BTreeSet<String>)>,
+    }
+
+    impl Actor for Registrations {
+        type Msg = CoordinatorMsg;
+        type State = BTreeSet<String>;
+        type Arguments = ();
+
+        async fn pre_start(
+            &self,
+            _: ActorRef<CoordinatorMsg>,
+            _: (),
+        ) -> Result<BTreeSet<String>, ActorProcessingErr> {
+            Ok(BTreeSet::new())
+        }
+
+        async fn handle(
+            &self,
+            _: ActorRef<CoordinatorMsg>,
+            msg: CoordinatorMsg,
+            hosted: &mut BTreeSet<String>,
+        ) -> Result<(), ActorProcessingErr> {
+            let carried = match msg {
+                CoordinatorMsg::RegisterRegion(crate::messages::Register { shards, .. }) => {
+                    let carried = shards.len();
+                    *hosted = shards.into_iter().collect();
+                    carried
+                }
+                CoordinatorMsg::RegisterChanges(RegisterChanges {
+                    base,
+                    added,
+                    removed,
+                    ..
+                }) => {
+                    if base.is_none() {
+                        hosted.clear();
+                    }
+                    let carried = added.len() + removed.len();
+                    hosted.extend(added);
+                    for shard in removed {
+                        hosted.remove(&shard);
+                    }
+                    carried
+                }
+                _ => return Ok(()),
+            };
+            let _ = self.to.send((carried, hosted.clone()));
+            Ok(())
+        }
+    }
+
+    /// A region hosting `probe` on a memory store, with `config`.
+    async fn hosting_region(scope: &str, config: &str) -> ActorRef<RegionMsg> {
+        let config = TenureConfig::from_toml_str(
+            &format!("[tenure]\ndefault-lease-section = \"memory\"\n{config}"),
+            "test",
+        )
+        .unwrap();
+        let registry = ["sqlite", "postgres", "etcd", "zookeeper"]
+            .into_iter()
+            .fold(tenure_lease::StoreRegistry::new(), |r, kind| {
+                r.left_out(kind, kind)
+            });
+        let provider = tenure_lease::LeaseProvider::new(config.clone(), registry).unwrap();
+        let settings = Arc::new(ShardingSettings::from_config(&config, "probe", "memory").unwrap());
+        let me = "127.0.0.1:1";
+        let template = provider
+            .spec(
+                &tenure_lease::names::shard_lease("test", "probe", "0"),
+                "memory",
+                me,
+            )
+            .await
+            .unwrap();
+        let coordinator =
+            SingletonProxy::<CoordinatorMsg>::start(scope, "sharding-probe-coordinator", 10)
+                .await
+                .unwrap();
+        let args = RegionArgs {
+            type_name: "probe".into(),
+            me: me.into(),
+            scope: scope.into(),
+            system: "test".into(),
+            settings,
+            hosting: Some((crate::entity_factory(Echo), template)),
+            coordinator,
+            history: None,
+            routes: Arc::default(),
+        };
+        Actor::spawn(None, Region, args).await.unwrap().0
+    }
+
+    /// A region's registration, sent every `retry-interval`, carries the shards that
+    /// changed since the coordinator last had its report, not every shard it hosts: once
+    /// the coordinator knows its 40 shards, retries with nothing changed carry none.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_registration_retry_carries_only_the_changes() {
+        let scope = "region-register-changes";
+        let (tx, mut registered) = tokio::sync::mpsc::unbounded_channel();
+        let (coordinator, _) = Actor::spawn(None, Registrations { to: tx }, ())
+            .await
+            .unwrap();
+        pg::join_scoped(
+            scope.to_string(),
+            tenure_singleton::instance_group("sharding-probe-coordinator", FencingToken::new(1)),
+            vec![coordinator.get_cell()],
+        );
+        let region = hosting_region(scope, "[sharding]\nretry-interval = \"50ms\"").await;
+        let shards: BTreeSet<String> = (0..40).map(|i| i.to_string()).collect();
+        for shard in &shards {
+            region
+                .cast(RegionMsg::Host(HostShard {
+                    shard: shard.clone(),
+                    coordinator: FencingToken::new(1),
+                }))
+                .unwrap();
+        }
+        let mut next = async || {
+            tokio::time::timeout(Duration::from_secs(30), registered.recv())
+                .await
+                .expect("a registration within 30 s")
+                .expect("the coordinator runs")
+        };
+        while next().await.1 != shards {}
+        let mut carried = Vec::new();
+        for _ in 0..5 {
+            let (n, hosted) = next().await;
+            assert_eq!(
+                hosted, shards,
+                "what the coordinator knows the region hosts"
+            );
+            carried.push(n);
+        }
+        assert_eq!(
+            carried, [0; 5],
+            "shard ids carried by registrations with nothing changed"
+        );
+        // A new coordinator instance gets every shard once, then changes.
+        let (tx, mut registered) = tokio::sync::mpsc::unbounded_channel();
+        let (successor, _) = Actor::spawn(None, Registrations { to: tx }, ())
+            .await
+            .unwrap();
+        pg::join_scoped(
+            scope.to_string(),
+            tenure_singleton::instance_group("sharding-probe-coordinator", FencingToken::new(2)),
+            vec![successor.get_cell()],
+        );
+        let mut next = async || {
+            tokio::time::timeout(Duration::from_secs(30), registered.recv())
+                .await
+                .expect("a registration within 30 s")
+                .expect("the coordinator runs")
+        };
+        assert_eq!(
+            next().await,
+            (40, shards.clone()),
+            "the first to a new coordinator"
+        );
+        assert_eq!(next().await, (0, shards.clone()));
+        // Asked for every shard (it lacks the base of the changes): all of them at once.
+        region
+            .cast(RegionMsg::RegisterAll(RegisterAgain {
+                coordinator: FencingToken::new(2),
+            }))
+            .unwrap();
+        let mut after = next().await;
+        if after.0 == 0 {
+            // A retry that had left before the request.
+            after = next().await;
+        }
+        assert_eq!(after, (40, shards.clone()), "the registration asked for");
+        region.stop_and_wait(None, None).await.unwrap();
+        coordinator.stop(None);
+        successor.stop(None);
+    }
+
     /// A coordinator that failed over with a node does not know that node's shards (their
     /// leases lapsed before it listed them): the regions that knew them ask their home,
     /// with no message for them, so that they start again elsewhere at once.
@@ -1099,7 +1405,7 @@ mod tests {
             tenure_singleton::instance_group("sharding-probe-coordinator", FencingToken::new(1)),
             vec![coordinator.get_cell()],
         );
-        let region = homeless_region(scope, "[sharding]\nretry-interval = \"100ms\"").await;
+        let region = proxy_region(scope, "[sharding]\nretry-interval = \"100ms\"").await;
         let other = "127.0.0.1:2";
         let cast = |msg: RegionMsg| region.actor().cast(msg).unwrap();
         cast(RegionMsg::Local(RegionLocal::Cluster(
@@ -1144,7 +1450,7 @@ mod tests {
             region_group("probe", other),
             vec![other_region.get_cell()],
         );
-        let region = homeless_region(scope, "").await;
+        let region = proxy_region(scope, "").await;
         let alice = region.entity_ref::<Echo>("alice");
         let shard = alice.shard();
         let coordinator = FencingToken::new(1);
@@ -1244,7 +1550,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_ask_to_a_shard_without_a_home_times_out_naming_it_and_is_not_kept() {
-        let region = homeless_region(
+        let region = proxy_region(
             "region-ask-expiry",
             "[sharding]\nretry-interval = \"500ms\"",
         )
@@ -1296,7 +1602,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_full_shard_buffer_refuses_with_the_type_and_shard_and_spares_other_shards() {
-        let region = homeless_region("region-shard-buffers", "[sharding]\nbuffer-size = 1").await;
+        let region = proxy_region("region-shard-buffers", "[sharding]\nbuffer-size = 1").await;
         let full = region.entity_ref::<Echo>("a");
         let other_id = (0..)
             .map(|i| format!("b{i}"))

@@ -15,7 +15,7 @@ pub const REFERENCE: &str = include_str!("../reference.toml");
 /// [`ShardingSettings::from_config`] checks it. Each field is the key of the same name in
 /// kebab-case, documented in the reference; `number-of-shards` and `lease-section` are
 /// read as placement (see `tenure_cluster::placement`), which every member must share.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
 #[non_exhaustive]
 pub struct ShardingConfig {
@@ -43,10 +43,17 @@ pub struct ShardingConfig {
     /// `rebalance-interval`: how often the coordinator considers a rebalance.
     #[serde(deserialize_with = "tenure_lease::duration::serde::positive")]
     pub rebalance_interval: Duration,
-    /// `rebalance-threshold`: the difference in shards that starts a rebalance.
+    /// `rebalance-threshold`: the regions are balanced while the most loaded has at most
+    /// this many shards more than the least.
     pub rebalance_threshold: usize,
-    /// `max-simultaneous-rebalance`: shards moving at once.
-    pub max_simultaneous_rebalance: usize,
+    /// `rebalance-relative-limit`: share of the allocated shards one rebalance round moves
+    /// at most.
+    pub rebalance_relative_limit: f64,
+    /// `rebalance-absolute-limit`: most shards one rebalance round moves.
+    pub rebalance_absolute_limit: usize,
+    /// `max-simultaneous-rebalance`, deprecated: read as `rebalance-absolute-limit` (with a
+    /// warning at load).
+    pub max_simultaneous_rebalance: Option<usize>,
     /// `hand-off-timeout`: how long a hand-off may take before the coordinator gives up.
     #[serde(deserialize_with = "tenure_lease::duration::serde::positive")]
     pub hand_off_timeout: Duration,
@@ -75,8 +82,10 @@ impl Default for ShardingConfig {
             retry_interval: Duration::from_millis(500),
             unreachable_reallocate_after: Duration::from_secs(5),
             rebalance_interval: Duration::from_secs(10),
-            rebalance_threshold: 2,
-            max_simultaneous_rebalance: 3,
+            rebalance_threshold: 1,
+            rebalance_relative_limit: 0.1,
+            rebalance_absolute_limit: 100,
+            max_simultaneous_rebalance: None,
             hand_off_timeout: Duration::from_secs(15),
             remember_entities: false,
             entity_restart_backoff: Duration::from_secs(10),
@@ -112,10 +121,15 @@ pub struct ShardingSettings {
     pub unreachable_reallocate_after: Duration,
     /// `rebalance-interval`.
     pub rebalance_interval: Duration,
-    /// `rebalance-threshold`.
+    /// `rebalance-threshold`: the regions are balanced while the most loaded has at most
+    /// this many shards more than the least (at least 1).
     pub rebalance_threshold: usize,
-    /// `max-simultaneous-rebalance`.
-    pub max_simultaneous_rebalance: usize,
+    /// `rebalance-relative-limit`: share of the allocated shards one rebalance round moves
+    /// at most (above 0, at most 1).
+    pub rebalance_relative_limit: f64,
+    /// `rebalance-absolute-limit`: most shards one rebalance round moves (at least 1; a
+    /// round moves at least one shard whatever the share).
+    pub rebalance_absolute_limit: usize,
     /// `hand-off-timeout`.
     pub hand_off_timeout: Duration,
     /// `remember-entities`: a shard keeps the ids of its entities in the lease store with
@@ -152,7 +166,11 @@ impl ShardingSettings {
         for (k, n) in [
             ("buffer-size", c.buffer_size),
             ("rebalance-threshold", c.rebalance_threshold),
-            ("max-simultaneous-rebalance", c.max_simultaneous_rebalance),
+            ("rebalance-absolute-limit", c.rebalance_absolute_limit),
+            (
+                "max-simultaneous-rebalance",
+                c.max_simultaneous_rebalance.unwrap_or(1),
+            ),
         ] {
             if n == 0 {
                 return Err(ConfigError::invalid(
@@ -160,6 +178,22 @@ impl ShardingSettings {
                     "expected a positive integer",
                 ));
             }
+        }
+        let relative = c.rebalance_relative_limit;
+        if !(relative > 0.0 && relative <= 1.0) {
+            return Err(ConfigError::invalid(
+                config.key_for("sharding", type_name, "rebalance-relative-limit"),
+                format!("expected a share above 0 and at most 1 (0.1 is 10 %), got {relative}"),
+            ));
+        }
+        let mut absolute = c.rebalance_absolute_limit;
+        if let Some(n) = c.max_simultaneous_rebalance {
+            let old = config.key_for("sharding", type_name, "max-simultaneous-rebalance");
+            let new = config.key_for("sharding", type_name, "rebalance-absolute-limit");
+            tracing::warn!(
+                "`{old}` is deprecated: read as `{new}` = {n} (most shards one rebalance round moves, over {absolute}); set `{new}` (and `rebalance-relative-limit`) instead"
+            );
+            absolute = n;
         }
         let budget = StopBudget::for_actors_configured(
             c.stop_timeout,
@@ -179,7 +213,8 @@ impl ShardingSettings {
             unreachable_reallocate_after: c.unreachable_reallocate_after,
             rebalance_interval: c.rebalance_interval,
             rebalance_threshold: c.rebalance_threshold,
-            max_simultaneous_rebalance: c.max_simultaneous_rebalance,
+            rebalance_relative_limit: relative,
+            rebalance_absolute_limit: absolute,
             hand_off_timeout: c.hand_off_timeout,
             remember_entities: c.remember_entities,
             entity_restart_backoff: c.entity_restart_backoff,
@@ -264,6 +299,30 @@ mod tests {
                 "[sharding.counter]\nwhen-kill-fails = \"run-on\"",
                 "`sharding.counter.when-kill-fails`",
             ),
+            (
+                "[sharding.counter]\nrebalance-relative-limit = 0.0",
+                "`sharding.counter.rebalance-relative-limit`",
+            ),
+            (
+                "[sharding]\nrebalance-relative-limit = 1.5",
+                "`sharding.rebalance-relative-limit`",
+            ),
+            (
+                "[sharding]\nrebalance-relative-limit = \"10%\"",
+                "`sharding.rebalance-relative-limit`",
+            ),
+            (
+                "[sharding.counter]\nrebalance-absolute-limit = 0",
+                "`sharding.counter.rebalance-absolute-limit`",
+            ),
+            (
+                "[sharding]\nrebalance-threshold = 0",
+                "`sharding.rebalance-threshold`",
+            ),
+            (
+                "[sharding]\nmax-simultaneous-rebalance = 0",
+                "`sharding.max-simultaneous-rebalance`",
+            ),
         ] {
             let config = TenureConfig::from_toml_str(text, "t").unwrap();
             let err = ShardingSettings::from_config(&config, "counter", "sqlite")
@@ -293,6 +352,39 @@ mod tests {
         assert_eq!(other.entity_restart_backoff, Duration::from_secs(10));
         let err = ShardingSettings::from_config(&config, "", "sqlite").unwrap_err();
         assert!(err.to_string().contains("entity type name"), "{err}");
+    }
+
+    #[test]
+    fn rebalance_limits_and_the_deprecated_max_simultaneous_rebalance() {
+        let config = TenureConfig::from_toml_str("", "t").unwrap();
+        let s = ShardingSettings::from_config(&config, "counter", "sqlite").unwrap();
+        assert_eq!(
+            (
+                s.rebalance_threshold,
+                s.rebalance_relative_limit,
+                s.rebalance_absolute_limit
+            ),
+            (1, 0.1, 100),
+            "the reference's"
+        );
+        let config = TenureConfig::from_toml_str(
+            "[sharding.counter]\nrebalance-relative-limit = 0.25\nrebalance-absolute-limit = 7",
+            "t",
+        )
+        .unwrap();
+        let s = ShardingSettings::from_config(&config, "counter", "sqlite").unwrap();
+        assert_eq!(
+            (s.rebalance_relative_limit, s.rebalance_absolute_limit),
+            (0.25, 7)
+        );
+        // The deprecated key still bounds a round, as the absolute limit.
+        let config =
+            TenureConfig::from_toml_str("[sharding]\nmax-simultaneous-rebalance = 4", "t").unwrap();
+        let s = ShardingSettings::from_config(&config, "counter", "sqlite").unwrap();
+        assert_eq!(
+            (s.rebalance_relative_limit, s.rebalance_absolute_limit),
+            (0.1, 4)
+        );
     }
 
     #[test]

@@ -1,10 +1,49 @@
 //! A test double of another node's region, for the unit tests of the routed and direct
-//! paths and of the coordinator.
+//! paths and of the coordinator, and a proxy-only region whose coordinator never runs.
+
+use std::sync::Arc;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tenure_lease::TenureConfig;
+use tenure_singleton::SingletonProxy;
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::messages::{Envelope, RegionMsg, Vacated};
+use crate::messages::{CoordinatorMsg, Envelope, RegionMsg, Vacated};
+use crate::region::{Region, RegionArgs};
+use crate::{ShardRegion, ShardingSettings};
+
+/// A proxy-only region of type `probe` on node `127.0.0.1:1`, with `config`, whose
+/// coordinator never runs: no shard of it gets a home but those it is told of.
+pub(crate) async fn proxy_region(scope: &str, config: &str) -> ShardRegion {
+    let config = TenureConfig::from_toml_str(config, "test").unwrap();
+    let settings = Arc::new(ShardingSettings::from_config(&config, "probe", "memory").unwrap());
+    let coordinator =
+        SingletonProxy::<CoordinatorMsg>::start(scope, "sharding-probe-coordinator", 10)
+            .await
+            .unwrap();
+    let routes = Arc::new(crate::Routes::default());
+    let args = RegionArgs {
+        type_name: "probe".into(),
+        me: "127.0.0.1:1".into(),
+        scope: scope.into(),
+        system: "test".into(),
+        settings: settings.clone(),
+        hosting: None,
+        coordinator: coordinator.clone(),
+        history: None,
+        routes: routes.clone(),
+    };
+    let (actor, _) = Actor::spawn(None, Region, args).await.unwrap();
+    ShardRegion {
+        type_name: "probe".into(),
+        node: "127.0.0.1:1".into(),
+        number_of_shards: settings.number_of_shards,
+        actor,
+        coordinator,
+        routes,
+        meters: crate::metrics::HandleMeters::new("probe"),
+    }
+}
 
 /// Another node's region: reports what `report` makes of each message it is sent (and
 /// ignores the messages it makes nothing of).

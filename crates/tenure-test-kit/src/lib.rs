@@ -8,12 +8,15 @@
 //! The multi-process harness of `tenure-cli`'s tests and benches (`cli`, feature `cli`):
 //! `tenure` processes in a sandbox, clusters of nodes with faults (the demo's cluster
 //! harness, with this build's binary), what their histories show; and [`example`] runs a
-//! built example.
+//! built example. [`eventually`] is the one bounded polling loop of the tests.
 
 #[cfg(feature = "cli")]
 pub mod cli;
 pub mod etcd;
+mod eventually;
 pub mod example;
 pub mod postgres;
 pub mod signal;
 pub mod zookeeper;
+
+pub use eventually::{POLL_EVERY, eventually};

@@ -9,12 +9,15 @@
 //! node cannot be started, signalled or asked.
 
 use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::os::fd::OwnedFd;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use rustix::net::{AddressFamily, SocketFlags, SocketType};
 use rustix::process::{Pid, Signal, kill_process, set_parent_process_death_signal};
 use serde_json::Value;
 use tenure::history::{Entry, Event, Link};
@@ -61,6 +64,8 @@ pub struct NodeProc {
     pub port: u16,
     /// The node's config file.
     pub config: PathBuf,
+    /// The port, held until the node's first start takes it over.
+    hold: Option<PortHold>,
     child: Option<Child>,
     stderr: Arc<Mutex<String>>,
     supervised: bool,
@@ -79,6 +84,12 @@ impl NodeProc {
     /// Everything the node wrote to stderr so far.
     pub fn stderr(&self) -> String {
         self.stderr.lock().unwrap().clone()
+    }
+
+    /// Lets the port held for the node's first start go early (for tests of what a start
+    /// does when something else takes it first).
+    pub fn release_port(&mut self) {
+        self.hold = None;
     }
 
     /// The incarnation of the latest start.
@@ -114,6 +125,8 @@ pub struct Cluster {
     /// The `tenure` executable the nodes run.
     pub binary: PathBuf,
     store: PathBuf,
+    /// Dropped last, once every node is gone.
+    _turn: ClusterTurn,
 }
 
 impl Cluster {
@@ -134,63 +147,147 @@ pub fn percentile(v: &mut [f64], p: f64) -> f64 {
     v[((v.len() - 1) as f64 * p).round() as usize]
 }
 
-/// Free loopback ports, for TCP and UDP alike (a node takes both: sessions and heartbeat
-/// datagrams), bound, then released for the node to take.
-pub fn free_ports(n: usize) -> Vec<u16> {
+/// A loopback port held for a node until the node takes it over, for TCP and UDP alike (a
+/// node takes both: sessions and heartbeat datagrams): a TCP socket bound but not listening
+/// (a dial to it is refused, as to a stopped node) and a UDP socket, neither with
+/// `SO_REUSEADDR`, so that no other socket can bind the port while it is held.
+#[derive(Debug)]
+pub struct PortHold {
+    port: u16,
+    tcp: Option<OwnedFd>,
+    /// Held for as long as the hold lives.
+    _udp: std::net::UdpSocket,
+}
+
+impl PortHold {
+    /// Holds `port` on 127.0.0.1, or `None` when anything has it (TCP or UDP).
+    fn take(port: u16) -> Option<PortHold> {
+        let addr = SocketAddrV4::new(Ipv4Addr::LOCALHOST, port);
+        let tcp = rustix::net::socket_with(
+            AddressFamily::INET,
+            SocketType::STREAM,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .ok()?;
+        rustix::net::bind(&tcp, &addr).ok()?;
+        let udp = std::net::UdpSocket::bind(addr).ok()?;
+        Some(PortHold {
+            port,
+            tcp: Some(tcp),
+            _udp: udp,
+        })
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `127.0.0.1:<port>`.
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Lets the TCP port go and keeps holding the UDP one.
+    pub fn release_tcp(&mut self) {
+        self.tcp = None;
+    }
+}
+
+/// `n` distinct loopback ports, each held (see [`PortHold`]) until dropped.
+pub fn hold_ports(n: usize) -> Vec<PortHold> {
     // Below Linux's ephemeral range (32768-60999 by default): a port handed out by
     // `bind(:0)` or taken by an outgoing connection of any other process could be that
     // range's, and a node restarted on its port after a kill would find it taken. Random,
-    // so that harnesses running at the same time rarely pick the same ones; each is checked
-    // free (all held together, so the n are distinct).
-    let mut listeners = Vec::with_capacity(n);
+    // so that harnesses running at the same time rarely pick the same ones.
+    let mut held: Vec<PortHold> = Vec::with_capacity(n);
     for _ in 0..1000 {
-        if listeners.len() == n {
+        if held.len() == n {
             break;
         }
-        let port = fastrand::u16(20_000..32_000);
-        if let (Ok(l), Ok(u)) = (
-            std::net::TcpListener::bind(("127.0.0.1", port)),
-            std::net::UdpSocket::bind(("127.0.0.1", port)),
-        ) {
-            listeners.push((l, u));
+        if let Some(hold) = PortHold::take(fastrand::u16(20_000..32_000)) {
+            held.push(hold);
         }
     }
-    assert_eq!(listeners.len(), n, "{n} free loopback ports in 20000-31999");
-    listeners
-        .iter()
-        .map(|(l, _)| l.local_addr().unwrap().port())
-        .collect()
+    assert_eq!(held.len(), n, "{n} free loopback ports in 20000-31999");
+    held
+}
+
+/// One cluster at a time in a process: a harness cluster takes the turn when configured
+/// and gives it back when dropped, so that the tests of one binary run their clusters one
+/// after the other (several at once on a 2-core machine starve each other's heartbeats).
+/// Tests that start clusters by other means (the `tenure demo` command) take it themselves.
+pub struct ClusterTurn(());
+
+static TURN: Mutex<Option<std::thread::ThreadId>> = Mutex::new(None);
+static TURN_FREED: std::sync::Condvar = std::sync::Condvar::new();
+
+impl ClusterTurn {
+    /// Waits for the turn. Panics when this thread holds it already (two clusters of one
+    /// test would wait for each other forever).
+    pub fn take() -> ClusterTurn {
+        let me = std::thread::current().id();
+        let mut holder = TURN.lock().unwrap_or_else(|e| e.into_inner());
+        assert!(
+            *holder != Some(me),
+            "this thread runs a harness cluster already: one cluster at a time"
+        );
+        while holder.is_some() {
+            holder = TURN_FREED.wait(holder).unwrap_or_else(|e| e.into_inner());
+        }
+        *holder = Some(me);
+        ClusterTurn(())
+    }
+}
+
+impl Drop for ClusterTurn {
+    fn drop(&mut self) {
+        *TURN.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        TURN_FREED.notify_one();
+    }
 }
 
 impl Cluster {
-    /// Writes configs for `n` nodes of `binary` (seed: node 0) without starting them.
+    /// Writes configs for `n` nodes of `binary` (seed: node 0) without starting them, each
+    /// on a port held until its first start. Waits for this process's [`ClusterTurn`].
     pub fn configure(binary: &Path, n: usize, options: &Options) -> Cluster {
+        let turn = ClusterTurn::take();
         let dir = tempfile::tempdir().expect("temp dir");
         let store = dir.path().join("leases.sqlite");
         let history = options
             .history
             .clone()
             .unwrap_or_else(|| dir.path().join("history.jsonl"));
-        let ports = free_ports(n);
         let mut c = Cluster {
             dir,
             nodes: Vec::new(),
             history,
             binary: binary.to_path_buf(),
             store,
+            _turn: turn,
         };
-        if let Some(first) = ports.first() {
-            let seed = format!("127.0.0.1:{first}");
-            for port in ports {
-                c.add_node(port, &seed, options);
+        let mut ports = hold_ports(n).into_iter();
+        if let Some(first) = ports.next() {
+            let seed = first.addr();
+            c.add_node_on(first, &seed, options);
+            for hold in ports {
+                c.add_node_on(hold, &seed, options);
             }
         }
         c
     }
 
-    /// Adds (without starting) a node on `port` with `seed` and extra options.
-    pub fn add_node(&mut self, port: u16, seed: &str, options: &Options) -> usize {
+    /// Adds (without starting) a node with `seed` and extra options, on a port held until
+    /// its first start.
+    pub fn add_node(&mut self, seed: &str, options: &Options) -> usize {
+        let hold = hold_ports(1).pop().expect("one port");
+        self.add_node_on(hold, seed, options)
+    }
+
+    fn add_node_on(&mut self, hold: PortHold, seed: &str, options: &Options) -> usize {
         let i = self.nodes.len();
+        let port = hold.port();
         let config = self.dir.path().join(format!("node{i}.toml"));
         let lease = options.lease.clone().unwrap_or_else(|| {
             format!(
@@ -261,6 +358,7 @@ release-after = "10s"
             addr: format!("127.0.0.1:{port}"),
             port,
             config,
+            hold: Some(hold),
             child: None,
             stderr: Arc::new(Mutex::new(String::new())),
             supervised: options.supervised,
@@ -293,8 +391,73 @@ release-after = "10s"
         cmd
     }
 
-    /// Starts (or restarts) node `i` and waits for its "started" line.
+    /// Starts (or restarts) node `i` and waits for its "started" line. A first start whose
+    /// port was taken in the moment between the harness letting it go and the node binding
+    /// it moves the node to another held port (when no running node seeds from it); a
+    /// restart, whose address is the node's identity, tries the same port again.
     pub fn spawn(&mut self, i: usize) {
+        const ATTEMPTS: u32 = 10;
+        for attempt in 1..=ATTEMPTS {
+            let stderr = match self.try_spawn(i) {
+                Ok(()) => return,
+                Err(stderr) => stderr,
+            };
+            let taken = stderr.contains(&format!("cannot listen on {}", self.nodes[i].addr))
+                && stderr.contains("Address already in use");
+            if !taken || attempt == ATTEMPTS {
+                panic!(
+                    "node {} did not start (attempt {attempt}):\n{stderr}",
+                    self.nodes[i].addr
+                );
+            }
+            if self.nodes[i].incarnations.is_empty() && !self.seeded_by_running(i) {
+                self.move_node(i);
+            } else {
+                std::thread::sleep(Duration::from_millis(200) * attempt);
+            }
+        }
+    }
+
+    /// Whether a running node has node `i` among its seeds.
+    fn seeded_by_running(&self, i: usize) -> bool {
+        let addr = format!("\"{}\"", self.nodes[i].addr);
+        (0..self.nodes.len()).any(|j| {
+            j != i
+                && self.is_running(j)
+                && std::fs::read_to_string(&self.nodes[j].config)
+                    .is_ok_and(|text| text.contains(&addr))
+        })
+    }
+
+    /// Moves node `i`, never started, to a newly held port: its config and the seeds of
+    /// every node not running.
+    fn move_node(&mut self, i: usize) {
+        let hold = hold_ports(1).pop().expect("one port");
+        let (old_port, old) = (self.nodes[i].port, self.nodes[i].addr.clone());
+        let new = hold.addr();
+        for j in (0..self.nodes.len()).filter(|j| !self.is_running(*j)) {
+            let config = &self.nodes[j].config;
+            let mut text = std::fs::read_to_string(config).expect("read node config");
+            if j == i {
+                text = text.replace(
+                    &format!("\nport = {old_port}\n"),
+                    &format!("\nport = {}\n", hold.port()),
+                );
+            }
+            std::fs::write(
+                config,
+                text.replace(&format!("\"{old}\""), &format!("\"{new}\"")),
+            )
+            .expect("write node config");
+        }
+        let node = &mut self.nodes[i];
+        node.port = hold.port();
+        node.addr = new;
+        node.hold = Some(hold);
+    }
+
+    /// Starts node `i` once; `Err` with its stderr when it exits before its "started" line.
+    fn try_spawn(&mut self, i: usize) -> Result<(), String> {
         assert!(self.nodes[i].child.is_none(), "node {i} is already running");
         let node: &[&str] = if self.nodes[i].args.is_empty() {
             &["node", "--history"]
@@ -319,6 +482,8 @@ release-after = "10s"
                 cmd.pre_exec(|| Ok(set_parent_process_death_signal(Some(Signal::KILL))?));
             }
         }
+        // The node binds the port itself: let it go at the last moment.
+        self.nodes[i].hold = None;
         let mut child = cmd.spawn().expect("spawn tenure node");
         let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
         let stderr = child.stderr.take().expect("piped stderr");
@@ -332,7 +497,7 @@ release-after = "10s"
                 .open(Path::new(&dir).join(format!("{}.log", self.nodes[i].port)))
                 .ok()
         });
-        std::thread::spawn(move || {
+        let drain = std::thread::spawn(move || {
             let mut r = BufReader::new(stderr);
             let mut buf = String::new();
             while let Ok(n) = r.read_line(&mut buf) {
@@ -350,27 +515,29 @@ release-after = "10s"
         stdout
             .read_line(&mut line)
             .expect("read the node's first line");
-        let node = &mut self.nodes[i];
         let inc = line
             .split_whitespace()
             .collect::<Vec<_>>()
             .windows(2)
             .find(|w| w[0] == "incarnation")
-            .map(|w| w[1].to_string())
-            .unwrap_or_else(|| {
-                panic!(
-                    "node {} did not start: stdout {line:?}, stderr:\n{}",
-                    node.addr,
-                    sink.lock().unwrap()
-                )
-            });
+            .map(|w| w[1].to_string());
+        let Some(inc) = inc else {
+            // Its whole stderr: the node has exited (or is made to).
+            let _ = child.kill();
+            let _ = child.wait();
+            let _ = drain.join();
+            let stderr = sink.lock().unwrap().clone();
+            return Err(format!("stdout {line:?}, stderr:\n{stderr}"));
+        };
         // Keep draining stdout so the node never blocks on a full pipe.
         std::thread::spawn(move || {
             let _ = std::io::copy(&mut stdout, &mut std::io::sink());
         });
+        let node = &mut self.nodes[i];
         node.incarnations.push(inc);
         node.stderr = sink;
         node.child = Some(child);
+        Ok(())
     }
 
     /// Whether node `i` was started and not killed or stopped since.

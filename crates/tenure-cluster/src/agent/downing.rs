@@ -9,9 +9,10 @@ use std::time::Duration;
 
 use ractor::ActorRef;
 use tenure_lease::history::Event;
-use tenure_lease::{Acquired, Lease, LeaseMsg, LeaseSettings, LeaseSpec};
+use tenure_lease::{LeaseMsg, LeaseSpec};
 use tokio::time::Instant;
 
+use super::resolver_lease::{self, SharedLease};
 use super::{AgentState, RELEASE_SLACK};
 use crate::identity::{Incarnation, NodeAddr};
 use crate::member::{Member, MemberStatus};
@@ -24,10 +25,6 @@ use crate::sbr::{
 /// How many member-lease ttls a node that downed itself waits for a silent former member
 /// before it rejoins without hearing it.
 const FORGET_AFTER_TTLS: u32 = 10;
-
-/// The resolver lease of lease-majority, shared with the tasks that acquire and release it
-/// (one handle for the node's life, so that acquiring again re-enters).
-type SharedLease = Arc<tokio::sync::Mutex<Option<Lease>>>;
 
 /// The resolver's state in the agent.
 pub(super) struct Downing {
@@ -302,6 +299,7 @@ impl AgentState {
                 let settings = self.s.member_lease;
                 let store = self.store.clone();
                 let me = myself.clone();
+                let side: Vec<String> = side.iter().map(ToString::to_string).collect();
                 if leader == self.me {
                     let spec = LeaseSpec::new(&name, &self.me.to_string(), store, settings)
                         .map(|s| s.with_note("split brain resolver: this member's side survives"));
@@ -309,18 +307,17 @@ impl AgentState {
                     tokio::spawn(async move {
                         tokio::time::sleep(delay).await;
                         let won = match spec {
-                            Ok(spec) => acquire(lease, spec, settings).await,
+                            Ok(spec) => resolver_lease::acquire(lease, spec, &side).await,
                             Err(e) => Err(e.to_string()),
                         };
                         let _ = me.cast(AgentMsg::Local(Local::SbrLease { attempt, won }));
                     });
                 } else {
-                    let side: Vec<String> = side.iter().map(ToString::to_string).collect();
                     let spec = LeaseSpec::new(&name, &self.me.to_string(), store, settings);
                     tokio::spawn(async move {
                         tokio::time::sleep(delay).await;
                         let won = match spec {
-                            Ok(spec) => watch(spec, &side).await,
+                            Ok(spec) => resolver_lease::watch(spec, &side).await,
                             Err(e) => Err(e.to_string()),
                         };
                         let _ = me.cast(AgentMsg::Local(Local::SbrLease { attempt, won }));
@@ -449,59 +446,6 @@ impl AgentState {
                 }
                 lease.stop(Some("downed".into()));
             });
-        }
-    }
-}
-
-/// Acquires the resolver lease for this node's side: `Ok(true)` granted, `Ok(false)` held
-/// by the other side, `Err` when the store did not answer in three tries.
-async fn acquire(
-    lease: SharedLease,
-    spec: LeaseSpec,
-    settings: LeaseSettings,
-) -> Result<bool, String> {
-    let mut slot = lease.lock().await;
-    if slot.is_none() {
-        *slot = Some(Lease::start(spec).await.map_err(|e| e.to_string())?);
-    }
-    let Some(lease) = slot.as_ref() else {
-        return Err("no resolver lease".into());
-    };
-    let mut last = String::new();
-    for _ in 0..3 {
-        match lease.acquire().await {
-            Ok(Acquired::Granted { .. }) => return Ok(true),
-            Ok(Acquired::NotGranted { .. }) => return Ok(false),
-            Err(e) => last = e.to_string(),
-        }
-        tokio::time::sleep(settings.lease_retry_interval).await;
-    }
-    Err(last)
-}
-
-/// Waits for this side's leader to win the resolver lease `spec`, observing its holder
-/// with the lease crate's observer (pushed by stores that watch, read every retry interval
-/// by the others): `Ok(true)` a member of `side` holds it, `Ok(false)` someone else does,
-/// `Err` when nobody took it within two ttls (the side's leader cannot reach the store).
-async fn watch(spec: LeaseSpec, side: &[String]) -> Result<bool, String> {
-    let mut holders = tenure_lease::election::observe(
-        spec.store.clone(),
-        spec.name.clone(),
-        spec.store_name.clone(),
-        spec.settings,
-    );
-    let deadline = tokio::time::sleep(spec.settings.heartbeat_timeout * 2);
-    tokio::pin!(deadline);
-    let mut last = "nobody holds it".to_string();
-    loop {
-        tokio::select! {
-            seen = holders.next() => match seen {
-                Some(Ok(Some(holder))) => return Ok(side.contains(&holder.owner)),
-                Some(Ok(None)) => {}
-                Some(Err(e)) => last = e.to_string(),
-                None => return Err(last),
-            },
-            _ = &mut deadline => return Err(last),
         }
     }
 }

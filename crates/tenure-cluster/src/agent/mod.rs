@@ -36,6 +36,7 @@ mod inspect;
 mod membership;
 mod mesh;
 mod operator;
+mod resolver_lease;
 
 pub(crate) use membership::{LeaveAnswer, RELEASE_SLACK, Refusal};
 

@@ -30,7 +30,18 @@ pub fn now_ns() -> i64 {
 /// reachable) and the singleton `s1`, once every node hosts shards, every key is answered
 /// on every node and every node's proxy reaches the singleton.
 pub fn loaded_cluster(n: usize) -> Cluster {
+    loaded_cluster_with(n, &[])
+}
+
+/// [`loaded_cluster`] with `overrides` of the harness's config lines (see
+/// [`Options::overrides`]).
+pub fn loaded_cluster_with(n: usize, overrides: &[(&str, &str)]) -> Cluster {
     let mut options = open_loop_options(SHARDS, KEYS, RATE, "2s", "rebalance-interval = \"1s\"");
+    options.overrides.extend(
+        overrides
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string())),
+    );
     // A bench run being traced keeps its history.
     options.history = std::env::var_os("TENURE_BENCH_HISTORY").map(Into::into);
     options
