@@ -22,6 +22,7 @@
 //! store and cluster; every run injects every fault kind of its store. Each seed is printed
 //! (`fault seed …`); replay one with `TENURE_FAULT_SEED=<seed>` (then only that seed runs).
 //! `TENURE_FAULT_ROUNDS=<n>` (default 1) repeats the fault sequence n times: a soak.
+//! `TENURE_FAULT_KINDS=<kind>,…` injects only those kinds (e.g. `BlockedThreadLoss`).
 //! SQLite is one file on one host: it has no connection to cut and no server to restart,
 //! so those two faults run on the network stores only, and file loss on SQLite only; its
 //! late answers are a write lock held on the file (every process's operations wait, and
@@ -109,6 +110,21 @@ fn rounds() -> usize {
         .unwrap_or(1)
 }
 
+/// `TENURE_FAULT_KINDS` (comma-separated fault kinds, e.g. `BlockedThreadLoss,CutLink`):
+/// a replay that injects only those.
+fn only_kinds() -> Option<Vec<String>> {
+    let kinds = std::env::var("TENURE_FAULT_KINDS").ok()?;
+    let kinds: Vec<String> = kinds.split(',').map(|k| k.trim().to_string()).collect();
+    for k in &kinds {
+        assert!(
+            Fault::ALL.iter().any(|f| format!("{f:?}") == *k),
+            "TENURE_FAULT_KINDS: {k:?} is not a fault kind (one of {:?})",
+            Fault::ALL
+        );
+    }
+    Some(kinds)
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Fault {
     Kill,
@@ -123,7 +139,29 @@ enum Fault {
     SameOwner,
     SlowStore,
     SessionExpiry,
-    BlockedThread,
+    /// An entity blocks its thread past the ttl while its node loses its leases.
+    BlockedThreadLoss,
+    /// An entity blocks its thread past the ttl while its node leaves.
+    BlockedThreadLeave,
+}
+
+impl Fault {
+    const ALL: [Fault; 14] = [
+        Fault::Kill,
+        Fault::PauseLong,
+        Fault::PauseShort,
+        Fault::CutLink,
+        Fault::CutStore,
+        Fault::RestartStore,
+        Fault::ClockJump,
+        Fault::SlowStop,
+        Fault::FileLoss,
+        Fault::SameOwner,
+        Fault::SlowStore,
+        Fault::SessionExpiry,
+        Fault::BlockedThreadLoss,
+        Fault::BlockedThreadLeave,
+    ];
 }
 
 /// The store a run uses, and the server behind it when there is one.
@@ -335,7 +373,8 @@ fn inject(run: &mut Run, fault: Fault, rng: &mut Rng) {
     let n = run.c.nodes.len();
     let target = match fault {
         Fault::ClockJump => run.clock_node,
-        Fault::BlockedThread => return blocked_thread(run, rng),
+        Fault::BlockedThreadLoss => return blocked_thread(run, rng, true),
+        Fault::BlockedThreadLeave => return blocked_thread(run, rng, false),
         _ => rng.below(n),
     };
     let addr = run.c.nodes[target].addr.clone();
@@ -377,31 +416,7 @@ fn inject(run: &mut Run, fault: Fault, rng: &mut Rng) {
         Fault::SlowStop => {
             std::fs::write(&run.slow_stop, "").expect("slow-stop switch");
             run.c.record_about(&addr, Event::SlowStop {});
-            // Long enough for every lease of the target to lapse while it runs.
-            let outage = rng.between(ttl + Duration::from_millis(500), ttl * 2);
-            match &run.store {
-                Store::Sqlite => {
-                    // No connection to cut: the lease file write-locked (a backup, a stuck
-                    // writer) fails every node's renewals instead.
-                    let lock = rusqlite::Connection::open(run.c.lease_store())
-                        .expect("open the lease file");
-                    lock.busy_timeout(Duration::from_secs(10))
-                        .expect("busy timeout");
-                    lock.execute_batch("BEGIN EXCLUSIVE")
-                        .expect("write-lock the lease file");
-                    run.c.record_about("store", Event::StoreLocked {});
-                    std::thread::sleep(outage);
-                    lock.execute_batch("COMMIT").expect("unlock the lease file");
-                    run.c.record_about("store", Event::StoreUnlocked {});
-                }
-                _ => {
-                    run.proxies[target].set_cut(true);
-                    run.c.record(target, Event::StoreCut {});
-                    std::thread::sleep(outage);
-                    run.proxies[target].set_cut(false);
-                    run.c.record(target, Event::StoreHealed {});
-                }
-            }
+            lose_leases(run, target, rng);
             std::fs::remove_file(&run.slow_stop).expect("slow-stop switch off");
         }
         Fault::FileLoss => {
@@ -459,7 +474,9 @@ fn inject(run: &mut Run, fault: Fault, rng: &mut Rng) {
             std::thread::sleep(Duration::from_secs(2));
         }
         Fault::SameOwner => second_owner(run, target, rng),
-        Fault::BlockedThread => unreachable!("chooses its node by the entity it blocks"),
+        Fault::BlockedThreadLoss | Fault::BlockedThreadLeave => {
+            unreachable!("chooses its node by the entity it blocks")
+        }
         Fault::SlowStore => {
             let span = rng.between(OPERATION_TIMEOUT - Duration::from_millis(500), ttl);
             match run.proxies.get(target) {
@@ -512,23 +529,52 @@ fn inject(run: &mut Run, fault: Fault, rng: &mut Rng) {
     }
 }
 
+/// Node `target` loses every lease it holds, for long enough that they all lapse: its
+/// store connection cut or, on SQLite (no connection to cut), the lease file write-locked
+/// (a backup, a stuck writer), which fails every node's renewals.
+fn lose_leases(run: &mut Run, target: usize, rng: &mut Rng) {
+    let ttl = MEMBER_TTL;
+    let outage = rng.between(ttl + Duration::from_millis(500), ttl * 2);
+    match &run.store {
+        Store::Sqlite => {
+            let lock =
+                rusqlite::Connection::open(run.c.lease_store()).expect("open the lease file");
+            lock.busy_timeout(Duration::from_secs(10))
+                .expect("busy timeout");
+            lock.execute_batch("BEGIN EXCLUSIVE")
+                .expect("write-lock the lease file");
+            run.c.record_about("store", Event::StoreLocked {});
+            std::thread::sleep(outage);
+            lock.execute_batch("COMMIT").expect("unlock the lease file");
+            run.c.record_about("store", Event::StoreUnlocked {});
+        }
+        _ => {
+            run.proxies[target].set_cut(true);
+            run.c.record(target, Event::StoreCut {});
+            std::thread::sleep(outage);
+            run.proxies[target].set_cut(false);
+            run.c.record(target, Event::StoreHealed {});
+        }
+    }
+}
+
 /// An example entity blocks its thread for longer than the ttl, on whichever node hosts it
-/// (found from the marker the entity writes), and meanwhile, by the seed:
-/// - its node loses its leases (its store connection cut, or on SQLite the lease file
-///   write-locked for every node): the node must end itself by SIGABRT, recording
-///   `process_abort`, before the shard lease's deadline; it is then started again;
-/// - or its node leaves gracefully (SIGTERM): the shard's hand-off keeps the lease, renewed,
+/// (found from the marker the entity writes), and meanwhile:
+/// - `leases_lost`: its node loses its leases (its store connection cut, or on SQLite the
+///   lease file write-locked for every node): the node must end itself by SIGABRT,
+///   recording `process_abort`, before the shard lease's deadline; it is then started
+///   again;
+/// - otherwise its node leaves gracefully (SIGTERM): the shard's hand-off keeps the lease, renewed,
 ///   until the entity ends, and the node exits once its leave is done, or by SIGABRT when
 ///   its leave-timeout came first with the entity still running.
 ///
 /// Either way `tenure check` judges the entity's life and every write against the holds.
-fn blocked_thread(run: &mut Run, rng: &mut Rng) {
+fn blocked_thread(run: &mut Run, rng: &mut Rng, leases_lost: bool) {
     let ttl = MEMBER_TTL;
-    let lose_leases = rng.below(2) == 0;
     let key = format!("key-{}", rng.below(KEYS));
     // Blocked well past the loss when the leases go; a little longer than the ttl when the
     // node leaves, so that its leave may see the entity end.
-    let pause = if lose_leases {
+    let pause = if leases_lost {
         ttl * 2
     } else {
         rng.between(
@@ -568,7 +614,7 @@ fn blocked_thread(run: &mut Run, rng: &mut Rng) {
     let addr = addr.to_string();
     eprintln!(
         "fault BlockedThread on node {target} ({addr}): {key} blocked for {pause:?}, {}",
-        if lose_leases {
+        if leases_lost {
             "its leases lost"
         } else {
             "its node leaving"
@@ -576,29 +622,8 @@ fn blocked_thread(run: &mut Run, rng: &mut Rng) {
     );
     run.c
         .record_about(&addr, Event::ThreadBlocked { entity: key });
-    if lose_leases {
-        let outage = rng.between(ttl + Duration::from_millis(500), ttl * 2);
-        match &run.store {
-            Store::Sqlite => {
-                let lock =
-                    rusqlite::Connection::open(run.c.lease_store()).expect("open the lease file");
-                lock.busy_timeout(Duration::from_secs(10))
-                    .expect("busy timeout");
-                lock.execute_batch("BEGIN EXCLUSIVE")
-                    .expect("write-lock the lease file");
-                run.c.record_about("store", Event::StoreLocked {});
-                std::thread::sleep(outage);
-                lock.execute_batch("COMMIT").expect("unlock the lease file");
-                run.c.record_about("store", Event::StoreUnlocked {});
-            }
-            _ => {
-                run.proxies[target].set_cut(true);
-                run.c.record(target, Event::StoreCut {});
-                std::thread::sleep(outage);
-                run.proxies[target].set_cut(false);
-                run.c.record(target, Event::StoreHealed {});
-            }
-        }
+    if leases_lost {
+        lose_leases(run, target, rng);
         let status = run.c.wait_exit(target, Duration::from_secs(15)).unwrap_or_else(|| {
             panic!(
                 "node {target} ({addr}) did not end itself while an entity outlived its kill under a lost lease:\n{}",
@@ -771,7 +796,8 @@ fn run_seed(store: Store, seed: u64) {
         Fault::SlowStop,
         Fault::SameOwner,
         Fault::SlowStore,
-        Fault::BlockedThread,
+        Fault::BlockedThreadLoss,
+        Fault::BlockedThreadLeave,
     ];
     if kind == "sqlite" {
         faults.push(Fault::FileLoss);
@@ -780,6 +806,14 @@ fn run_seed(store: Store, seed: u64) {
     }
     if kind == "etcd" {
         faults.push(Fault::SessionExpiry);
+    }
+    if let Some(only) = only_kinds() {
+        faults.retain(|f| only.contains(&format!("{f:?}")));
+        eprintln!("fault kinds of this run (TENURE_FAULT_KINDS): {faults:?}");
+        assert!(
+            !faults.is_empty(),
+            "TENURE_FAULT_KINDS={only:?} names no fault kind of the {kind} store"
+        );
     }
     for _ in 0..rounds() {
         // Fisher-Yates with the seeded generator.

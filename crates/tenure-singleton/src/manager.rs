@@ -787,20 +787,11 @@ impl ManagerState {
 /// The manager's [`Terminator`]: by `singleton.when-kill-fails`, recording `process_abort`
 /// in the history before the process ends.
 fn terminator(spec: &SingletonSpec) -> Terminator {
-    let history = spec.history.clone();
-    Terminator::new(
+    History::terminator(
+        spec.history.clone(),
         spec.settings.when_kill_fails,
         "singleton.when-kill-fails",
         spec.process_end.clone(),
-        move |what| {
-            if let Some(h) = &history {
-                h.record(Event::ProcessAbort {
-                    lease: what.lease.clone(),
-                    token: what.token.get(),
-                    what: what.what.clone(),
-                });
-            }
-        },
     )
 }
 

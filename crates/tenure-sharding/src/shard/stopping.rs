@@ -24,29 +24,22 @@
 use std::collections::VecDeque;
 
 use ractor::ActorRef;
+use tenure_cluster::History;
 use tenure_lease::history::Event;
 use tenure_lease::{FencingToken, Terminator, Unstoppable};
 use tokio::time::Instant;
 
 use super::{HandedOff, Pending, ShardArgs, ShardMsg, ShardState};
+use crate::messages::{Envelope, Pending as RegionPending};
 
 /// The shard's [`Terminator`]: by `sharding.when-kill-fails`, recording `process_abort` in
 /// the history before the process ends.
 pub(super) fn terminator(args: &ShardArgs) -> Terminator {
-    let history = args.history.clone();
-    Terminator::new(
+    History::terminator(
+        args.history.clone(),
         args.settings.when_kill_fails,
         "sharding.when-kill-fails",
         args.process_end.clone(),
-        move |what| {
-            if let Some(h) = &history {
-                h.record(Event::ProcessAbort {
-                    lease: what.lease.clone(),
-                    token: what.token.get(),
-                    what: what.what.clone(),
-                });
-            }
-        },
     )
 }
 
@@ -57,7 +50,6 @@ pub(super) fn entity_name(args: &ShardArgs, entity: &str) -> String {
         args.type_name, args.shard_id
     )
 }
-use crate::messages::{Envelope, Pending as RegionPending};
 
 /// How entities stop.
 #[derive(Debug, Clone, Copy)]
