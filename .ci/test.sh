@@ -76,7 +76,7 @@ step "format" cargo fmt --all --check
 step "default features without protoc" env PROTOC=/nonexistent/protoc cargo check -p tenure-cli --locked
 # Every feature of the facade on its own, and none.
 facade() {
-  for features in "" sqlite postgres etcd zookeeper cluster singleton sharding fault-injection; do
+  for features in "" sqlite postgres etcd zookeeper cluster singleton sharding management fault-injection; do
     cargo check -p tenure --no-default-features --features "$features" --locked
   done
 }

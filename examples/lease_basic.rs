@@ -11,7 +11,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let lease = provider
         .lease("nightly-report", "sqlite", "10.0.0.7:2552")
         .await?;
-    let ledger = FenceCheck::new(); // stands for the resource the lease guards
+    let ledger = FenceCheck::new(); // in-memory: a service receiving the holder's writes
     match lease
         .acquire_with_lost(|lost| eprintln!("lost {}: {}", lost.name, lost.reason))
         .await?

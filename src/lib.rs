@@ -26,6 +26,7 @@
 //! | `cluster` | the cluster node ([`cluster`]) | yes |
 //! | `singleton` | Cluster Singleton ([`singleton`]), with `cluster` | yes |
 //! | `sharding` | Cluster Sharding ([`sharding`]), with `singleton` | yes |
+//! | `management` | the management HTTP endpoint of a node ([`management`]), with `sharding` | no |
 //! | `fault-injection` | link faults on request (`cluster.fault-injection`), with `cluster`: tests and drills | no |
 //!
 //! The `memory` store is always there. A lease section whose store kind this build left out
@@ -51,6 +52,8 @@ pub use tenure_lease::{
     clock, config, duration, election, fence, history, memory, names, semaphore, store, trace,
     validity,
 };
+#[cfg(feature = "management")]
+pub use tenure_management as management;
 #[cfg(feature = "sharding")]
 pub use tenure_sharding as sharding;
 #[cfg(feature = "singleton")]

@@ -412,6 +412,7 @@ async fn lease_lost_to_stopped(runs: usize, entities: usize) {
         lease: LeaseSpec::new("bench-shard-0", "127.0.0.1:1", shared, lease_settings()).unwrap(),
         factory: entity_factory(Echo(Arc::new(AtomicU64::new(0)))),
         settings: shard_settings(),
+        active: None,
         history: Some(history),
         process_end: tenure::ProcessEnd::abort(),
     };
@@ -491,6 +492,7 @@ async fn memory() {
         .unwrap(),
         factory: entity_factory(Echo(Arc::new(AtomicU64::new(0)))),
         settings: shard_settings(),
+        active: None,
         history: None,
         process_end: tenure::ProcessEnd::abort(),
     };

@@ -74,6 +74,12 @@ pub struct StaleToken {
 /// its time-to-live and resumes writing presents an older token than its successor's, and
 /// is refused, so the resource stays safe even when two processes believe they hold the lease
 /// (the [`FencingToken`] contract).
+///
+/// It remembers in memory only: it protects a resource that lives in the same process as
+/// the check (a service that receives writes from lease holders and applies them), and
+/// forgets on restart. A resource that outlives the process (a file, a table) needs the
+/// highest token stored with it and compared in the same write, as the stores' own fences
+/// do (`tenure::sqlite::fence::check` in a SQLite transaction, PostgreSQL's fenced write).
 #[derive(Debug, Default)]
 pub struct FenceCheck {
     highest: Mutex<HashMap<String, FencingToken>>,

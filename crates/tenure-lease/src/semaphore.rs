@@ -47,6 +47,12 @@ pub fn parse_permit_lease(lease: &str) -> Option<(&str, u32, u32)> {
 
 /// A client of the semaphore `name` with `permits` permits, as one owner (its permits are
 /// held by LeaseActors of its own; it may hold several).
+///
+/// Tasks may share one handle (an `Arc<Semaphore>`): its passes run one at a time, so two
+/// calls never return the same permit, and each permit a call returns is that call's to
+/// release. The permits of one handle share one owner: a guarded resource fences each
+/// permit by its own token, not by task. To count holders per task across processes, give
+/// each its own handle (and owner).
 pub struct Semaphore {
     name: String,
     permits: u32,
@@ -57,6 +63,9 @@ pub struct Semaphore {
     /// What every permit's store name starts with, for one `list` per pass.
     prefix: String,
     settings: LeaseSettings,
+    /// Held through a pass: a permit's lease is reentrant for its owner, so two passes of
+    /// one handle at once could both be granted the same free permit.
+    pass: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for Semaphore {
@@ -103,6 +112,7 @@ impl Semaphore {
             store_names,
             prefix,
             settings: spec.settings,
+            pass: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -123,6 +133,7 @@ impl Semaphore {
     /// after its ttl unless acquired again), or `Config` when another client holds a
     /// permit of this semaphore with another count.
     pub async fn try_acquire(&self) -> Result<Option<Permit>, LeaseError> {
+        let _pass = self.pass.lock().await;
         let taken = self.taken().await?;
         let mut unknown = None;
         for (slot, lease) in self.slots.iter().enumerate() {
@@ -281,6 +292,24 @@ mod tests {
         assert_eq!(parse_permit_lease("jobs"), None);
         assert_eq!(parse_permit_lease("jobs.permit-5-of-5"), None);
         assert_eq!(parse_permit_lease("jobs.permit-x-of-5"), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn tasks_sharing_a_handle_never_get_the_same_permit() {
+        let store = crate::MemoryStore::new();
+        let settings = crate::timing_tests::settings();
+        let spec = LeaseSpec::new("jobs", "a", Arc::new(store.clone()), settings).unwrap();
+        let semaphore = Arc::new(Semaphore::start(spec, 2).await.unwrap());
+        // Every answer takes a while, so the second call starts while the first waits.
+        store.set_fault(crate::Fault::Delay(Duration::from_millis(20)));
+        let (first, second) = tokio::join!(semaphore.try_acquire(), semaphore.try_acquire());
+        let (first, second) = (first.unwrap(), second.unwrap());
+        let slots = [first.map(|p| p.slot), second.map(|p| p.slot)];
+        assert!(
+            matches!(slots, [Some(x), Some(y)] if x != y),
+            "two calls on one handle: {slots:?}"
+        );
+        assert_eq!(semaphore.try_acquire().await.unwrap(), None);
     }
 
     #[test]

@@ -30,6 +30,8 @@ pub struct ShardingConfig {
     /// `"off"` (`None`): entities are not passivated.
     #[serde(deserialize_with = "tenure_lease::duration::serde::or_off")]
     pub idle_timeout: Option<Duration>,
+    /// `active-entity-limit`: most entities a region runs (`None`: no limit).
+    pub active_entity_limit: Option<usize>,
     /// `None`: the lease section's `heartbeat-timeout / 10`.
     #[serde(deserialize_with = "tenure_lease::duration::serde::optional")]
     pub stop_timeout: Option<Duration>,
@@ -78,6 +80,7 @@ impl Default for ShardingConfig {
             number_of_shards: DEFAULT_NUMBER_OF_SHARDS,
             buffer_size: 1000,
             idle_timeout: Some(Duration::from_secs(120)),
+            active_entity_limit: None,
             stop_timeout: None,
             retry_interval: Duration::from_millis(500),
             unreachable_reallocate_after: Duration::from_secs(5),
@@ -111,6 +114,10 @@ pub struct ShardingSettings {
     /// `idle-timeout`: idle entities are passivated after it (`None`: never; always `None`
     /// with `remember-entities`, as in Akka: a remembered entity stops only when it asks).
     pub idle_timeout: Option<Duration>,
+    /// `active-entity-limit`: a region runs at most this many entities (all its shards
+    /// together); starting one more passivates the least recently used (`None`: no limit;
+    /// always `None` with `remember-entities`, as `idle_timeout`).
+    pub active_entity_limit: Option<usize>,
     /// `stop-timeout`: how long a stopping entity gets before it is killed (when not set in
     /// config: the lease section's `heartbeat-timeout / 10`). Its
     /// [`stop_budget`](Self::stop_budget) fits the shard lease's timing.
@@ -171,6 +178,7 @@ impl ShardingSettings {
                 "max-simultaneous-rebalance",
                 c.max_simultaneous_rebalance.unwrap_or(1),
             ),
+            ("active-entity-limit", c.active_entity_limit.unwrap_or(1)),
         ] {
             if n == 0 {
                 return Err(ConfigError::invalid(
@@ -208,6 +216,7 @@ impl ShardingSettings {
             number_of_shards: placement.number_of_shards,
             buffer_size: c.buffer_size,
             idle_timeout: c.idle_timeout.filter(|_| !c.remember_entities),
+            active_entity_limit: c.active_entity_limit.filter(|_| !c.remember_entities),
             stop_timeout: budget.stop_timeout,
             retry_interval: c.retry_interval,
             unreachable_reallocate_after: c.unreachable_reallocate_after,

@@ -28,6 +28,7 @@ use tenure_lease::{
 };
 use tokio::time::Instant;
 
+use crate::active::ActiveEntities;
 use crate::direct::{Routes, Ticket};
 use crate::entity::{EntityContext, EntityFactory, EntityMsg, shard_of};
 use crate::messages::{AskReply, Pending as RegionPending, ask_expired, refuse_buffer_full};
@@ -48,6 +49,9 @@ pub struct ShardArgs {
     pub lease: LeaseSpec,
     /// Starts the shard's entities.
     pub factory: EntityFactory,
+    /// The running entities of the shard's region, when it has an `active-entity-limit`
+    /// (one set shared by all the region's shards).
+    pub active: Option<ActiveEntities>,
     /// The entity type's sharding settings.
     pub settings: Arc<ShardingSettings>,
     /// Where the shard and its entities record what they do, when the node keeps a history.
@@ -87,6 +91,10 @@ pub enum ShardMsg {
     Lease(LeaseEvent),
     /// Stop entity `0` (it asked, or it was idle).
     Passivate(String),
+    /// Stop entity `0`: its region reached its `active-entity-limit`, and it is the least
+    /// recently used.
+    #[doc(hidden)]
+    Evict(String),
     /// The `start` of an entity actor ended: `Ok` it runs (and is linked to the shard),
     /// `Err` it failed or was killed while starting.
     #[doc(hidden)]
@@ -404,6 +412,7 @@ impl Actor for Shard {
                 | LeaseEvent::Resumed(_),
             ) => {}
             ShardMsg::Passivate(entity) => state.passivate(&entity, true),
+            ShardMsg::Evict(entity) => state.evict(&entity),
             ShardMsg::Recalled { token, ids } => state.recalled(token, ids),
             ShardMsg::Remembered {
                 token,
@@ -589,6 +598,9 @@ impl ShardState {
                 return;
             }
             r.last = Instant::now();
+            if let Some(active) = &self.args.active {
+                active.used(&self.myself, &self.args.shard_id, &p.entity);
+            }
             let _ = r.actor.cast(EntityMsg {
                 payload: p.payload,
                 reply: p.reply,
@@ -635,6 +647,8 @@ impl ShardState {
             shard_id: self.args.shard_id.clone(),
             token,
             node: self.args.node.clone(),
+            lease: self.args.lease.store_name.clone(),
+            owner: self.args.lease.owner.clone(),
             shard: self.myself.clone(),
             history: self.args.history.clone(),
         };
@@ -647,6 +661,9 @@ impl ShardState {
                     token,
                     stopping::entity_name(&self.args, entity),
                 );
+                if let Some(active) = &self.args.active {
+                    active.used(&self.myself, &self.args.shard_id, entity);
+                }
                 let (shard, id) = (self.myself.clone(), starting.actor.get_id());
                 let name = entity.to_string();
                 tokio::spawn(async move {
@@ -806,6 +823,7 @@ impl ShardState {
                 tracing::warn!(shard = %self.args.shard_id, entity, error = %e, "entity could not be started");
                 if let Some(r) = self.entities.remove(entity) {
                     self.watch.forget(r.actor.get_id());
+                    self.inactive(entity);
                     self.record_entity(
                         Event::EntityStopped,
                         entity,
@@ -852,6 +870,28 @@ impl ShardState {
                 continue;
             }
             self.deliver(p);
+        }
+    }
+
+    /// `entity` is the least recently used of its region, past the active-entity limit: it
+    /// is passivated, unless a message went to it directly since (then it is used now, and
+    /// the next least recently used goes instead).
+    fn evict(&mut self, entity: &str) {
+        // As the idle check: a direct message counts as use (and the flag is taken here).
+        let used = self.routes.as_ref().is_some_and(|r| r.take_used(entity));
+        match (self.entities.get_mut(entity), &self.args.active) {
+            (Some(r), Some(active)) if used && !r.passivating => {
+                r.last = Instant::now();
+                active.used(&self.myself, &self.args.shard_id, entity);
+            }
+            _ => self.passivate(entity, false),
+        }
+    }
+
+    /// `entity` no longer runs: it leaves the region's active entities.
+    pub(super) fn inactive(&self, entity: &str) {
+        if let Some(active) = &self.args.active {
+            active.stopped(&self.args.shard_id, entity);
         }
     }
 

@@ -202,6 +202,7 @@ impl Fixture {
                 seen: self.tx.clone(),
             }),
             settings: Arc::new(settings),
+            active: None,
             history: Some(self.history.clone()),
             process_end: ProcessEnd::with_hook({
                 let (ends, gate) = (self.ends.clone(), self.gate.clone());

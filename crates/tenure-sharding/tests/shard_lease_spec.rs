@@ -133,6 +133,7 @@ impl Fixture {
             node: owner.into(),
             lease: LeaseSpec::new(LEASE, owner, store, lease_settings()).unwrap(),
             factory,
+            active: None,
             settings: Arc::new(settings),
             history: None,
             process_end: tenure_lease::ProcessEnd::abort(),

@@ -37,6 +37,7 @@ mod clock;
 mod fair;
 pub mod fence;
 mod fenced;
+pub mod journal;
 mod schema;
 pub mod sql;
 mod store;
@@ -54,4 +55,9 @@ pub fn token_floor() -> i64 {
 
 pub use fair::cross_process_poll;
 pub use fenced::FencedCounter;
+pub use journal::SqliteJournal;
+/// The `rusqlite` this store is built with: a fenced write ([`fence::check`]) runs in a
+/// `rusqlite::Transaction` on the lease file, so an application needs no `rusqlite`
+/// dependency of its own (and cannot pick a version that differs from the store's).
+pub use rusqlite;
 pub use store::{REFERENCE, SqliteOptions, SqliteStore, SqliteStoreFactory, default_path};

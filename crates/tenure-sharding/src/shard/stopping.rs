@@ -73,6 +73,7 @@ impl ShardState {
         let at = self.args.settings.stop_budget().deadlines(Instant::now());
         let ids: Vec<String> = self.entities.keys().cloned().collect();
         for (id, r) in &self.entities {
+            self.inactive(id);
             if let Some(routes) = &self.routes {
                 routes.close(id, None);
             }
@@ -196,6 +197,7 @@ impl ShardState {
         let Some(ended) = self.entities.remove(&id) else {
             return;
         };
+        self.inactive(&id);
         self.watch.forget(actor);
         if let Some(routes) = &self.routes {
             routes.close(&id, Some(actor));
