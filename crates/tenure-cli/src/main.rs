@@ -309,8 +309,19 @@ fn main() -> ExitCode {
             .enable_all()
             .build(),
     };
+    let node = matches!(cli.command, Command::Node { .. } | Command::Demo { .. });
     let result = match runtime {
-        Ok(rt) => rt.block_on(run(cli)),
+        Ok(rt) => {
+            let result = rt.block_on(run(cli));
+            if node {
+                // A node's runtime is not shut down: that waits for every task, and code
+                // blocking a thread (an entity that outlived its kill) would hold the exit
+                // up, running on while the leases it ran under lapse. The process ends
+                // with main, and every thread with it; what it still held expires.
+                std::mem::forget(rt);
+            }
+            result
+        }
         Err(e) => Err(CliError::Command(format!(
             "cannot start the async runtime: {e}"
         ))),

@@ -206,6 +206,7 @@ async fn host_with(h: &dyn JournalHarness, owner: &str, remember: bool) -> Host 
         active: None,
         settings: Arc::new(settings),
         history: None,
+        process_end: tenure_lease::ProcessEnd::abort(),
     };
     let shard = Shard::start(args, None).await.expect("start the shard");
     Host {
