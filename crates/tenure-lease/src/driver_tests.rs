@@ -9,9 +9,7 @@ use tokio::time::{sleep, timeout};
 
 use crate::conformance::FaultyClient;
 use crate::timing_tests::settings;
-use crate::{
-    Acquired, Fault, FencingToken, Lease, LeaseMsg, LeaseSpec, LeaseStore, MemoryStore,
-};
+use crate::{Acquired, Fault, FencingToken, Lease, LeaseMsg, LeaseSpec, LeaseStore, MemoryStore};
 
 async fn lease(store: &MemoryStore, owner: &str) -> Lease {
     let store: Arc<dyn LeaseStore> = Arc::new(store.clone());

@@ -22,8 +22,10 @@
 //! - **Awaited calls.** A step issues at most one [`Effect::Call`], as its last effect. The
 //!   driver carries it out and feeds its answer as [`Input::Answered`] before any other
 //!   command. (Commands that arrive meanwhile anyway are deferred by the machine and
-//!   handled after the answer.) Renewal answers and the watchdog's deadlines are not
-//!   commands: they may arrive at any time.
+//!   handled after the answer.) Renewal ticks and answers and the watchdog's deadlines are
+//!   not commands: they may arrive at any time, also while a call is awaited, and the
+//!   machine issues no call for them (so the driver feeds them without waiting for a
+//!   command's call to be answered).
 //! - **Timers.** [`Effect::Arm`] (re)arms a timer that later feeds [`Input::Timer`];
 //!   [`Effect::Disarm`] cancels it. A late firing of a cancelled timer is harmless.
 //! - **The watchdog.** [`Effect::StartWatchdog`] asks for a task independent of the mailbox

@@ -988,11 +988,13 @@ impl Sim {
     }
 
     fn feed(&mut self, input: Input<u32, u32>) {
+        let renewal = matches!(input, Input::RenewDue { .. } | Input::Renewed { .. });
         let fx = self.m.handle(self.now, input);
         let evs = events(&fx);
         self.check_events(&evs);
         let calls = fx.iter().filter(|e| matches!(e, Effect::Call(_))).count();
         assert!(calls <= 1, "one call per step: {fx:?}");
+        assert!(!renewal || calls == 0, "a call for a renewal input: {fx:?}");
         if calls == 1 {
             assert!(
                 matches!(fx.last(), Some(Effect::Call(_))),
