@@ -1,0 +1,234 @@
+//! `tenure lease run` owns every process its command starts: a background child, a child
+//! that leaves the process group and session (`setsid`, a daemon's double fork), on a
+//! normal exit and on a preemption. The lease is released only once none of them is left,
+//! so the next holder's command never runs beside them.
+
+use tenure_test_kit::cli;
+
+use std::path::Path;
+use std::time::Duration;
+
+use cli::*;
+use rustix::process::{Pid, Signal, kill_process};
+use tenure::{FenceCheck, FencingToken};
+
+const LIMIT: Duration = Duration::from_secs(30);
+
+/// Whether process `pid` runs (exists and is not a zombie).
+fn running(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let state = stat[stat.rfind(')')? + 1..].split_whitespace().next()?;
+            Some(state != "Z" && state != "X")
+        })
+        .unwrap_or(false)
+}
+
+/// Kills process `pid` when dropped, if it still runs: a test that fails leaves nothing
+/// running behind.
+struct KillOnDrop(i32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if running(self.0)
+            && let Some(pid) = Pid::from_raw(self.0)
+        {
+            let _ = kill_process(pid, Signal::KILL);
+        }
+    }
+}
+
+/// Background children keep no pipe of `tenure`'s open (the test reads its output to the
+/// end), so that `lease run` is seen to exit when it does.
+const DETACHED: &str = "</dev/null >/dev/null 2>&1";
+
+/// The first number in the file at `path` (the command writes it).
+fn pid_in(path: &Path) -> i32 {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.split_whitespace()
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no pid in {}: {text:?}", path.display()))
+}
+
+fn run_as(sb: &Sandbox, owner: &str, extra: &[&str], script: &str) -> std::process::Output {
+    let mut args = vec!["lease", "run", "job", "--owner", owner, "--grace", "200ms"];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--", "sh", "-c", script]);
+    sb.run(&args)
+}
+
+/// The lines of the write log, each `<token> <who>`: the fence admits every one in order.
+fn assert_fenced(log: &Path, expected: &[&str]) {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let fence = FenceCheck::new();
+    let mut who = Vec::new();
+    for line in text.lines() {
+        let (token, name) = line.split_once(' ').expect("<token> <who>");
+        let token = FencingToken::new(token.parse().expect("a token"));
+        if let Err(stale) = fence.admit("log", token) {
+            panic!("a stale write ({stale}) in {text:?}");
+        }
+        who.push(name);
+    }
+    assert_eq!(who, expected, "{text:?}");
+}
+
+/// `lease run --owner a job -- sh -c "(sleep 2; echo a >> log) & exit 0"`: a's background
+/// child is ended before a's release, so it never writes beside b's command.
+#[test]
+fn a_background_child_is_ended_before_the_release() {
+    let sb = Sandbox::new();
+    let (log, bg) = (sb.path("log"), sb.path("bg"));
+    let (log_s, bg_s) = (log.display(), bg.display());
+    let a = run_as(
+        &sb,
+        "a",
+        &[],
+        &format!(
+            "(sleep 2; echo \"$TENURE_LEASE_TOKEN a\" >> {log_s}) {DETACHED} & echo $! > {bg_s}; exit 0"
+        ),
+    );
+    assert_eq!(a.status.code(), Some(0), "{}", stderr(&a));
+    let child = pid_in(&bg);
+    let _cleanup = KillOnDrop(child);
+    assert!(
+        !running(child),
+        "a's background child {child} runs on after a released the lease"
+    );
+    assert!(
+        stderr(&a).contains("ending them before releasing job"),
+        "{}",
+        stderr(&a)
+    );
+    let b = run_as(
+        &sb,
+        "b",
+        &[],
+        &format!("echo \"$TENURE_LEASE_TOKEN b\" >> {log_s}"),
+    );
+    assert_eq!(b.status.code(), Some(0), "{}", stderr(&b));
+    assert_fenced(&log, &["b"]);
+}
+
+/// A child that leaves the command's process group and session (`setsid`) and is orphaned
+/// at once (a daemon's double fork) is ended before the release too.
+#[test]
+fn a_child_that_calls_setsid_is_ended_before_the_release() {
+    let sb = Sandbox::new();
+    let (log, escaped) = (sb.path("log"), sb.path("escaped"));
+    let (log_s, esc_s) = (log.display(), escaped.display());
+    // The escaped child writes its pid, process group and session, then a line every 50 ms.
+    let a = run_as(
+        &sb,
+        "a",
+        &[],
+        &format!(
+            "(setsid sh -c 'echo $$ $(cut -d\" \" -f5,6 /proc/$$/stat) > {esc_s}.tmp; mv {esc_s}.tmp {esc_s}; \
+             while :; do echo \"$TENURE_LEASE_TOKEN a\" >> {log_s}; sleep 0.05; done' {DETACHED} &); \
+             while [ ! -s {esc_s} ]; do sleep 0.01; done; exit 0"
+        ),
+    );
+    assert_eq!(a.status.code(), Some(0), "{}", stderr(&a));
+    let ids: Vec<i32> = std::fs::read_to_string(&escaped)
+        .expect("the escaped child's ids")
+        .split_whitespace()
+        .map(|n| n.parse().expect("an id"))
+        .collect();
+    let [pid, group, session] = ids[..] else {
+        panic!("pid, group, session: {ids:?}")
+    };
+    let _cleanup = KillOnDrop(pid);
+    assert_eq!(
+        (group, session),
+        (pid, pid),
+        "the child leads a session of its own"
+    );
+    assert!(
+        !running(pid),
+        "a's child {pid} in its own session runs on after a released the lease"
+    );
+    let b = run_as(
+        &sb,
+        "b",
+        &[],
+        &format!("echo \"$TENURE_LEASE_TOKEN b\" >> {log_s}"),
+    );
+    assert_eq!(b.status.code(), Some(0), "{}", stderr(&b));
+    let text = std::fs::read_to_string(&log).expect("the write log");
+    let a_lines = text.lines().filter(|l| l.ends_with(" a")).count();
+    let expected: Vec<&str> = std::iter::repeat_n("a", a_lines).chain(["b"]).collect();
+    assert_fenced(&log, &expected);
+}
+
+/// Preempted by a higher priority, the holder ends its command's child that left the
+/// session before it releases: the higher-priority command's write is the last.
+#[test]
+fn a_preempted_holder_ends_a_child_that_left_its_session() {
+    let sb = Sandbox::new();
+    let (log, escaped) = (sb.path("log"), sb.path("escaped"));
+    let (log_s, esc_s) = (log.display(), escaped.display());
+    let low_script = format!(
+        "(setsid sh -c 'echo $$ > {esc_s}.tmp; mv {esc_s}.tmp {esc_s}; \
+         while :; do echo \"$TENURE_LEASE_TOKEN low\" >> {log_s}; sleep 0.05; done' {DETACHED} &); \
+         while [ ! -s {esc_s} ]; do sleep 0.01; done; echo working; while :; do sleep 1; done"
+    );
+    let mut low = sb.spawn(&[
+        "lease",
+        "run",
+        "job",
+        "--owner",
+        "low",
+        "--grace",
+        "200ms",
+        "--",
+        "sh",
+        "-c",
+        &low_script,
+    ]);
+    low.wait_line("working", LIMIT);
+    let escaped_pid = pid_in(&escaped);
+    let _cleanup = KillOnDrop(escaped_pid);
+    let high = run_as(
+        &sb,
+        "high",
+        &["--priority", "2"],
+        &format!("echo \"$TENURE_LEASE_TOKEN high\" >> {log_s}"),
+    );
+    assert_eq!(high.status.code(), Some(0), "{}", stderr(&high));
+    assert_eq!(low.wait_exit(LIMIT), Some(3), "{}", low.stderr());
+    assert!(
+        !running(escaped_pid),
+        "low's child {escaped_pid} in its own session outlived the preemption"
+    );
+    let text = std::fs::read_to_string(&log).expect("the write log");
+    let lows = text.lines().filter(|l| l.ends_with(" low")).count();
+    assert!(lows > 0, "low's child wrote: {text:?}");
+    let expected: Vec<&str> = std::iter::repeat_n("low", lows).chain(["high"]).collect();
+    assert_fenced(&log, &expected);
+}
+
+/// `--let-children-outlive-lease` keeps the old behaviour: the release follows the first
+/// process's exit, and its background child runs on.
+#[test]
+fn children_may_outlive_the_lease_when_asked() {
+    let sb = Sandbox::new();
+    let bg = sb.path("bg");
+    let a = run_as(
+        &sb,
+        "a",
+        &["--let-children-outlive-lease"],
+        &format!("sleep 30 {DETACHED} & echo $! > {}; exit 0", bg.display()),
+    );
+    assert_eq!(a.status.code(), Some(0), "{}", stderr(&a));
+    let child = pid_in(&bg);
+    let _cleanup = KillOnDrop(child);
+    assert!(
+        running(child),
+        "the background child was ended although asked not to"
+    );
+    assert!(stderr(&a).contains("running unguarded"), "{}", stderr(&a));
+    let shown = stdout(&sb.run(&["lease", "show", "job"]));
+    assert!(!shown.contains("owner=a"), "released: {shown}");
+}
