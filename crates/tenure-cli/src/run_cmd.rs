@@ -30,6 +30,10 @@ use tree::CommandTree;
 /// Time allowed for SIGKILL to take effect and the exit to be reaped.
 const KILL_SLACK: Duration = Duration::from_millis(200);
 
+/// How often, while the command runs, its processes that exited after being left to
+/// `tenure` are reaped.
+const REAP_INTERVAL: Duration = Duration::from_secs(1);
+
 /// How `lease run` guards its command.
 #[derive(Debug, Clone)]
 pub struct Guard<'a> {
@@ -139,45 +143,52 @@ pub async fn run(
         })
     };
 
-    let outcome = tokio::select! {
-        status = child.leader_exited() => {
-            let status = status.map_err(io_err)?;
-            let left = child.running();
-            if !left.is_empty() {
-                if let_children_outlive_lease {
-                    eprintln!(
-                        "tenure: {} exited, leaving processes {left:?} running unguarded (--let-children-outlive-lease); releasing {}",
-                        command[0], target.name
-                    );
-                } else {
-                    eprintln!(
-                        "tenure: {} exited, leaving processes {left:?}; ending them before releasing {}",
-                        command[0], target.name
-                    );
-                    child.end(grace, KILL_SLACK).await;
+    // Processes the command left to `tenure` that exited are reaped now and then, so that a
+    // long run collects no zombies.
+    let mut reap = tokio::time::interval(REAP_INTERVAL);
+    reap.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let outcome = loop {
+        tokio::select! {
+            status = child.leader_exited() => {
+                let status = status.map_err(io_err)?;
+                let left = child.running();
+                if !left.is_empty() {
+                    if let_children_outlive_lease {
+                        eprintln!(
+                            "tenure: {} exited, leaving processes {left:?} running unguarded (--let-children-outlive-lease); releasing {}",
+                            command[0], target.name
+                        );
+                    } else {
+                        eprintln!(
+                            "tenure: {} exited, leaving processes {left:?}; ending them before releasing {}",
+                            command[0], target.name
+                        );
+                        child.end(grace, KILL_SLACK).await;
+                    }
                 }
+                stopped("exited");
+                break exit_status(status);
             }
-            stopped("exited");
-            exit_status(status)
+            lost = lost_rx.recv() => {
+                let reason = lost.map(|l| l.reason.to_string()).unwrap_or_default();
+                eprintln!("tenure: lost {} (token {token}): {reason}; stopping the command", target.name);
+                child.end(grace, KILL_SLACK).await;
+                stopped("lost");
+                return Ok(Outcome::Lost);
+            }
+            Some(p) = preempt_rx.recv() => {
+                eprintln!(
+                    "tenure: {} (token {token}) requested by {} (priority {}); stopping the command, then releasing",
+                    target.name, p.by, p.priority
+                );
+                child.end(grace, KILL_SLACK).await;
+                stopped("preempted");
+                return release_on_exit(&lease, Outcome::Lost).await;
+            }
+            _ = interrupt.recv() => { child.end(grace, KILL_SLACK).await; stopped("interrupted"); break Outcome::Child(130); }
+            _ = terminate.recv() => { child.end(grace, KILL_SLACK).await; stopped("terminated"); break Outcome::Child(143); }
+            _ = reap.tick() => child.reap_exited(),
         }
-        lost = lost_rx.recv() => {
-            let reason = lost.map(|l| l.reason.to_string()).unwrap_or_default();
-            eprintln!("tenure: lost {} (token {token}): {reason}; stopping the command", target.name);
-            child.end(grace, KILL_SLACK).await;
-            stopped("lost");
-            return Ok(Outcome::Lost);
-        }
-        Some(p) = preempt_rx.recv() => {
-            eprintln!(
-                "tenure: {} (token {token}) requested by {} (priority {}); stopping the command, then releasing",
-                target.name, p.by, p.priority
-            );
-            child.end(grace, KILL_SLACK).await;
-            stopped("preempted");
-            return release_on_exit(&lease, Outcome::Lost).await;
-        }
-        _ = interrupt.recv() => { child.end(grace, KILL_SLACK).await; stopped("interrupted"); Outcome::Child(130) }
-        _ = terminate.recv() => { child.end(grace, KILL_SLACK).await; stopped("terminated"); Outcome::Child(143) }
     };
     release_on_exit(&lease, outcome).await
 }

@@ -223,3 +223,47 @@ fn children_may_outlive_the_lease_when_asked() {
     let shown = stdout(&sb.run(&["lease", "show", "job"]));
     assert!(!shown.contains("owner=a"), "released: {shown}");
 }
+
+/// A process the command orphans and that exits is reaped by `tenure` (its subreaper)
+/// while the command runs on: a long run collects no zombies.
+#[test]
+fn an_orphan_that_exits_is_reaped_while_the_command_runs() {
+    let sb = Sandbox::new();
+    let mut run = sb.spawn(&[
+        "lease",
+        "run",
+        "job",
+        "--owner",
+        "a",
+        "--grace",
+        "200ms",
+        "--",
+        "sh",
+        "-c",
+        "(true </dev/null >/dev/null 2>&1 &); echo started; while :; do sleep 1; done",
+    ]);
+    run.wait_line("started", LIMIT);
+    let tenure = run.pid();
+    let zombies = || {
+        std::fs::read_dir("/proc")
+            .expect("/proc")
+            .flatten()
+            .filter_map(|e| {
+                let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+                let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace();
+                let (state, ppid) = (fields.next()?, fields.next()?.parse::<i32>().ok()?);
+                (state == "Z" && ppid == tenure).then(|| e.file_name())
+            })
+            .count()
+    };
+    let started = std::time::Instant::now();
+    while zombies() > 0 {
+        assert!(
+            started.elapsed() < LIMIT,
+            "the orphan stays a zombie of tenure"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    run.signal(Signal::TERM);
+    assert_eq!(run.wait_exit(LIMIT), Some(143), "{}", run.stderr());
+}

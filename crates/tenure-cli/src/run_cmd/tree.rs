@@ -107,6 +107,12 @@ impl CommandTree {
         self.look().into_iter().map(|p| p.pid).collect()
     }
 
+    /// Reaps the processes of the command that exited after being left to `tenure`
+    /// (adopted as their subreaper): nobody else will.
+    pub(super) fn reap_exited(&mut self) {
+        let _ = self.look();
+    }
+
     /// Ends every process of the command: SIGTERM to its process group and to each of its
     /// processes, up to `grace` for them to exit, then SIGKILL to whatever is left, again
     /// at each look (a process may fork meanwhile). Returns once no process of the command
