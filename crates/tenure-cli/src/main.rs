@@ -245,7 +245,9 @@ enum LeaseCommand {
         target: Target,
         #[command(flatten)]
         priority: lease_cmd::PriorityArgs,
-        /// Time COMMAND gets between SIGTERM and SIGKILL when the lease is lost.
+        /// Time COMMAND's processes get between SIGTERM and SIGKILL when they are ended:
+        /// on a loss, a preemption, SIGINT or SIGTERM to tenure, and (unless
+        /// --let-children-outlive-lease) when its first process exits leaving others.
         #[arg(long, default_value = "2s", value_parser = tenure::duration::parse)]
         grace: Duration,
         /// Release as soon as COMMAND's first process exits, leaving what it started

@@ -1,7 +1,7 @@
 //! `tenure lease run` owns every process its command starts: a background child, a child
 //! that leaves the process group and session (`setsid`, a daemon's double fork), on a
-//! normal exit and on a preemption. The lease is released only once none of them is left,
-//! so the next holder's command never runs beside them.
+//! normal exit, on a loss and on a preemption. The lease is released only once none of
+//! them is left, so the next holder's command never runs beside them.
 
 use tenure_test_kit::cli;
 
@@ -229,41 +229,60 @@ fn children_may_outlive_the_lease_when_asked() {
 #[test]
 fn an_orphan_that_exits_is_reaped_while_the_command_runs() {
     let sb = Sandbox::new();
+    let orphan = sb.path("orphan");
+    let orphan_s = orphan.display();
+    // The orphan writes its pid and exits; its parent (the subshell) is gone before.
+    let script = format!(
+        "(sh -c 'echo $$ > {orphan_s}.tmp; mv {orphan_s}.tmp {orphan_s}' {DETACHED} &); \
+         while [ ! -s {orphan_s} ]; do sleep 0.01; done; echo started; while :; do sleep 1; done"
+    );
     let mut run = sb.spawn(&[
-        "lease",
-        "run",
-        "job",
-        "--owner",
-        "a",
-        "--grace",
-        "200ms",
-        "--",
-        "sh",
-        "-c",
-        "(true </dev/null >/dev/null 2>&1 &); echo started; while :; do sleep 1; done",
+        "lease", "run", "job", "--owner", "a", "--grace", "200ms", "--", "sh", "-c", &script,
     ]);
     run.wait_line("started", LIMIT);
-    let tenure = run.pid();
-    let zombies = || {
-        std::fs::read_dir("/proc")
-            .expect("/proc")
-            .flatten()
-            .filter_map(|e| {
-                let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
-                let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace();
-                let (state, ppid) = (fields.next()?, fields.next()?.parse::<i32>().ok()?);
-                (state == "Z" && ppid == tenure).then(|| e.file_name())
-            })
-            .count()
-    };
+    let pid = pid_in(&orphan);
+    let _cleanup = KillOnDrop(pid);
+    // The orphan has exited (or is about to); only a reap removes it from /proc.
     let started = std::time::Instant::now();
-    while zombies() > 0 {
+    while Path::new(&format!("/proc/{pid}")).exists() {
         assert!(
             started.elapsed() < LIMIT,
-            "the orphan stays a zombie of tenure"
+            "the orphan {pid} was never reaped: {:?}",
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
         );
         std::thread::sleep(Duration::from_millis(50));
     }
     run.signal(Signal::TERM);
     assert_eq!(run.wait_exit(LIMIT), Some(143), "{}", run.stderr());
+}
+
+/// A holder paused past its ttl (SIGSTOP to `tenure` alone, as a stuck host would) finds
+/// its lease lost when it resumes: it ends its command's child that left the session, not
+/// only the command's process group, and exits 3.
+#[test]
+fn a_lost_lease_ends_a_child_that_left_its_session() {
+    let sb = Sandbox::new();
+    let escaped = sb.path("escaped");
+    let esc_s = escaped.display();
+    let script = format!(
+        "(setsid sh -c 'echo $$ > {esc_s}.tmp; mv {esc_s}.tmp {esc_s}; \
+         while :; do sleep 0.05; done' {DETACHED} &); \
+         while [ ! -s {esc_s} ]; do sleep 0.01; done; echo working; while :; do sleep 1; done"
+    );
+    let mut a = sb.spawn(&[
+        "lease", "run", "job", "--owner", "a", "--grace", "200ms", "--", "sh", "-c", &script,
+    ]);
+    a.wait_line("working", LIMIT);
+    let escaped_pid = pid_in(&escaped);
+    let _cleanup = KillOnDrop(escaped_pid);
+    a.signal(Signal::STOP);
+    // Past the sandbox's ttl: the grant has lapsed when `tenure` wakes.
+    std::thread::sleep(TTL + Duration::from_secs(1));
+    a.signal(Signal::CONT);
+    assert_eq!(a.wait_exit(LIMIT), Some(3), "{}", a.stderr());
+    assert!(a.stderr().contains("lost job"), "{}", a.stderr());
+    assert!(
+        !running(escaped_pid),
+        "a's child {escaped_pid} in its own session outlived the loss"
+    );
 }
