@@ -52,11 +52,20 @@ fn pid_in(path: &Path) -> i32 {
         .unwrap_or_else(|| panic!("no pid in {}: {text:?}", path.display()))
 }
 
-fn run_as(sb: &Sandbox, owner: &str, extra: &[&str], script: &str) -> std::process::Output {
+fn run_args<'a>(owner: &'a str, extra: &[&'a str], script: &'a str) -> Vec<&'a str> {
     let mut args = vec!["lease", "run", "job", "--owner", owner, "--grace", "200ms"];
     args.extend_from_slice(extra);
     args.extend_from_slice(&["--", "sh", "-c", script]);
-    sb.run(&args)
+    args
+}
+
+fn run_as(sb: &Sandbox, owner: &str, extra: &[&str], script: &str) -> std::process::Output {
+    sb.run(&run_args(owner, extra, script))
+}
+
+/// `owner`'s `lease run` of `script`, left running.
+fn spawn_as(sb: &Sandbox, owner: &str, script: &str) -> Running {
+    sb.spawn(&run_args(owner, &[], script))
 }
 
 /// The lines of the write log, each `<token> <who>`: the fence admits every one in order.
@@ -174,19 +183,7 @@ fn a_preempted_holder_ends_a_child_that_left_its_session() {
          while :; do echo \"$TENURE_LEASE_TOKEN low\" >> {log_s}; sleep 0.05; done' {DETACHED} &); \
          while [ ! -s {esc_s} ]; do sleep 0.01; done; echo working; while :; do sleep 1; done"
     );
-    let mut low = sb.spawn(&[
-        "lease",
-        "run",
-        "job",
-        "--owner",
-        "low",
-        "--grace",
-        "200ms",
-        "--",
-        "sh",
-        "-c",
-        &low_script,
-    ]);
+    let mut low = spawn_as(&sb, "low", &low_script);
     low.wait_line("working", LIMIT);
     let escaped_pid = pid_in(&escaped);
     let _cleanup = KillOnDrop(escaped_pid);
@@ -236,9 +233,7 @@ fn an_orphan_that_exits_is_reaped_while_the_command_runs() {
         "(sh -c 'echo $$ > {orphan_s}.tmp; mv {orphan_s}.tmp {orphan_s}' {DETACHED} &); \
          while [ ! -s {orphan_s} ]; do sleep 0.01; done; echo started; while :; do sleep 1; done"
     );
-    let mut run = sb.spawn(&[
-        "lease", "run", "job", "--owner", "a", "--grace", "200ms", "--", "sh", "-c", &script,
-    ]);
+    let mut run = spawn_as(&sb, "a", &script);
     run.wait_line("started", LIMIT);
     let pid = pid_in(&orphan);
     let _cleanup = KillOnDrop(pid);
@@ -269,9 +264,7 @@ fn a_lost_lease_ends_a_child_that_left_its_session() {
          while :; do sleep 0.05; done' {DETACHED} &); \
          while [ ! -s {esc_s} ]; do sleep 0.01; done; echo working; while :; do sleep 1; done"
     );
-    let mut a = sb.spawn(&[
-        "lease", "run", "job", "--owner", "a", "--grace", "200ms", "--", "sh", "-c", &script,
-    ]);
+    let mut a = spawn_as(&sb, "a", &script);
     a.wait_line("working", LIMIT);
     let escaped_pid = pid_in(&escaped);
     let _cleanup = KillOnDrop(escaped_pid);
