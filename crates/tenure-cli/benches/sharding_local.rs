@@ -417,6 +417,7 @@ async fn lease_lost_to_stopped(runs: usize, entities: usize) {
         factory: entity_factory(Echo(Arc::new(AtomicU64::new(0)))),
         settings: shard_settings(),
         active: None,
+        process_end: tenure::ProcessEnd::abort(),
     };
     let shard = Shard::start(args, None).await.unwrap();
     let payload = tenure::cluster::codec::encode_inner("entity request", "bench", &0u64).unwrap();
@@ -495,6 +496,7 @@ async fn memory() {
         factory: entity_factory(Echo(Arc::new(AtomicU64::new(0)))),
         settings: shard_settings(),
         active: None,
+        process_end: tenure::ProcessEnd::abort(),
     };
     let shard = Shard::start(make("0"), None).await.unwrap();
     let entities = size(10_000, 100);

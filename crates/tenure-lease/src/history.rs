@@ -7,6 +7,7 @@
 //! that this crate names no layer above it.
 
 use crate::trace::LeaseTrace;
+use crate::unstoppable::Unstoppable;
 
 /// The `tracing` target of every history event, of every layer.
 pub const TARGET: &str = "tenure::history";
@@ -50,6 +51,13 @@ pub fn emit(lease: &str, owner: &str, trace: &LeaseTrace) {
                 op = operation, error = error.as_str())
         }
     }
+}
+
+/// `process_abort`: the process ends itself at once (`abort(3)`) because `what` outlived
+/// its kill while its grant is being lost.
+pub fn process_abort(what: &Unstoppable) {
+    tracing::info!(target: TARGET, event = "process_abort", lease = what.lease.as_str(),
+        token = what.token.get(), what = what.what.as_str());
 }
 
 #[cfg(test)]
@@ -165,5 +173,24 @@ mod tests {
         }
         let expected: Vec<Event> = traces.into_iter().map(|(_, event)| event).collect();
         assert_eq!(recorder.known_events(), Ok(expected));
+    }
+
+    #[test]
+    fn a_process_abort_is_its_documented_event() {
+        let what = Unstoppable {
+            lease: "s-counter-3".into(),
+            token: FencingToken::new(4),
+            what: "entity key-7 of counter shard 3".into(),
+        };
+        let recorder = Recorder::new("a:1", "1f");
+        recorder.record(|| process_abort(&what));
+        assert_eq!(
+            recorder.known_events(),
+            Ok(vec![Event::ProcessAbort {
+                lease: "s-counter-3".into(),
+                token: 4,
+                what: "entity key-7 of counter shard 3".into(),
+            }])
+        );
     }
 }

@@ -54,6 +54,18 @@ pub(crate) fn entity_stopped(
     entity_life("entity_stopped", entity_type, shard, entity, token, why);
 }
 
+/// `entity_zombie`: it outlived its kill during a stop for `why` (its thread blocked
+/// outside an await); it still runs, and the shard keeps it until it ends.
+pub(crate) fn entity_zombie(
+    entity_type: &str,
+    shard: &str,
+    entity: &str,
+    token: FencingToken,
+    why: &str,
+) {
+    entity_life("entity_zombie", entity_type, shard, entity, token, why);
+}
+
 fn entity_life(
     event: &str,
     entity_type: &str,
@@ -100,6 +112,7 @@ mod tests {
             shard_started("counter", "4", token, "");
             entity_started("counter", "4", "key-1", token, "");
             shard_lease_lost("counter", "4", token, "expired");
+            entity_zombie("counter", "4", "key-1", token, "lease lost");
             entity_stopped("counter", "4", "key-1", token, "lease lost");
             shard_stopped("counter", "4", token, "lease lost: expired");
             shard_moving("counter", "4", "a:1", "b:2");
@@ -120,6 +133,7 @@ mod tests {
             Event::ShardStarted(shard("")),
             Event::EntityStarted(entity("")),
             Event::ShardLeaseLost(shard("expired")),
+            Event::EntityZombie(entity("lease lost")),
             Event::EntityStopped(entity("lease lost")),
             Event::ShardStopped(shard("lease lost: expired")),
             Event::ShardMoving {

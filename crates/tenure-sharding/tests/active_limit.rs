@@ -83,6 +83,7 @@ async fn shard(
         factory: entity_factory(Probe(tx.clone())),
         active: Some(active.clone()),
         settings: Arc::new(settings),
+        process_end: tenure_lease::ProcessEnd::abort(),
     };
     Shard::start(args, None).await.unwrap()
 }

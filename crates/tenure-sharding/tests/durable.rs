@@ -205,6 +205,7 @@ async fn host_with(h: &dyn JournalHarness, owner: &str, remember: bool) -> Host 
         factory,
         active: None,
         settings: Arc::new(settings),
+        process_end: tenure_lease::ProcessEnd::abort(),
     };
     let shard = Shard::start(args, None).await.expect("start the shard");
     Host {

@@ -186,6 +186,7 @@ impl Fixture {
             factory: entity_factory(Probe(self.tx.clone())),
             active: None,
             settings: Arc::new(settings),
+            process_end: tenure_lease::ProcessEnd::abort(),
         };
         Shard::start(args, None).await.unwrap()
     }

@@ -135,6 +135,7 @@ impl Fixture {
             factory,
             active: None,
             settings: Arc::new(settings),
+            process_end: tenure_lease::ProcessEnd::abort(),
         };
         Shard::start(args, None).await.unwrap()
     }

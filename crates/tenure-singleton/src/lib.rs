@@ -104,6 +104,7 @@ pub async fn start_with_settings(
         me: node.addr().clone(),
         scope: tenure_cluster::scope(&cluster.system),
         spawner,
+        process_end: tenure_lease::ProcessEnd::abort(),
     };
     let manager = SingletonManager::start(spec, None)
         .await

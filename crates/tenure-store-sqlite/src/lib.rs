@@ -34,13 +34,16 @@
 //! queue and may take a free lease ahead of waiters, as on the other stores.
 
 mod clock;
+mod db;
 mod fair;
 pub mod fence;
 mod fenced;
+mod identity;
 pub mod journal;
 mod schema;
 pub mod sql;
 mod store;
+pub mod witness;
 
 /// The host-wide clock expiry is measured on (`CLOCK_BOOTTIME`), in nanoseconds.
 pub fn store_now_ns() -> i64 {
