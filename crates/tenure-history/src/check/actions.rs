@@ -387,8 +387,8 @@ fn outside(action: &Action, lease: String, why: String) -> Violation {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::history::check::check;
-    use crate::history::{EntityLife, ShardLife};
+    use crate::check::check;
+    use crate::{EntityLife, ShardLife};
 
     const MS: i64 = 1_000_000;
     const LEASE: &str = "demo-shard-counter-7";
@@ -502,7 +502,7 @@ mod tests {
         );
         // A harness cannot speak for the process: only a death it saw ends lives.
         let mut forged = abort(850, "i1");
-        forged.inc = crate::history::HARNESS.into();
+        forged.inc = crate::HARNESS.into();
         assert_eq!(
             outside(&blocked_entity(Some(forged))),
             [shard_late, entity_late]
