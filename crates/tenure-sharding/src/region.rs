@@ -434,7 +434,9 @@ impl RegionState {
         } else {
             Duration::ZERO
         };
-        settings.stop_timeout * 2 + settings.lease.release_answer_timeout() + flush
+        // An entity that outlives its kill holds the answer up to hand-off-timeout.
+        let stop = (settings.stop_timeout * 2).max(settings.hand_off_timeout);
+        stop + settings.lease.release_answer_timeout() + flush
     }
 
     /// Routes a message that just arrived (from a local sender, or from another region).
@@ -775,6 +777,7 @@ impl RegionState {
             active: self.active.clone(),
             settings: self.args.settings.clone(),
             history: self.args.history.clone(),
+            process_end: tenure_lease::ProcessEnd::abort(),
         };
         match Shard::start_routed(args, Some(self.myself.get_cell()), self.args.routes.clone())
             .await

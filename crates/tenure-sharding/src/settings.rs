@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use tenure_cluster::placement::{DEFAULT_NUMBER_OF_SHARDS, EntityPlacement};
-use tenure_lease::{ConfigError, LeaseSettings, StopBudget, TenureConfig};
+use tenure_lease::{ConfigError, LeaseSettings, StopBudget, TenureConfig, WhenKillFails};
 
 /// This crate's fragment of the reference configuration: `[sharding]` (shown in
 /// `config/reference.toml`).
@@ -67,6 +67,9 @@ pub struct ShardingConfig {
     /// stopped without passivating waits before it is started again.
     #[serde(deserialize_with = "tenure_lease::duration::serde::positive")]
     pub entity_restart_backoff: Duration,
+    /// `when-kill-fails`: what happens when an entity outlives its kill while its shard's
+    /// lease is being lost.
+    pub when_kill_fails: WhenKillFails,
 }
 
 impl Default for ShardingConfig {
@@ -89,6 +92,7 @@ impl Default for ShardingConfig {
             hand_off_timeout: Duration::from_secs(15),
             remember_entities: false,
             entity_restart_backoff: Duration::from_secs(10),
+            when_kill_fails: WhenKillFails::Abort,
         }
     }
 }
@@ -145,6 +149,11 @@ pub struct ShardingSettings {
     /// stopped without passivating (its start or a request failed) waits before its shard
     /// starts it again.
     pub entity_restart_backoff: Duration,
+    /// `when-kill-fails`: what a shard does when an entity outlives its kill (a thread
+    /// blocked outside an await) while the shard's lease is being lost: end the process
+    /// before the lease's local deadline (the default), or, unsafely, let it run on.
+    /// Graceful moves never need it: they keep the lease until the entity has ended.
+    pub when_kill_fails: WhenKillFails,
 }
 
 impl ShardingSettings {
@@ -218,13 +227,15 @@ impl ShardingSettings {
             hand_off_timeout: c.hand_off_timeout,
             remember_entities: c.remember_entities,
             entity_restart_backoff: c.entity_restart_backoff,
+            when_kill_fails: c.when_kill_fails,
         })
     }
 }
 
 impl ShardingSettings {
     /// How long before a shard lease's local deadline its shard must learn of a loss: the
-    /// loss delivered, `stop-timeout` for its entities, a kill of those still running.
+    /// loss delivered, `stop-timeout` for its entities, a kill of those still running, and
+    /// the process ended if one outlived the kill.
     pub fn stop_budget(&self) -> StopBudget {
         StopBudget::for_actors(self.stop_timeout)
     }
@@ -294,6 +305,10 @@ mod tests {
                 "`sharding.entity-restart-backoff`",
             ),
             (
+                "[sharding.counter]\nwhen-kill-fails = \"run-on\"",
+                "`sharding.counter.when-kill-fails`",
+            ),
+            (
                 "[sharding.counter]\nrebalance-relative-limit = 0.0",
                 "`sharding.counter.rebalance-relative-limit`",
             ),
@@ -338,6 +353,11 @@ mod tests {
         );
         let other = ShardingSettings::from_config(&config, "other", "sqlite").unwrap();
         assert!(!other.remember_entities, "off by default");
+        assert_eq!(
+            other.when_kill_fails,
+            WhenKillFails::Abort,
+            "safe by default"
+        );
         assert_eq!(other.entity_restart_backoff, Duration::from_secs(10));
         let err = ShardingSettings::from_config(&config, "", "sqlite").unwrap_err();
         assert!(err.to_string().contains("entity type name"), "{err}");

@@ -84,6 +84,7 @@ async fn shard(
         active: Some(active.clone()),
         settings: Arc::new(settings),
         history: None,
+        process_end: tenure_lease::ProcessEnd::abort(),
     };
     Shard::start(args, None).await.unwrap()
 }

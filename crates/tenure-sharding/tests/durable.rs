@@ -218,6 +218,7 @@ async fn host_on(
         active: None,
         settings: Arc::new(settings),
         history: None,
+        process_end: tenure_lease::ProcessEnd::abort(),
     };
     let shard = Shard::start(args, None).await.expect("start the shard");
     Host {

@@ -136,6 +136,7 @@ impl Fixture {
             active: None,
             settings: Arc::new(settings),
             history: None,
+            process_end: tenure_lease::ProcessEnd::abort(),
         };
         Shard::start(args, None).await.unwrap()
     }
