@@ -181,6 +181,7 @@ async fn host(
         active: o.active,
         settings: Arc::new(settings),
         history: None,
+        process_end: tenure_lease::ProcessEnd::abort(),
     };
     let shard = Shard::start(args, None).await.expect("start the shard");
     let host = Host {
