@@ -574,9 +574,17 @@ impl ShardState {
             .filter(|t| self.view.token() == Some(*t) && self.refused != Some(*t))
     }
 
-    /// A journal refused a write of `entity` under grant `token` as not current: the
-    /// store's word that the grant is gone (released, expired, or granted to another
-    /// holder while this node paused or was cut off). The LeaseActor ends its belief at
+    /// The id of the entity actor `actor` runs, if it is one of the shard's.
+    fn entity_run_by(&self, actor: ractor::ActorId) -> Option<String> {
+        self.entities
+            .iter()
+            .find(|(_, r)| r.actor.get_id() == actor)
+            .map(|(id, _)| id.clone())
+    }
+
+    /// A journal refused a write of the entity run by `actor` under grant `token` as not
+    /// current: the store's word that the grant is gone (released, expired, or granted to
+    /// another holder while this node paused or was cut off). The LeaseActor ends its belief at
     /// once, and its `LeaseLost` stops every entity and starts acquiring again; until it
     /// arrives, messages wait as for the lease, so that no entity starts again only to be
     /// refused, message after message, until the next renewal would have told.
@@ -584,12 +592,7 @@ impl ShardState {
         if self.serving != Some(token) || self.refused == Some(token) {
             return;
         }
-        let Some(entity) = self
-            .entities
-            .iter()
-            .find(|(_, r)| r.actor.get_id() == actor)
-            .map(|(id, _)| id.as_str())
-        else {
+        let Some(entity) = self.entity_run_by(actor) else {
             return;
         };
         tracing::warn!(shard = %self.args.shard_id, entity, token = token.get(),
