@@ -213,6 +213,12 @@ pub enum LeaseMsg {
     /// note changes at its next acquire attempt (a `TryAcquire` re-enters at once), never
     /// at a renewal.
     SetNote(Option<String>),
+    /// A store refused a write fenced by grant `0` because it is not the lease's current
+    /// grant (a journal's append, a fenced write). If that is the grant believed, the
+    /// belief ends at once, as when a renewal is answered that the lease is not held:
+    /// `LeaseLost` with reason `NotHeld`, then nothing until the next acquire. Ignored for
+    /// any other token (a grant already lost, or one never held).
+    NotCurrent(FencingToken),
     #[doc(hidden)]
     RetryAcquire,
     #[doc(hidden)]
@@ -389,6 +395,7 @@ impl Actor for LeaseActor {
             LeaseMsg::Release(reply) => Input::Release {
                 reply: ReleaseCaller::Port(reply),
             },
+            LeaseMsg::NotCurrent(token) => Input::NotCurrent { token },
             LeaseMsg::RetryAcquire => Input::Timer(Timer::Retry),
             LeaseMsg::PreemptPoll => Input::Timer(Timer::Poll),
             LeaseMsg::FeedQueued => {

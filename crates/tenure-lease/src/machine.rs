@@ -148,6 +148,10 @@ pub(crate) enum Input<A, L> {
     },
     /// The answer to the awaited [`Call`].
     Answered(Outcome),
+    /// A store refused a write fenced by grant `token` because it is not the lease's
+    /// current grant (a journal's append, a fenced write): the store's answer, as a
+    /// renewal's `NotHeld` is.
+    NotCurrent { token: FencingToken },
 }
 
 /// What the driver must do. See the module docs for the order.
@@ -522,6 +526,11 @@ impl<A, L> Machine<A, L> {
             Input::RenewDue { generation } => self.renew_due(now, generation, out),
             Input::Renewed { generation, answer } => self.renewed(now, generation, answer, out),
             Input::Answered(outcome) => self.answered(now, outcome, out),
+            Input::NotCurrent { token } => {
+                if let Some(held) = self.belief.held().filter(|h| h.token == token) {
+                    self.not_held(held.generation, LostReason::NotHeld, out);
+                }
+            }
         }
     }
 

@@ -613,6 +613,25 @@ fn a_grant_replaced_behind_our_back_is_lost_before_the_new_one_is_granted() {
 }
 
 #[test]
+fn a_write_refused_for_the_grant_believed_ends_the_belief_at_once() {
+    let mut s = Story::new(config());
+    s.granted(0, 10, 7);
+    // Another token's refusal (a grant lost before, or never held) changes nothing.
+    assert!(s.feed(100, Input::NotCurrent { token: T3 }).is_empty());
+    assert!(s.m.current(s.at(100)).is_some());
+    // The store refused a write under the grant believed: lost at once, not at the next
+    // renewal or the deadline.
+    let fx = s.feed(200, Input::NotCurrent { token: T7 });
+    assert_eq!(lost(&events(&fx)), [(T7, LostReason::NotHeld)]);
+    assert!(s.m.current(s.at(200)).is_none());
+    assert_eq!(s.m.watchdog_wake(1), None, "the watchdog ends");
+    // Nothing announces it again: another refusal, the renewal timer, the deadline.
+    assert!(s.feed(300, Input::NotCurrent { token: T7 }).is_empty());
+    assert!(s.feed(1000, Input::RenewDue { generation: 1 }).is_empty());
+    assert!(s.deadline(9000).is_empty());
+}
+
+#[test]
 fn a_stop_budget_ends_the_belief_early_and_keeps_the_deadline() {
     let mut s = Story::new(Config {
         stop_budget: Duration::from_secs(3),

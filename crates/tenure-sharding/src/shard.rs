@@ -190,6 +190,9 @@ pub struct ShardState {
     view: LeaseView,
     /// The token of the grant entities run under, while serving.
     serving: Option<FencingToken>,
+    /// A grant a journal refused as not current: no entity starts under it while its
+    /// LeaseActor ends the belief (see [`ShardState::not_current`]).
+    refused: Option<FencingToken>,
     entities: HashMap<String, Running>,
     waiting: VecDeque<Pending>,
     handing_off: bool,
@@ -298,6 +301,7 @@ impl Actor for Shard {
             lease,
             view,
             serving: None,
+            refused: None,
             entities: HashMap::new(),
             waiting: VecDeque::new(),
             handing_off: false,
@@ -391,6 +395,7 @@ impl Actor for Shard {
                         &format!("lease lost: {}", lost.reason),
                     );
                     state.serving = None;
+                    state.refused = None;
                     if let Some(r) = &mut state.remember {
                         r.reset();
                     }
@@ -536,6 +541,14 @@ impl Actor for Shard {
             state.resume(&myself).await;
             return Ok(());
         }
+        if let SupervisionEvent::ActorFailed(_, err) = &event
+            && let Some(token) = err
+                .downcast_ref::<crate::durable::DurableError>()
+                .and_then(crate::durable::DurableError::not_current)
+        {
+            // Before its waiting messages are delivered: they must not start it again.
+            state.not_current(cell.get_id(), token);
+        }
         state.entity_ended(&myself, cell.get_id(), why).await;
         state.publish_metrics();
         Ok(())
@@ -554,7 +567,35 @@ impl ShardState {
     /// The grant entities may run under now: serving, and still believed (the local
     /// deadline has not passed, even if its Lost event is still on its way).
     fn live_token(&self) -> Option<FencingToken> {
-        self.serving.filter(|t| self.view.token() == Some(*t))
+        self.serving
+            .filter(|t| self.view.token() == Some(*t) && self.refused != Some(*t))
+    }
+
+    /// The id of the entity actor `actor` runs, if it is one of the shard's.
+    fn entity_run_by(&self, actor: ractor::ActorId) -> Option<String> {
+        self.entities
+            .iter()
+            .find(|(_, r)| r.actor.get_id() == actor)
+            .map(|(id, _)| id.clone())
+    }
+
+    /// A journal refused a write of the entity run by `actor` under grant `token` as not
+    /// current: the store's word that the grant is gone (released, expired, or granted to
+    /// another holder while this node paused or was cut off). The LeaseActor ends its belief at
+    /// once, and its `LeaseLost` stops every entity and starts acquiring again; until it
+    /// arrives, messages wait as for the lease, so that no entity starts again only to be
+    /// refused, message after message, until the next renewal would have told.
+    fn not_current(&mut self, actor: ractor::ActorId, token: FencingToken) {
+        if self.serving != Some(token) || self.refused == Some(token) {
+            return;
+        }
+        let Some(entity) = self.entity_run_by(actor) else {
+            return;
+        };
+        tracing::warn!(shard = %self.args.shard_id, entity, token = token.get(),
+            "the journal refused the shard's grant as not current: giving the grant up now");
+        self.refused = Some(token);
+        let _ = self.lease.cast(LeaseMsg::NotCurrent(token));
     }
 
     fn deliver(&mut self, p: Pending) {

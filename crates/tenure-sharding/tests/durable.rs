@@ -17,7 +17,9 @@ use async_trait::async_trait;
 use ractor::{ActorRef, RpcReplyPort};
 use serde::{Deserialize, Serialize};
 use tenure_journal::conformance::JournalHarness;
-use tenure_journal::{Journal, read_all};
+use tenure_journal::{
+    Append, Journal, JournalError, SaveSnapshot, Snapshot, StoredEvent, Written, read_all,
+};
 use tenure_lease::{
     AcquireOutcome, AcquireRequest, FencingToken, LeaseSettings, LeaseSpec, LeaseStore,
     TenureConfig,
@@ -178,6 +180,16 @@ async fn host(h: &dyn JournalHarness, owner: &str) -> Host {
 
 /// As [`host`], with remember-entities on or off.
 async fn host_with(h: &dyn JournalHarness, owner: &str, remember: bool) -> Host {
+    host_on(h, owner, remember, h.journal().await).await
+}
+
+/// As [`host_with`], its entities writing to `journal`.
+async fn host_on(
+    h: &dyn JournalHarness,
+    owner: &str,
+    remember: bool,
+    journal: Arc<dyn Journal>,
+) -> Host {
     let config = TenureConfig::from_toml_str(
         &format!("[sharding]\nretry-interval = \"50ms\"\nremember-entities = {remember}"),
         "test",
@@ -195,7 +207,7 @@ async fn host_with(h: &dyn JournalHarness, owner: &str, remember: bool) -> Host 
         Ledger {
             applied: applied.clone(),
         },
-        h.journal().await,
+        journal,
     );
     let args = ShardArgs {
         type_name: TYPE.into(),
@@ -239,6 +251,29 @@ impl Host {
             .map_err(|e| e.to_string())
     }
 
+    fn tell(&self, entity: &str, command: Command) {
+        let payload =
+            tenure_cluster::codec::encode_inner("entity request", TYPE, &command).expect("encode");
+        self.shard
+            .cast(ShardMsg::Deliver {
+                entity: entity.into(),
+                payload,
+                reply: None,
+            })
+            .expect("the shard takes messages");
+    }
+
+    /// Waits (at most 10 s) until the shard's status satisfies `what`; `false` if it never did.
+    async fn until(&self, what: impl Fn(&ShardStatus) -> bool) -> bool {
+        for _ in 0..200 {
+            if what(&self.status().await) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        false
+    }
+
     async fn status(&self) -> ShardStatus {
         ractor::call!(self.shard, ShardMsg::Status).expect("status")
     }
@@ -257,6 +292,60 @@ impl Host {
     async fn hand_off(&self) {
         let handed = ractor::call!(self.shard, ShardMsg::HandOff).expect("hand-off");
         assert!(handed.released, "the hand-off released the lease");
+    }
+}
+
+/// A journal that counts the reads of recoveries (snapshot loads and event reads), every
+/// call forwarded unchanged.
+struct CountingReads {
+    inner: Arc<dyn Journal>,
+    reads: AtomicU64,
+}
+
+impl CountingReads {
+    fn new(inner: Arc<dyn Journal>) -> Arc<CountingReads> {
+        Arc::new(CountingReads {
+            inner,
+            reads: AtomicU64::new(0),
+        })
+    }
+
+    fn reads(&self) -> u64 {
+        self.reads.load(Ordering::SeqCst)
+    }
+}
+
+#[async_trait]
+impl Journal for CountingReads {
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+
+    async fn append(&self, append: Append) -> Result<Written, JournalError> {
+        self.inner.append(append).await
+    }
+
+    async fn read(
+        &self,
+        persistence_id: &str,
+        from: u64,
+        max: usize,
+    ) -> Result<Vec<StoredEvent>, JournalError> {
+        self.reads.fetch_add(1, Ordering::SeqCst);
+        self.inner.read(persistence_id, from, max).await
+    }
+
+    async fn save_snapshot(&self, snapshot: SaveSnapshot) -> Result<Written, JournalError> {
+        self.inner.save_snapshot(snapshot).await
+    }
+
+    async fn load_snapshot(&self, persistence_id: &str) -> Result<Option<Snapshot>, JournalError> {
+        self.reads.fetch_add(1, Ordering::SeqCst);
+        self.inner.load_snapshot(persistence_id).await
+    }
+
+    async fn persistence_ids(&self) -> Result<Vec<String>, JournalError> {
+        self.inner.persistence_ids().await
     }
 }
 
@@ -320,10 +409,15 @@ async fn contiguous_and_durable_before_the_reply(h: &dyn JournalHarness) {
 
 /// A's grant is taken behind its back (it expired while A paused, and B was granted);
 /// A's next append is refused by the journal, the caller gets the refusal, and the entity
-/// stops. The journal holds exactly the events acknowledged to A's callers, and the next
-/// host recovers them and appends after them.
+/// stops. The refusal is the store's word that A's grant is gone: A's shard gives the grant
+/// up at once (not at its next renewal, 50 s on), so the next messages wait for a grant
+/// instead of starting the entity again, each recovery reading the journal only to be
+/// refused. Once the lease is free, A is granted it again and the waiting messages reach
+/// the entity under the new grant; the journal holds exactly the acknowledged events, and
+/// the next host recovers them and appends after them.
 async fn stale_grant_refused_and_entity_stopped(h: &dyn JournalHarness) {
-    let a = host(h, A).await;
+    let journal = CountingReads::new(h.journal().await);
+    let a = host_on(h, A, false, journal.clone()).await;
     let first = a.serving().await;
     assert_eq!(a.ask("e1", Command::Add(vec![1, 2])).await.unwrap(), [1, 2]);
     assert_eq!(a.status().await.entities, ["e1"]);
@@ -353,17 +447,25 @@ async fn stale_grant_refused_and_entity_stopped(h: &dyn JournalHarness) {
         refused.contains("refused") && refused.contains(&first.get().to_string()),
         "the caller is told why: {refused}"
     );
-    let mut stopped = false;
-    for _ in 0..200 {
-        if a.status().await.entities.is_empty() {
-            stopped = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(
+        a.until(|s| s.entities.is_empty()).await,
+        "the entity stopped after the refusal"
+    );
+    let reads = journal.reads();
+    for n in [4, 5, 6] {
+        a.tell("e1", Command::Add(vec![n]));
     }
-    assert!(stopped, "the entity stopped after the refusal");
-    // Started again by the next message, it recovers and is refused again.
-    assert!(a.ask("e1", Command::Add(vec![4])).await.is_err());
+    assert!(
+        a.until(|s| s.serving.is_none() && s.entities.is_empty() && s.waiting == 3)
+            .await,
+        "the shard gave its grant up and keeps the messages for the next one: {:?}",
+        a.status().await
+    );
+    assert_eq!(
+        journal.reads(),
+        reads,
+        "the entity was not started again under the refused grant"
+    );
     assert_eq!(
         journal_of(h, "e1").await,
         vec![
@@ -373,21 +475,39 @@ async fn stale_grant_refused_and_entity_stopped(h: &dyn JournalHarness) {
         "only the acknowledged events, all under A's grant"
     );
 
-    // B hands its grant on to C, which recovers what A's callers were acknowledged.
+    // B's grant ends: A acquires again, and the messages that waited reach the entity,
+    // started under the new grant with the acknowledged events.
     assert!(
         leases
             .release(&a.store_name, B, stolen.token)
             .await
             .unwrap()
     );
-    a.shard.stop(None);
+    let second = a.serving().await;
+    assert!(second > stolen.token);
+    assert_eq!(a.ask("e1", Command::Get).await.unwrap(), [1, 2, 4, 5, 6]);
+    let tail: Vec<_> = journal_of(h, "e1").await.split_off(2);
+    assert_eq!(
+        tail,
+        [4, 5, 6]
+            .iter()
+            .zip(3..)
+            .map(|(n, seq)| (seq, *n, second.get(), A.to_string()))
+            .collect::<Vec<_>>()
+    );
+
+    // C, the next host, recovers what A's callers were acknowledged.
+    a.hand_off().await;
     let c = host(h, C).await;
     let third = c.serving().await;
-    assert_eq!(c.ask("e1", Command::Get).await.unwrap(), [1, 2]);
-    assert_eq!(c.ask("e1", Command::Add(vec![5])).await.unwrap(), [1, 2, 5]);
+    assert_eq!(c.ask("e1", Command::Get).await.unwrap(), [1, 2, 4, 5, 6]);
+    assert_eq!(
+        c.ask("e1", Command::Add(vec![7])).await.unwrap(),
+        [1, 2, 4, 5, 6, 7]
+    );
     assert_eq!(
         journal_of(h, "e1").await.last(),
-        Some(&(3, 5, third.get(), C.to_string()))
+        Some(&(6, 7, third.get(), C.to_string()))
     );
 }
 

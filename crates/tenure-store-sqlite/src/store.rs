@@ -173,9 +173,13 @@ pub(crate) fn check_path(path: &Path) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// How long a store being opened waits for another process's write lock, at least.
+const OPEN_BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Opens (creating if needed) the lease database at `path`, with the files it opened and
-/// this process's witness of the main file.
-fn connect(path: &Path, busy_timeout: Duration) -> Result<Open, ConfigError> {
+/// this process's witness of the main file; initialising it waits up to `open_wait` for
+/// another process's write lock, and its operations then wait up to `busy_timeout`.
+fn connect(path: &Path, busy_timeout: Duration, open_wait: Duration) -> Result<Open, ConfigError> {
     check_path(path)?;
     if !path.exists() {
         for suffix in ["-wal", "-shm"] {
@@ -214,10 +218,11 @@ fn connect(path: &Path, busy_timeout: Duration) -> Result<Open, ConfigError> {
             | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )
     .map_err(|e| path_error(path, e.to_string()))?;
-    conn.busy_timeout(busy_timeout)
+    conn.busy_timeout(open_wait)
         .and_then(|_| conn.pragma_update(None, "journal_mode", "WAL"))
         .and_then(|_| conn.pragma_update(None, "synchronous", "FULL"))
         .and_then(|_| migrate(&mut conn, &boot))
+        .and_then(|_| conn.busy_timeout(busy_timeout))
         .map_err(|e| path_error(path, format!("cannot initialise the lease database: {e}")))?;
     // The file exists now (the migration wrote it): this is the one the connection has,
     // unless it was replaced meanwhile (checked below).
@@ -269,7 +274,7 @@ fn current<'a>(
         tracing::warn!(path = %path.display(), "a file of the lease database was deleted or replaced while in use: its grants are gone");
         old.abandon();
     }
-    let mut fresh = connect(path, busy_timeout).map_err(|e| {
+    let mut fresh = connect(path, busy_timeout, busy_timeout).map_err(|e| {
         StoreError::state_lost(
             "sqlite",
             format!("the lease file was deleted or replaced while in use: {e}"),
@@ -283,11 +288,15 @@ fn current<'a>(
 }
 
 impl SqliteStore {
-    /// Opens (creating if needed) the lease database at `path`. `busy_timeout` bounds how
-    /// long an operation waits for another process's transaction.
+    /// Opens (creating if needed) the lease database at `path`, waiting up to 10 s (or
+    /// `busy_timeout` if longer) for another process's transaction. `busy_timeout` bounds
+    /// how long an operation waits for one.
     pub fn open(path: impl AsRef<Path>, busy_timeout: Duration) -> Result<Self, ConfigError> {
         let path = path.as_ref();
-        let open = connect(path, busy_timeout)?;
+        // A process that cannot open its store cannot start: opening waits longer for the
+        // write lock than an operation does, since other processes' transactions on a busy
+        // file may keep taking it first for a while (SQLite's busy handler is not fair).
+        let open = connect(path, busy_timeout, busy_timeout.max(OPEN_BUSY_TIMEOUT))?;
         let line_key = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
         Ok(SqliteStore {
             path: Arc::new(path.to_path_buf()),

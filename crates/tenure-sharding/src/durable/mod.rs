@@ -20,7 +20,11 @@
 //!
 //! An append refused (a stale grant, or another writer's events in the way) or whose
 //! outcome is unknown stops the entity, with an error to the caller: its state may be
-//! behind the journal, and the next start recovers it from there.
+//! behind the journal, and the next start recovers it from there. A refusal for a stale
+//! grant is also the store's word that the shard's grant is gone: the shard stops
+//! believing in it at once (its LeaseActor announces the loss, every entity of the shard
+//! stops, and it acquires again), rather than start the entity again for every message
+//! until its next renewal tells it.
 
 mod effect;
 
@@ -31,6 +35,7 @@ use ractor::ActorProcessingErr;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tenure_journal::{Append, Journal, Refusal, SaveSnapshot, Written};
+use tenure_lease::FencingToken;
 
 pub use effect::Effect;
 
@@ -169,6 +174,21 @@ pub enum DurableError {
         /// The one found.
         found: u64,
     },
+}
+
+impl DurableError {
+    /// The token of the grant the journal refused as not current (the lease was
+    /// released, expired or granted to another holder), when that is why the entity
+    /// failed: its shard then stops believing in that grant at once.
+    pub fn not_current(&self) -> Option<FencingToken> {
+        match self {
+            DurableError::Refused { refusal, .. } => match refusal.as_ref() {
+                Refusal::NotHeld { token, .. } => Some(*token),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
 }
 
 impl<E: DurableEntity> Durable<E> {

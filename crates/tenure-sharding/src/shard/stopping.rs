@@ -183,12 +183,7 @@ impl ShardState {
         actor: ractor::ActorId,
         why: String,
     ) {
-        let Some(id) = self
-            .entities
-            .iter()
-            .find(|(_, r)| r.actor.get_id() == actor)
-            .map(|(id, _)| id.clone())
-        else {
+        let Some(id) = self.entity_run_by(actor) else {
             return;
         };
         let Some(ended) = self.entities.remove(&id) else {
