@@ -180,7 +180,6 @@ async fn host(
         factory,
         active: o.active,
         settings: Arc::new(settings),
-        history: None,
         process_end: tenure_lease::ProcessEnd::abort(),
     };
     let shard = Shard::start(args, None).await.expect("start the shard");
