@@ -15,11 +15,13 @@ use crate::error::ClusterError;
 use crate::error::OperatorRefusal;
 use crate::history::History;
 use crate::identity::{Incarnation, NodeAddr};
+use crate::member::{ClusterEvent, MemberStatus};
 use crate::placement::Placement;
 use crate::protocol::{
     AgentMsg, DownRequest, FaultReply, Inspect, LeaveRequest, Local, NodeView, OperatorReply,
     SetLink,
 };
+use crate::readiness::{Readiness, ReadinessGate};
 use crate::settings::ClusterSettings;
 use crate::subscribe::ClusterSubscriber;
 #[cfg(feature = "fault-injection")]
@@ -157,6 +159,36 @@ pub struct Node {
     refused: Arc<std::sync::OnceLock<Refusal>>,
     downed: Arc<std::sync::OnceLock<String>>,
     leave_requests: Arc<tokio::sync::watch::Sender<Option<String>>>,
+    readiness: Readiness,
+}
+
+/// Keeps `gate` open exactly while the node at `me` is an up member.
+fn member_readiness(me: NodeAddr, gate: ReadinessGate) -> ClusterSubscriber {
+    ClusterSubscriber::new(move |event| {
+        match event {
+            ClusterEvent::CurrentMembers(members) => {
+                match members.iter().find(|m| m.addr == me).map(|m| m.status) {
+                    Some(MemberStatus::Up) => gate.open(),
+                    status => gate.close(format!(
+                        "not an up member: {}",
+                        status.map_or("not a member", MemberStatus::as_str)
+                    )),
+                }
+            }
+            ClusterEvent::MemberUp(m) if m.addr == me => gate.open(),
+            ClusterEvent::MemberLeaving(m)
+            | ClusterEvent::MemberDown(m)
+            | ClusterEvent::MemberRemoved(m)
+                if m.addr == me =>
+            {
+                gate.close(format!("not an up member: {}", m.status.as_str()))
+            }
+            ClusterEvent::SelfDown => gate.close("not an up member: down"),
+            ClusterEvent::SelfLeaving(_) => gate.close("not an up member: leaving"),
+            _ => {}
+        }
+        true
+    })
 }
 
 impl Node {
@@ -196,6 +228,8 @@ impl Node {
         if let Some(h) = &history {
             provider.observe(h.lease_observer());
         }
+        let readiness = Readiness::new();
+        provider.observe(readiness.lease_observer(&addr.to_string()));
         let tls = settings.tls.as_ref().map(Tls::load).transpose()?;
         let store = provider.store(&settings.lease_section).await?;
         tenure_lease::names::check_lease_name(&settings.member_lease_name(&addr))?;
@@ -302,8 +336,14 @@ impl Node {
                 accept.abort();
             }
         });
+        let member_gate = readiness.gate("this node", "not an up member yet: joining");
+        let _ = agent.cast(AgentMsg::Local(Local::Subscribe(member_readiness(
+            addr.clone(),
+            member_gate,
+        ))));
         tracing::info!(node = %addr, %incarnation, seeds = settings.seeds.len(), "node started");
         Ok(Node {
+            readiness,
             settings,
             incarnation,
             agent,
@@ -362,6 +402,13 @@ impl Node {
     /// A cloneable reader of [`view`](Node::view).
     pub fn inspector(&self) -> Inspector {
         Inspector(self.agent.clone())
+    }
+
+    /// This node's readiness (see [`Readiness`]): `check()` is `Ok` only while it is an up
+    /// member, every region on it registered with its coordinator and learnt the shard
+    /// homes, none of its leases has been suspended too long, and it is not leaving.
+    pub fn readiness(&self) -> &Readiness {
+        &self.readiness
     }
 
     /// A cloneable handle for operators' leave and down requests.
@@ -464,6 +511,8 @@ impl Node {
     /// hand-over guard is dropped (or `leave-timeout` passed) the member lease is released
     /// and the sessions are closed.
     pub async fn leave(self) -> Result<(), ClusterError> {
+        // Not ready before anything is handed off: a load balancer stops sending first.
+        self.readiness.leaving("this node is leaving");
         let answer = ractor::call_t!(self.agent, |r| AgentMsg::Local(Local::Leave(r)), 5000)
             .map_err(|e| ClusterError::Actor(format!("the node's agent did not answer: {e}")));
         let left = answer
