@@ -426,6 +426,9 @@ impl CoordinatorState {
         let allocatable = self.regions.contains_key(region)
             && self.alive(region)
             && !self.unreachable_since.contains_key(region);
+        if let Some(m) = self.members.get(region) {
+            self.homes.set_version(region, m.app_version.clone());
+        }
         self.homes.set_allocatable(region, allocatable);
     }
 
@@ -1149,6 +1152,7 @@ mod tests {
             status: MemberStatus::Up,
             reachable: true,
             roles: Vec::new(),
+            app_version: Default::default(),
         }
     }
 

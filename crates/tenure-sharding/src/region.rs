@@ -1242,6 +1242,7 @@ mod tests {
             status,
             reachable: true,
             roles: Vec::new(),
+            app_version: Default::default(),
         }
     }
 
