@@ -28,6 +28,7 @@ pub mod reachability;
 mod readiness;
 pub mod sbr;
 mod settings;
+mod shutdown;
 mod subscribe;
 pub mod transport;
 
@@ -49,4 +50,5 @@ pub use node::{Inspector, Node, NodeBuilder, Operator, Subscriptions};
 pub use protocol::{COMPATIBLE_PROTOCOLS, MemberInfo, NodeView, PROTOCOL_VERSION};
 pub use readiness::{DEFAULT_SUSPENDED_AFTER, NotReady, Readiness, ReadinessGate};
 pub use settings::{ClusterConfig, ClusterSettings, REFERENCE, TlsConfig, TlsFiles};
+pub use shutdown::{CoordinatedShutdown, Phase, RequestGuard, Requests, ShutdownConfig};
 pub use subscribe::{ClusterSubscriber, HandOver, HandOverWait};

@@ -23,6 +23,7 @@ use crate::protocol::{
 };
 use crate::readiness::{Readiness, ReadinessGate};
 use crate::settings::ClusterSettings;
+use crate::shutdown::{CoordinatedShutdown, Phase};
 use crate::subscribe::ClusterSubscriber;
 #[cfg(feature = "fault-injection")]
 use crate::transport::Links;
@@ -160,6 +161,7 @@ pub struct Node {
     downed: Arc<std::sync::OnceLock<String>>,
     leave_requests: Arc<tokio::sync::watch::Sender<Option<String>>>,
     readiness: Readiness,
+    shutdown: CoordinatedShutdown,
 }
 
 /// Keeps `gate` open exactly while the node at `me` is an up member.
@@ -344,6 +346,7 @@ impl Node {
         tracing::info!(node = %addr, %incarnation, seeds = settings.seeds.len(), "node started");
         Ok(Node {
             readiness,
+            shutdown: CoordinatedShutdown::new(settings.shutdown.clone()),
             settings,
             incarnation,
             agent,
@@ -409,6 +412,12 @@ impl Node {
     /// homes, none of its leases has been suspended too long, and it is not leaving.
     pub fn readiness(&self) -> &Readiness {
         &self.readiness
+    }
+
+    /// This node's coordinated shutdown: add the program's tasks to its phases; they run
+    /// when the node [leaves](Node::leave) (SIGTERM, an operator's leave request).
+    pub fn shutdown(&self) -> &CoordinatedShutdown {
+        &self.shutdown
     }
 
     /// A cloneable handle for operators' leave and down requests.
@@ -507,12 +516,24 @@ impl Node {
         self.leave().await
     }
 
-    /// Leaves gracefully: subscribers get `SelfLeaving` and peers a leave notice; once every
-    /// hand-over guard is dropped (or `leave-timeout` passed) the member lease is released
-    /// and the sessions are closed.
+    /// Leaves gracefully, in the order of its [coordinated shutdown](CoordinatedShutdown):
+    /// not ready at once; the program's tasks of the phases up to
+    /// [`Phase::BeforeClusterShutdown`], and the asks in flight through its regions
+    /// answered; then subscribers get `SelfLeaving` and peers a leave notice; once every
+    /// hand-over guard is dropped (or `leave-timeout` passed) and the asks taken meanwhile
+    /// are answered (within `service-requests-done`), the member lease is released and the
+    /// sessions are closed; then the tasks of [`Phase::BeforeExit`].
     pub async fn leave(self) -> Result<(), ClusterError> {
         // Not ready before anything is handed off: a load balancer stops sending first.
         self.readiness.leaving("this node is leaving");
+        for phase in [
+            Phase::ServiceUnbind,
+            Phase::ServiceRequestsDone,
+            Phase::ServiceStop,
+            Phase::BeforeClusterShutdown,
+        ] {
+            self.shutdown.run_phase(phase).await;
+        }
         let answer = ractor::call_t!(self.agent, |r| AgentMsg::Local(Local::Leave(r)), 5000)
             .map_err(|e| ClusterError::Actor(format!("the node's agent did not answer: {e}")));
         let left = answer
@@ -540,6 +561,16 @@ impl Node {
             {
                 tracing::warn!(timeout = ?self.settings.leave_timeout, "hand-over did not finish within cluster.leave-timeout; leaving anyway");
             }
+            // Asks taken while handing over come back through the sessions about to close.
+            let requests = self.shutdown.requests();
+            let bound = self.settings.shutdown.service_requests_done;
+            if tokio::time::timeout(bound, requests.drained())
+                .await
+                .is_err()
+            {
+                tracing::warn!(open = requests.open(), timeout = ?bound,
+                    "asks still unanswered after cluster.coordinated-shutdown.service-requests-done; leaving anyway");
+            }
             if let Some(member_lease) = answer.member_lease {
                 let timeout = self.settings.member_lease.lease_operation_timeout + RELEASE_SLACK;
                 match ractor::call_t!(member_lease, LeaseMsg::Release, timeout.as_millis() as u64) {
@@ -566,6 +597,7 @@ impl Node {
             .server
             .stop_and_wait(Some("left".into()), Some(Duration::from_secs(5)))
             .await;
+        self.shutdown.run_phase(Phase::BeforeExit).await;
         left
     }
 }

@@ -12,6 +12,7 @@ use crate::error::ClusterError;
 use crate::identity::NodeAddr;
 use crate::placement::Placement;
 use crate::sbr::{SbrConfig, SbrSettings};
+use crate::shutdown::ShutdownConfig;
 
 /// Files for TLS between nodes (mutual: each side presents a certificate signed by `ca`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,6 +73,8 @@ pub struct ClusterSettings {
     pub placement: Placement,
     /// `[cluster.split-brain-resolver]`, unless its `active-strategy` is `"off"`.
     pub split_brain_resolver: Option<SbrSettings>,
+    /// `[cluster.coordinated-shutdown]`: the timeout of each phase of a graceful shutdown.
+    pub shutdown: ShutdownConfig,
 }
 
 /// This crate's fragment of the reference configuration: `[cluster]`, `[cluster.tls]` and
@@ -139,6 +142,8 @@ pub struct ClusterConfig {
     pub tls: TlsConfig,
     /// `[cluster.split-brain-resolver]`.
     pub split_brain_resolver: SbrConfig,
+    /// `[cluster.coordinated-shutdown]`.
+    pub coordinated_shutdown: ShutdownConfig,
     /// `[cluster.management]`: read by the management endpoint's crate (tenure-management).
     pub management: Option<toml::Table>,
 }
@@ -167,6 +172,7 @@ impl Default for ClusterConfig {
             fault_injection: false,
             tls: TlsConfig::default(),
             split_brain_resolver: SbrConfig::default(),
+            coordinated_shutdown: ShutdownConfig::default(),
             management: None,
         }
     }
@@ -283,6 +289,7 @@ impl ClusterSettings {
             fault_injection: fault_injection(c.fault_injection)?,
             tls: tls_files(&c.tls)?,
             split_brain_resolver: c.split_brain_resolver.resolve()?,
+            shutdown: c.coordinated_shutdown.clone(),
         };
         if settings.heartbeat_interval * 2 > settings.unreachable_after {
             return Err(ConfigError::invalid(

@@ -190,6 +190,8 @@ pub struct ShardRegion {
     routes: Arc<Routes>,
     meters: metrics::HandleMeters,
     readiness: tenure_cluster::ReadinessGate,
+    /// Asks in flight, which the node's shutdown waits for.
+    requests: tenure_cluster::Requests,
 }
 
 const CODEC: &str = "entity request";
@@ -350,6 +352,9 @@ impl ShardRegion {
         timeout: Duration,
     ) -> Result<P, ShardingError> {
         let payload = self.encode(entity, request)?;
+        // Counted until answered (or timed out): a leaving node answers it before it closes
+        // its sessions.
+        let _in_flight = self.requests.start();
         let (tx, rx) = tokio::sync::oneshot::channel();
         let msg = EntityMsg {
             payload,
@@ -654,6 +659,7 @@ pub(crate) async fn start_with_settings(
         routes,
         meters: metrics::HandleMeters::new(type_name),
         readiness,
+        requests: node.shutdown().requests().clone(),
     })
 }
 

@@ -46,6 +46,7 @@ pub(crate) async fn proxy_region(scope: &str, config: &str) -> ShardRegion {
         routes,
         meters: crate::metrics::HandleMeters::new("probe"),
         readiness,
+        requests: Default::default(),
     }
 }
 
