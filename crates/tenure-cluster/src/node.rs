@@ -511,9 +511,23 @@ impl Node {
             by = self.leave_requested() => {
                 tracing::info!(node = %self.settings.addr, by, "leave requested: leaving the cluster");
             }
-            stopped = self.stopped() => return Err(stopped),
+            stopped = self.stopped() => {
+                self.shut_down_stopped(&stopped).await;
+                return Err(stopped);
+            }
         }
         self.leave().await
+    }
+
+    /// The coordinated shutdown of a node that stopped on its own (downed, refused, its
+    /// member lease actor failed; see [`stopped`](Node::stopped)): not ready, then the
+    /// program's tasks phase by phase, as in [`leave`](Node::leave), with nothing to hand
+    /// off (what it hosted stopped when it went down).
+    pub async fn shut_down_stopped(&self, why: &ClusterError) {
+        self.readiness.leaving(format!("this node stopped: {why}"));
+        for phase in Phase::ALL {
+            self.shutdown.run_phase(phase).await;
+        }
     }
 
     /// Leaves gracefully, in the order of its [coordinated shutdown](CoordinatedShutdown):
