@@ -214,10 +214,18 @@ enum LeaseCommand {
         #[arg(long)]
         count: Option<usize>,
     },
-    /// Release a lease held by --owner. Exit 0 released, 1 not held by that owner, 2 error.
+    /// Release a lease held by --owner. A grant its holder still renews (`acquire --hold`,
+    /// `run`, `elect`, a node) is refused unless --force; a one-shot grant of `acquire`
+    /// (not renewed) is released. Exit 0 released, 1 not released (not held by that owner,
+    /// or renewed by its holder and no --force), 2 error.
     Release {
         #[command(flatten)]
         target: Target,
+        /// Release a grant its holder still renews. That holder learns of it only at its
+        /// next renewal and may act on the lease until then, while another owner can be
+        /// granted it at once: only fencing tokens protect resources meanwhile.
+        #[arg(long)]
+        force: bool,
     },
     /// Show the holder of a lease. Exit 0 held, 1 free, 2 error.
     Show {
@@ -233,18 +241,28 @@ enum LeaseCommand {
         section: Option<String>,
     },
     /// Wait for the lease, run COMMAND while holding it (with TENURE_LEASE_NAME and
-    /// TENURE_LEASE_TOKEN set), release when it exits, and exit with its status. If the
-    /// lease is lost, COMMAND gets SIGTERM, then SIGKILL after --grace, before the local
-    /// deadline; exit 3. The same happens when a higher priority asks for the lease (its
-    /// cleanup timeout defaults to heartbeat-interval + --grace + 200ms).
+    /// TENURE_LEASE_TOKEN set), release when it exits, and exit with its status. COMMAND
+    /// is every process it starts, also those that leave its process group (setsid,
+    /// daemons): when it exits, what it left running gets SIGTERM, then SIGKILL after
+    /// --grace, and the lease is released once none is left. If the lease is lost, all of
+    /// COMMAND gets the same before the local deadline; exit 3. The same happens when a
+    /// higher priority asks for the lease (its cleanup timeout defaults to
+    /// heartbeat-interval + --grace + 200ms).
     Run {
         #[command(flatten)]
         target: Target,
         #[command(flatten)]
         priority: lease_cmd::PriorityArgs,
-        /// Time COMMAND gets between SIGTERM and SIGKILL when the lease is lost.
+        /// Time COMMAND's processes get between SIGTERM and SIGKILL when they are ended:
+        /// on a loss, a preemption, SIGINT or SIGTERM to tenure, and (unless
+        /// --let-children-outlive-lease) when its first process exits leaving others.
         #[arg(long, default_value = "2s", value_parser = tenure::duration::parse)]
         grace: Duration,
+        /// Release as soon as COMMAND's first process exits, leaving what it started
+        /// (background jobs, daemons) running unguarded: they may run on while another
+        /// holder is granted the lease. A loss or a preemption still ends them.
+        #[arg(long)]
+        let_children_outlive_lease: bool,
         /// Append the lease's events and the command's start and stop to this history
         /// (JSON Lines, docs/history.md; `node` is the owner), for `tenure check`.
         #[arg(long)]
@@ -301,8 +319,19 @@ fn main() -> ExitCode {
             .enable_all()
             .build(),
     };
+    let node = matches!(cli.command, Command::Node { .. } | Command::Demo { .. });
     let result = match runtime {
-        Ok(rt) => rt.block_on(run(cli)),
+        Ok(rt) => {
+            let result = rt.block_on(run(cli));
+            if node {
+                // A node's runtime is not shut down: that waits for every task, and code
+                // blocking a thread (an entity that outlived its kill) would hold the exit
+                // up, running on while the leases it ran under lapse. The process ends
+                // with main, and every thread with it; what it still held expires.
+                std::mem::forget(rt);
+            }
+            result
+        }
         Err(e) => Err(CliError::Command(format!(
             "cannot start the async runtime: {e}"
         ))),
@@ -342,7 +371,9 @@ async fn run(cli: Cli) -> Result<Outcome, CliError> {
                 section,
                 count,
             } => lease_cmd::observe(&provider, &name, section.as_deref(), count).await,
-            LeaseCommand::Release { target } => lease_cmd::release(&provider, &target).await,
+            LeaseCommand::Release { target, force } => {
+                lease_cmd::release(&provider, &target, force).await
+            }
             LeaseCommand::Show { name, section } => {
                 lease_cmd::show(&provider, &name, section.as_deref()).await
             }
@@ -353,6 +384,7 @@ async fn run(cli: Cli) -> Result<Outcome, CliError> {
                 target,
                 priority,
                 grace,
+                let_children_outlive_lease,
                 history,
                 command,
             } => {
@@ -360,6 +392,7 @@ async fn run(cli: Cli) -> Result<Outcome, CliError> {
                     grace,
                     options: priority.options(),
                     history: history.as_deref(),
+                    let_children_outlive_lease,
                 };
                 run_cmd::run(&provider, &target, guard, &command).await
             }
