@@ -14,9 +14,9 @@
 //! node, and so its leases, past the phase's bound, and the leases' own deadlines hold
 //! whatever a task does.
 
+use std::collections::BTreeSet;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -115,42 +115,55 @@ pub struct Requests(Arc<RequestsInner>);
 
 #[derive(Debug, Default)]
 struct RequestsInner {
-    open: AtomicUsize,
+    /// The number the next request gets, and the numbers of those in flight.
+    open: Mutex<(u64, BTreeSet<u64>)>,
     done: tokio::sync::Notify,
 }
 
 /// One request in flight: counted until dropped.
 #[derive(Debug)]
-pub struct RequestGuard(Requests);
+pub struct RequestGuard(Requests, u64);
 
 impl Drop for RequestGuard {
     fn drop(&mut self) {
-        if self.0.0.open.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.0.0.done.notify_waiters();
-        }
+        self.0.lock().1.remove(&self.1);
+        self.0.0.done.notify_waiters();
     }
 }
 
 impl Requests {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (u64, BTreeSet<u64>)> {
+        self.0.open.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Counts a request until the guard is dropped.
     pub fn start(&self) -> RequestGuard {
-        self.0.open.fetch_add(1, Ordering::AcqRel);
-        RequestGuard(self.clone())
+        let mut open = self.lock();
+        let n = open.0;
+        open.0 += 1;
+        open.1.insert(n);
+        RequestGuard(self.clone(), n)
     }
 
     /// How many requests are in flight.
     pub fn open(&self) -> usize {
-        self.0.open.load(Ordering::Acquire)
+        self.lock().1.len()
     }
 
-    /// Waits until no request is in flight.
-    pub async fn drained(&self) {
-        loop {
-            let done = self.0.done.notified();
-            if self.open() == 0 {
-                return;
+    /// Completes once every request in flight now (when this is called, not when the
+    /// future is first polled) has been answered or given up; those started later are not
+    /// waited for, so that a steady stream of new requests cannot hold a shutdown.
+    pub fn drained(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mark = self.lock().0;
+        let requests = self.clone();
+        async move {
+            loop {
+                let done = requests.0.done.notified();
+                if requests.lock().1.first().is_none_or(|first| *first >= mark) {
+                    return;
+                }
+                done.await;
             }
-            done.await;
         }
     }
 }
@@ -229,10 +242,9 @@ impl CoordinatedShutdown {
             .map(|(name, task)| (name, tokio::spawn(task())))
             .collect();
         if phase == Phase::ServiceRequestsDone {
-            let requests = self.requests.clone();
             running.push((
                 "requests in flight".to_string(),
-                tokio::spawn(async move { requests.drained().await }),
+                tokio::spawn(self.requests.drained()),
             ));
         }
         let timeout = self.config.timeout(phase);
@@ -329,5 +341,20 @@ mod tests {
             ["requests in flight"]
         );
         assert_eq!(started.elapsed(), Duration::from_millis(2700));
+    }
+
+    /// Only the requests in flight when the wait began are waited for: a steady stream of
+    /// new ones cannot hold the shutdown.
+    #[tokio::test(start_paused = true)]
+    async fn requests_started_after_the_wait_began_are_not_waited_for() {
+        let requests = Requests::default();
+        let first = requests.start();
+        let waiting = tokio::spawn(requests.drained());
+        let later = requests.start();
+        drop(first);
+        waiting.await.unwrap();
+        assert_eq!(requests.open(), 1, "the later one is still in flight");
+        drop(later);
+        requests.drained().await;
     }
 }
