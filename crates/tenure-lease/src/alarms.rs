@@ -3,7 +3,7 @@
 //! The machine arms and disarms timers on nearly every grant and release (the renewal
 //! tick, the watchdog). A task per timer would cost two spawns and two aborts per
 //! acquire+release, and each wakes a parked worker thread: on the thin lease path that is
-//! most of what the Lease API costs beyond the store call (issue 20). Here arming is a
+//! most of what the Lease API costs beyond the store call. Here arming is a
 //! write under a lock, and the task is woken only when a timer is armed earlier than the
 //! instant it sleeps until; a disarmed timer is simply gone when the task next looks.
 //!

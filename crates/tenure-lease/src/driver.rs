@@ -5,7 +5,7 @@
 //! what arrives in its mailbox (timer firings, renewal answers, commands of other senders);
 //! the handle feeds its own commands (acquire, release) on the caller's task, so that an
 //! acquire or a release costs the store call and no hop to the actor's task and back
-//! (issue 20's thin lease path: on a machine with idle cores each hop wakes a parked thread,
+//! (the thin lease path: on a machine with idle cores each hop wakes a parked thread,
 //! about 20 µs). The machine's obligations hold whoever feeds it:
 //! - **One input at a time, answers first**: a feed holds the driver's *turn* (a fair async
 //!   mutex) from the input until the machine awaits no store call, so a call's answer is
