@@ -9,9 +9,15 @@ use crate::identity::{Incarnation, NodeAddr};
 use crate::member::MemberStatus;
 use crate::subscribe::ClusterSubscriber;
 
-/// Version of this protocol, carried in [`Hello`]. A peer speaking another version is
-/// refused (logged and disconnected). `Hello`'s first field must stay a `u32` version.
+/// Version of this protocol, carried in [`Hello`]. `Hello`'s first field must stay a `u32`
+/// version.
 pub const PROTOCOL_VERSION: u32 = 4;
+
+/// The protocol versions this build talks to: a peer whose [`Hello`] carries another is
+/// refused, and both sides log both versions. A release that changes the protocol keeps
+/// the previous version in this range, so that a rolling update passes through it; the
+/// application's own `cluster.app-version` plays no part here.
+pub const COMPATIBLE_PROTOCOLS: std::ops::RangeInclusive<u32> = PROTOCOL_VERSION..=PROTOCOL_VERSION;
 
 /// Sent by each side when a session is ready: who we are and whom we know (transitive
 /// discovery).

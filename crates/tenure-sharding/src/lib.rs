@@ -195,6 +195,9 @@ pub struct ShardRegion {
     /// The local fast path to entities running on this node (see [`Routes`]).
     routes: Arc<Routes>,
     meters: metrics::HandleMeters,
+    readiness: tenure_cluster::ReadinessGate,
+    /// Asks in flight, which the node's shutdown waits for.
+    requests: tenure_cluster::Requests,
 }
 
 const CODEC: &str = "entity request";
@@ -203,6 +206,15 @@ impl ShardRegion {
     /// The entity type.
     pub fn type_name(&self) -> &str {
         &self.type_name
+    }
+
+    /// `Ok` once this region serves: a coordinator answered its registration with the shard
+    /// homes it knew. It stays ready through coordinator fail-overs (messages wait in the
+    /// region's buffer meanwhile) and is not ready while its node leaves or is down, or
+    /// once the region stopped. The node's [`readiness`](tenure_cluster::Node::readiness)
+    /// includes it.
+    pub fn readiness(&self) -> Result<(), tenure_cluster::NotReady> {
+        self.readiness.check()
     }
 
     /// The region actor.
@@ -346,6 +358,9 @@ impl ShardRegion {
         timeout: Duration,
     ) -> Result<P, ShardingError> {
         let payload = self.encode(entity, request)?;
+        // Counted until answered (or timed out): a leaving node answers it before it closes
+        // its sessions.
+        let _in_flight = self.requests.start();
         let (tx, rx) = tokio::sync::oneshot::channel();
         let msg = EntityMsg {
             payload,
@@ -620,6 +635,10 @@ pub(crate) async fn start_with_settings(
         .await
         .map_err(|e| start_err(format!("coordinator proxy: {e}")))?;
     let routes = Arc::new(Routes::default());
+    let readiness = node.readiness().gate(
+        format!("region of `{type_name}`"),
+        "not registered with a coordinator yet (no shard homes known)",
+    );
     let args = RegionArgs {
         type_name: type_name.to_string(),
         me,
@@ -630,6 +649,7 @@ pub(crate) async fn start_with_settings(
         coordinator: coordinator.clone(),
         history: node.history().cloned(),
         routes: routes.clone(),
+        readiness: readiness.clone(),
     };
     let (actor, _) = Actor::spawn(None, Region, args)
         .await
@@ -644,6 +664,8 @@ pub(crate) async fn start_with_settings(
         coordinator,
         routes,
         meters: metrics::HandleMeters::new(type_name),
+        readiness,
+        requests: node.shutdown().requests().clone(),
     })
 }
 

@@ -22,6 +22,7 @@ pub(crate) async fn proxy_region(scope: &str, config: &str) -> ShardRegion {
             .await
             .unwrap();
     let routes = Arc::new(crate::Routes::default());
+    let readiness = tenure_cluster::Readiness::new().gate("region", "starting");
     let args = RegionArgs {
         type_name: "probe".into(),
         me: "127.0.0.1:1".into(),
@@ -32,6 +33,8 @@ pub(crate) async fn proxy_region(scope: &str, config: &str) -> ShardRegion {
         coordinator: coordinator.clone(),
         history: None,
         routes: routes.clone(),
+
+        readiness: readiness.clone(),
     };
     let (actor, _) = Actor::spawn(None, Region, args).await.unwrap();
     ShardRegion {
@@ -42,6 +45,8 @@ pub(crate) async fn proxy_region(scope: &str, config: &str) -> ShardRegion {
         coordinator,
         routes,
         meters: crate::metrics::HandleMeters::new("probe"),
+        readiness,
+        requests: Default::default(),
     }
 }
 

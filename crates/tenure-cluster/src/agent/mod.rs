@@ -154,7 +154,8 @@ impl Actor for Agent {
         let _ = myself.cast(AgentMsg::Local(Local::Tick));
         Ok(AgentState {
             clock: crate::clocks::NodeClock::new(tokio::time::Instant::now()),
-            view: Membership::new(me.clone(), a.incarnation, a.settings.roles.clone()),
+            view: Membership::new(me.clone(), a.incarnation, a.settings.roles.clone())
+                .with_app_version(a.settings.app_version.clone()),
             me,
             incarnation: a.incarnation,
             scope,
