@@ -24,6 +24,7 @@ mod node;
 pub mod placement;
 mod protocol;
 pub mod reachability;
+pub mod ring;
 pub mod sbr;
 mod settings;
 mod subscribe;

@@ -8,6 +8,7 @@
 //! leases. The resolver brings availability: the surviving side stops waiting for members
 //! it cannot hear, and the losing side gives its leases up instead of renewing them.
 
+mod spread;
 mod strategy;
 mod table;
 
@@ -19,6 +20,7 @@ use tenure_lease::ConfigError;
 use tokio::time::Instant;
 
 pub use strategy::{Decision, Partition, Strategy, decide};
+pub use spread::{REPEAT, Spread};
 pub use table::{Carrier, Life, ReachRow, ReachTable};
 
 use crate::identity::NodeAddr;

@@ -142,6 +142,11 @@ impl ReachTable {
         self.rows.values().cloned().collect()
     }
 
+    /// Every row, by observer.
+    pub fn rows_by_observer(&self) -> &BTreeMap<NodeAddr, ReachRow> {
+        &self.rows
+    }
+
     /// Every (observer, subject) pair: `observer` cannot hear `subject`.
     pub fn records(&self) -> impl Iterator<Item = (&NodeAddr, &NodeAddr)> {
         self.rows
