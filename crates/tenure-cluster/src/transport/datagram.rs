@@ -403,7 +403,8 @@ mod tests {
                 version: 2,
                 unreachable: vec![addr(2)],
             }],
-            hears: vec![addr(3)],
+            hears_you: true,
+            your_datagrams_arrive: false,
         }
     }
 
@@ -435,8 +436,8 @@ mod tests {
         let bytes = sealed(&DatagramKey::new("sys", "cookie", &s), &hb(5));
         let opened = ring(&s).open(from(), &bytes).unwrap();
         assert_eq!(
-            (opened.node, opened.incarnation, opened.seq, opened.hears),
-            (addr(1), Incarnation(7), 5, vec![addr(3)])
+            (opened.node, opened.incarnation, opened.seq, opened.hears_you),
+            (addr(1), Incarnation(7), 5, true)
         );
         assert_eq!(opened.reach.len(), 1);
     }
