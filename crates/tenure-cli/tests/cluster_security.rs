@@ -250,6 +250,8 @@ struct ForgedHeartbeat {
     seq: u64,
     age: u64,
     reach: Vec<ForgedRow>,
+    digest: u64,
+    want_table: bool,
     hears_you: bool,
     your_datagrams_arrive: bool,
 }
@@ -318,6 +320,8 @@ fn the_cookie_alone_forges_no_heartbeat_that_wedges_a_node() {
             version: u64::MAX - 1,
             unreachable: Vec::new(),
         }],
+        digest: 0,
+        want_table: true,
         hears_you: true,
         your_datagrams_arrive: true,
     };

@@ -38,7 +38,7 @@ pub struct Hello {
 /// monitors ([`crate::ring`]), as a UDP datagram (see [`crate::transport::datagram`]) and,
 /// while the datagrams do not get through either way (and once every `unreachable-after`),
 /// cast on the session too. It carries the reachability rows that changed lately, or the
-/// whole table when it is due ([`crate::sbr::Spread`]).
+/// whole table when the receiver asked for it ([`crate::sbr::Spread`]).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Heartbeat {
     pub node: NodeAddr,
@@ -50,6 +50,11 @@ pub struct Heartbeat {
     /// The sender's membership (its age; 0 while not up).
     pub age: u64,
     pub reach: Vec<crate::sbr::ReachRow>,
+    /// The digest of the sender's whole reachability table, once these rows are in it: a
+    /// receiver whose table then differs asks for the whole table.
+    pub digest: u64,
+    /// The sender's table differed from the receiver's digest: send the whole table.
+    pub want_table: bool,
     /// The sender heard a heartbeat from the receiver within `unreachable-after`: a downed
     /// node rejoins only once the nodes it must hear also hear it.
     pub hears_you: bool,

@@ -18,20 +18,47 @@ use crate::identity::{Incarnation, NodeAddr};
 /// A member's place on the ring: FNV-1a (64 bits) over its address, a separator and its
 /// incarnation. Stable across processes, platforms and releases, unlike std's hasher.
 pub fn position(addr: &NodeAddr, incarnation: Incarnation) -> u64 {
-    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-    const PRIME: u64 = 0x0000_0100_0000_01b3;
-    let mut h = OFFSET;
-    let mut eat = |bytes: &[u8]| {
+    let mut h = Fnv::default();
+    h.addr(addr);
+    h.bytes(b"#");
+    h.u64(incarnation.0);
+    h.finish()
+}
+
+/// FNV-1a, 64 bits: a hash that is the same on every node and release.
+#[derive(Debug, Clone, Copy)]
+pub struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Fnv {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Fnv {
+    /// Takes `bytes`.
+    pub fn bytes(&mut self, bytes: &[u8]) {
         for b in bytes {
-            h ^= u64::from(*b);
-            h = h.wrapping_mul(PRIME);
+            self.0 ^= u64::from(*b);
+            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
         }
-    };
-    eat(addr.host.as_bytes());
-    eat(&addr.port.to_le_bytes());
-    eat(b"#");
-    eat(&incarnation.0.to_le_bytes());
-    h
+    }
+
+    /// Takes a node address (host bytes, then the port, little-endian).
+    pub fn addr(&mut self, addr: &NodeAddr) {
+        self.bytes(addr.host.as_bytes());
+        self.bytes(&addr.port.to_le_bytes());
+    }
+
+    /// Takes a number, little-endian.
+    pub fn u64(&mut self, n: u64) {
+        self.bytes(&n.to_le_bytes());
+    }
+
+    /// The hash of what was taken.
+    pub fn finish(self) -> u64 {
+        self.0
+    }
 }
 
 /// The peers `me` heartbeats and watches among `members` (which may or may not list `me`;

@@ -209,7 +209,15 @@ impl AgentState {
             .view
             .members()
             .into_iter()
-            .filter(|m| m.addr != self.me && counted(m) && !m.reachable && !settling)
+            // Only what this node observes itself: the reachability of members it does not
+            // watch comes from other rows, which its own must not echo.
+            .filter(|m| {
+                m.addr != self.me
+                    && counted(m)
+                    && !m.reachable
+                    && !settling
+                    && self.monitor.watched.contains(&m.addr)
+            })
             .map(|m| m.addr)
             .collect();
         let lives: std::collections::HashMap<NodeAddr, Incarnation> = members

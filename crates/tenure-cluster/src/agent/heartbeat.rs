@@ -176,6 +176,7 @@ impl AgentState {
         if let Some(d) = self.downing.as_ref() {
             self.monitor.spread.next_round(d.table());
         }
+        let digest = self.downing.as_ref().map_or(0, |d| d.table().digest());
         let window = self.s.unreachable_after / 2;
         for peer in &watched {
             let Some(incarnation) = self.mesh.peers.get(peer).map(|p| p.incarnation) else {
@@ -190,6 +191,8 @@ impl AgentState {
                     Some(d) => self.monitor.spread.rows_for(d.table(), peer),
                     None => Vec::new(),
                 },
+                digest,
+                want_table: self.monitor.take_want_table(peer),
                 hears_you: self
                     .downing
                     .as_ref()
@@ -412,8 +415,17 @@ impl AgentState {
             d.heard(&hb.node, hb.hears_you, now);
         }
         self.merge_rows(&hb.node, seq, hb.reach);
+        if hb.want_table {
+            self.monitor.spread.owe_full(&hb.node);
+        }
+        if let Some(d) = self.downing.as_ref() {
+            let ours = d.table().digest();
+            self.monitor.compare(&hb.node, hb.digest, ours, now);
+        }
         self.reach.heard(&hb.node, now);
-        if self.view.get(&hb.node).is_some_and(|m| !m.reachable) {
+        if self.monitor.watched.contains(&hb.node)
+            && self.view.get(&hb.node).is_some_and(|m| !m.reachable)
+        {
             let events = self.view.set_reachable(&hb.node, true);
             self.emit(events);
         }

@@ -29,6 +29,8 @@ use crate::subscribe::ClusterSubscriber;
 use crate::transport::Links;
 use crate::transport::Tls;
 
+#[cfg(test)]
+mod cost;
 mod downing;
 mod events;
 mod fault;
@@ -167,10 +169,7 @@ impl Actor for Agent {
             lease_observer: a.lease_observer,
             reach: Default::default(),
             datagrams,
-            monitor: monitor::Monitor::new(
-                (a.settings.reachability_sync_interval.as_nanos()
-                    / a.settings.heartbeat_interval.as_nanos().max(1)) as u64,
-            ),
+            monitor: monitor::Monitor::new(a.settings.reachability_sync_interval),
             mesh,
             member_lease: membership::MemberLease {
                 ticketing: true,

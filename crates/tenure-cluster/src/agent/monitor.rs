@@ -24,6 +24,12 @@ pub(super) struct Monitor {
     /// The peers watched at the last tick.
     pub watched: BTreeSet<NodeAddr>,
     pub spread: Spread,
+    /// At most how often a peer is asked for its whole table (`reachability-sync-interval`).
+    sync_interval: Duration,
+    /// Peers whose table differed from this node's: asked for it in the next heartbeat.
+    want_table: BTreeSet<NodeAddr>,
+    /// When each peer was last asked for its table.
+    asked_at: HashMap<NodeAddr, Instant>,
     /// When a heartbeat datagram last came from each peer.
     datagram_at: HashMap<NodeAddr, Instant>,
     /// Whether each peer's last heartbeat said this node's datagrams reach it.
@@ -45,10 +51,14 @@ struct ProbeRound {
 }
 
 impl Monitor {
-    pub(super) fn new(full_every: u64) -> Monitor {
+    /// A peer is asked for its whole table at most once per `sync_interval`.
+    pub(super) fn new(sync_interval: Duration) -> Monitor {
         Monitor {
             watched: BTreeSet::new(),
-            spread: Spread::new(full_every),
+            spread: Spread::default(),
+            sync_interval,
+            want_table: BTreeSet::new(),
+            asked_at: HashMap::new(),
             datagram_at: HashMap::new(),
             they_get_ours: HashMap::new(),
             session_copy_at: HashMap::new(),
@@ -66,6 +76,26 @@ impl Monitor {
         }
         self.they_get_ours.insert(peer.clone(), they_get_ours);
         self.probing.remove(peer);
+        self.vouched.remove(peer);
+    }
+
+    /// `peer`'s heartbeat said its table's digest is `theirs`, and this node's (with its
+    /// rows merged) is `ours`: when they differ, ask it for the whole table, unless it was
+    /// asked within the sync interval.
+    pub(super) fn compare(&mut self, peer: &NodeAddr, theirs: u64, ours: u64, now: Instant) {
+        let recently = self
+            .asked_at
+            .get(peer)
+            .is_some_and(|t| now.saturating_duration_since(*t) < self.sync_interval);
+        if theirs != ours && !recently {
+            self.asked_at.insert(peer.clone(), now);
+            self.want_table.insert(peer.clone());
+        }
+    }
+
+    /// Whether this tick's heartbeat to `peer` asks for its whole table (once per ask).
+    pub(super) fn take_want_table(&mut self, peer: &NodeAddr) -> bool {
+        self.want_table.remove(peer)
     }
 
     /// Whether `peer`'s heartbeat datagrams arrived within `window` before `now`.
@@ -135,6 +165,8 @@ impl Monitor {
         self.session_copy_at.remove(peer);
         self.probing.remove(peer);
         self.vouched.remove(peer);
+        self.want_table.remove(peer);
+        self.asked_at.remove(peer);
     }
 }
 

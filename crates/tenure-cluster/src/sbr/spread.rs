@@ -1,16 +1,18 @@
 //! Which rows of the reachability table a heartbeat carries: versioned deltas, repaired by a
-//! periodic full table.
+//! full table on demand.
 //!
 //! A row travels in the heartbeats of the [`REPEAT`] rounds after it changed here (taken
 //! from a peer or this node's own), so a change floods the ring of monitors hop by hop and
-//! a lost datagram or two loses nothing. Each peer also gets the whole table once every
-//! `full_every` rounds (staggered over the peers, so one round carries few), and in its
-//! first heartbeat after a hello: whatever a peer missed (more losses in a row, a restart)
-//! is repaired within one full period. A steady table costs nothing per heartbeat.
+//! a lost datagram or two loses nothing. Every heartbeat also carries the digest of its
+//! sender's table ([`ReachTable::digest`]); a receiver whose table then differs asks for
+//! the whole table in its next heartbeat back (at most once per
+//! `reachability-sync-interval` and peer), and a peer gets it in its first heartbeat after a
+//! hello too. Whatever a peer missed (more losses in a row, a restart) is repaired so, and
+//! a steady table costs a digest per heartbeat.
 //!
-//! What a receiver takes from a row is unchanged ([`super::ReachTable::merge`]: the newest
-//! version of each observer's current life, within the bounds its clock allows), so a delta
-//! and a full table merge alike and a row carried twice is harmless.
+//! What a receiver takes from a row is unchanged ([`ReachTable::merge`]: the newest version
+//! of each observer's current life, within the bounds its clock allows), so a delta and a
+//! full table merge alike and a row carried twice is harmless.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -21,10 +23,9 @@ use crate::identity::{Incarnation, NodeAddr};
 pub const REPEAT: u64 = 3;
 
 /// The rows to send, round by round.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Spread {
     round: u64,
-    full_every: u64,
     /// Each observer's row as last seen here (life, version) and the round it changed in.
     seen: BTreeMap<NodeAddr, (Incarnation, u64, u64)>,
     /// Peers owed the whole table in their next heartbeat.
@@ -32,17 +33,6 @@ pub struct Spread {
 }
 
 impl Spread {
-    /// Each peer gets the whole table once every `full_every` rounds (at least 1: every
-    /// round).
-    pub fn new(full_every: u64) -> Spread {
-        Spread {
-            round: 0,
-            full_every: full_every.max(1),
-            seen: BTreeMap::new(),
-            owed: BTreeSet::new(),
-        }
-    }
-
     /// Starts the next round: notes which rows of `table` changed since the last one.
     pub fn next_round(&mut self, table: &ReachTable) {
         self.round += 1;
@@ -61,23 +51,16 @@ impl Spread {
         }
     }
 
-    /// `peer` gets the whole table in its next heartbeat (it said hello: a new session or
-    /// a new life, which may have missed any delta).
+    /// `peer` gets the whole table in its next heartbeat (it asked, or said hello: a new
+    /// session or a new life, which may have missed any delta).
     pub fn owe_full(&mut self, peer: &NodeAddr) {
         self.owed.insert(peer.clone());
     }
 
-    /// Whether `peer`'s heartbeat of this round carries the whole table.
-    pub fn is_full_for(&self, peer: &NodeAddr) -> bool {
-        self.owed.contains(peer)
-            || (self.round + stagger(peer)).is_multiple_of(self.full_every)
-    }
-
     /// The rows of `table` for `peer`'s heartbeat of this round: the whole table when it is
-    /// due ([`Spread::is_full_for`]), else the rows changed in the last [`REPEAT`] rounds.
+    /// owed ([`Spread::owe_full`]), else the rows changed in the last [`REPEAT`] rounds.
     pub fn rows_for(&mut self, table: &ReachTable, peer: &NodeAddr) -> Vec<ReachRow> {
-        if self.is_full_for(peer) {
-            self.owed.remove(peer);
+        if self.owed.remove(peer) {
             return table.rows();
         }
         let since = self.round.saturating_sub(REPEAT - 1);
@@ -88,11 +71,6 @@ impl Spread {
             .map(|(_, row)| (*row).clone())
             .collect()
     }
-}
-
-/// A peer's offset among the rounds of a full period, so that peers get theirs in turn.
-fn stagger(peer: &NodeAddr) -> u64 {
-    crate::ring::position(peer, Incarnation(0))
 }
 
 #[cfg(test)]
@@ -141,12 +119,12 @@ mod tests {
     fn a_steady_table_costs_nothing_and_a_change_travels_for_repeat_rounds() {
         let (me, peer) = (a(0), a(99));
         let mut t = ReachTable::default();
-        let mut s = Spread::new(1_000_000);
+        let mut s = Spread::default();
         observe(&mut t, &me, 1, 10, &[2]);
         let mut carried = 0;
         for _ in 0..10 {
             s.next_round(&t);
-            if !s.is_full_for(&peer) && !s.rows_for(&t, &peer).is_empty() {
+            if !s.rows_for(&t, &peer).is_empty() {
                 carried += 1;
             }
         }
@@ -154,38 +132,42 @@ mod tests {
         s.owe_full(&peer);
         s.next_round(&t);
         assert_eq!(s.rows_for(&t, &peer).len(), 1, "owed the whole table");
-        assert!(!s.is_full_for(&peer), "once");
+        assert!(s.rows_for(&t, &peer).is_empty(), "once");
     }
 
     proptest! {
-        /// Deltas alone keep a receiver in step while nothing is lost; whatever losses,
-        /// one full period after the last change the receiver holds the source's table.
+        /// Deltas alone keep a receiver in step while nothing is lost; whatever is lost,
+        /// the digests differ until the receiver asks for the whole table, and the table
+        /// it gets makes both equal.
         #[test]
-        fn deltas_and_a_full_sync_converge_whatever_is_lost(
+        fn deltas_and_a_full_table_on_demand_converge_whatever_is_lost(
             changes in proptest::collection::vec((1u16..12, proptest::collection::vec(1u16..12, 0..3)), 1..40),
-            lost in proptest::collection::vec(any::<bool>(), 80),
-            full_every in 1u64..8,
+            lost in proptest::collection::vec(any::<bool>(), 1..80),
         ) {
             let (source, receiver, peer) = (a(0), a(50), a(51));
             let (mut st, mut rt, mut lossless) =
                 (ReachTable::default(), ReachTable::default(), ReachTable::default());
-            let mut s = Spread::new(full_every);
+            let mut s = Spread::default();
             let mut version = 0;
-            let rounds = changes.len() as u64 + full_every;
-            for round in 0..rounds {
-                if let Some((o, subjects)) = changes.get(round as usize) {
-                    version += 1;
-                    observe(&mut st, &source, *o, version, subjects);
-                }
+            for (round, (o, subjects)) in changes.iter().enumerate() {
+                version += 1;
+                observe(&mut st, &source, *o, version, subjects);
                 s.next_round(&st);
                 let rows = s.rows_for(&st, &peer);
                 let carrier = Carrier { node: &source, seq: version + 1 };
                 lossless.merge(&receiver, carrier, rows.clone(), life);
                 prop_assert_eq!(snapshot(&lossless), snapshot(&st), "deltas keep up");
-                let last_period = round + full_every >= rounds;
-                if !lost[round as usize % lost.len()] || last_period {
+                prop_assert_eq!(lossless.digest(), st.digest());
+                if !lost[round % lost.len()] {
                     rt.merge(&receiver, carrier, rows, life);
                 }
+            }
+            prop_assert_eq!(rt.digest() == st.digest(), snapshot(&rt) == snapshot(&st));
+            if rt.digest() != st.digest() {
+                s.owe_full(&peer);
+                s.next_round(&st);
+                let carrier = Carrier { node: &source, seq: version + 1 };
+                rt.merge(&receiver, carrier, s.rows_for(&st, &peer), life);
             }
             prop_assert_eq!(snapshot(&rt), snapshot(&st));
         }
