@@ -91,9 +91,15 @@ mod tests {
         let ms = Duration::from_millis;
         assert!(judge(ms(2999), None, t));
         assert!(!judge(s(3), None, t), "dead: reported after the timeout");
-        assert!(judge(s(4), Some(ms(100)), t), "alive, through another member");
+        assert!(
+            judge(s(4), Some(ms(100)), t),
+            "alive, through another member"
+        );
         assert!(!judge(s(4), Some(ms(1500)), t), "the answer is too old");
-        assert!(!judge(ms(4500), Some(ms(1)), t), "a dead link is reported after 1.5 x");
+        assert!(
+            !judge(ms(4500), Some(ms(1)), t),
+            "a dead link is reported after 1.5 x"
+        );
         assert!(!probe_due(ms(1499), None, t));
         assert!(probe_due(ms(1500), None, t));
         assert!(!probe_due(s(2), Some(ms(400)), t));

@@ -219,8 +219,14 @@ async fn heartbeat_cost_per_node_is_flat_from_6_to_48_members() {
     // Per watched peer, 6 members cost what 48 do.
     let per_peer = |c: Cost, peers: f64| (c.messages() / peers, c.bytes() / peers);
     let ((m6, b6), (m48, b48)) = (per_peer(small, 5.0), per_peer(large, 10.0));
-    assert!(m48 <= m6 * 1.3, "messages per watched peer: {m6} at 6, {m48} at 48");
-    assert!(b48 <= b6 * 1.3, "bytes per watched peer: {b6} at 6, {b48} at 48");
+    assert!(
+        m48 <= m6 * 1.3,
+        "messages per watched peer: {m6} at 6, {m48} at 48"
+    );
+    assert!(
+        b48 <= b6 * 1.3,
+        "bytes per watched peer: {b6} at 6, {b48} at 48"
+    );
     assert!(
         ratio(old_small.bytes(), old_large.bytes()) > 10.0,
         "the all-to-all scheme grows with n"

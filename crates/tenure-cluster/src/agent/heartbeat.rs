@@ -201,15 +201,15 @@ impl AgentState {
             };
             self.send_datagram(myself, peer, incarnation, &hb, now);
             let keepalive = self.s.unreachable_after;
-            if self
-                .monitor
-                .session_copy_due(peer, now, window, keepalive)
+            if self.monitor.session_copy_due(peer, now, window, keepalive)
                 && let Some(p) = self.mesh.peers.get(peer)
             {
                 let _ = p.agent.cast(AgentMsg::Heartbeat(hb));
             }
         }
-        let members: Vec<NodeAddr> = self.reach.states(now, self.s.unreachable_after)
+        let members: Vec<NodeAddr> = self
+            .reach
+            .states(now, self.s.unreachable_after)
             .into_iter()
             .map(|(addr, _)| addr)
             .collect();

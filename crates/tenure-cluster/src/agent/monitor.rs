@@ -181,13 +181,7 @@ fn on_ring(m: &Member) -> bool {
 impl AgentState {
     /// The peers this node heartbeats and watches now (see the module's doc).
     pub(super) fn watch_set(&self) -> BTreeSet<NodeAddr> {
-        let ring: Vec<(NodeAddr, Incarnation)> = self
-            .view
-            .members()
-            .into_iter()
-            .filter(on_ring)
-            .map(|m| (m.addr, m.incarnation))
-            .collect();
+        let ring = self.ring_members();
         let me_on_ring =
             on_ring(self.view.me()) && !self.downing.as_ref().is_some_and(|d| d.is_downed());
         let mut out = if me_on_ring {
@@ -225,13 +219,7 @@ impl AgentState {
         let Some(incarnation) = self.view.get(target).map(|m| m.incarnation) else {
             return;
         };
-        let ring: Vec<(NodeAddr, Incarnation)> = self
-            .view
-            .members()
-            .into_iter()
-            .filter(on_ring)
-            .map(|m| (m.addr, m.incarnation))
-            .collect();
+        let ring = self.ring_members();
         let its_watchers = crate::ring::neighbours(
             (target, incarnation),
             ring.iter().cloned(),
@@ -271,11 +259,6 @@ impl AgentState {
     /// One step of an indirect probe: as helper (pass the request to the target, its answer
     /// to the origin), as target (answer), or as origin (the target is alive).
     pub(super) fn on_probe(&mut self, probe: Probe) {
-        let cast = |to: &NodeAddr, p: Probe, state: &AgentState| {
-            if let Some(peer) = state.mesh.peers.get(to) {
-                let _ = peer.agent.cast(AgentMsg::Probe(p));
-            }
-        };
         match probe.step.clone() {
             ProbeStep::Request => {
                 let live = self
@@ -286,34 +269,24 @@ impl AgentState {
                 if live {
                     let to = probe.target.clone();
                     let helper = self.me.clone();
-                    cast(
-                        &to,
-                        Probe {
-                            step: ProbeStep::Ping { helper },
-                            ..probe
-                        },
-                        self,
-                    );
+                    let step = ProbeStep::Ping { helper };
+                    self.pass_probe(&to, Probe { step, ..probe });
                 }
             }
             ProbeStep::Ping { helper } => {
                 if probe.target == self.me && probe.incarnation == self.incarnation {
                     let to = helper.clone();
-                    cast(
-                        &to,
-                        Probe {
-                            step: ProbeStep::Ack { helper },
-                            ..probe
-                        },
-                        self,
-                    );
+                    let step = ProbeStep::Ack { helper };
+                    self.pass_probe(&to, Probe { step, ..probe });
                 }
             }
             ProbeStep::Ack { helper } => {
                 if probe.origin == self.me {
-                    let ours = self.monitor.probing.get(&probe.target).is_some_and(|r| {
-                        r.id == probe.id || r.previous == Some(probe.id)
-                    });
+                    let ours = self
+                        .monitor
+                        .probing
+                        .get(&probe.target)
+                        .is_some_and(|r| r.id == probe.id || r.previous == Some(probe.id));
                     let same_life = self
                         .view
                         .get(&probe.target)
@@ -326,9 +299,26 @@ impl AgentState {
                     }
                 } else if helper == self.me {
                     let to = probe.origin.clone();
-                    cast(&to, probe, self);
+                    self.pass_probe(&to, probe);
                 }
             }
         }
+    }
+
+    /// Casts `probe` to `to`'s agent, if it is a peer.
+    fn pass_probe(&self, to: &NodeAddr, probe: Probe) {
+        if let Some(peer) = self.mesh.peers.get(to) {
+            let _ = peer.agent.cast(AgentMsg::Probe(probe));
+        }
+    }
+
+    /// The members on the ring in this node's view, with their lives.
+    fn ring_members(&self) -> Vec<(NodeAddr, Incarnation)> {
+        self.view
+            .members()
+            .into_iter()
+            .filter(on_ring)
+            .map(|m| (m.addr, m.incarnation))
+            .collect()
     }
 }

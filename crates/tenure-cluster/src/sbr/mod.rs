@@ -19,8 +19,8 @@ use serde::Deserialize;
 use tenure_lease::ConfigError;
 use tokio::time::Instant;
 
-pub use strategy::{Decision, Partition, Strategy, decide};
 pub use spread::{REPEAT, Spread};
+pub use strategy::{Decision, Partition, Strategy, decide};
 pub use table::{Carrier, Life, ReachRow, ReachTable};
 
 use crate::identity::NodeAddr;

@@ -128,7 +128,10 @@ mod tests {
                 carried += 1;
             }
         }
-        assert_eq!(carried, REPEAT, "carried in the {REPEAT} rounds after the change");
+        assert_eq!(
+            carried, REPEAT,
+            "carried in the {REPEAT} rounds after the change"
+        );
         s.owe_full(&peer);
         s.next_round(&t);
         assert_eq!(s.rows_for(&t, &peer).len(), 1, "owed the whole table");

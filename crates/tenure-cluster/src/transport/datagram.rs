@@ -438,7 +438,12 @@ mod tests {
         let bytes = sealed(&DatagramKey::new("sys", "cookie", &s), &hb(5));
         let opened = ring(&s).open(from(), &bytes).unwrap();
         assert_eq!(
-            (opened.node, opened.incarnation, opened.seq, opened.hears_you),
+            (
+                opened.node,
+                opened.incarnation,
+                opened.seq,
+                opened.hears_you
+            ),
             (addr(1), Incarnation(7), 5, true)
         );
         assert_eq!(opened.reach.len(), 1);
