@@ -135,7 +135,7 @@ async fn ring_cost(n: usize) -> Cost {
             }
             // The peer's heartbeat of this round came as a datagram, saying ours arrive,
             // with the same table.
-            m.heard(p, true, true);
+            m.heard(p, true, true, now);
             m.compare(p, digest, digest, now);
         }
         tokio::time::advance(INTERVAL).await;

@@ -68,9 +68,15 @@ impl Monitor {
         }
     }
 
-    /// A heartbeat from `peer` was applied; `via_datagram` says how it came.
-    pub(super) fn heard(&mut self, peer: &NodeAddr, via_datagram: bool, they_get_ours: bool) {
-        let now = Instant::now();
+    /// A heartbeat from `peer` was applied at `now`; `via_datagram` says how it came, and
+    /// `they_get_ours` what it said of this node's datagrams.
+    pub(super) fn heard(
+        &mut self,
+        peer: &NodeAddr,
+        via_datagram: bool,
+        they_get_ours: bool,
+        now: Instant,
+    ) {
         if via_datagram {
             self.datagram_at.insert(peer.clone(), now);
         }
@@ -320,5 +326,63 @@ impl AgentState {
             .filter(on_ring)
             .map(|m| (m.addr, m.incarnation))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer() -> NodeAddr {
+        NodeAddr::parse("t", "127.0.0.1:9").unwrap()
+    }
+
+    const WINDOW: Duration = Duration::from_millis(1500);
+    const KEEPALIVE: Duration = Duration::from_secs(3);
+
+    #[test]
+    fn the_session_copy_goes_only_while_datagrams_do_not_get_through_both_ways() {
+        let mut m = Monitor::new(Duration::from_secs(5));
+        let p = peer();
+        let t0 = Instant::now();
+        assert!(m.session_copy_due(&p, t0, WINDOW, KEEPALIVE), "nothing heard yet");
+        m.heard(&p, true, false, t0);
+        let t1 = t0 + Duration::from_millis(500);
+        assert!(
+            m.session_copy_due(&p, t1, WINDOW, KEEPALIVE),
+            "its datagrams arrive, ours do not reach it"
+        );
+        m.heard(&p, true, true, t1);
+        let t2 = t1 + Duration::from_millis(500);
+        assert!(!m.session_copy_due(&p, t2, WINDOW, KEEPALIVE), "both ways");
+        let t3 = t1 + KEEPALIVE;
+        m.heard(&p, true, true, t3);
+        assert!(
+            m.session_copy_due(&p, t3, WINDOW, KEEPALIVE),
+            "one keep-alive copy per keepalive, which tells a stuck session"
+        );
+        m.heard(&p, false, true, t3 + Duration::from_millis(500));
+        let t4 = t3 + WINDOW + Duration::from_millis(10);
+        assert!(
+            m.session_copy_due(&p, t4, WINDOW, KEEPALIVE),
+            "its datagrams stopped arriving"
+        );
+    }
+
+    #[test]
+    fn a_differing_table_is_asked_for_at_most_once_per_sync_interval() {
+        let sync = Duration::from_secs(5);
+        let mut m = Monitor::new(sync);
+        let p = peer();
+        let t0 = Instant::now();
+        m.compare(&p, 1, 1, t0);
+        assert!(!m.take_want_table(&p), "same digest");
+        m.compare(&p, 1, 2, t0);
+        assert!(m.take_want_table(&p));
+        assert!(!m.take_want_table(&p), "asked once");
+        m.compare(&p, 1, 2, t0 + sync / 2);
+        assert!(!m.take_want_table(&p), "asked within the interval");
+        m.compare(&p, 1, 2, t0 + sync);
+        assert!(m.take_want_table(&p));
     }
 }
