@@ -45,8 +45,8 @@ pub use tenure_lease::{
     LeaseEventSink, LeaseGranted, LeaseLost, LeaseMsg, LeaseObserver, LeaseProvider, LeaseRecord,
     LeaseSection, LeaseSettings, LeaseSpec, LeaseStore, LeaseTiming, LeaseTrace, LeaseView,
     LostReason, MemoryStore, MemoryStoreFactory, Permit, PreemptionRequest, PreemptionRequested,
-    PreemptionWithdrawn, Semaphore, StaleToken, StopBudget, StoreError, StoreFactory,
-    StoreRegistry, TenureConfig, TenureSettings,
+    PreemptionWithdrawn, ProcessEnd, Semaphore, StaleToken, StopBudget, StopDeadlines, StoreError,
+    StoreFactory, StoreRegistry, TenureConfig, TenureSettings, Unstoppable, WhenKillFails,
 };
 pub use tenure_lease::{
     clock, config, duration, election, fence, history, memory, names, semaphore, store, trace,

@@ -412,7 +412,9 @@ async fn lease_lost_to_stopped(runs: usize, entities: usize) {
         lease: LeaseSpec::new("bench-shard-0", "127.0.0.1:1", shared, lease_settings()).unwrap(),
         factory: entity_factory(Echo(Arc::new(AtomicU64::new(0)))),
         settings: shard_settings(),
+        active: None,
         history: Some(history),
+        process_end: tenure::ProcessEnd::abort(),
     };
     let shard = Shard::start(args, None).await.unwrap();
     let payload = tenure::cluster::codec::encode_inner("entity request", "bench", &0u64).unwrap();
@@ -490,7 +492,9 @@ async fn memory() {
         .unwrap(),
         factory: entity_factory(Echo(Arc::new(AtomicU64::new(0)))),
         settings: shard_settings(),
+        active: None,
         history: None,
+        process_end: tenure::ProcessEnd::abort(),
     };
     let shard = Shard::start(make("0"), None).await.unwrap();
     let entities = size(10_000, 100);

@@ -59,7 +59,7 @@ fn print_summary(path: &Path, v: &Verdict) {
     let s = &v.stats;
     println!(
         "{}: {} events, {} leases, {} grants, {} losses, {} releases, {} unknown outcomes, \
-         {} writes accepted, {} rejected, {} faults, {} actions checked",
+         {} writes accepted, {} rejected, {} faults, {} actions checked, {} processes aborted",
         path.display(),
         s.events,
         s.leases,
@@ -70,6 +70,7 @@ fn print_summary(path: &Path, v: &Verdict) {
         s.writes_accepted,
         s.writes_rejected,
         s.faults,
-        s.actions
+        s.actions,
+        s.aborts
     );
 }

@@ -155,6 +155,11 @@ async fn store_for(provider: &LeaseProvider, section: Option<&str>) -> Result<Op
     })
 }
 
+/// The prefix of the holder instance of a one-shot grant (`tenure lease acquire` without
+/// `--hold`): no process renews such a grant, so `lease release` frees it without taking it
+/// from a holder that still acts on it.
+const ONE_SHOT: &str = "cli-";
+
 /// One attempt with the raw store: the grant is not renewed (no process stays to renew
 /// it) and lapses after its ttl unless released.
 pub async fn acquire_once(
@@ -170,7 +175,7 @@ pub async fn acquire_once(
     let request = AcquireRequest {
         name: store_name(&target.name, &opened.store.name_rules()),
         owner: owner.clone(),
-        instance: format!("cli-{}", std::process::id()),
+        instance: format!("{ONE_SHOT}{}", std::process::id()),
         ttl: opened.settings.store_ttl(),
         note,
         priority: options.priority,
@@ -379,8 +384,15 @@ async fn release_held(lease: &tenure::Lease) -> Result<Outcome, CliError> {
     }
 }
 
-/// Releases the grant of `--owner` (whatever its token).
-pub async fn release(provider: &LeaseProvider, target: &Target) -> Result<Outcome, CliError> {
+/// Releases the grant of `--owner` (whatever its token). A grant renewed by a running
+/// holder (anything but a one-shot grant of `lease acquire`) is refused unless `force`:
+/// freeing it lets another owner be granted at once while that holder learns of it only at
+/// its next renewal and acts on the lease until then.
+pub async fn release(
+    provider: &LeaseProvider,
+    target: &Target,
+    force: bool,
+) -> Result<Outcome, CliError> {
     tenure::names::check_lease_name(&target.name)?;
     let Some(owner) = target.owner.clone() else {
         return Err(CliError::Command(
@@ -392,9 +404,31 @@ pub async fn release(provider: &LeaseProvider, target: &Target) -> Result<Outcom
     let name = store_name(&target.name, &store.name_rules());
     match opened.call(&target.name, "read", store.read(&name)).await? {
         Some(r) if r.owner == owner => {
+            let renewed = !r.instance.starts_with(ONE_SHOT);
+            if renewed && !force {
+                println!(
+                    "not released {}: held by {} and renewed by its holder (instance {}); freed now, another owner could be granted it at once while that holder acts on it until its next renewal (at most {} away). Stop the holder (it releases when it ends), wait until the grant lapses if the holder is gone (in {}), or pass --force",
+                    target.name,
+                    describe(&r),
+                    r.instance,
+                    show_duration(opened.settings.heartbeat_interval),
+                    show_duration(r.expires_in)
+                );
+                return Ok(Outcome::No);
+            }
             let released = store.release(&name, &owner, r.token);
             if opened.call(&target.name, "release", released).await? {
                 println!("released {} (token {})", target.name, r.token);
+                if renewed {
+                    eprintln!(
+                        "tenure: warning: {} was renewed by its holder (instance {}): until that holder's next renewal (at most {} from now; its local deadline is at most {} away) it may still believe it holds the lease and act on it, while another owner can be granted it at once. Only fencing tokens protect resources meanwhile: a resource that refuses tokens below the newest it has seen refuses that holder's late writes (token {}).",
+                        target.name,
+                        r.instance,
+                        show_duration(opened.settings.heartbeat_interval),
+                        show_duration(r.expires_in),
+                        r.token
+                    );
+                }
                 Ok(Outcome::Success)
             } else {
                 println!("not released {}: no longer held by {owner}", target.name);

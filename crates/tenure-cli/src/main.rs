@@ -214,10 +214,18 @@ enum LeaseCommand {
         #[arg(long)]
         count: Option<usize>,
     },
-    /// Release a lease held by --owner. Exit 0 released, 1 not held by that owner, 2 error.
+    /// Release a lease held by --owner. A grant its holder still renews (`acquire --hold`,
+    /// `run`, `elect`, a node) is refused unless --force; a one-shot grant of `acquire`
+    /// (not renewed) is released. Exit 0 released, 1 not released (not held by that owner,
+    /// or renewed by its holder and no --force), 2 error.
     Release {
         #[command(flatten)]
         target: Target,
+        /// Release a grant its holder still renews. That holder learns of it only at its
+        /// next renewal and may act on the lease until then, while another owner can be
+        /// granted it at once: only fencing tokens protect resources meanwhile.
+        #[arg(long)]
+        force: bool,
     },
     /// Show the holder of a lease. Exit 0 held, 1 free, 2 error.
     Show {
@@ -301,8 +309,19 @@ fn main() -> ExitCode {
             .enable_all()
             .build(),
     };
+    let node = matches!(cli.command, Command::Node { .. } | Command::Demo { .. });
     let result = match runtime {
-        Ok(rt) => rt.block_on(run(cli)),
+        Ok(rt) => {
+            let result = rt.block_on(run(cli));
+            if node {
+                // A node's runtime is not shut down: that waits for every task, and code
+                // blocking a thread (an entity that outlived its kill) would hold the exit
+                // up, running on while the leases it ran under lapse. The process ends
+                // with main, and every thread with it; what it still held expires.
+                std::mem::forget(rt);
+            }
+            result
+        }
         Err(e) => Err(CliError::Command(format!(
             "cannot start the async runtime: {e}"
         ))),
@@ -342,7 +361,9 @@ async fn run(cli: Cli) -> Result<Outcome, CliError> {
                 section,
                 count,
             } => lease_cmd::observe(&provider, &name, section.as_deref(), count).await,
-            LeaseCommand::Release { target } => lease_cmd::release(&provider, &target).await,
+            LeaseCommand::Release { target, force } => {
+                lease_cmd::release(&provider, &target, force).await
+            }
             LeaseCommand::Show { name, section } => {
                 lease_cmd::show(&provider, &name, section.as_deref()).await
             }

@@ -66,6 +66,8 @@ pub async fn run(
     let budget = StopBudget {
         stop_timeout: grace,
         kill_wait: KILL_SLACK,
+        // `lease run` does not end itself when the command outlives SIGKILL.
+        exit_wait: Duration::ZERO,
         delivery_slack: Duration::ZERO,
     };
     // Its own timing, so its own renewal batcher rather than the section's shared one.

@@ -9,8 +9,12 @@
 //! SQLite the lease file lost while in use (deleted, or replaced by a copy taken at the
 //! start: its grants gone, its token counters behind), a second process acquiring as a
 //! node's owner (its member lease, while the node runs or is frozen past the ttl: a
-//! replaced pod), the store's answers to a node delayed past the operation timeout, and
-//! (etcd) a node's sessions expiring while it is cut off. Every run's history must pass
+//! replaced pod), the store's answers to a node delayed past the operation timeout,
+//! (etcd) a node's sessions expiring while it is cut off, and an entity blocking its
+//! thread (`std::thread::sleep` in its handler, outside any await, so no kill reaches it)
+//! for longer than the ttl while its node loses its leases (the node must end itself
+//! before the shard lease's deadline) or leaves (its shard's hand-off keeps the lease until
+//! the entity ends). Every run's history must pass
 //! `tenure check`, every acknowledged increment must be in the counter, and the cluster
 //! must serve again after the faults.
 //!
@@ -18,6 +22,7 @@
 //! store and cluster; every run injects every fault kind of its store. Each seed is printed
 //! (`fault seed …`); replay one with `TENURE_FAULT_SEED=<seed>` (then only that seed runs).
 //! `TENURE_FAULT_ROUNDS=<n>` (default 1) repeats the fault sequence n times: a soak.
+//! `TENURE_FAULT_KINDS=<kind>,…` injects only those kinds (e.g. `BlockedThreadLoss`).
 //! SQLite is one file on one host: it has no connection to cut and no server to restart,
 //! so those two faults run on the network stores only, and file loss on SQLite only; its
 //! late answers are a write lock held on the file (every process's operations wait, and
@@ -105,6 +110,21 @@ fn rounds() -> usize {
         .unwrap_or(1)
 }
 
+/// `TENURE_FAULT_KINDS` (comma-separated fault kinds, e.g. `BlockedThreadLoss,CutLink`):
+/// a replay that injects only those.
+fn only_kinds() -> Option<Vec<String>> {
+    let kinds = std::env::var("TENURE_FAULT_KINDS").ok()?;
+    let kinds: Vec<String> = kinds.split(',').map(|k| k.trim().to_string()).collect();
+    for k in &kinds {
+        assert!(
+            Fault::ALL.iter().any(|f| format!("{f:?}") == *k),
+            "TENURE_FAULT_KINDS: {k:?} is not a fault kind (one of {:?})",
+            Fault::ALL
+        );
+    }
+    Some(kinds)
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Fault {
     Kill,
@@ -119,6 +139,29 @@ enum Fault {
     SameOwner,
     SlowStore,
     SessionExpiry,
+    /// An entity blocks its thread past the ttl while its node loses its leases.
+    BlockedThreadLoss,
+    /// An entity blocks its thread past the ttl while its node leaves.
+    BlockedThreadLeave,
+}
+
+impl Fault {
+    const ALL: [Fault; 14] = [
+        Fault::Kill,
+        Fault::PauseLong,
+        Fault::PauseShort,
+        Fault::CutLink,
+        Fault::CutStore,
+        Fault::RestartStore,
+        Fault::ClockJump,
+        Fault::SlowStop,
+        Fault::FileLoss,
+        Fault::SameOwner,
+        Fault::SlowStore,
+        Fault::SessionExpiry,
+        Fault::BlockedThreadLoss,
+        Fault::BlockedThreadLeave,
+    ];
 }
 
 /// The store a run uses, and the server behind it when there is one.
@@ -193,6 +236,8 @@ struct Run {
     clock_file: PathBuf,
     /// While this file exists, every node's example entities and singleton stop slowly.
     slow_stop: PathBuf,
+    /// While this file names an entity, that entity blocks its thread once.
+    block_thread: PathBuf,
     /// SQLite: a copy of the lease file taken once the cluster served, for `FileLoss`.
     lease_copy: Option<PathBuf>,
 }
@@ -244,12 +289,27 @@ fn start(store: Store) -> Run {
         "{LIBFAKETIME} not found: install the Debian package `faketime` (apt-get install -y faketime), as .ci/test.sh does"
     );
     let slow_stop = c.dir.path().join("slow-stop");
+    let block_thread = c.dir.path().join("block-thread");
     for node in &mut c.nodes {
         node.args.extend([
             "--slow-stop-when".to_string(),
             slow_stop.display().to_string(),
+            "--block-thread-when".to_string(),
+            block_thread.display().to_string(),
         ]);
     }
+    // A node that ends itself with abort(3) leaves no core file behind (its children
+    // inherit the limit).
+    let core = rustix::process::Resource::Core;
+    let limit = rustix::process::getrlimit(core);
+    rustix::process::setrlimit(
+        core,
+        rustix::process::Rlimit {
+            current: Some(0),
+            maximum: limit.maximum,
+        },
+    )
+    .expect("no core files");
     let clock_node = 2;
     let clock_file = c.dir.path().join("faketime");
     std::fs::write(&clock_file, "+0\n").expect("faketime file");
@@ -279,6 +339,7 @@ fn start(store: Store) -> Run {
         clock_node,
         clock_file,
         slow_stop,
+        block_thread,
         lease_copy,
     }
 }
@@ -310,10 +371,11 @@ fn wait_serving(c: &Cluster, after: i64, limit: Duration) {
 fn inject(run: &mut Run, fault: Fault, rng: &mut Rng) {
     let ttl = MEMBER_TTL;
     let n = run.c.nodes.len();
-    let target = if fault == Fault::ClockJump {
-        run.clock_node
-    } else {
-        rng.below(n)
+    let target = match fault {
+        Fault::ClockJump => run.clock_node,
+        Fault::BlockedThreadLoss => return blocked_thread(run, rng, true),
+        Fault::BlockedThreadLeave => return blocked_thread(run, rng, false),
+        _ => rng.below(n),
     };
     let addr = run.c.nodes[target].addr.clone();
     eprintln!("fault {fault:?} on node {target} ({addr})");
@@ -354,31 +416,7 @@ fn inject(run: &mut Run, fault: Fault, rng: &mut Rng) {
         Fault::SlowStop => {
             std::fs::write(&run.slow_stop, "").expect("slow-stop switch");
             run.c.record_about(&addr, Event::SlowStop {});
-            // Long enough for every lease of the target to lapse while it runs.
-            let outage = rng.between(ttl + Duration::from_millis(500), ttl * 2);
-            match &run.store {
-                Store::Sqlite => {
-                    // No connection to cut: the lease file write-locked (a backup, a stuck
-                    // writer) fails every node's renewals instead.
-                    let lock = rusqlite::Connection::open(run.c.lease_store())
-                        .expect("open the lease file");
-                    lock.busy_timeout(Duration::from_secs(10))
-                        .expect("busy timeout");
-                    lock.execute_batch("BEGIN EXCLUSIVE")
-                        .expect("write-lock the lease file");
-                    run.c.record_about("store", Event::StoreLocked {});
-                    std::thread::sleep(outage);
-                    lock.execute_batch("COMMIT").expect("unlock the lease file");
-                    run.c.record_about("store", Event::StoreUnlocked {});
-                }
-                _ => {
-                    run.proxies[target].set_cut(true);
-                    run.c.record(target, Event::StoreCut {});
-                    std::thread::sleep(outage);
-                    run.proxies[target].set_cut(false);
-                    run.c.record(target, Event::StoreHealed {});
-                }
-            }
+            lose_leases(run, target, rng);
             std::fs::remove_file(&run.slow_stop).expect("slow-stop switch off");
         }
         Fault::FileLoss => {
@@ -436,6 +474,9 @@ fn inject(run: &mut Run, fault: Fault, rng: &mut Rng) {
             std::thread::sleep(Duration::from_secs(2));
         }
         Fault::SameOwner => second_owner(run, target, rng),
+        Fault::BlockedThreadLoss | Fault::BlockedThreadLeave => {
+            unreachable!("chooses its node by the entity it blocks")
+        }
         Fault::SlowStore => {
             let span = rng.between(OPERATION_TIMEOUT - Duration::from_millis(500), ttl);
             match run.proxies.get(target) {
@@ -486,6 +527,138 @@ fn inject(run: &mut Run, fault: Fault, rng: &mut Rng) {
             run.c.record(target, Event::StoreHealed {});
         }
     }
+}
+
+/// Node `target` loses every lease it holds, for long enough that they all lapse: its
+/// store connection cut or, on SQLite (no connection to cut), the lease file write-locked
+/// (a backup, a stuck writer), which fails every node's renewals.
+fn lose_leases(run: &mut Run, target: usize, rng: &mut Rng) {
+    let ttl = MEMBER_TTL;
+    let outage = rng.between(ttl + Duration::from_millis(500), ttl * 2);
+    match &run.store {
+        Store::Sqlite => {
+            let lock =
+                rusqlite::Connection::open(run.c.lease_store()).expect("open the lease file");
+            lock.busy_timeout(Duration::from_secs(10))
+                .expect("busy timeout");
+            lock.execute_batch("BEGIN EXCLUSIVE")
+                .expect("write-lock the lease file");
+            run.c.record_about("store", Event::StoreLocked {});
+            std::thread::sleep(outage);
+            lock.execute_batch("COMMIT").expect("unlock the lease file");
+            run.c.record_about("store", Event::StoreUnlocked {});
+        }
+        _ => {
+            run.proxies[target].set_cut(true);
+            run.c.record(target, Event::StoreCut {});
+            std::thread::sleep(outage);
+            run.proxies[target].set_cut(false);
+            run.c.record(target, Event::StoreHealed {});
+        }
+    }
+}
+
+/// An example entity blocks its thread for longer than the ttl, on whichever node hosts it
+/// (found from the marker the entity writes), and meanwhile:
+/// - `leases_lost`: its node loses its leases (its store connection cut, or on SQLite the
+///   lease file write-locked for every node): the node must end itself by SIGABRT,
+///   recording `process_abort`, before the shard lease's deadline; it is then started
+///   again;
+/// - otherwise its node leaves gracefully (SIGTERM): the shard's hand-off keeps the lease, renewed,
+///   until the entity ends, and the node exits once its leave is done, or by SIGABRT when
+///   its leave-timeout came first with the entity still running.
+///
+/// Either way `tenure check` judges the entity's life and every write against the holds.
+fn blocked_thread(run: &mut Run, rng: &mut Rng, leases_lost: bool) {
+    let ttl = MEMBER_TTL;
+    let key = format!("key-{}", rng.below(KEYS));
+    // Blocked well past the loss when the leases go; a little longer than the ttl when the
+    // node leaves, so that its leave may see the entity end.
+    let pause = if leases_lost {
+        ttl * 2
+    } else {
+        rng.between(
+            ttl + Duration::from_millis(300),
+            ttl + Duration::from_secs(1),
+        )
+    };
+    std::fs::write(
+        &run.block_thread,
+        format!("{key} {}ms\n", pause.as_millis()),
+    )
+    .expect("block-thread switch");
+    let marker = {
+        let mut name = run.block_thread.as_os_str().to_os_string();
+        name.push(".blocked");
+        PathBuf::from(name)
+    };
+    let started = Instant::now();
+    let blocked = loop {
+        if let Some(text) = std::fs::read_to_string(&marker)
+            .ok()
+            .filter(|t| t.ends_with('\n'))
+        {
+            break text;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "no node blocked {key}'s thread within 20 s of the switch"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    std::fs::remove_file(&run.block_thread).expect("block-thread switch off");
+    let addr = blocked.split_whitespace().next().unwrap_or_default();
+    let target = (0..run.c.nodes.len())
+        .find(|i| run.c.nodes[*i].addr == addr)
+        .unwrap_or_else(|| panic!("the entity blocked on an unknown node: {blocked:?}"));
+    let addr = addr.to_string();
+    eprintln!(
+        "fault BlockedThread on node {target} ({addr}): {key} blocked for {pause:?}, {}",
+        if leases_lost {
+            "its leases lost"
+        } else {
+            "its node leaving"
+        }
+    );
+    run.c
+        .record_about(&addr, Event::ThreadBlocked { entity: key });
+    if leases_lost {
+        lose_leases(run, target, rng);
+        let status = run.c.wait_exit(target, Duration::from_secs(15)).unwrap_or_else(|| {
+            panic!(
+                "node {target} ({addr}) did not end itself while an entity outlived its kill under a lost lease:\n{}",
+                run.c.nodes[target].stderr()
+            )
+        });
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(
+            status.signal(),
+            Some(Signal::ABORT.as_raw()),
+            "node {target} ({addr}) ended by abort(3), not {status:?}"
+        );
+        let inc = run.c.nodes[target].incarnation().to_string();
+        assert!(
+            run.c.history().iter().any(|e| e["event"] == "process_abort"
+                && e["node"] == addr.as_str()
+                && e["inc"] == inc.as_str()),
+            "node {target} ({addr}) recorded process_abort before it ended"
+        );
+    } else {
+        std::thread::sleep(rng.between(Duration::from_millis(500), Duration::from_millis(1000)));
+        let status = run.c.stop(target);
+        let zombies = run
+            .c
+            .history()
+            .iter()
+            .filter(|e| e["event"] == "entity_zombie" && e["node"] == addr.as_str())
+            .count();
+        eprintln!(
+            "node {target} ({addr}) left: {status:?}; entities that outlived their kill there so far: {zombies}"
+        );
+    }
+    run.c.spawn(target);
+    run.c.record(target, Event::Restarted {});
+    std::fs::remove_file(&marker).expect("remove the block-thread marker");
 }
 
 /// Whether a process recorded the loss of the lease file in the file now at `file` within
@@ -623,6 +796,8 @@ fn run_seed(store: Store, seed: u64) {
         Fault::SlowStop,
         Fault::SameOwner,
         Fault::SlowStore,
+        Fault::BlockedThreadLoss,
+        Fault::BlockedThreadLeave,
     ];
     if kind == "sqlite" {
         faults.push(Fault::FileLoss);
@@ -631,6 +806,14 @@ fn run_seed(store: Store, seed: u64) {
     }
     if kind == "etcd" {
         faults.push(Fault::SessionExpiry);
+    }
+    if let Some(only) = only_kinds() {
+        faults.retain(|f| only.contains(&format!("{f:?}")));
+        eprintln!("fault kinds of this run (TENURE_FAULT_KINDS): {faults:?}");
+        assert!(
+            !faults.is_empty(),
+            "TENURE_FAULT_KINDS={only:?} names no fault kind of the {kind} store"
+        );
     }
     for _ in 0..rounds() {
         // Fisher-Yates with the seeded generator.

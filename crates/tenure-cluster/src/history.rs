@@ -8,8 +8,8 @@ use std::io::Write;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use tenure_lease::LeaseObserver;
 use tenure_lease::history::{Entry, Event};
+use tenure_lease::{LeaseObserver, ProcessEnd, Terminator, WhenKillFails};
 
 use crate::identity::{Incarnation, NodeAddr};
 
@@ -58,6 +58,27 @@ impl History {
         let history = self.clone();
         LeaseObserver::new(move |lease, owner, trace| {
             history.record(Event::from_trace(lease, owner, trace))
+        })
+    }
+
+    /// A supervisor's [`Terminator`] following `policy` (the setting `key`, e.g.
+    /// `sharding.when-kill-fails`) that, when `history` is given, records `process_abort`
+    /// in it before `end` ends the process (one synchronous write: no await between the
+    /// line and the end).
+    pub fn terminator(
+        history: Option<History>,
+        policy: WhenKillFails,
+        key: &str,
+        end: ProcessEnd,
+    ) -> Terminator {
+        Terminator::new(policy, key, end, move |what| {
+            if let Some(h) = &history {
+                h.record(Event::ProcessAbort {
+                    lease: what.lease.clone(),
+                    token: what.token.get(),
+                    what: what.what.clone(),
+                });
+            }
         })
     }
 

@@ -66,6 +66,7 @@ mod stop_budget;
 pub mod store;
 mod token;
 pub mod trace;
+mod unstoppable;
 pub mod validity;
 
 #[cfg(test)]
@@ -104,7 +105,7 @@ pub use provider::{LeaseProvider, StoreFactory, StoreRegistry};
 pub use renewal::RenewalBatcher;
 pub use semaphore::{Permit, Semaphore};
 pub use settings::{LeaseSettings, LeaseTiming};
-pub use stop_budget::StopBudget;
+pub use stop_budget::{StopBudget, StopDeadlines};
 pub use store::{
     AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, EMERGENCY_PRIORITY, HeldLease,
     LeaseRecord, LeaseStore, PreemptAnswer, PreemptionRequest, RememberChange, Renewal, WatchEvent,
@@ -112,4 +113,5 @@ pub use store::{
 };
 pub use token::FencingToken;
 pub use trace::{LeaseObserver, LeaseTrace};
+pub use unstoppable::{LossWatch, ProcessEnd, Terminator, Unstoppable, WhenKillFails};
 pub use validity::LostReason;

@@ -104,6 +104,39 @@ impl MemoryStore {
         self.lock().renew_calls
     }
 
+    /// A write fenced by this store, as the SQLite and PostgreSQL stores fence writes in
+    /// their own transactions: `write` runs when `owner` holds `name` with `token`,
+    /// unexpired, and no grant, renewal or release of any lease can happen until it
+    /// returns. [`FenceError::NotHeld`] when the grant is not current (`write` did not run);
+    /// [`FenceError::Store`] when a fault is injected. `write` must not block.
+    pub async fn fenced<T>(
+        &self,
+        name: &str,
+        owner: &str,
+        token: FencingToken,
+        write: impl FnOnce() -> T,
+    ) -> Result<T, crate::FenceError> {
+        self.fault(false)
+            .await
+            .map_err(|e| crate::FenceError::Store {
+                name: name.to_string(),
+                source: e,
+            })?;
+        let now = Instant::now();
+        let b = self.lock();
+        let held = b
+            .grants
+            .get(name)
+            .is_some_and(|g| g.owner == owner && g.token == token && g.expires_at > now);
+        if !held {
+            return Err(crate::FenceError::not_held(name, owner, token));
+        }
+        // The backend stays locked while `write` runs: no other grant can be made meanwhile.
+        let written = write();
+        drop(b);
+        Ok(written)
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Backend> {
         self.backend.lock().unwrap_or_else(|e| e.into_inner())
     }

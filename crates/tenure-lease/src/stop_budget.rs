@@ -5,9 +5,20 @@
 //! A LeaseActor given a budget (`LeaseSpec::with_stop_budget`) ends its belief and
 //! announces `LeaseLost` that long before the local deadline; the deadline itself, recorded
 //! as `valid_until` in histories, does not move. Its supervisor then has the whole budget:
-//! the loss reaching it, a graceful stop of `stop_timeout`, a kill, and the kill landing.
+//! the loss reaching it, a graceful stop of `stop_timeout`, a kill, the kill landing, and,
+//! when something outlived even the kill (a thread blocked outside an await), ending the
+//! process ([`StopBudget::exit_wait`]): what cannot be stopped must not run on under a lease
+//! another holder may be granted once the deadline has passed.
+//!
+//! The arithmetic, for a loss announced at `A = deadline - total()` and handled at
+//! `R <= A + delivery_slack`: the supervisor kills at `R + stop_timeout`
+//! ([`StopDeadlines::kill`]) and gives up waiting at `R + stop_timeout + kill_wait`
+//! ([`StopDeadlines::give_up`]), which is at most `deadline - exit_wait`; whatever still
+//! runs then has `exit_wait` left in which the process records why and ends.
 
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::error::ConfigError;
 use crate::settings::LeaseSettings;
@@ -21,6 +32,9 @@ pub struct StopBudget {
     /// After the graceful stop, how long a forced stop (an actor kill, SIGKILL) may take to
     /// land and be seen.
     pub kill_wait: Duration,
+    /// After the kill wait, how long recording that something outlived its kill and ending
+    /// the process may take (zero for a holder that does not end its process).
+    pub exit_wait: Duration,
     /// How long the loss may take to reach the supervisor (through its mailbox) and be
     /// handled, given that its handlers never await user code.
     pub delivery_slack: Duration,
@@ -29,7 +43,10 @@ pub struct StopBudget {
 impl StopBudget {
     /// The kill wait of actors: a ractor kill aborts the actor's task at its next await
     /// point; only code blocking a thread outlives it.
-    pub const ACTOR_KILL_WAIT: Duration = Duration::from_millis(250);
+    pub const ACTOR_KILL_WAIT: Duration = Duration::from_millis(200);
+    /// The exit wait of actor supervisors: one history line written and `abort(3)` called,
+    /// with no await in between.
+    pub const ACTOR_EXIT_WAIT: Duration = Duration::from_millis(50);
     /// The delivery slack of actor supervisors (shards, singleton managers).
     pub const ACTOR_DELIVERY_SLACK: Duration = Duration::from_millis(250);
 
@@ -38,6 +55,7 @@ impl StopBudget {
         StopBudget {
             stop_timeout,
             kill_wait: Self::ACTOR_KILL_WAIT,
+            exit_wait: Self::ACTOR_EXIT_WAIT,
             delivery_slack: Self::ACTOR_DELIVERY_SLACK,
         }
     }
@@ -58,12 +76,35 @@ impl StopBudget {
         Ok(budget)
     }
 
-    /// The whole budget: delivery slack + stop timeout + kill wait.
+    /// The whole budget: delivery slack + stop timeout + kill wait + exit wait.
     pub fn total(&self) -> Duration {
         self.delivery_slack
             .saturating_add(self.stop_timeout)
             .saturating_add(self.kill_wait)
+            .saturating_add(self.exit_wait)
     }
+
+    /// The instants of a stop that began at `began` (when the supervisor handled the loss,
+    /// or began a graceful move): see [`StopDeadlines`].
+    pub fn deadlines(&self, began: Instant) -> StopDeadlines {
+        let kill = began + self.stop_timeout;
+        StopDeadlines {
+            kill,
+            give_up: kill + self.kill_wait,
+        }
+    }
+}
+
+/// When a supervisor escalates a stop that began at some instant `began`
+/// ([`StopBudget::deadlines`]). For a loss handled within the delivery slack of its
+/// announcement, `give_up` is at least the exit wait before the lease's local deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StopDeadlines {
+    /// `began + stop_timeout`: what has not stopped gracefully by then is killed.
+    pub kill: Instant,
+    /// `kill + kill_wait`: what still runs then outlived its kill. Under a lease being
+    /// lost, the process must end before `exit_wait` has passed from here.
+    pub give_up: Instant,
 }
 
 impl LeaseSettings {
@@ -92,13 +133,14 @@ impl LeaseSettings {
             key: budget_key.to_string(),
             other: format!("{key_prefix}.heartbeat-timeout"),
             detail: format!(
-                "{budget_key} {} gives a stop budget of {} (with {} kill wait and {} delivery slack); \
-                 safety-margin ({}) + stop budget + 2 x heartbeat-interval ({}) = {} must be < \
-                 heartbeat-timeout ({}), or one failed renewal would lose the lease: shorten \
-                 {budget_key} or lengthen {key_prefix}.heartbeat-timeout",
+                "{budget_key} {} gives a stop budget of {} (with {} kill wait, {} exit wait and {} \
+                 delivery slack); safety-margin ({}) + stop budget + 2 x heartbeat-interval ({}) \
+                 = {} must be < heartbeat-timeout ({}), or one failed renewal would lose the \
+                 lease: shorten {budget_key} or lengthen {key_prefix}.heartbeat-timeout",
                 show(budget.stop_timeout),
                 show(budget.total()),
                 show(budget.kill_wait),
+                show(budget.exit_wait),
                 show(budget.delivery_slack),
                 show(self.safety_margin),
                 show(self.heartbeat_interval),
@@ -135,6 +177,24 @@ mod tests {
                 && err.contains("`lease.sqlite.heartbeat-timeout`")
                 && err.contains("stop budget of 1s 700ms"),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn a_loss_handled_within_the_slack_gives_up_an_exit_wait_before_the_deadline() {
+        let budget = StopBudget::for_actors(Duration::from_millis(300));
+        assert_eq!(budget.total(), Duration::from_millis(800));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let announced = deadline - budget.total();
+        // Handled at the end of the delivery slack: the latest the budget allows.
+        let latest = budget.deadlines(announced + budget.delivery_slack);
+        assert_eq!(latest.kill, deadline - Duration::from_millis(250));
+        assert_eq!(latest.give_up + budget.exit_wait, deadline);
+        // Handled at once: more room before the deadline, never less.
+        let early = budget.deadlines(announced);
+        assert_eq!(
+            early.give_up + budget.exit_wait + budget.delivery_slack,
+            deadline
         );
     }
 

@@ -37,12 +37,23 @@ pub struct EntityContext {
     pub token: FencingToken,
     /// The node hosting it (`host:port`).
     pub node: String,
+    /// The shard's lease as its store names it: with `owner` and `token`, the fence of a
+    /// write checked inside the lease store's own transaction ([`EntityContext::fence`]).
+    pub lease: String,
+    /// The owner of the shard's lease grant (this node's `host:port`).
+    pub owner: String,
     pub(crate) shard: ActorRef<ShardMsg>,
     /// Where entities record what they do (writes), when the node keeps a history.
     pub history: Option<tenure_cluster::History>,
 }
 
 impl EntityContext {
+    /// The fence of a write under the shard's grant: lease, owner and token, as a journal
+    /// (or the stores' own fenced writes) checks them.
+    pub fn fence(&self) -> tenure_journal::Fence {
+        tenure_journal::Fence::new(&self.lease, &self.owner, self.token)
+    }
+
     /// Asks the shard to stop this entity (passivation). Messages arriving meanwhile are
     /// kept and delivered to the entity started again for them. With `remember-entities`,
     /// the entity is also forgotten once stopped: it is not started again after a hand-off

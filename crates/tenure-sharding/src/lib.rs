@@ -56,10 +56,12 @@
 //! old fencing token, which a resource that checks tokens (as `tenure demo`'s counter does)
 //! refuses once the new host has written.
 
+mod active;
 pub mod allocation;
 mod coordinator;
 pub mod daemon;
 mod direct;
+pub mod durable;
 mod entity;
 mod entity_ref;
 mod messages;
@@ -72,9 +74,13 @@ pub mod shard_map;
 #[cfg(test)]
 mod test_regions;
 
+pub use active::ActiveEntities;
 pub use allocation::{AllocationStrategy, LeastShards, Regions};
 pub use coordinator::{Coordinator, CoordinatorArgs};
 pub use direct::Routes;
+pub use durable::{
+    Durable, DurableEntity, DurableError, Effect, durable_entity_factory, persistence_id,
+};
 pub use entity::{
     Entity, EntityActor, EntityContext, EntityFactory, EntityMsg, StartingEntity, entity_factory,
     shard_of,

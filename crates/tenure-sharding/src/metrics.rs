@@ -9,6 +9,7 @@
 //! | `tenure_sharding_shard_serving` | gauge | `type`, `shard` | 1 while this node serves the shard under its lease |
 //! | `tenure_sharding_entities` | gauge | `type`, `shard` | entities running in the shard on this node |
 //! | `tenure_sharding_hand_offs_total` | counter | `type` | shards handed off by this node |
+//! | `tenure_sharding_entities_outlived_kill_total` | counter | `type` | entities that outlived their kill (a thread blocked outside an await); their shard keeps its lease until they end |
 //! | `tenure_sharding_rebalance_moves_total` | counter | `type` | shards the coordinator moved to balance the load |
 
 /// A region handle's counters, registered once when the region starts (every message
@@ -88,6 +89,11 @@ pub(crate) fn shard(type_name: &str, shard: &str, serving: bool, entities: usize
 
 pub(crate) fn hand_off(type_name: &str) {
     metrics::counter!("tenure_sharding_hand_offs_total", "type" => type_name.to_string())
+        .increment(1);
+}
+
+pub(crate) fn entity_outlived_kill(type_name: &str) {
+    metrics::counter!("tenure_sharding_entities_outlived_kill_total", "type" => type_name.to_string())
         .increment(1);
 }
 

@@ -22,6 +22,7 @@ use tenure_lease::{FencingToken, LeaseSpec};
 use tenure_singleton::SingletonProxy;
 use tokio::time::Instant;
 
+use crate::active::ActiveEntities;
 use crate::entity::{EntityFactory, EntityMsg};
 use crate::messages::{
     AskReply, BeginHandOff, BeginHandOffs, CoordinatorMsg, Envelope, Envelopes, GetShardHome,
@@ -92,6 +93,8 @@ pub struct RegionState {
     args: RegionArgs,
     myself: ActorRef<RegionMsg>,
     shards: HashMap<String, ActorRef<ShardMsg>>,
+    /// The entities its shards run, when the type has an `active-entity-limit`.
+    active: Option<ActiveEntities>,
     /// Shards handing off: a new instance of one starts only once the old one terminated
     /// (its lease released or lapsed), so that one node never runs two copies of a shard.
     stopping: HashMap<String, ActorRef<ShardMsg>>,
@@ -179,6 +182,7 @@ impl Actor for Region {
         });
         let buffer_gauge = crate::metrics::RegionBuffer::new(&args.type_name);
         Ok(RegionState {
+            active: args.settings.active_entity_limit.map(ActiveEntities::new),
             args,
             myself,
             shards: HashMap::new(),
@@ -430,7 +434,9 @@ impl RegionState {
         } else {
             Duration::ZERO
         };
-        settings.stop_timeout * 2 + settings.lease.release_answer_timeout() + flush
+        // An entity that outlives its kill holds the answer up to hand-off-timeout.
+        let stop = (settings.stop_timeout * 2).max(settings.hand_off_timeout);
+        stop + settings.lease.release_answer_timeout() + flush
     }
 
     /// Routes a message that just arrived (from a local sender, or from another region).
@@ -768,8 +774,10 @@ impl RegionState {
             node: self.args.me.clone(),
             lease,
             factory: factory.clone(),
+            active: self.active.clone(),
             settings: self.args.settings.clone(),
             history: self.args.history.clone(),
+            process_end: tenure_lease::ProcessEnd::abort(),
         };
         match Shard::start_routed(args, Some(self.myself.get_cell()), self.args.routes.clone())
             .await

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use tenure_cluster::placement::{DEFAULT_NUMBER_OF_SHARDS, EntityPlacement};
-use tenure_lease::{ConfigError, LeaseSettings, StopBudget, TenureConfig};
+use tenure_lease::{ConfigError, LeaseSettings, StopBudget, TenureConfig, WhenKillFails};
 
 /// This crate's fragment of the reference configuration: `[sharding]` (shown in
 /// `config/reference.toml`).
@@ -30,6 +30,8 @@ pub struct ShardingConfig {
     /// `"off"` (`None`): entities are not passivated.
     #[serde(deserialize_with = "tenure_lease::duration::serde::or_off")]
     pub idle_timeout: Option<Duration>,
+    /// `active-entity-limit`: most entities a region runs (`None`: no limit).
+    pub active_entity_limit: Option<usize>,
     /// `None`: the lease section's `heartbeat-timeout / 10`.
     #[serde(deserialize_with = "tenure_lease::duration::serde::optional")]
     pub stop_timeout: Option<Duration>,
@@ -65,6 +67,9 @@ pub struct ShardingConfig {
     /// stopped without passivating waits before it is started again.
     #[serde(deserialize_with = "tenure_lease::duration::serde::positive")]
     pub entity_restart_backoff: Duration,
+    /// `when-kill-fails`: what happens when an entity outlives its kill while its shard's
+    /// lease is being lost.
+    pub when_kill_fails: WhenKillFails,
 }
 
 impl Default for ShardingConfig {
@@ -75,6 +80,7 @@ impl Default for ShardingConfig {
             number_of_shards: DEFAULT_NUMBER_OF_SHARDS,
             buffer_size: 1000,
             idle_timeout: Some(Duration::from_secs(120)),
+            active_entity_limit: None,
             stop_timeout: None,
             retry_interval: Duration::from_millis(500),
             unreachable_reallocate_after: Duration::from_secs(5),
@@ -86,6 +92,7 @@ impl Default for ShardingConfig {
             hand_off_timeout: Duration::from_secs(15),
             remember_entities: false,
             entity_restart_backoff: Duration::from_secs(10),
+            when_kill_fails: WhenKillFails::Abort,
         }
     }
 }
@@ -107,6 +114,10 @@ pub struct ShardingSettings {
     /// `idle-timeout`: idle entities are passivated after it (`None`: never; always `None`
     /// with `remember-entities`, as in Akka: a remembered entity stops only when it asks).
     pub idle_timeout: Option<Duration>,
+    /// `active-entity-limit`: a region runs at most this many entities (all its shards
+    /// together); starting one more passivates the least recently used (`None`: no limit;
+    /// always `None` with `remember-entities`, as `idle_timeout`).
+    pub active_entity_limit: Option<usize>,
     /// `stop-timeout`: how long a stopping entity gets before it is killed (when not set in
     /// config: the lease section's `heartbeat-timeout / 10`). Its
     /// [`stop_budget`](Self::stop_budget) fits the shard lease's timing.
@@ -138,6 +149,11 @@ pub struct ShardingSettings {
     /// stopped without passivating (its start or a request failed) waits before its shard
     /// starts it again.
     pub entity_restart_backoff: Duration,
+    /// `when-kill-fails`: what a shard does when an entity outlives its kill (a thread
+    /// blocked outside an await) while the shard's lease is being lost: end the process
+    /// before the lease's local deadline (the default), or, unsafely, let it run on.
+    /// Graceful moves never need it: they keep the lease until the entity has ended.
+    pub when_kill_fails: WhenKillFails,
 }
 
 impl ShardingSettings {
@@ -162,6 +178,7 @@ impl ShardingSettings {
                 "max-simultaneous-rebalance",
                 c.max_simultaneous_rebalance.unwrap_or(1),
             ),
+            ("active-entity-limit", c.active_entity_limit.unwrap_or(1)),
         ] {
             if n == 0 {
                 return Err(ConfigError::invalid(
@@ -199,6 +216,7 @@ impl ShardingSettings {
             number_of_shards: placement.number_of_shards,
             buffer_size: c.buffer_size,
             idle_timeout: c.idle_timeout.filter(|_| !c.remember_entities),
+            active_entity_limit: c.active_entity_limit.filter(|_| !c.remember_entities),
             stop_timeout: budget.stop_timeout,
             retry_interval: c.retry_interval,
             unreachable_reallocate_after: c.unreachable_reallocate_after,
@@ -209,13 +227,15 @@ impl ShardingSettings {
             hand_off_timeout: c.hand_off_timeout,
             remember_entities: c.remember_entities,
             entity_restart_backoff: c.entity_restart_backoff,
+            when_kill_fails: c.when_kill_fails,
         })
     }
 }
 
 impl ShardingSettings {
     /// How long before a shard lease's local deadline its shard must learn of a loss: the
-    /// loss delivered, `stop-timeout` for its entities, a kill of those still running.
+    /// loss delivered, `stop-timeout` for its entities, a kill of those still running, and
+    /// the process ended if one outlived the kill.
     pub fn stop_budget(&self) -> StopBudget {
         StopBudget::for_actors(self.stop_timeout)
     }
@@ -285,6 +305,10 @@ mod tests {
                 "`sharding.entity-restart-backoff`",
             ),
             (
+                "[sharding.counter]\nwhen-kill-fails = \"run-on\"",
+                "`sharding.counter.when-kill-fails`",
+            ),
+            (
                 "[sharding.counter]\nrebalance-relative-limit = 0.0",
                 "`sharding.counter.rebalance-relative-limit`",
             ),
@@ -329,6 +353,11 @@ mod tests {
         );
         let other = ShardingSettings::from_config(&config, "other", "sqlite").unwrap();
         assert!(!other.remember_entities, "off by default");
+        assert_eq!(
+            other.when_kill_fails,
+            WhenKillFails::Abort,
+            "safe by default"
+        );
         assert_eq!(other.entity_restart_backoff, Duration::from_secs(10));
         let err = ShardingSettings::from_config(&config, "", "sqlite").unwrap_err();
         assert!(err.to_string().contains("entity type name"), "{err}");

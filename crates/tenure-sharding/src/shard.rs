@@ -7,10 +7,13 @@
 //! lease and starts them again whenever it is granted the lease (see [`crate::remember`]).
 //!
 //! Timing: the LeaseActor announces a loss the shard's stop budget before the local
-//! deadline (`stop-timeout` plus a kill wait plus delivery slack), and the shard's handlers
-//! never await user code (an entity's `start` runs in the entity's own task, its messages
-//! waiting here until it has started), so a loss is handled at once and every entity has
-//! terminated, by a graceful stop or else a kill, before the deadline.
+//! deadline (`stop-timeout` plus a kill wait, an exit wait and delivery slack), and the
+//! shard's handlers never await user code (an entity's `start` runs in the entity's own
+//! task, its messages waiting here until it has started), so a loss is handled at once and
+//! every entity has terminated, by a graceful stop or else a kill, before the deadline; an
+//! entity that outlives even its kill ends the process before it ([`stopping`]).
+
+mod stopping;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -21,17 +24,17 @@ use tenure_cluster::History;
 use tenure_lease::history::{EntityLife, Event, ShardLife};
 use tenure_lease::{
     FencingToken, LeaseActor, LeaseEvent, LeaseEventSink, LeaseMsg, LeaseSpec, LeaseView,
-    RememberChange, StopBudget,
+    LossWatch, ProcessEnd, RememberChange, Terminator,
 };
 use tokio::time::Instant;
 
+use crate::active::ActiveEntities;
 use crate::direct::{Routes, Ticket};
 use crate::entity::{EntityContext, EntityFactory, EntityMsg, shard_of};
-use crate::messages::{
-    AskReply, Envelope, Pending as RegionPending, ask_expired, refuse_buffer_full,
-};
+use crate::messages::{AskReply, Pending as RegionPending, ask_expired, refuse_buffer_full};
 use crate::remember::{RememberStore, Remembering};
 use crate::settings::ShardingSettings;
+use stopping::Stop;
 
 /// Everything a shard needs.
 #[derive(Clone)]
@@ -46,10 +49,16 @@ pub struct ShardArgs {
     pub lease: LeaseSpec,
     /// Starts the shard's entities.
     pub factory: EntityFactory,
+    /// The running entities of the shard's region, when it has an `active-entity-limit`
+    /// (one set shared by all the region's shards).
+    pub active: Option<ActiveEntities>,
     /// The entity type's sharding settings.
     pub settings: Arc<ShardingSettings>,
     /// Where the shard and its entities record what they do, when the node keeps a history.
     pub history: Option<History>,
+    /// How the process ends when an entity outlives its kill while the shard's lease is
+    /// being lost (`when-kill-fails = "abort"`): [`ProcessEnd::abort`] but in tests.
+    pub process_end: ProcessEnd,
 }
 
 /// Where a shard stands (for inspection and tests).
@@ -82,6 +91,10 @@ pub enum ShardMsg {
     Lease(LeaseEvent),
     /// Stop entity `0` (it asked, or it was idle).
     Passivate(String),
+    /// Stop entity `0`: its region reached its `active-entity-limit`, and it is the least
+    /// recently used.
+    #[doc(hidden)]
+    Evict(String),
     /// The `start` of an entity actor ended: `Ok` it runs (and is linked to the shard),
     /// `Err` it failed or was killed while starting.
     #[doc(hidden)]
@@ -110,8 +123,16 @@ pub enum ShardMsg {
     /// Start remembered entity `0` again (it stopped without passivating).
     #[doc(hidden)]
     Restart(String),
+    /// An entity that outlived its kill (actor `0`) has ended.
+    #[doc(hidden)]
+    EntityEnded(ractor::ActorId),
+    /// `hand-off-timeout` has passed since the hand-off began.
+    #[doc(hidden)]
+    HandOffDue,
     /// Let every entity finish the messages in its mailbox and stop, release the lease,
-    /// answer with the outcome and the messages not delivered, then stop.
+    /// answer with the outcome and the messages not delivered, then stop. An entity that
+    /// outlives its kill holds the release (and the shard) up until it has ended, and the
+    /// answer (`released: false`) up to `hand-off-timeout`.
     HandOff(RpcReplyPort<HandedOff>),
     /// Answers with where the shard stands.
     Status(RpcReplyPort<ShardStatus>),
@@ -135,16 +156,6 @@ impl From<LeaseEvent> for ShardMsg {
     }
 }
 
-/// How entities stop.
-#[derive(Debug, Clone, Copy)]
-enum Stop {
-    /// After the message in hand: the lease is gone or going.
-    Now,
-    /// After every message already in their mailboxes (a hand-off, under a lease still
-    /// held and renewed): messages delivered to an entity are handled, not dropped.
-    Drain,
-}
-
 struct Pending {
     entity: String,
     payload: Vec<u8>,
@@ -159,12 +170,17 @@ struct Pending {
 
 struct Running {
     actor: ActorRef<EntityMsg>,
+    /// The grant it runs under.
+    token: FencingToken,
     last: Instant,
     passivating: bool,
     /// It asked to be passivated ([`EntityContext::passivate`]): forgotten once stopped.
     asked: bool,
     /// Its `start` has not finished: its messages wait in the shard.
     starting: bool,
+    /// It survived its kill (see [`stopping`]): it still runs, and is never started again
+    /// until it has ended.
+    outlived: bool,
 }
 
 /// The shard actor.
@@ -180,6 +196,13 @@ pub struct ShardState {
     entities: HashMap<String, Running>,
     waiting: VecDeque<Pending>,
     handing_off: bool,
+    /// The hand-off's answer, while entities that outlived their kill hold it up.
+    hand_off: Option<RpcReplyPort<HandedOff>>,
+    /// Ends the process (once) for entities that outlived their kill under a lease being
+    /// lost: shared with `watch`.
+    terminator: Terminator,
+    /// Watches the lease for its entities from a task of its own ([`stopping`]).
+    watch: LossWatch,
     idle_timer: Option<ractor::concurrency::JoinHandle<()>>,
     /// remember-entities: the ids remembered with the shard's lease.
     remember: Option<Remembering>,
@@ -246,6 +269,13 @@ impl Actor for Shard {
         )
         .await?;
         lease.cast(LeaseMsg::Acquire { reply: None })?;
+        let terminator = stopping::terminator(&args);
+        let watch = LossWatch::start(
+            &view,
+            &args.lease.name,
+            args.settings.stop_budget(),
+            terminator.clone(),
+        );
         let remembering = args.settings.remember_entities;
         // Remembered entities stop only when they ask (Akka turns idle passivation off too).
         let idle_timer = args
@@ -274,6 +304,9 @@ impl Actor for Shard {
             entities: HashMap::new(),
             waiting: VecDeque::new(),
             handing_off: false,
+            hand_off: None,
+            terminator,
+            watch,
             idle_timer,
             remember,
             routes,
@@ -290,6 +323,10 @@ impl Actor for Shard {
         }
         if !state.handing_off {
             state.stop_entities("shard stopped", Stop::Now).await;
+        }
+        // Stopping, the shard stops its lease actor, which releases the lease.
+        state.kill_failed("the shard stopped");
+        if !state.handing_off {
             state.flush_remembered().await;
             if let Some(token) = state.serving.take() {
                 state.record(Event::ShardStopped, token, "shard stopped");
@@ -348,7 +385,9 @@ impl Actor for Shard {
                     tracing::warn!(shard = %state.args.shard_id, token = lost.token.get(), reason = %lost.reason,
                         "shard lease lost: stopping its entities, then acquiring again");
                     state.record(Event::ShardLeaseLost, lost.token, &lost.reason.to_string());
-                    state.stop_entities("lease lost", Stop::Now).await;
+                    if !state.stop_entities("lease lost", Stop::Now).await {
+                        state.kill_failed(&format!("lease lost: {}", lost.reason));
+                    }
                     state.record(
                         Event::ShardStopped,
                         lost.token,
@@ -359,9 +398,9 @@ impl Actor for Shard {
                         r.reset();
                     }
                 }
-                if !state.handing_off {
-                    state.lease.cast(LeaseMsg::Acquire { reply: None })?;
-                }
+                // Acquires again, or finishes a hand-off, once no entity that outlived its
+                // kill runs.
+                state.resume(&myself).await;
             }
             // Shard leases are plain (priority 0): a forceful preemption arrives as a loss.
             ShardMsg::Lease(
@@ -373,6 +412,7 @@ impl Actor for Shard {
                 | LeaseEvent::Resumed(_),
             ) => {}
             ShardMsg::Passivate(entity) => state.passivate(&entity, true),
+            ShardMsg::Evict(entity) => state.evict(&entity),
             ShardMsg::Recalled { token, ids } => state.recalled(token, ids),
             ShardMsg::Remembered {
                 token,
@@ -380,11 +420,24 @@ impl Actor for Shard {
                 written,
             } => state.remembered(token, &change, written),
             ShardMsg::Restart(entity) => state.restart(&entity),
+            ShardMsg::EntityEnded(actor) => {
+                state
+                    .entity_ended(&myself, actor, "outlived its kill".into())
+                    .await
+            }
+            ShardMsg::HandOffDue => state.hand_off_due(),
             ShardMsg::EntityStarted {
                 entity,
                 actor,
                 result,
-            } => state.entity_started(&entity, actor, result),
+            } => {
+                let outlived = state.has_outlived();
+                state.entity_started(&entity, actor, result);
+                if outlived {
+                    // A starting entity that outlived its kill may have ended with its start.
+                    state.resume(&myself).await;
+                }
+            }
             ShardMsg::IdleCheck => {
                 if let Some(idle) = state.args.settings.idle_timeout {
                     let now = Instant::now();
@@ -409,34 +462,26 @@ impl Actor for Shard {
             }
             ShardMsg::HandOff(reply) => {
                 crate::metrics::hand_off(&state.args.type_name);
+                let began = Instant::now();
                 state.handing_off = true;
-                state.stop_entities("hand-off", Stop::Drain).await;
-                // Entities that passivated themselves are forgotten before the next host
-                // reads the ids.
-                state.flush_remembered().await;
-                if let Some(token) = state.serving.take() {
-                    state.record(Event::ShardStopped, token, "hand-off");
+                if let Some(earlier) = state.hand_off.replace(reply) {
+                    let _ = earlier.send(HandedOff {
+                        released: false,
+                        undelivered: Vec::new(),
+                    });
                 }
-                let released = state.release().await;
-                let shard = state.args.shard_id.clone();
-                let undelivered = std::mem::take(&mut state.waiting)
-                    .into_iter()
-                    .map(|p| RegionPending {
-                        env: Envelope {
-                            shard: shard.clone(),
-                            entity: p.entity,
-                            payload: p.payload,
-                            hops: p.hops,
-                        },
-                        reply: p.reply,
-                        ticket: p.ticket,
-                    })
-                    .collect();
-                let _ = reply.send(HandedOff {
-                    released,
-                    undelivered,
-                });
-                myself.stop(Some("handed off".into()));
+                if state.stop_entities("hand-off", Stop::Drain).await {
+                    state.resume(&myself).await;
+                } else {
+                    tracing::warn!(shard = %state.args.shard_id,
+                        "hand-off waits for entities that outlived their kill: the lease stays held until they end");
+                    let due = state
+                        .args
+                        .settings
+                        .hand_off_timeout
+                        .saturating_sub(began.elapsed());
+                    myself.send_after(due, || ShardMsg::HandOffDue);
+                }
             }
             ShardMsg::Status(reply) => {
                 let mut entities: Vec<String> = state.entities.keys().cloned().collect();
@@ -468,7 +513,9 @@ impl Actor for Shard {
         if cell.get_id() == state.lease.get_id() {
             // The lease actor died (a bug): its grant is given up without a Lost event.
             tracing::error!(shard = %state.args.shard_id, why, "lease actor ended; stopping the entities and acquiring again");
-            state.stop_entities("lease actor ended", Stop::Now).await;
+            if !state.stop_entities("lease actor ended", Stop::Now).await {
+                state.kill_failed("the shard's lease actor ended");
+            }
             if let Some(token) = state.serving.take() {
                 state.record(Event::ShardStopped, token, "lease actor ended");
             }
@@ -481,50 +528,28 @@ impl Actor for Shard {
                 Some(myself.get_cell()),
             )
             .await?;
+            state.watch = LossWatch::start(
+                &view,
+                &state.args.lease.name,
+                state.args.settings.stop_budget(),
+                state.terminator.clone(),
+            );
             state.lease = lease;
             state.view = view;
-            if !state.handing_off {
-                state.lease.cast(LeaseMsg::Acquire { reply: None })?;
-            }
+            state.resume(&myself).await;
             return Ok(());
         }
-        let Some(id) = state
-            .entities
-            .iter()
-            .find(|(_, r)| r.actor.get_id() == cell.get_id())
-            .map(|(id, _)| id.clone())
-        else {
-            return Ok(());
-        };
-        let ended = state.entities.remove(&id);
-        if let (Some(routes), Some(e)) = (&state.routes, &ended) {
-            routes.close(&id, Some(e.actor.get_id()));
-        }
-        if let Some(token) = state.serving {
-            state.record_entity(Event::EntityStopped, &id, token, &why);
-        }
-        // Messages that arrived while it passivated go to its next incarnation.
-        let (mine, others): (VecDeque<Pending>, VecDeque<Pending>) =
-            std::mem::take(&mut state.waiting)
-                .into_iter()
-                .partition(|p| p.entity == id);
-        state.waiting = others;
-        if state.serving.is_some()
-            && let Some(r) = &mut state.remember
-        {
-            if ended.is_some_and(|e| e.passivating && e.asked) {
-                // It asked to stop: forgotten (a message waiting for it adds it again).
-                r.forget(&id);
-            } else if mine.is_empty() {
-                // Stopped without asking (it failed): started again after the backoff.
-                state.restart_later(&id);
-            }
-        }
-        for p in mine {
-            state.deliver(p);
-        }
+        state.entity_ended(&myself, cell.get_id(), why).await;
         state.publish_metrics();
         Ok(())
+    }
+}
+
+impl Drop for ShardState {
+    fn drop(&mut self) {
+        // Dropped without post_stop (killed, or its runtime shutting down): its lease actor
+        // goes with it, and the lease with the actor.
+        self.kill_failed("the shard was dropped");
     }
 }
 
@@ -573,6 +598,9 @@ impl ShardState {
                 return;
             }
             r.last = Instant::now();
+            if let Some(active) = &self.args.active {
+                active.used(&self.myself, &self.args.shard_id, &p.entity);
+            }
             let _ = r.actor.cast(EntityMsg {
                 payload: p.payload,
                 reply: p.reply,
@@ -619,6 +647,8 @@ impl ShardState {
             shard_id: self.args.shard_id.clone(),
             token,
             node: self.args.node.clone(),
+            lease: self.args.lease.store_name.clone(),
+            owner: self.args.lease.owner.clone(),
             shard: self.myself.clone(),
             history: self.args.history.clone(),
         };
@@ -626,6 +656,14 @@ impl ShardState {
             Ok(starting) => {
                 // Its life begins now: its `start` may already act under the token.
                 self.record_entity(Event::EntityStarted, entity, token, "");
+                self.watch.watch(
+                    starting.actor.get_cell(),
+                    token,
+                    stopping::entity_name(&self.args, entity),
+                );
+                if let Some(active) = &self.args.active {
+                    active.used(&self.myself, &self.args.shard_id, entity);
+                }
                 let (shard, id) = (self.myself.clone(), starting.actor.get_id());
                 let name = entity.to_string();
                 tokio::spawn(async move {
@@ -640,10 +678,12 @@ impl ShardState {
                     entity.to_string(),
                     Running {
                         actor: starting.actor,
+                        token,
                         last: Instant::now(),
                         passivating: false,
                         asked: false,
                         starting: true,
+                        outlived: false,
                     },
                 );
                 Ok(())
@@ -781,12 +821,13 @@ impl ShardState {
             }
             Err(e) => {
                 tracing::warn!(shard = %self.args.shard_id, entity, error = %e, "entity could not be started");
-                self.entities.remove(entity);
-                if let Some(token) = self.serving {
+                if let Some(r) = self.entities.remove(entity) {
+                    self.watch.forget(r.actor.get_id());
+                    self.inactive(entity);
                     self.record_entity(
                         Event::EntityStopped,
                         entity,
-                        token,
+                        r.token,
                         &format!("start failed: {e}"),
                     );
                 }
@@ -832,6 +873,28 @@ impl ShardState {
         }
     }
 
+    /// `entity` is the least recently used of its region, past the active-entity limit: it
+    /// is passivated, unless a message went to it directly since (then it is used now, and
+    /// the next least recently used goes instead).
+    fn evict(&mut self, entity: &str) {
+        // As the idle check: a direct message counts as use (and the flag is taken here).
+        let used = self.routes.as_ref().is_some_and(|r| r.take_used(entity));
+        match (self.entities.get_mut(entity), &self.args.active) {
+            (Some(r), Some(active)) if used && !r.passivating => {
+                r.last = Instant::now();
+                active.used(&self.myself, &self.args.shard_id, entity);
+            }
+            _ => self.passivate(entity, false),
+        }
+    }
+
+    /// `entity` no longer runs: it leaves the region's active entities.
+    pub(super) fn inactive(&self, entity: &str) {
+        if let Some(active) = &self.args.active {
+            active.stopped(&self.args.shard_id, entity);
+        }
+    }
+
     /// Stops `entity` after the messages in its mailbox; `asked`: the entity asked (with
     /// remember-entities it is then forgotten once stopped).
     fn passivate(&mut self, entity: &str, asked: bool) {
@@ -849,61 +912,6 @@ impl ShardState {
             if r.actor.drain().is_err() {
                 r.actor.stop(Some("passivated".into()));
             }
-        }
-    }
-
-    /// Stops every entity (started or still starting) and waits until all have terminated,
-    /// within the stop budget: one `stop-timeout` for a graceful stop (`Stop::Drain`: after
-    /// the messages already in its mailbox), then a kill for those still running and a short
-    /// wait for it to land. Each entity's end is recorded once seen; one that outlives even
-    /// its kill (a thread blocked outside any await) is logged and left unrecorded, so the
-    /// history shows it running on.
-    async fn stop_entities(&mut self, why: &str, how: Stop) {
-        if self.entities.is_empty() {
-            return;
-        }
-        let entities: Vec<(String, Running)> = self.entities.drain().collect();
-        for (id, r) in &entities {
-            if let Some(routes) = &self.routes {
-                routes.close(id, None);
-            }
-            match how {
-                Stop::Now => r.actor.stop(Some(why.to_string())),
-                Stop::Drain => {
-                    if r.actor.drain().is_err() {
-                        r.actor.stop(Some(why.to_string()));
-                    }
-                }
-            }
-        }
-        let deadline = Instant::now() + self.args.settings.stop_timeout;
-        let mut running = Vec::new();
-        for (id, r) in entities {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if r.actor.wait(Some(left)).await.is_ok() {
-                self.record_stopped(&id, why);
-            } else {
-                running.push((id, r));
-            }
-        }
-        for (id, r) in &running {
-            tracing::warn!(shard = %self.args.shard_id, entity = %id, "entity did not stop within stop-timeout; killing it");
-            r.actor.kill();
-        }
-        let deadline = Instant::now() + StopBudget::ACTOR_KILL_WAIT;
-        for (id, r) in running {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if r.actor.wait(Some(left)).await.is_ok() {
-                self.record_stopped(&id, &format!("{why} (killed after stop-timeout)"));
-            } else {
-                tracing::error!(shard = %self.args.shard_id, entity = %id, "entity survived a kill (blocked outside an await?): it runs on past the lease");
-            }
-        }
-    }
-
-    fn record_stopped(&self, entity: &str, why: &str) {
-        if let Some(token) = self.serving {
-            self.record_entity(Event::EntityStopped, entity, token, why);
         }
     }
 

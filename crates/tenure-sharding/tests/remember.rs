@@ -184,8 +184,10 @@ impl Fixture {
             node: owner.into(),
             lease: LeaseSpec::new(LEASE, owner, store, lease_settings()).unwrap(),
             factory: entity_factory(Probe(self.tx.clone())),
+            active: None,
             settings: Arc::new(settings),
             history: None,
+            process_end: tenure_lease::ProcessEnd::abort(),
         };
         Shard::start(args, None).await.unwrap()
     }

@@ -104,6 +104,7 @@ pub async fn start_with_settings(
         scope: tenure_cluster::scope(&cluster.system),
         spawner,
         history: node.history().cloned(),
+        process_end: tenure_lease::ProcessEnd::abort(),
     };
     let manager = SingletonManager::start(spec, None)
         .await

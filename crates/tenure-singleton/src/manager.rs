@@ -4,9 +4,18 @@
 //! again; when leaving it stops the instance, releases the lease and lets the node go on.
 //!
 //! Timing: the LeaseActor announces a loss the manager's stop budget before the local
-//! deadline (`stop-timeout` plus a kill wait plus delivery slack), and the manager never
-//! awaits the instance's own code (its `pre_start` runs in its own task), so the instance
-//! and its descendants have terminated, by a graceful stop or else a kill, by the deadline.
+//! deadline (`stop-timeout` plus a kill wait, an exit wait and delivery slack), and the
+//! manager never awaits the instance's own code (its `pre_start` runs in its own task), so
+//! the instance and its descendants have terminated, by a graceful stop or else a kill, by
+//! the deadline.
+//!
+//! An actor of the instance that outlives even its kill (its thread blocked outside an
+//! await) is kept as the zombie: the lease is neither released nor acquired again, and a
+//! hand-over is not done, until it has ended. If the lease is being lost meanwhile, or the
+//! manager itself stops (its lease actor then releases), the process ends first
+//! (`when-kill-fails = "abort"`), within the exit wait before the lease's local deadline;
+//! the manager's [`LossWatch`] decides the same from a task of its own, for a manager held
+//! up behind the blocked thread itself.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -19,7 +28,7 @@ use tenure_cluster::{ClusterEvent, HandOver, History, Member, MemberStatus, Node
 use tenure_lease::history::{Event, SingletonLife};
 use tenure_lease::{
     FencingToken, LeaseActor, LeaseEvent, LeaseEventSink, LeaseMsg, LeaseSpec, LeaseView,
-    StopBudget,
+    LossWatch, ProcessEnd, Terminator, Unstoppable,
 };
 
 use crate::settings::SingletonSettings;
@@ -110,6 +119,9 @@ pub struct SingletonSpec {
     pub spawner: Spawner,
     /// Where the manager and instance record what they do, when the node keeps a history.
     pub history: Option<History>,
+    /// How the process ends when the instance outlives its kill while the lease is being
+    /// lost (`when-kill-fails = "abort"`): [`ProcessEnd::abort`] but in tests.
+    pub process_end: ProcessEnd,
 }
 
 /// Where this node's manager stands.
@@ -130,6 +142,9 @@ pub enum ManagerMsg {
     /// The pause after a failed instance is over.
     #[doc(hidden)]
     RestartDue,
+    /// The actor that survived its kill (actor `0`) has ended.
+    #[doc(hidden)]
+    ZombieEnded(ractor::ActorId),
     /// The `pre_start` of the instance with `token` (actor `actor`) ended.
     #[doc(hidden)]
     InstanceStarted {
@@ -167,6 +182,7 @@ struct Running {
 
 pub struct ManagerState {
     spec: SingletonSpec,
+    myself: ActorRef<ManagerMsg>,
     members: BTreeMap<NodeAddr, Member>,
     lease: ActorRef<LeaseMsg>,
     view: LeaseView,
@@ -175,8 +191,13 @@ pub struct ManagerState {
     /// The retry pace last given to the lease actor.
     pace: Option<Duration>,
     /// An instance (or descendant) that survived its kill, with its token: nothing is
-    /// released or re-acquired until it has terminated.
+    /// released or re-acquired, and no hand-over done, until it has terminated.
     zombie: Option<(ActorCell, FencingToken)>,
+    /// Ends the process (once) for an instance that outlived its kill under a lease being
+    /// lost: shared with `watch`.
+    terminator: Terminator,
+    /// Watches the lease for the instance from a task of its own.
+    watch: LossWatch,
     /// Pause after an instance failed (or could not be spawned) before the next one.
     restart_pause: Option<tokio::task::JoinHandle<()>>,
     running: Option<Running>,
@@ -223,14 +244,24 @@ impl Actor for SingletonManager {
             Some(myself.get_cell()),
         )
         .await?;
+        let terminator = terminator(&spec);
+        let watch = LossWatch::start(
+            &view,
+            &spec.lease.name,
+            spec.settings.stop_budget(),
+            terminator.clone(),
+        );
         Ok(ManagerState {
             spec,
+            myself: myself.clone(),
             members: BTreeMap::new(),
             lease,
             view,
             wanted: false,
             pace: None,
             zombie: None,
+            terminator,
+            watch,
             restart_pause: None,
             running: None,
             hand_over: None,
@@ -245,6 +276,8 @@ impl Actor for SingletonManager {
         state: &mut ManagerState,
     ) -> Result<(), ActorProcessingErr> {
         state.stop_instance("manager stopped").await;
+        // Stopping, the manager stops its lease actor, which releases the lease.
+        state.kill_failed("the manager stopped");
         state.release().await;
         Ok(())
     }
@@ -258,6 +291,11 @@ impl Actor for SingletonManager {
         match msg {
             ManagerMsg::Cluster(event) => state.on_cluster(event),
             ManagerMsg::Lease(LeaseEvent::Lost(lost)) => {
+                let at = state
+                    .spec
+                    .settings
+                    .stop_budget()
+                    .deadlines(tokio::time::Instant::now());
                 if state
                     .running
                     .as_ref()
@@ -267,8 +305,21 @@ impl Actor for SingletonManager {
                         "lease lost: stopping the singleton, then trying to re-acquire");
                     state.record(Event::SingletonLeaseLost, lost.token, &lost.reason.to_string());
                     state.stop_instance("lease lost").await;
-                    state.release().await;
                 }
+                if let Some((cell, token)) = state.zombie.clone()
+                    && token == lost.token
+                {
+                    // Also a zombie of an earlier stop: it must be gone by the deadline.
+                    let left = at
+                        .give_up
+                        .saturating_duration_since(tokio::time::Instant::now());
+                    if cell.wait(Some(left)).await.is_ok() {
+                        state.zombie_ended(cell.get_id()).await;
+                    } else {
+                        state.kill_failed(&format!("lease lost: {}", lost.reason));
+                    }
+                }
+                state.release().await;
             }
             // Acted on in `evaluate`, and only while the grant is still believed.
             ManagerMsg::Lease(LeaseEvent::Granted(_)) => state.wanted = false,
@@ -282,6 +333,7 @@ impl Actor for SingletonManager {
                 | LeaseEvent::Resumed(_),
             ) => {}
             ManagerMsg::RestartDue => state.restart_pause = None,
+            ManagerMsg::ZombieEnded(actor) => state.zombie_ended(actor).await,
             ManagerMsg::InstanceStarted {
                 token,
                 actor,
@@ -311,14 +363,12 @@ impl Actor for SingletonManager {
             SupervisionEvent::ActorFailed(cell, err) => (cell.clone(), format!("failed: {err}")),
             _ => return Ok(()),
         };
-        if let Some((_, token)) = state.zombie.take_if(|(z, _)| z.get_id() == cell.get_id()) {
-            tracing::warn!(singleton = %state.spec.name, "the stuck instance has ended");
-            state.record(
-                Event::SingletonStopped,
-                token,
-                "survived its kill, ended later",
-            );
-            state.release().await;
+        if state
+            .zombie
+            .as_ref()
+            .is_some_and(|(z, _)| z.get_id() == cell.get_id())
+        {
+            state.zombie_ended(cell.get_id()).await;
         } else if cell.get_id() == state.lease.get_id() {
             // The lease actor died (a bug): its grant is given up without a Lost event, so
             // stop the instance now, then hold the lease through a new lease actor.
@@ -330,6 +380,12 @@ impl Actor for SingletonManager {
                 Some(myself.get_cell()),
             )
             .await?;
+            state.watch = LossWatch::start(
+                &view,
+                &state.spec.lease.name,
+                state.spec.settings.stop_budget(),
+                state.terminator.clone(),
+            );
             state.lease = lease;
             state.view = view;
             state.wanted = false;
@@ -353,6 +409,14 @@ impl Actor for SingletonManager {
         }
         state.evaluate(&myself).await;
         Ok(())
+    }
+}
+
+impl Drop for ManagerState {
+    fn drop(&mut self) {
+        // Dropped without post_stop (killed, or its runtime shutting down): its lease actor
+        // goes with it, and the lease with the actor.
+        self.kill_failed("the manager was dropped");
     }
 }
 
@@ -436,7 +500,11 @@ impl ManagerState {
         if !oldest && self.running.is_none() && (self.wanted || self.view.check_lease()) {
             self.release().await;
         }
-        if self.leaving && self.running.is_none() && self.hand_over.is_some() {
+        if self.leaving
+            && self.running.is_none()
+            && self.zombie.is_none()
+            && self.hand_over.is_some()
+        {
             self.release().await;
             if self.hand_over.take().is_some() {
                 tracing::info!(singleton = %self.spec.name, "handed over");
@@ -488,6 +556,11 @@ impl ManagerState {
         };
         match (self.spec.spawner)(ctx) {
             Ok(starting) => {
+                self.watch.watch(
+                    starting.cell.clone(),
+                    token,
+                    format!("singleton {}", self.spec.name),
+                );
                 let (me, actor) = (myself.clone(), starting.cell.get_id());
                 tokio::spawn(async move {
                     let result = start_outcome(starting.started).await;
@@ -561,14 +634,13 @@ impl ManagerState {
     /// descendants, which ractor kills with it, and records its end. `false` if one
     /// survived (kept as the zombie: nothing is released until it ends).
     async fn await_family(&mut self, running: &Running, why: &str) -> bool {
-        let deadline = tokio::time::Instant::now() + StopBudget::ACTOR_KILL_WAIT;
+        let deadline = tokio::time::Instant::now() + self.spec.settings.stop_budget().kill_wait;
         for cell in descendants(&running.cell) {
             cell.kill();
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             if cell.wait(Some(left)).await.is_err() {
                 tracing::error!(singleton = %self.spec.name, actor = ?cell.get_id(), "a child of the ended instance survived a kill (blocked outside an await?); the lease stays held until it ends");
-                self.zombie = Some((cell, running.token));
-                self.record(Event::SingletonZombie, running.token, why);
+                self.set_zombie(cell, running.token, why);
                 return false;
             }
         }
@@ -586,7 +658,11 @@ impl ManagerState {
             return;
         };
         let timeout = self.spec.settings.stop_timeout;
-        let deadline = tokio::time::Instant::now() + timeout;
+        let at = self
+            .spec
+            .settings
+            .stop_budget()
+            .deadlines(tokio::time::Instant::now());
         pg::leave_scoped(
             self.spec.scope.clone(),
             instance_group(&self.spec.name, running.token),
@@ -594,32 +670,83 @@ impl ManagerState {
         );
         let mut family = vec![running.cell.clone()];
         family.extend(descendants(&running.cell));
+        let left = at
+            .kill
+            .saturating_duration_since(tokio::time::Instant::now());
         running
             .cell
-            .stop_children_and_wait(Some(why.to_string()), Some(timeout))
+            .stop_children_and_wait(Some(why.to_string()), Some(left))
             .await;
         running.cell.stop(Some(why.to_string()));
         let mut alive = Vec::new();
         for cell in family {
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let left = at
+                .kill
+                .saturating_duration_since(tokio::time::Instant::now());
             if cell.wait(Some(left)).await.is_err() {
                 tracing::warn!(singleton = %self.spec.name, actor = ?cell.get_id(), ?timeout, "did not stop within stop-timeout; killing it");
                 cell.kill();
                 alive.push(cell);
             }
         }
-        let deadline = tokio::time::Instant::now() + StopBudget::ACTOR_KILL_WAIT;
         for cell in alive {
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let left = at
+                .give_up
+                .saturating_duration_since(tokio::time::Instant::now());
             if cell.wait(Some(left)).await.is_err() {
                 tracing::error!(singleton = %self.spec.name, actor = ?cell.get_id(), "survived a kill (blocked outside an await?); the lease stays held until it ends");
-                self.zombie = Some((cell, running.token));
-                self.record(Event::SingletonZombie, running.token, why);
+                self.set_zombie(cell, running.token, why);
                 return;
             }
         }
         tracing::info!(singleton = %self.spec.name, token = running.token.get(), why, "singleton stopped");
         self.record(Event::SingletonStopped, running.token, why);
+    }
+
+    /// `cell` of the instance with `token` survived its kill during a stop for `why`: kept
+    /// as the zombie, recorded, and watched until it ends.
+    fn set_zombie(&mut self, cell: ActorCell, token: FencingToken, why: &str) {
+        self.record(Event::SingletonZombie, token, why);
+        self.watch
+            .watch(cell.clone(), token, format!("singleton {}", self.spec.name));
+        let me = self.myself.clone();
+        let watched = cell.clone();
+        tokio::spawn(async move {
+            let _ = watched.wait(None).await;
+            let _ = me.cast(ManagerMsg::ZombieEnded(watched.get_id()));
+        });
+        self.zombie = Some((cell, token));
+    }
+
+    /// The zombie (actor `actor`) has ended: its end is recorded and the lease released
+    /// (a hand-over or a restart may go on).
+    async fn zombie_ended(&mut self, actor: ractor::ActorId) {
+        let Some((_, token)) = self.zombie.take_if(|(z, _)| z.get_id() == actor) else {
+            return;
+        };
+        self.terminator.rearm();
+        tracing::warn!(singleton = %self.spec.name, "the stuck instance has ended");
+        self.record(
+            Event::SingletonStopped,
+            token,
+            "survived its kill, ended later",
+        );
+        self.release().await;
+    }
+
+    /// The zombie runs while the lease is being lost (`why`), or while the manager itself
+    /// stops (its lease actor then releases): ends the process with the default
+    /// `when-kill-fails` (see [`Terminator`]); with `run-on-unsafe` only logs it.
+    fn kill_failed(&mut self, why: &str) {
+        let Some((_, token)) = &self.zombie else {
+            return;
+        };
+        let what = Unstoppable {
+            lease: self.spec.lease.name.clone(),
+            token: *token,
+            what: format!("singleton {}", self.spec.name),
+        };
+        self.terminator.terminate(&what, why);
     }
 
     /// Releases the lease (a no-op when nothing of ours may be in the store), retrying a
@@ -655,6 +782,17 @@ impl ManagerState {
             h.record(event(life));
         }
     }
+}
+
+/// The manager's [`Terminator`]: by `singleton.when-kill-fails`, recording `process_abort`
+/// in the history before the process ends.
+fn terminator(spec: &SingletonSpec) -> Terminator {
+    History::terminator(
+        spec.history.clone(),
+        spec.settings.when_kill_fails,
+        "singleton.when-kill-fails",
+        spec.process_end.clone(),
+    )
 }
 
 /// Every descendant of `cell` now (children, their children, ...).

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use serde::Deserialize;
-use tenure_lease::{ConfigError, LeaseSettings, StopBudget, TenureConfig};
+use tenure_lease::{ConfigError, LeaseSettings, StopBudget, TenureConfig, WhenKillFails};
 
 /// This crate's fragment of the reference configuration: `[singleton]` (shown in
 /// `config/reference.toml`).
@@ -28,6 +28,9 @@ pub struct SingletonConfig {
     pub stop_timeout: Option<Duration>,
     /// `buffer-size`: messages a proxy keeps while no instance runs.
     pub buffer_size: usize,
+    /// `when-kill-fails`: what happens when the instance outlives its kill while its lease
+    /// is being lost.
+    pub when_kill_fails: WhenKillFails,
 }
 
 impl Default for SingletonConfig {
@@ -38,6 +41,7 @@ impl Default for SingletonConfig {
             hand_over_retry_interval: Duration::from_millis(200),
             stop_timeout: None,
             buffer_size: 1000,
+            when_kill_fails: WhenKillFails::Abort,
         }
     }
 }
@@ -60,6 +64,11 @@ pub struct SingletonSettings {
     pub stop_timeout: Duration,
     /// `buffer-size`: messages a proxy keeps while no instance is known.
     pub buffer_size: usize,
+    /// `when-kill-fails`: what the manager does when the instance (or a descendant)
+    /// outlives its kill while the lease is being lost: end the process before the lease's
+    /// local deadline (the default), or, unsafely, let it run on. Graceful hand-overs never
+    /// need it: they keep the lease until the instance has ended.
+    pub when_kill_fails: WhenKillFails,
 }
 
 impl SingletonSettings {
@@ -95,13 +104,15 @@ impl SingletonSettings {
             hand_over_retry_interval: c.hand_over_retry_interval,
             stop_timeout: budget.stop_timeout,
             buffer_size: c.buffer_size,
+            when_kill_fails: c.when_kill_fails,
         })
     }
 }
 
 impl SingletonSettings {
     /// How long before the singleton lease's local deadline its manager must learn of a
-    /// loss: the loss delivered, `stop-timeout` for the instance, a kill if it still runs.
+    /// loss: the loss delivered, `stop-timeout` for the instance, a kill if it still runs,
+    /// and the process ended if it outlived the kill.
     pub fn stop_budget(&self) -> StopBudget {
         StopBudget::for_actors(self.stop_timeout)
     }
@@ -136,6 +147,11 @@ mod tests {
         );
         let other = SingletonSettings::from_config(&config, "other", "sqlite").unwrap();
         assert_eq!(other.role, None);
+        assert_eq!(
+            other.when_kill_fails,
+            WhenKillFails::Abort,
+            "safe by default"
+        );
         for (text, key) in [
             ("[singleton]\nbuffer-size = 0", "singleton.buffer-size"),
             ("[singleton.billing]\nrole = 1", "`singleton.billing.role`"),
@@ -153,6 +169,10 @@ mod tests {
                 "`singleton.billing.bufer-size`",
             ),
             ("[singleton]\nlease-section = \"nope\"", "nope"),
+            (
+                "[singleton.billing]\nwhen-kill-fails = \"ignore\"",
+                "`singleton.billing.when-kill-fails`",
+            ),
         ] {
             let config = TenureConfig::from_toml_str(text, "t").unwrap();
             let err = SingletonSettings::from_config(&config, "billing", "sqlite")

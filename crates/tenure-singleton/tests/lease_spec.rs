@@ -110,6 +110,7 @@ async fn fixture(name: &str, members: Vec<Member>, prepare: impl FnOnce(&MemoryS
         // The stop budget (300 ms + 500 ms of kill wait and slack) fits the 1.5 s ttl.
         stop_timeout: Duration::from_millis(300),
         buffer_size: 2,
+        when_kill_fails: tenure_lease::WhenKillFails::Abort,
     };
     let scope = format!("test-{name}");
     let spec = SingletonSpec {
@@ -126,6 +127,7 @@ async fn fixture(name: &str, members: Vec<Member>, prepare: impl FnOnce(&MemoryS
         scope: scope.clone(),
         spawner: spawner(move |token| (Probe, (token, tx.clone()))),
         history: None,
+        process_end: tenure_lease::ProcessEnd::abort(),
     };
     let manager = SingletonManager::start(spec, None).await.unwrap();
     manager

@@ -9,7 +9,9 @@
 //! holder's deadline is before `t + ttl`: once `now >= t + ttl` with the grant and its
 //! heartbeat still at revisions `<= m`, the holder has given up and the grant is expired
 //! (client-go's rule, with etcd's revision order standing in for "unchanged").
-//! Only this client's monotonic clock is read; no two clocks are compared.
+//! Only this client's holder clock is read ([`HolderClock`], which counts host suspend:
+//! the holder's deadline and etcd's expiry go on while this host sleeps); no two clocks
+//! are compared.
 //!
 //! **Revisions that go back.** All of this assumes etcd's revisions only grow. A cluster
 //! restored from a snapshot without `--bump-revision` starts again from the snapshot's
@@ -26,16 +28,19 @@ use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use tenure_lease::HolderClock;
 use tokio::time::Instant;
 
 /// How many (revision, instant) points are kept. Forgetting old points only makes a
 /// revision look seen later (a later `t`): expiry is judged later, never earlier.
 const POINTS: usize = 8192;
 
-/// When this client first saw each etcd revision (on its monotonic clock), and whether
-/// transaction revisions went back.
+/// When this client first saw each etcd revision (on its holder clock), and whether
+/// transaction revisions went back. Every timing decision of the store reads this clock
+/// ([`RevisionClock::now`]).
 #[derive(Debug, Default)]
 pub struct RevisionClock {
+    holder: HolderClock,
     points: Mutex<VecDeque<(i64, Instant)>>,
     /// The highest header revision of a transaction response, and when a response last
     /// went below it.
@@ -62,6 +67,28 @@ impl std::fmt::Display for WentBack {
 }
 
 impl RevisionClock {
+    /// A clock measuring on `holder`.
+    pub fn new(holder: HolderClock) -> Self {
+        RevisionClock {
+            holder,
+            ..RevisionClock::default()
+        }
+    }
+
+    /// Now, on the holder clock (`CLOCK_BOOTTIME` in tokio's frame).
+    pub fn now(&self) -> Instant {
+        self.holder.now()
+    }
+
+    /// The holder clock.
+    pub fn holder(&self) -> &HolderClock {
+        &self.holder
+    }
+
+    fn since(&self, at: Instant) -> Duration {
+        self.now().saturating_duration_since(at)
+    }
+
     /// The highest transaction revision received so far: take it before sending a
     /// transaction, and judge the answer against it with [`RevisionClock::order`].
     pub fn highest(&self) -> i64 {
@@ -85,7 +112,7 @@ impl RevisionClock {
                 seen: *highest,
                 now: revision,
             };
-            *went_back = Some((wb, Instant::now()));
+            *went_back = Some((wb, self.now()));
             return Err(wb);
         }
         *highest = (*highest).max(revision);
@@ -98,7 +125,7 @@ impl RevisionClock {
     pub fn quiet(&self, ttl: Duration) -> Result<(), WentBack> {
         let linear = self.linear.lock().unwrap_or_else(|e| e.into_inner());
         match linear.1 {
-            Some((wb, at)) if at.elapsed() < ttl => Err(wb),
+            Some((wb, at)) if self.since(at) < ttl => Err(wb),
             _ => Ok(()),
         }
     }
@@ -118,7 +145,7 @@ impl RevisionClock {
     pub fn saw(&self, revision: i64) {
         let mut points = self.points.lock().unwrap_or_else(|e| e.into_inner());
         if points.back().is_none_or(|(r, _)| revision > *r) {
-            points.push_back((revision, Instant::now()));
+            points.push_back((revision, self.now()));
             if points.len() > POINTS {
                 points.pop_front();
             }
@@ -132,7 +159,7 @@ impl RevisionClock {
         let i = points.partition_point(|(r, _)| *r < revision);
         points
             .get(i)
-            .map(|(_, at)| at.elapsed())
+            .map(|(_, at)| self.since(*at))
             .unwrap_or(Duration::ZERO)
     }
 }
@@ -141,9 +168,28 @@ impl RevisionClock {
 mod tests {
     use super::*;
 
+    /// A suspend of this host counts: the holder's deadline and etcd's expiry went on
+    /// meanwhile, so a grant unchanged since before it ages by it (as do the quiet
+    /// period after revisions went back).
+    #[tokio::test(start_paused = true)]
+    async fn a_suspend_counts_in_ages_and_quiet_periods() {
+        let (holder, suspend) = HolderClock::manual();
+        let c = RevisionClock::new(holder);
+        c.order(c.highest(), 10).unwrap();
+        c.saw(10);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        suspend.suspend(Duration::from_secs(5));
+        assert_eq!(c.age(10), Duration::from_secs(6));
+        assert!(c.order(c.highest(), 5).is_err());
+        assert!(c.quiet(Duration::from_secs(3)).is_err());
+        suspend.suspend(Duration::from_secs(3));
+        c.quiet(Duration::from_secs(3)).unwrap();
+    }
+
     #[tokio::test(start_paused = true)]
     async fn age_counts_from_the_first_response_at_or_past_a_revision() {
-        let c = RevisionClock::default();
+        // A manual clock: the host's suspend offset, read under load, may creep up.
+        let c = RevisionClock::new(HolderClock::manual().0);
         assert_eq!(c.age(5), Duration::ZERO);
         c.saw(10);
         tokio::time::advance(Duration::from_secs(3)).await;
@@ -158,7 +204,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_transaction_revision_below_one_seen_is_refused_and_its_history_forgotten() {
-        let c = RevisionClock::default();
+        // A manual clock: the host's suspend offset, read under load, may creep up.
+        let c = RevisionClock::new(HolderClock::manual().0);
         c.order(c.highest(), 10).unwrap();
         c.saw(10);
         tokio::time::advance(Duration::from_secs(5)).await;

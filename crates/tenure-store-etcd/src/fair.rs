@@ -10,7 +10,6 @@ use etcd_client::{
     Client, Compare, CompareOp, GetOptions, SortOrder, SortTarget, Txn, TxnOp, WatchOptions,
 };
 use tenure_lease::{AcquireOutcome, AcquireRequest, StoreError};
-use tokio::time::Instant;
 
 use crate::error::etcd_error;
 use crate::store::{Inner, put_leased};
@@ -51,7 +50,7 @@ impl Inner {
         wait: Duration,
     ) -> Result<AcquireOutcome, StoreError> {
         let name = req.name.as_str();
-        let deadline = Instant::now() + wait;
+        let deadline = self.clock.now() + wait;
         let session = self.sessions.ready(&req.owner, req.ttl).await?;
         let key = self.layout.waiter(name, session.id, &req.instance);
         let joined = self
@@ -81,7 +80,7 @@ impl Inner {
         // re-judge a holder that expires by the revision clock rather than by deletion.
         let pace = (req.ttl / 3).max(Duration::from_millis(50));
         loop {
-            let now = Instant::now();
+            let now = self.clock.now();
             let current = self.sessions.ready(&req.owner, req.ttl).await?;
             if current.id != session.id {
                 return Err(queue_error(

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
-use tenure_lease::StoreError;
+use tenure_lease::{HolderClock, StoreError};
 use tokio::time::Instant;
 
 use crate::clock::RevisionClock;
@@ -29,6 +29,9 @@ pub(crate) fn etcd_ttl(ttl: Duration) -> i64 {
 pub(crate) struct Session {
     pub id: i64,
     pub ttl: Duration,
+    /// The clock `valid_until` is measured on: the holder clock, which counts host suspend
+    /// (etcd's own clock runs on through this host's suspend).
+    clock: HolderClock,
     /// Lower bound of the server's expiry: the instant the last grant or keep-alive was
     /// sent plus the TTL the server answered.
     valid_until: Mutex<Instant>,
@@ -36,9 +39,23 @@ pub(crate) struct Session {
 }
 
 impl Session {
+    /// Session `id` for `ttl`, granted by a request sent at `sent` (on `clock`) with the
+    /// TTL `secs` the server answered.
+    fn new(id: i64, ttl: Duration, clock: HolderClock, sent: Instant, secs: i64) -> Self {
+        let session = Session {
+            id,
+            ttl,
+            clock,
+            valid_until: Mutex::new(sent),
+            keeper: tokio::sync::Mutex::new(None),
+        };
+        session.extend(sent, secs);
+        session
+    }
+
     /// Whether the server keeps this session for at least `ttl` past now.
     pub(crate) fn lasts(&self, ttl: Duration) -> bool {
-        *self.valid_until.lock().unwrap_or_else(|e| e.into_inner()) >= Instant::now() + ttl
+        *self.valid_until.lock().unwrap_or_else(|e| e.into_inner()) >= self.clock.now() + ttl
     }
 
     fn what(&self) -> String {
@@ -110,7 +127,7 @@ impl Sessions {
                 live.remove(&key);
             }
         }
-        let sent = Instant::now();
+        let sent = self.clock.now();
         let granted = self
             .client
             .lease_client()
@@ -120,13 +137,13 @@ impl Sessions {
         if let Some(h) = granted.header() {
             self.clock.saw(h.revision());
         }
-        let session = Arc::new(Session {
-            id: granted.id(),
+        let session = Arc::new(Session::new(
+            granted.id(),
             ttl,
-            valid_until: Mutex::new(sent),
-            keeper: tokio::sync::Mutex::new(None),
-        });
-        session.extend(sent, granted.ttl());
+            self.clock.holder().clone(),
+            sent,
+            granted.ttl(),
+        ));
         live.insert(key, session.clone());
         Ok(session)
     }
@@ -163,7 +180,7 @@ impl Sessions {
         (mut keeper, mut stream): (LeaseKeeper, LeaseKeepAliveStream),
     ) -> Result<(KeepAlive, (LeaseKeeper, LeaseKeepAliveStream)), StoreError> {
         let what = session.what();
-        let sent = Instant::now();
+        let sent = self.clock.now();
         keeper
             .keep_alive()
             .await
@@ -209,6 +226,27 @@ pub(crate) fn lease_not_found(e: &etcd_client::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A session whose keep-alive was last confirmed before a suspend longer than its
+    /// remaining ttl does not last a ttl any more: a key is attached to it only after a
+    /// keep-alive (or to a new session), never to a session etcd may expire in less than a
+    /// ttl.
+    #[tokio::test(start_paused = true)]
+    async fn a_suspend_longer_than_a_sessions_remaining_ttl_needs_a_keep_alive() {
+        let (clock, suspend) = HolderClock::manual();
+        let ttl = Duration::from_secs(1);
+        let session = Session::new(7, ttl, clock.clone(), clock.now(), etcd_ttl(ttl));
+        tokio::time::advance(Duration::from_millis(500)).await;
+        assert!(session.lasts(ttl), "1.5 s left of 2 s");
+        suspend.suspend(Duration::from_secs(1));
+        assert!(
+            !session.lasts(ttl),
+            "0.5 s left after the suspend: a key attached now could expire within its ttl"
+        );
+        // A keep-alive confirmed after the suspend makes it last again.
+        session.extend(clock.now(), etcd_ttl(ttl));
+        assert!(session.lasts(ttl));
+    }
 
     #[test]
     fn etcd_ttls_round_up_plus_one_second() {

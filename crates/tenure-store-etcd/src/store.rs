@@ -13,7 +13,8 @@ use etcd_client::{
 use futures::stream::{self, StreamExt};
 use tenure_lease::{
     AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, FencingToken, HeldLease,
-    LeaseRecord, LeaseStore, PreemptAnswer, PreemptionRequest, RememberChange, Renewal, StoreError,
+    HolderClock, LeaseRecord, LeaseStore, PreemptAnswer, PreemptionRequest, RememberChange,
+    Renewal, StoreError,
 };
 use tokio::time::Instant;
 
@@ -114,9 +115,16 @@ pub(crate) fn put_leased(
 }
 
 impl EtcdStore {
-    /// A store on `client` keeping its keys under `prefix` (e.g. `/tenure/`).
+    /// A store on `client` keeping its keys under `prefix` (e.g. `/tenure/`), timing on the
+    /// host's holder clock.
     pub fn new(client: Client, prefix: &str) -> Self {
-        let clock = Arc::new(RevisionClock::default());
+        EtcdStore::with_clock(client, prefix, HolderClock::host())
+    }
+
+    /// [`EtcdStore::new`] timing on `clock` (the holder clock of the Lease API, which counts
+    /// host suspend; tests inject [`HolderClock::manual`]).
+    pub fn with_clock(client: Client, prefix: &str, clock: HolderClock) -> Self {
+        let clock = Arc::new(RevisionClock::new(clock));
         EtcdStore {
             inner: Arc::new(Inner {
                 sessions: Sessions::new(client.clone(), clock.clone()),
@@ -362,7 +370,7 @@ impl Inner {
                 put_leased(heartbeat.clone(), req.owner.clone(), session.id),
             ];
             let floor = self.clock.highest();
-            let sent = Instant::now();
+            let sent = self.clock.now();
             let resp = self
                 .txn_unordered(
                     Txn::new()
@@ -430,7 +438,7 @@ impl Inner {
                     if let Some(p) = &held.pending {
                         ops.push(put_leased(request_key.clone(), p.encode(), session.id));
                     }
-                    let sent = Instant::now();
+                    let sent = self.clock.now();
                     let resp = self
                         .txn(
                             Txn::new()
@@ -559,7 +567,7 @@ impl Inner {
         leases: &[HeldLease],
         ttl: Duration,
     ) -> Result<Vec<Renewal>, StoreError> {
-        let sent = Instant::now();
+        let sent = self.clock.now();
         let local: Vec<Option<LocalGrant>> = leases
             .iter()
             .map(|l| {
@@ -608,7 +616,7 @@ impl Inner {
                 .iter()
                 .map(|&i| TxnOp::get(self.layout.lease(&leases[i].name), None)),
         );
-        ops.extend(self.local.sweep(&self.layout, session.id, Instant::now()));
+        ops.extend(self.local.sweep(&self.layout, session.id, self.clock.now()));
         let beat = self
             .txn(Txn::new().and_then(ops), "renew (heartbeat)", &heartbeat)
             .await?;
@@ -675,7 +683,7 @@ impl Inner {
         // Without the listing's revision, nothing can be told unchanged since: no sweep.
         if let Some(listed) = listed {
             let listing = (session.id, listed);
-            let now = Instant::now();
+            let now = self.clock.now();
             self.local
                 .find_orphans(&self.layout, listing, attached.into_iter(), now);
         }

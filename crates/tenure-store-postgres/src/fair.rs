@@ -29,7 +29,7 @@ use std::time::Duration;
 use futures::future::poll_fn;
 use tenure_lease::{AcquireOutcome, AcquireRequest, LeaseStore, StoreError};
 use tokio::sync::broadcast;
-use tokio::time::{Instant, timeout};
+use tokio::time::timeout;
 use tokio_postgres::{AsyncMessage, NoTls};
 
 use crate::errors::{self, STORE};
@@ -233,7 +233,7 @@ impl PostgresStore {
         req: &AcquireRequest,
         wait: Duration,
     ) -> Result<AcquireOutcome, StoreError> {
-        let deadline = Instant::now() + wait;
+        let deadline = self.inner.clock.now() + wait;
         // Listening before joining: nothing committed after the first look goes unheard.
         let mut heard = self.listener().await?.subscribe();
         let mut races = 0;
@@ -288,7 +288,7 @@ impl PostgresStore {
                 None => (pace, None),
             };
             races = 0;
-            let now = Instant::now();
+            let now = self.inner.clock.now();
             if now >= deadline {
                 return self.fair_timeout(req, wait, entry, holder).await;
             }

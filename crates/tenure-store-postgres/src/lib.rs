@@ -64,6 +64,7 @@
 mod errors;
 mod fair;
 mod fenced;
+pub mod journal;
 mod options;
 mod pool;
 mod schema;
@@ -71,6 +72,7 @@ pub mod sql;
 mod store;
 
 pub use fenced::Fence;
+pub use journal::PostgresJournal;
 pub use options::{PostgresConfig, PostgresOptions, REFERENCE};
 pub use pool::{Connection, Connector, Pooled};
 pub use store::{PostgresStore, PostgresStoreFactory};

@@ -11,8 +11,8 @@ use deadpool_postgres::{Manager, ManagerConfig, RecyclingMethod, Runtime};
 use futures::future::BoxFuture;
 use tenure_lease::{
     AcquireOutcome, AcquireRequest, Capabilities, ConfigError, FencingToken, HeldLease,
-    LeaseRecord, LeaseSection, LeaseStore, PreemptAnswer, PreemptionRequest, RememberChange,
-    Renewal, StoreError, StoreFactory,
+    HolderClock, LeaseRecord, LeaseSection, LeaseStore, PreemptAnswer, PreemptionRequest,
+    RememberChange, Renewal, StoreError, StoreFactory,
 };
 use tokio::time::{Instant, sleep, timeout};
 use tokio_postgres::{NoTls, Row};
@@ -49,6 +49,10 @@ pub(crate) struct Inner {
     /// `observed-expiry`: per name, the expired row (token, version) and when this client
     /// first saw it so.
     observed: Mutex<HashMap<String, (i64, i64, Instant)>>,
+    /// The clock of `went_back` and `observed`: the holder clock, which counts host
+    /// suspend (the holders' deadlines and the server's clock go on while this host
+    /// sleeps).
+    pub(crate) clock: HolderClock,
     /// The connection this client's fair waiters LISTEN on, opened at the first fair
     /// acquire and again when it was lost.
     pub(crate) listener: tokio::sync::Mutex<Option<Arc<Listener>>>,
@@ -78,6 +82,16 @@ impl PostgresStore {
     /// Connects to the server of `options` and creates the lease table if it is missing.
     /// Tries for `connect-timeout` (at least the operation timeout) before giving up.
     pub async fn connect(options: PostgresOptions) -> Result<PostgresStore, StoreError> {
+        PostgresStore::connect_with_clock(options, HolderClock::host()).await
+    }
+
+    /// [`PostgresStore::connect`] measuring the times of its own rules (the quiet period
+    /// after the token sequence went back, `observed-expiry`) on `clock`: the holder clock
+    /// of the Lease API, which counts host suspend (tests inject [`HolderClock::manual`]).
+    pub async fn connect_with_clock(
+        options: PostgresOptions,
+        clock: HolderClock,
+    ) -> Result<PostgresStore, StoreError> {
         let server = options.server();
         let manager = Manager::from_config(
             options.connection.clone(),
@@ -102,6 +116,7 @@ impl PostgresStore {
                 seen: AtomicI64::new(0),
                 went_back: Mutex::new(None),
                 observed: Mutex::default(),
+                clock,
                 listener: tokio::sync::Mutex::default(),
             }),
         };
@@ -295,15 +310,14 @@ impl PostgresStore {
             .went_back
             .lock()
             .unwrap_or_else(|e| e.into_inner());
+        let since = |at: Instant| self.inner.clock.now().saturating_duration_since(at);
         match went_back {
-            Some((mark, at)) if at.elapsed() < ttl => Err(StoreError::state_lost(
+            Some((mark, at)) if since(at) < ttl => Err(StoreError::state_lost(
                 STORE,
                 format!(
                     "the token sequence of {} went back below {mark} {} ago (a fail-over to a replica that had not received the latest commits, or a restored backup): grants the server forgot may still be believed, so no new grant for one ttl ({})",
                     self.inner.server,
-                    humantime::format_duration(Duration::from_millis(
-                        at.elapsed().as_millis() as u64
-                    )),
+                    humantime::format_duration(Duration::from_millis(since(at).as_millis() as u64)),
                     humantime::format_duration(ttl)
                 ),
             )),
@@ -326,7 +340,7 @@ impl PostgresStore {
             // Once per high-water mark: acquires that catch up on the same gap do not
             // start the wait again.
             if went_back.is_none_or(|(mark, _)| mark != seen) {
-                *went_back = Some((seen, Instant::now()));
+                *went_back = Some((seen, self.inner.clock.now()));
             }
         }
         let released = self.release(&req.name, &req.owner, record.token).await;
@@ -398,12 +412,12 @@ impl PostgresStore {
         let since = match observed.get(name) {
             Some((t, v, at)) if (*t, *v) == seen => *at,
             _ => {
-                let now = Instant::now();
+                let now = self.inner.clock.now();
                 observed.insert(name.clone(), (seen.0, seen.1, now));
                 now
             }
         };
-        let waited = since.elapsed();
+        let waited = self.inner.clock.now().saturating_duration_since(since);
         if waited >= req.ttl {
             return Ok(Observed::Takeover(Some(seen)));
         }

@@ -1,8 +1,11 @@
 //! SQLite store benchmarks.
 //!
 //! The direct way is the store's own operations by hand on the same file: before each
-//! transaction the check that the path still names the file the connection opened (the
-//! store's lost-file check, a `statx`), then the store's SQL.
+//! transaction the check that the paths still name the files the connection opened (the
+//! store's lost-file check, a `statx` of the file, its `-wal` and its `-shm`), then the
+//! store's SQL with the file's identity: read first in each transaction; in a write, the
+//! generation witness asked for a higher generation, and the next generation written and
+//! shown on the witness before the commit.
 //!
 //! 1. `acquire_release`: one acquire and one release through the Lease API (the Lease
 //!    handle, SQLite inline on the calling thread) against the direct way, each pair from
@@ -30,6 +33,7 @@ use tenure_lease::conformance::bench::{
     lease_counts, renewal_settings, runtime, spi_request, thin_path,
 };
 use tenure_lease::{AcquireOutcome, Acquired, HeldLease, Lease, LeaseSpec, LeaseStore};
+use tenure_store_sqlite::witness::Witness;
 use tenure_store_sqlite::{SqliteStore, sql, store_now_ns, token_floor};
 
 /// A connection configured like the store's.
@@ -41,20 +45,26 @@ fn direct(path: &Path) -> Connection {
     conn
 }
 
-/// Device and inode of the file at `path`.
-fn file_id(path: &Path) -> (u64, u64) {
-    let m = std::fs::metadata(path).expect("the lease file");
-    (m.dev(), m.ino())
+/// Device and inode of the file at `path`, and of its `-wal` and `-shm`.
+fn file_id(path: &Path) -> [(u64, u64); 3] {
+    let id = |suffix: &str| {
+        let mut name = path.as_os_str().to_os_string();
+        name.push(suffix);
+        let m = std::fs::metadata(&name).expect("the lease file");
+        (m.dev(), m.ino())
+    };
+    [id(""), id("-wal"), id("-shm")]
 }
 
 /// The store's own operations by hand: before each transaction, the check that `path`
-/// still names the file the connection opened (`file`), as the store makes it (where the
-/// store would reopen a deleted or replaced file, this asserts: the bench loses none),
-/// then the store's SQL.
+/// and its log still name the files the connection opened (`file`), as the store makes it
+/// (where the store would reopen a deleted or replaced file, this asserts: the bench loses
+/// none), then the store's SQL, with the identity and the generation witness.
 struct Direct {
     conn: Connection,
     path: PathBuf,
-    file: (u64, u64),
+    file: [(u64, u64); 3],
+    witness: Arc<Witness>,
 }
 
 impl Direct {
@@ -63,12 +73,13 @@ impl Direct {
         Direct {
             file: file_id(path),
             path: path.to_path_buf(),
+            witness: Witness::for_file(path).expect("the witness"),
             conn,
         }
     }
 
     /// The connection, after the store's file check when `check`.
-    fn conn(&mut self, check: bool) -> &mut Connection {
+    fn conn(&mut self, check: bool) -> (&mut Connection, &Witness) {
         if check {
             assert_eq!(
                 file_id(&self.path),
@@ -76,16 +87,40 @@ impl Direct {
                 "the lease file was replaced"
             );
         }
-        &mut self.conn
+        (&mut self.conn, &self.witness)
     }
+}
+
+/// A write transaction's start: the identity read and no process relying on a higher
+/// generation; returns the generation.
+fn begin_write(tx: &rusqlite::Transaction<'_>, witness: &Witness) -> i64 {
+    let (_store, generation): (String, i64) = tx
+        .prepare_cached(sql::IDENTITY)
+        .unwrap()
+        .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap();
+    assert_eq!(witness.above(generation).unwrap(), None, "state lost");
+    generation
+}
+
+/// A write transaction's commit: the next generation written, shown on the witness first.
+fn commit_write(tx: rusqlite::Transaction<'_>, witness: &Witness, generation: i64) {
+    let next = (generation + 1).max(token_floor());
+    tx.prepare_cached(sql::SET_GENERATION)
+        .unwrap()
+        .execute([next])
+        .unwrap();
+    witness.hold(next).unwrap();
+    tx.commit().unwrap();
 }
 
 const TTL_NS: i64 = 60_000_000_000;
 
-fn direct_acquire(conn: &mut Connection, name: &str, owner: &str) -> i64 {
+fn direct_acquire((conn, witness): (&mut Connection, &Witness), name: &str, owner: &str) -> i64 {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .unwrap();
+    let generation = begin_write(&tx, witness);
     let now = store_now_ns();
     let mut stmt = tx.prepare_cached(sql::SELECT_CURRENT).unwrap();
     let held = stmt.exists(params![name, now]).unwrap();
@@ -112,14 +147,20 @@ fn direct_acquire(conn: &mut Connection, name: &str, owner: &str) -> i64 {
             0i64
         ])
         .unwrap();
-    tx.commit().unwrap();
+    commit_write(tx, witness, generation);
     token
 }
 
-fn direct_release(conn: &mut Connection, name: &str, owner: &str, token: i64) {
+fn direct_release(
+    (conn, witness): (&mut Connection, &Witness),
+    name: &str,
+    owner: &str,
+    token: i64,
+) {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .unwrap();
+    let generation = begin_write(&tx, witness);
     let now = store_now_ns();
     let n = tx
         .prepare_cached(sql::RELEASE)
@@ -127,13 +168,14 @@ fn direct_release(conn: &mut Connection, name: &str, owner: &str, token: i64) {
         .execute(params![name, owner, token, now])
         .unwrap();
     assert_eq!(n, 1);
-    tx.commit().unwrap();
+    commit_write(tx, witness, generation);
 }
 
-fn direct_extend(conn: &mut Connection, name: &str) {
+fn direct_extend((conn, witness): (&mut Connection, &Witness), name: &str) {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .unwrap();
+    let generation = begin_write(&tx, witness);
     let now = store_now_ns();
     let held = tx
         .prepare_cached(sql::SELECT_CURRENT)
@@ -145,13 +187,14 @@ fn direct_extend(conn: &mut Connection, name: &str) {
         .unwrap()
         .execute(params![name, now + TTL_NS, None::<String>])
         .unwrap();
-    tx.commit().unwrap();
+    commit_write(tx, witness, generation);
 }
 
-fn direct_renew_batch(conn: &mut Connection, owner: &str, batch: &str) {
+fn direct_renew_batch((conn, witness): (&mut Connection, &Witness), owner: &str, batch: &str) {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .unwrap();
+    let generation = begin_write(&tx, witness);
     let now = store_now_ns();
     let n = tx
         .prepare_cached(sql::RENEW_BATCH)
@@ -162,7 +205,7 @@ fn direct_renew_batch(conn: &mut Connection, owner: &str, batch: &str) {
         .unwrap()
         .count();
     assert_eq!(n, 1);
-    tx.commit().unwrap();
+    commit_write(tx, witness, generation);
 }
 
 fn acquire_release(c: &mut Criterion) {
@@ -284,9 +327,9 @@ fn thin(file_check: bool) {
     println!(
         "\nthe direct way: {}",
         if file_check {
-            "the store's operations by hand (the lost-file check, then the SQL)"
+            "the store's operations by hand (the lost-file check, then the SQL with the identity and its witness)"
         } else {
-            "the store's SQL alone (no lost-file check)"
+            "the store's SQL with the identity and its witness (no lost-file check)"
         }
     );
     thin_path(&rt, &lease, &store, &req, move || {

@@ -29,12 +29,12 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use rusqlite::{OptionalExtension, TransactionBehavior, params};
+use rusqlite::{OptionalExtension, params};
 use tenure_lease::{
     AcquireOutcome, AcquireRequest, AcquireStep, LeaseRecord, LeaseStore, StoreError,
 };
 use tokio::sync::Notify;
-use tokio::time::{Instant, timeout};
+use tokio::time::timeout;
 
 use crate::clock::now_ns;
 use crate::sql;
@@ -161,8 +161,8 @@ impl SqliteStore {
     /// Joins the line of `req.name`, unless `req`'s instance holds the lease already.
     async fn join(&self, req: &AcquireRequest) -> Result<Joined, StoreError> {
         let req = req.clone();
-        self.with_conn(move |conn| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        self.with_conn(move |db| {
+            let tx = db.write()?;
             let now = now_ns();
             let current = tx
                 .prepare_cached(sql::SELECT_CURRENT)?
@@ -199,8 +199,8 @@ impl SqliteStore {
         refresh: bool,
     ) -> Result<Look, StoreError> {
         let req = req.clone();
-        self.with_conn(move |conn| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        self.with_conn(move |db| {
+            let tx = db.write()?;
             let now = now_ns();
             let live = if refresh {
                 tx.prepare_cached(sql::REFRESH_WAITER)?.execute(params![
@@ -238,8 +238,12 @@ impl SqliteStore {
     /// Removes waiter `seq` from the line of `name` and wakes the waiters behind it in
     /// this process.
     async fn leave(&self, name: &str, seq: i64) -> Result<(), StoreError> {
-        self.with_conn(move |conn| conn.prepare_cached(sql::LEAVE)?.execute([seq]))
-            .await?;
+        self.with_conn(move |db| {
+            let tx = db.write()?;
+            tx.prepare_cached(sql::LEAVE)?.execute([seq])?;
+            tx.commit()
+        })
+        .await?;
         wake(&self.line_key, name);
         Ok(())
     }
@@ -250,7 +254,7 @@ impl SqliteStore {
         req: &AcquireRequest,
         wait: Duration,
     ) -> Result<AcquireOutcome, StoreError> {
-        let deadline = Instant::now() + wait;
+        let deadline = self.clock.now() + wait;
         let refused = |quiet: Quiet| quiet.error(self.path(), &req.name, req.ttl);
         // Made before joining: every wake-up from then on finds it.
         let bell = bell(&self.line_key, &req.name);
@@ -266,14 +270,14 @@ impl SqliteStore {
         };
         let refresh_every = req.ttl / 3;
         let poll = cross_process_poll(req.ttl);
-        let mut refreshed = Instant::now();
+        let mut refreshed = self.clock.now();
         loop {
             // Listening before looking: a wake-up while looking is not lost.
             let rung = bell.notified();
             tokio::pin!(rung);
             rung.as_mut().enable();
-            let refresh = refreshed.elapsed() >= refresh_every;
-            let looked_at = Instant::now();
+            let refresh = self.clock.now().saturating_duration_since(refreshed) >= refresh_every;
+            let looked_at = self.clock.now();
             let look = self.look(req, seq, refresh).await?;
             if refresh {
                 refreshed = looked_at;
@@ -295,13 +299,13 @@ impl SqliteStore {
                 // Behind another waiter: it acquires, leaves or, if its process died, expires.
                 Look::Behind(left) => (left, None),
             };
-            let now = Instant::now();
+            let now = self.clock.now();
             if now >= deadline {
                 return self.fair_timeout(req, wait, entry, holder).await;
             }
             let nap = until.max(MIN_NAP).min(poll).min(deadline - now).min(
                 refresh_every
-                    .saturating_sub(refreshed.elapsed())
+                    .saturating_sub(now.saturating_duration_since(refreshed))
                     .max(MIN_NAP),
             );
             let _ = timeout(nap, rung).await;

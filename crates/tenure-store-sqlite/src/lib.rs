@@ -34,12 +34,16 @@
 //! queue and may take a free lease ahead of waiters, as on the other stores.
 
 mod clock;
+mod db;
 mod fair;
 pub mod fence;
 mod fenced;
+mod identity;
+pub mod journal;
 mod schema;
 pub mod sql;
 mod store;
+pub mod witness;
 
 /// The host-wide clock expiry is measured on (`CLOCK_BOOTTIME`), in nanoseconds.
 pub fn store_now_ns() -> i64 {
@@ -54,6 +58,7 @@ pub fn token_floor() -> i64 {
 
 pub use fair::cross_process_poll;
 pub use fenced::FencedCounter;
+pub use journal::SqliteJournal;
 /// The `rusqlite` this store is built with: a fenced write ([`fence::check`]) runs in a
 /// `rusqlite::Transaction` on the lease file, so an application needs no `rusqlite`
 /// dependency of its own (and cannot pick a version that differs from the store's).

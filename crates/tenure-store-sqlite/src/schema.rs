@@ -10,8 +10,10 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 /// grants, so kept across reboots, unlike `tenure_lease`'s rows.
 /// `tenure_meta`: `boot_id`, the boot the `expires_at` values are measured in; `clock`, the
 /// clock they are measured on (`boottime`; absent in files of earlier versions, which used
-/// `CLOCK_MONOTONIC`); `lost_at`, when a process found that the file it used at this path was
-/// deleted or replaced by this one (see `SqliteStore`).
+/// `CLOCK_MONOTONIC`); `lost_at`, when a process last found the state of the file at this
+/// path lost (see `SqliteStore`).
+/// `tenure_identity`: one row, the file's random store id and its generation (see
+/// `identity`).
 pub(crate) const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS tenure_lease (
     name       TEXT PRIMARY KEY,
@@ -46,6 +48,11 @@ CREATE INDEX IF NOT EXISTS tenure_waiter_line ON tenure_waiter (name, seq);
 CREATE TABLE IF NOT EXISTS tenure_meta (
     key   TEXT PRIMARY KEY,
     value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS tenure_identity (
+    one        INTEGER PRIMARY KEY CHECK (one = 1),
+    store      TEXT NOT NULL,
+    generation INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS tenure_remembered (
     name TEXT NOT NULL,
@@ -85,9 +92,9 @@ fn set_meta(tx: &rusqlite::Transaction<'_>, key: &str, value: &str) -> rusqlite:
     Ok(())
 }
 
-/// Creates the tables and, if the host rebooted since the file was last used, expires
-/// every grant and removes every fair waiter (their deadlines were measured on the
-/// previous boot's clock). Expiries of
+/// Creates the tables (and the identity of a file without one) and, if the host rebooted
+/// since the file was last used, expires every grant and removes every fair waiter (their
+/// deadlines were measured on the previous boot's clock). Expiries of
 /// the current boot written on `CLOCK_MONOTONIC` (earlier versions) move to
 /// `CLOCK_BOOTTIME`: the same instants, plus the time the host has been suspended.
 pub(crate) fn migrate(conn: &mut Connection, boot_id: &str) -> rusqlite::Result<()> {
@@ -104,6 +111,10 @@ pub(crate) fn migrate(conn: &mut Connection, boot_id: &str) -> rusqlite::Result<
         }
     }
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    tx.execute(
+        crate::sql::CREATE_IDENTITY_IF_NONE,
+        [crate::identity::next(0)],
+    )?;
     let recorded = meta(&tx, "boot_id")?;
     if recorded.as_deref() != Some(boot_id) {
         let dropped = tx.execute("DELETE FROM tenure_lease", [])?;
@@ -130,16 +141,14 @@ pub(crate) fn migrate(conn: &mut Connection, boot_id: &str) -> rusqlite::Result<
     tx.commit()
 }
 
-/// Records that a process using this path found its file deleted or replaced, at `now`
-/// (`CLOCK_BOOTTIME` ns): grants of the lost file may be believed until `now + ttl`. Keeps
-/// a later record.
-pub(crate) fn record_loss(conn: &mut Connection, now: i64) -> rusqlite::Result<()> {
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let known = meta(&tx, "lost_at")?.and_then(|v| v.parse::<i64>().ok());
+/// Notes in `tx` that the file's state was found lost at `now` (`CLOCK_BOOTTIME` ns):
+/// grants of the lost state may be believed until `now + ttl`. Keeps a later record.
+pub(crate) fn note_loss(tx: &rusqlite::Transaction<'_>, now: i64) -> rusqlite::Result<()> {
+    let known = meta(tx, "lost_at")?.and_then(|v| v.parse::<i64>().ok());
     if known.is_none_or(|k| k < now) {
-        set_meta(&tx, "lost_at", &now.to_string())?;
+        set_meta(tx, "lost_at", &now.to_string())?;
     }
-    tx.commit()
+    Ok(())
 }
 
 /// When a process last found the file at this path lost (`CLOCK_BOOTTIME` ns), if ever in

@@ -10,6 +10,22 @@ pub const SELECT_CURRENT: &str = "SELECT name, owner, instance, token, expires_a
 /// was replaced: no grant for one ttl after it).
 pub const META: &str = "SELECT value FROM tenure_meta WHERE key = ?1";
 
+/// The file's identity: its store id and generation (see the store's `identity` module);
+/// every transaction of the store reads it first.
+pub const IDENTITY: &str = "SELECT store, generation FROM tenure_identity WHERE one = 1";
+
+/// A write that changed anything sets generation `?1` before it commits.
+pub const SET_GENERATION: &str = "UPDATE tenure_identity SET generation = ?1 WHERE one = 1";
+
+/// A new identity: a random store id, generation `?1`.
+pub const CREATE_IDENTITY: &str = "INSERT INTO tenure_identity (one, store, generation)
+    VALUES (1, lower(hex(randomblob(16))), ?1)";
+
+/// [`CREATE_IDENTITY`] unless the file has one.
+pub const CREATE_IDENTITY_IF_NONE: &str =
+    "INSERT OR IGNORE INTO tenure_identity (one, store, generation)
+    VALUES (1, lower(hex(randomblob(16))), ?1)";
+
 /// Reentrant acquire: a fresh expiry `?2` for `?1`, keeping the token (and the priority).
 pub const EXTEND: &str = "UPDATE tenure_lease SET expires_at = ?2, version = version + 1,
     note = coalesce(?3, note) WHERE name = ?1";

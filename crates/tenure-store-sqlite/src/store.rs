@@ -1,37 +1,57 @@
 //! The SQLite lease store and its factory.
 
 use std::collections::HashMap;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
+use rusqlite::config::DbConfig;
+use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 use tenure_lease::{
     AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, ConfigError, FencingToken,
-    HeldLease, LeaseRecord, LeaseSection, LeaseStore, PreemptAnswer, PreemptionRequest,
-    RememberChange, Renewal, StoreError, StoreFactory,
+    HeldLease, HolderClock, LeaseRecord, LeaseSection, LeaseStore, PreemptAnswer,
+    PreemptionRequest, RememberChange, Renewal, StoreError, StoreFactory,
 };
 
 use crate::clock::{boot_id, now_ns, token_floor};
-use crate::schema::{lost_at, migrate, record_loss};
+use crate::db::{Db, DbError, Files, file_id, sibling};
+use crate::schema::{lost_at, migrate};
 use crate::sql;
+use crate::witness::Witness;
 
 /// A lease store in one SQLite file. Cloning shares the connection.
 ///
-/// **A lost file.** Every operation first checks that `path` still names the file the
-/// connection has open (device and inode). If the file was deleted or replaced (restored
-/// from a copy, say), the store reopens `path` (creating a new file if needed) and records
-/// in it when the loss was found (`lost_at`); grants of the lost file are gone. Holders of
-/// grants in the lost file may still believe in them: their last renewal that succeeded
-/// was checked against `path` after it was sent and before the loss, so they believe until
-/// at most `lost_at + ttl`. Until then the new file makes no new grant
-/// ([`StoreError::StateLost`]). Tokens of every file exceed those of any earlier one (see
-/// `sql::next_token`). Not covered: a process that starts after the loss and makes the new file
-/// before any running process noticed it grants at once (fencing tokens still order it
-/// after the lost file's grants); a file deleted without its `-wal` is refused until the
-/// `-wal` and `-shm` files are deleted too (SQLite would read the lost file's log).
+/// **A lost file.** The state of the file can be lost under its users: the file deleted or
+/// replaced (restored from a copy, even in place, keeping its inode), or its `-wal`
+/// deleted (the main file alone holds older content). Every operation first checks that
+/// `path`, `path-wal` and `path-shm` still name the files the connection has open (device
+/// and inode), then, in its transaction, the file's identity (a random store id and a
+/// generation that every write advances): a store id other than the one this process
+/// used, a generation below one this process read, or, for a write, below one that a live
+/// process of the host committed (each process shows the generation it last committed as a
+/// lock on the file, see the `witness` module), means lost state. The store then records
+/// in the file when the loss was found (`lost_at`) and forgets its grants and waiters.
+/// Holders of grants in the lost state may still believe in them: their last renewal that
+/// succeeded was sent before the loss was found, so they believe until at most
+/// `lost_at + ttl`. Until then the file makes no new grant ([`StoreError::StateLost`]).
+/// Tokens of every file exceed those of any earlier one (see `sql::next_token`).
+///
+/// A file replaced under the connection is reopened at `path`. A `-wal` or `-shm` replaced
+/// or deleted under the same main file cannot be: SQLite shares one `-shm` mapping among
+/// the connections of a process to one file, so a new connection would read the lost log's
+/// index. Every store of the process on that file then refuses
+/// ([`StoreError::StateLost`]) until the process restarts (or the main file is replaced
+/// too); other processes go on (after the ttl without grants).
+///
+/// Not covered: a process that starts after the file was deleted (a new inode) and makes a
+/// new file before any running process noticed grants at once (fencing tokens still order
+/// it after the lost file's grants); a lease file of another store copied over this one
+/// with a generation above this file's latest, noticed only by processes that used this
+/// file (the generation is the wall clock in microseconds: such a file was written after
+/// this one); a file deleted without its `-wal` is refused until the `-wal` and `-shm`
+/// files are deleted too (SQLite would read the lost file's log). Transactions an
+/// application runs itself on the file ([`crate::fence::check`]) do not read the identity.
 #[derive(Clone)]
 pub struct SqliteStore {
     path: Arc<PathBuf>,
@@ -41,27 +61,51 @@ pub struct SqliteStore {
     busy_timeout: Duration,
     /// `None` after a loss whose reopening failed: every operation retries it.
     open: Arc<Mutex<Option<Open>>>,
+    /// The clock of this process's own timing (when a fair waiter refreshes its row): the
+    /// holder clock, which counts host suspend like the expiries in the file.
+    pub(crate) clock: HolderClock,
 }
 
-/// The identity of a file: device and inode.
-type FileId = (u64, u64);
-
-fn file_id(path: &Path) -> std::io::Result<FileId> {
-    let m = std::fs::metadata(path)?;
-    Ok((m.dev(), m.ino()))
-}
-
-/// A connection and the file it has open.
+/// A connection and the files it has open.
 struct Open {
-    conn: Connection,
-    file: FileId,
+    db: Db,
+    files: Files,
 }
 
-/// `path` with `suffix` appended (SQLite's `-wal` and `-shm` files).
-fn sibling(path: &Path, suffix: &str) -> PathBuf {
-    let mut name = path.as_os_str().to_os_string();
-    name.push(suffix);
-    PathBuf::from(name)
+impl Open {
+    /// Closes the connection of a lost file without checkpointing (see
+    /// [`close_without_checkpoint`]).
+    fn abandon(self) {
+        let Open { db, .. } = self;
+        if db
+            .conn
+            .set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)
+            .is_ok()
+        {
+            drop(db);
+        } else {
+            // Never closed then (and counted as open): a leaked connection is the lesser harm.
+            tracing::warn!(
+                "cannot turn off the checkpoint on close: a lost lease file's connection stays open"
+            );
+            std::mem::forget(db);
+        }
+    }
+}
+
+/// Closes `conn`, a connection to a lost file, without checkpointing: SQLite would
+/// otherwise copy the lost log into the main file and, as the last connection of the host,
+/// delete the `-wal` and `-shm` by their paths, which may now be another file's. A
+/// connection that cannot be told so is never closed (leaked): the lesser harm.
+fn close_without_checkpoint(conn: Connection) {
+    if conn
+        .set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)
+        .is_ok()
+    {
+        drop(conn);
+    } else {
+        std::mem::forget(conn);
+    }
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -129,8 +173,8 @@ pub(crate) fn check_path(path: &Path) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// Opens (creating if needed) the lease database at `path`, and the identity of the file
-/// it opened.
+/// Opens (creating if needed) the lease database at `path`, with the files it opened and
+/// this process's witness of the main file.
 fn connect(path: &Path, busy_timeout: Duration) -> Result<Open, ConfigError> {
     check_path(path)?;
     if !path.exists() {
@@ -149,6 +193,19 @@ fn connect(path: &Path, busy_timeout: Duration) -> Result<Open, ConfigError> {
             }
         }
     }
+    // Before SQLite opens it: a new connection would share the index of a log lost under
+    // this process.
+    if let Ok(id) = file_id(path)
+        && let Some(witness) = Witness::known(id)
+    {
+        let files = Files::at(path);
+        if witness.other_log_in_use((files.wal, files.shm)) {
+            witness.lose_log(LOG_LOST.into());
+        }
+        if let Some(why) = witness.log_lost() {
+            return Err(path_error(path, why));
+        }
+    }
     let boot = boot_id().map_err(|e| path_error(path, format!("cannot read the boot id: {e}")))?;
     let mut conn = Connection::open_with_flags(
         path,
@@ -162,27 +219,55 @@ fn connect(path: &Path, busy_timeout: Duration) -> Result<Open, ConfigError> {
         .and_then(|_| conn.pragma_update(None, "synchronous", "FULL"))
         .and_then(|_| migrate(&mut conn, &boot))
         .map_err(|e| path_error(path, format!("cannot initialise the lease database: {e}")))?;
-    // The file exists now (the migration wrote it): this is the one the connection has.
-    let file = file_id(path).map_err(|e| path_error(path, e.to_string()))?;
-    Ok(Open { conn, file })
+    // The file exists now (the migration wrote it): this is the one the connection has,
+    // unless it was replaced meanwhile (checked below).
+    let witness =
+        Witness::for_file(path).map_err(|e| path_error(path, format!("cannot open: {e}")))?;
+    let opened = witness.id();
+    let files = Files::at(path);
+    let refused = if files.main != Some(opened) {
+        Some("the file was replaced while it was being opened".to_string())
+    } else if !witness.attach((files.wal, files.shm)) {
+        witness.lose_log(LOG_LOST.into());
+        witness.log_lost()
+    } else {
+        let db = Db { conn, witness };
+        return match db.witness.log_lost() {
+            None => Ok(Open { db, files }),
+            Some(why) => {
+                Open { db, files }.abandon();
+                Err(path_error(path, why))
+            }
+        };
+    };
+    close_without_checkpoint(conn);
+    Err(path_error(
+        path,
+        refused.unwrap_or_else(|| LOG_LOST.to_string()),
+    ))
 }
 
-/// The connection to the file `path` names now: `slot`'s, or, when that file was deleted
-/// or replaced, a new one, with the loss recorded in the new file.
+/// Why a process whose connection used a `-wal` or `-shm` deleted or replaced under it
+/// uses the file no more.
+const LOG_LOST: &str = "its -wal or -shm file was deleted or replaced while this process used it: SQLite would read the lost log's index in every new connection of this process, so no store of this process uses the file again; restart the process (other processes refuse new grants for one ttl, then go on)";
+
+/// The connection to the file `path` names now: `slot`'s, or, when a file of the database
+/// was deleted or replaced, a new one, with the loss recorded in the file.
 fn current<'a>(
     path: &Path,
     busy_timeout: Duration,
     slot: &'a mut Option<Open>,
-) -> Result<&'a mut Connection, StoreError> {
-    let named = file_id(path).ok();
-    if slot.as_ref().is_some_and(|o| Some(o.file) == named) {
-        return Ok(&mut slot.as_mut().expect("checked").conn);
+) -> Result<&'a mut Db, StoreError> {
+    let files = Files::at(path);
+    if slot.as_ref().is_some_and(|o| o.files == files) {
+        return Ok(&mut slot.as_mut().expect("checked").db);
     }
     if let Some(old) = slot.take() {
-        tracing::warn!(path = %path.display(), "the lease file was deleted or replaced while in use: reopening; its grants are gone");
-        // Never closed: closing the last connection to a WAL database deletes the `-wal`
-        // file by its path, which may now be the new file's.
-        std::mem::forget(old.conn);
+        if old.files.main.is_some() && old.files.main == files.main {
+            old.db.witness.lose_log(LOG_LOST.into());
+        }
+        tracing::warn!(path = %path.display(), "a file of the lease database was deleted or replaced while in use: its grants are gone");
+        old.abandon();
     }
     let mut fresh = connect(path, busy_timeout).map_err(|e| {
         StoreError::state_lost(
@@ -190,8 +275,11 @@ fn current<'a>(
             format!("the lease file was deleted or replaced while in use: {e}"),
         )
     })?;
-    record_loss(&mut fresh.conn, now_ns()).map_err(store_error)?;
-    Ok(&mut slot.insert(fresh).conn)
+    fresh
+        .db
+        .record_loss(now_ns())
+        .map_err(|e| db_error(path, e))?;
+    Ok(&mut slot.insert(fresh).db)
 }
 
 impl SqliteStore {
@@ -206,7 +294,16 @@ impl SqliteStore {
             line_key: Arc::new(line_key),
             busy_timeout,
             open: Arc::new(Mutex::new(Some(open))),
+            clock: HolderClock::host(),
         })
+    }
+
+    /// This store timing its own waits on `clock` (the holder clock of the Lease API, which
+    /// counts host suspend; tests inject [`HolderClock::manual`]). Expiries in the file stay
+    /// on the host's `CLOCK_BOOTTIME`, shared by every process of the host.
+    pub fn with_clock(mut self, clock: HolderClock) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// The database file.
@@ -214,24 +311,26 @@ impl SqliteStore {
         &self.path
     }
 
-    /// Runs `f` on the connection to the file `path` names now. `f` is one statement or one
-    /// transaction: it may run twice, and a first run that ended with SQLite busy or
-    /// locked changed nothing.
+    /// Runs `f` on the connection to the file `path` names now. `f` is one transaction
+    /// begun with [`Db::write`] or [`Db::read`]: it may run twice, and a first run that
+    /// ended with SQLite busy or locked, or that found the file's state lost, changed
+    /// nothing. A loss `f` found is recorded in the file ([`Db::record_loss`]) and answered
+    /// with [`StoreError::StateLost`].
     ///
     /// Inline on the calling worker when the caller allows it
     /// ([`tenure_lease::blocking::inline_allowed`]: the lease machinery's own calls) and
-    /// nothing has to wait: the connection is free, open on the file `path` names, and
+    /// nothing has to wait: the connection is free, open on the files `path` names, and
     /// with a busy timeout of zero for that run. A run that found the file's write lock
-    /// taken (busy or locked) runs again in the blocking pool, where it may wait
-    /// `busy_timeout`, as does every call the caller did not allow inline.
+    /// taken (busy or locked), or the file's state lost, runs again in the blocking pool,
+    /// where it may wait `busy_timeout`, as does every call the caller did not allow inline.
     pub(crate) async fn with_conn<T: Send + 'static>(
         &self,
-        f: impl Fn(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
+        f: impl Fn(&mut Db) -> Result<T, DbError> + Send + 'static,
     ) -> Result<T, StoreError> {
         if tenure_lease::blocking::inline_allowed()
             && let Some(done) = self.inline(&f)
         {
-            return done.map_err(store_error);
+            return done.map_err(|e| db_error(&self.path, e));
         }
         self.in_pool(f).await
     }
@@ -241,47 +340,54 @@ impl SqliteStore {
     pub(crate) async fn with_args<A: Clone + Send + Sync + 'static, T: Send + 'static>(
         &self,
         args: &A,
-        f: fn(&mut Connection, &A) -> rusqlite::Result<T>,
+        f: fn(&mut Db, &A) -> Result<T, DbError>,
     ) -> Result<T, StoreError> {
         if tenure_lease::blocking::inline_allowed()
-            && let Some(done) = self.inline(&|conn: &mut Connection| f(conn, args))
+            && let Some(done) = self.inline(&|db: &mut Db| f(db, args))
         {
-            return done.map_err(store_error);
+            return done.map_err(|e| db_error(&self.path, e));
         }
         let args = args.clone();
-        self.in_pool(move |conn| f(conn, &args)).await
+        self.in_pool(move |db| f(db, &args)).await
     }
 
-    /// Runs `f` in the blocking pool on the connection to the file `path` names now, waiting
-    /// up to `busy_timeout` for another process's transaction.
+    /// Runs `f` in the blocking pool on the connection to the files `path` names now,
+    /// waiting up to `busy_timeout` for another process's transaction; records a loss `f`
+    /// found.
     async fn in_pool<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
+        f: impl FnOnce(&mut Db) -> Result<T, DbError> + Send + 'static,
     ) -> Result<T, StoreError> {
         let (open, path, busy) = (self.open.clone(), self.path.clone(), self.busy_timeout);
         tokio::task::spawn_blocking(move || {
             let mut slot = open.lock().unwrap_or_else(|e| e.into_inner());
-            f(current(&path, busy, &mut slot)?).map_err(store_error)
+            let db = current(&path, busy, &mut slot)?;
+            match f(db) {
+                Err(DbError::Lost(lost)) => {
+                    tracing::warn!(path = %path.display(), %lost, "the lease file lost its state: its grants are gone");
+                    db.record_loss(now_ns()).map_err(|e| db_error(&path, e))?;
+                    Err(lost_error(&path, &lost))
+                }
+                done => done.map_err(|e| db_error(&path, e)),
+            }
         })
         .await
         .map_err(|e| StoreError::backend("sqlite", format!("blocking task failed: {e}")))?
     }
 
-    /// `f`'s run on the calling thread, or `None` when it would have had to wait: the
-    /// connection is in use, the file was replaced (reopening waits), or SQLite found the
-    /// write lock taken.
-    fn inline<T>(
-        &self,
-        f: &impl Fn(&mut Connection) -> rusqlite::Result<T>,
-    ) -> Option<rusqlite::Result<T>> {
+    /// `f`'s run on the calling thread, or `None` when it would have had to wait or found
+    /// the file's state lost: the connection is in use, a file was replaced (reopening
+    /// waits), SQLite found the write lock taken, or the identity showed a loss (recording
+    /// it waits).
+    fn inline<T>(&self, f: &impl Fn(&mut Db) -> Result<T, DbError>) -> Option<Result<T, DbError>> {
         let mut slot = self.open.try_lock().ok()?;
         let open = slot.as_mut()?;
-        if file_id(&self.path).ok()? != open.file {
+        if Files::at(&self.path) != open.files {
             return None;
         }
-        open.conn.busy_timeout(Duration::ZERO).ok()?;
-        let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&mut open.conn)));
-        if let Err(e) = open.conn.busy_timeout(self.busy_timeout) {
+        open.db.conn.busy_timeout(Duration::ZERO).ok()?;
+        let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&mut open.db)));
+        if let Err(e) = open.db.conn.busy_timeout(self.busy_timeout) {
             // A connection left without its busy timeout would fail where it should wait:
             // drop it; the next call reopens the file.
             tracing::warn!(path = %self.path.display(), error = %e, "cannot restore the busy timeout: reopening the lease file");
@@ -290,7 +396,8 @@ impl SqliteStore {
         // The busy timeout is back (or the connection gone) before a panic goes on.
         let done = done.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
         match done {
-            Err(e) if is_busy(&e) => None,
+            Err(DbError::Sqlite(e)) if is_busy(&e) => None,
+            Err(DbError::Lost(_)) => None,
             done => Some(done),
         }
     }
@@ -310,7 +417,34 @@ fn store_error(e: rusqlite::Error) -> StoreError {
     }
 }
 
-/// An acquire refused: the file replaced a lost one at `lost` (ns), less than the ttl
+/// The answer to an operation that found the state of the file at `path` lost.
+fn lost_error(path: &Path, lost: &crate::identity::Lost) -> StoreError {
+    StoreError::state_lost(
+        "sqlite",
+        format!(
+            "the lease file {} lost its state: {lost}; its grants are gone, and holders of them may believe in them for up to one ttl: no new grant until then",
+            path.display()
+        ),
+    )
+}
+
+/// A failed transaction on the file at `path` as a store error.
+fn db_error(path: &Path, e: DbError) -> StoreError {
+    match e {
+        DbError::Sqlite(e) => store_error(e),
+        DbError::Lost(lost) => lost_error(path, &lost),
+        DbError::Witness(e) => StoreError::backend(
+            "sqlite",
+            format!(
+                "the generation lock on the lease file {}: {e}",
+                path.display()
+            ),
+        )
+        .caused_by(e),
+    }
+}
+
+/// An acquire refused: the file's state was found lost at `lost` (ns), less than the ttl
 /// before `now`.
 pub(crate) struct Quiet {
     lost: i64,
@@ -326,7 +460,7 @@ impl Quiet {
         StoreError::state_lost(
             "sqlite",
             format!(
-                "the lease file {} replaced a deleted or replaced one {} ago; holders of its grants may believe in them for up to one ttl: no new grant of `{}` for another {}",
+                "the state of the lease file {} was found lost {} ago (the file deleted or replaced, an old copy restored over it, or its -wal deleted); holders of its grants may believe in them for up to one ttl: no new grant of `{}` for another {}",
                 path.display(),
                 humantime::format_duration(round_ms(ago)),
                 name,
@@ -481,8 +615,8 @@ impl LeaseStore for SqliteStore {
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError> {
         let attempt = self
-            .with_args(req, |conn, req| {
-                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            .with_args(req, |db, req| {
+                let tx = db.write()?;
                 // Read the clock only once the write lock is ours: expiry counts from processing.
                 let now = now_ns();
                 let outcome = acquire_in(&tx, req, now)?;
@@ -530,8 +664,8 @@ impl LeaseStore for SqliteStore {
         let batch = serde_json::to_string(&pairs)
             .map_err(|e| StoreError::backend("sqlite", e.to_string()).caused_by(e))?;
         let wanted: Vec<HeldLease> = leases.to_vec();
-        self.with_conn(move |conn| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        self.with_conn(move |db| {
+            let tx = db.write()?;
             let now = now_ns();
             // One statement for the whole batch, however many leases.
             let renewed: HashMap<(String, i64), Option<PreemptionRequest>> = {
@@ -578,8 +712,8 @@ impl LeaseStore for SqliteStore {
         request: &PreemptionRequest,
     ) -> Result<PreemptAnswer, StoreError> {
         let (name, request) = (name.to_string(), request.clone());
-        self.with_conn(move |conn| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        self.with_conn(move |db| {
+            let tx = db.write()?;
             let now = now_ns();
             let current = tx
                 .prepare_cached(sql::SELECT_CURRENT)?
@@ -621,11 +755,16 @@ impl LeaseStore for SqliteStore {
         by: &str,
     ) -> Result<bool, StoreError> {
         let (name, by) = (name.to_string(), by.to_string());
-        self.with_conn(move |conn| {
+        self.with_conn(move |db| {
+            let tx = db.write()?;
             let now = now_ns();
-            let changed = conn
-                .prepare_cached(sql::WITHDRAW_REQUEST)?
-                .execute(params![name, token_to_sql(token), now, by])?;
+            let changed = tx.prepare_cached(sql::WITHDRAW_REQUEST)?.execute(params![
+                name,
+                token_to_sql(token),
+                now,
+                by
+            ])?;
+            tx.commit()?;
             Ok(changed == 1)
         })
         .await
@@ -642,8 +781,8 @@ impl LeaseStore for SqliteStore {
     ) -> Result<bool, StoreError> {
         let (lease, holder, token) = (name.to_string(), owner.to_string(), token_to_sql(token));
         let released = self
-            .with_conn(move |conn| {
-                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            .with_conn(move |db| {
+                let tx = db.write()?;
                 let now = now_ns();
                 let deleted = tx
                     .prepare_cached(sql::RELEASE)?
@@ -660,11 +799,15 @@ impl LeaseStore for SqliteStore {
 
     async fn read(&self, name: &str) -> Result<Option<LeaseRecord>, StoreError> {
         let name = name.to_string();
-        self.with_conn(move |conn| {
+        self.with_conn(move |db| {
+            let tx = db.read()?;
             let now = now_ns();
-            conn.prepare_cached(sql::SELECT_CURRENT)?
+            let record = tx
+                .prepare_cached(sql::SELECT_CURRENT)?
                 .query_row(params![name, now], |r| row_record(r, now))
-                .optional()
+                .optional()?;
+            tx.finish()?;
+            Ok(record)
         })
         .await
     }
@@ -682,8 +825,8 @@ impl LeaseStore for SqliteStore {
             return Ok(false);
         };
         let (name, owner, change) = (name.to_string(), owner.to_string(), change.clone());
-        self.with_conn(move |conn| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        self.with_conn(move |db| {
+            let tx = db.write()?;
             let held =
                 tx.prepare_cached(sql::HELD)?
                     .exists(params![name, owner, token, now_ns()])?;
@@ -705,20 +848,29 @@ impl LeaseStore for SqliteStore {
 
     async fn remembered(&self, name: &str) -> Result<Vec<String>, StoreError> {
         let name = name.to_string();
-        self.with_conn(move |conn| {
-            let mut stmt = conn.prepare_cached(sql::REMEMBERED)?;
-            stmt.query_map(params![name], |r| r.get(0))?.collect()
+        self.with_conn(move |db| {
+            let tx = db.read()?;
+            let ids = tx
+                .prepare_cached(sql::REMEMBERED)?
+                .query_map(params![name], |r| r.get(0))?
+                .collect::<rusqlite::Result<_>>()?;
+            tx.finish()?;
+            Ok(ids)
         })
         .await
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
         let prefix = prefix.to_string();
-        self.with_conn(move |conn| {
+        self.with_conn(move |db| {
+            let tx = db.read()?;
             let now = now_ns();
-            let mut stmt = conn.prepare_cached(sql::LIST)?;
-            stmt.query_map(params![prefix, now], |r| row_record(r, now))?
-                .collect()
+            let records = tx
+                .prepare_cached(sql::LIST)?
+                .query_map(params![prefix, now], |r| row_record(r, now))?
+                .collect::<rusqlite::Result<_>>()?;
+            tx.finish()?;
+            Ok(records)
         })
         .await
     }

@@ -20,6 +20,12 @@ enum Loss {
     Deleted,
     /// Replaced by a copy taken at the checkpoint (a backup restored).
     Restored,
+    /// Its `-wal` and `-shm` deleted (`rm leases.sqlite-wal leases.sqlite-shm`): the main
+    /// file alone holds older content.
+    LogDeleted,
+    /// Overwritten in place by a copy taken at the checkpoint (same inode), after its log
+    /// was checkpointed into it.
+    RestoredInPlace,
 }
 
 struct SqliteHarness {
@@ -132,17 +138,34 @@ impl StateLoss for SqliteHarness {
     }
 
     async fn lose_state(&self) {
-        remove_sidecars(&self.path);
         match self.loss {
-            Loss::Deleted => std::fs::remove_file(&self.path).expect("delete the lease file"),
+            Loss::Deleted => {
+                remove_sidecars(&self.path);
+                std::fs::remove_file(&self.path).expect("delete the lease file")
+            }
             Loss::Restored => {
+                remove_sidecars(&self.path);
                 std::fs::rename(self.copy(), &self.path).expect("restore the old copy")
+            }
+            Loss::LogDeleted => remove_sidecars(&self.path),
+            Loss::RestoredInPlace => {
+                let conn = Connection::open(&self.path).expect("open");
+                conn.busy_timeout(Duration::from_secs(5))
+                    .expect("busy timeout");
+                let busy: i64 = conn
+                    .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| r.get(0))
+                    .expect("checkpoint");
+                assert_eq!(busy, 0, "the log checkpointed into the file");
+                let old = std::fs::read(self.copy()).expect("read the old copy");
+                std::fs::write(&self.path, old).expect("restore the old copy in place");
             }
         }
     }
 
+    /// A process whose connections used a deleted log uses the file no more (its
+    /// connections would read the lost log's index): it refuses until restarted.
     fn resumes(&self) -> bool {
-        true
+        !matches!(self.loss, Loss::LogDeleted)
     }
 }
 
@@ -156,4 +179,14 @@ mod file_deleted {
 mod file_restored_from_a_copy {
     use super::*;
     tenure_lease::state_loss_tests!(SqliteHarness::losing(Loss::Restored));
+}
+
+mod log_deleted {
+    use super::*;
+    tenure_lease::state_loss_tests!(SqliteHarness::losing(Loss::LogDeleted));
+}
+
+mod file_restored_in_place {
+    use super::*;
+    tenure_lease::state_loss_tests!(SqliteHarness::losing(Loss::RestoredInPlace));
 }

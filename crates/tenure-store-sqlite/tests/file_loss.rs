@@ -102,3 +102,96 @@ async fn a_file_deleted_without_its_log_is_refused() {
     assert!(again.to_string().contains("-wal"), "{again}");
     assert!(!path.exists(), "nothing created next to the orphaned log");
 }
+
+/// Inode of the file at `path`.
+fn inode(path: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).unwrap().ino()
+}
+
+/// `rm leases.sqlite-wal leases.sqlite-shm` under a holder: the main file alone holds older
+/// content, and every connection of this process would go on reading the lost log's index.
+/// The holder's renewals are refused, and so is a contender with a connection of its own in
+/// the process, and a store the process opens afterwards: none is granted the lease.
+#[tokio::test]
+async fn a_log_deleted_under_a_holder_loses_its_grants_and_grants_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("leases.sqlite");
+    let holder = SqliteStore::open(&path, Duration::from_secs(1)).unwrap();
+    let contender = SqliteStore::open(&path, Duration::from_secs(1)).unwrap();
+    let AcquireOutcome::Granted(grant) = holder.try_acquire(&request("a")).await.unwrap() else {
+        panic!("held")
+    };
+    remove(&path, "-wal");
+    remove(&path, "-shm");
+    let tried = contender.try_acquire(&request("b")).await;
+    assert!(
+        matches!(&tried, Err(StoreError::StateLost { .. })),
+        "{tried:?}"
+    );
+    let text = tried.unwrap_err().to_string();
+    assert!(text.contains("-wal or -shm"), "{text}");
+    let held = [tenure_lease::HeldLease {
+        name: "nightly".into(),
+        token: grant.token,
+    }];
+    let renewed = holder.renew("a", &held, Duration::from_secs(5)).await;
+    assert!(
+        matches!(&renewed, Err(StoreError::StateLost { .. })),
+        "{renewed:?}"
+    );
+    let reopened = SqliteStore::open(&path, Duration::from_secs(1))
+        .map(|_| ())
+        .unwrap_err();
+    assert!(reopened.to_string().contains("-wal or -shm"), "{reopened}");
+}
+
+/// A copy taken before the grant is written over the file in place (same inode, older
+/// content; the log checkpointed first, as a backup tool's restore leaves it): a contender
+/// sees no grant in it, yet is not granted while the holder may still believe; the
+/// holder's renewal finds its grant gone.
+#[tokio::test]
+async fn a_file_restored_in_place_grants_nothing_while_its_holders_may_believe() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("leases.sqlite");
+    let copy = dir.path().join("backup.sqlite");
+    let holder = SqliteStore::open(&path, Duration::from_secs(1)).unwrap();
+    let contender = SqliteStore::open(&path, Duration::from_secs(1)).unwrap();
+    acquire_release(&holder).await;
+    let raw = rusqlite::Connection::open(&path).unwrap();
+    raw.busy_timeout(Duration::from_secs(5)).unwrap();
+    raw.execute("VACUUM INTO ?1", [copy.display().to_string()])
+        .unwrap();
+    let AcquireOutcome::Granted(grant) = holder.try_acquire(&request("a")).await.unwrap() else {
+        panic!("held")
+    };
+    let before = inode(&path);
+    let (busy, _, _): (i64, i64, i64) = raw
+        .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })
+        .unwrap();
+    assert_eq!(busy, 0, "checkpointed");
+    std::fs::write(&path, std::fs::read(&copy).unwrap()).unwrap();
+    assert_eq!(inode(&path), before, "restored in place");
+
+    let tried = contender.try_acquire(&request("b")).await;
+    assert!(
+        matches!(&tried, Err(StoreError::StateLost { .. })),
+        "{tried:?}"
+    );
+    let text = tried.unwrap_err().to_string();
+    assert!(text.contains("generation went back"), "{text}");
+    let held = [tenure_lease::HeldLease {
+        name: "nightly".into(),
+        token: grant.token,
+    }];
+    let renewed = holder
+        .renew("a", &held, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(renewed, vec![tenure_lease::Renewal::NotHeld]);
+    // Refused for one ttl from the loss, whoever asks.
+    let again = holder.try_acquire(&request("a")).await.unwrap_err();
+    assert!(matches!(again, StoreError::StateLost { .. }), "{again}");
+}

@@ -15,7 +15,6 @@
 use std::time::Duration;
 
 use tenure_lease::{AcquireOutcome, AcquireRequest, LeaseStore, StoreError};
-use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use crate::error::{KIND, from_zk};
@@ -66,9 +65,9 @@ impl ZooKeeperStore {
         req: &AcquireRequest,
         wait: Duration,
     ) -> Result<AcquireOutcome, StoreError> {
-        let deadline = Instant::now() + wait;
+        let deadline = self.inner.clock.now() + wait;
         let s = self.owner_session(&req.owner, req.ttl).await?;
-        let now = Instant::now();
+        let now = self.inner.clock.now();
         if s.grant(&req.name)
             .is_some_and(|g| g.instance == req.instance && g.live(now))
         {
@@ -131,7 +130,7 @@ impl ZooKeeperStore {
             if stat.is_none() {
                 continue;
             }
-            if tokio::time::timeout_at(deadline, watcher.changed())
+            if tokio::time::timeout_at(self.inner.clock.to_tokio(deadline), watcher.changed())
                 .await
                 .is_err()
             {

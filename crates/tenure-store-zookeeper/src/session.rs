@@ -5,7 +5,7 @@
 //! renewed within its ttl is deleted by this client ([`OwnerSession::reap`]) at `answer of
 //! its last acquire/renewal + ttl`, which is never before the server processed that request
 //! plus ttl, and after the holder's own deadline (`send instant + ttl - margin`, on the same
-//! monotonic clock). The session timeout covers what this client cannot do: when the
+//! holder clock, which counts host suspend: [`HolderClock`]). The session timeout covers what this client cannot do: when the
 //! process dies or is cut off, the server ends the session (and deletes its nodes) at the
 //! earliest `session timeout` after the last request it saw from it.
 //!
@@ -20,7 +20,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use tenure_lease::{FencingToken, HeldLease};
+use tenure_lease::{FencingToken, HeldLease, HolderClock};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use zookeeper_client as zk;
@@ -38,7 +38,7 @@ pub(crate) struct Grant {
     pub lease_version: i32,
     /// Data version of the holder node (reentrant acquires rewrite its data).
     pub holder_version: i32,
-    /// When this client deletes the grant unless renewed.
+    /// When this client deletes the grant unless renewed (on the holder clock).
     pub expires_at: Instant,
     /// Deletion started: the grant counts as ended.
     pub ending: bool,
@@ -63,6 +63,8 @@ struct Doubts {
 /// The session of one owner and the grants made on it, by lease name.
 pub(crate) struct OwnerSession {
     pub client: zk::Client,
+    /// The clock of every expiry and due time here.
+    pub clock: HolderClock,
     /// The negotiated session timeout.
     pub timeout: Duration,
     grants: Mutex<HashMap<String, Grant>>,
@@ -85,11 +87,13 @@ impl std::fmt::Debug for OwnerSession {
 }
 
 impl OwnerSession {
-    /// Wraps a connected client and starts its reaper (which ends with the session).
-    pub(crate) fn start(client: zk::Client, layout: Layout) -> Arc<Self> {
+    /// Wraps a connected client and starts its reaper (which ends with the session);
+    /// expiries are measured on `clock`.
+    pub(crate) fn start(client: zk::Client, layout: Layout, clock: HolderClock) -> Arc<Self> {
         let session = Arc::new(OwnerSession {
             timeout: client.session_timeout(),
             client,
+            clock,
             grants: Mutex::new(HashMap::new()),
             reaper_due: Mutex::new(None),
             changed: Arc::new(Notify::new()),
@@ -209,7 +213,7 @@ impl OwnerSession {
         forced: &[bool],
         ttl: Duration,
     ) -> Vec<bool> {
-        let now = Instant::now();
+        let now = self.clock.now();
         let mut grants = self.lock();
         // Expiries only move later: the reaper need not wake early.
         leases
@@ -291,7 +295,7 @@ impl AcquireGuard<'_> {
 
 impl Drop for AcquireGuard<'_> {
     fn drop(&mut self) {
-        let due = Instant::now() + self.ttl;
+        let due = self.session.clock.now() + self.ttl;
         let mut doubts = self.session.doubts();
         if let Some(n) = doubts.acquiring.get_mut(self.name) {
             *n -= 1;
@@ -317,7 +321,8 @@ async fn reap(session: Weak<OwnerSession>, changed: Arc<Notify>) {
         if !s.usable() {
             return;
         }
-        let now = Instant::now();
+        let clock = s.clock.clone();
+        let now = clock.now();
         let mut due = Vec::new();
         let mut next = now + Duration::from_secs(1);
         {
@@ -375,6 +380,6 @@ async fn reap(session: Weak<OwnerSession>, changed: Arc<Notify>) {
             }
         }
         drop(s);
-        let _ = tokio::time::timeout_at(next, changed.notified()).await;
+        let _ = tokio::time::timeout_at(clock.to_tokio(next), changed.notified()).await;
     }
 }

@@ -8,10 +8,9 @@ use async_trait::async_trait;
 use tenure_lease::names::NameRules;
 use tenure_lease::{
     AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, ConfigError, FencingToken,
-    HeldLease, LeaseRecord, LeaseSection, LeaseStore, PreemptAnswer, PreemptionRequest,
-    RememberChange, Renewal, StoreError, StoreFactory,
+    HeldLease, HolderClock, LeaseRecord, LeaseSection, LeaseStore, PreemptAnswer,
+    PreemptionRequest, RememberChange, Renewal, StoreError, StoreFactory,
 };
-use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use crate::error::{KIND, backend, from_zk, session_over};
@@ -37,6 +36,8 @@ pub(crate) struct Inner {
     reader: Slot,
     /// Lease nodes known to exist (they are never deleted).
     known: Mutex<HashSet<String>>,
+    /// The clock of local expiries: the holder clock, which counts host suspend.
+    pub(crate) clock: HolderClock,
 }
 
 /// A lease store on ZooKeeper: one ephemeral holder node per held lease, on one session
@@ -69,6 +70,12 @@ impl ZooKeeperStore {
     /// A store with `options`. Connects lazily: the first operation of each owner opens its
     /// session. Fails only on invalid options (root path).
     pub fn new(options: ZooKeeperOptions) -> Result<Self, ConfigError> {
+        ZooKeeperStore::with_clock(options, HolderClock::host())
+    }
+
+    /// [`ZooKeeperStore::new`] measuring local expiries on `clock` (the holder clock of the
+    /// Lease API, which counts host suspend; tests inject [`HolderClock::manual`]).
+    pub fn with_clock(options: ZooKeeperOptions, clock: HolderClock) -> Result<Self, ConfigError> {
         check_root(&options.root).map_err(|d| ConfigError::invalid("root", d))?;
         Ok(ZooKeeperStore {
             inner: Arc::new(Inner {
@@ -77,6 +84,7 @@ impl ZooKeeperStore {
                 owners: Mutex::new(HashMap::new()),
                 reader: Slot::default(),
                 known: Mutex::new(HashSet::new()),
+                clock,
             }),
         })
     }
@@ -184,7 +192,11 @@ impl ZooKeeperStore {
         let session = match &*current {
             Some(s) if s.usable() => s.clone(),
             _ => {
-                let s = OwnerSession::start(self.connect(true).await?, self.inner.layout.clone());
+                let s = OwnerSession::start(
+                    self.connect(true).await?,
+                    self.inner.layout.clone(),
+                    self.inner.clock.clone(),
+                );
                 *current = Some(s.clone());
                 s
             }
@@ -228,7 +240,11 @@ impl ZooKeeperStore {
         match &*current {
             Some(s) if s.usable() => Ok(s.client.clone()),
             _ => {
-                let s = OwnerSession::start(self.connect(false).await?, self.inner.layout.clone());
+                let s = OwnerSession::start(
+                    self.connect(false).await?,
+                    self.inner.layout.clone(),
+                    self.inner.clock.clone(),
+                );
                 *current = Some(s.clone());
                 Ok(s.client.clone())
             }
@@ -263,7 +279,7 @@ impl ZooKeeperStore {
             .values()
             .cloned()
             .collect();
-        let now = Instant::now();
+        let now = self.inner.clock.now();
         for slot in slots {
             let session = slot.lock().await.clone();
             if let Some(g) = session
@@ -339,7 +355,7 @@ impl ZooKeeperStore {
         })
         .and_then(|_| multi.add_create(&holder, data, &zk::CreateMode::Ephemeral.with_acls(acls)));
         built.map_err(|e| from_zk(&format!("acquiring {holder}"), &e))?;
-        let sent = Instant::now();
+        let sent = self.inner.clock.now();
         match multi.commit().await {
             Ok(results) => {
                 // One multi is one transaction with one zxid: the holder node's czxid is the
@@ -364,7 +380,7 @@ impl ZooKeeperStore {
                         instance: req.instance.clone(),
                         lease_version,
                         holder_version: 0,
-                        expires_at: Instant::now().max(sent) + req.ttl,
+                        expires_at: self.inner.clock.now().max(sent) + req.ttl,
                         ending: false,
                     },
                 );
@@ -438,7 +454,7 @@ impl ZooKeeperStore {
                     expires_in,
                 )));
             }
-            let now = Instant::now();
+            let now = self.inner.clock.now();
             let mine = s.grant(&req.name).filter(|g| {
                 g.token == t
                     && g.instance == req.instance
@@ -453,7 +469,7 @@ impl ZooKeeperStore {
                     ttl_ms: millis(req.ttl),
                     ..current
                 };
-                let sent = Instant::now();
+                let sent = self.inner.clock.now();
                 match s
                     .client
                     .set_data(&holder, &refreshed.encode(), Some(stat.version))
@@ -461,7 +477,7 @@ impl ZooKeeperStore {
                 {
                     Ok(new) => {
                         g.holder_version = new.version;
-                        g.expires_at = g.expires_at.max(Instant::now().max(sent) + req.ttl);
+                        g.expires_at = g.expires_at.max(self.inner.clock.now().max(sent) + req.ttl);
                         s.record(&req.name, g);
                         return Ok(AcquireOutcome::Granted(refreshed.record(
                             &req.name,

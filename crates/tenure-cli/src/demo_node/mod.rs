@@ -1,7 +1,9 @@
 //! `tenure demo node`: one node of the demo's cluster. It runs what `tenure node` runs and
 //! hosts the demo's examples besides: ticker singletons, the sharded counter, the increment
-//! load through the node's region, and the slow-stop fault injection of the tests.
+//! load through the node's region, and the slow-stop and blocked-thread fault injections of
+//! the tests.
 
+mod blocked_thread;
 mod load;
 mod slow_stop;
 
@@ -17,6 +19,7 @@ use tenure_management::Management;
 use tenure_singleton::spawner;
 
 use crate::exit::{CliError, Outcome};
+use blocked_thread::{BlockThreadSwitch, ThreadBlockingEntity};
 use load::Load;
 use slow_stop::{SlowStopSwitch, SlowStoppingActor, SlowStoppingEntity};
 
@@ -69,6 +72,12 @@ pub struct DemoNodeArgs {
     /// their supervisors' kills end them in time.
     #[arg(long, value_name = "FILE")]
     slow_stop_when: Option<PathBuf>,
+    /// Fault injection for tests (needs `cluster.fault-injection = true`): while FILE
+    /// holds `<entity id> <duration>`, the next message to that example counter entity
+    /// blocks its thread (`std::thread::sleep`) for the duration, once across the cluster
+    /// (the blocking entity creates FILE.blocked with its node and token).
+    #[arg(long, value_name = "FILE")]
+    block_thread_when: Option<PathBuf>,
 }
 
 /// `--load-rate`: a finite number of requests per second above zero.
@@ -94,6 +103,8 @@ struct Hosting<'a> {
     load: Option<Load>,
     /// Fault injection: the example entities and singletons stop slowly while it is on.
     slow_stop: Option<SlowStopSwitch>,
+    /// Fault injection: the example entity it names blocks its thread once.
+    block_thread: Option<BlockThreadSwitch>,
     /// Workers of the example sharded daemon process.
     daemon: Option<usize>,
 }
@@ -105,10 +116,15 @@ pub async fn run(
     provider: &LeaseProvider,
     args: DemoNodeArgs,
 ) -> Result<Outcome, CliError> {
-    if args.slow_stop_when.is_some() && !ClusterSettings::from_config(config)?.fault_injection {
-        return Err(CliError::Command(
-            "--slow-stop-when is fault injection: it needs cluster.fault-injection = true".into(),
-        ));
+    for (flag, given) in [
+        ("--slow-stop-when", args.slow_stop_when.is_some()),
+        ("--block-thread-when", args.block_thread_when.is_some()),
+    ] {
+        if given && !ClusterSettings::from_config(config)?.fault_injection {
+            return Err(CliError::Command(format!(
+                "{flag} is fault injection: it needs cluster.fault-injection = true"
+            )));
+        }
     }
     let shape = match args.load_rate {
         Some(rate) => load::Shape::Open { rate },
@@ -127,6 +143,7 @@ pub async fn run(
             timeout: args.load_timeout,
         }),
         slow_stop: args.slow_stop_when.clone().map(SlowStopSwitch::new),
+        block_thread: args.block_thread_when.clone().map(BlockThreadSwitch::new),
         daemon: args.daemon,
     };
     crate::node_cmd::node(
@@ -186,12 +203,28 @@ async fn host(
             .sharded_counter
             .then(|| FencedCounter::open(hosting.counter))
             .transpose()?
-            .map(|counter| match hosting.slow_stop.clone() {
-                Some(switch) => tenure::sharding::entity_factory(SlowStoppingEntity {
-                    inner: Counter { counter },
-                    switch,
-                }),
-                None => tenure::sharding::entity_factory(Counter { counter }),
+            .map(|counter| {
+                let counter = Counter { counter };
+                match (hosting.slow_stop.clone(), hosting.block_thread.clone()) {
+                    (Some(slow), Some(block)) => {
+                        tenure::sharding::entity_factory(ThreadBlockingEntity {
+                            inner: SlowStoppingEntity {
+                                inner: counter,
+                                switch: slow,
+                            },
+                            switch: block,
+                        })
+                    }
+                    (Some(slow), None) => tenure::sharding::entity_factory(SlowStoppingEntity {
+                        inner: counter,
+                        switch: slow,
+                    }),
+                    (None, Some(block)) => tenure::sharding::entity_factory(ThreadBlockingEntity {
+                        inner: counter,
+                        switch: block,
+                    }),
+                    (None, None) => tenure::sharding::entity_factory(counter),
+                }
             });
         let region = tenure::sharding::start_on_node(node, provider, COUNTER_TYPE, factory)
             .await

@@ -187,6 +187,17 @@ pub enum Event {
     NodeStarted {},
     /// The node left the cluster.
     NodeLeft {},
+    /// The process ends itself at once (`abort(3)`): `what` (an entity, a singleton
+    /// instance), running under the grant `token` of `lease`, outlived its kill while that
+    /// grant is being lost. Every life of this incarnation ends here.
+    ProcessAbort {
+        /// The lease of the grant being lost.
+        lease: String,
+        /// The grant's fencing token.
+        token: u64,
+        /// What outlived its kill, e.g. `entity key-7 of counter shard 3`.
+        what: String,
+    },
     /// Refused at join: this node places entities differently from `member`.
     NodeRefused {
         /// The member whose settings differ.
@@ -291,6 +302,9 @@ pub enum Event {
     EntityStarted(EntityLife),
     /// The entity has terminated.
     EntityStopped(EntityLife),
+    /// The entity outlived its kill (a thread blocked outside an await): its shard keeps
+    /// the lease until it ends.
+    EntityZombie(EntityLife),
     /// A rebalance moves the shard; its hand-off begins.
     ShardMoving {
         /// The entity type (JSON key `type`).
@@ -376,6 +390,12 @@ pub enum Event {
     },
     /// From here until healed, every node's example entities and singletons stop slowly.
     SlowStop {},
+    /// The example entity `entity` blocks its thread (`std::thread::sleep` in its handler)
+    /// on `node`, which hosts it, for longer than the ttl.
+    ThreadBlocked {
+        /// The entity id.
+        entity: String,
+    },
     /// The SQLite lease file deleted while in use or, `restored`, replaced by an older copy.
     StoreLost {
         /// `Some(true)`: replaced by an older copy rather than deleted.
@@ -619,6 +639,7 @@ impl Event {
             | Event::LeaseError { lease, .. }
             | Event::CommandStarted { lease, .. }
             | Event::CommandStopped { lease, .. }
+            | Event::ProcessAbort { lease, .. }
             | Event::SecondOwnerStarted { lease }
             | Event::SecondOwnerStopped { lease, .. } => Some(lease),
             _ => None,
@@ -636,6 +657,7 @@ impl Event {
             | Event::LeaseReleased { token, .. }
             | Event::CommandStarted { token, .. }
             | Event::CommandStopped { token, .. }
+            | Event::ProcessAbort { token, .. }
             | Event::Write { token, .. }
             | Event::Tick { token, .. }
             | Event::Ack { token, .. } => Some(*token),
@@ -648,7 +670,9 @@ impl Event {
             Event::ShardStarted(l) | Event::ShardStopped(l) | Event::ShardLeaseLost(l) => {
                 Some(l.token)
             }
-            Event::EntityStarted(l) | Event::EntityStopped(l) => Some(l.token),
+            Event::EntityStarted(l) | Event::EntityStopped(l) | Event::EntityZombie(l) => {
+                Some(l.token)
+            }
             _ => None,
         }
     }
@@ -669,7 +693,9 @@ impl Event {
             Event::ShardStarted(l) | Event::ShardStopped(l) | Event::ShardLeaseLost(l) => {
                 Some(&l.why)
             }
-            Event::EntityStarted(l) | Event::EntityStopped(l) => Some(&l.why),
+            Event::EntityStarted(l) | Event::EntityStopped(l) | Event::EntityZombie(l) => {
+                Some(&l.why)
+            }
             _ => None,
         }
     }

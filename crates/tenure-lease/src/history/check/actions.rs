@@ -2,6 +2,11 @@
 //! instance alive, a fenced write accepted), and the rule that every action lies inside its node's hold of the
 //! matching lease.
 //!
+//! A life ends at its stop event, at its process's death as a harness saw it (`killed`,
+//! `terminated`), or at the `process_abort` its process recorded just before ending itself
+//! (something outlived its kill while a lease was being lost): so a process that aborts
+//! after its deadline, or never, shows lives running on past their holds.
+//!
 //! A hold bounds actions until the holder's local deadline (its last `valid_until`), its
 //! release, or its process's death, whichever comes first. A `lease_lost` does not end it
 //! earlier: a supervisor learns of the loss ahead of the deadline by its stop budget, and
@@ -92,17 +97,28 @@ pub fn actions(events: &[Entry]) -> Vec<Action> {
     let mut done = Vec::new();
     let end_of_history = events.last().map_or(0, |e| e.t);
     for e in events {
-        if e.is_fault() {
-            if matches!(e.event, Event::Killed {} | Event::Terminated {}) {
-                let keys: Vec<_> = open.keys().filter(|k| k.1 == e.node).cloned().collect();
-                for k in keys {
-                    if let Some(mut action) = open.remove(&k) {
-                        action.until_ns = e.t;
-                        action.ended = Some(e.clone());
-                        done.push(action);
-                    }
+        // A process's death ends every life in it: seen by a harness (any incarnation of the
+        // node), or announced by the process itself just before it aborts.
+        let died = match &e.event {
+            Event::Killed {} | Event::Terminated {} if e.is_fault() => Some(None),
+            Event::ProcessAbort { .. } if !e.is_fault() => Some(Some(e.inc.as_str())),
+            _ => None,
+        };
+        if let Some(inc) = died {
+            let keys: Vec<_> = open
+                .keys()
+                .filter(|k| k.1 == e.node && inc.is_none_or(|inc| k.2 == inc))
+                .cloned()
+                .collect();
+            for k in keys {
+                if let Some(mut action) = open.remove(&k) {
+                    action.until_ns = e.t;
+                    action.ended = Some(e.clone());
+                    done.push(action);
                 }
             }
+        }
+        if e.is_fault() {
             continue;
         }
         let shard_suffix = |entity_type: &str, shard: &str| format!("-shard-{entity_type}-{shard}");
@@ -365,5 +381,131 @@ fn outside(action: &Action, lease: String, why: String) -> Violation {
         ),
         first: action.began.clone(),
         second: action.ended.clone().unwrap_or_else(|| action.began.clone()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::history::check::check;
+    use crate::history::{EntityLife, ShardLife};
+
+    const MS: i64 = 1_000_000;
+    const LEASE: &str = "demo-shard-counter-7";
+
+    fn at(ms: i64, inc: &str, event: Event) -> Entry {
+        Entry::new(ms * MS, "a", inc, event)
+    }
+
+    fn entity(ms: i64, inc: &str, stopped: bool) -> Entry {
+        let life = EntityLife::new("counter".into(), "7".into(), "key-1".into(), 1, "".into());
+        match stopped {
+            false => at(ms, inc, Event::EntityStarted(life)),
+            true => at(ms, inc, Event::EntityStopped(life)),
+        }
+    }
+
+    fn shard(ms: i64, inc: &str) -> Entry {
+        let life = ShardLife::new("counter".into(), "7".into(), 1, "".into());
+        at(ms, inc, Event::ShardStarted(life))
+    }
+
+    fn abort(ms: i64, inc: &str) -> Entry {
+        at(
+            ms,
+            inc,
+            Event::ProcessAbort {
+                lease: LEASE.into(),
+                token: 1,
+                what: "entity key-1 of counter shard 7".into(),
+            },
+        )
+    }
+
+    /// Granted at 0 with deadline 900, lost at 700; shard and entity alive from 5 and 10;
+    /// another node's event at 2000 ends the history.
+    fn blocked_entity(end: Option<Entry>) -> Vec<Entry> {
+        let mut events = vec![
+            at(
+                0,
+                "i1",
+                Event::LeaseGranted {
+                    lease: LEASE.into(),
+                    owner: "a".into(),
+                    token: 1,
+                    valid_until: 900 * MS,
+                },
+            ),
+            shard(5, "i1"),
+            entity(10, "i1", false),
+            at(
+                700,
+                "i1",
+                Event::LeaseLost {
+                    lease: LEASE.into(),
+                    owner: "a".into(),
+                    token: 1,
+                    reason: "expired".into(),
+                },
+            ),
+        ];
+        events.extend(end);
+        events.push(Entry::new(2000 * MS, "b", "ib", Event::NodeStarted {}));
+        events.sort_by_key(|e| e.t);
+        events
+    }
+
+    fn outside(events: &[Entry]) -> Vec<(i64, ViolationKind)> {
+        check(events)
+            .violations
+            .iter()
+            .map(|v| (v.first.t / MS, v.kind))
+            .collect()
+    }
+
+    #[test]
+    fn a_process_abort_ends_every_life_of_its_incarnation_there() {
+        let lives = actions(&blocked_entity(Some(abort(850, "i1"))));
+        let ends: Vec<(ActionKind, i64)> =
+            lives.iter().map(|a| (a.kind, a.until_ns / MS)).collect();
+        assert_eq!(
+            ends,
+            [(ActionKind::ShardLife, 850), (ActionKind::EntityLife, 850)]
+        );
+        assert!(lives.iter().all(|a| matches!(
+            a.ended.as_ref().map(|e| &e.event),
+            Some(Event::ProcessAbort { .. })
+        )));
+    }
+
+    #[test]
+    fn an_entity_that_outlives_its_kill_is_safe_only_if_its_process_aborts_before_the_deadline() {
+        // Never ends: alive until the history ends, past the deadline.
+        let entity_late = (10, ViolationKind::ActionOutsideHold);
+        let shard_late = (5, ViolationKind::ActionOutsideHold);
+        assert_eq!(outside(&blocked_entity(None)), [shard_late, entity_late]);
+        // The process aborts before the deadline: safe, and a stop recorded later by the
+        // dying process changes nothing.
+        assert_eq!(outside(&blocked_entity(Some(abort(850, "i1")))), []);
+        let mut late_stop = blocked_entity(Some(abort(850, "i1")));
+        late_stop.insert(5, entity(950, "i1", true));
+        assert_eq!(outside(&late_stop), []);
+        // After the deadline: too late.
+        assert_eq!(
+            outside(&blocked_entity(Some(abort(950, "i1")))),
+            [shard_late, entity_late]
+        );
+        // Another incarnation's abort ends nothing of this one.
+        assert_eq!(
+            outside(&blocked_entity(Some(abort(850, "i2")))),
+            [shard_late, entity_late]
+        );
+        // A harness cannot speak for the process: only a death it saw ends lives.
+        let mut forged = abort(850, "i1");
+        forged.inc = crate::history::HARNESS.into();
+        assert_eq!(
+            outside(&blocked_entity(Some(forged))),
+            [shard_late, entity_late]
+        );
     }
 }

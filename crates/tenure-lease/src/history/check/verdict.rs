@@ -96,6 +96,9 @@ pub struct Stats {
     pub actions: usize,
     /// Faults injected by a harness.
     pub faults: usize,
+    /// Processes that ended themselves because something outlived its kill
+    /// (`process_abort`).
+    pub aborts: usize,
 }
 
 /// What the checker found: violations (empty = safe), and the holds it rebuilt.
@@ -158,6 +161,7 @@ pub fn check_with(events: &[Entry], rule: ActionRule) -> Verdict {
                 false => stats.writes_rejected += 1,
             },
             _ if e.is_fault() => stats.faults += 1,
+            Event::ProcessAbort { .. } => stats.aborts += 1,
             _ => {}
         }
     }

@@ -1,0 +1,559 @@
+//! Entities that outlive their kill: a handler blocking its thread outside any await, where
+//! an actor kill cannot reach it. One shard on a controllable (memory) store, recording a
+//! history that the checker judges. A graceful move (hand-off, passivation) keeps the
+//! shard's lease until the entity has ended; a lease being lost ends the process before the
+//! lease's local deadline (here a hook stands in for `abort`), or with the unsafe opt-out at
+//! least never starts the entity a second time while it runs.
+//!
+//! The runtime has several worker threads: the blocked entity holds one, the shard and its
+//! lease run on the others.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use ractor::{ActorProcessingErr, ActorRef};
+use tenure_cluster::{History, Incarnation};
+use tenure_lease::history::{Entry, Event, read_history};
+use tenure_lease::{
+    Fault, FencingToken, LeaseSettings, LeaseSpec, LeaseStore, MemoryStore, ProcessEnd,
+    TenureConfig, Unstoppable, WhenKillFails,
+};
+use tenure_sharding::{
+    Entity, EntityContext, Shard, ShardArgs, ShardMsg, ShardingSettings, entity_factory,
+};
+use tokio::sync::mpsc;
+
+const LEASE: &str = "test-shard-probe-0";
+const OWNER: &str = "10.0.0.1:2552";
+
+/// Blocks the threads of the entities that ask it to until it is opened.
+#[derive(Default)]
+struct Gate {
+    open: Mutex<bool>,
+    opened: Condvar,
+    blocked: AtomicBool,
+}
+
+impl Gate {
+    /// Blocks the calling thread until the gate opens.
+    fn block(&self) {
+        self.blocked.store(true, Ordering::SeqCst);
+        let mut open = self.open.lock().unwrap();
+        while !*open {
+            open = self.opened.wait(open).unwrap();
+        }
+    }
+
+    fn open(&self) {
+        *self.open.lock().unwrap() = true;
+        self.opened.notify_all();
+    }
+
+    /// Waits until an entity is blocked at the gate. Polled: a blocked entity must not wake
+    /// a task of the runtime on its way in (the task would wait on the blocked thread).
+    async fn wait_blocked(&self) {
+        for _ in 0..1000 {
+            if self.blocked.load(Ordering::SeqCst) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("no entity blocked at the gate within 10 s");
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Seen {
+    Started(String, FencingToken),
+    Got(String, FencingToken, String),
+    /// Its state is gone: it ended (stopped, or killed once its thread came back).
+    Ended(String, FencingToken),
+}
+
+/// Reports its life and messages; `"block"` blocks its thread at the gate, and so does the
+/// `start` of an entity whose id begins with `blocked-start`.
+struct Blocking {
+    gate: Arc<Gate>,
+    seen: mpsc::UnboundedSender<Seen>,
+}
+
+/// An entity's state: reports the entity's end when dropped.
+struct Life {
+    id: String,
+    token: FencingToken,
+    seen: mpsc::UnboundedSender<Seen>,
+}
+
+impl Drop for Life {
+    fn drop(&mut self) {
+        let _ = self.seen.send(Seen::Ended(self.id.clone(), self.token));
+    }
+}
+
+impl Entity for Blocking {
+    type Request = String;
+    type Reply = String;
+    type State = Life;
+
+    async fn start(&self, ctx: &EntityContext) -> Result<Life, ActorProcessingErr> {
+        if ctx.entity_id.starts_with("blocked-start") {
+            self.gate.block();
+        }
+        let _ = self
+            .seen
+            .send(Seen::Started(ctx.entity_id.clone(), ctx.token));
+        Ok(Life {
+            id: ctx.entity_id.clone(),
+            token: ctx.token,
+            seen: self.seen.clone(),
+        })
+    }
+
+    async fn handle(
+        &self,
+        ctx: &EntityContext,
+        _life: &mut Life,
+        request: String,
+    ) -> Result<String, ActorProcessingErr> {
+        if request == "block" {
+            // A user's synchronous call: nothing of the runtime runs on this thread meanwhile.
+            self.gate.block();
+        } else {
+            let _ = self
+                .seen
+                .send(Seen::Got(ctx.entity_id.clone(), ctx.token, request.clone()));
+        }
+        Ok(request)
+    }
+}
+
+/// A test that fails lets the blocked thread go, so that its runtime can shut down.
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        self.gate.open();
+    }
+}
+
+fn lease_settings() -> LeaseSettings {
+    LeaseSettings {
+        heartbeat_timeout: Duration::from_millis(1500),
+        heartbeat_interval: Duration::from_millis(200),
+        lease_operation_timeout: Duration::from_millis(500),
+        lease_retry_interval: Duration::from_millis(100),
+        safety_margin: Duration::from_millis(200),
+        lock_delay: Duration::ZERO,
+    }
+}
+
+struct Fixture {
+    store: MemoryStore,
+    gate: Arc<Gate>,
+    seen: mpsc::UnboundedReceiver<Seen>,
+    tx: mpsc::UnboundedSender<Seen>,
+    _dir: tempfile::TempDir,
+    history_path: PathBuf,
+    history: History,
+    /// What the shard ended the process for (its hook).
+    ends: Arc<Mutex<Vec<Unstoppable>>>,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        let (tx, seen) = mpsc::unbounded_channel();
+        let dir = tempfile::tempdir().unwrap();
+        let history_path = dir.path().join("history.jsonl");
+        let history = History::open_for_owner(&history_path, OWNER, Incarnation::new()).unwrap();
+        Fixture {
+            store: MemoryStore::new(),
+            gate: Arc::default(),
+            seen,
+            tx,
+            _dir: dir,
+            history_path,
+            history,
+            ends: Arc::default(),
+        }
+    }
+
+    /// One shard of `probe` (stop budget 300 ms + 500 ms in the 1.5 s ttl), with
+    /// `configure` applied to its settings. Its process end is a hook that records why and
+    /// lets the blocked thread go, as the process's death would end it.
+    async fn shard(&self, configure: impl FnOnce(&mut ShardingSettings)) -> ActorRef<ShardMsg> {
+        let config = TenureConfig::from_toml_str("", "test").unwrap();
+        let mut settings = ShardingSettings::from_config(&config, "probe", "memory").unwrap();
+        settings.idle_timeout = None;
+        settings.number_of_shards = 1;
+        settings.stop_timeout = Duration::from_millis(300);
+        settings.lease = lease_settings();
+        configure(&mut settings);
+        let store: Arc<dyn LeaseStore> = Arc::new(self.store.clone());
+        let lease = LeaseSpec::new(LEASE, OWNER, store, lease_settings())
+            .unwrap()
+            .with_observer(self.history.lease_observer());
+        let args = ShardArgs {
+            type_name: "probe".into(),
+            shard_id: "0".into(),
+            node: OWNER.into(),
+            lease,
+            factory: entity_factory(Blocking {
+                gate: self.gate.clone(),
+                seen: self.tx.clone(),
+            }),
+            settings: Arc::new(settings),
+            active: None,
+            history: Some(self.history.clone()),
+            process_end: ProcessEnd::with_hook({
+                let (ends, gate) = (self.ends.clone(), self.gate.clone());
+                move |what| {
+                    ends.lock().unwrap().push(what.clone());
+                    gate.open();
+                }
+            }),
+        };
+        Shard::start(args, None).await.unwrap()
+    }
+
+    async fn next(&mut self) -> Seen {
+        tokio::time::timeout(Duration::from_secs(10), self.seen.recv())
+            .await
+            .expect("an entity event within 10 s")
+            .expect("channel open")
+    }
+
+    /// Nothing happens to any entity for `quiet` (a negative check over a bounded window).
+    async fn nothing_for(&mut self, quiet: Duration) {
+        if let Ok(Some(e)) = tokio::time::timeout(quiet, self.seen.recv()).await {
+            panic!("expected nothing, got {e:?}");
+        }
+    }
+
+    /// Takes events until every one of `want` was seen, in any order; returns them all.
+    async fn until_seen(&mut self, want: &[Seen]) -> Vec<Seen> {
+        let mut seen = Vec::new();
+        while !want.iter().all(|w| seen.contains(w)) {
+            seen.push(self.next().await);
+        }
+        seen
+    }
+
+    /// Starts entity `a` and blocks its thread at the gate; returns its token.
+    async fn blocked_entity(&mut self, shard: &ActorRef<ShardMsg>) -> FencingToken {
+        tell(shard, "a", "hello");
+        let Seen::Started(_, token) = self.next().await else {
+            panic!("expected a start")
+        };
+        assert_eq!(
+            self.next().await,
+            Seen::Got("a".into(), token, "hello".into())
+        );
+        tell(shard, "a", "block");
+        self.gate.wait_blocked().await;
+        token
+    }
+
+    fn history(&self) -> Vec<Entry> {
+        read_history(&self.history_path).unwrap()
+    }
+
+    /// Waits until the history shows an event matching `want`; returns it.
+    async fn wait_recorded(&self, what: &str, want: impl Fn(&Event) -> bool) -> Entry {
+        for _ in 0..1000 {
+            if let Some(e) = self.history().into_iter().find(|e| want(&e.event)) {
+                return e;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the history shows no {what} within 10 s");
+    }
+
+    /// Who the store says holds the lease now.
+    async fn holder(&self) -> Option<String> {
+        self.store.read(LEASE).await.unwrap().map(|r| r.owner)
+    }
+
+    /// The kinds of the history's events, in order, that `keep` keeps.
+    fn kinds(&self, keep: impl Fn(&Event) -> bool) -> Vec<String> {
+        self.history()
+            .iter()
+            .filter(|e| keep(&e.event))
+            .map(|e| e.kind())
+            .collect()
+    }
+
+    fn ends(&self) -> Vec<Unstoppable> {
+        self.ends.lock().unwrap().clone()
+    }
+
+    /// The checker's violations of the history so far, as text.
+    fn violations(&self) -> Vec<String> {
+        tenure_lease::history::check::check(&self.history())
+            .violations
+            .iter()
+            .map(|v| v.to_string())
+            .collect()
+    }
+}
+
+/// The last `valid_until` recorded before the first `lease_lost`.
+fn deadline_of_the_lost_grant(history: &[Entry]) -> i64 {
+    let mut deadline = None;
+    for e in history {
+        match e.event {
+            Event::LeaseGranted { valid_until, .. } | Event::LeaseRenewed { valid_until, .. } => {
+                deadline = deadline.max(Some(valid_until))
+            }
+            Event::LeaseLost { .. } => break,
+            _ => {}
+        }
+    }
+    deadline.expect("a grant before the loss")
+}
+
+fn tell(shard: &ActorRef<ShardMsg>, entity: &str, text: &str) {
+    shard
+        .cast(ShardMsg::Deliver {
+            entity: entity.into(),
+            payload: tenure_cluster::codec::encode_inner(
+                "entity request",
+                "probe",
+                &text.to_string(),
+            )
+            .unwrap(),
+            reply: None,
+        })
+        .unwrap();
+}
+
+/// The lease's own events and the entity's life, in order.
+fn lease_or_entity(e: &Event) -> bool {
+    matches!(
+        e,
+        Event::LeaseReleased { .. }
+            | Event::EntityStopped(_)
+            | Event::EntityZombie(_)
+            | Event::ProcessAbort { .. }
+    )
+}
+
+/// A hand-off whose entity outlives its kill keeps the shard's lease, renewed, past
+/// `hand-off-timeout` (then it answers that it did not release); the lease is released
+/// once the entity has ended, and only then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hand_off_keeps_the_lease_until_an_entity_that_outlived_its_kill_ends() {
+    let mut f = Fixture::new();
+    let shard = f
+        .shard(|s| s.hand_off_timeout = Duration::from_secs(2))
+        .await;
+    let token = f.blocked_entity(&shard).await;
+    let handed = ractor::call_t!(shard, ShardMsg::HandOff, 20_000).unwrap();
+    assert!(
+        !handed.released,
+        "the hand-off released the shard's lease while entity a still runs"
+    );
+    // Longer than the ttl: the lease is renewed, not left to expire.
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    assert_eq!(f.holder().await.as_deref(), Some(OWNER), "still held");
+    f.gate.open();
+    assert_eq!(f.next().await, Seen::Ended("a".into(), token));
+    for _ in 0..1000 {
+        if f.holder().await.is_none() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(f.holder().await, None, "released once the entity ended");
+    assert_eq!(
+        f.kinds(lease_or_entity),
+        ["entity_zombie", "entity_stopped", "lease_released"]
+    );
+    assert!(
+        f.ends().is_empty(),
+        "a graceful move never ends the process"
+    );
+    assert_eq!(f.violations(), Vec::<String>::new());
+}
+
+/// Within `hand-off-timeout`, the hand-off waits for an entity that outlived its kill and
+/// then releases: the answer says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hand_off_waits_for_an_entity_that_outlived_its_kill_then_releases() {
+    let mut f = Fixture::new();
+    let shard = f
+        .shard(|s| s.hand_off_timeout = Duration::from_secs(30))
+        .await;
+    let token = f.blocked_entity(&shard).await;
+    let handing = {
+        let shard = shard.clone();
+        tokio::spawn(async move { ractor::call_t!(shard, ShardMsg::HandOff, 60_000) })
+    };
+    f.wait_recorded("entity_zombie", |e| matches!(e, Event::EntityZombie(_)))
+        .await;
+    let status = ractor::call_t!(shard, ShardMsg::Status, 5_000).expect("the shard answers");
+    assert_eq!(status.entities, ["a"], "{status:?}");
+    assert!(!handing.is_finished(), "answered while entity a still runs");
+    assert_eq!(f.holder().await.as_deref(), Some(OWNER), "still held");
+    f.gate.open();
+    assert_eq!(f.next().await, Seen::Ended("a".into(), token));
+    let handed = handing.await.unwrap().unwrap();
+    assert!(handed.released);
+    assert_eq!(
+        f.kinds(lease_or_entity),
+        ["entity_zombie", "entity_stopped", "lease_released"]
+    );
+    assert_eq!(f.violations(), Vec::<String>::new());
+}
+
+/// The shard itself stopping (its region or node going away) while an entity outlived its
+/// kill would release the lease with it: the process ends first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_shard_stopping_while_an_entity_outlived_its_kill_ends_the_process() {
+    let mut f = Fixture::new();
+    let shard = f
+        .shard(|s| s.hand_off_timeout = Duration::from_millis(100))
+        .await;
+    let token = f.blocked_entity(&shard).await;
+    let handed = ractor::call_t!(shard, ShardMsg::HandOff, 20_000).unwrap();
+    assert!(!handed.released);
+    assert!(f.ends().is_empty());
+    shard.stop_and_wait(None, None).await.unwrap();
+    let ends = f.ends();
+    assert_eq!(ends.len(), 1, "{ends:?}");
+    assert_eq!((ends[0].lease.as_str(), ends[0].token), (LEASE, token));
+    assert_eq!(
+        f.kinds(lease_or_entity)[..2],
+        ["entity_zombie", "process_abort"]
+    );
+}
+
+/// A lost lease whose entity outlives its kill: the process ends (the hook, which here
+/// lets the blocked thread go) before the lease's local deadline. Judged by the checker:
+/// every life ends inside the hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_lease_with_an_entity_that_outlived_its_kill_ends_the_process_in_time() {
+    let mut f = Fixture::new();
+    let shard = f.shard(|_| {}).await;
+    let token = f.blocked_entity(&shard).await;
+    f.store.set_fault(Fault::FailRenewals);
+    f.wait_recorded("lease_lost", |e| matches!(e, Event::LeaseLost { .. }))
+        .await;
+    // If the process went on, let the thread go once the deadline has surely passed.
+    let valid_until = deadline_of_the_lost_grant(&f.history());
+    while f.ends().is_empty() && tenure_lease::clock::boottime_now_ns() < valid_until + 100_000_000
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    f.gate.open();
+    f.until_seen(&[Seen::Ended("a".into(), token)]).await;
+    f.store.set_fault(Fault::None);
+    f.history.record(Event::NodeLeft {});
+    assert_eq!(f.violations(), Vec::<String>::new());
+    let ends = f.ends();
+    assert_eq!(ends.len(), 1, "{ends:?}");
+    assert_eq!(
+        (ends[0].lease.as_str(), ends[0].token, ends[0].what.as_str()),
+        (LEASE, token, "entity a of probe shard 0")
+    );
+    let abort = f
+        .wait_recorded("process_abort", |e| matches!(e, Event::ProcessAbort { .. }))
+        .await;
+    assert!(abort.t < valid_until, "aborted before the deadline");
+    shard.stop_and_wait(None, None).await.unwrap();
+}
+
+/// An entity whose `start` blocks its thread outlives its kill as well: a lost lease ends
+/// the process in time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_entity_blocked_in_its_start_is_no_different() {
+    let mut f = Fixture::new();
+    let shard = f.shard(|_| {}).await;
+    tell(&shard, "blocked-start-1", "hello");
+    f.gate.wait_blocked().await;
+    f.store.set_fault(Fault::FailRenewals);
+    let abort = f
+        .wait_recorded("process_abort", |e| matches!(e, Event::ProcessAbort { .. }))
+        .await;
+    let valid_until = deadline_of_the_lost_grant(&f.history());
+    assert!(abort.t < valid_until, "aborted before the deadline");
+    let ends = f.ends();
+    assert_eq!(ends.len(), 1, "{ends:?}");
+    assert_eq!(ends[0].what, "entity blocked-start-1 of probe shard 0");
+    // The hook let it go: it ends, its start never having finished under a live grant.
+    let Seen::Started(_, token) = f.next().await else {
+        panic!("expected its start to finish")
+    };
+    assert_eq!(ends[0].token, token);
+    f.until_seen(&[Seen::Ended("blocked-start-1".into(), token)])
+        .await;
+    f.store.set_fault(Fault::None);
+    f.history.record(Event::NodeLeft {});
+    assert_eq!(f.violations(), Vec::<String>::new());
+    shard.stop_and_wait(None, None).await.unwrap();
+}
+
+/// With the unsafe opt-out the process goes on, but the shard never starts the entity a
+/// second time while the first still runs: it acquires its lease again only once the
+/// entity ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn after_a_loss_an_entity_that_outlived_its_kill_is_never_started_twice() {
+    let mut f = Fixture::new();
+    let shard = f
+        .shard(|s| s.when_kill_fails = WhenKillFails::RunOnUnsafe)
+        .await;
+    let token = f.blocked_entity(&shard).await;
+    f.store.set_fault(Fault::FailRenewals);
+    f.wait_recorded("lease_lost", |e| matches!(e, Event::LeaseLost { .. }))
+        .await;
+    f.store.set_fault(Fault::None);
+    tell(&shard, "a", "again");
+    // Several retry intervals: a shard that acquired again would start `a` now.
+    f.nothing_for(Duration::from_millis(1500)).await;
+    assert!(
+        f.ends().is_empty(),
+        "run-on-unsafe does not end the process"
+    );
+    f.gate.open();
+    assert_eq!(f.next().await, Seen::Ended("a".into(), token));
+    // Granted again once it ended (a newer token, or the same one re-entered while the
+    // store still kept it).
+    let Seen::Started(id, again) = f.next().await else {
+        panic!("expected a start")
+    };
+    assert_eq!(id, "a");
+    assert_eq!(f.next().await, Seen::Got("a".into(), again, "again".into()));
+    shard.stop_and_wait(None, None).await.unwrap();
+}
+
+/// An idle entity blocked in a handler is passivated: messages for it wait, and no second
+/// incarnation starts until it has ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn passivating_a_blocked_entity_never_starts_it_twice() {
+    let mut f = Fixture::new();
+    let shard = f
+        .shard(|s| s.idle_timeout = Some(Duration::from_millis(200)))
+        .await;
+    let token = f.blocked_entity(&shard).await;
+    // Idle since its last message: passivated while blocked.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    tell(&shard, "a", "after");
+    f.nothing_for(Duration::from_millis(1000)).await;
+    f.gate.open();
+    // The old incarnation's state may be dropped after the new one started: its code ran
+    // to its end before the shard learnt of it.
+    let seen = f
+        .until_seen(&[
+            Seen::Ended("a".into(), token),
+            Seen::Got("a".into(), token, "after".into()),
+        ])
+        .await;
+    assert_eq!(
+        seen.iter()
+            .filter(|s| matches!(s, Seen::Started(..)))
+            .count(),
+        1,
+        "{seen:?}"
+    );
+    shard.stop_and_wait(None, None).await.unwrap();
+    assert_eq!(f.violations(), Vec::<String>::new());
+}

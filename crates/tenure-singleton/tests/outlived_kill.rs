@@ -1,0 +1,379 @@
+//! A singleton instance that outlives its kill: its handler blocks its thread outside any
+//! await, where an actor kill cannot reach it. One node, a controllable (memory) store, a
+//! history the checker judges. A hand-over keeps the lease until the instance has ended; a
+//! lease being lost ends the process before the lease's local deadline (here a hook stands
+//! in for `abort`).
+//!
+//! The runtime has several worker threads: the blocked instance holds one, the manager and
+//! its lease run on the others.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tenure_cluster::{
+    ClusterEvent, HandOver, History, Incarnation, Member, MemberStatus, NodeAddr,
+};
+use tenure_lease::history::{Entry, Event, read_history};
+use tenure_lease::{
+    Fault, FencingToken, LeaseSettings, LeaseSpec, LeaseStore, MemoryStore, ProcessEnd, Unstoppable,
+};
+use tenure_singleton::{ManagerMsg, SingletonManager, SingletonSettings, SingletonSpec, spawner};
+use tokio::sync::mpsc;
+
+/// Blocks the thread of the instance that asks it to until it is opened.
+#[derive(Default)]
+struct Gate {
+    open: Mutex<bool>,
+    opened: Condvar,
+    blocked: AtomicBool,
+}
+
+impl Gate {
+    fn block(&self) {
+        self.blocked.store(true, Ordering::SeqCst);
+        let mut open = self.open.lock().unwrap();
+        while !*open {
+            open = self.opened.wait(open).unwrap();
+        }
+    }
+
+    fn open(&self) {
+        *self.open.lock().unwrap() = true;
+        self.opened.notify_all();
+    }
+
+    /// Polled: the blocked instance must not wake a task of the runtime on its way in.
+    async fn wait_blocked(&self) {
+        for _ in 0..1000 {
+            if self.blocked.load(Ordering::SeqCst) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the instance did not block at the gate within 10 s");
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Seen {
+    Started(FencingToken),
+    /// Its state is gone: it ended (stopped, or killed once its thread came back).
+    Ended(FencingToken),
+}
+
+/// Reports its life; `Block` blocks its thread at the gate.
+struct Blocking;
+
+struct Block;
+impl ractor::Message for Block {}
+
+/// The instance's state: reports its end when dropped.
+struct Life {
+    token: FencingToken,
+    gate: Arc<Gate>,
+    seen: mpsc::UnboundedSender<Seen>,
+}
+
+impl Drop for Life {
+    fn drop(&mut self) {
+        let _ = self.seen.send(Seen::Ended(self.token));
+    }
+}
+
+impl Actor for Blocking {
+    type Msg = Block;
+    type State = Life;
+    type Arguments = Life;
+
+    async fn pre_start(&self, _: ActorRef<Block>, life: Life) -> Result<Life, ActorProcessingErr> {
+        let _ = life.seen.send(Seen::Started(life.token));
+        Ok(life)
+    }
+
+    async fn handle(
+        &self,
+        _: ActorRef<Block>,
+        _: Block,
+        life: &mut Life,
+    ) -> Result<(), ActorProcessingErr> {
+        life.gate.block();
+        Ok(())
+    }
+}
+
+/// A test that fails lets the blocked thread go, so that its runtime can shut down.
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        self.gate.open();
+    }
+}
+
+fn lease_settings() -> LeaseSettings {
+    LeaseSettings {
+        heartbeat_timeout: Duration::from_millis(1500),
+        heartbeat_interval: Duration::from_millis(200),
+        lease_operation_timeout: Duration::from_millis(500),
+        lease_retry_interval: Duration::from_millis(200),
+        safety_margin: Duration::from_millis(200),
+        lock_delay: Duration::ZERO,
+    }
+}
+
+fn me() -> NodeAddr {
+    NodeAddr::parse("test", "127.0.0.1:1").unwrap()
+}
+
+struct Fixture {
+    store: Arc<MemoryStore>,
+    manager: ActorRef<ManagerMsg>,
+    gate: Arc<Gate>,
+    seen: mpsc::UnboundedReceiver<Seen>,
+    lease: String,
+    scope: String,
+    name: String,
+    _dir: tempfile::TempDir,
+    history_path: PathBuf,
+    history: History,
+    /// What the manager ended the process for (its hook).
+    ends: Arc<Mutex<Vec<Unstoppable>>>,
+}
+
+impl Fixture {
+    async fn new(name: &str) -> Fixture {
+        let store = Arc::new(MemoryStore::new());
+        let lease = format!("test-singleton-{name}");
+        let gate = Arc::new(Gate::default());
+        let (tx, seen) = mpsc::unbounded_channel();
+        let dir = tempfile::tempdir().unwrap();
+        let history_path = dir.path().join("history.jsonl");
+        let history =
+            History::open(&history_path, &me(), Incarnation::new()).expect("open the history");
+        let config = tenure_lease::TenureConfig::from_toml_str("", "test").unwrap();
+        let mut settings = SingletonSettings::from_config(&config, name, "memory").unwrap();
+        settings.lease = lease_settings();
+        // The stop budget (300 ms + 500 ms) fits the 1.5 s ttl.
+        settings.stop_timeout = Duration::from_millis(300);
+        let scope = format!("test-outlived-{name}");
+        let spawn_gate = gate.clone();
+        let ends: Arc<Mutex<Vec<Unstoppable>>> = Arc::default();
+        // Records why and lets the blocked thread go, as the process's death would end it.
+        let process_end = ProcessEnd::with_hook({
+            let (ends, gate) = (ends.clone(), gate.clone());
+            move |what| {
+                ends.lock().unwrap().push(what.clone());
+                gate.open();
+            }
+        });
+        let spec = SingletonSpec {
+            name: name.into(),
+            settings,
+            lease: LeaseSpec::new(&lease, &me().to_string(), store.clone(), lease_settings())
+                .unwrap()
+                .with_observer(history.lease_observer()),
+            me: me(),
+            scope: scope.clone(),
+            spawner: spawner(move |token| {
+                let life = Life {
+                    token,
+                    gate: spawn_gate.clone(),
+                    seen: tx.clone(),
+                };
+                (Blocking, life)
+            }),
+            history: Some(history.clone()),
+            process_end,
+        };
+        let manager = SingletonManager::start(spec, None).await.unwrap();
+        let member = Member {
+            addr: me(),
+            incarnation: Incarnation(1),
+            age: 1,
+            status: MemberStatus::Up,
+            reachable: true,
+            roles: Vec::new(),
+        };
+        manager
+            .cast(ClusterEvent::CurrentMembers(vec![member]).into())
+            .unwrap();
+        Fixture {
+            store,
+            manager,
+            gate,
+            seen,
+            lease,
+            scope,
+            name: name.into(),
+            _dir: dir,
+            history_path,
+            history,
+            ends,
+        }
+    }
+
+    async fn next(&mut self) -> Seen {
+        tokio::time::timeout(Duration::from_secs(10), self.seen.recv())
+            .await
+            .expect("an instance event within 10 s")
+            .expect("channel open")
+    }
+
+    /// Waits for the instance to start, then blocks its thread; returns its token.
+    async fn blocked_instance(&mut self) -> FencingToken {
+        let Seen::Started(token) = self.next().await else {
+            panic!("expected a start")
+        };
+        // It has joined its group once its start is recorded.
+        self.wait_recorded("singleton_started", |e| {
+            matches!(e, Event::SingletonStarted(_))
+        })
+        .await;
+        let group = tenure_singleton::instance_group(&self.name, token);
+        let members = ractor::pg::get_scoped_members(&self.scope, &group);
+        let instance: ActorRef<Block> = members.first().expect("the instance").clone().into();
+        instance.cast(Block).unwrap();
+        self.gate.wait_blocked().await;
+        token
+    }
+
+    fn history(&self) -> Vec<Entry> {
+        read_history(&self.history_path).unwrap()
+    }
+
+    async fn wait_recorded(&self, what: &str, want: impl Fn(&Event) -> bool) -> Entry {
+        for _ in 0..1000 {
+            if let Some(e) = self.history().into_iter().find(|e| want(&e.event)) {
+                return e;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the history shows no {what} within 10 s");
+    }
+
+    async fn holder(&self) -> Option<String> {
+        self.store.read(&self.lease).await.unwrap().map(|r| r.owner)
+    }
+
+    fn ends(&self) -> Vec<Unstoppable> {
+        self.ends.lock().unwrap().clone()
+    }
+
+    fn violations(&self) -> Vec<String> {
+        tenure_lease::history::check::check(&self.history())
+            .violations
+            .iter()
+            .map(|v| v.to_string())
+            .collect()
+    }
+}
+
+/// The last `valid_until` recorded before the first `lease_lost`.
+fn deadline_of_the_lost_grant(history: &[Entry]) -> i64 {
+    let mut deadline = None;
+    for e in history {
+        match e.event {
+            Event::LeaseGranted { valid_until, .. } | Event::LeaseRenewed { valid_until, .. } => {
+                deadline = deadline.max(Some(valid_until))
+            }
+            Event::LeaseLost { .. } => break,
+            _ => {}
+        }
+    }
+    deadline.expect("a grant before the loss")
+}
+
+/// A lost lease whose instance outlives its kill: the process ends (the hook, which here
+/// lets the blocked thread go) before the lease's local deadline; the checker finds every
+/// life inside its hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_lease_with_an_instance_that_outlived_its_kill_ends_the_process_in_time() {
+    let mut f = Fixture::new("lost").await;
+    let token = f.blocked_instance().await;
+    f.store.set_fault(Fault::FailRenewals);
+    f.wait_recorded("lease_lost", |e| matches!(e, Event::LeaseLost { .. }))
+        .await;
+    // If the process went on, let the thread go once the deadline has surely passed.
+    let valid_until = deadline_of_the_lost_grant(&f.history());
+    while f.ends().is_empty() && tenure_lease::clock::boottime_now_ns() < valid_until + 100_000_000
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    f.gate.open();
+    assert_eq!(f.next().await, Seen::Ended(token));
+    f.wait_recorded("singleton_stopped", |e| {
+        matches!(e, Event::SingletonStopped(_))
+    })
+    .await;
+    f.store.set_fault(Fault::None);
+    f.history.record(Event::NodeLeft {});
+    assert_eq!(f.violations(), Vec::<String>::new());
+    let ends = f.ends();
+    assert_eq!(ends.len(), 1, "{ends:?}");
+    assert_eq!(
+        (ends[0].lease.as_str(), ends[0].token, ends[0].what.as_str()),
+        (f.lease.as_str(), token, "singleton lost")
+    );
+    let abort = f
+        .wait_recorded("process_abort", |e| matches!(e, Event::ProcessAbort { .. }))
+        .await;
+    assert!(abort.t < valid_until, "aborted before the deadline");
+}
+
+/// Leaving while the instance outlives its kill: the hand-over waits, the lease stays held
+/// and renewed, and is released once the instance has ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hand_over_keeps_the_lease_until_an_instance_that_outlived_its_kill_ends() {
+    let mut f = Fixture::new("leave").await;
+    let token = f.blocked_instance().await;
+    let (guard, wait) = HandOver::new();
+    f.manager
+        .cast(ClusterEvent::SelfLeaving(guard).into())
+        .unwrap();
+    let mut done = tokio::spawn(wait.done());
+    // Longer than the ttl: held and renewed while the instance runs.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(1600), &mut done)
+            .await
+            .is_err(),
+        "the hand-over finished while the instance still runs"
+    );
+    let me = me().to_string();
+    assert_eq!(f.holder().await.as_deref(), Some(me.as_str()));
+    f.gate.open();
+    assert_eq!(f.next().await, Seen::Ended(token));
+    tokio::time::timeout(Duration::from_secs(5), done)
+        .await
+        .expect("the hand-over finished once the instance ended")
+        .unwrap();
+    assert_eq!(f.holder().await, None, "released");
+    assert!(f.ends().is_empty(), "a hand-over never ends the process");
+    assert_eq!(f.violations(), Vec::<String>::new());
+}
+
+/// The manager stopping while its instance outlived its kill would release the lease with
+/// its lease actor: the process ends first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_manager_stopping_while_its_instance_outlived_its_kill_ends_the_process() {
+    let mut f = Fixture::new("stopping").await;
+    let token = f.blocked_instance().await;
+    let (guard, _wait) = HandOver::new();
+    f.manager
+        .cast(ClusterEvent::SelfLeaving(guard).into())
+        .unwrap();
+    f.wait_recorded("singleton_zombie", |e| {
+        matches!(e, Event::SingletonZombie(_))
+    })
+    .await;
+    assert!(f.ends().is_empty(), "a hand-over never ends the process");
+    f.manager.stop_and_wait(None, None).await.unwrap();
+    let ends = f.ends();
+    assert_eq!(ends.len(), 1, "{ends:?}");
+    assert_eq!(
+        (ends[0].lease.as_str(), ends[0].token),
+        (f.lease.as_str(), token)
+    );
+    f.wait_recorded("process_abort", |e| matches!(e, Event::ProcessAbort { .. }))
+        .await;
+}

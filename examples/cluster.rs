@@ -1,0 +1,229 @@
+//! A two-node cluster on the `tenure` crate alone: a singleton and a sharded entity.
+//!
+//! Run: `cargo run --example cluster`. The program starts a second process of itself as
+//! the first node (the seed), then joins it as the second node; both share a SQLite lease
+//! file in a temporary directory. Each node hosts the sharded entity type `greeter` and the
+//! singleton `announcer`: the oldest node runs the singleton, each greeter runs on one node
+//! under its shard's lease. The program greets a few people through its region (the reply
+//! names the node that answered), then the first node leaves gracefully: its shards and the
+//! singleton move to the second node, and the greetings go on there.
+
+use std::path::Path;
+use std::process::{Child, Command};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tenure::TenureConfig;
+use tenure::cluster::{ClusterSettings, Node};
+use tenure::ractor::{Actor, ActorProcessingErr, ActorRef};
+use tenure::sharding::{Entity, EntityContext, ShardRegion, entity_factory};
+use tenure::singleton::spawner;
+use tokio::sync::mpsc::{UnboundedSender, unbounded_channel};
+
+const PEOPLE: [&str; 4] = ["alice", "bob", "carol", "dave"];
+
+/// A greeter: one per person, counting the greetings it gave (in memory: a moved greeter
+/// starts counting again; a durable entity would not).
+struct Greeter;
+
+#[derive(Serialize, Deserialize)]
+struct Greet;
+
+#[derive(Serialize, Deserialize)]
+struct Greeting {
+    text: String,
+}
+
+impl Entity for Greeter {
+    type Request = Greet;
+    type Reply = Greeting;
+    type State = u64;
+
+    async fn start(&self, _ctx: &EntityContext) -> Result<u64, ActorProcessingErr> {
+        Ok(0)
+    }
+
+    async fn handle(
+        &self,
+        ctx: &EntityContext,
+        greetings: &mut u64,
+        _request: Greet,
+    ) -> Result<Greeting, ActorProcessingErr> {
+        *greetings += 1;
+        Ok(Greeting {
+            text: format!(
+                "hello {} (greeting {} from {}, shard {}, token {})",
+                ctx.entity_id, greetings, ctx.node, ctx.shard_id, ctx.token
+            ),
+        })
+    }
+}
+
+/// The singleton: says where it runs, under which token.
+struct Announcer;
+
+tenure::cluster::cluster_message! {
+    /// The announcer takes no messages; its work is done as it starts.
+    pub enum AnnouncerMsg {}
+}
+
+impl Actor for Announcer {
+    type Msg = AnnouncerMsg;
+    type State = ();
+    type Arguments = (String, UnboundedSender<String>);
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<AnnouncerMsg>,
+        (announcement, started): (String, UnboundedSender<String>),
+    ) -> Result<(), ActorProcessingErr> {
+        println!("{announcement}");
+        // Nobody may be listening (the first node does not): that is fine.
+        let _ = started.send(announcement);
+        Ok(())
+    }
+}
+
+fn config(dir: &Path, port: u16, seed: u16) -> String {
+    format!(
+        r#"[tenure]
+default-lease-section = "sqlite"
+[lease.sqlite]
+path = "{dir}/leases.sqlite"
+heartbeat-timeout = "3s"
+heartbeat-interval = "500ms"
+lease-retry-interval = "300ms"
+lease-operation-timeout = "1s"
+[cluster]
+port = {port}
+cookie = "cluster-example-cookie-0123456789abcdef"
+seeds = ["127.0.0.1:{seed}"]
+member-lease-ttl = "3s"
+member-lease-interval = "500ms"
+membership-interval = "300ms"
+[sharding.greeter]
+number-of-shards = 8
+retry-interval = "300ms"
+"#,
+        dir = dir.display()
+    )
+}
+
+/// Starts a node from `config`, hosting the greeters and the announcer (which tells
+/// `started` when it starts on this node).
+async fn start_node(
+    config: &str,
+    started: UnboundedSender<String>,
+) -> Result<(Node, ShardRegion), Box<dyn std::error::Error>> {
+    let config = TenureConfig::from_toml_str(config, "example")?;
+    let provider = tenure::provider(config.clone())?;
+    let node = Node::builder(ClusterSettings::from_config(&config)?)
+        .start(&provider)
+        .await?;
+    let me = node.addr().to_string();
+    let announcer = spawner(move |token| {
+        let announcement = format!("singleton announcer runs on {me} with token {token}");
+        (Announcer, (announcement, started.clone()))
+    });
+    tenure::singleton::start_on_node(&node, &provider, "announcer", announcer).await?;
+    let region =
+        tenure::sharding::start_on_node(&node, &provider, "greeter", Some(entity_factory(Greeter)))
+            .await?;
+    Ok((node, region))
+}
+
+/// Greets everyone once, retrying a greeting whose shard is moving, for at most a minute.
+async fn greet_everyone(region: &ShardRegion) -> Result<(), String> {
+    for person in PEOPLE {
+        let give_up = tokio::time::Instant::now() + Duration::from_secs(60);
+        let greeter = region.entity_ref::<Greeter>(person);
+        loop {
+            match greeter.ask(&Greet, Duration::from_secs(5)).await {
+                Ok(greeting) => {
+                    println!("{}", greeting.text);
+                    break;
+                }
+                Err(e) if tokio::time::Instant::now() < give_up => {
+                    println!("{person}: {e}; retrying");
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                }
+                Err(e) => return Err(format!("{person} not greeted within a minute: {e}")),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The first node: the seed, which leaves gracefully after `lifetime`.
+async fn first_node(config: String, lifetime: Duration) -> Result<(), Box<dyn std::error::Error>> {
+    let (node, _region) = start_node(&config, unbounded_channel().0).await?;
+    tokio::time::sleep(lifetime).await;
+    println!("the first node leaves");
+    node.leave().await?;
+    Ok(())
+}
+
+/// Two free loopback ports (another program may take one before the nodes bind it: then
+/// run the example again).
+fn two_ports() -> std::io::Result<[u16; 2]> {
+    let a = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let b = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok([a.local_addr()?.port(), b.local_addr()?.port()])
+}
+
+fn spawn_first_node(config: &str, lifetime: Duration) -> std::io::Result<Child> {
+    Command::new(std::env::current_exe()?)
+        .env("TENURE_EXAMPLE_FIRST_NODE", config)
+        .env(
+            "TENURE_EXAMPLE_LIFETIME_MS",
+            lifetime.as_millis().to_string(),
+        )
+        .spawn()
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    if let (Ok(config), Ok(lifetime)) = (
+        std::env::var("TENURE_EXAMPLE_FIRST_NODE"),
+        std::env::var("TENURE_EXAMPLE_LIFETIME_MS"),
+    ) {
+        return first_node(config, Duration::from_millis(lifetime.parse()?)).await;
+    }
+    let dir = tempfile::tempdir()?;
+    let [seed, port] = two_ports()?;
+    let mut first = spawn_first_node(&config(dir.path(), seed, seed), Duration::from_secs(6))?;
+    // The first node must be the oldest: join once it listens.
+    let give_up = tokio::time::Instant::now() + Duration::from_secs(30);
+    while tokio::net::TcpStream::connect(("127.0.0.1", seed))
+        .await
+        .is_err()
+    {
+        if tokio::time::Instant::now() > give_up {
+            first.kill()?;
+            return Err("the first node did not listen within 30 s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (started, mut announced) = unbounded_channel();
+    let (node, region) = start_node(&config(dir.path(), port, seed), started).await?;
+    let greetings = async {
+        greet_everyone(&region).await?;
+        let left = first.wait().map_err(|e| e.to_string())?;
+        if !left.success() {
+            return Err(format!("the first node did not leave cleanly: {left}"));
+        }
+        println!("only this node is left");
+        greet_everyone(&region).await?;
+        match tokio::time::timeout(Duration::from_secs(30), announced.recv()).await {
+            Ok(Some(_)) => Ok(()),
+            _ => Err("the singleton did not move to this node within 30 s".to_string()),
+        }
+    };
+    let result = greetings.await;
+    if first.try_wait()?.is_none() {
+        first.kill()?;
+        first.wait()?;
+    }
+    node.leave().await?;
+    Ok(result?)
+}
