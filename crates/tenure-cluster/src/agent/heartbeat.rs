@@ -409,8 +409,12 @@ impl AgentState {
             }
         };
         self.tell_if_downed(&hb.node, hb.incarnation, hb.age);
-        self.monitor
-            .heard(&hb.node, via == Via::Datagram, hb.your_datagrams_arrive, now);
+        self.monitor.heard(
+            &hb.node,
+            via == Via::Datagram,
+            hb.your_datagrams_arrive,
+            now,
+        );
         if let Some(d) = self.downing.as_mut() {
             d.heard(&hb.node, hb.hears_you, now);
         }

@@ -345,7 +345,10 @@ mod tests {
         let mut m = Monitor::new(Duration::from_secs(5));
         let p = peer();
         let t0 = Instant::now();
-        assert!(m.session_copy_due(&p, t0, WINDOW, KEEPALIVE), "nothing heard yet");
+        assert!(
+            m.session_copy_due(&p, t0, WINDOW, KEEPALIVE),
+            "nothing heard yet"
+        );
         m.heard(&p, true, false, t0);
         let t1 = t0 + Duration::from_millis(500);
         assert!(
