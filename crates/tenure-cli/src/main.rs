@@ -241,18 +241,28 @@ enum LeaseCommand {
         section: Option<String>,
     },
     /// Wait for the lease, run COMMAND while holding it (with TENURE_LEASE_NAME and
-    /// TENURE_LEASE_TOKEN set), release when it exits, and exit with its status. If the
-    /// lease is lost, COMMAND gets SIGTERM, then SIGKILL after --grace, before the local
-    /// deadline; exit 3. The same happens when a higher priority asks for the lease (its
-    /// cleanup timeout defaults to heartbeat-interval + --grace + 200ms).
+    /// TENURE_LEASE_TOKEN set), release when it exits, and exit with its status. COMMAND
+    /// is every process it starts, also those that leave its process group (setsid,
+    /// daemons): when it exits, what it left running gets SIGTERM, then SIGKILL after
+    /// --grace, and the lease is released once none is left. If the lease is lost, all of
+    /// COMMAND gets the same before the local deadline; exit 3. The same happens when a
+    /// higher priority asks for the lease (its cleanup timeout defaults to
+    /// heartbeat-interval + --grace + 200ms).
     Run {
         #[command(flatten)]
         target: Target,
         #[command(flatten)]
         priority: lease_cmd::PriorityArgs,
-        /// Time COMMAND gets between SIGTERM and SIGKILL when the lease is lost.
+        /// Time COMMAND's processes get between SIGTERM and SIGKILL when they are ended:
+        /// on a loss, a preemption, SIGINT or SIGTERM to tenure, and (unless
+        /// --let-children-outlive-lease) when its first process exits leaving others.
         #[arg(long, default_value = "2s", value_parser = tenure::duration::parse)]
         grace: Duration,
+        /// Release as soon as COMMAND's first process exits, leaving what it started
+        /// (background jobs, daemons) running unguarded: they may run on while another
+        /// holder is granted the lease. A loss or a preemption still ends them.
+        #[arg(long)]
+        let_children_outlive_lease: bool,
         /// Append the lease's events and the command's start and stop to this history
         /// (JSON Lines, docs/history.md; `node` is the owner), for `tenure check`.
         #[arg(long)]
@@ -374,6 +384,7 @@ async fn run(cli: Cli) -> Result<Outcome, CliError> {
                 target,
                 priority,
                 grace,
+                let_children_outlive_lease,
                 history,
                 command,
             } => {
@@ -381,6 +392,7 @@ async fn run(cli: Cli) -> Result<Outcome, CliError> {
                     grace,
                     options: priority.options(),
                     history: history.as_deref(),
+                    let_children_outlive_lease,
                 };
                 run_cmd::run(&provider, &target, guard, &command).await
             }

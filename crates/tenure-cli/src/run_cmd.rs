@@ -1,20 +1,22 @@
 //! `tenure lease run NAME -- COMMAND`: run a command only while holding a lease.
 //!
+//! The command is every process it starts ([`tree`]): when its first process exits, when
+//! the lease is lost or preempted, or when `tenure` is asked to stop, all of them are ended
+//! (SIGTERM, then SIGKILL after `--grace`), and the lease is released only once none is
+//! left. `--let-children-outlive-lease` releases when the first process exits instead,
+//! leaving the rest running unguarded.
+//!
 //! Timing: the lease's stop budget is `grace + KILL_SLACK`: the LeaseActor declares the loss
 //! that much earlier than the section's own local deadline, so that after SIGTERM, the grace
 //! period and SIGKILL, the command is gone before the local deadline, which itself comes
 //! before the store can grant the lease to anyone else.
 
-use std::os::unix::process::CommandExt;
+mod tree;
+
 use std::path::Path;
-use std::process::Stdio;
 use std::time::Duration;
 
-use rustix::process::{Pid, Signal, getppid, kill_process_group, set_parent_process_death_signal};
-use tenure::{
-    AcquireOptions, FencingToken, Lease, LeaseEvent, LeaseEventSink, LeaseProvider, StopBudget,
-};
-use tokio::process::{Child, Command};
+use tenure::{AcquireOptions, Lease, LeaseEvent, LeaseEventSink, LeaseProvider, StopBudget};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 
@@ -23,9 +25,14 @@ use tenure::history::Event;
 use crate::Target;
 use crate::exit::{CliError, Outcome};
 use crate::lease_cmd::{owner_of, section_of};
+use tree::CommandTree;
 
 /// Time allowed for SIGKILL to take effect and the exit to be reaped.
 const KILL_SLACK: Duration = Duration::from_millis(200);
+
+/// How often, while the command runs, its processes that exited after being left to
+/// `tenure` are reaped.
+const REAP_INTERVAL: Duration = Duration::from_secs(1);
 
 /// How `lease run` guards its command.
 #[derive(Debug, Clone)]
@@ -36,6 +43,10 @@ pub struct Guard<'a> {
     pub options: AcquireOptions,
     /// The history to append the lease's events and the command's life to.
     pub history: Option<&'a Path>,
+    /// Release as soon as the command's first process exits, leaving the processes it
+    /// started running, unguarded (the old `lease run`): they may still run while another
+    /// holder is granted the lease.
+    pub let_children_outlive_lease: bool,
 }
 
 pub async fn run(
@@ -48,6 +59,7 @@ pub async fn run(
         grace,
         mut options,
         history,
+        let_children_outlive_lease,
     } = guard;
     let section = section_of(provider, target.section.as_deref())?;
     let owner = owner_of(target);
@@ -113,7 +125,7 @@ pub async fn run(
         _ = terminate.recv() => return release_on_exit(&lease, Outcome::No).await,
     };
     tracing::info!(lease = %target.name, token = token.get(), "granted; starting command");
-    let mut child = match spawn(command, &target.name, token) {
+    let mut child = match CommandTree::spawn(command, &target.name, token) {
         Ok(child) => child,
         Err(e) => {
             release_on_exit(&lease, Outcome::Error).await?;
@@ -123,7 +135,7 @@ pub async fn run(
     record(Event::CommandStarted {
         lease: target.name.clone(),
         token: token.get(),
-        pid: child.id(),
+        pid: child.pid(),
     });
     let stopped = |why: &str| {
         record(Event::CommandStopped {
@@ -133,32 +145,54 @@ pub async fn run(
         })
     };
 
-    let outcome = tokio::select! {
-        status = child.wait() => {
-            let status = status.map_err(io_err)?;
-            stopped("exited");
-            Some(exit_status(status))
+    // Processes the command left to `tenure` that exited are reaped now and then, so that a
+    // long run collects no zombies.
+    let mut reap = tokio::time::interval(REAP_INTERVAL);
+    reap.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let outcome = loop {
+        tokio::select! {
+            status = child.leader_exited() => {
+                let status = status.map_err(io_err)?;
+                let left = child.running();
+                if !left.is_empty() {
+                    if let_children_outlive_lease {
+                        eprintln!(
+                            "tenure: {} exited, leaving processes {left:?} running unguarded (--let-children-outlive-lease); releasing {}",
+                            command[0], target.name
+                        );
+                    } else {
+                        eprintln!(
+                            "tenure: {} exited, leaving processes {left:?}; ending them before releasing {}",
+                            command[0], target.name
+                        );
+                        child.end(grace, KILL_SLACK).await;
+                    }
+                }
+                stopped("exited");
+                break exit_status(status);
+            }
+            lost = lost_rx.recv() => {
+                let reason = lost.map(|l| l.reason.to_string()).unwrap_or_default();
+                eprintln!("tenure: lost {} (token {token}): {reason}; stopping the command", target.name);
+                child.end(grace, KILL_SLACK).await;
+                stopped("lost");
+                return Ok(Outcome::Lost);
+            }
+            Some(p) = preempt_rx.recv() => {
+                eprintln!(
+                    "tenure: {} (token {token}) requested by {} (priority {}); stopping the command, then releasing",
+                    target.name, p.by, p.priority
+                );
+                child.end(grace, KILL_SLACK).await;
+                stopped("preempted");
+                return release_on_exit(&lease, Outcome::Lost).await;
+            }
+            _ = interrupt.recv() => { child.end(grace, KILL_SLACK).await; stopped("interrupted"); break Outcome::Child(130); }
+            _ = terminate.recv() => { child.end(grace, KILL_SLACK).await; stopped("terminated"); break Outcome::Child(143); }
+            _ = reap.tick() => child.reap_exited(),
         }
-        lost = lost_rx.recv() => {
-            let reason = lost.map(|l| l.reason.to_string()).unwrap_or_default();
-            eprintln!("tenure: lost {} (token {token}): {reason}; stopping the command", target.name);
-            stop(&mut child, grace).await;
-            stopped("lost");
-            return Ok(Outcome::Lost);
-        }
-        Some(p) = preempt_rx.recv() => {
-            eprintln!(
-                "tenure: {} (token {token}) requested by {} (priority {}); stopping the command, then releasing",
-                target.name, p.by, p.priority
-            );
-            stop(&mut child, grace).await;
-            stopped("preempted");
-            return release_on_exit(&lease, Outcome::Lost).await;
-        }
-        _ = interrupt.recv() => { stop(&mut child, grace).await; stopped("interrupted"); Some(Outcome::Child(130)) }
-        _ = terminate.recv() => { stop(&mut child, grace).await; stopped("terminated"); Some(Outcome::Child(143)) }
     };
-    release_on_exit(&lease, outcome.unwrap_or(Outcome::Error)).await
+    release_on_exit(&lease, outcome).await
 }
 
 /// Releases before the process exits (the runtime would otherwise end before the lease
@@ -175,51 +209,6 @@ async fn release_on_exit(lease: &Lease, outcome: Outcome) -> Result<Outcome, Cli
 
 fn io_err(e: std::io::Error) -> CliError {
     CliError::Command(e.to_string())
-}
-
-fn spawn(command: &[String], name: &str, token: FencingToken) -> Result<Child, CliError> {
-    let parent = Pid::from_raw(std::process::id() as i32);
-    let mut cmd = std::process::Command::new(&command[0]);
-    cmd.args(&command[1..])
-        .env("TENURE_LEASE_NAME", name)
-        .env("TENURE_LEASE_TOKEN", token.to_string())
-        .stdin(Stdio::inherit())
-        // A process group of its own, so that a lost lease stops the whole command tree (a
-        // shell and what it started), not just its first process.
-        .process_group(0);
-    // SAFETY: only system calls (prctl, getppid) between fork and exec.
-    unsafe {
-        cmd.pre_exec(move || {
-            // If `tenure` dies (SIGKILL included), the command dies with it: nobody would
-            // renew the lease or stop the command at the deadline otherwise.
-            set_parent_process_death_signal(Some(Signal::KILL))?;
-            if getppid() != parent {
-                return Err(std::io::Error::other(
-                    "tenure exited before the command started",
-                ));
-            }
-            Ok(())
-        });
-    }
-    Command::from(cmd)
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| CliError::Command(format!("cannot start {:?}: {e}", command[0])))
-}
-
-/// SIGTERM to the command's process group, up to `grace` for the command to exit, then
-/// SIGKILL to the group; waits for the exit.
-async fn stop(child: &mut Child, grace: Duration) {
-    let Some(group) = child.id().and_then(|pid| Pid::from_raw(pid as i32)) else {
-        return;
-    };
-    // The group our unreaped child leads; it may outlive its leader.
-    let _ = kill_process_group(group, Signal::TERM);
-    let exited = tokio::time::timeout(grace, child.wait()).await.is_ok();
-    let _ = kill_process_group(group, Signal::KILL);
-    if !exited {
-        let _ = child.wait().await;
-    }
 }
 
 fn exit_status(status: std::process::ExitStatus) -> Outcome {

@@ -1,4 +1,4 @@
-//! Placement at join (issue 15, item 6): the settings that decide where an entity lives
+//! Placement at join: the settings that decide where an entity lives
 //! must be the same on every member; a node whose settings differ is refused at join.
 //! (A test binary of its own: it does not load the machine while cluster.rs's timing
 //! tests run.)

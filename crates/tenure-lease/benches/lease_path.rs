@@ -1,7 +1,7 @@
 //! The lease machinery's own cost: acquire+release through the Lease API (handle,
 //! LeaseActor, lease machine, events) against the same two calls on the store SPI, on the
 //! in-memory store, where no I/O hides it. What remains of it on a real store is the
-//! ratio `thin_path` reports in each store's bench (issue 20).
+//! ratio `thin_path` reports in each store's bench.
 //!
 //! Run: `cargo bench -p tenure-lease --bench lease_path`
 

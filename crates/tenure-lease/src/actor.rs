@@ -3,9 +3,11 @@
 //! preemption); its driver ([`crate::driver`]) feeds it inputs and carries out its effects:
 //! store calls, renewals through the owner's [`RenewalBatcher`], timers and the watchdog
 //! ([`crate::alarms`]), replies. This actor feeds the driver what reaches its mailbox
-//! (commands of other senders, timer firings, renewal answers); a [`Lease`](crate::Lease)
-//! handle feeds its own commands on its caller's task. The machine's events reach every
-//! output from one place ([`SharedBelief`]).
+//! (commands of other senders, retry and poll timers); a [`Lease`](crate::Lease) handle
+//! feeds its own commands on its caller's task. Renewals pass by the mailbox: their ticks
+//! and answers are fed where they happen, so that no command, however slow its store call,
+//! delays a renewal. The machine's events reach every output from one place
+//! ([`SharedBelief`]).
 //!
 //! It releases when it stops: gracefully in `post_stop`, and from `Drop` of its state when
 //! it is killed or fails (ractor skips `post_stop` then, e.g. when its supervisor dies).
@@ -22,7 +24,7 @@ use crate::events::{LeaseEventSink, LeaseState, LostCallback, SharedBelief};
 use crate::machine::{self, Input, Machine, Timer};
 use crate::names::{check_lease_name, store_name};
 use crate::priority::AcquireOptions;
-use crate::renewal::{RenewAnswer, RenewalBatcher};
+use crate::renewal::RenewalBatcher;
 use crate::settings::LeaseSettings;
 use crate::store::LeaseStore;
 use crate::token::FencingToken;
@@ -215,13 +217,6 @@ pub enum LeaseMsg {
     RetryAcquire,
     #[doc(hidden)]
     PreemptPoll,
-    #[doc(hidden)]
-    RenewDue { generation: u64 },
-    #[doc(hidden)]
-    RenewDone {
-        generation: u64,
-        answer: Option<RenewAnswer>,
-    },
     /// Feed the commands a handle queued (see `crate::driver`).
     #[doc(hidden)]
     FeedQueued,
@@ -335,7 +330,7 @@ impl LeaseActor {
             sink,
             observer,
         ));
-        let driver = Arc::new(Driver::new(spec, belief.clone()));
+        let driver = Driver::new(spec, belief.clone());
         let args = LeaseActorArgs {
             driver: driver.clone(),
         };
@@ -396,8 +391,6 @@ impl Actor for LeaseActor {
             },
             LeaseMsg::RetryAcquire => Input::Timer(Timer::Retry),
             LeaseMsg::PreemptPoll => Input::Timer(Timer::Poll),
-            LeaseMsg::RenewDue { generation } => Input::RenewDue { generation },
-            LeaseMsg::RenewDone { generation, answer } => Input::Renewed { generation, answer },
             LeaseMsg::FeedQueued => {
                 driver
                     .feed_queued()

@@ -3,7 +3,7 @@
 //! The machine arms and disarms timers on nearly every grant and release (the renewal
 //! tick, the watchdog). A task per timer would cost two spawns and two aborts per
 //! acquire+release, and each wakes a parked worker thread: on the thin lease path that is
-//! most of what the Lease API costs beyond the store call (issue 20). Here arming is a
+//! most of what the Lease API costs beyond the store call. Here arming is a
 //! write under a lock, and the task is woken only when a timer is armed earlier than the
 //! instant it sleeps until; a disarmed timer is simply gone when the task next looks.
 //!
@@ -19,6 +19,11 @@
 //! any feed, sleeps on the holder clock (woken shortly after a host suspend that passed the
 //! deadline) and calls [`SharedBelief::deadline`] when the belief of the watched generation
 //! is about to end, however slow the store or long the mailbox queue.
+//!
+//! Renewal ticks pass by the mailbox too: the task hands them to its `renew_due` callback
+//! (the driver, which feeds them at once), so that a command whose store call is slow
+//! delays no renewal. Retry and poll timers are commands: they go to the actor's mailbox
+//! and take their turn after the commands before them.
 
 use std::sync::{Arc, Mutex};
 
@@ -35,6 +40,16 @@ use crate::machine::Timer;
 pub(crate) struct Alarms {
     shared: Arc<Shared>,
     task: JoinHandle<()>,
+}
+
+/// Feeds the renewal tick of a generation (see the module docs).
+pub(crate) type RenewDue = Box<dyn Fn(u64) + Send + Sync>;
+
+/// A timer that came due.
+enum Due {
+    Retry,
+    Poll,
+    Renew(u64),
 }
 
 struct Shared {
@@ -77,22 +92,22 @@ impl Slots {
         }
     }
 
-    /// Takes the timers due at `now` as the messages they send.
-    fn take_due(&mut self, now: Instant) -> Vec<LeaseMsg> {
+    /// Takes the timers due at `now`.
+    fn take_due(&mut self, now: Instant) -> Vec<Due> {
         let mut due = Vec::new();
         if self.retry.is_some_and(|at| at <= now) {
             self.retry = None;
-            due.push(LeaseMsg::RetryAcquire);
+            due.push(Due::Retry);
         }
         if self.poll.is_some_and(|at| at <= now) {
             self.poll = None;
-            due.push(LeaseMsg::PreemptPoll);
+            due.push(Due::Poll);
         }
         if let Some((at, generation)) = self.renew
             && at <= now
         {
             self.renew = None;
-            due.push(LeaseMsg::RenewDue { generation });
+            due.push(Due::Renew(generation));
         }
         due
     }
@@ -115,15 +130,19 @@ impl Slots {
 }
 
 impl Alarms {
-    /// Starts the task of one lease: due timers are sent to `actor`, the watchdog calls
-    /// `belief.deadline()`.
-    pub(crate) fn start(belief: Arc<SharedBelief>, actor: ActorRef<LeaseMsg>) -> Alarms {
+    /// Starts the task of one lease: due retry and poll timers are sent to `actor`, due
+    /// renewals to `renew_due`, the watchdog calls `belief.deadline()`.
+    pub(crate) fn start(
+        belief: Arc<SharedBelief>,
+        actor: ActorRef<LeaseMsg>,
+        renew_due: RenewDue,
+    ) -> Alarms {
         let shared = Arc::new(Shared {
             slots: Mutex::new(Slots::default()),
             wake: Notify::new(),
             belief,
         });
-        let task = tokio::spawn(run(shared.clone(), actor));
+        let task = tokio::spawn(run(shared.clone(), actor, renew_due));
         Alarms { shared, task }
     }
 
@@ -208,7 +227,7 @@ impl Drop for Alarms {
     }
 }
 
-async fn run(shared: Arc<Shared>, actor: ActorRef<LeaseMsg>) {
+async fn run(shared: Arc<Shared>, actor: ActorRef<LeaseMsg>, renew_due: RenewDue) {
     let belief = &shared.belief;
     let clock = belief.clock().clone();
     loop {
@@ -217,8 +236,16 @@ async fn run(shared: Arc<Shared>, actor: ActorRef<LeaseMsg>) {
             slots.sleep = Sleep::Awake;
             slots.take_due(Instant::now())
         };
-        for msg in due {
-            let _ = actor.cast(msg);
+        for due in due {
+            match due {
+                Due::Retry => {
+                    let _ = actor.cast(LeaseMsg::RetryAcquire);
+                }
+                Due::Poll => {
+                    let _ = actor.cast(LeaseMsg::PreemptPoll);
+                }
+                Due::Renew(generation) => renew_due(generation),
+            }
         }
         let watched = lock(&shared.slots).watchdog;
         let wake = watched.and_then(|generation| belief.watchdog_wake(generation));

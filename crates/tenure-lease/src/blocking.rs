@@ -5,7 +5,7 @@
 //! process's write lock would stall every task of the worker, and on a runtime with no
 //! other worker, the timers too, among them the watchdog that ends a holder's belief at its
 //! deadline. The blocking pool avoids that, at the price of two thread hops per call, which
-//! on a machine with idle cores cost as much as the statement itself (issue 20's thin
+//! on a machine with idle cores cost as much as the statement itself (the thin
 //! lease path: a hop wakes a parked thread). So a blocking store may run a call **inline**,
 //! on the calling thread, when both sides agree:
 //! - the caller allows it: the lease machinery marks its own store calls with

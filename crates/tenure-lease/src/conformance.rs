@@ -15,6 +15,7 @@ mod faulty;
 mod instances;
 mod lapse;
 mod lock_delay;
+mod loss_in_flight;
 pub mod preemption;
 pub mod preemption_faults;
 pub mod proxy;
@@ -33,6 +34,7 @@ pub use lapse::{
     session_expiry_recovers,
 };
 pub use lock_delay::{lock_delay_holds_a_lapsed_grant, release_skips_the_lock_delay};
+pub use loss_in_flight::acquire_out_at_a_loss_gets_a_higher_token;
 pub use recipes::{election_one_leader_at_a_time, semaphore_at_most_n_holders};
 pub use remember::remembered_ids;
 
@@ -547,7 +549,7 @@ macro_rules! conformance_tests {
             token_monotonicity, expiry_and_takeover, batch_renew, errors_when_unavailable,
             loss_before_takeover, same_owner_other_instance_waits, lost_answers_lapse,
             lost_reentrant_answer_keeps_the_grant, reentry_after_an_operator_release,
-            session_expiry_recovers, lock_delay_holds_a_lapsed_grant,
+            acquire_out_at_a_loss_gets_a_higher_token, session_expiry_recovers, lock_delay_holds_a_lapsed_grant,
             release_skips_the_lock_delay, election_one_leader_at_a_time,
             semaphore_at_most_n_holders, remembered_ids);
     };

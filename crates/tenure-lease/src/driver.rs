@@ -5,7 +5,7 @@
 //! what arrives in its mailbox (timer firings, renewal answers, commands of other senders);
 //! the handle feeds its own commands (acquire, release) on the caller's task, so that an
 //! acquire or a release costs the store call and no hop to the actor's task and back
-//! (issue 20's thin lease path: on a machine with idle cores each hop wakes a parked thread,
+//! (the thin lease path: on a machine with idle cores each hop wakes a parked thread,
 //! about 20 µs). The machine's obligations hold whoever feeds it:
 //! - **One input at a time, answers first**: a feed holds the driver's *turn* (a fair async
 //!   mutex) from the input until the machine awaits no store call, so a call's answer is
@@ -19,12 +19,20 @@
 //!   it is dropped before its command was fed, the command is queued for the actor.
 //! - **Nothing after the stop**: once the actor stopped (its graceful release fed, or
 //!   abandoned), commands are refused: their callers see the actor stopped.
+//! - **Renewals wait for nobody**: a renewal's tick (from the alarms task) and its answer
+//!   (from the task awaiting the batcher) are fed at once where they happen, without the
+//!   turn and without the actor's mailbox, so that a command whose store call is slow (a
+//!   handle's or the actor's, up to `lease-operation-timeout`) delays no renewal. The
+//!   machine takes them while it awaits a call, and never issues a call for them.
+//! - **Effects in step order**: the effects of a step are carried out under the same lock
+//!   as the step ([`SharedBelief::step`]), so steps fed from different tasks never carry
+//!   out their effects out of order.
 
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use ractor::ActorRef;
 use tokio::sync::OwnedMutexGuard;
@@ -45,6 +53,8 @@ type CallFuture = Pin<Box<dyn Future<Output = Outcome> + Send>>;
 
 /// One lease's driver, shared by its actor and its handles.
 pub(crate) struct Driver {
+    /// This driver, for the tasks that feed renewals back to it.
+    me: Weak<Driver>,
     spec: LeaseSpec,
     /// The note of later acquires (`LeaseSpec::note` at first; `SetNote` changes it).
     note: Mutex<Option<String>>,
@@ -65,8 +75,9 @@ pub(crate) struct Driver {
 }
 
 impl Driver {
-    pub(crate) fn new(spec: LeaseSpec, belief: Arc<SharedBelief>) -> Driver {
-        Driver {
+    pub(crate) fn new(spec: LeaseSpec, belief: Arc<SharedBelief>) -> Arc<Driver> {
+        Arc::new_cyclic(|me| Driver {
+            me: me.clone(),
             note: Mutex::new(spec.note.clone()),
             spec,
             belief,
@@ -76,15 +87,33 @@ impl Driver {
             queued: Mutex::new(VecDeque::new()),
             stopped: AtomicBool::new(false),
             alarms: OnceLock::new(),
-        }
+        })
     }
 
     /// Called once by the actor as it starts, before any feed.
     pub(crate) fn started(&self, actor: ActorRef<LeaseMsg>) {
-        let _ = self
-            .alarms
-            .set(Alarms::start(self.belief.clone(), actor.clone()));
+        let me = self.me.clone();
+        let renew_due = move |generation| {
+            if let Some(driver) = me.upgrade() {
+                driver.renewal(Input::RenewDue { generation });
+            }
+        };
+        let _ = self.alarms.set(Alarms::start(
+            self.belief.clone(),
+            actor.clone(),
+            Box::new(renew_due),
+        ));
         let _ = self.actor.set(actor);
+    }
+
+    /// Feeds a renewal's tick or answer at once, whoever holds the turn (see the module
+    /// docs). The machine issues no store call for these inputs, so nothing is awaited.
+    fn renewal(&self, input: MachineInput) {
+        self.belief.step(input, |effects| {
+            for effect in effects {
+                self.carry_out(effect);
+            }
+        });
     }
 
     pub(crate) fn spec(&self) -> &LeaseSpec {
@@ -158,7 +187,7 @@ impl Driver {
         if let Some(alarms) = self.alarms.get() {
             alarms.stop();
         }
-        let effects = self.belief.step(Input::Abandon);
+        let effects = self.belief.step(Input::Abandon, |effects| effects);
         lock(&self.queued).clear();
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
@@ -203,7 +232,7 @@ impl Driver {
     }
 
     fn carry_out(&self, effect: MachineEffect) {
-        let (Some(myself), Some(alarms)) = (self.actor.get(), self.alarms.get()) else {
+        let Some(alarms) = self.alarms.get() else {
             // Unreachable: nothing is fed before the actor started.
             return;
         };
@@ -236,10 +265,12 @@ impl Driver {
                     name: self.spec.store_name.clone(),
                     token,
                 });
-                let me = myself.clone();
+                let me = self.me.clone();
                 tokio::spawn(async move {
                     let answer: Option<RenewAnswer> = answer.await.ok();
-                    let _ = me.cast(LeaseMsg::RenewDone { generation, answer });
+                    if let Some(driver) = me.upgrade() {
+                        driver.renewal(Input::Renewed { generation, answer });
+                    }
                 });
             }
             Effect::Call(call) | Effect::Detach(call) => {
@@ -298,11 +329,16 @@ impl Turn {
     }
 
     async fn step_and_call(&mut self, input: MachineInput) {
-        let mut effects = self.driver.belief.step(input);
-        while let Some(call) = self.driver.carry_out_all(effects) {
-            let outcome = self.call.insert(self.driver.call(call)).await;
+        let driver = self.driver.clone();
+        let mut call = driver
+            .belief
+            .step(input, |effects| driver.carry_out_all(effects));
+        while let Some(next) = call {
+            let outcome = self.call.insert(driver.call(next)).await;
             self.call = None;
-            effects = self.driver.belief.step(Input::Answered(outcome));
+            call = driver.belief.step(Input::Answered(outcome), |effects| {
+                driver.carry_out_all(effects)
+            });
         }
     }
 }

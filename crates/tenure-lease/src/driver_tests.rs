@@ -1,13 +1,15 @@
 //! The driver fed from a handle's caller (see `crate::driver`): a caller that gives up
-//! cancels nothing, and a release queued by a drop is fed before the next command.
+//! cancels nothing, a release queued by a drop is fed before the next command, and a slow
+//! store call (a handle's or the actor's) delays no renewal.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::{sleep, timeout};
 
+use crate::conformance::FaultyClient;
 use crate::timing_tests::settings;
-use crate::{Acquired, Fault, Lease, LeaseSpec, LeaseStore, MemoryStore};
+use crate::{Acquired, Fault, FencingToken, Lease, LeaseMsg, LeaseSpec, LeaseStore, MemoryStore};
 
 async fn lease(store: &MemoryStore, owner: &str) -> Lease {
     let store: Arc<dyn LeaseStore> = Arc::new(store.clone());
@@ -124,4 +126,79 @@ async fn after_the_actor_stopped_a_handle_is_refused() {
         None,
         "nothing acquired after the stop"
     );
+}
+
+/// Store calls that may take many renewal intervals (up to 30 s) while the lease renews
+/// every second.
+fn slow_call_settings() -> crate::LeaseSettings {
+    let mut s = settings();
+    s.lease_operation_timeout = Duration::from_secs(30);
+    s
+}
+
+type Losses = Arc<std::sync::Mutex<Vec<crate::LeaseLost>>>;
+
+/// A holder of lease "driven" whose acquires can be held back: renewals go to the store.
+async fn slow_holder(store: &MemoryStore) -> (Lease, Arc<FaultyClient>, FencingToken, Losses) {
+    let client = FaultyClient::new(Arc::new(store.clone()));
+    let spec = LeaseSpec::new("driven", "a", client.clone(), slow_call_settings()).unwrap();
+    let lease = Lease::start(spec).await.unwrap();
+    let losses: Losses = Arc::default();
+    let l = losses.clone();
+    let Acquired::Granted { token } = lease
+        .acquire_with_lost(move |lost| l.lock().unwrap().push(lost))
+        .await
+        .unwrap()
+    else {
+        panic!("not granted")
+    };
+    (lease, client, token, losses)
+}
+
+/// While one call is held back for 15 s (one and a half ttls, fifteen renewal intervals),
+/// the lease keeps being renewed every interval and stays held throughout.
+async fn renewals_go_on_while(store: &MemoryStore, client: &FaultyClient, lease: &Lease) {
+    while client.held_acquires() == 0 {
+        sleep(Duration::from_millis(10)).await;
+    }
+    let renewed_before = store.renew_calls();
+    for _ in 0..150 {
+        sleep(Duration::from_millis(100)).await;
+        assert!(lease.check_lease(), "the held call stopped the renewals");
+    }
+    let renewals = store.renew_calls() - renewed_before;
+    assert!(renewals >= 14, "{renewals} renewals in 15 s");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slow_handle_call_delays_no_renewal() {
+    let store = MemoryStore::new();
+    let (lease, client, token, losses) = slow_holder(&store).await;
+    client.set_acquires_held(true);
+    let slow = tokio::spawn({
+        let lease = lease.clone();
+        async move { lease.acquire().await }
+    });
+    renewals_go_on_while(&store, &client, &lease).await;
+    client.set_acquires_held(false);
+    assert_eq!(slow.await.unwrap().unwrap(), Acquired::Granted { token });
+    assert!(losses.lock().unwrap().is_empty(), "{losses:?}");
+    assert!(lease.release().await.unwrap());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slow_command_in_the_actors_mailbox_delays_no_renewal() {
+    let store = MemoryStore::new();
+    let (lease, client, token, losses) = slow_holder(&store).await;
+    client.set_acquires_held(true);
+    let slow = tokio::spawn({
+        let actor = lease.actor().clone();
+        async move { ractor::call!(actor, LeaseMsg::TryAcquire) }
+    });
+    renewals_go_on_while(&store, &client, &lease).await;
+    client.set_acquires_held(false);
+    let (acquired, _) = slow.await.unwrap().unwrap().unwrap();
+    assert_eq!(acquired, Acquired::Granted { token });
+    assert!(losses.lock().unwrap().is_empty(), "{losses:?}");
+    assert!(lease.release().await.unwrap());
 }

@@ -111,7 +111,10 @@ impl Election {
     }
 
     /// Announces `value` as the leader's, without a new election: the token stays.
-    /// `Ok(token)`: the store holds the new value. `Err(NotHeld)`: certain, this candidate
+    /// `Ok(token)`: the store holds the new value under `token`; that is the leader's
+    /// token, unless the leadership was lost while the call was out (its loss announced
+    /// first): then this candidate was elected anew, with a higher token, never the lost
+    /// one again. `Err(NotHeld)`: certain, this candidate
     /// is not the leader (nothing changed). Other `Err`: unknown whether the value was
     /// written; the leadership itself is kept or lost as the lease decides.
     pub async fn proclaim(&self, value: impl Into<String>) -> Result<FencingToken, LeaseError> {

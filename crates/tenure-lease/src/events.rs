@@ -239,11 +239,15 @@ impl SharedBelief {
     }
 
     /// Feeds `input` to the machine at the holder clock's now, emits the step's events, and
-    /// returns its other effects, in order, for the driver to carry out.
-    pub(crate) fn step(
+    /// hands its other effects, in order, to `carry_out`, before any other step: so the
+    /// effects of steps fed from different tasks (a command's, a renewal's) are carried out
+    /// in the order of the steps, and a timer armed for an ended grant never overrides one
+    /// armed for a later grant. `carry_out` must not block.
+    pub(crate) fn step<R>(
         &self,
         input: Input<AcquireCaller, ReleaseCaller>,
-    ) -> Vec<Effect<AcquireCaller, ReleaseCaller>> {
+        carry_out: impl FnOnce(Vec<Effect<AcquireCaller, ReleaseCaller>>) -> R,
+    ) -> R {
         let _order = self.ordered();
         let now = self.clock.now();
         let mut effects = self.machine().handle(now, input);
@@ -252,7 +256,7 @@ impl SharedBelief {
                 self.emit(event);
             }
         }
-        effects
+        carry_out(effects)
     }
 
     /// The watchdog woke: feeds the machine a deadline and emits what came of it.

@@ -22,8 +22,10 @@
 //! - **Awaited calls.** A step issues at most one [`Effect::Call`], as its last effect. The
 //!   driver carries it out and feeds its answer as [`Input::Answered`] before any other
 //!   command. (Commands that arrive meanwhile anyway are deferred by the machine and
-//!   handled after the answer.) Renewal answers and the watchdog's deadlines are not
-//!   commands: they may arrive at any time.
+//!   handled after the answer.) Renewal ticks and answers and the watchdog's deadlines are
+//!   not commands: they may arrive at any time, also while a call is awaited, and the
+//!   machine issues no call for them (so the driver feeds them without waiting for a
+//!   command's call to be answered).
 //! - **Timers.** [`Effect::Arm`] (re)arms a timer that later feeds [`Input::Timer`];
 //!   [`Effect::Disarm`] cancels it. A late firing of a cancelled timer is harmless.
 //! - **The watchdog.** [`Effect::StartWatchdog`] asks for a task independent of the mailbox
@@ -333,6 +335,16 @@ struct Instances {
     /// release made the store grant it anew. It moves on once a grant believed under it
     /// has ended (lost, released): nothing the old grant's holder still does (entities
     /// stopping, late writes) carries the new token.
+    ///
+    /// An instance whose belief ended is never believed again, not even on the answer to
+    /// a request it sent before the end (a reentrant acquire in flight at the deadline):
+    /// that grant is released and the next instance asks. This is how the machine tells
+    /// the store it no longer believes, with no flag on the request: the store only ever
+    /// sees a new instance, which cannot re-enter the old grant, and is granted anew, with
+    /// a higher token, once the old grant is released or expired. So after a `Lost(T)`
+    /// the next grant anyone is told of carries a token above `T`. The store's part is the
+    /// SPI's rule that an expired grant asked for again, by its own instance too, is a new
+    /// grant with a new token ([`AcquireRequest::step`](crate::AcquireRequest::step)).
     seq: u64,
     /// A grant under the current instance has been believed.
     believed: bool,
@@ -593,6 +605,12 @@ impl<A, L> Machine<A, L> {
         self.send_acquire(now, purpose, out);
     }
 
+    /// Whether a grant believed under the current instance has ended (lost, released): its
+    /// requests in flight are answered for an instance that must not be believed again.
+    fn instance_ended(&self) -> bool {
+        self.instances.believed && self.belief.held().is_none()
+    }
+
     fn next_instance(&mut self) {
         self.instances.seq += 1;
         self.instances.believed = false;
@@ -699,6 +717,22 @@ impl<A, L> Machine<A, L> {
                 reply
             }
             Ok(AcquireOutcome::Granted(record)) => {
+                // A loss due meanwhile is announced first: it may end the asking instance.
+                self.lapse(now, out);
+                if self.instance_ended() {
+                    // Asked before the loss, answered after it: the grant is the ended
+                    // instance's (the lost one extended, or a new one if the store let it
+                    // lapse). Believing it could bring the lost token back after its
+                    // `Lost`; give it back and ask as the next instance instead.
+                    self.call(
+                        Awaiting::ReleaseEnded { purpose },
+                        Call::Release {
+                            token: Some(record.token),
+                        },
+                        out,
+                    );
+                    return;
+                }
                 match self.grant(now, record.token, sent_at, out) {
                     GrantEffect::New(held) => {
                         self.instances.believed = true;

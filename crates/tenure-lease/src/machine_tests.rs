@@ -458,6 +458,54 @@ fn after_a_loss_the_ended_instance_is_released_and_the_next_attempt_is_a_new_ins
     ));
 }
 
+/// A reentrant acquire sent while the grant was believed and answered after its loss was
+/// announced: the answer is for an instance whose belief ended, so it is never believed,
+/// whether the store extended the lost grant (same token) or granted the instance anew.
+/// Its grant is released and the next instance asks: the loss is followed by a grant
+/// with a higher token, never by the lost token again.
+#[test]
+fn a_reentrant_acquire_answered_after_the_loss_never_brings_the_lost_token_back() {
+    for (answered_token, next_token) in [(7, 8), (8, 9)] {
+        let mut s = Story::new(config());
+        s.granted(0, 10, 7);
+        let fx = s.feed(3000, Input::TryAcquire { reply: 2 });
+        assert_eq!(calls(&fx), [Call::Acquire { instance: 1 }]);
+        // No renewal succeeded: the watchdog announces the loss while the acquire is out.
+        assert_eq!(
+            s.deadline(9000),
+            [Event::Lost {
+                token: T7,
+                reason: LostReason::Expired,
+                suspended: false
+            }]
+        );
+        // The answer would be believed until 12 s (sent at 3 s), but its instance ended.
+        let fx = s.answer(9100, acquired(answered_token));
+        assert_eq!(events(&fx), [], "nothing granted: {fx:?}");
+        assert_eq!(
+            calls(&fx),
+            [Call::Release {
+                token: Some(FencingToken::new(answered_token))
+            }]
+        );
+        assert!(acquire_replies(&fx).is_empty(), "the caller waits: {fx:?}");
+        assert!(s.m.current(s.at(9100)).is_none());
+        let fx = s.answer(9200, Outcome::Release(Ok(true)));
+        assert_eq!(events(&fx), [Event::AcquireInvoked]);
+        assert_eq!(calls(&fx), [Call::Acquire { instance: 2 }]);
+        let fx = s.answer(9300, acquired(next_token));
+        assert_eq!(
+            events(&fx),
+            [Event::Granted {
+                generation: 2,
+                token: FencingToken::new(next_token),
+                deadline: s.at(18_200),
+            }]
+        );
+        assert_eq!(acquire_replies(&fx), [(2, granted_reply(next_token, 2))]);
+    }
+}
+
 #[test]
 fn an_unknown_acquire_outcome_is_maybe_granted() {
     let mut s = Story::new(config());
@@ -865,13 +913,15 @@ struct Sim {
     watchdog: Option<u64>,
     /// Instants requests were sent at: every deadline counts from one of them.
     sent: BTreeSet<Instant>,
-    /// The store's last token, and the token it holds for us.
+    /// The store's last token, and the grant it holds for us: (instance, token).
     store_token: u64,
-    ours: Option<u64>,
+    ours: Option<(u64, u64)>,
     /// The grant (generation, token) announced and not yet lost or released.
     open: Option<(u64, FencingToken)>,
     last_generation: u64,
     last_token: FencingToken,
+    /// The highest token of a grant whose loss or release was announced.
+    ended: FencingToken,
     /// Losses announced per generation.
     losses: HashMap<u64, u32>,
     answered: BTreeSet<u32>,
@@ -910,6 +960,7 @@ impl Sim {
             open: None,
             last_generation: 0,
             last_token: FencingToken::new(0),
+            ended: FencingToken::new(0),
             losses: HashMap::new(),
             answered: BTreeSet::new(),
             next_caller: 0,
@@ -937,11 +988,13 @@ impl Sim {
     }
 
     fn feed(&mut self, input: Input<u32, u32>) {
+        let renewal = matches!(input, Input::RenewDue { .. } | Input::Renewed { .. });
         let fx = self.m.handle(self.now, input);
         let evs = events(&fx);
         self.check_events(&evs);
         let calls = fx.iter().filter(|e| matches!(e, Effect::Call(_))).count();
         assert!(calls <= 1, "one call per step: {fx:?}");
+        assert!(!renewal || calls == 0, "a call for a renewal input: {fx:?}");
         if calls == 1 {
             assert!(
                 matches!(fx.last(), Some(Effect::Call(_))),
@@ -999,6 +1052,11 @@ impl Sim {
                     );
                     assert!(*generation > self.last_generation, "generations go on");
                     assert!(*token >= self.last_token, "tokens never go back");
+                    assert!(
+                        *token > self.ended,
+                        "granted {token} after the end of grant {}",
+                        self.ended
+                    );
                     assert!(*deadline > self.now, "granted past its deadline");
                     self.open = Some((*generation, *token));
                     self.last_generation = *generation;
@@ -1009,12 +1067,14 @@ impl Sim {
                         panic!("lost {token}, a grant not announced");
                     };
                     assert_eq!(open, *token);
+                    self.ended = self.ended.max(*token);
                     let n = self.losses.entry(generation).or_default();
                     *n += 1;
                     assert_eq!(*n, 1, "grant {generation} lost twice");
                 }
                 Event::Released { token, .. } => {
                     assert_eq!(self.open.map(|o| o.1), Some(*token));
+                    self.ended = self.ended.max(*token);
                     self.open = None;
                 }
                 Event::Renewed { token, .. }
@@ -1062,18 +1122,20 @@ impl Sim {
 
     fn answer_call(&mut self, call: Call) {
         let outcome = match call {
-            Call::Acquire { .. } => {
+            Call::Acquire { instance } => {
                 let r = self.rng.below(10);
                 if r < 4 {
-                    // Granted: re-entry with the same token, or a new grant.
+                    // Granted: the instance holding our grant re-enters it with its token
+                    // (the store may also have let it lapse: a new grant), any other
+                    // instance gets a new grant (the store let ours lapse).
                     let token = match self.ours {
-                        Some(t) if self.rng.chance(60) => t,
+                        Some((i, t)) if i == instance && self.rng.chance(60) => t,
                         _ => {
                             self.store_token += 1;
                             self.store_token
                         }
                     };
-                    self.ours = Some(token);
+                    self.ours = Some((instance, token));
                     Outcome::Acquire(Ok(AcquireOutcome::Granted(record("me", token, 0))))
                 } else if r < 7 {
                     self.store_token += 1;

@@ -376,7 +376,7 @@ pub async fn bounded<T>(
     let mut call = std::pin::pin!(call);
     // The timer is made only once the call has not answered at its first poll: a call
     // answered at once (a store working inline on this thread) needs none, and making and
-    // dropping one per call showed in profiles of the thin lease path. It is always polled
+    // dropping one per call costs as much as a fast call itself. It is always polled
     // outside the task's budget (`tokio::time::timeout` does so once the call used the
     // budget up), so that it fires however busy the call keeps the task.
     let mut timer = std::pin::pin!(None::<tokio::task::coop::Unconstrained<tokio::time::Sleep>>);

@@ -4,7 +4,7 @@
 //!    and through the store SPI, against the bare etcd-client transactions the store is
 //!    built on (create-if-absent with a session lease, delete guarded by create revision)
 //!    and against etcd's Lock RPC (lock + unlock with a session lease).
-//! 2. The thin path (issue 20): Lease API and store SPI against the same store operations
+//! 2. The thin path: Lease API and store SPI against the same store operations
 //!    issued directly (the store's own two transactions, written by hand and sent on the
 //!    store's client), in alternating rounds in one run, every batch run by a task on the
 //!    runtime; the median per-round ratio to the direct way. The criterion group times the
@@ -193,7 +193,7 @@ impl StoreTxns {
     }
 }
 
-/// The thin path (issue 20): Lease API, store SPI and the store's transactions by hand in
+/// The thin path: Lease API, store SPI and the store's transactions by hand in
 /// alternating rounds, each batch run by a task on the runtime ([`thin_path`]).
 fn thin() {
     let rt = runtime().expect("runtime");

@@ -13,7 +13,7 @@
 //!    connections' luck.
 //! 2. `renew`: one batched renewal of one lease through the store vs the same statement
 //!    issued directly.
-//!    Then the thin path (issue 20): the same in alternating rounds in one run, every batch
+//!    Then the thin path: the same in alternating rounds in one run, every batch
 //!    run by a task on the runtime (robust to load from other processes): the median
 //!    per-round ratio to the direct SQL.
 //! 3. Renewal cost: store round trips (= statements) per heartbeat interval for one owner
@@ -318,7 +318,7 @@ fn renewal_cost(server: &PgServer) {
     }
 }
 
-/// The thin path (issue 20): the same comparison as `acquire_release`, in alternating
+/// The thin path: the same comparison as `acquire_release`, in alternating
 /// rounds, each batch run by a task on the runtime ([`thin_path`]). All three ways use the
 /// store's one connection and take and give back the same row, so that they differ only
 /// in the code between the caller and the statements.

@@ -32,7 +32,7 @@ use tokio::sync::broadcast;
 use tokio::time::timeout;
 use tokio_postgres::{AsyncMessage, NoTls};
 
-use crate::errors::{self, STORE};
+use crate::error::{self, STORE};
 use crate::sql::Sql;
 use crate::store::{ACQUIRE_RACES, PostgresStore, ttl_us};
 
@@ -136,8 +136,8 @@ impl PostgresStore {
         let connect = self.inner.options.connection.connect(NoTls);
         let (client, mut connection) = match timeout(patience, connect).await {
             Ok(Ok(pair)) => pair,
-            Ok(Err(e)) => return Err(errors::from_pg(server, e).error),
-            Err(_) => return Err(errors::timed_out(server, patience)),
+            Ok(Err(e)) => return Err(error::from_pg(server, e).error),
+            Err(_) => return Err(error::timed_out(server, patience)),
         };
         let (tell, heard) = broadcast::channel(HEARD_BUFFER);
         let server_name = server.clone();
@@ -160,8 +160,8 @@ impl PostgresStore {
         let listen = format!("LISTEN \"{}\"", self.inner.statements.channel);
         match timeout(patience, client.batch_execute(&listen)).await {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(errors::from_pg(server, e).error),
-            Err(_) => return Err(errors::timed_out(server, patience)),
+            Ok(Err(e)) => return Err(error::from_pg(server, e).error),
+            Err(_) => return Err(error::timed_out(server, patience)),
         }
         let listener = Arc::new(Listener { client, heard });
         *slot = Some(listener.clone());

@@ -52,7 +52,7 @@ WHERE name = $1::text AND owner = $2::text AND token = $3::bigint
         let rows = tx
             .query(&self.check, &[&name, &owner, &t])
             .await
-            .map_err(|e| FenceError::failed(name, crate::errors::STORE, e))?;
+            .map_err(|e| FenceError::failed(name, crate::error::STORE, e))?;
         if rows.is_empty() {
             Err(not_held())
         } else {

@@ -61,7 +61,7 @@
 //! (acquire, renew, read, list; a release only before it was sent). Past that they surface
 //! as [`StoreError::Unavailable`](tenure_lease::StoreError): outcome unknown.
 
-mod errors;
+mod error;
 mod fair;
 mod fenced;
 pub mod journal;

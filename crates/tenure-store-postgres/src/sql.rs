@@ -32,7 +32,7 @@ fn request_columns(prefix: &str) -> String {
     )
 }
 
-/// The columns added for priority leases (issue 9), created on new tables and added to
+/// The columns added for priority leases, created on new tables and added to
 /// tables made by earlier versions. A request is pending exactly when `request_by` is set.
 const PRIORITY_COLUMNS: &str = "ADD COLUMN priority numeric(20) NOT NULL DEFAULT 0,
         ADD COLUMN cleanup_timeout interval NOT NULL DEFAULT '0',

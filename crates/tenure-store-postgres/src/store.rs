@@ -17,7 +17,7 @@ use tenure_lease::{
 use tokio::time::{Instant, sleep, timeout};
 use tokio_postgres::{NoTls, Row};
 
-use crate::errors::{self, Failure, STORE};
+use crate::error::{self, Failure, STORE};
 use crate::fair::Listener;
 use crate::fenced::Fence;
 use crate::options::{PostgresOptions, REFERENCE};
@@ -106,7 +106,7 @@ impl PostgresStore {
             .max_size(options.pool_size)
             .runtime(Runtime::Tokio1)
             .build()
-            .map_err(|e| errors::bad_value(&server, format!("connection pool: {e}")))?;
+            .map_err(|e| error::bad_value(&server, format!("connection pool: {e}")))?;
         let store = PostgresStore {
             inner: Arc::new(Inner {
                 pool,
@@ -150,8 +150,8 @@ impl PostgresStore {
         let server = &self.inner.server;
         match timeout(self.inner.options.operation_timeout, self.inner.pool.get()).await {
             Ok(Ok(c)) => Ok(c),
-            Ok(Err(e)) => Err(errors::from_pool(server, e).error),
-            Err(_) => Err(errors::timed_out(
+            Ok(Err(e)) => Err(error::from_pool(server, e).error),
+            Err(_) => Err(error::timed_out(
                 server,
                 self.inner.options.operation_timeout,
             )),
@@ -178,7 +178,7 @@ impl PostgresStore {
         let mut last: Option<StoreError> = None;
         loop {
             let unknown = |last: Option<StoreError>| {
-                last.unwrap_or_else(|| errors::timed_out(server, patience))
+                last.unwrap_or_else(|| error::timed_out(server, patience))
             };
             let remaining = deadline.saturating_duration_since(Instant::now());
             if remaining.is_zero() {
@@ -186,17 +186,17 @@ impl PostgresStore {
             }
             let failure: Failure = match timeout(remaining, self.inner.pool.get()).await {
                 Err(_) => return Err(unknown(last)),
-                Ok(Err(e)) => errors::from_pool(server, e),
+                Ok(Err(e)) => error::from_pool(server, e),
                 Ok(Ok(client)) => {
                     match timeout(remaining, attempt(&client, Scope::default())).await {
                         Ok(Ok(value)) => return Ok(value),
                         Err(_) => {
                             // The server may still answer on this connection later: close it.
                             drop(Object::take(client));
-                            return Err(errors::timed_out(server, patience));
+                            return Err(error::timed_out(server, patience));
                         }
                         Ok(Err((sent, e))) => {
-                            let failure = errors::from_pg(server, e);
+                            let failure = error::from_pg(server, e);
                             if failure.broken {
                                 drop(Object::take(client));
                             }
@@ -224,7 +224,7 @@ impl PostgresStore {
     }
 
     pub(crate) fn bad(&self, e: impl std::fmt::Display) -> StoreError {
-        errors::bad_value(&self.inner.server, format!("lease row: {e}"))
+        error::bad_value(&self.inner.server, format!("lease row: {e}"))
     }
 
     /// A priority column (`numeric(20)` as text).
@@ -542,7 +542,7 @@ impl LeaseStore for PostgresStore {
                 return Ok(outcome);
             }
         }
-        Err(errors::bad_value(
+        Err(error::bad_value(
             &self.inner.server,
             format!("lease `{}` kept changing hands while acquiring", req.name),
         ))

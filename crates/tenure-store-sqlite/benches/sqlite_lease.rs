@@ -12,7 +12,7 @@
 //!    the bench's thread.
 //! 2. `renew`: a renewal through the Lease API (reentrant acquire) and through the store's
 //!    batched renew, against the direct way.
-//! 3. The thin path (issue 20): acquire+release through the Lease API and the store SPI
+//! 3. The thin path: acquire+release through the Lease API and the store SPI
 //!    against the direct way, alternating rounds in one run, every batch run by a task on
 //!    the runtime ([`thin_path`]); then the same against the SQL alone (no file check).
 //!    Printed after the criterion groups.

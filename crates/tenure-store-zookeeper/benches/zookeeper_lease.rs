@@ -8,7 +8,7 @@
 //!    release's multi, which checks that version and deletes the holder node), and against
 //!    the cheapest pair ZooKeeper has (`bare_create_delete`: create an ephemeral node,
 //!    delete it), which shows what the fencing layout costs.
-//!    Then the thin path (issue 20): Lease API, store SPI and the direct multis in
+//!    Then the thin path: Lease API, store SPI and the direct multis in
 //!    alternating rounds in one run, every batch run by a task on the runtime, reported as
 //!    median ratios to the direct multis (robust to machine load, which criterion's
 //!    back-to-back groups are not).
@@ -183,7 +183,7 @@ fn acquire_release(c: &mut Criterion) {
     g.finish();
 }
 
-/// The thin path (issue 20): Lease API, store SPI and the same two multis issued by hand
+/// The thin path: Lease API, store SPI and the same two multis issued by hand
 /// in alternating rounds, each batch run by a task on the runtime ([`thin_path`]).
 fn thin() {
     let server = server();

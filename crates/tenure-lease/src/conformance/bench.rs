@@ -134,7 +134,7 @@ pub struct ThinPath {
     pub lease_api: Duration,
     /// Through the store SPI (`try_acquire` + `release`).
     pub store_spi: Duration,
-    /// Median per round of lease_api / direct: the figure issue 20 bounds by 1.1.
+    /// Median per round of lease_api / direct: the figure the thin-path goal bounds by 1.1.
     pub api_ratio: f64,
     /// Median per round of store_spi / direct.
     pub spi_ratio: f64,

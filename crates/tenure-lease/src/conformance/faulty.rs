@@ -1,7 +1,8 @@
-//! A client wrapper that cuts a client off from its store or delays its answers.
+//! A client wrapper that cuts a client off from its store, delays its answers, or fails
+//! its renewals and holds its acquires back.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -21,10 +22,19 @@ use crate::{
 /// operation timeout is shorter never sees the answer). For network stores the
 /// [`Proxy`](super::proxy::Proxy) does the same on the wire, which is what their
 /// harnesses use for [`Harness::delayed_client`](crate::conformance::Harness::delayed_client).
+///
+/// It can also fail the renewals alone (the holder's heartbeats are lost while its other
+/// calls get through) and hold acquires back before they reach the store, and it records
+/// every grant the store answered through it.
 pub struct FaultyClient {
     inner: Arc<dyn LeaseStore>,
     cut: AtomicBool,
     delay: Mutex<Option<Duration>>,
+    renewals_cut: AtomicBool,
+    refused_renewals: AtomicUsize,
+    acquires_held: AtomicBool,
+    held_acquires: AtomicUsize,
+    granted: Mutex<Vec<(String, FencingToken)>>,
 }
 
 impl FaultyClient {
@@ -34,7 +44,43 @@ impl FaultyClient {
             inner,
             cut: AtomicBool::new(false),
             delay: Mutex::new(None),
+            renewals_cut: AtomicBool::new(false),
+            refused_renewals: AtomicUsize::new(0),
+            acquires_held: AtomicBool::new(false),
+            held_acquires: AtomicUsize::new(0),
+            granted: Mutex::new(Vec::new()),
         })
+    }
+
+    /// `true`: from now on every renewal fails at once with an error (unknown outcome),
+    /// without reaching the store; `false`: renewals pass again.
+    pub fn set_renewals_cut(&self, cut: bool) {
+        self.renewals_cut.store(cut, Ordering::SeqCst);
+    }
+
+    /// How many renewals failed because renewals were cut.
+    pub fn refused_renewals(&self) -> usize {
+        self.refused_renewals.load(Ordering::SeqCst)
+    }
+
+    /// `true`: from now on acquires wait, before they reach the store, until this is set
+    /// back to `false` (their callers' operation timeouts still apply).
+    pub fn set_acquires_held(&self, held: bool) {
+        self.acquires_held.store(held, Ordering::SeqCst);
+    }
+
+    /// How many acquires are waiting now because acquires are held.
+    pub fn held_acquires(&self) -> usize {
+        self.held_acquires.load(Ordering::SeqCst)
+    }
+
+    /// Every grant the store answered through this client, in order: the instance that
+    /// asked and the token.
+    pub fn granted(&self) -> Vec<(String, FencingToken)> {
+        self.granted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// `true`: from now on every call hangs until the cut ends; `false`: ends the cut.
@@ -61,6 +107,22 @@ impl FaultyClient {
     }
 }
 
+/// Counts a waiting call for as long as it lives (also when its caller drops it).
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl<'a> Waiting<'a> {
+    fn count(counter: &'a AtomicUsize) -> Self {
+        counter.fetch_add(1, Ordering::SeqCst);
+        Waiting(counter)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 impl AnswerDelay for Arc<FaultyClient> {
     fn set(&self, delay: Option<Duration>) {
         self.set_delay(delay);
@@ -79,7 +141,20 @@ impl LeaseStore for FaultyClient {
         self.inner.name_rules()
     }
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError> {
-        self.pass(self.inner.try_acquire(req)).await
+        if self.acquires_held.load(Ordering::SeqCst) {
+            let _waiting = Waiting::count(&self.held_acquires);
+            while self.acquires_held.load(Ordering::SeqCst) {
+                sleep(Duration::from_millis(5)).await;
+            }
+        }
+        let answer = self.pass(self.inner.try_acquire(req)).await;
+        if let Ok(AcquireOutcome::Granted(r)) = &answer {
+            self.granted
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((req.instance.clone(), r.token));
+        }
+        answer
     }
     async fn renew(
         &self,
@@ -87,6 +162,13 @@ impl LeaseStore for FaultyClient {
         leases: &[HeldLease],
         ttl: Duration,
     ) -> Result<Vec<Renewal>, StoreError> {
+        if self.renewals_cut.load(Ordering::SeqCst) {
+            self.refused_renewals.fetch_add(1, Ordering::SeqCst);
+            return Err(StoreError::unavailable(
+                self.kind(),
+                "renewals cut by the test",
+            ));
+        }
         self.pass(self.inner.renew(owner, leases, ttl)).await
     }
     async fn release(

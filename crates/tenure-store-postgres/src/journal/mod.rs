@@ -24,7 +24,7 @@ use tenure_journal::{
 use tenure_lease::{FencingToken, StoreError};
 
 use crate::PostgresStore;
-use crate::errors;
+use crate::error;
 use crate::fenced::Fence;
 use sql::JournalStatements;
 
@@ -121,10 +121,10 @@ impl PostgresJournal {
         let conn = shared.store.connection().await.map_err(failed)?;
         match tokio::time::timeout(limit, conn.query(statement, params)).await {
             Ok(Ok(rows)) => Ok(rows),
-            Ok(Err(e)) => Err(failed(errors::from_pg(&shared.server, e).error)),
+            Ok(Err(e)) => Err(failed(error::from_pg(&shared.server, e).error)),
             Err(_) => {
                 drop(deadpool::managed::Object::take(conn));
-                Err(failed(errors::timed_out(&shared.server, limit)))
+                Err(failed(error::timed_out(&shared.server, limit)))
             }
         }
     }
@@ -137,7 +137,7 @@ fn token(t: i64) -> FencingToken {
 #[async_trait]
 impl Journal for PostgresJournal {
     fn kind(&self) -> &'static str {
-        errors::STORE
+        error::STORE
     }
 
     async fn append(&self, append: Append) -> Result<Written, JournalError> {

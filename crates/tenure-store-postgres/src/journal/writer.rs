@@ -11,7 +11,7 @@ use tokio_postgres::Transaction;
 use tokio_postgres::error::SqlState;
 
 use super::Shared;
-use crate::errors;
+use crate::error;
 
 /// How often a batch that met a deadlock or a serialisation failure (rolled back, nothing
 /// written) is tried again.
@@ -46,7 +46,7 @@ fn failed(shared: &Shared, e: tokio_postgres::Error) -> Failed {
         Some(c) if *c == SqlState::T_R_DEADLOCK_DETECTED || *c == SqlState::T_R_SERIALIZATION_FAILURE
     );
     Failed {
-        error: errors::from_pg(&shared.server, e).error,
+        error: error::from_pg(&shared.server, e).error,
         retry,
     }
 }
@@ -69,7 +69,7 @@ async fn write_batch(shared: &Shared, batch: Vec<Job>) {
             Err(_) => {
                 // The server may still answer on this connection later: close it.
                 drop(Object::take(conn));
-                break Err(errors::timed_out(&shared.server, limit));
+                break Err(error::timed_out(&shared.server, limit));
             }
         }
     };
@@ -203,7 +203,7 @@ async fn fence(
                 }))
             }
             Err(other) => Err(Step::Failed(Failed {
-                error: StoreError::backend(errors::STORE, other.to_string()),
+                error: StoreError::backend(error::STORE, other.to_string()),
                 retry: false,
             })),
         },
@@ -304,7 +304,7 @@ async fn conflict(
     let (pid, op) = (write.persistence_id(), write.operation());
     let last = last_seq(shared, client, pid)
         .await
-        .map_err(|e| JournalError::store(pid, op, errors::from_pg(&shared.server, e).error))?;
+        .map_err(|e| JournalError::store(pid, op, error::from_pg(&shared.server, e).error))?;
     let expected = match write {
         Write::Append(a) => a.first_seq,
         Write::Snapshot(s) => s.seq,
