@@ -26,6 +26,7 @@ pub mod placement;
 mod protocol;
 pub mod reachability;
 mod readiness;
+pub mod ring;
 pub mod sbr;
 mod settings;
 mod shutdown;

@@ -51,6 +51,13 @@ pub struct ClusterSettings {
     pub heartbeat_interval: Duration,
     /// `unreachable-after`: silence after which a peer is marked unreachable.
     pub unreachable_after: Duration,
+    /// `monitored-by-nr-of-members`: how many members watch each member ([`crate::ring`]).
+    pub monitored_by: usize,
+    /// `indirect-probes`: how many members probe a late peer before it is unreachable.
+    pub indirect_probes: usize,
+    /// `reachability-sync-interval`: how often each watched peer gets the whole
+    /// reachability table ([`crate::sbr::Spread`]).
+    pub reachability_sync_interval: Duration,
     /// `reconnect-backoff-min` / `-max`: bounds of the jittered exponential redial backoff.
     pub reconnect_backoff_min: Duration,
     /// `reconnect-backoff-max`: the longest redial wait (before jitter).
@@ -119,6 +126,13 @@ pub struct ClusterConfig {
     /// `unreachable-after`: the silence after which a peer is unreachable.
     #[serde(deserialize_with = "tenure_lease::duration::serde::positive")]
     pub unreachable_after: Duration,
+    /// `monitored-by-nr-of-members`: how many members watch each member.
+    pub monitored_by_nr_of_members: usize,
+    /// `indirect-probes`: how many members probe a late peer (0: none).
+    pub indirect_probes: usize,
+    /// `reachability-sync-interval`: how often each watched peer gets the whole table.
+    #[serde(deserialize_with = "tenure_lease::duration::serde::positive")]
+    pub reachability_sync_interval: Duration,
     /// `reconnect-backoff-min`: the first redial delay.
     #[serde(deserialize_with = "tenure_lease::duration::serde::positive")]
     pub reconnect_backoff_min: Duration,
@@ -163,6 +177,9 @@ impl Default for ClusterConfig {
             membership_interval: Duration::from_secs(1),
             heartbeat_interval: Duration::from_millis(500),
             unreachable_after: Duration::from_secs(3),
+            monitored_by_nr_of_members: 9,
+            indirect_probes: 3,
+            reachability_sync_interval: Duration::from_secs(5),
             reconnect_backoff_min: Duration::from_millis(200),
             reconnect_backoff_max: Duration::from_secs(5),
             dial_timeout: Duration::from_secs(3),
@@ -280,6 +297,9 @@ impl ClusterSettings {
             membership_interval: c.membership_interval,
             heartbeat_interval: c.heartbeat_interval,
             unreachable_after: c.unreachable_after,
+            monitored_by: c.monitored_by_nr_of_members,
+            indirect_probes: c.indirect_probes,
+            reachability_sync_interval: c.reachability_sync_interval,
             reconnect_backoff_min: c.reconnect_backoff_min,
             reconnect_backoff_max: c.reconnect_backoff_max,
             dial_timeout: c.dial_timeout,
@@ -295,6 +315,20 @@ impl ClusterSettings {
             return Err(ConfigError::invalid(
                 "cluster.unreachable-after",
                 "must be at least twice cluster.heartbeat-interval",
+            )
+            .into());
+        }
+        if settings.monitored_by == 0 {
+            return Err(ConfigError::invalid(
+                "cluster.monitored-by-nr-of-members",
+                "must be at least 1 (a member nobody watches is never found unreachable)",
+            )
+            .into());
+        }
+        if settings.reachability_sync_interval < settings.heartbeat_interval {
+            return Err(ConfigError::invalid(
+                "cluster.reachability-sync-interval",
+                "must be at least cluster.heartbeat-interval",
             )
             .into());
         }
@@ -455,6 +489,15 @@ mod tests {
             ("handshake-timeout = \"0s\"", "cluster.handshake-timeout"),
             ("app-version = \"\"", "cluster.app-version"),
             ("app-version = \"1 .2\"", "cluster.app-version"),
+            (
+                "monitored-by-nr-of-members = 0",
+                "cluster.monitored-by-nr-of-members",
+            ),
+            ("indirect-probes = -1", "`cluster.indirect-probes`"),
+            (
+                "reachability-sync-interval = \"100ms\"",
+                "cluster.reachability-sync-interval",
+            ),
             ("max-frame-size = -1", "`cluster.max-frame-size`"),
             ("[cluster.tls]\nenable = true", "`cluster.tls.enable`"),
             (

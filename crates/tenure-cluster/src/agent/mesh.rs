@@ -305,6 +305,8 @@ impl AgentState {
                 session_heard: now,
             },
         );
+        // A new session or life may have missed any delta of the reachability table.
+        self.monitor.spread.owe_full(&h.node);
         if fresh {
             tracing::info!(peer = %h.node, incarnation = %h.incarnation, "peer connected");
             if let Some(d) = self.mesh.dials.get_mut(&h.node) {

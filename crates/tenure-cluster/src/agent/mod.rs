@@ -4,7 +4,8 @@
 //! - [`mesh`]: sessions, dials with backoff, hellos, peers;
 //! - [`membership`]: join tickets, the member lease, up / lost / rejoin, leave;
 //! - [`heartbeat`]: heartbeats (datagrams and session casts) and reachability, every
-//!   `heartbeat-interval`;
+//!   `heartbeat-interval`; [`monitor`]: whom they go to (the ring of monitors), which
+//!   reachability rows they carry, and indirect probes;
 //! - [`events`]: what changed, to subscribers, metrics, logs and the history;
 //! - [`inspect`]: the node's view answered to clients and the CLI;
 //! - [`downing`]: the split brain resolver's side; [`operator`]: operators' leave and down;
@@ -28,6 +29,8 @@ use crate::subscribe::ClusterSubscriber;
 use crate::transport::Links;
 use crate::transport::Tls;
 
+#[cfg(test)]
+mod cost;
 mod downing;
 mod events;
 mod fault;
@@ -35,6 +38,7 @@ mod heartbeat;
 mod inspect;
 mod membership;
 mod mesh;
+mod monitor;
 mod operator;
 mod resolver_lease;
 
@@ -88,6 +92,8 @@ pub(crate) struct AgentState {
     reach: crate::reachability::Reachability,
     /// The heartbeat datagrams ([`heartbeat`]).
     datagrams: heartbeat::Datagrams,
+    /// The ring of monitors, the rows to spread and the probes ([`monitor`]).
+    monitor: monitor::Monitor,
     /// Sessions, peers and dials ([`mesh`]).
     mesh: mesh::Mesh,
     /// The member lease of the current membership ([`membership`]).
@@ -164,6 +170,7 @@ impl Actor for Agent {
             lease_observer: a.lease_observer,
             reach: Default::default(),
             datagrams,
+            monitor: monitor::Monitor::new(a.settings.reachability_sync_interval),
             mesh,
             member_lease: membership::MemberLease {
                 ticketing: true,
@@ -213,6 +220,7 @@ impl Actor for Agent {
         match msg {
             AgentMsg::Hello(h) => state.on_hello(h),
             AgentMsg::Heartbeat(hb) => state.on_heartbeat(hb, heartbeat::Via::Session),
+            AgentMsg::Probe(probe) => state.on_probe(probe),
             AgentMsg::YouAreDown(notice) => state.on_you_are_down(&myself, notice),
             AgentMsg::Leaving(l, reply) => state.on_peer_leaving(l, reply),
             AgentMsg::Inspect(Inspect {}, reply) => {
