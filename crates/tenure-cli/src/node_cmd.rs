@@ -58,7 +58,10 @@ pub async fn node(
         _ = term.recv() => {}
         _ = int.recv() => {}
         by = node.leave_requested() => eprintln!("tenure: leave requested by {by}"),
-        why = node.stopped() => return Err(why.into()),
+        why = node.stopped() => {
+            node.shut_down_stopped(&why).await;
+            return Err(why.into());
+        }
     }
     eprintln!("tenure: leaving the cluster (signal again to exit at once)");
     tokio::select! {

@@ -286,3 +286,37 @@ fn a_wrong_cookie_never_joins() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains(&seed) && err.contains("cookie"), "{err}");
 }
+
+/// Six nodes on a ring of monitors where each watches only its 2 ring neighbours
+/// (`monitored-by-nr-of-members = 2`): a SIGKILLed node is heartbeated by 2 nodes only, yet
+/// every survivor sees it unreachable (the other 3 from the rows of its watchers, spread
+/// as deltas along the ring) and then gone.
+#[test]
+fn on_a_ring_of_two_monitors_every_node_sees_a_killed_node_unreachable_and_gone() {
+    let options = Options {
+        cluster_extra: "monitored-by-nr-of-members = 2\n".into(),
+        // Long enough that the unreachable rows reach every node before the lease lapses.
+        overrides: vec![("member-lease-ttl".into(), "\"8s\"".into())],
+        ..Options::default()
+    };
+    let mut c = Cluster::start_with(6, &options);
+    let killed = c.nodes[5].addr.clone();
+    c.kill(5);
+    c.wait_until(
+        "all see the killed node gone",
+        Duration::from_secs(30),
+        |c| {
+            (0..5).all(|i| {
+                c.members(i)
+                    .is_some_and(|m| m.iter().all(|m| m.addr != killed))
+            })
+        },
+    );
+    let h = c.history();
+    for i in 0..5 {
+        assert!(
+            !events(&h, &c.nodes[i].addr, "unreachable", &killed).is_empty(),
+            "node {i} saw the killed node unreachable before it was gone"
+        );
+    }
+}

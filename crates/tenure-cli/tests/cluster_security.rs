@@ -250,7 +250,10 @@ struct ForgedHeartbeat {
     seq: u64,
     age: u64,
     reach: Vec<ForgedRow>,
-    hears: Vec<String>,
+    digest: u64,
+    want_table: bool,
+    hears_you: bool,
+    your_datagrams_arrive: bool,
 }
 
 #[derive(serde::Serialize)]
@@ -317,7 +320,10 @@ fn the_cookie_alone_forges_no_heartbeat_that_wedges_a_node() {
             version: u64::MAX - 1,
             unreachable: Vec::new(),
         }],
-        hears: vec![c.nodes[1].addr.clone()],
+        digest: 0,
+        want_table: true,
+        hears_you: true,
+        your_datagrams_arrive: true,
     };
     let datagram = sealed_with_the_cookie(&forged, COOKIE, "tenure");
     let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();

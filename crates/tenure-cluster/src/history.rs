@@ -92,6 +92,7 @@ mod tests {
             status: MemberStatus::Up,
             reachable: true,
             roles: Vec::new(),
+            app_version: Default::default(),
         };
         let recorder = Recorder::new("10.0.0.1:2552", "1f");
         recorder.record(|| {

@@ -11,6 +11,7 @@
 //! holders) comes from the leases guarding each singleton and shard.
 
 mod agent;
+mod app_version;
 pub mod backoff;
 mod client;
 pub mod clocks;
@@ -24,8 +25,11 @@ mod node;
 pub mod placement;
 mod protocol;
 pub mod reachability;
+mod readiness;
+pub mod ring;
 pub mod sbr;
 mod settings;
+mod shutdown;
 mod subscribe;
 pub mod transport;
 
@@ -37,11 +41,14 @@ pub use agent::scope;
 pub mod __private {
     pub use ractor;
 }
+pub use app_version::{AppVersion, DEFAULT_APP_VERSION};
 pub use client::ClusterClient;
 pub use error::{ClusterError, OperatorRefusal};
 pub use identity::{Incarnation, NodeAddr};
 pub use member::{ClusterEvent, Listed, Member, MemberStatus, Membership};
 pub use node::{Inspector, Node, NodeBuilder, Operator, Subscriptions};
-pub use protocol::{MemberInfo, NodeView, PROTOCOL_VERSION};
+pub use protocol::{COMPATIBLE_PROTOCOLS, MemberInfo, NodeView, PROTOCOL_VERSION};
+pub use readiness::{DEFAULT_SUSPENDED_AFTER, NotReady, Readiness, ReadinessGate};
 pub use settings::{ClusterConfig, ClusterSettings, REFERENCE, TlsConfig, TlsFiles};
+pub use shutdown::{CoordinatedShutdown, Phase, RequestGuard, Requests, ShutdownConfig};
 pub use subscribe::{ClusterSubscriber, HandOver, HandOverWait};

@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+use crate::app_version::AppVersion;
 use crate::identity::{Incarnation, NodeAddr};
 use crate::subscribe::HandOver;
 
@@ -55,6 +56,9 @@ pub struct Member {
     pub reachable: bool,
     /// Its `cluster.roles` (singletons and shards may be limited to a role).
     pub roles: Vec<String>,
+    /// Its `cluster.app-version` (the default while it is joining: a member's version is
+    /// read with its member lease).
+    pub app_version: AppVersion,
 }
 
 impl Member {
@@ -109,6 +113,8 @@ pub struct Listed {
     pub age: u64,
     /// Its `cluster.roles`.
     pub roles: Vec<String>,
+    /// Its `cluster.app-version`.
+    pub app_version: AppVersion,
 }
 
 /// The view: this node and the members it knows, keyed by address.
@@ -136,11 +142,18 @@ impl Membership {
                 status: MemberStatus::Joining,
                 reachable: true,
                 roles,
+                app_version: AppVersion::default(),
             },
             others: BTreeMap::new(),
             retired: BTreeSet::new(),
             downed: BTreeSet::new(),
         }
+    }
+
+    /// This view, with this node running `version` (`cluster.app-version`).
+    pub fn with_app_version(mut self, version: AppVersion) -> Membership {
+        self.me.app_version = version;
+        self
     }
 
     /// This node.
@@ -233,6 +246,7 @@ impl Membership {
             status: MemberStatus::Joining,
             reachable: true,
             roles: roles.to_vec(),
+            app_version: AppVersion::default(),
         };
         self.others.insert(addr.clone(), m.clone());
         events.push(ClusterEvent::MemberJoined(m));
@@ -284,6 +298,7 @@ impl Membership {
                 Some(m) if m.incarnation == l.incarnation && m.status == MemberStatus::Joining => {
                     m.age = l.age;
                     m.roles = l.roles.clone();
+                    m.app_version = l.app_version.clone();
                     m.status = MemberStatus::Up;
                     events.push(ClusterEvent::MemberUp(m.clone()));
                 }
@@ -316,6 +331,7 @@ impl Membership {
             status: MemberStatus::Up,
             reachable: true,
             roles: l.roles.clone(),
+            app_version: l.app_version.clone(),
         };
         self.others.insert(l.addr.clone(), m.clone());
         ClusterEvent::MemberUp(m)
@@ -398,6 +414,7 @@ mod tests {
             incarnation: Incarnation(inc),
             age: token,
             roles: Vec::new(),
+            app_version: AppVersion::default(),
         }
     }
     fn kinds(events: &[ClusterEvent]) -> Vec<String> {
@@ -435,6 +452,36 @@ mod tests {
             kinds(&v.listed(&[listed(2, 2, 2), listed(3, 3, 9)])).is_empty(),
             "no change, no event"
         );
+    }
+
+    /// A member's application version comes with its member lease: a joining member has
+    /// the default until its lease is listed; this node has its own from the start.
+    #[test]
+    fn a_member_s_app_version_comes_with_its_member_lease() {
+        let v2 = AppVersion::new("2.0.0");
+        let mut v =
+            Membership::new(addr(1), Incarnation(1), Vec::new()).with_app_version(v2.clone());
+        assert_eq!(v.me().app_version.as_str(), "2.0.0");
+        v.hello(&addr(2), Incarnation(2), &[]);
+        assert_eq!(v.get(&addr(2)).unwrap().app_version, AppVersion::default());
+        let up = v.listed(&[
+            Listed {
+                app_version: v2.clone(),
+                ..listed(2, 2, 2)
+            },
+            Listed {
+                app_version: AppVersion::new("1.0.0"),
+                ..listed(3, 3, 3)
+            },
+        ]);
+        let versions: Vec<(u16, String)> = up
+            .iter()
+            .map(|e| match e {
+                ClusterEvent::MemberUp(m) => (m.addr.port, m.app_version.to_string()),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(versions, [(2, "2.0.0".into()), (3, "1.0.0".into())]);
     }
 
     #[test]

@@ -13,12 +13,15 @@ use crate::agent::{Agent, AgentArgs, RELEASE_SLACK, Refusal};
 use crate::error::ClusterError;
 use crate::error::OperatorRefusal;
 use crate::identity::{Incarnation, NodeAddr};
+use crate::member::{ClusterEvent, MemberStatus};
 use crate::placement::Placement;
 use crate::protocol::{
     AgentMsg, DownRequest, FaultReply, Inspect, LeaveRequest, Local, NodeView, OperatorReply,
     SetLink,
 };
+use crate::readiness::{Readiness, ReadinessGate};
 use crate::settings::ClusterSettings;
+use crate::shutdown::{CoordinatedShutdown, Phase};
 use crate::subscribe::ClusterSubscriber;
 #[cfg(feature = "fault-injection")]
 use crate::transport::Links;
@@ -156,6 +159,37 @@ pub struct Node {
     refused: Arc<std::sync::OnceLock<Refusal>>,
     downed: Arc<std::sync::OnceLock<String>>,
     leave_requests: Arc<tokio::sync::watch::Sender<Option<String>>>,
+    readiness: Readiness,
+    shutdown: CoordinatedShutdown,
+}
+
+/// Keeps `gate` open exactly while the node at `me` is an up member.
+fn member_readiness(me: NodeAddr, gate: ReadinessGate) -> ClusterSubscriber {
+    ClusterSubscriber::new(move |event| {
+        match event {
+            ClusterEvent::CurrentMembers(members) => {
+                match members.iter().find(|m| m.addr == me).map(|m| m.status) {
+                    Some(MemberStatus::Up) => gate.open(),
+                    status => gate.close(format!(
+                        "not an up member: {}",
+                        status.map_or("not a member", MemberStatus::as_str)
+                    )),
+                }
+            }
+            ClusterEvent::MemberUp(m) if m.addr == me => gate.open(),
+            ClusterEvent::MemberLeaving(m)
+            | ClusterEvent::MemberDown(m)
+            | ClusterEvent::MemberRemoved(m)
+                if m.addr == me =>
+            {
+                gate.close(format!("not an up member: {}", m.status.as_str()))
+            }
+            ClusterEvent::SelfDown => gate.close("not an up member: down"),
+            ClusterEvent::SelfLeaving(_) => gate.close("not an up member: leaving"),
+            _ => {}
+        }
+        true
+    })
 }
 
 impl Node {
@@ -192,6 +226,8 @@ impl Node {
                 provider.section_with_defaults(name)
             })?;
         let addr = settings.addr.clone();
+        let readiness = Readiness::new();
+        provider.observe(readiness.lease_observer(&addr.to_string()));
         let tls = settings.tls.as_ref().map(Tls::load).transpose()?;
         let store = provider.store(&settings.lease_section).await?;
         tenure_lease::names::check_lease_name(&settings.member_lease_name(&addr))?;
@@ -297,8 +333,15 @@ impl Node {
                 accept.abort();
             }
         });
+        let member_gate = readiness.gate("this node", "not an up member yet: joining");
+        let _ = agent.cast(AgentMsg::Local(Local::Subscribe(member_readiness(
+            addr.clone(),
+            member_gate,
+        ))));
         tracing::info!(node = %addr, %incarnation, seeds = settings.seeds.len(), "node started");
         Ok(Node {
+            readiness,
+            shutdown: CoordinatedShutdown::new(settings.shutdown.clone()),
             settings,
             incarnation,
             agent,
@@ -351,6 +394,19 @@ impl Node {
     /// A cloneable reader of [`view`](Node::view).
     pub fn inspector(&self) -> Inspector {
         Inspector(self.agent.clone())
+    }
+
+    /// This node's readiness (see [`Readiness`]): `check()` is `Ok` only while it is an up
+    /// member, every region on it registered with its coordinator and learnt the shard
+    /// homes, none of its leases has been suspended too long, and it is not leaving.
+    pub fn readiness(&self) -> &Readiness {
+        &self.readiness
+    }
+
+    /// This node's coordinated shutdown: add the program's tasks to its phases; they run
+    /// when the node [leaves](Node::leave) (SIGTERM, an operator's leave request).
+    pub fn shutdown(&self) -> &CoordinatedShutdown {
+        &self.shutdown
     }
 
     /// A cloneable handle for operators' leave and down requests.
@@ -444,15 +500,43 @@ impl Node {
             by = self.leave_requested() => {
                 tracing::info!(node = %self.settings.addr, by, "leave requested: leaving the cluster");
             }
-            stopped = self.stopped() => return Err(stopped),
+            stopped = self.stopped() => {
+                self.shut_down_stopped(&stopped).await;
+                return Err(stopped);
+            }
         }
         self.leave().await
     }
 
-    /// Leaves gracefully: subscribers get `SelfLeaving` and peers a leave notice; once every
-    /// hand-over guard is dropped (or `leave-timeout` passed) the member lease is released
-    /// and the sessions are closed.
+    /// The coordinated shutdown of a node that stopped on its own (downed, refused, its
+    /// member lease actor failed; see [`stopped`](Node::stopped)): not ready, then the
+    /// program's tasks phase by phase, as in [`leave`](Node::leave), with nothing to hand
+    /// off (what it hosted stopped when it went down).
+    pub async fn shut_down_stopped(&self, why: &ClusterError) {
+        self.readiness.leaving(format!("this node stopped: {why}"));
+        for phase in Phase::ALL {
+            self.shutdown.run_phase(phase).await;
+        }
+    }
+
+    /// Leaves gracefully, in the order of its [coordinated shutdown](CoordinatedShutdown):
+    /// not ready at once; the program's tasks of the phases up to
+    /// [`Phase::BeforeClusterShutdown`], and the asks in flight through its regions
+    /// answered; then subscribers get `SelfLeaving` and peers a leave notice; once every
+    /// hand-over guard is dropped (or `leave-timeout` passed) and the asks taken meanwhile
+    /// are answered (within `service-requests-done`), the member lease is released and the
+    /// sessions are closed; then the tasks of [`Phase::BeforeExit`].
     pub async fn leave(self) -> Result<(), ClusterError> {
+        // Not ready before anything is handed off: a load balancer stops sending first.
+        self.readiness.leaving("this node is leaving");
+        for phase in [
+            Phase::ServiceUnbind,
+            Phase::ServiceRequestsDone,
+            Phase::ServiceStop,
+            Phase::BeforeClusterShutdown,
+        ] {
+            self.shutdown.run_phase(phase).await;
+        }
         let answer = ractor::call_t!(self.agent, |r| AgentMsg::Local(Local::Leave(r)), 5000)
             .map_err(|e| ClusterError::Actor(format!("the node's agent did not answer: {e}")));
         let left = answer
@@ -480,6 +564,16 @@ impl Node {
             {
                 tracing::warn!(timeout = ?self.settings.leave_timeout, "hand-over did not finish within cluster.leave-timeout; leaving anyway");
             }
+            // Asks taken while handing over come back through the sessions about to close.
+            let requests = self.shutdown.requests();
+            let bound = self.settings.shutdown.service_requests_done;
+            if tokio::time::timeout(bound, requests.drained())
+                .await
+                .is_err()
+            {
+                tracing::warn!(open = requests.open(), timeout = ?bound,
+                    "asks still unanswered after cluster.coordinated-shutdown.service-requests-done; leaving anyway");
+            }
             if let Some(member_lease) = answer.member_lease {
                 let timeout = self.settings.member_lease.lease_operation_timeout + RELEASE_SLACK;
                 match ractor::call_t!(member_lease, LeaseMsg::Release, timeout.as_millis() as u64) {
@@ -504,6 +598,7 @@ impl Node {
             .server
             .stop_and_wait(Some("left".into()), Some(Duration::from_secs(5)))
             .await;
+        self.shutdown.run_phase(Phase::BeforeExit).await;
         left
     }
 }

@@ -9,9 +9,15 @@ use crate::identity::{Incarnation, NodeAddr};
 use crate::member::MemberStatus;
 use crate::subscribe::ClusterSubscriber;
 
-/// Version of this protocol, carried in [`Hello`]. A peer speaking another version is
-/// refused (logged and disconnected). `Hello`'s first field must stay a `u32` version.
-pub const PROTOCOL_VERSION: u32 = 4;
+/// Version of this protocol, carried in [`Hello`]. `Hello`'s first field must stay a `u32`
+/// version.
+pub const PROTOCOL_VERSION: u32 = 5;
+
+/// The protocol versions this build talks to: a peer whose [`Hello`] carries another is
+/// refused, and both sides log both versions. A release that changes the protocol keeps
+/// the previous version in this range, so that a rolling update passes through it; the
+/// application's own `cluster.app-version` plays no part here.
+pub const COMPATIBLE_PROTOCOLS: std::ops::RangeInclusive<u32> = PROTOCOL_VERSION..=PROTOCOL_VERSION;
 
 /// Sent by each side when a session is ready: who we are and whom we know (transitive
 /// discovery).
@@ -34,9 +40,11 @@ pub struct Hello {
     pub datagram_secret: Option<crate::transport::datagram::SessionSecret>,
 }
 
-/// Liveness beacon, every `cluster.heartbeat-interval`, carrying the sender's table of who
-/// cannot hear whom (its own row and the rows it got from others). Sent twice: as a UDP
-/// datagram (see [`crate::transport::datagram`]) and cast on the session.
+/// Liveness beacon, every `cluster.heartbeat-interval`, to each peer on the sender's ring of
+/// monitors ([`crate::ring`]), as a UDP datagram (see [`crate::transport::datagram`]) and,
+/// while the datagrams do not get through either way (and once every `unreachable-after`),
+/// cast on the session too. It carries the reachability rows that changed lately, or the
+/// whole table when the receiver asked for it ([`crate::sbr::Spread`]).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Heartbeat {
     pub node: NodeAddr,
@@ -48,9 +56,42 @@ pub struct Heartbeat {
     /// The sender's membership (its age; 0 while not up).
     pub age: u64,
     pub reach: Vec<crate::sbr::ReachRow>,
-    /// The nodes the sender heard a heartbeat from within `unreachable-after`, members or
-    /// not: a downed node rejoins only once the nodes it must hear also hear it.
-    pub hears: Vec<NodeAddr>,
+    /// The digest of the sender's whole reachability table, once these rows are in it: a
+    /// receiver whose table then differs asks for the whole table.
+    pub digest: u64,
+    /// The sender's table differed from the receiver's digest: send the whole table.
+    pub want_table: bool,
+    /// The sender heard a heartbeat from the receiver within `unreachable-after`: a downed
+    /// node rejoins only once the nodes it must hear also hear it.
+    pub hears_you: bool,
+    /// Heartbeat datagrams from the receiver reach the sender: while they do (and the
+    /// receiver's reach it), neither sends its heartbeats on the session too.
+    pub your_datagrams_arrive: bool,
+}
+
+/// An indirect probe (SWIM's ping-req): `origin` has not heard `target` (its life
+/// `incarnation`) for a while and asks a helper to probe it; the target answers the helper,
+/// which passes the answer on. An answered probe shows the target alive and only the direct
+/// link slow, so the origin waits longer before calling it unreachable.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Probe {
+    /// The origin's number for this probe round.
+    pub id: u64,
+    pub origin: NodeAddr,
+    pub target: NodeAddr,
+    pub incarnation: Incarnation,
+    pub step: ProbeStep,
+}
+
+/// Where a [`Probe`] is on its way.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum ProbeStep {
+    /// Origin to helper: probe the target for me.
+    Request,
+    /// Helper to target.
+    Ping { helper: NodeAddr },
+    /// Target to helper, and helper to origin: the target answered.
+    Ack { helper: NodeAddr },
 }
 
 /// Sent to a node that heartbeats under a membership (`age`) the sender downed: its side
@@ -167,6 +208,7 @@ crate::cluster_message! {
     pub enum AgentMsg {
         cast Hello(Hello),
         cast Heartbeat(Heartbeat),
+        cast Probe(Probe),
         cast YouAreDown(YouAreDown),
         cast Downed(MemberDowned),
         call Leaving(Leaving) -> LeavingAck,

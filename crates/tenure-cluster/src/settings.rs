@@ -7,10 +7,12 @@ use std::time::Duration;
 use serde::Deserialize;
 use tenure_lease::{ConfigError, LeaseSettings, TenureConfig};
 
+use crate::app_version::AppVersion;
 use crate::error::ClusterError;
 use crate::identity::NodeAddr;
 use crate::placement::Placement;
 use crate::sbr::{SbrConfig, SbrSettings};
+use crate::shutdown::ShutdownConfig;
 
 /// Files for TLS between nodes (mutual: each side presents a certificate signed by `ca`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,6 +38,8 @@ pub struct ClusterSettings {
     pub seeds: Vec<NodeAddr>,
     /// `roles`: what this node offers (singletons and entity types may require a role).
     pub roles: Vec<String>,
+    /// `app-version`: the version of the application this node runs (rolling updates).
+    pub app_version: AppVersion,
     /// `lease-section`: the lease section holding member leases.
     pub lease_section: String,
     /// Timing of the member lease: the section's, with `member-lease-ttl` and
@@ -47,6 +51,13 @@ pub struct ClusterSettings {
     pub heartbeat_interval: Duration,
     /// `unreachable-after`: silence after which a peer is marked unreachable.
     pub unreachable_after: Duration,
+    /// `monitored-by-nr-of-members`: how many members watch each member ([`crate::ring`]).
+    pub monitored_by: usize,
+    /// `indirect-probes`: how many members probe a late peer before it is unreachable.
+    pub indirect_probes: usize,
+    /// `reachability-sync-interval`: how often each watched peer gets the whole
+    /// reachability table ([`crate::sbr::Spread`]).
+    pub reachability_sync_interval: Duration,
     /// `reconnect-backoff-min` / `-max`: bounds of the jittered exponential redial backoff.
     pub reconnect_backoff_min: Duration,
     /// `reconnect-backoff-max`: the longest redial wait (before jitter).
@@ -69,6 +80,8 @@ pub struct ClusterSettings {
     pub placement: Placement,
     /// `[cluster.split-brain-resolver]`, unless its `active-strategy` is `"off"`.
     pub split_brain_resolver: Option<SbrSettings>,
+    /// `[cluster.coordinated-shutdown]`: the timeout of each phase of a graceful shutdown.
+    pub shutdown: ShutdownConfig,
 }
 
 /// This crate's fragment of the reference configuration: `[cluster]`, `[cluster.tls]` and
@@ -94,6 +107,8 @@ pub struct ClusterConfig {
     /// `roles`: this node's roles (singletons and entity types may require one).
     #[serde(deserialize_with = "tenure_lease::config::list")]
     pub roles: Vec<String>,
+    /// `app-version`: the application version this node runs.
+    pub app_version: String,
     /// `None`: `[tenure] default-lease-section`.
     pub lease_section: Option<String>,
     /// `member-lease-ttl`: the member lease's time-to-live.
@@ -111,6 +126,13 @@ pub struct ClusterConfig {
     /// `unreachable-after`: the silence after which a peer is unreachable.
     #[serde(deserialize_with = "tenure_lease::duration::serde::positive")]
     pub unreachable_after: Duration,
+    /// `monitored-by-nr-of-members`: how many members watch each member.
+    pub monitored_by_nr_of_members: usize,
+    /// `indirect-probes`: how many members probe a late peer (0: none).
+    pub indirect_probes: usize,
+    /// `reachability-sync-interval`: how often each watched peer gets the whole table.
+    #[serde(deserialize_with = "tenure_lease::duration::serde::positive")]
+    pub reachability_sync_interval: Duration,
     /// `reconnect-backoff-min`: the first redial delay.
     #[serde(deserialize_with = "tenure_lease::duration::serde::positive")]
     pub reconnect_backoff_min: Duration,
@@ -134,6 +156,8 @@ pub struct ClusterConfig {
     pub tls: TlsConfig,
     /// `[cluster.split-brain-resolver]`.
     pub split_brain_resolver: SbrConfig,
+    /// `[cluster.coordinated-shutdown]`.
+    pub coordinated_shutdown: ShutdownConfig,
     /// `[cluster.management]`: read by the management endpoint's crate (tenure-management).
     pub management: Option<toml::Table>,
 }
@@ -146,12 +170,16 @@ impl Default for ClusterConfig {
             cookie: None,
             seeds: Vec::new(),
             roles: Vec::new(),
+            app_version: crate::app_version::DEFAULT_APP_VERSION.to_string(),
             lease_section: None,
             member_lease_ttl: Duration::from_secs(10),
             member_lease_interval: Duration::from_secs(1),
             membership_interval: Duration::from_secs(1),
             heartbeat_interval: Duration::from_millis(500),
             unreachable_after: Duration::from_secs(3),
+            monitored_by_nr_of_members: 9,
+            indirect_probes: 3,
+            reachability_sync_interval: Duration::from_secs(5),
             reconnect_backoff_min: Duration::from_millis(200),
             reconnect_backoff_max: Duration::from_secs(5),
             dial_timeout: Duration::from_secs(3),
@@ -161,6 +189,7 @@ impl Default for ClusterConfig {
             fault_injection: false,
             tls: TlsConfig::default(),
             split_brain_resolver: SbrConfig::default(),
+            coordinated_shutdown: ShutdownConfig::default(),
             management: None,
         }
     }
@@ -219,6 +248,16 @@ impl ClusterSettings {
                 }
             })
             .collect::<Result<Vec<_>, _>>()?;
+        if c.app_version.is_empty() || c.app_version.chars().any(char::is_whitespace) {
+            return Err(ConfigError::invalid(
+                "cluster.app-version",
+                format!(
+                    "{:?}: expected a version without spaces, such as \"1.4.2\" (compared as semantic versions when both parse, else as text)",
+                    c.app_version
+                ),
+            )
+            .into());
+        }
         let lease_section = match &c.lease_section {
             Some(section) => section.clone(),
             None => config.default_lease_section()?,
@@ -251,12 +290,16 @@ impl ClusterSettings {
             cookie,
             seeds,
             roles,
+            app_version: AppVersion::new(c.app_version.clone()),
             placement: Placement::from_config(config, &lease_section)?,
             lease_section,
             member_lease,
             membership_interval: c.membership_interval,
             heartbeat_interval: c.heartbeat_interval,
             unreachable_after: c.unreachable_after,
+            monitored_by: c.monitored_by_nr_of_members,
+            indirect_probes: c.indirect_probes,
+            reachability_sync_interval: c.reachability_sync_interval,
             reconnect_backoff_min: c.reconnect_backoff_min,
             reconnect_backoff_max: c.reconnect_backoff_max,
             dial_timeout: c.dial_timeout,
@@ -266,11 +309,26 @@ impl ClusterSettings {
             fault_injection: fault_injection(c.fault_injection)?,
             tls: tls_files(&c.tls)?,
             split_brain_resolver: c.split_brain_resolver.resolve()?,
+            shutdown: c.coordinated_shutdown.clone(),
         };
         if settings.heartbeat_interval * 2 > settings.unreachable_after {
             return Err(ConfigError::invalid(
                 "cluster.unreachable-after",
                 "must be at least twice cluster.heartbeat-interval",
+            )
+            .into());
+        }
+        if settings.monitored_by == 0 {
+            return Err(ConfigError::invalid(
+                "cluster.monitored-by-nr-of-members",
+                "must be at least 1 (a member nobody watches is never found unreachable)",
+            )
+            .into());
+        }
+        if settings.reachability_sync_interval < settings.heartbeat_interval {
+            return Err(ConfigError::invalid(
+                "cluster.reachability-sync-interval",
+                "must be at least cluster.heartbeat-interval",
             )
             .into());
         }
@@ -399,6 +457,9 @@ mod tests {
     fn defaults_and_overrides() {
         let s = load("seeds = [\"127.0.0.1:4702\", \"node-b:4703\"]").unwrap();
         assert_eq!(s.addr.to_string(), "127.0.0.1:4701");
+        assert_eq!(s.app_version.as_str(), "0.0.0");
+        let versioned = load("app-version = \"1.10.0\"").unwrap();
+        assert!(versioned.app_version > crate::AppVersion::new("1.9.0"));
         assert_eq!(s.seeds.len(), 2);
         let mut config =
             TenureConfig::from_toml_str(&format!("[cluster]\ncookie = \"{COOKIE}\""), "t").unwrap();
@@ -426,6 +487,17 @@ mod tests {
             ("unraechable-after = \"1s\"", "`cluster.unraechable-after`"),
             ("dial-timeout = \"3 parsecs\"", "`cluster.dial-timeout`"),
             ("handshake-timeout = \"0s\"", "cluster.handshake-timeout"),
+            ("app-version = \"\"", "cluster.app-version"),
+            ("app-version = \"1 .2\"", "cluster.app-version"),
+            (
+                "monitored-by-nr-of-members = 0",
+                "cluster.monitored-by-nr-of-members",
+            ),
+            ("indirect-probes = -1", "`cluster.indirect-probes`"),
+            (
+                "reachability-sync-interval = \"100ms\"",
+                "cluster.reachability-sync-interval",
+            ),
             ("max-frame-size = -1", "`cluster.max-frame-size`"),
             ("[cluster.tls]\nenable = true", "`cluster.tls.enable`"),
             (

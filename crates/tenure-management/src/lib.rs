@@ -6,7 +6,7 @@
 //! |---|---|
 //! | `GET /` | a live page of the members, the shard map and this node's leases (static HTML polling the routes below) |
 //! | `GET /health/alive` | 200 while the process serves |
-//! | `GET /health/ready` | 200 when the node is an up member and none of its leases has been suspended for `ready-suspended-after`; else 503 with the reason |
+//! | `GET /health/ready` | 200 when the node serves ([`tenure_cluster::Readiness`]): an up member, not leaving, every sharding region registered with its coordinator and knowing the shard homes, none of its leases suspended for `ready-suspended-after`; else 503 with the reason |
 //! | `GET /cluster/members` | the node's view (JSON): members, status, age, reachability, and `down`: members that went down (not a leave) since the endpoint started |
 //! | `GET /cluster/shards` | the shard map of every entity type served here ([`Management::add_region`]): JSON list of [`tenure_sharding::ShardMap`] (each shard's home; entities and lease token of the shards this node hosts; shards per node) |
 //! | `GET /cluster/shards/{type}` | one type's [`ShardMap`](tenure_sharding::ShardMap); 404 naming the known types |

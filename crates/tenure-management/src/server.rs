@@ -11,7 +11,9 @@ use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::{get, post};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use tenure_cluster::{ClusterEvent, ClusterSubscriber, Inspector, MemberStatus, Node, Operator};
+use tenure_cluster::{
+    ClusterEvent, ClusterSubscriber, Inspector, MemberStatus, Node, Operator, Readiness,
+};
 use tenure_sharding::ShardRegion;
 use tokio::task::JoinHandle;
 
@@ -69,6 +71,7 @@ pub(crate) struct Served {
     /// This endpoint's address, named as who asked in operators' requests.
     pub(crate) addr: SocketAddr,
     leases: LeaseTable,
+    readiness: Readiness,
     pub(crate) settings: ManagementSettings,
     down: DownLog,
     regions: Regions,
@@ -159,7 +162,10 @@ impl Management {
             max_header_bytes: settings.max_header_bytes,
             idle_timeout: settings.idle_timeout,
         };
+        node.readiness()
+            .set_suspended_after(settings.ready_suspended_after);
         let served = Served {
+            readiness: node.readiness().clone(),
             node: node.inspector(),
             operator: node.operator(),
             addr,
@@ -229,28 +235,10 @@ async fn alive() -> &'static str {
 }
 
 async fn ready(State(s): State<Served>) -> Response {
-    let view = match s.node.view().await {
-        Ok(view) => view,
-        Err(e) => return unavailable(format!("the node does not answer: {e}")),
-    };
-    let me = view.members.iter().find(|m| m.addr == view.node);
-    match me.map(|m| m.status) {
-        Some(MemberStatus::Up) => {}
-        status => {
-            let status = status.map_or("not a member".to_string(), |s| format!("{s:?}"));
-            return unavailable(format!("this node is not an up member: {status}"));
-        }
+    match s.readiness.check() {
+        Ok(()) => (StatusCode::OK, "ready\n").into_response(),
+        Err(not) => unavailable(not.reason),
     }
-    let suspended = s.leases.suspended_for(s.settings.ready_suspended_after);
-    if let Some(l) = suspended.first() {
-        return unavailable(format!(
-            "lease {} suspended for {} ms (renewals failing: {})",
-            l.lease,
-            l.for_ms,
-            l.error.as_deref().unwrap_or("unknown")
-        ));
-    }
-    (StatusCode::OK, "ready\n").into_response()
 }
 
 fn unavailable(reason: String) -> Response {

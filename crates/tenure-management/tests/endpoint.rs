@@ -1,5 +1,6 @@
 //! The management endpoint of a real node (one-node cluster on an in-process store) over
-//! real HTTP: liveness, the members, the member lease and metrics; readiness turns off
+//! real HTTP: liveness, the members, the member lease and metrics; readiness is off while
+//! a sharding region has not registered with a coordinator, and turns off
 //! while the store fails the node's renewals (its member lease suspended) and on again
 //! once it heals; unknown paths get a 404 naming them; a node without entity types has an
 //! empty shard map; an operator's leave is refused until the program awaits leave requests.
@@ -117,6 +118,16 @@ token = "management-secret"
     let addr = management.addr();
 
     assert_eq!(get(addr, "/health/alive").await, (200, "alive\n".into()));
+    until(addr, "/health/ready", |s, _| s == 200).await;
+    // A region whose coordinator never answers (no node hosts its type): not serving.
+    let orphan = tenure_sharding::start_on_node(&node, &provider, "orphan", None)
+        .await
+        .unwrap();
+    let (status, reason) = get(addr, "/health/ready").await;
+    assert_eq!(status, 503, "{reason}");
+    assert!(reason.contains("region of `orphan`"), "{reason}");
+    orphan.stop().await;
+    drop(orphan);
     until(addr, "/health/ready", |s, _| s == 200).await;
     let members = until(addr, "/cluster/members", |s, b| {
         s == 200 && b.contains("\"Up\"")

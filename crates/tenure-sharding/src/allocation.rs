@@ -2,8 +2,16 @@
 //! coordinator one allocation at a time), and the default, Akka's least-shard strategy: a new
 //! shard goes to the region with the fewest, and a rebalance moves shards from the most to
 //! the least loaded regions, a bounded share per round, until they are balanced.
+//!
+//! During a rolling update the regions run different application versions
+//! (`cluster.app-version`): a strategy is shown only the regions of the newest version
+//! among those that may be given shards, so that new and moved shards go to the newest
+//! version and a rebalance never moves a shard onto an older one; the shards of older
+//! regions stay where they are until those nodes leave.
 
 use std::collections::{BTreeMap, BTreeSet};
+
+use tenure_cluster::AppVersion;
 
 use crate::settings::ShardingSettings;
 
@@ -20,6 +28,10 @@ pub struct Regions {
     /// Region → its shards: every region with a shard, and every allocatable one.
     hosted: BTreeMap<String, BTreeSet<String>>,
     allocatable: BTreeSet<String>,
+    /// The application version of each region that set one (others run the default).
+    versions: BTreeMap<String, AppVersion>,
+    /// The allocatable regions of the newest version among them: those a strategy sees.
+    newest: BTreeSet<String>,
 }
 
 static NO_SHARDS: BTreeSet<String> = BTreeSet::new();
@@ -31,26 +43,51 @@ impl Regions {
     }
 
     /// The regions that may be given shards, in address order, each with the shards it
-    /// hosts.
+    /// hosts: those registered, available, up and reachable, and of the newest application
+    /// version among these.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &BTreeSet<String>)> {
-        self.allocatable
+        self.newest
             .iter()
             .map(|r| (r.as_str(), self.hosted.get(r).unwrap_or(&NO_SHARDS)))
     }
 
     /// How many regions may be given shards.
     pub fn len(&self) -> usize {
-        self.allocatable.len()
+        self.newest.len()
     }
 
     /// Whether no region may be given shards.
     pub fn is_empty(&self) -> bool {
-        self.allocatable.is_empty()
+        self.newest.is_empty()
     }
 
     /// Whether `region` may be given shards.
     pub fn is_allocatable(&self, region: &str) -> bool {
-        self.allocatable.contains(region)
+        self.newest.contains(region)
+    }
+
+    /// The application version of `region` (the default when it set none).
+    pub fn version(&self, region: &str) -> AppVersion {
+        self.versions.get(region).cloned().unwrap_or_default()
+    }
+
+    /// Records that `region` runs application `version`.
+    pub(crate) fn set_version(&mut self, region: &str, version: AppVersion) {
+        if self.versions.get(region) != Some(&version) {
+            self.versions.insert(region.to_string(), version);
+            self.pick_newest();
+        }
+    }
+
+    /// Recomputes the allocatable regions of the newest version.
+    fn pick_newest(&mut self) {
+        let newest = self.allocatable.iter().map(|r| self.version(r)).max();
+        self.newest = self
+            .allocatable
+            .iter()
+            .filter(|r| newest.as_ref() == Some(&self.version(r)))
+            .cloned()
+            .collect();
     }
 
     /// How many shards the allocatable regions host.
@@ -111,13 +148,19 @@ impl Regions {
 
     /// Whether `region` may be given shards from now on.
     pub(crate) fn set_allocatable(&mut self, region: &str, allocatable: bool) {
-        if allocatable {
-            self.allocatable.insert(region.to_string());
+        let changed = if allocatable {
             self.hosted.entry(region.to_string()).or_default();
-        } else if self.allocatable.remove(region)
-            && self.hosted.get(region).is_some_and(BTreeSet::is_empty)
-        {
-            self.hosted.remove(region);
+            self.allocatable.insert(region.to_string())
+        } else if self.allocatable.remove(region) {
+            if self.hosted.get(region).is_some_and(BTreeSet::is_empty) {
+                self.hosted.remove(region);
+            }
+            true
+        } else {
+            false
+        };
+        if changed {
+            self.pick_newest();
         }
     }
 }
@@ -326,6 +369,65 @@ mod tests {
             "b:1 may not be given shards"
         );
         assert_eq!(r.home("4"), Some("b:1"), "its shards keep their home");
+    }
+
+    /// A rolling update from 1.9.0 to 1.10.0 over a, b, c: once a node of the newer version
+    /// may take shards, new shards go to it alone and a rebalance moves shards only among
+    /// the newer version's nodes, never onto an older one.
+    #[test]
+    fn new_and_moved_shards_go_to_the_newest_version_present() {
+        let s = strategy(1, 1.0, 100);
+        let none = BTreeSet::new();
+        let mut r = regions(&[("a:1", 4), ("b:1", 4), ("c:1", 4)]);
+        for region in ["a:1", "b:1", "c:1"] {
+            r.set_version(region, AppVersion::new("1.9.0"));
+        }
+        assert_eq!(r.len(), 3, "one version: every region");
+        // c restarted as 1.10.0 (numerically newer than 1.9.0), with no shards yet.
+        r.set_allocatable("c:1", false);
+        r.remove_home("9");
+        r.remove_home("10");
+        r.remove_home("11");
+        r.remove_home("12");
+        assert_eq!(
+            s.allocate("9", &r).as_deref(),
+            Some("a:1"),
+            "c is gone: the old version is the newest present"
+        );
+        r.set_version("c:1", AppVersion::new("1.10.0"));
+        r.set_allocatable("c:1", true);
+        assert_eq!(r.len(), 1, "mixed: only the newest version is offered");
+        assert!(!r.is_allocatable("a:1") && r.is_allocatable("c:1"));
+        for shard in ["9", "10", "11", "12"] {
+            assert_eq!(s.allocate(shard, &r).as_deref(), Some("c:1"));
+            r.set_home(shard, "c:1");
+        }
+        assert!(
+            s.rebalance(&r, &none).is_empty(),
+            "4/4/4 across versions: nothing moves back to 1.9.0"
+        );
+        // b restarts as 1.10.0 too: a rebalance evens out c and b only; a keeps its own.
+        r.set_allocatable("b:1", false);
+        for shard in ["5", "6", "7", "8"] {
+            r.remove_home(shard);
+            assert_eq!(s.allocate(shard, &r).as_deref(), Some("c:1"));
+            r.set_home(shard, "c:1");
+        }
+        r.set_version("b:1", AppVersion::new("1.10.0"));
+        r.set_allocatable("b:1", true);
+        let moves = s.rebalance(&r, &none);
+        assert_eq!(moves.len(), 4, "8/0 becomes 4/4: {moves:?}");
+        assert!(
+            moves
+                .iter()
+                .all(|(_, from, to)| from == "c:1" && to == "b:1"),
+            "{moves:?}"
+        );
+        assert_eq!(
+            r.hosted_by("a:1").len(),
+            4,
+            "the old node's shards stay put"
+        );
     }
 
     #[test]

@@ -421,6 +421,9 @@ impl CoordinatorState {
         let allocatable = self.regions.contains_key(region)
             && self.alive(region)
             && !self.unreachable_since.contains_key(region);
+        if let Some(m) = self.members.get(region) {
+            self.homes.set_version(region, m.app_version.clone());
+        }
         self.homes.set_allocatable(region, allocatable);
     }
 
@@ -443,6 +446,14 @@ impl CoordinatorState {
     /// Tells `region`, at the end of this wave, what to make of `shard` (what it was told
     /// of the shard earlier in the wave is replaced).
     fn tell(&mut self, region: &str, shard: &str, told: Told) {
+        self.answer(region);
+        if let Some(told_here) = self.outbox.get_mut(region) {
+            told_here.insert(shard.to_string(), told);
+        }
+    }
+
+    /// Sends `region` a message at the end of this wave, even if it learns nothing in it.
+    fn answer(&mut self, region: &str) {
         if self.outbox.is_empty() {
             // Handled once the messages that reached the coordinator before it are: the
             // wave is everything they decide.
@@ -450,10 +461,7 @@ impl CoordinatorState {
                 .myself
                 .cast(CoordinatorMsg::Local(CoordinatorLocal::Flush));
         }
-        self.outbox
-            .entry(region.to_string())
-            .or_default()
-            .insert(shard.to_string(), told);
+        self.outbox.entry(region.to_string()).or_default();
     }
 
     /// Sends each region what it learnt in this wave, in one message.
@@ -563,6 +571,9 @@ impl CoordinatorState {
             for (shard, home) in known {
                 self.tell(&region, &shard, Told::Home(Some(home)));
             }
+            // Answered even when no home is known yet: the answer is what tells the region
+            // it registered (its readiness).
+            self.answer(&region);
         }
         self.askers.remove(&region);
         self.holders.remove(&region);
@@ -1124,6 +1135,7 @@ mod tests {
             status: MemberStatus::Up,
             reachable: true,
             roles: Vec::new(),
+            app_version: Default::default(),
         }
     }
 

@@ -219,6 +219,7 @@ mod tests {
             status: MemberStatus::Up,
             reachable: true,
             roles: Vec::new(),
+            app_version: Default::default(),
         }
     }
 

@@ -196,6 +196,9 @@ pub struct ShardRegion {
     /// The local fast path to entities running on this node (see [`Routes`]).
     routes: Arc<Routes>,
     meters: metrics::HandleMeters,
+    readiness: tenure_cluster::ReadinessGate,
+    /// Asks in flight, which the node's shutdown waits for.
+    requests: tenure_cluster::Requests,
 }
 
 const CODEC: &str = "entity request";
@@ -204,6 +207,15 @@ impl ShardRegion {
     /// The entity type.
     pub fn type_name(&self) -> &str {
         &self.type_name
+    }
+
+    /// `Ok` once this region serves: a coordinator answered its registration with the shard
+    /// homes it knew. It stays ready through coordinator fail-overs (messages wait in the
+    /// region's buffer meanwhile) and is not ready while its node leaves or is down, or
+    /// once the region stopped. The node's [`readiness`](tenure_cluster::Node::readiness)
+    /// includes it.
+    pub fn readiness(&self) -> Result<(), tenure_cluster::NotReady> {
+        self.readiness.check()
     }
 
     /// The region actor.
@@ -347,6 +359,9 @@ impl ShardRegion {
         timeout: Duration,
     ) -> Result<P, ShardingError> {
         let payload = self.encode(entity, request)?;
+        // Counted until answered (or timed out): a leaving node answers it before it closes
+        // its sessions.
+        let _in_flight = self.requests.start();
         let (tx, rx) = tokio::sync::oneshot::channel();
         let msg = EntityMsg {
             payload,
@@ -620,6 +635,10 @@ pub(crate) async fn start_with_settings(
         .await
         .map_err(|e| start_err(format!("coordinator proxy: {e}")))?;
     let routes = Arc::new(Routes::default());
+    let readiness = node.readiness().gate(
+        format!("region of `{type_name}`"),
+        "not registered with a coordinator yet (no shard homes known)",
+    );
     let args = RegionArgs {
         type_name: type_name.to_string(),
         me,
@@ -629,6 +648,7 @@ pub(crate) async fn start_with_settings(
         hosting,
         coordinator: coordinator.clone(),
         routes: routes.clone(),
+        readiness: readiness.clone(),
     };
     let (actor, _) = Actor::spawn(None, Region, args)
         .await
@@ -643,6 +663,8 @@ pub(crate) async fn start_with_settings(
         coordinator,
         routes,
         meters: metrics::HandleMeters::new(type_name),
+        readiness,
+        requests: node.shutdown().requests().clone(),
     })
 }
 

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent, pg};
-use tenure_cluster::{ClusterEvent, HandOver, Member, MemberStatus};
+use tenure_cluster::{ClusterEvent, HandOver, Member, MemberStatus, ReadinessGate};
 use tenure_lease::{FencingToken, LeaseSpec};
 use tenure_singleton::SingletonProxy;
 use tokio::time::Instant;
@@ -69,6 +69,9 @@ pub struct RegionArgs {
     /// The local fast path to entities, shared with the region's handles: its shards open
     /// and close their entities' routes.
     pub routes: Arc<crate::Routes>,
+    /// This region's condition of its node's readiness: open once a coordinator answered
+    /// its registration (with the shard homes it knows), closed while leaving or down.
+    pub readiness: ReadinessGate,
 }
 
 /// The region actor.
@@ -114,6 +117,12 @@ pub struct RegionState {
     members: BTreeMap<String, Member>,
     leaving: bool,
     down: bool,
+    /// A coordinator answered a registration of this region (with every shard home it
+    /// knew): it serves from then on, through coordinator fail-overs (messages wait for a
+    /// new coordinator in the buffer), until this node leaves or goes down.
+    acknowledged: bool,
+    /// Whether the readiness gate was last set open.
+    gate_open: bool,
     /// The newest coordinator heard from (its lease's fencing token).
     coordinator: FencingToken,
     /// The last registration sent, the base of the next one's changes; `None`: the next
@@ -194,6 +203,8 @@ impl Actor for Region {
             members: BTreeMap::new(),
             leaving: false,
             down: false,
+            acknowledged: false,
+            gate_open: false,
             coordinator: FencingToken::new(0),
             registered: None,
             registrations: 0,
@@ -216,6 +227,7 @@ impl Actor for Region {
         if let Some(t) = state.timer.take() {
             t.abort();
         }
+        state.args.readiness.close("the region stopped");
         state.args.routes.close_remote_node(None);
         // Stop the shards before the region's exit kills them without their post_stop.
         for (_, shard) in state.shards.drain() {
@@ -267,6 +279,7 @@ impl Actor for Region {
                 coordinator,
             }) => {
                 if state.current(coordinator, "(a wave of allocations)") {
+                    state.acknowledged |= state.registered.is_some();
                     for shard in host {
                         state.settle(&shard, Some(state.args.me.clone())).await;
                     }
@@ -399,6 +412,7 @@ impl Actor for Region {
             RegionMsg::Local(RegionLocal::Cluster(event)) => state.on_cluster(event).await,
         }
         state.vacate();
+        state.update_readiness();
         state.buffer_gauge.set(state.pending_count);
         Ok(())
     }
@@ -420,6 +434,26 @@ impl Actor for Region {
 }
 
 impl RegionState {
+    /// Opens or closes the readiness gate as the region's state says.
+    fn update_readiness(&mut self) {
+        let why = if self.leaving {
+            Some("leaving: handing its shards off")
+        } else if self.down {
+            Some("this node is down")
+        } else if !self.acknowledged {
+            Some("not registered with a coordinator yet (no shard homes known)")
+        } else {
+            None
+        };
+        if why.is_none() != self.gate_open {
+            self.gate_open = why.is_none();
+            match why {
+                None => self.args.readiness.open(),
+                Some(why) => self.args.readiness.close(why),
+            }
+        }
+    }
+
     fn can_host(&self) -> bool {
         self.args.hosting.is_some() && !self.leaving && !self.down
     }
@@ -937,6 +971,7 @@ impl RegionState {
             ClusterEvent::SelfDown => {
                 tracing::warn!(entity_type = %self.args.type_name, "this node is down: stopping its shards");
                 self.down = true;
+                self.acknowledged = false;
                 self.args.routes.close_remote_node(None);
                 self.hand_off_all();
             }
@@ -1212,6 +1247,7 @@ mod tests {
             status,
             reachable: true,
             roles: Vec::new(),
+            app_version: Default::default(),
         }
     }
 
@@ -1305,6 +1341,7 @@ mod tests {
             hosting: Some((crate::entity_factory(Echo), template)),
             coordinator,
             routes: Arc::default(),
+            readiness: tenure_cluster::Readiness::new().gate("region", "starting"),
         };
         Actor::spawn(None, Region, args).await.unwrap().0
     }

@@ -22,6 +22,7 @@ pub(crate) async fn proxy_region(scope: &str, config: &str) -> ShardRegion {
             .await
             .unwrap();
     let routes = Arc::new(crate::Routes::default());
+    let readiness = tenure_cluster::Readiness::new().gate("region", "starting");
     let args = RegionArgs {
         type_name: "probe".into(),
         me: "127.0.0.1:1".into(),
@@ -31,6 +32,8 @@ pub(crate) async fn proxy_region(scope: &str, config: &str) -> ShardRegion {
         hosting: None,
         coordinator: coordinator.clone(),
         routes: routes.clone(),
+
+        readiness: readiness.clone(),
     };
     let (actor, _) = Actor::spawn(None, Region, args).await.unwrap();
     ShardRegion {
@@ -41,6 +44,8 @@ pub(crate) async fn proxy_region(scope: &str, config: &str) -> ShardRegion {
         coordinator,
         routes,
         meters: crate::metrics::HandleMeters::new("probe"),
+        readiness,
+        requests: Default::default(),
     }
 }
 

@@ -45,6 +45,8 @@ async fn an_ask_whose_caller_gave_up_leaves_the_region_buffer() {
         hosting: None,
         coordinator,
         routes: Default::default(),
+
+        readiness: tenure_cluster::Readiness::new().gate("region", "starting"),
     };
     let (region, _) = Actor::spawn(None, Region, args).await.unwrap();
     let ask = |entity: &'static str| {

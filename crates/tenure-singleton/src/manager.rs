@@ -452,14 +452,9 @@ impl ManagerState {
         }
     }
 
-    /// The oldest up member with the role.
+    /// Where the singleton runs: see [`designated`].
     fn oldest(&self) -> Option<&Member> {
-        self.members
-            .values()
-            .filter(|m| {
-                m.status == MemberStatus::Up && m.has_role(self.spec.settings.role.as_deref())
-            })
-            .min_by(|a, b| (a.age, &a.addr).cmp(&(b.age, &b.addr)))
+        designated(self.members.values(), self.spec.settings.role.as_deref())
     }
 
     fn is_oldest(&self) -> bool {
@@ -798,4 +793,100 @@ fn descendants(cell: &ActorCell) -> Vec<ActorCell> {
         i += 1;
     }
     family
+}
+
+/// The member the singleton runs on: the oldest up member with `role`, among those of the
+/// newest application version (`cluster.app-version`), so that during a rolling update it
+/// moves to the new version once, not at every restart.
+fn designated<'a>(
+    members: impl Iterator<Item = &'a Member> + Clone,
+    role: Option<&str>,
+) -> Option<&'a Member> {
+    let candidates = members.filter(|m| m.status == MemberStatus::Up && m.has_role(role));
+    let newest = candidates.clone().map(|m| &m.app_version).max()?;
+    candidates
+        .filter(|m| m.app_version == *newest)
+        .min_by(|a, b| (a.age, &a.addr).cmp(&(b.age, &b.addr)))
+}
+
+#[cfg(test)]
+mod tests {
+    use tenure_cluster::{AppVersion, Incarnation, NodeAddr};
+
+    use super::*;
+
+    fn member(port: u16, age: u64, version: &str) -> Member {
+        Member {
+            addr: NodeAddr::parse("test", &format!("127.0.0.1:{port}")).unwrap(),
+            incarnation: Incarnation(port as u64),
+            age,
+            status: MemberStatus::Up,
+            reachable: true,
+            roles: Vec::new(),
+            app_version: AppVersion::new(version),
+        }
+    }
+
+    fn runs_on(members: &[Member]) -> Option<u16> {
+        designated(members.iter(), None).map(|m| m.addr.port)
+    }
+
+    /// A rolling update of a, b, c (oldest first) from 1 to 2, each node restarted in
+    /// turn and joining youngest: the singleton moves twice (a leaves; a' is the first of
+    /// version 2), not at every restart.
+    #[test]
+    fn a_rolling_update_moves_the_singleton_at_most_twice() {
+        let (a, b, c) = (
+            member(1, 1, "1.0.0"),
+            member(2, 2, "1.0.0"),
+            member(3, 3, "1.0.0"),
+        );
+        let (a2, b2, c2) = (
+            member(1, 4, "2.0.0"),
+            member(2, 5, "2.0.0"),
+            member(3, 6, "2.0.0"),
+        );
+        let steps = [
+            vec![a.clone(), b.clone(), c.clone()],
+            vec![b.clone(), c.clone()],
+            vec![b.clone(), c.clone(), a2.clone()],
+            vec![c.clone(), a2.clone()],
+            vec![c.clone(), a2.clone(), b2.clone()],
+            vec![a2.clone(), b2.clone()],
+            vec![a2.clone(), b2.clone(), c2.clone()],
+        ];
+        let hosts: Vec<Option<u16>> = steps.iter().map(|s| runs_on(s)).collect();
+        assert_eq!(
+            hosts,
+            [
+                Some(1),
+                Some(2),
+                Some(1),
+                Some(1),
+                Some(1),
+                Some(1),
+                Some(1)
+            ]
+        );
+        let moves = hosts.windows(2).filter(|w| w[0] != w[1]).count();
+        assert_eq!(moves, 2);
+    }
+
+    #[test]
+    fn one_version_keeps_the_oldest_and_leaving_members_do_not_count() {
+        let mut members = vec![
+            member(1, 3, "1.0.0"),
+            member(2, 1, "1.0.0"),
+            member(3, 2, "1.0.0"),
+        ];
+        assert_eq!(runs_on(&members), Some(2));
+        members[1].status = MemberStatus::Leaving;
+        assert_eq!(runs_on(&members), Some(3));
+        members[0].app_version = AppVersion::new("1.0.1");
+        assert_eq!(
+            runs_on(&members),
+            Some(1),
+            "the newest version wins over age"
+        );
+    }
 }

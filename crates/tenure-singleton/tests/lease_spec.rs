@@ -86,6 +86,7 @@ fn member(port: u16, age: u64, status: MemberStatus) -> Member {
         status,
         reachable: true,
         roles: Vec::new(),
+        app_version: Default::default(),
     }
 }
 

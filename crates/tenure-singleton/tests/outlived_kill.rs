@@ -240,6 +240,7 @@ impl Fixture {
             status: MemberStatus::Up,
             reachable: true,
             roles: Vec::new(),
+            app_version: Default::default(),
         };
         manager
             .cast(ClusterEvent::CurrentMembers(vec![member]).into())

@@ -92,13 +92,11 @@ impl Downing {
         }
     }
 
-    /// The nodes heard within `window` before `now`, for heartbeats.
-    pub(super) fn hearing(&self, now: Instant, window: Duration) -> Vec<NodeAddr> {
+    /// Whether a heartbeat came from `peer` within `window` before `now`.
+    pub(super) fn hears(&self, peer: &NodeAddr, now: Instant, window: Duration) -> bool {
         self.heard
-            .iter()
-            .filter(|(_, t)| now.saturating_duration_since(**t) < window)
-            .map(|(n, _)| n.clone())
-            .collect()
+            .get(peer)
+            .is_some_and(|t| now.saturating_duration_since(*t) < window)
     }
 
     /// Whether this node and `peer` heard each other within `window`.
@@ -115,9 +113,14 @@ impl Downing {
         self.downed.is_some()
     }
 
-    /// The rows a heartbeat carries.
-    pub(super) fn rows(&self) -> Vec<ReachRow> {
-        self.table.rows()
+    /// The shared reachability table, which heartbeats spread.
+    pub(super) fn table(&self) -> &ReachTable {
+        &self.table
+    }
+
+    /// Every (observer, subject) pair of the table: `observer` cannot hear `subject`.
+    pub(super) fn records(&self) -> impl Iterator<Item = (&NodeAddr, &NodeAddr)> {
+        self.table.records()
     }
 }
 
@@ -205,7 +208,15 @@ impl AgentState {
             .view
             .members()
             .into_iter()
-            .filter(|m| m.addr != self.me && counted(m) && !m.reachable && !settling)
+            // Only what this node observes itself: the reachability of members it does not
+            // watch comes from other rows, which its own must not echo.
+            .filter(|m| {
+                m.addr != self.me
+                    && counted(m)
+                    && !m.reachable
+                    && !settling
+                    && self.monitor.watched.contains(&m.addr)
+            })
             .map(|m| m.addr)
             .collect();
         let lives: std::collections::HashMap<NodeAddr, Incarnation> = members

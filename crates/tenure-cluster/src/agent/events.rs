@@ -51,6 +51,7 @@ impl AgentState {
                     }
                     ClusterEvent::MemberRemoved(_) => {
                         self.reach.forget(&m.addr);
+                        self.monitor.forget(&m.addr);
                         if m.status == crate::member::MemberStatus::Down {
                             self.close_stale_sessions(&m.addr, "its member lease lapsed");
                         }

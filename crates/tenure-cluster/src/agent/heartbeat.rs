@@ -1,12 +1,14 @@
-//! Heartbeats and reachability: every `heartbeat-interval` the agent sends each peer a
-//! heartbeat (carrying its split brain resolver row), marks members silent for
-//! `unreachable-after` unreachable, closes sessions silent far longer, and dials what is due.
+//! Heartbeats and reachability: every `heartbeat-interval` the agent sends each peer it
+//! watches ([`super::monitor`]) a heartbeat (carrying the reachability rows due, see
+//! [`crate::sbr::Spread`]), marks watched members silent for `unreachable-after`
+//! unreachable (later when an indirect probe shows them alive), takes the reachability of
+//! the others from the table, closes sessions silent far longer, and dials what is due.
 //!
-//! Each heartbeat goes out twice: as an authenticated UDP datagram to the peer's cluster
-//! address ([`crate::transport::datagram`]), which no data frame can hold up, and cast on
-//! the session, which still reaches a peer whose UDP port a firewall blocks (there it
-//! queues behind data, as before). Both copies carry one sequence number; the first to
-//! arrive is applied and the other is a duplicate. Each peer's datagrams are sealed with
+//! Each heartbeat goes out as an authenticated UDP datagram to the peer's cluster address
+//! ([`crate::transport::datagram`]), which no data frame can hold up, and also cast on the
+//! session while datagrams do not get through both ways, which still reaches a peer whose
+//! UDP port a firewall blocks (there it queues behind data). Both copies carry one
+//! sequence number; the first to arrive is applied and the other is a duplicate. Each peer's datagrams are sealed with
 //! the key of its session, given in the hello ([`crate::transport::datagram`]); sequence
 //! numbers and row versions are stamps of the sender's clock, believed only so far ahead of
 //! it ([`crate::clocks`]).
@@ -156,52 +158,101 @@ impl Datagrams {
 }
 
 impl AgentState {
-    /// Every `heartbeat-interval`: heartbeats out, reachability, dials.
+    /// Every `heartbeat-interval`: heartbeats out to the watched peers, reachability,
+    /// probes, dials.
     pub(super) fn tick(&mut self, myself: &ActorRef<AgentMsg>) {
         let now = Instant::now();
-        let hb = Heartbeat {
-            node: self.me.clone(),
-            incarnation: self.incarnation,
-            seq: self.clock.stamp(now),
-            age: if self.view.me().status == crate::member::MemberStatus::Up {
-                self.view.me().age
-            } else {
-                0
-            },
-            reach: self.downing.as_ref().map(|d| d.rows()).unwrap_or_default(),
-            hears: self
-                .downing
-                .as_ref()
-                .map(|d| d.hearing(now, self.s.unreachable_after))
-                .unwrap_or_default(),
-        };
-        self.send_datagrams(myself, &hb, now);
-        for p in self.mesh.peers.values() {
-            let _ = p.agent.cast(AgentMsg::Heartbeat(hb.clone()));
+        let watched = self.watch_set();
+        for peer in watched.difference(&self.monitor.watched) {
+            self.reach.rewatch(peer, now);
         }
-        for (addr, reachable) in self.reach.states(now, self.s.unreachable_after) {
+        self.monitor.watched = watched.clone();
+        let seq = self.clock.stamp(now);
+        let age = if self.view.me().status == crate::member::MemberStatus::Up {
+            self.view.me().age
+        } else {
+            0
+        };
+        if let Some(d) = self.downing.as_ref() {
+            self.monitor.spread.next_round(d.table());
+        }
+        let digest = self.downing.as_ref().map_or(0, |d| d.table().digest());
+        let window = self.s.unreachable_after / 2;
+        for peer in &watched {
+            let Some(incarnation) = self.mesh.peers.get(peer).map(|p| p.incarnation) else {
+                continue;
+            };
+            let hb = Heartbeat {
+                node: self.me.clone(),
+                incarnation: self.incarnation,
+                seq,
+                age,
+                reach: match self.downing.as_ref() {
+                    Some(d) => self.monitor.spread.rows_for(d.table(), peer),
+                    None => Vec::new(),
+                },
+                digest,
+                want_table: self.monitor.take_want_table(peer),
+                hears_you: self
+                    .downing
+                    .as_ref()
+                    .is_some_and(|d| d.hears(peer, now, self.s.unreachable_after)),
+                your_datagrams_arrive: self.monitor.datagrams_arrive(peer, now, window),
+            };
+            self.send_datagram(myself, peer, incarnation, &hb, now);
+            let keepalive = self.s.unreachable_after;
+            if self.monitor.session_copy_due(peer, now, window, keepalive)
+                && let Some(p) = self.mesh.peers.get(peer)
+            {
+                let _ = p.agent.cast(AgentMsg::Heartbeat(hb));
+            }
+        }
+        let members: Vec<NodeAddr> = self
+            .reach
+            .states(now, self.s.unreachable_after)
+            .into_iter()
+            .map(|(addr, _)| addr)
+            .collect();
+        for addr in members {
+            let silence = self.reach.silence(&addr, now).unwrap_or_default();
+            if !watched.contains(&addr) {
+                let reachable = self.reachable_by_others(&addr);
+                let events = self.view.set_reachable(&addr, reachable);
+                self.emit(events);
+                continue;
+            }
+            let timeout = self.s.unreachable_after;
+            if self.s.indirect_probes > 0
+                && crate::reachability::probe_due(
+                    silence,
+                    self.monitor.last_probe(&addr, now),
+                    timeout,
+                )
+            {
+                self.probe(&addr, now);
+            }
+            let vouched = self.monitor.vouched(&addr, now);
+            let reachable = crate::reachability::judge(silence, vouched, timeout);
             let events = self.view.set_reachable(&addr, reachable);
             self.emit(events);
             // ractor_cluster never times a session out: a session silent this long is
             // probably half-open (peer host gone, partition). Close it so that a redial (or
             // the peer's next life) gets a fresh one instead of losing an election to it.
-            let stale = self
-                .reach
-                .silence(&addr, now)
-                .is_some_and(|d| d > self.s.unreachable_after * 3);
-            if stale {
+            if silence > timeout * 3 {
                 self.close_stale_sessions(&addr, "silent for 3 x unreachable-after");
             }
         }
         // A session that carries no heartbeat while the peer's datagrams arrive is stuck
         // (behind a frame that never finishes, or in a middlebox): the peer is reachable,
-        // yet nothing sent on it arrives. A new connection gets the traffic going again.
+        // yet nothing sent on it arrives (a watched peer sends one on it at least every
+        // unreachable-after). A new connection gets the traffic going again.
         let stuck: Vec<NodeAddr> = self
             .mesh
             .peers
             .iter()
             .filter(|(addr, p)| {
-                now.duration_since(p.session_heard) > self.s.unreachable_after * 3
+                watched.contains(*addr)
+                    && now.duration_since(p.session_heard) > self.s.unreachable_after * 3
                     && self
                         .reach
                         .silence(addr, now)
@@ -221,57 +272,60 @@ impl AgentState {
         }
     }
 
-    /// Sends `hb` as a datagram, sealed with the key of its session, to every peer whose
-    /// address is known (resolving the others' for the next tick) and whose link lets
-    /// datagrams out.
-    fn send_datagrams(&mut self, myself: &ActorRef<AgentMsg>, hb: &Heartbeat, now: Instant) {
-        let body = datagram::encode(hb);
-        for (peer, p) in &self.mesh.peers {
-            let target = self.datagrams.addrs.get(peer);
-            let due = match target {
-                Some(t) if t.incarnation == p.incarnation => {
-                    t.addr.is_none() && t.retry_at.is_some_and(|at| at <= now)
+    /// Sends `hb` as a datagram to `peer` (its life `incarnation`), sealed with the key of
+    /// its session, when its address is known (else resolving it for the next tick) and
+    /// its link lets datagrams out.
+    fn send_datagram(
+        &mut self,
+        myself: &ActorRef<AgentMsg>,
+        peer: &NodeAddr,
+        incarnation: Incarnation,
+        hb: &Heartbeat,
+        now: Instant,
+    ) {
+        let target = self.datagrams.addrs.get(peer);
+        let due = match target {
+            Some(t) if t.incarnation == incarnation => {
+                t.addr.is_none() && t.retry_at.is_some_and(|at| at <= now)
+            }
+            _ => true,
+        };
+        if due {
+            let addr = resolve(myself, peer, incarnation, self.datagrams.local);
+            self.datagrams.addrs.insert(
+                peer.clone(),
+                Target {
+                    incarnation,
+                    addr,
+                    retry_at: None,
+                },
+            );
+        }
+        let (Some(to), Some((_, key))) = (
+            self.datagrams.addrs.get(peer).and_then(|t| t.addr),
+            self.datagrams.outbound.get(peer),
+        ) else {
+            return;
+        };
+        #[cfg(feature = "fault-injection")]
+        if !self.mesh.links.gate(peer).admits_outbound_datagram() {
+            return;
+        }
+        let bytes = match datagram::encode(hb)
+            .map_err(|e| e.to_string())
+            .and_then(|b| key.seal(&b).map_err(|e| e.to_string()))
+        {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                if !self.datagrams.too_large_told {
+                    self.datagrams.too_large_told = true;
+                    tracing::warn!(error = %e, "heartbeats travel on the sessions only");
                 }
-                _ => true,
-            };
-            if due {
-                let addr = resolve(myself, peer, p.incarnation, self.datagrams.local);
-                self.datagrams.addrs.insert(
-                    peer.clone(),
-                    Target {
-                        incarnation: p.incarnation,
-                        addr,
-                        retry_at: None,
-                    },
-                );
+                return;
             }
-            let (Some(to), Some((_, key))) = (
-                self.datagrams.addrs.get(peer).and_then(|t| t.addr),
-                self.datagrams.outbound.get(peer),
-            ) else {
-                continue;
-            };
-            #[cfg(feature = "fault-injection")]
-            if !self.mesh.links.gate(peer).admits_outbound_datagram() {
-                continue;
-            }
-            let bytes = match body
-                .as_ref()
-                .map_err(|e| e.to_string())
-                .and_then(|b| key.seal(b).map_err(|e| e.to_string()))
-            {
-                Ok(bytes) => bytes,
-                Err(e) => {
-                    if !self.datagrams.too_large_told {
-                        self.datagrams.too_large_told = true;
-                        tracing::warn!(error = %e, "heartbeats travel on the sessions only");
-                    }
-                    continue;
-                }
-            };
-            if let Err(e) = self.datagrams.socket.try_send_to(&bytes, to) {
-                tracing::debug!(%peer, %to, error = %e, "heartbeat datagram not sent");
-            }
+        };
+        if let Err(e) = self.datagrams.socket.try_send_to(&bytes, to) {
+            tracing::debug!(%peer, %to, error = %e, "heartbeat datagram not sent");
         }
     }
 
@@ -355,12 +409,27 @@ impl AgentState {
             }
         };
         self.tell_if_downed(&hb.node, hb.incarnation, hb.age);
+        self.monitor.heard(
+            &hb.node,
+            via == Via::Datagram,
+            hb.your_datagrams_arrive,
+            now,
+        );
         if let Some(d) = self.downing.as_mut() {
-            d.heard(&hb.node, hb.hears.contains(&self.me), now);
+            d.heard(&hb.node, hb.hears_you, now);
         }
         self.merge_rows(&hb.node, seq, hb.reach);
+        if hb.want_table {
+            self.monitor.spread.owe_full(&hb.node);
+        }
+        if let Some(d) = self.downing.as_ref() {
+            let ours = d.table().digest();
+            self.monitor.compare(&hb.node, hb.digest, ours, now);
+        }
         self.reach.heard(&hb.node, now);
-        if self.view.get(&hb.node).is_some_and(|m| !m.reachable) {
+        if self.monitor.watched.contains(&hb.node)
+            && self.view.get(&hb.node).is_some_and(|m| !m.reachable)
+        {
             let events = self.view.set_reachable(&hb.node, true);
             self.emit(events);
         }

@@ -16,6 +16,7 @@ use tenure_lease::{
 use tokio::time::Instant;
 
 use super::AgentState;
+use crate::app_version::AppVersion;
 use crate::identity::{Incarnation, NodeAddr};
 use crate::member::Listed;
 use crate::placement::{Placement, PlacementMismatch};
@@ -60,6 +61,10 @@ pub(crate) struct MemberNote {
     pub age: u64,
     #[serde(default)]
     pub roles: Vec<String>,
+    /// Outside the proof, so that nodes of any version check each other's notes alike:
+    /// it steers placement (which node is preferred), never who may hold a lease.
+    #[serde(default)]
+    pub app_version: AppVersion,
     pub placement: Placement,
     /// Keyed digest of the above with the cookie: only nodes with the cluster's cookie
     /// can write a member lease the others accept.
@@ -81,6 +86,7 @@ impl MemberNote {
             incarnation,
             age,
             roles,
+            app_version: AppVersion::default(),
             placement,
             proof: String::new(),
         };
@@ -378,15 +384,18 @@ impl AgentState {
         myself: &ActorRef<AgentMsg>,
         ticket: u64,
     ) -> Result<(), ActorProcessingErr> {
-        let note = serde_json::to_string(&MemberNote::new(
-            &proof_key(&self.s.cookie, self.mesh.tls.as_ref()),
-            &self.s.system,
-            self.me.clone(),
-            self.incarnation,
-            ticket,
-            self.s.roles.clone(),
-            self.s.placement.clone(),
-        ))?;
+        let note = serde_json::to_string(&MemberNote {
+            app_version: self.s.app_version.clone(),
+            ..MemberNote::new(
+                &proof_key(&self.s.cookie, self.mesh.tls.as_ref()),
+                &self.s.system,
+                self.me.clone(),
+                self.incarnation,
+                ticket,
+                self.s.roles.clone(),
+                self.s.placement.clone(),
+            )
+        })?;
         let spec = LeaseSpec::new(
             &self.s.member_lease_name(&self.me),
             &self.me.to_string(),
@@ -454,6 +463,7 @@ impl AgentState {
                 incarnation: note.incarnation,
                 age: note.age,
                 roles: note.roles,
+                app_version: note.app_version,
             });
         }
         listed

@@ -13,7 +13,9 @@ use tokio::time::Instant;
 use super::{AGENT_GROUP, AgentState};
 use crate::backoff::Backoff;
 use crate::identity::{Incarnation, NodeAddr};
-use crate::protocol::{AgentMsg, Hello, Local, PROTOCOL_VERSION, SessionChange};
+use crate::protocol::{
+    AgentMsg, COMPATIBLE_PROTOCOLS, Hello, Local, PROTOCOL_VERSION, SessionChange,
+};
 #[cfg(feature = "fault-injection")]
 use crate::transport::Links;
 use crate::transport::Tls;
@@ -233,14 +235,29 @@ impl AgentState {
     }
 
     pub(super) fn on_hello(&mut self, h: Hello) {
-        if h.protocol != PROTOCOL_VERSION || h.system != self.s.system {
+        if !COMPATIBLE_PROTOCOLS.contains(&h.protocol) || h.system != self.s.system {
+            let why = if h.system != self.s.system {
+                format!(
+                    "it belongs to system {:?}, this node to {:?}",
+                    h.system, self.s.system
+                )
+            } else {
+                format!(
+                    "it speaks cluster protocol {}, this node (app-version {}) speaks {PROTOCOL_VERSION} and talks to protocols {}..={}: upgrade through a release that talks to both",
+                    h.protocol,
+                    self.s.app_version,
+                    COMPATIBLE_PROTOCOLS.start(),
+                    COMPATIBLE_PROTOCOLS.end()
+                )
+            };
             tracing::error!(
                 peer = %h.node,
                 peer_protocol = h.protocol,
                 our_protocol = PROTOCOL_VERSION,
                 peer_system = %h.system,
                 our_system = %self.s.system,
-                "refusing peer: incompatible protocol version or another system; closing the session"
+                "refusing peer {}: {why}; closing the session",
+                h.node
             );
             // Redial it only after the longest backoff.
             self.close_sessions_with(&h.node, "incompatible peer");
@@ -288,6 +305,8 @@ impl AgentState {
                 session_heard: now,
             },
         );
+        // A new session or life may have missed any delta of the reachability table.
+        self.monitor.spread.owe_full(&h.node);
         if fresh {
             tracing::info!(peer = %h.node, incarnation = %h.incarnation, "peer connected");
             if let Some(d) = self.mesh.dials.get_mut(&h.node) {

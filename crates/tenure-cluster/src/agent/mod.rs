@@ -4,7 +4,8 @@
 //! - [`mesh`]: sessions, dials with backoff, hellos, peers;
 //! - [`membership`]: join tickets, the member lease, up / lost / rejoin, leave;
 //! - [`heartbeat`]: heartbeats (datagrams and session casts) and reachability, every
-//!   `heartbeat-interval`;
+//!   `heartbeat-interval`; [`monitor`]: whom they go to (the ring of monitors), which
+//!   reachability rows they carry, and indirect probes;
 //! - [`events`]: what changed, to subscribers, metrics, logs and the history;
 //! - [`inspect`]: the node's view answered to clients and the CLI;
 //! - [`downing`]: the split brain resolver's side; [`operator`]: operators' leave and down;
@@ -26,6 +27,8 @@ use crate::subscribe::ClusterSubscriber;
 use crate::transport::Links;
 use crate::transport::Tls;
 
+#[cfg(test)]
+mod cost;
 mod downing;
 mod events;
 mod fault;
@@ -33,6 +36,7 @@ mod heartbeat;
 mod inspect;
 mod membership;
 mod mesh;
+mod monitor;
 mod operator;
 mod resolver_lease;
 
@@ -84,6 +88,8 @@ pub(crate) struct AgentState {
     reach: crate::reachability::Reachability,
     /// The heartbeat datagrams ([`heartbeat`]).
     datagrams: heartbeat::Datagrams,
+    /// The ring of monitors, the rows to spread and the probes ([`monitor`]).
+    monitor: monitor::Monitor,
     /// Sessions, peers and dials ([`mesh`]).
     mesh: mesh::Mesh,
     /// The member lease of the current membership ([`membership`]).
@@ -148,7 +154,8 @@ impl Actor for Agent {
         let _ = myself.cast(AgentMsg::Local(Local::Tick));
         Ok(AgentState {
             clock: crate::clocks::NodeClock::new(tokio::time::Instant::now()),
-            view: Membership::new(me.clone(), a.incarnation, a.settings.roles.clone()),
+            view: Membership::new(me.clone(), a.incarnation, a.settings.roles.clone())
+                .with_app_version(a.settings.app_version.clone()),
             me,
             incarnation: a.incarnation,
             scope,
@@ -156,6 +163,7 @@ impl Actor for Agent {
             lease_observer: a.lease_observer,
             reach: Default::default(),
             datagrams,
+            monitor: monitor::Monitor::new(a.settings.reachability_sync_interval),
             mesh,
             member_lease: membership::MemberLease {
                 ticketing: true,
@@ -205,6 +213,7 @@ impl Actor for Agent {
         match msg {
             AgentMsg::Hello(h) => state.on_hello(h),
             AgentMsg::Heartbeat(hb) => state.on_heartbeat(hb, heartbeat::Via::Session),
+            AgentMsg::Probe(probe) => state.on_probe(probe),
             AgentMsg::YouAreDown(notice) => state.on_you_are_down(&myself, notice),
             AgentMsg::Leaving(l, reply) => state.on_peer_leaving(l, reply),
             AgentMsg::Inspect(Inspect {}, reply) => {

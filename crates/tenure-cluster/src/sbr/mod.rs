@@ -8,6 +8,7 @@
 //! leases. The resolver brings availability: the surviving side stops waiting for members
 //! it cannot hear, and the losing side gives its leases up instead of renewing them.
 
+mod spread;
 mod strategy;
 mod table;
 
@@ -18,6 +19,7 @@ use serde::Deserialize;
 use tenure_lease::ConfigError;
 use tokio::time::Instant;
 
+pub use spread::{REPEAT, Spread};
 pub use strategy::{Decision, Partition, Strategy, decide};
 pub use table::{Carrier, Life, ReachRow, ReachTable};
 

@@ -246,6 +246,7 @@ pub(super) mod tests {
                 age: p as u64,
                 status: MemberStatus::Up,
                 reachable: true,
+                app_version: Default::default(),
                 roles: if with_role.contains(&p) {
                     vec!["r".into()]
                 } else {

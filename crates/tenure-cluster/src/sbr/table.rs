@@ -142,6 +142,23 @@ impl ReachTable {
         self.rows.values().cloned().collect()
     }
 
+    /// A digest of which row of each observer this table holds (observer, life, version):
+    /// two tables with the same digest hold the same rows, but for a hash collision.
+    pub fn digest(&self) -> u64 {
+        let mut h = crate::ring::Fnv::default();
+        for row in self.rows.values() {
+            h.addr(&row.observer);
+            h.u64(row.incarnation.0);
+            h.u64(row.version);
+        }
+        h.finish()
+    }
+
+    /// Every row, by observer.
+    pub fn rows_by_observer(&self) -> &BTreeMap<NodeAddr, ReachRow> {
+        &self.rows
+    }
+
     /// Every (observer, subject) pair: `observer` cannot hear `subject`.
     pub fn records(&self) -> impl Iterator<Item = (&NodeAddr, &NodeAddr)> {
         self.rows

@@ -3,11 +3,11 @@
 //! session sends through one queue, in order; a datagram is never behind anything).
 //!
 //! Every node binds a UDP socket on its cluster host and port (UDP's port space is
-//! separate from TCP's) and sends each peer its heartbeat there, besides the heartbeat
-//! cast on the session, which stays as the fallback where UDP is blocked. Both carry the
-//! same sequence number (a stamp of the sender's clock, see [`crate::clocks`]), so the
-//! receiver applies each heartbeat once, whichever channel brings it first, and never goes
-//! back to an older one.
+//! separate from TCP's) and sends each peer it watches its heartbeat there; the heartbeat
+//! is cast on the session too while datagrams do not get through both ways, the fallback
+//! where UDP is blocked. Both carry the same sequence number (a stamp of the sender's
+//! clock, see [`crate::clocks`]), so the receiver applies each heartbeat once, whichever
+//! channel brings it first, and never goes back to an older one.
 //!
 //! Datagrams are keyed per session: the hello a node sends a peer on their session carries
 //! a fresh random [`SessionSecret`], and the node seals its datagrams to that peer with a
@@ -403,7 +403,10 @@ mod tests {
                 version: 2,
                 unreachable: vec![addr(2)],
             }],
-            hears: vec![addr(3)],
+            digest: 9,
+            want_table: false,
+            hears_you: true,
+            your_datagrams_arrive: false,
         }
     }
 
@@ -435,8 +438,13 @@ mod tests {
         let bytes = sealed(&DatagramKey::new("sys", "cookie", &s), &hb(5));
         let opened = ring(&s).open(from(), &bytes).unwrap();
         assert_eq!(
-            (opened.node, opened.incarnation, opened.seq, opened.hears),
-            (addr(1), Incarnation(7), 5, vec![addr(3)])
+            (
+                opened.node,
+                opened.incarnation,
+                opened.seq,
+                opened.hears_you
+            ),
+            (addr(1), Incarnation(7), 5, true)
         );
         assert_eq!(opened.reach.len(), 1);
     }

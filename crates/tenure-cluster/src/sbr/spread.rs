@@ -1,0 +1,178 @@
+//! Which rows of the reachability table a heartbeat carries: versioned deltas, repaired by a
+//! full table on demand.
+//!
+//! A row travels in the heartbeats of the [`REPEAT`] rounds after it changed here (taken
+//! from a peer or this node's own), so a change floods the ring of monitors hop by hop and
+//! a lost datagram or two loses nothing. Every heartbeat also carries the digest of its
+//! sender's table ([`ReachTable::digest`]); a receiver whose table then differs asks for
+//! the whole table in its next heartbeat back (at most once per
+//! `reachability-sync-interval` and peer), and a peer gets it in its first heartbeat after a
+//! hello too. Whatever a peer missed (more losses in a row, a restart) is repaired so, and
+//! a steady table costs a digest per heartbeat.
+//!
+//! What a receiver takes from a row is unchanged ([`ReachTable::merge`]: the newest version
+//! of each observer's current life, within the bounds its clock allows), so a delta and a
+//! full table merge alike and a row carried twice is harmless.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::table::{ReachRow, ReachTable};
+use crate::identity::{Incarnation, NodeAddr};
+
+/// How many rounds a changed row is carried in every heartbeat.
+pub const REPEAT: u64 = 3;
+
+/// The rows to send, round by round.
+#[derive(Debug, Clone, Default)]
+pub struct Spread {
+    round: u64,
+    /// Each observer's row as last seen here (life, version) and the round it changed in.
+    seen: BTreeMap<NodeAddr, (Incarnation, u64, u64)>,
+    /// Peers owed the whole table in their next heartbeat.
+    owed: BTreeSet<NodeAddr>,
+}
+
+impl Spread {
+    /// Starts the next round: notes which rows of `table` changed since the last one.
+    pub fn next_round(&mut self, table: &ReachTable) {
+        self.round += 1;
+        let round = self.round;
+        let rows = table.rows_by_observer();
+        self.seen.retain(|o, _| rows.contains_key(o));
+        for (observer, row) in rows {
+            match self.seen.get_mut(observer) {
+                Some((inc, version, _)) if *inc == row.incarnation && *version == row.version => {}
+                Some(seen) => *seen = (row.incarnation, row.version, round),
+                None => {
+                    self.seen
+                        .insert(observer.clone(), (row.incarnation, row.version, round));
+                }
+            }
+        }
+    }
+
+    /// `peer` gets the whole table in its next heartbeat (it asked, or said hello: a new
+    /// session or a new life, which may have missed any delta).
+    pub fn owe_full(&mut self, peer: &NodeAddr) {
+        self.owed.insert(peer.clone());
+    }
+
+    /// The rows of `table` for `peer`'s heartbeat of this round: the whole table when it is
+    /// owed ([`Spread::owe_full`]), else the rows changed in the last [`REPEAT`] rounds.
+    pub fn rows_for(&mut self, table: &ReachTable, peer: &NodeAddr) -> Vec<ReachRow> {
+        if self.owed.remove(peer) {
+            return table.rows();
+        }
+        let since = self.round.saturating_sub(REPEAT - 1);
+        table
+            .rows_by_observer()
+            .iter()
+            .filter(|(o, _)| self.seen.get(*o).is_some_and(|(_, _, at)| *at >= since))
+            .map(|(_, row)| (*row).clone())
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sbr::{Carrier, Life};
+    use proptest::prelude::*;
+
+    fn a(p: u16) -> NodeAddr {
+        NodeAddr::parse("t", &format!("127.0.0.1:{}", 1000 + p)).unwrap()
+    }
+
+    fn life(n: &NodeAddr) -> Option<Life> {
+        Some(Life {
+            incarnation: Incarnation(u64::from(n.port)),
+            ceiling: None,
+        })
+    }
+
+    /// The source's table as its rows; a receiver's must end up equal to it.
+    fn snapshot(t: &ReachTable) -> Vec<ReachRow> {
+        t.rows()
+    }
+
+    /// Sets observer `o`'s row in `t` (as merged from its own heartbeat) to `subjects`.
+    fn observe(t: &mut ReachTable, me: &NodeAddr, o: u16, version: u64, subjects: &[u16]) {
+        let observer = a(o);
+        let row = ReachRow {
+            observer: observer.clone(),
+            incarnation: Incarnation(u64::from(observer.port)),
+            version,
+            unreachable: subjects.iter().map(|s| a(*s)).collect(),
+        };
+        t.merge(
+            me,
+            Carrier {
+                node: &observer,
+                seq: version,
+            },
+            vec![row],
+            life,
+        );
+    }
+
+    #[test]
+    fn a_steady_table_costs_nothing_and_a_change_travels_for_repeat_rounds() {
+        let (me, peer) = (a(0), a(99));
+        let mut t = ReachTable::default();
+        let mut s = Spread::default();
+        observe(&mut t, &me, 1, 10, &[2]);
+        let mut carried = 0;
+        for _ in 0..10 {
+            s.next_round(&t);
+            if !s.rows_for(&t, &peer).is_empty() {
+                carried += 1;
+            }
+        }
+        assert_eq!(
+            carried, REPEAT,
+            "carried in the {REPEAT} rounds after the change"
+        );
+        s.owe_full(&peer);
+        s.next_round(&t);
+        assert_eq!(s.rows_for(&t, &peer).len(), 1, "owed the whole table");
+        assert!(s.rows_for(&t, &peer).is_empty(), "once");
+    }
+
+    proptest! {
+        /// Deltas alone keep a receiver in step while nothing is lost; whatever is lost,
+        /// the digests differ until the receiver asks for the whole table, and the table
+        /// it gets makes both equal.
+        #[test]
+        fn deltas_and_a_full_table_on_demand_converge_whatever_is_lost(
+            changes in proptest::collection::vec((1u16..12, proptest::collection::vec(1u16..12, 0..3)), 1..40),
+            lost in proptest::collection::vec(any::<bool>(), 1..80),
+        ) {
+            let (source, receiver, peer) = (a(0), a(50), a(51));
+            let (mut st, mut rt, mut lossless) =
+                (ReachTable::default(), ReachTable::default(), ReachTable::default());
+            let mut s = Spread::default();
+            let mut version = 0;
+            for (round, (o, subjects)) in changes.iter().enumerate() {
+                version += 1;
+                observe(&mut st, &source, *o, version, subjects);
+                s.next_round(&st);
+                let rows = s.rows_for(&st, &peer);
+                let carrier = Carrier { node: &source, seq: version + 1 };
+                lossless.merge(&receiver, carrier, rows.clone(), life);
+                prop_assert_eq!(snapshot(&lossless), snapshot(&st), "deltas keep up");
+                prop_assert_eq!(lossless.digest(), st.digest());
+                if !lost[round % lost.len()] {
+                    rt.merge(&receiver, carrier, rows, life);
+                }
+            }
+            prop_assert_eq!(rt.digest() == st.digest(), snapshot(&rt) == snapshot(&st));
+            if rt.digest() != st.digest() {
+                s.owe_full(&peer);
+                s.next_round(&st);
+                let carrier = Carrier { node: &source, seq: version + 1 };
+                rt.merge(&receiver, carrier, s.rows_for(&st, &peer), life);
+            }
+            prop_assert_eq!(snapshot(&rt), snapshot(&st));
+        }
+    }
+}

@@ -1,0 +1,95 @@
+//! A leaving node answers the asks it already took before it hands off: asks queued at a
+//! slow entity of a one-node cluster (memory store) when the node leaves are all answered,
+//! none dropped; and a program's shutdown task runs before the hand-off.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ractor::ActorProcessingErr;
+use tenure_cluster::{ClusterSettings, Node, Phase};
+use tenure_lease::{LeaseProvider, StoreRegistry, TenureConfig};
+use tenure_sharding::{Entity, EntityContext};
+
+/// Answers each number after a pause, telling `started` when it takes the first.
+struct Slow(tokio::sync::mpsc::UnboundedSender<u64>);
+
+impl Entity for Slow {
+    type Request = u64;
+    type Reply = u64;
+    type State = ();
+
+    async fn start(&self, _: &EntityContext) -> Result<(), ActorProcessingErr> {
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        _: &EntityContext,
+        _: &mut (),
+        n: u64,
+    ) -> Result<u64, ActorProcessingErr> {
+        let _ = self.0.send(n);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        Ok(n)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn asks_taken_before_a_leave_are_answered() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let config = TenureConfig::from_toml_str(
+        &format!(
+            "[tenure]\ndefault-lease-section = \"memory\"\n\
+             [lease.memory]\nheartbeat-timeout = \"3s\"\nheartbeat-interval = \"500ms\"\n\
+             [cluster]\nport = {port}\ncookie = \"leave-answers-test-0123456789abcdef\"\n\
+             member-lease-ttl = \"3s\"\nmember-lease-interval = \"500ms\"\n\
+             [sharding]\nretry-interval = \"100ms\"\n"
+        ),
+        "test",
+    )
+    .unwrap();
+    let registry = ["sqlite", "postgres", "etcd", "zookeeper"]
+        .into_iter()
+        .fold(StoreRegistry::new(), |r, kind| r.left_out(kind, kind));
+    let provider = LeaseProvider::new(config.clone(), registry).unwrap();
+    let node = Node::start(ClusterSettings::from_config(&config).unwrap(), &provider)
+        .await
+        .unwrap();
+    let (started, mut handled) = tokio::sync::mpsc::unbounded_channel();
+    let region = tenure_sharding::start_on_node(
+        &node,
+        &provider,
+        "slow",
+        Some(tenure_sharding::entity_factory(Slow(started))),
+    )
+    .await
+    .unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let log = order.clone();
+    node.shutdown()
+        .add_task(Phase::ServiceUnbind, "note", move || async move {
+            log.lock().unwrap().push("service-unbind");
+        });
+    let asks: Vec<_> = (0..5u64)
+        .map(|n| {
+            let region = region.clone();
+            tokio::spawn(async move {
+                region
+                    .ask::<u64, u64>("one", &n, Duration::from_secs(30))
+                    .await
+            })
+        })
+        .collect();
+    // The entity took the first: every ask was sent (taken) before the leave.
+    handled.recv().await.unwrap();
+    node.leave().await.unwrap();
+    for (n, ask) in asks.into_iter().enumerate() {
+        let answer = ask.await.unwrap();
+        assert!(answer.is_ok(), "ask {n}: {answer:?}");
+    }
+    assert_eq!(*order.lock().unwrap(), ["service-unbind"]);
+}

@@ -1,0 +1,132 @@
+//! Readiness means serving: a one-node cluster (memory store) is ready only once each of
+//! its regions registered with its coordinator and learnt the shard homes; a region whose
+//! coordinator never answers keeps the node not ready, naming the region; and a leaving
+//! node is not ready before its regions are told to hand off.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ractor::ActorProcessingErr;
+use tenure_cluster::{ClusterEvent, ClusterSettings, ClusterSubscriber, Node, NotReady};
+use tenure_lease::{LeaseProvider, StoreRegistry, TenureConfig};
+use tenure_sharding::{Entity, EntityContext};
+
+struct Echo;
+
+impl Entity for Echo {
+    type Request = u64;
+    type Reply = u64;
+    type State = ();
+
+    async fn start(&self, _: &EntityContext) -> Result<(), ActorProcessingErr> {
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        _: &EntityContext,
+        _: &mut (),
+        n: u64,
+    ) -> Result<u64, ActorProcessingErr> {
+        Ok(n)
+    }
+}
+
+/// Polls `check` until it holds (at most a minute: a bounded wait, not a timing assertion).
+async fn until(what: &str, check: impl Fn() -> bool) {
+    for _ in 0..600 {
+        if check() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("never: {what}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ready_once_every_region_registered_and_not_ready_before_the_hand_off() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let config = TenureConfig::from_toml_str(
+        &format!(
+            "[tenure]\ndefault-lease-section = \"memory\"\n\
+             [lease.memory]\nheartbeat-timeout = \"3s\"\nheartbeat-interval = \"500ms\"\n\
+             [cluster]\nport = {port}\ncookie = \"readiness-test-0123456789abcdef012\"\n\
+             member-lease-ttl = \"3s\"\nmember-lease-interval = \"500ms\"\n\
+             [sharding]\nretry-interval = \"100ms\"\n"
+        ),
+        "test",
+    )
+    .unwrap();
+    let registry = ["sqlite", "postgres", "etcd", "zookeeper"]
+        .into_iter()
+        .fold(StoreRegistry::new(), |r, kind| r.left_out(kind, kind));
+    let provider = LeaseProvider::new(config.clone(), registry).unwrap();
+    let node = Node::start(ClusterSettings::from_config(&config).unwrap(), &provider)
+        .await
+        .unwrap();
+    let readiness = node.readiness().clone();
+    let hosting = tenure_sharding::start_on_node(
+        &node,
+        &provider,
+        "echo",
+        Some(tenure_sharding::entity_factory(Echo)),
+    )
+    .await
+    .unwrap();
+    // Proxy-only, and no node hosts it: its coordinator never runs, so it never registers.
+    let orphan = tenure_sharding::start_on_node(&node, &provider, "orphan", None)
+        .await
+        .unwrap();
+    until("the hosting region registered", || {
+        hosting.readiness().is_ok()
+    })
+    .await;
+    let answer: u64 = hosting
+        .ask("a", &7u64, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(answer, 7);
+    let why = readiness.check().unwrap_err().reason;
+    assert!(
+        why.starts_with("region of `orphan`: not registered with a coordinator"),
+        "{why}"
+    );
+    assert_eq!(orphan.readiness().unwrap_err().reason, why);
+
+    orphan.stop().await;
+    drop(orphan);
+    until("the node ready without the orphan region", || {
+        readiness.is_ready()
+    })
+    .await;
+
+    // What the node said when the region was told to hand off.
+    let at_hand_off: Arc<Mutex<Option<Result<(), NotReady>>>> = Arc::default();
+    let (seen, node_ready) = (at_hand_off.clone(), readiness.clone());
+    node.subscribe(ClusterSubscriber::new(move |event| {
+        if let ClusterEvent::SelfLeaving(_) = event {
+            *seen.lock().unwrap() = Some(node_ready.check());
+        }
+        true
+    }))
+    .unwrap();
+    node.leave().await.unwrap();
+    let node_then = at_hand_off
+        .lock()
+        .unwrap()
+        .take()
+        .expect("SelfLeaving seen");
+    assert_eq!(
+        node_then.unwrap_err().reason,
+        "this node is leaving",
+        "not ready before anything is handed off"
+    );
+    assert!(
+        hosting.readiness().is_err(),
+        "a leaving region is not ready"
+    );
+}
