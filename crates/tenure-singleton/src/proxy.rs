@@ -106,6 +106,11 @@ impl<M: ractor::Message> SingletonProxy<M> {
         }
     }
 
+    /// The singleton's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     /// The instance known now, if any.
     pub async fn instance(&self) -> Option<ActorRef<M>> {
         match self.actor.call(ProxyMsg::Instance, None).await {
