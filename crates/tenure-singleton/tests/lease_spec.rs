@@ -11,8 +11,9 @@ use tenure_lease::{
     MemoryStore,
 };
 use tenure_singleton::{
-    InstanceMsg, ManagerMsg, Singleton, SingletonContext, SingletonManager, SingletonProxy,
-    SingletonRef, SingletonSettings, SingletonSpec, Spawner, singleton_spawner, spawner,
+    InstanceMsg, ManagerMsg, ProxyError, Singleton, SingletonContext, SingletonManager,
+    SingletonProxy, SingletonRef, SingletonSettings, SingletonSpec, Spawner, singleton_spawner,
+    spawner,
 };
 use tokio::sync::mpsc;
 
@@ -394,23 +395,36 @@ async fn a_typed_singleton_answers_through_its_handle_and_a_failure_restarts_it(
         .unwrap();
     let total = SingletonRef::<Total>::new(proxy);
     let (tx, seen) = mpsc::unbounded_channel();
+    let mut other = FencingToken::new(0);
     let mut f = fixture_spawning(
         "typed",
         vec![member(1, 1, MemberStatus::Up)],
-        |_| {},
+        |s| other = hold_by_other(s, "test-singleton-typed"),
         singleton_spawner(Total(tx)),
         seen,
     )
     .await;
     assert_eq!(f.scope, scope);
+    let wait = Duration::from_secs(3);
+    // No instance while another owner holds the lease: an ask waits for one, up to its
+    // timeout.
+    let none = total
+        .ask(&Change::Add(1), Duration::from_millis(50))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&none, ProxyError::NoInstance { name, .. } if name == "typed"),
+        "{none}"
+    );
+    let asked = tokio::spawn({
+        let total = total.clone();
+        async move { total.ask(&Change::Add(2), Duration::from_secs(10)).await }
+    });
+    assert!(f.store.release(&f.lease, "other:1", other).await.unwrap());
     let Some(Seen::Started(first)) = next(&mut f.seen, Duration::from_secs(3)).await else {
         panic!("not started")
     };
-    let wait = Duration::from_secs(3);
-    assert_eq!(
-        total.ask(&Change::Add(2), wait).await.unwrap(),
-        (2, first.get())
-    );
+    assert_eq!(asked.await.unwrap().unwrap(), (2, first.get()));
     total.tell(&Change::Add(3)).await.unwrap();
     assert_eq!(
         total.ask(&Change::Add(0), wait).await.unwrap(),
