@@ -1,0 +1,302 @@
+//! Deploys under open-loop load: every node of a harness cluster asks every key of the
+//! example sharded counter several times a second (the load sends only while its node is
+//! ready, as a load balancer would, and stops when the node's shutdown unbinds its
+//! services) and probes the ticker singleton through its proxy; then each node in turn is
+//! sent SIGTERM and started again. Judged from the history: no request of any node went
+//! unanswered (the leaving node's own included: an ask still open when a node exits is
+//! recorded as unanswered), every node answered every key in every second it was sending,
+//! and `tenure check` passes. A rolling update (each node restarted with a newer
+//! `cluster.app-version`) must also never place a shard on an older node once a newer one
+//! is up, and move the singleton at most twice.
+
+use tenure_test_kit::cli;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use cli::cluster::{Cluster, TestCluster};
+use cli::lives::{shard_lives, singleton_lives};
+use cli::service::{KEYS, SHARDS, now_ns, proxy_replies, served_keys, wait_all_keys_served};
+use cli::shards::{live_shards, load_requests, open_loop_options};
+use serde_json::Value;
+
+/// Asks per key per node per second, for 3 nodes (6 nodes ask half as often): every ask is
+/// a synchronous write to one SQLite counter file shared by all the nodes, and the offered
+/// load must stay below what a loaded 2-core machine writes (above it, the entities'
+/// mailboxes grow without bound and every ask times out, deploy or not).
+const RATE: u64 = 2;
+/// How long each ask waits, in ns.
+const ASK_TIMEOUT_NS: i64 = 2_000_000_000;
+const SECOND_NS: i64 = 1_000_000_000;
+
+/// The figures of one rolling restart, per node restarted.
+#[derive(Debug)]
+struct Step {
+    /// The node restarted.
+    node: usize,
+    /// From SIGTERM until the restarted node answered every key again.
+    took: Duration,
+    /// Shard lives that began during the step (a shard moved, or came back).
+    shards_moved: usize,
+}
+
+/// `n` nodes hosting the counter (rebalanced every second) and the singleton `s1`, each
+/// node driving the open-loop load; `app_version` is every node's `cluster.app-version`.
+/// Returns once every node answers every key and reaches the singleton.
+fn loaded(n: usize, app_version: &str) -> Cluster {
+    let rate = (RATE * 3 / n as u64).max(1);
+    let mut options = open_loop_options(SHARDS, KEYS, rate, "2s", "rebalance-interval = \"1s\"");
+    options.cluster_extra = format!("app-version = \"{app_version}\"");
+    options
+        .node_args
+        .extend(["--singleton", "s1", "--tick", "100ms"].map(String::from));
+    wait_loaded(Cluster::start_with(n, &options))
+}
+
+fn wait_loaded(c: Cluster) -> Cluster {
+    c.wait_converged(Duration::from_secs(60));
+    c.wait_until(
+        "every key is answered on every node and every proxy reaches the singleton",
+        Duration::from_secs(90),
+        |c| {
+            let h = c.history();
+            let since = now_ns() - 3 * SECOND_NS;
+            let requests = load_requests(&h);
+            c.nodes.iter().all(|n| {
+                served_keys(&requests, &n.addr, since, i64::MAX).len() == KEYS
+                    && proxy_replies(&h, &n.addr, since).next().is_some()
+            })
+        },
+    );
+    c
+}
+
+/// Restarts every node in turn (SIGTERM, wait for its exit, start it again; `before_start`
+/// may change its config), each once the cluster converged and every node answers every
+/// key and reaches the singleton again. Returns the figures of each step.
+fn roll(c: &mut Cluster, mut before_start: impl FnMut(&mut Cluster, usize)) -> Vec<Step> {
+    let mut steps = Vec::new();
+    for i in 0..c.nodes.len() {
+        let began = now_ns();
+        let clock = Instant::now();
+        let status = c.stop(i);
+        assert!(status.success(), "node {i} left with {status:?}");
+        before_start(c, i);
+        c.restart(i);
+        c.wait_converged(Duration::from_secs(60));
+        let back = now_ns();
+        wait_all_keys_served(
+            c,
+            back,
+            &format!("after node {i}'s restart, every node answers every key"),
+            Duration::from_secs(60),
+        );
+        let took = clock.elapsed();
+        c.wait_until(
+            &format!("after node {i}'s restart, every proxy reaches the singleton"),
+            Duration::from_secs(60),
+            |c| {
+                let h = c.history();
+                c.nodes
+                    .iter()
+                    .all(|n| proxy_replies(&h, &n.addr, back).next().is_some())
+            },
+        );
+        let shards_moved = shard_lives(&c.history())
+            .iter()
+            .filter(|l| l.start >= began)
+            .count();
+        eprintln!("node {i} restarted: {took:?}, {shards_moved} shard starts");
+        steps.push(Step {
+            node: i,
+            took,
+            shards_moved,
+        });
+    }
+    steps
+}
+
+/// The spans in which each node incarnation sent requests: (node, incarnation) → (first,
+/// last) `issued`.
+fn sending_spans(history: &[Value]) -> BTreeMap<(String, String), (i64, i64)> {
+    let mut spans: BTreeMap<(String, String), (i64, i64)> = BTreeMap::new();
+    for e in history {
+        if e["event"] != "ack" && e["event"] != "no_ack" {
+            continue;
+        }
+        let (Some(node), Some(inc), Some(issued)) =
+            (e["node"].as_str(), e["inc"].as_str(), e["issued"].as_i64())
+        else {
+            continue;
+        };
+        let span = spans
+            .entry((node.to_string(), inc.to_string()))
+            .or_insert((issued, issued));
+        span.0 = span.0.min(issued);
+        span.1 = span.1.max(issued);
+    }
+    spans
+}
+
+/// Waits until every ask issued so far has ended, then judges the deploy that began at
+/// `from`: no request of any node issued since went unanswered, every node answered every
+/// key in every whole second of `[from, end)` in which it was sending, and the history
+/// passes `tenure check`.
+fn assert_served_throughout(c: &mut Cluster, from: i64) {
+    let end = now_ns();
+    std::thread::sleep(Duration::from_nanos((ASK_TIMEOUT_NS + SECOND_NS) as u64));
+    let history = c.history();
+    let requests = load_requests(&history);
+    let unanswered: Vec<String> = tenure_cli::availability::issued_in(&requests, from, end)
+        .into_iter()
+        .filter(|r| !r.acked())
+        .map(|r| {
+            format!(
+                "{} key {} (shard {}) issued {} ms into the deploy: {}",
+                r.node,
+                r.entity,
+                r.shard,
+                (r.issued - from) / 1_000_000,
+                r.failure.as_deref().unwrap_or_default()
+            )
+        })
+        .collect();
+    assert!(
+        unanswered.is_empty(),
+        "{} requests issued during the deploy got no answer, e.g.:\n{}",
+        unanswered.len(),
+        unanswered[..unanswered.len().min(20)].join("\n")
+    );
+    let mut gaps = Vec::new();
+    for ((node, inc), (first, last)) in sending_spans(&history) {
+        let mut second = first.max(from);
+        while second + SECOND_NS <= last.min(end) {
+            let served = served_keys(&requests, &node, second, second + SECOND_NS);
+            if served.len() != KEYS {
+                gaps.push(format!(
+                    "{node} (incarnation {inc}) answered {} of {KEYS} keys in the second from {} ms into the deploy",
+                    served.len(),
+                    (second - from) / 1_000_000
+                ));
+            }
+            second += SECOND_NS;
+        }
+    }
+    assert!(
+        gaps.is_empty(),
+        "keys went unanswered for a second:\n{}",
+        gaps.join("\n")
+    );
+    let failed = c.stop_all(Duration::from_secs(30));
+    assert!(failed.is_empty(), "nodes {failed:?} did not leave cleanly");
+    cli::assert_checked(&c.history);
+}
+
+fn report(what: &str, steps: &[Step]) {
+    let total: Duration = steps.iter().map(|s| s.took).sum();
+    let moved: usize = steps.iter().map(|s| s.shards_moved).sum();
+    eprintln!(
+        "{what}: {:.1} s per node restarted (mean), {:.1} shard starts per restart (mean); steps: {steps:?}",
+        total.as_secs_f64() / steps.len() as f64,
+        moved as f64 / steps.len() as f64
+    );
+}
+
+fn rolling_restart(n: usize) {
+    let mut c = loaded(n, "1.0.0");
+    let from = now_ns();
+    let steps = roll(&mut c, |_, _| {});
+    report(&format!("rolling restart of {n} nodes"), &steps);
+    assert_served_throughout(&mut c, from);
+}
+
+#[test]
+fn a_rolling_restart_of_3_nodes_under_open_loop_load_leaves_no_request_unanswered() {
+    rolling_restart(3);
+}
+
+#[test]
+fn a_rolling_restart_of_6_nodes_under_open_loop_load_leaves_no_request_unanswered() {
+    rolling_restart(6);
+}
+
+/// Each node is restarted with `cluster.app-version` 2.0.0 in place of 1.0.0: it runs the
+/// new version from that restart on.
+#[test]
+fn a_rolling_update_never_moves_a_shard_back_to_an_old_node_and_the_singleton_moves_at_most_twice()
+{
+    let mut c = loaded(3, "1.0.0");
+    let from = now_ns();
+    let mut restarted: BTreeMap<String, i64> = BTreeMap::new();
+    let steps = roll(&mut c, |c, i| {
+        let config = std::fs::read_to_string(&c.nodes[i].config).expect("read the node's config");
+        let bumped = config.replace("app-version = \"1.0.0\"", "app-version = \"2.0.0\"");
+        assert_ne!(config, bumped, "node {i}'s config sets app-version 1.0.0");
+        std::fs::write(&c.nodes[i].config, bumped).expect("write the node's config");
+        restarted.insert(c.nodes[i].addr.clone(), now_ns());
+    });
+    report("rolling update of 3 nodes", &steps);
+    let history = c.history();
+    // From the moment the first version-2 node is up (in any node's view), no shard is
+    // allocated to a version-1 node (one not restarted yet): a shard life that starts on one
+    // after that moment was allocated before it (its node began acquiring the shard's lease
+    // before, e.g. for a leaving node's hand-off, and waited for the lease).
+    let first_addr = c.nodes[0].addr.clone();
+    let first_new = history
+        .iter()
+        .filter(|e| e["event"] == "member_up" && e["member"] == first_addr.as_str())
+        .filter_map(|e| e["t"].as_i64())
+        .filter(|t| *t > restarted[&first_addr])
+        .min()
+        .expect("the first version-2 node was seen up");
+    let lives = shard_lives(&history);
+    let onto_old: Vec<String> = lives
+        .iter()
+        .filter(|l| l.start > first_new)
+        .filter(|l| restarted.get(&l.node).is_none_or(|t| l.start < *t))
+        .filter_map(|l| {
+            let previous = lives
+                .iter()
+                .filter(|p| p.subject == l.subject && p.start < l.start)
+                .map(|p| p.start)
+                .max()
+                .unwrap_or(i64::MIN);
+            let lease = format!("-shard-counter-{}", l.subject);
+            let allocated = history
+                .iter()
+                .filter(|e| {
+                    e["event"] == "lease_acquire"
+                        && e["node"] == l.node.as_str()
+                        && e["lease"].as_str().is_some_and(|n| n.ends_with(&lease))
+                })
+                .filter_map(|e| e["t"].as_i64())
+                .filter(|t| *t > previous && *t <= l.start)
+                .min()?;
+            (allocated > first_new).then(|| {
+                format!(
+                    "shard {} allocated to version-1 node {} {} ms after the first version-2 node was up",
+                    l.subject,
+                    l.node,
+                    (allocated - first_new) / 1_000_000
+                )
+            })
+        })
+        .collect();
+    assert!(
+        onto_old.is_empty(),
+        "shards went to version-1 nodes after a version-2 node was up:\n{}",
+        onto_old.join("\n")
+    );
+    let moves = singleton_lives(&history, "s1")
+        .iter()
+        .filter(|l| l.start > from)
+        .count();
+    assert!(
+        moves <= 2,
+        "the singleton moved {moves} times in the update: {:?}",
+        singleton_lives(&history, "s1")
+    );
+    let hosts: BTreeSet<String> = live_shards(&history).into_iter().map(|l| l.node).collect();
+    eprintln!("singleton moves: {moves}; shard hosts at the end: {hosts:?}");
+    assert_served_throughout(&mut c, from);
+}
