@@ -29,11 +29,9 @@ const RATE: u64 = 2;
 const ASK_TIMEOUT_NS: i64 = 2_000_000_000;
 const SECOND_NS: i64 = 1_000_000_000;
 
-/// The figures of one rolling restart, per node restarted.
+/// The figures of one node's restart in a rolling restart (in the order restarted).
 #[derive(Debug)]
 struct Step {
-    /// The node restarted.
-    node: usize,
     /// From SIGTERM until the restarted node answered every key again.
     took: Duration,
     /// Shard lives that began during the step (a shard moved, or came back).
@@ -108,7 +106,6 @@ fn roll(c: &mut Cluster, mut before_start: impl FnMut(&mut Cluster, usize)) -> V
             .count();
         eprintln!("node {i} restarted: {took:?}, {shards_moved} shard starts");
         steps.push(Step {
-            node: i,
             took,
             shards_moved,
         });
