@@ -105,10 +105,7 @@ fn roll(c: &mut Cluster, mut before_start: impl FnMut(&mut Cluster, usize)) -> V
             .filter(|l| l.start >= began)
             .count();
         eprintln!("node {i} restarted: {took:?}, {shards_moved} shard starts");
-        steps.push(Step {
-            took,
-            shards_moved,
-        });
+        steps.push(Step { took, shards_moved });
     }
     steps
 }

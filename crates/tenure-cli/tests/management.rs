@@ -600,7 +600,11 @@ fn pinning_a_shard_through_the_endpoint_and_the_cli_moves_it_and_keeps_it_there(
         Some(TOKEN),
     );
     assert_eq!(status, 404, "{body}");
-    assert_eq!(agreed_now(), allocation, "a refused placement moves nothing");
+    assert_eq!(
+        agreed_now(),
+        allocation,
+        "a refused placement moves nothing"
+    );
 
     // Through the endpoint.
     let target = elsewhere(first, &allocation);
@@ -617,8 +621,16 @@ fn pinning_a_shard_through_the_endpoint_and_the_cli_moves_it_and_keeps_it_there(
     let out = cli(
         &c,
         &[
-            "cluster", "pin-shard", "--node", &endpoint, "--type", "counter", "--shard", second,
-            "--to", &target2,
+            "cluster",
+            "pin-shard",
+            "--node",
+            &endpoint,
+            "--type",
+            "counter",
+            "--shard",
+            second,
+            "--to",
+            &target2,
         ],
     );
     assert!(out.contains("pinned"), "{out}");
@@ -627,21 +639,35 @@ fn pinning_a_shard_through_the_endpoint_and_the_cli_moves_it_and_keeps_it_there(
         .command(
             0,
             &[
-                "cluster", "pin-shard", "--node", &endpoint, "--type", "counter", "--shard",
-                "nope", "--to", &target2,
+                "cluster",
+                "pin-shard",
+                "--node",
+                &endpoint,
+                "--type",
+                "counter",
+                "--shard",
+                "nope",
+                "--to",
+                &target2,
             ],
         )
         .output()
         .expect("run tenure");
     assert_eq!(bad.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&bad.stderr);
-    assert!(stderr.contains("`nope`") && stderr.contains("400"), "{stderr}");
+    assert!(
+        stderr.contains("`nope`") && stderr.contains("400"),
+        "{stderr}"
+    );
 
     // Rebalances (every second) leave both pinned shards where they are.
     std::thread::sleep(Duration::from_secs(4));
     let later = agreed_now();
     assert_eq!(
-        (later[first.as_str()].as_str(), later[second.as_str()].as_str()),
+        (
+            later[first.as_str()].as_str(),
+            later[second.as_str()].as_str()
+        ),
         (target.as_str(), target2.as_str()),
         "{later:?}"
     );

@@ -80,21 +80,33 @@ async fn place(
     }
     let region = match s.region(type_name) {
         Ok(r) => r,
-        Err(not_found) => return not_found,
+        Err(why) => return (StatusCode::NOT_FOUND, why).into_response(),
     };
-    let done = match to {
-        Some(to) => region
-            .pin_shard(shard, to, PLACEMENT_TIMEOUT)
-            .await
-            .map(|moving| match moving {
-                true => (StatusCode::ACCEPTED, format!("accepted: shard {shard} of `{type_name}` pinned to {to}, moving")),
-                false => (StatusCode::OK, format!("shard {shard} of `{type_name}` pinned to {to}, where it lives")),
-            }),
-        None => region
-            .unpin_shard(shard, PLACEMENT_TIMEOUT)
-            .await
-            .map(|()| (StatusCode::OK, format!("shard {shard} of `{type_name}` unpinned"))),
-    };
+    let done =
+        match to {
+            Some(to) => region
+                .pin_shard(shard, to, PLACEMENT_TIMEOUT)
+                .await
+                .map(|moving| match moving {
+                    true => (
+                        StatusCode::ACCEPTED,
+                        format!("accepted: shard {shard} of `{type_name}` pinned to {to}, moving"),
+                    ),
+                    false => (
+                        StatusCode::OK,
+                        format!("shard {shard} of `{type_name}` pinned to {to}, where it lives"),
+                    ),
+                }),
+            None => region
+                .unpin_shard(shard, PLACEMENT_TIMEOUT)
+                .await
+                .map(|()| {
+                    (
+                        StatusCode::OK,
+                        format!("shard {shard} of `{type_name}` unpinned"),
+                    )
+                }),
+        };
     match done {
         Ok((status, body)) => text(status, body),
         Err(e @ ShardingError::InvalidPlacement { .. }) => {

@@ -78,25 +78,21 @@ pub(crate) struct Served {
 }
 
 impl Served {
-    /// This node's region of `type_name`, or a 404 naming the types it serves.
-    pub(crate) fn region(&self, type_name: &str) -> Result<ShardRegion, Response> {
+    /// This node's region of `type_name`, or why not (for a 404): the types it serves.
+    pub(crate) fn region(&self, type_name: &str) -> Result<ShardRegion, String> {
         let regions = self.regions.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(r) = regions.get(type_name) {
             return Ok(r.clone());
         }
         let known: Vec<&str> = regions.keys().map(String::as_str).collect();
-        Err((
-            StatusCode::NOT_FOUND,
-            format!(
-                "no entity type `{type_name}` on this node (known: {})\n",
-                if known.is_empty() {
-                    "none".to_string()
-                } else {
-                    known.join(", ")
-                }
-            ),
-        )
-            .into_response())
+        Err(format!(
+            "no entity type `{type_name}` on this node (known: {})\n",
+            if known.is_empty() {
+                "none".to_string()
+            } else {
+                known.join(", ")
+            }
+        ))
     }
 }
 
@@ -332,7 +328,7 @@ async fn within<T>(
 async fn shard_map_of(State(s): State<Served>, Path(type_name): Path<String>) -> Response {
     let region = match s.region(&type_name) {
         Ok(r) => r,
-        Err(not_found) => return not_found,
+        Err(why) => return (StatusCode::NOT_FOUND, why).into_response(),
     };
     let timeout = s.settings.shard_map_timeout;
     match within(timeout, region.shard_map(timeout)).await {

@@ -51,9 +51,10 @@ async fn shard() -> ActorRef<ShardMsg> {
     settings.number_of_shards = 1;
     settings.stop_timeout = Duration::from_millis(300);
     settings.hand_off_timeout = Duration::from_secs(6);
-    settings.lease = lease_settings.clone();
+    settings.lease = lease_settings;
     let store: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
-    let lease = LeaseSpec::new("test-shard-slow-0", "10.0.0.1:2552", store, lease_settings).unwrap();
+    let lease =
+        LeaseSpec::new("test-shard-slow-0", "10.0.0.1:2552", store, lease_settings).unwrap();
     let args = ShardArgs {
         type_name: "slow".into(),
         shard_id: "0".into(),

@@ -48,6 +48,10 @@ pub enum Shape {
 /// How often the load looks whether the node turned ready.
 const READY_POLL: Duration = Duration::from_millis(20);
 
+/// The asks in flight: the number the next one gets, and each open one's (key, shard,
+/// issued) by number.
+type OpenAsks = (u64, BTreeMap<u64, (String, String, i64)>);
+
 /// Whether the load may send, and the asks it sent that have not ended.
 #[derive(Clone, Default)]
 struct Traffic {
@@ -55,7 +59,7 @@ struct Traffic {
     stopped: Arc<AtomicBool>,
     /// Asks in flight: (key, shard, issued) by number. Whoever takes an ask out records
     /// its end: its answer, or the node's exit.
-    open: Arc<Mutex<(u64, BTreeMap<u64, (String, String, i64)>)>>,
+    open: Arc<Mutex<OpenAsks>>,
 }
 
 impl Traffic {
@@ -63,7 +67,7 @@ impl Traffic {
         !self.stopped.load(Ordering::SeqCst)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, (u64, BTreeMap<u64, (String, String, i64)>)> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, OpenAsks> {
         self.open.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -71,7 +75,8 @@ impl Traffic {
         let mut open = self.lock();
         let n = open.0;
         open.0 += 1;
-        open.1.insert(n, (key.to_string(), shard.to_string(), issued));
+        open.1
+            .insert(n, (key.to_string(), shard.to_string(), issued));
         n
     }
 
@@ -99,9 +104,13 @@ pub fn drive(node: &Node, region: ShardRegion, start: usize, load: Load) {
         stopped.store(true, Ordering::SeqCst);
     });
     let open = traffic.clone();
-    shutdown.add_task(Phase::BeforeExit, "record unanswered asks", move || async move {
-        open.abandon();
-    });
+    shutdown.add_task(
+        Phase::BeforeExit,
+        "record unanswered asks",
+        move || async move {
+            open.abandon();
+        },
+    );
     let readiness = node.readiness().clone();
     tokio::spawn(async move {
         wait_ready(&readiness, &traffic).await;
