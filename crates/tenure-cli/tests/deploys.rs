@@ -12,6 +12,9 @@
 use tenure_test_kit::cli;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cli::cluster::{Cluster, TestCluster};
@@ -19,6 +22,7 @@ use cli::lives::{shard_lives, singleton_lives};
 use cli::service::{KEYS, SHARDS, now_ns, proxy_replies, served_keys, wait_all_keys_served};
 use cli::shards::{live_shards, load_requests, open_loop_options};
 use serde_json::Value;
+use tenure_test_kit::eventually;
 
 /// Asks per key per node per second, for 3 nodes (6 nodes ask half as often): every ask is
 /// a synchronous write to one SQLite counter file shared by all the nodes, and the offered
@@ -32,6 +36,12 @@ const SECOND_NS: i64 = 1_000_000_000;
 /// The figures of one node's restart in a rolling restart (in the order restarted).
 #[derive(Debug)]
 struct Step {
+    /// From SIGTERM until `/health/ready` answered 503 (the probe's resolution: a few ms).
+    not_ready_after: Option<Duration>,
+    /// From the restart until `/health/ready` answered 200, and until the node first
+    /// answered an ask from one of its shards.
+    ready_after: Option<Duration>,
+    first_served_after: Option<Duration>,
     /// From SIGTERM until the restarted node answered every key again.
     took: Duration,
     /// Shard lives that began during the step (a shard moved, or came back).
@@ -48,7 +58,138 @@ fn loaded(n: usize, app_version: &str) -> Cluster {
     options
         .node_args
         .extend(["--singleton", "s1", "--tick", "100ms"].map(String::from));
-    wait_loaded(Cluster::start_with(n, &options))
+    options
+        .tail
+        .push_str("\n[cluster.management]\nenabled = true\n");
+    let mut c = Cluster::with_options(n, &options);
+    for node in &mut c.nodes {
+        // Port 0: no port to race for; the node logs the one it got.
+        node.env.push((
+            "TENURE_CLUSTER__MANAGEMENT__BIND".into(),
+            "127.0.0.1:0".into(),
+        ));
+    }
+    c.start_all();
+    wait_loaded(c)
+}
+
+/// Node `i`'s management endpoint, from its log (since its latest start).
+fn endpoint_of(c: &Cluster, i: usize) -> SocketAddr {
+    eventually(
+        &format!("node {i} logs its management endpoint"),
+        Duration::from_secs(30),
+        || {
+            let log = c.nodes[i].stderr();
+            log.lines()
+                .find(|l| l.contains("management endpoint serving"))
+                .and_then(|l| {
+                    let plain: String = strip_colours(l);
+                    plain
+                        .split_once("addr=")?
+                        .1
+                        .split_whitespace()
+                        .next()?
+                        .parse()
+                        .ok()
+                })
+                .ok_or(log)
+        },
+    )
+}
+
+/// `line` without terminal colour codes (ESC [ … m).
+fn strip_colours(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(ch) = chars.next() {
+        if ch == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(ch);
+        }
+    }
+    out
+}
+
+/// Polls `GET /health/ready` of one endpoint every few milliseconds from a thread of its
+/// own, keeping each change of the answer (200 or not) with its instant (ns of the
+/// history's clock), until dropped.
+struct ReadyProbe {
+    changes: Arc<Mutex<Vec<(i64, bool)>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ReadyProbe {
+    fn start(endpoint: SocketAddr) -> ReadyProbe {
+        let (changes, stop) = (
+            Arc::<Mutex<Vec<(i64, bool)>>>::default(),
+            Arc::<AtomicBool>::default(),
+        );
+        let (seen, stopped) = (changes.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            while !stopped.load(Ordering::SeqCst) {
+                let ready = ready_now(endpoint);
+                let at = now_ns();
+                let mut seen = seen.lock().unwrap();
+                if seen.last().is_none_or(|(_, was)| *was != ready) {
+                    seen.push((at, ready));
+                }
+                drop(seen);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        });
+        ReadyProbe {
+            changes,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// The first instant at or after `from` at which the answer was `ready`.
+    fn first(&self, ready: bool, from: i64) -> Option<i64> {
+        self.changes
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|(t, r)| *r == ready && *t >= from)
+            .map(|(t, _)| *t)
+    }
+}
+
+impl Drop for ReadyProbe {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Whether `GET /health/ready` answers 200 now (no answer: not ready).
+fn ready_now(endpoint: SocketAddr) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut stream) =
+        std::net::TcpStream::connect_timeout(&endpoint, Duration::from_millis(500))
+    else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+    if write!(
+        stream,
+        "GET /health/ready HTTP/1.1\r\nHost: {endpoint}\r\nConnection: close\r\n\r\n"
+    )
+    .is_err()
+    {
+        return false;
+    }
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    answer.starts_with("HTTP/1.1 200")
 }
 
 fn wait_loaded(c: Cluster) -> Cluster {
@@ -75,12 +216,24 @@ fn wait_loaded(c: Cluster) -> Cluster {
 fn roll(c: &mut Cluster, mut before_start: impl FnMut(&mut Cluster, usize)) -> Vec<Step> {
     let mut steps = Vec::new();
     for i in 0..c.nodes.len() {
+        let leaving = ReadyProbe::start(endpoint_of(c, i));
+        eventually(
+            "the probe saw the node ready",
+            Duration::from_secs(30),
+            || leaving.first(true, 0).ok_or(()),
+        );
         let began = now_ns();
         let clock = Instant::now();
         let status = c.stop(i);
         assert!(status.success(), "node {i} left with {status:?}");
+        let not_ready_after = leaving
+            .first(false, began)
+            .map(|t| Duration::from_nanos((t - began).max(0) as u64));
+        drop(leaving);
         before_start(c, i);
+        let starting = now_ns();
         c.restart(i);
+        let joining = ReadyProbe::start(endpoint_of(c, i));
         c.wait_converged(Duration::from_secs(60));
         let back = now_ns();
         wait_all_keys_served(
@@ -100,12 +253,32 @@ fn roll(c: &mut Cluster, mut before_start: impl FnMut(&mut Cluster, usize)) -> V
                     .all(|n| proxy_replies(&h, &n.addr, back).next().is_some())
             },
         );
-        let shards_moved = shard_lives(&c.history())
+        let history = c.history();
+        let shards_moved = shard_lives(&history)
             .iter()
             .filter(|l| l.start >= began)
             .count();
-        eprintln!("node {i} restarted: {took:?}, {shards_moved} shard starts");
-        steps.push(Step { took, shards_moved });
+        let addr = c.nodes[i].addr.as_str();
+        let since = |t: i64| Duration::from_nanos((t - starting).max(0) as u64);
+        let ready_after = joining.first(true, starting).map(since);
+        drop(joining);
+        let first_served_after = history
+            .iter()
+            .filter(|e| e["event"] == "ack" && e["from"] == addr)
+            .filter_map(|e| e["t"].as_i64())
+            .filter(|t| *t > starting)
+            .min()
+            .map(since);
+        eprintln!(
+            "node {i} restarted: {took:?}, {shards_moved} shard starts, not ready {not_ready_after:?} after SIGTERM, ready {ready_after:?} and first served {first_served_after:?} after its start"
+        );
+        steps.push(Step {
+            not_ready_after,
+            ready_after,
+            first_served_after,
+            took,
+            shards_moved,
+        });
     }
     steps
 }

@@ -555,7 +555,23 @@ fn pinning_a_shard_through_the_endpoint_and_the_cli_moves_it_and_keeps_it_there(
             agreed(&shard_maps(&endpoints).ok_or("no answer")?, &expected)
         })
     };
-    let allocation = agreed_now();
+    // Balanced (at most one shard apart, where rebalancing stops), so that nothing moves
+    // while the refusals are checked.
+    let allocation = eventually(
+        "the shards balanced over the nodes",
+        Duration::from_secs(90),
+        || {
+            let now = agreed(&shard_maps(&endpoints).ok_or("no answer")?, &expected)?;
+            let per_node: Vec<usize> = addrs
+                .iter()
+                .map(|a| now.values().filter(|h| *h == a).count())
+                .collect();
+            let (most, least) = (per_node.iter().max(), per_node.iter().min());
+            (most.zip(least).is_some_and(|(m, l)| m - l <= 1))
+                .then_some(now)
+                .ok_or(format!("{per_node:?}"))
+        },
+    );
     // Two loaded shards, each pinned to a node other than its home.
     let mut loaded = expected.iter();
     let (first, second) = (loaded.next().unwrap(), loaded.next().unwrap());

@@ -1668,4 +1668,109 @@ mod tests {
         );
         f.stop().await;
     }
+
+    /// A pinned shard moves to its region through a hand-off; while that region is gone
+    /// the strategy places it elsewhere, and once it is back a rebalance returns the shard
+    /// to it (and leaves it there). A pin to a region that cannot take shards is refused,
+    /// naming the shard and the region.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_pinned_shard_moves_to_its_region_and_comes_back_after_it_was_gone() {
+        let mut f = Fixture::start(
+            "coordinator-pin-test",
+            2,
+            "retry-interval = \"1h\"\nrebalance-interval = \"1h\"",
+        )
+        .await;
+        let pin = async |f: &Fixture, shard: &str, to: &str| -> Result<bool, String> {
+            ractor::call!(f.coordinator, |r| CoordinatorMsg::PinShard(
+                PinShard {
+                    shard: shard.into(),
+                    to: Some(to.into()),
+                },
+                r
+            ))
+            .unwrap()
+            .result
+        };
+        let home = async |f: &Fixture, shard: &str| -> Option<String> {
+            f.allocation()
+                .await
+                .homes
+                .into_iter()
+                .find(|(s, _)| s == shard)
+                .map(|(_, h)| h)
+        };
+        let until_home = async |f: &Fixture, shard: &str, want: &str| {
+            for _ in 0..600 {
+                if home(f, shard).await.as_deref() == Some(want) {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            panic!(
+                "shard {shard} never went to {want}: {:?}",
+                f.allocation().await
+            );
+        };
+        f.coordinator
+            .cast(CoordinatorMsg::GetHome(GetShardHome {
+                shard: "5".into(),
+                region: f.addrs[0].clone(),
+            }))
+            .unwrap();
+        let first = loop {
+            if let Some(h) = home(&f, "5").await {
+                break h;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let target = f.addrs.iter().find(|a| **a != first).unwrap().clone();
+        let refused = pin(&f, "5", "127.0.0.1:1").await.unwrap_err();
+        assert!(
+            refused.contains("shard 5") && refused.contains("127.0.0.1:1"),
+            "{refused}"
+        );
+        assert_eq!(pin(&f, "5", &target).await, Ok(true));
+        until_home(&f, "5", &target).await;
+        let told = f.told().await;
+        assert!(
+            told.contains(&(first.clone(), Heard::HandOff("5".into()))),
+            "the old home handed shard 5 off: {told:?}"
+        );
+        assert_eq!(pin(&f, "5", &target).await, Ok(false), "it lives there");
+        // Its region goes: the strategy places it elsewhere.
+        f.coordinator
+            .cast(CoordinatorMsg::Local(CoordinatorLocal::Cluster(
+                ClusterEvent::MemberRemoved(member(&target)),
+            )))
+            .unwrap();
+        for _ in 0..600 {
+            if home(&f, "5").await.is_some_and(|h| h != target) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_ne!(home(&f, "5").await.as_deref(), Some(target.as_str()));
+        // It comes back: the next rebalance returns the shard to it.
+        f.coordinator
+            .cast(CoordinatorMsg::Local(CoordinatorLocal::Cluster(
+                ClusterEvent::MemberUp(member(&target)),
+            )))
+            .unwrap();
+        f.register(&target, &[]);
+        f.wait_allocatable(3).await;
+        f.coordinator
+            .cast(CoordinatorMsg::Local(CoordinatorLocal::Rebalance))
+            .unwrap();
+        until_home(&f, "5", &target).await;
+        // Rebalances leave it there.
+        for _ in 0..3 {
+            f.coordinator
+                .cast(CoordinatorMsg::Local(CoordinatorLocal::Rebalance))
+                .unwrap();
+        }
+        f.told().await;
+        assert_eq!(home(&f, "5").await.as_deref(), Some(target.as_str()));
+        f.stop().await;
+    }
 }
