@@ -362,10 +362,16 @@ fn assert_served_throughout(c: &mut Cluster, from: i64) {
 fn report(what: &str, steps: &[Step]) {
     let total: Duration = steps.iter().map(|s| s.took).sum();
     let moved: usize = steps.iter().map(|s| s.shards_moved).sum();
+    let most = |f: fn(&Step) -> Option<Duration>| steps.iter().filter_map(f).max();
     eprintln!(
-        "{what}: {:.1} s per node restarted (mean), {:.1} shard starts per restart (mean); steps: {steps:?}",
+        "{what}: {:.1} s per node restarted (mean), {:.1} shard starts per restart (mean); \
+         SIGTERM to not ready at most {:?}; start to ready at most {:?}, to the first ask \
+         answered at most {:?}; steps: {steps:?}",
         total.as_secs_f64() / steps.len() as f64,
-        moved as f64 / steps.len() as f64
+        moved as f64 / steps.len() as f64,
+        most(|s| s.not_ready_after),
+        most(|s| s.ready_after),
+        most(|s| s.first_served_after),
     );
 }
 
