@@ -16,6 +16,7 @@ pub mod backoff;
 mod client;
 pub mod clocks;
 pub mod codec;
+mod detector;
 mod error;
 mod history;
 mod identity;
