@@ -31,6 +31,7 @@ pub mod ring;
 pub mod sbr;
 mod settings;
 mod shutdown;
+pub mod sim;
 mod subscribe;
 pub mod transport;
 

@@ -38,7 +38,7 @@ mod membership;
 mod mesh;
 mod monitor;
 mod operator;
-mod resolver_lease;
+pub(crate) mod resolver_lease;
 
 pub(crate) use membership::{LeaveAnswer, RELEASE_SLACK, Refusal};
 

@@ -10,7 +10,8 @@
 //! The agent drives it over UDP and ractor sessions; the simulator ([`crate::sim`]) drives
 //! many of them over a simulated network in one thread.
 //!
-//! A node heartbeats and watches its neighbours on the ring, and also every peer that is
+//! A node heartbeats and watches its neighbours on the ring (passing over unreachable
+//! members, which it watches too: [`crate::ring::neighbours_passing`]), and also every peer that is
 //! not on the ring (a node that said hello but is not a member in this view, a node that
 //! downed itself and waits to rejoin): such a node watches every peer, since it must hear
 //! them all again. Whether a member it does not watch is reachable, a node takes from the
@@ -32,6 +33,14 @@ use crate::reachability::Reachability;
 use crate::sbr::{
     Carrier, Decision, Life, Partition, ReachRow, ReachTable, Resolver, SbrSettings, Step,
 };
+
+/// How many members outside its ring a node sends a heartbeat to, each round, while it has
+/// reachability rows that changed lately: flooding the ring alone takes a row `n / k` hops
+/// around a cluster of `n`, so that each observation of a partition of a thousand nodes
+/// would reach the far side of the ring in some fifty rounds, long past `stable-after`.
+/// With a few random contacts (SWIM's gossip) a change reaches every member in about
+/// `log(n)` rounds, and a cluster with nothing to tell sends none.
+pub(crate) const GOSSIP_FANOUT: usize = 3;
 
 /// The settings the machine decides with (from [`crate::ClusterSettings`]).
 #[derive(Debug, Clone)]
@@ -95,6 +104,23 @@ pub(crate) struct Detector {
     /// The ring of monitors, the rows to spread and the probes.
     pub monitor: Monitor,
     sbr: Option<Sbr>,
+    /// The ring of the view of one generation ([`Membership::generation`]).
+    ring: Ring,
+    /// What the last verdict on the members it does not watch was taken from: the
+    /// generations of the view and the table, and the watched set (unchanged, the verdicts
+    /// are too).
+    verdicts_of: Option<(u64, u64)>,
+}
+
+/// The ring of monitors of one generation of the view, kept while the view holds still (a
+/// tick of a thousand-member view would hash every member otherwise).
+#[derive(Debug, Default)]
+struct Ring {
+    generation: Option<u64>,
+    members: Vec<(NodeAddr, Incarnation)>,
+    addrs: BTreeSet<NodeAddr>,
+    /// This node's neighbours on it while it is on it.
+    neighbours: BTreeSet<NodeAddr>,
 }
 
 /// Members that sit on the ring: those joining, up or leaving.
@@ -135,6 +161,8 @@ impl Detector {
             monitor: Monitor::new(s.sync_interval),
             s,
             reach: Reachability::default(),
+            ring: Ring::default(),
+            verdicts_of: None,
             sbr: sbr.map(|settings| Sbr {
                 resolver: Resolver::new(settings, now),
                 table: ReachTable::default(),
@@ -145,30 +173,39 @@ impl Detector {
         }
     }
 
+    /// Brings the ring up to `view`'s generation.
+    fn refresh_ring(&mut self, view: &Membership) {
+        if self.ring.generation == Some(view.generation()) {
+            return;
+        }
+        let members = ring_members(view);
+        self.ring.neighbours = crate::ring::neighbours_passing(
+            (&self.me, self.incarnation),
+            members.iter().cloned(),
+            self.s.monitored_by,
+            |a| view.get(a).is_none_or(|m| m.reachable),
+        );
+        self.ring.addrs = members.iter().map(|(a, _)| a.clone()).collect();
+        self.ring.members = members;
+        self.ring.generation = Some(view.generation());
+    }
+
     /// The peers this node heartbeats and watches, with `view`, the peers it has sessions
     /// with (`peers`), and whether it downed itself (see the module's doc).
-    pub(crate) fn watch_set<'a>(
-        &self,
+    fn watch_set<'a>(
+        &mut self,
         view: &Membership,
         peers: impl Iterator<Item = &'a NodeAddr>,
         downed: bool,
     ) -> BTreeSet<NodeAddr> {
-        let ring = ring_members(view);
+        self.refresh_ring(view);
         let me_on_ring = on_ring(view.me()) && !downed;
         let mut out = if me_on_ring {
-            crate::ring::neighbours(
-                (&self.me, self.incarnation),
-                ring.iter().cloned(),
-                self.s.monitored_by,
-            )
+            self.ring.neighbours.clone()
         } else {
             view.peers().cloned().collect()
         };
-        out.extend(
-            peers
-                .filter(|p| !ring.iter().any(|(a, _)| a == *p))
-                .cloned(),
-        );
+        out.extend(peers.filter(|p| !self.ring.addrs.contains(*p)).cloned());
         out.remove(&self.me);
         out
     }
@@ -188,6 +225,7 @@ impl Detector {
     ) -> TickOut {
         let mut out = TickOut::default();
         let watched = self.watch_set(view, peers.keys(), downed);
+        let same_watch = watched == self.monitor.watched;
         for peer in watched.difference(&self.monitor.watched) {
             self.reach.rewatch(peer, now);
         }
@@ -229,49 +267,86 @@ impl Detector {
                 session_copy,
             });
         }
-        // Sorted: the probes' helpers come from `rng`, so the order is part of a replay.
-        let mut members: Vec<NodeAddr> = self
-            .reach
-            .states(now, timeout)
-            .into_iter()
-            .map(|(addr, _)| addr)
-            .collect();
-        members.sort();
-        for addr in members {
-            let silence = self.reach.silence(&addr, now).unwrap_or_default();
-            if !watched.contains(&addr) {
-                let reachable = self.reachable_by_others(&addr);
-                out.events.extend(view.set_reachable(&addr, reachable));
-                continue;
+        if let Some(d) = self.sbr.as_ref().filter(|_| self.monitor.spread.has_changes()) {
+            let mut others: Vec<&NodeAddr> =
+                peers.keys().filter(|p| !watched.contains(*p)).collect();
+            for _ in 0..GOSSIP_FANOUT.min(others.len()) {
+                let peer = others.swap_remove(rng.usize(..others.len())).clone();
+                let rows = self.monitor.spread.rows_for(&d.table, &peer);
+                if rows.is_empty() {
+                    break;
+                }
+                let Some(incarnation) = peers.get(&peer).copied() else {
+                    continue;
+                };
+                let heartbeat = Heartbeat {
+                    node: self.me.clone(),
+                    incarnation: self.incarnation,
+                    seq,
+                    age,
+                    reach: rows,
+                    digest,
+                    want_table: false,
+                    hears_you: self.hears(&peer, now, timeout),
+                    your_datagrams_arrive: self.monitor.datagrams_arrive(&peer, now, window),
+                };
+                out.heartbeats.push(Outbound {
+                    to: peer,
+                    incarnation,
+                    heartbeat,
+                    session_copy: false,
+                });
             }
+        }
+        // The members this node does not watch: unreachable while another observer's row
+        // lists them. Unchanged view, table and watched set, unchanged verdicts.
+        let table_generation = self.sbr.as_ref().map_or(0, |d| d.table.generation());
+        let basis = (view.generation(), table_generation);
+        if !same_watch || self.verdicts_of != Some(basis) {
+            let listed: BTreeSet<&NodeAddr> = self.sbr.as_ref().map_or_else(BTreeSet::new, |d| {
+                d.table
+                    .records()
+                    .filter(|(observer, _)| **observer != self.me)
+                    .map(|(_, subject)| subject)
+                    .collect()
+            });
+            let changed: Vec<(NodeAddr, bool)> = self
+                .reach
+                .peers()
+                .filter(|addr| !watched.contains(*addr))
+                .map(|addr| (addr, !listed.contains(addr)))
+                .filter(|(addr, reachable)| view.get(addr).is_some_and(|m| m.reachable != *reachable))
+                .map(|(addr, reachable)| (addr.clone(), reachable))
+                .collect();
+            for (addr, reachable) in changed {
+                out.events.extend(view.set_reachable(&addr, reachable));
+            }
+            self.verdicts_of = Some((view.generation(), table_generation));
+        }
+        // In address order: the probes' helpers come from `rng`, so the order is part of a
+        // replay.
+        for addr in &watched {
+            let Some(silence) = self.reach.silence(addr, now) else {
+                continue;
+            };
             if self.s.indirect_probes > 0
                 && crate::reachability::probe_due(
                     silence,
-                    self.monitor.last_probe(&addr, now),
+                    self.monitor.last_probe(addr, now),
                     timeout,
                 )
             {
-                let probes = self.probe(&addr, now, view, peers, rng);
+                let probes = self.probe(addr, now, view, peers, rng);
                 out.probes.extend(probes);
             }
-            let vouched = self.monitor.vouched(&addr, now);
+            let vouched = self.monitor.vouched(addr, now);
             let reachable = crate::reachability::judge(silence, vouched, timeout);
-            out.events.extend(view.set_reachable(&addr, reachable));
+            out.events.extend(view.set_reachable(addr, reachable));
             if silence > timeout * 3 {
-                out.silent.push(addr);
+                out.silent.push(addr.clone());
             }
         }
         out
-    }
-
-    /// Whether a member this node does not watch is reachable, as the observers that watch
-    /// it say: unreachable while one of their rows lists it.
-    fn reachable_by_others(&self, addr: &NodeAddr) -> bool {
-        self.sbr.as_ref().is_none_or(|d| {
-            !d.table
-                .records()
-                .any(|(observer, subject)| subject == addr && *observer != self.me)
-        })
     }
 
     /// A probe round for `target`: to up to `indirect-probes` helpers among the peers this
@@ -287,9 +362,10 @@ impl Detector {
         let Some(incarnation) = view.get(target).map(|m| m.incarnation) else {
             return Vec::new();
         };
+        self.refresh_ring(view);
         let its_watchers = crate::ring::neighbours(
             (target, incarnation),
-            ring_members(view),
+            self.ring.members.iter().cloned(),
             self.s.monitored_by,
         );
         let mut candidates: Vec<&NodeAddr> = peers
@@ -519,11 +595,6 @@ impl Detector {
         self.sbr.as_ref().and_then(|d| d.heard.get(peer).copied())
     }
 
-    /// The shared reachability table (`None` without a resolver).
-    pub(crate) fn table(&self) -> Option<&ReachTable> {
-        self.sbr.as_ref().map(|d| &d.table)
-    }
-
     /// Every tick with a resolver, at `now`: this node's own row (stamped `stamp`) lists the
     /// counted members it watches and finds unreachable (none while its membership settles),
     /// and rows of observers no longer counted are dropped.
@@ -532,29 +603,31 @@ impl Detector {
             return;
         };
         let settling = now.saturating_duration_since(d.up_since) < self.s.unreachable_after;
-        let members = view.members();
-        let own: BTreeSet<NodeAddr> = members
-            .iter()
+        let own: BTreeSet<NodeAddr> = if settling {
+            BTreeSet::new()
+        } else {
             // Only what this node observes itself: the reachability of members it does not
             // watch comes from other rows, which its own must not echo.
-            .filter(|m| {
-                m.addr != self.me
-                    && counted(m)
-                    && !m.reachable
-                    && !settling
-                    && self.monitor.watched.contains(&m.addr)
-            })
-            .map(|m| m.addr.clone())
-            .collect();
-        let lives: HashMap<NodeAddr, Incarnation> = members
-            .iter()
-            .filter(|m| counted(m))
-            .map(|m| (m.addr.clone(), m.incarnation))
-            .collect();
+            self.monitor
+                .watched
+                .iter()
+                .filter(|a| {
+                    **a != self.me
+                        && view
+                            .get(a)
+                            .is_some_and(|m| counted(m) && !m.reachable)
+                })
+                .cloned()
+                .collect()
+        };
         d.table.set_own(&self.me, self.incarnation, own, stamp);
         let (me, incarnation) = (&self.me, self.incarnation);
-        d.table
-            .retain(|a| lives.get(a).copied().or((a == me).then_some(incarnation)));
+        d.table.retain(|a| {
+            if a == me {
+                return Some(incarnation);
+            }
+            view.get(a).filter(|m| counted(m)).map(|m| m.incarnation)
+        });
     }
 
     /// The resolver's step at `now` for an up node: a decision once the partition in the
@@ -564,7 +637,12 @@ impl Detector {
         if view.me().status != MemberStatus::Up {
             return None;
         }
-        let members: Vec<Member> = view.members().into_iter().filter(counted).collect();
+        // A table without records is a whole cluster, whoever the members are.
+        let members: Vec<Member> = if d.table.records().next().is_some() {
+            view.members().into_iter().filter(counted).collect()
+        } else {
+            Vec::new()
+        };
         let partition = Partition::new(members, d.table.records());
         match d.resolver.step(&self.me, &partition, now) {
             Step::Decide(decision) => Some(decision),
