@@ -129,10 +129,7 @@ impl AgentState {
             let downed_at = d.downed_at;
             let detector = &self.detector;
             let silent_too_long = |p: &NodeAddr| {
-                let last = detector
-                    .last_heard(p)
-                    .unwrap_or(downed_at)
-                    .max(downed_at);
+                let last = detector.last_heard(p).unwrap_or(downed_at).max(downed_at);
                 now.saturating_duration_since(last) >= forget
             };
             let must: BTreeSet<&NodeAddr> = self

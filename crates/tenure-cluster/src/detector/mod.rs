@@ -267,7 +267,11 @@ impl Detector {
                 session_copy,
             });
         }
-        if let Some(d) = self.sbr.as_ref().filter(|_| self.monitor.spread.has_changes()) {
+        if let Some(d) = self
+            .sbr
+            .as_ref()
+            .filter(|_| self.monitor.spread.has_changes())
+        {
             let mut others: Vec<&NodeAddr> =
                 peers.keys().filter(|p| !watched.contains(*p)).collect();
             for _ in 0..GOSSIP_FANOUT.min(others.len()) {
@@ -315,7 +319,9 @@ impl Detector {
                 .peers()
                 .filter(|addr| !watched.contains(*addr))
                 .map(|addr| (addr, !listed.contains(addr)))
-                .filter(|(addr, reachable)| view.get(addr).is_some_and(|m| m.reachable != *reachable))
+                .filter(|(addr, reachable)| {
+                    view.get(addr).is_some_and(|m| m.reachable != *reachable)
+                })
                 .map(|(addr, reachable)| (addr.clone(), reachable))
                 .collect();
             for (addr, reachable) in changed {
@@ -612,10 +618,7 @@ impl Detector {
                 .watched
                 .iter()
                 .filter(|a| {
-                    **a != self.me
-                        && view
-                            .get(a)
-                            .is_some_and(|m| counted(m) && !m.reachable)
+                    **a != self.me && view.get(a).is_some_and(|m| counted(m) && !m.reachable)
                 })
                 .cloned()
                 .collect()

@@ -218,6 +218,8 @@ struct Node {
     attempts: u64,
     /// Its view changed since the last convergence check.
     dirty: bool,
+    /// The number of the last listing it took.
+    listing: u64,
 }
 
 /// The simulated store: member leases and the resolver lease.
@@ -229,6 +231,11 @@ struct Store {
     /// The resolver lease: holder, token, until when.
     sbr: Option<(String, u64, Instant)>,
     sbr_tokens: u64,
+    /// The last listing, numbered, and until when it holds (the earliest lapse in it):
+    /// nodes take a listing only when it differs from the last they took, as if they
+    /// watched the store for changes, which a real node sees as the same answer.
+    listing: Option<(u64, Vec<Listed>, Instant)>,
+    listings: u64,
 }
 
 /// The simulator (see the module's doc).
@@ -302,6 +309,7 @@ impl Sim {
                 attempt: None,
                 attempts: 0,
                 dirty: true,
+                listing: 0,
             });
         }
         let mut sim = Sim {
@@ -523,13 +531,16 @@ impl Sim {
         let until = self.at() + self.timings.member_lease_ttl;
         let incarnation = self.nodes[i].incarnation;
         self.store.members.insert(i, (incarnation, age, until));
+        self.store.listing = None;
         let now = self.at();
         let node = &mut self.nodes[i];
         node.up = true;
         let events = node.view.self_granted(age);
         node.detector.membership_up(now);
         self.apply(i, events);
-        let jitter = self.rng.u64(..nanos(self.timings.heartbeat_interval).max(1));
+        let jitter = self
+            .rng
+            .u64(..nanos(self.timings.heartbeat_interval).max(1));
         self.schedule_at(self.now + jitter, Event::Tick(i));
         self.schedule(Duration::ZERO, Event::Poll(i));
         let every = self.timings.member_lease_interval;
@@ -541,20 +552,51 @@ impl Sim {
             return;
         }
         let now = self.at();
-        let listing: Vec<Listed> = self
+        let fresh = self
             .store
-            .members
-            .iter()
-            .filter(|(_, (_, _, until))| *until > now)
-            .map(|(j, (incarnation, age, _))| Listed {
-                addr: self.nodes[*j].addr.clone(),
-                incarnation: *incarnation,
-                age: *age,
-                roles: Vec::new(),
-                app_version: Default::default(),
-            })
-            .collect();
-        let events = self.nodes[i].view.listed(&listing);
+            .listing
+            .as_ref()
+            .is_some_and(|(_, _, until)| now < *until);
+        if !fresh {
+            let listing: Vec<Listed> = self
+                .store
+                .members
+                .iter()
+                .filter(|(_, (_, _, until))| *until > now)
+                .map(|(j, (incarnation, age, _))| Listed {
+                    addr: self.nodes[*j].addr.clone(),
+                    incarnation: *incarnation,
+                    age: *age,
+                    roles: Vec::new(),
+                    app_version: Default::default(),
+                })
+                .collect();
+            let until = self
+                .store
+                .members
+                .values()
+                .map(|(_, _, until)| *until)
+                .filter(|until| *until > now)
+                .min()
+                .unwrap_or(now + self.timings.member_lease_ttl);
+            let same = self
+                .store
+                .listing
+                .as_ref()
+                .is_some_and(|(_, old, _)| *old == listing);
+            if !same {
+                self.store.listings += 1;
+            }
+            self.store.listing = Some((self.store.listings, listing, until));
+        }
+        let Some((number, listing, _)) = self.store.listing.as_ref() else {
+            return;
+        };
+        if self.nodes[i].listing == *number {
+            return;
+        }
+        self.nodes[i].listing = *number;
+        let events = self.nodes[i].view.listed(listing);
         self.apply(i, events);
     }
 
@@ -567,7 +609,9 @@ impl Sim {
             node.detector.on_event(&event, now);
             node.dirty = true;
             match &event {
-                ClusterEvent::MemberJoined(m) | ClusterEvent::MemberUp(m) if m.addr != node.addr => {
+                ClusterEvent::MemberJoined(m) | ClusterEvent::MemberUp(m)
+                    if m.addr != node.addr =>
+                {
                     node.peers.insert(m.addr.clone(), m.incarnation);
                     // The mesh says hello on each new session.
                     if node.greeted.insert((m.addr.clone(), m.incarnation))
@@ -597,14 +641,9 @@ impl Sim {
         self.schedule(every, Event::Tick(i));
         let node = &mut self.nodes[i];
         let seq = node.clock.stamp(now);
-        let out = node.detector.tick(
-            now,
-            seq,
-            &mut node.view,
-            &node.peers,
-            false,
-            &mut node.rng,
-        );
+        let out = node
+            .detector
+            .tick(now, seq, &mut node.view, &node.peers, false, &mut node.rng);
         self.apply(i, out.events);
         for o in out.heartbeats {
             let Some(&to) = self.index.get(&o.to) else {
@@ -685,14 +724,11 @@ impl Sim {
                     }
                 };
                 let clocks = &node.clocks;
-                let events = node.detector.on_heartbeat(
-                    hb,
-                    seq,
-                    datagram,
-                    now,
-                    &mut node.view,
-                    |o, inc| clocks.ceiling(o, inc, now),
-                );
+                let events =
+                    node.detector
+                        .on_heartbeat(hb, seq, datagram, now, &mut node.view, |o, inc| {
+                            clocks.ceiling(o, inc, now)
+                        });
                 self.apply(to, events);
             }
         }
@@ -743,7 +779,10 @@ impl Sim {
     /// lease, the others read it; both judge what they see as the agent does.
     fn lease_step(&mut self, i: usize, attempt: u64) {
         if !self.nodes[i].alive
-            || self.nodes[i].attempt.as_ref().is_none_or(|a| a.id != attempt)
+            || self.nodes[i]
+                .attempt
+                .as_ref()
+                .is_none_or(|a| a.id != attempt)
         {
             return;
         }
@@ -756,7 +795,11 @@ impl Sim {
         self.counters.store_requests += 1;
         let me = self.nodes[i].addr.to_string();
         let leader = self.nodes[i].attempt.as_ref().is_some_and(|a| a.leader);
-        let free = self.store.sbr.as_ref().is_none_or(|(_, _, until)| *until <= now);
+        let free = self
+            .store
+            .sbr
+            .as_ref()
+            .is_none_or(|(_, _, until)| *until <= now);
         if leader && free {
             self.store.sbr_tokens += 1;
             // The winner renews it until it releases it after `release-after`.
@@ -801,7 +844,10 @@ impl Sim {
             }
             Verdict::Theirs => {
                 self.nodes[i].attempt = None;
-                self.down_self(i, "lease-majority: the other side holds the resolver lease".into());
+                self.down_self(
+                    i,
+                    "lease-majority: the other side holds the resolver lease".into(),
+                );
             }
             Verdict::Undecided => {
                 if held {
@@ -844,6 +890,7 @@ impl Sim {
         node.alive = false;
         // Its member lease is released as it stops.
         self.store.members.remove(&i);
+        self.store.listing = None;
         self.counters.store_requests += 1;
     }
 

@@ -212,7 +212,8 @@ pub fn partition_run(
             match sim.outcome(i) {
                 // The other side's nodes that downed themselves left the view on their own.
                 Some(Outcome::Survived(downed))
-                    if downed.is_subset(&others) && others.iter().all(|j| sim.sees(i, *j).is_none()) =>
+                    if downed.is_subset(&others)
+                        && others.iter().all(|j| sim.sees(i, *j).is_none()) =>
                 {
                     out.survived += 1
                 }
@@ -245,14 +246,14 @@ mod tests {
         }
         let random = fastrand::u64(..);
         println!("random seed: {SEED_VAR}={random}");
-        vec![1, 2, random]
+        vec![1, random]
     }
 
     #[test]
     fn a_cluster_converges_after_joins_and_a_kill_at_a_cost_flat_in_n() {
         for seed in seeds() {
-            let small = scale_run(20, seed, Duration::from_secs(10));
-            let large = scale_run(100, seed, Duration::from_secs(10));
+            let small = scale_run(20, seed, Duration::from_secs(5));
+            let large = scale_run(60, seed, Duration::from_secs(5));
             for r in [&small, &large] {
                 println!("{r:?}");
                 assert!(r.join_converged.is_some(), "seed {seed}: {r:?}");
@@ -269,8 +270,8 @@ mod tests {
     fn both_sides_of_a_partition_decide_alike_under_every_strategy() {
         for seed in seeds() {
             for strategy in STRATEGIES {
-                for first in [30, 42] {
-                    let r = partition_run(60, first, strategy, seed);
+                for first in [10, 14] {
+                    let r = partition_run(20, first, strategy, seed);
                     println!("{r:?}");
                     assert!(r.agreed(), "seed {seed}: {r:?}");
                 }
