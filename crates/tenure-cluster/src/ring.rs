@@ -69,27 +69,7 @@ pub fn neighbours(
     members: impl IntoIterator<Item = (NodeAddr, Incarnation)>,
     k: usize,
 ) -> BTreeSet<NodeAddr> {
-    let mut ring: Vec<(u64, NodeAddr, Incarnation)> = members
-        .into_iter()
-        .filter(|(a, _)| a != me.0)
-        .map(|(a, i)| (position(&a, i), a, i))
-        .collect();
-    ring.push((position(me.0, me.1), me.0.clone(), me.1));
-    // Ties of the hash are broken by address and incarnation, so every node sorts alike.
-    ring.sort();
-    ring.dedup();
-    let n = ring.len();
-    let d = k.div_ceil(2);
-    let Some(at) = ring.iter().position(|(_, a, i)| a == me.0 && *i == me.1) else {
-        return BTreeSet::new();
-    };
-    let mut out = BTreeSet::new();
-    for step in 1..=d.min(n.saturating_sub(1)) {
-        out.insert(ring[(at + step) % n].1.clone());
-        out.insert(ring[(at + n - step) % n].1.clone());
-    }
-    out.remove(me.0);
-    out
+    neighbours_passing(me, members, k, |_| true)
 }
 
 /// As [`neighbours`], with the members `reachable` says are not reachable passed over

@@ -245,20 +245,12 @@ impl Detector {
             let Some(incarnation) = peers.get(peer).copied() else {
                 continue;
             };
-            let heartbeat = Heartbeat {
-                node: self.me.clone(),
-                incarnation: self.incarnation,
-                seq,
-                age,
-                reach: match self.sbr.as_ref() {
-                    Some(d) => self.monitor.spread.rows_for(&d.table, peer),
-                    None => Vec::new(),
-                },
-                digest,
-                want_table: self.monitor.take_want_table(peer),
-                hears_you: self.hears(peer, now, timeout),
-                your_datagrams_arrive: self.monitor.datagrams_arrive(peer, now, window),
+            let reach = match self.sbr.as_ref() {
+                Some(d) => self.monitor.spread.rows_for(&d.table, peer),
+                None => Vec::new(),
             };
+            let want_table = self.monitor.take_want_table(peer);
+            let heartbeat = self.heartbeat(peer, (seq, age, digest), reach, want_table, now);
             let session_copy = self.monitor.session_copy_due(peer, now, window, timeout);
             out.heartbeats.push(Outbound {
                 to: peer.clone(),
@@ -283,17 +275,7 @@ impl Detector {
                 let Some(incarnation) = peers.get(&peer).copied() else {
                     continue;
                 };
-                let heartbeat = Heartbeat {
-                    node: self.me.clone(),
-                    incarnation: self.incarnation,
-                    seq,
-                    age,
-                    reach: rows,
-                    digest,
-                    want_table: false,
-                    hears_you: self.hears(&peer, now, timeout),
-                    your_datagrams_arrive: self.monitor.datagrams_arrive(&peer, now, window),
-                };
+                let heartbeat = self.heartbeat(&peer, (seq, age, digest), rows, false, now);
                 out.heartbeats.push(Outbound {
                     to: peer,
                     incarnation,
@@ -402,6 +384,30 @@ impl Detector {
                 (helper, probe)
             })
             .collect()
+    }
+
+    /// This tick's heartbeat to `peer`: numbered, aged and with the digest of `stamp`
+    /// (sequence number, this node's age, its table's digest), carrying `reach`.
+    fn heartbeat(
+        &self,
+        peer: &NodeAddr,
+        (seq, age, digest): (u64, u64, u64),
+        reach: Vec<ReachRow>,
+        want_table: bool,
+        now: Instant,
+    ) -> Heartbeat {
+        let timeout = self.s.unreachable_after;
+        Heartbeat {
+            node: self.me.clone(),
+            incarnation: self.incarnation,
+            seq,
+            age,
+            reach,
+            digest,
+            want_table,
+            hears_you: self.hears(peer, now, timeout),
+            your_datagrams_arrive: self.monitor.datagrams_arrive(peer, now, timeout / 2),
+        }
     }
 
     /// One step of an indirect probe, at `now`: as helper (pass the request to the target,
