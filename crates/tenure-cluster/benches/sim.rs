@@ -4,8 +4,8 @@
 //! decide alike under every strategy of the split brain resolver.
 //!
 //! `cargo bench -p tenure-cluster --bench sim` runs the full sizes (release, one thread,
-//! virtual time); `cargo test -p tenure-cluster --bench sim` a smoke run (20 and 100 nodes,
-//! partitions of 40). The seed is printed; `TENURE_SIM_SEED=<seed>` replays it.
+//! virtual time); `cargo test -p tenure-cluster --bench sim` a smoke run (20 and 60 nodes,
+//! partitions of 20). The seed is printed; `TENURE_SIM_SEED=<seed>` replays it.
 
 use std::time::{Duration, Instant};
 
@@ -15,8 +15,8 @@ use tenure_lease::conformance::bench::{size, smoke};
 fn main() {
     let seed = sim::seed_from_env().unwrap_or_else(|| fastrand::u64(..));
     println!("{}={seed}", sim::SEED_VAR);
-    let (small, large) = (size(50, 20), size(1_000, 100));
-    let idle = Duration::from_secs(size(30, 10) as u64);
+    let (small, large) = (size(50, 20), size(1_000, 60));
+    let idle = Duration::from_secs(size(30, 5) as u64);
     let mut reports = Vec::new();
     for n in [small, large] {
         let wall = Instant::now();
@@ -44,7 +44,7 @@ fn main() {
     println!(
         "messages per node per second, {large} nodes / {small} nodes: {ratio:.3} (goal: at most 1.3)"
     );
-    let n = size(1_000, 40);
+    let n = size(1_000, 20);
     for strategy in STRATEGIES {
         for first in [n / 2, n * 7 / 10] {
             let wall = Instant::now();
