@@ -16,6 +16,7 @@ pub mod backoff;
 mod client;
 pub mod clocks;
 pub mod codec;
+mod detector;
 mod error;
 mod history;
 mod identity;
@@ -30,6 +31,7 @@ pub mod ring;
 pub mod sbr;
 mod settings;
 mod shutdown;
+pub mod sim;
 mod subscribe;
 pub mod transport;
 

@@ -129,6 +129,8 @@ pub struct Membership {
     /// leases, still listed until released or expired, must not bring them back; a new
     /// membership of the same life (a new age) may.
     downed: BTreeSet<(NodeAddr, Incarnation, u64)>,
+    /// See [`Membership::generation`].
+    generation: u64,
 }
 
 impl Membership {
@@ -147,6 +149,7 @@ impl Membership {
             others: BTreeMap::new(),
             retired: BTreeSet::new(),
             downed: BTreeSet::new(),
+            generation: 0,
         }
     }
 
@@ -154,6 +157,87 @@ impl Membership {
     pub fn with_app_version(mut self, version: AppVersion) -> Membership {
         self.me.app_version = version;
         self
+    }
+
+    /// A number that changes whenever a member (this node included) changes: joins, comes
+    /// up, leaves, goes or changes reachability. Equal numbers, equal members.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    fn touched(&mut self, events: &[ClusterEvent]) {
+        if !events.is_empty() {
+            self.generation += 1;
+        }
+    }
+
+    /// This node's member lease was granted, for a membership with join ticket `age`.
+    pub fn self_granted(&mut self, age: u64) -> Vec<ClusterEvent> {
+        let events = self.self_granted_inner(age);
+        self.touched(&events);
+        events
+    }
+
+    /// This node lost its member lease.
+    pub fn self_lost(&mut self) -> Vec<ClusterEvent> {
+        let events = self.self_lost_inner();
+        self.touched(&events);
+        events
+    }
+
+    /// This node starts leaving.
+    pub fn self_leaving(&mut self, hand_over: HandOver) -> Vec<ClusterEvent> {
+        let events = self.self_leaving_inner(hand_over);
+        self.touched(&events);
+        events
+    }
+
+    /// A peer greeted us: a member we do not know yet is joining.
+    pub fn hello(
+        &mut self,
+        addr: &NodeAddr,
+        incarnation: Incarnation,
+        roles: &[String],
+    ) -> Vec<ClusterEvent> {
+        let events = self.hello_inner(addr, incarnation, roles);
+        self.touched(&events);
+        events
+    }
+
+    /// A peer announced it is leaving.
+    pub fn leaving(&mut self, addr: &NodeAddr, incarnation: Incarnation) -> Vec<ClusterEvent> {
+        let events = self.leaving_inner(addr, incarnation);
+        self.touched(&events);
+        events
+    }
+
+    /// The member leases listed from the store now (unexpired grants only).
+    pub fn listed(&mut self, listing: &[Listed]) -> Vec<ClusterEvent> {
+        let events = self.listed_inner(listing);
+        self.touched(&events);
+        events
+    }
+
+    /// The split brain resolver downed this member: it leaves the view (`MemberDown`, then
+    /// `MemberRemoved`) and its current membership never comes back.
+    pub fn down(&mut self, addr: &NodeAddr) -> Vec<ClusterEvent> {
+        let events = self.down_inner(addr);
+        self.touched(&events);
+        events
+    }
+
+    /// A peer that only greeted us (never seen in the store) went away.
+    pub fn session_closed(&mut self, addr: &NodeAddr) -> Vec<ClusterEvent> {
+        let events = self.session_closed_inner(addr);
+        self.touched(&events);
+        events
+    }
+
+    /// Marks a peer unreachable (`false`) or reachable again (`true`).
+    pub fn set_reachable(&mut self, addr: &NodeAddr, reachable: bool) -> Vec<ClusterEvent> {
+        let events = self.set_reachable_inner(addr, reachable);
+        self.touched(&events);
+        events
     }
 
     /// This node.
@@ -187,8 +271,7 @@ impl Membership {
         self.others.keys()
     }
 
-    /// This node's member lease was granted, for a membership with join ticket `age`.
-    pub fn self_granted(&mut self, age: u64) -> Vec<ClusterEvent> {
+    fn self_granted_inner(&mut self, age: u64) -> Vec<ClusterEvent> {
         if self.me.status == MemberStatus::Leaving {
             return Vec::new();
         }
@@ -197,8 +280,7 @@ impl Membership {
         vec![ClusterEvent::MemberUp(self.me.clone())]
     }
 
-    /// This node lost its member lease.
-    pub fn self_lost(&mut self) -> Vec<ClusterEvent> {
+    fn self_lost_inner(&mut self) -> Vec<ClusterEvent> {
         if matches!(self.me.status, MemberStatus::Down | MemberStatus::Removed) {
             return Vec::new();
         }
@@ -211,8 +293,7 @@ impl Membership {
         events
     }
 
-    /// This node starts leaving.
-    pub fn self_leaving(&mut self, hand_over: HandOver) -> Vec<ClusterEvent> {
+    fn self_leaving_inner(&mut self, hand_over: HandOver) -> Vec<ClusterEvent> {
         self.me.status = MemberStatus::Leaving;
         vec![
             ClusterEvent::MemberLeaving(self.me.clone()),
@@ -220,8 +301,7 @@ impl Membership {
         ]
     }
 
-    /// A peer greeted us: a member we do not know yet is joining.
-    pub fn hello(
+    fn hello_inner(
         &mut self,
         addr: &NodeAddr,
         incarnation: Incarnation,
@@ -253,8 +333,7 @@ impl Membership {
         events
     }
 
-    /// A peer announced it is leaving.
-    pub fn leaving(&mut self, addr: &NodeAddr, incarnation: Incarnation) -> Vec<ClusterEvent> {
+    fn leaving_inner(&mut self, addr: &NodeAddr, incarnation: Incarnation) -> Vec<ClusterEvent> {
         match self.others.get_mut(addr) {
             Some(m) if m.incarnation == incarnation && m.status != MemberStatus::Leaving => {
                 m.status = MemberStatus::Leaving;
@@ -264,8 +343,7 @@ impl Membership {
         }
     }
 
-    /// The member leases listed from the store now (unexpired grants only).
-    pub fn listed(&mut self, listing: &[Listed]) -> Vec<ClusterEvent> {
+    fn listed_inner(&mut self, listing: &[Listed]) -> Vec<ClusterEvent> {
         let mut events = Vec::new();
         let mut present: BTreeMap<&NodeAddr, &Listed> = BTreeMap::new();
         for l in listing {
@@ -351,9 +429,7 @@ impl Membership {
         events
     }
 
-    /// The split brain resolver downed this member: it leaves the view (`MemberDown`, then
-    /// `MemberRemoved`) and its current membership never comes back.
-    pub fn down(&mut self, addr: &NodeAddr) -> Vec<ClusterEvent> {
+    fn down_inner(&mut self, addr: &NodeAddr) -> Vec<ClusterEvent> {
         let Some(m) = self.others.get(addr) else {
             return Vec::new();
         };
@@ -376,16 +452,14 @@ impl Membership {
         self.downed.contains(&(addr.clone(), incarnation, age))
     }
 
-    /// A peer that only greeted us (never seen in the store) went away.
-    pub fn session_closed(&mut self, addr: &NodeAddr) -> Vec<ClusterEvent> {
+    fn session_closed_inner(&mut self, addr: &NodeAddr) -> Vec<ClusterEvent> {
         match self.others.get(addr) {
             Some(m) if m.status == MemberStatus::Joining => self.remove(addr, MemberStatus::Down),
             _ => Vec::new(),
         }
     }
 
-    /// Marks a peer unreachable (`false`) or reachable again (`true`).
-    pub fn set_reachable(&mut self, addr: &NodeAddr, reachable: bool) -> Vec<ClusterEvent> {
+    fn set_reachable_inner(&mut self, addr: &NodeAddr, reachable: bool) -> Vec<ClusterEvent> {
         match self.others.get_mut(addr) {
             Some(m) if m.reachable != reachable => {
                 m.reachable = reachable;

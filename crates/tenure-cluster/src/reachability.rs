@@ -1,7 +1,7 @@
 //! Which peers have been heard from recently: a pure tracker of last-heard instants, and
 //! the verdict on a watched peer from its silence and the indirect probes answered for it.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -11,7 +11,7 @@ use crate::identity::NodeAddr;
 /// Tracks, per peer, when anything was last received from it.
 #[derive(Debug, Default)]
 pub struct Reachability {
-    last_heard: HashMap<NodeAddr, Instant>,
+    last_heard: BTreeMap<NodeAddr, Instant>,
 }
 
 impl Reachability {
@@ -52,6 +52,11 @@ impl Reachability {
         self.last_heard
             .get(peer)
             .map(|t| now.saturating_duration_since(*t))
+    }
+
+    /// Every peer tracked, in address order.
+    pub fn peers(&self) -> impl Iterator<Item = &NodeAddr> {
+        self.last_heard.keys()
     }
 
     /// Every watched peer with whether it is reachable at `now`.

@@ -69,13 +69,26 @@ pub fn neighbours(
     members: impl IntoIterator<Item = (NodeAddr, Incarnation)>,
     k: usize,
 ) -> BTreeSet<NodeAddr> {
+    neighbours_passing(me, members, k, |_| true)
+}
+
+/// As [`neighbours`], with the members `reachable` says are not reachable passed over
+/// without counting (Akka's heartbeat ring does the same): `me` watches its `ceil(k / 2)`
+/// next and previous *reachable* members and every unreachable one between them, so that
+/// a member that is unreachable stays watched by reachable ones when its own watchers go
+/// (downed, or cut off with it), and is not taken for reachable for want of an observer.
+pub fn neighbours_passing(
+    me: (&NodeAddr, Incarnation),
+    members: impl IntoIterator<Item = (NodeAddr, Incarnation)>,
+    k: usize,
+    reachable: impl Fn(&NodeAddr) -> bool,
+) -> BTreeSet<NodeAddr> {
     let mut ring: Vec<(u64, NodeAddr, Incarnation)> = members
         .into_iter()
         .filter(|(a, _)| a != me.0)
         .map(|(a, i)| (position(&a, i), a, i))
         .collect();
     ring.push((position(me.0, me.1), me.0.clone(), me.1));
-    // Ties of the hash are broken by address and incarnation, so every node sorts alike.
     ring.sort();
     ring.dedup();
     let n = ring.len();
@@ -84,9 +97,23 @@ pub fn neighbours(
         return BTreeSet::new();
     };
     let mut out = BTreeSet::new();
-    for step in 1..=d.min(n.saturating_sub(1)) {
-        out.insert(ring[(at + step) % n].1.clone());
-        out.insert(ring[(at + n - step) % n].1.clone());
+    for forward in [true, false] {
+        let mut counted = 0;
+        for step in 1..n {
+            if counted == d {
+                break;
+            }
+            let j = if forward {
+                (at + step) % n
+            } else {
+                (at + n - step) % n
+            };
+            let addr = &ring[j].1;
+            out.insert(addr.clone());
+            if reachable(addr) {
+                counted += 1;
+            }
+        }
     }
     out.remove(me.0);
     out
@@ -127,6 +154,26 @@ mod tests {
         let all = neighbours((&addr, inc), members.clone(), 9);
         assert_eq!(all.len(), 9, "2 x 5 + 1 >= 10 members: every other one");
         assert!(neighbours((&addr, inc), members, 0).is_empty());
+    }
+
+    #[test]
+    fn unreachable_members_are_passed_over_and_still_watched() {
+        let members = cluster(&(0..40).collect());
+        let (addr, inc) = members[7].clone();
+        let plain = neighbours((&addr, inc), members.clone(), 9);
+        assert_eq!(
+            neighbours_passing((&addr, inc), members.clone(), 9, |_| true),
+            plain,
+            "all reachable: the same ring"
+        );
+        let cut: BTreeSet<NodeAddr> = plain.iter().take(3).cloned().collect();
+        let passing = neighbours_passing((&addr, inc), members, 9, |a| !cut.contains(a));
+        assert!(passing.is_superset(&plain), "the unreachable stay watched");
+        assert_eq!(
+            passing.iter().filter(|a| !cut.contains(*a)).count(),
+            10,
+            "and 2 x 5 reachable ones besides"
+        );
     }
 
     proptest! {

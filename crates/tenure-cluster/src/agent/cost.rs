@@ -1,5 +1,5 @@
 //! What heartbeats cost a node per `heartbeat-interval`, counted from the code the agent
-//! sends them with ([`crate::ring`], [`crate::sbr::Spread`], [`super::monitor::Monitor`],
+//! sends them with ([`crate::ring`], [`crate::sbr::Spread`], [`crate::detector::Monitor`],
 //! the datagram codec), for clusters of 6, 12 and 48 idle members; and what the all-to-all
 //! scheme (every peer, twice, the whole table and every peer heard) cost, for comparison.
 //! `cargo test -p tenure-cluster --all-features --lib -- cost --nocapture` prints the
@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::time::Instant;
 
-use super::monitor::Monitor;
+use crate::detector::Monitor;
 use crate::identity::{Incarnation, NodeAddr};
 use crate::protocol::Heartbeat;
 use crate::sbr::{Carrier, Life, ReachRow, ReachTable};

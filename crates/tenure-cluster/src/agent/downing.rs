@@ -14,21 +14,17 @@ use tokio::time::Instant;
 use super::resolver_lease::{self, SharedLease};
 use super::{AgentState, RELEASE_SLACK};
 use crate::identity::{Incarnation, NodeAddr};
-use crate::member::{Member, MemberStatus};
+use crate::member::MemberStatus;
 use crate::protocol::{AgentMsg, Local, YouAreDown};
-use crate::sbr::{
-    Carrier, Decision, Life, Partition, ReachRow, ReachTable, Resolver, SbrSettings, Step,
-    Strategy, WhenDown,
-};
+use crate::sbr::{Decision, Strategy, WhenDown};
 
 /// How many member-lease ttls a node that downed itself waits for a silent former member
 /// before it rejoins without hearing it.
 const FORGET_AFTER_TTLS: u32 = 10;
 
-/// The resolver's state in the agent.
+/// The resolver's state in the agent, beside the machine's ([`crate::detector`]): the
+/// resolver lease, and this node's own downing.
 pub(super) struct Downing {
-    resolver: Resolver,
-    table: ReachTable,
     lease: SharedLease,
     /// The lease-majority attempt under way: its number and whom to down if it is won.
     attempt: Option<(u64, Vec<NodeAddr>)>,
@@ -44,20 +40,11 @@ pub(super) struct Downing {
     /// (a node cut off from this one and downed too is silent and holds no member lease,
     /// like a crashed one: only a long silence tells them apart).
     down_peers: BTreeSet<NodeAddr>,
-    /// When a heartbeat last came from each node, and when one last said it hears this node.
-    heard: std::collections::HashMap<NodeAddr, Instant>,
-    hears_me: std::collections::HashMap<NodeAddr, Instant>,
-    /// When this node's current membership came up: until it has had unreachable-after to
-    /// hear its peers, its row says it reaches them all (a node back from a pause or a lost
-    /// member lease reconnects first; its old life's silences are no observation).
-    up_since: Instant,
 }
 
 impl Downing {
-    pub(super) fn new(settings: SbrSettings) -> Downing {
+    pub(super) fn new() -> Downing {
         Downing {
-            resolver: Resolver::new(settings, Instant::now()),
-            table: ReachTable::default(),
             lease: Arc::new(tokio::sync::Mutex::new(None)),
             attempt: None,
             attempts: 0,
@@ -65,107 +52,22 @@ impl Downing {
             downed: None,
             downed_at: Instant::now(),
             down_peers: BTreeSet::new(),
-            heard: Default::default(),
-            hears_me: Default::default(),
-            up_since: Instant::now(),
         }
     }
 
     /// This node's membership ended without the resolver (its member lease was lost): an
-    /// attempt of that life is void, and the next life starts without its observations.
+    /// attempt of that life is void.
     pub(super) fn membership_ended(&mut self) {
         self.attempt = None;
-        self.resolver.restart(Instant::now());
-    }
-
-    /// This node is up under a new membership at `now`.
-    pub(super) fn membership_up(&mut self, now: Instant) {
-        self.up_since = now;
-        self.resolver.restart(now);
-    }
-
-    /// A heartbeat came from `node`; `hears_me`: it said it hears this node.
-    pub(super) fn heard(&mut self, node: &NodeAddr, hears_me: bool, now: Instant) {
-        self.heard.insert(node.clone(), now);
-        if hears_me {
-            self.hears_me.insert(node.clone(), now);
-        }
-    }
-
-    /// Whether a heartbeat came from `peer` within `window` before `now`.
-    pub(super) fn hears(&self, peer: &NodeAddr, now: Instant, window: Duration) -> bool {
-        self.heard
-            .get(peer)
-            .is_some_and(|t| now.saturating_duration_since(*t) < window)
-    }
-
-    /// Whether this node and `peer` heard each other within `window`.
-    fn mutual(&self, peer: &NodeAddr, now: Instant, window: Duration) -> bool {
-        let recent = |m: &std::collections::HashMap<NodeAddr, Instant>| {
-            m.get(peer)
-                .is_some_and(|t| now.saturating_duration_since(*t) < window)
-        };
-        recent(&self.heard) && recent(&self.hears_me)
     }
 
     /// Whether this node downed itself and has not rejoined yet.
     pub(super) fn is_downed(&self) -> bool {
         self.downed.is_some()
     }
-
-    /// The shared reachability table, which heartbeats spread.
-    pub(super) fn table(&self) -> &ReachTable {
-        &self.table
-    }
-
-    /// Every (observer, subject) pair of the table: `observer` cannot hear `subject`.
-    pub(super) fn records(&self) -> impl Iterator<Item = (&NodeAddr, &NodeAddr)> {
-        self.table.records()
-    }
-}
-
-/// Members the resolver counts: up or leaving (joining members have no say yet).
-fn counted(m: &Member) -> bool {
-    matches!(m.status, MemberStatus::Up | MemberStatus::Leaving)
 }
 
 impl AgentState {
-    fn life_of(&self, addr: &NodeAddr) -> Option<Incarnation> {
-        self.view
-            .get(addr)
-            .filter(|m| counted(m))
-            .map(|m| m.incarnation)
-    }
-
-    /// Rows relayed in heartbeat `seq` of `from`; each observer's row is believed up to
-    /// how far its clock can have gone (see [`crate::clocks`]).
-    pub(super) fn merge_rows(&mut self, from: &NodeAddr, seq: u64, rows: Vec<ReachRow>) {
-        let now = Instant::now();
-        let lives: std::collections::HashMap<NodeAddr, Life> = rows
-            .iter()
-            .filter_map(|r| {
-                let incarnation = self.life_of(&r.observer)?;
-                let ceiling = self.datagrams.clocks.ceiling(&r.observer, incarnation, now);
-                Some((
-                    r.observer.clone(),
-                    Life {
-                        incarnation,
-                        ceiling,
-                    },
-                ))
-            })
-            .collect();
-        if let Some(d) = self.downing.as_mut() {
-            let carrier = Carrier { node: from, seq };
-            let refused = d
-                .table
-                .merge(&self.me, carrier, rows, |a| lives.get(a).copied());
-            if refused > 0 {
-                tracing::debug!(peer = %from, refused, "reachability rows numbered beyond their observer's clock refused");
-            }
-        }
-    }
-
     /// A peer heartbeats under a membership this node downed: tell it.
     pub(super) fn tell_if_downed(&self, node: &NodeAddr, incarnation: Incarnation, age: u64) {
         if age == 0 || !self.view.was_downed(node, incarnation, age) {
@@ -199,41 +101,14 @@ impl AgentState {
         if self.downing.is_none() || self.leaving {
             return;
         }
-        let members: Vec<Member> = self.view.members().into_iter().filter(counted).collect();
-        let settling = self
-            .downing
-            .as_ref()
-            .is_some_and(|d| now.saturating_duration_since(d.up_since) < self.s.unreachable_after);
-        let own: BTreeSet<NodeAddr> = self
-            .view
-            .members()
-            .into_iter()
-            // Only what this node observes itself: the reachability of members it does not
-            // watch comes from other rows, which its own must not echo.
-            .filter(|m| {
-                m.addr != self.me
-                    && counted(m)
-                    && !m.reachable
-                    && !settling
-                    && self.monitor.watched.contains(&m.addr)
-            })
-            .map(|m| m.addr)
-            .collect();
-        let lives: std::collections::HashMap<NodeAddr, Incarnation> = members
-            .iter()
-            .map(|m| (m.addr.clone(), m.incarnation))
-            .collect();
         let stamp = self.clock.stamp(now);
+        self.detector.update_own_row(now, stamp, &self.view);
+        let Some(settings) = self.detector.resolver_settings().cloned() else {
+            return;
+        };
         let Some(d) = self.downing.as_mut() else {
             return;
         };
-        d.table.set_own(&self.me, self.incarnation, own, stamp);
-        d.table.retain(|a| {
-            lives
-                .get(a)
-                .copied()
-                .or((*a == self.me).then_some(self.incarnation))
-        });
         if d.release_at.is_some_and(|t| t <= now) {
             d.release_at = None;
             let lease = d.lease.clone();
@@ -252,8 +127,9 @@ impl AgentState {
             let window = self.s.unreachable_after;
             let forget = self.s.member_lease.heartbeat_timeout * FORGET_AFTER_TTLS;
             let downed_at = d.downed_at;
+            let detector = &self.detector;
             let silent_too_long = |p: &NodeAddr| {
-                let last = d.heard.get(p).copied().unwrap_or(downed_at).max(downed_at);
+                let last = detector.last_heard(p).unwrap_or(downed_at).max(downed_at);
                 now.saturating_duration_since(last) >= forget
             };
             let must: BTreeSet<&NodeAddr> = self
@@ -265,10 +141,9 @@ impl AgentState {
                         .filter(|p| self.view.get(p).is_some() || !silent_too_long(p)),
                 )
                 .collect();
-            let ready = now.saturating_duration_since(d.downed_at)
-                >= d.resolver.settings().stable_after
-                && must.iter().all(|p| d.mutual(p, now, window));
-            if ready && d.resolver.settings().when_down == WhenDown::Rejoin {
+            let ready = now.saturating_duration_since(d.downed_at) >= settings.stable_after
+                && must.iter().all(|p| detector.mutual(p, now, window));
+            if ready && settings.when_down == WhenDown::Rejoin {
                 let why = d.downed.take().unwrap_or_default();
                 tracing::info!(node = %self.me, downed_for = %why, "every member hears this node and is heard again: rejoining as a new member");
                 crate::history::sbr_rejoining();
@@ -276,20 +151,18 @@ impl AgentState {
             }
             return;
         }
-        if self.view.me().status != MemberStatus::Up {
-            return;
-        }
-        let partition = Partition::new(members, d.table.records());
-        if let Step::Decide(decision) = d.resolver.step(&self.me, &partition, now) {
+        if let Some(decision) = self.detector.decide(now, &self.view) {
             self.act(myself, decision);
         }
     }
 
     fn act(&mut self, myself: &ActorRef<AgentMsg>, decision: Decision) {
+        let Some(strategy) = self.detector.resolver_settings().map(|s| s.strategy.name()) else {
+            return;
+        };
         let Some(d) = self.downing.as_mut() else {
             return;
         };
-        let strategy = d.resolver.settings().strategy.name();
         match decision {
             Decision::Survive { down } => self.down_others(strategy, &down),
             Decision::DownSelf { why } => self.down_self(myself, &why),
@@ -349,8 +222,8 @@ impl AgentState {
             return;
         };
         debug_assert_eq!(current, attempt);
-        let release_after = match d.resolver.settings().strategy {
-            Strategy::LeaseMajority { release_after, .. } => release_after,
+        let release_after = match self.detector.resolver_settings().map(|s| &s.strategy) {
+            Some(Strategy::LeaseMajority { release_after, .. }) => *release_after,
             _ => Duration::ZERO,
         };
         match won {
@@ -398,8 +271,11 @@ impl AgentState {
         d.downed_at = Instant::now();
         d.down_peers = self.view.peers().cloned().collect();
         d.attempt = None;
-        let when_down = d.resolver.settings().when_down;
-        crate::metrics::downing("down_self", d.resolver.settings().strategy.name());
+        let Some(settings) = self.detector.resolver_settings() else {
+            return;
+        };
+        let when_down = settings.when_down;
+        crate::metrics::downing("down_self", settings.strategy.name());
         tracing::warn!(node = %self.me, why, "split brain resolver: downing this node");
         crate::history::sbr_down_self(why);
         self.end_membership(myself);

@@ -45,18 +45,11 @@ impl AgentState {
         crate::metrics::event(kind);
         if let Some(m) = member {
             if m.addr != self.me {
-                match event {
-                    ClusterEvent::MemberJoined(_) | ClusterEvent::MemberUp(_) => {
-                        self.reach.watch(&m.addr, now)
-                    }
-                    ClusterEvent::MemberRemoved(_) => {
-                        self.reach.forget(&m.addr);
-                        self.monitor.forget(&m.addr);
-                        if m.status == crate::member::MemberStatus::Down {
-                            self.close_stale_sessions(&m.addr, "its member lease lapsed");
-                        }
-                    }
-                    _ => {}
+                self.detector.on_event(event, now);
+                if matches!(event, ClusterEvent::MemberRemoved(_))
+                    && m.status == crate::member::MemberStatus::Down
+                {
+                    self.close_stale_sessions(&m.addr, "its member lease lapsed");
                 }
             }
             // Members come, go and crash in the normal life of a cluster: info, not warn.

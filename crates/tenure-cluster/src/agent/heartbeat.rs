@@ -159,89 +159,34 @@ impl Datagrams {
 
 impl AgentState {
     /// Every `heartbeat-interval`: heartbeats out to the watched peers, reachability,
-    /// probes, dials.
+    /// probes ([`crate::detector::Detector::tick`]), stale sessions, dials.
     pub(super) fn tick(&mut self, myself: &ActorRef<AgentMsg>) {
         let now = Instant::now();
-        let watched = self.watch_set();
-        for peer in watched.difference(&self.monitor.watched) {
-            self.reach.rewatch(peer, now);
-        }
-        self.monitor.watched = watched.clone();
         let seq = self.clock.stamp(now);
-        let age = if self.view.me().status == crate::member::MemberStatus::Up {
-            self.view.me().age
-        } else {
-            0
-        };
-        if let Some(d) = self.downing.as_ref() {
-            self.monitor.spread.next_round(d.table());
-        }
-        let digest = self.downing.as_ref().map_or(0, |d| d.table().digest());
-        let window = self.s.unreachable_after / 2;
-        for peer in &watched {
-            let Some(incarnation) = self.mesh.peers.get(peer).map(|p| p.incarnation) else {
-                continue;
-            };
-            let hb = Heartbeat {
-                node: self.me.clone(),
-                incarnation: self.incarnation,
-                seq,
-                age,
-                reach: match self.downing.as_ref() {
-                    Some(d) => self.monitor.spread.rows_for(d.table(), peer),
-                    None => Vec::new(),
-                },
-                digest,
-                want_table: self.monitor.take_want_table(peer),
-                hears_you: self
-                    .downing
-                    .as_ref()
-                    .is_some_and(|d| d.hears(peer, now, self.s.unreachable_after)),
-                your_datagrams_arrive: self.monitor.datagrams_arrive(peer, now, window),
-            };
-            self.send_datagram(myself, peer, incarnation, &hb, now);
-            let keepalive = self.s.unreachable_after;
-            if self.monitor.session_copy_due(peer, now, window, keepalive)
-                && let Some(p) = self.mesh.peers.get(peer)
+        let peers = self.peer_lives();
+        let downed = self.downing.as_ref().is_some_and(|d| d.is_downed());
+        let out = self
+            .detector
+            .tick(now, seq, &mut self.view, &peers, downed, &mut self.rng);
+        for o in &out.heartbeats {
+            self.send_datagram(myself, &o.to, o.incarnation, &o.heartbeat, now);
+            if o.session_copy
+                && let Some(p) = self.mesh.peers.get(&o.to)
             {
-                let _ = p.agent.cast(AgentMsg::Heartbeat(hb));
+                let _ = p.agent.cast(AgentMsg::Heartbeat(o.heartbeat.clone()));
             }
         }
-        let members: Vec<NodeAddr> = self
-            .reach
-            .states(now, self.s.unreachable_after)
-            .into_iter()
-            .map(|(addr, _)| addr)
-            .collect();
-        for addr in members {
-            let silence = self.reach.silence(&addr, now).unwrap_or_default();
-            if !watched.contains(&addr) {
-                let reachable = self.reachable_by_others(&addr);
-                let events = self.view.set_reachable(&addr, reachable);
-                self.emit(events);
-                continue;
-            }
-            let timeout = self.s.unreachable_after;
-            if self.s.indirect_probes > 0
-                && crate::reachability::probe_due(
-                    silence,
-                    self.monitor.last_probe(&addr, now),
-                    timeout,
-                )
-            {
-                self.probe(&addr, now);
-            }
-            let vouched = self.monitor.vouched(&addr, now);
-            let reachable = crate::reachability::judge(silence, vouched, timeout);
-            let events = self.view.set_reachable(&addr, reachable);
-            self.emit(events);
-            // ractor_cluster never times a session out: a session silent this long is
-            // probably half-open (peer host gone, partition). Close it so that a redial (or
-            // the peer's next life) gets a fresh one instead of losing an election to it.
-            if silence > timeout * 3 {
-                self.close_stale_sessions(&addr, "silent for 3 x unreachable-after");
-            }
+        for (helper, probe) in out.probes {
+            self.pass_probe(&helper, probe);
         }
+        self.emit(out.events);
+        // ractor_cluster never times a session out: a session silent this long is
+        // probably half-open (peer host gone, partition). Close it so that a redial (or
+        // the peer's next life) gets a fresh one instead of losing an election to it.
+        for addr in out.silent {
+            self.close_stale_sessions(&addr, "silent for 3 x unreachable-after");
+        }
+        let watched = &self.detector.monitor.watched;
         // A session that carries no heartbeat while the peer's datagrams arrive is stuck
         // (behind a frame that never finishes, or in a middlebox): the peer is reachable,
         // yet nothing sent on it arrives (a watched peer sends one on it at least every
@@ -254,6 +199,7 @@ impl AgentState {
                 watched.contains(*addr)
                     && now.duration_since(p.session_heard) > self.s.unreachable_after * 3
                     && self
+                        .detector
                         .reach
                         .silence(addr, now)
                         .is_some_and(|d| d < self.s.unreachable_after)
@@ -409,30 +355,16 @@ impl AgentState {
             }
         };
         self.tell_if_downed(&hb.node, hb.incarnation, hb.age);
-        self.monitor.heard(
-            &hb.node,
+        let clocks = &self.datagrams.clocks;
+        let events = self.detector.on_heartbeat(
+            hb,
+            seq,
             via == Via::Datagram,
-            hb.your_datagrams_arrive,
             now,
+            &mut self.view,
+            |observer, incarnation| clocks.ceiling(observer, incarnation, now),
         );
-        if let Some(d) = self.downing.as_mut() {
-            d.heard(&hb.node, hb.hears_you, now);
-        }
-        self.merge_rows(&hb.node, seq, hb.reach);
-        if hb.want_table {
-            self.monitor.spread.owe_full(&hb.node);
-        }
-        if let Some(d) = self.downing.as_ref() {
-            let ours = d.table().digest();
-            self.monitor.compare(&hb.node, hb.digest, ours, now);
-        }
-        self.reach.heard(&hb.node, now);
-        if self.monitor.watched.contains(&hb.node)
-            && self.view.get(&hb.node).is_some_and(|m| !m.reachable)
-        {
-            let events = self.view.set_reachable(&hb.node, true);
-            self.emit(events);
-        }
+        self.emit(events);
     }
 
     /// Tells (once, until they come again) when a peer's heartbeats keep coming on the

@@ -27,7 +27,7 @@ impl AgentState {
                         .filter(|s| s.authenticated && s.peer.as_ref() == Some(&m.addr))
                         .count() as u32,
                     silence_ms: (!me)
-                        .then(|| self.reach.silence(&m.addr, now))
+                        .then(|| self.detector.reach.silence(&m.addr, now))
                         .flatten()
                         .map(|d| d.as_millis() as u64),
                     link_cut: cut.contains(&m.addr),

@@ -237,6 +237,7 @@ impl AgentState {
                 if let Some(d) = self.downing.as_mut() {
                     d.membership_ended();
                 }
+                self.detector.membership_ended(Instant::now());
                 let downed = self.downing.as_ref().is_some_and(|d| d.is_downed());
                 if !self.leaving && !downed {
                     // Rejoin as a new (youngest) membership: new ticket, new lease actor.
@@ -281,9 +282,7 @@ impl AgentState {
                     let age = self.member_lease.ticket.unwrap_or_default();
                     tracing::info!(node = %self.me, token = token.get(), age, "placement agrees with every member: up");
                     let events = self.view.self_granted(age);
-                    if let Some(d) = self.downing.as_mut() {
-                        d.membership_up(Instant::now());
-                    }
+                    self.detector.membership_up(Instant::now());
                     self.emit(events);
                 }
             },
@@ -351,7 +350,7 @@ impl AgentState {
 
     /// A peer says it is leaving.
     pub(super) fn on_peer_leaving(&mut self, l: Leaving, reply: RpcReplyPort<LeavingAck>) {
-        self.reach.heard(&l.node, Instant::now());
+        self.detector.heard(&l.node, Instant::now());
         let events = self.view.leaving(&l.node, l.incarnation);
         self.emit(events);
         let _ = reply.send(LeavingAck {});

@@ -305,8 +305,7 @@ impl AgentState {
                 session_heard: now,
             },
         );
-        // A new session or life may have missed any delta of the reachability table.
-        self.monitor.spread.owe_full(&h.node);
+        self.detector.on_hello(&h.node, now);
         if fresh {
             tracing::info!(peer = %h.node, incarnation = %h.incarnation, "peer connected");
             if let Some(d) = self.mesh.dials.get_mut(&h.node) {
@@ -315,7 +314,6 @@ impl AgentState {
         }
         let events = self.view.hello(&h.node, h.incarnation, &h.roles);
         self.emit(events);
-        self.reach.heard(&h.node, now);
         if h.want_reply {
             let hello = self.hello(&h.node);
             if let Some(p) = self.mesh.peers.get(&h.node) {

@@ -38,7 +38,7 @@ mod membership;
 mod mesh;
 mod monitor;
 mod operator;
-mod resolver_lease;
+pub(crate) mod resolver_lease;
 
 pub(crate) use membership::{LeaveAnswer, RELEASE_SLACK, Refusal};
 
@@ -84,12 +84,13 @@ pub(crate) struct AgentState {
     clock: crate::clocks::NodeClock,
     /// This node's view of the members.
     view: Membership,
-    /// When each member was last heard.
-    reach: crate::reachability::Reachability,
     /// The heartbeat datagrams ([`heartbeat`]).
     datagrams: heartbeat::Datagrams,
-    /// The ring of monitors, the rows to spread and the probes ([`monitor`]).
-    monitor: monitor::Monitor,
+    /// Failure detection and the resolver's input ([`crate::detector`]): the ring of
+    /// monitors, heartbeats, probes, the reachability table and the resolver's step.
+    detector: crate::detector::Detector,
+    /// Picks the helpers of indirect probes.
+    rng: fastrand::Rng,
     /// Sessions, peers and dials ([`mesh`]).
     mesh: mesh::Mesh,
     /// The member lease of the current membership ([`membership`]).
@@ -161,9 +162,20 @@ impl Actor for Agent {
             scope,
             store: a.store,
             lease_observer: a.lease_observer,
-            reach: Default::default(),
             datagrams,
-            monitor: monitor::Monitor::new(a.settings.reachability_sync_interval),
+            detector: crate::detector::Detector::new(
+                a.settings.addr.clone(),
+                a.incarnation,
+                crate::detector::DetectorSettings {
+                    monitored_by: a.settings.monitored_by,
+                    indirect_probes: a.settings.indirect_probes,
+                    unreachable_after: a.settings.unreachable_after,
+                    sync_interval: a.settings.reachability_sync_interval,
+                },
+                a.settings.split_brain_resolver.clone(),
+                tokio::time::Instant::now(),
+            ),
+            rng: fastrand::Rng::new(),
             mesh,
             member_lease: membership::MemberLease {
                 ticketing: true,
@@ -173,8 +185,8 @@ impl Actor for Agent {
             downing: a
                 .settings
                 .split_brain_resolver
-                .clone()
-                .map(downing::Downing::new),
+                .is_some()
+                .then(downing::Downing::new),
             operator_downs: Default::default(),
             refused: a.refused,
             downed: a.downed,

@@ -1,391 +1,41 @@
-//! The ring of monitors in the agent: which peers this node heartbeats and watches
-//! ([`crate::ring`]), which reachability rows each heartbeat carries ([`Spread`]), when a
-//! heartbeat goes on the session too, and the indirect probes of a late peer.
-//!
-//! A node heartbeats and watches its neighbours on the ring, and also every peer that is
-//! not on the ring (a node that said hello but is not a member in this view, a node that
-//! downed itself and waits to rejoin): such a node watches every peer, since it must hear
-//! them all again. Whether a member it does not watch is reachable, a node takes from the
-//! reachability table: unreachable while some observer's row says so.
+//! The ring of monitors in the agent: the peer lives it has sessions with, which the
+//! failure detection machine ([`crate::detector`]) heartbeats and probes through, and the
+//! indirect probes' messages in and out.
 
-use std::collections::{BTreeSet, HashMap};
-use std::time::Duration;
+use std::collections::BTreeMap;
 
 use tokio::time::Instant;
 
 use super::AgentState;
 use crate::identity::{Incarnation, NodeAddr};
-use crate::member::{Member, MemberStatus};
-use crate::protocol::{AgentMsg, Probe, ProbeStep};
-use crate::sbr::Spread;
-
-/// The agent's monitoring state.
-pub(super) struct Monitor {
-    /// The peers watched at the last tick.
-    pub watched: BTreeSet<NodeAddr>,
-    pub spread: Spread,
-    /// At most how often a peer is asked for its whole table (`reachability-sync-interval`).
-    sync_interval: Duration,
-    /// Peers whose table differed from this node's: asked for it in the next heartbeat.
-    want_table: BTreeSet<NodeAddr>,
-    /// When each peer was last asked for its table.
-    asked_at: HashMap<NodeAddr, Instant>,
-    /// When a heartbeat datagram last came from each peer.
-    datagram_at: HashMap<NodeAddr, Instant>,
-    /// Whether each peer's last heartbeat said this node's datagrams reach it.
-    they_get_ours: HashMap<NodeAddr, bool>,
-    /// When a heartbeat last went to each peer on the session.
-    session_copy_at: HashMap<NodeAddr, Instant>,
-    /// Per late peer: its probe rounds (current and previous number) and when the current
-    /// went out.
-    probing: HashMap<NodeAddr, ProbeRound>,
-    /// When a probe of each peer last came back answered.
-    vouched: HashMap<NodeAddr, Instant>,
-    next_probe: u64,
-}
-
-struct ProbeRound {
-    id: u64,
-    previous: Option<u64>,
-    sent: Instant,
-}
-
-impl Monitor {
-    /// A peer is asked for its whole table at most once per `sync_interval`.
-    pub(super) fn new(sync_interval: Duration) -> Monitor {
-        Monitor {
-            watched: BTreeSet::new(),
-            spread: Spread::default(),
-            sync_interval,
-            want_table: BTreeSet::new(),
-            asked_at: HashMap::new(),
-            datagram_at: HashMap::new(),
-            they_get_ours: HashMap::new(),
-            session_copy_at: HashMap::new(),
-            probing: HashMap::new(),
-            vouched: HashMap::new(),
-            next_probe: 0,
-        }
-    }
-
-    /// A heartbeat from `peer` was applied at `now`; `via_datagram` says how it came, and
-    /// `they_get_ours` what it said of this node's datagrams.
-    pub(super) fn heard(
-        &mut self,
-        peer: &NodeAddr,
-        via_datagram: bool,
-        they_get_ours: bool,
-        now: Instant,
-    ) {
-        if via_datagram {
-            self.datagram_at.insert(peer.clone(), now);
-        }
-        self.they_get_ours.insert(peer.clone(), they_get_ours);
-        self.probing.remove(peer);
-        self.vouched.remove(peer);
-    }
-
-    /// `peer`'s heartbeat said its table's digest is `theirs`, and this node's (with its
-    /// rows merged) is `ours`: when they differ, ask it for the whole table, unless it was
-    /// asked within the sync interval.
-    pub(super) fn compare(&mut self, peer: &NodeAddr, theirs: u64, ours: u64, now: Instant) {
-        let recently = self
-            .asked_at
-            .get(peer)
-            .is_some_and(|t| now.saturating_duration_since(*t) < self.sync_interval);
-        if theirs != ours && !recently {
-            self.asked_at.insert(peer.clone(), now);
-            self.want_table.insert(peer.clone());
-        }
-    }
-
-    /// Whether this tick's heartbeat to `peer` asks for its whole table (once per ask).
-    pub(super) fn take_want_table(&mut self, peer: &NodeAddr) -> bool {
-        self.want_table.remove(peer)
-    }
-
-    /// Whether `peer`'s heartbeat datagrams arrived within `window` before `now`.
-    pub(super) fn datagrams_arrive(&self, peer: &NodeAddr, now: Instant, window: Duration) -> bool {
-        self.datagram_at
-            .get(peer)
-            .is_some_and(|t| now.saturating_duration_since(*t) < window)
-    }
-
-    /// Whether this tick's heartbeat to `peer` goes on the session too: unless datagrams
-    /// get through both ways (seen within `window`), and at least once every
-    /// `keepalive` (a session that carries nothing while datagrams flow is told from a
-    /// stuck one by these).
-    pub(super) fn session_copy_due(
-        &mut self,
-        peer: &NodeAddr,
-        now: Instant,
-        window: Duration,
-        keepalive: Duration,
-    ) -> bool {
-        let both_ways = self.datagrams_arrive(peer, now, window)
-            && self.they_get_ours.get(peer).copied().unwrap_or(false);
-        let quiet = self
-            .session_copy_at
-            .get(peer)
-            .is_none_or(|t| now.saturating_duration_since(*t) >= keepalive);
-        let due = !both_ways || quiet;
-        if due {
-            self.session_copy_at.insert(peer.clone(), now);
-        }
-        due
-    }
-
-    /// How long ago a probe of `peer` last came back answered.
-    pub(super) fn vouched(&self, peer: &NodeAddr, now: Instant) -> Option<Duration> {
-        self.vouched
-            .get(peer)
-            .map(|t| now.saturating_duration_since(*t))
-    }
-
-    /// How long ago the current probe round of `peer` went out.
-    pub(super) fn last_probe(&self, peer: &NodeAddr, now: Instant) -> Option<Duration> {
-        self.probing
-            .get(peer)
-            .map(|r| now.saturating_duration_since(r.sent))
-    }
-
-    /// Starts a probe round of `peer`: its number.
-    fn start_probe(&mut self, peer: &NodeAddr, now: Instant) -> u64 {
-        self.next_probe += 1;
-        let previous = self.probing.get(peer).map(|r| r.id);
-        self.probing.insert(
-            peer.clone(),
-            ProbeRound {
-                id: self.next_probe,
-                previous,
-                sent: now,
-            },
-        );
-        self.next_probe
-    }
-
-    /// Forgets a peer that is not a member any more.
-    pub(super) fn forget(&mut self, peer: &NodeAddr) {
-        self.datagram_at.remove(peer);
-        self.they_get_ours.remove(peer);
-        self.session_copy_at.remove(peer);
-        self.probing.remove(peer);
-        self.vouched.remove(peer);
-        self.want_table.remove(peer);
-        self.asked_at.remove(peer);
-    }
-}
-
-/// Members that sit on the ring: those joining, up or leaving.
-fn on_ring(m: &Member) -> bool {
-    matches!(
-        m.status,
-        MemberStatus::Joining | MemberStatus::Up | MemberStatus::Leaving
-    )
-}
+use crate::protocol::{AgentMsg, Probe};
 
 impl AgentState {
-    /// The peers this node heartbeats and watches now (see the module's doc).
-    pub(super) fn watch_set(&self) -> BTreeSet<NodeAddr> {
-        let ring = self.ring_members();
-        let me_on_ring =
-            on_ring(self.view.me()) && !self.downing.as_ref().is_some_and(|d| d.is_downed());
-        let mut out = if me_on_ring {
-            crate::ring::neighbours(
-                (&self.me, self.incarnation),
-                ring.iter().cloned(),
-                self.s.monitored_by,
-            )
-        } else {
-            self.view.peers().cloned().collect()
-        };
-        out.extend(
-            self.mesh
-                .peers
-                .keys()
-                .filter(|p| !ring.iter().any(|(a, _)| a == *p))
-                .cloned(),
-        );
-        out.remove(&self.me);
-        out
-    }
-
-    /// Whether a member this node does not watch is reachable, as the observers that watch
-    /// it say: unreachable while one of their rows lists it.
-    pub(super) fn reachable_by_others(&self, addr: &NodeAddr) -> bool {
-        self.downing.as_ref().is_none_or(|d| {
-            !d.records()
-                .any(|(observer, subject)| subject == addr && *observer != self.me)
-        })
-    }
-
-    /// Sends a probe round for `target` to up to `indirect-probes` helpers: members this
-    /// node hears, those that watch the target first.
-    pub(super) fn probe(&mut self, target: &NodeAddr, now: Instant) {
-        let Some(incarnation) = self.view.get(target).map(|m| m.incarnation) else {
-            return;
-        };
-        let ring = self.ring_members();
-        let its_watchers = crate::ring::neighbours(
-            (target, incarnation),
-            ring.iter().cloned(),
-            self.s.monitored_by,
-        );
-        let mut candidates: Vec<&NodeAddr> = self
-            .mesh
+    /// The peer lives this node has sessions with.
+    pub(super) fn peer_lives(&self) -> BTreeMap<NodeAddr, Incarnation> {
+        self.mesh
             .peers
-            .keys()
-            .filter(|p| *p != target && self.view.get(p).is_some_and(|m| on_ring(m) && m.reachable))
-            .collect();
-        fastrand::shuffle(&mut candidates);
-        candidates.sort_by_key(|p| !its_watchers.contains(*p));
-        let helpers: Vec<NodeAddr> = candidates
-            .into_iter()
-            .take(self.s.indirect_probes)
-            .cloned()
-            .collect();
-        let id = self.monitor.start_probe(target, now);
-        if helpers.is_empty() {
-            return;
-        }
-        tracing::debug!(peer = %target, ?helpers, "heartbeats late: probing through other members");
-        for helper in helpers {
-            if let Some(p) = self.mesh.peers.get(&helper) {
-                let _ = p.agent.cast(AgentMsg::Probe(Probe {
-                    id,
-                    origin: self.me.clone(),
-                    target: target.clone(),
-                    incarnation,
-                    step: ProbeStep::Request,
-                }));
-            }
-        }
+            .iter()
+            .map(|(addr, p)| (addr.clone(), p.incarnation))
+            .collect()
     }
 
-    /// One step of an indirect probe: as helper (pass the request to the target, its answer
-    /// to the origin), as target (answer), or as origin (the target is alive).
+    /// One step of an indirect probe ([`crate::detector::Detector::on_probe`]), passed on
+    /// where the machine says.
     pub(super) fn on_probe(&mut self, probe: Probe) {
-        match probe.step.clone() {
-            ProbeStep::Request => {
-                let live = self
-                    .mesh
-                    .peers
-                    .get(&probe.target)
-                    .is_some_and(|p| p.incarnation == probe.incarnation);
-                if live {
-                    let to = probe.target.clone();
-                    let helper = self.me.clone();
-                    let step = ProbeStep::Ping { helper };
-                    self.pass_probe(&to, Probe { step, ..probe });
-                }
-            }
-            ProbeStep::Ping { helper } => {
-                if probe.target == self.me && probe.incarnation == self.incarnation {
-                    let to = helper.clone();
-                    let step = ProbeStep::Ack { helper };
-                    self.pass_probe(&to, Probe { step, ..probe });
-                }
-            }
-            ProbeStep::Ack { helper } => {
-                if probe.origin == self.me {
-                    let ours = self
-                        .monitor
-                        .probing
-                        .get(&probe.target)
-                        .is_some_and(|r| r.id == probe.id || r.previous == Some(probe.id));
-                    let same_life = self
-                        .view
-                        .get(&probe.target)
-                        .is_some_and(|m| m.incarnation == probe.incarnation);
-                    if ours && same_life {
-                        tracing::debug!(peer = %probe.target, %helper, "a late peer answered a probe through another member");
-                        self.monitor
-                            .vouched
-                            .insert(probe.target.clone(), Instant::now());
-                    }
-                } else if helper == self.me {
-                    let to = probe.origin.clone();
-                    self.pass_probe(&to, probe);
-                }
-            }
+        let peers = self.peer_lives();
+        if let Some((to, probe)) = self
+            .detector
+            .on_probe(probe, Instant::now(), &self.view, &peers)
+        {
+            self.pass_probe(&to, probe);
         }
     }
 
     /// Casts `probe` to `to`'s agent, if it is a peer.
-    fn pass_probe(&self, to: &NodeAddr, probe: Probe) {
+    pub(super) fn pass_probe(&self, to: &NodeAddr, probe: Probe) {
         if let Some(peer) = self.mesh.peers.get(to) {
             let _ = peer.agent.cast(AgentMsg::Probe(probe));
         }
-    }
-
-    /// The members on the ring in this node's view, with their lives.
-    fn ring_members(&self) -> Vec<(NodeAddr, Incarnation)> {
-        self.view
-            .members()
-            .into_iter()
-            .filter(on_ring)
-            .map(|m| (m.addr, m.incarnation))
-            .collect()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn peer() -> NodeAddr {
-        NodeAddr::parse("t", "127.0.0.1:9").unwrap()
-    }
-
-    const WINDOW: Duration = Duration::from_millis(1500);
-    const KEEPALIVE: Duration = Duration::from_secs(3);
-
-    #[test]
-    fn the_session_copy_goes_only_while_datagrams_do_not_get_through_both_ways() {
-        let mut m = Monitor::new(Duration::from_secs(5));
-        let p = peer();
-        let t0 = Instant::now();
-        assert!(
-            m.session_copy_due(&p, t0, WINDOW, KEEPALIVE),
-            "nothing heard yet"
-        );
-        m.heard(&p, true, false, t0);
-        let t1 = t0 + Duration::from_millis(500);
-        assert!(
-            m.session_copy_due(&p, t1, WINDOW, KEEPALIVE),
-            "its datagrams arrive, ours do not reach it"
-        );
-        m.heard(&p, true, true, t1);
-        let t2 = t1 + Duration::from_millis(500);
-        assert!(!m.session_copy_due(&p, t2, WINDOW, KEEPALIVE), "both ways");
-        let t3 = t1 + KEEPALIVE;
-        m.heard(&p, true, true, t3);
-        assert!(
-            m.session_copy_due(&p, t3, WINDOW, KEEPALIVE),
-            "one keep-alive copy per keepalive, which tells a stuck session"
-        );
-        m.heard(&p, false, true, t3 + Duration::from_millis(500));
-        let t4 = t3 + WINDOW + Duration::from_millis(10);
-        assert!(
-            m.session_copy_due(&p, t4, WINDOW, KEEPALIVE),
-            "its datagrams stopped arriving"
-        );
-    }
-
-    #[test]
-    fn a_differing_table_is_asked_for_at_most_once_per_sync_interval() {
-        let sync = Duration::from_secs(5);
-        let mut m = Monitor::new(sync);
-        let p = peer();
-        let t0 = Instant::now();
-        m.compare(&p, 1, 1, t0);
-        assert!(!m.take_want_table(&p), "same digest");
-        m.compare(&p, 1, 2, t0);
-        assert!(m.take_want_table(&p));
-        assert!(!m.take_want_table(&p), "asked once");
-        m.compare(&p, 1, 2, t0 + sync / 2);
-        assert!(!m.take_want_table(&p), "asked within the interval");
-        m.compare(&p, 1, 2, t0 + sync);
-        assert!(m.take_want_table(&p));
     }
 }

@@ -25,15 +25,15 @@ const TRIES: u32 = 3;
 /// One read of the resolver lease's record (`None`: nobody holds it), with the instants
 /// the read was sent and answered.
 #[derive(Debug, Clone)]
-struct Look {
-    record: Option<LeaseRecord>,
-    sent: Instant,
-    answered: Instant,
+pub(crate) struct Look {
+    pub(crate) record: Option<LeaseRecord>,
+    pub(crate) sent: Instant,
+    pub(crate) answered: Instant,
 }
 
 /// What the looks so far tell a side.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Verdict {
+pub(crate) enum Verdict {
     /// A member of the side holds it: the side survives.
     Ours,
     /// A running node outside the side holds it: the side goes.
@@ -54,17 +54,17 @@ struct Outsider {
 /// Judges one attempt's looks at the resolver lease. Pure: the instants come with the
 /// looks.
 #[derive(Debug)]
-struct Judge<'a> {
+pub(crate) struct Judge {
     /// The members of this side (their addresses, the lease's owners).
-    side: &'a [String],
+    side: Vec<String>,
     /// How long past its expiry a store may still show a grant that lapsed (its clock's
     /// granularity; the lease's retry interval).
     slack: Duration,
     outsider: Option<Outsider>,
 }
 
-impl<'a> Judge<'a> {
-    fn new(side: &'a [String], slack: Duration) -> Judge<'a> {
+impl Judge {
+    pub(crate) fn new(side: Vec<String>, slack: Duration) -> Judge {
         Judge {
             side,
             slack,
@@ -72,7 +72,7 @@ impl<'a> Judge<'a> {
         }
     }
 
-    fn judge(&mut self, look: &Look) -> Verdict {
+    pub(crate) fn judge(&mut self, look: &Look) -> Verdict {
         let Some(record) = &look.record else {
             return Verdict::Undecided;
         };
@@ -144,7 +144,7 @@ pub(super) async fn acquire(
         return Err("no resolver lease".into());
     };
     let every = spec.settings.lease_retry_interval;
-    let mut judge = Judge::new(side, every);
+    let mut judge = Judge::new(side.to_vec(), every);
     let mut failures = 0;
     loop {
         let seen = match lease.acquire().await {
@@ -180,7 +180,7 @@ pub(super) async fn acquire(
 pub(super) async fn watch(spec: LeaseSpec, side: &[String]) -> Result<bool, String> {
     let every = spec.settings.lease_retry_interval;
     let give_up_after = spec.settings.heartbeat_timeout * 2;
-    let mut judge = Judge::new(side, every);
+    let mut judge = Judge::new(side.to_vec(), every);
     let mut failures = 0;
     let mut free_since = Instant::now();
     loop {
@@ -357,7 +357,7 @@ mod tests {
         let t0 = Instant::now();
         let at = |ms: u64| t0 + Duration::from_millis(ms);
         let frozen = record("127.0.0.1:1", 7, Duration::from_secs(2));
-        let mut judge = Judge::new(&side, slack);
+        let mut judge = Judge::new(side.clone(), slack);
         // First seen answered at 100 ms: it lapses by 2.1 s unless renewed.
         assert_eq!(
             judge.judge(&look(Some(&frozen), at(0), at(100))),
@@ -375,7 +375,7 @@ mod tests {
             judge.judge(&look(Some(&frozen), at(2_601), at(2_650))),
             Verdict::Theirs
         );
-        let mut judge = Judge::new(&side, slack);
+        let mut judge = Judge::new(side.clone(), slack);
         judge.judge(&look(Some(&frozen), at(0), at(100)));
         let retaken = record("127.0.0.1:1", 8, Duration::from_secs(3));
         assert_eq!(
@@ -384,7 +384,7 @@ mod tests {
         );
         let ours = record("127.0.0.1:3", 9, Duration::from_secs(3));
         assert_eq!(
-            Judge::new(&side, slack).judge(&look(Some(&ours), at(0), at(1))),
+            Judge::new(side.clone(), slack).judge(&look(Some(&ours), at(0), at(1))),
             Verdict::Ours
         );
     }

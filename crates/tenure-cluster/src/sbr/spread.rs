@@ -26,29 +26,55 @@ pub const REPEAT: u64 = 3;
 #[derive(Debug, Clone, Default)]
 pub struct Spread {
     round: u64,
+    /// The generation of the table at the last round ([`ReachTable::generation`]): an
+    /// unchanged table has no row to note.
+    generation: Option<u64>,
     /// Each observer's row as last seen here (life, version) and the round it changed in.
     seen: BTreeMap<NodeAddr, (Incarnation, u64, u64)>,
     /// Peers owed the whole table in their next heartbeat.
     owed: BTreeSet<NodeAddr>,
+    /// The observers whose rows changed lately, with the round they changed in.
+    recent: BTreeMap<NodeAddr, u64>,
 }
 
 impl Spread {
     /// Starts the next round: notes which rows of `table` changed since the last one.
     pub fn next_round(&mut self, table: &ReachTable) {
         self.round += 1;
+        if self.generation == Some(table.generation()) {
+            return;
+        }
+        self.generation = Some(table.generation());
         let round = self.round;
         let rows = table.rows_by_observer();
         self.seen.retain(|o, _| rows.contains_key(o));
         for (observer, row) in rows {
             match self.seen.get_mut(observer) {
                 Some((inc, version, _)) if *inc == row.incarnation && *version == row.version => {}
-                Some(seen) => *seen = (row.incarnation, row.version, round),
+                Some(seen) => {
+                    *seen = (row.incarnation, row.version, round);
+                    self.recent.insert(observer.clone(), round);
+                }
                 None => {
                     self.seen
                         .insert(observer.clone(), (row.incarnation, row.version, round));
+                    self.recent.insert(observer.clone(), round);
                 }
             }
         }
+        let since = self.since();
+        self.recent.retain(|_, at| *at >= since);
+    }
+
+    /// The first round whose changes still travel.
+    fn since(&self) -> u64 {
+        self.round.saturating_sub(REPEAT - 1)
+    }
+
+    /// Whether some row changed in the last [`REPEAT`] rounds.
+    pub fn has_changes(&self) -> bool {
+        let since = self.since();
+        self.recent.values().any(|at| *at >= since)
     }
 
     /// `peer` gets the whole table in its next heartbeat (it asked, or said hello: a new
@@ -63,12 +89,12 @@ impl Spread {
         if self.owed.remove(peer) {
             return table.rows();
         }
-        let since = self.round.saturating_sub(REPEAT - 1);
-        table
-            .rows_by_observer()
+        let since = self.since();
+        let rows = table.rows_by_observer();
+        self.recent
             .iter()
-            .filter(|(o, _)| self.seen.get(*o).is_some_and(|(_, _, at)| *at >= since))
-            .map(|(_, row)| (*row).clone())
+            .filter(|(_, at)| **at >= since)
+            .filter_map(|(o, _)| rows.get(o).cloned())
             .collect()
     }
 }

@@ -34,6 +34,11 @@ pub struct ReachRow {
 #[derive(Debug, Clone, Default)]
 pub struct ReachTable {
     rows: BTreeMap<NodeAddr, ReachRow>,
+    /// Counts the changes of `rows` (see [`ReachTable::generation`]).
+    generation: u64,
+    /// The digest of `rows`, once asked for since their last change: every heartbeat in
+    /// and out carries or compares it, and a table seldom changes.
+    digest: std::sync::OnceLock<u64>,
 }
 
 /// What a receiver knows of an observer when it merges rows: its current life, and the
@@ -67,7 +72,7 @@ impl ReachTable {
         stamp: u64,
     ) -> bool {
         let unreachable: Vec<NodeAddr> = unreachable.into_iter().collect();
-        match self.rows.get_mut(me) {
+        let changed = match self.rows.get_mut(me) {
             Some(row) if row.incarnation == incarnation && row.unreachable == unreachable => false,
             Some(row) if row.incarnation == incarnation => {
                 row.version = stamp.max(row.version.saturating_add(1));
@@ -86,7 +91,21 @@ impl ReachTable {
                 );
                 true
             }
+        };
+        if changed {
+            self.changed();
         }
+        changed
+    }
+
+    fn changed(&mut self) {
+        self.generation += 1;
+        self.digest = std::sync::OnceLock::new();
+    }
+
+    /// A number that changes whenever the rows change (and only then).
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// Takes the rows of a heartbeat from `sender`, keeping for each observer the newest row
@@ -123,18 +142,24 @@ impl ReachTable {
                         && !impossible(known) => {}
                 _ => {
                     self.rows.insert(row.observer.clone(), row);
+                    self.changed();
                 }
             }
         }
         if self.rows.get(sender.node).is_some_and(impossible) {
             self.rows.remove(sender.node);
+            self.changed();
         }
         refused
     }
 
     /// Drops the rows of observers that are no longer members in that life.
     pub fn retain(&mut self, life: impl Fn(&NodeAddr) -> Option<Incarnation>) {
+        let before = self.rows.len();
         self.rows.retain(|o, row| life(o) == Some(row.incarnation));
+        if self.rows.len() != before {
+            self.changed();
+        }
     }
 
     /// Every row, to send with a heartbeat.
@@ -145,13 +170,15 @@ impl ReachTable {
     /// A digest of which row of each observer this table holds (observer, life, version):
     /// two tables with the same digest hold the same rows, but for a hash collision.
     pub fn digest(&self) -> u64 {
-        let mut h = crate::ring::Fnv::default();
-        for row in self.rows.values() {
-            h.addr(&row.observer);
-            h.u64(row.incarnation.0);
-            h.u64(row.version);
-        }
-        h.finish()
+        *self.digest.get_or_init(|| {
+            let mut h = crate::ring::Fnv::default();
+            for row in self.rows.values() {
+                h.addr(&row.observer);
+                h.u64(row.incarnation.0);
+                h.u64(row.version);
+            }
+            h.finish()
+        })
     }
 
     /// Every row, by observer.

@@ -1,0 +1,75 @@
+//! The cluster layer simulated ([`tenure_cluster::sim`]): what failure detection costs per
+//! node at 50 and 1,000 nodes, how long a cluster takes to converge after its nodes join
+//! and after one is killed, and whether both sides of a 500/500 and a 700/300 partition
+//! decide alike under every strategy of the split brain resolver.
+//!
+//! `cargo bench -p tenure-cluster --bench sim` runs the full sizes (release, one thread,
+//! virtual time); `cargo test -p tenure-cluster --bench sim` a smoke run (20 and 60 nodes,
+//! partitions of 20). The seed is printed; `TENURE_SIM_SEED=<seed>` replays it.
+
+use std::time::{Duration, Instant};
+
+use tenure_cluster::sim::{self, STRATEGIES};
+use tenure_lease::conformance::bench::{size, smoke};
+
+fn main() {
+    let seed = sim::seed_from_env().unwrap_or_else(|| fastrand::u64(..));
+    println!("{}={seed}", sim::SEED_VAR);
+    let (small, large) = (size(50, 20), size(1_000, 60));
+    let idle = Duration::from_secs(size(30, 5) as u64);
+    let mut reports = Vec::new();
+    for n in [small, large] {
+        let wall = Instant::now();
+        let r = sim::scale_run(n, seed, idle);
+        println!(
+            "{n:>5} nodes: join converged {:?}; idle per node per s: {:.2} messages ({:.2} heartbeat datagrams), {:.2} rows, {:.2} store requests; {} false unreachables; kill: unreachable everywhere after {:?}, removed after {:?}; others intact: {} ({:.1} s wall)",
+            r.join_converged,
+            r.messages_per_node_per_sec,
+            r.heartbeats_per_node_per_sec,
+            r.rows_per_node_per_sec,
+            r.store_requests_per_node_per_sec,
+            r.false_unreachables,
+            r.kill_unreachable,
+            r.kill_removed,
+            r.others_intact,
+            wall.elapsed().as_secs_f64(),
+        );
+        assert!(
+            r.join_converged.is_some() && r.kill_removed.is_some() && r.others_intact,
+            "{r:?}"
+        );
+        reports.push(r);
+    }
+    let ratio = reports[1].messages_per_node_per_sec / reports[0].messages_per_node_per_sec;
+    println!(
+        "messages per node per second, {large} nodes / {small} nodes: {ratio:.3} (goal: at most 1.3)"
+    );
+    let n = size(1_000, 20);
+    for strategy in STRATEGIES {
+        for first in [n / 2, n * 7 / 10] {
+            let wall = Instant::now();
+            let r = sim::partition_run(n, first, strategy, seed);
+            let [a, b] = &r.sides;
+            println!(
+                "{strategy:?} {first}/{}: agreed {}; survivor side {:?}; side A {}+{} survived, {} down, {} undecided; side B {}+{} survived, {} down, {} undecided; every node decided after {:?} ({:.1} s wall)",
+                n - first,
+                r.agreed(),
+                r.survivor().map(|s| if s == 0 { "A" } else { "B" }),
+                a.survived,
+                a.survived_wrongly,
+                a.downed_self,
+                a.undecided,
+                b.survived,
+                b.survived_wrongly,
+                b.downed_self,
+                b.undecided,
+                r.decided_after,
+                wall.elapsed().as_secs_f64(),
+            );
+            assert!(r.agreed(), "{r:?}");
+        }
+    }
+    if smoke() {
+        println!("(smoke run: `cargo bench -p tenure-cluster --bench sim` for the full sizes)");
+    }
+}
