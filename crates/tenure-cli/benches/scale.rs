@@ -67,7 +67,13 @@ fn main() {
             // This same bench again, in a network namespace of its own with `lo` up.
             let exe = std::env::current_exe().expect("the bench's path");
             let status = Command::new("unshare")
-                .args(["--net", "--", "sh", "-c", "ip link set lo up && exec \"$0\" \"$@\""])
+                .args([
+                    "--net",
+                    "--",
+                    "sh",
+                    "-c",
+                    "ip link set lo up && exec \"$0\" \"$@\"",
+                ])
                 .arg(exe)
                 .args(std::env::args_os().skip(1))
                 .env(NETNS_VAR, "1")
@@ -80,7 +86,11 @@ fn main() {
     let sizes: Vec<usize> = match std::env::var("TENURE_BENCH_NODES") {
         Ok(list) => list
             .split(',')
-            .map(|n| n.trim().parse().expect("TENURE_BENCH_NODES: node counts, comma-separated"))
+            .map(|n| {
+                n.trim()
+                    .parse()
+                    .expect("TENURE_BENCH_NODES: node counts, comma-separated")
+            })
             .collect(),
         Err(_) if smoke() => vec![3],
         Err(_) => vec![3, 6, 12, 24, 48],
@@ -323,9 +333,11 @@ fn idle_cluster(n: usize, idle: Duration) -> Row {
         first.retain(|node, _| observers.contains(node));
         first
     };
-    c.wait_until("every other node marks the killed one down", limit(n), |c| {
-        about(&c.history(), "member_down").len() == observers.len()
-    });
+    c.wait_until(
+        "every other node marks the killed one down",
+        limit(n),
+        |c| about(&c.history(), "member_down").len() == observers.len(),
+    );
     let h = c.history();
     let down = about(&h, "member_down");
     let unreachable = about(&h, "unreachable");
@@ -363,10 +375,7 @@ fn sharded_cluster(n: usize, workers: usize) -> (f64, f64) {
         },
     );
     c.stop_all(Duration::from_secs(30));
-    (
-        secs(running_at - first),
-        secs(running_at - last).max(0.0),
-    )
+    (secs(running_at - first), secs(running_at - last).max(0.0))
 }
 
 /// Network counters, summed over the namespace.

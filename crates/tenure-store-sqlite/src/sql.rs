@@ -199,8 +199,8 @@ mod tests {
     #[test]
     fn a_listing_reads_a_range_of_the_name_index() {
         let dir = tempfile::tempdir().unwrap();
-        let store = SqliteStore::open(dir.path().join("plan.sqlite"), Duration::from_secs(1))
-            .unwrap();
+        let store =
+            SqliteStore::open(dir.path().join("plan.sqlite"), Duration::from_secs(1)).unwrap();
         drop(store);
         let conn = rusqlite::Connection::open(dir.path().join("plan.sqlite")).unwrap();
         let plan = |sql: &str, params: &[&dyn rusqlite::ToSql]| -> String {
@@ -225,10 +225,19 @@ mod tests {
     #[tokio::test]
     async fn a_listing_holds_exactly_the_names_with_the_prefix() {
         let dir = tempfile::tempdir().unwrap();
-        let store = SqliteStore::open(dir.path().join("list.sqlite"), Duration::from_secs(1))
-            .unwrap();
+        let store =
+            SqliteStore::open(dir.path().join("list.sqlite"), Duration::from_secs(1)).unwrap();
         let names = [
-            "m", "m.", "m/", "m/a", "m/a/b", "m/\u{10FFFF}", "m0", "m\u{10FFFF}", "n", "\u{10FFFF}",
+            "m",
+            "m.",
+            "m/",
+            "m/a",
+            "m/a/b",
+            "m/\u{10FFFF}",
+            "m0",
+            "m\u{10FFFF}",
+            "n",
+            "\u{10FFFF}",
             "\u{10FFFF}x",
         ];
         for name in names {
