@@ -1,7 +1,8 @@
 //! What a cluster costs as it grows: n = 3, 6, 12, 24, 48 `tenure node` processes on this
 //! host, sharing one SQLite lease file, at the reference timings (member-lease-ttl 10 s,
 //! renewed every 1 s, membership listed every 1 s, heartbeats every 500 ms, unreachable
-//! after 3 s). For each n it prints:
+//! after 3 s), with the harness's split brain resolver (stable-after 1.5 s, so a killed
+//! node is downed by the resolver before its member lease expires). For each n it prints:
 //! - the time from the first node's start (and from the last's) until every node has seen
 //!   every other node up (their `member_up` history lines);
 //! - over an idle window (TENURE_BENCH_IDLE_SECS, default 30: half the issue's "idle

@@ -92,7 +92,7 @@ impl Published {
         // and the grant's trace happens before what the caller does next.
         fence(Ordering::Acquire);
         let after = self.version.load(Ordering::Relaxed);
-        (before % 2 == 0 && before == after && self.frame.before(until))
+        (before.is_multiple_of(2) && before == after && self.frame.before(until))
             .then(|| FencingToken::new(token))
     }
 }
