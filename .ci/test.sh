@@ -107,7 +107,9 @@ package() {
 step "package" package
 # One build of every test (and bench) target, which the runs below reuse.
 step "build tests" cargo test --workspace --all-features --locked --no-run
-step "build benches" cargo test --workspace --all-features --locked --benches --no-run
+# `--bench '*'`: the bench targets alone (`--benches` also takes every library's unit
+# tests, which the test run below has run already).
+step "build benches" cargo test --workspace --all-features --locked --bench '*' --no-run
 # cargo-nextest (on the machines of this project's kind) runs each test in its own process,
 # two at a time, the multi-process suites' clusters one at a time (.config/nextest.toml);
 # without it, cargo test runs the same tests one binary at a time.
@@ -119,4 +121,4 @@ else
 fi
 # Benchmarks cannot rot: every bench binary runs once, small (criterion's test mode; the
 # others read `tenure_lease::conformance::bench::smoke`).
-step "bench smoke run" counted cargo test --workspace --all-features --locked --benches
+step "bench smoke run" counted cargo test --workspace --all-features --locked --bench '*'

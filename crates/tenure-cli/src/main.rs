@@ -131,6 +131,28 @@ enum ClusterCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Pin a shard to a node (external shard allocation): the coordinator moves it there
+    /// through the lossless hand-off, allocates it there from then on, and no rebalance
+    /// moves it away (while that node cannot take it, it runs elsewhere and comes back).
+    /// Asks a node's management endpoint with cluster.management.token. Exit 0 taken, 2
+    /// refused (the reason names the shard or node) or no answer.
+    PinShard {
+        /// A node's management endpoint, as host:port (its cluster.management.bind).
+        #[arg(long)]
+        node: String,
+        /// The entity type.
+        #[arg(long = "type", value_name = "TYPE")]
+        type_name: String,
+        /// The shard id (0 to number-of-shards - 1).
+        #[arg(long)]
+        shard: String,
+        /// The node (cluster address, host:port) to host the shard.
+        #[arg(long, required_unless_present = "unpin", conflicts_with = "unpin")]
+        to: Option<String>,
+        /// Remove the shard's pin: the allocation strategy places it again.
+        #[arg(long)]
+        unpin: bool,
+    },
     /// Print a node's leases: name, state (held, suspended, lost, released, not_granted),
     /// fencing token and for how long. Asks the node's management endpoint.
     Leases {
@@ -466,6 +488,16 @@ async fn run(cli: Cli) -> Result<Outcome, CliError> {
             type_name,
             json,
         }) => management_cmd::shards(&node, type_name.as_deref(), json).await,
+        Command::Cluster(ClusterCommand::PinShard {
+            node,
+            type_name,
+            shard,
+            to,
+            unpin: _,
+        }) => {
+            management_cmd::pin_shard(provider.config(), &node, &type_name, &shard, to.as_deref())
+                .await
+        }
         Command::Cluster(ClusterCommand::Leases { node, json }) => {
             management_cmd::leases(&node, json).await
         }

@@ -24,8 +24,14 @@ use crate::exit::{CliError, Outcome};
 /// How long a query waits for the endpoint (it waits up to 3 s for the shard map itself).
 const TIMEOUT: Duration = Duration::from_secs(10);
 
-/// `GET path` on the endpoint at `node`, decoded as JSON.
-async fn get_json<T: DeserializeOwned>(node: &str, path: &str) -> Result<T, CliError> {
+/// `method path` on the endpoint at `node` (with `bearer` as its `Authorization`), bounded
+/// by [`TIMEOUT`]: the answer's status and body. `Err` names the endpoint and what failed.
+async fn exchange(
+    node: &str,
+    method: hyper::Method,
+    path: &str,
+    bearer: Option<&str>,
+) -> Result<(StatusCode, hyper::body::Bytes), CliError> {
     let addr = NodeAddr::parse("--node", node)?;
     let fail = |detail: String| {
         CliError::Command(format!(
@@ -41,8 +47,14 @@ async fn get_json<T: DeserializeOwned>(node: &str, path: &str) -> Result<T, CliE
                 .await
                 .map_err(|e| fail(e.to_string()))?;
         tokio::spawn(connection);
-        let request = hyper::Request::get(path)
-            .header(hyper::header::HOST, addr.to_string())
+        let mut request = hyper::Request::builder()
+            .method(method)
+            .uri(path)
+            .header(hyper::header::HOST, addr.to_string());
+        if let Some(token) = bearer {
+            request = request.header(hyper::header::AUTHORIZATION, format!("Bearer {token}"));
+        }
+        let request = request
             .body(http_body_util::Empty::<hyper::body::Bytes>::new())
             .map_err(|e| fail(e.to_string()))?;
         let response = sender
@@ -58,16 +70,58 @@ async fn get_json<T: DeserializeOwned>(node: &str, path: &str) -> Result<T, CliE
             .to_bytes();
         Ok::<_, CliError>((status, body))
     };
-    let (status, body) = tokio::time::timeout(TIMEOUT, exchange)
+    tokio::time::timeout(TIMEOUT, exchange)
         .await
-        .map_err(|_| fail(format!("no answer within {TIMEOUT:?}")))??;
+        .map_err(|_| fail(format!("no answer within {TIMEOUT:?}")))?
+}
+
+/// `GET path` on the endpoint at `node`, decoded as JSON.
+async fn get_json<T: DeserializeOwned>(node: &str, path: &str) -> Result<T, CliError> {
+    let (status, body) = exchange(node, hyper::Method::GET, path, None).await?;
     if status != StatusCode::OK {
-        return Err(fail(format!(
-            "GET {path}: {status}: {}",
+        return Err(CliError::Command(format!(
+            "management endpoint {node}: GET {path}: {status}: {}",
             String::from_utf8_lossy(&body).trim()
         )));
     }
-    serde_json::from_slice(&body).map_err(|e| fail(format!("GET {path}: unexpected answer: {e}")))
+    serde_json::from_slice(&body).map_err(|e| {
+        CliError::Command(format!(
+            "management endpoint {node}: GET {path}: unexpected answer: {e}"
+        ))
+    })
+}
+
+/// `tenure cluster pin-shard --node ADDR --type T --shard S (--to NODE | --unpin)`: pins a
+/// shard to a node through the endpoint's token-guarded placement route (the token is
+/// `cluster.management.token` of the config). Exit 0 when taken (the move began, or it
+/// lives there already), 2 with the endpoint's reason otherwise.
+pub async fn pin_shard(
+    config: &tenure::TenureConfig,
+    node: &str,
+    type_name: &str,
+    shard: &str,
+    to: Option<&str>,
+) -> Result<Outcome, CliError> {
+    let settings = tenure_management::ManagementSettings::from_config(config)?;
+    let Some(token) = settings.token else {
+        return Err(CliError::Command(
+            "placing a shard needs cluster.management.token (the bearer token of the endpoint's operator routes) in the config".into(),
+        ));
+    };
+    let path = match to {
+        Some(to) => format!("/cluster/shards/{type_name}/{shard}/pin/{to}"),
+        None => format!("/cluster/shards/{type_name}/{shard}/unpin"),
+    };
+    let (status, body) = exchange(node, hyper::Method::POST, &path, Some(token.secret())).await?;
+    let answer = String::from_utf8_lossy(&body).trim().to_string();
+    if status.is_success() {
+        println!("{answer}");
+        Ok(Outcome::Success)
+    } else {
+        Err(CliError::Command(format!(
+            "management endpoint {node}: POST {path}: {status}: {answer}"
+        )))
+    }
 }
 
 fn print_json<T: serde::Serialize>(value: &T) -> Result<(), CliError> {

@@ -538,3 +538,156 @@ fn the_shard_map_cli_queries_live_page_and_operator_routes() {
     );
     c.stop_all(Duration::from_secs(10));
 }
+
+/// External shard allocation through the endpoint and the CLI: a shard pinned to another
+/// node moves there through the hand-off and stays there through the rebalances that
+/// follow; bad input is refused with a reason naming the shard or the node, and nothing
+/// moves; every move passes `tenure check`.
+#[test]
+fn pinning_a_shard_through_the_endpoint_and_the_cli_moves_it_and_keeps_it_there() {
+    let (mut c, endpoints) = cluster_with_endpoints(&format!("token = \"{TOKEN}\""));
+    let addrs: Vec<String> = c.nodes.iter().map(|n| n.addr.clone()).collect();
+    let expected: BTreeSet<String> = (0..8)
+        .map(|i| tenure::sharding::shard_of(&format!("key-{i}"), 100))
+        .collect();
+    let agreed_now = || {
+        eventually("the shard maps to agree", Duration::from_secs(90), || {
+            agreed(&shard_maps(&endpoints).ok_or("no answer")?, &expected)
+        })
+    };
+    // Balanced (at most one shard apart, where rebalancing stops), so that nothing moves
+    // while the refusals are checked.
+    let allocation = eventually(
+        "the shards balanced over the nodes",
+        Duration::from_secs(90),
+        || {
+            let now = agreed(&shard_maps(&endpoints).ok_or("no answer")?, &expected)?;
+            let per_node: Vec<usize> = addrs
+                .iter()
+                .map(|a| now.values().filter(|h| *h == a).count())
+                .collect();
+            let (most, least) = (per_node.iter().max(), per_node.iter().min());
+            (most.zip(least).is_some_and(|(m, l)| m - l <= 1))
+                .then_some(now)
+                .ok_or(format!("{per_node:?}"))
+        },
+    );
+    // Two loaded shards, each pinned to a node other than its home.
+    let mut loaded = expected.iter();
+    let (first, second) = (loaded.next().unwrap(), loaded.next().unwrap());
+    let elsewhere = |shard: &str, allocation: &BTreeMap<String, String>| {
+        addrs
+            .iter()
+            .find(|a| **a != allocation[shard])
+            .unwrap()
+            .clone()
+    };
+    let wait_home = |shard: &str, node: &str| {
+        eventually(
+            &format!("shard {shard} hosted by {node} only"),
+            Duration::from_secs(60),
+            || {
+                let now = agreed(&shard_maps(&endpoints).ok_or("no answer")?, &expected)?;
+                (now[shard] == node).then_some(()).ok_or(format!("{now:?}"))
+            },
+        )
+    };
+
+    // Refusals: no token, a shard the type does not have, an address that is not one, a
+    // node that is not a member; an unknown type.
+    let pin = |shard: &str, to: &str| format!("/cluster/shards/counter/{shard}/pin/{to}");
+    let (status, _) = post(endpoints[0], &pin(first, &addrs[1]), None);
+    assert_eq!(status, 401);
+    let (status, body) = post(endpoints[0], &pin("100", &addrs[1]), Some(TOKEN));
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("`100`") && body.contains("0 to 99"), "{body}");
+    let (status, body) = post(endpoints[0], &pin(first, "not-an-address"), Some(TOKEN));
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("not-an-address"), "{body}");
+    let (status, body) = post(endpoints[0], &pin(first, "127.0.0.1:1"), Some(TOKEN));
+    assert_eq!(status, 409, "{body}");
+    assert!(
+        body.contains("127.0.0.1:1") && body.contains(&format!("shard {first}")),
+        "{body}"
+    );
+    let (status, body) = post(
+        endpoints[0],
+        &format!("/cluster/shards/nothing/{first}/pin/{}", addrs[1]),
+        Some(TOKEN),
+    );
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(
+        agreed_now(),
+        allocation,
+        "a refused placement moves nothing"
+    );
+
+    // Through the endpoint.
+    let target = elsewhere(first, &allocation);
+    let (status, body) = post(endpoints[0], &pin(first, &target), Some(TOKEN));
+    assert_eq!(status, 202, "{body}");
+    wait_home(first, &target);
+    let (status, body) = post(endpoints[1], &pin(first, &target), Some(TOKEN));
+    assert_eq!(status, 200, "pinned where it lives: {body}");
+
+    // Through the CLI (node 0's config holds the token).
+    let now = agreed_now();
+    let target2 = elsewhere(second, &now);
+    let endpoint = endpoints[2].to_string();
+    let out = cli(
+        &c,
+        &[
+            "cluster",
+            "pin-shard",
+            "--node",
+            &endpoint,
+            "--type",
+            "counter",
+            "--shard",
+            second,
+            "--to",
+            &target2,
+        ],
+    );
+    assert!(out.contains("pinned"), "{out}");
+    wait_home(second, &target2);
+    let bad = c
+        .command(
+            0,
+            &[
+                "cluster",
+                "pin-shard",
+                "--node",
+                &endpoint,
+                "--type",
+                "counter",
+                "--shard",
+                "nope",
+                "--to",
+                &target2,
+            ],
+        )
+        .output()
+        .expect("run tenure");
+    assert_eq!(bad.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        stderr.contains("`nope`") && stderr.contains("400"),
+        "{stderr}"
+    );
+
+    // Rebalances (every second) leave both pinned shards where they are.
+    std::thread::sleep(Duration::from_secs(4));
+    let later = agreed_now();
+    assert_eq!(
+        (
+            later[first.as_str()].as_str(),
+            later[second.as_str()].as_str()
+        ),
+        (target.as_str(), target2.as_str()),
+        "{later:?}"
+    );
+    let failed = c.stop_all(Duration::from_secs(20));
+    assert!(failed.is_empty(), "nodes {failed:?} did not leave cleanly");
+    cli::assert_checked(&c.history);
+}

@@ -92,25 +92,37 @@ impl Entry {
     /// The line of one JSON object: the common fields, and the event of its kind. A kind
     /// this build does not know becomes [`Event::Other`] (readers ignore kinds they do not
     /// know); a known kind with a missing or mistyped field is an error naming both.
-    pub fn from_json(value: Value, line: usize) -> Result<Entry, String> {
+    pub fn from_json(value: Value, line: usize) -> Result<Entry, EntryError> {
         let Value::Object(mut fields) = value else {
-            return Err("not a JSON object".into());
+            return Err(EntryError::NotAnObject);
         };
-        let mut text = |k: &str| match fields.remove(k) {
+        let mut text = |k: &'static str| match fields.remove(k) {
             Some(Value::String(s)) => Ok(s),
-            _ => Err(format!("field `{k}` missing or not a string")),
+            _ => Err(EntryError::Field {
+                field: k,
+                want: "a string",
+            }),
         };
         let (node, inc) = (text("node")?, text("inc")?);
         let kind = match fields.get("event") {
             Some(Value::String(s)) => s.clone(),
-            _ => return Err("field `event` missing or not a string".into()),
+            _ => {
+                return Err(EntryError::Field {
+                    field: "event",
+                    want: "a string",
+                });
+            }
         };
         let t = fields
             .remove("t")
             .and_then(|t| t.as_i64())
-            .ok_or_else(|| "field `t` missing or not an integer".to_string())?;
+            .ok_or(EntryError::Field {
+                field: "t",
+                want: "an integer",
+            })?;
         let event = if Event::kinds().contains(&kind.as_str()) {
-            serde_json::from_value(Value::Object(fields)).map_err(|e| format!("`{kind}`: {e}"))?
+            serde_json::from_value(Value::Object(fields))
+                .map_err(|source| EntryError::Event { kind, source })?
         } else {
             fields.remove("event");
             Event::Other { kind, fields }
@@ -123,6 +135,31 @@ impl Entry {
             line,
         })
     }
+}
+
+/// Why a JSON value is no history line ([`Entry::from_json`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EntryError {
+    /// The value is not a JSON object.
+    #[error("not a JSON object")]
+    NotAnObject,
+    /// A common field is missing or of the wrong type.
+    #[error("field `{field}` missing or not {want}")]
+    Field {
+        /// The field's name.
+        field: &'static str,
+        /// What it must be.
+        want: &'static str,
+    },
+    /// The fields of a known event kind do not fit it (one missing or of the wrong type).
+    #[error("`{kind}`: {source}")]
+    Event {
+        /// The event kind.
+        kind: String,
+        /// What serde found wrong.
+        source: serde_json::Error,
+    },
 }
 
 impl std::fmt::Display for Entry {
@@ -217,7 +254,7 @@ mod tests {
     #[test]
     fn a_known_kind_with_a_bad_field_is_an_error_naming_both() {
         let line = json!({"t": 1, "node": "a", "inc": "i", "event": "lease_granted", "lease": "l"});
-        let err = Entry::from_json(line, 1).unwrap_err();
+        let err = Entry::from_json(line, 1).unwrap_err().to_string();
         assert!(
             err.contains("`lease_granted`") && err.contains("owner"),
             "{err}"

@@ -63,7 +63,7 @@ pub fn read_history(path: &Path) -> Result<Vec<Entry>, HistoryError> {
     };
     let mut entries = Vec::new();
     for (line, value) in history_lines(&text).map_err(|(line, e)| fail(line, e))? {
-        entries.push(Entry::from_json(value, line).map_err(|e| fail(line, e))?);
+        entries.push(Entry::from_json(value, line).map_err(|e| fail(line, e.to_string()))?);
     }
     entries.sort_by_key(|e| e.t);
     Ok(entries)

@@ -1,5 +1,6 @@
-//! The operator routes: `POST /cluster/members/{addr}/leave` and `/down`, authenticated by
-//! the bearer token `cluster.management.token`.
+//! The operator routes: `POST /cluster/members/{addr}/leave` and `/down`, and the shard
+//! placements `POST /cluster/shards/{type}/{shard}/pin/{addr}` and `.../unpin`,
+//! authenticated by the bearer token `cluster.management.token`.
 //!
 //! | answer | when |
 //! |---|---|
@@ -12,12 +13,19 @@
 //! | 409 | the member cannot do it now (already leaving, no session with it, its program takes no leave requests, not up) |
 //! | 503 | the node did not answer |
 //!
+//! A placement (see `ShardRegion::pin_shard`) answers 202 when the shard's move began, 200
+//! when it lives there already (or for an unpin), 400 for a shard id the type does not
+//! have or an address that is not `host:port`, 404 for an entity type this node does not
+//! serve, 409 when the coordinator refused (the node cannot take shards, the shard is
+//! moving) and 503 when no coordinator answered; 401, 403 and 405 as above.
+//!
 //! Every refusal's body says why.
 
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use tenure_cluster::{ClusterError, NodeAddr};
+use tenure_sharding::ShardingError;
 
 use crate::server::Served;
 
@@ -37,6 +45,76 @@ pub(crate) async fn down(
     headers: HeaderMap,
 ) -> Response {
     act(s, &addr, &headers, Action::Down).await
+}
+
+/// How long a placement waits for the coordinator's answer.
+const PLACEMENT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// `POST /cluster/shards/{type_name}/{shard}/pin/{addr}`.
+pub(crate) async fn pin(
+    State(s): State<Served>,
+    Path((type_name, shard, addr)): Path<(String, String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    place(s, &type_name, &shard, Some(&addr), &headers).await
+}
+
+/// `POST /cluster/shards/{type_name}/{shard}/unpin`.
+pub(crate) async fn unpin(
+    State(s): State<Served>,
+    Path((type_name, shard)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    place(s, &type_name, &shard, None, &headers).await
+}
+
+async fn place(
+    s: Served,
+    type_name: &str,
+    shard: &str,
+    to: Option<&str>,
+    headers: &HeaderMap,
+) -> Response {
+    if let Some(refusal) = refusal(&s, headers) {
+        return refusal;
+    }
+    let region = match s.region(type_name) {
+        Ok(r) => r,
+        Err(why) => return (StatusCode::NOT_FOUND, why).into_response(),
+    };
+    let done =
+        match to {
+            Some(to) => region
+                .pin_shard(shard, to, PLACEMENT_TIMEOUT)
+                .await
+                .map(|moving| match moving {
+                    true => (
+                        StatusCode::ACCEPTED,
+                        format!("accepted: shard {shard} of `{type_name}` pinned to {to}, moving"),
+                    ),
+                    false => (
+                        StatusCode::OK,
+                        format!("shard {shard} of `{type_name}` pinned to {to}, where it lives"),
+                    ),
+                }),
+            None => region
+                .unpin_shard(shard, PLACEMENT_TIMEOUT)
+                .await
+                .map(|()| {
+                    (
+                        StatusCode::OK,
+                        format!("shard {shard} of `{type_name}` unpinned"),
+                    )
+                }),
+        };
+    match done {
+        Ok((status, body)) => text(status, body),
+        Err(e @ ShardingError::InvalidPlacement { .. }) => {
+            text(StatusCode::BAD_REQUEST, e.to_string())
+        }
+        Err(e @ ShardingError::Placement { .. }) => text(StatusCode::CONFLICT, e.to_string()),
+        Err(e) => text(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
 }
 
 /// Any other method on an operator route.

@@ -77,6 +77,25 @@ pub(crate) struct Served {
     regions: Regions,
 }
 
+impl Served {
+    /// This node's region of `type_name`, or why not (for a 404): the types it serves.
+    pub(crate) fn region(&self, type_name: &str) -> Result<ShardRegion, String> {
+        let regions = self.regions.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(r) = regions.get(type_name) {
+            return Ok(r.clone());
+        }
+        let known: Vec<&str> = regions.keys().map(String::as_str).collect();
+        Err(format!(
+            "no entity type `{type_name}` on this node (known: {})\n",
+            if known.is_empty() {
+                "none".to_string()
+            } else {
+                known.join(", ")
+            }
+        ))
+    }
+}
+
 /// Members that went down (crashed, frozen or cut off: not a graceful leave) and left the
 /// view since the endpoint started, until they come back up.
 #[derive(Clone, Default)]
@@ -189,6 +208,14 @@ impl Management {
             )
             .route("/cluster/shards", get(shard_maps))
             .route("/cluster/shards/{type_name}", get(shard_map_of))
+            .route(
+                "/cluster/shards/{type_name}/{shard}/pin/{addr}",
+                post(crate::operator::pin).fallback(crate::operator::post_only),
+            )
+            .route(
+                "/cluster/shards/{type_name}/{shard}/unpin",
+                post(crate::operator::unpin).fallback(crate::operator::post_only),
+            )
             .route("/leases", get(leases_of))
             .route("/metrics", get(metrics_text))
             .fallback(not_found)
@@ -299,26 +326,9 @@ async fn within<T>(
 }
 
 async fn shard_map_of(State(s): State<Served>, Path(type_name): Path<String>) -> Response {
-    let region = {
-        let regions = s.regions.lock().unwrap_or_else(|e| e.into_inner());
-        match regions.get(&type_name) {
-            Some(r) => r.clone(),
-            None => {
-                let known: Vec<&str> = regions.keys().map(String::as_str).collect();
-                return (
-                    StatusCode::NOT_FOUND,
-                    format!(
-                        "no entity type `{type_name}` on this node (known: {})\n",
-                        if known.is_empty() {
-                            "none".to_string()
-                        } else {
-                            known.join(", ")
-                        }
-                    ),
-                )
-                    .into_response();
-            }
-        }
+    let region = match s.region(&type_name) {
+        Ok(r) => r,
+        Err(why) => return (StatusCode::NOT_FOUND, why).into_response(),
     };
     let timeout = s.settings.shard_map_timeout;
     match within(timeout, region.shard_map(timeout)).await {
@@ -347,7 +357,7 @@ async fn not_found(uri: Uri) -> Response {
     (
         StatusCode::NOT_FOUND,
         format!(
-            "no route {}: try /, /health/alive, /health/ready, /cluster/members, /cluster/shards, /leases, /metrics, or POST /cluster/members/{{host:port}}/leave or /down\n",
+            "no route {}: try /, /health/alive, /health/ready, /cluster/members, /cluster/shards, /leases, /metrics, or POST /cluster/members/{{host:port}}/leave or /down, /cluster/shards/{{type}}/{{shard}}/pin/{{host:port}} or /unpin\n",
             uri.path()
         ),
     )

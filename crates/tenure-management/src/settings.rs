@@ -110,6 +110,11 @@ const MAX_HEADER_BYTES: usize = 1024 * 1024;
 pub struct OperatorToken(String);
 
 impl OperatorToken {
+    /// The token itself, to present it (a client's `Authorization: Bearer` header).
+    pub fn secret(&self) -> &str {
+        &self.0
+    }
+
     /// Whether `presented` is this token, compared in time that does not depend on where
     /// they differ (a guess cannot be refined byte by byte from response times).
     pub fn matches(&self, presented: &str) -> bool {

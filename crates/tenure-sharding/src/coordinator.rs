@@ -29,6 +29,13 @@
 //! hands its shard off (stops it, releases its lease, gives back what it had not
 //! delivered), then the new host is told to host it, and every region that asked meanwhile
 //! learns the new home. The next round is decided once every shard of this one has moved.
+//!
+//! An operator may pin a shard to a region (Akka's external shard allocation): the shard
+//! moves there through the same hand-off, is allocated there whenever it needs a home, and
+//! no rebalance moves it away; when that region cannot take it (gone, unreachable, an
+//! older application version) the strategy places it meanwhile, and a rebalance brings it
+//! back once the region can. Pins live in the coordinator: a new coordinator (fail-over)
+//! keeps every shard where it runs but knows no pin until they are set again.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -43,8 +50,8 @@ use tokio::time::Instant;
 use crate::allocation::{AllocationStrategy, Regions};
 use crate::history;
 use crate::messages::{
-    Allocation, BeginHandOffs, CoordinatorLocal, CoordinatorMsg, GetShardHome, HandOff, RegionMsg,
-    Register, RegisterAgain, ShardHomes,
+    Allocation, BeginHandOffs, CoordinatorLocal, CoordinatorMsg, GetShardHome, HandOff, PinReply,
+    PinShard, RegionMsg, Register, RegisterAgain, ShardHomes,
 };
 use crate::region::region_ref;
 use crate::settings::ShardingSettings;
@@ -148,6 +155,8 @@ pub struct CoordinatorState {
     started: Instant,
     /// What each region is to be told at the end of the current wave, per shard.
     outbox: BTreeMap<String, BTreeMap<String, Told>>,
+    /// Shards an operator pinned, and the region each is pinned to.
+    pinned: BTreeMap<String, String>,
 }
 
 impl Actor for Coordinator {
@@ -195,6 +204,7 @@ impl Actor for Coordinator {
             unplaced: BTreeSet::new(),
             started: Instant::now(),
             outbox: BTreeMap::new(),
+            pinned: BTreeMap::new(),
         })
     }
 
@@ -265,6 +275,17 @@ impl Actor for Coordinator {
                         .collect(),
                     regions: state.homes.iter().map(|(r, _)| r.to_string()).collect(),
                 });
+            }
+            CoordinatorMsg::PinShard(PinShard { shard, to }, reply) => {
+                let result = match to {
+                    Some(to) => state.pin(&shard, &to),
+                    None => {
+                        state.pinned.remove(&shard);
+                        tracing::info!(entity_type = %state.args.type_name, shard, "shard unpinned");
+                        Ok(false)
+                    }
+                };
+                let _ = reply.send(PinReply { result });
             }
             CoordinatorMsg::Local(CoordinatorLocal::Cluster(event)) => state.on_cluster(event),
             CoordinatorMsg::Local(CoordinatorLocal::Tick) => {
@@ -438,9 +459,70 @@ impl CoordinatorState {
         {
             return Some(home.to_string());
         }
-        let to = self.args.strategy.allocate(shard, &self.homes)?;
+        let to = self.allocate(shard)?;
         self.host(shard, &to);
         Some(to)
+    }
+
+    /// Where a shard without a home goes: the region it is pinned to when that can take
+    /// it, else where the strategy says.
+    fn allocate(&self, shard: &str) -> Option<String> {
+        match self.pinned.get(shard) {
+            Some(pin) if self.homes.is_allocatable(pin) => Some(pin.clone()),
+            _ => self.args.strategy.allocate(shard, &self.homes),
+        }
+    }
+
+    /// Pins `shard` to the region of `to` and moves it there (see the module's docs).
+    /// `Ok(true)` when a move or a first allocation began, `Ok(false)` when it lives there
+    /// already; `Err` names what is wrong (nothing is pinned then).
+    fn pin(&mut self, shard: &str, to: &str) -> Result<bool, String> {
+        let type_name = &self.args.type_name;
+        let shards = self.args.settings.number_of_shards;
+        if !shard.parse::<usize>().is_ok_and(|n| n < shards) {
+            return Err(format!(
+                "`{shard}` is not a shard of `{type_name}` (its shards are 0 to {})",
+                shards.saturating_sub(1)
+            ));
+        }
+        if !self.listed {
+            return Err(format!(
+                "the coordinator of `{type_name}` is still rebuilding its allocation: try again"
+            ));
+        }
+        if !self.homes.is_allocatable(to) {
+            let why = if !self.regions.contains_key(to) {
+                "has no region of this type registered with the coordinator"
+            } else if !self.alive(to) || self.unreachable_since.contains_key(to) {
+                "is not up and reachable, or its region takes no shards"
+            } else {
+                "runs an older application version than the newest present"
+            };
+            let can: Vec<&str> = self.homes.iter().map(|(r, _)| r).collect();
+            return Err(format!(
+                "cannot pin shard {shard} of `{type_name}` to {to}: it {why} (nodes that can take shards: {})",
+                can.join(", ")
+            ));
+        }
+        if let Some(m) = self.moving.get(shard) {
+            return Err(format!(
+                "shard {shard} of `{type_name}` is moving from {} to {}: try again once it arrived",
+                m.from, m.to
+            ));
+        }
+        self.pinned.insert(shard.to_string(), to.to_string());
+        tracing::info!(entity_type = %type_name, shard, to, "shard pinned");
+        match self.homes.home(shard).map(str::to_string) {
+            Some(home) if home == to => Ok(false),
+            Some(from) => {
+                self.begin_moves(vec![(shard.to_string(), from, to.to_string())]);
+                Ok(true)
+            }
+            None => {
+                self.host(shard, to);
+                Ok(true)
+            }
+        }
     }
 
     /// Tells `region`, at the end of this wave, what to make of `shard` (what it was told
@@ -722,7 +804,7 @@ impl CoordinatorState {
             for shard in shards {
                 self.homes.remove_home(&shard);
                 self.unconfirmed.remove(&shard);
-                match self.args.strategy.allocate(&shard, &self.homes) {
+                match self.allocate(&shard) {
                     Some(to) => {
                         tracing::info!(entity_type = %self.args.type_name, shard, from, to, "moving the shard of a lost region");
                         self.host(&shard, &to);
@@ -750,7 +832,7 @@ impl CoordinatorState {
                 self.unplaced.remove(&shard);
                 continue;
             }
-            match self.args.strategy.allocate(&shard, &self.homes) {
+            match self.allocate(&shard) {
                 Some(to) => {
                     tracing::debug!(entity_type = %self.args.type_name, shard, to, "allocating a shard with remembered entities");
                     self.host(&shard, &to);
@@ -791,7 +873,30 @@ impl CoordinatorState {
             return;
         }
         let in_progress: BTreeSet<String> = self.moving.keys().cloned().collect();
-        let decided = self.args.strategy.rebalance(&self.homes, &in_progress);
+        // Pinned shards away from their region go back once it can take them; the
+        // strategy's moves leave every pinned shard where it is.
+        let mut decided: Vec<(String, String, String)> = self
+            .pinned
+            .iter()
+            .filter(|(shard, pin)| !in_progress.contains(*shard) && self.homes.is_allocatable(pin))
+            .filter_map(|(shard, pin)| {
+                let home = self.homes.home(shard)?;
+                (home != pin).then(|| (shard.clone(), home.to_string(), pin.clone()))
+            })
+            .collect();
+        decided.extend(
+            self.args
+                .strategy
+                .rebalance(&self.homes, &in_progress)
+                .into_iter()
+                .filter(|(shard, _, _)| !self.pinned.contains_key(shard)),
+        );
+        self.begin_moves(decided);
+    }
+
+    /// Starts a round of moves `(shard, from, to)` through the hand-off (those that are not
+    /// on `from`, or whose `to` cannot take shards, are logged and left).
+    fn begin_moves(&mut self, decided: Vec<(String, String, String)>) {
         let mut round = Vec::new();
         for (shard, from, to) in decided {
             let valid = self.homes.home(&shard) == Some(from.as_str())
@@ -801,7 +906,7 @@ impl CoordinatorState {
                 tracing::warn!(entity_type = %self.args.type_name, shard, from, to, "rebalance: the strategy moved a shard that is not on `from`, or to a region that cannot take it; ignored");
                 continue;
             }
-            tracing::debug!(entity_type = %self.args.type_name, shard, from, to, "rebalance: moving a shard");
+            tracing::debug!(entity_type = %self.args.type_name, shard, from, to, "moving a shard");
             crate::metrics::rebalance_move(&self.args.type_name);
             history::shard_moving(&self.args.type_name, &shard, &from, &to);
             self.homes.remove_home(&shard);
@@ -817,7 +922,7 @@ impl CoordinatorState {
             round.push((shard, from));
         }
         if !round.is_empty() {
-            tracing::info!(entity_type = %self.args.type_name, shards = round.len(), "rebalance: a round of moves begins");
+            tracing::info!(entity_type = %self.args.type_name, shards = round.len(), "a round of moves begins");
             self.move_shards(round);
         }
     }
@@ -1561,6 +1666,111 @@ mod tests {
             moved,
             "each moved shard's old home asked once to hand it off"
         );
+        f.stop().await;
+    }
+
+    /// A pinned shard moves to its region through a hand-off; while that region is gone
+    /// the strategy places it elsewhere, and once it is back a rebalance returns the shard
+    /// to it (and leaves it there). A pin to a region that cannot take shards is refused,
+    /// naming the shard and the region.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_pinned_shard_moves_to_its_region_and_comes_back_after_it_was_gone() {
+        let mut f = Fixture::start(
+            "coordinator-pin-test",
+            2,
+            "retry-interval = \"1h\"\nrebalance-interval = \"1h\"",
+        )
+        .await;
+        let pin = async |f: &Fixture, shard: &str, to: &str| -> Result<bool, String> {
+            ractor::call!(f.coordinator, |r| CoordinatorMsg::PinShard(
+                PinShard {
+                    shard: shard.into(),
+                    to: Some(to.into()),
+                },
+                r
+            ))
+            .unwrap()
+            .result
+        };
+        let home = async |f: &Fixture, shard: &str| -> Option<String> {
+            f.allocation()
+                .await
+                .homes
+                .into_iter()
+                .find(|(s, _)| s == shard)
+                .map(|(_, h)| h)
+        };
+        let until_home = async |f: &Fixture, shard: &str, want: &str| {
+            for _ in 0..600 {
+                if home(f, shard).await.as_deref() == Some(want) {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            panic!(
+                "shard {shard} never went to {want}: {:?}",
+                f.allocation().await
+            );
+        };
+        f.coordinator
+            .cast(CoordinatorMsg::GetHome(GetShardHome {
+                shard: "5".into(),
+                region: f.addrs[0].clone(),
+            }))
+            .unwrap();
+        let first = loop {
+            if let Some(h) = home(&f, "5").await {
+                break h;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let target = f.addrs.iter().find(|a| **a != first).unwrap().clone();
+        let refused = pin(&f, "5", "127.0.0.1:1").await.unwrap_err();
+        assert!(
+            refused.contains("shard 5") && refused.contains("127.0.0.1:1"),
+            "{refused}"
+        );
+        assert_eq!(pin(&f, "5", &target).await, Ok(true));
+        until_home(&f, "5", &target).await;
+        let told = f.told().await;
+        assert!(
+            told.contains(&(first.clone(), Heard::HandOff("5".into()))),
+            "the old home handed shard 5 off: {told:?}"
+        );
+        assert_eq!(pin(&f, "5", &target).await, Ok(false), "it lives there");
+        // Its region goes: the strategy places it elsewhere.
+        f.coordinator
+            .cast(CoordinatorMsg::Local(CoordinatorLocal::Cluster(
+                ClusterEvent::MemberRemoved(member(&target)),
+            )))
+            .unwrap();
+        for _ in 0..600 {
+            if home(&f, "5").await.is_some_and(|h| h != target) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_ne!(home(&f, "5").await.as_deref(), Some(target.as_str()));
+        // It comes back: the next rebalance returns the shard to it.
+        f.coordinator
+            .cast(CoordinatorMsg::Local(CoordinatorLocal::Cluster(
+                ClusterEvent::MemberUp(member(&target)),
+            )))
+            .unwrap();
+        f.register(&target, &[]);
+        f.wait_allocatable(3).await;
+        f.coordinator
+            .cast(CoordinatorMsg::Local(CoordinatorLocal::Rebalance))
+            .unwrap();
+        until_home(&f, "5", &target).await;
+        // Rebalances leave it there.
+        for _ in 0..3 {
+            f.coordinator
+                .cast(CoordinatorMsg::Local(CoordinatorLocal::Rebalance))
+                .unwrap();
+        }
+        f.told().await;
+        assert_eq!(home(&f, "5").await.as_deref(), Some(target.as_str()));
         f.stop().await;
     }
 }

@@ -182,6 +182,36 @@ pub enum ShardingError {
         /// The entity type.
         type_name: String,
     },
+    /// An operator's placement names a shard the type does not have, or a node that is not
+    /// a `host:port` address; nothing was sent.
+    #[error("entity type `{type_name}`: cannot place shard `{shard}`: {detail}")]
+    InvalidPlacement {
+        /// The entity type.
+        type_name: String,
+        /// The shard asked to move.
+        shard: String,
+        /// What is wrong with the shard id or the address.
+        detail: String,
+    },
+    /// The coordinator refused an operator's placement of a shard.
+    #[error("entity type `{type_name}`: shard `{shard}`: {detail}")]
+    Placement {
+        /// The entity type.
+        type_name: String,
+        /// The shard asked to move.
+        shard: String,
+        /// Why (the node cannot take shards, the shard is moving already, ...).
+        detail: String,
+    },
+    /// No coordinator of the type answered within `timeout` (none runs yet, or it is
+    /// moving); the request may or may not have been taken.
+    #[error("entity type `{type_name}`: no coordinator answered within {timeout:?}")]
+    NoCoordinator {
+        /// The entity type.
+        type_name: String,
+        /// How long it waited.
+        timeout: Duration,
+    },
 }
 
 /// A node's region of one entity type: send to any entity of the type through it.
@@ -515,6 +545,91 @@ impl ShardRegion {
             homes,
             hosted,
         ))
+    }
+
+    /// Pins `shard` to the region on node `to` (`host:port`) and moves it there through the
+    /// lossless hand-off (Akka's external shard allocation): from then on the coordinator
+    /// allocates it there, and no rebalance moves it away; while that region cannot take
+    /// shards, the allocation strategy places it, and a rebalance brings it back later.
+    /// `Ok(true)`: the move began (it ends once the shard runs there, see
+    /// [`shard_map`](Self::shard_map)); `Ok(false)`: it lives there already.
+    /// `Err(InvalidPlacement)`: `shard` is not one of the type's shard ids (`0` to
+    /// `number-of-shards - 1`) or `to` is not `host:port`. `Err(Placement)` names why the
+    /// coordinator refused (`to` has no region that can take shards, the shard is moving
+    /// already); `Err(NoCoordinator)`: none answered within `timeout` (the pin may or may
+    /// not be set: ask again). Nothing is pinned on the other errors. Pins
+    /// are kept by the coordinator (a new one after a fail-over has none).
+    pub async fn pin_shard(
+        &self,
+        shard: &str,
+        to: &str,
+        timeout: Duration,
+    ) -> Result<bool, ShardingError> {
+        self.check_shard(shard)?;
+        let to = tenure_cluster::NodeAddr::parse("node", to).map_err(|e| {
+            ShardingError::InvalidPlacement {
+                type_name: self.type_name.clone(),
+                shard: shard.to_string(),
+                detail: e.to_string(),
+            }
+        })?;
+        self.place(shard, Some(to.to_string()), timeout).await
+    }
+
+    /// `Err(InvalidPlacement)` unless `shard` is one of the type's shard ids.
+    fn check_shard(&self, shard: &str) -> Result<(), ShardingError> {
+        if shard
+            .parse::<usize>()
+            .is_ok_and(|n| n < self.number_of_shards && n.to_string() == shard)
+        {
+            return Ok(());
+        }
+        Err(ShardingError::InvalidPlacement {
+            type_name: self.type_name.clone(),
+            shard: shard.to_string(),
+            detail: format!(
+                "not a shard id (the type's shards are 0 to {})",
+                self.number_of_shards.saturating_sub(1)
+            ),
+        })
+    }
+
+    /// Removes the pin of `shard` (see [`pin_shard`](Self::pin_shard)): the allocation
+    /// strategy places it again. It stays where it runs until a rebalance moves it.
+    /// `Err(InvalidPlacement)` for a shard id the type does not have; `Err(NoCoordinator)`
+    /// when no coordinator answered within `timeout`.
+    pub async fn unpin_shard(&self, shard: &str, timeout: Duration) -> Result<(), ShardingError> {
+        self.check_shard(shard)?;
+        self.place(shard, None, timeout).await.map(|_| ())
+    }
+
+    async fn place(
+        &self,
+        shard: &str,
+        to: Option<String>,
+        timeout: Duration,
+    ) -> Result<bool, ShardingError> {
+        let request = messages::PinShard {
+            shard: shard.to_string(),
+            to,
+        };
+        match self
+            .coordinator
+            .call(|r| CoordinatorMsg::PinShard(request, r), timeout)
+            .await
+        {
+            Ok(messages::PinReply { result }) => {
+                result.map_err(|detail| ShardingError::Placement {
+                    type_name: self.type_name.clone(),
+                    shard: shard.to_string(),
+                    detail,
+                })
+            }
+            Err(_) => Err(ShardingError::NoCoordinator {
+                type_name: self.type_name.clone(),
+                timeout,
+            }),
+        }
     }
 
     /// Stops this node's region (its shards hand off first).

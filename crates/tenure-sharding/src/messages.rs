@@ -246,6 +246,25 @@ pub struct GetShardHome {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct AllocationRequest {}
 
+/// An operator's placement of a shard (external shard allocation): move `shard` to the
+/// region of `to` through the lossless hand-off and keep it there (`to` = `None`: let the
+/// allocation strategy place it again).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PinShard {
+    /// The shard id.
+    pub shard: String,
+    /// The node (`host:port`) whose region is to host it; `None` unpins.
+    pub to: Option<String>,
+}
+
+/// The coordinator's answer to a [`PinShard`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PinReply {
+    /// `Ok(true)`: a move (or a first allocation) to the pinned region began; `Ok(false)`:
+    /// nothing to move (it lives there already, or an unpin); `Err`: refused, and why.
+    pub result: Result<bool, String>,
+}
+
 /// The coordinator's allocation: `(shard, region)` pairs, and the regions it may use.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Allocation {
@@ -382,6 +401,7 @@ tenure_cluster::cluster_message! {
     /// - `RegisterChanges`: from a region, every `retry-interval`: who it is and the
     ///   changes to the shards it hosts.
     /// - `GetAllocation`: the coordinator's allocation and the regions it may use.
+    /// - `PinShard`: an operator's placement of a shard (external shard allocation).
     /// - `Local`: messages from this node only (cluster events, ticks, rebalances,
     ///   hand-off ends).
     // The macro takes no attributes on variants (its cast/call/local groups would be
@@ -392,6 +412,7 @@ tenure_cluster::cluster_message! {
         cast GetHome(GetShardHome),
         cast RegisterChanges(RegisterChanges),
         call GetAllocation(AllocationRequest) -> Allocation,
+        call PinShard(PinShard) -> PinReply,
         local Local(CoordinatorLocal),
     }
 }

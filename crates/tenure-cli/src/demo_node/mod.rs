@@ -231,7 +231,7 @@ async fn host(
         }
         if let Some(load) = hosting.load {
             let start = usize::from(node.addr().port).wrapping_mul(7919);
-            load::drive(region, start, load);
+            load::drive(node, region, start, load);
         }
     }
     if let Some(count) = hosting.daemon {

@@ -1,8 +1,16 @@
 //! How a shard stops its entities, and what it does with one that outlives its kill.
 //!
 //! A stop gets the shard's [stop budget](tenure_lease::StopBudget) from when it began: a
-//! graceful stop (after the message in hand, or after the whole mailbox for a hand-off)
-//! until `stop-timeout`, then a kill of what still runs and the kill wait. An entity that
+//! graceful stop after the message in hand until `stop-timeout`, then a kill of what still
+//! runs and the kill wait. A hand-off drains instead: every message already in an entity's
+//! mailbox was accepted and is handled, not dropped. Its graceful stop lasts `stop-timeout`
+//! and again `stop-timeout` from each checkpoint at which the entity handled messages since
+//! the last one, while the shard's grant is believed (renewed meanwhile) and the hand-off's
+//! answer can still come in time (`hand-off-timeout` less the whole stop budget); an entity
+//! that handled nothing for `stop-timeout` (blocked, or stuck) is killed as before. Should
+//! the grant stop being believed during the drain, the entities are told to stop after the
+//! message in hand and the budget runs from that instant, exactly as for a loss handled
+//! then. An entity that
 //! outlives even the kill (its thread blocked outside an await, where a ractor kill cannot
 //! reach it) stays in the shard's entities, marked `outlived`: messages for it wait, it is
 //! never started a second time, and a watcher tells the shard when it ends. Meanwhile:
@@ -22,9 +30,10 @@
 //!   process.
 
 use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
 
 use ractor::ActorRef;
-use tenure_lease::{FencingToken, Terminator, Unstoppable};
+use tenure_lease::{FencingToken, LeaseState, Terminator, Unstoppable};
 use tokio::time::Instant;
 
 use super::{HandedOff, Pending, ShardArgs, ShardMsg, ShardState};
@@ -67,7 +76,27 @@ impl ShardState {
         if self.entities.is_empty() {
             return true;
         }
-        let at = self.args.settings.stop_budget().deadlines(Instant::now());
+        let budget = self.args.settings.stop_budget();
+        let began = Instant::now();
+        let mut at = budget.deadlines(began);
+        // Until when entities stop gracefully, and (a drain) the latest it may be moved to
+        // while they make progress (see the module doc).
+        let mut graceful = at.kill;
+        let drain_until = match how {
+            Stop::Now => at.kill,
+            Stop::Drain => at.kill.max(
+                began
+                    + self
+                        .args
+                        .settings
+                        .hand_off_timeout
+                        .saturating_sub(budget.total()),
+            ),
+        };
+        let believed = self.view.token();
+        let mut states = self.view.watch_state();
+        // Whether a loss during a drain is still to be watched for.
+        let mut watching = matches!(how, Stop::Drain);
         let ids: Vec<String> = self.entities.keys().cloned().collect();
         for (id, r) in &self.entities {
             self.inactive(id);
@@ -84,13 +113,52 @@ impl ShardState {
             }
         }
         let mut running = Vec::new();
-        for id in ids {
-            let actor = self.entities[&id].actor.clone();
-            let left = at.kill.saturating_duration_since(Instant::now());
-            if actor.wait(Some(left)).await.is_ok() {
-                self.stopped(&id, why);
+        for (n, id) in ids.iter().enumerate() {
+            let (actor, handled) = {
+                let r = &self.entities[id];
+                (r.actor.clone(), r.handled.clone())
+            };
+            let mut seen = handled.load(Ordering::Relaxed);
+            let ended = loop {
+                let left = graceful.saturating_duration_since(Instant::now());
+                tokio::select! {
+                    ended = actor.wait(Some(left)) => {
+                        if ended.is_ok() {
+                            break true;
+                        }
+                        // A checkpoint: a draining entity that handled messages since the
+                        // last one gets another stop-timeout, up to the drain's bound.
+                        let now = handled.load(Ordering::Relaxed);
+                        if watching && now != seen && Instant::now() < drain_until {
+                            seen = now;
+                            at = budget.deadlines(Instant::now());
+                            graceful = at.kill.min(drain_until);
+                            continue;
+                        }
+                        break false;
+                    }
+                    changed = states.changed(), if watching => {
+                        let held = matches!(*states.borrow_and_update(), LeaseState::Held | LeaseState::Suspended);
+                        if changed.is_err() || !held || self.view.token() != believed {
+                            // The grant is no longer believed: stop after the message in
+                            // hand, within the budget from now.
+                            watching = false;
+                            at = budget.deadlines(Instant::now());
+                            graceful = at.kill;
+                            tracing::warn!(shard = %self.args.shard_id, "the shard's grant ended during a hand-off's drain: stopping its entities now");
+                            for other in &ids[n..] {
+                                if let Some(r) = self.entities.get(other) {
+                                    r.actor.stop(Some(why.to_string()));
+                                }
+                            }
+                        }
+                    }
+                }
+            };
+            if ended {
+                self.stopped(id, why);
             } else {
-                running.push(id);
+                running.push(id.clone());
             }
         }
         for id in &running {

@@ -1,0 +1,108 @@
+//! A hand-off drains its entities' mailboxes: every ask already delivered to an entity is
+//! answered, also when handling them takes longer than `stop-timeout` (a backlog built up
+//! while the lease store or the entity's resource was slow), for as long as the shard's
+//! grant is believed and the hand-off's answer still fits in `hand-off-timeout`. One shard
+//! on a memory store.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::{ActorProcessingErr, ActorRef};
+use tenure_lease::{LeaseSettings, LeaseSpec, LeaseStore, MemoryStore, ProcessEnd, TenureConfig};
+use tenure_sharding::{
+    AskReply, Entity, EntityContext, Shard, ShardArgs, ShardMsg, ShardingSettings, entity_factory,
+};
+
+/// Takes 100 ms over each request (an awaited call to a slow resource) and answers it.
+struct Slow;
+
+impl Entity for Slow {
+    type Request = u32;
+    type Reply = u32;
+    type State = ();
+
+    async fn start(&self, _ctx: &EntityContext) -> Result<(), ActorProcessingErr> {
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        _ctx: &EntityContext,
+        _state: &mut (),
+        request: u32,
+    ) -> Result<u32, ActorProcessingErr> {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        Ok(request)
+    }
+}
+
+async fn shard() -> ActorRef<ShardMsg> {
+    let config = TenureConfig::from_toml_str("", "test").unwrap();
+    let mut settings = ShardingSettings::from_config(&config, "slow", "memory").unwrap();
+    let lease_settings = LeaseSettings {
+        heartbeat_timeout: Duration::from_millis(1500),
+        heartbeat_interval: Duration::from_millis(200),
+        lease_operation_timeout: Duration::from_millis(500),
+        lease_retry_interval: Duration::from_millis(100),
+        safety_margin: Duration::from_millis(200),
+        lock_delay: Duration::ZERO,
+    };
+    settings.idle_timeout = None;
+    settings.number_of_shards = 1;
+    settings.stop_timeout = Duration::from_millis(300);
+    settings.hand_off_timeout = Duration::from_secs(6);
+    settings.lease = lease_settings;
+    let store: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
+    let lease =
+        LeaseSpec::new("test-shard-slow-0", "10.0.0.1:2552", store, lease_settings).unwrap();
+    let args = ShardArgs {
+        type_name: "slow".into(),
+        shard_id: "0".into(),
+        node: "10.0.0.1:2552".into(),
+        lease,
+        factory: entity_factory(Slow),
+        settings: Arc::new(settings),
+        active: None,
+        process_end: ProcessEnd::with_hook(|what| panic!("a hand-off ended the process: {what:?}")),
+    };
+    Shard::start(args, None).await.unwrap()
+}
+
+fn ask(shard: &ActorRef<ShardMsg>, n: u32) -> tokio::sync::oneshot::Receiver<AskReply> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    shard
+        .cast(ShardMsg::Deliver {
+            entity: "e".into(),
+            payload: tenure_cluster::codec::encode_inner("entity request", "slow", &n).unwrap(),
+            reply: Some((tx, Duration::from_secs(30)).into()),
+        })
+        .unwrap();
+    rx
+}
+
+/// Ten asks of 100 ms each wait in the entity's mailbox (a second of work, three times
+/// `stop-timeout`) when the hand-off begins: each is answered, none dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_off_answers_every_ask_already_delivered_past_stop_timeout() {
+    let shard = shard().await;
+    // The entity runs (its lease granted): the first answer comes back.
+    let first = tokio::time::timeout(Duration::from_secs(10), ask(&shard, 0))
+        .await
+        .expect("the first ask answered within 10 s");
+    assert!(first.is_ok_and(|r| r.result.is_ok()), "the first ask");
+    let waiting: Vec<_> = (1..=10).map(|n| ask(&shard, n)).collect();
+    let handed = ractor::call_t!(shard, ShardMsg::HandOff, 20_000).unwrap();
+    assert!(handed.released, "the hand-off released the shard's lease");
+    let mut dropped = Vec::new();
+    for (n, reply) in (1..=10).zip(waiting) {
+        match reply.await {
+            Ok(AskReply { result: Ok(_) }) => {}
+            other => dropped.push(format!("ask {n}: {other:?}")),
+        }
+    }
+    assert!(
+        dropped.is_empty(),
+        "asks delivered before the hand-off were not answered:\n{}",
+        dropped.join("\n")
+    );
+}
