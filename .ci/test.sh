@@ -43,6 +43,9 @@ counted() { "$@" 2>&1 | tee -a "$log"; }
 need=()
 command -v cc >/dev/null || need+=(gcc)
 command -v runuser >/dev/null || need+=(util-linux)
+# The scale bench counts its nodes' traffic in a network namespace of its own (`unshare`,
+# util-linux) whose loopback `ip` (iproute2) brings up.
+command -v ip >/dev/null || need+=(iproute2)
 # The postgres store's tests start a real server: Debian's `postgresql` (initdb, postgres
 # in /usr/lib/postgresql/<version>/bin; run as user `postgres` through setpriv when root).
 compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null || need+=(postgresql)

@@ -6,13 +6,15 @@
 //!   from the shard's own history lines `shard_lease_lost` → `shard_stopped`);
 //! - memory (RSS) per idle entity and per shard.
 //!
-//! `cargo bench -p tenure-cli --bench sharding_local` (TENURE_BENCH_RUNS, default 20).
+//! `cargo bench -p tenure-cli --bench sharding_local`: the messages in TENURE_BENCH_MESSAGE_RUNS
+//! runs (default 5), each path's verdict the median of the runs' ratios; LeaseLost in
+//! TENURE_BENCH_RUNS runs (default 20).
 //! Fail-over after SIGKILL is measured by `cargo bench -p tenure-cli --bench sharding_failover`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
-use tenure_lease::conformance::bench::{PairedRounds, SLICES, knob, paired, size, timed};
+use tenure_lease::conformance::bench::{PairedRounds, SLICES, knob, median, paired, size, timed};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tenure::cluster::{ClusterSettings, Incarnation, Node, NodeAddr};
@@ -112,6 +114,33 @@ impl Actor for BareCodec {
     }
 }
 
+/// One path's figures over the runs: per run its median rate, its baseline's, and the
+/// median of its rounds' ratios.
+#[derive(Default)]
+struct Verdict(Vec<(f64, f64, f64)>);
+
+impl Verdict {
+    fn push(&mut self, ours: f64, base: f64, ratio: f64) {
+        self.0.push((ours, base, ratio));
+    }
+
+    fn median(&self, field: impl Fn(&(f64, f64, f64)) -> f64) -> f64 {
+        median(self.0.iter().map(field).collect()).unwrap_or(f64::NAN)
+    }
+
+    /// `  <path> <rate>/s   <baseline> <rate>/s   <ratio>x slower [each run's]<note>`.
+    fn print(&self, path: &str, baseline: &str, note: &str) {
+        let each: Vec<String> = self.0.iter().map(|r| format!("{:.2}", r.2)).collect();
+        println!(
+            "  {path} {:>10.0}/s   {baseline} {:>10.0}/s   {:.2}x slower [{}]{note}",
+            self.median(|r| r.0),
+            self.median(|r| r.1),
+            self.median(|r| r.2),
+            each.join(" ")
+        );
+    }
+}
+
 fn rounds() -> usize {
     size(9, 2)
 }
@@ -174,7 +203,7 @@ async fn sent_and_handled(handled: &AtomicU64, k: u64, mut send: impl FnMut(u64)
     .await
 }
 
-async fn throughput(asks: u64, tells: u64) {
+async fn throughput(runs: usize, asks: u64, tells: u64) {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -319,79 +348,96 @@ async fn throughput(asks: u64, tells: u64) {
         })
         .await
     };
-    let [
-        mut ask_call,
-        mut one_call,
-        mut many_calls,
-        mut one_cast,
-        mut many_spread,
-        mut ask_codec,
-        mut many_codec,
-    ] = std::array::from_fn::<_, 7, _>(|_| PairedRounds::default());
-    for _ in 0..rounds() {
-        ask_call.push(paired(asks, ask, call).await);
-        one_call.push(paired(asks, async |k| ask_to(1, k).await, call).await);
-        many_calls.push(paired(asks, ask, spread_call).await);
-        one_cast.push(paired(tells, async |k| tell_to(1, k).await, cast).await);
-        many_spread.push(paired(tells, async |k| tell_to(100, k).await, spread_cast).await);
-        ask_codec.push(paired(asks, ask, codec_call).await);
-        many_codec.push(paired(tells, async |k| tell_to(100, k).await, codec_cast).await);
+    // Each run is the bench's rounds of every path; the verdict is the median over the runs
+    // of each run's ratio (itself the median of its rounds), printed with every run's.
+    let mut verdicts: [Verdict; 8] = Default::default();
+    for run in 0..runs {
+        let [
+            mut ask_call,
+            mut one_call,
+            mut many_calls,
+            mut one_cast,
+            mut many_spread,
+            mut ask_codec,
+            mut many_codec,
+        ] = std::array::from_fn::<_, 7, _>(|_| PairedRounds::default());
+        for _ in 0..rounds() {
+            ask_call.push(paired(asks, ask, call).await);
+            one_call.push(paired(asks, async |k| ask_to(1, k).await, call).await);
+            many_calls.push(paired(asks, ask, spread_call).await);
+            one_cast.push(paired(tells, async |k| tell_to(1, k).await, cast).await);
+            many_spread.push(paired(tells, async |k| tell_to(100, k).await, spread_cast).await);
+            ask_codec.push(paired(asks, ask, codec_call).await);
+            many_codec.push(paired(tells, async |k| tell_to(100, k).await, codec_cast).await);
+        }
+        let this_run = [
+            &one_call,
+            &many_calls,
+            &ask_call,
+            &one_cast,
+            &many_spread,
+            &ask_codec,
+            &many_codec,
+        ];
+        for (verdict, rounds) in verdicts.iter_mut().zip(this_run) {
+            verdict.push(rounds.ours(), rounds.base(), rounds.ratio());
+        }
+        // Not alternated: the medians of the two rates.
+        verdicts[7].push(
+            many_spread.ours(),
+            one_cast.base(),
+            one_cast.base() / many_spread.ours(),
+        );
+        eprintln!(
+            "run {}/{runs}: ask 1 {:.2}x, ask 100 {:.2}x, tell 1 {:.2}x, tell 100 {:.2}x",
+            run + 1,
+            one_call.ratio(),
+            many_calls.ratio(),
+            one_cast.ratio(),
+            many_spread.ratio()
+        );
     }
     println!(
-        "local messages ({asks} asks, {tells} tells per path and round; {} rounds, each path alternating with its baseline in {SLICES} slices; medians of the rounds; 100 entities in 10 shards on a 1-node cluster):",
+        "local messages ({asks} asks, {tells} tells per path and round; {runs} runs of {} rounds, each path alternating with its baseline in {SLICES} slices; per run the median of its rounds, the verdict the median of the runs, each run's in brackets; 100 entities in 10 shards on a 1-node cluster):",
         rounds()
     );
-    println!(
-        "  ask to 1 entity         {:>10.0}/s   bare ractor call {:>10.0}/s   {:.2}x slower",
-        one_call.ours(),
-        one_call.base(),
-        one_call.ratio()
+    let [
+        one_call,
+        many_calls,
+        ask_call,
+        one_cast,
+        many_spread,
+        ask_codec,
+        many_codec,
+        many_one_cast,
+    ] = &verdicts;
+    one_call.print("ask to 1 entity      ", "bare ractor call", "");
+    many_calls.print(
+        "ask to 100 entities  ",
+        "100 bare actors ",
+        " (the same work spread as widely)",
     );
-    println!(
-        "  ask to 100 entities     {:>10.0}/s   100 bare actors  {:>10.0}/s   {:.2}x slower (the same work spread as widely)",
-        many_calls.ours(),
-        many_calls.base(),
-        many_calls.ratio()
+    ask_call.print(
+        "ask to 100 entities  ",
+        "bare ractor call",
+        " (against one bare actor)",
     );
-    println!(
-        "  ask to 100 entities     {:>10.0}/s   bare ractor call {:>10.0}/s   {:.2}x slower (against one bare actor)",
-        ask_call.ours(),
-        ask_call.base(),
-        ask_call.ratio()
+    one_cast.print("tell to 1 entity     ", "bare ractor cast", "");
+    many_spread.print(
+        "tell to 100 entities ",
+        "100 bare actors ",
+        " (the same work spread as widely)",
     );
-    println!(
-        "  tell to 1 entity        {:>10.0}/s   bare ractor cast {:>10.0}/s   {:.2}x slower",
-        one_cast.ours(),
-        one_cast.base(),
-        one_cast.ratio()
-    );
-    println!(
-        "  tell to 100 entities    {:>10.0}/s   100 bare actors  {:>10.0}/s   {:.2}x slower (the same work spread as widely)",
-        many_spread.ours(),
-        many_spread.base(),
-        many_spread.ratio()
-    );
-    println!(
-        "  tell to 100 entities    {:>10.0}/s   bare ractor cast {:>10.0}/s   {:.2}x slower (not alternated: medians of the two rates)",
-        many_spread.ours(),
-        one_cast.base(),
-        one_cast.base() / many_spread.ours()
+    many_one_cast.print(
+        "tell to 100 entities ",
+        "bare ractor cast",
+        " (not alternated: medians of the two rates)",
     );
     println!(
         "  with the same codec work (request encoded by the sender and decoded by the actor; an ask's reply too):"
     );
-    println!(
-        "  ask to 100 entities     {:>10.0}/s   bare ractor call {:>10.0}/s   {:.2}x slower",
-        ask_codec.ours(),
-        ask_codec.base(),
-        ask_codec.ratio()
-    );
-    println!(
-        "  tell to 100 entities    {:>10.0}/s   bare ractor cast {:>10.0}/s   {:.2}x slower",
-        many_codec.ours(),
-        many_codec.base(),
-        many_codec.ratio()
-    );
+    ask_codec.print("ask to 100 entities  ", "bare ractor call", "");
+    many_codec.print("tell to 100 entities ", "bare ractor cast", "");
     region.stop().await;
     let _ = node.leave().await;
 }
@@ -570,7 +616,13 @@ async fn main() {
     let runs = knob("TENURE_BENCH_RUNS", 20, 1) as usize;
     // Tells run at millions a second: enough of them that a round of one path lasts tens of
     // milliseconds, far above the scheduler's hiccups.
-    throughput(size(20_000, 200) as u64, size(200_000, 200) as u64).await;
+    let message_runs = knob("TENURE_BENCH_MESSAGE_RUNS", 5, 1) as usize;
+    throughput(
+        message_runs,
+        size(20_000, 200) as u64,
+        size(200_000, 200) as u64,
+    )
+    .await;
     memory().await;
     lease_lost_to_stopped(runs, size(1_000, 10)).await;
 }

@@ -263,13 +263,20 @@ pub struct LeaseView {
 impl LeaseView {
     /// `true` only while a grant is believed: before its local deadline minus the stop
     /// budget, and before any loss was announced. Never blocks and never talks to the store.
+    /// One atomic load and one clock reading (`CLOCK_BOOTTIME` on the host).
     pub fn check_lease(&self) -> bool {
-        self.belief.current().is_some()
+        self.belief.check()
     }
 
-    /// The fencing token of the grant believed now.
+    /// `true` only while the grant with `token` is believed: as
+    /// [`check_lease`](Self::check_lease), for that grant only. Never blocks.
+    pub fn check_grant(&self, token: FencingToken) -> bool {
+        self.belief.token() == Some(token)
+    }
+
+    /// The fencing token of the grant believed now. Never blocks.
     pub fn token(&self) -> Option<FencingToken> {
-        self.belief.current().map(|h| h.token)
+        self.belief.token()
     }
 
     /// The local deadline of the grant believed now, as an instant of tokio's clock (given
@@ -306,9 +313,7 @@ impl LeaseView {
     /// has just ended is `Lost` here even before its loss is announced (as `check_lease`).
     pub fn state(&self) -> LeaseState {
         match self.belief.state() {
-            LeaseState::Held | LeaseState::Suspended if self.belief.current().is_none() => {
-                LeaseState::Lost
-            }
+            LeaseState::Held | LeaseState::Suspended if !self.belief.check() => LeaseState::Lost,
             state => state,
         }
     }

@@ -232,6 +232,84 @@ impl HolderClock {
     }
 }
 
+/// A duration in whole nanoseconds, saturating.
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Holder-clock deadlines as lock-free checks compare them: each deadline is one `u64` word
+/// ([`DeadlineFrame::word`]) that a check compares with one reading of the clock
+/// ([`DeadlineFrame::before`]).
+///
+/// A word is 0 for "no deadline": never before it. Otherwise its lowest bit names its frame
+/// (the deadline itself is the word with that bit cleared: rounded down by at most a
+/// nanosecond, never later):
+/// - bit 0 clear: nanoseconds of `CLOCK_BOOTTIME`, for the host clock while tokio's clock
+///   is the host's monotonic clock (always, outside tests that pause or advance time). The
+///   check reads `CLOCK_BOOTTIME` once: the clock that counts host suspend, so a host that
+///   resumes after a suspend past the deadline reads false at once, before anything has
+///   noticed the suspend.
+/// - bit 0 set: nanoseconds since the frame's epoch on the holder clock itself, read as
+///   [`HolderClock::now`] (tokio's clock plus the suspends): for a manual clock, and for
+///   tokio's clock paused or advanced by a test, which `CLOCK_BOOTTIME` does not follow.
+///
+/// Which frame a word is in is decided when it is made, by whether tokio's clock reads the
+/// host's monotonic clock then: a paused clock that happened to read exactly the host's
+/// time would get a `CLOCK_BOOTTIME` word, which only a test can meet (its checks would
+/// then follow the host's time until the next word).
+#[derive(Debug, Clone)]
+pub(crate) struct DeadlineFrame {
+    clock: HolderClock,
+    /// Where nanoseconds of the holder-clock frame count from.
+    epoch: Instant,
+}
+
+impl DeadlineFrame {
+    /// The frame of deadlines on `clock`.
+    pub(crate) fn new(clock: HolderClock) -> Self {
+        let epoch = clock.now();
+        DeadlineFrame { clock, epoch }
+    }
+
+    /// The word of deadline `at` (an instant of the holder clock): one that no reading is
+    /// before (0, or a deadline already passed) when `at` has passed.
+    pub(crate) fn word(&self, at: Instant) -> u64 {
+        if matches!(self.clock.0, Source::Host) {
+            // CLOCK_BOOTTIME is read before the holder clock: the deadline's distance from the
+            // holder clock's reading, counted from the earlier boot reading, comes out early
+            // (by the nanoseconds between the reads), never late.
+            let host_before = std::time::Instant::now();
+            let boot = u64::try_from(boottime_now_ns()).unwrap_or(0);
+            let now = Instant::now();
+            let host_after = std::time::Instant::now();
+            if (host_before..=host_after).contains(&now.into_std()) {
+                return match at.checked_duration_since(now + self.clock.suspended()) {
+                    Some(left) => boot.saturating_add(nanos(left)) & !1,
+                    None => 0,
+                };
+            }
+        }
+        match at.checked_duration_since(self.epoch).map(nanos) {
+            Some(ns) if ns >= 2 => (ns & !1) | 1,
+            _ => 0,
+        }
+    }
+
+    /// Whether the clock reads before the deadline `word` now. Reads `CLOCK_BOOTTIME` once
+    /// for a word in its frame; false for 0.
+    pub(crate) fn before(&self, word: u64) -> bool {
+        let deadline = word & !1;
+        if word & 1 == 0 {
+            // A negative reading cannot happen; were it to, it would read as the latest.
+            return word != 0 && u64::try_from(boottime_now_ns()).unwrap_or(u64::MAX) < deadline;
+        }
+        self.clock
+            .now()
+            .checked_duration_since(self.epoch)
+            .is_some_and(|since| nanos(since) < deadline)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

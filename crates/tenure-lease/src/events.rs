@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use crate::actor::{AcquireCaller, ReleaseCaller};
 use crate::clock::HolderClock;
 use crate::machine::{Effect, Event, Input, Machine};
+use crate::published::Published;
 use crate::token::FencingToken;
 use crate::trace::{LeaseObserver, LeaseTrace};
 use crate::validity::{Held, LostReason};
@@ -216,6 +217,9 @@ pub(crate) struct SharedBelief {
     /// believes a grant from the step that records it; its events are emitted right after,
     /// outside the machine's lock.)
     announced: AtomicU64,
+    /// The announced grant believed, for checks that take no lock; published under `order`
+    /// after every step, before the step's events are emitted.
+    published: Published,
     lost: Mutex<LostCallbacks>,
 }
 
@@ -230,6 +234,7 @@ impl SharedBelief {
     ) -> Self {
         SharedBelief {
             name,
+            published: Published::new(clock.clone()),
             clock,
             machine: Mutex::new(machine),
             order: Mutex::new(()),
@@ -255,6 +260,7 @@ impl SharedBelief {
         let _order = self.ordered();
         let now = self.clock.now();
         let mut effects = self.machine().handle(now, input);
+        self.publish_belief();
         for effect in effects.extract_if(.., |e| matches!(e, Effect::Emit(_))) {
             if let Effect::Emit(event) = effect {
                 self.emit(event);
@@ -268,6 +274,7 @@ impl SharedBelief {
         let _order = self.ordered();
         let now = self.clock.now();
         let events = self.machine().deadline(now);
+        self.publish_belief();
         for event in events {
             self.emit(event);
         }
@@ -300,6 +307,27 @@ impl SharedBelief {
 
     fn ordered(&self) -> std::sync::MutexGuard<'_, ()> {
         self.order.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Publishes the grant the machine believes, once its grant was traced, for
+    /// [`check`](Self::check) and [`token`](Self::token). Called under `order`.
+    fn publish_belief(&self) {
+        let announced = self.announced.load(Ordering::SeqCst);
+        let held = self.held().filter(|h| h.generation <= announced);
+        self.published
+            .publish(held.map(|h| (h.token, h.believed_until)));
+    }
+
+    /// Whether a grant is believed now, once its grant was traced: false once its loss was
+    /// published or its belief's end passed on the holder clock. One atomic load and one
+    /// clock reading; never blocks.
+    pub(crate) fn check(&self) -> bool {
+        self.published.held()
+    }
+
+    /// The token of the grant believed now (as [`check`](Self::check)).
+    pub(crate) fn token(&self) -> Option<FencingToken> {
+        self.published.token()
     }
 
     /// The grant believed now, if any, once its grant was traced. Never blocks on anything
@@ -372,6 +400,7 @@ impl SharedBelief {
                 let valid_until = self.clock.boottime_ns(deadline);
                 self.trace(LeaseTrace::Granted { token, valid_until }, false);
                 self.announced.fetch_max(generation, Ordering::SeqCst);
+                self.publish_belief();
                 self.publish(LeaseState::Held);
                 self.sink.deliver(LeaseEvent::Granted(LeaseGranted {
                     name: name.clone(),

@@ -58,6 +58,7 @@ pub mod metrics;
 pub mod names;
 mod priority;
 mod provider;
+mod published;
 mod renewal;
 pub mod semaphore;
 mod settings;

@@ -1,6 +1,7 @@
 //! Lease metrics through the [`metrics`] facade (a program installs a recorder, e.g. a
-//! Prometheus exporter; without one they cost next to nothing). Every metric is derived
-//! from the lease traces, so it counts exactly what the histories record.
+//! Prometheus exporter; without one they cost next to nothing). The grant, loss and
+//! held metrics are derived from the lease traces, so they count exactly what the
+//! histories record; the store's are counted where its calls are made.
 //!
 //! | name | kind | labels | what |
 //! |---|---|---|---|
@@ -10,6 +11,7 @@
 //! | `tenure_leases_held` | gauge | | grants believed now |
 //! | `tenure_leases_suspended` | gauge | | grants whose renewals are failing now |
 //! | `tenure_lease_renewal_seconds` | histogram | `store` | round trip of one (batched) renewal |
+//! | `tenure_store_requests_total` | counter | `operation` | store calls made (a batched renewal is one; `bounded` calls and renewals) |
 
 use std::time::Duration;
 
@@ -43,6 +45,11 @@ fn ended(was_suspended: bool) {
     if was_suspended {
         metrics::gauge!("tenure_leases_suspended").decrement(1.0);
     }
+}
+
+/// Counts one call made to a store (`operation` as errors name it: `renew`, `list`, …).
+pub(crate) fn store_request(operation: &'static str) {
+    metrics::counter!("tenure_store_requests_total", "operation" => operation).increment(1);
 }
 
 /// Records the round trip of one batched renewal on a store of kind `store`.

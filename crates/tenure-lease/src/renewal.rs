@@ -112,6 +112,7 @@ async fn run(
         let leases: Vec<HeldLease> = batch.iter().map(|r| r.lease.clone()).collect();
         let sent_at = clock.now();
         let timeout = settings.lease_operation_timeout;
+        crate::metrics::store_request("renew");
         let result =
             tokio::time::timeout(timeout, store.renew(&owner, &leases, settings.store_ttl())).await;
         crate::metrics::renewal(store.kind(), clock.now().saturating_duration_since(sent_at));

@@ -372,6 +372,7 @@ pub async fn bounded<T>(
     timeout: Duration,
     call: impl Future<Output = Result<T, StoreError>>,
 ) -> Result<T, LeaseError> {
+    crate::metrics::store_request(operation);
     let deadline = tokio::time::Instant::now().checked_add(timeout);
     let mut call = std::pin::pin!(call);
     // The timer is made only once the call has not answered at its first poll: a call

@@ -143,7 +143,7 @@ impl Routes {
                 if slot.routed == 0
                     && let Some(open) = &slot.open
                 {
-                    if open.view.token() == Some(open.token) {
+                    if open.view.check_grant(open.token) {
                         match open.actor.cast(msg) {
                             Ok(()) => {
                                 slot.used = true;

@@ -102,11 +102,41 @@ pub const WITHDRAW_REQUEST: &str = "UPDATE tenure_lease SET req_by = NULL, req_i
 pub const RELEASE: &str = "DELETE FROM tenure_lease
     WHERE name = ?1 AND owner = ?2 AND token = ?3 AND expires_at > ?4";
 
-/// Unexpired grants whose names start with `?1`, by name.
+/// Unexpired (at `?2`) grants whose names start with `?1`, by name: the names from `?1`
+/// up to, not including, `?3`, the least string above every name that starts with `?1`
+/// ([`prefix_end`]). A range on the primary key's index: SQLite reads only those rows
+/// (`substr(name, …) = ?1` would make it read every row of the table).
 pub const LIST: &str = "SELECT name, owner, instance, token, expires_at, version, note,
     priority, cleanup_ns, req_by, req_instance, req_priority, req_forceful, req_note
     FROM tenure_lease
-    WHERE substr(name, 1, length(?1)) = ?1 AND expires_at > ?2 ORDER BY name";
+    WHERE name >= ?1 AND name < ?3 AND expires_at > ?2 ORDER BY name";
+
+/// [`LIST`] for a prefix no string is above: every name from `?1` on.
+pub const LIST_FROM: &str = "SELECT name, owner, instance, token, expires_at, version, note,
+    priority, cleanup_ns, req_by, req_instance, req_priority, req_forceful, req_note
+    FROM tenure_lease
+    WHERE name >= ?1 AND expires_at > ?2 ORDER BY name";
+
+/// The least string above every string that starts with `prefix`, in SQLite's `BINARY`
+/// order (UTF-8 bytes, which is code point order): `prefix` with its last character that
+/// has a successor replaced by that successor and what follows it dropped. `None` when no
+/// character has one (the empty prefix, or only U+10FFFF): then nothing bounds the names.
+pub fn prefix_end(prefix: &str) -> Option<String> {
+    let mut chars: Vec<char> = prefix.chars().collect();
+    while let Some(last) = chars.pop() {
+        // The next scalar value: surrogates are no characters, so U+D7FF is followed by
+        // U+E000.
+        let next = match u32::from(last) {
+            0xD7FF => Some('\u{E000}'),
+            c => char::from_u32(c + 1),
+        };
+        if let Some(next) = next {
+            chars.push(next);
+            return Some(chars.into_iter().collect());
+        }
+    }
+    None
+}
 
 /// Fair acquire, joining: removes the expired waiters of `?1` (at clock `?2`).
 pub const PURGE_WAITERS: &str = "DELETE FROM tenure_waiter WHERE name = ?1 AND expires_at <= ?2";
@@ -146,3 +176,95 @@ pub const FORGET: &str = "DELETE FROM tenure_remembered WHERE name = ?1 AND id =
 
 /// The ids remembered with lease `?1`, in byte order.
 pub const REMEMBERED: &str = "SELECT id FROM tenure_remembered WHERE name = ?1 ORDER BY id";
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tenure_lease::{AcquireRequest, LeaseStore};
+
+    use super::*;
+    use crate::SqliteStore;
+
+    #[test]
+    fn a_prefix_ends_at_its_last_character_that_has_a_successor() {
+        assert_eq!(prefix_end("m/"), Some("m0".into()));
+        assert_eq!(prefix_end("ab"), Some("ac".into()));
+        assert_eq!(prefix_end("a\u{D7FF}"), Some("a\u{E000}".into()));
+        assert_eq!(prefix_end("a\u{10FFFF}"), Some("b".into()));
+        assert_eq!(prefix_end("\u{10FFFF}"), None);
+        assert_eq!(prefix_end(""), None);
+    }
+
+    #[test]
+    fn a_listing_reads_a_range_of_the_name_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let store =
+            SqliteStore::open(dir.path().join("plan.sqlite"), Duration::from_secs(1)).unwrap();
+        drop(store);
+        let conn = rusqlite::Connection::open(dir.path().join("plan.sqlite")).unwrap();
+        let plan = |sql: &str, params: &[&dyn rusqlite::ToSql]| -> String {
+            conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+                .unwrap()
+                .query_map(params, |r| r.get::<_, String>(3))
+                .unwrap()
+                .collect::<rusqlite::Result<Vec<_>>>()
+                .unwrap()
+                .join("; ")
+        };
+        let bounded = plan(LIST, &[&"m/", &0i64, &"m0"]);
+        assert!(
+            bounded.contains("SEARCH tenure_lease USING INDEX")
+                && bounded.contains("name>? AND name<?"),
+            "{bounded}"
+        );
+        let open = plan(LIST_FROM, &[&"\u{10FFFF}", &0i64]);
+        assert!(open.contains("SEARCH tenure_lease USING INDEX"), "{open}");
+    }
+
+    #[tokio::test]
+    async fn a_listing_holds_exactly_the_names_with_the_prefix() {
+        let dir = tempfile::tempdir().unwrap();
+        let store =
+            SqliteStore::open(dir.path().join("list.sqlite"), Duration::from_secs(1)).unwrap();
+        let names = [
+            "m",
+            "m.",
+            "m/",
+            "m/a",
+            "m/a/b",
+            "m/\u{10FFFF}",
+            "m0",
+            "m\u{10FFFF}",
+            "n",
+            "\u{10FFFF}",
+            "\u{10FFFF}x",
+        ];
+        for name in names {
+            let req = AcquireRequest {
+                name: name.into(),
+                owner: "o".into(),
+                instance: "i".into(),
+                ttl: Duration::from_secs(60),
+                ..AcquireRequest::default()
+            };
+            store.try_acquire(&req).await.unwrap();
+        }
+        for prefix in ["m/", "m", "m\u{10FFFF}", "\u{10FFFF}", ""] {
+            let listed: Vec<String> = store
+                .list(prefix)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|r| r.name)
+                .collect();
+            let mut expected: Vec<String> = names
+                .iter()
+                .filter(|n| n.starts_with(prefix))
+                .map(|n| n.to_string())
+                .collect();
+            expected.sort();
+            assert_eq!(listed, expected, "prefix {prefix:?}");
+        }
+    }
+}

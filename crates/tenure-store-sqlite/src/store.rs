@@ -874,10 +874,16 @@ impl LeaseStore for SqliteStore {
         self.with_conn(move |db| {
             let tx = db.read()?;
             let now = now_ns();
-            let records = tx
-                .prepare_cached(sql::LIST)?
-                .query_map(params![prefix, now], |r| row_record(r, now))?
-                .collect::<rusqlite::Result<_>>()?;
+            let records = match sql::prefix_end(&prefix) {
+                Some(end) => tx
+                    .prepare_cached(sql::LIST)?
+                    .query_map(params![prefix, now, end], |r| row_record(r, now))?
+                    .collect::<rusqlite::Result<_>>()?,
+                None => tx
+                    .prepare_cached(sql::LIST_FROM)?
+                    .query_map(params![prefix, now], |r| row_record(r, now))?
+                    .collect::<rusqlite::Result<_>>()?,
+            };
             tx.finish()?;
             Ok(records)
         })
