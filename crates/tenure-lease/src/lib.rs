@@ -106,9 +106,9 @@ pub use semaphore::{Permit, Semaphore};
 pub use settings::{LeaseSettings, LeaseTiming};
 pub use stop_budget::{StopBudget, StopDeadlines};
 pub use store::{
-    AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, EMERGENCY_PRIORITY, HeldLease,
-    LeaseRecord, LeaseStore, PreemptAnswer, PreemptionRequest, RememberChange, Renewal, WatchEvent,
-    WatchReceiver,
+    AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, EMERGENCY_PRIORITY, FairQueue,
+    HeldLease, HolderWatch, LeaseRecord, LeaseStore, PreemptAnswer, PreemptionRequest,
+    PreemptionRequests, RememberChange, RememberedIds, Renewal, WatchEvent, WatchReceiver,
 };
 pub use token::FencingToken;
 pub use trace::{LeaseObserver, LeaseTrace};

@@ -47,4 +47,4 @@ impl Harness for MemoryHarness {
     }
 }
 
-tenure_lease::conformance_tests!(MemoryHarness::new());
+tenure_lease::conformance_tests!(MemoryHarness::new(); preemption_requests, remembered_ids);

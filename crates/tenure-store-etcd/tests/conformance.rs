@@ -105,6 +105,6 @@ impl StateLoss for EtcdHarness {
     }
 }
 
-tenure_lease::conformance_tests!(EtcdHarness::start());
+tenure_lease::conformance_tests!(EtcdHarness::start(); fair_queue, holder_watch, preemption_requests, remembered_ids);
 tenure_lease::preemption_fault_tests!(EtcdHarness::start());
 tenure_lease::state_loss_tests!(EtcdHarness::start());

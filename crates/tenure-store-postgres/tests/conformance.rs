@@ -103,6 +103,6 @@ impl StateLoss for PgHarness {
     }
 }
 
-tenure_lease::conformance_tests!(PgHarness::start());
+tenure_lease::conformance_tests!(PgHarness::start(); fair_queue, preemption_requests, remembered_ids);
 tenure_lease::state_loss_tests!(PgHarness::start());
 tenure_lease::preemption_fault_tests!(PgHarness::start());

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tenure_lease::conformance::test_settings;
 use tenure_lease::{
     AcquireOutcome, AcquireRequest, Acquired, FencingToken, HeldLease, Lease, LeaseSpec,
-    LeaseStore, LostReason, PreemptAnswer, PreemptionRequest, Renewal,
+    LeaseStore, LostReason, PreemptAnswer, PreemptionRequest, PreemptionRequests, Renewal,
 };
 use tenure_store_postgres::{FenceError, PostgresOptions, PostgresStore};
 use tenure_test_kit::postgres::{Exclusive, PgServer};

@@ -169,7 +169,7 @@ impl StateLoss for SqliteHarness {
     }
 }
 
-tenure_lease::conformance_tests!(SqliteHarness::new());
+tenure_lease::conformance_tests!(SqliteHarness::new(); fair_queue, preemption_requests, remembered_ids);
 
 mod file_deleted {
     use super::*;

@@ -107,5 +107,5 @@ impl Harness for ZooKeeperHarness {
     }
 }
 
-tenure_lease::conformance_tests!(ZooKeeperHarness::start());
+tenure_lease::conformance_tests!(ZooKeeperHarness::start(); fair_queue, preemption_requests, remembered_ids);
 tenure_lease::preemption_fault_tests!(ZooKeeperHarness::start());

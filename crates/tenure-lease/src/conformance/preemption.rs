@@ -1,10 +1,8 @@
 //! Conformance cases for priorities and cooperative preemption: the store operations
-//! (capability `preemption`), and Apache Helix's priority-lock scenarios through the Lease
-//! API, each recording a history that is checked for overlapping holders and token order.
-//!
-//! A store that lacks the capability fails these cases loudly (no silent skip); a store
-//! crate that does not implement it yet opts out explicitly with
-//! `conformance_tests!(harness; without preemption)`, which asserts the capability is absent.
+//! ([`PreemptionRequests`](crate::PreemptionRequests)), and Apache Helix's priority-lock
+//! scenarios through the Lease API, each recording a history that is checked for
+//! overlapping holders and token order. A store runs them when its
+//! [`conformance_tests!`](crate::conformance_tests) lists `preemption_requests`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,7 +10,9 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep};
 
-use super::{Harness, granted_token, poll_until_granted, request, test_settings};
+use super::{
+    Harness, granted_token, poll_until_granted, preemption_requests_of, request, test_settings,
+};
 use crate::FencingToken;
 use crate::{
     AcquireOptions, AcquireOutcome, AcquireRequest, Acquired, EMERGENCY_PRIORITY, HeldLease, Lease,
@@ -25,11 +25,7 @@ use tenure_history::{Entry, Recorder};
 /// A client of the store, asserting it keeps priorities and preemption requests.
 async fn preempting_client(h: &dyn Harness) -> Arc<dyn LeaseStore> {
     let store = h.client().await;
-    assert!(
-        store.capabilities().preemption,
-        "the {} store lacks the `preemption` capability",
-        store.kind()
-    );
+    preemption_requests_of(&*store);
     store
 }
 
@@ -92,7 +88,8 @@ pub async fn preemption_requests(h: &dyn Harness) {
     let call = |q: PreemptionRequest, token: FencingToken| {
         let b = b.clone();
         async move {
-            b.request_preemption("prio", token, &q)
+            preemption_requests_of(&*b)
+                .request_preemption("prio", token, &q)
                 .await
                 .expect("request preemption")
         }
@@ -126,7 +123,8 @@ pub async fn preemption_requests(h: &dyn Harness) {
     let r = refused(call(ask("c", 5, true), t).await);
     assert_eq!(r.request.map(|q| q.by), Some("e".into()));
     assert!(
-        !b.withdraw_preemption("prio", t, "c")
+        !preemption_requests_of(&*b)
+            .withdraw_preemption("prio", t, "c")
             .await
             .expect("withdraw")
     );
@@ -134,7 +132,8 @@ pub async fn preemption_requests(h: &dyn Harness) {
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].request, Some(ask("e", 9, false)));
     assert!(
-        b.withdraw_preemption("prio", t, "e")
+        preemption_requests_of(&*b)
+            .withdraw_preemption("prio", t, "e")
             .await
             .expect("withdraw")
     );
@@ -178,7 +177,8 @@ pub async fn forceful_preemption_refuses_renewals(h: &dyn Harness) {
     let q = ask("b", 4, true);
     assert_eq!(
         recorded_by(
-            &b.request_preemption("forced", t, &q)
+            &preemption_requests_of(&*b)
+                .request_preemption("forced", t, &q)
                 .await
                 .expect("request")
         ),
