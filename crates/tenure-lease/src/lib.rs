@@ -69,8 +69,6 @@ mod unstoppable;
 pub mod validity;
 
 #[cfg(test)]
-mod driver_tests;
-#[cfg(test)]
 mod machine_tests;
 #[cfg(test)]
 mod preemption_tests;
@@ -80,9 +78,6 @@ mod state_tests;
 mod suspend_tests;
 #[cfg(test)]
 mod timing_tests;
-
-#[cfg(feature = "conformance")]
-pub mod conformance;
 
 pub use actor::{
     AcquireReply, Acquired, LeaseActor, LeaseActorState, LeaseMsg, LeaseSpec, LeaseView,

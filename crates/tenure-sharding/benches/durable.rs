@@ -30,11 +30,11 @@ use std::time::{Duration, Instant};
 use ractor::{ActorRef, RpcReplyPort};
 use serde::{Deserialize, Serialize};
 use tenure_journal::Journal;
-use tenure_lease::conformance::bench::{PairedRounds, SLICES, knob, paired, size, smoke, timed};
 use tenure_lease::{
     AcquireOutcome, AcquireRequest, FencingToken, LeaseSettings, LeaseSpec, LeaseStore,
     TenureConfig,
 };
+use tenure_lease_kit::bench::{PairedRounds, SLICES, knob, paired, size, smoke, timed};
 use tenure_sharding::{
     ActiveEntities, AskReply, DurableEntity, Effect, EntityContext, Shard, ShardArgs, ShardMsg,
     ShardStatus, ShardingSettings, durable_entity_factory, persistence_id,

@@ -21,11 +21,11 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group};
 use etcd_client::{Client, Compare, CompareOp, GetOptions, LockOptions, PutOptions, Txn, TxnOp};
-use tenure_lease::conformance::bench::{
+use tenure_lease::{AcquireOutcome, Lease, LeaseSettings, LeaseSpec, LeaseStore};
+use tenure_lease_kit::bench::{
     Holders, INTERVALS, api_settings, bracket_intervals, lease_acquire_release, lease_counts,
     renewal_settings, runtime, spi_request, store_acquire_release, thin_path,
 };
-use tenure_lease::{AcquireOutcome, Lease, LeaseSettings, LeaseSpec, LeaseStore};
 use tenure_store_etcd::EtcdStore;
 
 use tenure_test_kit::etcd::{Etcd, PREFIX};

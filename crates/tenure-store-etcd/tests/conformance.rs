@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use tenure_lease::LeaseStore;
-use tenure_lease::conformance::proxy::Proxy;
-use tenure_lease::conformance::state_loss::StateLoss;
-use tenure_lease::conformance::{AnswerDelay, Harness};
+use tenure_lease_kit::conformance::proxy::Proxy;
+use tenure_lease_kit::conformance::state_loss::StateLoss;
+use tenure_lease_kit::conformance::{AnswerDelay, Harness};
 
 use tenure_test_kit::etcd::{Etcd, PREFIX};
 
@@ -105,6 +105,6 @@ impl StateLoss for EtcdHarness {
     }
 }
 
-tenure_lease::conformance_tests!(EtcdHarness::start(); fair_queue, holder_watch, preemption_requests, remembered_ids);
-tenure_lease::preemption_fault_tests!(EtcdHarness::start());
-tenure_lease::state_loss_tests!(EtcdHarness::start());
+tenure_lease_kit::conformance_tests!(EtcdHarness::start(); fair_queue, holder_watch, preemption_requests, remembered_ids);
+tenure_lease_kit::preemption_fault_tests!(EtcdHarness::start());
+tenure_lease_kit::state_loss_tests!(EtcdHarness::start());

@@ -4,12 +4,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tenure_lease::conformance::{Losses, acquire_recording_losses, test_settings};
 use tenure_lease::store::bounded;
 use tenure_lease::{
     AcquireOutcome, AcquireRequest, FencingToken, HeldLease, Lease, LeaseSettings, LeaseSpec,
     LeaseStore,
 };
+use tenure_lease_kit::conformance::{Losses, acquire_recording_losses, test_settings};
 use tokio::time::{Instant, sleep};
 
 use tenure_test_kit::etcd::Etcd;

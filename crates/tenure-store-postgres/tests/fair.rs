@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::poll_fn;
-use tenure_lease::conformance::test_settings;
 use tenure_lease::{AcquireOutcome, AcquireRequest, FairQueue, FencingToken, LeaseStore};
+use tenure_lease_kit::conformance::test_settings;
 use tenure_store_postgres::PostgresStore;
 use tenure_test_kit::postgres::{Exclusive, PgServer};
 use tokio::sync::mpsc;

@@ -1,15 +1,15 @@
 //! The store conformance kit: one suite every store crate runs against itself, with a real
-//! store (server started by the crate's harness). Enable feature `conformance` in
-//! dev-dependencies and invoke [`conformance_tests!`](crate::conformance_tests):
+//! store (server started by the crate's harness). Add `tenure-lease-kit` to the
+//! dev-dependencies and invoke [`conformance_tests!`](crate::conformance_tests) with the
+//! store's capabilities:
 //!
 //! ```text
-//! tenure_lease::conformance_tests!(async { MyHarness::start().await });
+//! tenure_lease_kit::conformance_tests!(MyHarness::start(); fair_queue, remembered_ids);
 //! ```
 //!
 //! Timing here is real (short ttls); assertions are about order and safety, never about
 //! how fast something happened.
 
-pub mod bench;
 pub mod fair;
 mod faulty;
 mod instances;
@@ -53,8 +53,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::{Instant, sleep};
 
-use crate::FencingToken;
-use crate::{
+use tenure_lease::FencingToken;
+use tenure_lease::{
     AcquireOutcome, AcquireRequest, Acquired, FairQueue, HeldLease, HolderWatch, Lease, LeaseError,
     LeaseSettings, LeaseSpec, LeaseStore, LostReason, PreemptionRequests, RememberedIds, Renewal,
 };

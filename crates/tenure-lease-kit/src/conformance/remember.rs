@@ -1,11 +1,11 @@
-//! Remembered ids ([`RememberedIds::remember`](crate::RememberedIds::remember)): written only under the current grant, never
+//! Remembered ids ([`RememberedIds::remember`](tenure_lease::RememberedIds::remember)): written only under the current grant, never
 //! expiring, surviving releases, expiries, ended sessions and store restarts, kept apart per
 //! lease name, and applied whole however large the change.
 
 use std::time::Duration;
 
 use super::{Harness, granted_token, poll_until_granted, remembered_ids_of, request};
-use crate::{LeaseStore, RememberChange};
+use tenure_lease::{LeaseStore, RememberChange};
 
 /// Ids that are awkward for some store's key or path syntax.
 fn awkward_ids() -> Vec<String> {
@@ -109,7 +109,7 @@ pub async fn remembered_ids(h: &dyn Harness) {
     assert_eq!(remembered(&*b, name).await, expected);
 
     // A token that is not the current grant's changes nothing.
-    let stale = crate::FencingToken::new(t1.get().saturating_sub(1));
+    let stale = tenure_lease::FencingToken::new(t1.get().saturating_sub(1));
     let refused = RememberChange::new(ids(&["stale"]), ids(&["e2"]));
     assert!(
         !remembered_ids_of(&*a)
@@ -180,7 +180,7 @@ pub async fn remembered_ids(h: &dyn Harness) {
     // Other names keep their own ids, also names that extend this one (as the store holds
     // them: names it cannot hold verbatim are sanitised above the SPI).
     for other in ["remembered-2", "remembered/x", "rememberedx", "remembere"] {
-        let other = crate::names::store_name(other, &d.name_rules());
+        let other = tenure_lease::names::store_name(other, &d.name_rules());
         assert_eq!(
             remembered(&*d, &other).await,
             Vec::<String>::new(),

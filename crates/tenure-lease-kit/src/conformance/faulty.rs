@@ -10,8 +10,8 @@ use async_trait::async_trait;
 use tokio::time::sleep;
 
 use super::AnswerDelay;
-use crate::FencingToken;
-use crate::{
+use tenure_lease::FencingToken;
+use tenure_lease::{
     AcquireOutcome, AcquireRequest, HeldLease, LeaseRecord, LeaseStore, Renewal, StoreError,
 };
 
@@ -137,10 +137,10 @@ impl LeaseStore for FaultyClient {
     fn kind(&self) -> &'static str {
         self.inner.kind()
     }
-    fn capabilities(&self) -> crate::Capabilities {
+    fn capabilities(&self) -> tenure_lease::Capabilities {
         self.inner.capabilities()
     }
-    fn name_rules(&self) -> crate::names::NameRules {
+    fn name_rules(&self) -> tenure_lease::names::NameRules {
         self.inner.name_rules()
     }
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError> {
@@ -188,16 +188,16 @@ impl LeaseStore for FaultyClient {
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
         self.pass(self.inner.list(prefix)).await
     }
-    fn as_fair_queue(&self) -> Option<&dyn crate::FairQueue> {
+    fn as_fair_queue(&self) -> Option<&dyn tenure_lease::FairQueue> {
         self.inner.as_fair_queue()
     }
-    fn as_preemption_requests(&self) -> Option<&dyn crate::PreemptionRequests> {
+    fn as_preemption_requests(&self) -> Option<&dyn tenure_lease::PreemptionRequests> {
         self.inner.as_preemption_requests()
     }
-    fn as_holder_watch(&self) -> Option<&dyn crate::HolderWatch> {
+    fn as_holder_watch(&self) -> Option<&dyn tenure_lease::HolderWatch> {
         self.inner.as_holder_watch()
     }
-    fn as_remembered_ids(&self) -> Option<&dyn crate::RememberedIds> {
+    fn as_remembered_ids(&self) -> Option<&dyn tenure_lease::RememberedIds> {
         self.inner.as_remembered_ids()
     }
 }

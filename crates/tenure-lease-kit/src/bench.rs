@@ -12,9 +12,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use ractor::ActorRef;
 
-use crate::FencingToken;
-use crate::names::NameRules;
-use crate::{
+use tenure_lease::FencingToken;
+use tenure_lease::names::NameRules;
+use tenure_lease::{
     AcquireOutcome, AcquireRequest, Acquired, Capabilities, FairQueue, HeldLease, HolderWatch,
     Lease, LeaseActor, LeaseEventSink, LeaseMsg, LeaseRecord, LeaseSettings, LeaseSpec, LeaseStore,
     LeaseView, PreemptionRequests, RememberedIds, Renewal, RenewalBatcher, StoreError,

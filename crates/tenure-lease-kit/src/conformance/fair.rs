@@ -1,4 +1,4 @@
-//! Fair acquire ([`FairQueue::acquire_fair`](crate::FairQueue::acquire_fair)): first come, first served. A waiter that gives up (its `wait` passed),
+//! Fair acquire ([`FairQueue::acquire_fair`](tenure_lease::FairQueue::acquire_fair)): first come, first served. A waiter that gives up (its `wait` passed),
 //! is cancelled (its future dropped) or whose process died leaves the line, so that it
 //! never blocks the waiters behind it for longer than its own ttl.
 //!
@@ -17,7 +17,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, sleep};
 
 use super::{Harness, fair_queue_of, granted_token, lease_on, request, test_settings};
-use crate::{AcquireOutcome, AcquireRequest, Acquired, FencingToken, Lease, LeaseStore};
+use tenure_lease::{AcquireOutcome, AcquireRequest, Acquired, FencingToken, Lease, LeaseStore};
 
 /// The ttl of every grant and waiter here (within a ZooKeeper test server's session bound).
 const TTL: Duration = Duration::from_secs(2);

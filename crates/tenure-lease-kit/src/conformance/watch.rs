@@ -1,10 +1,10 @@
-//! The watch of holder changes ([`HolderWatch`](crate::HolderWatch)): a store runs this case
+//! The watch of holder changes ([`HolderWatch`](tenure_lease::HolderWatch)): a store runs this case
 //! when its [`conformance_tests!`](crate::conformance_tests) lists `holder_watch`.
 
 use std::time::Duration;
 
 use super::{Harness, granted_token, holder_watch_of, request};
-use crate::{AcquireRequest, WatchEvent};
+use tenure_lease::{AcquireRequest, WatchEvent};
 
 /// A watch reports new grants and ended grants under its prefix, not renewals or reentrant
 /// acquires, nor leases outside the prefix.

@@ -14,8 +14,8 @@ use tokio::time::{Instant, sleep};
 use super::{
     Harness, granted_token, poll_until_granted, preemption_requests_of, request, test_settings,
 };
-use crate::FencingToken;
-use crate::{
+use tenure_lease::FencingToken;
+use tenure_lease::{
     AcquireOutcome, AcquireRequest, HeldLease, LeaseStore, PreemptAnswer, PreemptionRequest,
 };
 
