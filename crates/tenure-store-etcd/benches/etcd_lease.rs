@@ -15,6 +15,10 @@
 //!
 //! Run: `cargo bench -p tenure-store-etcd --bench etcd_lease`
 
+#[path = "../tests/support/mod.rs"]
+mod support;
+use support::EtcdStores;
+
 use std::io::{Read, Write};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -1,6 +1,9 @@
 //! The conformance suite against a real single-member etcd (each client its own
 //! connection, as separate processes would have).
 
+mod support;
+use support::EtcdStores;
+
 use std::any::Any;
 use std::sync::Arc;
 

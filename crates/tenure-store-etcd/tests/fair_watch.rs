@@ -1,6 +1,9 @@
 //! Fair acquire (first come, first served; cancellation and session expiry)
 //! against a real etcd.
 
+mod support;
+use support::EtcdStores;
+
 use std::sync::Arc;
 use std::time::Duration;
 

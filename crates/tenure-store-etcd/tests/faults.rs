@@ -1,6 +1,9 @@
 //! Real faults against real etcd members: the server killed and restarted, the leader of
 //! a 3-member cluster killed. Assertions are about order and safety, never speed.
 
+mod support;
+use support::EtcdStores;
+
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -22,6 +22,10 @@
 //!
 //! Run: `cargo bench -p tenure-store-postgres --bench postgres_lease`
 
+#[path = "../tests/support/mod.rs"]
+mod support;
+use support::PgOptions;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

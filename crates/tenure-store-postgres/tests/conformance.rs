@@ -1,5 +1,8 @@
 //! The conformance suite against a real PostgreSQL server per test (Debian's `postgresql`).
 
+mod support;
+use support::PgOptions;
+
 use std::any::Any;
 use std::sync::Arc;
 

@@ -2,6 +2,9 @@
 //! waiters' channel (and with what payload), and the waiters' table added to a lease table
 //! of an earlier version. The shared fair cases run in `conformance.rs`.
 
+mod support;
+use support::PgOptions;
+
 use std::sync::Arc;
 use std::time::Duration;
 

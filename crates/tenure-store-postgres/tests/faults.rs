@@ -2,6 +2,9 @@
 //! crashed under a holder, restarts, LIKE wildcards in prefixes, byte-order listing,
 //! concurrent first starts, notes, and writes guarded in the caller's transaction.
 
+mod support;
+use support::PgOptions;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 

@@ -2,6 +2,9 @@
 //! (Debian's `postgresql`). Every client (lease store and journal) has its own connection
 //! pool, as another process would.
 
+mod support;
+use support::PgOptions;
+
 use std::sync::Arc;
 
 use async_trait::async_trait;

@@ -37,7 +37,7 @@ async fn force(store: &dyn LeaseStore, name: &str, token: FencingToken, by: &str
         forceful: true,
         note: None,
     };
-    let answer = preemption_requests_of(&*store)
+    let answer = preemption_requests_of(store)
         .request_preemption(name, token, &q)
         .await
         .expect("request preemption");

@@ -46,7 +46,7 @@ fn sorted(mut ids: Vec<String>) -> Vec<String> {
 }
 
 async fn remembered(store: &dyn LeaseStore, name: &str) -> Vec<String> {
-    let got = remembered_ids_of(&*store)
+    let got = remembered_ids_of(store)
         .remembered(name)
         .await
         .expect("remembered");
