@@ -15,9 +15,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tenure::TenureConfig;
 use tenure::cluster::{ClusterSettings, Node};
-use tenure::ractor::{Actor, ActorProcessingErr, ActorRef};
+use tenure::ractor::ActorProcessingErr;
 use tenure::sharding::{Entity, EntityContext, ShardRegion, entity_factory};
-use tenure::singleton::spawner;
+use tenure::singleton::{Singleton, SingletonContext, SingletonRef};
 use tokio::sync::mpsc::{UnboundedSender, unbounded_channel};
 
 const PEOPLE: [&str; 4] = ["alice", "bob", "carol", "dave"];
@@ -59,28 +59,39 @@ impl Entity for Greeter {
     }
 }
 
-/// The singleton: says where it runs, under which token.
-struct Announcer;
-
-tenure::cluster::cluster_message! {
-    /// The announcer takes no messages; its work is done as it starts.
-    pub enum AnnouncerMsg {}
+/// The singleton: says where it runs, under which token, as it starts, and answers with
+/// that when asked.
+struct Announcer {
+    me: String,
+    started: UnboundedSender<String>,
 }
 
-impl Actor for Announcer {
-    type Msg = AnnouncerMsg;
-    type State = ();
-    type Arguments = (String, UnboundedSender<String>);
+#[derive(Serialize, Deserialize)]
+struct WhereAreYou;
 
-    async fn pre_start(
-        &self,
-        _myself: ActorRef<AnnouncerMsg>,
-        (announcement, started): (String, UnboundedSender<String>),
-    ) -> Result<(), ActorProcessingErr> {
+impl Singleton for Announcer {
+    type Request = WhereAreYou;
+    type Reply = String;
+    type State = String;
+
+    async fn start(&self, ctx: &SingletonContext) -> Result<String, ActorProcessingErr> {
+        let announcement = format!(
+            "singleton announcer runs on {} with token {}",
+            self.me, ctx.token
+        );
         println!("{announcement}");
         // Nobody may be listening (the first node does not): that is fine.
-        let _ = started.send(announcement);
-        Ok(())
+        let _ = self.started.send(announcement.clone());
+        Ok(announcement)
+    }
+
+    async fn handle(
+        &self,
+        _ctx: &SingletonContext,
+        announcement: &mut String,
+        _request: WhereAreYou,
+    ) -> Result<String, ActorProcessingErr> {
+        Ok(announcement.clone())
     }
 }
 
@@ -110,26 +121,26 @@ retry-interval = "300ms"
 }
 
 /// Starts a node from `config`, hosting the greeters and the announcer (which tells
-/// `started` when it starts on this node).
+/// `started` when it starts on this node); with a handle to the announcer wherever it runs.
 async fn start_node(
     config: &str,
     started: UnboundedSender<String>,
-) -> Result<(Node, ShardRegion), Box<dyn std::error::Error>> {
+) -> Result<(Node, ShardRegion, SingletonRef<Announcer>), Box<dyn std::error::Error>> {
     let config = TenureConfig::from_toml_str(config, "example")?;
     let provider = tenure::provider(config.clone())?;
     let node = Node::builder(ClusterSettings::from_config(&config)?)
         .start(&provider)
         .await?;
-    let me = node.addr().to_string();
-    let announcer = spawner(move |token| {
-        let announcement = format!("singleton announcer runs on {me} with token {token}");
-        (Announcer, (announcement, started.clone()))
-    });
-    tenure::singleton::start_on_node(&node, &provider, "announcer", announcer).await?;
+    let announcer = Announcer {
+        me: node.addr().to_string(),
+        started,
+    };
+    tenure::singleton::start_singleton(&node, &provider, "announcer", announcer).await?;
+    let announcer = SingletonRef::on_node(&node, &provider, "announcer").await?;
     let region =
         tenure::sharding::start_on_node(&node, &provider, "greeter", Some(entity_factory(Greeter)))
             .await?;
-    Ok((node, region))
+    Ok((node, region, announcer))
 }
 
 /// Greets everyone once, retrying a greeting whose shard is moving, for at most a minute.
@@ -156,7 +167,7 @@ async fn greet_everyone(region: &ShardRegion) -> Result<(), String> {
 
 /// The first node: the seed, which leaves gracefully after `lifetime`.
 async fn first_node(config: String, lifetime: Duration) -> Result<(), Box<dyn std::error::Error>> {
-    let (node, _region) = start_node(&config, unbounded_channel().0).await?;
+    let (node, _region, _announcer) = start_node(&config, unbounded_channel().0).await?;
     tokio::time::sleep(lifetime).await;
     println!("the first node leaves");
     node.leave().await?;
@@ -205,7 +216,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let (started, mut announced) = unbounded_channel();
-    let (node, region) = start_node(&config(dir.path(), port, seed), started).await?;
+    let (node, region, announcer) = start_node(&config(dir.path(), port, seed), started).await?;
     let greetings = async {
         greet_everyone(&region).await?;
         let left = first.wait().map_err(|e| e.to_string())?;
@@ -215,9 +226,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("only this node is left");
         greet_everyone(&region).await?;
         match tokio::time::timeout(Duration::from_secs(30), announced.recv()).await {
-            Ok(Some(_)) => Ok(()),
-            _ => Err("the singleton did not move to this node within 30 s".to_string()),
+            Ok(Some(_)) => {}
+            _ => return Err("the singleton did not move to this node within 30 s".to_string()),
         }
+        let answer = announcer
+            .ask(&WhereAreYou, Duration::from_secs(10))
+            .await
+            .map_err(|e| e.to_string())?;
+        println!("asked, the announcer says: {answer}");
+        Ok(())
     };
     let result = greetings.await;
     if first.try_wait()?.is_none() {

@@ -38,6 +38,14 @@ fn the_cluster_example_moves_its_shards_and_singleton_when_the_first_node_leaves
         .collect();
     assert_eq!(singleton_hosts.len(), 2, "{stdout}");
     assert_ne!(singleton_hosts[0], singleton_hosts[1], "{stdout}");
+    // Asked through its handle, the singleton answers from the second node.
+    assert!(
+        stdout.contains(&format!(
+            "asked, the announcer says: singleton announcer runs on {} ",
+            singleton_hosts[1]
+        )),
+        "{stdout}"
+    );
     let (before, after) = stdout
         .split_once("only this node is left")
         .unwrap_or_else(|| panic!("the first node never left:\n{stdout}"));

@@ -226,13 +226,9 @@ pub async fn hold(
     });
     let lease = tenure::Lease::start_with_events(spec, sink).await?;
     let (mut interrupt, mut terminate) = stop_signals()?;
-    let (lost_tx, mut lost_rx) = mpsc::unbounded_channel();
-    let tx = lost_tx.clone();
-    let first = lease.acquire_with_lost(move |ev| {
-        let _ = tx.send(ev);
-    });
-    let token = match first.await {
-        Ok(Acquired::Granted { token }) => token,
+    let grant = match lease.acquire().await {
+        // Held now: the handle's reentrant wait answers at once with the same grant.
+        Ok(Acquired::Granted { .. }) => lease.hold().await?,
         first => {
             match first {
                 Ok(Acquired::NotGranted { holder, priority }) => println!(
@@ -247,14 +243,16 @@ pub async fn hold(
                 Err(e) => println!("waiting for {}: {e}", target.name),
                 Ok(Acquired::Granted { .. }) => unreachable!(),
             }
-            let tx = lost_tx.clone();
             tokio::select! {
-                token = lease.acquire_wait_with_lost(move |ev| { let _ = tx.send(ev); }) => token?,
+                grant = lease.hold() => grant?,
                 _ = interrupt.recv() => { release_held(&lease).await?; return Ok(Outcome::No) }
                 _ = terminate.recv() => { release_held(&lease).await?; return Ok(Outcome::No) }
             }
         }
     };
+    let token = grant.token();
+    let lost = grant.lost();
+    tokio::pin!(lost);
     println!(
         "holding {} as {owner} token={token} (renewing every {}; Ctrl-C releases)",
         target.name,
@@ -262,9 +260,8 @@ pub async fn hold(
     );
     loop {
         tokio::select! {
-            lost = lost_rx.recv() => {
-                let reason = lost.map(|l| l.reason.to_string()).unwrap_or_default();
-                eprintln!("tenure: lost {} (token {token}): {reason}", target.name);
+            lost = &mut lost => {
+                eprintln!("tenure: lost {} (token {token}): {}", target.name, lost.reason);
                 return Ok(Outcome::Lost);
             }
             Some(event) = events.recv() => {

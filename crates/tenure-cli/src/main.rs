@@ -288,6 +288,7 @@ fn init_tracing(history: Option<HistoryLayer>) {
     };
     let log = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_filter(filter);
     tracing_subscriber::registry()
         .with(log)

@@ -94,12 +94,14 @@ pub async fn run(
 
     let mut interrupt = signal(SignalKind::interrupt()).map_err(io_err)?;
     let mut terminate = signal(SignalKind::terminate()).map_err(io_err)?;
-    let (lost_tx, mut lost_rx) = mpsc::unbounded_channel();
-    let token = tokio::select! {
-        token = lease.acquire_wait_with_lost(move |ev| { let _ = lost_tx.send(ev); }) => token?,
+    let grant = tokio::select! {
+        grant = lease.hold() => grant?,
         _ = interrupt.recv() => return release_on_exit(&lease, Outcome::No).await,
         _ = terminate.recv() => return release_on_exit(&lease, Outcome::No).await,
     };
+    let token = grant.token();
+    let lost = grant.lost();
+    tokio::pin!(lost);
     tracing::info!(lease = %target.name, token = token.get(), "granted; starting command");
     let mut child = match CommandTree::spawn(command, &target.name, token) {
         Ok(child) => child,
@@ -138,9 +140,8 @@ pub async fn run(
                 stopped("exited");
                 break exit_status(status);
             }
-            lost = lost_rx.recv() => {
-                let reason = lost.map(|l| l.reason.to_string()).unwrap_or_default();
-                eprintln!("tenure: lost {} (token {token}): {reason}; stopping the command", target.name);
+            lost = &mut lost => {
+                eprintln!("tenure: lost {} (token {token}): {}; stopping the command", target.name, lost.reason);
                 child.end(grace, KILL_SLACK).await;
                 stopped("lost");
                 return Ok(Outcome::Lost);

@@ -82,3 +82,21 @@ fn unknown_keys_and_retired_sentinels_are_refused_naming_the_key() {
         assert!(err.contains(key) && err.contains(says), "{config}: {err}");
     }
 }
+
+/// `TENURE_LOG` sets the log level; logs written to a pipe (not a terminal) carry no ANSI
+/// colour codes, so `tenure … 2>&1 | tee log` stays plain text.
+#[test]
+fn logs_to_a_pipe_are_plain_text() {
+    let sb = Sandbox::new();
+    let out = sb
+        .command(&[
+            "lease", "run", "j", "--owner", "o", "--grace", "500ms", "--", "true",
+        ])
+        .env("TENURE_LOG", "info")
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let logs = stderr(&out);
+    assert!(logs.contains("lease granted"), "info logs: {logs}");
+    assert!(!logs.contains('\u{1b}'), "no escape codes: {logs:?}");
+}

@@ -37,6 +37,45 @@ impl NodeEventSubscription for Ready {
     }
 }
 
+/// Tells a channel of every change to the process groups of a scope, while it runs.
+struct GroupNotices;
+
+impl Actor for GroupNotices {
+    type Msg = ();
+    type State = (String, mpsc::UnboundedSender<()>);
+    type Arguments = (String, mpsc::UnboundedSender<()>);
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<()>,
+        (scope, notice): Self::Arguments,
+    ) -> Result<Self::State, ractor::ActorProcessingErr> {
+        pg::monitor_scope(scope.clone(), myself.get_cell());
+        Ok((scope, notice))
+    }
+
+    async fn post_stop(
+        &self,
+        myself: ActorRef<()>,
+        (scope, _): &mut Self::State,
+    ) -> Result<(), ractor::ActorProcessingErr> {
+        pg::demonitor_scope(scope.clone(), myself.get_id());
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        _myself: ActorRef<()>,
+        event: ractor::SupervisionEvent,
+        (_, notice): &mut Self::State,
+    ) -> Result<(), ractor::ActorProcessingErr> {
+        if let ractor::SupervisionEvent::ProcessGroupChanged(_) = event {
+            let _ = notice.send(());
+        }
+        Ok(())
+    }
+}
+
 impl ClusterClient {
     /// Connects to `node` with the cookie and TLS files of `settings`.
     pub async fn connect(
@@ -99,24 +138,38 @@ impl ClusterClient {
             Err(_) => return Err(fail(format!("no authenticated session within {wait:?}"))),
         };
         let scope = scope(&settings.system);
-        let group = AGENT_GROUP.to_string();
-        for _ in 0..50 {
-            let agent = pg::get_scoped_members(&scope, &group).into_iter().find(
-                |c| matches!(c.get_id(), ActorId::Remote { node_id, .. } if node_id == ses.node_id),
-            );
-            if let Some(agent) = agent {
-                return Ok(ClusterClient {
-                    node: node.clone(),
-                    server,
-                    agent: agent.into(),
-                });
+        let (notice, mut notices) = mpsc::unbounded_channel();
+        let (watch, _) = Actor::spawn(None, GroupNotices, (scope.clone(), notice))
+            .await
+            .map_err(|e| fail(format!("cannot watch the node's process groups: {e}")))?;
+        let give_up = tokio::time::Instant::now() + settings.dial_timeout;
+        let agent = loop {
+            // Watched before looking: a group change after this look is noticed.
+            let agent = pg::get_scoped_members(&scope, &AGENT_GROUP.to_string())
+                .into_iter()
+                .find(
+                    |c| matches!(c.get_id(), ActorId::Remote { node_id, .. } if node_id == ses.node_id),
+                );
+            if agent.is_some() {
+                break agent;
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            match tokio::time::timeout_at(give_up, notices.recv()).await {
+                Ok(Some(())) => {}
+                Ok(None) | Err(_) => break None,
+            }
+        };
+        watch.stop(None);
+        match agent {
+            Some(agent) => Ok(ClusterClient {
+                node: node.clone(),
+                server,
+                agent: agent.into(),
+            }),
+            None => Err(fail(format!(
+                "no Tenure agent of system `{}` there",
+                settings.system
+            ))),
         }
-        Err(fail(format!(
-            "no Tenure agent of system `{}` there",
-            settings.system
-        )))
     }
 
     /// The node's view of the cluster.

@@ -281,6 +281,17 @@ impl LeaseView {
             .map(|h| self.belief.clock().to_tokio(h.deadline))
     }
 
+    /// The grant believed, even if its belief just ended: its token and local deadline on
+    /// the [`holder_clock`](Self::holder_clock).
+    pub(crate) fn held_grant(&self) -> Option<(FencingToken, Instant)> {
+        self.belief.held().map(|h| (h.token, h.deadline))
+    }
+
+    /// The clock the lease's deadlines are measured on.
+    pub(crate) fn holder_clock(&self) -> &crate::clock::HolderClock {
+        self.belief.clock()
+    }
+
     /// Calls `cb` once the grant with `token` is lost (at once if it was already).
     pub(crate) fn on_lost(&self, token: FencingToken, cb: LostCallback) {
         self.belief.on_lost(token, cb);

@@ -169,6 +169,10 @@ impl Lease {
 
     /// [`acquire_wait`](Lease::acquire_wait) with a lost-notification as in
     /// [`acquire_with_lost`](Lease::acquire_with_lost).
+    #[deprecated(
+        since = "0.1.0",
+        note = "use `hold()`: its `Grant` tells of a loss with `lost()` and releases when dropped"
+    )]
     pub async fn acquire_wait_with_lost(
         &self,
         on_lost: impl FnOnce(LeaseLost) + Send + 'static,

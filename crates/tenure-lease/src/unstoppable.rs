@@ -70,25 +70,43 @@ impl std::fmt::Display for Unstoppable {
 /// lost ([`WhenKillFails::Abort`]): [`ProcessEnd::abort`] by default; tests give a hook
 /// instead.
 #[derive(Clone)]
-pub struct ProcessEnd(Arc<dyn Fn(&Unstoppable) + Send + Sync>);
+pub struct ProcessEnd {
+    end: Arc<dyn Fn(&Unstoppable) + Send + Sync>,
+    watchdog: bool,
+}
 
 impl ProcessEnd {
     /// Ends the process at once with [`std::process::abort`]: no destructor, no flush, no
-    /// await; every thread, the blocked one included, ends with it.
+    /// await; every thread, the blocked one included, ends with it. The [`LossWatch`]es
+    /// of its terminator also watch from the process's watchdog thread.
     pub fn abort() -> Self {
-        ProcessEnd(Arc::new(|_| std::process::abort()))
+        ProcessEnd {
+            end: Arc::new(|_| std::process::abort()),
+            watchdog: true,
+        }
     }
 
     /// Calls `hook` instead of ending the process: for tests. The supervisor goes on once it
-    /// returns, as with [`WhenKillFails::RunOnUnsafe`].
+    /// returns, as with [`WhenKillFails::RunOnUnsafe`]. Without
+    /// [`with_watchdog`](Self::with_watchdog), only the runtime's tasks call it.
     pub fn with_hook(hook: impl Fn(&Unstoppable) + Send + Sync + 'static) -> Self {
-        ProcessEnd(Arc::new(hook))
+        ProcessEnd {
+            end: Arc::new(hook),
+            watchdog: false,
+        }
+    }
+
+    /// Also watches from the process's watchdog thread, as [`abort`](Self::abort) does.
+    /// The watchdog reads the host's clock: not for tests on tokio's paused time.
+    pub fn with_watchdog(mut self) -> Self {
+        self.watchdog = true;
+        self
     }
 
     /// Ends the process because of `what`; returns only with a hook. The caller has
     /// logged and recorded it already.
     pub fn end(&self, what: &Unstoppable) {
-        (self.0)(what)
+        (self.end)(what)
     }
 }
 
@@ -148,6 +166,11 @@ impl Terminator {
     pub fn rearm(&self) {
         self.0.done.store(false, Ordering::SeqCst);
     }
+
+    /// Whether its loss watches also watch from the watchdog thread.
+    fn watchdog(&self) -> bool {
+        self.0.end.watchdog && self.0.policy == WhenKillFails::Abort
+    }
 }
 
 /// An actor run under a grant, as a [`LossWatch`] knows it.
@@ -163,9 +186,18 @@ struct Watched {
 /// then ends the process through its [`Terminator`] if any actor watched under `T` has not
 /// terminated. The supervisor stops them meanwhile; this ends the process also when the
 /// supervisor itself is held up. Stops watching when dropped.
+///
+/// That task needs a free worker of the runtime, and blocked code can take every one (an
+/// entity blocked on one worker, a slow inline store call or another blocked entity on the
+/// other). So, when the terminator ends the process for real ([`ProcessEnd::abort`]), the
+/// process's watchdog thread also judges each grant at its local deadline minus the stop
+/// budget's exit wait: a grant whose deadline has not moved on by then is lost, and any
+/// actor watched under it that has not terminated ends the process then.
 pub struct LossWatch {
     actors: Arc<Mutex<HashMap<ActorId, Watched>>>,
     task: tokio::task::JoinHandle<()>,
+    /// This watch's place in the watchdog thread's list, while the watch lives.
+    _dogged: Option<Arc<watchdog::Dogged>>,
 }
 
 impl LossWatch {
@@ -178,6 +210,15 @@ impl LossWatch {
         terminator: Terminator,
     ) -> LossWatch {
         let actors: Arc<Mutex<HashMap<ActorId, Watched>>> = Arc::default();
+        let dogged = terminator.watchdog().then(|| {
+            watchdog::watch(watchdog::Dogged::new(
+                view.clone(),
+                lease.to_string(),
+                actors.clone(),
+                terminator.clone(),
+                budget.exit_wait,
+            ))
+        });
         let mut states = view.watch_state();
         let (view, lease, watched) = (view.clone(), lease.to_string(), actors.clone());
         let task = tokio::spawn(async move {
@@ -203,27 +244,17 @@ impl LossWatch {
                     (watched.clone(), lease.clone(), terminator.clone());
                 tokio::spawn(async move {
                     tokio::time::sleep_until(at.give_up).await;
-                    let mut running: Vec<String> = {
-                        let mut list = lock(&watched);
-                        list.retain(|_, w| !terminated(&w.cell));
-                        list.values()
-                            .filter(|w| w.token == gone)
-                            .map(|w| w.what.clone())
-                            .collect()
-                    };
-                    running.sort();
-                    if !running.is_empty() {
-                        let what = Unstoppable {
-                            lease,
-                            token: gone,
-                            what: running.join(", "),
-                        };
+                    if let Some(what) = running(&watched, &lease, gone) {
                         terminator.terminate(&what, "the lease's loss watch found it running");
                     }
                 });
             }
         });
-        LossWatch { actors, task }
+        LossWatch {
+            actors,
+            task,
+            _dogged: dogged,
+        }
     }
 
     /// Watches actor `cell`, run under grant `token`; `what` names it for people.
@@ -243,6 +274,28 @@ impl Drop for LossWatch {
     }
 }
 
+/// What watched under grant `token` of `lease` has not terminated, if anything.
+fn running(
+    watched: &Mutex<HashMap<ActorId, Watched>>,
+    lease: &str,
+    token: FencingToken,
+) -> Option<Unstoppable> {
+    let mut running: Vec<String> = {
+        let mut list = lock(watched);
+        list.retain(|_, w| !terminated(&w.cell));
+        list.values()
+            .filter(|w| w.token == token)
+            .map(|w| w.what.clone())
+            .collect()
+    };
+    running.sort();
+    (!running.is_empty()).then(|| Unstoppable {
+        lease: lease.to_string(),
+        token,
+        what: running.join(", "),
+    })
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -251,6 +304,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 fn terminated(cell: &ActorCell) -> bool {
     cell.get_status() == ActorStatus::Stopped && cell.get_children().iter().all(terminated)
 }
+
+mod watchdog;
 
 impl Default for ProcessEnd {
     fn default() -> Self {
@@ -360,6 +415,11 @@ mod watch_tests {
         /// A lease (ttl 1.5 s, the stop budget of a 300 ms stop-timeout), not yet held; a
         /// watch of it whose terminator reports to `ends`.
         async fn new() -> Watched {
+            Watched::ending(|end| end).await
+        }
+
+        /// [`new`](Self::new), with the terminator's hook made by `end` of a plain one.
+        async fn ending(end: impl FnOnce(ProcessEnd) -> ProcessEnd) -> Watched {
             let store = MemoryStore::new();
             let settings = LeaseSettings {
                 heartbeat_timeout: Duration::from_millis(1500),
@@ -381,10 +441,10 @@ mod watch_tests {
             let terminator = Terminator::new(
                 WhenKillFails::Abort,
                 "test.when-kill-fails",
-                ProcessEnd::with_hook({
+                end(ProcessEnd::with_hook({
                     let ends = ends.clone();
                     move |what| ends.lock().unwrap().push(what.clone())
-                }),
+                })),
             );
             let watch = LossWatch::start(&view, "test-watch", budget, terminator);
             Watched {
@@ -461,5 +521,69 @@ mod watch_tests {
         assert!(released.unwrap());
         tokio::time::sleep(Duration::from_millis(900)).await;
         assert!(w.ends().is_empty());
+    }
+
+    /// Every worker of the runtime is held up by blocked code, so neither the supervisor nor
+    /// the loss watch's task can run, and nothing renews the lease: the watchdog thread
+    /// ends the process while the workers are still blocked.
+    #[test]
+    fn the_watchdog_ends_the_process_while_every_worker_is_blocked() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let blocked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (w, _actor) = rt.block_on(async {
+            let w = Watched::ending({
+                let blocked = blocked.clone();
+                move |end| {
+                    let plain = end.clone();
+                    ProcessEnd::with_hook(move |what| {
+                        let mut what = what.clone();
+                        what.what = format!(
+                            "{} with {} workers blocked",
+                            what.what,
+                            blocked.load(Ordering::SeqCst)
+                        );
+                        plain.end(&what);
+                    })
+                    .with_watchdog()
+                }
+            })
+            .await;
+            let actor = w.actor_under_a_grant("actor idle").await;
+            (w, actor)
+        });
+        let all_blocked = Arc::new(std::sync::Barrier::new(3));
+        for _ in 0..2 {
+            let (blocked, all_blocked, ends) =
+                (blocked.clone(), all_blocked.clone(), w.ends.clone());
+            rt.spawn(async move {
+                blocked.fetch_add(1, Ordering::SeqCst);
+                all_blocked.wait();
+                // Blocked (no await) until something ends the process, or 10 ttls.
+                for _ in 0..1500 {
+                    if !ends.lock().unwrap().is_empty() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                blocked.fetch_sub(1, Ordering::SeqCst);
+            });
+        }
+        all_blocked.wait();
+        while blocked.load(Ordering::SeqCst) > 0 {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let ends = w.ends();
+        assert!(!ends.is_empty(), "nothing ended the process");
+        assert_eq!(
+            (ends[0].lease.as_str(), ends[0].what.as_str()),
+            ("test-watch", "actor idle with 2 workers blocked"),
+            "{ends:?}"
+        );
+        drop(w);
+        rt.shutdown_background();
     }
 }

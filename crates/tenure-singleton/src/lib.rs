@@ -8,10 +8,12 @@
 //! the current instance and buffers while there is none.
 
 mod history;
+mod instance;
 mod manager;
 mod proxy;
 mod settings;
 
+pub use instance::{InstanceMsg, Singleton, SingletonRef, singleton_spawner, start_singleton};
 pub use manager::{
     ManagerMsg, SingletonContext, SingletonManager, SingletonSpec, SingletonStatus, Spawner,
     StartHandle, StartingInstance, instance_group, instance_group_prefix, spawner, start_outcome,

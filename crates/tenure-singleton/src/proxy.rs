@@ -51,6 +51,8 @@ pub enum ProxyError {
 pub enum ProxyMsg<M: ractor::Message> {
     Send(M, RpcReplyPort<Result<(), ProxyError>>),
     Instance(RpcReplyPort<Option<ActorRef<M>>>),
+    /// Answered with the instance as soon as one is known (at once if it is).
+    AwaitInstance(RpcReplyPort<ActorRef<M>>),
 }
 
 impl<M: ractor::Message> ractor::Message for ProxyMsg<M> {}
@@ -80,6 +82,8 @@ pub struct ProxyState<M: ractor::Message> {
     capacity: usize,
     instance: Option<ActorRef<M>>,
     buffer: VecDeque<M>,
+    /// Callers waiting for an instance to be known.
+    waiting: Vec<RpcReplyPort<ActorRef<M>>>,
 }
 
 impl<M: ractor::Message> SingletonProxy<M> {
@@ -106,6 +110,11 @@ impl<M: ractor::Message> SingletonProxy<M> {
         }
     }
 
+    /// The singleton's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     /// The instance known now, if any.
     pub async fn instance(&self) -> Option<ActorRef<M>> {
         match self.actor.call(ProxyMsg::Instance, None).await {
@@ -122,17 +131,23 @@ impl<M: ractor::Message> SingletonProxy<M> {
         timeout: Duration,
     ) -> Result<R, ProxyError> {
         let deadline = tokio::time::Instant::now() + timeout;
-        let instance = loop {
-            if let Some(instance) = self.instance().await {
-                break instance;
-            }
-            if tokio::time::Instant::now() >= deadline {
+        let instance = match self
+            .actor
+            .call(ProxyMsg::AwaitInstance, Some(timeout))
+            .await
+        {
+            Ok(ractor::rpc::CallResult::Success(instance)) => instance,
+            Ok(ractor::rpc::CallResult::Timeout) => {
                 return Err(ProxyError::NoInstance {
                     name: self.name.clone(),
                     waited: timeout,
                 });
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            _ => {
+                return Err(ProxyError::Stopped {
+                    name: self.name.clone(),
+                });
+            }
         };
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         match instance
@@ -176,6 +191,11 @@ impl<M: ractor::Message> ProxyState<M> {
             .find_map(|g| pg::get_scoped_members(&self.scope, g).into_iter().next())
             .map(ActorRef::from);
         self.flush();
+        if let Some(instance) = &self.instance {
+            for waiter in self.waiting.drain(..) {
+                let _ = waiter.send(instance.clone());
+            }
+        }
     }
 
     fn flush(&mut self) {
@@ -216,6 +236,7 @@ impl<M: ractor::Message> Actor for ProxyActor<M> {
             capacity,
             instance: None,
             buffer: VecDeque::new(),
+            waiting: Vec::new(),
         };
         state.refresh();
         Ok(state)
@@ -257,6 +278,22 @@ impl<M: ractor::Message> Actor for ProxyActor<M> {
                     state.refresh();
                 }
                 let _ = reply.send(state.instance.clone());
+            }
+            ProxyMsg::AwaitInstance(reply) => {
+                if state.instance.is_none() {
+                    state.refresh();
+                }
+                match &state.instance {
+                    Some(instance) => {
+                        let _ = reply.send(instance.clone());
+                    }
+                    None => {
+                        // Callers that gave up meanwhile are dropped here, so the list
+                        // holds only callers still waiting.
+                        state.waiting.retain(|w| !w.is_closed());
+                        state.waiting.push(reply);
+                    }
+                }
             }
         }
         Ok(())

@@ -11,7 +11,9 @@ use tenure_lease::{
     MemoryStore,
 };
 use tenure_singleton::{
-    ManagerMsg, SingletonManager, SingletonProxy, SingletonSettings, SingletonSpec, spawner,
+    InstanceMsg, ManagerMsg, ProxyError, Singleton, SingletonContext, SingletonManager,
+    SingletonProxy, SingletonRef, SingletonSettings, SingletonSpec, Spawner, singleton_spawner,
+    spawner,
 };
 use tokio::sync::mpsc;
 
@@ -99,10 +101,22 @@ struct Fixture {
 }
 
 async fn fixture(name: &str, members: Vec<Member>, prepare: impl FnOnce(&MemoryStore)) -> Fixture {
+    let (tx, seen) = mpsc::unbounded_channel();
+    let spawner = spawner(move |token| (Probe, (token, tx.clone())));
+    fixture_spawning(name, members, prepare, spawner, seen).await
+}
+
+/// [`fixture`] whose instances `spawner` makes, their probe's reports on `seen`.
+async fn fixture_spawning(
+    name: &str,
+    members: Vec<Member>,
+    prepare: impl FnOnce(&MemoryStore),
+    spawner: Spawner,
+    seen: mpsc::UnboundedReceiver<Seen>,
+) -> Fixture {
     let store = Arc::new(MemoryStore::new());
     prepare(&store);
     let lease = format!("test-singleton-{name}");
-    let (tx, seen) = mpsc::unbounded_channel();
     let settings = SingletonSettings {
         role: None,
         lease_section: "memory".into(),
@@ -126,7 +140,7 @@ async fn fixture(name: &str, members: Vec<Member>, prepare: impl FnOnce(&MemoryS
         .unwrap(),
         me: addr(1),
         scope: scope.clone(),
-        spawner: spawner(move |token| (Probe, (token, tx.clone()))),
+        spawner,
         process_end: tenure_lease::ProcessEnd::abort(),
     };
     let manager = SingletonManager::start(spec, None).await.unwrap();
@@ -329,4 +343,111 @@ async fn the_proxy_buffers_in_order_until_an_instance_exists_and_refuses_beyond_
         next(&mut f.seen, Duration::from_secs(2)).await,
         Some(Seen::Got(token, "four".into()))
     );
+}
+
+/// A singleton in the entity's shape: a running total, reporting its starts and stops.
+struct Total(mpsc::UnboundedSender<Seen>);
+
+#[derive(serde::Serialize, serde::Deserialize)]
+enum Change {
+    Add(u64),
+    Fail,
+}
+
+impl Singleton for Total {
+    type Request = Change;
+    type Reply = (u64, u64);
+    type State = u64;
+
+    async fn start(&self, ctx: &SingletonContext) -> Result<u64, ActorProcessingErr> {
+        let _ = self.0.send(Seen::Started(ctx.token));
+        Ok(0)
+    }
+
+    async fn handle(
+        &self,
+        ctx: &SingletonContext,
+        total: &mut u64,
+        change: Change,
+    ) -> Result<(u64, u64), ActorProcessingErr> {
+        match change {
+            Change::Add(n) => {
+                *total += n;
+                Ok((*total, ctx.token.get()))
+            }
+            Change::Fail => Err("asked to fail".into()),
+        }
+    }
+
+    async fn stop(&self, ctx: &SingletonContext, _total: &mut u64) {
+        let _ = self.0.send(Seen::Stopped(ctx.token));
+    }
+}
+
+/// Told and asked through a typed handle, the instance keeps its state between requests;
+/// a failing request is answered with the failure and ends the instance, and the manager
+/// starts a new one under a new grant with a fresh state.
+#[tokio::test]
+async fn a_typed_singleton_answers_through_its_handle_and_a_failure_restarts_it() {
+    let scope = "test-typed".to_string();
+    let proxy = SingletonProxy::<InstanceMsg>::start(&scope, "typed", 8)
+        .await
+        .unwrap();
+    let total = SingletonRef::<Total>::new(proxy);
+    let (tx, seen) = mpsc::unbounded_channel();
+    let mut other = FencingToken::new(0);
+    let mut f = fixture_spawning(
+        "typed",
+        vec![member(1, 1, MemberStatus::Up)],
+        |s| other = hold_by_other(s, "test-singleton-typed"),
+        singleton_spawner(Total(tx)),
+        seen,
+    )
+    .await;
+    assert_eq!(f.scope, scope);
+    let wait = Duration::from_secs(3);
+    // No instance while another owner holds the lease: an ask waits for one, up to its
+    // timeout.
+    let none = total
+        .ask(&Change::Add(1), Duration::from_millis(50))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&none, ProxyError::NoInstance { name, .. } if name == "typed"),
+        "{none}"
+    );
+    let asked = tokio::spawn({
+        let total = total.clone();
+        async move { total.ask(&Change::Add(2), Duration::from_secs(10)).await }
+    });
+    assert!(f.store.release(&f.lease, "other:1", other).await.unwrap());
+    let Some(Seen::Started(first)) = next(&mut f.seen, Duration::from_secs(3)).await else {
+        panic!("not started")
+    };
+    assert_eq!(asked.await.unwrap().unwrap(), (2, first.get()));
+    total.tell(&Change::Add(3)).await.unwrap();
+    assert_eq!(
+        total.ask(&Change::Add(0), wait).await.unwrap(),
+        (5, first.get())
+    );
+
+    let failed = total
+        .ask(&Change::Fail, wait)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        failed.contains("typed") && failed.contains("asked to fail"),
+        "{failed}"
+    );
+    // A failure is no graceful stop: `stop` does not run.
+    let Some(Seen::Started(second)) = next(&mut f.seen, Duration::from_secs(5)).await else {
+        panic!("not started again")
+    };
+    assert!(second > first, "{second:?} after {first:?}");
+    assert_eq!(
+        total.ask(&Change::Add(1), wait).await.unwrap(),
+        (1, second.get())
+    );
+    f.manager.stop(None);
 }

@@ -237,11 +237,12 @@ pub fn check_actions(
         let list = freezes.entry(e.node.as_str()).or_default();
         match e.event {
             Event::Paused {} => list.push((e.t, None)),
-            Event::Resumed {} => {
-                if let Some(last) = list.last_mut().filter(|f| f.1.is_none()) {
-                    last.1 = Some(e.t);
-                }
-            }
+            // SIGCONT resumes a process however many SIGSTOPs it had: one resume ends
+            // every freeze still open.
+            Event::Resumed {} => list
+                .iter_mut()
+                .filter(|f| f.1.is_none())
+                .for_each(|f| f.1 = Some(e.t)),
             _ => {}
         }
     }
@@ -507,5 +508,34 @@ mod tests {
             outside(&blocked_entity(Some(forged))),
             [shard_late, entity_late]
         );
+    }
+
+    fn fault(ms: i64, event: Event) -> Entry {
+        Entry::new(ms * MS, "a", crate::HARNESS, event)
+    }
+
+    #[test]
+    fn a_resume_ends_every_open_freeze_of_its_node() {
+        // Frozen twice (at 600 and 650), resumed once at 800, before the deadline (900):
+        // the entity living on to the history's end is outside its hold.
+        let mut twice = blocked_entity(None);
+        twice.extend([
+            fault(600, Event::Paused {}),
+            fault(650, Event::Paused {}),
+            fault(800, Event::Resumed {}),
+        ]);
+        twice.sort_by_key(|e| e.t);
+        assert_eq!(
+            outside(&twice),
+            [
+                (5, ViolationKind::ActionOutsideHold),
+                (10, ViolationKind::ActionOutsideHold)
+            ]
+        );
+        // Frozen across the deadline and never resumed: nothing it did after counts.
+        let mut frozen = blocked_entity(None);
+        frozen.push(fault(850, Event::Paused {}));
+        frozen.sort_by_key(|e| e.t);
+        assert_eq!(outside(&frozen), []);
     }
 }
