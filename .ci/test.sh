@@ -120,5 +120,5 @@ else
   step "tests (cargo test)" counted cargo test --workspace --all-features --locked --no-fail-fast
 fi
 # Benchmarks cannot rot: every bench binary runs once, small (criterion's test mode; the
-# others read `tenure_lease::conformance::bench::smoke`).
+# others read `tenure_lease_kit::bench::smoke`).
 step "bench smoke run" counted cargo test --workspace --all-features --locked --bench '*'

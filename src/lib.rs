@@ -43,13 +43,14 @@ pub use tenure_cluster as cluster;
 pub use tenure_history as history;
 pub use tenure_lease::{
     AcquireOptions, AcquireOutcome, AcquireReply, AcquireRequest, Acquired, CONFIG_VAR,
-    Capabilities, ConfigError, EMERGENCY_PRIORITY, Election, FenceCheck, FencingToken, Grant,
-    HeldLease, HolderClock, Leader, LeaderWatch, Lease, LeaseActor, LeaseError, LeaseEvent,
-    LeaseEventSink, LeaseGranted, LeaseLost, LeaseMsg, LeaseObserver, LeaseProvider, LeaseRecord,
-    LeaseSection, LeaseSettings, LeaseSpec, LeaseStore, LeaseTiming, LeaseTrace, LeaseView,
-    LostReason, MemoryStore, MemoryStoreFactory, Permit, PreemptionRequest, PreemptionRequested,
-    PreemptionWithdrawn, ProcessEnd, Semaphore, StaleToken, StopBudget, StopDeadlines, StoreError,
-    StoreFactory, StoreRegistry, TenureConfig, TenureSettings, Unstoppable, WhenKillFails,
+    Capabilities, ConfigError, EMERGENCY_PRIORITY, Election, FairQueue, FenceCheck, FencingToken,
+    Grant, HeldLease, HolderClock, HolderWatch, Leader, LeaderWatch, Lease, LeaseActor, LeaseError,
+    LeaseEvent, LeaseEventSink, LeaseGranted, LeaseLost, LeaseMsg, LeaseObserver, LeaseProvider,
+    LeaseRecord, LeaseSection, LeaseSettings, LeaseSpec, LeaseStore, LeaseTiming, LeaseTrace,
+    LeaseView, LostReason, MemoryStore, MemoryStoreFactory, Permit, PreemptionRequest,
+    PreemptionRequested, PreemptionRequests, PreemptionWithdrawn, ProcessEnd, RememberedIds,
+    Semaphore, StaleToken, StopBudget, StopDeadlines, StoreError, StoreFactory, StoreRegistry,
+    TenureConfig, TenureSettings, Unstoppable, WhenKillFails,
 };
 pub use tenure_lease::{
     clock, config, duration, election, fence, memory, names, semaphore, store, trace, validity,

@@ -27,7 +27,7 @@
 
 use std::time::Duration;
 
-use tenure_lease::conformance::bench::{knob, smoke};
+use tenure_lease_kit::bench::{knob, smoke};
 use tenure_test_kit::cli;
 use tenure_test_kit::cli::cluster::Cluster;
 use tenure_test_kit::cli::service::{

@@ -25,7 +25,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use tenure_cli::check::{ActionRule, check_with, read_history};
-use tenure_lease::conformance::bench::knob;
+use tenure_lease_kit::bench::knob;
 use tenure_test_kit::cli::cluster::{Cluster, Options, TestCluster, percentile};
 use tenure_test_kit::cli::lives::{Life, live_entities};
 use tenure_test_kit::cli::shards::SHARDING;

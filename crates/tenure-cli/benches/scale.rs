@@ -34,7 +34,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use tenure_lease::conformance::bench::{knob, smoke};
+use tenure_lease_kit::bench::{knob, smoke};
 use tenure_test_kit::cli::cluster::{Cluster, Options, TestCluster, hold_ports};
 
 /// Set to `1` inside the network namespace the bench made for itself; `0` keeps the host's.

@@ -9,7 +9,7 @@
 //! `cargo bench -p tenure-cli --bench sharding_failover` (runs: TENURE_BENCH_RUNS, default 10).
 
 use std::time::Duration;
-use tenure_lease::conformance::bench::knob;
+use tenure_lease_kit::bench::knob;
 
 use tenure_cli::check::{ActionRule, check_with, read_history};
 use tenure_test_kit::cli::cluster::percentile;

@@ -14,7 +14,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
-use tenure_lease::conformance::bench::{PairedRounds, SLICES, knob, median, paired, size, timed};
+use tenure_lease_kit::bench::{PairedRounds, SLICES, knob, median, paired, size, timed};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tenure::cluster::{ClusterSettings, Incarnation, Node, NodeAddr};

@@ -44,7 +44,7 @@ use std::time::Duration;
 use serde_json::Value;
 use tenure_cli::availability::{Request, acks_per_second, issued_in, latency_quantile};
 use tenure_cli::check::{ActionRule, check_with, read_history};
-use tenure_lease::conformance::bench::knob;
+use tenure_lease_kit::bench::knob;
 use tenure_test_kit::cli::cluster::{Cluster, TestCluster};
 use tenure_test_kit::cli::lives::shard_lives;
 use tenure_test_kit::cli::shards::{

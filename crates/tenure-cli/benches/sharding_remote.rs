@@ -16,7 +16,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, pg};
 use ractor_cluster::RactorClusterMessage;
 use tenure::TenureConfig;
 use tenure::sharding::{Entity, EntityContext, entity_factory};
-use tenure_lease::conformance::bench::{PairedRounds, SLICES, paired, size, timed};
+use tenure_lease_kit::bench::{PairedRounds, SLICES, paired, size, timed};
 use tenure_test_kit::cli::pair;
 
 fn round_trips() -> u64 {

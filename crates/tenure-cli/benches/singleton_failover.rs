@@ -6,7 +6,7 @@
 //! `cargo bench -p tenure-cli --bench singleton_failover` (runs: TENURE_BENCH_RUNS, default 20).
 
 use std::time::Duration;
-use tenure_lease::conformance::bench::knob;
+use tenure_lease_kit::bench::knob;
 
 use serde_json::Value;
 use tenure_test_kit::cli::cluster::{Cluster, Options, TestCluster, percentile};

@@ -170,7 +170,7 @@ pub async fn acquire_once(
 ) -> Result<Outcome, CliError> {
     tenure::names::check_lease_name(&target.name)?;
     let opened = store_for(provider, target.section.as_deref()).await?;
-    options.validate(opened.store.kind(), opened.store.capabilities())?;
+    options.validate(&*opened.store)?;
     let owner = owner_of(target);
     let request = AcquireRequest {
         name: store_name(&target.name, &opened.store.name_rules()),

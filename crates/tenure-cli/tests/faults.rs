@@ -38,7 +38,7 @@ use cli::cluster::{Cluster, MEMBER_TTL, Options, TestCluster};
 use tenure::history::Event;
 use tenure::sqlite::FencedCounter;
 use tenure_cli::demo::scenario::SplitMix;
-use tenure_lease::conformance::proxy::Proxy;
+use tenure_lease_kit::conformance::proxy::Proxy;
 
 /// Serializes the runs: one cluster at a time on a 2-core machine.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());

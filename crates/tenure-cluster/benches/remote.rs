@@ -15,7 +15,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, pg};
 use ractor_cluster::node::NodeConnectionMode;
 use ractor_cluster::{NodeServer, RactorClusterMessage};
 use serde::{Deserialize, Serialize};
-use tenure_lease::conformance::bench::size;
+use tenure_lease_kit::bench::size;
 
 const BODY: usize = 64;
 fn round_trips() -> usize {

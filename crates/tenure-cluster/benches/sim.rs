@@ -10,7 +10,7 @@
 use std::time::{Duration, Instant};
 
 use tenure_cluster::sim::{self, STRATEGIES};
-use tenure_lease::conformance::bench::{size, smoke};
+use tenure_lease_kit::bench::{size, smoke};
 
 fn main() {
     let seed = sim::seed_from_env().unwrap_or_else(|| fastrand::u64(..));

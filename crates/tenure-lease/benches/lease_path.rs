@@ -8,10 +8,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tenure_lease::conformance::bench::{
+use tenure_lease::{Lease, LeaseSpec, LeaseStore, MemoryStore};
+use tenure_lease_kit::bench::{
     api_settings, runtime, spi_request, store_acquire_release, thin_path,
 };
-use tenure_lease::{Lease, LeaseSpec, LeaseStore, MemoryStore};
 
 fn main() {
     let rt = runtime().expect("runtime");

@@ -131,10 +131,10 @@ impl LeaseSpec {
     }
 
     /// Acquires with `options` (priority, preemption). Errors name the offending option:
-    /// `emergency` without the maximum priority, or priorities on a store without the
-    /// `preemption` capability.
+    /// `emergency` without the maximum priority, or priorities on a store without
+    /// [`PreemptionRequests`](crate::PreemptionRequests).
     pub fn with_options(mut self, options: AcquireOptions) -> Result<Self, ConfigError> {
-        options.validate(self.store.kind(), self.store.capabilities())?;
+        options.validate(&*self.store)?;
         self.options = options;
         Ok(self)
     }

@@ -40,11 +40,13 @@ use tokio::time::Instant;
 
 use crate::actor::{AcquireCaller, LeaseMsg, LeaseSpec, ReleaseCaller};
 use crate::alarms::Alarms;
-use crate::error::LeaseError;
+use crate::error::{ConfigError, LeaseError};
 use crate::events::SharedBelief;
 use crate::machine::{Call, Effect, Input, Outcome};
 use crate::renewal::RenewAnswer;
-use crate::store::{AcquireRequest, HeldLease, PreemptAnswer, PreemptionRequest, bounded};
+use crate::store::{
+    AcquireRequest, HeldLease, PreemptAnswer, PreemptionRequest, PreemptionRequests, bounded,
+};
 use crate::token::FencingToken;
 
 pub(crate) type MachineInput = Input<AcquireCaller, ReleaseCaller>;
@@ -474,22 +476,40 @@ async fn request_preemption(
         &spec.name,
         "request preemption",
         spec.settings.lease_operation_timeout,
-        spec.store
-            .request_preemption(&spec.store_name, token, &request),
+        preemption_requests(spec)?.request_preemption(&spec.store_name, token, &request),
     )
     .await
+}
+
+/// The store's preemption requests: priorities are refused at start on a store without
+/// them ([`AcquireOptions::validate`](crate::AcquireOptions::validate)), and here as well for
+/// a spec whose options were set without that check.
+fn preemption_requests(spec: &LeaseSpec) -> Result<&dyn PreemptionRequests, LeaseError> {
+    spec.store.as_preemption_requests().ok_or_else(|| {
+        LeaseError::Config(ConfigError::invalid(
+            "priority",
+            format!(
+                "the {} store does not support priorities and preemption",
+                spec.store.kind()
+            ),
+        ))
+    })
 }
 
 /// Takes `spec.owner`'s request off grant `token` (best effort: a request left behind ends
 /// with the grant).
 async fn withdraw_request(spec: &LeaseSpec, token: FencingToken) {
-    let withdrawn = bounded(
-        &spec.name,
-        "withdraw preemption",
-        spec.settings.lease_operation_timeout,
-        spec.store
-            .withdraw_preemption(&spec.store_name, token, &spec.owner),
-    )
-    .await;
+    let withdrawn = match preemption_requests(spec) {
+        Ok(requests) => {
+            bounded(
+                &spec.name,
+                "withdraw preemption",
+                spec.settings.lease_operation_timeout,
+                requests.withdraw_preemption(&spec.store_name, token, &spec.owner),
+            )
+            .await
+        }
+        Err(e) => Err(e),
+    };
     tracing::info!(lease = %spec.name, token = token.get(), ?withdrawn, "preemption request withdrawn");
 }

@@ -226,10 +226,9 @@ async fn watch_leaders(
         .heartbeat_interval
         .min(settings.lease_retry_interval);
     // Pushed grants only wake the reader: a proclaimed value is not pushed, so reads go on.
-    let mut pushed = if store.capabilities().watch {
-        store.watch(&store_name).await.ok()
-    } else {
-        None
+    let mut pushed = match store.as_holder_watch() {
+        Some(holders) => holders.watch(&store_name).await.ok(),
+        None => None,
     };
     let mut last: Option<Option<Leader>> = None;
     let mut highest = FencingToken::default();

@@ -48,14 +48,6 @@ pub enum StoreError {
         /// The underlying error, when there is one.
         source: Option<Cause>,
     },
-    /// The store does not have the capability the operation needs (see
-    /// [`Capabilities`](crate::Capabilities)); nothing was done.
-    Unsupported {
-        /// The store kind.
-        store: &'static str,
-        /// The operation it cannot do.
-        operation: &'static str,
-    },
 }
 
 impl std::fmt::Display for StoreError {
@@ -67,9 +59,6 @@ impl std::fmt::Display for StoreError {
             StoreError::Backend { store, detail, .. } => write!(f, "{store} store error: {detail}"),
             StoreError::StateLost { store, detail, .. } => {
                 write!(f, "{store} store refuses: {detail}")
-            }
-            StoreError::Unsupported { store, operation } => {
-                write!(f, "{store} store does not support {operation}")
             }
         }
     }
@@ -83,7 +72,6 @@ impl std::error::Error for StoreError {
             | StoreError::StateLost { source, .. } => source
                 .as_deref()
                 .map(|e| e as &(dyn std::error::Error + 'static)),
-            StoreError::Unsupported { .. } => None,
         }
     }
 }
@@ -120,7 +108,7 @@ impl StoreError {
     }
 
     /// This error with `cause` as its [source](std::error::Error::source), so that the
-    /// whole chain stays inspectable (`Unsupported` has no cause and is returned as is).
+    /// whole chain stays inspectable.
     pub fn caused_by(self, cause: impl std::error::Error + Send + Sync + 'static) -> Self {
         let cause: Cause = Arc::new(cause);
         match self {
@@ -139,7 +127,6 @@ impl StoreError {
                 detail,
                 source: Some(cause),
             },
-            other @ StoreError::Unsupported { .. } => other,
         }
     }
 }
@@ -359,17 +346,6 @@ mod tests {
     fn a_store_error_without_cause_has_no_source() {
         assert!(
             StoreError::state_lost("sqlite", "file replaced")
-                .source()
-                .is_none()
-        );
-        let unsupported = StoreError::Unsupported {
-            store: "memory",
-            operation: "watch",
-        };
-        assert!(
-            unsupported
-                .clone()
-                .caused_by(std::fmt::Error)
                 .source()
                 .is_none()
         );

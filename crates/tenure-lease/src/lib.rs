@@ -70,8 +70,6 @@ mod unstoppable;
 pub mod validity;
 
 #[cfg(test)]
-mod driver_tests;
-#[cfg(test)]
 mod machine_tests;
 #[cfg(test)]
 mod preemption_tests;
@@ -81,9 +79,6 @@ mod state_tests;
 mod suspend_tests;
 #[cfg(test)]
 mod timing_tests;
-
-#[cfg(feature = "conformance")]
-pub mod conformance;
 
 pub use actor::{
     AcquireReply, Acquired, LeaseActor, LeaseActorState, LeaseMsg, LeaseSpec, LeaseView,
@@ -107,9 +102,9 @@ pub use semaphore::{Permit, Semaphore};
 pub use settings::{LeaseSettings, LeaseTiming};
 pub use stop_budget::{StopBudget, StopDeadlines};
 pub use store::{
-    AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, EMERGENCY_PRIORITY, HeldLease,
-    LeaseRecord, LeaseStore, PreemptAnswer, PreemptionRequest, RememberChange, Renewal, WatchEvent,
-    WatchReceiver,
+    AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, EMERGENCY_PRIORITY, FairQueue,
+    HeldLease, HolderWatch, LeaseRecord, LeaseStore, PreemptAnswer, PreemptionRequest,
+    PreemptionRequests, RememberChange, RememberedIds, Renewal, WatchEvent, WatchReceiver,
 };
 pub use token::FencingToken;
 pub use trace::{LeaseObserver, LeaseTrace};

@@ -13,7 +13,7 @@ use crate::error::{ConfigError, StoreError};
 use crate::provider::StoreFactory;
 use crate::store::{
     AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, HeldLease, LeaseRecord, LeaseStore,
-    PreemptAnswer, PreemptionRequest, RememberChange, Renewal,
+    PreemptAnswer, PreemptionRequest, PreemptionRequests, RememberChange, RememberedIds, Renewal,
 };
 use crate::token::FencingToken;
 
@@ -193,10 +193,7 @@ impl LeaseStore for MemoryStore {
         Capabilities {
             native_fencing: false,
             server_side_expiry: true,
-            fair_waiting: false,
-            watch: false,
             durable: false,
-            preemption: true,
         }
     }
 
@@ -268,6 +265,57 @@ impl LeaseStore for MemoryStore {
             .collect())
     }
 
+    async fn release(
+        &self,
+        name: &str,
+        owner: &str,
+        token: FencingToken,
+    ) -> Result<bool, StoreError> {
+        self.fault(false).await?;
+        let now = Instant::now();
+        let mut b = self.lock();
+        match b.grants.get(name) {
+            Some(g) if g.owner == owner && g.token == token && g.expires_at > now => {
+                b.grants.remove(name);
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn read(&self, name: &str) -> Result<Option<LeaseRecord>, StoreError> {
+        self.fault(false).await?;
+        let now = Instant::now();
+        let b = self.lock();
+        Ok(b.grants
+            .get(name)
+            .filter(|g| g.expires_at > now)
+            .map(|g| record(name, g, now)))
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
+        self.fault(false).await?;
+        let now = Instant::now();
+        let b = self.lock();
+        Ok(b.grants
+            .range(prefix.to_string()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .filter(|(_, g)| g.expires_at > now)
+            .map(|(k, g)| record(k, g, now))
+            .collect())
+    }
+
+    fn as_preemption_requests(&self) -> Option<&dyn PreemptionRequests> {
+        Some(self)
+    }
+
+    fn as_remembered_ids(&self) -> Option<&dyn RememberedIds> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl PreemptionRequests for MemoryStore {
     async fn request_preemption(
         &self,
         name: &str,
@@ -311,35 +359,10 @@ impl LeaseStore for MemoryStore {
             _ => false,
         })
     }
+}
 
-    async fn release(
-        &self,
-        name: &str,
-        owner: &str,
-        token: FencingToken,
-    ) -> Result<bool, StoreError> {
-        self.fault(false).await?;
-        let now = Instant::now();
-        let mut b = self.lock();
-        match b.grants.get(name) {
-            Some(g) if g.owner == owner && g.token == token && g.expires_at > now => {
-                b.grants.remove(name);
-                Ok(true)
-            }
-            _ => Ok(false),
-        }
-    }
-
-    async fn read(&self, name: &str) -> Result<Option<LeaseRecord>, StoreError> {
-        self.fault(false).await?;
-        let now = Instant::now();
-        let b = self.lock();
-        Ok(b.grants
-            .get(name)
-            .filter(|g| g.expires_at > now)
-            .map(|g| record(name, g, now)))
-    }
-
+#[async_trait]
+impl RememberedIds for MemoryStore {
     /// Checks and applies under one lock: atomic, whatever the change's size.
     async fn remember(
         &self,
@@ -373,18 +396,6 @@ impl LeaseStore for MemoryStore {
             .get(name)
             .map(|ids| ids.iter().cloned().collect())
             .unwrap_or_default())
-    }
-
-    async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
-        self.fault(false).await?;
-        let now = Instant::now();
-        let b = self.lock();
-        Ok(b.grants
-            .range(prefix.to_string()..)
-            .take_while(|(k, _)| k.starts_with(prefix))
-            .filter(|(_, g)| g.expires_at > now)
-            .map(|(k, g)| record(k, g, now))
-            .collect())
     }
 }
 

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use crate::error::ConfigError;
-use crate::store::{Capabilities, EMERGENCY_PRIORITY};
+use crate::store::{EMERGENCY_PRIORITY, LeaseStore};
 
 /// How a lease is acquired relative to other owners. The default (priority 0, nothing
 /// else) is a plain lease: it never preempts anybody and is preempted by any higher
@@ -73,8 +73,15 @@ impl AcquireOptions {
     }
 
     /// Checks the options against each other, their durations (at most 365 days), and
-    /// against what `store` (of kind `kind`) can do. Errors name the option.
-    pub fn validate(&self, kind: &str, capabilities: Capabilities) -> Result<(), ConfigError> {
+    /// against what `store` can do (anything but the defaults needs a store with
+    /// [`PreemptionRequests`](crate::PreemptionRequests)). Errors name the option.
+    pub fn validate(&self, store: &dyn LeaseStore) -> Result<(), ConfigError> {
+        self.check(store.kind(), store.as_preemption_requests().is_some())
+    }
+
+    /// [`validate`](AcquireOptions::validate) for a store of kind `kind` that keeps
+    /// preemption requests or not (`preempts`).
+    fn check(&self, kind: &str, preempts: bool) -> Result<(), ConfigError> {
         if self.emergency && self.priority != EMERGENCY_PRIORITY {
             return Err(ConfigError::invalid(
                 "emergency",
@@ -89,7 +96,7 @@ impl AcquireOptions {
         if let Some(wait) = self.waiting_timeout {
             crate::duration::check(wait).map_err(|e| ConfigError::invalid("waiting-timeout", e))?;
         }
-        if *self != AcquireOptions::default() && !capabilities.preemption {
+        if *self != AcquireOptions::default() && !preempts {
             return Err(ConfigError::invalid(
                 "priority",
                 format!("the {kind} store does not support priorities and preemption"),
@@ -109,12 +116,7 @@ impl AcquireOptions {
 mod tests {
     use super::*;
 
-    fn preempting() -> Capabilities {
-        Capabilities {
-            preemption: true,
-            ..Capabilities::default()
-        }
-    }
+    const PREEMPTING: bool = true;
 
     #[test]
     fn emergency_needs_the_maximum_priority() {
@@ -123,10 +125,10 @@ mod tests {
             priority: 7,
             ..AcquireOptions::default()
         };
-        let err = o.validate("memory", preempting()).unwrap_err();
+        let err = o.check("memory", PREEMPTING).unwrap_err();
         assert!(err.to_string().contains("`emergency`"), "{err}");
         o.priority = EMERGENCY_PRIORITY;
-        o.validate("memory", preempting()).unwrap();
+        o.check("memory", PREEMPTING).unwrap();
     }
 
     #[test]
@@ -147,7 +149,7 @@ mod tests {
                 "waiting-timeout",
             ),
         ] {
-            let err = options.validate("memory", preempting()).unwrap_err();
+            let err = options.check("memory", PREEMPTING).unwrap_err();
             assert!(
                 err.to_string().contains(key) && err.to_string().contains("365 days"),
                 "{err}"
@@ -158,13 +160,13 @@ mod tests {
     #[test]
     fn priorities_need_a_store_that_keeps_them() {
         AcquireOptions::default()
-            .validate("etcd", Capabilities::default())
+            .check("etcd", !PREEMPTING)
             .unwrap();
         let err = AcquireOptions {
             priority: 1,
             ..AcquireOptions::default()
         }
-        .validate("etcd", Capabilities::default())
+        .check("etcd", !PREEMPTING)
         .unwrap_err();
         assert!(err.to_string().contains("etcd store"), "{err}");
     }

@@ -49,7 +49,7 @@ pub struct LeaseRecord {
     pub priority: u64,
     /// How long the holder said it needs to clean up when preempted.
     pub cleanup_timeout: Duration,
-    /// The pending preemption request on this grant, if any (capability `preemption`).
+    /// The pending preemption request on this grant, if any (stores with [`PreemptionRequests`]).
     pub request: Option<PreemptionRequest>,
 }
 
@@ -166,7 +166,7 @@ impl PreemptionRequest {
     }
 }
 
-/// The outcome of [`LeaseStore::request_preemption`].
+/// The outcome of [`PreemptionRequests::request_preemption`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PreemptAnswer {
     /// The request is now on the grant; the record shows it.
@@ -232,7 +232,7 @@ pub struct HeldLease {
     pub token: FencingToken,
 }
 
-/// A change of holder, pushed by a store that can watch (capability `watch`).
+/// A change of holder, pushed by a store with [`HolderWatch`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[expect(
     clippy::large_enum_variant,
@@ -252,7 +252,9 @@ pub enum WatchEvent {
 /// lost, store restarted): events may have been missed, so re-read and watch again.
 pub type WatchReceiver = tokio::sync::mpsc::Receiver<WatchEvent>;
 
-/// What a store can do beyond the basic operations.
+/// What a store guarantees beyond the contract of [`LeaseStore`]: properties of its tokens,
+/// expiry and durability. (Operations a store may lack are capability traits: see
+/// [`LeaseStore`].)
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Capabilities {
     /// Tokens come from the store's own total order (etcd revision, ZooKeeper czxid…)
@@ -261,18 +263,11 @@ pub struct Capabilities {
     /// The store itself expires records on a clock it owns; contenders need not observe a
     /// record unchanged for a full time-to-live before taking it.
     pub server_side_expiry: bool,
-    /// Blocking acquire with first-come-first-served waiting.
-    pub fair_waiting: bool,
-    /// Holder changes can be pushed to subscribers.
-    pub watch: bool,
     /// Records and fencing counters survive a restart of the store.
     pub durable: bool,
-    /// Priorities, preemption requests ([`LeaseStore::request_preemption`]) and emergency
-    /// take-overs are kept and enforced.
-    pub preemption: bool,
 }
 
-/// A change to the ids remembered with one lease (see [`LeaseStore::remember`]): ids to add
+/// A change to the ids remembered with one lease (see [`RememberedIds::remember`]): ids to add
 /// and ids to remove, each listed once, none in both (an id given to both is removed).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RememberChange {
@@ -415,13 +410,23 @@ pub async fn bounded<T>(
     }
 }
 
-/// A lease store. Implementations must be safe to share between tasks.
+/// A lease store: the operations every store has. Implementations must be safe to share
+/// between tasks.
+///
+/// What a store can do beyond these is a capability trait of its own, a subtrait of this
+/// one: [`FairQueue`], [`PreemptionRequests`], [`HolderWatch`], [`RememberedIds`]. Code that
+/// knows its store's type asks for the capability in its bounds (`S: FairQueue`), so that a
+/// store without it does not compile. Code that holds a store chosen at run time (an
+/// `Arc<dyn LeaseStore>` from the [`LeaseProvider`](crate::LeaseProvider)) asks the store
+/// for the capability (`store.as_fair_queue()`), as a Go caller asserts an interface
+/// (`store.(FairQueue)`), and gets `None` when the store lacks it. A store that implements a
+/// capability trait answers its accessor with `Some(self)`.
 #[async_trait]
 pub trait LeaseStore: Send + Sync + 'static {
     /// The store kind (`"sqlite"`, `"memory"`, …).
     fn kind(&self) -> &'static str;
 
-    /// What this store supports.
+    /// What this store guarantees about its tokens, expiry and durability.
     fn capabilities(&self) -> Capabilities;
 
     /// Which lease names the store can hold verbatim; others are sanitised by
@@ -434,10 +439,10 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// and `req.instance` (same token, fresh expiry; priority and cleanup timeout stay as
     /// granted). `Ok(Held)` when another holder certainly has an unexpired grant: another
     /// owner, or another instance of `req.owner` (see [`AcquireRequest::instance`]); also,
-    /// with capability `preemption`, when a forceful preemption request is pending on the
-    /// grant (it is ending: not even its holder may extend it). Exception: a request for
-    /// which [`AcquireRequest::takes_over`] holds (emergency) is granted at once with a new
-    /// token over another owner's grant. A new grant has no request pending.
+    /// on a store with [`PreemptionRequests`], when a forceful preemption request is pending
+    /// on the grant (it is ending: not even its holder may extend it). Exception: a request
+    /// for which [`AcquireRequest::takes_over`] holds (emergency) is granted at once with a
+    /// new token over another owner's grant. A new grant has no request pending.
     ///
     /// `Err`: unknown. The request may have been granted (its answer lost, e.g. past the
     /// caller's operation timeout); such a grant lapses after `req.ttl` unless its instance
@@ -470,80 +475,129 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// The unexpired grants whose names start with `prefix`, sorted by name.
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError>;
 
-    /// Fair acquire (capability `fair_waiting`): queues `req` behind the requests that came
-    /// before it and waits, at most `wait`, until granted. `Ok(Granted)`: held now, as from
+    /// This store's fair queue, if it keeps one.
+    fn as_fair_queue(&self) -> Option<&dyn FairQueue> {
+        None
+    }
+
+    /// This store's preemption requests, if it keeps them.
+    fn as_preemption_requests(&self) -> Option<&dyn PreemptionRequests> {
+        None
+    }
+
+    /// This store's watch of holder changes, if it pushes them.
+    fn as_holder_watch(&self) -> Option<&dyn HolderWatch> {
+        None
+    }
+
+    /// This store's remembered ids, if it keeps them.
+    fn as_remembered_ids(&self) -> Option<&dyn RememberedIds> {
+        None
+    }
+}
+
+/// A store that queues acquires first come, first served.
+///
+/// A store without a fair queue has no `acquire_fair` to call: the in-memory store keeps
+/// none, so this does not compile.
+///
+/// ```compile_fail
+/// use tenure_lease::*; // every trait in scope
+///
+/// async fn first_come(store: &MemoryStore, req: &AcquireRequest) {
+///     let _ = store.acquire_fair(req, std::time::Duration::from_secs(1)).await;
+/// }
+/// ```
+#[async_trait]
+pub trait FairQueue: LeaseStore {
+    /// Fair acquire: queues `req` behind the requests that came before it and waits, at most
+    /// `wait`, until granted. `Ok(Granted)`: held now, as from
     /// [`try_acquire`](LeaseStore::try_acquire). `Ok(Held(holder))`: `wait` passed while
     /// another owner held it; the queue entry is removed. `Err`: unknown, including a waiter
     /// whose session ended while queued (never a grant then). Dropping the future (cancel)
-    /// removes the queue entry as well. Stores without the capability answer
-    /// `Err(StoreError::Unsupported)` and change nothing.
+    /// removes the queue entry as well.
     async fn acquire_fair(
         &self,
         req: &AcquireRequest,
         wait: Duration,
-    ) -> Result<AcquireOutcome, StoreError> {
-        let _ = (req, wait);
-        Err(StoreError::Unsupported {
-            store: self.kind(),
-            operation: "fair acquire",
-        })
-    }
+    ) -> Result<AcquireOutcome, StoreError>;
+}
 
-    /// Records `request` on grant `token` of `name` (capability `preemption`), atomically,
-    /// when [`PreemptionRequest::may_replace`] allows it: `Ok(Recorded)`; otherwise
+/// What a fair acquire answers when its `wait` passed while it was still in line, once it
+/// left the line: `Held` with `seen` (the holder it saw last while first in line), else with
+/// the holder `read` finds now; an error when nobody holds the lease (the waiters ahead had
+/// not reached it yet), so that the answer is never a "not granted" no holder backs. For
+/// [`FairQueue`] implementations.
+pub async fn fair_wait_passed(
+    store: &'static str,
+    req: &AcquireRequest,
+    wait: Duration,
+    seen: Option<LeaseRecord>,
+    read: impl AsyncFnOnce() -> Result<Option<LeaseRecord>, StoreError>,
+) -> Result<AcquireOutcome, StoreError> {
+    let holder = match seen {
+        Some(holder) => Some(holder),
+        None => read().await?,
+    };
+    match holder {
+        Some(holder) => Ok(AcquireOutcome::Held(holder)),
+        None => Err(StoreError::unavailable(
+            store,
+            format!(
+                "fair acquire of {}: {wait:?} passed while queued behind earlier waiters",
+                req.name
+            ),
+        )),
+    }
+}
+
+/// A store that keeps priorities and preemption requests on grants and enforces them:
+/// [`LeaseStore::try_acquire`] refuses to extend a grant with a forceful request pending
+/// and lets an emergency request ([`AcquireRequest::takes_over`]) take a lower grant over;
+/// [`LeaseStore::renew`] answers [`Renewal::Refused`] for a grant with a forceful request.
+#[async_trait]
+pub trait PreemptionRequests: LeaseStore {
+    /// Records `request` on grant `token` of `name`, atomically, when
+    /// [`PreemptionRequest::may_replace`] allows it: `Ok(Recorded)`; otherwise
     /// `Ok(Refused)` with the record saying why; `Ok(Gone)` when `token` is not the current
     /// unexpired grant. A recorded forceful request makes every later renewal of the grant
     /// answer [`Renewal::Refused`] without extending it. Releasing or expiry of the grant
-    /// drops its request; a request never changes the grant's token or expiry. Stores
-    /// without the capability answer `Err(StoreError::Unsupported)` and change nothing.
+    /// drops its request; a request never changes the grant's token or expiry.
     async fn request_preemption(
         &self,
         name: &str,
         token: FencingToken,
         request: &PreemptionRequest,
-    ) -> Result<PreemptAnswer, StoreError> {
-        let _ = (name, token, request);
-        Err(StoreError::Unsupported {
-            store: self.kind(),
-            operation: "preemption",
-        })
-    }
+    ) -> Result<PreemptAnswer, StoreError>;
 
     /// Removes the pending preemption request of owner `by` from grant `token` of `name`:
     /// `Ok(true)` removed, `Ok(false)` no request of `by` was there (another's, none, or the
-    /// grant is gone). Stores without the capability `preemption` answer
-    /// `Err(StoreError::Unsupported)`.
+    /// grant is gone).
     async fn withdraw_preemption(
         &self,
         name: &str,
         token: FencingToken,
         by: &str,
-    ) -> Result<bool, StoreError> {
-        let _ = (name, token, by);
-        Err(StoreError::Unsupported {
-            store: self.kind(),
-            operation: "preemption",
-        })
-    }
+    ) -> Result<bool, StoreError>;
+}
 
-    /// Pushes holder changes of the leases whose names start with `prefix` (capability
-    /// `watch`), from now on. Stores without the capability answer
-    /// `Err(StoreError::Unsupported)`.
-    async fn watch(&self, prefix: &str) -> Result<WatchReceiver, StoreError> {
-        let _ = prefix;
-        Err(StoreError::Unsupported {
-            store: self.kind(),
-            operation: "watch",
-        })
-    }
+/// A store that pushes changes of holder to subscribers.
+#[async_trait]
+pub trait HolderWatch: LeaseStore {
+    /// Pushes holder changes of the leases whose names start with `prefix`, from now on.
+    async fn watch(&self, prefix: &str) -> Result<WatchReceiver, StoreError>;
+}
 
-    /// Applies `change` to the ids remembered with lease `name` (Akka's remember-entities
-    /// store), if `token` is `owner`'s current unexpired grant of `name`: `Ok(true)` applied;
-    /// `Ok(false)` that grant is not current (released, expired, replaced by a later
-    /// grant), and nothing of the change was applied once it ended. Only the holder writes,
-    /// so a holder that lost its lease, however late its write arrives, never changes what
-    /// its successor remembers. Stores whose tokens identify a grant on their own may check
-    /// the token alone.
+/// A store that keeps ids with a lease (Akka's remember-entities store), written only by the
+/// lease's current holder.
+#[async_trait]
+pub trait RememberedIds: LeaseStore {
+    /// Applies `change` to the ids remembered with lease `name`, if `token` is `owner`'s
+    /// current unexpired grant of `name`: `Ok(true)` applied; `Ok(false)` that grant is not
+    /// current (released, expired, replaced by a later grant), and nothing of the change was
+    /// applied once it ended. Only the holder writes, so a holder that lost its lease,
+    /// however late its write arrives, never changes what its successor remembers. Stores
+    /// whose tokens identify a grant on their own may check the token alone.
     ///
     /// Remembered ids are not grants: they never expire, and they outlive the grant that
     /// wrote them (its release, expiry, session or process) and the store's restarts, as
@@ -555,33 +609,19 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// Ids are text without NUL characters (PostgreSQL's `text` cannot hold one: such an
     /// id fails the change with an error).
     ///
-    /// `Err`: unknown; any part of the change may have been applied. Stores without the
-    /// capability answer `Err(StoreError::Unsupported)` and change nothing.
+    /// `Err`: unknown; any part of the change may have been applied.
     async fn remember(
         &self,
         name: &str,
         owner: &str,
         token: FencingToken,
         change: &RememberChange,
-    ) -> Result<bool, StoreError> {
-        let _ = (name, owner, token, change);
-        Err(StoreError::Unsupported {
-            store: self.kind(),
-            operation: "remember",
-        })
-    }
+    ) -> Result<bool, StoreError>;
 
-    /// The ids remembered with lease `name` (see [`remember`](LeaseStore::remember)),
+    /// The ids remembered with lease `name` (see [`remember`](RememberedIds::remember)),
     /// sorted, whoever holds the lease now (empty when none): every change answered before
-    /// this call is seen. Stores without the capability answer
-    /// `Err(StoreError::Unsupported)`.
-    async fn remembered(&self, name: &str) -> Result<Vec<String>, StoreError> {
-        let _ = name;
-        Err(StoreError::Unsupported {
-            store: self.kind(),
-            operation: "remember",
-        })
-    }
+    /// this call is seen.
+    async fn remembered(&self, name: &str) -> Result<Vec<String>, StoreError>;
 }
 
 #[cfg(test)]

@@ -30,16 +30,16 @@ use std::time::{Duration, Instant};
 use ractor::{ActorRef, RpcReplyPort};
 use serde::{Deserialize, Serialize};
 use tenure_journal::Journal;
-use tenure_lease::conformance::bench::{PairedRounds, SLICES, knob, paired, size, smoke, timed};
 use tenure_lease::{
     AcquireOutcome, AcquireRequest, FencingToken, LeaseSettings, LeaseSpec, LeaseStore,
     TenureConfig,
 };
+use tenure_lease_kit::bench::{PairedRounds, SLICES, knob, paired, size, smoke, timed};
 use tenure_sharding::{
     ActiveEntities, AskReply, DurableEntity, Effect, EntityContext, Shard, ShardArgs, ShardMsg,
     ShardStatus, ShardingSettings, durable_entity_factory, persistence_id,
 };
-use tenure_store_postgres::{PostgresJournal, PostgresStore};
+use tenure_store_postgres::{PostgresJournal, PostgresOptions, PostgresStore};
 use tenure_store_sqlite::{SqliteJournal, SqliteStore};
 use tenure_test_kit::postgres::PgServer;
 
@@ -681,9 +681,10 @@ async fn main() {
     let server = tokio::task::spawn_blocking(PgServer::start)
         .await
         .expect("the PostgreSQL server");
-    let store = PostgresStore::connect(server.options(Duration::from_secs(10)))
-        .await
-        .expect("connect");
+    let mut connection = server.connection();
+    connection.connect_timeout(Duration::from_secs(10));
+    let options = PostgresOptions::new(connection, Duration::from_secs(10));
+    let store = PostgresStore::connect(options).await.expect("connect");
     let journal = PostgresJournal::open(&store).await.expect("the journal");
     let single = PostgresJournal::open(&store)
         .await

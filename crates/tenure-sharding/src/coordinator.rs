@@ -1120,15 +1120,22 @@ fn read_remembered_shards(args: &CoordinatorArgs, me: &ActorRef<CoordinatorMsg>)
             let (store, type_name, me) = (store.clone(), type_name.clone(), me.clone());
             async move {
                 loop {
-                    let call = store.remembered(&name);
-                    match tenure_lease::store::bounded(&name, "read remembered ids", timeout, call)
-                        .await
-                    {
+                    let read = match crate::remember::ids_of(&*store) {
+                        Ok(ids) => {
+                            let call = ids.remembered(&name);
+                            tenure_lease::store::bounded(
+                                &name,
+                                "read remembered ids",
+                                timeout,
+                                call,
+                            )
+                            .await
+                        }
+                        Err(e) => Err(e),
+                    };
+                    match read {
                         Ok(ids) => return (!ids.is_empty()).then_some(shard),
-                        Err(tenure_lease::LeaseError::Store {
-                            source: e @ tenure_lease::StoreError::Unsupported { .. },
-                            ..
-                        }) => {
+                        Err(e @ tenure_lease::LeaseError::Config(_)) => {
                             tracing::error!(entity_type = %type_name, error = %e, "remember-entities needs a store that keeps remembered ids");
                             return None;
                         }

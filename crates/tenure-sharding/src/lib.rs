@@ -709,7 +709,7 @@ pub(crate) async fn start_with_settings(
                 )
                 .await?;
             if settings.remember_entities {
-                check_remembering(type_name, &template).await?;
+                check_remembering(type_name, &template)?;
             }
             let mut singleton =
                 SingletonSettings::from_config(provider.config(), &name, &settings.lease_section)?;
@@ -784,28 +784,16 @@ pub(crate) async fn start_with_settings(
 }
 
 /// remember-entities needs a store that keeps remembered ids (every store of this
-/// workspace does): one read through the shard leases' store, refused at start when the
-/// store does not support it. Any other failure is left to the shards, which retry.
-async fn check_remembering(
+/// workspace does): refused at start on any other.
+fn check_remembering(
     type_name: &str,
     template: &tenure_lease::LeaseSpec,
 ) -> Result<(), ShardingError> {
-    let timeout = template.settings.lease_operation_timeout;
-    let read = template.store.remembered(&template.store_name);
-    match tenure_lease::store::bounded(&template.store_name, "read remembered ids", timeout, read)
-        .await
-    {
-        Err(tenure_lease::LeaseError::Store {
-            source: e @ tenure_lease::StoreError::Unsupported { .. },
-            ..
-        }) => Err(ShardingError::Start {
+    match remember::ids_of(&*template.store) {
+        Ok(_) => Ok(()),
+        Err(e) => Err(ShardingError::Start {
             type_name: type_name.to_string(),
             detail: format!("remember-entities is on, but {e}"),
         }),
-        Err(e) => {
-            tracing::warn!(entity_type = type_name, error = %e, "remember-entities: the lease store did not answer at start; the shards will retry");
-            Ok(())
-        }
-        Ok(_) => Ok(()),
     }
 }

@@ -1,5 +1,5 @@
 //! Remember-entities (Akka's `remember-entities`): a shard keeps the ids of its entities in
-//! the lease store, with its own lease ([`LeaseStore::remember`]), and starts them all again
+//! the lease store, with its own lease ([`RememberedIds::remember`]), and starts them all again
 //! whenever it starts serving.
 //!
 //! **Where the ids live.** With the shard's lease, in the lease store the shard already
@@ -27,7 +27,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::ActorRef;
-use tenure_lease::{FencingToken, LeaseStore, LeaseView, RememberChange, store::bounded};
+use tenure_lease::{
+    ConfigError, FencingToken, LeaseError, LeaseStore, LeaseView, RememberChange, RememberedIds,
+    store::bounded,
+};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::shard::ShardMsg;
@@ -43,6 +46,53 @@ pub(crate) struct RememberStore {
     pub(crate) timeout: Duration,
     /// Pause before a failed call is tried again.
     pub(crate) retry: Duration,
+}
+
+impl RememberStore {
+    /// The store's remembered ids. remember-entities is refused at start on a store without
+    /// them; a store that lost them since answers a configuration error naming the setting.
+    fn ids(&self) -> Result<&dyn RememberedIds, LeaseError> {
+        ids_of(&*self.store)
+    }
+
+    /// The ids remembered with the shard's lease, bounded by the operation timeout.
+    async fn remembered(&self) -> Result<Vec<String>, LeaseError> {
+        let ids = self.ids()?;
+        bounded(
+            &self.name,
+            "read remembered ids",
+            self.timeout,
+            ids.remembered(&self.name),
+        )
+        .await
+    }
+
+    /// Applies `change` under grant `token`, bounded by the operation timeout.
+    async fn remember(
+        &self,
+        token: FencingToken,
+        change: &RememberChange,
+    ) -> Result<bool, LeaseError> {
+        let ids = self.ids()?;
+        bounded(
+            &self.name,
+            "remember ids",
+            self.timeout,
+            ids.remember(&self.name, &self.owner, token, change),
+        )
+        .await
+    }
+}
+
+/// `store`'s remembered ids, or the configuration error remember-entities meets on a store
+/// without them.
+pub(crate) fn ids_of(store: &dyn LeaseStore) -> Result<&dyn RememberedIds, LeaseError> {
+    store.as_remembered_ids().ok_or_else(|| {
+        LeaseError::Config(ConfigError::invalid(
+            "remember-entities",
+            format!("the {} store keeps no remembered ids", store.kind()),
+        ))
+    })
 }
 
 /// What the writer of one grant is asked.
@@ -171,15 +221,13 @@ async fn recall(
     view: LeaseView,
 ) {
     loop {
-        let read = bounded(
-            &at.name,
-            "read remembered ids",
-            at.timeout,
-            at.store.remembered(&at.name),
-        );
-        match read.await {
+        match at.remembered().await {
             Ok(ids) => {
                 let _ = shard.cast(ShardMsg::Recalled { token, ids });
+                return;
+            }
+            Err(e @ LeaseError::Config(_)) => {
+                tracing::error!(lease = %at.name, error = %e, "cannot read the remembered entities");
                 return;
             }
             Err(e) => {
@@ -233,8 +281,7 @@ async fn write(
         if batch.is_empty() {
             continue;
         }
-        let call = at.store.remember(&at.name, &at.owner, token, &batch);
-        match bounded(&at.name, "remember ids", at.timeout, call).await {
+        match at.remember(token, &batch).await {
             Ok(written) => {
                 if !written {
                     tracing::info!(lease = %at.name, token = token.get(), "remembered ids not written: the shard's grant is not current any more");
@@ -245,6 +292,10 @@ async fn write(
                     change,
                     written,
                 });
+            }
+            Err(e @ LeaseError::Config(_)) => {
+                tracing::error!(lease = %at.name, error = %e, ids = batch.len(), "cannot write remembered ids");
+                return;
             }
             Err(e) => {
                 if !open {

@@ -28,7 +28,7 @@ use tenure_sharding::{
     AskReply, DurableEntity, Effect, EntityContext, Shard, ShardArgs, ShardMsg, ShardStatus,
     ShardingSettings, durable_entity_factory, persistence_id,
 };
-use tenure_store_postgres::{PostgresJournal, PostgresStore};
+use tenure_store_postgres::{PostgresJournal, PostgresOptions, PostgresStore};
 use tenure_store_sqlite::{SqliteJournal, SqliteStore};
 use tenure_test_kit::postgres::Exclusive;
 
@@ -133,7 +133,9 @@ impl Postgres {
     }
 
     async fn store(&self) -> PostgresStore {
-        let options = self.0.server.options(Duration::from_secs(5));
+        let mut connection = self.0.server.connection();
+        connection.connect_timeout(Duration::from_secs(5));
+        let options = PostgresOptions::new(connection, Duration::from_secs(5));
         PostgresStore::connect(options).await.expect("connect")
     }
 }

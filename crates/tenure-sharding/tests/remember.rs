@@ -13,8 +13,8 @@ use async_trait::async_trait;
 use ractor::{ActorProcessingErr, ActorRef, RpcReplyPort};
 use tenure_lease::{
     AcquireOutcome, AcquireRequest, Capabilities, Fault, FencingToken, HeldLease, LeaseRecord,
-    LeaseSettings, LeaseSpec, LeaseStore, MemoryStore, RememberChange, Renewal, StoreError,
-    TenureConfig,
+    LeaseSettings, LeaseSpec, LeaseStore, MemoryStore, RememberChange, RememberedIds, Renewal,
+    StoreError, TenureConfig,
 };
 use tenure_sharding::{
     AskReply, Entity, EntityContext, Shard, ShardArgs, ShardMsg, ShardStatus, ShardingSettings,
@@ -104,6 +104,13 @@ impl LeaseStore for Refusing {
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
         self.inner.list(prefix).await
     }
+    fn as_remembered_ids(&self) -> Option<&dyn RememberedIds> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl RememberedIds for Refusing {
     async fn remember(
         &self,
         name: &str,

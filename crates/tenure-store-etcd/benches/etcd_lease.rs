@@ -15,17 +15,21 @@
 //!
 //! Run: `cargo bench -p tenure-store-etcd --bench etcd_lease`
 
+#[path = "../tests/support/mod.rs"]
+mod support;
+use support::EtcdStores;
+
 use std::io::{Read, Write};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group};
 use etcd_client::{Client, Compare, CompareOp, GetOptions, LockOptions, PutOptions, Txn, TxnOp};
-use tenure_lease::conformance::bench::{
+use tenure_lease::{AcquireOutcome, Lease, LeaseSettings, LeaseSpec, LeaseStore};
+use tenure_lease_kit::bench::{
     Holders, INTERVALS, api_settings, bracket_intervals, lease_acquire_release, lease_counts,
     renewal_settings, runtime, spi_request, store_acquire_release, thin_path,
 };
-use tenure_lease::{AcquireOutcome, Lease, LeaseSettings, LeaseSpec, LeaseStore};
 use tenure_store_etcd::EtcdStore;
 
 use tenure_test_kit::etcd::{Etcd, PREFIX};

@@ -9,6 +9,7 @@ use std::time::Duration;
 use etcd_client::{
     Client, Compare, CompareOp, GetOptions, SortOrder, SortTarget, Txn, TxnOp, WatchOptions,
 };
+use tenure_lease::store::fair_wait_passed;
 use tenure_lease::{AcquireOutcome, AcquireRequest, StoreError};
 
 use crate::error::etcd_error;
@@ -117,7 +118,10 @@ impl Inner {
             let step = deadline.saturating_duration_since(now).min(pace);
             if let Some(before) = Self::got(&line, 1).into_iter().next() {
                 if step.is_zero() {
-                    return self.fair_timeout(req, wait).await;
+                    return fair_wait_passed("etcd", req, wait, None, async || {
+                        self.read(&req.name).await
+                    })
+                    .await;
                 }
                 let before = String::from_utf8_lossy(before.key()).into_owned();
                 self.wait_for_change(&before, revision + 1, step).await?;
@@ -145,22 +149,6 @@ impl Inner {
                         .await?;
                 }
             }
-        }
-    }
-
-    /// `wait` passed while others were ahead in line: the current holder, or an error when
-    /// nobody holds the lease (the line ahead had not reached it yet).
-    async fn fair_timeout(
-        &self,
-        req: &AcquireRequest,
-        wait: Duration,
-    ) -> Result<AcquireOutcome, StoreError> {
-        match self.read(&req.name).await? {
-            Some(holder) => Ok(AcquireOutcome::Held(holder)),
-            None => Err(queue_error(
-                &req.name,
-                format!("{wait:?} passed while queued behind earlier waiters"),
-            )),
         }
     }
 

@@ -12,9 +12,9 @@ use etcd_client::{
 };
 use futures::stream::{self, StreamExt};
 use tenure_lease::{
-    AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, FencingToken, HeldLease,
-    HolderClock, LeaseRecord, LeaseStore, PreemptAnswer, PreemptionRequest, RememberChange,
-    Renewal, StoreError,
+    AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, FairQueue, FencingToken, HeldLease,
+    HolderClock, HolderWatch, LeaseRecord, LeaseStore, PreemptAnswer, PreemptionRequest,
+    PreemptionRequests, RememberChange, RememberedIds, Renewal, StoreError,
 };
 use tokio::time::Instant;
 
@@ -923,10 +923,7 @@ impl LeaseStore for EtcdStore {
         Capabilities {
             native_fencing: true,
             server_side_expiry: true,
-            fair_waiting: true,
-            watch: true,
             durable: true,
-            preemption: true,
         }
     }
 
@@ -954,6 +951,62 @@ impl LeaseStore for EtcdStore {
         self.inner.renew(owner, leases, ttl).await
     }
 
+    /// `Ok(true)`: the key held by `owner` with create revision `token` was deleted.
+    /// `Ok(false)`: no such grant (another holder's, a later grant, or none).
+    async fn release(
+        &self,
+        name: &str,
+        owner: &str,
+        token: FencingToken,
+    ) -> Result<bool, StoreError> {
+        self.inner.release(name, owner, token).await
+    }
+
+    async fn read(&self, name: &str) -> Result<Option<LeaseRecord>, StoreError> {
+        self.inner.read(name).await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
+        self.inner.list(prefix).await
+    }
+
+    fn as_fair_queue(&self) -> Option<&dyn FairQueue> {
+        Some(self)
+    }
+
+    fn as_preemption_requests(&self) -> Option<&dyn PreemptionRequests> {
+        Some(self)
+    }
+
+    fn as_holder_watch(&self) -> Option<&dyn HolderWatch> {
+        Some(self)
+    }
+
+    fn as_remembered_ids(&self) -> Option<&dyn RememberedIds> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl FairQueue for EtcdStore {
+    /// Queues behind earlier fair acquires of `req.name` (a waiter key attached to the
+    /// owner's session, ordered by create revision, each waiter watching only the one
+    /// before it), then acquires as `try_acquire` does. `Ok(Held)`: `wait` passed while
+    /// another owner held the lease. `Err`: unknown, including a waiter whose session
+    /// expired while queued (never granted then) and `wait` passing while earlier waiters
+    /// had not reached the lease. The waiter key is removed however this ends (also when
+    /// the future is dropped). `try_acquire` does not queue: it may overtake waiters.
+    async fn acquire_fair(
+        &self,
+        req: &AcquireRequest,
+        wait: Duration,
+    ) -> Result<AcquireOutcome, StoreError> {
+        self.inner.acquire_fair(req, wait).await
+    }
+}
+
+#[async_trait]
+impl PreemptionRequests for EtcdStore {
     /// Puts the request key of grant `token` (attached to the holder's session) if the
     /// grant is current and the request key unchanged since it was read (module
     /// [`crate::preempt`]). A forceful request ends the grant, for every client, one ttl
@@ -976,41 +1029,17 @@ impl LeaseStore for EtcdStore {
     ) -> Result<bool, StoreError> {
         self.inner.withdraw_preemption(name, token, by).await
     }
+}
 
-    /// `Ok(true)`: the key held by `owner` with create revision `token` was deleted.
-    /// `Ok(false)`: no such grant (another holder's, a later grant, or none).
-    async fn release(
-        &self,
-        name: &str,
-        owner: &str,
-        token: FencingToken,
-    ) -> Result<bool, StoreError> {
-        self.inner.release(name, owner, token).await
+#[async_trait]
+impl HolderWatch for EtcdStore {
+    async fn watch(&self, prefix: &str) -> Result<tenure_lease::WatchReceiver, StoreError> {
+        crate::watch::watch(&self.inner.client, &self.inner.layout, prefix).await
     }
+}
 
-    async fn read(&self, name: &str) -> Result<Option<LeaseRecord>, StoreError> {
-        self.inner.read(name).await
-    }
-
-    async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
-        self.inner.list(prefix).await
-    }
-
-    /// Queues behind earlier fair acquires of `req.name` (a waiter key attached to the
-    /// owner's session, ordered by create revision, each waiter watching only the one
-    /// before it), then acquires as `try_acquire` does. `Ok(Held)`: `wait` passed while
-    /// another owner held the lease. `Err`: unknown, including a waiter whose session
-    /// expired while queued (never granted then) and `wait` passing while earlier waiters
-    /// had not reached the lease. The waiter key is removed however this ends (also when
-    /// the future is dropped). `try_acquire` does not queue: it may overtake waiters.
-    async fn acquire_fair(
-        &self,
-        req: &AcquireRequest,
-        wait: Duration,
-    ) -> Result<AcquireOutcome, StoreError> {
-        self.inner.acquire_fair(req, wait).await
-    }
-
+#[async_trait]
+impl RememberedIds for EtcdStore {
     /// One transaction per 128 ids, each guarded by the grant's holder key (its create
     /// revision is `token`, as [`EtcdStore::fence`]); the ids' keys are attached to no
     /// session, so they never expire. A change of more than 128 ids may be applied in
@@ -1077,9 +1106,5 @@ impl LeaseStore for EtcdStore {
                     .map(String::from)
             })
             .collect())
-    }
-
-    async fn watch(&self, prefix: &str) -> Result<tenure_lease::WatchReceiver, StoreError> {
-        crate::watch::watch(&self.inner.client, &self.inner.layout, prefix).await
     }
 }

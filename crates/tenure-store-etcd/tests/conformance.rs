@@ -1,14 +1,17 @@
 //! The conformance suite against a real single-member etcd (each client its own
 //! connection, as separate processes would have).
 
+mod support;
+use support::EtcdStores;
+
 use std::any::Any;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use tenure_lease::LeaseStore;
-use tenure_lease::conformance::proxy::Proxy;
-use tenure_lease::conformance::state_loss::StateLoss;
-use tenure_lease::conformance::{AnswerDelay, Harness};
+use tenure_lease_kit::conformance::proxy::Proxy;
+use tenure_lease_kit::conformance::state_loss::StateLoss;
+use tenure_lease_kit::conformance::{AnswerDelay, Harness};
 
 use tenure_test_kit::etcd::{Etcd, PREFIX};
 
@@ -105,6 +108,6 @@ impl StateLoss for EtcdHarness {
     }
 }
 
-tenure_lease::conformance_tests!(EtcdHarness::start());
-tenure_lease::preemption_fault_tests!(EtcdHarness::start());
-tenure_lease::state_loss_tests!(EtcdHarness::start());
+tenure_lease_kit::conformance_tests!(EtcdHarness::start(); fair_queue, holder_watch, preemption_requests, remembered_ids);
+tenure_lease_kit::preemption_fault_tests!(EtcdHarness::start());
+tenure_lease_kit::state_loss_tests!(EtcdHarness::start());

@@ -1,11 +1,14 @@
-//! Fair acquire (first come, first served; cancellation and session expiry) and watch,
+//! Fair acquire (first come, first served; cancellation and session expiry)
 //! against a real etcd.
+
+mod support;
+use support::EtcdStores;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Client, GetOptions};
-use tenure_lease::{AcquireOutcome, AcquireRequest, FencingToken, LeaseStore, WatchEvent};
+use tenure_lease::{AcquireOutcome, AcquireRequest, FairQueue, FencingToken, LeaseStore};
 use tokio::time::sleep;
 
 use tenure_test_kit::etcd::{Etcd, PREFIX};
@@ -75,7 +78,7 @@ async fn fair_waiters_are_granted_in_order() {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let mut stores = Vec::new();
     for (i, owner) in ["b", "c", "d"].into_iter().enumerate() {
-        let store: Arc<dyn LeaseStore> = Arc::new(etcd.store().await);
+        let store: Arc<dyn FairQueue> = Arc::new(etcd.store().await);
         stores.push(store.clone());
         let tx = tx.clone();
         tokio::spawn(async move {
@@ -170,51 +173,4 @@ async fn fair_waiter_whose_session_ends_gets_an_error() {
     let got = waiting.await.expect("task");
     assert!(got.is_err(), "waiter without a session: {got:?}");
     assert_eq!(holder.read("revoked").await.expect("read"), None);
-}
-
-/// Watch reports new grants and ended grants under its prefix, not renewals or reentrant
-/// acquires, nor leases outside the prefix.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn watch_reports_holder_changes() {
-    let etcd = Etcd::single().await;
-    let store = etcd.store().await;
-    let mut events = store.watch("w-").await.expect("watch");
-    let ttl = Duration::from_secs(5);
-    let t1 = token(
-        &store
-            .try_acquire(&request("w-1", "a", ttl))
-            .await
-            .expect("acquire"),
-    );
-    token(
-        &store
-            .try_acquire(&request("w-1", "a", ttl))
-            .await
-            .expect("reentrant"),
-    );
-    token(
-        &store
-            .try_acquire(&request("other", "a", ttl))
-            .await
-            .expect("acquire"),
-    );
-    assert!(store.release("w-1", "a", t1).await.expect("release"));
-    let next = AcquireRequest {
-        instance: "a-2".into(),
-        ..request("w-1", "a", ttl)
-    };
-    let t2 = token(&store.try_acquire(&next).await.expect("acquire"));
-    assert!(store.release("w-1", "a", t2).await.expect("release"));
-    let mut seen = Vec::new();
-    for _ in 0..4 {
-        seen.push(events.recv().await.expect("event"));
-    }
-    let granted = |e: &WatchEvent| match e {
-        WatchEvent::Granted(r) => Some((r.name.clone(), r.owner.clone(), r.token)),
-        WatchEvent::Ended { .. } => None,
-    };
-    assert_eq!(granted(&seen[0]), Some(("w-1".into(), "a".into(), t1)));
-    assert_eq!(seen[1], WatchEvent::Ended { name: "w-1".into() });
-    assert_eq!(granted(&seen[2]), Some(("w-1".into(), "a".into(), t2)));
-    assert_eq!(seen[3], WatchEvent::Ended { name: "w-1".into() });
 }

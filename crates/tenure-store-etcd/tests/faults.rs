@@ -1,15 +1,18 @@
 //! Real faults against real etcd members: the server killed and restarted, the leader of
 //! a 3-member cluster killed. Assertions are about order and safety, never speed.
 
+mod support;
+use support::EtcdStores;
+
 use std::sync::Arc;
 use std::time::Duration;
 
-use tenure_lease::conformance::{Losses, acquire_recording_losses, test_settings};
 use tenure_lease::store::bounded;
 use tenure_lease::{
     AcquireOutcome, AcquireRequest, FencingToken, HeldLease, Lease, LeaseSettings, LeaseSpec,
     LeaseStore,
 };
+use tenure_lease_kit::conformance::{Losses, acquire_recording_losses, test_settings};
 use tokio::time::{Instant, sleep};
 
 use tenure_test_kit::etcd::Etcd;

@@ -2,6 +2,9 @@
 //! refused (the `or_else` branch) once the grant was released and another owner holds the
 //! lease, against a real etcd.
 
+mod support;
+use support::EtcdStores;
+
 use std::time::Duration;
 
 use etcd_client::{Txn, TxnOp};

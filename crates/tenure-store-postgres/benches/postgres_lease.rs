@@ -22,15 +22,19 @@
 //!
 //! Run: `cargo bench -p tenure-store-postgres --bench postgres_lease`
 
+#[path = "../tests/support/mod.rs"]
+mod support;
+use support::PgOptions;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group};
-use tenure_lease::conformance::bench::{
+use tenure_lease::{AcquireOutcome, AcquireRequest, HeldLease, Lease, LeaseSpec, LeaseStore};
+use tenure_lease_kit::bench::{
     Counting, Holders, INTERVALS, api_settings, bracket_intervals, lease_acquire_release,
     lease_counts, renewal_settings, runtime, spi_request, store_acquire_release, thin_path,
 };
-use tenure_lease::{AcquireOutcome, AcquireRequest, HeldLease, Lease, LeaseSpec, LeaseStore};
 use tenure_store_postgres::PostgresStore;
 use tenure_store_postgres::sql::Statements;
 use tenure_test_kit::postgres::PgServer;

@@ -27,6 +27,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::poll_fn;
+use tenure_lease::store::fair_wait_passed;
 use tenure_lease::{AcquireOutcome, AcquireRequest, LeaseStore, StoreError};
 use tokio::sync::broadcast;
 use tokio::time::timeout;
@@ -299,9 +300,7 @@ impl PostgresStore {
         }
     }
 
-    /// `wait` passed: leaves the line and answers with the holder (the one just seen
-    /// while first in line, else the current one), or an error when nobody holds the lease
-    /// (the waiters ahead had not reached it).
+    /// `wait` passed: leaves the line and answers as [`fair_wait_passed`] does.
     async fn fair_timeout(
         &self,
         req: &AcquireRequest,
@@ -315,17 +314,10 @@ impl PostgresStore {
             Err(e) => tracing::debug!(lease = %req.name, error = %e, "leaving the line failed"),
         }
         drop(entry);
-        let holder = match holder {
-            Some(holder) => Some(holder),
-            None => self.read(&req.name).await?,
-        };
-        match holder {
-            Some(holder) => Ok(AcquireOutcome::Held(holder)),
-            None => Err(queue_error(
-                &req.name,
-                format!("{wait:?} passed while queued behind earlier waiters"),
-            )),
-        }
+        fair_wait_passed(STORE, req, wait, holder, async || {
+            self.read(&req.name).await
+        })
+        .await
     }
 }
 

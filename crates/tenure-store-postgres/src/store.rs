@@ -10,9 +10,9 @@ use deadpool::managed::{Object, Pool};
 use deadpool_postgres::{Manager, ManagerConfig, RecyclingMethod, Runtime};
 use futures::future::BoxFuture;
 use tenure_lease::{
-    AcquireOutcome, AcquireRequest, Capabilities, ConfigError, FencingToken, HeldLease,
+    AcquireOutcome, AcquireRequest, Capabilities, ConfigError, FairQueue, FencingToken, HeldLease,
     HolderClock, LeaseRecord, LeaseSection, LeaseStore, PreemptAnswer, PreemptionRequest,
-    RememberChange, Renewal, StoreError, StoreFactory,
+    PreemptionRequests, RememberChange, RememberedIds, Renewal, StoreError, StoreFactory,
 };
 use tokio::time::{Instant, sleep, timeout};
 use tokio_postgres::{NoTls, Row};
@@ -523,10 +523,7 @@ impl LeaseStore for PostgresStore {
         Capabilities {
             native_fencing: true,
             server_side_expiry: true,
-            fair_waiting: true,
-            watch: false,
             durable: true,
-            preemption: true,
         }
     }
 
@@ -625,6 +622,74 @@ impl LeaseStore for PostgresStore {
         Ok(n == 1)
     }
 
+    async fn read(&self, name: &str) -> Result<Option<LeaseRecord>, StoreError> {
+        let (sql, statements) = (Sql::Read, &self.inner.statements);
+        let rows = self
+            .run(self.patience(), true, |c, _| {
+                Box::pin(async move {
+                    let stmt = c.statement(sql, statements).await.map_err(|e| (false, e))?;
+                    c.query(&stmt, &[&name]).await.map_err(|e| (true, e))
+                })
+            })
+            .await?;
+        rows.first().map(|r| self.decode(r, 0)).transpose()
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
+        let (sql, statements) = (Sql::List, &self.inner.statements);
+        let pattern = like_prefix(prefix);
+        let pattern = &pattern;
+        let rows = self
+            .run(self.patience(), true, |c, _| {
+                Box::pin(async move {
+                    let stmt = c.statement(sql, statements).await.map_err(|e| (false, e))?;
+                    c.query(&stmt, &[pattern]).await.map_err(|e| (true, e))
+                })
+            })
+            .await?;
+        rows.iter().map(|r| self.decode(r, 0)).collect()
+    }
+
+    fn as_fair_queue(&self) -> Option<&dyn FairQueue> {
+        Some(self)
+    }
+
+    fn as_preemption_requests(&self) -> Option<&dyn PreemptionRequests> {
+        Some(self)
+    }
+
+    fn as_remembered_ids(&self) -> Option<&dyn RememberedIds> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl FairQueue for PostgresStore {
+    /// Joins the name's line (a row in `<table>_waiter`, ordered by its `seq`, with its own
+    /// expiry, refreshed while it waits) and, once first in line, acquires as
+    /// [`try_acquire`](LeaseStore::try_acquire) does, removing the row in the same
+    /// statement. Waiters are woken by LISTEN/NOTIFY (a release and a departure from the
+    /// line notify in their own transaction), at the holder's expiry (a lapse sends
+    /// nothing), at the expiry of a waiter ahead that stopped refreshing (its process
+    /// died), and at a third of the ttl to refresh their row. `Ok(Held)`: `wait` passed
+    /// while another owner held the lease; `Err`: unknown, including a waiter whose row
+    /// expired while queued (never granted then) and `wait` passing while earlier waiters
+    /// had not reached the lease. The row is removed however this ends (also when the
+    /// future is dropped: by a spawned task); if that fails it expires after the ttl.
+    /// The holder instance's own fair acquire re-enters at once, without queueing.
+    /// `try_acquire` does not queue: it may take a free lease ahead of waiters, as with
+    /// the etcd and ZooKeeper stores.
+    async fn acquire_fair(
+        &self,
+        req: &AcquireRequest,
+        wait: Duration,
+    ) -> Result<AcquireOutcome, StoreError> {
+        self.fair(req, wait).await
+    }
+}
+
+#[async_trait]
+impl PreemptionRequests for PostgresStore {
     /// One statement: the request is set on the unexpired grant `token` if it outranks
     /// it and any other owner's pending request. A `Refused` answer whose record would
     /// have allowed it (a concurrent change the statement's snapshot did not show) is
@@ -694,42 +759,10 @@ impl LeaseStore for PostgresStore {
             .await?;
         Ok(n == 1)
     }
+}
 
-    /// Joins the name's line (a row in `<table>_waiter`, ordered by its `seq`, with its own
-    /// expiry, refreshed while it waits) and, once first in line, acquires as
-    /// [`try_acquire`](LeaseStore::try_acquire) does, removing the row in the same
-    /// statement. Waiters are woken by LISTEN/NOTIFY (a release and a departure from the
-    /// line notify in their own transaction), at the holder's expiry (a lapse sends
-    /// nothing), at the expiry of a waiter ahead that stopped refreshing (its process
-    /// died), and at a third of the ttl to refresh their row. `Ok(Held)`: `wait` passed
-    /// while another owner held the lease; `Err`: unknown, including a waiter whose row
-    /// expired while queued (never granted then) and `wait` passing while earlier waiters
-    /// had not reached the lease. The row is removed however this ends (also when the
-    /// future is dropped: by a spawned task); if that fails it expires after the ttl.
-    /// The holder instance's own fair acquire re-enters at once, without queueing.
-    /// `try_acquire` does not queue: it may take a free lease ahead of waiters, as with
-    /// the etcd and ZooKeeper stores.
-    async fn acquire_fair(
-        &self,
-        req: &AcquireRequest,
-        wait: Duration,
-    ) -> Result<AcquireOutcome, StoreError> {
-        self.fair(req, wait).await
-    }
-
-    async fn read(&self, name: &str) -> Result<Option<LeaseRecord>, StoreError> {
-        let (sql, statements) = (Sql::Read, &self.inner.statements);
-        let rows = self
-            .run(self.patience(), true, |c, _| {
-                Box::pin(async move {
-                    let stmt = c.statement(sql, statements).await.map_err(|e| (false, e))?;
-                    c.query(&stmt, &[&name]).await.map_err(|e| (true, e))
-                })
-            })
-            .await?;
-        rows.first().map(|r| self.decode(r, 0)).transpose()
-    }
-
+#[async_trait]
+impl RememberedIds for PostgresStore {
     /// One statement: the grant check (its row locked until the statement commits) and
     /// every id, atomic whatever the change's size. Retried when its answer is lost:
     /// applying it again changes nothing.
@@ -773,21 +806,6 @@ impl LeaseStore for PostgresStore {
         rows.iter()
             .map(|r| r.try_get(0).map_err(|e| self.bad(e)))
             .collect()
-    }
-
-    async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
-        let (sql, statements) = (Sql::List, &self.inner.statements);
-        let pattern = like_prefix(prefix);
-        let pattern = &pattern;
-        let rows = self
-            .run(self.patience(), true, |c, _| {
-                Box::pin(async move {
-                    let stmt = c.statement(sql, statements).await.map_err(|e| (false, e))?;
-                    c.query(&stmt, &[pattern]).await.map_err(|e| (true, e))
-                })
-            })
-            .await?;
-        rows.iter().map(|r| self.decode(r, 0)).collect()
     }
 }
 

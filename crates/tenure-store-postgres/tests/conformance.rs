@@ -1,13 +1,16 @@
 //! The conformance suite against a real PostgreSQL server per test (Debian's `postgresql`).
 
+mod support;
+use support::PgOptions;
+
 use std::any::Any;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use tenure_lease::LeaseStore;
-use tenure_lease::conformance::proxy::Proxy;
-use tenure_lease::conformance::state_loss::StateLoss;
-use tenure_lease::conformance::{AnswerDelay, Harness, test_settings};
+use tenure_lease_kit::conformance::proxy::Proxy;
+use tenure_lease_kit::conformance::state_loss::StateLoss;
+use tenure_lease_kit::conformance::{AnswerDelay, Harness, test_settings};
 use tenure_store_postgres::PostgresStore;
 use tenure_test_kit::postgres::{Exclusive, PgServer};
 
@@ -103,6 +106,6 @@ impl StateLoss for PgHarness {
     }
 }
 
-tenure_lease::conformance_tests!(PgHarness::start());
-tenure_lease::state_loss_tests!(PgHarness::start());
-tenure_lease::preemption_fault_tests!(PgHarness::start());
+tenure_lease_kit::conformance_tests!(PgHarness::start(); fair_queue, preemption_requests, remembered_ids);
+tenure_lease_kit::state_loss_tests!(PgHarness::start());
+tenure_lease_kit::preemption_fault_tests!(PgHarness::start());

@@ -2,12 +2,15 @@
 //! waiters' channel (and with what payload), and the waiters' table added to a lease table
 //! of an earlier version. The shared fair cases run in `conformance.rs`.
 
+mod support;
+use support::PgOptions;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::poll_fn;
-use tenure_lease::conformance::test_settings;
-use tenure_lease::{AcquireOutcome, AcquireRequest, FencingToken, LeaseStore};
+use tenure_lease::{AcquireOutcome, AcquireRequest, FairQueue, FencingToken, LeaseStore};
+use tenure_lease_kit::conformance::test_settings;
 use tenure_store_postgres::PostgresStore;
 use tenure_test_kit::postgres::{Exclusive, PgServer};
 use tokio::sync::mpsc;
@@ -116,7 +119,7 @@ async fn releases_and_departures_notify_the_line() {
     assert!(holder.release("quiet", "h", quiet).await.unwrap());
 
     let busy = granted(&holder.try_acquire(&request("busy", "h")).await.unwrap());
-    let waiter: Arc<dyn LeaseStore> = Arc::new(store(&server).await);
+    let waiter: Arc<dyn FairQueue> = Arc::new(store(&server).await);
     let w = waiter.clone();
     let waiting =
         tokio::spawn(async move { w.acquire_fair(&request("busy", "w"), PATIENCE).await });

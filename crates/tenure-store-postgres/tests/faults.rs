@@ -2,14 +2,17 @@
 //! crashed under a holder, restarts, LIKE wildcards in prefixes, byte-order listing,
 //! concurrent first starts, notes, and writes guarded in the caller's transaction.
 
+mod support;
+use support::PgOptions;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tenure_lease::conformance::test_settings;
 use tenure_lease::{
     AcquireOutcome, AcquireRequest, Acquired, FencingToken, HeldLease, Lease, LeaseSpec,
-    LeaseStore, LostReason, PreemptAnswer, PreemptionRequest, Renewal,
+    LeaseStore, LostReason, PreemptAnswer, PreemptionRequest, PreemptionRequests, Renewal,
 };
+use tenure_lease_kit::conformance::test_settings;
 use tenure_store_postgres::{FenceError, PostgresOptions, PostgresStore};
 use tenure_test_kit::postgres::{Exclusive, PgServer};
 use tokio::time::{Instant, sleep};

@@ -2,13 +2,16 @@
 //! (Debian's `postgresql`). Every client (lease store and journal) has its own connection
 //! pool, as another process would.
 
+mod support;
+use support::PgOptions;
+
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use tenure_journal::Journal;
 use tenure_journal::conformance::JournalHarness;
 use tenure_lease::LeaseStore;
-use tenure_lease::conformance::test_settings;
+use tenure_lease_kit::conformance::test_settings;
 use tenure_store_postgres::{PostgresJournal, PostgresStore};
 use tenure_test_kit::postgres::{Exclusive, PgServer};
 

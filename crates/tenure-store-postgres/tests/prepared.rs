@@ -1,5 +1,8 @@
 //! The store prepares each statement once per connection, not once per call.
 
+mod support;
+use support::PgOptions;
+
 use std::time::Duration;
 
 use tenure_lease::{AcquireOutcome, AcquireRequest, FencingToken, LeaseStore};

@@ -1,6 +1,9 @@
 //! A suspend of the contender's host counts in `observed-expiry` (the holder clock,
 //! `CLOCK_BOOTTIME`): the holder's deadline went on while the contender's host slept.
 
+mod support;
+use support::PgOptions;
+
 use std::time::Duration;
 
 use tenure_lease::{AcquireOutcome, AcquireRequest, HolderClock, LeaseStore};

@@ -28,11 +28,11 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
-use tenure_lease::conformance::bench::{
+use tenure_lease::{AcquireOutcome, Acquired, HeldLease, Lease, LeaseSpec, LeaseStore};
+use tenure_lease_kit::bench::{
     Counting, Holders, INTERVALS, api_settings, bracket_intervals, lease_acquire_release,
     lease_counts, renewal_settings, runtime, spi_request, thin_path,
 };
-use tenure_lease::{AcquireOutcome, Acquired, HeldLease, Lease, LeaseSpec, LeaseStore};
 use tenure_store_sqlite::witness::Witness;
 use tenure_store_sqlite::{SqliteStore, sql, store_now_ns, token_floor};
 

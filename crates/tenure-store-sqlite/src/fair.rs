@@ -30,6 +30,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use rusqlite::{OptionalExtension, params};
+use tenure_lease::store::fair_wait_passed;
 use tenure_lease::{
     AcquireOutcome, AcquireRequest, AcquireStep, LeaseRecord, LeaseStore, StoreError,
 };
@@ -312,9 +313,7 @@ impl SqliteStore {
         }
     }
 
-    /// `wait` passed: leaves the line and answers with the holder (the one just seen
-    /// while first in line, else the current one), or an error when nobody holds the lease
-    /// (the waiters ahead had not reached it).
+    /// `wait` passed: leaves the line and answers as [`fair_wait_passed`] does.
     async fn fair_timeout(
         &self,
         req: &AcquireRequest,
@@ -328,17 +327,10 @@ impl SqliteStore {
             Err(e) => tracing::debug!(lease = %req.name, error = %e, "leaving the line failed"),
         }
         drop(entry);
-        let holder = match holder {
-            Some(holder) => Some(holder),
-            None => self.read(&req.name).await?,
-        };
-        match holder {
-            Some(holder) => Ok(AcquireOutcome::Held(holder)),
-            None => Err(queue_error(
-                &req.name,
-                format!("{wait:?} passed while queued behind earlier waiters"),
-            )),
-        }
+        fair_wait_passed("sqlite", req, wait, holder, async || {
+            self.read(&req.name).await
+        })
+        .await
     }
 }
 

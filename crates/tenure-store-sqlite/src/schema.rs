@@ -6,7 +6,7 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 /// `tenure_fence`: the highest token issued per name; never deleted.
 /// `tenure_waiter`: fair acquires in line, per name in `seq` order (`AUTOINCREMENT`: a
 /// `seq` is never reused), each with its own expiry, refreshed while it waits.
-/// `tenure_remembered`: the ids remembered per lease name (`LeaseStore::remember`): not
+/// `tenure_remembered`: the ids remembered per lease name (`RememberedIds::remember`): not
 /// grants, so kept across reboots, unlike `tenure_lease`'s rows.
 /// `tenure_meta`: `boot_id`, the boot the `expires_at` values are measured in; `clock`, the
 /// clock they are measured on (`boottime`; absent in files of earlier versions, which used
@@ -161,7 +161,9 @@ pub(crate) fn lost_at(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<Option
 mod tests {
     use std::time::Duration;
 
-    use tenure_lease::{AcquireOutcome, AcquireRequest, FencingToken, LeaseStore};
+    use tenure_lease::{
+        AcquireOutcome, AcquireRequest, FencingToken, LeaseStore, PreemptionRequests,
+    };
 
     use crate::SqliteStore;
 

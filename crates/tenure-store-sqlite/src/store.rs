@@ -9,9 +9,10 @@ use async_trait::async_trait;
 use rusqlite::config::DbConfig;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 use tenure_lease::{
-    AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, ConfigError, FencingToken,
-    HeldLease, HolderClock, LeaseRecord, LeaseSection, LeaseStore, PreemptAnswer,
-    PreemptionRequest, RememberChange, Renewal, StoreError, StoreFactory,
+    AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, ConfigError, FairQueue,
+    FencingToken, HeldLease, HolderClock, LeaseRecord, LeaseSection, LeaseStore, PreemptAnswer,
+    PreemptionRequest, PreemptionRequests, RememberChange, RememberedIds, Renewal, StoreError,
+    StoreFactory,
 };
 
 use crate::clock::{boot_id, now_ns, token_floor};
@@ -615,10 +616,7 @@ impl LeaseStore for SqliteStore {
         Capabilities {
             native_fencing: false,
             server_side_expiry: true,
-            fair_waiting: true,
-            watch: false,
             durable: true,
-            preemption: true,
         }
     }
 
@@ -636,28 +634,6 @@ impl LeaseStore for SqliteStore {
             })
             .await?;
         attempt.map_err(|quiet| quiet.error(&self.path, &req.name, req.ttl))
-    }
-
-    /// Queues behind earlier fair acquires of `req.name` (a row in `tenure_waiter`, with
-    /// its own expiry, refreshed while it waits) and, once first in line, acquires as
-    /// [`try_acquire`](LeaseStore::try_acquire) does, removing the row in the same
-    /// transaction. Waiters in this process are woken at once by a release or a departure
-    /// from the line; SQLite cannot tell other processes, so every waiter also looks again
-    /// at least every [`cross_process_poll`](crate::cross_process_poll) (a twentieth
-    /// of the ttl, 10 to 250 ms), at the holder's expiry and at the expiry of a waiter
-    /// ahead that stopped refreshing (its process died). `Ok(Held)`: `wait` passed while
-    /// another owner held the lease; `Err`: unknown, including a waiter whose row expired
-    /// while queued (never granted then) and `wait` passing while earlier waiters had not
-    /// reached the lease. The row is removed however this ends (also when the future is
-    /// dropped: by a spawned task); if that fails it expires after the ttl. The holder
-    /// instance's own fair acquire re-enters at once. `try_acquire` does not queue: it may
-    /// take a free lease ahead of waiters, as with the etcd and ZooKeeper stores.
-    async fn acquire_fair(
-        &self,
-        req: &AcquireRequest,
-        wait: Duration,
-    ) -> Result<AcquireOutcome, StoreError> {
-        self.fair(req, wait).await
     }
 
     async fn renew(
@@ -712,6 +688,109 @@ impl LeaseStore for SqliteStore {
         .await
     }
 
+    /// Deletes the grant if `owner` holds it unexpired with `token`; once committed, wakes
+    /// the name's fair waiters in this process (those of other processes see it at their
+    /// next look, see [`acquire_fair`](LeaseStore::acquire_fair)).
+    async fn release(
+        &self,
+        name: &str,
+        owner: &str,
+        token: FencingToken,
+    ) -> Result<bool, StoreError> {
+        let (lease, holder, token) = (name.to_string(), owner.to_string(), token_to_sql(token));
+        let released = self
+            .with_conn(move |db| {
+                let tx = db.write()?;
+                let now = now_ns();
+                let deleted = tx
+                    .prepare_cached(sql::RELEASE)?
+                    .execute(params![lease, holder, token, now])?;
+                tx.commit()?;
+                Ok(deleted == 1)
+            })
+            .await?;
+        if released {
+            crate::fair::wake(&self.line_key, name);
+        }
+        Ok(released)
+    }
+
+    async fn read(&self, name: &str) -> Result<Option<LeaseRecord>, StoreError> {
+        let name = name.to_string();
+        self.with_conn(move |db| {
+            let tx = db.read()?;
+            let now = now_ns();
+            let record = tx
+                .prepare_cached(sql::SELECT_CURRENT)?
+                .query_row(params![name, now], |r| row_record(r, now))
+                .optional()?;
+            tx.finish()?;
+            Ok(record)
+        })
+        .await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
+        let prefix = prefix.to_string();
+        self.with_conn(move |db| {
+            let tx = db.read()?;
+            let now = now_ns();
+            let records = match sql::prefix_end(&prefix) {
+                Some(end) => tx
+                    .prepare_cached(sql::LIST)?
+                    .query_map(params![prefix, now, end], |r| row_record(r, now))?
+                    .collect::<rusqlite::Result<_>>()?,
+                None => tx
+                    .prepare_cached(sql::LIST_FROM)?
+                    .query_map(params![prefix, now], |r| row_record(r, now))?
+                    .collect::<rusqlite::Result<_>>()?,
+            };
+            tx.finish()?;
+            Ok(records)
+        })
+        .await
+    }
+
+    fn as_fair_queue(&self) -> Option<&dyn FairQueue> {
+        Some(self)
+    }
+
+    fn as_preemption_requests(&self) -> Option<&dyn PreemptionRequests> {
+        Some(self)
+    }
+
+    fn as_remembered_ids(&self) -> Option<&dyn RememberedIds> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl FairQueue for SqliteStore {
+    /// Queues behind earlier fair acquires of `req.name` (a row in `tenure_waiter`, with
+    /// its own expiry, refreshed while it waits) and, once first in line, acquires as
+    /// [`try_acquire`](LeaseStore::try_acquire) does, removing the row in the same
+    /// transaction. Waiters in this process are woken at once by a release or a departure
+    /// from the line; SQLite cannot tell other processes, so every waiter also looks again
+    /// at least every [`cross_process_poll`](crate::cross_process_poll) (a twentieth
+    /// of the ttl, 10 to 250 ms), at the holder's expiry and at the expiry of a waiter
+    /// ahead that stopped refreshing (its process died). `Ok(Held)`: `wait` passed while
+    /// another owner held the lease; `Err`: unknown, including a waiter whose row expired
+    /// while queued (never granted then) and `wait` passing while earlier waiters had not
+    /// reached the lease. The row is removed however this ends (also when the future is
+    /// dropped: by a spawned task); if that fails it expires after the ttl. The holder
+    /// instance's own fair acquire re-enters at once. `try_acquire` does not queue: it may
+    /// take a free lease ahead of waiters, as with the etcd and ZooKeeper stores.
+    async fn acquire_fair(
+        &self,
+        req: &AcquireRequest,
+        wait: Duration,
+    ) -> Result<AcquireOutcome, StoreError> {
+        self.fair(req, wait).await
+    }
+}
+
+#[async_trait]
+impl PreemptionRequests for SqliteStore {
     /// Decides with [`PreemptionRequest::may_replace`] and writes in one IMMEDIATE
     /// transaction (SQLite's write lock makes the read and the write one compare-and-set).
     async fn request_preemption(
@@ -778,49 +857,10 @@ impl LeaseStore for SqliteStore {
         })
         .await
     }
+}
 
-    /// Deletes the grant if `owner` holds it unexpired with `token`; once committed, wakes
-    /// the name's fair waiters in this process (those of other processes see it at their
-    /// next look, see [`acquire_fair`](LeaseStore::acquire_fair)).
-    async fn release(
-        &self,
-        name: &str,
-        owner: &str,
-        token: FencingToken,
-    ) -> Result<bool, StoreError> {
-        let (lease, holder, token) = (name.to_string(), owner.to_string(), token_to_sql(token));
-        let released = self
-            .with_conn(move |db| {
-                let tx = db.write()?;
-                let now = now_ns();
-                let deleted = tx
-                    .prepare_cached(sql::RELEASE)?
-                    .execute(params![lease, holder, token, now])?;
-                tx.commit()?;
-                Ok(deleted == 1)
-            })
-            .await?;
-        if released {
-            crate::fair::wake(&self.line_key, name);
-        }
-        Ok(released)
-    }
-
-    async fn read(&self, name: &str) -> Result<Option<LeaseRecord>, StoreError> {
-        let name = name.to_string();
-        self.with_conn(move |db| {
-            let tx = db.read()?;
-            let now = now_ns();
-            let record = tx
-                .prepare_cached(sql::SELECT_CURRENT)?
-                .query_row(params![name, now], |r| row_record(r, now))
-                .optional()?;
-            tx.finish()?;
-            Ok(record)
-        })
-        .await
-    }
-
+#[async_trait]
+impl RememberedIds for SqliteStore {
     /// The grant check and every id in one IMMEDIATE transaction: atomic whatever the
     /// change's size, and no other grant of `name` can commit in between.
     async fn remember(
@@ -865,27 +905,6 @@ impl LeaseStore for SqliteStore {
                 .collect::<rusqlite::Result<_>>()?;
             tx.finish()?;
             Ok(ids)
-        })
-        .await
-    }
-
-    async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
-        let prefix = prefix.to_string();
-        self.with_conn(move |db| {
-            let tx = db.read()?;
-            let now = now_ns();
-            let records = match sql::prefix_end(&prefix) {
-                Some(end) => tx
-                    .prepare_cached(sql::LIST)?
-                    .query_map(params![prefix, now, end], |r| row_record(r, now))?
-                    .collect::<rusqlite::Result<_>>()?,
-                None => tx
-                    .prepare_cached(sql::LIST_FROM)?
-                    .query_map(params![prefix, now], |r| row_record(r, now))?
-                    .collect::<rusqlite::Result<_>>()?,
-            };
-            tx.finish()?;
-            Ok(records)
         })
         .await
     }

@@ -9,8 +9,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use rusqlite::Connection;
 use tenure_lease::LeaseStore;
-use tenure_lease::conformance::state_loss::StateLoss;
-use tenure_lease::conformance::{AnswerDelay, Harness, test_settings};
+use tenure_lease_kit::conformance::state_loss::StateLoss;
+use tenure_lease_kit::conformance::{AnswerDelay, Harness, test_settings};
 use tenure_store_sqlite::SqliteStore;
 
 /// How the file is lost in [`StateLoss::lose_state`].
@@ -169,24 +169,24 @@ impl StateLoss for SqliteHarness {
     }
 }
 
-tenure_lease::conformance_tests!(SqliteHarness::new());
+tenure_lease_kit::conformance_tests!(SqliteHarness::new(); fair_queue, preemption_requests, remembered_ids);
 
 mod file_deleted {
     use super::*;
-    tenure_lease::state_loss_tests!(SqliteHarness::losing(Loss::Deleted));
+    tenure_lease_kit::state_loss_tests!(SqliteHarness::losing(Loss::Deleted));
 }
 
 mod file_restored_from_a_copy {
     use super::*;
-    tenure_lease::state_loss_tests!(SqliteHarness::losing(Loss::Restored));
+    tenure_lease_kit::state_loss_tests!(SqliteHarness::losing(Loss::Restored));
 }
 
 mod log_deleted {
     use super::*;
-    tenure_lease::state_loss_tests!(SqliteHarness::losing(Loss::LogDeleted));
+    tenure_lease_kit::state_loss_tests!(SqliteHarness::losing(Loss::LogDeleted));
 }
 
 mod file_restored_in_place {
     use super::*;
-    tenure_lease::state_loss_tests!(SqliteHarness::losing(Loss::RestoredInPlace));
+    tenure_lease_kit::state_loss_tests!(SqliteHarness::losing(Loss::RestoredInPlace));
 }

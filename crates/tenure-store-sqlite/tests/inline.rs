@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rusqlite::{Connection, TransactionBehavior};
-use tenure_lease::conformance::bench::api_settings;
 use tenure_lease::{Acquired, Lease, LeaseSpec, LeaseStore};
+use tenure_lease_kit::bench::api_settings;
 use tenure_store_sqlite::SqliteStore;
 
 /// Holds the write lock of the file at `path` from another connection for `held`, then

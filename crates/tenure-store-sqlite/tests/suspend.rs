@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use tenure_lease::{AcquireOutcome, AcquireRequest, HolderClock, LeaseStore};
+use tenure_lease::{AcquireOutcome, AcquireRequest, FairQueue, HolderClock, LeaseStore};
 use tenure_store_sqlite::SqliteStore;
 
 const TTL: Duration = Duration::from_secs(60);

@@ -26,11 +26,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group};
-use tenure_lease::conformance::bench::{
+use tenure_lease::{AcquireOutcome, AcquireRequest, Lease, LeaseSpec, LeaseStore};
+use tenure_lease_kit::bench::{
     Counting, Holders, INTERVALS, bracket_intervals, lease_acquire_release, lease_counts,
     percentile, renewal_settings, runtime, spi_request, store_acquire_release, thin_path,
 };
-use tenure_lease::{AcquireOutcome, AcquireRequest, Lease, LeaseSpec, LeaseStore};
 use tenure_store_zookeeper::zookeeper_client as zk;
 use tenure_store_zookeeper::{ZooKeeperOptions, ZooKeeperStore};
 use tenure_test_kit::zookeeper::TestServer;

@@ -7,9 +7,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tenure_lease::names::NameRules;
 use tenure_lease::{
-    AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, ConfigError, FencingToken,
-    HeldLease, HolderClock, LeaseRecord, LeaseSection, LeaseStore, PreemptAnswer,
-    PreemptionRequest, RememberChange, Renewal, StoreError, StoreFactory,
+    AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, ConfigError, FairQueue,
+    FencingToken, HeldLease, HolderClock, LeaseRecord, LeaseSection, LeaseStore, PreemptAnswer,
+    PreemptionRequest, PreemptionRequests, RememberChange, RememberedIds, Renewal, StoreError,
+    StoreFactory,
 };
 use zookeeper_client as zk;
 
@@ -633,10 +634,7 @@ impl LeaseStore for ZooKeeperStore {
         Capabilities {
             native_fencing: true,
             server_side_expiry: true,
-            fair_waiting: true,
-            watch: false,
             durable: true,
-            preemption: true,
         }
     }
 
@@ -776,6 +774,128 @@ impl LeaseStore for ZooKeeperStore {
             .collect())
     }
 
+    /// Deletes the holder node if no grant happened since `owner`'s grant with `token`
+    /// (a version check on the lease node, in the same multi).
+    async fn release(
+        &self,
+        name: &str,
+        owner: &str,
+        token_: FencingToken,
+    ) -> Result<bool, StoreError> {
+        if let Some(s) = self.existing_session(owner).await
+            && let Some(g) = s.grant(name).filter(|g| g.token == token_)
+        {
+            return match s.delete_grant(name, g.lease_version).await {
+                Ok(done) => {
+                    s.forget(name, token_);
+                    Ok(done)
+                }
+                Err(e) => Err(from_zk(&format!("releasing lease {name}"), &e)),
+            };
+        }
+        // Not granted through this store: check owner and token on the server.
+        let client = self.reader().await?;
+        let lease = self.inner.layout.lease(name)?;
+        let holder = format!("{lease}/{HOLDER}");
+        let mut multi = client.new_multi_reader();
+        multi
+            .add_get_data(&lease)
+            .and_then(|_| multi.add_get_data(&holder))
+            .map_err(|e| from_zk(&format!("releasing lease {name}"), &e))?;
+        let answer = multi
+            .commit()
+            .await
+            .map_err(|e| from_zk(&format!("releasing lease {name}"), &e))?;
+        let (
+            Some(zk::MultiReadResult::Data {
+                stat: lease_stat, ..
+            }),
+            Some(zk::MultiReadResult::Data { data, stat }),
+        ) = (answer.first(), answer.get(1))
+        else {
+            return Ok(false);
+        };
+        let current = GrantData::decode(&holder, data)?;
+        if current.owner != owner || token(stat.czxid) != token_ {
+            return Ok(false);
+        }
+        let mut multi = client.new_multi_writer();
+        multi
+            .add_check_version(&lease, lease_stat.version)
+            .and_then(|_| multi.add_delete(&holder, Some(stat.version)))
+            .map_err(|e| from_zk(&format!("releasing lease {name}"), &e))?;
+        match multi.commit().await {
+            Ok(_) => Ok(true),
+            Err(zk::MultiWriteError::OperationFailed {
+                source: zk::Error::BadVersion | zk::Error::NoNode,
+                ..
+            }) => Ok(false),
+            Err(e) => Err(from_zk(&format!("releasing lease {name}"), &e.into())),
+        }
+    }
+
+    async fn read(&self, name: &str) -> Result<Option<LeaseRecord>, StoreError> {
+        let client = self.reader().await?;
+        let holder = self.inner.layout.holder(name)?;
+        match client.get_data(&holder).await {
+            Ok((data, stat)) => self.holder_record(name, &holder, &data, &stat).await,
+            Err(zk::Error::NoNode) => Ok(None),
+            Err(e) => Err(from_zk(&format!("reading {holder}"), &e)),
+        }
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
+        let client = self.reader().await?;
+        let root = self.inner.layout.root();
+        let mut names = match client.list_children(root).await {
+            Ok(children) => children,
+            Err(zk::Error::NoNode) => return Ok(Vec::new()),
+            Err(e) => return Err(from_zk(&format!("listing {root}"), &e)),
+        };
+        names.retain(|n| n.starts_with(prefix));
+        names.sort();
+        let holders = self.read_holders(&client, &names).await?;
+        let mut out = Vec::new();
+        for (name, found) in names.iter().zip(holders) {
+            if let Some((data, stat)) = found {
+                let path = self.inner.layout.holder(name)?;
+                if let Some(r) = self.holder_record(name, &path, &data, &stat).await? {
+                    out.push(r);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn as_fair_queue(&self) -> Option<&dyn FairQueue> {
+        Some(self)
+    }
+
+    fn as_preemption_requests(&self) -> Option<&dyn PreemptionRequests> {
+        Some(self)
+    }
+
+    fn as_remembered_ids(&self) -> Option<&dyn RememberedIds> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl FairQueue for ZooKeeperStore {
+    /// Queues an ephemeral sequential waiter node under the lease node and waits, watching
+    /// only its predecessor (the holder node once first), Curator's recipe. See
+    /// [`fair`](crate::fair) for cancellation and timeouts.
+    async fn acquire_fair(
+        &self,
+        req: &AcquireRequest,
+        wait: Duration,
+    ) -> Result<AcquireOutcome, StoreError> {
+        self.fair(req, wait).await
+    }
+}
+
+#[async_trait]
+impl PreemptionRequests for ZooKeeperStore {
     /// Writes the request into the holder node's data with a version-checked `setData`
     /// (read, decide with [`PreemptionRequest::may_replace`], write; again on a race), in
     /// one multi with a write of the root's data that renewals watch for. The node's czxid,
@@ -855,78 +975,10 @@ impl LeaseStore for ZooKeeperStore {
              {MAX_ATTEMPTS} times while we looked"
         )))
     }
+}
 
-    /// Deletes the holder node if no grant happened since `owner`'s grant with `token`
-    /// (a version check on the lease node, in the same multi).
-    async fn release(
-        &self,
-        name: &str,
-        owner: &str,
-        token_: FencingToken,
-    ) -> Result<bool, StoreError> {
-        if let Some(s) = self.existing_session(owner).await
-            && let Some(g) = s.grant(name).filter(|g| g.token == token_)
-        {
-            return match s.delete_grant(name, g.lease_version).await {
-                Ok(done) => {
-                    s.forget(name, token_);
-                    Ok(done)
-                }
-                Err(e) => Err(from_zk(&format!("releasing lease {name}"), &e)),
-            };
-        }
-        // Not granted through this store: check owner and token on the server.
-        let client = self.reader().await?;
-        let lease = self.inner.layout.lease(name)?;
-        let holder = format!("{lease}/{HOLDER}");
-        let mut multi = client.new_multi_reader();
-        multi
-            .add_get_data(&lease)
-            .and_then(|_| multi.add_get_data(&holder))
-            .map_err(|e| from_zk(&format!("releasing lease {name}"), &e))?;
-        let answer = multi
-            .commit()
-            .await
-            .map_err(|e| from_zk(&format!("releasing lease {name}"), &e))?;
-        let (
-            Some(zk::MultiReadResult::Data {
-                stat: lease_stat, ..
-            }),
-            Some(zk::MultiReadResult::Data { data, stat }),
-        ) = (answer.first(), answer.get(1))
-        else {
-            return Ok(false);
-        };
-        let current = GrantData::decode(&holder, data)?;
-        if current.owner != owner || token(stat.czxid) != token_ {
-            return Ok(false);
-        }
-        let mut multi = client.new_multi_writer();
-        multi
-            .add_check_version(&lease, lease_stat.version)
-            .and_then(|_| multi.add_delete(&holder, Some(stat.version)))
-            .map_err(|e| from_zk(&format!("releasing lease {name}"), &e))?;
-        match multi.commit().await {
-            Ok(_) => Ok(true),
-            Err(zk::MultiWriteError::OperationFailed {
-                source: zk::Error::BadVersion | zk::Error::NoNode,
-                ..
-            }) => Ok(false),
-            Err(e) => Err(from_zk(&format!("releasing lease {name}"), &e.into())),
-        }
-    }
-
-    /// Queues an ephemeral sequential waiter node under the lease node and waits, watching
-    /// only its predecessor (the holder node once first), Curator's recipe. See
-    /// [`fair`](crate::fair) for cancellation and timeouts.
-    async fn acquire_fair(
-        &self,
-        req: &AcquireRequest,
-        wait: Duration,
-    ) -> Result<AcquireOutcome, StoreError> {
-        self.fair(req, wait).await
-    }
-
+#[async_trait]
+impl RememberedIds for ZooKeeperStore {
     /// After a `sync`, the grant's fence ([`ZooKeeperStore::fence`]) and the ids present
     /// are read; then one multi per 200 ids creates and deletes their nodes, each with the
     /// fence's two checks, so a multi commits only while the grant is current. A change of
@@ -1040,39 +1092,6 @@ impl LeaseStore for ZooKeeperStore {
         };
         ids.sort();
         Ok(ids)
-    }
-
-    async fn read(&self, name: &str) -> Result<Option<LeaseRecord>, StoreError> {
-        let client = self.reader().await?;
-        let holder = self.inner.layout.holder(name)?;
-        match client.get_data(&holder).await {
-            Ok((data, stat)) => self.holder_record(name, &holder, &data, &stat).await,
-            Err(zk::Error::NoNode) => Ok(None),
-            Err(e) => Err(from_zk(&format!("reading {holder}"), &e)),
-        }
-    }
-
-    async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
-        let client = self.reader().await?;
-        let root = self.inner.layout.root();
-        let mut names = match client.list_children(root).await {
-            Ok(children) => children,
-            Err(zk::Error::NoNode) => return Ok(Vec::new()),
-            Err(e) => return Err(from_zk(&format!("listing {root}"), &e)),
-        };
-        names.retain(|n| n.starts_with(prefix));
-        names.sort();
-        let holders = self.read_holders(&client, &names).await?;
-        let mut out = Vec::new();
-        for (name, found) in names.iter().zip(holders) {
-            if let Some((data, stat)) = found {
-                let path = self.inner.layout.holder(name)?;
-                if let Some(r) = self.holder_record(name, &path, &data, &stat).await? {
-                    out.push(r);
-                }
-            }
-        }
-        Ok(out)
     }
 }
 

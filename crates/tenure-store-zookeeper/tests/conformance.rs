@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use tenure_lease::LeaseStore;
-use tenure_lease::conformance::proxy::Proxy;
-use tenure_lease::conformance::{AnswerDelay, Harness, test_settings};
+use tenure_lease_kit::conformance::proxy::Proxy;
+use tenure_lease_kit::conformance::{AnswerDelay, Harness, test_settings};
 use tenure_store_zookeeper::ZooKeeperStore;
 use tenure_store_zookeeper::zookeeper_client as zk;
 
@@ -107,5 +107,5 @@ impl Harness for ZooKeeperHarness {
     }
 }
 
-tenure_lease::conformance_tests!(ZooKeeperHarness::start());
-tenure_lease::preemption_fault_tests!(ZooKeeperHarness::start());
+tenure_lease_kit::conformance_tests!(ZooKeeperHarness::start(); fair_queue, preemption_requests, remembered_ids);
+tenure_lease_kit::preemption_fault_tests!(ZooKeeperHarness::start());

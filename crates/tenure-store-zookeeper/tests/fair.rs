@@ -6,7 +6,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tenure_lease::{AcquireOutcome, AcquireRequest, FencingToken, LeaseStore};
+use tenure_lease::{AcquireOutcome, AcquireRequest, FairQueue, FencingToken, LeaseStore};
 use tenure_store_zookeeper::zookeeper_client as zk;
 use tokio::time::{Instant, sleep};
 
@@ -62,7 +62,7 @@ async fn waiters_are_served_in_arrival_order() {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let mut tasks = Vec::new();
     for (i, owner) in ["w1", "w2", "w3"].into_iter().enumerate() {
-        let store: Arc<dyn LeaseStore> = Arc::new(shared.store(TTL, Duration::from_secs(2)));
+        let store: Arc<dyn FairQueue> = Arc::new(shared.store(TTL, Duration::from_secs(2)));
         let tx = tx.clone();
         tasks.push(tokio::spawn(async move {
             let outcome = store
@@ -137,7 +137,7 @@ async fn cancelled_waiter_leaves_the_queue() {
         .unwrap();
     let holder = shared.store(TTL, Duration::from_secs(2));
     let token = granted(&holder.try_acquire(&request("cancel", "h")).await.unwrap());
-    let waiter: Arc<dyn LeaseStore> = Arc::new(shared.store(TTL, Duration::from_secs(2)));
+    let waiter: Arc<dyn FairQueue> = Arc::new(shared.store(TTL, Duration::from_secs(2)));
     let w = waiter.clone();
     let task = tokio::spawn(async move {
         w.acquire_fair(&request("cancel", "w"), Duration::from_secs(60))

@@ -6,12 +6,12 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tenure_lease::conformance::test_settings;
 use tenure_lease::store::bounded;
 use tenure_lease::{
     AcquireOutcome, AcquireRequest, Acquired, FencingToken, HeldLease, Lease, LeaseSpec,
     LeaseStore, LostReason, Renewal, StoreError,
 };
+use tenure_lease_kit::conformance::test_settings;
 use tokio::time::{Instant, sleep};
 
 fn request(name: &str, owner: &str, instance: &str, ttl: Duration) -> AcquireRequest {

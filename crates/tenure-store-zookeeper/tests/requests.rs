@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tenure_lease::{
     AcquireOutcome, AcquireRequest, HeldLease, LeaseStore, PreemptAnswer, PreemptionRequest,
-    Renewal,
+    PreemptionRequests, Renewal,
 };
 use tenure_store_zookeeper::ZooKeeperStore;
 use tenure_store_zookeeper::zookeeper_client as zk;

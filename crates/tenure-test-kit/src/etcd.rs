@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions};
 use rustix::process::Signal;
-use tenure_store_etcd::EtcdStore;
 
 use crate::signal::send;
 
@@ -205,17 +204,17 @@ impl Etcd {
         }
     }
 
-    /// A store client on every member, as another process would open it.
-    pub async fn store(&self) -> EtcdStore {
-        self.store_on(self.endpoints()).await
+    /// A client of every member, as another process would open it (connect timeout
+    /// 500 ms, request timeout 1 s).
+    pub async fn client(&self) -> Client {
+        self.client_on(self.endpoints()).await
     }
 
-    /// A store client on `endpoints`.
-    pub async fn store_on(&self, endpoints: Vec<String>) -> EtcdStore {
-        let client = Client::connect(endpoints, Some(quick()))
+    /// A client of `endpoints`, as [`client`](Etcd::client) makes it.
+    pub async fn client_on(&self, endpoints: Vec<String>) -> Client {
+        Client::connect(endpoints, Some(quick()))
             .await
-            .expect("etcd client");
-        EtcdStore::new(client, PREFIX)
+            .expect("etcd client")
     }
 
     /// Revokes, on the server, every session (etcd lease) of `owner` under key prefix

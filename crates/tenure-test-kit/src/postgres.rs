@@ -9,8 +9,6 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use tenure_store_postgres::PostgresOptions;
-
 const PG_ROOT: &str = "/usr/lib/postgresql";
 const RUN_AS: &str = "postgres";
 
@@ -370,18 +368,6 @@ impl PgServer {
     /// The server's port.
     pub fn port(&self) -> u16 {
         self.port
-    }
-
-    /// Store options for this server with `operation_timeout`.
-    pub fn options(&self, operation_timeout: Duration) -> PostgresOptions {
-        self.options_via(self.port, operation_timeout)
-    }
-
-    /// Store options for this server through `port` on loopback, with `operation_timeout`.
-    pub fn options_via(&self, port: u16, operation_timeout: Duration) -> PostgresOptions {
-        let mut c = self.connection_via(port);
-        c.connect_timeout(operation_timeout);
-        PostgresOptions::new(c, operation_timeout)
     }
 
     /// `postgres://postgres@127.0.0.1:<port>/postgres`.

@@ -11,8 +11,10 @@ use tokio::time::{Instant, sleep, timeout};
 use super::{
     Harness, granted_token, lease_on, lease_with, poll_until_granted, request, test_settings,
 };
-use crate::FencingToken;
-use crate::{Acquired, HeldLease, LeaseError, LeaseSettings, LeaseStore, LostReason, Renewal};
+use tenure_lease::FencingToken;
+use tenure_lease::{
+    Acquired, HeldLease, LeaseError, LeaseSettings, LeaseStore, LostReason, Renewal,
+};
 
 /// How late answers come while a client's answers are delayed: past the operation timeout.
 fn late() -> Duration {

@@ -19,7 +19,7 @@ use async_trait::async_trait;
 use tokio::time::{Instant, sleep};
 
 use super::{Harness, acquire_recording_losses, assert_held, lease_on, request, test_settings};
-use crate::{AcquireOutcome, Acquired, StoreError};
+use tenure_lease::{AcquireOutcome, Acquired, StoreError};
 
 /// A store that can be made to lose state.
 #[async_trait]

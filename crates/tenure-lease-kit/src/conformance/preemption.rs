@@ -1,10 +1,8 @@
 //! Conformance cases for priorities and cooperative preemption: the store operations
-//! (capability `preemption`), and Apache Helix's priority-lock scenarios through the Lease
-//! API, each recording a history that is checked for overlapping holders and token order.
-//!
-//! A store that lacks the capability fails these cases loudly (no silent skip); a store
-//! crate that does not implement it yet opts out explicitly with
-//! `conformance_tests!(harness; without preemption)`, which asserts the capability is absent.
+//! ([`PreemptionRequests`](tenure_lease::PreemptionRequests)), and Apache Helix's priority-lock
+//! scenarios through the Lease API, each recording a history that is checked for
+//! overlapping holders and token order. A store runs them when its
+//! [`conformance_tests!`](crate::conformance_tests) lists `preemption_requests`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,24 +10,22 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep};
 
-use super::{Harness, granted_token, poll_until_granted, request, test_settings};
-use crate::FencingToken;
-use crate::{
+use super::{
+    Harness, granted_token, poll_until_granted, preemption_requests_of, request, test_settings,
+};
+use tenure_history::check::{Hold, HoldEnd, Violation, ViolationKind, check};
+use tenure_history::{Entry, Recorder};
+use tenure_lease::FencingToken;
+use tenure_lease::{
     AcquireOptions, AcquireOutcome, AcquireRequest, Acquired, EMERGENCY_PRIORITY, HeldLease, Lease,
     LeaseError, LeaseEvent, LeaseEventSink, LeaseObserver, LeaseSpec, LeaseStore, LostReason,
     PreemptAnswer, PreemptionRequest, Renewal,
 };
-use tenure_history::check::{Hold, HoldEnd, Violation, ViolationKind, check};
-use tenure_history::{Entry, Recorder};
 
 /// A client of the store, asserting it keeps priorities and preemption requests.
 async fn preempting_client(h: &dyn Harness) -> Arc<dyn LeaseStore> {
     let store = h.client().await;
-    assert!(
-        store.capabilities().preemption,
-        "the {} store lacks the `preemption` capability",
-        store.kind()
-    );
+    preemption_requests_of(&*store);
     store
 }
 
@@ -57,7 +53,7 @@ fn recorded_by(answer: &PreemptAnswer) -> Option<&str> {
     }
 }
 
-fn refused(answer: PreemptAnswer) -> crate::LeaseRecord {
+fn refused(answer: PreemptAnswer) -> tenure_lease::LeaseRecord {
     match answer {
         PreemptAnswer::Refused(r) => r,
         other => panic!("expected Refused, got {other:?}"),
@@ -92,7 +88,8 @@ pub async fn preemption_requests(h: &dyn Harness) {
     let call = |q: PreemptionRequest, token: FencingToken| {
         let b = b.clone();
         async move {
-            b.request_preemption("prio", token, &q)
+            preemption_requests_of(&*b)
+                .request_preemption("prio", token, &q)
                 .await
                 .expect("request preemption")
         }
@@ -126,7 +123,8 @@ pub async fn preemption_requests(h: &dyn Harness) {
     let r = refused(call(ask("c", 5, true), t).await);
     assert_eq!(r.request.map(|q| q.by), Some("e".into()));
     assert!(
-        !b.withdraw_preemption("prio", t, "c")
+        !preemption_requests_of(&*b)
+            .withdraw_preemption("prio", t, "c")
             .await
             .expect("withdraw")
     );
@@ -134,7 +132,8 @@ pub async fn preemption_requests(h: &dyn Harness) {
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].request, Some(ask("e", 9, false)));
     assert!(
-        b.withdraw_preemption("prio", t, "e")
+        preemption_requests_of(&*b)
+            .withdraw_preemption("prio", t, "e")
             .await
             .expect("withdraw")
     );
@@ -178,7 +177,8 @@ pub async fn forceful_preemption_refuses_renewals(h: &dyn Harness) {
     let q = ask("b", 4, true);
     assert_eq!(
         recorded_by(
-            &b.request_preemption("forced", t, &q)
+            &preemption_requests_of(&*b)
+                .request_preemption("forced", t, &q)
                 .await
                 .expect("request")
         ),
@@ -287,7 +287,7 @@ impl History {
         let owner = owner.to_string();
         LeaseObserver::new(move |lease, holder, trace| {
             recorder.record_as(&owner, &owner, || {
-                crate::history::emit(lease, holder, trace)
+                tenure_lease::history::emit(lease, holder, trace)
             })
         })
     }
@@ -370,11 +370,7 @@ async fn party(
 }
 
 fn options(priority: u64, cleanup_ms: u64) -> AcquireOptions {
-    AcquireOptions {
-        priority,
-        cleanup_timeout: Duration::from_millis(cleanup_ms),
-        ..AcquireOptions::default()
-    }
+    AcquireOptions::with_priority(priority).cleanup_timeout(Duration::from_millis(cleanup_ms))
 }
 
 async fn must_grant(lease: &Lease) -> FencingToken {
@@ -385,7 +381,7 @@ async fn must_grant(lease: &Lease) -> FencingToken {
 }
 
 /// Waits (at most 10 s) for the next preemption request event.
-async fn next_request(p: &mut Party) -> crate::PreemptionRequested {
+async fn next_request(p: &mut Party) -> tenure_lease::PreemptionRequested {
     let wait = async {
         while let Some(e) = p.events.recv().await {
             if let LeaseEvent::PreemptionRequested(r) = e {
@@ -486,10 +482,7 @@ pub async fn helix_forceful(h: &dyn Harness) {
     let history = History::default();
     let mut holder = party(h, &history, "helix-force", "holder", options(0, 500)).await;
     let t1 = must_grant(&holder.lease).await;
-    let forceful = AcquireOptions {
-        forceful: true,
-        ..options(3, 0)
-    };
+    let forceful = options(3, 0).forceful(true);
     let requester = party(h, &history, "helix-force", "requester", forceful).await;
     let t2 = must_grant(&requester.lease).await;
     assert!(t2 > t1);
@@ -559,10 +552,7 @@ pub async fn helix_emergency(h: &dyn Harness) {
     )
     .await;
     let t1 = must_grant(&holder.lease).await;
-    let emergency = AcquireOptions {
-        emergency: true,
-        ..options(EMERGENCY_PRIORITY, 0)
-    };
+    let emergency = options(EMERGENCY_PRIORITY, 0).emergency(true);
     let operator = party(h, &history, "helix-emergency", "operator", emergency).await;
     let t2 = must_grant(&operator.lease).await;
     assert!(

@@ -1,15 +1,15 @@
 //! The store conformance kit: one suite every store crate runs against itself, with a real
-//! store (server started by the crate's harness). Enable feature `conformance` in
-//! dev-dependencies and invoke [`conformance_tests!`](crate::conformance_tests):
+//! store (server started by the crate's harness). Add `tenure-lease-kit` to the
+//! dev-dependencies and invoke [`conformance_tests!`](crate::conformance_tests) with the
+//! store's capabilities:
 //!
 //! ```text
-//! tenure_lease::conformance_tests!(async { MyHarness::start().await });
+//! tenure_lease_kit::conformance_tests!(MyHarness::start(); fair_queue, remembered_ids);
 //! ```
 //!
 //! Timing here is real (short ttls); assertions are about order and safety, never about
 //! how fast something happened.
 
-pub mod bench;
 pub mod fair;
 mod faulty;
 mod instances;
@@ -22,6 +22,7 @@ pub mod proxy;
 mod recipes;
 mod remember;
 pub mod state_loss;
+mod watch;
 
 pub use fair::{
     fair_cancelled_waiter_leaves_the_line, fair_dead_waiter_does_not_block_the_line,
@@ -37,6 +38,7 @@ pub use lock_delay::{lock_delay_holds_a_lapsed_grant, release_skips_the_lock_del
 pub use loss_in_flight::acquire_out_at_a_loss_gets_a_higher_token;
 pub use recipes::{election_one_leader_at_a_time, semaphore_at_most_n_holders};
 pub use remember::remembered_ids;
+pub use watch::holder_watch_pushes_grants_and_ends;
 
 pub use preemption::{
     emergency_takeover, forceful_preemption_refuses_renewals, helix_cleanup_in_time,
@@ -51,10 +53,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::{Instant, sleep};
 
-use crate::FencingToken;
-use crate::{
-    AcquireOutcome, AcquireRequest, Acquired, HeldLease, Lease, LeaseError, LeaseSettings,
-    LeaseSpec, LeaseStore, LostReason, Renewal,
+use tenure_lease::FencingToken;
+use tenure_lease::{
+    AcquireOutcome, AcquireRequest, Acquired, FairQueue, HeldLease, HolderWatch, Lease, LeaseError,
+    LeaseSettings, LeaseSpec, LeaseStore, LostReason, PreemptionRequests, RememberedIds, Renewal,
 };
 
 /// A store under test.
@@ -91,10 +93,10 @@ pub trait Harness: Send + Sync + 'static {
         }
     }
     /// How many fair waiters' entries (rows, keys, nodes) of lease `name` the store keeps
-    /// now (capability `fair_waiting`; see [`fair`]), including any that expired but were
+    /// now (stores with a [`FairQueue`]; see [`fair`]), including any that expired but were
     /// not removed yet, so that a waiter that leaves without removing its entry shows.
     /// `None` (the default): the harness cannot tell, and the fair cases fail for a store
-    /// that has the capability.
+    /// with a fair queue.
     async fn fair_waiters(&self, name: &str) -> Option<usize> {
         let _ = name;
         None
@@ -513,23 +515,73 @@ pub async fn loss_before_takeover(h: &dyn Harness) {
     assert_eq!(lost.lock().unwrap().len(), 1, "no second signal");
 }
 
-/// Asserts that a store opted out of the preemption cases (`without preemption`) indeed
-/// lacks the capability, so the opt-out is removed as soon as the store gains it.
-pub async fn preemption_not_yet_supported(h: &dyn Harness) {
+/// The store's fair queue; a store without one fails the case that needs it.
+pub fn fair_queue_of(store: &dyn LeaseStore) -> &dyn FairQueue {
+    store
+        .as_fair_queue()
+        .unwrap_or_else(|| panic!("the {} store keeps no fair queue", store.kind()))
+}
+
+/// The store's preemption requests; a store without them fails the case that needs them.
+pub fn preemption_requests_of(store: &dyn LeaseStore) -> &dyn PreemptionRequests {
+    store
+        .as_preemption_requests()
+        .unwrap_or_else(|| panic!("the {} store keeps no preemption requests", store.kind()))
+}
+
+/// The store's watch of holder changes; a store without one fails the case that needs it.
+pub fn holder_watch_of(store: &dyn LeaseStore) -> &dyn HolderWatch {
+    store
+        .as_holder_watch()
+        .unwrap_or_else(|| panic!("the {} store has no holder watch", store.kind()))
+}
+
+/// The store's remembered ids; a store without them fails the case that needs them.
+pub fn remembered_ids_of(store: &dyn LeaseStore) -> &dyn RememberedIds {
+    store
+        .as_remembered_ids()
+        .unwrap_or_else(|| panic!("the {} store keeps no remembered ids", store.kind()))
+}
+
+/// The capabilities a client of the store offers through its accessors
+/// ([`LeaseStore::as_fair_queue`] and the others), by the names
+/// [`conformance_tests!`](crate::conformance_tests) lists them with.
+pub fn offered_capabilities(store: &dyn LeaseStore) -> Vec<&'static str> {
+    [
+        ("fair_queue", store.as_fair_queue().is_some()),
+        ("holder_watch", store.as_holder_watch().is_some()),
+        (
+            "preemption_requests",
+            store.as_preemption_requests().is_some(),
+        ),
+        ("remembered_ids", store.as_remembered_ids().is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(name, offered)| offered.then_some(name))
+    .collect()
+}
+
+/// The store's clients offer exactly the capabilities its `conformance_tests!` lists: a
+/// store that implements a capability trait but does not answer its accessor (so that
+/// callers holding a `dyn LeaseStore` never find it), or gains one whose cases it does not
+/// run, fails here.
+pub async fn capabilities_as_declared(h: &dyn Harness, declared: &[&str]) {
     let store = h.client().await;
-    assert!(
-        !store.capabilities().preemption,
-        "the {} store supports preemption now: drop `without preemption` from its conformance_tests!",
+    let mut declared = declared.to_vec();
+    declared.sort_unstable();
+    assert_eq!(
+        offered_capabilities(&*store),
+        declared,
+        "the {} store's accessors offer other capabilities than its conformance_tests! lists",
         store.kind()
     );
 }
 
 /// Defines one `#[tokio::test]` per conformance case. `$harness` is an async expression
-/// giving a fresh [`Harness`] for each test. Every store runs the preemption cases
-/// ([`preemption`]); a store crate that does not implement them yet says so with
-/// `conformance_tests!(harness; without preemption)`, which instead asserts that the
-/// capability is absent. Every store also runs the fair-acquire cases ([`fair`]), which
-/// check the `Unsupported` answer on a store without `fair_waiting`.
+/// giving a fresh [`Harness`] for each test; after it, the store's capabilities, each of
+/// which adds its cases: `fair_queue` ([`fair`]), `holder_watch`, `preemption_requests`
+/// ([`preemption`]), `remembered_ids`. A case checks that the store's accessors offer
+/// exactly the capabilities listed ([`capabilities_as_declared`]).
 #[macro_export]
 macro_rules! conformance_tests {
     (@case $harness:expr; $($case:ident),*) => {
@@ -542,26 +594,42 @@ macro_rules! conformance_tests {
         )*
     };
     (@base $harness:expr) => {
-        $crate::conformance_tests!(@case $harness; fair_waiters_served_in_arrival_order,
-            fair_wait_timeout_answers_held, fair_cancelled_waiter_leaves_the_line,
-            fair_dead_waiter_does_not_block_the_line);
         $crate::conformance_tests!(@case $harness; contention, reentrancy, owner_only_release,
             token_monotonicity, expiry_and_takeover, batch_renew, errors_when_unavailable,
             loss_before_takeover, same_owner_other_instance_waits, lost_answers_lapse,
             lost_reentrant_answer_keeps_the_grant, reentry_after_an_operator_release,
             acquire_out_at_a_loss_gets_a_higher_token, session_expiry_recovers, lock_delay_holds_a_lapsed_grant,
             release_skips_the_lock_delay, election_one_leader_at_a_time,
-            semaphore_at_most_n_holders, remembered_ids);
+            semaphore_at_most_n_holders);
     };
-    ($harness:expr; without preemption) => {
-        $crate::conformance_tests!(@base $harness);
-        $crate::conformance_tests!(@case $harness; preemption_not_yet_supported);
+    (@capability $harness:expr; fair_queue) => {
+        $crate::conformance_tests!(@case $harness; fair_waiters_served_in_arrival_order,
+            fair_wait_timeout_answers_held, fair_cancelled_waiter_leaves_the_line,
+            fair_dead_waiter_does_not_block_the_line);
     };
-    ($harness:expr) => {
-        $crate::conformance_tests!(@base $harness);
+    (@capability $harness:expr; holder_watch) => {
+        $crate::conformance_tests!(@case $harness; holder_watch_pushes_grants_and_ends);
+    };
+    (@capability $harness:expr; preemption_requests) => {
         $crate::conformance_tests!(@case $harness; preemption_requests,
             forceful_preemption_refuses_renewals, emergency_takeover,
             helix_lower_priority_rejected, helix_cleanup_in_time, helix_cleanup_timeout,
             helix_forceful, helix_overtaken, helix_emergency);
+    };
+    (@capability $harness:expr; remembered_ids) => {
+        $crate::conformance_tests!(@case $harness; remembered_ids);
+    };
+    ($harness:expr $(; $($capability:ident),* $(,)?)?) => {
+        $crate::conformance_tests!(@base $harness);
+        $($($crate::conformance_tests!(@capability $harness; $capability);)*)?
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn capabilities_as_declared() {
+            let harness = $harness.await;
+            $crate::conformance::capabilities_as_declared(
+                &harness,
+                &[$($(stringify!($capability)),*)?],
+            )
+            .await;
+        }
     };
 }

@@ -8,7 +8,7 @@ use super::{
     FaultyClient, Harness, acquire_recording_losses, granted_token, lease_with, poll_until_granted,
     request, test_settings,
 };
-use crate::{Acquired, LeaseSettings, LostReason};
+use tenure_lease::{Acquired, LeaseSettings, LostReason};
 
 /// The conformance settings with a 2 s lock-delay (the store ttl, 3.5 s, stays within the
 /// session timeout of the session stores' harnesses).

@@ -1,11 +1,11 @@
-//! Remembered ids ([`LeaseStore::remember`]): written only under the current grant, never
+//! Remembered ids ([`RememberedIds::remember`](tenure_lease::RememberedIds::remember)): written only under the current grant, never
 //! expiring, surviving releases, expiries, ended sessions and store restarts, kept apart per
 //! lease name, and applied whole however large the change.
 
 use std::time::Duration;
 
-use super::{Harness, granted_token, poll_until_granted, request};
-use crate::{LeaseStore, RememberChange};
+use super::{Harness, granted_token, poll_until_granted, remembered_ids_of, request};
+use tenure_lease::{LeaseStore, RememberChange};
 
 /// Ids that are awkward for some store's key or path syntax.
 fn awkward_ids() -> Vec<String> {
@@ -46,7 +46,10 @@ fn sorted(mut ids: Vec<String>) -> Vec<String> {
 }
 
 async fn remembered(store: &dyn LeaseStore, name: &str) -> Vec<String> {
-    let got = store.remembered(name).await.expect("remembered");
+    let got = remembered_ids_of(store)
+        .remembered(name)
+        .await
+        .expect("remembered");
     assert!(
         got.windows(2).all(|w| w[0] < w[1]),
         "{name}: remembered ids not sorted and distinct: {got:?}"
@@ -76,25 +79,41 @@ pub async fn remembered_ids(h: &dyn Harness) {
             .collect(),
     );
     let change = RememberChange::add(expected.clone());
-    assert!(a.remember(name, "a", t1, &change).await.expect("remember"));
+    assert!(
+        remembered_ids_of(&*a)
+            .remember(name, "a", t1, &change)
+            .await
+            .expect("remember")
+    );
     assert_eq!(remembered(&*b, name).await, expected);
     // Adding a remembered id and removing an absent one change nothing.
     let again = RememberChange::new(ids(&["e1"]), ids(&["never-there"]));
-    assert!(a.remember(name, "a", t1, &again).await.expect("remember"));
+    assert!(
+        remembered_ids_of(&*a)
+            .remember(name, "a", t1, &again)
+            .await
+            .expect("remember")
+    );
     assert_eq!(remembered(&*b, name).await, expected);
     // One change adds and removes at once.
     let change = RememberChange::new(ids(&["e3"]), ids(&["e1", "a/b"]));
-    assert!(a.remember(name, "a", t1, &change).await.expect("remember"));
+    assert!(
+        remembered_ids_of(&*a)
+            .remember(name, "a", t1, &change)
+            .await
+            .expect("remember")
+    );
     expected.retain(|id| id != "e1" && id != "a/b");
     expected.push("e3".into());
     expected.sort();
     assert_eq!(remembered(&*b, name).await, expected);
 
     // A token that is not the current grant's changes nothing.
-    let stale = crate::FencingToken::new(t1.get().saturating_sub(1));
+    let stale = tenure_lease::FencingToken::new(t1.get().saturating_sub(1));
     let refused = RememberChange::new(ids(&["stale"]), ids(&["e2"]));
     assert!(
-        !a.remember(name, "a", stale, &refused)
+        !remembered_ids_of(&*a)
+            .remember(name, "a", stale, &refused)
             .await
             .expect("remember")
     );
@@ -103,7 +122,12 @@ pub async fn remembered_ids(h: &dyn Harness) {
     // Released: the ids stay, and the released grant writes no more.
     assert!(a.release(name, "a", t1).await.expect("release"));
     assert_eq!(remembered(&*b, name).await, expected);
-    assert!(!a.remember(name, "a", t1, &refused).await.expect("remember"));
+    assert!(
+        !remembered_ids_of(&*a)
+            .remember(name, "a", t1, &refused)
+            .await
+            .expect("remember")
+    );
     assert_eq!(remembered(&*b, name).await, expected);
 
     // The next holder changes them; the former holder's late write is refused.
@@ -114,9 +138,19 @@ pub async fn remembered_ids(h: &dyn Harness) {
             .expect("acquire"),
     );
     assert!(t2 > t1);
-    assert!(!a.remember(name, "a", t1, &refused).await.expect("remember"));
+    assert!(
+        !remembered_ids_of(&*a)
+            .remember(name, "a", t1, &refused)
+            .await
+            .expect("remember")
+    );
     let change = RememberChange::add(ids(&["e4"]));
-    assert!(b.remember(name, "b", t2, &change).await.expect("remember"));
+    assert!(
+        remembered_ids_of(&*b)
+            .remember(name, "b", t2, &change)
+            .await
+            .expect("remember")
+    );
     expected.push("e4".into());
     expected.sort();
     assert_eq!(remembered(&*a, name).await, expected);
@@ -127,7 +161,12 @@ pub async fn remembered_ids(h: &dyn Harness) {
     let (_, t3) = poll_until_granted(&*c, name, "c", ttl).await;
     assert!(t3 > t2);
     assert_eq!(remembered(&*c, name).await, expected);
-    assert!(!b.remember(name, "b", t2, &refused).await.expect("remember"));
+    assert!(
+        !remembered_ids_of(&*b)
+            .remember(name, "b", t2, &refused)
+            .await
+            .expect("remember")
+    );
     assert_eq!(remembered(&*c, name).await, expected);
 
     // c's sessions end (its process died): its grant ends, the ids stay.
@@ -141,7 +180,7 @@ pub async fn remembered_ids(h: &dyn Harness) {
     // Other names keep their own ids, also names that extend this one (as the store holds
     // them: names it cannot hold verbatim are sanitised above the SPI).
     for other in ["remembered-2", "remembered/x", "rememberedx", "remembere"] {
-        let other = crate::names::store_name(other, &d.name_rules());
+        let other = tenure_lease::names::store_name(other, &d.name_rules());
         assert_eq!(
             remembered(&*d, &other).await,
             Vec::<String>::new(),
@@ -155,14 +194,20 @@ pub async fn remembered_ids(h: &dyn Harness) {
             .expect("acquire"),
     );
     let change = RememberChange::add(ids(&["only-here"]));
-    assert!(d.remember(other, "d", t, &change).await.expect("remember"));
+    assert!(
+        remembered_ids_of(&*d)
+            .remember(other, "d", t, &change)
+            .await
+            .expect("remember")
+    );
     assert_eq!(remembered(&*d, other).await, ids(&["only-here"]));
     assert_eq!(remembered(&*d, name).await, expected);
 
     // A large change is applied whole; so is its undoing.
     let many: Vec<String> = (0..1000).map(|i| format!("entity-{i:04}")).collect();
     assert!(
-        d.remember(other, "d", t, &RememberChange::add(many.clone()))
+        remembered_ids_of(&*d)
+            .remember(other, "d", t, &RememberChange::add(many.clone()))
             .await
             .expect("remember 1000 ids")
     );
@@ -170,7 +215,8 @@ pub async fn remembered_ids(h: &dyn Harness) {
     assert_eq!(got.len(), 1001);
     assert!(many.iter().all(|id| got.contains(id)));
     assert!(
-        d.remember(other, "d", t, &RememberChange::remove(many))
+        remembered_ids_of(&*d)
+            .remember(other, "d", t, &RememberChange::remove(many))
             .await
             .expect("forget 1000 ids")
     );

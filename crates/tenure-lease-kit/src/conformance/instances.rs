@@ -5,7 +5,7 @@ use std::time::Duration;
 use tokio::time::{Instant, sleep};
 
 use super::{Harness, granted_token, lease_on, poll_until_granted_as, request, test_settings};
-use crate::{AcquireOutcome, AcquireRequest, Acquired};
+use tenure_lease::{AcquireOutcome, AcquireRequest, Acquired};
 
 fn instance(name: &str, owner: &str, instance: &str, ttl: Duration) -> AcquireRequest {
     AcquireRequest {

@@ -11,9 +11,11 @@ use std::time::Duration;
 
 use tokio::time::{Instant, sleep};
 
-use super::{Harness, granted_token, poll_until_granted, request, test_settings};
-use crate::FencingToken;
-use crate::{
+use super::{
+    Harness, granted_token, poll_until_granted, preemption_requests_of, request, test_settings,
+};
+use tenure_lease::FencingToken;
+use tenure_lease::{
     AcquireOutcome, AcquireRequest, HeldLease, LeaseStore, PreemptAnswer, PreemptionRequest,
 };
 
@@ -35,7 +37,7 @@ async fn force(store: &dyn LeaseStore, name: &str, token: FencingToken, by: &str
         forceful: true,
         note: None,
     };
-    let answer = store
+    let answer = preemption_requests_of(store)
         .request_preemption(name, token, &q)
         .await
         .expect("request preemption");

@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio::time::{Instant, sleep};
 
 use super::{FaultyClient, Harness, acquire_recording_losses, lease_with, test_settings};
-use crate::{Acquired, FencingToken, LeaseSettings};
+use tenure_lease::{Acquired, FencingToken, LeaseSettings};
 
 /// Renewals a second apart: a reentrant acquire sent once a renewal failed is sent well
 /// after the last renewal that succeeded, so that its answer, held back until the loss, is

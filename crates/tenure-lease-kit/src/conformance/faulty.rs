@@ -10,10 +10,9 @@ use async_trait::async_trait;
 use tokio::time::sleep;
 
 use super::AnswerDelay;
-use crate::FencingToken;
-use crate::{
-    AcquireOutcome, AcquireRequest, HeldLease, LeaseRecord, LeaseStore, PreemptAnswer,
-    PreemptionRequest, Renewal, StoreError,
+use tenure_lease::FencingToken;
+use tenure_lease::{
+    AcquireOutcome, AcquireRequest, HeldLease, LeaseRecord, LeaseStore, Renewal, StoreError,
 };
 
 /// Wraps a client, at the store SPI, to cut it off from the store (a partition between one
@@ -26,6 +25,10 @@ use crate::{
 /// It can also fail the renewals alone (the holder's heartbeats are lost while its other
 /// calls get through) and hold acquires back before they reach the store, and it records
 /// every grant the store answered through it.
+///
+/// Faults apply to the operations of [`LeaseStore`]; the store's capabilities (its fair
+/// queue, preemption requests, watch and remembered ids) are the wrapped client's, reached
+/// without faults.
 pub struct FaultyClient {
     inner: Arc<dyn LeaseStore>,
     cut: AtomicBool,
@@ -134,10 +137,10 @@ impl LeaseStore for FaultyClient {
     fn kind(&self) -> &'static str {
         self.inner.kind()
     }
-    fn capabilities(&self) -> crate::Capabilities {
+    fn capabilities(&self) -> tenure_lease::Capabilities {
         self.inner.capabilities()
     }
-    fn name_rules(&self) -> crate::names::NameRules {
+    fn name_rules(&self) -> tenure_lease::names::NameRules {
         self.inner.name_rules()
     }
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError> {
@@ -185,45 +188,16 @@ impl LeaseStore for FaultyClient {
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
         self.pass(self.inner.list(prefix)).await
     }
-    async fn acquire_fair(
-        &self,
-        req: &AcquireRequest,
-        wait: Duration,
-    ) -> Result<AcquireOutcome, StoreError> {
-        self.pass(self.inner.acquire_fair(req, wait)).await
+    fn as_fair_queue(&self) -> Option<&dyn tenure_lease::FairQueue> {
+        self.inner.as_fair_queue()
     }
-    async fn request_preemption(
-        &self,
-        name: &str,
-        token: FencingToken,
-        request: &PreemptionRequest,
-    ) -> Result<PreemptAnswer, StoreError> {
-        self.pass(self.inner.request_preemption(name, token, request))
-            .await
+    fn as_preemption_requests(&self) -> Option<&dyn tenure_lease::PreemptionRequests> {
+        self.inner.as_preemption_requests()
     }
-    async fn withdraw_preemption(
-        &self,
-        name: &str,
-        token: FencingToken,
-        by: &str,
-    ) -> Result<bool, StoreError> {
-        self.pass(self.inner.withdraw_preemption(name, token, by))
-            .await
+    fn as_holder_watch(&self) -> Option<&dyn tenure_lease::HolderWatch> {
+        self.inner.as_holder_watch()
     }
-    async fn watch(&self, prefix: &str) -> Result<crate::WatchReceiver, StoreError> {
-        self.pass(self.inner.watch(prefix)).await
-    }
-    async fn remember(
-        &self,
-        name: &str,
-        owner: &str,
-        token: FencingToken,
-        change: &crate::RememberChange,
-    ) -> Result<bool, StoreError> {
-        self.pass(self.inner.remember(name, owner, token, change))
-            .await
-    }
-    async fn remembered(&self, name: &str) -> Result<Vec<String>, StoreError> {
-        self.pass(self.inner.remembered(name)).await
+    fn as_remembered_ids(&self) -> Option<&dyn tenure_lease::RememberedIds> {
+        self.inner.as_remembered_ids()
     }
 }

@@ -9,8 +9,8 @@ use tenure_history::check::check;
 use tokio::time::timeout;
 
 use super::{FaultyClient, Harness, test_settings};
-use crate::names::store_name;
-use crate::{
+use tenure_lease::names::store_name;
+use tenure_lease::{
     Election, Leader, LeaderWatch, LeaseError, LeaseObserver, LeaseSpec, LeaseStore, Semaphore,
 };
 
@@ -33,7 +33,9 @@ impl History {
     fn observer(&self) -> LeaseObserver {
         let recorder = self.0.clone();
         LeaseObserver::new(move |lease, owner, trace| {
-            recorder.record_as(owner, "1", || crate::history::emit(lease, owner, trace))
+            recorder.record_as(owner, "1", || {
+                tenure_lease::history::emit(lease, owner, trace)
+            })
         })
     }
 
@@ -115,7 +117,7 @@ pub async fn election_one_leader_at_a_time(h: &dyn Harness) {
     let rec = History::default();
     let observer_store = h.client().await;
     let rules = observer_store.name_rules();
-    let mut watch = crate::election::observe(
+    let mut watch = tenure_lease::election::observe(
         observer_store,
         "elect".into(),
         store_name("elect", &rules),

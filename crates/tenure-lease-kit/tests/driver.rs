@@ -1,4 +1,4 @@
-//! The driver fed from a handle's caller (see `crate::driver`): a caller that gives up
+//! The lease core's driver fed from a handle's caller (`tenure_lease`'s `driver.rs`): a caller that gives up
 //! cancels nothing, a release queued by a drop is fed before the next command, and a slow
 //! store call (a handle's or the actor's) delays no renewal.
 
@@ -7,9 +7,21 @@ use std::time::Duration;
 
 use tokio::time::{sleep, timeout};
 
-use crate::conformance::FaultyClient;
-use crate::timing_tests::settings;
-use crate::{Acquired, Fault, FencingToken, Lease, LeaseMsg, LeaseSpec, LeaseStore, MemoryStore};
+use tenure_lease::{
+    Acquired, Fault, FencingToken, Lease, LeaseMsg, LeaseSettings, LeaseSpec, LeaseStore,
+    MemoryStore,
+};
+use tenure_lease_kit::conformance::FaultyClient;
+
+/// ttl 10 s, renewals every 1 s, margin 1 s, operations bounded by 500 ms.
+fn settings() -> LeaseSettings {
+    let mut s = LeaseSettings::with_timeout(Duration::from_secs(10));
+    s.heartbeat_interval = Duration::from_secs(1);
+    s.safety_margin = Duration::from_secs(1);
+    s.lease_operation_timeout = Duration::from_millis(500);
+    s.lease_retry_interval = Duration::from_secs(2);
+    s
+}
 
 async fn lease(store: &MemoryStore, owner: &str) -> Lease {
     let store: Arc<dyn LeaseStore> = Arc::new(store.clone());
@@ -18,7 +30,7 @@ async fn lease(store: &MemoryStore, owner: &str) -> Lease {
         .unwrap()
 }
 
-async fn holder(store: &MemoryStore) -> Option<(String, crate::FencingToken)> {
+async fn holder(store: &MemoryStore) -> Option<(String, tenure_lease::FencingToken)> {
     store
         .read("driven")
         .await
@@ -115,11 +127,11 @@ async fn after_the_actor_stopped_a_handle_is_refused() {
     assert_eq!(holder(&store).await, None, "the stop released the grant");
     assert!(matches!(
         lease.acquire().await,
-        Err(crate::LeaseError::ActorStopped { .. })
+        Err(tenure_lease::LeaseError::ActorStopped { .. })
     ));
     assert!(matches!(
         lease.release().await,
-        Err(crate::LeaseError::ActorStopped { .. })
+        Err(tenure_lease::LeaseError::ActorStopped { .. })
     ));
     assert_eq!(
         holder(&store).await,
@@ -130,13 +142,13 @@ async fn after_the_actor_stopped_a_handle_is_refused() {
 
 /// Store calls that may take many renewal intervals (up to 30 s) while the lease renews
 /// every second.
-fn slow_call_settings() -> crate::LeaseSettings {
+fn slow_call_settings() -> tenure_lease::LeaseSettings {
     let mut s = settings();
     s.lease_operation_timeout = Duration::from_secs(30);
     s
 }
 
-type Losses = Arc<std::sync::Mutex<Vec<crate::LeaseLost>>>;
+type Losses = Arc<std::sync::Mutex<Vec<tenure_lease::LeaseLost>>>;
 
 /// A holder of lease "driven" whose acquires can be held back: renewals go to the store.
 async fn slow_holder(store: &MemoryStore) -> (Lease, Arc<FaultyClient>, FencingToken, Losses) {

@@ -12,12 +12,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use ractor::ActorRef;
 
-use crate::FencingToken;
-use crate::names::NameRules;
-use crate::{
-    AcquireOutcome, AcquireRequest, Acquired, Capabilities, HeldLease, Lease, LeaseActor,
-    LeaseEventSink, LeaseMsg, LeaseRecord, LeaseSettings, LeaseSpec, LeaseStore, LeaseView,
-    PreemptAnswer, PreemptionRequest, Renewal, RenewalBatcher, StoreError, WatchReceiver,
+use tenure_lease::FencingToken;
+use tenure_lease::names::NameRules;
+use tenure_lease::{
+    AcquireOutcome, AcquireRequest, Acquired, Capabilities, FairQueue, HeldLease, HolderWatch,
+    Lease, LeaseActor, LeaseEventSink, LeaseMsg, LeaseRecord, LeaseSettings, LeaseSpec, LeaseStore,
+    LeaseView, PreemptionRequests, RememberedIds, Renewal, RenewalBatcher, StoreError,
 };
 
 /// How long renewal-cost runs wait for the renewals to settle onto the heartbeat grid
@@ -237,7 +237,7 @@ impl std::ops::Sub for RenewCounts {
 }
 
 /// Wraps a store to count its renew calls and the leases they carried; every other
-/// method is forwarded unchanged.
+/// method is forwarded unchanged, and the store's capabilities are the wrapped store's.
 pub struct Counting {
     inner: Arc<dyn LeaseStore>,
     renew_calls: AtomicU64,
@@ -307,43 +307,17 @@ impl LeaseStore for Counting {
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
         self.inner.list(prefix).await
     }
-    async fn acquire_fair(
-        &self,
-        req: &AcquireRequest,
-        wait: Duration,
-    ) -> Result<AcquireOutcome, StoreError> {
-        self.inner.acquire_fair(req, wait).await
+    fn as_fair_queue(&self) -> Option<&dyn FairQueue> {
+        self.inner.as_fair_queue()
     }
-    async fn request_preemption(
-        &self,
-        name: &str,
-        token: FencingToken,
-        request: &PreemptionRequest,
-    ) -> Result<PreemptAnswer, StoreError> {
-        self.inner.request_preemption(name, token, request).await
+    fn as_preemption_requests(&self) -> Option<&dyn PreemptionRequests> {
+        self.inner.as_preemption_requests()
     }
-    async fn withdraw_preemption(
-        &self,
-        name: &str,
-        token: FencingToken,
-        by: &str,
-    ) -> Result<bool, StoreError> {
-        self.inner.withdraw_preemption(name, token, by).await
+    fn as_holder_watch(&self) -> Option<&dyn HolderWatch> {
+        self.inner.as_holder_watch()
     }
-    async fn watch(&self, prefix: &str) -> Result<WatchReceiver, StoreError> {
-        self.inner.watch(prefix).await
-    }
-    async fn remember(
-        &self,
-        name: &str,
-        owner: &str,
-        token: FencingToken,
-        change: &crate::RememberChange,
-    ) -> Result<bool, StoreError> {
-        self.inner.remember(name, owner, token, change).await
-    }
-    async fn remembered(&self, name: &str) -> Result<Vec<String>, StoreError> {
-        self.inner.remembered(name).await
+    fn as_remembered_ids(&self) -> Option<&dyn RememberedIds> {
+        self.inner.as_remembered_ids()
     }
 }
 

@@ -1,13 +1,11 @@
-//! Fair acquire ([`LeaseStore::acquire_fair`](crate::LeaseStore::acquire_fair), capability
-//! `fair_waiting`): first come, first served. A waiter that gives up (its `wait` passed),
+//! Fair acquire ([`FairQueue::acquire_fair`](tenure_lease::FairQueue::acquire_fair)): first come, first served. A waiter that gives up (its `wait` passed),
 //! is cancelled (its future dropped) or whose process died leaves the line, so that it
 //! never blocks the waiters behind it for longer than its own ttl.
 //!
-//! These cases are part of [`conformance_tests!`](crate::conformance_tests), so every store
-//! runs them: a store without the capability must answer `Err(StoreError::Unsupported)`
-//! and change nothing; a store with it needs a harness that counts the waiters' entries
-//! ([`Harness::fair_waiters`]), and the cases then check order and outcomes (never how
-//! fast something happened). Real time, ttls of 2 s.
+//! A store runs these cases when its [`conformance_tests!`](crate::conformance_tests) lists
+//! `fair_queue`; its harness then counts the waiters' entries ([`Harness::fair_waiters`]),
+//! and the cases check order and outcomes (never how fast something happened). Real time,
+//! ttls of 2 s.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -18,10 +16,8 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, sleep};
 
-use super::{Harness, granted_token, lease_on, request, test_settings};
-use crate::{
-    AcquireOutcome, AcquireRequest, Acquired, FencingToken, Lease, LeaseStore, StoreError,
-};
+use super::{Harness, fair_queue_of, granted_token, lease_on, request, test_settings};
+use tenure_lease::{AcquireOutcome, AcquireRequest, Acquired, FencingToken, Lease, LeaseStore};
 
 /// The ttl of every grant and waiter here (within a ZooKeeper test server's session bound).
 const TTL: Duration = Duration::from_secs(2);
@@ -38,38 +34,13 @@ fn fair(name: &str, owner: &str) -> AcquireRequest {
     request(name, owner, TTL)
 }
 
-/// Whether the store has `fair_waiting`. Without it, checks the SPI contract instead: the
-/// fair acquire answers `Unsupported` and changes nothing.
-async fn supported(h: &dyn Harness, name: &str) -> bool {
-    let store = h.client().await;
-    if store.capabilities().fair_waiting {
-        return true;
-    }
-    match store
-        .acquire_fair(&fair(name, "unsupported"), Duration::from_millis(100))
-        .await
-    {
-        Err(StoreError::Unsupported { .. }) => {}
-        other => panic!(
-            "the {} store lacks fair_waiting, but its fair acquire answered {other:?}",
-            store.kind()
-        ),
-    }
-    assert_eq!(
-        store.read(name).await.expect("read"),
-        None,
-        "an unsupported fair acquire changed the lease"
-    );
-    false
-}
-
 /// Polls until `n` waiters of `name` are in line (bounded by [`PATIENCE`]).
 async fn until_waiters(h: &dyn Harness, name: &str, n: usize) {
     let started = Instant::now();
     loop {
         let queued = h.fair_waiters(name).await.unwrap_or_else(|| {
             panic!(
-                "the store has fair_waiting: its harness must count waiters (Harness::fair_waiters)"
+                "the store keeps a fair queue: its harness must count waiters (Harness::fair_waiters)"
             )
         });
         if queued == n {
@@ -126,9 +97,6 @@ async fn until_death<F: Future>(work: F, death: oneshot::Receiver<()>) -> Option
 /// before; while they wait, the holder is the holder for every client. No waiter is left.
 pub async fn fair_waiters_served_in_arrival_order(h: &dyn Harness) {
     const NAME: &str = "fair-fifo";
-    if !supported(h, NAME).await {
-        return;
-    }
     let (holder, _, first) = hold(h, NAME).await;
     let owners = ["w1", "w2", "w3", "w4"];
     let (tx, mut rx) = mpsc::unbounded_channel();
@@ -137,7 +105,7 @@ pub async fn fair_waiters_served_in_arrival_order(h: &dyn Harness) {
         let store = h.client().await;
         let tx = tx.clone();
         waiters.push(tokio::spawn(async move {
-            let got = store
+            let got = fair_queue_of(&*store)
                 .acquire_fair(&fair(NAME, owner), LONG_WAIT)
                 .await
                 .expect("fair acquire");
@@ -174,12 +142,9 @@ pub async fn fair_waiters_served_in_arrival_order(h: &dyn Harness) {
 /// holder releases. The holder's own fair acquire re-enters with its token.
 pub async fn fair_wait_timeout_answers_held(h: &dyn Harness) {
     const NAME: &str = "fair-timeout";
-    if !supported(h, NAME).await {
-        return;
-    }
     let (holder, holder_store, token) = hold(h, NAME).await;
     let impatient = h.client().await;
-    match impatient
+    match fair_queue_of(&*impatient)
         .acquire_fair(&fair(NAME, "impatient"), Duration::from_millis(300))
         .await
         .expect("fair acquire")
@@ -201,7 +166,7 @@ pub async fn fair_wait_timeout_answers_held(h: &dyn Harness) {
     };
     assert_eq!(
         granted_token(
-            &holder_store
+            &fair_queue_of(&*holder_store)
                 .acquire_fair(&again, Duration::from_millis(300))
                 .await
                 .expect("reentrant fair acquire")
@@ -211,8 +176,11 @@ pub async fn fair_wait_timeout_answers_held(h: &dyn Harness) {
     );
     until_waiters(h, NAME, 0).await;
     let later = h.client().await;
-    let next =
-        tokio::spawn(async move { later.acquire_fair(&fair(NAME, "later"), LONG_WAIT).await });
+    let next = tokio::spawn(async move {
+        fair_queue_of(&*later)
+            .acquire_fair(&fair(NAME, "later"), LONG_WAIT)
+            .await
+    });
     until_waiters(h, NAME, 1).await;
     assert!(holder.release().await.expect("release"));
     let got = next.await.expect("waiter").expect("fair acquire");
@@ -225,13 +193,10 @@ pub async fn fair_wait_timeout_answers_held(h: &dyn Harness) {
 /// lease, and the waiter that came after it is granted the lease when the holder releases.
 pub async fn fair_cancelled_waiter_leaves_the_line(h: &dyn Harness) {
     const NAME: &str = "fair-cancel";
-    if !supported(h, NAME).await {
-        return;
-    }
     let (holder, _, token) = hold(h, NAME).await;
     let cancelled_store = h.client().await;
     let cancelled = tokio::spawn(async move {
-        cancelled_store
+        fair_queue_of(&*cancelled_store)
             .acquire_fair(&fair(NAME, "cancelled"), LONG_WAIT)
             .await
     });
@@ -244,7 +209,7 @@ pub async fn fair_cancelled_waiter_leaves_the_line(h: &dyn Harness) {
     until_waiters(h, NAME, 0).await;
     let next_store = h.client().await;
     let next = tokio::spawn(async move {
-        next_store
+        fair_queue_of(&*next_store)
             .acquire_fair(&fair(NAME, "next"), LONG_WAIT)
             .await
     });
@@ -263,15 +228,12 @@ pub async fn fair_cancelled_waiter_leaves_the_line(h: &dyn Harness) {
 /// ttl has passed).
 pub async fn fair_dead_waiter_does_not_block_the_line(h: &dyn Harness) {
     const NAME: &str = "fair-dead";
-    if !supported(h, NAME).await {
-        return;
-    }
     let (holder, _, token) = hold(h, NAME).await;
     let dead_store = h.client().await;
     let (kill, death) = oneshot::channel();
     let dead = tokio::spawn(until_death(
         async move {
-            dead_store
+            fair_queue_of(&*dead_store)
                 .acquire_fair(&fair(NAME, "dead"), LONG_WAIT)
                 .await
         },
@@ -280,7 +242,7 @@ pub async fn fair_dead_waiter_does_not_block_the_line(h: &dyn Harness) {
     until_waiters(h, NAME, 1).await;
     let live_store = h.client().await;
     let live = tokio::spawn(async move {
-        live_store
+        fair_queue_of(&*live_store)
             .acquire_fair(&fair(NAME, "live"), LONG_WAIT)
             .await
     });

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
-use tenure_lease::conformance::{AnswerDelay, FaultyClient, Harness};
 use tenure_lease::{Fault, LeaseStore, MemoryStore};
+use tenure_lease_kit::conformance::{AnswerDelay, FaultyClient, Harness};
 
 struct MemoryHarness {
     namespace: String,
@@ -47,4 +47,4 @@ impl Harness for MemoryHarness {
     }
 }
 
-tenure_lease::conformance_tests!(MemoryHarness::new());
+tenure_lease_kit::conformance_tests!(MemoryHarness::new(); preemption_requests, remembered_ids);

@@ -1,0 +1,6 @@
+//! Kits for Tenure's lease stores, kept out of the lease core: the store conformance kit
+//! ([`conformance`], with [`conformance_tests!`]) every store crate runs against itself, and
+//! the helpers Tenure's benchmarks share ([`bench`]).
+
+pub mod bench;
+pub mod conformance;
