@@ -331,6 +331,71 @@ pub enum Event {
         released: bool,
     },
 
+    // Durable entities (tenure-sharding's `durable` module).
+    /// A durable entity's journal committed its events `from_seq..=to_seq`, fenced by the
+    /// shard lease's grant `token`.
+    JournalAppended {
+        /// The entity type (JSON key `type`).
+        #[serde(rename = "type")]
+        entity_type: String,
+        /// The entity's shard.
+        shard: String,
+        /// The entity id.
+        entity: String,
+        /// The fencing token of the shard lease's grant the append was fenced by.
+        token: u64,
+        /// The sequence number of the first event appended.
+        from_seq: u64,
+        /// The sequence number of the last event appended.
+        to_seq: u64,
+        /// When the append was sent to the journal (ns, the clock of `t`); it committed
+        /// between `issued` and `t`.
+        issued: i64,
+    },
+    /// The journal refused a durable entity's append (nothing was written) and the entity
+    /// stops: its grant `token` is not current (`reason` `not_held`) or the journal's next
+    /// sequence number is not `seq` (`sequence`).
+    JournalRefused {
+        /// The entity type (JSON key `type`).
+        #[serde(rename = "type")]
+        entity_type: String,
+        /// The entity's shard.
+        shard: String,
+        /// The entity id.
+        entity: String,
+        /// The fencing token the append presented.
+        token: u64,
+        /// The sequence number the append expected to get.
+        seq: u64,
+        /// Why: `not_held` or `sequence`.
+        reason: String,
+        /// When the append was sent to the journal (ns, the clock of `t`).
+        issued: i64,
+    },
+    /// A durable entity recovered its state from its journal: the latest snapshot (at
+    /// `snapshot`, if any), then the events after it, up to `seq`.
+    EntityRecovered {
+        /// The entity type (JSON key `type`).
+        #[serde(rename = "type")]
+        entity_type: String,
+        /// The entity's shard.
+        shard: String,
+        /// The entity id.
+        entity: String,
+        /// The fencing token of the grant the entity runs under.
+        token: u64,
+        /// The sequence number of the last event the recovered state includes (0: none).
+        seq: u64,
+        /// The sequence number of the snapshot it started from, if any.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        snapshot: Option<u64>,
+        /// When the recovery began reading the journal (ns, the clock of `t`).
+        issued: i64,
+        /// The FNV-1a 64 digest of the recovered state's JSON encoding, in hex
+        /// ([`state_digest`](crate::check::state_digest)).
+        digest: String,
+    },
+
     // Faults, written by a harness (`inc` = `harness`; `node` is the target, or `store`).
     /// SIGKILL.
     Killed {},
@@ -605,7 +670,10 @@ impl Event {
             | Event::ProcessAbort { token, .. }
             | Event::Write { token, .. }
             | Event::Tick { token, .. }
-            | Event::Ack { token, .. } => Some(*token),
+            | Event::Ack { token, .. }
+            | Event::JournalAppended { token, .. }
+            | Event::JournalRefused { token, .. }
+            | Event::EntityRecovered { token, .. } => Some(*token),
             Event::ProxyReply { token, .. } => *token,
             Event::SingletonStarting(l)
             | Event::SingletonStarted(l)
@@ -645,11 +713,14 @@ impl Event {
         }
     }
 
-    /// Whether this is a write to a fenced resource (`write` or `tick`) it accepted.
+    /// Whether this is a write to a fenced resource it accepted (`write` or `tick` with
+    /// `accepted`, or `journal_appended`).
     pub fn accepted_write(&self) -> bool {
         matches!(
             self,
-            Event::Write { accepted: true, .. } | Event::Tick { accepted: true, .. }
+            Event::Write { accepted: true, .. }
+                | Event::Tick { accepted: true, .. }
+                | Event::JournalAppended { .. }
         )
     }
 }

@@ -32,7 +32,8 @@ pub enum ActionKind {
     EntityLife,
     /// A singleton instance alive (`singleton_starting` .. `singleton_stopped`).
     SingletonLife,
-    /// A fenced write the resource accepted (`write` or `tick` with `accepted: true`).
+    /// A fenced write the resource accepted (`write` or `tick` with `accepted: true`, or
+    /// `journal_appended`).
     AcceptedWrite,
 }
 
@@ -162,6 +163,15 @@ pub fn actions(events: &[Entry]) -> Vec<Action> {
                 ..
             } => {
                 done.push(accepted_write(e, singleton_suffix(singleton), *token));
+                continue;
+            }
+            Event::JournalAppended {
+                entity_type,
+                shard,
+                token,
+                ..
+            } => {
+                done.push(accepted_write(e, shard_suffix(entity_type, shard), *token));
                 continue;
             }
             _ => continue,

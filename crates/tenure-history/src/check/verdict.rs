@@ -31,6 +31,18 @@ pub enum ViolationKind {
     EntityOutsideShard,
     /// More holders of a semaphore's permits at one time than it has permits.
     TooManyHolders,
+    /// A durable entity's journal skips or repeats a sequence number.
+    EventGap,
+    /// An event was appended to a journal under a token older than its shard lease's
+    /// current grant (or lower than an earlier event's).
+    StaleAppend,
+    /// A journal event was appended twice (two recorded appends of one sequence number).
+    DuplicateEvent,
+    /// An appended event is not in the journal (or is there with another token).
+    LostEvent,
+    /// A recovery missed events appended before it, or its state is not what the journal's
+    /// events make.
+    RecoveryMismatch,
 }
 
 impl std::fmt::Display for ViolationKind {
@@ -46,6 +58,11 @@ impl std::fmt::Display for ViolationKind {
             ViolationKind::ActionOutsideHold => "action outside the hold",
             ViolationKind::EntityOutsideShard => "entity outside its shard",
             ViolationKind::TooManyHolders => "more holders than permits",
+            ViolationKind::EventGap => "journal sequence not contiguous",
+            ViolationKind::StaleAppend => "stale append accepted",
+            ViolationKind::DuplicateEvent => "event appended twice",
+            ViolationKind::LostEvent => "appended event lost",
+            ViolationKind::RecoveryMismatch => "recovered state does not match the journal",
         })
     }
 }
