@@ -9,8 +9,15 @@ use tenure_cli::check::{self as checker, ActionRule, Verdict, read_history};
 use crate::exit::Outcome;
 
 /// Checks the history at `path` (and the acknowledged increments against the sharded
-/// counter in `counter`, when given), prints the verdict, and maps it to an exit code.
-pub fn check(path: &Path, all: bool, counter: Option<&Path>, resume_grace: Duration) -> Outcome {
+/// counter in `counter`, and the durable entities' journal `(spec, schema)`, when given),
+/// prints the verdict, and maps it to an exit code.
+pub fn check(
+    path: &Path,
+    all: bool,
+    counter: Option<&Path>,
+    journal: Option<(&str, &str)>,
+    resume_grace: Duration,
+) -> Outcome {
     let events = match read_history(path) {
         Ok(events) => events,
         Err(e) => {
@@ -34,6 +41,35 @@ pub fn check(path: &Path, all: bool, counter: Option<&Path>, resume_grace: Durat
             acks.acked
         );
         verdict.violations.extend(acks.violations);
+    }
+    if let Some((spec, schema)) = journal {
+        let held = match checker::read_journal(spec, schema) {
+            Ok(held) => held,
+            Err(e) => {
+                eprintln!("tenure: error: {e}");
+                return Outcome::Error;
+            }
+        };
+        // The demo's durable counter is the one entity whose state this build can replay.
+        let replay = |pid: &str, events: &[checker::JournalEvent]| {
+            pid.starts_with("counter|")
+                .then(|| tenure_cli::demo::counter::replay_counter(events))
+                .flatten()
+        };
+        let found = checker::check_journal(&events, &held, Some(&replay));
+        println!(
+            "{spec}: {} events of {} persistence ids, {} appends and {} refusals recorded, \
+             {} recoveries ({} states replayed), {} acknowledgements checked against the journal",
+            found.events,
+            found.persistence_ids,
+            found.appends,
+            found.refused,
+            found.recoveries,
+            found.states_compared,
+            found.acked
+        );
+        verdict.violations.extend(found.violations);
+        verdict.violations.sort_by_key(|v| v.second.t);
     }
     if verdict.is_safe() {
         println!("verdict: SAFE (no violation)");

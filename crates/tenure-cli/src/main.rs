@@ -61,6 +61,16 @@ enum Command {
         /// every acknowledged increment was accepted and is still in the counter.
         #[arg(long, value_name = "FILE")]
         counter: Option<PathBuf>,
+        /// Durable entities' journal (`tenure demo node --durable-counter`): a SQLite file,
+        /// or a `postgres://` URL. Also check, per persistence id, that sequence numbers are
+        /// contiguous, every acknowledged command's event is there exactly once, no event
+        /// was appended under a token older than its shard's current grant, and every
+        /// recovery matches the events.
+        #[arg(long, value_name = "PATH|URL")]
+        journal: Option<String>,
+        /// The PostgreSQL schema of the journal's tables (with a `postgres://` --journal).
+        #[arg(long, default_value = "tenure", requires = "journal")]
+        journal_schema: String,
         /// How long after resuming a process frozen across its lease deadline may still act
         /// (its entities, singleton instances and accepted writes): at least its stop budget
         /// (stop-timeout + 500 ms). The default fits the reference configuration
@@ -359,11 +369,17 @@ fn main() -> ExitCode {
         history,
         all,
         counter,
+        journal,
+        journal_schema,
         resume_grace,
     } = &cli.command
     {
         init_tracing(None);
-        return check_cmd::check(history, *all, counter.as_deref(), *resume_grace).exit_code();
+        let journal = journal
+            .as_deref()
+            .map(|spec| (spec, journal_schema.as_str()));
+        return check_cmd::check(history, *all, counter.as_deref(), journal, *resume_grace)
+            .exit_code();
     }
     // The demo drives processes from plain threads; it needs neither a runtime nor a config.
     if let Command::Demo { part: None, args } = cli.command {

@@ -98,6 +98,61 @@ pub(crate) fn shard_moved(
         released);
 }
 
+/// Which durable entity an event is about, and the grant it runs under.
+pub(crate) struct DurableAbout<'a> {
+    pub(crate) entity_type: &'a str,
+    pub(crate) shard: &'a str,
+    pub(crate) entity: &'a str,
+    pub(crate) token: FencingToken,
+}
+
+/// `journal_appended`: the entity's events `from_seq..=to_seq` are committed, fenced by its
+/// grant; the append was sent at `issued`.
+pub(crate) fn journal_appended(about: &DurableAbout<'_>, from_seq: u64, to_seq: u64, issued: i64) {
+    tracing::info!(target: TARGET, event = "journal_appended", r#type = about.entity_type,
+        shard = about.shard, entity = about.entity, token = about.token.get(), from_seq, to_seq,
+        issued);
+}
+
+/// `journal_refused`: the journal refused the append expecting sequence number `seq`
+/// (`reason`: `not_held` or `sequence`); nothing was written.
+pub(crate) fn journal_refused(about: &DurableAbout<'_>, seq: u64, reason: &str, issued: i64) {
+    tracing::info!(target: TARGET, event = "journal_refused", r#type = about.entity_type,
+        shard = about.shard, entity = about.entity, token = about.token.get(), seq, reason,
+        issued);
+}
+
+/// `entity_recovered`: the entity's state is recovered up to event `seq` (from the snapshot
+/// at `snapshot`, if any), reading from `issued` on; `digest`: [`state_digest`] of the
+/// state's encoding.
+pub(crate) fn entity_recovered(
+    about: &DurableAbout<'_>,
+    seq: u64,
+    snapshot: Option<u64>,
+    issued: i64,
+    digest: &str,
+) {
+    match snapshot {
+        Some(snapshot) => tracing::info!(target: TARGET, event = "entity_recovered",
+            r#type = about.entity_type, shard = about.shard, entity = about.entity,
+            token = about.token.get(), seq, snapshot, issued, digest),
+        None => tracing::info!(target: TARGET, event = "entity_recovered",
+            r#type = about.entity_type, shard = about.shard, entity = about.entity,
+            token = about.token.get(), seq, issued, digest),
+    }
+}
+
+/// The FNV-1a 64 digest of `bytes` in 16 hex digits, as `tenure check` computes it
+/// (`tenure_history::check::state_digest`).
+pub(crate) fn state_digest(bytes: &[u8]) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        hash ^= u64::from(*b);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{hash:016x}")
+}
+
 #[cfg(test)]
 mod tests {
     use tenure_history::{EntityLife, Event, Recorder, ShardLife};
@@ -146,5 +201,66 @@ mod tests {
             moved(None, false),
         ];
         assert_eq!(recorder.known_events(), Ok(expected.to_vec()));
+    }
+
+    #[test]
+    fn durable_events_are_their_documented_kinds() {
+        let recorder = Recorder::new("a:1", "1f");
+        let about = DurableAbout {
+            entity_type: "counter",
+            shard: "4",
+            entity: "key-1",
+            token: FencingToken::new(6),
+        };
+        recorder.record(|| {
+            entity_recovered(&about, 0, None, 5, "d0");
+            entity_recovered(&about, 60, Some(50), 5, "d1");
+            journal_appended(&about, 61, 62, 7);
+            journal_refused(&about, 63, "not_held", 9);
+        });
+        let s = |v: &str| v.to_string();
+        let recovered = |seq, snapshot, digest: &str| Event::EntityRecovered {
+            entity_type: s("counter"),
+            shard: s("4"),
+            entity: s("key-1"),
+            token: 6,
+            seq,
+            snapshot,
+            issued: 5,
+            digest: s(digest),
+        };
+        let expected = [
+            recovered(0, None, "d0"),
+            recovered(60, Some(50), "d1"),
+            Event::JournalAppended {
+                entity_type: s("counter"),
+                shard: s("4"),
+                entity: s("key-1"),
+                token: 6,
+                from_seq: 61,
+                to_seq: 62,
+                issued: 7,
+            },
+            Event::JournalRefused {
+                entity_type: s("counter"),
+                shard: s("4"),
+                entity: s("key-1"),
+                token: 6,
+                seq: 63,
+                reason: s("not_held"),
+                issued: 9,
+            },
+        ];
+        assert_eq!(recorder.known_events(), Ok(expected.to_vec()));
+    }
+
+    #[test]
+    fn the_state_digest_is_the_checkers() {
+        for bytes in [&b""[..], b"0", b"{\"items\":{}}"] {
+            assert_eq!(
+                state_digest(bytes),
+                tenure_history::check::state_digest(bytes)
+            );
+        }
     }
 }

@@ -8,14 +8,17 @@ mod load;
 mod slow_stop;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tenure::cluster::{ClusterSettings, Incarnation, Node};
+use tenure::sharding::{Entity, EntityFactory, entity_factory};
 use tenure::sqlite::FencedCounter;
 use tenure::{LeaseProvider, TenureConfig};
-use tenure_cli::demo::counter::Counter;
+use tenure_cli::demo::counter::{Counter, DurableCounter};
 use tenure_cli::demo::ticker::{CountRequest, Ticker, TickerArgs, TickerMsg};
 use tenure_cli::history;
+use tenure_journal::Journal;
 use tenure_management::Management;
 use tenure_singleton::spawner;
 
@@ -46,6 +49,13 @@ pub struct DemoNodeArgs {
     /// start again wherever their shards go, with no message.
     #[arg(long)]
     sharded_counter: bool,
+    /// Host the example sharded counter as a durable entity instead (entity type
+    /// `counter`): one event per increment in a journal in the default lease section's
+    /// store (the SQLite lease file, or beside the PostgreSQL lease table), every append
+    /// fenced by the shard's grant, a snapshot every 50 events; a reply's value is the
+    /// sequence number of its event. Check it with `tenure check --journal`.
+    #[arg(long, conflicts_with = "sharded_counter")]
+    durable_counter: bool,
     /// Drive increments of keys key-0..key-(N-1) through this node's region, recording
     /// each request in the history when it ends: `ack` (acknowledged) or `no_ack` (with
     /// why), both with the instant it was `issued`. Closed loop by default (8 workers,
@@ -100,6 +110,8 @@ struct Hosting<'a> {
     tick: Duration,
     /// Host the example sharded counter.
     sharded_counter: bool,
+    /// Host it as a durable entity.
+    durable_counter: bool,
     /// The increment load driven through this node's region.
     load: Option<Load>,
     /// Fault injection: the example entities and singletons stop slowly while it is on.
@@ -139,6 +151,7 @@ pub async fn run(
         counter: &args.counter,
         tick: args.tick,
         sharded_counter: args.sharded_counter,
+        durable_counter: args.durable_counter,
         load: (args.load_keys > 0).then_some(Load {
             keys: args.load_keys,
             shape,
@@ -195,34 +208,18 @@ async fn host(
             probe_through_proxy(node, provider, name).await?;
         }
     }
-    if hosting.sharded_counter || hosting.load.is_some() {
-        let factory = hosting
-            .sharded_counter
-            .then(|| FencedCounter::open(hosting.counter))
-            .transpose()?
-            .map(|counter| {
-                let counter = Counter { counter };
-                match (hosting.slow_stop.clone(), hosting.block_thread.clone()) {
-                    (Some(slow), Some(block)) => {
-                        tenure::sharding::entity_factory(ThreadBlockingEntity {
-                            inner: SlowStoppingEntity {
-                                inner: counter,
-                                switch: slow,
-                            },
-                            switch: block,
-                        })
-                    }
-                    (Some(slow), None) => tenure::sharding::entity_factory(SlowStoppingEntity {
-                        inner: counter,
-                        switch: slow,
-                    }),
-                    (None, Some(block)) => tenure::sharding::entity_factory(ThreadBlockingEntity {
-                        inner: counter,
-                        switch: block,
-                    }),
-                    (None, None) => tenure::sharding::entity_factory(counter),
-                }
-            });
+    if hosting.sharded_counter || hosting.durable_counter || hosting.load.is_some() {
+        let (slow, block) = (hosting.slow_stop.clone(), hosting.block_thread.clone());
+        let factory = if hosting.durable_counter {
+            let journal = open_journal(provider).await?;
+            let entity = tenure::sharding::Durable::new(DurableCounter, journal);
+            Some(with_faults(entity, slow, block))
+        } else if hosting.sharded_counter {
+            let counter = FencedCounter::open(hosting.counter)?;
+            Some(with_faults(Counter { counter }, slow, block))
+        } else {
+            None
+        };
         let region = tenure::sharding::start_on_node(node, provider, COUNTER_TYPE, factory)
             .await
             .map_err(|e| CliError::Command(e.to_string()))?;
@@ -252,6 +249,74 @@ async fn host(
         // with the node's process.
     }
     Ok(())
+}
+
+/// `entity` with the fault injections asked for: slow stops, a blocked thread.
+fn with_faults<E: Entity>(
+    entity: E,
+    slow: Option<SlowStopSwitch>,
+    block: Option<BlockThreadSwitch>,
+) -> EntityFactory {
+    match (slow, block) {
+        (Some(slow), Some(block)) => entity_factory(ThreadBlockingEntity {
+            inner: SlowStoppingEntity {
+                inner: entity,
+                switch: slow,
+            },
+            switch: block,
+        }),
+        (Some(slow), None) => entity_factory(SlowStoppingEntity {
+            inner: entity,
+            switch: slow,
+        }),
+        (None, Some(block)) => entity_factory(ThreadBlockingEntity {
+            inner: entity,
+            switch: block,
+        }),
+        (None, None) => entity_factory(entity),
+    }
+}
+
+/// The journal of the durable counter, in the store of the default lease section: the
+/// SQLite lease file, or beside the PostgreSQL lease table (a journal's appends are fenced
+/// by the leases of its own database).
+async fn open_journal(provider: &LeaseProvider) -> Result<Arc<dyn Journal>, CliError> {
+    let name = provider.config().default_lease_section()?;
+    let section = provider.section_with_defaults(&name)?;
+    match section.store.as_str() {
+        "sqlite" => {
+            let options: tenure::sqlite::SqliteOptions = section.options()?;
+            let path = match options.path {
+                Some(path) => path,
+                None => tenure::sqlite::default_path()
+                    .map_err(|e| CliError::Command(format!("lease.{name}.path: {e}")))?,
+            };
+            let journal = tenure::sqlite::SqliteJournal::open(
+                path,
+                section.settings.lease_operation_timeout,
+            )?;
+            Ok(Arc::new(journal))
+        }
+        #[cfg(feature = "postgres")]
+        "postgres" => {
+            let options = tenure::postgres::PostgresOptions::from_section(&section)?;
+            let store = tenure::postgres::PostgresStore::connect(options)
+                .await
+                .map_err(|e| CliError::Command(format!("lease.{name}: {e}")))?;
+            let journal = tenure::postgres::PostgresJournal::open(&store)
+                .await
+                .map_err(|e| CliError::Command(e.to_string()))?;
+            Ok(Arc::new(journal))
+        }
+        other => Err(CliError::Command(format!(
+            "--durable-counter keeps its journal in the default lease section's store, which must be sqlite{}; lease.{name} is {other}",
+            if cfg!(feature = "postgres") {
+                " or postgres"
+            } else {
+                " (or postgres, in a build with the `postgres` feature)"
+            }
+        ))),
+    }
 }
 
 /// The name of the example sharded daemon process (`--daemon`).

@@ -17,7 +17,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use serde_json::{Map, Value};
+use serde_json::Map;
 
 use super::verdict::{Violation, ViolationKind};
 use crate::{Entry, Event};

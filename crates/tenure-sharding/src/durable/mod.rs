@@ -40,6 +40,17 @@ use tenure_lease::FencingToken;
 pub use effect::Effect;
 
 use crate::entity::{Entity, EntityContext, EntityFactory, entity_factory};
+use crate::history::{self, DurableAbout};
+
+/// Which entity `ctx` runs, for its history events.
+fn about(ctx: &EntityContext) -> DurableAbout<'_> {
+    DurableAbout {
+        entity_type: &ctx.type_name,
+        shard: &ctx.shard_id,
+        entity: &ctx.entity_id,
+        token: ctx.token,
+    }
+}
 
 /// An event-sourced entity (Akka's `EventSourcedBehavior`): commands in, events persisted,
 /// state rebuilt from them. See the [module docs](self).
@@ -89,10 +100,7 @@ pub fn durable_entity_factory<E: DurableEntity>(
     entity: E,
     journal: Arc<dyn Journal>,
 ) -> EntityFactory {
-    entity_factory(Durable {
-        entity: Arc::new(entity),
-        journal,
-    })
+    entity_factory(Durable::new(entity, journal))
 }
 
 /// Events read per journal round trip at recovery.
@@ -192,6 +200,15 @@ impl DurableError {
 }
 
 impl<E: DurableEntity> Durable<E> {
+    /// Durable entity `entity` on `journal` as an [`Entity`], for wrapping in another entity
+    /// before [`entity_factory`] (which [`durable_entity_factory`] does without one).
+    pub fn new(entity: E, journal: Arc<dyn Journal>) -> Self {
+        Durable {
+            entity: Arc::new(entity),
+            journal,
+        }
+    }
+
     fn journal_error(ctx: &EntityContext, source: tenure_journal::JournalError) -> DurableError {
         DurableError::Journal {
             entity: ctx.entity_id.clone(),
@@ -217,11 +234,13 @@ impl<E: DurableEntity> Durable<E> {
     /// The latest snapshot, then every event after it.
     async fn recover(&self, ctx: &EntityContext) -> Result<Running<E::State>, DurableError> {
         let pid = persistence_id(&ctx.type_name, &ctx.entity_id);
+        let issued = tenure_lease::clock::boottime_now_ns();
         let snapshot = self
             .journal
             .load_snapshot(&pid)
             .await
             .map_err(|e| Self::journal_error(ctx, e))?;
+        let from_snapshot = snapshot.as_ref().map(|s| s.seq);
         let (mut state, mut last) = match snapshot {
             Some(s) => (
                 serde_json::from_slice(&s.payload)
@@ -259,6 +278,15 @@ impl<E: DurableEntity> Durable<E> {
         }
         tracing::debug!(entity = %ctx.entity_id, shard = %ctx.shard_id, persistence_id = %pid,
             last, replayed, "durable entity recovered");
+        let encoded = serde_json::to_vec(&state)
+            .map_err(|e| Self::codec(ctx, &pid, "the state".into(), e))?;
+        history::entity_recovered(
+            &about(ctx),
+            last,
+            from_snapshot,
+            issued,
+            &history::state_digest(&encoded),
+        );
         Ok(Running {
             state,
             persistence_id: pid,
@@ -285,9 +313,19 @@ impl<E: DurableEntity> Durable<E> {
             events: encoded,
             fence: ctx.fence(),
         };
+        let issued = tenure_lease::clock::boottime_now_ns();
+        let first_seq = running.next_seq;
         match self.journal.append(append).await {
-            Ok(Written::Appended(range)) => Ok(range),
+            Ok(Written::Appended(range)) => {
+                history::journal_appended(&about(ctx), *range.start(), *range.end(), issued);
+                Ok(range)
+            }
             Ok(Written::Refused(refusal)) => {
+                let reason = match refusal {
+                    Refusal::NotHeld { .. } => "not_held",
+                    _ => "sequence",
+                };
+                history::journal_refused(&about(ctx), first_seq, reason, issued);
                 let e = DurableError::Refused {
                     entity: ctx.entity_id.clone(),
                     shard: ctx.shard_id.clone(),

@@ -282,8 +282,14 @@ pub const RESUME_GRACE: &str = "3s";
 /// Runs `tenure check --all` on the history at `path` and fails the test with its output
 /// unless the verdict is safe. Returns the checker's summary line.
 pub fn assert_checked(path: &Path) -> String {
+    assert_checked_with(path, &[])
+}
+
+/// [`assert_checked`] with more arguments of `tenure check` (e.g. `--journal <file>`).
+pub fn assert_checked_with(path: &Path, more: &[&str]) -> String {
     let out = Command::new(&*TENURE)
         .args(["check", "--all", "--resume-grace", RESUME_GRACE])
+        .args(more)
         .arg(path)
         .output()
         .expect("run tenure check");

@@ -1,0 +1,150 @@
+//! Durable entities' journals for `tenure check --journal`: every event of every persistence
+//! id, read from a SQLite file or a PostgreSQL database.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tenure::history::check::JournalEvent;
+use tenure_journal::{Journal, JournalError, read_all};
+
+/// Why a journal could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum JournalReadError {
+    /// The journal could not be opened.
+    #[error("cannot open journal {journal}: {detail}")]
+    Open {
+        /// The journal as given (`--journal`; a URL's password is not shown).
+        journal: String,
+        /// Why.
+        detail: String,
+    },
+    /// Its events could not be read.
+    #[error("cannot read journal {journal}: {source}")]
+    Read {
+        /// The journal as given.
+        journal: String,
+        /// The journal's error.
+        #[source]
+        source: JournalError,
+    },
+}
+
+/// Events read per round trip.
+const PAGE: usize = 1000;
+
+/// How long opening a database and each read may take.
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Every event of the journal `spec` names: a `postgres://` or `postgresql://` URL (its
+/// tables in `schema`, beside the lease table `tenure_lease`), or else a SQLite file's path.
+pub fn read_journal(spec: &str, schema: &str) -> Result<Vec<JournalEvent>, JournalReadError> {
+    let shown = shown(spec);
+    let open_error = |detail: String| JournalReadError::Open {
+        journal: shown.clone(),
+        detail,
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| open_error(e.to_string()))?;
+    runtime.block_on(async {
+        let journal: Arc<dyn Journal> = if is_url(spec) {
+            open_postgres(spec, schema).await.map_err(open_error)?
+        } else {
+            let path = std::path::Path::new(spec);
+            if !path.is_file() {
+                return Err(open_error("no such file".into()));
+            }
+            Arc::new(
+                tenure::sqlite::SqliteJournal::open(path, TIMEOUT)
+                    .map_err(|e| open_error(e.to_string()))?,
+            )
+        };
+        let read = |source| JournalReadError::Read {
+            journal: shown.clone(),
+            source,
+        };
+        let mut out = Vec::new();
+        for pid in journal.persistence_ids().await.map_err(read)? {
+            for e in read_all(journal.as_ref(), &pid, 1, PAGE)
+                .await
+                .map_err(read)?
+            {
+                out.push(JournalEvent {
+                    persistence_id: pid.clone(),
+                    seq: e.seq,
+                    token: e.token.get(),
+                    writer: e.writer,
+                    payload: e.payload,
+                });
+            }
+        }
+        Ok(out)
+    })
+}
+
+fn is_url(spec: &str) -> bool {
+    spec.starts_with("postgres://") || spec.starts_with("postgresql://")
+}
+
+/// `spec` without a URL's password.
+fn shown(spec: &str) -> String {
+    if !is_url(spec) {
+        return spec.to_string();
+    }
+    match (spec.find("://"), spec.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &spec[scheme + 3..at];
+            match userinfo.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &spec[..scheme + 3], &spec[at..]),
+                None => spec.to_string(),
+            }
+        }
+        _ => spec.to_string(),
+    }
+}
+
+#[cfg(feature = "postgres")]
+async fn open_postgres(url: &str, schema: &str) -> Result<Arc<dyn Journal>, String> {
+    let quote = |s: &str| toml::Value::String(s.to_string()).to_string();
+    let text = format!(
+        "[lease.journal]\nstore = \"postgres\"\nurl = {}\nschema = {}\n",
+        quote(url),
+        quote(schema)
+    );
+    let mut config = tenure::TenureConfig::reference();
+    config
+        .merge_str(&text, "--journal")
+        .map_err(|e| e.to_string())?;
+    let section = config.lease_section("journal").map_err(|e| e.to_string())?;
+    let mut options =
+        tenure::postgres::PostgresOptions::from_section(&section).map_err(|e| e.to_string())?;
+    options.operation_timeout = TIMEOUT;
+    let store = tenure::postgres::PostgresStore::connect(options)
+        .await
+        .map_err(|e| e.to_string())?;
+    let journal = tenure::postgres::PostgresJournal::open(&store)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(Arc::new(journal))
+}
+
+#[cfg(not(feature = "postgres"))]
+async fn open_postgres(_url: &str, _schema: &str) -> Result<Arc<dyn Journal>, String> {
+    Err("this build of tenure has no PostgreSQL (build it with the `postgres` feature)".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_urls_password_is_not_shown() {
+        assert_eq!(
+            shown("postgres://me:secret@db:5432/x"),
+            "postgres://me:***@db:5432/x"
+        );
+        assert_eq!(shown("postgres://me@db/x"), "postgres://me@db/x");
+        assert_eq!(shown("/tmp/leases.sqlite"), "/tmp/leases.sqlite");
+    }
+}
