@@ -14,9 +14,14 @@
 //! thread (`std::thread::sleep` in its handler, outside any await, so no kill reaches it)
 //! for longer than the ttl while its node loses its leases (the node must end itself
 //! before the shard lease's deadline) or leaves (its shard's hand-off keeps the lease until
-//! the entity ends). Every run's history must pass
-//! `tenure check`, every acknowledged increment must be in the counter, and the cluster
-//! must serve again after the faults.
+//! the entity ends). On SQLite and PostgreSQL the counter is a durable entity (`tenure demo
+//! node --durable-counter`, its journal beside the leases), with one more fault: a paused
+//! holder, frozen with an append on its way past the ttl, that resumes and appends under its
+//! lapsed grant (the journal must refuse it). Every run's history must pass `tenure check`
+//! (with `--journal` for a durable counter: every acknowledged increment's event in the
+//! journal exactly once, no stale append, contiguous sequences, recoveries matching the
+//! events), every acknowledged increment must be in the counter, and the cluster must serve
+//! again after the faults.
 //!
 //! Each store runs the fixed seeds ([`FIXED_SEEDS`]) and one random seed, each on a fresh
 //! store and cluster; every run injects every fault kind of its store. Each seed is printed
@@ -143,10 +148,13 @@ enum Fault {
     BlockedThreadLoss,
     /// An entity blocks its thread past the ttl while its node leaves.
     BlockedThreadLeave,
+    /// A durable entity's node is frozen past the ttl with an append on its way; resumed,
+    /// it appends under its lapsed grant.
+    PausedAppend,
 }
 
 impl Fault {
-    const ALL: [Fault; 14] = [
+    const ALL: [Fault; 15] = [
         Fault::Kill,
         Fault::PauseLong,
         Fault::PauseShort,
@@ -161,6 +169,7 @@ impl Fault {
         Fault::SessionExpiry,
         Fault::BlockedThreadLoss,
         Fault::BlockedThreadLeave,
+        Fault::PausedAppend,
     ];
 }
 
@@ -214,6 +223,12 @@ impl Store {
         format!("\n[lease.faults]\n{options}{TIMING}")
     }
 
+    /// Whether the store keeps durable entities' journals (SQLite and PostgreSQL do; etcd
+    /// and ZooKeeper are lease stores only).
+    fn journals(&self) -> bool {
+        matches!(self, Store::Sqlite | Store::Postgres(_))
+    }
+
     fn restart(&self) {
         match self {
             Store::Sqlite => unreachable!("no SQLite server"),
@@ -240,12 +255,27 @@ struct Run {
     block_thread: PathBuf,
     /// SQLite: a copy of the lease file taken once the cluster served, for `FileLoss`.
     lease_copy: Option<PathBuf>,
+    /// The durable counter's journal as `tenure check --journal` takes it, and its schema;
+    /// `None`: the counter is the fenced counter file.
+    journal: Option<(String, String)>,
+}
+
+impl Run {
+    /// Every event of the durable counter's journal.
+    fn journal(&self) -> Vec<tenure_cli::check::JournalEvent> {
+        let (spec, schema) = self.journal.as_ref().expect("a durable counter");
+        tenure_cli::check::read_journal(spec, schema).expect("read the journal")
+    }
 }
 
 fn start(store: Store) -> Run {
     let mut options = Options {
         node_args: [
-            "--sharded-counter",
+            if store.journals() {
+                "--durable-counter"
+            } else {
+                "--sharded-counter"
+            },
             "--load-keys",
             &KEYS.to_string(),
             "--load-interval",
@@ -270,6 +300,17 @@ fn start(store: Store) -> Run {
             .push(("default-lease-section".into(), "\"faults\"".into()));
     }
     let mut c = Cluster::with_options(3, &options);
+    // SQLite: the journal in a file of its own, fenced by the lease file, so that losing
+    // the lease file (`FileLoss`) loses no event.
+    let journal_file = c.dir.path().join("journal.sqlite");
+    if matches!(store, Store::Sqlite) {
+        for node in &mut c.nodes {
+            node.args.extend([
+                "--journal-file".to_string(),
+                journal_file.display().to_string(),
+            ]);
+        }
+    }
     let mut proxies = Vec::new();
     if let Some(port) = upstream {
         for i in 0..3 {
@@ -332,7 +373,13 @@ fn start(store: Store) -> Run {
             .expect("copy the lease file");
         copy
     });
+    let journal = match &store {
+        Store::Sqlite => Some((journal_file.display().to_string(), "tenure".to_string())),
+        Store::Postgres(p) => Some((p.url(), "faults".to_string())),
+        _ => None,
+    };
     Run {
+        journal,
         c,
         store,
         proxies,
@@ -374,6 +421,7 @@ fn inject(run: &mut Run, fault: Fault, rng: &mut Rng) {
     let target = match fault {
         Fault::ClockJump => run.clock_node,
         Fault::BlockedThreadLoss => return blocked_thread(run, rng, true),
+        Fault::PausedAppend => return paused_append(run, rng),
         Fault::BlockedThreadLeave => return blocked_thread(run, rng, false),
         _ => rng.below(n),
     };
@@ -474,7 +522,7 @@ fn inject(run: &mut Run, fault: Fault, rng: &mut Rng) {
             std::thread::sleep(Duration::from_secs(2));
         }
         Fault::SameOwner => second_owner(run, target, rng),
-        Fault::BlockedThreadLoss | Fault::BlockedThreadLeave => {
+        Fault::BlockedThreadLoss | Fault::BlockedThreadLeave | Fault::PausedAppend => {
             unreachable!("chooses its node by the entity it blocks")
         }
         Fault::SlowStore => {
@@ -661,6 +709,127 @@ fn blocked_thread(run: &mut Run, rng: &mut Rng, leases_lost: bool) {
     std::fs::remove_file(&marker).expect("remove the block-thread marker");
 }
 
+/// The marker the blocking entity writes beside the block-thread switch: `<node> <token>`.
+fn block_marker(run: &Run) -> PathBuf {
+    let mut name = run.block_thread.as_os_str().to_os_string();
+    name.push(".blocked");
+    PathBuf::from(name)
+}
+
+/// Waits (20 s at most) for an entity to claim the block-thread switch naming `key`:
+/// the marker's text, and how long ago the entity wrote it.
+fn wait_blocked(run: &Run, key: &str) -> (String, Duration) {
+    let marker = block_marker(run);
+    let started = Instant::now();
+    loop {
+        if let Some(text) = std::fs::read_to_string(&marker)
+            .ok()
+            .filter(|t| t.ends_with('\n'))
+        {
+            let age = std::fs::metadata(&marker)
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|at| at.elapsed().ok())
+                .unwrap_or_default();
+            return (text, age);
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "no node blocked {key}'s thread within 20 s of the switch"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// A paused holder that resumes and appends. The durable counter entity of a random key
+/// blocks its thread (the block-thread switch) for [`PAUSED_HOLD`] on whichever node hosts
+/// it, on its way to an append; the harness freezes that node at once (SIGSTOP, recorded as
+/// `paused` as every freeze is, so the checker knows its beliefs are frozen) for longer
+/// than the hold and the ttl, so its shard's grant lapses and another node may take the
+/// shard; on SIGCONT (recorded `resumed`) the entity's block has run out and it appends
+/// its event under the lapsed grant. The journal must refuse it: no event of the key may be
+/// appended with the paused grant's token from the freeze on.
+fn paused_append(run: &mut Run, rng: &mut Rng) {
+    let ttl = MEMBER_TTL;
+    let key = format!("key-{}", rng.below(KEYS));
+    let hold = PAUSED_HOLD;
+    std::fs::write(&run.block_thread, format!("{key} {}ms\n", hold.as_millis()))
+        .expect("block-thread switch");
+    let (blocked, age) = wait_blocked(run, &key);
+    let mut words = blocked.split_whitespace();
+    let addr = words.next().unwrap_or_default().to_string();
+    let token: u64 = words
+        .next()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("the block-thread marker names no token: {blocked:?}"));
+    let target = (0..run.c.nodes.len())
+        .find(|i| run.c.nodes[*i].addr == addr)
+        .unwrap_or_else(|| panic!("the entity blocked on an unknown node: {blocked:?}"));
+    run.c.pause(target);
+    // The freeze must come before the hold runs out, or the append went out under a
+    // current grant and this fault tested nothing.
+    assert!(
+        age + Duration::from_millis(100) < hold,
+        "node {target} ({addr}) frozen {age:?} after {key} blocked, past its {hold:?} hold"
+    );
+    std::fs::remove_file(&run.block_thread).expect("block-thread switch off");
+    let pid = format!("counter|{key}");
+    let under_token = |events: &[tenure_cli::check::JournalEvent]| {
+        events
+            .iter()
+            .filter(|e| e.persistence_id == pid && e.token == token)
+            .count()
+    };
+    let before = under_token(&run.journal());
+    // Past the ttl (the grant lapses) and past the hold (the entity appends at once on
+    // resuming).
+    let frozen = rng.between(
+        (ttl + Duration::from_secs(1)).max(hold + Duration::from_millis(500)),
+        ttl * 2 + Duration::from_secs(1),
+    );
+    eprintln!(
+        "fault PausedAppend on node {target} ({addr}): {key} blocked on its way to an append under token {token}, the node frozen {age:?} later for {frozen:?}"
+    );
+    std::thread::sleep(frozen);
+    let resumed = now_ns();
+    run.c.resume(target);
+    // The entity appends as soon as it runs again; its answer is recorded unless the
+    // shard's stop ends the entity first.
+    let answered = |c: &Cluster| {
+        c.history().iter().any(|e| {
+            e["event"] == "journal_refused"
+                && e["node"] == addr.as_str()
+                && e["entity"] == key.as_str()
+                && e["token"] == token
+                && e["t"].as_i64().unwrap_or(0) > resumed
+        })
+    };
+    let started = Instant::now();
+    while !answered(&run.c) && started.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!(
+        "PausedAppend: the stale append's refusal {}",
+        if answered(&run.c) {
+            "is recorded"
+        } else {
+            "is not recorded (the entity was stopped before its answer)"
+        }
+    );
+    let after = under_token(&run.journal());
+    assert_eq!(
+        after,
+        before,
+        "{key}: the journal accepted {} events under token {token} from node {target} ({addr}) after it was frozen past its grant",
+        after.saturating_sub(before)
+    );
+    std::fs::remove_file(block_marker(run)).expect("remove the block-thread marker");
+}
+
+/// How long the entity of a [`Fault::PausedAppend`] blocks before its append: time for the
+/// harness to freeze its node first, even on a loaded machine.
+const PAUSED_HOLD: Duration = Duration::from_millis(2500);
+
 /// Whether a process recorded the loss of the lease file in the file now at `file` within
 /// `limit` (see `SqliteStore`).
 fn wait_loss_noticed(file: &Path, limit: Duration) -> bool {
@@ -754,6 +923,22 @@ fn second_owner(run: &mut Run, target: usize, rng: &mut Rng) {
 }
 
 fn final_checks(run: &Run) {
+    if let Some((spec, schema)) = &run.journal {
+        let summary = cli::assert_checked_with(
+            &run.c.history,
+            &["--journal", spec, "--journal-schema", schema],
+        );
+        eprintln!("{}", summary.trim());
+        let history = run.c.history();
+        let refused = history
+            .iter()
+            .filter(|e| e["event"] == "journal_refused")
+            .count();
+        let acked = history.iter().filter(|e| e["event"] == "ack").count();
+        eprintln!("durable counter: {acked} increments acknowledged, {refused} appends refused");
+        assert!(acked > 0, "no increment acknowledged");
+        return;
+    }
     let summary = cli::assert_checked(&run.c.history);
     eprintln!("{}", summary.trim());
     let history = run.c.history();
@@ -799,6 +984,9 @@ fn run_seed(store: Store, seed: u64) {
         Fault::BlockedThreadLoss,
         Fault::BlockedThreadLeave,
     ];
+    if run.store.journals() {
+        faults.push(Fault::PausedAppend);
+    }
     if kind == "sqlite" {
         faults.push(Fault::FileLoss);
     } else {

@@ -56,6 +56,10 @@ pub struct DemoNodeArgs {
     /// sequence number of its event. Check it with `tenure check --journal`.
     #[arg(long, conflicts_with = "sharded_counter")]
     durable_counter: bool,
+    /// SQLite: keep the durable counter's journal in this file of its own, fenced by the
+    /// lease file (both write-locked by each append), rather than in the lease file.
+    #[arg(long, value_name = "FILE", requires = "durable_counter")]
+    journal_file: Option<PathBuf>,
     /// Drive increments of keys key-0..key-(N-1) through this node's region, recording
     /// each request in the history when it ends: `ack` (acknowledged) or `no_ack` (with
     /// why), both with the instant it was `issued`. Closed loop by default (8 workers,
@@ -112,6 +116,8 @@ struct Hosting<'a> {
     sharded_counter: bool,
     /// Host it as a durable entity.
     durable_counter: bool,
+    /// SQLite: the durable counter's own journal file.
+    journal_file: Option<&'a Path>,
     /// The increment load driven through this node's region.
     load: Option<Load>,
     /// Fault injection: the example entities and singletons stop slowly while it is on.
@@ -152,6 +158,7 @@ pub async fn run(
         tick: args.tick,
         sharded_counter: args.sharded_counter,
         durable_counter: args.durable_counter,
+        journal_file: args.journal_file.as_deref(),
         load: (args.load_keys > 0).then_some(Load {
             keys: args.load_keys,
             shape,
@@ -211,7 +218,7 @@ async fn host(
     if hosting.sharded_counter || hosting.durable_counter || hosting.load.is_some() {
         let (slow, block) = (hosting.slow_stop.clone(), hosting.block_thread.clone());
         let factory = if hosting.durable_counter {
-            let journal = open_journal(provider).await?;
+            let journal = open_journal(provider, hosting.journal_file).await?;
             let entity = tenure::sharding::Durable::new(DurableCounter, journal);
             Some(with_faults(entity, slow, block))
         } else if hosting.sharded_counter {
@@ -278,9 +285,12 @@ fn with_faults<E: Entity>(
 }
 
 /// The journal of the durable counter, in the store of the default lease section: the
-/// SQLite lease file, or beside the PostgreSQL lease table (a journal's appends are fenced
-/// by the leases of its own database).
-async fn open_journal(provider: &LeaseProvider) -> Result<Arc<dyn Journal>, CliError> {
+/// SQLite lease file (or `file`, fenced by it), or beside the PostgreSQL lease table (a
+/// journal's appends are fenced by the leases of its own database).
+async fn open_journal(
+    provider: &LeaseProvider,
+    file: Option<&Path>,
+) -> Result<Arc<dyn Journal>, CliError> {
     let name = provider.config().default_lease_section()?;
     let section = provider.section_with_defaults(&name)?;
     match section.store.as_str() {
@@ -291,12 +301,17 @@ async fn open_journal(provider: &LeaseProvider) -> Result<Arc<dyn Journal>, CliE
                 None => tenure::sqlite::default_path()
                     .map_err(|e| CliError::Command(format!("lease.{name}.path: {e}")))?,
             };
-            let journal = tenure::sqlite::SqliteJournal::open(
-                path,
+            let journal = tenure::sqlite::SqliteJournal::open_beside(
+                file.unwrap_or(&path),
+                &path,
                 section.settings.lease_operation_timeout,
             )?;
             Ok(Arc::new(journal))
         }
+        #[cfg(feature = "postgres")]
+        "postgres" if file.is_some() => Err(CliError::Command(format!(
+            "--journal-file is for SQLite; lease.{name} is postgres, whose journal lives beside its lease table"
+        ))),
         #[cfg(feature = "postgres")]
         "postgres" => {
             let options = tenure::postgres::PostgresOptions::from_section(&section)?;
