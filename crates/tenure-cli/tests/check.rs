@@ -727,3 +727,36 @@ fn a_semaphore_never_has_more_holders_than_permits() {
         "{out}"
     );
 }
+
+#[test]
+fn tenure_check_reads_the_journal() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = dir.path().join("journal.sqlite");
+    tenure::sqlite::SqliteJournal::open(&journal, std::time::Duration::from_secs(1)).unwrap();
+    let appended = ev(
+        10,
+        "a",
+        "journal_appended",
+        json!({"type": "counter", "shard": "7", "entity": "key-1", "token": 1,
+               "from_seq": 1, "to_seq": 1, "issued": 9 * MS}),
+    );
+    let lines = vec![granted(0, "a", 1, 900), appended, ack(11, "a", 1, 1)];
+    let journal_arg = journal.display().to_string();
+    let (code, text) = run_check_with(&lines, &["--all", "--journal", &journal_arg]);
+    assert_eq!(code, 1, "{text}");
+    assert!(
+        text.contains("0 events of 0 persistence ids, 1 appends and 0 refusals recorded"),
+        "{text}"
+    );
+    assert!(
+        text.contains("VIOLATION appended event lost on journal/counter|key-1: event 1 was appended with token 1 but the journal does not hold it"),
+        "{text}"
+    );
+    assert!(text.contains("VIOLATION acknowledged write lost"), "{text}");
+    let (code, text) = run_check_with(&[granted(0, "a", 1, 900)], &["--journal", &journal_arg]);
+    assert_eq!(code, 0, "{text}");
+    let missing = dir.path().join("missing.sqlite").display().to_string();
+    let (code, text) = run_check_with(&lines, &["--journal", &missing]);
+    assert_eq!(code, 2, "{text}");
+    assert!(text.contains("missing.sqlite: no such file"), "{text}");
+}
