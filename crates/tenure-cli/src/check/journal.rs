@@ -48,18 +48,10 @@ pub fn read_journal(spec: &str, schema: &str) -> Result<Vec<JournalEvent>, Journ
         .build()
         .map_err(|e| open_error(e.to_string()))?;
     runtime.block_on(async {
-        let journal: Arc<dyn Journal> = if is_url(spec) {
-            open_postgres(spec, schema).await.map_err(open_error)?
-        } else {
-            let path = std::path::Path::new(spec);
-            if !path.is_file() {
-                return Err(open_error("no such file".into()));
-            }
-            Arc::new(
-                tenure::sqlite::SqliteJournal::open(path, TIMEOUT)
-                    .map_err(|e| open_error(e.to_string()))?,
-            )
-        };
+        if !is_url(spec) {
+            return read_sqlite(std::path::Path::new(spec)).map_err(open_error);
+        }
+        let journal = open_postgres(spec, schema).await.map_err(open_error)?;
         let read = |source| JournalReadError::Read {
             journal: shown.clone(),
             source,
@@ -81,6 +73,48 @@ pub fn read_journal(spec: &str, schema: &str) -> Result<Vec<JournalEvent>, Journ
         }
         Ok(out)
     })
+}
+
+/// Every event of the SQLite journal at `path`, read on a read-only connection of its own
+/// (a WAL reader: it waits for no writer, and a writer frozen in its transaction does not
+/// stop it).
+fn read_sqlite(path: &std::path::Path) -> Result<Vec<JournalEvent>, String> {
+    use tenure::sqlite::rusqlite::{Connection, OpenFlags};
+    if !path.is_file() {
+        return Err("no such file".into());
+    }
+    let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY)
+        .map_err(|e| e.to_string())?;
+    conn.busy_timeout(TIMEOUT).map_err(|e| e.to_string())?;
+    let tables: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'tenure_journal'",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(|e| e.to_string())?;
+    if tables == 0 {
+        return Ok(Vec::new());
+    }
+    let mut statement = conn
+        .prepare(
+            "SELECT persistence_id, seq, token, writer, payload FROM tenure_journal \
+             ORDER BY persistence_id, seq",
+        )
+        .map_err(|e| e.to_string())?;
+    let rows = statement
+        .query_map([], |r| {
+            Ok(JournalEvent {
+                persistence_id: r.get(0)?,
+                seq: r.get::<_, i64>(1)? as u64,
+                token: r.get::<_, i64>(2)? as u64,
+                writer: r.get(3)?,
+                payload: r.get(4)?,
+            })
+        })
+        .map_err(|e| e.to_string())?;
+    rows.collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())
 }
 
 fn is_url(spec: &str) -> bool {
