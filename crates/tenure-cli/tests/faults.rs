@@ -793,8 +793,8 @@ fn paused_append(run: &mut Run, rng: &mut Rng) {
     std::thread::sleep(frozen);
     let resumed = now_ns();
     run.c.resume(target);
-    // The entity appends as soon as it runs again; its answer is recorded unless the
-    // shard's stop ends the entity first.
+    // The entity appends as soon as it runs again, and the journal's answer is recorded
+    // even if the shard's stop ends the entity meanwhile.
     let answered = |c: &Cluster| {
         c.history().iter().any(|e| {
             e["event"] == "journal_refused"
@@ -808,14 +808,15 @@ fn paused_append(run: &mut Run, rng: &mut Rng) {
     while !answered(&run.c) && started.elapsed() < Duration::from_secs(10) {
         std::thread::sleep(Duration::from_millis(50));
     }
-    eprintln!(
-        "PausedAppend: the stale append's refusal {}",
-        if answered(&run.c) {
-            "is recorded"
-        } else {
-            "is not recorded (the entity was stopped before its answer)"
-        }
-    );
+    if !answered(&run.c) {
+        let stderr = run.c.nodes[target].stderr();
+        let tail: Vec<&str> = stderr.lines().rev().take(40).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        panic!(
+            "node {target} ({addr}) recorded no refusal of {key}'s append under token {token} within 10 s of resuming; its log ends:\n{}",
+            tail.join("\n")
+        );
+    }
     let after = under_token(&run.journal());
     assert_eq!(
         after,

@@ -36,6 +36,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tenure_journal::{Append, Journal, Refusal, SaveSnapshot, Written};
 use tenure_lease::FencingToken;
+use tracing::Instrument;
 
 pub use effect::Effect;
 
@@ -313,19 +314,57 @@ impl<E: DurableEntity> Durable<E> {
             events: encoded,
             fence: ctx.fence(),
         };
-        let issued = tenure_lease::clock::boottime_now_ns();
+        // The append and the record of its answer run in a task of their own: an entity
+        // killed while it waits (its shard's lease being lost) must not take the history's
+        // record of what the journal did with the append along with it.
+        let journal = self.journal.clone();
+        let (entity_type, shard, entity, token) = (
+            ctx.type_name.clone(),
+            ctx.shard_id.clone(),
+            ctx.entity_id.clone(),
+            ctx.token,
+        );
         let first_seq = running.next_seq;
-        match self.journal.append(append).await {
-            Ok(Written::Appended(range)) => {
-                history::journal_appended(&about(ctx), *range.start(), *range.end(), issued);
-                Ok(range)
-            }
-            Ok(Written::Refused(refusal)) => {
-                let reason = match refusal {
-                    Refusal::NotHeld { .. } => "not_held",
-                    _ => "sequence",
+        let task = tokio::spawn(
+            async move {
+                let issued = tenure_lease::clock::boottime_now_ns();
+                let answer = journal.append(append).await;
+                let about = DurableAbout {
+                    entity_type: &entity_type,
+                    shard: &shard,
+                    entity: &entity,
+                    token,
                 };
-                history::journal_refused(&about(ctx), first_seq, reason, issued);
+                match &answer {
+                    Ok(Written::Appended(range)) => {
+                        history::journal_appended(&about, *range.start(), *range.end(), issued)
+                    }
+                    Ok(Written::Refused(refusal)) => {
+                        let reason = match refusal {
+                            Refusal::NotHeld { .. } => "not_held",
+                            _ => "sequence",
+                        };
+                        history::journal_refused(&about, first_seq, reason, issued);
+                    }
+                    Err(_) => {}
+                }
+                answer
+            }
+            .instrument(tracing::Span::current()),
+        );
+        let answer = task.await.unwrap_or_else(|e| {
+            Err(tenure_journal::JournalError::store(
+                pid,
+                "append",
+                tenure_lease::StoreError::backend(
+                    "journal",
+                    format!("the append's task ended: {e}"),
+                ),
+            ))
+        });
+        match answer {
+            Ok(Written::Appended(range)) => Ok(range),
+            Ok(Written::Refused(refusal)) => {
                 let e = DurableError::Refused {
                     entity: ctx.entity_id.clone(),
                     shard: ctx.shard_id.clone(),
