@@ -1013,7 +1013,18 @@ fn run_seed(store: Store, seed: u64) {
             std::thread::sleep(rng.between(Duration::from_millis(300), Duration::from_secs(2)));
             inject(&mut run, fault, &mut rng);
             let healed = now_ns();
-            run.c.wait_converged(Duration::from_secs(60));
+            let converged = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                run.c.wait_converged(Duration::from_secs(60))
+            }));
+            if let Err(panic) = converged {
+                for (i, node) in run.c.nodes.iter().enumerate() {
+                    let stderr = node.stderr();
+                    let lines: Vec<&str> = stderr.lines().collect();
+                    let tail = lines[lines.len().saturating_sub(40)..].join("\n");
+                    eprintln!("node {i} ({}) log ends:\n{tail}", node.addr);
+                }
+                std::panic::resume_unwind(panic);
+            }
             wait_serving(&run.c, healed, Duration::from_secs(60));
         }
     }

@@ -169,9 +169,16 @@ pub fn actions(events: &[Entry]) -> Vec<Action> {
                 entity_type,
                 shard,
                 token,
+                issued,
                 ..
             } => {
-                done.push(accepted_write(e, shard_suffix(entity_type, shard), *token));
+                // The append committed somewhere between `issued` and `t`, fenced by the
+                // store: what the node did under its hold is send it (the record may come
+                // after a hand-off released the lease, the commit never does).
+                let mut action = accepted_write(e, shard_suffix(entity_type, shard), *token);
+                action.from_ns = *issued;
+                action.until_ns = *issued;
+                done.push(action);
                 continue;
             }
             _ => continue,

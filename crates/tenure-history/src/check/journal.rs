@@ -728,6 +728,33 @@ mod tests {
     }
 
     #[test]
+    fn an_append_is_judged_against_the_hold_when_it_was_sent() {
+        let released = at(
+            50,
+            Event::LeaseReleased {
+                lease: "tenure-shard-counter-3".into(),
+                owner: NODE.into(),
+                token: 5,
+            },
+        );
+        let mut late_record = appended(55, 5, 1, 1);
+        if let Event::JournalAppended { issued, .. } = &mut late_record.event {
+            *issued = 40;
+        }
+        let history = vec![granted(10, 5), released.clone(), late_record];
+        let kinds = |h: &[Entry]| -> Vec<ViolationKind> {
+            crate::check::check(h)
+                .violations
+                .iter()
+                .map(|v| v.kind)
+                .collect()
+        };
+        assert_eq!(kinds(&history), vec![]);
+        let sent_late = vec![granted(10, 5), released, appended(55, 5, 1, 1)];
+        assert_eq!(kinds(&sent_late), vec![ViolationKind::ActionOutsideHold]);
+    }
+
+    #[test]
     fn the_digest_is_fnv1a_64() {
         assert_eq!(state_digest(b""), "cbf29ce484222325");
         assert_eq!(state_digest(b"a"), "af63dc4c8601ec8c");
