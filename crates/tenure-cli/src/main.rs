@@ -112,7 +112,7 @@ enum Command {
 enum DemoCommand {
     /// Run one node of the demo's cluster: `tenure node` hosting the demo's examples (ticker
     /// singletons, the sharded counter, client load). The demo and the tests start these.
-    Node(demo_node::DemoNodeArgs),
+    Node(Box<demo_node::DemoNodeArgs>),
 }
 
 #[derive(Subcommand, Debug)]
@@ -495,7 +495,7 @@ async fn run(cli: Cli) -> Result<Outcome, CliError> {
         Command::Demo {
             part: Some(DemoCommand::Node(args)),
             ..
-        } => demo_node::run(provider.config(), &provider, args, incarnation).await,
+        } => demo_node::run(provider.config(), &provider, *args, incarnation).await,
         Command::Cluster(ClusterCommand::Members { node, json }) => {
             node_cmd::members(provider.config(), &node, json).await
         }

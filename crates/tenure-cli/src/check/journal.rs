@@ -25,7 +25,7 @@ pub enum JournalReadError {
         journal: String,
         /// The journal's error.
         #[source]
-        source: JournalError,
+        source: Box<JournalError>,
     },
 }
 
@@ -54,7 +54,7 @@ pub fn read_journal(spec: &str, schema: &str) -> Result<Vec<JournalEvent>, Journ
         let journal = open_postgres(spec, schema).await.map_err(open_error)?;
         let read = |source| JournalReadError::Read {
             journal: shown.clone(),
-            source,
+            source: Box::new(source),
         };
         let mut out = Vec::new();
         for pid in journal.persistence_ids().await.map_err(read)? {
