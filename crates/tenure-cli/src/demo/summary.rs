@@ -439,7 +439,12 @@ mod tests {
             until_ns: 18 * s as u64,
             restarts: vec![("a".into(), 3 * s as u64), ("b".into(), 2 * s as u64)],
         };
-        let summary = summarize(&events, &timeline, 30 * s as u64, &[window.clone()]);
+        let summary = summarize(
+            &events,
+            &timeline,
+            30 * s as u64,
+            std::slice::from_ref(&window),
+        );
         // The kill before the deploy is a fault; the deploy's leaves are not.
         assert_eq!(summary.failovers.len(), 1);
         assert_eq!(summary.failovers[0].fault.kind, "killed");
