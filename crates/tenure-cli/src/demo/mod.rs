@@ -303,6 +303,9 @@ fn options(args: &DemoArgs, lease: &LeaseConfig, history: &Path) -> Options {
             ("member-lease-ttl".into(), ms(ttl)),
             ("member-lease-interval".into(), ms(ttl / 6)),
             ("unreachable-after".into(), ms(ttl / 2)),
+            // A leaving node exits once leave-timeout passed, whatever its draining entities
+            // still hold: it outlasts a hand-off (hand-off-timeout, 2 ttl).
+            ("leave-timeout".into(), ms(ttl * 3)),
         ],
         history: Some(history.to_path_buf()),
         lease: Some(lease.toml.clone()),
