@@ -498,13 +498,13 @@ pub trait LeaseStore: Send + Sync + 'static {
 
 /// A store that queues acquires first come, first served.
 ///
-/// A store without a fair queue has no `acquire_fair` to call: the in-memory store keeps
-/// none, so this does not compile.
+/// A store not known to keep a fair queue has no `acquire_fair` to call: code generic over
+/// any [`LeaseStore`] must ask for it in its bounds, so this does not compile.
 ///
 /// ```compile_fail
 /// use tenure_lease::*; // every trait in scope
 ///
-/// async fn first_come(store: &MemoryStore, req: &AcquireRequest) {
+/// async fn first_come<S: LeaseStore>(store: &S, req: &AcquireRequest) {
 ///     let _ = store.acquire_fair(req, std::time::Duration::from_secs(1)).await;
 /// }
 /// ```
