@@ -60,8 +60,9 @@ struct Backend {
     remembered: HashMap<String, BTreeSet<String>>,
     fault: Fault,
     renew_calls: u64,
-    /// The fair waiters per lease name, first in line first (see [`FairQueue`]).
-    lines: HashMap<String, VecDeque<u64>>,
+    /// The fair waiters per lease name, first in line first, with the instant each stops
+    /// holding its place unless it looks again (see [`FairQueue`]).
+    lines: HashMap<String, VecDeque<(u64, Instant)>>,
     /// The id of the next fair waiter.
     next_waiter: u64,
     /// Rung when a grant is released or a waiter leaves its line: the waiters look again.
@@ -111,7 +112,7 @@ impl Backend {
     /// Takes waiter `id` out of the line of `name`.
     fn leave_line(&mut self, name: &str, id: u64) {
         if let Some(line) = self.lines.get_mut(name) {
-            line.retain(|w| *w != id);
+            line.retain(|(w, _)| *w != id);
             if line.is_empty() {
                 self.lines.remove(name);
             }
@@ -161,6 +162,14 @@ impl MemoryStore {
     /// How many batched renew calls the store has served.
     pub fn renew_calls(&self) -> u64 {
         self.lock().renew_calls
+    }
+
+    /// How many fair waiters are in the line of lease `name` now.
+    pub fn fair_waiters(&self, name: &str) -> usize {
+        let now = Instant::now();
+        self.lock().lines.get(name).map_or(0, |line| {
+            line.iter().filter(|(_, until)| *until > now).count()
+        })
     }
 
     /// A write fenced by this store, as the SQLite and PostgreSQL stores fence writes in
@@ -364,7 +373,9 @@ impl Drop for Place<'_> {
 
 /// The line is one queue per lease name in the backend; a waiter first in line acquires by
 /// the rules of `try_acquire`. Waiters are woken by releases and by waiters leaving the
-/// line, and the first in line also when the holder's grant expires.
+/// line, and the first in line also when the holder's grant expires. A waiter looks again
+/// at least every third of its ttl, keeping its place for a ttl from each look: one whose
+/// task is gone without its future being dropped stops holding the line a ttl later.
 #[async_trait]
 impl FairQueue for MemoryStore {
     async fn acquire_fair(
@@ -378,7 +389,10 @@ impl FairQueue for MemoryStore {
             let mut b = self.lock();
             b.next_waiter += 1;
             let id = b.next_waiter;
-            b.lines.entry(req.name.clone()).or_default().push_back(id);
+            b.lines
+                .entry(req.name.clone())
+                .or_default()
+                .push_back((id, expiry(Instant::now(), req.ttl)));
             id
         };
         let place = Place {
@@ -396,8 +410,21 @@ impl FairQueue for MemoryStore {
             let now = Instant::now();
             let wake_at = {
                 let mut b = self.lock();
-                let first = b.lines.get(&req.name).and_then(|l| l.front()) == Some(&id);
-                if first {
+                // A waiter whose task is gone without leaving (a process that died, in a
+                // real store) stops holding the line one ttl after it last looked.
+                let line = b.lines.entry(req.name.clone()).or_default();
+                line.retain(|(w, until)| *w == id || *until > now);
+                for (w, until) in line.iter_mut() {
+                    if *w == id {
+                        *until = expiry(now, req.ttl);
+                    }
+                }
+                let ahead = line
+                    .front()
+                    .filter(|(w, _)| *w != id)
+                    .map(|(_, until)| *until);
+                let look_again = expiry(now, req.ttl / 3).min(deadline);
+                if ahead.is_none() {
                     match b.acquire(req, now) {
                         AcquireOutcome::Granted(record) => {
                             drop(b);
@@ -407,11 +434,11 @@ impl FairQueue for MemoryStore {
                         AcquireOutcome::Held(holder) => {
                             let expires = expiry(now, holder.expires_in);
                             seen = Some(holder);
-                            expires.min(deadline)
+                            expires.min(look_again)
                         }
                     }
                 } else {
-                    deadline
+                    ahead.map_or(look_again, |until| until.min(look_again))
                 }
             };
             if now >= deadline {
