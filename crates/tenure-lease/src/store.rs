@@ -551,6 +551,26 @@ pub async fn fair_wait_passed(
     }
 }
 
+/// A fair acquire whose `wait` passed while it was in line: leaves the line with `leave`,
+/// calls `left` once that succeeded (a failure is logged, and left to the caller's queue
+/// entry, whose drop tries again), then answers as [`fair_wait_passed`]. For
+/// [`FairQueue`] implementations that keep waiters in a table of their own.
+pub async fn leave_line_when_wait_passed(
+    store: &'static str,
+    req: &AcquireRequest,
+    wait: Duration,
+    seen: Option<LeaseRecord>,
+    leave: impl Future<Output = Result<(), StoreError>>,
+    left: impl FnOnce(),
+    read: impl AsyncFnOnce() -> Result<Option<LeaseRecord>, StoreError>,
+) -> Result<AcquireOutcome, StoreError> {
+    match leave.await {
+        Ok(()) => left(),
+        Err(e) => tracing::debug!(lease = %req.name, error = %e, "leaving the line failed"),
+    }
+    fair_wait_passed(store, req, wait, seen, read).await
+}
+
 /// A store that keeps priorities and preemption requests on grants and enforces them:
 /// [`LeaseStore::try_acquire`] refuses to extend a grant with a forceful request pending
 /// and lets an emergency request ([`AcquireRequest::takes_over`]) take a lower grant over;

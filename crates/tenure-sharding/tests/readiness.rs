@@ -34,13 +34,10 @@ impl Entity for Echo {
 
 /// Polls `check` until it holds (at most a minute: a bounded wait, not a timing assertion).
 async fn until(what: &str, check: impl Fn() -> bool) {
-    for _ in 0..600 {
-        if check() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("never: {what}");
+    tenure_test_kit::eventually_async(what, Duration::from_secs(60), async || {
+        check().then_some(()).ok_or("not yet")
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
