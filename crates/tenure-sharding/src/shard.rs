@@ -98,7 +98,7 @@ pub enum ShardMsg {
     EntityStarted {
         entity: String,
         actor: ractor::ActorId,
-        result: Result<(), String>,
+        result: Result<(), tenure_singleton::StartError>,
     },
     #[doc(hidden)]
     IdleCheck,
@@ -824,7 +824,12 @@ impl ShardState {
     }
 
     /// The `start` of entity `entity` (actor `actor`) ended.
-    fn entity_started(&mut self, entity: &str, actor: ractor::ActorId, result: Result<(), String>) {
+    fn entity_started(
+        &mut self,
+        entity: &str,
+        actor: ractor::ActorId,
+        result: Result<(), tenure_singleton::StartError>,
+    ) {
         let Some(r) = self
             .entities
             .get_mut(entity)
