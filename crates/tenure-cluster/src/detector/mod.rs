@@ -202,10 +202,10 @@ impl Detector {
 
     /// The peers this node heartbeats and watches, with `view`, the peers it has sessions
     /// with (`peers`), and whether it downed itself (see the module's doc).
-    fn watch_set<'a>(
+    fn watch_set(
         &mut self,
         view: &Membership,
-        peers: impl Iterator<Item = &'a NodeAddr>,
+        peers: &BTreeMap<NodeAddr, Incarnation>,
         downed: bool,
     ) -> BTreeSet<NodeAddr> {
         self.refresh_ring(view);
@@ -215,7 +215,15 @@ impl Detector {
         } else {
             view.peers().cloned().collect()
         };
-        out.extend(peers.filter(|p| !self.ring.addrs.contains(*p)).cloned());
+        // Both in address order: one pass over each, where a lookup per peer in a cluster
+        // of a thousand would be most of a tick.
+        let mut on_ring = self.ring.addrs.iter().peekable();
+        for p in peers.keys() {
+            while on_ring.next_if(|a| *a < p).is_some() {}
+            if on_ring.peek() != Some(&p) {
+                out.insert(p.clone());
+            }
+        }
         out.remove(&self.me);
         out
     }
@@ -234,7 +242,7 @@ impl Detector {
         rng: &mut fastrand::Rng,
     ) -> TickOut {
         let mut out = TickOut::default();
-        let watched = self.watch_set(view, peers.keys(), downed);
+        let watched = self.watch_set(view, peers, downed);
         let same_watch = watched == self.monitor.watched;
         for peer in watched.difference(&self.monitor.watched) {
             self.reach.rewatch(peer, now);
