@@ -4,11 +4,12 @@
 //! A row travels in the heartbeats of the [`REPEAT`] rounds after it changed here (taken
 //! from a peer or this node's own), so a change floods the ring of monitors hop by hop and
 //! a lost datagram or two loses nothing. Every heartbeat also carries the digest of its
-//! sender's table ([`ReachTable::digest`]); a receiver whose table then differs asks for
-//! the whole table in its next heartbeat back (at most once per
-//! `reachability-sync-interval` and peer), and a peer gets it in its first heartbeat after a
-//! hello too. Whatever a peer missed (more losses in a row, a restart) is repaired so, and
-//! a steady table costs a digest per heartbeat.
+//! sender's table ([`ReachTable::digest`]); a receiver whose table has differed from it for
+//! [`REPEAT`] heartbeats asks for the whole table in its next heartbeat back, asking one
+//! peer at most per `reachability-sync-interval` (see `Monitor::compare`), and a peer gets
+//! the rows that list someone in its first heartbeat after a hello. Whatever a peer missed
+//! (more losses in a row, a restart) is repaired so, and a steady table costs a digest per
+//! heartbeat.
 //!
 //! A row that lists nobody travels only when it replaces one that listed someone: a new
 //! member's first row lists nobody, and says no more than no row (the digest leaves such
@@ -217,6 +218,25 @@ mod tests {
         s.next_round(&t);
         assert_eq!(s.rows_for(&t, &peer).len(), 1, "owed the whole table");
         assert!(s.rows_for(&t, &peer).is_empty(), "once");
+    }
+
+    #[test]
+    fn a_first_row_that_lists_nobody_is_no_delta_and_one_that_clears_a_listing_is() {
+        let (me, peer) = (a(0), a(99));
+        let mut t = ReachTable::default();
+        let mut s = Spread::default();
+        observe(&mut t, &me, 1, 10, &[]);
+        s.next_round(&t);
+        assert!(!s.has_changes(), "a joining member's row");
+        assert!(s.rows_for(&t, &peer).is_empty());
+        observe(&mut t, &me, 1, 11, &[2]);
+        s.next_round(&t);
+        assert_eq!(s.rows_for(&t, &peer).len(), 1, "it lists someone");
+        observe(&mut t, &me, 1, 12, &[]);
+        s.next_round(&t);
+        let rows = s.rows_for(&t, &peer);
+        assert_eq!(rows.len(), 1, "it clears a listing");
+        assert_eq!(rows[0].version, 12);
     }
 
     #[test]

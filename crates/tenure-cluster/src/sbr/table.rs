@@ -293,6 +293,32 @@ mod tests {
     }
 
     #[test]
+    fn rows_that_list_nobody_make_no_difference_and_the_digest_follows_every_change() {
+        let relay = a(5);
+        let mut joined = ReachTable::default();
+        let empty = joined.digest();
+        joined.merge(
+            &a(1),
+            from(&relay, 100),
+            (2..40).map(|o| row(o, 7, &[])).collect(),
+            unknown,
+        );
+        assert_eq!(joined.digest(), empty, "members joining change no digest");
+        joined.merge(&a(1), from(&relay, 100), vec![row(2, 8, &[3])], unknown);
+        let listing = joined.digest();
+        assert_ne!(listing, empty, "an observation is a difference");
+        // The same rows, reached in another order and without the empty ones: the same
+        // digest as a table built from scratch.
+        let mut direct = ReachTable::default();
+        direct.merge(&a(9), from(&relay, 100), vec![row(2, 8, &[3])], unknown);
+        assert_eq!(direct.digest(), listing);
+        joined.merge(&a(1), from(&relay, 100), vec![row(2, 9, &[])], unknown);
+        assert_eq!(joined.digest(), empty, "cleared, as if never listed");
+        joined.retain(|_| None);
+        assert_eq!(joined.digest(), empty);
+    }
+
+    #[test]
     fn own_versions_are_stamps_and_always_go_up() {
         let mut t = ReachTable::default();
         t.set_own(&a(1), Incarnation(1), [a(3)].into(), 500);

@@ -5,7 +5,7 @@
 //! TigerBeetle's way of testing). The same seed gives the same run, event by event.
 //!
 //! What is modelled: heartbeats (datagram and session copy) on the ring of monitors, their
-//! reachability rows and digests, hellos (a peer's clock and the table owed after one),
+//! reachability rows and digests, hellos (a peer's clock and the rows owed after one),
 //! indirect probes, the view from periodic listings of the member leases, member leases
 //! renewed every `member-lease-interval` and lapsing `member-lease-ttl` after the last
 //! renewal, the resolver's decisions, and the resolver lease of lease-majority judged as the
