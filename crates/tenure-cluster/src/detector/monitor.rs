@@ -255,7 +255,10 @@ mod tests {
         m.compare(&p, 1, 1, t0);
         assert!(!m.take_want_table(&p), "same digest");
         m.compare(&p, 1, 2, t0);
-        assert!(!m.take_want_table(&p), "the deltas on their way may make it up");
+        assert!(
+            !m.take_want_table(&p),
+            "the deltas on their way may make it up"
+        );
         m.compare(&p, 1, 1, t0 + settle / 2);
         m.compare(&p, 1, 2, t0 + settle);
         assert!(
@@ -263,7 +266,10 @@ mod tests {
             "they did once: the difference starts again"
         );
         m.compare(&p, 1, 2, t0 + settle * 2);
-        assert!(m.take_want_table(&p), "differed on every heartbeat for settle");
+        assert!(
+            m.take_want_table(&p),
+            "differed on every heartbeat for settle"
+        );
         assert!(!m.take_want_table(&p), "asked once");
     }
 

@@ -102,9 +102,7 @@ impl ReachTable {
             Some(row) if row.incarnation == incarnation && row.unreachable == unreachable => {
                 return false;
             }
-            Some(row) if row.incarnation == incarnation => {
-                stamp.max(row.version.saturating_add(1))
-            }
+            Some(row) if row.incarnation == incarnation => stamp.max(row.version.saturating_add(1)),
             _ => stamp,
         };
         self.put(ReachRow {
