@@ -8,7 +8,8 @@
 //! entity runs on one node, under its shard's lease, and writes the counter file with that
 //! lease's fencing token. After a few rounds it SIGKILLs a hosting node: that node's shards
 //! move to the others once their leases expire (3 s), and the counting goes on from where it
-//! stopped.
+//! stopped. Before the kill it pins alice's shard to the third node (an operator's
+//! placement) and lets it go again after one round.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -118,6 +119,27 @@ async fn round(region: &ShardRegion, label: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Pins `key`'s shard to the node at `to` and waits (at most a minute) until the
+/// coordinator's allocation places it there.
+async fn pin(region: &ShardRegion, key: &str, to: &str) -> Result<(), Box<dyn std::error::Error>> {
+    let shard = region.entity_ref::<Counter>(key).shard();
+    // Moves the shard through the lossless hand-off; `false`: it lives there already.
+    let moving: bool = region.pin_shard(&shard, to, Duration::from_secs(5)).await?;
+    println!("pinned shard {shard} of {key} to {to} (moving: {moving})");
+    let give_up = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let map = region.shard_map(Duration::from_secs(2)).await?;
+        let home = map.shards.iter().find(|e| e.shard == shard);
+        if map.from_coordinator && home.and_then(|e| e.home.as_deref()) == Some(to) {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() > give_up {
+            return Err(format!("shard {shard} not on {to} within a minute").into());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let (Ok(config), Ok(counter)) = (
@@ -146,9 +168,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .await?;
     let region = tenure::sharding::start_on_node(&node, &provider, "counter", None).await?;
     let rounds = async {
-        for r in 1..=3 {
+        for r in 1..=2 {
             round(&region, &format!("round {r}")).await?;
         }
+        let to = format!("127.0.0.1:{}", ports[2]);
+        pin(&region, "alice", &to)
+            .await
+            .map_err(|e| e.to_string())?;
+        round(&region, "round 3").await?;
+        let shard = region.entity_ref::<Counter>("alice").shard();
+        region
+            .unpin_shard(&shard, Duration::from_secs(5))
+            .await
+            .map_err(|e| e.to_string())?;
         println!("SIGKILL of node 127.0.0.1:{}", ports[0]);
         children[0].kill().map_err(|e| e.to_string())?;
         children[0].wait().map_err(|e| e.to_string())?;

@@ -78,14 +78,17 @@ enum Command {
     /// it at 30 %; SIGSTOP a node for twice the ttl at 40 % (its leases expire, others take
     /// over, it resumes and finds them lost); cut the traffic between two nodes for twice
     /// the ttl at 55 %; isolate the oldest node (it hosts the singleton) from the others for
-    /// twice the ttl at 67 %; a graceful leave at 80 % and its restart at 90 %. Every
-    /// node asks every key every 2 s (open loop), and the summary gives each fault's
-    /// fail-over time and the service during it. Every step moves by
+    /// twice the ttl at 67 %; a graceful leave at 75 % and its restart at 82 %; at 90 % a
+    /// rolling restart (rolling-restart: each node in turn sent SIGTERM and started again
+    /// once the cluster converged, as a deploy does; it runs to its end past --duration).
+    /// Every node asks every key every 2 s (open loop), and the summary gives each fault's
+    /// fail-over time and the service during it, and the rolling restart's time per node
+    /// restarted, requests unanswered and shards moved. Every step moves by
     /// up to ttl/2 and random targets are drawn from --seed. It is written out, with the
     /// scenario file format, in config/demo-scenario.example.toml.
     ///
     /// Then every node leaves, and the summary shows operations acknowledged, fail-over
-    /// time per fault, lease grants and losses, and the safety verdict on the history
+    /// time per fault, the rolling restart's figures, lease grants and losses, and the safety verdict on the history
     /// (JSON Lines, --history). The HTML report (--report) shows which node held each
     /// shard and the singleton when, with the faults marked. Exit 0 safe, 1 unsafe, 2
     /// error. Ctrl-C stops early and still reports; a second Ctrl-C exits at once.

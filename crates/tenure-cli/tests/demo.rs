@@ -1,5 +1,6 @@
-//! `tenure demo` end to end: a short run with a small scenario reaches a clean verdict and
-//! writes its history and an HTML report showing every hold; bad flags are refused.
+//! `tenure demo` end to end: a short run with a small scenario (ending in a rolling restart)
+//! reaches a clean verdict, reports the rolling restart's figures and writes its history and
+//! an HTML report showing every hold; bad flags are refused.
 
 use tenure_test_kit::cli;
 
@@ -26,6 +27,10 @@ for = "4s"
 at = "14s"
 fault = "isolate"
 for = "3s"
+
+[[step]]
+at = "21s"
+fault = "rolling-restart"
 "#;
 
 #[test]
@@ -40,7 +45,7 @@ fn a_short_demo_reaches_a_safe_verdict_and_writes_its_report() {
         .args([
             "demo",
             "--duration",
-            "18s",
+            "22s",
             "--shards",
             "16",
             "--seed",
@@ -79,6 +84,40 @@ fn a_short_demo_reaches_a_safe_verdict_and_writes_its_report() {
     assert!(
         stdout.contains("asks answered"),
         "the service during each fault is reported: {stdout}"
+    );
+    // The rolling restart sent every node SIGTERM and started it again, and its figures
+    // are in the summary.
+    let roll = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("rolling restart "))
+        .unwrap_or_else(|| panic!("no rolling restart line in:\n{stdout}"))
+        .trim();
+    assert!(
+        roll.starts_with("3 nodes, ") && roll.contains(" s per node restarted (mean; at most "),
+        "{roll}"
+    );
+    let figures: Vec<u64> = roll
+        .split([' ', ','])
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    let [nodes, unanswered, requests, moved] = figures[..] else {
+        panic!("nodes, unanswered, requests and shards moved in: {roll}");
+    };
+    assert_eq!(nodes, 3, "{roll}");
+    assert!(requests > 0 && unanswered <= requests, "{roll}");
+    assert!(roll.ends_with(&format!("{moved} shards moved")), "{roll}");
+    let harness = |kind: &str| {
+        events
+            .lines()
+            .filter(|l| l.contains("\"harness\"") && l.contains(&format!("\"event\":\"{kind}\"")))
+            .count()
+    };
+    // Three leaves of the rolling restart and three of the final shutdown; the kill's
+    // restart and the rolling restart's three.
+    assert_eq!(
+        (harness("leaving"), harness("restarted")),
+        (6, 4),
+        "{stdout}"
     );
     for fault in [
         "\"killed\"",
@@ -141,6 +180,7 @@ fn help_documents_every_flag() {
         assert!(help.contains(flag), "{flag} missing from:\n{help}");
     }
     assert!(help.contains("SIGKILL a node"), "{help}");
+    assert!(help.contains("rolling-restart"), "{help}");
 }
 
 #[test]

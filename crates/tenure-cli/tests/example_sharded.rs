@@ -1,6 +1,7 @@
 //! `examples/sharded_counter.rs` runs on a 3-node local cluster driven by a proxy-only
 //! node: every key counts 1..=6 without a gap or a repeat, across the SIGKILL of a
-//! hosting node, and the keys that lived there are served by another node afterwards.
+//! hosting node, and the keys that lived there are served by another node afterwards;
+//! alice's shard, pinned to the third node before round 3, is served there in round 3.
 
 use std::collections::BTreeMap;
 use tenure_test_kit::example::run_example;
@@ -46,6 +47,17 @@ fn the_sharded_counter_example_counts_every_key_through_a_node_failure() {
             .push((round, value, token, node));
     }
     assert_eq!(seen.len(), 4, "{text}");
+    let pinned_to = text
+        .lines()
+        .find_map(|l| l.strip_prefix("pinned shard "))
+        .and_then(|l| l.split(" to ").nth(1))
+        .and_then(|l| l.split(' ').next())
+        .expect("the example pinned alice's shard")
+        .to_string();
+    assert!(
+        seen["alice"].iter().any(|r| r.0 == 3 && r.3 == pinned_to),
+        "alice is served on {pinned_to} in round 3: {text}"
+    );
     for (key, rows) in &seen {
         let values: Vec<u64> = rows.iter().map(|r| r.1).collect();
         assert_eq!(values, [1, 2, 3, 4, 5, 6], "{key}: {text}");

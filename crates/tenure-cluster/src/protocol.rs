@@ -271,7 +271,7 @@ pub enum Local {
     /// side holds the resolver lease, `Ok(false)` the other side does, `Err` unknown.
     SbrLease {
         attempt: u64,
-        won: Result<bool, String>,
+        won: Result<bool, crate::agent::resolver_lease::ResolverLeaseError>,
     },
     Leave(RpcReplyPort<crate::agent::LeaveAnswer>),
 }

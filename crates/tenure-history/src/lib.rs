@@ -45,7 +45,7 @@ pub use event::{AboutMember, EntityLife, Event, Link, ShardLife, SingletonLife};
 pub use file::HistoryFile;
 pub use layer::{HistoryLayer, UnknownEvents, node_span};
 pub use read::{HistoryError, history_lines, read_history};
-pub use recorder::Recorder;
+pub use recorder::{Recorder, UnknownEventsError};
 
 /// The `tracing` target of history events. Each layer's `history` module emits on it, with
 /// the field `event` naming the kind and one field per field of the kind's line.

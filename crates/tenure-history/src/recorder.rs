@@ -85,15 +85,26 @@ impl Recorder {
 
     /// The events recorded so far, in order, when every event emitted was a known one;
     /// `Err` says how many were not, and why (a test of an emitter fails on it).
-    pub fn known_events(&self) -> Result<Vec<Event>, String> {
+    pub fn known_events(&self) -> Result<Vec<Event>, UnknownEventsError> {
         match self.unknown.count() {
             0 => Ok(self.entries().into_iter().map(|e| e.event).collect()),
-            n => Err(format!(
-                "{n} events no history knows: {:?}",
-                self.unknown.reasons()
-            )),
+            count => Err(UnknownEventsError {
+                count,
+                reasons: self.unknown.reasons(),
+            }),
         }
     }
+}
+
+/// Events were emitted on the history target that no history knows (a bug in their
+/// emitters): they were dropped, so the recorded history is incomplete.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{count} events no history knows: {reasons:?}")]
+pub struct UnknownEventsError {
+    /// How many events were dropped.
+    pub count: u64,
+    /// Why, for the first few of them.
+    pub reasons: Vec<String>,
 }
 
 #[cfg(test)]

@@ -33,6 +33,9 @@ impl Harness for MemoryHarness {
     async fn client(&self) -> Arc<dyn LeaseStore> {
         Arc::new(MemoryStore::shared(&self.namespace))
     }
+    async fn fair_waiters(&self, name: &str) -> Option<usize> {
+        Some(MemoryStore::shared(&self.namespace).fair_waiters(name))
+    }
     /// The memory store lives as long as the process; a restart is a fresh handle on it.
     async fn restart(&self) {}
     async fn outage(&self) -> Box<dyn Any + Send> {
@@ -47,4 +50,4 @@ impl Harness for MemoryHarness {
     }
 }
 
-tenure_lease_kit::conformance_tests!(MemoryHarness::new(); preemption_requests, remembered_ids);
+tenure_lease_kit::conformance_tests!(MemoryHarness::new(); fair_queue, preemption_requests, remembered_ids);

@@ -343,6 +343,8 @@ impl LeaseActor {
             stop_budget: spec.stop_budget,
             retry_interval: spec.settings.lease_retry_interval,
             options: spec.options.clone(),
+            fair: spec.store.as_fair_queue().is_some()
+                && spec.options == crate::AcquireOptions::default(),
         });
         let belief = Arc::new(SharedBelief::new(
             spec.name.clone(),

@@ -31,11 +31,11 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use ractor::ActorRef;
-use tokio::sync::OwnedMutexGuard;
+use tokio::sync::{Notify, OwnedMutexGuard};
 use tokio::time::Instant;
 
 use crate::actor::{AcquireCaller, LeaseMsg, LeaseSpec, ReleaseCaller};
@@ -71,6 +71,11 @@ pub(crate) struct Driver {
     /// The timers and the watchdog, once the actor started.
     alarms: OnceLock<Alarms>,
     turn: Arc<tokio::sync::Mutex<()>>,
+    /// Feeds waiting for the turn: a wait in the store's fair queue gives the turn up for
+    /// them rather than hold them back for as long as it waits.
+    knocking: AtomicUsize,
+    /// Rung when a feed starts waiting for the turn, or the driver is abandoned.
+    knock: Notify,
     /// Commands to feed before any later one (see the module docs).
     queued: Mutex<VecDeque<MachineInput>>,
     stopped: AtomicBool,
@@ -86,6 +91,8 @@ impl Driver {
             instance_base: new_instance_base(),
             actor: OnceLock::new(),
             turn: Arc::new(tokio::sync::Mutex::new(())),
+            knocking: AtomicUsize::new(0),
+            knock: Notify::new(),
             queued: Mutex::new(VecDeque::new()),
             stopped: AtomicBool::new(false),
             alarms: OnceLock::new(),
@@ -133,7 +140,9 @@ impl Driver {
 
     /// Waits for the turn to feed the machine.
     async fn turn(self: &Arc<Self>) -> Turn {
+        let knocking = Knocking::new(self);
         let guard = self.turn.clone().lock_owned().await;
+        drop(knocking);
         Turn {
             driver: self.clone(),
             guard: Some(guard),
@@ -186,6 +195,7 @@ impl Driver {
     /// the background.
     pub(crate) fn abandon(&self) {
         self.stopped.store(true, Ordering::SeqCst);
+        self.knock.notify_waiters();
         if let Some(alarms) = self.alarms.get() {
             alarms.stop();
         }
@@ -217,8 +227,42 @@ impl Driver {
         let driver = self.clone();
         Box::pin(async move {
             let note = driver.note();
-            execute(&driver.spec, &driver.instance_base, note, call).await
+            match call {
+                Call::WaitInLine { instance } => driver.wait_in_line(instance, note).await,
+                call => execute(&driver.spec, &driver.instance_base, note, call).await,
+            }
         })
+    }
+
+    /// Waits in the store's fair queue as holder instance `instance` until granted, or
+    /// until another feed knocks (the turn is needed) or the driver is abandoned: leaving
+    /// the line then (the store removes the entry when its future is dropped) keeps a
+    /// release or a stop from waiting behind the line. A store without a fair queue
+    /// answers at once.
+    async fn wait_in_line(&self, instance: u64, note: Option<String>) -> Outcome {
+        let Some(queue) = self.spec.store.as_fair_queue() else {
+            return Outcome::InLine(Ok(()));
+        };
+        let request = acquire_request(&self.spec, &self.instance_base, note, instance);
+        let knocked = self.knock.notified();
+        let mut knocked = std::pin::pin!(knocked);
+        knocked.as_mut().enable();
+        if self.knocking.load(Ordering::SeqCst) > 0 || self.stopped.load(Ordering::SeqCst) {
+            return Outcome::InLine(Ok(()));
+        }
+        // No bound but the driver's other work: a waiter keeps its place however long the
+        // holder keeps the lease.
+        let wait = crate::duration::MAX_DURATION;
+        tokio::select! {
+            answer = queue.acquire_fair(&request, wait) => Outcome::InLine(
+                answer.map(|_| ()).map_err(|source| LeaseError::Store {
+                    name: self.spec.name.clone(),
+                    operation: "acquire",
+                    source,
+                }),
+            ),
+            () = knocked => Outcome::InLine(Ok(())),
+        }
     }
 
     /// Carries out the effects of one step but its awaited call, which it returns.
@@ -285,6 +329,23 @@ impl Driver {
                 });
             }
         }
+    }
+}
+
+/// A feed waiting for the driver's turn, counted in `knocking` until it has it.
+struct Knocking<'a>(&'a Driver);
+
+impl<'a> Knocking<'a> {
+    fn new(driver: &'a Driver) -> Self {
+        driver.knocking.fetch_add(1, Ordering::SeqCst);
+        driver.knock.notify_waiters();
+        Knocking(driver)
+    }
+}
+
+impl Drop for Knocking<'_> {
+    fn drop(&mut self) {
+        self.0.knocking.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -393,16 +454,7 @@ async fn execute(spec: &LeaseSpec, base: &str, note: Option<String>, call: Call)
 async fn execute_call(spec: &LeaseSpec, base: &str, note: Option<String>, call: Call) -> Outcome {
     match call {
         Call::Acquire { instance } => {
-            let request = AcquireRequest {
-                name: spec.store_name.clone(),
-                owner: spec.owner.clone(),
-                instance: format!("{base}.{instance}"),
-                ttl: spec.settings.store_ttl(),
-                note,
-                priority: spec.options.priority,
-                cleanup_timeout: spec.options.cleanup_timeout,
-                emergency: spec.options.emergency,
-            };
+            let request = acquire_request(spec, base, note, instance);
             let answer = bounded(
                 &spec.name,
                 "acquire",
@@ -412,6 +464,7 @@ async fn execute_call(spec: &LeaseSpec, base: &str, note: Option<String>, call: 
             .await;
             Outcome::Acquire(answer)
         }
+        Call::WaitInLine { .. } => Outcome::InLine(Ok(())),
         Call::Release { token } => Outcome::Release(release_ours(spec, base, token).await),
         Call::RequestPreemption { token, forceful } => {
             Outcome::Preempt(request_preemption(spec, base, note, token, forceful).await)
@@ -420,6 +473,26 @@ async fn execute_call(spec: &LeaseSpec, base: &str, note: Option<String>, call: 
             withdraw_request(spec, token).await;
             Outcome::Withdrawn
         }
+    }
+}
+
+/// The request of holder instance `instance` (`<base>.<instance>`) with the spec's ttl
+/// and options.
+fn acquire_request(
+    spec: &LeaseSpec,
+    base: &str,
+    note: Option<String>,
+    instance: u64,
+) -> AcquireRequest {
+    AcquireRequest {
+        name: spec.store_name.clone(),
+        owner: spec.owner.clone(),
+        instance: format!("{base}.{instance}"),
+        ttl: spec.settings.store_ttl(),
+        note,
+        priority: spec.options.priority,
+        cleanup_timeout: spec.options.cleanup_timeout,
+        emergency: spec.options.emergency,
     }
 }
 

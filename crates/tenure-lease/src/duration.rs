@@ -11,23 +11,51 @@ pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 /// Parses a duration such as `"5s"`, `"250ms"` or `"1h 30m"`; the error says what was wrong,
 /// including a duration longer than [`MAX_DURATION`] (365 days). Usable as a clap
 /// `value_parser`.
-pub fn parse(text: &str) -> Result<Duration, String> {
-    let d =
-        humantime::parse_duration(text).map_err(|e| format!("invalid duration {text:?}: {e}"))?;
-    check(d)
-        .map(|()| d)
-        .map_err(|e| format!("duration {text:?}: {e}"))
+pub fn parse(text: &str) -> Result<Duration, DurationError> {
+    let d = humantime::parse_duration(text).map_err(|source| DurationError::Unparsable {
+        text: text.to_owned(),
+        source,
+    })?;
+    if d > MAX_DURATION {
+        return Err(DurationError::TooLong {
+            text: text.to_owned(),
+            duration: d,
+        });
+    }
+    Ok(d)
 }
 
 /// `Ok` unless `d` is longer than [`MAX_DURATION`]; the error says so.
-pub fn check(d: Duration) -> Result<(), String> {
+pub fn check(d: Duration) -> Result<(), DurationError> {
     if d > MAX_DURATION {
-        return Err(format!(
-            "{} is longer than the maximum of 365 days",
-            humantime::format_duration(d)
-        ));
+        return Err(DurationError::TooLong {
+            text: humantime::format_duration(d).to_string(),
+            duration: d,
+        });
     }
     Ok(())
+}
+
+/// Why a duration was refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum DurationError {
+    /// The text is no duration humantime reads (`"5s"`, `"250ms"`, `"1h 30m"`).
+    #[error("invalid duration {text:?}: {source}")]
+    Unparsable {
+        /// The text given.
+        text: String,
+        /// What the parser found wrong.
+        #[source]
+        source: humantime::DurationError,
+    },
+    /// The duration is longer than [`MAX_DURATION`].
+    #[error("duration {text:?} is longer than the maximum of 365 days")]
+    TooLong {
+        /// The duration as given (or as formatted, when it came as a number).
+        text: String,
+        /// The duration.
+        duration: Duration,
+    },
 }
 
 /// `at + d`, with `d` capped at [`MAX_DURATION`]: for durations that come from elsewhere (a
@@ -95,10 +123,16 @@ mod tests {
         assert_eq!(parse("90s"), Ok(Duration::from_secs(90)));
         let err = parse("584542046090years").unwrap_err();
         assert!(
-            err.contains("584542046090years") && err.contains("365 days"),
-            "{err}"
+            matches!(&err, DurationError::TooLong { text, .. } if text == "584542046090years"),
+            "{err:?}"
         );
-        assert!(parse("soon").unwrap_err().contains("\"soon\""));
+        assert!(err.to_string().contains("365 days"), "{err}");
+        let err = parse("soon").unwrap_err();
+        assert!(
+            matches!(&err, DurationError::Unparsable { text, .. } if text == "soon"),
+            "{err:?}"
+        );
+        assert!(std::error::Error::source(&err).is_some());
     }
 
     #[test]

@@ -281,6 +281,15 @@ pub enum ConfigError {
         /// The sections the config has, comma-separated.
         known: String,
     },
+    /// A duration under `key` is longer than Tenure accepts.
+    #[error("config key `{key}`: {source}")]
+    Duration {
+        /// The dotted config key.
+        key: String,
+        /// What was wrong with the duration.
+        #[source]
+        source: crate::duration::DurationError,
+    },
     /// A lease name Tenure refuses: empty, or with control characters.
     #[error("invalid lease name `{name}`: {detail}")]
     LeaseName {
@@ -300,6 +309,14 @@ pub enum ConfigError {
 }
 
 impl ConfigError {
+    /// A [`ConfigError::Duration`]: the duration under `key` was refused.
+    pub fn duration(key: impl Into<String>, source: crate::duration::DurationError) -> Self {
+        ConfigError::Duration {
+            key: key.into(),
+            source,
+        }
+    }
+
     /// A [`ConfigError::Invalid`]: `key` has a bad value, `detail` says why.
     pub fn invalid(key: impl Into<String>, detail: impl Into<String>) -> Self {
         ConfigError::Invalid {

@@ -70,6 +70,8 @@ mod unstoppable;
 pub mod validity;
 
 #[cfg(test)]
+mod fair_tests;
+#[cfg(test)]
 mod machine_tests;
 #[cfg(test)]
 mod preemption_tests;

@@ -83,6 +83,10 @@ pub(crate) struct Config {
     pub retry_interval: Duration,
     /// Priority, preemption and cleanup options.
     pub options: AcquireOptions,
+    /// Whether trying until granted waits in the store's fair queue before each attempt
+    /// (the store keeps one, and the options ask for no preemption, which waiting in line
+    /// behind the holder would never make).
+    pub fair: bool,
 }
 
 /// A timer of the machine that fires at an instant it chooses (renewals follow the
@@ -101,6 +105,10 @@ pub(crate) enum Call {
     /// Try to acquire as this actor's holder instance number `instance` (with the spec's
     /// ttl, note and options). Answered with [`Outcome::Acquire`].
     Acquire { instance: u64 },
+    /// Wait in the store's fair queue as holder instance `instance` until first in line and
+    /// granted, or until the driver has other input to feed. Answered with
+    /// [`Outcome::InLine`]; an attempt as the same instance follows whatever the answer.
+    WaitInLine { instance: u64 },
     /// Release this actor's grant: `token` if known, else whatever grant of one of this
     /// actor's holder instances the store holds (the driver reads the record to find it).
     /// Answered with [`Outcome::Release`].
@@ -117,6 +125,9 @@ pub(crate) enum Call {
 #[derive(Debug, Clone)]
 pub(crate) enum Outcome {
     Acquire(Result<AcquireOutcome, LeaseError>),
+    /// The wait in line ended: `Ok` granted or given up (other input to feed), `Err` the
+    /// store failed.
+    InLine(Result<(), LeaseError>),
     Release(Result<bool, LeaseError>),
     Preempt(Result<PreemptAnswer, LeaseError>),
     Withdrawn,
@@ -315,6 +326,8 @@ enum Awaiting<A, L> {
         sent_at: Instant,
         purpose: Purpose<A>,
     },
+    /// The wait in the store's fair queue before an attempt.
+    InLine { purpose: Purpose<A> },
     /// The release of an ended instance's grant, before acquiring as a new instance.
     ReleaseEnded { purpose: Purpose<A> },
     /// The release of a grant answered too late to be believed.
@@ -611,6 +624,20 @@ impl<A, L> Machine<A, L> {
             }
             self.next_instance();
         }
+        if self.cfg.fair
+            && matches!(purpose, Purpose::KeepTrying)
+            && self.belief.current(now).is_none()
+        {
+            // First come, first served among waiters: the attempt is made once this
+            // instance is first in the store's line (the store grants it there).
+            let instance = self.instances.seq;
+            self.call(
+                Awaiting::InLine { purpose },
+                Call::WaitInLine { instance },
+                out,
+            );
+            return;
+        }
         self.send_acquire(now, purpose, out);
     }
 
@@ -651,6 +678,16 @@ impl<A, L> Machine<A, L> {
         match (awaiting, outcome) {
             (Awaiting::Acquire { sent_at, purpose }, Outcome::Acquire(answer)) => {
                 self.acquire_answered(now, sent_at, purpose, answer, out)
+            }
+            (Awaiting::InLine { purpose }, Outcome::InLine(answer)) => {
+                // Granted in line, the attempt re-enters that grant (same instance) and
+                // times it from its own request; otherwise it sees the holder as any
+                // attempt does. A grant the line made is ours until that attempt answers.
+                self.instances.maybe_in_store = true;
+                if let Err(e) = answer {
+                    out.push(store_error("acquire", &e));
+                }
+                self.send_acquire(now, purpose, out);
             }
             (Awaiting::ReleaseEnded { purpose }, Outcome::Release(answer)) => {
                 match answer {
@@ -1061,7 +1098,10 @@ impl<A, L> Machine<A, L> {
         }
         self.wanted = false;
         self.waiters.clear();
-        if matches!(self.awaiting, Some(Awaiting::Acquire { .. })) {
+        if matches!(
+            self.awaiting,
+            Some(Awaiting::Acquire { .. } | Awaiting::InLine { .. })
+        ) {
             // Gone while an acquire was in flight: its outcome is unknown, so maybe granted.
             self.instances.maybe_in_store = true;
         }

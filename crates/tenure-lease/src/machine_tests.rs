@@ -33,6 +33,7 @@ fn config() -> Config {
         stop_budget: Duration::ZERO,
         retry_interval: RETRY,
         options: AcquireOptions::default(),
+        fair: false,
     }
 }
 
@@ -963,6 +964,7 @@ impl Sim {
                     forceful: rng.chance(30),
                     emergency: false,
                 },
+                fair: rng.chance(50),
                 ..config()
             }),
             now: t0,
@@ -1185,6 +1187,12 @@ impl Sim {
                 })
             }
             Call::WithdrawPreemption { .. } => Outcome::Withdrawn,
+            // Whatever the line answers, the machine's next call is an attempt, which the
+            // store answers as any other.
+            Call::WaitInLine { .. } => Outcome::InLine(match self.rng.below(5) {
+                0 => Err(timeout("acquire")),
+                _ => Ok(()),
+            }),
         };
         self.feed(Input::Answered(outcome));
     }

@@ -1,19 +1,21 @@
 //! The in-memory store: one process, no persistence. Expiry runs on tokio's clock, so tests
 //! of timing logic can use paused time. Faults can be injected to test the layers above.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::config::LeaseSection;
 use crate::error::{ConfigError, StoreError};
 use crate::provider::StoreFactory;
 use crate::store::{
-    AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, HeldLease, LeaseRecord, LeaseStore,
-    PreemptAnswer, PreemptionRequest, PreemptionRequests, RememberChange, RememberedIds, Renewal,
+    AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, FairQueue, HeldLease, LeaseRecord,
+    LeaseStore, PreemptAnswer, PreemptionRequest, PreemptionRequests, RememberChange,
+    RememberedIds, Renewal, fair_wait_passed,
 };
 use crate::token::FencingToken;
 
@@ -58,6 +60,64 @@ struct Backend {
     remembered: HashMap<String, BTreeSet<String>>,
     fault: Fault,
     renew_calls: u64,
+    /// The fair waiters per lease name, first in line first, with the instant each stops
+    /// holding its place unless it looks again (see [`FairQueue`]).
+    lines: HashMap<String, VecDeque<(u64, Instant)>>,
+    /// The id of the next fair waiter.
+    next_waiter: u64,
+    /// Rung when a grant is released or a waiter leaves its line: the waiters look again.
+    bell: Arc<Notify>,
+}
+
+impl Backend {
+    /// Grants `req` by the rules of [`LeaseStore::try_acquire`].
+    fn acquire(&mut self, req: &AcquireRequest, now: Instant) -> AcquireOutcome {
+        if let Some(g) = self
+            .grants
+            .get_mut(&req.name)
+            .filter(|g| g.expires_at > now)
+        {
+            let current = record(&req.name, g, now);
+            match req.step(Some(&current)) {
+                AcquireStep::Held => return AcquireOutcome::Held(current),
+                AcquireStep::Extend => {
+                    g.expires_at = expiry(now, req.ttl);
+                    g.version += 1;
+                    if req.note.is_some() {
+                        g.note = req.note.clone();
+                    }
+                    return AcquireOutcome::Granted(record(&req.name, g, now));
+                }
+                AcquireStep::NewGrant => {}
+            }
+        }
+        let counter = self.counters.entry(req.name.clone()).or_insert(0);
+        *counter += 1;
+        let grant = Grant {
+            owner: req.owner.clone(),
+            instance: req.instance.clone(),
+            token: FencingToken::new(*counter),
+            expires_at: expiry(now, req.ttl),
+            version: 1,
+            note: req.note.clone(),
+            priority: req.priority,
+            cleanup_timeout: req.cleanup_timeout,
+            request: None,
+        };
+        let rec = record(&req.name, &grant, now);
+        self.grants.insert(req.name.clone(), grant);
+        AcquireOutcome::Granted(rec)
+    }
+
+    /// Takes waiter `id` out of the line of `name`.
+    fn leave_line(&mut self, name: &str, id: u64) {
+        if let Some(line) = self.lines.get_mut(name) {
+            line.retain(|(w, _)| *w != id);
+            if line.is_empty() {
+                self.lines.remove(name);
+            }
+        }
+    }
 }
 
 /// An in-process lease store. Handles of one namespace share their leases.
@@ -102,6 +162,14 @@ impl MemoryStore {
     /// How many batched renew calls the store has served.
     pub fn renew_calls(&self) -> u64 {
         self.lock().renew_calls
+    }
+
+    /// How many fair waiters are in the line of lease `name` now.
+    pub fn fair_waiters(&self, name: &str) -> usize {
+        let now = Instant::now();
+        self.lock().lines.get(name).map_or(0, |line| {
+            line.iter().filter(|(_, until)| *until > now).count()
+        })
     }
 
     /// A write fenced by this store, as the SQLite and PostgreSQL stores fence writes in
@@ -199,40 +267,7 @@ impl LeaseStore for MemoryStore {
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError> {
         self.fault(false).await?;
-        let now = Instant::now();
-        let mut b = self.lock();
-        let b = &mut *b;
-        if let Some(g) = b.grants.get_mut(&req.name).filter(|g| g.expires_at > now) {
-            let current = record(&req.name, g, now);
-            match req.step(Some(&current)) {
-                AcquireStep::Held => return Ok(AcquireOutcome::Held(current)),
-                AcquireStep::Extend => {
-                    g.expires_at = expiry(now, req.ttl);
-                    g.version += 1;
-                    if req.note.is_some() {
-                        g.note = req.note.clone();
-                    }
-                    return Ok(AcquireOutcome::Granted(record(&req.name, g, now)));
-                }
-                AcquireStep::NewGrant => {}
-            }
-        }
-        let counter = b.counters.entry(req.name.clone()).or_insert(0);
-        *counter += 1;
-        let grant = Grant {
-            owner: req.owner.clone(),
-            instance: req.instance.clone(),
-            token: FencingToken::new(*counter),
-            expires_at: expiry(now, req.ttl),
-            version: 1,
-            note: req.note.clone(),
-            priority: req.priority,
-            cleanup_timeout: req.cleanup_timeout,
-            request: None,
-        };
-        let rec = record(&req.name, &grant, now);
-        b.grants.insert(req.name.clone(), grant);
-        Ok(AcquireOutcome::Granted(rec))
+        Ok(self.lock().acquire(req, Instant::now()))
     }
 
     async fn renew(
@@ -277,6 +312,7 @@ impl LeaseStore for MemoryStore {
         match b.grants.get(name) {
             Some(g) if g.owner == owner && g.token == token && g.expires_at > now => {
                 b.grants.remove(name);
+                b.bell.notify_waiters();
                 Ok(true)
             }
             _ => Ok(false),
@@ -305,12 +341,118 @@ impl LeaseStore for MemoryStore {
             .collect())
     }
 
+    fn as_fair_queue(&self) -> Option<&dyn FairQueue> {
+        Some(self)
+    }
+
     fn as_preemption_requests(&self) -> Option<&dyn PreemptionRequests> {
         Some(self)
     }
 
     fn as_remembered_ids(&self) -> Option<&dyn RememberedIds> {
         Some(self)
+    }
+}
+
+/// A fair waiter's place in line, given up when its acquire ends (granted, timed out,
+/// failed or cancelled).
+struct Place<'a> {
+    store: &'a MemoryStore,
+    name: &'a str,
+    id: u64,
+}
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        let mut b = self.store.lock();
+        b.leave_line(self.name, self.id);
+        // The waiter behind may be first now.
+        b.bell.notify_waiters();
+    }
+}
+
+/// The line is one queue per lease name in the backend; a waiter first in line acquires by
+/// the rules of `try_acquire`. Waiters are woken by releases and by waiters leaving the
+/// line, and the first in line also when the holder's grant expires. A waiter looks again
+/// at least every third of its ttl, keeping its place for a ttl from each look: one whose
+/// task is gone without its future being dropped stops holding the line a ttl later.
+#[async_trait]
+impl FairQueue for MemoryStore {
+    async fn acquire_fair(
+        &self,
+        req: &AcquireRequest,
+        wait: Duration,
+    ) -> Result<AcquireOutcome, StoreError> {
+        self.fault(false).await?;
+        let deadline = expiry(Instant::now(), wait);
+        let id = {
+            let mut b = self.lock();
+            b.next_waiter += 1;
+            let id = b.next_waiter;
+            b.lines
+                .entry(req.name.clone())
+                .or_default()
+                .push_back((id, expiry(Instant::now(), req.ttl)));
+            id
+        };
+        let place = Place {
+            store: self,
+            name: &req.name,
+            id,
+        };
+        let mut seen = None;
+        loop {
+            let bell = self.lock().bell.clone();
+            let rung = bell.notified();
+            let mut rung = std::pin::pin!(rung);
+            // Registered before looking, so that a release right after the look wakes it.
+            rung.as_mut().enable();
+            let now = Instant::now();
+            let wake_at = {
+                let mut b = self.lock();
+                // A waiter whose task is gone without leaving (a process that died, in a
+                // real store) stops holding the line one ttl after it last looked.
+                let line = b.lines.entry(req.name.clone()).or_default();
+                line.retain(|(w, until)| *w == id || *until > now);
+                for (w, until) in line.iter_mut() {
+                    if *w == id {
+                        *until = expiry(now, req.ttl);
+                    }
+                }
+                let ahead = line
+                    .front()
+                    .filter(|(w, _)| *w != id)
+                    .map(|(_, until)| *until);
+                let look_again = expiry(now, req.ttl / 3).min(deadline);
+                if ahead.is_none() {
+                    match b.acquire(req, now) {
+                        AcquireOutcome::Granted(record) => {
+                            drop(b);
+                            drop(place);
+                            return Ok(AcquireOutcome::Granted(record));
+                        }
+                        AcquireOutcome::Held(holder) => {
+                            let expires = expiry(now, holder.expires_in);
+                            seen = Some(holder);
+                            expires.min(look_again)
+                        }
+                    }
+                } else {
+                    ahead.map_or(look_again, |until| until.min(look_again))
+                }
+            };
+            if now >= deadline {
+                drop(place);
+                return fair_wait_passed("memory", req, wait, seen, async || {
+                    self.read(&req.name).await
+                })
+                .await;
+            }
+            tokio::select! {
+                () = rung => {}
+                () = tokio::time::sleep_until(wake_at) => {}
+            }
+        }
     }
 }
 

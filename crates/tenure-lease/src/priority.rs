@@ -92,9 +92,10 @@ impl AcquireOptions {
             ));
         }
         crate::duration::check(self.cleanup_timeout)
-            .map_err(|e| ConfigError::invalid("cleanup-timeout", e))?;
+            .map_err(|e| ConfigError::duration("cleanup-timeout", e))?;
         if let Some(wait) = self.waiting_timeout {
-            crate::duration::check(wait).map_err(|e| ConfigError::invalid("waiting-timeout", e))?;
+            crate::duration::check(wait)
+                .map_err(|e| ConfigError::duration("waiting-timeout", e))?;
         }
         if *self != AcquireOptions::default() && !preempts {
             return Err(ConfigError::invalid(

@@ -7,11 +7,19 @@
 //! permit; a guarded resource fences per permit). The count is part of the names, so that
 //! clients configured with different counts are told (the first to see the other's permit
 //! gets an error naming both counts) and the history checker finds more than N holders.
+//!
+//! Waiting is first come, first served (as Curator's semaphore, which waits behind a lock):
+//! the waiters of one handle line up in order of arrival, and the waiters of every client
+//! behind the lease `<name>.line`, which a waiter holds while it waits for a permit. On a
+//! store with a fair queue that line is fair, and the first in line waits in the line of
+//! every permit at once, so that a release wakes it (no polling).
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::time::Instant;
+use tokio::task::JoinSet;
+use tokio::time::{Instant, timeout_at};
 
 use crate::error::{ConfigError, LeaseError};
 use crate::handle::Lease;
@@ -66,6 +74,12 @@ pub struct Semaphore {
     /// Held through a pass: a permit's lease is reentrant for its owner, so two passes of
     /// one handle at once could both be granted the same free permit.
     pass: tokio::sync::Mutex<()>,
+    /// The waiters of this handle, in order of arrival (tokio's mutex is fair).
+    local_line: tokio::sync::Mutex<()>,
+    /// The line of every client: held by the waiter that waits for a permit.
+    line: Lease,
+    /// The slots the first in line waits for: passes leave them alone.
+    waited: Mutex<HashSet<usize>>,
 }
 
 impl std::fmt::Debug for Semaphore {
@@ -98,6 +112,7 @@ impl Semaphore {
             store_names.push(slot_spec.store_name.clone());
             slots.push(Lease::start(slot_spec).await?);
         }
+        let line = Lease::start(spec.renamed(&format!("{}.line", spec.name))?).await?;
         let wanted = store_name(&format!("{}.permit-", spec.name), &rules);
         let prefix = if store_names.iter().all(|n| n.starts_with(&wanted)) {
             wanted
@@ -113,6 +128,9 @@ impl Semaphore {
             prefix,
             settings: spec.settings,
             pass: tokio::sync::Mutex::new(()),
+            local_line: tokio::sync::Mutex::new(()),
+            line,
+            waited: Mutex::new(HashSet::new()),
         })
     }
 
@@ -135,9 +153,13 @@ impl Semaphore {
     pub async fn try_acquire(&self) -> Result<Option<Permit>, LeaseError> {
         let _pass = self.pass.lock().await;
         let taken = self.taken().await?;
+        let waited = lock(&self.waited).clone();
         let mut unknown = None;
         for (slot, lease) in self.slots.iter().enumerate() {
-            if lease.check_lease() || taken.contains(&self.store_names[slot]) {
+            if lease.check_lease()
+                || taken.contains(&self.store_names[slot])
+                || waited.contains(&slot)
+            {
                 continue;
             }
             match lease.acquire().await {
@@ -158,24 +180,82 @@ impl Semaphore {
         }
     }
 
-    /// Passes of [`try_acquire`](Self::try_acquire), `lease-retry-interval` apart, until a
-    /// permit is granted (`Ok(Some)`) or `wait` has passed (`Ok(None)`). A pass that fails
-    /// (`Err`) is retried while time is left; the last error is returned if no pass
-    /// succeeded at all. A `Config` error (counts differ) is returned at once.
+    /// Waits for a permit, first come, first served, until one is granted (`Ok(Some)`) or
+    /// `wait` has passed (`Ok(None)`). A call that finds no free permit lines up behind the
+    /// calls of this handle and of every client that came before it (see the module docs);
+    /// the first in line is woken by a release on a store with a fair queue, and looks
+    /// again every `lease-retry-interval` on others. A pass that fails (`Err`) is retried
+    /// while time is left; the last error is returned if no pass succeeded at all. A
+    /// `Config` error (counts differ) is returned at once. Dropping the future gives up the
+    /// place in line and any permit granted to it meanwhile.
     pub async fn acquire(&self, wait: Duration) -> Result<Option<Permit>, LeaseError> {
-        let deadline = Instant::now() + wait;
+        let deadline = crate::duration::later(Instant::now(), wait);
+        let first = self.try_acquire().await;
+        match first {
+            Ok(Some(permit)) => return Ok(Some(permit)),
+            Err(e @ LeaseError::Config(_)) => return Err(e),
+            _ => {}
+        }
+        let Ok(_local) = timeout_at(deadline, self.local_line.lock()).await else {
+            return first;
+        };
+        let line = InLine(&self.line);
+        match timeout_at(deadline, self.line.acquire_wait()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return first,
+        }
+        let got = self.first_in_line(deadline, first).await;
+        drop(line);
+        got
+    }
+
+    /// The first in line's wait: a pass, then a wait in the line of every permit this
+    /// handle does not hold (on a store without a fair queue, attempts every
+    /// `lease-retry-interval`), until a permit is granted or `deadline`.
+    async fn first_in_line(
+        &self,
+        deadline: Instant,
+        mut last: Result<Option<Permit>, LeaseError>,
+    ) -> Result<Option<Permit>, LeaseError> {
         loop {
-            let pass = self.try_acquire().await;
-            match pass {
+            match self.try_acquire().await {
                 Ok(Some(permit)) => return Ok(Some(permit)),
                 Err(e @ LeaseError::Config(_)) => return Err(e),
-                _ => {}
+                Ok(None) => last = Ok(None),
+                Err(e) => {
+                    if last.is_err() {
+                        last = Err(e);
+                    }
+                }
             }
-            let now = Instant::now();
-            if now >= deadline {
-                return pass;
+            if Instant::now() >= deadline {
+                return last;
             }
-            tokio::time::sleep((deadline - now).min(self.settings.lease_retry_interval)).await;
+            let waits = {
+                let _pass = self.pass.lock().await;
+                let slots: Vec<usize> = (0..self.slots.len())
+                    .filter(|&slot| !self.slots[slot].check_lease())
+                    .collect();
+                lock(&self.waited).extend(slots.iter().copied());
+                Waits {
+                    semaphore: self,
+                    slots,
+                }
+            };
+            let mut tasks = JoinSet::new();
+            for &slot in &waits.slots {
+                let lease = self.slots[slot].clone();
+                tasks.spawn(async move { (slot, lease.acquire_wait().await) });
+            }
+            let won = match timeout_at(deadline, tasks.join_next()).await {
+                Ok(Some(Ok((slot, Ok(token))))) => Some((slot, token)),
+                _ => None,
+            };
+            tasks.abort_all();
+            if let Some(permit) = waits.end(won).await {
+                return Ok(Some(permit));
+            }
         }
     }
 
@@ -261,6 +341,58 @@ impl Semaphore {
     }
 }
 
+/// The place of a waiter holding the line: given up when it is dropped (granted, timed
+/// out, or its future dropped).
+struct InLine<'a>(&'a Lease);
+
+impl Drop for InLine<'_> {
+    fn drop(&mut self) {
+        self.0.release_in_background();
+    }
+}
+
+/// The slots the first in line waits for. Ended, it keeps the permit won and gives the
+/// others back; dropped before (the future dropped), it gives them all back.
+struct Waits<'a> {
+    semaphore: &'a Semaphore,
+    slots: Vec<usize>,
+}
+
+impl Waits<'_> {
+    /// Gives back every waited slot but `won`, and returns `won`'s permit.
+    async fn end(mut self, won: Option<(usize, FencingToken)>) -> Option<Permit> {
+        let semaphore = self.semaphore;
+        let slots = std::mem::take(&mut self.slots);
+        let _pass = semaphore.pass.lock().await;
+        for &slot in &slots {
+            if won.is_some_and(|(w, _)| w == slot) {
+                continue;
+            }
+            // Cancels the slot's wait, or gives back a grant that came meanwhile.
+            let _ = semaphore.slots[slot].release().await;
+        }
+        lock(&semaphore.waited).retain(|s| !slots.contains(s));
+        won.map(|(slot, token)| Permit {
+            slot: slot as u32,
+            lease: semaphore.slots[slot].name().to_string(),
+            token,
+        })
+    }
+}
+
+impl Drop for Waits<'_> {
+    fn drop(&mut self) {
+        for &slot in &self.slots {
+            self.semaphore.slots[slot].release_in_background();
+        }
+        lock(&self.semaphore.waited).retain(|s| !self.slots.contains(s));
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn common_prefix(names: &[String]) -> String {
     let Some(first) = names.first() else {
         return String::new();
@@ -310,6 +442,90 @@ mod tests {
             "two calls on one handle: {slots:?}"
         );
         assert_eq!(semaphore.try_acquire().await.unwrap(), None);
+    }
+
+    /// A semaphore of one permit as `owner`, whose clients look again every 5 s.
+    async fn client(store: &crate::MemoryStore, owner: &str) -> Arc<Semaphore> {
+        let mut settings = crate::timing_tests::settings();
+        settings.lease_retry_interval = Duration::from_secs(5);
+        let spec = LeaseSpec::new("jobs", owner, Arc::new(store.clone()), settings).unwrap();
+        Arc::new(Semaphore::start(spec, 1).await.unwrap())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_is_woken_by_a_release_not_by_the_next_look() {
+        let store = crate::MemoryStore::new();
+        let holder = client(&store, "holder").await;
+        let permit = holder.try_acquire().await.unwrap().unwrap();
+        let waiter = client(&store, "waiter").await;
+        let w = waiter.clone();
+        let waiting = tokio::spawn(async move {
+            let got = w.acquire(Duration::from_secs(60)).await;
+            (got, Instant::now())
+        });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let released = Instant::now();
+        assert!(holder.release(&permit).await.unwrap());
+        let (got, at) = waiting.await.unwrap();
+        assert_eq!(got.unwrap().map(|p| p.slot), Some(0));
+        // Paused time: only a timer can move the clock, and the next look is 5 s away.
+        assert!(
+            at - released < Duration::from_secs(1),
+            "granted {:?} after the release",
+            at - released
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_waiter_that_came_first_gets_the_permit_first() {
+        let store = crate::MemoryStore::new();
+        let holder = client(&store, "holder").await;
+        let permit = holder.try_acquire().await.unwrap().unwrap();
+        let (tx, mut got) = tokio::sync::mpsc::unbounded_channel();
+        // `first` waits from 0 s, `second` from 1 s; looking again every 5 s, `second`
+        // would look at 6 s, before `first` at 10 s, and take the permit released at 5.5 s.
+        let mut clients = Vec::new();
+        for (i, owner) in ["first", "second"].into_iter().enumerate() {
+            if i > 0 {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            let client = client(&store, owner).await;
+            let (c, tx) = (client.clone(), tx.clone());
+            tokio::spawn(async move {
+                if let Ok(Some(permit)) = c.acquire(Duration::from_secs(60)).await {
+                    let _ = tx.send((owner, permit));
+                }
+            });
+            clients.push(client);
+        }
+        tokio::time::sleep(Duration::from_millis(4500)).await;
+        assert!(holder.release(&permit).await.unwrap());
+        let (owner, permit) = got.recv().await.unwrap();
+        assert_eq!(owner, "first");
+        assert!(clients[0].release(&permit).await.unwrap());
+        assert_eq!(got.recv().await.map(|(o, _)| o), Some("second"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_that_gives_up_leaves_no_permit_or_place_behind() {
+        let store = crate::MemoryStore::new();
+        let holder = client(&store, "holder").await;
+        let permit = holder.try_acquire().await.unwrap().unwrap();
+        let quitter = client(&store, "quitter").await;
+        assert_eq!(quitter.acquire(Duration::from_secs(2)).await.unwrap(), None);
+        let dropped = tokio::time::timeout(
+            Duration::from_secs(2),
+            quitter.acquire(Duration::from_secs(60)),
+        )
+        .await;
+        assert!(dropped.is_err(), "{dropped:?}");
+        let later = client(&store, "later").await;
+        let l = later.clone();
+        let waiting = tokio::spawn(async move { l.acquire(Duration::from_secs(60)).await });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(holder.release(&permit).await.unwrap());
+        assert_eq!(waiting.await.unwrap().unwrap().map(|p| p.slot), Some(0));
+        assert!(quitter.held().is_empty());
     }
 
     #[test]

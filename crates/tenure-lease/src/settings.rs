@@ -155,7 +155,7 @@ impl LeaseSettings {
             ("safety-margin", self.safety_margin),
             ("lock-delay", self.lock_delay),
         ] {
-            crate::duration::check(d).map_err(|e| ConfigError::invalid(key(k), e))?;
+            crate::duration::check(d).map_err(|e| ConfigError::duration(key(k), e))?;
         }
         if self.heartbeat_interval * 2 >= self.heartbeat_timeout {
             return Err(ConfigError::invalid(
@@ -191,7 +191,7 @@ impl LeaseSettings {
             ));
         }
         crate::duration::check(self.store_ttl())
-            .map_err(|e| ConfigError::invalid(key("lock-delay"), e))?;
+            .map_err(|e| ConfigError::duration(key("lock-delay"), e))?;
         Ok(())
     }
 

@@ -498,13 +498,13 @@ pub trait LeaseStore: Send + Sync + 'static {
 
 /// A store that queues acquires first come, first served.
 ///
-/// A store without a fair queue has no `acquire_fair` to call: the in-memory store keeps
-/// none, so this does not compile.
+/// A store not known to keep a fair queue has no `acquire_fair` to call: code generic over
+/// any [`LeaseStore`] must ask for it in its bounds, so this does not compile.
 ///
 /// ```compile_fail
 /// use tenure_lease::*; // every trait in scope
 ///
-/// async fn first_come(store: &MemoryStore, req: &AcquireRequest) {
+/// async fn first_come<S: LeaseStore>(store: &S, req: &AcquireRequest) {
 ///     let _ = store.acquire_fair(req, std::time::Duration::from_secs(1)).await;
 /// }
 /// ```
@@ -549,6 +549,26 @@ pub async fn fair_wait_passed(
             ),
         )),
     }
+}
+
+/// A fair acquire whose `wait` passed while it was in line: leaves the line with `leave`,
+/// calls `left` once that succeeded (a failure is logged, and left to the caller's queue
+/// entry, whose drop tries again), then answers as [`fair_wait_passed`]. For
+/// [`FairQueue`] implementations that keep waiters in a table of their own.
+pub async fn leave_line_when_wait_passed(
+    store: &'static str,
+    req: &AcquireRequest,
+    wait: Duration,
+    seen: Option<LeaseRecord>,
+    leave: impl Future<Output = Result<(), StoreError>>,
+    left: impl FnOnce(),
+    read: impl AsyncFnOnce() -> Result<Option<LeaseRecord>, StoreError>,
+) -> Result<AcquireOutcome, StoreError> {
+    match leave.await {
+        Ok(()) => left(),
+        Err(e) => tracing::debug!(lease = %req.name, error = %e, "leaving the line failed"),
+    }
+    fair_wait_passed(store, req, wait, seen, read).await
 }
 
 /// A store that keeps priorities and preemption requests on grants and enforces them:

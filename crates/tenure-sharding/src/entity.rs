@@ -43,8 +43,6 @@ pub struct EntityContext {
     /// The owner of the shard's lease grant (this node's `host:port`).
     pub owner: String,
     pub(crate) shard: ActorRef<ShardMsg>,
-    /// Messages the entity has handled: a hand-off's drain goes on while this grows.
-    pub(crate) handled: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl EntityContext {
@@ -188,11 +186,7 @@ impl<E: Entity> Actor for EntityActor<E> {
         let request =
             tenure_cluster::codec::decode_inner::<E::Request>(KIND, &s.ctx.type_name, &msg.payload)
                 .map_err(|_| format!("entity {}: undecodable request", s.ctx.entity_id))?;
-        let handled = s.entity.handle(&s.ctx, &mut s.state, request).await;
-        s.ctx
-            .handled
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        match handled {
+        match s.entity.handle(&s.ctx, &mut s.state, request).await {
             Ok(reply) => {
                 if let Some(port) = msg.reply {
                     let result =

@@ -98,7 +98,7 @@ pub enum ShardMsg {
     EntityStarted {
         entity: String,
         actor: ractor::ActorId,
-        result: Result<(), String>,
+        result: Result<(), tenure_singleton::StartError>,
     },
     #[doc(hidden)]
     IdleCheck,
@@ -178,8 +178,6 @@ struct Running {
     /// It survived its kill (see [`stopping`]): it still runs, and is never started again
     /// until it has ended.
     outlived: bool,
-    /// Messages it has handled (a hand-off's drain goes on while this grows).
-    handled: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// The shard actor.
@@ -690,9 +688,7 @@ impl ShardState {
             lease: self.args.lease.store_name.clone(),
             owner: self.args.lease.owner.clone(),
             shard: self.myself.clone(),
-            handled: Arc::default(),
         };
-        let handled = ctx.handled.clone();
         match (self.args.factory)(ctx, self.myself.get_cell()) {
             Ok(starting) => {
                 // Its life begins now: its `start` may already act under the token.
@@ -725,7 +721,6 @@ impl ShardState {
                         asked: false,
                         starting: true,
                         outlived: false,
-                        handled,
                     },
                 );
                 Ok(())
@@ -829,7 +824,12 @@ impl ShardState {
     }
 
     /// The `start` of entity `entity` (actor `actor`) ended.
-    fn entity_started(&mut self, entity: &str, actor: ractor::ActorId, result: Result<(), String>) {
+    fn entity_started(
+        &mut self,
+        entity: &str,
+        actor: ractor::ActorId,
+        result: Result<(), tenure_singleton::StartError>,
+    ) {
         let Some(r) = self
             .entities
             .get_mut(entity)

@@ -3,14 +3,14 @@
 //! first start (messages kept by the shard), direct delivery, and passivations in the
 //! middle of the stream (messages kept for the next incarnation), and none is lost.
 
+mod common;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ractor::ActorProcessingErr;
 use serde::{Deserialize, Serialize};
-use tenure_cluster::{ClusterSettings, Node};
-use tenure_lease::{LeaseProvider, StoreRegistry, TenureConfig};
 use tenure_sharding::{Entity, EntityContext};
 
 type Seen = Arc<Mutex<HashMap<String, Vec<u64>>>>;
@@ -57,29 +57,7 @@ impl Entity for Recorder {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_senders_messages_keep_their_order_across_starts_direct_sends_and_passivation() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let config = TenureConfig::from_toml_str(
-        &format!(
-            "[tenure]\ndefault-lease-section = \"memory\"\n\
-             [lease.memory]\nheartbeat-timeout = \"3s\"\nheartbeat-interval = \"500ms\"\n\
-             [cluster]\nport = {port}\ncookie = \"direct-test-0123456789abcdef01234\"\n\
-             member-lease-ttl = \"3s\"\nmember-lease-interval = \"500ms\"\n\
-             [sharding.seq]\nnumber-of-shards = 4\nretry-interval = \"100ms\"\nidle-timeout = \"off\"\n"
-        ),
-        "test",
-    )
-    .unwrap();
-    let registry = ["sqlite", "postgres", "etcd", "zookeeper"]
-        .into_iter()
-        .fold(StoreRegistry::new(), |r, kind| r.left_out(kind, kind));
-    let provider = LeaseProvider::new(config.clone(), registry).unwrap();
-    let node = Node::start(ClusterSettings::from_config(&config).unwrap(), &provider)
-        .await
-        .unwrap();
+    let (node, provider) = common::one_node("direct-test-0123456789abcdef01234", "[sharding.seq]\nnumber-of-shards = 4\nretry-interval = \"100ms\"\nidle-timeout = \"off\"\n").await;
     let seen: Seen = Arc::default();
     let region = tenure_sharding::start_on_node(
         &node,

@@ -1,8 +1,8 @@
 //! A hand-off drains its entities' mailboxes: every ask already delivered to an entity is
 //! answered, also when handling them takes longer than `stop-timeout` (a backlog built up
-//! while the lease store or the entity's resource was slow), for as long as the shard's
-//! grant is believed and the hand-off's answer still fits in `hand-off-timeout`. One shard
-//! on a memory store.
+//! while the lease store or the entity's resource was slow, or one message slower than
+//! `stop-timeout`, as on a loaded machine), for as long as the shard's grant is believed and
+//! the hand-off's answer still fits in `hand-off-timeout`. One shard on a memory store.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,11 +13,12 @@ use tenure_sharding::{
     AskReply, Entity, EntityContext, Shard, ShardArgs, ShardMsg, ShardingSettings, entity_factory,
 };
 
-/// Takes 100 ms over each request (an awaited call to a slow resource) and answers it.
+/// Takes the request's milliseconds over it (an awaited call to a slow resource) and
+/// answers its number.
 struct Slow;
 
 impl Entity for Slow {
-    type Request = u32;
+    type Request = (u32, u64);
     type Reply = u32;
     type State = ();
 
@@ -29,10 +30,10 @@ impl Entity for Slow {
         &self,
         _ctx: &EntityContext,
         _state: &mut (),
-        request: u32,
+        (n, ms): (u32, u64),
     ) -> Result<u32, ActorProcessingErr> {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        Ok(request)
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+        Ok(n)
     }
 }
 
@@ -68,12 +69,14 @@ async fn shard() -> ActorRef<ShardMsg> {
     Shard::start(args, None).await.unwrap()
 }
 
-fn ask(shard: &ActorRef<ShardMsg>, n: u32) -> tokio::sync::oneshot::Receiver<AskReply> {
+/// Asks `n`, which takes `ms` to handle.
+fn ask(shard: &ActorRef<ShardMsg>, n: u32, ms: u64) -> tokio::sync::oneshot::Receiver<AskReply> {
     let (tx, rx) = tokio::sync::oneshot::channel();
     shard
         .cast(ShardMsg::Deliver {
             entity: "e".into(),
-            payload: tenure_cluster::codec::encode_inner("entity request", "slow", &n).unwrap(),
+            payload: tenure_cluster::codec::encode_inner("entity request", "slow", &(n, ms))
+                .unwrap(),
             reply: Some((tx, Duration::from_secs(30)).into()),
         })
         .unwrap();
@@ -86,15 +89,23 @@ fn ask(shard: &ActorRef<ShardMsg>, n: u32) -> tokio::sync::oneshot::Receiver<Ask
 async fn a_hand_off_answers_every_ask_already_delivered_past_stop_timeout() {
     let shard = shard().await;
     // The entity runs (its lease granted): the first answer comes back.
-    let first = tokio::time::timeout(Duration::from_secs(10), ask(&shard, 0))
+    let first = tokio::time::timeout(Duration::from_secs(10), ask(&shard, 0, 0))
         .await
         .expect("the first ask answered within 10 s");
     assert!(first.is_ok_and(|r| r.result.is_ok()), "the first ask");
-    let waiting: Vec<_> = (1..=10).map(|n| ask(&shard, n)).collect();
+    let waiting: Vec<_> = (1..=10).map(|n| ask(&shard, n, 100)).collect();
+    hand_off_answering(&shard, waiting).await;
+}
+
+/// Hands the shard off and checks that every ask of `waiting` is answered.
+async fn hand_off_answering(
+    shard: &ActorRef<ShardMsg>,
+    waiting: Vec<tokio::sync::oneshot::Receiver<AskReply>>,
+) {
     let handed = ractor::call_t!(shard, ShardMsg::HandOff, 20_000).unwrap();
     assert!(handed.released, "the hand-off released the shard's lease");
     let mut dropped = Vec::new();
-    for (n, reply) in (1..=10).zip(waiting) {
+    for (n, reply) in (1..).zip(waiting) {
         match reply.await {
             Ok(AskReply { result: Ok(_) }) => {}
             other => dropped.push(format!("ask {n}: {other:?}")),
@@ -105,4 +116,19 @@ async fn a_hand_off_answers_every_ask_already_delivered_past_stop_timeout() {
         "asks delivered before the hand-off were not answered:\n{}",
         dropped.join("\n")
     );
+}
+
+/// The ask in hand when the hand-off begins takes 900 ms, three times `stop-timeout`, with
+/// three more behind it: the entity handles nothing for longer than `stop-timeout`, and is
+/// still let finish every one of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_off_answers_the_asks_behind_one_slower_than_stop_timeout() {
+    let shard = shard().await;
+    let first = tokio::time::timeout(Duration::from_secs(10), ask(&shard, 0, 0))
+        .await
+        .expect("the first ask answered within 10 s");
+    assert!(first.is_ok_and(|r| r.result.is_ok()), "the first ask");
+    let mut waiting = vec![ask(&shard, 1, 900)];
+    waiting.extend((2..=4).map(|n| ask(&shard, n, 10)));
+    hand_off_answering(&shard, waiting).await;
 }

@@ -2,12 +2,13 @@
 //! slow entity of a one-node cluster (memory store) when the node leaves are all answered,
 //! none dropped; and a program's shutdown task runs before the hand-off.
 
+mod common;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ractor::ActorProcessingErr;
-use tenure_cluster::{ClusterSettings, Node, Phase};
-use tenure_lease::{LeaseProvider, StoreRegistry, TenureConfig};
+use tenure_cluster::Phase;
 use tenure_sharding::{Entity, EntityContext};
 
 /// Answers each number after a pause, telling `started` when it takes the first.
@@ -36,29 +37,11 @@ impl Entity for Slow {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn asks_taken_before_a_leave_are_answered() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let config = TenureConfig::from_toml_str(
-        &format!(
-            "[tenure]\ndefault-lease-section = \"memory\"\n\
-             [lease.memory]\nheartbeat-timeout = \"3s\"\nheartbeat-interval = \"500ms\"\n\
-             [cluster]\nport = {port}\ncookie = \"leave-answers-test-0123456789abcdef\"\n\
-             member-lease-ttl = \"3s\"\nmember-lease-interval = \"500ms\"\n\
-             [sharding]\nretry-interval = \"100ms\"\n"
-        ),
-        "test",
+    let (node, provider) = common::one_node(
+        "leave-answers-test-0123456789abcdef",
+        "[sharding]\nretry-interval = \"100ms\"\n",
     )
-    .unwrap();
-    let registry = ["sqlite", "postgres", "etcd", "zookeeper"]
-        .into_iter()
-        .fold(StoreRegistry::new(), |r, kind| r.left_out(kind, kind));
-    let provider = LeaseProvider::new(config.clone(), registry).unwrap();
-    let node = Node::start(ClusterSettings::from_config(&config).unwrap(), &provider)
-        .await
-        .unwrap();
+    .await;
     let (started, mut handled) = tokio::sync::mpsc::unbounded_channel();
     let region = tenure_sharding::start_on_node(
         &node,

@@ -8,13 +8,12 @@
 //! The runtime has several worker threads: the blocked entity holds one, the shard and its
 //! lease run on the others.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ractor::{ActorProcessingErr, ActorRef};
 use tenure_cluster::Incarnation;
-use tenure_history::{Entry, Event, HistoryFile, HistoryLayer, read_history};
+use tenure_history::{Entry, Event};
 use tenure_lease::{
     Fault, FencingToken, LeaseSettings, LeaseSpec, LeaseStore, MemoryStore, ProcessEnd,
     TenureConfig, Unstoppable, WhenKillFails,
@@ -22,48 +21,11 @@ use tenure_lease::{
 use tenure_sharding::{
     Entity, EntityContext, Shard, ShardArgs, ShardMsg, ShardingSettings, entity_factory,
 };
+use tenure_test_kit::{Gate, TestHistory, recorded};
 use tokio::sync::mpsc;
-use tracing::Dispatch;
-use tracing_subscriber::layer::SubscriberExt;
 
 const LEASE: &str = "test-shard-probe-0";
 const OWNER: &str = "10.0.0.1:2552";
-
-/// Blocks the threads of the entities that ask it to until it is opened.
-#[derive(Default)]
-struct Gate {
-    open: Mutex<bool>,
-    opened: Condvar,
-    blocked: AtomicBool,
-}
-
-impl Gate {
-    /// Blocks the calling thread until the gate opens.
-    fn block(&self) {
-        self.blocked.store(true, Ordering::SeqCst);
-        let mut open = self.open.lock().unwrap();
-        while !*open {
-            open = self.opened.wait(open).unwrap();
-        }
-    }
-
-    fn open(&self) {
-        *self.open.lock().unwrap() = true;
-        self.opened.notify_all();
-    }
-
-    /// Waits until an entity is blocked at the gate. Polled: a blocked entity must not wake
-    /// a task of the runtime on its way in (the task would wait on the blocked thread).
-    async fn wait_blocked(&self) {
-        for _ in 0..1000 {
-            if self.blocked.load(Ordering::SeqCst) {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        panic!("no entity blocked at the gate within 10 s");
-    }
-}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Seen {
@@ -146,61 +108,6 @@ fn lease_settings() -> LeaseSettings {
         safety_margin: Duration::from_millis(200),
         lock_delay: Duration::ZERO,
     }
-}
-
-/// The test's history file, written by a [`HistoryLayer`] that [`recorded`] installs on
-/// every thread of the test's runtime.
-struct TestHistory {
-    _dir: tempfile::TempDir,
-    file: HistoryFile,
-    node: String,
-    inc: String,
-    dispatch: Dispatch,
-}
-
-impl TestHistory {
-    fn new(node: &str) -> TestHistory {
-        let dir = tempfile::tempdir().unwrap();
-        let file = HistoryFile::open(&dir.path().join("history.jsonl")).unwrap();
-        let inc = Incarnation::new().to_string();
-        let layer = HistoryLayer::new(file.clone(), node, inc.clone());
-        let dispatch = Dispatch::new(tracing_subscriber::registry().with(layer.filtered()));
-        TestHistory {
-            _dir: dir,
-            file,
-            node: node.to_string(),
-            inc,
-            dispatch,
-        }
-    }
-
-    /// Appends `event` about the node, as the harness.
-    fn record(&self, event: Event) {
-        let entry = Entry::now(self.node.clone(), self.inc.clone(), event);
-        self.file.append(&entry).unwrap();
-    }
-
-    fn read(&self) -> Vec<Entry> {
-        read_history(self.file.path()).unwrap()
-    }
-}
-
-/// Runs `test` on a 4-thread runtime whose every thread, the test's own included, records
-/// the history events emitted on it into a new [`TestHistory`] about `node`: a dispatcher
-/// does not follow the tasks spawned under it.
-fn recorded(node: &str, test: impl AsyncFnOnce(TestHistory)) {
-    let history = TestHistory::new(node);
-    let dispatch = history.dispatch.clone();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(4)
-        .enable_all()
-        .on_thread_start({
-            let dispatch = dispatch.clone();
-            move || std::mem::forget(tracing::dispatcher::set_default(&dispatch))
-        })
-        .build()
-        .unwrap();
-    tracing::dispatcher::with_default(&dispatch, || runtime.block_on(test(history)));
 }
 
 struct Fixture {
@@ -305,13 +212,7 @@ impl Fixture {
 
     /// Waits until the history shows an event matching `want`; returns it.
     async fn wait_recorded(&self, what: &str, want: impl Fn(&Event) -> bool) -> Entry {
-        for _ in 0..1000 {
-            if let Some(e) = self.history().into_iter().find(|e| want(&e.event)) {
-                return e;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        panic!("the history shows no {what} within 10 s");
+        self.history.wait_for(what, want).await
     }
 
     /// Who the store says holds the lease now.
@@ -388,7 +289,7 @@ fn lease_or_entity(e: &Event) -> bool {
 /// once the entity has ended, and only then.
 #[test]
 fn a_hand_off_keeps_the_lease_until_an_entity_that_outlived_its_kill_ends() {
-    recorded(OWNER, async |history| {
+    recorded(OWNER, &Incarnation::new().to_string(), async |history| {
         let mut f = Fixture::new(history);
         let shard = f
             .shard(|s| s.hand_off_timeout = Duration::from_secs(2))
@@ -424,13 +325,15 @@ fn a_hand_off_keeps_the_lease_until_an_entity_that_outlived_its_kill_ends() {
 }
 
 /// Within `hand-off-timeout`, the hand-off waits for an entity that outlived its kill and
-/// then releases: the answer says so.
+/// then releases: the answer says so. The blocked entity drains until the hand-off-timeout
+/// less twice the stop budget (800 ms) and is killed then: 7.4 s in, 1.6 s before the
+/// answer is due.
 #[test]
 fn a_hand_off_waits_for_an_entity_that_outlived_its_kill_then_releases() {
-    recorded(OWNER, async |history| {
+    recorded(OWNER, &Incarnation::new().to_string(), async |history| {
         let mut f = Fixture::new(history);
         let shard = f
-            .shard(|s| s.hand_off_timeout = Duration::from_secs(30))
+            .shard(|s| s.hand_off_timeout = Duration::from_secs(9))
             .await;
         let token = f.blocked_entity(&shard).await;
         let handing = {
@@ -459,7 +362,7 @@ fn a_hand_off_waits_for_an_entity_that_outlived_its_kill_then_releases() {
 /// kill would release the lease with it: the process ends first.
 #[test]
 fn a_shard_stopping_while_an_entity_outlived_its_kill_ends_the_process() {
-    recorded(OWNER, async |history| {
+    recorded(OWNER, &Incarnation::new().to_string(), async |history| {
         let mut f = Fixture::new(history);
         let shard = f
             .shard(|s| s.hand_off_timeout = Duration::from_millis(100))
@@ -484,7 +387,7 @@ fn a_shard_stopping_while_an_entity_outlived_its_kill_ends_the_process() {
 /// every life ends inside the hold.
 #[test]
 fn a_lost_lease_with_an_entity_that_outlived_its_kill_ends_the_process_in_time() {
-    recorded(OWNER, async |history| {
+    recorded(OWNER, &Incarnation::new().to_string(), async |history| {
         let mut f = Fixture::new(history);
         let shard = f.shard(|_| {}).await;
         let token = f.blocked_entity(&shard).await;
@@ -521,7 +424,7 @@ fn a_lost_lease_with_an_entity_that_outlived_its_kill_ends_the_process_in_time()
 /// the process in time.
 #[test]
 fn an_entity_blocked_in_its_start_is_no_different() {
-    recorded(OWNER, async |history| {
+    recorded(OWNER, &Incarnation::new().to_string(), async |history| {
         let mut f = Fixture::new(history);
         let shard = f.shard(|_| {}).await;
         tell(&shard, "blocked-start-1", "hello");
@@ -554,7 +457,7 @@ fn an_entity_blocked_in_its_start_is_no_different() {
 /// entity ended.
 #[test]
 fn after_a_loss_an_entity_that_outlived_its_kill_is_never_started_twice() {
-    recorded(OWNER, async |history| {
+    recorded(OWNER, &Incarnation::new().to_string(), async |history| {
         let mut f = Fixture::new(history);
         let shard = f
             .shard(|s| s.when_kill_fails = WhenKillFails::RunOnUnsafe)
@@ -588,7 +491,7 @@ fn after_a_loss_an_entity_that_outlived_its_kill_is_never_started_twice() {
 /// incarnation starts until it has ended.
 #[test]
 fn passivating_a_blocked_entity_never_starts_it_twice() {
-    recorded(OWNER, async |history| {
+    recorded(OWNER, &Incarnation::new().to_string(), async |history| {
         let mut f = Fixture::new(history);
         let shard = f
             .shard(|s| s.idle_timeout = Some(Duration::from_millis(200)))

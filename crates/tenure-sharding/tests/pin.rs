@@ -4,61 +4,23 @@
 //! have, an address that is not one, and a node that has no region; `unpin_shard` takes
 //! the pin off. (The move between nodes is in tenure-cli's management tests.)
 
+mod common;
+
 use std::time::Duration;
 
-use ractor::ActorProcessingErr;
-use tenure_cluster::{ClusterSettings, Node};
-use tenure_lease::{LeaseProvider, StoreRegistry, TenureConfig};
-use tenure_sharding::{Entity, EntityContext, ShardingError};
+use tenure_sharding::ShardingError;
 
-struct Echo;
-
-impl Entity for Echo {
-    type Request = u64;
-    type Reply = u64;
-    type State = ();
-
-    async fn start(&self, _: &EntityContext) -> Result<(), ActorProcessingErr> {
-        Ok(())
-    }
-
-    async fn handle(
-        &self,
-        _: &EntityContext,
-        _: &mut (),
-        n: u64,
-    ) -> Result<u64, ActorProcessingErr> {
-        Ok(n)
-    }
-}
+use common::Echo;
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pin_shard_places_a_shard_and_names_what_is_wrong_in_bad_input() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let config = TenureConfig::from_toml_str(
-        &format!(
-            "[tenure]\ndefault-lease-section = \"memory\"\n\
-             [lease.memory]\nheartbeat-timeout = \"3s\"\nheartbeat-interval = \"500ms\"\n\
-             [cluster]\nport = {port}\ncookie = \"pin-shard-test-0123456789abcdef0123\"\n\
-             member-lease-ttl = \"3s\"\nmember-lease-interval = \"500ms\"\n\
-             [sharding]\nretry-interval = \"100ms\"\nnumber-of-shards = 10\n"
-        ),
-        "test",
+    let (node, provider) = common::one_node(
+        "pin-shard-test-0123456789abcdef0123",
+        "[sharding]\nretry-interval = \"100ms\"\nnumber-of-shards = 10\n",
     )
-    .unwrap();
-    let registry = ["sqlite", "postgres", "etcd", "zookeeper"]
-        .into_iter()
-        .fold(StoreRegistry::new(), |r, kind| r.left_out(kind, kind));
-    let provider = LeaseProvider::new(config.clone(), registry).unwrap();
-    let node = Node::start(ClusterSettings::from_config(&config).unwrap(), &provider)
-        .await
-        .unwrap();
+    .await;
     let me = node.addr().to_string();
     let region = tenure_sharding::start_on_node(
         &node,

@@ -3,71 +3,30 @@
 //! coordinator never answers keeps the node not ready, naming the region; and a leaving
 //! node is not ready before its regions are told to hand off.
 
+mod common;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ractor::ActorProcessingErr;
-use tenure_cluster::{ClusterEvent, ClusterSettings, ClusterSubscriber, Node, NotReady};
-use tenure_lease::{LeaseProvider, StoreRegistry, TenureConfig};
-use tenure_sharding::{Entity, EntityContext};
+use tenure_cluster::{ClusterEvent, ClusterSubscriber, NotReady};
 
-struct Echo;
-
-impl Entity for Echo {
-    type Request = u64;
-    type Reply = u64;
-    type State = ();
-
-    async fn start(&self, _: &EntityContext) -> Result<(), ActorProcessingErr> {
-        Ok(())
-    }
-
-    async fn handle(
-        &self,
-        _: &EntityContext,
-        _: &mut (),
-        n: u64,
-    ) -> Result<u64, ActorProcessingErr> {
-        Ok(n)
-    }
-}
+use common::Echo;
 
 /// Polls `check` until it holds (at most a minute: a bounded wait, not a timing assertion).
 async fn until(what: &str, check: impl Fn() -> bool) {
-    for _ in 0..600 {
-        if check() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("never: {what}");
+    tenure_test_kit::eventually_async(what, Duration::from_secs(60), async || {
+        check().then_some(()).ok_or("not yet")
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ready_once_every_region_registered_and_not_ready_before_the_hand_off() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let config = TenureConfig::from_toml_str(
-        &format!(
-            "[tenure]\ndefault-lease-section = \"memory\"\n\
-             [lease.memory]\nheartbeat-timeout = \"3s\"\nheartbeat-interval = \"500ms\"\n\
-             [cluster]\nport = {port}\ncookie = \"readiness-test-0123456789abcdef012\"\n\
-             member-lease-ttl = \"3s\"\nmember-lease-interval = \"500ms\"\n\
-             [sharding]\nretry-interval = \"100ms\"\n"
-        ),
-        "test",
+    let (node, provider) = common::one_node(
+        "readiness-test-0123456789abcdef012",
+        "[sharding]\nretry-interval = \"100ms\"\n",
     )
-    .unwrap();
-    let registry = ["sqlite", "postgres", "etcd", "zookeeper"]
-        .into_iter()
-        .fold(StoreRegistry::new(), |r, kind| r.left_out(kind, kind));
-    let provider = LeaseProvider::new(config.clone(), registry).unwrap();
-    let node = Node::start(ClusterSettings::from_config(&config).unwrap(), &provider)
-        .await
-        .unwrap();
+    .await;
     let readiness = node.readiness().clone();
     let hosting = tenure_sharding::start_on_node(
         &node,

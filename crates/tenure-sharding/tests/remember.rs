@@ -396,13 +396,19 @@ async fn a_new_entity_starts_only_once_its_id_is_written() {
         async move { ask(&shard, "new", "hi").await }
     });
     // The shard serves, but the entity waits for its id to be written (the store refuses).
-    let s = loop {
-        let s = status(&shard).await;
-        if s.serving.is_some() && s.waiting == 1 {
-            break s;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let s = tenure_test_kit::eventually_async(
+        "the shard serving, one entity waiting",
+        Duration::from_secs(60),
+        async || {
+            let s = status(&shard).await;
+            if s.serving.is_some() && s.waiting == 1 {
+                Ok(s)
+            } else {
+                Err(s)
+            }
+        },
+    )
+    .await;
     assert!(s.entities.is_empty(), "{s:?}");
     assert_eq!(f.remembered().await, Vec::<String>::new());
     f.refuse.store(false, Ordering::SeqCst);

@@ -16,7 +16,8 @@ mod settings;
 pub use instance::{InstanceMsg, Singleton, SingletonRef, singleton_spawner, start_singleton};
 pub use manager::{
     ManagerMsg, SingletonContext, SingletonManager, SingletonSpec, SingletonStatus, Spawner,
-    StartHandle, StartingInstance, instance_group, instance_group_prefix, spawner, start_outcome,
+    StartError, StartHandle, StartingInstance, instance_group, instance_group_prefix, spawner,
+    start_outcome,
 };
 pub use proxy::{ProxyError, SingletonProxy};
 pub use settings::{REFERENCE, SingletonConfig, SingletonSettings};

@@ -52,12 +52,23 @@ pub type StartHandle =
     ractor::concurrency::JoinHandle<Result<ractor::concurrency::JoinHandle<()>, SpawnErr>>;
 
 /// How the start behind `started` ended: `Ok` running, `Err` why it failed.
-pub async fn start_outcome(started: StartHandle) -> Result<(), String> {
+pub async fn start_outcome(started: StartHandle) -> Result<(), StartError> {
     match started.await {
         Ok(Ok(_)) => Ok(()),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(e) => Err(e.to_string()),
+        Ok(Err(e)) => Err(StartError::PreStart(e)),
+        Err(e) => Err(StartError::Task(e)),
     }
+}
+
+/// Why an actor spawned without waiting for its `pre_start` did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// Its `pre_start` failed, or it was killed while starting.
+    #[error("the actor failed to start: {0}")]
+    PreStart(#[source] SpawnErr),
+    /// The task that waited for the start panicked or was cancelled.
+    #[error("the actor's start task ended without an outcome: {0}")]
+    Task(#[source] tokio::task::JoinError),
 }
 
 /// An instance whose `pre_start` may still be running: its cell at once (so that it can be
@@ -148,7 +159,7 @@ pub enum ManagerMsg {
     InstanceStarted {
         token: FencingToken,
         actor: ractor::ActorId,
-        result: Result<(), String>,
+        result: Result<(), StartError>,
     },
     /// Where this manager stands.
     Status(RpcReplyPort<SingletonStatus>),
@@ -588,7 +599,7 @@ impl ManagerState {
         myself: &ActorRef<ManagerMsg>,
         token: FencingToken,
         actor: ractor::ActorId,
-        result: Result<(), String>,
+        result: Result<(), StartError>,
     ) {
         let Some(running) = self
             .running

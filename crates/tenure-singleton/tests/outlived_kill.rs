@@ -7,54 +7,18 @@
 //! The runtime has several worker threads: the blocked instance holds one, the manager and
 //! its lease run on the others.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tenure_cluster::{ClusterEvent, HandOver, Incarnation, Member, MemberStatus, NodeAddr};
-use tenure_history::{Entry, Event, HistoryFile, HistoryLayer, read_history};
+use tenure_history::{Entry, Event};
 use tenure_lease::{
     Fault, FencingToken, LeaseSettings, LeaseSpec, LeaseStore, MemoryStore, ProcessEnd, Unstoppable,
 };
 use tenure_singleton::{ManagerMsg, SingletonManager, SingletonSettings, SingletonSpec, spawner};
+use tenure_test_kit::{Gate, TestHistory, recorded};
 use tokio::sync::mpsc;
-use tracing::Dispatch;
-use tracing_subscriber::layer::SubscriberExt;
-
-/// Blocks the thread of the instance that asks it to until it is opened.
-#[derive(Default)]
-struct Gate {
-    open: Mutex<bool>,
-    opened: Condvar,
-    blocked: AtomicBool,
-}
-
-impl Gate {
-    fn block(&self) {
-        self.blocked.store(true, Ordering::SeqCst);
-        let mut open = self.open.lock().unwrap();
-        while !*open {
-            open = self.opened.wait(open).unwrap();
-        }
-    }
-
-    fn open(&self) {
-        *self.open.lock().unwrap() = true;
-        self.opened.notify_all();
-    }
-
-    /// Polled: the blocked instance must not wake a task of the runtime on its way in.
-    async fn wait_blocked(&self) {
-        for _ in 0..1000 {
-            if self.blocked.load(Ordering::SeqCst) {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        panic!("the instance did not block at the gate within 10 s");
-    }
-}
 
 #[derive(Debug, PartialEq, Eq)]
 enum Seen {
@@ -123,61 +87,6 @@ fn lease_settings() -> LeaseSettings {
 
 fn me() -> NodeAddr {
     NodeAddr::parse("test", "127.0.0.1:1").unwrap()
-}
-
-/// The test's history file, written by a [`HistoryLayer`] that [`recorded`] installs on
-/// every thread of the test's runtime.
-struct TestHistory {
-    _dir: tempfile::TempDir,
-    file: HistoryFile,
-    node: String,
-    inc: String,
-    dispatch: Dispatch,
-}
-
-impl TestHistory {
-    fn new(node: &str) -> TestHistory {
-        let dir = tempfile::tempdir().unwrap();
-        let file = HistoryFile::open(&dir.path().join("history.jsonl")).unwrap();
-        let inc = Incarnation::new().to_string();
-        let layer = HistoryLayer::new(file.clone(), node, inc.clone());
-        let dispatch = Dispatch::new(tracing_subscriber::registry().with(layer.filtered()));
-        TestHistory {
-            _dir: dir,
-            file,
-            node: node.to_string(),
-            inc,
-            dispatch,
-        }
-    }
-
-    /// Appends `event` about the node, as the harness.
-    fn record(&self, event: Event) {
-        let entry = Entry::now(self.node.clone(), self.inc.clone(), event);
-        self.file.append(&entry).unwrap();
-    }
-
-    fn read(&self) -> Vec<Entry> {
-        read_history(self.file.path()).unwrap()
-    }
-}
-
-/// Runs `test` on a 4-thread runtime whose every thread, the test's own included, records
-/// the history events emitted on it into a new [`TestHistory`] about `node`: a dispatcher
-/// does not follow the tasks spawned under it.
-fn recorded(node: &str, test: impl AsyncFnOnce(TestHistory)) {
-    let history = TestHistory::new(node);
-    let dispatch = history.dispatch.clone();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(4)
-        .enable_all()
-        .on_thread_start({
-            let dispatch = dispatch.clone();
-            move || std::mem::forget(tracing::dispatcher::set_default(&dispatch))
-        })
-        .build()
-        .unwrap();
-    tracing::dispatcher::with_default(&dispatch, || runtime.block_on(test(history)));
 }
 
 struct Fixture {
@@ -288,13 +197,7 @@ impl Fixture {
     }
 
     async fn wait_recorded(&self, what: &str, want: impl Fn(&Event) -> bool) -> Entry {
-        for _ in 0..1000 {
-            if let Some(e) = self.history().into_iter().find(|e| want(&e.event)) {
-                return e;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        panic!("the history shows no {what} within 10 s");
+        self.history.wait_for(what, want).await
     }
 
     async fn holder(&self) -> Option<String> {
@@ -334,98 +237,110 @@ fn deadline_of_the_lost_grant(history: &[Entry]) -> i64 {
 /// life inside its hold.
 #[test]
 fn a_lost_lease_with_an_instance_that_outlived_its_kill_ends_the_process_in_time() {
-    recorded(&me().to_string(), async |history| {
-        let mut f = Fixture::new(history, "lost").await;
-        let token = f.blocked_instance().await;
-        f.store.set_fault(Fault::FailRenewals);
-        f.wait_recorded("lease_lost", |e| matches!(e, Event::LeaseLost { .. }))
+    recorded(
+        &me().to_string(),
+        &Incarnation::new().to_string(),
+        async |history| {
+            let mut f = Fixture::new(history, "lost").await;
+            let token = f.blocked_instance().await;
+            f.store.set_fault(Fault::FailRenewals);
+            f.wait_recorded("lease_lost", |e| matches!(e, Event::LeaseLost { .. }))
+                .await;
+            // If the process went on, let the thread go once the deadline has surely passed.
+            let valid_until = deadline_of_the_lost_grant(&f.history());
+            while f.ends().is_empty()
+                && tenure_lease::clock::boottime_now_ns() < valid_until + 100_000_000
+            {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            f.gate.open();
+            assert_eq!(f.next().await, Seen::Ended(token));
+            f.wait_recorded("singleton_stopped", |e| {
+                matches!(e, Event::SingletonStopped(_))
+            })
             .await;
-        // If the process went on, let the thread go once the deadline has surely passed.
-        let valid_until = deadline_of_the_lost_grant(&f.history());
-        while f.ends().is_empty()
-            && tenure_lease::clock::boottime_now_ns() < valid_until + 100_000_000
-        {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        f.gate.open();
-        assert_eq!(f.next().await, Seen::Ended(token));
-        f.wait_recorded("singleton_stopped", |e| {
-            matches!(e, Event::SingletonStopped(_))
-        })
-        .await;
-        f.store.set_fault(Fault::None);
-        f.history.record(Event::NodeLeft {});
-        assert_eq!(f.violations(), Vec::<String>::new());
-        let ends = f.ends();
-        assert_eq!(ends.len(), 1, "{ends:?}");
-        assert_eq!(
-            (ends[0].lease.as_str(), ends[0].token, ends[0].what.as_str()),
-            (f.lease.as_str(), token, "singleton lost")
-        );
-        let abort = f
-            .wait_recorded("process_abort", |e| matches!(e, Event::ProcessAbort { .. }))
-            .await;
-        assert!(abort.t < valid_until, "aborted before the deadline");
-    });
+            f.store.set_fault(Fault::None);
+            f.history.record(Event::NodeLeft {});
+            assert_eq!(f.violations(), Vec::<String>::new());
+            let ends = f.ends();
+            assert_eq!(ends.len(), 1, "{ends:?}");
+            assert_eq!(
+                (ends[0].lease.as_str(), ends[0].token, ends[0].what.as_str()),
+                (f.lease.as_str(), token, "singleton lost")
+            );
+            let abort = f
+                .wait_recorded("process_abort", |e| matches!(e, Event::ProcessAbort { .. }))
+                .await;
+            assert!(abort.t < valid_until, "aborted before the deadline");
+        },
+    );
 }
 
 /// Leaving while the instance outlives its kill: the hand-over waits, the lease stays held
 /// and renewed, and is released once the instance has ended.
 #[test]
 fn a_hand_over_keeps_the_lease_until_an_instance_that_outlived_its_kill_ends() {
-    recorded(&me().to_string(), async |history| {
-        let mut f = Fixture::new(history, "leave").await;
-        let token = f.blocked_instance().await;
-        let (guard, wait) = HandOver::new();
-        f.manager
-            .cast(ClusterEvent::SelfLeaving(guard).into())
-            .unwrap();
-        let mut done = tokio::spawn(wait.done());
-        // Longer than the ttl: held and renewed while the instance runs.
-        assert!(
-            tokio::time::timeout(Duration::from_millis(1600), &mut done)
+    recorded(
+        &me().to_string(),
+        &Incarnation::new().to_string(),
+        async |history| {
+            let mut f = Fixture::new(history, "leave").await;
+            let token = f.blocked_instance().await;
+            let (guard, wait) = HandOver::new();
+            f.manager
+                .cast(ClusterEvent::SelfLeaving(guard).into())
+                .unwrap();
+            let mut done = tokio::spawn(wait.done());
+            // Longer than the ttl: held and renewed while the instance runs.
+            assert!(
+                tokio::time::timeout(Duration::from_millis(1600), &mut done)
+                    .await
+                    .is_err(),
+                "the hand-over finished while the instance still runs"
+            );
+            let me = me().to_string();
+            assert_eq!(f.holder().await.as_deref(), Some(me.as_str()));
+            f.gate.open();
+            assert_eq!(f.next().await, Seen::Ended(token));
+            tokio::time::timeout(Duration::from_secs(5), done)
                 .await
-                .is_err(),
-            "the hand-over finished while the instance still runs"
-        );
-        let me = me().to_string();
-        assert_eq!(f.holder().await.as_deref(), Some(me.as_str()));
-        f.gate.open();
-        assert_eq!(f.next().await, Seen::Ended(token));
-        tokio::time::timeout(Duration::from_secs(5), done)
-            .await
-            .expect("the hand-over finished once the instance ended")
-            .unwrap();
-        assert_eq!(f.holder().await, None, "released");
-        assert!(f.ends().is_empty(), "a hand-over never ends the process");
-        assert_eq!(f.violations(), Vec::<String>::new());
-    });
+                .expect("the hand-over finished once the instance ended")
+                .unwrap();
+            assert_eq!(f.holder().await, None, "released");
+            assert!(f.ends().is_empty(), "a hand-over never ends the process");
+            assert_eq!(f.violations(), Vec::<String>::new());
+        },
+    );
 }
 
 /// The manager stopping while its instance outlived its kill would release the lease with
 /// its lease actor: the process ends first.
 #[test]
 fn a_manager_stopping_while_its_instance_outlived_its_kill_ends_the_process() {
-    recorded(&me().to_string(), async |history| {
-        let mut f = Fixture::new(history, "stopping").await;
-        let token = f.blocked_instance().await;
-        let (guard, _wait) = HandOver::new();
-        f.manager
-            .cast(ClusterEvent::SelfLeaving(guard).into())
-            .unwrap();
-        f.wait_recorded("singleton_zombie", |e| {
-            matches!(e, Event::SingletonZombie(_))
-        })
-        .await;
-        assert!(f.ends().is_empty(), "a hand-over never ends the process");
-        f.manager.stop_and_wait(None, None).await.unwrap();
-        let ends = f.ends();
-        assert_eq!(ends.len(), 1, "{ends:?}");
-        assert_eq!(
-            (ends[0].lease.as_str(), ends[0].token),
-            (f.lease.as_str(), token)
-        );
-        f.wait_recorded("process_abort", |e| matches!(e, Event::ProcessAbort { .. }))
+    recorded(
+        &me().to_string(),
+        &Incarnation::new().to_string(),
+        async |history| {
+            let mut f = Fixture::new(history, "stopping").await;
+            let token = f.blocked_instance().await;
+            let (guard, _wait) = HandOver::new();
+            f.manager
+                .cast(ClusterEvent::SelfLeaving(guard).into())
+                .unwrap();
+            f.wait_recorded("singleton_zombie", |e| {
+                matches!(e, Event::SingletonZombie(_))
+            })
             .await;
-    });
+            assert!(f.ends().is_empty(), "a hand-over never ends the process");
+            f.manager.stop_and_wait(None, None).await.unwrap();
+            let ends = f.ends();
+            assert_eq!(ends.len(), 1, "{ends:?}");
+            assert_eq!(
+                (ends[0].lease.as_str(), ends[0].token),
+                (f.lease.as_str(), token)
+            );
+            f.wait_recorded("process_abort", |e| matches!(e, Event::ProcessAbort { .. }))
+                .await;
+        },
+    );
 }

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::poll_fn;
-use tenure_lease::store::fair_wait_passed;
+use tenure_lease::store::leave_line_when_wait_passed;
 use tenure_lease::{AcquireOutcome, AcquireRequest, LeaseStore, StoreError};
 use tokio::sync::broadcast;
 use tokio::time::timeout;
@@ -291,33 +291,23 @@ impl PostgresStore {
             races = 0;
             let now = self.inner.clock.now();
             if now >= deadline {
-                return self.fair_timeout(req, wait, entry, holder).await;
+                let seq = entry.seq;
+                return leave_line_when_wait_passed(
+                    STORE,
+                    req,
+                    wait,
+                    holder,
+                    self.leave(seq),
+                    || entry.gone = true,
+                    async || self.read(&req.name).await,
+                )
+                .await;
             }
             let step = until.max(MIN_NAP).min(pace).min(deadline - now);
             if let Woke::Deaf = nap(&mut heard, &req.name, step).await {
                 heard = self.listener().await?.subscribe();
             }
         }
-    }
-
-    /// `wait` passed: leaves the line and answers as [`fair_wait_passed`] does.
-    async fn fair_timeout(
-        &self,
-        req: &AcquireRequest,
-        wait: Duration,
-        mut entry: Queued,
-        holder: Option<tenure_lease::LeaseRecord>,
-    ) -> Result<AcquireOutcome, StoreError> {
-        match self.leave(entry.seq).await {
-            Ok(()) => entry.gone = true,
-            // Dropping the entry tries again in a task.
-            Err(e) => tracing::debug!(lease = %req.name, error = %e, "leaving the line failed"),
-        }
-        drop(entry);
-        fair_wait_passed(STORE, req, wait, holder, async || {
-            self.read(&req.name).await
-        })
-        .await
     }
 }
 

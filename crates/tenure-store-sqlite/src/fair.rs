@@ -30,10 +30,8 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use rusqlite::{OptionalExtension, params};
-use tenure_lease::store::fair_wait_passed;
-use tenure_lease::{
-    AcquireOutcome, AcquireRequest, AcquireStep, LeaseRecord, LeaseStore, StoreError,
-};
+use tenure_lease::store::leave_line_when_wait_passed;
+use tenure_lease::{AcquireOutcome, AcquireRequest, AcquireStep, LeaseStore, StoreError};
 use tokio::sync::Notify;
 use tokio::time::timeout;
 
@@ -302,7 +300,17 @@ impl SqliteStore {
             };
             let now = self.clock.now();
             if now >= deadline {
-                return self.fair_timeout(req, wait, entry, holder).await;
+                let seq = entry.seq;
+                return leave_line_when_wait_passed(
+                    "sqlite",
+                    req,
+                    wait,
+                    holder,
+                    self.leave(&req.name, seq),
+                    || entry.gone = true,
+                    async || self.read(&req.name).await,
+                )
+                .await;
             }
             let nap = until.max(MIN_NAP).min(poll).min(deadline - now).min(
                 refresh_every
@@ -311,26 +319,6 @@ impl SqliteStore {
             );
             let _ = timeout(nap, rung).await;
         }
-    }
-
-    /// `wait` passed: leaves the line and answers as [`fair_wait_passed`] does.
-    async fn fair_timeout(
-        &self,
-        req: &AcquireRequest,
-        wait: Duration,
-        mut entry: Queued,
-        holder: Option<LeaseRecord>,
-    ) -> Result<AcquireOutcome, StoreError> {
-        match self.leave(&req.name, entry.seq).await {
-            Ok(()) => entry.gone = true,
-            // Dropping the entry tries again in a task.
-            Err(e) => tracing::debug!(lease = %req.name, error = %e, "leaving the line failed"),
-        }
-        drop(entry);
-        fair_wait_passed("sqlite", req, wait, holder, async || {
-            self.read(&req.name).await
-        })
-        .await
     }
 }
 

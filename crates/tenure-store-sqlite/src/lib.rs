@@ -63,4 +63,6 @@ pub use journal::SqliteJournal;
 /// `rusqlite::Transaction` on the lease file, so an application needs no `rusqlite`
 /// dependency of its own (and cannot pick a version that differs from the store's).
 pub use rusqlite;
-pub use store::{REFERENCE, SqliteOptions, SqliteStore, SqliteStoreFactory, default_path};
+pub use store::{
+    NoStateDirectory, REFERENCE, SqliteOptions, SqliteStore, SqliteStoreFactory, default_path,
+};

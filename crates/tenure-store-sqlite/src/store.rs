@@ -917,7 +917,7 @@ const DEFAULT_FILE: &str = "leases.sqlite";
 /// cleaners delete files): `$XDG_STATE_HOME/tenure/leases.sqlite` when `XDG_STATE_HOME` is
 /// an absolute path, else `/var/lib/tenure/leases.sqlite` for root, else
 /// `$HOME/.local/state/tenure/leases.sqlite`. The error says why there is none.
-pub fn default_path() -> Result<PathBuf, String> {
+pub fn default_path() -> Result<PathBuf, NoStateDirectory> {
     default_path_from(
         std::env::var_os("XDG_STATE_HOME"),
         std::env::var_os("HOME"),
@@ -929,7 +929,7 @@ fn default_path_from(
     xdg_state_home: Option<std::ffi::OsString>,
     home: Option<std::ffi::OsString>,
     root: bool,
-) -> Result<PathBuf, String> {
+) -> Result<PathBuf, NoStateDirectory> {
     let absolute = |v: Option<std::ffi::OsString>| v.map(PathBuf::from).filter(|p| p.is_absolute());
     let dir = if let Some(state) = absolute(xdg_state_home) {
         state.join("tenure")
@@ -938,13 +938,18 @@ fn default_path_from(
     } else if let Some(home) = absolute(home) {
         home.join(".local/state/tenure")
     } else {
-        return Err(
-            "no state directory: neither XDG_STATE_HOME nor HOME is an absolute path; set the section's `path`"
-                .into(),
-        );
+        return Err(NoStateDirectory);
     };
     Ok(dir.join(DEFAULT_FILE))
 }
+
+/// There is no default database file: not root, and neither `XDG_STATE_HOME` nor `HOME` is
+/// an absolute path.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "no state directory: neither XDG_STATE_HOME nor HOME is an absolute path; set the section's `path`"
+)]
+pub struct NoStateDirectory;
 
 /// Checks, without creating anything, that the directory of the default file `path` exists
 /// and is usable, or can be created.
@@ -1009,7 +1014,7 @@ impl SqliteStoreFactory {
                 default: false,
             }),
             None => Ok(SectionPath {
-                path: default_path().map_err(|e| ConfigError::invalid(key(), e))?,
+                path: default_path().map_err(|e| ConfigError::invalid(key(), e.to_string()))?,
                 default: true,
             }),
         }
@@ -1111,7 +1116,7 @@ mod tests {
             p(Some("relative"), Some("/h"), false).unwrap(),
             PathBuf::from("/h/.local/state/tenure/leases.sqlite")
         );
-        let err = p(None, None, false).unwrap_err();
+        let err = p(None, None, false).unwrap_err().to_string();
         assert!(
             err.contains("XDG_STATE_HOME") && err.contains("`path`"),
             "{err}"

@@ -26,6 +26,26 @@ pub fn eventually<T, E: Debug>(
     }
 }
 
+/// [`eventually`] for a check that awaits: asks `check` every [`POLL_EVERY`] (on tokio's
+/// clock) until it answers `Ok`, and returns that value; past `limit` it panics naming
+/// `what` and the last `Err`.
+pub async fn eventually_async<T, E: Debug>(
+    what: &str,
+    limit: Duration,
+    mut check: impl AsyncFnMut() -> Result<T, E>,
+) -> T {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        match check().await {
+            Ok(value) => return value,
+            Err(why) if tokio::time::Instant::now() >= deadline => {
+                panic!("timed out after {limit:?} waiting for {what}; last: {why:?}")
+            }
+            Err(_) => tokio::time::sleep(POLL_EVERY).await,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -38,6 +58,23 @@ mod tests {
             if asked == 3 { Ok(asked) } else { Err(asked) }
         });
         assert_eq!(value, 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn awaits_the_first_ok() {
+        let mut asked = 0;
+        let value = eventually_async("the third answer", Duration::from_secs(10), async || {
+            asked += 1;
+            if asked == 3 { Ok(asked) } else { Err(asked) }
+        })
+        .await;
+        assert_eq!(value, 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    #[should_panic(expected = "waiting for nothing; last: \"never\"")]
+    async fn fails_loudly_past_the_limit_too() {
+        eventually_async::<(), _>("nothing", Duration::from_secs(1), async || Err("never")).await;
     }
 
     #[test]

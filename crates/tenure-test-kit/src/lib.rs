@@ -15,8 +15,12 @@ pub mod cli;
 pub mod etcd;
 mod eventually;
 pub mod example;
+mod gate;
+mod history;
 pub mod postgres;
 pub mod signal;
 pub mod zookeeper;
 
-pub use eventually::{POLL_EVERY, eventually};
+pub use eventually::{POLL_EVERY, eventually, eventually_async};
+pub use gate::Gate;
+pub use history::{TestHistory, recorded};

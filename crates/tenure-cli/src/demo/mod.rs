@@ -1,8 +1,9 @@
 //! `tenure demo`: a local cluster of `tenure demo node` processes hosting a sharded counter
 //! and a singleton under client load, put through a scenario of faults (SIGKILL, SIGSTOP past
-//! the ttl, a cut link, a graceful leave, restarts), with a live progress line, then a
-//! summary (operations acknowledged, fail-over per fault, grants and losses), the safety
-//! verdict on the recorded history and an HTML report of who held which lease when.
+//! the ttl, a cut link, a graceful leave, restarts, a rolling restart), with a live progress
+//! line, then a summary (operations acknowledged, fail-over per fault, the rolling restart's
+//! figures, grants and losses), the safety verdict on the recorded history and an HTML
+//! report of who held which lease when.
 
 pub mod cluster;
 pub mod counter;
@@ -23,7 +24,7 @@ use crate::check;
 use cluster::{Cluster, Options};
 use progress::Live;
 use scenario::{Fault, Scenario, SplitMix, Step};
-use summary::Summary;
+use summary::{RollWindow, Summary};
 use timeline::Timeline;
 
 /// The entity type of the demo's sharded counter (`tenure demo node --sharded-counter`).
@@ -50,8 +51,9 @@ pub struct DemoArgs {
     /// heartbeats every ttl/6, retries every ttl/10, store operations bounded by ttl/2.
     #[arg(long, default_value = "3s", value_parser = tenure::duration::parse)]
     pub ttl: Duration,
-    /// TOML list of `[[step]]`s (at, fault = kill|pause|cut|leave|restart, optional node,
-    /// peer, and `for` for pause and cut) replacing the built-in scenario.
+    /// TOML list of `[[step]]`s (at, fault = kill|pause|cut|isolate|leave|restart|
+    /// rolling-restart, optional node, peer, and `for` for pause, cut and isolate) replacing
+    /// the built-in scenario.
     #[arg(long, value_name = "FILE")]
     pub scenario: Option<PathBuf>,
     /// Seed of the fault timing (each step moved by up to ttl/2) and of the targets not
@@ -301,6 +303,9 @@ fn options(args: &DemoArgs, lease: &LeaseConfig, history: &Path) -> Options {
             ("member-lease-ttl".into(), ms(ttl)),
             ("member-lease-interval".into(), ms(ttl / 6)),
             ("unreachable-after".into(), ms(ttl / 2)),
+            // A leaving node exits once leave-timeout passed, whatever its draining entities
+            // still hold: it outlasts a hand-off (hand-off-timeout, 2 ttl).
+            ("leave-timeout".into(), ms(ttl * 3)),
         ],
         history: Some(history.to_path_buf()),
         lease: Some(lease.toml.clone()),
@@ -403,6 +408,8 @@ pub fn run(args: DemoArgs) -> Result<Outcome, DemoError> {
         down: Vec::new(),
         fault: String::from("none"),
         origin: Instant::now(),
+        rolls: Vec::new(),
+        shards: args.shards,
     };
     run.warm_up(&args);
     run.traffic(&args, scenario);
@@ -435,7 +442,7 @@ pub fn run(args: DemoArgs) -> Result<Outcome, DemoError> {
         &events,
         timeline::workload_holds(&verdict.holds, &lease.system),
     );
-    let summary = summary::summarize(&events, &timeline, scenario_end);
+    let summary = summary::summarize(&events, &timeline, scenario_end, &run.rolls);
     let html = report::render(&report::ReportInput {
         run: vec![
             ("seed".into(), seed.to_string()),
@@ -538,6 +545,9 @@ fn print_summary(
             );
         }
     }
+    for roll in &summary.rolls {
+        println!("rolling restart           {}", roll.describe());
+    }
     if violations.is_empty() {
         println!(
             "verdict: SAFE (tenure check: no lease held by two owners at once, tokens \
@@ -568,6 +578,10 @@ struct Run {
     /// The fault in effect, for the progress line.
     fault: String,
     origin: Instant,
+    /// The rolling restarts run so far.
+    rolls: Vec<RollWindow>,
+    /// Shards of the counter (`--shards`).
+    shards: usize,
 }
 
 enum Action {
@@ -721,6 +735,20 @@ impl Run {
                     None
                 };
                 match step.fault {
+                    Fault::RollingRestart => {
+                        let unhealthy = !self.down.is_empty()
+                            || !self.paused.is_empty()
+                            || !self.cuts.is_empty()
+                            || !self.isolated.is_empty();
+                        if unhealthy {
+                            return skipped(
+                                "a node is down, paused, cut or isolated (a deploy starts \
+                                 from a healthy cluster)",
+                            );
+                        }
+                        self.rolling_restart();
+                        None
+                    }
                     Fault::Restart => {
                         let node = match step.node {
                             Some(n) => self.down.iter().position(|d| *d == n),
@@ -819,6 +847,81 @@ impl Run {
                 }
             }
         }
+    }
+
+    /// Restarts every node in turn, as a deploy does: waits until the cluster converged and
+    /// the previous node hosts shards again, then sends the next one SIGTERM, waits for its
+    /// exit and starts it again. Keeps the span and each node's time (SIGTERM to the
+    /// cluster converged with it hosting shards again) for the summary. Stops early when
+    /// interrupted, or when the cluster does not settle within a minute.
+    fn rolling_restart(&mut self) {
+        let mut from_ns = None;
+        let mut restarts = Vec::new();
+        for i in 0..self.cluster.nodes.len() {
+            if interrupted() || !self.settle(None) {
+                break;
+            }
+            let addr = self.cluster.nodes[i].addr.clone();
+            let began = Instant::now();
+            // The deploy begins at its first SIGTERM: what the earlier faults left unsettled
+            // (shards still moving back) is theirs.
+            from_ns.get_or_insert_with(now_ns);
+            self.fault = format!("rolling restart: n{i} leaving ({addr})");
+            self.progress("deploy");
+            self.cluster.stop(i);
+            self.cluster.restart(i);
+            self.fault = format!("rolling restart: n{i} restarted ({addr})");
+            self.progress("deploy");
+            if !self.settle(Some(i)) {
+                break;
+            }
+            restarts.push((addr, began.elapsed().as_nanos() as u64));
+        }
+        self.fault = format!(
+            "rolling restart done ({} of {} nodes)",
+            restarts.len(),
+            self.cluster.nodes.len()
+        );
+        let until_ns = now_ns();
+        self.rolls.push(RollWindow {
+            from_ns: from_ns.unwrap_or(until_ns),
+            until_ns,
+            restarts,
+        });
+    }
+
+    /// Waits (at most a minute, a progress line a second) until every node sees every node
+    /// up and, with `restarted`, that node hosts a shard again (when there are shards
+    /// enough for every node). False when interrupted or out of time (said so).
+    fn settle(&mut self, restarted: Option<usize>) -> bool {
+        let limit = Instant::now() + Duration::from_secs(60);
+        let mut next_line = Instant::now() + Duration::from_secs(1);
+        while !interrupted() {
+            self.live.poll();
+            let hosting = restarted.is_none_or(|i| {
+                self.shards < self.cluster.nodes.len()
+                    || self
+                        .live
+                        .shards_per_node(COUNTER_TYPE)
+                        .get(self.cluster.nodes[i].addr.as_str())
+                        .is_some_and(|n| *n > 0)
+            });
+            if hosting && self.cluster.converged() {
+                return true;
+            }
+            if Instant::now() > limit {
+                println!(
+                    "warning: the cluster did not settle within 60 s: rolling restart stopped"
+                );
+                return false;
+            }
+            if Instant::now() >= next_line {
+                self.progress("deploy");
+                next_line += Duration::from_secs(1);
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        false
     }
 
     /// Ends every fault still in effect, then stops every node gracefully (all at once).

@@ -6,7 +6,7 @@
 //! ```toml
 //! [[step]]
 //! at = "10s"        # offset from the start of the traffic
-//! fault = "kill"    # kill | pause | cut | isolate | leave | restart
+//! fault = "kill"    # kill | pause | cut | isolate | leave | restart | rolling-restart
 //! node = 1          # optional: the node (0-based); default a random running node
 //! [[step]]
 //! at = "20s"
@@ -47,6 +47,9 @@ pub enum Fault {
     Leave,
     /// Start a stopped node again (a new incarnation).
     Restart,
+    /// Every node in turn: SIGTERM, then started again once it exited.
+    #[serde(rename = "rolling-restart")]
+    RollingRestart,
 }
 
 impl Fault {
@@ -59,6 +62,7 @@ impl Fault {
             Fault::Isolate => "isolation",
             Fault::Leave => "graceful leave",
             Fault::Restart => "restart",
+            Fault::RollingRestart => "rolling restart",
         }
     }
 }
@@ -169,8 +173,13 @@ impl Scenario {
                 Fault::Cut if step.node.is_some() && step.node == step.peer => {
                     return Err(bad("node and peer are the same node".into()));
                 }
-                Fault::Kill | Fault::Leave | Fault::Restart if step.lasts.is_some() => {
+                Fault::Kill | Fault::Leave | Fault::Restart | Fault::RollingRestart
+                    if step.lasts.is_some() =>
+                {
                     return Err(bad("`for` applies to pause, cut and isolate only".into()));
+                }
+                Fault::RollingRestart if step.node.is_some() || step.peer.is_some() => {
+                    return Err(bad("it restarts every node: no `node` or `peer`".into()));
                 }
                 Fault::Cut | Fault::Isolate if nodes < 2 => {
                     return Err(bad("needs two nodes".into()));
@@ -184,8 +193,9 @@ impl Scenario {
     /// The built-in scenario over `duration` of traffic: steady traffic, SIGKILL of a node
     /// at 15 %, its restart at 30 %, SIGSTOP of a node for twice the `ttl` at 40 %, the
     /// traffic between two nodes cut for twice the `ttl` at 55 %, the oldest node isolated
-    /// from the others for twice the `ttl` at 67 %, a graceful leave at 80 % and its restart
-    /// at 90 %.
+    /// from the others for twice the `ttl` at 67 %, a graceful leave at 75 %, its restart at
+    /// 82 % and a rolling restart of every node at 90 % (which runs to its end, past
+    /// `duration`).
     pub fn builtin(duration: Duration, ttl: Duration) -> Scenario {
         let at = |percent: u32| duration * percent / 100;
         let step = |percent, fault, lasts| Step {
@@ -202,8 +212,9 @@ impl Scenario {
                 step(40, Fault::Pause, Some(ttl * 2)),
                 step(55, Fault::Cut, Some(ttl * 2)),
                 step(67, Fault::Isolate, Some(ttl * 2)),
-                step(80, Fault::Leave, None),
-                step(90, Fault::Restart, None),
+                step(75, Fault::Leave, None),
+                step(82, Fault::Restart, None),
+                step(90, Fault::RollingRestart, None),
             ],
         }
     }
@@ -282,6 +293,8 @@ mod tests {
         assert_eq!(s.steps[0].node, Some(2));
         assert_eq!(s.steps[0].lasts, Some(Duration::from_secs(4)));
         assert_eq!(s.steps[1].at, Duration::from_secs(9));
+        let roll = parse("[[step]]\nat = \"5s\"\nfault = \"rolling-restart\"\n", 3).unwrap();
+        assert_eq!(roll.steps[0].fault, Fault::RollingRestart);
     }
 
     #[test]
@@ -309,6 +322,15 @@ mod tests {
         assert!(typo.to_string().contains("fualt"), "{typo}");
         let duration = parse("[[step]]\nat = \"1m 5x\"\nfault = \"kill\"\n", 3).unwrap_err();
         assert!(duration.to_string().contains("1m 5x"), "{duration}");
+        let roll_node = parse(
+            "[[step]]\nat = \"1s\"\nfault = \"rolling-restart\"\nnode = 1\n",
+            3,
+        )
+        .unwrap_err();
+        assert!(
+            roll_node.to_string().contains("step 1 (rolling restart)"),
+            "{roll_node}"
+        );
     }
 
     #[test]

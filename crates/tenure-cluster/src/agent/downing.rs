@@ -11,7 +11,7 @@ use ractor::ActorRef;
 use tenure_lease::{LeaseMsg, LeaseSpec};
 use tokio::time::Instant;
 
-use super::resolver_lease::{self, SharedLease};
+use super::resolver_lease::{self, ResolverLeaseError, SharedLease};
 use super::{AgentState, RELEASE_SLACK};
 use crate::identity::{Incarnation, NodeAddr};
 use crate::member::MemberStatus;
@@ -189,7 +189,7 @@ impl AgentState {
                         tokio::time::sleep(delay).await;
                         let won = match spec {
                             Ok(spec) => resolver_lease::acquire(lease, spec, &side).await,
-                            Err(e) => Err(e.to_string()),
+                            Err(e) => Err(ResolverLeaseError::Spec(e)),
                         };
                         let _ = me.cast(AgentMsg::Local(Local::SbrLease { attempt, won }));
                     });
@@ -199,7 +199,7 @@ impl AgentState {
                         tokio::time::sleep(delay).await;
                         let won = match spec {
                             Ok(spec) => resolver_lease::watch(spec, &side).await,
-                            Err(e) => Err(e.to_string()),
+                            Err(e) => Err(ResolverLeaseError::Spec(e)),
                         };
                         let _ = me.cast(AgentMsg::Local(Local::SbrLease { attempt, won }));
                     });
@@ -213,7 +213,7 @@ impl AgentState {
         &mut self,
         myself: &ActorRef<AgentMsg>,
         attempt: u64,
-        won: Result<bool, String>,
+        won: Result<bool, ResolverLeaseError>,
     ) {
         let Some(d) = self.downing.as_mut() else {
             return;

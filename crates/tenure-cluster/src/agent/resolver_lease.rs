@@ -12,7 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tenure_lease::store::bounded;
-use tenure_lease::{Acquired, FencingToken, Lease, LeaseRecord, LeaseSpec};
+use tenure_lease::{
+    Acquired, ConfigError, FencingToken, Lease, LeaseError, LeaseRecord, LeaseSpec,
+};
 use tokio::time::Instant;
 
 /// The resolver lease handle, shared with the task that releases it (one handle for the
@@ -21,6 +23,25 @@ pub(super) type SharedLease = Arc<tokio::sync::Mutex<Option<Lease>>>;
 
 /// How many store errors in a row end an attempt with `Err`.
 const TRIES: u32 = 3;
+
+/// Why a side could not learn whether it holds the resolver lease.
+#[derive(Debug, Clone, thiserror::Error)]
+pub(crate) enum ResolverLeaseError {
+    /// The resolver lease's name or settings were refused.
+    #[error("the resolver lease cannot be set up: {0}")]
+    Spec(#[source] ConfigError),
+    /// The store failed [`TRIES`] times in a row (the error names the lease).
+    #[error(transparent)]
+    Lease(#[from] LeaseError),
+    /// Nobody held the resolver lease for `waited`: the side's leader cannot reach the store.
+    #[error("resolver lease `{lease}`: nobody held it for {waited:?}")]
+    Unheld {
+        /// The resolver lease's name.
+        lease: String,
+        /// How long it was seen free.
+        waited: Duration,
+    },
+}
 
 /// One read of the resolver lease's record (`None`: nobody holds it), with the instants
 /// the read was sent and answered.
@@ -105,7 +126,7 @@ impl Judge {
 }
 
 /// Reads the resolver lease's record, bounded by the lease's operation timeout.
-async fn look(spec: &LeaseSpec) -> Result<Look, String> {
+async fn look(spec: &LeaseSpec) -> Result<Look, LeaseError> {
     let sent = Instant::now();
     let record = bounded(
         &spec.name,
@@ -113,8 +134,7 @@ async fn look(spec: &LeaseSpec) -> Result<Look, String> {
         spec.settings.lease_operation_timeout,
         spec.store.read(&spec.store_name),
     )
-    .await
-    .map_err(|e| e.to_string())?;
+    .await?;
     Ok(Look {
         record,
         sent,
@@ -131,18 +151,13 @@ pub(super) async fn acquire(
     lease: SharedLease,
     spec: LeaseSpec,
     side: &[String],
-) -> Result<bool, String> {
+) -> Result<bool, ResolverLeaseError> {
     let mut slot = lease.lock().await;
-    if slot.is_none() {
-        *slot = Some(
-            Lease::start(spec.clone())
-                .await
-                .map_err(|e| e.to_string())?,
-        );
-    }
-    let Some(lease) = slot.as_ref() else {
-        return Err("no resolver lease".into());
+    let lease = match slot.take() {
+        Some(lease) => lease,
+        None => Lease::start(spec.clone()).await?,
     };
+    let lease = slot.insert(lease);
     let every = spec.settings.lease_retry_interval;
     let mut judge = Judge::new(side.to_vec(), every);
     let mut failures = 0;
@@ -150,7 +165,7 @@ pub(super) async fn acquire(
         let seen = match lease.acquire().await {
             Ok(Acquired::Granted { .. }) => return Ok(true),
             Ok(Acquired::NotGranted { .. }) => look(&spec).await,
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(e),
         };
         match seen {
             Ok(seen) => {
@@ -164,7 +179,7 @@ pub(super) async fn acquire(
             Err(e) => {
                 failures += 1;
                 if failures == TRIES {
-                    return Err(e);
+                    return Err(e.into());
                 }
             }
         }
@@ -177,7 +192,7 @@ pub(super) async fn acquire(
 /// `Ok(false)` a running node outside the side holds it, `Err` when nobody held it for two
 /// ttls in a row (the side's leader cannot reach the store) or the store failed [`TRIES`]
 /// times in a row.
-pub(super) async fn watch(spec: LeaseSpec, side: &[String]) -> Result<bool, String> {
+pub(super) async fn watch(spec: LeaseSpec, side: &[String]) -> Result<bool, ResolverLeaseError> {
     let every = spec.settings.lease_retry_interval;
     let give_up_after = spec.settings.heartbeat_timeout * 2;
     let mut judge = Judge::new(side.to_vec(), every);
@@ -192,8 +207,12 @@ pub(super) async fn watch(spec: LeaseSpec, side: &[String]) -> Result<bool, Stri
                     Verdict::Theirs => return Ok(false),
                     Verdict::Undecided if seen.record.is_some() => free_since = seen.answered,
                     Verdict::Undecided => {
-                        if seen.answered.saturating_duration_since(free_since) >= give_up_after {
-                            return Err("nobody holds it".into());
+                        let waited = seen.answered.saturating_duration_since(free_since);
+                        if waited >= give_up_after {
+                            return Err(ResolverLeaseError::Unheld {
+                                lease: spec.name.clone(),
+                                waited,
+                            });
                         }
                     }
                 }
@@ -201,7 +220,7 @@ pub(super) async fn watch(spec: LeaseSpec, side: &[String]) -> Result<bool, Stri
             Err(e) => {
                 failures += 1;
                 if failures == TRIES {
-                    return Err(e);
+                    return Err(e.into());
                 }
             }
         }
@@ -282,9 +301,13 @@ mod tests {
     /// resolvers do: what each concluded.
     async fn decide(store: &Arc<dyn LeaseStore>) -> (Result<bool, String>, Result<bool, String>) {
         let side = side();
-        tokio::join!(
+        let (leader, member) = tokio::join!(
             acquire(shared(), spec(store, "127.0.0.1:2"), &side),
             watch(spec(store, "127.0.0.1:3"), &side),
+        );
+        (
+            leader.map_err(|e| e.to_string()),
+            member.map_err(|e| e.to_string()),
         )
     }
 

@@ -3,14 +3,17 @@
 //! A stop gets the shard's [stop budget](tenure_lease::StopBudget) from when it began: a
 //! graceful stop after the message in hand until `stop-timeout`, then a kill of what still
 //! runs and the kill wait. A hand-off drains instead: every message already in an entity's
-//! mailbox was accepted and is handled, not dropped. Its graceful stop lasts `stop-timeout`
-//! and again `stop-timeout` from each checkpoint at which the entity handled messages since
-//! the last one, while the shard's grant is believed (renewed meanwhile) and the hand-off's
-//! answer can still come in time (`hand-off-timeout` less the whole stop budget); an entity
-//! that handled nothing for `stop-timeout` (blocked, or stuck) is killed as before. Should
-//! the grant stop being believed during the drain, the entities are told to stop after the
-//! message in hand and the budget runs from that instant, exactly as for a loss handled
-//! then. An entity that
+//! mailbox was accepted and is handled, not dropped. Its graceful stop lasts while the
+//! shard's grant is believed (renewed meanwhile) and the hand-off's answer can still come
+//! in time: until `hand-off-timeout` less twice the stop budget (at least `stop-timeout`),
+//! as Akka's hand-off stopper waits for `handOffTimeout`; the second budget leaves an
+//! entity that outlives the kill at the drain's end time to end before the answer is due. How fast an entity goes through
+//! its mailbox says nothing about whether it is stuck: on a loaded machine one message can
+//! take longer than `stop-timeout`, and an entity killed for that drops every message behind
+//! it; a stuck one holds only its own shard's hand-off, up to that bound. Should the grant
+//! stop being believed during the drain, the entities are told to stop after the message in
+//! hand and the budget runs from that instant, exactly as for a loss handled then. An
+//! entity that
 //! outlives even the kill (its thread blocked outside an await, where a ractor kill cannot
 //! reach it) stays in the shard's entities, marked `outlived`: messages for it wait, it is
 //! never started a second time, and a watcher tells the shard when it ends. Meanwhile:
@@ -30,7 +33,6 @@
 //!   process.
 
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
 
 use ractor::ActorRef;
 use tenure_lease::{FencingToken, LeaseState, Terminator, Unstoppable};
@@ -79,10 +81,8 @@ impl ShardState {
         let budget = self.args.settings.stop_budget();
         let began = Instant::now();
         let mut at = budget.deadlines(began);
-        // Until when entities stop gracefully, and (a drain) the latest it may be moved to
-        // while they make progress (see the module doc).
-        let mut graceful = at.kill;
-        let drain_until = match how {
+        // Until when entities stop gracefully: a drain's bound (see the module doc).
+        let mut graceful: Instant = match how {
             Stop::Now => at.kill,
             Stop::Drain => at.kill.max(
                 began
@@ -90,9 +90,12 @@ impl ShardState {
                         .args
                         .settings
                         .hand_off_timeout
-                        .saturating_sub(budget.total()),
+                        .saturating_sub(budget.total() * 2),
             ),
         };
+        // The kill, and its wait, follow the drain's bound.
+        at.give_up = graceful + budget.kill_wait;
+        at.kill = graceful;
         let believed = self.view.token();
         let mut states = self.view.watch_state();
         // Whether a loss during a drain is still to be watched for.
@@ -113,30 +116,12 @@ impl ShardState {
             }
         }
         let mut running = Vec::new();
-        for (n, id) in ids.iter().enumerate() {
-            let (actor, handled) = {
-                let r = &self.entities[id];
-                (r.actor.clone(), r.handled.clone())
-            };
-            let mut seen = handled.load(Ordering::Relaxed);
+        for id in &ids {
+            let actor = self.entities[id].actor.clone();
             let ended = loop {
                 let left = graceful.saturating_duration_since(Instant::now());
                 tokio::select! {
-                    ended = actor.wait(Some(left)) => {
-                        if ended.is_ok() {
-                            break true;
-                        }
-                        // A checkpoint: a draining entity that handled messages since the
-                        // last one gets another stop-timeout, up to the drain's bound.
-                        let now = handled.load(Ordering::Relaxed);
-                        if watching && now != seen && Instant::now() < drain_until {
-                            seen = now;
-                            at = budget.deadlines(Instant::now());
-                            graceful = at.kill.min(drain_until);
-                            continue;
-                        }
-                        break false;
-                    }
+                    ended = actor.wait(Some(left)) => break ended.is_ok(),
                     changed = states.changed(), if watching => {
                         let held = matches!(*states.borrow_and_update(), LeaseState::Held | LeaseState::Suspended);
                         if changed.is_err() || !held || self.view.token() != believed {
@@ -146,10 +131,8 @@ impl ShardState {
                             at = budget.deadlines(Instant::now());
                             graceful = at.kill;
                             tracing::warn!(shard = %self.args.shard_id, "the shard's grant ended during a hand-off's drain: stopping its entities now");
-                            for other in &ids[n..] {
-                                if let Some(r) = self.entities.get(other) {
-                                    r.actor.stop(Some(why.to_string()));
-                                }
+                            for r in self.entities.values() {
+                                r.actor.stop(Some(why.to_string()));
                             }
                         }
                     }

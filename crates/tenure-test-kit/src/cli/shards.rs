@@ -118,6 +118,10 @@ pub fn open_loop_options(
             "[sharding]\nnumber-of-shards = {shards}\nretry-interval = \"300ms\"\n\
              stop-timeout = \"500ms\"\nhand-off-timeout = \"6s\"\n{sharding}\n"
         ),
+        // A leaving node waits for its shards' hand-offs up to leave-timeout and then exits
+        // whatever is still in its entities' mailboxes: it must outlast a hand-off's drain
+        // (up to hand-off-timeout on a loaded machine), not the harness's 3 s.
+        overrides: vec![("leave-timeout".into(), "\"8s\"".into())],
         ..Options::default()
     }
 }
