@@ -185,7 +185,7 @@ impl Default for ClusterConfig {
             reconnect_backoff_max: Duration::from_secs(5),
             dial_timeout: Duration::from_secs(3),
             handshake_timeout: Duration::from_secs(5),
-            leave_timeout: Duration::from_secs(10),
+            leave_timeout: Duration::from_secs(20),
             max_frame_size: 8 * 1024 * 1024,
             fault_injection: false,
             tls: TlsConfig::default(),
