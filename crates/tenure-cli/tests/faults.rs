@@ -318,7 +318,7 @@ fn start(store: Store) -> Run {
     // SQLite: the journal in a file of its own, fenced by the lease file, so that losing
     // the lease file (`FileLoss`) loses no event.
     let journal_file = c.dir.path().join("journal.sqlite");
-    if matches!(store, Store::Sqlite) {
+    if matches!(store, Store::Sqlite) && store.journals() {
         for node in &mut c.nodes {
             node.args.extend([
                 "--journal-file".to_string(),
@@ -389,6 +389,7 @@ fn start(store: Store) -> Run {
         copy
     });
     let journal = match &store {
+        _ if !store.journals() => None,
         Store::Sqlite => Some((journal_file.display().to_string(), "tenure".to_string())),
         Store::Postgres(p) => Some((p.url(), "faults".to_string())),
         _ => None,
