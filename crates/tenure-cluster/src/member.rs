@@ -266,6 +266,12 @@ impl Membership {
         all
     }
 
+    /// Every member, this node first, the others in address order (unlike
+    /// [`Membership::members`], nothing is copied or sorted).
+    pub fn iter(&self) -> impl Iterator<Item = &Member> {
+        std::iter::once(&self.me).chain(self.others.values())
+    }
+
     /// The addresses of the other members.
     pub fn peers(&self) -> impl Iterator<Item = &NodeAddr> {
         self.others.keys()

@@ -55,7 +55,7 @@ pub struct ClusterSettings {
     pub monitored_by: usize,
     /// `indirect-probes`: how many members probe a late peer before it is unreachable.
     pub indirect_probes: usize,
-    /// `reachability-sync-interval`: how often each watched peer gets the whole
+    /// `reachability-sync-interval`: at most how often a node asks a peer for its whole
     /// reachability table ([`crate::sbr::Spread`]).
     pub reachability_sync_interval: Duration,
     /// `reconnect-backoff-min` / `-max`: bounds of the jittered exponential redial backoff.
@@ -130,7 +130,8 @@ pub struct ClusterConfig {
     pub monitored_by_nr_of_members: usize,
     /// `indirect-probes`: how many members probe a late peer (0: none).
     pub indirect_probes: usize,
-    /// `reachability-sync-interval`: how often each watched peer gets the whole table.
+    /// `reachability-sync-interval`: at most how often a node asks a peer for its whole
+    /// table.
     #[serde(deserialize_with = "tenure_lease::duration::serde::positive")]
     pub reachability_sync_interval: Duration,
     /// `reconnect-backoff-min`: the first redial delay.

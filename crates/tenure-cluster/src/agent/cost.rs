@@ -96,7 +96,7 @@ async fn ring_cost(n: usize) -> Cost {
     let watched = crate::ring::neighbours((&me, life(0)), members, K);
     let table = idle_table(n, &me);
     let key = DatagramKey::new("tenure", "cookie", &SessionSecret::generate().unwrap());
-    let mut m = Monitor::new(SYNC);
+    let mut m = Monitor::new(SYNC, INTERVAL * crate::sbr::REPEAT as u32);
     let digest = table.digest();
     for p in &watched {
         m.spread.owe_full(p);

@@ -171,6 +171,7 @@ impl Actor for Agent {
                     indirect_probes: a.settings.indirect_probes,
                     unreachable_after: a.settings.unreachable_after,
                     sync_interval: a.settings.reachability_sync_interval,
+                    heartbeat_interval: a.settings.heartbeat_interval,
                 },
                 a.settings.split_brain_resolver.clone(),
                 tokio::time::Instant::now(),

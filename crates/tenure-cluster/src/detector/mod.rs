@@ -53,6 +53,8 @@ pub(crate) struct DetectorSettings {
     pub unreachable_after: Duration,
     /// `reachability-sync-interval`.
     pub sync_interval: Duration,
+    /// `heartbeat-interval`.
+    pub heartbeat_interval: Duration,
 }
 
 /// The resolver's side of the machine (present unless `active-strategy = "off"`).
@@ -67,6 +69,10 @@ struct Sbr {
     /// hear its peers, its row says it reaches them all (a node back from a pause or a lost
     /// member lease reconnects first; its old life's silences are no observation).
     up_since: Instant,
+    /// The partition of the last step and what it was built from (the generations of the
+    /// view and the table): an unchanged view and table make the same partition, and
+    /// building one sorts every member.
+    partition: Option<((u64, u64), Partition)>,
 }
 
 /// One heartbeat to send: to `to`'s life `incarnation`, as a datagram, and on the session
@@ -158,7 +164,10 @@ impl Detector {
         Detector {
             me,
             incarnation,
-            monitor: Monitor::new(s.sync_interval),
+            monitor: Monitor::new(
+                s.sync_interval,
+                s.heartbeat_interval * crate::sbr::REPEAT as u32,
+            ),
             s,
             reach: Reachability::default(),
             ring: Ring::default(),
@@ -169,6 +178,7 @@ impl Detector {
                 heard: HashMap::new(),
                 hears_me: HashMap::new(),
                 up_since: now,
+                partition: None,
             }),
         }
     }
@@ -192,10 +202,10 @@ impl Detector {
 
     /// The peers this node heartbeats and watches, with `view`, the peers it has sessions
     /// with (`peers`), and whether it downed itself (see the module's doc).
-    fn watch_set<'a>(
+    fn watch_set(
         &mut self,
         view: &Membership,
-        peers: impl Iterator<Item = &'a NodeAddr>,
+        peers: &BTreeMap<NodeAddr, Incarnation>,
         downed: bool,
     ) -> BTreeSet<NodeAddr> {
         self.refresh_ring(view);
@@ -205,7 +215,15 @@ impl Detector {
         } else {
             view.peers().cloned().collect()
         };
-        out.extend(peers.filter(|p| !self.ring.addrs.contains(*p)).cloned());
+        // Both in address order: one pass over each, where a lookup per peer in a cluster
+        // of a thousand would be most of a tick.
+        let mut on_ring = self.ring.addrs.iter().peekable();
+        for p in peers.keys() {
+            while on_ring.next_if(|a| *a < p).is_some() {}
+            if on_ring.peek() != Some(&p) {
+                out.insert(p.clone());
+            }
+        }
         out.remove(&self.me);
         out
     }
@@ -224,7 +242,7 @@ impl Detector {
         rng: &mut fastrand::Rng,
     ) -> TickOut {
         let mut out = TickOut::default();
-        let watched = self.watch_set(view, peers.keys(), downed);
+        let watched = self.watch_set(view, peers, downed);
         let same_watch = watched == self.monitor.watched;
         for peer in watched.difference(&self.monitor.watched) {
             self.reach.rewatch(peer, now);
@@ -268,7 +286,7 @@ impl Detector {
                 peers.keys().filter(|p| !watched.contains(*p)).collect();
             for _ in 0..GOSSIP_FANOUT.min(others.len()) {
                 let peer = others.swap_remove(rng.usize(..others.len())).clone();
-                let rows = self.monitor.spread.rows_for(&d.table, &peer);
+                let rows = self.monitor.spread.recent_rows(&d.table);
                 if rows.is_empty() {
                     break;
                 }
@@ -534,9 +552,10 @@ impl Detector {
     }
 
     /// `peer` said hello at `now` (a new session or life, which may have missed any delta of
-    /// the reachability table: it gets the whole table next).
+    /// the reachability table: it gets the rows that list someone next, and the rest from
+    /// the digest repair; see [`crate::sbr::Spread::owe_observations`]).
     pub(crate) fn on_hello(&mut self, peer: &NodeAddr, now: Instant) {
-        self.monitor.spread.owe_full(peer);
+        self.monitor.spread.owe_observations(peer);
         self.reach.heard(peer, now);
     }
 
@@ -646,14 +665,22 @@ impl Detector {
         if view.me().status != MemberStatus::Up {
             return None;
         }
-        // A table without records is a whole cluster, whoever the members are.
-        let members: Vec<Member> = if d.table.records().next().is_some() {
-            view.members().into_iter().filter(counted).collect()
-        } else {
-            Vec::new()
+        let basis = (view.generation(), d.table.generation());
+        let partition = match d.partition.take() {
+            Some((of, partition)) if of == basis => partition,
+            _ => {
+                // A table without records is a whole cluster, whoever the members are.
+                let members: Vec<Member> = if d.table.records().next().is_some() {
+                    view.members().into_iter().filter(counted).collect()
+                } else {
+                    Vec::new()
+                };
+                Partition::new(members, d.table.records())
+            }
         };
-        let partition = Partition::new(members, d.table.records());
-        match d.resolver.step(&self.me, &partition, now) {
+        let step = d.resolver.step(&self.me, &partition, now);
+        d.partition = Some((basis, partition));
+        match step {
             Step::Decide(decision) => Some(decision),
             Step::Wait => None,
         }

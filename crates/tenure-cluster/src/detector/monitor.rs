@@ -17,12 +17,19 @@ pub(crate) struct Monitor {
     /// The peers watched at the last tick.
     pub watched: BTreeSet<NodeAddr>,
     pub spread: Spread,
-    /// At most how often a peer is asked for its whole table (`reachability-sync-interval`).
+    /// At most how often this node asks any peer for its whole table
+    /// (`reachability-sync-interval`).
     sync_interval: Duration,
+    /// How long a peer's digest must have differed from this node's before its table is
+    /// asked for: the time a delta travels ([`crate::sbr::REPEAT`] heartbeats), so that
+    /// rows still on their way are not fetched twice.
+    settle: Duration,
     /// Peers whose table differed from this node's: asked for it in the next heartbeat.
     want_table: BTreeSet<NodeAddr>,
-    /// When each peer was last asked for its table.
-    asked_at: HashMap<NodeAddr, Instant>,
+    /// When this node last asked a peer for its table.
+    asked_at: Option<Instant>,
+    /// Since when each peer's digest has differed from this node's, on every heartbeat.
+    differs_since: HashMap<NodeAddr, Instant>,
     /// When a heartbeat datagram last came from each peer.
     datagram_at: HashMap<NodeAddr, Instant>,
     /// Whether each peer's last heartbeat said this node's datagrams reach it.
@@ -45,14 +52,17 @@ struct ProbeRound {
 }
 
 impl Monitor {
-    /// A peer is asked for its whole table at most once per `sync_interval`.
-    pub(crate) fn new(sync_interval: Duration) -> Monitor {
+    /// This node asks one peer for its whole table at most once per `sync_interval`, and
+    /// only a peer whose digest differed for `settle`.
+    pub(crate) fn new(sync_interval: Duration, settle: Duration) -> Monitor {
         Monitor {
             watched: BTreeSet::new(),
             spread: Spread::default(),
             sync_interval,
+            settle,
             want_table: BTreeSet::new(),
-            asked_at: HashMap::new(),
+            asked_at: None,
+            differs_since: HashMap::new(),
             datagram_at: HashMap::new(),
             they_get_ours: HashMap::new(),
             session_copy_at: HashMap::new(),
@@ -80,15 +90,24 @@ impl Monitor {
     }
 
     /// `peer`'s heartbeat said its table's digest is `theirs`, and this node's (with its
-    /// rows merged) is `ours`: when they differ, ask it for the whole table, unless it was
-    /// asked within the sync interval.
+    /// rows merged) is `ours`. When they have differed on every heartbeat from it for
+    /// `settle` (the deltas on their way did not make up the difference), ask it for the
+    /// whole table, unless this node asked any peer within the sync interval: while a
+    /// thousand members join, every digest differs from every other for seconds, and one
+    /// table per interval bounds what a node fetches to repair whatever is still missing.
     pub(crate) fn compare(&mut self, peer: &NodeAddr, theirs: u64, ours: u64, now: Instant) {
+        if theirs == ours {
+            self.differs_since.remove(peer);
+            return;
+        }
+        let since = *self.differs_since.entry(peer.clone()).or_insert(now);
+        let settled = now.saturating_duration_since(since) >= self.settle;
         let recently = self
             .asked_at
-            .get(peer)
-            .is_some_and(|t| now.saturating_duration_since(*t) < self.sync_interval);
-        if theirs != ours && !recently {
-            self.asked_at.insert(peer.clone(), now);
+            .is_some_and(|t| now.saturating_duration_since(t) < self.sync_interval);
+        if settled && !recently {
+            self.asked_at = Some(now);
+            self.differs_since.remove(peer);
             self.want_table.insert(peer.clone());
         }
     }
@@ -179,7 +198,8 @@ impl Monitor {
         self.probing.remove(peer);
         self.vouched.remove(peer);
         self.want_table.remove(peer);
-        self.asked_at.remove(peer);
+        self.differs_since.remove(peer);
+        self.spread.forget(peer);
     }
 }
 
@@ -196,7 +216,7 @@ mod tests {
 
     #[test]
     fn the_session_copy_goes_only_while_datagrams_do_not_get_through_both_ways() {
-        let mut m = Monitor::new(Duration::from_secs(5));
+        let mut m = Monitor::new(Duration::from_secs(5), Duration::from_millis(1500));
         let p = peer();
         let t0 = Instant::now();
         assert!(
@@ -227,19 +247,49 @@ mod tests {
     }
 
     #[test]
-    fn a_differing_table_is_asked_for_at_most_once_per_sync_interval() {
-        let sync = Duration::from_secs(5);
-        let mut m = Monitor::new(sync);
+    fn a_differing_table_is_asked_for_once_it_differed_for_settle() {
+        let (sync, settle) = (Duration::from_secs(5), Duration::from_millis(1500));
+        let mut m = Monitor::new(sync, settle);
         let p = peer();
         let t0 = Instant::now();
         m.compare(&p, 1, 1, t0);
         assert!(!m.take_want_table(&p), "same digest");
         m.compare(&p, 1, 2, t0);
-        assert!(m.take_want_table(&p));
+        assert!(
+            !m.take_want_table(&p),
+            "the deltas on their way may make it up"
+        );
+        m.compare(&p, 1, 1, t0 + settle / 2);
+        m.compare(&p, 1, 2, t0 + settle);
+        assert!(
+            !m.take_want_table(&p),
+            "they did once: the difference starts again"
+        );
+        m.compare(&p, 1, 2, t0 + settle * 2);
+        assert!(
+            m.take_want_table(&p),
+            "differed on every heartbeat for settle"
+        );
         assert!(!m.take_want_table(&p), "asked once");
-        m.compare(&p, 1, 2, t0 + sync / 2);
-        assert!(!m.take_want_table(&p), "asked within the interval");
-        m.compare(&p, 1, 2, t0 + sync);
-        assert!(m.take_want_table(&p));
+    }
+
+    #[test]
+    fn a_node_asks_one_peer_for_its_table_per_sync_interval_whatever_the_number_that_differ() {
+        let (sync, settle) = (Duration::from_secs(5), Duration::from_millis(1500));
+        let mut m = Monitor::new(sync, settle);
+        let peers: Vec<NodeAddr> = (0..20)
+            .map(|i| NodeAddr::parse("t", &format!("127.0.0.1:{}", 100 + i)).unwrap())
+            .collect();
+        let t0 = Instant::now();
+        let mut asked = 0;
+        let mut t = t0;
+        while t <= t0 + sync + settle {
+            for p in &peers {
+                m.compare(p, 1, 2, t);
+                asked += usize::from(m.take_want_table(p));
+            }
+            t += Duration::from_millis(500);
+        }
+        assert_eq!(asked, 2, "one at settle, the next a sync interval later");
     }
 }

@@ -4,11 +4,16 @@
 //! A row travels in the heartbeats of the [`REPEAT`] rounds after it changed here (taken
 //! from a peer or this node's own), so a change floods the ring of monitors hop by hop and
 //! a lost datagram or two loses nothing. Every heartbeat also carries the digest of its
-//! sender's table ([`ReachTable::digest`]); a receiver whose table then differs asks for
-//! the whole table in its next heartbeat back (at most once per
-//! `reachability-sync-interval` and peer), and a peer gets it in its first heartbeat after a
-//! hello too. Whatever a peer missed (more losses in a row, a restart) is repaired so, and
-//! a steady table costs a digest per heartbeat.
+//! sender's table ([`ReachTable::digest`]); a receiver whose table has differed from it for
+//! [`REPEAT`] heartbeats asks for the whole table in its next heartbeat back, asking one
+//! peer at most per `reachability-sync-interval` (see `Monitor::compare`), and a peer gets
+//! the rows that list someone in its first heartbeat after a hello. Whatever a peer missed
+//! (more losses in a row, a restart) is repaired so, and a steady table costs a digest per
+//! heartbeat.
+//!
+//! A row that lists nobody travels only when it replaces one that listed someone: a new
+//! member's first row lists nobody, and says no more than no row (the digest leaves such
+//! rows out too), so a cluster of joining members has no delta to spread.
 //!
 //! What a receiver takes from a row is unchanged ([`ReachTable::merge`]: the newest version
 //! of each observer's current life, within the bounds its clock allows), so a delta and a
@@ -29,10 +34,12 @@ pub struct Spread {
     /// The generation of the table at the last round ([`ReachTable::generation`]): an
     /// unchanged table has no row to note.
     generation: Option<u64>,
-    /// Each observer's row as last seen here (life, version) and the round it changed in.
-    seen: BTreeMap<NodeAddr, (Incarnation, u64, u64)>,
+    /// Each observer's row as last seen here (life, version, whether it listed someone).
+    seen: BTreeMap<NodeAddr, (Incarnation, u64, bool)>,
     /// Peers owed the whole table in their next heartbeat.
     owed: BTreeSet<NodeAddr>,
+    /// Peers owed the rows that list someone in their next heartbeat.
+    owed_observations: BTreeSet<NodeAddr>,
     /// The observers whose rows changed lately, with the round they changed in.
     recent: BTreeMap<NodeAddr, u64>,
 }
@@ -49,17 +56,26 @@ impl Spread {
         let rows = table.rows_by_observer();
         self.seen.retain(|o, _| rows.contains_key(o));
         for (observer, row) in rows {
-            match self.seen.get_mut(observer) {
-                Some((inc, version, _)) if *inc == row.incarnation && *version == row.version => {}
+            let lists = !row.unreachable.is_empty();
+            let listed = match self.seen.get_mut(observer) {
+                Some((inc, version, _)) if *inc == row.incarnation && *version == row.version => {
+                    continue;
+                }
                 Some(seen) => {
-                    *seen = (row.incarnation, row.version, round);
-                    self.recent.insert(observer.clone(), round);
+                    let listed = seen.2;
+                    *seen = (row.incarnation, row.version, lists);
+                    listed
                 }
                 None => {
                     self.seen
-                        .insert(observer.clone(), (row.incarnation, row.version, round));
-                    self.recent.insert(observer.clone(), round);
+                        .insert(observer.clone(), (row.incarnation, row.version, lists));
+                    false
                 }
+            };
+            // A row that lists nobody travels only to clear one that did: a first empty
+            // row is no news (see `ReachTable::digest`).
+            if lists || listed {
+                self.recent.insert(observer.clone(), round);
             }
         }
         let since = self.since();
@@ -77,18 +93,54 @@ impl Spread {
         self.recent.values().any(|at| *at >= since)
     }
 
-    /// `peer` gets the whole table in its next heartbeat (it asked, or said hello: a new
-    /// session or a new life, which may have missed any delta).
+    /// `peer` gets the whole table in its next heartbeat (it asked for it).
     pub fn owe_full(&mut self, peer: &NodeAddr) {
         self.owed.insert(peer.clone());
     }
 
+    /// `peer` gets every row that lists an unreachable member in its next heartbeat, with
+    /// the rows that changed lately (it said hello: a new session or a new life, which may
+    /// have missed any delta). The rows that list nobody it gets from the digest repair:
+    /// while a thousand members join, each greeted by all, the whole table to each of their
+    /// ring neighbours would be `k` tables of `n` rows per member, where the observations
+    /// that matter to a decision are few (none in a cluster that is whole).
+    pub fn owe_observations(&mut self, peer: &NodeAddr) {
+        self.owed_observations.insert(peer.clone());
+    }
+
     /// The rows of `table` for `peer`'s heartbeat of this round: the whole table when it is
-    /// owed ([`Spread::owe_full`]), else the rows changed in the last [`REPEAT`] rounds.
+    /// owed ([`Spread::owe_full`]), else the rows changed in the last [`REPEAT`] rounds and
+    /// those that list someone when they are owed ([`Spread::owe_observations`]).
     pub fn rows_for(&mut self, table: &ReachTable, peer: &NodeAddr) -> Vec<ReachRow> {
+        let observations = self.owed_observations.remove(peer);
         if self.owed.remove(peer) {
             return table.rows();
         }
+        let mut rows = self.recent_rows(table);
+        if observations {
+            let recent: BTreeSet<NodeAddr> = rows.iter().map(|r| r.observer.clone()).collect();
+            rows.extend(
+                table
+                    .rows_by_observer()
+                    .values()
+                    .filter(|r| !r.unreachable.is_empty() && !recent.contains(&r.observer))
+                    .cloned(),
+            );
+        }
+        rows
+    }
+
+    /// Forgets what `peer` was owed (it is no member any more).
+    pub fn forget(&mut self, peer: &NodeAddr) {
+        self.owed.remove(peer);
+        self.owed_observations.remove(peer);
+    }
+
+    /// The rows of `table` changed in the last [`REPEAT`] rounds, whoever they go to (a
+    /// gossip contact off the ring gets these only: what it is owed waits for a heartbeat
+    /// of its own, so that a node greeted by a thousand joining peers does not send each of
+    /// its random contacts the whole table).
+    pub fn recent_rows(&self, table: &ReachTable) -> Vec<ReachRow> {
         let since = self.since();
         let rows = table.rows_by_observer();
         self.recent
@@ -116,9 +168,13 @@ mod tests {
         })
     }
 
-    /// The source's table as its rows; a receiver's must end up equal to it.
+    /// The source's rows that list someone; a receiver's must end up equal to them (a row
+    /// that lists nobody makes the same partition as no row).
     fn snapshot(t: &ReachTable) -> Vec<ReachRow> {
         t.rows()
+            .into_iter()
+            .filter(|r| !r.unreachable.is_empty())
+            .collect()
     }
 
     /// Sets observer `o`'s row in `t` (as merged from its own heartbeat) to `subjects`.
@@ -161,6 +217,47 @@ mod tests {
         s.owe_full(&peer);
         s.next_round(&t);
         assert_eq!(s.rows_for(&t, &peer).len(), 1, "owed the whole table");
+        assert!(s.rows_for(&t, &peer).is_empty(), "once");
+    }
+
+    #[test]
+    fn a_first_row_that_lists_nobody_is_no_delta_and_one_that_clears_a_listing_is() {
+        let (me, peer) = (a(0), a(99));
+        let mut t = ReachTable::default();
+        let mut s = Spread::default();
+        observe(&mut t, &me, 1, 10, &[]);
+        s.next_round(&t);
+        assert!(!s.has_changes(), "a joining member's row");
+        assert!(s.rows_for(&t, &peer).is_empty());
+        observe(&mut t, &me, 1, 11, &[2]);
+        s.next_round(&t);
+        assert_eq!(s.rows_for(&t, &peer).len(), 1, "it lists someone");
+        observe(&mut t, &me, 1, 12, &[]);
+        s.next_round(&t);
+        let rows = s.rows_for(&t, &peer);
+        assert_eq!(rows.len(), 1, "it clears a listing");
+        assert_eq!(rows[0].version, 12);
+    }
+
+    #[test]
+    fn a_greeted_peer_gets_the_rows_that_list_someone_and_not_the_whole_table() {
+        let (me, peer) = (a(0), a(99));
+        let mut t = ReachTable::default();
+        let mut s = Spread::default();
+        for o in 1..=10 {
+            let subjects: &[u16] = if o == 3 { &[4] } else { &[] };
+            observe(&mut t, &me, o, 10, subjects);
+        }
+        for _ in 0..REPEAT {
+            s.next_round(&t);
+        }
+        s.next_round(&t);
+        assert!(s.rows_for(&t, &peer).is_empty(), "nothing changed lately");
+        s.owe_observations(&peer);
+        s.next_round(&t);
+        let rows = s.rows_for(&t, &peer);
+        assert_eq!(rows.len(), 1, "{rows:?}");
+        assert_eq!(rows[0].observer, a(3));
         assert!(s.rows_for(&t, &peer).is_empty(), "once");
     }
 

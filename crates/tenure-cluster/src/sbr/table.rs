@@ -36,9 +36,35 @@ pub struct ReachTable {
     rows: BTreeMap<NodeAddr, ReachRow>,
     /// Counts the changes of `rows` (see [`ReachTable::generation`]).
     generation: u64,
-    /// The digest of `rows`, once asked for since their last change: every heartbeat in
-    /// and out carries or compares it, and a table seldom changes.
-    digest: std::sync::OnceLock<u64>,
+    /// The digest of `rows` ([`ReachTable::digest`]), kept as rows come and go: a table of
+    /// a thousand observers changes many times a round while members join, and every
+    /// heartbeat in and out carries or compares the digest.
+    digest: u64,
+}
+
+/// The share of one row in a table's digest: a mixed hash of (observer, life, version) for
+/// a row that lists someone, nothing for one that lists nobody. The digest is the wrapping
+/// sum of the shares, so a row's coming and going costs one addition, whatever the size of
+/// the table.
+///
+/// A row that lists nobody says no more than no row: both leave the observer out of every
+/// partition. Such rows are kept, to shadow the older rows of their observer, but they are
+/// no difference between two tables (and [`crate::sbr::Spread`] does not carry a first one),
+/// so that a thousand members joining, each with a new empty row, change no digest.
+fn share(row: &ReachRow) -> u64 {
+    if row.unreachable.is_empty() {
+        return 0;
+    }
+    let mut h = crate::ring::Fnv::default();
+    h.addr(&row.observer);
+    h.u64(row.incarnation.0);
+    h.u64(row.version);
+    // FNV's last bytes move few bits; a sum of shares needs each to look random
+    // (splitmix64's finaliser).
+    let mut z = h.finish();
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// What a receiver knows of an observer when it merges rows: its current life, and the
@@ -72,35 +98,37 @@ impl ReachTable {
         stamp: u64,
     ) -> bool {
         let unreachable: Vec<NodeAddr> = unreachable.into_iter().collect();
-        let changed = match self.rows.get_mut(me) {
-            Some(row) if row.incarnation == incarnation && row.unreachable == unreachable => false,
-            Some(row) if row.incarnation == incarnation => {
-                row.version = stamp.max(row.version.saturating_add(1));
-                row.unreachable = unreachable;
-                true
+        let version = match self.rows.get(me) {
+            Some(row) if row.incarnation == incarnation && row.unreachable == unreachable => {
+                return false;
             }
-            _ => {
-                self.rows.insert(
-                    me.clone(),
-                    ReachRow {
-                        observer: me.clone(),
-                        incarnation,
-                        version: stamp,
-                        unreachable,
-                    },
-                );
-                true
-            }
+            Some(row) if row.incarnation == incarnation => stamp.max(row.version.saturating_add(1)),
+            _ => stamp,
         };
-        if changed {
-            self.changed();
-        }
-        changed
+        self.put(ReachRow {
+            observer: me.clone(),
+            incarnation,
+            version,
+            unreachable,
+        });
+        true
     }
 
-    fn changed(&mut self) {
+    /// Stores `row` as its observer's, in place of any other.
+    fn put(&mut self, row: ReachRow) {
+        self.digest = self.digest.wrapping_add(share(&row));
+        if let Some(old) = self.rows.insert(row.observer.clone(), row) {
+            self.digest = self.digest.wrapping_sub(share(&old));
+        }
         self.generation += 1;
-        self.digest = std::sync::OnceLock::new();
+    }
+
+    /// Drops the row of `observer`, if any.
+    fn drop_row(&mut self, observer: &NodeAddr) {
+        if let Some(old) = self.rows.remove(observer) {
+            self.digest = self.digest.wrapping_sub(share(&old));
+            self.generation += 1;
+        }
     }
 
     /// A number that changes whenever the rows change (and only then).
@@ -140,25 +168,25 @@ impl ReachTable {
                     if known.incarnation == row.incarnation
                         && known.version >= row.version
                         && !impossible(known) => {}
-                _ => {
-                    self.rows.insert(row.observer.clone(), row);
-                    self.changed();
-                }
+                _ => self.put(row),
             }
         }
         if self.rows.get(sender.node).is_some_and(impossible) {
-            self.rows.remove(sender.node);
-            self.changed();
+            self.drop_row(sender.node);
         }
         refused
     }
 
     /// Drops the rows of observers that are no longer members in that life.
     pub fn retain(&mut self, life: impl Fn(&NodeAddr) -> Option<Incarnation>) {
-        let before = self.rows.len();
-        self.rows.retain(|o, row| life(o) == Some(row.incarnation));
-        if self.rows.len() != before {
-            self.changed();
+        let gone: Vec<NodeAddr> = self
+            .rows
+            .iter()
+            .filter(|(o, row)| life(o) != Some(row.incarnation))
+            .map(|(o, _)| o.clone())
+            .collect();
+        for observer in gone {
+            self.drop_row(&observer);
         }
     }
 
@@ -167,18 +195,12 @@ impl ReachTable {
         self.rows.values().cloned().collect()
     }
 
-    /// A digest of which row of each observer this table holds (observer, life, version):
-    /// two tables with the same digest hold the same rows, but for a hash collision.
+    /// A digest of which row of each observer this table holds (observer, life, version),
+    /// of the rows that list someone: two tables with the same digest hold the same such
+    /// rows, but for a hash collision, and so make the same partition. Kept up to date as
+    /// rows change: reading it costs nothing.
     pub fn digest(&self) -> u64 {
-        *self.digest.get_or_init(|| {
-            let mut h = crate::ring::Fnv::default();
-            for row in self.rows.values() {
-                h.addr(&row.observer);
-                h.u64(row.incarnation.0);
-                h.u64(row.version);
-            }
-            h.finish()
-        })
+        self.digest
     }
 
     /// Every row, by observer.
@@ -266,6 +288,32 @@ mod tests {
         assert_eq!(t.records().count(), 1);
         t.retain(|n| (n.port == 1).then_some(Incarnation(1)));
         assert_eq!(t.rows().len(), 1, "rows of members gone are dropped");
+    }
+
+    #[test]
+    fn rows_that_list_nobody_make_no_difference_and_the_digest_follows_every_change() {
+        let relay = a(5);
+        let mut joined = ReachTable::default();
+        let empty = joined.digest();
+        joined.merge(
+            &a(1),
+            from(&relay, 100),
+            (2..40).map(|o| row(o, 7, &[])).collect(),
+            unknown,
+        );
+        assert_eq!(joined.digest(), empty, "members joining change no digest");
+        joined.merge(&a(1), from(&relay, 100), vec![row(2, 8, &[3])], unknown);
+        let listing = joined.digest();
+        assert_ne!(listing, empty, "an observation is a difference");
+        // The same rows, reached in another order and without the empty ones: the same
+        // digest as a table built from scratch.
+        let mut direct = ReachTable::default();
+        direct.merge(&a(9), from(&relay, 100), vec![row(2, 8, &[3])], unknown);
+        assert_eq!(direct.digest(), listing);
+        joined.merge(&a(1), from(&relay, 100), vec![row(2, 9, &[])], unknown);
+        assert_eq!(joined.digest(), empty, "cleared, as if never listed");
+        joined.retain(|_| None);
+        assert_eq!(joined.digest(), empty);
     }
 
     #[test]
