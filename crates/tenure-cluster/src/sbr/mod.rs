@@ -273,7 +273,8 @@ pub struct Resolver {
     /// Since when members have been unreachable without a decision.
     unstable_since: Option<Instant>,
     decided: bool,
-    /// A situation awaits its decision: it was not whole when it last changed.
+    /// A situation awaits its decision: it was not whole when it last changed (members
+    /// leaving the view since do not close it, see [`Resolver::step`]).
     open: bool,
 }
 
@@ -310,20 +311,32 @@ impl Resolver {
     }
 
     /// Feeds the partition as seen at `now`; answers a decision at most once per situation.
-    /// Every change of what is unreachable (or indirectly connected) starts a new wait for
-    /// `stable-after`, members that left the view included: a flapping link or a side
-    /// whose members come and go never holds still long enough to be decided.
+    /// Members that leave the view (their member leases released or lapsed, or downed
+    /// here) only settle the situation: their going starts no new wait for `stable-after`,
+    /// else a side whose other side downs itself one node after another would wait on
+    /// until `down-all-when-unstable` downed it too; and the situation is still decided
+    /// when they leave it whole, else a node whose side went before it (static-quorum and
+    /// down-all down both sides) would stay up alone, as a cluster of its own.
     pub fn step(&mut self, me: &NodeAddr, p: &Partition, now: Instant) -> Step {
         let seen = (p.unreachable.clone(), p.indirect.clone());
         if seen != self.seen {
+            let left = |old: &BTreeSet<NodeAddr>, new: &BTreeSet<NodeAddr>| {
+                old.is_superset(new)
+                    && old
+                        .difference(new)
+                        .all(|a| !p.members.iter().any(|m| m.addr == *a))
+            };
+            let settled = left(&self.seen.0, &seen.0) && left(&self.seen.1, &seen.1);
             self.seen = seen;
-            self.changed_at = now;
-            self.decided = false;
-            self.open = !p.is_whole();
-            if self.open {
-                self.unstable_since.get_or_insert(now);
-            } else {
-                self.unstable_since = None;
+            if !settled {
+                self.changed_at = now;
+                self.decided = false;
+                self.open = !p.is_whole();
+                if self.open {
+                    self.unstable_since.get_or_insert(now);
+                } else {
+                    self.unstable_since = None;
+                }
             }
         }
         if !self.open || self.decided {
@@ -475,6 +488,41 @@ mod tests {
             r.step(&a(2), &more, t0 + Duration::from_secs(19)),
             Step::Decide(_)
         ));
+
+        // Members of the other side leaving the view settle the situation: no new wait.
+        let mut r = Resolver::new(s.clone(), t0);
+        let four = cut_of(4, &[(1, 3), (1, 4), (2, 3), (2, 4)]);
+        assert_eq!(r.step(&a(1), &four, t0), Step::Wait);
+        let mut fewer = cut_of(4, &[(1, 3), (2, 3)]);
+        fewer.members.retain(|m| m.addr != a(4));
+        assert_eq!(
+            r.step(&a(1), &fewer, t0 + Duration::from_secs(3)),
+            Step::Wait
+        );
+        assert_eq!(
+            r.step(&a(1), &fewer, t0 + Duration::from_secs(4)),
+            Step::Decide(Decision::Survive { down: vec![a(3)] }),
+            "stable-after counted from the cut, not from the member's leaving"
+        );
+        let mut gone = cut_of(4, &[]);
+        gone.members.retain(|m| m.addr != a(3) && m.addr != a(4));
+        let mut r = Resolver::new(s.clone(), t0);
+        assert_eq!(r.step(&a(1), &four, t0), Step::Wait);
+        assert_eq!(
+            r.step(&a(1), &gone, t0 + Duration::from_secs(2)),
+            Step::Wait
+        );
+        assert_eq!(
+            r.step(&a(1), &gone, t0 + Duration::from_secs(4)),
+            Step::Decide(Decision::Survive { down: vec![] }),
+            "decided though the other side left the view before"
+        );
+        let back = cut_of(3, &[(1, 3), (2, 3), (3, 2)]);
+        assert_eq!(
+            r.step(&a(1), &back, t0 + Duration::from_secs(5)),
+            Step::Wait,
+            "a new observation is a change"
+        );
 
         // Flapping observations: down-all once unstable for stable-after + 2 s.
         s.down_all_when_unstable = Some(Duration::from_secs(2));
