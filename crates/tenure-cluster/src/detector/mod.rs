@@ -669,12 +669,10 @@ impl Detector {
         let partition = match d.partition.take() {
             Some((of, partition)) if of == basis => partition,
             _ => {
-                // A table without records is a whole cluster, whoever the members are.
-                let members: Vec<Member> = if d.table.records().next().is_some() {
-                    view.members().into_iter().filter(counted).collect()
-                } else {
-                    Vec::new()
-                };
+                // The members even when the table has no records (a whole cluster): the
+                // resolver tells members that left the view from members heard again by
+                // whether they are still members.
+                let members: Vec<Member> = view.members().into_iter().filter(counted).collect();
                 Partition::new(members, d.table.records())
             }
         };
