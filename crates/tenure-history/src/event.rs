@@ -303,6 +303,30 @@ pub enum Event {
     /// The entity outlived its kill (a thread blocked outside an await): its shard keeps
     /// the lease until it ends.
     EntityZombie(EntityLife),
+    /// The shard coordinator, which had no home for the shard, allocated it to `to`.
+    ShardAllocated {
+        /// The entity type (JSON key `type`).
+        #[serde(rename = "type")]
+        entity_type: String,
+        /// The shard allocated.
+        shard: String,
+        /// The node told to host it.
+        to: String,
+    },
+    /// Whether the shard coordinator on this node may give the region shards from now on
+    /// (registered, available, up and reachable; before the newest-version filter), when
+    /// that changed.
+    RegionAllocatable {
+        /// The entity type (JSON key `type`).
+        #[serde(rename = "type")]
+        entity_type: String,
+        /// The region's node.
+        region: String,
+        /// Its application version (`cluster.app-version`).
+        version: String,
+        /// Whether it may be given shards.
+        allocatable: bool,
+    },
     /// A rebalance moves the shard; its hand-off begins.
     ShardMoving {
         /// The entity type (JSON key `type`).

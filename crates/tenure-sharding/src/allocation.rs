@@ -71,12 +71,14 @@ impl Regions {
         self.versions.get(region).cloned().unwrap_or_default()
     }
 
-    /// Records that `region` runs application `version`.
-    pub(crate) fn set_version(&mut self, region: &str, version: AppVersion) {
-        if self.versions.get(region) != Some(&version) {
+    /// Records that `region` runs application `version`; true when that changed.
+    pub(crate) fn set_version(&mut self, region: &str, version: AppVersion) -> bool {
+        let changed = self.versions.get(region) != Some(&version);
+        if changed {
             self.versions.insert(region.to_string(), version);
             self.pick_newest();
         }
+        changed
     }
 
     /// Recomputes the allocatable regions of the newest version.
@@ -146,8 +148,9 @@ impl Regions {
         Some(region)
     }
 
-    /// Whether `region` may be given shards from now on.
-    pub(crate) fn set_allocatable(&mut self, region: &str, allocatable: bool) {
+    /// Whether `region` may be given shards from now on (before the newest-version filter);
+    /// true when that changed.
+    pub(crate) fn set_allocatable(&mut self, region: &str, allocatable: bool) -> bool {
         let changed = if allocatable {
             self.hosted.entry(region.to_string()).or_default();
             self.allocatable.insert(region.to_string())
@@ -162,6 +165,7 @@ impl Regions {
         if changed {
             self.pick_newest();
         }
+        changed
     }
 }
 

@@ -412,7 +412,7 @@ impl CoordinatorState {
                 self.askers.remove(&addr);
                 self.unreachable_since.remove(&addr);
                 self.misplaced.retain(|(region, _), _| *region != addr);
-                self.homes.set_allocatable(&addr, false);
+                self.set_allocatable(&addr, false, false);
             }
             ClusterEvent::SelfDown | ClusterEvent::SelfLeaving(_) => {}
         }
@@ -442,10 +442,20 @@ impl CoordinatorState {
         let allocatable = self.regions.contains_key(region)
             && self.alive(region)
             && !self.unreachable_since.contains_key(region);
-        if let Some(m) = self.members.get(region) {
-            self.homes.set_version(region, m.app_version.clone());
+        let new_version = self
+            .members
+            .get(region)
+            .is_some_and(|m| self.homes.set_version(region, m.app_version.clone()));
+        self.set_allocatable(region, allocatable, new_version);
+    }
+
+    /// Records whether `region` may be given shards (before the newest-version filter),
+    /// and in the history each change, and each new version (`new_version`) of one that may.
+    fn set_allocatable(&mut self, region: &str, allocatable: bool, new_version: bool) {
+        if self.homes.set_allocatable(region, allocatable) || (allocatable && new_version) {
+            let version = self.homes.version(region).to_string();
+            history::region_allocatable(&self.args.type_name, region, &version, allocatable);
         }
-        self.homes.set_allocatable(region, allocatable);
     }
 
     /// Where `shard` lives, allocating it if it has no home; `None` while it moves or
@@ -575,7 +585,7 @@ impl CoordinatorState {
     /// shard's lease lapsed, restarts the shard without waiting for a message to it. A copy
     /// of the shard that another region reports running is asked to hand off.
     fn host(&mut self, shard: &str, region: &str) {
-        tracing::debug!(entity_type = %self.args.type_name, shard, region, "shard allocated");
+        history::shard_allocated(&self.args.type_name, shard, region);
         if self.args.settings.remember_entities {
             self.remembered.insert(shard.to_string());
         }

@@ -78,6 +78,26 @@ fn entity_life(
         token = token.get(), why);
 }
 
+/// `shard_allocated`: the coordinator of `entity_type`, which had no home for `shard`,
+/// told `to` to host it.
+pub(crate) fn shard_allocated(entity_type: &str, shard: &str, to: &str) {
+    tracing::info!(target: TARGET, event = "shard_allocated", r#type = entity_type, shard, to);
+}
+
+/// `region_allocatable`: whether the coordinator of `entity_type` on this node may give
+/// `region`, running application `version`, shards from now on (it is registered,
+/// available, up and reachable), when that changed; the newest-version filter is applied
+/// after this.
+pub(crate) fn region_allocatable(
+    entity_type: &str,
+    region: &str,
+    version: &str,
+    allocatable: bool,
+) {
+    tracing::info!(target: TARGET, event = "region_allocatable", r#type = entity_type, region,
+        version, allocatable);
+}
+
 /// `shard_moving`: the coordinator of `entity_type` moves `shard` from `from` to `to` (a
 /// rebalance); its hand-off begins.
 pub(crate) fn shard_moving(entity_type: &str, shard: &str, from: &str, to: &str) {
@@ -170,6 +190,8 @@ mod tests {
             entity_zombie("counter", "4", "key-1", token, "lease lost");
             entity_stopped("counter", "4", "key-1", token, "lease lost");
             shard_stopped("counter", "4", token, "lease lost: expired");
+            shard_allocated("counter", "4", "a:1");
+            region_allocatable("counter", "b:2", "1.0.0", true);
             shard_moving("counter", "4", "a:1", "b:2");
             shard_moved("counter", "4", "a:1", Some("b:2"), true);
             shard_moved("counter", "4", "a:1", None, false);
@@ -191,6 +213,17 @@ mod tests {
             Event::EntityZombie(entity("lease lost")),
             Event::EntityStopped(entity("lease lost")),
             Event::ShardStopped(shard("lease lost: expired")),
+            Event::ShardAllocated {
+                entity_type: s("counter"),
+                shard: s("4"),
+                to: s("a:1"),
+            },
+            Event::RegionAllocatable {
+                entity_type: s("counter"),
+                region: s("b:2"),
+                version: s("1.0.0"),
+                allocatable: true,
+            },
             Event::ShardMoving {
                 entity_type: s("counter"),
                 shard: s("4"),
