@@ -272,8 +272,9 @@ pub async fn concurrent_appends_one_wins(h: &impl JournalHarness) {
 }
 
 /// A holder whose grant runs out keeps appending while its successor waits for the
-/// lease: once the successor is granted, none of the old holder's appends is committed,
-/// so the successor appends after the last event it read, and the tokens along the
+/// lease: once the successor is granted and has [claimed](Journal::claim) the journal,
+/// none of the old holder's appends is committed, so the successor appends after the last
+/// event it read, and the tokens along the
 /// journal never go down.
 pub async fn a_holder_racing_its_successor(h: &impl JournalHarness) {
     let leases = h.leases().await;
@@ -299,6 +300,10 @@ pub async fn a_holder_racing_its_successor(h: &impl JournalHarness) {
         })
     };
     let new = grant(&*leases, &lease, "node-b", ttl * 20).await;
+    assert!(
+        jb.claim(&pid, &new).await.expect("claim"),
+        "the successor claims the journal"
+    );
     let last = read_all(&*jb, &pid, 1, 1000)
         .await
         .expect("read")
