@@ -340,15 +340,25 @@ pub async fn an_old_holder_refused_after_its_successor_claimed(h: &impl JournalH
     let (ja, jb) = (h.journal().await, h.journal().await);
     let (lease, pid) = (unique("claim"), unique("claim-pid"));
     let old = grant(&*leases, &lease, "node-a", LONG).await;
-    assert!(ja.claim(&pid, &old).await.expect("claim"), "the first holder claims");
+    assert!(
+        ja.claim(&pid, &old).await.expect("claim"),
+        "the first holder claims"
+    );
     appended(ja.append(append(&pid, 1, &["a1", "a2"], &old)).await);
     release(&*leases, &old).await;
     let new = grant(&*leases, &lease, "node-b", LONG).await;
-    assert!(jb.claim(&pid, &new).await.expect("claim"), "the successor claims");
+    assert!(
+        jb.claim(&pid, &new).await.expect("claim"),
+        "the successor claims"
+    );
     // Claiming again under the same grant (another entity of the shard) is no change.
     assert!(jb.claim(&pid, &new).await.expect("claim"), "claimed again");
     let read = read_all(&*jb, &pid, 1, 10).await.expect("read");
-    assert_eq!(seqs(&read), [1, 2], "the successor reads the old holder's events");
+    assert_eq!(
+        seqs(&read),
+        [1, 2],
+        "the successor reads the old holder's events"
+    );
     // A journal whose claim does nothing answers true; one that looks refuses.
     let _ = ja.claim(&pid, &old).await.expect("claim");
     assert_eq!(

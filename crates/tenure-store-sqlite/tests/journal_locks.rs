@@ -36,7 +36,8 @@ fn files() -> Files {
 /// attached as `leases`.
 fn writer_connection(f: &Files) -> Connection {
     let conn = Connection::open(&f.journal).expect("open the journal file");
-    conn.busy_timeout(Duration::from_secs(5)).expect("busy timeout");
+    conn.busy_timeout(Duration::from_secs(5))
+        .expect("busy timeout");
     conn.execute(
         "ATTACH DATABASE ?1 AS leases",
         [f.leases.to_str().expect("a UTF-8 path")],
@@ -132,7 +133,10 @@ async fn a_claim_orders_the_new_holder_after_the_old_holders_appends() {
         .expect("open the journal");
     let leases = store(&f.leases);
     let a = grant(&leases, "node-a").await;
-    assert!(journal.claim(PID, &a).await.expect("claim"), "node-a claims");
+    assert!(
+        journal.claim(PID, &a).await.expect("claim"),
+        "node-a claims"
+    );
 
     let mut conn = writer_connection(&f);
     let tx = sql::begin(&mut conn).expect("begin");
@@ -140,7 +144,10 @@ async fn a_claim_orders_the_new_holder_after_the_old_holders_appends() {
         .expect("the fence holds")
         .expect("the next sequence number");
     assert!(
-        leases.release(LEASE, "node-a", a.token).await.expect("release"),
+        leases
+            .release(LEASE, "node-a", a.token)
+            .await
+            .expect("release"),
         "released"
     );
     let b = grant(&leases, "node-b").await;
@@ -150,9 +157,16 @@ async fn a_claim_orders_the_new_holder_after_the_old_holders_appends() {
     );
     tx.commit().expect("commit the old holder's append");
 
-    assert!(journal.claim(PID, &b).await.expect("claim"), "node-b claims");
+    assert!(
+        journal.claim(PID, &b).await.expect("claim"),
+        "node-b claims"
+    );
     let events = journal.read(PID, 1, 10).await.expect("read");
-    assert_eq!(events.len(), 1, "the new holder reads the old holder's event");
+    assert_eq!(
+        events.len(),
+        1,
+        "the new holder reads the old holder's event"
+    );
     assert_eq!(events[0].payload, b"by-a");
 
     assert!(
