@@ -10,7 +10,7 @@ use std::time::Duration;
 use ractor::{ActorProcessingErr, ActorRef, RpcReplyPort};
 use tenure_lease::store::bounded;
 use tenure_lease::{
-    FencingToken, Lease, LeaseActor, LeaseEvent, LeaseEventSink, LeaseMsg, LeaseObserver,
+    ChangeVersion, Changes, FencingToken, Lease, LeaseActor, LeaseEvent, LeaseEventSink, LeaseMsg, LeaseObserver,
     LeaseRecord, LeaseSpec, LeaseStore,
 };
 use tokio::time::Instant;
@@ -20,7 +20,7 @@ use crate::app_version::AppVersion;
 use crate::identity::{Incarnation, NodeAddr};
 use crate::member::Listed;
 use crate::placement::{Placement, PlacementMismatch};
-use crate::protocol::{AgentMsg, Leaving, LeavingAck, Local};
+use crate::protocol::{AgentMsg, Leaving, LeavingAck, Local, Polled};
 use crate::settings::ClusterSettings;
 use crate::subscribe::{HandOver, HandOverWait};
 use crate::transport::Tls;
@@ -50,6 +50,11 @@ pub(super) struct Listing {
     pub foreign: HashSet<(NodeAddr, Incarnation)>,
     /// Member leases of nodes that place entities differently, already warned about.
     pub misplaced: HashSet<(NodeAddr, Incarnation)>,
+    /// The store's change version as of the last poll, on a store with
+    /// [`GrantChanges`](tenure_lease::GrantChanges): polls list only when it moved.
+    pub held: Option<ChangeVersion>,
+    /// Polls since the last listing: the `membership-listing-every`th lists regardless.
+    pub unlisted: u32,
 }
 
 /// The note kept with a member lease: who holds it, in which life, its join ticket, and
@@ -290,35 +295,52 @@ impl AgentState {
         Ok(())
     }
 
-    /// Every `membership-interval`: lists the member leases, unless a listing is under way.
+    /// Every `membership-interval`, unless a poll is under way: on a store with
+    /// [`GrantChanges`](tenure_lease::GrantChanges), asks whether the member leases changed
+    /// since the version held and lists them only when they did, or when the last
+    /// `membership-listing-every` polls listed nothing (a repair of whatever was missed);
+    /// on other stores, lists them.
+    ///
+    /// The view needs from a listing only who holds a member lease and its note (address,
+    /// life, age, roles, version), never expiries: renewals change none of it, so a store's
+    /// answer that renewals are no change loses nothing.
     pub(super) fn poll(&mut self, myself: &ActorRef<AgentMsg>) {
         if self.listing.polling {
             return;
         }
         self.listing.polling = true;
+        self.listing.unlisted = self.listing.unlisted.saturating_add(1);
+        let repair = self.listing.unlisted >= self.s.membership_listing_every;
+        // No version held: the store answers "changed", and the poll lists.
+        let since = if repair { None } else { self.listing.held };
         let store = self.store.clone();
         let prefix = self.s.member_prefix();
         let timeout = self.s.member_lease.lease_operation_timeout;
         let me = myself.clone();
         tokio::spawn(async move {
-            let listed = bounded(&prefix, "list", timeout, store.list(&prefix))
+            let polled = poll_store(store.as_ref(), &prefix, since, timeout)
                 .await
                 .map_err(|e| e.to_string());
-            let _ = me.cast(AgentMsg::Local(Local::Listed(listed)));
+            let _ = me.cast(AgentMsg::Local(Local::Listed(polled)));
         });
     }
 
-    /// The member leases listed by [`poll`](Self::poll): the view follows them.
-    pub(super) fn on_listed(&mut self, result: Result<Vec<LeaseRecord>, String>) {
+    /// What [`poll`](Self::poll) found: the view follows a listing; an unchanged answer
+    /// only moves the version held.
+    pub(super) fn on_listed(&mut self, result: Result<Polled, String>) {
         self.listing.polling = false;
         match result {
-            Ok(records) => {
+            Ok(polled) => {
                 if std::mem::take(&mut self.listing.failing) {
                     tracing::info!("member leases can be listed again");
                 }
-                let listing = self.parse_listing(&records);
-                let events = self.view.listed(&listing);
-                self.emit(events);
+                self.listing.held = polled.version;
+                if let Some(records) = polled.records {
+                    self.listing.unlisted = 0;
+                    let listing = self.parse_listing(&records);
+                    let events = self.view.listed(&listing);
+                    self.emit(events);
+                }
             }
             Err(e) if !self.listing.failing => {
                 self.listing.failing = true;
@@ -531,6 +553,39 @@ impl AgentState {
         }
         Err("refused to join: its placement differs from a member's".into())
     }
+}
+
+/// One membership poll of `store` under `prefix`: the cheap check for changes since
+/// `since` where the store has one, then, unless it answered "unchanged", the listing
+/// (after the check, so that a change racing the listing is reported again next time).
+async fn poll_store(
+    store: &dyn LeaseStore,
+    prefix: &str,
+    since: Option<ChangeVersion>,
+    timeout: Duration,
+) -> Result<Polled, tenure_lease::LeaseError> {
+    let mut version = None;
+    if let Some(changes) = store.as_grant_changes() {
+        let answer = bounded(
+            prefix,
+            "changes",
+            timeout,
+            changes.changes_since(prefix, since),
+        )
+        .await?;
+        if let Changes::Unchanged(held) = answer {
+            return Ok(Polled {
+                records: None,
+                version: Some(held),
+            });
+        }
+        version = Some(answer.version());
+    }
+    let records = bounded(prefix, "list", timeout, store.list(prefix)).await?;
+    Ok(Polled {
+        records: Some(records),
+        version,
+    })
 }
 
 /// How long `Node::leave` waits for the member lease release beyond the operation timeout.
