@@ -599,3 +599,324 @@ pub(crate) struct LeaveAnswer {
     pub peers: Vec<ActorRef<AgentMsg>>,
     pub notice: Leaving,
 }
+
+#[cfg(test)]
+mod tests {
+    //! Membership through the store's change check: one node on loopback, its peers' member
+    //! leases written straight into the shared in-memory store by the test (a member's
+    //! lease is all the view takes from the store), every store call counted.
+
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+    use async_trait::async_trait;
+    use tenure_lease::config::LeaseSection;
+    use tenure_lease::{
+        AcquireOutcome, AcquireRequest, Capabilities, ConfigError, GrantChanges, HeldLease,
+        LeaseProvider, MemoryStore, Renewal, StoreError, StoreFactory, StoreRegistry,
+        TenureConfig,
+    };
+
+    use super::*;
+    use crate::Node;
+    use crate::member::MemberStatus;
+
+    /// Store calls made by the node: listings of member leases, the rows they read, and
+    /// change checks.
+    #[derive(Default)]
+    struct Counts {
+        lists: AtomicU64,
+        rows: AtomicU64,
+        checks: AtomicU64,
+    }
+
+    impl Counts {
+        fn get(&self) -> (u64, u64, u64) {
+            (
+                self.lists.load(Relaxed),
+                self.rows.load(Relaxed),
+                self.checks.load(Relaxed),
+            )
+        }
+    }
+
+    /// A memory store that counts calls; with `checks` false it hides its change check,
+    /// as a store without the capability.
+    struct Counting {
+        inner: MemoryStore,
+        counts: Arc<Counts>,
+        checks: bool,
+    }
+
+    #[async_trait]
+    impl LeaseStore for Counting {
+        fn kind(&self) -> &'static str {
+            "counting"
+        }
+        fn capabilities(&self) -> Capabilities {
+            self.inner.capabilities()
+        }
+        async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError> {
+            self.inner.try_acquire(req).await
+        }
+        async fn renew(
+            &self,
+            owner: &str,
+            leases: &[HeldLease],
+            ttl: Duration,
+        ) -> Result<Vec<Renewal>, StoreError> {
+            self.inner.renew(owner, leases, ttl).await
+        }
+        async fn release(
+            &self,
+            name: &str,
+            owner: &str,
+            token: FencingToken,
+        ) -> Result<bool, StoreError> {
+            self.inner.release(name, owner, token).await
+        }
+        async fn read(&self, name: &str) -> Result<Option<LeaseRecord>, StoreError> {
+            self.inner.read(name).await
+        }
+        async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
+            let listed = self.inner.list(prefix).await?;
+            self.counts.lists.fetch_add(1, Relaxed);
+            self.counts.rows.fetch_add(listed.len() as u64, Relaxed);
+            Ok(listed)
+        }
+        fn as_grant_changes(&self) -> Option<&dyn GrantChanges> {
+            if self.checks { Some(self) } else { None }
+        }
+    }
+
+    #[async_trait]
+    impl GrantChanges for Counting {
+        async fn changes_since(
+            &self,
+            prefix: &str,
+            since: Option<ChangeVersion>,
+        ) -> Result<Changes, StoreError> {
+            self.counts.checks.fetch_add(1, Relaxed);
+            self.inner.changes_since(prefix, since).await
+        }
+    }
+
+    struct CountingFactory {
+        namespace: String,
+        counts: Arc<Counts>,
+        checks: bool,
+    }
+
+    #[async_trait]
+    impl StoreFactory for CountingFactory {
+        fn kind(&self) -> &'static str {
+            "counting"
+        }
+        fn check(&self, _section: &LeaseSection) -> Result<(), ConfigError> {
+            Ok(())
+        }
+        async fn open(&self, _section: &LeaseSection) -> Result<Arc<dyn LeaseStore>, ConfigError> {
+            Ok(Arc::new(Counting {
+                inner: MemoryStore::shared(&self.namespace),
+                counts: self.counts.clone(),
+                checks: self.checks,
+            }))
+        }
+    }
+
+    const COOKIE: &str = "membership-changes-cookie-0123456789abcdef";
+    const SYSTEM: &str = "changes";
+
+    /// A node on a free loopback port (another port when one was taken meanwhile).
+    async fn start_node(namespace: &str, counts: Arc<Counts>, checks: bool) -> Node {
+        for _ in 0..20 {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            let config = TenureConfig::from_toml_str(
+                &format!(
+                    r#"[tenure]
+system = "{SYSTEM}"
+default-lease-section = "m"
+[lease.m]
+store = "counting"
+[cluster]
+host = "127.0.0.1"
+port = {port}
+cookie = "{COOKIE}"
+membership-interval = "20ms"
+membership-listing-every = 1000000
+"#
+                ),
+                "test",
+            )
+            .unwrap();
+            let registry = ["sqlite", "postgres", "etcd", "zookeeper"]
+                .into_iter()
+                .fold(StoreRegistry::new(), |r, kind| r.left_out(kind, kind))
+                .with(CountingFactory {
+                    namespace: namespace.into(),
+                    counts: counts.clone(),
+                    checks,
+                });
+            let provider = LeaseProvider::new(config.clone(), registry).unwrap();
+            let settings = ClusterSettings::from_config(&config).unwrap();
+            match Node::start(settings, &provider).await {
+                Ok(node) => return node,
+                Err(crate::ClusterError::Bind { .. }) => continue,
+                Err(e) => panic!("node start: {e}"),
+            }
+        }
+        panic!("no free loopback port in 20 tries");
+    }
+
+    /// The member lease a node at `port` would hold: name, and a request carrying its note.
+    fn member_request(node: &Node, port: u16) -> AcquireRequest {
+        let s = node.settings();
+        let addr = NodeAddr::parse("test member", &format!("127.0.0.1:{port}")).unwrap();
+        let note = MemberNote::new(
+            &proof_key(COOKIE, None),
+            SYSTEM,
+            addr.clone(),
+            Incarnation::new(),
+            1_000 + u64::from(port),
+            Vec::new(),
+            s.placement.clone(),
+        );
+        AcquireRequest {
+            name: s.member_lease_name(&addr),
+            owner: addr.to_string(),
+            instance: "test".into(),
+            ttl: Duration::from_secs(3600),
+            note: Some(serde_json::to_string(&note).unwrap()),
+            ..AcquireRequest::default()
+        }
+    }
+
+    /// Polls the node's view until `done` holds of it (bounded: a failing test ends).
+    async fn until_view(node: &Node, what: &str, done: impl Fn(&[crate::MemberInfo]) -> bool) {
+        for _ in 0..3_000 {
+            if done(&node.view().await.unwrap().members) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the view never showed {what}");
+    }
+
+    /// Waits until the node made at least `more` change checks and listings in all beyond
+    /// `from`.
+    async fn until_polled(counts: &Counts, from: (u64, u64, u64), more: u64) {
+        for _ in 0..3_000 {
+            let (lists, _, checks) = counts.get();
+            if (lists + checks).saturating_sub(from.0 + from.2) >= more {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the node stopped polling the store");
+    }
+
+    /// Idle polls of one node with `peers` other member leases in the store: (listings, rows
+    /// read, change checks) per poll, over `polls` polls.
+    async fn idle_cost(checks: bool, peers: u16, polls: u64) -> (f64, f64, f64) {
+        let namespace = format!("membership-idle-{checks}-{peers}");
+        let counts = Arc::new(Counts::default());
+        let node = start_node(&namespace, counts.clone(), checks).await;
+        let store = MemoryStore::shared(&namespace);
+        for p in 0..peers {
+            store.try_acquire(&member_request(&node, 40_000 + p)).await.unwrap();
+        }
+        let all = usize::from(peers) + 1;
+        until_view(&node, "every member up", |m| {
+            m.len() == all && m.iter().all(|m| m.status == MemberStatus::Up)
+        })
+        .await;
+        let from = counts.get();
+        until_polled(&counts, from, polls).await;
+        let to = counts.get();
+        let polled = ((to.0 - from.0) + (to.2 - from.2)) as f64;
+        node.leave().await.unwrap();
+        (
+            (to.0 - from.0) as f64 / polled,
+            (to.1 - from.1) as f64 / polled,
+            (to.2 - from.2) as f64 / polled,
+        )
+    }
+
+    /// A member's join and leave reach the view through the change check (repair listings
+    /// are a million intervals apart), and an idle node asks only the change check: no
+    /// listing at all between changes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn joins_and_leaves_are_seen_through_the_change_check_and_idle_polls_do_not_list() {
+        let namespace = "membership-changes";
+        let counts = Arc::new(Counts::default());
+        let node = start_node(namespace, counts.clone(), true).await;
+        until_view(&node, "this node up", |m| {
+            m.iter().any(|m| m.status == MemberStatus::Up)
+        })
+        .await;
+
+        // Idle: a hundred polls, every one a change check.
+        let from = counts.get();
+        until_polled(&counts, from, 100).await;
+        let idle = counts.get();
+        assert_eq!(idle.0, from.0, "an idle node listed the member leases");
+        assert!(idle.2 >= from.2 + 100);
+
+        // A member joins: its lease is granted.
+        let store = MemoryStore::shared(namespace);
+        let joiner = member_request(&node, 40_999);
+        let AcquireOutcome::Granted(grant) = store.try_acquire(&joiner).await.unwrap() else {
+            panic!("the joiner's member lease was not granted");
+        };
+        let port = |m: &crate::MemberInfo| m.addr.to_string().ends_with(":40999");
+        until_view(&node, "the joiner", |m| m.iter().any(port)).await;
+        let joined = counts.get();
+        assert!(joined.0 > idle.0, "the join was seen without a listing");
+
+        // Renewals are no change: polls after them list nothing.
+        let held = HeldLease {
+            name: grant.name.clone(),
+            token: grant.token,
+        };
+        store
+            .renew(&grant.owner, &[held], Duration::from_secs(3600))
+            .await
+            .unwrap();
+        let renewed = counts.get();
+        until_polled(&counts, renewed, 20).await;
+        assert_eq!(counts.get().0, renewed.0, "a renewal made the node list");
+
+        // It leaves: its lease is released.
+        assert!(
+            store
+                .release(&grant.name, &grant.owner, grant.token)
+                .await
+                .unwrap()
+        );
+        until_view(&node, "the joiner gone", |m| !m.iter().any(port)).await;
+        node.leave().await.unwrap();
+    }
+
+    /// A store without the check is listed every interval, as before; with it, an idle node
+    /// reads no member rows. Prints the per-poll cost of both (docs/benchmarks.md).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn without_the_check_every_poll_lists_with_it_none_does() {
+        let peers = 23;
+        let (lists, rows, checks) = idle_cost(false, peers, 100).await;
+        println!(
+            "membership idle, {} members, no change check: per poll {lists:.2} listings, {rows:.1} rows, {checks:.2} checks",
+            peers + 1
+        );
+        assert_eq!(lists, 1.0);
+        assert_eq!(rows, f64::from(peers) + 1.0);
+        let (lists, rows, checks) = idle_cost(true, peers, 100).await;
+        println!(
+            "membership idle, {} members, change check: per poll {lists:.2} listings, {rows:.1} rows, {checks:.2} checks",
+            peers + 1
+        );
+        assert_eq!((lists, rows, checks), (0.0, 0.0, 1.0));
+    }
+}
