@@ -25,11 +25,11 @@ mod remember;
 pub mod state_loss;
 mod watch;
 
+pub use changes::grant_changes_move_on_grants_and_ends_not_on_renewals;
 pub use fair::{
     fair_cancelled_waiter_leaves_the_line, fair_dead_waiter_does_not_block_the_line,
     fair_wait_timeout_answers_held, fair_waiters_served_in_arrival_order,
 };
-pub use changes::grant_changes_move_on_grants_and_ends_not_on_renewals;
 pub use faulty::FaultyClient;
 pub use instances::same_owner_other_instance_waits;
 pub use lapse::{
@@ -58,8 +58,8 @@ use tokio::time::{Instant, sleep};
 use tenure_lease::FencingToken;
 use tenure_lease::{
     AcquireOutcome, AcquireRequest, Acquired, FairQueue, GrantChanges, HeldLease, HolderWatch,
-    Lease, LeaseError,
-    LeaseSettings, LeaseSpec, LeaseStore, LostReason, PreemptionRequests, RememberedIds, Renewal,
+    Lease, LeaseError, LeaseSettings, LeaseSpec, LeaseStore, LostReason, PreemptionRequests,
+    RememberedIds, Renewal,
 };
 
 /// A store under test.

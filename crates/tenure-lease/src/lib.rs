@@ -105,8 +105,9 @@ pub use settings::{LeaseSettings, LeaseTiming};
 pub use stop_budget::{StopBudget, StopDeadlines};
 pub use store::{
     AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, ChangeVersion, Changes,
-    EMERGENCY_PRIORITY, FairQueue, GrantChanges, HeldLease, HolderWatch, LeaseRecord, LeaseStore, PreemptAnswer, PreemptionRequest,
-    PreemptionRequests, RememberChange, RememberedIds, Renewal, WatchEvent, WatchReceiver,
+    EMERGENCY_PRIORITY, FairQueue, GrantChanges, HeldLease, HolderWatch, LeaseRecord, LeaseStore,
+    PreemptAnswer, PreemptionRequest, PreemptionRequests, RememberChange, RememberedIds, Renewal,
+    WatchEvent, WatchReceiver,
 };
 pub use token::FencingToken;
 pub use trace::{LeaseObserver, LeaseTrace};

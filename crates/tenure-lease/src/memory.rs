@@ -14,9 +14,8 @@ use crate::error::{ConfigError, StoreError};
 use crate::provider::StoreFactory;
 use crate::store::{
     AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, ChangeVersion, Changes, FairQueue,
-    GrantChanges, HeldLease, LeaseRecord,
-    LeaseStore, PreemptAnswer, PreemptionRequest, PreemptionRequests, RememberChange,
-    RememberedIds, Renewal, fair_wait_passed,
+    GrantChanges, HeldLease, LeaseRecord, LeaseStore, PreemptAnswer, PreemptionRequest,
+    PreemptionRequests, RememberChange, RememberedIds, Renewal, fair_wait_passed,
 };
 use crate::token::FencingToken;
 

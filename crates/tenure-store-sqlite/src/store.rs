@@ -10,10 +10,9 @@ use rusqlite::config::DbConfig;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 use tenure_lease::{
     AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, ChangeVersion, Changes, ConfigError,
-    FairQueue, GrantChanges,
-    FencingToken, HeldLease, HolderClock, LeaseRecord, LeaseSection, LeaseStore, PreemptAnswer,
-    PreemptionRequest, PreemptionRequests, RememberChange, RememberedIds, Renewal, StoreError,
-    StoreFactory,
+    FairQueue, FencingToken, GrantChanges, HeldLease, HolderClock, LeaseRecord, LeaseSection,
+    LeaseStore, PreemptAnswer, PreemptionRequest, PreemptionRequests, RememberChange,
+    RememberedIds, Renewal, StoreError, StoreFactory,
 };
 
 use crate::clock::{boot_id, now_ns, token_floor};

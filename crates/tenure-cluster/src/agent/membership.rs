@@ -10,8 +10,8 @@ use std::time::Duration;
 use ractor::{ActorProcessingErr, ActorRef, RpcReplyPort};
 use tenure_lease::store::bounded;
 use tenure_lease::{
-    ChangeVersion, Changes, FencingToken, Lease, LeaseActor, LeaseEvent, LeaseEventSink, LeaseMsg, LeaseObserver,
-    LeaseRecord, LeaseSpec, LeaseStore,
+    ChangeVersion, Changes, FencingToken, Lease, LeaseActor, LeaseEvent, LeaseEventSink, LeaseMsg,
+    LeaseObserver, LeaseRecord, LeaseSpec, LeaseStore,
 };
 use tokio::time::Instant;
 
@@ -612,8 +612,7 @@ mod tests {
     use tenure_lease::config::LeaseSection;
     use tenure_lease::{
         AcquireOutcome, AcquireRequest, Capabilities, ConfigError, GrantChanges, HeldLease,
-        LeaseProvider, MemoryStore, Renewal, StoreError, StoreFactory, StoreRegistry,
-        TenureConfig,
+        LeaseProvider, MemoryStore, Renewal, StoreError, StoreFactory, StoreRegistry, TenureConfig,
     };
 
     use super::*;
@@ -935,7 +934,11 @@ membership-listing-every = {listing_every}
             assert!(lists <= polls / 30 + 1, "{lists} listings in {polls} polls");
             assert_eq!(rows, lists * u64::from(members));
             let [polls, lists, rows, _] = idle_cost(true, 1_000_000, peers, 300).await;
-            assert_eq!((lists, rows), (0, 0), "{polls} polls without repairs listed");
+            assert_eq!(
+                (lists, rows),
+                (0, 0),
+                "{polls} polls without repairs listed"
+            );
         }
     }
 }

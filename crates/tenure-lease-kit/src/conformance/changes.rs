@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::{Harness, granted_token, grant_changes_of, request};
+use super::{Harness, grant_changes_of, granted_token, request};
 use tenure_lease::{AcquireRequest, ChangeVersion, Changes, HeldLease, LeaseStore};
 
 /// Asks whether the grants under `c-` changed since `since`; answers the version to hold and
@@ -35,7 +35,11 @@ pub async fn grant_changes_move_on_grants_and_ends_not_on_renewals(h: &dyn Harne
     assert!(!changed, "nothing happened, yet the grants changed");
 
     // A grant under the prefix.
-    let t1 = granted_token(&a.try_acquire(&request("c-1", "a", long)).await.expect("acquire"));
+    let t1 = granted_token(
+        &a.try_acquire(&request("c-1", "a", long))
+            .await
+            .expect("acquire"),
+    );
     let (v, changed) = check(&*watcher, Some(v)).await;
     assert!(changed, "a new grant is a change");
     let (mut v, changed) = check(&*watcher, Some(v)).await;
@@ -49,7 +53,11 @@ pub async fn grant_changes_move_on_grants_and_ends_not_on_renewals(h: &dyn Harne
         };
         a.renew("a", &[held], long).await.expect("renew");
     }
-    granted_token(&a.try_acquire(&request("c-1", "a", long)).await.expect("reentrant"));
+    granted_token(
+        &a.try_acquire(&request("c-1", "a", long))
+            .await
+            .expect("reentrant"),
+    );
     let elsewhere = granted_token(
         &a.try_acquire(&request("other-1", "a", long))
             .await
@@ -71,7 +79,11 @@ pub async fn grant_changes_move_on_grants_and_ends_not_on_renewals(h: &dyn Harne
 
     // An expiry, which nobody writes.
     let short = Duration::from_secs(2);
-    granted_token(&a.try_acquire(&request("c-2", "a", short)).await.expect("acquire"));
+    granted_token(
+        &a.try_acquire(&request("c-2", "a", short))
+            .await
+            .expect("acquire"),
+    );
     let (v2, changed) = check(&*watcher, Some(v)).await;
     assert!(changed, "a new grant is a change");
     v = v2;
