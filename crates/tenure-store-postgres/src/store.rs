@@ -10,7 +10,8 @@ use deadpool::managed::{Object, Pool};
 use deadpool_postgres::{Manager, ManagerConfig, RecyclingMethod, Runtime};
 use futures::future::BoxFuture;
 use tenure_lease::{
-    AcquireOutcome, AcquireRequest, Capabilities, ConfigError, FairQueue, FencingToken, HeldLease,
+    AcquireOutcome, AcquireRequest, Capabilities, ChangeVersion, Changes, ConfigError, FairQueue,
+    FencingToken, GrantChanges, HeldLease,
     HolderClock, LeaseRecord, LeaseSection, LeaseStore, PreemptAnswer, PreemptionRequest,
     PreemptionRequests, RememberChange, RememberedIds, Renewal, StoreError, StoreFactory,
 };
@@ -660,6 +661,55 @@ impl LeaseStore for PostgresStore {
 
     fn as_remembered_ids(&self) -> Option<&dyn RememberedIds> {
         Some(self)
+    }
+
+    fn as_grant_changes(&self) -> Option<&dyn GrantChanges> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl GrantChanges for PostgresStore {
+    /// One statement reading two index ranges: the prefix's row of `<table>_change` (bumped
+    /// in the statement that makes or ends a grant under it, whichever client sent it) and
+    /// the grants under it whose expiry on the server's clock fell after `since` and by now
+    /// (expiry writes nothing). The first check of a prefix makes its row.
+    async fn changes_since(
+        &self,
+        prefix: &str,
+        since: Option<ChangeVersion>,
+    ) -> Result<Changes, StoreError> {
+        let (sql, statements) = (Sql::Changes, &self.inner.statements);
+        let after = since.map(|v| v.at);
+        let (prefix, after) = (&prefix, &after);
+        let row = self
+            .run(self.patience(), true, |c, _| {
+                Box::pin(async move {
+                    let stmt = c.statement(sql, statements).await.map_err(|e| (false, e))?;
+                    c.query_one(&stmt, &[prefix, after])
+                        .await
+                        .map_err(|e| (true, e))
+                })
+            })
+            .await?;
+        let changes: Option<i64> = row.try_get(0).map_err(|e| self.bad(e))?;
+        let at: i64 = row.try_get(1).map_err(|e| self.bad(e))?;
+        let expired: bool = row.try_get(2).map_err(|e| self.bad(e))?;
+        let version = ChangeVersion {
+            changes: changes.unwrap_or_default() as u64,
+            at,
+        };
+        Ok(match since {
+            Some(since)
+                if changes.is_some()
+                    && !expired
+                    && since.at <= at
+                    && since.changes == version.changes =>
+            {
+                Changes::Unchanged(version)
+            }
+            _ => Changes::Changed(version),
+        })
     }
 }
 
