@@ -115,8 +115,13 @@ pub struct Statements {
     pub withdraw_preemption: String,
     /// `$1` name: the unexpired grant.
     pub read: String,
-    /// `$1` LIKE pattern (see [`like_prefix`]): the unexpired grants it matches, by name.
+    /// `$1` prefix, `$2` [`prefix_end`](tenure_lease::names::prefix_end) of it: the
+    /// unexpired grants whose names start with `$1`, by name. A range of the primary key's
+    /// index, which a generic plan of the prepared statement keeps (`LIKE $1` would make
+    /// such a plan read the whole table).
     pub list: String,
+    /// `$1` prefix that no string is above: the unexpired grants from `$1` on, by name.
+    pub list_from: String,
     /// `$1` name, `$2` owner, `$3` token, `$4` ids to add, `$5` ids to remove: applies both
     /// to the ids remembered with `$1` (table `<table>_remembered`) if `$2` holds `$1`
     /// unexpired with `$3`, whose row it locks (`FOR SHARE`) so that no other grant commits
@@ -151,6 +156,7 @@ pub(crate) enum Sql {
     WithdrawPreemption,
     Read,
     List,
+    ListFrom,
     Remember,
     Remembered,
     Changes,
@@ -178,6 +184,7 @@ impl Statements {
             Sql::WithdrawPreemption => &self.withdraw_preemption,
             Sql::Read => &self.read,
             Sql::List => &self.list,
+            Sql::ListFrom => &self.list_from,
             Sql::Remember => &self.remember,
             Sql::Remembered => &self.remembered,
             Sql::Changes => &self.changes,
@@ -379,7 +386,12 @@ FROM {t} WHERE name = $1::text",
             ),
             list: format!(
                 "SELECT {cols} FROM {t}
-WHERE name LIKE $1::text ESCAPE '\\' AND expires_at > clock_timestamp() ORDER BY name",
+WHERE name >= $1::text AND name < $2::text AND expires_at > clock_timestamp() ORDER BY name",
+                cols = record_columns("")
+            ),
+            list_from: format!(
+                "SELECT {cols} FROM {t}
+WHERE name >= $1::text AND expires_at > clock_timestamp() ORDER BY name",
                 cols = record_columns("")
             ),
             remember: format!(
@@ -497,29 +509,4 @@ fn channel(schema: &str, table: &str) -> String {
     let mut channel = format!("{schema}.{table}");
     channel.truncate(MAX_CHANNEL);
     channel
-}
-
-/// The LIKE pattern matching every name that starts with `prefix`: `\`, `%` and `_` in
-/// the prefix are escaped, so they match only themselves.
-pub fn like_prefix(prefix: &str) -> String {
-    let mut pattern = String::with_capacity(prefix.len() + 1);
-    for c in prefix.chars() {
-        if matches!(c, '\\' | '%' | '_') {
-            pattern.push('\\');
-        }
-        pattern.push(c);
-    }
-    pattern.push('%');
-    pattern
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn like_prefix_escapes_wildcards() {
-        assert_eq!(like_prefix(""), "%");
-        assert_eq!(like_prefix("a_b%c\\"), "a\\_b\\%c\\\\%");
-    }
 }

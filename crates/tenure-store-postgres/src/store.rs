@@ -11,9 +11,9 @@ use deadpool_postgres::{Manager, ManagerConfig, RecyclingMethod, Runtime};
 use futures::future::BoxFuture;
 use tenure_lease::{
     AcquireOutcome, AcquireRequest, Capabilities, ChangeVersion, Changes, ConfigError, FairQueue,
-    FencingToken, GrantChanges, HeldLease,
-    HolderClock, LeaseRecord, LeaseSection, LeaseStore, PreemptAnswer, PreemptionRequest,
-    PreemptionRequests, RememberChange, RememberedIds, Renewal, StoreError, StoreFactory,
+    FencingToken, GrantChanges, HeldLease, HolderClock, LeaseRecord, LeaseSection, LeaseStore,
+    PreemptAnswer, PreemptionRequest, PreemptionRequests, RememberChange, RememberedIds, Renewal,
+    StoreError, StoreFactory,
 };
 use tokio::time::{Instant, sleep, timeout};
 use tokio_postgres::{NoTls, Row};
@@ -24,7 +24,7 @@ use crate::fenced::Fence;
 use crate::options::{PostgresOptions, REFERENCE};
 use crate::pool::{Connector, Pooled};
 use crate::schema::migrate;
-use crate::sql::{Sql, Statements, like_prefix};
+use crate::sql::{Sql, Statements};
 
 /// Pause before the first retry of a transient failure; doubles up to [`MAX_PAUSE`].
 const FIRST_PAUSE: Duration = Duration::from_millis(20);
@@ -637,14 +637,29 @@ impl LeaseStore for PostgresStore {
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
-        let (sql, statements) = (Sql::List, &self.inner.statements);
-        let pattern = like_prefix(prefix);
-        let pattern = &pattern;
+        let statements = &self.inner.statements;
+        let end = tenure_lease::names::prefix_end(prefix);
+        let (prefix, end) = (&prefix, &end);
         let rows = self
             .run(self.patience(), true, |c, _| {
                 Box::pin(async move {
-                    let stmt = c.statement(sql, statements).await.map_err(|e| (false, e))?;
-                    c.query(&stmt, &[pattern]).await.map_err(|e| (true, e))
+                    match end {
+                        Some(end) => {
+                            let stmt = c
+                                .statement(Sql::List, statements)
+                                .await
+                                .map_err(|e| (false, e))?;
+                            c.query(&stmt, &[prefix, end]).await
+                        }
+                        None => {
+                            let stmt = c
+                                .statement(Sql::ListFrom, statements)
+                                .await
+                                .map_err(|e| (false, e))?;
+                            c.query(&stmt, &[prefix]).await
+                        }
+                    }
+                    .map_err(|e| (true, e))
                 })
             })
             .await?;

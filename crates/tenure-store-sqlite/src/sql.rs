@@ -117,26 +117,7 @@ pub const LIST_FROM: &str = "SELECT name, owner, instance, token, expires_at, ve
     FROM tenure_lease
     WHERE name >= ?1 AND expires_at > ?2 ORDER BY name";
 
-/// The least string above every string that starts with `prefix`, in SQLite's `BINARY`
-/// order (UTF-8 bytes, which is code point order): `prefix` with its last character that
-/// has a successor replaced by that successor and what follows it dropped. `None` when no
-/// character has one (the empty prefix, or only U+10FFFF): then nothing bounds the names.
-pub fn prefix_end(prefix: &str) -> Option<String> {
-    let mut chars: Vec<char> = prefix.chars().collect();
-    while let Some(last) = chars.pop() {
-        // The next scalar value: surrogates are no characters, so U+D7FF is followed by
-        // U+E000.
-        let next = match u32::from(last) {
-            0xD7FF => Some('\u{E000}'),
-            c => char::from_u32(c + 1),
-        };
-        if let Some(next) = next {
-            chars.push(next);
-            return Some(chars.into_iter().collect());
-        }
-    }
-    None
-}
+pub use tenure_lease::names::prefix_end;
 
 /// A grant of `?1` was made or ended: every watched prefix of it changed. Reads the
 /// `tenure_change` rows, one per prefix any process asked about.
