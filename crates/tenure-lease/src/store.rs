@@ -615,14 +615,15 @@ pub trait HolderWatch: LeaseStore {
 }
 
 /// Where the grants under one prefix stood at an answer of
-/// [`GrantChanges::changes_since`]: a count of the grants made and ended there, and the
-/// instant of the answer on the clock the store expires grants by. Only the store that
-/// gave it can compare it; callers keep it and hand it back.
+/// [`GrantChanges::changes_since`], in two numbers whose meaning is the store's (the SQL
+/// and memory stores keep a count of the grants made and ended there, and the instant of
+/// the answer on the clock they expire grants by). Only the store that gave it can compare
+/// it; callers keep it and hand it back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChangeVersion {
-    /// Grants made or ended under the prefix (store-defined count; only equality matters).
+    /// The store's first number (a change count).
     pub changes: u64,
-    /// The answer's instant on the store's expiry clock (store-defined units).
+    /// The store's second number (an instant on its expiry clock).
     pub at: i64,
 }
 
@@ -653,8 +654,9 @@ impl Changes {
 /// A change is a grant made (new, or taking over an expired or lower grant), a grant ended
 /// (released, expired, taken over, or lost with the store's state) and a grant's note
 /// replaced; a renewal, which only extends a grant, is none, so that grants renewed every
-/// second do not make every poll a listing. A caller that needs the expiries a listing
-/// shows must therefore list anyway.
+/// second do not make every poll a listing (a reentrant acquire may count as a change: an
+/// answer "changed" that was not costs only a listing). A caller that needs the expiries a
+/// listing shows must therefore list anyway.
 #[async_trait]
 pub trait GrantChanges: LeaseStore {
     /// Whether the unexpired grants whose names start with `prefix` changed since `since`

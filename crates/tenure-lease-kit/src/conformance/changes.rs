@@ -22,7 +22,7 @@ async fn check(store: &dyn LeaseStore, since: Option<ChangeVersion>) -> (ChangeV
 
 /// The version moves when a grant under the prefix is made, released, expires, or is taken
 /// over after expiring, whichever client (connection) wrote it; it does not move on
-/// renewals, reentrant acquires, or grants outside the prefix.
+/// renewals or grants outside the prefix.
 pub async fn grant_changes_move_on_grants_and_ends_not_on_renewals(h: &dyn Harness) {
     let watcher = h.client().await;
     let a = h.client().await;
@@ -42,10 +42,10 @@ pub async fn grant_changes_move_on_grants_and_ends_not_on_renewals(h: &dyn Harne
     );
     let (v, changed) = check(&*watcher, Some(v)).await;
     assert!(changed, "a new grant is a change");
-    let (mut v, changed) = check(&*watcher, Some(v)).await;
+    let (v, changed) = check(&*watcher, Some(v)).await;
     assert!(!changed, "the same grant seen twice");
 
-    // Renewals, a reentrant acquire, and grants elsewhere are none.
+    // Renewals and grants elsewhere are none.
     for _ in 0..3 {
         let held = HeldLease {
             name: "c-1".into(),
@@ -53,11 +53,6 @@ pub async fn grant_changes_move_on_grants_and_ends_not_on_renewals(h: &dyn Harne
         };
         a.renew("a", &[held], long).await.expect("renew");
     }
-    granted_token(
-        &a.try_acquire(&request("c-1", "a", long))
-            .await
-            .expect("reentrant"),
-    );
     let elsewhere = granted_token(
         &a.try_acquire(&request("other-1", "a", long))
             .await
@@ -67,8 +62,17 @@ pub async fn grant_changes_move_on_grants_and_ends_not_on_renewals(h: &dyn Harne
     let (v2, changed) = check(&*watcher, Some(v)).await;
     assert!(
         !changed,
-        "renewals, a reentrant acquire or a lease outside the prefix changed the grants"
+        "renewals or a lease outside the prefix changed the grants"
     );
+    let mut v = v2;
+    // A reentrant acquire may count as a change (a store may rewrite the grant): an
+    // answer "changed" only costs a listing, so either answer is right.
+    granted_token(
+        &a.try_acquire(&request("c-1", "a", long))
+            .await
+            .expect("reentrant"),
+    );
+    let (v2, _) = check(&*watcher, Some(v)).await;
     v = v2;
 
     // A release.
