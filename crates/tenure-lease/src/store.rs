@@ -615,15 +615,16 @@ pub trait HolderWatch: LeaseStore {
 }
 
 /// Where the grants under one prefix stood at an answer of
-/// [`GrantChanges::changes_since`], in two numbers whose meaning is the store's (the SQL
-/// and memory stores keep a count of the grants made and ended there, and the instant of
-/// the answer on the clock they expire grants by). Only the store that gave it can compare
-/// it; callers keep it and hand it back.
+/// [`GrantChanges::changes_since`], in two numbers whose meaning is the store's: the SQL
+/// and memory stores keep a count of the grants made and ended there and the instant of
+/// the answer on the clock they expire grants by; etcd the revision of the last write and
+/// the number of grants. Only the store that gave it can compare it; callers keep it and
+/// hand it back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChangeVersion {
-    /// The store's first number (a change count).
+    /// The store's first number (a change count, or the last write's revision).
     pub changes: u64,
-    /// The store's second number (an instant on its expiry clock).
+    /// The store's second number (an instant on its expiry clock, or a count).
     pub at: i64,
 }
 
@@ -656,7 +657,9 @@ impl Changes {
 /// replaced; a renewal, which only extends a grant, is none, so that grants renewed every
 /// second do not make every poll a listing (a reentrant acquire may count as a change: an
 /// answer "changed" that was not costs only a listing). A caller that needs the expiries a
-/// listing shows must therefore list anyway.
+/// listing shows must therefore list anyway. A store whose listings judge expiry on the
+/// client's clock reports an expiry once the server removes the grant (etcd: at most about
+/// two seconds later).
 #[async_trait]
 pub trait GrantChanges: LeaseStore {
     /// Whether the unexpired grants whose names start with `prefix` changed since `since`

@@ -101,9 +101,19 @@ pub async fn grant_changes_move_on_grants_and_ends_not_on_renewals(h: &dyn Harne
         watcher.read("c-2").await.expect("read").is_none(),
         "the short grant never expired"
     );
-    let (v2, changed) = check(&*watcher, Some(v)).await;
-    assert!(changed, "an expiry is a change");
-    v = v2;
+    // Reported at once on stores that judge expiry where they answer the check; where
+    // listings judge it on a client clock (etcd), once the server removes the grant.
+    let mut reported = false;
+    for _ in 0..600 {
+        let (v2, changed) = check(&*watcher, Some(v)).await;
+        v = v2;
+        if changed {
+            reported = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(reported, "an expiry is a change");
     let (v2, changed) = check(&*watcher, Some(v)).await;
     assert!(!changed, "the same expiry seen twice");
     v = v2;
