@@ -127,7 +127,29 @@ pub async fn grant_changes_move_on_grants_and_ends_not_on_renewals(h: &dyn Harne
     let (v2, changed) = check(&*watcher, Some(v)).await;
     assert!(changed, "taking an expired lease over is a change");
     v = v2;
-    let (_, changed) = check(&*watcher, Some(v)).await;
+    let (v2, changed) = check(&*watcher, Some(v)).await;
     assert!(!changed, "the take-over seen twice");
+    v = v2;
+
+    // Among several grants: the release of one that is not the latest, and a grant made
+    // while another ends (as many grants as before).
+    let t3 = granted_token(
+        &a.try_acquire(&request("c-3", "a", long))
+            .await
+            .expect("acquire"),
+    );
+    let (v2, _) = check(&*watcher, Some(v)).await;
+    v = v2;
     assert!(b.release("c-2", "b", t2).await.expect("release"));
+    let (v2, changed) = check(&*watcher, Some(v)).await;
+    assert!(changed, "the release of an older grant is a change");
+    v = v2;
+    granted_token(
+        &a.try_acquire(&request("c-4", "a", long))
+            .await
+            .expect("acquire"),
+    );
+    assert!(a.release("c-3", "a", t3).await.expect("release"));
+    let (_, changed) = check(&*watcher, Some(v)).await;
+    assert!(changed, "one grant made and another ended is a change");
 }
