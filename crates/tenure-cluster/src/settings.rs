@@ -488,6 +488,16 @@ mod tests {
         s.member_lease.validate("x").unwrap();
     }
 
+    /// The repair listings' spacing is read, defaults to 30, and is at least one interval.
+    #[test]
+    fn membership_listing_every_is_read_and_at_least_one() {
+        assert_eq!(load("").unwrap().membership_listing_every, 30);
+        let s = load("membership-listing-every = 7").unwrap();
+        assert_eq!(s.membership_listing_every, 7);
+        let s = load("membership-listing-every = 0").unwrap();
+        assert_eq!(s.membership_listing_every, 1);
+    }
+
     #[test]
     fn errors_name_the_key() {
         let cases = [
