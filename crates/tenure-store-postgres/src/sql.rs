@@ -50,7 +50,8 @@ const FORCED: &str = "coalesce(l.request_forceful, false)";
 pub struct Statements {
     /// Creates schema, token sequence, table and index when the table is missing, the
     /// priority columns when a table of an earlier version lacks them, and the fair
-    /// waiters' table (`<table>_waiter`) when it is missing (one transaction,
+    /// waiters' table (`<table>_waiter`), the change counts (`<table>_change`) and the
+    /// expiry index (`<table>_expiry`) when they are missing (one transaction,
     /// serialised by an advisory lock so concurrent first starts do not collide). With the
     /// table complete it changes nothing and needs no DDL rights.
     pub migrate: String,
