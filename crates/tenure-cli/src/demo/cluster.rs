@@ -908,26 +908,26 @@ release-after = "10s"
     /// `link_cut` / `link_healed` about `a` with `peer` = `b`'s address.
     pub fn set_link(&self, a: usize, b: usize, cut: bool) -> Result<(), HarnessError> {
         let mode = if cut { Some("stall") } else { None };
-        self.link_fault(a, b, mode, mode)
+        self.link_fault(a, b, [mode, mode])
     }
 
     /// Drops the traffic between `a` and `b` (connections reset, dials refused), on both
     /// sides; heal with [`set_link`](Cluster::set_link)`(a, b, false)`.
     pub fn drop_link(&self, a: usize, b: usize) -> Result<(), HarnessError> {
-        self.link_fault(a, b, Some("drop"), Some("drop"))
+        self.link_fault(a, b, [Some("drop"); 2])
     }
 
     /// Loses what `from` sends `to` (stalled), while `to`'s traffic to `from` flows; heal
     /// with [`set_link`](Cluster::set_link)`(from, to, false)`.
     pub fn cut_one_way(&self, from: usize, to: usize) -> Result<(), HarnessError> {
-        self.link_fault(from, to, Some("outbound"), Some("inbound"))
+        self.link_fault(from, to, [Some("outbound"), Some("inbound")])
     }
 
     /// Stalls the sessions (TCP) between `a` and `b` both ways, on both sides, while their
     /// heartbeat datagrams flow (a link stuck behind data); heal with
     /// [`set_link`](Cluster::set_link)`(a, b, false)`.
     pub fn stall_session(&self, a: usize, b: usize) -> Result<(), HarnessError> {
-        self.link_fault(a, b, Some("session"), Some("session"))
+        self.link_fault(a, b, [Some("session"); 2])
     }
 
     /// Stalls (or resumes) the traffic between node `i` and every other node, on both
@@ -943,20 +943,15 @@ release-after = "10s"
         )?;
         let mode = if cut { Some("stall") } else { None };
         for other in (0..self.nodes.len()).filter(|o| *o != i) {
-            self.apply_link_fault(i, other, mode, mode)?;
+            self.apply_link_fault(i, other, [mode, mode])?;
         }
         Ok(())
     }
 
-    /// Sets `a`'s fault with `b` to `mode_a` and `b`'s with `a` to `mode_b` (`None`: heal);
-    /// records `link_cut` (with `mode`) or `link_healed` about `a`, `peer` = `b`.
-    fn link_fault(
-        &self,
-        a: usize,
-        b: usize,
-        mode_a: Option<&str>,
-        mode_b: Option<&str>,
-    ) -> Result<(), HarnessError> {
+    /// Sets `a`'s fault with `b` to `modes[0]` and `b`'s with `a` to `modes[1]` (`None`:
+    /// heal); records `link_cut` (with `mode`) or `link_healed` about `a`, `peer` = `b`.
+    fn link_fault(&self, a: usize, b: usize, modes: [Option<&str>; 2]) -> Result<(), HarnessError> {
+        let mode_a = modes[0];
         self.node(a)?;
         let link = Link::by_harness(self.node(b)?.addr.clone(), mode_a.map(str::to_string));
         let event = if mode_a.is_some() {
@@ -965,15 +960,15 @@ release-after = "10s"
             Event::LinkHealed(link)
         };
         self.record_about(&self.nodes[a].addr, event)?;
-        self.apply_link_fault(a, b, mode_a, mode_b)
+        self.apply_link_fault(a, b, modes)
     }
 
+    /// As [`Cluster::link_fault`], without the record.
     fn apply_link_fault(
         &self,
         a: usize,
         b: usize,
-        mode_a: Option<&str>,
-        mode_b: Option<&str>,
+        [mode_a, mode_b]: [Option<&str>; 2],
     ) -> Result<(), HarnessError> {
         self.node(a)?;
         self.node(b)?;

@@ -414,19 +414,12 @@ pub fn run(args: DemoArgs) -> Result<Outcome, DemoError> {
         cluster.spawn(i)?;
         println!("node {i} {} started", cluster.nodes[i].addr);
     }
-    let mut run = Run {
+    let mut run = Run::new(
         cluster,
-        live: Live::new(&history, &lease.system),
+        Live::new(&history, &lease.system),
         rng,
-        paused: BTreeSet::new(),
-        cuts: BTreeSet::new(),
-        isolated: BTreeSet::new(),
-        down: Vec::new(),
-        fault: String::from("none"),
-        origin: Instant::now(),
-        rolls: Vec::new(),
-        shards: args.shards,
-    };
+        args.shards,
+    );
     run.warm_up(&args);
     let traffic = run.traffic(&args, scenario);
     let scenario_end = now_ns();
@@ -622,6 +615,23 @@ impl Action {
 }
 
 impl Run {
+    /// A run of `cluster` (its history followed by `live`), no fault in effect yet.
+    fn new(cluster: Cluster, live: Live, rng: SplitMix, shards: usize) -> Run {
+        Run {
+            cluster,
+            live,
+            rng,
+            paused: BTreeSet::new(),
+            cuts: BTreeSet::new(),
+            isolated: BTreeSet::new(),
+            down: Vec::new(),
+            fault: String::from("none"),
+            origin: Instant::now(),
+            rolls: Vec::new(),
+            shards,
+        }
+    }
+
     fn progress(&mut self, phase: &str) {
         self.live.poll();
         let per = self.live.shards_per_node(COUNTER_TYPE);
@@ -1097,19 +1107,8 @@ mod tests {
     fn run_without_nodes(dir: &Path, nodes: usize) -> Run {
         let binary = dir.join("no-such-tenure");
         let cluster = Cluster::configure(&binary, nodes, &Options::default()).unwrap();
-        Run {
-            cluster,
-            live: Live::new(&dir.join("history.jsonl"), "tenure"),
-            rng: SplitMix::new(1),
-            paused: BTreeSet::new(),
-            cuts: BTreeSet::new(),
-            isolated: BTreeSet::new(),
-            down: Vec::new(),
-            fault: String::from("none"),
-            origin: Instant::now(),
-            rolls: Vec::new(),
-            shards: 1,
-        }
+        let live = Live::new(&dir.join("history.jsonl"), "tenure");
+        Run::new(cluster, live, SplitMix::new(1), 1)
     }
 
     #[test]
