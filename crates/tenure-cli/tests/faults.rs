@@ -707,7 +707,10 @@ fn blocked_thread(run: &mut Run, rng: &mut Rng, leases_lost: bool) {
             Some(Signal::ABORT.as_raw()),
             "node {target} ({addr}) ended by abort(3), not {status:?}"
         );
-        let inc = run.c.nodes[target].incarnation().to_string();
+        let inc = run.c.nodes[target]
+            .incarnation()
+            .expect("started")
+            .to_string();
         assert!(
             run.c.history().iter().any(|e| e["event"] == "process_abort"
                 && e["node"] == addr.as_str()

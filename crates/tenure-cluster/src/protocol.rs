@@ -264,7 +264,7 @@ pub enum Local {
     },
     Dialed {
         peer: NodeAddr,
-        result: Result<(), String>,
+        result: Result<(), crate::transport::DialError>,
     },
     Subscribe(ClusterSubscriber),
     /// The split brain resolver's lease attempt `attempt` ended: `Ok(true)` this node's

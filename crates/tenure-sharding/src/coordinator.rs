@@ -1179,8 +1179,8 @@ fn read_remembered_shards(args: &CoordinatorArgs, me: &ActorRef<CoordinatorMsg>)
 mod tests {
     use std::time::Duration;
 
-    use tenure_cluster::{ClusterSettings, Node};
-    use tenure_lease::{LeaseProvider, MemoryStore, StoreRegistry, TenureConfig};
+    use tenure_cluster::Node;
+    use tenure_lease::MemoryStore;
     use tokio::sync::mpsc;
 
     use super::*;
@@ -1276,31 +1276,14 @@ mod tests {
 
     impl Fixture {
         async fn start(scope: &str, others: usize, sharding: &str) -> Fixture {
-            let port = std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port();
-            let config = TenureConfig::from_toml_str(
-                &format!(
-                    "[tenure]\ndefault-lease-section = \"memory\"\n\
-                     [lease.memory]\nheartbeat-timeout = \"3s\"\nheartbeat-interval = \"500ms\"\n\
-                     [cluster]\nport = {port}\ncookie = \"coordinator-test-0123456789abcdef\"\n\
-                     member-lease-ttl = \"3s\"\nmember-lease-interval = \"500ms\"\n\
-                     [sharding]\n{sharding}\n"
-                ),
-                "test",
+            let (node, provider) = tenure_test_kit::node::one_node(
+                "coordinator-test-0123456789abcdef",
+                &format!("[sharding]\n{sharding}\n"),
             )
-            .unwrap();
-            let registry = ["sqlite", "postgres", "etcd", "zookeeper"]
-                .into_iter()
-                .fold(StoreRegistry::new(), |r, kind| r.left_out(kind, kind));
-            let provider = LeaseProvider::new(config.clone(), registry).unwrap();
-            let node = Node::start(ClusterSettings::from_config(&config).unwrap(), &provider)
-                .await
-                .unwrap();
+            .await;
+            let config = provider.config();
             let (told, heard) = mpsc::unbounded_channel();
-            let settings = ShardingSettings::from_config(&config, "probe", "memory").unwrap();
+            let settings = ShardingSettings::from_config(config, "probe", "memory").unwrap();
             let args = CoordinatorArgs {
                 type_name: "probe".into(),
                 scope: scope.into(),
