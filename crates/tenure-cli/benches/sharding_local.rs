@@ -474,10 +474,20 @@ async fn lease_lost_to_stopped(runs: usize, entities: usize) {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        // Only this shard's stops for a lost lease: shards of the parts before may still be
+        // stopping, and the writer records them too.
+        let lost_stop = |e: &serde_json::Value| {
+            e["event"] == "shard_stopped"
+                && e["shard"] == "0"
+                && e["why"]
+                    .as_str()
+                    .is_some_and(|w| w.starts_with("lease lost"))
+        };
         let seen = std::fs::read_to_string(&path)
             .unwrap()
             .lines()
-            .filter(|l| l.contains("\"shard_stopped\""))
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .filter(lost_stop)
             .count();
         store.set_fault(Fault::FailRenewals);
         let lines = loop {
@@ -486,20 +496,17 @@ async fn lease_lost_to_stopped(runs: usize, entities: usize) {
                 .lines()
                 .map(|l| serde_json::from_str(l).unwrap())
                 .collect();
-            if lines
-                .iter()
-                .filter(|e| e["event"] == "shard_stopped")
-                .count()
-                > seen
-            {
+            if lines.iter().filter(|e| lost_stop(e)).count() > seen {
                 break lines;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
         let t = |kind: &str| {
-            lines.iter().rfind(|e| e["event"] == kind).unwrap()["t"]
-                .as_i64()
-                .unwrap()
+            let e = lines
+                .iter()
+                .rfind(|e| e["event"] == kind && e["shard"] == "0")
+                .unwrap_or_else(|| panic!("no {kind} of shard 0 in the history"));
+            e["t"].as_i64().unwrap()
         };
         times.push((t("shard_stopped") - t("shard_lease_lost")) as f64 / 1e6);
     }
