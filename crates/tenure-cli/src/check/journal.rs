@@ -4,7 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tenure::history::check::JournalEvent;
+use tenure::history::Entry;
+use tenure::history::check::{JournalCheck, JournalEvent, check_journal};
 use tenure_journal::{Journal, JournalError, read_all};
 
 /// Why a journal could not be read.
@@ -115,6 +116,25 @@ fn read_sqlite(path: &std::path::Path) -> Result<Vec<JournalEvent>, String> {
         .map_err(|e| e.to_string())?;
     rows.collect::<Result<Vec<_>, _>>()
         .map_err(|e| e.to_string())
+}
+
+/// The journal check of `tenure check --journal` and `tenure demo`: reads the journal
+/// `spec` (as [`read_journal`]) and checks it against `history` (sorted by `t`) with
+/// [`check_journal`], replaying the demo's durable counter (`counter|<key>`, the one entity
+/// whose state this build can replay) to compare recovered states. `Ok` holds the figures
+/// and the violations (none: the journal passed); `Err` when the journal cannot be read.
+pub fn check_counter_journal(
+    history: &[Entry],
+    spec: &str,
+    schema: &str,
+) -> Result<JournalCheck, JournalReadError> {
+    let held = read_journal(spec, schema)?;
+    let replay = |pid: &str, events: &[JournalEvent]| {
+        pid.starts_with("counter|")
+            .then(|| crate::demo::counter::replay_counter(events))
+            .flatten()
+    };
+    Ok(check_journal(history, &held, Some(&replay)))
 }
 
 fn is_url(spec: &str) -> bool {

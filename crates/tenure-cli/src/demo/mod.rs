@@ -1,9 +1,10 @@
 //! `tenure demo`: a local cluster of `tenure demo node` processes hosting a sharded counter
-//! and a singleton under client load, put through a scenario of faults (SIGKILL, SIGSTOP past
+//! (a durable entity on SQLite, its journal fenced by the shard's grant; the fenced counter
+//! file on other stores) and a singleton under client load, put through a scenario of faults (SIGKILL, SIGSTOP past
 //! the ttl, a cut link, a graceful leave, restarts, a rolling restart), with a live progress
 //! line, then a summary (operations acknowledged, fail-over per fault, the rolling restart's
-//! figures, grants and losses), the safety verdict on the recorded history and an HTML
-//! report of who held which lease when.
+//! figures, grants and losses), the safety verdict on the recorded history (and on the
+//! durable counter's journal) and an HTML report of who held which lease when.
 
 pub mod cluster;
 pub mod counter;
@@ -27,7 +28,8 @@ use scenario::{Fault, Scenario, SplitMix, Step};
 use summary::{RollWindow, Summary};
 use timeline::Timeline;
 
-/// The entity type of the demo's sharded counter (`tenure demo node --sharded-counter`).
+/// The entity type of the demo's sharded counter (`tenure demo node --durable-counter` or
+/// `--sharded-counter`).
 const COUNTER_TYPE: &str = "counter";
 /// The demo's singleton.
 const SINGLETON: &str = "demo";
@@ -70,7 +72,9 @@ pub struct DemoArgs {
     pub report: Option<PathBuf>,
     /// A config whose [tenure] default-lease-section names a [lease.<name>] section of
     /// etcd, postgres or zookeeper to use instead of a SQLite file in a temp dir (its
-    /// timing keys are replaced by the ones derived from --ttl).
+    /// timing keys are replaced by the ones derived from --ttl). On SQLite the counter is a
+    /// durable entity (its journal in a file of its own, checked with the history); on
+    /// other stores it is the fenced counter file.
     #[arg(long, value_name = "FILE")]
     pub store: Option<PathBuf>,
 }
@@ -105,6 +109,9 @@ pub enum DemoError {
         /// What failed.
         problem: String,
     },
+    /// The durable counter's journal cannot be read for the verdict.
+    #[error(transparent)]
+    Journal(#[from] check::JournalReadError),
     /// The HTML report cannot be written.
     #[error("report {path}: {source}")]
     Report {
@@ -138,8 +145,12 @@ pub enum DemoError {
 pub struct Outcome {
     /// What the run did, counted from its history.
     pub summary: Summary,
-    /// The checker's violations; empty when the history is safe.
+    /// The checker's violations (of the history, and of the journal when the counter is
+    /// durable); empty when both are safe.
     pub violations: Vec<String>,
+    /// The journal check's figures when the counter is a durable entity (SQLite); `None`
+    /// for the fenced counter file.
+    pub journal: Option<check::JournalCheck>,
     /// The history file written.
     pub history: PathBuf,
     /// The HTML report written.
@@ -181,6 +192,48 @@ struct LeaseConfig {
     toml: String,
     system: String,
     describe: String,
+    /// The store is SQLite: the counter can be durable (its journal fenced by the lease
+    /// file).
+    sqlite: bool,
+}
+
+/// What the demo's sharded counter is.
+#[derive(Debug, Clone, PartialEq)]
+enum CounterKind {
+    /// A durable entity (`--durable-counter`), its journal in this SQLite file of its own,
+    /// fenced by the lease file (appends write-lock the journal file only, so they never
+    /// hold up the leases' renewals).
+    Durable { journal: PathBuf },
+    /// The fenced counter file (`--sharded-counter`): the durable counter's journal needs
+    /// a SQLite lease store (PostgreSQL's is not wired into the demo).
+    Plain,
+}
+
+impl CounterKind {
+    /// The durable counter on a SQLite store, its journal `journal.sqlite` in `dir`; the
+    /// fenced counter file on any other.
+    fn of(lease: &LeaseConfig, dir: &Path) -> CounterKind {
+        if lease.sqlite {
+            CounterKind::Durable {
+                journal: dir.join("journal.sqlite"),
+            }
+        } else {
+            CounterKind::Plain
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            CounterKind::Durable { journal } => format!(
+                "durable entity, one event per increment, journal {} fenced by the shard's grant",
+                journal.display()
+            ),
+            CounterKind::Plain => {
+                "fenced counter file (durable only on SQLite: this store keeps no journal for the demo)"
+                    .into()
+            }
+        }
+    }
 }
 
 fn lease_config(args: &DemoArgs, sqlite: &Path) -> Result<LeaseConfig, DemoError> {
@@ -204,6 +257,7 @@ fn lease_config(args: &DemoArgs, sqlite: &Path) -> Result<LeaseConfig, DemoError
             toml,
             system: "tenure".into(),
             describe: format!("sqlite {}", sqlite.display()),
+            sqlite: true,
         });
     };
     let bad = |problem: String| DemoError::Store {
@@ -256,6 +310,7 @@ fn lease_config(args: &DemoArgs, sqlite: &Path) -> Result<LeaseConfig, DemoError
         toml,
         system,
         describe: format!("{store} ([lease.{name}] of {})", path.display()),
+        sqlite: store == "sqlite",
     })
 }
 
@@ -285,16 +340,23 @@ fn validate(args: &DemoArgs) -> Result<(), DemoError> {
 }
 
 /// The node harness options of a demo cluster.
-fn options(args: &DemoArgs, lease: &LeaseConfig, history: &Path) -> Options {
+fn options(args: &DemoArgs, lease: &LeaseConfig, history: &Path, counter: &CounterKind) -> Options {
     let ttl = args.ttl;
     let ms = |d: Duration| format!("\"{}ms\"", d.as_millis());
     // Open loop: every node asks every key every 2 s whether or not earlier asks were
     // answered, each ask given one ttl, so that service during a fault is measured honestly
     // (64 shards x 10 keys x 3 nodes: 960 asks a second, within what the one SQLite
     // counter file takes on 2 cores).
-    Options {
-        node_args: [
-            "--sharded-counter",
+    let mut node_args = match counter {
+        CounterKind::Durable { journal } => vec![
+            "--durable-counter".to_string(),
+            "--journal-file".into(),
+            journal.display().to_string(),
+        ],
+        CounterKind::Plain => vec!["--sharded-counter".to_string()],
+    };
+    node_args.extend(
+        [
             "--singleton",
             SINGLETON,
             "--load-keys",
@@ -304,8 +366,10 @@ fn options(args: &DemoArgs, lease: &LeaseConfig, history: &Path) -> Options {
             "--load-timeout",
             &format!("{}ms", ttl.as_millis()),
         ]
-        .map(String::from)
-        .to_vec(),
+        .map(String::from),
+    );
+    Options {
+        node_args,
         tail: format!(
             "[sharding]\nnumber-of-shards = {}\nretry-interval = {}\nunreachable-reallocate-after = {}\n\
              rebalance-interval = \"1s\"\nhand-off-timeout = {}\n",
@@ -386,6 +450,8 @@ pub fn run(args: DemoArgs) -> Result<Outcome, DemoError> {
         problem: e.to_string(),
     })?;
     let lease = lease_config(&args, &store_dir.path().join("leases.sqlite"))?;
+    // Beside the default lease file (in the same temp dir).
+    let counter_kind = CounterKind::of(&lease, store_dir.path());
     let binary = std::env::current_exe().map_err(DemoError::Binary)?;
 
     println!(
@@ -396,6 +462,7 @@ pub fn run(args: DemoArgs) -> Result<Outcome, DemoError> {
         humantime::format_duration(args.duration),
         lease.describe
     );
+    println!("counter {}", counter_kind.describe());
     println!("seed {seed} (replay with --seed {seed})");
     println!("history {}", history.display());
     println!("scenario (from the start of the traffic):");
@@ -409,7 +476,11 @@ pub fn run(args: DemoArgs) -> Result<Outcome, DemoError> {
     watch_signals();
     let started = Instant::now();
     // A node that does not start ends the demo; dropping the cluster kills the others.
-    let mut cluster = Cluster::configure(&binary, args.nodes, &options(&args, &lease, &history))?;
+    let mut cluster = Cluster::configure(
+        &binary,
+        args.nodes,
+        &options(&args, &lease, &history, &counter_kind),
+    )?;
     for i in 0..args.nodes {
         cluster.spawn(i)?;
         println!("node {i} {} started", cluster.nodes[i].addr);
@@ -437,11 +508,41 @@ pub fn run(args: DemoArgs) -> Result<Outcome, DemoError> {
         resume_grace: args.ttl.max(Duration::from_secs(2)),
     };
     let verdict = check::check_with(&events, rule);
-    let counter = run.cluster.counter_file();
-    let acks = check::check_counter_acks(&events, &counter).map_err(|e| DemoError::History {
-        path: counter.display().to_string(),
-        problem: e.to_string(),
-    })?;
+    // The acknowledged increments are checked against what the counter keeps: the
+    // journal's events (with the rest of the journal check) or the counter file's values.
+    let (acks, journal) = match &counter_kind {
+        CounterKind::Durable { journal } => {
+            let found = check::check_counter_journal(
+                &events,
+                &journal.display().to_string(),
+                JOURNAL_SCHEMA,
+            )?;
+            (
+                Acks {
+                    checked: found.acked,
+                    against: "the journal",
+                    violations: found.violations.clone(),
+                },
+                Some(found),
+            )
+        }
+        CounterKind::Plain => {
+            let counter = run.cluster.counter_file();
+            let acks =
+                check::check_counter_acks(&events, &counter).map_err(|e| DemoError::History {
+                    path: counter.display().to_string(),
+                    problem: e.to_string(),
+                })?;
+            (
+                Acks {
+                    checked: acks.acked,
+                    against: "the counter's final state",
+                    violations: acks.violations,
+                },
+                None,
+            )
+        }
+    };
     let violations: Vec<String> = verdict
         .violations
         .iter()
@@ -463,6 +564,14 @@ pub fn run(args: DemoArgs) -> Result<Outcome, DemoError> {
                 humantime::format_duration(args.ttl).to_string(),
             ),
             ("store".into(), lease.describe.clone()),
+            ("counter".into(), counter_kind.describe()),
+            (
+                "journal check".into(),
+                journal
+                    .as_ref()
+                    .map(|j| describe_journal(j, j.violations.is_empty()))
+                    .unwrap_or_else(|| "none (no journal: the counter is not durable)".into()),
+            ),
             ("history".into(), history.display().to_string()),
             (
                 "scenario".into(),
@@ -483,12 +592,13 @@ pub fn run(args: DemoArgs) -> Result<Outcome, DemoError> {
         path: report_path.display().to_string(),
         source,
     })?;
-    print_summary(&summary, &timeline, &violations, acks.acked, setup);
+    print_summary(&summary, &timeline, &violations, &acks, journal.as_ref(), setup);
     println!("history {}", history.display());
     println!("report  {}", report_path.display());
     Ok(Outcome {
         summary,
         violations,
+        journal,
         history,
         report: report_path,
     })
@@ -516,23 +626,64 @@ fn describe_step(step: &Step) -> String {
     }
 }
 
+/// The durable counter's journal schema (PostgreSQL only; a SQLite journal has none).
+const JOURNAL_SCHEMA: &str = "tenure";
+
+/// The acknowledged increments checked against what the counter keeps.
+struct Acks {
+    /// How many were checked.
+    checked: usize,
+    /// What they were checked against, for the summary.
+    against: &'static str,
+    /// What the check found.
+    violations: Vec<check::Violation>,
+}
+
+/// The journal check's figures and outcome in one line (`passed` when neither it nor the
+/// history check found a violation).
+fn describe_journal(j: &check::JournalCheck, passed: bool) -> String {
+    format!(
+        "{} events of {} entities, {} appends and {} refusals recorded, {} recoveries ({} \
+         states replayed), {} acks checked: {}",
+        j.events,
+        j.persistence_ids,
+        j.appends,
+        j.refused,
+        j.recoveries,
+        j.states_compared,
+        j.acked,
+        if passed {
+            "passed".to_string()
+        } else {
+            format!("FAILED ({} violation(s))", j.violations.len())
+        }
+    )
+}
+
 fn print_summary(
     summary: &Summary,
     timeline: &Timeline,
     violations: &[String],
-    acks_checked: usize,
+    acks: &Acks,
+    journal: Option<&check::JournalCheck>,
     took: Duration,
 ) {
     println!();
     println!("== summary ({:.1} s in all) ==", took.as_secs_f64());
     println!(
-        "operations acknowledged   {} ({acks_checked} checked against the counter's final state)",
-        summary.acks
+        "operations acknowledged   {} ({} checked against {})",
+        summary.acks, acks.checked, acks.against
     );
-    println!(
-        "fenced writes             {} accepted, {} refused (stale token)",
-        summary.writes_accepted, summary.writes_refused
-    );
+    match journal {
+        Some(j) => println!(
+            "journal check             {}",
+            describe_journal(j, j.violations.is_empty())
+        ),
+        None => println!(
+            "fenced writes             {} accepted, {} refused (stale token)",
+            summary.writes_accepted, summary.writes_refused
+        ),
+    }
     println!("singleton ticks written   {}", summary.ticks);
     println!(
         "lease grants              {} (shards and singletons)",
@@ -563,7 +714,14 @@ fn print_summary(
             "verdict: SAFE (tenure check: no lease held by two owners at once, tokens \
              increasing, every grant after the previous hold ended, every entity, singleton \
              and accepted write inside its node's hold, no stale write accepted, no \
-             acknowledged increment lost)"
+             acknowledged increment lost{})",
+            if journal.is_some() {
+                "; tenure check --journal: every acknowledged increment's event in the journal \
+                 exactly once, no append under a stale token, contiguous sequence numbers, \
+                 recovered states matching the events"
+            } else {
+                ""
+            }
         );
     } else {
         println!("verdict: UNSAFE, {} violation(s):", violations.len());
