@@ -82,7 +82,10 @@ enum Command {
     ///
     /// Starts --nodes `tenure demo node` processes on 127.0.0.1 (a SQLite lease store in a
     /// temp dir, or --store), hosting a sharded counter with --shards shards and the singleton
-    /// `demo`, each node driving increments through its shard region. Once every shard
+    /// `demo`, each node driving increments through its shard region. On SQLite the counter
+    /// is a durable entity (one event per increment in a journal file of its own beside the
+    /// lease file, every append fenced by the shard's grant); on other stores it is the
+    /// fenced counter file. Once every shard
     /// runs, the scenario plays over --duration with a progress line every second. The
     /// built-in scenario (times as a share of --duration): SIGKILL a node at 15 %, restart
     /// it at 30 %; SIGSTOP a node for twice the ttl at 40 % (its leases expire, others take
@@ -99,7 +102,8 @@ enum Command {
     ///
     /// Then every node leaves, and the summary shows operations acknowledged, fail-over
     /// time per fault, the rolling restart's figures, lease grants and losses, and the safety verdict on the history
-    /// (JSON Lines, --history). The HTML report (--report) shows which node held each
+    /// (JSON Lines, --history) and, with the durable counter, on its journal (the check of
+    /// `tenure check --journal`: the journal's event count and whether it passed). The HTML report (--report) shows which node held each
     /// shard and the singleton when, with the faults marked. Exit 0 safe, 1 unsafe, 2
     /// error. Ctrl-C stops early and still reports; a second Ctrl-C exits at once.
     #[command(verbatim_doc_comment, args_conflicts_with_subcommands = true)]

@@ -1,5 +1,5 @@
 //! `tenure demo` end to end: a short run with a small scenario (ending in a rolling restart)
-//! reaches a clean verdict, reports the rolling restart's figures and writes its history and
+//! reaches a clean verdict (its durable counter's journal checked with the history), reports the rolling restart's figures and writes its history and
 //! an HTML report showing every hold; bad flags are refused.
 
 use tenure_test_kit::cli;
@@ -73,12 +73,34 @@ fn a_short_demo_reaches_a_safe_verdict_and_writes_its_report() {
         .and_then(|n| n.split_whitespace().next()?.parse().ok())
         .unwrap_or_else(|| panic!("no ack count in:\n{stdout}"));
     assert!(acks > 0, "{stdout}");
+    // On the embedded SQLite store the counter is a durable entity, and the verdict
+    // includes the journal check: every acknowledged increment's event is in the journal.
+    assert!(
+        stdout.contains("counter durable entity") && stdout.contains("journal.sqlite"),
+        "{stdout}"
+    );
     assert!(
         stdout.contains(&format!(
-            "operations acknowledged   {acks} ({acks} checked against the counter"
+            "operations acknowledged   {acks} ({acks} checked against the journal)"
         )),
-        "every acknowledged increment is checked against the counter: {stdout}"
+        "every acknowledged increment is checked against the journal: {stdout}"
     );
+    let journal = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("journal check"))
+        .unwrap_or_else(|| panic!("no journal check line in:\n{stdout}"))
+        .trim();
+    let events: u64 = journal
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no event count in: {journal}"));
+    assert!(events >= acks, "{journal}");
+    assert!(
+        journal.contains(&format!("{acks} acks checked")) && journal.ends_with(": passed"),
+        "{journal}"
+    );
+    assert!(stdout.contains("tenure check --journal"), "{stdout}");
 
     let events = std::fs::read_to_string(&history).expect("the history is kept");
     assert!(
@@ -131,6 +153,10 @@ fn a_short_demo_reaches_a_safe_verdict_and_writes_its_report() {
     }
     let report = std::fs::read_to_string(history.with_extension("html")).expect("the report");
     assert!(report.contains("<svg") && report.contains("SAFE"));
+    assert!(
+        report.contains("journal check") && report.contains(&format!("{events} events of")),
+        "the report names the journal check and its event count"
+    );
     // One bar per hold of a shard's or a singleton's lease: per distinct grant (a
     // re-grant of the same token to the same owner is the same hold).
     let holds: std::collections::BTreeSet<(String, String, String, u64)> = events

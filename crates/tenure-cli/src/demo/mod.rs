@@ -592,7 +592,14 @@ pub fn run(args: DemoArgs) -> Result<Outcome, DemoError> {
         path: report_path.display().to_string(),
         source,
     })?;
-    print_summary(&summary, &timeline, &violations, &acks, journal.as_ref(), setup);
+    print_summary(
+        &summary,
+        &timeline,
+        &violations,
+        &acks,
+        journal.as_ref(),
+        setup,
+    );
     println!("history {}", history.display());
     println!("report  {}", report_path.display());
     Ok(Outcome {
@@ -1226,6 +1233,43 @@ mod tests {
     }
 
     #[test]
+    fn the_counter_is_durable_on_sqlite_with_its_journal_beside_the_lease_file() {
+        let dir = Path::new("/tmp/x");
+        let lease = lease_config(&args(None), &dir.join("leases.sqlite")).unwrap();
+        let counter = CounterKind::of(&lease, dir);
+        assert_eq!(
+            counter,
+            CounterKind::Durable {
+                journal: dir.join("journal.sqlite")
+            }
+        );
+        let history = dir.join("history.jsonl");
+        let node_args = options(&args(None), &lease, &history, &counter).node_args;
+        assert_eq!(
+            node_args[..3],
+            [
+                "--durable-counter",
+                "--journal-file",
+                "/tmp/x/journal.sqlite"
+            ]
+        );
+        assert!(!node_args.iter().any(|a| a == "--sharded-counter"));
+        assert!(counter.describe().contains("/tmp/x/journal.sqlite"));
+
+        // Any other store keeps the fenced counter file, and says so.
+        let other = LeaseConfig {
+            sqlite: false,
+            ..lease
+        };
+        let plain = CounterKind::of(&other, dir);
+        assert_eq!(plain, CounterKind::Plain);
+        let node_args = options(&args(None), &other, &history, &plain).node_args;
+        assert_eq!(node_args[0], "--sharded-counter");
+        assert!(!node_args.iter().any(|a| a.contains("journal")));
+        assert!(plain.describe().contains("durable only on SQLite"));
+    }
+
+    #[test]
     #[cfg(feature = "etcd")]
     fn a_store_config_keeps_its_section_and_system_with_the_demo_timing() {
         let dir = tempfile::tempdir().unwrap();
@@ -1247,6 +1291,10 @@ mod tests {
         assert_eq!(section["store"].as_str(), Some("etcd"));
         assert_eq!(section["heartbeat-timeout"].as_str(), Some("3000ms"));
         assert_eq!(lease.system, "shop");
+        assert!(
+            !lease.sqlite,
+            "etcd keeps no journal for the demo's counter"
+        );
         assert!(
             lease.describe.starts_with("etcd ([lease.main]"),
             "{}",
