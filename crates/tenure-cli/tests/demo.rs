@@ -90,12 +90,12 @@ fn a_short_demo_reaches_a_safe_verdict_and_writes_its_report() {
         .find_map(|l| l.strip_prefix("journal check"))
         .unwrap_or_else(|| panic!("no journal check line in:\n{stdout}"))
         .trim();
-    let events: u64 = journal
+    let journal_events: u64 = journal
         .split_whitespace()
         .next()
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no event count in: {journal}"));
-    assert!(events >= acks, "{journal}");
+    assert!(journal_events >= acks, "{journal}");
     assert!(
         journal.contains(&format!("{acks} acks checked")) && journal.ends_with(": passed"),
         "{journal}"
@@ -154,7 +154,7 @@ fn a_short_demo_reaches_a_safe_verdict_and_writes_its_report() {
     let report = std::fs::read_to_string(history.with_extension("html")).expect("the report");
     assert!(report.contains("<svg") && report.contains("SAFE"));
     assert!(
-        report.contains("journal check") && report.contains(&format!("{events} events of")),
+        report.contains("journal check") && report.contains(&format!("{journal_events} events of")),
         "the report names the journal check and its event count"
     );
     // One bar per hold of a shard's or a singleton's lease: per distinct grant (a
