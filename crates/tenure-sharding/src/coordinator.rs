@@ -34,8 +34,9 @@
 //! moves there through the same hand-off, is allocated there whenever it needs a home, and
 //! no rebalance moves it away; when that region cannot take it (gone, unreachable, an
 //! older application version) the strategy places it meanwhile, and a rebalance brings it
-//! back once the region can. Pins live in the coordinator: a new coordinator (fail-over)
-//! keeps every shard where it runs but knows no pin until they are set again.
+//! back once the region can. Pins are remembered with the coordinator's own lease in the
+//! store ([`crate::placement`]): a new coordinator (fail-over) reads them with the shard
+//! leases, before it allocates anything, and keeps honouring them.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -50,10 +51,11 @@ use tokio::time::Instant;
 use crate::allocation::{AllocationStrategy, Regions};
 use crate::history;
 use crate::messages::{
-    Allocation, BeginHandOffs, CoordinatorLocal, CoordinatorMsg, GetShardHome, HandOff, PinReply,
-    PinShard, RegionMsg, Register, RegisterAgain, ShardHomes,
+    Allocation, BeginHandOffs, CoordinatorLocal, CoordinatorMsg, GetShardHome, HandOff, Listing,
+    PinReply, PinShard, RegionMsg, Register, RegisterAgain, ShardHomes,
 };
 use crate::region::region_ref;
+use crate::remember::{IdWriter, RememberStore};
 use crate::settings::ShardingSettings;
 
 /// What a coordinator instance runs with.
@@ -77,6 +79,21 @@ pub struct CoordinatorArgs {
     pub system: String,
     /// Bound on the listing (the lease section's `lease-operation-timeout`).
     pub list_timeout: std::time::Duration,
+    /// The coordinator's singleton lease, with which its pins are remembered.
+    pub lease: CoordinatorLease,
+}
+
+/// The coordinator's singleton lease as its store holds it: the pins are remembered with it
+/// (see [`crate::placement`]), each change under the grant whose token the coordinator runs
+/// with.
+#[derive(Clone)]
+pub struct CoordinatorLease {
+    /// The store of the lease (that of its singleton's lease section).
+    pub store: Arc<dyn LeaseStore>,
+    /// The lease's name as the store holds it (`LeaseSpec::store_name`).
+    pub name: String,
+    /// Its owner: this node's `host:port`.
+    pub owner: String,
 }
 
 /// The coordinator actor (the singleton instance).
@@ -157,6 +174,10 @@ pub struct CoordinatorState {
     outbox: BTreeMap<String, BTreeMap<String, Told>>,
     /// Shards an operator pinned, and the region each is pinned to.
     pinned: BTreeMap<String, String>,
+    /// Whether the pins were read from the store (pins are refused until then).
+    pins_read: bool,
+    /// Writes the pins' changes, under this coordinator's grant.
+    pin_writer: IdWriter,
 }
 
 impl Actor for Coordinator {
@@ -184,6 +205,12 @@ impl Actor for Coordinator {
         if args.settings.remember_entities {
             read_remembered_shards(&args, &myself);
         }
+        let type_name = args.type_name.clone();
+        let pin_writer = IdWriter::start(pins_at(&args), args.token, move |change, written| {
+            if !written {
+                tracing::warn!(entity_type = %type_name, pins = change.len(), "pins not stored: this coordinator's grant is not current any more");
+            }
+        });
         Ok(CoordinatorState {
             args,
             myself,
@@ -205,6 +232,8 @@ impl Actor for Coordinator {
             started: Instant::now(),
             outbox: BTreeMap::new(),
             pinned: BTreeMap::new(),
+            pins_read: false,
+            pin_writer,
         })
     }
 
@@ -279,14 +308,32 @@ impl Actor for Coordinator {
             CoordinatorMsg::PinShard(PinShard { shard, to }, reply) => {
                 let result = match to {
                     Some(to) => state.pin(&shard, &to),
-                    None => {
-                        state.pinned.remove(&shard);
-                        tracing::info!(entity_type = %state.args.type_name, shard, "shard unpinned");
-                        Ok(false)
-                    }
+                    None => state.unpin(&shard),
                 };
-                let _ = reply.send(PinReply { result });
+                match result {
+                    // Answered once the pin is stored: an operator who was told `Ok`
+                    // can rely on the next coordinator keeping it.
+                    Ok(moved) => {
+                        let stored = state.pin_writer.flush();
+                        let (type_name, lease) =
+                            (state.args.type_name.clone(), state.args.lease.name.clone());
+                        tokio::spawn(async move {
+                            let result = if stored.await {
+                                Ok(moved)
+                            } else {
+                                Err(format!(
+                                    "the pin of shard {shard} of `{type_name}` was not stored with the coordinator's lease `{lease}` (its grant is not current any more, or the store keeps no remembered ids): ask again"
+                                ))
+                            };
+                            let _ = reply.send(PinReply { result });
+                        });
+                    }
+                    Err(e) => {
+                        let _ = reply.send(PinReply { result: Err(e) });
+                    }
+                }
             }
+            CoordinatorMsg::Local(CoordinatorLocal::PinsRead(ids)) => state.pins_read(&ids),
             CoordinatorMsg::Local(CoordinatorLocal::Cluster(event)) => state.on_cluster(event),
             CoordinatorMsg::Local(CoordinatorLocal::Tick) => {
                 state.reallocate_lost();
@@ -326,13 +373,15 @@ impl CoordinatorState {
         }
     }
 
-    /// The shard leases listed: each held shard's home is its holder's region.
-    fn on_listed(&mut self, result: Result<Vec<(String, String)>, String>) {
+    /// The shard leases listed and the pins read: each held shard's home is its holder's
+    /// region.
+    fn on_listed(&mut self, result: Result<Listing, String>) {
         if self.listed {
             return;
         }
         match result {
-            Ok(held) => {
+            Ok(Listing { held, remembered }) => {
+                self.pins_read(&remembered);
                 tracing::info!(entity_type = %self.args.type_name, held = held.len(), "allocation rebuilt from the shard leases");
                 for (shard, holder) in held {
                     if !self.regions.contains_key(&holder) {
@@ -359,6 +408,7 @@ impl CoordinatorState {
             }
             Err(e) => {
                 tracing::warn!(entity_type = %self.args.type_name, error = %e, "cannot list the shard leases; allocating from the regions' reports alone");
+                read_pins(&self.args, &self.myself);
             }
         }
         self.listed = true;
@@ -483,6 +533,40 @@ impl CoordinatorState {
         }
     }
 
+    /// The ids remembered with this coordinator's lease, read from the store: its pins.
+    fn pins_read(&mut self, ids: &[String]) {
+        if self.pins_read {
+            return;
+        }
+        self.pins_read = true;
+        self.pinned = crate::placement::pins_of(ids);
+        tracing::info!(entity_type = %self.args.type_name, pins = self.pinned.len(), "pins read from the store");
+    }
+
+    /// Whether pins may change now; `Err` says why not.
+    fn check_pins(&self, shard: &str) -> Result<(), String> {
+        let type_name = &self.args.type_name;
+        if !self.pins_read {
+            return Err(format!(
+                "the coordinator of `{type_name}` has not read the pins from the store yet: try again"
+            ));
+        }
+        crate::remember::ids_of(&*self.args.lease.store)
+            .map(|_| ())
+            .map_err(|e| format!("shard {shard} of `{type_name}` cannot be pinned: {e}"))
+    }
+
+    /// Removes the pin of `shard`, in the store too (see [`pin`](Self::pin)): `Ok(false)`.
+    fn unpin(&mut self, shard: &str) -> Result<bool, String> {
+        self.check_pins(shard)?;
+        if let Some(from) = self.pinned.remove(shard) {
+            self.pin_writer
+                .send(crate::placement::repin(shard, Some(&from), None));
+        }
+        tracing::info!(entity_type = %self.args.type_name, shard, "shard unpinned");
+        Ok(false)
+    }
+
     /// Pins `shard` to the region of `to` and moves it there (see the module's docs).
     /// `Ok(true)` when a move or a first allocation began, `Ok(false)` when it lives there
     /// already; `Err` names what is wrong (nothing is pinned then).
@@ -500,6 +584,7 @@ impl CoordinatorState {
                 "the coordinator of `{type_name}` is still rebuilding its allocation: try again"
             ));
         }
+        self.check_pins(shard)?;
         if !self.homes.is_allocatable(to) {
             let why = if !self.regions.contains_key(to) {
                 "has no region of this type registered with the coordinator"
@@ -520,7 +605,11 @@ impl CoordinatorState {
                 m.from, m.to
             ));
         }
-        self.pinned.insert(shard.to_string(), to.to_string());
+        let before = self.pinned.insert(shard.to_string(), to.to_string());
+        if before.as_deref() != Some(to) {
+            self.pin_writer
+                .send(crate::placement::repin(shard, before.as_deref(), Some(to)));
+        }
         tracing::info!(entity_type = %type_name, shard, to, "shard pinned");
         match self.homes.home(shard).map(str::to_string) {
             Some(home) if home == to => Ok(false),
@@ -1076,9 +1165,22 @@ async fn hand_off_call(
     )
 }
 
-/// Lists the type's shard leases after `delay` and reports shard → holder
+/// Where the ids remembered with the coordinator's lease (its pins) are read and written.
+fn pins_at(args: &CoordinatorArgs) -> RememberStore {
+    RememberStore {
+        store: args.lease.store.clone(),
+        name: args.lease.name.clone(),
+        owner: args.lease.owner.clone(),
+        timeout: args.list_timeout,
+        retry: args.settings.retry_interval,
+    }
+}
+
+/// Lists the type's shard leases after `delay`, and reads the ids remembered with the
+/// coordinator's lease, and reports shard → holder and those ids
 /// (`CoordinatorLocal::Listed`). A name the store changed (its naming rules) is skipped: its
-/// shard is learnt from its region's report instead.
+/// shard is learnt from its region's report instead. A store that keeps no remembered ids
+/// has no pins.
 fn list_shard_leases(
     args: &CoordinatorArgs,
     me: &ActorRef<CoordinatorMsg>,
@@ -1087,24 +1189,65 @@ fn list_shard_leases(
     let prefix = tenure_lease::names::shard_lease(&args.system, &args.type_name, "");
     let (store, timeout, me) = (args.store.clone(), args.list_timeout, me.clone());
     let (system, type_name) = (args.system.clone(), args.type_name.clone());
+    let pins = pins_at(args);
     tokio::spawn(async move {
         tokio::time::sleep(delay).await;
         let rules = store.name_rules();
-        let listed = tenure_lease::store::bounded(&prefix, "list", timeout, store.list(&prefix))
-            .await
-            .map(|records| {
-                records
-                    .into_iter()
-                    .filter_map(|r| {
-                        let shard = r.name.strip_prefix(&prefix)?;
-                        let name = tenure_lease::names::shard_lease(&system, &type_name, shard);
-                        (tenure_lease::names::store_name(&name, &rules) == r.name)
-                            .then(|| (shard.to_string(), r.owner))
-                    })
-                    .collect()
-            })
-            .map_err(|e| e.to_string());
+        let listed = async {
+            let records =
+                tenure_lease::store::bounded(&prefix, "list", timeout, store.list(&prefix)).await?;
+            let held = records
+                .into_iter()
+                .filter_map(|r| {
+                    let shard = r.name.strip_prefix(&prefix)?;
+                    let name = tenure_lease::names::shard_lease(&system, &type_name, shard);
+                    (tenure_lease::names::store_name(&name, &rules) == r.name)
+                        .then(|| (shard.to_string(), r.owner))
+                })
+                .collect();
+            let remembered = read_pin_ids(&pins).await?;
+            Ok::<_, tenure_lease::LeaseError>(Listing { held, remembered })
+        };
+        let listed = listed.await.map_err(|e| e.to_string());
         let _ = me.cast(CoordinatorMsg::Local(CoordinatorLocal::Listed(listed)));
+    });
+}
+
+/// The ids remembered with the coordinator's lease (none on a store that keeps none).
+async fn read_pin_ids(at: &RememberStore) -> Result<Vec<String>, tenure_lease::LeaseError> {
+    match at.remembered().await {
+        Err(tenure_lease::LeaseError::Config(e)) => {
+            tracing::warn!(lease = %at.name, error = %e, "no pins: the store keeps no remembered ids");
+            Ok(Vec::new())
+        }
+        read => read,
+    }
+}
+
+/// Reads the ids remembered with the coordinator's lease, every `retry-interval` until the
+/// store answers or the coordinator stopped, and reports them (`CoordinatorLocal::PinsRead`):
+/// for a coordinator that allocates without the listing, which read them too.
+fn read_pins(args: &CoordinatorArgs, me: &ActorRef<CoordinatorMsg>) {
+    let (pins, me, type_name) = (pins_at(args), me.clone(), args.type_name.clone());
+    tokio::spawn(async move {
+        loop {
+            match read_pin_ids(&pins).await {
+                Ok(ids) => {
+                    let _ = me.cast(CoordinatorMsg::Local(CoordinatorLocal::PinsRead(ids)));
+                    return;
+                }
+                Err(e) => {
+                    if matches!(
+                        me.get_status(),
+                        ractor::ActorStatus::Stopping | ractor::ActorStatus::Stopped
+                    ) {
+                        return;
+                    }
+                    tracing::warn!(entity_type = %type_name, error = %e, "cannot read the pins; retrying");
+                    tokio::time::sleep(pins.retry).await;
+                }
+            }
+        }
     });
 }
 
@@ -1180,7 +1323,10 @@ mod tests {
     use std::time::Duration;
 
     use tenure_cluster::{ClusterSettings, Node};
-    use tenure_lease::{LeaseProvider, MemoryStore, StoreRegistry, TenureConfig};
+    use tenure_lease::{
+        AcquireOutcome, AcquireRequest, LeaseProvider, MemoryStore, RememberedIds, StoreRegistry,
+        TenureConfig,
+    };
     use tokio::sync::mpsc;
 
     use super::*;
@@ -1261,11 +1407,50 @@ mod tests {
         }
     }
 
-    /// A one-node cluster (memory store), a coordinator of type `probe` (token 1) and
-    /// region doubles on this node and on `others` fake members up, every one registered
-    /// and available, with `sharding` added to the `[sharding]` section.
+    /// The coordinator's lease in the fixtures' store.
+    const COORDINATOR_LEASE: &str = "test-singleton-sharding-probe-coordinator";
+
+    /// A new grant of the coordinator's lease in `store` (the previous holder's released),
+    /// as a coordinator taking over gets it.
+    async fn coordinator_grant(store: &MemoryStore, owner: &str) -> FencingToken {
+        if let Some(held) = store.read(COORDINATOR_LEASE).await.unwrap() {
+            assert!(
+                store
+                    .release(COORDINATOR_LEASE, &held.owner, held.token)
+                    .await
+                    .unwrap()
+            );
+        }
+        let outcome = store
+            .try_acquire(&AcquireRequest {
+                name: COORDINATOR_LEASE.into(),
+                owner: owner.into(),
+                instance: format!("coordinator-{}", rand_instance()),
+                ttl: Duration::from_secs(3600),
+                ..AcquireRequest::default()
+            })
+            .await
+            .unwrap();
+        let AcquireOutcome::Granted(record) = outcome else {
+            panic!("the coordinator's lease is free: {outcome:?}");
+        };
+        record.token
+    }
+
+    /// A distinct holder instance per grant.
+    fn rand_instance() -> u64 {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// A one-node cluster (memory store of its own: fixtures running at once must not join
+    /// one cluster), a coordinator of type `probe` (holding a grant of
+    /// its lease) and region doubles on this node and on `others` fake members up, every
+    /// one registered and available, with `sharding` added to the `[sharding]` section.
     struct Fixture {
         node: Node,
+        store: MemoryStore,
+        args: CoordinatorArgs,
         scope: String,
         coordinator: ActorRef<CoordinatorMsg>,
         regions: Vec<ActorRef<RegionMsg>>,
@@ -1285,6 +1470,7 @@ mod tests {
                 &format!(
                     "[tenure]\ndefault-lease-section = \"memory\"\n\
                      [lease.memory]\nheartbeat-timeout = \"3s\"\nheartbeat-interval = \"500ms\"\n\
+                     namespace = \"{scope}\"\n\
                      [cluster]\nport = {port}\ncookie = \"coordinator-test-0123456789abcdef\"\n\
                      member-lease-ttl = \"3s\"\nmember-lease-interval = \"500ms\"\n\
                      [sharding]\n{sharding}\n"
@@ -1301,21 +1487,29 @@ mod tests {
                 .unwrap();
             let (told, heard) = mpsc::unbounded_channel();
             let settings = ShardingSettings::from_config(&config, "probe", "memory").unwrap();
+            let me = node.addr().to_string();
+            let store = MemoryStore::new();
             let args = CoordinatorArgs {
                 type_name: "probe".into(),
                 scope: scope.into(),
                 strategy: Arc::new(LeastShards::from_settings(&settings)),
                 settings: Arc::new(settings),
                 subscriptions: node.subscriptions(),
-                token: FencingToken::new(1),
-                store: Arc::new(MemoryStore::new()),
+                token: coordinator_grant(&store, &me).await,
+                store: Arc::new(store.clone()),
                 system: "test".into(),
                 list_timeout: Duration::from_secs(1),
+                lease: CoordinatorLease {
+                    store: Arc::new(store.clone()),
+                    name: COORDINATOR_LEASE.into(),
+                    owner: me.clone(),
+                },
             };
-            let (coordinator, _) = Actor::spawn(None, Coordinator, args).await.unwrap();
-            let me = node.addr().to_string();
+            let (coordinator, _) = Actor::spawn(None, Coordinator, args.clone()).await.unwrap();
             let mut f = Fixture {
                 node,
+                store,
+                args,
                 scope: scope.to_string(),
                 coordinator,
                 regions: Vec::new(),
@@ -1414,6 +1608,42 @@ mod tests {
                 told.push(t);
             }
             told
+        }
+
+        /// A coordinator fail-over: this one stops, and a new one starts under a new grant
+        /// of the coordinator's lease; every region double's member is up again and
+        /// registers with the shards `hosted` gives it (none for those it does not name).
+        async fn fail_over(&mut self, hosted: &[(&str, &[&str])]) {
+            self.coordinator.stop_and_wait(None, None).await.unwrap();
+            let owner = self.args.lease.owner.clone();
+            self.args.token = coordinator_grant(&self.store, &owner).await;
+            let (coordinator, _) = Actor::spawn(None, Coordinator, self.args.clone())
+                .await
+                .unwrap();
+            self.coordinator = coordinator;
+            let me = self.node.addr().to_string();
+            // This node's member first, as in `start`.
+            let mut addrs = self.addrs.clone();
+            addrs.sort_by_key(|a| *a != me);
+            for addr in addrs {
+                self.register(&addr, &[]);
+                if addr == me {
+                    self.wait_allocatable(1).await;
+                } else {
+                    self.coordinator
+                        .cast(CoordinatorMsg::Local(CoordinatorLocal::Cluster(
+                            ClusterEvent::MemberUp(member(&addr)),
+                        )))
+                        .unwrap();
+                }
+            }
+            self.wait_allocatable(self.addrs.len()).await;
+            // Their shards once they are up: a region's report is its shards' home only
+            // while the region may keep shards.
+            for (addr, shards) in hosted {
+                self.register(addr, shards);
+            }
+            self.told().await;
         }
 
         async fn stop(self) {
@@ -1788,6 +2018,131 @@ mod tests {
         }
         f.told().await;
         assert_eq!(home(&f, "5").await.as_deref(), Some(target.as_str()));
+        f.stop().await;
+    }
+
+    /// Pins outlive their coordinator: pinned shards stay on their region through a
+    /// fail-over, a new coordinator's rebalances leave them there, and one of them that
+    /// needs a home again goes back to its pin, not where the strategy would put it. An
+    /// unpin removes the pin from the store; a coordinator whose grant is not current any
+    /// more cannot store a pin, and says so.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn pins_survive_a_coordinator_fail_over() {
+        let mut f = Fixture::start(
+            "coordinator-pin-fail-over",
+            2,
+            "retry-interval = \"1h\"\nrebalance-interval = \"1h\"",
+        )
+        .await;
+        let target = f.addrs[2].clone();
+        let place = async |f: &Fixture, shard: &str, to: Option<&str>| -> Result<bool, String> {
+            ractor::call!(f.coordinator, |r| CoordinatorMsg::PinShard(
+                PinShard {
+                    shard: shard.into(),
+                    to: to.map(str::to_string),
+                },
+                r
+            ))
+            .unwrap()
+            .result
+        };
+        let homes = async |f: &Fixture| -> BTreeMap<String, String> {
+            f.allocation().await.homes.into_iter().collect()
+        };
+        // Four shards pinned to the target (each allocated there at once), two more
+        // allocated by the strategy elsewhere.
+        for shard in ["0", "1", "2", "3"] {
+            assert_eq!(
+                place(&f, shard, Some(&target)).await,
+                Ok(true),
+                "pin {shard}"
+            );
+        }
+        for shard in ["4", "5"] {
+            f.coordinator
+                .cast(CoordinatorMsg::GetHome(GetShardHome {
+                    shard: shard.into(),
+                    region: f.addrs[0].clone(),
+                }))
+                .unwrap();
+        }
+        f.told().await;
+        let before = homes(&f).await;
+        assert_eq!(before.len(), 6, "{before:?}");
+        assert!(
+            ["4", "5"].iter().all(|s| before[*s] != target),
+            "{before:?}"
+        );
+
+        // The coordinator fails over; the target's region lost shard 3 meanwhile.
+        let on = |region: &str| -> Vec<&str> {
+            before
+                .iter()
+                .filter(|(s, r)| *r == region && *s != "3")
+                .map(|(s, _)| s.as_str())
+                .collect()
+        };
+        let hosted: Vec<(String, Vec<&str>)> = f.addrs.iter().map(|a| (a.clone(), on(a))).collect();
+        let hosted: Vec<(&str, &[&str])> = hosted
+            .iter()
+            .map(|(a, s)| (a.as_str(), s.as_slice()))
+            .collect();
+        f.fail_over(&hosted).await;
+
+        // Shard 3 needs a home: the least loaded regions are the others, the pin says the
+        // target.
+        f.coordinator
+            .cast(CoordinatorMsg::GetHome(GetShardHome {
+                shard: "3".into(),
+                region: f.addrs[0].clone(),
+            }))
+            .unwrap();
+        f.told().await;
+        assert_eq!(
+            homes(&f).await.get("3"),
+            Some(&target),
+            "shard 3 reallocated"
+        );
+
+        // The target holds 4 shards, the others 1 each: the strategy would move some.
+        for _ in 0..3 {
+            f.coordinator
+                .cast(CoordinatorMsg::Local(CoordinatorLocal::Rebalance))
+                .unwrap();
+        }
+        let told = f.told().await;
+        assert!(
+            !told.iter().any(|(_, h)| matches!(h, Heard::HandOff(_))),
+            "a rebalance moved a shard: {told:?}"
+        );
+        let after = homes(&f).await;
+        for shard in ["0", "1", "2", "3"] {
+            assert_eq!(after.get(shard), Some(&target), "shard {shard}: {after:?}");
+        }
+
+        // An unpin leaves the store too.
+        assert_eq!(place(&f, "0", None).await, Ok(false));
+        let stored =
+            crate::placement::pins_of(&f.store.remembered(COORDINATOR_LEASE).await.unwrap());
+        assert_eq!(
+            stored.keys().map(String::as_str).collect::<Vec<_>>(),
+            ["1", "2", "3"],
+            "pins in the store"
+        );
+
+        // A coordinator that lost its grant cannot store a pin.
+        let held = f.store.read(COORDINATOR_LEASE).await.unwrap().unwrap();
+        assert!(
+            f.store
+                .release(COORDINATOR_LEASE, &held.owner, held.token)
+                .await
+                .unwrap()
+        );
+        let refused = place(&f, "4", Some(&target)).await.unwrap_err();
+        assert!(
+            refused.contains("shard 4") && refused.contains(COORDINATOR_LEASE),
+            "{refused}"
+        );
         f.stop().await;
     }
 }

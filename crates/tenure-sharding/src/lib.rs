@@ -67,6 +67,7 @@ mod entity_ref;
 mod history;
 mod messages;
 pub mod metrics;
+mod placement;
 mod region;
 pub mod remember;
 mod settings;
@@ -77,7 +78,7 @@ mod test_regions;
 
 pub use active::ActiveEntities;
 pub use allocation::{AllocationStrategy, LeastShards, Regions};
-pub use coordinator::{Coordinator, CoordinatorArgs};
+pub use coordinator::{Coordinator, CoordinatorArgs, CoordinatorLease};
 pub use direct::Routes;
 pub use durable::{
     Durable, DurableEntity, DurableError, Effect, durable_entity_factory, persistence_id,
@@ -556,9 +557,10 @@ impl ShardRegion {
     /// `Err(InvalidPlacement)`: `shard` is not one of the type's shard ids (`0` to
     /// `number-of-shards - 1`) or `to` is not `host:port`. `Err(Placement)` names why the
     /// coordinator refused (`to` has no region that can take shards, the shard is moving
-    /// already); `Err(NoCoordinator)`: none answered within `timeout` (the pin may or may
-    /// not be set: ask again). Nothing is pinned on the other errors. Pins
-    /// are kept by the coordinator (a new one after a fail-over has none).
+    /// already, the pin could not be stored); `Err(NoCoordinator)`: none answered within
+    /// `timeout` (the pin may or may not be set: ask again). Nothing is pinned on the
+    /// other errors. `Ok` comes once the pin is stored with the coordinator's lease: a
+    /// coordinator that takes over after a fail-over keeps it (see docs/sharding.md).
     pub async fn pin_shard(
         &self,
         shard: &str,
@@ -594,10 +596,11 @@ impl ShardRegion {
         })
     }
 
-    /// Removes the pin of `shard` (see [`pin_shard`](Self::pin_shard)): the allocation
-    /// strategy places it again. It stays where it runs until a rebalance moves it.
-    /// `Err(InvalidPlacement)` for a shard id the type does not have; `Err(NoCoordinator)`
-    /// when no coordinator answered within `timeout`.
+    /// Removes the pin of `shard` (see [`pin_shard`](Self::pin_shard)), in the store too:
+    /// the allocation strategy places it again. It stays where it runs until a rebalance
+    /// moves it. `Ok` once the removal is stored; `Err(InvalidPlacement)` for a shard id the
+    /// type does not have; `Err(Placement)` when the coordinator could not store it;
+    /// `Err(NoCoordinator)` when no coordinator answered within `timeout`.
     pub async fn unpin_shard(&self, shard: &str, timeout: Duration) -> Result<(), ShardingError> {
         self.check_shard(shard)?;
         self.place(shard, None, timeout).await.map(|_| ())
@@ -714,6 +717,13 @@ pub(crate) async fn start_with_settings(
             let mut singleton =
                 SingletonSettings::from_config(provider.config(), &name, &settings.lease_section)?;
             singleton.role = settings.role.clone();
+            let lease = provider
+                .spec(
+                    &tenure_lease::names::singleton_lease(&cluster.system, &name),
+                    &singleton.lease_section,
+                    &me,
+                )
+                .await?;
             let args = CoordinatorArgs {
                 type_name: type_name.to_string(),
                 scope: scope.clone(),
@@ -724,6 +734,11 @@ pub(crate) async fn start_with_settings(
                 store: template.store.clone(),
                 system: cluster.system.clone(),
                 list_timeout: template.settings.lease_operation_timeout,
+                lease: CoordinatorLease {
+                    store: lease.store,
+                    name: lease.store_name,
+                    owner: me.clone(),
+                },
             };
             tenure_singleton::start_with_settings(
                 node,

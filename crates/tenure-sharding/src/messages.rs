@@ -375,6 +375,14 @@ impl From<ClusterEvent> for RegionMsg {
     }
 }
 
+/// What a new coordinator reads from the store before it allocates anything.
+pub struct Listing {
+    /// The type's shard leases: shard → holder.
+    pub held: Vec<(String, String)>,
+    /// The ids remembered with the coordinator's own lease (its pins).
+    pub remembered: Vec<String>,
+}
+
 /// Local messages of the coordinator.
 pub enum CoordinatorLocal {
     Cluster(ClusterEvent),
@@ -385,8 +393,11 @@ pub enum CoordinatorLocal {
     /// Hand-offs of moving shards ended (their old hosts answered, or the hand-off timeout
     /// passed): each shard, and whether its lease was released.
     HandOffsEnded(Vec<(String, bool)>),
-    /// The shard leases of the type listed from the store at start: shard → holder.
-    Listed(Result<Vec<(String, String)>, String>),
+    /// What a new coordinator read from the store before it allocates anything.
+    Listed(Result<Listing, String>),
+    /// The ids remembered with the coordinator's lease (its pins), read again after the
+    /// listing failed.
+    PinsRead(Vec<String>),
     /// remember-entities: the shards with remembered entities, read from the store at
     /// start.
     RememberedShards(Vec<String>),
