@@ -51,8 +51,9 @@ use tokio::time::Instant;
 use crate::allocation::{AllocationStrategy, Regions};
 use crate::history;
 use crate::messages::{
-    Allocation, BeginHandOffs, CoordinatorLocal, CoordinatorMsg, GetShardHome, HandOff, Listing,
-    PinReply, PinShard, RegionMsg, Register, RegisterAgain, ShardHomes,
+    Allocation, BeginHandOffs, CoordinatorLocal, CoordinatorMsg, DaemonCount, DaemonCountReply,
+    GetShardHome, HandOff, Listing, PinReply, PinShard, RegionMsg, Register, RegisterAgain,
+    ResizeDaemon, ResizeReply, ShardHomes,
 };
 use crate::region::region_ref;
 use crate::remember::{IdWriter, RememberStore};
@@ -81,6 +82,9 @@ pub struct CoordinatorArgs {
     pub list_timeout: std::time::Duration,
     /// The coordinator's singleton lease, with which its pins are remembered.
     pub lease: CoordinatorLease,
+    /// For a sharded daemon's type, the number of workers it runs until a resize is stored
+    /// (`None`: the type is not a daemon's).
+    pub daemon: Option<usize>,
 }
 
 /// The coordinator's singleton lease as its store holds it: the pins are remembered with it
@@ -176,8 +180,13 @@ pub struct CoordinatorState {
     pinned: BTreeMap<String, String>,
     /// Whether the pins were read from the store (pins are refused until then).
     pins_read: bool,
-    /// Writes the pins' changes, under this coordinator's grant.
-    pin_writer: IdWriter,
+    /// Writes the changes of the pins and the daemon's count, under this coordinator's
+    /// grant.
+    placement: IdWriter,
+    /// A sharded daemon's workers (`None`: the type is not a daemon's).
+    daemon: Option<DaemonCount>,
+    /// A daemon's shards being stopped for a resize, and the region each is stopped on.
+    stopping: BTreeMap<String, String>,
 }
 
 impl Actor for Coordinator {
@@ -206,13 +215,12 @@ impl Actor for Coordinator {
             read_remembered_shards(&args, &myself);
         }
         let type_name = args.type_name.clone();
-        let pin_writer = IdWriter::start(pins_at(&args), args.token, move |change, written| {
+        let placement = IdWriter::start(pins_at(&args), args.token, move |change, written| {
             if !written {
                 tracing::warn!(entity_type = %type_name, pins = change.len(), "pins not stored: this coordinator's grant is not current any more");
             }
         });
         Ok(CoordinatorState {
-            args,
             myself,
             members: BTreeMap::new(),
             unreachable_since: HashMap::new(),
@@ -233,7 +241,14 @@ impl Actor for Coordinator {
             outbox: BTreeMap::new(),
             pinned: BTreeMap::new(),
             pins_read: false,
-            pin_writer,
+            placement,
+            daemon: args.daemon.map(|count| DaemonCount {
+                revision: 0,
+                count,
+                stopping: false,
+            }),
+            stopping: BTreeMap::new(),
+            args,
         })
     }
 
@@ -310,32 +325,29 @@ impl Actor for Coordinator {
                     Some(to) => state.pin(&shard, &to),
                     None => state.unpin(&shard),
                 };
-                match result {
-                    // Answered once the pin is stored: an operator who was told `Ok`
-                    // can rely on the next coordinator keeping it.
-                    Ok(moved) => {
-                        let stored = state.pin_writer.flush();
-                        let (type_name, lease) =
-                            (state.args.type_name.clone(), state.args.lease.name.clone());
-                        tokio::spawn(async move {
-                            let result = if stored.await {
-                                Ok(moved)
-                            } else {
-                                Err(format!(
-                                    "the pin of shard {shard} of `{type_name}` was not stored with the coordinator's lease `{lease}` (its grant is not current any more, or the store keeps no remembered ids): ask again"
-                                ))
-                            };
-                            let _ = reply.send(PinReply { result });
-                        });
-                    }
-                    Err(e) => {
-                        let _ = reply.send(PinReply { result: Err(e) });
-                    }
-                }
+                let what = format!("the pin of shard {shard}");
+                state.answer_once_stored(result, what, move |result| {
+                    let _ = reply.send(PinReply { result });
+                });
             }
-            CoordinatorMsg::Local(CoordinatorLocal::PinsRead(ids)) => state.pins_read(&ids),
+            CoordinatorMsg::ResizeDaemon(ResizeDaemon { count }, reply) => {
+                let result = state.resize(count);
+                let what = format!("the resize to {count} workers");
+                state.answer_once_stored(result, what, move |result| {
+                    let _ = reply.send(ResizeReply { result });
+                });
+            }
+            CoordinatorMsg::GetDaemonCount(_, reply) => {
+                let count = state.daemon.filter(|_| state.pins_read);
+                let _ = reply.send(DaemonCountReply { count });
+            }
+            CoordinatorMsg::Local(CoordinatorLocal::PinsRead(ids)) => {
+                state.pins_read(&ids);
+                state.resume_stopping();
+            }
             CoordinatorMsg::Local(CoordinatorLocal::Cluster(event)) => state.on_cluster(event),
             CoordinatorMsg::Local(CoordinatorLocal::Tick) => {
+                state.retry_stopping();
                 state.reallocate_lost();
                 state.resend_hosts();
                 state.retry_misplaced();
@@ -344,8 +356,18 @@ impl Actor for Coordinator {
             CoordinatorMsg::Local(CoordinatorLocal::Flush) => state.flush(),
             CoordinatorMsg::Local(CoordinatorLocal::HandOffsEnded(ended)) => {
                 for (shard, released) in ended {
-                    state.hand_off_ended(shard, released);
+                    match state.stopping.get(&shard) {
+                        Some(region) => {
+                            // Stopped, or its lease lapses with its region: retried on the
+                            // next tick otherwise.
+                            if released || !state.alive(region) {
+                                state.stopping.remove(&shard);
+                            }
+                        }
+                        None => state.hand_off_ended(shard, released),
+                    }
                 }
+                state.finish_resize();
                 if state.moving.is_empty() {
                     state.rebalance();
                 }
@@ -412,6 +434,7 @@ impl CoordinatorState {
             }
         }
         self.listed = true;
+        self.resume_stopping();
         for (shard, region) in std::mem::take(&mut self.deferred) {
             self.get_home(shard, region);
         }
@@ -511,7 +534,7 @@ impl CoordinatorState {
     /// Where `shard` lives, allocating it if it has no home; `None` while it moves or
     /// when no region can take it.
     fn home_of(&mut self, shard: &str) -> Option<String> {
-        if self.moving.contains_key(shard) {
+        if self.moving.contains_key(shard) || self.resizing() {
             return None;
         }
         if let Some(home) = self.homes.home(shard)
@@ -527,19 +550,29 @@ impl CoordinatorState {
     /// Where a shard without a home goes: the region it is pinned to when that can take
     /// it, else where the strategy says.
     fn allocate(&self, shard: &str) -> Option<String> {
+        if self.resizing() {
+            return None;
+        }
         match self.pinned.get(shard) {
             Some(pin) if self.homes.is_allocatable(pin) => Some(pin.clone()),
             _ => self.args.strategy.allocate(shard, &self.homes),
         }
     }
 
-    /// The ids remembered with this coordinator's lease, read from the store: its pins.
+    /// The ids remembered with this coordinator's lease, read from the store: its pins,
+    /// and a daemon's count.
     fn pins_read(&mut self, ids: &[String]) {
         if self.pins_read {
             return;
         }
         self.pins_read = true;
         self.pinned = crate::placement::pins_of(ids);
+        if let Some(daemon) = &mut self.daemon
+            && let Some(stored) = crate::placement::count_of(ids)
+        {
+            tracing::info!(entity_type = %self.args.type_name, revision = stored.revision, count = stored.count, stopping = stored.stopping, "daemon count read from the store");
+            *daemon = stored;
+        }
         tracing::info!(entity_type = %self.args.type_name, pins = self.pinned.len(), "pins read from the store");
     }
 
@@ -560,7 +593,7 @@ impl CoordinatorState {
     fn unpin(&mut self, shard: &str) -> Result<bool, String> {
         self.check_pins(shard)?;
         if let Some(from) = self.pinned.remove(shard) {
-            self.pin_writer
+            self.placement
                 .send(crate::placement::repin(shard, Some(&from), None));
         }
         tracing::info!(entity_type = %self.args.type_name, shard, "shard unpinned");
@@ -607,7 +640,7 @@ impl CoordinatorState {
         }
         let before = self.pinned.insert(shard.to_string(), to.to_string());
         if before.as_deref() != Some(to) {
-            self.pin_writer
+            self.placement
                 .send(crate::placement::repin(shard, before.as_deref(), Some(to)));
         }
         tracing::info!(entity_type = %type_name, shard, to, "shard pinned");
@@ -622,6 +655,163 @@ impl CoordinatorState {
                 Ok(true)
             }
         }
+    }
+
+    /// Answers `result` through `reply` once every change of the pins or the daemon's
+    /// count made so far is stored (an `Err` at once); `what` names the change in the
+    /// error when it could not be stored. An operator told `Ok` can rely on the next
+    /// coordinator keeping it.
+    fn answer_once_stored(
+        &self,
+        result: Result<bool, String>,
+        what: String,
+        reply: impl FnOnce(Result<bool, String>) + Send + 'static,
+    ) {
+        let Ok(changed) = result else {
+            reply(result);
+            return;
+        };
+        let stored = self.placement.flush();
+        let (type_name, lease) = (self.args.type_name.clone(), self.args.lease.name.clone());
+        tokio::spawn(async move {
+            reply(if stored.await {
+                Ok(changed)
+            } else {
+                Err(format!(
+                    "{what} of `{type_name}` was not stored with the coordinator's lease `{lease}` (its grant is not current any more, or the store keeps no remembered ids): ask again"
+                ))
+            });
+        });
+    }
+
+    /// Whether a daemon's old workers are being stopped for a resize: nothing is allocated
+    /// meanwhile.
+    fn resizing(&self) -> bool {
+        self.daemon.is_some_and(|d| d.stopping)
+    }
+
+    /// A sharded daemon's resize to `count` workers (Akka's `ShardedDaemonProcess`
+    /// resize): the next revision is stored as stopping, every shard of the type is handed
+    /// off (its worker stops under its lease) and none is allocated, and once all are
+    /// stopped the revision is stored as running and its workers start. `Ok(true)`: begun;
+    /// `Ok(false)`: it runs `count` workers already; `Err` names the daemon and why.
+    fn resize(&mut self, count: usize) -> Result<bool, String> {
+        let type_name = &self.args.type_name;
+        let Some(current) = self.daemon else {
+            return Err(format!(
+                "`{type_name}` is not a sharded daemon's entity type"
+            ));
+        };
+        let most = self.args.settings.number_of_shards;
+        if count == 0 || count > most {
+            return Err(format!(
+                "daemon `{type_name}` cannot run {count} workers: it runs 1 to {most} (its number-of-shards)"
+            ));
+        }
+        if !self.listed || !self.pins_read {
+            return Err(format!(
+                "the coordinator of `{type_name}` is still reading its state from the store: try again"
+            ));
+        }
+        crate::remember::ids_of(&*self.args.lease.store).map_err(|e| {
+            format!("daemon `{type_name}` cannot be resized to {count} workers: {e}")
+        })?;
+        if current.stopping {
+            return Err(format!(
+                "daemon `{type_name}` is being resized to {} workers: try again once its old workers stopped",
+                current.count
+            ));
+        }
+        if count == current.count {
+            return Ok(false);
+        }
+        let next = DaemonCount {
+            revision: current.revision + 1,
+            count,
+            stopping: true,
+        };
+        tracing::info!(entity_type = %type_name, from = current.count, to = count, revision = next.revision, "daemon resize: stopping every worker");
+        self.placement
+            .send(crate::placement::recount(Some(&current), &next));
+        self.daemon = Some(next);
+        self.stop_workers();
+        Ok(true)
+    }
+
+    /// Hands off every shard of the daemon's type this coordinator knows to be hosted (by
+    /// its home, or by a region's report); none is allocated until all are stopped.
+    fn stop_workers(&mut self) {
+        let mut round: BTreeMap<String, String> = BTreeMap::new();
+        let homes: Vec<(String, String)> = self
+            .homes
+            .homes()
+            .map(|(s, r)| (s.to_string(), r.to_string()))
+            .collect();
+        for (shard, home) in homes {
+            self.homes.remove_home(&shard);
+            self.unconfirmed.remove(&shard);
+            round.insert(shard, home);
+        }
+        for (region, entry) in &self.regions {
+            for shard in &entry.reported {
+                round.entry(shard.clone()).or_insert_with(|| region.clone());
+            }
+        }
+        self.stop_shards(round.into_iter().collect());
+        self.finish_resize();
+    }
+
+    /// Hands off `shards` (shard, region) for a resize.
+    fn stop_shards(&mut self, shards: Vec<(String, String)>) {
+        let round: Vec<(String, String)> = shards
+            .into_iter()
+            .filter(|(_, region)| self.alive(region))
+            .collect();
+        for (shard, region) in &round {
+            self.stopping.insert(shard.clone(), region.clone());
+        }
+        if !round.is_empty() {
+            self.move_shards(round);
+        }
+    }
+
+    /// A coordinator that read a resize in progress (it failed over during one) stops
+    /// the workers again, once it knows where they run.
+    fn resume_stopping(&mut self) {
+        if self.listed && self.pins_read && self.resizing() && self.stopping.is_empty() {
+            self.stop_workers();
+        }
+    }
+
+    /// Hands off again the shards whose hand-off for a resize was not confirmed; those of
+    /// regions no longer alive count as stopped (their leases lapse with them).
+    fn retry_stopping(&mut self) {
+        if self.stopping.is_empty() {
+            return;
+        }
+        let again: Vec<(String, String)> = std::mem::take(&mut self.stopping).into_iter().collect();
+        self.stop_shards(again);
+        self.finish_resize();
+    }
+
+    /// Ends a resize once every old worker stopped (and no rebalance's move is in flight):
+    /// the revision is stored as running, and its workers may start.
+    fn finish_resize(&mut self) {
+        if !self.resizing() || !self.stopping.is_empty() || !self.moving.is_empty() {
+            return;
+        }
+        let Some(before) = self.daemon else {
+            return;
+        };
+        let running = DaemonCount {
+            stopping: false,
+            ..before
+        };
+        tracing::info!(entity_type = %self.args.type_name, count = running.count, revision = running.revision, "daemon resize: the old workers stopped; the new ones start");
+        self.placement
+            .send(crate::placement::recount(Some(&before), &running));
+        self.daemon = Some(running);
+        self.reallocate_lost();
     }
 
     /// Tells `region`, at the end of this wave, what to make of `shard` (what it was told
@@ -793,6 +983,13 @@ impl CoordinatorState {
     /// the allocation from the regions), its `Host` confirmed, or a copy to stop.
     fn judge_report(&mut self, region: &str, shard: &str) {
         if self.moving.contains_key(shard) {
+            return;
+        }
+        if self.resizing() {
+            // No worker runs while a daemon's old workers stop.
+            if !self.stopping.contains_key(shard) {
+                self.stop_shards(vec![(shard.to_string(), region.to_string())]);
+            }
             return;
         }
         match self.homes.home(shard) {
@@ -968,7 +1165,7 @@ impl CoordinatorState {
                         .get(&m.addr.to_string())
                         .is_some_and(|r| r.available))
         });
-        if !settled || !self.listed {
+        if !settled || !self.listed || self.resizing() {
             return;
         }
         let in_progress: BTreeSet<String> = self.moving.keys().cloned().collect();
@@ -1038,7 +1235,7 @@ impl CoordinatorState {
             // Its old host said so: no copy of it runs there to stop.
             e.reported.remove(&shard);
         }
-        if self.homes.is_allocatable(&to) {
+        if self.homes.is_allocatable(&to) && !self.resizing() {
             self.host(&shard, &to);
         }
         let home = self.home_of(&shard);
@@ -1504,6 +1701,7 @@ mod tests {
                     name: COORDINATOR_LEASE.into(),
                     owner: me.clone(),
                 },
+                daemon: None,
             };
             let (coordinator, _) = Actor::spawn(None, Coordinator, args.clone()).await.unwrap();
             let mut f = Fixture {

@@ -204,6 +204,30 @@ pub enum ShardingError {
         /// Why (the node cannot take shards, the shard is moving already, ...).
         detail: String,
     },
+    /// A sharded daemon's number of workers out of range (0, or above the type's
+    /// `number-of-shards`); nothing changed.
+    #[error(
+        "daemon `{daemon}`: cannot run {count} workers: a resize asks for 1 to {maximum} (its number-of-shards)"
+    )]
+    WorkerCount {
+        /// The daemon's name.
+        daemon: String,
+        /// The count asked for.
+        count: usize,
+        /// The most workers it may run.
+        maximum: usize,
+    },
+    /// The coordinator refused a daemon's resize (one still in progress, the count could
+    /// not be stored, the type is not a daemon's).
+    #[error("daemon `{daemon}`: cannot resize to {count} workers: {detail}")]
+    Resize {
+        /// The daemon's name.
+        daemon: String,
+        /// The count asked for.
+        count: usize,
+        /// Why.
+        detail: String,
+    },
     /// No coordinator of the type answered within `timeout` (none runs yet, or it is
     /// moving); the request may or may not have been taken.
     #[error("entity type `{type_name}`: no coordinator answered within {timeout:?}")]
@@ -674,11 +698,12 @@ pub async fn start_with_strategy(
         type_name,
         &node.settings().lease_section,
     )?;
-    start_with_settings(node, provider, type_name, factory, strategy, settings).await
+    start_with_settings(node, provider, type_name, factory, strategy, settings, None).await
 }
 
 /// As [`start_with_strategy`] with `settings` given rather than read from the
-/// configuration (the [sharded daemon process](daemon) sets its number of shards).
+/// configuration (the [sharded daemon process](daemon) sets its number of shards), and for
+/// a daemon's type the number of workers it starts with (`daemon`).
 pub(crate) async fn start_with_settings(
     node: &Node,
     provider: &LeaseProvider,
@@ -686,6 +711,7 @@ pub(crate) async fn start_with_settings(
     factory: Option<EntityFactory>,
     strategy: Option<Arc<dyn AllocationStrategy>>,
     settings: ShardingSettings,
+    daemon: Option<usize>,
 ) -> Result<ShardRegion, ShardingError> {
     let cluster = node.settings();
     let settings = Arc::new(settings);
@@ -739,6 +765,7 @@ pub(crate) async fn start_with_settings(
                     name: lease.store_name,
                     owner: me.clone(),
                 },
+                daemon,
             };
             tenure_singleton::start_with_settings(
                 node,
