@@ -356,16 +356,15 @@ impl Actor for Coordinator {
             CoordinatorMsg::Local(CoordinatorLocal::Flush) => state.flush(),
             CoordinatorMsg::Local(CoordinatorLocal::HandOffsEnded(ended)) => {
                 for (shard, released) in ended {
-                    match state.stopping.get(&shard) {
-                        Some(region) => {
-                            // Stopped, or its lease lapses with its region: retried on the
-                            // next tick otherwise.
-                            if released || !state.alive(region) {
-                                state.stopping.remove(&shard);
-                            }
-                        }
-                        None => state.hand_off_ended(shard, released),
+                    // A daemon's shard stopped for a resize, or its lease lapses with its
+                    // region (the hand-off is retried on the next tick otherwise).
+                    if let Some(region) = state.stopping.get(&shard)
+                        && (released || state.worker_gone(region))
+                    {
+                        state.stopping.remove(&shard);
                     }
+                    // A rebalance's move (a resize began meanwhile: it ends with no home).
+                    state.hand_off_ended(shard, released);
                 }
                 state.finish_resize();
                 if state.moving.is_empty() {
@@ -485,6 +484,9 @@ impl CoordinatorState {
                 self.askers.remove(&addr);
                 self.unreachable_since.remove(&addr);
                 self.misplaced.retain(|(region, _), _| *region != addr);
+                // A daemon's workers there stopped with it (their leases lapse).
+                self.stopping.retain(|_, region| *region != addr);
+                self.finish_resize();
                 self.set_allocatable(&addr, false, false);
             }
             ClusterEvent::SelfDown | ClusterEvent::SelfLeaving(_) => {}
@@ -761,11 +763,28 @@ impl CoordinatorState {
         self.finish_resize();
     }
 
+    /// Whether a daemon's worker on `region` counts as stopped without its hand-off: its
+    /// member is down, or unreachable past `unreachable-reallocate-after` (its shard lease
+    /// lapses with it), or this coordinator has not heard of it within
+    /// `rebalance-interval` of its start (a holder in the listing that left before). A
+    /// leaving member's region still hands its shards off.
+    fn worker_gone(&self, region: &str) -> bool {
+        match self.members.get(region) {
+            Some(m) => {
+                matches!(m.status, MemberStatus::Down | MemberStatus::Removed)
+                    || self.unreachable_since.get(region).is_some_and(|t| {
+                        t.elapsed() >= self.args.settings.unreachable_reallocate_after
+                    })
+            }
+            None => self.started.elapsed() >= self.args.settings.rebalance_interval,
+        }
+    }
+
     /// Hands off `shards` (shard, region) for a resize.
     fn stop_shards(&mut self, shards: Vec<(String, String)>) {
         let round: Vec<(String, String)> = shards
             .into_iter()
-            .filter(|(_, region)| self.alive(region))
+            .filter(|(_, region)| !self.worker_gone(region))
             .collect();
         for (shard, region) in &round {
             self.stopping.insert(shard.clone(), region.clone());
@@ -784,7 +803,7 @@ impl CoordinatorState {
     }
 
     /// Hands off again the shards whose hand-off for a resize was not confirmed; those of
-    /// regions no longer alive count as stopped (their leases lapse with them).
+    /// regions that are gone count as stopped (their leases lapse with them).
     fn retry_stopping(&mut self) {
         if self.stopping.is_empty() {
             return;
@@ -1658,6 +1677,16 @@ mod tests {
 
     impl Fixture {
         async fn start(scope: &str, others: usize, sharding: &str) -> Fixture {
+            Fixture::start_with(scope, others, sharding, None).await
+        }
+
+        /// As `start`, for a sharded daemon's type of `daemon` workers when `Some`.
+        async fn start_with(
+            scope: &str,
+            others: usize,
+            sharding: &str,
+            daemon: Option<usize>,
+        ) -> Fixture {
             let port = std::net::TcpListener::bind("127.0.0.1:0")
                 .unwrap()
                 .local_addr()
@@ -1701,7 +1730,7 @@ mod tests {
                     name: COORDINATOR_LEASE.into(),
                     owner: me.clone(),
                 },
-                daemon: None,
+                daemon,
             };
             let (coordinator, _) = Actor::spawn(None, Coordinator, args.clone()).await.unwrap();
             let mut f = Fixture {
@@ -1811,7 +1840,8 @@ mod tests {
         /// A coordinator fail-over: this one stops, and a new one starts under a new grant
         /// of the coordinator's lease; every region double's member is up again and
         /// registers with the shards `hosted` gives it (none for those it does not name).
-        async fn fail_over(&mut self, hosted: &[(&str, &[&str])]) {
+        /// Returns what the regions were told meanwhile.
+        async fn fail_over(&mut self, hosted: &[(&str, &[&str])]) -> Vec<Told> {
             self.coordinator.stop_and_wait(None, None).await.unwrap();
             let owner = self.args.lease.owner.clone();
             self.args.token = coordinator_grant(&self.store, &owner).await;
@@ -1841,7 +1871,7 @@ mod tests {
             for (addr, shards) in hosted {
                 self.register(addr, shards);
             }
-            self.told().await;
+            self.told().await
         }
 
         async fn stop(self) {
@@ -2341,6 +2371,116 @@ mod tests {
             refused.contains("shard 4") && refused.contains(COORDINATOR_LEASE),
             "{refused}"
         );
+        f.stop().await;
+    }
+
+    /// A coordinator that takes over a daemon's resize in progress (its predecessor stored
+    /// the new count as stopping, then failed) stops every worker whose shard lease it
+    /// finds held, then
+    /// stores the count as running and answers it; until then it allocates nothing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_resize_in_progress_is_finished_by_the_next_coordinator() {
+        let mut f = Fixture::start_with(
+            "coordinator-resize-fail-over",
+            1,
+            "retry-interval = \"1h\"\nrebalance-interval = \"1h\"",
+            Some(3),
+        )
+        .await;
+        let count = async |f: &Fixture| -> Option<DaemonCount> {
+            ractor::call!(f.coordinator, |r| CoordinatorMsg::GetDaemonCount(
+                crate::messages::DaemonCountRequest {},
+                r
+            ))
+            .unwrap()
+            .count
+        };
+        assert_eq!(
+            count(&f).await,
+            Some(DaemonCount {
+                revision: 0,
+                count: 3,
+                stopping: false
+            })
+        );
+        // The resize to 5 began under this coordinator's grant; it fails before stopping
+        // the workers, which run on.
+        let stopping = DaemonCount {
+            revision: 1,
+            count: 5,
+            stopping: true,
+        };
+        assert!(
+            f.store
+                .remember(
+                    COORDINATOR_LEASE,
+                    &f.args.lease.owner,
+                    f.args.token,
+                    &crate::placement::recount(None, &stopping),
+                )
+                .await
+                .unwrap()
+        );
+        let (a, b) = (f.addrs[0].clone(), f.addrs[1].clone());
+        // The workers' shard leases, as their regions hold them.
+        for (shard, holder) in [("0", &a), ("1", &b), ("2", &a)] {
+            let granted = f
+                .store
+                .try_acquire(&AcquireRequest {
+                    name: tenure_lease::names::shard_lease("test", "probe", shard),
+                    owner: holder.clone(),
+                    instance: "region".into(),
+                    ttl: Duration::from_secs(3600),
+                    ..AcquireRequest::default()
+                })
+                .await
+                .unwrap();
+            assert!(matches!(granted, AcquireOutcome::Granted(_)));
+        }
+        // No registration names a shard yet: the shard leases are all the new coordinator
+        // knows of the workers.
+        let mut told = f.fail_over(&[]).await;
+        let running = DaemonCount {
+            stopping: false,
+            ..stopping
+        };
+        for _ in 0..600 {
+            if count(&f).await == Some(running) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        told.extend(f.told().await);
+        let mut stopped: Vec<String> = told
+            .iter()
+            .filter_map(|(_, h)| match h {
+                Heard::HandOff(shard) => Some(shard.clone()),
+                _ => None,
+            })
+            .collect();
+        stopped.sort();
+        assert_eq!(stopped, ["0", "1", "2"], "{told:?}");
+        assert_eq!(count(&f).await, Some(running));
+        let stored = f.store.remembered(COORDINATOR_LEASE).await.unwrap();
+        assert_eq!(
+            crate::placement::count_of(&stored),
+            Some(running),
+            "{stored:?}"
+        );
+        // Resized: 0 and above number-of-shards are refused, naming the daemon and count.
+        for bad in [0, 101] {
+            let refused = ractor::call!(f.coordinator, |r| CoordinatorMsg::ResizeDaemon(
+                ResizeDaemon { count: bad },
+                r
+            ))
+            .unwrap()
+            .result
+            .unwrap_err();
+            assert!(
+                refused.contains("`probe`") && refused.contains(&format!("{bad} workers")),
+                "{refused}"
+            );
+        }
         f.stop().await;
     }
 }
