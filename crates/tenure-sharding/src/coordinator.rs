@@ -37,6 +37,13 @@
 //! back once the region can. Pins are remembered with the coordinator's own lease in the
 //! store ([`crate::placement`]): a new coordinator (fail-over) reads them with the shard
 //! leases, before it allocates anything, and keeps honouring them.
+//!
+//! A sharded daemon's coordinator also keeps the daemon's number of workers there. A
+//! resize stores the next revision as stopping, hands off every shard it knows to be
+//! hosted (held leases, homes, reports) and allocates nothing until all are stopped (or
+//! their nodes gone), then stores the revision as running; a coordinator that finds a
+//! resize in progress when it starts does the same. Workers ask it before they start (see
+//! [`crate::daemon`]).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -88,7 +95,7 @@ pub struct CoordinatorArgs {
 }
 
 /// The coordinator's singleton lease as its store holds it: the pins are remembered with it
-/// (see [`crate::placement`]), each change under the grant whose token the coordinator runs
+/// (see docs/sharding.md), each change under the grant whose token the coordinator runs
 /// with.
 #[derive(Clone)]
 pub struct CoordinatorLease {

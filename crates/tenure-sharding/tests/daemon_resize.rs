@@ -116,6 +116,21 @@ fn old_stopped_before_new_started(log: &Log, old: usize, new: usize) {
     }
 }
 
+/// Asks every worker of `count` at `revision`: each has finished starting and handles
+/// messages, so that the resize that follows stops workers that are running. (A worker
+/// stopped while its start is still returning may not get its stop hook run, which this
+/// probe would take for a worker still running.)
+async fn serving(daemon: &ShardedDaemon, count: usize, revision: u64) {
+    for i in 0..count {
+        let id = worker_id(i, count, revision, 8);
+        daemon
+            .region()
+            .ask::<KeepAlive, ()>(&id, &KeepAlive, TIMEOUT)
+            .await
+            .unwrap_or_else(|e| panic!("worker {id}: {e}"));
+    }
+}
+
 async fn settled(daemon: &ShardedDaemon) -> DaemonCount {
     loop {
         if let Some(c) = daemon.current_count(TIMEOUT).await.unwrap()
@@ -179,6 +194,7 @@ async fn a_daemon_resized_up_and_down_stops_every_old_worker_before_a_new_one_st
     .await
     .unwrap();
     until_running(&log, &mut changed, 3).await;
+    serving(&daemon, 3, 0).await;
 
     // Up.
     assert!(daemon.resize(5, TIMEOUT).await.unwrap());
@@ -193,6 +209,7 @@ async fn a_daemon_resized_up_and_down_stops_every_old_worker_before_a_new_one_st
         }
     );
     assert_eq!(daemon.worker_ids().len(), 5);
+    serving(&daemon, 5, 1).await;
 
     // Down.
     assert!(daemon.resize(2, TIMEOUT).await.unwrap());
