@@ -296,7 +296,7 @@ fn idle_cluster(n: usize, idle: Duration) -> Row {
     let pids: Vec<i32> = c
         .nodes
         .iter()
-        .map(|node| node.pid().as_raw_nonzero().get())
+        .map(|node| node.pid().expect("node running").as_raw_nonzero().get())
         .collect();
     let store_before = store_requests(&metrics);
     let (net_before, cpu_before, t0) = (net(), cpu_ticks(&pids), Instant::now());

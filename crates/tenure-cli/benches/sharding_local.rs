@@ -17,7 +17,7 @@ use std::time::Duration;
 use tenure_lease_kit::bench::{PairedRounds, SLICES, knob, median, paired, size, timed};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use tenure::cluster::{ClusterSettings, Incarnation, Node, NodeAddr};
+use tenure::cluster::{Incarnation, NodeAddr};
 use tenure::history::{HistoryFile, HistoryLayer};
 use tenure::memory::Fault;
 use tenure::sharding::{
@@ -204,24 +204,11 @@ async fn sent_and_handled(handled: &AtomicU64, k: u64, mut send: impl FnMut(u64)
 }
 
 async fn throughput(runs: usize, asks: u64, tells: u64) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let config = TenureConfig::from_toml_str(
-        &format!(
-            "[tenure]\ndefault-lease-section = \"memory\"\n[lease.memory]\nheartbeat-timeout = \"3s\"\nheartbeat-interval = \"500ms\"\n\
-             [cluster]\nport = {port}\ncookie = \"bench-cookie-0123456789abcdef0123456\"\nmember-lease-ttl = \"3s\"\nmember-lease-interval = \"500ms\"\n\
-             [sharding.echo]\nnumber-of-shards = 10\nretry-interval = \"100ms\"\nidle-timeout = \"off\"\n"
-        ),
-        "bench",
+    let (node, provider) = tenure_test_kit::node::one_node(
+        "bench-cookie-0123456789abcdef0123456",
+        "[sharding.echo]\nnumber-of-shards = 10\nretry-interval = \"100ms\"\nidle-timeout = \"off\"\n",
     )
-    .unwrap();
-    let provider = tenure::provider(config.clone()).unwrap();
-    let node = Node::start(ClusterSettings::from_config(&config).unwrap(), &provider)
-        .await
-        .unwrap();
+    .await;
     let count = Arc::new(AtomicU64::new(0));
     let region = tenure::sharding::start_on_node(
         &node,

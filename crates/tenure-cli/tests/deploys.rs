@@ -18,7 +18,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cli::cluster::{Cluster, TestCluster};
+use cli::cluster::Cluster;
+use cli::endpoints::{endpoint_of, request, start_with_endpoints};
 use cli::lives::{shard_lives, singleton_lives};
 use cli::service::{KEYS, SHARDS, now_ns, proxy_replies, served_keys, wait_all_keys_served};
 use cli::shards::{live_shards, load_requests, open_loop_options};
@@ -59,61 +60,8 @@ fn loaded(n: usize, app_version: &str) -> Cluster {
     options
         .node_args
         .extend(["--singleton", "s1", "--tick", "100ms"].map(String::from));
-    options
-        .tail
-        .push_str("\n[cluster.management]\nenabled = true\n");
-    let mut c = Cluster::with_options(n, &options);
-    for node in &mut c.nodes {
-        // Port 0: no port to race for; the node logs the one it got.
-        node.env.push((
-            "TENURE_CLUSTER__MANAGEMENT__BIND".into(),
-            "127.0.0.1:0".into(),
-        ));
-    }
-    c.start_all();
+    let c = start_with_endpoints(n, &options, "");
     wait_loaded(c)
-}
-
-/// Node `i`'s management endpoint, from its log (since its latest start).
-fn endpoint_of(c: &Cluster, i: usize) -> SocketAddr {
-    eventually(
-        &format!("node {i} logs its management endpoint"),
-        Duration::from_secs(30),
-        || {
-            let log = c.nodes[i].stderr();
-            log.lines()
-                .find(|l| l.contains("management endpoint serving"))
-                .and_then(|l| {
-                    let plain: String = strip_colours(l);
-                    plain
-                        .split_once("addr=")?
-                        .1
-                        .split_whitespace()
-                        .next()?
-                        .parse()
-                        .ok()
-                })
-                .ok_or(log)
-        },
-    )
-}
-
-/// `line` without terminal colour codes (ESC [ … m).
-fn strip_colours(line: &str) -> String {
-    let mut out = String::with_capacity(line.len());
-    let mut chars = line.chars();
-    while let Some(ch) = chars.next() {
-        if ch == '\u{1b}' {
-            for c in chars.by_ref() {
-                if c == 'm' {
-                    break;
-                }
-            }
-        } else {
-            out.push(ch);
-        }
-    }
-    out
 }
 
 /// Polls `GET /health/ready` of one endpoint every few milliseconds from a thread of its
@@ -173,24 +121,14 @@ impl Drop for ReadyProbe {
 
 /// Whether `GET /health/ready` answers 200 now (no answer: not ready).
 fn ready_now(endpoint: SocketAddr) -> bool {
-    use std::io::{Read, Write};
-    let Ok(mut stream) =
-        std::net::TcpStream::connect_timeout(&endpoint, Duration::from_millis(500))
-    else {
-        return false;
-    };
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
-    if write!(
-        stream,
-        "GET /health/ready HTTP/1.1\r\nHost: {endpoint}\r\nConnection: close\r\n\r\n"
+    request(
+        endpoint,
+        "GET",
+        "/health/ready",
+        None,
+        Duration::from_secs(2),
     )
-    .is_err()
-    {
-        return false;
-    }
-    let mut answer = String::new();
-    let _ = stream.read_to_string(&mut answer);
-    answer.starts_with("HTTP/1.1 200")
+    .is_some_and(|(status, _)| status == 200)
 }
 
 fn wait_loaded(c: Cluster) -> Cluster {

@@ -14,10 +14,11 @@
 //! thread (`std::thread::sleep` in its handler, outside any await, so no kill reaches it)
 //! for longer than the ttl while its node loses its leases (the node must end itself
 //! before the shard lease's deadline) or leaves (its shard's hand-off keeps the lease until
-//! the entity ends). With `TENURE_FAULT_DURABLE=1`, on SQLite and PostgreSQL the counter is
-//! a durable entity (`tenure demo node --durable-counter`, its journal beside the leases;
-//! opt-in while a node under sustained appends can miss its shard renewals and end itself,
-//! which stalls the run though no check fails), with one more fault: a paused
+//! the entity ends). On SQLite the counter is a durable entity (`tenure demo node
+//! --durable-counter`, its journal in a file of its own beside the lease file), and on
+//! PostgreSQL too with `TENURE_FAULT_DURABLE=1` (`=0`: on neither; PostgreSQL stays opt-in
+//! until its runs are known to pass: its journal's fence check holds the shard's lease row
+//! until each batch commits, so renewals wait behind appends there), with one more fault: a paused
 //! holder, frozen with an append on its way past the ttl, that resumes and appends under its
 //! lapsed grant (the journal must refuse it). Every run's history must pass `tenure check`
 //! (with `--journal` for a durable counter: every acknowledged increment's event in the
@@ -107,16 +108,17 @@ fn seeds() -> Vec<u64> {
     }
 }
 
-/// `TENURE_FAULT_DURABLE=1`: the counter is a durable entity where the store keeps
-/// journals (see the module's documentation).
-fn durable_counter() -> bool {
+/// Where the counter is a durable entity (see the module's documentation): `(sqlite,
+/// postgres)`. Unset: SQLite only; `TENURE_FAULT_DURABLE=1`: both; `=0`: neither.
+fn durable_counter() -> (bool, bool) {
     match std::env::var("TENURE_FAULT_DURABLE") {
         Ok(v) => match v.as_str() {
-            "1" => true,
-            "0" | "" => false,
+            "1" => (true, true),
+            "0" => (false, false),
+            "" => (true, false),
             _ => panic!("TENURE_FAULT_DURABLE={v:?} is neither 1 nor 0"),
         },
-        Err(_) => false,
+        Err(_) => (true, false),
     }
 }
 
@@ -241,7 +243,12 @@ impl Store {
     /// Whether the store keeps durable entities' journals (SQLite and PostgreSQL do; etcd
     /// and ZooKeeper are lease stores only).
     fn journals(&self) -> bool {
-        matches!(self, Store::Sqlite | Store::Postgres(_)) && durable_counter()
+        let (sqlite, postgres) = durable_counter();
+        match self {
+            Store::Sqlite => sqlite,
+            Store::Postgres(_) => postgres,
+            _ => false,
+        }
     }
 
     fn restart(&self) {
@@ -700,7 +707,10 @@ fn blocked_thread(run: &mut Run, rng: &mut Rng, leases_lost: bool) {
             Some(Signal::ABORT.as_raw()),
             "node {target} ({addr}) ended by abort(3), not {status:?}"
         );
-        let inc = run.c.nodes[target].incarnation().to_string();
+        let inc = run.c.nodes[target]
+            .incarnation()
+            .expect("started")
+            .to_string();
         assert!(
             run.c.history().iter().any(|e| e["event"] == "process_abort"
                 && e["node"] == addr.as_str()

@@ -13,7 +13,8 @@ use std::net::SocketAddr;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use cli::cluster::{Cluster, Options, TestCluster};
+use cli::cluster::{Cluster, Options};
+use cli::endpoints::{self, endpoint_of, start_with_endpoints};
 use tenure::FencingToken;
 use tenure::sharding::ShardMap;
 use tenure_management::LeaseRow;
@@ -26,31 +27,14 @@ const SLACK: Duration = Duration::from_secs(30);
 /// The operator token of the second test's cluster.
 const TOKEN: &str = "operator-secret";
 
-/// `method path` on `addr` (HTTP/1.1, one connection, no body) with an optional bearer
-/// token: status code and body.
+/// `method path` on `addr` with an optional bearer token: status code and body.
 fn request(
     addr: SocketAddr,
     method: &str,
     path: &str,
     token: Option<&str>,
 ) -> Option<(u16, String)> {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
-    stream
-        .set_read_timeout(Some(Duration::from_secs(15)))
-        .ok()?;
-    let auth = token
-        .map(|t| format!("Authorization: Bearer {t}\r\n"))
-        .unwrap_or_default();
-    write!(
-        stream,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).ok()?;
-    let status = answer.split_whitespace().nth(1)?.parse().ok()?;
-    Some((status, answer.split_once("\r\n\r\n")?.1.to_string()))
+    endpoints::request(addr, method, path, token, Duration::from_secs(15))
 }
 
 /// `GET path` on `addr`: status code and body.
@@ -74,48 +58,6 @@ fn until(addr: SocketAddr, path: &str, done: impl Fn(u16, &str) -> bool) -> Stri
             last => Err(last),
         },
     )
-}
-
-/// Node `i`'s endpoint: it binds port 0 (no port to race for) and logs the address it got.
-fn endpoint_of(c: &Cluster, i: usize) -> SocketAddr {
-    eventually(
-        &format!("node {i} logs its management endpoint"),
-        Duration::from_secs(30),
-        || {
-            let log = c.nodes[i].stderr();
-            log.lines()
-                .find(|l| l.contains("management endpoint serving"))
-                .and_then(|l| {
-                    plain(l)
-                        .split_once("addr=")?
-                        .1
-                        .split_whitespace()
-                        .next()?
-                        .parse()
-                        .ok()
-                })
-                .ok_or(log)
-        },
-    )
-}
-
-/// `line` without terminal colour codes.
-fn plain(line: &str) -> String {
-    let mut out = String::with_capacity(line.len());
-    let mut chars = line.chars();
-    while let Some(ch) = chars.next() {
-        if ch == '\u{1b}' {
-            // An SGR sequence: ESC [ … m.
-            for c in chars.by_ref() {
-                if c == 'm' {
-                    break;
-                }
-            }
-        } else {
-            out.push(ch);
-        }
-    }
-    out
 }
 
 /// The page's DOM after its scripts ran, as rendered by headless chromium.
@@ -148,23 +90,17 @@ fn rendered(url: &str) -> String {
 /// and each node's endpoint.
 fn cluster_with_endpoints(management: &str) -> (Cluster, Vec<SocketAddr>) {
     let options = Options {
-        tail: format!(
-            "{}\n[cluster.management]\nenabled = true\nready-suspended-after = \"1s\"\n{management}\n",
-            cli::shards::SHARDING
-        ),
+        tail: cli::shards::SHARDING.to_string(),
         node_args: ["--sharded-counter", "--load-keys", "8"]
             .map(String::from)
             .to_vec(),
         ..Options::default()
     };
-    let mut c = Cluster::with_options(3, &options);
-    for node in &mut c.nodes {
-        node.env.push((
-            "TENURE_CLUSTER__MANAGEMENT__BIND".into(),
-            "127.0.0.1:0".into(),
-        ));
-    }
-    c.start_all();
+    let c = start_with_endpoints(
+        3,
+        &options,
+        &format!("ready-suspended-after = \"1s\"\n{management}"),
+    );
     c.wait_converged(Duration::from_secs(60));
     let endpoints: Vec<SocketAddr> = (0..c.nodes.len()).map(|i| endpoint_of(&c, i)).collect();
     for endpoint in &endpoints {
@@ -698,16 +634,10 @@ fn pinning_a_shard_through_the_endpoint_and_the_cli_moves_it_and_keeps_it_there(
 #[test]
 fn resizing_a_daemon_through_the_cli() {
     let options = Options {
-        tail: format!("\n[cluster.management]\nenabled = true\ntoken = \"{TOKEN}\"\n"),
         node_args: vec!["--daemon".into(), "2".into()],
         ..Options::default()
     };
-    let mut c = Cluster::with_options(1, &options);
-    c.nodes[0].env.push((
-        "TENURE_CLUSTER__MANAGEMENT__BIND".into(),
-        "127.0.0.1:0".into(),
-    ));
-    c.start_all();
+    let mut c = start_with_endpoints(1, &options, &format!("token = \"{TOKEN}\""));
     c.wait_converged(Duration::from_secs(60));
     let endpoint = endpoint_of(&c, 0);
     until(endpoint, "/health/ready", |s, _| s == 200);

@@ -125,9 +125,7 @@ impl ClusterClient {
                 subscription: Box::new(Ready(tx)),
             })
             .map_err(|e| fail(e.to_string()))?;
-        dial(&server, node, tls.as_ref(), settings.dial_timeout)
-            .await
-            .map_err(fail)?;
+        dial(&server, node, tls.as_ref(), settings.dial_timeout).await?;
         let wait = settings.dial_timeout * 2;
         let ready = tokio::time::timeout(wait, rx.recv()).await;
         let ses = match ready {

@@ -53,6 +53,9 @@ pub enum ClusterError {
     /// An actor of the node could not be started or has stopped.
     #[error("cluster node actor: {0}")]
     Actor(String),
+    /// A dial to a node failed (names the node and why).
+    #[error(transparent)]
+    Dial(#[from] crate::transport::DialError),
     /// Could not reach or talk to a node.
     #[error("node {addr}: {detail}")]
     Connect {

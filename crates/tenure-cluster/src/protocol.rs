@@ -255,7 +255,7 @@ pub enum Local {
         addr: Result<std::net::SocketAddr, String>,
     },
     Poll,
-    Listed(Result<Vec<LeaseRecord>, String>),
+    Listed(Result<Polled, String>),
     /// The member leases listed after this node's member lease (grant `token`) was
     /// granted, for its placement check.
     JoinCheck {
@@ -264,7 +264,7 @@ pub enum Local {
     },
     Dialed {
         peer: NodeAddr,
-        result: Result<(), String>,
+        result: Result<(), crate::transport::DialError>,
     },
     Subscribe(ClusterSubscriber),
     /// The split brain resolver's lease attempt `attempt` ended: `Ok(true)` this node's
@@ -274,4 +274,15 @@ pub enum Local {
         won: Result<bool, crate::agent::resolver_lease::ResolverLeaseError>,
     },
     Leave(RpcReplyPort<crate::agent::LeaveAnswer>),
+}
+
+/// What one membership poll found.
+#[derive(Debug)]
+pub(crate) struct Polled {
+    /// The member leases, when the poll listed them; `None` when the store said they had
+    /// not changed since the version the node holds.
+    pub records: Option<Vec<LeaseRecord>>,
+    /// The change version to hold from now on; `None` on a store without
+    /// [`GrantChanges`](tenure_lease::GrantChanges).
+    pub version: Option<tenure_lease::ChangeVersion>,
 }

@@ -47,6 +47,11 @@ pub struct ClusterSettings {
     pub member_lease: LeaseSettings,
     /// `membership-interval`: how often the member leases are listed from the store.
     pub membership_interval: Duration,
+    /// `membership-listing-every`: on a store that answers whether the member leases
+    /// changed ([`tenure_lease::GrantChanges`]), every this many `membership-interval`s a
+    /// node lists them even though nothing changed (a repair); at least 1 (1: every
+    /// interval lists, as on stores without the capability).
+    pub membership_listing_every: u32,
     /// `heartbeat-interval`: node-to-node heartbeat period.
     pub heartbeat_interval: Duration,
     /// `unreachable-after`: silence after which a peer is marked unreachable.
@@ -120,6 +125,8 @@ pub struct ClusterConfig {
     /// `membership-interval`: how often the member leases are listed.
     #[serde(deserialize_with = "tenure_lease::duration::serde::positive")]
     pub membership_interval: Duration,
+    /// `membership-listing-every`: how many intervals apart the repair listings are.
+    pub membership_listing_every: u32,
     /// `heartbeat-interval`: how often each peer gets a heartbeat.
     #[serde(deserialize_with = "tenure_lease::duration::serde::positive")]
     pub heartbeat_interval: Duration,
@@ -176,6 +183,7 @@ impl Default for ClusterConfig {
             member_lease_ttl: Duration::from_secs(10),
             member_lease_interval: Duration::from_secs(1),
             membership_interval: Duration::from_secs(1),
+            membership_listing_every: 30,
             heartbeat_interval: Duration::from_millis(500),
             unreachable_after: Duration::from_secs(3),
             monitored_by_nr_of_members: 9,
@@ -296,6 +304,7 @@ impl ClusterSettings {
             lease_section,
             member_lease,
             membership_interval: c.membership_interval,
+            membership_listing_every: c.membership_listing_every.max(1),
             heartbeat_interval: c.heartbeat_interval,
             unreachable_after: c.unreachable_after,
             monitored_by: c.monitored_by_nr_of_members,
@@ -477,6 +486,16 @@ mod tests {
         assert_eq!(s.member_lease_name(&s.addr), "tenure-member-127.0.0.1:4701");
         assert!(s.tls.is_none());
         s.member_lease.validate("x").unwrap();
+    }
+
+    /// The repair listings' spacing is read, defaults to 30, and is at least one interval.
+    #[test]
+    fn membership_listing_every_is_read_and_at_least_one() {
+        assert_eq!(load("").unwrap().membership_listing_every, 30);
+        let s = load("membership-listing-every = 7").unwrap();
+        assert_eq!(s.membership_listing_every, 7);
+        let s = load("membership-listing-every = 0").unwrap();
+        assert_eq!(s.membership_listing_every, 1);
     }
 
     #[test]

@@ -226,14 +226,70 @@ pub async fn serve_tls(
     }
 }
 
+/// Why a dial to a peer did not hand a connection to the node server; names the peer.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DialError {
+    /// The TCP connection failed (refused, unreachable, the host did not resolve).
+    #[error("connect to {peer}: {source}")]
+    Connect {
+        /// The peer dialled (`host:port`).
+        peer: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The peer's host is not a name or address TLS can check a certificate against.
+    #[error("{peer}: not a TLS server name: {source}")]
+    ServerName {
+        /// The peer dialled (`host:port`).
+        peer: String,
+        /// Why the host is not a server name.
+        #[source]
+        source: rustls_pki_types::InvalidDnsNameError,
+    },
+    /// The TLS handshake failed (untrusted or mismatched certificate, not a TLS peer).
+    #[error("TLS handshake with {peer}: {source}")]
+    Tls {
+        /// The peer dialled (`host:port`).
+        peer: String,
+        /// The handshake's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// No connection (TCP and TLS) within the dial timeout.
+    #[error("no connection to {peer} within {timeout:?}")]
+    TimedOut {
+        /// The peer dialled (`host:port`).
+        peer: String,
+        /// The dial timeout (`cluster.dial-timeout`).
+        timeout: Duration,
+    },
+    /// The link to the peer is dropped by fault injection.
+    #[error("link to {peer} dropped by fault injection")]
+    Dropped {
+        /// The peer dialled (`host:port`).
+        peer: String,
+    },
+    /// The node server did not take the connection (it has stopped).
+    #[error("node server, connecting {peer}: {detail}")]
+    Server {
+        /// The peer dialled (`host:port`).
+        peer: String,
+        /// The node server's answer.
+        detail: String,
+    },
+}
+
 /// Dials `peer` (TLS when `tls` is given, checking the peer's certificate names its host)
 /// and hands the connection to `server`. `Ok` once connected; authentication follows.
+/// `Err` names the peer and what failed.
 pub async fn dial(
     server: &ActorRef<NodeServerMessage>,
     peer: &NodeAddr,
     tls: Option<&Tls>,
     timeout: Duration,
-) -> Result<(), String> {
+) -> Result<(), DialError> {
     dial_through(server, peer, tls, timeout, |tcp| tcp).await
 }
 
@@ -245,9 +301,11 @@ pub async fn dial_gated(
     gate: Arc<Gate>,
     tls: Option<&Tls>,
     timeout: Duration,
-) -> Result<(), String> {
+) -> Result<(), DialError> {
     if gate.fault() == LinkFault::Drop {
-        return Err("link dropped by fault injection".into());
+        return Err(DialError::Dropped {
+            peer: peer.to_string(),
+        });
     }
     dial_through(server, peer, tls, timeout, |tcp| gate.wrap(tcp)).await
 }
@@ -259,15 +317,19 @@ async fn dial_through<S>(
     tls: Option<&Tls>,
     timeout: Duration,
     wrap: impl FnOnce(TcpStream) -> S,
-) -> Result<(), String>
+) -> Result<(), DialError>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let connect = async {
+        let connect_err = |source| DialError::Connect {
+            peer: peer.to_string(),
+            source,
+        };
         let tcp = TcpStream::connect((peer.host.as_str(), peer.port))
             .await
-            .map_err(|e| format!("connect: {e}"))?;
-        tcp.set_nodelay(true).map_err(|e| e.to_string())?;
+            .map_err(connect_err)?;
+        tcp.set_nodelay(true).map_err(connect_err)?;
         let local = tcp.local_addr().map(|a| a.to_string()).unwrap_or_default();
         let wrapped = wrap(tcp);
         let stream: Box<dyn ClusterBidiStream> = match tls {
@@ -277,13 +339,20 @@ where
                 local,
             }),
             Some(tls) => {
-                let name = ServerName::try_from(peer.host.clone())
-                    .map_err(|e| format!("not a TLS server name: {e}"))?;
+                let name = ServerName::try_from(peer.host.clone()).map_err(|source| {
+                    DialError::ServerName {
+                        peer: peer.to_string(),
+                        source,
+                    }
+                })?;
                 let stream = tls
                     .connector
                     .connect(name, wrapped)
                     .await
-                    .map_err(|e| format!("TLS handshake: {e}"))?;
+                    .map_err(|source| DialError::Tls {
+                        peer: peer.to_string(),
+                        source,
+                    })?;
                 Box::new(Conn {
                     stream,
                     peer: peer.to_string(),
@@ -291,12 +360,19 @@ where
                 })
             }
         };
-        Ok::<_, String>(stream)
+        Ok::<_, DialError>(stream)
     };
-    let stream = tokio::time::timeout(timeout, connect)
-        .await
-        .map_err(|_| format!("no connection within {timeout:?}"))??;
+    let stream =
+        tokio::time::timeout(timeout, connect)
+            .await
+            .map_err(|_| DialError::TimedOut {
+                peer: peer.to_string(),
+                timeout,
+            })??;
     ractor_cluster::client_connect_external(server, stream)
         .await
-        .map_err(|e| format!("node server: {e}"))
+        .map_err(|e| DialError::Server {
+            peer: peer.to_string(),
+            detail: e.to_string(),
+        })
 }

@@ -272,8 +272,9 @@ pub async fn concurrent_appends_one_wins(h: &impl JournalHarness) {
 }
 
 /// A holder whose grant runs out keeps appending while its successor waits for the
-/// lease: once the successor is granted, none of the old holder's appends is committed,
-/// so the successor appends after the last event it read, and the tokens along the
+/// lease: once the successor is granted and has [claimed](Journal::claim) the journal,
+/// none of the old holder's appends is committed, so the successor appends after the last
+/// event it read, and the tokens along the
 /// journal never go down.
 pub async fn a_holder_racing_its_successor(h: &impl JournalHarness) {
     let leases = h.leases().await;
@@ -299,6 +300,10 @@ pub async fn a_holder_racing_its_successor(h: &impl JournalHarness) {
         })
     };
     let new = grant(&*leases, &lease, "node-b", ttl * 20).await;
+    assert!(
+        jb.claim(&pid, &new).await.expect("claim"),
+        "the successor claims the journal"
+    );
     let last = read_all(&*jb, &pid, 1, 1000)
         .await
         .expect("read")
@@ -325,6 +330,60 @@ pub async fn a_holder_racing_its_successor(h: &impl JournalHarness) {
         "tokens never go down along the journal"
     );
     assert_eq!(events.last().map(|e| e.token), Some(new.token));
+}
+
+/// A new holder claims the journal and recovers: it reads the old holder's events, the
+/// old holder's claim (when the journal looks) is refused, and so are its appends and
+/// snapshots afterwards; the new holder appends after what it read.
+pub async fn an_old_holder_refused_after_its_successor_claimed(h: &impl JournalHarness) {
+    let leases = h.leases().await;
+    let (ja, jb) = (h.journal().await, h.journal().await);
+    let (lease, pid) = (unique("claim"), unique("claim-pid"));
+    let old = grant(&*leases, &lease, "node-a", LONG).await;
+    assert!(
+        ja.claim(&pid, &old).await.expect("claim"),
+        "the first holder claims"
+    );
+    appended(ja.append(append(&pid, 1, &["a1", "a2"], &old)).await);
+    release(&*leases, &old).await;
+    let new = grant(&*leases, &lease, "node-b", LONG).await;
+    assert!(
+        jb.claim(&pid, &new).await.expect("claim"),
+        "the successor claims"
+    );
+    // Claiming again under the same grant (another entity of the shard) is no change.
+    assert!(jb.claim(&pid, &new).await.expect("claim"), "claimed again");
+    let read = read_all(&*jb, &pid, 1, 10).await.expect("read");
+    assert_eq!(
+        seqs(&read),
+        [1, 2],
+        "the successor reads the old holder's events"
+    );
+    // A journal whose claim does nothing answers true; one that looks refuses.
+    let _ = ja.claim(&pid, &old).await.expect("claim");
+    assert_eq!(
+        refused(ja.append(append(&pid, 3, &["late"], &old)).await),
+        Refusal::not_held(&pid, &old),
+        "the old holder's append"
+    );
+    let late = SaveSnapshot {
+        persistence_id: pid.clone(),
+        seq: 2,
+        payload: b"late".to_vec(),
+        fence: old.clone(),
+    };
+    assert_eq!(
+        refused(ja.save_snapshot(late).await),
+        Refusal::not_held(&pid, &old),
+        "the old holder's snapshot"
+    );
+    assert_eq!(
+        appended(jb.append(append(&pid, 3, &["b3"], &new)).await),
+        3..=3
+    );
+    let events = read_all(&*ja, &pid, 1, 10).await.expect("read");
+    assert_eq!(seqs(&events), [1, 2, 3]);
+    assert!(events.iter().all(|e| e.payload != b"late"));
 }
 
 /// Snapshots are fenced and the latest one is kept: a stale grant's is refused, an older
@@ -496,6 +555,7 @@ macro_rules! journal_conformance_tests {
     ($harness:expr) => {
         $crate::journal_conformance_tests!(@case $harness; contiguous_whoever_writes,
             stale_token_refused, concurrent_appends_one_wins, a_holder_racing_its_successor,
+            an_old_holder_refused_after_its_successor_claimed,
             snapshots_latest_and_fenced, invalid_requests_named,
             concurrent_writers_refused_alone);
     };

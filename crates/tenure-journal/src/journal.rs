@@ -2,7 +2,7 @@
 
 use async_trait::async_trait;
 
-use crate::{Append, JournalError, SaveSnapshot, Snapshot, StoredEvent, Written};
+use crate::{Append, Fence, JournalError, SaveSnapshot, Snapshot, StoredEvent, Written};
 
 /// An event journal whose writes are fenced by a lease grant.
 ///
@@ -50,6 +50,26 @@ pub trait Journal: Send + Sync + 'static {
     /// Every persistence id with at least one event, in byte order (for checkers and
     /// tools: it reads the whole journal's index).
     async fn persistence_ids(&self) -> Result<Vec<String>, JournalError>;
+
+    /// Called by a new holder before it reads `persistence_id` to recover it under
+    /// `fence`: orders the holder's reads after every write fenced by an older grant of
+    /// `fence.lease`.
+    ///
+    /// `Ok(true)`: every append or snapshot under an older grant of the lease either
+    /// committed before this call returned (so a read from now on sees it) or will be
+    /// refused. `Ok(false)`: the fence's grant is not the lease's current one, or the
+    /// journal knows of a later one: the caller must not recover or write under it.
+    /// `Err`: see [`JournalError`]; nothing is promised, recover later.
+    ///
+    /// The default answers `Ok(true)` without doing anything, which is right for journals
+    /// whose fence check holds a lock that every later grant of the lease waits for until
+    /// the write commits (the memory journal, PostgreSQL's `FOR SHARE` row lock): no later
+    /// grant, and so no read by a later holder, comes before a pending write. A journal
+    /// whose writes do not block grants (SQLite with a file of its own) must override it.
+    async fn claim(&self, persistence_id: &str, fence: &Fence) -> Result<bool, JournalError> {
+        let _ = (persistence_id, fence);
+        Ok(true)
+    }
 }
 
 /// Every event of `persistence_id` from `from` on, read in pages of `page` events.

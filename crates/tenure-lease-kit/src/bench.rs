@@ -319,6 +319,9 @@ impl LeaseStore for Counting {
     fn as_remembered_ids(&self) -> Option<&dyn RememberedIds> {
         self.inner.as_remembered_ids()
     }
+    fn as_grant_changes(&self) -> Option<&dyn tenure_lease::GrantChanges> {
+        self.inner.as_grant_changes()
+    }
 }
 
 /// LeaseActors of one owner sharing one [`RenewalBatcher`], each holding one lease.

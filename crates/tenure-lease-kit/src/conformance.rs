@@ -10,6 +10,7 @@
 //! Timing here is real (short ttls); assertions are about order and safety, never about
 //! how fast something happened.
 
+mod changes;
 pub mod fair;
 mod faulty;
 mod instances;
@@ -24,6 +25,7 @@ mod remember;
 pub mod state_loss;
 mod watch;
 
+pub use changes::grant_changes_move_on_grants_and_ends_not_on_renewals;
 pub use fair::{
     fair_cancelled_waiter_leaves_the_line, fair_dead_waiter_does_not_block_the_line,
     fair_wait_timeout_answers_held, fair_waiters_served_in_arrival_order,
@@ -55,8 +57,9 @@ use tokio::time::{Instant, sleep};
 
 use tenure_lease::FencingToken;
 use tenure_lease::{
-    AcquireOutcome, AcquireRequest, Acquired, FairQueue, HeldLease, HolderWatch, Lease, LeaseError,
-    LeaseSettings, LeaseSpec, LeaseStore, LostReason, PreemptionRequests, RememberedIds, Renewal,
+    AcquireOutcome, AcquireRequest, Acquired, FairQueue, GrantChanges, HeldLease, HolderWatch,
+    Lease, LeaseError, LeaseSettings, LeaseSpec, LeaseStore, LostReason, PreemptionRequests,
+    RememberedIds, Renewal,
 };
 
 /// A store under test.
@@ -543,12 +546,20 @@ pub fn remembered_ids_of(store: &dyn LeaseStore) -> &dyn RememberedIds {
         .unwrap_or_else(|| panic!("the {} store keeps no remembered ids", store.kind()))
 }
 
+/// The store's check for changed grants; a store without one fails the case that needs it.
+pub fn grant_changes_of(store: &dyn LeaseStore) -> &dyn GrantChanges {
+    store
+        .as_grant_changes()
+        .unwrap_or_else(|| panic!("the {} store has no check for changed grants", store.kind()))
+}
+
 /// The capabilities a client of the store offers through its accessors
 /// ([`LeaseStore::as_fair_queue`] and the others), by the names
 /// [`conformance_tests!`](crate::conformance_tests) lists them with.
 pub fn offered_capabilities(store: &dyn LeaseStore) -> Vec<&'static str> {
     [
         ("fair_queue", store.as_fair_queue().is_some()),
+        ("grant_changes", store.as_grant_changes().is_some()),
         ("holder_watch", store.as_holder_watch().is_some()),
         (
             "preemption_requests",
@@ -580,7 +591,7 @@ pub async fn capabilities_as_declared(h: &dyn Harness, declared: &[&str]) {
 /// Defines one `#[tokio::test]` per conformance case. `$harness` is an async expression
 /// giving a fresh [`Harness`] for each test; after it, the store's capabilities, each of
 /// which adds its cases: `fair_queue` ([`fair`]), `holder_watch`, `preemption_requests`
-/// ([`preemption`]), `remembered_ids`. A case checks that the store's accessors offer
+/// ([`preemption`]), `remembered_ids`, `grant_changes`. A case checks that the store's accessors offer
 /// exactly the capabilities listed ([`capabilities_as_declared`]).
 #[macro_export]
 macro_rules! conformance_tests {
@@ -618,6 +629,10 @@ macro_rules! conformance_tests {
     };
     (@capability $harness:expr; remembered_ids) => {
         $crate::conformance_tests!(@case $harness; remembered_ids);
+    };
+    (@capability $harness:expr; grant_changes) => {
+        $crate::conformance_tests!(@case $harness;
+            grant_changes_move_on_grants_and_ends_not_on_renewals);
     };
     ($harness:expr $(; $($capability:ident),* $(,)?)?) => {
         $crate::conformance_tests!(@base $harness);

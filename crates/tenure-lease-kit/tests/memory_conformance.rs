@@ -50,4 +50,4 @@ impl Harness for MemoryHarness {
     }
 }
 
-tenure_lease_kit::conformance_tests!(MemoryHarness::new(); fair_queue, preemption_requests, remembered_ids);
+tenure_lease_kit::conformance_tests!(MemoryHarness::new(); fair_queue, preemption_requests, remembered_ids, grant_changes);

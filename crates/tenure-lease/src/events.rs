@@ -40,6 +40,18 @@ pub struct LeaseLost {
     pub reason: LostReason,
 }
 
+impl LeaseLost {
+    /// The loss of the grant `token` of lease `name`, for `reason`: as a lease actor sends
+    /// it (for test doubles and adapters that feed a supervisor's mailbox).
+    pub fn new(name: impl Into<String>, token: FencingToken, reason: LostReason) -> Self {
+        LeaseLost {
+            name: name.into(),
+            token,
+            reason,
+        }
+    }
+}
+
 /// Renewals of a held grant are failing (an error or no answer within
 /// `lease-operation-timeout`) while its local deadline has not passed: the grant may still
 /// be held, or may be about to be lost. Act with care (Curator's SUSPENDED). Sent at most

@@ -32,20 +32,30 @@ async fn waiter(
     lease
 }
 
-#[tokio::test(start_paused = true)]
-async fn the_waiter_that_came_first_is_granted_first() {
-    let store = MemoryStore::new();
-    let holder = Lease::start(spec(&store, "holder")).await.unwrap();
+/// The line of the first and third tests: `holder` holds the lease, `first` waits from 0 s
+/// and `second` from 1 s (now is 1 s). Returns `holder`, `first`, `second` and where the
+/// waiters report their grants.
+async fn line_up(
+    store: &MemoryStore,
+) -> (Lease, Lease, Lease, mpsc::UnboundedReceiver<&'static str>) {
+    let holder = Lease::start(spec(store, "holder")).await.unwrap();
     assert!(matches!(
         holder.acquire().await.unwrap(),
         Acquired::Granted { .. }
     ));
-    let (tx, mut granted) = mpsc::unbounded_channel();
-    // `first` waits from 0 s, `second` from 1 s. Retrying every 2 s, `second` would look
-    // again at 3 s, before `first` at 4 s, and take the lease released at 2.5 s.
-    let first = waiter(&store, "first", tx.clone()).await;
+    let (tx, granted) = mpsc::unbounded_channel();
+    let first = waiter(store, "first", tx.clone()).await;
     sleep(Duration::from_secs(1)).await;
-    let _second = waiter(&store, "second", tx.clone()).await;
+    let second = waiter(store, "second", tx).await;
+    (holder, first, second, granted)
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_waiter_that_came_first_is_granted_first() {
+    let store = MemoryStore::new();
+    // Retrying every 2 s, `second` (waiting from 1 s) would look again at 3 s, before
+    // `first` (from 0 s) at 4 s, and take the lease released at 2.5 s.
+    let (holder, first, _second, mut granted) = line_up(&store).await;
     sleep(Duration::from_millis(1500)).await;
     assert!(holder.release().await.unwrap());
     assert_eq!(granted.recv().await, Some("first"));
@@ -83,15 +93,7 @@ async fn the_candidate_that_came_first_is_elected_first() {
 #[tokio::test(start_paused = true)]
 async fn a_waiter_released_while_in_line_leaves_the_line() {
     let store = MemoryStore::new();
-    let holder = Lease::start(spec(&store, "holder")).await.unwrap();
-    assert!(matches!(
-        holder.acquire().await.unwrap(),
-        Acquired::Granted { .. }
-    ));
-    let (tx, mut granted) = mpsc::unbounded_channel();
-    let first = waiter(&store, "first", tx.clone()).await;
-    sleep(Duration::from_secs(1)).await;
-    let _second = waiter(&store, "second", tx.clone()).await;
+    let (holder, first, _second, mut granted) = line_up(&store).await;
     sleep(Duration::from_secs(1)).await;
     // Giving up (a release while waiting) must not leave `first`'s place holding the line.
     assert!(!first.release().await.unwrap());

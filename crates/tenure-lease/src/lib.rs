@@ -104,9 +104,10 @@ pub use semaphore::{Permit, Semaphore};
 pub use settings::{LeaseSettings, LeaseTiming};
 pub use stop_budget::{StopBudget, StopDeadlines};
 pub use store::{
-    AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, EMERGENCY_PRIORITY, FairQueue,
-    HeldLease, HolderWatch, LeaseRecord, LeaseStore, PreemptAnswer, PreemptionRequest,
-    PreemptionRequests, RememberChange, RememberedIds, Renewal, WatchEvent, WatchReceiver,
+    AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, ChangeVersion, Changes,
+    EMERGENCY_PRIORITY, FairQueue, GrantChanges, HeldLease, HolderWatch, LeaseRecord, LeaseStore,
+    PreemptAnswer, PreemptionRequest, PreemptionRequests, RememberChange, RememberedIds, Renewal,
+    WatchEvent, WatchReceiver,
 };
 pub use token::FencingToken;
 pub use trace::{LeaseObserver, LeaseTrace};

@@ -13,9 +13,9 @@ use crate::config::LeaseSection;
 use crate::error::{ConfigError, StoreError};
 use crate::provider::StoreFactory;
 use crate::store::{
-    AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, FairQueue, HeldLease, LeaseRecord,
-    LeaseStore, PreemptAnswer, PreemptionRequest, PreemptionRequests, RememberChange,
-    RememberedIds, Renewal, fair_wait_passed,
+    AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, ChangeVersion, Changes, FairQueue,
+    GrantChanges, HeldLease, LeaseRecord, LeaseStore, PreemptAnswer, PreemptionRequest,
+    PreemptionRequests, RememberChange, RememberedIds, Renewal, fair_wait_passed,
 };
 use crate::token::FencingToken;
 
@@ -67,9 +67,21 @@ struct Backend {
     next_waiter: u64,
     /// Rung when a grant is released or a waiter leaves its line: the waiters look again.
     bell: Arc<Notify>,
+    /// Grants made and ended under each prefix asked about by
+    /// [`GrantChanges::changes_since`] (prefixes nobody asked about are not counted).
+    changes: BTreeMap<String, u64>,
 }
 
 impl Backend {
+    /// A grant of `name` was made or ended: every watched prefix of it changed.
+    fn changed(&mut self, name: &str) {
+        for (prefix, count) in self.changes.iter_mut() {
+            if name.starts_with(prefix.as_str()) {
+                *count += 1;
+            }
+        }
+    }
+
     /// Grants `req` by the rules of [`LeaseStore::try_acquire`].
     fn acquire(&mut self, req: &AcquireRequest, now: Instant) -> AcquireOutcome {
         if let Some(g) = self
@@ -83,10 +95,15 @@ impl Backend {
                 AcquireStep::Extend => {
                     g.expires_at = expiry(now, req.ttl);
                     g.version += 1;
-                    if req.note.is_some() {
+                    let renoted = req.note.is_some() && g.note != req.note;
+                    if renoted {
                         g.note = req.note.clone();
                     }
-                    return AcquireOutcome::Granted(record(&req.name, g, now));
+                    let granted = AcquireOutcome::Granted(record(&req.name, g, now));
+                    if renoted {
+                        self.changed(&req.name);
+                    }
+                    return granted;
                 }
                 AcquireStep::NewGrant => {}
             }
@@ -106,6 +123,7 @@ impl Backend {
         };
         let rec = record(&req.name, &grant, now);
         self.grants.insert(req.name.clone(), grant);
+        self.changed(&req.name);
         AcquireOutcome::Granted(rec)
     }
 
@@ -312,6 +330,7 @@ impl LeaseStore for MemoryStore {
         match b.grants.get(name) {
             Some(g) if g.owner == owner && g.token == token && g.expires_at > now => {
                 b.grants.remove(name);
+                b.changed(name);
                 b.bell.notify_waiters();
                 Ok(true)
             }
@@ -350,6 +369,10 @@ impl LeaseStore for MemoryStore {
     }
 
     fn as_remembered_ids(&self) -> Option<&dyn RememberedIds> {
+        Some(self)
+    }
+
+    fn as_grant_changes(&self) -> Option<&dyn GrantChanges> {
         Some(self)
     }
 }
@@ -574,4 +597,46 @@ struct MemoryOptions {
 fn namespace(section: &LeaseSection) -> Result<String, ConfigError> {
     let options: MemoryOptions = section.options()?;
     Ok(options.namespace.unwrap_or_else(|| section.name.clone()))
+}
+
+/// Nanoseconds of tokio's clock since the first change check of the process: the `at` of
+/// this store's [`ChangeVersion`]s.
+fn clock_ns(at: Instant) -> i64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    let epoch = *EPOCH.get_or_init(Instant::now);
+    i64::try_from(at.saturating_duration_since(epoch).as_nanos()).unwrap_or(i64::MAX)
+}
+
+#[async_trait]
+impl GrantChanges for MemoryStore {
+    /// The prefix's count of grants made and ended (counted from its first check), and
+    /// whether a grant under it expired since `since.at` (expiry writes nothing).
+    async fn changes_since(
+        &self,
+        prefix: &str,
+        since: Option<ChangeVersion>,
+    ) -> Result<Changes, StoreError> {
+        self.fault(false).await?;
+        let now = Instant::now();
+        let at = clock_ns(now);
+        let mut b = self.lock();
+        let changes = *b.changes.entry(prefix.to_string()).or_insert(0);
+        let version = ChangeVersion { changes, at };
+        let Some(since) = since else {
+            return Ok(Changes::Changed(version));
+        };
+        let expired = b
+            .grants
+            .range(prefix.to_string()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .any(|(_, g)| {
+                let expires = clock_ns(g.expires_at);
+                expires > since.at && g.expires_at <= now
+            });
+        Ok(if since.changes == changes && !expired && since.at <= at {
+            Changes::Unchanged(version)
+        } else {
+            Changes::Changed(version)
+        })
+    }
 }

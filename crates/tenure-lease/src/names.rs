@@ -20,6 +20,27 @@ pub fn shard_lease(system: &str, type_name: &str, shard_id: &str) -> String {
     format!("{system}-shard-{type_name}-{shard_id}")
 }
 
+/// The least string above every string that starts with `prefix`, in byte order of UTF-8
+/// (which is code point order: SQLite's `BINARY`, PostgreSQL's `C` collation): `prefix` with its last character that
+/// has a successor replaced by that successor and what follows it dropped. `None` when no
+/// character has one (the empty prefix, or only U+10FFFF): then nothing bounds the names.
+pub fn prefix_end(prefix: &str) -> Option<String> {
+    let mut chars: Vec<char> = prefix.chars().collect();
+    while let Some(last) = chars.pop() {
+        // The next scalar value: surrogates are no characters, so U+D7FF is followed by
+        // U+E000.
+        let next = match u32::from(last) {
+            0xD7FF => Some('\u{E000}'),
+            c => char::from_u32(c + 1),
+        };
+        if let Some(next) = next {
+            chars.push(next);
+            return Some(chars.into_iter().collect());
+        }
+    }
+    None
+}
+
 /// Checks a lease name as a user gave it: non-empty, no control characters.
 pub fn check_lease_name(name: &str) -> Result<(), ConfigError> {
     if name.is_empty() {

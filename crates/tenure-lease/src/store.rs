@@ -414,7 +414,8 @@ pub async fn bounded<T>(
 /// between tasks.
 ///
 /// What a store can do beyond these is a capability trait of its own, a subtrait of this
-/// one: [`FairQueue`], [`PreemptionRequests`], [`HolderWatch`], [`RememberedIds`]. Code that
+/// one: [`FairQueue`], [`PreemptionRequests`], [`HolderWatch`], [`RememberedIds`],
+/// [`GrantChanges`]. Code that
 /// knows its store's type asks for the capability in its bounds (`S: FairQueue`), so that a
 /// store without it does not compile. Code that holds a store chosen at run time (an
 /// `Arc<dyn LeaseStore>` from the [`LeaseProvider`](crate::LeaseProvider)) asks the store
@@ -492,6 +493,11 @@ pub trait LeaseStore: Send + Sync + 'static {
 
     /// This store's remembered ids, if it keeps them.
     fn as_remembered_ids(&self) -> Option<&dyn RememberedIds> {
+        None
+    }
+
+    /// This store's cheap check for changed grants under a prefix, if it has one.
+    fn as_grant_changes(&self) -> Option<&dyn GrantChanges> {
         None
     }
 }
@@ -606,6 +612,66 @@ pub trait PreemptionRequests: LeaseStore {
 pub trait HolderWatch: LeaseStore {
     /// Pushes holder changes of the leases whose names start with `prefix`, from now on.
     async fn watch(&self, prefix: &str) -> Result<WatchReceiver, StoreError>;
+}
+
+/// Where the grants under one prefix stood at an answer of
+/// [`GrantChanges::changes_since`], in two numbers whose meaning is the store's: the SQL
+/// and memory stores keep a count of the grants made and ended there and the instant of
+/// the answer on the clock they expire grants by; etcd the revision of the last write and
+/// the number of grants. Only the store that gave it can compare it; callers keep it and
+/// hand it back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChangeVersion {
+    /// The store's first number (a change count, or the last write's revision).
+    pub changes: u64,
+    /// The store's second number (an instant on its expiry clock, or a count).
+    pub at: i64,
+}
+
+/// What [`GrantChanges::changes_since`] answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Changes {
+    /// Nothing changed since the version given: a listing now answers the grants a
+    /// listing made right after that version's answer did (renewals aside).
+    Unchanged(ChangeVersion),
+    /// Something may have changed (or no version was given): list, and hold this version,
+    /// which was taken before the listing so that a change racing it is reported again.
+    Changed(ChangeVersion),
+}
+
+impl Changes {
+    /// The version to hold after this answer (and, when changed, a listing).
+    pub fn version(&self) -> ChangeVersion {
+        match self {
+            Changes::Unchanged(v) | Changes::Changed(v) => *v,
+        }
+    }
+}
+
+/// A store that answers cheaply, without listing them, whether the grants under a prefix
+/// changed: for callers that follow a set of grants (cluster membership) by polling, so
+/// that an idle poll reads O(1) rows instead of every grant.
+///
+/// A change is a grant made (new, or taking over an expired or lower grant), a grant ended
+/// (released, expired, taken over, or lost with the store's state) and a grant's note
+/// replaced; a renewal, which only extends a grant, is none, so that grants renewed every
+/// second do not make every poll a listing (a reentrant acquire may count as a change: an
+/// answer "changed" that was not costs only a listing). A caller that needs the expiries a
+/// listing shows must therefore list anyway. A store whose listings judge expiry on the
+/// client's clock reports an expiry once the server removes the grant (etcd: at most about
+/// two seconds later).
+#[async_trait]
+pub trait GrantChanges: LeaseStore {
+    /// Whether the unexpired grants whose names start with `prefix` changed since `since`
+    /// (an earlier answer of this store for the same prefix): `Ok(Unchanged(v))` nothing
+    /// changed, hold `v` now; `Ok(Changed(v))` something may have (always when `since` is
+    /// `None` or from another store): list after this answer and hold `v`. `Err`: unknown;
+    /// keep the version held and ask again.
+    async fn changes_since(
+        &self,
+        prefix: &str,
+        since: Option<ChangeVersion>,
+    ) -> Result<Changes, StoreError>;
 }
 
 /// A store that keeps ids with a lease (Akka's remember-entities store), written only by the

@@ -7,8 +7,6 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tenure_cluster::{ClusterSettings, Node};
-use tenure_lease::{LeaseProvider, StoreRegistry, TenureConfig};
 use tenure_management::{LeaseTable, Management, ManagementSettings};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -60,22 +58,10 @@ async fn until_closed(stream: &mut TcpStream, what: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_endpoint_refuses_foreign_hosts_and_survives_idle_connections() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let config = TenureConfig::from_toml_str(
+    let (node, provider) = tenure_test_kit::node::one_node(
+        "management-doors-0123456789abcdef0",
         &format!(
-            r#"[tenure]
-default-lease-section = "m"
-[lease.m]
-store = "memory"
-namespace = "management-doors"
-[cluster]
-port = {port}
-cookie = "management-doors-0123456789abcdef0"
-[cluster.management]
+            r#"[cluster.management]
 enabled = true
 bind = "127.0.0.1:0"
 allowed-hosts = ["ops.example"]
@@ -84,17 +70,9 @@ max-header-bytes = 4096
 idle-timeout = "300ms"
 "#
         ),
-        "test",
     )
-    .unwrap();
-    let registry = ["sqlite", "postgres", "etcd", "zookeeper"]
-        .into_iter()
-        .fold(StoreRegistry::new(), |r, kind| r.left_out(kind, kind));
-    let provider = LeaseProvider::new(config.clone(), registry).unwrap();
-    let node = Node::start(ClusterSettings::from_config(&config).unwrap(), &provider)
-        .await
-        .unwrap();
-    let settings = ManagementSettings::from_config(&config).unwrap();
+    .await;
+    let settings = ManagementSettings::from_config(provider.config()).unwrap();
     let management = Management::start(&node, LeaseTable::default(), settings)
         .await
         .unwrap();

@@ -8,9 +8,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tenure_cluster::{ClusterSettings, Node};
+use tenure_lease::MemoryStore;
 use tenure_lease::memory::Fault;
-use tenure_lease::{LeaseProvider, MemoryStore, StoreRegistry, TenureConfig};
 use tenure_management::{LeaseTable, Management, ManagementSettings};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -64,20 +63,14 @@ async fn until(addr: SocketAddr, path: &str, done: impl Fn(u16, &str) -> bool) -
     panic!("GET {path} never reached the expected answer");
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_reports_members_leases_metrics_and_readiness_over_http() {
-    let port = free_port();
-    let config = TenureConfig::from_toml_str(
-        &format!(
-            r#"[tenure]
+    assert!(tenure_management::install_metrics());
+    let leases = LeaseTable::default();
+    let (node, provider) = tenure_test_kit::node::start_node(
+        |port| {
+            format!(
+                r#"[tenure]
 default-lease-section = "m"
 [lease.m]
 store = "memory"
@@ -98,22 +91,13 @@ bind = "127.0.0.1:0"
 ready-suspended-after = "300ms"
 token = "management-secret"
 "#
-        ),
-        "test",
+            )
+        },
+        |provider| provider.observe(leases.observer()),
     )
-    .unwrap();
-    // The memory store only: the reference's other sections are of kinds left out here.
-    let registry = ["sqlite", "postgres", "etcd", "zookeeper"]
-        .into_iter()
-        .fold(StoreRegistry::new(), |r, kind| r.left_out(kind, kind));
-    let provider = LeaseProvider::new(config.clone(), registry).unwrap();
-    assert!(tenure_management::install_metrics());
-    let leases = LeaseTable::default();
-    provider.observe(leases.observer());
-    let node = Node::start(ClusterSettings::from_config(&config).unwrap(), &provider)
-        .await
-        .unwrap();
-    let settings = ManagementSettings::from_config(&config).unwrap();
+    .await;
+    let port = node.addr().port;
+    let settings = ManagementSettings::from_config(provider.config()).unwrap();
     let management = Management::start(&node, leases, settings).await.unwrap();
     let addr = management.addr();
 

@@ -1545,11 +1545,8 @@ fn read_remembered_shards(args: &CoordinatorArgs, me: &ActorRef<CoordinatorMsg>)
 mod tests {
     use std::time::Duration;
 
-    use tenure_cluster::{ClusterSettings, Node};
-    use tenure_lease::{
-        AcquireOutcome, AcquireRequest, LeaseProvider, MemoryStore, RememberedIds, StoreRegistry,
-        TenureConfig,
-    };
+    use tenure_cluster::Node;
+    use tenure_lease::{AcquireOutcome, AcquireRequest, MemoryStore, RememberedIds};
     use tokio::sync::mpsc;
 
     use super::*;
@@ -1694,32 +1691,23 @@ mod tests {
             sharding: &str,
             daemon: Option<usize>,
         ) -> Fixture {
-            let port = std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port();
-            let config = TenureConfig::from_toml_str(
-                &format!(
-                    "[tenure]\ndefault-lease-section = \"memory\"\n\
-                     [lease.memory]\nheartbeat-timeout = \"3s\"\nheartbeat-interval = \"500ms\"\n\
-                     namespace = \"{scope}\"\n\
-                     [cluster]\nport = {port}\ncookie = \"coordinator-test-0123456789abcdef\"\n\
-                     member-lease-ttl = \"3s\"\nmember-lease-interval = \"500ms\"\n\
-                     [sharding]\n{sharding}\n"
-                ),
-                "test",
+            // A memory store namespace of its own: fixtures running at once in this
+            // process must not join one cluster.
+            let (node, provider) = tenure_test_kit::node::start_node(
+                |port| {
+                    tenure_test_kit::node::one_node_toml(port, "coordinator-test-0123456789abcdef")
+                        .replace(
+                            "[lease.memory]\n",
+                            &format!("[lease.memory]\nnamespace = \"{scope}\"\n"),
+                        )
+                        + &format!("[sharding]\n{sharding}\n")
+                },
+                |_| {},
             )
-            .unwrap();
-            let registry = ["sqlite", "postgres", "etcd", "zookeeper"]
-                .into_iter()
-                .fold(StoreRegistry::new(), |r, kind| r.left_out(kind, kind));
-            let provider = LeaseProvider::new(config.clone(), registry).unwrap();
-            let node = Node::start(ClusterSettings::from_config(&config).unwrap(), &provider)
-                .await
-                .unwrap();
+            .await;
+            let config = provider.config();
             let (told, heard) = mpsc::unbounded_channel();
-            let settings = ShardingSettings::from_config(&config, "probe", "memory").unwrap();
+            let settings = ShardingSettings::from_config(config, "probe", "memory").unwrap();
             let me = node.addr().to_string();
             let store = MemoryStore::new();
             let args = CoordinatorArgs {

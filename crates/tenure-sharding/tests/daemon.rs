@@ -9,8 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use ractor::ActorProcessingErr;
-use tenure_cluster::{ClusterSettings, Node};
-use tenure_lease::{FencingToken, LeaseProvider, StoreRegistry, TenureConfig};
+use tenure_lease::FencingToken;
 use tenure_sharding::EntityContext;
 use tenure_sharding::daemon::{DaemonWorker, start_daemon, worker_id};
 use tokio::sync::mpsc;
@@ -40,29 +39,8 @@ impl DaemonWorker for Probe {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_worker_runs_in_its_own_shard_with_no_traffic_but_keep_alives() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let config = TenureConfig::from_toml_str(
-        &format!(
-            "[tenure]\ndefault-lease-section = \"memory\"\n\
-             [lease.memory]\nheartbeat-timeout = \"3s\"\nheartbeat-interval = \"500ms\"\n\
-             [cluster]\nport = {port}\ncookie = \"daemon-test-0123456789abcdef01234\"\n\
-             member-lease-ttl = \"3s\"\nmember-lease-interval = \"500ms\"\n"
-        ),
-        "test",
-    )
-    .unwrap();
-    // The memory store only; the reference's other sections load as left out.
-    let registry = ["sqlite", "postgres", "etcd", "zookeeper"]
-        .into_iter()
-        .fold(StoreRegistry::new(), |r, kind| r.left_out(kind, kind));
-    let provider = LeaseProvider::new(config.clone(), registry).unwrap();
-    let node = Node::start(ClusterSettings::from_config(&config).unwrap(), &provider)
-        .await
-        .unwrap();
+    let (node, provider) =
+        tenure_test_kit::node::one_node("daemon-test-0123456789abcdef01234", "").await;
     let (tx, mut started) = mpsc::unbounded_channel();
     let probe = || Probe {
         started: tx.clone(),

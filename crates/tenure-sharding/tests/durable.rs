@@ -18,7 +18,7 @@ use ractor::{ActorRef, RpcReplyPort};
 use serde::{Deserialize, Serialize};
 use tenure_journal::conformance::JournalHarness;
 use tenure_journal::{
-    Append, Journal, JournalError, SaveSnapshot, Snapshot, StoredEvent, Written, read_all,
+    Append, Fence, Journal, JournalError, SaveSnapshot, Snapshot, StoredEvent, Written, read_all,
 };
 use tenure_lease::{
     AcquireOutcome, AcquireRequest, FencingToken, LeaseSettings, LeaseSpec, LeaseStore,
@@ -335,6 +335,10 @@ impl Journal for CountingReads {
     ) -> Result<Vec<StoredEvent>, JournalError> {
         self.reads.fetch_add(1, Ordering::SeqCst);
         self.inner.read(persistence_id, from, max).await
+    }
+
+    async fn claim(&self, persistence_id: &str, fence: &Fence) -> Result<bool, JournalError> {
+        self.inner.claim(persistence_id, fence).await
     }
 
     async fn save_snapshot(&self, snapshot: SaveSnapshot) -> Result<Written, JournalError> {

@@ -7,33 +7,8 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ractor::ActorProcessingErr;
+use common::Echo;
 use tenure_cluster::Phase;
-use tenure_sharding::{Entity, EntityContext};
-
-/// Answers each number after a pause, telling `started` when it takes the first.
-struct Slow(tokio::sync::mpsc::UnboundedSender<u64>);
-
-impl Entity for Slow {
-    type Request = u64;
-    type Reply = u64;
-    type State = ();
-
-    async fn start(&self, _: &EntityContext) -> Result<(), ActorProcessingErr> {
-        Ok(())
-    }
-
-    async fn handle(
-        &self,
-        _: &EntityContext,
-        _: &mut (),
-        n: u64,
-    ) -> Result<u64, ActorProcessingErr> {
-        let _ = self.0.send(n);
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        Ok(n)
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn asks_taken_before_a_leave_are_answered() {
@@ -47,7 +22,10 @@ async fn asks_taken_before_a_leave_are_answered() {
         &node,
         &provider,
         "slow",
-        Some(tenure_sharding::entity_factory(Slow(started))),
+        Some(tenure_sharding::entity_factory(Echo::slow(
+            started,
+            Duration::from_millis(200),
+        ))),
     )
     .await
     .unwrap();

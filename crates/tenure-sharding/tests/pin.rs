@@ -26,7 +26,7 @@ async fn pin_shard_places_a_shard_and_names_what_is_wrong_in_bad_input() {
         &node,
         &provider,
         "echo",
-        Some(tenure_sharding::entity_factory(Echo)),
+        Some(tenure_sharding::entity_factory(Echo::default())),
     )
     .await
     .unwrap();

@@ -32,7 +32,7 @@ async fn ready_once_every_region_registered_and_not_ready_before_the_hand_off() 
         &node,
         &provider,
         "echo",
-        Some(tenure_sharding::entity_factory(Echo)),
+        Some(tenure_sharding::entity_factory(Echo::default())),
     )
     .await
     .unwrap();

@@ -328,7 +328,12 @@ impl Actor for SingletonManager {
                         state.kill_failed(&format!("lease lost: {}", lost.reason));
                     }
                 }
-                state.release().await;
+                // A newer grant believed already (this loss waited in the mailbox while the
+                // lease actor acquired again) is not the lost one: giving the lease back now
+                // would end it under its running instance.
+                if state.view.token().is_none_or(|t| t == lost.token) {
+                    state.release().await;
+                }
             }
             // Acted on in `evaluate`, and only while the grant is still believed.
             ManagerMsg::Lease(LeaseEvent::Granted(_)) => state.wanted = false,

@@ -7,8 +7,8 @@ use std::time::Duration;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tenure_cluster::{ClusterEvent, HandOver, Incarnation, Member, MemberStatus, NodeAddr};
 use tenure_lease::{
-    AcquireOutcome, AcquireRequest, Fault, FencingToken, LeaseSettings, LeaseSpec, LeaseStore,
-    MemoryStore,
+    AcquireOutcome, AcquireRequest, Fault, FencingToken, LeaseEvent, LeaseLost, LeaseSettings,
+    LeaseSpec, LeaseStore, LostReason, MemoryStore,
 };
 use tenure_singleton::{
     InstanceMsg, ManagerMsg, ProxyError, Singleton, SingletonContext, SingletonManager,
@@ -234,6 +234,33 @@ async fn a_lost_lease_stops_the_singleton_before_it_is_reacquired_and_started_ag
     assert!(
         matches!(again, Some(Seen::Started(t)) if t > first),
         "started again with a newer token: {again:?}"
+    );
+}
+
+/// The loss of an earlier grant that reaches the manager once a newer grant is believed
+/// (its event waited in the mailbox behind other messages while the lease actor acquired
+/// again) stops nothing and gives nothing back: releasing then would end the newer grant
+/// while its instance runs.
+#[tokio::test]
+async fn a_late_loss_of_an_earlier_grant_leaves_the_newer_grant_and_its_instance() {
+    let mut f = fixture("late-loss", vec![member(1, 1, MemberStatus::Up)], |_| {}).await;
+    let Some(Seen::Started(token)) = next(&mut f.seen, Duration::from_secs(3)).await else {
+        panic!("not started")
+    };
+    let earlier = FencingToken::new(token.get() - 1);
+    let late = LeaseLost::new(f.lease.clone(), earlier, LostReason::NotHeld);
+    f.manager
+        .cast(ManagerMsg::Lease(LeaseEvent::Lost(late)))
+        .unwrap();
+    // Answered after the loss was handled: the manager takes its messages in order.
+    let status = ractor::call!(f.manager, ManagerMsg::Status).unwrap();
+    assert_eq!(status.running, Some(token), "the instance still runs");
+    let record = f.store.read(&f.lease).await.unwrap();
+    assert!(
+        record
+            .as_ref()
+            .is_some_and(|r| r.token == token && r.owner == addr(1).to_string()),
+        "the newer grant is still held: {record:?}"
     );
 }
 

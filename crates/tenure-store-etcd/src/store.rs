@@ -7,14 +7,15 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{
-    Client, Compare, CompareOp, GetOptions, KeyValue, LeaseTimeToLiveOptions, PutOptions, Txn,
-    TxnOp, TxnOpResponse, TxnResponse,
+    Client, Compare, CompareOp, GetOptions, KeyValue, LeaseTimeToLiveOptions, PutOptions,
+    SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
 use futures::stream::{self, StreamExt};
 use tenure_lease::{
-    AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, FairQueue, FencingToken, HeldLease,
-    HolderClock, HolderWatch, LeaseRecord, LeaseStore, PreemptAnswer, PreemptionRequest,
-    PreemptionRequests, RememberChange, RememberedIds, Renewal, StoreError,
+    AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, ChangeVersion, Changes, FairQueue,
+    FencingToken, GrantChanges, HeldLease, HolderClock, HolderWatch, LeaseRecord, LeaseStore,
+    PreemptAnswer, PreemptionRequest, PreemptionRequests, RememberChange, RememberedIds, Renewal,
+    StoreError,
 };
 use tokio::time::Instant;
 
@@ -984,6 +985,57 @@ impl LeaseStore for EtcdStore {
 
     fn as_remembered_ids(&self) -> Option<&dyn RememberedIds> {
         Some(self)
+    }
+
+    fn as_grant_changes(&self) -> Option<&dyn GrantChanges> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl GrantChanges for EtcdStore {
+    /// One range read of the holder keys under the prefix that returns their count and the
+    /// one written last (sorted by mod revision, limit 1, keys only): a grant made,
+    /// rewritten (a reentrant acquire, a move to another session), released or deleted
+    /// with its session moves one of the two (a write has a revision above every earlier
+    /// one; a deletion alone lowers the count), while renewals write only heartbeat keys and
+    /// move neither. A crashed holder's grant shows as ended once etcd deletes its key with
+    /// its session (at most about two seconds past its ttl), where a listing, which judges
+    /// expiry on the revision clock, may drop it up to that much earlier. Versions:
+    /// `changes` the last write's mod revision, `at` the count.
+    async fn changes_since(
+        &self,
+        prefix: &str,
+        since: Option<ChangeVersion>,
+    ) -> Result<Changes, StoreError> {
+        let from = self.inner.layout.lease(prefix);
+        let last = GetOptions::new()
+            .with_prefix()
+            .with_keys_only()
+            .with_sort(SortTarget::Mod, SortOrder::Descend)
+            .with_limit(1);
+        let resp = self
+            .inner
+            .txn(
+                Txn::new().and_then([TxnOp::get(from.clone(), Some(last))]),
+                "changes",
+                &from,
+            )
+            .await?;
+        let Some(TxnOpResponse::Get(got)) = resp.op_responses().into_iter().next() else {
+            return Err(StoreError::backend(
+                "etcd",
+                format!("changes under {from}: the transaction answered no range"),
+            ));
+        };
+        let version = ChangeVersion {
+            changes: got.kvs().first().map_or(0, |kv| kv.mod_revision()) as u64,
+            at: got.count(),
+        };
+        Ok(match since {
+            Some(since) if since == version => Changes::Unchanged(version),
+            _ => Changes::Changed(version),
+        })
     }
 }
 

@@ -108,6 +108,6 @@ impl StateLoss for EtcdHarness {
     }
 }
 
-tenure_lease_kit::conformance_tests!(EtcdHarness::start(); fair_queue, holder_watch, preemption_requests, remembered_ids);
+tenure_lease_kit::conformance_tests!(EtcdHarness::start(); fair_queue, holder_watch, preemption_requests, remembered_ids, grant_changes);
 tenure_lease_kit::preemption_fault_tests!(EtcdHarness::start());
 tenure_lease_kit::state_loss_tests!(EtcdHarness::start());

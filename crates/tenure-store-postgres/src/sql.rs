@@ -50,7 +50,8 @@ const FORCED: &str = "coalesce(l.request_forceful, false)";
 pub struct Statements {
     /// Creates schema, token sequence, table and index when the table is missing, the
     /// priority columns when a table of an earlier version lacks them, and the fair
-    /// waiters' table (`<table>_waiter`) when it is missing (one transaction,
+    /// waiters' table (`<table>_waiter`), the change counts (`<table>_change`) and the
+    /// expiry index (`<table>_expiry`) when they are missing (one transaction,
     /// serialised by an advisory lock so concurrent first starts do not collide). With the
     /// table complete it changes nothing and needs no DDL rights.
     pub migrate: String,
@@ -115,8 +116,13 @@ pub struct Statements {
     pub withdraw_preemption: String,
     /// `$1` name: the unexpired grant.
     pub read: String,
-    /// `$1` LIKE pattern (see [`like_prefix`]): the unexpired grants it matches, by name.
+    /// `$1` prefix, `$2` [`prefix_end`](tenure_lease::names::prefix_end) of it: the
+    /// unexpired grants whose names start with `$1`, by name. A range of the primary key's
+    /// index, which a generic plan of the prepared statement keeps (`LIKE $1` would make
+    /// such a plan read the whole table).
     pub list: String,
+    /// `$1` prefix that no string is above: the unexpired grants from `$1` on, by name.
+    pub list_from: String,
     /// `$1` name, `$2` owner, `$3` token, `$4` ids to add, `$5` ids to remove: applies both
     /// to the ids remembered with `$1` (table `<table>_remembered`) if `$2` holds `$1`
     /// unexpired with `$3`, whose row it locks (`FOR SHARE`) so that no other grant commits
@@ -124,6 +130,14 @@ pub struct Statements {
     pub remember: String,
     /// `$1` name: the ids remembered with it, in byte order.
     pub remembered: String,
+    /// `$1` prefix, `$2` the previous check's instant (µs since the epoch on the server's
+    /// clock, or NULL): one row: the prefix's count of grants made and ended (table
+    /// `<table>_change`, bumped by [`Statements::acquire`] and [`Statements::release`];
+    /// the row is made by the first check of a prefix, starting at the clock in µs),
+    /// this check's instant in µs, and whether a grant under the prefix expired after `$2`
+    /// and by now (a range of the expiry index: only such grants are read). A NULL count:
+    /// the row was made by a check running at the same time.
+    pub changes: String,
 }
 
 /// The statements the store prepares on its connections, each in its own slot
@@ -143,13 +157,15 @@ pub(crate) enum Sql {
     WithdrawPreemption,
     Read,
     List,
+    ListFrom,
     Remember,
     Remembered,
+    Changes,
 }
 
 impl Sql {
     /// How many there are: the slots of a connection.
-    pub(crate) const COUNT: usize = Sql::Remembered as usize + 1;
+    pub(crate) const COUNT: usize = Sql::Changes as usize + 1;
 }
 
 impl Statements {
@@ -169,8 +185,10 @@ impl Statements {
             Sql::WithdrawPreemption => &self.withdraw_preemption,
             Sql::Read => &self.read,
             Sql::List => &self.list,
+            Sql::ListFrom => &self.list_from,
             Sql::Remember => &self.remember,
             Sql::Remembered => &self.remembered,
+            Sql::Changes => &self.changes,
         }
     }
 
@@ -189,6 +207,15 @@ impl Statements {
             )
         };
         let r = format!("\"{schema}\".\"{table}_remembered\"");
+        let ch = format!("\"{schema}\".\"{table}_change\"");
+        // Every prefix counted in `ch` that the name `name_expr` starts with changed, once
+        // the statement's `cte` returned a row.
+        let changed = |cte: &str, name_expr: &str| {
+            format!(
+                "changed AS (UPDATE {ch} SET changes = changes + 1
+    WHERE EXISTS (SELECT 1 FROM {cte}) AND starts_with({name_expr}, prefix))"
+            )
+        };
         // Drops the pending preemption request.
         let clear = "request_by = NULL, request_instance = NULL, request_priority = NULL, \
                      request_forceful = NULL, request_note = NULL";
@@ -231,6 +258,16 @@ IF to_regclass('{w}') IS NULL THEN
     CREATE INDEX \"{table}_waiter_line\" ON {w} (name, seq);
     COMMENT ON TABLE {w} IS 'Tenure fair acquires in line, per lease name in seq order. A waiter refreshes expires_at while it waits; an expired row holds nobody back. Times are this server''s clock.';
 END IF;
+IF to_regclass('{ch}') IS NULL THEN
+    CREATE TABLE {ch} (
+        prefix  text COLLATE \"C\" PRIMARY KEY,
+        changes bigint NOT NULL
+    );
+    COMMENT ON TABLE {ch} IS 'Tenure change counts: per lease name prefix a client asked about, the grants under it made and ended, bumped in the statement that makes or ends one.';
+END IF;
+IF to_regclass('\"{schema}\".\"{table}_expiry\"') IS NULL THEN
+    CREATE INDEX \"{table}_expiry\" ON {t} (expires_at);
+END IF;
 IF to_regclass('{r}') IS NULL THEN
     CREATE TABLE {r} (
         name text COLLATE \"C\" NOT NULL,
@@ -241,8 +278,8 @@ IF to_regclass('{r}') IS NULL THEN
 END IF;
 END $migrate$"
             ),
-            acquire: acquire(&t, &seq, None),
-            fair_acquire: acquire(&t, &seq, Some(&w)),
+            acquire: acquire(&t, &seq, &ch, None),
+            fair_acquire: acquire(&t, &seq, &ch, Some(&w)),
             // A refused (forced) row is "updated" to itself, so that the row lock and the
             // re-check of a concurrently changed row (READ COMMITTED) decide renewal and
             // refusal alike, on the row's latest version.
@@ -266,10 +303,12 @@ RETURNING l.name, l.token, {request}",
     WHERE name = $1::text AND owner = $2::text AND token = $3::bigint
       AND expires_at > clock_timestamp()
     RETURNING name
-)
+),
+{changed}
 SELECT r.name FROM released r
 WHERE NOT EXISTS (SELECT 1 FROM {w} w WHERE w.name = r.name) OR {woken} >= 0",
                 woken = notify("r.name"),
+                changed = changed("released", "$1::text"),
             ),
             join: format!(
                 "WITH c AS (SELECT clock_timestamp() AS now),
@@ -348,7 +387,12 @@ FROM {t} WHERE name = $1::text",
             ),
             list: format!(
                 "SELECT {cols} FROM {t}
-WHERE name LIKE $1::text ESCAPE '\\' AND expires_at > clock_timestamp() ORDER BY name",
+WHERE name >= $1::text AND name < $2::text AND expires_at > clock_timestamp() ORDER BY name",
+                cols = record_columns("")
+            ),
+            list_from: format!(
+                "SELECT {cols} FROM {t}
+WHERE name >= $1::text AND expires_at > clock_timestamp() ORDER BY name",
                 cols = record_columns("")
             ),
             remember: format!(
@@ -370,13 +414,28 @@ removed AS (
 SELECT EXISTS (SELECT 1 FROM held)"
             ),
             remembered: format!("SELECT id FROM {r} WHERE name = $1::text ORDER BY id"),
+            changes: format!(
+                "WITH c AS (SELECT clock_timestamp() AS now),
+watched AS (
+    INSERT INTO {ch} (prefix, changes)
+    SELECT $1::text, (extract(epoch FROM c.now) * 1000000)::bigint FROM c
+    ON CONFLICT (prefix) DO NOTHING
+    RETURNING changes
+)
+SELECT coalesce((SELECT changes FROM watched), (SELECT changes FROM {ch} WHERE prefix = $1::text)),
+       (extract(epoch FROM c.now) * 1000000)::bigint,
+       EXISTS (SELECT 1 FROM {t}
+               WHERE expires_at > timestamptz 'epoch' + $2::bigint * interval '1 microsecond'
+                 AND expires_at <= c.now AND starts_with(name, $1::text))
+FROM c"
+            ),
         }
     }
 }
 
 /// The acquire statement of lease table `t` with token sequence `seq`; with `waiters`
 /// (the waiters' table), the fair variant for waiter `$11` (see [`Statements::fair_acquire`]).
-fn acquire(t: &str, seq: &str, waiters: Option<&str>) -> String {
+fn acquire(t: &str, seq: &str, ch: &str, waiters: Option<&str>) -> String {
     // Reentrant: the same owner and instance still hold an unexpired grant.
     let same = "l.owner = excluded.owner AND l.instance = excluded.instance \
                 AND l.expires_at > excluded.granted_at";
@@ -423,7 +482,12 @@ granted AS (
        OR (l.owner = excluded.owner AND l.instance = excluded.instance AND NOT {FORCED})
        OR ($8::boolean AND l.owner <> excluded.owner AND l.priority < excluded.priority)
     RETURNING l.*
-){leave_line}
+),
+before AS (SELECT note FROM {t} WHERE name = $1::text),
+changed AS (UPDATE {ch} SET changes = changes + 1
+    WHERE EXISTS (SELECT 1 FROM granted g
+                  WHERE g.version = 1 OR g.note IS DISTINCT FROM (SELECT note FROM before))
+      AND starts_with($1::text, prefix)){leave_line}
 SELECT true AS granted, {granted_cols} FROM granted
 UNION ALL
 SELECT false, {held_cols} FROM {t} AS l, c
@@ -446,29 +510,4 @@ fn channel(schema: &str, table: &str) -> String {
     let mut channel = format!("{schema}.{table}");
     channel.truncate(MAX_CHANNEL);
     channel
-}
-
-/// The LIKE pattern matching every name that starts with `prefix`: `\`, `%` and `_` in
-/// the prefix are escaped, so they match only themselves.
-pub fn like_prefix(prefix: &str) -> String {
-    let mut pattern = String::with_capacity(prefix.len() + 1);
-    for c in prefix.chars() {
-        if matches!(c, '\\' | '%' | '_') {
-            pattern.push('\\');
-        }
-        pattern.push(c);
-    }
-    pattern.push('%');
-    pattern
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn like_prefix_escapes_wildcards() {
-        assert_eq!(like_prefix(""), "%");
-        assert_eq!(like_prefix("a_b%c\\"), "a\\_b\\%c\\\\%");
-    }
 }

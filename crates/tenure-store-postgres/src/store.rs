@@ -10,9 +10,10 @@ use deadpool::managed::{Object, Pool};
 use deadpool_postgres::{Manager, ManagerConfig, RecyclingMethod, Runtime};
 use futures::future::BoxFuture;
 use tenure_lease::{
-    AcquireOutcome, AcquireRequest, Capabilities, ConfigError, FairQueue, FencingToken, HeldLease,
-    HolderClock, LeaseRecord, LeaseSection, LeaseStore, PreemptAnswer, PreemptionRequest,
-    PreemptionRequests, RememberChange, RememberedIds, Renewal, StoreError, StoreFactory,
+    AcquireOutcome, AcquireRequest, Capabilities, ChangeVersion, Changes, ConfigError, FairQueue,
+    FencingToken, GrantChanges, HeldLease, HolderClock, LeaseRecord, LeaseSection, LeaseStore,
+    PreemptAnswer, PreemptionRequest, PreemptionRequests, RememberChange, RememberedIds, Renewal,
+    StoreError, StoreFactory,
 };
 use tokio::time::{Instant, sleep, timeout};
 use tokio_postgres::{NoTls, Row};
@@ -23,7 +24,7 @@ use crate::fenced::Fence;
 use crate::options::{PostgresOptions, REFERENCE};
 use crate::pool::{Connector, Pooled};
 use crate::schema::migrate;
-use crate::sql::{Sql, Statements, like_prefix};
+use crate::sql::{Sql, Statements};
 
 /// Pause before the first retry of a transient failure; doubles up to [`MAX_PAUSE`].
 const FIRST_PAUSE: Duration = Duration::from_millis(20);
@@ -636,14 +637,29 @@ impl LeaseStore for PostgresStore {
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
-        let (sql, statements) = (Sql::List, &self.inner.statements);
-        let pattern = like_prefix(prefix);
-        let pattern = &pattern;
+        let statements = &self.inner.statements;
+        let end = tenure_lease::names::prefix_end(prefix);
+        let (prefix, end) = (&prefix, &end);
         let rows = self
             .run(self.patience(), true, |c, _| {
                 Box::pin(async move {
-                    let stmt = c.statement(sql, statements).await.map_err(|e| (false, e))?;
-                    c.query(&stmt, &[pattern]).await.map_err(|e| (true, e))
+                    match end {
+                        Some(end) => {
+                            let stmt = c
+                                .statement(Sql::List, statements)
+                                .await
+                                .map_err(|e| (false, e))?;
+                            c.query(&stmt, &[prefix, end]).await
+                        }
+                        None => {
+                            let stmt = c
+                                .statement(Sql::ListFrom, statements)
+                                .await
+                                .map_err(|e| (false, e))?;
+                            c.query(&stmt, &[prefix]).await
+                        }
+                    }
+                    .map_err(|e| (true, e))
                 })
             })
             .await?;
@@ -660,6 +676,55 @@ impl LeaseStore for PostgresStore {
 
     fn as_remembered_ids(&self) -> Option<&dyn RememberedIds> {
         Some(self)
+    }
+
+    fn as_grant_changes(&self) -> Option<&dyn GrantChanges> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl GrantChanges for PostgresStore {
+    /// One statement reading two index ranges: the prefix's row of `<table>_change` (bumped
+    /// in the statement that makes or ends a grant under it, whichever client sent it) and
+    /// the grants under it whose expiry on the server's clock fell after `since` and by now
+    /// (expiry writes nothing). The first check of a prefix makes its row.
+    async fn changes_since(
+        &self,
+        prefix: &str,
+        since: Option<ChangeVersion>,
+    ) -> Result<Changes, StoreError> {
+        let (sql, statements) = (Sql::Changes, &self.inner.statements);
+        let after = since.map(|v| v.at);
+        let (prefix, after) = (&prefix, &after);
+        let row = self
+            .run(self.patience(), true, |c, _| {
+                Box::pin(async move {
+                    let stmt = c.statement(sql, statements).await.map_err(|e| (false, e))?;
+                    c.query_one(&stmt, &[prefix, after])
+                        .await
+                        .map_err(|e| (true, e))
+                })
+            })
+            .await?;
+        let changes: Option<i64> = row.try_get(0).map_err(|e| self.bad(e))?;
+        let at: i64 = row.try_get(1).map_err(|e| self.bad(e))?;
+        let expired: bool = row.try_get(2).map_err(|e| self.bad(e))?;
+        let version = ChangeVersion {
+            changes: changes.unwrap_or_default() as u64,
+            at,
+        };
+        Ok(match since {
+            Some(since)
+                if changes.is_some()
+                    && !expired
+                    && since.at <= at
+                    && since.changes == version.changes =>
+            {
+                Changes::Unchanged(version)
+            }
+            _ => Changes::Changed(version),
+        })
     }
 }
 

@@ -106,6 +106,6 @@ impl StateLoss for PgHarness {
     }
 }
 
-tenure_lease_kit::conformance_tests!(PgHarness::start(); fair_queue, preemption_requests, remembered_ids);
+tenure_lease_kit::conformance_tests!(PgHarness::start(); fair_queue, preemption_requests, remembered_ids, grant_changes);
 tenure_lease_kit::state_loss_tests!(PgHarness::start());
 tenure_lease_kit::preemption_fault_tests!(PgHarness::start());

@@ -131,6 +131,7 @@ impl Db {
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         crate::schema::note_loss(&tx, now)?;
         tx.execute("DELETE FROM tenure_lease", [])?;
+        tx.execute(crate::sql::CHANGED_ALL, [])?;
         tx.execute("DELETE FROM tenure_waiter", [])?;
         let found = identity::read(&tx)?;
         let generation = found.as_ref().map_or(0, |i| i.generation);

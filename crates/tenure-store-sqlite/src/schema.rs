@@ -14,6 +14,11 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 /// path lost (see `SqliteStore`).
 /// `tenure_identity`: one row, the file's random store id and its generation (see
 /// `identity`).
+/// `tenure_change`: per prefix a process asked about (`GrantChanges::changes_since`), a
+/// count of the grants under it made and ended, bumped in the transaction that makes or
+/// ends one; it starts at the wall clock in microseconds, so that a count of a lost earlier
+/// file at this path is not taken for it. `tenure_lease_expiry` finds the grants that
+/// expired between two checks without reading the others.
 pub(crate) const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS tenure_lease (
     name       TEXT PRIMARY KEY,
@@ -33,6 +38,11 @@ CREATE TABLE IF NOT EXISTS tenure_lease (
     req_note     TEXT
 );
 CREATE INDEX IF NOT EXISTS tenure_lease_owner ON tenure_lease (owner);
+CREATE INDEX IF NOT EXISTS tenure_lease_expiry ON tenure_lease (expires_at);
+CREATE TABLE IF NOT EXISTS tenure_change (
+    prefix  TEXT PRIMARY KEY,
+    changes INTEGER NOT NULL
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS tenure_fence (
     name       TEXT PRIMARY KEY,
     last_token INTEGER NOT NULL
@@ -118,6 +128,7 @@ pub(crate) fn migrate(conn: &mut Connection, boot_id: &str) -> rusqlite::Result<
     let recorded = meta(&tx, "boot_id")?;
     if recorded.as_deref() != Some(boot_id) {
         let dropped = tx.execute("DELETE FROM tenure_lease", [])?;
+        tx.execute(crate::sql::CHANGED_ALL, [])?;
         // Waiters' expiries were on the previous boot's clock too, and no waiter survived.
         tx.execute("DELETE FROM tenure_waiter", [])?;
         // No process that could believe in a grant of the lost file survived the reboot.

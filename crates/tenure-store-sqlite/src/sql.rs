@@ -117,26 +117,29 @@ pub const LIST_FROM: &str = "SELECT name, owner, instance, token, expires_at, ve
     FROM tenure_lease
     WHERE name >= ?1 AND expires_at > ?2 ORDER BY name";
 
-/// The least string above every string that starts with `prefix`, in SQLite's `BINARY`
-/// order (UTF-8 bytes, which is code point order): `prefix` with its last character that
-/// has a successor replaced by that successor and what follows it dropped. `None` when no
-/// character has one (the empty prefix, or only U+10FFFF): then nothing bounds the names.
-pub fn prefix_end(prefix: &str) -> Option<String> {
-    let mut chars: Vec<char> = prefix.chars().collect();
-    while let Some(last) = chars.pop() {
-        // The next scalar value: surrogates are no characters, so U+D7FF is followed by
-        // U+E000.
-        let next = match u32::from(last) {
-            0xD7FF => Some('\u{E000}'),
-            c => char::from_u32(c + 1),
-        };
-        if let Some(next) = next {
-            chars.push(next);
-            return Some(chars.into_iter().collect());
-        }
-    }
-    None
-}
+pub use tenure_lease::names::prefix_end;
+
+/// A grant of `?1` was made or ended: every watched prefix of it changed. Reads the
+/// `tenure_change` rows, one per prefix any process asked about.
+pub const CHANGED: &str = "UPDATE tenure_change SET changes = changes + 1
+    WHERE prefix <= ?1 AND substr(?1, 1, length(prefix)) = prefix";
+
+/// Every grant ended at once (a lost file's, a previous boot's): every watched prefix
+/// changed.
+pub const CHANGED_ALL: &str = "UPDATE tenure_change SET changes = changes + 1";
+
+/// The count of changes under prefix `?1`.
+pub const CHANGES: &str = "SELECT changes FROM tenure_change WHERE prefix = ?1";
+
+/// Starts counting the changes under prefix `?1`, from `?2`, unless counted already.
+pub const WATCH_PREFIX: &str =
+    "INSERT OR IGNORE INTO tenure_change (prefix, changes) VALUES (?1, ?2)";
+
+/// Whether a grant whose name starts with `?1` expired after `?2` and by `?3`: a range of
+/// the expiry index (grants renewed meanwhile expire later and are not read), each row
+/// found then checked for the prefix.
+pub const EXPIRED_BETWEEN: &str = "SELECT 1 FROM tenure_lease INDEXED BY tenure_lease_expiry
+    WHERE expires_at > ?2 AND expires_at <= ?3 AND substr(name, 1, length(?1)) = ?1 LIMIT 1";
 
 /// Fair acquire, joining: removes the expired waiters of `?1` (at clock `?2`).
 pub const PURGE_WAITERS: &str = "DELETE FROM tenure_waiter WHERE name = ?1 AND expires_at <= ?2";
@@ -220,6 +223,41 @@ mod tests {
         );
         let open = plan(LIST_FROM, &[&"\u{10FFFF}", &0i64]);
         assert!(open.contains("SEARCH tenure_lease USING INDEX"), "{open}");
+    }
+
+    /// A change check reads one row of `tenure_change` by key and only the grants that
+    /// expired in its window, through the expiry index; a grant's change reads the
+    /// `tenure_change` rows alone.
+    #[test]
+    fn a_change_check_reads_by_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("changes.sqlite");
+        drop(SqliteStore::open(&path, Duration::from_secs(1)).unwrap());
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        let plan = |sql: &str, params: &[&dyn rusqlite::ToSql]| -> String {
+            conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+                .unwrap()
+                .query_map(params, |r| r.get::<_, String>(3))
+                .unwrap()
+                .collect::<rusqlite::Result<Vec<_>>>()
+                .unwrap()
+                .join("; ")
+        };
+        let changes = plan(CHANGES, &[&"m/"]);
+        assert!(
+            changes.contains("SEARCH tenure_change USING PRIMARY KEY"),
+            "{changes}"
+        );
+        let expired = plan(EXPIRED_BETWEEN, &[&"m/", &0i64, &1i64]);
+        assert!(
+            expired.contains("SEARCH tenure_lease USING INDEX tenure_lease_expiry"),
+            "{expired}"
+        );
+        let changed = plan(CHANGED, &[&"m/a"]);
+        assert!(
+            changed.contains("tenure_change") && !changed.contains("tenure_lease"),
+            "{changed}"
+        );
     }
 
     #[tokio::test]

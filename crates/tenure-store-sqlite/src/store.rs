@@ -9,10 +9,10 @@ use async_trait::async_trait;
 use rusqlite::config::DbConfig;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 use tenure_lease::{
-    AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, ConfigError, FairQueue,
-    FencingToken, HeldLease, HolderClock, LeaseRecord, LeaseSection, LeaseStore, PreemptAnswer,
-    PreemptionRequest, PreemptionRequests, RememberChange, RememberedIds, Renewal, StoreError,
-    StoreFactory,
+    AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, ChangeVersion, Changes, ConfigError,
+    FairQueue, FencingToken, GrantChanges, HeldLease, HolderClock, LeaseRecord, LeaseSection,
+    LeaseStore, PreemptAnswer, PreemptionRequest, PreemptionRequests, RememberChange,
+    RememberedIds, Renewal, StoreError, StoreFactory,
 };
 
 use crate::clock::{boot_id, now_ns, token_floor};
@@ -498,6 +498,9 @@ pub(crate) fn acquire_in(
         (AcquireStep::Extend, Some(rec)) => {
             tx.prepare_cached(sql::EXTEND)?
                 .execute(params![req.name, expires_at, req.note])?;
+            if req.note.is_some() && req.note != rec.note {
+                tx.prepare_cached(sql::CHANGED)?.execute([&req.name])?;
+            }
             AcquireOutcome::Granted(LeaseRecord {
                 expires_in: req.ttl,
                 version: rec.version + 1,
@@ -524,6 +527,7 @@ pub(crate) fn acquire_in(
                 priority_to_sql(req.priority),
                 ttl_ns(req.cleanup_timeout)
             ])?;
+            tx.prepare_cached(sql::CHANGED)?.execute([&req.name])?;
             AcquireOutcome::Granted(LeaseRecord {
                 name: req.name.clone(),
                 owner: req.owner.clone(),
@@ -705,6 +709,9 @@ impl LeaseStore for SqliteStore {
                 let deleted = tx
                     .prepare_cached(sql::RELEASE)?
                     .execute(params![lease, holder, token, now])?;
+                if deleted == 1 {
+                    tx.prepare_cached(sql::CHANGED)?.execute([&lease])?;
+                }
                 tx.commit()?;
                 Ok(deleted == 1)
             })
@@ -761,6 +768,64 @@ impl LeaseStore for SqliteStore {
 
     fn as_remembered_ids(&self) -> Option<&dyn RememberedIds> {
         Some(self)
+    }
+
+    fn as_grant_changes(&self) -> Option<&dyn GrantChanges> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl GrantChanges for SqliteStore {
+    /// One read transaction of two index lookups: the prefix's row of `tenure_change`
+    /// (bumped by every grant made or ended under it, whichever process wrote it) and the
+    /// grants under it that expired since `since` on the host's `CLOCK_BOOTTIME` (expiry
+    /// writes nothing). The first check of a prefix in this file starts its count (a write).
+    async fn changes_since(
+        &self,
+        prefix: &str,
+        since: Option<ChangeVersion>,
+    ) -> Result<Changes, StoreError> {
+        let prefix = prefix.to_string();
+        self.with_conn(move |db| {
+            let tx = db.read()?;
+            let now = now_ns();
+            let changes: Option<i64> = tx
+                .prepare_cached(sql::CHANGES)?
+                .query_row([&prefix], |r| r.get(0))
+                .optional()?;
+            let expired = match (changes, since) {
+                (Some(_), Some(since)) if since.at <= now => tx
+                    .prepare_cached(sql::EXPIRED_BETWEEN)?
+                    .exists(params![prefix, since.at, now])?,
+                _ => true,
+            };
+            tx.finish()?;
+            let changes = match changes {
+                Some(changes) => changes,
+                None => {
+                    let tx = db.write()?;
+                    tx.prepare_cached(sql::WATCH_PREFIX)?
+                        .execute(params![prefix, token_floor()])?;
+                    let changes = tx
+                        .prepare_cached(sql::CHANGES)?
+                        .query_row([&prefix], |r| r.get(0))?;
+                    tx.commit()?;
+                    changes
+                }
+            };
+            let version = ChangeVersion {
+                changes: changes as u64,
+                at: now,
+            };
+            Ok(match since {
+                Some(since) if !expired && since.changes == version.changes => {
+                    Changes::Unchanged(version)
+                }
+                _ => Changes::Changed(version),
+            })
+        })
+        .await
     }
 }
 

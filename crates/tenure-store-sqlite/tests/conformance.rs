@@ -169,7 +169,7 @@ impl StateLoss for SqliteHarness {
     }
 }
 
-tenure_lease_kit::conformance_tests!(SqliteHarness::new(); fair_queue, preemption_requests, remembered_ids);
+tenure_lease_kit::conformance_tests!(SqliteHarness::new(); fair_queue, preemption_requests, remembered_ids, grant_changes);
 
 mod file_deleted {
     use super::*;

@@ -8,7 +8,8 @@
 //! The multi-process harness of `tenure-cli`'s tests and benches (`cli`, feature `cli`):
 //! `tenure` processes in a sandbox, clusters of nodes with faults (the demo's cluster
 //! harness, with this build's binary), what their histories show; and [`example`] runs a
-//! built example. [`eventually`] is the one bounded polling loop of the tests.
+//! built example. `node` (feature `node`): a node alone in its cluster on the memory
+//! store, in the test's own process. [`eventually`] is the one bounded polling loop of the tests.
 
 #[cfg(feature = "cli")]
 pub mod cli;
@@ -17,6 +18,8 @@ mod eventually;
 pub mod example;
 mod gate;
 mod history;
+#[cfg(feature = "node")]
+pub mod node;
 pub mod postgres;
 pub mod signal;
 pub mod zookeeper;

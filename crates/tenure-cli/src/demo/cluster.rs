@@ -5,8 +5,9 @@
 //! by `tenure demo`; the multi-process tests and the fail-over benchmarks reach it through
 //! the test kit (`tenure_test_kit::cli::cluster`).
 //!
-//! The harness is a test tool: it panics (naming the node and what it waited for) when a
-//! node cannot be started, signalled or asked.
+//! What a run can meet (a node that does not start, a signal to a node that is gone, a
+//! fault the node refused) is a [`HarnessError`] naming the node and what failed: the demo
+//! reports it as a failed step; the test kit's wrapper panics with it.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -27,6 +28,133 @@ use tenure::history::{Entry, Event, HistoryFile, Link};
 pub const MEMBER_TTL: Duration = Duration::from_secs(3);
 /// How long a member's heartbeats may stay silent before it is unreachable.
 pub const UNREACHABLE_AFTER: Duration = Duration::from_millis(1500);
+
+/// Why the harness could not do what it was asked; names the node (index and address), the
+/// fault or the file.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum HarnessError {
+    /// The cluster's temporary directory could not be created.
+    #[error("cannot create the cluster's temporary directory: {0}")]
+    TempDir(#[source] std::io::Error),
+    /// Not enough free loopback ports for the nodes.
+    #[error("found {found} of {wanted} free loopback ports in 20000-31999")]
+    Ports {
+        /// How many were wanted.
+        wanted: usize,
+        /// How many were free.
+        found: usize,
+    },
+    /// A node's config file could not be written or read.
+    #[error("node config {path}: {source}")]
+    Config {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The cluster has no node of that index.
+    #[error("node {node}: no such node (the cluster has {nodes})")]
+    NoSuchNode {
+        /// The index asked for.
+        node: usize,
+        /// How many nodes there are.
+        nodes: usize,
+    },
+    /// The node is not running (never started, killed or stopped), so it cannot be
+    /// signalled, killed or stopped.
+    #[error("node {node} ({addr}) is not running")]
+    NotRunning {
+        /// The node's index.
+        node: usize,
+        /// Its cluster address.
+        addr: String,
+    },
+    /// The node is running already, so it cannot be started.
+    #[error("node {node} ({addr}) is already running")]
+    AlreadyRunning {
+        /// The node's index.
+        node: usize,
+        /// Its cluster address.
+        addr: String,
+    },
+    /// A `tenure` process could not be run for the node (the node itself, or a command
+    /// asking it).
+    #[error("node {node} ({addr}): cannot run {binary} {what}: {source}")]
+    Process {
+        /// The node's index.
+        node: usize,
+        /// Its cluster address.
+        addr: String,
+        /// The executable.
+        binary: PathBuf,
+        /// Which command (`node`, `cluster fault`, …).
+        what: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The node exited (or was made to) before its "started" line.
+    #[error("node {node} ({addr}) did not start (attempt {attempt}): {output}")]
+    NotStarted {
+        /// The node's index.
+        node: usize,
+        /// Its cluster address.
+        addr: String,
+        /// Which attempt failed last.
+        attempt: u32,
+        /// What it wrote (its first stdout line and its whole stderr).
+        output: String,
+    },
+    /// A signal could not be sent to the node's process.
+    #[error("{signal} to node {node} ({addr}): {source}")]
+    Signal {
+        /// The node's index.
+        node: usize,
+        /// Its cluster address.
+        addr: String,
+        /// The signal, e.g. `SIGSTOP`.
+        signal: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The node did not exit within its time after SIGTERM (it was killed then).
+    #[error("node {node} ({addr}) did not exit within {waited:?} of SIGTERM:\n{stderr}")]
+    NoExit {
+        /// The node's index.
+        node: usize,
+        /// Its cluster address.
+        addr: String,
+        /// How long the harness waited.
+        waited: Duration,
+        /// Everything the node wrote to stderr.
+        stderr: String,
+    },
+    /// The node refused a link fault (`tenure cluster fault`).
+    #[error("fault `{fault}` on node {node} ({addr}) failed (attempt {attempt}): {stderr}")]
+    Fault {
+        /// The node's index.
+        node: usize,
+        /// Its cluster address.
+        addr: String,
+        /// The fault's arguments, e.g. `--cut 127.0.0.1:20001 --mode stall`.
+        fault: String,
+        /// Which attempt failed last.
+        attempt: u32,
+        /// What the command wrote to stderr.
+        stderr: String,
+    },
+    /// The shared history could not be appended to or read.
+    #[error("history {path}: {detail}")]
+    History {
+        /// The history file.
+        path: PathBuf,
+        /// What failed (the I/O error, or the malformed line).
+        detail: String,
+    },
+}
 
 /// Extra `[cluster]` and top-level TOML for every node of a cluster.
 #[derive(Debug, Clone, Default)]
@@ -76,9 +204,9 @@ pub struct NodeProc {
 }
 
 impl NodeProc {
-    /// The running process's id (panics when the node is not running).
-    pub fn pid(&self) -> Pid {
-        Pid::from_child(self.child.as_ref().expect("node running"))
+    /// The running process's id; `None` when the node is not running.
+    pub fn pid(&self) -> Option<Pid> {
+        self.child.as_ref().map(Pid::from_child)
     }
 
     /// Everything the node wrote to stderr so far.
@@ -92,9 +220,9 @@ impl NodeProc {
         self.hold = None;
     }
 
-    /// The incarnation of the latest start.
-    pub fn incarnation(&self) -> &str {
-        self.incarnations.last().expect("started once")
+    /// The incarnation of the latest start; `None` before the first.
+    pub fn incarnation(&self) -> Option<&str> {
+        self.incarnations.last().map(String::as_str)
     }
 }
 
@@ -195,8 +323,9 @@ impl PortHold {
     }
 }
 
-/// `n` distinct loopback ports, each held (see [`PortHold`]) until dropped.
-pub fn hold_ports(n: usize) -> Vec<PortHold> {
+/// `n` distinct loopback ports, each held (see [`PortHold`]) until dropped;
+/// [`HarnessError::Ports`] when fewer are free.
+pub fn hold_ports(n: usize) -> Result<Vec<PortHold>, HarnessError> {
     // Below Linux's ephemeral range (32768-60999 by default): a port handed out by
     // `bind(:0)` or taken by an outgoing connection of any other process could be that
     // range's, and a node restarted on its port after a kill would find it taken. Random,
@@ -210,8 +339,21 @@ pub fn hold_ports(n: usize) -> Vec<PortHold> {
             held.push(hold);
         }
     }
-    assert_eq!(held.len(), n, "{n} free loopback ports in 20000-31999");
-    held
+    if held.len() < n {
+        return Err(HarnessError::Ports {
+            wanted: n,
+            found: held.len(),
+        });
+    }
+    Ok(held)
+}
+
+/// One held port.
+fn one_port() -> Result<PortHold, HarnessError> {
+    hold_ports(1)?.pop().ok_or(HarnessError::Ports {
+        wanted: 1,
+        found: 0,
+    })
 }
 
 /// One cluster at a time in a process: a harness cluster takes the turn when configured
@@ -251,9 +393,9 @@ impl Drop for ClusterTurn {
 impl Cluster {
     /// Writes configs for `n` nodes of `binary` (seed: node 0) without starting them, each
     /// on a port held until its first start. Waits for this process's [`ClusterTurn`].
-    pub fn configure(binary: &Path, n: usize, options: &Options) -> Cluster {
+    pub fn configure(binary: &Path, n: usize, options: &Options) -> Result<Cluster, HarnessError> {
         let turn = ClusterTurn::take();
-        let dir = tempfile::tempdir().expect("temp dir");
+        let dir = tempfile::tempdir().map_err(HarnessError::TempDir)?;
         let store = dir.path().join("leases.sqlite");
         let history = options
             .history
@@ -267,25 +409,31 @@ impl Cluster {
             store,
             _turn: turn,
         };
-        let mut ports = hold_ports(n).into_iter();
+        let mut ports = hold_ports(n)?.into_iter();
         if let Some(first) = ports.next() {
             let seed = first.addr();
-            c.add_node_on(first, &seed, options);
+            c.add_node_on(first, &seed, options)?;
             for hold in ports {
-                c.add_node_on(hold, &seed, options);
+                c.add_node_on(hold, &seed, options)?;
             }
         }
-        c
+        Ok(c)
     }
 
     /// Adds (without starting) a node with `seed` and extra options, on a port held until
     /// its first start.
-    pub fn add_node(&mut self, seed: &str, options: &Options) -> usize {
-        let hold = hold_ports(1).pop().expect("one port");
+    /// Returns its index.
+    pub fn add_node(&mut self, seed: &str, options: &Options) -> Result<usize, HarnessError> {
+        let hold = one_port()?;
         self.add_node_on(hold, seed, options)
     }
 
-    fn add_node_on(&mut self, hold: PortHold, seed: &str, options: &Options) -> usize {
+    fn add_node_on(
+        &mut self,
+        hold: PortHold,
+        seed: &str,
+        options: &Options,
+    ) -> Result<usize, HarnessError> {
         let i = self.nodes.len();
         let port = hold.port();
         let config = self.dir.path().join(format!("node{i}.toml"));
@@ -344,7 +492,10 @@ release-after = "10s"
                 }
             })
             .collect();
-        std::fs::write(&config, text).expect("write node config");
+        std::fs::write(&config, text).map_err(|source| HarnessError::Config {
+            path: config.clone(),
+            source,
+        })?;
         let mut args = options.node_args.clone();
         if args
             .iter()
@@ -365,21 +516,31 @@ release-after = "10s"
             incarnations: Vec::new(),
             env: Vec::new(),
         });
-        i
+        Ok(i)
     }
 
-    /// Starts `n` nodes of `binary` with `options` and waits until they converge.
-    pub fn launch(binary: &Path, n: usize, options: &Options) -> Cluster {
-        let mut c = Cluster::configure(binary, n, options);
-        c.start_all();
-        c.wait_converged(Duration::from_secs(30));
-        c
-    }
-
-    /// Starts every configured node, one after the other.
-    pub fn start_all(&mut self) {
+    /// Starts every configured node, one after the other; stops at the first that does not
+    /// start.
+    pub fn start_all(&mut self) -> Result<(), HarnessError> {
         for i in 0..self.nodes.len() {
-            self.spawn(i);
+            self.spawn(i)?;
+        }
+        Ok(())
+    }
+
+    /// Node `i`, or [`HarnessError::NoSuchNode`].
+    fn node(&self, i: usize) -> Result<&NodeProc, HarnessError> {
+        self.nodes.get(i).ok_or(HarnessError::NoSuchNode {
+            node: i,
+            nodes: self.nodes.len(),
+        })
+    }
+
+    /// [`HarnessError::NotRunning`] for node `i`.
+    fn not_running(&self, i: usize) -> HarnessError {
+        HarnessError::NotRunning {
+            node: i,
+            addr: self.nodes[i].addr.clone(),
         }
     }
 
@@ -395,26 +556,32 @@ release-after = "10s"
     /// port was taken in the moment between the harness letting it go and the node binding
     /// it moves the node to another held port (when no running node seeds from it); a
     /// restart, whose address is the node's identity, tries the same port again.
-    pub fn spawn(&mut self, i: usize) {
+    /// [`HarnessError::NotStarted`] (with the node's output) when it still does not start.
+    pub fn spawn(&mut self, i: usize) -> Result<(), HarnessError> {
         const ATTEMPTS: u32 = 10;
-        for attempt in 1..=ATTEMPTS {
-            let stderr = match self.try_spawn(i) {
-                Ok(()) => return,
-                Err(stderr) => stderr,
+        self.node(i)?;
+        let mut attempt = 1;
+        loop {
+            let output = match self.spawn_once(i)? {
+                None => return Ok(()),
+                Some(output) => output,
             };
-            let taken = stderr.contains(&format!("cannot listen on {}", self.nodes[i].addr))
-                && stderr.contains("Address already in use");
+            let taken = output.contains(&format!("cannot listen on {}", self.nodes[i].addr))
+                && output.contains("Address already in use");
             if !taken || attempt == ATTEMPTS {
-                panic!(
-                    "node {} did not start (attempt {attempt}):\n{stderr}",
-                    self.nodes[i].addr
-                );
+                return Err(HarnessError::NotStarted {
+                    node: i,
+                    addr: self.nodes[i].addr.clone(),
+                    attempt,
+                    output,
+                });
             }
             if self.nodes[i].incarnations.is_empty() && !self.seeded_by_running(i) {
-                self.move_node(i);
+                self.move_node(i)?;
             } else {
                 std::thread::sleep(Duration::from_millis(200) * attempt);
             }
+            attempt += 1;
         }
     }
 
@@ -431,13 +598,17 @@ release-after = "10s"
 
     /// Moves node `i`, never started, to a newly held port: its config and the seeds of
     /// every node not running.
-    fn move_node(&mut self, i: usize) {
-        let hold = hold_ports(1).pop().expect("one port");
+    fn move_node(&mut self, i: usize) -> Result<(), HarnessError> {
+        let hold = one_port()?;
         let (old_port, old) = (self.nodes[i].port, self.nodes[i].addr.clone());
         let new = hold.addr();
         for j in (0..self.nodes.len()).filter(|j| !self.is_running(*j)) {
             let config = &self.nodes[j].config;
-            let mut text = std::fs::read_to_string(config).expect("read node config");
+            let config_err = |source| HarnessError::Config {
+                path: config.clone(),
+                source,
+            };
+            let mut text = std::fs::read_to_string(config).map_err(config_err)?;
             if j == i {
                 text = text.replace(
                     &format!("\nport = {old_port}\n"),
@@ -448,17 +619,24 @@ release-after = "10s"
                 config,
                 text.replace(&format!("\"{old}\""), &format!("\"{new}\"")),
             )
-            .expect("write node config");
+            .map_err(config_err)?;
         }
         let node = &mut self.nodes[i];
         node.port = hold.port();
         node.addr = new;
         node.hold = Some(hold);
+        Ok(())
     }
 
-    /// Starts node `i` once; `Err` with its stderr when it exits before its "started" line.
-    fn try_spawn(&mut self, i: usize) -> Result<(), String> {
-        assert!(self.nodes[i].child.is_none(), "node {i} is already running");
+    /// Starts node `i` once: `Ok(None)` once it said "started", `Ok(Some(output))` (its
+    /// first stdout line and its stderr) when it exited before.
+    fn spawn_once(&mut self, i: usize) -> Result<Option<String>, HarnessError> {
+        if self.nodes[i].child.is_some() {
+            return Err(HarnessError::AlreadyRunning {
+                node: i,
+                addr: self.nodes[i].addr.clone(),
+            });
+        }
         let node: &[&str] = if self.nodes[i].args.is_empty() {
             &["node", "--history"]
         } else {
@@ -484,9 +662,22 @@ release-after = "10s"
         }
         // The node binds the port itself: let it go at the last moment.
         self.nodes[i].hold = None;
-        let mut child = cmd.spawn().expect("spawn tenure node");
-        let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
-        let stderr = child.stderr.take().expect("piped stderr");
+        let process_err = |source| HarnessError::Process {
+            node: i,
+            addr: self.nodes[i].addr.clone(),
+            binary: self.binary.clone(),
+            what: node.join(" "),
+            source,
+        };
+        let mut child = cmd.spawn().map_err(process_err)?;
+        let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(process_err(std::io::Error::other(
+                "no piped stdout or stderr",
+            )));
+        };
+        let mut stdout = BufReader::new(stdout);
         let sink = Arc::new(Mutex::new(String::new()));
         let sink2 = sink.clone();
         // For a run being traced: every node's log, also kept in a file per port.
@@ -507,14 +698,16 @@ release-after = "10s"
                 if let Some(f) = &mut copy {
                     let _ = f.write_all(buf.as_bytes());
                 }
-                sink2.lock().unwrap().push_str(&buf);
+                sink2
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push_str(&buf);
                 buf.clear();
             }
         });
         let mut line = String::new();
-        stdout
-            .read_line(&mut line)
-            .expect("read the node's first line");
+        // A failed read leaves `line` without an incarnation: handled as an early exit.
+        let _ = stdout.read_line(&mut line);
         let inc = line
             .split_whitespace()
             .collect::<Vec<_>>()
@@ -526,8 +719,8 @@ release-after = "10s"
             let _ = child.kill();
             let _ = child.wait();
             let _ = drain.join();
-            let stderr = sink.lock().unwrap().clone();
-            return Err(format!("stdout {line:?}, stderr:\n{stderr}"));
+            let stderr = sink.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            return Ok(Some(format!("stdout {line:?}, stderr:\n{stderr}")));
         };
         // Keep draining stdout so the node never blocks on a full pipe.
         std::thread::spawn(move || {
@@ -537,119 +730,175 @@ release-after = "10s"
         node.incarnations.push(inc);
         node.stderr = sink;
         node.child = Some(child);
-        Ok(())
+        Ok(None)
     }
 
-    /// Whether node `i` was started and not killed or stopped since.
+    /// Whether node `i` was started and not killed or stopped since (`false` for no such
+    /// node).
     pub fn is_running(&self, i: usize) -> bool {
-        self.nodes[i].child.is_some()
+        self.nodes.get(i).is_some_and(|n| n.child.is_some())
     }
 
-    fn signal(&self, i: usize, sig: Signal) {
-        if let Err(e) = kill_process(self.nodes[i].pid(), sig) {
-            panic!("kill({sig:?}) node {i}: {e}");
-        }
+    fn signal(&self, i: usize, sig: Signal) -> Result<(), HarnessError> {
+        let pid = self.node(i)?.pid().ok_or_else(|| self.not_running(i))?;
+        kill_process(pid, sig).map_err(|e| HarnessError::Signal {
+            node: i,
+            addr: self.nodes[i].addr.clone(),
+            signal: format!("{sig:?}"),
+            source: e.into(),
+        })
     }
 
     /// Appends a harness event about node `i` to the shared history (same clock and
     /// format as the nodes' own lines, `inc` = `harness`).
-    pub fn record(&self, i: usize, event: Event) {
-        self.record_about(&self.nodes[i].addr, event);
+    pub fn record(&self, i: usize, event: Event) -> Result<(), HarnessError> {
+        self.record_about(&self.node(i)?.addr, event)
     }
 
     /// Appends a harness event about `addr` (a node, or `store`), e.g. a link cut with its
     /// `peer`.
-    pub fn record_about(&self, addr: &str, event: Event) {
+    pub fn record_about(&self, addr: &str, event: Event) -> Result<(), HarnessError> {
         HistoryFile::open(&self.history)
             .and_then(|file| file.append(&Entry::fault(addr, event)))
-            .expect("append a fault to the history");
+            .map_err(|e| HarnessError::History {
+                path: self.history.clone(),
+                detail: e.to_string(),
+            })
     }
 
     /// SIGKILL node `i` and reap it.
-    pub fn kill(&mut self, i: usize) {
-        self.signal(i, Signal::CONT);
-        let mut child = self.nodes[i].child.take().expect("running");
-        child.kill().expect("SIGKILL");
-        child.wait().expect("reap");
+    pub fn kill(&mut self, i: usize) -> Result<(), HarnessError> {
+        self.signal(i, Signal::CONT)?;
+        let Some(mut child) = self.nodes[i].child.take() else {
+            return Err(self.not_running(i));
+        };
+        // An error here is a process already gone: reaped below either way.
+        let _ = child.kill();
+        let _ = child.wait();
         // Recorded once the process is certainly gone (the later end is the stricter one).
-        self.record(i, Event::Killed {});
+        self.record(i, Event::Killed {})
     }
 
     /// Starts node `i` again after a kill or a stop (a new incarnation) and records
     /// `restarted`.
-    pub fn restart(&mut self, i: usize) {
-        self.spawn(i);
-        self.record(i, Event::Restarted {});
+    pub fn restart(&mut self, i: usize) -> Result<(), HarnessError> {
+        self.spawn(i)?;
+        self.record(i, Event::Restarted {})
     }
 
     /// SIGSTOP node `i` (recorded as `paused` first: the checker lets a process frozen across
     /// a deadline act on after it, and one frozen just before its record must not count as
     /// running).
-    pub fn pause(&self, i: usize) {
-        self.record(i, Event::Paused {});
-        self.signal(i, Signal::STOP);
+    pub fn pause(&self, i: usize) -> Result<(), HarnessError> {
+        if !self.is_running(i) {
+            return Err(self.node(i).err().unwrap_or_else(|| self.not_running(i)));
+        }
+        self.record(i, Event::Paused {})?;
+        self.signal(i, Signal::STOP)
     }
 
     /// SIGCONT node `i` (recorded as `resumed` first).
-    pub fn resume(&self, i: usize) {
-        self.record(i, Event::Resumed {});
-        self.signal(i, Signal::CONT);
+    pub fn resume(&self, i: usize) -> Result<(), HarnessError> {
+        if !self.is_running(i) {
+            return Err(self.node(i).err().unwrap_or_else(|| self.not_running(i)));
+        }
+        self.record(i, Event::Resumed {})?;
+        self.signal(i, Signal::CONT)
     }
 
     /// SIGTERM node `i` (graceful leave: `leaving` is recorded before the signal,
-    /// `terminated` once the process exited) and waits for its exit status.
-    pub fn stop(&mut self, i: usize) -> ExitStatus {
-        self.record(i, Event::Leaving {});
-        self.signal(i, Signal::TERM);
-        self.reap(i, Instant::now() + Duration::from_secs(20))
-            .unwrap_or_else(|| {
-                panic!(
-                    "node {i} did not exit within 20 s of SIGTERM:\n{}",
-                    self.nodes[i].stderr()
-                )
+    /// `terminated` once the process exited) and waits for its exit status;
+    /// [`HarnessError::NoExit`] when it did not exit within 20 s (it is killed then).
+    pub fn stop(&mut self, i: usize) -> Result<ExitStatus, HarnessError> {
+        const WAIT: Duration = Duration::from_secs(20);
+        if !self.is_running(i) {
+            return Err(self.node(i).err().unwrap_or_else(|| self.not_running(i)));
+        }
+        self.record(i, Event::Leaving {})?;
+        self.signal(i, Signal::TERM)?;
+        self.reap(i, Instant::now() + WAIT)?
+            .ok_or_else(|| HarnessError::NoExit {
+                node: i,
+                addr: self.nodes[i].addr.clone(),
+                waited: WAIT,
+                stderr: self.nodes[i].stderr(),
             })
     }
 
     /// Waits up to `limit` for node `i` to exit by itself (recorded as `terminated`) and
-    /// returns its status; past it, SIGKILLs the node and returns `None`.
-    pub fn wait_exit(&mut self, i: usize, limit: Duration) -> Option<ExitStatus> {
+    /// returns its status; past it, SIGKILLs the node and returns `Ok(None)`.
+    pub fn wait_exit(
+        &mut self,
+        i: usize,
+        limit: Duration,
+    ) -> Result<Option<ExitStatus>, HarnessError> {
         self.reap(i, Instant::now() + limit)
     }
 
     /// SIGTERM every running node at once (a paused one is resumed first; recorded like
     /// [`Cluster::stop`]), then waits up to `limit` for each to exit, SIGKILLing the ones
     /// that do not. Returns the nodes that exited with a non-zero status or were killed.
-    pub fn stop_all(&mut self, limit: Duration) -> Vec<usize> {
+    /// Every node is stopped even when one fails; the first error is returned then.
+    pub fn stop_all(&mut self, limit: Duration) -> Result<Vec<usize>, HarnessError> {
         let running: Vec<usize> = (0..self.nodes.len())
             .filter(|i| self.is_running(*i))
             .collect();
+        let mut first_err = None;
         for &i in &running {
-            self.record(i, Event::Leaving {});
-            self.signal(i, Signal::CONT);
-            self.signal(i, Signal::TERM);
+            let sent = self
+                .record(i, Event::Leaving {})
+                .and_then(|()| self.signal(i, Signal::CONT))
+                .and_then(|()| self.signal(i, Signal::TERM));
+            if let Err(e) = sent {
+                first_err.get_or_insert(e);
+            }
         }
         let deadline = Instant::now() + limit;
-        running
-            .into_iter()
-            .filter(|&i| !self.reap(i, deadline).is_some_and(|s| s.success()))
-            .collect()
+        let mut unclean = Vec::new();
+        for i in running {
+            match self.reap(i, deadline) {
+                Ok(Some(status)) if status.success() => {}
+                Ok(_) => unclean.push(i),
+                Err(e) => {
+                    unclean.push(i);
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(unclean),
+        }
     }
 
     /// Waits until `deadline` for node `i` to exit and records `terminated`; past it,
-    /// SIGKILLs the node, records `killed` and returns None.
-    fn reap(&mut self, i: usize, deadline: Instant) -> Option<ExitStatus> {
-        let mut child = self.nodes[i].child.take().expect("running");
+    /// SIGKILLs the node, records `killed` and returns `Ok(None)`.
+    fn reap(&mut self, i: usize, deadline: Instant) -> Result<Option<ExitStatus>, HarnessError> {
+        self.node(i)?;
+        let Some(mut child) = self.nodes[i].child.take() else {
+            return Err(self.not_running(i));
+        };
         loop {
-            if let Some(status) = child.try_wait().expect("wait for a node") {
-                // Recorded once the process is certainly gone (the later end is stricter).
-                self.record(i, Event::Terminated {});
-                return Some(status);
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                self.record(i, Event::Killed {});
-                return None;
+            let exited = child.try_wait().map_err(|source| HarnessError::Process {
+                node: i,
+                addr: self.nodes[i].addr.clone(),
+                binary: self.binary.clone(),
+                what: "node (waiting for its exit)".into(),
+                source,
+            });
+            match exited {
+                Ok(Some(status)) => {
+                    // Recorded once the process is certainly gone (the later end is stricter).
+                    self.record(i, Event::Terminated {})?;
+                    return Ok(Some(status));
+                }
+                Ok(None) if Instant::now() <= deadline => {}
+                Ok(None) | Err(_) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    self.record(i, Event::Killed {})?;
+                    return exited.map(|_| None);
+                }
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -657,33 +906,33 @@ release-after = "10s"
 
     /// Stalls (or resumes) the traffic between nodes `a` and `b`, on both sides; records
     /// `link_cut` / `link_healed` about `a` with `peer` = `b`'s address.
-    pub fn set_link(&self, a: usize, b: usize, cut: bool) {
+    pub fn set_link(&self, a: usize, b: usize, cut: bool) -> Result<(), HarnessError> {
         let mode = if cut { Some("stall") } else { None };
-        self.link_fault(a, b, mode, mode);
+        self.link_fault(a, b, [mode, mode])
     }
 
     /// Drops the traffic between `a` and `b` (connections reset, dials refused), on both
     /// sides; heal with [`set_link`](Cluster::set_link)`(a, b, false)`.
-    pub fn drop_link(&self, a: usize, b: usize) {
-        self.link_fault(a, b, Some("drop"), Some("drop"));
+    pub fn drop_link(&self, a: usize, b: usize) -> Result<(), HarnessError> {
+        self.link_fault(a, b, [Some("drop"); 2])
     }
 
     /// Loses what `from` sends `to` (stalled), while `to`'s traffic to `from` flows; heal
     /// with [`set_link`](Cluster::set_link)`(from, to, false)`.
-    pub fn cut_one_way(&self, from: usize, to: usize) {
-        self.link_fault(from, to, Some("outbound"), Some("inbound"));
+    pub fn cut_one_way(&self, from: usize, to: usize) -> Result<(), HarnessError> {
+        self.link_fault(from, to, [Some("outbound"), Some("inbound")])
     }
 
     /// Stalls the sessions (TCP) between `a` and `b` both ways, on both sides, while their
     /// heartbeat datagrams flow (a link stuck behind data); heal with
     /// [`set_link`](Cluster::set_link)`(a, b, false)`.
-    pub fn stall_session(&self, a: usize, b: usize) {
-        self.link_fault(a, b, Some("session"), Some("session"));
+    pub fn stall_session(&self, a: usize, b: usize) -> Result<(), HarnessError> {
+        self.link_fault(a, b, [Some("session"); 2])
     }
 
     /// Stalls (or resumes) the traffic between node `i` and every other node, on both
     /// sides; records `isolated` / `isolation_healed` about `i`.
-    pub fn isolate(&self, i: usize, cut: bool) {
+    pub fn isolate(&self, i: usize, cut: bool) -> Result<(), HarnessError> {
         self.record(
             i,
             if cut {
@@ -691,27 +940,38 @@ release-after = "10s"
             } else {
                 Event::IsolationHealed {}
             },
-        );
+        )?;
         let mode = if cut { Some("stall") } else { None };
         for other in (0..self.nodes.len()).filter(|o| *o != i) {
-            self.apply_link_fault(i, other, mode, mode);
+            self.apply_link_fault(i, other, [mode, mode])?;
         }
+        Ok(())
     }
 
-    /// Sets `a`'s fault with `b` to `mode_a` and `b`'s with `a` to `mode_b` (`None`: heal);
-    /// records `link_cut` (with `mode`) or `link_healed` about `a`, `peer` = `b`.
-    fn link_fault(&self, a: usize, b: usize, mode_a: Option<&str>, mode_b: Option<&str>) {
-        let link = Link::by_harness(self.nodes[b].addr.clone(), mode_a.map(str::to_string));
+    /// Sets `a`'s fault with `b` to `modes[0]` and `b`'s with `a` to `modes[1]` (`None`:
+    /// heal); records `link_cut` (with `mode`) or `link_healed` about `a`, `peer` = `b`.
+    fn link_fault(&self, a: usize, b: usize, modes: [Option<&str>; 2]) -> Result<(), HarnessError> {
+        let mode_a = modes[0];
+        self.node(a)?;
+        let link = Link::by_harness(self.node(b)?.addr.clone(), mode_a.map(str::to_string));
         let event = if mode_a.is_some() {
             Event::LinkCut(link)
         } else {
             Event::LinkHealed(link)
         };
-        self.record_about(&self.nodes[a].addr, event);
-        self.apply_link_fault(a, b, mode_a, mode_b);
+        self.record_about(&self.nodes[a].addr, event)?;
+        self.apply_link_fault(a, b, modes)
     }
 
-    fn apply_link_fault(&self, a: usize, b: usize, mode_a: Option<&str>, mode_b: Option<&str>) {
+    /// As [`Cluster::link_fault`], without the record.
+    fn apply_link_fault(
+        &self,
+        a: usize,
+        b: usize,
+        [mode_a, mode_b]: [Option<&str>; 2],
+    ) -> Result<(), HarnessError> {
+        self.node(a)?;
+        self.node(b)?;
         for (x, y, mode) in [(a, b, mode_a), (b, a, mode_b)] {
             let mut args = vec!["cluster", "fault", "--node", &self.nodes[x].addr];
             match mode {
@@ -723,24 +983,37 @@ release-after = "10s"
             // tried again rather than ending the demo.
             const ATTEMPTS: u32 = 3;
             for attempt in 1..=ATTEMPTS {
-                let out = self
-                    .command(x, &args)
-                    .output()
-                    .expect("run tenure cluster fault");
+                let out =
+                    self.command(x, &args)
+                        .output()
+                        .map_err(|source| HarnessError::Process {
+                            node: x,
+                            addr: self.nodes[x].addr.clone(),
+                            binary: self.binary.clone(),
+                            what: "cluster fault".into(),
+                            source,
+                        })?;
                 if out.status.success() {
                     break;
                 }
                 let stderr = String::from_utf8_lossy(&out.stderr);
-                assert!(
-                    stderr.contains("the node closed the session") && attempt < ATTEMPTS,
-                    "fault {args:?} on node {x} (attempt {attempt}): {stderr}"
-                );
+                if !stderr.contains("the node closed the session") || attempt == ATTEMPTS {
+                    return Err(HarnessError::Fault {
+                        node: x,
+                        addr: self.nodes[x].addr.clone(),
+                        fault: args[4..].join(" "),
+                        attempt,
+                        stderr: stderr.into_owned(),
+                    });
+                }
             }
         }
+        Ok(())
     }
 
-    /// Node `i`'s view, or None if it does not answer.
+    /// Node `i`'s view, or None if it does not answer (or cannot be asked).
     pub fn view(&self, i: usize) -> Option<Value> {
+        self.node(i).ok()?;
         let out = self
             .command(
                 i,
@@ -753,7 +1026,7 @@ release-after = "10s"
                 ],
             )
             .output()
-            .expect("run tenure cluster members");
+            .ok()?;
         if !out.status.success() {
             return None;
         }
@@ -779,32 +1052,6 @@ release-after = "10s"
                 })
                 .collect(),
         )
-    }
-
-    /// Waits until `check` holds, polling; panics with `what` and every view on timeout.
-    pub fn wait_until(
-        &self,
-        what: &str,
-        timeout: Duration,
-        mut check: impl FnMut(&Cluster) -> bool,
-    ) {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if check(self) {
-                return;
-            }
-            if Instant::now() > deadline {
-                let views: Vec<String> = (0..self.nodes.len())
-                    .filter(|i| self.is_running(*i))
-                    .map(|i| format!("node {i} {}: {:?}", self.nodes[i].addr, self.members(i)))
-                    .collect();
-                panic!(
-                    "timed out after {timeout:?} waiting for: {what}\n{}",
-                    views.join("\n")
-                );
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
     }
 
     /// Every running node sees exactly the running nodes, all up and reachable, one
@@ -833,25 +1080,22 @@ release-after = "10s"
         })
     }
 
-    /// Waits until [`Cluster::converged`]; panics with every view on timeout.
-    pub fn wait_converged(&self, timeout: Duration) {
-        self.wait_until(
-            "every running node sees every running node up",
-            timeout,
-            |c| c.converged(),
-        );
-    }
-
     /// The shared history, one JSON object per line, read under the torn-line rules of
-    /// [`tenure::history::read_history`] (a node killed mid-line loses that line).
-    pub fn history(&self) -> Vec<Value> {
+    /// [`tenure::history::read_history`] (a node killed mid-line loses that line); none
+    /// before the first line is written.
+    pub fn read_history(&self) -> Result<Vec<Value>, HarnessError> {
+        let history_err = |detail: String| HarnessError::History {
+            path: self.history.clone(),
+            detail,
+        };
         let mut text = String::new();
         if let Ok(mut f) = std::fs::File::open(&self.history) {
-            f.read_to_string(&mut text).expect("read history");
+            f.read_to_string(&mut text)
+                .map_err(|e| history_err(e.to_string()))?;
         }
         match tenure::history::history_lines(&text) {
-            Ok(lines) => lines.into_iter().map(|(_, v)| v).collect(),
-            Err((n, e)) => panic!("history {} line {n}: {e}", self.history.display()),
+            Ok(lines) => Ok(lines.into_iter().map(|(_, v)| v).collect()),
+            Err((n, e)) => Err(history_err(format!("line {n}: {e}"))),
         }
     }
 }

@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::check;
-use cluster::{Cluster, Options};
+use cluster::{Cluster, HarnessError, Options};
 use progress::Live;
 use scenario::{Fault, Scenario, SplitMix, Step};
 use summary::{RollWindow, Summary};
@@ -116,6 +116,21 @@ pub enum DemoError {
     /// The `tenure` executable that runs the nodes was not found.
     #[error("cannot find the tenure executable to start the nodes: {0}")]
     Binary(std::io::Error),
+    /// The cluster could not be set up or its nodes started (names the node and why).
+    #[error("cluster: {0}")]
+    Cluster(#[from] HarnessError),
+    /// A step of the scenario failed (a fault that could not be injected or ended, a node
+    /// that did not start again); the nodes were stopped before the demo ended.
+    #[error("scenario step at {at:.1}s ({step}) failed: {source}")]
+    Step {
+        /// When the step was due, in seconds from the start of the traffic.
+        at: f64,
+        /// What the step does, e.g. `SIGKILL node 1`.
+        step: String,
+        /// What failed.
+        #[source]
+        source: Box<HarnessError>,
+    },
 }
 
 /// What a finished demo produced.
@@ -393,28 +408,23 @@ pub fn run(args: DemoArgs) -> Result<Outcome, DemoError> {
     }
     watch_signals();
     let started = Instant::now();
-    let mut cluster = Cluster::configure(&binary, args.nodes, &options(&args, &lease, &history));
+    // A node that does not start ends the demo; dropping the cluster kills the others.
+    let mut cluster = Cluster::configure(&binary, args.nodes, &options(&args, &lease, &history))?;
     for i in 0..args.nodes {
-        cluster.spawn(i);
+        cluster.spawn(i)?;
         println!("node {i} {} started", cluster.nodes[i].addr);
     }
-    let mut run = Run {
+    let mut run = Run::new(
         cluster,
-        live: Live::new(&history, &lease.system),
+        Live::new(&history, &lease.system),
         rng,
-        paused: BTreeSet::new(),
-        cuts: BTreeSet::new(),
-        isolated: BTreeSet::new(),
-        down: Vec::new(),
-        fault: String::from("none"),
-        origin: Instant::now(),
-        rolls: Vec::new(),
-        shards: args.shards,
-    };
+        args.shards,
+    );
     run.warm_up(&args);
-    run.traffic(&args, scenario);
+    let traffic = run.traffic(&args, scenario);
     let scenario_end = now_ns();
     run.shut_down();
+    traffic?;
     let setup = started.elapsed();
 
     let events = check::read_history(&history).map_err(|e| DemoError::History {
@@ -584,6 +594,7 @@ struct Run {
     shards: usize,
 }
 
+#[derive(Debug)]
 enum Action {
     Step(Step),
     Resume(usize),
@@ -591,7 +602,36 @@ enum Action {
     Reconnect(usize),
 }
 
+impl Action {
+    /// What the action does, for a failed step's line and error.
+    fn describe(&self) -> String {
+        match self {
+            Action::Step(step) => describe_step(step),
+            Action::Resume(i) => format!("resume node {i}"),
+            Action::Heal(a, b) => format!("heal the link between nodes {a} and {b}"),
+            Action::Reconnect(i) => format!("reconnect node {i}"),
+        }
+    }
+}
+
 impl Run {
+    /// A run of `cluster` (its history followed by `live`), no fault in effect yet.
+    fn new(cluster: Cluster, live: Live, rng: SplitMix, shards: usize) -> Run {
+        Run {
+            cluster,
+            live,
+            rng,
+            paused: BTreeSet::new(),
+            cuts: BTreeSet::new(),
+            isolated: BTreeSet::new(),
+            down: Vec::new(),
+            fault: String::from("none"),
+            origin: Instant::now(),
+            rolls: Vec::new(),
+            shards,
+        }
+    }
+
     fn progress(&mut self, phase: &str) {
         self.live.poll();
         let per = self.live.shards_per_node(COUNTER_TYPE);
@@ -646,8 +686,9 @@ impl Run {
         }
     }
 
-    /// Runs `scenario` over `args.duration` of traffic, a progress line every second.
-    fn traffic(&mut self, args: &DemoArgs, scenario: Scenario) {
+    /// Runs `scenario` over `args.duration` of traffic, a progress line every second;
+    /// [`DemoError::Step`] (also printed as a failed step) at the first step that fails.
+    fn traffic(&mut self, args: &DemoArgs, scenario: Scenario) -> Result<(), DemoError> {
         let start = Instant::now();
         let mut queue: Vec<(Duration, Action)> = scenario
             .steps
@@ -659,8 +700,22 @@ impl Run {
             queue.sort_by_key(|(at, _)| *at);
             while queue.first().is_some_and(|(at, _)| *at <= start.elapsed()) {
                 let (at, action) = queue.remove(0);
-                if let Some(follow) = self.act(action, at) {
-                    queue.push(follow);
+                let step = action.describe();
+                match self.act(action, at) {
+                    Ok(Some(follow)) => queue.push(follow),
+                    Ok(None) => {}
+                    Err(source) => {
+                        println!(
+                            "[{:>5.1}s] step failed: {step}: {source}",
+                            self.origin.elapsed().as_secs_f64()
+                        );
+                        self.fault = format!("failed: {step}");
+                        return Err(DemoError::Step {
+                            at: at.as_secs_f64(),
+                            step,
+                            source: Box::new(source),
+                        });
+                    }
                 }
                 self.progress("fault");
                 next_line = Instant::now() + Duration::from_secs(1);
@@ -674,6 +729,7 @@ impl Run {
         if interrupted() {
             println!("interrupted: stopping the nodes and reporting (again to exit at once)");
         }
+        Ok(())
     }
 
     /// The oldest up member that serves, from a serving node's view.
@@ -707,32 +763,42 @@ impl Run {
         }
     }
 
-    /// Does `action`; returns the action that ends it (resume, heal), if any.
-    fn act(&mut self, action: Action, at: Duration) -> Option<(Duration, Action)> {
-        let addr = |c: &Cluster, i: usize| c.nodes[i].addr.clone();
+    /// Does `action`; returns the action that ends it (resume, heal), if any, or what
+    /// failed (naming the node).
+    fn act(
+        &mut self,
+        action: Action,
+        at: Duration,
+    ) -> Result<Option<(Duration, Action)>, HarnessError> {
+        let addr = |c: &Cluster, i: usize| {
+            c.nodes
+                .get(i)
+                .map(|n| n.addr.clone())
+                .unwrap_or_else(|| format!("no node {i}"))
+        };
         match action {
             Action::Resume(i) => {
-                self.cluster.resume(i);
                 self.paused.remove(&i);
+                self.cluster.resume(i)?;
                 self.fault = format!("n{i} resumed");
-                None
+                Ok(None)
             }
             Action::Heal(a, b) => {
-                self.cluster.set_link(a, b, false);
                 self.cuts.remove(&(a.min(b), a.max(b)));
+                self.cluster.set_link(a, b, false)?;
                 self.fault = format!("link n{a} | n{b} healed");
-                None
+                Ok(None)
             }
             Action::Reconnect(i) => {
-                self.cluster.isolate(i, false);
                 self.isolated.remove(&i);
+                self.cluster.isolate(i, false)?;
                 self.fault = format!("n{i} reconnected");
-                None
+                Ok(None)
             }
             Action::Step(step) => {
                 let skipped = |why: &str| {
                     println!("skipped {}: {why}", describe_step(&step));
-                    None
+                    Ok(None)
                 };
                 match step.fault {
                     Fault::RollingRestart => {
@@ -746,8 +812,8 @@ impl Run {
                                  from a healthy cluster)",
                             );
                         }
-                        self.rolling_restart();
-                        None
+                        self.rolling_restart()?;
+                        Ok(None)
                     }
                     Fault::Restart => {
                         let node = match step.node {
@@ -758,9 +824,9 @@ impl Run {
                             return skipped("no such node is down");
                         };
                         let i = self.down.remove(pos);
-                        self.cluster.restart(i);
+                        self.cluster.restart(i)?;
                         self.fault = format!("n{i} restarted ({})", addr(&self.cluster, i));
-                        None
+                        Ok(None)
                     }
                     Fault::Kill | Fault::Pause | Fault::Leave => {
                         let Some(i) = self.victim(step.node) else {
@@ -771,28 +837,30 @@ impl Run {
                         let who = addr(&self.cluster, i);
                         match step.fault {
                             Fault::Kill => {
-                                self.cluster.kill(i);
+                                self.cluster.kill(i)?;
                                 self.down.push(i);
                                 self.fault = format!("SIGKILL n{i} ({who})");
-                                None
+                                Ok(None)
                             }
                             Fault::Leave => {
                                 self.fault = format!("n{i} leaving ({who})");
                                 self.progress("fault");
-                                self.cluster.stop(i);
+                                let stopped = self.cluster.stop(i);
+                                // Not running any more, whatever the stop answered.
                                 self.down.push(i);
+                                stopped?;
                                 self.fault = format!("n{i} left ({who})");
-                                None
+                                Ok(None)
                             }
                             _ => {
-                                self.cluster.pause(i);
+                                self.cluster.pause(i)?;
                                 self.paused.insert(i);
                                 let lasts = step.lasts.unwrap_or_default();
                                 self.fault = format!(
                                     "SIGSTOP n{i} ({who}) for {}",
                                     humantime::format_duration(lasts)
                                 );
-                                Some((at + lasts, Action::Resume(i)))
+                                Ok(Some((at + lasts, Action::Resume(i))))
                             }
                         }
                     }
@@ -808,15 +876,16 @@ impl Run {
                         if serving.len() < 2 {
                             return skipped("no other serving node");
                         }
-                        self.cluster.isolate(i, true);
+                        // Inserted first: a partly applied isolation is healed at the end.
                         self.isolated.insert(i);
+                        self.cluster.isolate(i, true)?;
                         let lasts = step.lasts.unwrap_or_default();
                         self.fault = format!(
                             "n{i} ({}) isolated for {}",
                             addr(&self.cluster, i),
                             humantime::format_duration(lasts)
                         );
-                        Some((at + lasts, Action::Reconnect(i)))
+                        Ok(Some((at + lasts, Action::Reconnect(i))))
                     }
                     Fault::Cut => {
                         let serving = self.serving();
@@ -836,13 +905,17 @@ impl Run {
                         let Some(b) = b else {
                             return skipped("no other serving node");
                         };
-                        self.cluster.set_link(a, b, true);
+                        // Inserted first: a partly cut link is healed at the end.
                         self.cuts.insert((a.min(b), a.max(b)));
+                        self.cluster.set_link(a, b, true)?;
                         self.fault = format!(
                             "link n{a} | n{b} cut for {}",
                             humantime::format_duration(step.lasts.unwrap_or_default())
                         );
-                        Some((at + step.lasts.unwrap_or_default(), Action::Heal(a, b)))
+                        Ok(Some((
+                            at + step.lasts.unwrap_or_default(),
+                            Action::Heal(a, b),
+                        )))
                     }
                 }
             }
@@ -853,8 +926,9 @@ impl Run {
     /// the previous node hosts shards again, then sends the next one SIGTERM, waits for its
     /// exit and starts it again. Keeps the span and each node's time (SIGTERM to the
     /// cluster converged with it hosting shards again) for the summary. Stops early when
-    /// interrupted, or when the cluster does not settle within a minute.
-    fn rolling_restart(&mut self) {
+    /// interrupted, or when the cluster does not settle within a minute; `Err` when a node
+    /// could not be stopped or started again.
+    fn rolling_restart(&mut self) -> Result<(), HarnessError> {
         let mut from_ns = None;
         let mut restarts = Vec::new();
         for i in 0..self.cluster.nodes.len() {
@@ -868,8 +942,10 @@ impl Run {
             from_ns.get_or_insert_with(now_ns);
             self.fault = format!("rolling restart: n{i} leaving ({addr})");
             self.progress("deploy");
-            self.cluster.stop(i);
-            self.cluster.restart(i);
+            if let Err(e) = self.cluster.stop(i).and_then(|_| self.cluster.restart(i)) {
+                self.end_roll(from_ns, restarts);
+                return Err(e);
+            }
             self.fault = format!("rolling restart: n{i} restarted ({addr})");
             self.progress("deploy");
             if !self.settle(Some(i)) {
@@ -877,6 +953,12 @@ impl Run {
             }
             restarts.push((addr, began.elapsed().as_nanos() as u64));
         }
+        self.end_roll(from_ns, restarts);
+        Ok(())
+    }
+
+    /// Keeps a rolling restart's window and each node's time for the summary.
+    fn end_roll(&mut self, from_ns: Option<u64>, restarts: Vec<(String, u64)>) {
         self.fault = format!(
             "rolling restart done ({} of {} nodes)",
             restarts.len(),
@@ -925,21 +1007,29 @@ impl Run {
     }
 
     /// Ends every fault still in effect, then stops every node gracefully (all at once).
+    /// What fails here is printed, and the rest goes on: every node is stopped (or killed
+    /// when the cluster is dropped) whatever failed before.
     fn shut_down(&mut self) {
+        let warn = |what: Result<(), HarnessError>| {
+            if let Err(e) = what {
+                println!("warning: while stopping: {e}");
+            }
+        };
         for i in std::mem::take(&mut self.paused) {
-            self.cluster.resume(i);
+            warn(self.cluster.resume(i));
         }
         for (a, b) in std::mem::take(&mut self.cuts) {
-            self.cluster.set_link(a, b, false);
+            warn(self.cluster.set_link(a, b, false));
         }
         for i in std::mem::take(&mut self.isolated) {
-            self.cluster.isolate(i, false);
+            warn(self.cluster.isolate(i, false));
         }
         self.fault = "stopping the nodes".into();
         self.progress("stop");
-        let unclean = self.cluster.stop_all(Duration::from_secs(20));
-        if !unclean.is_empty() {
-            println!("nodes that did not leave cleanly: {unclean:?}");
+        match self.cluster.stop_all(Duration::from_secs(20)) {
+            Ok(unclean) if unclean.is_empty() => {}
+            Ok(unclean) => println!("nodes that did not leave cleanly: {unclean:?}"),
+            Err(e) => println!("warning: while stopping: {e}"),
         }
     }
 }
@@ -1010,5 +1100,70 @@ mod tests {
             .err()
             .expect("no [lease] table");
         assert!(err.to_string().contains("etcd.toml"), "{err}");
+    }
+
+    /// A demo run over `nodes` configured nodes of a `tenure` executable that does not
+    /// exist: none is running, and none can start.
+    fn run_without_nodes(dir: &Path, nodes: usize) -> Run {
+        let binary = dir.join("no-such-tenure");
+        let cluster = Cluster::configure(&binary, nodes, &Options::default()).unwrap();
+        let live = Live::new(&dir.join("history.jsonl"), "tenure");
+        Run::new(cluster, live, SplitMix::new(1), 1)
+    }
+
+    #[test]
+    fn a_step_whose_node_does_not_start_fails_the_scenario_naming_the_node() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut run = run_without_nodes(dir.path(), 2);
+        run.down = vec![1];
+        let scenario = Scenario {
+            steps: vec![Step {
+                at: Duration::ZERO,
+                fault: Fault::Restart,
+                node: Some(1),
+                peer: None,
+                lasts: None,
+            }],
+        };
+        let addr = run.cluster.nodes[1].addr.clone();
+        let Err(DemoError::Step { step, source, .. }) = run.traffic(&args(None), scenario) else {
+            panic!("a restart of a node that cannot start did not fail the scenario");
+        };
+        assert_eq!(step, "restart node 1");
+        assert!(
+            matches!(*source, HarnessError::Process { node: 1, .. }),
+            "{source:?}"
+        );
+        let message = source.to_string();
+        assert!(
+            message.contains(&format!("node 1 ({addr})")) && message.contains("no-such-tenure"),
+            "{message}"
+        );
+        // The rest of the run still stops what it can.
+        run.shut_down();
+    }
+
+    #[test]
+    fn a_fault_on_a_node_that_is_gone_or_does_not_exist_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut run = run_without_nodes(dir.path(), 2);
+        let addr = run.cluster.nodes[0].addr.clone();
+        // A paused node that is gone by the time it is resumed (killed, or never started).
+        let gone = run.act(Action::Resume(0), Duration::ZERO).unwrap_err();
+        assert!(
+            matches!(&gone, HarnessError::NotRunning { node: 0, .. }),
+            "{gone:?}"
+        );
+        assert!(
+            gone.to_string().contains(&format!("node 0 ({addr})")),
+            "{gone}"
+        );
+        let missing = run.cluster.kill(7).unwrap_err();
+        assert!(
+            matches!(missing, HarnessError::NoSuchNode { node: 7, nodes: 2 }),
+            "{missing:?}"
+        );
+        let link = run.act(Action::Heal(0, 5), Duration::ZERO).unwrap_err();
+        assert!(link.to_string().contains("node 5"), "{link}");
     }
 }

@@ -57,7 +57,8 @@ pub struct DemoNodeArgs {
     #[arg(long, conflicts_with = "sharded_counter")]
     durable_counter: bool,
     /// SQLite: keep the durable counter's journal in this file of its own, fenced by the
-    /// lease file (both write-locked by each append), rather than in the lease file.
+    /// lease file, rather than in the lease file (appends then write-lock the journal file
+    /// only, so they never hold up the leases' renewals).
     #[arg(long, value_name = "FILE", requires = "durable_counter")]
     journal_file: Option<PathBuf>,
     /// Drive increments of keys key-0..key-(N-1) through this node's region, recording

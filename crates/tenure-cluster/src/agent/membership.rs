@@ -10,8 +10,8 @@ use std::time::Duration;
 use ractor::{ActorProcessingErr, ActorRef, RpcReplyPort};
 use tenure_lease::store::bounded;
 use tenure_lease::{
-    FencingToken, Lease, LeaseActor, LeaseEvent, LeaseEventSink, LeaseMsg, LeaseObserver,
-    LeaseRecord, LeaseSpec, LeaseStore,
+    ChangeVersion, Changes, FencingToken, Lease, LeaseActor, LeaseEvent, LeaseEventSink, LeaseMsg,
+    LeaseObserver, LeaseRecord, LeaseSpec, LeaseStore,
 };
 use tokio::time::Instant;
 
@@ -20,7 +20,7 @@ use crate::app_version::AppVersion;
 use crate::identity::{Incarnation, NodeAddr};
 use crate::member::Listed;
 use crate::placement::{Placement, PlacementMismatch};
-use crate::protocol::{AgentMsg, Leaving, LeavingAck, Local};
+use crate::protocol::{AgentMsg, Leaving, LeavingAck, Local, Polled};
 use crate::settings::ClusterSettings;
 use crate::subscribe::{HandOver, HandOverWait};
 use crate::transport::Tls;
@@ -50,6 +50,11 @@ pub(super) struct Listing {
     pub foreign: HashSet<(NodeAddr, Incarnation)>,
     /// Member leases of nodes that place entities differently, already warned about.
     pub misplaced: HashSet<(NodeAddr, Incarnation)>,
+    /// The store's change version as of the last poll, on a store with
+    /// [`GrantChanges`](tenure_lease::GrantChanges): polls list only when it moved.
+    pub held: Option<ChangeVersion>,
+    /// Polls since the last listing: the `membership-listing-every`th lists regardless.
+    pub unlisted: u32,
 }
 
 /// The note kept with a member lease: who holds it, in which life, its join ticket, and
@@ -290,35 +295,52 @@ impl AgentState {
         Ok(())
     }
 
-    /// Every `membership-interval`: lists the member leases, unless a listing is under way.
+    /// Every `membership-interval`, unless a poll is under way: on a store with
+    /// [`GrantChanges`](tenure_lease::GrantChanges), asks whether the member leases changed
+    /// since the version held and lists them only when they did, or when the last
+    /// `membership-listing-every` polls listed nothing (a repair of whatever was missed);
+    /// on other stores, lists them.
+    ///
+    /// The view needs from a listing only who holds a member lease and its note (address,
+    /// life, age, roles, version), never expiries: renewals change none of it, so a store's
+    /// answer that renewals are no change loses nothing.
     pub(super) fn poll(&mut self, myself: &ActorRef<AgentMsg>) {
         if self.listing.polling {
             return;
         }
         self.listing.polling = true;
+        self.listing.unlisted = self.listing.unlisted.saturating_add(1);
+        let repair = self.listing.unlisted >= self.s.membership_listing_every;
+        // No version held: the store answers "changed", and the poll lists.
+        let since = if repair { None } else { self.listing.held };
         let store = self.store.clone();
         let prefix = self.s.member_prefix();
         let timeout = self.s.member_lease.lease_operation_timeout;
         let me = myself.clone();
         tokio::spawn(async move {
-            let listed = bounded(&prefix, "list", timeout, store.list(&prefix))
+            let polled = poll_store(store.as_ref(), &prefix, since, timeout)
                 .await
                 .map_err(|e| e.to_string());
-            let _ = me.cast(AgentMsg::Local(Local::Listed(listed)));
+            let _ = me.cast(AgentMsg::Local(Local::Listed(polled)));
         });
     }
 
-    /// The member leases listed by [`poll`](Self::poll): the view follows them.
-    pub(super) fn on_listed(&mut self, result: Result<Vec<LeaseRecord>, String>) {
+    /// What [`poll`](Self::poll) found: the view follows a listing; an unchanged answer
+    /// only moves the version held.
+    pub(super) fn on_listed(&mut self, result: Result<Polled, String>) {
         self.listing.polling = false;
         match result {
-            Ok(records) => {
+            Ok(polled) => {
                 if std::mem::take(&mut self.listing.failing) {
                     tracing::info!("member leases can be listed again");
                 }
-                let listing = self.parse_listing(&records);
-                let events = self.view.listed(&listing);
-                self.emit(events);
+                self.listing.held = polled.version;
+                if let Some(records) = polled.records {
+                    self.listing.unlisted = 0;
+                    let listing = self.parse_listing(&records);
+                    let events = self.view.listed(&listing);
+                    self.emit(events);
+                }
             }
             Err(e) if !self.listing.failing => {
                 self.listing.failing = true;
@@ -533,6 +555,39 @@ impl AgentState {
     }
 }
 
+/// One membership poll of `store` under `prefix`: the cheap check for changes since
+/// `since` where the store has one, then, unless it answered "unchanged", the listing
+/// (after the check, so that a change racing the listing is reported again next time).
+async fn poll_store(
+    store: &dyn LeaseStore,
+    prefix: &str,
+    since: Option<ChangeVersion>,
+    timeout: Duration,
+) -> Result<Polled, tenure_lease::LeaseError> {
+    let mut version = None;
+    if let Some(changes) = store.as_grant_changes() {
+        let answer = bounded(
+            prefix,
+            "changes",
+            timeout,
+            changes.changes_since(prefix, since),
+        )
+        .await?;
+        if let Changes::Unchanged(held) = answer {
+            return Ok(Polled {
+                records: None,
+                version: Some(held),
+            });
+        }
+        version = Some(answer.version());
+    }
+    let records = bounded(prefix, "list", timeout, store.list(prefix)).await?;
+    Ok(Polled {
+        records: Some(records),
+        version,
+    })
+}
+
 /// How long `Node::leave` waits for the member lease release beyond the operation timeout.
 pub(crate) const RELEASE_SLACK: Duration = Duration::from_secs(1);
 
@@ -543,4 +598,347 @@ pub(crate) struct LeaveAnswer {
     /// The peers' agents, to be told (and to acknowledge) before the lease is released.
     pub peers: Vec<ActorRef<AgentMsg>>,
     pub notice: Leaving,
+}
+
+#[cfg(test)]
+mod tests {
+    //! Membership through the store's change check: one node on loopback, its peers' member
+    //! leases written straight into the shared in-memory store by the test (a member's
+    //! lease is all the view takes from the store), every store call counted.
+
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+    use async_trait::async_trait;
+    use tenure_lease::config::LeaseSection;
+    use tenure_lease::{
+        AcquireOutcome, AcquireRequest, Capabilities, ConfigError, GrantChanges, HeldLease,
+        LeaseProvider, MemoryStore, Renewal, StoreError, StoreFactory, StoreRegistry, TenureConfig,
+    };
+
+    use super::*;
+    use crate::Node;
+    use crate::member::MemberStatus;
+
+    /// Store calls made by the node: listings of member leases, the rows they read, and
+    /// change checks.
+    #[derive(Default)]
+    struct Counts {
+        lists: AtomicU64,
+        rows: AtomicU64,
+        checks: AtomicU64,
+    }
+
+    impl Counts {
+        fn get(&self) -> (u64, u64, u64) {
+            (
+                self.lists.load(Relaxed),
+                self.rows.load(Relaxed),
+                self.checks.load(Relaxed),
+            )
+        }
+    }
+
+    /// A memory store that counts calls; with `checks` false it hides its change check,
+    /// as a store without the capability.
+    struct Counting {
+        inner: MemoryStore,
+        counts: Arc<Counts>,
+        checks: bool,
+    }
+
+    #[async_trait]
+    impl LeaseStore for Counting {
+        fn kind(&self) -> &'static str {
+            "counting"
+        }
+        fn capabilities(&self) -> Capabilities {
+            self.inner.capabilities()
+        }
+        async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError> {
+            self.inner.try_acquire(req).await
+        }
+        async fn renew(
+            &self,
+            owner: &str,
+            leases: &[HeldLease],
+            ttl: Duration,
+        ) -> Result<Vec<Renewal>, StoreError> {
+            self.inner.renew(owner, leases, ttl).await
+        }
+        async fn release(
+            &self,
+            name: &str,
+            owner: &str,
+            token: FencingToken,
+        ) -> Result<bool, StoreError> {
+            self.inner.release(name, owner, token).await
+        }
+        async fn read(&self, name: &str) -> Result<Option<LeaseRecord>, StoreError> {
+            self.inner.read(name).await
+        }
+        async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
+            let listed = self.inner.list(prefix).await?;
+            self.counts.lists.fetch_add(1, Relaxed);
+            self.counts.rows.fetch_add(listed.len() as u64, Relaxed);
+            Ok(listed)
+        }
+        fn as_grant_changes(&self) -> Option<&dyn GrantChanges> {
+            if self.checks { Some(self) } else { None }
+        }
+    }
+
+    #[async_trait]
+    impl GrantChanges for Counting {
+        async fn changes_since(
+            &self,
+            prefix: &str,
+            since: Option<ChangeVersion>,
+        ) -> Result<Changes, StoreError> {
+            self.counts.checks.fetch_add(1, Relaxed);
+            self.inner.changes_since(prefix, since).await
+        }
+    }
+
+    struct CountingFactory {
+        namespace: String,
+        counts: Arc<Counts>,
+        checks: bool,
+    }
+
+    #[async_trait]
+    impl StoreFactory for CountingFactory {
+        fn kind(&self) -> &'static str {
+            "counting"
+        }
+        fn check(&self, _section: &LeaseSection) -> Result<(), ConfigError> {
+            Ok(())
+        }
+        async fn open(&self, _section: &LeaseSection) -> Result<Arc<dyn LeaseStore>, ConfigError> {
+            Ok(Arc::new(Counting {
+                inner: MemoryStore::shared(&self.namespace),
+                counts: self.counts.clone(),
+                checks: self.checks,
+            }))
+        }
+    }
+
+    const COOKIE: &str = "membership-changes-cookie-0123456789abcdef";
+    const SYSTEM: &str = "changes";
+
+    /// A node on a free loopback port (another port when one was taken meanwhile).
+    async fn start_node(
+        namespace: &str,
+        counts: Arc<Counts>,
+        checks: bool,
+        listing_every: u32,
+    ) -> Node {
+        for _ in 0..20 {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            let config = TenureConfig::from_toml_str(
+                &format!(
+                    r#"[tenure]
+system = "{SYSTEM}"
+default-lease-section = "m"
+[lease.m]
+store = "counting"
+[cluster]
+host = "127.0.0.1"
+port = {port}
+cookie = "{COOKIE}"
+membership-interval = "20ms"
+membership-listing-every = {listing_every}
+"#
+                ),
+                "test",
+            )
+            .unwrap();
+            let registry = ["sqlite", "postgres", "etcd", "zookeeper"]
+                .into_iter()
+                .fold(StoreRegistry::new(), |r, kind| r.left_out(kind, kind))
+                .with(CountingFactory {
+                    namespace: namespace.into(),
+                    counts: counts.clone(),
+                    checks,
+                });
+            let provider = LeaseProvider::new(config.clone(), registry).unwrap();
+            let settings = ClusterSettings::from_config(&config).unwrap();
+            match Node::start(settings, &provider).await {
+                Ok(node) => return node,
+                Err(crate::ClusterError::Bind { .. }) => continue,
+                Err(e) => panic!("node start: {e}"),
+            }
+        }
+        panic!("no free loopback port in 20 tries");
+    }
+
+    /// The member lease a node at `port` would hold: name, and a request carrying its note.
+    fn member_request(node: &Node, port: u16) -> AcquireRequest {
+        let s = node.settings();
+        // On another loopback address than the node's: never the node's own lease name.
+        let addr = NodeAddr::parse("test member", &format!("127.0.0.2:{port}")).unwrap();
+        let note = MemberNote::new(
+            &proof_key(COOKIE, None),
+            SYSTEM,
+            addr.clone(),
+            Incarnation::new(),
+            1_000 + u64::from(port),
+            Vec::new(),
+            s.placement.clone(),
+        );
+        AcquireRequest {
+            name: s.member_lease_name(&addr),
+            owner: addr.to_string(),
+            instance: "test".into(),
+            ttl: Duration::from_secs(3600),
+            note: Some(serde_json::to_string(&note).unwrap()),
+            ..AcquireRequest::default()
+        }
+    }
+
+    /// Polls the node's view until `done` holds of it (bounded: a failing test ends).
+    async fn until_view(node: &Node, what: &str, done: impl Fn(&[crate::MemberInfo]) -> bool) {
+        for _ in 0..3_000 {
+            if done(&node.view().await.unwrap().members) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the view never showed {what}");
+    }
+
+    /// Waits until the node made at least `more` change checks and listings in all beyond
+    /// `from`.
+    async fn until_polled(counts: &Counts, from: (u64, u64, u64), more: u64) {
+        for _ in 0..3_000 {
+            let (lists, _, checks) = counts.get();
+            if (lists + checks).saturating_sub(from.0 + from.2) >= more {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the node stopped polling the store");
+    }
+
+    /// Idle polls of one node with `peers` other member leases in the store: (polls,
+    /// listings, rows read, change checks) over at least `polls` polls.
+    async fn idle_cost(checks: bool, listing_every: u32, peers: u16, polls: u64) -> [u64; 4] {
+        let namespace = format!("membership-idle-{checks}-{listing_every}-{peers}");
+        let counts = Arc::new(Counts::default());
+        let node = start_node(&namespace, counts.clone(), checks, listing_every).await;
+        let store = MemoryStore::shared(&namespace);
+        for p in 0..peers {
+            store
+                .try_acquire(&member_request(&node, 40_000 + p))
+                .await
+                .unwrap();
+        }
+        let all = usize::from(peers) + 1;
+        until_view(&node, "every member up", |m| {
+            m.len() == all && m.iter().all(|m| m.status == MemberStatus::Up)
+        })
+        .await;
+        // The grant of this node's own lease (made before it was up) is a change a poll
+        // under way then may not have seen yet: a few polls pass before counting.
+        until_polled(&counts, counts.get(), 5).await;
+        let from = counts.get();
+        until_polled(&counts, from, polls).await;
+        let to = counts.get();
+        node.leave().await.unwrap();
+        let (lists, rows, checks) = (to.0 - from.0, to.1 - from.1, to.2 - from.2);
+        // A listing follows a check on a store with them: a poll is one or the other alone
+        // only without checks.
+        let polled = if checks == 0 { lists } else { checks };
+        [polled, lists, rows, checks]
+    }
+
+    /// A member's join and leave reach the view through the change check (repair listings
+    /// are a million intervals apart), and an idle node asks only the change check: no
+    /// listing at all between changes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn joins_and_leaves_are_seen_through_the_change_check_and_idle_polls_do_not_list() {
+        let namespace = "membership-changes";
+        let counts = Arc::new(Counts::default());
+        let node = start_node(namespace, counts.clone(), true, 1_000_000).await;
+        until_view(&node, "this node up", |m| {
+            m.iter().any(|m| m.status == MemberStatus::Up)
+        })
+        .await;
+        // Its own grant, made before it was up, may be seen by a poll after that.
+        until_polled(&counts, counts.get(), 5).await;
+
+        // Idle: a hundred polls, every one a change check.
+        let from = counts.get();
+        until_polled(&counts, from, 100).await;
+        let idle = counts.get();
+        assert_eq!(idle.0, from.0, "an idle node listed the member leases");
+        assert!(idle.2 >= from.2 + 100);
+
+        // A member joins: its lease is granted.
+        let store = MemoryStore::shared(namespace);
+        let joiner = member_request(&node, 40_999);
+        let AcquireOutcome::Granted(grant) = store.try_acquire(&joiner).await.unwrap() else {
+            panic!("the joiner's member lease was not granted");
+        };
+        let port = |m: &crate::MemberInfo| m.addr.to_string().ends_with(":40999");
+        until_view(&node, "the joiner", |m| m.iter().any(port)).await;
+        let joined = counts.get();
+        assert!(joined.0 > idle.0, "the join was seen without a listing");
+
+        // Renewals are no change: polls after them list nothing.
+        let held = HeldLease {
+            name: grant.name.clone(),
+            token: grant.token,
+        };
+        store
+            .renew(&grant.owner, &[held], Duration::from_secs(3600))
+            .await
+            .unwrap();
+        let renewed = counts.get();
+        until_polled(&counts, renewed, 20).await;
+        assert_eq!(counts.get().0, renewed.0, "a renewal made the node list");
+
+        // It leaves: its lease is released.
+        assert!(
+            store
+                .release(&grant.name, &grant.owner, grant.token)
+                .await
+                .unwrap()
+        );
+        until_view(&node, "the joiner gone", |m| !m.iter().any(port)).await;
+        node.leave().await.unwrap();
+    }
+
+    /// A store without the check is listed every interval, as before; with it, an idle node
+    /// reads one change count per interval and lists only every `membership-listing-every`
+    /// intervals. Prints the per-poll cost of both at 6 and 48 members (the figure in
+    /// docs/benchmarks.md).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn without_the_check_every_poll_lists_with_it_only_the_repairs_do() {
+        for members in [6u16, 48] {
+            let peers = members - 1;
+            let [polls, lists, rows, checks] = idle_cost(false, 30, peers, 300).await;
+            println!(
+                "membership idle, {members} members, no change check: {polls} polls, {lists} listings, {rows} rows, {checks} checks"
+            );
+            assert_eq!((lists, checks), (polls, 0));
+            assert_eq!(rows, polls * u64::from(members));
+            let [polls, lists, rows, checks] = idle_cost(true, 30, peers, 300).await;
+            println!(
+                "membership idle, {members} members, change check, listing every 30: {polls} polls, {lists} listings, {rows} rows, {checks} checks"
+            );
+            // One repair per 30 polls, give or take the one under way at either end.
+            assert!(lists <= polls / 30 + 1, "{lists} listings in {polls} polls");
+            assert_eq!(rows, lists * u64::from(members));
+            let [polls, lists, rows, _] = idle_cost(true, 1_000_000, peers, 300).await;
+            assert_eq!(
+                (lists, rows),
+                (0, 0),
+                "{polls} polls without repairs listed"
+            );
+        }
+    }
 }

@@ -497,7 +497,11 @@ impl AgentState {
         })
     }
 
-    pub(super) fn on_dialed(&mut self, peer: NodeAddr, result: Result<(), String>) {
+    pub(super) fn on_dialed(
+        &mut self,
+        peer: NodeAddr,
+        result: Result<(), crate::transport::DialError>,
+    ) {
         let dial_timeout = self.s.dial_timeout;
         let is_seed = self.s.seeds.contains(&peer);
         let d = self.dial_state(&peer);

@@ -200,4 +200,7 @@ impl LeaseStore for FaultyClient {
     fn as_remembered_ids(&self) -> Option<&dyn tenure_lease::RememberedIds> {
         self.inner.as_remembered_ids()
     }
+    fn as_grant_changes(&self) -> Option<&dyn tenure_lease::GrantChanges> {
+        self.inner.as_grant_changes()
+    }
 }

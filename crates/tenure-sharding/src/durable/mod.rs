@@ -236,6 +236,22 @@ impl<E: DurableEntity> Durable<E> {
     async fn recover(&self, ctx: &EntityContext) -> Result<Running<E::State>, DurableError> {
         let pid = persistence_id(&ctx.type_name, &ctx.entity_id);
         let issued = tenure_lease::clock::boottime_now_ns();
+        // Before reading: an append of the shard's previous holder still pending is then
+        // either read below or refused.
+        let fence = ctx.fence();
+        let claimed = self
+            .journal
+            .claim(&pid, &fence)
+            .await
+            .map_err(|e| Self::journal_error(ctx, e))?;
+        if !claimed {
+            return Err(DurableError::Refused {
+                entity: ctx.entity_id.clone(),
+                shard: ctx.shard_id.clone(),
+                token: ctx.token.get(),
+                refusal: Box::new(Refusal::not_held(&pid, &fence)),
+            });
+        }
         let snapshot = self
             .journal
             .load_snapshot(&pid)

@@ -1,14 +1,35 @@
-//! The one-node cluster of the sharding tests that run a real node: a memory store, short
-//! leases, and the sharding sections each test gives.
+//! What the sharding tests that run a real node share: the one-node cluster of the test kit
+//! (a memory store, short leases, the sharding sections each test gives) and an entity
+//! that answers every number with itself.
+
+use std::time::Duration;
 
 use ractor::ActorProcessingErr;
-use tenure_cluster::{ClusterSettings, Node};
-use tenure_lease::{LeaseProvider, StoreRegistry, TenureConfig};
 use tenure_sharding::{Entity, EntityContext};
+use tokio::sync::mpsc::UnboundedSender;
 
-/// An entity that answers every number with itself.
+#[allow(unused_imports)] // Not every test binary that includes this module uses it.
+pub use tenure_test_kit::node::one_node;
+
+/// An entity that answers every number with itself; [`Echo::slow`] also tells each number
+/// it takes and pauses before answering.
 #[allow(dead_code)] // Not every test binary that includes this module uses it.
-pub struct Echo;
+#[derive(Default)]
+pub struct Echo {
+    heard: Option<UnboundedSender<u64>>,
+    pause: Duration,
+}
+
+#[allow(dead_code)]
+impl Echo {
+    /// Sends each number it takes to `heard`, then answers it after `pause`.
+    pub fn slow(heard: UnboundedSender<u64>, pause: Duration) -> Echo {
+        Echo {
+            heard: Some(heard),
+            pause,
+        }
+    }
+}
 
 impl Entity for Echo {
     type Request = u64;
@@ -25,35 +46,12 @@ impl Entity for Echo {
         _: &mut (),
         n: u64,
     ) -> Result<u64, ActorProcessingErr> {
+        if let Some(heard) = &self.heard {
+            let _ = heard.send(n);
+        }
+        if !self.pause.is_zero() {
+            tokio::time::sleep(self.pause).await;
+        }
         Ok(n)
     }
-}
-
-/// Starts a node alone in its cluster (cookie `cookie`, 32 characters or more) on a memory
-/// store, with `sharding` as the TOML of its sharding sections, and its lease provider.
-pub async fn one_node(cookie: &str, sharding: &str) -> (Node, LeaseProvider) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let config = TenureConfig::from_toml_str(
-        &format!(
-            "[tenure]\ndefault-lease-section = \"memory\"\n\
-             [lease.memory]\nheartbeat-timeout = \"3s\"\nheartbeat-interval = \"500ms\"\n\
-             [cluster]\nport = {port}\ncookie = \"{cookie}\"\n\
-             member-lease-ttl = \"3s\"\nmember-lease-interval = \"500ms\"\n\
-             {sharding}"
-        ),
-        "test",
-    )
-    .unwrap();
-    let registry = ["sqlite", "postgres", "etcd", "zookeeper"]
-        .into_iter()
-        .fold(StoreRegistry::new(), |r, kind| r.left_out(kind, kind));
-    let provider = LeaseProvider::new(config.clone(), registry).unwrap();
-    let node = Node::start(ClusterSettings::from_config(&config).unwrap(), &provider)
-        .await
-        .unwrap();
-    (node, provider)
 }

@@ -1,6 +1,7 @@
 //! The journal's connections and the files they have open: the journal file and, when
 //! the journal has a file of its own, the lease file attached to it (as `leases`), so that
-//! one transaction holds the write lock of both and checks the fence where the grants are.
+//! a write checks the fence where the grants are, in its own transaction (which holds the
+//! journal file's write lock only: see [`super::sql::begin`]).
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};

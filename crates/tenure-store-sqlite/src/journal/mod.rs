@@ -1,11 +1,14 @@
 //! The SQLite journal: events and snapshots of durable entities in a SQLite file, every
 //! write fenced by the lease store's grant in the same transaction.
 //!
-//! By default the journal lives in the lease store's own file ([`SqliteJournal::open`]);
-//! [`SqliteJournal::open_beside`] gives it a file of its own and attaches the lease file to
-//! its connection, so that one `IMMEDIATE` transaction holds the write lock of both files:
-//! no grant, renewal or release of any lease of the file commits while an append checks
-//! its fence and writes (see [`crate::fence`]).
+//! By default the journal lives in the lease store's own file ([`SqliteJournal::open`]):
+//! every write transaction holds the file's write lock, so no grant, renewal or release
+//! of any lease of the file commits while an append checks its fence and writes (see
+//! [`crate::fence`]). [`SqliteJournal::open_beside`] gives it a file of its own and
+//! attaches the lease file to its connection; a write then holds the journal file's write
+//! lock only and reads the lease file, so appends never hold up the renewals of the
+//! leases, and a new holder [claims](Journal::claim) the journal before it reads, which
+//! orders its reads after every write of an older grant (see [`sql::begin`]).
 //!
 //! **Group commit.** One writer thread per journal writes every append and snapshot
 //! waiting at once in one transaction (at most [`SqliteJournal::with_max_batch`] of them),
@@ -29,7 +32,7 @@ use async_trait::async_trait;
 use rusqlite::OptionalExtension;
 use tenure_journal::group::{GroupCommit, Write};
 use tenure_journal::{
-    Append, Journal, JournalError, SaveSnapshot, Snapshot, StoredEvent, Written,
+    Append, Fence, Journal, JournalError, Refusal, SaveSnapshot, Snapshot, StoredEvent, Written,
     check_persistence_id,
 };
 use tenure_lease::{ConfigError, FencingToken, StoreError};
@@ -53,6 +56,8 @@ struct Inner {
     /// The writes waiting for the writer thread.
     group: GroupCommit,
     readers: Mutex<Vec<Opened>>,
+    /// The connection that claims run on, one claim at a time.
+    claimer: Arc<tokio::sync::Mutex<Option<Opened>>>,
 }
 
 impl std::fmt::Debug for SqliteJournal {
@@ -101,6 +106,7 @@ impl SqliteJournal {
                 files,
                 group: GroupCommit::new(DEFAULT_MAX_BATCH),
                 readers: Mutex::new(vec![first]),
+                claimer: Arc::default(),
             }),
         })
     }
@@ -245,6 +251,58 @@ impl Journal for SqliteJournal {
                 .optional()
         })
         .await
+    }
+
+    async fn claim(&self, persistence_id: &str, fence: &Fence) -> Result<bool, JournalError> {
+        check_persistence_id(persistence_id)?;
+        let Ok(token) = i64::try_from(fence.token.get()) else {
+            return Ok(false);
+        };
+        // Every entity of a shard claims under the shard's grant: after the first, a read
+        // finds the floor raised already.
+        let lease = fence.lease.clone();
+        let floor: Option<i64> = self
+            .read_with(persistence_id, "claim", move |conn| {
+                conn.prepare_cached(sql::FLOOR)?
+                    .query_row([lease], |r| r.get(0))
+                    .optional()
+            })
+            .await?;
+        match floor {
+            Some(f) if f > token => return Ok(false),
+            Some(f) if f == token => return Ok(true),
+            _ => {}
+        }
+        let mut slot = self.inner.claimer.clone().lock_owned().await;
+        let (files, fence, pid) = (
+            self.inner.files.clone(),
+            fence.clone(),
+            persistence_id.to_string(),
+        );
+        tokio::task::spawn_blocking(move || {
+            let failed = |e: StoreError| JournalError::store(&pid, "claim", e);
+            let conn = files
+                .current(&mut slot)
+                .map_err(|e| failed(StoreError::unavailable("sqlite", e.to_string())))?;
+            let unavailable =
+                |e: rusqlite::Error| StoreError::unavailable("sqlite", e.to_string()).caused_by(e);
+            let tx = sql::begin(conn).map_err(|e| failed(unavailable(e)))?;
+            match sql::claim_in(&tx, (&fence.lease, &fence.owner, fence.token)) {
+                Ok(()) => tx
+                    .commit()
+                    .map(|()| true)
+                    .map_err(|e| failed(unavailable(e))),
+                Err(e) => Refusal::from_fence(&pid, "claim", &fence, e).map(|_| false),
+            }
+        })
+        .await
+        .map_err(|e| {
+            JournalError::store(
+                persistence_id,
+                "claim",
+                StoreError::backend("sqlite", format!("claim task failed: {e}")),
+            )
+        })?
     }
 
     async fn persistence_ids(&self) -> Result<Vec<String>, JournalError> {

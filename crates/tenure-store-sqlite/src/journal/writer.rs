@@ -1,9 +1,10 @@
 //! Group commit: one writer thread per journal takes the appends and snapshots waiting at
-//! once and writes them in one IMMEDIATE transaction, each behind a savepoint with its own
+//! once and writes them in one transaction holding the journal file's write lock (see
+//! [`super::sql::begin`]), each behind a savepoint with its own
 //! fence and sequence checks, so that each is refused alone, and one commit (one `fsync`)
 //! makes all the others durable.
 
-use rusqlite::{Connection, TransactionBehavior};
+use rusqlite::Connection;
 use tenure_journal::group::{Batches, Job, Write};
 use tenure_journal::{Append, JournalError, Refusal, SaveSnapshot, Written};
 use tenure_lease::StoreError;
@@ -41,7 +42,7 @@ enum Outcome {
 
 /// Writes `batch` in one transaction and answers every job; empties `batch`.
 fn write_batch(conn: &mut Connection, batch: &mut Vec<Job>) {
-    let tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
+    let tx = match super::sql::begin(conn) {
         Ok(tx) => tx,
         Err(e) => {
             let error = store_error(e);
@@ -112,7 +113,9 @@ fn append(tx: &rusqlite::Transaction<'_>, a: &Append) -> Result<Written, Journal
 
 fn snapshot(tx: &rusqlite::Transaction<'_>, s: &SaveSnapshot) -> Result<Written, JournalError> {
     let (pid, f) = (&s.persistence_id, &s.fence);
-    if let Err(e) = crate::fence::check(tx, &f.lease, &f.owner, f.token) {
+    let checked = crate::fence::check(tx, &f.lease, &f.owner, f.token)
+        .and_then(|()| super::sql::check_floor(tx, (&f.lease, &f.owner, f.token)));
+    if let Err(e) = checked {
         return Refusal::from_fence(pid, "save snapshot", f, e).map(Written::Refused);
     }
     let failed = |e| JournalError::store(pid, "save snapshot", store_error(e));

@@ -4,6 +4,7 @@
 //! histories show running where, and the service of the demo's load.
 
 pub mod cluster;
+pub mod endpoints;
 pub mod lives;
 pub mod pair;
 pub mod service;
