@@ -71,6 +71,7 @@
 //! reports each of its leases not held (`false`), and the owner's next acquire opens a new
 //! session.
 
+mod changes;
 mod error;
 pub mod fair;
 mod fence;
