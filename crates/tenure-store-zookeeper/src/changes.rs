@@ -132,7 +132,10 @@ impl ChangeWatch {
 /// The lease name of a holder node's path under `under` (`<root>/`); `None` for any other
 /// node.
 fn holder_name<'a>(under: &str, path: &'a str) -> Option<&'a str> {
-    let name = path.strip_prefix(under)?.strip_suffix(HOLDER)?.strip_suffix('/')?;
+    let name = path
+        .strip_prefix(under)?
+        .strip_suffix(HOLDER)?
+        .strip_suffix('/')?;
     (!name.is_empty() && !name.contains('/')).then_some(name)
 }
 
@@ -202,8 +205,14 @@ mod tests {
         let under = "/tenure/leases/";
         assert_eq!(holder_name(under, "/tenure/leases/c-1/holder"), Some("c-1"));
         assert_eq!(holder_name(under, "/tenure/leases/c-1"), None);
-        assert_eq!(holder_name(under, "/tenure/leases/c-1/wait-0000000001"), None);
-        assert_eq!(holder_name(under, "/tenure/leases/c-1/remembered/holder"), None);
+        assert_eq!(
+            holder_name(under, "/tenure/leases/c-1/wait-0000000001"),
+            None
+        );
+        assert_eq!(
+            holder_name(under, "/tenure/leases/c-1/remembered/holder"),
+            None
+        );
         assert_eq!(holder_name(under, "/tenure/leases/holder"), None);
         assert_eq!(holder_name(under, "/tenure/other/c-1/holder"), None);
     }

@@ -7,10 +7,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tenure_lease::names::NameRules;
 use tenure_lease::{
-    AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, ChangeVersion, Changes,
-    ConfigError, FairQueue, FencingToken, GrantChanges, HeldLease, HolderClock, LeaseRecord, LeaseSection, LeaseStore, PreemptAnswer,
-    PreemptionRequest, PreemptionRequests, RememberChange, RememberedIds, Renewal, StoreError,
-    StoreFactory,
+    AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, ChangeVersion, Changes, ConfigError,
+    FairQueue, FencingToken, GrantChanges, HeldLease, HolderClock, LeaseRecord, LeaseSection,
+    LeaseStore, PreemptAnswer, PreemptionRequest, PreemptionRequests, RememberChange,
+    RememberedIds, Renewal, StoreError, StoreFactory,
 };
 use zookeeper_client as zk;
 
