@@ -7,6 +7,7 @@ mod common;
 use std::time::Duration;
 
 use tenure_lease::{AcquireOutcome, AcquireRequest, ChangeVersion, Changes, HeldLease, LeaseStore};
+use tenure_lease_kit::conformance::proxy::Proxy;
 use tenure_store_zookeeper::ZooKeeperStore;
 
 const SESSION: Duration = Duration::from_secs(5);
@@ -89,4 +90,66 @@ async fn a_grant_ended_with_its_holders_session_is_a_change() {
     let (_, changed) = check(&watcher, Some(v)).await;
     assert!(!changed, "the same end seen twice");
     renewing.abort();
+}
+
+/// Watch events are lost while the session is disconnected (ZOOKEEPER-4698): a grant made
+/// meanwhile is reported through the disconnection itself.
+#[tokio::test]
+async fn a_grant_made_while_the_checker_was_disconnected_is_a_change() {
+    let shared = common::exclusive().await;
+    let port = shared
+        .server
+        .connect_string()
+        .rsplit(':')
+        .next()
+        .expect("host:port")
+        .parse()
+        .expect("a port");
+    let proxy = Proxy::start(port);
+    let watcher = shared.store_via(&format!("127.0.0.1:{}", proxy.port), SESSION, CONNECTION);
+    let holder = shared.store(SESSION, CONNECTION);
+    let (v, _) = check(&watcher, None).await;
+    let (v, changed) = check(&watcher, Some(v)).await;
+    assert!(!changed, "nothing happened, yet the grants changed");
+
+    // Cut off until the watcher's client notices (a check fails), then a grant is made.
+    proxy.set_cut(true);
+    let changes = watcher
+        .as_grant_changes()
+        .expect("the store checks for changes");
+    let mut failed = false;
+    for _ in 0..60 {
+        let answer = tokio::time::timeout(
+            Duration::from_millis(500),
+            changes.changes_since("m-", Some(v)),
+        )
+        .await;
+        if matches!(answer, Ok(Err(_))) {
+            failed = true;
+            break;
+        }
+    }
+    assert!(failed, "the cut-off client never noticed");
+    let outcome = holder
+        .try_acquire(&member("m-x", "x"))
+        .await
+        .expect("acquire");
+    assert!(matches!(outcome, AcquireOutcome::Granted(_)), "{outcome:?}");
+    proxy.set_cut(false);
+
+    let mut answer = None;
+    for _ in 0..100 {
+        match changes.changes_since("m-", Some(v)).await {
+            Ok(changes) => {
+                answer = Some(changes);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    let answer = answer.expect("the client never reconnected");
+    assert!(
+        matches!(answer, Changes::Changed(_)),
+        "a grant made while disconnected went unseen: {answer:?}"
+    );
 }
