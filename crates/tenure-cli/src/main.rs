@@ -166,6 +166,22 @@ enum ClusterCommand {
         #[arg(long)]
         unpin: bool,
     },
+    /// Resize a sharded daemon process at run time: every worker of the old count stops
+    /// before the workers of the new count start, and the count outlives a coordinator
+    /// fail-over. Asks a node that runs the daemon through its management endpoint with
+    /// cluster.management.token. Exit 0 taken, 2 refused (the reason names the daemon and
+    /// the count) or no answer.
+    ResizeDaemon {
+        /// A node's management endpoint, as host:port (its cluster.management.bind).
+        #[arg(long)]
+        node: String,
+        /// The daemon's name (its entity type is daemon-<name>).
+        #[arg(long)]
+        daemon: String,
+        /// The new number of workers (1 to the daemon's number-of-shards).
+        #[arg(long)]
+        count: usize,
+    },
     /// Print a node's leases: name, state (held, suspended, lost, released, not_granted),
     /// fencing token and for how long. Asks the node's management endpoint.
     Leases {
@@ -517,6 +533,11 @@ async fn run(cli: Cli) -> Result<Outcome, CliError> {
             management_cmd::pin_shard(provider.config(), &node, &type_name, &shard, to.as_deref())
                 .await
         }
+        Command::Cluster(ClusterCommand::ResizeDaemon {
+            node,
+            daemon,
+            count,
+        }) => management_cmd::resize_daemon(provider.config(), &node, &daemon, count).await,
         Command::Cluster(ClusterCommand::Leases { node, json }) => {
             management_cmd::leases(&node, json).await
         }

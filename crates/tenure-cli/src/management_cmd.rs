@@ -102,17 +102,43 @@ pub async fn pin_shard(
     shard: &str,
     to: Option<&str>,
 ) -> Result<Outcome, CliError> {
-    let settings = tenure_management::ManagementSettings::from_config(config)?;
-    let Some(token) = settings.token else {
-        return Err(CliError::Command(
-            "placing a shard needs cluster.management.token (the bearer token of the endpoint's operator routes) in the config".into(),
-        ));
-    };
     let path = match to {
         Some(to) => format!("/cluster/shards/{type_name}/{shard}/pin/{to}"),
         None => format!("/cluster/shards/{type_name}/{shard}/unpin"),
     };
-    let (status, body) = exchange(node, hyper::Method::POST, &path, Some(token.secret())).await?;
+    operate(config, node, &path, "placing a shard").await
+}
+
+/// `tenure cluster resize-daemon --node ADDR --daemon NAME --count N`: resizes a sharded
+/// daemon process through the endpoint's token-guarded resize route. Exit 0 when taken
+/// (the resize began, or it runs that many workers already), 2 with the endpoint's reason
+/// otherwise (a count of 0 or above the daemon's number-of-shards, a resize in progress).
+pub async fn resize_daemon(
+    config: &tenure::TenureConfig,
+    node: &str,
+    daemon: &str,
+    count: usize,
+) -> Result<Outcome, CliError> {
+    let path = format!("/cluster/daemons/{daemon}/resize/{count}");
+    operate(config, node, &path, "resizing a daemon").await
+}
+
+/// POSTs to operator route `path` of the endpoint at `node` with the config's
+/// `cluster.management.token`, and prints its answer; `what` names the action when the
+/// token is missing.
+async fn operate(
+    config: &tenure::TenureConfig,
+    node: &str,
+    path: &str,
+    what: &str,
+) -> Result<Outcome, CliError> {
+    let settings = tenure_management::ManagementSettings::from_config(config)?;
+    let Some(token) = settings.token else {
+        return Err(CliError::Command(format!(
+            "{what} needs cluster.management.token (the bearer token of the endpoint's operator routes) in the config"
+        )));
+    };
+    let (status, body) = exchange(node, hyper::Method::POST, path, Some(token.secret())).await?;
     let answer = String::from_utf8_lossy(&body).trim().to_string();
     if status.is_success() {
         println!("{answer}");

@@ -627,3 +627,51 @@ fn pinning_a_shard_through_the_endpoint_and_the_cli_moves_it_and_keeps_it_there(
     assert!(failed.is_empty(), "nodes {failed:?} did not leave cleanly");
     cli::assert_checked(&c.history);
 }
+
+/// A sharded daemon resized through the CLI (one node running the demo's daemon `demo`
+/// of 2 workers): up to 3 is taken; 0 and above the daemon's number-of-shards (100) are
+/// refused with exit 2 and a reason naming the daemon and the count.
+#[test]
+fn resizing_a_daemon_through_the_cli() {
+    let options = Options {
+        node_args: vec!["--daemon".into(), "2".into()],
+        ..Options::default()
+    };
+    let mut c = start_with_endpoints(1, &options, &format!("token = \"{TOKEN}\""));
+    c.wait_converged(Duration::from_secs(60));
+    let endpoint = endpoint_of(&c, 0);
+    until(endpoint, "/health/ready", |s, _| s == 200);
+    let node = endpoint.to_string();
+    let resize = |count: &str| {
+        [
+            "cluster",
+            "resize-daemon",
+            "--node",
+            &node,
+            "--daemon",
+            "demo",
+            "--count",
+            count,
+        ]
+        .map(String::from)
+    };
+    let args = resize("3");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = cli(&c, &args);
+    assert!(out.contains("`demo`") && out.contains("3 workers"), "{out}");
+    for bad in ["0", "101"] {
+        let args = resize(bad);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let refused = c.command(0, &args).output().expect("run tenure");
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert_eq!(refused.status.code(), Some(2), "{stderr}");
+        assert!(
+            stderr.contains("`demo`")
+                && stderr.contains(&format!("{bad} workers"))
+                && stderr.contains("400"),
+            "{stderr}"
+        );
+    }
+    let failed = c.stop_all(Duration::from_secs(20));
+    assert!(failed.is_empty(), "nodes {failed:?} did not leave cleanly");
+}

@@ -1,6 +1,7 @@
-//! The operator routes: `POST /cluster/members/{addr}/leave` and `/down`, and the shard
-//! placements `POST /cluster/shards/{type}/{shard}/pin/{addr}` and `.../unpin`,
-//! authenticated by the bearer token `cluster.management.token`.
+//! The operator routes: `POST /cluster/members/{addr}/leave` and `/down`, the shard
+//! placements `POST /cluster/shards/{type}/{shard}/pin/{addr}` and `.../unpin`, and a
+//! sharded daemon's resize `POST /cluster/daemons/{name}/resize/{count}`, authenticated by
+//! the bearer token `cluster.management.token`.
 //!
 //! | answer | when |
 //! |---|---|
@@ -18,6 +19,13 @@
 //! have or an address that is not `host:port`, 404 for an entity type this node does not
 //! serve, 409 when the coordinator refused (the node cannot take shards, the shard is
 //! moving) and 503 when no coordinator answered; 401, 403 and 405 as above.
+//!
+//! A resize (see `tenure_sharding::daemon::resize`) answers 202 when it began (the old
+//! workers stop, then the new ones start), 200 when the daemon runs that many workers
+//! already, 400 for a count that is not a number, is 0 or is above the daemon's
+//! `number-of-shards`, 404 for a daemon this node does not run, 409 when the coordinator
+//! refused (a resize still in progress, the count could not be stored) and 503 when no
+//! coordinator answered; 401, 403 and 405 as above.
 //!
 //! Every refusal's body says why.
 
@@ -66,6 +74,50 @@ pub(crate) async fn unpin(
     headers: HeaderMap,
 ) -> Response {
     place(s, &type_name, &shard, None, &headers).await
+}
+
+/// `POST /cluster/daemons/{name}/resize/{count}`.
+pub(crate) async fn resize(
+    State(s): State<Served>,
+    Path((name, count)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    if let Some(refusal) = refusal(&s, &headers) {
+        return refusal;
+    }
+    let region = match s.region(&tenure_sharding::daemon::daemon_type(&name)) {
+        Ok(r) => r,
+        Err(why) => {
+            return text(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "daemon `{name}` does not run on this node ({})",
+                    why.trim_end()
+                ),
+            );
+        }
+    };
+    let Ok(workers) = count.parse::<usize>() else {
+        return text(
+            StatusCode::BAD_REQUEST,
+            format!("daemon `{name}`: `{count}` is not a number of workers"),
+        );
+    };
+    match tenure_sharding::daemon::resize(&region, workers, PLACEMENT_TIMEOUT).await {
+        Ok(true) => text(
+            StatusCode::ACCEPTED,
+            format!(
+                "accepted: daemon `{name}` resizing to {workers} workers (the old ones stop first)"
+            ),
+        ),
+        Ok(false) => text(
+            StatusCode::OK,
+            format!("daemon `{name}` runs {workers} workers already"),
+        ),
+        Err(e @ ShardingError::WorkerCount { .. }) => text(StatusCode::BAD_REQUEST, e.to_string()),
+        Err(e @ ShardingError::Resize { .. }) => text(StatusCode::CONFLICT, e.to_string()),
+        Err(e) => text(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
 }
 
 async fn place(

@@ -216,6 +216,10 @@ impl Management {
                 "/cluster/shards/{type_name}/{shard}/unpin",
                 post(crate::operator::unpin).fallback(crate::operator::post_only),
             )
+            .route(
+                "/cluster/daemons/{name}/resize/{count}",
+                post(crate::operator::resize).fallback(crate::operator::post_only),
+            )
             .route("/leases", get(leases_of))
             .route("/metrics", get(metrics_text))
             .fallback(not_found)
@@ -357,7 +361,7 @@ async fn not_found(uri: Uri) -> Response {
     (
         StatusCode::NOT_FOUND,
         format!(
-            "no route {}: try /, /health/alive, /health/ready, /cluster/members, /cluster/shards, /leases, /metrics, or POST /cluster/members/{{host:port}}/leave or /down, /cluster/shards/{{type}}/{{shard}}/pin/{{host:port}} or /unpin\n",
+            "no route {}: try /, /health/alive, /health/ready, /cluster/members, /cluster/shards, /leases, /metrics, or POST /cluster/members/{{host:port}}/leave or /down, /cluster/shards/{{type}}/{{shard}}/pin/{{host:port}} or /unpin, /cluster/daemons/{{name}}/resize/{{count}}\n",
             uri.path()
         ),
     )

@@ -34,8 +34,16 @@
 //! moves there through the same hand-off, is allocated there whenever it needs a home, and
 //! no rebalance moves it away; when that region cannot take it (gone, unreachable, an
 //! older application version) the strategy places it meanwhile, and a rebalance brings it
-//! back once the region can. Pins live in the coordinator: a new coordinator (fail-over)
-//! keeps every shard where it runs but knows no pin until they are set again.
+//! back once the region can. Pins are remembered with the coordinator's own lease in the
+//! store ([`crate::placement`]): a new coordinator (fail-over) reads them with the shard
+//! leases, before it allocates anything, and keeps honouring them.
+//!
+//! A sharded daemon's coordinator also keeps the daemon's number of workers there. A
+//! resize stores the next revision as stopping, hands off every shard it knows to be
+//! hosted (held leases, homes, reports) and allocates nothing until all are stopped (or
+//! their nodes gone), then stores the revision as running; a coordinator that finds a
+//! resize in progress when it starts does the same. Workers ask it before they start (see
+//! [`crate::daemon`]).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -50,10 +58,12 @@ use tokio::time::Instant;
 use crate::allocation::{AllocationStrategy, Regions};
 use crate::history;
 use crate::messages::{
-    Allocation, BeginHandOffs, CoordinatorLocal, CoordinatorMsg, GetShardHome, HandOff, PinReply,
-    PinShard, RegionMsg, Register, RegisterAgain, ShardHomes,
+    Allocation, BeginHandOffs, CoordinatorLocal, CoordinatorMsg, DaemonCount, DaemonCountReply,
+    GetShardHome, HandOff, Listing, PinReply, PinShard, RegionMsg, Register, RegisterAgain,
+    ResizeDaemon, ResizeReply, ShardHomes,
 };
 use crate::region::region_ref;
+use crate::remember::{IdWriter, RememberStore};
 use crate::settings::ShardingSettings;
 
 /// What a coordinator instance runs with.
@@ -77,6 +87,24 @@ pub struct CoordinatorArgs {
     pub system: String,
     /// Bound on the listing (the lease section's `lease-operation-timeout`).
     pub list_timeout: std::time::Duration,
+    /// The coordinator's singleton lease, with which its pins are remembered.
+    pub lease: CoordinatorLease,
+    /// For a sharded daemon's type, the number of workers it runs until a resize is stored
+    /// (`None`: the type is not a daemon's).
+    pub daemon: Option<usize>,
+}
+
+/// The coordinator's singleton lease as its store holds it: the pins are remembered with it
+/// (see docs/sharding.md), each change under the grant whose token the coordinator runs
+/// with.
+#[derive(Clone)]
+pub struct CoordinatorLease {
+    /// The store of the lease (that of its singleton's lease section).
+    pub store: Arc<dyn LeaseStore>,
+    /// The lease's name as the store holds it (`LeaseSpec::store_name`).
+    pub name: String,
+    /// Its owner: this node's `host:port`.
+    pub owner: String,
 }
 
 /// The coordinator actor (the singleton instance).
@@ -157,6 +185,15 @@ pub struct CoordinatorState {
     outbox: BTreeMap<String, BTreeMap<String, Told>>,
     /// Shards an operator pinned, and the region each is pinned to.
     pinned: BTreeMap<String, String>,
+    /// Whether the pins were read from the store (pins are refused until then).
+    pins_read: bool,
+    /// Writes the changes of the pins and the daemon's count, under this coordinator's
+    /// grant.
+    placement: IdWriter,
+    /// A sharded daemon's workers (`None`: the type is not a daemon's).
+    daemon: Option<DaemonCount>,
+    /// A daemon's shards being stopped for a resize, and the region each is stopped on.
+    stopping: BTreeMap<String, String>,
 }
 
 impl Actor for Coordinator {
@@ -184,8 +221,13 @@ impl Actor for Coordinator {
         if args.settings.remember_entities {
             read_remembered_shards(&args, &myself);
         }
+        let type_name = args.type_name.clone();
+        let placement = IdWriter::start(pins_at(&args), args.token, move |change, written| {
+            if !written {
+                tracing::warn!(entity_type = %type_name, pins = change.len(), "pins not stored: this coordinator's grant is not current any more");
+            }
+        });
         Ok(CoordinatorState {
-            args,
             myself,
             members: BTreeMap::new(),
             unreachable_since: HashMap::new(),
@@ -205,6 +247,15 @@ impl Actor for Coordinator {
             started: Instant::now(),
             outbox: BTreeMap::new(),
             pinned: BTreeMap::new(),
+            pins_read: false,
+            placement,
+            daemon: args.daemon.map(|count| DaemonCount {
+                revision: 0,
+                count,
+                stopping: false,
+            }),
+            stopping: BTreeMap::new(),
+            args,
         })
     }
 
@@ -279,16 +330,31 @@ impl Actor for Coordinator {
             CoordinatorMsg::PinShard(PinShard { shard, to }, reply) => {
                 let result = match to {
                     Some(to) => state.pin(&shard, &to),
-                    None => {
-                        state.pinned.remove(&shard);
-                        tracing::info!(entity_type = %state.args.type_name, shard, "shard unpinned");
-                        Ok(false)
-                    }
+                    None => state.unpin(&shard),
                 };
-                let _ = reply.send(PinReply { result });
+                let what = format!("the pin of shard {shard}");
+                state.answer_once_stored(result, what, move |result| {
+                    let _ = reply.send(PinReply { result });
+                });
+            }
+            CoordinatorMsg::ResizeDaemon(ResizeDaemon { count }, reply) => {
+                let result = state.resize(count);
+                let what = format!("the resize to {count} workers");
+                state.answer_once_stored(result, what, move |result| {
+                    let _ = reply.send(ResizeReply { result });
+                });
+            }
+            CoordinatorMsg::GetDaemonCount(_, reply) => {
+                let count = state.daemon.filter(|_| state.pins_read);
+                let _ = reply.send(DaemonCountReply { count });
+            }
+            CoordinatorMsg::Local(CoordinatorLocal::PinsRead(ids)) => {
+                state.pins_read(&ids);
+                state.resume_stopping();
             }
             CoordinatorMsg::Local(CoordinatorLocal::Cluster(event)) => state.on_cluster(event),
             CoordinatorMsg::Local(CoordinatorLocal::Tick) => {
+                state.retry_stopping();
                 state.reallocate_lost();
                 state.resend_hosts();
                 state.retry_misplaced();
@@ -297,8 +363,17 @@ impl Actor for Coordinator {
             CoordinatorMsg::Local(CoordinatorLocal::Flush) => state.flush(),
             CoordinatorMsg::Local(CoordinatorLocal::HandOffsEnded(ended)) => {
                 for (shard, released) in ended {
+                    // A daemon's shard stopped for a resize, or its lease lapses with its
+                    // region (the hand-off is retried on the next tick otherwise).
+                    if let Some(region) = state.stopping.get(&shard)
+                        && (released || state.worker_gone(region))
+                    {
+                        state.stopping.remove(&shard);
+                    }
+                    // A rebalance's move (a resize began meanwhile: it ends with no home).
                     state.hand_off_ended(shard, released);
                 }
+                state.finish_resize();
                 if state.moving.is_empty() {
                     state.rebalance();
                 }
@@ -326,13 +401,15 @@ impl CoordinatorState {
         }
     }
 
-    /// The shard leases listed: each held shard's home is its holder's region.
-    fn on_listed(&mut self, result: Result<Vec<(String, String)>, String>) {
+    /// The shard leases listed and the pins read: each held shard's home is its holder's
+    /// region.
+    fn on_listed(&mut self, result: Result<Listing, String>) {
         if self.listed {
             return;
         }
         match result {
-            Ok(held) => {
+            Ok(Listing { held, remembered }) => {
+                self.pins_read(&remembered);
                 tracing::info!(entity_type = %self.args.type_name, held = held.len(), "allocation rebuilt from the shard leases");
                 for (shard, holder) in held {
                     if !self.regions.contains_key(&holder) {
@@ -359,9 +436,11 @@ impl CoordinatorState {
             }
             Err(e) => {
                 tracing::warn!(entity_type = %self.args.type_name, error = %e, "cannot list the shard leases; allocating from the regions' reports alone");
+                read_pins(&self.args, &self.myself);
             }
         }
         self.listed = true;
+        self.resume_stopping();
         for (shard, region) in std::mem::take(&mut self.deferred) {
             self.get_home(shard, region);
         }
@@ -412,6 +491,9 @@ impl CoordinatorState {
                 self.askers.remove(&addr);
                 self.unreachable_since.remove(&addr);
                 self.misplaced.retain(|(region, _), _| *region != addr);
+                // A daemon's workers there stopped with it (their leases lapse).
+                self.stopping.retain(|_, region| *region != addr);
+                self.finish_resize();
                 self.set_allocatable(&addr, false, false);
             }
             ClusterEvent::SelfDown | ClusterEvent::SelfLeaving(_) => {}
@@ -461,7 +543,7 @@ impl CoordinatorState {
     /// Where `shard` lives, allocating it if it has no home; `None` while it moves or
     /// when no region can take it.
     fn home_of(&mut self, shard: &str) -> Option<String> {
-        if self.moving.contains_key(shard) {
+        if self.moving.contains_key(shard) || self.resizing() {
             return None;
         }
         if let Some(home) = self.homes.home(shard)
@@ -477,10 +559,54 @@ impl CoordinatorState {
     /// Where a shard without a home goes: the region it is pinned to when that can take
     /// it, else where the strategy says.
     fn allocate(&self, shard: &str) -> Option<String> {
+        if self.resizing() {
+            return None;
+        }
         match self.pinned.get(shard) {
             Some(pin) if self.homes.is_allocatable(pin) => Some(pin.clone()),
             _ => self.args.strategy.allocate(shard, &self.homes),
         }
+    }
+
+    /// The ids remembered with this coordinator's lease, read from the store: its pins,
+    /// and a daemon's count.
+    fn pins_read(&mut self, ids: &[String]) {
+        if self.pins_read {
+            return;
+        }
+        self.pins_read = true;
+        self.pinned = crate::placement::pins_of(ids);
+        if let Some(daemon) = &mut self.daemon
+            && let Some(stored) = crate::placement::count_of(ids)
+        {
+            tracing::info!(entity_type = %self.args.type_name, revision = stored.revision, count = stored.count, stopping = stored.stopping, "daemon count read from the store");
+            *daemon = stored;
+        }
+        tracing::info!(entity_type = %self.args.type_name, pins = self.pinned.len(), "pins read from the store");
+    }
+
+    /// Whether pins may change now; `Err` says why not.
+    fn check_pins(&self, shard: &str) -> Result<(), String> {
+        let type_name = &self.args.type_name;
+        if !self.pins_read {
+            return Err(format!(
+                "the coordinator of `{type_name}` has not read the pins from the store yet: try again"
+            ));
+        }
+        crate::remember::ids_of(&*self.args.lease.store)
+            .map(|_| ())
+            .map_err(|e| format!("shard {shard} of `{type_name}` cannot be pinned: {e}"))
+    }
+
+    /// Removes the pin of `shard`, in the store too (see [`pin`](Self::pin)): `Ok(false)`.
+    fn unpin(&mut self, shard: &str) -> Result<bool, String> {
+        self.check_pins(shard)?;
+        if let Some(from) = self.pinned.remove(shard) {
+            self.placement
+                .send(crate::placement::repin(shard, Some(&from), None));
+        }
+        tracing::info!(entity_type = %self.args.type_name, shard, "shard unpinned");
+        Ok(false)
     }
 
     /// Pins `shard` to the region of `to` and moves it there (see the module's docs).
@@ -500,6 +626,7 @@ impl CoordinatorState {
                 "the coordinator of `{type_name}` is still rebuilding its allocation: try again"
             ));
         }
+        self.check_pins(shard)?;
         if !self.homes.is_allocatable(to) {
             let why = if !self.regions.contains_key(to) {
                 "has no region of this type registered with the coordinator"
@@ -520,7 +647,11 @@ impl CoordinatorState {
                 m.from, m.to
             ));
         }
-        self.pinned.insert(shard.to_string(), to.to_string());
+        let before = self.pinned.insert(shard.to_string(), to.to_string());
+        if before.as_deref() != Some(to) {
+            self.placement
+                .send(crate::placement::repin(shard, before.as_deref(), Some(to)));
+        }
         tracing::info!(entity_type = %type_name, shard, to, "shard pinned");
         match self.homes.home(shard).map(str::to_string) {
             Some(home) if home == to => Ok(false),
@@ -533,6 +664,180 @@ impl CoordinatorState {
                 Ok(true)
             }
         }
+    }
+
+    /// Answers `result` through `reply` once every change of the pins or the daemon's
+    /// count made so far is stored (an `Err` at once); `what` names the change in the
+    /// error when it could not be stored. An operator told `Ok` can rely on the next
+    /// coordinator keeping it.
+    fn answer_once_stored(
+        &self,
+        result: Result<bool, String>,
+        what: String,
+        reply: impl FnOnce(Result<bool, String>) + Send + 'static,
+    ) {
+        let Ok(changed) = result else {
+            reply(result);
+            return;
+        };
+        let stored = self.placement.flush();
+        let (type_name, lease) = (self.args.type_name.clone(), self.args.lease.name.clone());
+        tokio::spawn(async move {
+            reply(if stored.await {
+                Ok(changed)
+            } else {
+                Err(format!(
+                    "{what} of `{type_name}` was not stored with the coordinator's lease `{lease}` (its grant is not current any more, or the store keeps no remembered ids): ask again"
+                ))
+            });
+        });
+    }
+
+    /// Whether a daemon's old workers are being stopped for a resize: nothing is allocated
+    /// meanwhile.
+    fn resizing(&self) -> bool {
+        self.daemon.is_some_and(|d| d.stopping)
+    }
+
+    /// A sharded daemon's resize to `count` workers (Akka's `ShardedDaemonProcess`
+    /// resize): the next revision is stored as stopping, every shard of the type is handed
+    /// off (its worker stops under its lease) and none is allocated, and once all are
+    /// stopped the revision is stored as running and its workers start. `Ok(true)`: begun;
+    /// `Ok(false)`: it runs `count` workers already; `Err` names the daemon and why.
+    fn resize(&mut self, count: usize) -> Result<bool, String> {
+        let type_name = &self.args.type_name;
+        let Some(current) = self.daemon else {
+            return Err(format!(
+                "`{type_name}` is not a sharded daemon's entity type"
+            ));
+        };
+        let most = self.args.settings.number_of_shards;
+        if count == 0 || count > most {
+            return Err(format!(
+                "daemon `{type_name}` cannot run {count} workers: it runs 1 to {most} (its number-of-shards)"
+            ));
+        }
+        if !self.listed || !self.pins_read {
+            return Err(format!(
+                "the coordinator of `{type_name}` is still reading its state from the store: try again"
+            ));
+        }
+        crate::remember::ids_of(&*self.args.lease.store).map_err(|e| {
+            format!("daemon `{type_name}` cannot be resized to {count} workers: {e}")
+        })?;
+        if current.stopping {
+            return Err(format!(
+                "daemon `{type_name}` is being resized to {} workers: try again once its old workers stopped",
+                current.count
+            ));
+        }
+        if count == current.count {
+            return Ok(false);
+        }
+        let next = DaemonCount {
+            revision: current.revision + 1,
+            count,
+            stopping: true,
+        };
+        tracing::info!(entity_type = %type_name, from = current.count, to = count, revision = next.revision, "daemon resize: stopping every worker");
+        self.placement
+            .send(crate::placement::recount(Some(&current), &next));
+        self.daemon = Some(next);
+        self.stop_workers();
+        Ok(true)
+    }
+
+    /// Hands off every shard of the daemon's type this coordinator knows to be hosted (by
+    /// its home, or by a region's report); none is allocated until all are stopped.
+    fn stop_workers(&mut self) {
+        let mut round: BTreeMap<String, String> = BTreeMap::new();
+        let homes: Vec<(String, String)> = self
+            .homes
+            .homes()
+            .map(|(s, r)| (s.to_string(), r.to_string()))
+            .collect();
+        for (shard, home) in homes {
+            self.homes.remove_home(&shard);
+            self.unconfirmed.remove(&shard);
+            round.insert(shard, home);
+        }
+        for (region, entry) in &self.regions {
+            for shard in &entry.reported {
+                round.entry(shard.clone()).or_insert_with(|| region.clone());
+            }
+        }
+        self.stop_shards(round.into_iter().collect());
+        self.finish_resize();
+    }
+
+    /// Whether a daemon's worker on `region` counts as stopped without its hand-off: its
+    /// member is down, or unreachable past `unreachable-reallocate-after` (its shard lease
+    /// lapses with it), or this coordinator has not heard of it within
+    /// `rebalance-interval` of its start (a holder in the listing that left before). A
+    /// leaving member's region still hands its shards off.
+    fn worker_gone(&self, region: &str) -> bool {
+        match self.members.get(region) {
+            Some(m) => {
+                matches!(m.status, MemberStatus::Down | MemberStatus::Removed)
+                    || self.unreachable_since.get(region).is_some_and(|t| {
+                        t.elapsed() >= self.args.settings.unreachable_reallocate_after
+                    })
+            }
+            None => self.started.elapsed() >= self.args.settings.rebalance_interval,
+        }
+    }
+
+    /// Hands off `shards` (shard, region) for a resize.
+    fn stop_shards(&mut self, shards: Vec<(String, String)>) {
+        let round: Vec<(String, String)> = shards
+            .into_iter()
+            .filter(|(_, region)| !self.worker_gone(region))
+            .collect();
+        for (shard, region) in &round {
+            self.stopping.insert(shard.clone(), region.clone());
+        }
+        if !round.is_empty() {
+            self.move_shards(round);
+        }
+    }
+
+    /// A coordinator that read a resize in progress (it failed over during one) stops
+    /// the workers again, once it knows where they run.
+    fn resume_stopping(&mut self) {
+        if self.listed && self.pins_read && self.resizing() && self.stopping.is_empty() {
+            self.stop_workers();
+        }
+    }
+
+    /// Hands off again the shards whose hand-off for a resize was not confirmed; those of
+    /// regions that are gone count as stopped (their leases lapse with them).
+    fn retry_stopping(&mut self) {
+        if self.stopping.is_empty() {
+            return;
+        }
+        let again: Vec<(String, String)> = std::mem::take(&mut self.stopping).into_iter().collect();
+        self.stop_shards(again);
+        self.finish_resize();
+    }
+
+    /// Ends a resize once every old worker stopped (and no rebalance's move is in flight):
+    /// the revision is stored as running, and its workers may start.
+    fn finish_resize(&mut self) {
+        if !self.resizing() || !self.stopping.is_empty() || !self.moving.is_empty() {
+            return;
+        }
+        let Some(before) = self.daemon else {
+            return;
+        };
+        let running = DaemonCount {
+            stopping: false,
+            ..before
+        };
+        tracing::info!(entity_type = %self.args.type_name, count = running.count, revision = running.revision, "daemon resize: the old workers stopped; the new ones start");
+        self.placement
+            .send(crate::placement::recount(Some(&before), &running));
+        self.daemon = Some(running);
+        self.reallocate_lost();
     }
 
     /// Tells `region`, at the end of this wave, what to make of `shard` (what it was told
@@ -704,6 +1009,13 @@ impl CoordinatorState {
     /// the allocation from the regions), its `Host` confirmed, or a copy to stop.
     fn judge_report(&mut self, region: &str, shard: &str) {
         if self.moving.contains_key(shard) {
+            return;
+        }
+        if self.resizing() {
+            // No worker runs while a daemon's old workers stop.
+            if !self.stopping.contains_key(shard) {
+                self.stop_shards(vec![(shard.to_string(), region.to_string())]);
+            }
             return;
         }
         match self.homes.home(shard) {
@@ -879,7 +1191,7 @@ impl CoordinatorState {
                         .get(&m.addr.to_string())
                         .is_some_and(|r| r.available))
         });
-        if !settled || !self.listed {
+        if !settled || !self.listed || self.resizing() {
             return;
         }
         let in_progress: BTreeSet<String> = self.moving.keys().cloned().collect();
@@ -949,7 +1261,7 @@ impl CoordinatorState {
             // Its old host said so: no copy of it runs there to stop.
             e.reported.remove(&shard);
         }
-        if self.homes.is_allocatable(&to) {
+        if self.homes.is_allocatable(&to) && !self.resizing() {
             self.host(&shard, &to);
         }
         let home = self.home_of(&shard);
@@ -1076,9 +1388,22 @@ async fn hand_off_call(
     )
 }
 
-/// Lists the type's shard leases after `delay` and reports shard → holder
+/// Where the ids remembered with the coordinator's lease (its pins) are read and written.
+fn pins_at(args: &CoordinatorArgs) -> RememberStore {
+    RememberStore {
+        store: args.lease.store.clone(),
+        name: args.lease.name.clone(),
+        owner: args.lease.owner.clone(),
+        timeout: args.list_timeout,
+        retry: args.settings.retry_interval,
+    }
+}
+
+/// Lists the type's shard leases after `delay`, and reads the ids remembered with the
+/// coordinator's lease, and reports shard → holder and those ids
 /// (`CoordinatorLocal::Listed`). A name the store changed (its naming rules) is skipped: its
-/// shard is learnt from its region's report instead.
+/// shard is learnt from its region's report instead. A store that keeps no remembered ids
+/// has no pins.
 fn list_shard_leases(
     args: &CoordinatorArgs,
     me: &ActorRef<CoordinatorMsg>,
@@ -1087,24 +1412,65 @@ fn list_shard_leases(
     let prefix = tenure_lease::names::shard_lease(&args.system, &args.type_name, "");
     let (store, timeout, me) = (args.store.clone(), args.list_timeout, me.clone());
     let (system, type_name) = (args.system.clone(), args.type_name.clone());
+    let pins = pins_at(args);
     tokio::spawn(async move {
         tokio::time::sleep(delay).await;
         let rules = store.name_rules();
-        let listed = tenure_lease::store::bounded(&prefix, "list", timeout, store.list(&prefix))
-            .await
-            .map(|records| {
-                records
-                    .into_iter()
-                    .filter_map(|r| {
-                        let shard = r.name.strip_prefix(&prefix)?;
-                        let name = tenure_lease::names::shard_lease(&system, &type_name, shard);
-                        (tenure_lease::names::store_name(&name, &rules) == r.name)
-                            .then(|| (shard.to_string(), r.owner))
-                    })
-                    .collect()
-            })
-            .map_err(|e| e.to_string());
+        let listed = async {
+            let records =
+                tenure_lease::store::bounded(&prefix, "list", timeout, store.list(&prefix)).await?;
+            let held = records
+                .into_iter()
+                .filter_map(|r| {
+                    let shard = r.name.strip_prefix(&prefix)?;
+                    let name = tenure_lease::names::shard_lease(&system, &type_name, shard);
+                    (tenure_lease::names::store_name(&name, &rules) == r.name)
+                        .then(|| (shard.to_string(), r.owner))
+                })
+                .collect();
+            let remembered = read_pin_ids(&pins).await?;
+            Ok::<_, tenure_lease::LeaseError>(Listing { held, remembered })
+        };
+        let listed = listed.await.map_err(|e| e.to_string());
         let _ = me.cast(CoordinatorMsg::Local(CoordinatorLocal::Listed(listed)));
+    });
+}
+
+/// The ids remembered with the coordinator's lease (none on a store that keeps none).
+async fn read_pin_ids(at: &RememberStore) -> Result<Vec<String>, tenure_lease::LeaseError> {
+    match at.remembered().await {
+        Err(tenure_lease::LeaseError::Config(e)) => {
+            tracing::warn!(lease = %at.name, error = %e, "no pins: the store keeps no remembered ids");
+            Ok(Vec::new())
+        }
+        read => read,
+    }
+}
+
+/// Reads the ids remembered with the coordinator's lease, every `retry-interval` until the
+/// store answers or the coordinator stopped, and reports them (`CoordinatorLocal::PinsRead`):
+/// for a coordinator that allocates without the listing, which read them too.
+fn read_pins(args: &CoordinatorArgs, me: &ActorRef<CoordinatorMsg>) {
+    let (pins, me, type_name) = (pins_at(args), me.clone(), args.type_name.clone());
+    tokio::spawn(async move {
+        loop {
+            match read_pin_ids(&pins).await {
+                Ok(ids) => {
+                    let _ = me.cast(CoordinatorMsg::Local(CoordinatorLocal::PinsRead(ids)));
+                    return;
+                }
+                Err(e) => {
+                    if matches!(
+                        me.get_status(),
+                        ractor::ActorStatus::Stopping | ractor::ActorStatus::Stopped
+                    ) {
+                        return;
+                    }
+                    tracing::warn!(entity_type = %type_name, error = %e, "cannot read the pins; retrying");
+                    tokio::time::sleep(pins.retry).await;
+                }
+            }
+        }
     });
 }
 
@@ -1180,7 +1546,7 @@ mod tests {
     use std::time::Duration;
 
     use tenure_cluster::Node;
-    use tenure_lease::MemoryStore;
+    use tenure_lease::{AcquireOutcome, AcquireRequest, MemoryStore, RememberedIds};
     use tokio::sync::mpsc;
 
     use super::*;
@@ -1261,11 +1627,50 @@ mod tests {
         }
     }
 
-    /// A one-node cluster (memory store), a coordinator of type `probe` (token 1) and
-    /// region doubles on this node and on `others` fake members up, every one registered
-    /// and available, with `sharding` added to the `[sharding]` section.
+    /// The coordinator's lease in the fixtures' store.
+    const COORDINATOR_LEASE: &str = "test-singleton-sharding-probe-coordinator";
+
+    /// A new grant of the coordinator's lease in `store` (the previous holder's released),
+    /// as a coordinator taking over gets it.
+    async fn coordinator_grant(store: &MemoryStore, owner: &str) -> FencingToken {
+        if let Some(held) = store.read(COORDINATOR_LEASE).await.unwrap() {
+            assert!(
+                store
+                    .release(COORDINATOR_LEASE, &held.owner, held.token)
+                    .await
+                    .unwrap()
+            );
+        }
+        let outcome = store
+            .try_acquire(&AcquireRequest {
+                name: COORDINATOR_LEASE.into(),
+                owner: owner.into(),
+                instance: format!("coordinator-{}", rand_instance()),
+                ttl: Duration::from_secs(3600),
+                ..AcquireRequest::default()
+            })
+            .await
+            .unwrap();
+        let AcquireOutcome::Granted(record) = outcome else {
+            panic!("the coordinator's lease is free: {outcome:?}");
+        };
+        record.token
+    }
+
+    /// A distinct holder instance per grant.
+    fn rand_instance() -> u64 {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// A one-node cluster (memory store of its own: fixtures running at once must not join
+    /// one cluster), a coordinator of type `probe` (holding a grant of
+    /// its lease) and region doubles on this node and on `others` fake members up, every
+    /// one registered and available, with `sharding` added to the `[sharding]` section.
     struct Fixture {
         node: Node,
+        store: MemoryStore,
+        args: CoordinatorArgs,
         scope: String,
         coordinator: ActorRef<CoordinatorMsg>,
         regions: Vec<ActorRef<RegionMsg>>,
@@ -1276,29 +1681,57 @@ mod tests {
 
     impl Fixture {
         async fn start(scope: &str, others: usize, sharding: &str) -> Fixture {
-            let (node, provider) = tenure_test_kit::node::one_node(
-                "coordinator-test-0123456789abcdef",
-                &format!("[sharding]\n{sharding}\n"),
+            Fixture::start_with(scope, others, sharding, None).await
+        }
+
+        /// As `start`, for a sharded daemon's type of `daemon` workers when `Some`.
+        async fn start_with(
+            scope: &str,
+            others: usize,
+            sharding: &str,
+            daemon: Option<usize>,
+        ) -> Fixture {
+            // A memory store namespace of its own: fixtures running at once in this
+            // process must not join one cluster.
+            let (node, provider) = tenure_test_kit::node::start_node(
+                |port| {
+                    tenure_test_kit::node::one_node_toml(port, "coordinator-test-0123456789abcdef")
+                        .replace(
+                            "[lease.memory]\n",
+                            &format!("[lease.memory]\nnamespace = \"{scope}\"\n"),
+                        )
+                        + &format!("[sharding]\n{sharding}\n")
+                },
+                |_| {},
             )
             .await;
             let config = provider.config();
             let (told, heard) = mpsc::unbounded_channel();
             let settings = ShardingSettings::from_config(config, "probe", "memory").unwrap();
+            let me = node.addr().to_string();
+            let store = MemoryStore::new();
             let args = CoordinatorArgs {
                 type_name: "probe".into(),
                 scope: scope.into(),
                 strategy: Arc::new(LeastShards::from_settings(&settings)),
                 settings: Arc::new(settings),
                 subscriptions: node.subscriptions(),
-                token: FencingToken::new(1),
-                store: Arc::new(MemoryStore::new()),
+                token: coordinator_grant(&store, &me).await,
+                store: Arc::new(store.clone()),
                 system: "test".into(),
                 list_timeout: Duration::from_secs(1),
+                lease: CoordinatorLease {
+                    store: Arc::new(store.clone()),
+                    name: COORDINATOR_LEASE.into(),
+                    owner: me.clone(),
+                },
+                daemon,
             };
-            let (coordinator, _) = Actor::spawn(None, Coordinator, args).await.unwrap();
-            let me = node.addr().to_string();
+            let (coordinator, _) = Actor::spawn(None, Coordinator, args.clone()).await.unwrap();
             let mut f = Fixture {
                 node,
+                store,
+                args,
                 scope: scope.to_string(),
                 coordinator,
                 regions: Vec::new(),
@@ -1397,6 +1830,43 @@ mod tests {
                 told.push(t);
             }
             told
+        }
+
+        /// A coordinator fail-over: this one stops, and a new one starts under a new grant
+        /// of the coordinator's lease; every region double's member is up again and
+        /// registers with the shards `hosted` gives it (none for those it does not name).
+        /// Returns what the regions were told meanwhile.
+        async fn fail_over(&mut self, hosted: &[(&str, &[&str])]) -> Vec<Told> {
+            self.coordinator.stop_and_wait(None, None).await.unwrap();
+            let owner = self.args.lease.owner.clone();
+            self.args.token = coordinator_grant(&self.store, &owner).await;
+            let (coordinator, _) = Actor::spawn(None, Coordinator, self.args.clone())
+                .await
+                .unwrap();
+            self.coordinator = coordinator;
+            let me = self.node.addr().to_string();
+            // This node's member first, as in `start`.
+            let mut addrs = self.addrs.clone();
+            addrs.sort_by_key(|a| *a != me);
+            for addr in addrs {
+                self.register(&addr, &[]);
+                if addr == me {
+                    self.wait_allocatable(1).await;
+                } else {
+                    self.coordinator
+                        .cast(CoordinatorMsg::Local(CoordinatorLocal::Cluster(
+                            ClusterEvent::MemberUp(member(&addr)),
+                        )))
+                        .unwrap();
+                }
+            }
+            self.wait_allocatable(self.addrs.len()).await;
+            // Their shards once they are up: a region's report is its shards' home only
+            // while the region may keep shards.
+            for (addr, shards) in hosted {
+                self.register(addr, shards);
+            }
+            self.told().await
         }
 
         async fn stop(self) {
@@ -1771,6 +2241,241 @@ mod tests {
         }
         f.told().await;
         assert_eq!(home(&f, "5").await.as_deref(), Some(target.as_str()));
+        f.stop().await;
+    }
+
+    /// Pins outlive their coordinator: pinned shards stay on their region through a
+    /// fail-over, a new coordinator's rebalances leave them there, and one of them that
+    /// needs a home again goes back to its pin, not where the strategy would put it. An
+    /// unpin removes the pin from the store; a coordinator whose grant is not current any
+    /// more cannot store a pin, and says so.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn pins_survive_a_coordinator_fail_over() {
+        let mut f = Fixture::start(
+            "coordinator-pin-fail-over",
+            2,
+            "retry-interval = \"1h\"\nrebalance-interval = \"1h\"",
+        )
+        .await;
+        let target = f.addrs[2].clone();
+        let place = async |f: &Fixture, shard: &str, to: Option<&str>| -> Result<bool, String> {
+            ractor::call!(f.coordinator, |r| CoordinatorMsg::PinShard(
+                PinShard {
+                    shard: shard.into(),
+                    to: to.map(str::to_string),
+                },
+                r
+            ))
+            .unwrap()
+            .result
+        };
+        let homes = async |f: &Fixture| -> BTreeMap<String, String> {
+            f.allocation().await.homes.into_iter().collect()
+        };
+        // Four shards pinned to the target (each allocated there at once), two more
+        // allocated by the strategy elsewhere.
+        for shard in ["0", "1", "2", "3"] {
+            assert_eq!(
+                place(&f, shard, Some(&target)).await,
+                Ok(true),
+                "pin {shard}"
+            );
+        }
+        for shard in ["4", "5"] {
+            f.coordinator
+                .cast(CoordinatorMsg::GetHome(GetShardHome {
+                    shard: shard.into(),
+                    region: f.addrs[0].clone(),
+                }))
+                .unwrap();
+        }
+        f.told().await;
+        let before = homes(&f).await;
+        assert_eq!(before.len(), 6, "{before:?}");
+        assert!(
+            ["4", "5"].iter().all(|s| before[*s] != target),
+            "{before:?}"
+        );
+
+        // The coordinator fails over; the target's region lost shard 3 meanwhile.
+        let on = |region: &str| -> Vec<&str> {
+            before
+                .iter()
+                .filter(|(s, r)| *r == region && *s != "3")
+                .map(|(s, _)| s.as_str())
+                .collect()
+        };
+        let hosted: Vec<(String, Vec<&str>)> = f.addrs.iter().map(|a| (a.clone(), on(a))).collect();
+        let hosted: Vec<(&str, &[&str])> = hosted
+            .iter()
+            .map(|(a, s)| (a.as_str(), s.as_slice()))
+            .collect();
+        f.fail_over(&hosted).await;
+
+        // Shard 3 needs a home: the least loaded regions are the others, the pin says the
+        // target.
+        f.coordinator
+            .cast(CoordinatorMsg::GetHome(GetShardHome {
+                shard: "3".into(),
+                region: f.addrs[0].clone(),
+            }))
+            .unwrap();
+        f.told().await;
+        assert_eq!(
+            homes(&f).await.get("3"),
+            Some(&target),
+            "shard 3 reallocated"
+        );
+
+        // The target holds 4 shards, the others 1 each: the strategy would move some.
+        for _ in 0..3 {
+            f.coordinator
+                .cast(CoordinatorMsg::Local(CoordinatorLocal::Rebalance))
+                .unwrap();
+        }
+        let told = f.told().await;
+        assert!(
+            !told.iter().any(|(_, h)| matches!(h, Heard::HandOff(_))),
+            "a rebalance moved a shard: {told:?}"
+        );
+        let after = homes(&f).await;
+        for shard in ["0", "1", "2", "3"] {
+            assert_eq!(after.get(shard), Some(&target), "shard {shard}: {after:?}");
+        }
+
+        // An unpin leaves the store too.
+        assert_eq!(place(&f, "0", None).await, Ok(false));
+        let stored =
+            crate::placement::pins_of(&f.store.remembered(COORDINATOR_LEASE).await.unwrap());
+        assert_eq!(
+            stored.keys().map(String::as_str).collect::<Vec<_>>(),
+            ["1", "2", "3"],
+            "pins in the store"
+        );
+
+        // A coordinator that lost its grant cannot store a pin.
+        let held = f.store.read(COORDINATOR_LEASE).await.unwrap().unwrap();
+        assert!(
+            f.store
+                .release(COORDINATOR_LEASE, &held.owner, held.token)
+                .await
+                .unwrap()
+        );
+        let refused = place(&f, "4", Some(&target)).await.unwrap_err();
+        assert!(
+            refused.contains("shard 4") && refused.contains(COORDINATOR_LEASE),
+            "{refused}"
+        );
+        f.stop().await;
+    }
+
+    /// A coordinator that takes over a daemon's resize in progress (its predecessor stored
+    /// the new count as stopping, then failed) stops every worker whose shard lease it
+    /// finds held, then
+    /// stores the count as running and answers it; until then it allocates nothing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_resize_in_progress_is_finished_by_the_next_coordinator() {
+        let mut f = Fixture::start_with(
+            "coordinator-resize-fail-over",
+            1,
+            "retry-interval = \"1h\"\nrebalance-interval = \"1h\"",
+            Some(3),
+        )
+        .await;
+        let count = async |f: &Fixture| -> Option<DaemonCount> {
+            ractor::call!(f.coordinator, |r| CoordinatorMsg::GetDaemonCount(
+                crate::messages::DaemonCountRequest {},
+                r
+            ))
+            .unwrap()
+            .count
+        };
+        assert_eq!(
+            count(&f).await,
+            Some(DaemonCount {
+                revision: 0,
+                count: 3,
+                stopping: false
+            })
+        );
+        // The resize to 5 began under this coordinator's grant; it fails before stopping
+        // the workers, which run on.
+        let stopping = DaemonCount {
+            revision: 1,
+            count: 5,
+            stopping: true,
+        };
+        assert!(
+            f.store
+                .remember(
+                    COORDINATOR_LEASE,
+                    &f.args.lease.owner,
+                    f.args.token,
+                    &crate::placement::recount(None, &stopping),
+                )
+                .await
+                .unwrap()
+        );
+        let (a, b) = (f.addrs[0].clone(), f.addrs[1].clone());
+        // The workers' shard leases, as their regions hold them.
+        for (shard, holder) in [("0", &a), ("1", &b), ("2", &a)] {
+            let granted = f
+                .store
+                .try_acquire(&AcquireRequest {
+                    name: tenure_lease::names::shard_lease("test", "probe", shard),
+                    owner: holder.clone(),
+                    instance: "region".into(),
+                    ttl: Duration::from_secs(3600),
+                    ..AcquireRequest::default()
+                })
+                .await
+                .unwrap();
+            assert!(matches!(granted, AcquireOutcome::Granted(_)));
+        }
+        // No registration names a shard yet: the shard leases are all the new coordinator
+        // knows of the workers.
+        let mut told = f.fail_over(&[]).await;
+        let running = DaemonCount {
+            stopping: false,
+            ..stopping
+        };
+        for _ in 0..600 {
+            if count(&f).await == Some(running) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        told.extend(f.told().await);
+        let mut stopped: Vec<String> = told
+            .iter()
+            .filter_map(|(_, h)| match h {
+                Heard::HandOff(shard) => Some(shard.clone()),
+                _ => None,
+            })
+            .collect();
+        stopped.sort();
+        assert_eq!(stopped, ["0", "1", "2"], "{told:?}");
+        assert_eq!(count(&f).await, Some(running));
+        let stored = f.store.remembered(COORDINATOR_LEASE).await.unwrap();
+        assert_eq!(
+            crate::placement::count_of(&stored),
+            Some(running),
+            "{stored:?}"
+        );
+        // Resized: 0 and above number-of-shards are refused, naming the daemon and count.
+        for bad in [0, 101] {
+            let refused = ractor::call!(f.coordinator, |r| CoordinatorMsg::ResizeDaemon(
+                ResizeDaemon { count: bad },
+                r
+            ))
+            .unwrap()
+            .result
+            .unwrap_err();
+            assert!(
+                refused.contains("`probe`") && refused.contains(&format!("{bad} workers")),
+                "{refused}"
+            );
+        }
         f.stop().await;
     }
 }

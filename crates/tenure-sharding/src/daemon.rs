@@ -10,10 +10,21 @@
 //! never passivated. A node's keep-alives of one interval travel as one message to each
 //! node hosting workers, naming them.
 //!
-//! Every node of the cluster must start the daemon with the same `name` and `count`: the
-//! count is the type's number of shards, which decides where each worker lives.
+//! Every node of the cluster must start the daemon with the same `name` and `count`. The
+//! count can change at run time ([`ShardedDaemon::resize`], [`resize`]; Akka's
+//! `ShardedDaemonProcess` resize): the type's coordinator stores the new count with a new
+//! revision (with its own lease in the store, like pins: a fail-over keeps it), hands off
+//! every worker's shard, so that each old worker stops under its lease, and allocates
+//! nothing until all have stopped; then the new revision's workers start. A worker's id
+//! names its index, count and revision, and a worker starts only while the coordinator
+//! says its revision runs: no two workers ever own one index under different counts. The
+//! keep-alives follow the coordinator's count, which every node's pinger asks each round.
+//!
+//! The type's `number-of-shards` (`[sharding.daemon-<name>]`, at least `count`) is the
+//! most workers a resize may ask for: worker `i` always lives in shard `i`.
 
 use std::future::Future;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use ractor::ActorProcessingErr;
@@ -22,33 +33,39 @@ use tenure_cluster::Node;
 use tenure_lease::LeaseProvider;
 use tokio::task::JoinHandle;
 
+pub use crate::messages::DaemonCount;
+
 use crate::entity::{Entity, EntityContext, entity_factory, shard_of};
+use crate::messages::{CoordinatorMsg, DaemonCountRequest, ResizeDaemon};
 use crate::settings::ShardingSettings;
 use crate::{ShardRegion, ShardingError};
 
-/// What a daemon runs: worker `index` (of `count`), started under its shard's lease.
+/// What a daemon runs: worker `index` of `count`, started under its shard's lease.
 pub trait DaemonWorker: Send + Sync + 'static {
     /// The worker's state, built by `start`; typically the handle of the work it runs.
     type State: Send + 'static;
 
-    /// Starts worker `index` on this node. `ctx.token` is the fencing token of its shard's
-    /// grant: present it with every write the worker makes. An `Err` stops the worker; the
+    /// Starts worker `index` of `count` on this node. `ctx.token` is the fencing token of
+    /// its shard's grant: present it with every write the worker makes. No worker of
+    /// another count runs with the same index meanwhile. An `Err` stops the worker; the
     /// next keep-alive starts it again.
     fn start(
         &self,
         index: usize,
+        count: usize,
         ctx: &EntityContext,
     ) -> impl Future<Output = Result<Self::State, ActorProcessingErr>> + Send;
 
-    /// Stops worker `index` gracefully (hand-off, leave, lease lost). Not run when the
-    /// worker is killed after `stop-timeout`.
+    /// Stops worker `index` of `count` gracefully (hand-off, resize, leave, lease lost).
+    /// Not run when the worker is killed after `stop-timeout`.
     fn stop(
         &self,
         index: usize,
+        count: usize,
         ctx: &EntityContext,
         state: &mut Self::State,
     ) -> impl Future<Output = ()> + Send {
-        let _ = (index, ctx, state);
+        let _ = (index, count, ctx, state);
         async {}
     }
 }
@@ -58,26 +75,40 @@ pub fn daemon_type(name: &str) -> String {
     format!("daemon-{name}")
 }
 
-/// The entity id of worker `index` of `count`: the first of `"<index>"`, `"<index>-1"`,
-/// `"<index>-2"`, … that the default shard function maps to shard `index`, so that each
-/// worker is alone in its shard. The same on every node and build.
-pub fn worker_id(index: usize, count: usize) -> String {
+/// The entity id of worker `index` of `count` at `revision`, for a type of `shards`
+/// shards: the first of `"<index>-<count>-<revision>"`, `"<index>-<count>-<revision>-1"`,
+/// … that the default shard function maps to shard `index`, so that each worker is alone
+/// in its shard. The same on every node and build.
+pub fn worker_id(index: usize, count: usize, revision: u64, shards: usize) -> String {
+    let base = format!("{index}-{count}-{revision}");
     let target = index.to_string();
     (0u64..)
         .map(|k| {
             if k == 0 {
-                target.clone()
+                base.clone()
             } else {
-                format!("{index}-{k}")
+                format!("{base}-{k}")
             }
         })
-        .find(|id| shard_of(id, count) == target)
+        .find(|id| shard_of(id, shards) == target)
         .unwrap_or_default()
 }
 
-/// The index of a worker from its entity id (see [`worker_id`]).
-fn worker_index(entity_id: &str) -> Option<usize> {
-    entity_id.split('-').next()?.parse().ok()
+/// The index, count and revision of a worker from its entity id (see [`worker_id`]).
+fn parse_worker(entity_id: &str) -> Option<(usize, usize, u64)> {
+    let mut parts = entity_id.split('-');
+    Some((
+        parts.next()?.parse().ok()?,
+        parts.next()?.parse().ok()?,
+        parts.next()?.parse().ok()?,
+    ))
+}
+
+/// The ids of the workers of `count` at its revision, by index.
+fn worker_ids(count: &DaemonCount, shards: usize) -> Vec<String> {
+    (0..count.count)
+        .map(|i| worker_id(i, count.count, count.revision, shards))
+        .collect()
 }
 
 /// The message a worker gets: only keep-alives.
@@ -86,17 +117,38 @@ pub struct KeepAlive;
 
 struct Daemon<W> {
     worker: W,
+    /// This node's region of the daemon's type, set once it started.
+    region: Arc<OnceLock<ShardRegion>>,
+    /// How long a starting worker waits for the coordinator's count.
+    ask: Duration,
 }
 
 impl<W: DaemonWorker> Entity for Daemon<W> {
     type Request = KeepAlive;
     type Reply = ();
-    type State = (usize, W::State);
+    type State = (usize, usize, W::State);
 
     async fn start(&self, ctx: &EntityContext) -> Result<Self::State, ActorProcessingErr> {
-        let index = worker_index(&ctx.entity_id)
-            .ok_or_else(|| format!("`{}` is not a worker id of a daemon", ctx.entity_id))?;
-        Ok((index, self.worker.start(index, ctx).await?))
+        let id = &ctx.entity_id;
+        let (index, count, revision) =
+            parse_worker(id).ok_or_else(|| format!("`{id}` is not a worker id of a daemon"))?;
+        let region = self
+            .region
+            .get()
+            .ok_or_else(|| format!("worker `{id}`: the daemon's region is still starting"))?;
+        // Only while the coordinator says this revision runs: a keep-alive sent before a
+        // resize (buffered, or from a node that has not heard of it) never starts an old
+        // worker next to the new ones.
+        let current = count_of(region, self.ask).await?;
+        let runs =
+            current.is_some_and(|c| c.revision == revision && c.count == count && !c.stopping);
+        if !runs {
+            return Err(format!(
+                "worker `{id}` (index {index} of {count}, revision {revision}) not started: the daemon's coordinator says {current:?}"
+            )
+            .into());
+        }
+        Ok((index, count, self.worker.start(index, count, ctx).await?))
     }
 
     async fn handle(
@@ -109,14 +161,16 @@ impl<W: DaemonWorker> Entity for Daemon<W> {
     }
 
     async fn stop(&self, ctx: &EntityContext, state: &mut Self::State) {
-        self.worker.stop(state.0, ctx, &mut state.1).await;
+        self.worker.stop(state.0, state.1, ctx, &mut state.2).await;
     }
 }
 
 /// A running sharded daemon process on this node: its region and its keep-alive pinger.
 pub struct ShardedDaemon {
+    name: String,
     region: ShardRegion,
-    ids: Vec<String>,
+    /// The workers this node keeps alive, and the count they belong to.
+    pinged: Arc<Mutex<(DaemonCount, Vec<String>)>>,
     pinger: JoinHandle<()>,
 }
 
@@ -126,9 +180,32 @@ impl ShardedDaemon {
         &self.region
     }
 
-    /// The entity ids of the workers, by index.
-    pub fn worker_ids(&self) -> &[String] {
-        &self.ids
+    /// The entity ids of the workers this node keeps alive, by index (those of the count
+    /// the coordinator last told it).
+    pub fn worker_ids(&self) -> Vec<String> {
+        self.pinged
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .1
+            .clone()
+    }
+
+    /// Resizes the daemon to `count` workers (see [`resize`]).
+    pub async fn resize(&self, count: usize, timeout: Duration) -> Result<bool, ShardingError> {
+        resize(&self.region, count, timeout).await
+    }
+
+    /// The daemon's count as its coordinator keeps it (see [`current_count`]).
+    pub async fn current_count(
+        &self,
+        timeout: Duration,
+    ) -> Result<Option<DaemonCount>, ShardingError> {
+        current_count(&self.region, timeout).await
+    }
+
+    /// The daemon's name.
+    pub fn name(&self) -> &str {
+        &self.name
     }
 
     /// Stops this node's part: its pinger, then its region (its workers hand off first).
@@ -138,11 +215,95 @@ impl ShardedDaemon {
     }
 }
 
+/// The daemon's name from its region's type.
+fn daemon_name(region: &ShardRegion) -> String {
+    let type_name = region.type_name();
+    type_name
+        .strip_prefix("daemon-")
+        .unwrap_or(type_name)
+        .to_string()
+}
+
+/// Resizes the daemon whose region is `region` (of type [`daemon_type`]) to `count`
+/// workers at run time: every worker of the current count stops, under its lease, before
+/// any of the new count starts, and the new count survives a coordinator fail-over.
+/// `Ok(true)`: the resize began (it ends once the new workers run, see [`current_count`]);
+/// `Ok(false)`: it runs `count` workers already. `Err(WorkerCount)`: `count` is 0 or above
+/// the type's `number-of-shards`, naming the daemon and the count; `Err(Resize)`: the
+/// coordinator refused (a resize still in progress, the count could not be stored, the
+/// type is not a daemon's); `Err(NoCoordinator)`: none answered within `timeout` (the
+/// resize may or may not have begun: ask [`current_count`]). Nothing changed on the other errors.
+pub async fn resize(
+    region: &ShardRegion,
+    count: usize,
+    timeout: Duration,
+) -> Result<bool, ShardingError> {
+    let daemon = daemon_name(region);
+    let maximum = region.number_of_shards;
+    if count == 0 || count > maximum {
+        return Err(ShardingError::WorkerCount {
+            daemon,
+            count,
+            maximum,
+        });
+    }
+    match region
+        .coordinator
+        .call(
+            |r| CoordinatorMsg::ResizeDaemon(ResizeDaemon { count }, r),
+            timeout,
+        )
+        .await
+    {
+        Ok(reply) => reply.result.map_err(|detail| ShardingError::Resize {
+            daemon,
+            count,
+            detail,
+        }),
+        Err(_) => Err(ShardingError::NoCoordinator {
+            type_name: region.type_name().to_string(),
+            timeout,
+        }),
+    }
+}
+
+/// The daemon's count as its coordinator keeps it (`None`: the coordinator has not read it
+/// from the store yet, or `region`'s type is not a daemon's); `Err(NoCoordinator)` when
+/// none answered within `timeout`.
+pub async fn current_count(
+    region: &ShardRegion,
+    timeout: Duration,
+) -> Result<Option<DaemonCount>, ShardingError> {
+    region
+        .coordinator
+        .call(
+            |r| CoordinatorMsg::GetDaemonCount(DaemonCountRequest {}, r),
+            timeout,
+        )
+        .await
+        .map(|reply| reply.count)
+        .map_err(|_| ShardingError::NoCoordinator {
+            type_name: region.type_name().to_string(),
+            timeout,
+        })
+}
+
+/// [`count`] for a starting worker, its error as text.
+async fn count_of(
+    region: &ShardRegion,
+    timeout: Duration,
+) -> Result<Option<DaemonCount>, ActorProcessingErr> {
+    current_count(region, timeout)
+        .await
+        .map_err(|e| e.to_string().into())
+}
+
 /// Starts daemon `name` with `count` workers on `node`: settings from `[sharding]` /
-/// `[sharding.daemon-<name>]` (the lease section, timeouts, role), except that the number
-/// of shards is `count` and workers are never passivated. Workers run on nodes that host
-/// the type; a node without the type's role only pings. `Err` when `count` is 0 (naming
-/// the daemon) or the type cannot start.
+/// `[sharding.daemon-<name>]` (the lease section, timeouts, role, and `number-of-shards`,
+/// the most workers a [`resize`] may ask for: at least `count`), except that workers are
+/// never passivated. Workers run on nodes that host the type; a node without the type's
+/// role only pings. The count is the coordinator's once a resize was stored. `Err` when
+/// `count` is 0 (naming the daemon) or the type cannot start.
 pub async fn start_daemon<W: DaemonWorker>(
     node: &Node,
     provider: &LeaseProvider,
@@ -165,28 +326,59 @@ pub async fn start_daemon<W: DaemonWorker>(
         &type_name,
         &node.settings().lease_section,
     )?;
-    settings.number_of_shards = count;
+    settings.number_of_shards = settings.number_of_shards.max(count);
     settings.idle_timeout = None;
-    let factory = entity_factory(Daemon { worker });
-    let region =
-        crate::start_with_settings(node, provider, &type_name, Some(factory), None, settings)
-            .await?;
-    let ids: Vec<String> = (0..count).map(|i| worker_id(i, count)).collect();
+    let shards = settings.number_of_shards;
+    let slot = Arc::new(OnceLock::new());
+    let factory = entity_factory(Daemon {
+        worker,
+        region: slot.clone(),
+        ask: keep_alive.max(Duration::from_secs(1)),
+    });
+    let region = crate::start_with_settings(
+        node,
+        provider,
+        &type_name,
+        Some(factory),
+        None,
+        settings,
+        Some(count),
+    )
+    .await?;
+    let _ = slot.set(region.clone());
+    let first = DaemonCount {
+        revision: 0,
+        count,
+        stopping: false,
+    };
+    let pinged = Arc::new(Mutex::new((first, worker_ids(&first, shards))));
     let pinger = {
-        let region = region.clone();
-        let ids = ids.clone();
+        let (region, pinged) = (region.clone(), pinged.clone());
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(keep_alive);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
+                let ids = match current_count(&region, keep_alive).await {
+                    Ok(Some(now)) if !now.stopping => {
+                        let mut p = pinged.lock().unwrap_or_else(|e| e.into_inner());
+                        if p.0 != now {
+                            *p = (now, worker_ids(&now, shards));
+                        }
+                        p.1.clone()
+                    }
+                    // Resizing, or not known: no keep-alive this round (a worker of a
+                    // count that does not run would not start anyway).
+                    Ok(_) | Err(_) => continue,
+                };
                 keep_alive_round(&region, &ids);
             }
         })
     };
     Ok(ShardedDaemon {
+        name: name.to_string(),
         region,
-        ids,
+        pinged,
         pinger,
     })
 }
@@ -267,7 +459,7 @@ mod tests {
                 coordinator: FencingToken::new(1),
             }));
         }
-        let ids: Vec<String> = (0..count).map(|i| worker_id(i, count)).collect();
+        let ids: Vec<String> = (0..count).map(|i| worker_id(i, count, 0, count)).collect();
         let rounds = 3;
         for _ in 0..rounds {
             keep_alive_round(&region, &ids);
@@ -312,11 +504,17 @@ mod tests {
 
     #[test]
     fn each_worker_is_alone_in_its_own_shard() {
-        for count in [1, 2, 3, 7, 16, 100] {
-            let ids: Vec<String> = (0..count).map(|i| worker_id(i, count)).collect();
-            for (i, id) in ids.iter().enumerate() {
-                assert_eq!(shard_of(id, count), i.to_string(), "worker {i} of {count}");
-                assert_eq!(worker_index(id), Some(i));
+        for (count, shards) in [(1, 1), (2, 2), (3, 100), (7, 7), (16, 100), (100, 100)] {
+            for revision in [0, 3] {
+                for i in 0..count {
+                    let id = worker_id(i, count, revision, shards);
+                    assert_eq!(
+                        shard_of(&id, shards),
+                        i.to_string(),
+                        "worker {i} of {count}"
+                    );
+                    assert_eq!(parse_worker(&id), Some((i, count, revision)));
+                }
             }
         }
     }

@@ -67,6 +67,7 @@ mod entity_ref;
 mod history;
 mod messages;
 pub mod metrics;
+mod placement;
 mod region;
 pub mod remember;
 mod settings;
@@ -77,7 +78,7 @@ mod test_regions;
 
 pub use active::ActiveEntities;
 pub use allocation::{AllocationStrategy, LeastShards, Regions};
-pub use coordinator::{Coordinator, CoordinatorArgs};
+pub use coordinator::{Coordinator, CoordinatorArgs, CoordinatorLease};
 pub use direct::Routes;
 pub use durable::{
     Durable, DurableEntity, DurableError, Effect, durable_entity_factory, persistence_id,
@@ -201,6 +202,30 @@ pub enum ShardingError {
         /// The shard asked to move.
         shard: String,
         /// Why (the node cannot take shards, the shard is moving already, ...).
+        detail: String,
+    },
+    /// A sharded daemon's number of workers out of range (0, or above the type's
+    /// `number-of-shards`); nothing changed.
+    #[error(
+        "daemon `{daemon}`: cannot run {count} workers: a resize asks for 1 to {maximum} (its number-of-shards)"
+    )]
+    WorkerCount {
+        /// The daemon's name.
+        daemon: String,
+        /// The count asked for.
+        count: usize,
+        /// The most workers it may run.
+        maximum: usize,
+    },
+    /// The coordinator refused a daemon's resize (one still in progress, the count could
+    /// not be stored, the type is not a daemon's).
+    #[error("daemon `{daemon}`: cannot resize to {count} workers: {detail}")]
+    Resize {
+        /// The daemon's name.
+        daemon: String,
+        /// The count asked for.
+        count: usize,
+        /// Why.
         detail: String,
     },
     /// No coordinator of the type answered within `timeout` (none runs yet, or it is
@@ -556,9 +581,10 @@ impl ShardRegion {
     /// `Err(InvalidPlacement)`: `shard` is not one of the type's shard ids (`0` to
     /// `number-of-shards - 1`) or `to` is not `host:port`. `Err(Placement)` names why the
     /// coordinator refused (`to` has no region that can take shards, the shard is moving
-    /// already); `Err(NoCoordinator)`: none answered within `timeout` (the pin may or may
-    /// not be set: ask again). Nothing is pinned on the other errors. Pins
-    /// are kept by the coordinator (a new one after a fail-over has none).
+    /// already, the pin could not be stored); `Err(NoCoordinator)`: none answered within
+    /// `timeout` (the pin may or may not be set: ask again). Nothing is pinned on the
+    /// other errors. `Ok` comes once the pin is stored with the coordinator's lease: a
+    /// coordinator that takes over after a fail-over keeps it (see docs/sharding.md).
     pub async fn pin_shard(
         &self,
         shard: &str,
@@ -594,10 +620,11 @@ impl ShardRegion {
         })
     }
 
-    /// Removes the pin of `shard` (see [`pin_shard`](Self::pin_shard)): the allocation
-    /// strategy places it again. It stays where it runs until a rebalance moves it.
-    /// `Err(InvalidPlacement)` for a shard id the type does not have; `Err(NoCoordinator)`
-    /// when no coordinator answered within `timeout`.
+    /// Removes the pin of `shard` (see [`pin_shard`](Self::pin_shard)), in the store too:
+    /// the allocation strategy places it again. It stays where it runs until a rebalance
+    /// moves it. `Ok` once the removal is stored; `Err(InvalidPlacement)` for a shard id the
+    /// type does not have; `Err(Placement)` when the coordinator could not store it;
+    /// `Err(NoCoordinator)` when no coordinator answered within `timeout`.
     pub async fn unpin_shard(&self, shard: &str, timeout: Duration) -> Result<(), ShardingError> {
         self.check_shard(shard)?;
         self.place(shard, None, timeout).await.map(|_| ())
@@ -671,11 +698,12 @@ pub async fn start_with_strategy(
         type_name,
         &node.settings().lease_section,
     )?;
-    start_with_settings(node, provider, type_name, factory, strategy, settings).await
+    start_with_settings(node, provider, type_name, factory, strategy, settings, None).await
 }
 
 /// As [`start_with_strategy`] with `settings` given rather than read from the
-/// configuration (the [sharded daemon process](daemon) sets its number of shards).
+/// configuration (the [sharded daemon process](daemon) sets its number of shards), and for
+/// a daemon's type the number of workers it starts with (`daemon`).
 pub(crate) async fn start_with_settings(
     node: &Node,
     provider: &LeaseProvider,
@@ -683,6 +711,7 @@ pub(crate) async fn start_with_settings(
     factory: Option<EntityFactory>,
     strategy: Option<Arc<dyn AllocationStrategy>>,
     settings: ShardingSettings,
+    daemon: Option<usize>,
 ) -> Result<ShardRegion, ShardingError> {
     let cluster = node.settings();
     let settings = Arc::new(settings);
@@ -714,6 +743,13 @@ pub(crate) async fn start_with_settings(
             let mut singleton =
                 SingletonSettings::from_config(provider.config(), &name, &settings.lease_section)?;
             singleton.role = settings.role.clone();
+            let lease = provider
+                .spec(
+                    &tenure_lease::names::singleton_lease(&cluster.system, &name),
+                    &singleton.lease_section,
+                    &me,
+                )
+                .await?;
             let args = CoordinatorArgs {
                 type_name: type_name.to_string(),
                 scope: scope.clone(),
@@ -724,6 +760,12 @@ pub(crate) async fn start_with_settings(
                 store: template.store.clone(),
                 system: cluster.system.clone(),
                 list_timeout: template.settings.lease_operation_timeout,
+                lease: CoordinatorLease {
+                    store: lease.store,
+                    name: lease.store_name,
+                    owner: me.clone(),
+                },
+                daemon,
             };
             tenure_singleton::start_with_settings(
                 node,

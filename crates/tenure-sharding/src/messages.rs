@@ -265,6 +265,46 @@ pub struct PinReply {
     pub result: Result<bool, String>,
 }
 
+/// An operator's resize of a sharded daemon process: run `count` workers from now on.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ResizeDaemon {
+    /// The new number of workers.
+    pub count: usize,
+}
+
+/// The coordinator's answer to a [`ResizeDaemon`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResizeReply {
+    /// `Ok(true)`: the resize began (the old workers stop, then the new ones start);
+    /// `Ok(false)`: the daemon runs that many workers already; `Err`: refused, and why.
+    pub result: Result<bool, String>,
+}
+
+/// A daemon's workers as its coordinator decided them: `count` workers of `revision`
+/// (each resize makes the next revision); while `stopping`, every worker of the earlier
+/// revisions is being stopped and none may start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DaemonCount {
+    /// Bumped by every resize.
+    pub revision: u64,
+    /// The number of workers.
+    pub count: usize,
+    /// The workers of earlier revisions are being stopped: no worker may start.
+    pub stopping: bool,
+}
+
+/// Asks a daemon's coordinator for its [`DaemonCount`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DaemonCountRequest {}
+
+/// The coordinator's answer to a [`DaemonCountRequest`]: `None` when the type is not a
+/// daemon's, or the coordinator has not read the count from the store yet.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DaemonCountReply {
+    /// The count, if known.
+    pub count: Option<DaemonCount>,
+}
+
 /// The coordinator's allocation: `(shard, region)` pairs, and the regions it may use.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Allocation {
@@ -375,6 +415,14 @@ impl From<ClusterEvent> for RegionMsg {
     }
 }
 
+/// What a new coordinator reads from the store before it allocates anything.
+pub struct Listing {
+    /// The type's shard leases: shard → holder.
+    pub held: Vec<(String, String)>,
+    /// The ids remembered with the coordinator's own lease (its pins).
+    pub remembered: Vec<String>,
+}
+
 /// Local messages of the coordinator.
 pub enum CoordinatorLocal {
     Cluster(ClusterEvent),
@@ -385,8 +433,11 @@ pub enum CoordinatorLocal {
     /// Hand-offs of moving shards ended (their old hosts answered, or the hand-off timeout
     /// passed): each shard, and whether its lease was released.
     HandOffsEnded(Vec<(String, bool)>),
-    /// The shard leases of the type listed from the store at start: shard → holder.
-    Listed(Result<Vec<(String, String)>, String>),
+    /// What a new coordinator read from the store before it allocates anything.
+    Listed(Result<Listing, String>),
+    /// The ids remembered with the coordinator's lease (its pins), read again after the
+    /// listing failed.
+    PinsRead(Vec<String>),
     /// remember-entities: the shards with remembered entities, read from the store at
     /// start.
     RememberedShards(Vec<String>),
@@ -402,6 +453,8 @@ tenure_cluster::cluster_message! {
     ///   changes to the shards it hosts.
     /// - `GetAllocation`: the coordinator's allocation and the regions it may use.
     /// - `PinShard`: an operator's placement of a shard (external shard allocation).
+    /// - `ResizeDaemon`, `GetDaemonCount`: a sharded daemon's number of workers, changed
+    ///   and read (the daemon's pingers and workers ask it).
     /// - `Local`: messages from this node only (cluster events, ticks, rebalances,
     ///   hand-off ends).
     // The macro takes no attributes on variants (its cast/call/local groups would be
@@ -413,6 +466,8 @@ tenure_cluster::cluster_message! {
         cast RegisterChanges(RegisterChanges),
         call GetAllocation(AllocationRequest) -> Allocation,
         call PinShard(PinShard) -> PinReply,
+        call ResizeDaemon(ResizeDaemon) -> ResizeReply,
+        call GetDaemonCount(DaemonCountRequest) -> DaemonCountReply,
         local Local(CoordinatorLocal),
     }
 }

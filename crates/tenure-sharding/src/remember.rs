@@ -35,8 +35,9 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::shard::ShardMsg;
 
-/// Where a shard's ids are kept: the store, the shard lease's name as the store holds it,
-/// the lease's owner (this node), and the bounds of one store call.
+/// Where ids are kept: the store, the name of the lease they are remembered with as the
+/// store holds it (a shard's lease; the coordinator's singleton lease for its pins), the
+/// lease's owner (this node), and the bounds of one store call.
 #[derive(Clone)]
 pub(crate) struct RememberStore {
     pub(crate) store: Arc<dyn LeaseStore>,
@@ -55,8 +56,8 @@ impl RememberStore {
         ids_of(&*self.store)
     }
 
-    /// The ids remembered with the shard's lease, bounded by the operation timeout.
-    async fn remembered(&self) -> Result<Vec<String>, LeaseError> {
+    /// The ids remembered with the lease, bounded by the operation timeout.
+    pub(crate) async fn remembered(&self) -> Result<Vec<String>, LeaseError> {
         let ids = self.ids()?;
         bounded(
             &self.name,
@@ -68,7 +69,7 @@ impl RememberStore {
     }
 
     /// Applies `change` under grant `token`, bounded by the operation timeout.
-    async fn remember(
+    pub(crate) async fn remember(
         &self,
         token: FencingToken,
         change: &RememberChange,
@@ -98,8 +99,45 @@ pub(crate) fn ids_of(store: &dyn LeaseStore) -> Result<&dyn RememberedIds, Lease
 /// What the writer of one grant is asked.
 enum WriterMsg {
     Change(RememberChange),
-    /// Answered once every change sent before it was written (or given up).
-    Flush(oneshot::Sender<()>),
+    /// Answered once every change sent before it was written (or given up): `true` when
+    /// every change the writer was sent so far was written.
+    Flush(oneshot::Sender<bool>),
+}
+
+/// The writer of one grant's changes to the ids remembered with a lease: changes are
+/// written in the order they are sent, batched while one is in flight, retried while the
+/// store fails, and given up once the grant is not current (every later change then too).
+/// It ends once dropped and everything sent to it was handled.
+pub(crate) struct IdWriter {
+    tx: mpsc::UnboundedSender<WriterMsg>,
+}
+
+impl IdWriter {
+    /// Starts the writer of grant `token` on `at`; `written` is told of each batch, and
+    /// whether it was written.
+    pub(crate) fn start(
+        at: RememberStore,
+        token: FencingToken,
+        written: impl Fn(RememberChange, bool) + Send + 'static,
+    ) -> IdWriter {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(write(at, token, written, rx));
+        IdWriter { tx }
+    }
+
+    /// Sends `change` to be written after every change sent before it.
+    pub(crate) fn send(&self, change: RememberChange) {
+        let _ = self.tx.send(WriterMsg::Change(change));
+    }
+
+    /// Resolves once every change sent so far was written or given up: `true` when all
+    /// of them (and all sent earlier) were written; `false` when one was given up, or the
+    /// writer ended on an error it cannot retry.
+    pub(crate) fn flush(&self) -> impl std::future::Future<Output = bool> + Send + 'static {
+        let (tx, rx) = oneshot::channel();
+        let sent = self.tx.send(WriterMsg::Flush(tx)).is_ok();
+        async move { sent && rx.await.unwrap_or(false) }
+    }
 }
 
 /// A shard's remembered ids under its current grant.
@@ -113,7 +151,7 @@ pub(crate) struct Remembering {
     pub(crate) adding: HashSet<String>,
     /// Ids whose removal was sent and not confirmed yet.
     pub(crate) forgetting: HashSet<String>,
-    writer: Option<mpsc::UnboundedSender<WriterMsg>>,
+    writer: Option<IdWriter>,
 }
 
 impl Remembering {
@@ -138,9 +176,18 @@ impl Remembering {
         view: LeaseView,
     ) {
         self.reset();
-        let (tx, rx) = mpsc::unbounded_channel();
-        self.writer = Some(tx);
-        tokio::spawn(write(self.at.clone(), token, shard.clone(), rx));
+        let reported = shard.clone();
+        self.writer = Some(IdWriter::start(
+            self.at.clone(),
+            token,
+            move |change, written| {
+                let _ = reported.cast(ShardMsg::Remembered {
+                    token,
+                    change,
+                    written,
+                });
+            },
+        ));
         tokio::spawn(recall(self.at.clone(), token, shard, view));
     }
 
@@ -162,7 +209,7 @@ impl Remembering {
     /// Sends `change` to the writer.
     fn send(&self, change: RememberChange) {
         if let Some(w) = &self.writer {
-            let _ = w.send(WriterMsg::Change(change));
+            w.send(change);
         }
     }
 
@@ -205,8 +252,7 @@ impl Remembering {
         let Some(w) = &self.writer else {
             return;
         };
-        let (tx, rx) = oneshot::channel();
-        if w.send(WriterMsg::Flush(tx)).is_ok() && tokio::time::timeout(limit, rx).await.is_err() {
+        if tokio::time::timeout(limit, w.flush()).await.is_err() {
             tracing::warn!(lease = %self.at.name, ?limit, "remembered ids not written in time before the hand-off");
         }
     }
@@ -243,21 +289,24 @@ async fn recall(
 
 /// The writer of grant `token`: applies the changes it is sent in order, each batch being
 /// everything that arrived while the previous one was written, retrying a failed batch
-/// (a change applied twice changes nothing), and reports every batch to the shard. It ends
-/// when the shard drops its sender and everything sent was handled.
+/// (a change applied twice changes nothing), and reports every batch to `report`. It ends
+/// when its [`IdWriter`] is dropped and everything sent was handled.
 async fn write(
     at: RememberStore,
     token: FencingToken,
-    shard: ActorRef<ShardMsg>,
+    report: impl Fn(RememberChange, bool),
     mut rx: mpsc::UnboundedReceiver<WriterMsg>,
 ) {
     let mut batch = RememberChange::default();
-    let mut flushes: Vec<oneshot::Sender<()>> = Vec::new();
+    let mut flushes: Vec<oneshot::Sender<bool>> = Vec::new();
     let mut open = true;
+    // Whether every batch so far was written: once the grant is not current, no later
+    // write of it can be.
+    let mut all_written = true;
     loop {
         if batch.is_empty() {
             for f in flushes.drain(..) {
-                let _ = f.send(());
+                let _ = f.send(all_written);
             }
             if !open {
                 return;
@@ -286,12 +335,8 @@ async fn write(
                 if !written {
                     tracing::info!(lease = %at.name, token = token.get(), "remembered ids not written: the shard's grant is not current any more");
                 }
-                let change = std::mem::take(&mut batch);
-                let _ = shard.cast(ShardMsg::Remembered {
-                    token,
-                    change,
-                    written,
-                });
+                all_written &= written;
+                report(std::mem::take(&mut batch), written);
             }
             Err(e @ LeaseError::Config(_)) => {
                 tracing::error!(lease = %at.name, error = %e, ids = batch.len(), "cannot write remembered ids");
@@ -310,7 +355,7 @@ async fn write(
     }
 }
 
-fn take(msg: WriterMsg, batch: &mut RememberChange, flushes: &mut Vec<oneshot::Sender<()>>) {
+fn take(msg: WriterMsg, batch: &mut RememberChange, flushes: &mut Vec<oneshot::Sender<bool>>) {
     match msg {
         WriterMsg::Change(c) => *batch = std::mem::take(batch).then(c),
         WriterMsg::Flush(f) => flushes.push(f),

@@ -23,7 +23,12 @@ struct Probe {
 impl DaemonWorker for Probe {
     type State = ();
 
-    async fn start(&self, index: usize, ctx: &EntityContext) -> Result<(), ActorProcessingErr> {
+    async fn start(
+        &self,
+        index: usize,
+        _count: usize,
+        ctx: &EntityContext,
+    ) -> Result<(), ActorProcessingErr> {
         if index == 2 && !self.failed_once.swap(true, Ordering::SeqCst) {
             return Err("worker 2 fails its first start".into());
         }
@@ -58,9 +63,13 @@ async fn every_worker_runs_in_its_own_shard_with_no_traffic_but_keep_alives() {
     )
     .await
     .unwrap();
+    // The type's shards are `number-of-shards` (100 by default): worker `i` lives in
+    // shard `i` of them.
     assert_eq!(
         daemon.worker_ids(),
-        (0..count).map(|i| worker_id(i, count)).collect::<Vec<_>>()
+        (0..count)
+            .map(|i| worker_id(i, count, 0, 100))
+            .collect::<Vec<_>>()
     );
     let mut runs = BTreeMap::new();
     while runs.len() < count {

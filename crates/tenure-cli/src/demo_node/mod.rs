@@ -348,9 +348,10 @@ impl tenure::sharding::daemon::DaemonWorker for IdleWorker {
     async fn start(
         &self,
         index: usize,
+        count: usize,
         ctx: &tenure::sharding::EntityContext,
     ) -> Result<(), ractor::ActorProcessingErr> {
-        tracing::info!(worker = index, token = %ctx.token, "daemon worker started");
+        tracing::info!(worker = index, count, token = %ctx.token, "daemon worker started");
         Ok(())
     }
 }
