@@ -328,10 +328,11 @@ impl Actor for SingletonManager {
                         state.kill_failed(&format!("lease lost: {}", lost.reason));
                     }
                 }
-                // A newer grant believed already (this loss waited in the mailbox while the
-                // lease actor acquired again) is not the lost one: giving the lease back now
-                // would end it under its running instance.
-                if state.view.token().is_none_or(|t| t == lost.token) {
+                // An instance still running runs under a newer grant (this loss waited in
+                // the mailbox while the lease actor acquired again), as does a newer grant
+                // believed: giving the lease back now would end it under its instance.
+                if state.running.is_none() && state.view.token().is_none_or(|t| t == lost.token)
+                {
                     state.release().await;
                 }
             }

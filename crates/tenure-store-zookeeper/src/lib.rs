@@ -65,12 +65,21 @@
 //! renewal (or the server does, with the session, when the holder is gone). Contenders are
 //! granted it only once the node is gone, as for any expiry: a new czxid, a higher token.
 //!
+//! **Change checks** ([`GrantChanges`](tenure_lease::GrantChanges), for cluster
+//! membership): a persistent recursive watch on the root, on the reader session, counts the
+//! creations, deletions and data writes of holder nodes per prefix asked about; a check is
+//! one `sync` and a read of the events that arrived before its answer. Grants ended by the
+//! server with their holder's session are seen like any other (their holder node is
+//! deleted); a disconnection, during which events can be lost, makes the next check answer
+//! "changed". Every write under the root notifies each store that checks.
+//!
 //! **Sessions and lease events.** Connection lost (suspended): operations fail (`Err`),
 //! the holder's deadline keeps running in the LeaseActor; when the library reconnects in
 //! time, renewals succeed again. Session expired: its nodes are gone; the next renewal
 //! reports each of its leases not held (`false`), and the owner's next acquire opens a new
 //! session.
 
+mod changes;
 mod error;
 pub mod fair;
 mod fence;

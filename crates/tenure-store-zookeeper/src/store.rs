@@ -7,10 +7,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tenure_lease::names::NameRules;
 use tenure_lease::{
-    AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, ConfigError, FairQueue,
-    FencingToken, HeldLease, HolderClock, LeaseRecord, LeaseSection, LeaseStore, PreemptAnswer,
-    PreemptionRequest, PreemptionRequests, RememberChange, RememberedIds, Renewal, StoreError,
-    StoreFactory,
+    AcquireOutcome, AcquireRequest, AcquireStep, Capabilities, ChangeVersion, Changes, ConfigError,
+    FairQueue, FencingToken, GrantChanges, HeldLease, HolderClock, LeaseRecord, LeaseSection,
+    LeaseStore, PreemptAnswer, PreemptionRequest, PreemptionRequests, RememberChange,
+    RememberedIds, Renewal, StoreError, StoreFactory,
 };
 use zookeeper_client as zk;
 
@@ -39,6 +39,8 @@ pub(crate) struct Inner {
     known: Mutex<HashSet<String>>,
     /// The clock of local expiries: the holder clock, which counts host suspend.
     pub(crate) clock: HolderClock,
+    /// The watch behind [`GrantChanges`], started by the first check.
+    changes: crate::changes::Watches,
 }
 
 /// A lease store on ZooKeeper: one ephemeral holder node per held lease, on one session
@@ -86,6 +88,7 @@ impl ZooKeeperStore {
                 reader: Slot::default(),
                 known: Mutex::new(HashSet::new()),
                 clock,
+                changes: crate::changes::Watches::default(),
             }),
         })
     }
@@ -877,6 +880,38 @@ impl LeaseStore for ZooKeeperStore {
 
     fn as_remembered_ids(&self) -> Option<&dyn RememberedIds> {
         Some(self)
+    }
+
+    fn as_grant_changes(&self) -> Option<&dyn GrantChanges> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl GrantChanges for ZooKeeperStore {
+    /// A `sync` on the reader session, then the events of a persistent recursive watch on
+    /// the root that arrived before its answer, counted per prefix (module
+    /// [`changes`](crate::changes)): every grant made or ended is the creation or deletion
+    /// of its holder node, including a crashed holder's, which the server deletes with its
+    /// session; a note replaced sets the node's data; renewals write nothing. The first
+    /// check starts the watch (one request), and the first check of a prefix answers
+    /// changed. A disconnection (events may be lost meanwhile) makes the next check answer
+    /// changed. A grant this store expired shows as ended once its deletion is committed,
+    /// which follows the expiry at once unless the server is unreachable.
+    async fn changes_since(
+        &self,
+        prefix: &str,
+        since: Option<ChangeVersion>,
+    ) -> Result<Changes, StoreError> {
+        let client = self.reader().await?;
+        crate::changes::changes_since(
+            &self.inner.changes,
+            &client,
+            self.inner.layout.root(),
+            prefix,
+            since,
+        )
+        .await
     }
 }
 

@@ -107,5 +107,5 @@ impl Harness for ZooKeeperHarness {
     }
 }
 
-tenure_lease_kit::conformance_tests!(ZooKeeperHarness::start(); fair_queue, preemption_requests, remembered_ids);
+tenure_lease_kit::conformance_tests!(ZooKeeperHarness::start(); fair_queue, preemption_requests, remembered_ids, grant_changes);
 tenure_lease_kit::preemption_fault_tests!(ZooKeeperHarness::start());
