@@ -942,10 +942,16 @@ release-after = "10s"
             },
         )?;
         let mode = if cut { Some("stall") } else { None };
+        // Every link is tried, so that one node not listening (it left, or restarts) leaves
+        // the others' links set; the first error is the answer.
+        let mut first = Ok(());
         for other in (0..self.nodes.len()).filter(|o| *o != i) {
-            self.apply_link_fault(i, other, [mode, mode])?;
+            let done = self.apply_link_fault(i, other, [mode, mode]);
+            if first.is_ok() {
+                first = done;
+            }
         }
-        Ok(())
+        first
     }
 
     /// Sets `a`'s fault with `b` to `modes[0]` and `b`'s with `a` to `modes[1]` (`None`:
@@ -972,40 +978,57 @@ release-after = "10s"
     ) -> Result<(), HarnessError> {
         self.node(a)?;
         self.node(b)?;
+        // Both sides are tried (one not listening leaves the other's set); the first error
+        // is the answer.
+        let mut first = Ok(());
         for (x, y, mode) in [(a, b, mode_a), (b, a, mode_b)] {
-            let mut args = vec!["cluster", "fault", "--node", &self.nodes[x].addr];
-            match mode {
-                Some(mode) => args.extend(["--cut", &self.nodes[y].addr, "--mode", mode]),
-                None => args.extend(["--heal", &self.nodes[y].addr]),
+            let done = self.apply_one_link_fault(x, y, mode);
+            if first.is_ok() {
+                first = done;
             }
-            // Setting a link's mode is idempotent, so a session the node closed before it
-            // answered (a handshake past `cluster.handshake-timeout` on a starved host) is
-            // tried again rather than ending the demo.
-            const ATTEMPTS: u32 = 3;
-            for attempt in 1..=ATTEMPTS {
-                let out =
-                    self.command(x, &args)
-                        .output()
-                        .map_err(|source| HarnessError::Process {
-                            node: x,
-                            addr: self.nodes[x].addr.clone(),
-                            binary: self.binary.clone(),
-                            what: "cluster fault".into(),
-                            source,
-                        })?;
-                if out.status.success() {
-                    break;
-                }
-                let stderr = String::from_utf8_lossy(&out.stderr);
-                if !stderr.contains("the node closed the session") || attempt == ATTEMPTS {
-                    return Err(HarnessError::Fault {
-                        node: x,
-                        addr: self.nodes[x].addr.clone(),
-                        fault: args[4..].join(" "),
-                        attempt,
-                        stderr: stderr.into_owned(),
-                    });
-                }
+        }
+        first
+    }
+
+    /// Sets `x`'s fault with `y` to `mode` (`None`: heal), through `tenure cluster fault`.
+    fn apply_one_link_fault(
+        &self,
+        x: usize,
+        y: usize,
+        mode: Option<&str>,
+    ) -> Result<(), HarnessError> {
+        let mut args = vec!["cluster", "fault", "--node", &self.nodes[x].addr];
+        match mode {
+            Some(mode) => args.extend(["--cut", &self.nodes[y].addr, "--mode", mode]),
+            None => args.extend(["--heal", &self.nodes[y].addr]),
+        }
+        // Setting a link's mode is idempotent, so a session the node closed before it
+        // answered (a handshake past `cluster.handshake-timeout` on a starved host) is
+        // tried again rather than ending the demo.
+        const ATTEMPTS: u32 = 3;
+        for attempt in 1..=ATTEMPTS {
+            let out = self
+                .command(x, &args)
+                .output()
+                .map_err(|source| HarnessError::Process {
+                    node: x,
+                    addr: self.nodes[x].addr.clone(),
+                    binary: self.binary.clone(),
+                    what: "cluster fault".into(),
+                    source,
+                })?;
+            if out.status.success() {
+                break;
+            }
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            if !stderr.contains("the node closed the session") || attempt == ATTEMPTS {
+                return Err(HarnessError::Fault {
+                    node: x,
+                    addr: self.nodes[x].addr.clone(),
+                    fault: args[4..].join(" "),
+                    attempt,
+                    stderr: stderr.into_owned(),
+                });
             }
         }
         Ok(())
