@@ -83,14 +83,16 @@ fn assert_served_during(c: &Cluster, survivors: &[usize], fault: i64, what: &str
             .collect();
         assert!(
             missing.is_empty(),
-            "{what}: keys never answered through {addr} in the second half of the fault: {missing:?} (history kept in {})",
-            kept_history(c)
+            "{what}: keys never answered through {addr} in the second half of the fault: {missing:?} (history kept in {}):{}",
+            kept_history(c),
+            resolver_story(c)
         );
         let answered: Vec<&str> = proxy_replies(&history, addr, fault + SERVED_FROM_NS).collect();
         assert!(
             answered.iter().any(|from| nodes.iter().any(|n| n == from)),
-            "{what}: the singleton did not answer {addr}'s proxy from a surviving node in the second half of the fault: {answered:?} (history kept in {})",
-            kept_history(c)
+            "{what}: the singleton did not answer {addr}'s proxy from a surviving node in the second half of the fault: {answered:?} (history kept in {}):{}",
+            kept_history(c),
+            resolver_story(c)
         );
     }
 }
@@ -175,8 +177,9 @@ fn assert_kept(c: &Cluster, kept: &[(String, String, u64)], what: &str) {
         });
         assert!(
             life.end.is_none() || rebalanced,
-            "{what}: shard {shard} on surviving node {node} stopped during the fault: {life:?} (history kept in {})",
-            kept_history(c)
+            "{what}: shard {shard} on surviving node {node} stopped during the fault: {life:?} (history kept in {}):{}",
+            kept_history(c),
+            resolver_story(c)
         );
     }
 }
@@ -186,6 +189,85 @@ fn downed_itself(c: &Cluster, i: usize) -> bool {
     c.history()
         .iter()
         .any(|e| e["event"] == "sbr_down_self" && e["node"] == c.nodes[i].addr.as_str())
+}
+
+/// The resolver's story in the history, for a failure message: link faults, reachability
+/// changes, the resolver lease's grants, downings (with why) and rejoins, one line each,
+/// by node index, in seconds from the first link fault.
+fn resolver_story(c: &Cluster) -> String {
+    const TOLD: [&str; 9] = [
+        "link_cut",
+        "link_healed",
+        "unreachable",
+        "reachable",
+        "sbr_downed",
+        "sbr_down_self",
+        "self_down",
+        "sbr_rejoining",
+        "lease_granted",
+    ];
+    let history = c.history();
+    let index = |addr: &serde_json::Value| {
+        addr.as_str()
+            .and_then(|a| c.nodes.iter().position(|n| n.addr == a))
+            .map_or_else(|| addr.to_string(), |i| format!("node {i}"))
+    };
+    let told: Vec<&serde_json::Value> = history
+        .iter()
+        .filter(|e| TOLD.iter().any(|k| e["event"] == *k))
+        .filter(|e| {
+            e["event"] != "lease_granted"
+                || e["lease"].as_str().is_some_and(|l| l.ends_with("-sbr"))
+        })
+        .collect();
+    let from = told
+        .iter()
+        .find(|e| e["event"] == "link_cut")
+        .and_then(|e| e["t"].as_i64())
+        .unwrap_or(0);
+    let mut out = String::new();
+    for e in told {
+        let t = e["t"].as_i64().unwrap_or(0);
+        out.push_str(&format!(
+            "\n  {:+8.3} s {}: {}",
+            (t - from) as f64 / 1e9,
+            index(&e["node"]),
+            e["event"].as_str().unwrap_or_default()
+        ));
+        for key in ["member", "fault", "strategy", "why", "owner"] {
+            if !e[key].is_null() {
+                let value = match key {
+                    "member" | "owner" => index(&e[key]),
+                    _ => e[key]
+                        .as_str()
+                        .map_or_else(|| e[key].to_string(), String::from),
+                };
+                out.push_str(&format!(" {key}={value}"));
+            }
+        }
+    }
+    out
+}
+
+/// The resolver downed every node of `went` and none of `stayed`; a failure tells the
+/// resolver's story.
+fn assert_downed(c: &Cluster, went: &[usize], stayed: &[usize], what: &str) {
+    for i in went {
+        assert!(
+            downed_itself(c, *i),
+            "{what}: node {i} never downed itself (history kept in {}):{}",
+            kept_history(c),
+            resolver_story(c)
+        );
+    }
+    for i in stayed {
+        assert!(
+            !downed_itself(c, *i),
+            "{what}: node {i} downed itself (history kept in {}):{}",
+            kept_history(c),
+            resolver_story(c)
+        );
+    }
 }
 
 #[test]
@@ -204,8 +286,7 @@ fn the_oldest_node_cut_off_downs_itself_and_the_others_serve_every_key_and_the_s
             c.set_link(0, 2, false);
         },
     );
-    assert!(downed_itself(&c, 0), "the cut-off node downed itself");
-    assert!(!downed_itself(&c, 1) && !downed_itself(&c, 2));
+    assert_downed(&c, &[0], &[1, 2], "oldest node cut off");
 }
 
 #[test]
@@ -223,8 +304,7 @@ fn the_youngest_node_dropped_off_downs_itself_and_the_others_serve() {
             c.set_link(2, 1, false);
         },
     );
-    assert!(downed_itself(&c, 2), "the dropped node downed itself");
-    assert!(!downed_itself(&c, 0) && !downed_itself(&c, 1));
+    assert_downed(&c, &[2], &[0, 1], "youngest node's links dropped");
 }
 
 #[test]
@@ -242,10 +322,11 @@ fn a_partial_partition_downs_an_end_of_the_cut_link_and_the_rest_serves() {
     );
     assert!(
         downed_itself(&c, 0) || downed_itself(&c, 2),
-        "an end of the cut link went (history kept in {})",
-        kept_history(&c)
+        "an end of the cut link went (history kept in {}):{}",
+        kept_history(&c),
+        resolver_story(&c)
     );
-    assert!(!downed_itself(&c, 1));
+    assert_downed(&c, &[], &[1], "partial partition");
 }
 
 #[test]
@@ -258,8 +339,7 @@ fn one_way_loss_downs_the_node_that_is_not_heard() {
         |c| c.cut_one_way(2, 0),
         |c| c.set_link(2, 0, false),
     );
-    assert!(downed_itself(&c, 2), "the node nobody hears downed itself");
-    assert!(!downed_itself(&c, 0) && !downed_itself(&c, 1));
+    assert_downed(&c, &[2], &[0, 1], "one-way loss (2 -> 0)");
 }
 
 #[test]
@@ -276,7 +356,7 @@ fn two_of_three_nodes_killed_at_once_leave_the_last_one_serving() {
         },
         |_| {},
     );
-    assert!(!downed_itself(&c, 2));
+    assert_downed(&c, &[], &[2], "two of three nodes killed");
 }
 
 #[test]
@@ -289,7 +369,7 @@ fn a_two_node_cluster_keeps_the_survivor_and_its_shards_when_the_oldest_crashes(
         |c| c.kill(0),
         |_| {},
     );
-    assert!(!downed_itself(&c, 1), "the survivor did not down itself");
+    assert_downed(&c, &[], &[1], "2-node cluster, oldest killed");
 }
 
 #[test]
@@ -375,13 +455,7 @@ fn a_link_flapping_faster_than_a_decision_downs_nobody_and_every_node_serves() {
         |c| flap(c, Duration::from_millis(2500), Duration::from_millis(1500)),
         |_| {},
     );
-    for i in 0..3 {
-        assert!(
-            !downed_itself(&c, i),
-            "node {i} downed itself (history kept in {})",
-            kept_history(&c)
-        );
-    }
+    assert_downed(&c, &[], &[0, 1, 2], "flapping link (fast)");
 }
 
 #[test]
@@ -396,16 +470,7 @@ fn a_link_flapping_slower_than_a_decision_never_downs_the_node_that_hears_everyo
         |c| flap(c, Duration::from_millis(4500), Duration::from_millis(1000)),
         |_| {},
     );
-    assert!(
-        downed_itself(&c, 0) && downed_itself(&c, 1),
-        "the ends of the flapping link went (history kept in {})",
-        kept_history(&c)
-    );
-    assert!(
-        !downed_itself(&c, 2),
-        "the node that hears everyone stayed up (history kept in {})",
-        kept_history(&c)
-    );
+    assert_downed(&c, &[0, 1], &[2], "flapping link (slow)");
 }
 
 #[test]
@@ -473,8 +538,6 @@ fn heartbeats_do_not_queue_behind_a_stalled_session_so_nobody_is_unreachable_or_
         "after the session stall, every node answers every key",
         Duration::from_secs(30),
     );
-    for i in 0..3 {
-        assert!(!downed_itself(&c, i), "node {i} downed itself");
-    }
+    assert_downed(&c, &[], &[0, 1, 2], "session stall");
     cli::assert_checked(&c.history);
 }
