@@ -129,6 +129,9 @@ pub struct Membership {
     /// leases, still listed until released or expired, must not bring them back; a new
     /// membership of the same life (a new age) may.
     downed: BTreeSet<(NodeAddr, Incarnation, u64)>,
+    /// The memberships of `downed` whose member leases the last listing still showed (or
+    /// downed since): other members may still count them.
+    downed_listed: BTreeSet<(NodeAddr, Incarnation, u64)>,
     /// See [`Membership::generation`].
     generation: u64,
 }
@@ -149,6 +152,7 @@ impl Membership {
             others: BTreeMap::new(),
             retired: BTreeSet::new(),
             downed: BTreeSet::new(),
+            downed_listed: BTreeSet::new(),
             generation: 0,
         }
     }
@@ -352,6 +356,11 @@ impl Membership {
     fn listed_inner(&mut self, listing: &[Listed]) -> Vec<ClusterEvent> {
         let mut events = Vec::new();
         let mut present: BTreeMap<&NodeAddr, &Listed> = BTreeMap::new();
+        self.downed_listed = listing
+            .iter()
+            .map(|l| (l.addr.clone(), l.incarnation, l.age))
+            .filter(|m| self.downed.contains(m))
+            .collect();
         for l in listing {
             if l.addr != self.me.addr
                 && !self.retired.contains(&(l.addr.clone(), l.incarnation))
@@ -443,6 +452,9 @@ impl Membership {
             self.downed.pop_first();
         }
         self.downed.insert((m.addr.clone(), m.incarnation, m.age));
+        // Listed as of the last listing, since it was in the view.
+        self.downed_listed
+            .insert((m.addr.clone(), m.incarnation, m.age));
         let mut events = self.remove(addr, MemberStatus::Down);
         // A leaving member downed is down all the same.
         for e in &mut events {
@@ -456,6 +468,13 @@ impl Membership {
     /// Whether the split brain resolver downed this membership.
     pub fn was_downed(&self, addr: &NodeAddr, incarnation: Incarnation, age: u64) -> bool {
         self.downed.contains(&(addr.clone(), incarnation, age))
+    }
+
+    /// Whether this view downed the membership (address, life, age) and its member lease is
+    /// still held as of the last listing: members that did not down it still count it.
+    pub fn downed_but_listed(&self, addr: &NodeAddr, incarnation: Incarnation, age: u64) -> bool {
+        self.downed_listed
+            .contains(&(addr.clone(), incarnation, age))
     }
 
     fn session_closed_inner(&mut self, addr: &NodeAddr) -> Vec<ClusterEvent> {

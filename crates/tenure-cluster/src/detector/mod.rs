@@ -73,6 +73,13 @@ struct Sbr {
     /// view and the table): an unchanged view and table make the same partition, and
     /// building one sorts every member.
     partition: Option<((u64, u64), Partition)>,
+    /// Members this node downed while its own row listed them (their lives and ages): the
+    /// row goes on listing them while their member leases are held and they stay unheard.
+    /// Leaving this node's view is no sign that this node hears them again, and the members
+    /// that have not downed them yet decide on this row: cleared, it would tell them the
+    /// partition healed before they acted on it, and leave them to the downed member's next
+    /// observations.
+    downed_unheard: BTreeMap<NodeAddr, (Incarnation, u64)>,
 }
 
 /// One heartbeat to send: to `to`'s life `incarnation`, as a datagram, and on the session
@@ -179,6 +186,7 @@ impl Detector {
                 hears_me: HashMap::new(),
                 up_since: now,
                 partition: None,
+                downed_unheard: BTreeMap::new(),
             }),
         }
     }
@@ -574,6 +582,13 @@ impl Detector {
             ClusterEvent::MemberRemoved(m) if m.addr != self.me => {
                 self.reach.forget(&m.addr);
                 self.monitor.forget(&m.addr);
+                if let Some(d) = self.sbr.as_mut()
+                    && m.status == MemberStatus::Down
+                    && d.table.own(&self.me).contains(&m.addr)
+                {
+                    d.downed_unheard
+                        .insert(m.addr.clone(), (m.incarnation, m.age));
+                }
             }
             _ => {}
         }
@@ -627,12 +642,21 @@ impl Detector {
     }
 
     /// Every tick with a resolver, at `now`: this node's own row (stamped `stamp`) lists the
-    /// counted members it watches and finds unreachable (none while its membership settles),
-    /// and rows of observers no longer counted are dropped.
+    /// counted members it watches and finds unreachable, and the members it downed while
+    /// listing them as long as their member leases are held and they stay unheard (none
+    /// while its membership settles); rows of observers no longer counted are dropped.
     pub(crate) fn update_own_row(&mut self, now: Instant, stamp: u64, view: &Membership) {
         let Some(d) = self.sbr.as_mut() else {
             return;
         };
+        let window = self.s.unreachable_after;
+        let heard = &d.heard;
+        d.downed_unheard.retain(|addr, (incarnation, age)| {
+            view.downed_but_listed(addr, *incarnation, *age)
+                && !heard
+                    .get(addr)
+                    .is_some_and(|t| now.saturating_duration_since(*t) < window)
+        });
         let settling = now.saturating_duration_since(d.up_since) < self.s.unreachable_after;
         let own: BTreeSet<NodeAddr> = if settling {
             BTreeSet::new()
@@ -645,6 +669,7 @@ impl Detector {
                 .filter(|a| {
                     **a != self.me && view.get(a).is_some_and(|m| counted(m) && !m.reachable)
                 })
+                .chain(d.downed_unheard.keys())
                 .cloned()
                 .collect()
         };
@@ -682,5 +707,142 @@ impl Detector {
             Step::Decide(decision) => Some(decision),
             Step::Wait => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::member::Listed;
+    use crate::sbr::SbrConfig;
+
+    const UNREACHABLE_AFTER: Duration = Duration::from_millis(1500);
+
+    fn a(p: u16) -> NodeAddr {
+        NodeAddr::parse("t", &format!("127.0.0.1:{p}")).unwrap()
+    }
+
+    /// Node `p`'s member lease (life `p`, age `p`).
+    fn lease(p: u16) -> Listed {
+        Listed {
+            addr: a(p),
+            incarnation: Incarnation(p as u64),
+            age: p as u64,
+            roles: Vec::new(),
+            app_version: Default::default(),
+        }
+    }
+
+    fn heartbeat(p: u16, seq: u64) -> Heartbeat {
+        Heartbeat {
+            node: a(p),
+            incarnation: Incarnation(p as u64),
+            seq,
+            age: p as u64,
+            reach: Vec::new(),
+            digest: 0,
+            want_table: false,
+            hears_you: true,
+            your_datagrams_arrive: true,
+        }
+    }
+
+    /// Node 1 of a 3-node cluster at `t0`, with its view (every member up) and its peers.
+    fn node_1(t0: Instant) -> (Detector, Membership, BTreeMap<NodeAddr, Incarnation>) {
+        let settings = DetectorSettings {
+            monitored_by: 9,
+            indirect_probes: 0,
+            unreachable_after: UNREACHABLE_AFTER,
+            sync_interval: Duration::from_secs(5),
+            heartbeat_interval: Duration::from_millis(250),
+        };
+        let sbr = SbrConfig::default().resolve().unwrap();
+        let mut d = Detector::new(a(1), Incarnation(1), settings, sbr, t0);
+        let mut view = Membership::new(a(1), Incarnation(1), Vec::new());
+        view.self_granted(1);
+        d.membership_up(t0);
+        for e in view.listed(&[lease(1), lease(2), lease(3)]) {
+            d.on_event(&e, t0);
+        }
+        let peers = (2..=3).map(|p| (a(p), Incarnation(p as u64))).collect();
+        // The first tick starts watching the peers.
+        d.tick(
+            t0,
+            0,
+            &mut view,
+            &peers,
+            false,
+            &mut fastrand::Rng::with_seed(7),
+        );
+        (d, view, peers)
+    }
+
+    /// Node 1 hears node 2 and not node 3 for longer than unreachable-after: its row lists
+    /// node 3. Answers the instant.
+    fn node_3_unheard(
+        d: &mut Detector,
+        view: &mut Membership,
+        peers: &BTreeMap<NodeAddr, Incarnation>,
+        t0: Instant,
+    ) -> Instant {
+        let mut rng = fastrand::Rng::with_seed(7);
+        let t = t0 + UNREACHABLE_AFTER + Duration::from_millis(500);
+        d.on_heartbeat(heartbeat(2, 1), 1, true, t, view, |_, _| None);
+        d.tick(t, 1, view, peers, false, &mut rng);
+        d.update_own_row(t, 1, view);
+        assert_eq!(d.sbr.as_ref().unwrap().table.own(&a(1)), [a(3)]);
+        t
+    }
+
+    fn own_row(d: &Detector) -> Vec<NodeAddr> {
+        d.sbr.as_ref().unwrap().table.own(&a(1)).to_vec()
+    }
+
+    /// A node that downs a member it cannot hear keeps saying so in its row: the members
+    /// that have not downed it yet (they hear it, and learnt of the partition from this
+    /// row) must not take the member's going from this view for a healed partition.
+    #[test]
+    fn a_member_downed_unheard_stays_in_the_row_while_its_lease_is_held_and_it_is_unheard() {
+        let t0 = Instant::now();
+        let (mut d, mut view, peers) = node_1(t0);
+        let t = node_3_unheard(&mut d, &mut view, &peers, t0);
+        for e in view.down(&a(3)) {
+            d.on_event(&e, t);
+        }
+        let t = t + Duration::from_millis(250);
+        d.update_own_row(t, 2, &view);
+        assert_eq!(own_row(&d), [a(3)], "downed here, still unheard");
+        // Its member lease is still listed: still in the row.
+        view.listed(&[lease(1), lease(2), lease(3)]);
+        d.update_own_row(t + Duration::from_millis(250), 3, &view);
+        assert_eq!(own_row(&d), [a(3)]);
+        // It downed itself (released its member lease): no member anywhere, out of the row.
+        view.listed(&[lease(1), lease(2)]);
+        d.update_own_row(t + Duration::from_millis(500), 4, &view);
+        assert!(own_row(&d).is_empty());
+
+        // Heard again (the link healed) while its member lease is still held: out of the
+        // row too.
+        let (mut d, mut view, peers) = node_1(t0);
+        let t = node_3_unheard(&mut d, &mut view, &peers, t0);
+        for e in view.down(&a(3)) {
+            d.on_event(&e, t);
+        }
+        d.update_own_row(t, 2, &view);
+        assert_eq!(own_row(&d), [a(3)]);
+        let t = t + Duration::from_millis(250);
+        d.on_heartbeat(heartbeat(3, 9), 9, true, t, &mut view, |_, _| None);
+        d.update_own_row(t, 3, &view);
+        assert!(own_row(&d).is_empty());
+
+        // A member downed while this node heard it was never in the row: it stays out.
+        let (mut d, mut view, _) = node_1(t0);
+        let t = t0 + UNREACHABLE_AFTER * 2;
+        d.update_own_row(t, 1, &view);
+        for e in view.down(&a(2)) {
+            d.on_event(&e, t);
+        }
+        d.update_own_row(t, 2, &view);
+        assert!(own_row(&d).is_empty());
     }
 }
