@@ -653,9 +653,9 @@ impl Detector {
         let heard = &d.heard;
         d.downed_unheard.retain(|addr, (incarnation, age)| {
             view.downed_but_listed(addr, *incarnation, *age)
-                && !heard
+                && heard
                     .get(addr)
-                    .is_some_and(|t| now.saturating_duration_since(*t) < window)
+                    .is_none_or(|t| now.saturating_duration_since(*t) >= window)
         });
         let settling = now.saturating_duration_since(d.up_since) < self.s.unreachable_after;
         let own: BTreeSet<NodeAddr> = if settling {
