@@ -22,6 +22,7 @@ mod history;
 pub mod http;
 #[cfg(feature = "node")]
 pub mod node;
+mod ports;
 pub mod postgres;
 pub mod signal;
 pub mod zookeeper;
