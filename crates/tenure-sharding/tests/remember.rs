@@ -12,10 +12,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use ractor::{ActorProcessingErr, ActorRef, RpcReplyPort};
 use tenure_lease::{
-    AcquireOutcome, AcquireRequest, Capabilities, Fault, FencingToken, HeldLease, LeaseRecord,
-    LeaseSettings, LeaseSpec, LeaseStore, MemoryStore, RememberChange, RememberedIds, Renewal,
-    StoreError, TenureConfig,
+    Fault, FencingToken, LeaseSettings, LeaseSpec, LeaseStore, MemoryStore, RememberChange,
+    RememberedIds, StoreError, TenureConfig,
 };
+use tenure_lease_kit::wrap::{StoreWrapper, Wrapped};
 use tenure_sharding::{
     AskReply, Entity, EntityContext, Shard, ShardArgs, ShardMsg, ShardStatus, ShardingSettings,
     entity_factory,
@@ -72,45 +72,13 @@ struct Refusing {
 }
 
 #[async_trait]
-impl LeaseStore for Refusing {
-    fn kind(&self) -> &'static str {
-        self.inner.kind()
+impl StoreWrapper for Refusing {
+    fn wrapped(&self) -> &dyn LeaseStore {
+        &self.inner
     }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+    fn has_remembered_ids(&self) -> bool {
+        true
     }
-    async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError> {
-        self.inner.try_acquire(req).await
-    }
-    async fn renew(
-        &self,
-        owner: &str,
-        leases: &[HeldLease],
-        ttl: Duration,
-    ) -> Result<Vec<Renewal>, StoreError> {
-        self.inner.renew(owner, leases, ttl).await
-    }
-    async fn release(
-        &self,
-        name: &str,
-        owner: &str,
-        token: FencingToken,
-    ) -> Result<bool, StoreError> {
-        self.inner.release(name, owner, token).await
-    }
-    async fn read(&self, name: &str) -> Result<Option<LeaseRecord>, StoreError> {
-        self.inner.read(name).await
-    }
-    async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
-        self.inner.list(prefix).await
-    }
-    fn as_remembered_ids(&self) -> Option<&dyn RememberedIds> {
-        Some(self)
-    }
-}
-
-#[async_trait]
-impl RememberedIds for Refusing {
     async fn remember(
         &self,
         name: &str,
@@ -181,10 +149,10 @@ impl Fixture {
         settings.number_of_shards = 1;
         settings.stop_timeout = Duration::from_millis(300);
         settings.lease = lease_settings();
-        let store: Arc<dyn LeaseStore> = Arc::new(Refusing {
+        let store: Arc<dyn LeaseStore> = Arc::new(Wrapped(Refusing {
             inner: self.store.clone(),
             refuse: self.refuse.clone(),
-        });
+        }));
         let args = ShardArgs {
             type_name: "probe".into(),
             shard_id: "0".into(),
