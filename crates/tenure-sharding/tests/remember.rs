@@ -10,60 +10,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use ractor::{ActorProcessingErr, ActorRef, RpcReplyPort};
+use ractor::ActorRef;
 use tenure_lease::{
-    Fault, FencingToken, LeaseSettings, LeaseSpec, LeaseStore, MemoryStore, RememberChange,
-    RememberedIds, StoreError, TenureConfig,
+    Fault, FencingToken, LeaseSpec, LeaseStore, MemoryStore, RememberChange, RememberedIds,
+    StoreError, TenureConfig,
 };
 use tenure_lease_kit::wrap::{StoreWrapper, Wrapped};
-use tenure_sharding::{
-    AskReply, Entity, EntityContext, Shard, ShardArgs, ShardMsg, ShardStatus, ShardingSettings,
-    entity_factory,
-};
+use tenure_sharding::{Shard, ShardArgs, ShardMsg, ShardingSettings, entity_factory};
 use tokio::sync::mpsc;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Seen {
-    Started(String, FencingToken),
-    Stopped(String, FencingToken),
-    Got(String, FencingToken, String),
-}
-
-/// Reports its life and every message; `"passivate"` makes it ask to be passivated,
-/// `"fail"` fails the request (which stops it).
-struct Probe(mpsc::UnboundedSender<Seen>);
-
-impl Entity for Probe {
-    type Request = String;
-    type Reply = String;
-    type State = ();
-
-    async fn start(&self, ctx: &EntityContext) -> Result<(), ActorProcessingErr> {
-        let _ = self.0.send(Seen::Started(ctx.entity_id.clone(), ctx.token));
-        Ok(())
-    }
-
-    async fn handle(
-        &self,
-        ctx: &EntityContext,
-        _state: &mut (),
-        request: String,
-    ) -> Result<String, ActorProcessingErr> {
-        let _ = self
-            .0
-            .send(Seen::Got(ctx.entity_id.clone(), ctx.token, request.clone()));
-        match request.as_str() {
-            "passivate" => ctx.passivate(),
-            "fail" => return Err("asked to fail".into()),
-            _ => {}
-        }
-        Ok(format!("{}:{request}", ctx.entity_id))
-    }
-
-    async fn stop(&self, ctx: &EntityContext, _state: &mut ()) {
-        let _ = self.0.send(Seen::Stopped(ctx.entity_id.clone(), ctx.token));
-    }
-}
+mod probe;
+use probe::{LEASE, Probe, Seen, ask, lease_settings, status};
 
 /// The memory store whose `remember` fails while `refuse` is set.
 struct Refusing {
@@ -98,19 +55,6 @@ impl StoreWrapper for Refusing {
         self.inner.remembered(name).await
     }
 }
-
-fn lease_settings() -> LeaseSettings {
-    LeaseSettings {
-        heartbeat_timeout: Duration::from_millis(1500),
-        heartbeat_interval: Duration::from_millis(200),
-        lease_operation_timeout: Duration::from_millis(500),
-        lease_retry_interval: Duration::from_millis(100),
-        safety_margin: Duration::from_millis(200),
-        lock_delay: Duration::ZERO,
-    }
-}
-
-const LEASE: &str = "test-shard-probe-0";
 
 struct Fixture {
     store: MemoryStore,
@@ -186,34 +130,6 @@ impl Fixture {
     async fn remembered(&self) -> Vec<String> {
         self.store.remembered(LEASE).await.unwrap()
     }
-}
-
-fn payload(text: &str) -> Vec<u8> {
-    tenure_cluster::codec::encode_inner("entity request", "probe", &text.to_string()).unwrap()
-}
-
-async fn ask(shard: &ActorRef<ShardMsg>, entity: &str, text: &str) -> Result<String, String> {
-    let reply = shard
-        .call(
-            |r: RpcReplyPort<AskReply>| ShardMsg::Deliver {
-                entity: entity.into(),
-                payload: payload(text),
-                reply: Some(r),
-            },
-            Some(Duration::from_secs(10)),
-        )
-        .await
-        .unwrap();
-    let ractor::rpc::CallResult::Success(AskReply { result }) = reply else {
-        panic!("no answer");
-    };
-    result
-        .map(|b| tenure_cluster::codec::decode_inner("entity request", "probe", &b).unwrap())
-        .map_err(|e| e.to_string())
-}
-
-async fn status(shard: &ActorRef<ShardMsg>) -> ShardStatus {
-    ractor::call!(shard, ShardMsg::Status).unwrap()
 }
 
 fn ids(ids: &[&str]) -> Vec<String> {
