@@ -101,10 +101,9 @@ async fn main() {
         return serve(path).await;
     }
     let dir = tempfile::tempdir().unwrap();
-    let ports = pair::ports();
-    let host = pair::spawn_host(dir.path(), ports, "echo", 10, &[], "TENURE_BENCH_NODE");
-    let config = pair::sender_config(dir.path(), ports, "echo", 10);
-    let (node, region) = pair::start(&config, "echo", None).await;
+    let mut ports = pair::ports();
+    let host = pair::spawn_host(dir.path(), &mut ports, "echo", 10, &[], "TENURE_BENCH_NODE");
+    let (node, region) = pair::start_sender(dir.path(), ports, "echo", 10).await;
     let keys: Vec<String> = (0..100).map(|i| format!("e{i}")).collect();
     for k in &keys {
         while region

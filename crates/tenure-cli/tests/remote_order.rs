@@ -78,17 +78,16 @@ async fn one_remote_senders_messages_keep_their_order_across_starts_and_passivat
         return host(path).await;
     }
     let dir = tempfile::tempdir().unwrap();
-    let ports = pair::ports();
+    let mut ports = pair::ports();
     let host = pair::spawn_host(
         dir.path(),
-        ports,
+        &mut ports,
         "seq",
         4,
         &["--exact", TEST, "--nocapture", "--test-threads", "1"],
         "TENURE_TEST_HOST",
     );
-    let config = pair::sender_config(dir.path(), ports, "seq", 4);
-    let (node, region) = pair::start(&config, "seq", None).await;
+    let (node, region) = pair::start_sender(dir.path(), ports, "seq", 4).await;
     let entities: Vec<String> = (0..5).map(|i| format!("e{i}")).collect();
     let per_entity = 1_500u64;
     // Sent before any entity runs: the first ones wait for the host to learn the shards'

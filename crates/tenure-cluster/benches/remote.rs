@@ -141,17 +141,31 @@ fn node(port: u16, name: &str) -> NodeServer {
     .with_listen_addr(std::net::Ipv4Addr::LOCALHOST.into())
 }
 
-async fn serve(port: u16) {
+/// Serves on a free loopback port and prints `ready <port>` once the sinks are joined.
+async fn serve() {
     tenure_cluster::codec::set_local_label("bench-server");
-    let _server = Actor::spawn(None, node(port, "server"), ())
-        .await
-        .expect("server node");
+    let (_server, port) = server_node().await;
     let (codec, _) = Actor::spawn(None, CodecSink, ()).await.expect("codec sink");
     let (raw, _) = Actor::spawn(None, RawSink, ()).await.expect("raw sink");
     pg::join("codec".into(), vec![codec.get_cell()]);
     pg::join("raw".into(), vec![raw.get_cell()]);
-    println!("ready");
+    println!("ready {port}");
     tokio::time::sleep(Duration::from_secs(3600)).await;
+}
+
+/// The server's node on a port that was free a moment ago; another one when something took
+/// it before the node bound it (ractor fails the node's start when its listener cannot bind).
+async fn server_node() -> (ActorRef<ractor_cluster::NodeServerMessage>, u16) {
+    for _ in 0..20 {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free loopback port")
+            .port();
+        if let Ok((server, _)) = Actor::spawn(None, node(port, "server"), ()).await {
+            return (server, port);
+        }
+    }
+    panic!("the server node found no free port in 20 attempts");
 }
 
 fn payload(seq: u64) -> Payload {
@@ -247,20 +261,15 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    if let Ok(port) = std::env::var("TENURE_BENCH_SERVER") {
-        serve(port.parse().expect("port")).await;
+    if std::env::var_os("TENURE_BENCH_SERVER").is_some() {
+        serve().await;
         return;
     }
     if std::env::args().any(|a| a == "--list") {
         return; // `cargo bench -- --list`
     }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
     let mut server = Command::new(std::env::current_exe().unwrap())
-        .env("TENURE_BENCH_SERVER", port.to_string())
+        .env("TENURE_BENCH_SERVER", "1")
         .stdout(Stdio::piped())
         .spawn()
         .expect("spawn the server process");
@@ -270,7 +279,11 @@ async fn main() {
         &mut line,
     )
     .unwrap();
-    assert_eq!(line.trim(), "ready");
+    let port: u16 = line
+        .trim()
+        .strip_prefix("ready ")
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("the server's first line is not `ready <port>`: {line:?}"));
 
     tenure_cluster::codec::set_local_label("bench-client");
     let (client, _) = Actor::spawn(None, node(0, "client"), ())

@@ -10,8 +10,6 @@ use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, ExtendedKeyUsagePurpose, IsCa, KeyPair,
     KeyUsagePurpose,
 };
-use tenure_cluster::{ClusterSettings, Node};
-use tenure_lease::{LeaseProvider, StoreRegistry, TenureConfig};
 use tokio::io::AsyncReadExt;
 use tokio_rustls::rustls;
 
@@ -56,14 +54,11 @@ async fn closed_by_the_node(stream: &mut (impl AsyncReadExt + Unpin), what: &str
 async fn connections_that_never_authenticate_are_closed() {
     let dir = tempfile::tempdir().unwrap();
     let (cert, key) = pki(dir.path());
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let config = TenureConfig::from_toml_str(
-        &format!(
-            r#"[tenure]
+    let dir_path = dir.path().display().to_string();
+    let (node, _provider) = tenure_test_kit::node::start_node(
+        |port| {
+            format!(
+                r#"[tenure]
 default-lease-section = "m"
 [lease.m]
 store = "memory"
@@ -78,17 +73,13 @@ cert = "{dir}/cert.pem"
 key = "{dir}/key.pem"
 ca = "{dir}/ca.pem"
 "#,
-            dir = dir.path().display()
-        ),
-        "test",
+                dir = dir_path
+            )
+        },
+        |_| {},
     )
-    .unwrap();
-    let registry = ["sqlite", "postgres", "etcd", "zookeeper"]
-        .into_iter()
-        .fold(StoreRegistry::new(), |r, kind| r.left_out(kind, kind));
-    let provider = LeaseProvider::new(config.clone(), registry).unwrap();
-    let settings = ClusterSettings::from_config(&config).unwrap();
-    let node = Node::start(settings, &provider).await.unwrap();
+    .await;
+    let port = node.addr().port;
 
     // Connects and sends nothing: no TLS handshake.
     let mut silent = tokio::net::TcpStream::connect(("127.0.0.1", port))

@@ -11,14 +11,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use ractor::ActorRef;
-
-use tenure_lease::FencingToken;
-use tenure_lease::names::NameRules;
 use tenure_lease::{
-    AcquireOutcome, AcquireRequest, Acquired, Capabilities, FairQueue, HeldLease, HolderWatch,
-    Lease, LeaseActor, LeaseEventSink, LeaseMsg, LeaseRecord, LeaseSettings, LeaseSpec, LeaseStore,
-    LeaseView, PreemptionRequests, RememberedIds, Renewal, RenewalBatcher, StoreError,
+    AcquireOutcome, AcquireRequest, Acquired, HeldLease, Lease, LeaseActor, LeaseEventSink,
+    LeaseMsg, LeaseSettings, LeaseSpec, LeaseStore, LeaseView, Renewal, RenewalBatcher, StoreError,
 };
+
+use crate::wrap::{StoreWrapper, Wrapped};
 
 /// How long renewal-cost runs wait for the renewals to settle onto the heartbeat grid
 /// before counting.
@@ -238,7 +236,10 @@ impl std::ops::Sub for RenewCounts {
 
 /// Wraps a store to count its renew calls and the leases they carried; every other
 /// method is forwarded unchanged, and the store's capabilities are the wrapped store's.
-pub struct Counting {
+pub type Counting = Wrapped<RenewCounter>;
+
+/// The counts of a [`Counting`] store and the store it wraps.
+pub struct RenewCounter {
     inner: Arc<dyn LeaseStore>,
     renew_calls: AtomicU64,
     renewed: AtomicU64,
@@ -247,13 +248,15 @@ pub struct Counting {
 impl Counting {
     /// Counts the renewals of `inner`, from zero.
     pub fn new(inner: Arc<dyn LeaseStore>) -> Arc<Counting> {
-        Arc::new(Counting {
+        Arc::new(Wrapped(RenewCounter {
             inner,
             renew_calls: AtomicU64::new(0),
             renewed: AtomicU64::new(0),
-        })
+        }))
     }
+}
 
+impl RenewCounter {
     /// The counts so far.
     pub fn counts(&self) -> RenewCounts {
         RenewCounts {
@@ -269,18 +272,9 @@ impl Counting {
 }
 
 #[async_trait]
-impl LeaseStore for Counting {
-    fn kind(&self) -> &'static str {
-        self.inner.kind()
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    fn name_rules(&self) -> NameRules {
-        self.inner.name_rules()
-    }
-    async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError> {
-        self.inner.try_acquire(req).await
+impl StoreWrapper for RenewCounter {
+    fn wrapped(&self) -> &dyn LeaseStore {
+        &*self.inner
     }
     async fn renew(
         &self,
@@ -292,35 +286,6 @@ impl LeaseStore for Counting {
         self.renewed
             .fetch_add(leases.len() as u64, Ordering::SeqCst);
         self.inner.renew(owner, leases, ttl).await
-    }
-    async fn release(
-        &self,
-        name: &str,
-        owner: &str,
-        token: FencingToken,
-    ) -> Result<bool, StoreError> {
-        self.inner.release(name, owner, token).await
-    }
-    async fn read(&self, name: &str) -> Result<Option<LeaseRecord>, StoreError> {
-        self.inner.read(name).await
-    }
-    async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
-        self.inner.list(prefix).await
-    }
-    fn as_fair_queue(&self) -> Option<&dyn FairQueue> {
-        self.inner.as_fair_queue()
-    }
-    fn as_preemption_requests(&self) -> Option<&dyn PreemptionRequests> {
-        self.inner.as_preemption_requests()
-    }
-    fn as_holder_watch(&self) -> Option<&dyn HolderWatch> {
-        self.inner.as_holder_watch()
-    }
-    fn as_remembered_ids(&self) -> Option<&dyn RememberedIds> {
-        self.inner.as_remembered_ids()
-    }
-    fn as_grant_changes(&self) -> Option<&dyn tenure_lease::GrantChanges> {
-        self.inner.as_grant_changes()
     }
 }
 

@@ -2,58 +2,10 @@
 //! an in-process store) over real HTTP. A test binary of its own: the endpoint test checks
 //! process-wide metrics that a second node in its process would change.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
-use tenure_cluster::{ClusterSettings, Node};
-use tenure_lease::{LeaseProvider, StoreRegistry, TenureConfig};
 use tenure_management::{LeaseTable, Management, ManagementSettings};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// `GET path` over a fresh connection: the status code and the body.
-async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
-    exchange(
-        addr,
-        &format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"),
-    )
-    .await
-}
-
-/// `POST path` with a bearer token: the status code and the body.
-async fn post(addr: SocketAddr, path: &str, token: &str) -> (u16, String) {
-    exchange(
-        addr,
-        &format!(
-            "POST {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-        ),
-    )
-    .await
-}
-
-async fn exchange(addr: SocketAddr, request: &str) -> (u16, String) {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).await.unwrap();
-    let status = answer
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no status line in {answer:?}"));
-    let body = answer
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use tenure_test_kit::http::{call, get, post};
 
 /// A worker that only runs.
 struct Idle;
@@ -77,10 +29,10 @@ impl tenure_sharding::daemon::DaemonWorker for Idle {
 /// without the token and 405 for a GET.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_daemon_is_resized_through_its_route() {
-    let port = free_port();
-    let config = TenureConfig::from_toml_str(
-        &format!(
-            r#"[tenure]
+    let (node, provider) = tenure_test_kit::node::start_node(
+        |port| {
+            format!(
+                r#"[tenure]
 default-lease-section = "m"
 [lease.m]
 store = "memory"
@@ -102,18 +54,12 @@ retry-interval = "100ms"
 [sharding.daemon-route]
 number-of-shards = 4
 "#
-        ),
-        "test",
+            )
+        },
+        |_| {},
     )
-    .unwrap();
-    let registry = ["sqlite", "postgres", "etcd", "zookeeper"]
-        .into_iter()
-        .fold(StoreRegistry::new(), |r, kind| r.left_out(kind, kind));
-    let provider = LeaseProvider::new(config.clone(), registry).unwrap();
-    let node = Node::start(ClusterSettings::from_config(&config).unwrap(), &provider)
-        .await
-        .unwrap();
-    let settings = ManagementSettings::from_config(&config).unwrap();
+    .await;
+    let settings = ManagementSettings::from_config(provider.config()).unwrap();
     let management = Management::start(&node, LeaseTable::default(), settings)
         .await
         .unwrap();
@@ -180,14 +126,7 @@ number-of-shards = 4
     let (status, body) = post(addr, "/cluster/daemons/nothing/resize/2", token).await;
     assert_eq!(status, 404, "{body}");
     assert!(body.contains("`nothing`"), "{body}");
-    let (status, _) = exchange(
-        addr,
-        &format!(
-            "POST {} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
-            resize("2")
-        ),
-    )
-    .await;
+    let (status, _) = call(addr, "POST", &resize("2"), None).await;
     assert_eq!(status, 401);
     assert_eq!(get(addr, &resize("2")).await.0, 405);
     daemon.stop().await;

@@ -11,56 +11,21 @@ use std::time::Duration;
 use tenure_lease::MemoryStore;
 use tenure_lease::memory::Fault;
 use tenure_management::{LeaseTable, Management, ManagementSettings};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// `GET path` over a fresh connection: the status code and the body.
-async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
-    exchange(
-        addr,
-        &format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"),
-    )
-    .await
-}
-
-/// `POST path` with a bearer token: the status code and the body.
-async fn post(addr: SocketAddr, path: &str, token: &str) -> (u16, String) {
-    exchange(
-        addr,
-        &format!(
-            "POST {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-        ),
-    )
-    .await
-}
-
-async fn exchange(addr: SocketAddr, request: &str) -> (u16, String) {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).await.unwrap();
-    let status = answer
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no status line in {answer:?}"));
-    let body = answer
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
-}
+use tenure_test_kit::eventually_async;
+use tenure_test_kit::http::{get, post};
 
 /// Polls `GET path` until `done` holds (at most a minute; each wait is a bounded poll, not
 /// a timing assertion).
 async fn until(addr: SocketAddr, path: &str, done: impl Fn(u16, &str) -> bool) -> String {
-    for _ in 0..600 {
-        let (status, body) = get(addr, path).await;
-        if done(status, &body) {
-            return body;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("GET {path} never reached the expected answer");
+    eventually_async(
+        &format!("the expected answer to GET {path}"),
+        Duration::from_secs(60),
+        async || match get(addr, path).await {
+            (status, body) if done(status, &body) => Ok(body),
+            last => Err(last),
+        },
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,60 +10,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use ractor::{ActorProcessingErr, ActorRef, RpcReplyPort};
+use ractor::ActorRef;
 use tenure_lease::{
-    AcquireOutcome, AcquireRequest, Capabilities, Fault, FencingToken, HeldLease, LeaseRecord,
-    LeaseSettings, LeaseSpec, LeaseStore, MemoryStore, RememberChange, RememberedIds, Renewal,
+    Fault, FencingToken, LeaseSpec, LeaseStore, MemoryStore, RememberChange, RememberedIds,
     StoreError, TenureConfig,
 };
-use tenure_sharding::{
-    AskReply, Entity, EntityContext, Shard, ShardArgs, ShardMsg, ShardStatus, ShardingSettings,
-    entity_factory,
-};
+use tenure_lease_kit::wrap::{StoreWrapper, Wrapped};
+use tenure_sharding::{Shard, ShardArgs, ShardMsg, ShardingSettings, entity_factory};
 use tokio::sync::mpsc;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Seen {
-    Started(String, FencingToken),
-    Stopped(String, FencingToken),
-    Got(String, FencingToken, String),
-}
-
-/// Reports its life and every message; `"passivate"` makes it ask to be passivated,
-/// `"fail"` fails the request (which stops it).
-struct Probe(mpsc::UnboundedSender<Seen>);
-
-impl Entity for Probe {
-    type Request = String;
-    type Reply = String;
-    type State = ();
-
-    async fn start(&self, ctx: &EntityContext) -> Result<(), ActorProcessingErr> {
-        let _ = self.0.send(Seen::Started(ctx.entity_id.clone(), ctx.token));
-        Ok(())
-    }
-
-    async fn handle(
-        &self,
-        ctx: &EntityContext,
-        _state: &mut (),
-        request: String,
-    ) -> Result<String, ActorProcessingErr> {
-        let _ = self
-            .0
-            .send(Seen::Got(ctx.entity_id.clone(), ctx.token, request.clone()));
-        match request.as_str() {
-            "passivate" => ctx.passivate(),
-            "fail" => return Err("asked to fail".into()),
-            _ => {}
-        }
-        Ok(format!("{}:{request}", ctx.entity_id))
-    }
-
-    async fn stop(&self, ctx: &EntityContext, _state: &mut ()) {
-        let _ = self.0.send(Seen::Stopped(ctx.entity_id.clone(), ctx.token));
-    }
-}
+mod probe;
+use probe::{LEASE, Probe, Seen, ask, lease_settings, status};
 
 /// The memory store whose `remember` fails while `refuse` is set.
 struct Refusing {
@@ -72,45 +29,13 @@ struct Refusing {
 }
 
 #[async_trait]
-impl LeaseStore for Refusing {
-    fn kind(&self) -> &'static str {
-        self.inner.kind()
+impl StoreWrapper for Refusing {
+    fn wrapped(&self) -> &dyn LeaseStore {
+        &self.inner
     }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+    fn has_remembered_ids(&self) -> bool {
+        true
     }
-    async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError> {
-        self.inner.try_acquire(req).await
-    }
-    async fn renew(
-        &self,
-        owner: &str,
-        leases: &[HeldLease],
-        ttl: Duration,
-    ) -> Result<Vec<Renewal>, StoreError> {
-        self.inner.renew(owner, leases, ttl).await
-    }
-    async fn release(
-        &self,
-        name: &str,
-        owner: &str,
-        token: FencingToken,
-    ) -> Result<bool, StoreError> {
-        self.inner.release(name, owner, token).await
-    }
-    async fn read(&self, name: &str) -> Result<Option<LeaseRecord>, StoreError> {
-        self.inner.read(name).await
-    }
-    async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
-        self.inner.list(prefix).await
-    }
-    fn as_remembered_ids(&self) -> Option<&dyn RememberedIds> {
-        Some(self)
-    }
-}
-
-#[async_trait]
-impl RememberedIds for Refusing {
     async fn remember(
         &self,
         name: &str,
@@ -130,19 +55,6 @@ impl RememberedIds for Refusing {
         self.inner.remembered(name).await
     }
 }
-
-fn lease_settings() -> LeaseSettings {
-    LeaseSettings {
-        heartbeat_timeout: Duration::from_millis(1500),
-        heartbeat_interval: Duration::from_millis(200),
-        lease_operation_timeout: Duration::from_millis(500),
-        lease_retry_interval: Duration::from_millis(100),
-        safety_margin: Duration::from_millis(200),
-        lock_delay: Duration::ZERO,
-    }
-}
-
-const LEASE: &str = "test-shard-probe-0";
 
 struct Fixture {
     store: MemoryStore,
@@ -181,10 +93,10 @@ impl Fixture {
         settings.number_of_shards = 1;
         settings.stop_timeout = Duration::from_millis(300);
         settings.lease = lease_settings();
-        let store: Arc<dyn LeaseStore> = Arc::new(Refusing {
+        let store: Arc<dyn LeaseStore> = Arc::new(Wrapped(Refusing {
             inner: self.store.clone(),
             refuse: self.refuse.clone(),
-        });
+        }));
         let args = ShardArgs {
             type_name: "probe".into(),
             shard_id: "0".into(),
@@ -218,34 +130,6 @@ impl Fixture {
     async fn remembered(&self) -> Vec<String> {
         self.store.remembered(LEASE).await.unwrap()
     }
-}
-
-fn payload(text: &str) -> Vec<u8> {
-    tenure_cluster::codec::encode_inner("entity request", "probe", &text.to_string()).unwrap()
-}
-
-async fn ask(shard: &ActorRef<ShardMsg>, entity: &str, text: &str) -> Result<String, String> {
-    let reply = shard
-        .call(
-            |r: RpcReplyPort<AskReply>| ShardMsg::Deliver {
-                entity: entity.into(),
-                payload: payload(text),
-                reply: Some(r),
-            },
-            Some(Duration::from_secs(10)),
-        )
-        .await
-        .unwrap();
-    let ractor::rpc::CallResult::Success(AskReply { result }) = reply else {
-        panic!("no answer");
-    };
-    result
-        .map(|b| tenure_cluster::codec::decode_inner("entity request", "probe", &b).unwrap())
-        .map_err(|e| e.to_string())
-}
-
-async fn status(shard: &ActorRef<ShardMsg>) -> ShardStatus {
-    ractor::call!(shard, ShardMsg::Status).unwrap()
 }
 
 fn ids(ids: &[&str]) -> Vec<String> {

@@ -11,71 +11,16 @@ use std::time::Duration;
 use ractor::rpc::CallResult;
 use ractor::{ActorProcessingErr, ActorRef, RpcReplyPort};
 use tenure_lease::{
-    AcquireOutcome, AcquireRequest, Fault, FencingToken, LeaseSettings, LeaseSpec, LeaseStore,
-    MemoryStore, TenureConfig,
+    AcquireOutcome, AcquireRequest, Fault, LeaseSpec, LeaseStore, MemoryStore, TenureConfig,
 };
 use tenure_sharding::{
-    AskReply, Entity, EntityContext, EntityFactory, Shard, ShardArgs, ShardMsg, ShardStatus,
-    ShardingSettings, entity_factory,
+    AskReply, Entity, EntityContext, EntityFactory, Shard, ShardArgs, ShardMsg, ShardingSettings,
+    entity_factory,
 };
 use tokio::sync::mpsc;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Seen {
-    Started(String, FencingToken),
-    Stopped(String, FencingToken),
-    Got(String, FencingToken, String),
-}
-
-/// Reports its life and every message; `"passivate"` makes it ask to be passivated.
-struct Probe(mpsc::UnboundedSender<Seen>);
-
-impl Entity for Probe {
-    type Request = String;
-    type Reply = String;
-    type State = ();
-
-    async fn start(&self, ctx: &EntityContext) -> Result<(), ActorProcessingErr> {
-        let _ = self.0.send(Seen::Started(ctx.entity_id.clone(), ctx.token));
-        Ok(())
-    }
-
-    async fn handle(
-        &self,
-        ctx: &EntityContext,
-        _state: &mut (),
-        request: String,
-    ) -> Result<String, ActorProcessingErr> {
-        let _ = self
-            .0
-            .send(Seen::Got(ctx.entity_id.clone(), ctx.token, request.clone()));
-        if request == "passivate" {
-            ctx.passivate();
-        }
-        if request == "slow" {
-            // Well inside the fixture's 300 ms stop-timeout, so a drain can finish.
-            tokio::time::sleep(Duration::from_millis(60)).await;
-        }
-        Ok(format!("{}:{request}", ctx.entity_id))
-    }
-
-    async fn stop(&self, ctx: &EntityContext, _state: &mut ()) {
-        let _ = self.0.send(Seen::Stopped(ctx.entity_id.clone(), ctx.token));
-    }
-}
-
-fn lease_settings() -> LeaseSettings {
-    LeaseSettings {
-        heartbeat_timeout: Duration::from_millis(1500),
-        heartbeat_interval: Duration::from_millis(200),
-        lease_operation_timeout: Duration::from_millis(500),
-        lease_retry_interval: Duration::from_millis(100),
-        safety_margin: Duration::from_millis(200),
-        lock_delay: Duration::ZERO,
-    }
-}
-
-const LEASE: &str = "test-shard-probe-0";
+mod probe;
+use probe::{LEASE, Probe, Seen, ask, lease_settings, status, tell};
 
 struct Fixture {
     store: MemoryStore,
@@ -180,47 +125,6 @@ impl Fixture {
                 .unwrap()
         );
     }
-}
-
-fn tell(shard: &ActorRef<ShardMsg>, entity: &str, text: &str) {
-    shard
-        .cast(ShardMsg::Deliver {
-            entity: entity.into(),
-            payload: tenure_cluster::codec::encode_inner(
-                "entity request",
-                "probe",
-                &text.to_string(),
-            )
-            .unwrap(),
-            reply: None,
-        })
-        .unwrap();
-}
-
-async fn ask(shard: &ActorRef<ShardMsg>, entity: &str, text: &str) -> Result<String, String> {
-    let payload =
-        tenure_cluster::codec::encode_inner("entity request", "probe", &text.to_string()).unwrap();
-    let reply = shard
-        .call(
-            |r: RpcReplyPort<AskReply>| ShardMsg::Deliver {
-                entity: entity.into(),
-                payload,
-                reply: Some(r),
-            },
-            Some(Duration::from_secs(10)),
-        )
-        .await
-        .unwrap();
-    let ractor::rpc::CallResult::Success(AskReply { result }) = reply else {
-        panic!("no answer");
-    };
-    result
-        .map(|b| tenure_cluster::codec::decode_inner("entity request", "probe", &b).unwrap())
-        .map_err(|e| e.to_string())
-}
-
-async fn status(shard: &ActorRef<ShardMsg>) -> ShardStatus {
-    ractor::call!(shard, ShardMsg::Status).unwrap()
 }
 
 #[tokio::test]

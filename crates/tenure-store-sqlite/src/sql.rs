@@ -199,14 +199,16 @@ mod tests {
         assert_eq!(prefix_end(""), None);
     }
 
-    #[test]
-    fn a_listing_reads_a_range_of_the_name_index() {
-        let dir = tempfile::tempdir().unwrap();
-        let store =
-            SqliteStore::open(dir.path().join("plan.sqlite"), Duration::from_secs(1)).unwrap();
-        drop(store);
-        let conn = rusqlite::Connection::open(dir.path().join("plan.sqlite")).unwrap();
-        let plan = |sql: &str, params: &[&dyn rusqlite::ToSql]| -> String {
+    /// The query plan SQLite chooses for `sql` with `params` on the schema of a new store
+    /// in `dir` (file `file`): the plan's lines, joined by "; ".
+    fn plans(
+        dir: &tempfile::TempDir,
+        file: &str,
+    ) -> impl Fn(&str, &[&dyn rusqlite::ToSql]) -> String {
+        let path = dir.path().join(file);
+        drop(SqliteStore::open(&path, Duration::from_secs(1)).unwrap());
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        move |sql, params| {
             conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
                 .unwrap()
                 .query_map(params, |r| r.get::<_, String>(3))
@@ -214,7 +216,13 @@ mod tests {
                 .collect::<rusqlite::Result<Vec<_>>>()
                 .unwrap()
                 .join("; ")
-        };
+        }
+    }
+
+    #[test]
+    fn a_listing_reads_a_range_of_the_name_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let plan = plans(&dir, "plan.sqlite");
         let bounded = plan(LIST, &[&"m/", &0i64, &"m0"]);
         assert!(
             bounded.contains("SEARCH tenure_lease USING INDEX")
@@ -231,18 +239,7 @@ mod tests {
     #[test]
     fn a_change_check_reads_by_index() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("changes.sqlite");
-        drop(SqliteStore::open(&path, Duration::from_secs(1)).unwrap());
-        let conn = rusqlite::Connection::open(&path).unwrap();
-        let plan = |sql: &str, params: &[&dyn rusqlite::ToSql]| -> String {
-            conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
-                .unwrap()
-                .query_map(params, |r| r.get::<_, String>(3))
-                .unwrap()
-                .collect::<rusqlite::Result<Vec<_>>>()
-                .unwrap()
-                .join("; ")
-        };
+        let plan = plans(&dir, "changes.sqlite");
         let changes = plan(CHANGES, &[&"m/"]);
         assert!(
             changes.contains("SEARCH tenure_change USING PRIMARY KEY"),

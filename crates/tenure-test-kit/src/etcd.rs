@@ -1,7 +1,6 @@
 //! Real etcd servers for tests: members on free loopback ports, data in a temp dir,
 //! killed on drop. Needs `/usr/bin/etcd` (Debian package `etcd-server`).
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
@@ -10,6 +9,7 @@ use std::time::Duration;
 use etcd_client::{Client, ConnectOptions};
 use rustix::process::Signal;
 
+use crate::ports::{self, PortTaken};
 use crate::signal::send;
 
 /// Key prefix of the stores the tests open.
@@ -50,13 +50,6 @@ fn etcdctl(args: &[&str]) {
     );
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free loopback port")
-        .port()
-}
-
 struct Member {
     name: String,
     client_port: u16,
@@ -87,6 +80,23 @@ impl Etcd {
 
     /// `n` members, started together and healthy (a leader elected).
     pub async fn cluster(n: usize) -> Self {
+        for _ in 1..ports::ATTEMPTS {
+            let etcd = Etcd::configure(n);
+            etcd.start_members();
+            // A port taken before its member bound it: a new cluster on other ports (the
+            // killed one's directory goes with it).
+            if etcd.healthy().await.is_ok() {
+                return etcd;
+            }
+        }
+        let etcd = Etcd::configure(n);
+        etcd.start_members();
+        etcd.wait_healthy().await;
+        etcd
+    }
+
+    /// `n` members on distinct free ports, data in a new temp dir, none started.
+    fn configure(n: usize) -> Self {
         let base = if Path::new("/dev/shm").is_dir() {
             tempfile::Builder::new()
                 .prefix("tenure-etcd-")
@@ -95,20 +105,30 @@ impl Etcd {
             tempfile::Builder::new().prefix("tenure-etcd-").tempdir()
         };
         let dir = base.expect("temp dir for etcd data");
-        let members: Vec<Member> = (0..n)
-            .map(|i| Member {
+        let mut chosen: Vec<u16> = Vec::with_capacity(2 * n);
+        while chosen.len() < 2 * n {
+            let port = ports::free();
+            if !chosen.contains(&port) {
+                chosen.push(port);
+            }
+        }
+        let members: Vec<Member> = chosen
+            .chunks(2)
+            .enumerate()
+            .map(|(i, pair)| Member {
                 name: format!("m{i}"),
-                client_port: free_port(),
-                peer_port: free_port(),
+                client_port: pair[0],
+                peer_port: pair[1],
                 child: Mutex::new(None),
             })
             .collect();
-        let etcd = Etcd { dir, members };
-        for i in 0..n {
-            etcd.start_member(i);
+        Etcd { dir, members }
+    }
+
+    fn start_members(&self) {
+        for i in 0..self.members.len() {
+            self.start_member(i);
         }
-        etcd.wait_healthy().await;
-        etcd
     }
 
     fn start_member(&self, i: usize) {
@@ -170,8 +190,20 @@ impl Etcd {
         out
     }
 
-    /// Waits until every running member answers a linearizable read (a leader exists).
+    /// Waits until every running member answers a linearizable read (a leader exists);
+    /// panics, with the members' logs, when one does not.
     pub async fn wait_healthy(&self) {
+        if let Err(PortTaken) = self.healthy().await {
+            panic!(
+                "an etcd member could not bind its port: another process took it\n{}",
+                self.log_tail()
+            );
+        }
+    }
+
+    /// [`wait_healthy`](Self::wait_healthy), but `PortTaken` when a member exited because
+    /// its port was taken.
+    async fn healthy(&self) -> Result<(), PortTaken> {
         for (i, m) in self.members.iter().enumerate() {
             if m.child.lock().unwrap().is_none() {
                 continue;
@@ -192,6 +224,9 @@ impl Etcd {
                 {
                     break;
                 }
+                if self.exited_on_a_taken_port(m) {
+                    return Err(PortTaken);
+                }
                 tries += 1;
                 assert!(
                     tries < 100,
@@ -202,6 +237,22 @@ impl Etcd {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
+        Ok(())
+    }
+
+    /// Whether `m` has exited and its log says its port was taken.
+    fn exited_on_a_taken_port(&self, m: &Member) -> bool {
+        let exited = m
+            .child
+            .lock()
+            .unwrap()
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))));
+        exited
+            && ports::taken(
+                &std::fs::read_to_string(self.dir.path().join(format!("{}.log", m.name)))
+                    .unwrap_or_default(),
+            )
     }
 
     /// A client of every member, as another process would open it (connect timeout

@@ -9,7 +9,8 @@
 //! `tenure` processes in a sandbox, clusters of nodes with faults (the demo's cluster
 //! harness, with this build's binary), what their histories show; and [`example`] runs a
 //! built example. `node` (feature `node`): a node alone in its cluster on the memory
-//! store, in the test's own process. [`eventually`] is the one bounded polling loop of the tests.
+//! store, in the test's own process. [`eventually`] is the one bounded polling loop of the tests;
+//! [`http`] asks a management endpoint.
 
 #[cfg(feature = "cli")]
 pub mod cli;
@@ -18,8 +19,10 @@ mod eventually;
 pub mod example;
 mod gate;
 mod history;
+pub mod http;
 #[cfg(feature = "node")]
 pub mod node;
+mod ports;
 pub mod postgres;
 pub mod signal;
 pub mod zookeeper;

@@ -5,9 +5,7 @@
 use tenure_cluster::{ClusterError, ClusterSettings, Node};
 use tenure_lease::{LeaseProvider, StoreRegistry, TenureConfig};
 
-/// How many free ports [`start_node`] tries before it fails: another process may take the
-/// port between choosing it and binding it, which is retried, never a test failure.
-const PORT_ATTEMPTS: usize = 10;
+use crate::ports;
 
 /// The `[tenure]`, `[lease.memory]` and `[cluster]` sections of a node alone in its cluster
 /// on `port` with `cookie` (32 characters or more): the memory store with short leases
@@ -42,8 +40,8 @@ pub async fn start_node(
     config: impl Fn(u16) -> String,
     prepare: impl Fn(&LeaseProvider),
 ) -> (Node, LeaseProvider) {
-    for _ in 0..PORT_ATTEMPTS {
-        let toml = config(free_port());
+    for _ in 0..ports::ATTEMPTS {
+        let toml = config(ports::free());
         let config = TenureConfig::from_toml_str(&toml, "test")
             .unwrap_or_else(|e| panic!("the test's config: {e}\n{toml}"));
         let registry = ["sqlite", "postgres", "etcd", "zookeeper"]
@@ -61,14 +59,8 @@ pub async fn start_node(
             Err(e) => panic!("the test's node did not start: {e}"),
         }
     }
-    panic!("the test's node found no free port in {PORT_ATTEMPTS} attempts")
-}
-
-/// A loopback port that was free a moment ago (the caller binds it, retrying on
-/// `AddrInUse`).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("bind a free loopback port")
-        .port()
+    panic!(
+        "the test's node found no free port in {} attempts",
+        ports::ATTEMPTS
+    )
 }

@@ -71,13 +71,7 @@ fn hand_over(path: &Path) {
     );
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free loopback port")
-        .port()
-}
-
+use crate::ports::{self, PortTaken};
 use crate::signal::send as signal;
 use rustix::process::Signal;
 
@@ -163,20 +157,38 @@ impl PgServer {
             "initdb failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let server = PgServer {
+        let mut server = PgServer {
             dir,
             bin,
-            port: free_port(),
+            port: ports::free(),
             child: Mutex::new(None),
             env: Mutex::new(Vec::new()),
         };
+        for _ in 1..ports::ATTEMPTS {
+            match server.launch() {
+                Ok(()) => return server,
+                Err(PortTaken) => server.port = ports::free(),
+            }
+        }
         server.start_again();
         server
     }
 
     /// Starts the server (again) on the same data directory and port; waits until it
-    /// accepts connections.
+    /// accepts connections. Panics, with the log, when it does not.
     pub fn start_again(&self) {
+        if let Err(PortTaken) = self.launch() {
+            panic!(
+                "postgres could not bind port {}: another process took it\n{}",
+                self.port,
+                self.log_tail()
+            );
+        }
+    }
+
+    /// Starts the server and waits until it accepts connections; `PortTaken` when it
+    /// exited because its port was taken. Panics, with the log, on any other failure.
+    fn launch(&self) -> Result<(), PortTaken> {
         let mut slot = self.child.lock().unwrap();
         assert!(slot.is_none(), "server already running");
         let log = std::fs::OpenOptions::new()
@@ -184,6 +196,7 @@ impl PgServer {
             .append(true)
             .open(self.log_path())
             .expect("log file");
+        let logged = log.metadata().map_or(0, |m| m.len());
         // The environment is set by `env`, run as the server user: set on `setpriv`, a
         // preloaded libfaketime would make shared memory as root that the server cannot open.
         let child = command(Path::new("/usr/bin/env"))
@@ -214,7 +227,7 @@ impl PgServer {
             .expect("start postgres");
         *slot = Some(child);
         drop(slot);
-        self.wait_ready();
+        self.wait_ready(logged)
     }
 
     fn log_path(&self) -> PathBuf {
@@ -227,7 +240,9 @@ impl PgServer {
         lines[lines.len().saturating_sub(20)..].join("\n")
     }
 
-    fn wait_ready(&self) {
+    /// Waits until the server accepts connections; `PortTaken` when it exited and what it
+    /// logged past `logged` (bytes) says its port was taken.
+    fn wait_ready(&self, logged: u64) -> Result<(), PortTaken> {
         let started = Instant::now();
         loop {
             let ok = Command::new(self.bin.join("pg_isready"))
@@ -236,13 +251,21 @@ impl PgServer {
                 .map(|s| s.success())
                 .unwrap_or(false);
             if ok {
-                return;
+                return Ok(());
             }
-            if let Some(child) = self.child.lock().unwrap().as_mut()
+            let mut slot = self.child.lock().unwrap();
+            if let Some(child) = slot.as_mut()
                 && let Ok(Some(status)) = child.try_wait()
             {
+                let log = std::fs::read(self.log_path()).unwrap_or_default();
+                let since = log.get(logged as usize..).unwrap_or_default();
+                if ports::taken(&String::from_utf8_lossy(since)) {
+                    *slot = None;
+                    return Err(PortTaken);
+                }
                 panic!("postgres exited ({status}):\n{}", self.log_tail());
             }
+            drop(slot);
             assert!(
                 started.elapsed() < Duration::from_secs(60),
                 "postgres did not accept connections within 60 s:\n{}",

@@ -4,11 +4,13 @@
 //! Killed when dropped.
 
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
+
+use crate::ports;
 
 /// The server jar of Debian's `zookeeper` package.
 pub const SERVER_JAR: &str = "/usr/share/java/zookeeper.jar";
@@ -49,12 +51,6 @@ impl std::fmt::Debug for TestServer {
             .field("port", &self.port)
             .finish()
     }
-}
-
-fn free_port() -> std::io::Result<u16> {
-    Ok(TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?
-        .local_addr()?
-        .port())
 }
 
 /// Asks `srvr` on the client port; true once the server serves requests.
@@ -132,27 +128,57 @@ impl TestServer {
                 dir: std::env::temp_dir(),
                 detail: format!("temp dir: {e}"),
             })?;
+        let dir_path = dir.path().to_path_buf();
         let fail = |detail: String| ServerError::Failed {
-            dir: dir.path().to_path_buf(),
+            dir: dir_path.clone(),
             detail,
         };
-        let port = free_port().map_err(|e| fail(format!("no free port: {e}")))?;
         let data = dir.path().join("data");
         std::fs::create_dir_all(&data).map_err(|e| fail(e.to_string()))?;
-        let cfg = format!(
-            "tickTime={}\ndataDir={}\nclientPort={port}\nclientPortAddress=127.0.0.1\n\
-             admin.enableServer=false\n4lw.commands.whitelist=ruok,srvr\nforceSync=no\n",
-            tick.as_millis().max(1),
-            data.display()
-        );
-        std::fs::write(dir.path().join("zoo.cfg"), cfg).map_err(|e| fail(e.to_string()))?;
-        let server = TestServer {
+        let mut server = TestServer {
             dir,
-            port,
+            port: 0,
             child: Mutex::new(None),
         };
-        server.start_again()?;
-        Ok(server)
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            server.port = ports::free();
+            let cfg = format!(
+                "tickTime={}\ndataDir={}\nclientPort={}\nclientPortAddress=127.0.0.1\n\
+                 admin.enableServer=false\n4lw.commands.whitelist=ruok,srvr\nforceSync=no\n",
+                tick.as_millis().max(1),
+                data.display(),
+                server.port
+            );
+            std::fs::write(server.dir.path().join("zoo.cfg"), cfg)
+                .map_err(|e| fail(e.to_string()))?;
+            let logged = std::fs::metadata(server.log_path()).map_or(0, |m| m.len());
+            match server.start_again() {
+                Ok(()) => return Ok(server),
+                // Its port taken before it bound it: again on another.
+                Err(_) if attempt < ports::ATTEMPTS && server.port_was_taken(logged) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// The server's log file.
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join("zookeeper.log")
+    }
+
+    /// Whether the server is not running and what it logged past `logged` (bytes) says its
+    /// port was taken.
+    fn port_was_taken(&self, logged: u64) -> bool {
+        let log = std::fs::read(self.log_path()).unwrap_or_default();
+        self.child
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_none()
+            && ports::taken(&String::from_utf8_lossy(
+                log.get(logged as usize..).unwrap_or_default(),
+            ))
     }
 
     /// `host:port` for clients.
@@ -178,7 +204,7 @@ impl TestServer {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(self.dir.path().join("zookeeper.log"))
+            .open(self.log_path())
             .map_err(|e| fail(e.to_string()))?;
         let log2 = log.try_clone().map_err(|e| fail(e.to_string()))?;
         let mut command = Command::new("java");

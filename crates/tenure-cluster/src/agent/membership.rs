@@ -611,9 +611,10 @@ mod tests {
     use async_trait::async_trait;
     use tenure_lease::config::LeaseSection;
     use tenure_lease::{
-        AcquireOutcome, AcquireRequest, Capabilities, ConfigError, GrantChanges, HeldLease,
-        LeaseProvider, MemoryStore, Renewal, StoreError, StoreFactory, StoreRegistry, TenureConfig,
+        AcquireOutcome, AcquireRequest, ConfigError, GrantChanges, HeldLease, LeaseProvider,
+        MemoryStore, StoreError, StoreFactory, StoreRegistry, TenureConfig,
     };
+    use tenure_lease_kit::wrap::{StoreWrapper, Wrapped};
 
     use super::*;
     use crate::Node;
@@ -647,34 +648,12 @@ mod tests {
     }
 
     #[async_trait]
-    impl LeaseStore for Counting {
+    impl StoreWrapper for Counting {
+        fn wrapped(&self) -> &dyn LeaseStore {
+            &self.inner
+        }
         fn kind(&self) -> &'static str {
             "counting"
-        }
-        fn capabilities(&self) -> Capabilities {
-            self.inner.capabilities()
-        }
-        async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError> {
-            self.inner.try_acquire(req).await
-        }
-        async fn renew(
-            &self,
-            owner: &str,
-            leases: &[HeldLease],
-            ttl: Duration,
-        ) -> Result<Vec<Renewal>, StoreError> {
-            self.inner.renew(owner, leases, ttl).await
-        }
-        async fn release(
-            &self,
-            name: &str,
-            owner: &str,
-            token: FencingToken,
-        ) -> Result<bool, StoreError> {
-            self.inner.release(name, owner, token).await
-        }
-        async fn read(&self, name: &str) -> Result<Option<LeaseRecord>, StoreError> {
-            self.inner.read(name).await
         }
         async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
             let listed = self.inner.list(prefix).await?;
@@ -682,13 +661,9 @@ mod tests {
             self.counts.rows.fetch_add(listed.len() as u64, Relaxed);
             Ok(listed)
         }
-        fn as_grant_changes(&self) -> Option<&dyn GrantChanges> {
-            if self.checks { Some(self) } else { None }
+        fn has_grant_changes(&self) -> bool {
+            self.checks
         }
-    }
-
-    #[async_trait]
-    impl GrantChanges for Counting {
         async fn changes_since(
             &self,
             prefix: &str,
@@ -714,11 +689,11 @@ mod tests {
             Ok(())
         }
         async fn open(&self, _section: &LeaseSection) -> Result<Arc<dyn LeaseStore>, ConfigError> {
-            Ok(Arc::new(Counting {
+            Ok(Arc::new(Wrapped(Counting {
                 inner: MemoryStore::shared(&self.namespace),
                 counts: self.counts.clone(),
                 checks: self.checks,
-            }))
+            })))
         }
     }
 

@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use tokio::time::sleep;
 
 use super::AnswerDelay;
+use crate::wrap::{StoreWrapper, Wrapped};
 use tenure_lease::FencingToken;
 use tenure_lease::{
     AcquireOutcome, AcquireRequest, HeldLease, LeaseRecord, LeaseStore, Renewal, StoreError,
@@ -29,7 +30,10 @@ use tenure_lease::{
 /// Faults apply to the operations of [`LeaseStore`]; the store's capabilities (its fair
 /// queue, preemption requests, watch and remembered ids) are the wrapped client's, reached
 /// without faults.
-pub struct FaultyClient {
+pub type FaultyClient = Wrapped<Faults>;
+
+/// The switches and records of a [`FaultyClient`] and the client it wraps.
+pub struct Faults {
     inner: Arc<dyn LeaseStore>,
     cut: AtomicBool,
     delay: Mutex<Option<Duration>>,
@@ -43,7 +47,7 @@ pub struct FaultyClient {
 impl FaultyClient {
     /// Wraps `inner`, neither cut nor delayed.
     pub fn new(inner: Arc<dyn LeaseStore>) -> Arc<Self> {
-        Arc::new(FaultyClient {
+        Arc::new(Wrapped(Faults {
             inner,
             cut: AtomicBool::new(false),
             delay: Mutex::new(None),
@@ -52,9 +56,11 @@ impl FaultyClient {
             acquires_held: AtomicBool::new(false),
             held_acquires: AtomicUsize::new(0),
             granted: Mutex::new(Vec::new()),
-        })
+        }))
     }
+}
 
+impl Faults {
     /// `true`: from now on every renewal fails at once with an error (unknown outcome),
     /// without reaching the store; `false`: renewals pass again.
     pub fn set_renewals_cut(&self, cut: bool) {
@@ -133,15 +139,9 @@ impl AnswerDelay for Arc<FaultyClient> {
 }
 
 #[async_trait]
-impl LeaseStore for FaultyClient {
-    fn kind(&self) -> &'static str {
-        self.inner.kind()
-    }
-    fn capabilities(&self) -> tenure_lease::Capabilities {
-        self.inner.capabilities()
-    }
-    fn name_rules(&self) -> tenure_lease::names::NameRules {
-        self.inner.name_rules()
+impl StoreWrapper for Faults {
+    fn wrapped(&self) -> &dyn LeaseStore {
+        &*self.inner
     }
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError> {
         if self.acquires_held.load(Ordering::SeqCst) {
@@ -187,20 +187,5 @@ impl LeaseStore for FaultyClient {
     }
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
         self.pass(self.inner.list(prefix)).await
-    }
-    fn as_fair_queue(&self) -> Option<&dyn tenure_lease::FairQueue> {
-        self.inner.as_fair_queue()
-    }
-    fn as_preemption_requests(&self) -> Option<&dyn tenure_lease::PreemptionRequests> {
-        self.inner.as_preemption_requests()
-    }
-    fn as_holder_watch(&self) -> Option<&dyn tenure_lease::HolderWatch> {
-        self.inner.as_holder_watch()
-    }
-    fn as_remembered_ids(&self) -> Option<&dyn tenure_lease::RememberedIds> {
-        self.inner.as_remembered_ids()
-    }
-    fn as_grant_changes(&self) -> Option<&dyn tenure_lease::GrantChanges> {
-        self.inner.as_grant_changes()
     }
 }

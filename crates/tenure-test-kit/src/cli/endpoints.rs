@@ -1,12 +1,12 @@
 //! Harness clusters with each node's management endpoint on: the launcher, each endpoint's
 //! address (from the node's log) and plain HTTP/1.1 requests to it.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use super::cluster::{Cluster, Options, TestCluster};
 use crate::eventually;
+pub use crate::http::request;
 
 /// Starts `n` nodes with `options` and the management endpoint on (`management`: more lines
 /// of `[cluster.management]`), each endpoint on port 0 (no port to race for: the node logs
@@ -67,30 +67,4 @@ pub fn plain(line: &str) -> String {
         }
     }
     out
-}
-
-/// `method path` on `addr` (HTTP/1.1, one connection, no body) with an optional bearer
-/// token, waiting at most `wait` to connect and between reads: the status code and body,
-/// or `None` when the endpoint did not answer (refused, closed, timed out).
-pub fn request(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    token: Option<&str>,
-    wait: Duration,
-) -> Option<(u16, String)> {
-    let mut stream = TcpStream::connect_timeout(&addr, wait).ok()?;
-    stream.set_read_timeout(Some(wait)).ok()?;
-    let auth = token
-        .map(|t| format!("Authorization: Bearer {t}\r\n"))
-        .unwrap_or_default();
-    write!(
-        stream,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).ok()?;
-    let status = answer.split_whitespace().nth(1)?.parse().ok()?;
-    Some((status, answer.split_once("\r\n\r\n")?.1.to_string()))
 }

@@ -11,6 +11,8 @@ use tenure::TenureConfig;
 use tenure::cluster::{ClusterSettings, Node};
 use tenure::sharding::{EntityFactory, ShardRegion};
 
+use super::cluster::{PortHold, hold_ports};
+
 /// The config of one of the two nodes: `port`, dialling `seed`, with `roles` (a TOML list
 /// body, e.g. `"\"echo\""`); entity type `type_name` (role `type_name`, `shards` shards) and
 /// the SQLite file in `dir`.
@@ -52,15 +54,22 @@ pub async fn start(
     (node, region)
 }
 
-/// Two free loopback ports: the hosting node's, then this process's.
-pub fn ports() -> [u16; 2] {
-    [0, 1].map(|_| {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .expect("bind a free port")
-            .local_addr()
-            .expect("local address")
-            .port()
-    })
+/// The two nodes' loopback ports, the hosting node's then this process's, each held (see
+/// [`PortHold`]) until its node is about to bind it: no other process can take a port
+/// between choosing it and the node's start.
+pub struct Ports {
+    numbers: [u16; 2],
+    holds: [Option<PortHold>; 2],
+}
+
+/// Two free loopback ports, held until [`spawn_host`] and [`start_sender`] start the nodes
+/// on them (panics when there are not two free).
+pub fn ports() -> Ports {
+    let [host, sender]: [PortHold; 2] = hold_ports(2).try_into().expect("two held ports");
+    Ports {
+        numbers: [host.port(), sender.port()],
+        holds: [Some(host), Some(sender)],
+    }
 }
 
 /// The hosting process, killed when dropped (also when the test or bench panics).
@@ -73,12 +82,13 @@ impl Drop for Host {
     }
 }
 
-/// Writes the hosting node's config (port `ports[0]`, entity type `type_name` with
+/// Writes the hosting node's config (the first of `ports`, entity type `type_name` with
 /// `shards` shards) in `dir`, runs this binary again with `args` and `var` naming that
-/// config, and waits for its `ready` line (its other output is skipped).
+/// config (letting go of the port held for it just before), and waits for its `ready` line
+/// (its other output is skipped).
 pub fn spawn_host(
     dir: &Path,
-    ports: [u16; 2],
+    ports: &mut Ports,
     type_name: &str,
     shards: usize,
     args: &[&str],
@@ -88,9 +98,17 @@ pub fn spawn_host(
     let roles = format!("\"{type_name}\"");
     std::fs::write(
         &path,
-        config(dir, ports[0], ports[0], &roles, type_name, shards),
+        config(
+            dir,
+            ports.numbers[0],
+            ports.numbers[0],
+            &roles,
+            type_name,
+            shards,
+        ),
     )
     .expect("write the host's config");
+    ports.holds[0] = None;
     let mut child = Host(
         Command::new(std::env::current_exe().expect("this binary"))
             .args(args)
@@ -110,11 +128,18 @@ pub fn spawn_host(
     child
 }
 
-/// This process's node config (port `ports[1]`, proxy-only for `type_name`).
-pub fn sender_config(dir: &Path, ports: [u16; 2], type_name: &str, shards: usize) -> TenureConfig {
-    TenureConfig::from_toml_str(
-        &config(dir, ports[1], ports[0], "", type_name, shards),
-        "pair",
-    )
-    .expect("the sender's config")
+/// Starts this process's node on the second of `ports` (letting go of the port held for it
+/// just before), proxy-only for `type_name` with `shards` shards, dialling the hosting node.
+pub async fn start_sender(
+    dir: &Path,
+    ports: Ports,
+    type_name: &str,
+    shards: usize,
+) -> (Node, ShardRegion) {
+    let [host, sender] = ports.numbers;
+    let config =
+        TenureConfig::from_toml_str(&config(dir, sender, host, "", type_name, shards), "pair")
+            .expect("the sender's config");
+    drop(ports);
+    start(&config, type_name, None).await
 }
