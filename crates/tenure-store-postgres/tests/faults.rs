@@ -478,6 +478,7 @@ async fn later_grant(
     let store = store.clone();
     let mut acquire = std::pin::pin!(tokio::spawn(async move { grant(&store, &req).await }));
     if let Some(token) = until_a_lock_wait(watch, &mut acquire).await {
+        let token = token.expect("the acquire");
         panic!("granted {token:?} while a guarded write under {before:?} was open");
     }
     tx.commit().await.unwrap();
