@@ -39,6 +39,7 @@
 use rustix::process::Signal;
 use tenure_test_kit::cli;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -1047,7 +1048,14 @@ fn run_seed(store: Store, seed: u64) {
                     let stderr = node.stderr();
                     let lines: Vec<&str> = stderr.lines().collect();
                     let tail = lines[lines.len().saturating_sub(40)..].join("\n");
-                    eprintln!("node {i} ({}) log ends:\n{tail}", node.addr);
+                    let state = node
+                        .pid()
+                        .map(|pid| process_state(pid.as_raw_nonzero().get()));
+                    eprintln!(
+                        "node {i} ({}) process: {}\nlog ends:\n{tail}",
+                        node.addr,
+                        state.unwrap_or_else(|| "not started".into())
+                    );
                 }
                 std::panic::resume_unwind(panic);
             }
@@ -1088,4 +1096,29 @@ fn faults_on_zookeeper() {
             .expect("start ZooKeeper (Debian package `zookeeper`)");
         Store::ZooKeeper(server)
     });
+}
+
+/// What the kernel says of process `pid` (for a node that stopped answering): its state
+/// (`R` running, `S` sleeping, `T` stopped by a signal, `Z` exited and not reaped), and per
+/// thread the state and the kernel function it waits in, so that a hang, a stop and an exit
+/// tell apart.
+fn process_state(pid: i32) -> String {
+    let stat = |path: PathBuf| {
+        std::fs::read_to_string(path)
+            .ok()
+            .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| rest.chars().next()))
+            .flatten()
+    };
+    let Some(state) = stat(PathBuf::from(format!("/proc/{pid}/stat"))) else {
+        return format!("pid {pid}: gone");
+    };
+    let mut threads: BTreeMap<String, usize> = BTreeMap::new();
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for task in tasks.flatten() {
+            let wchan = std::fs::read_to_string(task.path().join("wchan")).unwrap_or_default();
+            let state = stat(task.path().join("stat")).unwrap_or('?');
+            *threads.entry(format!("{state} {wchan}")).or_default() += 1;
+        }
+    }
+    format!("pid {pid} state {state}; threads (state, waiting in): {threads:?}")
 }

@@ -21,7 +21,7 @@ use tracing::Instrument;
 use crate::driver::Driver;
 use crate::error::{ConfigError, LeaseError};
 use crate::events::{LeaseEventSink, LeaseState, LostCallback, SharedBelief};
-use crate::machine::{self, Input, Machine, Timer};
+use crate::machine::{self, Input, Machine, ReleaseScope, Timer};
 use crate::names::{check_lease_name, store_name};
 use crate::priority::AcquireOptions;
 use crate::renewal::RenewalBatcher;
@@ -209,6 +209,17 @@ pub enum LeaseMsg {
     /// Stop trying, give the belief up and release the grant: `Ok(true)` released,
     /// `Ok(false)` nothing was held, `Err` unknown (the grant then expires after its ttl).
     Release(RpcReplyPort<Result<bool, LeaseError>>),
+    /// As `Release`, for a caller that acts on grants (starts work under a token): only a
+    /// grant it has seen is released, one with a token at most `seen`. A grant won while
+    /// this message waited behind an acquire attempt is kept and announced as usual
+    /// (`LeaseGranted`), for the caller to act on or release then; trying stops either way.
+    /// `Ok(true)` released, `Ok(false)` nothing seen was held, `Err` unknown.
+    ReleaseSeen {
+        /// The newest token the caller has seen (`None`: none).
+        seen: Option<FencingToken>,
+        /// Where to answer.
+        reply: RpcReplyPort<Result<bool, LeaseError>>,
+    },
     /// Keep this note with every later acquire (`None`: keep the store's). A held grant's
     /// note changes at its next acquire attempt (a `TryAcquire` re-enters at once), never
     /// at a renewal.
@@ -412,6 +423,11 @@ impl Actor for LeaseActor {
             }
             LeaseMsg::Release(reply) => Input::Release {
                 reply: ReleaseCaller::Port(reply),
+                scope: ReleaseScope::Any,
+            },
+            LeaseMsg::ReleaseSeen { seen, reply } => Input::Release {
+                reply: ReleaseCaller::Port(reply),
+                scope: ReleaseScope::Seen(seen),
             },
             LeaseMsg::NotCurrent(token) => Input::NotCurrent { token },
             LeaseMsg::RetryAcquire => Input::Timer(Timer::Retry),
@@ -438,6 +454,7 @@ impl Actor for LeaseActor {
     ) -> Result<(), ActorProcessingErr> {
         let release = Input::Release {
             reply: ReleaseCaller::Stop,
+            scope: ReleaseScope::Any,
         };
         state.driver.stop(release).await;
         Ok(())

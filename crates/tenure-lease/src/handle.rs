@@ -12,7 +12,7 @@ use crate::actor::{
 use crate::driver::MachineInput;
 use crate::error::LeaseError;
 use crate::events::{LeaseEventSink, LeaseLost};
-use crate::machine::Input;
+use crate::machine::{Input, ReleaseScope};
 use crate::settings::LeaseSettings;
 use crate::token::FencingToken;
 
@@ -199,6 +199,7 @@ impl Lease {
         let (tx, _answer) = ractor::concurrency::oneshot();
         self.inner.view.driver.enqueue(Input::Release {
             reply: ReleaseCaller::Port(tx.into()),
+            scope: ReleaseScope::Any,
         });
     }
 
@@ -213,6 +214,7 @@ impl Lease {
         self.forget_lost_callbacks();
         self.command(|reply| Input::Release {
             reply: ReleaseCaller::Port(reply),
+            scope: ReleaseScope::Any,
         })
         .await
     }

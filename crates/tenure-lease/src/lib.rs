@@ -96,6 +96,7 @@ pub use events::{
 pub use fence::{FenceCheck, FenceError, StaleToken};
 pub use grant::Grant;
 pub use handle::Lease;
+pub use machine::ReleaseScope;
 pub use memory::{Fault, MemoryStore, MemoryStoreFactory};
 pub use priority::AcquireOptions;
 pub use provider::{LeaseProvider, StoreFactory, StoreRegistry};

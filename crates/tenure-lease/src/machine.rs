@@ -133,6 +133,26 @@ pub(crate) enum Outcome {
     Withdrawn,
 }
 
+/// Which grant a release may end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReleaseScope {
+    /// Whatever grant is held.
+    Any,
+    /// Only a grant the caller has seen: token at most this one (`None`: none seen). A
+    /// newer grant, won while the release waited behind an acquire attempt, is kept.
+    Seen(Option<FencingToken>),
+}
+
+impl ReleaseScope {
+    /// Whether a release in this scope ends the grant with `token`.
+    pub fn covers(self, token: FencingToken) -> bool {
+        match self {
+            ReleaseScope::Any => true,
+            ReleaseScope::Seen(seen) => seen.is_some_and(|s| token <= s),
+        }
+    }
+}
+
 /// One input of the machine. `A` answers acquire callers, `L` release callers.
 #[derive(Debug)]
 pub(crate) enum Input<A, L> {
@@ -142,8 +162,8 @@ pub(crate) enum Input<A, L> {
     TryAcquire { reply: A },
     /// While trying, retry every `pace` instead of the retry interval (`None`: back to it).
     RetryPace(Option<Duration>),
-    /// Stop trying, give the belief up and release the grant; answer `reply`.
-    Release { reply: L },
+    /// Stop trying, give the belief up and release the grant (within `scope`); answer `reply`.
+    Release { reply: L, scope: ReleaseScope },
     /// The actor is gone without a graceful stop (killed, failed): give everything up and
     /// clean up in the background.
     Abandon,
@@ -523,7 +543,7 @@ impl<A, L> Machine<A, L> {
                     self.arm_retry(now, out);
                 }
             }
-            Input::Release { reply } => self.release(reply, out),
+            Input::Release { reply, scope } => self.release(reply, scope, out),
             Input::Abandon => self.abandon(out),
             Input::Timer(Timer::Retry) => {
                 self.retry_armed = false;
@@ -1042,8 +1062,22 @@ impl<A, L> Machine<A, L> {
 
     // --- releasing ---
 
-    fn release(&mut self, reply: L, out: &mut Out<A, L>) {
+    fn release(&mut self, reply: L, scope: ReleaseScope, out: &mut Out<A, L>) {
         self.wanted = false;
+        if let Some(h) = self.belief.held()
+            && !scope.covers(h.token)
+        {
+            // Won after the caller decided to release (its release waited behind the
+            // attempt): the caller hears of it as a grant and decides on it then, so that a
+            // grant it already acts on is never ended under it.
+            self.retry_armed = false;
+            out.push(Effect::Disarm(Timer::Retry));
+            out.push(Effect::ReplyRelease {
+                to: reply,
+                answer: Ok(false),
+            });
+            return;
+        }
         if let Some(p) = self.preempting.take() {
             out.push(Effect::Disarm(Timer::Poll));
             let target = p.target;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::machine::{
-    Call, Config, Effect, Event, Input, Machine, Outcome, Phase, Timer, WAKE_EARLY,
+    Call, Config, Effect, Event, Input, Machine, Outcome, Phase, ReleaseScope, Timer, WAKE_EARLY,
 };
 use crate::store::{AcquireOutcome, LeaseRecord, PreemptAnswer, PreemptionRequest, Renewal};
 use crate::validity::LostReason;
@@ -323,7 +323,13 @@ fn release_while_renewing_gives_up_at_once_and_a_late_renewal_changes_nothing() 
     let mut s = Story::new(config());
     s.granted(0, 50, 7);
     s.feed(1000, Input::RenewDue { generation: 1 });
-    let fx = s.feed(1100, Input::Release { reply: 9 });
+    let fx = s.feed(
+        1100,
+        Input::Release {
+            reply: 9,
+            scope: ReleaseScope::Any,
+        },
+    );
     assert_eq!(
         events(&fx),
         [Event::Released {
@@ -364,7 +370,13 @@ fn release_while_renewing_gives_up_at_once_and_a_late_renewal_changes_nothing() 
     assert!(s.m.current(s.at(1300)).is_none());
     assert_eq!(s.m.phase(s.at(1300)), Phase::Idle);
     // Nothing is held any more, and nothing of ours can be in the store.
-    let fx = s.feed(1400, Input::Release { reply: 10 });
+    let fx = s.feed(
+        1400,
+        Input::Release {
+            reply: 10,
+            scope: ReleaseScope::Any,
+        },
+    );
     assert!(
         matches!(
             fx[..],
@@ -522,7 +534,13 @@ fn an_unknown_acquire_outcome_is_maybe_granted() {
     assert!(matches!(&acquire_replies(&fx)[..], [(1, Err(_))]));
     assert!(s.m.current(s.at(500)).is_none(), "never believed");
     // Release looks for a grant of ours in the store instead of answering "nothing held".
-    let fx = s.feed(600, Input::Release { reply: 2 });
+    let fx = s.feed(
+        600,
+        Input::Release {
+            reply: 2,
+            scope: ReleaseScope::Any,
+        },
+    );
     assert_eq!(calls(&fx), [Call::Release { token: None }]);
     let fx = s.answer(700, Outcome::Release(Ok(true)));
     assert!(matches!(
@@ -535,7 +553,13 @@ fn an_unknown_acquire_outcome_is_maybe_granted() {
     // A certain "held by another owner" leaves nothing of ours.
     s.feed(800, Input::TryAcquire { reply: 3 });
     s.answer(900, held_by("other", 3, 0));
-    let fx = s.feed(1000, Input::Release { reply: 4 });
+    let fx = s.feed(
+        1000,
+        Input::Release {
+            reply: 4,
+            scope: ReleaseScope::Any,
+        },
+    );
     assert!(matches!(
         fx.last(),
         Some(Effect::ReplyRelease {
@@ -650,7 +674,16 @@ fn commands_that_arrive_while_a_call_is_awaited_are_handled_after_its_answer() {
     let mut s = Story::new(config());
     s.feed(0, Input::TryAcquire { reply: 1 });
     assert!(s.m.awaiting());
-    assert!(s.feed(10, Input::Release { reply: 2 }).is_empty());
+    assert!(
+        s.feed(
+            10,
+            Input::Release {
+                reply: 2,
+                scope: ReleaseScope::Any
+            }
+        )
+        .is_empty()
+    );
     let fx = s.answer(20, acquired(7));
     let evs = events(&fx);
     assert!(
@@ -664,6 +697,47 @@ fn commands_that_arrive_while_a_call_is_awaited_are_handled_after_its_answer() {
         "{evs:?}"
     );
     assert_eq!(acquire_replies(&fx), [(1, granted_reply(7, 1))]);
+    assert_eq!(calls(&fx), [Call::Release { token: Some(T7) }]);
+}
+
+#[test]
+fn a_release_that_waited_behind_an_attempt_keeps_the_grant_its_caller_did_not_see() {
+    let mut s = Story::new(config());
+    s.feed(0, Input::Acquire { reply: None });
+    assert!(s.m.awaiting());
+    // The caller had seen no grant when it asked (its call then timed out and it moved on).
+    let scope = ReleaseScope::Seen(None);
+    assert!(s.feed(10, Input::Release { reply: 2, scope }).is_empty());
+    let fx = s.answer(20, acquired(7));
+    let evs = events(&fx);
+    assert!(
+        matches!(evs[..], [Event::Granted { token: T7, .. }]),
+        "the grant is announced and kept: {evs:?}"
+    );
+    assert!(calls(&fx).is_empty(), "nothing released: {fx:?}");
+    assert!(
+        fx.iter().any(|e| matches!(
+            e,
+            Effect::ReplyRelease {
+                to: 2,
+                answer: Ok(false)
+            }
+        )),
+        "{fx:?}"
+    );
+    assert_eq!(s.m.held().map(|h| h.token), Some(T7));
+    // Once seen, a release in its scope ends it.
+    let fx = s.feed(
+        30,
+        Input::Release {
+            reply: 3,
+            scope: ReleaseScope::Seen(Some(T7)),
+        },
+    );
+    assert!(
+        matches!(events(&fx)[..], [Event::Released { token: T7, .. }]),
+        "{fx:?}"
+    );
     assert_eq!(calls(&fx), [Call::Release { token: Some(T7) }]);
 }
 
@@ -1239,6 +1313,11 @@ impl Sim {
             },
             2 if self.rng.chance(40) => Input::Release {
                 reply: self.caller(),
+                scope: match self.rng.below(3) {
+                    0 => ReleaseScope::Any,
+                    1 => ReleaseScope::Seen(self.open.map(|(_, token)| token)),
+                    _ => ReleaseScope::Seen(None),
+                },
             },
             3 => Input::RetryPace(self.rng.chance(50).then(|| ms(300))),
             4 if self.retry_at.is_some_and(|at| at <= self.now) => {

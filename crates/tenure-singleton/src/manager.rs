@@ -197,6 +197,9 @@ pub struct ManagerState {
     view: LeaseView,
     /// The lease actor was asked to keep trying (it stops by itself once granted).
     wanted: bool,
+    /// The newest token a release was asked for: no instance starts under it or an older
+    /// one, since that release may still be waiting in the lease actor's mailbox.
+    released_up_to: Option<FencingToken>,
     /// The retry pace last given to the lease actor.
     pace: Option<Duration>,
     /// An instance (or descendant) that survived its kill, with its token: nothing is
@@ -267,6 +270,7 @@ impl Actor for SingletonManager {
             lease,
             view,
             wanted: false,
+            released_up_to: None,
             pace: None,
             zombie: None,
             terminator,
@@ -522,9 +526,14 @@ impl ManagerState {
         }
         if oldest && self.running.is_none() && self.zombie.is_none() && self.restart_pause.is_none()
         {
-            // Start only on a grant believed now: a grant released meanwhile or lapsed
-            // before its event was handled is not one.
-            if let Some(token) = self.view.token() {
+            // Start only on a grant believed now (a grant released meanwhile or lapsed
+            // before its event was handled is not one) and newer than any release asked
+            // for (a release that timed out may still end it).
+            if let Some(token) = self
+                .view
+                .token()
+                .filter(|t| self.released_up_to.is_none_or(|r| *t > r))
+            {
                 self.start_instance(myself, token).await;
                 return;
             }
@@ -767,9 +776,14 @@ impl ManagerState {
         }
         // Releasing also stops the lease actor's acquire attempts.
         self.wanted = false;
+        // Only grants seen so far: one won while this release waits behind an acquire
+        // attempt is announced and decided on then, never ended under its instance.
+        let seen = self.view.token().max(self.released_up_to);
+        self.released_up_to = seen;
         let timeout = self.spec.settings.lease.release_answer_timeout();
         for _ in 0..3 {
-            match self.lease.call(LeaseMsg::Release, Some(timeout)).await {
+            let release = |reply| LeaseMsg::ReleaseSeen { seen, reply };
+            match self.lease.call(release, Some(timeout)).await {
                 Ok(ractor::rpc::CallResult::Success(Ok(true))) => {
                     tracing::info!(singleton = %self.spec.name, "lease released");
                     return;
