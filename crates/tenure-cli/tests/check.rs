@@ -180,6 +180,30 @@ fn a_hold_without_an_end_counts_until_its_deadline() {
 }
 
 #[test]
+fn a_grant_answered_past_its_deadline_is_no_hold() {
+    // a asks at 0 and is frozen until 2000; the store granted it token 5 (valid until 900)
+    // at once, and b token 6 after it lapsed. a logs the grant when it resumes, past its
+    // deadline, while b holds, and loses it at once: it never believed it, and its token
+    // came first.
+    let lines = vec![
+        granted(1000, "b", 6, 3000),
+        granted(2000, "a", 5, 900),
+        lost(2000, "a", 5),
+    ];
+    assert_eq!(kinds(&lines), vec![]);
+    // Answered in time, the same grant overlaps b's and comes after it with a lower token.
+    let lines = vec![
+        granted(1000, "b", 6, 3000),
+        granted(1200, "a", 5, 2100),
+        lost(2000, "a", 5),
+    ];
+    assert_eq!(
+        kinds(&lines),
+        vec![ViolationKind::Overlap, ViolationKind::TokenOrder]
+    );
+}
+
+#[test]
 fn renewals_extend_the_hold() {
     let lines = vec![
         granted(0, "a", 1, 900),

@@ -63,7 +63,7 @@ pub trait Journal: Send + Sync + 'static {
     ///
     /// The default answers `Ok(true)` without doing anything, which is right for journals
     /// whose fence check holds a lock that every later grant of the lease waits for until
-    /// the write commits (the memory journal, PostgreSQL's `FOR SHARE` row lock): no later
+    /// the write commits (the memory journal, PostgreSQL's `FOR KEY SHARE` lock on the grant): no later
     /// grant, and so no read by a later holder, comes before a pending write. A journal
     /// whose writes do not block grants (SQLite with a file of its own) must override it.
     async fn claim(&self, persistence_id: &str, fence: &Fence) -> Result<bool, JournalError> {

@@ -1,5 +1,6 @@
 //! Writes guarded by the lease, in the same database: the token check runs inside the
-//! caller's own transaction and holds the lease row until it commits.
+//! caller's own transaction and keeps the grant from changing until it commits, without
+//! holding back the holder's renewals.
 //!
 //! ```no_run
 //! # async fn f(store: &tenure_store_postgres::PostgresStore, token: tenure_lease::FencingToken) -> Result<(), Box<dyn std::error::Error>> {
@@ -22,22 +23,27 @@ pub struct Fence {
 impl Fence {
     pub(crate) fn new(schema: &str, table: &str) -> Fence {
         Fence {
-            // FOR SHARE conflicts with the row lock every acquire, renewal and release takes,
-            // so no other grant of the name can commit until the caller's transaction ends.
+            // The lease table's unique index on (name, token) makes the token a key column:
+            // a new grant changes it, which takes the row's FOR UPDATE lock, and FOR KEY
+            // SHARE conflicts with that, so no other grant of the name can commit until the
+            // caller's transaction ends. Renewals and releases change no key column (FOR NO
+            // KEY UPDATE): they do not wait for the caller, nor the caller for them.
             check: format!(
                 "SELECT 1 FROM \"{schema}\".\"{table}\"
 WHERE name = $1::text AND owner = $2::text AND token = $3::bigint
-  AND expires_at > clock_timestamp() FOR SHARE"
+  AND expires_at > clock_timestamp() FOR KEY SHARE"
             ),
         }
     }
 
     /// Inside the caller's transaction `tx` (a transaction, because the row lock that
     /// makes the check hold until commit ends with it): `Ok(())` when `owner` holds `name` with
-    /// `token`, unexpired on the server's clock. The lease row then stays locked until
-    /// `tx` ends, so the caller's writes commit before any later grant of `name` can:
-    /// a holder that paused past its ttl is refused here, never after. Keep such
-    /// transactions short: the holder's own renewals wait for them too.
+    /// `token`, unexpired on the server's clock. The grant then stays locked until `tx`
+    /// ends, so the caller's writes commit before any later grant of `name` can: a holder
+    /// that paused past its ttl is refused here, never after. The holder's renewals (and
+    /// its release) do not wait for `tx`; another holder's acquire does, so keep such
+    /// transactions short. `Err(FenceError)` not held, or the check failed (the store's
+    /// error as its source).
     pub async fn check(
         &self,
         tx: &tokio_postgres::Transaction<'_>,

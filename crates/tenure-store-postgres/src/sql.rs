@@ -50,8 +50,10 @@ const FORCED: &str = "coalesce(l.request_forceful, false)";
 pub struct Statements {
     /// Creates schema, token sequence, table and index when the table is missing, the
     /// priority columns when a table of an earlier version lacks them, and the fair
-    /// waiters' table (`<table>_waiter`), the change counts (`<table>_change`) and the
-    /// expiry index (`<table>_expiry`) when they are missing (one transaction,
+    /// waiters' table (`<table>_waiter`), the change counts (`<table>_change`), the
+    /// expiry index (`<table>_expiry`), the grant index (`<table>_grant`, unique on name
+    /// and token: it makes a new grant wait for the [`Fence`](crate::Fence)'s fenced writes
+    /// and lets renewals pass them) and the remembered ids' table when they are missing (one transaction,
     /// serialised by an advisory lock so concurrent first starts do not collide). With the
     /// table complete it changes nothing and needs no DDL rights.
     pub migrate: String,
@@ -125,8 +127,8 @@ pub struct Statements {
     pub list_from: String,
     /// `$1` name, `$2` owner, `$3` token, `$4` ids to add, `$5` ids to remove: applies both
     /// to the ids remembered with `$1` (table `<table>_remembered`) if `$2` holds `$1`
-    /// unexpired with `$3`, whose row it locks (`FOR SHARE`) so that no other grant commits
-    /// in between. One row: whether it did. Idempotent.
+    /// unexpired with `$3`, whose grant it locks (`FOR KEY SHARE`, as the fence does) so
+    /// that no other grant commits in between. One row: whether it did. Idempotent.
     pub remember: String,
     /// `$1` name: the ids remembered with it, in byte order.
     pub remembered: String,
@@ -268,6 +270,10 @@ END IF;
 IF to_regclass('\"{schema}\".\"{table}_expiry\"') IS NULL THEN
     CREATE INDEX \"{table}_expiry\" ON {t} (expires_at);
 END IF;
+IF to_regclass('\"{schema}\".\"{table}_grant\"') IS NULL THEN
+    CREATE UNIQUE INDEX \"{table}_grant\" ON {t} (name, token);
+    COMMENT ON INDEX \"{schema}\".\"{table}_grant\" IS 'Makes token a key column: a new grant (a new token) takes the row''s FOR UPDATE lock, which waits for every fenced write (FOR KEY SHARE) of the grant before it; renewals and releases do not.';
+END IF;
 IF to_regclass('{r}') IS NULL THEN
     CREATE TABLE {r} (
         name text COLLATE \"C\" NOT NULL,
@@ -400,7 +406,7 @@ WHERE name >= $1::text AND expires_at > clock_timestamp() ORDER BY name",
     SELECT 1 FROM {t}
     WHERE name = $1::text AND owner = $2::text AND token = $3::bigint
       AND expires_at > clock_timestamp()
-    FOR SHARE
+    FOR KEY SHARE
 ),
 added AS (
     INSERT INTO {r} (name, id)

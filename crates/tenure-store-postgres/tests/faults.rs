@@ -9,8 +9,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tenure_lease::{
-    AcquireOutcome, AcquireRequest, Acquired, FencingToken, HeldLease, Lease, LeaseSpec,
-    LeaseStore, LostReason, PreemptAnswer, PreemptionRequest, PreemptionRequests, Renewal,
+    AcquireOutcome, AcquireRequest, Acquired, EMERGENCY_PRIORITY, FencingToken, HeldLease, Lease,
+    LeaseSpec, LeaseStore, LostReason, PreemptAnswer, PreemptionRequest, PreemptionRequests,
+    Renewal,
 };
 use tenure_lease_kit::conformance::test_settings;
 use tenure_store_postgres::{FenceError, PostgresOptions, PostgresStore};
@@ -406,6 +407,118 @@ async fn guarded_writes_refuse_stale_tokens() {
     .await
     .unwrap();
     tx.commit().await.unwrap();
+}
+
+/// A guarded write holds back every later grant of its lease, and nothing else: while its
+/// transaction is open the holder renews and releases its grant without waiting for it,
+/// and a new grant waits until it commits: an emergency take-over of the unexpired grant,
+/// and an acquire after the release. Waits are read from the server
+/// (`pg_stat_activity`), not timed: a renewal or release that waits for the write's lock,
+/// or a new grant that does not, fails the test.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guarded_writes_hold_back_later_grants_but_not_renewals() {
+    let exclusive = start().await;
+    let server = exclusive.server.clone();
+    let options = || server.options(Duration::from_secs(10));
+    let s = PostgresStore::connect(options()).await.expect("connect");
+    let watch = PostgresStore::connect(options()).await.expect("connect");
+    let watch = watch.connection().await.unwrap();
+    let mut conn = s.connection().await.unwrap();
+    conn.batch_execute("CREATE TABLE report (id int PRIMARY KEY, by_token bigint)")
+        .await
+        .unwrap();
+    let fence = s.fence();
+    let ttl = Duration::from_secs(30);
+    let t1 = grant(&s, &request("guarded", "a", ttl)).await;
+
+    // a writes under t1; b takes the grant over at once (emergency).
+    let tx = conn.transaction().await.unwrap();
+    fence.check(&tx, "guarded", "a", t1).await.expect("held");
+    tx.execute("INSERT INTO report VALUES (1, $1)", &[&(t1.get() as i64)])
+        .await
+        .unwrap();
+    let renewed = until_a_lock_wait(&watch, s.renew("a", &[held("guarded", t1)], ttl))
+        .await
+        .expect("the holder's renewal waited for its own guarded write");
+    assert_eq!(renewed.unwrap(), [Renewal::Renewed { request: None }]);
+    let mut takeover = request("guarded", "b", ttl);
+    takeover.priority = EMERGENCY_PRIORITY;
+    takeover.emergency = true;
+    let t2 = later_grant(&watch, &s, takeover, tx, t1).await;
+
+    // b writes under t2 and releases its grant meanwhile; then a acquires.
+    let tx = conn.transaction().await.unwrap();
+    let refused = fence.check(&tx, "guarded", "a", t1).await;
+    assert!(
+        matches!(refused, Err(FenceError::NotHeld { .. })),
+        "{refused:?}"
+    );
+    drop(tx);
+    let tx = conn.transaction().await.unwrap();
+    fence.check(&tx, "guarded", "b", t2).await.expect("held");
+    tx.execute("UPDATE report SET by_token = $1", &[&(t2.get() as i64)])
+        .await
+        .unwrap();
+    let released = until_a_lock_wait(&watch, s.release("guarded", "b", t2))
+        .await
+        .expect("the holder's release waited for its own guarded write");
+    assert!(released.unwrap());
+    later_grant(&watch, &s, request("guarded", "a", ttl), tx, t2).await;
+}
+
+/// Spawns an acquire of `req`, checks that it waits for a lock while the guarded write
+/// `tx` under `before` is open, commits `tx` and returns the acquire's token.
+async fn later_grant(
+    watch: &tokio_postgres::Client,
+    store: &PostgresStore,
+    req: AcquireRequest,
+    tx: deadpool_postgres::Transaction<'_>,
+    before: FencingToken,
+) -> FencingToken {
+    let store = store.clone();
+    let mut acquire = std::pin::pin!(tokio::spawn(async move { grant(&store, &req).await }));
+    if let Some(token) = until_a_lock_wait(watch, &mut acquire).await {
+        let token = token.expect("the acquire");
+        panic!("granted {token:?} while a guarded write under {before:?} was open");
+    }
+    tx.commit().await.unwrap();
+    let token = acquire.await.unwrap();
+    assert!(token > before);
+    token
+}
+
+fn held(name: &str, token: FencingToken) -> HeldLease {
+    HeldLease {
+        name: name.into(),
+        token,
+    }
+}
+
+/// Runs `op` until it ends (`Some` of its output) or until a backend of the server waits
+/// for a lock (`None`), as `watch` reads it every 10 ms.
+async fn until_a_lock_wait<T>(
+    watch: &tokio_postgres::Client,
+    op: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    let mut op = std::pin::pin!(op);
+    loop {
+        tokio::select! {
+            done = &mut op => return Some(done),
+            () = sleep(Duration::from_millis(10)) => {
+                let waiting: i64 = watch
+                    .query_one(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
+                        &[],
+                    )
+                    .await
+                    .expect("read the lock waits")
+                    .get(0);
+                if waiting > 0 {
+                    return None;
+                }
+            }
+        }
+    }
 }
 
 /// Polls `try_acquire` every 20 ms for at most `limit`; the instant of the grant, if any.

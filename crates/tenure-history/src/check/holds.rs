@@ -51,6 +51,15 @@ impl Hold {
         self.valid_until
     }
 
+    /// Whether its holder learned of the grant before its validity ended. `false`: the
+    /// answer came only past `valid_until` (the node was frozen or starved between its
+    /// request and the answer), so the holder never believed it and lost it at once; the
+    /// store made the grant somewhere between the request and the `lease_granted` event,
+    /// which therefore says nothing of its place among other grants.
+    pub fn believed(&self) -> bool {
+        self.valid_until > self.from_ns
+    }
+
     /// Whether two holds belong to the same owner (node and incarnation).
     pub fn same_owner(&self, other: &Hold) -> bool {
         self.node == other.node && self.inc == other.inc

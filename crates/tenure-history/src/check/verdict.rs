@@ -189,8 +189,14 @@ pub fn check_with(events: &[Entry], rule: ActionRule) -> Verdict {
     }
 }
 
+/// Overlaps and token order among the holds of one lease. A grant its holder never
+/// believed ([`Hold::believed`]) takes part in neither: it held nothing, and its event's
+/// time is not when the store made it.
 fn check_lease(lease: &str, list: &[Hold], out: &mut Vec<Violation>) {
     for (i, later) in list.iter().enumerate() {
+        if !later.believed() {
+            continue;
+        }
         for earlier in &list[..i] {
             if earlier.until_ns <= later.from_ns {
                 continue;
@@ -224,7 +230,7 @@ fn check_lease(lease: &str, list: &[Hold], out: &mut Vec<Violation>) {
         }
         if let Some(prev) = list[..i]
             .iter()
-            .filter(|h| !(h.same_owner(later) && h.token == later.token))
+            .filter(|h| h.believed() && !(h.same_owner(later) && h.token == later.token))
             .max_by_key(|h| h.token)
             && prev.token >= later.token
         {

@@ -1,12 +1,13 @@
 //! The PostgreSQL journal: events and snapshots of durable entities in tables beside the
 //! lease table (`<table>_journal`, `<table>_snapshot`), every write in one transaction with
-//! the store's fenced check ([`Fence`](crate::Fence): the lease row is locked `FOR SHARE`
-//! until the commit, so no later grant of the lease can commit in between).
+//! the store's fenced check ([`Fence`](crate::Fence): the grant is locked `FOR KEY SHARE`
+//! until the commit, so no later grant of the lease can commit in between, while the
+//! holder's renewals, which change no key column, do not wait for the appends).
 //!
 //! **Group commit.** One writer task per journal writes every append and snapshot waiting
 //! at once in one transaction (at most [`PostgresJournal::with_max_batch`] of them), each
 //! behind a savepoint with its own checks, so each is refused alone, and one commit makes
-//! them all durable. A batch the server rolled back (a deadlock with a renewal, a
+//! them all durable. A batch the server rolled back (a deadlock, a
 //! serialisation failure) is tried again; any other failure is reported to each write as an
 //! unknown outcome. Every batch is bounded by the store's operation timeout.
 
