@@ -402,6 +402,12 @@ impl Inner {
             }
             let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
             if resp.succeeded() {
+                if let Err(went_back) = self.clock.fresh(revision) {
+                    // Created at a revision the forgotten history had issued already: its
+                    // token would repeat one that a holder may have written with.
+                    self.undo_create(&key, &resp).await;
+                    return Err(state_lost(went_back));
+                }
                 let grant = (session.id, value, revision, sent);
                 return Ok(self.granted(&mut doubt, req, grant, 1, None));
             }
