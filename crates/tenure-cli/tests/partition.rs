@@ -462,7 +462,8 @@ fn a_link_flapping_faster_than_a_decision_downs_nobody_and_every_node_serves() {
 #[test]
 fn a_link_flapping_slower_than_a_decision_never_downs_the_node_that_hears_everyone() {
     // Each cut outlasts unreachable-after + stable-after: the ends of the link are
-    // indirectly connected and go; node 2, which hears everyone, serves every key and the
+    // indirectly connected and an end goes (both, or the one that decided first, as in the
+    // partial partition above); node 2, which hears everyone, serves every key and the
     // singleton throughout, however often the ends come back.
     let c = during(
         3,
@@ -471,7 +472,13 @@ fn a_link_flapping_slower_than_a_decision_never_downs_the_node_that_hears_everyo
         |c| flap(c, Duration::from_millis(4500), Duration::from_millis(1000)),
         |_| {},
     );
-    assert_downed(&c, &[0, 1], &[2], "flapping link (slow)");
+    assert!(
+        downed_itself(&c, 0) || downed_itself(&c, 1),
+        "flapping link (slow): an end of the cut link went (history kept in {}):{}",
+        kept_history(&c),
+        resolver_story(&c)
+    );
+    assert_downed(&c, &[], &[2], "flapping link (slow)");
 }
 
 #[test]
