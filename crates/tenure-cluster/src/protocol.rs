@@ -216,7 +216,7 @@ crate::cluster_message! {
         call SetLink(SetLink) -> FaultReply,
         call Leave(LeaveRequest) -> OperatorReply,
         call Down(DownRequest) -> OperatorReply,
-        local Local(Local),
+        local Local(AgentLocal),
     }
 }
 
@@ -230,7 +230,7 @@ pub enum SessionChange {
 }
 
 /// Messages an agent sends itself or gets from its own node.
-pub enum Local {
+pub enum AgentLocal {
     Session(SessionChange, Box<NodeServerSessionInformation>),
     /// `handshake-timeout` has passed since session `node_id` opened: closed unless it
     /// authenticated.
