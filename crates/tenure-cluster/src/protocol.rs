@@ -40,7 +40,7 @@ pub struct Hello {
     pub datagram_secret: Option<crate::transport::datagram::SessionSecret>,
 }
 
-/// Liveness beacon, every `cluster.heartbeat-interval`, to each peer on the sender's ring of
+/// Liveness beacon, every `cluster.peer-heartbeat-interval`, to each peer on the sender's ring of
 /// monitors ([`crate::ring`]), as a UDP datagram (see [`crate::transport::datagram`]) and,
 /// while the datagrams do not get through either way (and once every `unreachable-after`),
 /// cast on the session too. It carries the reachability rows that changed lately, or the

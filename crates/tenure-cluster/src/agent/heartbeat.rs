@@ -1,4 +1,4 @@
-//! Heartbeats and reachability: every `heartbeat-interval` the agent sends each peer it
+//! Heartbeats and reachability: every `peer-heartbeat-interval` the agent sends each peer it
 //! watches ([`super::monitor`]) a heartbeat (carrying the reachability rows due, see
 //! [`crate::sbr::Spread`]), marks watched members silent for `unreachable-after`
 //! unreachable (later when an indirect probe shows them alive), takes the reachability of
@@ -162,7 +162,7 @@ impl Datagrams {
 }
 
 impl AgentState {
-    /// Every `heartbeat-interval`: heartbeats out to the watched peers, reachability,
+    /// Every `peer-heartbeat-interval`: heartbeats out to the watched peers, reachability,
     /// probes ([`crate::detector::Detector::tick`]), stale sessions, dials.
     pub(super) fn tick(&mut self, myself: &ActorRef<AgentMsg>) {
         let now = Instant::now();

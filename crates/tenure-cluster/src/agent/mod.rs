@@ -4,7 +4,7 @@
 //! - [`mesh`]: sessions, dials with backoff, hellos, peers;
 //! - [`membership`]: join tickets, the member lease, up / lost / rejoin, leave;
 //! - [`heartbeat`]: heartbeats (datagrams and session casts) and reachability, every
-//!   `heartbeat-interval`; [`monitor`]: whom they go to (the ring of monitors), which
+//!   `peer-heartbeat-interval`; [`monitor`]: whom they go to (the ring of monitors), which
 //!   reachability rows they carry, and indirect probes;
 //! - [`events`]: what changed, to subscribers, metrics, logs and the history;
 //! - [`inspect`]: the node's view answered to clients and the CLI;
