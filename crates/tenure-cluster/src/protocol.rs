@@ -55,7 +55,9 @@ pub struct Heartbeat {
     pub seq: u64,
     /// The sender's membership (its age; 0 while not up).
     pub age: u64,
-    pub reach: Vec<crate::sbr::ReachRow>,
+    /// On the wire, a sequence of [`crate::sbr::ReachRow`] (the sharing is this process's).
+    #[serde(with = "shared_rows")]
+    pub reach: Vec<crate::sbr::SharedRow>,
     /// The digest of the sender's whole reachability table, once these rows are in it: a
     /// receiver whose table then differs asks for the whole table.
     pub digest: u64,
@@ -67,6 +69,27 @@ pub struct Heartbeat {
     /// Heartbeat datagrams from the receiver reach the sender: while they do (and the
     /// receiver's reach it), neither sends its heartbeats on the session too.
     pub your_datagrams_arrive: bool,
+}
+
+/// Shared rows ([`crate::sbr::SharedRow`]) written and read as plain rows: the wire format
+/// of a heartbeat is the same as with `Vec<ReachRow>`.
+mod shared_rows {
+    use std::sync::Arc;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use crate::sbr::{ReachRow, SharedRow};
+
+    pub(super) fn serialize<S: Serializer>(rows: &[SharedRow], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(rows.iter().map(|r| &**r))
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<SharedRow>, D::Error> {
+        Ok(Vec::<ReachRow>::deserialize(d)?
+            .into_iter()
+            .map(Arc::new)
+            .collect())
+    }
 }
 
 /// An indirect probe (SWIM's ping-req): `origin` has not heard `target` (its life

@@ -53,12 +53,12 @@ fn life(i: usize) -> Incarnation {
 fn idle_table(n: usize, me: &NodeAddr) -> ReachTable {
     let mut t = ReachTable::default();
     for i in 0..n {
-        let row = ReachRow {
+        let row = std::sync::Arc::new(ReachRow {
             observer: addr(i),
             incarnation: life(i),
             version: 1_000 + i as u64,
             unreachable: Vec::new(),
-        };
+        });
         if row.observer == *me {
             t.set_own(me, life(i), Default::default(), row.version);
         } else {
@@ -167,7 +167,11 @@ fn all_to_all_cost(n: usize) -> Cost {
         incarnation: life(0),
         seq: 1_000_000,
         age: 1,
-        reach: idle_table(n, &me).rows(),
+        reach: idle_table(n, &me)
+            .rows()
+            .iter()
+            .map(|r| ReachRow::clone(r))
+            .collect(),
         hears: (1..n).map(addr).collect(),
     };
     let body = bincode::serde::encode_to_vec(&hb, bincode::config::standard()).unwrap();

@@ -31,7 +31,7 @@ use crate::member::{ClusterEvent, Member, MemberStatus, Membership};
 use crate::protocol::{Heartbeat, Probe, ProbeStep};
 use crate::reachability::Reachability;
 use crate::sbr::{
-    Carrier, Decision, Life, Partition, ReachRow, ReachTable, Resolver, SbrSettings, Step,
+    Carrier, Decision, Life, Partition, ReachTable, Resolver, SbrSettings, SharedRow, Step,
 };
 
 /// How many members outside its ring a node sends a heartbeat to, each round, while it has
@@ -418,7 +418,7 @@ impl Detector {
         &self,
         peer: &NodeAddr,
         (seq, age, digest): (u64, u64, u64),
-        reach: Vec<ReachRow>,
+        reach: Vec<SharedRow>,
         want_table: bool,
         now: Instant,
     ) -> Heartbeat {
@@ -526,34 +526,23 @@ impl Detector {
         &mut self,
         from: &NodeAddr,
         seq: u64,
-        rows: Vec<ReachRow>,
+        rows: Vec<SharedRow>,
         view: &Membership,
         ceiling: impl Fn(&NodeAddr, Incarnation) -> Option<u64>,
     ) {
         let Some(d) = self.sbr.as_mut() else {
             return;
         };
-        let lives: HashMap<NodeAddr, Life> = rows
-            .iter()
-            .filter_map(|r| {
-                let incarnation = view
-                    .get(&r.observer)
-                    .filter(|m| counted(m))
-                    .map(|m| m.incarnation)?;
-                let ceiling = ceiling(&r.observer, incarnation);
-                Some((
-                    r.observer.clone(),
-                    Life {
-                        incarnation,
-                        ceiling,
-                    },
-                ))
+        // Asked only of the rows newer than those held (see `ReachTable::merge`).
+        let life = |a: &NodeAddr| {
+            let incarnation = view.get(a).filter(|m| counted(m))?.incarnation;
+            Some(Life {
+                incarnation,
+                ceiling: ceiling(a, incarnation),
             })
-            .collect();
+        };
         let carrier = Carrier { node: from, seq };
-        let refused = d
-            .table
-            .merge(&self.me, carrier, rows, |a| lives.get(a).copied());
+        let refused = d.table.merge(&self.me, carrier, rows, life);
         if refused > 0 {
             tracing::debug!(peer = %from, refused, "reachability rows numbered beyond their observer's clock refused");
         }

@@ -21,7 +21,7 @@ use tokio::time::Instant;
 
 pub use spread::{REPEAT, Spread};
 pub use strategy::{Decision, Partition, Strategy, decide};
-pub use table::{Carrier, Life, ReachRow, ReachTable};
+pub use table::{Carrier, Life, ReachRow, ReachTable, SharedRow};
 
 use crate::identity::NodeAddr;
 

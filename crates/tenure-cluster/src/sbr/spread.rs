@@ -11,6 +11,17 @@
 //! (more losses in a row, a restart) is repaired so, and a steady table costs a digest per
 //! heartbeat.
 //!
+//! The changed rows of one heartbeat name at most [`MAX_ROW_ADDRS`] addresses (as memberlist
+//! bounds its piggyback by the packet's size). In a partition's first seconds every member
+//! changes its row, so each node has a row per member to tell: carried whole in every
+//! heartbeat, that would be `n` rows in each of a node's heartbeats, O(n²) a round. Past the
+//! bound, each heartbeat carries the next changed rows after those the previous one ended
+//! with, round the changed rows in observer order, and a row stays among the changed ones
+//! until it went out in [`REPEAT`] heartbeats, however long that takes: every change still
+//! leaves each node that learns it [`REPEAT`] times (an epidemic: each receiver passes it
+//! on), what a node sends a round is bounded whatever `n`, and what the bound delays or
+//! loses the digest repair brings.
+//!
 //! A row that lists nobody travels only when it replaces one that listed someone: a new
 //! member's first row lists nobody, and says no more than no row (the digest leaves such
 //! rows out too), so a cluster of joining members has no delta to spread.
@@ -20,12 +31,32 @@
 //! full table merge alike and a row carried twice is harmless.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Bound;
 
-use super::table::{ReachRow, ReachTable};
+use super::table::{ReachRow, ReachTable, SharedRow};
 use crate::identity::{Incarnation, NodeAddr};
 
-/// How many rounds a changed row is carried in every heartbeat.
+/// How many rounds a changed row is carried in every heartbeat (while the changed rows fit
+/// in one), and in how many heartbeats at least.
 pub const REPEAT: u64 = 3;
+
+/// At most how many addresses (each row's observer and the members it lists) the changed
+/// rows of one heartbeat name; a heartbeat carries one row at least. About 10 KB encoded,
+/// well within a datagram ([`crate::transport::datagram::MAX_DATAGRAM`]), and some fifty
+/// rows of a partition's first seconds (each node lists the few members it watches).
+pub const MAX_ROW_ADDRS: usize = 512;
+
+/// How many addresses `row` names in a heartbeat.
+fn weight(row: &ReachRow) -> usize {
+    1 + row.unreachable.len()
+}
+
+/// A changed row: the round it changed in, and how many heartbeats carried it since.
+#[derive(Debug, Clone, Copy)]
+struct Recent {
+    round: u64,
+    carried: u64,
+}
 
 /// The rows to send, round by round.
 #[derive(Debug, Clone, Default)]
@@ -40,46 +71,61 @@ pub struct Spread {
     owed: BTreeSet<NodeAddr>,
     /// Peers owed the rows that list someone in their next heartbeat.
     owed_observations: BTreeSet<NodeAddr>,
-    /// The observers whose rows changed lately, with the round they changed in.
-    recent: BTreeMap<NodeAddr, u64>,
+    /// The observers whose rows changed lately.
+    recent: BTreeMap<NodeAddr, Recent>,
+    /// The addresses the rows in `recent` name, as of the round's start.
+    recent_weight: usize,
+    /// The observer of the row the last bounded heartbeat ended with.
+    cursor: Option<NodeAddr>,
 }
 
 impl Spread {
-    /// Starts the next round: notes which rows of `table` changed since the last one.
+    /// Starts the next round: notes which rows of `table` changed since the last one, and
+    /// drops the changes that travelled for [`REPEAT`] rounds in [`REPEAT`] heartbeats.
     pub fn next_round(&mut self, table: &ReachTable) {
         self.round += 1;
-        if self.generation == Some(table.generation()) {
-            return;
-        }
-        self.generation = Some(table.generation());
-        let round = self.round;
         let rows = table.rows_by_observer();
-        self.seen.retain(|o, _| rows.contains_key(o));
-        for (observer, row) in rows {
-            let lists = !row.unreachable.is_empty();
-            let listed = match self.seen.get_mut(observer) {
-                Some((inc, version, _)) if *inc == row.incarnation && *version == row.version => {
-                    continue;
+        if self.generation != Some(table.generation()) {
+            self.generation = Some(table.generation());
+            let round = self.round;
+            self.seen.retain(|o, _| rows.contains_key(o));
+            for (observer, row) in rows {
+                let lists = !row.unreachable.is_empty();
+                let listed = match self.seen.get_mut(observer) {
+                    Some((inc, version, _))
+                        if *inc == row.incarnation && *version == row.version =>
+                    {
+                        continue;
+                    }
+                    Some(seen) => {
+                        let listed = seen.2;
+                        *seen = (row.incarnation, row.version, lists);
+                        listed
+                    }
+                    None => {
+                        self.seen
+                            .insert(observer.clone(), (row.incarnation, row.version, lists));
+                        false
+                    }
+                };
+                // A row that lists nobody travels only to clear one that did: a first empty
+                // row is no news (see `ReachTable::digest`).
+                if lists || listed {
+                    self.recent
+                        .insert(observer.clone(), Recent { round, carried: 0 });
                 }
-                Some(seen) => {
-                    let listed = seen.2;
-                    *seen = (row.incarnation, row.version, lists);
-                    listed
-                }
-                None => {
-                    self.seen
-                        .insert(observer.clone(), (row.incarnation, row.version, lists));
-                    false
-                }
-            };
-            // A row that lists nobody travels only to clear one that did: a first empty
-            // row is no news (see `ReachTable::digest`).
-            if lists || listed {
-                self.recent.insert(observer.clone(), round);
             }
         }
         let since = self.since();
-        self.recent.retain(|_, at| *at >= since);
+        self.recent.retain(|o, r| {
+            rows.contains_key(o) && (r.round >= since || r.carried < REPEAT)
+        });
+        self.recent_weight = self
+            .recent
+            .keys()
+            .filter_map(|o| rows.get(o))
+            .map(|r| weight(r))
+            .sum();
     }
 
     /// The first round whose changes still travel.
@@ -87,10 +133,9 @@ impl Spread {
         self.round.saturating_sub(REPEAT - 1)
     }
 
-    /// Whether some row changed in the last [`REPEAT`] rounds.
+    /// Whether some row changed lately and still travels.
     pub fn has_changes(&self) -> bool {
-        let since = self.since();
-        self.recent.values().any(|at| *at >= since)
+        !self.recent.is_empty()
     }
 
     /// `peer` gets the whole table in its next heartbeat (it asked for it).
@@ -109,23 +154,23 @@ impl Spread {
     }
 
     /// The rows of `table` for `peer`'s heartbeat of this round: the whole table when it is
-    /// owed ([`Spread::owe_full`]), else the rows changed in the last [`REPEAT`] rounds and
+    /// owed ([`Spread::owe_full`]), else the changed rows ([`Spread::recent_rows`]) and
     /// those that list someone when they are owed ([`Spread::owe_observations`]).
-    pub fn rows_for(&mut self, table: &ReachTable, peer: &NodeAddr) -> Vec<ReachRow> {
+    pub fn rows_for(&mut self, table: &ReachTable, peer: &NodeAddr) -> Vec<SharedRow> {
         let observations = self.owed_observations.remove(peer);
         if self.owed.remove(peer) {
             return table.rows();
         }
         let mut rows = self.recent_rows(table);
         if observations {
-            let recent: BTreeSet<NodeAddr> = rows.iter().map(|r| r.observer.clone()).collect();
-            rows.extend(
-                table
-                    .rows_by_observer()
-                    .values()
-                    .filter(|r| !r.unreachable.is_empty() && !recent.contains(&r.observer))
-                    .cloned(),
-            );
+            let recent: BTreeSet<&NodeAddr> = rows.iter().map(|r| &r.observer).collect();
+            let listing: Vec<SharedRow> = table
+                .rows_by_observer()
+                .values()
+                .filter(|r| !r.unreachable.is_empty() && !recent.contains(&r.observer))
+                .cloned()
+                .collect();
+            rows.extend(listing);
         }
         rows
     }
@@ -136,25 +181,60 @@ impl Spread {
         self.owed_observations.remove(peer);
     }
 
-    /// The rows of `table` changed in the last [`REPEAT`] rounds, whoever they go to (a
-    /// gossip contact off the ring gets these only: what it is owed waits for a heartbeat
-    /// of its own, so that a node greeted by a thousand joining peers does not send each of
-    /// its random contacts the whole table).
-    pub fn recent_rows(&self, table: &ReachTable) -> Vec<ReachRow> {
-        let since = self.since();
+    /// The changed rows of `table` for one heartbeat, whoever it goes to (a gossip contact
+    /// off the ring gets these only: what it is owed waits for a heartbeat of its own, so
+    /// that a node greeted by a thousand joining peers does not send each of its random
+    /// contacts the whole table): all of them while they name at most [`MAX_ROW_ADDRS`]
+    /// addresses, else the next ones after those the previous heartbeat ended with, up to
+    /// that bound (see the module's doc).
+    pub fn recent_rows(&mut self, table: &ReachTable) -> Vec<SharedRow> {
         let rows = table.rows_by_observer();
-        self.recent
-            .iter()
-            .filter(|(_, at)| **at >= since)
-            .filter_map(|(o, _)| rows.get(o).cloned())
-            .collect()
+        let taken: Vec<SharedRow> = if self.recent_weight <= MAX_ROW_ADDRS {
+            self.recent
+                .keys()
+                .filter_map(|o| rows.get(o).cloned())
+                .collect()
+        } else {
+            // Round the changed rows, from the one after the cursor.
+            let order: Box<dyn Iterator<Item = &NodeAddr>> = match self.cursor.as_ref() {
+                Some(c) => Box::new(
+                    self.recent
+                        .range::<NodeAddr, _>((Bound::Excluded(c), Bound::Unbounded))
+                        .chain(self.recent.range::<NodeAddr, _>(..=c))
+                        .map(|(o, _)| o),
+                ),
+                None => Box::new(self.recent.keys()),
+            };
+            let mut taken = Vec::new();
+            let mut named = 0;
+            for observer in order {
+                let Some(row) = rows.get(observer) else {
+                    continue;
+                };
+                if !taken.is_empty() && named + weight(row) > MAX_ROW_ADDRS {
+                    break;
+                }
+                named += weight(row);
+                taken.push(row.clone());
+            }
+            if let Some(last) = taken.last() {
+                self.cursor = Some(last.observer.clone());
+            }
+            taken
+        };
+        for row in &taken {
+            if let Some(r) = self.recent.get_mut(&row.observer) {
+                r.carried += 1;
+            }
+        }
+        taken
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sbr::{Carrier, Life};
+    use crate::sbr::{Carrier, Life, ReachRow};
     use proptest::prelude::*;
 
     fn a(p: u16) -> NodeAddr {
@@ -170,7 +250,7 @@ mod tests {
 
     /// The source's rows that list someone; a receiver's must end up equal to them (a row
     /// that lists nobody makes the same partition as no row).
-    fn snapshot(t: &ReachTable) -> Vec<ReachRow> {
+    fn snapshot(t: &ReachTable) -> Vec<SharedRow> {
         t.rows()
             .into_iter()
             .filter(|r| !r.unreachable.is_empty())
@@ -192,7 +272,7 @@ mod tests {
                 node: &observer,
                 seq: version,
             },
-            vec![row],
+            vec![std::sync::Arc::new(row)],
             life,
         );
     }

@@ -10,6 +10,7 @@
 //! heard, since no row it sent can be newer than the heartbeat carrying it.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -30,10 +31,16 @@ pub struct ReachRow {
     pub unreachable: Vec<NodeAddr>,
 }
 
+/// A row as tables and heartbeats hold it: shared, never copied. A row is immutable once
+/// made (a change is a new row with a new version), so every heartbeat that carries it and
+/// every table that takes it (a relay's, or, in the simulator, a thousand nodes') holds the
+/// same allocation: carrying a row costs a reference count, whatever it lists.
+pub type SharedRow = Arc<ReachRow>;
+
 /// The newest row of every observer that is a member.
 #[derive(Debug, Clone, Default)]
 pub struct ReachTable {
-    rows: BTreeMap<NodeAddr, ReachRow>,
+    rows: BTreeMap<NodeAddr, SharedRow>,
     /// Counts the changes of `rows` (see [`ReachTable::generation`]).
     generation: u64,
     /// The digest of `rows` ([`ReachTable::digest`]), kept as rows come and go: a table of
@@ -105,17 +112,17 @@ impl ReachTable {
             Some(row) if row.incarnation == incarnation => stamp.max(row.version.saturating_add(1)),
             _ => stamp,
         };
-        self.put(ReachRow {
+        self.put(Arc::new(ReachRow {
             observer: me.clone(),
             incarnation,
             version,
             unreachable,
-        });
+        }));
         true
     }
 
     /// Stores `row` as its observer's, in place of any other.
-    fn put(&mut self, row: ReachRow) {
+    fn put(&mut self, row: SharedRow) {
         self.digest = self.digest.wrapping_add(share(&row));
         if let Some(old) = self.rows.insert(row.observer.clone(), row) {
             self.digest = self.digest.wrapping_sub(share(&old));
@@ -143,17 +150,28 @@ impl ReachTable {
     /// the sender newer than the heartbeat carrying it. A row of the sender's stored here
     /// with such an impossible version (taken from a relay before the sender was heard) is
     /// replaced by the sender's own row, or dropped.
+    ///
+    /// A row no newer than the one held costs one lookup (`life` is asked only about rows
+    /// that would replace one): in a partition's first seconds most rows a heartbeat
+    /// carries are already known, and a merge costs what is new in it.
     pub fn merge(
         &mut self,
         me: &NodeAddr,
         sender: Carrier<'_>,
-        rows: Vec<ReachRow>,
+        rows: Vec<SharedRow>,
         life: impl Fn(&NodeAddr) -> Option<Life>,
     ) -> usize {
         let mut refused = 0;
         let impossible = |row: &ReachRow| row.observer == *sender.node && row.version > sender.seq;
         for row in rows {
             if row.observer == *me {
+                continue;
+            }
+            if self.rows.get(&row.observer).is_some_and(|known| {
+                known.incarnation == row.incarnation
+                    && known.version >= row.version
+                    && !impossible(known)
+            }) {
                 continue;
             }
             let Some(l) = life(&row.observer).filter(|l| l.incarnation == row.incarnation) else {
@@ -163,15 +181,9 @@ impl ReachTable {
                 refused += 1;
                 continue;
             }
-            match self.rows.get(&row.observer) {
-                Some(known)
-                    if known.incarnation == row.incarnation
-                        && known.version >= row.version
-                        && !impossible(known) => {}
-                _ => self.put(row),
-            }
+            self.put(row);
         }
-        if self.rows.get(sender.node).is_some_and(impossible) {
+        if self.rows.get(sender.node).is_some_and(|r| impossible(r)) {
             self.drop_row(sender.node);
         }
         refused
@@ -191,7 +203,7 @@ impl ReachTable {
     }
 
     /// Every row, to send with a heartbeat.
-    pub fn rows(&self) -> Vec<ReachRow> {
+    pub fn rows(&self) -> Vec<SharedRow> {
         self.rows.values().cloned().collect()
     }
 
@@ -204,7 +216,7 @@ impl ReachTable {
     }
 
     /// Every row, by observer.
-    pub fn rows_by_observer(&self) -> &BTreeMap<NodeAddr, ReachRow> {
+    pub fn rows_by_observer(&self) -> &BTreeMap<NodeAddr, SharedRow> {
         &self.rows
     }
 
@@ -229,13 +241,13 @@ mod tests {
         NodeAddr::parse("t", &format!("127.0.0.1:{p}")).unwrap()
     }
 
-    fn row(o: u16, v: u64, s: &[u16]) -> ReachRow {
-        ReachRow {
+    fn row(o: u16, v: u64, s: &[u16]) -> SharedRow {
+        Arc::new(ReachRow {
             observer: a(o),
             incarnation: Incarnation(o as u64),
             version: v,
             unreachable: s.iter().map(|p| a(*p)).collect(),
-        }
+        })
     }
 
     /// Every observer a member in the life its port names, with no ceiling known.
@@ -278,7 +290,7 @@ mod tests {
         assert_eq!(t.records().count(), 1);
         // A row of another life of node 2, or of a non-member, is not taken.
         let mut stale = row(2, 9, &[1]);
-        stale.incarnation = Incarnation(77);
+        Arc::make_mut(&mut stale).incarnation = Incarnation(77);
         t.merge(
             &a(1),
             from(&relay, 100),

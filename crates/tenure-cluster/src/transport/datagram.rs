@@ -397,12 +397,12 @@ mod tests {
             incarnation: Incarnation(7),
             seq,
             age: 3,
-            reach: vec![crate::sbr::ReachRow {
+            reach: vec![std::sync::Arc::new(crate::sbr::ReachRow {
                 observer: addr(1),
                 incarnation: Incarnation(7),
                 version: 2,
                 unreachable: vec![addr(2)],
-            }],
+            })],
             digest: 9,
             want_table: false,
             hears_you: true,
