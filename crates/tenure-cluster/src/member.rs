@@ -263,10 +263,7 @@ impl Membership {
         let mut all: Vec<Member> = std::iter::once(self.me.clone())
             .chain(self.others.values().cloned())
             .collect();
-        all.sort_by(|a, b| {
-            let key = |m: &Member| (m.age == 0, m.age, m.addr.clone());
-            key(a).cmp(&key(b))
-        });
+        all.sort_by(|a, b| (a.age == 0, a.age, &a.addr).cmp(&(b.age == 0, b.age, &b.addr)));
         all
     }
 

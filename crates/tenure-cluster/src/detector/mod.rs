@@ -73,6 +73,8 @@ struct Sbr {
     /// view and the table): an unchanged view and table make the same partition, and
     /// building one sorts every member.
     partition: Option<((u64, u64), Partition)>,
+    /// The counted members of the view of one generation, for the partition.
+    members: Option<(u64, std::sync::Arc<[Member]>)>,
     /// Members this node downed while its own row listed them (their lives and ages): the
     /// row goes on listing them while their member leases are held and they stay unheard.
     /// Leaving this node's view is no sign that this node hears them again, and the members
@@ -186,6 +188,7 @@ impl Detector {
                 hears_me: HashMap::new(),
                 up_since: now,
                 partition: None,
+                members: None,
                 downed_unheard: BTreeMap::new(),
             }),
         }
@@ -315,11 +318,15 @@ impl Detector {
         let table_generation = self.sbr.as_ref().map_or(0, |d| d.table.generation());
         let basis = (view.generation(), table_generation);
         if !same_watch || self.verdicts_of != Some(basis) {
+            // Listed by a row other than this node's own: counted by the table, less this
+            // node's own row.
             let listed: BTreeSet<&NodeAddr> = self.sbr.as_ref().map_or_else(BTreeSet::new, |d| {
+                let own = d.table.own(&self.me);
                 d.table
-                    .records()
-                    .filter(|(observer, _)| **observer != self.me)
-                    .map(|(_, subject)| subject)
+                    .listed()
+                    .iter()
+                    .filter(|(subject, n)| **n > usize::from(own.contains(subject)))
+                    .map(|(subject, _)| subject)
                     .collect()
             });
             let changed: Vec<(NodeAddr, bool)> = self
@@ -686,8 +693,17 @@ impl Detector {
                 // The members even when the table has no records (a whole cluster): the
                 // resolver tells members that left the view from members heard again by
                 // whether they are still members.
-                let members: Vec<Member> = view.members().into_iter().filter(counted).collect();
-                Partition::new(members, d.table.records())
+                let members = match d.members.take() {
+                    Some((generation, members)) if generation == view.generation() => members,
+                    _ => view
+                        .members()
+                        .into_iter()
+                        .filter(counted)
+                        .collect::<Vec<Member>>()
+                        .into(),
+                };
+                d.members = Some((view.generation(), members.clone()));
+                Partition::of_table(members, &d.table)
             }
         };
         let step = d.resolver.step(&self.me, &partition, now);

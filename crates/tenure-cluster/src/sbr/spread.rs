@@ -117,9 +117,8 @@ impl Spread {
             }
         }
         let since = self.since();
-        self.recent.retain(|o, r| {
-            rows.contains_key(o) && (r.round >= since || r.carried < REPEAT)
-        });
+        self.recent
+            .retain(|o, r| rows.contains_key(o) && (r.round >= since || r.carried < REPEAT));
         self.recent_weight = self
             .recent
             .keys()
@@ -328,8 +327,10 @@ mod tests {
             let subjects: &[u16] = if o == 3 { &[4] } else { &[] };
             observe(&mut t, &me, o, 10, subjects);
         }
+        // The change travels its rounds (a change stays until it went out REPEAT times).
         for _ in 0..REPEAT {
             s.next_round(&t);
+            s.rows_for(&t, &peer);
         }
         s.next_round(&t);
         assert!(s.rows_for(&t, &peer).is_empty(), "nothing changed lately");
@@ -339,6 +340,58 @@ mod tests {
         assert_eq!(rows.len(), 1, "{rows:?}");
         assert_eq!(rows[0].observer, a(3));
         assert!(s.rows_for(&t, &peer).is_empty(), "once");
+    }
+
+    /// A partition's first seconds at a thousand members: every observer's row changed at
+    /// once. Each heartbeat names at most `MAX_ROW_ADDRS` addresses, the rows go out round
+    /// the changed ones (no row twice before every row once), and every row still goes out
+    /// in `REPEAT` heartbeats before it stops travelling; the rows are the table's own, not
+    /// copies.
+    #[test]
+    fn a_heartbeat_carries_a_bounded_share_of_many_changed_rows_and_each_goes_out_repeat_times() {
+        let me = a(0);
+        let mut t = ReachTable::default();
+        let observers: Vec<u16> = (1..=1_000).collect();
+        for &o in &observers {
+            let subjects: Vec<u16> = (0..5).map(|i| 1_001 + (o + i) % 500).collect();
+            observe(&mut t, &me, o, 10, &subjects);
+        }
+        let mut s = Spread::default();
+        let peers: Vec<NodeAddr> = (2_000..2_010).map(a).collect();
+        let mut carried: BTreeMap<NodeAddr, u64> = BTreeMap::new();
+        let mut first_round = BTreeSet::new();
+        let mut rounds = 0;
+        loop {
+            s.next_round(&t);
+            if !s.has_changes() {
+                break;
+            }
+            rounds += 1;
+            assert!(rounds < 100, "the changed rows never stop travelling");
+            for p in &peers {
+                let rows = s.rows_for(&t, p);
+                let named: usize = rows.iter().map(|r| weight(r)).sum();
+                assert!(!rows.is_empty(), "changed rows left");
+                assert!(named <= MAX_ROW_ADDRS, "{named} addresses in one heartbeat");
+                for r in rows {
+                    let held = &t.rows_by_observer()[&r.observer];
+                    assert!(std::sync::Arc::ptr_eq(&r, held), "a copy of the row");
+                    if rounds == 1 {
+                        assert!(
+                            first_round.insert(r.observer.clone()),
+                            "twice, others not once"
+                        );
+                    }
+                    *carried.entry(r.observer.clone()).or_default() += 1;
+                }
+            }
+        }
+        assert_eq!(carried.len(), observers.len(), "every changed row went out");
+        assert!(
+            carried.values().all(|n| *n >= REPEAT),
+            "each in {REPEAT} heartbeats at least: {:?}",
+            carried.values().min()
+        );
     }
 
     proptest! {

@@ -2,7 +2,8 @@
 //! Every node computes it from the same shared table, so the sides agree without talking
 //! (Akka's split brain resolver strategies, decided per node instead of by a leader).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::identity::NodeAddr;
@@ -55,8 +56,9 @@ impl Strategy {
 /// The cluster as one node sees it when members cannot hear each other.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Partition {
-    /// Up and leaving members (this node included); joining members do not count.
-    pub members: Vec<Member>,
+    /// Up and leaving members (this node included); joining members do not count. Shared:
+    /// a node rebuilds its partition as its table changes, its members far less often.
+    pub members: Arc<[Member]>,
     /// Members some member cannot hear, and that are not indirectly connected.
     pub unreachable: BTreeSet<NodeAddr>,
     /// Members that cannot hear some member and are not heard by some member: the ends of
@@ -68,9 +70,10 @@ impl Partition {
     /// Builds the partition from (observer, subject) records: `observer` cannot hear
     /// `subject`. Records naming a non-member are ignored.
     pub fn new<'a>(
-        members: Vec<Member>,
+        members: impl Into<Arc<[Member]>>,
         records: impl Iterator<Item = (&'a NodeAddr, &'a NodeAddr)>,
     ) -> Partition {
+        let members = members.into();
         let known: BTreeSet<&NodeAddr> = members.iter().map(|m| &m.addr).collect();
         let mut observers = BTreeSet::new();
         let mut subjects = BTreeSet::new();
@@ -82,6 +85,51 @@ impl Partition {
         }
         let indirect: BTreeSet<NodeAddr> = observers.intersection(&subjects).cloned().collect();
         let unreachable = subjects.difference(&indirect).cloned().collect();
+        Partition {
+            members,
+            unreachable,
+            indirect,
+        }
+    }
+
+    /// The partition of `table`, as [`Partition::new`] builds it from the table's records,
+    /// read from its rows and the members they list ([`ReachTable::listed`]): a member
+    /// listed by some other row is a subject, an observer is a row that lists some member
+    /// other than itself. O(rows + members listed) where [`Partition::new`] is
+    /// O(records): a thousand members' rows of a partition's first seconds list ten
+    /// thousand (observer, subject) pairs, and the table changes every round.
+    pub fn of_table(members: Arc<[Member]>, table: &super::ReachTable) -> Partition {
+        let known: HashSet<&NodeAddr> = members.iter().map(|m| &m.addr).collect();
+        let rows = table.rows_by_observer();
+        // The count of a member listed includes rows of observers that are no members (a
+        // table between a change of the view and its next retain): those records are
+        // left out one by one.
+        if rows.keys().any(|o| !known.contains(o)) {
+            return Partition::new(members.clone(), table.records());
+        }
+        let observers: BTreeSet<&NodeAddr> = rows
+            .values()
+            .filter(|r| {
+                r.unreachable
+                    .iter()
+                    .any(|s| *s != r.observer && known.contains(s))
+            })
+            .map(|r| &r.observer)
+            .collect();
+        let subjects: BTreeSet<&NodeAddr> = table
+            .listed()
+            .keys()
+            .filter(|s| known.contains(s))
+            .collect();
+        let indirect: BTreeSet<NodeAddr> = observers
+            .intersection(&subjects)
+            .map(|a| (*a).clone())
+            .collect();
+        let unreachable = subjects
+            .into_iter()
+            .filter(|s| !indirect.contains(*s))
+            .cloned()
+            .collect();
         Partition {
             members,
             unreachable,

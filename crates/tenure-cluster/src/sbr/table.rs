@@ -43,6 +43,10 @@ pub struct ReachTable {
     rows: BTreeMap<NodeAddr, SharedRow>,
     /// Counts the changes of `rows` (see [`ReachTable::generation`]).
     generation: u64,
+    /// Per member listed: by how many rows other than its own (kept as rows come and go, so
+    /// that the partition and the verdicts on unwatched members are read from the members
+    /// listed, not rebuilt from every (observer, subject) record at each change).
+    listed: BTreeMap<NodeAddr, usize>,
     /// The digest of `rows` ([`ReachTable::digest`]), kept as rows come and go: a table of
     /// a thousand observers changes many times a round while members join, and every
     /// heartbeat in and out carries or compares the digest.
@@ -124,16 +128,38 @@ impl ReachTable {
     /// Stores `row` as its observer's, in place of any other.
     fn put(&mut self, row: SharedRow) {
         self.digest = self.digest.wrapping_add(share(&row));
+        self.count(&row, true);
         if let Some(old) = self.rows.insert(row.observer.clone(), row) {
             self.digest = self.digest.wrapping_sub(share(&old));
+            self.count(&old, false);
         }
         self.generation += 1;
+    }
+
+    /// Counts the members `row` lists in `listed` (`add`), or stops counting them.
+    fn count(&mut self, row: &ReachRow, add: bool) {
+        for s in row.unreachable.iter().filter(|s| **s != row.observer) {
+            if add {
+                *self.listed.entry(s.clone()).or_default() += 1;
+            } else if let Some(n) = self.listed.get_mut(s) {
+                *n -= 1;
+                if *n == 0 {
+                    self.listed.remove(s);
+                }
+            }
+        }
+    }
+
+    /// Every member some row other than its own lists, with by how many rows.
+    pub fn listed(&self) -> &BTreeMap<NodeAddr, usize> {
+        &self.listed
     }
 
     /// Drops the row of `observer`, if any.
     fn drop_row(&mut self, observer: &NodeAddr) {
         if let Some(old) = self.rows.remove(observer) {
             self.digest = self.digest.wrapping_sub(share(&old));
+            self.count(&old, false);
             self.generation += 1;
         }
     }

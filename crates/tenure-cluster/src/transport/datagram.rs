@@ -432,6 +432,48 @@ mod tests {
         key.seal(&encode(hb).unwrap()).unwrap()
     }
 
+    /// Rows shared in this process are plain rows on the wire: a heartbeat encodes as it
+    /// did with `Vec<ReachRow>`, and decodes to the same rows.
+    #[test]
+    fn shared_rows_keep_the_heartbeat_wire_format() {
+        #[derive(serde::Serialize)]
+        struct Plain {
+            node: NodeAddr,
+            incarnation: Incarnation,
+            seq: u64,
+            age: u64,
+            reach: Vec<crate::sbr::ReachRow>,
+            digest: u64,
+            want_table: bool,
+            hears_you: bool,
+            your_datagrams_arrive: bool,
+        }
+        let hb = hb(5);
+        let plain = Plain {
+            node: hb.node.clone(),
+            incarnation: hb.incarnation,
+            seq: hb.seq,
+            age: hb.age,
+            reach: hb
+                .reach
+                .iter()
+                .map(|r| crate::sbr::ReachRow::clone(r))
+                .collect(),
+            digest: hb.digest,
+            want_table: hb.want_table,
+            hears_you: hb.hears_you,
+            your_datagrams_arrive: hb.your_datagrams_arrive,
+        };
+        let bytes = encode(&hb).unwrap();
+        assert_eq!(
+            bytes,
+            bincode::serde::encode_to_vec(&plain, config()).unwrap()
+        );
+        let (back, _): (Heartbeat, usize) =
+            bincode::serde::decode_from_slice(&bytes, config()).unwrap();
+        assert_eq!(back.reach, hb.reach);
+    }
+
     #[test]
     fn a_sealed_heartbeat_opens_with_the_key_of_its_session() {
         let s = secret(5);
