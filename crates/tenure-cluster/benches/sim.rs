@@ -50,7 +50,12 @@ fn main() {
     }
     // `TENURE_SIM_PARTITION_NODES` sets the partitioned cluster's size.
     let n = knob("TENURE_SIM_PARTITION_NODES", 1_000, 20) as usize;
-    for strategy in STRATEGIES {
+    // `TENURE_SIM_STRATEGY=KeepOldest` (a name as printed) runs that strategy only.
+    let only = std::env::var("TENURE_SIM_STRATEGY").ok();
+    for strategy in STRATEGIES
+        .into_iter()
+        .filter(|s| only.as_ref().is_none_or(|o| *o == format!("{s:?}")))
+    {
         for first in [n / 2, n * 7 / 10] {
             let wall = Instant::now();
             let r = sim::partition_run(n, first, strategy, seed);

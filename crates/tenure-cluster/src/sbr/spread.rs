@@ -41,10 +41,11 @@ use crate::identity::{Incarnation, NodeAddr};
 pub const REPEAT: u64 = 3;
 
 /// At most how many addresses (each row's observer and the members it lists) the changed
-/// rows of one heartbeat name; a heartbeat carries one row at least. About 10 KB encoded,
-/// well within a datagram ([`crate::transport::datagram::MAX_DATAGRAM`]), and some fifty
-/// rows of a partition's first seconds (each node lists the few members it watches).
-pub const MAX_ROW_ADDRS: usize = 512;
+/// rows of one heartbeat name; a heartbeat carries one row at least. About 40 KB encoded
+/// with IP addresses, within a datagram ([`crate::transport::datagram::MAX_DATAGRAM`]; a
+/// larger heartbeat goes on the session), and some two hundred rows of a partition's first
+/// seconds (each node lists the few members it watches).
+pub const MAX_ROW_ADDRS: usize = 2_048;
 
 /// How many addresses `row` names in a heartbeat.
 fn weight(row: &ReachRow) -> usize {

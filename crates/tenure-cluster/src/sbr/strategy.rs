@@ -303,6 +303,44 @@ pub(super) mod tests {
             })
             .collect()
     }
+    proptest::proptest! {
+        /// The partition read from a table's listing counts is the one built from its
+        /// records, whatever the rows (members listing themselves, members gone, rows
+        /// replaced and dropped, observers that are no members).
+        #[test]
+        fn the_partition_of_a_table_is_the_partition_of_its_records(
+            rows in proptest::collection::vec(
+                (1u16..10, proptest::collection::vec(1u16..12, 0..4)),
+                0..30,
+            ),
+            members_n in 1u16..10,
+        ) {
+            use crate::sbr::{Carrier, Life, ReachRow, ReachTable};
+            let me = a(100);
+            let mut t = ReachTable::default();
+            for (version, (o, subjects)) in rows.iter().enumerate() {
+                let observer = a(*o);
+                let row = std::sync::Arc::new(ReachRow {
+                    observer: observer.clone(),
+                    incarnation: Incarnation(1),
+                    version: version as u64,
+                    unreachable: subjects.iter().map(|s| a(*s)).collect(),
+                });
+                let carrier = Carrier { node: &observer, seq: u64::MAX };
+                t.merge(&me, carrier, vec![row], |_| {
+                    Some(Life { incarnation: Incarnation(1), ceiling: None })
+                });
+                let all = members(members_n, &[]);
+                let built = Partition::new(all.clone(), t.records());
+                proptest::prop_assert_eq!(Partition::of_table(all.into(), &t), built);
+            }
+            t.retain(|o| (o.port <= members_n / 2).then_some(Incarnation(1)));
+            let all = members(members_n, &[]);
+            let built = Partition::new(all.clone(), t.records());
+            proptest::prop_assert_eq!(Partition::of_table(all.into(), &t), built);
+        }
+    }
+
     pub(in crate::sbr) fn part(n: u16, cut: &[(u16, u16)]) -> Partition {
         let recs: Vec<(NodeAddr, NodeAddr)> = cut.iter().map(|(o, s)| (a(*o), a(*s))).collect();
         Partition::new(members(n, &[]), recs.iter().map(|(o, s)| (o, s)))

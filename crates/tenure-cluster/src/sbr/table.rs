@@ -140,7 +140,12 @@ impl ReachTable {
     fn count(&mut self, row: &ReachRow, add: bool) {
         for s in row.unreachable.iter().filter(|s| **s != row.observer) {
             if add {
-                *self.listed.entry(s.clone()).or_default() += 1;
+                match self.listed.get_mut(s) {
+                    Some(n) => *n += 1,
+                    None => {
+                        self.listed.insert(s.clone(), 1);
+                    }
+                }
             } else if let Some(n) = self.listed.get_mut(s) {
                 *n -= 1;
                 if *n == 0 {
