@@ -61,7 +61,7 @@ fn main() {
             let r = sim::partition_run(n, first, strategy, seed);
             let [a, b] = &r.sides;
             println!(
-                "{strategy:?} {first}/{}: agreed {}; survivor side {:?}; side A {}+{} survived, {} down, {} undecided; side B {}+{} survived, {} down, {} undecided; every node decided after {:?} ({:.1} s wall)",
+                "{strategy:?} {first}/{}: agreed {}; survivor side {:?}; side A {}+{} survived, {} down, {} undecided; side B {}+{} survived, {} down, {} undecided; every node decided after {:?}; per node per s meanwhile: {:.2} messages, {:.2} rows ({:.1} s wall)",
                 n - first,
                 r.agreed(),
                 r.survivor().map(|s| if s == 0 { "A" } else { "B" }),
@@ -74,6 +74,8 @@ fn main() {
                 b.downed_self,
                 b.undecided,
                 r.decided_after,
+                r.messages_per_node_per_sec,
+                r.rows_per_node_per_sec,
                 wall.elapsed().as_secs_f64(),
             );
             assert!(r.agreed(), "{r:?}");

@@ -163,6 +163,11 @@ pub struct PartitionReport {
     pub sides: [SideOutcome; 2],
     /// From the cut until every node had decided.
     pub decided_after: Option<Duration>,
+    /// Messages between nodes per node per second, from the cut until every node decided
+    /// (or the wait ended).
+    pub messages_per_node_per_sec: f64,
+    /// Reachability rows carried per node per second, over the same time.
+    pub rows_per_node_per_sec: f64,
 }
 
 impl PartitionReport {
@@ -197,9 +202,16 @@ pub fn partition_run(
     let side_a: BTreeSet<usize> = order[..first].iter().copied().collect();
     let in_a = side_a.clone();
     sim.partition(move |i| in_a.contains(&i));
+    let before = sim.counters().clone();
+    let cut_at = sim.elapsed();
     let decided_after = sim.run_until(STEP, LIMIT, |sim| {
         (0..sim.len()).all(|i| sim.outcome(i).is_some())
     });
+    let during = sim.counted_since(&before);
+    let secs = (sim.elapsed() - cut_at)
+        .as_secs_f64()
+        .max(f64::MIN_POSITIVE);
+    let per = |n: u64| n as f64 / nodes as f64 / secs;
     // Later decisions (a second round) would show here.
     sim.run_for(Duration::from_secs(10));
     let side = |members: &BTreeSet<usize>| {
@@ -230,6 +242,8 @@ pub fn partition_run(
         seed,
         sides: [side(&side_a), side(&side_b)],
         decided_after,
+        messages_per_node_per_sec: per(during.messages()),
+        rows_per_node_per_sec: per(during.rows),
     }
 }
 
