@@ -85,6 +85,7 @@ pub struct Report {
     rows: Vec<Vec<String>>,
     notes: Vec<String>,
     load_at_start: Option<f64>,
+    internal: Vec<String>,
 }
 
 impl Report {
@@ -101,7 +102,15 @@ impl Report {
             rows: Vec::new(),
             notes: Vec::new(),
             load_at_start: load_average(),
+            internal: Vec::new(),
         }
+    }
+
+    /// Names an environment variable the bench sets for a process of its own (a child, a
+    /// re-run of itself), so that the stamped command leaves it out like any variable that
+    /// is not a knob of the bench.
+    pub fn internal_var(&mut self, var: &str) {
+        self.internal.push(var.to_string());
     }
 
     /// Adds a row. Bench-only: panics when the row's cell count is not the column count,
@@ -170,7 +179,10 @@ impl Report {
     /// time and the commit of the workspace.
     pub fn stamp(&self) -> Stamp {
         Stamp {
-            command: full_command(&self.command, std::env::vars()),
+            command: full_command(
+                &self.command,
+                std::env::vars().filter(|(k, _)| !self.internal.contains(k)),
+            ),
             machine: machine(self.load_at_start, load_average()),
             date: utc_now(),
             commit: commit(&workspace_root()),
