@@ -24,7 +24,7 @@ fn main() {
     let runs = knob("TENURE_BENCH_RUNS", 20, 1) as usize;
     let mut report = Report::new(
         "failover",
-        "cargo bench -p tenure-cli --bench failover",
+        "cargo bench -p tenure-cli --all-features --bench failover",
         &["what", "runs", "p50", "p99", "max"],
     );
     let mut c = Cluster::start(3);

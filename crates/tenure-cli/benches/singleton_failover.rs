@@ -58,7 +58,7 @@ fn main() {
     let runs = knob("TENURE_BENCH_RUNS", 20, 1) as usize;
     let mut report = Report::new(
         "singleton_failover",
-        "cargo bench -p tenure-cli --bench singleton_failover",
+        "cargo bench -p tenure-cli --all-features --bench singleton_failover",
         &["what", "runs", "p50", "p99", "max"],
     );
     let options = Options {
