@@ -196,6 +196,9 @@ impl Report {
     pub fn finish(&self) -> Result<Option<PathBuf>, ReportError> {
         println!("\n{}", self.table());
         if !report_mode() {
+            if smoke() && std::env::var(REPORT_VAR).is_ok_and(|v| v == "1") {
+                println!("({REPORT_VAR}=1 ignored: a smoke run measures nothing to report)");
+            }
             return Ok(None);
         }
         let file = doc_path();
