@@ -73,7 +73,8 @@ pub fn doc_path() -> PathBuf {
 
 fn workspace_root() -> PathBuf {
     // This crate lives at crates/tenure-lease-kit of the workspace.
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    root.canonicalize().unwrap_or(root)
 }
 
 /// One bench's result table and how it was produced.
