@@ -268,7 +268,7 @@ fn renewal_traffic(report: &mut Report) {
         let per_interval = requests as f64 / INTERVALS as f64;
         println!("{n:>8} {INTERVALS:>10} {per_interval:>26.2} {n:>20}");
         report.row([
-            format!("renewals of {n} leases (LeaseActors of one owner): etcd requests per heartbeat interval, over {INTERVALS}"),
+            format!("renewals, {n} leases held by LeaseActors of one owner: etcd requests per heartbeat interval, over {INTERVALS}"),
             format!("{per_interval:.2}"),
         ]);
     }

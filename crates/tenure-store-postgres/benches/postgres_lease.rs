@@ -324,7 +324,7 @@ fn renewal_cost(server: &PgServer, report: &mut Report) {
             format!("{per_batch:.2?}")
         );
         report.row([
-            format!("renewals of {n} leases (LeaseActors of one owner): store round trips per heartbeat interval, over {INTERVALS}; one batch renewal by hand"),
+            format!("renewals, {n} leases held by LeaseActors of one owner: store round trips per heartbeat interval, over {INTERVALS}; one batch renewal by hand"),
             format!("{trips:.2} ({per_trip:.1} leases each); {per_batch:.2?}"),
         ]);
     }

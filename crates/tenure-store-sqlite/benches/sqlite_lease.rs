@@ -369,7 +369,7 @@ fn renewal_cost(report: &mut Report) {
         );
         println!("{n:>8} {INTERVALS:>12} {trips:>22.2} {per_trip:>22.1}");
         report.row([
-            format!("renewals of {n} leases (LeaseActors of one owner): store round trips per heartbeat interval, over {INTERVALS}"),
+            format!("renewals, {n} leases held by LeaseActors of one owner: store round trips per heartbeat interval, over {INTERVALS}"),
             format!("{trips:.2} ({per_trip:.1} leases each)"),
         ]);
     }

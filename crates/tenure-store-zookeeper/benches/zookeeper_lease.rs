@@ -270,7 +270,7 @@ fn renewal_cost(report: &mut Report) {
             "{n:>8} {INTERVALS:>10} {trips:>21.2} {per_trip:>22.1} {renew_p50:>16.2?} {renew_p90:>16.2?} {bare_p50:>12.2?} {ratio:>10.2}",
         );
         report.row([
-            format!("renewals of {n} leases (LeaseActors of one owner): store round trips per heartbeat interval, over {INTERVALS}; one batch renewal p50, p90; bare multi p50"),
+            format!("renewals, {n} leases held by LeaseActors of one owner: store round trips per heartbeat interval, over {INTERVALS}; one batch renewal p50, p90; bare multi p50"),
             format!("{trips:.2} ({per_trip:.1} leases each); {renew_p50:.2?}, {renew_p90:.2?}; {bare_p50:.2?} ({ratio:.2}x)"),
         ]);
     }
