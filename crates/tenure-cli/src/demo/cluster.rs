@@ -7,7 +7,10 @@
 //!
 //! What a run can meet (a node that does not start, a signal to a node that is gone, a
 //! fault the node refused) is a [`HarnessError`] naming the node and what failed: the demo
-//! reports it as a failed step; the test kit's wrapper panics with it.
+//! reports it as a failed step; the test kit's wrapper panics with it. A node whose process
+//! ends by itself (a panic, an exit, `abort(3)` when something outlived its kill under a
+//! lease being lost) is seen without being reaped ([`Cluster::ended`]): it no longer counts
+//! as running, and [`HarnessError::Ended`] says how it ended with its log's tail.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Ipv4Addr, SocketAddrV4};
