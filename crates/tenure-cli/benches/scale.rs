@@ -135,7 +135,7 @@ fn options() -> Options {
             ("member-lease-ttl", "\"10s\""),
             ("member-lease-interval", "\"1s\""),
             ("membership-interval", "\"1s\""),
-            ("heartbeat-interval", "\"500ms\""),
+            ("peer-heartbeat-interval", "\"500ms\""),
             ("unreachable-after", "\"3s\""),
         ]
         .map(|(k, v)| (k.to_string(), v.to_string()))

@@ -60,7 +60,7 @@ fn check_history(c: &Cluster) {
     if let Some(v) = check_with(&events, rule).violations.first() {
         panic!("tenure check: {v}");
     }
-    let counter = tenure::sqlite::FencedCounter::open(&c.counter_file()).expect("open counter");
+    let counter = tenure_cli::demo::FencedCounter::open(&c.counter_file()).expect("open counter");
     check_acks(&c.history(), |key| {
         counter
             .get(&tenure_cli::demo::counter::counter_name(key))

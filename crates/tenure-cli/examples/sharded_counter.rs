@@ -19,7 +19,7 @@ use rustix::process::{Pid, Signal, kill_process};
 use tenure::TenureConfig;
 use tenure::cluster::{ClusterSettings, Node};
 use tenure::sharding::{ShardRegion, entity_factory};
-use tenure::sqlite::FencedCounter;
+use tenure_cli::demo::FencedCounter;
 use tenure_cli::demo::counter::{Counter, CounterRequest};
 
 const KEYS: [&str; 4] = ["alice", "bob", "carol", "dave"];

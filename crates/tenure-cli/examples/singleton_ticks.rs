@@ -17,7 +17,7 @@ use rustix::process::{Pid, Signal, kill_process};
 use tenure::TenureConfig;
 use tenure::cluster::{ClusterSettings, Node};
 use tenure::singleton::spawner;
-use tenure::sqlite::FencedCounter;
+use tenure_cli::demo::FencedCounter;
 use tenure_cli::demo::ticker::{Ticker, TickerArgs};
 
 const NAME: &str = "ticks";

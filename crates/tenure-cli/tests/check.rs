@@ -403,7 +403,7 @@ fn acknowledged_writes_must_be_accepted_and_kept() {
 fn tenure_check_reads_the_counter_file() {
     let dir = tempfile::tempdir().unwrap();
     let counter_path = dir.path().join("counter.sqlite");
-    let counter = tenure::sqlite::FencedCounter::open(&counter_path).unwrap();
+    let counter = tenure_cli::demo::FencedCounter::open(&counter_path).unwrap();
     let name = tenure_cli::demo::counter::counter_name("key-1");
     assert_eq!(
         counter.increment(&name, FencingToken::new(1)).unwrap(),

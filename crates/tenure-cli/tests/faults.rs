@@ -47,7 +47,7 @@ use std::time::{Duration, Instant};
 
 use cli::cluster::{Cluster, MEMBER_TTL, Options, TestCluster};
 use tenure::history::Event;
-use tenure::sqlite::FencedCounter;
+use tenure_cli::demo::FencedCounter;
 use tenure_cli::demo::scenario::SplitMix;
 use tenure_lease_kit::conformance::proxy::Proxy;
 

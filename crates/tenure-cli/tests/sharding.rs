@@ -18,7 +18,7 @@ use cli::shards::{
     check_acks, idle_host, last_kill, live_shards, load_requests, open_loop_options,
     sharded_cluster, shards_at,
 };
-use tenure::sqlite::FencedCounter;
+use tenure_cli::demo::FencedCounter;
 use tenure_cli::demo::counter::counter_name;
 
 /// Waits until every shard in `moved` runs (started after `after`) on a node other than

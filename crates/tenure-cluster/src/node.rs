@@ -16,7 +16,7 @@ use crate::identity::{Incarnation, NodeAddr};
 use crate::member::{ClusterEvent, MemberStatus};
 use crate::placement::Placement;
 use crate::protocol::{
-    AgentMsg, DownRequest, FaultReply, Inspect, LeaveRequest, Local, NodeView, OperatorReply,
+    AgentLocal, AgentMsg, DownRequest, FaultReply, Inspect, LeaveRequest, NodeView, OperatorReply,
     SetLink,
 };
 use crate::readiness::{Readiness, ReadinessGate};
@@ -36,7 +36,7 @@ impl Subscriptions {
     /// As [`Node::subscribe`].
     pub fn subscribe(&self, subscriber: ClusterSubscriber) -> Result<(), ClusterError> {
         self.0
-            .cast(AgentMsg::Local(Local::Subscribe(subscriber)))
+            .cast(AgentMsg::Local(AgentLocal::Subscribe(subscriber)))
             .map_err(|_| ClusterError::Actor("the node's agent has stopped".into()))
     }
 }
@@ -334,7 +334,7 @@ impl Node {
             }
         });
         let member_gate = readiness.gate("this node", "not an up member yet: joining");
-        let _ = agent.cast(AgentMsg::Local(Local::Subscribe(member_readiness(
+        let _ = agent.cast(AgentMsg::Local(AgentLocal::Subscribe(member_readiness(
             addr.clone(),
             member_gate,
         ))));
@@ -537,7 +537,7 @@ impl Node {
         ] {
             self.shutdown.run_phase(phase).await;
         }
-        let answer = ractor::call_t!(self.agent, |r| AgentMsg::Local(Local::Leave(r)), 5000)
+        let answer = ractor::call_t!(self.agent, |r| AgentMsg::Local(AgentLocal::Leave(r)), 5000)
             .map_err(|e| ClusterError::Actor(format!("the node's agent did not answer: {e}")));
         let left = answer
             .as_ref()

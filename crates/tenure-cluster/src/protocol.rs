@@ -40,7 +40,7 @@ pub struct Hello {
     pub datagram_secret: Option<crate::transport::datagram::SessionSecret>,
 }
 
-/// Liveness beacon, every `cluster.heartbeat-interval`, to each peer on the sender's ring of
+/// Liveness beacon, every `cluster.peer-heartbeat-interval`, to each peer on the sender's ring of
 /// monitors ([`crate::ring`]), as a UDP datagram (see [`crate::transport::datagram`]) and,
 /// while the datagrams do not get through either way (and once every `unreachable-after`),
 /// cast on the session too. It carries the reachability rows that changed lately, or the
@@ -216,7 +216,7 @@ crate::cluster_message! {
         call SetLink(SetLink) -> FaultReply,
         call Leave(LeaveRequest) -> OperatorReply,
         call Down(DownRequest) -> OperatorReply,
-        local Local(Local),
+        local Local(AgentLocal),
     }
 }
 
@@ -230,7 +230,7 @@ pub enum SessionChange {
 }
 
 /// Messages an agent sends itself or gets from its own node.
-pub enum Local {
+pub enum AgentLocal {
     Session(SessionChange, Box<NodeServerSessionInformation>),
     /// `handshake-timeout` has passed since session `node_id` opened: closed unless it
     /// authenticated.

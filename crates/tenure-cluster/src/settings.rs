@@ -52,7 +52,7 @@ pub struct ClusterSettings {
     /// node lists them even though nothing changed (a repair); at least 1 (1: every
     /// interval lists, as on stores without the capability).
     pub membership_listing_every: u32,
-    /// `heartbeat-interval`: node-to-node heartbeat period.
+    /// `peer-heartbeat-interval`: node-to-node heartbeat period.
     pub heartbeat_interval: Duration,
     /// `unreachable-after`: silence after which a peer is marked unreachable.
     pub unreachable_after: Duration,
@@ -127,9 +127,9 @@ pub struct ClusterConfig {
     pub membership_interval: Duration,
     /// `membership-listing-every`: how many intervals apart the repair listings are.
     pub membership_listing_every: u32,
-    /// `heartbeat-interval`: how often each peer gets a heartbeat.
+    /// `peer-heartbeat-interval`: how often each watched peer gets a heartbeat.
     #[serde(deserialize_with = "tenure_lease::duration::serde::positive")]
-    pub heartbeat_interval: Duration,
+    pub peer_heartbeat_interval: Duration,
     /// `unreachable-after`: the silence after which a peer is unreachable.
     #[serde(deserialize_with = "tenure_lease::duration::serde::positive")]
     pub unreachable_after: Duration,
@@ -184,7 +184,7 @@ impl Default for ClusterConfig {
             member_lease_interval: Duration::from_secs(1),
             membership_interval: Duration::from_secs(1),
             membership_listing_every: 30,
-            heartbeat_interval: Duration::from_millis(500),
+            peer_heartbeat_interval: Duration::from_millis(500),
             unreachable_after: Duration::from_secs(3),
             monitored_by_nr_of_members: 9,
             indirect_probes: 3,
@@ -305,7 +305,7 @@ impl ClusterSettings {
             member_lease,
             membership_interval: c.membership_interval,
             membership_listing_every: c.membership_listing_every.max(1),
-            heartbeat_interval: c.heartbeat_interval,
+            heartbeat_interval: c.peer_heartbeat_interval,
             unreachable_after: c.unreachable_after,
             monitored_by: c.monitored_by_nr_of_members,
             indirect_probes: c.indirect_probes,
@@ -324,7 +324,7 @@ impl ClusterSettings {
         if settings.heartbeat_interval * 2 > settings.unreachable_after {
             return Err(ConfigError::invalid(
                 "cluster.unreachable-after",
-                "must be at least twice cluster.heartbeat-interval",
+                "must be at least twice cluster.peer-heartbeat-interval",
             )
             .into());
         }
@@ -338,7 +338,7 @@ impl ClusterSettings {
         if settings.reachability_sync_interval < settings.heartbeat_interval {
             return Err(ConfigError::invalid(
                 "cluster.reachability-sync-interval",
-                "must be at least cluster.heartbeat-interval",
+                "must be at least cluster.peer-heartbeat-interval",
             )
             .into());
         }
@@ -503,7 +503,14 @@ mod tests {
         let cases = [
             ("seeds = [\"nope\"]", "cluster.seeds[0]"),
             ("seeds = [1]", "cluster.seeds[0]"),
-            ("heartbeat-interval = \"0s\"", "cluster.heartbeat-interval"),
+            (
+                "peer-heartbeat-interval = \"0s\"",
+                "cluster.peer-heartbeat-interval",
+            ),
+            (
+                "heartbeat-interval = \"1s\"",
+                "`cluster.heartbeat-interval`",
+            ),
             ("unraechable-after = \"1s\"", "`cluster.unraechable-after`"),
             ("dial-timeout = \"3 parsecs\"", "`cluster.dial-timeout`"),
             ("handshake-timeout = \"0s\"", "cluster.handshake-timeout"),

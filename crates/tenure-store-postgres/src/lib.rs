@@ -63,7 +63,7 @@
 
 mod error;
 mod fair;
-mod fenced;
+mod fence;
 pub mod journal;
 mod options;
 mod pool;
@@ -71,7 +71,7 @@ mod schema;
 pub mod sql;
 mod store;
 
-pub use fenced::Fence;
+pub use fence::Fence;
 pub use journal::PostgresJournal;
 pub use options::{PostgresConfig, PostgresOptions, REFERENCE};
 pub use pool::{Connection, Connector, Pooled};

@@ -20,7 +20,7 @@ use tokio_postgres::{NoTls, Row};
 
 use crate::error::{self, Failure, STORE};
 use crate::fair::Listener;
-use crate::fenced::Fence;
+use crate::fence::Fence;
 use crate::options::{PostgresOptions, REFERENCE};
 use crate::pool::{Connector, Pooled};
 use crate::schema::migrate;

@@ -37,7 +37,6 @@ mod clock;
 mod db;
 mod fair;
 pub mod fence;
-mod fenced;
 mod identity;
 pub mod journal;
 mod schema;
@@ -57,7 +56,6 @@ pub fn token_floor() -> i64 {
 }
 
 pub use fair::cross_process_poll;
-pub use fenced::FencedCounter;
 pub use journal::SqliteJournal;
 /// The `rusqlite` this store is built with: a fenced write ([`fence::check`]) runs in a
 /// `rusqlite::Transaction` on the lease file, so an application needs no `rusqlite`

@@ -31,7 +31,7 @@ pub enum CheckError {
 pub fn check_counter_acks(events: &[Entry], counter: &Path) -> Result<AckCheck, CheckError> {
     let path = || counter.display().to_string();
     let file =
-        tenure::sqlite::FencedCounter::open(counter).map_err(|source| CheckError::CounterFile {
+        crate::demo::FencedCounter::open(counter).map_err(|source| CheckError::CounterFile {
             path: path(),
             source,
         })?;

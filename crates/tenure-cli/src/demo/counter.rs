@@ -13,8 +13,8 @@ use serde::{Deserialize, Serialize};
 use std::num::NonZeroU64;
 use tenure::FencingToken;
 
+use crate::demo::FencedCounter;
 use tenure::sharding::{DurableEntity, Effect, Entity, EntityContext};
-use tenure::sqlite::FencedCounter;
 
 /// What a counter entity is asked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

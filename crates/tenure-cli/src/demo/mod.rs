@@ -8,12 +8,15 @@
 
 pub mod cluster;
 pub mod counter;
+pub mod fenced_counter;
 pub mod progress;
 pub mod report;
 pub mod scenario;
 pub mod summary;
 pub mod ticker;
 pub mod timeline;
+
+pub use fenced_counter::FencedCounter;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

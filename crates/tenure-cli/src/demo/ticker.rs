@@ -5,10 +5,10 @@
 
 use std::time::Duration;
 
+use crate::demo::FencedCounter;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use serde::{Deserialize, Serialize};
 use tenure::FencingToken;
-use tenure::sqlite::FencedCounter;
 
 /// Asks the ticker for its counter.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

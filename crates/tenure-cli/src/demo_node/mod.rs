@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use tenure::cluster::{ClusterSettings, Incarnation, Node};
 use tenure::sharding::{Entity, EntityFactory, entity_factory};
-use tenure::sqlite::FencedCounter;
 use tenure::{LeaseProvider, TenureConfig};
+use tenure_cli::demo::FencedCounter;
 use tenure_cli::demo::counter::{Counter, DurableCounter};
 use tenure_cli::demo::ticker::{CountRequest, Ticker, TickerArgs, TickerMsg};
 use tenure_cli::history;

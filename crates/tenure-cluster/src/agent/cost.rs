@@ -1,4 +1,4 @@
-//! What heartbeats cost a node per `heartbeat-interval`, counted from the code the agent
+//! What heartbeats cost a node per `peer-heartbeat-interval`, counted from the code the agent
 //! sends them with ([`crate::ring`], [`crate::sbr::Spread`], [`crate::detector::Monitor`],
 //! the datagram codec), for clusters of 6, 12 and 48 idle members; and what the all-to-all
 //! scheme (every peer, twice, the whole table and every peer heard) cost, for comparison.

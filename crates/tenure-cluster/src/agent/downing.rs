@@ -15,7 +15,7 @@ use super::resolver_lease::{self, ResolverLeaseError, SharedLease};
 use super::{AgentState, RELEASE_SLACK};
 use crate::identity::{Incarnation, NodeAddr};
 use crate::member::MemberStatus;
-use crate::protocol::{AgentMsg, Local, YouAreDown};
+use crate::protocol::{AgentLocal, AgentMsg, YouAreDown};
 use crate::sbr::{Decision, Strategy, WhenDown};
 
 /// How many member-lease ttls a node that downed itself waits for a silent former member
@@ -191,7 +191,7 @@ impl AgentState {
                             Ok(spec) => resolver_lease::acquire(lease, spec, &side).await,
                             Err(e) => Err(ResolverLeaseError::Spec(e)),
                         };
-                        let _ = me.cast(AgentMsg::Local(Local::SbrLease { attempt, won }));
+                        let _ = me.cast(AgentMsg::Local(AgentLocal::SbrLease { attempt, won }));
                     });
                 } else {
                     let spec = LeaseSpec::new(&name, &self.me.to_string(), store, settings);
@@ -201,7 +201,7 @@ impl AgentState {
                             Ok(spec) => resolver_lease::watch(spec, &side).await,
                             Err(e) => Err(ResolverLeaseError::Spec(e)),
                         };
-                        let _ = me.cast(AgentMsg::Local(Local::SbrLease { attempt, won }));
+                        let _ = me.cast(AgentMsg::Local(AgentLocal::SbrLease { attempt, won }));
                     });
                 }
             }

@@ -1,4 +1,4 @@
-//! Heartbeats and reachability: every `heartbeat-interval` the agent sends each peer it
+//! Heartbeats and reachability: every `peer-heartbeat-interval` the agent sends each peer it
 //! watches ([`super::monitor`]) a heartbeat (carrying the reachability rows due, see
 //! [`crate::sbr::Spread`]), marks watched members silent for `unreachable-after`
 //! unreachable (later when an indirect probe shows them alive), takes the reachability of
@@ -25,7 +25,7 @@ use tokio::time::Instant;
 use super::AgentState;
 use crate::clocks::{Freshness, PeerClocks};
 use crate::identity::{Incarnation, NodeAddr};
-use crate::protocol::{AgentMsg, Heartbeat, Local};
+use crate::protocol::{AgentLocal, AgentMsg, Heartbeat};
 use crate::transport::datagram::{self, DatagramKey, Keyring, SessionSecret};
 
 /// How a heartbeat arrived.
@@ -111,7 +111,11 @@ impl Datagrams {
         tokio::spawn(datagram::receive(
             self.socket.clone(),
             self.inbound.clone(),
-            move |hb| agent.cast(AgentMsg::Local(Local::Datagram(hb))).is_ok(),
+            move |hb| {
+                agent
+                    .cast(AgentMsg::Local(AgentLocal::Datagram(hb)))
+                    .is_ok()
+            },
         ))
     }
 
@@ -158,7 +162,7 @@ impl Datagrams {
 }
 
 impl AgentState {
-    /// Every `heartbeat-interval`: heartbeats out to the watched peers, reachability,
+    /// Every `peer-heartbeat-interval`: heartbeats out to the watched peers, reachability,
     /// probes ([`crate::detector::Detector::tick`]), stale sessions, dials.
     pub(super) fn tick(&mut self, myself: &ActorRef<AgentMsg>) {
         let now = Instant::now();
@@ -397,7 +401,7 @@ impl AgentState {
 }
 
 /// `peer`'s datagram address now when its host is an IP address; else `None`, and a task
-/// resolves the name and tells the agent ([`Local::HeartbeatAddr`]).
+/// resolves the name and tells the agent ([`AgentLocal::HeartbeatAddr`]).
 fn resolve(
     myself: &ActorRef<AgentMsg>,
     peer: &NodeAddr,
@@ -416,7 +420,7 @@ fn resolve(
                 .ok_or_else(|| "no address of a usable family".to_string()),
             Err(e) => Err(e.to_string()),
         };
-        let _ = agent.cast(AgentMsg::Local(Local::HeartbeatAddr {
+        let _ = agent.cast(AgentMsg::Local(AgentLocal::HeartbeatAddr {
             peer,
             incarnation,
             addr,

@@ -20,7 +20,7 @@ use crate::app_version::AppVersion;
 use crate::identity::{Incarnation, NodeAddr};
 use crate::member::Listed;
 use crate::placement::{Placement, PlacementMismatch};
-use crate::protocol::{AgentMsg, Leaving, LeavingAck, Local, Polled};
+use crate::protocol::{AgentLocal, AgentMsg, Leaving, LeavingAck, Polled};
 use crate::settings::ClusterSettings;
 use crate::subscribe::{HandOver, HandOverWait};
 use crate::transport::Tls;
@@ -178,7 +178,7 @@ pub(super) fn spawn_ticket(
                     // Asked again after this pause, so that a failing start does not spin.
                     tokio::time::sleep(pause).await;
                 }
-                let _ = me.cast(AgentMsg::Local(Local::Ticket(ticket)));
+                let _ = me.cast(AgentMsg::Local(AgentLocal::Ticket(ticket)));
             });
         }
         Err(e) => tracing::error!(error = %e, "cannot take a join ticket"),
@@ -321,7 +321,7 @@ impl AgentState {
             let polled = poll_store(store.as_ref(), &prefix, since, timeout)
                 .await
                 .map_err(|e| e.to_string());
-            let _ = me.cast(AgentMsg::Local(Local::Listed(polled)));
+            let _ = me.cast(AgentMsg::Local(AgentLocal::Listed(polled)));
         });
     }
 
@@ -430,7 +430,7 @@ impl AgentState {
         };
         let agent = myself.clone();
         let sink = LeaseEventSink::new(move |event| {
-            let _ = agent.cast(AgentMsg::Local(Local::MemberLease { ticket, event }));
+            let _ = agent.cast(AgentMsg::Local(AgentLocal::MemberLease { ticket, event }));
         });
         let (lease, _) = LeaseActor::start(spec, sink, Some(myself.get_cell())).await?;
         lease.cast(LeaseMsg::Acquire { reply: None })?;
@@ -512,7 +512,7 @@ impl AgentState {
             let listed = bounded(&prefix, "list", timeout, store.list(&prefix))
                 .await
                 .map_err(|e| e.to_string());
-            let _ = me.cast(AgentMsg::Local(Local::JoinCheck { token, listed }));
+            let _ = me.cast(AgentMsg::Local(AgentLocal::JoinCheck { token, listed }));
         });
     }
 

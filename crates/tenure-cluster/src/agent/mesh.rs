@@ -14,7 +14,7 @@ use super::{AGENT_GROUP, AgentState};
 use crate::backoff::Backoff;
 use crate::identity::{Incarnation, NodeAddr};
 use crate::protocol::{
-    AgentMsg, COMPATIBLE_PROTOCOLS, Hello, Local, PROTOCOL_VERSION, SessionChange,
+    AgentLocal, AgentMsg, COMPATIBLE_PROTOCOLS, Hello, PROTOCOL_VERSION, SessionChange,
 };
 #[cfg(feature = "fault-injection")]
 use crate::transport::Links;
@@ -133,7 +133,7 @@ impl Forward {
     fn send(&self, change: SessionChange, ses: NodeServerSessionInformation) {
         let _ = self
             .0
-            .cast(AgentMsg::Local(Local::Session(change, Box::new(ses))));
+            .cast(AgentMsg::Local(AgentLocal::Session(change, Box::new(ses))));
     }
 }
 
@@ -391,7 +391,7 @@ impl AgentState {
         match change {
             SessionChange::Opened => {
                 myself.send_after(self.s.handshake_timeout, move || {
-                    AgentMsg::Local(Local::HandshakeDue(id))
+                    AgentMsg::Local(AgentLocal::HandshakeDue(id))
                 });
                 let dialled = (!ses.is_server)
                     .then(|| NodeAddr::parse("dialled", &ses.peer_addr).ok())
@@ -565,7 +565,7 @@ impl AgentState {
                     crate::transport::dial_gated(&server, &addr, gate, tls.as_ref(), timeout).await;
                 #[cfg(not(feature = "fault-injection"))]
                 let result = crate::transport::dial(&server, &addr, tls.as_ref(), timeout).await;
-                let _ = me.cast(AgentMsg::Local(Local::Dialed { peer: addr, result }));
+                let _ = me.cast(AgentMsg::Local(AgentLocal::Dialed { peer: addr, result }));
             });
         }
     }

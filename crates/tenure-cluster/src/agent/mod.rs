@@ -4,7 +4,7 @@
 //! - [`mesh`]: sessions, dials with backoff, hellos, peers;
 //! - [`membership`]: join tickets, the member lease, up / lost / rejoin, leave;
 //! - [`heartbeat`]: heartbeats (datagrams and session casts) and reachability, every
-//!   `heartbeat-interval`; [`monitor`]: whom they go to (the ring of monitors), which
+//!   `peer-heartbeat-interval`; [`monitor`]: whom they go to (the ring of monitors), which
 //!   reachability rows they carry, and indirect probes;
 //! - [`events`]: what changed, to subscribers, metrics, logs and the history;
 //! - [`inspect`]: the node's view answered to clients and the CLI;
@@ -20,7 +20,7 @@ use tenure_lease::{LeaseObserver, LeaseStore};
 
 use crate::identity::{Incarnation, NodeAddr};
 use crate::member::Membership;
-use crate::protocol::{AgentMsg, Inspect, Local};
+use crate::protocol::{AgentLocal, AgentMsg, Inspect};
 use crate::settings::ClusterSettings;
 use crate::subscribe::ClusterSubscriber;
 #[cfg(feature = "fault-injection")]
@@ -136,23 +136,23 @@ impl Actor for Agent {
         pg::monitor_scope(scope.clone(), myself.get_cell());
         let timers = vec![
             myself.send_interval(a.settings.heartbeat_interval, || {
-                AgentMsg::Local(Local::Tick)
+                AgentMsg::Local(AgentLocal::Tick)
             }),
             myself.send_interval(a.settings.membership_interval, || {
-                AgentMsg::Local(Local::Poll)
+                AgentMsg::Local(AgentLocal::Poll)
             }),
             datagrams.spawn_receiver(myself.clone()),
         ];
         let me = a.settings.addr.clone();
         crate::history::node_started();
-        let _ = myself.cast(AgentMsg::Local(Local::Poll));
+        let _ = myself.cast(AgentMsg::Local(AgentLocal::Poll));
         membership::spawn_ticket(
             &myself,
             &a.settings,
             a.store.clone(),
             a.lease_observer.clone(),
         );
-        let _ = myself.cast(AgentMsg::Local(Local::Tick));
+        let _ = myself.cast(AgentMsg::Local(AgentLocal::Tick));
         Ok(AgentState {
             clock: crate::clocks::NodeClock::new(tokio::time::Instant::now()),
             view: Membership::new(me.clone(), a.incarnation, a.settings.roles.clone())
@@ -288,27 +288,31 @@ impl AgentState {
     async fn on_local(
         &mut self,
         myself: &ActorRef<AgentMsg>,
-        local: Local,
+        local: AgentLocal,
     ) -> Result<(), ActorProcessingErr> {
         match local {
-            Local::Session(change, ses) => self.on_session(myself, change, *ses),
-            Local::HandshakeDue(node_id) => self.on_handshake_due(node_id),
-            Local::Dialed { peer, result } => self.on_dialed(peer, result),
-            Local::Ticket(ticket) => self.on_ticket(myself, ticket).await?,
-            Local::MemberLease { ticket, event } => self.on_member_lease(myself, ticket, event),
-            Local::JoinCheck { token, listed } => self.on_join_check(myself, token, listed).await?,
-            Local::Poll => self.poll(myself),
-            Local::Listed(result) => self.on_listed(result),
-            Local::Leave(reply) => self.start_leaving(reply),
-            Local::Tick => self.tick(myself),
-            Local::Datagram(hb) => self.on_datagram(hb),
-            Local::HeartbeatAddr {
+            AgentLocal::Session(change, ses) => self.on_session(myself, change, *ses),
+            AgentLocal::HandshakeDue(node_id) => self.on_handshake_due(node_id),
+            AgentLocal::Dialed { peer, result } => self.on_dialed(peer, result),
+            AgentLocal::Ticket(ticket) => self.on_ticket(myself, ticket).await?,
+            AgentLocal::MemberLease { ticket, event } => {
+                self.on_member_lease(myself, ticket, event)
+            }
+            AgentLocal::JoinCheck { token, listed } => {
+                self.on_join_check(myself, token, listed).await?
+            }
+            AgentLocal::Poll => self.poll(myself),
+            AgentLocal::Listed(result) => self.on_listed(result),
+            AgentLocal::Leave(reply) => self.start_leaving(reply),
+            AgentLocal::Tick => self.tick(myself),
+            AgentLocal::Datagram(hb) => self.on_datagram(hb),
+            AgentLocal::HeartbeatAddr {
                 peer,
                 incarnation,
                 addr,
             } => self.on_heartbeat_addr(peer, incarnation, addr),
-            Local::SbrLease { attempt, won } => self.on_sbr_lease(myself, attempt, won),
-            Local::Subscribe(sub) => self.subscribe(sub),
+            AgentLocal::SbrLease { attempt, won } => self.on_sbr_lease(myself, attempt, won),
+            AgentLocal::Subscribe(sub) => self.subscribe(sub),
         }
         Ok(())
     }

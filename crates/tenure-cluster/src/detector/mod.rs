@@ -53,7 +53,7 @@ pub(crate) struct DetectorSettings {
     pub unreachable_after: Duration,
     /// `reachability-sync-interval`.
     pub sync_interval: Duration,
-    /// `heartbeat-interval`.
+    /// `peer-heartbeat-interval`.
     pub heartbeat_interval: Duration,
 }
 
@@ -236,7 +236,7 @@ impl Detector {
         out
     }
 
-    /// Every `heartbeat-interval`, at `now`: the heartbeats to the watched peers (numbered
+    /// Every `peer-heartbeat-interval`, at `now`: the heartbeats to the watched peers (numbered
     /// `seq`), the verdict on every member, and the probes of late ones. `peers` are the
     /// peer lives this node has sessions with (only they get heartbeats and probes);
     /// `downed`: this node downed itself and waits to rejoin; `rng` picks probe helpers.

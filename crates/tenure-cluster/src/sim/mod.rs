@@ -38,7 +38,7 @@ use crate::sbr::{Decision, SbrSettings, Strategy};
 /// The timings of the simulated nodes (the reference configuration's by default).
 #[derive(Debug, Clone)]
 pub struct Timings {
-    /// `heartbeat-interval`.
+    /// `peer-heartbeat-interval`.
     pub heartbeat_interval: Duration,
     /// `unreachable-after`.
     pub unreachable_after: Duration,

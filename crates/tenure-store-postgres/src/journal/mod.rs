@@ -26,7 +26,7 @@ use tenure_lease::{FencingToken, StoreError};
 
 use crate::PostgresStore;
 use crate::error;
-use crate::fenced::Fence;
+use crate::fence::Fence;
 use sql::JournalStatements;
 
 /// Most writes in one transaction by default.

@@ -1,13 +1,15 @@
-//! A fenced counter in a SQLite file: the smallest resource that checks fencing tokens in
-//! the same statement as the write, as a guarded database should. Used by the singleton
-//! example and the fault tests; a model for fencing your own tables.
+//! The demo's fenced counter in a SQLite file of its own: the smallest resource that checks
+//! fencing tokens in the same statement as the write, as a guarded database should. The
+//! demo's singleton and sharded counter write it, the fault suite and `tenure check
+//! --counter` read it, and the examples show it as a model for fencing your own tables (on
+//! the lease file itself, `tenure::sqlite::fence::check` does the same in your transaction).
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rusqlite::{Connection, OptionalExtension, params};
-use tenure_lease::{ConfigError, FencingToken, StoreError};
+use tenure::sqlite::rusqlite::{self, Connection, OptionalExtension, params};
+use tenure::{ConfigError, FencingToken, StoreError};
 
 const CREATE: &str = "CREATE TABLE IF NOT EXISTS tenure_fenced_counter (
     name TEXT PRIMARY KEY NOT NULL,
