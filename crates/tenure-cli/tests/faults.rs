@@ -559,7 +559,7 @@ fn restart_self_ended(run: &mut Run, target: usize, limit: Duration, why: &str) 
         .filter(|l| l.contains("outlived its kill while its lease is being lost"))
         .collect();
     eprintln!(
-        "node {target} ({addr}) ended itself {why} (something outlived its kill under a lease being lost); restarting it\n{}",
+        "node {target} ({addr}) ended itself {why}; restarting it\n{}",
         what.join("\n")
     );
     run.c.spawn(target);
