@@ -120,5 +120,12 @@ else
   step "tests (cargo test)" counted cargo test --workspace --all-features --locked --no-fail-fast
 fi
 # Benchmarks cannot rot: every bench binary runs once, small (criterion's test mode; the
-# others read `tenure_lease_kit::bench::smoke`).
-step "bench smoke run" counted cargo test --workspace --all-features --locked --bench '*'
+# others read `tenure_lease_kit::bench::smoke`). A smoke run measures nothing, so it never
+# writes docs/benchmarks.md: the benches' report mode is off under `cargo test`, the
+# variable is unset besides, and the file is checked unchanged.
+doc_before=$(sha256sum docs/benchmarks.md)
+step "bench smoke run" counted env -u TENURE_BENCH_REPORT cargo test --workspace --all-features --locked --bench '*'
+if [ "$(sha256sum docs/benchmarks.md)" != "$doc_before" ]; then
+  echo "the bench smoke run changed docs/benchmarks.md" >&2
+  exit 1
+fi

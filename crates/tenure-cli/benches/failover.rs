@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 use tenure_lease_kit::bench::knob;
+use tenure_lease_kit::report::Report;
 
 use tenure_test_kit::cli::cluster::{
     Cluster, MEMBER_TTL, TestCluster, UNREACHABLE_AFTER, percentile,
@@ -21,6 +22,11 @@ fn main() {
         return;
     }
     let runs = knob("TENURE_BENCH_RUNS", 20, 1) as usize;
+    let mut report = Report::new(
+        "failover",
+        "cargo bench -p tenure-cli --all-features --bench failover",
+        &["what", "runs", "p50", "p99", "max"],
+    );
     let mut c = Cluster::start(3);
     let victim = 2;
     let addr = c.nodes[victim].addr.clone();
@@ -69,23 +75,39 @@ fn main() {
         c.spawn(victim);
         c.wait_converged(Duration::from_secs(30));
     }
-    println!(
-        "SIGKILL -> marked down by every other node, {runs} runs: p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms \
-         (member-lease-ttl {} ms, membership-interval 300 ms, bound ttl + interval = {} ms)",
-        percentile(&mut all_down, 0.5),
-        percentile(&mut all_down, 0.99),
-        percentile(&mut all_down, 1.0),
+    let mut add = |what: &str, times: &mut Vec<f64>| {
+        let ms = |q: f64, times: &mut Vec<f64>| {
+            if times.is_empty() {
+                "none".to_string()
+            } else {
+                format!("{:.0} ms", percentile(times, q))
+            }
+        };
+        report.row([
+            what.to_string(),
+            times.len().to_string(),
+            ms(0.5, times),
+            ms(0.99, times),
+            ms(1.0, times),
+        ]);
+    };
+    add(
+        "SIGKILL of a node → marked down by every other node",
+        &mut all_down,
+    );
+    add(
+        "SIGKILL → marked down by the first observer",
+        &mut first_down,
+    );
+    add(
+        "SIGKILL → unreachable on every observer (runs where it was seen before down)",
+        &mut unreachable,
+    );
+    report.note(format!(
+        "3-node harness cluster: member-lease-ttl {} ms, membership-interval 300 ms (bound ttl + interval = {} ms), unreachable-after {} ms. Times from the nodes' histories (CLOCK_BOOTTIME).",
         MEMBER_TTL.as_millis(),
-        MEMBER_TTL.as_millis() + 300
-    );
-    println!(
-        "first observer: p50 {:.0} ms; unreachable on every observer (when seen before down): p50 {:.0} ms (unreachable-after {} ms)",
-        percentile(&mut first_down, 0.5),
-        if unreachable.is_empty() {
-            f64::NAN
-        } else {
-            percentile(&mut unreachable, 0.5)
-        },
+        MEMBER_TTL.as_millis() + 300,
         UNREACHABLE_AFTER.as_millis()
-    );
+    ));
+    report.finish().expect("the report");
 }

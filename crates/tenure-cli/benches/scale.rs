@@ -35,6 +35,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tenure_lease_kit::bench::{knob, smoke};
+use tenure_lease_kit::report::Report;
 use tenure_test_kit::cli::cluster::{Cluster, Options, TestCluster, hold_ports};
 
 /// Set to `1` inside the network namespace the bench made for itself; `0` keeps the host's.
@@ -106,6 +107,24 @@ fn main() {
             "the host's (no private network namespace: other processes' loopback traffic counts too)"
         }
     );
+    let mut report = Report::new(
+        "scale",
+        "cargo bench -p tenure-cli --bench scale",
+        &[
+            "nodes",
+            "all up (first / last start)",
+            "CPU per node",
+            "datagrams /node/s",
+            "TCP segments /node/s",
+            "loopback bytes /node/s",
+            "store requests /node/s",
+            "false unreachables",
+            "kill → unreachable",
+            "kill → down",
+            &format!("{shards} shards serving (first / last start)"),
+        ],
+    );
+    report.internal_var(NETNS_VAR);
     let mut rows = Vec::new();
     for &n in &sizes {
         let mut row = idle_cluster(n, idle);
@@ -115,14 +134,19 @@ fn main() {
         println!("{}", row.line(n, shards));
         rows.push((n, row));
     }
-    println!();
-    println!(
-        "| nodes | all up (from first / last start) | CPU per node | datagrams /node/s | TCP segments /node/s | loopback bytes /node/s | store requests /node/s | false unreachables | kill → unreachable | kill → down | {shards} shards serving (from first / last start) |"
-    );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for (n, row) in &rows {
-        println!("{}", row.table(*n));
+        report.row(row.cells(*n));
     }
+    report.note(format!(
+        "Idle figures over {} s after a settle; network counters from {}.",
+        idle.as_secs(),
+        if private {
+            "the bench's own network namespace (these nodes' traffic only)"
+        } else {
+            "the host's (no private network namespace: other processes' loopback traffic counts too)"
+        }
+    ));
+    report.finish().expect("the report");
 }
 
 /// The timings of these clusters: the reference ones, or in a smoke run the harness's
@@ -201,25 +225,26 @@ impl Row {
         )
     }
 
-    fn table(&self, n: usize) -> String {
-        format!(
-            "| {n} | {:.1} / {:.1} s | {:.2} % | {:.1} | {:.1} | {:.0} | {:.2} | {} | {:.1} s ({}/{}) | {:.1} s | {} |",
-            self.up.0,
-            self.up.1,
-            self.cpu,
-            self.datagrams,
-            self.segments,
-            self.loopback,
-            self.store,
-            self.false_unreachables,
-            self.unreachable.0,
-            self.unreachable.1,
-            self.observers,
-            self.down,
+    /// The row of the report's table for `n` nodes.
+    fn cells(&self, n: usize) -> Vec<String> {
+        vec![
+            n.to_string(),
+            format!("{:.1} / {:.1} s", self.up.0, self.up.1),
+            format!("{:.2} %", self.cpu),
+            format!("{:.1}", self.datagrams),
+            format!("{:.1}", self.segments),
+            format!("{:.0}", self.loopback),
+            format!("{:.2}", self.store),
+            self.false_unreachables.to_string(),
+            format!(
+                "{:.1} s ({}/{})",
+                self.unreachable.0, self.unreachable.1, self.observers
+            ),
+            format!("{:.1} s", self.down),
             self.sharded
                 .map(|(a, b)| format!("{a:.1} / {b:.1} s"))
                 .unwrap_or_else(|| "-".into()),
-        )
+        ]
     }
 }
 

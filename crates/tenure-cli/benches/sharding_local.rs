@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tenure_lease_kit::bench::{PairedRounds, SLICES, knob, median, paired, size, timed};
+use tenure_lease_kit::report::Report;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tenure::cluster::{Incarnation, NodeAddr};
@@ -129,15 +130,26 @@ impl Verdict {
     }
 
     /// `  <path> <rate>/s   <baseline> <rate>/s   <ratio>x slower [each run's]<note>`.
-    fn print(&self, path: &str, baseline: &str, note: &str) {
+    /// Also adds the path's row to `report`.
+    fn print(&self, report: &mut Report, path: &str, baseline: &str, note: &str) {
         let each: Vec<String> = self.0.iter().map(|r| format!("{:.2}", r.2)).collect();
-        println!(
-            "  {path} {:>10.0}/s   {baseline} {:>10.0}/s   {:.2}x slower [{}]{note}",
+        let (ours, base, ratio) = (
             self.median(|r| r.0),
             self.median(|r| r.1),
             self.median(|r| r.2),
+        );
+        println!(
+            "  {path} {ours:>10.0}/s   {baseline} {base:>10.0}/s   {ratio:.2}x slower [{}]{note}",
             each.join(" ")
         );
+        report.row([
+            format!("{}{note}", path.trim()),
+            baseline.trim().to_string(),
+            format!("{ours:.0}/s"),
+            format!("{base:.0}/s"),
+            format!("{ratio:.2}x"),
+            each.join(" "),
+        ]);
     }
 }
 
@@ -203,7 +215,7 @@ async fn sent_and_handled(handled: &AtomicU64, k: u64, mut send: impl FnMut(u64)
     .await
 }
 
-async fn throughput(runs: usize, asks: u64, tells: u64) {
+async fn throughput(report: &mut Report, runs: usize, asks: u64, tells: u64) {
     let (node, provider) = tenure_test_kit::node::one_node(
         "bench-cookie-0123456789abcdef0123456",
         "[sharding.echo]\nnumber-of-shards = 10\nretry-interval = \"100ms\"\nidle-timeout = \"off\"\n",
@@ -398,24 +410,28 @@ async fn throughput(runs: usize, asks: u64, tells: u64) {
         many_codec,
         many_one_cast,
     ] = &verdicts;
-    one_call.print("ask to 1 entity      ", "bare ractor call", "");
+    one_call.print(report, "ask to 1 entity      ", "bare ractor call", "");
     many_calls.print(
+        report,
         "ask to 100 entities  ",
         "100 bare actors ",
         " (the same work spread as widely)",
     );
     ask_call.print(
+        report,
         "ask to 100 entities  ",
         "bare ractor call",
         " (against one bare actor)",
     );
-    one_cast.print("tell to 1 entity     ", "bare ractor cast", "");
+    one_cast.print(report, "tell to 1 entity     ", "bare ractor cast", "");
     many_spread.print(
+        report,
         "tell to 100 entities ",
         "100 bare actors ",
         " (the same work spread as widely)",
     );
     many_one_cast.print(
+        report,
         "tell to 100 entities ",
         "bare ractor cast",
         " (not alternated: medians of the two rates)",
@@ -423,13 +439,14 @@ async fn throughput(runs: usize, asks: u64, tells: u64) {
     println!(
         "  with the same codec work (request encoded by the sender and decoded by the actor; an ask's reply too):"
     );
-    ask_codec.print("ask to 100 entities  ", "bare ractor call", "");
-    many_codec.print("tell to 100 entities ", "bare ractor cast", "");
+    let codec = " (with the same codec work)";
+    ask_codec.print(report, "ask to 100 entities  ", "bare ractor call", codec);
+    many_codec.print(report, "tell to 100 entities ", "bare ractor cast", codec);
     region.stop().await;
     let _ = node.leave().await;
 }
 
-async fn lease_lost_to_stopped(runs: usize, entities: usize) {
+async fn lease_lost_to_stopped(runs: usize, entities: usize) -> String {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("history.jsonl");
     let addr = NodeAddr::parse("bench", "127.0.0.1:1").unwrap();
@@ -510,15 +527,17 @@ async fn lease_lost_to_stopped(runs: usize, entities: usize) {
         };
         times.push((t("shard_stopped") - t("shard_lease_lost")) as f64 / 1e6);
     }
-    println!(
+    let line = format!(
         "LeaseLost -> all {entities} entities of a shard stopped ({runs} runs): p50 {:.1} ms, p99 {:.1} ms",
         percentile(&mut times, 0.5),
         percentile(&mut times, 0.99)
     );
+    println!("{line}");
     let _ = shard.stop_and_wait(None, None).await;
+    line
 }
 
-async fn memory() {
+async fn memory() -> String {
     let store = MemoryStore::new();
     let shared: Arc<dyn LeaseStore> = Arc::new(store.clone());
     let payload = tenure::cluster::codec::encode_inner("entity request", "bench", &0u64).unwrap();
@@ -592,10 +611,11 @@ async fn memory() {
         );
     }
     let per_bare = (rss_kib() - before) as f64 * 1024.0 / entities as f64;
-    println!(
+    let line = format!(
         "memory: {per_entity:.0} B per idle entity ({entities} in one shard) vs {per_bare:.0} B per bare ractor actor ({:.2}x); {per_shard:.0} B per shard holding its lease ({shards_n} shards)",
         per_entity / per_bare
     );
+    println!("{line}");
     for s in shards {
         s.stop(None);
     }
@@ -603,6 +623,7 @@ async fn memory() {
     for b in bare {
         b.stop(None);
     }
+    line
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -611,12 +632,33 @@ async fn main() {
     // Tells run at millions a second: enough of them that a round of one path lasts tens of
     // milliseconds, far above the scheduler's hiccups.
     let message_runs = knob("TENURE_BENCH_MESSAGE_RUNS", 5, 1) as usize;
+    let mut report = Report::new(
+        "sharding_local",
+        "cargo bench -p tenure-cli --all-features --bench sharding_local",
+        &[
+            "path",
+            "baseline",
+            "path's rate",
+            "baseline's rate",
+            "slower than the baseline by (median of the runs)",
+            "each run",
+        ],
+    );
     throughput(
+        &mut report,
         message_runs,
         size(20_000, 200) as u64,
         size(200_000, 200) as u64,
     )
     .await;
-    memory().await;
-    lease_lost_to_stopped(runs, size(1_000, 10)).await;
+    report.note(format!(
+        "{message_runs} runs of {} rounds, each path alternating with its baseline in {SLICES} slices; per run the median of its rounds' ratios, the verdict the median of the runs. 100 entities in 10 shards on a 1-node cluster.",
+        rounds()
+    ));
+    report.note(format!("{}.", memory().await));
+    report.note(format!(
+        "{}.",
+        lease_lost_to_stopped(runs, size(1_000, 10)).await
+    ));
+    report.finish().expect("the report");
 }

@@ -45,6 +45,7 @@ use serde_json::Value;
 use tenure_cli::availability::{Request, acks_per_second, issued_in, latency_quantile};
 use tenure_cli::check::{ActionRule, check_with, read_history};
 use tenure_lease_kit::bench::knob;
+use tenure_lease_kit::report::Report;
 use tenure_test_kit::cli::cluster::{Cluster, TestCluster};
 use tenure_test_kit::cli::lives::shard_lives;
 use tenure_test_kit::cli::shards::{
@@ -97,16 +98,22 @@ fn main() {
         return;
     }
     let case = std::env::var("TENURE_BENCH_CASE").unwrap_or_default();
+    let mut report = Report::new(
+        "sharding_rebalance",
+        "cargo bench -p tenure-cli --all-features --bench sharding_rebalance",
+        &["case", "figure", "result"],
+    );
     if case != "grow" {
-        join();
+        join(&mut report);
     }
     if case != "join" {
-        grow();
+        grow(&mut report);
     }
+    report.finish().expect("the report");
 }
 
 /// The `join` case (see the crate doc).
-fn join() {
+fn join(report: &mut Report) {
     let shards = knob("TENURE_BENCH_SHARDS", 12, 12) as usize;
     let keys = knob("TENURE_BENCH_KEYS", 65, 65) as usize;
     let rate = knob("TENURE_BENCH_RATE", 2, 2);
@@ -248,6 +255,16 @@ fn join() {
                 r.failure.as_deref().unwrap_or_default()
             );
         }
+        report.row([
+            "join".to_string(),
+            format!("round {round}: time to move {k} shards; requests unanswered from the steady period to the round's end"),
+            format!(
+                "{:.1} ms; {} of {}",
+                (ended - began) as f64 / 1e6,
+                unanswered.len(),
+                span.len()
+            ),
+        ]);
         let leave = issued_in(&all, left, back);
         println!(
             "  then node 3 left (its shards back on the others in {:.0} ms): {} of {} requests issued meanwhile unanswered",
@@ -288,10 +305,57 @@ fn join() {
         joining.len(),
         p99(&joining) / p99_steady,
     );
+    let join_rows = [
+        (
+            format!(
+                "{k} of {shards} shards to a joining node, {rounds} rounds, {keys} keys × {rate}/s from each of 3 nodes (open loop): seconds without acknowledgements"
+            ),
+            empty_seconds.to_string(),
+        ),
+        (
+            "p99 latency from each rebalance's start to 1 s after, against steady state"
+                .to_string(),
+            format!(
+                "{:.2} ms against {p99_steady:.2} ms: {:.2}x ({} requests; goal 2x)",
+                p99(&after),
+                p99(&after) / p99_steady,
+                after.len()
+            ),
+        ),
+        (
+            "p99 over the moves alone, against steady state".to_string(),
+            format!(
+                "{p99_during:.2} ms: {:.2}x ({} requests)",
+                p99_during / p99_steady,
+                during.len()
+            ),
+        ),
+        (
+            "requests to the moving shards during the moves: p99, max".to_string(),
+            format!(
+                "{:.2} ms, {:.2} ms ({} requests)",
+                p99(&during_moved),
+                latency_quantile(&during_moved, 1.0).unwrap_or(f64::NAN),
+                during_moved.len()
+            ),
+        ),
+        (
+            "p99 from each join to its rebalance (the new node starting), against steady state"
+                .to_string(),
+            format!(
+                "{:.2}x ({} requests)",
+                p99(&joining) / p99_steady,
+                joining.len()
+            ),
+        ),
+    ];
+    for (figure, result) in join_rows {
+        report.row(["join".to_string(), figure, result]);
+    }
 }
 
 /// The `grow` case (see the crate doc).
-fn grow() {
+fn grow(report: &mut Report) {
     let from = knob("TENURE_BENCH_GROW_FROM", 6, 2) as usize;
     let by = knob("TENURE_BENCH_GROW_BY", 3, 1) as usize;
     let shards = knob("TENURE_BENCH_GROW_SHARDS", 600, 12) as usize;
@@ -390,6 +454,21 @@ fn grow() {
         unanswered.len(),
         span.len()
     );
+    report.row([
+        "grow".to_string(),
+        format!("{by} nodes join {from} hosting {allocated} shards under {rps} requests/s: balanced after the last node was up"),
+        format!(
+            "{:.1} s ({:.2} rebalance intervals of {interval_secs} s); {} shards moved",
+            secs(done - joined),
+            secs(done - joined) / interval,
+            moving.len()
+        ),
+    ]);
+    report.row([
+        "grow".to_string(),
+        "requests issued from the joins to 5 s after balance, unanswered".to_string(),
+        format!("{} of {}", unanswered.len(), span.len()),
+    ]);
     for r in unanswered.iter().take(5) {
         println!(
             "  {} {} (shard {}): {}",

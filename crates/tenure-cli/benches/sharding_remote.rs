@@ -17,6 +17,7 @@ use ractor_cluster::RactorClusterMessage;
 use tenure::TenureConfig;
 use tenure::sharding::{Entity, EntityContext, entity_factory};
 use tenure_lease_kit::bench::{PairedRounds, SLICES, paired, size, timed};
+use tenure_lease_kit::report::Report;
 use tenure_test_kit::cli::pair;
 
 fn round_trips() -> u64 {
@@ -166,6 +167,18 @@ async fn main() {
         })
         .await
     };
+    let mut report = Report::new(
+        "sharding_remote",
+        "cargo bench -p tenure-cli --all-features --bench sharding_remote",
+        &[
+            "path",
+            "rate",
+            "baseline",
+            "baseline's rate",
+            "slower than the baseline by (median of the rounds)",
+        ],
+    );
+    report.internal_var("TENURE_BENCH_NODE");
     let (mut asks, mut tells) = (PairedRounds::default(), PairedRounds::default());
     for _ in 0..rounds() {
         asks.push(paired(round_trips(), ask, call).await);
@@ -187,6 +200,27 @@ async fn main() {
         tells.base(),
         tells.ratio()
     );
+    for (path, rounds, baseline) in [
+        ("ask through the regions", &asks, "bare ractor_cluster call"),
+        (
+            "tell through the regions",
+            &tells,
+            "bare ractor_cluster cast",
+        ),
+    ] {
+        report.row([
+            path.to_string(),
+            format!("{:.0}/s", rounds.ours()),
+            baseline.to_string(),
+            format!("{:.0}/s", rounds.base()),
+            format!("{:.2}x", rounds.ratio()),
+        ]);
+    }
+    report.note(format!(
+        "Two node processes, asks to 100 entities and tells to one, on the other node; {} rounds, each path alternating with its baseline in {SLICES} slices (goal: at most 1.25x).",
+        rounds()
+    ));
+    report.finish().expect("the report");
     region.stop().await;
     let _ = node.leave().await;
     drop(host);

@@ -320,3 +320,46 @@ fn on_a_ring_of_two_monitors_every_node_sees_a_killed_node_unreachable_and_gone(
         );
     }
 }
+
+/// A node whose process ends without the harness (here a SIGKILL from outside it) is no
+/// longer counted as running, and a wait fails at once naming the node, how it ended and
+/// its log's tail, instead of running out its time; reaped, it starts again.
+#[test]
+fn a_node_that_ended_by_itself_fails_waits_at_once_and_starts_again_once_reaped() {
+    let mut c = Cluster::start(2);
+    let pid = c.nodes[1].pid().expect("node 1 runs");
+    rustix::process::kill_process(pid, rustix::process::Signal::KILL).expect("SIGKILL node 1");
+    let started = Instant::now();
+    while c.ended(1).is_none() {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the harness never saw node 1 end"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!c.is_running(1), "an ended node is not running");
+    assert_eq!(c.ended(1), Some(cli::cluster::NodeEnd::Signaled(9)));
+    // A limit no run reaches: the wait must give up because the node is gone, not time out.
+    let waited = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        c.wait_converged(Duration::from_secs(3600))
+    }));
+    let message = waited
+        .expect_err("the wait cannot succeed with a node gone")
+        .downcast::<String>()
+        .map(|m| *m)
+        .unwrap_or_default();
+    assert!(
+        message.contains("node 1") && message.contains("ended by itself: signal 9"),
+        "the wait names the node and how it ended: {message}"
+    );
+    assert!(
+        message.contains("its log ends:"),
+        "with its log's tail: {message}"
+    );
+    let status = c.reap_ended(1).expect("node 1 ended");
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(9));
+    assert_eq!(c.ended(1), None, "reaped");
+    c.spawn(1);
+    c.wait_converged(Duration::from_secs(30));
+}

@@ -14,17 +14,19 @@
 //! thread (`std::thread::sleep` in its handler, outside any await, so no kill reaches it)
 //! for longer than the ttl while its node loses its leases (the node must end itself
 //! before the shard lease's deadline) or leaves (its shard's hand-off keeps the lease until
-//! the entity ends). On SQLite the counter is a durable entity (`tenure demo node
-//! --durable-counter`, its journal in a file of its own beside the lease file), and on
-//! PostgreSQL too with `TENURE_FAULT_DURABLE=1` (`=0`: on neither; PostgreSQL stays opt-in
-//! until its runs are known to pass: its journal's fence check holds the shard's lease row
-//! until each batch commits, so renewals wait behind appends there), with one more fault: a paused
-//! holder, frozen with an append on its way past the ttl, that resumes and appends under its
-//! lapsed grant (the journal must refuse it). Every run's history must pass `tenure check`
+//! the entity ends). On SQLite and PostgreSQL the counter is a durable entity (`tenure demo
+//! node --durable-counter`; on SQLite its journal in a file of its own beside the lease
+//! file, on PostgreSQL in the lease database), with one more fault: a paused holder, frozen
+//! with an append on its way past the ttl, that resumes and appends under its lapsed grant
+//! (the journal must refuse it). `TENURE_FAULT_DURABLE=sqlite` keeps it on SQLite only,
+//! `=0` on neither (the plain fenced counter file). Every run's history must pass `tenure check`
 //! (with `--journal` for a durable counter: every acknowledged increment's event in the
 //! journal exactly once, no stale append, contiguous sequences, recoveries matching the
 //! events), every acknowledged increment must be in the counter, and the cluster must serve
-//! again after the faults.
+//! again after the faults. A node may end itself during a fault that loses leases (abort(3)
+//! after recording `process_abort`, when an entity could not be ended before a lease's local
+//! deadline, as designed): it is logged and started again, and the run goes on; any other
+//! end of a node fails the run at once with its log's tail.
 //!
 //! Each store runs the fixed seeds ([`FIXED_SEEDS`]) and one random seed, each on a fresh
 //! store and cluster; every run injects every fault kind of its store. Each seed is printed
@@ -110,16 +112,17 @@ fn seeds() -> Vec<u64> {
 }
 
 /// Where the counter is a durable entity (see the module's documentation): `(sqlite,
-/// postgres)`. Unset: SQLite only; `TENURE_FAULT_DURABLE=1`: both; `=0`: neither.
+/// postgres)`. Unset (or `TENURE_FAULT_DURABLE=1`): both; `=sqlite`: SQLite only; `=0`:
+/// neither.
 fn durable_counter() -> (bool, bool) {
     match std::env::var("TENURE_FAULT_DURABLE") {
         Ok(v) => match v.as_str() {
-            "1" => (true, true),
+            "1" | "" => (true, true),
+            "sqlite" => (true, false),
             "0" => (false, false),
-            "" => (true, false),
-            _ => panic!("TENURE_FAULT_DURABLE={v:?} is neither 1 nor 0"),
+            _ => panic!("TENURE_FAULT_DURABLE={v:?} is none of 1, sqlite and 0"),
         },
-        Err(_) => (true, false),
+        Err(_) => (true, true),
     }
 }
 
@@ -172,6 +175,31 @@ enum Fault {
 }
 
 impl Fault {
+    /// Whether a node may lose shard leases during this fault (cut off from the store, frozen
+    /// past the ttl, the store slow, locked, restarted or lost, its member lease taken):
+    /// the faults where a node ends itself by design when an entity cannot be ended before
+    /// the lease's local deadline (`when-kill-fails = "abort"`). On a loaded machine any
+    /// entity can be such a one: a shard not run in time to kill it.
+    fn loses_leases(self) -> bool {
+        match self {
+            Fault::PauseLong
+            | Fault::CutStore
+            | Fault::RestartStore
+            | Fault::SlowStop
+            | Fault::FileLoss
+            | Fault::SameOwner
+            | Fault::SlowStore
+            | Fault::SessionExpiry
+            | Fault::BlockedThreadLoss
+            | Fault::PausedAppend => true,
+            Fault::Kill
+            | Fault::PauseShort
+            | Fault::CutLink
+            | Fault::ClockJump
+            | Fault::BlockedThreadLeave => false,
+        }
+    }
+
     const ALL: [Fault; 15] = [
         Fault::Kill,
         Fault::PauseLong,
@@ -281,6 +309,9 @@ struct Run {
     /// The durable counter's journal as `tenure check --journal` takes it, and its schema;
     /// `None`: the counter is the fenced counter file.
     journal: Option<(String, String)>,
+    /// The fault being injected (or waited out) and the one before it: a node that ends
+    /// itself is judged against them ([`Fault::loses_leases`]).
+    recent: [Option<Fault>; 2],
 }
 
 impl Run {
@@ -388,22 +419,15 @@ fn start(store: Store) -> Run {
     ];
     c.start_all();
     c.wait_converged(Duration::from_secs(40));
-    wait_serving(&c, 0, Duration::from_secs(60));
-    let lease_copy = matches!(store, Store::Sqlite).then(|| {
-        let copy = c.dir.path().join("leases-copy.sqlite");
-        rusqlite::Connection::open(c.lease_store())
-            .and_then(|conn| conn.execute("VACUUM INTO ?1", [copy.display().to_string()]))
-            .expect("copy the lease file");
-        copy
-    });
     let journal = match &store {
         _ if !store.journals() => None,
         Store::Sqlite => Some((journal_file.display().to_string(), "tenure".to_string())),
         Store::Postgres(p) => Some((p.url(), "faults".to_string())),
         _ => None,
     };
-    Run {
+    let mut run = Run {
         journal,
+        recent: [None; 2],
         c,
         store,
         proxies,
@@ -411,8 +435,17 @@ fn start(store: Store) -> Run {
         clock_file,
         slow_stop,
         block_thread,
-        lease_copy,
+        lease_copy: None,
+    };
+    wait_serving(&mut run, 0, Duration::from_secs(60));
+    if matches!(run.store, Store::Sqlite) {
+        let copy = run.c.dir.path().join("leases-copy.sqlite");
+        rusqlite::Connection::open(run.c.lease_store())
+            .and_then(|conn| conn.execute("VACUUM INTO ?1", [copy.display().to_string()]))
+            .expect("copy the lease file");
+        run.lease_copy = Some(copy);
     }
+    run
 }
 
 fn now_ns() -> i64 {
@@ -421,8 +454,9 @@ fn now_ns() -> i64 {
 
 /// Waits until every running node got an acknowledged increment after `after` and the
 /// singleton ticked after it: the service is back.
-fn wait_serving(c: &Cluster, after: i64, limit: Duration) {
-    c.wait_until(
+fn wait_serving(run: &mut Run, after: i64, limit: Duration) {
+    wait_for(
+        run,
         "every node's increments acknowledged and the singleton ticking",
         limit,
         |c| {
@@ -437,6 +471,99 @@ fn wait_serving(c: &Cluster, after: i64, limit: Duration) {
                 })
         },
     );
+}
+
+/// Waits (polling) until `check` holds, starting again every node that ended itself as
+/// designed meanwhile ([`restart_ended`]); panics on timeout with every node's view, process
+/// state and log tail.
+fn wait_for(run: &mut Run, what: &str, limit: Duration, mut check: impl FnMut(&Cluster) -> bool) {
+    let started = Instant::now();
+    loop {
+        restart_ended(run);
+        if check(&run.c) {
+            return;
+        }
+        if started.elapsed() > limit {
+            for (i, node) in run.c.nodes.iter().enumerate() {
+                let state = node
+                    .pid()
+                    .map(|pid| process_state(pid.as_raw_nonzero().get()));
+                eprintln!(
+                    "node {i} ({}) view: {:?}\nprocess: {}\nlog ends:\n{}",
+                    node.addr,
+                    run.c.members(i),
+                    state.unwrap_or_else(|| "not started".into()),
+                    run.c.log_tail(i, 40)
+                );
+            }
+            panic!("timed out after {limit:?} waiting for: {what}");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Every node whose process ended by itself: one that ended itself as designed (abort(3)
+/// after recording `process_abort`) during a fault that loses leases, or right after one
+/// ([`Run::recent`]), is logged and started again ([`restart_self_ended`]); any other end
+/// (a panic, an exit status, an abort during a fault that cannot cause one) fails the run
+/// with the node's log tail.
+fn restart_ended(run: &mut Run) {
+    for i in 0..run.c.nodes.len() {
+        let Some(end) = run.c.ended(i) else {
+            continue;
+        };
+        let addr = run.c.nodes[i].addr.clone();
+        let cause = run.recent.iter().flatten().find(|f| f.loses_leases());
+        match cause {
+            Some(cause) if end.aborted() => {
+                let why = format!("during or right after {cause:?}");
+                restart_self_ended(run, i, Duration::ZERO, &why);
+            }
+            _ => panic!(
+                "node {i} ({addr}) ended by itself ({end}) during {:?} (the fault before: {:?}), an end no fault of these causes by design; its log ends:\n{}",
+                run.recent[0],
+                run.recent[1],
+                run.c.log_tail(i, 40)
+            ),
+        }
+    }
+}
+
+/// Node `target` ended itself, or is ending itself (waited for up to `limit`), as designed
+/// when something outlived its kill under a lease being lost: by abort(3), after recording
+/// `process_abort` under its current incarnation. Then it is started again (recorded as
+/// `restarted`). Any other end, or none within `limit`, panics with the node's log tail.
+fn restart_self_ended(run: &mut Run, target: usize, limit: Duration, why: &str) {
+    let addr = run.c.nodes[target].addr.clone();
+    let inc = run.c.nodes[target]
+        .incarnation()
+        .expect("started")
+        .to_string();
+    // The log of the process that ended, before a restart replaces it.
+    let tail = run.c.log_tail(target, 40);
+    let status = run.c.wait_exit(target, limit);
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(
+        status.and_then(|s| s.signal()),
+        Some(Signal::ABORT.as_raw()),
+        "node {target} ({addr}) did not end itself by abort(3) {why}: {status:?}; its log ends:\n{tail}"
+    );
+    assert!(
+        run.c.history().iter().any(|e| e["event"] == "process_abort"
+            && e["node"] == addr.as_str()
+            && e["inc"] == inc.as_str()),
+        "node {target} ({addr}) ended by abort(3) {why} without recording process_abort first; its log ends:\n{tail}"
+    );
+    let what: Vec<&str> = tail
+        .lines()
+        .filter(|l| l.contains("outlived its kill while its lease is being lost"))
+        .collect();
+    eprintln!(
+        "node {target} ({addr}) ended itself {why}; restarting it\n{}",
+        what.join("\n")
+    );
+    run.c.spawn(target);
+    run.c.record(target, Event::Restarted {});
 }
 
 fn inject(run: &mut Run, fault: Fault, rng: &mut Rng) {
@@ -696,27 +823,11 @@ fn blocked_thread(run: &mut Run, rng: &mut Rng, leases_lost: bool) {
         .record_about(&addr, Event::ThreadBlocked { entity: key });
     if leases_lost {
         lose_leases(run, target, rng);
-        let status = run.c.wait_exit(target, Duration::from_secs(15)).unwrap_or_else(|| {
-            panic!(
-                "node {target} ({addr}) did not end itself while an entity outlived its kill under a lost lease:\n{}",
-                run.c.nodes[target].stderr()
-            )
-        });
-        use std::os::unix::process::ExitStatusExt;
-        assert_eq!(
-            status.signal(),
-            Some(Signal::ABORT.as_raw()),
-            "node {target} ({addr}) ended by abort(3), not {status:?}"
-        );
-        let inc = run.c.nodes[target]
-            .incarnation()
-            .expect("started")
-            .to_string();
-        assert!(
-            run.c.history().iter().any(|e| e["event"] == "process_abort"
-                && e["node"] == addr.as_str()
-                && e["inc"] == inc.as_str()),
-            "node {target} ({addr}) recorded process_abort before it ended"
+        restart_self_ended(
+            run,
+            target,
+            Duration::from_secs(15),
+            "while an entity outlived its kill under a lost lease",
         );
     } else {
         std::thread::sleep(rng.between(Duration::from_millis(500), Duration::from_millis(1000)));
@@ -730,9 +841,9 @@ fn blocked_thread(run: &mut Run, rng: &mut Rng, leases_lost: bool) {
         eprintln!(
             "node {target} ({addr}) left: {status:?}; entities that outlived their kill there so far: {zombies}"
         );
+        run.c.spawn(target);
+        run.c.record(target, Event::Restarted {});
     }
-    run.c.spawn(target);
-    run.c.record(target, Event::Restarted {});
     std::fs::remove_file(&marker).expect("remove the block-thread marker");
 }
 
@@ -854,18 +965,8 @@ fn paused_append(run: &mut Run, rng: &mut Rng) {
         std::thread::sleep(Duration::from_millis(50));
     }
     if !refused(&run.c) && ended_itself(&run.c) {
-        let status = run.c.wait_exit(target, Duration::from_secs(15));
-        use std::os::unix::process::ExitStatusExt;
-        assert_eq!(
-            status.and_then(|s| s.signal()),
-            Some(Signal::ABORT.as_raw()),
-            "node {target} ({addr}) recorded process_abort, then did not end by abort(3): {status:?}"
-        );
-        eprintln!(
-            "node {target} ({addr}) ended itself on resuming ({key} outlived its kill under the lapsed grant); restarting it"
-        );
-        run.c.spawn(target);
-        run.c.record(target, Event::Restarted {});
+        let why = format!("on resuming ({key} outlived its kill under the lapsed grant)");
+        restart_self_ended(run, target, Duration::from_secs(15), &why);
     } else if !refused(&run.c) {
         let stderr = run.c.nodes[target].stderr();
         let tail: Vec<&str> = stderr.lines().rev().take(40).collect();
@@ -1069,28 +1170,18 @@ fn run_seed(store: Store, seed: u64) {
         }
         for &fault in &faults {
             std::thread::sleep(rng.between(Duration::from_millis(300), Duration::from_secs(2)));
+            // A node that ended itself late in the fault before is judged against it.
+            restart_ended(&mut run);
+            run.recent = [Some(fault), run.recent[0]];
             inject(&mut run, fault, &mut rng);
             let healed = now_ns();
-            let converged = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                run.c.wait_converged(Duration::from_secs(60))
-            }));
-            if let Err(panic) = converged {
-                for (i, node) in run.c.nodes.iter().enumerate() {
-                    let stderr = node.stderr();
-                    let lines: Vec<&str> = stderr.lines().collect();
-                    let tail = lines[lines.len().saturating_sub(40)..].join("\n");
-                    let state = node
-                        .pid()
-                        .map(|pid| process_state(pid.as_raw_nonzero().get()));
-                    eprintln!(
-                        "node {i} ({}) process: {}\nlog ends:\n{tail}",
-                        node.addr,
-                        state.unwrap_or_else(|| "not started".into())
-                    );
-                }
-                std::panic::resume_unwind(panic);
-            }
-            wait_serving(&run.c, healed, Duration::from_secs(60));
+            wait_for(
+                &mut run,
+                "every running node sees every running node up",
+                Duration::from_secs(60),
+                |c| c.converged(),
+            );
+            wait_serving(&mut run, healed, Duration::from_secs(60));
         }
     }
     final_checks(&run);

@@ -16,6 +16,7 @@ use ractor_cluster::node::NodeConnectionMode;
 use ractor_cluster::{NodeServer, RactorClusterMessage};
 use serde::{Deserialize, Serialize};
 use tenure_lease_kit::bench::size;
+use tenure_lease_kit::report::Report;
 
 const BODY: usize = 64;
 fn round_trips() -> usize {
@@ -328,6 +329,47 @@ async fn main() {
         c_tp.push(c.per_sec);
         r_tp.push(r.per_sec);
     }
+    let mut report = Report::new(
+        "remote",
+        "cargo bench -p tenure-cluster --bench remote",
+        &[
+            "figure",
+            "Tenure's codec",
+            "ractor_cluster's payload",
+            "codec / raw",
+        ],
+    );
+    report.row([
+        "round trip p50".to_string(),
+        format!("{:.0} µs", percentile(&mut c_rtt, 0.5)),
+        format!("{:.0} µs", percentile(&mut r_rtt, 0.5)),
+        format!(
+            "{:.2}x the speed (median of the rounds)",
+            median(ratios_rtt.clone())
+        ),
+    ]);
+    report.row([
+        "round trip p99".to_string(),
+        format!("{:.0} µs", percentile(&mut c_rtt, 0.99)),
+        format!("{:.0} µs", percentile(&mut r_rtt, 0.99)),
+        String::new(),
+    ]);
+    report.row([
+        format!(
+            "one-way throughput (median of {} rounds of {})",
+            rounds(),
+            casts()
+        ),
+        format!("{:.0} msg/s", median(c_tp.clone())),
+        format!("{:.0} msg/s", median(r_tp.clone())),
+        format!(
+            "{:.2}x (median of the rounds; goal at least 0.8x)",
+            median(ratios_tp.clone())
+        ),
+    ]);
+    report.note(format!(
+        "Two node processes; a {BODY}-byte body + seq + key, {wire} bytes on the wire per message either way; the rounds alternate the two."
+    ));
     println!(
         "round trip p50/p99: codec {:.0}/{:.0} µs, raw {:.0}/{:.0} µs",
         percentile(&mut c_rtt, 0.5),
@@ -347,6 +389,7 @@ async fn main() {
         median(ratios_tp),
         median(ratios_rtt)
     );
+    report.finish().expect("the report");
     let _ = server.kill();
     let _ = server.wait();
 }

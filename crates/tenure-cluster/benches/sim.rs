@@ -11,10 +11,31 @@ use std::time::{Duration, Instant};
 
 use tenure_cluster::sim::{self, STRATEGIES};
 use tenure_lease_kit::bench::{knob, size, smoke};
+use tenure_lease_kit::report::Report;
 
 fn main() {
     let seed = sim::seed_from_env().unwrap_or_else(|| fastrand::u64(..));
     println!("{}={seed}", sim::SEED_VAR);
+    let mut report = Report::new(
+        "sim",
+        "cargo bench -p tenure-cluster --bench sim",
+        &[
+            "nodes",
+            "seed",
+            "joins converged",
+            "messages / node / s",
+            "of which datagrams",
+            "rows / node / s",
+            "store requests / node / s",
+            "false unreachables",
+            "kill: unreachable everywhere",
+            "kill: removed everywhere",
+            "wall time",
+        ],
+    );
+    let secs = |d: Option<Duration>| {
+        d.map_or("never".to_string(), |d| format!("{:.1} s", d.as_secs_f64()))
+    };
     let (small, large) = (size(50, 20), size(1_000, 60));
     let idle = Duration::from_secs(size(30, 5) as u64);
     let mut reports = Vec::new();
@@ -40,6 +61,19 @@ fn main() {
             r.join_converged.is_some() && r.kill_removed.is_some() && r.others_intact,
             "{r:?}"
         );
+        report.row([
+            n.to_string(),
+            seed.to_string(),
+            secs(r.join_converged),
+            format!("{:.2}", r.messages_per_node_per_sec),
+            format!("{:.2}", r.heartbeats_per_node_per_sec),
+            format!("{:.2}", r.rows_per_node_per_sec),
+            format!("{:.2}", r.store_requests_per_node_per_sec),
+            r.false_unreachables.to_string(),
+            secs(r.kill_unreachable),
+            secs(r.kill_removed),
+            format!("{:.1} s", wall.elapsed().as_secs_f64()),
+        ]);
         reports.push(r);
     }
     if let [small_r, large_r] = reports.as_slice() {
@@ -47,7 +81,11 @@ fn main() {
         println!(
             "messages per node per second, {large} nodes / {small} nodes: {ratio:.3} (goal: at most 1.3)"
         );
+        report.note(format!(
+            "Messages per node per second, {large} nodes / {small} nodes: {ratio:.3}x (goal: at most 1.3x)."
+        ));
     }
+    let mut partitions = Vec::new();
     // `TENURE_SIM_PARTITION_NODES` sets the partitioned cluster's size.
     let n = knob("TENURE_SIM_PARTITION_NODES", 1_000, 20) as usize;
     // `TENURE_SIM_STRATEGY=KeepOldest` (a name as printed) runs that strategy only.
@@ -78,9 +116,27 @@ fn main() {
                 r.rows_per_node_per_sec,
                 wall.elapsed().as_secs_f64(),
             );
+            partitions.push(format!(
+                "{strategy:?} {first}/{}: {} after {}, {:.2} messages and {:.2} rows per node per s meanwhile ({:.1} s wall)",
+                n - first,
+                if r.agreed() {
+                    "decided alike"
+                } else {
+                    "did NOT decide alike"
+                },
+                secs(r.decided_after),
+                r.messages_per_node_per_sec,
+                r.rows_per_node_per_sec,
+                wall.elapsed().as_secs_f64()
+            ));
             assert!(r.agreed(), "{r:?}");
         }
     }
+    report.note(format!(
+        "Partitions of {n} nodes, seed {seed}, each side deciding as one: {}.",
+        partitions.join("; ")
+    ));
+    report.finish().expect("the report");
     if smoke() {
         println!("(smoke run: `cargo bench -p tenure-cluster --bench sim` for the full sizes)");
     }

@@ -16,6 +16,7 @@ use tenure_lease::{
     LeaseMsg, LeaseSettings, LeaseSpec, LeaseStore, LeaseView, Renewal, RenewalBatcher, StoreError,
 };
 
+use crate::report::Report;
 use crate::wrap::{StoreWrapper, Wrapped};
 
 /// How long renewal-cost runs wait for the renewals to settle onto the heartbeat grid
@@ -151,6 +152,35 @@ impl std::fmt::Display for ThinPath {
             self.api_ratio,
             self.spi_ratio
         )
+    }
+}
+
+/// The columns of a store bench's [`Report`]: one figure a row.
+pub const FIGURE_COLUMNS: [&str; 2] = ["figure", "result"];
+
+impl ThinPath {
+    /// Adds this run's figures to `report` (columns [`FIGURE_COLUMNS`]), the direct way
+    /// named by `direct` ("the store's operations by hand").
+    pub fn add_to(&self, report: &mut Report, direct: &str) {
+        let runs = format!(
+            "{} alternating rounds of {} pairs",
+            self.rounds, self.per_round
+        );
+        report.row([
+            format!("thin path: Lease API / {direct}, median of {runs}"),
+            format!("{:.2}x", self.api_ratio),
+        ]);
+        report.row([
+            format!("thin path: store SPI / {direct}, median of the same rounds"),
+            format!("{:.2}x", self.spi_ratio),
+        ]);
+        report.row([
+            format!("thin path: one acquire+release, {direct} / Lease API / store SPI (mean)"),
+            format!(
+                "{:.1?} / {:.1?} / {:.1?}",
+                self.direct, self.lease_api, self.store_spi
+            ),
+        ]);
     }
 }
 

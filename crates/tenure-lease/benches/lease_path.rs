@@ -10,10 +10,16 @@ use std::time::Duration;
 
 use tenure_lease::{Lease, LeaseSpec, LeaseStore, MemoryStore};
 use tenure_lease_kit::bench::{
-    api_settings, runtime, spi_request, store_acquire_release, thin_path,
+    FIGURE_COLUMNS, api_settings, runtime, spi_request, store_acquire_release, thin_path,
 };
+use tenure_lease_kit::report::Report;
 
 fn main() {
+    let mut report = Report::new(
+        "lease_path",
+        "cargo bench -p tenure-lease --bench lease_path",
+        &FIGURE_COLUMNS,
+    );
     let rt = runtime().expect("runtime");
     let store: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
     let lease = rt.block_on(async {
@@ -29,10 +35,16 @@ fn main() {
         let (store, req) = (direct_store.clone(), direct_req.clone());
         async move { store_acquire_release(store.as_ref(), &req).await }
     });
+    let machinery = path.lease_api.saturating_sub(path.direct);
     println!(
-        "lease machinery per acquire+release: {:.1?} (Lease API {:.1?} - store SPI {:.1?})",
-        path.lease_api.saturating_sub(path.direct),
-        path.lease_api,
-        path.direct
+        "lease machinery per acquire+release: {machinery:.1?} (Lease API {:.1?} - store SPI {:.1?})",
+        path.lease_api, path.direct
     );
+    report.row([
+        "lease machinery per acquire+release on the memory store (Lease API - store SPI, mean)"
+            .to_string(),
+        format!("{machinery:.1?}"),
+    ]);
+    path.add_to(&mut report, "direct (the store SPI by hand)");
+    report.finish().expect("the report");
 }

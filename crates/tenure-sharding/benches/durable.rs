@@ -35,6 +35,7 @@ use tenure_lease::{
     TenureConfig,
 };
 use tenure_lease_kit::bench::{PairedRounds, SLICES, knob, paired, size, smoke, timed};
+use tenure_lease_kit::report::Report;
 use tenure_sharding::{
     ActiveEntities, AskReply, DurableEntity, Effect, EntityContext, Shard, ShardArgs, ShardMsg,
     ShardStatus, ShardingSettings, durable_entity_factory, persistence_id,
@@ -339,7 +340,7 @@ fn rounds() -> usize {
 }
 
 /// 1. Append through a durable entity against the fenced insert by hand.
-async fn append(stores: &Stores, mut by_hand: impl ByHand) {
+async fn append(stores: &Stores, mut by_hand: impl ByHand, report: &mut Report) {
     let h = host(
         stores,
         stores.journal.clone(),
@@ -392,6 +393,14 @@ async fn append(stores: &Stores, mut by_hand: impl ByHand) {
         r.ratio(),
         rounds()
     );
+    report.row([
+        stores.name.to_string(),
+        "append: command → event durable → reply".to_string(),
+        format!("{:.0}/s through a durable entity", r.ours()),
+        format!("{:.0}/s, the same fenced insert by hand", r.base()),
+        format!("{:.2}x slower", r.ratio()),
+        format!("{} rounds of {per_round} each way in {SLICES} alternating slices, median of the rounds' ratios", rounds()),
+    ]);
     h.hand_off().await;
 }
 
@@ -418,7 +427,7 @@ async fn concurrent_asks(h: &Arc<Host>, entities: &[String], per_task: u64) -> D
 }
 
 /// 2. Group commit against one transaction per append, under concurrency.
-async fn group_commit(stores: &Stores) {
+async fn group_commit(stores: &Stores, report: &mut Report) {
     let options = || HostOptions {
         remember: false,
         snapshot_every: None,
@@ -452,12 +461,20 @@ async fn group_commit(stores: &Stores) {
         r.ratio(),
         rounds()
     );
+    report.row([
+        stores.name.to_string(),
+        format!("group commit: {concurrency} entities asked at once"),
+        format!("{:.0} appends/s, group commit", r.base()),
+        format!("{:.0}/s, one transaction per append", r.ours()),
+        format!("{:.2}x faster", r.ratio()),
+        format!("{} rounds of {per_round} each way in {SLICES} alternating slices, median of the rounds' ratios", rounds()),
+    ]);
     grouped.hand_off().await;
     single.hand_off().await;
 }
 
 /// 3. Recovery of remembered entities on the next host after a hand-off.
-async fn recovery(stores: &Stores) {
+async fn recovery(stores: &Stores, report: &mut Report) {
     let entities = size(1000, 20);
     let events = size(100, 10) as u64;
     let every = NonZeroU64::new(events / 2);
@@ -544,6 +561,14 @@ async fn recovery(stores: &Stores) {
         (recovered - granted).as_secs_f64() / by_hand.as_secs_f64(),
         filled.as_secs_f64()
     );
+    report.row([
+        stores.name.to_string(),
+        format!("recovery: {entities} remembered entities × {events} events, a snapshot every {}, after a hand-off in one process", every.map_or(0, NonZeroU64::get)),
+        format!("lease granted after {:.0} ms, then all answering {:.0} ms later", granted.as_secs_f64() * 1e3, (recovered - granted).as_secs_f64() * 1e3),
+        format!("{:.0} ms, the same loads and reads by hand", by_hand.as_secs_f64() * 1e3),
+        format!("{:.2}x", (recovered - granted).as_secs_f64() / by_hand.as_secs_f64()),
+        format!("journal filled in {:.1} s", filled.as_secs_f64()),
+    ]);
     b.hand_off().await;
 }
 
@@ -562,7 +587,7 @@ fn rss() -> u64 {
 const RSS_LIMIT: u64 = 2 << 30;
 
 /// 4. Memory under an active-entity limit.
-async fn memory(stores: &Stores) {
+async fn memory(stores: &Stores, report: &mut Report) {
     let limit = size(10_000, 100);
     let touched = size(100_000, 1_000);
     let step = size(10_000, 100);
@@ -609,6 +634,11 @@ async fn memory(stores: &Stores) {
                     rss() >> 20,
                     RSS_LIMIT >> 20
                 );
+                report.note(format!(
+                    "{}: memory with active-entity-limit {limit}: stopped at {next} entities touched, resident memory past the bench's bound of {} MiB.",
+                    stores.name,
+                    RSS_LIMIT >> 20
+                ));
                 return;
             }
         }
@@ -628,22 +658,35 @@ async fn memory(stores: &Stores) {
         (last as f64 - start as f64) / 1e6,
         last as f64 / 1e6
     );
+    report.note(format!(
+        "{}: memory with active-entity-limit {limit}, {touched} entities touched (one event each), resident memory per {step} touched: {}; {:.1} MB in all ({:.0} MB resident at the end).",
+        stores.name,
+        line.join(", "),
+        (last as f64 - start as f64) / 1e6,
+        last as f64 / 1e6
+    ));
     h.hand_off().await;
 }
 
-async fn run(stores: &Stores, by_hand: impl ByHand, part: Option<&str>, memory_too: bool) {
+async fn run(
+    stores: &Stores,
+    by_hand: impl ByHand,
+    part: Option<&str>,
+    memory_too: bool,
+    report: &mut Report,
+) {
     let want = |p: &str| part.is_none_or(|w| w == p);
     if want("append") {
-        append(stores, by_hand).await;
+        append(stores, by_hand, report).await;
     }
     if want("group") {
-        group_commit(stores).await;
+        group_commit(stores, report).await;
     }
     if want("recovery") {
-        recovery(stores).await;
+        recovery(stores, report).await;
     }
     if memory_too && want("memory") {
-        memory(stores).await;
+        memory(stores, report).await;
     }
 }
 
@@ -654,6 +697,18 @@ async fn main() {
     if smoke() {
         println!("durable bench: smoke run (small sizes)");
     }
+    let mut report = Report::new(
+        "durable",
+        "cargo bench -p tenure-sharding --bench durable",
+        &[
+            "store",
+            "part",
+            "through Tenure",
+            "baseline",
+            "ratio",
+            "how",
+        ],
+    );
 
     let dir = tempfile::tempdir().expect("a temporary directory");
     let path = dir.path().join("leases.sqlite");
@@ -675,6 +730,7 @@ async fn main() {
         SqliteByHand::open(&path, "bench-direct", token),
         part,
         true,
+        &mut report,
     )
     .await;
 
@@ -705,6 +761,8 @@ async fn main() {
         lease: "bench-direct".into(),
         token,
     };
-    run(&postgres, by_hand, part, false).await;
+    run(&postgres, by_hand, part, false, &mut report).await;
     println!("(PostgreSQL: the test kit's server, fsync off: commits are not flushed to disk)");
+    report.note("SQLite: the journal in the lease file, `synchronous = FULL`. PostgreSQL: the test kit's server on loopback, fsync off (commits are not flushed to disk).");
+    report.finish().expect("the report");
 }

@@ -27,9 +27,11 @@ use criterion::{Criterion, criterion_group};
 use etcd_client::{Client, Compare, CompareOp, GetOptions, LockOptions, PutOptions, Txn, TxnOp};
 use tenure_lease::{AcquireOutcome, Lease, LeaseSettings, LeaseSpec, LeaseStore};
 use tenure_lease_kit::bench::{
-    Holders, INTERVALS, api_settings, bracket_intervals, lease_acquire_release, lease_counts,
-    renewal_settings, runtime, spi_request, store_acquire_release, thin_path,
+    FIGURE_COLUMNS, Holders, INTERVALS, ThinPath, api_settings, bracket_intervals,
+    lease_acquire_release, lease_counts, renewal_settings, runtime, spi_request,
+    store_acquire_release, thin_path,
 };
+use tenure_lease_kit::report::Report;
 use tenure_store_etcd::EtcdStore;
 
 use tenure_test_kit::etcd::{Etcd, PREFIX};
@@ -199,7 +201,7 @@ impl StoreTxns {
 
 /// The thin path: Lease API, store SPI and the store's transactions by hand in
 /// alternating rounds, each batch run by a task on the runtime ([`thin_path`]).
-fn thin() {
+fn thin() -> ThinPath {
     let rt = runtime().expect("runtime");
     let etcd = rt.block_on(Etcd::single());
     let (lease, store, by_hand) = rt.block_on(async {
@@ -211,12 +213,13 @@ fn thin() {
         (lease, store, by_hand)
     });
     let req = spi_request("thin-spi", Duration::from_secs(60));
-    thin_path(&rt, &lease, &store, &req, move || {
+    let path = thin_path(&rt, &lease, &store, &req, move || {
         let by_hand = by_hand.clone();
         async move { by_hand.acquire_release().await }
     });
     drop(lease);
     drop(etcd);
+    path
 }
 
 /// etcd's request counters from its /metrics page: unary calls handled plus keep-alive
@@ -237,7 +240,7 @@ fn etcd_requests(endpoint: &str) -> u64 {
         .sum::<f64>() as u64
 }
 
-fn renewal_traffic() {
+fn renewal_traffic(report: &mut Report) {
     println!("\nrenewal traffic: one owner, LeaseActors on one etcd member, heartbeat-interval 1s");
     println!(
         "{:>8} {:>10} {:>26} {:>20}",
@@ -262,11 +265,12 @@ fn renewal_traffic() {
             (r1 - r0, all_held)
         });
         assert!(all_held, "every lease still held");
-        println!(
-            "{n:>8} {INTERVALS:>10} {:>26.2} {:>20}",
-            requests as f64 / INTERVALS as f64,
-            n
-        );
+        let per_interval = requests as f64 / INTERVALS as f64;
+        println!("{n:>8} {INTERVALS:>10} {per_interval:>26.2} {n:>20}");
+        report.row([
+            format!("renewals, {n} leases held by LeaseActors of one owner: etcd requests per heartbeat interval, over {INTERVALS}"),
+            format!("{per_interval:.2}"),
+        ]);
     }
 }
 
@@ -278,9 +282,16 @@ criterion_group! {
 
 fn main() {
     let started = Instant::now();
+    let mut report = Report::new(
+        "etcd_lease",
+        "cargo bench -p tenure-store-etcd --bench etcd_lease",
+        &FIGURE_COLUMNS,
+    );
     benches();
     Criterion::default().configure_from_args().final_summary();
-    thin();
-    renewal_traffic();
+    thin().add_to(&mut report, "direct (the store's transactions by hand)");
+    renewal_traffic(&mut report);
+    report.note("Per pair from the bench's thread (Lease API, SPI, by hand, bare transactions, etcd's Lock RPC): criterion's output of `acquire_release`, not in this table.");
+    report.finish().expect("the report");
     println!("(bench ran {:.0?})", started.elapsed());
 }

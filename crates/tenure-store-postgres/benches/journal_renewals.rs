@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use tenure_journal::{Append, Fence, Journal, Written};
 use tenure_lease::{AcquireOutcome, HeldLease, LeaseStore};
 use tenure_lease_kit::bench::{knob, percentile, runtime, spi_request};
+use tenure_lease_kit::report::Report;
 use tenure_store_postgres::{PostgresJournal, PostgresStore};
 use tenure_test_kit::postgres::PgServer;
 
@@ -133,8 +134,28 @@ async fn run(server: &PgServer, writers: usize, per_slice: usize) {
         sorted(without.0),
         sorted(without.1),
     );
+    let mut report = Report::new(
+        "journal_renewals",
+        "cargo bench -p tenure-store-postgres --bench journal_renewals",
+        &[
+            "percentile",
+            "fenced, with appends",
+            "fenced, without",
+            "control, with appends",
+            "control, without",
+            "fenced / control, with appends",
+        ],
+    );
     for (label, pct) in [("p50", 50), ("p99", 99)] {
         let at = |v: &[Duration]| percentile(v, pct).expect("renewals").as_secs_f64() * 1e3;
+        report.row([
+            label.to_string(),
+            format!("{:.2} ms", at(&wf)),
+            format!("{:.2} ms ({:.2}x)", at(&of), at(&wf) / at(&of)),
+            format!("{:.2} ms", at(&wc)),
+            format!("{:.2} ms ({:.2}x)", at(&oc), at(&wc) / at(&oc)),
+            format!("{:.2}x", at(&wf) / at(&wc)),
+        ]);
         println!(
             "  {label}: fenced {:.2} ms with appends, {:.2} ms without ({:.2}x); control {:.2} ms with appends ({:.2}x), {:.2} ms without; fenced / control with appends {:.2}x",
             at(&wf),
@@ -146,6 +167,12 @@ async fn run(server: &PgServer, writers: usize, per_slice: usize) {
             at(&wf) / at(&wc),
         );
     }
+    report.note(format!(
+        "{writers} writers appending back to back under `fenced`'s grant in every other slice, {} renewals of each lease per way, {total} appends ({:.0}/s while appending); in brackets, with / without appends.",
+        wf.len(),
+        total as f64 / append_time.as_secs_f64()
+    ));
+    report.finish().expect("the report");
 }
 
 fn sorted(mut v: Vec<Duration>) -> Vec<Duration> {

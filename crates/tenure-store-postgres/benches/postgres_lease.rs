@@ -32,9 +32,11 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, criterion_group};
 use tenure_lease::{AcquireOutcome, AcquireRequest, HeldLease, Lease, LeaseSpec, LeaseStore};
 use tenure_lease_kit::bench::{
-    Counting, Holders, INTERVALS, api_settings, bracket_intervals, lease_acquire_release,
-    lease_counts, renewal_settings, runtime, spi_request, store_acquire_release, thin_path,
+    Counting, FIGURE_COLUMNS, Holders, INTERVALS, ThinPath, api_settings, bracket_intervals,
+    lease_acquire_release, lease_counts, renewal_settings, runtime, spi_request,
+    store_acquire_release, thin_path,
 };
+use tenure_lease_kit::report::Report;
 use tenure_store_postgres::PostgresStore;
 use tenure_store_postgres::sql::Statements;
 use tenure_test_kit::postgres::PgServer;
@@ -277,7 +279,7 @@ fn renew(c: &mut Criterion, server: &PgServer) {
     g.finish();
 }
 
-fn renewal_cost(server: &PgServer) {
+fn renewal_cost(server: &PgServer, report: &mut Report) {
     println!(
         "\nrenewal cost: one owner, LeaseActors on one PostgreSQL table, heartbeat-interval 1s"
     );
@@ -313,12 +315,18 @@ fn renewal_cost(server: &PgServer) {
                 .expect("renew");
         }
         let per_batch = started.elapsed() / runs;
-        println!(
-            "{n:>8} {INTERVALS:>10} {:>22.2} {:>22.1} {:>20}",
+        let (trips, per_trip) = (
             counts.calls as f64 / INTERVALS as f64,
             counts.leases as f64 / counts.calls.max(1) as f64,
+        );
+        println!(
+            "{n:>8} {INTERVALS:>10} {trips:>22.2} {per_trip:>22.1} {:>20}",
             format!("{per_batch:.2?}")
         );
+        report.row([
+            format!("renewals, {n} leases held by LeaseActors of one owner: store round trips per heartbeat interval, over {INTERVALS}; one batch renewal by hand"),
+            format!("{trips:.2} ({per_trip:.1} leases each); {per_batch:.2?}"),
+        ]);
     }
 }
 
@@ -326,7 +334,7 @@ fn renewal_cost(server: &PgServer) {
 /// rounds, each batch run by a task on the runtime ([`thin_path`]). All three ways use the
 /// store's one connection and take and give back the same row, so that they differ only
 /// in the code between the caller and the statements.
-fn thin(server: &PgServer) {
+fn thin(server: &PgServer) -> ThinPath {
     let rt = runtime().expect("runtime");
     let pg = one_connection_store(&rt, server);
     let store: Arc<dyn LeaseStore> = Arc::new(pg.clone());
@@ -339,7 +347,7 @@ fn thin(server: &PgServer) {
     thin_path(&rt, &lease, &store, &req, move || {
         let direct = direct.clone();
         async move { direct.acquire_release("thin", "bench-owner").await }
-    });
+    })
 }
 
 fn benches(c: &mut Criterion) {
@@ -356,10 +364,17 @@ criterion_group! {
 
 fn main() {
     let started = Instant::now();
+    let mut report = Report::new(
+        "postgres_lease",
+        "cargo bench -p tenure-store-postgres --bench postgres_lease",
+        &FIGURE_COLUMNS,
+    );
     groups();
     Criterion::default().configure_from_args().final_summary();
     let server = PgServer::start();
-    thin(&server);
-    renewal_cost(&server);
+    thin(&server).add_to(&mut report, "direct (the store's statements by hand)");
+    renewal_cost(&server, &mut report);
+    report.note("Per pair from the bench's thread: criterion's output of `acquire_release` and `renew`, not in this table.");
+    report.finish().expect("the report");
     println!("(bench ran {:.0?})", started.elapsed());
 }

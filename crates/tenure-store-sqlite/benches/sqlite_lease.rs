@@ -30,9 +30,10 @@ use criterion::{Criterion, criterion_group};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use tenure_lease::{AcquireOutcome, Acquired, HeldLease, Lease, LeaseSpec, LeaseStore};
 use tenure_lease_kit::bench::{
-    Counting, Holders, INTERVALS, api_settings, bracket_intervals, lease_acquire_release,
-    lease_counts, renewal_settings, runtime, spi_request, thin_path,
+    Counting, FIGURE_COLUMNS, Holders, INTERVALS, ThinPath, api_settings, bracket_intervals,
+    lease_acquire_release, lease_counts, renewal_settings, runtime, spi_request, thin_path,
 };
+use tenure_lease_kit::report::Report;
 use tenure_store_sqlite::witness::Witness;
 use tenure_store_sqlite::{SqliteStore, sql, store_now_ns, token_floor};
 
@@ -312,7 +313,7 @@ fn renew(c: &mut Criterion) {
 /// The thin path: one acquire+release pair each way, alternating rounds in one run; the
 /// direct way issues the store's own operations (its file check and its SQL) when
 /// `file_check`, its SQL alone otherwise.
-fn thin(file_check: bool) {
+fn thin(file_check: bool) -> ThinPath {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("thin.sqlite");
     let rt = runtime().expect("runtime");
@@ -337,10 +338,10 @@ fn thin(file_check: bool) {
         let token = direct_acquire(direct.conn(file_check), "thin-direct", "bench-owner");
         direct_release(direct.conn(file_check), "thin-direct", "bench-owner", token);
         std::future::ready(())
-    });
+    })
 }
 
-fn renewal_cost() {
+fn renewal_cost(report: &mut Report) {
     println!("\nrenewal cost: one owner, LeaseActors on one SQLite file, heartbeat-interval 1s");
     println!(
         "{:>8} {:>12} {:>22} {:>22}",
@@ -362,11 +363,15 @@ fn renewal_cost() {
             (after - before, all_held)
         });
         assert!(all_held, "every lease still held");
-        println!(
-            "{n:>8} {INTERVALS:>12} {:>22.2} {:>22.1}",
+        let (trips, per_trip) = (
             counts.calls as f64 / INTERVALS as f64,
-            counts.leases as f64 / counts.calls.max(1) as f64
+            counts.leases as f64 / counts.calls.max(1) as f64,
         );
+        println!("{n:>8} {INTERVALS:>12} {trips:>22.2} {per_trip:>22.1}");
+        report.row([
+            format!("renewals, {n} leases held by LeaseActors of one owner: store round trips per heartbeat interval, over {INTERVALS}"),
+            format!("{trips:.2} ({per_trip:.1} leases each)"),
+        ]);
     }
 }
 
@@ -378,10 +383,17 @@ criterion_group! {
 
 fn main() {
     let started = Instant::now();
+    let mut report = Report::new(
+        "sqlite_lease",
+        "cargo bench -p tenure-store-sqlite --bench sqlite_lease",
+        &FIGURE_COLUMNS,
+    );
     benches();
     Criterion::default().configure_from_args().final_summary();
-    thin(true);
-    thin(false);
-    renewal_cost();
+    thin(true).add_to(&mut report, "direct (the store's operations by hand)");
+    thin(false).add_to(&mut report, "direct (its SQL alone)");
+    renewal_cost(&mut report);
+    report.note("Per pair from the bench's thread (Lease API, SPI and direct, SQLite inline on that thread) and renewals: criterion's output of `acquire_release` and `renew`, not in this table.");
+    report.finish().expect("the report");
     println!("(bench ran {:.0?})", started.elapsed());
 }

@@ -28,9 +28,11 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, criterion_group};
 use tenure_lease::{AcquireOutcome, AcquireRequest, Lease, LeaseSpec, LeaseStore};
 use tenure_lease_kit::bench::{
-    Counting, Holders, INTERVALS, bracket_intervals, lease_acquire_release, lease_counts,
-    percentile, renewal_settings, runtime, spi_request, store_acquire_release, thin_path,
+    Counting, FIGURE_COLUMNS, Holders, INTERVALS, ThinPath, bracket_intervals,
+    lease_acquire_release, lease_counts, percentile, renewal_settings, runtime, spi_request,
+    store_acquire_release, thin_path,
 };
+use tenure_lease_kit::report::Report;
 use tenure_store_zookeeper::zookeeper_client as zk;
 use tenure_store_zookeeper::{ZooKeeperOptions, ZooKeeperStore};
 use tenure_test_kit::zookeeper::TestServer;
@@ -185,7 +187,7 @@ fn acquire_release(c: &mut Criterion) {
 
 /// The thin path: Lease API, store SPI and the same two multis issued by hand
 /// in alternating rounds, each batch run by a task on the runtime ([`thin_path`]).
-fn thin() {
+fn thin() -> ThinPath {
     let server = server();
     let rt = runtime().expect("runtime");
     rt.block_on(server.warm_up()).expect("warm-up");
@@ -206,10 +208,10 @@ fn thin() {
     thin_path(&rt, &lease, &store, &req, move || {
         let multis = multis.clone();
         async move { multis.acquire_release().await }
-    });
+    })
 }
 
-fn renewal_cost() {
+fn renewal_cost(report: &mut Report) {
     println!(
         "\nrenewal cost: one owner, LeaseActors on one ZooKeeper session, heartbeat-interval 1s"
     );
@@ -258,15 +260,19 @@ fn renewal_cost() {
             percentile(&direct, 50).expect("runs"),
             percentile(&bare, 50).expect("runs"),
         );
-        println!(
-            "{n:>8} {INTERVALS:>10} {:>21.2} {:>22.1} {:>16.2?} {:>16.2?} {:>12.2?} {:>10.2}",
+        let (trips, per_trip, renew_p90, ratio) = (
             counts.calls as f64 / INTERVALS as f64,
             counts.leases as f64 / counts.calls.max(1) as f64,
-            renew_p50,
             percentile(&direct, 90).expect("runs"),
-            bare_p50,
             renew_p50.as_secs_f64() / bare_p50.as_secs_f64(),
         );
+        println!(
+            "{n:>8} {INTERVALS:>10} {trips:>21.2} {per_trip:>22.1} {renew_p50:>16.2?} {renew_p90:>16.2?} {bare_p50:>12.2?} {ratio:>10.2}",
+        );
+        report.row([
+            format!("renewals, {n} leases held by LeaseActors of one owner: store round trips per heartbeat interval, over {INTERVALS}; one batch renewal p50, p90; bare multi p50"),
+            format!("{trips:.2} ({per_trip:.1} leases each); {renew_p50:.2?}, {renew_p90:.2?}; {bare_p50:.2?} ({ratio:.2}x)"),
+        ]);
     }
 }
 
@@ -316,9 +322,16 @@ criterion_group! {
 
 fn main() {
     let started = Instant::now();
+    let mut report = Report::new(
+        "zookeeper_lease",
+        "cargo bench -p tenure-store-zookeeper --bench zookeeper_lease",
+        &FIGURE_COLUMNS,
+    );
     benches();
     Criterion::default().configure_from_args().final_summary();
-    thin();
-    renewal_cost();
+    thin().add_to(&mut report, "direct (the store's multis by hand)");
+    renewal_cost(&mut report);
+    report.note("Per pair from the bench's thread: criterion's output of `acquire_release`, not in this table.");
+    report.finish().expect("the report");
     println!("(bench ran {:.0?})", started.elapsed());
 }

@@ -7,7 +7,10 @@
 //!
 //! What a run can meet (a node that does not start, a signal to a node that is gone, a
 //! fault the node refused) is a [`HarnessError`] naming the node and what failed: the demo
-//! reports it as a failed step; the test kit's wrapper panics with it.
+//! reports it as a failed step; the test kit's wrapper panics with it. A node whose process
+//! ends by itself (a panic, an exit, `abort(3)` when something outlived its kill under a
+//! lease being lost) is seen without being reaped ([`Cluster::ended`]): it no longer counts
+//! as running, and [`HarnessError::Ended`] says how it ended with its log's tail.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -146,6 +149,19 @@ pub enum HarnessError {
         /// What the command wrote to stderr.
         stderr: String,
     },
+    /// The node's process ended by itself (the harness neither killed nor stopped it, and
+    /// had not reaped it yet).
+    #[error("node {node} ({addr}) ended by itself: {end}; its log ends:\n{log_tail}")]
+    Ended {
+        /// The node's index.
+        node: usize,
+        /// Its cluster address.
+        addr: String,
+        /// How it ended.
+        end: NodeEnd,
+        /// The last lines it wrote to stderr.
+        log_tail: String,
+    },
     /// The shared history could not be appended to or read.
     #[error("history {path}: {detail}")]
     History {
@@ -223,6 +239,35 @@ impl NodeProc {
     /// The incarnation of the latest start; `None` before the first.
     pub fn incarnation(&self) -> Option<&str> {
         self.incarnations.last().map(String::as_str)
+    }
+}
+
+/// How a node's process ended by itself, as `waitid(2)` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeEnd {
+    /// It exited with this status.
+    Exited(i32),
+    /// A signal ended it (`abort(3)` is SIGABRT, 6).
+    Signaled(i32),
+}
+
+impl NodeEnd {
+    /// Whether it ended by `abort(3)`: how a node ends itself when something outlived its
+    /// kill under a lease being lost (`when-kill-fails = "abort"`).
+    pub fn aborted(self) -> bool {
+        self == NodeEnd::Signaled(Signal::ABORT.as_raw())
+    }
+}
+
+impl std::fmt::Display for NodeEnd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NodeEnd::Exited(code) => write!(f, "exit status {code}"),
+            NodeEnd::Signaled(signal) if self.aborted() => {
+                write!(f, "signal {signal} (SIGABRT: abort(3))")
+            }
+            NodeEnd::Signaled(signal) => write!(f, "signal {signal}"),
+        }
     }
 }
 
@@ -733,10 +778,84 @@ release-after = "10s"
         Ok(None)
     }
 
-    /// Whether node `i` was started and not killed or stopped since (`false` for no such
-    /// node).
+    /// Whether node `i` was started, not killed or stopped since, and its process has not
+    /// ended by itself (`false` for no such node).
     pub fn is_running(&self, i: usize) -> bool {
-        self.nodes.get(i).is_some_and(|n| n.child.is_some())
+        self.nodes.get(i).is_some_and(|n| n.child.is_some()) && self.ended(i).is_none()
+    }
+
+    /// How node `i`'s process ended by itself, when it did: it was started, the harness
+    /// has neither killed, stopped nor reaped it, and the process is gone. `None` while it
+    /// runs (or is frozen), and for a node not started or already reaped. Only looks:
+    /// [`Cluster::reap_ended`] or [`Cluster::wait_exit`] reap it.
+    pub fn ended(&self, i: usize) -> Option<NodeEnd> {
+        let pid = self.nodes.get(i)?.pid()?;
+        // WNOWAIT leaves the child waitable, so that `Child::wait` still reaps it.
+        let options = rustix::process::WaitIdOptions::EXITED
+            | rustix::process::WaitIdOptions::NOHANG
+            | rustix::process::WaitIdOptions::NOWAIT;
+        let status = rustix::process::waitid(rustix::process::WaitId::Pid(pid), options).ok()??;
+        match (status.exit_status(), status.terminating_signal()) {
+            (Some(code), _) => Some(NodeEnd::Exited(code)),
+            (None, Some(signal)) => Some(NodeEnd::Signaled(signal)),
+            (None, None) => None,
+        }
+    }
+
+    /// [`HarnessError::Ended`] for the first node whose process ended by itself without the
+    /// harness reaping it (see [`Cluster::ended`]), with the tail of its log; `Ok` when
+    /// every started node still runs.
+    pub fn check_none_ended(&self) -> Result<(), HarnessError> {
+        for i in 0..self.nodes.len() {
+            if let Some(end) = self.ended(i) {
+                return Err(self.ended_error(i, end));
+            }
+        }
+        Ok(())
+    }
+
+    /// [`HarnessError::Ended`] for node `i`, which ended by `end`.
+    fn ended_error(&self, i: usize, end: NodeEnd) -> HarnessError {
+        HarnessError::Ended {
+            node: i,
+            addr: self.nodes[i].addr.clone(),
+            end,
+            log_tail: self.log_tail(i, 40),
+        }
+    }
+
+    /// The last `lines` lines node `i` wrote to stderr (its latest start's).
+    pub fn log_tail(&self, i: usize, lines: usize) -> String {
+        let Some(node) = self.nodes.get(i) else {
+            return String::new();
+        };
+        let stderr = node.stderr();
+        let all: Vec<&str> = stderr.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// Reaps node `i` if its process ended by itself (recorded as `terminated`) and returns
+    /// how it ended, so that it can be started again; `Ok(None)`, touching nothing, while
+    /// it runs.
+    pub fn reap_ended(&mut self, i: usize) -> Result<Option<ExitStatus>, HarnessError> {
+        self.node(i)?;
+        if self.ended(i).is_none() {
+            return Ok(None);
+        }
+        self.reap(i, Instant::now())
+    }
+
+    /// `Ok` when node `i` runs; otherwise why not: no such node, not running, or
+    /// [`HarnessError::Ended`] with its log.
+    fn running(&self, i: usize) -> Result<(), HarnessError> {
+        self.node(i)?;
+        if self.nodes[i].child.is_none() {
+            return Err(self.not_running(i));
+        }
+        match self.ended(i) {
+            Some(end) => Err(self.ended_error(i, end)),
+            None => Ok(()),
+        }
     }
 
     fn signal(&self, i: usize, sig: Signal) -> Result<(), HarnessError> {
@@ -790,18 +909,14 @@ release-after = "10s"
     /// a deadline act on after it, and one frozen just before its record must not count as
     /// running).
     pub fn pause(&self, i: usize) -> Result<(), HarnessError> {
-        if !self.is_running(i) {
-            return Err(self.node(i).err().unwrap_or_else(|| self.not_running(i)));
-        }
+        self.running(i)?;
         self.record(i, Event::Paused {})?;
         self.signal(i, Signal::STOP)
     }
 
     /// SIGCONT node `i` (recorded as `resumed` first).
     pub fn resume(&self, i: usize) -> Result<(), HarnessError> {
-        if !self.is_running(i) {
-            return Err(self.node(i).err().unwrap_or_else(|| self.not_running(i)));
-        }
+        self.running(i)?;
         self.record(i, Event::Resumed {})?;
         self.signal(i, Signal::CONT)
     }
@@ -811,9 +926,7 @@ release-after = "10s"
     /// [`HarnessError::NoExit`] when it did not exit within 20 s (it is killed then).
     pub fn stop(&mut self, i: usize) -> Result<ExitStatus, HarnessError> {
         const WAIT: Duration = Duration::from_secs(20);
-        if !self.is_running(i) {
-            return Err(self.node(i).err().unwrap_or_else(|| self.not_running(i)));
-        }
+        self.running(i)?;
         self.record(i, Event::Leaving {})?;
         self.signal(i, Signal::TERM)?;
         self.reap(i, Instant::now() + WAIT)?
@@ -840,8 +953,9 @@ release-after = "10s"
     /// that do not. Returns the nodes that exited with a non-zero status or were killed.
     /// Every node is stopped even when one fails; the first error is returned then.
     pub fn stop_all(&mut self, limit: Duration) -> Result<Vec<usize>, HarnessError> {
+        // A node that ended by itself is reaped (and counted unclean) too.
         let running: Vec<usize> = (0..self.nodes.len())
-            .filter(|i| self.is_running(*i))
+            .filter(|i| self.nodes[*i].child.is_some())
             .collect();
         let mut first_err = None;
         for &i in &running {

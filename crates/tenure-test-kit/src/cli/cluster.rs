@@ -101,6 +101,12 @@ impl Cluster {
         ok(self.0.stop(i))
     }
 
+    /// Reaps node `i` if its process ended by itself (recorded as `terminated`): how it
+    /// ended; `None` while it runs.
+    pub fn reap_ended(&mut self, i: usize) -> Option<ExitStatus> {
+        ok(self.0.reap_ended(i))
+    }
+
     /// Waits up to `limit` for node `i` to exit by itself; past it, kills it: `None`.
     pub fn wait_exit(&mut self, i: usize, limit: Duration) -> Option<ExitStatus> {
         ok(self.0.wait_exit(i, limit))
@@ -142,7 +148,11 @@ impl Cluster {
         ok(self.0.read_history())
     }
 
-    /// Waits until `check` holds, polling; panics with `what` and every view on timeout.
+    /// Waits until `check` holds, polling; panics with `what` and every view on timeout,
+    /// and at once (with how it ended and its log's tail) when a node's process ended by
+    /// itself and `check` still does not hold: a node that is gone never serves again.
+    /// A test that expects a node to end reaps it first ([`Cluster::wait_exit`],
+    /// [`Cluster::reap_ended`]).
     pub fn wait_until(
         &self,
         what: &str,
@@ -151,8 +161,14 @@ impl Cluster {
     ) {
         let deadline = Instant::now() + timeout;
         loop {
+            // Looked at before `check`: whatever a node wrote before it ended is seen by
+            // this `check`, so a condition its last words meet still holds.
+            let ended = self.0.check_none_ended();
             if check(self) {
                 return;
+            }
+            if let Err(e) = ended {
+                panic!("gave up waiting for: {what}: {e}");
             }
             if Instant::now() > deadline {
                 let views: Vec<String> = (0..self.nodes.len())
