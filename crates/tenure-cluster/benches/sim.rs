@@ -94,7 +94,12 @@ fn main() {
         .into_iter()
         .filter(|s| only.as_ref().is_none_or(|o| *o == format!("{s:?}")))
     {
-        for first in [n / 2, n * 7 / 10] {
+        // `TENURE_SIM_FIRST=<nodes>` runs only the split with that many on the first side.
+        let first_only = knob("TENURE_SIM_FIRST", 0, 0) as usize;
+        for first in [n / 2, n * 7 / 10]
+            .into_iter()
+            .filter(|f| first_only == 0 || *f == first_only)
+        {
             let wall = Instant::now();
             let r = sim::partition_run(n, first, strategy, seed);
             let [a, b] = &r.sides;
