@@ -332,10 +332,13 @@ impl Actor for SingletonManager {
                         state.kill_failed(&format!("lease lost: {}", lost.reason));
                     }
                 }
-                // Only the lost grant and older ones: a newer grant (this loss waited in the
-                // mailbox while the lease actor acquired again) is kept for its instance.
-                let seen = Some(lost.token).max(state.released_up_to);
-                state.release_up_to(seen).await;
+                // An instance still running runs under a newer grant (this loss waited in
+                // the mailbox while the lease actor acquired again), as does a newer grant
+                // believed: giving the lease back now would end it under its instance.
+                if state.running.is_none() && state.view.token().is_none_or(|t| t == lost.token)
+                {
+                    state.release().await;
+                }
             }
             // Acted on in `evaluate`, and only while the grant is still believed.
             ManagerMsg::Lease(LeaseEvent::Granted(_)) => state.wanted = false,
@@ -765,23 +768,17 @@ impl ManagerState {
         self.terminator.terminate(&what, why);
     }
 
-    /// Releases every grant seen so far (a no-op when nothing of ours may be in the
-    /// store): one won while this release waits behind an acquire attempt is announced and
-    /// decided on then, never ended under its instance.
+    /// Releases the lease (a no-op when nothing of ours may be in the store), retrying a
+    /// few times; never while a zombie instance may still run.
     async fn release(&mut self) {
-        let seen = self.view.token().max(self.released_up_to);
-        self.release_up_to(seen).await;
-    }
-
-    /// Releases the grant if its token is at most `seen`, retrying a few times; never while
-    /// a zombie instance may still run. No instance starts under a token at most `seen`
-    /// afterwards, since the release may still wait in the lease actor's mailbox.
-    async fn release_up_to(&mut self, seen: Option<FencingToken>) {
         if self.zombie.is_some() {
             return;
         }
         // Releasing also stops the lease actor's acquire attempts.
         self.wanted = false;
+        // Only grants seen so far: one won while this release waits behind an acquire
+        // attempt is announced and decided on then, never ended under its instance.
+        let seen = self.view.token().max(self.released_up_to);
         self.released_up_to = seen;
         let timeout = self.spec.settings.lease.release_answer_timeout();
         for _ in 0..3 {
