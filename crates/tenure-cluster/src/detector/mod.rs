@@ -590,6 +590,13 @@ impl Detector {
         }
     }
 
+    /// The sizes of the partition of the resolver's last step (unreachable, indirectly
+    /// connected members), if it took one.
+    pub(crate) fn partition_sizes(&self) -> Option<(usize, usize)> {
+        let (_, p) = self.sbr.as_ref()?.partition.as_ref()?;
+        Some((p.unreachable.len(), p.indirect.len()))
+    }
+
     /// The resolver's settings (`None` when it is off).
     pub(crate) fn resolver_settings(&self) -> Option<&SbrSettings> {
         self.sbr.as_ref().map(|d| d.resolver.settings())
