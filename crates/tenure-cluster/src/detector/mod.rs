@@ -714,7 +714,14 @@ impl Detector {
     /// The members the rows of departed observers list ([`Sbr::departed`]) that are still
     /// counted members, not heard here within `unreachable-after` before `now`, and not in
     /// `p` already.
-    fn held(d: &Sbr, me: &NodeAddr, view: &Membership, p: &Partition, now: Instant, window: Duration) -> BTreeSet<NodeAddr> {
+    fn held(
+        d: &Sbr,
+        me: &NodeAddr,
+        view: &Membership,
+        p: &Partition,
+        now: Instant,
+        window: Duration,
+    ) -> BTreeSet<NodeAddr> {
         d.departed
             .values()
             .flat_map(|row| row.unreachable.iter())
@@ -723,8 +730,7 @@ impl Detector {
                     && !p.unreachable.contains(*s)
                     && !p.indirect.contains(*s)
                     && view.get(s).is_some_and(counted)
-                    && d
-                        .heard
+                    && d.heard
                         .get(*s)
                         .is_none_or(|t| now.saturating_duration_since(*t) >= window)
             })

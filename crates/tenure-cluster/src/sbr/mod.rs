@@ -340,11 +340,22 @@ impl Resolver {
             };
             let settled = left(&self.seen.0, &seen.0) && left(&self.seen.1, &seen.1);
             let grew = self.seen.0.is_subset(&seen.0) && self.seen.1.is_subset(&seen.1);
+            let departed = self
+                .seen
+                .0
+                .iter()
+                .chain(&self.seen.1)
+                .filter(|a| !seen.0.contains(*a) && !seen.1.contains(*a))
+                .any(|a| !p.members.iter().any(|m| m.addr == *a));
             self.seen = seen;
             if !settled {
                 self.changed_at = now;
                 self.decided = false;
-                self.open = !p.is_whole();
+                // Departures that leave a situation whole keep it open even when some
+                // member was heard again in the same change (a member of this side that
+                // looked unreachable while the watchers passed over the other side):
+                // closed, it would leave this node undecided while its side decides.
+                self.open = !p.is_whole() || (self.open && departed);
                 if self.open {
                     if !grew {
                         self.unstable_since.get_or_insert(now);
@@ -608,6 +619,26 @@ mod tests {
             Step::Decide(Decision::Survive {
                 down: vec![a(4), a(5)]
             })
+        );
+
+        // The other side leaves the view while a member of this side, listed in passing,
+        // is heard again, in one change: still decided.
+        let mut r = Resolver::new(r.settings().clone(), t0);
+        let before = cut_of(4, &[(1, 3), (1, 2)]);
+        assert_eq!(r.step(&a(1), &before, t0), Step::Wait);
+        let mut after = cut_of(4, &[]);
+        after.members = after
+            .members
+            .iter()
+            .filter(|m| m.addr != a(3))
+            .cloned()
+            .collect();
+        let t = t0 + Duration::from_secs(1);
+        assert_eq!(r.step(&a(1), &after, t), Step::Wait);
+        assert_eq!(
+            r.step(&a(1), &after, t + Duration::from_secs(4)),
+            Step::Decide(Decision::Survive { down: vec![] }),
+            "decided, not left open forever"
         );
     }
 }

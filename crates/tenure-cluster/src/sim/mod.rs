@@ -906,7 +906,8 @@ impl Sim {
             events.extend(e);
         }
         let node = &mut self.nodes[i];
-        node.decided_at.get_or_insert(Duration::from_nanos(self.now));
+        node.decided_at
+            .get_or_insert(Duration::from_nanos(self.now));
         match node.outcome.as_mut() {
             Some(Outcome::Survived(all)) => all.extend(downed),
             Some(Outcome::DownedSelf(_)) => {}
@@ -917,7 +918,8 @@ impl Sim {
 
     fn down_self(&mut self, i: usize, why: String) {
         let node = &mut self.nodes[i];
-        node.decided_at.get_or_insert(Duration::from_nanos(self.now));
+        node.decided_at
+            .get_or_insert(Duration::from_nanos(self.now));
         node.outcome = Some(Outcome::DownedSelf(why));
         node.alive = false;
         // Its member lease is released as it stops.
