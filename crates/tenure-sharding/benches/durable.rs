@@ -19,8 +19,10 @@
 //!    message, once resident memory passes 2 GiB.
 //!
 //! `cargo bench -p tenure-sharding --bench durable`; `cargo test --benches` runs each part
-//! once, small. Knobs: TENURE_BENCH_ROUNDS (append and group commit rounds), and
-//! TENURE_BENCH_PART (`append`, `group`, `recovery` or `memory`: that part alone).
+//! once, small. Knobs: TENURE_BENCH_ROUNDS (append and group commit rounds),
+//! TENURE_BENCH_PART (`append`, `group`, `recovery` or `memory`: that part alone), and
+//! TENURE_BENCH_PG_FSYNC=on (the PostgreSQL server flushes its commits to disk, as a
+//! deployment does; the test kit's server runs with fsync off).
 
 use std::num::NonZeroU64;
 use std::path::Path;
@@ -690,6 +692,27 @@ async fn run(
     }
 }
 
+/// Turns the server's fsync on (a reloadable setting) and waits until a session of
+/// `store` sees it (each session reads the reloaded setting before its next statement).
+async fn fsync_on(store: &PostgresStore) {
+    let conn = store.connection().await.expect("a connection");
+    conn.batch_execute("ALTER SYSTEM SET fsync = on; SELECT pg_reload_conf()")
+        .await
+        .expect("turn fsync on");
+    for _ in 0..100 {
+        let shown: String = conn
+            .query_one("SHOW fsync", &[])
+            .await
+            .expect("fsync")
+            .get(0);
+        if shown == "on" {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the server never turned fsync on");
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let part = std::env::var("TENURE_BENCH_PART").ok();
@@ -737,10 +760,14 @@ async fn main() {
     let server = tokio::task::spawn_blocking(PgServer::start)
         .await
         .expect("the PostgreSQL server");
+    let fsync = std::env::var("TENURE_BENCH_PG_FSYNC").is_ok_and(|v| v == "on");
     let mut connection = server.connection();
     connection.connect_timeout(Duration::from_secs(10));
     let options = PostgresOptions::new(connection, Duration::from_secs(10));
     let store = PostgresStore::connect(options).await.expect("connect");
+    if fsync {
+        fsync_on(&store).await;
+    }
     let journal = PostgresJournal::open(&store).await.expect("the journal");
     let single = PostgresJournal::open(&store)
         .await
@@ -762,7 +789,12 @@ async fn main() {
         token,
     };
     run(&postgres, by_hand, part, false, &mut report).await;
-    println!("(PostgreSQL: the test kit's server, fsync off: commits are not flushed to disk)");
-    report.note("SQLite: the journal in the lease file, `synchronous = FULL`. PostgreSQL: the test kit's server on loopback, fsync off (commits are not flushed to disk).");
+    let flushed = if fsync {
+        "fsync on (TENURE_BENCH_PG_FSYNC=on: every commit flushed to disk)"
+    } else {
+        "fsync off (commits are not flushed to disk)"
+    };
+    println!("(PostgreSQL: the test kit's server, {flushed})");
+    report.note(&format!("SQLite: the journal in the lease file, `synchronous = FULL`. PostgreSQL: the test kit's server on loopback, {flushed}."));
     report.finish().expect("the report");
 }

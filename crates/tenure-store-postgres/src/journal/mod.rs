@@ -17,6 +17,8 @@
 //! reported to each write as an unknown outcome. Every batch is bounded by the store's
 //! operation timeout.
 
+#[cfg(test)]
+mod batch_tests;
 pub mod sql;
 mod writer;
 
