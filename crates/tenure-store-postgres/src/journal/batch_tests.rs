@@ -65,7 +65,11 @@ fn snapshot(pid: &str, seq: u64, payload: &str, fence: &Fence) -> Write {
 /// token, writer, payload) and its snapshot (seq, token, payload).
 type Left = (
     Vec<Result<Written, String>>,
-    Vec<(String, Vec<(u64, u64, String, Vec<u8>)>, Option<(u64, u64, Vec<u8>)>)>,
+    Vec<(
+        String,
+        Vec<(u64, u64, String, Vec<u8>)>,
+        Option<(u64, u64, Vec<u8>)>,
+    )>,
 );
 
 const PIDS: [&str; 6] = ["p1", "p2", "p3", "p4", "p5", "p6"];
@@ -228,7 +232,9 @@ async fn count_frontend(
         from.read_exact(&mut body).await?;
         to.write_all(&len.to_be_bytes()).await?;
         to.write_all(&body).await?;
-        let code = body.get(..4).map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]));
+        let code = body
+            .get(..4)
+            .map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]));
         if code != Some(SSL_REQUEST) && code != Some(GSS_REQUEST) {
             break;
         }
@@ -295,7 +301,10 @@ async fn a_batch_costs_the_same_statements_whatever_its_size() {
             .count();
         assert_eq!(appended, size - size / 4, "{tag}: {answers:#?}");
     }
-    println!("statements per batch: first 8 writes {}, 8 writes {}, 64 writes {}", costs[0], costs[1], costs[2]);
+    println!(
+        "statements per batch: first 8 writes {}, 8 writes {}, 64 writes {}",
+        costs[0], costs[1], costs[2]
+    );
     assert_eq!(
         costs[2], costs[1],
         "statements for 64 writes against 8 (after a first batch of 8 that cost {})",
@@ -349,23 +358,30 @@ async fn a_concurrent_writer_between_read_and_insert_is_answered_exactly() {
         })
     };
     let watcher = store.connection().await.expect("a connection");
-    eventually_async("the batch's insert waiting for the intruder", TIMEOUT, async || {
-        let waiting: i64 = watcher
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity
+    eventually_async(
+        "the batch's insert waiting for the intruder",
+        TIMEOUT,
+        async || {
+            let waiting: i64 = watcher
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity
                  WHERE wait_event_type = 'Lock' AND query LIKE 'INSERT INTO%raced_journal%'",
-                &[],
-            )
-            .await
-            .expect("pg_stat_activity")
-            .get(0);
-        if waiting == 1 { Ok(()) } else { Err(waiting) }
-    })
+                    &[],
+                )
+                .await
+                .expect("pg_stat_activity")
+                .get(0);
+            if waiting == 1 { Ok(()) } else { Err(waiting) }
+        },
+    )
     .await;
     tx.commit().await.expect("the intruder's commit");
     let answers = writer.await.expect("the writer");
     assert_eq!(
-        answers.into_iter().map(|a| a.expect("answered")).collect::<Vec<_>>(),
+        answers
+            .into_iter()
+            .map(|a| a.expect("answered"))
+            .collect::<Vec<_>>(),
         [
             Written::Refused(tenure_journal::Refusal::SequenceConflict {
                 persistence_id: "q".into(),
@@ -392,6 +408,10 @@ async fn a_concurrent_writer_between_read_and_insert_is_answered_exactly() {
         ]
     );
     assert_eq!(journal.read("r", 1, 10).await.expect("read").len(), 1);
-    let kept = journal.load_snapshot("q").await.expect("load").expect("kept");
+    let kept = journal
+        .load_snapshot("q")
+        .await
+        .expect("load")
+        .expect("kept");
     assert_eq!(kept.seq, 2);
 }

@@ -224,13 +224,11 @@ async fn batched(
         let outcome = match write {
             Write::Append(a) if !held[g] => refused(Refusal::not_held(pid, &a.fence)),
             Write::Snapshot(s) if !held[g] => refused(Refusal::not_held(pid, &s.fence)),
-            Write::Append(a) if a.first_seq != last[p] + 1 => {
-                refused(Refusal::SequenceConflict {
-                    persistence_id: pid.to_string(),
-                    expected: a.first_seq,
-                    next: last[p] + 1,
-                })
-            }
+            Write::Append(a) if a.first_seq != last[p] + 1 => refused(Refusal::SequenceConflict {
+                persistence_id: pid.to_string(),
+                expected: a.first_seq,
+                next: last[p] + 1,
+            }),
             Write::Append(a) => {
                 appends.push(a);
                 last[p] = *a.range().end();
@@ -284,15 +282,11 @@ async fn batched(
             .await
     };
     let (inserted, saved) = tokio::join!(insert, save);
-    let conflict = |r: &Result<u64, tokio_postgres::Error>| {
-        matches!(r, Err(e) if e.code() == Some(&SqlState::UNIQUE_VIOLATION))
-    };
+    let conflict = |r: &Result<u64, tokio_postgres::Error>| matches!(r, Err(e) if e.code() == Some(&SqlState::UNIQUE_VIOLATION));
     if conflict(&inserted) {
         return Ok(None);
     }
-    inserted
-        .and(saved)
-        .map_err(|e| failed(shared, e))?;
+    inserted.and(saved).map_err(|e| failed(shared, e))?;
     tx.commit().await.map_err(|e| Failed {
         retry: false,
         ..failed(shared, e)
