@@ -696,9 +696,14 @@ async fn run(
 /// `store` sees it (each session reads the reloaded setting before its next statement).
 async fn fsync_on(store: &PostgresStore) {
     let conn = store.connection().await.expect("a connection");
-    conn.batch_execute("ALTER SYSTEM SET fsync = on; SELECT pg_reload_conf()")
+    // Two statements: ALTER SYSTEM refuses to run in the transaction of a multi-statement
+    // query.
+    conn.batch_execute("ALTER SYSTEM SET fsync = on")
         .await
         .expect("turn fsync on");
+    conn.batch_execute("SELECT pg_reload_conf()")
+        .await
+        .expect("reload the configuration");
     for _ in 0..100 {
         let shown: String = conn
             .query_one("SHOW fsync", &[])
