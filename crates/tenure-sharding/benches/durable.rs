@@ -800,6 +800,6 @@ async fn main() {
         "fsync off (commits are not flushed to disk)"
     };
     println!("(PostgreSQL: the test kit's server, {flushed})");
-    report.note(&format!("SQLite: the journal in the lease file, `synchronous = FULL`. PostgreSQL: the test kit's server on loopback, {flushed}."));
+    report.note(format!("SQLite: the journal in the lease file, `synchronous = FULL`. PostgreSQL: the test kit's server on loopback, {flushed}."));
     report.finish().expect("the report");
 }
