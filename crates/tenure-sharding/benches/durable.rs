@@ -692,32 +692,6 @@ async fn run(
     }
 }
 
-/// Turns the server's fsync on (a reloadable setting) and waits until a session of
-/// `store` sees it (each session reads the reloaded setting before its next statement).
-async fn fsync_on(store: &PostgresStore) {
-    let conn = store.connection().await.expect("a connection");
-    // Two statements: ALTER SYSTEM refuses to run in the transaction of a multi-statement
-    // query.
-    conn.batch_execute("ALTER SYSTEM SET fsync = on")
-        .await
-        .expect("turn fsync on");
-    conn.batch_execute("SELECT pg_reload_conf()")
-        .await
-        .expect("reload the configuration");
-    for _ in 0..100 {
-        let shown: String = conn
-            .query_one("SHOW fsync", &[])
-            .await
-            .expect("fsync")
-            .get(0);
-        if shown == "on" {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("the server never turned fsync on");
-}
-
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let part = std::env::var("TENURE_BENCH_PART").ok();
@@ -766,13 +740,33 @@ async fn main() {
         .await
         .expect("the PostgreSQL server");
     let fsync = std::env::var("TENURE_BENCH_PG_FSYNC").is_ok_and(|v| v == "on");
+    let server = if fsync {
+        tokio::task::spawn_blocking(move || {
+            server.with_fsync();
+            server
+        })
+        .await
+        .expect("the server restarted with fsync on")
+    } else {
+        server
+    };
     let mut connection = server.connection();
     connection.connect_timeout(Duration::from_secs(10));
     let options = PostgresOptions::new(connection, Duration::from_secs(10));
     let store = PostgresStore::connect(options).await.expect("connect");
-    if fsync {
-        fsync_on(&store).await;
-    }
+    let shown: String = store
+        .connection()
+        .await
+        .expect("a connection")
+        .query_one("SHOW fsync", &[])
+        .await
+        .expect("the server's fsync")
+        .get(0);
+    assert_eq!(
+        shown,
+        if fsync { "on" } else { "off" },
+        "the server's fsync"
+    );
     let journal = PostgresJournal::open(&store).await.expect("the journal");
     let single = PostgresJournal::open(&store)
         .await
