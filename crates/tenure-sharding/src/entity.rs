@@ -283,6 +283,31 @@ mod tests {
     use super::*;
 
     #[test]
+    fn small_requests_travel_inline_and_every_request_keeps_the_codecs_bytes() {
+        let small = Payload::encode("t", &(7u64, "abc")).unwrap();
+        assert!(!small.0.spilled(), "a small request was allocated apart");
+        let at_limit = Payload::encode("t", &vec![1u8; INLINE - 1]).unwrap();
+        assert_eq!(at_limit.len(), INLINE);
+        assert!(!at_limit.0.spilled());
+        let large = Payload::encode("t", &"x".repeat(100)).unwrap();
+        assert!(large.0.spilled());
+        for (p, expected) in [
+            (&small, tenure_cluster::codec::encode_inner(REQUEST, "t", &(7u64, "abc"))),
+            (&large, tenure_cluster::codec::encode_inner(REQUEST, "t", &"x".repeat(100))),
+        ] {
+            assert_eq!(&p[..], &expected.unwrap()[..]);
+        }
+        assert_eq!(large.clone().into_vec().len(), large.len());
+        // From a region's vector: inline when it fits, whatever its capacity.
+        let mut v = Vec::with_capacity(1_000);
+        v.extend_from_slice(&small);
+        let back = Payload::from(v);
+        assert!(!back.0.spilled());
+        assert_eq!(back, small);
+        assert!(Payload::from(large.clone().into_vec()).0.spilled());
+    }
+
+    #[test]
     fn shards_are_stable_and_spread() {
         assert_eq!(shard_of("alice", 100), shard_of("alice", 100));
         let mut seen = std::collections::BTreeSet::new();
