@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tenure::TenureConfig;
-use tenure::cluster::{ClusterSettings, Node};
+use tenure::cluster::{ClusterError, ClusterSettings, Node};
 use tenure::ractor::ActorProcessingErr;
 use tenure::sharding::{Entity, EntityContext, ShardRegion, entity_factory};
 use tenure::singleton::{Singleton, SingletonContext, SingletonRef};
@@ -174,12 +174,49 @@ async fn first_node(config: String, lifetime: Duration) -> Result<(), Box<dyn st
     Ok(())
 }
 
-/// Two free loopback ports (another program may take one before the nodes bind it: then
-/// run the example again).
-fn two_ports() -> std::io::Result<[u16; 2]> {
-    let a = std::net::TcpListener::bind("127.0.0.1:0")?;
-    let b = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok([a.local_addr()?.port(), b.local_addr()?.port()])
+/// A loopback port free when looked at (another program may take it before a node binds
+/// it: the caller then tries another).
+fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// Whether `e` is a node's bind of a port that another program took first.
+fn port_taken(e: &(dyn std::error::Error + 'static)) -> bool {
+    matches!(
+        e.downcast_ref::<ClusterError>(),
+        Some(ClusterError::Bind { source, .. }) if source.kind() == std::io::ErrorKind::AddrInUse
+    )
+}
+
+/// Starts the first node as a process of its own on a free port and waits until it
+/// listens: the process and its port. A first node that ends before it listens (its port
+/// taken meanwhile) is started again on another port.
+async fn first_node_process(dir: &Path) -> Result<(Child, u16), Box<dyn std::error::Error>> {
+    for _ in 0..10 {
+        let seed = free_port()?;
+        let mut first = spawn_first_node(&config(dir, seed, seed), Duration::from_secs(6))?;
+        let give_up = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            if tokio::net::TcpStream::connect(("127.0.0.1", seed))
+                .await
+                .is_ok()
+            {
+                return Ok((first, seed));
+            }
+            if let Some(ended) = first.try_wait()? {
+                eprintln!("the first node ended before it listened ({ended}): another port");
+                break;
+            }
+            if tokio::time::Instant::now() > give_up {
+                first.kill()?;
+                return Err("the first node did not listen within 30 s".into());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    Err("the first node ended before it listened, on 10 ports in a row".into())
 }
 
 fn spawn_first_node(config: &str, lifetime: Duration) -> std::io::Result<Child> {
@@ -201,22 +238,21 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         return first_node(config, Duration::from_millis(lifetime.parse()?)).await;
     }
     let dir = tempfile::tempdir()?;
-    let [seed, port] = two_ports()?;
-    let mut first = spawn_first_node(&config(dir.path(), seed, seed), Duration::from_secs(6))?;
     // The first node must be the oldest: join once it listens.
-    let give_up = tokio::time::Instant::now() + Duration::from_secs(30);
-    while tokio::net::TcpStream::connect(("127.0.0.1", seed))
-        .await
-        .is_err()
-    {
-        if tokio::time::Instant::now() > give_up {
-            first.kill()?;
-            return Err("the first node did not listen within 30 s".into());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let (mut first, seed) = first_node_process(dir.path()).await?;
     let (started, mut announced) = unbounded_channel();
-    let (node, region, announcer) = start_node(&config(dir.path(), port, seed), started).await?;
+    let mut attempts = 0;
+    let (node, region, announcer) = loop {
+        let port = free_port()?;
+        match start_node(&config(dir.path(), port, seed), started.clone()).await {
+            Ok(node) => break node,
+            Err(e) if port_taken(&*e) && attempts < 10 => attempts += 1,
+            Err(e) => {
+                first.kill()?;
+                return Err(e);
+            }
+        }
+    };
     let greetings = async {
         greet_everyone(&region).await?;
         let left = first.wait().map_err(|e| e.to_string())?;

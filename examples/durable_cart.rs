@@ -4,13 +4,14 @@
 
 use std::collections::BTreeMap;
 use std::error::Error;
+use std::io::ErrorKind;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tenure::TenureConfig;
-use tenure::cluster::{ClusterSettings, Node};
+use tenure::cluster::{ClusterError, ClusterSettings, Node};
 use tenure::sharding::{
     Durable, DurableEntity, Effect, EntityContext, ShardRegion, durable_entity_factory,
 };
@@ -79,21 +80,35 @@ impl DurableEntity for ShoppingCart {
     }
 }
 
-/// A one-node cluster on `port` hosting the cart type, its leases and journal in `dir`.
-async fn start(dir: &Path, port: u16) -> Result<(Node, ShardRegion), Box<dyn Error>> {
+/// A one-node cluster on a free loopback port hosting the cart type, its leases and journal
+/// in `dir`. A port that another program takes between the look and the bind is replaced.
+async fn start(dir: &Path) -> Result<(Node, ShardRegion), Box<dyn Error>> {
     let leases = dir.join("leases.sqlite");
-    let config = TenureConfig::from_toml_str(
-        &format!(
-            "[lease.sqlite]\npath = {leases:?}\nheartbeat-timeout = \"3s\"\nheartbeat-interval = \"500ms\"\n\
-             [cluster]\nport = {port}\nseeds = [\"127.0.0.1:{port}\"]\n\
-             cookie = \"durable-cart-example-0123456789abcdef\"\n[sharding.cart]\nnumber-of-shards = 4"
-        ),
-        "durable_cart",
-    )?;
-    let provider = tenure::provider(config.clone())?;
-    let node = Node::builder(ClusterSettings::from_config(&config)?)
-        .start(&provider)
-        .await?;
+    let mut attempts = 0;
+    let (node, provider) = loop {
+        let port = free_port()?;
+        let config = TenureConfig::from_toml_str(
+            &format!(
+                "[lease.sqlite]\npath = {leases:?}\nheartbeat-timeout = \"3s\"\nheartbeat-interval = \"500ms\"\n\
+                 [cluster]\nport = {port}\nseeds = [\"127.0.0.1:{port}\"]\n\
+                 cookie = \"durable-cart-example-0123456789abcdef\"\n[sharding.cart]\nnumber-of-shards = 4"
+            ),
+            "durable_cart",
+        )?;
+        let provider = tenure::provider(config.clone())?;
+        match Node::builder(ClusterSettings::from_config(&config)?)
+            .start(&provider)
+            .await
+        {
+            Ok(node) => break (node, provider),
+            Err(ClusterError::Bind { source, .. })
+                if source.kind() == ErrorKind::AddrInUse && attempts < 10 =>
+            {
+                attempts += 1
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
     // The journal lives in the lease file: each append commits with the check of the
     // shard lease's grant.
     let journal = Arc::new(SqliteJournal::open(&leases, Duration::from_secs(5))?);
@@ -105,7 +120,7 @@ async fn start(dir: &Path, port: u16) -> Result<(Node, ShardRegion), Box<dyn Err
 /// Fills a cart on one node, which leaves; the next node checks the same cart out.
 async fn run(dir: &Path) -> Result<(), Box<dyn Error>> {
     let timeout = Duration::from_secs(20);
-    let (node, region) = start(dir, free_port()?).await?;
+    let (node, region) = start(dir).await?;
     let cart = region.entity_ref::<Durable<ShoppingCart>>("cart-42");
     // Each reply comes once its event is durable.
     let apples = CartCommand::Add {
@@ -121,7 +136,7 @@ async fn run(dir: &Path) -> Result<(), Box<dyn Error>> {
     println!("cart-42 filled on {}: {filled:?}", node.addr());
     node.leave().await?; // hands its shards off
 
-    let (node, region) = start(dir, free_port()?).await?;
+    let (node, region) = start(dir).await?;
     let cart = region.entity_ref::<Durable<ShoppingCart>>("cart-42");
     let after = cart.ask(&CartCommand::Checkout, timeout).await??; // recovered first
     println!("cart-42 checked out on {}: {after:?}", node.addr());
@@ -129,6 +144,7 @@ async fn run(dir: &Path) -> Result<(), Box<dyn Error>> {
     Ok(())
 }
 
+/// A loopback port free when looked at.
 fn free_port() -> std::io::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?

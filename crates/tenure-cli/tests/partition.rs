@@ -308,6 +308,18 @@ fn the_youngest_node_dropped_off_downs_itself_and_the_others_serve() {
     assert_downed(&c, &[2], &[0, 1], "youngest node's links dropped");
 }
 
+/// After a link between `ends` was cut while `middle` heard both: at least one end downed
+/// itself (both, or the one that decided first), and `middle` never did and served.
+fn assert_an_end_went(c: &Cluster, ends: [usize; 2], middle: usize, what: &str) {
+    assert!(
+        downed_itself(c, ends[0]) || downed_itself(c, ends[1]),
+        "{what}: an end of the cut link went (history kept in {}):{}",
+        kept_history(c),
+        resolver_story(c)
+    );
+    assert_downed(c, &[], &[middle], what);
+}
+
 #[test]
 fn a_partial_partition_downs_an_end_of_the_cut_link_and_the_rest_serves() {
     // 0 and 2 cannot hear each other; 1 hears both: 0 and 2 are indirectly connected.
@@ -321,13 +333,7 @@ fn a_partial_partition_downs_an_end_of_the_cut_link_and_the_rest_serves() {
         |c| c.set_link(0, 2, true),
         |c| c.set_link(0, 2, false),
     );
-    assert!(
-        downed_itself(&c, 0) || downed_itself(&c, 2),
-        "an end of the cut link went (history kept in {}):{}",
-        kept_history(&c),
-        resolver_story(&c)
-    );
-    assert_downed(&c, &[], &[1], "partial partition");
+    assert_an_end_went(&c, [0, 2], 1, "partial partition");
 }
 
 #[test]
@@ -472,13 +478,7 @@ fn a_link_flapping_slower_than_a_decision_never_downs_the_node_that_hears_everyo
         |c| flap(c, Duration::from_millis(4500), Duration::from_millis(1000)),
         |_| {},
     );
-    assert!(
-        downed_itself(&c, 0) || downed_itself(&c, 1),
-        "flapping link (slow): an end of the cut link went (history kept in {}):{}",
-        kept_history(&c),
-        resolver_story(&c)
-    );
-    assert_downed(&c, &[], &[2], "flapping link (slow)");
+    assert_an_end_went(&c, [0, 1], 2, "flapping link (slow)");
 }
 
 #[test]

@@ -19,8 +19,10 @@
 //!    message, once resident memory passes 2 GiB.
 //!
 //! `cargo bench -p tenure-sharding --bench durable`; `cargo test --benches` runs each part
-//! once, small. Knobs: TENURE_BENCH_ROUNDS (append and group commit rounds), and
-//! TENURE_BENCH_PART (`append`, `group`, `recovery` or `memory`: that part alone).
+//! once, small. Knobs: TENURE_BENCH_ROUNDS (append and group commit rounds),
+//! TENURE_BENCH_PART (`append`, `group`, `recovery` or `memory`: that part alone), and
+//! TENURE_BENCH_PG_FSYNC=on (the PostgreSQL server flushes its commits to disk, as a
+//! deployment does; the test kit's server runs with fsync off).
 
 use std::num::NonZeroU64;
 use std::path::Path;
@@ -737,10 +739,34 @@ async fn main() {
     let server = tokio::task::spawn_blocking(PgServer::start)
         .await
         .expect("the PostgreSQL server");
+    let fsync = std::env::var("TENURE_BENCH_PG_FSYNC").is_ok_and(|v| v == "on");
+    let server = if fsync {
+        tokio::task::spawn_blocking(move || {
+            server.with_fsync();
+            server
+        })
+        .await
+        .expect("the server restarted with fsync on")
+    } else {
+        server
+    };
     let mut connection = server.connection();
     connection.connect_timeout(Duration::from_secs(10));
     let options = PostgresOptions::new(connection, Duration::from_secs(10));
     let store = PostgresStore::connect(options).await.expect("connect");
+    let shown: String = store
+        .connection()
+        .await
+        .expect("a connection")
+        .query_one("SHOW fsync", &[])
+        .await
+        .expect("the server's fsync")
+        .get(0);
+    assert_eq!(
+        shown,
+        if fsync { "on" } else { "off" },
+        "the server's fsync"
+    );
     let journal = PostgresJournal::open(&store).await.expect("the journal");
     let single = PostgresJournal::open(&store)
         .await
@@ -762,7 +788,12 @@ async fn main() {
         token,
     };
     run(&postgres, by_hand, part, false, &mut report).await;
-    println!("(PostgreSQL: the test kit's server, fsync off: commits are not flushed to disk)");
-    report.note("SQLite: the journal in the lease file, `synchronous = FULL`. PostgreSQL: the test kit's server on loopback, fsync off (commits are not flushed to disk).");
+    let flushed = if fsync {
+        "fsync on (TENURE_BENCH_PG_FSYNC=on: every commit flushed to disk)"
+    } else {
+        "fsync off (commits are not flushed to disk)"
+    };
+    println!("(PostgreSQL: the test kit's server, {flushed})");
+    report.note(format!("SQLite: the journal in the lease file, `synchronous = FULL`. PostgreSQL: the test kit's server on loopback, {flushed}."));
     report.finish().expect("the report");
 }

@@ -18,6 +18,8 @@ use tenure_lease::{FenceError, FencingToken};
 #[derive(Debug, Clone)]
 pub struct Fence {
     check: String,
+    /// The same check for many grants at once (the journal's batches).
+    check_many: String,
 }
 
 impl Fence {
@@ -32,6 +34,14 @@ impl Fence {
                 "SELECT 1 FROM \"{schema}\".\"{table}\"
 WHERE name = $1::text AND owner = $2::text AND token = $3::bigint
   AND expires_at > clock_timestamp() FOR KEY SHARE"
+            ),
+            // The same lock on every grant that is held, in one statement.
+            check_many: format!(
+                "SELECT f.i FROM unnest($1::text[], $2::text[], $3::bigint[])
+    WITH ORDINALITY AS f(name, owner, token, i)
+JOIN \"{schema}\".\"{table}\" AS t
+  ON t.name = f.name AND t.owner = f.owner AND t.token = f.token
+WHERE t.expires_at > clock_timestamp() FOR KEY SHARE OF t"
             ),
         }
     }
@@ -64,5 +74,38 @@ WHERE name = $1::text AND owner = $2::text AND token = $3::bigint
         } else {
             Ok(())
         }
+    }
+
+    /// [`check`](Self::check) of every `(name, owner, token)` of `grants` in one statement
+    /// (prepared once per connection) inside `tx`: `Ok(held)` with `held[i]` true when
+    /// `grants[i]` is held, its grant then locked until `tx` ends as `check` locks it.
+    /// `Err`: the check failed (nothing is known of any grant).
+    pub(crate) async fn check_many(
+        &self,
+        tx: &deadpool_postgres::Transaction<'_>,
+        grants: &[(&str, &str, FencingToken)],
+    ) -> Result<Vec<bool>, tokio_postgres::Error> {
+        let mut held = vec![false; grants.len()];
+        // A token past the database's integer is held by nobody.
+        let (mut names, mut owners, mut tokens, mut index) = (vec![], vec![], vec![], vec![]);
+        for (i, (name, owner, token)) in grants.iter().enumerate() {
+            if let Ok(t) = i64::try_from(token.get()) {
+                names.push(*name);
+                owners.push(*owner);
+                tokens.push(t);
+                index.push(i);
+            }
+        }
+        if index.is_empty() {
+            return Ok(held);
+        }
+        let statement = tx.prepare_cached(&self.check_many).await?;
+        for row in tx.query(&statement, &[&names, &owners, &tokens]).await? {
+            let at = row.get::<_, i64>(0);
+            if let Some(&i) = usize::try_from(at - 1).ok().and_then(|a| index.get(a)) {
+                held[i] = true;
+            }
+        }
+        Ok(held)
     }
 }

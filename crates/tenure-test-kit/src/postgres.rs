@@ -135,6 +135,9 @@ pub struct PgServer {
     child: Mutex<Option<Child>>,
     /// Environment of the server process (e.g. libfaketime), applied at each start.
     env: Mutex<Vec<(String, String)>>,
+    /// Settings (`name=value`) applied at each start after the defaults, which they
+    /// override.
+    settings: Mutex<Vec<String>>,
 }
 
 impl PgServer {
@@ -163,6 +166,7 @@ impl PgServer {
             port: ports::free(),
             child: Mutex::new(None),
             env: Mutex::new(Vec::new()),
+            settings: Mutex::new(Vec::new()),
         };
         for _ in 1..ports::ATTEMPTS {
             match server.launch() {
@@ -220,6 +224,13 @@ impl PgServer {
                 "-c",
                 "max_connections=200",
             ])
+            .args(
+                self.settings
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .flat_map(|setting| ["-c", setting.as_str()]),
+            )
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
             .stderr(log)
@@ -297,6 +308,13 @@ impl PgServer {
     pub fn restart(&self) {
         self.stop(true);
         self.start_again();
+    }
+
+    /// Restarts the server flushing every commit to disk (`fsync=on`, as a deployment
+    /// runs; the test server's default is off, so that commits cost no flush).
+    pub fn with_fsync(&self) {
+        self.settings.lock().unwrap().push("fsync=on".into());
+        self.restart();
     }
 
     /// Restarts the server with libfaketime preloaded, its wall clock offset read from a

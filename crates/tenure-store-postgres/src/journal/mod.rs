@@ -5,12 +5,20 @@
 //! holder's renewals, which change no key column, do not wait for the appends).
 //!
 //! **Group commit.** One writer task per journal writes every append and snapshot waiting
-//! at once in one transaction (at most [`PostgresJournal::with_max_batch`] of them), each
-//! behind a savepoint with its own checks, so each is refused alone, and one commit makes
-//! them all durable. A batch the server rolled back (a deadlock, a
-//! serialisation failure) is tried again; any other failure is reported to each write as an
-//! unknown outcome. Every batch is bounded by the store's operation timeout.
+//! at once in one transaction (at most [`PostgresJournal::with_max_batch`] of them), in a
+//! constant number of round trips whatever their number: one statement checks every grant
+//! of the batch (each locked as the fence locks it), one reads the last sequence number of
+//! every journal written to, each write is refused alone or accepted in order, one
+//! statement inserts the accepted events and one saves the snapshots, and one commit makes
+//! them all durable. Should another transaction write one of the batch's sequence numbers
+//! in between, the batch is written again one savepoint per write, each with its own
+//! checks, so each answer is what that write alone would have got. A batch the server
+//! rolled back (a deadlock, a serialisation failure) is tried again; any other failure is
+//! reported to each write as an unknown outcome. Every batch is bounded by the store's
+//! operation timeout.
 
+#[cfg(test)]
+mod batch_tests;
 pub mod sql;
 mod writer;
 

@@ -15,12 +15,27 @@ pub struct JournalStatements {
     pub insert: String,
     /// `$1` persistence id: its last sequence number (0: none).
     pub last_seq: String,
+    /// `$1` persistence ids (`text[]`): each one's last sequence number (0: none), as rows
+    /// (persistence id, last), one per element. A batch reads every journal it writes to
+    /// with it in one round trip.
+    pub last_seqs: String,
+    /// `$1` persistence ids, `$2` sequence numbers, `$3` tokens, `$4` writers, `$5`
+    /// payloads (arrays of one element per event): inserts every event as given, in one
+    /// statement. No sequence check of its own: the caller decided from
+    /// [`last_seqs`](Self::last_seqs) read in the same transaction after the fence's
+    /// check, and a sequence number another transaction wrote since fails the statement
+    /// with a unique violation (nothing of it written).
+    pub insert_rows: String,
     /// `$1` persistence id, `$2` from, `$3` at most: its events from `$2` on, in order
     /// (seq, token, writer, payload).
     pub read: String,
     /// `$1` persistence id, `$2` seq, `$3` token, `$4` payload: keeps the snapshot unless a
     /// later one is kept.
     pub save_snapshot: String,
+    /// `$1` persistence ids, `$2` seqs, `$3` tokens, `$4` payloads (arrays, at most one
+    /// element per persistence id): [`save_snapshot`](Self::save_snapshot) for each, in one
+    /// statement.
+    pub save_snapshots: String,
     /// `$1` persistence id: its snapshot (seq, token, payload).
     pub load_snapshot: String,
     /// Every persistence id with events, in byte order.
@@ -64,6 +79,14 @@ WHERE (SELECT coalesce(max(seq), 0) FROM {j} WHERE persistence_id = $1::text) = 
             last_seq: format!(
                 "SELECT coalesce(max(seq), 0)::bigint FROM {j} WHERE persistence_id = $1::text"
             ),
+            last_seqs: format!(
+                "SELECT p.id, coalesce((SELECT max(seq) FROM {j} WHERE persistence_id = p.id), 0)::bigint
+FROM unnest($1::text[]) AS p(id)"
+            ),
+            insert_rows: format!(
+                "INSERT INTO {j} (persistence_id, seq, token, writer, payload)
+SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::text[], $5::bytea[])"
+            ),
             read: format!(
                 "SELECT seq, token, writer, payload FROM {j}
 WHERE persistence_id = $1::text AND seq >= $2::bigint ORDER BY seq LIMIT $3::bigint"
@@ -71,6 +94,13 @@ WHERE persistence_id = $1::text AND seq >= $2::bigint ORDER BY seq LIMIT $3::big
             save_snapshot: format!(
                 "INSERT INTO {s} AS k (persistence_id, seq, token, payload)
 VALUES ($1::text, $2::bigint, $3::bigint, $4::bytea)
+ON CONFLICT (persistence_id) DO UPDATE SET seq = excluded.seq, token = excluded.token,
+    payload = excluded.payload
+WHERE excluded.seq >= k.seq"
+            ),
+            save_snapshots: format!(
+                "INSERT INTO {s} AS k (persistence_id, seq, token, payload)
+SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bytea[])
 ON CONFLICT (persistence_id) DO UPDATE SET seq = excluded.seq, token = excluded.token,
     payload = excluded.payload
 WHERE excluded.seq >= k.seq"

@@ -1,12 +1,18 @@
 //! Group commit: one writer task per journal writes every append and snapshot waiting at
-//! once in one transaction, each (when there are several) behind a savepoint with its own
-//! fence check and sequence check, so each is refused alone and one commit makes all the
-//! others durable.
+//! once in one transaction, in a constant number of round trips whatever the batch's size:
+//! one statement checks every grant the batch is fenced by, one reads the last sequence
+//! number of every journal it writes to, the writes are decided from these in order (each
+//! refused alone), one statement inserts every accepted event and one saves every accepted
+//! snapshot, and one commit makes them durable. When another transaction wrote one of the
+//! batch's sequence numbers in between (the insert's unique violation), the batch is written
+//! again one savepoint per write, each with its own checks, so every answer stays exact.
+
+use std::collections::HashMap;
 
 use deadpool::managed::Object;
-use tenure_journal::group::{Batches, Job, Write};
+use tenure_journal::group::{Batches, Write};
 use tenure_journal::{Append, JournalError, Refusal, SaveSnapshot, Written};
-use tenure_lease::StoreError;
+use tenure_lease::{FencingToken, StoreError};
 use tokio_postgres::Transaction;
 use tokio_postgres::error::SqlState;
 
@@ -20,8 +26,23 @@ const RETRIES: usize = 3;
 /// Runs until every handle of the journal is gone.
 pub(crate) async fn run(shared: std::sync::Arc<Shared>, mut batches: Batches) {
     while let Some(batch) = batches.next().await {
-        write_batch(&shared, batch).await;
+        let writes: Vec<&Write> = batch.iter().map(|j| &j.write).collect();
+        let answers = write_all(&shared, &writes, Mode::Batched).await;
+        drop(writes);
+        for (job, answer) in batch.into_iter().zip(answers) {
+            job.answer(answer);
+        }
     }
+}
+
+/// How a batch is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Mode {
+    /// In a constant number of statements, one savepoint per write after a conflict.
+    Batched,
+    /// One savepoint per write, each with its own statements (the tests compare the two).
+    #[cfg(test)]
+    Savepoints,
 }
 
 /// What one write of a batch came to inside the transaction.
@@ -51,8 +72,15 @@ fn failed(shared: &Shared, e: tokio_postgres::Error) -> Failed {
     }
 }
 
-/// Writes `batch` in one transaction and answers every write.
-async fn write_batch(shared: &Shared, batch: Vec<Job>) {
+/// Writes `writes` in one transaction (tried again when the server rolled it back) and
+/// gives each write's answer, in order: `Ok(Appended)` committed, `Ok(Refused)` certainly
+/// not written, `Err` as [`JournalError`] says (a failure of the whole batch is every
+/// write's, outcome unknown).
+pub(super) async fn write_all(
+    shared: &Shared,
+    writes: &[&Write],
+    mode: Mode,
+) -> Vec<Result<Written, JournalError>> {
     let limit = shared.store.options().operation_timeout;
     let mut tries = 0;
     let result = loop {
@@ -61,8 +89,15 @@ async fn write_batch(shared: &Shared, batch: Vec<Job>) {
             Ok(c) => c,
             Err(e) => break Err(e),
         };
-        let writes: Vec<&Write> = batch.iter().map(|j| &j.write).collect();
-        match tokio::time::timeout(limit, attempt(shared, &mut conn, &writes)).await {
+        let once = async {
+            if mode == Mode::Batched
+                && let Some(outcomes) = batched(shared, &mut conn, writes).await?
+            {
+                return Ok(outcomes);
+            }
+            attempt(shared, &mut conn, writes).await
+        };
+        match tokio::time::timeout(limit, once).await {
             Ok(Ok(outcomes)) => break Ok(outcomes),
             Ok(Err(f)) if f.retry && tries <= RETRIES => continue,
             Ok(Err(f)) => break Err(f.error),
@@ -74,23 +109,194 @@ async fn write_batch(shared: &Shared, batch: Vec<Job>) {
         }
     };
     match result {
-        Ok(outcomes) => {
-            for (job, outcome) in batch.into_iter().zip(outcomes) {
-                match outcome {
-                    Outcome::Final(answer) => job.answer(answer),
-                    Outcome::Written(w) => job.answer(Ok(w)),
-                }
-            }
-        }
-        Err(error) => {
-            for job in batch {
-                job.fail(error.clone());
-            }
-        }
+        Ok(outcomes) => outcomes
+            .into_iter()
+            .map(|o| match o {
+                Outcome::Final(answer) => answer,
+                Outcome::Written(w) => Ok(w),
+            })
+            .collect(),
+        Err(error) => writes
+            .iter()
+            .map(|w| {
+                Err(JournalError::store(
+                    w.persistence_id(),
+                    w.operation(),
+                    error.clone(),
+                ))
+            })
+            .collect(),
     }
 }
 
-/// One try of a batch: its outcomes, each `Written` committed; or why it failed (commit
+/// The events a batch inserts, one element per event, as the insert's arrays.
+#[derive(Default)]
+struct EventRows<'a> {
+    pids: Vec<&'a str>,
+    seqs: Vec<i64>,
+    tokens: Vec<i64>,
+    writers: Vec<&'a str>,
+    payloads: Vec<&'a [u8]>,
+}
+
+impl<'a> EventRows<'a> {
+    /// The rows of `appends` (each accepted, in batch order), sorted by persistence id
+    /// (stably: each journal's events stay in sequence order), so that concurrent batches
+    /// take the journals' index locks in one order.
+    fn of(mut appends: Vec<&'a Append>) -> Self {
+        appends.sort_by(|a, b| a.persistence_id.cmp(&b.persistence_id));
+        let mut rows = EventRows::default();
+        for a in appends {
+            let token = a.fence.token.get() as i64;
+            for (seq, payload) in a.range().zip(&a.events) {
+                rows.pids.push(&a.persistence_id);
+                rows.seqs.push(seq as i64);
+                rows.tokens.push(token);
+                rows.writers.push(&a.fence.owner);
+                rows.payloads.push(payload);
+            }
+        }
+        rows
+    }
+}
+
+/// One try of a batch in a constant number of round trips whatever its size: the
+/// transaction's start; the check of every distinct grant the batch is fenced by and the
+/// read of every distinct journal's last sequence number (pipelined); the insert of every
+/// accepted event and the save of every accepted snapshot (pipelined); the commit. Each
+/// write is decided in batch order as its own savepoint would decide it: refused when its
+/// grant is not held, when its sequence number does not follow the journal's (counting the
+/// batch's earlier appends), or (a snapshot) when it is past the journal's last event.
+///
+/// `Ok(Some(outcomes))`: each `Written` committed. `Ok(None)`: another transaction wrote
+/// one of the batch's sequence numbers after the read (the insert's unique violation; this
+/// transaction rolled back, nothing written): the caller writes the batch one savepoint per
+/// write for exact answers. `Err`: as [`attempt`]'s.
+async fn batched(
+    shared: &Shared,
+    conn: &mut crate::Pooled,
+    writes: &[&Write],
+) -> Result<Option<Vec<Outcome>>, Failed> {
+    let statements = &shared.statements;
+    let tx = conn.transaction().await.map_err(|e| failed(shared, e))?;
+    let mut grants: Vec<(&str, &str, FencingToken)> = Vec::new();
+    let mut grant_of: HashMap<&tenure_journal::Fence, usize> = HashMap::new();
+    let mut pids: Vec<&str> = Vec::new();
+    let mut pid_of: HashMap<&str, usize> = HashMap::new();
+    let mut refs = Vec::with_capacity(writes.len());
+    for write in writes {
+        let fence = match write {
+            Write::Append(a) => &a.fence,
+            Write::Snapshot(s) => &s.fence,
+        };
+        let g = *grant_of.entry(fence).or_insert_with(|| {
+            grants.push((&fence.lease, &fence.owner, fence.token));
+            grants.len() - 1
+        });
+        let pid = write.persistence_id();
+        let p = *pid_of.entry(pid).or_insert_with(|| {
+            pids.push(pid);
+            pids.len() - 1
+        });
+        refs.push((g, p));
+    }
+    let last_seqs = async {
+        let statement = tx.prepare_cached(&statements.last_seqs).await?;
+        tx.query(&statement, &[&pids]).await
+    };
+    let (held, rows) = tokio::try_join!(shared.fence.check_many(&tx, &grants), last_seqs)
+        .map_err(|e| failed(shared, e))?;
+    let mut last = vec![0u64; pids.len()];
+    for row in rows {
+        if let Some(&p) = pid_of.get(row.get::<_, &str>(0)) {
+            last[p] = row.get::<_, i64>(1).max(0) as u64;
+        }
+    }
+
+    let mut outcomes = Vec::with_capacity(writes.len());
+    let mut appends = Vec::new();
+    // Per journal, the snapshot its savepoints would leave kept: the highest sequence
+    // number, the later of equals (the save keeps a snapshot unless a later one is kept).
+    let mut snapshots: HashMap<usize, &SaveSnapshot> = HashMap::new();
+    for (&write, &(g, p)) in writes.iter().zip(&refs) {
+        let pid = write.persistence_id();
+        let refused = |r: Refusal| Outcome::Final(Ok(Written::Refused(r)));
+        let outcome = match write {
+            Write::Append(a) if !held[g] => refused(Refusal::not_held(pid, &a.fence)),
+            Write::Snapshot(s) if !held[g] => refused(Refusal::not_held(pid, &s.fence)),
+            Write::Append(a) if a.first_seq != last[p] + 1 => refused(Refusal::SequenceConflict {
+                persistence_id: pid.to_string(),
+                expected: a.first_seq,
+                next: last[p] + 1,
+            }),
+            Write::Append(a) => {
+                appends.push(a);
+                last[p] = *a.range().end();
+                Outcome::Written(Written::Appended(a.range()))
+            }
+            Write::Snapshot(s) if s.seq > last[p] => refused(Refusal::SnapshotBeyondJournal {
+                persistence_id: pid.to_string(),
+                seq: s.seq,
+                last: last[p],
+            }),
+            Write::Snapshot(s) => {
+                let kept = snapshots.entry(p).or_insert(s);
+                if s.seq >= kept.seq {
+                    *kept = s;
+                }
+                Outcome::Written(Written::Appended(s.seq..=s.seq))
+            }
+        };
+        outcomes.push(outcome);
+    }
+    if appends.is_empty() && snapshots.is_empty() {
+        // Nothing to commit: every answer is a refusal.
+        return Ok(Some(outcomes));
+    }
+
+    let events = EventRows::of(appends);
+    let mut kept: Vec<&SaveSnapshot> = snapshots.into_values().collect();
+    kept.sort_by(|a, b| a.persistence_id.cmp(&b.persistence_id));
+    let insert = async {
+        if events.pids.is_empty() {
+            return Ok(0);
+        }
+        let statement = tx.prepare_cached(&statements.insert_rows).await?;
+        let e = &events;
+        tx.execute(
+            &statement,
+            &[&e.pids, &e.seqs, &e.tokens, &e.writers, &e.payloads],
+        )
+        .await
+    };
+    let save = async {
+        if kept.is_empty() {
+            return Ok(0);
+        }
+        let statement = tx.prepare_cached(&statements.save_snapshots).await?;
+        let pids: Vec<&str> = kept.iter().map(|s| s.persistence_id.as_str()).collect();
+        let seqs: Vec<i64> = kept.iter().map(|s| s.seq as i64).collect();
+        let tokens: Vec<i64> = kept.iter().map(|s| s.fence.token.get() as i64).collect();
+        let payloads: Vec<&[u8]> = kept.iter().map(|s| s.payload.as_slice()).collect();
+        tx.execute(&statement, &[&pids, &seqs, &tokens, &payloads])
+            .await
+    };
+    let (inserted, saved) = tokio::join!(insert, save);
+    let conflict = |r: &Result<u64, tokio_postgres::Error>| matches!(r, Err(e) if e.code() == Some(&SqlState::UNIQUE_VIOLATION));
+    if conflict(&inserted) {
+        return Ok(None);
+    }
+    inserted.and(saved).map_err(|e| failed(shared, e))?;
+    tx.commit().await.map_err(|e| Failed {
+        retry: false,
+        ..failed(shared, e)
+    })?;
+    Ok(Some(outcomes))
+}
+
+/// One try of a batch one savepoint per write, each with its own fence check, sequence
+/// check and insert (round trips grow with the batch; exact whatever other transactions
+/// write meanwhile): its outcomes, each `Written` committed; or why it failed (commit
 /// included: then the outcome is unknown).
 async fn attempt(
     shared: &Shared,
