@@ -292,8 +292,14 @@ mod tests {
         let large = Payload::encode("t", &"x".repeat(100)).unwrap();
         assert!(large.0.spilled());
         for (p, expected) in [
-            (&small, tenure_cluster::codec::encode_inner(REQUEST, "t", &(7u64, "abc"))),
-            (&large, tenure_cluster::codec::encode_inner(REQUEST, "t", &"x".repeat(100))),
+            (
+                &small,
+                tenure_cluster::codec::encode_inner(REQUEST, "t", &(7u64, "abc")),
+            ),
+            (
+                &large,
+                tenure_cluster::codec::encode_inner(REQUEST, "t", &"x".repeat(100)),
+            ),
         ] {
             assert_eq!(&p[..], &expected.unwrap()[..]);
         }
