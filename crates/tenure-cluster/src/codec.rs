@@ -75,25 +75,36 @@ pub fn encode_inner<T: Serialize>(
     variant: &str,
     payload: &T,
 ) -> Result<Vec<u8>, BoxedDowncastErr> {
-    let mut out = Vec::with_capacity(16);
+    encode_inner_to(message, variant, payload, Vec::with_capacity(16))
+}
+
+/// As [`encode_inner`], appending to `out` (a buffer that keeps small payloads inline, say)
+/// and giving it back; `Err` (logged at warn) when `payload` cannot be encoded or `out`
+/// ends up over the size limit.
+pub fn encode_inner_to<T: Serialize, B: std::io::Write + AsRef<[u8]>>(
+    message: &str,
+    variant: &str,
+    payload: &T,
+    mut out: B,
+) -> Result<B, BoxedDowncastErr> {
     let result = bincode::serde::encode_into_std_write(payload, &mut out, config());
     checked(message, variant, out, result.map(|_| ()))
 }
 
-fn checked(
+fn checked<B: AsRef<[u8]>>(
     message: &str,
     variant: &str,
-    out: Vec<u8>,
+    out: B,
     result: Result<(), bincode::error::EncodeError>,
-) -> Result<Vec<u8>, BoxedDowncastErr> {
+) -> Result<B, BoxedDowncastErr> {
     let limit = MAX_ENCODE.load(Ordering::Relaxed);
     match result {
-        Ok(()) if out.len() <= limit => Ok(out),
+        Ok(()) if out.as_ref().len() <= limit => Ok(out),
         Ok(()) => {
             tracing::warn!(
                 message,
                 variant,
-                bytes = out.len(),
+                bytes = out.as_ref().len(),
                 limit,
                 "cluster message too large for cluster.max-frame-size; not sent"
             );

@@ -290,7 +290,7 @@ fn forward_direct(
     let env = Envelope {
         shard,
         entity: entity.to_string(),
-        payload: msg.payload,
+        payload: msg.payload.into_vec(),
         hops: 1,
     };
     let sent = route.region.cast(match msg.reply {
@@ -312,7 +312,7 @@ fn forward_direct(
             };
             remote.remove(&env.shard);
             Err(EntityMsg {
-                payload: env.payload,
+                payload: env.payload.into(),
                 reply,
             })
         }
@@ -329,7 +329,7 @@ mod tests {
 
     fn tell(n: u8) -> EntityMsg {
         EntityMsg {
-            payload: vec![n],
+            payload: vec![n].into(),
             reply: None,
         }
     }
@@ -385,7 +385,7 @@ mod tests {
     fn a_route_never_opened_gives_tickets_and_forgets_the_entity_once_they_are_dropped() {
         let routes = Arc::new(Routes::default());
         let msg = EntityMsg {
-            payload: vec![1],
+            payload: vec![1].into(),
             reply: None,
         };
         let (msg, first) = routes.send("a", msg).map(|_| ()).unwrap_err();

@@ -9,6 +9,7 @@ use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, Spawn
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sha2::{Digest, Sha256};
+use smallvec::SmallVec;
 use tenure_lease::FencingToken;
 
 use crate::messages::{AskFailure, AskReply};
@@ -61,11 +62,82 @@ impl EntityContext {
     }
 }
 
+/// Bytes of a request carried inside its message rather than in an allocation of its own.
+const INLINE: usize = 32;
+
+/// An encoded entity request: up to 32 bytes inline, in the message that carries it, so
+/// that a small request costs no allocation of its own and reaches the entity in the same
+/// memory as its message; larger ones on the heap.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Payload(SmallVec<[u8; INLINE]>);
+
+impl Payload {
+    /// `request` encoded as the entity type's codec does; `Err` (logged at warn) when it
+    /// cannot be encoded or is over the cluster's frame size limit.
+    pub(crate) fn encode<R: Serialize>(type_name: &str, request: &R) -> Result<Self, ()> {
+        tenure_cluster::codec::encode_inner_to(REQUEST, type_name, request, Writer::default())
+            .map(|w| Payload(w.0))
+            .map_err(|_| ())
+    }
+
+    /// The bytes, as a vector (for a message leaving through a region).
+    pub fn into_vec(self) -> Vec<u8> {
+        self.0.into_vec()
+    }
+}
+
+impl std::ops::Deref for Payload {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Payload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Payload").field(&&self.0[..]).finish()
+    }
+}
+
+impl From<Vec<u8>> for Payload {
+    /// Inline when it fits, whatever the vector's capacity.
+    fn from(v: Vec<u8>) -> Self {
+        if v.len() <= INLINE {
+            Payload(SmallVec::from_slice(&v))
+        } else {
+            Payload(SmallVec::from_vec(v))
+        }
+    }
+}
+
+/// The buffer a [`Payload`] is encoded into.
+#[derive(Default)]
+struct Writer(SmallVec<[u8; INLINE]>);
+
+impl std::io::Write for Writer {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl AsRef<[u8]> for Writer {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// The codec's name for entity requests and replies (in its warnings).
+pub(crate) const REQUEST: &str = "entity request";
+
 /// A message for an entity actor: an encoded request and, for `ask`, where the encoded
 /// reply goes.
 pub struct EntityMsg {
     /// The request, encoded by the entity type's codec.
-    pub payload: Vec<u8>,
+    pub payload: Payload,
     /// Where an ask's reply goes; `None` for a tell.
     pub reply: Option<RpcReplyPort<AskReply>>,
 }
@@ -182,7 +254,7 @@ impl<E: Entity> Actor for EntityActor<E> {
         msg: EntityMsg,
         s: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        const KIND: &str = "entity request";
+        const KIND: &str = REQUEST;
         let request =
             tenure_cluster::codec::decode_inner::<E::Request>(KIND, &s.ctx.type_name, &msg.payload)
                 .map_err(|_| format!("entity {}: undecodable request", s.ctx.entity_id))?;
@@ -209,6 +281,37 @@ impl<E: Entity> Actor for EntityActor<E> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn small_requests_travel_inline_and_every_request_keeps_the_codecs_bytes() {
+        let small = Payload::encode("t", &(7u64, "abc")).unwrap();
+        assert!(!small.0.spilled(), "a small request was allocated apart");
+        let at_limit = Payload::encode("t", &vec![1u8; INLINE - 1]).unwrap();
+        assert_eq!(at_limit.len(), INLINE);
+        assert!(!at_limit.0.spilled());
+        let large = Payload::encode("t", &"x".repeat(100)).unwrap();
+        assert!(large.0.spilled());
+        for (p, expected) in [
+            (
+                &small,
+                tenure_cluster::codec::encode_inner(REQUEST, "t", &(7u64, "abc")),
+            ),
+            (
+                &large,
+                tenure_cluster::codec::encode_inner(REQUEST, "t", &"x".repeat(100)),
+            ),
+        ] {
+            assert_eq!(&p[..], &expected.unwrap()[..]);
+        }
+        assert_eq!(large.clone().into_vec().len(), large.len());
+        // From a region's vector: inline when it fits, whatever its capacity.
+        let mut v = Vec::with_capacity(1_000);
+        v.extend_from_slice(&small);
+        let back = Payload::from(v);
+        assert!(!back.0.spilled());
+        assert_eq!(back, small);
+        assert!(Payload::from(large.clone().into_vec()).0.spilled());
+    }
 
     #[test]
     fn shards_are_stable_and_spread() {

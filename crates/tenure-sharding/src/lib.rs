@@ -84,8 +84,8 @@ pub use durable::{
     Durable, DurableEntity, DurableError, Effect, durable_entity_factory, persistence_id,
 };
 pub use entity::{
-    Entity, EntityActor, EntityContext, EntityFactory, EntityMsg, StartingEntity, entity_factory,
-    shard_of,
+    Entity, EntityActor, EntityContext, EntityFactory, EntityMsg, Payload, StartingEntity,
+    entity_factory, shard_of,
 };
 pub use entity_ref::EntityRef;
 pub use messages::{
@@ -290,12 +290,10 @@ impl ShardRegion {
         shard_of(entity, self.number_of_shards)
     }
 
-    fn encode<R: Serialize>(&self, entity: &str, request: &R) -> Result<Vec<u8>, ShardingError> {
-        tenure_cluster::codec::encode_inner(CODEC, &self.type_name, request).map_err(|_| {
-            ShardingError::Encode {
-                type_name: self.type_name.clone(),
-                entity: entity.to_string(),
-            }
+    fn encode<R: Serialize>(&self, entity: &str, request: &R) -> Result<Payload, ShardingError> {
+        Payload::encode(&self.type_name, request).map_err(|_| ShardingError::Encode {
+            type_name: self.type_name.clone(),
+            entity: entity.to_string(),
         })
     }
 
@@ -304,7 +302,7 @@ impl ShardRegion {
         Ok(Envelope {
             shard: self.shard_of(entity),
             entity: entity.to_string(),
-            payload: self.encode(entity, request)?,
+            payload: self.encode(entity, request)?.into_vec(),
             hops: 0,
         })
     }
@@ -352,7 +350,7 @@ impl ShardRegion {
                     env: Envelope {
                         shard: self.shard_of(entity),
                         entity: entity.clone(),
-                        payload: msg.payload,
+                        payload: msg.payload.into_vec(),
                         hops: 0,
                     },
                     reply: None,
@@ -390,7 +388,7 @@ impl ShardRegion {
             env: Envelope {
                 shard: self.shard_of(entity),
                 entity: entity.to_string(),
-                payload: msg.payload,
+                payload: msg.payload.into_vec(),
                 hops: 0,
             },
             reply: msg.reply,

@@ -1,7 +1,8 @@
 //! The local fast path keeps one sender's order: tells and asks from one handle to entities
 //! of a one-node cluster (memory store) arrive in the order sent, across the entities'
 //! first start (messages kept by the shard), direct delivery, and passivations in the
-//! middle of the stream (messages kept for the next incarnation), and none is lost.
+//! middle of the stream (messages kept for the next incarnation), and none is lost; small
+//! requests (carried inline) and large ones (on the heap) alike.
 
 mod common;
 
@@ -21,6 +22,8 @@ enum Req {
     Note(u64),
     /// Record `n`, then ask to be passivated.
     NoteAndPassivate(u64),
+    /// Record `n`; the padding makes the request too large to travel inline.
+    NoteLarge(u64, String),
 }
 
 /// Records, per entity, the numbers it was sent (across its incarnations).
@@ -42,7 +45,7 @@ impl Entity for Recorder {
         request: Req,
     ) -> Result<usize, ActorProcessingErr> {
         let n = match request {
-            Req::Note(n) => n,
+            Req::Note(n) | Req::NoteLarge(n, _) => n,
             Req::NoteAndPassivate(n) => {
                 ctx.passivate();
                 n
@@ -76,6 +79,8 @@ async fn one_senders_messages_keep_their_order_across_starts_direct_sends_and_pa
             // Each entity passivates every few hundred messages (at different points).
             let req = if (n + 37 * i as u64) % 400 == 399 {
                 Req::NoteAndPassivate(n)
+            } else if n % 3 == 0 {
+                Req::NoteLarge(n, "x".repeat(64))
             } else {
                 Req::Note(n)
             };

@@ -37,13 +37,13 @@ impl RegionState {
                     == p.env.shard
             {
                 let msg = EntityMsg {
-                    payload: std::mem::take(&mut p.env.payload),
+                    payload: std::mem::take(&mut p.env.payload).into(),
                     reply: p.reply.take(),
                 };
                 match self.args.routes.send(&p.env.entity, msg) {
                     Ok(()) => return,
                     Err((msg, ticket)) => {
-                        p.env.payload = msg.payload;
+                        p.env.payload = msg.payload.into_vec();
                         p.reply = msg.reply;
                         p.ticket = Some(ticket);
                     }

@@ -80,7 +80,7 @@ impl ShardState {
                 active.used(&self.myself, &self.args.shard_id, &p.entity);
             }
             let _ = r.actor.cast(EntityMsg {
-                payload: p.payload,
+                payload: p.payload.into(),
                 reply: p.reply,
             });
             return;
