@@ -121,24 +121,6 @@ fn main() {
                 r.rows_per_node_per_sec,
                 wall.elapsed().as_secs_f64(),
             );
-            for (name, side) in ["A", "B"].iter().zip(&r.sides) {
-                println!(
-                    "  side {name}: decided from {:?} to {:?} after the cut; {:?}",
-                    side.decided.map(|d| d.0),
-                    side.decided.map(|d| d.1),
-                    side.reasons
-                );
-            }
-            for s in r.samples.iter().chain(r.stragglers.iter().take(12)) {
-                println!(
-                    "  node {} (side {}): {} after {:?}; partition (at, unreachable, indirect): {:?}",
-                    s.node,
-                    ["A", "B"][s.side],
-                    s.decision,
-                    s.decided_after,
-                    s.trace
-                );
-            }
             partitions.push(format!(
                 "{strategy:?} {first}/{}: {} after {}, {:.2} messages and {:.2} rows per node per s meanwhile ({:.1} s wall)",
                 n - first,

@@ -82,19 +82,6 @@ struct Sbr {
     /// partition healed before they acted on it, and leave them to the downed member's next
     /// observations.
     downed_unheard: BTreeMap<NodeAddr, (Incarnation, u64)>,
-    /// The rows of observers that left the view while a situation awaited its decision
-    /// (their member leases released as they downed themselves, or lapsed), for the
-    /// resolver only: never spread, never a verdict on a member. An observer's going is no
-    /// sign that the members it listed are heard again: with its row dropped, a member
-    /// that only it and others gone with it listed would turn reachable, a change that
-    /// restarts the wait for `stable-after` on the side that stays (until
-    /// `down-all-when-unstable` downs it) or makes the situation whole before this node
-    /// decided it (it would stay up, undecided, while the rest of its side went). Each
-    /// subject counts until it leaves the view or is heard here, the observer is a member
-    /// again, or the situation is decided.
-    departed: BTreeMap<NodeAddr, SharedRow>,
-    /// The sizes of the partition of the last step (unreachable, indirectly connected).
-    sizes: Option<(usize, usize)>,
 }
 
 /// One heartbeat to send: to `to`'s life `incarnation`, as a datagram, and on the session
@@ -203,8 +190,6 @@ impl Detector {
                 partition: None,
                 members: None,
                 downed_unheard: BTreeMap::new(),
-                departed: BTreeMap::new(),
-                sizes: None,
             }),
         }
     }
@@ -605,12 +590,6 @@ impl Detector {
         }
     }
 
-    /// The sizes of the partition of the resolver's last step (unreachable, indirectly
-    /// connected members), if it took one.
-    pub(crate) fn partition_sizes(&self) -> Option<(usize, usize)> {
-        self.sbr.as_ref()?.sizes
-    }
-
     /// The resolver's settings (`None` when it is off).
     pub(crate) fn resolver_settings(&self) -> Option<&SbrSettings> {
         self.sbr.as_ref().map(|d| d.resolver.settings())
@@ -622,7 +601,6 @@ impl Detector {
         if let Some(d) = self.sbr.as_mut() {
             d.up_since = now;
             d.resolver.restart(now);
-            d.departed.clear();
         }
     }
 
@@ -631,7 +609,6 @@ impl Detector {
     pub(crate) fn membership_ended(&mut self, now: Instant) {
         if let Some(d) = self.sbr.as_mut() {
             d.resolver.restart(now);
-            d.departed.clear();
         }
     }
 
@@ -694,48 +671,12 @@ impl Detector {
         };
         d.table.set_own(&self.me, self.incarnation, own, stamp);
         let (me, incarnation) = (&self.me, self.incarnation);
-        let dropped = d.table.retain(|a| {
+        d.table.retain(|a| {
             if a == me {
                 return Some(incarnation);
             }
             view.get(a).filter(|m| counted(m)).map(|m| m.incarnation)
         });
-        if d.resolver.awaits_decision() {
-            for row in dropped.into_iter().filter(|r| !r.unreachable.is_empty()) {
-                d.departed.insert(row.observer.clone(), row);
-            }
-        }
-        if !d.departed.is_empty() {
-            d.departed
-                .retain(|observer, _| view.get(observer).is_none_or(|m| !counted(m)));
-        }
-    }
-
-    /// The members the rows of departed observers list ([`Sbr::departed`]) that are still
-    /// counted members, not heard here within `unreachable-after` before `now`, and not in
-    /// `p` already.
-    fn held(
-        d: &Sbr,
-        me: &NodeAddr,
-        view: &Membership,
-        p: &Partition,
-        now: Instant,
-        window: Duration,
-    ) -> BTreeSet<NodeAddr> {
-        d.departed
-            .values()
-            .flat_map(|row| row.unreachable.iter())
-            .filter(|s| {
-                *s != me
-                    && !p.unreachable.contains(*s)
-                    && !p.indirect.contains(*s)
-                    && view.get(s).is_some_and(counted)
-                    && d.heard
-                        .get(*s)
-                        .is_none_or(|t| now.saturating_duration_since(*t) >= window)
-            })
-            .cloned()
-            .collect()
     }
 
     /// The resolver's step at `now` for an up node: a decision once the partition in the
@@ -765,45 +706,11 @@ impl Detector {
                 Partition::of_table(members, &d.table)
             }
         };
-        let held = if d.departed.is_empty() {
-            BTreeSet::new()
-        } else {
-            Self::held(d, &self.me, view, &partition, now, self.s.unreachable_after)
-        };
-        let step = if held.is_empty() {
-            d.sizes = Some((partition.unreachable.len(), partition.indirect.len()));
-            d.resolver.step(&self.me, &partition, now)
-        } else {
-            // A held member that observes others (its row lists someone) is indirectly
-            // connected, as it was while the departed row was in the table.
-            let mut with_held = partition.clone();
-            for s in held {
-                let observes = d.table.rows_by_observer().get(&s).is_some_and(|r| {
-                    r.unreachable
-                        .iter()
-                        .any(|o| *o != s && view.get(o).is_some_and(counted))
-                });
-                if observes {
-                    with_held.indirect.insert(s);
-                } else {
-                    with_held.unreachable.insert(s);
-                }
-            }
-            d.sizes = Some((with_held.unreachable.len(), with_held.indirect.len()));
-            d.resolver.step(&self.me, &with_held, now)
-        };
+        let step = d.resolver.step(&self.me, &partition, now);
         d.partition = Some((basis, partition));
         match step {
-            Step::Decide(decision) => {
-                d.departed.clear();
-                Some(decision)
-            }
-            Step::Wait => {
-                if !d.resolver.awaits_decision() {
-                    d.departed.clear();
-                }
-                None
-            }
+            Step::Decide(decision) => Some(decision),
+            Step::Wait => None,
         }
     }
 }

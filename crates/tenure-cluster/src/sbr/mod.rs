@@ -47,9 +47,8 @@ pub struct SbrSettings {
     /// `stable-after`: how long the reachability observations must stay unchanged before
     /// deciding.
     pub stable_after: Duration,
-    /// `down-all-when-unstable`: when observations keep changing (other than by more members
-    /// becoming unreachable) for `stable-after` plus this, every node downs itself (`None`:
-    /// off).
+    /// `down-all-when-unstable`: when observations keep changing for `stable-after` plus
+    /// this, every node downs itself (`None`: off).
     pub down_all_when_unstable: Option<Duration>,
     /// `when-down`.
     pub when_down: WhenDown,
@@ -271,13 +270,7 @@ pub struct Resolver {
     settings: SbrSettings,
     seen: (BTreeSet<NodeAddr>, BTreeSet<NodeAddr>),
     changed_at: Instant,
-    /// Since when the situation has been unstable without a decision: from its first
-    /// change that was not only more members unreachable (or indirectly connected). A
-    /// partition is uncovered member by member (a member whose watchers are all on its own
-    /// side is seen from the other side only once the watchers there passed over the
-    /// unreachable ones, `unreachable-after` later); each node decides alone, so a timer
-    /// run from the first of those changes races the decision at `stable-after` after the
-    /// last one, and a side splits between the nodes that reached either first.
+    /// Since when members have been unreachable without a decision.
     unstable_since: Option<Instant>,
     decided: bool,
     /// A situation awaits its decision: it was not whole when it last changed (members
@@ -312,11 +305,6 @@ impl Resolver {
         &self.settings
     }
 
-    /// Whether a situation that was not whole awaits its decision.
-    pub fn awaits_decision(&self) -> bool {
-        self.open && !self.decided
-    }
-
     /// Forgets what was seen: a new membership of this node starts a new situation at `now`.
     pub fn restart(&mut self, now: Instant) {
         *self = Resolver::new(self.settings.clone(), now);
@@ -339,27 +327,13 @@ impl Resolver {
                         .all(|a| !p.members.iter().any(|m| m.addr == *a))
             };
             let settled = left(&self.seen.0, &seen.0) && left(&self.seen.1, &seen.1);
-            let grew = self.seen.0.is_subset(&seen.0) && self.seen.1.is_subset(&seen.1);
-            let departed = self
-                .seen
-                .0
-                .iter()
-                .chain(&self.seen.1)
-                .filter(|a| !seen.0.contains(*a) && !seen.1.contains(*a))
-                .any(|a| !p.members.iter().any(|m| m.addr == *a));
             self.seen = seen;
             if !settled {
                 self.changed_at = now;
                 self.decided = false;
-                // Departures that leave a situation whole keep it open even when some
-                // member was heard again in the same change (a member of this side that
-                // looked unreachable while the watchers passed over the other side):
-                // closed, it would leave this node undecided while its side decides.
-                self.open = !p.is_whole() || (self.open && departed);
+                self.open = !p.is_whole();
                 if self.open {
-                    if !grew {
-                        self.unstable_since.get_or_insert(now);
-                    }
+                    self.unstable_since.get_or_insert(now);
                 } else {
                     self.unstable_since = None;
                 }
@@ -560,11 +534,9 @@ mod tests {
             "a new observation is a change"
         );
 
-        // Flapping observations: down-all once unstable for stable-after + 2 s, counted
-        // from the first change that was not only more members unreachable (the cut at
-        // t0 + 2 s, after the cut and then more of it).
+        // Flapping observations: down-all once unstable for stable-after + 2 s.
         s.down_all_when_unstable = Some(Duration::from_secs(2));
-        let mut r = Resolver::new(s.clone(), t0);
+        let mut r = Resolver::new(s, t0);
         let whole = part(&[]);
         let mut t = t0;
         let mut step = Step::Wait;
@@ -580,65 +552,11 @@ mod tests {
             matches!(step, Step::Decide(Decision::DownSelf { .. })),
             "{step:?}"
         );
-        assert_eq!(t, t0 + Duration::from_secs(8));
+        assert_eq!(t, t0 + Duration::from_secs(6));
         assert_eq!(
             r.step(&a(2), &whole, t),
             Step::Wait,
             "healed: nothing to do"
-        );
-    }
-
-    /// A partition uncovered a few members at a time, each step within `stable-after` of
-    /// the last, for longer than `stable-after + down-all-when-unstable`: one situation
-    /// growing, decided by the strategy once it held still, not downed as unstable.
-    #[tokio::test(start_paused = true)]
-    async fn a_partition_uncovered_member_by_member_is_decided_by_the_strategy() {
-        let mut s = settings("active-strategy = \"keep-majority\"\nstable-after = \"4s\"")
-            .unwrap()
-            .unwrap();
-        s.down_all_when_unstable = Some(Duration::from_secs(2));
-        let t0 = Instant::now();
-        let mut r = Resolver::new(s, t0);
-        let five = |cut: &[(u16, u16)]| cut_of(5, cut);
-        let steps = [
-            (0, five(&[(1, 4)])),
-            (3, five(&[(1, 4), (2, 4)])),
-            (6, five(&[(1, 4), (2, 4), (3, 5)])),
-        ];
-        for (at, p) in &steps {
-            let now = t0 + Duration::from_secs(*at);
-            assert_eq!(r.step(&a(1), p, now), Step::Wait, "at {at} s");
-        }
-        let last = &steps[2].1;
-        assert_eq!(
-            r.step(&a(1), last, t0 + Duration::from_millis(9999)),
-            Step::Wait
-        );
-        assert_eq!(
-            r.step(&a(1), last, t0 + Duration::from_secs(10)),
-            Step::Decide(Decision::Survive {
-                down: vec![a(4), a(5)]
-            })
-        );
-
-        // The other side leaves the view while a member of this side, listed in passing,
-        // is heard again, in one change: still decided.
-        let mut r = Resolver::new(r.settings().clone(), t0);
-        let before = cut_of(4, &[(1, 3), (1, 2)]);
-        assert_eq!(r.step(&a(1), &before, t0), Step::Wait);
-        let mut after = cut_of(4, &[]);
-        after.members = after
-            .members
-            .iter()
-            .filter(|m| m.addr != a(3))
-            .cloned()
-            .collect();
-        let t = t0 + Duration::from_secs(1);
-        assert_eq!(r.step(&a(1), &after, t), Step::Wait);
-        assert_eq!(
-            r.step(&a(1), &after, t + Duration::from_secs(4)),
-            Step::Decide(Decision::Survive { down: vec![] }),
-            "decided, not left open forever"
         );
     }
 }

@@ -160,13 +160,13 @@ impl ReachTable {
         &self.listed
     }
 
-    /// Drops the row of `observer`, if any, and answers it.
-    fn drop_row(&mut self, observer: &NodeAddr) -> Option<SharedRow> {
-        let old = self.rows.remove(observer)?;
-        self.digest = self.digest.wrapping_sub(share(&old));
-        self.count(&old, false);
-        self.generation += 1;
-        Some(old)
+    /// Drops the row of `observer`, if any.
+    fn drop_row(&mut self, observer: &NodeAddr) {
+        if let Some(old) = self.rows.remove(observer) {
+            self.digest = self.digest.wrapping_sub(share(&old));
+            self.count(&old, false);
+            self.generation += 1;
+        }
     }
 
     /// A number that changes whenever the rows change (and only then).
@@ -220,20 +220,17 @@ impl ReachTable {
         refused
     }
 
-    /// Drops the rows of observers that are no longer members in that life; answers the
-    /// rows dropped.
-    pub fn retain(&mut self, life: impl Fn(&NodeAddr) -> Option<Incarnation>) -> Vec<SharedRow> {
+    /// Drops the rows of observers that are no longer members in that life.
+    pub fn retain(&mut self, life: impl Fn(&NodeAddr) -> Option<Incarnation>) {
         let gone: Vec<NodeAddr> = self
             .rows
             .iter()
             .filter(|(o, row)| life(o) != Some(row.incarnation))
             .map(|(o, _)| o.clone())
             .collect();
-        let mut dropped = Vec::with_capacity(gone.len());
         for observer in gone {
-            dropped.extend(self.drop_row(&observer));
+            self.drop_row(&observer);
         }
-        dropped
     }
 
     /// Every row, to send with a heartbeat.

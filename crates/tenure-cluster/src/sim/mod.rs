@@ -223,11 +223,6 @@ struct Node {
     seen: (bool, usize, usize),
     /// The number of the last listing it took.
     listing: u64,
-    /// When it decided (virtual time since the start).
-    decided_at: Option<Duration>,
-    /// Each change of the partition its resolver saw: when (virtual time since the start),
-    /// and how many members were unreachable and indirectly connected.
-    trace: Vec<(Duration, usize, usize)>,
 }
 
 /// The simulated store: member leases and the resolver lease.
@@ -320,8 +315,6 @@ impl Sim {
                 dirty: true,
                 seen: (false, 0, 0),
                 listing: 0,
-                decided_at: None,
-                trace: Vec::new(),
             });
         }
         let mut sim = Sim {
@@ -370,17 +363,6 @@ impl Sim {
     /// What node `i` decided about a partition, if anything.
     pub fn outcome(&self, i: usize) -> Option<&Outcome> {
         self.nodes[i].outcome.as_ref()
-    }
-
-    /// When node `i` decided about a partition (virtual time since the start), if it did.
-    pub fn decided_at(&self, i: usize) -> Option<Duration> {
-        self.nodes[i].decided_at
-    }
-
-    /// Each change of the partition node `i`'s resolver saw: when (virtual time since the
-    /// start), and how many members were unreachable and how many indirectly connected.
-    pub fn partition_trace(&self, i: usize) -> &[(Duration, usize, usize)] {
-        &self.nodes[i].trace
     }
 
     /// Whether node `i` runs (not killed, not downed).
@@ -766,14 +748,7 @@ impl Sim {
         if node.attempt.is_some() {
             return;
         }
-        let decision = node.detector.decide(now, &node.view);
-        if let Some(sizes) = node.detector.partition_sizes()
-            && node.trace.last().is_none_or(|(_, u, i)| (*u, *i) != sizes)
-        {
-            node.trace
-                .push((Duration::from_nanos(self.now), sizes.0, sizes.1));
-        }
-        let Some(decision) = decision else {
+        let Some(decision) = node.detector.decide(now, &node.view) else {
             return;
         };
         match decision {
@@ -906,8 +881,6 @@ impl Sim {
             events.extend(e);
         }
         let node = &mut self.nodes[i];
-        node.decided_at
-            .get_or_insert(Duration::from_nanos(self.now));
         match node.outcome.as_mut() {
             Some(Outcome::Survived(all)) => all.extend(downed),
             Some(Outcome::DownedSelf(_)) => {}
@@ -918,8 +891,6 @@ impl Sim {
 
     fn down_self(&mut self, i: usize, why: String) {
         let node = &mut self.nodes[i];
-        node.decided_at
-            .get_or_insert(Duration::from_nanos(self.now));
         node.outcome = Some(Outcome::DownedSelf(why));
         node.alive = false;
         // Its member lease is released as it stops.

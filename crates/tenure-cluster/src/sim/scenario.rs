@@ -2,7 +2,7 @@
 //! per node and how long it takes to converge), and a partition that each side decides
 //! (whether both sides reach the same decision).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use super::{Network, Outcome, Sim, Timings};
@@ -138,11 +138,6 @@ pub struct SideOutcome {
     pub downed_self: usize,
     /// Nodes that decided nothing.
     pub undecided: usize,
-    /// Why its nodes decided what they did, with how many decided so: `survived`, or the
-    /// reason a node downed itself gave.
-    pub reasons: BTreeMap<String, usize>,
-    /// The first and the last of its nodes to decide, from the cut.
-    pub decided: Option<(Duration, Duration)>,
 }
 
 impl SideOutcome {
@@ -173,27 +168,6 @@ pub struct PartitionReport {
     pub messages_per_node_per_sec: f64,
     /// Reachability rows carried per node per second, over the same time.
     pub rows_per_node_per_sec: f64,
-    /// The nodes that decided otherwise than most of their side, or not at all, with
-    /// their stories: why such a node differs is what a failed run is debugged from.
-    pub stragglers: Vec<Story>,
-    /// The story of one node of each side (its lowest-numbered).
-    pub samples: Vec<Story>,
-}
-
-/// What one node of a partition saw and decided.
-#[derive(Debug, Clone)]
-pub struct Story {
-    /// The node.
-    pub node: usize,
-    /// Its side (0: A, 1: B).
-    pub side: usize,
-    /// What it decided: `survived`, the reason it downed itself, or `undecided`.
-    pub decision: String,
-    /// When it decided, from the cut.
-    pub decided_after: Option<Duration>,
-    /// Each change of the partition its resolver saw (from the cut: when, how many
-    /// members unreachable, how many indirectly connected).
-    pub trace: Vec<(Duration, usize, usize)>,
 }
 
 impl PartitionReport {
@@ -240,12 +214,6 @@ pub fn partition_run(
     let per = |n: u64| n as f64 / nodes as f64 / secs;
     // Later decisions (a second round) would show here.
     sim.run_for(Duration::from_secs(10));
-    let since_cut = |t: Duration| t.saturating_sub(cut_at);
-    let decision = |i: usize| match sim.outcome(i) {
-        Some(Outcome::Survived(_)) => "survived".to_string(),
-        Some(Outcome::DownedSelf(why)) => why.clone(),
-        None => "undecided".to_string(),
-    };
     let side = |members: &BTreeSet<usize>| {
         let others: BTreeSet<usize> = (0..nodes).filter(|i| !members.contains(i)).collect();
         let mut out = SideOutcome {
@@ -253,13 +221,6 @@ pub fn partition_run(
             ..SideOutcome::default()
         };
         for &i in members {
-            *out.reasons.entry(decision(i)).or_default() += 1;
-            if let Some(t) = sim.decided_at(i).map(since_cut) {
-                out.decided = Some(match out.decided {
-                    Some((first, last)) => (first.min(t), last.max(t)),
-                    None => (t, t),
-                });
-            }
             match sim.outcome(i) {
                 // The other side's nodes that downed themselves left the view on their own.
                 Some(Outcome::Survived(downed))
@@ -276,40 +237,10 @@ pub fn partition_run(
         out
     };
     let side_b: BTreeSet<usize> = (0..nodes).filter(|i| !side_a.contains(i)).collect();
-    let sides = [side(&side_a), side(&side_b)];
-    let story = |i: usize, s: usize| Story {
-        node: i,
-        side: s,
-        decision: decision(i),
-        decided_after: sim.decided_at(i).map(since_cut),
-        trace: sim
-            .partition_trace(i)
-            .iter()
-            .filter(|(t, _, _)| *t >= cut_at)
-            .map(|(t, u, x)| (since_cut(*t), *u, *x))
-            .collect(),
-    };
-    let mut stragglers = Vec::new();
-    let mut samples = Vec::new();
-    for (s, members) in [&side_a, &side_b].into_iter().enumerate() {
-        let most = sides[s]
-            .reasons
-            .iter()
-            .max_by_key(|(_, n)| **n)
-            .map(|(why, _)| why.clone());
-        samples.extend(members.first().map(|i| story(*i, s)));
-        for &i in members {
-            if Some(decision(i)) != most || sim.outcome(i).is_none() {
-                stragglers.push(story(i, s));
-            }
-        }
-    }
     PartitionReport {
         strategy,
         seed,
-        sides,
-        stragglers,
-        samples,
+        sides: [side(&side_a), side(&side_b)],
         decided_after,
         messages_per_node_per_sec: per(during.messages()),
         rows_per_node_per_sec: per(during.rows),
@@ -346,42 +277,6 @@ mod tests {
             }
             let ratio = large.messages_per_node_per_sec / small.messages_per_node_per_sec;
             assert!(ratio <= 1.3, "seed {seed}: {ratio} x the messages per node");
-        }
-    }
-
-    /// Whether every node decided by the strategy: none as unstable, none left undecided.
-    fn by_the_strategy(r: &PartitionReport) -> bool {
-        r.sides.iter().all(|s| {
-            s.undecided == 0
-                && !s
-                    .reasons
-                    .keys()
-                    .any(|why| why.starts_with("down-all-when-unstable"))
-        })
-    }
-
-    /// A cut the nodes of one side decide at different times: those that decided first go
-    /// (down-all), their member leases are released and their rows leave the tables of the
-    /// others, and a member of the other side listed only by them would turn reachable, a
-    /// change that restarted the wait for `stable-after` (until `down-all-when-unstable`)
-    /// or left a node's situation whole and undecided while its side went. The smallest
-    /// sizes and seeds found with such nodes (a search over seeds 1 to 100).
-    #[test]
-    fn every_node_decides_by_the_strategy_when_its_side_goes_before_it() {
-        for (nodes, first, seed) in [
-            (20, 14, 10),
-            (20, 14, 28),
-            (40, 20, 15),
-            (40, 28, 1),
-            (40, 28, 89),
-        ] {
-            let r = partition_run(nodes, first, StrategyName::DownAll, seed);
-            println!(
-                "{nodes} nodes, {first} on side A, seed {seed}: {:?}",
-                r.sides
-            );
-            assert!(r.agreed(), "seed {seed}: {r:?}");
-            assert!(by_the_strategy(&r), "seed {seed}: {r:?}");
         }
     }
 
