@@ -19,9 +19,6 @@ fn history_ns() -> i64 {
 
 fn main() {
     tenure_lease_kit::bench::answer_test_runner();
-    if std::env::args().any(|a| a == "--list") {
-        return;
-    }
     let runs = knob("TENURE_BENCH_RUNS", 20, 1) as usize;
     let mut report = Report::new(
         "failover",

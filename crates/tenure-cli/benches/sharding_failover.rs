@@ -21,9 +21,6 @@ use tenure_test_kit::cli::shards::{
 
 fn main() {
     tenure_lease_kit::bench::answer_test_runner();
-    if std::env::args().any(|a| a == "--list") {
-        return;
-    }
     let runs = knob("TENURE_BENCH_RUNS", 10, 1) as usize;
     let mut report = Report::new(
         "sharding_failover",

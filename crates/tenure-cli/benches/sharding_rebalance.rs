@@ -95,9 +95,6 @@ fn p99(rs: &[&Request]) -> f64 {
 
 fn main() {
     tenure_lease_kit::bench::answer_test_runner();
-    if std::env::args().any(|a| a == "--list") {
-        return;
-    }
     let case = std::env::var("TENURE_BENCH_CASE").unwrap_or_default();
     let mut report = Report::new(
         "sharding_rebalance",

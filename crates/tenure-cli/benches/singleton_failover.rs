@@ -53,9 +53,6 @@ fn fault_and_measure(c: &mut Cluster, kill: bool) -> f64 {
 
 fn main() {
     tenure_lease_kit::bench::answer_test_runner();
-    if std::env::args().any(|a| a == "--list") {
-        return;
-    }
     let runs = knob("TENURE_BENCH_RUNS", 20, 1) as usize;
     let mut report = Report::new(
         "singleton_failover",

@@ -267,9 +267,6 @@ async fn main() {
         serve().await;
         return;
     }
-    if std::env::args().any(|a| a == "--list") {
-        return; // `cargo bench -- --list`
-    }
     let mut server = Command::new(std::env::current_exe().unwrap())
         .env("TENURE_BENCH_SERVER", "1")
         .stdout(Stdio::piped())

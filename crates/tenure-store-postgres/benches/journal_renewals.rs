@@ -37,9 +37,6 @@ const RENEW_EVERY: Duration = Duration::from_millis(5);
 
 fn main() {
     tenure_lease_kit::bench::answer_test_runner();
-    if std::env::args().any(|a| a == "--list") {
-        return;
-    }
     let writers = knob("TENURE_BENCH_WRITERS", 32, 4) as usize;
     let per_slice = knob("TENURE_BENCH_RENEWALS", 100, 5) as usize;
     let server = PgServer::start();
