@@ -46,6 +46,7 @@ const TYPE: &str = "counter";
 const TTL_MS: f64 = 3000.0;
 
 fn main() {
+    tenure_lease_kit::bench::answer_test_runner();
     if std::env::args().any(|a| a == "--list") {
         return;
     }

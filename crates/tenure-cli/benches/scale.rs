@@ -59,6 +59,7 @@ fn netns_possible() -> bool {
 }
 
 fn main() {
+    tenure_lease_kit::bench::answer_test_runner();
     if std::env::args().any(|a| a == "--list") {
         return;
     }

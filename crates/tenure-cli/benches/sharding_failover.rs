@@ -20,6 +20,7 @@ use tenure_test_kit::cli::shards::{
 };
 
 fn main() {
+    tenure_lease_kit::bench::answer_test_runner();
     if std::env::args().any(|a| a == "--list") {
         return;
     }

@@ -95,6 +95,7 @@ async fn serve(path: String) {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
+    tenure_lease_kit::bench::answer_test_runner();
     if std::env::args().any(|a| a == "--list") {
         return;
     }

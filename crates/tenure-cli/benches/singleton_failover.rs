@@ -52,6 +52,7 @@ fn fault_and_measure(c: &mut Cluster, kill: bool) -> f64 {
 }
 
 fn main() {
+    tenure_lease_kit::bench::answer_test_runner();
     if std::env::args().any(|a| a == "--list") {
         return;
     }
