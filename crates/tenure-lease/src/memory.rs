@@ -360,21 +360,12 @@ impl LeaseStore for MemoryStore {
             .collect())
     }
 
-    fn as_fair_queue(&self) -> Option<&dyn FairQueue> {
-        Some(self)
-    }
-
-    fn as_preemption_requests(&self) -> Option<&dyn PreemptionRequests> {
-        Some(self)
-    }
-
-    fn as_remembered_ids(&self) -> Option<&dyn RememberedIds> {
-        Some(self)
-    }
-
-    fn as_grant_changes(&self) -> Option<&dyn GrantChanges> {
-        Some(self)
-    }
+    crate::capability_accessors!(
+        fair_queue,
+        preemption_requests,
+        remembered_ids,
+        grant_changes
+    );
 }
 
 /// A fair waiter's place in line, given up when its acquire ends (granted, timed out,

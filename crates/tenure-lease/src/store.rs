@@ -502,6 +502,68 @@ pub trait LeaseStore: Send + Sync + 'static {
     }
 }
 
+/// Answers, inside an `impl LeaseStore for …` block, the accessor of each capability named
+/// with `Some(self)`: `fair_queue` ([`LeaseStore::as_fair_queue`]), `preemption_requests`,
+/// `holder_watch`, `remembered_ids`, `grant_changes`. Capabilities left out keep the trait's
+/// `None`. A capability named whose trait the store does not implement is a compile error,
+/// so the accessors cannot claim more than the store does.
+///
+/// ```
+/// # use tenure_lease::{store::*, *};
+/// # struct Queueing;
+/// #[async_trait::async_trait]
+/// impl LeaseStore for Queueing {
+/// #   fn kind(&self) -> &'static str { "queueing" }
+/// #   fn capabilities(&self) -> Capabilities { Capabilities::default() }
+/// #   async fn try_acquire(&self, _: &AcquireRequest) -> Result<AcquireOutcome, StoreError> { unimplemented!() }
+/// #   async fn renew(&self, _: &str, _: &[HeldLease], _: std::time::Duration) -> Result<Vec<Renewal>, StoreError> { unimplemented!() }
+/// #   async fn release(&self, _: &str, _: &str, _: FencingToken) -> Result<bool, StoreError> { unimplemented!() }
+/// #   async fn read(&self, _: &str) -> Result<Option<LeaseRecord>, StoreError> { unimplemented!() }
+/// #   async fn list(&self, _: &str) -> Result<Vec<LeaseRecord>, StoreError> { unimplemented!() }
+///     // … the core operations …
+///     tenure_lease::capability_accessors!(fair_queue);
+/// }
+///
+/// #[async_trait::async_trait]
+/// impl FairQueue for Queueing {
+/// #   async fn acquire_fair(&self, _: &AcquireRequest, _: std::time::Duration) -> Result<AcquireOutcome, StoreError> { unimplemented!() }
+///     // …
+/// }
+/// ```
+#[macro_export]
+macro_rules! capability_accessors {
+    (@one fair_queue) => {
+        fn as_fair_queue(&self) -> ::core::option::Option<&dyn $crate::FairQueue> {
+            ::core::option::Option::Some(self)
+        }
+    };
+    (@one preemption_requests) => {
+        fn as_preemption_requests(
+            &self,
+        ) -> ::core::option::Option<&dyn $crate::PreemptionRequests> {
+            ::core::option::Option::Some(self)
+        }
+    };
+    (@one holder_watch) => {
+        fn as_holder_watch(&self) -> ::core::option::Option<&dyn $crate::HolderWatch> {
+            ::core::option::Option::Some(self)
+        }
+    };
+    (@one remembered_ids) => {
+        fn as_remembered_ids(&self) -> ::core::option::Option<&dyn $crate::RememberedIds> {
+            ::core::option::Option::Some(self)
+        }
+    };
+    (@one grant_changes) => {
+        fn as_grant_changes(&self) -> ::core::option::Option<&dyn $crate::GrantChanges> {
+            ::core::option::Option::Some(self)
+        }
+    };
+    ($($capability:ident),+ $(,)?) => {
+        $($crate::capability_accessors!(@one $capability);)+
+    };
+}
+
 /// A store that queues acquires first come, first served.
 ///
 /// A store not known to keep a fair queue has no `acquire_fair` to call: code generic over
@@ -575,6 +637,50 @@ pub async fn leave_line_when_wait_passed(
         Err(e) => tracing::debug!(lease = %req.name, error = %e, "leaving the line failed"),
     }
     fair_wait_passed(store, req, wait, seen, read).await
+}
+
+/// A fair waiter's place in line, given up however its acquire ends: when dropped before
+/// [`disarm`](Self::disarm), it calls `leave` and runs the future it returns in a task
+/// spawned on the current tokio runtime, so that a cancelled acquire (its future dropped)
+/// leaves the line too. Outside a runtime the future is dropped unrun, and the place is left
+/// to the store's own expiry (the waiter's ttl or session). For [`FairQueue`]
+/// implementations; the future reports its own failure, as nothing awaits it.
+pub struct LeaveOnDrop<L, F>
+where
+    L: FnOnce() -> F,
+    F: Future<Output = ()> + Send + 'static,
+{
+    leave: Option<L>,
+}
+
+impl<L, F> LeaveOnDrop<L, F>
+where
+    L: FnOnce() -> F,
+    F: Future<Output = ()> + Send + 'static,
+{
+    /// A place in line that `leave` gives up when dropped.
+    pub fn new(leave: L) -> Self {
+        Self { leave: Some(leave) }
+    }
+
+    /// The place is gone already (granted, removed, expired): dropping does nothing.
+    pub fn disarm(&mut self) {
+        self.leave = None;
+    }
+}
+
+impl<L, F> Drop for LeaveOnDrop<L, F>
+where
+    L: FnOnce() -> F,
+    F: Future<Output = ()> + Send + 'static,
+{
+    fn drop(&mut self) {
+        if let Some(leave) = self.leave.take()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn(leave());
+        }
+    }
 }
 
 /// A store that keeps priorities and preemption requests on grants and enforces them:

@@ -7,38 +7,13 @@
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare, CompareOp, GetOptions, SortOrder, SortTarget, Txn, TxnOp, WatchOptions,
+    Compare, CompareOp, GetOptions, SortOrder, SortTarget, Txn, TxnOp, WatchOptions,
 };
-use tenure_lease::store::fair_wait_passed;
+use tenure_lease::store::{LeaveOnDrop, fair_wait_passed};
 use tenure_lease::{AcquireOutcome, AcquireRequest, StoreError};
 
 use crate::error::etcd_error;
 use crate::store::{Inner, put_leased};
-
-/// Removes a waiter key when the fair acquire ends in any way but a grant that already
-/// removed it, including cancellation (the future dropped): then in a spawned task.
-struct QueueEntry {
-    client: Client,
-    key: String,
-    done: bool,
-}
-
-impl Drop for QueueEntry {
-    fn drop(&mut self) {
-        if self.done {
-            return;
-        }
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let mut kv = self.client.kv_client();
-            let key = std::mem::take(&mut self.key);
-            rt.spawn(async move {
-                if let Err(e) = kv.delete(key.clone(), None).await {
-                    tracing::warn!(key, error = %e, "could not remove a fair-acquire waiter key; it goes with its session");
-                }
-            });
-        }
-    }
-}
 
 fn queue_error(name: &str, detail: String) -> StoreError {
     StoreError::unavailable("etcd", format!("fair acquire of {name}: {detail}"))
@@ -64,11 +39,15 @@ impl Inner {
                 &key,
             )
             .await?;
-        let mut entry = QueueEntry {
-            client: self.client.clone(),
-            key: key.clone(),
-            done: false,
-        };
+        // The waiter key, removed unless a grant removed it already.
+        let mut entry = LeaveOnDrop::new({
+            let (client, key) = (self.client.clone(), key.clone());
+            move || async move {
+                if let Err(e) = client.kv_client().delete(key.clone(), None).await {
+                    tracing::warn!(key, error = %e, "could not remove a fair-acquire waiter key; it goes with its session");
+                }
+            }
+        });
         let my_rev = if joined.succeeded() {
             joined.header().map(|h| h.revision()).unwrap_or(0)
         } else {
@@ -131,7 +110,7 @@ impl Inner {
             match self.try_acquire_in(req, Some(session.id)).await? {
                 AcquireOutcome::Granted(record) => {
                     // Leave the line; if this fails the key goes with the session.
-                    entry.done = true;
+                    entry.disarm();
                     let _ = self
                         .client
                         .kv_client()

@@ -219,6 +219,28 @@ impl Inner {
         Ok(resp)
     }
 
+    /// Deletes grant `key` (token `token`) and its preemption request in one transaction
+    /// run as [`Inner::txn`] runs it, if every compare in `when` holds: `Ok(true)` deleted,
+    /// `Ok(false)` a compare failed and nothing changed.
+    async fn delete_grant_when(
+        &self,
+        key: &str,
+        token: i64,
+        when: impl Into<Vec<Compare>>,
+    ) -> Result<bool, StoreError> {
+        let resp = self
+            .txn(
+                Txn::new().when(when).and_then([
+                    TxnOp::delete(key, None),
+                    TxnOp::delete(self.layout.request(token), None),
+                ]),
+                "release",
+                key,
+            )
+            .await?;
+        Ok(resp.succeeded())
+    }
+
     /// Reads every heartbeat key (their mod revisions, by session id).
     fn heartbeats_op(&self) -> TxnOp {
         TxnOp::get(
@@ -796,22 +818,11 @@ impl Inner {
         self.local.forget(name, token);
         if let Some(g) = local {
             // Fast path: the grant this client wrote, compared as written.
-            let resp = self
-                .txn(
-                    Txn::new()
-                        .when([
-                            Compare::create_revision(key.clone(), CompareOp::Equal, token),
-                            Compare::value(key.clone(), CompareOp::Equal, g.value.encode()),
-                        ])
-                        .and_then([
-                            TxnOp::delete(key.clone(), None),
-                            TxnOp::delete(self.layout.request(token), None),
-                        ]),
-                    "release",
-                    &key,
-                )
-                .await?;
-            if resp.succeeded() {
+            let when = [
+                Compare::create_revision(key.clone(), CompareOp::Equal, token),
+                Compare::value(key.clone(), CompareOp::Equal, g.value.encode()),
+            ];
+            if self.delete_grant_when(&key, token, when).await? {
                 return Ok(true);
             }
         }
@@ -826,23 +837,12 @@ impl Inner {
             if value.owner != owner || kv.create_revision() != token {
                 return Ok(false);
             }
-            let resp = self
-                .txn(
-                    Txn::new()
-                        .when([Compare::mod_revision(
-                            key.clone(),
-                            CompareOp::Equal,
-                            kv.mod_revision(),
-                        )])
-                        .and_then([
-                            TxnOp::delete(key.clone(), None),
-                            TxnOp::delete(self.layout.request(token), None),
-                        ]),
-                    "release",
-                    &key,
-                )
-                .await?;
-            if resp.succeeded() {
+            let when = [Compare::mod_revision(
+                key.clone(),
+                CompareOp::Equal,
+                kv.mod_revision(),
+            )];
+            if self.delete_grant_when(&key, token, when).await? {
                 return Ok(true);
             }
         }
@@ -977,25 +977,13 @@ impl LeaseStore for EtcdStore {
         self.inner.list(prefix).await
     }
 
-    fn as_fair_queue(&self) -> Option<&dyn FairQueue> {
-        Some(self)
-    }
-
-    fn as_preemption_requests(&self) -> Option<&dyn PreemptionRequests> {
-        Some(self)
-    }
-
-    fn as_holder_watch(&self) -> Option<&dyn HolderWatch> {
-        Some(self)
-    }
-
-    fn as_remembered_ids(&self) -> Option<&dyn RememberedIds> {
-        Some(self)
-    }
-
-    fn as_grant_changes(&self) -> Option<&dyn GrantChanges> {
-        Some(self)
-    }
+    tenure_lease::capability_accessors!(
+        fair_queue,
+        preemption_requests,
+        holder_watch,
+        remembered_ids,
+        grant_changes
+    );
 }
 
 #[async_trait]

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::poll_fn;
-use tenure_lease::store::leave_line_when_wait_passed;
+use tenure_lease::store::{LeaveOnDrop, leave_line_when_wait_passed};
 use tenure_lease::{AcquireOutcome, AcquireRequest, LeaseStore, StoreError};
 use tokio::sync::broadcast;
 use tokio::time::timeout;
@@ -61,30 +61,6 @@ impl Listener {
     /// A receiver of the notifications from now on.
     fn subscribe(&self) -> broadcast::Receiver<Arc<str>> {
         self.heard.resubscribe()
-    }
-}
-
-/// A waiter's row, removed when dropped unless it is gone already (granted, removed on
-/// timeout, or expired): by a spawned task, so also when the fair acquire is cancelled.
-struct Queued {
-    store: PostgresStore,
-    seq: i64,
-    gone: bool,
-}
-
-impl Drop for Queued {
-    fn drop(&mut self) {
-        if self.gone {
-            return;
-        }
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let (store, seq) = (self.store.clone(), self.seq);
-            runtime.spawn(async move {
-                if let Err(e) = store.leave(seq).await {
-                    tracing::warn!(seq, error = %e, "could not remove a fair waiter's row; it expires after its ttl");
-                }
-            });
-        }
     }
 }
 
@@ -173,17 +149,10 @@ impl PostgresStore {
     /// instance holds the lease already. Not retried once sent: a second row would hold
     /// the line until it expired.
     async fn join(&self, req: &AcquireRequest) -> Result<Option<i64>, StoreError> {
-        let (sql, statements) = (Sql::Join, &self.inner.statements);
+        let sql = Sql::Join;
         let ttl = waiter_ttl_us(req.ttl);
         let rows = self
-            .run(self.patience(), false, |c, _| {
-                Box::pin(async move {
-                    let stmt = c.statement(sql, statements).await.map_err(|e| (false, e))?;
-                    c.query(&stmt, &[&req.name, &req.owner, &req.instance, &ttl])
-                        .await
-                        .map_err(|e| (true, e))
-                })
-            })
+            .query(sql, &[&req.name, &req.owner, &req.instance, &ttl], false)
             .await?;
         rows.first()
             .map(|row| row.try_get(0).map_err(|e| self.bad(e)))
@@ -192,19 +161,10 @@ impl PostgresStore {
 
     /// Refreshes waiter `seq`'s row and reads the head of the line.
     async fn look(&self, req: &AcquireRequest, seq: i64) -> Result<Line, StoreError> {
-        let (sql, statements) = (Sql::Line, &self.inner.statements);
+        let sql = Sql::Line;
         let ttl = waiter_ttl_us(req.ttl);
         let name = &req.name;
-        let row = self
-            .run(self.patience(), true, |c, _| {
-                Box::pin(async move {
-                    let stmt = c.statement(sql, statements).await.map_err(|e| (false, e))?;
-                    c.query_one(&stmt, &[&seq, name, &ttl])
-                        .await
-                        .map_err(|e| (true, e))
-                })
-            })
-            .await?;
+        let row = self.query_one(sql, &[&seq, name, &ttl], true).await?;
         let bad = |e| self.bad(e);
         let queued: bool = row.try_get(0).map_err(bad)?;
         let head: Option<i64> = row.try_get(1).map_err(bad)?;
@@ -217,15 +177,8 @@ impl PostgresStore {
 
     /// Removes waiter `seq` from its line and notifies the waiters behind it.
     pub(crate) async fn leave(&self, seq: i64) -> Result<(), StoreError> {
-        let (sql, statements) = (Sql::Leave, &self.inner.statements);
-        self.run(self.patience(), true, |c, _| {
-            Box::pin(async move {
-                let stmt = c.statement(sql, statements).await.map_err(|e| (false, e))?;
-                c.execute(&stmt, &[&seq]).await.map_err(|e| (true, e))
-            })
-        })
-        .await
-        .map(drop)
+        let sql = Sql::Leave;
+        self.execute(sql, &[&seq], true).await.map(drop)
     }
 
     /// The fair acquire (see [`LeaseStore::acquire_fair`] on [`PostgresStore`]).
@@ -249,17 +202,22 @@ impl PostgresStore {
                 },
             }
         };
-        let mut entry = Queued {
-            store: self.clone(),
-            seq,
-            gone: false,
-        };
+        // The waiter's row, removed unless it is gone already (granted, removed on timeout,
+        // or expired).
+        let mut entry = LeaveOnDrop::new({
+            let store = self.clone();
+            move || async move {
+                if let Err(e) = store.leave(seq).await {
+                    tracing::warn!(seq, error = %e, "could not remove a fair waiter's row; it expires after its ttl");
+                }
+            }
+        });
         let pace = (req.ttl / 3).max(MIN_PACE);
         let mut races = 0;
         loop {
             let line = self.look(req, seq).await?;
             if !line.queued {
-                entry.gone = true;
+                entry.disarm();
                 return Err(queue_error(
                     &req.name,
                     "the waiter's row expired or was removed while queued",
@@ -268,7 +226,7 @@ impl PostgresStore {
             let (until, holder) = match line.head {
                 Some((head, _)) if head == seq => match self.acquire_once(req, Some(seq)).await? {
                     Some(AcquireOutcome::Granted(record)) => {
-                        entry.gone = true;
+                        entry.disarm();
                         return Ok(AcquireOutcome::Granted(record));
                     }
                     Some(AcquireOutcome::Held(holder)) => (holder.expires_in, Some(holder)),
@@ -291,14 +249,13 @@ impl PostgresStore {
             races = 0;
             let now = self.inner.clock.now();
             if now >= deadline {
-                let seq = entry.seq;
                 return leave_line_when_wait_passed(
                     STORE,
                     req,
                     wait,
                     holder,
                     self.leave(seq),
-                    || entry.gone = true,
+                    || entry.disarm(),
                     async || self.read(&req.name).await,
                 )
                 .await;

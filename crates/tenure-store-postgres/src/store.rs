@@ -16,6 +16,7 @@ use tenure_lease::{
     StoreError, StoreFactory,
 };
 use tokio::time::{Instant, sleep, timeout};
+use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row};
 
 use crate::error::{self, Failure, STORE};
@@ -282,21 +283,67 @@ impl PostgresStore {
         }))
     }
 
+    /// Runs `sql` with `params` as [`run`](Self::run) does, within the store's patience
+    /// and retried after it was sent only when `idempotent`: the rows it answers.
+    pub(crate) async fn query(
+        &self,
+        sql: Sql,
+        params: &[&(dyn ToSql + Sync)],
+        idempotent: bool,
+    ) -> Result<Vec<Row>, StoreError> {
+        let statements = &self.inner.statements;
+        self.run(self.patience(), idempotent, |c, _| {
+            Box::pin(async move {
+                let stmt = c.statement(sql, statements).await.map_err(|e| (false, e))?;
+                c.query(&stmt, params).await.map_err(|e| (true, e))
+            })
+        })
+        .await
+    }
+
+    /// [`query`](Self::query) for a statement that answers exactly one row; another
+    /// number of rows is an error.
+    pub(crate) async fn query_one(
+        &self,
+        sql: Sql,
+        params: &[&(dyn ToSql + Sync)],
+        idempotent: bool,
+    ) -> Result<Row, StoreError> {
+        let statements = &self.inner.statements;
+        self.run(self.patience(), idempotent, |c, _| {
+            Box::pin(async move {
+                let stmt = c.statement(sql, statements).await.map_err(|e| (false, e))?;
+                c.query_one(&stmt, params).await.map_err(|e| (true, e))
+            })
+        })
+        .await
+    }
+
+    /// [`query`](Self::query) for a statement whose answer is the number of rows it
+    /// changed.
+    pub(crate) async fn execute(
+        &self,
+        sql: Sql,
+        params: &[&(dyn ToSql + Sync)],
+        idempotent: bool,
+    ) -> Result<u64, StoreError> {
+        let statements = &self.inner.statements;
+        self.run(self.patience(), idempotent, |c, _| {
+            Box::pin(async move {
+                let stmt = c.statement(sql, statements).await.map_err(|e| (false, e))?;
+                c.execute(&stmt, params).await.map_err(|e| (true, e))
+            })
+        })
+        .await
+    }
+
     /// Runs `sql` (one row: a flag, then a record) with `params`, idempotently.
     async fn flagged_record(
         &self,
         sql: Sql,
-        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+        params: &[&(dyn ToSql + Sync)],
     ) -> Result<Option<(bool, LeaseRecord)>, StoreError> {
-        let statements = &self.inner.statements;
-        let rows = self
-            .run(self.patience(), true, |c, _| {
-                Box::pin(async move {
-                    let stmt = c.statement(sql, statements).await.map_err(|e| (false, e))?;
-                    c.query(&stmt, params).await.map_err(|e| (true, e))
-                })
-            })
-            .await?;
+        let rows = self.query(sql, params, true).await?;
         let Some(row) = rows.first() else {
             return Ok(None);
         };
@@ -347,15 +394,10 @@ impl PostgresStore {
         let released = self.release(&req.name, &req.owner, record.token).await;
         let gap = seen - token;
         let advanced = if gap <= MAX_ADVANCE {
-            let (sql, statements) = (Sql::Advance, &self.inner.statements);
-            self.run(self.patience(), false, |c, _| {
-                Box::pin(async move {
-                    let stmt = c.statement(sql, statements).await.map_err(|e| (false, e))?;
-                    c.query_one(&stmt, &[&gap]).await.map_err(|e| (true, e))
-                })
-            })
-            .await
-            .map(|row| row.get::<_, Option<i64>>(0))
+            let sql = Sql::Advance;
+            self.query_one(sql, &[&gap], false)
+                .await
+                .map(|row| row.get::<_, Option<i64>>(0))
         } else {
             Ok(None)
         };
@@ -383,16 +425,9 @@ impl PostgresStore {
     /// this client first read that version, so it was sent before, and the holder stopped
     /// believing less than one ttl after: no comparison with the server's clock.
     async fn observe(&self, req: &AcquireRequest) -> Result<Observed, StoreError> {
-        let (sql, statements) = (Sql::Observe, &self.inner.statements);
+        let sql = Sql::Observe;
         let name = &req.name;
-        let rows = self
-            .run(self.patience(), true, |c, _| {
-                Box::pin(async move {
-                    let stmt = c.statement(sql, statements).await.map_err(|e| (false, e))?;
-                    c.query(&stmt, &[name]).await.map_err(|e| (true, e))
-                })
-            })
-            .await?;
+        let rows = self.query(sql, &[name], true).await?;
         let Some(row) = rows.first() else {
             self.forget_observed(name);
             return Ok(Observed::Takeover(None));
@@ -557,7 +592,7 @@ impl LeaseStore for PostgresStore {
         if leases.is_empty() {
             return Ok(Vec::new());
         }
-        let (sql, statements) = (Sql::Renew, &self.inner.statements);
+        let sql = Sql::Renew;
         let names: Vec<&str> = leases.iter().map(|l| l.name.as_str()).collect();
         // A token beyond i64 was never issued: -1 matches nothing.
         let tokens: Vec<i64> = leases
@@ -567,14 +602,7 @@ impl LeaseStore for PostgresStore {
         let ttl = ttl_us(ttl);
         let (names, tokens) = (&names, &tokens);
         let rows = self
-            .run(self.patience(), true, |c, _| {
-                Box::pin(async move {
-                    let stmt = c.statement(sql, statements).await.map_err(|e| (false, e))?;
-                    c.query(&stmt, &[&owner, names, tokens, &ttl])
-                        .await
-                        .map_err(|e| (true, e))
-                })
-            })
+            .query(sql, &[&owner, names, tokens, &ttl], true)
             .await?;
         let mut held = HashMap::with_capacity(rows.len());
         for row in rows {
@@ -609,78 +637,31 @@ impl LeaseStore for PostgresStore {
         let Ok(token) = i64::try_from(token.get()) else {
             return Ok(false);
         };
-        let (sql, statements) = (Sql::Release, &self.inner.statements);
-        let n = self
-            .run(self.patience(), false, |c, _| {
-                Box::pin(async move {
-                    let stmt = c.statement(sql, statements).await.map_err(|e| (false, e))?;
-                    c.execute(&stmt, &[&name, &owner, &token])
-                        .await
-                        .map_err(|e| (true, e))
-                })
-            })
-            .await?;
+        let sql = Sql::Release;
+        let n = self.execute(sql, &[&name, &owner, &token], false).await?;
         Ok(n == 1)
     }
 
     async fn read(&self, name: &str) -> Result<Option<LeaseRecord>, StoreError> {
-        let (sql, statements) = (Sql::Read, &self.inner.statements);
-        let rows = self
-            .run(self.patience(), true, |c, _| {
-                Box::pin(async move {
-                    let stmt = c.statement(sql, statements).await.map_err(|e| (false, e))?;
-                    c.query(&stmt, &[&name]).await.map_err(|e| (true, e))
-                })
-            })
-            .await?;
+        let sql = Sql::Read;
+        let rows = self.query(sql, &[&name], true).await?;
         rows.first().map(|r| self.decode(r, 0)).transpose()
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
-        let statements = &self.inner.statements;
-        let end = tenure_lease::names::prefix_end(prefix);
-        let (prefix, end) = (&prefix, &end);
-        let rows = self
-            .run(self.patience(), true, |c, _| {
-                Box::pin(async move {
-                    match end {
-                        Some(end) => {
-                            let stmt = c
-                                .statement(Sql::List, statements)
-                                .await
-                                .map_err(|e| (false, e))?;
-                            c.query(&stmt, &[prefix, end]).await
-                        }
-                        None => {
-                            let stmt = c
-                                .statement(Sql::ListFrom, statements)
-                                .await
-                                .map_err(|e| (false, e))?;
-                            c.query(&stmt, &[prefix]).await
-                        }
-                    }
-                    .map_err(|e| (true, e))
-                })
-            })
-            .await?;
+        let rows = match tenure_lease::names::prefix_end(prefix) {
+            Some(end) => self.query(Sql::List, &[&prefix, &end], true).await?,
+            None => self.query(Sql::ListFrom, &[&prefix], true).await?,
+        };
         rows.iter().map(|r| self.decode(r, 0)).collect()
     }
 
-    fn as_fair_queue(&self) -> Option<&dyn FairQueue> {
-        Some(self)
-    }
-
-    fn as_preemption_requests(&self) -> Option<&dyn PreemptionRequests> {
-        Some(self)
-    }
-
-    fn as_remembered_ids(&self) -> Option<&dyn RememberedIds> {
-        Some(self)
-    }
-
-    fn as_grant_changes(&self) -> Option<&dyn GrantChanges> {
-        Some(self)
-    }
+    tenure_lease::capability_accessors!(
+        fair_queue,
+        preemption_requests,
+        remembered_ids,
+        grant_changes
+    );
 }
 
 #[async_trait]
@@ -694,19 +675,10 @@ impl GrantChanges for PostgresStore {
         prefix: &str,
         since: Option<ChangeVersion>,
     ) -> Result<Changes, StoreError> {
-        let (sql, statements) = (Sql::Changes, &self.inner.statements);
+        let sql = Sql::Changes;
         let after = since.map(|v| v.at);
         let (prefix, after) = (&prefix, &after);
-        let row = self
-            .run(self.patience(), true, |c, _| {
-                Box::pin(async move {
-                    let stmt = c.statement(sql, statements).await.map_err(|e| (false, e))?;
-                    c.query_one(&stmt, &[prefix, after])
-                        .await
-                        .map_err(|e| (true, e))
-                })
-            })
-            .await?;
+        let row = self.query_one(sql, &[prefix, after], true).await?;
         let changes: Option<i64> = row.try_get(0).map_err(|e| self.bad(e))?;
         let at: i64 = row.try_get(1).map_err(|e| self.bad(e))?;
         let expired: bool = row.try_get(2).map_err(|e| self.bad(e))?;
@@ -811,17 +783,8 @@ impl PreemptionRequests for PostgresStore {
         let Ok(token) = i64::try_from(token.get()) else {
             return Ok(false);
         };
-        let (sql, statements) = (Sql::WithdrawPreemption, &self.inner.statements);
-        let n = self
-            .run(self.patience(), false, |c, _| {
-                Box::pin(async move {
-                    let stmt = c.statement(sql, statements).await.map_err(|e| (false, e))?;
-                    c.execute(&stmt, &[&name, &token, &by])
-                        .await
-                        .map_err(|e| (true, e))
-                })
-            })
-            .await?;
+        let sql = Sql::WithdrawPreemption;
+        let n = self.execute(sql, &[&name, &token, &by], false).await?;
         Ok(n == 1)
     }
 }
@@ -841,33 +804,19 @@ impl RememberedIds for PostgresStore {
         let Ok(token) = i64::try_from(token.get()) else {
             return Ok(false);
         };
-        let (sql, statements) = (Sql::Remember, &self.inner.statements);
+        let sql = Sql::Remember;
         let add: Vec<&str> = change.added().iter().map(String::as_str).collect();
         let remove: Vec<&str> = change.removed().iter().map(String::as_str).collect();
         let (add, remove) = (&add, &remove);
         let row = self
-            .run(self.patience(), true, |c, _| {
-                Box::pin(async move {
-                    let stmt = c.statement(sql, statements).await.map_err(|e| (false, e))?;
-                    c.query_one(&stmt, &[&name, &owner, &token, add, remove])
-                        .await
-                        .map_err(|e| (true, e))
-                })
-            })
+            .query_one(sql, &[&name, &owner, &token, add, remove], true)
             .await?;
         row.try_get(0).map_err(|e| self.bad(e))
     }
 
     async fn remembered(&self, name: &str) -> Result<Vec<String>, StoreError> {
-        let (sql, statements) = (Sql::Remembered, &self.inner.statements);
-        let rows = self
-            .run(self.patience(), true, |c, _| {
-                Box::pin(async move {
-                    let stmt = c.statement(sql, statements).await.map_err(|e| (false, e))?;
-                    c.query(&stmt, &[&name]).await.map_err(|e| (true, e))
-                })
-            })
-            .await?;
+        let sql = Sql::Remembered;
+        let rows = self.query(sql, &[&name], true).await?;
         rows.iter()
             .map(|r| r.try_get(0).map_err(|e| self.bad(e)))
             .collect()

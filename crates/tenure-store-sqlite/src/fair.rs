@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use rusqlite::{OptionalExtension, params};
-use tenure_lease::store::leave_line_when_wait_passed;
+use tenure_lease::store::{LeaveOnDrop, leave_line_when_wait_passed};
 use tenure_lease::{AcquireOutcome, AcquireRequest, AcquireStep, LeaseStore, StoreError};
 use tokio::sync::Notify;
 use tokio::time::timeout;
@@ -95,31 +95,6 @@ pub(crate) fn wake(file: &Path, name: &str) {
 /// The live bell of `name` in `file`, found with borrowed keys.
 fn ringing(bells: &Bells, file: &Path, name: &str) -> Option<Arc<Notify>> {
     bells.get(file)?.get(name)?.upgrade()
-}
-
-/// A waiter's row, removed when dropped unless it is gone already (granted, removed on
-/// timeout, or expired): by a spawned task, so also when the fair acquire is cancelled.
-struct Queued {
-    store: SqliteStore,
-    name: String,
-    seq: i64,
-    gone: bool,
-}
-
-impl Drop for Queued {
-    fn drop(&mut self) {
-        if self.gone {
-            return;
-        }
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let (store, name, seq) = (self.store.clone(), std::mem::take(&mut self.name), self.seq);
-            runtime.spawn(async move {
-                if let Err(e) = store.leave(&name, seq).await {
-                    tracing::warn!(lease = %name, seq, error = %e, "could not remove a fair waiter's row; it expires after its ttl");
-                }
-            });
-        }
-    }
 }
 
 /// How joining the line went.
@@ -261,12 +236,16 @@ impl SqliteStore {
             Joined::Queued(seq) => seq,
             Joined::Reentered(outcome) => return outcome.map_err(refused),
         };
-        let mut entry = Queued {
-            store: self.clone(),
-            name: req.name.clone(),
-            seq,
-            gone: false,
-        };
+        // The waiter's row, removed unless it is gone already (granted, removed on timeout,
+        // or expired).
+        let mut entry = LeaveOnDrop::new({
+            let (store, name) = (self.clone(), req.name.clone());
+            move || async move {
+                if let Err(e) = store.leave(&name, seq).await {
+                    tracing::warn!(lease = %name, seq, error = %e, "could not remove a fair waiter's row; it expires after its ttl");
+                }
+            }
+        });
         let refresh_every = req.ttl / 3;
         let poll = cross_process_poll(req.ttl);
         let mut refreshed = self.clock.now();
@@ -283,14 +262,14 @@ impl SqliteStore {
             }
             let (until, holder) = match look {
                 Look::Gone => {
-                    entry.gone = true;
+                    entry.disarm();
                     return Err(queue_error(
                         &req.name,
                         "the waiter's row expired or was removed while queued",
                     ));
                 }
                 Look::First(Ok(AcquireOutcome::Granted(record))) => {
-                    entry.gone = true;
+                    entry.disarm();
                     return Ok(AcquireOutcome::Granted(record));
                 }
                 Look::First(Ok(AcquireOutcome::Held(holder))) => (holder.expires_in, Some(holder)),
@@ -300,14 +279,13 @@ impl SqliteStore {
             };
             let now = self.clock.now();
             if now >= deadline {
-                let seq = entry.seq;
                 return leave_line_when_wait_passed(
                     "sqlite",
                     req,
                     wait,
                     holder,
                     self.leave(&req.name, seq),
-                    || entry.gone = true,
+                    || entry.disarm(),
                     async || self.read(&req.name).await,
                 )
                 .await;

@@ -870,21 +870,12 @@ impl LeaseStore for ZooKeeperStore {
         Ok(out)
     }
 
-    fn as_fair_queue(&self) -> Option<&dyn FairQueue> {
-        Some(self)
-    }
-
-    fn as_preemption_requests(&self) -> Option<&dyn PreemptionRequests> {
-        Some(self)
-    }
-
-    fn as_remembered_ids(&self) -> Option<&dyn RememberedIds> {
-        Some(self)
-    }
-
-    fn as_grant_changes(&self) -> Option<&dyn GrantChanges> {
-        Some(self)
-    }
+    tenure_lease::capability_accessors!(
+        fair_queue,
+        preemption_requests,
+        remembered_ids,
+        grant_changes
+    );
 }
 
 #[async_trait]
