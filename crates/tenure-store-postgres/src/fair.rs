@@ -149,10 +149,13 @@ impl PostgresStore {
     /// instance holds the lease already. Not retried once sent: a second row would hold
     /// the line until it expired.
     async fn join(&self, req: &AcquireRequest) -> Result<Option<i64>, StoreError> {
-        let sql = Sql::Join;
         let ttl = waiter_ttl_us(req.ttl);
         let rows = self
-            .query(sql, &[&req.name, &req.owner, &req.instance, &ttl], false)
+            .query(
+                Sql::Join,
+                &[&req.name, &req.owner, &req.instance, &ttl],
+                false,
+            )
             .await?;
         rows.first()
             .map(|row| row.try_get(0).map_err(|e| self.bad(e)))
@@ -161,10 +164,9 @@ impl PostgresStore {
 
     /// Refreshes waiter `seq`'s row and reads the head of the line.
     async fn look(&self, req: &AcquireRequest, seq: i64) -> Result<Line, StoreError> {
-        let sql = Sql::Line;
         let ttl = waiter_ttl_us(req.ttl);
         let name = &req.name;
-        let row = self.query_one(sql, &[&seq, name, &ttl], true).await?;
+        let row = self.query_one(Sql::Line, &[&seq, name, &ttl], true).await?;
         let bad = |e| self.bad(e);
         let queued: bool = row.try_get(0).map_err(bad)?;
         let head: Option<i64> = row.try_get(1).map_err(bad)?;
@@ -177,8 +179,7 @@ impl PostgresStore {
 
     /// Removes waiter `seq` from its line and notifies the waiters behind it.
     pub(crate) async fn leave(&self, seq: i64) -> Result<(), StoreError> {
-        let sql = Sql::Leave;
-        self.execute(sql, &[&seq], true).await.map(drop)
+        self.execute(Sql::Leave, &[&seq], true).await.map(drop)
     }
 
     /// The fair acquire (see [`LeaseStore::acquire_fair`] on [`PostgresStore`]).

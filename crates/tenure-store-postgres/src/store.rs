@@ -80,6 +80,30 @@ type Attempt<'c, T> = BoxFuture<'c, Result<T, (bool, tokio_postgres::Error)>>;
 /// type implies `'a: 'c`, which a plain `for<'c>` bound cannot say).
 type Scope<'c, 'a> = std::marker::PhantomData<&'c &'a ()>;
 
+/// Methods that run one prepared statement with the pooled connection's method of the same
+/// name (`query`, `query_one`, `execute`), each as [`PostgresStore::run`] runs an attempt:
+/// within the store's patience, retried after it was sent only when `idempotent`.
+macro_rules! statement_runs {
+    ($($(#[$doc:meta])* $method:ident -> $answer:ty;)+) => {$(
+        $(#[$doc])*
+        pub(crate) async fn $method(
+            &self,
+            sql: Sql,
+            params: &[&(dyn ToSql + Sync)],
+            idempotent: bool,
+        ) -> Result<$answer, StoreError> {
+            let statements = &self.inner.statements;
+            self.run(self.patience(), idempotent, |c, _| {
+                Box::pin(async move {
+                    let stmt = c.statement(sql, statements).await.map_err(|e| (false, e))?;
+                    c.$method(&stmt, params).await.map_err(|e| (true, e))
+                })
+            })
+            .await
+        }
+    )+};
+}
+
 impl PostgresStore {
     /// Connects to the server of `options` and creates the lease table if it is missing.
     /// Tries for `connect-timeout` (at least the operation timeout) before giving up.
@@ -283,58 +307,17 @@ impl PostgresStore {
         }))
     }
 
-    /// Runs `sql` with `params` as [`run`](Self::run) does, within the store's patience
-    /// and retried after it was sent only when `idempotent`: the rows it answers.
-    pub(crate) async fn query(
-        &self,
-        sql: Sql,
-        params: &[&(dyn ToSql + Sync)],
-        idempotent: bool,
-    ) -> Result<Vec<Row>, StoreError> {
-        let statements = &self.inner.statements;
-        self.run(self.patience(), idempotent, |c, _| {
-            Box::pin(async move {
-                let stmt = c.statement(sql, statements).await.map_err(|e| (false, e))?;
-                c.query(&stmt, params).await.map_err(|e| (true, e))
-            })
-        })
-        .await
-    }
-
-    /// [`query`](Self::query) for a statement that answers exactly one row; another
-    /// number of rows is an error.
-    pub(crate) async fn query_one(
-        &self,
-        sql: Sql,
-        params: &[&(dyn ToSql + Sync)],
-        idempotent: bool,
-    ) -> Result<Row, StoreError> {
-        let statements = &self.inner.statements;
-        self.run(self.patience(), idempotent, |c, _| {
-            Box::pin(async move {
-                let stmt = c.statement(sql, statements).await.map_err(|e| (false, e))?;
-                c.query_one(&stmt, params).await.map_err(|e| (true, e))
-            })
-        })
-        .await
-    }
-
-    /// [`query`](Self::query) for a statement whose answer is the number of rows it
-    /// changed.
-    pub(crate) async fn execute(
-        &self,
-        sql: Sql,
-        params: &[&(dyn ToSql + Sync)],
-        idempotent: bool,
-    ) -> Result<u64, StoreError> {
-        let statements = &self.inner.statements;
-        self.run(self.patience(), idempotent, |c, _| {
-            Box::pin(async move {
-                let stmt = c.statement(sql, statements).await.map_err(|e| (false, e))?;
-                c.execute(&stmt, params).await.map_err(|e| (true, e))
-            })
-        })
-        .await
+    statement_runs! {
+        /// Runs `sql` with `params` as [`run`](Self::run) does, within the store's
+        /// patience and retried after it was sent only when `idempotent`: the rows it
+        /// answers.
+        query -> Vec<Row>;
+        /// [`query`](Self::query) for a statement that answers exactly one row; another
+        /// number of rows is an error.
+        query_one -> Row;
+        /// [`query`](Self::query) for a statement whose answer is the number of rows it
+        /// changed.
+        execute -> u64;
     }
 
     /// Runs `sql` (one row: a flag, then a record) with `params`, idempotently.
@@ -394,8 +377,7 @@ impl PostgresStore {
         let released = self.release(&req.name, &req.owner, record.token).await;
         let gap = seen - token;
         let advanced = if gap <= MAX_ADVANCE {
-            let sql = Sql::Advance;
-            self.query_one(sql, &[&gap], false)
+            self.query_one(Sql::Advance, &[&gap], false)
                 .await
                 .map(|row| row.get::<_, Option<i64>>(0))
         } else {
@@ -425,9 +407,8 @@ impl PostgresStore {
     /// this client first read that version, so it was sent before, and the holder stopped
     /// believing less than one ttl after: no comparison with the server's clock.
     async fn observe(&self, req: &AcquireRequest) -> Result<Observed, StoreError> {
-        let sql = Sql::Observe;
         let name = &req.name;
-        let rows = self.query(sql, &[name], true).await?;
+        let rows = self.query(Sql::Observe, &[name], true).await?;
         let Some(row) = rows.first() else {
             self.forget_observed(name);
             return Ok(Observed::Takeover(None));
@@ -592,7 +573,6 @@ impl LeaseStore for PostgresStore {
         if leases.is_empty() {
             return Ok(Vec::new());
         }
-        let sql = Sql::Renew;
         let names: Vec<&str> = leases.iter().map(|l| l.name.as_str()).collect();
         // A token beyond i64 was never issued: -1 matches nothing.
         let tokens: Vec<i64> = leases
@@ -602,7 +582,7 @@ impl LeaseStore for PostgresStore {
         let ttl = ttl_us(ttl);
         let (names, tokens) = (&names, &tokens);
         let rows = self
-            .query(sql, &[&owner, names, tokens, &ttl], true)
+            .query(Sql::Renew, &[&owner, names, tokens, &ttl], true)
             .await?;
         let mut held = HashMap::with_capacity(rows.len());
         for row in rows {
@@ -637,14 +617,14 @@ impl LeaseStore for PostgresStore {
         let Ok(token) = i64::try_from(token.get()) else {
             return Ok(false);
         };
-        let sql = Sql::Release;
-        let n = self.execute(sql, &[&name, &owner, &token], false).await?;
+        let n = self
+            .execute(Sql::Release, &[&name, &owner, &token], false)
+            .await?;
         Ok(n == 1)
     }
 
     async fn read(&self, name: &str) -> Result<Option<LeaseRecord>, StoreError> {
-        let sql = Sql::Read;
-        let rows = self.query(sql, &[&name], true).await?;
+        let rows = self.query(Sql::Read, &[&name], true).await?;
         rows.first().map(|r| self.decode(r, 0)).transpose()
     }
 
@@ -675,10 +655,9 @@ impl GrantChanges for PostgresStore {
         prefix: &str,
         since: Option<ChangeVersion>,
     ) -> Result<Changes, StoreError> {
-        let sql = Sql::Changes;
         let after = since.map(|v| v.at);
         let (prefix, after) = (&prefix, &after);
-        let row = self.query_one(sql, &[prefix, after], true).await?;
+        let row = self.query_one(Sql::Changes, &[prefix, after], true).await?;
         let changes: Option<i64> = row.try_get(0).map_err(|e| self.bad(e))?;
         let at: i64 = row.try_get(1).map_err(|e| self.bad(e))?;
         let expired: bool = row.try_get(2).map_err(|e| self.bad(e))?;
@@ -783,8 +762,9 @@ impl PreemptionRequests for PostgresStore {
         let Ok(token) = i64::try_from(token.get()) else {
             return Ok(false);
         };
-        let sql = Sql::WithdrawPreemption;
-        let n = self.execute(sql, &[&name, &token, &by], false).await?;
+        let n = self
+            .execute(Sql::WithdrawPreemption, &[&name, &token, &by], false)
+            .await?;
         Ok(n == 1)
     }
 }
@@ -804,19 +784,17 @@ impl RememberedIds for PostgresStore {
         let Ok(token) = i64::try_from(token.get()) else {
             return Ok(false);
         };
-        let sql = Sql::Remember;
         let add: Vec<&str> = change.added().iter().map(String::as_str).collect();
         let remove: Vec<&str> = change.removed().iter().map(String::as_str).collect();
         let (add, remove) = (&add, &remove);
         let row = self
-            .query_one(sql, &[&name, &owner, &token, add, remove], true)
+            .query_one(Sql::Remember, &[&name, &owner, &token, add, remove], true)
             .await?;
         row.try_get(0).map_err(|e| self.bad(e))
     }
 
     async fn remembered(&self, name: &str) -> Result<Vec<String>, StoreError> {
-        let sql = Sql::Remembered;
-        let rows = self.query(sql, &[&name], true).await?;
+        let rows = self.query(Sql::Remembered, &[&name], true).await?;
         rows.iter()
             .map(|r| r.try_get(0).map_err(|e| self.bad(e)))
             .collect()
