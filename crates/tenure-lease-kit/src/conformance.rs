@@ -125,6 +125,18 @@ pub fn test_settings() -> LeaseSettings {
     }
 }
 
+/// A plain request for a store test: `owner`'s one instance (`<owner>-1`) asks for `name`
+/// for `ttl`, at the default priority, with no note.
+pub fn owner_request(name: &str, owner: &str, ttl: Duration) -> AcquireRequest {
+    AcquireRequest {
+        name: name.into(),
+        owner: owner.into(),
+        instance: format!("{owner}-1"),
+        ttl,
+        ..AcquireRequest::default()
+    }
+}
+
 fn request(name: &str, owner: &str, ttl: Duration) -> AcquireRequest {
     AcquireRequest {
         name: name.into(),

@@ -8,21 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Client, GetOptions};
-use tenure_lease::{AcquireOutcome, AcquireRequest, FairQueue, FencingToken, LeaseStore};
+use tenure_lease::{AcquireOutcome, FairQueue, FencingToken, LeaseStore};
+use tenure_lease_kit::conformance::owner_request;
 
 use tenure_test_kit::etcd::{Etcd, PREFIX};
 use tenure_test_kit::eventually_async;
-
-fn request(name: &str, owner: &str, ttl: Duration) -> AcquireRequest {
-    AcquireRequest {
-        name: name.into(),
-        owner: owner.into(),
-        instance: format!("{owner}-1"),
-        ttl,
-        note: None,
-        ..AcquireRequest::default()
-    }
-}
 
 fn token(o: &AcquireOutcome) -> FencingToken {
     match o {
@@ -70,7 +60,7 @@ async fn fair_waiters_are_granted_in_order() {
     let holder = etcd.store().await;
     let first = token(
         &holder
-            .try_acquire(&request("fair", "a", ttl))
+            .try_acquire(&owner_request("fair", "a", ttl))
             .await
             .expect("acquire"),
     );
@@ -82,7 +72,7 @@ async fn fair_waiters_are_granted_in_order() {
         let tx = tx.clone();
         tokio::spawn(async move {
             let got = store
-                .acquire_fair(&request("fair", owner, ttl), Duration::from_secs(60))
+                .acquire_fair(&owner_request("fair", owner, ttl), Duration::from_secs(60))
                 .await;
             tx.send((owner, got)).expect("report");
         });
@@ -99,7 +89,7 @@ async fn fair_waiters_are_granted_in_order() {
         let rec = holder.read("fair").await.expect("read").expect("held");
         assert_eq!((rec.owner.as_str(), rec.token), (owner, t));
         match holder
-            .try_acquire(&request("fair", "z", ttl))
+            .try_acquire(&owner_request("fair", "z", ttl))
             .await
             .expect("acquire")
         {
@@ -121,13 +111,13 @@ async fn fair_timeout_and_cancel_leave_the_line() {
     let holder = etcd.store().await;
     token(
         &holder
-            .try_acquire(&request("busy", "a", ttl))
+            .try_acquire(&owner_request("busy", "a", ttl))
             .await
             .expect("acquire"),
     );
     let b = etcd.store().await;
     match b
-        .acquire_fair(&request("busy", "b", ttl), Duration::from_millis(300))
+        .acquire_fair(&owner_request("busy", "b", ttl), Duration::from_millis(300))
         .await
         .expect("fair acquire")
     {
@@ -136,7 +126,7 @@ async fn fair_timeout_and_cancel_leave_the_line() {
     }
     until_waiters(&mut c, 0).await;
     let cancelled = tokio::spawn(async move {
-        b.acquire_fair(&request("busy", "b", ttl), Duration::from_secs(60))
+        b.acquire_fair(&owner_request("busy", "b", ttl), Duration::from_secs(60))
             .await
     });
     until_waiters(&mut c, 1).await;
@@ -154,13 +144,13 @@ async fn fair_waiter_whose_session_ends_gets_an_error() {
     let holder = etcd.store().await;
     let t = token(
         &holder
-            .try_acquire(&request("revoked", "a", ttl))
+            .try_acquire(&owner_request("revoked", "a", ttl))
             .await
             .expect("acquire"),
     );
     let b = etcd.store().await;
     let waiting = tokio::spawn(async move {
-        b.acquire_fair(&request("revoked", "b", ttl), Duration::from_secs(60))
+        b.acquire_fair(&owner_request("revoked", "b", ttl), Duration::from_secs(60))
             .await
     });
     until_waiters(&mut c, 1).await;

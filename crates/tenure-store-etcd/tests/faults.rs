@@ -9,24 +9,14 @@ use std::time::Duration;
 
 use tenure_lease::store::bounded;
 use tenure_lease::{
-    AcquireOutcome, AcquireRequest, FencingToken, HeldLease, Lease, LeaseSettings, LeaseSpec,
-    LeaseStore,
+    AcquireOutcome, FencingToken, HeldLease, Lease, LeaseSettings, LeaseSpec, LeaseStore,
 };
-use tenure_lease_kit::conformance::{Losses, acquire_recording_losses, test_settings};
+use tenure_lease_kit::conformance::{
+    Losses, acquire_recording_losses, owner_request, test_settings,
+};
 use tokio::time::{Instant, sleep};
 
 use tenure_test_kit::etcd::Etcd;
-
-fn request(name: &str, owner: &str, ttl: Duration) -> AcquireRequest {
-    AcquireRequest {
-        name: name.into(),
-        owner: owner.into(),
-        instance: format!("{owner}-1"),
-        ttl,
-        note: None,
-        ..AcquireRequest::default()
-    }
-}
 
 async fn hold(
     store: Arc<dyn LeaseStore>,
@@ -53,7 +43,7 @@ async fn poll_until_granted(
             name,
             "acquire",
             Duration::from_secs(1),
-            store.try_acquire(&request(name, owner, ttl)),
+            store.try_acquire(&owner_request(name, owner, ttl)),
         )
         .await
         {
@@ -85,7 +75,7 @@ async fn etcd_stopped_then_restarted() {
         "stopped",
         "acquire",
         timeout,
-        other.try_acquire(&request("stopped", "b", ttl)),
+        other.try_acquire(&owner_request("stopped", "b", ttl)),
     )
     .await;
     assert!(acquire.is_err(), "acquire while etcd is down: {acquire:?}");
@@ -147,7 +137,7 @@ async fn tokens_increase_across_crash_restart() {
     let mut last = FencingToken::new(0);
     for round in 0..3 {
         let t = match store
-            .try_acquire(&request("crash", "a", long))
+            .try_acquire(&owner_request("crash", "a", long))
             .await
             .expect("acquire")
         {
@@ -157,7 +147,7 @@ async fn tokens_increase_across_crash_restart() {
         assert!(t > last, "round {round}: token {t} after {last}");
         last = t;
         let kept = match store
-            .try_acquire(&request("kept", "k", long))
+            .try_acquire(&owner_request("kept", "k", long))
             .await
             .expect("acquire")
         {
@@ -205,7 +195,7 @@ async fn leader_killed_no_two_holders() {
             "leader",
             "acquire",
             Duration::from_secs(1),
-            contender.try_acquire(&request("leader", "b", Duration::from_secs(6))),
+            contender.try_acquire(&owner_request("leader", "b", Duration::from_secs(6))),
         )
         .await;
         match r {
@@ -253,21 +243,25 @@ async fn revisions_gone_back_never_make_a_live_grant_look_expired() {
     let (a, _, a_lost) = hold(Arc::new(etcd.store().await), "kept", "a", test_settings()).await;
     let held = |o: AcquireOutcome| matches!(o, AcquireOutcome::Held(r) if r.owner == "a");
     assert!(held(
-        b.try_acquire(&request("kept", "b", ttl)).await.unwrap()
+        b.try_acquire(&owner_request("kept", "b", ttl))
+            .await
+            .unwrap()
     ));
     etcd.snapshot(0, &snapshot);
     // Renewals move the revision on; b sees the later revisions too, more than a ttl after
     // the snapshot's (and before its own idle session expires).
     sleep(ttl + Duration::from_millis(500)).await;
     assert!(held(
-        b.try_acquire(&request("kept", "b", ttl)).await.unwrap()
+        b.try_acquire(&owner_request("kept", "b", ttl))
+            .await
+            .unwrap()
     ));
     assert!(a.check_lease());
     etcd.restore(&snapshot).await;
     let restored = Instant::now();
     let mut refusals = Vec::new();
     while restored.elapsed() < ttl * 3 {
-        match b.try_acquire(&request("kept", "b", ttl)).await {
+        match b.try_acquire(&owner_request("kept", "b", ttl)).await {
             Ok(AcquireOutcome::Granted(r)) => {
                 let a_lost = a_lost.lock().unwrap().first().copied();
                 assert!(

@@ -9,16 +9,11 @@ use std::time::Duration;
 
 use etcd_client::{Txn, TxnOp};
 use tenure_lease::{AcquireOutcome, AcquireRequest, FencingToken, LeaseStore};
+use tenure_lease_kit::conformance::owner_request;
 use tenure_test_kit::etcd::Etcd;
 
 fn request(owner: &str) -> AcquireRequest {
-    AcquireRequest {
-        name: "report".into(),
-        owner: owner.into(),
-        instance: format!("{owner}-1"),
-        ttl: Duration::from_secs(30),
-        ..AcquireRequest::default()
-    }
+    owner_request("report", owner, Duration::from_secs(30))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use futures::future::poll_fn;
 use tenure_lease::{AcquireOutcome, AcquireRequest, FairQueue, FencingToken, LeaseStore};
-use tenure_lease_kit::conformance::test_settings;
+use tenure_lease_kit::conformance::{owner_request, test_settings};
 use tenure_store_postgres::PostgresStore;
 use tenure_test_kit::eventually_async;
 use tenure_test_kit::postgres::{Exclusive, PgServer};
@@ -31,13 +31,7 @@ async fn store(server: &PgServer) -> PostgresStore {
 }
 
 fn request(name: &str, owner: &str) -> AcquireRequest {
-    AcquireRequest {
-        name: name.into(),
-        owner: owner.into(),
-        instance: format!("{owner}-1"),
-        ttl: TTL,
-        ..AcquireRequest::default()
-    }
+    owner_request(name, owner, TTL)
 }
 
 fn granted(outcome: &AcquireOutcome) -> FencingToken {

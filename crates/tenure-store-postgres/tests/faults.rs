@@ -13,7 +13,7 @@ use tenure_lease::{
     LeaseSpec, LeaseStore, LostReason, PreemptAnswer, PreemptionRequest, PreemptionRequests,
     Renewal,
 };
-use tenure_lease_kit::conformance::test_settings;
+use tenure_lease_kit::conformance::{owner_request, test_settings};
 use tenure_store_postgres::{FenceError, PostgresOptions, PostgresStore};
 use tenure_test_kit::postgres::{Exclusive, PgServer};
 use tokio::time::{Instant, sleep};
@@ -33,17 +33,6 @@ async fn store(server: &PgServer) -> PostgresStore {
     PostgresStore::connect(server.options(test_settings().lease_operation_timeout))
         .await
         .expect("connect")
-}
-
-fn request(name: &str, owner: &str, ttl: Duration) -> AcquireRequest {
-    AcquireRequest {
-        name: name.into(),
-        owner: owner.into(),
-        instance: format!("{owner}-1"),
-        ttl,
-        note: None,
-        ..AcquireRequest::default()
-    }
 }
 
 async fn grant(store: &PostgresStore, req: &AcquireRequest) -> FencingToken {
@@ -83,7 +72,7 @@ async fn stopped_server_gives_errors_and_the_holder_signals_loss() {
     for outcome in [
         tokio::time::timeout(
             bound,
-            other.try_acquire(&request("stopped", "b", settings.heartbeat_timeout)),
+            other.try_acquire(&owner_request("stopped", "b", settings.heartbeat_timeout)),
         )
         .await
         .map(|r| r.map(drop)),
@@ -146,7 +135,7 @@ async fn stopped_server_gives_errors_and_the_holder_signals_loss() {
     // The old pool finds its connections closed and opens new ones.
     let (granted_at, later) = loop {
         match other
-            .try_acquire(&request("stopped", "b", settings.heartbeat_timeout))
+            .try_acquire(&owner_request("stopped", "b", settings.heartbeat_timeout))
             .await
         {
             Ok(AcquireOutcome::Granted(r)) => break (Instant::now(), r.token),
@@ -167,10 +156,10 @@ async fn tokens_increase_across_crashes_and_restarts() {
     let mut last = FencingToken::new(0);
     for (round, fast) in [false, true, false].into_iter().enumerate() {
         let s = store(&server).await;
-        let long = grant(&s, &request("kept", "a", Duration::from_secs(60))).await;
+        let long = grant(&s, &owner_request("kept", "a", Duration::from_secs(60))).await;
         let t = grant(
             &s,
-            &request("crash", &format!("owner-{round}"), Duration::from_secs(60)),
+            &owner_request("crash", &format!("owner-{round}"), Duration::from_secs(60)),
         )
         .await;
         assert!(t > last, "round {round}: token {t} after {last}");
@@ -195,7 +184,7 @@ async fn tokens_increase_across_crashes_and_restarts() {
         assert!(s.release("kept", "a", long).await.expect("release"));
     }
     let s = store(&server).await;
-    let t = grant(&s, &request("crash", "z", Duration::from_secs(5))).await;
+    let t = grant(&s, &owner_request("crash", "z", Duration::from_secs(5))).await;
     assert!(t > last, "after the last restart: token {t} after {last}");
 }
 
@@ -207,7 +196,7 @@ async fn list_prefix_is_literal_and_sorted_bytewise() {
     let s = store(&server).await;
     let ttl = Duration::from_secs(30);
     for name in ["p_x", "p%x", "pax", "p\\x", "q-B", "q-a", "q-Z", "q-é"] {
-        grant(&s, &request(name, "a", ttl)).await;
+        grant(&s, &owner_request(name, "a", ttl)).await;
     }
     let names =
         |v: Vec<tenure_lease::LeaseRecord>| v.into_iter().map(|r| r.name).collect::<Vec<_>>();
@@ -230,10 +219,10 @@ async fn notes_versions_and_expiry() {
     let ttl = Duration::from_secs(30);
     let req = AcquireRequest {
         note: Some("nightly report, pid 42".into()),
-        ..request("noted", "a", ttl)
+        ..owner_request("noted", "a", ttl)
     };
     let t = grant(&s, &req).await;
-    let again = grant(&s, &request("noted", "a", ttl)).await;
+    let again = grant(&s, &owner_request("noted", "a", ttl)).await;
     assert_eq!(t, again);
     let rec = s.read("noted").await.unwrap().expect("held");
     assert_eq!(rec.note.as_deref(), Some("nightly report, pid 42"));
@@ -276,9 +265,13 @@ async fn concurrent_first_starts_share_one_table() {
         .into_iter()
         .collect::<Result<Vec<_>, _>>()
         .expect("every migration succeeds");
-    let t = grant(&stores[0], &request("shared", "a", Duration::from_secs(30))).await;
+    let t = grant(
+        &stores[0],
+        &owner_request("shared", "a", Duration::from_secs(30)),
+    )
+    .await;
     match stores[5]
-        .try_acquire(&request("shared", "b", Duration::from_secs(30)))
+        .try_acquire(&owner_request("shared", "b", Duration::from_secs(30)))
         .await
         .unwrap()
     {
@@ -303,7 +296,7 @@ async fn tables_of_earlier_versions_gain_the_priority_columns() {
     let server = exclusive.server.clone();
     let s = store(&server).await;
     let ttl = Duration::from_secs(30);
-    let t = grant(&s, &request("old", "a", ttl)).await;
+    let t = grant(&s, &owner_request("old", "a", ttl)).await;
     let conn = s.connection().await.unwrap();
     let table = format!("\"{}\".\"{}\"", s.options().schema, s.options().table);
     conn.batch_execute(&format!(
@@ -359,7 +352,7 @@ async fn guarded_writes_refuse_stale_tokens() {
         .unwrap();
     let fence = s.fence();
     let short = Duration::from_millis(300);
-    let t1 = grant(&s, &request("guarded", "a", short)).await;
+    let t1 = grant(&s, &owner_request("guarded", "a", short)).await;
 
     let tx = conn.transaction().await.unwrap();
     fence.check(&tx, "guarded", "a", t1).await.expect("held");
@@ -373,7 +366,7 @@ async fn guarded_writes_refuse_stale_tokens() {
     let b = tokio::spawn(async move {
         let t = grant(
             &contender,
-            &request("guarded", "b", Duration::from_secs(30)),
+            &owner_request("guarded", "b", Duration::from_secs(30)),
         )
         .await;
         (Instant::now(), t)
@@ -429,7 +422,7 @@ async fn guarded_writes_hold_back_later_grants_but_not_renewals() {
         .unwrap();
     let fence = s.fence();
     let ttl = Duration::from_secs(30);
-    let t1 = grant(&s, &request("guarded", "a", ttl)).await;
+    let t1 = grant(&s, &owner_request("guarded", "a", ttl)).await;
 
     // a writes under t1; b takes the grant over at once (emergency).
     let tx = conn.transaction().await.unwrap();
@@ -441,7 +434,7 @@ async fn guarded_writes_hold_back_later_grants_but_not_renewals() {
         .await
         .expect("the holder's renewal waited for its own guarded write");
     assert_eq!(renewed.unwrap(), [Renewal::Renewed { request: None }]);
-    let mut takeover = request("guarded", "b", ttl);
+    let mut takeover = owner_request("guarded", "b", ttl);
     takeover.priority = EMERGENCY_PRIORITY;
     takeover.emergency = true;
     let t2 = later_grant(&watch, &s, takeover, tx, t1).await;
@@ -463,7 +456,7 @@ async fn guarded_writes_hold_back_later_grants_but_not_renewals() {
         .await
         .expect("the holder's release waited for its own guarded write");
     assert!(released.unwrap());
-    later_grant(&watch, &s, request("guarded", "a", ttl), tx, t2).await;
+    later_grant(&watch, &s, owner_request("guarded", "a", ttl), tx, t2).await;
 }
 
 /// Spawns an acquire of `req`, checks that it waits for a lock while the guarded write
@@ -559,10 +552,10 @@ async fn a_server_clock_stepped_forward_takes_over_only_with_the_server_clock_ru
         let contender = PostgresStore::connect(options).await.expect("connect");
         let name = format!("jump-{observed}");
         let sent = Instant::now();
-        grant(&holder, &request(&name, "a", ttl)).await;
+        grant(&holder, &owner_request(&name, "a", ttl)).await;
         // The holder believes until its send instant + ttl - margin, on its own clock.
         let believes_until = sent + settings.validity();
-        let b = request(&name, "b", ttl);
+        let b = owner_request(&name, "b", ttl);
         assert!(matches!(
             contender.try_acquire(&b).await.expect("acquire"),
             AcquireOutcome::Held(_)

@@ -7,17 +7,12 @@ use support::PgOptions;
 use std::time::Duration;
 
 use tenure_lease::{AcquireOutcome, AcquireRequest, HolderClock, LeaseStore};
+use tenure_lease_kit::conformance::owner_request;
 use tenure_store_postgres::PostgresStore;
 use tenure_test_kit::postgres::Exclusive;
 
 fn request(owner: &str, ttl: Duration) -> AcquireRequest {
-    AcquireRequest {
-        name: "observed".into(),
-        owner: owner.into(),
-        instance: format!("{owner}-1"),
-        ttl,
-        ..AcquireRequest::default()
-    }
+    owner_request("observed", owner, ttl)
 }
 
 #[tokio::test]

@@ -6,17 +6,12 @@ use std::time::Duration;
 
 use rusqlite::{Connection, TransactionBehavior};
 use tenure_lease::{AcquireOutcome, AcquireRequest, FencingToken, LeaseStore, StoreError};
+use tenure_lease_kit::conformance::owner_request;
 use tenure_store_sqlite::SqliteStore;
 use tenure_store_sqlite::fence::{FenceError, check};
 
 fn request(owner: &str, ttl: Duration) -> AcquireRequest {
-    AcquireRequest {
-        name: "report".into(),
-        owner: owner.into(),
-        instance: format!("{owner}-1"),
-        ttl,
-        ..AcquireRequest::default()
-    }
+    owner_request("report", owner, ttl)
 }
 
 async fn granted(store: &SqliteStore, owner: &str, ttl: Duration) -> FencingToken {

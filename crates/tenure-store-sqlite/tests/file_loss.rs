@@ -6,16 +6,11 @@
 use std::time::Duration;
 
 use tenure_lease::{AcquireOutcome, AcquireRequest, FencingToken, LeaseStore, StoreError};
+use tenure_lease_kit::conformance::owner_request;
 use tenure_store_sqlite::SqliteStore;
 
 fn request(owner: &str) -> AcquireRequest {
-    AcquireRequest {
-        name: "nightly".into(),
-        owner: owner.into(),
-        instance: format!("{owner}-1"),
-        ttl: Duration::from_secs(5),
-        ..AcquireRequest::default()
-    }
+    owner_request("nightly", owner, Duration::from_secs(5))
 }
 
 async fn acquire_release(store: &SqliteStore) -> FencingToken {

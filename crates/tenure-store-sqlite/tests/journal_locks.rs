@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tenure_journal::{Fence, Journal, Refusal, Written};
-use tenure_lease::{AcquireOutcome, AcquireRequest, HeldLease, LeaseStore, Renewal};
+use tenure_lease::{AcquireOutcome, HeldLease, LeaseStore, Renewal};
+use tenure_lease_kit::conformance::owner_request;
 use tenure_store_sqlite::journal::sql;
 use tenure_store_sqlite::rusqlite::Connection;
 use tenure_store_sqlite::{SqliteJournal, SqliteStore, fence::FenceError};
@@ -51,13 +52,7 @@ fn store(path: &Path) -> SqliteStore {
 }
 
 async fn grant(store: &SqliteStore, owner: &str) -> Fence {
-    let req = AcquireRequest {
-        name: LEASE.into(),
-        owner: owner.into(),
-        instance: format!("{owner}-1"),
-        ttl: TTL,
-        ..AcquireRequest::default()
-    };
+    let req = owner_request(LEASE, owner, TTL);
     match store.try_acquire(&req).await.expect("acquire") {
         AcquireOutcome::Granted(record) => Fence::new(LEASE, owner, record.token),
         other => panic!("{owner} was not granted {LEASE}: {other:?}"),

@@ -11,18 +11,13 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use tenure_lease::{AcquireOutcome, AcquireRequest, FairQueue, HolderClock, LeaseStore};
+use tenure_lease_kit::conformance::owner_request;
 use tenure_store_sqlite::SqliteStore;
 
 const TTL: Duration = Duration::from_secs(60);
 
 fn request(owner: &str) -> AcquireRequest {
-    AcquireRequest {
-        name: "line".into(),
-        owner: owner.into(),
-        instance: format!("{owner}-1"),
-        ttl: TTL,
-        ..AcquireRequest::default()
-    }
+    owner_request("line", owner, TTL)
 }
 
 /// The expiry of the waiter row of `line`, if there is one.

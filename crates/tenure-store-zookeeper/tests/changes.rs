@@ -7,6 +7,7 @@ mod common;
 use std::time::Duration;
 
 use tenure_lease::{AcquireOutcome, AcquireRequest, ChangeVersion, Changes, HeldLease, LeaseStore};
+use tenure_lease_kit::conformance::owner_request;
 use tenure_lease_kit::conformance::proxy::Proxy;
 use tenure_store_zookeeper::ZooKeeperStore;
 
@@ -24,13 +25,7 @@ async fn check(store: &ZooKeeperStore, since: Option<ChangeVersion>) -> (ChangeV
 }
 
 fn member(name: &str, owner: &str) -> AcquireRequest {
-    AcquireRequest {
-        name: name.into(),
-        owner: owner.into(),
-        instance: format!("{owner}-1"),
-        ttl: SESSION,
-        ..AcquireRequest::default()
-    }
+    owner_request(name, owner, SESSION)
 }
 
 #[tokio::test]

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tenure_lease::{AcquireOutcome, AcquireRequest, FairQueue, FencingToken, LeaseStore};
+use tenure_lease_kit::conformance::owner_request;
 use tenure_store_zookeeper::zookeeper_client as zk;
 use tenure_test_kit::eventually_async;
 use tokio::time::sleep;
@@ -14,14 +15,7 @@ use tokio::time::sleep;
 const TTL: Duration = Duration::from_secs(3);
 
 fn request(name: &str, owner: &str) -> AcquireRequest {
-    AcquireRequest {
-        name: name.into(),
-        owner: owner.into(),
-        instance: format!("{owner}-1"),
-        ttl: TTL,
-        note: None,
-        ..AcquireRequest::default()
-    }
+    owner_request(name, owner, TTL)
 }
 
 fn granted(outcome: &AcquireOutcome) -> FencingToken {

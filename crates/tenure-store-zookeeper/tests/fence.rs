@@ -7,17 +7,12 @@ mod common;
 use std::time::Duration;
 
 use tenure_lease::{AcquireOutcome, AcquireRequest, FencingToken, LeaseStore};
+use tenure_lease_kit::conformance::owner_request;
 use tenure_store_zookeeper::ZooKeeperStore;
 use tenure_store_zookeeper::zookeeper_client as zk;
 
 fn request(owner: &str) -> AcquireRequest {
-    AcquireRequest {
-        name: "report".into(),
-        owner: owner.into(),
-        instance: format!("{owner}-1"),
-        ttl: Duration::from_secs(3),
-        ..AcquireRequest::default()
-    }
+    owner_request("report", owner, Duration::from_secs(3))
 }
 
 fn granted(outcome: &AcquireOutcome) -> FencingToken {

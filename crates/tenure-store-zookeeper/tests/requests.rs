@@ -11,19 +11,14 @@ use tenure_lease::{
     AcquireOutcome, AcquireRequest, HeldLease, LeaseStore, PreemptAnswer, PreemptionRequest,
     PreemptionRequests, Renewal,
 };
+use tenure_lease_kit::conformance::owner_request;
 use tenure_store_zookeeper::ZooKeeperStore;
 use tenure_store_zookeeper::zookeeper_client as zk;
 
 const TTL: Duration = Duration::from_secs(2);
 
 fn acquire_request(name: &str, owner: &str) -> AcquireRequest {
-    AcquireRequest {
-        name: name.into(),
-        owner: owner.into(),
-        instance: format!("{owner}-1"),
-        ttl: TTL,
-        ..AcquireRequest::default()
-    }
+    owner_request(name, owner, TTL)
 }
 
 async fn hold(store: &ZooKeeperStore, name: &str, owner: &str) -> HeldLease {
