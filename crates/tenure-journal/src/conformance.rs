@@ -44,13 +44,7 @@ fn unique(case: &str) -> String {
 }
 
 fn request(name: &str, owner: &str, ttl: Duration) -> AcquireRequest {
-    AcquireRequest {
-        name: name.into(),
-        owner: owner.into(),
-        instance: format!("{owner}-instance"),
-        ttl,
-        ..AcquireRequest::default()
-    }
+    AcquireRequest::new(name, owner, format!("{owner}-instance"), ttl)
 }
 
 /// Acquires `name` for `owner` with `ttl`, waiting (at most ten ttls) while another holds it.

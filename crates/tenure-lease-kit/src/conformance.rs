@@ -128,23 +128,11 @@ pub fn test_settings() -> LeaseSettings {
 /// A plain request for a store test: `owner`'s one instance (`<owner>-1`) asks for `name`
 /// for `ttl`, at the default priority, with no note.
 pub fn owner_request(name: &str, owner: &str, ttl: Duration) -> AcquireRequest {
-    AcquireRequest {
-        name: name.into(),
-        owner: owner.into(),
-        instance: format!("{owner}-1"),
-        ttl,
-        ..AcquireRequest::default()
-    }
+    AcquireRequest::new(name, owner, format!("{owner}-1"), ttl)
 }
 
 fn request(name: &str, owner: &str, ttl: Duration) -> AcquireRequest {
-    AcquireRequest {
-        name: name.into(),
-        owner: owner.into(),
-        instance: format!("{owner}-instance"),
-        ttl,
-        ..AcquireRequest::default()
-    }
+    AcquireRequest::new(name, owner, format!("{owner}-instance"), ttl)
 }
 
 async fn lease_on(store: Arc<dyn LeaseStore>, name: &str, owner: &str) -> Lease {

@@ -101,6 +101,24 @@ pub enum AcquireStep {
 }
 
 impl AcquireRequest {
+    /// A request of `owner`'s holder `instance` for `name`, granted for `ttl`: at the
+    /// default priority, with no note, no cleanup timeout and no emergency (set those
+    /// fields after, or with struct update syntax).
+    pub fn new(
+        name: impl Into<String>,
+        owner: impl Into<String>,
+        instance: impl Into<String>,
+        ttl: Duration,
+    ) -> Self {
+        AcquireRequest {
+            name: name.into(),
+            owner: owner.into(),
+            instance: instance.into(),
+            ttl,
+            ..AcquireRequest::default()
+        }
+    }
+
     /// Whether this request takes over, at once, an unexpired grant of another owner that
     /// has priority `holder_priority` (the emergency rule). Every store decides it here.
     pub fn takes_over(&self, holder_priority: u64) -> bool {
