@@ -548,6 +548,24 @@ pub trait LeaseStore: Send + Sync + 'static {
 ///     // …
 /// }
 /// ```
+///
+/// A store that claims a capability it lacks does not compile:
+///
+/// ```compile_fail
+/// # use tenure_lease::{store::*, *};
+/// # struct Plain;
+/// #[async_trait::async_trait]
+/// impl LeaseStore for Plain {
+/// #   fn kind(&self) -> &'static str { "plain" }
+/// #   fn capabilities(&self) -> Capabilities { Capabilities::default() }
+/// #   async fn try_acquire(&self, _: &AcquireRequest) -> Result<AcquireOutcome, StoreError> { unimplemented!() }
+/// #   async fn renew(&self, _: &str, _: &[HeldLease], _: std::time::Duration) -> Result<Vec<Renewal>, StoreError> { unimplemented!() }
+/// #   async fn release(&self, _: &str, _: &str, _: FencingToken) -> Result<bool, StoreError> { unimplemented!() }
+/// #   async fn read(&self, _: &str) -> Result<Option<LeaseRecord>, StoreError> { unimplemented!() }
+/// #   async fn list(&self, _: &str) -> Result<Vec<LeaseRecord>, StoreError> { unimplemented!() }
+///     tenure_lease::capability_accessors!(fair_queue); // `Plain` is no `FairQueue`
+/// }
+/// ```
 #[macro_export]
 macro_rules! capability_accessors {
     (@one fair_queue) => {
