@@ -511,8 +511,8 @@ mod tests {
 
     #[test]
     fn an_inner_payload_that_cannot_be_encoded_or_is_too_large_says_which() {
-        let err = super::encode_inner_to("entity request", "cart", &Unencodable, Vec::new())
-            .unwrap_err();
+        let err =
+            super::encode_inner_to("entity request", "cart", &Unencodable, Vec::new()).unwrap_err();
         assert!(
             matches!(&err, super::EncodeError::Serialize { variant, .. } if variant == "cart"),
             "{err:?}"

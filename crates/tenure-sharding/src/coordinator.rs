@@ -1431,7 +1431,9 @@ fn list_shard_leases(
             let remembered = read_pin_ids(&pins).await?;
             Ok::<_, tenure_lease::LeaseError>(Listing { held, remembered })
         };
-        let _ = me.cast(CoordinatorMsg::Local(CoordinatorLocal::Listed(listed.await)));
+        let _ = me.cast(CoordinatorMsg::Local(CoordinatorLocal::Listed(
+            listed.await,
+        )));
     });
 }
 

@@ -125,7 +125,9 @@ pub enum ShardingError {
     },
     /// The request could not be encoded by the type's codec, or is larger than
     /// `cluster.max-frame-size` allows; nothing was sent.
-    #[error("entity type `{type_name}`: the request for entity `{entity}` could not be encoded: {source}")]
+    #[error(
+        "entity type `{type_name}`: the request for entity `{entity}` could not be encoded: {source}"
+    )]
     Encode {
         /// The entity type.
         type_name: String,

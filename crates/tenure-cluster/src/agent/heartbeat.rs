@@ -468,14 +468,8 @@ mod tests {
         let v6: SocketAddr = "[fd00::7]:2552".parse().unwrap();
         let local_v4: SocketAddr = "0.0.0.0:2552".parse().unwrap();
         let local_v6: SocketAddr = "[::]:2552".parse().unwrap();
-        assert_eq!(
-            usable("db", [v6, v4].into_iter(), local_v4).unwrap(),
-            v4
-        );
-        assert_eq!(
-            usable("db", [v6, v4].into_iter(), local_v6).unwrap(),
-            v6
-        );
+        assert_eq!(usable("db", [v6, v4].into_iter(), local_v4).unwrap(), v4);
+        assert_eq!(usable("db", [v6, v4].into_iter(), local_v6).unwrap(), v6);
         let err = usable("db", [v6].into_iter(), local_v4).unwrap_err();
         assert!(
             matches!(&err, ResolveError::NoUsableFamily { host } if host == "db"),
