@@ -126,13 +126,11 @@ impl<'a> Grants<'a> {
 
     /// The statement's parameters; `None` when no grant can be held.
     fn params(&self) -> Option<[&(dyn tokio_postgres::types::ToSql + Sync); 3]> {
-        (!self.index.is_empty()).then(|| {
-            [
-                &self.names as &(dyn tokio_postgres::types::ToSql + Sync),
-                &self.owners,
-                &self.tokens,
-            ]
-        })
+        (!self.index.is_empty()).then_some([
+            &self.names as &(dyn tokio_postgres::types::ToSql + Sync),
+            &self.owners,
+            &self.tokens,
+        ])
     }
 
     /// Whether each grant is held, from the rows the statement returned (each the

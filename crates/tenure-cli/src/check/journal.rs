@@ -16,9 +16,10 @@ pub enum JournalReadError {
     Open {
         /// The journal as given (`--journal`; a URL's password is not shown).
         journal: String,
-        /// Why.
+        /// Why (boxed: the store errors are large, and every `Result` carrying this error
+        /// would pay for them).
         #[source]
-        source: OpenError,
+        source: Box<OpenError>,
     },
     /// Its events could not be read.
     #[error("cannot read journal {journal}: {source}")]
@@ -70,7 +71,7 @@ pub fn read_journal(spec: &str, schema: &str) -> Result<Vec<JournalEvent>, Journ
     let shown = shown(spec);
     let open_error = |source: OpenError| JournalReadError::Open {
         journal: shown.clone(),
-        source,
+        source: Box::new(source),
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -221,7 +222,8 @@ mod tests {
         let missing = dir.path().join("missing.sqlite");
         let err = read_journal(&missing.display().to_string(), "tenure").unwrap_err();
         assert!(
-            matches!(&err, JournalReadError::Open { source: OpenError::NoFile, journal } if journal.ends_with("missing.sqlite")),
+            matches!(&err, JournalReadError::Open { source, journal }
+                if matches!(**source, OpenError::NoFile) && journal.ends_with("missing.sqlite")),
             "{err:?}"
         );
         assert!(
@@ -232,13 +234,7 @@ mod tests {
         std::fs::write(&foreign, "not a database, only some notes ".repeat(64)).unwrap();
         let err = read_journal(&foreign.display().to_string(), "tenure").unwrap_err();
         assert!(
-            matches!(
-                &err,
-                JournalReadError::Open {
-                    source: OpenError::Sqlite(_),
-                    ..
-                }
-            ),
+            matches!(&err, JournalReadError::Open { source, .. } if matches!(**source, OpenError::Sqlite(_))),
             "{err:?}"
         );
         assert!(err.to_string().contains("not a database"), "{err}");

@@ -13,7 +13,7 @@ use super::{
 };
 use tenure_lease::FencingToken;
 use tenure_lease::{
-    Acquired, HeldLease, LeaseError, LeaseSettings, LeaseStore, LostReason, Renewal,
+    Acquired, HeldLease, LeaseError, LeaseSettings, LeaseStore, LostReason, Renewal, StoreError,
 };
 
 /// How late answers come while a client's answers are delayed: past the operation timeout.
@@ -27,7 +27,7 @@ type RenewLog = Arc<
     Mutex<
         Vec<(
             Instant,
-            Result<Result<Vec<Renewal>, LeaseError>, tokio::time::error::Elapsed>,
+            Result<Result<Vec<Renewal>, StoreError>, tokio::time::error::Elapsed>,
         )>,
     >,
 >;
