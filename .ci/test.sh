@@ -111,20 +111,23 @@ step "build tests" cargo test --workspace --all-features --locked --no-run
 # tests, which the test run below has run already).
 step "build benches" cargo test --workspace --all-features --locked --bench '*' --no-run
 # cargo-nextest (on the machines of this project's kind) runs each test in its own process,
-# two at a time, the multi-process suites' clusters one at a time (.config/nextest.toml);
-# without it, cargo test runs the same tests one binary at a time.
-if cargo nextest --version >/dev/null 2>&1; then
-  step "tests (nextest)" counted cargo nextest run --workspace --all-features --locked --no-fail-fast
-  step "doc tests" counted cargo test --workspace --all-features --locked --doc
-else
-  step "tests (cargo test)" counted cargo test --workspace --all-features --locked --no-fail-fast
-fi
+# two at a time, the multi-process suites' clusters one at a time (.config/nextest.toml),
+# and, as one test per bench binary, every bench's smoke run (below); without it, cargo test
+# runs the same tests one binary at a time, then the benches' smoke runs.
 # Benchmarks cannot rot: every bench binary runs once, small (criterion's test mode; the
 # others read `tenure_lease_kit::bench::smoke`). A smoke run measures nothing, so it never
 # writes docs/benchmarks.md: the benches' report mode is off under `cargo test`, the
 # variable is unset besides, and the file is checked unchanged.
 doc_before=$(sha256sum docs/benchmarks.md)
-step "bench smoke run" counted env -u TENURE_BENCH_REPORT cargo test --workspace --all-features --locked --bench '*'
+if cargo nextest --version >/dev/null 2>&1; then
+  # The examples were built by "build tests" (the facade's examples test runs them).
+  step "tests and bench smoke runs (nextest)" counted env -u TENURE_BENCH_REPORT \
+    cargo nextest run --workspace --all-features --locked --no-fail-fast --lib --bins --tests --benches
+  step "doc tests" counted cargo test --workspace --all-features --locked --doc
+else
+  step "tests (cargo test)" counted cargo test --workspace --all-features --locked --no-fail-fast
+  step "bench smoke run" counted env -u TENURE_BENCH_REPORT cargo test --workspace --all-features --locked --bench '*'
+fi
 if [ "$(sha256sum docs/benchmarks.md)" != "$doc_before" ]; then
   echo "the bench smoke run changed docs/benchmarks.md" >&2
   exit 1

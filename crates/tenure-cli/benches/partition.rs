@@ -129,11 +129,9 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
 }
 
 fn main() {
-    if std::env::args().any(|a| a == "--list") {
-        return;
-    }
+    tenure_lease_kit::bench::answer_test_runner();
     let rounds = knob("TENURE_BENCH_ROUNDS", 10, 1) as usize;
-    let hold = Duration::from_secs(knob("TENURE_BENCH_FAULT_SECS", 12, 8));
+    let hold = Duration::from_secs(knob("TENURE_BENCH_FAULT_SECS", 12, 6));
     let kinds: Vec<String> = std::env::var("TENURE_BENCH_KINDS")
         .map(|k| k.split(',').map(str::to_string).collect())
         .unwrap_or_else(|_| {

@@ -46,9 +46,7 @@ const TYPE: &str = "counter";
 const TTL_MS: f64 = 3000.0;
 
 fn main() {
-    if std::env::args().any(|a| a == "--list") {
-        return;
-    }
+    tenure_lease_kit::bench::answer_test_runner();
     let durable = std::env::var("TENURE_BENCH_PART").is_ok_and(|p| p == "durable");
     let entities = knob("TENURE_BENCH_ENTITIES", 1000, 50) as usize;
     let runs = knob("TENURE_BENCH_RUNS", 5, 1) as usize;

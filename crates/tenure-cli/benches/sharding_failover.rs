@@ -20,9 +20,7 @@ use tenure_test_kit::cli::shards::{
 };
 
 fn main() {
-    if std::env::args().any(|a| a == "--list") {
-        return;
-    }
+    tenure_lease_kit::bench::answer_test_runner();
     let runs = knob("TENURE_BENCH_RUNS", 10, 1) as usize;
     let mut report = Report::new(
         "sharding_failover",

@@ -628,6 +628,7 @@ async fn memory() -> String {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
+    tenure_lease_kit::bench::answer_test_runner();
     let runs = knob("TENURE_BENCH_RUNS", 20, 1) as usize;
     // Tells run at millions a second: enough of them that a round of one path lasts tens of
     // milliseconds, far above the scheduler's hiccups.

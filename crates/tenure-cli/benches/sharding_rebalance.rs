@@ -44,7 +44,7 @@ use std::time::Duration;
 use serde_json::Value;
 use tenure_cli::availability::{Request, acks_per_second, issued_in, latency_quantile};
 use tenure_cli::check::{ActionRule, check_with, read_history};
-use tenure_lease_kit::bench::knob;
+use tenure_lease_kit::bench::{knob, size};
 use tenure_lease_kit::report::Report;
 use tenure_test_kit::cli::cluster::{Cluster, TestCluster};
 use tenure_test_kit::cli::lives::shard_lives;
@@ -94,9 +94,7 @@ fn p99(rs: &[&Request]) -> f64 {
 }
 
 fn main() {
-    if std::env::args().any(|a| a == "--list") {
-        return;
-    }
+    tenure_lease_kit::bench::answer_test_runner();
     let case = std::env::var("TENURE_BENCH_CASE").unwrap_or_default();
     let mut report = Report::new(
         "sharding_rebalance",
@@ -155,8 +153,9 @@ fn join(report: &mut Report) {
         Duration::from_secs(60),
         |c| share(c, 3, shards / 3),
     );
-    // Warm-up: the first seconds of a cluster are slower (connections, first entities).
-    std::thread::sleep(Duration::from_secs(5));
+    // Warm-up: the first seconds of a cluster are slower (connections, first entities); a
+    // smoke run measures nothing and only proves the path works.
+    std::thread::sleep(Duration::from_secs(size(5, 1) as u64));
     let mut spans = Vec::new();
     for round in 0..rounds {
         std::thread::sleep(Duration::from_secs(steady_secs as u64));
@@ -406,8 +405,8 @@ fn grow(report: &mut Report) {
         Duration::from_secs(300),
         |c| balanced(c, from),
     );
-    // Warm-up: every entity started, connections made.
-    std::thread::sleep(Duration::from_secs(5));
+    // Warm-up: every entity started, connections made (a smoke run measures nothing).
+    std::thread::sleep(Duration::from_secs(size(5, 1) as u64));
     let joining = now_ns();
     for i in from..from + by {
         c.spawn(i);

@@ -95,9 +95,7 @@ async fn serve(path: String) {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    if std::env::args().any(|a| a == "--list") {
-        return;
-    }
+    tenure_lease_kit::bench::answer_test_runner();
     if let Ok(path) = std::env::var("TENURE_BENCH_NODE") {
         return serve(path).await;
     }

@@ -52,9 +52,7 @@ fn fault_and_measure(c: &mut Cluster, kill: bool) -> f64 {
 }
 
 fn main() {
-    if std::env::args().any(|a| a == "--list") {
-        return;
-    }
+    tenure_lease_kit::bench::answer_test_runner();
     let runs = knob("TENURE_BENCH_RUNS", 20, 1) as usize;
     let mut report = Report::new(
         "singleton_failover",

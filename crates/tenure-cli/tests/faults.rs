@@ -28,9 +28,10 @@
 //! deadline, as designed): it is logged and started again, and the run goes on; any other
 //! end of a node fails the run at once with its log's tail.
 //!
-//! Each store runs the fixed seeds ([`FIXED_SEEDS`]) and one random seed, each on a fresh
-//! store and cluster; every run injects every fault kind of its store. Each seed is printed
-//! (`fault seed …`); replay one with `TENURE_FAULT_SEED=<seed>` (then only that seed runs).
+//! Each store runs the fixed seeds ([`FIXED_SEEDS`]), and one more test runs one random seed
+//! on a store the seed picks, each run on a fresh store and cluster; every run injects every
+//! fault kind of its store. Each seed is printed (`fault seed …`, with its store); replay one
+//! with `TENURE_FAULT_SEED=<seed>` (then each test runs only that seed, on its store).
 //! `TENURE_FAULT_ROUNDS=<n>` (default 1) repeats the fault sequence n times: a soak.
 //! `TENURE_FAULT_KINDS=<kind>,…` injects only those kinds (e.g. `BlockedThreadLoss`).
 //! SQLite is one file on one host: it has no connection to cut and no server to restart,
@@ -93,21 +94,48 @@ impl Rng {
 /// the first is the etcd seed that once wedged a node. A seed that fails is a bug.
 const FIXED_SEEDS: [u64; 1] = [1795460317234921142];
 
-/// The seeds of this test run: `TENURE_FAULT_SEED` alone when set (a replay), else the fixed
-/// seeds and one random seed, printed for replay.
-fn seeds() -> Vec<u64> {
-    match std::env::var("TENURE_FAULT_SEED") {
-        Ok(s) => vec![
-            s.parse()
-                .unwrap_or_else(|_| panic!("TENURE_FAULT_SEED={s:?} is not an unsigned integer")),
-        ],
-        Err(_) => {
-            let random = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(1);
-            FIXED_SEEDS.iter().copied().chain([random]).collect()
+/// The seed of a replay, `TENURE_FAULT_SEED`, if set.
+fn replay_seed() -> Option<u64> {
+    std::env::var("TENURE_FAULT_SEED").ok().map(|s| {
+        s.parse()
+            .unwrap_or_else(|_| panic!("TENURE_FAULT_SEED={s:?} is not an unsigned integer"))
+    })
+}
+
+/// The fixed seeds, or the replay's seed alone.
+fn fixed_seeds() -> Vec<u64> {
+    replay_seed().map_or_else(|| FIXED_SEEDS.to_vec(), |seed| vec![seed])
+}
+
+/// The random seed of this test run (the replay's seed when set), printed for replay.
+fn random_seed() -> u64 {
+    replay_seed().unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1)
+    })
+}
+
+/// The store kinds, in the order a random seed picks from.
+const STORES: [&str; 4] = ["sqlite", "etcd", "postgres", "zookeeper"];
+
+/// A fresh store of `kind` (one of [`STORES`]).
+fn fresh_store(kind: &str) -> Store {
+    match kind {
+        "sqlite" => Store::Sqlite,
+        "etcd" => {
+            let rt = tokio::runtime::Runtime::new().expect("runtime");
+            let etcd = rt.block_on(tenure_test_kit::etcd::Etcd::single());
+            Store::Etcd(etcd, rt)
         }
+        "postgres" => Store::Postgres(tenure_test_kit::postgres::PgServer::start()),
+        "zookeeper" => {
+            let server = tenure_test_kit::zookeeper::TestServer::start(Duration::from_millis(250))
+                .expect("start ZooKeeper (Debian package `zookeeper`)");
+            Store::ZooKeeper(server)
+        }
+        other => panic!("no store kind {other:?} (one of {STORES:?})"),
     }
 }
 
@@ -1118,11 +1146,11 @@ fn final_checks(run: &Run) {
     assert!(grants > 0, "the history records lease grants");
 }
 
-/// Runs the suite once per seed of [`seeds`], each on a fresh store from `store`.
-fn run_suite(store: impl Fn() -> Store) {
+/// Runs the fixed seeds (or a replay's seed) on fresh stores of `kind`.
+fn run_suite(kind: &str) {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    for seed in seeds() {
-        run_seed(store(), seed);
+    for seed in fixed_seeds() {
+        run_seed(fresh_store(kind), seed);
     }
 }
 
@@ -1169,7 +1197,7 @@ fn run_seed(store: Store, seed: u64) {
             faults.swap(i, rng.below(i + 1));
         }
         for &fault in &faults {
-            std::thread::sleep(rng.between(Duration::from_millis(300), Duration::from_secs(2)));
+            std::thread::sleep(rng.between(Duration::from_millis(200), Duration::from_secs(1)));
             // A node that ended itself late in the fault before is judged against it.
             restart_ended(&mut run);
             run.recent = [Some(fault), run.recent[0]];
@@ -1194,30 +1222,36 @@ fn run_seed(store: Store, seed: u64) {
 
 #[test]
 fn faults_on_sqlite() {
-    run_suite(|| Store::Sqlite);
+    run_suite("sqlite");
 }
 
 #[test]
 fn faults_on_etcd() {
-    run_suite(|| {
-        let rt = tokio::runtime::Runtime::new().expect("runtime");
-        let etcd = rt.block_on(tenure_test_kit::etcd::Etcd::single());
-        Store::Etcd(etcd, rt)
-    });
+    run_suite("etcd");
 }
 
 #[test]
 fn faults_on_postgres() {
-    run_suite(|| Store::Postgres(tenure_test_kit::postgres::PgServer::start()));
+    run_suite("postgres");
 }
 
 #[test]
 fn faults_on_zookeeper() {
-    run_suite(|| {
-        let server = tenure_test_kit::zookeeper::TestServer::start(Duration::from_millis(250))
-            .expect("start ZooKeeper (Debian package `zookeeper`)");
-        Store::ZooKeeper(server)
-    });
+    run_suite("zookeeper");
+}
+
+/// One random seed on one store, both drawn per test run: over many runs every store meets
+/// many seeds, while a run pays for one random run rather than one per store. The seed
+/// picks the store, so a replay (`TENURE_FAULT_SEED`) runs it on the same store again.
+#[test]
+fn faults_on_a_random_store_with_a_random_seed() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let seed = random_seed();
+    let kind = STORES[(seed % STORES.len() as u64) as usize];
+    eprintln!(
+        "random fault seed {seed} picks the {kind} store (replay: TENURE_FAULT_SEED={seed} cargo nextest run -p tenure-cli --all-features --test faults faults_on_{kind})"
+    );
+    run_seed(fresh_store(kind), seed);
 }
 
 /// What the kernel says of process `pid` (for a node that stopped answering): its state

@@ -14,6 +14,7 @@ use tenure_lease_kit::bench::{knob, size, smoke};
 use tenure_lease_kit::report::Report;
 
 fn main() {
+    tenure_lease_kit::bench::answer_test_runner();
     let seed = sim::seed_from_env().unwrap_or_else(|| fastrand::u64(..));
     println!("{}={seed}", sim::SEED_VAR);
     let mut report = Report::new(

@@ -37,7 +37,9 @@ impl ClusterSubscriber {
         (ClusterSubscriber::new(move |e| tx.send(e).is_ok()), rx)
     }
 
-    pub(crate) fn deliver(&self, event: ClusterEvent) -> bool {
+    /// Hands `event` to the subscriber, as a node does with each of its cluster events (a
+    /// test double of a node's events does the same); `false` once the subscriber is gone.
+    pub fn deliver(&self, event: ClusterEvent) -> bool {
         (self.0)(event)
     }
 }

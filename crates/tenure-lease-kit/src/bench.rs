@@ -40,6 +40,31 @@ pub fn smoke() -> bool {
     !std::env::args().any(|a| a == "--bench")
 }
 
+/// Lets a test runner run this bench binary's smoke test alongside the other tests; call it
+/// first in `main`.
+///
+/// cargo-nextest lists a test binary with `--list --format terse` and runs each listed test
+/// with `--exact <name> --nocapture`. A bench binary answers as one test, `smoke`: listing
+/// prints it (and no ignored test); running it runs this binary again without arguments, as
+/// `cargo test --bench` would, because criterion would read `smoke` as a filter matching none
+/// of its benchmarks, then ends this process with the run's exit status. With neither
+/// argument (`cargo bench`, `cargo test --bench`) it returns at once.
+pub fn answer_test_runner() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--list") {
+        if !args.iter().any(|a| a == "--ignored") {
+            println!("smoke: test");
+        }
+        std::process::exit(0);
+    }
+    if args.iter().any(|a| a == "--exact") {
+        let status = std::env::current_exe()
+            .and_then(|exe| std::process::Command::new(exe).status())
+            .unwrap_or_else(|e| panic!("run this bench binary again for its smoke test: {e}"));
+        std::process::exit(status.code().unwrap_or(1));
+    }
+}
+
 /// A bench knob: the number in the environment variable `var` when it is set, else `full`
 /// under `cargo bench` and `small` in a [`smoke`] run.
 pub fn knob(var: &str, full: u64, small: u64) -> u64 {

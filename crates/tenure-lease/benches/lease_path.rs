@@ -15,6 +15,7 @@ use tenure_lease_kit::bench::{
 use tenure_lease_kit::report::Report;
 
 fn main() {
+    tenure_lease_kit::bench::answer_test_runner();
     let mut report = Report::new(
         "lease_path",
         "cargo bench -p tenure-lease --bench lease_path",

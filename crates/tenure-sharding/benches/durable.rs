@@ -694,6 +694,7 @@ async fn run(
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
+    tenure_lease_kit::bench::answer_test_runner();
     let part = std::env::var("TENURE_BENCH_PART").ok();
     let part = part.as_deref();
     if smoke() {

@@ -51,7 +51,9 @@ use std::sync::Arc;
 use futures::FutureExt;
 use futures::stream::{FuturesUnordered, StreamExt};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
-use tenure_cluster::{ClusterEvent, ClusterSubscriber, Member, MemberStatus, Subscriptions};
+use tenure_cluster::{
+    ClusterError, ClusterEvent, ClusterSubscriber, Member, MemberStatus, Subscriptions,
+};
 use tenure_lease::{FencingToken, LeaseStore};
 use tokio::time::Instant;
 
@@ -77,8 +79,8 @@ pub struct CoordinatorArgs {
     pub settings: Arc<ShardingSettings>,
     /// Decides where shards go and which move.
     pub strategy: Arc<dyn AllocationStrategy>,
-    /// Cluster events of the node it runs on.
-    pub subscriptions: Subscriptions,
+    /// Cluster events of the node it runs on (its [`Subscriptions`]).
+    pub subscriptions: Arc<dyn ClusterEvents>,
     /// The fencing token of the coordinator's singleton lease grant (0 outside a cluster).
     pub token: FencingToken,
     /// The shard leases' store and `[tenure] system`, to list who holds each shard.
@@ -92,6 +94,21 @@ pub struct CoordinatorArgs {
     /// For a sharded daemon's type, the number of workers it runs until a resize is stored
     /// (`None`: the type is not a daemon's).
     pub daemon: Option<usize>,
+}
+
+/// Where a coordinator hears of the cluster's members: all it needs of the node it runs
+/// on. A node's [`Subscriptions`] in a cluster; in the coordinator's unit tests, a double
+/// that delivers the members the test chooses, so that no node has to start.
+pub trait ClusterEvents: Send + Sync {
+    /// Delivers to `subscriber` the current members ([`ClusterEvent::CurrentMembers`]),
+    /// then every change in order. `Err` when none can be delivered (the node stopped).
+    fn subscribe(&self, subscriber: ClusterSubscriber) -> Result<(), ClusterError>;
+}
+
+impl ClusterEvents for Subscriptions {
+    fn subscribe(&self, subscriber: ClusterSubscriber) -> Result<(), ClusterError> {
+        Subscriptions::subscribe(self, subscriber)
+    }
 }
 
 /// The coordinator's singleton lease as its store holds it: the pins are remembered with it
@@ -1546,8 +1563,8 @@ fn read_remembered_shards(args: &CoordinatorArgs, me: &ActorRef<CoordinatorMsg>)
 mod tests {
     use std::time::Duration;
 
-    use tenure_cluster::Node;
     use tenure_lease::{AcquireOutcome, AcquireRequest, MemoryStore, RememberedIds};
+    use tenure_test_kit::eventually_async;
     use tokio::sync::mpsc;
 
     use super::*;
@@ -1664,12 +1681,27 @@ mod tests {
         NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// A one-node cluster (memory store of its own: fixtures running at once must not join
-    /// one cluster), a coordinator of type `probe` (holding a grant of
-    /// its lease) and region doubles on this node and on `others` fake members up, every
-    /// one registered and available, with `sharding` added to the `[sharding]` section.
+    /// The node a fixture's coordinator runs on, as the coordinator sees it: a first view
+    /// of the members that holds this node's member alone, up; every other change of the
+    /// members is one the test sends the coordinator itself.
+    struct ThisNode(Member);
+
+    impl ClusterEvents for ThisNode {
+        fn subscribe(&self, subscriber: ClusterSubscriber) -> Result<(), ClusterError> {
+            subscriber.deliver(ClusterEvent::CurrentMembers(vec![self.0.clone()]));
+            Ok(())
+        }
+    }
+
+    /// The address of the fixtures' own node (the other members' are `127.0.0.1:2` and
+    /// up, and a pin test names `127.0.0.1:1` as a node that is no member).
+    const ME: &str = "127.0.0.1:100";
+
+    /// A coordinator of type `probe` (holding a grant of its lease in a memory store of its
+    /// own) on a node double ([`ThisNode`]), and region doubles on this node and on
+    /// `others` fake members up, every one registered and available, with `sharding`
+    /// added to the `[sharding]` section.
     struct Fixture {
-        node: Node,
         store: MemoryStore,
         args: CoordinatorArgs,
         scope: String,
@@ -1692,45 +1724,36 @@ mod tests {
             sharding: &str,
             daemon: Option<usize>,
         ) -> Fixture {
-            // A memory store namespace of its own: fixtures running at once in this
-            // process must not join one cluster.
-            let (node, provider) = tenure_test_kit::node::start_node(
-                |port| {
-                    tenure_test_kit::node::one_node_toml(port, "coordinator-test-0123456789abcdef")
-                        .replace(
-                            "[lease.memory]\n",
-                            &format!("[lease.memory]\nnamespace = \"{scope}\"\n"),
-                        )
-                        + &format!("[sharding]\n{sharding}\n")
-                },
-                |_| {},
-            )
-            .await;
-            let config = provider.config();
+            // The lease section a node of the test kit runs with (the sharding settings
+            // are checked against it).
+            let toml = format!(
+                "[tenure]\ndefault-lease-section = \"memory\"\n\
+                 [lease.memory]\nheartbeat-timeout = \"3s\"\nheartbeat-interval = \"500ms\"\n\
+                 [sharding]\n{sharding}\n"
+            );
+            let config = tenure_lease::TenureConfig::from_toml_str(&toml, "test").unwrap();
             let (told, heard) = mpsc::unbounded_channel();
-            let settings = ShardingSettings::from_config(config, "probe", "memory").unwrap();
-            let me = node.addr().to_string();
+            let settings = ShardingSettings::from_config(&config, "probe", "memory").unwrap();
             let store = MemoryStore::new();
             let args = CoordinatorArgs {
                 type_name: "probe".into(),
                 scope: scope.into(),
                 strategy: Arc::new(LeastShards::from_settings(&settings)),
                 settings: Arc::new(settings),
-                subscriptions: node.subscriptions(),
-                token: coordinator_grant(&store, &me).await,
+                subscriptions: Arc::new(ThisNode(member(ME))),
+                token: coordinator_grant(&store, ME).await,
                 store: Arc::new(store.clone()),
                 system: "test".into(),
                 list_timeout: Duration::from_secs(1),
                 lease: CoordinatorLease {
                     store: Arc::new(store.clone()),
                     name: COORDINATOR_LEASE.into(),
-                    owner: me.clone(),
+                    owner: ME.into(),
                 },
                 daemon,
             };
             let (coordinator, _) = Actor::spawn(None, Coordinator, args.clone()).await.unwrap();
             let mut f = Fixture {
-                node,
                 store,
                 args,
                 scope: scope.to_string(),
@@ -1742,14 +1765,38 @@ mod tests {
             };
             // This node's member first (the coordinator's first view of the members comes
             // from its node), then the others.
-            f.add_region(&me).await;
+            f.add_region(ME).await;
             f.wait_allocatable(1).await;
             for i in 0..others {
                 f.add_region(&format!("127.0.0.1:{}", i + 2)).await;
             }
             f.wait_allocatable(f.addrs.len()).await;
+            f.wait_rebuilt().await;
             f.told().await;
             f
+        }
+
+        /// Waits until the coordinator has rebuilt its state from the store (listed the
+        /// shard leases and read its pins), as one elected in a cluster has long before
+        /// the first message of a test: an unpin is refused until the pins are read, and
+        /// they are read with the listing. The probe names no shard, so it changes nothing.
+        async fn wait_rebuilt(&self) {
+            eventually_async(
+                "the coordinator to read its state from the store",
+                Duration::from_secs(12),
+                async || {
+                    ractor::call!(self.coordinator, |r| CoordinatorMsg::PinShard(
+                        PinShard {
+                            shard: "no-shard".into(),
+                            to: None,
+                        },
+                        r
+                    ))
+                    .unwrap()
+                    .result
+                },
+            )
+            .await;
         }
 
         /// A region double at `addr`, registered and available, its member up.
@@ -1765,7 +1812,7 @@ mod tests {
             self.regions.push(actor);
             self.addrs.push(addr.to_string());
             self.register(addr, &[]);
-            if addr != self.node.addr().to_string() {
+            if addr != ME {
                 self.coordinator
                     .cast(CoordinatorMsg::Local(CoordinatorLocal::Cluster(
                         ClusterEvent::MemberUp(member(addr)),
@@ -1804,13 +1851,12 @@ mod tests {
 
         /// Waits until `n` regions may be given shards.
         async fn wait_allocatable(&self, n: usize) {
-            for _ in 0..600 {
-                if self.allocation().await.regions.len() >= n {
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            panic!("fewer than {n} regions became allocatable");
+            let what = format!("{n} regions to be allocatable");
+            eventually_async(&what, Duration::from_secs(30), async || {
+                let regions = self.allocation().await.regions;
+                (regions.len() >= n).then_some(()).ok_or(regions)
+            })
+            .await
         }
 
         /// Every message the regions were told so far: the coordinator has handled what
@@ -1845,13 +1891,12 @@ mod tests {
                 .await
                 .unwrap();
             self.coordinator = coordinator;
-            let me = self.node.addr().to_string();
             // This node's member first, as in `start`.
             let mut addrs = self.addrs.clone();
-            addrs.sort_by_key(|a| *a != me);
+            addrs.sort_by_key(|a| a != ME);
             for addr in addrs {
                 self.register(&addr, &[]);
-                if addr == me {
+                if addr == ME {
                     self.wait_allocatable(1).await;
                 } else {
                     self.coordinator
@@ -1862,6 +1907,7 @@ mod tests {
                 }
             }
             self.wait_allocatable(self.addrs.len()).await;
+            self.wait_rebuilt().await;
             // Their shards once they are up: a region's report is its shards' home only
             // while the region may keep shards.
             for (addr, shards) in hosted {
@@ -1875,7 +1921,6 @@ mod tests {
             for r in self.regions {
                 r.stop(None);
             }
-            self.node.leave().await.unwrap();
         }
     }
 
@@ -2076,27 +2121,27 @@ mod tests {
         }
         f.wait_allocatable(9).await;
         f.told().await;
-        // One rebalance tick, repeated only until its round has begun (the cluster of this
-        // node may not count every member up at the first).
+        // One rebalance tick, repeated only until its round has begun.
         let mut begun = false;
-        let mut counts = BTreeMap::new();
-        for _ in 0..600 {
-            if !begun {
-                f.coordinator
-                    .cast(CoordinatorMsg::Local(CoordinatorLocal::Rebalance))
-                    .unwrap();
-                begun = f.allocation().await.homes.len() < 600;
-            }
-            counts = f.counts().await;
-            if counts.values().all(|n| *n == 66 || *n == 67) {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        assert!(
-            counts.values().all(|n| *n == 66 || *n == 67),
-            "not balanced: {counts:?}"
-        );
+        eventually_async(
+            "every region to hold 66 or 67 shards",
+            Duration::from_secs(30),
+            async || {
+                if !begun {
+                    f.coordinator
+                        .cast(CoordinatorMsg::Local(CoordinatorLocal::Rebalance))
+                        .unwrap();
+                    begun = f.allocation().await.homes.len() < 600;
+                }
+                let counts = f.counts().await;
+                counts
+                    .values()
+                    .all(|n| *n == 66 || *n == 67)
+                    .then_some(())
+                    .ok_or(counts)
+            },
+        )
+        .await;
         let told = f.told().await;
         let mut rounds: BTreeMap<&str, Vec<Vec<String>>> = BTreeMap::new();
         let mut hand_offs: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
@@ -2172,16 +2217,15 @@ mod tests {
                 .map(|(_, h)| h)
         };
         let until_home = async |f: &Fixture, shard: &str, want: &str| {
-            for _ in 0..600 {
-                if home(f, shard).await.as_deref() == Some(want) {
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            panic!(
-                "shard {shard} never went to {want}: {:?}",
-                f.allocation().await
-            );
+            let what = format!("shard {shard} to live on {want}");
+            eventually_async(&what, Duration::from_secs(12), async || {
+                let allocation = f.allocation().await;
+                let home = allocation.homes.iter().find(|(s, _)| s == shard);
+                home.filter(|(_, h)| h == want)
+                    .map(|_| ())
+                    .ok_or(allocation)
+            })
+            .await
         };
         f.coordinator
             .cast(CoordinatorMsg::GetHome(GetShardHome {
@@ -2189,12 +2233,12 @@ mod tests {
                 region: f.addrs[0].clone(),
             }))
             .unwrap();
-        let first = loop {
-            if let Some(h) = home(&f, "5").await {
-                break h;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
+        let first = eventually_async(
+            "shard 5 to have a home",
+            Duration::from_secs(12),
+            async || home(&f, "5").await.ok_or("no home"),
+        )
+        .await;
         let target = f.addrs.iter().find(|a| **a != first).unwrap().clone();
         let refused = pin(&f, "5", "127.0.0.1:1").await.unwrap_err();
         assert!(
@@ -2215,13 +2259,15 @@ mod tests {
                 ClusterEvent::MemberRemoved(member(&target)),
             )))
             .unwrap();
-        for _ in 0..600 {
-            if home(&f, "5").await.is_some_and(|h| h != target) {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        assert_ne!(home(&f, "5").await.as_deref(), Some(target.as_str()));
+        eventually_async(
+            "shard 5 to live elsewhere than its pin's region",
+            Duration::from_secs(12),
+            async || match home(&f, "5").await {
+                Some(h) if h != target => Ok(()),
+                last => Err(last),
+            },
+        )
+        .await;
         // It comes back: the next rebalance returns the shard to it.
         f.coordinator
             .cast(CoordinatorMsg::Local(CoordinatorLocal::Cluster(
@@ -2440,12 +2486,15 @@ mod tests {
             stopping: false,
             ..stopping
         };
-        for _ in 0..600 {
-            if count(&f).await == Some(running) {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        eventually_async(
+            "the daemon to run 5 workers",
+            Duration::from_secs(12),
+            async || match count(&f).await {
+                Some(c) if c == running => Ok(()),
+                last => Err(last),
+            },
+        )
+        .await;
         told.extend(f.told().await);
         let mut stopped: Vec<String> = told
             .iter()
@@ -2457,12 +2506,19 @@ mod tests {
         stopped.sort();
         assert_eq!(stopped, ["0", "1", "2"], "{told:?}");
         assert_eq!(count(&f).await, Some(running));
-        let stored = f.store.remembered(COORDINATOR_LEASE).await.unwrap();
-        assert_eq!(
-            crate::placement::count_of(&stored),
-            Some(running),
-            "{stored:?}"
-        );
+        // Stored by the coordinator's writer, which answers no one: once it has written.
+        eventually_async(
+            "the daemon's count stored as running",
+            Duration::from_secs(12),
+            async || {
+                let stored = f.store.remembered(COORDINATOR_LEASE).await.unwrap();
+                match crate::placement::count_of(&stored) {
+                    Some(c) if c == running => Ok(()),
+                    _ => Err(stored),
+                }
+            },
+        )
+        .await;
         // Resized: 0 and above number-of-shards are refused, naming the daemon and count.
         for bad in [0, 101] {
             let refused = ractor::call!(f.coordinator, |r| CoordinatorMsg::ResizeDaemon(

@@ -78,7 +78,7 @@ mod test_regions;
 
 pub use active::ActiveEntities;
 pub use allocation::{AllocationStrategy, LeastShards, Regions};
-pub use coordinator::{Coordinator, CoordinatorArgs, CoordinatorLease};
+pub use coordinator::{ClusterEvents, Coordinator, CoordinatorArgs, CoordinatorLease};
 pub use direct::Routes;
 pub use durable::{
     Durable, DurableEntity, DurableError, Effect, durable_entity_factory, persistence_id,
@@ -760,7 +760,7 @@ pub(crate) async fn start_with_settings(
                 scope: scope.clone(),
                 settings: settings.clone(),
                 strategy: strategy.clone(),
-                subscriptions: node.subscriptions(),
+                subscriptions: Arc::new(node.subscriptions()),
                 token: FencingToken::new(0),
                 store: template.store.clone(),
                 system: cluster.system.clone(),

@@ -30,6 +30,7 @@ use tenure_sharding::{
 };
 use tenure_store_postgres::{PostgresJournal, PostgresOptions, PostgresStore};
 use tenure_store_sqlite::{SqliteJournal, SqliteStore};
+use tenure_test_kit::eventually_async;
 use tenure_test_kit::postgres::Exclusive;
 
 const TYPE: &str = "ledger";
@@ -265,15 +266,14 @@ impl Host {
             .expect("the shard takes messages");
     }
 
-    /// Waits (at most 10 s) until the shard's status satisfies `what`; `false` if it never did.
-    async fn until(&self, what: impl Fn(&ShardStatus) -> bool) -> bool {
-        for _ in 0..200 {
-            if what(&self.status().await) {
-                return true;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        false
+    /// Waits (at most 10 s) until the shard's status satisfies `done`; panics naming `what`
+    /// and the last status if it never did.
+    async fn until(&self, what: &str, done: impl Fn(&ShardStatus) -> bool) {
+        eventually_async(what, Duration::from_secs(10), async || {
+            let status = self.status().await;
+            if done(&status) { Ok(()) } else { Err(status) }
+        })
+        .await
     }
 
     async fn status(&self) -> ShardStatus {
@@ -282,13 +282,15 @@ impl Host {
 
     /// The token the shard serves under (it waits for its grant).
     async fn serving(&self) -> FencingToken {
-        for _ in 0..200 {
-            if let Some(t) = self.status().await.serving {
-                return t;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("the shard was not granted its lease within 10 s");
+        eventually_async(
+            "the shard to be granted its lease",
+            Duration::from_secs(10),
+            async || {
+                let status = self.status().await;
+                status.serving.ok_or(status)
+            },
+        )
+        .await
     }
 
     async fn hand_off(&self) {
@@ -453,20 +455,19 @@ async fn stale_grant_refused_and_entity_stopped(h: &dyn JournalHarness) {
         refused.contains("refused") && refused.contains(&first.get().to_string()),
         "the caller is told why: {refused}"
     );
-    assert!(
-        a.until(|s| s.entities.is_empty()).await,
-        "the entity stopped after the refusal"
-    );
+    a.until("the entity to stop after the refusal", |s| {
+        s.entities.is_empty()
+    })
+    .await;
     let reads = journal.reads();
     for n in [4, 5, 6] {
         a.tell("e1", Command::Add(vec![n]));
     }
-    assert!(
-        a.until(|s| s.serving.is_none() && s.entities.is_empty() && s.waiting == 3)
-            .await,
-        "the shard gave its grant up and keeps the messages for the next one: {:?}",
-        a.status().await
-    );
+    a.until(
+        "the shard to give its grant up and keep the messages for the next one",
+        |s| s.serving.is_none() && s.entities.is_empty() && s.waiting == 3,
+    )
+    .await;
     assert_eq!(
         journal.reads(),
         reads,
@@ -569,18 +570,20 @@ async fn remembered_entity_restarts_with_its_state(h: &dyn JournalHarness) {
 
     let b = host_with(h, B, true).await;
     // Recovery replays event 4 after the snapshot at 3, with no message to the entity.
-    let mut recovered = false;
-    for _ in 0..200 {
-        if b.applied.load(Ordering::SeqCst) == 1 && b.status().await.entities == ["e1"] {
-            recovered = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(
-        recovered,
-        "e1 started on B by remember-entities and recovered"
-    );
+    eventually_async(
+        "e1 started on B by remember-entities and recovered",
+        Duration::from_secs(10),
+        async || {
+            let applied = b.applied.load(Ordering::SeqCst);
+            let status = b.status().await;
+            if applied == 1 && status.entities == ["e1"] {
+                Ok(())
+            } else {
+                Err((applied, status))
+            }
+        },
+    )
+    .await;
     assert_eq!(b.ask("e1", Command::Get).await.unwrap(), [1, 2, 3, 4]);
 }
 

@@ -21,7 +21,7 @@ use tenure_lease::{
 use tenure_sharding::{
     Entity, EntityContext, Shard, ShardArgs, ShardMsg, ShardingSettings, entity_factory,
 };
-use tenure_test_kit::{Gate, TestHistory, recorded};
+use tenure_test_kit::{Gate, TestHistory, eventually_async, recorded};
 use tokio::sync::mpsc;
 
 const LEASE: &str = "test-shard-probe-0";
@@ -305,13 +305,15 @@ fn a_hand_off_keeps_the_lease_until_an_entity_that_outlived_its_kill_ends() {
         assert_eq!(f.holder().await.as_deref(), Some(OWNER), "still held");
         f.gate.open();
         assert_eq!(f.next().await, Seen::Ended("a".into(), token));
-        for _ in 0..1000 {
-            if f.holder().await.is_none() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        assert_eq!(f.holder().await, None, "released once the entity ended");
+        eventually_async(
+            "the lease released once the entity ended",
+            Duration::from_secs(10),
+            async || match f.holder().await {
+                None => Ok(()),
+                held => Err(held),
+            },
+        )
+        .await;
         assert_eq!(
             f.kinds(lease_or_entity),
             ["entity_zombie", "entity_stopped", "lease_released"]

@@ -281,6 +281,7 @@ criterion_group! {
 }
 
 fn main() {
+    tenure_lease_kit::bench::answer_test_runner();
     let started = Instant::now();
     let mut report = Report::new(
         "etcd_lease",

@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use etcd_client::{Client, GetOptions};
 use tenure_lease::{AcquireOutcome, AcquireRequest, FairQueue, FencingToken, LeaseStore};
-use tokio::time::sleep;
 
 use tenure_test_kit::etcd::{Etcd, PREFIX};
+use tenure_test_kit::eventually_async;
 
 fn request(name: &str, owner: &str, ttl: Duration) -> AcquireRequest {
     AcquireRequest {
@@ -52,13 +52,12 @@ async fn waiters(c: &mut Client) -> Vec<(String, i64)> {
 }
 
 async fn until_waiters(c: &mut Client, n: usize) {
-    for _ in 0..500 {
-        if waiters(c).await.len() == n {
-            return;
-        }
-        sleep(Duration::from_millis(10)).await;
-    }
-    panic!("never {n} waiters in line: {:?}", waiters(c).await);
+    let what = format!("{n} waiters in line");
+    eventually_async(&what, Duration::from_secs(5), async || {
+        let line = waiters(c).await;
+        if line.len() == n { Ok(()) } else { Err(line) }
+    })
+    .await
 }
 
 /// Waiters are granted in the order they queued; each grant is what `read` and

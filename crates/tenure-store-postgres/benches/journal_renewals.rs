@@ -36,9 +36,7 @@ const SLICES: usize = 20;
 const RENEW_EVERY: Duration = Duration::from_millis(5);
 
 fn main() {
-    if std::env::args().any(|a| a == "--list") {
-        return;
-    }
+    tenure_lease_kit::bench::answer_test_runner();
     let writers = knob("TENURE_BENCH_WRITERS", 32, 4) as usize;
     let per_slice = knob("TENURE_BENCH_RENEWALS", 100, 5) as usize;
     let server = PgServer::start();

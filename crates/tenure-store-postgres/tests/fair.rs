@@ -12,9 +12,10 @@ use futures::future::poll_fn;
 use tenure_lease::{AcquireOutcome, AcquireRequest, FairQueue, FencingToken, LeaseStore};
 use tenure_lease_kit::conformance::test_settings;
 use tenure_store_postgres::PostgresStore;
+use tenure_test_kit::eventually_async;
 use tenure_test_kit::postgres::{Exclusive, PgServer};
 use tokio::sync::mpsc;
-use tokio::time::{Instant, sleep, timeout};
+use tokio::time::timeout;
 use tokio_postgres::{AsyncMessage, NoTls};
 
 const TTL: Duration = Duration::from_secs(2);
@@ -95,14 +96,12 @@ async fn waiter_rows(store: &PostgresStore, name: &str) -> i64 {
 }
 
 async fn until_waiter_rows(store: &PostgresStore, name: &str, n: i64) {
-    let started = Instant::now();
-    while waiter_rows(store, name).await != n {
-        assert!(
-            started.elapsed() < PATIENCE,
-            "{name}: never {n} waiter rows"
-        );
-        sleep(Duration::from_millis(10)).await;
-    }
+    let what = format!("{n} waiter rows of {name}");
+    eventually_async(&what, PATIENCE, async || {
+        let rows = waiter_rows(store, name).await;
+        if rows == n { Ok(()) } else { Err(rows) }
+    })
+    .await
 }
 
 /// A release with nobody in line sends nothing; with a waiter in line it notifies the

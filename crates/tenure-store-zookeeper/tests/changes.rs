@@ -137,17 +137,12 @@ async fn a_grant_made_while_the_checker_was_disconnected_is_a_change() {
     assert!(matches!(outcome, AcquireOutcome::Granted(_)), "{outcome:?}");
     proxy.set_cut(false);
 
-    let mut answer = None;
-    for _ in 0..100 {
-        match changes.changes_since("m-", Some(v)).await {
-            Ok(changes) => {
-                answer = Some(changes);
-                break;
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
-    }
-    let answer = answer.expect("the client never reconnected");
+    let answer = tenure_test_kit::eventually_async(
+        "the client to reconnect and answer",
+        Duration::from_secs(10),
+        async || changes.changes_since("m-", Some(v)).await,
+    )
+    .await;
     assert!(
         matches!(answer, Changes::Changed(_)),
         "a grant made while disconnected went unseen: {answer:?}"

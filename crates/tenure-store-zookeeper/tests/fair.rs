@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use tenure_lease::{AcquireOutcome, AcquireRequest, FairQueue, FencingToken, LeaseStore};
 use tenure_store_zookeeper::zookeeper_client as zk;
-use tokio::time::{Instant, sleep};
+use tenure_test_kit::eventually_async;
+use tokio::time::sleep;
 
 const TTL: Duration = Duration::from_secs(3);
 
@@ -41,14 +42,12 @@ async fn waiters(shared: &common::Shared, client: &zk::Client, name: &str) -> us
 
 /// Polls until `name` has `n` waiter nodes (bounded).
 async fn until_waiters(shared: &common::Shared, client: &zk::Client, name: &str, n: usize) {
-    let started = Instant::now();
-    while waiters(shared, client, name).await != n {
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "{name}: never {n} waiters"
-        );
-        sleep(Duration::from_millis(10)).await;
-    }
+    let what = format!("{n} waiter nodes of {name}");
+    eventually_async(&what, Duration::from_secs(20), async || {
+        let queued = waiters(shared, client, name).await;
+        if queued == n { Ok(()) } else { Err(queued) }
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,6 +1,6 @@
 //! A node alone in its cluster, in the test's own process, on the memory store: the
-//! fixture of the tests that need a real [`Node`] (sharding, management, the coordinator's
-//! unit tests) and of the in-process sharding bench.
+//! fixture of the tests that need a real [`Node`] (sharding and management integration
+//! tests) and of the in-process sharding bench.
 
 use tenure_cluster::{ClusterError, ClusterSettings, Node};
 use tenure_lease::{LeaseProvider, StoreRegistry, TenureConfig};

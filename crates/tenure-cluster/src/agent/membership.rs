@@ -611,6 +611,7 @@ mod tests {
         MemoryStore, StoreError, StoreFactory, StoreRegistry, TenureConfig,
     };
     use tenure_lease_kit::wrap::{StoreWrapper, Wrapped};
+    use tenure_test_kit::eventually_async;
 
     use super::*;
     use crate::Node;
@@ -772,26 +773,24 @@ membership-listing-every = {listing_every}
 
     /// Polls the node's view until `done` holds of it (bounded: a failing test ends).
     async fn until_view(node: &Node, what: &str, done: impl Fn(&[crate::MemberInfo]) -> bool) {
-        for _ in 0..3_000 {
-            if done(&node.view().await.unwrap().members) {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        panic!("the view never showed {what}");
+        let what = format!("the view to show {what}");
+        eventually_async(&what, Duration::from_secs(30), async || {
+            let members = node.view().await.unwrap().members;
+            if done(&members) { Ok(()) } else { Err(members) }
+        })
+        .await
     }
 
     /// Waits until the node made at least `more` change checks and listings in all beyond
     /// `from`.
     async fn until_polled(counts: &Counts, from: (u64, u64, u64), more: u64) {
-        for _ in 0..3_000 {
-            let (lists, _, checks) = counts.get();
-            if (lists + checks).saturating_sub(from.0 + from.2) >= more {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        panic!("the node stopped polling the store");
+        let what = format!("{more} more polls of the store (listings and change checks)");
+        eventually_async(&what, Duration::from_secs(30), async || {
+            let now = counts.get();
+            let polled = (now.0 + now.2).saturating_sub(from.0 + from.2);
+            (polled >= more).then_some(()).ok_or(now)
+        })
+        .await
     }
 
     /// Idle polls of one node with `peers` other member leases in the store: (polls,
