@@ -64,56 +64,93 @@ pub fn encode<T: Serialize>(
     let mut out = Vec::with_capacity(64);
     let result = bincode::serde::encode_into_std_write(&*local_label(), &mut out, config())
         .and_then(|_| bincode::serde::encode_into_std_write(payload, &mut out, config()));
-    checked(message, variant, out, result.map(|_| ()))
+    within_limit(message, variant, out, result.map(|_| ())).map_err(|e| {
+        tracing::warn!(error = %e, "cluster message not sent");
+        BoxedDowncastErr
+    })
 }
 
 /// Encodes `payload` of `message::variant` to travel inside another message (an entity's
 /// request or reply): without a label, which the frame around it carries; under the same
-/// size limit as [`encode`]. Read it with [`decode_inner`].
+/// size limit as [`encode`]. Read it with [`decode_inner`]. `Err` (logged at warn) when it
+/// cannot be encoded or is over the limit; [`encode_inner_to`] says which.
 pub fn encode_inner<T: Serialize>(
     message: &str,
     variant: &str,
     payload: &T,
 ) -> Result<Vec<u8>, BoxedDowncastErr> {
-    encode_inner_to(message, variant, payload, Vec::with_capacity(16))
+    encode_inner_to(message, variant, payload, Vec::with_capacity(16)).map_err(|e| {
+        tracing::warn!(error = %e, "cluster message not sent");
+        BoxedDowncastErr
+    })
+}
+
+/// Why a payload could not be encoded ([`encode_inner_to`]).
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum EncodeError {
+    /// Its serializer failed (a map with non-string keys, say). The source is shared
+    /// (`Arc`) so that the error stays `Clone`.
+    #[error("cannot encode {message} `{variant}`: {source}")]
+    Serialize {
+        /// The message kind (`entity request`, say).
+        message: String,
+        /// The variant or type it was encoded for.
+        variant: String,
+        /// The codec's error.
+        #[source]
+        source: Arc<bincode::error::EncodeError>,
+    },
+    /// Encoded, it is larger than a peer takes (`cluster.max-frame-size`).
+    #[error(
+        "{message} `{variant}` is {bytes} bytes encoded, over the {limit} bytes cluster.max-frame-size allows"
+    )]
+    TooLarge {
+        /// The message kind.
+        message: String,
+        /// The variant or type it was encoded for.
+        variant: String,
+        /// Its encoded size.
+        bytes: usize,
+        /// The largest payload peers take.
+        limit: usize,
+    },
 }
 
 /// As [`encode_inner`], appending to `out` (a buffer that keeps small payloads inline, say)
-/// and giving it back; `Err` (logged at warn) when `payload` cannot be encoded or `out`
-/// ends up over the size limit.
+/// and giving it back: `Ok(out)` when `payload` is encoded within the size limit;
+/// `Err(Serialize)` when it cannot be encoded, `Err(TooLarge)` when it is over the limit
+/// (nothing is logged: the caller has the error).
 pub fn encode_inner_to<T: Serialize, B: std::io::Write + AsRef<[u8]>>(
     message: &str,
     variant: &str,
     payload: &T,
     mut out: B,
-) -> Result<B, BoxedDowncastErr> {
+) -> Result<B, EncodeError> {
     let result = bincode::serde::encode_into_std_write(payload, &mut out, config());
-    checked(message, variant, out, result.map(|_| ()))
+    within_limit(message, variant, out, result.map(|_| ()))
 }
 
-fn checked<B: AsRef<[u8]>>(
+fn within_limit<B: AsRef<[u8]>>(
     message: &str,
     variant: &str,
     out: B,
     result: Result<(), bincode::error::EncodeError>,
-) -> Result<B, BoxedDowncastErr> {
+) -> Result<B, EncodeError> {
     let limit = MAX_ENCODE.load(Ordering::Relaxed);
     match result {
         Ok(()) if out.as_ref().len() <= limit => Ok(out),
-        Ok(()) => {
-            tracing::warn!(
-                message,
-                variant,
-                bytes = out.as_ref().len(),
-                limit,
-                "cluster message too large for cluster.max-frame-size; not sent"
-            );
-            Err(BoxedDowncastErr)
-        }
-        Err(e) => {
-            tracing::warn!(message, variant, error = %e, "cannot encode cluster message; not sent");
-            Err(BoxedDowncastErr)
-        }
+        Ok(()) => Err(EncodeError::TooLarge {
+            message: message.to_string(),
+            variant: variant.to_string(),
+            bytes: out.as_ref().len(),
+            limit,
+        }),
+        Err(e) => Err(EncodeError::Serialize {
+            message: message.to_string(),
+            variant: variant.to_string(),
+            source: Arc::new(e),
+        }),
     }
 }
 
@@ -460,6 +497,41 @@ mod tests {
                 text: "q!".into(),
                 n: 2
             }
+        );
+    }
+
+    /// A value whose serializer fails, as a map with a non-string key fails in JSON.
+    struct Unencodable;
+
+    impl serde::Serialize for Unencodable {
+        fn serialize<S: serde::Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
+            Err(serde::ser::Error::custom("the serializer refused it"))
+        }
+    }
+
+    #[test]
+    fn an_inner_payload_that_cannot_be_encoded_or_is_too_large_says_which() {
+        let err =
+            super::encode_inner_to("entity request", "cart", &Unencodable, Vec::new()).unwrap_err();
+        assert!(
+            matches!(&err, super::EncodeError::Serialize { variant, .. } if variant == "cart"),
+            "{err:?}"
+        );
+        assert!(
+            std::error::Error::source(&err)
+                .is_some_and(|s| s.to_string().contains("the serializer refused it")),
+            "{err:?}"
+        );
+        let blob = vec![0u8; super::MAX_PAYLOAD_BYTES + 1];
+        let err = super::encode_inner_to("entity request", "cart", &blob, Vec::new()).unwrap_err();
+        assert!(
+            matches!(err, super::EncodeError::TooLarge { bytes, limit, .. } if bytes > limit),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string().starts_with("entity request `cart` is ")
+                && err.to_string().contains("bytes encoded, over the"),
+            "{err}"
         );
     }
 }

@@ -10,14 +10,15 @@ pub enum ClusterError {
     #[error(transparent)]
     Config(#[from] ConfigError),
     /// An address in configuration or on the command line is malformed.
-    #[error("`{key}`: invalid address {value:?}: {detail}")]
+    #[error("`{key}`: invalid address {value:?}: {problem}")]
     Address {
         /// The config key or option that gave it.
         key: String,
         /// The address as given.
         value: String,
         /// Why it is malformed.
-        detail: String,
+        #[source]
+        problem: crate::AddressProblem,
     },
     /// The node could not listen on its address (in use, not local, no permission).
     #[error("cannot listen on {addr} (cluster.host/cluster.port): {source}")]

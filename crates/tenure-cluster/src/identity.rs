@@ -21,31 +21,33 @@ pub struct NodeAddr {
 
 impl NodeAddr {
     /// Parses `host:port` (`key` names the config key or flag in the error). The host is an
-    /// IP address or a DNS name; the port must not be 0.
+    /// IP address or a DNS name; the port must not be 0. `Err(ClusterError::Address)`
+    /// names the key, the text and the [`AddressProblem`].
     pub fn parse(key: &str, text: &str) -> Result<NodeAddr, ClusterError> {
-        let bad = |detail: &str| ClusterError::Address {
+        let bad = |problem: AddressProblem| ClusterError::Address {
             key: key.to_string(),
             value: text.to_string(),
-            detail: detail.to_string(),
+            problem,
         };
         let (host, port) = match text.parse::<SocketAddr>() {
             Ok(sa) => (sa.ip().to_string(), sa.port()),
             Err(_) => {
                 let (host, port) = text
                     .rsplit_once(':')
-                    .ok_or_else(|| bad("expected host:port"))?;
-                let port: u16 = port
-                    .parse()
-                    .map_err(|_| bad("the port must be a number from 1 to 65535"))?;
+                    .ok_or_else(|| bad(AddressProblem::NoPort))?;
+                let port: u16 = port.parse().map_err(|source| {
+                    bad(AddressProblem::Port {
+                        port: port.to_string(),
+                        source,
+                    })
+                })?;
                 (host.to_string(), port)
             }
         };
         if port == 0 {
-            return Err(bad(
-                "the port must not be 0 (peers must know where to dial)",
-            ));
+            return Err(bad(AddressProblem::PortZero));
         }
-        check_host(&host).map_err(|d| bad(&d))?;
+        check_host(&host).map_err(bad)?;
         Ok(NodeAddr { host, port })
     }
 
@@ -68,8 +70,35 @@ impl From<NodeAddr> for String {
     }
 }
 
+/// What is wrong with a node address ([`NodeAddr::parse`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AddressProblem {
+    /// No `:port` after the host.
+    #[error("expected host:port")]
+    NoPort,
+    /// The port is not a number from 0 to 65535.
+    #[error("the port {port:?} must be a number from 1 to 65535")]
+    Port {
+        /// The port as given.
+        port: String,
+        /// The parser's error.
+        #[source]
+        source: std::num::ParseIntError,
+    },
+    /// Port 0: peers could not dial it.
+    #[error("the port must not be 0 (peers must know where to dial)")]
+    PortZero,
+    /// The host is neither an IP address nor a DNS name.
+    #[error("{host:?} is neither an IP address nor a host name")]
+    Host {
+        /// The host as given.
+        host: String,
+    },
+}
+
 /// A host must be an IP address or a DNS name (letters, digits, `-`, `.`).
-pub(crate) fn check_host(host: &str) -> Result<(), String> {
+pub(crate) fn check_host(host: &str) -> Result<(), AddressProblem> {
     if host.parse::<IpAddr>().is_ok() {
         return Ok(());
     }
@@ -81,7 +110,9 @@ pub(crate) fn check_host(host: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!("{host:?} is neither an IP address nor a host name"))
+        Err(AddressProblem::Host {
+            host: host.to_string(),
+        })
     }
 }
 
@@ -141,23 +172,40 @@ mod tests {
     }
 
     #[test]
-    fn rejects_bad_addresses_naming_the_key() {
-        for bad in [
-            "127.0.0.1",
-            "127.0.0.1:0",
-            "host:99999",
-            "bad host:1",
-            ":1",
-            "a..b:1",
+    fn rejects_bad_addresses_naming_the_key_and_the_problem() {
+        let port = |p: &str| AddressProblem::Port {
+            port: p.to_string(),
+            source: p.parse::<u16>().unwrap_err(),
+        };
+        let host = |h: &str| AddressProblem::Host {
+            host: h.to_string(),
+        };
+        for (bad, expected) in [
+            ("127.0.0.1", AddressProblem::NoPort),
+            ("127.0.0.1:0", AddressProblem::PortZero),
+            ("host:99999", port("99999")),
+            ("bad host:1", host("bad host")),
+            (":1", host("")),
+            ("a..b:1", host("a..b")),
         ] {
-            let err = NodeAddr::parse("cluster.seeds[0]", bad)
-                .unwrap_err()
-                .to_string();
+            let err = NodeAddr::parse("cluster.seeds[0]", bad).unwrap_err();
+            let ClusterError::Address { problem, .. } = &err else {
+                panic!("not an address error: {err}");
+            };
+            assert_eq!(problem, &expected, "{bad}");
+            let text = err.to_string();
             assert!(
-                err.contains("cluster.seeds[0]") && err.contains(bad),
-                "{err}"
+                text.contains("cluster.seeds[0]") && text.contains(bad),
+                "{text}"
             );
         }
+        let err = NodeAddr::parse("cluster.seeds[0]", "host:99999").unwrap_err();
+        assert!(
+            std::error::Error::source(&err)
+                .and_then(std::error::Error::source)
+                .is_some_and(|s| s.is::<std::num::ParseIntError>()),
+            "{err:?}"
+        );
     }
 
     #[test]

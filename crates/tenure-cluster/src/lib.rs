@@ -46,7 +46,7 @@ pub mod __private {
 pub use app_version::{AppVersion, DEFAULT_APP_VERSION};
 pub use client::ClusterClient;
 pub use error::{ClusterError, OperatorRefusal};
-pub use identity::{Incarnation, NodeAddr};
+pub use identity::{AddressProblem, Incarnation, NodeAddr};
 pub use member::{ClusterEvent, Listed, Member, MemberStatus, Membership};
 pub use node::{Inspector, Node, NodeBuilder, Operator, Subscriptions};
 pub use protocol::{COMPATIBLE_PROTOCOLS, MemberInfo, NodeView, PROTOCOL_VERSION};

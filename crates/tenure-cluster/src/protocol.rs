@@ -275,15 +275,16 @@ pub enum AgentLocal {
     HeartbeatAddr {
         peer: NodeAddr,
         incarnation: Incarnation,
-        addr: Result<std::net::SocketAddr, String>,
+        addr: Result<std::net::SocketAddr, crate::agent::heartbeat::ResolveError>,
     },
     Poll,
-    Listed(Result<Polled, String>),
+    /// What a membership poll found (`Err`: the store's error, naming the prefix).
+    Listed(Result<Polled, tenure_lease::LeaseError>),
     /// The member leases listed after this node's member lease (grant `token`) was
     /// granted, for its placement check.
     JoinCheck {
         token: FencingToken,
-        listed: Result<Vec<LeaseRecord>, String>,
+        listed: Result<Vec<LeaseRecord>, tenure_lease::LeaseError>,
     },
     Dialed {
         peer: NodeAddr,

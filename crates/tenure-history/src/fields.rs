@@ -48,33 +48,59 @@ impl Visit for Fields {
     }
 }
 
-/// The typed event of an emitted event's fields. `Err` says why not: no `event` field, a
-/// kind this build does not know, a field missing or of the wrong type, or a field the kind
-/// does not have (serde would drop it silently: a misnamed optional field would read as
-/// absent). Each is a bug in the emitter, never in a history file.
-pub(crate) fn typed(fields: Map<String, Value>) -> Result<Event, String> {
+/// Why an emitted event's fields are no known event ([`typed`]). Each is a bug in the
+/// emitter, never in a history file.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum UnknownEvent {
+    /// No `event` field, or not a string.
+    #[error("no `event` field naming the kind")]
+    NoKind,
+    /// A kind this build does not know.
+    #[error("unknown kind `{kind}`")]
+    UnknownKind { kind: String },
+    /// A field missing or of the wrong type.
+    #[error("`{kind}`: {source}")]
+    Fields {
+        kind: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The kind's event does not serialize as a JSON object.
+    #[error("`{kind}` does not serialize as an object")]
+    NotAnObject { kind: String },
+    /// Fields the kind does not have, or values it does not keep (serde would drop them
+    /// silently: a misnamed optional field would read as absent).
+    #[error("`{kind}` has no field {fields:?} of these values")]
+    ExtraFields { kind: String, fields: Vec<String> },
+}
+
+/// The typed event of an emitted event's fields; `Err` says why not (see
+/// [`UnknownEvent`]).
+pub(crate) fn typed(fields: Map<String, Value>) -> Result<Event, UnknownEvent> {
     let kind = match fields.get("event") {
         Some(Value::String(kind)) => kind.clone(),
-        _ => return Err("no `event` field naming the kind".into()),
+        _ => return Err(UnknownEvent::NoKind),
     };
     if !Event::kinds().contains(&kind.as_str()) {
-        return Err(format!("unknown kind `{kind}`"));
+        return Err(UnknownEvent::UnknownKind { kind });
     }
-    let event: Event = serde_json::from_value(Value::Object(fields.clone()))
-        .map_err(|e| format!("`{kind}`: {e}"))?;
+    let event: Event = match serde_json::from_value(Value::Object(fields.clone())) {
+        Ok(event) => event,
+        Err(source) => return Err(UnknownEvent::Fields { kind, source }),
+    };
     let kept = match serde_json::to_value(&event) {
         Ok(Value::Object(kept)) => kept,
-        _ => return Err(format!("`{kind}` does not serialize as an object")),
+        _ => return Err(UnknownEvent::NotAnObject { kind }),
     };
-    let lost: Vec<&str> = fields
+    let lost: Vec<String> = fields
         .iter()
         .filter(|(name, value)| kept.get(name.as_str()) != Some(value))
-        .map(|(name, _)| name.as_str())
+        .map(|(name, _)| name.clone())
         .collect();
     if lost.is_empty() {
         Ok(event)
     } else {
-        Err(format!("`{kind}` has no field {lost:?} of these values"))
+        Err(UnknownEvent::ExtraFields { kind, fields: lost })
     }
 }
 
@@ -111,27 +137,43 @@ mod tests {
 
     #[test]
     fn an_unknown_kind_a_missing_field_a_wrong_type_or_an_extra_field_is_refused() {
-        for (fields, says) in [
-            (json!({"lease": "l"}), "no `event`"),
+        let kind = |e: &UnknownEvent| match e {
+            UnknownEvent::NoKind => "no kind",
+            UnknownEvent::UnknownKind { .. } => "unknown kind",
+            UnknownEvent::Fields { .. } => "fields",
+            UnknownEvent::NotAnObject { .. } => "not an object",
+            UnknownEvent::ExtraFields { .. } => "extra fields",
+        };
+        for (fields, variant, says) in [
+            (json!({"lease": "l"}), "no kind", "no `event`"),
             (
                 json!({"event": "lease_grunted"}),
+                "unknown kind",
                 "unknown kind `lease_grunted`",
             ),
             (
                 json!({"event": "lease_released", "lease": "l", "owner": "o"}),
+                "fields",
                 "token",
             ),
             (
                 json!({"event": "lease_released", "lease": "l", "owner": "o", "token": "3"}),
+                "fields",
                 "invalid type: string \"3\"",
             ),
             (
                 json!({"event": "member_up", "member": "b:2", "member_incarnation": "2e"}),
+                "extra fields",
                 "member_incarnation",
             ),
         ] {
             let err = typed(map(fields.clone())).unwrap_err();
-            assert!(err.contains(says), "{fields}: {err}");
+            assert_eq!(kind(&err), variant, "{fields}: {err}");
+            assert!(err.to_string().contains(says), "{fields}: {err}");
+            if let UnknownEvent::Fields { kind, .. } = &err {
+                assert_eq!(kind, "lease_released");
+                assert!(std::error::Error::source(&err).is_some());
+            }
         }
     }
 }

@@ -188,10 +188,10 @@ where
             Ok(typed) => typed,
             Err(why) => {
                 tracing::warn!(
-                    why,
+                    why = %why,
                     "a history event that is no known event was dropped: a bug in its emitter"
                 );
-                self.unknown.add(why);
+                self.unknown.add(why.to_string());
                 return;
             }
         };

@@ -473,8 +473,8 @@ impl SharedBelief {
                 self.trace(LeaseTrace::Released { token }, suspended);
                 self.publish(LeaseState::NotHeld);
             }
-            Event::ReleaseAnswered { token, answer } => {
-                tracing::info!(lease = %name, ?token, released = ?answer, "lease released");
+            Event::ReleaseAnswered { token, released } => {
+                tracing::info!(lease = %name, ?token, ?released, "lease released");
             }
             Event::StoreError { operation, error } => {
                 self.trace(LeaseTrace::Error { operation, error }, false);

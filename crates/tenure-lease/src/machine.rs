@@ -261,10 +261,12 @@ pub(crate) enum Event {
         suspended: bool,
     },
     /// The store answered a release of `token` (the believed one, or `None`: whatever
-    /// grant of this actor's instances it holds).
+    /// grant of this actor's instances it holds): `released` is `Some(true)` when a grant
+    /// was released, `Some(false)` when none was held, `None` when the outcome is unknown
+    /// (the [`StoreError`](Event::StoreError) emitted just before names the error).
     ReleaseAnswered {
         token: Option<FencingToken>,
-        answer: Result<bool, String>,
+        released: Option<bool>,
     },
     /// A store call's outcome is unknown (error or timeout).
     StoreError {
@@ -733,7 +735,7 @@ impl<A, L> Machine<A, L> {
                 }
                 out.push(Effect::Emit(Event::ReleaseAnswered {
                     token,
-                    answer: answer.as_ref().map(|b| *b).map_err(|e| e.to_string()),
+                    released: answer.as_ref().ok().copied(),
                 }));
                 out.push(Effect::ReplyRelease { to: reply, answer });
             }

@@ -394,6 +394,60 @@ fn release_while_renewing_gives_up_at_once_and_a_late_renewal_changes_nothing() 
 }
 
 #[test]
+fn a_release_the_store_failed_is_answered_unknown_and_the_error_named_once() {
+    let mut s = Story::new(config());
+    s.granted(0, 50, 7);
+    s.feed(
+        100,
+        Input::Release {
+            reply: 9,
+            scope: ReleaseScope::Any,
+        },
+    );
+    let fx = s.answer(200, Outcome::Release(Err(timeout("release"))));
+    assert_eq!(
+        events(&fx),
+        [
+            Event::StoreError {
+                operation: "release",
+                error: timeout("release").to_string(),
+            },
+            Event::ReleaseAnswered {
+                token: Some(T7),
+                released: None,
+            },
+        ]
+    );
+    assert!(
+        matches!(
+            fx.last(),
+            Some(Effect::ReplyRelease {
+                to: 9,
+                answer: Err(LeaseError::Timeout { .. })
+            })
+        ),
+        "{fx:?}"
+    );
+    let mut s = Story::new(config());
+    s.granted(0, 50, 7);
+    s.feed(
+        100,
+        Input::Release {
+            reply: 9,
+            scope: ReleaseScope::Any,
+        },
+    );
+    let fx = s.answer(200, Outcome::Release(Ok(true)));
+    assert_eq!(
+        events(&fx),
+        [Event::ReleaseAnswered {
+            token: Some(T7),
+            released: Some(true),
+        }]
+    );
+}
+
+#[test]
 fn a_clock_jump_past_the_deadline_loses_the_grant_once() {
     // The watchdog wakes after a host suspend.
     let mut s = Story::new(config());

@@ -90,10 +90,7 @@ pub(crate) async fn resize(
         Err(why) => {
             return text(
                 StatusCode::NOT_FOUND,
-                format!(
-                    "daemon `{name}` does not run on this node ({})",
-                    why.trim_end()
-                ),
+                format!("daemon `{name}` does not run on this node ({why})"),
             );
         }
     };
@@ -132,7 +129,7 @@ async fn place(
     }
     let region = match s.region(type_name) {
         Ok(r) => r,
-        Err(why) => return (StatusCode::NOT_FOUND, why).into_response(),
+        Err(why) => return (StatusCode::NOT_FOUND, format!("{why}\n")).into_response(),
     };
     let done =
         match to {

@@ -77,22 +77,35 @@ pub(crate) struct Served {
     regions: Regions,
 }
 
+/// This node has no region of the entity type asked for (a 404).
+#[derive(Debug, thiserror::Error)]
+#[error("no entity type `{type_name}` on this node (known: {})", known_types(.known))]
+pub(crate) struct UnknownType {
+    /// The type asked for.
+    pub(crate) type_name: String,
+    /// The types this node serves.
+    pub(crate) known: Vec<String>,
+}
+
+fn known_types(known: &[String]) -> String {
+    if known.is_empty() {
+        "none".to_string()
+    } else {
+        known.join(", ")
+    }
+}
+
 impl Served {
-    /// This node's region of `type_name`, or why not (for a 404): the types it serves.
-    pub(crate) fn region(&self, type_name: &str) -> Result<ShardRegion, String> {
+    /// This node's region of `type_name`, or [`UnknownType`] naming the types it serves.
+    pub(crate) fn region(&self, type_name: &str) -> Result<ShardRegion, UnknownType> {
         let regions = self.regions.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(r) = regions.get(type_name) {
             return Ok(r.clone());
         }
-        let known: Vec<&str> = regions.keys().map(String::as_str).collect();
-        Err(format!(
-            "no entity type `{type_name}` on this node (known: {})\n",
-            if known.is_empty() {
-                "none".to_string()
-            } else {
-                known.join(", ")
-            }
-        ))
+        Err(UnknownType {
+            type_name: type_name.to_string(),
+            known: regions.keys().cloned().collect(),
+        })
     }
 }
 
@@ -332,7 +345,7 @@ async fn within<T>(
 async fn shard_map_of(State(s): State<Served>, Path(type_name): Path<String>) -> Response {
     let region = match s.region(&type_name) {
         Ok(r) => r,
-        Err(why) => return (StatusCode::NOT_FOUND, why).into_response(),
+        Err(why) => return (StatusCode::NOT_FOUND, format!("{why}\n")).into_response(),
     };
     let timeout = s.settings.shard_map_timeout;
     match within(timeout, region.shard_map(timeout)).await {

@@ -125,7 +125,11 @@ number-of-shards = 4
     }
     let (status, body) = post(addr, "/cluster/daemons/nothing/resize/2", token).await;
     assert_eq!(status, 404, "{body}");
-    assert!(body.contains("`nothing`"), "{body}");
+    assert!(
+        body.contains("daemon `nothing` does not run on this node (no entity type `")
+            && body.contains("known: "),
+        "{body}"
+    );
     let (status, _) = call(addr, "POST", &resize("2"), None).await;
     assert_eq!(status, 401);
     assert_eq!(get(addr, &resize("2")).await.0, 405);

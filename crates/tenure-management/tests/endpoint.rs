@@ -135,7 +135,10 @@ token = "management-secret"
     assert_eq!(get(addr, "/cluster/shards").await, (200, "[]".into()));
     let (status, body) = get(addr, "/cluster/shards/counter").await;
     assert_eq!(status, 404, "{body}");
-    assert!(body.contains("known: none"), "{body}");
+    assert_eq!(
+        body, "no entity type `counter` on this node (known: none)\n",
+        "{body}"
+    );
 
     // A leave is refused while nothing awaits Node::leave_requested, and taken once
     // something does.

@@ -420,7 +420,7 @@ impl CoordinatorState {
 
     /// The shard leases listed and the pins read: each held shard's home is its holder's
     /// region.
-    fn on_listed(&mut self, result: Result<Listing, String>) {
+    fn on_listed(&mut self, result: Result<Listing, tenure_lease::LeaseError>) {
         if self.listed {
             return;
         }
@@ -1448,8 +1448,9 @@ fn list_shard_leases(
             let remembered = read_pin_ids(&pins).await?;
             Ok::<_, tenure_lease::LeaseError>(Listing { held, remembered })
         };
-        let listed = listed.await.map_err(|e| e.to_string());
-        let _ = me.cast(CoordinatorMsg::Local(CoordinatorLocal::Listed(listed)));
+        let _ = me.cast(CoordinatorMsg::Local(CoordinatorLocal::Listed(
+            listed.await,
+        )));
     });
 }
 

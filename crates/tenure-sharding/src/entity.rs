@@ -10,6 +10,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sha2::{Digest, Sha256};
 use smallvec::SmallVec;
+use tenure_cluster::codec::EncodeError;
 use tenure_lease::FencingToken;
 
 use crate::messages::{AskFailure, AskReply};
@@ -72,12 +73,11 @@ const INLINE: usize = 32;
 pub struct Payload(SmallVec<[u8; INLINE]>);
 
 impl Payload {
-    /// `request` encoded as the entity type's codec does; `Err` (logged at warn) when it
-    /// cannot be encoded or is over the cluster's frame size limit.
-    pub(crate) fn encode<R: Serialize>(type_name: &str, request: &R) -> Result<Self, ()> {
-        tenure_cluster::codec::encode_inner_to(REQUEST, type_name, request, Writer::default())
-            .map(|w| Payload(w.0))
-            .map_err(|_| ())
+    /// `request` encoded as the entity type's codec does; `Err(Serialize)` when it cannot
+    /// be encoded, `Err(TooLarge)` when it is over the cluster's frame size limit.
+    pub(crate) fn encode<R: Serialize>(type_name: &str, request: &R) -> Result<Self, EncodeError> {
+        tenure_cluster::codec::encode_inner_to(REQUEST, type_name, request, SmallVec::new())
+            .map(Payload)
     }
 
     /// The bytes, as a vector (for a message leaving through a region).
@@ -107,26 +107,6 @@ impl From<Vec<u8>> for Payload {
         } else {
             Payload(SmallVec::from_vec(v))
         }
-    }
-}
-
-/// The buffer a [`Payload`] is encoded into.
-#[derive(Default)]
-struct Writer(SmallVec<[u8; INLINE]>);
-
-impl std::io::Write for Writer {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl AsRef<[u8]> for Writer {
-    fn as_ref(&self) -> &[u8] {
-        &self.0
     }
 }
 

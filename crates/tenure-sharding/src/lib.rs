@@ -123,13 +123,19 @@ pub enum ShardingError {
         /// Why.
         detail: String,
     },
-    /// The request could not be encoded by the type's codec; nothing was sent.
-    #[error("entity type `{type_name}`: the request for entity `{entity}` could not be encoded")]
+    /// The request could not be encoded by the type's codec, or is larger than
+    /// `cluster.max-frame-size` allows; nothing was sent.
+    #[error(
+        "entity type `{type_name}`: the request for entity `{entity}` could not be encoded: {source}"
+    )]
     Encode {
         /// The entity type.
         type_name: String,
         /// The entity id.
         entity: String,
+        /// Why: the codec's error, or the size over the limit.
+        #[source]
+        source: tenure_cluster::codec::EncodeError,
     },
     /// The entity's reply could not be decoded into the expected reply type.
     #[error("entity type `{type_name}`: the reply of entity `{entity}` could not be decoded")]
@@ -291,9 +297,10 @@ impl ShardRegion {
     }
 
     fn encode<R: Serialize>(&self, entity: &str, request: &R) -> Result<Payload, ShardingError> {
-        Payload::encode(&self.type_name, request).map_err(|_| ShardingError::Encode {
+        Payload::encode(&self.type_name, request).map_err(|source| ShardingError::Encode {
             type_name: self.type_name.clone(),
             entity: entity.to_string(),
+            source,
         })
     }
 

@@ -433,8 +433,9 @@ pub enum CoordinatorLocal {
     /// Hand-offs of moving shards ended (their old hosts answered, or the hand-off timeout
     /// passed): each shard, and whether its lease was released.
     HandOffsEnded(Vec<(String, bool)>),
-    /// What a new coordinator read from the store before it allocates anything.
-    Listed(Result<Listing, String>),
+    /// What a new coordinator read from the store before it allocates anything (`Err`:
+    /// the store's error, naming the lease or prefix).
+    Listed(Result<Listing, tenure_lease::LeaseError>),
     /// The ids remembered with the coordinator's lease (its pins), read again after the
     /// listing failed.
     PinsRead(Vec<String>),

@@ -17,9 +17,9 @@ use tenure_lease::{FenceError, FencingToken};
 /// The token check of one lease table (from [`PostgresStore::fence`](crate::PostgresStore::fence)).
 #[derive(Debug, Clone)]
 pub struct Fence {
+    /// One statement for one grant ([`check`](Self::check)) and for many (the journal's
+    /// batches): the grants travel as arrays.
     check: String,
-    /// The same check for many grants at once (the journal's batches).
-    check_many: String,
 }
 
 impl Fence {
@@ -29,14 +29,9 @@ impl Fence {
             // a new grant changes it, which takes the row's FOR UPDATE lock, and FOR KEY
             // SHARE conflicts with that, so no other grant of the name can commit until the
             // caller's transaction ends. Renewals and releases change no key column (FOR NO
-            // KEY UPDATE): they do not wait for the caller, nor the caller for them.
+            // KEY UPDATE): they do not wait for the caller, nor the caller for them. Each
+            // grant's row is locked, in one statement.
             check: format!(
-                "SELECT 1 FROM \"{schema}\".\"{table}\"
-WHERE name = $1::text AND owner = $2::text AND token = $3::bigint
-  AND expires_at > clock_timestamp() FOR KEY SHARE"
-            ),
-            // The same lock on every grant that is held, in one statement.
-            check_many: format!(
                 "SELECT f.i FROM unnest($1::text[], $2::text[], $3::bigint[])
     WITH ORDINALITY AS f(name, owner, token, i)
 JOIN \"{schema}\".\"{table}\" AS t
@@ -61,18 +56,21 @@ WHERE t.expires_at > clock_timestamp() FOR KEY SHARE OF t"
         owner: &str,
         token: FencingToken,
     ) -> Result<(), FenceError> {
-        let not_held = || FenceError::not_held(name, owner, token);
-        let Ok(t) = i64::try_from(token.get()) else {
-            return Err(not_held());
+        let grants = Grants::new(&[(name, owner, token)]);
+        let held = match grants.params() {
+            None => false,
+            Some(params) => {
+                let rows = tx
+                    .query(self.check.as_str(), &params)
+                    .await
+                    .map_err(|e| FenceError::failed(name, crate::error::STORE, e))?;
+                grants.held(&rows)[0]
+            }
         };
-        let rows = tx
-            .query(&self.check, &[&name, &owner, &t])
-            .await
-            .map_err(|e| FenceError::failed(name, crate::error::STORE, e))?;
-        if rows.is_empty() {
-            Err(not_held())
-        } else {
+        if held {
             Ok(())
+        } else {
+            Err(FenceError::not_held(name, owner, token))
         }
     }
 
@@ -85,27 +83,66 @@ WHERE t.expires_at > clock_timestamp() FOR KEY SHARE OF t"
         tx: &deadpool_postgres::Transaction<'_>,
         grants: &[(&str, &str, FencingToken)],
     ) -> Result<Vec<bool>, tokio_postgres::Error> {
-        let mut held = vec![false; grants.len()];
-        // A token past the database's integer is held by nobody.
-        let (mut names, mut owners, mut tokens, mut index) = (vec![], vec![], vec![], vec![]);
-        for (i, (name, owner, token)) in grants.iter().enumerate() {
+        let grants = Grants::new(grants);
+        let Some(params) = grants.params() else {
+            return Ok(grants.held(&[]));
+        };
+        let statement = tx.prepare_cached(&self.check).await?;
+        let rows = tx.query(&statement, &params).await?;
+        Ok(grants.held(&rows))
+    }
+}
+
+/// Grants to check, as the statement's array parameters.
+struct Grants<'a> {
+    names: Vec<&'a str>,
+    owners: Vec<&'a str>,
+    tokens: Vec<i64>,
+    /// The grant each array element is (a token past the database's integer is held by
+    /// nobody, and not sent).
+    index: Vec<usize>,
+    len: usize,
+}
+
+impl<'a> Grants<'a> {
+    fn new(grants: &[(&'a str, &'a str, FencingToken)]) -> Self {
+        let mut g = Grants {
+            names: vec![],
+            owners: vec![],
+            tokens: vec![],
+            index: vec![],
+            len: grants.len(),
+        };
+        for (i, &(name, owner, token)) in grants.iter().enumerate() {
             if let Ok(t) = i64::try_from(token.get()) {
-                names.push(*name);
-                owners.push(*owner);
-                tokens.push(t);
-                index.push(i);
+                g.names.push(name);
+                g.owners.push(owner);
+                g.tokens.push(t);
+                g.index.push(i);
             }
         }
-        if index.is_empty() {
-            return Ok(held);
-        }
-        let statement = tx.prepare_cached(&self.check_many).await?;
-        for row in tx.query(&statement, &[&names, &owners, &tokens]).await? {
+        g
+    }
+
+    /// The statement's parameters; `None` when no grant can be held.
+    fn params(&self) -> Option<[&(dyn tokio_postgres::types::ToSql + Sync); 3]> {
+        (!self.index.is_empty()).then_some([
+            &self.names as &(dyn tokio_postgres::types::ToSql + Sync),
+            &self.owners,
+            &self.tokens,
+        ])
+    }
+
+    /// Whether each grant is held, from the rows the statement returned (each the
+    /// 1-based ordinal of a held grant's array element).
+    fn held(&self, rows: &[tokio_postgres::Row]) -> Vec<bool> {
+        let mut held = vec![false; self.len];
+        for row in rows {
             let at = row.get::<_, i64>(0);
-            if let Some(&i) = usize::try_from(at - 1).ok().and_then(|a| index.get(a)) {
+            if let Some(&i) = usize::try_from(at - 1).ok().and_then(|a| self.index.get(a)) {
                 held[i] = true;
             }
         }
-        Ok(held)
+        held
     }
 }

@@ -389,6 +389,13 @@ async fn guarded_writes_refuse_stale_tokens() {
     );
     tx.rollback().await.unwrap();
     let tx = conn.transaction().await.unwrap();
+    // A token past the database's integer is held by nobody; the transaction stays usable.
+    let beyond = FencingToken::new(u64::MAX);
+    let refused = fence.check(&tx, "guarded", "b", beyond).await;
+    assert!(
+        matches!(refused, Err(FenceError::NotHeld { token, .. }) if token == beyond),
+        "{refused:?}"
+    );
     fence
         .check(&tx, "guarded", "b", t2)
         .await

@@ -91,7 +91,7 @@ impl ZooKeeperOptions {
         if c.connect.trim().is_empty() {
             return Err(ConfigError::invalid(key("connect"), "must not be empty"));
         }
-        check_root(&c.root).map_err(|d| ConfigError::invalid(key("root"), d))?;
+        check_root(&c.root).map_err(|e| ConfigError::invalid(key("root"), e.to_string()))?;
         // The store ttl is heartbeat-timeout plus any lock-delay: a crashed holder's session
         // must outlive both, or its grants would vanish before the delay is over.
         let store_ttl = section.settings.store_ttl();
@@ -132,22 +132,42 @@ impl ZooKeeperOptions {
     }
 }
 
-/// An absolute ZooKeeper path, not `/`, without a trailing or doubled slash.
-pub(crate) fn check_root(root: &str) -> Result<(), String> {
+/// Why a `root` is no usable ZooKeeper path ([`check_root`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum RootError {
+    /// It does not start with `/`.
+    #[error("{root:?} must be an absolute path (start with /)")]
+    Relative { root: String },
+    /// `/` itself, a trailing slash or a doubled one.
+    #[error("{root:?} must name a node below / without a trailing or doubled slash")]
+    NotANode { root: String },
+    /// A segment `.` or `..`, or one with a control character.
+    #[error("{root:?} has an invalid segment {segment:?}")]
+    Segment { root: String, segment: String },
+}
+
+/// An absolute ZooKeeper path, not `/`, without a trailing or doubled slash, and no segment
+/// `.`, `..` or with a control character: `Err` names the root and what is wrong.
+pub(crate) fn check_root(root: &str) -> Result<(), RootError> {
     if !root.starts_with('/') {
-        return Err(format!("{root:?} must be an absolute path (start with /)"));
+        return Err(RootError::Relative {
+            root: root.to_string(),
+        });
     }
     if root.len() < 2 || root.ends_with('/') || root.contains("//") {
-        return Err(format!(
-            "{root:?} must name a node below / without a trailing or doubled slash"
-        ));
+        return Err(RootError::NotANode {
+            root: root.to_string(),
+        });
     }
-    if root
+    if let Some(segment) = root
         .split('/')
         .skip(1)
-        .any(|s| s == "." || s == ".." || s.chars().any(char::is_control))
+        .find(|s| *s == "." || *s == ".." || s.chars().any(char::is_control))
     {
-        return Err(format!("{root:?} has an invalid segment"));
+        return Err(RootError::Segment {
+            root: root.to_string(),
+            segment: segment.to_string(),
+        });
     }
     Ok(())
 }
@@ -225,5 +245,31 @@ mod tests {
                 .to_string();
             assert!(err.contains(key), "{line}: {err}");
         }
+    }
+
+    #[test]
+    fn a_bad_root_names_what_is_wrong() {
+        let relative = |r: &str| RootError::Relative { root: r.into() };
+        let not_a_node = |r: &str| RootError::NotANode { root: r.into() };
+        let segment = |r: &str, s: &str| RootError::Segment {
+            root: r.into(),
+            segment: s.into(),
+        };
+        for (root, expected) in [
+            ("tenure", relative("tenure")),
+            ("/", not_a_node("/")),
+            ("/a/", not_a_node("/a/")),
+            ("/a//b", not_a_node("/a//b")),
+            ("/a/../b", segment("/a/../b", "..")),
+            ("/a/./b", segment("/a/./b", ".")),
+            ("/a/b\u{7}", segment("/a/b\u{7}", "b\u{7}")),
+        ] {
+            assert_eq!(check_root(root), Err(expected), "{root:?}");
+        }
+        assert_eq!(check_root("/tenure/leases"), Ok(()));
+        assert_eq!(
+            check_root("/a/../b").unwrap_err().to_string(),
+            "\"/a/../b\" has an invalid segment \"..\""
+        );
     }
 }

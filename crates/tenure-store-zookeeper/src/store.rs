@@ -79,7 +79,7 @@ impl ZooKeeperStore {
     /// [`ZooKeeperStore::new`] measuring local expiries on `clock` (the holder clock of the
     /// Lease API, which counts host suspend; tests inject [`HolderClock::manual`]).
     pub fn with_clock(options: ZooKeeperOptions, clock: HolderClock) -> Result<Self, ConfigError> {
-        check_root(&options.root).map_err(|d| ConfigError::invalid("root", d))?;
+        check_root(&options.root).map_err(|e| ConfigError::invalid("root", e.to_string()))?;
         Ok(ZooKeeperStore {
             inner: Arc::new(Inner {
                 layout: Layout::new(options.root.clone()),

@@ -6,7 +6,7 @@ mod counter;
 mod journal;
 
 pub use counter::{CheckError, check_counter_acks};
-pub use journal::{JournalReadError, check_counter_journal, read_journal};
+pub use journal::{JournalReadError, OpenError, check_counter_journal, read_journal};
 pub use tenure::history::check::actions;
 pub use tenure::history::check::{
     AckCheck, ActionRule, Hold, HoldEnd, Stats, Verdict, Violation, ViolationKind, check,

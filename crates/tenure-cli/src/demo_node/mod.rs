@@ -96,13 +96,37 @@ pub struct DemoNodeArgs {
     block_thread_when: Option<PathBuf>,
 }
 
-/// `--load-rate`: a finite number of requests per second above zero.
-fn parse_rate(text: &str) -> Result<f64, String> {
+/// A `--load-rate` that is no rate.
+#[derive(Debug, thiserror::Error)]
+enum RateError {
+    /// Not a number.
+    #[error(
+        "`{text}` is not a rate: give requests per second per key, a number above 0 (e.g. 20 or 0.5)"
+    )]
+    NotANumber {
+        text: String,
+        #[source]
+        source: std::num::ParseFloatError,
+    },
+    /// A number, but not a finite one above 0.
+    #[error(
+        "`{text}` is not a rate: give requests per second per key, a number above 0 (e.g. 20 or 0.5)"
+    )]
+    NotPositive { text: String },
+}
+
+/// `--load-rate`: a finite number of requests per second above zero (clap shows the
+/// error's message).
+fn parse_rate(text: &str) -> Result<f64, RateError> {
     match text.parse::<f64>() {
         Ok(rate) if rate.is_finite() && rate > 0.0 => Ok(rate),
-        _ => Err(format!(
-            "`{text}` is not a rate: give requests per second per key, a number above 0 (e.g. 20 or 0.5)"
-        )),
+        Ok(_) => Err(RateError::NotPositive {
+            text: text.to_string(),
+        }),
+        Err(source) => Err(RateError::NotANumber {
+            text: text.to_string(),
+            source,
+        }),
     }
 }
 
@@ -392,3 +416,26 @@ async fn probe_through_proxy(
 
 /// The entity type of the example sharded counter.
 const COUNTER_TYPE: &str = "counter";
+
+#[cfg(test)]
+mod rate_tests {
+    use super::*;
+
+    #[test]
+    fn a_load_rate_is_a_finite_number_above_zero() {
+        assert_eq!(parse_rate("0.5").unwrap(), 0.5);
+        for text in ["0", "-1", "inf", "NaN"] {
+            let err = parse_rate(text).unwrap_err();
+            assert!(
+                matches!(&err, RateError::NotPositive { text: t } if t == text),
+                "{text}: {err:?}"
+            );
+        }
+        let err = parse_rate("fast").unwrap_err();
+        assert!(matches!(err, RateError::NotANumber { .. }), "{err:?}");
+        assert_eq!(
+            err.to_string(),
+            "`fast` is not a rate: give requests per second per key, a number above 0 (e.g. 20 or 0.5)"
+        );
+    }
+}

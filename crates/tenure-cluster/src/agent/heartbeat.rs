@@ -284,7 +284,7 @@ impl AgentState {
         &mut self,
         peer: NodeAddr,
         incarnation: Incarnation,
-        addr: Result<SocketAddr, String>,
+        addr: Result<SocketAddr, ResolveError>,
     ) {
         let Some(t) = self
             .datagrams
@@ -414,11 +414,11 @@ fn resolve(
     let (agent, peer) = (myself.clone(), peer.clone());
     tokio::spawn(async move {
         let addr = match tokio::net::lookup_host((peer.host.as_str(), peer.port)).await {
-            Ok(mut addrs) => addrs
-                // A socket bound to an IPv4 address cannot send to IPv6 ones.
-                .find(|a| local.is_ipv6() || a.is_ipv4())
-                .ok_or_else(|| "no address of a usable family".to_string()),
-            Err(e) => Err(e.to_string()),
+            Ok(addrs) => usable(&peer.host, addrs, local),
+            Err(source) => Err(ResolveError::Lookup {
+                host: peer.host.clone(),
+                source,
+            }),
         };
         let _ = agent.cast(AgentMsg::Local(AgentLocal::HeartbeatAddr {
             peer,
@@ -427,4 +427,57 @@ fn resolve(
         }));
     });
     None
+}
+
+/// Why a peer's host name gave no address for heartbeat datagrams.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ResolveError {
+    /// The name could not be resolved.
+    #[error("cannot resolve host {host:?}: {source}")]
+    Lookup {
+        host: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// It resolved to IPv6 addresses only, and the datagram socket is bound to IPv4 (which
+    /// cannot send to IPv6).
+    #[error("host {host:?} has no IPv4 address, and heartbeat datagrams are sent from IPv4")]
+    NoUsableFamily { host: String },
+}
+
+/// The first of `host`'s `addrs` a socket bound to `local` can send to.
+fn usable(
+    host: &str,
+    mut addrs: impl Iterator<Item = SocketAddr>,
+    local: SocketAddr,
+) -> Result<SocketAddr, ResolveError> {
+    addrs
+        .find(|a| local.is_ipv6() || a.is_ipv4())
+        .ok_or_else(|| ResolveError::NoUsableFamily {
+            host: host.to_string(),
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_ipv4_socket_takes_a_hosts_first_ipv4_address_and_names_a_host_with_none() {
+        let v4: SocketAddr = "10.0.0.7:2552".parse().unwrap();
+        let v6: SocketAddr = "[fd00::7]:2552".parse().unwrap();
+        let local_v4: SocketAddr = "0.0.0.0:2552".parse().unwrap();
+        let local_v6: SocketAddr = "[::]:2552".parse().unwrap();
+        assert_eq!(usable("db", [v6, v4].into_iter(), local_v4).unwrap(), v4);
+        assert_eq!(usable("db", [v6, v4].into_iter(), local_v6).unwrap(), v6);
+        let err = usable("db", [v6].into_iter(), local_v4).unwrap_err();
+        assert!(
+            matches!(&err, ResolveError::NoUsableFamily { host } if host == "db"),
+            "{err:?}"
+        );
+        assert_eq!(
+            err.to_string(),
+            "host \"db\" has no IPv4 address, and heartbeat datagrams are sent from IPv4"
+        );
+    }
 }

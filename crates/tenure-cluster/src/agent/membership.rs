@@ -269,7 +269,7 @@ impl AgentState {
         &mut self,
         myself: &ActorRef<AgentMsg>,
         token: FencingToken,
-        listed: Result<Vec<LeaseRecord>, String>,
+        listed: Result<Vec<LeaseRecord>, tenure_lease::LeaseError>,
     ) -> Result<(), ActorProcessingErr> {
         if self.member_lease.verifying != Some(token) {
             // Lost meanwhile: the next grant is checked anew.
@@ -318,16 +318,14 @@ impl AgentState {
         let timeout = self.s.member_lease.lease_operation_timeout;
         let me = myself.clone();
         tokio::spawn(async move {
-            let polled = poll_store(store.as_ref(), &prefix, since, timeout)
-                .await
-                .map_err(|e| e.to_string());
+            let polled = poll_store(store.as_ref(), &prefix, since, timeout).await;
             let _ = me.cast(AgentMsg::Local(AgentLocal::Listed(polled)));
         });
     }
 
     /// What [`poll`](Self::poll) found: the view follows a listing; an unchanged answer
     /// only moves the version held.
-    pub(super) fn on_listed(&mut self, result: Result<Polled, String>) {
+    pub(super) fn on_listed(&mut self, result: Result<Polled, tenure_lease::LeaseError>) {
         self.listing.polling = false;
         match result {
             Ok(polled) => {
@@ -509,9 +507,7 @@ impl AgentState {
         let me = myself.clone();
         tokio::spawn(async move {
             tokio::time::sleep(wait).await;
-            let listed = bounded(&prefix, "list", timeout, store.list(&prefix))
-                .await
-                .map_err(|e| e.to_string());
+            let listed = bounded(&prefix, "list", timeout, store.list(&prefix)).await;
             let _ = me.cast(AgentMsg::Local(AgentLocal::JoinCheck { token, listed }));
         });
     }

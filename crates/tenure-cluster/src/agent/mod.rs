@@ -32,7 +32,7 @@ mod cost;
 mod downing;
 mod events;
 mod fault;
-mod heartbeat;
+pub(crate) mod heartbeat;
 mod inspect;
 mod membership;
 mod mesh;

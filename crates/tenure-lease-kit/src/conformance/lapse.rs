@@ -13,7 +13,7 @@ use super::{
 };
 use tenure_lease::FencingToken;
 use tenure_lease::{
-    Acquired, HeldLease, LeaseError, LeaseSettings, LeaseStore, LostReason, Renewal,
+    Acquired, HeldLease, LeaseError, LeaseSettings, LeaseStore, LostReason, Renewal, StoreError,
 };
 
 /// How late answers come while a client's answers are delayed: past the operation timeout.
@@ -21,7 +21,16 @@ fn late() -> Duration {
     test_settings().lease_operation_timeout + Duration::from_millis(300)
 }
 
-type RenewLog = Arc<Mutex<Vec<(Instant, Result<Vec<Renewal>, String>)>>>;
+/// When each renewal was answered, and its answer (`Err(Elapsed)`: none within the
+/// operation timeout).
+type RenewLog = Arc<
+    Mutex<
+        Vec<(
+            Instant,
+            Result<Result<Vec<Renewal>, StoreError>, tokio::time::error::Elapsed>,
+        )>,
+    >,
+>;
 
 /// Renews `lease` of `owner` through `store` every 300 ms (each call bounded by the
 /// operation timeout), logging when each answer came and what it was, until `stop`.
@@ -38,11 +47,7 @@ fn keep_renewing(
         while !stop.load(Ordering::SeqCst) {
             let limit = test_settings().lease_operation_timeout;
             let answer =
-                match timeout(limit, store.renew(owner, std::slice::from_ref(&lease), ttl)).await {
-                    Ok(Ok(answers)) => Ok(answers),
-                    Ok(Err(e)) => Err(e.to_string()),
-                    Err(_) => Err(format!("no answer within {limit:?}")),
-                };
+                timeout(limit, store.renew(owner, std::slice::from_ref(&lease), ttl)).await;
             l.lock().unwrap().push((Instant::now(), answer));
             sleep(Duration::from_millis(300)).await;
         }
@@ -101,7 +106,7 @@ pub async fn lost_answers_lapse(h: &dyn Harness) {
     let since = lost_at.max(unreleased_at);
     let renewed_after = |log: &RenewLog| {
         log.lock().unwrap().iter().any(|(at, r)| {
-            *at > since && matches!(r, Ok(v) if v.first().is_some_and(Renewal::is_renewed))
+            *at > since && matches!(r, Ok(Ok(v)) if v.first().is_some_and(Renewal::is_renewed))
         })
     };
     let started = Instant::now();

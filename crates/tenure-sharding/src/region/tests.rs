@@ -518,3 +518,36 @@ async fn a_full_shard_buffer_refuses_with_the_type_and_shard_and_spares_other_sh
     );
     region.actor().stop_and_wait(None, None).await.unwrap();
 }
+
+/// A request whose serializer fails.
+struct Unencodable;
+
+impl serde::Serialize for Unencodable {
+    fn serialize<S: serde::Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
+        Err(serde::ser::Error::custom("the serializer refused it"))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_that_cannot_be_encoded_is_refused_naming_the_entity_and_the_codecs_error() {
+    let region = proxy_region("region-unencodable", "").await;
+    let err = region.tell("bob", &Unencodable).unwrap_err();
+    let ShardingError::Encode {
+        type_name,
+        entity,
+        source,
+    } = &err
+    else {
+        panic!("not an encode error: {err}");
+    };
+    assert_eq!((type_name.as_str(), entity.as_str()), ("probe", "bob"));
+    assert!(
+        matches!(source, tenure_cluster::codec::EncodeError::Serialize { .. }),
+        "{source:?}"
+    );
+    assert!(
+        err.to_string().contains("the serializer refused it"),
+        "{err}"
+    );
+    region.actor().stop_and_wait(None, None).await.unwrap();
+}
