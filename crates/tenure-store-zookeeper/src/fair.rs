@@ -9,8 +9,9 @@
 //! barging `tryLock`).
 //!
 //! The waiter node is deleted when the grant arrives, when `wait` passes, and when the
-//! future is dropped (a task is spawned to delete it); if all of that fails it goes with
-//! the session. A waiter whose session ends while queued gets `Err`, never a grant.
+//! future is dropped (a task is spawned to delete it), also while its create is still
+//! being answered (the create runs in a task that deletes the node if nobody hears the
+//! answer); if all of that fails it goes with the session. A waiter whose session ends while queued gets `Err`, never a grant.
 
 use std::time::Duration;
 
@@ -55,6 +56,34 @@ impl Drop for WaiterNode {
     }
 }
 
+/// Creates this waiter's node under `prefix` and answers its guard and sequence number.
+///
+/// The create runs in a task of its own and hands its answer over as a [`WaiterNode`]: a
+/// waiter dropped while the answer is on its way (its node created on the server, its name
+/// not yet known here) would otherwise leave the node queued for as long as its session
+/// lives, and every later waiter behind it. Unheard, the guard is dropped in the task or
+/// in the channel, and deletes the node.
+async fn queue(
+    client: &zk::Client,
+    prefix: &str,
+    data: Vec<u8>,
+    acls: zk::Acls<'static>,
+) -> Result<(WaiterNode, zk::CreateSequence), zk::Error> {
+    let (answer, heard) = tokio::sync::oneshot::channel();
+    let (client, prefix) = (client.clone(), prefix.to_string());
+    tokio::spawn(async move {
+        let opts = zk::CreateMode::EphemeralSequential.with_acls(acls);
+        let created = client.create(&prefix, &data, &opts).await;
+        let created = created.map(|(_, seq)| {
+            let path = Some(format!("{prefix}{seq}"));
+            (WaiterNode { client, path }, seq)
+        });
+        // Refused, the answer (and its guard) is dropped here.
+        let _ = answer.send(created);
+    });
+    heard.await.unwrap_or(Err(zk::Error::ConnectionLoss))
+}
+
 fn sequence(child: &str) -> Option<i64> {
     child.strip_prefix(WAITER)?.parse().ok()
 }
@@ -79,19 +108,12 @@ impl ZooKeeperStore {
             self.ensure_lease_node(&s.client, &lease).await?;
             self.set_lease_node_known(&req.name);
         }
-        let data = GrantData::new(req).encode();
-        let opts = zk::CreateMode::EphemeralSequential.with_acls(acls(&self.inner.options));
         let prefix = format!("{lease}/{WAITER}");
-        let (_, seq) = s
-            .client
-            .create(&prefix, &data, &opts)
+        let data = GrantData::new(req).encode();
+        let (mut node, seq) = queue(&s.client, &prefix, data, acls(&self.inner.options))
             .await
             .map_err(|e| from_zk(&format!("queueing at {prefix}"), &e))?;
         let mine = seq.into_i64();
-        let mut node = WaiterNode {
-            client: s.client.clone(),
-            path: Some(format!("{prefix}{seq}")),
-        };
         loop {
             let children = s
                 .client

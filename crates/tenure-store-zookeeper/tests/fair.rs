@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use tenure_lease::{AcquireOutcome, AcquireRequest, FairQueue, FencingToken, LeaseStore};
 use tenure_lease_kit::conformance::owner_request;
+use tenure_lease_kit::conformance::proxy::Proxy;
 use tenure_store_zookeeper::zookeeper_client as zk;
 use tenure_test_kit::eventually_async;
 use tokio::time::sleep;
@@ -120,6 +121,47 @@ async fn timeout_reports_the_holder_and_leaves_the_queue() {
         ),
         token
     );
+}
+
+/// A waiter cancelled after the server created its node but before the answer (and the
+/// node's name) reached it: the node must still leave the queue, or every later waiter
+/// would queue behind it for as long as the cancelled waiter's session lives. The proxy
+/// holds the server's answers back, so the cancel always falls in that window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_cancelled_before_its_create_is_answered_leaves_the_queue() {
+    let shared = common::exclusive().await;
+    let observer = zk::Client::connect(&shared.server.connect_string())
+        .await
+        .unwrap();
+    let port = shared
+        .server
+        .connect_string()
+        .rsplit(':')
+        .next()
+        .expect("host:port")
+        .parse()
+        .expect("a port");
+    let proxy = Proxy::start(port);
+    let holder = shared.store(TTL, Duration::from_secs(2));
+    granted(&holder.try_acquire(&request("answer", "h")).await.unwrap());
+    let waiter = Arc::new(shared.store_via(
+        &format!("127.0.0.1:{}", proxy.port),
+        TTL,
+        Duration::from_secs(2),
+    ));
+    // The waiter's session opens (and the lease node is known) while answers flow.
+    granted(&waiter.try_acquire(&request("other", "w")).await.unwrap());
+    let w: Arc<dyn FairQueue> = waiter.clone();
+    proxy.set_delay(Some(Duration::from_millis(1000)));
+    let task = tokio::spawn(async move {
+        w.acquire_fair(&request("answer", "w"), Duration::from_secs(60))
+            .await
+    });
+    until_waiters(&shared, &observer, "answer", 1).await;
+    task.abort();
+    assert!(task.await.unwrap_err().is_cancelled());
+    proxy.set_delay(None);
+    until_waiters(&shared, &observer, "answer", 0).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
