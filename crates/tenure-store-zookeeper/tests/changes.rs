@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use tenure_lease::{AcquireOutcome, AcquireRequest, ChangeVersion, Changes, HeldLease, LeaseStore};
 use tenure_lease_kit::conformance::owner_request;
-use tenure_lease_kit::conformance::proxy::Proxy;
 use tenure_store_zookeeper::ZooKeeperStore;
 
 const SESSION: Duration = Duration::from_secs(5);
@@ -92,16 +91,7 @@ async fn a_grant_ended_with_its_holders_session_is_a_change() {
 #[tokio::test]
 async fn a_grant_made_while_the_checker_was_disconnected_is_a_change() {
     let shared = common::exclusive().await;
-    let port = shared
-        .server
-        .connect_string()
-        .rsplit(':')
-        .next()
-        .expect("host:port")
-        .parse()
-        .expect("a port");
-    let proxy = Proxy::start(port);
-    let watcher = shared.store_via(&format!("127.0.0.1:{}", proxy.port), SESSION, CONNECTION);
+    let (watcher, proxy) = shared.store_via_proxy(SESSION, CONNECTION);
     let holder = shared.store(SESSION, CONNECTION);
     let (v, _) = check(&watcher, None).await;
     let (v, changed) = check(&watcher, Some(v)).await;

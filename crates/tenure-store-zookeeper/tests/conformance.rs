@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use tenure_lease::LeaseStore;
-use tenure_lease_kit::conformance::proxy::Proxy;
 use tenure_lease_kit::conformance::{AnswerDelay, Harness, test_settings};
 use tenure_store_zookeeper::ZooKeeperStore;
 use tenure_store_zookeeper::zookeeper_client as zk;
@@ -58,17 +57,8 @@ impl Harness for ZooKeeperHarness {
 
     /// Through a TCP proxy to the server.
     async fn delayed_client(&self) -> (Arc<dyn LeaseStore>, Box<dyn AnswerDelay>) {
-        let port = self
-            .shared
-            .server
-            .connect_string()
-            .rsplit(':')
-            .next()
-            .map(str::parse);
-        let proxy = Proxy::start(port.expect("host:port").expect("a port"));
-        let connect = format!("127.0.0.1:{}", proxy.port);
         let timeout = test_settings().lease_operation_timeout;
-        let store = self.shared.store_via(&connect, SESSION_TIMEOUT, timeout);
+        let (store, proxy) = self.shared.store_via_proxy(SESSION_TIMEOUT, timeout);
         (self.keep(store), Box::new(proxy))
     }
 

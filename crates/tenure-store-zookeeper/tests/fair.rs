@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use tenure_lease::{AcquireOutcome, AcquireRequest, FairQueue, FencingToken, LeaseStore};
 use tenure_lease_kit::conformance::owner_request;
-use tenure_lease_kit::conformance::proxy::Proxy;
 use tenure_store_zookeeper::zookeeper_client as zk;
 use tenure_test_kit::eventually_async;
 use tokio::time::sleep;
@@ -133,22 +132,10 @@ async fn a_waiter_cancelled_before_its_create_is_answered_leaves_the_queue() {
     let observer = zk::Client::connect(&shared.server.connect_string())
         .await
         .unwrap();
-    let port = shared
-        .server
-        .connect_string()
-        .rsplit(':')
-        .next()
-        .expect("host:port")
-        .parse()
-        .expect("a port");
-    let proxy = Proxy::start(port);
     let holder = shared.store(TTL, Duration::from_secs(2));
     granted(&holder.try_acquire(&request("answer", "h")).await.unwrap());
-    let waiter = Arc::new(shared.store_via(
-        &format!("127.0.0.1:{}", proxy.port),
-        TTL,
-        Duration::from_secs(2),
-    ));
+    let (waiter, proxy) = shared.store_via_proxy(TTL, Duration::from_secs(2));
+    let waiter = Arc::new(waiter);
     // The waiter's session opens (and the lease node is known) while answers flow.
     granted(&waiter.try_acquire(&request("other", "w")).await.unwrap());
     let w: Arc<dyn FairQueue> = waiter.clone();

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use tenure_lease_kit::conformance::proxy::Proxy;
 use tenure_store_zookeeper::zookeeper_client as zk;
 use tenure_store_zookeeper::{ZooKeeperOptions, ZooKeeperStore};
 use tenure_test_kit::zookeeper::TestServer;
@@ -59,6 +60,25 @@ impl Shared {
     /// A store on this test's root with session timeout `session`.
     pub fn store(&self, session: Duration, connection: Duration) -> ZooKeeperStore {
         self.store_via(&self.server.connect_string(), session, connection)
+    }
+
+    /// A store on this test's root that reaches the server through a TCP proxy of its own
+    /// (to cut its traffic or hold the server's answers back), and that proxy.
+    pub fn store_via_proxy(
+        &self,
+        session: Duration,
+        connection: Duration,
+    ) -> (ZooKeeperStore, Proxy) {
+        let port = self
+            .server
+            .connect_string()
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("the server's connect string ends in :port");
+        let proxy = Proxy::start(port);
+        let store = self.store_via(&format!("127.0.0.1:{}", proxy.port), session, connection);
+        (store, proxy)
     }
 
     /// A store on this test's root connecting to `connect` (e.g. a proxy to the server).
