@@ -3,7 +3,12 @@
 //! watches only the one before it (no herd), and the first in line acquires the holder
 //! key as [`try_acquire`](tenure_lease::LeaseStore::try_acquire) does, so both agree on
 //! who holds the lease.
+//!
+//! The waiter key is removed when the grant arrives, when `wait` passes, and when the
+//! future is dropped, also while its join is still being answered; if that fails it goes
+//! with the session.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{
@@ -21,7 +26,7 @@ fn queue_error(name: &str, detail: String) -> StoreError {
 
 impl Inner {
     pub(crate) async fn acquire_fair(
-        &self,
+        self: &Arc<Self>,
         req: &AcquireRequest,
         wait: Duration,
     ) -> Result<AcquireOutcome, StoreError> {
@@ -29,25 +34,43 @@ impl Inner {
         let deadline = self.clock.now() + wait;
         let session = self.sessions.ready(&req.owner, req.ttl).await?;
         let key = self.layout.waiter(name, session.id, &req.instance);
-        let joined = self
-            .txn(
-                Txn::new()
-                    .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-                    .and_then([put_leased(key.clone(), req.owner.clone(), session.id)])
-                    .or_else([TxnOp::get(key.clone(), None)]),
-                "fair acquire (join the line)",
-                &key,
-            )
-            .await?;
-        // The waiter key, removed unless a grant removed it already.
-        let mut entry = LeaveOnDrop::new({
-            let (client, key) = (self.client.clone(), key.clone());
-            move || async move {
-                if let Err(e) = client.kv_client().delete(key.clone(), None).await {
-                    tracing::warn!(key, error = %e, "could not remove a fair-acquire waiter key; it goes with its session");
-                }
+        // The join runs in a task of its own, which makes the guard that removes the waiter
+        // key and hands it over with the answer: a waiter dropped while the answer is on
+        // its way (the key put on the server) would otherwise leave the key in line for as
+        // long as its session lives, and every later waiter behind it. Unheard, or with an
+        // `Err` (the put may have happened), the guard is dropped and removes the key; its
+        // delete is sent only once the join was answered, so it cannot overtake the put.
+        let (answer, heard) = tokio::sync::oneshot::channel();
+        tokio::spawn({
+            let (inner, key) = (self.clone(), key.clone());
+            let put = put_leased(key.clone(), req.owner.clone(), session.id);
+            async move {
+                let entry = LeaveOnDrop::new({
+                    let (client, key) = (inner.client.clone(), key.clone());
+                    move || async move {
+                        if let Err(e) = client.kv_client().delete(key.clone(), None).await {
+                            tracing::warn!(key, error = %e, "could not remove a fair-acquire waiter key; it goes with its session");
+                        }
+                    }
+                });
+                let joined = inner
+                    .txn(
+                        Txn::new()
+                            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+                            .and_then([put])
+                            .or_else([TxnOp::get(key.clone(), None)]),
+                        "fair acquire (join the line)",
+                        &key,
+                    )
+                    .await;
+                // Refused, the answer (and its guard) is dropped here.
+                let _ = answer.send((entry, joined));
             }
         });
+        let (mut entry, joined) = heard
+            .await
+            .map_err(|_| queue_error(name, "the join of the line was not answered".into()))?;
+        let joined = joined?;
         let my_rev = if joined.succeeded() {
             joined.header().map(|h| h.revision()).unwrap_or(0)
         } else {

@@ -9,7 +9,6 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use tenure_lease::LeaseStore;
-use tenure_lease_kit::conformance::proxy::Proxy;
 use tenure_lease_kit::conformance::state_loss::StateLoss;
 use tenure_lease_kit::conformance::{AnswerDelay, Harness};
 
@@ -42,10 +41,8 @@ impl Harness for EtcdHarness {
     }
     /// Through a TCP proxy to the (single) member.
     async fn delayed_client(&self) -> (Arc<dyn LeaseStore>, Box<dyn AnswerDelay>) {
-        let port = self.0.endpoint(0).rsplit(':').next().expect("port").parse();
-        let proxy = Proxy::start(port.expect("a port"));
-        let url = format!("http://127.0.0.1:{}", proxy.port);
-        (Arc::new(self.0.store_on(vec![url]).await), Box::new(proxy))
+        let (store, proxy) = self.0.store_via_proxy().await;
+        (Arc::new(store), Box::new(proxy))
     }
     /// Revokes the owner's sessions on the server: those with a heartbeat key (holders),
     /// and those only fair waiters' keys are attached to (their value is the owner).

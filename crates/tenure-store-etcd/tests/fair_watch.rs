@@ -135,6 +135,53 @@ async fn fair_timeout_and_cancel_leave_the_line() {
     until_waiters(&mut c, 0).await;
 }
 
+/// A waiter cancelled after the server put its key but before the answer reached it: the
+/// key must still leave the line, or every later waiter would queue behind it for as long
+/// as the cancelled waiter's session lives. The proxy holds the server's answers back, so
+/// the cancel always falls in that window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_cancelled_before_its_join_is_answered_leaves_the_line() {
+    let etcd = Etcd::single().await;
+    let mut c = raw(&etcd).await;
+    let ttl = Duration::from_secs(30);
+    let holder = etcd.store().await;
+    let t = token(
+        &holder
+            .try_acquire(&owner_request("answer", "a", ttl))
+            .await
+            .expect("acquire"),
+    );
+    let (waiter, proxy) = etcd.store_via_proxy().await;
+    // The waiter's session opens while answers flow.
+    token(
+        &waiter
+            .try_acquire(&owner_request("other", "w", ttl))
+            .await
+            .expect("acquire"),
+    );
+    // Shorter than the client's request timeout: the answer does reach the waiter's client.
+    proxy.set_delay(Some(Duration::from_millis(700)));
+    let cancelled = tokio::spawn(async move {
+        waiter
+            .acquire_fair(&owner_request("answer", "w", ttl), Duration::from_secs(60))
+            .await
+    });
+    until_waiters(&mut c, 1).await;
+    cancelled.abort();
+    assert!(cancelled.await.expect_err("aborted").is_cancelled());
+    proxy.set_delay(None);
+    until_waiters(&mut c, 0).await;
+    let later = etcd.store().await;
+    let granted = tokio::spawn(async move {
+        later
+            .acquire_fair(&owner_request("answer", "b", ttl), Duration::from_secs(60))
+            .await
+    });
+    until_waiters(&mut c, 1).await;
+    assert!(holder.release("answer", "a", t).await.expect("release"));
+    token(&granted.await.expect("task").expect("fair acquire"));
+}
+
 /// A waiter whose session ends while it is queued gets an error, never a grant.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fair_waiter_whose_session_ends_gets_an_error() {
