@@ -65,6 +65,30 @@ pub fn answer_test_runner() {
     }
 }
 
+/// The `main` of store crate `krate`'s lease bench `bench`: answers a test runner
+/// ([`answer_test_runner`]), runs the criterion groups `criterion` and criterion's summary,
+/// then `figures` adds this run's rows to the bench's report (columns [`FIGURE_COLUMNS`],
+/// command `cargo bench -p <krate> --bench <bench>`), which is written; last it prints how
+/// long the bench ran. Panics when the report cannot be written, as a failed bench should.
+pub fn store_bench_main(
+    krate: &str,
+    bench: &str,
+    criterion: impl FnOnce(),
+    figures: impl FnOnce(&mut Report),
+) {
+    answer_test_runner();
+    let started = std::time::Instant::now();
+    let command = format!("cargo bench -p {krate} --bench {bench}");
+    let mut report = Report::new(bench, &command, &FIGURE_COLUMNS);
+    criterion();
+    criterion::Criterion::default()
+        .configure_from_args()
+        .final_summary();
+    figures(&mut report);
+    report.finish().expect("the report");
+    println!("(bench ran {:.0?})", started.elapsed());
+}
+
 /// A bench knob: the number in the environment variable `var` when it is set, else `full`
 /// under `cargo bench` and `small` in a [`smoke`] run.
 pub fn knob(var: &str, full: u64, small: u64) -> u64 {

@@ -21,15 +21,14 @@ use support::EtcdStores;
 
 use std::io::{Read, Write};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use criterion::{Criterion, criterion_group};
 use etcd_client::{Client, Compare, CompareOp, GetOptions, LockOptions, PutOptions, Txn, TxnOp};
 use tenure_lease::{AcquireOutcome, Lease, LeaseSettings, LeaseSpec, LeaseStore};
 use tenure_lease_kit::bench::{
-    FIGURE_COLUMNS, Holders, INTERVALS, ThinPath, api_settings, bracket_intervals,
-    lease_acquire_release, lease_counts, renewal_settings, runtime, spi_request,
-    store_acquire_release, thin_path,
+    Holders, INTERVALS, ThinPath, api_settings, bracket_intervals, lease_acquire_release,
+    lease_counts, renewal_settings, runtime, spi_request, store_acquire_release, thin_path,
 };
 use tenure_lease_kit::report::Report;
 use tenure_store_etcd::EtcdStore;
@@ -281,18 +280,14 @@ criterion_group! {
 }
 
 fn main() {
-    tenure_lease_kit::bench::answer_test_runner();
-    let started = Instant::now();
-    let mut report = Report::new(
+    tenure_lease_kit::bench::store_bench_main(
+        "tenure-store-etcd",
         "etcd_lease",
-        "cargo bench -p tenure-store-etcd --bench etcd_lease",
-        &FIGURE_COLUMNS,
+        benches,
+        |report| {
+            thin().add_to(report, "direct (the store's transactions by hand)");
+            renewal_traffic(report);
+            report.note("Per pair from the bench's thread (Lease API, SPI, by hand, bare transactions, etcd's Lock RPC): criterion's output of `acquire_release`, not in this table.");
+        },
     );
-    benches();
-    Criterion::default().configure_from_args().final_summary();
-    thin().add_to(&mut report, "direct (the store's transactions by hand)");
-    renewal_traffic(&mut report);
-    report.note("Per pair from the bench's thread (Lease API, SPI, by hand, bare transactions, etcd's Lock RPC): criterion's output of `acquire_release`, not in this table.");
-    report.finish().expect("the report");
-    println!("(bench ran {:.0?})", started.elapsed());
 }

@@ -32,9 +32,8 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, criterion_group};
 use tenure_lease::{AcquireOutcome, AcquireRequest, HeldLease, Lease, LeaseSpec, LeaseStore};
 use tenure_lease_kit::bench::{
-    Counting, FIGURE_COLUMNS, Holders, INTERVALS, ThinPath, api_settings, bracket_intervals,
-    lease_acquire_release, lease_counts, renewal_settings, runtime, spi_request,
-    store_acquire_release, thin_path,
+    Counting, Holders, INTERVALS, ThinPath, api_settings, bracket_intervals, lease_acquire_release,
+    lease_counts, renewal_settings, runtime, spi_request, store_acquire_release, thin_path,
 };
 use tenure_lease_kit::report::Report;
 use tenure_store_postgres::PostgresStore;
@@ -363,19 +362,15 @@ criterion_group! {
 }
 
 fn main() {
-    tenure_lease_kit::bench::answer_test_runner();
-    let started = Instant::now();
-    let mut report = Report::new(
+    tenure_lease_kit::bench::store_bench_main(
+        "tenure-store-postgres",
         "postgres_lease",
-        "cargo bench -p tenure-store-postgres --bench postgres_lease",
-        &FIGURE_COLUMNS,
+        groups,
+        |report| {
+            let server = PgServer::start();
+            thin(&server).add_to(report, "direct (the store's statements by hand)");
+            renewal_cost(&server, report);
+            report.note("Per pair from the bench's thread: criterion's output of `acquire_release` and `renew`, not in this table.");
+        },
     );
-    groups();
-    Criterion::default().configure_from_args().final_summary();
-    let server = PgServer::start();
-    thin(&server).add_to(&mut report, "direct (the store's statements by hand)");
-    renewal_cost(&server, &mut report);
-    report.note("Per pair from the bench's thread: criterion's output of `acquire_release` and `renew`, not in this table.");
-    report.finish().expect("the report");
-    println!("(bench ran {:.0?})", started.elapsed());
 }

@@ -24,14 +24,14 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use criterion::{Criterion, criterion_group};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use tenure_lease::{AcquireOutcome, Acquired, HeldLease, Lease, LeaseSpec, LeaseStore};
 use tenure_lease_kit::bench::{
-    Counting, FIGURE_COLUMNS, Holders, INTERVALS, ThinPath, api_settings, bracket_intervals,
-    lease_acquire_release, lease_counts, renewal_settings, runtime, spi_request, thin_path,
+    Counting, Holders, INTERVALS, ThinPath, api_settings, bracket_intervals, lease_acquire_release,
+    lease_counts, renewal_settings, runtime, spi_request, thin_path,
 };
 use tenure_lease_kit::report::Report;
 use tenure_store_sqlite::witness::Witness;
@@ -382,19 +382,15 @@ criterion_group! {
 }
 
 fn main() {
-    tenure_lease_kit::bench::answer_test_runner();
-    let started = Instant::now();
-    let mut report = Report::new(
+    tenure_lease_kit::bench::store_bench_main(
+        "tenure-store-sqlite",
         "sqlite_lease",
-        "cargo bench -p tenure-store-sqlite --bench sqlite_lease",
-        &FIGURE_COLUMNS,
+        benches,
+        |report| {
+            thin(true).add_to(report, "direct (the store's operations by hand)");
+            thin(false).add_to(report, "direct (its SQL alone)");
+            renewal_cost(report);
+            report.note("Per pair from the bench's thread (Lease API, SPI and direct, SQLite inline on that thread) and renewals: criterion's output of `acquire_release` and `renew`, not in this table.");
+        },
     );
-    benches();
-    Criterion::default().configure_from_args().final_summary();
-    thin(true).add_to(&mut report, "direct (the store's operations by hand)");
-    thin(false).add_to(&mut report, "direct (its SQL alone)");
-    renewal_cost(&mut report);
-    report.note("Per pair from the bench's thread (Lease API, SPI and direct, SQLite inline on that thread) and renewals: criterion's output of `acquire_release` and `renew`, not in this table.");
-    report.finish().expect("the report");
-    println!("(bench ran {:.0?})", started.elapsed());
 }

@@ -28,9 +28,8 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, criterion_group};
 use tenure_lease::{AcquireOutcome, AcquireRequest, Lease, LeaseSpec, LeaseStore};
 use tenure_lease_kit::bench::{
-    Counting, FIGURE_COLUMNS, Holders, INTERVALS, ThinPath, bracket_intervals,
-    lease_acquire_release, lease_counts, percentile, renewal_settings, runtime, spi_request,
-    store_acquire_release, thin_path,
+    Counting, Holders, INTERVALS, ThinPath, bracket_intervals, lease_acquire_release, lease_counts,
+    percentile, renewal_settings, runtime, spi_request, store_acquire_release, thin_path,
 };
 use tenure_lease_kit::report::Report;
 use tenure_store_zookeeper::zookeeper_client as zk;
@@ -321,18 +320,14 @@ criterion_group! {
 }
 
 fn main() {
-    tenure_lease_kit::bench::answer_test_runner();
-    let started = Instant::now();
-    let mut report = Report::new(
+    tenure_lease_kit::bench::store_bench_main(
+        "tenure-store-zookeeper",
         "zookeeper_lease",
-        "cargo bench -p tenure-store-zookeeper --bench zookeeper_lease",
-        &FIGURE_COLUMNS,
+        benches,
+        |report| {
+            thin().add_to(report, "direct (the store's multis by hand)");
+            renewal_cost(report);
+            report.note("Per pair from the bench's thread: criterion's output of `acquire_release`, not in this table.");
+        },
     );
-    benches();
-    Criterion::default().configure_from_args().final_summary();
-    thin().add_to(&mut report, "direct (the store's multis by hand)");
-    renewal_cost(&mut report);
-    report.note("Per pair from the bench's thread: criterion's output of `acquire_release`, not in this table.");
-    report.finish().expect("the report");
-    println!("(bench ran {:.0?})", started.elapsed());
 }
