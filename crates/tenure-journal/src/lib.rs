@@ -32,4 +32,4 @@ pub use append::{Append, Fence, Refusal, Written, check_persistence_id};
 pub use error::JournalError;
 pub use journal::{Journal, read_all};
 pub use memory::MemoryJournal;
-pub use stored::{SaveSnapshot, Snapshot, StoredEvent};
+pub use stored::{SaveSnapshot, Snapshot, StoredEvent, bigint_bounds};

@@ -60,3 +60,58 @@ impl SaveSnapshot {
         Ok(())
     }
 }
+
+/// A sequence number or fencing token as an SQL journal reads it from its BIGINT column:
+/// journals write neither below 0, so a negative one (written by something else) reads
+/// as 0.
+fn from_bigint(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
+}
+
+impl StoredEvent {
+    /// An event from the columns of an SQL journal's row (`seq` and `token` as BIGINT).
+    pub fn from_columns(seq: i64, token: i64, writer: String, payload: Vec<u8>) -> StoredEvent {
+        StoredEvent {
+            seq: from_bigint(seq),
+            payload,
+            token: FencingToken::new(from_bigint(token)),
+            writer,
+        }
+    }
+}
+
+impl Snapshot {
+    /// A snapshot from the columns of an SQL journal's row (`seq` and `token` as BIGINT).
+    pub fn from_columns(seq: i64, token: i64, payload: Vec<u8>) -> Snapshot {
+        Snapshot {
+            seq: from_bigint(seq),
+            payload,
+            token: FencingToken::new(from_bigint(token)),
+        }
+    }
+}
+
+/// [`Journal::read`](crate::Journal::read)'s `from` and `max` as an SQL journal binds them
+/// (BIGINT): a value beyond `i64::MAX` reads as `i64::MAX`, past every sequence number a
+/// journal accepts.
+pub fn bigint_bounds(from: u64, max: usize) -> (i64, i64) {
+    (
+        i64::try_from(from).unwrap_or(i64::MAX),
+        i64::try_from(max).unwrap_or(i64::MAX),
+    )
+}
+
+#[cfg(test)]
+mod sql_tests {
+    use super::*;
+
+    #[test]
+    fn bigint_columns_and_bounds_never_wrap() {
+        let e = StoredEvent::from_columns(-1, -7, "w".into(), vec![1]);
+        assert_eq!((e.seq, e.token), (0, FencingToken::new(0)));
+        let s = Snapshot::from_columns(3, 9, vec![]);
+        assert_eq!((s.seq, s.token), (3, FencingToken::new(9)));
+        assert_eq!(bigint_bounds(u64::MAX, usize::MAX), (i64::MAX, i64::MAX));
+        assert_eq!(bigint_bounds(5, 10), (5, 10));
+    }
+}

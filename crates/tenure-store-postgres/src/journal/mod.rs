@@ -27,10 +27,10 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use tenure_journal::group::{GroupCommit, Write};
 use tenure_journal::{
-    Append, Journal, JournalError, SaveSnapshot, Snapshot, StoredEvent, Written,
+    Append, Journal, JournalError, SaveSnapshot, Snapshot, StoredEvent, Written, bigint_bounds,
     check_persistence_id,
 };
-use tenure_lease::{FencingToken, StoreError};
+use tenure_lease::StoreError;
 
 use crate::PostgresStore;
 use crate::error;
@@ -139,10 +139,6 @@ impl PostgresJournal {
     }
 }
 
-fn token(t: i64) -> FencingToken {
-    FencingToken::new(t.max(0) as u64)
-}
-
 #[async_trait]
 impl Journal for PostgresJournal {
     fn kind(&self) -> &'static str {
@@ -161,10 +157,7 @@ impl Journal for PostgresJournal {
         max: usize,
     ) -> Result<Vec<StoredEvent>, JournalError> {
         check_persistence_id(persistence_id)?;
-        let (from, max) = (
-            i64::try_from(from).unwrap_or(i64::MAX),
-            i64::try_from(max).unwrap_or(i64::MAX),
-        );
+        let (from, max) = bigint_bounds(from, max);
         let rows = self
             .query(
                 persistence_id,
@@ -175,12 +168,7 @@ impl Journal for PostgresJournal {
             .await?;
         Ok(rows
             .into_iter()
-            .map(|r| StoredEvent {
-                seq: r.get::<_, i64>(0).max(0) as u64,
-                token: token(r.get(1)),
-                writer: r.get(2),
-                payload: r.get(3),
-            })
+            .map(|r| StoredEvent::from_columns(r.get(0), r.get(1), r.get(2), r.get(3)))
             .collect())
     }
 
@@ -199,11 +187,10 @@ impl Journal for PostgresJournal {
                 &[&persistence_id],
             )
             .await?;
-        Ok(rows.into_iter().next().map(|r| Snapshot {
-            seq: r.get::<_, i64>(0).max(0) as u64,
-            token: token(r.get(1)),
-            payload: r.get(2),
-        }))
+        Ok(rows
+            .into_iter()
+            .next()
+            .map(|r| Snapshot::from_columns(r.get(0), r.get(1), r.get(2))))
     }
 
     async fn persistence_ids(&self) -> Result<Vec<String>, JournalError> {

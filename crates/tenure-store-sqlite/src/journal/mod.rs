@@ -33,9 +33,9 @@ use rusqlite::OptionalExtension;
 use tenure_journal::group::{GroupCommit, Write};
 use tenure_journal::{
     Append, Fence, Journal, JournalError, Refusal, SaveSnapshot, Snapshot, StoredEvent, Written,
-    check_persistence_id,
+    bigint_bounds, check_persistence_id,
 };
-use tenure_lease::{ConfigError, FencingToken, StoreError};
+use tenure_lease::{ConfigError, StoreError};
 
 use files::{Files, Opened};
 
@@ -189,10 +189,6 @@ impl SqliteJournal {
     }
 }
 
-fn token(t: i64) -> FencingToken {
-    FencingToken::new(t.max(0) as u64)
-}
-
 #[async_trait]
 impl Journal for SqliteJournal {
     fn kind(&self) -> &'static str {
@@ -212,19 +208,16 @@ impl Journal for SqliteJournal {
     ) -> Result<Vec<StoredEvent>, JournalError> {
         check_persistence_id(persistence_id)?;
         let pid = persistence_id.to_string();
-        let (from, max) = (
-            i64::try_from(from).unwrap_or(i64::MAX),
-            i64::try_from(max).unwrap_or(i64::MAX),
-        );
+        let (from, max) = bigint_bounds(from, max);
         self.read_with(persistence_id, "read", move |conn| {
             let mut stmt = conn.prepare_cached(sql::READ)?;
             stmt.query_map(rusqlite::params![pid, from, max], |r| {
-                Ok(StoredEvent {
-                    seq: r.get::<_, i64>(0)?.max(0) as u64,
-                    token: token(r.get(1)?),
-                    writer: r.get(2)?,
-                    payload: r.get(3)?,
-                })
+                Ok(StoredEvent::from_columns(
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                ))
             })?
             .collect()
         })
@@ -242,11 +235,7 @@ impl Journal for SqliteJournal {
         self.read_with(persistence_id, "load snapshot", move |conn| {
             conn.prepare_cached(sql::LOAD_SNAPSHOT)?
                 .query_row([pid], |r| {
-                    Ok(Snapshot {
-                        seq: r.get::<_, i64>(0)?.max(0) as u64,
-                        token: token(r.get(1)?),
-                        payload: r.get(2)?,
-                    })
+                    Ok(Snapshot::from_columns(r.get(0)?, r.get(1)?, r.get(2)?))
                 })
                 .optional()
         })
