@@ -92,20 +92,23 @@ impl Direct {
     }
 }
 
-/// A write transaction's start: the identity read and no process relying on a higher
-/// generation; returns the generation.
-fn begin_write(tx: &rusqlite::Transaction<'_>, witness: &Witness) -> i64 {
+/// One write transaction as the store runs it: the identity read and no process relying
+/// on a higher generation; `body` with the transaction and the store's clock; then the next
+/// generation written, shown on the witness first, and the commit.
+fn write<T>(
+    (conn, witness): (&mut Connection, &Witness),
+    body: impl FnOnce(&rusqlite::Transaction<'_>, i64) -> T,
+) -> T {
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .unwrap();
     let (_store, generation): (String, i64) = tx
         .prepare_cached(sql::IDENTITY)
         .unwrap()
         .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))
         .unwrap();
     assert_eq!(witness.above(generation).unwrap(), None, "state lost");
-    generation
-}
-
-/// A write transaction's commit: the next generation written, shown on the witness first.
-fn commit_write(tx: rusqlite::Transaction<'_>, witness: &Witness, generation: i64) {
+    let answer = body(&tx, store_now_ns());
     let next = (generation + 1).max(token_floor());
     tx.prepare_cached(sql::SET_GENERATION)
         .unwrap()
@@ -113,100 +116,80 @@ fn commit_write(tx: rusqlite::Transaction<'_>, witness: &Witness, generation: i6
         .unwrap();
     witness.hold(next).unwrap();
     tx.commit().unwrap();
+    answer
 }
 
 const TTL_NS: i64 = 60_000_000_000;
 
-fn direct_acquire((conn, witness): (&mut Connection, &Witness), name: &str, owner: &str) -> i64 {
-    let tx = conn
-        .transaction_with_behavior(TransactionBehavior::Immediate)
-        .unwrap();
-    let generation = begin_write(&tx, witness);
-    let now = store_now_ns();
-    let mut stmt = tx.prepare_cached(sql::SELECT_CURRENT).unwrap();
-    let held = stmt.exists(params![name, now]).unwrap();
-    drop(stmt);
-    assert!(!held);
-    let lost_at: Option<String> = tx
-        .prepare_cached(sql::META)
-        .unwrap()
-        .query_row(["lost_at"], |r| r.get(0))
-        .optional()
-        .unwrap();
-    assert!(lost_at.is_none());
-    let token = sql::next_token(&tx, name, token_floor()).unwrap();
-    tx.prepare_cached(sql::INSERT_GRANT)
-        .unwrap()
-        .execute(params![
-            name,
-            owner,
-            token,
-            now + TTL_NS,
-            None::<String>,
-            "direct",
-            0i64,
-            0i64
-        ])
-        .unwrap();
-    commit_write(tx, witness, generation);
-    token
+fn direct_acquire(db: (&mut Connection, &Witness), name: &str, owner: &str) -> i64 {
+    write(db, |tx, now| {
+        let mut stmt = tx.prepare_cached(sql::SELECT_CURRENT).unwrap();
+        let held = stmt.exists(params![name, now]).unwrap();
+        drop(stmt);
+        assert!(!held);
+        let lost_at: Option<String> = tx
+            .prepare_cached(sql::META)
+            .unwrap()
+            .query_row(["lost_at"], |r| r.get(0))
+            .optional()
+            .unwrap();
+        assert!(lost_at.is_none());
+        let token = sql::next_token(tx, name, token_floor()).unwrap();
+        tx.prepare_cached(sql::INSERT_GRANT)
+            .unwrap()
+            .execute(params![
+                name,
+                owner,
+                token,
+                now + TTL_NS,
+                None::<String>,
+                "direct",
+                0i64,
+                0i64
+            ])
+            .unwrap();
+        token
+    })
 }
 
-fn direct_release(
-    (conn, witness): (&mut Connection, &Witness),
-    name: &str,
-    owner: &str,
-    token: i64,
-) {
-    let tx = conn
-        .transaction_with_behavior(TransactionBehavior::Immediate)
-        .unwrap();
-    let generation = begin_write(&tx, witness);
-    let now = store_now_ns();
-    let n = tx
-        .prepare_cached(sql::RELEASE)
-        .unwrap()
-        .execute(params![name, owner, token, now])
-        .unwrap();
-    assert_eq!(n, 1);
-    commit_write(tx, witness, generation);
+fn direct_release(db: (&mut Connection, &Witness), name: &str, owner: &str, token: i64) {
+    write(db, |tx, now| {
+        let n = tx
+            .prepare_cached(sql::RELEASE)
+            .unwrap()
+            .execute(params![name, owner, token, now])
+            .unwrap();
+        assert_eq!(n, 1);
+    })
 }
 
-fn direct_extend((conn, witness): (&mut Connection, &Witness), name: &str) {
-    let tx = conn
-        .transaction_with_behavior(TransactionBehavior::Immediate)
-        .unwrap();
-    let generation = begin_write(&tx, witness);
-    let now = store_now_ns();
-    let held = tx
-        .prepare_cached(sql::SELECT_CURRENT)
-        .unwrap()
-        .exists(params![name, now])
-        .unwrap();
-    assert!(held);
-    tx.prepare_cached(sql::EXTEND)
-        .unwrap()
-        .execute(params![name, now + TTL_NS, None::<String>])
-        .unwrap();
-    commit_write(tx, witness, generation);
+fn direct_extend(db: (&mut Connection, &Witness), name: &str) {
+    write(db, |tx, now| {
+        let held = tx
+            .prepare_cached(sql::SELECT_CURRENT)
+            .unwrap()
+            .exists(params![name, now])
+            .unwrap();
+        assert!(held);
+        tx.prepare_cached(sql::EXTEND)
+            .unwrap()
+            .execute(params![name, now + TTL_NS, None::<String>])
+            .unwrap();
+    })
 }
 
-fn direct_renew_batch((conn, witness): (&mut Connection, &Witness), owner: &str, batch: &str) {
-    let tx = conn
-        .transaction_with_behavior(TransactionBehavior::Immediate)
-        .unwrap();
-    let generation = begin_write(&tx, witness);
-    let now = store_now_ns();
-    let n = tx
-        .prepare_cached(sql::RENEW_BATCH)
-        .unwrap()
-        .query_map(params![owner, now, now + TTL_NS, batch], |r| {
-            r.get::<_, String>(0)
-        })
-        .unwrap()
-        .count();
-    assert_eq!(n, 1);
-    commit_write(tx, witness, generation);
+fn direct_renew_batch(db: (&mut Connection, &Witness), owner: &str, batch: &str) {
+    write(db, |tx, now| {
+        let n = tx
+            .prepare_cached(sql::RENEW_BATCH)
+            .unwrap()
+            .query_map(params![owner, now, now + TTL_NS, batch], |r| {
+                r.get::<_, String>(0)
+            })
+            .unwrap()
+            .count();
+        assert_eq!(n, 1);
+    })
 }
 
 fn acquire_release(c: &mut Criterion) {
