@@ -216,7 +216,9 @@ async fn assert_held(
     }
 }
 
-fn granted_token(outcome: &AcquireOutcome) -> FencingToken {
+/// The token of the grant `outcome`; panics, naming the holder, when it is `Held` (a test
+/// tool).
+pub fn granted_token(outcome: &AcquireOutcome) -> FencingToken {
     match outcome {
         AcquireOutcome::Granted(r) => r.token,
         AcquireOutcome::Held(r) => panic!("expected a grant, held by {}", r.owner),

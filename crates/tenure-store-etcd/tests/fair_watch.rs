@@ -8,18 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Client, GetOptions};
-use tenure_lease::{AcquireOutcome, FairQueue, FencingToken, LeaseStore};
-use tenure_lease_kit::conformance::owner_request;
+use tenure_lease::{AcquireOutcome, FairQueue, LeaseStore};
+use tenure_lease_kit::conformance::{granted_token, owner_request};
 
 use tenure_test_kit::etcd::{Etcd, PREFIX};
 use tenure_test_kit::eventually_async;
-
-fn token(o: &AcquireOutcome) -> FencingToken {
-    match o {
-        AcquireOutcome::Granted(r) => r.token,
-        AcquireOutcome::Held(r) => panic!("expected a grant, held by {}", r.owner),
-    }
-}
 
 async fn raw(etcd: &Etcd) -> Client {
     Client::connect(etcd.endpoints(), None)
@@ -58,7 +51,7 @@ async fn fair_waiters_are_granted_in_order() {
     let mut c = raw(&etcd).await;
     let ttl = Duration::from_secs(5);
     let holder = etcd.store().await;
-    let first = token(
+    let first = granted_token(
         &holder
             .try_acquire(&owner_request("fair", "a", ttl))
             .await
@@ -82,7 +75,7 @@ async fn fair_waiters_are_granted_in_order() {
     let mut last = first;
     for (expected, store) in ["b", "c", "d"].into_iter().zip(&stores) {
         let (owner, got) = rx.recv().await.expect("a grant");
-        let t = token(&got.expect("fair acquire"));
+        let t = granted_token(&got.expect("fair acquire"));
         assert_eq!(owner, expected, "granted out of order");
         assert!(t > last);
         last = t;
@@ -109,7 +102,7 @@ async fn fair_timeout_and_cancel_leave_the_line() {
     let mut c = raw(&etcd).await;
     let ttl = Duration::from_secs(5);
     let holder = etcd.store().await;
-    token(
+    granted_token(
         &holder
             .try_acquire(&owner_request("busy", "a", ttl))
             .await
@@ -145,7 +138,7 @@ async fn a_waiter_cancelled_before_its_join_is_answered_leaves_the_line() {
     let mut c = raw(&etcd).await;
     let ttl = Duration::from_secs(30);
     let holder = etcd.store().await;
-    let t = token(
+    let t = granted_token(
         &holder
             .try_acquire(&owner_request("answer", "a", ttl))
             .await
@@ -153,7 +146,7 @@ async fn a_waiter_cancelled_before_its_join_is_answered_leaves_the_line() {
     );
     let (waiter, proxy) = etcd.store_via_proxy().await;
     // The waiter's session opens while answers flow.
-    token(
+    granted_token(
         &waiter
             .try_acquire(&owner_request("other", "w", ttl))
             .await
@@ -179,7 +172,7 @@ async fn a_waiter_cancelled_before_its_join_is_answered_leaves_the_line() {
     });
     until_waiters(&mut c, 1).await;
     assert!(holder.release("answer", "a", t).await.expect("release"));
-    token(&granted.await.expect("task").expect("fair acquire"));
+    granted_token(&granted.await.expect("task").expect("fair acquire"));
 }
 
 /// A waiter whose session ends while it is queued gets an error, never a grant.
@@ -189,7 +182,7 @@ async fn fair_waiter_whose_session_ends_gets_an_error() {
     let mut c = raw(&etcd).await;
     let ttl = Duration::from_secs(5);
     let holder = etcd.store().await;
-    let t = token(
+    let t = granted_token(
         &holder
             .try_acquire(&owner_request("revoked", "a", ttl))
             .await

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::poll_fn;
-use tenure_lease::{AcquireOutcome, AcquireRequest, FairQueue, FencingToken, LeaseStore};
-use tenure_lease_kit::conformance::{owner_request, test_settings};
+use tenure_lease::{AcquireOutcome, AcquireRequest, FairQueue, LeaseStore};
+use tenure_lease_kit::conformance::{granted_token, owner_request, test_settings};
 use tenure_store_postgres::PostgresStore;
 use tenure_test_kit::eventually_async;
 use tenure_test_kit::postgres::{Exclusive, PgServer};
@@ -32,13 +32,6 @@ async fn store(server: &PgServer) -> PostgresStore {
 
 fn request(name: &str, owner: &str) -> AcquireRequest {
     owner_request(name, owner, TTL)
-}
-
-fn granted(outcome: &AcquireOutcome) -> FencingToken {
-    match outcome {
-        AcquireOutcome::Granted(r) => r.token,
-        AcquireOutcome::Held(r) => panic!("expected a grant, held by {}", r.owner),
-    }
 }
 
 /// The notifications a plain client LISTENing on a channel receives.
@@ -108,10 +101,10 @@ async fn releases_and_departures_notify_the_line() {
     let holder = store(&server).await;
     let mut heard = Heard::start(&server, &holder.statements().channel).await;
 
-    let quiet = granted(&holder.try_acquire(&request("quiet", "h")).await.unwrap());
+    let quiet = granted_token(&holder.try_acquire(&request("quiet", "h")).await.unwrap());
     assert!(holder.release("quiet", "h", quiet).await.unwrap());
 
-    let busy = granted(&holder.try_acquire(&request("busy", "h")).await.unwrap());
+    let busy = granted_token(&holder.try_acquire(&request("busy", "h")).await.unwrap());
     let waiter: Arc<dyn FairQueue> = Arc::new(store(&server).await);
     let w = waiter.clone();
     let waiting =
@@ -120,7 +113,7 @@ async fn releases_and_departures_notify_the_line() {
     assert!(holder.release("busy", "h", busy).await.unwrap());
     // Delivered in commit order: had the first release notified, "quiet" would come first.
     assert_eq!(heard.next().await, "busy");
-    let token = granted(&waiting.await.unwrap().unwrap());
+    let token = granted_token(&waiting.await.unwrap().unwrap());
     until_waiter_rows(&holder, "busy", 0).await;
 
     let impatient = store(&server).await;
@@ -137,14 +130,14 @@ async fn releases_and_departures_notify_the_line() {
     assert!(waiter.release("busy", "w", token).await.unwrap());
 
     let long = "l".repeat(1500);
-    let t = granted(&holder.try_acquire(&request(&long, "h")).await.unwrap());
+    let t = granted_token(&holder.try_acquire(&request(&long, "h")).await.unwrap());
     let w = waiter.clone();
     let name = long.clone();
     let waiting = tokio::spawn(async move { w.acquire_fair(&request(&name, "w"), PATIENCE).await });
     until_waiter_rows(&holder, &long, 1).await;
     assert!(holder.release(&long, "h", t).await.unwrap());
     assert_eq!(heard.next().await, "", "a long name wakes every waiter");
-    assert!(granted(&waiting.await.unwrap().unwrap()) > t);
+    assert!(granted_token(&waiting.await.unwrap().unwrap()) > t);
 }
 
 /// A lease table made before fair waiting (no waiters' table) gains it when a store opens
@@ -154,7 +147,7 @@ async fn an_earlier_lease_table_gains_the_waiters_table() {
     let exclusive = Exclusive::start().await;
     let server = exclusive.server.clone();
     let first = store(&server).await;
-    let token = granted(&first.try_acquire(&request("kept", "h")).await.unwrap());
+    let token = granted_token(&first.try_acquire(&request("kept", "h")).await.unwrap());
     let conn = first.connection().await.unwrap();
     conn.batch_execute("DROP TABLE tenure.tenure_lease_waiter")
         .await

@@ -6,8 +6,8 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tenure_lease::{AcquireOutcome, AcquireRequest, FairQueue, FencingToken, LeaseStore};
-use tenure_lease_kit::conformance::owner_request;
+use tenure_lease::{AcquireOutcome, AcquireRequest, FairQueue, LeaseStore};
+use tenure_lease_kit::conformance::{granted_token, owner_request};
 use tenure_store_zookeeper::zookeeper_client as zk;
 use tenure_test_kit::eventually_async;
 use tokio::time::sleep;
@@ -16,13 +16,6 @@ const TTL: Duration = Duration::from_secs(3);
 
 fn request(name: &str, owner: &str) -> AcquireRequest {
     owner_request(name, owner, TTL)
-}
-
-fn granted(outcome: &AcquireOutcome) -> FencingToken {
-    match outcome {
-        AcquireOutcome::Granted(r) => r.token,
-        AcquireOutcome::Held(r) => panic!("expected a grant, held by {}", r.owner),
-    }
 }
 
 /// Number of queued waiter nodes of lease `name`.
@@ -51,7 +44,7 @@ async fn waiters_are_served_in_arrival_order() {
         .await
         .unwrap();
     let holder = shared.store(TTL, Duration::from_secs(2));
-    let first = granted(&holder.try_acquire(&request("fifo", "h")).await.unwrap());
+    let first = granted_token(&holder.try_acquire(&request("fifo", "h")).await.unwrap());
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let mut tasks = Vec::new();
     for (i, owner) in ["w1", "w2", "w3"].into_iter().enumerate() {
@@ -62,7 +55,7 @@ async fn waiters_are_served_in_arrival_order() {
                 .acquire_fair(&request("fifo", owner), Duration::from_secs(30))
                 .await
                 .expect("fair acquire");
-            let token = granted(&outcome);
+            let token = granted_token(&outcome);
             tx.send((owner, token)).unwrap();
             // Hold a moment, so that a barging order would show, then release.
             sleep(Duration::from_millis(50)).await;
@@ -99,7 +92,7 @@ async fn timeout_reports_the_holder_and_leaves_the_queue() {
         .await
         .unwrap();
     let holder = shared.store(TTL, Duration::from_secs(2));
-    let token = granted(&holder.try_acquire(&request("timed", "h")).await.unwrap());
+    let token = granted_token(&holder.try_acquire(&request("timed", "h")).await.unwrap());
     let waiter = shared.store(TTL, Duration::from_secs(2));
     match waiter
         .acquire_fair(&request("timed", "w"), Duration::from_millis(300))
@@ -112,7 +105,7 @@ async fn timeout_reports_the_holder_and_leaves_the_queue() {
     assert_eq!(waiters(&shared, &observer, "timed").await, 0);
     // Reentrant fair acquire by the holder: same token, no queueing.
     assert_eq!(
-        granted(
+        granted_token(
             &holder
                 .acquire_fair(&request("timed", "h"), Duration::from_millis(300))
                 .await
@@ -133,11 +126,11 @@ async fn a_waiter_cancelled_before_its_create_is_answered_leaves_the_queue() {
         .await
         .unwrap();
     let holder = shared.store(TTL, Duration::from_secs(2));
-    granted(&holder.try_acquire(&request("answer", "h")).await.unwrap());
+    granted_token(&holder.try_acquire(&request("answer", "h")).await.unwrap());
     let (waiter, proxy) = shared.store_via_proxy(TTL, Duration::from_secs(2));
     let waiter = Arc::new(waiter);
     // The waiter's session opens (and the lease node is known) while answers flow.
-    granted(&waiter.try_acquire(&request("other", "w")).await.unwrap());
+    granted_token(&waiter.try_acquire(&request("other", "w")).await.unwrap());
     let w: Arc<dyn FairQueue> = waiter.clone();
     proxy.set_delay(Some(Duration::from_millis(1000)));
     let task = tokio::spawn(async move {
@@ -158,7 +151,7 @@ async fn cancelled_waiter_leaves_the_queue() {
         .await
         .unwrap();
     let holder = shared.store(TTL, Duration::from_secs(2));
-    let token = granted(&holder.try_acquire(&request("cancel", "h")).await.unwrap());
+    let token = granted_token(&holder.try_acquire(&request("cancel", "h")).await.unwrap());
     let waiter: Arc<dyn FairQueue> = Arc::new(shared.store(TTL, Duration::from_secs(2)));
     let w = waiter.clone();
     let task = tokio::spawn(async move {

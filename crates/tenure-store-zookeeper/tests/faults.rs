@@ -11,7 +11,7 @@ use tenure_lease::{
     AcquireOutcome, AcquireRequest, Acquired, FencingToken, HeldLease, Lease, LeaseSpec,
     LeaseStore, LostReason, Renewal, StoreError,
 };
-use tenure_lease_kit::conformance::test_settings;
+use tenure_lease_kit::conformance::{granted_token, test_settings};
 use tokio::time::{Instant, sleep};
 
 fn request(name: &str, owner: &str, instance: &str, ttl: Duration) -> AcquireRequest {
@@ -22,13 +22,6 @@ fn request(name: &str, owner: &str, instance: &str, ttl: Duration) -> AcquireReq
         ttl,
         note: None,
         ..AcquireRequest::default()
-    }
-}
-
-fn granted(outcome: AcquireOutcome) -> FencingToken {
-    match outcome {
-        AcquireOutcome::Granted(r) => r.token,
-        AcquireOutcome::Held(r) => panic!("expected a grant, held by {}", r.owner),
     }
 }
 
@@ -119,8 +112,8 @@ async fn tokens_increase_across_restarts() {
     for round in 0..3 {
         let store = shared.store(ttl, Duration::from_secs(2));
         for (i, name) in ["t-one", "t-two"].iter().enumerate() {
-            let t = granted(
-                store
+            let t = granted_token(
+                &store
                     .try_acquire(&request(name, "a", &format!("{round}-{i}"), ttl))
                     .await
                     .expect("acquire"),
@@ -145,8 +138,8 @@ async fn session_end_reports_not_held_and_reconnects() {
     let mut held = Vec::new();
     for i in 0..3 {
         let name = format!("s-{i}");
-        let token = granted(
-            store
+        let token = granted_token(
+            &store
                 .try_acquire(&request(&name, "a", "a-1", ttl))
                 .await
                 .expect("acquire"),
@@ -179,8 +172,8 @@ async fn session_end_reports_not_held_and_reconnects() {
         sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(store.read("s-0").await.expect("read"), None);
-    let again = granted(
-        store
+    let again = granted_token(
+        &store
             .try_acquire(&request("s-0", "a", "a-1", ttl))
             .await
             .expect("acquire on a new session"),

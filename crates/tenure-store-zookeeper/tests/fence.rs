@@ -6,20 +6,13 @@ mod common;
 
 use std::time::Duration;
 
-use tenure_lease::{AcquireOutcome, AcquireRequest, FencingToken, LeaseStore};
-use tenure_lease_kit::conformance::owner_request;
+use tenure_lease::{AcquireRequest, FencingToken, LeaseStore};
+use tenure_lease_kit::conformance::{granted_token, owner_request};
 use tenure_store_zookeeper::ZooKeeperStore;
 use tenure_store_zookeeper::zookeeper_client as zk;
 
 fn request(owner: &str) -> AcquireRequest {
     owner_request("report", owner, Duration::from_secs(3))
-}
-
-fn granted(outcome: &AcquireOutcome) -> FencingToken {
-    match outcome {
-        AcquireOutcome::Granted(r) => r.token,
-        AcquireOutcome::Held(r) => panic!("expected a grant, held by {}", r.owner),
-    }
 }
 
 /// One fenced write of `value` to `path` with `token`: `true` when it committed.
@@ -54,7 +47,7 @@ async fn a_fenced_write_commits_only_under_the_grant_it_names() {
         .await
         .unwrap();
     let store = shared.store(Duration::from_secs(3), Duration::from_secs(2));
-    let first = granted(&store.try_acquire(&request("a")).await.unwrap());
+    let first = granted_token(&store.try_acquire(&request("a")).await.unwrap());
     assert!(write(&store, &client, &path, first, b"a1").await);
     let other = FencingToken::new(first.get() + 1);
     assert!(
@@ -72,7 +65,7 @@ async fn a_fenced_write_commits_only_under_the_grant_it_names() {
         !write(&store, &client, &path, first, b"a2").await,
         "released"
     );
-    let second = granted(&store.try_acquire(&request("b")).await.unwrap());
+    let second = granted_token(&store.try_acquire(&request("b")).await.unwrap());
     assert!(second > first);
     let mut multi = client.new_multi_writer();
     stale.add_to(&mut multi).unwrap();
