@@ -8,7 +8,6 @@
 //! Every test is bounded: a few shards, at most a dozen events each.
 
 use std::num::NonZeroU64;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -29,13 +28,12 @@ use tenure_sharding::{
     ShardingSettings, durable_entity_factory, persistence_id,
 };
 use tenure_store_postgres::{PostgresJournal, PostgresOptions, PostgresStore};
-use tenure_store_sqlite::{SqliteJournal, SqliteStore};
+use tenure_store_sqlite::conformance::JournalFiles;
 use tenure_test_kit::eventually_async;
 use tenure_test_kit::postgres::Exclusive;
 
 const TYPE: &str = "ledger";
 const LEASE: &str = "test-shard-ledger-0";
-const BUSY: Duration = Duration::from_secs(5);
 
 /// What a ledger is told: add these numbers (one event each), or answer what it holds.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -85,43 +83,6 @@ impl DurableEntity for Ledger {
 
     fn snapshot_every(&self) -> Option<NonZeroU64> {
         NonZeroU64::new(3)
-    }
-}
-
-/// The SQLite lease store and journal, the journal in the lease file or in its own.
-struct Sqlite {
-    _dir: tempfile::TempDir,
-    leases: PathBuf,
-    journal: Option<PathBuf>,
-}
-
-impl Sqlite {
-    fn new(own_file: bool) -> Sqlite {
-        let dir = tempfile::tempdir().expect("a temporary directory");
-        let leases = dir.path().join("leases.sqlite");
-        let journal = own_file.then(|| dir.path().join("journal.sqlite"));
-        Sqlite {
-            _dir: dir,
-            leases,
-            journal,
-        }
-    }
-}
-
-#[async_trait]
-impl JournalHarness for Sqlite {
-    async fn leases(&self) -> Arc<dyn LeaseStore> {
-        Arc::new(SqliteStore::open(&self.leases, BUSY).expect("open the lease store"))
-    }
-
-    async fn journal(&self) -> Arc<dyn Journal> {
-        Arc::new(
-            match &self.journal {
-                None => SqliteJournal::open(&self.leases, BUSY),
-                Some(own) => SqliteJournal::open_beside(own, &self.leases, BUSY),
-            }
-            .expect("open the journal"),
-        )
     }
 }
 
@@ -589,7 +550,7 @@ async fn remembered_entity_restarts_with_its_state(h: &dyn JournalHarness) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_remembered_entity_restarts_with_its_state() {
-    remembered_entity_restarts_with_its_state(&Sqlite::new(false)).await;
+    remembered_entity_restarts_with_its_state(&JournalFiles::new(false)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -599,27 +560,27 @@ async fn postgres_remembered_entity_restarts_with_its_state() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_contiguous_and_durable_before_the_reply() {
-    contiguous_and_durable_before_the_reply(&Sqlite::new(false)).await;
+    contiguous_and_durable_before_the_reply(&JournalFiles::new(false)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_stale_grant_refused_and_entity_stopped() {
-    stale_grant_refused_and_entity_stopped(&Sqlite::new(false)).await;
+    stale_grant_refused_and_entity_stopped(&JournalFiles::new(false)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_recovery_after_hand_off() {
-    recovery_after_hand_off(&Sqlite::new(false)).await;
+    recovery_after_hand_off(&JournalFiles::new(false)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_own_file_stale_grant_refused_and_entity_stopped() {
-    stale_grant_refused_and_entity_stopped(&Sqlite::new(true)).await;
+    stale_grant_refused_and_entity_stopped(&JournalFiles::new(true)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_own_file_recovery_after_hand_off() {
-    recovery_after_hand_off(&Sqlite::new(true)).await;
+    recovery_after_hand_off(&JournalFiles::new(true)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -34,6 +34,8 @@
 //! queue and may take a free lease ahead of waiters, as on the other stores.
 
 mod clock;
+#[cfg(feature = "conformance")]
+pub mod conformance;
 mod db;
 mod fair;
 pub mod fence;

@@ -2,61 +2,17 @@
 //! in a file of its own beside it. Every client (lease store and journal) opens the files
 //! anew, as another process would.
 
-use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use tenure_journal::Journal;
 use tenure_journal::conformance::JournalHarness;
-use tenure_lease::LeaseStore;
-use tenure_store_sqlite::{SqliteJournal, SqliteStore};
-
-const BUSY: Duration = Duration::from_secs(5);
-
-struct Files {
-    _dir: tempfile::TempDir,
-    leases: PathBuf,
-    /// `None`: the journal is in the lease file.
-    journal: Option<PathBuf>,
-}
-
-impl Files {
-    fn new(own_file: bool) -> Files {
-        let dir = tempfile::tempdir().expect("a temporary directory");
-        let leases = dir.path().join("leases.sqlite");
-        let journal = own_file.then(|| dir.path().join("journal.sqlite"));
-        Files {
-            _dir: dir,
-            leases,
-            journal,
-        }
-    }
-}
-
-#[async_trait]
-impl JournalHarness for Files {
-    async fn leases(&self) -> Arc<dyn LeaseStore> {
-        Arc::new(SqliteStore::open(&self.leases, BUSY).expect("open the lease store"))
-    }
-
-    async fn journal(&self) -> Arc<dyn Journal> {
-        Arc::new(
-            match &self.journal {
-                None => SqliteJournal::open(&self.leases, BUSY),
-                Some(own) => SqliteJournal::open_beside(own, &self.leases, BUSY),
-            }
-            .expect("open the journal"),
-        )
-    }
-}
+use tenure_store_sqlite::conformance::JournalFiles;
 
 mod in_the_lease_file {
-    tenure_journal::journal_conformance_tests!(async { super::Files::new(false) });
+    tenure_journal::journal_conformance_tests!(async { super::JournalFiles::new(false) });
 }
 
 mod in_its_own_file {
-    tenure_journal::journal_conformance_tests!(async { super::Files::new(true) });
+    tenure_journal::journal_conformance_tests!(async { super::JournalFiles::new(true) });
 }
 
 /// A lease file deleted while the journal has it open fences nothing: the journal notices
@@ -66,7 +22,7 @@ async fn a_lost_lease_file_fences_nothing() {
     use tenure_journal::{Append, Fence, Refusal, Written};
     use tenure_lease::{AcquireOutcome, AcquireRequest};
 
-    let files = Files::new(true);
+    let files = JournalFiles::new(true);
     let journal = files.journal().await;
     let leases = files.leases().await;
     let req = AcquireRequest {
