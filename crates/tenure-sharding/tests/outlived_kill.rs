@@ -232,30 +232,6 @@ impl Fixture {
     fn ends(&self) -> Vec<Unstoppable> {
         self.ends.lock().unwrap().clone()
     }
-
-    /// The checker's violations of the history so far, as text.
-    fn violations(&self) -> Vec<String> {
-        tenure_history::check::check(&self.history())
-            .violations
-            .iter()
-            .map(|v| v.to_string())
-            .collect()
-    }
-}
-
-/// The last `valid_until` recorded before the first `lease_lost`.
-fn deadline_of_the_lost_grant(history: &[Entry]) -> i64 {
-    let mut deadline = None;
-    for e in history {
-        match e.event {
-            Event::LeaseGranted { valid_until, .. } | Event::LeaseRenewed { valid_until, .. } => {
-                deadline = deadline.max(Some(valid_until))
-            }
-            Event::LeaseLost { .. } => break,
-            _ => {}
-        }
-    }
-    deadline.expect("a grant before the loss")
 }
 
 fn tell(shard: &ActorRef<ShardMsg>, entity: &str, text: &str) {
@@ -322,7 +298,7 @@ fn a_hand_off_keeps_the_lease_until_an_entity_that_outlived_its_kill_ends() {
             f.ends().is_empty(),
             "a graceful move never ends the process"
         );
-        assert_eq!(f.violations(), Vec::<String>::new());
+        assert_eq!(f.history.violations(), Vec::<String>::new());
     });
 }
 
@@ -356,7 +332,7 @@ fn a_hand_off_waits_for_an_entity_that_outlived_its_kill_then_releases() {
             f.kinds(lease_or_entity),
             ["entity_zombie", "entity_stopped", "lease_released"]
         );
-        assert_eq!(f.violations(), Vec::<String>::new());
+        assert_eq!(f.history.violations(), Vec::<String>::new());
     });
 }
 
@@ -397,7 +373,7 @@ fn a_lost_lease_with_an_entity_that_outlived_its_kill_ends_the_process_in_time()
         f.wait_recorded("lease_lost", |e| matches!(e, Event::LeaseLost { .. }))
             .await;
         // If the process went on, let the thread go once the deadline has surely passed.
-        let valid_until = deadline_of_the_lost_grant(&f.history());
+        let valid_until = f.history.deadline_of_the_lost_grant();
         while f.ends().is_empty()
             && tenure_lease::clock::boottime_now_ns() < valid_until + 100_000_000
         {
@@ -407,7 +383,7 @@ fn a_lost_lease_with_an_entity_that_outlived_its_kill_ends_the_process_in_time()
         f.until_seen(&[Seen::Ended("a".into(), token)]).await;
         f.store.set_fault(Fault::None);
         f.history.record(Event::NodeLeft {});
-        assert_eq!(f.violations(), Vec::<String>::new());
+        assert_eq!(f.history.violations(), Vec::<String>::new());
         let ends = f.ends();
         assert_eq!(ends.len(), 1, "{ends:?}");
         assert_eq!(
@@ -435,7 +411,7 @@ fn an_entity_blocked_in_its_start_is_no_different() {
         let abort = f
             .wait_recorded("process_abort", |e| matches!(e, Event::ProcessAbort { .. }))
             .await;
-        let valid_until = deadline_of_the_lost_grant(&f.history());
+        let valid_until = f.history.deadline_of_the_lost_grant();
         assert!(abort.t < valid_until, "aborted before the deadline");
         let ends = f.ends();
         assert_eq!(ends.len(), 1, "{ends:?}");
@@ -449,7 +425,7 @@ fn an_entity_blocked_in_its_start_is_no_different() {
             .await;
         f.store.set_fault(Fault::None);
         f.history.record(Event::NodeLeft {});
-        assert_eq!(f.violations(), Vec::<String>::new());
+        assert_eq!(f.history.violations(), Vec::<String>::new());
         shard.stop_and_wait(None, None).await.unwrap();
     });
 }
@@ -520,6 +496,6 @@ fn passivating_a_blocked_entity_never_starts_it_twice() {
             "{seen:?}"
         );
         shard.stop_and_wait(None, None).await.unwrap();
-        assert_eq!(f.violations(), Vec::<String>::new());
+        assert_eq!(f.history.violations(), Vec::<String>::new());
     });
 }

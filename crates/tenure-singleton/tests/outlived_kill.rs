@@ -192,10 +192,6 @@ impl Fixture {
         token
     }
 
-    fn history(&self) -> Vec<Entry> {
-        self.history.read()
-    }
-
     async fn wait_recorded(&self, what: &str, want: impl Fn(&Event) -> bool) -> Entry {
         self.history.wait_for(what, want).await
     }
@@ -207,29 +203,6 @@ impl Fixture {
     fn ends(&self) -> Vec<Unstoppable> {
         self.ends.lock().unwrap().clone()
     }
-
-    fn violations(&self) -> Vec<String> {
-        tenure_history::check::check(&self.history())
-            .violations
-            .iter()
-            .map(|v| v.to_string())
-            .collect()
-    }
-}
-
-/// The last `valid_until` recorded before the first `lease_lost`.
-fn deadline_of_the_lost_grant(history: &[Entry]) -> i64 {
-    let mut deadline = None;
-    for e in history {
-        match e.event {
-            Event::LeaseGranted { valid_until, .. } | Event::LeaseRenewed { valid_until, .. } => {
-                deadline = deadline.max(Some(valid_until))
-            }
-            Event::LeaseLost { .. } => break,
-            _ => {}
-        }
-    }
-    deadline.expect("a grant before the loss")
 }
 
 /// A lost lease whose instance outlives its kill: the process ends (the hook, which here
@@ -247,7 +220,7 @@ fn a_lost_lease_with_an_instance_that_outlived_its_kill_ends_the_process_in_time
             f.wait_recorded("lease_lost", |e| matches!(e, Event::LeaseLost { .. }))
                 .await;
             // If the process went on, let the thread go once the deadline has surely passed.
-            let valid_until = deadline_of_the_lost_grant(&f.history());
+            let valid_until = f.history.deadline_of_the_lost_grant();
             while f.ends().is_empty()
                 && tenure_lease::clock::boottime_now_ns() < valid_until + 100_000_000
             {
@@ -261,7 +234,7 @@ fn a_lost_lease_with_an_instance_that_outlived_its_kill_ends_the_process_in_time
             .await;
             f.store.set_fault(Fault::None);
             f.history.record(Event::NodeLeft {});
-            assert_eq!(f.violations(), Vec::<String>::new());
+            assert_eq!(f.history.violations(), Vec::<String>::new());
             let ends = f.ends();
             assert_eq!(ends.len(), 1, "{ends:?}");
             assert_eq!(
@@ -308,7 +281,7 @@ fn a_hand_over_keeps_the_lease_until_an_instance_that_outlived_its_kill_ends() {
                 .unwrap();
             assert_eq!(f.holder().await, None, "released");
             assert!(f.ends().is_empty(), "a hand-over never ends the process");
-            assert_eq!(f.violations(), Vec::<String>::new());
+            assert_eq!(f.history.violations(), Vec::<String>::new());
         },
     );
 }

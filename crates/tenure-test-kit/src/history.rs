@@ -48,6 +48,32 @@ impl TestHistory {
         read_history(self.file.path()).expect("read the test's history")
     }
 
+    /// The checker's violations of the history so far, as text (empty: none).
+    pub fn violations(&self) -> Vec<String> {
+        tenure_history::check::check(&self.read())
+            .violations
+            .iter()
+            .map(|v| v.to_string())
+            .collect()
+    }
+
+    /// The last `valid_until` recorded before the first `lease_lost`: the local deadline of
+    /// the grant that was lost. Panics when no grant was recorded before it (a test tool).
+    pub fn deadline_of_the_lost_grant(&self) -> i64 {
+        let mut deadline = None;
+        for e in self.read() {
+            match e.event {
+                Event::LeaseGranted { valid_until, .. }
+                | Event::LeaseRenewed { valid_until, .. } => {
+                    deadline = deadline.max(Some(valid_until))
+                }
+                Event::LeaseLost { .. } => break,
+                _ => {}
+            }
+        }
+        deadline.expect("a grant before the loss")
+    }
+
     /// Waits until the history shows an event matching `want`, and returns its entry;
     /// panics naming `what` when none came within 10 s.
     pub async fn wait_for(&self, what: &str, want: impl Fn(&Event) -> bool) -> Entry {
