@@ -10,8 +10,6 @@ use std::time::Duration;
 
 use tenure_sharding::ShardingError;
 
-use common::Echo;
-
 const TIMEOUT: Duration = Duration::from_secs(30);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -22,14 +20,7 @@ async fn pin_shard_places_a_shard_and_names_what_is_wrong_in_bad_input() {
     )
     .await;
     let me = node.addr().to_string();
-    let region = tenure_sharding::start_on_node(
-        &node,
-        &provider,
-        "echo",
-        Some(tenure_sharding::entity_factory(Echo::default())),
-    )
-    .await
-    .unwrap();
+    let region = common::start_echo(&node, &provider).await;
     let shard = region.shard_of("a");
     let answer: u64 = region.ask("a", &7u64, TIMEOUT).await.unwrap();
     assert_eq!(answer, 7);

@@ -10,8 +10,6 @@ use std::time::Duration;
 
 use tenure_cluster::{ClusterEvent, ClusterSubscriber, NotReady};
 
-use common::Echo;
-
 /// Polls `check` until it holds (at most a minute: a bounded wait, not a timing assertion).
 async fn until(what: &str, check: impl Fn() -> bool) {
     tenure_test_kit::eventually_async(what, Duration::from_secs(60), async || {
@@ -28,14 +26,7 @@ async fn ready_once_every_region_registered_and_not_ready_before_the_hand_off() 
     )
     .await;
     let readiness = node.readiness().clone();
-    let hosting = tenure_sharding::start_on_node(
-        &node,
-        &provider,
-        "echo",
-        Some(tenure_sharding::entity_factory(Echo::default())),
-    )
-    .await
-    .unwrap();
+    let hosting = common::start_echo(&node, &provider).await;
     // Proxy-only, and no node hosts it: its coordinator never runs, so it never registers.
     let orphan = tenure_sharding::start_on_node(&node, &provider, "orphan", None)
         .await

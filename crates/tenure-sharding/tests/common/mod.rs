@@ -11,6 +11,19 @@ use tokio::sync::mpsc::UnboundedSender;
 #[allow(unused_imports)] // Not every test binary that includes this module uses it.
 pub use tenure_test_kit::node::one_node;
 
+/// Starts entity type `echo` of [`Echo`]s, hosted on `node`. Panics when it cannot start
+/// (a test tool).
+#[allow(dead_code)] // Not every test binary that includes this module uses it.
+pub async fn start_echo(
+    node: &tenure_cluster::Node,
+    provider: &tenure_lease::LeaseProvider,
+) -> tenure_sharding::ShardRegion {
+    let factory = tenure_sharding::entity_factory(Echo::default());
+    tenure_sharding::start_on_node(node, provider, "echo", Some(factory))
+        .await
+        .expect("start the echo region")
+}
+
 /// An entity that answers every number with itself; [`Echo::slow`] also tells each number
 /// it takes and pauses before answering.
 #[allow(dead_code)] // Not every test binary that includes this module uses it.
