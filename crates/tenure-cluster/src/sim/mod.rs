@@ -8,8 +8,8 @@
 //! reachability rows and digests, hellos (a peer's clock and the rows owed after one),
 //! indirect probes, the view from periodic listings of the member leases, member leases
 //! renewed every `member-lease-interval` and lapsing `member-lease-ttl` after the last
-//! renewal, the resolver's decisions, and the resolver lease of lease-majority judged as the
-//! agent judges it ([`crate::agent::resolver_lease`]). Sessions are taken as established
+//! renewal, the resolver's decisions, and the resolver lease of lease-majority, acquired and
+//! watched by the agent's machine ([`crate::agent::resolver_attempt`]). Sessions are taken as established
 //! with every member (the mesh's dials and TLS are not simulated); a node that downs itself
 //! stops, as with `when-down = "exit"`.
 
@@ -27,7 +27,8 @@ pub use scenario::{
     seed_from_env, strategy_settings,
 };
 
-use crate::agent::resolver_lease::{Judge, Look, Verdict};
+use crate::agent::resolver_attempt::{self, Answer, Holder, Look, Next};
+use crate::agent::resolver_lease::ResolverLeaseError;
 use crate::clocks::{Freshness, NodeClock, PeerClocks};
 use crate::detector::{Detector, DetectorSettings};
 use crate::identity::{Incarnation, NodeAddr};
@@ -194,9 +195,8 @@ impl Ord for Scheduled {
 struct Attempt {
     id: u64,
     leader: bool,
-    judge: Judge,
+    machine: resolver_attempt::Attempt,
     down_if_won: Vec<NodeAddr>,
-    free_since: Instant,
 }
 
 struct Node {
@@ -761,14 +761,27 @@ impl Sim {
                 down_if_won,
             } => {
                 let every = self.lease_retry();
+                let give_up_after = self.timings.member_lease_ttl * 2;
                 let node = &mut self.nodes[i];
                 node.attempts += 1;
+                let side: Vec<String> = side.iter().map(ToString::to_string).collect();
+                let lease = "sim-sbr".to_string();
+                let machine = if leader == node.addr {
+                    resolver_attempt::Attempt::leader(lease, side, every, now + delay)
+                } else {
+                    resolver_attempt::Attempt::watcher(
+                        lease,
+                        side,
+                        every,
+                        give_up_after,
+                        now + delay,
+                    )
+                };
                 node.attempt = Some(Attempt {
                     id: node.attempts,
                     leader: leader == node.addr,
-                    judge: Judge::new(side.iter().map(ToString::to_string).collect(), every),
+                    machine,
                     down_if_won,
-                    free_since: now + delay,
                 });
                 let attempt = node.attempts;
                 self.schedule(delay, Event::Lease { node: i, attempt });
@@ -781,7 +794,8 @@ impl Sim {
     }
 
     /// One step of a lease-majority attempt: the leader tries to acquire the resolver
-    /// lease, the others read it; both judge what they see as the agent does.
+    /// lease, the others read it; both feed what they see to the agent's machine and do
+    /// what it says.
     fn lease_step(&mut self, i: usize, attempt: u64) {
         if !self.nodes[i].alive
             || self.nodes[i]
@@ -805,15 +819,67 @@ impl Sim {
             .sbr
             .as_ref()
             .is_none_or(|(_, _, until)| *until <= now);
-        if leader && free {
+        let next = if leader && free {
             self.store.sbr_tokens += 1;
             // The winner renews it until it releases it after `release-after`.
             self.store.sbr = Some((me, self.store.sbr_tokens, now + release_after + ttl));
-            if let Some(a) = self.nodes[i].attempt.take() {
-                self.down_others(i, &a.down_if_won);
+            self.feed(i, Answer::Granted)
+        } else {
+            let mut next = if leader {
+                self.feed(i, Answer::NotGranted { at: now })
+            } else {
+                Some(Next::Look(now))
+            };
+            if let Some(Next::Look(_)) = next {
+                let look = self.read_sbr(now);
+                next = self.feed(i, Answer::Looked(look));
             }
-            return;
+            next
+        };
+        match next {
+            None => {}
+            Some(Next::Done(Ok(Holder::Ours))) => {
+                if let Some(a) = self.nodes[i].attempt.take() {
+                    self.down_others(i, &a.down_if_won);
+                }
+            }
+            Some(Next::Done(Ok(Holder::Theirs))) => {
+                self.nodes[i].attempt = None;
+                self.down_self(
+                    i,
+                    "lease-majority: the other side holds the resolver lease".into(),
+                );
+            }
+            Some(Next::Done(Err(ResolverLeaseError::Unheld { .. }))) => {
+                self.nodes[i].attempt = None;
+                self.down_self(i, "lease-majority: nobody holds the resolver lease".into());
+            }
+            Some(Next::Done(Err(e))) => {
+                self.nodes[i].attempt = None;
+                self.down_self(
+                    i,
+                    format!("lease-majority: this side could not acquire the resolver lease: {e}"),
+                );
+            }
+            Some(Next::Acquire(at) | Next::Look(at)) => {
+                self.schedule(
+                    at.saturating_duration_since(now),
+                    Event::Lease { node: i, attempt },
+                );
+            }
         }
+    }
+
+    /// Feeds `answer` to node `i`'s lease-majority machine: what it says next (`None`: no
+    /// attempt under way).
+    fn feed(&mut self, i: usize, answer: Answer) -> Option<Next> {
+        let a = self.nodes[i].attempt.as_mut()?;
+        Some(a.machine.step(answer))
+    }
+
+    /// The simulated store's record of the resolver lease, read at `now`.
+    fn read_sbr(&self, now: Instant) -> Look {
+        let ttl = self.timings.member_lease_ttl;
         let record = self
             .store
             .sbr
@@ -832,39 +898,10 @@ impl Sim {
                 cleanup_timeout: Duration::ZERO,
                 request: None,
             });
-        let held = record.is_some();
-        let look = Look {
+        Look {
             record,
             sent: now,
             answered: now,
-        };
-        let Some(a) = self.nodes[i].attempt.as_mut() else {
-            return;
-        };
-        match a.judge.judge(&look) {
-            Verdict::Ours => {
-                if let Some(a) = self.nodes[i].attempt.take() {
-                    self.down_others(i, &a.down_if_won);
-                }
-            }
-            Verdict::Theirs => {
-                self.nodes[i].attempt = None;
-                self.down_self(
-                    i,
-                    "lease-majority: the other side holds the resolver lease".into(),
-                );
-            }
-            Verdict::Undecided => {
-                if held {
-                    a.free_since = now;
-                } else if !a.leader && now.saturating_duration_since(a.free_since) >= ttl * 2 {
-                    self.nodes[i].attempt = None;
-                    self.down_self(i, "lease-majority: nobody holds the resolver lease".into());
-                    return;
-                }
-                let every = self.lease_retry();
-                self.schedule(every, Event::Lease { node: i, attempt });
-            }
         }
     }
 
