@@ -161,7 +161,10 @@ fn assert_healed(sim: &mut Sim, seed: u64, what: &str) {
     );
 }
 
-/// The fixed seeds, and one at random (printed; replay one with `TENURE_SIM_SEED`).
+/// The fixed seeds, and one at random (printed; replay one with `TENURE_SIM_SEED`). A run
+/// of three nodes costs milliseconds, so many: a one-way loss where a survivor forgets the
+/// member it downed from its row as soon as it leaves its view (the row tells the middle
+/// the partition healed) shows only on some seeds (11 and 16 among these).
 fn seeds() -> Vec<u64> {
     if let Some(seed) = seed_from_env() {
         println!("{}={seed} (from the environment)", super::SEED_VAR);
@@ -169,7 +172,7 @@ fn seeds() -> Vec<u64> {
     }
     let random = fastrand::u64(..);
     println!("random seed: {}={random}", super::SEED_VAR);
-    vec![1, 2, 3, 4, random]
+    (1..=16).chain([random]).collect()
 }
 
 /// Runs `sim` for `d`, checking `invariant` at every step.
