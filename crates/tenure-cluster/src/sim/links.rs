@@ -219,7 +219,8 @@ fn a_partial_partition_downs_an_end_of_the_cut_link_and_the_middle_stays() {
 
 /// What node 2 sends node 0 is lost; node 2 still hears node 0, node 1 hears both: node
 /// 2, the one not heard, downs itself (alone on its side, it waits the minority's delay
-/// and finds the resolver lease held by the other side); 0 and 1 stay, rid of it.
+/// and finds the resolver lease held by the other side, or hears from a survivor that it
+/// was downed); 0 and 1 stay, rid of it.
 #[test]
 fn one_way_loss_downs_the_node_that_is_not_heard() {
     for seed in seeds() {
