@@ -721,7 +721,7 @@ store = "counting"
 host = "127.0.0.1"
 port = {port}
 cookie = "{COOKIE}"
-membership-interval = "20ms"
+membership-interval = "5ms"
 membership-listing-every = {listing_every}
 "#
                 ),

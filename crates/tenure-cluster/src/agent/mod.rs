@@ -8,7 +8,9 @@
 //!   reachability rows they carry, and indirect probes;
 //! - [`events`]: what changed, to subscribers, metrics, logs and the history;
 //! - [`inspect`]: the node's view answered to clients and the CLI;
-//! - [`downing`]: the split brain resolver's side; [`operator`]: operators' leave and down;
+//! - [`downing`]: the split brain resolver's side; [`resolver_lease`]: the resolver lease of
+//!   lease-majority, acquired or watched as [`resolver_attempt`]'s machine says;
+//!   [`operator`]: operators' leave and down;
 //! - [`fault`]: link faults on request (feature `fault-injection`).
 
 use std::sync::Arc;
@@ -38,6 +40,7 @@ mod membership;
 mod mesh;
 mod monitor;
 mod operator;
+pub(crate) mod resolver_attempt;
 pub(crate) mod resolver_lease;
 
 pub(crate) use membership::{LeaveAnswer, RELEASE_SLACK, Refusal};

@@ -1,6 +1,8 @@
 //! The resolver lease of lease-majority (`<system>-sbr`) as one side of a partition sees
-//! it: the side's leader tries to acquire it, the side's other members watch it, and both
-//! judge from the store's record of it whether their side holds it ([`Judge`]).
+//! it: the side's leader tries to acquire it, the side's other members watch it. Both are
+//! thin drivers of one pure machine ([`Attempt`]) that decides when to call the store
+//! again and what the answers mean: they sleep until the instant it names, make the call
+//! it asks for and feed the answer back.
 //!
 //! A grant held by a node outside the side decides against the side only once its holder
 //! shows that it runs: the grant is still held past the latest instant it could have lapsed
@@ -12,17 +14,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tenure_lease::store::bounded;
-use tenure_lease::{
-    Acquired, ConfigError, FencingToken, Lease, LeaseError, LeaseRecord, LeaseSpec,
-};
+use tenure_lease::{Acquired, ConfigError, Lease, LeaseError, LeaseSpec};
 use tokio::time::Instant;
+
+use super::resolver_attempt::{Answer, Attempt, Holder, Look, Next};
 
 /// The resolver lease handle, shared with the task that releases it (one handle for the
 /// node's life, so that acquiring again re-enters).
 pub(super) type SharedLease = Arc<tokio::sync::Mutex<Option<Lease>>>;
-
-/// How many store errors in a row end an attempt with `Err`.
-const TRIES: u32 = 3;
 
 /// Why a side could not learn whether it holds the resolver lease.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -30,7 +29,8 @@ pub(crate) enum ResolverLeaseError {
     /// The resolver lease's name or settings were refused.
     #[error("the resolver lease cannot be set up: {0}")]
     Spec(#[source] ConfigError),
-    /// The store failed [`TRIES`] times in a row (the error names the lease).
+    /// The store failed [`TRIES`](super::resolver_attempt::TRIES) times in a row (the error
+    /// names the lease).
     #[error(transparent)]
     Lease(#[from] LeaseError),
     /// Nobody held the resolver lease for `waited`: the side's leader cannot reach the store.
@@ -43,110 +43,38 @@ pub(crate) enum ResolverLeaseError {
     },
 }
 
-/// One read of the resolver lease's record (`None`: nobody holds it), with the instants
-/// the read was sent and answered.
-#[derive(Debug, Clone)]
-pub(crate) struct Look {
-    pub(crate) record: Option<LeaseRecord>,
-    pub(crate) sent: Instant,
-    pub(crate) answered: Instant,
-}
-
-/// What the looks so far tell a side.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Verdict {
-    /// A member of the side holds it: the side survives.
-    Ours,
-    /// A running node outside the side holds it: the side goes.
-    Theirs,
-    /// Nobody holds it, or a grant outside the side may yet lapse unrenewed: look again.
-    Undecided,
-}
-
-/// The first grant seen held outside the side: whose, and the latest instant it lapses
-/// unless renewed.
-#[derive(Debug, Clone)]
-struct Outsider {
-    owner: String,
-    token: FencingToken,
-    lapses_by: Instant,
-}
-
-/// Judges one attempt's looks at the resolver lease. Pure: the instants come with the
-/// looks.
-#[derive(Debug)]
-pub(crate) struct Judge {
-    /// The members of this side (their addresses, the lease's owners).
-    side: Vec<String>,
-    /// How long past its expiry a store may still show a grant that lapsed (its clock's
-    /// granularity; the lease's retry interval).
-    slack: Duration,
-    outsider: Option<Outsider>,
-}
-
-impl Judge {
-    pub(crate) fn new(side: Vec<String>, slack: Duration) -> Judge {
-        Judge {
-            side,
-            slack,
-            outsider: None,
-        }
-    }
-
-    pub(crate) fn judge(&mut self, look: &Look) -> Verdict {
-        let Some(record) = &look.record else {
-            return Verdict::Undecided;
-        };
-        if self.side.contains(&record.owner) {
-            return Verdict::Ours;
-        }
-        match &self.outsider {
-            None => {
-                // The store measured `expires_in` between sending and answering: the grant
-                // lapses unrenewed by `answered + expires_in` at the latest.
-                self.outsider = Some(Outsider {
-                    owner: record.owner.clone(),
-                    token: record.token,
-                    lapses_by: look.answered + record.expires_in,
-                });
-                Verdict::Undecided
-            }
-            Some(first) if first.owner == record.owner && first.token == record.token => {
-                if look.sent > first.lapses_by + self.slack {
-                    // Still held past its expiry: renewed, so its holder runs.
-                    Verdict::Theirs
-                } else {
-                    Verdict::Undecided
-                }
-            }
-            // A new grant outside the side: a running node took it.
-            Some(_) => Verdict::Theirs,
-        }
-    }
-}
-
-/// Reads the resolver lease's record, bounded by the lease's operation timeout.
-async fn look(spec: &LeaseSpec) -> Result<Look, LeaseError> {
+/// Reads the resolver lease's record now, bounded by the lease's operation timeout: the
+/// answer to [`Next::Look`], stamped with the instants the read was sent and answered.
+async fn read(spec: &LeaseSpec) -> Answer {
     let sent = Instant::now();
-    let record = bounded(
+    let read = bounded(
         &spec.name,
         "read",
         spec.settings.lease_operation_timeout,
         spec.store.read(&spec.store_name),
     )
-    .await?;
-    Ok(Look {
-        record,
-        sent,
-        answered: Instant::now(),
-    })
+    .await;
+    match read {
+        Ok(record) => Answer::Looked(Look {
+            record,
+            sent,
+            answered: Instant::now(),
+        }),
+        Err(error) => Answer::Failed {
+            error,
+            at: Instant::now(),
+        },
+    }
 }
 
 /// The side's leader acquires the resolver lease `spec` for `side` (whose members' addresses
 /// are the lease's owners). `Ok(true)`: this node or another member of the side holds it;
-/// `Ok(false)`: a running node outside the side holds it; `Err` when the store failed
-/// [`TRIES`] times in a row. A grant outside the side that lapses unrenewed is waited out,
-/// then acquired.
+/// `Ok(false)`: a running node outside the side holds it; `Err` when the lease could not
+/// be started or the store failed [`TRIES`] times in a row. A grant outside the side that
+/// lapses unrenewed is waited out, then acquired. When to try again is the [`Attempt`]'s
+/// decision.
+///
+/// [`TRIES`]: super::resolver_attempt::TRIES
 pub(super) async fn acquire(
     lease: SharedLease,
     spec: LeaseSpec,
@@ -159,31 +87,28 @@ pub(super) async fn acquire(
     };
     let lease = slot.insert(lease);
     let every = spec.settings.lease_retry_interval;
-    let mut judge = Judge::new(side.to_vec(), every);
-    let mut failures = 0;
+    let mut attempt = Attempt::leader(spec.name.clone(), side.to_vec(), every, Instant::now());
+    let mut next = attempt.first();
     loop {
-        let seen = match lease.acquire().await {
-            Ok(Acquired::Granted { .. }) => return Ok(true),
-            Ok(Acquired::NotGranted { .. }) => look(&spec).await,
-            Err(e) => Err(e),
+        let answer = match next {
+            Next::Acquire(at) => {
+                tokio::time::sleep_until(at).await;
+                match lease.acquire().await {
+                    Ok(Acquired::Granted { .. }) => Answer::Granted,
+                    Ok(Acquired::NotGranted { .. }) => Answer::NotGranted { at: Instant::now() },
+                    Err(error) => Answer::Failed {
+                        error,
+                        at: Instant::now(),
+                    },
+                }
+            }
+            Next::Look(at) => {
+                tokio::time::sleep_until(at).await;
+                read(&spec).await
+            }
+            Next::Done(decided) => return decided.map(|holder| holder == Holder::Ours),
         };
-        match seen {
-            Ok(seen) => {
-                failures = 0;
-                match judge.judge(&seen) {
-                    Verdict::Ours => return Ok(true),
-                    Verdict::Theirs => return Ok(false),
-                    Verdict::Undecided => {}
-                }
-            }
-            Err(e) => {
-                failures += 1;
-                if failures == TRIES {
-                    return Err(e.into());
-                }
-            }
-        }
-        tokio::time::sleep(every).await;
+        next = attempt.step(answer);
     }
 }
 
@@ -191,40 +116,28 @@ pub(super) async fn acquire(
 /// lease `spec`, reading it every retry interval: `Ok(true)` a member of `side` holds it,
 /// `Ok(false)` a running node outside the side holds it, `Err` when nobody held it for two
 /// ttls in a row (the side's leader cannot reach the store) or the store failed [`TRIES`]
-/// times in a row.
+/// times in a row. When to read again is the [`Attempt`]'s decision.
+///
+/// [`TRIES`]: super::resolver_attempt::TRIES
 pub(super) async fn watch(spec: LeaseSpec, side: &[String]) -> Result<bool, ResolverLeaseError> {
-    let every = spec.settings.lease_retry_interval;
-    let give_up_after = spec.settings.heartbeat_timeout * 2;
-    let mut judge = Judge::new(side.to_vec(), every);
-    let mut failures = 0;
-    let mut free_since = Instant::now();
+    let mut attempt = Attempt::watcher(
+        spec.name.clone(),
+        side.to_vec(),
+        spec.settings.lease_retry_interval,
+        spec.settings.heartbeat_timeout * 2,
+        Instant::now(),
+    );
+    let mut next = attempt.first();
     loop {
-        match look(&spec).await {
-            Ok(seen) => {
-                failures = 0;
-                match judge.judge(&seen) {
-                    Verdict::Ours => return Ok(true),
-                    Verdict::Theirs => return Ok(false),
-                    Verdict::Undecided if seen.record.is_some() => free_since = seen.answered,
-                    Verdict::Undecided => {
-                        let waited = seen.answered.saturating_duration_since(free_since);
-                        if waited >= give_up_after {
-                            return Err(ResolverLeaseError::Unheld {
-                                lease: spec.name.clone(),
-                                waited,
-                            });
-                        }
-                    }
-                }
+        let answer = match next {
+            // A watcher never acquires; were it asked to, reading is what it can do.
+            Next::Acquire(at) | Next::Look(at) => {
+                tokio::time::sleep_until(at).await;
+                read(&spec).await
             }
-            Err(e) => {
-                failures += 1;
-                if failures == TRIES {
-                    return Err(e.into());
-                }
-            }
-        }
-        tokio::time::sleep(every).await;
+            Next::Done(decided) => return decided.map(|holder| holder == Holder::Ours),
+        };
+        next = attempt.step(answer);
     }
 }
 
@@ -350,65 +263,5 @@ mod tests {
         let seen = watch(spec(&store, "127.0.0.1:3"), &side()).await;
         assert!(seen.is_err(), "{seen:?}");
         assert!(started.elapsed() >= settings().heartbeat_timeout * 2);
-    }
-
-    fn look(record: Option<&LeaseRecord>, sent: Instant, answered: Instant) -> Look {
-        Look {
-            record: record.cloned(),
-            sent,
-            answered,
-        }
-    }
-
-    fn record(owner: &str, token: u64, expires_in: Duration) -> LeaseRecord {
-        LeaseRecord {
-            name: SBR.into(),
-            owner: owner.into(),
-            token: FencingToken::new(token),
-            expires_in,
-            version: 1,
-            ..LeaseRecord::default()
-        }
-    }
-
-    /// The judge alone: a grant outside the side is the other side's only once it is still
-    /// held past the latest instant it could lapse (plus the slack), or replaced by another.
-    #[test]
-    fn an_outsiders_grant_decides_only_once_it_outlives_its_expiry() {
-        let side = side();
-        let slack = Duration::from_millis(500);
-        let t0 = Instant::now();
-        let at = |ms: u64| t0 + Duration::from_millis(ms);
-        let frozen = record("127.0.0.1:1", 7, Duration::from_secs(2));
-        let mut judge = Judge::new(side.clone(), slack);
-        // First seen answered at 100 ms: it lapses by 2.1 s unless renewed.
-        assert_eq!(
-            judge.judge(&look(Some(&frozen), at(0), at(100))),
-            Verdict::Undecided
-        );
-        assert_eq!(
-            judge.judge(&look(Some(&frozen), at(2_600), at(2_650))),
-            Verdict::Undecided
-        );
-        assert_eq!(
-            judge.judge(&look(None, at(2_700), at(2_750))),
-            Verdict::Undecided
-        );
-        assert_eq!(
-            judge.judge(&look(Some(&frozen), at(2_601), at(2_650))),
-            Verdict::Theirs
-        );
-        let mut judge = Judge::new(side.clone(), slack);
-        judge.judge(&look(Some(&frozen), at(0), at(100)));
-        let retaken = record("127.0.0.1:1", 8, Duration::from_secs(3));
-        assert_eq!(
-            judge.judge(&look(Some(&retaken), at(500), at(600))),
-            Verdict::Theirs
-        );
-        let ours = record("127.0.0.1:3", 9, Duration::from_secs(3));
-        assert_eq!(
-            Judge::new(side.clone(), slack).judge(&look(Some(&ours), at(0), at(1))),
-            Verdict::Ours
-        );
     }
 }

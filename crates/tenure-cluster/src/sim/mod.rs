@@ -1,6 +1,7 @@
 //! A deterministic simulator of the cluster layer: N nodes, each the failure detection
 //! machine ([`crate::detector`]) with its view ([`Membership`]), driven in one thread on
-//! virtual time over a seeded network that delays, drops, duplicates and partitions, with
+//! virtual time over a seeded network that delays, drops, duplicates and partitions (or
+//! cuts single links, one way or both: [`Sim::cut_link`], [`Sim::lose_one_way`]), with
 //! a simulated store holding the member leases and the resolver lease (FoundationDB's and
 //! TigerBeetle's way of testing). The same seed gives the same run, event by event.
 //!
@@ -8,11 +9,15 @@
 //! reachability rows and digests, hellos (a peer's clock and the rows owed after one),
 //! indirect probes, the view from periodic listings of the member leases, member leases
 //! renewed every `member-lease-interval` and lapsing `member-lease-ttl` after the last
-//! renewal, the resolver's decisions, and the resolver lease of lease-majority judged as the
-//! agent judges it ([`crate::agent::resolver_lease`]). Sessions are taken as established
-//! with every member (the mesh's dials and TLS are not simulated); a node that downs itself
-//! stops, as with `when-down = "exit"`.
+//! renewal, the resolver's decisions, the resolver lease of lease-majority, acquired and
+//! watched by the agent's machine ([`crate::agent::resolver_attempt`]), and the notice a node
+//! sends a peer that heartbeats under a membership it downed (the agent's `YouAreDown`: the
+//! peer downs itself). Sessions are taken as established with every member (the mesh's dials
+//! and TLS are not simulated); a node that downs itself stops, as with `when-down = "exit"`,
+//! and comes back only when [`Sim::restart`]ed as a new life (as a supervisor restarts it).
 
+#[cfg(test)]
+mod links;
 mod scenario;
 
 use std::cmp::Ordering;
@@ -27,7 +32,8 @@ pub use scenario::{
     seed_from_env, strategy_settings,
 };
 
-use crate::agent::resolver_lease::{Judge, Look, Verdict};
+use crate::agent::resolver_attempt::{self, Answer, Holder, Look, Next};
+use crate::agent::resolver_lease::ResolverLeaseError;
 use crate::clocks::{Freshness, NodeClock, PeerClocks};
 use crate::detector::{Detector, DetectorSettings};
 use crate::identity::{Incarnation, NodeAddr};
@@ -150,10 +156,19 @@ pub enum Outcome {
 
 #[derive(Clone)]
 enum Msg {
-    Heartbeat { hb: Heartbeat, datagram: bool },
+    Heartbeat {
+        hb: Heartbeat,
+        datagram: bool,
+    },
     Probe(Probe),
-    Hello { clock: u64 },
+    Hello {
+        clock: u64,
+    },
     HelloPlease,
+    /// The sender downed the receiver's membership of this age.
+    YouAreDown {
+        age: u64,
+    },
 }
 
 enum Event {
@@ -194,9 +209,8 @@ impl Ord for Scheduled {
 struct Attempt {
     id: u64,
     leader: bool,
-    judge: Judge,
+    machine: resolver_attempt::Attempt,
     down_if_won: Vec<NodeAddr>,
-    free_since: Instant,
 }
 
 struct Node {
@@ -223,6 +237,45 @@ struct Node {
     seen: (bool, usize, usize),
     /// The number of the last listing it took.
     listing: u64,
+}
+
+impl Node {
+    /// A new life of the node at `addr`, as of `now`, its random choices drawn from `rng`.
+    fn new(
+        addr: NodeAddr,
+        timings: &Timings,
+        sbr: Option<SbrSettings>,
+        now: Instant,
+        rng: &mut fastrand::Rng,
+    ) -> Node {
+        let incarnation = Incarnation(rng.u64(..));
+        let settings = DetectorSettings {
+            monitored_by: timings.monitored_by,
+            indirect_probes: timings.indirect_probes,
+            unreachable_after: timings.unreachable_after,
+            sync_interval: timings.sync_interval,
+            heartbeat_interval: timings.heartbeat_interval,
+        };
+        Node {
+            view: Membership::new(addr.clone(), incarnation, Vec::new()),
+            detector: Detector::new(addr.clone(), incarnation, settings, sbr, now),
+            addr,
+            incarnation,
+            alive: true,
+            up: false,
+            clock: NodeClock::new(now),
+            clocks: PeerClocks::new(timings.unreachable_after / 2),
+            peers: BTreeMap::new(),
+            greeted: BTreeSet::new(),
+            rng: fastrand::Rng::with_seed(rng.u64(..)),
+            outcome: None,
+            attempt: None,
+            attempts: 0,
+            dirty: true,
+            seen: (false, 0, 0),
+            listing: 0,
+        }
+    }
 }
 
 /// The simulated store: member leases and the resolver lease.
@@ -256,6 +309,8 @@ pub struct Sim {
     store: Store,
     /// Each node's side while partitioned.
     sides: Option<Vec<u8>>,
+    /// Cut links, one direction each: what `.0` sends `.1` is lost.
+    cut: BTreeSet<(usize, usize)>,
     counters: Counters,
 }
 
@@ -287,35 +342,9 @@ impl Sim {
         let mut nodes = Vec::with_capacity(n);
         let mut index = HashMap::with_capacity(n);
         for i in 0..n {
-            let addr = addr(i);
-            let incarnation = Incarnation(rng.u64(..));
-            let settings = DetectorSettings {
-                monitored_by: timings.monitored_by,
-                indirect_probes: timings.indirect_probes,
-                unreachable_after: timings.unreachable_after,
-                sync_interval: timings.sync_interval,
-                heartbeat_interval: timings.heartbeat_interval,
-            };
-            index.insert(addr.clone(), i);
-            nodes.push(Node {
-                view: Membership::new(addr.clone(), incarnation, Vec::new()),
-                detector: Detector::new(addr.clone(), incarnation, settings, sbr.clone(), base),
-                addr,
-                incarnation,
-                alive: true,
-                up: false,
-                clock: NodeClock::new(base),
-                clocks: PeerClocks::new(timings.unreachable_after / 2),
-                peers: BTreeMap::new(),
-                greeted: BTreeSet::new(),
-                rng: fastrand::Rng::with_seed(rng.u64(..)),
-                outcome: None,
-                attempt: None,
-                attempts: 0,
-                dirty: true,
-                seen: (false, 0, 0),
-                listing: 0,
-            });
+            let node = Node::new(addr(i), &timings, sbr.clone(), base, &mut rng);
+            index.insert(node.addr.clone(), i);
+            nodes.push(node);
         }
         let mut sim = Sim {
             timings,
@@ -330,6 +359,7 @@ impl Sim {
             index,
             store: Store::default(),
             sides: None,
+            cut: BTreeSet::new(),
             counters: Counters::default(),
         };
         let spread = nanos(sim.timings.membership_interval).max(1);
@@ -413,6 +443,64 @@ impl Sim {
         self.sides = Some((0..self.nodes.len()).map(|i| u8::from(side(i))).collect());
     }
 
+    /// Cuts the link between nodes `a` and `b` both ways: every message between them is
+    /// lost until [`heal_link`](Sim::heal_link), while both still reach every other node
+    /// and the store (a partial partition when a third node hears both).
+    pub fn cut_link(&mut self, a: usize, b: usize) {
+        self.cut.insert((a, b));
+        self.cut.insert((b, a));
+    }
+
+    /// Loses every message node `from` sends node `to`, while what `to` sends `from`
+    /// arrives (one-way loss), until [`heal_link`](Sim::heal_link).
+    pub fn lose_one_way(&mut self, from: usize, to: usize) {
+        self.cut.insert((from, to));
+    }
+
+    /// Lets messages between nodes `a` and `b` through again, both ways (messages lost
+    /// while the link was cut stay lost). A link flaps when a test cuts and heals it in
+    /// turn, with [`run_for`](Sim::run_for) between.
+    pub fn heal_link(&mut self, a: usize, b: usize) {
+        self.cut.remove(&(a, b));
+        self.cut.remove(&(b, a));
+    }
+
+    /// Whether node `i` runs and its view has it up (a member of the cluster).
+    pub fn is_up(&self, i: usize) -> bool {
+        let node = &self.nodes[i];
+        node.alive && node.up && node.view.me().status == MemberStatus::Up
+    }
+
+    /// Whether node `i`'s view downed node `j`'s current membership (its life and age).
+    pub fn downed(&self, i: usize, j: usize) -> bool {
+        let them = self.nodes[j].view.me();
+        them.age != 0
+            && self.nodes[i]
+                .view
+                .was_downed(&them.addr, them.incarnation, them.age)
+    }
+
+    /// Starts node `i` again as a new life (a new incarnation that joins as the youngest
+    /// member), as a supervisor restarts a node that stopped: what its old life had
+    /// scheduled is dropped, messages on their way to it still arrive. Its member lease, if
+    /// still held, lapses unrenewed.
+    pub fn restart(&mut self, i: usize) {
+        let mine = |e: &Event| match e {
+            Event::Join(j)
+            | Event::Tick(j)
+            | Event::Poll(j)
+            | Event::Renew(j)
+            | Event::Listed(j)
+            | Event::Lease { node: j, .. } => *j == i,
+            Event::Deliver { .. } => false,
+        };
+        self.queue.retain(|s| !mine(&s.event));
+        let now = self.at();
+        let addr = self.nodes[i].addr.clone();
+        self.nodes[i] = Node::new(addr, &self.timings, self.sbr.clone(), now, &mut self.rng);
+        self.schedule(Duration::ZERO, Event::Join(i));
+    }
+
     /// Runs the events due within `d` of virtual time.
     pub fn run_for(&mut self, d: Duration) {
         let until = self.now.saturating_add(nanos(d));
@@ -474,11 +562,13 @@ impl Sim {
             }
             Msg::Probe(_) => self.counters.probes += 1,
             Msg::Hello { .. } | Msg::HelloPlease => self.counters.hellos += 1,
+            Msg::YouAreDown { .. } => {}
         }
         if self
             .sides
             .as_ref()
             .is_some_and(|sides| sides[from] != sides[to])
+            || self.cut.contains(&(from, to))
             || self.rng.f64() < self.net.drop
         {
             return;
@@ -715,7 +805,26 @@ impl Sim {
                     self.send(to, j, Msg::Probe(probe));
                 }
             }
+            Msg::YouAreDown { age } => {
+                let me = self.nodes[to].view.me();
+                if self.nodes[to].up && me.status == MemberStatus::Up && me.age == age {
+                    let why = format!(
+                        "member {from_addr} downed this node: its side of a partition survived without it"
+                    );
+                    self.down_self(to, why);
+                }
+            }
             Msg::Heartbeat { hb, datagram } => {
+                // A peer heartbeating under a membership this node downed is told (the
+                // agent's sessions outlive the peer's place in the view).
+                if hb.age != 0
+                    && self.nodes[to]
+                        .view
+                        .was_downed(&hb.node, hb.incarnation, hb.age)
+                {
+                    self.send(to, from, Msg::YouAreDown { age: hb.age });
+                    return;
+                }
                 let node = &mut self.nodes[to];
                 if node.peers.get(&hb.node) != Some(&hb.incarnation) {
                     return;
@@ -761,14 +870,27 @@ impl Sim {
                 down_if_won,
             } => {
                 let every = self.lease_retry();
+                let give_up_after = self.timings.member_lease_ttl * 2;
                 let node = &mut self.nodes[i];
                 node.attempts += 1;
+                let side: Vec<String> = side.iter().map(ToString::to_string).collect();
+                let lease = "sim-sbr".to_string();
+                let machine = if leader == node.addr {
+                    resolver_attempt::Attempt::leader(lease, side, every, now + delay)
+                } else {
+                    resolver_attempt::Attempt::watcher(
+                        lease,
+                        side,
+                        every,
+                        give_up_after,
+                        now + delay,
+                    )
+                };
                 node.attempt = Some(Attempt {
                     id: node.attempts,
                     leader: leader == node.addr,
-                    judge: Judge::new(side.iter().map(ToString::to_string).collect(), every),
+                    machine,
                     down_if_won,
-                    free_since: now + delay,
                 });
                 let attempt = node.attempts;
                 self.schedule(delay, Event::Lease { node: i, attempt });
@@ -781,7 +903,8 @@ impl Sim {
     }
 
     /// One step of a lease-majority attempt: the leader tries to acquire the resolver
-    /// lease, the others read it; both judge what they see as the agent does.
+    /// lease, the others read it; both feed what they see to the agent's machine and do
+    /// what it says.
     fn lease_step(&mut self, i: usize, attempt: u64) {
         if !self.nodes[i].alive
             || self.nodes[i]
@@ -805,15 +928,67 @@ impl Sim {
             .sbr
             .as_ref()
             .is_none_or(|(_, _, until)| *until <= now);
-        if leader && free {
+        let next = if leader && free {
             self.store.sbr_tokens += 1;
             // The winner renews it until it releases it after `release-after`.
             self.store.sbr = Some((me, self.store.sbr_tokens, now + release_after + ttl));
-            if let Some(a) = self.nodes[i].attempt.take() {
-                self.down_others(i, &a.down_if_won);
+            self.feed(i, Answer::Granted)
+        } else {
+            let mut next = if leader {
+                self.feed(i, Answer::NotGranted { at: now })
+            } else {
+                Some(Next::Look(now))
+            };
+            if let Some(Next::Look(_)) = next {
+                let look = self.read_sbr(now);
+                next = self.feed(i, Answer::Looked(look));
             }
-            return;
+            next
+        };
+        match next {
+            None => {}
+            Some(Next::Done(Ok(Holder::Ours))) => {
+                if let Some(a) = self.nodes[i].attempt.take() {
+                    self.down_others(i, &a.down_if_won);
+                }
+            }
+            Some(Next::Done(Ok(Holder::Theirs))) => {
+                self.nodes[i].attempt = None;
+                self.down_self(
+                    i,
+                    "lease-majority: the other side holds the resolver lease".into(),
+                );
+            }
+            Some(Next::Done(Err(ResolverLeaseError::Unheld { .. }))) => {
+                self.nodes[i].attempt = None;
+                self.down_self(i, "lease-majority: nobody holds the resolver lease".into());
+            }
+            Some(Next::Done(Err(e))) => {
+                self.nodes[i].attempt = None;
+                self.down_self(
+                    i,
+                    format!("lease-majority: this side could not acquire the resolver lease: {e}"),
+                );
+            }
+            Some(Next::Acquire(at) | Next::Look(at)) => {
+                self.schedule(
+                    at.saturating_duration_since(now),
+                    Event::Lease { node: i, attempt },
+                );
+            }
         }
+    }
+
+    /// Feeds `answer` to node `i`'s lease-majority machine: what it says next (`None`: no
+    /// attempt under way).
+    fn feed(&mut self, i: usize, answer: Answer) -> Option<Next> {
+        let a = self.nodes[i].attempt.as_mut()?;
+        Some(a.machine.step(answer))
+    }
+
+    /// The simulated store's record of the resolver lease, read at `now`.
+    fn read_sbr(&self, now: Instant) -> Look {
+        let ttl = self.timings.member_lease_ttl;
         let record = self
             .store
             .sbr
@@ -832,39 +1007,10 @@ impl Sim {
                 cleanup_timeout: Duration::ZERO,
                 request: None,
             });
-        let held = record.is_some();
-        let look = Look {
+        Look {
             record,
             sent: now,
             answered: now,
-        };
-        let Some(a) = self.nodes[i].attempt.as_mut() else {
-            return;
-        };
-        match a.judge.judge(&look) {
-            Verdict::Ours => {
-                if let Some(a) = self.nodes[i].attempt.take() {
-                    self.down_others(i, &a.down_if_won);
-                }
-            }
-            Verdict::Theirs => {
-                self.nodes[i].attempt = None;
-                self.down_self(
-                    i,
-                    "lease-majority: the other side holds the resolver lease".into(),
-                );
-            }
-            Verdict::Undecided => {
-                if held {
-                    a.free_since = now;
-                } else if !a.leader && now.saturating_duration_since(a.free_since) >= ttl * 2 {
-                    self.nodes[i].attempt = None;
-                    self.down_self(i, "lease-majority: nobody holds the resolver lease".into());
-                    return;
-                }
-                let every = self.lease_retry();
-                self.schedule(every, Event::Lease { node: i, attempt });
-            }
         }
     }
 
