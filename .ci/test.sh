@@ -111,8 +111,7 @@ step "build tests" cargo test --workspace --all-features --locked --no-run
 # tests, which the test run below has run already).
 step "build benches" cargo test --workspace --all-features --locked --bench '*' --no-run
 # cargo-nextest (on the machines of this project's kind) runs each test in its own process,
-# three slots, grouped so that a cluster of node processes is never starved by what runs
-# beside it (.config/nextest.toml),
+# two at a time, the multi-process suites' clusters one at a time (.config/nextest.toml),
 # and, as one test per bench binary, every bench's smoke run (below); without it, cargo test
 # runs the same tests one binary at a time, then the benches' smoke runs.
 # Benchmarks cannot rot: every bench binary runs once, small (criterion's test mode; the
