@@ -35,13 +35,13 @@ impl Inner {
         let session = self.sessions.ready(&req.owner, req.ttl).await?;
         let key = self.layout.waiter(name, session.id, &req.instance);
         // The join runs in a task of its own, which makes the guard that removes the waiter
-        // key and hands it over with the answer: a waiter dropped while the answer is on
-        // its way (the key put on the server) would otherwise leave the key in line for as
-        // long as its session lives, and every later waiter behind it. Unheard, or with an
-        // `Err` (the put may have happened), the guard is dropped and removes the key; its
-        // delete is sent only once the join was answered, so it cannot overtake the put.
-        let (answer, heard) = tokio::sync::oneshot::channel();
-        tokio::spawn({
+        // key and answers it with the join: a waiter dropped while the answer is on its way
+        // (the key put on the server) would otherwise leave the key in line for as long as
+        // its session lives, and every later waiter behind it. A spawned task runs on when
+        // its `JoinHandle` is dropped and drops an answer nobody awaits; that, or an `Err`
+        // (the put may have happened), drops the guard, which removes the key. Its delete
+        // is sent only once the join was answered, so it cannot overtake the put.
+        let join = tokio::spawn({
             let (inner, key) = (self.clone(), key.clone());
             let put = put_leased(key.clone(), req.owner.clone(), session.id);
             async move {
@@ -63,13 +63,12 @@ impl Inner {
                         &key,
                     )
                     .await;
-                // Refused, the answer (and its guard) is dropped here.
-                let _ = answer.send((entry, joined));
+                (entry, joined)
             }
         });
-        let (mut entry, joined) = heard
-            .await
-            .map_err(|_| queue_error(name, "the join of the line was not answered".into()))?;
+        let (mut entry, joined) = join.await.map_err(|e| {
+            queue_error(name, format!("the join of the line was not answered: {e}"))
+        })?;
         let joined = joined?;
         let my_rev = if joined.succeeded() {
             joined.header().map(|h| h.revision()).unwrap_or(0)

@@ -58,30 +58,28 @@ impl Drop for WaiterNode {
 
 /// Creates this waiter's node under `prefix` and answers its guard and sequence number.
 ///
-/// The create runs in a task of its own and hands its answer over as a [`WaiterNode`]: a
-/// waiter dropped while the answer is on its way (its node created on the server, its name
-/// not yet known here) would otherwise leave the node queued for as long as its session
-/// lives, and every later waiter behind it. Unheard, the guard is dropped in the task or
-/// in the channel, and deletes the node.
+/// The create runs in a task of its own and answers a [`WaiterNode`]: a waiter dropped
+/// while the answer is on its way (its node created on the server, its name not yet known
+/// here) would otherwise leave the node queued for as long as its session lives, and every
+/// later waiter behind it. A spawned task runs on when its `JoinHandle` is dropped, and
+/// drops an answer nobody awaits: the guard then deletes the node.
 async fn queue(
     client: &zk::Client,
     prefix: &str,
     data: Vec<u8>,
     acls: zk::Acls<'static>,
 ) -> Result<(WaiterNode, zk::CreateSequence), zk::Error> {
-    let (answer, heard) = tokio::sync::oneshot::channel();
     let (client, prefix) = (client.clone(), prefix.to_string());
     tokio::spawn(async move {
         let opts = zk::CreateMode::EphemeralSequential.with_acls(acls);
         let created = client.create(&prefix, &data, &opts).await;
-        let created = created.map(|(_, seq)| {
+        created.map(|(_, seq)| {
             let path = Some(format!("{prefix}{seq}"));
             (WaiterNode { client, path }, seq)
-        });
-        // Refused, the answer (and its guard) is dropped here.
-        let _ = answer.send(created);
-    });
-    heard.await.unwrap_or(Err(zk::Error::ConnectionLoss))
+        })
+    })
+    .await
+    .unwrap_or(Err(zk::Error::ConnectionLoss))
 }
 
 fn sequence(child: &str) -> Option<i64> {
