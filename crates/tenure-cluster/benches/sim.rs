@@ -104,6 +104,12 @@ fn main() {
             let wall = Instant::now();
             let r = sim::partition_run(n, first, strategy, seed);
             let [a, b] = &r.sides;
+            for (name, side) in ["A", "B"].iter().zip(&r.sides) {
+                println!(
+                    "  side {name}: went because {:?}; undecided nodes {:?}",
+                    side.reasons, side.undecided_nodes
+                );
+            }
             println!(
                 "{strategy:?} {first}/{}: agreed {}; survivor side {:?}; side A {}+{} survived, {} down, {} undecided; side B {}+{} survived, {} down, {} undecided; every node decided after {:?}; per node per s meanwhile: {:.2} messages, {:.2} rows ({:.1} s wall)",
                 n - first,

@@ -590,6 +590,29 @@ impl Detector {
         }
     }
 
+    /// TRACE (temporary).
+    pub(crate) fn resolver_log(&self) -> Vec<(Instant, usize, usize, usize, usize, bool, bool)> {
+        self.sbr.as_ref().map(|d| d.resolver.log.clone()).unwrap_or_default()
+    }
+
+    /// TRACE (temporary).
+    pub(crate) fn trace(&self) -> String {
+        let Some(d) = self.sbr.as_ref() else {
+            return String::new();
+        };
+        let p = d.partition.as_ref().map(|(_, p)| {
+            (p.members.len(), p.unreachable.len(), p.indirect.len())
+        });
+        format!(
+            "rows {} own {:?} watched {} partition(m,u,i) {:?} resolver {}",
+            d.table.rows_by_observer().len(),
+            d.table.own(&self.me).iter().map(|a| a.host.clone()).collect::<Vec<_>>(),
+            self.monitor.watched.len(),
+            p,
+            d.resolver.trace()
+        )
+    }
+
     /// The resolver's settings (`None` when it is off).
     pub(crate) fn resolver_settings(&self) -> Option<&SbrSettings> {
         self.sbr.as_ref().map(|d| d.resolver.settings())
@@ -671,12 +694,22 @@ impl Detector {
         };
         d.table.set_own(&self.me, self.incarnation, own, stamp);
         let (me, incarnation) = (&self.me, self.incarnation);
-        d.table.retain(|a| {
+        let dropped = d.table.retain(|a| {
             if a == me {
                 return Some(incarnation);
             }
             view.get(a).filter(|m| counted(m)).map(|m| m.incarnation)
         });
+        // The members that only the dropped rows listed (see
+        // `Resolver::unlisted_by_departures`).
+        let listed = d.table.listed();
+        let unlisted: Vec<NodeAddr> = dropped
+            .iter()
+            .flat_map(|row| row.unreachable.iter())
+            .filter(|s| !listed.contains_key(*s) && view.get(s).is_some_and(counted))
+            .cloned()
+            .collect();
+        d.resolver.unlisted_by_departures(unlisted);
     }
 
     /// The resolver's step at `now` for an up node: a decision once the partition in the

@@ -276,6 +276,11 @@ pub struct Resolver {
     /// A situation awaits its decision: it was not whole when it last changed (members
     /// leaving the view since do not close it, see [`Resolver::step`]).
     open: bool,
+    /// TRACE (temporary): (when, unreachable +, -, indirect +, -, settled, open after).
+    pub log: Vec<(Instant, usize, usize, usize, usize, bool, bool)>,
+    /// Members no longer listed since the last step because every row that listed them was
+    /// of a member that left the view (see [`Resolver::unlisted_by_departures`]).
+    unlisted: BTreeSet<NodeAddr>,
 }
 
 /// What [`Resolver::step`] asks of the node.
@@ -297,7 +302,22 @@ impl Resolver {
             unstable_since: None,
             decided: false,
             open: false,
+            log: Vec::new(),
+            unlisted: BTreeSet::new(),
         }
+    }
+
+    /// TRACE (temporary).
+    pub fn trace(&self) -> String {
+        format!(
+            "seen {}u/{}i changed_at {:?} unstable_since {:?} decided {} open {}",
+            self.seen.0.len(),
+            self.seen.1.len(),
+            self.changed_at,
+            self.unstable_since,
+            self.decided,
+            self.open
+        )
     }
 
     /// The settings it decides with.
@@ -310,6 +330,19 @@ impl Resolver {
         *self = Resolver::new(self.settings.clone(), now);
     }
 
+    /// Notes that `subjects`, still members, are no longer listed by any row because the
+    /// rows that listed them were dropped with their observers, which left the view (they
+    /// downed themselves, or were downed here). Their dropping out of the partition at the
+    /// next [`Resolver::step`] settles the situation as the observers' going does: nobody
+    /// heard them again, so it is no sign that the partition healed. Taken for a change, it
+    /// restarted the wait for `stable-after` as one side went member after member, and a
+    /// node whose every observer of the other side went before it decided found the
+    /// partition whole while the other side's members were still listed in the store: it
+    /// closed the situation undecided and stayed up alone.
+    pub fn unlisted_by_departures(&mut self, subjects: impl IntoIterator<Item = NodeAddr>) {
+        self.unlisted.extend(subjects);
+    }
+
     /// Feeds the partition as seen at `now`; answers a decision at most once per situation.
     /// Members that leave the view (their member leases released or lapsed, or downed
     /// here) only settle the situation: their going starts no new wait for `stable-after`,
@@ -319,14 +352,25 @@ impl Resolver {
     /// down-all down both sides) would stay up alone, as a cluster of its own.
     pub fn step(&mut self, me: &NodeAddr, p: &Partition, now: Instant) -> Step {
         let seen = (p.unreachable.clone(), p.indirect.clone());
+        let unlisted = std::mem::take(&mut self.unlisted);
         if seen != self.seen {
             let left = |old: &BTreeSet<NodeAddr>, new: &BTreeSet<NodeAddr>| {
                 old.is_superset(new)
-                    && old
-                        .difference(new)
-                        .all(|a| !p.members.iter().any(|m| m.addr == *a))
+                    && old.difference(new).all(|a| {
+                        unlisted.contains(a) || !p.members.iter().any(|m| m.addr == *a)
+                    })
             };
             let settled = left(&self.seen.0, &seen.0) && left(&self.seen.1, &seen.1);
+            let log = (
+                now,
+                seen.0.difference(&self.seen.0).count(),
+                self.seen.0.difference(&seen.0).count(),
+                seen.1.difference(&self.seen.1).count(),
+                self.seen.1.difference(&seen.1).count(),
+                settled,
+                !p.is_whole(),
+            );
+            self.log.push(log);
             self.seen = seen;
             if !settled {
                 self.changed_at = now;

@@ -220,17 +220,19 @@ impl ReachTable {
         refused
     }
 
-    /// Drops the rows of observers that are no longer members in that life.
-    pub fn retain(&mut self, life: impl Fn(&NodeAddr) -> Option<Incarnation>) {
-        let gone: Vec<NodeAddr> = self
+    /// Drops the rows of observers that are no longer members in that life; answers the
+    /// rows it dropped.
+    pub fn retain(&mut self, life: impl Fn(&NodeAddr) -> Option<Incarnation>) -> Vec<SharedRow> {
+        let gone: Vec<SharedRow> = self
             .rows
             .iter()
             .filter(|(o, row)| life(o) != Some(row.incarnation))
-            .map(|(o, _)| o.clone())
+            .map(|(_, row)| row.clone())
             .collect();
-        for observer in gone {
-            self.drop_row(&observer);
+        for row in &gone {
+            self.drop_row(&row.observer);
         }
+        gone
     }
 
     /// Every row, to send with a heartbeat.

@@ -2,7 +2,7 @@
 //! per node and how long it takes to converge), and a partition that each side decides
 //! (whether both sides reach the same decision).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use super::{Network, Outcome, Sim, Timings};
@@ -138,6 +138,10 @@ pub struct SideOutcome {
     pub downed_self: usize,
     /// Nodes that decided nothing.
     pub undecided: usize,
+    /// Why its nodes went (the reason each gave), with how many gave it.
+    pub reasons: BTreeMap<String, usize>,
+    /// The nodes (by index) that decided nothing.
+    pub undecided_nodes: Vec<usize>,
 }
 
 impl SideOutcome {
@@ -150,6 +154,16 @@ impl SideOutcome {
     pub fn all_went(&self) -> bool {
         self.downed_self == self.nodes
     }
+}
+
+/// The reason a node gave for going, shortened to what it has in common with the others
+/// that gave it: the strategy or rule's name, and "downed by a survivor" for the notice of
+/// a member that downed it (which names that member).
+fn reason(why: &str) -> String {
+    if why.starts_with("member ") && why.contains(" downed this node") {
+        return "downed by a survivor".into();
+    }
+    why.split(':').next().unwrap_or(why).to_string()
 }
 
 /// Both sides of a partition, as decided.
@@ -214,6 +228,9 @@ pub fn partition_run(
     let per = |n: u64| n as f64 / nodes as f64 / secs;
     // Later decisions (a second round) would show here.
     sim.run_for(Duration::from_secs(10));
+    if std::env::var("TENURE_SIM_TRACE_LOG").is_ok() {
+        sim.trace_dump(cut_at);
+    }
     let side = |members: &BTreeSet<usize>| {
         let others: BTreeSet<usize> = (0..nodes).filter(|i| !members.contains(i)).collect();
         let mut out = SideOutcome {
@@ -230,8 +247,14 @@ pub fn partition_run(
                     out.survived += 1
                 }
                 Some(Outcome::Survived(_)) => out.survived_wrongly += 1,
-                Some(Outcome::DownedSelf(_)) => out.downed_self += 1,
-                None => out.undecided += 1,
+                Some(Outcome::DownedSelf(why)) => {
+                    out.downed_self += 1;
+                    *out.reasons.entry(reason(why)).or_default() += 1;
+                }
+                None => {
+                    out.undecided += 1;
+                    out.undecided_nodes.push(i);
+                }
             }
         }
         out
