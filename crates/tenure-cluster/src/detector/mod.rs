@@ -255,8 +255,16 @@ impl Detector {
         let mut out = TickOut::default();
         let watched = self.watch_set(view, peers, downed);
         let same_watch = watched == self.monitor.watched;
+        // A newly watched member gets a full timeout from now, unless the view already
+        // holds it unreachable (the table lists it): this node passes over unreachable
+        // members on the ring, so a partition uncovers the other side to it a few members
+        // at a time, and a fresh timeout made each one reachable here again for
+        // `unreachable-after`, which moved this node's ring and row once more: the
+        // partition a thousand-node side saw kept changing past `stable-after`.
         for peer in watched.difference(&self.monitor.watched) {
-            self.reach.rewatch(peer, now);
+            if view.get(peer).is_none_or(|m| m.reachable) {
+                self.reach.rewatch(peer, now);
+            }
         }
         self.monitor.watched = watched.clone();
         let age = if view.me().status == MemberStatus::Up {

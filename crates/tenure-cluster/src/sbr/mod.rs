@@ -268,7 +268,13 @@ impl SbrConfig {
 #[derive(Debug)]
 pub struct Resolver {
     settings: SbrSettings,
+    /// The unreachable and indirectly connected members of the last step (the orphans
+    /// among the unreachable): what the situation is decided on.
     seen: (BTreeSet<NodeAddr>, BTreeSet<NodeAddr>),
+    /// Members of the situation no longer listed only because the observers that listed
+    /// them left the view ([`Resolver::unlisted_by_departures`]): still unreachable here
+    /// while they are members and the situation lasts.
+    orphans: BTreeSet<NodeAddr>,
     changed_at: Instant,
     /// Since when members have been unreachable without a decision.
     unstable_since: Option<Instant>,
@@ -298,6 +304,7 @@ impl Resolver {
         Resolver {
             settings,
             seen: Default::default(),
+            orphans: BTreeSet::new(),
             changed_at: now,
             unstable_since: None,
             decided: false,
@@ -350,15 +357,28 @@ impl Resolver {
     /// until `down-all-when-unstable` downed it too; and the situation is still decided
     /// when they leave it whole, else a node whose side went before it (static-quorum and
     /// down-all down both sides) would stay up alone, as a cluster of its own.
+    ///
+    /// The decision is taken on the situation as it last changed, less the members that
+    /// left the view: members no longer listed only because their observers left
+    /// ([`Resolver::unlisted_by_departures`]) still count as unreachable. A node whose
+    /// side's observers went before it would otherwise count the other side's members they
+    /// had listed on its own side, and survive where its side went.
     pub fn step(&mut self, me: &NodeAddr, p: &Partition, now: Instant) -> Step {
-        let seen = (p.unreachable.clone(), p.indirect.clone());
+        let member = |a: &NodeAddr| p.members.iter().any(|m| m.addr == *a);
         let unlisted = std::mem::take(&mut self.unlisted);
+        self.orphans.extend(
+            unlisted
+                .into_iter()
+                .filter(|a| self.seen.0.contains(a)),
+        );
+        self.orphans
+            .retain(|a| member(a) && !p.unreachable.contains(a) && !p.indirect.contains(a));
+        let mut unreachable = p.unreachable.clone();
+        unreachable.extend(self.orphans.iter().cloned());
+        let seen = (unreachable, p.indirect.clone());
         if seen != self.seen {
             let left = |old: &BTreeSet<NodeAddr>, new: &BTreeSet<NodeAddr>| {
-                old.is_superset(new)
-                    && old.difference(new).all(|a| {
-                        unlisted.contains(a) || !p.members.iter().any(|m| m.addr == *a)
-                    })
+                old.is_superset(new) && old.difference(new).all(|a| !member(a))
             };
             let settled = left(&self.seen.0, &seen.0) && left(&self.seen.1, &seen.1);
             let log = (
@@ -375,7 +395,7 @@ impl Resolver {
             if !settled {
                 self.changed_at = now;
                 self.decided = false;
-                self.open = !p.is_whole();
+                self.open = !self.seen.0.is_empty() || !self.seen.1.is_empty();
                 if self.open {
                     self.unstable_since.get_or_insert(now);
                 } else {
@@ -396,11 +416,16 @@ impl Resolver {
         if stable {
             self.decided = true;
             self.unstable_since = None;
+            let situation = Partition {
+                members: p.members.clone(),
+                unreachable: self.seen.0.clone(),
+                indirect: self.seen.1.clone(),
+            };
             Step::Decide(decide(
                 &self.settings.strategy,
                 self.settings.role.as_deref(),
                 me,
-                p,
+                &situation,
             ))
         } else if unstable_too_long {
             self.decided = true;
@@ -577,6 +602,44 @@ mod tests {
             Step::Wait,
             "a new observation is a change"
         );
+
+        // The observers that listed the other side go first (their side lost): their rows
+        // leave the table with them, and with them every record of the other side, whose
+        // members are still listed in the store. No heal: the situation holds, and is
+        // decided as it was seen.
+        for strategy in [Strategy::KeepMajority, Strategy::DownAll] {
+            let mut s = s.clone();
+            s.strategy = strategy.clone();
+            let mut r = Resolver::new(s, t0);
+            let seen = cut_of(4, &[(1, 3), (1, 4), (2, 3)]);
+            assert_eq!(r.step(&a(2), &seen, t0), Step::Wait);
+            let mut after = cut_of(4, &[(2, 3)]);
+            after.members = after
+                .members
+                .iter()
+                .filter(|m| m.addr != a(1))
+                .cloned()
+                .collect();
+            r.unlisted_by_departures([a(4)]);
+            assert_eq!(
+                r.step(&a(2), &after, t0 + Duration::from_secs(2)),
+                Step::Wait
+            );
+            let mut gone = cut_of(4, &[]);
+            gone.members = after.members.clone();
+            r.unlisted_by_departures([a(3)]);
+            assert_eq!(
+                r.step(&a(2), &gone, t0 + Duration::from_secs(3)),
+                Step::Wait
+            );
+            assert!(
+                matches!(
+                    r.step(&a(2), &gone, t0 + Duration::from_secs(4)),
+                    Step::Decide(Decision::DownSelf { .. })
+                ),
+                "{strategy:?}: decided on what was seen, counting 3 and 4 on the other side"
+            );
+        }
 
         // Flapping observations: down-all once unstable for stable-after + 2 s.
         s.down_all_when_unstable = Some(Duration::from_secs(2));
