@@ -598,29 +598,6 @@ impl Detector {
         }
     }
 
-    /// TRACE (temporary).
-    pub(crate) fn resolver_log(&self) -> Vec<(Instant, usize, usize, usize, usize, bool, bool)> {
-        self.sbr.as_ref().map(|d| d.resolver.log.clone()).unwrap_or_default()
-    }
-
-    /// TRACE (temporary).
-    pub(crate) fn trace(&self) -> String {
-        let Some(d) = self.sbr.as_ref() else {
-            return String::new();
-        };
-        let p = d.partition.as_ref().map(|(_, p)| {
-            (p.members.len(), p.unreachable.len(), p.indirect.len())
-        });
-        format!(
-            "rows {} own {:?} watched {} partition(m,u,i) {:?} resolver {}",
-            d.table.rows_by_observer().len(),
-            d.table.own(&self.me).iter().map(|a| a.host.clone()).collect::<Vec<_>>(),
-            self.monitor.watched.len(),
-            p,
-            d.resolver.trace()
-        )
-    }
-
     /// The resolver's settings (`None` when it is off).
     pub(crate) fn resolver_settings(&self) -> Option<&SbrSettings> {
         self.sbr.as_ref().map(|d| d.resolver.settings())

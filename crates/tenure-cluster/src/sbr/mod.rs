@@ -282,8 +282,6 @@ pub struct Resolver {
     /// A situation awaits its decision: it was not whole when it last changed (members
     /// leaving the view since do not close it, see [`Resolver::step`]).
     open: bool,
-    /// TRACE (temporary): (when, unreachable +, -, indirect +, -, settled, open after).
-    pub log: Vec<(Instant, usize, usize, usize, usize, bool, bool)>,
     /// Members no longer listed since the last step because every row that listed them was
     /// of a member that left the view (see [`Resolver::unlisted_by_departures`]).
     unlisted: BTreeSet<NodeAddr>,
@@ -309,22 +307,8 @@ impl Resolver {
             unstable_since: None,
             decided: false,
             open: false,
-            log: Vec::new(),
             unlisted: BTreeSet::new(),
         }
-    }
-
-    /// TRACE (temporary).
-    pub fn trace(&self) -> String {
-        format!(
-            "seen {}u/{}i changed_at {:?} unstable_since {:?} decided {} open {}",
-            self.seen.0.len(),
-            self.seen.1.len(),
-            self.changed_at,
-            self.unstable_since,
-            self.decided,
-            self.open
-        )
     }
 
     /// The settings it decides with.
@@ -366,11 +350,8 @@ impl Resolver {
     pub fn step(&mut self, me: &NodeAddr, p: &Partition, now: Instant) -> Step {
         let member = |a: &NodeAddr| p.members.iter().any(|m| m.addr == *a);
         let unlisted = std::mem::take(&mut self.unlisted);
-        self.orphans.extend(
-            unlisted
-                .into_iter()
-                .filter(|a| self.seen.0.contains(a)),
-        );
+        self.orphans
+            .extend(unlisted.into_iter().filter(|a| self.seen.0.contains(a)));
         self.orphans
             .retain(|a| member(a) && !p.unreachable.contains(a) && !p.indirect.contains(a));
         let mut unreachable = p.unreachable.clone();
@@ -381,16 +362,6 @@ impl Resolver {
                 old.is_superset(new) && old.difference(new).all(|a| !member(a))
             };
             let settled = left(&self.seen.0, &seen.0) && left(&self.seen.1, &seen.1);
-            let log = (
-                now,
-                seen.0.difference(&self.seen.0).count(),
-                self.seen.0.difference(&seen.0).count(),
-                seen.1.difference(&self.seen.1).count(),
-                self.seen.1.difference(&seen.1).count(),
-                settled,
-                !p.is_whole(),
-            );
-            self.log.push(log);
             self.seen = seen;
             if !settled {
                 self.changed_at = now;

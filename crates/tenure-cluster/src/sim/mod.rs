@@ -312,7 +312,6 @@ pub struct Sim {
     /// Cut links, one direction each: what `.0` sends `.1` is lost.
     cut: BTreeSet<(usize, usize)>,
     counters: Counters,
-    trace: Option<(usize, String)>,
 }
 
 fn nanos(d: Duration) -> u64 {
@@ -362,7 +361,6 @@ impl Sim {
             sides: None,
             cut: BTreeSet::new(),
             counters: Counters::default(),
-            trace: std::env::var("TENURE_SIM_TRACE").ok().and_then(|t| t.parse().ok()).map(|t| (t, String::new())),
         };
         let spread = nanos(sim.timings.membership_interval).max(1);
         for i in 0..n {
@@ -859,17 +857,7 @@ impl Sim {
         if node.attempt.is_some() {
             return;
         }
-        let decision = node.detector.decide(now, &node.view);
-        if let Some((t, last)) = self.trace.as_mut()
-            && *t == i
-        {
-            let line = self.nodes[i].detector.trace();
-            if *last != line {
-                eprintln!("TRACE {:?} node {i}: {line}", Duration::from_nanos(self.now));
-                *last = line;
-            }
-        }
-        let Some(decision) = decision else {
+        let Some(decision) = node.detector.decide(now, &node.view) else {
             return;
         };
         match decision {
@@ -1055,53 +1043,6 @@ impl Sim {
         self.store.members.remove(&i);
         self.store.listing = None;
         self.counters.store_requests += 1;
-    }
-
-    /// TRACE (temporary): each node's resolver log, times relative to `since` (virtual).
-    pub fn trace_dump(&self, since: Duration) {
-        let mut by_sec: BTreeMap<u64, [usize; 6]> = BTreeMap::new();
-        for (i, node) in self.nodes.iter().enumerate() {
-            let log = node.detector.resolver_log();
-            for &(at, ua, ur, ia, ir, settled, _open) in &log {
-                let t = at.duration_since(self.base).saturating_sub(since).as_secs();
-                let e = by_sec.entry(t).or_default();
-                if settled {
-                    e[5] += 1;
-                    continue;
-                }
-                e[0] += 1;
-                e[1] += usize::from(ua > 0);
-                e[2] += usize::from(ur > 0);
-                e[3] += usize::from(ia > 0);
-                e[4] += usize::from(ir > 0);
-            }
-            if let Some(Outcome::DownedSelf(why)) = &node.outcome
-                && why.starts_with("down-all-when-unstable")
-                && i % 10 == 0
-            {
-                let tail: Vec<String> = log
-                    .iter()
-                    .rev()
-                    .take(8)
-                    .rev()
-                    .map(|(at, ua, ur, ia, ir, s, o)| {
-                        format!(
-                            "{:.2}:+{ua}-{ur}/+{ia}-{ir}{}{}",
-                            at.duration_since(self.base).saturating_sub(since).as_secs_f64(),
-                            if *s { "s" } else { "" },
-                            if *o { "" } else { "W" }
-                        )
-                    })
-                    .collect();
-                eprintln!("TRACE node {i} unstable: {}", tail.join(" "));
-            }
-        }
-        for (t, e) in by_sec {
-            eprintln!(
-                "TRACE second {t}: changes {} (unreach+ {} unreach- {} indirect+ {} indirect- {}) settled {}",
-                e[0], e[1], e[2], e[3], e[4], e[5]
-            );
-        }
     }
 
     /// The counters since `earlier`.

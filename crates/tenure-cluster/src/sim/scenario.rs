@@ -228,9 +228,6 @@ pub fn partition_run(
     let per = |n: u64| n as f64 / nodes as f64 / secs;
     // Later decisions (a second round) would show here.
     sim.run_for(Duration::from_secs(10));
-    if std::env::var("TENURE_SIM_TRACE_LOG").is_ok() {
-        sim.trace_dump(cut_at);
-    }
     let side = |members: &BTreeSet<usize>| {
         let others: BTreeSet<usize> = (0..nodes).filter(|i| !members.contains(i)).collect();
         let mut out = SideOutcome {
