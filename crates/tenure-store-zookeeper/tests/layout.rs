@@ -119,16 +119,6 @@ async fn listing_a_family_reads_only_its_parent() {
     }
     let admin = earlier_client(&shared).await;
     let root = &shared.root;
-    let mut members = admin
-        .list_children(&format!("{root}/s-member-"))
-        .await
-        .expect("the member family's parent");
-    members.sort();
-    assert_eq!(members, ["s-member-10.0.0.1:2552", "s-member-node-2:2552"]);
-    let mut top = admin.list_children(root).await.expect("root");
-    top.sort();
-    assert_eq!(top, ["other", "s-join", "s-member-", "s-shard-"]);
-
     let unreadable = [
         zk::Acl::new(
             zk::Permission::WRITE | zk::Permission::DELETE | zk::Permission::ADMIN,
@@ -166,6 +156,24 @@ async fn listing_a_family_reads_only_its_parent() {
         .list("s-")
         .await
         .expect_err("a listing across families reads the unreadable root");
+
+    admin
+        .set_acl(
+            root,
+            &[zk::Acl::new(zk::Permission::READ, zk::AuthId::anyone())],
+            None,
+        )
+        .await
+        .expect("give read permission back");
+    let mut members = admin
+        .list_children(&format!("{root}/s-member-"))
+        .await
+        .expect("the member family's parent");
+    members.sort();
+    assert_eq!(members, ["s-member-10.0.0.1:2552", "s-member-node-2:2552"]);
+    let mut top = admin.list_children(root).await.expect("root");
+    top.sort();
+    assert_eq!(top, ["other", "s-join", "s-member-", "s-shard-"]);
 }
 
 /// A root an earlier version created (flat: every lease node a child of the root) stays
