@@ -206,7 +206,7 @@ mod tests {
             assert_eq!(holder_name("/tenure/other/c-1/holder"), None);
             assert_eq!(holder_name("/tenure/leases-x/c-1/holder"), None);
         }
-        let member = "/tenure/leases/s-member-h:1/s-member-h:1/holder";
+        let member = "/tenure/leases/s-member-/s-member-h:1/holder";
         assert_eq!(families.holder_name(member), Some("s-member-h:1"));
         assert_eq!(flat.holder_name(member), None);
         let flat_member = "/tenure/leases/s-member-h:1/holder";

@@ -312,6 +312,39 @@ pub(crate) fn token(zxid: i64) -> FencingToken {
 }
 
 #[cfg(test)]
+mod family_tests {
+    use super::*;
+
+    #[test]
+    fn a_family_ends_at_the_first_marker() {
+        assert_eq!(
+            family("tenure-member-10.0.0.1:2552"),
+            Some("tenure-member-")
+        );
+        assert_eq!(family("my-app-member-node-3:2552"), Some("my-app-member-"));
+        assert_eq!(family("s-member-a-shard-b"), Some("s-member-"));
+        assert_eq!(family("s-shard-orders-7"), Some("s-shard-"));
+        assert_eq!(family("s-member-"), Some("s-member-"));
+        assert_eq!(family("s-member"), None);
+        assert_eq!(family("s-join"), None);
+        assert_eq!(family("ünï-member-x"), Some("ünï-member-"));
+        // A prefix with a family gives every name extending it that family.
+        for name in ["s-member-", "s-member-x", "s-member-x-shard-y"] {
+            assert_eq!(family(name), family("s-member-"));
+        }
+        let families = Layout::families("/r".into());
+        let flat = Layout::flat("/r".into());
+        assert_eq!(
+            families.lease("s-member-a:1").unwrap(),
+            "/r/s-member-/s-member-a:1"
+        );
+        assert_eq!(families.lease("s-join").unwrap(), "/r/s-join");
+        assert_eq!(flat.lease("s-member-a:1").unwrap(), "/r/s-member-a:1");
+        assert!(families.lease("..").is_err());
+    }
+}
+
+#[cfg(test)]
 mod remembered_tests {
     use super::*;
 
