@@ -16,7 +16,7 @@
 //! as before; the store logs this once), and so is one created with `auth`. The layout is
 //! told by the root's ACL, which never changes: on a families root, `CREATE` on the root
 //! and on every family parent belongs only to the identity `digest:tenure-layout-families-1`,
-//! which every session of this version adds and earlier versions never had. An earlier
+//! which this version's owner sessions add on such a root and earlier versions never had. An earlier
 //! client there creates no node, so it is granted nothing (its acquires fail with
 //! `NoAuth`) and never holds a lease at its flat path while this version grants it under its
 //! family; a newer client on a flat root uses the flat paths, as the earlier ones do. No

@@ -15,7 +15,8 @@
 //! A client of an earlier version knows only the flat layout. On a families root it must
 //! never grant a lease at its flat path while this version grants it under its family: the
 //! root's and every family parent's ACL grant `CREATE` only to [`GATE_ID`], an identity
-//! every session of this version adds (without `auth`) and earlier versions never had. So
+//! the owner sessions of this version add on such a root (without `auth`), and earlier
+//! versions never had. So
 //! an earlier client creates nothing there (its acquires fail with `NoAuth`), and the
 //! lease nodes it can reach, those of leases without a family, are at the same path in
 //! both layouts. A flat root stays flat: this version uses it as earlier ones do.
@@ -60,7 +61,8 @@ pub(crate) const WAITER: &str = "wait-";
 /// another layout (with another gate identity), never a setting.
 pub(crate) const FAMILY_MARKERS: [&str; 2] = ["-member-", "-shard-"];
 
-/// The credentials every session of this version adds (without `auth`): `user:password`.
+/// The credentials an owner session adds on a families root (without `auth`):
+/// `user:password`.
 /// Not a secret: it tells the server which layout the client knows, nothing more.
 pub(crate) const GATE_CREDENTIALS: &[u8] = b"tenure-layout-families-1:tenure";
 /// The digest id of [`GATE_CREDENTIALS`] (`user:base64(sha1(user:password))`): the only

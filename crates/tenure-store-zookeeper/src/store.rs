@@ -145,8 +145,10 @@ impl ZooKeeperStore {
     /// Opens a new session with the configured timeouts and auth. A `detached` session is
     /// not closed when the store is dropped: the server ends it after its timeout, so the
     /// grants on it last as long as their ttl promised (a holder that exits without
-    /// releasing leaves them to expire, as with every other store).
-    async fn connect(&self, detached: bool) -> Result<zk::Client, StoreError> {
+    /// releasing leaves them to expire, as with every other store). A `gated` session (an
+    /// owner's, on a families root without `auth`) adds the layout's gate identity, which
+    /// lets it create family parents and lease nodes.
+    async fn connect(&self, detached: bool, gated: bool) -> Result<zk::Client, StoreError> {
         let o = &self.inner.options;
         let mut connector = zk::Client::connector()
             .with_session_timeout(o.session_timeout)
@@ -156,9 +158,13 @@ impl ZooKeeperStore {
         }
         match &o.auth {
             Some((scheme, cred)) => connector = connector.with_auth(scheme, cred),
-            // The gate identity of the families layout (module `node`): with `auth`, the
-            // creator-only ACL would hand it every right on the nodes this session creates.
-            None => connector = connector.with_auth("digest", crate::node::GATE_CREDENTIALS),
+            // The gate identity of the families layout (module `node`), only where it is
+            // needed: with `auth`, the creator-only ACL would hand it every right on the
+            // nodes this session creates; on a flat root it has no use.
+            None if gated => {
+                connector = connector.with_auth("digest", crate::node::GATE_CREDENTIALS)
+            }
+            None => {}
         }
         let what = format!("connecting to {}", o.connect);
         let client = tokio::time::timeout(o.connection_timeout, connector.connect(&o.connect))
@@ -203,7 +209,7 @@ impl ZooKeeperStore {
             _ => {
                 let layout = self.layout().await?.clone();
                 let s = OwnerSession::start(
-                    self.connect(true).await?,
+                    self.connect(true, layout.has_families()).await?,
                     layout,
                     self.inner.clock.clone(),
                 );
@@ -259,7 +265,7 @@ impl ZooKeeperStore {
                 Ok(c.clone())
             }
             _ => {
-                let c = self.connect(false).await?;
+                let c = self.connect(false, false).await?;
                 *current = Some(c.clone());
                 Ok(c)
             }
