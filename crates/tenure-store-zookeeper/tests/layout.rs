@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use tenure_lease::{AcquireOutcome, LeaseStore};
 use tenure_lease_kit::conformance::owner_request;
-use tenure_store_zookeeper::ZooKeeperStore;
 use tenure_store_zookeeper::zookeeper_client as zk;
+use tenure_store_zookeeper::{ZooKeeperOptions, ZooKeeperStore};
 
 const SESSION: Duration = Duration::from_secs(5);
 const CONNECTION: Duration = Duration::from_secs(5);
@@ -263,4 +263,32 @@ async fn an_earlier_client_cannot_grant_on_a_families_root() {
         AcquireOutcome::Held(r) => assert_eq!(r.owner, "a"),
         other => panic!("a second holder: {other:?}"),
     }
+}
+
+/// A store with `auth` creates a flat root: its creator-only ACL has no room for the gate
+/// identity, so the member leases go to their flat paths.
+#[tokio::test]
+async fn a_root_created_with_auth_is_flat() {
+    let shared = common::exclusive().await;
+    let root = &shared.root;
+    let mut options = ZooKeeperOptions::new(shared.server.connect_string(), root.clone(), SESSION);
+    options.auth = Some(("digest".into(), b"tenure-test:secret".to_vec()));
+    let store = ZooKeeperStore::new(options).expect("options");
+    grant(&store, "s-member-a:1", "a").await;
+    let admin = zk::Client::connector()
+        .with_session_timeout(SESSION)
+        .with_auth("digest", b"tenure-test:secret")
+        .connect(&shared.server.connect_string())
+        .await
+        .expect("connect");
+    let (acls, _) = admin.get_acl(root).await.expect("the root's ACL");
+    assert!(
+        acls.iter()
+            .all(|a| a.scheme() == "digest" && a.id().starts_with("tenure-test:")),
+        "{acls:?}"
+    );
+    assert_eq!(
+        holder_nodes(&admin, root).await,
+        [format!("{root}/s-member-a:1/holder")]
+    );
 }
