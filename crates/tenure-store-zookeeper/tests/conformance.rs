@@ -1,6 +1,7 @@
 //! The conformance suite against a real ZooKeeper server (Debian's `zookeeper` package), on
-//! a root the store creates (the families layout) and, in `flat`, on a root an earlier
-//! version created (the flat layout, which the store keeps).
+//! a root the store creates (the families layout). The flat layout an earlier version's root
+//! keeps is the layout of every lease outside a family, which these tests' leases are; the
+//! two layouts side by side are tested in `layout.rs`.
 
 mod common;
 
@@ -32,23 +33,6 @@ impl ZooKeeperHarness {
             clients: Mutex::default(),
             observer: tokio::sync::OnceCell::new(),
         }
-    }
-
-    /// A harness whose root exists already, created as an earlier version creates it: a
-    /// plain persistent node open to anyone, so the store keeps its flat layout.
-    async fn start_flat() -> Self {
-        let harness = ZooKeeperHarness::start().await;
-        let earlier = zk::Client::connect(&harness.shared.server.connect_string())
-            .await
-            .expect("connect");
-        earlier
-            .mkdir(
-                &harness.shared.root,
-                &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all()),
-            )
-            .await
-            .expect("create the flat root");
-        harness
     }
 
     fn keep(&self, store: ZooKeeperStore) -> Arc<dyn LeaseStore> {
@@ -118,9 +102,3 @@ impl Harness for ZooKeeperHarness {
 
 tenure_lease_kit::conformance_tests!(ZooKeeperHarness::start(); fair_queue, preemption_requests, remembered_ids, grant_changes);
 tenure_lease_kit::preemption_fault_tests!(ZooKeeperHarness::start());
-
-mod flat {
-    use super::ZooKeeperHarness;
-
-    tenure_lease_kit::conformance_tests!(ZooKeeperHarness::start_flat(); fair_queue, preemption_requests, remembered_ids, grant_changes);
-}
