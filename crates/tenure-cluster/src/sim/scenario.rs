@@ -306,14 +306,13 @@ mod tests {
     /// side's members only they listed: a late node saw them turn reachable again, waited
     /// anew, and once its side's observers were all gone found the partition whole and
     /// stayed up alone (down-all), or counted them on its own side and survived
-    /// (keep-majority). Seeds 1 and 5 showed both.
+    /// (keep-majority), or went by `down-all-when-unstable`. Before the change seed 1
+    /// showed the first (down-all: four nodes of one side undecided) and the last
+    /// (keep-majority: two nodes); the second showed when only the wait was fixed
+    /// (`Resolver`'s own test shows the first two without the simulator).
     #[test]
     fn a_node_that_decides_after_its_side_went_decides_as_its_side_did() {
-        let mut seeds = seeds();
-        if seed_from_env().is_none() {
-            seeds.insert(1, 5);
-        }
-        for seed in seeds {
+        for seed in seeds() {
             for strategy in [StrategyName::DownAll, StrategyName::KeepMajority] {
                 let r = partition_run(60, 30, strategy, seed);
                 println!("{r:?}");
