@@ -115,7 +115,7 @@ fn join(report: &mut Report) {
     let shards = knob("TENURE_BENCH_SHARDS", 12, 12) as usize;
     let keys = knob("TENURE_BENCH_KEYS", 65, 65) as usize;
     let rate = knob("TENURE_BENCH_RATE", 2, 2);
-    let steady_secs = knob("TENURE_BENCH_STEADY_SECS", 10, 3) as i64;
+    let steady_secs = knob("TENURE_BENCH_STEADY_SECS", 10, 1) as i64;
     let rounds = knob("TENURE_BENCH_ROUNDS", 3, 1) as usize;
     assert!(
         shards.is_multiple_of(12),
@@ -170,9 +170,9 @@ fn join(report: &mut Report) {
             Duration::from_secs(60),
             |c| share(c, 4, k),
         );
-        // The tail after the rebalance, longer than an ask's timeout, so that every
+        // The tail after the rebalance, longer than an ask's timeout (2 s), so that every
         // request issued before the end of the report has ended.
-        std::thread::sleep(Duration::from_secs(5));
+        std::thread::sleep(Duration::from_secs(size(5, 3) as u64));
         let left = now_ns();
         // The 4th node leaves (its shards go back to the others) for the next round.
         let status = c.stop(3);
@@ -361,11 +361,15 @@ fn grow(report: &mut Report) {
     let keys = knob("TENURE_BENCH_GROW_KEYS", 4_200, 65) as usize;
     let rps = knob("TENURE_BENCH_GROW_RPS", 400, 65);
     let interval_secs = knob("TENURE_BENCH_GROW_INTERVAL_SECS", 10, 2) as i64;
+    // How long after balance the requests issued are judged, and an ask's timeout: a smoke
+    // run only proves the path, so it judges a shorter span with a shorter timeout.
+    let judged_secs = size(5, 1) as i64;
+    let ask_secs = size(5, 2) as u64;
     let mut options = open_loop_options(
         shards,
         keys,
         1,
-        "5s",
+        &format!("{ask_secs}s"),
         &format!("rebalance-interval = \"{interval_secs}s\""),
     );
     // Requests per second per key, so that the keys together are asked `rps` times a second.
@@ -419,8 +423,9 @@ fn grow(report: &mut Report) {
         |c| balanced(c, from + by),
     );
     let done = now_ns();
-    // Every request issued until 5 s after balance has ended (answered or timed out).
-    std::thread::sleep(Duration::from_secs(11));
+    // Every request issued until `judged_secs` after balance has ended (answered or timed
+    // out).
+    std::thread::sleep(Duration::from_secs(judged_secs as u64 + ask_secs + 1));
     let failed = c.stop_all(Duration::from_secs(60));
     assert!(failed.is_empty(), "nodes {failed:?} did not leave cleanly");
     let history = c.history();
@@ -431,7 +436,7 @@ fn grow(report: &mut Report) {
         .filter(|t| *t > joining && *t < done)
         .collect();
     let requests = load_requests(&history);
-    let span = issued_in(&requests, joining, done + 5_000_000_000);
+    let span = issued_in(&requests, joining, done + judged_secs * 1_000_000_000);
     let unanswered: Vec<&&Request> = span.iter().filter(|r| !r.acked()).collect();
     let interval = interval_secs as f64;
     let secs = |ns: i64| ns as f64 / 1e9;
@@ -440,7 +445,7 @@ fn grow(report: &mut Report) {
          balanced {:.1} s after the last node was up ({:.2} rebalance intervals of {interval_secs} s; \
          {:.1} s after the joins began); {} shards moved, the first {:.1} s after the last node was up, \
          the last move decided {:.1} s after the first; \
-         requests issued from the joins to 5 s after balance: {} unanswered of {}",
+         requests issued from the joins to {judged_secs} s after balance: {} unanswered of {}",
         secs(done - joined),
         secs(done - joined) / interval,
         secs(done - joining),
@@ -465,7 +470,7 @@ fn grow(report: &mut Report) {
     ]);
     report.row([
         "grow".to_string(),
-        "requests issued from the joins to 5 s after balance, unanswered".to_string(),
+        format!("requests issued from the joins to {judged_secs} s after balance, unanswered"),
         format!("{} of {}", unanswered.len(), span.len()),
     ]);
     for r in unanswered.iter().take(5) {

@@ -11,25 +11,25 @@ use cli::cluster::ClusterTurn;
 
 const SCENARIO: &str = r#"
 [[step]]
-at = "4s"
+at = "3s"
 fault = "kill"
 
 [[step]]
-at = "8s"
+at = "6s"
 fault = "restart"
 
 [[step]]
-at = "10s"
+at = "8s"
 fault = "pause"
-for = "4s"
+for = "3s"
 
 [[step]]
-at = "14s"
+at = "12s"
 fault = "isolate"
 for = "3s"
 
 [[step]]
-at = "21s"
+at = "18s"
 fault = "rolling-restart"
 "#;
 
@@ -45,7 +45,7 @@ fn a_short_demo_reaches_a_safe_verdict_and_writes_its_report() {
         .args([
             "demo",
             "--duration",
-            "22s",
+            "19s",
             "--shards",
             "16",
             "--seed",

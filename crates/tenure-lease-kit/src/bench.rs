@@ -20,11 +20,17 @@ use crate::report::Report;
 use crate::wrap::{StoreWrapper, Wrapped};
 
 /// How long renewal-cost runs wait for the renewals to settle onto the heartbeat grid
-/// before counting.
-pub const SETTLE: Duration = Duration::from_millis(2500);
+/// before counting: 2.5 s, or 1.2 s in a [`smoke`] run (still more than the 1 s interval of
+/// [`renewal_settings`]).
+pub fn settle() -> Duration {
+    Duration::from_millis(size(2500, 1200) as u64)
+}
 
-/// How many whole heartbeat intervals renewal-cost runs count over.
-pub const INTERVALS: u64 = 5;
+/// How many whole heartbeat intervals renewal-cost runs count over: 5, or 2 in a [`smoke`]
+/// run.
+pub fn intervals() -> u64 {
+    size(5, 2) as u64
+}
 
 /// The lease counts renewal-cost runs measure: 1, 100 and 10,000 (only the first two in a
 /// smoke run).
@@ -426,12 +432,12 @@ impl Holders {
     }
 }
 
-/// Waits [`SETTLE`], samples, waits [`INTERVALS`] heartbeat intervals and samples again:
+/// Waits [`settle`], samples, waits [`intervals`] heartbeat intervals and samples again:
 /// the two samples bracket whole intervals.
 pub async fn bracket_intervals<T>(interval: Duration, mut sample: impl FnMut() -> T) -> (T, T) {
-    tokio::time::sleep(SETTLE).await;
+    tokio::time::sleep(settle()).await;
     let before = sample();
-    tokio::time::sleep(interval * INTERVALS as u32).await;
+    tokio::time::sleep(interval * intervals() as u32).await;
     let after = sample();
     (before, after)
 }

@@ -208,7 +208,7 @@ impl Lease {
     }
 
     /// Releases the lease. `Ok(true)`: released; `Ok(false)`: this handle held nothing;
-    /// `Err`: unknown (the grant expires after its ttl at the latest). The lost-callback is
+    /// `Err`: unknown after three tries (the grant expires after its ttl at the latest). The lost-callback is
     /// not called for a released grant.
     pub async fn release(&self) -> Result<bool, LeaseError> {
         self.forget_lost_callbacks();

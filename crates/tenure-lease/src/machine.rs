@@ -67,6 +67,12 @@ pub(crate) const WAKE_EARLY: Duration = Duration::from_millis(2);
 /// (the answer's `expires_in` was measured before the answer travelled back).
 const EXPIRY_SLACK: Duration = Duration::from_millis(20);
 
+/// How many times a release is sent before its caller hears the store's error: a release
+/// that failed (a lost answer, a store briefly away) is sent again at once with the same
+/// token, so that the next holder does not wait out the whole ttl. Each try is bounded by
+/// `lease-operation-timeout`; `LeaseSettings::release_answer_timeout` covers them all.
+pub(crate) const RELEASE_TRIES: u32 = 3;
+
 /// What a machine needs to know of its lease: fixed for its life.
 #[derive(Debug, Clone)]
 pub(crate) struct Config {
@@ -354,10 +360,11 @@ enum Awaiting<A, L> {
     ReleaseEnded { purpose: Purpose<A> },
     /// The release of a grant answered too late to be believed.
     ReleaseTooLate { purpose: Purpose<A> },
-    /// The release asked by `reply`, of `token`.
+    /// The release asked by `reply`, of `token`, sent `tries` times so far.
     Release {
         reply: L,
         token: Option<FencingToken>,
+        tries: u32,
     },
     /// A preemption request.
     Request(Asked),
@@ -728,10 +735,29 @@ impl<A, L> Machine<A, L> {
                 });
                 self.attempted(now, purpose, answer, out);
             }
-            (Awaiting::Release { reply, token }, Outcome::Release(answer)) => {
+            (
+                Awaiting::Release {
+                    reply,
+                    token,
+                    tries,
+                },
+                Outcome::Release(answer),
+            ) => {
                 match &answer {
                     Ok(_) => self.instances.maybe_in_store = false,
                     Err(e) => out.push(store_error("release", e)),
+                }
+                if answer.is_err() && tries < RELEASE_TRIES {
+                    self.call(
+                        Awaiting::Release {
+                            reply,
+                            token,
+                            tries: tries + 1,
+                        },
+                        Call::Release { token },
+                        out,
+                    );
+                    return;
                 }
                 out.push(Effect::Emit(Event::ReleaseAnswered {
                     token,
@@ -1121,7 +1147,11 @@ impl<A, L> Machine<A, L> {
         }
         let token = held.map(|h| h.token);
         self.call(
-            Awaiting::Release { reply, token },
+            Awaiting::Release {
+                reply,
+                token,
+                tries: 1,
+            },
             Call::Release { token },
             out,
         );

@@ -394,7 +394,12 @@ fn release_while_renewing_gives_up_at_once_and_a_late_renewal_changes_nothing() 
 }
 
 #[test]
-fn a_release_the_store_failed_is_answered_unknown_and_the_error_named_once() {
+fn a_release_the_store_failed_is_sent_again_with_its_token_and_answered_by_the_last_try() {
+    let error = || Event::StoreError {
+        operation: "release",
+        error: timeout("release").to_string(),
+    };
+    // Failed once, then released: the caller hears only the retry's answer.
     let mut s = Story::new(config());
     s.granted(0, 50, 7);
     s.feed(
@@ -405,6 +410,52 @@ fn a_release_the_store_failed_is_answered_unknown_and_the_error_named_once() {
         },
     );
     let fx = s.answer(200, Outcome::Release(Err(timeout("release"))));
+    assert_eq!(events(&fx), [error()]);
+    assert_eq!(calls(&fx), [Call::Release { token: Some(T7) }]);
+    assert!(
+        !fx.iter().any(|e| matches!(e, Effect::ReplyRelease { .. })),
+        "{fx:?}"
+    );
+    let fx = s.answer(250, Outcome::Release(Ok(true)));
+    assert_eq!(
+        events(&fx),
+        [Event::ReleaseAnswered {
+            token: Some(T7),
+            released: Some(true),
+        }]
+    );
+    assert!(
+        matches!(
+            fx[..],
+            [
+                ..,
+                Effect::ReplyRelease {
+                    to: 9,
+                    answer: Ok(true)
+                }
+            ]
+        ),
+        "{fx:?}"
+    );
+}
+
+#[test]
+fn a_release_the_store_failed_every_try_is_answered_unknown_and_each_error_named_once() {
+    let mut s = Story::new(config());
+    s.granted(0, 50, 7);
+    s.feed(
+        100,
+        Input::Release {
+            reply: 9,
+            scope: ReleaseScope::Any,
+        },
+    );
+    for at in [200, 300] {
+        let fx = s.answer(at, Outcome::Release(Err(timeout("release"))));
+        assert_eq!(calls(&fx), [Call::Release { token: Some(T7) }], "{fx:?}");
+    }
+    let fx = s.answer(400, Outcome::Release(Err(timeout("release"))));
+    assert!(calls(&fx).is_empty(), "three tries in all: {fx:?}");
     assert_eq!(
         events(&fx),
         [

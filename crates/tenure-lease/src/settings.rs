@@ -113,10 +113,11 @@ impl Default for LeaseSettings {
 }
 
 impl LeaseSettings {
-    /// How long to wait for a LeaseActor's answer to a release: its store call (bounded by
-    /// `lease-operation-timeout`) may queue behind one renewal (bounded the same way).
+    /// How long to wait for a LeaseActor's answer to a release: its store calls (a failed
+    /// release is sent again, three tries in all, each bounded by `lease-operation-timeout`)
+    /// may queue behind one renewal (bounded the same way).
     pub fn release_answer_timeout(&self) -> Duration {
-        self.lease_operation_timeout * 2 + Duration::from_secs(1)
+        self.lease_operation_timeout * (crate::machine::RELEASE_TRIES + 1) + Duration::from_secs(1)
     }
 
     /// Settings with the given time-to-live, the interval and margin derived by the default

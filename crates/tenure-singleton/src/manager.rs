@@ -780,24 +780,21 @@ impl ManagerState {
         // attempt is announced and decided on then, never ended under its instance.
         let seen = self.view.token().max(self.released_up_to);
         self.released_up_to = seen;
+        // The lease actor sends a failed release again itself before it answers.
         let timeout = self.spec.settings.lease.release_answer_timeout();
-        for _ in 0..3 {
-            let release = |reply| LeaseMsg::ReleaseSeen { seen, reply };
-            match self.lease.call(release, Some(timeout)).await {
-                Ok(ractor::rpc::CallResult::Success(Ok(true))) => {
-                    tracing::info!(singleton = %self.spec.name, "lease released");
-                    return;
-                }
-                Ok(ractor::rpc::CallResult::Success(Ok(false))) => return,
-                Ok(ractor::rpc::CallResult::Success(Err(e))) => {
-                    tracing::warn!(singleton = %self.spec.name, error = %e, "lease release failed; retrying");
-                }
-                _ => {
-                    tracing::warn!(singleton = %self.spec.name, "lease actor did not answer the release; retrying")
-                }
+        let release = |reply| LeaseMsg::ReleaseSeen { seen, reply };
+        match self.lease.call(release, Some(timeout)).await {
+            Ok(ractor::rpc::CallResult::Success(Ok(true))) => {
+                tracing::info!(singleton = %self.spec.name, "lease released");
+            }
+            Ok(ractor::rpc::CallResult::Success(Ok(false))) => {}
+            Ok(ractor::rpc::CallResult::Success(Err(e))) => {
+                tracing::error!(singleton = %self.spec.name, error = %e, "failed to release the lease; the singleton cannot run elsewhere until it expires");
+            }
+            _ => {
+                tracing::error!(singleton = %self.spec.name, "the lease actor did not answer the release; the singleton cannot run elsewhere until the lease expires");
             }
         }
-        tracing::error!(singleton = %self.spec.name, "failed to release the lease; the singleton cannot run elsewhere until it expires");
     }
 
     fn record(&self, event: fn(&str, FencingToken, &str), token: FencingToken, why: &str) {

@@ -27,7 +27,7 @@ use criterion::{Criterion, criterion_group};
 use etcd_client::{Client, Compare, CompareOp, GetOptions, LockOptions, PutOptions, Txn, TxnOp};
 use tenure_lease::{AcquireOutcome, Lease, LeaseSettings, LeaseSpec, LeaseStore};
 use tenure_lease_kit::bench::{
-    Holders, INTERVALS, ThinPath, api_settings, bracket_intervals, lease_acquire_release,
+    Holders, ThinPath, api_settings, bracket_intervals, intervals, lease_acquire_release,
     lease_counts, renewal_settings, runtime, spi_request, store_acquire_release, thin_path,
 };
 use tenure_lease_kit::report::Report;
@@ -246,6 +246,7 @@ fn renewal_traffic(report: &mut Report) {
         "leases", "intervals", "etcd requests / interval", "renewed per interval"
     );
     let rt = runtime().expect("runtime");
+    let intervals = intervals();
     for n in lease_counts() {
         let etcd = rt.block_on(Etcd::single());
         let s = LeaseSettings {
@@ -264,10 +265,10 @@ fn renewal_traffic(report: &mut Report) {
             (r1 - r0, all_held)
         });
         assert!(all_held, "every lease still held");
-        let per_interval = requests as f64 / INTERVALS as f64;
-        println!("{n:>8} {INTERVALS:>10} {per_interval:>26.2} {n:>20}");
+        let per_interval = requests as f64 / intervals as f64;
+        println!("{n:>8} {intervals:>10} {per_interval:>26.2} {n:>20}");
         report.row([
-            format!("renewals, {n} leases held by LeaseActors of one owner: etcd requests per heartbeat interval, over {INTERVALS}"),
+            format!("renewals, {n} leases held by LeaseActors of one owner: etcd requests per heartbeat interval, over {intervals}"),
             format!("{per_interval:.2}"),
         ]);
     }

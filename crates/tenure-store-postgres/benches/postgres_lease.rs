@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, criterion_group};
 use tenure_lease::{AcquireOutcome, AcquireRequest, HeldLease, Lease, LeaseSpec, LeaseStore};
 use tenure_lease_kit::bench::{
-    Counting, Holders, INTERVALS, ThinPath, api_settings, bracket_intervals, lease_acquire_release,
+    Counting, Holders, ThinPath, api_settings, bracket_intervals, intervals, lease_acquire_release,
     lease_counts, renewal_settings, runtime, spi_request, store_acquire_release, thin_path,
 };
 use tenure_lease_kit::report::Report;
@@ -287,6 +287,7 @@ fn renewal_cost(server: &PgServer, report: &mut Report) {
         "leases", "intervals", "round trips/interval", "leases per round trip", "one batch renew"
     );
     let rt = runtime().expect("runtime");
+    let intervals = intervals();
     for n in lease_counts() {
         let owner = format!("owner-{n}");
         let inner = rt
@@ -315,15 +316,15 @@ fn renewal_cost(server: &PgServer, report: &mut Report) {
         }
         let per_batch = started.elapsed() / runs;
         let (trips, per_trip) = (
-            counts.calls as f64 / INTERVALS as f64,
+            counts.calls as f64 / intervals as f64,
             counts.leases as f64 / counts.calls.max(1) as f64,
         );
         println!(
-            "{n:>8} {INTERVALS:>10} {trips:>22.2} {per_trip:>22.1} {:>20}",
+            "{n:>8} {intervals:>10} {trips:>22.2} {per_trip:>22.1} {:>20}",
             format!("{per_batch:.2?}")
         );
         report.row([
-            format!("renewals, {n} leases held by LeaseActors of one owner: store round trips per heartbeat interval, over {INTERVALS}; one batch renewal by hand"),
+            format!("renewals, {n} leases held by LeaseActors of one owner: store round trips per heartbeat interval, over {intervals}; one batch renewal by hand"),
             format!("{trips:.2} ({per_trip:.1} leases each); {per_batch:.2?}"),
         ]);
     }

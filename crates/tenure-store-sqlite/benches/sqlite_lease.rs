@@ -30,7 +30,7 @@ use criterion::{Criterion, criterion_group};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use tenure_lease::{AcquireOutcome, Acquired, HeldLease, Lease, LeaseSpec, LeaseStore};
 use tenure_lease_kit::bench::{
-    Counting, Holders, INTERVALS, ThinPath, api_settings, bracket_intervals, lease_acquire_release,
+    Counting, Holders, ThinPath, api_settings, bracket_intervals, intervals, lease_acquire_release,
     lease_counts, renewal_settings, runtime, spi_request, thin_path,
 };
 use tenure_lease_kit::report::Report;
@@ -331,6 +331,7 @@ fn renewal_cost(report: &mut Report) {
         "leases", "intervals", "round trips/interval", "leases per round trip"
     );
     let rt = runtime().expect("runtime");
+    let intervals = intervals();
     for n in lease_counts() {
         let dir = tempfile::tempdir().unwrap();
         let store = Counting::new(Arc::new(
@@ -347,12 +348,12 @@ fn renewal_cost(report: &mut Report) {
         });
         assert!(all_held, "every lease still held");
         let (trips, per_trip) = (
-            counts.calls as f64 / INTERVALS as f64,
+            counts.calls as f64 / intervals as f64,
             counts.leases as f64 / counts.calls.max(1) as f64,
         );
-        println!("{n:>8} {INTERVALS:>12} {trips:>22.2} {per_trip:>22.1}");
+        println!("{n:>8} {intervals:>12} {trips:>22.2} {per_trip:>22.1}");
         report.row([
-            format!("renewals, {n} leases held by LeaseActors of one owner: store round trips per heartbeat interval, over {INTERVALS}"),
+            format!("renewals, {n} leases held by LeaseActors of one owner: store round trips per heartbeat interval, over {intervals}"),
             format!("{trips:.2} ({per_trip:.1} leases each)"),
         ]);
     }

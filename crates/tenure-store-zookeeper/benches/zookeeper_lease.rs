@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, criterion_group};
 use tenure_lease::{AcquireOutcome, AcquireRequest, Lease, LeaseSpec, LeaseStore};
 use tenure_lease_kit::bench::{
-    Counting, Holders, INTERVALS, ThinPath, bracket_intervals, lease_acquire_release, lease_counts,
+    Counting, Holders, ThinPath, bracket_intervals, intervals, lease_acquire_release, lease_counts,
     percentile, renewal_settings, runtime, spi_request, store_acquire_release, thin_path,
 };
 use tenure_lease_kit::report::Report;
@@ -229,6 +229,7 @@ fn renewal_cost(report: &mut Report) {
     let rt = runtime().expect("runtime");
     rt.block_on(server.warm_up()).expect("warm-up");
     let s = renewal_settings();
+    let intervals = intervals();
     for n in lease_counts() {
         let store = Counting::new(Arc::new(store(&server, &format!("/bench/renew-{n}"))));
         let (counts, mut direct, all_held) = rt.block_on(async {
@@ -260,16 +261,16 @@ fn renewal_cost(report: &mut Report) {
             percentile(&bare, 50).expect("runs"),
         );
         let (trips, per_trip, renew_p90, ratio) = (
-            counts.calls as f64 / INTERVALS as f64,
+            counts.calls as f64 / intervals as f64,
             counts.leases as f64 / counts.calls.max(1) as f64,
             percentile(&direct, 90).expect("runs"),
             renew_p50.as_secs_f64() / bare_p50.as_secs_f64(),
         );
         println!(
-            "{n:>8} {INTERVALS:>10} {trips:>21.2} {per_trip:>22.1} {renew_p50:>16.2?} {renew_p90:>16.2?} {bare_p50:>12.2?} {ratio:>10.2}",
+            "{n:>8} {intervals:>10} {trips:>21.2} {per_trip:>22.1} {renew_p50:>16.2?} {renew_p90:>16.2?} {bare_p50:>12.2?} {ratio:>10.2}",
         );
         report.row([
-            format!("renewals, {n} leases held by LeaseActors of one owner: store round trips per heartbeat interval, over {INTERVALS}; one batch renewal p50, p90; bare multi p50"),
+            format!("renewals, {n} leases held by LeaseActors of one owner: store round trips per heartbeat interval, over {intervals}; one batch renewal p50, p90; bare multi p50"),
             format!("{trips:.2} ({per_trip:.1} leases each); {renew_p50:.2?}, {renew_p90:.2?}; {bare_p50:.2?} ({ratio:.2}x)"),
         ]);
     }

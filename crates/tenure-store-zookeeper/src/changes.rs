@@ -28,7 +28,7 @@ use tenure_lease::{ChangeVersion, Changes, StoreError};
 use zookeeper_client as zk;
 
 use crate::error::{backend, from_zk};
-use crate::node::HOLDER;
+use crate::node::Layout;
 
 /// How often an idle watch's events are read and counted when nobody checks (they queue up
 /// in memory until then).
@@ -39,8 +39,8 @@ pub(crate) struct ChangeWatch {
     /// The session the watch is on (held, so the session outlives the watch).
     client: zk::Client,
     watcher: zk::PersistentWatcher,
-    /// `<root>/`.
-    under: String,
+    /// The layout of the watched root: which paths are holder nodes.
+    layout: Layout,
     /// Where the epochs of this watch start (random per watch, so that versions of
     /// another store instance or an earlier watch never match).
     base: i64,
@@ -63,8 +63,9 @@ fn random() -> i64 {
 }
 
 impl ChangeWatch {
-    /// Starts a persistent recursive watch on `root` on `client`'s session.
-    async fn start(client: &zk::Client, root: &str) -> Result<ChangeWatch, StoreError> {
+    /// Starts a persistent recursive watch on the root of `layout` on `client`'s session.
+    async fn start(client: &zk::Client, layout: &Layout) -> Result<ChangeWatch, StoreError> {
+        let root = layout.root();
         let watcher = client
             .watch(root, zk::AddWatchMode::PersistentRecursive)
             .await
@@ -72,7 +73,7 @@ impl ChangeWatch {
         Ok(ChangeWatch {
             client: client.clone(),
             watcher,
-            under: format!("{root}/"),
+            layout: layout.clone(),
             base: random(),
             epoch: 0,
             counts: HashMap::new(),
@@ -102,7 +103,7 @@ impl ChangeWatch {
                 zk::EventType::NodeCreated
                 | zk::EventType::NodeDeleted
                 | zk::EventType::NodeDataChanged => {
-                    if let Some(name) = holder_name(&self.under, &event.path) {
+                    if let Some(name) = self.layout.holder_name(&event.path) {
                         for (prefix, count) in self.counts.iter_mut() {
                             if name.starts_with(prefix.as_str()) {
                                 *count += 1;
@@ -129,29 +130,20 @@ impl ChangeWatch {
     }
 }
 
-/// The lease name of a holder node's path under `under` (`<root>/`); `None` for any other
-/// node.
-fn holder_name<'a>(under: &str, path: &'a str) -> Option<&'a str> {
-    let name = path
-        .strip_prefix(under)?
-        .strip_suffix(HOLDER)?
-        .strip_suffix('/')?;
-    (!name.is_empty() && !name.contains('/')).then_some(name)
-}
-
 /// Whether the grants under `prefix` changed since `since`, through the watch in `watches`
 /// on `client`'s session (started, or restarted for a new session, here).
 pub(crate) async fn changes_since(
     watches: &Watches,
     client: &zk::Client,
-    root: &str,
+    layout: &Layout,
     prefix: &str,
     since: Option<ChangeVersion>,
 ) -> Result<Changes, StoreError> {
+    let root = layout.root();
     let mut current = watches.lock().await;
     if !current.as_ref().is_some_and(|w| w.serves(client)) {
         *current = None;
-        let watch = ChangeWatch::start(client, root).await?;
+        let watch = ChangeWatch::start(client, layout).await?;
         tokio::spawn(drain_while_idle(Arc::downgrade(watches), watch.base));
         *current = Some(watch);
     }
@@ -198,22 +190,36 @@ async fn drain_while_idle(watches: Weak<tokio::sync::Mutex<Option<ChangeWatch>>>
 
 #[cfg(test)]
 mod tests {
-    use super::holder_name;
+    use crate::node::Layout;
 
     #[test]
     fn only_holder_nodes_name_a_grant() {
-        let under = "/tenure/leases/";
-        assert_eq!(holder_name(under, "/tenure/leases/c-1/holder"), Some("c-1"));
-        assert_eq!(holder_name(under, "/tenure/leases/c-1"), None);
+        let flat = Layout::flat("/tenure/leases".into());
+        let families = Layout::families("/tenure/leases".into());
+        for layout in [&flat, &families] {
+            let holder_name = |path| layout.holder_name(path);
+            assert_eq!(holder_name("/tenure/leases/c-1/holder"), Some("c-1"));
+            assert_eq!(holder_name("/tenure/leases/c-1"), None);
+            assert_eq!(holder_name("/tenure/leases/c-1/wait-0000000001"), None);
+            assert_eq!(holder_name("/tenure/leases/c-1/remembered/holder"), None);
+            assert_eq!(holder_name("/tenure/leases/holder"), None);
+            assert_eq!(holder_name("/tenure/other/c-1/holder"), None);
+            assert_eq!(holder_name("/tenure/leases-x/c-1/holder"), None);
+        }
+        let member = "/tenure/leases/s-member-/s-member-h:1/holder";
+        assert_eq!(families.holder_name(member), Some("s-member-h:1"));
+        assert_eq!(flat.holder_name(member), None);
+        let flat_member = "/tenure/leases/s-member-h:1/holder";
+        assert_eq!(flat.holder_name(flat_member), Some("s-member-h:1"));
         assert_eq!(
-            holder_name(under, "/tenure/leases/c-1/wait-0000000001"),
-            None
+            families.holder_name(flat_member),
+            None,
+            "not where it lives"
         );
         assert_eq!(
-            holder_name(under, "/tenure/leases/c-1/remembered/holder"),
-            None
+            families.holder_name("/tenure/leases/s-member-/s-shard-x/holder"),
+            None,
+            "under another family's parent"
         );
-        assert_eq!(holder_name(under, "/tenure/leases/holder"), None);
-        assert_eq!(holder_name(under, "/tenure/other/c-1/holder"), None);
     }
 }

@@ -101,9 +101,9 @@ impl ZooKeeperStore {
             // Already ours: the reentrant acquire, no queueing.
             return self.try_acquire(req).await;
         }
-        let lease = self.inner.layout.lease(&req.name)?;
+        let lease = self.layout().await?.lease(&req.name)?;
         if !self.lease_node_known(&req.name) {
-            self.ensure_lease_node(&s.client, &lease).await?;
+            self.ensure_lease_node(&s.client, &req.name).await?;
             self.set_lease_node_known(&req.name);
         }
         let prefix = format!("{lease}/{WAITER}");
@@ -137,7 +137,7 @@ impl ZooKeeperStore {
                         node.delete().await;
                         return Ok(AcquireOutcome::Granted(record));
                     }
-                    AcquireOutcome::Held(_) => self.inner.layout.holder(&req.name)?,
+                    AcquireOutcome::Held(_) => self.layout().await?.holder(&req.name)?,
                 }
             } else {
                 format!("{lease}/{}", ahead[ahead.len() - 2].1)

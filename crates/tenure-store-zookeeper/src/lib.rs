@@ -1,9 +1,27 @@
 //! # tenure-store-zookeeper
 //!
 //! A lease store on Apache ZooKeeper (3.6 or later). Each held lease is an **ephemeral
-//! node** `<root>/<name>/holder` owned by the **session of its owner**: one session per
+//! node** `<lease node>/holder` owned by the **session of its owner**: one session per
 //! owner per store, so the keep-alive cost does not grow with the number of leases, and a
 //! crashed or cut-off holder's leases vanish with its session.
+//!
+//! **Layout.** A root this version creates (without `auth`) has the *families* layout: a
+//! lease whose name contains `-member-` or `-shard-` belongs to the family its name has up
+//! to the first of them (`tenure-member-` for the member lease `tenure-member-10.0.0.1:2552`),
+//! and its lease node is `<root>/<family>/<name>`; other lease nodes are `<root>/<name>`.
+//! Listing a prefix that has a family (the cluster's member leases) reads that family's
+//! parent only, however many other leases the root holds (other prefixes read the root's
+//! children and the parents of the families they cover). A root that already exists keeps
+//! its layout: one an earlier version created is *flat* (every lease node `<root>/<name>`,
+//! as before; the store logs this once), and so is one created with `auth`. The layout is
+//! told by the root's ACL, which never changes: on a families root, `CREATE` on the root
+//! and on every family parent belongs only to the identity `digest:tenure-layout-families-1`,
+//! which this version's owner sessions add on such a root and earlier versions never had. An earlier
+//! client there creates no node, so it is granted nothing (its acquires fail with
+//! `NoAuth`) and never holds a lease at its flat path while this version grants it under its
+//! family; a newer client on a flat root uses the flat paths, as the earlier ones do. No
+//! root changes layout in place: moving to the families layout is a new root, with every
+//! client stopped (docs/operations.md).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {

@@ -56,7 +56,9 @@ impl std::fmt::Debug for ZooKeeperConfig {
 pub struct ZooKeeperOptions {
     /// `host:port[,host:port…][/chroot]`.
     pub connect: String,
-    /// Absolute path under which lease nodes live (created when missing).
+    /// Absolute path under which lease nodes live (created when missing: without `auth`,
+    /// with the layout that puts each family of leases under its own parent; an existing
+    /// root keeps its layout).
     pub root: String,
     /// Session timeout to ask for. The server bounds it to [2, 20] × its tickTime (its
     /// `minSessionTimeout`/`maxSessionTimeout`); every acquire or renewal whose ttl exceeds

@@ -15,7 +15,7 @@ use tenure_lease::{
 use zookeeper_client as zk;
 
 use crate::error::{KIND, backend, from_zk, session_over};
-use crate::node::{GrantData, HOLDER, Layout, millis, remembered_id, remembered_node, token};
+use crate::node::{GrantData, Layout, millis, remembered_id, remembered_node, token};
 use crate::options::{REFERENCE, ZooKeeperOptions, check_root};
 use crate::session::{Grant, OwnerSession};
 
@@ -30,11 +30,13 @@ type Slot = Arc<tokio::sync::Mutex<Option<Arc<OwnerSession>>>>;
 
 pub(crate) struct Inner {
     pub(crate) options: ZooKeeperOptions,
-    pub(crate) layout: Layout,
+    /// The root's layout, read (or the root created) by the first operation; fixed for the
+    /// root's life.
+    layout: tokio::sync::OnceCell<Layout>,
     /// One session per owner, created on the owner's first acquire.
     owners: Mutex<HashMap<String, Slot>>,
     /// A session for reads, lists and releases by someone other than the grant's maker.
-    reader: Slot,
+    reader: tokio::sync::Mutex<Option<zk::Client>>,
     /// Lease nodes known to exist (they are never deleted).
     known: Mutex<HashSet<String>>,
     /// The clock of local expiries: the holder clock, which counts host suspend.
@@ -82,10 +84,10 @@ impl ZooKeeperStore {
         check_root(&options.root).map_err(|e| ConfigError::invalid("root", e.to_string()))?;
         Ok(ZooKeeperStore {
             inner: Arc::new(Inner {
-                layout: Layout::new(options.root.clone()),
+                layout: tokio::sync::OnceCell::new(),
                 options,
                 owners: Mutex::new(HashMap::new()),
-                reader: Slot::default(),
+                reader: tokio::sync::Mutex::default(),
                 known: Mutex::new(HashSet::new()),
                 clock,
                 changes: crate::changes::Watches::default(),
@@ -117,8 +119,8 @@ impl ZooKeeperStore {
         token: FencingToken,
     ) -> Result<Option<crate::ZooKeeperFence>, StoreError> {
         let client = self.reader().await?;
-        let lease = self.inner.layout.lease(name)?;
-        let holder = self.inner.layout.holder(name)?;
+        let lease = self.layout().await?.lease(name)?;
+        let holder = self.layout().await?.holder(name)?;
         // The lease node first: a grant made between the two reads has another holder
         // node (another czxid), so the version read belongs to the fenced grant or the
         // fence is refused here.
@@ -143,8 +145,10 @@ impl ZooKeeperStore {
     /// Opens a new session with the configured timeouts and auth. A `detached` session is
     /// not closed when the store is dropped: the server ends it after its timeout, so the
     /// grants on it last as long as their ttl promised (a holder that exits without
-    /// releasing leaves them to expire, as with every other store).
-    async fn connect(&self, detached: bool) -> Result<zk::Client, StoreError> {
+    /// releasing leaves them to expire, as with every other store). A `gated` session (an
+    /// owner's, on a families root without `auth`) adds the layout's gate identity, which
+    /// lets it create family parents and lease nodes.
+    async fn connect(&self, detached: bool, gated: bool) -> Result<zk::Client, StoreError> {
         let o = &self.inner.options;
         let mut connector = zk::Client::connector()
             .with_session_timeout(o.session_timeout)
@@ -152,8 +156,15 @@ impl ZooKeeperStore {
         if detached {
             connector = connector.with_detached();
         }
-        if let Some((scheme, cred)) = &o.auth {
-            connector = connector.with_auth(scheme, cred);
+        match &o.auth {
+            Some((scheme, cred)) => connector = connector.with_auth(scheme, cred),
+            // The gate identity of the families layout (module `node`), only where it is
+            // needed: with `auth`, the creator-only ACL would hand it every right on the
+            // nodes this session creates; on a flat root it has no use.
+            None if gated => {
+                connector = connector.with_auth("digest", crate::node::GATE_CREDENTIALS)
+            }
+            None => {}
         }
         let what = format!("connecting to {}", o.connect);
         let client = tokio::time::timeout(o.connection_timeout, connector.connect(&o.connect))
@@ -196,9 +207,10 @@ impl ZooKeeperStore {
         let session = match &*current {
             Some(s) if s.usable() => s.clone(),
             _ => {
+                let layout = self.layout().await?.clone();
                 let s = OwnerSession::start(
-                    self.connect(true).await?,
-                    self.inner.layout.clone(),
+                    self.connect(true, layout.has_families()).await?,
+                    layout,
                     self.inner.clock.clone(),
                 );
                 *current = Some(s.clone());
@@ -242,33 +254,89 @@ impl ZooKeeperStore {
     async fn reader(&self) -> Result<zk::Client, StoreError> {
         let mut current = self.inner.reader.lock().await;
         match &*current {
-            Some(s) if s.usable() => Ok(s.client.clone()),
+            Some(c)
+                if !matches!(
+                    c.state(),
+                    zk::SessionState::Expired
+                        | zk::SessionState::Closed
+                        | zk::SessionState::AuthFailed
+                ) =>
+            {
+                Ok(c.clone())
+            }
             _ => {
-                let s = OwnerSession::start(
-                    self.connect(false).await?,
-                    self.inner.layout.clone(),
-                    self.inner.clock.clone(),
-                );
-                *current = Some(s.clone());
-                Ok(s.client.clone())
+                let c = self.connect(false, false).await?;
+                *current = Some(c.clone());
+                Ok(c)
             }
         }
     }
 
-    /// Creates the lease node of `name` (and the root) when missing.
+    /// The root's layout (module [`node`](crate::node)): read from the root's ACL by the
+    /// first call, which creates the root when missing, with the families layout (or,
+    /// with `auth`, the flat one). A root that exists keeps its layout.
+    pub(crate) async fn layout(&self) -> Result<&Layout, StoreError> {
+        self.inner
+            .layout
+            .get_or_try_init(|| async {
+                let client = self.reader().await?;
+                let root = self.inner.options.root.clone();
+                let layout = read_layout(&client, &root, &self.inner.options).await?;
+                if layout.has_families() {
+                    tracing::debug!(%root, "ZooKeeper root has the families layout");
+                } else {
+                    tracing::info!(
+                        %root,
+                        "ZooKeeper root has the flat layout (created by an earlier version, or \
+                         with auth): it stays flat, and listing a family of leases reads every \
+                         lease under the root; docs/operations.md tells how to move to a root \
+                         with the families layout"
+                    );
+                }
+                Ok(layout)
+            })
+            .await
+    }
+
+    /// Creates the lease node of `name` (and its family's parent, or the root) when missing.
     pub(crate) async fn ensure_lease_node(
         &self,
         client: &zk::Client,
-        lease: &str,
+        name: &str,
     ) -> Result<(), StoreError> {
+        let layout = self.layout().await?;
+        let lease = layout.lease(name)?;
         let opts = zk::CreateMode::Persistent.with_acls(acls(&self.inner.options));
-        match client.create(lease, &[], &opts).await {
-            Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
-            Err(zk::Error::NoNode) => client
-                .mkdir(lease, &opts)
+        let what = || format!("creating {lease}");
+        match client.create(&lease, &[], &opts).await {
+            Ok(_) | Err(zk::Error::NodeExists) => return Ok(()),
+            Err(zk::Error::NoNode) => {}
+            Err(e) => return Err(from_zk(&what(), &e)),
+        }
+        match layout.family_of(name) {
+            // A family's parent carries the gate ACL, as the root does: an earlier client
+            // must not create a lease node in it.
+            Some(family) => {
+                let parent = layout.family_parent(family);
+                let gated = zk::CreateMode::Persistent.with_acls(crate::node::gated_acls());
+                match client.create(&parent, &[], &gated).await {
+                    Ok(_) | Err(zk::Error::NodeExists) => {}
+                    Err(e) => return Err(from_zk(&format!("creating {parent}"), &e)),
+                }
+                match client.create(&lease, &[], &opts).await {
+                    Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
+                    Err(e) => Err(from_zk(&what(), &e)),
+                }
+            }
+            None if layout.has_families() => Err(backend(format!(
+                "{}: the root {} is gone (a root is never deleted while clients use it)",
+                what(),
+                layout.root()
+            ))),
+            None => client
+                .mkdir(&lease, &opts)
                 .await
-                .map_err(|e| from_zk(&format!("creating {lease}"), &e)),
-            Err(e) => Err(from_zk(&format!("creating {lease}"), &e)),
+                .map_err(|e| from_zk(&what(), &e)),
         }
     }
 
@@ -342,8 +410,8 @@ impl ZooKeeperStore {
         data: &[u8],
         replace: Option<i32>,
     ) -> Result<Option<LeaseRecord>, GrantError> {
-        let lease = self.inner.layout.lease(&req.name)?;
-        let holder = format!("{lease}/{HOLDER}");
+        let lease = self.layout().await?.lease(&req.name)?;
+        let holder = format!("{lease}/{}", crate::node::HOLDER);
         let acls = acls(&self.inner.options);
         let fresh = replace.is_none() && !self.lease_node_known(&req.name);
         let mut multi = s.client.new_multi_writer();
@@ -406,7 +474,7 @@ impl ZooKeeperStore {
                 index: 0,
                 source: zk::Error::NoNode,
             }) => {
-                self.ensure_lease_node(&s.client, &lease).await?;
+                self.ensure_lease_node(&s.client, &req.name).await?;
                 self.set_lease_node_known(&req.name);
                 Ok(None)
             }
@@ -427,7 +495,7 @@ impl ZooKeeperStore {
         s: &Arc<OwnerSession>,
         req: &AcquireRequest,
     ) -> Result<AcquireOutcome, GrantError> {
-        let holder = self.inner.layout.holder(&req.name)?;
+        let holder = self.layout().await?.holder(&req.name)?;
         let data = GrantData::new(req).encode();
         for _ in 0..MAX_ATTEMPTS {
             match self.grant(s, req, &data, None).await {
@@ -514,7 +582,7 @@ impl ZooKeeperStore {
         client: &zk::Client,
         name: &str,
     ) -> Result<Option<(GrantData, zk::Stat)>, StoreError> {
-        let holder = self.inner.layout.holder(name)?;
+        let holder = self.layout().await?.holder(name)?;
         let (bytes, stat) = match client.get_data(&holder).await {
             Ok(found) => found,
             Err(zk::Error::NoNode) => return Ok(None),
@@ -537,12 +605,13 @@ impl ZooKeeperStore {
         data: &GrantData,
         stat: &zk::Stat,
     ) -> Result<Option<zk::Stat>, StoreError> {
-        let holder = self.inner.layout.holder(name)?;
+        let layout = self.layout().await?;
+        let holder = layout.holder(name)?;
         let what = format!("writing the request on {holder}");
         let mut multi = client.new_multi_writer();
         multi
             .add_set_data(&holder, &data.encode(), Some(stat.version))
-            .and_then(|_| multi.add_set_data(self.inner.layout.root(), &[], None))
+            .and_then(|_| multi.add_set_data(layout.root(), &[], None))
             .map_err(|e| from_zk(&what, &e))?;
         match multi.commit().await {
             Ok(results) => match results.first() {
@@ -557,7 +626,7 @@ impl ZooKeeperStore {
                 &format!(
                     "{what}: counting it on {} (the store's clients need write permission \
                      on the root node)",
-                    self.inner.layout.root()
+                    layout.root()
                 ),
                 &source,
             )),
@@ -571,12 +640,13 @@ impl ZooKeeperStore {
         client: &zk::Client,
         names: &[String],
     ) -> Result<Vec<Option<(Vec<u8>, zk::Stat)>>, StoreError> {
+        let layout = self.layout().await?;
         let mut pending = Vec::new();
         for chunk in names.chunks(READS_PER_MULTI) {
             let mut multi = client.new_multi_reader();
             for name in chunk {
                 multi
-                    .add_get_data(&self.inner.layout.holder(name)?)
+                    .add_get_data(&layout.holder(name)?)
                     .map_err(|e| from_zk(&format!("reading lease {name}"), &e))?;
             }
             pending.push(multi.commit());
@@ -599,6 +669,63 @@ impl ZooKeeperStore {
         }
         Ok(out)
     }
+}
+
+/// The children of `parent`; none when it does not exist.
+async fn children(client: &zk::Client, parent: &str) -> Result<Vec<String>, StoreError> {
+    match client.list_children(parent).await {
+        Ok(children) => Ok(children),
+        Err(zk::Error::NoNode) => Ok(Vec::new()),
+        Err(e) => Err(from_zk(&format!("listing {parent}"), &e)),
+    }
+}
+
+/// The layout of `root` (its ACL tells: [`Layout::detect`]); a missing root is created
+/// first, with the families layout, or with `auth` (whose creator-only ACL leaves no room for
+/// the gate) the flat one. Creating it and reading it back in one loop makes every client
+/// agree on the layout of the root that won.
+async fn read_layout(
+    client: &zk::Client,
+    root: &str,
+    options: &ZooKeeperOptions,
+) -> Result<Layout, StoreError> {
+    for _ in 0..MAX_ATTEMPTS {
+        match client.get_acl(root).await {
+            Ok((found, _)) => return Ok(Layout::detect(root.to_string(), &found)),
+            Err(zk::Error::NoNode) => {}
+            Err(e) => return Err(from_zk(&format!("reading the ACL of {root}"), &e)),
+        }
+        let families = options.auth.is_none();
+        let created = if families {
+            crate::node::gated_acls()
+        } else {
+            acls(options)
+        };
+        match client
+            .create(root, &[], &zk::CreateMode::Persistent.with_acls(created))
+            .await
+        {
+            Ok(_) if families => return Ok(Layout::families(root.to_string())),
+            Ok(_) => return Ok(Layout::flat(root.to_string())),
+            // Created meanwhile by another client: its ACL tells the layout.
+            Err(zk::Error::NodeExists) => {}
+            Err(zk::Error::NoNode) => {
+                let parent = root.rsplit_once('/').map_or("", |(p, _)| p);
+                if !parent.is_empty() {
+                    let opts = zk::CreateMode::Persistent.with_acls(acls(options));
+                    client
+                        .mkdir(parent, &opts)
+                        .await
+                        .map_err(|e| from_zk(&format!("creating {parent}"), &e))?;
+                }
+            }
+            Err(e) => return Err(from_zk(&format!("creating {root}"), &e)),
+        }
+    }
+    Err(backend(format!(
+        "reading the layout of {root}: it was created and deleted {MAX_ATTEMPTS} times while we \
+         looked"
+    )))
 }
 
 fn check_ttl(session: &OwnerSession, ttl: Duration) -> Result<(), StoreError> {
@@ -702,7 +829,8 @@ impl LeaseStore for ZooKeeperStore {
             return Ok(vec![Renewal::NotHeld; leases.len()]);
         }
         check_ttl(&s, ttl)?;
-        let root = self.inner.layout.root();
+        let layout = self.layout().await?;
+        let root = layout.root();
         let (seen, mut known) = s.pending().lookup(leases);
         let unknown: Vec<usize> = (0..leases.len()).filter(|&i| known[i].is_none()).collect();
         let names = |which: &[usize]| -> Vec<String> {
@@ -727,11 +855,7 @@ impl LeaseStore for ZooKeeperStore {
             Err(e) => return Err(from_zk(&format!("renewing leases of {owner}"), &e)),
         };
         // The names of the leases whose holder node is an ephemeral of the session.
-        let (prefix, suffix) = (format!("{root}/"), format!("/{HOLDER}"));
-        let alive: HashSet<&str> = paths
-            .iter()
-            .filter_map(|p| p.strip_prefix(&prefix)?.strip_suffix(&suffix))
-            .collect();
+        let alive: HashSet<&str> = paths.iter().filter_map(|p| layout.holder_name(p)).collect();
         let version = counted
             .map_err(|e| from_zk(&format!("renewing leases of {owner}"), &e))?
             .map(|stat| stat.version);
@@ -748,7 +872,7 @@ impl LeaseStore for ZooKeeperStore {
             let lease = &leases[i];
             let request = match found {
                 Some((data, stat)) if token(stat.czxid) == lease.token => {
-                    let path = self.inner.layout.holder(&lease.name)?;
+                    let path = layout.holder(&lease.name)?;
                     GrantData::decode(&path, &data)?.request
                 }
                 _ => None,
@@ -798,8 +922,8 @@ impl LeaseStore for ZooKeeperStore {
         }
         // Not granted through this store: check owner and token on the server.
         let client = self.reader().await?;
-        let lease = self.inner.layout.lease(name)?;
-        let holder = format!("{lease}/{HOLDER}");
+        let lease = self.layout().await?.lease(name)?;
+        let holder = format!("{lease}/{}", crate::node::HOLDER);
         let mut multi = client.new_multi_reader();
         multi
             .add_get_data(&lease)
@@ -839,7 +963,7 @@ impl LeaseStore for ZooKeeperStore {
 
     async fn read(&self, name: &str) -> Result<Option<LeaseRecord>, StoreError> {
         let client = self.reader().await?;
-        let holder = self.inner.layout.holder(name)?;
+        let holder = self.layout().await?.holder(name)?;
         match client.get_data(&holder).await {
             Ok((data, stat)) => self.holder_record(name, &holder, &data, &stat).await,
             Err(zk::Error::NoNode) => Ok(None),
@@ -847,13 +971,39 @@ impl LeaseStore for ZooKeeperStore {
         }
     }
 
+    /// Flat layout: the root's children, those starting with `prefix`. Families layout
+    /// (module [`node`](crate::node)): when `prefix` has a family, only that family's
+    /// parent's children; otherwise the root's children, and those of the family parents
+    /// that start with `prefix`. Then the holder nodes of the names found, in multi-reads.
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
         let client = self.reader().await?;
-        let root = self.inner.layout.root();
-        let mut names = match client.list_children(root).await {
-            Ok(children) => children,
-            Err(zk::Error::NoNode) => return Ok(Vec::new()),
-            Err(e) => return Err(from_zk(&format!("listing {root}"), &e)),
+        let layout = self.layout().await?;
+        let mut names = match layout.family_of(prefix) {
+            Some(family) => children(&client, &layout.family_parent(family)).await?,
+            None => {
+                let mut names = Vec::new();
+                let mut families = Vec::new();
+                for child in children(&client, layout.root()).await? {
+                    match layout.family_of(&child) {
+                        None => names.push(child),
+                        Some(family) if family == child => {
+                            if child.starts_with(prefix) {
+                                families.push(layout.family_parent(&child));
+                            }
+                        }
+                        // Not where this layout puts a lease node: no lease's.
+                        Some(_) => {}
+                    }
+                }
+                let listed = futures::future::join_all(
+                    families.iter().map(|parent| children(&client, parent)),
+                )
+                .await;
+                for found in listed {
+                    names.extend(found?);
+                }
+                names
+            }
         };
         names.retain(|n| n.starts_with(prefix));
         names.sort();
@@ -861,7 +1011,7 @@ impl LeaseStore for ZooKeeperStore {
         let mut out = Vec::new();
         for (name, found) in names.iter().zip(holders) {
             if let Some((data, stat)) = found {
-                let path = self.inner.layout.holder(name)?;
+                let path = layout.holder(name)?;
                 if let Some(r) = self.holder_record(name, &path, &data, &stat).await? {
                     out.push(r);
                 }
@@ -898,7 +1048,7 @@ impl GrantChanges for ZooKeeperStore {
         crate::changes::changes_since(
             &self.inner.changes,
             &client,
-            self.inner.layout.root(),
+            self.layout().await?,
             prefix,
             since,
         )
@@ -1018,8 +1168,8 @@ impl RememberedIds for ZooKeeperStore {
         change: &RememberChange,
     ) -> Result<bool, StoreError> {
         let client = self.reader().await?;
-        let lease = self.inner.layout.lease(name)?;
-        let dir = self.inner.layout.remembered(name)?;
+        let lease = self.layout().await?.lease(name)?;
+        let dir = self.layout().await?.remembered(name)?;
         // A read after the sync sees every write committed before it (this session's
         // server may lag the leader otherwise).
         client
@@ -1105,8 +1255,9 @@ impl RememberedIds for ZooKeeperStore {
     /// A `sync`, then the children of the lease's `remembered` node, decoded.
     async fn remembered(&self, name: &str) -> Result<Vec<String>, StoreError> {
         let client = self.reader().await?;
-        let dir = self.inner.layout.remembered(name)?;
-        let root = self.inner.layout.root();
+        let layout = self.layout().await?;
+        let dir = layout.remembered(name)?;
+        let root = layout.root();
         client
             .sync(root)
             .await

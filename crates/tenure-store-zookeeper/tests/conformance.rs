@@ -1,4 +1,7 @@
-//! The conformance suite against a real ZooKeeper server (Debian's `zookeeper` package).
+//! The conformance suite against a real ZooKeeper server (Debian's `zookeeper` package), on
+//! a root the store creates (the families layout). The flat layout an earlier version's root
+//! keeps is the layout of every lease outside a family, which these tests' leases are; the
+//! two layouts side by side are tested in `layout.rs`.
 
 mod common;
 
