@@ -16,7 +16,9 @@ use tenure_history::{Entry, Event};
 use tenure_lease::{
     Fault, FencingToken, LeaseSettings, LeaseSpec, LeaseStore, MemoryStore, ProcessEnd, Unstoppable,
 };
+use tenure_lease_kit::conformance::holder_test_settings;
 use tenure_singleton::{ManagerMsg, SingletonManager, SingletonSettings, SingletonSpec, spawner};
+use tenure_test_kit::next_within;
 use tenure_test_kit::{Gate, TestHistory, recorded};
 use tokio::sync::mpsc;
 
@@ -74,14 +76,11 @@ impl Drop for Fixture {
     }
 }
 
+/// The kit's holder settings, retried every 200 ms.
 fn lease_settings() -> LeaseSettings {
     LeaseSettings {
-        heartbeat_timeout: Duration::from_millis(1500),
-        heartbeat_interval: Duration::from_millis(200),
-        lease_operation_timeout: Duration::from_millis(500),
         lease_retry_interval: Duration::from_millis(200),
-        safety_margin: Duration::from_millis(200),
-        lock_delay: Duration::ZERO,
+        ..holder_test_settings()
     }
 }
 
@@ -168,10 +167,7 @@ impl Fixture {
     }
 
     async fn next(&mut self) -> Seen {
-        tokio::time::timeout(Duration::from_secs(10), self.seen.recv())
-            .await
-            .expect("an instance event within 10 s")
-            .expect("channel open")
+        next_within(&mut self.seen, Duration::from_secs(10), "an instance event").await
     }
 
     /// Waits for the instance to start, then blocks its thread; returns its token.
