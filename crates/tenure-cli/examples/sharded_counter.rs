@@ -12,15 +12,14 @@
 //! placement) and lets it go again after one round.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
 use std::time::Duration;
 
-use rustix::process::{Pid, Signal, kill_process};
 use tenure::TenureConfig;
 use tenure::cluster::{ClusterSettings, Node};
 use tenure::sharding::{ShardRegion, entity_factory};
 use tenure_cli::demo::FencedCounter;
 use tenure_cli::demo::counter::{Counter, CounterRequest};
+use tenure_cli::demo::example_nodes::{free_ports, node_mode, spawn_node, stop_nodes};
 
 const KEYS: [&str; 4] = ["alice", "bob", "carol", "dave"];
 
@@ -71,15 +70,6 @@ async fn node(
     .await?;
     node.run_until_signal().await?;
     Ok(())
-}
-
-fn spawn_node(dir: &Path, i: usize, ports: &[u16]) -> std::io::Result<Child> {
-    let path = dir.join(format!("node{i}.toml"));
-    std::fs::write(&path, config(dir, ports[i], ports[0], "\"counter\""))?;
-    Command::new(std::env::current_exe()?)
-        .env("TENURE_EXAMPLE_NODE", &path)
-        .env("TENURE_EXAMPLE_COUNTER", dir.join("counter.sqlite"))
-        .spawn()
 }
 
 /// One increment of every key, retried until acknowledged (its shard may be moving), for
@@ -142,21 +132,15 @@ async fn pin(region: &ShardRegion, key: &str, to: &str) -> Result<(), Box<dyn st
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    if let (Ok(config), Ok(counter)) = (
-        std::env::var("TENURE_EXAMPLE_NODE"),
-        std::env::var("TENURE_EXAMPLE_COUNTER"),
-    ) {
-        return node(config.into(), counter.into()).await;
+    if let Some((config, counter)) = node_mode() {
+        return node(config, counter).await;
     }
     let dir = tempfile::tempdir()?;
-    let ports: Vec<u16> = (0..4)
-        .map(|_| {
-            std::net::TcpListener::bind("127.0.0.1:0").map(|l| l.local_addr().map(|a| a.port()))
-        })
-        .collect::<Result<Result<_, _>, _>>()??;
+    let ports = free_ports(4)?;
     let mut children = Vec::new();
     for i in 0..3 {
-        children.push(spawn_node(dir.path(), i, &ports)?);
+        let config = config(dir.path(), ports[i], ports[0], "\"counter\"");
+        children.push(spawn_node(dir.path(), i, &config)?);
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     // This process: a fourth node without the role, so its region only routes.
@@ -191,15 +175,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let result = rounds.await;
     node.leave().await?;
-    for child in &mut children {
-        if child.try_wait()?.is_none() {
-            // SIGTERM: each node leaves gracefully.
-            kill_process(Pid::from_child(child), Signal::TERM)?;
-            let status = child.wait()?;
-            if !status.success() {
-                return Err(format!("node {} did not leave cleanly: {status}", child.id()).into());
-            }
-        }
-    }
+    stop_nodes(&mut children)?;
     Ok(result?)
 }

@@ -10,14 +10,13 @@
 //! refused by the counter itself.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
 use std::time::Duration;
 
-use rustix::process::{Pid, Signal, kill_process};
 use tenure::TenureConfig;
 use tenure::cluster::{ClusterSettings, Node};
 use tenure::singleton::spawner;
 use tenure_cli::demo::FencedCounter;
+use tenure_cli::demo::example_nodes::{free_ports, node_mode, spawn_node, stop_nodes};
 use tenure_cli::demo::ticker::{Ticker, TickerArgs};
 
 const NAME: &str = "ticks";
@@ -72,15 +71,6 @@ async fn node(
     Ok(())
 }
 
-fn spawn_node(dir: &Path, i: usize, ports: &[u16]) -> std::io::Result<Child> {
-    let path = dir.join(format!("node{i}.toml"));
-    std::fs::write(&path, config(dir, ports[i], ports[0]))?;
-    Command::new(std::env::current_exe()?)
-        .env("TENURE_EXAMPLE_NODE", &path)
-        .env("TENURE_EXAMPLE_COUNTER", dir.join("counter.sqlite"))
-        .spawn()
-}
-
 fn show(counter: &FencedCounter, label: &str) {
     match counter.get(NAME) {
         Ok(Some((value, token))) => {
@@ -93,21 +83,15 @@ fn show(counter: &FencedCounter, label: &str) {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    if let (Ok(config), Ok(counter)) = (
-        std::env::var("TENURE_EXAMPLE_NODE"),
-        std::env::var("TENURE_EXAMPLE_COUNTER"),
-    ) {
-        return node(config.into(), counter.into()).await;
+    if let Some((config, counter)) = node_mode() {
+        return node(config, counter).await;
     }
     let dir = tempfile::tempdir()?;
-    let ports: Vec<u16> = (0..3)
-        .map(|_| {
-            std::net::TcpListener::bind("127.0.0.1:0").map(|l| l.local_addr().map(|a| a.port()))
-        })
-        .collect::<Result<Result<_, _>, _>>()??;
+    let ports = free_ports(3)?;
     let mut children = Vec::new();
     for i in 0..3 {
-        children.push(spawn_node(dir.path(), i, &ports)?);
+        let config = config(dir.path(), ports[i], ports[0]);
+        children.push(spawn_node(dir.path(), i, &config)?);
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     let counter = FencedCounter::open(&dir.path().join("counter.sqlite"))?;
@@ -122,14 +106,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         tokio::time::sleep(Duration::from_secs(1)).await;
         show(&counter, &format!("t+{s}s"));
     }
-    for child in &mut children[1..] {
-        // SIGTERM: each node leaves gracefully.
-        kill_process(Pid::from_child(child), Signal::TERM)?;
-        let status = child.wait()?;
-        if !status.success() {
-            return Err(format!("node {} did not leave cleanly: {status}", child.id()).into());
-        }
-    }
+    stop_nodes(&mut children[1..])?;
     show(&counter, "done");
     Ok(())
 }

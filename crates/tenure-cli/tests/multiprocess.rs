@@ -131,20 +131,7 @@ fn guarded_commands_never_overlap_across_sigkills() {
     let history = sb.path("history");
     let writer = guarded_writer(&history, Some(25));
     let spawn = |i: usize| {
-        let mut args: Vec<String> = [
-            "lease",
-            "run",
-            "job",
-            "--owner",
-            &format!("r{i}"),
-            "--grace",
-            "200ms",
-            "--",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        args.extend(writer.iter().cloned());
+        let args = lease_run_args("job", &format!("r{i}"), None, &writer);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         sb.spawn(&args)
     };
@@ -204,22 +191,7 @@ fn two_runs_with_the_same_owner_take_turns() {
     let history = sb.path("history");
     let checked = sb.path("history.jsonl");
     let writer = guarded_writer(&history, Some(25));
-    let mut args: Vec<String> = [
-        "lease",
-        "run",
-        "nightly",
-        "--owner",
-        "web-1",
-        "--grace",
-        "200ms",
-        "--history",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    args.push(checked.display().to_string());
-    args.push("--".into());
-    args.extend(writer);
+    let args = lease_run_args("nightly", "web-1", Some(&checked), &writer);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut first = sb.spawn(&args);
     let started = Instant::now();
@@ -267,16 +239,7 @@ fn sigstopped_holder_stops_its_command_on_resume_and_late_writes_are_fenced() {
     let sb = Sandbox::new();
     let history = sb.path("history");
     let writer = guarded_writer(&history, None);
-    let run_args = |owner: &str| {
-        let mut a: Vec<String> = [
-            "lease", "run", "job", "--owner", owner, "--grace", "200ms", "--",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        a.extend(writer.iter().cloned());
-        a
-    };
+    let run_args = |owner: &str| lease_run_args("job", owner, None, &writer);
     // r1 in a process group of its own (its command makes another).
     let args1 = run_args("r1");
     let mut cmd1 = sb.command(&args1.iter().map(String::as_str).collect::<Vec<_>>());

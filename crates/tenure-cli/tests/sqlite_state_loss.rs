@@ -15,23 +15,12 @@ const LIMIT: Duration = Duration::from_secs(30);
 /// `lease run NAME --owner OWNER` of a command that appends to `history` until stopped,
 /// recording its lease events in `checked`.
 fn run_args(owner: &str, history: &Path, checked: &Path) -> Vec<String> {
-    let mut args: Vec<String> = [
-        "lease",
-        "run",
+    lease_run_args(
         "nightly",
-        "--owner",
         owner,
-        "--grace",
-        "200ms",
-        "--history",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    args.push(checked.display().to_string());
-    args.push("--".into());
-    args.extend(guarded_writer(history, None));
-    args
+        Some(checked),
+        &guarded_writer(history, None),
+    )
 }
 
 fn spawn_run(sb: &Sandbox, owner: &str, history: &Path, checked: &Path) -> Running {

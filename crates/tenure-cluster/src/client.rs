@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 use crate::agent::{AGENT_GROUP, scope};
 use crate::error::ClusterError;
 use crate::identity::NodeAddr;
-use crate::protocol::{AgentMsg, FaultReply, Inspect, NodeView, SetLink};
+use crate::protocol::{AgentMsg, NodeView, ask_set_link, ask_view};
 use crate::settings::ClusterSettings;
 use crate::transport::{LinkFault, Tls, dial};
 
@@ -172,36 +172,29 @@ impl ClusterClient {
 
     /// The node's view of the cluster.
     pub async fn view(&self) -> Result<NodeView, ClusterError> {
-        ractor::call_t!(self.agent, AgentMsg::Inspect, 5000, Inspect {}).map_err(|e| {
-            ClusterError::Connect {
-                addr: self.node.to_string(),
-                detail: format!("no answer: {e}"),
-            }
-        })
+        ask_view(&self.agent).await.map_err(|e| self.no_answer(e))
     }
 
     /// Sets the node's link fault with `peer`; [`LinkFault::None`] heals it (needs
     /// `cluster.fault-injection`).
     pub async fn set_link(&self, peer: &NodeAddr, fault: LinkFault) -> Result<(), ClusterError> {
-        let reply: FaultReply = ractor::call_t!(
-            self.agent,
-            AgentMsg::SetLink,
-            5000,
-            SetLink {
-                peer: peer.clone(),
-                fault
-            }
-        )
-        .map_err(|e| ClusterError::Connect {
-            addr: self.node.to_string(),
-            detail: format!("no answer: {e}"),
-        })?;
-        match reply.error {
+        match ask_set_link(&self.agent, peer, fault)
+            .await
+            .map_err(|e| self.no_answer(e))?
+        {
             None => Ok(()),
             Some(detail) => Err(ClusterError::Connect {
                 addr: self.node.to_string(),
                 detail,
             }),
+        }
+    }
+
+    /// The error of a question the node's agent did not answer, `why`.
+    fn no_answer(&self, why: String) -> ClusterError {
+        ClusterError::Connect {
+            addr: self.node.to_string(),
+            detail: format!("no answer: {why}"),
         }
     }
 

@@ -16,8 +16,8 @@ use crate::identity::{Incarnation, NodeAddr};
 use crate::member::{ClusterEvent, MemberStatus};
 use crate::placement::Placement;
 use crate::protocol::{
-    AgentLocal, AgentMsg, DownRequest, FaultReply, Inspect, LeaveRequest, NodeView, OperatorReply,
-    SetLink,
+    AgentLocal, AgentMsg, DownRequest, LeaveRequest, NodeView, OperatorReply, ask_set_link,
+    ask_view,
 };
 use crate::readiness::{Readiness, ReadinessGate};
 use crate::settings::ClusterSettings;
@@ -144,7 +144,8 @@ impl OperatorRefusal {
 }
 
 async fn view_of(agent: &ActorRef<AgentMsg>) -> Result<NodeView, ClusterError> {
-    ractor::call_t!(agent, AgentMsg::Inspect, 5000, Inspect {})
+    ask_view(agent)
+        .await
         .map_err(|e| ClusterError::Actor(format!("the node's agent did not answer: {e}")))
 }
 
@@ -431,17 +432,10 @@ impl Node {
     /// Sets this node's link fault with `peer`; [`LinkFault::None`] heals it (needs
     /// `cluster.fault-injection`).
     pub async fn set_link(&self, peer: &NodeAddr, fault: LinkFault) -> Result<(), ClusterError> {
-        let reply: FaultReply = ractor::call_t!(
-            self.agent,
-            AgentMsg::SetLink,
-            5000,
-            SetLink {
-                peer: peer.clone(),
-                fault
-            }
-        )
-        .map_err(|e| ClusterError::Actor(e.to_string()))?;
-        match reply.error {
+        match ask_set_link(&self.agent, peer, fault)
+            .await
+            .map_err(ClusterError::Actor)?
+        {
             None => Ok(()),
             Some(e) => Err(ClusterError::Actor(e)),
         }

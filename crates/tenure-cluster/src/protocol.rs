@@ -1,6 +1,6 @@
 //! The messages nodes exchange (through their agents) and the local messages of the agent.
 
-use ractor::RpcReplyPort;
+use ractor::{ActorRef, RpcReplyPort};
 use ractor_cluster::node::NodeServerSessionInformation;
 use serde::{Deserialize, Serialize};
 use tenure_lease::{FencingToken, LeaseEvent, LeaseRecord};
@@ -224,6 +224,29 @@ pub struct OperatorReply {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct FaultReply {
     pub error: Option<String>,
+}
+
+/// Asks `agent` for its view of the cluster. `Err` says why no answer came (the agent
+/// stopped, or did not answer within 5 s).
+pub(crate) async fn ask_view(agent: &ActorRef<AgentMsg>) -> Result<NodeView, String> {
+    ractor::call_t!(agent, AgentMsg::Inspect, 5000, Inspect {}).map_err(|e| e.to_string())
+}
+
+/// Asks `agent` to set its link fault with `peer`. `Ok(None)`: set; `Ok(Some(why))`: the
+/// agent refused (fault injection is off); `Err` says why no answer came (the agent
+/// stopped, or did not answer within 5 s).
+pub(crate) async fn ask_set_link(
+    agent: &ActorRef<AgentMsg>,
+    peer: &NodeAddr,
+    fault: crate::transport::LinkFault,
+) -> Result<Option<String>, String> {
+    let change = SetLink {
+        peer: peer.clone(),
+        fault,
+    };
+    let reply: FaultReply =
+        ractor::call_t!(agent, AgentMsg::SetLink, 5000, change).map_err(|e| e.to_string())?;
+    Ok(reply.error)
 }
 
 crate::cluster_message! {

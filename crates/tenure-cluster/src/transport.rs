@@ -147,30 +147,27 @@ impl Tls {
         )
         .build()
         .map_err(|e| err("ca", &files.ca, e.to_string()))?;
+        // Both sides refuse the same files for the same reasons.
+        let no_protocol = |e: rustls::Error| err("cert", &files.cert, e.to_string());
+        let key_mismatch = |e: rustls::Error| {
+            err(
+                "key",
+                &files.key,
+                format!("does not match the certificate: {e}"),
+            )
+        };
         let server = rustls::ServerConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
-            .map_err(|e| err("cert", &files.cert, e.to_string()))?
+            .map_err(no_protocol)?
             .with_client_cert_verifier(verifier)
             .with_single_cert(chain.clone(), key.clone_key())
-            .map_err(|e| {
-                err(
-                    "key",
-                    &files.key,
-                    format!("does not match the certificate: {e}"),
-                )
-            })?;
+            .map_err(key_mismatch)?;
         let client = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
-            .map_err(|e| err("cert", &files.cert, e.to_string()))?
+            .map_err(no_protocol)?
             .with_root_certificates(roots)
             .with_client_auth_cert(chain, key)
-            .map_err(|e| {
-                err(
-                    "key",
-                    &files.key,
-                    format!("does not match the certificate: {e}"),
-                )
-            })?;
+            .map_err(key_mismatch)?;
         Ok(Tls {
             acceptor: TlsAcceptor::from(Arc::new(server)),
             connector: TlsConnector::from(Arc::new(client)),

@@ -57,13 +57,9 @@ async fn connections_that_never_authenticate_are_closed() {
     let dir_path = dir.path().display().to_string();
     let (node, _provider) = tenure_test_kit::node::start_node(
         |port| {
+            let head = tenure_test_kit::node::memory_head("handshake-timeout");
             format!(
-                r#"[tenure]
-default-lease-section = "m"
-[lease.m]
-store = "memory"
-namespace = "handshake-timeout"
-[cluster]
+                r#"{head}[cluster]
 port = {port}
 cookie = "handshake-test-cookie-0123456789abcdef"
 handshake-timeout = "300ms"

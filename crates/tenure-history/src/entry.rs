@@ -10,7 +10,7 @@ use crate::event::Event;
 /// deadlines (`valid_until`): the same for every process of the host, never going back,
 /// unaffected by wall-clock changes, counting host suspend. Read through rustix (the vDSO),
 /// so that an `LD_PRELOAD` wall-clock faker changes nothing.
-pub(crate) fn boottime_now_ns() -> i64 {
+pub fn boottime_now_ns() -> i64 {
     let ts = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
     ts.tv_sec
         .saturating_mul(1_000_000_000)

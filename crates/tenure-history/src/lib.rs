@@ -40,7 +40,7 @@ mod layer;
 mod read;
 mod recorder;
 
-pub use entry::{Entry, EntryError, HARNESS};
+pub use entry::{Entry, EntryError, HARNESS, boottime_now_ns};
 pub use event::{AboutMember, EntityLife, Event, Link, ShardLife, SingletonLife};
 pub use file::HistoryFile;
 pub use layer::{HistoryLayer, UnknownEvents, node_span};

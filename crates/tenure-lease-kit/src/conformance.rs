@@ -125,6 +125,20 @@ pub fn test_settings() -> LeaseSettings {
     }
 }
 
+/// Settings for tests of what runs under a lease (shards, singletons): ttl 1.5 s, renewals
+/// every 200 ms, margin 200 ms, store calls bounded at 500 ms, retries every 100 ms. The
+/// stop budget of a 300 ms stop-timeout (800 ms) fits its ttl.
+pub fn holder_test_settings() -> LeaseSettings {
+    LeaseSettings {
+        heartbeat_timeout: Duration::from_millis(1500),
+        heartbeat_interval: Duration::from_millis(200),
+        lease_operation_timeout: Duration::from_millis(500),
+        lease_retry_interval: Duration::from_millis(100),
+        safety_margin: Duration::from_millis(200),
+        lock_delay: Duration::ZERO,
+    }
+}
+
 /// A plain request for a store test: `owner`'s one instance (`<owner>-1`) asks for `name`
 /// for `ttl`, at the default priority, with no note.
 pub fn owner_request(name: &str, owner: &str, ttl: Duration) -> AcquireRequest {

@@ -4,8 +4,11 @@
 
 use std::time::Duration;
 
-use tenure_management::{LeaseTable, Management, ManagementSettings};
+use tenure_management::LeaseTable;
 use tenure_test_kit::http::{call, get, post};
+
+mod common;
+use common::start_management;
 
 /// A worker that only runs.
 struct Idle;
@@ -31,13 +34,9 @@ impl tenure_sharding::daemon::DaemonWorker for Idle {
 async fn a_daemon_is_resized_through_its_route() {
     let (node, provider) = tenure_test_kit::node::start_node(
         |port| {
+            let head = tenure_test_kit::node::memory_head("management-daemon-resize");
             format!(
-                r#"[tenure]
-default-lease-section = "m"
-[lease.m]
-store = "memory"
-namespace = "management-daemon-resize"
-heartbeat-timeout = "6s"
+                r#"{head}heartbeat-timeout = "6s"
 heartbeat-interval = "300ms"
 [cluster]
 port = {port}
@@ -59,10 +58,7 @@ number-of-shards = 4
         |_| {},
     )
     .await;
-    let settings = ManagementSettings::from_config(provider.config()).unwrap();
-    let management = Management::start(&node, LeaseTable::default(), settings)
-        .await
-        .unwrap();
+    let management = start_management(&node, &provider, LeaseTable::default()).await;
     let addr = management.addr();
     let daemon = tenure_sharding::daemon::start_daemon(
         &node,

@@ -7,9 +7,12 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tenure_management::{LeaseTable, Management, ManagementSettings};
+use tenure_management::LeaseTable;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+mod common;
+use common::start_management;
 
 const MAX_CONNECTIONS: usize = 4;
 
@@ -72,10 +75,7 @@ idle-timeout = "300ms"
         ),
     )
     .await;
-    let settings = ManagementSettings::from_config(provider.config()).unwrap();
-    let management = Management::start(&node, LeaseTable::default(), settings)
-        .await
-        .unwrap();
+    let management = start_management(&node, &provider, LeaseTable::default()).await;
     let addr = management.addr();
     let p = addr.port();
 

@@ -10,9 +10,12 @@ use std::time::Duration;
 
 use tenure_lease::MemoryStore;
 use tenure_lease::memory::Fault;
-use tenure_management::{LeaseTable, Management, ManagementSettings};
+use tenure_management::LeaseTable;
 use tenure_test_kit::eventually_async;
 use tenure_test_kit::http::{get, post};
+
+mod common;
+use common::start_management;
 
 /// Polls `GET path` until `done` holds (at most a minute; each wait is a bounded poll, not
 /// a timing assertion).
@@ -34,13 +37,9 @@ async fn a_node_reports_members_leases_metrics_and_readiness_over_http() {
     let leases = LeaseTable::default();
     let (node, provider) = tenure_test_kit::node::start_node(
         |port| {
+            let head = tenure_test_kit::node::memory_head("management-endpoint");
             format!(
-                r#"[tenure]
-default-lease-section = "m"
-[lease.m]
-store = "memory"
-namespace = "management-endpoint"
-heartbeat-timeout = "6s"
+                r#"{head}heartbeat-timeout = "6s"
 heartbeat-interval = "300ms"
 lease-operation-timeout = "200ms"
 [cluster]
@@ -62,8 +61,7 @@ token = "management-secret"
     )
     .await;
     let port = node.addr().port;
-    let settings = ManagementSettings::from_config(provider.config()).unwrap();
-    let management = Management::start(&node, leases, settings).await.unwrap();
+    let management = start_management(&node, &provider, leases).await;
     let addr = management.addr();
 
     assert_eq!(get(addr, "/health/alive").await, (200, "alive\n".into()));

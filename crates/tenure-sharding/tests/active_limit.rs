@@ -7,11 +7,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{ActorProcessingErr, ActorRef, RpcReplyPort};
-use tenure_lease::{LeaseSettings, LeaseSpec, MemoryStore, TenureConfig};
+use tenure_lease::{LeaseSpec, MemoryStore, TenureConfig};
+use tenure_lease_kit::conformance::holder_test_settings;
 use tenure_sharding::{
     ActiveEntities, AskReply, Entity, EntityContext, Shard, ShardArgs, ShardMsg, ShardingSettings,
     entity_factory, shard_of,
 };
+use tenure_test_kit::next_within;
 use tokio::sync::mpsc;
 
 /// Reports its starts and stops as `+id` and `-id`.
@@ -41,17 +43,6 @@ impl Entity for Probe {
     }
 }
 
-fn lease_settings() -> LeaseSettings {
-    LeaseSettings {
-        heartbeat_timeout: Duration::from_millis(1500),
-        heartbeat_interval: Duration::from_millis(200),
-        lease_operation_timeout: Duration::from_millis(500),
-        lease_retry_interval: Duration::from_millis(100),
-        safety_margin: Duration::from_millis(200),
-        lock_delay: Duration::ZERO,
-    }
-}
-
 async fn shard(
     store: &MemoryStore,
     shard_id: &str,
@@ -67,12 +58,12 @@ async fn shard(
     assert_eq!(settings.active_entity_limit, Some(2));
     settings.number_of_shards = 2;
     settings.stop_timeout = Duration::from_millis(300);
-    settings.lease = lease_settings();
+    settings.lease = holder_test_settings();
     let lease = LeaseSpec::new(
         &format!("test-shard-probe-{shard_id}"),
         "10.0.0.1:2552",
         Arc::new(store.clone()),
-        lease_settings(),
+        holder_test_settings(),
     )
     .unwrap();
     let args = ShardArgs {
@@ -109,10 +100,7 @@ async fn ask(shard: &ActorRef<ShardMsg>, entity: &str) -> String {
 }
 
 async fn next(seen: &mut mpsc::UnboundedReceiver<String>) -> String {
-    tokio::time::timeout(Duration::from_secs(10), seen.recv())
-        .await
-        .expect("an entity start or stop within 10 s")
-        .expect("channel open")
+    next_within(seen, Duration::from_secs(10), "an entity start or stop").await
 }
 
 /// The `n`th id (from 0) of the form `e<i>` that belongs to shard `shard` of 2.

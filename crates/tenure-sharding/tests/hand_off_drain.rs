@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{ActorProcessingErr, ActorRef};
-use tenure_lease::{LeaseSettings, LeaseSpec, LeaseStore, MemoryStore, ProcessEnd, TenureConfig};
+use tenure_lease::{LeaseSpec, LeaseStore, MemoryStore, ProcessEnd, TenureConfig};
+use tenure_lease_kit::conformance::holder_test_settings;
 use tenure_sharding::{
     AskReply, Entity, EntityContext, Shard, ShardArgs, ShardMsg, ShardingSettings, entity_factory,
 };
@@ -40,14 +41,7 @@ impl Entity for Slow {
 async fn shard() -> ActorRef<ShardMsg> {
     let config = TenureConfig::from_toml_str("", "test").unwrap();
     let mut settings = ShardingSettings::from_config(&config, "slow", "memory").unwrap();
-    let lease_settings = LeaseSettings {
-        heartbeat_timeout: Duration::from_millis(1500),
-        heartbeat_interval: Duration::from_millis(200),
-        lease_operation_timeout: Duration::from_millis(500),
-        lease_retry_interval: Duration::from_millis(100),
-        safety_margin: Duration::from_millis(200),
-        lock_delay: Duration::ZERO,
-    };
+    let lease_settings = holder_test_settings();
     settings.idle_timeout = None;
     settings.number_of_shards = 1;
     settings.stop_timeout = Duration::from_millis(300);

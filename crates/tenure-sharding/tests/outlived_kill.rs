@@ -15,16 +15,16 @@ use ractor::{ActorProcessingErr, ActorRef};
 use tenure_cluster::Incarnation;
 use tenure_history::{Entry, Event};
 use tenure_lease::{
-    Fault, FencingToken, LeaseSettings, LeaseSpec, LeaseStore, MemoryStore, ProcessEnd,
-    TenureConfig, Unstoppable, WhenKillFails,
+    Fault, FencingToken, LeaseStore, MemoryStore, ProcessEnd, Unstoppable, WhenKillFails,
 };
-use tenure_sharding::{
-    Entity, EntityContext, Shard, ShardArgs, ShardMsg, ShardingSettings, entity_factory,
-};
+use tenure_sharding::{Entity, EntityContext, ShardMsg, ShardingSettings, entity_factory};
 use tenure_test_kit::{Gate, TestHistory, eventually_async, recorded};
+use tenure_test_kit::{next_within, nothing_for};
 use tokio::sync::mpsc;
 
-const LEASE: &str = "test-shard-probe-0";
+mod probe;
+use probe::{LEASE, one_shard_settings, start_shard, tell};
+
 const OWNER: &str = "10.0.0.1:2552";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,17 +99,6 @@ impl Drop for Fixture {
     }
 }
 
-fn lease_settings() -> LeaseSettings {
-    LeaseSettings {
-        heartbeat_timeout: Duration::from_millis(1500),
-        heartbeat_interval: Duration::from_millis(200),
-        lease_operation_timeout: Duration::from_millis(500),
-        lease_retry_interval: Duration::from_millis(100),
-        safety_margin: Duration::from_millis(200),
-        lock_delay: Duration::ZERO,
-    }
-}
-
 struct Fixture {
     store: MemoryStore,
     gate: Arc<Gate>,
@@ -137,49 +126,31 @@ impl Fixture {
     /// `configure` applied to its settings. Its process end is a hook that records why and
     /// lets the blocked thread go, as the process's death would end it.
     async fn shard(&self, configure: impl FnOnce(&mut ShardingSettings)) -> ActorRef<ShardMsg> {
-        let config = TenureConfig::from_toml_str("", "test").unwrap();
-        let mut settings = ShardingSettings::from_config(&config, "probe", "memory").unwrap();
+        let mut settings = one_shard_settings("");
         settings.idle_timeout = None;
-        settings.number_of_shards = 1;
-        settings.stop_timeout = Duration::from_millis(300);
-        settings.lease = lease_settings();
         configure(&mut settings);
-        let store: Arc<dyn LeaseStore> = Arc::new(self.store.clone());
-        let lease = LeaseSpec::new(LEASE, OWNER, store, lease_settings()).unwrap();
-        let args = ShardArgs {
-            type_name: "probe".into(),
-            shard_id: "0".into(),
-            node: OWNER.into(),
-            lease,
-            factory: entity_factory(Blocking {
-                gate: self.gate.clone(),
-                seen: self.tx.clone(),
-            }),
-            settings: Arc::new(settings),
-            active: None,
-            process_end: ProcessEnd::with_hook({
-                let (ends, gate) = (self.ends.clone(), self.gate.clone());
-                move |what| {
-                    ends.lock().unwrap().push(what.clone());
-                    gate.open();
-                }
-            }),
-        };
-        Shard::start(args, None).await.unwrap()
+        let factory = entity_factory(Blocking {
+            gate: self.gate.clone(),
+            seen: self.tx.clone(),
+        });
+        let process_end = ProcessEnd::with_hook({
+            let (ends, gate) = (self.ends.clone(), self.gate.clone());
+            move |what| {
+                ends.lock().unwrap().push(what.clone());
+                gate.open();
+            }
+        });
+        let store = Arc::new(self.store.clone());
+        start_shard(OWNER, settings, store, factory, process_end).await
     }
 
     async fn next(&mut self) -> Seen {
-        tokio::time::timeout(Duration::from_secs(10), self.seen.recv())
-            .await
-            .expect("an entity event within 10 s")
-            .expect("channel open")
+        next_within(&mut self.seen, Duration::from_secs(10), "an entity event").await
     }
 
     /// Nothing happens to any entity for `quiet` (a negative check over a bounded window).
     async fn nothing_for(&mut self, quiet: Duration) {
-        if let Ok(Some(e)) = tokio::time::timeout(quiet, self.seen.recv()).await {
-            panic!("expected nothing, got {e:?}");
-        }
+        nothing_for(&mut self.seen, quiet).await
     }
 
     /// Takes events until every one of `want` was seen, in any order; returns them all.
@@ -232,21 +203,6 @@ impl Fixture {
     fn ends(&self) -> Vec<Unstoppable> {
         self.ends.lock().unwrap().clone()
     }
-}
-
-fn tell(shard: &ActorRef<ShardMsg>, entity: &str, text: &str) {
-    shard
-        .cast(ShardMsg::Deliver {
-            entity: entity.into(),
-            payload: tenure_cluster::codec::encode_inner(
-                "entity request",
-                "probe",
-                &text.to_string(),
-            )
-            .unwrap(),
-            reply: None,
-        })
-        .unwrap();
 }
 
 /// The lease's own events and the entity's life, in order.
@@ -370,15 +326,11 @@ fn a_lost_lease_with_an_entity_that_outlived_its_kill_ends_the_process_in_time()
         let shard = f.shard(|_| {}).await;
         let token = f.blocked_entity(&shard).await;
         f.store.set_fault(Fault::FailRenewals);
-        f.wait_recorded("lease_lost", |e| matches!(e, Event::LeaseLost { .. }))
+        // If the process went on, the thread is let go once the deadline has surely passed.
+        let valid_until = f
+            .history
+            .await_end_after_the_loss(|| !f.ends().is_empty())
             .await;
-        // If the process went on, let the thread go once the deadline has surely passed.
-        let valid_until = f.history.deadline_of_the_lost_grant();
-        while f.ends().is_empty()
-            && tenure_lease::clock::boottime_now_ns() < valid_until + 100_000_000
-        {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
         f.gate.open();
         f.until_seen(&[Seen::Ended("a".into(), token)]).await;
         f.store.set_fault(Fault::None);

@@ -12,15 +12,16 @@ use std::time::Duration;
 use async_trait::async_trait;
 use ractor::ActorRef;
 use tenure_lease::{
-    Fault, FencingToken, LeaseSpec, LeaseStore, MemoryStore, RememberChange, RememberedIds,
-    StoreError, TenureConfig,
+    Fault, FencingToken, LeaseStore, MemoryStore, ProcessEnd, RememberChange, RememberedIds,
+    StoreError,
 };
 use tenure_lease_kit::wrap::{StoreWrapper, Wrapped};
-use tenure_sharding::{Shard, ShardArgs, ShardMsg, ShardingSettings, entity_factory};
+use tenure_sharding::{ShardMsg, entity_factory};
+use tenure_test_kit::next_within;
 use tokio::sync::mpsc;
 
 mod probe;
-use probe::{LEASE, Probe, Seen, ask, lease_settings, status};
+use probe::{LEASE, Probe, Seen, ask, one_shard_settings, start_shard, status};
 
 /// The memory store whose `remember` fails while `refuse` is set.
 struct Refusing {
@@ -77,44 +78,26 @@ impl Fixture {
     /// A shard of type `probe` (one shard: every id belongs to it) on node `owner`, with
     /// remember-entities and an idle timeout of 100 ms (which remembering turns off).
     async fn shard(&self, owner: &str) -> ActorRef<ShardMsg> {
-        let config = TenureConfig::from_toml_str(
+        let mut settings = one_shard_settings(
             "[sharding]\nremember-entities = true\nentity-restart-backoff = \"100ms\"\n\
              retry-interval = \"50ms\"\nidle-timeout = \"100ms\"",
-            "test",
-        )
-        .unwrap();
-        let mut settings = ShardingSettings::from_config(&config, "probe", "memory").unwrap();
+        );
         assert_eq!(
             settings.idle_timeout, None,
             "no idle passivation when remembering"
         );
         // As configured without remember-entities: the shard must still not passivate.
         settings.idle_timeout = Some(Duration::from_millis(100));
-        settings.number_of_shards = 1;
-        settings.stop_timeout = Duration::from_millis(300);
-        settings.lease = lease_settings();
-        let store: Arc<dyn LeaseStore> = Arc::new(Wrapped(Refusing {
+        let store = Arc::new(Wrapped(Refusing {
             inner: self.store.clone(),
             refuse: self.refuse.clone(),
         }));
-        let args = ShardArgs {
-            type_name: "probe".into(),
-            shard_id: "0".into(),
-            node: owner.into(),
-            lease: LeaseSpec::new(LEASE, owner, store, lease_settings()).unwrap(),
-            factory: entity_factory(Probe(self.tx.clone())),
-            active: None,
-            settings: Arc::new(settings),
-            process_end: tenure_lease::ProcessEnd::abort(),
-        };
-        Shard::start(args, None).await.unwrap()
+        let factory = entity_factory(Probe(self.tx.clone()));
+        start_shard(owner, settings, store, factory, ProcessEnd::abort()).await
     }
 
     async fn next(&mut self) -> Seen {
-        tokio::time::timeout(Duration::from_secs(10), self.seen.recv())
-            .await
-            .expect("an entity event within 10 s")
-            .expect("channel open")
+        next_within(&mut self.seen, Duration::from_secs(10), "an entity event").await
     }
 
     /// The next `n` events, sorted (their order across entities is not defined).

@@ -10,17 +10,13 @@ use std::time::Duration;
 
 use ractor::rpc::CallResult;
 use ractor::{ActorProcessingErr, ActorRef, RpcReplyPort};
-use tenure_lease::{
-    AcquireOutcome, AcquireRequest, Fault, LeaseSpec, LeaseStore, MemoryStore, TenureConfig,
-};
-use tenure_sharding::{
-    AskReply, Entity, EntityContext, EntityFactory, Shard, ShardArgs, ShardMsg, ShardingSettings,
-    entity_factory,
-};
+use tenure_lease::{AcquireOutcome, AcquireRequest, Fault, LeaseStore, MemoryStore, ProcessEnd};
+use tenure_sharding::{AskReply, Entity, EntityContext, EntityFactory, ShardMsg, entity_factory};
+use tenure_test_kit::{next_within, nothing_for};
 use tokio::sync::mpsc;
 
 mod probe;
-use probe::{LEASE, Probe, Seen, ask, lease_settings, status, tell};
+use probe::{LEASE, Probe, Seen, ask, one_shard_settings, start_shard, status, tell};
 
 struct Fixture {
     store: MemoryStore,
@@ -60,43 +56,22 @@ impl Fixture {
         factory: EntityFactory,
         buffer: Option<usize>,
     ) -> ActorRef<ShardMsg> {
-        let config = TenureConfig::from_toml_str("", "test").unwrap();
-        let mut settings = ShardingSettings::from_config(&config, "probe", "memory").unwrap();
+        let mut settings = one_shard_settings("");
         settings.idle_timeout = idle;
         if let Some(buffer) = buffer {
             settings.buffer_size = buffer;
         }
-        // One shard: every entity id belongs to it.
-        settings.number_of_shards = 1;
-        // The stop budget (300 ms + 500 ms of kill wait and slack) fits the 1.5 s ttl.
-        settings.stop_timeout = Duration::from_millis(300);
-        settings.lease = lease_settings();
-        let store: Arc<dyn LeaseStore> = Arc::new(self.store.clone());
-        let args = ShardArgs {
-            type_name: "probe".into(),
-            shard_id: "0".into(),
-            node: owner.into(),
-            lease: LeaseSpec::new(LEASE, owner, store, lease_settings()).unwrap(),
-            factory,
-            active: None,
-            settings: Arc::new(settings),
-            process_end: tenure_lease::ProcessEnd::abort(),
-        };
-        Shard::start(args, None).await.unwrap()
+        let store = Arc::new(self.store.clone());
+        start_shard(owner, settings, store, factory, ProcessEnd::abort()).await
     }
 
     async fn next(&mut self) -> Seen {
-        tokio::time::timeout(Duration::from_secs(10), self.seen.recv())
-            .await
-            .expect("an entity event within 10 s")
-            .expect("channel open")
+        next_within(&mut self.seen, Duration::from_secs(10), "an entity event").await
     }
 
     /// Nothing happens to any entity for `quiet` (a negative check over a bounded window).
     async fn nothing_for(&mut self, quiet: Duration) {
-        if let Ok(Some(e)) = tokio::time::timeout(quiet, self.seen.recv()).await {
-            panic!("expected nothing, got {e:?}");
-        }
+        nothing_for(&mut self.seen, quiet).await
     }
 
     /// Takes the lease for another owner so that shards here are not granted.

@@ -10,6 +10,7 @@ use tenure_lease::{
     AcquireOutcome, AcquireRequest, Fault, FencingToken, LeaseEvent, LeaseLost, LeaseSettings,
     LeaseSpec, LeaseStore, LostReason, MemoryStore,
 };
+use tenure_lease_kit::conformance::holder_test_settings;
 use tenure_singleton::{
     InstanceMsg, ManagerMsg, ProxyError, Singleton, SingletonContext, SingletonManager,
     SingletonProxy, SingletonRef, SingletonSettings, SingletonSpec, Spawner, singleton_spawner,
@@ -65,14 +66,11 @@ impl Actor for Probe {
     }
 }
 
+/// The kit's holder settings, retried every 200 ms.
 fn lease_settings() -> LeaseSettings {
     LeaseSettings {
-        heartbeat_timeout: Duration::from_millis(1500),
-        heartbeat_interval: Duration::from_millis(200),
-        lease_operation_timeout: Duration::from_millis(500),
         lease_retry_interval: Duration::from_millis(200),
-        safety_margin: Duration::from_millis(200),
-        lock_delay: Duration::ZERO,
+        ..holder_test_settings()
     }
 }
 

@@ -16,7 +16,9 @@ use tenure_history::{Entry, Event};
 use tenure_lease::{
     Fault, FencingToken, LeaseSettings, LeaseSpec, LeaseStore, MemoryStore, ProcessEnd, Unstoppable,
 };
+use tenure_lease_kit::conformance::holder_test_settings;
 use tenure_singleton::{ManagerMsg, SingletonManager, SingletonSettings, SingletonSpec, spawner};
+use tenure_test_kit::next_within;
 use tenure_test_kit::{Gate, TestHistory, recorded};
 use tokio::sync::mpsc;
 
@@ -74,14 +76,11 @@ impl Drop for Fixture {
     }
 }
 
+/// The kit's holder settings, retried every 200 ms.
 fn lease_settings() -> LeaseSettings {
     LeaseSettings {
-        heartbeat_timeout: Duration::from_millis(1500),
-        heartbeat_interval: Duration::from_millis(200),
-        lease_operation_timeout: Duration::from_millis(500),
         lease_retry_interval: Duration::from_millis(200),
-        safety_margin: Duration::from_millis(200),
-        lock_delay: Duration::ZERO,
+        ..holder_test_settings()
     }
 }
 
@@ -168,10 +167,7 @@ impl Fixture {
     }
 
     async fn next(&mut self) -> Seen {
-        tokio::time::timeout(Duration::from_secs(10), self.seen.recv())
-            .await
-            .expect("an instance event within 10 s")
-            .expect("channel open")
+        next_within(&mut self.seen, Duration::from_secs(10), "an instance event").await
     }
 
     /// Waits for the instance to start, then blocks its thread; returns its token.
@@ -217,15 +213,11 @@ fn a_lost_lease_with_an_instance_that_outlived_its_kill_ends_the_process_in_time
             let mut f = Fixture::new(history, "lost").await;
             let token = f.blocked_instance().await;
             f.store.set_fault(Fault::FailRenewals);
-            f.wait_recorded("lease_lost", |e| matches!(e, Event::LeaseLost { .. }))
+            // If the process went on, the thread is let go once the deadline has surely passed.
+            let valid_until = f
+                .history
+                .await_end_after_the_loss(|| !f.ends().is_empty())
                 .await;
-            // If the process went on, let the thread go once the deadline has surely passed.
-            let valid_until = f.history.deadline_of_the_lost_grant();
-            while f.ends().is_empty()
-                && tenure_lease::clock::boottime_now_ns() < valid_until + 100_000_000
-            {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
             f.gate.open();
             assert_eq!(f.next().await, Seen::Ended(token));
             f.wait_recorded("singleton_stopped", |e| {

@@ -74,6 +74,20 @@ impl TestHistory {
         deadline.expect("a grant before the loss")
     }
 
+    /// For a test that holds a thread blocked while its lease is lost: waits for the
+    /// `lease_lost` event, then until `ended()` says the process was ended (by the test's
+    /// hook) or, should it never be, until 100 ms past the lost grant's local deadline (surely
+    /// passed). Returns that deadline (ns of `CLOCK_BOOTTIME`).
+    pub async fn await_end_after_the_loss(&self, ended: impl Fn() -> bool) -> i64 {
+        self.wait_for("lease_lost", |e| matches!(e, Event::LeaseLost { .. }))
+            .await;
+        let valid_until = self.deadline_of_the_lost_grant();
+        while !ended() && tenure_history::boottime_now_ns() < valid_until + 100_000_000 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        valid_until
+    }
+
     /// Waits until the history shows an event matching `want`, and returns its entry;
     /// panics naming `what` when none came within 10 s.
     pub async fn wait_for(&self, what: &str, want: impl Fn(&Event) -> bool) -> Entry {

@@ -10,7 +10,8 @@
 //! harness, with this build's binary), what their histories show; and [`example`] runs a
 //! built example. `node` (feature `node`): a node alone in its cluster on the memory
 //! store, in the test's own process. [`eventually`] is the one bounded polling loop of the tests;
-//! [`http`] asks a management endpoint.
+//! [`http`] asks a management endpoint; [`next_within`] and [`nothing_for`] wait on what a
+//! test's actors report over a channel.
 
 #[cfg(feature = "cli")]
 pub mod cli;
@@ -24,9 +25,11 @@ pub mod http;
 pub mod node;
 mod ports;
 pub mod postgres;
+mod received;
 pub mod signal;
 pub mod zookeeper;
 
 pub use eventually::{POLL_EVERY, eventually, eventually_async};
 pub use gate::Gate;
 pub use history::{TestHistory, recorded};
+pub use received::{next_within, nothing_for};

@@ -20,6 +20,17 @@ pub fn one_node_toml(port: u16, cookie: &str) -> String {
     )
 }
 
+/// The head of a test node's config on the memory store: `[tenure]` naming the lease
+/// section `m`, and `[lease.m]` on the memory store in `namespace` (tests of one process
+/// share the memory store; distinct namespaces keep their leases apart). A test appends the
+/// rest of `[lease.m]` (its timings) and its other sections.
+pub fn memory_head(namespace: &str) -> String {
+    format!(
+        "[tenure]\ndefault-lease-section = \"m\"\n\
+         [lease.m]\nstore = \"memory\"\nnamespace = \"{namespace}\"\n"
+    )
+}
+
 /// Starts a node alone in its cluster from [`one_node_toml`] with `more` (TOML sections)
 /// appended, and its lease provider (whose `config()` is the whole config). Panics, naming
 /// what failed, when the node cannot start.

@@ -8,6 +8,7 @@
 
 pub mod cluster;
 pub mod counter;
+pub mod example_nodes;
 pub mod fenced_counter;
 pub mod progress;
 pub mod report;

@@ -1,15 +1,20 @@
 //! What the tests that drive one shard directly share: an entity that reports its life and
-//! every message, the lease timings of those shards, and asking, telling and reading the
+//! every message, starting the one shard of its type, and asking, telling and reading the
 //! status of a shard.
 
 // Not every test binary that includes this module uses all of it.
 #![allow(dead_code)]
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{ActorProcessingErr, ActorRef, RpcReplyPort};
-use tenure_lease::{FencingToken, LeaseSettings};
-use tenure_sharding::{AskReply, Entity, EntityContext, ShardMsg, ShardStatus};
+use tenure_lease::{FencingToken, LeaseSpec, LeaseStore, ProcessEnd, TenureConfig};
+use tenure_lease_kit::conformance::holder_test_settings;
+use tenure_sharding::{
+    AskReply, Entity, EntityContext, EntityFactory, Shard, ShardArgs, ShardMsg, ShardStatus,
+    ShardingSettings,
+};
 use tokio::sync::mpsc;
 
 /// The lease of the one shard (`0`) of entity type `probe`.
@@ -64,16 +69,38 @@ impl Entity for Probe {
     }
 }
 
-/// The shards' lease timings: ttl 1.5 s, renewed every 200 ms.
-pub fn lease_settings() -> LeaseSettings {
-    LeaseSettings {
-        heartbeat_timeout: Duration::from_millis(1500),
-        heartbeat_interval: Duration::from_millis(200),
-        lease_operation_timeout: Duration::from_millis(500),
-        lease_retry_interval: Duration::from_millis(100),
-        safety_margin: Duration::from_millis(200),
-        lock_delay: Duration::ZERO,
-    }
+/// The settings of entity type `probe` read from `toml` (`""`: the defaults), with one
+/// shard (every id belongs to it), the kit's holder lease timings, and a stop budget
+/// (300 ms + 500 ms of kill wait and slack) that fits their 1.5 s ttl.
+pub fn one_shard_settings(toml: &str) -> ShardingSettings {
+    let config = TenureConfig::from_toml_str(toml, "test").unwrap();
+    let mut settings = ShardingSettings::from_config(&config, "probe", "memory").unwrap();
+    settings.number_of_shards = 1;
+    settings.stop_timeout = Duration::from_millis(300);
+    settings.lease = holder_test_settings();
+    settings
+}
+
+/// Starts shard `0` of `probe` on node `owner` under `settings`, its lease [`LEASE`] in
+/// `store`, its entities made by `factory`, the process ended by `process_end`.
+pub async fn start_shard(
+    owner: &str,
+    settings: ShardingSettings,
+    store: Arc<dyn LeaseStore>,
+    factory: EntityFactory,
+    process_end: ProcessEnd,
+) -> ActorRef<ShardMsg> {
+    let args = ShardArgs {
+        type_name: "probe".into(),
+        shard_id: "0".into(),
+        node: owner.into(),
+        lease: LeaseSpec::new(LEASE, owner, store, settings.lease).unwrap(),
+        factory,
+        active: None,
+        settings: Arc::new(settings),
+        process_end,
+    };
+    Shard::start(args, None).await.unwrap()
 }
 
 /// `text` as a request of entity type `probe`, encoded.

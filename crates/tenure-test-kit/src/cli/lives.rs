@@ -4,7 +4,7 @@
 //! [`actions`], so both see the same thing.
 
 use serde_json::Value;
-use tenure::history::check::actions::{ActionKind, actions};
+use tenure::history::check::actions::{Action, ActionKind, actions};
 use tenure::history::{Entry, Event};
 
 /// One life of a shard, or of a singleton instance, on one node.
@@ -37,23 +37,31 @@ fn lives(history: &[Value], kind: ActionKind) -> Vec<Life> {
     actions(&events(history))
         .into_iter()
         .filter(|a| a.kind == kind)
-        .map(|a| Life {
-            subject: match &a.began.event {
+        .map(|a| {
+            let subject = match &a.began.event {
                 Event::ShardStarted(l) => l.shard.clone(),
                 Event::SingletonStarting(l) => l.singleton.clone(),
                 _ => String::new(),
-            },
-            node: a.node,
-            token: a.token,
-            start: a.from_ns,
-            end: a.ended.as_ref().map(|e| e.t),
-            why: a
-                .ended
-                .as_ref()
-                .map(|e| e.event.why().map_or_else(|| e.kind(), str::to_string))
-                .unwrap_or_default(),
+            };
+            life(&a, subject)
         })
         .collect()
+}
+
+/// The life that action `a` shows, of `subject`.
+fn life(a: &Action, subject: String) -> Life {
+    Life {
+        subject,
+        node: a.node.clone(),
+        token: a.token,
+        start: a.from_ns,
+        end: a.ended.as_ref().map(|e| e.t),
+        why: a
+            .ended
+            .as_ref()
+            .map(|e| e.event.why().map_or_else(|| e.kind(), str::to_string))
+            .unwrap_or_default(),
+    }
 }
 
 /// Every shard life, in start order.
@@ -71,18 +79,7 @@ pub fn entity_lives(history: &[Value], entity_type: &str) -> Vec<Life> {
             let Event::EntityStarted(l) = &a.began.event else {
                 return None;
             };
-            (l.entity_type == entity_type).then(|| Life {
-                subject: l.entity.clone(),
-                node: a.node.clone(),
-                token: a.token,
-                start: a.from_ns,
-                end: a.ended.as_ref().map(|e| e.t),
-                why: a
-                    .ended
-                    .as_ref()
-                    .map(|e| e.event.why().map_or_else(|| e.kind(), str::to_string))
-                    .unwrap_or_default(),
-            })
+            (l.entity_type == entity_type).then(|| life(&a, l.entity.clone()))
         })
         .collect()
 }

@@ -261,6 +261,28 @@ pub fn read_history(path: &Path) -> Vec<Entry> {
         .collect()
 }
 
+/// The arguments of `tenure lease run <lease> --owner <owner> --grace 200ms
+/// [--history <checked>] -- <command>`: `command` guarded by the lease, stopped 200 ms after
+/// a loss, its lease events recorded in `checked` when given.
+pub fn lease_run_args(
+    lease: &str,
+    owner: &str,
+    checked: Option<&Path>,
+    command: &[String],
+) -> Vec<String> {
+    let mut args: Vec<String> = ["lease", "run", lease, "--owner", owner, "--grace", "200ms"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    if let Some(checked) = checked {
+        args.push("--history".into());
+        args.push(checked.display().to_string());
+    }
+    args.push("--".into());
+    args.extend(command.iter().cloned());
+    args
+}
+
 /// A shell command that appends `<token> <what> <pid>` lines to `history` every 20 ms,
 /// `iterations` times (forever when None).
 pub fn guarded_writer(history: &Path, iterations: Option<u32>) -> Vec<String> {
