@@ -191,7 +191,7 @@ impl ClusterClient {
     }
 
     /// The error of a question the node's agent did not answer, `why`.
-    fn no_answer(&self, why: String) -> ClusterError {
+    fn no_answer(&self, why: impl std::fmt::Display) -> ClusterError {
         ClusterError::Connect {
             addr: self.node.to_string(),
             detail: format!("no answer: {why}"),

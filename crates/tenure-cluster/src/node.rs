@@ -434,7 +434,7 @@ impl Node {
     pub async fn set_link(&self, peer: &NodeAddr, fault: LinkFault) -> Result<(), ClusterError> {
         match ask_set_link(&self.agent, peer, fault)
             .await
-            .map_err(ClusterError::Actor)?
+            .map_err(|e| ClusterError::Actor(e.to_string()))?
         {
             None => Ok(()),
             Some(e) => Err(ClusterError::Actor(e)),

@@ -1,6 +1,6 @@
 //! The messages nodes exchange (through their agents) and the local messages of the agent.
 
-use ractor::{ActorRef, RpcReplyPort};
+use ractor::{ActorRef, RactorErr, RpcReplyPort};
 use ractor_cluster::node::NodeServerSessionInformation;
 use serde::{Deserialize, Serialize};
 use tenure_lease::{FencingToken, LeaseEvent, LeaseRecord};
@@ -226,26 +226,25 @@ pub struct FaultReply {
     pub error: Option<String>,
 }
 
-/// Asks `agent` for its view of the cluster. `Err` says why no answer came (the agent
-/// stopped, or did not answer within 5 s).
-pub(crate) async fn ask_view(agent: &ActorRef<AgentMsg>) -> Result<NodeView, String> {
-    ractor::call_t!(agent, AgentMsg::Inspect, 5000, Inspect {}).map_err(|e| e.to_string())
+/// Asks `agent` for its view of the cluster. `Err`: no answer came (the agent stopped, or
+/// did not answer within 5 s).
+pub(crate) async fn ask_view(agent: &ActorRef<AgentMsg>) -> Result<NodeView, RactorErr<AgentMsg>> {
+    ractor::call_t!(agent, AgentMsg::Inspect, 5000, Inspect {})
 }
 
 /// Asks `agent` to set its link fault with `peer`. `Ok(None)`: set; `Ok(Some(why))`: the
-/// agent refused (fault injection is off); `Err` says why no answer came (the agent
-/// stopped, or did not answer within 5 s).
+/// agent refused (fault injection is off); `Err`: no answer came (the agent stopped, or
+/// did not answer within 5 s).
 pub(crate) async fn ask_set_link(
     agent: &ActorRef<AgentMsg>,
     peer: &NodeAddr,
     fault: crate::transport::LinkFault,
-) -> Result<Option<String>, String> {
+) -> Result<Option<String>, RactorErr<AgentMsg>> {
     let change = SetLink {
         peer: peer.clone(),
         fault,
     };
-    let reply: FaultReply =
-        ractor::call_t!(agent, AgentMsg::SetLink, 5000, change).map_err(|e| e.to_string())?;
+    let reply: FaultReply = ractor::call_t!(agent, AgentMsg::SetLink, 5000, change)?;
     Ok(reply.error)
 }
 
